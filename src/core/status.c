@@ -1,0 +1,68 @@
+/* status.c: names and messages of dj_status, the thread-local error detail,
+ * and the logger. */
+#include "djinn/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *dj_strerror(dj_status st) {
+    switch (st) {
+#define DJ__STATUS_MSG(name, code, msg) \
+    case DJ_##name:                     \
+        return msg;
+        DJ_STATUS_MAP(DJ__STATUS_MSG)
+#undef DJ__STATUS_MSG
+    }
+    return "unknown status";
+}
+
+const char *dj_status_name(dj_status st) {
+    switch (st) {
+#define DJ__STATUS_STR(name, code, msg) \
+    case DJ_##name:                     \
+        return "DJ_" #name;
+        DJ_STATUS_MAP(DJ__STATUS_STR)
+#undef DJ__STATUS_STR
+    }
+    return "DJ_UNKNOWN";
+}
+
+static _Thread_local char last_error[1024];
+
+dj_status dj_fail(dj_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *dj_last_error(void) { return last_error; }
+void dj_clear_error(void) { last_error[0] = '\0'; }
+
+static int log_threshold(void) {
+    static int level = -1;
+    if (level < 0) {
+        const char *e = getenv("DJINN_LOG");
+        level = DJ_LOG_WARN;
+        if (e) {
+            if (!strcmp(e, "debug")) level = DJ_LOG_DEBUG;
+            else if (!strcmp(e, "info")) level = DJ_LOG_INFO;
+            else if (!strcmp(e, "error")) level = DJ_LOG_ERROR;
+        }
+    }
+    return level;
+}
+
+void dj_log(dj_log_level lvl, const char *func, const char *fmt, ...) {
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    if ((int)lvl < log_threshold()) return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "djinn %s %s: %s\n", names[lvl], func, line);
+}

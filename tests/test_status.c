@@ -1,0 +1,37 @@
+/* test_status.c: status names/messages and the dtype conversions. */
+#include <math.h>
+#include <string.h>
+
+#include "djinn/dtype.h"
+#include "djinn/status.h"
+#include "testutil.h"
+
+int main(void) {
+    dj_test_seed();
+    CHECK(strcmp(dj_status_name(DJ_ENOSPC), "DJ_ENOSPC") == 0);
+    CHECK(strcmp(dj_strerror(DJ_OK), "ok") == 0);
+    CHECK(dj_fail(DJ_EFORMAT, "bad %d", 7) == DJ_EFORMAT);
+    CHECK(strcmp(dj_last_error(), "bad 7") == 0);
+    CHECK(dj_dtype_size(DJ_DTYPE_BF16) == 2 && dj_dtype_size(DJ_DTYPE_F32) == 4);
+
+    /* f16 round trip on every half value that is finite. */
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if (((h >> 10) & 0x1f) == 0x1f) continue;
+        float f = dj_f16_to_f32((uint16_t)h);
+        if (dj_f32_to_f16(f) != h && !(f == 0.0f && (h & 0x7fff) == 0)) bad++;
+    }
+    CHECK_MSG(bad == 0, "%d f16 values do not round-trip", bad);
+    CHECK(dj_f16_to_f32(0x3c00) == 1.0f && dj_f16_to_f32(0xc000) == -2.0f);
+    CHECK(dj_f32_to_f16(65520.0f) == 0x7c00);
+    /* bf16: exact values and round-to-nearest-even. */
+    CHECK(dj_bf16_to_f32(dj_f32_to_bf16(1.5f)) == 1.5f);
+    CHECK(dj_f32_to_bf16(1.00390625f) == 0x3f80); /* tie -> even */
+    CHECK(dj_f32_to_bf16(1.01171875f) == 0x3f82); /* tie -> even, upward */
+    for (int i = 0; i < 1000; i++) {
+        float x = dj_test_randf(-100.f, 100.f);
+        float y = dj_bf16_to_f32(dj_f32_to_bf16(x));
+        CHECK(fabsf(x - y) <= fabsf(x) * (1.0f / 256.0f));
+    }
+    return dj_test_finish("test_status");
+}

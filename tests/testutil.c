@@ -1,0 +1,49 @@
+/* testutil.c: counters, seeding and file reading for the test programs. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+int dj_test_passed, dj_test_failed;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+int dj_test_finish(const char *name) {
+    printf("%s: %d passed, %d failed\n", name, dj_test_passed, dj_test_failed);
+    return dj_test_failed == 0 && dj_test_passed > 0 ? 0 : 1;
+}
+
+void dj_test_seed(void) {
+    const char *e = getenv("DJ_TEST_SEED");
+    uint64_t seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL);
+    printf("seed: DJ_TEST_SEED=%llu\n", (unsigned long long)seed);
+    rng_state = seed * 2654435761u + 1;
+}
+
+uint64_t dj_test_rand(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float dj_test_randf(float lo, float hi) {
+    return lo + (hi - lo) * (float)((dj_test_rand() >> 40) * (1.0 / 16777216.0));
+}
+
+char *dj_test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = '\0';
+    if (len) *len = (size_t)n;
+    return buf;
+}

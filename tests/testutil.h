@@ -1,0 +1,55 @@
+/* testutil.h: the tiny harness every test program uses - checks that count,
+ * report where they failed, and a closing "N passed, N failed" line. */
+#ifndef DJ_TESTUTIL_H
+#define DJ_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+extern int dj_test_passed, dj_test_failed;
+
+#define CHECK(cond)                                                             \
+    do {                                                                        \
+        if (cond) {                                                             \
+            dj_test_passed++;                                                   \
+        } else {                                                                \
+            dj_test_failed++;                                                   \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                       \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                    \
+    do {                                                                        \
+        if (cond) {                                                             \
+            dj_test_passed++;                                                   \
+        } else {                                                                \
+            dj_test_failed++;                                                   \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fputc('\n', stderr);                                                \
+        }                                                                       \
+    } while (0)
+
+/* Status equality with the error detail printed on mismatch. */
+#define CHECK_ST(expr, want)                                                    \
+    do {                                                                        \
+        dj_status st_ = (expr);                                                 \
+        CHECK_MSG(st_ == (want), "got %s (%s), want %s", dj_status_name(st_),   \
+                  dj_last_error(), dj_status_name(want));                       \
+    } while (0)
+
+#define CHECK_OK(expr) CHECK_ST(expr, DJ_OK)
+
+/* Prints the closing line and returns the process exit code. */
+int dj_test_finish(const char *name);
+
+/* Deterministic per-run random numbers: seeded from DJ_TEST_SEED or time,
+ * printed so a failure can be replayed. */
+void dj_test_seed(void);
+uint64_t dj_test_rand(void);
+float dj_test_randf(float lo, float hi);
+
+/* Read a whole file (NUL-terminated, malloc'd); NULL if it cannot be read. */
+char *dj_test_read_file(const char *path, size_t *len /* OUT, may be NULL */);
+
+#endif
