@@ -13,7 +13,7 @@ $SUDO apt-get update -qq
 # python3: test helpers that write small fixture files; npm: tokenizer files.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
-    libcjson-dev libpcre2-dev libopenblas-dev libxxhash-dev \
+    libcjson-dev libpcre2-dev libopenblas-dev libxxhash-dev libutf8proc-dev \
     python3 npm ca-certificates >/dev/null
 
 bash scripts/fetch_tokenizers.sh
