@@ -302,8 +302,9 @@ static void test_kv_write(void) {
 
 /* ---- ATTENTION ---- */
 
-static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos0, uint32_t n, uint32_t window) {
-    const uint32_t tpp = 16, kv_dim = nkv * hd, total = pos0 + n;
+static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos0, uint32_t n, uint32_t window,
+                            uint32_t tpp) {
+    const uint32_t kv_dim = nkv * hd, total = pos0 + n;
     const uint32_t n_blocks = (total + tpp - 1) / tpp + 1;
     kv_area a;
     kv_area_init(&a, n_blocks, tpp, kv_dim);
@@ -343,8 +344,8 @@ static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos
                     .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = scale};
     CHECK_OK(dj_backend_compute(be, &c));
     double e = norm_err(out, ref, qcount);
-    CHECK_MSG(e < 1e-5, "attention heads %u:%u hd=%u pos0=%u n=%u window=%u: err %g", nh, nkv, hd, pos0, n, window,
-              e);
+    CHECK_MSG(e < 1e-5, "attention heads %u:%u hd=%u pos0=%u n=%u window=%u tpp=%u: err %g", nh, nkv, hd, pos0, n,
+              window, tpp, e);
 
     /* positions past the mapped blocks */
     c.pos0 = n_blocks * tpp - n + 1;
@@ -367,8 +368,10 @@ static void test_attention(void) {
     for (int h = 0; h < 3; h++)
         for (int s = 0; s < 5; s++)
             for (uint32_t window = 0; window <= 20; window += 20)
-                check_attention(heads[h][0], heads[h][1], heads[h][2], spans[s][0], spans[s][1], window);
-    check_attention(4, 2, 16, 0, 9, 1); /* a window of one attends to itself only */
+                check_attention(heads[h][0], heads[h][1], heads[h][2], spans[s][0], spans[s][1], window, 16);
+    check_attention(4, 2, 16, 0, 9, 1, 16); /* a window of one attends to itself only */
+    check_attention(4, 2, 16, 190, 5, 0, 80); /* pages longer than one block of scores */
+    check_attention(4, 2, 16, 150, 3, 100, 80);
 }
 
 /* ---- SILU_MUL, ADD ---- */
@@ -431,6 +434,12 @@ static void test_errors(void) {
     m.out = x + 1; /* overlaps x */
     CHECK_ST(dj_backend_compute(be, &m), DJ_EINVAL);
 
+    int32_t id = 0;
+    dj_op_call em = {.op = DJ_OP_EMBED, .n = 1, .out = out, .w = x, .w_dtype = DJ_DTYPE_F32, .ids = &id, .d = 8};
+    CHECK_ST(dj_backend_compute(be, &em), DJ_EINVAL); /* vocab (m) not given */
+    dj_op_call rn = {.op = DJ_OP_RMSNORM, .n = 1, .out = out, .x = x, .w = NULL, .d = 8};
+    CHECK_ST(dj_backend_compute(be, &rn), DJ_EINVAL);
+
     void *p = NULL;
     CHECK_ST(be->vt->alloc(be, 0, &p), DJ_EINVAL);
     CHECK_ST(be->vt->alloc(be, SIZE_MAX - 8192, &p), DJ_ENOMEM);
@@ -488,6 +497,31 @@ static void time_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
     free_weights(&w);
 }
 
+static void time_attention(uint32_t ctx) {
+    const uint32_t nh = 32, nkv = 4, hd = 64, tpp = 16, kv_dim = nkv * hd;
+    kv_area a;
+    kv_area_init(&a, (ctx + tpp - 1) / tpp, tpp, kv_dim);
+    float *k = falloc((size_t)ctx * kv_dim), *v = falloc((size_t)ctx * kv_dim);
+    float *q = falloc((size_t)nh * hd), *out = falloc((size_t)nh * hd);
+    fill(k, (size_t)ctx * kv_dim, -1.0f, 1.0f);
+    fill(v, (size_t)ctx * kv_dim, -1.0f, 1.0f);
+    fill(q, (size_t)nh * hd, -1.0f, 1.0f);
+    dj_op_call w = {.op = DJ_OP_KV_WRITE, .n = ctx, .x = k, .x2 = v, .kv = &a.view};
+    CHECK_OK(dj_backend_compute(be, &w));
+    dj_op_call c = {.op = DJ_OP_ATTENTION, .n = 1, .out = out, .x = q, .kv = &a.view, .pos0 = ctx - 1,
+                    .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .scale = 0.125f};
+    const int iters = 5;
+    double t = now_s();
+    for (int i = 0; i < iters; i++) CHECK_OK(dj_backend_compute(be, &c));
+    t = (now_s() - t) / iters;
+    printf("attention decode heads %u:%u hd=%u ctx=%u: %.3f ms\n", nh, nkv, hd, ctx, t * 1e3);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    kv_area_free(&a);
+}
+
 int main(void) {
     dj_test_seed();
     CHECK_OK(dj_backend_cpu_new(0, &be));
@@ -502,6 +536,7 @@ int main(void) {
     test_errors();
     time_matmul(1, 2048, 5632, 10);
     time_matmul(64, 2048, 5632, 2);
+    time_attention(2048);
     dj_backend_free(be);
     return dj_test_finish("test_cpu_backend");
 }

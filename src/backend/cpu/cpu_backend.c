@@ -241,7 +241,7 @@ static dj_status check_kv(const dj_op_call *c, const char *op) {
     REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u floats", op,
             kv->page_bytes, kv->tokens_per_page, kv->kv_dim);
     const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
-    if (end > cap)
+    if (end > cap || end > UINT32_MAX)
         return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
                        (unsigned long long)(end - 1), (unsigned long long)((end - 1) / kv->tokens_per_page),
                        kv->n_blocks);
