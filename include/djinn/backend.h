@@ -61,8 +61,9 @@ typedef struct dj_op_call {
     const float *inv_freq; /* ROPE: [head_dim/2] inverse frequencies (after scaling) */
     const dj_kv_view *kv;  /* KV_WRITE / ATTENTION */
     uint32_t pos0;         /* position of row 0 (ROPE, KV_WRITE, ATTENTION) */
-    uint32_t d;            /* EMBED/RMSNORM: row width; ADD: elements per row */
-    uint32_t k, m;         /* MATMUL: in features, out features */
+    uint32_t d;            /* EMBED/RMSNORM/SILU_MUL: row width; ADD: elements per row */
+    uint32_t k, m;         /* MATMUL: in features, out features; EMBED: m = vocab rows of
+                            * the table (an id outside [0, m) is DJ_ERANGE) */
     uint32_t n_heads;      /* ROPE/ATTENTION: query heads (ROPE: heads of x) */
     uint32_t n_kv_heads;   /* ATTENTION */
     uint32_t head_dim;     /* ROPE/ATTENTION */
@@ -92,7 +93,9 @@ struct dj_backend {
     dj_dtype act_dtype;   /* element type of activations (f32 on the CPU) */
 };
 
-/* The CPU backend. n_threads 0 = every core. */
+/* The CPU backend. n_threads 0 = every core (omp_get_max_threads()). Its
+ * device memory is host memory aligned to 4096; compute is synchronous and
+ * not reentrant for one backend (it keeps one scratch buffer). */
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out /* OUT */);
 /* Frees any backend; NULL does nothing. */
 void dj_backend_free(dj_backend_t *be);

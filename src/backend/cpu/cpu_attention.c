@@ -1,0 +1,96 @@
+/* cpu_attention.c: causal (optionally sliding-window) GQA attention over K/V
+ * in data-segment pages, with a streaming softmax: no context-length scratch. */
+#include <math.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/cpu_impl.h"
+
+/* Key positions scored at once, within one page. */
+#define SCORE_BLOCK 64
+
+static inline float dot(const float *a, const float *b, uint32_t len) {
+    uint32_t i = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= len; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+    }
+    for (; i + 8 <= len; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    a0 = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#endif
+    for (; i < len; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* acc[i] += v[i] * b */
+static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
+    uint32_t i = 0;
+#ifdef __AVX2__
+    const __m256 vb = _mm256_set1_ps(b);
+    for (; i + 8 <= len; i += 8)
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(v + i), vb, _mm256_loadu_ps(acc + i)));
+#endif
+    for (; i < len; i++) acc[i] += v[i] * b;
+}
+
+/* One query row q[hd] against key positions [t0, t1] of kv head `kvh`; the
+ * output row o[hd] doubles as the accumulator. */
+static void attend_one(const dj_kv_view *kv, const float *q, float *o, uint32_t kvh, uint32_t hd, uint32_t t0,
+                       uint32_t t1, float scale) {
+    const uint32_t tpp = kv->tokens_per_page, kvd = kv->kv_dim;
+    float run_max = -INFINITY, run_sum = 0.0f;
+    float s[SCORE_BLOCK];
+    for (uint32_t i = 0; i < hd; i++) o[i] = 0.0f;
+    for (uint32_t t = t0; t <= t1;) {
+        const uint32_t row = t % tpp;
+        uint32_t len = tpp - row;
+        if (len > t1 - t + 1) len = t1 - t + 1;
+        if (len > SCORE_BLOCK) len = SCORE_BLOCK;
+        const float *page = (const float *)(const void *)(kv->seg_base +
+                                                          (size_t)kv->block_table[t / tpp] * kv->page_bytes);
+        const float *kb = page + (size_t)row * kvd + (size_t)kvh * hd;
+        const float *vb = page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
+        float bmax = -INFINITY;
+        for (uint32_t j = 0; j < len; j++) {
+            s[j] = dot(q, kb + (size_t)j * kvd, hd) * scale;
+            if (s[j] > bmax) bmax = s[j];
+        }
+        if (bmax > run_max) {
+            const float corr = run_max == -INFINITY ? 0.0f : expf(run_max - bmax);
+            run_sum *= corr;
+            for (uint32_t i = 0; i < hd; i++) o[i] *= corr;
+            run_max = bmax;
+        }
+        for (uint32_t j = 0; j < len; j++) {
+            const float e = expf(s[j] - run_max);
+            run_sum += e;
+            axpy(o, vb + (size_t)j * kvd, e, hd);
+        }
+        t += len;
+    }
+    const float inv = 1.0f / run_sum;
+    for (uint32_t i = 0; i < hd; i++) o[i] *= inv;
+}
+
+dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
+    const uint32_t n = c->n, nh = c->n_heads, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    const int64_t tasks = (int64_t)n * nh;
+#pragma omp parallel for num_threads(cb->n_threads) schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        const uint32_t i = (uint32_t)(task / nh), h = (uint32_t)(task % nh);
+        const uint32_t p = c->pos0 + i;
+        const uint32_t t0 = c->window && p + 1 > c->window ? p + 1 - c->window : 0;
+        const size_t off = ((size_t)i * nh + h) * hd;
+        attend_one(c->kv, c->x + off, c->out + off, h / group, hd, t0, p, c->scale);
+    }
+    return DJ_OK;
+}

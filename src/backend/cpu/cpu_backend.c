@@ -1,0 +1,374 @@
+/* cpu_backend.c: the CPU backend - host memory as device memory, the compute
+ * switch with its argument checks, and the elementwise/row ops (OpenMP). */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/cpu_impl.h"
+
+#define CPU_ALIGN 4096
+
+const char *dj_op_name(dj_op op) {
+    switch (op) {
+    case DJ_OP_EMBED: return "embed";
+    case DJ_OP_RMSNORM: return "rmsnorm";
+    case DJ_OP_MATMUL: return "matmul";
+    case DJ_OP_ROPE: return "rope";
+    case DJ_OP_KV_WRITE: return "kv_write";
+    case DJ_OP_ATTENTION: return "attention";
+    case DJ_OP_SILU_MUL: return "silu_mul";
+    case DJ_OP_ADD: return "add";
+    case DJ_OP_COUNT: break;
+    }
+    return "invalid";
+}
+
+void dj_backend_free(dj_backend_t *be) {
+    if (be) be->vt->destroy(be);
+}
+
+/* ---- conversions ---- */
+
+void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {
+    size_t i = 0;
+    if (t == DJ_DTYPE_F32) {
+        memcpy(dst, src, count * sizeof(float));
+    } else if (t == DJ_DTYPE_BF16) {
+        const uint16_t *s = src;
+#ifdef __AVX2__
+        for (; i + 8 <= count; i += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+            __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(u));
+        }
+#endif
+        for (; i < count; i++) dst[i] = dj_bf16_to_f32(s[i]);
+    } else if (t == DJ_DTYPE_F16) {
+        const uint16_t *s = src;
+#ifdef __F16C__
+        for (; i + 8 <= count; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
+#endif
+        for (; i < count; i++) dst[i] = dj_f16_to_f32(s[i]);
+    }
+}
+
+static bool is_float_dtype(dj_dtype t) {
+    return t == DJ_DTYPE_F32 || t == DJ_DTYPE_F16 || t == DJ_DTYPE_BF16;
+}
+
+/* True when [a, a+na) and [b, b+nb) (bytes) share memory. */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+/* ---- memory ---- */
+
+static dj_status cpu_alloc(dj_backend_t *be, size_t bytes, void **out) {
+    (void)be;
+    if (!out) return dj_fail(DJ_EINVAL, "cpu alloc: NULL output pointer");
+    *out = NULL;
+    if (bytes == 0) return dj_fail(DJ_EINVAL, "cpu alloc: zero bytes requested");
+    void *p = NULL;
+    if (posix_memalign(&p, CPU_ALIGN, bytes) != 0 || !p)
+        return dj_fail(DJ_ENOMEM, "cpu alloc: cannot allocate %zu bytes (%.2f GiB)", bytes,
+                       (double)bytes / (1024.0 * 1024.0 * 1024.0));
+    *out = p;
+    return DJ_OK;
+}
+
+static void cpu_free(dj_backend_t *be, void *ptr) {
+    (void)be;
+    free(ptr);
+}
+
+static dj_status cpu_copy(void *dst, const void *src, size_t bytes, const char *what) {
+    if (bytes == 0) return DJ_OK;
+    if (!dst || !src) return dj_fail(DJ_EINVAL, "cpu %s: NULL pointer for %zu bytes", what, bytes);
+    memmove(dst, src, bytes);
+    return DJ_OK;
+}
+
+static dj_status cpu_upload(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
+    (void)be;
+    return cpu_copy(dst_dev, src_host, bytes, "upload");
+}
+
+static dj_status cpu_download(dj_backend_t *be, void *dst_host, const void *src_dev, size_t bytes) {
+    (void)be;
+    return cpu_copy(dst_host, src_dev, bytes, "download");
+}
+
+static dj_status cpu_sync(dj_backend_t *be) {
+    (void)be;
+    return DJ_OK;
+}
+
+/* ---- row and elementwise ops ---- */
+
+static dj_status op_embed(dj_cpu_backend *cb, const dj_op_call *c) {
+    const uint32_t n = c->n, d = c->d, vocab = c->m;
+    for (uint32_t i = 0; i < n; i++)
+        if (c->ids[i] < 0 || (uint32_t)c->ids[i] >= vocab)
+            return dj_fail(DJ_ERANGE, "embed: token id %d at row %u is outside the vocabulary [0, %u)",
+                           (int)c->ids[i], i, vocab);
+    const size_t row_bytes = (size_t)d * dj_dtype_size(c->w_dtype);
+#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
+    for (uint32_t i = 0; i < n; i++)
+        dj__cpu_to_f32(c->out + (size_t)i * d, (const uint8_t *)c->w + (size_t)c->ids[i] * row_bytes,
+                       c->w_dtype, d);
+    return DJ_OK;
+}
+
+static float sum_squares(const float *x, uint32_t d) {
+    uint32_t j = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; j + 16 <= d; j += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    a0 = _mm256_add_ps(a0, a1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    s = _mm_cvtss_f32(h);
+#endif
+    for (; j < d; j++) s += x[j] * x[j];
+    return s;
+}
+
+/* As LlamaRMSNorm in f32: x * rsqrt(mean(x^2) + eps), then times the weight. */
+static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
+    const uint32_t n = c->n, d = c->d;
+    enum { CHUNK = 256 };
+#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
+    for (uint32_t i = 0; i < n; i++) {
+        const float *x = c->x + (size_t)i * d;
+        float *o = c->out + (size_t)i * d;
+        const float r = 1.0f / sqrtf(sum_squares(x, d) / (float)d + c->eps);
+        float wbuf[CHUNK];
+        for (uint32_t j0 = 0; j0 < d; j0 += CHUNK) {
+            uint32_t len = d - j0 < CHUNK ? d - j0 : CHUNK;
+            dj__cpu_to_f32(wbuf, (const uint8_t *)c->w + (size_t)j0 * dj_dtype_size(c->w_dtype), c->w_dtype,
+                           len);
+            for (uint32_t j = 0; j < len; j++) o[j0 + j] = wbuf[j] * (x[j0 + j] * r);
+        }
+    }
+    return DJ_OK;
+}
+
+/* HF rotate_half: angle = inv_freq[j] * p in f32, cos/sin in f32, both times
+ * attention_scaling; pairs (j, j + hd/2). In place allowed. */
+static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
+    const uint32_t n = c->n, nh = c->n_heads, hd = c->head_dim, half = hd / 2;
+    const size_t row = (size_t)nh * hd;
+#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
+    for (uint32_t i = 0; i < n; i++) {
+        const float p = (float)(c->pos0 + i);
+        const float *x = c->x + i * row;
+        float *o = c->out + i * row;
+        for (uint32_t j = 0; j < half; j++) {
+            const float theta = c->inv_freq[j] * p;
+            const float cs = cosf(theta) * c->scale, sn = sinf(theta) * c->scale;
+            for (uint32_t h = 0; h < nh; h++) {
+                const float x1 = x[(size_t)h * hd + j], x2 = x[(size_t)h * hd + j + half];
+                o[(size_t)h * hd + j] = x1 * cs - x2 * sn;
+                o[(size_t)h * hd + j + half] = x2 * cs + x1 * sn;
+            }
+        }
+    }
+    return DJ_OK;
+}
+
+static dj_status op_kv_write(dj_cpu_backend *cb, const dj_op_call *c) {
+    (void)cb;
+    const dj_kv_view *kv = c->kv;
+    const size_t row_bytes = (size_t)kv->kv_dim * sizeof(float);
+    for (uint32_t i = 0; i < c->n; i++) {
+        const uint32_t p = c->pos0 + i;
+        uint8_t *page = kv->seg_base + (size_t)kv->block_table[p / kv->tokens_per_page] * kv->page_bytes;
+        const size_t r = p % kv->tokens_per_page;
+        memcpy(page + r * row_bytes, c->x + (size_t)i * kv->kv_dim, row_bytes);
+        memcpy(page + (kv->tokens_per_page + r) * row_bytes, c->x2 + (size_t)i * kv->kv_dim, row_bytes);
+    }
+    return DJ_OK;
+}
+
+static dj_status op_silu_mul(dj_cpu_backend *cb, const dj_op_call *c) {
+    const size_t count = (size_t)c->n * c->d;
+#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 16384)
+    for (size_t i = 0; i < count; i++) {
+        const float g = c->x[i];
+        c->out[i] = g / (1.0f + expf(-g)) * c->x2[i];
+    }
+    return DJ_OK;
+}
+
+static dj_status op_add(dj_cpu_backend *cb, const dj_op_call *c) {
+    const size_t count = (size_t)c->n * c->d;
+#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 65536)
+    for (size_t i = 0; i < count; i++) c->out[i] = c->x[i] + c->x2[i];
+    return DJ_OK;
+}
+
+/* ---- argument checks ---- */
+
+#define REQUIRE(cond, ...)                                       \
+    do {                                                         \
+        if (!(cond)) return dj_fail(DJ_EINVAL, __VA_ARGS__);     \
+    } while (0)
+
+/* The K/V view and the positions [pos0, pos0+n) it must hold. */
+static dj_status check_kv(const dj_op_call *c, const char *op) {
+    const dj_kv_view *kv = c->kv;
+    REQUIRE(kv, "%s: NULL kv view", op);
+    REQUIRE(kv->seg_base && kv->block_table, "%s: kv view has a NULL segment base or block table", op);
+    REQUIRE(kv->dtype == DJ_DTYPE_F32, "%s: kv dtype %s, the CPU backend stores f32", op,
+            dj_dtype_name(kv->dtype));
+    REQUIRE(kv->tokens_per_page > 0 && kv->kv_dim > 0, "%s: kv view has tokens_per_page=%u kv_dim=%u", op,
+            kv->tokens_per_page, kv->kv_dim);
+    const uint64_t need = 2ull * kv->tokens_per_page * kv->kv_dim * sizeof(float);
+    REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u floats", op,
+            kv->page_bytes, kv->tokens_per_page, kv->kv_dim);
+    const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
+    if (end > cap || end > UINT32_MAX)
+        return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
+                       (unsigned long long)(end - 1), (unsigned long long)((end - 1) / kv->tokens_per_page),
+                       kv->n_blocks);
+    return DJ_OK;
+}
+
+static dj_status check_call(const dj_op_call *c) {
+    const char *op = dj_op_name(c->op);
+    const size_t n = c->n;
+    REQUIRE(n > 0, "%s: zero token rows", op);
+    switch (c->op) {
+    case DJ_OP_EMBED:
+        REQUIRE(c->out && c->w && c->ids, "%s: NULL out, table or ids", op);
+        REQUIRE(c->d > 0 && c->m > 0, "%s: d=%u vocab(m)=%u must be positive", op, c->d, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: table dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        return DJ_OK;
+    case DJ_OP_RMSNORM:
+        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(c->eps >= 0.0f, "%s: eps %g is negative", op, (double)c->eps);
+        return DJ_OK;
+    case DJ_OP_MATMUL:
+        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
+        REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(!c->bias || is_float_dtype(c->bias_dtype), "%s: bias dtype %s is not a float type", op,
+                dj_dtype_name(c->bias_dtype));
+        REQUIRE(!overlaps(c->out, n * c->m * sizeof(float), c->x, n * c->k * sizeof(float)),
+                "%s: out overlaps x", op);
+        return DJ_OK;
+    case DJ_OP_ROPE: {
+        REQUIRE(c->out && c->x && c->inv_freq, "%s: NULL out, x or inv_freq", op);
+        REQUIRE(c->n_heads > 0 && c->head_dim > 0 && c->head_dim % 2 == 0,
+                "%s: n_heads=%u head_dim=%u (need heads > 0, even head_dim)", op, c->n_heads, c->head_dim);
+        REQUIRE(c->scale > 0.0f && isfinite(c->scale), "%s: scale %g must be positive (1 = no scaling)", op,
+                (double)c->scale);
+        const size_t bytes = n * c->n_heads * c->head_dim * sizeof(float);
+        REQUIRE(c->out == c->x || !overlaps(c->out, bytes, c->x, bytes), "%s: out partly overlaps x", op);
+        return DJ_OK;
+    }
+    case DJ_OP_KV_WRITE:
+        REQUIRE(c->x && c->x2, "%s: NULL k or v", op);
+        return check_kv(c, op);
+    case DJ_OP_ATTENTION: {
+        REQUIRE(c->out && c->x, "%s: NULL out or q", op);
+        REQUIRE(c->n_heads > 0 && c->n_kv_heads > 0 && c->head_dim > 0, "%s: n_heads=%u n_kv_heads=%u head_dim=%u",
+                op, c->n_heads, c->n_kv_heads, c->head_dim);
+        REQUIRE(c->n_heads % c->n_kv_heads == 0, "%s: %u query heads do not divide into %u kv heads", op,
+                c->n_heads, c->n_kv_heads);
+        REQUIRE(isfinite(c->scale), "%s: scale is not finite", op);
+        dj_status st = check_kv(c, op);
+        if (st != DJ_OK) return st;
+        REQUIRE(c->kv->kv_dim == c->n_kv_heads * c->head_dim, "%s: kv_dim %u != n_kv_heads %u * head_dim %u", op,
+                c->kv->kv_dim, c->n_kv_heads, c->head_dim);
+        const size_t bytes = n * c->n_heads * c->head_dim * sizeof(float);
+        REQUIRE(!overlaps(c->out, bytes, c->x, bytes), "%s: out overlaps q", op);
+        return DJ_OK;
+    }
+    case DJ_OP_SILU_MUL:
+    case DJ_OP_ADD:
+        REQUIRE(c->out && c->x && c->x2, "%s: NULL out or input", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        return DJ_OK;
+    case DJ_OP_COUNT: break;
+    }
+    return dj_fail(DJ_EUNSUPPORTED, "cpu backend: unknown op %d", (int)c->op);
+}
+
+static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
+    dj_cpu_backend *cb = (dj_cpu_backend *)be;
+    if (!c) return dj_fail(DJ_EINVAL, "cpu compute: NULL call");
+    dj_status st = check_call(c);
+    if (st != DJ_OK) return st;
+    switch (c->op) {
+    case DJ_OP_EMBED: return op_embed(cb, c);
+    case DJ_OP_RMSNORM: return op_rmsnorm(cb, c);
+    case DJ_OP_MATMUL: return dj__cpu_matmul(cb, c);
+    case DJ_OP_ROPE: return op_rope(cb, c);
+    case DJ_OP_KV_WRITE: return op_kv_write(cb, c);
+    case DJ_OP_ATTENTION: return dj__cpu_attention(cb, c);
+    case DJ_OP_SILU_MUL: return op_silu_mul(cb, c);
+    case DJ_OP_ADD: return op_add(cb, c);
+    case DJ_OP_COUNT: break;
+    }
+    return dj_fail(DJ_EUNSUPPORTED, "cpu backend: unknown op %d", (int)c->op);
+}
+
+/* ---- lifetime ---- */
+
+static void cpu_destroy(dj_backend_t *be) {
+    dj_cpu_backend *cb = (dj_cpu_backend *)be;
+    free(cb->scratch);
+    free(cb);
+}
+
+static const dj_backend_vtbl cpu_vtbl = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .compute = cpu_compute,
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
+};
+
+dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
+    if (!out) return dj_fail(DJ_EINVAL, "cpu backend: NULL output pointer");
+    *out = NULL;
+    if (n_threads < 0) return dj_fail(DJ_EINVAL, "cpu backend: n_threads %d is negative", n_threads);
+    dj_cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return dj_fail(DJ_ENOMEM, "cpu backend: cannot allocate %zu bytes", sizeof *cb);
+    cb->base.vt = &cpu_vtbl;
+    cb->base.kv_dtype = DJ_DTYPE_F32;
+    cb->base.act_dtype = DJ_DTYPE_F32;
+    cb->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    /* Our OpenMP threads own the cores; OpenBLAS's own pool spinning beside
+     * them would halve throughput, so BLAS runs inside our threads. */
+    openblas_set_num_threads(1);
+    *out = &cb->base;
+    return DJ_OK;
+}
+
+void dj__cpu_set_tile_rows(dj_backend_t *be, uint32_t rows) {
+    ((dj_cpu_backend *)be)->tile_rows = rows;
+}

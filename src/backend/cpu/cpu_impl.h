@@ -1,0 +1,34 @@
+/* cpu_impl.h: private state of the CPU backend and the kernels its compute
+ * switch dispatches to (one file per kernel family). */
+#ifndef DJ_CPU_IMPL_H
+#define DJ_CPU_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/backend.h"
+
+/* Decode-size matmuls (n <= this) with f16/bf16 weights use the fused
+ * convert-and-dot kernel; larger n convert weight tiles and call sgemm. */
+#define DJ_CPU_DOT_MAX_ROWS 4
+
+typedef struct dj_cpu_backend {
+    struct dj_backend base; /* must stay first */
+    int n_threads;        /* OpenMP threads for every op */
+    uint32_t tile_rows;   /* weight rows converted per sgemm tile; 0 = from k */
+    float *scratch;       /* [scratch_cap] per-thread f32 tiles of converted weight rows; owned */
+    size_t scratch_cap;   /* floats */
+} dj_cpu_backend;
+
+/* Test hook: weight rows per converted tile of the large-n matmul path
+ * (0 restores the automatic choice). */
+void dj__cpu_set_tile_rows(dj_backend_t *be, uint32_t rows);
+
+/* dst[0..count) = src converted to f32; src of dtype f32/f16/bf16. */
+void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
+
+/* Kernels; the call has been validated by the compute switch. */
+dj_status dj__cpu_matmul(dj_cpu_backend *cb, const dj_op_call *c);
+dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c);
+
+#endif

@@ -1,0 +1,542 @@
+/* test_cpu_backend.c: every CPU op against a naive double-precision reference
+ * on fresh random inputs (NaN-poisoned outputs), plus error returns and timing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/cpu_impl.h"
+#include "djinn/backend.h"
+#include "testutil.h"
+
+/* Huge allocation requests must come back as NULL under ASan, as in glibc. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
+static dj_backend_t *be;
+
+static float *falloc(size_t count) {
+    float *p = malloc(count * sizeof(float) + 1);
+    if (!p) abort();
+    return p;
+}
+
+static void fill(float *x, size_t count, float lo, float hi) {
+    for (size_t i = 0; i < count; i++) x[i] = dj_test_randf(lo, hi);
+}
+
+static void poison(float *x, size_t count) {
+    for (size_t i = 0; i < count; i++) x[i] = NAN;
+}
+
+/* max|a-b| / max|ref|; a NaN in a is an infinite error. */
+static double norm_err(const float *a, const double *ref, size_t count) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double e = fabs((double)a[i] - ref[i]);
+        if (e > num) num = e;
+        if (fabs(ref[i]) > den) den = fabs(ref[i]);
+    }
+    return num / (den > 0.0 ? den : 1.0);
+}
+
+/* Weights stored in dtype t, plus the exact f32 values they hold. */
+typedef struct {
+    void *data;    /* [count] of t */
+    double *value; /* [count] */
+} weights;
+
+static weights make_weights(size_t count, dj_dtype t, float lo, float hi) {
+    weights w = {malloc(count * dj_dtype_size(t) + 1), malloc(count * sizeof(double) + 1)};
+    if (!w.data || !w.value) abort();
+    for (size_t i = 0; i < count; i++) {
+        float f = dj_test_randf(lo, hi);
+        if (t == DJ_DTYPE_BF16) {
+            ((uint16_t *)w.data)[i] = dj_f32_to_bf16(f);
+            f = dj_bf16_to_f32(((uint16_t *)w.data)[i]);
+        } else if (t == DJ_DTYPE_F16) {
+            ((uint16_t *)w.data)[i] = dj_f32_to_f16(f);
+            f = dj_f16_to_f32(((uint16_t *)w.data)[i]);
+        } else {
+            ((float *)w.data)[i] = f;
+        }
+        w.value[i] = f;
+    }
+    return w;
+}
+
+static void free_weights(weights *w) {
+    free(w->data);
+    free(w->value);
+}
+
+static const dj_dtype float_types[] = {DJ_DTYPE_F32, DJ_DTYPE_F16, DJ_DTYPE_BF16};
+
+/* ---- EMBED ---- */
+
+static void test_embed(void) {
+    const uint32_t vocab = 50, d = 67;
+    for (int ti = 0; ti < 3; ti++) {
+        weights tab = make_weights((size_t)vocab * d, float_types[ti], -2.0f, 2.0f);
+        for (uint32_t n = 1; n <= 37; n += 36) {
+            int32_t ids[37];
+            for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(dj_test_rand() % vocab);
+            ids[0] = (int32_t)vocab - 1;
+            float *out = falloc((size_t)n * d);
+            poison(out, (size_t)n * d);
+            dj_op_call c = {.op = DJ_OP_EMBED, .n = n, .out = out, .w = tab.data, .w_dtype = float_types[ti],
+                            .ids = ids, .d = d, .m = vocab};
+            CHECK_OK(dj_backend_compute(be, &c));
+            int bad = 0;
+            for (uint32_t i = 0; i < n; i++)
+                for (uint32_t j = 0; j < d; j++)
+                    bad += out[(size_t)i * d + j] != (float)tab.value[(size_t)ids[i] * d + j];
+            CHECK_MSG(bad == 0, "embed %s n=%u: %d elements differ", dj_dtype_name(float_types[ti]), n, bad);
+
+            /* an id is user input: out of range is an error, and nothing is written */
+            poison(out, (size_t)n * d);
+            ids[n - 1] = (int32_t)vocab;
+            CHECK_ST(dj_backend_compute(be, &c), DJ_ERANGE);
+            ids[n - 1] = -1;
+            CHECK_ST(dj_backend_compute(be, &c), DJ_ERANGE);
+            CHECK(isnan(out[0]));
+            free(out);
+        }
+        free_weights(&tab);
+    }
+}
+
+/* ---- RMSNORM ---- */
+
+static void test_rmsnorm(void) {
+    const uint32_t dims[] = {67, 2048};
+    for (int di = 0; di < 2; di++)
+        for (int ti = 0; ti < 3; ti++)
+            for (uint32_t n = 1; n <= 37; n += 36) {
+                const uint32_t d = dims[di];
+                const float eps = 1e-5f;
+                weights w = make_weights(d, float_types[ti], 0.5f, 1.5f);
+                float *x = falloc((size_t)n * d), *out = falloc((size_t)n * d);
+                double *ref = malloc((size_t)n * d * sizeof(double));
+                fill(x, (size_t)n * d, -3.0f, 3.0f);
+                poison(out, (size_t)n * d);
+                for (uint32_t i = 0; i < n; i++) {
+                    double ss = 0.0;
+                    for (uint32_t j = 0; j < d; j++) ss += (double)x[i * d + j] * x[i * d + j];
+                    double r = 1.0 / sqrt(ss / d + eps);
+                    for (uint32_t j = 0; j < d; j++) ref[i * d + j] = x[i * d + j] * r * w.value[j];
+                }
+                dj_op_call c = {.op = DJ_OP_RMSNORM, .n = n, .out = out, .x = x, .w = w.data,
+                                .w_dtype = float_types[ti], .d = d, .eps = eps};
+                CHECK_OK(dj_backend_compute(be, &c));
+                double e = norm_err(out, ref, (size_t)n * d);
+                CHECK_MSG(e < 1e-5, "rmsnorm d=%u n=%u %s: err %g", d, n, dj_dtype_name(float_types[ti]), e);
+                free(x);
+                free(out);
+                free(ref);
+                free_weights(&w);
+            }
+}
+
+/* ---- MATMUL ---- */
+
+static void check_matmul(dj_backend_t *b, uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bias_kind) {
+    weights w = make_weights((size_t)m * k, wt, -1.0f, 1.0f);
+    const dj_dtype bt = bias_kind == 2 ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
+    weights bias = make_weights(m, bt, -1.0f, 1.0f);
+    float *x = falloc((size_t)n * k), *out = falloc((size_t)n * m);
+    double *ref = malloc((size_t)n * m * sizeof(double));
+    fill(x, (size_t)n * k, -1.0f, 1.0f);
+    poison(out, (size_t)n * m);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < m; j++) {
+            double s = bias_kind ? bias.value[j] : 0.0;
+            for (uint32_t kk = 0; kk < k; kk++) s += (double)x[(size_t)i * k + kk] * w.value[(size_t)j * k + kk];
+            ref[(size_t)i * m + j] = s;
+        }
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = out, .x = x, .w = w.data, .w_dtype = wt,
+                    .bias = bias_kind ? bias.data : NULL, .bias_dtype = bt, .k = k, .m = m};
+    CHECK_OK(dj_backend_compute(b, &c));
+    double e = norm_err(out, ref, (size_t)n * m);
+    CHECK_MSG(e < 1e-5, "matmul n=%u k=%u m=%u w=%s bias=%d: err %g", n, k, m, dj_dtype_name(wt), bias_kind, e);
+    free(x);
+    free(out);
+    free(ref);
+    free_weights(&w);
+    free_weights(&bias);
+}
+
+static void test_matmul(void) {
+    static const uint32_t shapes[][3] = {{1, 67, 129}, {2, 64, 33},  {3, 16, 7},     {4, 130, 17},
+                                         {5, 67, 129}, {37, 67, 129}, {37, 256, 300}, {1, 1, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int bk = 0; bk < 3; bk++) check_matmul(be, shapes[s][0], shapes[s][1], shapes[s][2], float_types[ti], bk);
+    /* several converted tiles, the last one partial */
+    dj__cpu_set_tile_rows(be, 48);
+    check_matmul(be, 37, 67, 129, DJ_DTYPE_BF16, 1);
+    check_matmul(be, 9, 67, 129, DJ_DTYPE_F16, 0);
+    dj__cpu_set_tile_rows(be, 0);
+    /* one thread */
+    dj_backend_t *one = NULL;
+    CHECK_OK(dj_backend_cpu_new(1, &one));
+    check_matmul(one, 1, 67, 129, DJ_DTYPE_BF16, 2);
+    check_matmul(one, 37, 67, 129, DJ_DTYPE_F16, 1);
+    dj_backend_free(one);
+}
+
+/* ---- ROPE ---- */
+
+static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, double base, float scale, int in_place) {
+    const uint32_t half = hd / 2;
+    const size_t count = (size_t)n * nh * hd;
+    float inv_freq[512];
+    for (uint32_t j = 0; j < half; j++) inv_freq[j] = (float)(1.0 / pow(base, (double)(2 * j) / hd));
+    float *x = falloc(count), *out = in_place ? x : falloc(count);
+    double *ref = malloc(count * sizeof(double));
+    fill(x, count, -2.0f, 2.0f);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t j = 0; j < half; j++) {
+                const float theta = inv_freq[j] * (float)(pos0 + i); /* f32 product, as HF */
+                const double cs = cos((double)theta) * scale, sn = sin((double)theta) * scale;
+                const size_t o = ((size_t)i * nh + h) * hd;
+                ref[o + j] = x[o + j] * cs - (double)x[o + j + half] * sn;
+                ref[o + j + half] = x[o + j + half] * cs + (double)x[o + j] * sn;
+            }
+    if (!in_place) poison(out, count);
+    dj_op_call c = {.op = DJ_OP_ROPE, .n = n, .out = out, .x = x, .inv_freq = inv_freq, .pos0 = pos0,
+                    .n_heads = nh, .head_dim = hd, .scale = scale};
+    CHECK_OK(dj_backend_compute(be, &c));
+    double e = norm_err(out, ref, count);
+    CHECK_MSG(e < 1e-5, "rope n=%u heads=%u hd=%u pos0=%u scale=%g in_place=%d: err %g", n, nh, hd, pos0,
+              (double)scale, in_place, e);
+    free(x);
+    if (!in_place) free(out);
+    free(ref);
+}
+
+static void test_rope(void) {
+    check_rope(1, 4, 64, 0, 10000.0, 1.0f, 0);
+    check_rope(37, 4, 64, 5, 10000.0, 1.0f, 0);
+    check_rope(37, 3, 16, 40000, 500000.0, 1.0f, 1);
+    check_rope(1, 8, 128, 131000, 500000.0, 1.25f, 1);
+    check_rope(7, 2, 16, 3, 10000.0, 0.8f, 0);
+}
+
+/* ---- paged K/V ---- */
+
+typedef struct {
+    dj_kv_view view;
+    uint32_t *table;   /* [n_blocks] shuffled page indices */
+    uint32_t n_pages;  /* pages in the data area (more than mapped) */
+} kv_area;
+
+static void kv_area_init(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t kv_dim) {
+    a->n_pages = n_blocks + 3;
+    const size_t page_bytes = 2u * tpp * kv_dim * sizeof(float) + 64; /* slack past the V rows */
+    void *seg = NULL;
+    CHECK_OK(be->vt->alloc(be, page_bytes * a->n_pages, &seg));
+    if (!seg) abort();
+    poison(seg, page_bytes * a->n_pages / sizeof(float));
+    uint32_t *perm = malloc(a->n_pages * sizeof(uint32_t));
+    for (uint32_t i = 0; i < a->n_pages; i++) perm[i] = i;
+    for (uint32_t i = a->n_pages - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    a->table = perm;
+    a->view = (dj_kv_view){.seg_base = seg, .page_bytes = page_bytes, .block_table = perm, .n_blocks = n_blocks,
+                           .tokens_per_page = tpp, .kv_dim = kv_dim, .dtype = DJ_DTYPE_F32};
+}
+
+static void kv_area_free(kv_area *a) {
+    be->vt->free(be, a->view.seg_base);
+    free(a->table);
+}
+
+static size_t count_written(const kv_area *a) {
+    const float *f = (const float *)(const void *)a->view.seg_base;
+    size_t total = a->view.page_bytes * a->n_pages / sizeof(float), written = 0;
+    for (size_t i = 0; i < total; i++) written += !isnan(f[i]);
+    return written;
+}
+
+static void test_kv_write(void) {
+    const uint32_t tpp = 16, kv_dim = 24, n_blocks = 4;
+    kv_area a;
+    kv_area_init(&a, n_blocks, tpp, kv_dim);
+    const uint32_t pos0 = 13, n = 37; /* positions 13..49 over all four blocks */
+    float *k = falloc((size_t)n * kv_dim), *v = falloc((size_t)n * kv_dim);
+    fill(k, (size_t)n * kv_dim, -1.0f, 1.0f);
+    fill(v, (size_t)n * kv_dim, -1.0f, 1.0f);
+    dj_op_call c = {.op = DJ_OP_KV_WRITE, .n = n, .x = k, .x2 = v, .kv = &a.view, .pos0 = pos0};
+    CHECK_OK(dj_backend_compute(be, &c));
+    int bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t p = pos0 + i;
+        const float *page = (const float *)(const void *)(a.view.seg_base + (size_t)a.table[p / tpp] * a.view.page_bytes);
+        bad += memcmp(page + (size_t)(p % tpp) * kv_dim, k + (size_t)i * kv_dim, kv_dim * sizeof(float)) != 0;
+        bad += memcmp(page + (size_t)(tpp + p % tpp) * kv_dim, v + (size_t)i * kv_dim, kv_dim * sizeof(float)) != 0;
+    }
+    CHECK_MSG(bad == 0, "kv_write: %d rows misplaced", bad);
+    CHECK(count_written(&a) == 2u * n * kv_dim);
+
+    /* past the mapped blocks: an error, nothing written */
+    c.pos0 = n_blocks * tpp - 2;
+    c.n = 3;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_ERANGE);
+    c.pos0 = UINT32_MAX - 1;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_ERANGE);
+    CHECK(count_written(&a) == 2u * n * kv_dim);
+    c.pos0 = 0;
+    c.n = 1;
+    a.view.page_bytes = 2u * tpp * kv_dim * sizeof(float) - 4;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    free(k);
+    free(v);
+    kv_area_free(&a);
+}
+
+/* ---- ATTENTION ---- */
+
+static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos0, uint32_t n, uint32_t window,
+                            uint32_t tpp) {
+    const uint32_t kv_dim = nkv * hd, total = pos0 + n;
+    const uint32_t n_blocks = (total + tpp - 1) / tpp + 1;
+    kv_area a;
+    kv_area_init(&a, n_blocks, tpp, kv_dim);
+    float *k = falloc((size_t)total * kv_dim), *v = falloc((size_t)total * kv_dim);
+    fill(k, (size_t)total * kv_dim, -1.5f, 1.5f);
+    fill(v, (size_t)total * kv_dim, -1.0f, 1.0f);
+    dj_op_call w = {.op = DJ_OP_KV_WRITE, .n = total, .x = k, .x2 = v, .kv = &a.view, .pos0 = 0};
+    CHECK_OK(dj_backend_compute(be, &w));
+
+    const size_t qcount = (size_t)n * nh * hd;
+    float *q = falloc(qcount), *out = falloc(qcount);
+    double *ref = malloc(qcount * sizeof(double)), *sc = malloc(total * sizeof(double));
+    fill(q, qcount, -1.5f, 1.5f);
+    poison(out, qcount);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t h = 0; h < nh; h++) {
+            const uint32_t p = pos0 + i, kvh = h / (nh / nkv);
+            const uint32_t t0 = window && p + 1 > window ? p + 1 - window : 0;
+            const float *qr = q + ((size_t)i * nh + h) * hd;
+            double mx = -INFINITY, sum = 0.0;
+            for (uint32_t t = t0; t <= p; t++) {
+                double s = 0.0;
+                for (uint32_t j = 0; j < hd; j++) s += (double)qr[j] * k[(size_t)t * kv_dim + kvh * hd + j];
+                sc[t] = s * scale;
+                if (sc[t] > mx) mx = sc[t];
+            }
+            for (uint32_t t = t0; t <= p; t++) sum += (sc[t] = exp(sc[t] - mx));
+            double *o = ref + ((size_t)i * nh + h) * hd;
+            for (uint32_t j = 0; j < hd; j++) {
+                double acc = 0.0;
+                for (uint32_t t = t0; t <= p; t++) acc += sc[t] * v[(size_t)t * kv_dim + kvh * hd + j];
+                o[j] = acc / sum;
+            }
+        }
+    dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &a.view, .pos0 = pos0,
+                    .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = scale};
+    CHECK_OK(dj_backend_compute(be, &c));
+    double e = norm_err(out, ref, qcount);
+    CHECK_MSG(e < 1e-5, "attention heads %u:%u hd=%u pos0=%u n=%u window=%u tpp=%u: err %g", nh, nkv, hd, pos0, n,
+              window, tpp, e);
+
+    /* positions past the mapped blocks */
+    c.pos0 = n_blocks * tpp - n + 1;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_ERANGE);
+    c.pos0 = pos0;
+    c.n_kv_heads = nkv + 1;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(ref);
+    free(sc);
+    kv_area_free(&a);
+}
+
+static void test_attention(void) {
+    static const uint32_t heads[][3] = {{8, 2, 64}, {4, 1, 16}, {4, 4, 16}};
+    static const uint32_t spans[][2] = {{0, 1}, {0, 37}, {45, 7}, {100, 1}, {130, 3}};
+    for (int h = 0; h < 3; h++)
+        for (int s = 0; s < 5; s++)
+            for (uint32_t window = 0; window <= 20; window += 20)
+                check_attention(heads[h][0], heads[h][1], heads[h][2], spans[s][0], spans[s][1], window, 16);
+    check_attention(4, 2, 16, 0, 9, 1, 16); /* a window of one attends to itself only */
+    check_attention(4, 2, 16, 190, 5, 0, 80); /* pages longer than one block of scores */
+    check_attention(4, 2, 16, 150, 3, 100, 80);
+}
+
+/* ---- SILU_MUL, ADD ---- */
+
+static void test_elementwise(void) {
+    const uint32_t n = 37, d = 67;
+    const size_t count = (size_t)n * d;
+    float *a = falloc(count), *b = falloc(count), *out = falloc(count);
+    double *ref = malloc(count * sizeof(double));
+    for (int in_place = 0; in_place < 2; in_place++) {
+        fill(a, count, -8.0f, 8.0f);
+        fill(b, count, -2.0f, 2.0f);
+        for (size_t i = 0; i < count; i++) ref[i] = a[i] / (1.0 + exp(-(double)a[i])) * b[i];
+        float *o = in_place ? a : out;
+        if (!in_place) poison(out, count);
+        dj_op_call c = {.op = DJ_OP_SILU_MUL, .n = n, .out = o, .x = a, .x2 = b, .d = d};
+        CHECK_OK(dj_backend_compute(be, &c));
+        double e = norm_err(o, ref, count);
+        CHECK_MSG(e < 1e-6, "silu_mul in_place=%d: err %g", in_place, e);
+
+        fill(a, count, -8.0f, 8.0f);
+        for (size_t i = 0; i < count; i++) ref[i] = (double)a[i] + b[i];
+        if (!in_place) poison(out, count);
+        c.op = DJ_OP_ADD;
+        CHECK_OK(dj_backend_compute(be, &c));
+        e = norm_err(o, ref, count);
+        CHECK_MSG(e < 1e-6, "add in_place=%d: err %g", in_place, e);
+    }
+    free(a);
+    free(b);
+    free(out);
+    free(ref);
+}
+
+/* ---- errors and memory ---- */
+
+static void test_errors(void) {
+    float x[8] = {0}, out[8];
+    dj_op_call c = {.op = DJ_OP_ADD, .n = 1, .out = out, .x = x, .x2 = NULL, .d = 8};
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    c.x2 = x;
+    c.n = 0;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    c.n = 1;
+    c.op = DJ_OP_COUNT;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EUNSUPPORTED);
+    CHECK_ST(dj_backend_compute(be, NULL), DJ_EINVAL);
+
+    float inv_freq[2] = {1.0f, 0.5f};
+    dj_op_call r = {.op = DJ_OP_ROPE, .n = 1, .out = out, .x = x, .inv_freq = inv_freq, .n_heads = 2,
+                    .head_dim = 4, .scale = 0.0f};
+    CHECK_ST(dj_backend_compute(be, &r), DJ_EINVAL); /* scale 0 is a builder bug, not "no scaling" */
+    r.scale = 1.0f;
+    r.head_dim = 3;
+    CHECK_ST(dj_backend_compute(be, &r), DJ_EINVAL);
+
+    dj_op_call m = {.op = DJ_OP_MATMUL, .n = 1, .out = out, .x = x, .w = x, .w_dtype = DJ_DTYPE_I32, .k = 2, .m = 2};
+    CHECK_ST(dj_backend_compute(be, &m), DJ_EINVAL);
+    m.w_dtype = DJ_DTYPE_F32;
+    m.out = x + 1; /* overlaps x */
+    CHECK_ST(dj_backend_compute(be, &m), DJ_EINVAL);
+
+    int32_t id = 0;
+    dj_op_call em = {.op = DJ_OP_EMBED, .n = 1, .out = out, .w = x, .w_dtype = DJ_DTYPE_F32, .ids = &id, .d = 8};
+    CHECK_ST(dj_backend_compute(be, &em), DJ_EINVAL); /* vocab (m) not given */
+    dj_op_call rn = {.op = DJ_OP_RMSNORM, .n = 1, .out = out, .x = x, .w = NULL, .d = 8};
+    CHECK_ST(dj_backend_compute(be, &rn), DJ_EINVAL);
+
+    void *p = NULL;
+    CHECK_ST(be->vt->alloc(be, 0, &p), DJ_EINVAL);
+    CHECK_ST(be->vt->alloc(be, SIZE_MAX - 8192, &p), DJ_ENOMEM);
+    CHECK(p == NULL);
+    CHECK_OK(be->vt->alloc(be, 12345, &p));
+    CHECK(p && ((uintptr_t)p & 4095) == 0);
+    const char msg[] = "device bytes";
+    char back[sizeof msg];
+    CHECK_OK(be->vt->upload(be, p, msg, sizeof msg));
+    CHECK_OK(be->vt->download(be, back, p, sizeof msg));
+    CHECK(memcmp(back, msg, sizeof msg) == 0);
+    CHECK_OK(be->vt->sync(be));
+    be->vt->free(be, p);
+
+    dj_backend_t *b2 = NULL;
+    CHECK_ST(dj_backend_cpu_new(-1, &b2), DJ_EINVAL);
+    CHECK(b2 == NULL);
+    dj_backend_free(NULL);
+    CHECK(be->kv_dtype == DJ_DTYPE_F32 && be->act_dtype == DJ_DTYPE_F32);
+    CHECK(strcmp(be->vt->name, "cpu") == 0);
+}
+
+/* ---- timing (printed, not asserted) ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void time_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
+    weights w = make_weights((size_t)m * k, DJ_DTYPE_BF16, -1.0f, 1.0f);
+    float *x = falloc((size_t)n * k), *out = falloc((size_t)n * m);
+    fill(x, (size_t)n * k, -1.0f, 1.0f);
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = out, .x = x, .w = w.data, .w_dtype = DJ_DTYPE_BF16,
+                    .k = k, .m = m};
+    CHECK_OK(dj_backend_compute(be, &c));
+    double t = now_s();
+    for (int i = 0; i < iters; i++) CHECK_OK(dj_backend_compute(be, &c));
+    t = (now_s() - t) / iters;
+    /* spot-check a few output rows against the reference */
+    double worst = 0.0, big = 0.0;
+    for (uint32_t j = 0; j < m; j += m / 7) {
+        double s = 0.0;
+        for (uint32_t kk = 0; kk < k; kk++) s += (double)x[(size_t)(n - 1) * k + kk] * w.value[(size_t)j * k + kk];
+        double e = fabs(s - out[(size_t)(n - 1) * m + j]);
+        worst = e > worst ? e : worst;
+        big = fabs(s) > big ? fabs(s) : big;
+    }
+    CHECK_MSG(worst / big < 1e-5, "timed matmul: err %g", worst / big);
+    printf("matmul bf16 n=%u k=%u m=%u: %.3f ms, %.1f GB/s of weights, %.1f GFLOP/s\n", n, k, m, t * 1e3,
+           (double)m * k * 2 / t / 1e9, 2.0 * n * m * k / t / 1e9);
+    free(x);
+    free(out);
+    free_weights(&w);
+}
+
+static void time_attention(uint32_t ctx) {
+    const uint32_t nh = 32, nkv = 4, hd = 64, tpp = 16, kv_dim = nkv * hd;
+    kv_area a;
+    kv_area_init(&a, (ctx + tpp - 1) / tpp, tpp, kv_dim);
+    float *k = falloc((size_t)ctx * kv_dim), *v = falloc((size_t)ctx * kv_dim);
+    float *q = falloc((size_t)nh * hd), *out = falloc((size_t)nh * hd);
+    fill(k, (size_t)ctx * kv_dim, -1.0f, 1.0f);
+    fill(v, (size_t)ctx * kv_dim, -1.0f, 1.0f);
+    fill(q, (size_t)nh * hd, -1.0f, 1.0f);
+    dj_op_call w = {.op = DJ_OP_KV_WRITE, .n = ctx, .x = k, .x2 = v, .kv = &a.view};
+    CHECK_OK(dj_backend_compute(be, &w));
+    dj_op_call c = {.op = DJ_OP_ATTENTION, .n = 1, .out = out, .x = q, .kv = &a.view, .pos0 = ctx - 1,
+                    .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .scale = 0.125f};
+    const int iters = 5;
+    double t = now_s();
+    for (int i = 0; i < iters; i++) CHECK_OK(dj_backend_compute(be, &c));
+    t = (now_s() - t) / iters;
+    printf("attention decode heads %u:%u hd=%u ctx=%u: %.3f ms\n", nh, nkv, hd, ctx, t * 1e3);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    kv_area_free(&a);
+}
+
+int main(void) {
+    dj_test_seed();
+    CHECK_OK(dj_backend_cpu_new(0, &be));
+    if (!be) return dj_test_finish("test_cpu_backend");
+    test_embed();
+    test_rmsnorm();
+    test_matmul();
+    test_rope();
+    test_kv_write();
+    test_attention();
+    test_elementwise();
+    test_errors();
+    time_matmul(1, 2048, 5632, 10);
+    time_matmul(64, 2048, 5632, 2);
+    time_attention(2048);
+    dj_backend_free(be);
+    return dj_test_finish("test_cpu_backend");
+}
