@@ -28,6 +28,10 @@ typedef enum {
     DJ_RES_OUTPUT      /* stack segment too, live until the step ends */
 } dj_residency;
 
+/* dj_node.flags */
+#define DJ_NODE_LAST_ROW 1u /* compute only from the last token row of src[0]
+                               (logits of the last position); shape[0] is 1 */
+
 typedef struct dj_node {
     /* what */
     dj_op op;                 /* compute op; weights/inputs use DJ_OP_COUNT */
@@ -44,7 +48,11 @@ typedef struct dj_node {
     char name[48];
     /* op parameters (copied into dj_op_call by the executor) */
     dj_op_call params;        /* pointers filled at run time; scalars set by the builder */
-    const void *data;         /* WEIGHT: pointer into the text segment */
+    const void *data;         /* WEIGHT: optional direct pointer (tests); NULL when bound late */
+    int weight_slot;          /* WEIGHT: index in the model's weight table, resolved
+                                 at run time, so a cached plan outlives where the
+                                 model's weights happen to sit in the text segment */
+    unsigned flags;           /* DJ_NODE_* below */
     /* planner output */
     size_t size;              /* bytes of this node's own buffer (ACTIVATION/OUTPUT) */
     size_t offset;            /* stack offset (ACTIVATION/OUTPUT) */

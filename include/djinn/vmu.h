@@ -63,6 +63,10 @@ dj_status dj_vmu_model_alloc(dj_vmu_model_t *m, size_t bytes, void **out /* OUT 
 /* Drop one reference. At zero the model stays cached (evictable). */
 void dj_vmu_model_release(dj_vmu_t *vmu, dj_vmu_model_t *m);
 
+/* Evict a model whose refcount is 0 now (its dtor runs, its bytes become
+ * free). Used when a load fails half-way. DJ_EBUSY if it is still in use. */
+dj_status dj_vmu_model_evict(dj_vmu_t *vmu, dj_vmu_model_t *m);
+
 /* Host-side object attached to the region (the engine's model); dtor is called
  * with it when the region is evicted or the VMU freed. */
 void dj_vmu_model_set_user(dj_vmu_model_t *m, void *user, void (*dtor)(void *user));

@@ -1,12 +1,508 @@
-/* djinn.c: the `djinn` command line (run, tokenize, detokenize, info). */
+/* djinn.c: the `djinn` command line - run a model embedded (no server),
+ * tokenize/detokenize with a model's tokenizer, and show what a model needs. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "djinn/checkpoint.h"
+#include "djinn/engine.h"
+#include "djinn/sampler.h"
+#include "djinn/tokenizer.h"
+
+#define DEFAULT_NEW_TOKENS 64
+
+typedef struct opts {
+    const char *model, *prompt, *tokens, *text, *device, *vmu;
+    long n_new;
+    double temp, top_p;
+    long top_k, ctx, threads, step;
+    unsigned long long seed;
+    int greedy, print_tokens, add_special, ignore_eos, stats, have_temp, have_top_p, have_top_k;
+} opts;
+
+static int usage(FILE *f) {
+    fputs("usage:\n"
+          "  djinn run --model DIR (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy]\n"
+          "            [--temp T] [--top-k K] [--top-p P] [--seed S] [--print-tokens]\n"
+          "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats]\n"
+          "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
+          "  djinn detokenize --model DIR --tokens 1,2,3\n"
+          "  djinn info --model DIR [--ctx N]\n"
+          "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
+          "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n",
+          f);
+    return 2;
+}
+
+static int die(const char *what, dj_status st) {
+    const char *detail = dj_last_error();
+    fprintf(stderr, "djinn: %s: %s%s%s\n", what, dj_strerror(st), detail[0] ? ": " : "", detail);
+    return 1;
+}
+
+static int bad_arg(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "djinn: ");
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+    return 2;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+/* "1,2,3" -> ids; spaces allowed around commas. */
+static dj_status parse_ids(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ') p++;
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            free(v);
+            return dj_fail(DJ_EINVAL, "token list '%s': '%.16s' is not a non-negative 32-bit integer", s, p);
+        }
+        if (k == cap) {
+            int32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) {
+                free(v);
+                return dj_fail(DJ_ENOMEM, "out of memory");
+            }
+            v = nv;
+            cap *= 2;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') {
+            p++;
+            if (!*p) break;
+        } else if (*p) {
+            free(v);
+            return dj_fail(DJ_EINVAL, "token list '%s': expected ',' at '%.16s'", s, p);
+        }
+    }
+    if (k == 0) {
+        free(v);
+        return dj_fail(DJ_EINVAL, "token list is empty");
+    }
+    *ids = v;
+    *n = k;
+    return DJ_OK;
+}
+
+static int parse_opts(int argc, char **argv, opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_new = DEFAULT_NEW_TOKENS;
+    o->top_p = 1.0;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV                                                         \
+    do {                                                              \
+        if (!v) return bad_arg("option %s needs a value%s", a, "");   \
+        i++;                                                          \
+    } while (0)
+        if (!strcmp(a, "--model") || !strcmp(a, "-m")) { NEEDV; o->model = v; }
+        else if (!strcmp(a, "--prompt") || !strcmp(a, "-p")) { NEEDV; o->prompt = v; }
+        else if (!strcmp(a, "--tokens")) { NEEDV; o->tokens = v; }
+        else if (!strcmp(a, "--text")) { NEEDV; o->text = v; }
+        else if (!strcmp(a, "--device")) { NEEDV; o->device = v; }
+        else if (!strcmp(a, "--vmu-gb")) { NEEDV; o->vmu = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
+            NEEDV;
+            if (parse_long(v, 0, 1L << 30, &o->n_new)) return bad_arg("%s: '%s' is not a token count", a, v);
+        } else if (!strcmp(a, "--temp")) {
+            NEEDV;
+            if (parse_double(v, &o->temp) || o->temp < 0) return bad_arg("%s: '%s' is not a temperature >= 0", a, v);
+            o->have_temp = 1;
+        } else if (!strcmp(a, "--top-p")) {
+            NEEDV;
+            if (parse_double(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1))
+                return bad_arg("%s: '%s' is not in (0, 1]", a, v);
+            o->have_top_p = 1;
+        } else if (!strcmp(a, "--top-k")) {
+            NEEDV;
+            if (parse_long(v, 0, INT32_MAX, &o->top_k)) return bad_arg("%s: '%s' is not a count >= 0", a, v);
+            o->have_top_k = 1;
+        } else if (!strcmp(a, "--seed")) {
+            NEEDV;
+            char *end;
+            errno = 0;
+            o->seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') return bad_arg("%s: '%s' is not a seed", a, v);
+        } else if (!strcmp(a, "--ctx")) {
+            NEEDV;
+            if (parse_long(v, 1, INT32_MAX, &o->ctx)) return bad_arg("%s: '%s' is not a context length", a, v);
+        } else if (!strcmp(a, "--threads")) {
+            NEEDV;
+            if (parse_long(v, 0, 4096, &o->threads)) return bad_arg("%s: '%s' is not a thread count", a, v);
+        } else if (!strcmp(a, "--step")) {
+            NEEDV;
+            if (parse_long(v, 1, 1 << 16, &o->step)) return bad_arg("%s: '%s' is not a chunk size", a, v);
+        } else if (!strcmp(a, "--greedy")) o->greedy = 1;
+        else if (!strcmp(a, "--print-tokens")) o->print_tokens = 1;
+        else if (!strcmp(a, "--add-special")) o->add_special = 1;
+        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
+        else if (!strcmp(a, "--stats")) o->stats = 1;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
+        else return bad_arg("unknown option '%s' for '%s' (see djinn --help)", a, argv[1]);
+#undef NEEDV
+    }
+    return 0;
+}
+
+static dj_status load_tokenizer(const char *dir, dj_tokenizer_t **tok) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return dj_fail(DJ_ENOTFOUND, "%s: no tokenizer.json in the model directory", dir);
+    return dj_tokenizer_load(path, tok);
+}
+
+/* ---- tokenize / detokenize ---- */
+
+static int cmd_tokenize(const opts *o) {
+    if (!o->model || !o->text) return bad_arg("tokenize needs --model DIR and --text TEXT%s%s", "", "");
+    dj_tokenizer_t *tok = NULL;
+    dj_status st = load_tokenizer(o->model, &tok);
+    if (st != DJ_OK) return die("loading the tokenizer", st);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    st = dj_tokenizer_encode(tok, o->text, strlen(o->text), o->add_special, &ids, &n);
+    if (st != DJ_OK) {
+        dj_tokenizer_free(tok);
+        return die("tokenizing", st);
+    }
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+    printf("\n");
+    free(ids);
+    dj_tokenizer_free(tok);
+    return 0;
+}
+
+static int cmd_detokenize(const opts *o) {
+    if (!o->model || !o->tokens) return bad_arg("detokenize needs --model DIR and --tokens 1,2,3%s%s", "", "");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    dj_status st = parse_ids(o->tokens, &ids, &n);
+    if (st != DJ_OK) return die("reading --tokens", st);
+    dj_tokenizer_t *tok = NULL;
+    st = load_tokenizer(o->model, &tok);
+    if (st != DJ_OK) {
+        free(ids);
+        return die("loading the tokenizer", st);
+    }
+    char *text = NULL;
+    st = dj_tokenizer_decode(tok, ids, n, &text);
+    free(ids);
+    dj_tokenizer_free(tok);
+    if (st != DJ_OK) return die("detokenizing", st);
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+/* ---- engine setup shared by run and info ---- */
+
+static uint32_t pick_ctx(const opts *o, const dj_model_config *c) {
+    uint32_t ctx = o->ctx ? (uint32_t)o->ctx : c->max_position_embeddings;
+    if (!o->ctx && ctx > 4096) ctx = 4096;
+    if (ctx == 0) ctx = 4096;
+    return ctx;
+}
+
+static dj_status make_engine(const opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engine_t **e,
+                             dj_model_needs *needs) {
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    ec.device = o->device;
+    ec.n_threads = (int)o->threads;
+    ec.max_step_tokens = o->step ? (uint32_t)o->step : 512;
+    dj_status st = dj_model_estimate(ck, DJ_DTYPE_F32, ec.max_step_tokens, needs);
+    if (st != DJ_OK) return st;
+    if (o->vmu) {
+        size_t bytes;
+        st = dj_vmu_parse_size(o->vmu, &bytes);
+        if (st != DJ_OK) return st;
+        dj_vmu_config_default(&ec.vmu, bytes);
+    } else {
+        dj_engine_config_for(needs, ctx, 0, &ec.vmu);
+    }
+    return dj_engine_new(&ec, e);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmd_info(const opts *o) {
+    if (!o->model) return bad_arg("info needs --model DIR%s%s", "", "");
+    dj_checkpoint_t *ck = NULL;
+    dj_status st = dj_checkpoint_open(o->model, &ck);
+    if (st != DJ_OK) return die("opening the model", st);
+    const dj_model_config *c = dj_checkpoint_config(ck);
+    const uint32_t ctx = pick_ctx(o, c);
+    dj_model_needs needs;
+    st = dj_model_estimate(ck, DJ_DTYPE_F32, o->step ? (uint32_t)o->step : 512, &needs);
+    if (st != DJ_OK) {
+        dj_checkpoint_close(ck);
+        return die("sizing the model", st);
+    }
+    dj_model_needs decode;
+    dj_model_estimate(ck, DJ_DTYPE_F32, 1, &decode);
+    printf("model:          %s\n", o->model);
+    printf("architecture:   %s\n", c->arch_name);
+    printf("parameters:     %llu (%.3f B)\n", (unsigned long long)needs.n_params, (double)needs.n_params / 1e9);
+    printf("weights dtype:  %s\n", c->torch_dtype[0] ? c->torch_dtype : "?");
+    printf("shape:          %u layers, hidden %u, ffn %u, heads %u/%u kv, head_dim %u, vocab %u\n", c->n_layers,
+           c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
+    printf("fingerprint:    %016llx\n", (unsigned long long)dj_checkpoint_fingerprint(ck));
+    printf("device:         cpu (f32 activations and KV)\n");
+    printf("text segment:   %zu bytes (%.1f MiB) of weights\n", needs.text_bytes, needs.text_bytes / 1048576.0);
+    printf("data segment:   %zu bytes per token, %zu bytes (%.1f MiB) for a context of %u\n",
+           needs.kv_bytes_per_token, needs.kv_bytes_per_token * ctx, needs.kv_bytes_per_token * ctx / 1048576.0, ctx);
+    printf("stack peak:     %zu bytes (%.1f MiB) for a %u-token prefill step; %zu bytes for decode\n",
+           needs.stack_peak, needs.stack_peak / 1048576.0, o->step ? (unsigned)o->step : 512u, decode.stack_peak);
+    dj_checkpoint_close(ck);
+    return 0;
+}
+
+/* ---- run ---- */
+
+/* generation_config.json decides sampling when the command line does not. */
+static void read_generation_config(const char *dir, opts *o) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    if (!j) {
+        fprintf(stderr, "djinn: warning: %s is not valid JSON; ignoring it\n", path);
+        return;
+    }
+    const cJSON *ds = cJSON_GetObjectItemCaseSensitive(j, "do_sample");
+    if (cJSON_IsTrue(ds) && !o->have_temp && !o->greedy) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "temperature");
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "top_p");
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "top_k");
+        o->temp = cJSON_IsNumber(t) && t->valuedouble >= 0 ? t->valuedouble : 1.0;
+        o->have_temp = 1;
+        if (!o->have_top_p && cJSON_IsNumber(p) && p->valuedouble > 0 && p->valuedouble <= 1) o->top_p = p->valuedouble;
+        if (!o->have_top_k && cJSON_IsNumber(k) && k->valuedouble >= 0) o->top_k = (long)k->valuedouble;
+    }
+    cJSON_Delete(j);
+}
+
+static int is_eos(const dj_model_config *c, int32_t id) {
+    for (int i = 0; i < 4; i++)
+        if (c->eos_token_ids[i] >= 0 && c->eos_token_ids[i] == id) return 1;
+    return 0;
+}
+
+static int cmd_run(opts *o) {
+    if (!o->model) return bad_arg("run needs --model DIR%s%s", "", "");
+    if (!!o->prompt == !!o->tokens) return bad_arg("run needs exactly one of --prompt TEXT or --tokens 1,2,3%s%s", "", "");
+    if (o->greedy && o->have_temp && o->temp > 0) return bad_arg("--greedy contradicts --temp %s%s (use one of them)", "> 0", "");
+    read_generation_config(o->model, o);
+    int rc = 1;
+    dj_status st;
+    dj_tokenizer_t *tok = NULL;
+    dj_checkpoint_t *ck = NULL;
+    dj_engine_t *e = NULL;
+    dj_model_t *m = NULL;
+    dj_session_t *s = NULL;
+    dj_sampler_t *smp = NULL;
+    dj_detok_stream_t *ds = NULL;
+    int32_t *ids = NULL, *gen = NULL;
+    float *logits = NULL;
+    size_t n_ids = 0;
+
+    if (o->prompt) {
+        if (!o->prompt[0]) {
+            fprintf(stderr, "djinn: the prompt is empty: give some text, or token ids with --tokens\n");
+            return 2;
+        }
+        st = load_tokenizer(o->model, &tok);
+        if (st != DJ_OK) return die("loading the tokenizer", st);
+        st = dj_tokenizer_encode(tok, o->prompt, strlen(o->prompt), true, &ids, &n_ids);
+        if (st != DJ_OK) {
+            rc = die("tokenizing the prompt", st);
+            goto done;
+        }
+        if (n_ids == 0) {
+            fprintf(stderr, "djinn: the prompt encodes to no tokens\n");
+            rc = 2;
+            goto done;
+        }
+    } else {
+        st = parse_ids(o->tokens, &ids, &n_ids);
+        if (st != DJ_OK) {
+            rc = die("reading --tokens", st);
+            goto done;
+        }
+    }
+    st = dj_checkpoint_open(o->model, &ck);
+    if (st != DJ_OK) {
+        rc = die("opening the model", st);
+        goto done;
+    }
+    const dj_model_config *c = dj_checkpoint_config(ck);
+    uint32_t ctx = pick_ctx(o, c);
+    if (!o->ctx && n_ids + (size_t)o->n_new > ctx && n_ids + (size_t)o->n_new <= c->max_position_embeddings)
+        ctx = (uint32_t)(n_ids + (size_t)o->n_new);
+    if (n_ids + (size_t)o->n_new > ctx) {
+        fprintf(stderr, "djinn: %zu prompt tokens + %ld new tokens exceed the context of %u\n", n_ids, o->n_new, ctx);
+        rc = 2;
+        goto done;
+    }
+    dj_model_needs needs;
+    st = make_engine(o, ck, ctx, &e, &needs);
+    if (st != DJ_OK) {
+        rc = die("starting the engine", st);
+        goto done;
+    }
+    double t0 = now_s();
+    const char *base = strrchr(o->model, '/');
+    st = dj_model_load_checkpoint(e, ck, base && base[1] ? base + 1 : o->model, &m);
+    if (st != DJ_OK) {
+        rc = die("loading the model", st);
+        goto done;
+    }
+    dj_checkpoint_close(ck); /* weights are in the text segment now */
+    ck = NULL;
+    c = dj_model_get_config(m);
+    st = dj_session_new(e, m, ctx, 0, &s);
+    if (st != DJ_OK) {
+        rc = die("opening a session", st);
+        goto done;
+    }
+    dj_sampler_params sp = {.temperature = o->greedy ? 0.0f : (float)o->temp,
+                            .top_k = (uint32_t)o->top_k,
+                            .top_p = (float)o->top_p,
+                            .seed = o->seed};
+    st = dj_sampler_new(&sp, c->vocab_size, &smp);
+    if (st != DJ_OK) {
+        rc = die("sampling parameters", st);
+        goto done;
+    }
+    logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    gen = malloc(((size_t)o->n_new + 1) * sizeof *gen);
+    if (!logits || !gen) {
+        rc = die("allocating", dj_fail(DJ_ENOMEM, "out of memory"));
+        goto done;
+    }
+    if (tok && !o->print_tokens) {
+        st = dj_detok_stream_new(tok, &ds);
+        if (st != DJ_OK) {
+            rc = die("decoder", st);
+            goto done;
+        }
+    }
+    double t_load = now_s() - t0;
+    t0 = now_s();
+    st = dj_session_step(e, s, ids, (uint32_t)n_ids, logits);
+    if (st != DJ_OK) {
+        rc = die("prefill", st);
+        goto done;
+    }
+    double t_prefill = now_s() - t0;
+    t0 = now_s();
+    long n_gen = 0;
+    char piece[1024];
+    for (; n_gen < o->n_new; n_gen++) {
+        int32_t next = dj_sampler_sample(smp, logits);
+        if (!o->ignore_eos && is_eos(c, next)) break;
+        gen[n_gen] = next;
+        if (ds) {
+            size_t len = 0;
+            if (dj_detok_stream_push(ds, next, piece, sizeof piece, &len) == DJ_OK && len) {
+                fwrite(piece, 1, len, stdout);
+                fflush(stdout);
+            }
+        }
+        if (n_gen + 1 == o->n_new) {
+            n_gen++;
+            break;
+        }
+        st = dj_session_step(e, s, &next, 1, logits);
+        if (st != DJ_OK) {
+            rc = die("decode", st);
+            goto done;
+        }
+    }
+    double t_decode = now_s() - t0;
+    if (ds) {
+        size_t len = 0;
+        if (dj_detok_stream_finish(ds, piece, sizeof piece, &len) == DJ_OK && len) fwrite(piece, 1, len, stdout);
+        printf("\n");
+    }
+    if (o->print_tokens) {
+        for (long i = 0; i < n_gen; i++) printf("%s%d", i ? " " : "", gen[i]);
+        printf("\n");
+    }
+    fprintf(stderr, "djinn: %zu prompt tokens in %.3f s (%.1f tok/s), %ld new tokens in %.3f s (%.2f tok/s); load %.3f s\n",
+            n_ids, t_prefill, n_ids / (t_prefill > 0 ? t_prefill : 1e-9), n_gen, t_decode,
+            n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, t_load);
+    if (o->stats) dj_vmu_print_stats(dj_engine_vmu(e), stderr);
+    rc = 0;
+done:
+    dj_detok_stream_free(ds);
+    dj_sampler_free(smp);
+    if (e) {
+        dj_session_free(e, s);
+        dj_model_release(e, m);
+    }
+    dj_engine_free(e);
+    dj_checkpoint_close(ck);
+    dj_tokenizer_free(tok);
+    free(ids);
+    free(gen);
+    free(logits);
+    return rc;
+}
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        printf("usage: djinn <run|tokenize|detokenize|info> ...\n");
-        return argc < 2 ? 2 : 0;
-    }
-    fprintf(stderr, "djinn: unknown command '%s'\n", argv[1]);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))
+        return argc < 2 ? usage(stderr) : (usage(stdout), 0);
+    opts o;
+    int r = parse_opts(argc, argv, &o);
+    if (r == 3) return 0;
+    if (r) return r;
+    if (!strcmp(argv[1], "run")) return cmd_run(&o);
+    if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&o);
+    if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(&o);
+    if (!strcmp(argv[1], "info")) return cmd_info(&o);
+    fprintf(stderr, "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info)\n", argv[1]);
     return 2;
 }

@@ -1,0 +1,164 @@
+/* make_random_checkpoint.c: writes a Hugging Face Llama-layout checkpoint of
+ * a named full-size shape (config.json + model.safetensors) with random bf16
+ * weights, for benchmarks: speed does not depend on what the weights mean.
+ *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32]
+ * Presets: tinyllama-1.1b, llama3-8b. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "djinn/dtype.h"
+
+typedef struct preset {
+    const char *name;
+    int hidden, ffn, layers, heads, kv_heads, vocab, max_pos;
+    double theta;
+    int tie;
+} preset;
+
+static const preset PRESETS[] = {
+    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0, 0},
+    {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 0},
+};
+
+typedef struct tensor {
+    char name[96];
+    int64_t rows, cols; /* cols 0: vector */
+    int is_norm;
+} tensor;
+
+static uint64_t rng = 0x1234567887654321ull;
+static uint64_t next(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32]\n", argv[0]);
+        return 2;
+    }
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
+        if (!strcmp(PRESETS[i].name, argv[1])) p = &PRESETS[i];
+    if (!p) {
+        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3-8b)\n", argv[1]);
+        return 2;
+    }
+    const char *dir = argv[2];
+    dj_dtype dt = DJ_DTYPE_BF16;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
+        else if (!strcmp(argv[i], "--dtype")) dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32
+                                                 : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        perror(dir);
+        return 1;
+    }
+    const int hd = p->hidden / p->heads;
+    const int n_t = p->layers * 9 + 3;
+    tensor *t = calloc((size_t)n_t, sizeof *t);
+    int k = 0;
+#define T(r, c, norm, ...)                                           \
+    do {                                                             \
+        snprintf(t[k].name, sizeof t[k].name, __VA_ARGS__);          \
+        t[k].rows = (r);                                             \
+        t[k].cols = (c);                                             \
+        t[k].is_norm = (norm);                                       \
+        k++;                                                         \
+    } while (0)
+    T(p->vocab, p->hidden, 0, "model.embed_tokens.weight");
+    for (int l = 0; l < p->layers; l++) {
+        T(p->hidden, 0, 1, "model.layers.%d.input_layernorm.weight", l);
+        T((int64_t)p->heads * hd, p->hidden, 0, "model.layers.%d.self_attn.q_proj.weight", l);
+        T((int64_t)p->kv_heads * hd, p->hidden, 0, "model.layers.%d.self_attn.k_proj.weight", l);
+        T((int64_t)p->kv_heads * hd, p->hidden, 0, "model.layers.%d.self_attn.v_proj.weight", l);
+        T(p->hidden, (int64_t)p->heads * hd, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        T(p->hidden, 0, 1, "model.layers.%d.post_attention_layernorm.weight", l);
+        T(p->ffn, p->hidden, 0, "model.layers.%d.mlp.gate_proj.weight", l);
+        T(p->ffn, p->hidden, 0, "model.layers.%d.mlp.up_proj.weight", l);
+        T(p->hidden, p->ffn, 0, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+    T(p->hidden, 0, 1, "model.norm.weight");
+    T(p->vocab, p->hidden, 0, "lm_head.weight");
+#undef T
+    const size_t esz = dj_dtype_size(dt);
+    const char *dname = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
+    /* header */
+    size_t cap = (size_t)k * 200 + 64, len = 0, off = 0;
+    char *hdr = malloc(cap);
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    for (int i = 0; i < k; i++) {
+        size_t bytes = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1) * esz;
+        if (t[i].cols)
+            len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
+                                    i ? "," : "", t[i].name, dname, (long long)t[i].rows, (long long)t[i].cols, off, off + bytes);
+        else
+            len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
+                                    i ? "," : "", t[i].name, dname, (long long)t[i].rows, off, off + bytes);
+        off += bytes;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    uint64_t hl = len;
+    fwrite(&hl, 8, 1, f);
+    fwrite(hdr, 1, len, f);
+    const size_t chunk = 1 << 20;
+    uint8_t *buf = malloc(chunk * 4);
+    for (int i = 0; i < k; i++) {
+        size_t n = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
+        /* matrices ~ U(-a, a) with a = sqrt(3/fan_in) (unit-variance outputs); norms near 1 */
+        double a = t[i].cols ? sqrt(3.0 / (double)t[i].cols) : 0.0;
+        for (size_t done = 0; done < n;) {
+            size_t m = n - done < chunk ? n - done : chunk;
+            for (size_t j = 0; j < m; j++) {
+                double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
+                float v = t[i].is_norm ? (float)(0.8 + 0.4 * u) : (float)((2.0 * u - 1.0) * a);
+                if (dt == DJ_DTYPE_F32) memcpy(buf + 4 * j, &v, 4);
+                else {
+                    uint16_t h = dt == DJ_DTYPE_F16 ? dj_f32_to_f16(v) : dj_f32_to_bf16(v);
+                    memcpy(buf + 2 * j, &h, 2);
+                }
+            }
+            if (fwrite(buf, esz, m, f) != m) {
+                perror(path);
+                return 1;
+            }
+            done += m;
+        }
+    }
+    if (fclose(f) != 0) {
+        perror(path);
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    f = fopen(path, "w");
+    fprintf(f,
+            "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":%d,"
+            "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,"
+            "\"num_key_value_heads\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d,"
+            "\"rms_norm_eps\":1e-05,\"rope_theta\":%.1f,\"hidden_act\":\"silu\",\"tie_word_embeddings\":%s,"
+            "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"}\n",
+            p->hidden, p->ffn, p->layers, p->heads, p->kv_heads, p->vocab, p->max_pos, p->theta,
+            p->tie ? "true" : "false", dt == DJ_DTYPE_F32 ? "float32" : dt == DJ_DTYPE_F16 ? "float16" : "bfloat16");
+    fclose(f);
+    printf("%s: %d tensors, %.2f GB of %s weights in %s\n", p->name, k, (double)off / 1e9, dname, dir);
+    free(buf);
+    free(hdr);
+    free(t);
+    return 0;
+}

@@ -1,0 +1,89 @@
+/* engine.h: the embedded engine - a backend, the VMU on it and the plan
+ * cache - with models loaded into the text segment (shared by fingerprint)
+ * and sessions whose KV cache lives in data-segment pages. One thread drives
+ * an engine. */
+#ifndef DJINN_ENGINE_H
+#define DJINN_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "djinn/backend.h"
+#include "djinn/checkpoint.h"
+#include "djinn/graph.h"
+#include "djinn/status.h"
+#include "djinn/vmu.h"
+
+typedef struct dj_engine dj_engine_t;
+typedef struct dj_model dj_model_t;
+typedef struct dj_session dj_session_t;
+
+typedef struct dj_engine_config {
+    const char *device;       /* "cpu" (default when NULL) */
+    int n_threads;            /* CPU threads, 0 = every core */
+    dj_vmu_config vmu;        /* budget and segment ratios */
+    uint32_t max_step_tokens; /* largest prefill chunk (shape bucket cap); 0 = 512 */
+} dj_engine_config;
+
+dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);
+void dj_engine_free(dj_engine_t *e); /* NULL does nothing; sessions/models must be released first */
+
+dj_vmu_t *dj_engine_vmu(dj_engine_t *e);
+dj_backend_t *dj_engine_backend(dj_engine_t *e);
+dj_plan_cache_t *dj_engine_plans(dj_engine_t *e);
+
+/* What a model needs, from its checkpoint alone (no weights copied):
+ * text bytes (weights as stored, aligned), KV bytes per token (all layers,
+ * K and V, in the backend's KV dtype) and the stack peak of a prefill step of
+ * `step_tokens` (planned). */
+typedef struct dj_model_needs {
+    size_t text_bytes;
+    size_t kv_bytes_per_token;
+    size_t stack_peak;
+    uint64_t n_params;
+} dj_model_needs;
+dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32_t step_tokens,
+                            dj_model_needs *needs /* OUT */);
+
+/* A VMU config that fits `needs` for `ctx` tokens of one session, with 25%
+ * headroom on data and stack. */
+void dj_engine_config_for(const dj_model_needs *needs, uint32_t ctx, size_t page_bytes,
+                          dj_vmu_config *cfg /* OUT */);
+
+/* Load the checkpoint directory (or find it already in the text segment by
+ * fingerprint, costing no bytes). The returned model holds one reference:
+ * release it with dj_model_release. The second form takes an open checkpoint
+ * (borrowed; weights are copied out of it). */
+dj_status dj_model_load(dj_engine_t *e, const char *dir, dj_model_t **out /* OUT */);
+dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name,
+                                   dj_model_t **out /* OUT */);
+void dj_model_release(dj_engine_t *e, dj_model_t *m);
+const dj_model_config *dj_model_get_config(const dj_model_t *m);
+uint64_t dj_model_fingerprint(const dj_model_t *m);
+uint64_t dj_model_param_count(const dj_model_t *m);
+
+/* A session: private KV pages for up to max_ctx positions (0 = the model's
+ * max_position_embeddings), quota_pages as in the VMU (0 = none). Holds a
+ * model reference until freed. */
+dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t quota_pages,
+                         dj_session_t **out /* OUT */);
+void dj_session_free(dj_engine_t *e, dj_session_t *s); /* returns every page; NULL does nothing */
+uint32_t dj_session_pos(const dj_session_t *s);         /* tokens in the KV cache */
+uint32_t dj_session_max_ctx(const dj_session_t *s);
+
+/* Feed n token ids at the session's position (prefill when n > 1, decode when
+ * n == 1; long inputs are split into chunks of max_step_tokens). If logits is
+ * not NULL it receives the [vocab] logits of the last position. On error the
+ * session's position is unchanged. Ids are validated against the vocabulary;
+ * going past max_ctx is DJ_ERANGE. */
+dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                          float *logits /* OUT, [vocab] or NULL */);
+
+/* Build the SRG of one step of the model for `bucket` token rows (weights
+ * bound when m is not NULL). Exposed for the planner, info and tests. */
+dj_status dj_model_build_graph(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase,
+                               uint32_t bucket, dj_graph_t **out /* OUT */);
+
+#endif

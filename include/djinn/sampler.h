@@ -1,0 +1,31 @@
+/* sampler.h: choosing the next token from logits - greedy, temperature,
+ * top-k, top-p - seeded and reproducible (same seed, same logits, same ids). */
+#ifndef DJINN_SAMPLER_H
+#define DJINN_SAMPLER_H
+
+#include <stdint.h>
+
+#include "djinn/status.h"
+
+typedef struct dj_sampler_params {
+    float temperature; /* 0 = greedy */
+    uint32_t top_k;    /* 0 = off */
+    float top_p;       /* 1 = off; in (0, 1] */
+    uint64_t seed;
+} dj_sampler_params;
+
+typedef struct dj_sampler dj_sampler_t;
+
+/* Validates params (temperature >= 0 and finite, top_p in (0,1]). */
+dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_t **out /* OUT */);
+void dj_sampler_free(dj_sampler_t *s);
+
+/* Pick a token from logits[vocab] (not modified). Order as in transformers:
+ * temperature, then top-k, then top-p, then a draw from the softmax. Greedy
+ * breaks ties by the lowest id (as torch.argmax). */
+int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits);
+
+/* argmax with lowest-id tie break. */
+int32_t dj_argmax(const float *logits, uint32_t n);
+
+#endif

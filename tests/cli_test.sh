@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# cli_test.sh: the `djinn` command as scripts use it - exact output forms,
+# greedy tokens equal to transformers' on every fixture, and clear errors
+# (non-zero exit, a message, never a crash) on bad input.
+# usage: cli_test.sh DJINN FIXTURES_DIR THIRD_PARTY_DIR
+set -u
+DJINN=$1
+FX=$2
+TP=$3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+
+# expect_error NAME PATTERN CMD...: exit status 1 or 2 (not a signal), and
+# stderr mentions PATTERN.
+expect_error() {
+    local name=$1 pat=$2
+    shift 2
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    if [ $rc -ne 1 ] && [ $rc -ne 2 ]; then
+        bad "$name: exit status $rc (want 1 or 2)"; cat "$TMP/err" >&2; return
+    fi
+    if ! grep -qi -- "$pat" "$TMP/err"; then
+        bad "$name: stderr lacks '$pat':"; cat "$TMP/err" >&2; return
+    fi
+    ok
+}
+
+json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+# 1. greedy tokens of every fixture, through the exact scripted form
+for m in llama2 llama3 tinyllama mistral qwen2; do
+    ref="$FX/models/$m/reference.json"
+    prompt=$(json "$ref" "','.join(map(str, d['prompt_ids']))")
+    want=$(json "$ref" "' '.join(map(str, d['greedy']))")
+    got=$("$DJINN" run --model "$FX/models/$m" --tokens "$prompt" -n 24 --greedy --print-tokens --ignore-eos 2>"$TMP/err")
+    if [ "$got" = "$want" ]; then ok; else bad "$m: greedy tokens '$got' != reference '$want'"; cat "$TMP/err" >&2; fi
+done
+
+# 2. info
+out=$("$DJINN" info --model "$FX/models/qwen2" --ctx 128)
+if echo "$out" | grep -q "Qwen2ForCausalLM" && echo "$out" | grep -q "stack peak"; then ok; else bad "info: $out"; fi
+
+# 3. tokenizer commands on a real tokenizer (Llama 3), against tokenizers' ids
+if [ -s "$TP/tokenizers/llama3/tokenizer.json" ]; then
+    want=$(python3 -c "
+import json; d=json.load(open('$FX/tokenizer/refs_llama3.json'))
+c=[c for c in d['cases'] if c['text']=='Hello, world!'][0]; print(' '.join(map(str,c['ids'])))")
+    got=$("$DJINN" tokenize --model "$TP/tokenizers/llama3" --text "Hello, world!")
+    if [ "$got" = "$want" ]; then ok; else bad "tokenize: '$got' != '$want'"; fi
+    got=$("$DJINN" tokenize --model "$TP/tokenizers/llama3" --text "Hello, world!" --add-special)
+    if [ "$got" = "128000 $want" ]; then ok; else bad "tokenize --add-special: '$got'"; fi
+    ids=$(echo "$want" | tr ' ' ',')
+    got=$("$DJINN" detokenize --model "$TP/tokenizers/llama3" --tokens "$ids")
+    if [ "$got" = "Hello, world!" ]; then ok; else bad "detokenize: '$got'"; fi
+    expect_error "detokenize bad id" "range" "$DJINN" detokenize --model "$TP/tokenizers/llama3" --tokens 999999999
+else
+    bad "third_party/tokenizers/llama3 missing: run scripts/setup.sh"
+fi
+
+# 4. --prompt end to end: a tiny byte-level tokenizer beside the llama2 weights
+mkdir -p "$TMP/withtok"
+cp "$FX/models/llama2/config.json" "$FX/models/llama2/model.safetensors" "$TMP/withtok/"
+python3 - "$TMP/withtok/tokenizer.json" <<'PY'
+import json, sys
+# GPT-2 byte alphabet: printable bytes map to themselves, the rest to 256+i.
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+alpha = {b: chr(c) for b, c in zip(bs, cs)}
+vocab = {"<s>": 0, "</s>": 1}
+for b in range(256):
+    vocab[alpha[b]] = len(vocab)
+merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("\u0120", "w")]
+for a, b in merges:
+    vocab[a + b] = len(vocab)
+tok = {"version": "1.0", "truncation": None, "padding": None,
+       "added_tokens": [{"id": 0, "content": "<s>", "single_word": False, "lstrip": False, "rstrip": False,
+                         "normalized": False, "special": True},
+                        {"id": 1, "content": "</s>", "single_word": False, "lstrip": False, "rstrip": False,
+                         "normalized": False, "special": True}],
+       "normalizer": None,
+       "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+       "post_processor": {"type": "TemplateProcessing",
+                          "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                          "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                          "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+       "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                 "vocab": vocab, "merges": [a + " " + b for a, b in merges]}}
+json.dump(tok, open(sys.argv[1], "w"))
+PY
+ids=$("$DJINN" tokenize --model "$TMP/withtok" --text "hello world" --add-special)
+# <s>=0, byte b -> 2+b, merges: hello=261, "\u0120w"=262; then o r l d as bytes
+if [ "$ids" = "0 261 262 113 116 110 102" ]; then ok; else bad "tokenize tiny: '$ids'"; fi
+viatok=$("$DJINN" run --model "$TMP/withtok" --tokens "$(echo "$ids" | tr ' ' ',')" -n 12 --greedy --print-tokens --ignore-eos 2>/dev/null)
+viaprompt=$("$DJINN" run --model "$TMP/withtok" --prompt "hello world" -n 12 --greedy --print-tokens --ignore-eos 2>/dev/null)
+if [ -n "$viatok" ] && [ "$viatok" = "$viaprompt" ]; then ok; else bad "--prompt '$viaprompt' != --tokens '$viatok'"; fi
+text=$("$DJINN" run --model "$TMP/withtok" --prompt "hello world" -n 12 --greedy --ignore-eos 2>/dev/null)
+want=$("$DJINN" detokenize --model "$TMP/withtok" --tokens "$(echo "$viatok" | tr ' ' ',')")
+if [ "$text" = "$want" ]; then ok; else bad "streamed text '$text' != detokenized '$want'"; fi
+s1=$("$DJINN" run --model "$TMP/withtok" --prompt "hello" -n 16 --temp 0.9 --top-k 50 --top-p 0.9 --seed 7 --print-tokens --ignore-eos 2>/dev/null)
+s2=$("$DJINN" run --model "$TMP/withtok" --prompt "hello" -n 16 --temp 0.9 --top-k 50 --top-p 0.9 --seed 7 --print-tokens --ignore-eos 2>/dev/null)
+if [ -n "$s1" ] && [ "$s1" = "$s2" ]; then ok; else bad "seeded sampling not reproducible: '$s1' vs '$s2'"; fi
+
+# 5. bad input: a clear message, exit 1/2, no crash
+M="$FX/models/llama2"
+expect_error "no such model" "config.json" "$DJINN" run --model "$TMP/nope" --tokens 1,2 -n 2 --greedy
+expect_error "bad token list" "token list" "$DJINN" run --model "$M" --tokens 1,x,3 -n 2 --greedy
+expect_error "empty token list" "token list" "$DJINN" run --model "$M" --tokens "" -n 2 --greedy
+expect_error "token outside vocab" "vocabulary" "$DJINN" run --model "$M" --tokens 1,99999 -n 2 --greedy
+expect_error "empty prompt" "empty" "$DJINN" run --model "$TMP/withtok" --prompt "" -n 2
+expect_error "no tokenizer" "tokenizer.json" "$DJINN" run --model "$M" --prompt "hi" -n 2
+expect_error "unknown option" "unknown option" "$DJINN" run --model "$M" --frobnicate
+expect_error "unknown command" "unknown command" "$DJINN" fly
+expect_error "bad temperature" "temperature" "$DJINN" run --model "$M" --tokens 1 --temp -1
+expect_error "bad top-p" "top-p" "$DJINN" run --model "$M" --tokens 1 --top-p 1.5
+expect_error "missing value" "needs a value" "$DJINN" run --model
+expect_error "tiny vmu" "needs" "$DJINN" run --model "$M" --tokens 1,2 -n 2 --greedy --vmu-gb 65536b
+expect_error "bad vmu size" "size" "$DJINN" run --model "$M" --tokens 1,2 -n 2 --greedy --vmu-gb lots
+expect_error "context overflow" "context" "$DJINN" run --model "$M" --tokens 1,2,3 -n 300 --greedy --ctx 16
+mkdir -p "$TMP/trunc" && cp "$M/config.json" "$TMP/trunc/"
+head -c 3000 "$M/model.safetensors" >"$TMP/trunc/model.safetensors"
+expect_error "truncated safetensors" "model.safetensors" "$DJINN" run --model "$TMP/trunc" --tokens 1,2 -n 2 --greedy
+mkdir -p "$TMP/badcfg" && cp "$M/model.safetensors" "$TMP/badcfg/" && echo '{"architectures": ["LlamaForCausalLM"], "hidden_size": "big"' >"$TMP/badcfg/config.json"
+expect_error "malformed config" "config" "$DJINN" run --model "$TMP/badcfg" --tokens 1,2 -n 2 --greedy
+mkdir -p "$TMP/arch" && cp "$M/model.safetensors" "$TMP/arch/" && sed 's/LlamaForCausalLM/GPTNeoXForCausalLM/' "$M/config.json" >"$TMP/arch/config.json"
+expect_error "unknown architecture" "GPTNeoXForCausalLM" "$DJINN" run --model "$TMP/arch" --tokens 1,2 -n 2 --greedy
+mkdir -p "$TMP/badtok" && cp "$M/config.json" "$M/model.safetensors" "$TMP/badtok/" && echo '{"model": {"type": "BPE", "vocab": ' >"$TMP/badtok/tokenizer.json"
+expect_error "malformed tokenizer.json" "tokenizer" "$DJINN" run --model "$TMP/badtok" --prompt "hi" -n 2
+mkdir -p "$TMP/missing" && cp "$M/config.json" "$TMP/missing/" && python3 - "$M/model.safetensors" "$TMP/missing/model.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+del hdr["model.norm.weight"]
+h = json.dumps(hdr).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+PY
+expect_error "missing tensor" "model.norm.weight" "$DJINN" run --model "$TMP/missing" --tokens 1,2 -n 2 --greedy
+
+echo "cli_test: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
