@@ -92,7 +92,9 @@ static size_t frac_of(size_t total, double f) {
 
 static bool frac_ok(double f) { return f >= 0.0 && f <= 1.0; } /* false for NaN */
 
-/* Splits `usable` bytes (from a 256-aligned base) by cfg; says what is wrong. */
+/* Splits cfg->total_bytes by cfg into segments that fit in `usable` bytes
+ * from a 256-aligned base (usable < total when the backend's pointer needed
+ * aligning: the stack gives up the difference); says what is wrong. */
 static dj_status vmu_layout_compute(const dj_vmu_config *cfg, size_t usable, vmu_layout *L) {
     if (cfg->total_bytes == 0) return dj_fail(DJ_EINVAL, "VMU: total size is 0; need at least a few pages");
     if (!frac_ok(cfg->text_frac) || !frac_ok(cfg->data_frac) || !frac_ok(cfg->stack_frac))
@@ -105,26 +107,29 @@ static dj_status vmu_layout_compute(const dj_vmu_config *cfg, size_t usable, vmu
     if (cfg->page_bytes == 0 || cfg->page_bytes % DJ_VMU_ALIGN != 0)
         return dj_fail(DJ_EINVAL, "VMU: page size %zu bytes must be a positive multiple of %d", cfg->page_bytes,
                        DJ_VMU_ALIGN);
-    L->text_cap = align_down(frac_of(usable, cfg->text_frac));
-    L->n_pages = frac_of(usable, cfg->data_frac) / cfg->page_bytes;
+    size_t total = cfg->total_bytes;
+    L->text_cap = align_down(frac_of(total, cfg->text_frac));
+    L->n_pages = frac_of(total, cfg->data_frac) / cfg->page_bytes;
     L->data_cap = L->n_pages * cfg->page_bytes;
-    L->stack_cap = align_down(frac_of(usable, cfg->stack_frac));
-    /* the 1e-9 slack may let the three round past usable: take it from the stack */
-    size_t sum_caps = L->text_cap + L->data_cap; /* each <= usable, no overflow on 64-bit sizes of interest */
-    if (sum_caps > usable) return dj_fail(DJ_EINVAL, "VMU: segments do not fit in %zu bytes", usable);
+    L->stack_cap = align_down(frac_of(total, cfg->stack_frac));
+    /* the 1e-9 slack or the alignment loss may push the three past usable: the stack gives way */
+    size_t sum_caps = L->text_cap + L->data_cap; /* <= total (1 + 1e-9): no overflow */
+    if (sum_caps > usable)
+        return dj_fail(DJ_EINVAL, "VMU: text and data segments (%zu bytes) do not fit in %zu aligned bytes", sum_caps,
+                       usable);
     if (L->stack_cap > usable - sum_caps) L->stack_cap = align_down(usable - sum_caps);
     if (L->text_cap < DJ_VMU_ALIGN)
         return dj_fail(DJ_EINVAL, "VMU: text segment would be %zu bytes (%g of %zu); needs at least %d", L->text_cap,
-                       cfg->text_frac, usable, DJ_VMU_ALIGN);
+                       cfg->text_frac, total, DJ_VMU_ALIGN);
     if (L->n_pages == 0)
         return dj_fail(DJ_EINVAL, "VMU: data segment would be %zu bytes (%g of %zu); needs at least one %zu-byte page",
-                       frac_of(usable, cfg->data_frac), cfg->data_frac, usable, cfg->page_bytes);
+                       frac_of(total, cfg->data_frac), cfg->data_frac, total, cfg->page_bytes);
     if (L->n_pages >= DJ__NO_PAGE)
         return dj_fail(DJ_EINVAL, "VMU: data segment would have %zu pages; at most %u (use larger pages)", L->n_pages,
                        DJ__NO_PAGE - 1);
     if (L->stack_cap < DJ_VMU_ALIGN)
         return dj_fail(DJ_EINVAL, "VMU: stack segment would be %zu bytes (%g of %zu); needs at least %d",
-                       L->stack_cap, cfg->stack_frac, usable, DJ_VMU_ALIGN);
+                       L->stack_cap, cfg->stack_frac, total, DJ_VMU_ALIGN);
     return DJ_OK;
 }
 
