@@ -12,7 +12,7 @@ static dj_node node_make(dj_residency res, dj_dtype dt, int ndim, const int64_t 
     n.op = res == DJ_RES_ACTIVATION || res == DJ_RES_OUTPUT ? DJ_OP_ADD : DJ_OP_COUNT;
     n.dtype = dt;
     n.ndim = ndim;
-    for (int d = 0; d < ndim; d++) n.shape[d] = shape[d];
+    for (int d = 0; d < ndim && d < DJ_GRAPH_MAX_DIMS; d++) n.shape[d] = shape[d];
     n.src[0] = s0;
     n.src[1] = s1;
     n.src[2] = n.src[3] = -1;

@@ -45,7 +45,7 @@ dj_status dj_graph_plan(dj_graph_t *g, size_t *peak) {
             return dj_fail(DJ_ERANGE, "plan: node %d (%s) needs %zu bytes", i, nd->name, nd->size);
         g->bufs[nb++] = (dj__plan_buf){dj_vmu_aligned(nd->size), 0, i, nd->last_use};
     }
-    qsort(g->bufs, (size_t)nb, sizeof *g->bufs, buf_cmp);
+    if (nb > 1) qsort(g->bufs, (size_t)nb, sizeof *g->bufs, buf_cmp);
 
     size_t top = 0;
     int np = 0;
