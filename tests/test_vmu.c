@@ -618,13 +618,26 @@ static void test_parse_size(void) {
         {"2", (size_t)2 << 30},        {"0.5", (size_t)1 << 29}, {"123b", 123},
         {"123B", 123},                 {"4k", 4096},             {"3m", (size_t)3 << 20},
         {"1g", (size_t)1 << 30},       {"1.5m", (size_t)3 << 19}, {"0.25K", 256},
-        {"0", 0},                      {"16G", (size_t)16 << 30}, {"18446744073709551615b", SIZE_MAX},
+        {"0", 0}, {"0.75k", 768}, {"0.1k", 102}, {"1.0000000001g", (size_t)1 << 30},                      {"16G", (size_t)16 << 30}, {"18446744073709551615b", SIZE_MAX},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         size_t v = 1;
         CHECK_OK(dj_vmu_parse_size(good[i].s, &v));
         CHECK_MSG(v == good[i].want, "%s -> %zu, want %zu", good[i].s, v, good[i].want);
     }
+    /* exact binary fractions written in decimal: a + b/256 of a unit */
+    const size_t units[3] = {(size_t)1 << 10, (size_t)1 << 20, (size_t)1 << 30};
+    const char sfx[3] = {'k', 'm', 'g'};
+    int wrong = 0;
+    for (int i = 0; i < 300; i++) {
+        unsigned a = (unsigned)(dj_test_rand() % 100), b = (unsigned)(dj_test_rand() % 256);
+        int u = (int)(dj_test_rand() % 3);
+        char str[64];
+        snprintf(str, sizeof str, "%u.%08u%c", a, b * 390625u, sfx[u]);
+        size_t v = 0;
+        wrong += dj_vmu_parse_size(str, &v) != DJ_OK || v != a * units[u] + b * (units[u] / 256);
+    }
+    CHECK_MSG(wrong == 0, "%d fractional sizes parsed wrong", wrong);
     const char *bad[] = {"", "abc", "1x", "-1", "+1", " 1", "1 ", "1.", ".5", "1.5b", "1e3", "2gb", "1..2", "k"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         size_t v = 7;

@@ -48,14 +48,20 @@ dj_status dj_vmu_parse_size(const char *s, size_t *bytes) {
         if (whole > (SIZE_MAX - d) / 10) return dj_fail(DJ_ERANGE, "size \"%s\": number too large", s);
         whole = whole * 10 + d;
     }
-    double frac = 0.0;
+    /* fraction as num / den with at most 9 digits kept: num * unit < 2^60, and
+     * later digits are worth under 2 bytes even for GiB */
+    uint64_t num = 0, den = 1;
     bool has_frac = false;
     if (*p == '.') {
         p++;
         if (!isdigit((unsigned char)*p))
             return dj_fail(DJ_EINVAL, "size \"%s\": expected digits after the decimal point", s);
-        double scale = 0.1;
-        for (; isdigit((unsigned char)*p); p++, scale *= 0.1) frac += (*p - '0') * scale;
+        for (; isdigit((unsigned char)*p); p++) {
+            if (den < 1000000000u) {
+                num = num * 10 + (uint64_t)(*p - '0');
+                den *= 10;
+            }
+        }
         has_frac = true;
     }
     size_t unit;
@@ -72,7 +78,7 @@ dj_status dj_vmu_parse_size(const char *s, size_t *bytes) {
     if (unit == 1 && has_frac) return dj_fail(DJ_EINVAL, "size \"%s\": a byte count must be whole", s);
     if (whole > SIZE_MAX / unit) return dj_fail(DJ_ERANGE, "size \"%s\": too large for this machine", s);
     size_t v = whole * unit;
-    size_t f = (size_t)(frac * (double)unit); /* frac < 1 and unit <= 2^30: exact enough, < unit */
+    size_t f = (size_t)(num * unit / den); /* rounded down to whole bytes, < unit */
     if (f > SIZE_MAX - v) return dj_fail(DJ_ERANGE, "size \"%s\": too large for this machine", s);
     *bytes = v + f;
     return DJ_OK;
