@@ -519,6 +519,16 @@ static void test_quota(void) {
     CHECK(msg_has("held by session (unnamed)"));
     CHECK_OK(dj_vmu_page_free(vmu, s, p[1]));
     CHECK_OK(dj_vmu_page_alloc(vmu, s, &p[1]));
+    /* a session of another VMU is neither freed nor given pages here */
+    test_backend tb2 = tb_make();
+    dj_vmu_t *other = NULL;
+    dj_vmu_session_t *foreign = NULL;
+    CHECK_OK(dj_vmu_new(&tb2.base, &c, &other));
+    CHECK_OK(dj_vmu_session_new(other, "foreign", 0, &foreign));
+    CHECK_ST(dj_vmu_page_free(vmu, foreign, p[0]), DJ_EINVAL);
+    dj_vmu_session_free(vmu, foreign);
+    CHECK_OK(dj__vmu_check(other));
+    dj_vmu_free(other);
     CHECK(dj_vmu_session_pages(s) == 3);
     CHECK_OK(dj__vmu_check(vmu));
     dj_vmu_free(vmu);

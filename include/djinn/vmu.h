@@ -90,7 +90,8 @@ size_t dj_vmu_aligned(size_t bytes);
 /* A new session owning no pages, allowed at most quota_pages (0 = no limit). */
 dj_status dj_vmu_session_new(dj_vmu_t *vmu, const char *name, size_t quota_pages,
                              dj_vmu_session_t **out /* OUT */);
-/* Frees every page the session holds, then the session. NULL does nothing. */
+/* Frees every page the session holds, then the session. NULL does nothing;
+ * a session of another VMU is logged and ignored. */
 void dj_vmu_session_free(dj_vmu_t *vmu, dj_vmu_session_t *s);
 
 /* Take one free page for the session. DJ_EQUOTA past its quota, DJ_ENOSPC if

@@ -409,6 +409,12 @@ static void page_unlink(dj_vmu_t *vmu, dj_vmu_session_t *s, uint32_t p) {
 
 void dj_vmu_session_free(dj_vmu_t *vmu, dj_vmu_session_t *s) {
     if (!vmu || !s) return;
+    const dj_vmu_session_t *it = vmu->sessions;
+    while (it && it != s) it = it->next;
+    if (!it) {
+        DJ_LOG(ERROR, "free of a session that this VMU does not hold; ignored");
+        return;
+    }
     while (s->head != DJ__NO_PAGE) page_unlink(vmu, s, s->head);
     if (s->prev) s->prev->next = s->next;
     else vmu->sessions = s->next;
