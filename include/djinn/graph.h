@@ -65,7 +65,9 @@ dj_status dj_graph_new(dj_phase phase, uint32_t n_tokens, dj_graph_t **out /* OU
 void dj_graph_free(dj_graph_t *g);
 
 /* Append a node; *idx receives its index. Validates that sources exist and
- * precede it (DJ_EINVAL otherwise). size is computed from shape and dtype. */
+ * precede it (DJ_EINVAL otherwise), op, residency, dtype and shape (DJ_ERANGE if
+ * its bytes overflow). size is computed from shape and dtype for ACTIVATION and
+ * OUTPUT nodes and is 0 for the others. The name is cut to 47 characters. */
 dj_status dj_graph_add(dj_graph_t *g, const dj_node *node, int *idx /* OUT */);
 
 int dj_graph_count(const dj_graph_t *g);
@@ -80,6 +82,7 @@ dj_phase dj_graph_phase(const dj_graph_t *g);
  * *peak receives the stack bytes the step needs. No allocation at run time. */
 dj_status dj_graph_plan(dj_graph_t *g, size_t *peak /* OUT */);
 size_t dj_graph_peak(const dj_graph_t *g);       /* after planning */
+bool dj_graph_planned(const dj_graph_t *g);      /* planned since the last add */
 size_t dj_graph_naive_bytes(const dj_graph_t *g); /* sum of aligned activation sizes */
 double dj_graph_flops(const dj_graph_t *g);
 
@@ -90,12 +93,15 @@ dj_status dj_plan_cache_new(size_t capacity, dj_plan_cache_t **out /* OUT */);
 void dj_plan_cache_free(dj_plan_cache_t *pc);
 /* Planned graph for (fingerprint, bucket) or NULL. */
 dj_graph_t *dj_plan_cache_get(dj_plan_cache_t *pc, uint64_t fingerprint, uint32_t bucket);
-/* Takes ownership of g (planned). Replaces an entry with the same key. */
+/* Takes ownership of g (planned). Replaces (and frees) the graph of an entry
+ * with the same key; at capacity frees the least recently used entry's graph.
+ * Graphs returned by get stay valid until their entry is replaced or dropped. */
 dj_status dj_plan_cache_put(dj_plan_cache_t *pc, uint64_t fingerprint, uint32_t bucket, dj_graph_t *g);
 void dj_plan_cache_stats(const dj_plan_cache_t *pc, size_t *hits, size_t *misses, size_t *entries);
 
 /* Shape bucket for a step of n tokens: 1 for decode; the next power of two
- * (at least 16) for prefill, capped at max_tokens. */
+ * (at least 16) for prefill, capped at max_tokens (0 = no cap; the caller
+ * rejects n_tokens > max_tokens). */
 uint32_t dj_shape_bucket(dj_phase phase, uint32_t n_tokens, uint32_t max_tokens);
 
 #endif

@@ -36,10 +36,14 @@ typedef struct dj_vmu_config {
 /* Defaults: 60% text, 30% data, 10% stack, 64 KiB pages. */
 void dj_vmu_config_default(dj_vmu_config *cfg /* OUT */, size_t total_bytes);
 
-/* Parse "2", "0.5" (GiB) or "123456b" (bytes) into bytes. */
+/* Parse "2", "0.5" (GiB), "512m" (MiB), "64k" (KiB), "1.5g" (GiB) or
+ * "123456b" (bytes) into bytes; units are case-insensitive. DJ_EINVAL for
+ * anything else (signs, spaces, exponents), DJ_ERANGE past SIZE_MAX. */
 dj_status dj_vmu_parse_size(const char *s, size_t *bytes /* OUT */);
 
-/* Allocates total_bytes from be (once). The VMU borrows be: it must outlive it. */
+/* Allocates total_bytes from be (once). The VMU borrows be: it must outlive it.
+ * Segments start at 256-byte aligned addresses (if the backend aligns less,
+ * up to 255 bytes are lost); each must hold at least 256 bytes / one page. */
 dj_status dj_vmu_new(dj_backend_t *be, const dj_vmu_config *cfg, dj_vmu_t **out /* OUT */);
 void dj_vmu_free(dj_vmu_t *vmu); /* NULL does nothing; evicts every model */
 
@@ -52,7 +56,8 @@ dj_status dj_vmu_model_lookup(dj_vmu_t *vmu, uint64_t fingerprint, dj_vmu_model_
 /* Reserve a region of `bytes` (the sum of the model's aligned tensor sizes) for
  * a new model with refcount 1. Evicts refcount-0 models, least recently used
  * first, until a gap fits; DJ_ENOSPC (with what was needed and what was free)
- * if nothing can make room. `name` is copied (for stats). */
+ * if nothing can make room, in which case nothing is evicted. DJ_EBUSY if the
+ * fingerprint is already held (look it up instead). `name` is copied (for stats). */
 dj_status dj_vmu_model_create(dj_vmu_t *vmu, uint64_t fingerprint, const char *name, size_t bytes,
                               dj_vmu_model_t **out /* OUT */);
 
@@ -60,7 +65,9 @@ dj_status dj_vmu_model_create(dj_vmu_t *vmu, uint64_t fingerprint, const char *n
  * the reserved size. The pointer stays valid until the model is evicted. */
 dj_status dj_vmu_model_alloc(dj_vmu_model_t *m, size_t bytes, void **out /* OUT */);
 
-/* Drop one reference. At zero the model stays cached (evictable). */
+/* Drop one reference. At zero the model stays cached (evictable). Create,
+ * lookup and release each make the model most recently used. A release past
+ * zero, or of a model this VMU does not hold, is logged and ignored. */
 void dj_vmu_model_release(dj_vmu_t *vmu, dj_vmu_model_t *m);
 
 /* Evict a model whose refcount is 0 now (its dtor runs, its bytes become
@@ -68,9 +75,16 @@ void dj_vmu_model_release(dj_vmu_t *vmu, dj_vmu_model_t *m);
 dj_status dj_vmu_model_evict(dj_vmu_t *vmu, dj_vmu_model_t *m);
 
 /* Host-side object attached to the region (the engine's model); dtor is called
- * with it when the region is evicted or the VMU freed. */
+ * with it when the region is evicted or the VMU freed. The dtor must not call
+ * back into the VMU. */
 void dj_vmu_model_set_user(dj_vmu_model_t *m, void *user, void (*dtor)(void *user));
 void *dj_vmu_model_user(const dj_vmu_model_t *m);
+
+uint64_t dj_vmu_model_fingerprint(const dj_vmu_model_t *m);
+uint32_t dj_vmu_model_refcount(const dj_vmu_model_t *m);
+size_t dj_vmu_model_bytes(const dj_vmu_model_t *m); /* reserved (aligned) region size */
+size_t dj_vmu_model_used(const dj_vmu_model_t *m);  /* bytes appended so far */
+uint8_t *dj_vmu_model_base(const dj_vmu_model_t *m); /* region start (device memory) */
 
 /* Aligned size a tensor of `bytes` takes in the text segment. */
 size_t dj_vmu_aligned(size_t bytes);
@@ -80,7 +94,8 @@ size_t dj_vmu_aligned(size_t bytes);
 /* A new session owning no pages, allowed at most quota_pages (0 = no limit). */
 dj_status dj_vmu_session_new(dj_vmu_t *vmu, const char *name, size_t quota_pages,
                              dj_vmu_session_t **out /* OUT */);
-/* Frees every page the session holds, then the session. NULL does nothing. */
+/* Frees every page the session holds, then the session. NULL does nothing;
+ * a session of another VMU is logged and ignored. */
 void dj_vmu_session_free(dj_vmu_t *vmu, dj_vmu_session_t *s);
 
 /* Take one free page for the session. DJ_EQUOTA past its quota, DJ_ENOSPC if
@@ -100,6 +115,7 @@ dj_status dj_vmu_stack_push(dj_vmu_t *vmu, size_t bytes, void **out /* OUT */);
 size_t dj_vmu_stack_mark(const dj_vmu_t *vmu);         /* current watermark */
 void dj_vmu_stack_reset(dj_vmu_t *vmu, size_t mark);   /* back to a watermark */
 size_t dj_vmu_stack_capacity(const dj_vmu_t *vmu);
+uint8_t *dj_vmu_stack_base(const dj_vmu_t *vmu);      /* offset 0 of the stack (plans give offsets) */
 
 /* ---- accounting ---- */
 
@@ -112,6 +128,7 @@ typedef struct dj_vmu_stats {
     size_t n_models, n_sessions;
     size_t pages_total, pages_free;
     size_t evictions;
+    size_t text_pinned; /* bytes of models with refcount > 0 */
 } dj_vmu_stats;
 
 void dj_vmu_get_stats(const dj_vmu_t *vmu, dj_vmu_stats *st /* OUT */);
