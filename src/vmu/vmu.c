@@ -364,6 +364,18 @@ void dj_vmu_model_release(dj_vmu_t *vmu, dj_vmu_model_t *m) {
     m->stamp = ++vmu->clock;
 }
 
+dj_status dj_vmu_model_evict(dj_vmu_t *vmu, dj_vmu_model_t *m) {
+    if (!vmu || !m) return dj_fail(DJ_EINVAL, "model evict: no VMU or model");
+    dj_vmu_model_t *it = vmu->models;
+    while (it && it != m) it = it->next;
+    if (!it) return dj_fail(DJ_EINVAL, "model evict: this VMU does not hold that model");
+    if (m->refcount > 0)
+        return dj_fail(DJ_EBUSY, "model %s is in use (%u references); it cannot be evicted", m->name, m->refcount);
+    vmu->evictions++;
+    model_evict(vmu, m);
+    return DJ_OK;
+}
+
 void dj_vmu_model_set_user(dj_vmu_model_t *m, void *user, void (*dtor)(void *user)) {
     m->user = user;
     m->dtor = dtor;

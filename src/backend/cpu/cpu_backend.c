@@ -14,25 +14,6 @@
 
 #define CPU_ALIGN 4096
 
-const char *dj_op_name(dj_op op) {
-    switch (op) {
-    case DJ_OP_EMBED: return "embed";
-    case DJ_OP_RMSNORM: return "rmsnorm";
-    case DJ_OP_MATMUL: return "matmul";
-    case DJ_OP_ROPE: return "rope";
-    case DJ_OP_KV_WRITE: return "kv_write";
-    case DJ_OP_ATTENTION: return "attention";
-    case DJ_OP_SILU_MUL: return "silu_mul";
-    case DJ_OP_ADD: return "add";
-    case DJ_OP_COUNT: break;
-    }
-    return "invalid";
-}
-
-void dj_backend_free(dj_backend_t *be) {
-    if (be) be->vt->destroy(be);
-}
-
 /* ---- conversions ---- */
 
 void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {
