@@ -66,7 +66,7 @@ typedef struct dj_model_config {
     float rms_norm_eps;
     float rope_theta;
     dj_rope_type rope_type;
-    float rope_factor;            /* linear/llama3 */
+    float rope_factor;            /* linear/llama3; 1 otherwise */
     float rope_low_freq_factor;   /* llama3 */
     float rope_high_freq_factor;  /* llama3 */
     uint32_t rope_original_max_pos; /* llama3 */
@@ -104,22 +104,34 @@ dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *c
 
 typedef struct dj_checkpoint dj_checkpoint_t;
 
-/* Opens dir: reads config.json and either model.safetensors or
- * model.safetensors.index.json plus every shard it names (mmapped read-only).
- * Validates every header. */
+/* Opens dir: reads config.json and either model.safetensors or (when that
+ * is absent, as transformers prefers) model.safetensors.index.json plus
+ * every shard its "weight_map" names, each mapped once, read-only.
+ * Validates every header; shard names containing "/" or ".." are refused;
+ * every tensor the map lists must be in the shard it names; tensors a shard
+ * holds beyond the map are included; a name in two shards is an error.
+ * Errors name the file: "<dir>/model.safetensors: header length 12345678
+ * exceeds file size 100". DJ_ENOTFOUND for missing files, DJ_EFORMAT for
+ * malformed ones, DJ_EUNSUPPORTED for valid but unsupported content.
+ * Tensor data pointers are only as aligned as the file makes them (writers
+ * from the safetensors library align to the element size); the mapping must
+ * not be truncated by another process while open (SIGBUS). */
 dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out /* OUT */);
 void dj_checkpoint_close(dj_checkpoint_t *ck); /* NULL does nothing */
 
 const dj_model_config *dj_checkpoint_config(const dj_checkpoint_t *ck);
 size_t dj_checkpoint_tensor_count(const dj_checkpoint_t *ck);
+/* i-th tensor in strcmp order of names; NULL if i >= count. */
 const dj_tensor_info *dj_checkpoint_tensor(const dj_checkpoint_t *ck, size_t i);
-/* NULL if absent. */
+/* Binary search by exact name; NULL if absent. */
 const dj_tensor_info *dj_checkpoint_find(const dj_checkpoint_t *ck, const char *name);
 
 /* Fingerprint: 64-bit hash over every tensor's name, dtype, shape and bytes
  * (in name order) and the config's architecture fields. Stable across loads,
  * different for different weights. Computed once on first call (reads all
- * weight bytes). */
+ * weight bytes) with XXH3-64; the first call must not race another. Config
+ * fields hashed: everything that shapes the computation (sizes, heads, eps,
+ * rope, biases, tying, window), not token ids or torch_dtype. */
 uint64_t dj_checkpoint_fingerprint(dj_checkpoint_t *ck);
 
 #endif

@@ -59,8 +59,10 @@ static dj_status get_pos_float(const cJSON *obj, const char *where, const char *
         return dj_fail(DJ_EFORMAT, CFG "%skey \"%s\" has type %s, expected a number", where, key,
                        dj__json_type_name(it));
     double d = it->valuedouble;
-    if (!(d > 0.0 && d <= 3.0e38))
-        return dj_fail(DJ_ERANGE, CFG "%skey \"%s\" is %g, expected a positive number", where, key, d);
+    /* Also rejects what a float cannot hold: 1e-86 would become 0. */
+    if (!(d > 0.0 && d <= 3.0e38 && (float)d > 0.0f))
+        return dj_fail(DJ_ERANGE, CFG "%skey \"%s\" is %g, expected a positive number a float can hold", where,
+                       key, d);
     *out = (float)d;
     return DJ_OK;
 }
