@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "djinn/checkpoint.h"
 #include "testutil.h"
 
@@ -693,6 +695,123 @@ static void test_mutations(void) {
     for (int i = 0; i < 3; i++) free(ts[i].data);
 }
 
+/* ---- real checkpoints written by transformers (tests/fixtures/models) ---- */
+
+static bool has_shape(const dj_checkpoint_t *ck, const char *name, int64_t d0, int64_t d1, dj_dtype dt) {
+    const dj_tensor_info *t = dj_checkpoint_find(ck, name);
+    bool ok = t && t->dtype == dt && t->ndim == (d1 ? 2 : 1) && t->shape[0] == d0 && (!d1 || t->shape[1] == d1);
+    if (!ok) fprintf(stderr, "  %s: missing or wrong shape/dtype\n", name);
+    return ok;
+}
+
+/* The parsed config must describe exactly the tensors transformers saved. */
+static void check_fixture(const char *name) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    char *ref_text = dj_test_read_file(path, NULL);
+    if (!ref_text) {
+        printf("fixture %s: absent, skipped\n", name);
+        return;
+    }
+    cJSON *ref = cJSON_Parse(ref_text);
+    free(ref_text);
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(ref, "architecture");
+    const cJSON *sd = cJSON_GetObjectItemCaseSensitive(ref, "stored_dtype");
+    CHECK(cJSON_IsString(arch) && cJSON_IsString(sd));
+    dj_checkpoint_t *ck = NULL, *ck2 = NULL;
+    CHECK_OK(dj_checkpoint_open(dir, &ck));
+    CHECK_OK(dj_checkpoint_open(dir, &ck2));
+    if (!ck || !ck2 || !cJSON_IsString(arch) || !cJSON_IsString(sd)) goto out;
+    const dj_model_config *c = dj_checkpoint_config(ck);
+    CHECK_MSG(!strcmp(c->arch_name, arch->valuestring), "%s", name);
+    dj_dtype dt = !strcmp(sd->valuestring, "float32")    ? DJ_DTYPE_F32
+                  : !strcmp(sd->valuestring, "float16") ? DJ_DTYPE_F16
+                                                        : DJ_DTYPE_BF16;
+    int64_t h = c->hidden_size, hd = c->head_dim, in = c->intermediate_size;
+    size_t want = 2 + (c->tie_word_embeddings ? 0 : 1);
+    CHECK(has_shape(ck, "model.embed_tokens.weight", c->vocab_size, h, dt));
+    CHECK(has_shape(ck, "model.norm.weight", h, 0, dt));
+    CHECK(c->tie_word_embeddings == (dj_checkpoint_find(ck, "lm_head.weight") == NULL));
+    if (!c->tie_word_embeddings) CHECK(has_shape(ck, "lm_head.weight", c->vocab_size, h, dt));
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        char t[128];
+#define LAYER(suffix, d0, d1)                                                      \
+    snprintf(t, sizeof t, "model.layers.%u.%s", (unsigned)l, suffix);              \
+    CHECK(has_shape(ck, t, d0, d1, dt));                                           \
+    want++
+        LAYER("input_layernorm.weight", h, 0);
+        LAYER("post_attention_layernorm.weight", h, 0);
+        LAYER("self_attn.q_proj.weight", c->n_heads * hd, h);
+        LAYER("self_attn.k_proj.weight", c->n_kv_heads * hd, h);
+        LAYER("self_attn.v_proj.weight", c->n_kv_heads * hd, h);
+        LAYER("self_attn.o_proj.weight", h, c->n_heads * hd);
+        LAYER("mlp.gate_proj.weight", in, h);
+        LAYER("mlp.up_proj.weight", in, h);
+        LAYER("mlp.down_proj.weight", h, in);
+        if (c->attention_bias) {
+            LAYER("self_attn.q_proj.bias", c->n_heads * hd, 0);
+            LAYER("self_attn.k_proj.bias", c->n_kv_heads * hd, 0);
+            LAYER("self_attn.v_proj.bias", c->n_kv_heads * hd, 0);
+            if (c->arch == DJ_ARCH_LLAMA) {
+                LAYER("self_attn.o_proj.bias", h, 0);
+            }
+        }
+        if (c->mlp_bias) {
+            LAYER("mlp.gate_proj.bias", in, 0);
+            LAYER("mlp.up_proj.bias", in, 0);
+            LAYER("mlp.down_proj.bias", h, 0);
+        }
+#undef LAYER
+    }
+    CHECK_MSG(dj_checkpoint_tensor_count(ck) == want, "%s: %zu tensors, config implies %zu", name,
+              dj_checkpoint_tensor_count(ck), want);
+    CHECK(dj_checkpoint_fingerprint(ck) == dj_checkpoint_fingerprint(ck2));
+    printf("fixture %s: %zu tensors, fingerprint %016llx\n", name, dj_checkpoint_tensor_count(ck),
+           (unsigned long long)dj_checkpoint_fingerprint(ck));
+out:
+    dj_checkpoint_close(ck);
+    dj_checkpoint_close(ck2);
+    cJSON_Delete(ref);
+}
+
+static void test_fixtures(void) {
+    const char *names[] = {"llama2", "llama3", "mistral", "qwen2", "tinyllama"};
+    uint64_t fps[5] = {0};
+    for (int i = 0; i < 5; i++) check_fixture(names[i]);
+    /* Different models, different fingerprints. */
+    for (int i = 0; i < 5; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, names[i]);
+        dj_checkpoint_t *ck = NULL;
+        if (dj_checkpoint_open(dir, &ck) == DJ_OK) fps[i] = dj_checkpoint_fingerprint(ck);
+        dj_checkpoint_close(ck);
+        for (int j = 0; j < i; j++) CHECK(!fps[i] || fps[i] != fps[j]);
+    }
+}
+
+/* Mappings of files under the test's temp dir still in this process (every
+ * open that failed, and every close, must have unmapped its shards). */
+static int count_our_maps(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, base_dir)) n++;
+    fclose(f);
+    return n;
+}
+
+static int count_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int n = 0;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
+
 int main(void) {
     dj_test_seed();
     const char *tmp = getenv("TMPDIR");
@@ -701,12 +820,16 @@ int main(void) {
         perror("mkdtemp");
         return 2;
     }
+    int fds0 = count_fds();
     test_configs();
     test_headers();
     test_single_file();
     test_sharded();
     test_bad_files();
     test_mutations();
+    test_fixtures();
+    CHECK_MSG(count_our_maps() == 0, "%d mappings left", count_our_maps());
+    CHECK_MSG(count_fds() == fds0, "%d file descriptors before, %d after", fds0, count_fds());
     remove_tree(base_dir);
     return dj_test_finish("test_checkpoint");
 }
