@@ -283,6 +283,9 @@ static void test_configs(void) {
     CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 0"), DJ_EFORMAT,
                    "tie_word_embeddings");
     CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"vocab_size\": 8,", ""), DJ_EFORMAT, "vocab_size");
+    CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"vocab_size\": 8", "\"vocab_size\": null"), DJ_EFORMAT, "\"vocab_size\" is null");
+    CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rope_theta\": 10000.0,", "\"rope_parameters\": {\"full_attention\": {}},"),
+                   DJ_EFORMAT, "rope_parameters: missing key \"rope_theta\"");
     CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 1e-86"), DJ_ERANGE, "rms_norm_eps");
     CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rope_theta\": 10000.0", "\"rope_theta\": 1e39"), DJ_ERANGE, "rope_theta");
     CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"vocab_size\": 8", "\"vocab_size\": 8.5"), DJ_ERANGE, "vocab_size");

@@ -25,13 +25,19 @@ static const cJSON *member(const cJSON *obj, const char *key) {
     return cJSON_IsNull(it) ? NULL : it;
 }
 
+static dj_status missing(const cJSON *obj, const char *where, const char *key) {
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, key)))
+        return dj_fail(DJ_EFORMAT, CFG "%skey \"%s\" is null, expected a number", where, key);
+    return dj_fail(DJ_EFORMAT, CFG "%smissing key \"%s\"", where, key);
+}
+
 /* obj[key] as an integer in [min, UINT32_MAX]; dflt when absent or null
  * unless required. `where` names the enclosing object for messages. */
 static dj_status get_u32(const cJSON *obj, const char *where, const char *key, bool required, uint32_t dflt,
                          uint32_t min, uint32_t *out) {
     const cJSON *it = member(obj, key);
     if (!it) {
-        if (required) return dj_fail(DJ_EFORMAT, CFG "%smissing key \"%s\"", where, key);
+        if (required) return missing(obj, where, key);
         *out = dflt;
         return DJ_OK;
     }
@@ -51,7 +57,7 @@ static dj_status get_pos_float(const cJSON *obj, const char *where, const char *
                                float *out) {
     const cJSON *it = member(obj, key);
     if (!it) {
-        if (required) return dj_fail(DJ_EFORMAT, CFG "%smissing key \"%s\"", where, key);
+        if (required) return missing(obj, where, key);
         *out = dflt;
         return DJ_OK;
     }
@@ -179,7 +185,9 @@ static dj_status parse_rope(const cJSON *root, dj_model_config *cfg) {
     if (member(root, "rope_theta") || !params) {
         st = get_pos_float(root, "", "rope_theta", false, 10000.0f, &cfg->rope_theta);
     } else {
-        st = get_pos_float(params, "rope_parameters: ", "rope_theta", false, 10000.0f, &cfg->rope_theta);
+        /* Newer transformers always write it here; absent means a layout
+         * (e.g. per layer type) this reader does not know. */
+        st = get_pos_float(params, "rope_parameters: ", "rope_theta", true, 10000.0f, &cfg->rope_theta);
     }
     if (st) return st;
     const cJSON *rs = member(root, "rope_scaling");
