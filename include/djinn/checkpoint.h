@@ -29,7 +29,11 @@ typedef struct dj_tensor_info {
  * overlapping. "__metadata__" is skipped. On success *out is an array of
  * *n_out entries whose name strings and data offsets (in `data`, as byte
  * offsets cast to pointers: add the data area base) are owned by the caller:
- * free with dj_safetensors_free_infos. */
+ * free with dj_safetensors_free_infos. The array is sorted by name.
+ * Also rejected: duplicate tensor names, dtypes other than F32/F16/BF16
+ * (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
+ * entries with other keys than dtype/shape/data_offsets, non-whitespace
+ * after the JSON. Gaps between tensors are allowed. */
 dj_status dj_safetensors_parse_header(const char *json, size_t json_len, size_t data_len,
                                       dj_tensor_info **out /* OUT */, size_t *n_out /* OUT */);
 void dj_safetensors_free_infos(dj_tensor_info *infos, size_t n);
@@ -62,44 +66,72 @@ typedef struct dj_model_config {
     float rms_norm_eps;
     float rope_theta;
     dj_rope_type rope_type;
-    float rope_factor;            /* linear/llama3 */
+    float rope_factor;            /* linear/llama3; 1 otherwise */
     float rope_low_freq_factor;   /* llama3 */
     float rope_high_freq_factor;  /* llama3 */
     uint32_t rope_original_max_pos; /* llama3 */
     bool tie_word_embeddings;
-    bool attention_bias;          /* q/k/v (and for Llama o_proj) biases present */
-    bool mlp_bias;                /* Llama mlp_bias */
-    uint32_t sliding_window;      /* 0 = none (Mistral may set it) */
+    /* Llama: config "attention_bias" (default false), meaning q, k, v AND
+     * o_proj biases. Qwen2: always true, meaning q, k, v biases only (its
+     * o_proj never has one). Mistral: always false. */
+    bool attention_bias;
+    bool mlp_bias;                /* Llama mlp_bias: gate/up/down biases */
+    /* Window in tokens, 0 = none. Mistral: config "sliding_window" (absent
+     * means 4096 as in transformers, null means none), every layer. Qwen2:
+     * only when "use_sliding_window" is true, and only for layers
+     * >= sliding_window_first_layer ("max_window_layers", or the first
+     * "sliding_attention" in "layer_types"). */
+    uint32_t sliding_window;
+    uint32_t sliding_window_first_layer; /* 0 for Mistral */
     int32_t bos_token_id;         /* -1 if absent */
-    int32_t eos_token_ids[4];     /* -1 padded */
-    char torch_dtype[16];
+    int32_t eos_token_ids[4];     /* -1 padded; config may give an int or a list */
+    char torch_dtype[16];         /* "torch_dtype" or newer "dtype"; "" if absent */
 } dj_model_config;
 
 /* Parse a config.json text. Unknown architecture, unsupported hidden_act or
  * rope_scaling type, missing or non-numeric fields, inconsistent head counts:
- * an error naming the key. */
+ * an error naming the key. Required: architectures, vocab_size, hidden_size,
+ * intermediate_size, num_hidden_layers, num_attention_heads,
+ * max_position_embeddings, rms_norm_eps. Defaults: num_key_value_heads =
+ * num_attention_heads, head_dim = hidden/heads, rope_theta 10000 (top level
+ * or inside newer "rope_parameters"), hidden_act "silu" (nothing else
+ * accepted). rope_scaling (or rope_parameters with a rope_type): default,
+ * linear, llama3; yarn/dynamic/longrope/... are DJ_EUNSUPPORTED. On error
+ * *cfg is zeroed. */
 dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *cfg /* OUT */);
 
 /* ---- checkpoint directory ---- */
 
 typedef struct dj_checkpoint dj_checkpoint_t;
 
-/* Opens dir: reads config.json and either model.safetensors or
- * model.safetensors.index.json plus every shard it names (mmapped read-only).
- * Validates every header. */
+/* Opens dir: reads config.json and either model.safetensors or (when that
+ * is absent, as transformers prefers) model.safetensors.index.json plus
+ * every shard its "weight_map" names, each mapped once, read-only.
+ * Validates every header; shard names containing "/" or ".." are refused;
+ * every tensor the map lists must be in the shard it names; tensors a shard
+ * holds beyond the map are included; a name in two shards is an error.
+ * Errors name the file: "<dir>/model.safetensors: header length 12345678
+ * exceeds file size 100". DJ_ENOTFOUND for missing files, DJ_EFORMAT for
+ * malformed ones, DJ_EUNSUPPORTED for valid but unsupported content.
+ * Tensor data pointers are only as aligned as the file makes them (writers
+ * from the safetensors library align to the element size); the mapping must
+ * not be truncated by another process while open (SIGBUS). */
 dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out /* OUT */);
 void dj_checkpoint_close(dj_checkpoint_t *ck); /* NULL does nothing */
 
 const dj_model_config *dj_checkpoint_config(const dj_checkpoint_t *ck);
 size_t dj_checkpoint_tensor_count(const dj_checkpoint_t *ck);
+/* i-th tensor in strcmp order of names; NULL if i >= count. */
 const dj_tensor_info *dj_checkpoint_tensor(const dj_checkpoint_t *ck, size_t i);
-/* NULL if absent. */
+/* Binary search by exact name; NULL if absent. */
 const dj_tensor_info *dj_checkpoint_find(const dj_checkpoint_t *ck, const char *name);
 
 /* Fingerprint: 64-bit hash over every tensor's name, dtype, shape and bytes
  * (in name order) and the config's architecture fields. Stable across loads,
  * different for different weights. Computed once on first call (reads all
- * weight bytes). */
+ * weight bytes) with XXH3-64; the first call must not race another. Config
+ * fields hashed: everything that shapes the computation (sizes, heads, eps,
+ * rope, biases, tying, window), not token ids or torch_dtype. */
 uint64_t dj_checkpoint_fingerprint(dj_checkpoint_t *ck);
 
 #endif

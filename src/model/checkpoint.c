@@ -1,0 +1,495 @@
+/* checkpoint.c: a Hugging Face model directory - config.json plus one
+ * safetensors file or an index and its shards, mmapped read-only - and its
+ * content fingerprint. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "djinn/checkpoint.h"
+#include "model/checkpoint_impl.h"
+
+/* Same bound as the reference safetensors reader. */
+#define CK_MAX_HEADER_LEN 100000000ull
+#define CK_MAX_CONFIG_LEN (16u << 20)
+#define CK_MAX_INDEX_LEN (256u << 20)
+
+typedef struct {
+    char *file;  /* name inside the directory, owned */
+    void *map;   /* the whole file, PROT_READ; NULL until mapped */
+    size_t size; /* bytes mapped */
+} ck_shard;
+
+typedef struct {
+    dj_tensor_info info; /* name owned; data inside shards[shard].map */
+    size_t shard;
+} ck_tensor;
+
+struct dj_checkpoint {
+    dj_model_config cfg;
+    ck_shard *shards; /* [n_shards] */
+    size_t n_shards;
+    ck_tensor *tensors; /* [n_tensors], sorted by name */
+    size_t n_tensors;
+    XXH3_state_t *hash;
+    bool have_fingerprint;
+    uint64_t fingerprint;
+};
+
+/* Re-records the thread's error detail with `who: ` in front. */
+static dj_status prefix_error(dj_status st, const char *who) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", dj_last_error());
+    return dj_fail(st, "%s: %s", who, msg);
+}
+
+static char *join_path(const char *dir, const char *file) {
+    size_t n = strlen(dir) + strlen(file) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, file);
+    return p;
+}
+
+static dj_status open_error(const char *path, int err) {
+    return dj_fail(err == ENOENT ? DJ_ENOTFOUND : DJ_EIO, "%s: cannot open: %s", path, strerror(err));
+}
+
+/* Reads a whole small file (at most max bytes) into a malloc'd buffer. */
+static dj_status read_file(const char *path, size_t max, char **out /* OUT */, size_t *len /* OUT */) {
+    *out = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return open_error(path, errno);
+    dj_status st = DJ_OK;
+    char *buf = NULL;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        st = dj_fail(DJ_EIO, "%s: cannot stat: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = dj_fail(DJ_EFORMAT, "%s: not a regular file", path);
+        goto fail;
+    }
+    if ((uint64_t)sb.st_size > max) {
+        st = dj_fail(DJ_ERANGE, "%s: %lld bytes exceeds the limit of %zu", path, (long long)sb.st_size, max);
+        goto fail;
+    }
+    size_t n = (size_t)sb.st_size;
+    if (!(buf = malloc(n ? n : 1))) {
+        st = dj_fail(DJ_ENOMEM, "%s: no memory for %zu bytes", path, n);
+        goto fail;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            st = dj_fail(DJ_EIO, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "file shrank");
+            goto fail;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    *out = buf;
+    *len = n;
+    return DJ_OK;
+fail:
+    free(buf);
+    close(fd);
+    return st;
+}
+
+static bool pread_all(int fd, void *buf, size_t n, off_t off) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+/* Maps dir/sh->file and validates its header. On success *infos holds its
+ * tensors (sorted by name) with data pointing into the mapping. */
+static dj_status open_shard(const char *dir, ck_shard *sh, dj_tensor_info **infos /* OUT */,
+                            size_t *n /* OUT */) {
+    *infos = NULL;
+    *n = 0;
+    char *path = join_path(dir, sh->file);
+    if (!path) return dj_fail(DJ_ENOMEM, "no memory for a path");
+    dj_status st = DJ_OK;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        st = open_error(path, errno);
+        goto done;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        st = dj_fail(DJ_EIO, "%s: cannot stat: %s", path, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = dj_fail(DJ_EFORMAT, "%s: not a regular file", path);
+        goto done;
+    }
+    uint64_t size = (uint64_t)sb.st_size;
+    if (size < 8) {
+        st = dj_fail(DJ_EFORMAT, "%s: file is %llu bytes, too short for a safetensors header length", path,
+                     (unsigned long long)size);
+        goto done;
+    }
+    unsigned char lenbuf[8];
+    if (!pread_all(fd, lenbuf, 8, 0)) {
+        st = dj_fail(DJ_EIO, "%s: cannot read the header length", path);
+        goto done;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenbuf[i];
+    if (hlen > CK_MAX_HEADER_LEN) {
+        st = dj_fail(DJ_EFORMAT, "%s: header length %llu exceeds the limit of %llu", path,
+                     (unsigned long long)hlen, CK_MAX_HEADER_LEN);
+        goto done;
+    }
+    if (hlen > size - 8) {
+        st = dj_fail(DJ_EFORMAT, "%s: header length %llu exceeds file size %llu", path,
+                     (unsigned long long)hlen, (unsigned long long)size);
+        goto done;
+    }
+    if (size > SIZE_MAX) {
+        st = dj_fail(DJ_ERANGE, "%s: file too large to map", path);
+        goto done;
+    }
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        st = dj_fail(DJ_EIO, "%s: mmap failed: %s", path, strerror(errno));
+        goto done;
+    }
+    sh->map = map;
+    sh->size = (size_t)size;
+    const char *header = (const char *)map + 8;
+    const char *data = header + hlen;
+    st = dj_safetensors_parse_header(header, (size_t)hlen, (size_t)(size - 8 - hlen), infos, n);
+    if (st) {
+        st = prefix_error(st, path);
+        goto done;
+    }
+    for (size_t i = 0; i < *n; i++) (*infos)[i].data = data + (uintptr_t)(*infos)[i].data;
+done:
+    if (fd >= 0) close(fd);
+    free(path);
+    return st;
+}
+
+static int cmp_tensor(const void *a, const void *b) {
+    return strcmp(((const ck_tensor *)a)->info.name, ((const ck_tensor *)b)->info.name);
+}
+
+static int cmp_info_key(const void *key, const void *elem) {
+    return strcmp((const char *)key, ((const dj_tensor_info *)elem)->name);
+}
+
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A shard name from an index must stay inside the directory. */
+static bool shard_name_ok(const char *s) {
+    return s[0] != '\0' && !strchr(s, '/') && !strstr(s, "..");
+}
+
+/* Reads the index: the distinct shard files (sorted) go to ck->shards. The
+ * parsed index is returned for the tensor check after the shards are read. */
+static dj_status read_index(const char *path, dj_checkpoint_t *ck, cJSON **index /* OUT */) {
+    *index = NULL;
+    char *text = NULL;
+    size_t len;
+    const char **names = NULL;
+    dj_status st = read_file(path, CK_MAX_INDEX_LEN, &text, &len);
+    if (st) return st;
+    size_t err_pos;
+    cJSON *root = dj__json_parse(text, len, &err_pos);
+    free(text);
+    if (!root) return dj_fail(DJ_EFORMAT, "%s: not valid JSON (error at byte %zu)", path, err_pos);
+    const cJSON *wm = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!cJSON_IsObject(wm)) {
+        st = dj_fail(DJ_EFORMAT, "%s: expected an object with a \"weight_map\" object", path);
+        goto fail;
+    }
+    const char *dup;
+    if ((st = dj__json_find_duplicate_key(wm, &dup))) goto fail;
+    if (dup) {
+        st = dj_fail(DJ_EFORMAT, "%s: weight_map lists tensor \"%.200s\" twice", path, dup);
+        goto fail;
+    }
+    size_t n = 0;
+    for (const cJSON *c = wm->child; c; c = c->next) {
+        if (!cJSON_IsString(c)) {
+            st = dj_fail(DJ_EFORMAT, "%s: weight_map entry \"%.200s\" is a JSON %s, expected a file name", path,
+                         c->string, dj__json_type_name(c));
+            goto fail;
+        }
+        if (!shard_name_ok(c->valuestring)) {
+            st = dj_fail(DJ_EFORMAT, "%s: weight_map entry \"%.200s\" names shard \"%.200s\" outside the directory",
+                         path, c->string, c->valuestring);
+            goto fail;
+        }
+        n++;
+    }
+    if (!(names = malloc((n ? n : 1) * sizeof *names))) {
+        st = dj_fail(DJ_ENOMEM, "no memory for %zu shard names", n);
+        goto fail;
+    }
+    size_t i = 0;
+    for (const cJSON *c = wm->child; c; c = c->next) names[i++] = c->valuestring;
+    qsort(names, n, sizeof *names, cmp_str_ptr);
+    size_t distinct = 0;
+    for (i = 0; i < n; i++)
+        if (i == 0 || strcmp(names[i], names[i - 1])) names[distinct++] = names[i];
+    if (!(ck->shards = calloc(distinct ? distinct : 1, sizeof *ck->shards))) {
+        st = dj_fail(DJ_ENOMEM, "no memory for %zu shards", distinct);
+        goto fail;
+    }
+    for (i = 0; i < distinct; i++) {
+        if (!(ck->shards[i].file = strdup(names[i]))) {
+            st = dj_fail(DJ_ENOMEM, "no memory for a shard name");
+            goto fail;
+        }
+        ck->n_shards++;
+    }
+    free(names);
+    *index = root;
+    return DJ_OK;
+fail:
+    free(names);
+    cJSON_Delete(root);
+    return st;
+}
+
+static size_t find_shard(const dj_checkpoint_t *ck, const char *file) {
+    size_t lo = 0, hi = ck->n_shards;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(file, ck->shards[mid].file);
+        if (c == 0) return mid;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return SIZE_MAX;
+}
+
+/* Opens every shard in ck->shards; the tensors of all of them go to
+ * ck->tensors. If index is given, each of its entries must be in its shard. */
+static dj_status load_shards(const char *dir, dj_checkpoint_t *ck, const cJSON *index) {
+    dj_tensor_info **per = calloc(ck->n_shards ? ck->n_shards : 1, sizeof *per);
+    size_t *per_n = calloc(ck->n_shards ? ck->n_shards : 1, sizeof *per_n);
+    dj_status st = DJ_OK;
+    if (!per || !per_n) {
+        st = dj_fail(DJ_ENOMEM, "no memory for %zu shards", ck->n_shards);
+        goto done;
+    }
+    size_t total = 0;
+    for (size_t s = 0; s < ck->n_shards; s++) {
+        if ((st = open_shard(dir, &ck->shards[s], &per[s], &per_n[s]))) goto done;
+        total += per_n[s];
+    }
+    if (index) {
+        const cJSON *wm = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
+        for (const cJSON *c = wm->child; c; c = c->next) {
+            size_t s = find_shard(ck, c->valuestring);
+            if (s == SIZE_MAX || !bsearch(c->string, per[s], per_n[s], sizeof *per[s], cmp_info_key)) {
+                st = dj_fail(DJ_EFORMAT, "%s/model.safetensors.index.json: tensor \"%.200s\" is not in shard %s",
+                             dir, c->string, c->valuestring);
+                goto done;
+            }
+        }
+    }
+    if (!(ck->tensors = calloc(total ? total : 1, sizeof *ck->tensors))) {
+        st = dj_fail(DJ_ENOMEM, "no memory for %zu tensors", total);
+        goto done;
+    }
+    /* Names move from the per-shard arrays into ck->tensors. */
+    for (size_t s = 0; s < ck->n_shards; s++) {
+        for (size_t i = 0; i < per_n[s]; i++) {
+            ck->tensors[ck->n_tensors].info = per[s][i];
+            ck->tensors[ck->n_tensors].shard = s;
+            ck->n_tensors++;
+        }
+        free(per[s]);
+        per[s] = NULL;
+        per_n[s] = 0;
+    }
+    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor);
+    for (size_t i = 1; i < ck->n_tensors; i++) {
+        const ck_tensor *a = &ck->tensors[i - 1], *b = &ck->tensors[i];
+        if (!strcmp(a->info.name, b->info.name)) {
+            st = dj_fail(DJ_EFORMAT, "%s: tensor \"%.200s\" is in both %s and %s", dir, a->info.name,
+                         ck->shards[a->shard].file, ck->shards[b->shard].file);
+            goto done;
+        }
+    }
+done:
+    if (per && per_n)
+        for (size_t s = 0; s < ck->n_shards; s++) dj_safetensors_free_infos(per[s], per_n[s]);
+    free(per);
+    free(per_n);
+    return st;
+}
+
+static bool file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out) {
+    if (!out) return dj_fail(DJ_EINVAL, "checkpoint: NULL output");
+    *out = NULL;
+    if (!dir) return dj_fail(DJ_EINVAL, "checkpoint: NULL directory");
+    dj_status st = DJ_OK;
+    char *path = NULL, *text = NULL;
+    cJSON *index = NULL;
+    dj_checkpoint_t *ck = calloc(1, sizeof *ck);
+    if (!ck) return dj_fail(DJ_ENOMEM, "no memory for a checkpoint");
+    if (!(ck->hash = XXH3_createState())) {
+        st = dj_fail(DJ_ENOMEM, "no memory for a hash state");
+        goto fail;
+    }
+
+    size_t len;
+    if (!(path = join_path(dir, "config.json"))) goto nomem;
+    if ((st = read_file(path, CK_MAX_CONFIG_LEN, &text, &len))) goto fail;
+    if ((st = dj_model_config_parse(text, len, &ck->cfg))) {
+        st = prefix_error(st, dir);
+        goto fail;
+    }
+    free(path);
+    path = NULL;
+
+    /* As transformers: a single model.safetensors wins over an index. */
+    if (!(path = join_path(dir, "model.safetensors"))) goto nomem;
+    if (file_exists(path)) {
+        if (!(ck->shards = calloc(1, sizeof *ck->shards))) goto nomem;
+        if (!(ck->shards[0].file = strdup("model.safetensors"))) goto nomem;
+        ck->n_shards = 1;
+    } else {
+        free(path);
+        if (!(path = join_path(dir, "model.safetensors.index.json"))) goto nomem;
+        if (!file_exists(path)) {
+            st = dj_fail(DJ_ENOTFOUND, "%s: neither model.safetensors nor model.safetensors.index.json exists",
+                         dir);
+            goto fail;
+        }
+        if ((st = read_index(path, ck, &index))) goto fail;
+    }
+    if ((st = load_shards(dir, ck, index))) goto fail;
+
+    cJSON_Delete(index);
+    free(path);
+    free(text);
+    *out = ck;
+    return DJ_OK;
+
+nomem:
+    st = dj_fail(DJ_ENOMEM, "no memory while opening %s", dir);
+fail:
+    cJSON_Delete(index);
+    free(path);
+    free(text);
+    dj_checkpoint_close(ck);
+    return st;
+}
+
+void dj_checkpoint_close(dj_checkpoint_t *ck) {
+    if (!ck) return;
+    for (size_t i = 0; i < ck->n_tensors; i++) free((char *)ck->tensors[i].info.name);
+    free(ck->tensors);
+    for (size_t s = 0; s < ck->n_shards; s++) {
+        if (ck->shards[s].map) munmap(ck->shards[s].map, ck->shards[s].size);
+        free(ck->shards[s].file);
+    }
+    free(ck->shards);
+    XXH3_freeState(ck->hash);
+    free(ck);
+}
+
+const dj_model_config *dj_checkpoint_config(const dj_checkpoint_t *ck) { return ck ? &ck->cfg : NULL; }
+
+size_t dj_checkpoint_tensor_count(const dj_checkpoint_t *ck) { return ck ? ck->n_tensors : 0; }
+
+const dj_tensor_info *dj_checkpoint_tensor(const dj_checkpoint_t *ck, size_t i) {
+    return ck && i < ck->n_tensors ? &ck->tensors[i].info : NULL;
+}
+
+static int cmp_tensor_key(const void *key, const void *elem) {
+    return strcmp((const char *)key, ((const ck_tensor *)elem)->info.name);
+}
+
+const dj_tensor_info *dj_checkpoint_find(const dj_checkpoint_t *ck, const char *name) {
+    if (!ck || !name) return NULL;
+    const ck_tensor *t = bsearch(name, ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_key);
+    return t ? &t->info : NULL;
+}
+
+/* Fixed-width little-endian encoding, so the fingerprint does not depend on
+ * the host's integer layout. */
+static void hash_u64(XXH3_state_t *h, uint64_t v) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+    XXH3_64bits_update(h, b, sizeof b);
+}
+
+static void hash_f32(XXH3_state_t *h, float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    hash_u64(h, u);
+}
+
+uint64_t dj_checkpoint_fingerprint(dj_checkpoint_t *ck) {
+    if (!ck) return 0;
+    if (ck->have_fingerprint) return ck->fingerprint;
+    XXH3_state_t *h = ck->hash;
+    XXH3_64bits_reset(h);
+    const dj_model_config *c = &ck->cfg;
+    hash_u64(h, (uint64_t)c->arch);
+    hash_u64(h, c->vocab_size);
+    hash_u64(h, c->hidden_size);
+    hash_u64(h, c->intermediate_size);
+    hash_u64(h, c->n_layers);
+    hash_u64(h, c->n_heads);
+    hash_u64(h, c->n_kv_heads);
+    hash_u64(h, c->head_dim);
+    hash_u64(h, c->max_position_embeddings);
+    hash_f32(h, c->rms_norm_eps);
+    hash_f32(h, c->rope_theta);
+    hash_u64(h, (uint64_t)c->rope_type);
+    hash_f32(h, c->rope_factor);
+    hash_f32(h, c->rope_low_freq_factor);
+    hash_f32(h, c->rope_high_freq_factor);
+    hash_u64(h, c->rope_original_max_pos);
+    hash_u64(h, c->tie_word_embeddings);
+    hash_u64(h, c->attention_bias);
+    hash_u64(h, c->mlp_bias);
+    hash_u64(h, c->sliding_window);
+    hash_u64(h, c->sliding_window_first_layer);
+    hash_u64(h, ck->n_tensors);
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const dj_tensor_info *t = &ck->tensors[i].info;
+        size_t nl = strlen(t->name);
+        hash_u64(h, nl);
+        XXH3_64bits_update(h, t->name, nl);
+        hash_u64(h, (uint64_t)t->dtype);
+        hash_u64(h, (uint64_t)t->ndim);
+        for (int d = 0; d < t->ndim; d++) hash_u64(h, (uint64_t)t->shape[d]);
+        hash_u64(h, t->nbytes);
+        if (t->nbytes) XXH3_64bits_update(h, t->data, t->nbytes);
+    }
+    ck->fingerprint = XXH3_64bits_digest(h);
+    ck->have_fingerprint = true;
+    return ck->fingerprint;
+}
