@@ -63,10 +63,10 @@ static double rel_err(const float *a, const float *b, int n) {
     return md / (mr > 0 ? mr : 1);
 }
 
-static dj_engine_t *new_engine(size_t mib, uint32_t max_step) {
+static dj_engine_t *new_engine(size_t kib, uint32_t max_step) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
-    dj_vmu_config_default(&ec.vmu, mib << 20);
+    dj_vmu_config_default(&ec.vmu, kib << 10);
     ec.vmu.page_bytes = 4096; /* small pages: contexts span many pages */
     ec.max_step_tokens = max_step;
     dj_engine_t *e = NULL;
@@ -83,7 +83,7 @@ static void check_fixture(const char *name) {
     CHECK_MSG(load_ref(dir, &r) == 0, "%s: cannot read reference.json", name);
     if (!r.last) return;
 
-    dj_engine_t *e = new_engine(64, 512);
+    dj_engine_t *e = new_engine(64 << 10, 512);
     dj_model_t *m = NULL;
     CHECK_OK(dj_model_load(e, dir, &m));
     if (!m) {
@@ -170,7 +170,7 @@ static void check_small_steps(void) {
     ref r;
     memset(&r, 0, sizeof r);
     if (load_ref(dir, &r) != 0) return;
-    dj_engine_t *e = new_engine(64, 4); /* max 4 tokens per step */
+    dj_engine_t *e = new_engine(64 << 10, 4); /* max 4 tokens per step */
     dj_model_t *m = NULL;
     CHECK_OK(dj_model_load(e, dir, &m));
     if (m) {
@@ -193,7 +193,7 @@ static void check_small_steps(void) {
 static void check_too_small(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama2", DJ_FIXTURES);
-    dj_engine_t *e = new_engine(1, 512); /* 1 MiB: 600 KB of f32 weights exceed 60% */
+    dj_engine_t *e = new_engine(512, 512); /* 512 KiB: 586 KB of f32 weights exceed 60% */
     dj_model_t *m = NULL;
     CHECK_ST(dj_model_load(e, dir, &m), DJ_ENOSPC);
     CHECK(strstr(dj_last_error(), "needs") != NULL);

@@ -266,7 +266,7 @@ dj_status dj_model_build_graph(const dj_model_config *c, const dj_model_t *m, dj
         an->params.n_heads = c->n_heads;
         an->params.n_kv_heads = c->n_kv_heads;
         an->params.head_dim = (uint32_t)hd;
-        an->params.window = c->sliding_window;
+        an->params.window = (uint32_t)l >= c->sliding_window_first_layer ? c->sliding_window : 0;
         an->params.scale = 1.0f / sqrtf((float)hd);
 
         int o = matmul(&b, l, att, s + DJ_W_O, s + DJ_W_OB, qd, d, "o_proj");
