@@ -58,6 +58,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dtype")) dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32
                                                  : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
     }
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    for (char *p = parent + 1; *p; p++) { /* mkdir -p */
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(parent, 0755);
+        *p = '/';
+    }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         perror(dir);
         return 1;
