@@ -187,7 +187,7 @@ dj_status dj__tok_regex(const char *pat, size_t len, bool literal, pcre2_code **
     if (st) return st;
     int err = 0;
     PCRE2_SIZE off = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)b.p, b.n, opts, &err, &off, NULL);
     dj__sbuf_free(&b);
     if (!re) {
