@@ -439,6 +439,7 @@ static int cmd_run(opts *o) {
     double t_prefill = now_s() - t0;
     t0 = now_s();
     long n_gen = 0;
+    int warned = 0;
     char piece[1024];
     for (; n_gen < o->n_new; n_gen++) {
         int32_t next = dj_sampler_sample(smp, logits);
@@ -446,9 +447,12 @@ static int cmd_run(opts *o) {
         gen[n_gen] = next;
         if (ds) {
             size_t len = 0;
-            if (dj_detok_stream_push(ds, next, piece, sizeof piece, &len) == DJ_OK && len) {
+            dj_status ps = dj_detok_stream_push(ds, next, piece, sizeof piece, &len);
+            if (ps == DJ_OK && len) {
                 fwrite(piece, 1, len, stdout);
                 fflush(stdout);
+            } else if (ps != DJ_OK && !warned++) {
+                fprintf(stderr, "\ndjinn: warning: %s (printing continues without it)\n", dj_last_error());
             }
         }
         if (n_gen + 1 == o->n_new) {
