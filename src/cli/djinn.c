@@ -475,6 +475,7 @@ static int cmd_run(opts *o) {
         for (long i = 0; i < n_gen; i++) printf("%s%d", i ? " " : "", gen[i]);
         printf("\n");
     }
+    fflush(stdout);
     fprintf(stderr, "djinn: %zu prompt tokens in %.3f s (%.1f tok/s), %ld new tokens in %.3f s (%.2f tok/s); load %.3f s\n",
             n_ids, t_prefill, n_ids / (t_prefill > 0 ? t_prefill : 1e-9), n_gen, t_decode,
             n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, t_load);
