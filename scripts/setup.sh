@@ -14,6 +14,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libopenblas-dev libxxhash-dev libutf8proc-dev \
+    libuv1-dev libmsgpack-dev libmicrohttpd-dev \
     python3 npm ca-certificates >/dev/null
 
 bash scripts/fetch_tokenizers.sh
