@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# gpu_bundle.sh: builds Djinn with CUDA here (nvcc, no GPU needed) and packs
+# the programs with the shared libraries the GPU machine lacks (our Debian
+# -dev dependencies) into .carry/gpu/{bin,lib}, so that machine - which has
+# CUDA but none of our apt packages - can run them:
+#   LD_LIBRARY_PATH=.carry/gpu/lib .carry/gpu/bin/gpu_check
+# usage: scripts/gpu_bundle.sh [extra targets...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DDJ_CUDA=ON >/dev/null
+cmake --build build-cuda -j "$(nproc)"
+out=.carry/gpu
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+for f in build-cuda/djinn build-cuda/gpu_check build-cuda/bench_* build-cuda/make_random_checkpoint build-cuda/test_models "$@"; do
+    [ -x "$f" ] && [ -f "$f" ] && cp "$f" "$out/bin/"
+done
+# Every shared library the programs load, except the C runtime and CUDA's own
+# (the GPU machine has a matching CUDA 13 and driver).
+for b in "$out"/bin/*; do
+    ldd "$b" | awk '/=> \// {print $3}'
+done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcublas*|libcudart*|libstdc++*|libgcc_s*) ;;
+        *) cp -L "$lib" "$out/lib/" ;;
+    esac
+done
+du -sh "$out"
+ls "$out/bin" "$out/lib"
