@@ -93,6 +93,15 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits) {
         s->order[i].p = (float)(s->prob[i] / sum);
         s->order[i].id = i;
     }
+    if (s->p.top_k == 0 && s->p.top_p >= 1.0f) { /* no truncation: draw in id order, no sort */
+        const double u0 = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+        double acc0 = 0.0;
+        for (uint32_t i = 0; i < V; i++) {
+            acc0 += s->order[i].p;
+            if (u0 < acc0) return (int32_t)i;
+        }
+        return (int32_t)(V - 1);
+    }
     qsort(s->order, V, sizeof *s->order, by_prob_desc);
     uint32_t keep = V;
     if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;

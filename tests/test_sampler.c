@@ -1,0 +1,131 @@
+/* test_sampler.c: greedy, temperature, top-k and top-p choices - support,
+ * frequencies against the softmax they should follow, reproducibility by
+ * seed, and the parameter checks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "djinn/sampler.h"
+#include "testutil.h"
+
+#define V 50
+
+static void softmax(const float *l, float t, double *p) {
+    double mx = -1e30, s = 0;
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < V; i++) s += p[i] = exp((l[i] - mx) / t);
+    for (int i = 0; i < V; i++) p[i] /= s;
+}
+
+int main(void) {
+    dj_test_seed();
+    float logits[V];
+    for (int i = 0; i < V; i++) logits[i] = dj_test_randf(-3.f, 3.f);
+    int best = 0;
+    for (int i = 1; i < V; i++) best = logits[i] > logits[best] ? i : best;
+
+    /* greedy and its equivalents */
+    dj_sampler_t *s = NULL;
+    dj_sampler_params p = {.temperature = 0.f, .top_k = 0, .top_p = 1.f, .seed = 1};
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    CHECK(dj_sampler_sample(s, logits) == best);
+    dj_sampler_free(s);
+    p.temperature = 1.f;
+    p.top_k = 1;
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    int all_best = 1;
+    for (int i = 0; i < 200; i++) all_best &= dj_sampler_sample(s, logits) == best;
+    CHECK_MSG(all_best, "top-k 1 must always give the argmax");
+    dj_sampler_free(s);
+    float tie[4] = {1.f, 5.f, 5.f, 0.f};
+    CHECK(dj_argmax(tie, 4) == 1);
+
+    /* frequencies follow softmax(logits / T) */
+    const float temps[] = {1.0f, 0.5f, 2.0f};
+    for (int ti = 0; ti < 3; ti++) {
+        p = (dj_sampler_params){.temperature = temps[ti], .top_k = 0, .top_p = 1.f, .seed = dj_test_rand()};
+        CHECK_OK(dj_sampler_new(&p, V, &s));
+        double want[V];
+        int count[V] = {0};
+        const int N = 40000;
+        softmax(logits, temps[ti], want);
+        for (int i = 0; i < N; i++) count[dj_sampler_sample(s, logits)]++;
+        double worst = 0;
+        for (int i = 0; i < V; i++) {
+            double sd = sqrt(want[i] * (1 - want[i]) / N) + 1e-9;
+            double z = fabs(count[i] / (double)N - want[i]) / sd;
+            worst = z > worst ? z : worst;
+        }
+        CHECK_MSG(worst < 5.0, "temperature %.1f: a frequency is %.1f sigma from softmax", temps[ti], worst);
+        dj_sampler_free(s);
+    }
+
+    /* top-k keeps the k most likely; top-p keeps the smallest prefix reaching p */
+    p = (dj_sampler_params){.temperature = 1.f, .top_k = 5, .top_p = 1.f, .seed = 3};
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    float sorted[V];
+    memcpy(sorted, logits, sizeof sorted);
+    for (int i = 0; i < V; i++) /* selection sort, descending */
+        for (int j = i + 1; j < V; j++)
+            if (sorted[j] > sorted[i]) {
+                float t = sorted[i];
+                sorted[i] = sorted[j];
+                sorted[j] = t;
+            }
+    int outside = 0;
+    for (int i = 0; i < 2000; i++) outside += logits[dj_sampler_sample(s, logits)] < sorted[4];
+    CHECK_MSG(outside == 0, "top-k 5 sampled %d tokens outside the top 5", outside);
+    dj_sampler_free(s);
+
+    double pr[V];
+    softmax(logits, 1.f, pr);
+    double sp[V];
+    memcpy(sp, pr, sizeof sp);
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (sp[j] > sp[i]) {
+                double t = sp[i];
+                sp[i] = sp[j];
+                sp[j] = t;
+            }
+    double acc = 0;
+    int k = 0;
+    while (k < V && acc < 0.6) acc += sp[k++];
+    p = (dj_sampler_params){.temperature = 1.f, .top_k = 0, .top_p = 0.6f, .seed = 4};
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    outside = 0;
+    for (int i = 0; i < 2000; i++) outside += pr[dj_sampler_sample(s, logits)] < sp[k - 1] - 1e-12;
+    CHECK_MSG(outside == 0, "top-p 0.6 sampled %d tokens outside the nucleus of %d", outside, k);
+    dj_sampler_free(s);
+
+    /* the same seed gives the same sequence; another seed (almost surely) not */
+    int seq[2][64];
+    for (int r = 0; r < 2; r++) {
+        p = (dj_sampler_params){.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 1234};
+        CHECK_OK(dj_sampler_new(&p, V, &s));
+        for (int i = 0; i < 64; i++) seq[r][i] = dj_sampler_sample(s, logits);
+        dj_sampler_free(s);
+    }
+    CHECK(memcmp(seq[0], seq[1], sizeof seq[0]) == 0);
+    p.seed = 99;
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    int differ = 0;
+    for (int i = 0; i < 64; i++) differ |= dj_sampler_sample(s, logits) != seq[0][i];
+    CHECK(differ);
+    dj_sampler_free(s);
+
+    /* bad parameters are refused with a message */
+    p = (dj_sampler_params){.temperature = -1.f, .top_p = 1.f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "temperature") != NULL);
+    p = (dj_sampler_params){.temperature = NAN, .top_p = 1.f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 0.f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.5f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f};
+    CHECK_ST(dj_sampler_new(&p, 0, &s), DJ_EINVAL);
+    dj_sampler_free(NULL);
+    return dj_test_finish("test_sampler");
+}
