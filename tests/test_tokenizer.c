@@ -369,6 +369,7 @@ static void test_bad_input(void) {
     static const char *const v[] = {"a", "b", "ab", NULL};
     expect_load_error("{\"model\":", DJ_EFORMAT, "malformed JSON");
     expect_load_error("[1,2]", DJ_EFORMAT, "not an object");
+    expect_load_error("{\"model\":{}} x", DJ_EFORMAT, "trailing");
     expect_load_error("{}", DJ_EFORMAT, "model");
     expect_load_error("{\"model\":{\"type\":\"BPE\",\"merges\":[]}}", DJ_EFORMAT, "vocab");
     expect_load_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", DJ_EFORMAT, "\"a\"");

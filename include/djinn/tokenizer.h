@@ -28,6 +28,10 @@ dj_status dj_tokenizer_encode(const dj_tokenizer_t *tok, const char *text, size_
 /* Decode ids to text (malloc'd, NUL-terminated), skipping nothing. An id out of
  * range -> DJ_ERANGE naming it. */
 dj_status dj_tokenizer_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text /* OUT */);
+/* The same, with the text's length: ids can decode to U+0000, which a plain
+ * C string hides. */
+dj_status dj_tokenizer_decode_len(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text /* OUT */,
+                                  size_t *len /* OUT */);
 
 uint32_t dj_tokenizer_vocab_size(const dj_tokenizer_t *tok);
 /* Id of a token string (e.g. "<s>"), or -1. */
