@@ -52,7 +52,7 @@ static dj_tokenizer_t *mk(const char *const *vocab, const char *merges, const ch
 }
 
 /* Concatenation of a streamed decode, fed with output buffers of random sizes. */
-static char *stream_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n) {
+static char *stream_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, size_t *out_len) {
     dj_detok_stream_t *s = NULL;
     if (dj_detok_stream_new(tok, &s)) return NULL;
     size_t cap_all = 64, len = 0;
@@ -84,18 +84,20 @@ static char *stream_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t
         if (i >= n && got == 0) break;
     }
     dj_detok_stream_free(s);
+    *out_len = len;
     return all;
 }
 
 /* Decoding ids: the one-shot text equals want (if given) and the stream's. */
 static void check_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, const char *want, const char *what) {
     char *text = NULL;
-    dj_status st = dj_tokenizer_decode(tok, ids, n, &text);
+    size_t len = 0, slen = 0;
+    dj_status st = dj_tokenizer_decode_len(tok, ids, n, &text, &len);
     CHECK_MSG(st == DJ_OK, "%s: decode: %s", what, dj_last_error());
     if (st) return;
-    if (want) CHECK_MSG(!strcmp(text, want), "%s: decoded \"%s\", want \"%s\"", what, text, want);
-    char *streamed = stream_decode(tok, ids, n);
-    CHECK_MSG(streamed && !strcmp(streamed, text), "%s: streamed \"%s\" != one-shot \"%s\"", what,
+    if (want) CHECK_MSG(len == strlen(want) && !memcmp(text, want, len), "%s: decoded \"%s\", want \"%s\"", what, text, want);
+    char *streamed = stream_decode(tok, ids, n, &slen);
+    CHECK_MSG(streamed && slen == len && !memcmp(streamed, text, len), "%s: streamed \"%s\" != one-shot \"%s\"", what,
               streamed ? streamed : "(error)", text);
     free(streamed);
     free(text);
@@ -222,6 +224,13 @@ static void test_sentencepiece_bpe(void) {
     check_decode(t, ids3, 4, "\xC3\xA9" "b", "spm: byte fallback run");
     int32_t ids4[] = {3 + 0xC3, 3 + 0x41, b};
     check_decode(t, ids4, 3, "\xEF\xBF\xBD\xEF\xBF\xBD" "b", "spm: an invalid byte run is one U+FFFD per byte");
+    int32_t ids6[] = {spid, 3 + 0x00, b};
+    char *nul = NULL;
+    size_t nul_len = 0;
+    CHECK_OK(dj_tokenizer_decode_len(t, ids6, 3, &nul, &nul_len));
+    CHECK(nul && nul_len == 2 && nul[0] == '\0' && nul[1] == 'b');
+    free(nul);
+    check_decode(t, ids6, 3, NULL, "spm: a decoded NUL");
     int32_t ids5[] = {spid, spid, 3 + 0xE6};
     check_decode(t, ids5, 3, " \xEF\xBF\xBD", "spm: truncated run at the end");
     dj_tokenizer_free(t);
@@ -369,6 +378,8 @@ static void test_bad_input(void) {
     static const char *const v[] = {"a", "b", "ab", NULL};
     expect_load_error("{\"model\":", DJ_EFORMAT, "malformed JSON");
     expect_load_error("[1,2]", DJ_EFORMAT, "not an object");
+    expect_load_error("{\"model\":{}} x", DJ_EFORMAT, "trailing");
+    expect_load_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\xff\":0}}}", DJ_EFORMAT, "UTF-8");
     expect_load_error("{}", DJ_EFORMAT, "model");
     expect_load_error("{\"model\":{\"type\":\"BPE\",\"merges\":[]}}", DJ_EFORMAT, "vocab");
     expect_load_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1},\"merges\":[]}}", DJ_EFORMAT, "\"a\"");

@@ -14,7 +14,14 @@
 typedef struct dj_tokenizer dj_tokenizer_t;
 
 /* Load from a file path or from memory (the memory form is fuzzed). Anything
- * unsupported (model type, normalizer, pre-tokenizer) gets an error naming it. */
+ * unsupported (model type, normalizer, pre-tokenizer) gets an error naming it.
+ * Supported: model BPE (merges as "a b" or ["a","b"], ignore_merges,
+ * byte_fallback, unk_token, fuse_unk, continuing_subword_prefix,
+ * end_of_word_suffix); normalizers Prepend, Replace, NFC, NFD, NFKC, NFKD,
+ * Sequence; pre-tokenizers ByteLevel, Split, Metaspace, Digits, Sequence;
+ * post-processors TemplateProcessing, RobertaProcessing, BertProcessing,
+ * ByteLevel, Sequence; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip,
+ * Metaspace, Sequence. "truncation" and "padding" are ignored. */
 dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out /* OUT */);
 dj_status dj_tokenizer_load_buffer(const char *json, size_t len, dj_tokenizer_t **out /* OUT */);
 void dj_tokenizer_free(dj_tokenizer_t *tok); /* NULL does nothing */
@@ -28,6 +35,10 @@ dj_status dj_tokenizer_encode(const dj_tokenizer_t *tok, const char *text, size_
 /* Decode ids to text (malloc'd, NUL-terminated), skipping nothing. An id out of
  * range -> DJ_ERANGE naming it. */
 dj_status dj_tokenizer_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text /* OUT */);
+/* The same, with the text's length: ids can decode to U+0000, which a plain
+ * C string hides. */
+dj_status dj_tokenizer_decode_len(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text /* OUT */,
+                                  size_t *len /* OUT */);
 
 uint32_t dj_tokenizer_vocab_size(const dj_tokenizer_t *tok);
 /* Id of a token string (e.g. "<s>"), or -1. */
@@ -41,10 +52,15 @@ int32_t dj_tokenizer_bos_id(const dj_tokenizer_t *tok);
 typedef struct dj_detok_stream dj_detok_stream_t;
 dj_status dj_detok_stream_new(const dj_tokenizer_t *tok, dj_detok_stream_t **out /* OUT */);
 void dj_detok_stream_free(dj_detok_stream_t *s);
-/* Appends the newly complete text to out (up to cap-1 bytes, NUL-terminated);
- * *n_out gets its length. DJ_ERANGE for a bad id. */
+/* Writes the newly complete text to out (up to cap-1 bytes, whole characters,
+ * NUL-terminated); *n_out gets its length. Text that does not fit stays
+ * queued and comes out first on the next push or finish. cap must be at
+ * least 5. DJ_ERANGE for a bad id (the stream is unchanged). The pushes and
+ * the finishes together give exactly dj_tokenizer_decode of all the ids. */
 dj_status dj_detok_stream_push(dj_detok_stream_t *s, int32_t id, char *out, size_t cap, size_t *n_out /* OUT */);
-/* Flush whatever is left (invalid trailing bytes become U+FFFD). */
+/* Flush whatever is left (invalid trailing bytes become U+FFFD); call again
+ * until *n_out is 0 if cap may be short. Afterwards the stream starts a new
+ * sequence. */
 dj_status dj_detok_stream_finish(dj_detok_stream_t *s, char *out, size_t cap, size_t *n_out /* OUT */);
 
 #endif

@@ -71,20 +71,14 @@ bool dj__tok_is_byte_token(const dj_tokenizer_t *tok, int32_t id) {
     return has && byte_token_value(tok->arena + tok->id_off[id], tok->id_len[id]) >= 0;
 }
 
-/* Reverse of GPT-2's bytes_to_unicode: code point -> byte, -1 if none. */
+/* Reverse of GPT-2's bytes_to_unicode (see byte_char in tok_encode.c):
+ * code point -> byte, -1 if none. */
 static int unbyte(int32_t cp) {
-    static int16_t tab[324];
-    static bool init;
-    if (!init) {
-        for (int i = 0; i < 324; i++) tab[i] = -1;
-        int extra = 0;
-        for (int i = 0; i < 256; i++) {
-            bool keep = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174 && i <= 255);
-            tab[keep ? i : 256 + extra++] = (int16_t)i;
-        }
-        init = true;
-    }
-    return cp >= 0 && cp < 324 ? tab[cp] : -1;
+    if (cp < 0 || cp > 323) return -1;
+    if (cp < 256) return (cp <= 32 || (cp >= 127 && cp <= 160) || cp == 173) ? -1 : cp;
+    if (cp <= 256 + 32) return cp - 256;
+    if (cp <= 256 + 66) return cp - 256 - 33 + 127;
+    return 173;
 }
 
 static dj_status pcre_replace(const pcre2_code *re, const char *s, size_t n, const char *with, size_t wl,
@@ -280,8 +274,14 @@ dj_status dj__tok_decode_raw(const dj_tokenizer_t *tok, const int32_t *ids, size
 }
 
 dj_status dj_tokenizer_decode(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text) {
-    if (!text) return dj_fail(DJ_EINVAL, "dj_tokenizer_decode: text is NULL");
+    size_t len;
+    return dj_tokenizer_decode_len(tok, ids, n, text, &len);
+}
+
+dj_status dj_tokenizer_decode_len(const dj_tokenizer_t *tok, const int32_t *ids, size_t n, char **text, size_t *len) {
+    if (!text || !len) return dj_fail(DJ_EINVAL, "dj_tokenizer_decode: text or len is NULL");
     *text = NULL;
+    *len = 0;
     if (!tok || (!ids && n)) return dj_fail(DJ_EINVAL, "dj_tokenizer_decode: NULL tokenizer or ids");
     dj__sbuf out = {0};
     dj_status st = dj__tok_decode_raw(tok, ids, n, true, true, &out);
@@ -289,7 +289,9 @@ dj_status dj_tokenizer_decode(const dj_tokenizer_t *tok, const int32_t *ids, siz
         dj__sbuf_free(&out);
         return st;
     }
+    if (!out.p && (st = dj__sbuf_put(&out, "", 0))) return st;
     *text = out.p;
+    *len = out.n;
     return DJ_OK;
 }
 

@@ -399,25 +399,11 @@ static dj_status split_added(const dj_tokenizer_t *tok, const dj__added_set *set
 
 /* ---- pre-tokenizers ---- */
 
-static const char *byte_char(uint8_t b, size_t *len) {
-    /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for
-     * themselves, the other 68 bytes map to U+0100.. in byte order. */
-    static char tab[256][3];
-    static uint8_t lens[256];
-    static bool init;
-    if (!init) {
-        int extra = 0;
-        for (int i = 0; i < 256; i++) {
-            bool keep = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174 && i <= 255);
-            int32_t cp = keep ? i : 256 + extra++;
-            char buf[4];
-            lens[i] = (uint8_t)dj__utf8_put(buf, cp);
-            memcpy(tab[i], buf, lens[i]);
-        }
-        init = true;
-    }
-    *len = lens[b];
-    return tab[b];
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
+ * the other 68 (0-32, 127-160, 173) map to U+0100.. in byte order. */
+static size_t byte_char(uint8_t b, char out[4]) {
+    int32_t cp = b <= 32 ? 256 + b : (b >= 127 && b <= 160) ? 256 + 33 + (b - 127) : b == 173 ? 323 : b;
+    return dj__utf8_put(out, cp);
 }
 
 static dj_status pretok_one(ectx *c, const dj__pretok *p, const plist *in, plist *out) {
@@ -484,8 +470,8 @@ static dj_status pretok_one(ectx *c, const dj__pretok *p, const plist *in, plist
                 }
                 piece np = {out->text.n, 0, pc->first && v->start == 0};
                 for (size_t j = v->start; j < v->end && !st; j++) {
-                    size_t bl;
-                    const char *bc = byte_char((uint8_t)tmp.p[j], &bl);
+                    char bc[4];
+                    size_t bl = byte_char((uint8_t)tmp.p[j], bc);
                     st = dj__sbuf_put(&out->text, bc, bl);
                     np.len += bl;
                 }

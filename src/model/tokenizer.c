@@ -1005,7 +1005,18 @@ dj_status dj_tokenizer_load_buffer(const char *json, size_t len, dj_tokenizer_t 
     dj_status st;
     dj_tokenizer_t *tok = calloc(1, sizeof *tok);
     if (!tok) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!dj__utf8_valid(json, len)) { /* then every string cJSON hands us is valid too */
+        st = dj_fail(DJ_EFORMAT, "tokenizer: the JSON is not valid UTF-8");
+        goto fail;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
+    while (root && end < json + len && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t')) end++;
+    if (root && end != json + len) {
+        cJSON_Delete(root);
+        st = dj_fail(DJ_EFORMAT, "tokenizer: malformed JSON: trailing bytes at byte %zu", (size_t)(end - json));
+        goto fail;
+    }
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         size_t off = at && at >= json && at <= json + len ? (size_t)(at - json) : 0;
