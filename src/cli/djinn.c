@@ -467,8 +467,8 @@ static int cmd_run(opts *o) {
     }
     double t_decode = now_s() - t0;
     if (ds) {
-        size_t len = 0;
-        if (dj_detok_stream_finish(ds, piece, sizeof piece, &len) == DJ_OK && len) fwrite(piece, 1, len, stdout);
+        size_t len = 0; /* finish hands out what is left, a buffer at a time */
+        while (dj_detok_stream_finish(ds, piece, sizeof piece, &len) == DJ_OK && len) fwrite(piece, 1, len, stdout);
         printf("\n");
     }
     if (o->print_tokens) {
