@@ -384,7 +384,8 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
         call.op = nd->op;
         call.n = n;
         call.pos0 = s->pos;
-        call.out = nd->res == DJ_RES_KV ? NULL : (float *)(stack + nd->offset);
+        call.out = nd->res == DJ_RES_KV ? NULL : stack + nd->offset;
+        call.out_dtype = nd->res == DJ_RES_OUTPUT ? DJ_DTYPE_F32 : e->be->act_dtype; /* logits: f32 */
         const void *x = node_ptr(m, g, nd->src[0], stack);
         const void *x1 = node_ptr(m, g, nd->src[1], stack);
         switch (nd->op) {
@@ -401,7 +402,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
             call.bias = node_ptr(m, g, nd->src[2], stack);
             call.bias_dtype = node_dtype(g, nd->src[2]);
             if (nd->flags & DJ_NODE_LAST_ROW) {
-                call.x = (const float *)x + (size_t)(n - 1) * call.k;
+                call.x = (const uint8_t *)x + (size_t)(n - 1) * call.k * dj_dtype_size(e->be->act_dtype);
                 call.n = 1;
             }
             break;
