@@ -50,9 +50,9 @@ static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e == cudaErrorMemoryAllocation) {
-        dj__cuda_fail(DJ_ENOMEM, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
-        return dj_fail(DJ_ENOMEM, "cuda:%d alloc: cannot allocate %zu bytes (%.2f GiB) of device memory",
-                       cb->device, bytes, (double)bytes / (1024.0 * 1024.0 * 1024.0));
+        (void)cudaGetLastError();
+        return dj_fail(DJ_ENOMEM, "cuda:%d alloc: cannot allocate %zu bytes (%.2f GiB) of device memory: %s",
+                       cb->device, bytes, (double)bytes / (1024.0 * 1024.0 * 1024.0), cudaGetErrorString(e));
     }
     if (e != cudaSuccess) return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
     *out = p;
