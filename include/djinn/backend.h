@@ -19,11 +19,19 @@ typedef struct dj_backend dj_backend_t;
  *   K rows: [tokens_per_page][kv_dim] of dtype, then
  *   V rows: [tokens_per_page][kv_dim] of dtype.
  * Token position p lives in page block_table[p / tokens_per_page], row
- * p % tokens_per_page. */
+ * p % tokens_per_page.
+ * Block tables: block_table (host memory) is always set and authoritative.
+ * block_table_dev is optional: NULL, or the same entries [0, n_blocks) in
+ * device memory, valid until the op has run on the device (the owner updates
+ * it through the backend's upload, which is ordered with compute). A device
+ * backend given NULL copies block_table to the device itself for each call
+ * (the host table may change as soon as compute returns); the CPU backend
+ * ignores block_table_dev. */
 typedef struct dj_kv_view {
     uint8_t *seg_base;            /* data segment base (device memory) */
     size_t page_bytes;            /* bytes per page */
     const uint32_t *block_table;  /* [n_blocks] page index of each block; host memory */
+    const uint32_t *block_table_dev; /* [n_blocks] the same in device memory, or NULL */
     uint32_t n_blocks;            /* blocks mapped (capacity = n_blocks*tokens_per_page) */
     uint32_t tokens_per_page;     /* positions per page */
     uint32_t kv_dim;              /* n_kv_heads * head_dim */
@@ -44,15 +52,22 @@ typedef enum {
 
 const char *dj_op_name(dj_op op);
 
-/* One op invocation with every pointer resolved. Activations are f32;
- * weights (w, bias, table, norm weight) carry their own dtype. n is the
- * number of token rows of this call (the runtime count, <= the planned one). */
+/* One op invocation with every pointer resolved. Activations (out, x, x2)
+ * have the backend's act_dtype (f32 on the CPU, bf16 on CUDA); the one
+ * exception is out_dtype below. Weights (w, bias, table, norm weight) carry
+ * their own dtype. n is the number of token rows of this call (the runtime
+ * count, <= the planned one). All pointers except ids and kv->block_table
+ * are device memory. */
 typedef struct dj_op_call {
     dj_op op;
     uint32_t n;            /* token rows */
-    float *out;            /* activation output; NULL for KV_WRITE */
-    const float *x;        /* main activation input (q for ATTENTION/ROPE, k for KV_WRITE) */
-    const float *x2;       /* second input: b for ADD, up for SILU_MUL, v for KV_WRITE */
+    void *out;             /* activation output, [n][width] of out_dtype; NULL for KV_WRITE */
+    const void *x;         /* main activation input (q for ATTENTION/ROPE, k for KV_WRITE) */
+    const void *x2;        /* second input: b for ADD, up for SILU_MUL, v for KV_WRITE */
+    dj_dtype out_dtype;    /* element type of out: always the real one. Must equal the
+                            * backend's act_dtype, except that MATMUL may also write f32
+                            * (the logits). The executor sets it for every op; a
+                            * zero-initialised call means f32 (the CPU's act_dtype). */
     const void *w;         /* weight: EMBED table, RMSNORM weight, MATMUL weight */
     dj_dtype w_dtype;
     const void *bias;      /* MATMUL bias [m] or NULL */

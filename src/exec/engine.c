@@ -9,6 +9,10 @@
 
 #include "model/model_impl.h"
 
+#ifdef DJ_HAVE_CUDA
+#include "djinn/dj_cuda.h"
+#endif
+
 #define DJ_PLAN_CACHE_ENTRIES 64
 
 struct dj_engine {
@@ -34,11 +38,32 @@ struct dj_session {
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     *out = NULL;
-    if (cfg->device && strcmp(cfg->device, "cpu") != 0)
-        return dj_fail(DJ_EUNSUPPORTED, "device '%s' is not available in this build (only 'cpu')", cfg->device);
+    const bool cpu = !cfg->device || strcmp(cfg->device, "cpu") == 0;
+    int gpu = -1; /* "cuda" or "cuda:N" */
+#ifdef DJ_HAVE_CUDA
+    if (!cpu && strncmp(cfg->device, "cuda", 4) == 0) {
+        char *end = NULL;
+        const char *d = cfg->device + 4;
+        long v = *d == ':' ? strtol(d + 1, &end, 10) : 0;
+        if ((*d == '\0' || (end && end != d + 1 && *end == '\0')) && v >= 0 && v <= INT_MAX) gpu = (int)v;
+    }
+#endif
+    if (!cpu && gpu < 0)
+        return dj_fail(DJ_EUNSUPPORTED, "device '%s' is not available in this build (%s)", cfg->device,
+#ifdef DJ_HAVE_CUDA
+                       "'cpu', 'cuda' or 'cuda:N'"
+#else
+                       "only 'cpu'"
+#endif
+        );
     dj_engine_t *e = calloc(1, sizeof *e);
     if (!e) return dj_fail(DJ_ENOMEM, "out of memory");
-    dj_status st = dj_backend_cpu_new(cfg->n_threads, &e->be);
+    dj_status st = DJ_OK;
+#ifdef DJ_HAVE_CUDA
+    if (gpu >= 0) st = dj_backend_cuda_new(gpu, &e->be);
+    else
+#endif
+        st = dj_backend_cpu_new(cfg->n_threads, &e->be);
     if (st != DJ_OK) goto fail;
     st = dj_vmu_new(e->be, &cfg->vmu, &e->vmu);
     if (st != DJ_OK) goto fail;
@@ -384,7 +409,8 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
         call.op = nd->op;
         call.n = n;
         call.pos0 = s->pos;
-        call.out = nd->res == DJ_RES_KV ? NULL : (float *)(stack + nd->offset);
+        call.out = nd->res == DJ_RES_KV ? NULL : stack + nd->offset;
+        call.out_dtype = nd->res == DJ_RES_OUTPUT ? DJ_DTYPE_F32 : e->be->act_dtype; /* logits: f32 */
         const void *x = node_ptr(m, g, nd->src[0], stack);
         const void *x1 = node_ptr(m, g, nd->src[1], stack);
         switch (nd->op) {
@@ -401,7 +427,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
             call.bias = node_ptr(m, g, nd->src[2], stack);
             call.bias_dtype = node_dtype(g, nd->src[2]);
             if (nd->flags & DJ_NODE_LAST_ROW) {
-                call.x = (const float *)x + (size_t)(n - 1) * call.k;
+                call.x = (const uint8_t *)x + (size_t)(n - 1) * call.k * dj_dtype_size(e->be->act_dtype);
                 call.n = 1;
             }
             break;

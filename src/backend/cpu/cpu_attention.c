@@ -90,7 +90,7 @@ dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
         const uint32_t p = c->pos0 + i;
         const uint32_t t0 = c->window && p + 1 > c->window ? p + 1 - c->window : 0;
         const size_t off = ((size_t)i * nh + h) * hd;
-        attend_one(c->kv, c->x + off, c->out + off, h / group, hd, t0, p, c->scale);
+        attend_one(c->kv, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale);
     }
     return DJ_OK;
 }

@@ -103,7 +103,7 @@ static dj_status op_embed(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t row_bytes = (size_t)d * dj_dtype_size(c->w_dtype);
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++)
-        dj__cpu_to_f32(c->out + (size_t)i * d, (const uint8_t *)c->w + (size_t)c->ids[i] * row_bytes,
+        dj__cpu_to_f32((float *)c->out + (size_t)i * d, (const uint8_t *)c->w + (size_t)c->ids[i] * row_bytes,
                        c->w_dtype, d);
     return DJ_OK;
 }
@@ -134,8 +134,8 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
     enum { CHUNK = 256 };
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++) {
-        const float *x = c->x + (size_t)i * d;
-        float *o = c->out + (size_t)i * d;
+        const float *x = (const float *)c->x + (size_t)i * d;
+        float *o = (float *)c->out + (size_t)i * d;
         const float r = 1.0f / sqrtf(sum_squares(x, d) / (float)d + c->eps);
         float wbuf[CHUNK];
         for (uint32_t j0 = 0; j0 < d; j0 += CHUNK) {
@@ -156,8 +156,8 @@ static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++) {
         const float p = (float)(c->pos0 + i);
-        const float *x = c->x + i * row;
-        float *o = c->out + i * row;
+        const float *x = (const float *)c->x + i * row;
+        float *o = (float *)c->out + i * row;
         for (uint32_t j = 0; j < half; j++) {
             const float theta = c->inv_freq[j] * p;
             const float cs = cosf(theta) * c->scale, sn = sinf(theta) * c->scale;
@@ -179,26 +179,30 @@ static dj_status op_kv_write(dj_cpu_backend *cb, const dj_op_call *c) {
         const uint32_t p = c->pos0 + i;
         uint8_t *page = kv->seg_base + (size_t)kv->block_table[p / kv->tokens_per_page] * kv->page_bytes;
         const size_t r = p % kv->tokens_per_page;
-        memcpy(page + r * row_bytes, c->x + (size_t)i * kv->kv_dim, row_bytes);
-        memcpy(page + (kv->tokens_per_page + r) * row_bytes, c->x2 + (size_t)i * kv->kv_dim, row_bytes);
+        memcpy(page + r * row_bytes, (const float *)c->x + (size_t)i * kv->kv_dim, row_bytes);
+        memcpy(page + (kv->tokens_per_page + r) * row_bytes, (const float *)c->x2 + (size_t)i * kv->kv_dim, row_bytes);
     }
     return DJ_OK;
 }
 
 static dj_status op_silu_mul(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
+    const float *gate = c->x, *up = c->x2;
+    float *out = c->out;
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 16384)
     for (size_t i = 0; i < count; i++) {
-        const float g = c->x[i];
-        c->out[i] = g / (1.0f + expf(-g)) * c->x2[i];
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
     }
     return DJ_OK;
 }
 
 static dj_status op_add(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
+    const float *a = c->x, *b = c->x2;
+    float *out = c->out;
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 65536)
-    for (size_t i = 0; i < count; i++) c->out[i] = c->x[i] + c->x2[i];
+    for (size_t i = 0; i < count; i++) out[i] = a[i] + b[i];
     return DJ_OK;
 }
 
@@ -233,6 +237,8 @@ static dj_status check_call(const dj_op_call *c) {
     const char *op = dj_op_name(c->op);
     const size_t n = c->n;
     REQUIRE(n > 0, "%s: zero token rows", op);
+    REQUIRE(c->op == DJ_OP_KV_WRITE || c->out_dtype == DJ_DTYPE_F32,
+            "%s: out dtype %s, the CPU backend writes f32 activations", op, dj_dtype_name(c->out_dtype));
     switch (c->op) {
     case DJ_OP_EMBED:
         REQUIRE(c->out && c->w && c->ids, "%s: NULL out, table or ids", op);

@@ -79,9 +79,9 @@ DJ_INLINE void dot_kernel(dj_cpu_backend *cb, const dj_op_call *c, int bf16, int
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static)
     for (uint32_t j = 0; j < m; j++) {
         float sums[DJ_CPU_DOT_MAX_ROWS];
-        dot_row(w + (size_t)j * k, c->x, k, bf16, NR, sums);
+        dot_row(w + (size_t)j * k, (const float *)c->x, k, bf16, NR, sums);
         const float b = c->bias ? scalar_at(c->bias, c->bias_dtype, j) : 0.0f;
-        for (int r = 0; r < NR; r++) c->out[(size_t)r * m + j] = sums[r] + b;
+        for (int r = 0; r < NR; r++) ((float *)c->out)[(size_t)r * m + j] = sums[r] + b;
     }
 }
 
@@ -99,7 +99,7 @@ static void add_bias(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t n = c->n, m = c->m;
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t r = 0; r < n; r++)
-        for (uint32_t j = 0; j < m; j++) c->out[(size_t)r * m + j] += scalar_at(c->bias, c->bias_dtype, j);
+        for (uint32_t j = 0; j < m; j++) ((float *)c->out)[(size_t)r * m + j] += scalar_at(c->bias, c->bias_dtype, j);
 }
 
 static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
@@ -116,11 +116,12 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
 /* out[:, j0..j0+rows) from f32 weight rows wr[rows][k], on the calling thread. */
 static void gemm_cols(const dj_op_call *c, const float *wr, uint32_t j0, uint32_t rows) {
     const int n = (int)c->n, k = (int)c->k, m = (int)c->m;
+    const float *x = c->x;
+    float *out = (float *)c->out + j0;
     if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)rows, k, 1.0f, wr, k, c->x, 1, 0.0f, c->out + j0, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)rows, k, 1.0f, wr, k, x, 1, 0.0f, out, 1);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)rows, k, 1.0f, c->x, k, wr, k, 0.0f,
-                    c->out + j0, m);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)rows, k, 1.0f, x, k, wr, k, 0.0f, out, m);
 }
 
 /* f32 weights: each thread multiplies its own block of weight rows. */

@@ -1,0 +1,44 @@
+/* dj_cuda.h: the CUDA backend behind a plain C header (no CUDA types): the
+ * device probe and the constructor of a backend on one GPU. */
+#ifndef DJINN_DJ_CUDA_H
+#define DJINN_DJ_CUDA_H
+
+#include <stddef.h>
+
+/* The C headers below carry no C++ guards of their own. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "djinn/backend.h"
+#include "djinn/status.h"
+
+/* Number of usable CUDA devices; 0 when there is no driver, no GPU or any
+ * error (never aborts, records no error). */
+int dj_cuda_device_count(void);
+
+/* Name of device `device` ("NVIDIA H100 80GB HBM3") into buf[len]; DJ_EDEVICE
+ * or DJ_EINVAL with a message on failure. */
+dj_status dj_cuda_device_name(int device, char *buf /* OUT */, size_t len);
+
+/* A backend on GPU `device`: its own stream and cuBLAS handle. Activations
+ * and K/V pages are bf16 (act_dtype = kv_dtype = DJ_DTYPE_BF16); every
+ * kernel accumulates in f32. compute only enqueues work on the stream (ids
+ * and block tables are copied out of host memory before it returns); sync
+ * waits for it and reports a kernel fault as DJ_EDEVICE. Every CUDA failure
+ * becomes DJ_EDEVICE (DJ_ENOMEM for alloc) with the message
+ * "cuda:<device> <file>:<line>: <CUDA error string>". Not reentrant: one
+ * thread drives a backend. Free it with dj_backend_free. */
+dj_status dj_backend_cuda_new(int device, dj_backend_t **out /* OUT */);
+
+/* Test hook: attention kernel choice. 0 = automatic (split-K decode for
+ * few query rows, tiled prefill otherwise), 1 = always decode, 2 = always
+ * prefill. Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
+ * always the GEMM path. */
+void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,324 @@
+/* cuda_attention.cu: causal (optionally sliding-window) GQA attention over
+ * bf16 K/V in data-segment pages, f32 softmax and accumulation.
+ *  - decode (few query rows): split-K / flash-decoding - each block scores
+ *    one chunk of the context for one (row, head); a second pass merges the
+ *    chunks, so one session's single token still fills the GPU;
+ *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
+ *    memory, online softmax; the score matrix is never materialised.
+ * Both take even head_dim <= 256. (Tensor-core mma for prefill: not yet.) */
+#include <math.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+#define DEC_WARPS 4       /* warps per decode block, each its own keys */
+#define DEC_MIN_CHUNK 32  /* fewest positions per decode split */
+#define DEC_MAX_SPLITS 64
+#define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
+#define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
+#define PF_KEYS 32         /* positions per K/V tile (one per lane) */
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* K row (V row with is_v) of kv head kvh at position t. */
+static __device__ __forceinline__ const __nv_bfloat16 *kv_row(const uint8_t *seg, size_t page_bytes,
+                                                              const uint32_t *table, uint32_t tpp, uint32_t kv_dim,
+                                                              uint32_t kvh, uint32_t hd, uint32_t t, bool is_v) {
+    const __nv_bfloat16 *page = (const __nv_bfloat16 *)(seg + (size_t)table[t / tpp] * page_bytes);
+    const uint32_t r = t % tpp + (is_v ? tpp : 0u);
+    return page + (size_t)r * kv_dim + (size_t)kvh * hd;
+}
+
+struct attn_args {
+    const __nv_bfloat16 *q; /* [n][nh][hd] */
+    const uint8_t *seg;
+    size_t page_bytes;
+    const uint32_t *table;
+    uint32_t tpp, kv_dim, n, nh, group, hd, pos0, window;
+    float scale;
+};
+
+static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window) {
+    return window && p + 1 > window ? p + 1 - window : 0u;
+}
+
+/* ---- decode: split-K ---- */
+
+/* Block (split, head, row). Lane l holds the bf16 pairs 2l + 64i of q, K, V.
+ * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum. */
+template <int PAIRS>
+static __global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_kernel(attn_args a, uint32_t chunk, uint32_t splits, float *part) {
+    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
+    __shared__ float s_o[DEC_WARPS][256];
+    const uint32_t split = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t p = a.pos0 + i, t0 = first_pos(p, a.window), kvh = h / a.group, hd = a.hd;
+    const uint64_t s0 = (uint64_t)t0 + (uint64_t)split * chunk;
+    const uint64_t s1 = s0 + chunk - 1 < p ? s0 + chunk - 1 : p; /* inclusive; empty when s0 > p */
+
+    const __nv_bfloat16 *q = a.q + ((size_t)i * a.nh + h) * hd;
+    float2 qv[PAIRS], acc[PAIRS];
+#pragma unroll
+    for (int k = 0; k < PAIRS; k++) {
+        const uint32_t d = 2 * lane + 64 * k;
+        qv[k] = d < hd ? __bfloat1622float2(*(const __nv_bfloat162 *)(q + d)) : make_float2(0.0f, 0.0f);
+        acc[k] = make_float2(0.0f, 0.0f);
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (uint64_t t = s0 + warp; t <= s1; t += DEC_WARPS) {
+        const __nv_bfloat16 *kr = kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, false);
+        const __nv_bfloat16 *vr = kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, true);
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PAIRS; k++) {
+            const uint32_t d = 2 * lane + 64 * k;
+            if (d < hd) {
+                const float2 kf = __bfloat1622float2(*(const __nv_bfloat162 *)(kr + d));
+                s += qv[k].x * kf.x + qv[k].y * kf.y;
+            }
+        }
+        s = warp_sum(s) * a.scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn), e = expf(s - mn);
+        l = l * corr + e;
+#pragma unroll
+        for (int k = 0; k < PAIRS; k++) {
+            const uint32_t d = 2 * lane + 64 * k;
+            float2 vf = make_float2(0.0f, 0.0f);
+            if (d < hd) vf = __bfloat1622float2(*(const __nv_bfloat162 *)(vr + d));
+            acc[k].x = acc[k].x * corr + e * vf.x;
+            acc[k].y = acc[k].y * corr + e * vf.y;
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int k = 0; k < PAIRS; k++) {
+        const uint32_t d = 2 * lane + 64 * k;
+        if (d < hd) {
+            s_o[warp][d] = acc[k].x;
+            s_o[warp][d + 1] = acc[k].y;
+        }
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w]);
+    float f[DEC_WARPS];
+    for (int w = 0; w < DEC_WARPS; w++) f[w] = M == -INFINITY ? 0.0f : expf(s_m[w] - M);
+    float *dst = part + (((size_t)i * a.nh + h) * splits + split) * (hd + 2);
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) o += f[w] * s_o[w][d];
+        dst[d] = o;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) L += f[w] * s_l[w];
+        dst[hd] = M;
+        dst[hd + 1] = L;
+    }
+}
+
+/* Block (head, row): merges the splits. Split 0 always holds position t0, so
+ * the overall max is finite. */
+static __global__ void attn_merge_kernel(const float *part, __nv_bfloat16 *out, uint32_t nh, uint32_t hd,
+                                         uint32_t splits) {
+    const uint32_t h = blockIdx.x, i = blockIdx.y;
+    const float *src = part + ((size_t)i * nh + h) * splits * (hd + 2);
+    float G = -INFINITY;
+    for (uint32_t s = 0; s < splits; s++) G = fmaxf(G, src[(size_t)s * (hd + 2) + hd]);
+    float L = 0.0f;
+    for (uint32_t s = 0; s < splits; s++) {
+        const float *ps = src + (size_t)s * (hd + 2);
+        if (ps[hd] != -INFINITY) L += ps[hd + 1] * expf(ps[hd] - G);
+    }
+    const float inv = 1.0f / L;
+    __nv_bfloat16 *o = out + ((size_t)i * nh + h) * hd;
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float v = 0.0f;
+        for (uint32_t s = 0; s < splits; s++) {
+            const float *ps = src + (size_t)s * (hd + 2);
+            if (ps[hd] != -INFINITY) v += ps[d] * expf(ps[hd] - G);
+        }
+        o[d] = __float2bfloat16(v * inv);
+    }
+}
+
+/* ---- prefill: tiled, online softmax ---- */
+
+/* Block (row tile, head); warp w owns query rows 4w..4w+3 of the tile, lane l
+ * scores position tile+l and accumulates output dims l + 32j. Shared memory:
+ * Q [16][hd] bf16, K and V [32][hd+2] bf16 (the pad spreads rows over banks). */
+template <int DPL>
+static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, __nv_bfloat16 *out) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t hd = a.hd, ks = hd + 2;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem_raw;
+    __nv_bfloat16 *Ks = Qs + PF_ROWS * hd;
+    __nv_bfloat16 *Vs = Ks + PF_KEYS * ks;
+    const uint32_t h = blockIdx.y, r0 = blockIdx.x * PF_ROWS, kvh = h / a.group;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t last = min(r0 + PF_ROWS, a.n) - 1;
+    const uint32_t lo = first_pos(a.pos0 + r0, a.window), hi = a.pos0 + last;
+
+    for (uint32_t e = threadIdx.x; e < PF_ROWS * hd; e += blockDim.x) {
+        const uint32_t rr = e / hd, d = e % hd;
+        Qs[e] = r0 + rr < a.n ? a.q[((size_t)(r0 + rr) * a.nh + h) * hd + d] : __float2bfloat16(0.0f);
+    }
+    float m[4], l[4], acc[4][DPL];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        m[k] = -INFINITY;
+        l[k] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) acc[k][j] = 0.0f;
+    }
+    const uint32_t pairs = hd / 2;
+    for (uint64_t tile = lo; tile <= hi; tile += PF_KEYS) {
+        __syncthreads(); /* the previous tile is consumed (and Q is stored) */
+        for (uint32_t e = threadIdx.x; e < PF_KEYS * pairs; e += blockDim.x) {
+            const uint32_t j = e / pairs, d = 2 * (e % pairs);
+            const uint64_t t = tile + j;
+            __nv_bfloat162 kv2 = __floats2bfloat162_rn(0.0f, 0.0f), vv2 = kv2;
+            if (t <= hi) {
+                kv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
+                                                       (uint32_t)t, false) + d);
+                vv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
+                                                       (uint32_t)t, true) + d);
+            }
+            *(__nv_bfloat162 *)(Ks + j * ks + d) = kv2;
+            *(__nv_bfloat162 *)(Vs + j * ks + d) = vv2;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t rr = warp * 4 + k, i = r0 + rr;
+            if (i >= a.n) continue; /* warp-uniform */
+            const uint32_t p = a.pos0 + i, t0 = first_pos(p, a.window);
+            const uint64_t t = tile + lane;
+            const bool valid = t >= t0 && t <= p;
+            float s = -INFINITY;
+            if (valid) {
+                float dot = 0.0f;
+                const __nv_bfloat16 *qr = Qs + rr * hd, *kr = Ks + lane * ks;
+                for (uint32_t d = 0; d < hd; d += 2) {
+                    const float2 qf = __bfloat1622float2(*(const __nv_bfloat162 *)(qr + d));
+                    const float2 kf = __bfloat1622float2(*(const __nv_bfloat162 *)(kr + d));
+                    dot += qf.x * kf.x + qf.y * kf.y;
+                }
+                s = dot * a.scale;
+            }
+            const float tmax = warp_max(s);
+            if (tmax == -INFINITY) continue; /* no position of this tile is visible to row i */
+            const float mn = fmaxf(m[k], tmax);
+            const float corr = expf(m[k] - mn);
+            const float e = valid ? expf(s - mn) : 0.0f;
+            l[k] = l[k] * corr + warp_sum(e);
+#pragma unroll
+            for (int j = 0; j < DPL; j++) acc[k][j] *= corr;
+            for (uint32_t jj = 0; jj < PF_KEYS; jj++) {
+                const float ej = __shfl_sync(0xffffffffu, e, jj);
+                if (ej == 0.0f) continue; /* warp-uniform */
+                const __nv_bfloat16 *vr = Vs + jj * ks;
+#pragma unroll
+                for (int j = 0; j < DPL; j++) {
+                    const uint32_t d = lane + 32 * j;
+                    if (d < hd) acc[k][j] += ej * __bfloat162float(vr[d]);
+                }
+            }
+            m[k] = mn;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t i = r0 + warp * 4 + k;
+        if (i >= a.n) continue;
+        const float inv = 1.0f / l[k];
+        __nv_bfloat16 *o = out + ((size_t)i * a.nh + h) * hd;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) {
+            const uint32_t d = lane + 32 * j;
+            if (d < hd) o[d] = __float2bfloat16(acc[k][j] * inv);
+        }
+    }
+}
+
+/* ---- launchers ---- */
+
+static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
+    const uint32_t hd = c->head_dim;
+    /* Longest context a row sees, then enough splits for ~2 blocks per SM. */
+    const uint64_t end = (uint64_t)c->pos0 + c->n;
+    const uint64_t longest = c->window && c->window < end ? c->window : end;
+    uint64_t splits = ((uint64_t)cb->n_sm * 2 + (uint64_t)c->n * c->n_heads - 1) / ((uint64_t)c->n * c->n_heads);
+    const uint64_t by_len = (longest + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
+    if (splits > by_len) splits = by_len;
+    if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
+    if (splits < 1) splits = 1;
+    const uint32_t chunk = (uint32_t)((longest + splits - 1) / splits);
+    float *part = NULL;
+    dj_status st = dj__cuda_scratch(cb, (size_t)c->n * c->n_heads * splits * (hd + 2), &part);
+    if (st != DJ_OK) return st;
+    const dim3 grid((unsigned)splits, c->n_heads, c->n);
+    const unsigned threads = DEC_WARPS * 32;
+    if (hd <= 64)
+        attn_decode_kernel<1><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+    else if (hd <= 128)
+        attn_decode_kernel<2><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+    else if (hd <= 192)
+        attn_decode_kernel<3><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+    else
+        attn_decode_kernel<4><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+    DJ_CU_LAUNCHED(cb);
+    attn_merge_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(part, (__nv_bfloat16 *)c->out, c->n_heads,
+                                                                      hd, (uint32_t)splits);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+static dj_status prefill(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
+    const uint32_t hd = c->head_dim;
+    const size_t smem = ((size_t)PF_ROWS * hd + 2u * PF_KEYS * (hd + 2)) * sizeof(__nv_bfloat16);
+    const dim3 grid((c->n + PF_ROWS - 1) / PF_ROWS, c->n_heads);
+    __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
+    if (hd <= 64)
+        attn_prefill_kernel<2><<<grid, 128, smem, cb->stream>>>(a, out);
+    else if (hd <= 128)
+        attn_prefill_kernel<4><<<grid, 128, smem, cb->stream>>>(a, out);
+    else
+        attn_prefill_kernel<8><<<grid, 128, smem, cb->stream>>>(a, out);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
+    const dj_kv_view *kv = c->kv;
+    attn_args a;
+    a.q = (const __nv_bfloat16 *)c->x;
+    a.seg = kv->seg_base;
+    a.page_bytes = kv->page_bytes;
+    a.table = table_dev;
+    a.tpp = kv->tokens_per_page;
+    a.kv_dim = kv->kv_dim;
+    a.n = c->n;
+    a.nh = c->n_heads;
+    a.group = c->n_heads / c->n_kv_heads;
+    a.hd = c->head_dim;
+    a.pos0 = c->pos0;
+    a.window = c->window;
+    a.scale = c->scale;
+    const bool use_decode =
+        cb->attention_path == 1 || (cb->attention_path != 2 && c->n < DEC_PREFILL_ROWS);
+    return use_decode ? decode(cb, c, a) : prefill(cb, c, a);
+}

@@ -1,0 +1,371 @@
+/* cuda_backend.cu: the CUDA backend - device memory (cudaMalloc), copies on
+ * the backend's stream, host-input staging, argument checks and the compute
+ * switch that calls each kernel family's launcher. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+/* Initial staging capacity (ids and block tables of many calls between syncs). */
+#define STAGE_INITIAL (1u << 20)
+#define STAGE_ALIGN 256
+
+dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, const char *msg) {
+    const char *base = strrchr(file, '/');
+    (void)cudaGetLastError(); /* the error is reported here; later checks must not see it again */
+    return dj_fail(st, "cuda:%d %s:%d: %s", device, base ? base + 1 : file, line, msg);
+}
+
+/* ---- probe ---- */
+
+extern "C" int dj_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" dj_status dj_cuda_device_name(int device, char *buf, size_t len) {
+    if (!buf || len == 0) return dj_fail(DJ_EINVAL, "cuda device name: NULL or empty buffer");
+    buf[0] = '\0';
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) return dj__cuda_fail(DJ_EDEVICE, device, __FILE__, __LINE__, cudaGetErrorString(e));
+    snprintf(buf, len, "%s", prop.name);
+    return DJ_OK;
+}
+
+/* ---- memory and copies ---- */
+
+static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!out) return dj_fail(DJ_EINVAL, "cuda alloc: NULL output pointer");
+    *out = NULL;
+    if (bytes == 0) return dj_fail(DJ_EINVAL, "cuda alloc: zero bytes requested");
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return dj_fail(DJ_ENOMEM, "cuda:%d alloc: cannot allocate %zu bytes (%.2f GiB) of device memory: %s",
+                       cb->device, bytes, (double)bytes / (1024.0 * 1024.0 * 1024.0), cudaGetErrorString(e));
+    }
+    if (e != cudaSuccess) return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+    *out = p;
+    return DJ_OK;
+}
+
+static void cuda_free(dj_backend_t *be, void *ptr) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!ptr) return;
+    if (cudaSetDevice(cb->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
+        DJ_LOG(WARN, "cuda:%d free of %p failed: %s", cb->device, ptr, cudaGetErrorString(cudaGetLastError()));
+    }
+}
+
+static dj_status cuda_copy(dj_cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                           const char *what) {
+    if (bytes == 0) return DJ_OK;
+    if (!dst || !src) return dj_fail(DJ_EINVAL, "cuda %s: NULL pointer for %zu bytes", what, bytes);
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    DJ_CU(cb, cudaMemcpyAsync(dst, src, bytes, kind, cb->stream));
+    DJ_CU(cb, cudaStreamSynchronize(cb->stream));
+    cb->stage_off = 0;
+    return DJ_OK;
+}
+
+static dj_status cuda_upload(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
+    return cuda_copy((dj_cuda_backend *)be, dst_dev, src_host, bytes, cudaMemcpyHostToDevice, "upload");
+}
+
+static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src_dev, size_t bytes) {
+    return cuda_copy((dj_cuda_backend *)be, dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, "download");
+}
+
+static dj_status cuda_sync(dj_backend_t *be) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    DJ_CU(cb, cudaStreamSynchronize(cb->stream));
+    cb->stage_off = 0;
+    return DJ_OK;
+}
+
+dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, const void **dev) {
+    *dev = NULL;
+    const size_t need = (bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+    if (cb->stage_off + need > cb->stage_cap) {
+        /* Everything staged so far has been consumed once the stream drains. */
+        DJ_CU(cb, cudaStreamSynchronize(cb->stream));
+        cb->stage_off = 0;
+        if (need > cb->stage_cap) {
+            size_t cap = cb->stage_cap * 2 > need ? cb->stage_cap * 2 : need;
+            DJ_CU(cb, cudaFreeHost(cb->stage_host));
+            cb->stage_host = NULL;
+            DJ_CU(cb, cudaFree(cb->stage_dev));
+            cb->stage_dev = NULL;
+            cb->stage_cap = 0;
+            DJ_CU(cb, cudaMallocHost((void **)&cb->stage_host, cap));
+            DJ_CU(cb, cudaMalloc((void **)&cb->stage_dev, cap));
+            cb->stage_cap = cap;
+        }
+    }
+    memcpy(cb->stage_host + cb->stage_off, host, bytes);
+    DJ_CU(cb, cudaMemcpyAsync(cb->stage_dev + cb->stage_off, cb->stage_host + cb->stage_off, bytes,
+                              cudaMemcpyHostToDevice, cb->stream));
+    *dev = cb->stage_dev + cb->stage_off;
+    cb->stage_off += need;
+    return DJ_OK;
+}
+
+dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out) {
+    *out = NULL;
+    if (floats > cb->scratch_cap) {
+        size_t cap = cb->scratch_cap * 2 > floats ? cb->scratch_cap * 2 : floats;
+        DJ_CU(cb, cudaStreamSynchronize(cb->stream)); /* kernels in flight may still read it */
+        DJ_CU(cb, cudaFree(cb->scratch));
+        cb->scratch = NULL;
+        cb->scratch_cap = 0;
+        cudaError_t e = cudaMalloc((void **)&cb->scratch, cap * sizeof(float));
+        if (e != cudaSuccess) return dj__cuda_fail(DJ_ENOMEM, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+        cb->scratch_cap = cap;
+    }
+    *out = cb->scratch;
+    return DJ_OK;
+}
+
+/* ---- argument checks (as the CPU backend's, with bf16 activations and K/V) ---- */
+
+#define REQUIRE(cond, ...)                                   \
+    do {                                                     \
+        if (!(cond)) return dj_fail(DJ_EINVAL, __VA_ARGS__); \
+    } while (0)
+
+static bool is_float_dtype(dj_dtype t) {
+    return t == DJ_DTYPE_F32 || t == DJ_DTYPE_F16 || t == DJ_DTYPE_BF16;
+}
+
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+static dj_status check_kv(const dj_op_call *c, const char *op) {
+    const dj_kv_view *kv = c->kv;
+    REQUIRE(kv, "%s: NULL kv view", op);
+    REQUIRE(kv->seg_base && kv->block_table, "%s: kv view has a NULL segment base or block table", op);
+    REQUIRE(kv->dtype == DJ_DTYPE_BF16, "%s: kv dtype %s, the CUDA backend stores bf16", op,
+            dj_dtype_name(kv->dtype));
+    REQUIRE(kv->tokens_per_page > 0 && kv->kv_dim > 0, "%s: kv view has tokens_per_page=%u kv_dim=%u", op,
+            kv->tokens_per_page, kv->kv_dim);
+    const uint64_t need = 2ull * kv->tokens_per_page * kv->kv_dim * 2u;
+    REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u bf16", op,
+            kv->page_bytes, kv->tokens_per_page, kv->kv_dim);
+    REQUIRE(kv->page_bytes % 4 == 0 && (uintptr_t)kv->seg_base % 4 == 0,
+            "%s: page size %zu and segment base must be multiples of 4 bytes", op, kv->page_bytes);
+    const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
+    if (end > cap || end > UINT32_MAX)
+        return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
+                       (unsigned long long)(end - 1), (unsigned long long)((end - 1) / kv->tokens_per_page),
+                       kv->n_blocks);
+    return DJ_OK;
+}
+
+static dj_status check_call(const dj_op_call *c) {
+    const char *op = dj_op_name(c->op);
+    const size_t n = c->n, act = 2;
+    REQUIRE(n > 0, "%s: zero token rows", op);
+    if (c->op != DJ_OP_KV_WRITE && c->op < DJ_OP_COUNT)
+        REQUIRE(c->out_dtype == DJ_DTYPE_BF16 || (c->op == DJ_OP_MATMUL && c->out_dtype == DJ_DTYPE_F32),
+                "%s: out dtype %s, the CUDA backend writes bf16 activations (or f32 from MATMUL)", op,
+                dj_dtype_name(c->out_dtype));
+    switch (c->op) {
+    case DJ_OP_EMBED:
+        REQUIRE(c->out && c->w && c->ids, "%s: NULL out, table or ids", op);
+        REQUIRE(c->d > 0 && c->m > 0, "%s: d=%u vocab(m)=%u must be positive", op, c->d, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: table dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        return DJ_OK;
+    case DJ_OP_RMSNORM:
+        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(c->eps >= 0.0f, "%s: eps %g is negative", op, (double)c->eps);
+        return DJ_OK;
+    case DJ_OP_MATMUL:
+        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
+        REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(!c->bias || is_float_dtype(c->bias_dtype), "%s: bias dtype %s is not a float type", op,
+                dj_dtype_name(c->bias_dtype));
+        REQUIRE(!overlaps(c->out, n * c->m * dj_dtype_size(c->out_dtype), c->x, n * c->k * act),
+                "%s: out overlaps x", op);
+        if (c->n > INT32_MAX || c->k > INT32_MAX || c->m > INT32_MAX)
+            return dj_fail(DJ_EUNSUPPORTED, "%s: n=%u k=%u m=%u exceeds the cuBLAS index range", op, c->n, c->k,
+                           c->m);
+        return DJ_OK;
+    case DJ_OP_ROPE: {
+        REQUIRE(c->out && c->x && c->inv_freq, "%s: NULL out, x or inv_freq", op);
+        REQUIRE(c->n_heads > 0 && c->head_dim > 0 && c->head_dim % 2 == 0,
+                "%s: n_heads=%u head_dim=%u (need heads > 0, even head_dim)", op, c->n_heads, c->head_dim);
+        REQUIRE(c->scale > 0.0f && isfinite(c->scale), "%s: scale %g must be positive (1 = no scaling)", op,
+                (double)c->scale);
+        const size_t bytes = n * c->n_heads * c->head_dim * act;
+        REQUIRE(c->out == c->x || !overlaps(c->out, bytes, c->x, bytes), "%s: out partly overlaps x", op);
+        return DJ_OK;
+    }
+    case DJ_OP_KV_WRITE:
+        REQUIRE(c->x && c->x2, "%s: NULL k or v", op);
+        return check_kv(c, op);
+    case DJ_OP_ATTENTION: {
+        REQUIRE(c->out && c->x, "%s: NULL out or q", op);
+        REQUIRE(c->n_heads > 0 && c->n_kv_heads > 0 && c->head_dim > 0, "%s: n_heads=%u n_kv_heads=%u head_dim=%u",
+                op, c->n_heads, c->n_kv_heads, c->head_dim);
+        REQUIRE(c->n_heads % c->n_kv_heads == 0, "%s: %u query heads do not divide into %u kv heads", op,
+                c->n_heads, c->n_kv_heads);
+        REQUIRE(isfinite(c->scale), "%s: scale is not finite", op);
+        dj_status st = check_kv(c, op);
+        if (st != DJ_OK) return st;
+        REQUIRE(c->kv->kv_dim == c->n_kv_heads * c->head_dim, "%s: kv_dim %u != n_kv_heads %u * head_dim %u", op,
+                c->kv->kv_dim, c->n_kv_heads, c->head_dim);
+        if (c->head_dim % 2 != 0 || c->head_dim > 256)
+            return dj_fail(DJ_EUNSUPPORTED, "%s: head_dim %u (the CUDA kernels take even head_dim <= 256)", op,
+                           c->head_dim);
+        REQUIRE((uintptr_t)c->x % 4 == 0, "%s: q is not 4-byte aligned", op);
+        const size_t bytes = n * c->n_heads * c->head_dim * act;
+        REQUIRE(!overlaps(c->out, bytes, c->x, bytes), "%s: out overlaps q", op);
+        return DJ_OK;
+    }
+    case DJ_OP_SILU_MUL:
+    case DJ_OP_ADD:
+        REQUIRE(c->out && c->x && c->x2, "%s: NULL out or input", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        return DJ_OK;
+    case DJ_OP_COUNT: break;
+    }
+    return dj_fail(DJ_EUNSUPPORTED, "cuda backend: unknown op %d", (int)c->op);
+}
+
+/* The view's block table on the device: the caller's mirror, or a staged copy
+ * of the blocks the call touches. */
+static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out) {
+    const dj_kv_view *kv = c->kv;
+    if (kv->block_table_dev) {
+        *out = kv->block_table_dev;
+        return DJ_OK;
+    }
+    const uint64_t end = (uint64_t)c->pos0 + c->n;
+    const size_t blocks = (size_t)((end + kv->tokens_per_page - 1) / kv->tokens_per_page);
+    const void *dev = NULL;
+    dj_status st = dj__cuda_stage(cb, kv->block_table, blocks * sizeof(uint32_t), &dev);
+    *out = (const uint32_t *)dev;
+    return st;
+}
+
+static dj_status cuda_compute(dj_backend_t *be, const dj_op_call *c) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!c) return dj_fail(DJ_EINVAL, "cuda compute: NULL call");
+    dj_status st = check_call(c);
+    if (st != DJ_OK) return st;
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    const uint32_t *table = NULL;
+    switch (c->op) {
+    case DJ_OP_EMBED: {
+        for (uint32_t i = 0; i < c->n; i++)
+            if (c->ids[i] < 0 || (uint32_t)c->ids[i] >= c->m)
+                return dj_fail(DJ_ERANGE, "embed: token id %d at row %u is outside the vocabulary [0, %u)",
+                               (int)c->ids[i], i, c->m);
+        const void *ids = NULL;
+        st = dj__cuda_stage(cb, c->ids, (size_t)c->n * sizeof(int32_t), &ids);
+        return st != DJ_OK ? st : dj__cuda_embed(cb, c, (const int32_t *)ids);
+    }
+    case DJ_OP_RMSNORM: return dj__cuda_rmsnorm(cb, c);
+    case DJ_OP_MATMUL: return dj__cuda_matmul(cb, c);
+    case DJ_OP_ROPE: return dj__cuda_rope(cb, c);
+    case DJ_OP_KV_WRITE:
+        st = device_table(cb, c, &table);
+        return st != DJ_OK ? st : dj__cuda_kv_write(cb, c, table);
+    case DJ_OP_ATTENTION:
+        st = device_table(cb, c, &table);
+        return st != DJ_OK ? st : dj__cuda_attention(cb, c, table);
+    case DJ_OP_SILU_MUL: return dj__cuda_silu_mul(cb, c);
+    case DJ_OP_ADD: return dj__cuda_add(cb, c);
+    case DJ_OP_COUNT: break;
+    }
+    return dj_fail(DJ_EUNSUPPORTED, "cuda backend: unknown op %d", (int)c->op);
+}
+
+/* ---- lifetime ---- */
+
+static void cuda_destroy(dj_backend_t *be) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (cudaSetDevice(cb->device) == cudaSuccess) {
+        if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
+        if (cb->blas) (void)cublasDestroy(cb->blas);
+        if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
+        if (cb->stage_dev) (void)cudaFree(cb->stage_dev);
+        if (cb->scratch) (void)cudaFree(cb->scratch);
+        if (cb->stream) (void)cudaStreamDestroy(cb->stream);
+    }
+    (void)cudaGetLastError();
+    free(cb);
+}
+
+static const dj_backend_vtbl cuda_vtbl = {
+    /* .name = */ "cuda",
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .upload = */ cuda_upload,
+    /* .download = */ cuda_download,
+    /* .compute = */ cuda_compute,
+    /* .sync = */ cuda_sync,
+    /* .destroy = */ cuda_destroy,
+};
+
+static dj_status cuda_init(dj_cuda_backend *cb) {
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    cudaDeviceProp prop;
+    DJ_CU(cb, cudaGetDeviceProperties(&prop, cb->device));
+    cb->n_sm = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    cb->smem_optin = prop.sharedMemPerBlockOptin;
+    DJ_CU(cb, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    DJ_CUBLAS(cb, cublasCreate(&cb->blas));
+    DJ_CUBLAS(cb, cublasSetStream(cb->blas, cb->stream));
+    DJ_CU(cb, cudaMallocHost((void **)&cb->stage_host, STAGE_INITIAL));
+    DJ_CU(cb, cudaMalloc((void **)&cb->stage_dev, STAGE_INITIAL));
+    cb->stage_cap = STAGE_INITIAL;
+    return DJ_OK;
+}
+
+extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
+    if (!out) return dj_fail(DJ_EINVAL, "cuda backend: NULL output pointer");
+    *out = NULL;
+    const int count = dj_cuda_device_count();
+    if (count == 0) return dj_fail(DJ_EDEVICE, "cuda:%d no CUDA device (no GPU or no driver)", device);
+    if (device < 0 || device >= count)
+        return dj_fail(DJ_EINVAL, "cuda backend: device %d outside [0, %d)", device, count);
+    dj_cuda_backend *cb = (dj_cuda_backend *)calloc(1, sizeof *cb);
+    if (!cb) return dj_fail(DJ_ENOMEM, "cuda backend: cannot allocate %zu bytes", sizeof *cb);
+    cb->base.vt = &cuda_vtbl;
+    cb->base.kv_dtype = DJ_DTYPE_BF16;
+    cb->base.act_dtype = DJ_DTYPE_BF16;
+    cb->device = device;
+    dj_status st = cuda_init(cb);
+    if (st != DJ_OK) goto fail;
+    *out = &cb->base;
+    return DJ_OK;
+fail:
+    cuda_destroy(&cb->base);
+    return st;
+}
+
+extern "C" void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    cb->attention_path = attention;
+    cb->matmul_path = matmul;
+}

@@ -1,0 +1,79 @@
+/* cuda_impl.h: private state of the CUDA backend, the error-check macros and
+ * the launchers its compute switch dispatches to (one .cu per kernel family). */
+#ifndef DJ_CUDA_IMPL_H
+#define DJ_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/dj_cuda.h"
+
+typedef struct dj_cuda_backend {
+    struct dj_backend base; /* must stay first */
+    int device;
+    int n_sm;                 /* streaming multiprocessors */
+    size_t smem_optin;        /* largest dynamic shared memory a block may opt into */
+    cudaStream_t stream;      /* every copy and kernel of this backend */
+    cublasHandle_t blas;      /* bound to stream */
+    /* Staging for host inputs (token ids, block tables): a pinned host buffer
+     * and a device buffer of the same size, bump-allocated between syncs. */
+    uint8_t *stage_host;      /* [stage_cap] pinned; owned */
+    uint8_t *stage_dev;       /* [stage_cap] device; owned */
+    size_t stage_cap, stage_off;
+    float *scratch;           /* [scratch_cap] device f32 (attention partials); owned */
+    size_t scratch_cap;       /* floats */
+    int attention_path;       /* dj__cuda_set_paths */
+    int matmul_path;
+} dj_cuda_backend;
+
+/* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
+dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, const char *msg);
+
+/* Checks a CUDA runtime call inside a function returning dj_status. */
+#define DJ_CU(cb, call)                                                                          \
+    do {                                                                                         \
+        cudaError_t dj_e_ = (call);                                                              \
+        if (dj_e_ != cudaSuccess)                                                                \
+            return dj__cuda_fail(DJ_EDEVICE, (cb)->device, __FILE__, __LINE__, cudaGetErrorString(dj_e_)); \
+    } while (0)
+
+/* Checks the launch just made. */
+#define DJ_CU_LAUNCHED(cb) DJ_CU(cb, cudaGetLastError())
+
+/* Checks a cuBLAS call. */
+#define DJ_CUBLAS(cb, call)                                                                      \
+    do {                                                                                         \
+        cublasStatus_t dj_s_ = (call);                                                           \
+        if (dj_s_ != CUBLAS_STATUS_SUCCESS)                                                      \
+            return dj__cuda_fail(DJ_EDEVICE, (cb)->device, __FILE__, __LINE__,                  \
+                                 cublasGetStatusString(dj_s_));                                  \
+    } while (0)
+
+/* Copies host bytes to the device through the staging buffers, ordered on
+ * the stream; *dev is valid for kernels enqueued before the next sync. */
+dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, const void **dev /* OUT */);
+/* Device f32 scratch of at least `floats`, valid until the next call. */
+dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out /* OUT */);
+
+/* Element loads and stores in f32. */
+static __device__ __forceinline__ float dj_ld(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+static __device__ __forceinline__ float dj_ld(const __half *p, size_t i) { return __half2float(p[i]); }
+static __device__ __forceinline__ float dj_ld(const float *p, size_t i) { return p[i]; }
+static __device__ __forceinline__ void dj_st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i] = v; }
+
+/* Launchers: the call has been validated by the compute switch. */
+dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);
+dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
+
+#endif

@@ -1,0 +1,251 @@
+/* cuda_matmul.cu: out[n,m] = x[n,k] @ w[m,k]^T + bias with bf16 x, weights in
+ * HF layout (no copies) and f32 accumulation:
+ *  - n <= 8 (decode): a GEMV kernel, one warp per weight row, 16-byte loads,
+ *    any weight dtype - bound by reading the weights once;
+ *  - bf16 weights, larger n: cublasGemmEx (tensor cores, CUBLAS_COMPUTE_32F);
+ *  - f16/f32 weights, larger n: a tiled f32 kernel (cuBLAS wants A and B of
+ *    one type, and the activations are bf16).
+ * out is bf16 (activations) or f32 (logits); bias of any float dtype. */
+#include <limits.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+#define GEMV_MAX_ROWS 8
+#define GEMV_WARPS 8
+
+/* Any float dtype at run time (bias). */
+static __device__ __forceinline__ float ld_any(const void *p, int t, size_t i) {
+    switch (t) {
+    case DJ_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case DJ_DTYPE_F16: return __half2float(((const __half *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+/* 8 consecutive 16-bit values (one 16-byte load) widened to f32. */
+static __device__ __forceinline__ void widen8(uint4 u, const __nv_bfloat16 *, float f[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+static __device__ __forceinline__ void widen8(uint4 u, const __half *, float f[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __half2 h;
+        memcpy(&h, &w[i], 4);
+        const float2 v = __half22float2(h);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+    }
+}
+
+/* Warp per weight row j; rows r < n of x (NR >= n, a compile-time bound). vec:
+ * 16-bit weights, k % 8 == 0 and 16-byte aligned x and w. */
+template <typename TW, typename TO, int NR>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_kernel(const __nv_bfloat16 *x, const TW *w, const void *bias, int bias_dtype, TO *out, uint32_t n,
+                uint32_t k, uint32_t m, bool vec) {
+    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (j >= m) return;
+    const TW *wr = w + (size_t)j * k;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    bool done = false;
+    if constexpr (sizeof(TW) == 2) {
+        if (vec) {
+#pragma unroll 4
+            for (uint32_t kk = lane * 8; kk < k; kk += 256) {
+                float wf[8];
+                widen8(*(const uint4 *)(wr + kk), wr, wf);
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    if ((uint32_t)r < n) {
+                        float xf[8];
+                        widen8(*(const uint4 *)(x + (size_t)r * k + kk), x, xf);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[r] += wf[e] * xf[e];
+                    }
+                }
+            }
+            done = true;
+        }
+    }
+    for (uint32_t kk = lane; !done && kk < k; kk += 32) {
+        const float wf = dj_ld(wr, kk);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if ((uint32_t)r < n) acc[r] += wf * __bfloat162float(x[(size_t)r * k + kk]);
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane == 0) {
+        const float b = bias ? ld_any(bias, bias_dtype, j) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j, acc[r] + b);
+    }
+}
+
+/* Tiled GEMM for weights cuBLAS cannot pair with bf16 x: a 64x64 output tile
+ * per block, 4x4 per thread, k in steps of 16 through shared memory. */
+#define TG 64
+#define TK 16
+template <typename TW, typename TO>
+static __global__ void __launch_bounds__(256)
+    gemm_tiled_kernel(const __nv_bfloat16 *x, const TW *w, const void *bias, int bias_dtype, TO *out, uint32_t n,
+                      uint32_t k, uint32_t m) {
+    __shared__ float xs[TG][TK + 1], ws[TG][TK + 1];
+    const uint32_t tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const uint32_t row0 = blockIdx.y * TG, col0 = blockIdx.x * TG;
+    float acc[4][4] = {};
+    for (uint32_t k0 = 0; k0 < k; k0 += TK) {
+        for (uint32_t e = threadIdx.x; e < TG * TK; e += blockDim.x) {
+            const uint32_t r = e / TK, c = e % TK, kk = k0 + c;
+            xs[r][c] = row0 + r < n && kk < k ? __bfloat162float(x[(size_t)(row0 + r) * k + kk]) : 0.0f;
+            ws[r][c] = col0 + r < m && kk < k ? dj_ld(w, (size_t)(col0 + r) * k + kk) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TK; kk++) {
+            float xv[4], wv[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) xv[a] = xs[ty + 16 * a][kk];
+#pragma unroll
+            for (int b = 0; b < 4; b++) wv[b] = ws[tx + 16 * b][kk];
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) acc[a][b] += xv[a] * wv[b];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const uint32_t r = row0 + ty + 16 * a;
+        if (r >= n) continue;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const uint32_t cidx = col0 + tx + 16 * b;
+            if (cidx < m) dj_st(out, (size_t)r * m + cidx, acc[a][b] + (bias ? ld_any(bias, bias_dtype, cidx) : 0.0f));
+        }
+    }
+}
+
+/* out[r, j] = acc[r, j] + bias[j], f32 accumulators to the output type. */
+template <typename TO>
+static __global__ void bias_out_kernel(const float *acc, const void *bias, int bias_dtype, TO *out, size_t count,
+                                       uint32_t m) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dj_st(out, i, acc[i] + ld_any(bias, bias_dtype, i % m));
+}
+
+/* ---- launchers ---- */
+
+template <typename TW, typename TO>
+static void launch_gemv(dj_cuda_backend *cb, const dj_op_call *c, TO *out) {
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)c->x;
+    const TW *w = (const TW *)c->w;
+    const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && ((uintptr_t)x | (uintptr_t)w) % 16 == 0;
+    const unsigned blocks = (c->m + GEMV_WARPS - 1) / GEMV_WARPS, threads = GEMV_WARPS * 32;
+    const int bt = (int)c->bias_dtype;
+    if (c->n == 1)
+        gemv_kernel<TW, TO, 1><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+    else if (c->n == 2)
+        gemv_kernel<TW, TO, 2><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+    else if (c->n <= 4)
+        gemv_kernel<TW, TO, 4><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+    else
+        gemv_kernel<TW, TO, 8><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+}
+
+template <typename TO>
+static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *c) {
+    TO *out = (TO *)c->out;
+    switch (c->w_dtype) {
+    case DJ_DTYPE_BF16: launch_gemv<__nv_bfloat16, TO>(cb, c, out); break;
+    case DJ_DTYPE_F16: launch_gemv<__half, TO>(cb, c, out); break;
+    default: launch_gemv<float, TO>(cb, c, out); break;
+    }
+}
+
+template <typename TO>
+static void launch_tiled(dj_cuda_backend *cb, const dj_op_call *c) {
+    const dim3 grid((c->m + TG - 1) / TG, (c->n + TG - 1) / TG);
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)c->x;
+    TO *out = (TO *)c->out;
+    const int bt = (int)c->bias_dtype;
+    switch (c->w_dtype) {
+    case DJ_DTYPE_BF16:
+        gemm_tiled_kernel<<<grid, 256, 0, cb->stream>>>(x, (const __nv_bfloat16 *)c->w, c->bias, bt, out, c->n,
+                                                        c->k, c->m);
+        break;
+    case DJ_DTYPE_F16:
+        gemm_tiled_kernel<<<grid, 256, 0, cb->stream>>>(x, (const __half *)c->w, c->bias, bt, out, c->n, c->k,
+                                                        c->m);
+        break;
+    default:
+        gemm_tiled_kernel<<<grid, 256, 0, cb->stream>>>(x, (const float *)c->w, c->bias, bt, out, c->n, c->k, c->m);
+        break;
+    }
+}
+
+/* bf16 weights through cuBLAS. Column-major view: out^T[m,n] = w[k,m]^T x^T[k,n].
+ * With a bias, cuBLAS writes f32 to scratch and one pass adds the bias and
+ * rounds once. */
+static dj_status gemm_cublas(dj_cuda_backend *cb, const dj_op_call *c) {
+    const float alpha = 1.0f, beta = 0.0f;
+    const int n = (int)c->n, k = (int)c->k, m = (int)c->m;
+    const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
+    void *dst = c->out;
+    if (c->bias) {
+        float *acc = NULL;
+        dj_status st = dj__cuda_scratch(cb, (size_t)c->n * c->m, &acc);
+        if (st != DJ_OK) return st;
+        dst = acc;
+    }
+    const cudaDataType_t dt = c->bias || f32_out ? CUDA_R_32F : CUDA_R_16BF;
+    DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, c->w, CUDA_R_16BF, k, c->x,
+                               CUDA_R_16BF, k, &beta, dst, dt, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (c->bias) {
+        const size_t count = (size_t)c->n * c->m;
+        size_t blocks = (count + 255) / 256, cap = (size_t)cb->n_sm * 16;
+        if (blocks > cap) blocks = cap;
+        if (f32_out)
+            bias_out_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>((const float *)dst, c->bias,
+                                                                      (int)c->bias_dtype, (float *)c->out, count, c->m);
+        else
+            bias_out_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>(
+                (const float *)dst, c->bias, (int)c->bias_dtype, (__nv_bfloat16 *)c->out, count, c->m);
+        DJ_CU_LAUNCHED(cb);
+    }
+    return DJ_OK;
+}
+
+dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
+    const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
+    const bool gemv = cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS
+                                           : cb->matmul_path != 2 && c->n <= GEMV_MAX_ROWS;
+    if (gemv) {
+        if (f32_out)
+            launch_gemv_any<float>(cb, c);
+        else
+            launch_gemv_any<__nv_bfloat16>(cb, c);
+        DJ_CU_LAUNCHED(cb);
+        return DJ_OK;
+    }
+    if (c->w_dtype == DJ_DTYPE_BF16) return gemm_cublas(cb, c);
+    if (f32_out)
+        launch_tiled<float>(cb, c);
+    else
+        launch_tiled<__nv_bfloat16>(cb, c);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}

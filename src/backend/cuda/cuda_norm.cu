@@ -1,0 +1,49 @@
+/* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row, the sum
+ * of squares reduced in f32, out = w * (x * rsqrt(mean(x^2) + eps)) in bf16. */
+#include "backend/cuda/cuda_impl.h"
+
+#define NORM_THREADS 256
+
+template <typename TW>
+static __global__ void rmsnorm_kernel(const __nv_bfloat16 *x, const TW *w, __nv_bfloat16 *out, uint32_t d,
+                                      float eps) {
+    __shared__ float part[NORM_THREADS / 32];
+    __shared__ float inv_rms;
+    const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
+    __nv_bfloat16 *orow = out + (size_t)blockIdx.x * d;
+    float s = 0.0f;
+    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = __bfloat162float(xr[j]);
+        s += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (unsigned i = 0; i < blockDim.x / 32; i++) t += part[i];
+        inv_rms = 1.0f / sqrtf(t / (float)d + eps);
+    }
+    __syncthreads();
+    const float r = inv_rms;
+    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x)
+        orow[j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(xr[j]) * r));
+}
+
+dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)c->x;
+    __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
+    switch (c->w_dtype) {
+    case DJ_DTYPE_BF16:
+        rmsnorm_kernel<<<c->n, NORM_THREADS, 0, cb->stream>>>(x, (const __nv_bfloat16 *)c->w, out, c->d, c->eps);
+        break;
+    case DJ_DTYPE_F16:
+        rmsnorm_kernel<<<c->n, NORM_THREADS, 0, cb->stream>>>(x, (const __half *)c->w, out, c->d, c->eps);
+        break;
+    default:
+        rmsnorm_kernel<<<c->n, NORM_THREADS, 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps);
+        break;
+    }
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}

@@ -1,0 +1,595 @@
+/* gpu_check.c: every CUDA backend op against the CPU backend on fresh random
+ * inputs (bf16 for the GPU, the same bf16-rounded values as f32 for the CPU),
+ * by normalised error max|gpu-cpu|/max|cpu|; --bench times the hot kernels.
+ * Needs a GPU: built with -DDJ_CUDA=ON, run by scripts/gpu_check.sh, not ctest. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "djinn/backend.h"
+#include "djinn/dj_cuda.h"
+#include "djinn/dtype.h"
+#include "testutil.h"
+
+#define TOL 1e-2 /* bf16 activations: 2^-8 relative rounding, f32 accumulation */
+
+static dj_backend_t *cpu, *gpu;
+static int n_rows, n_fail;
+
+/* ---- helpers ---- */
+
+static void die(const char *what) {
+    fprintf(stderr, "gpu_check: %s: %s\n", what, dj_last_error());
+    exit(2);
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "gpu_check: out of host memory (%zu bytes)\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+static void *dalloc(size_t bytes) {
+    void *p = NULL;
+    if (gpu->vt->alloc(gpu, bytes, &p) != DJ_OK) die("device alloc");
+    return p;
+}
+
+static void dfree(void *p) { gpu->vt->free(gpu, p); }
+
+static void up(void *dev, const void *host, size_t bytes) {
+    if (gpu->vt->upload(gpu, dev, host, bytes) != DJ_OK) die("upload");
+}
+
+static void down(void *host, const void *dev, size_t bytes) {
+    if (gpu->vt->download(gpu, host, dev, bytes) != DJ_OK) die("download");
+}
+
+/* Device copy of a host buffer. */
+static void *dcopy(const void *host, size_t bytes) {
+    void *d = dalloc(bytes);
+    up(d, host, bytes);
+    return d;
+}
+
+/* All bits set: NaN in f32 and in bf16. */
+static void poison(void *dev, size_t bytes) {
+    void *h = xmalloc(bytes);
+    memset(h, 0xff, bytes);
+    up(dev, h, bytes);
+    free(h);
+}
+
+/* count random values in [lo, hi) rounded to bf16: bits in bf, values in f. */
+static void rand_bf16(uint16_t *bf, float *f, size_t count, float lo, float hi) {
+    for (size_t i = 0; i < count; i++) {
+        bf[i] = dj_f32_to_bf16(dj_test_randf(lo, hi));
+        f[i] = dj_bf16_to_f32(bf[i]);
+    }
+}
+
+/* A weight of dtype t: bytes in w (host, the CPU reads them as they are). */
+static void *rand_weight(dj_dtype t, size_t count, float lo, float hi) {
+    void *w = xmalloc(count * dj_dtype_size(t));
+    for (size_t i = 0; i < count; i++) {
+        const float v = dj_test_randf(lo, hi);
+        if (t == DJ_DTYPE_F32) ((float *)w)[i] = v;
+        else if (t == DJ_DTYPE_F16) ((uint16_t *)w)[i] = dj_f32_to_f16(v);
+        else ((uint16_t *)w)[i] = dj_f32_to_bf16(v);
+    }
+    return w;
+}
+
+static float *falloc(size_t count) { return xmalloc(count * sizeof(float)); }
+static uint16_t *halloc(size_t count) { return xmalloc(count * sizeof(uint16_t)); }
+
+/* GPU result (dtype t, count elements) against the CPU's; prints one row. */
+static void compare(const char *op, const char *shape, const void *gpu_out, dj_dtype t, const float *ref,
+                    size_t count) {
+    float *g = falloc(count);
+    if (t == DJ_DTYPE_F32) {
+        down(g, gpu_out, count * sizeof(float));
+    } else {
+        uint16_t *h = halloc(count);
+        down(h, gpu_out, count * sizeof(uint16_t));
+        for (size_t i = 0; i < count; i++) g[i] = dj_bf16_to_f32(h[i]);
+        free(h);
+    }
+    double maxd = 0.0, maxr = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        const double d = fabs((double)g[i] - (double)ref[i]);
+        if (!(d <= maxd)) maxd = d; /* NaN sticks */
+        if (fabs((double)ref[i]) > maxr) maxr = fabs((double)ref[i]);
+    }
+    const double err = maxr > 0.0 ? maxd / maxr : maxd;
+    const int ok = err <= TOL; /* false for NaN */
+    n_rows++;
+    n_fail += !ok;
+    printf("%-10s %-52s %10.3e  %s\n", op, shape, err, ok ? "pass" : "FAIL");
+    free(g);
+}
+
+/* A status check that is a table row of its own. */
+static void expect(const char *op, const char *what, dj_status got, dj_status want) {
+    const int ok = got == want;
+    n_rows++;
+    n_fail += !ok;
+    printf("%-10s %-52s %10s  %s\n", op, what, dj_status_name(got), ok ? "pass" : "FAIL");
+    if (!ok) printf("           want %s; detail: %s\n", dj_status_name(want), dj_last_error());
+}
+
+static void run_both(const dj_op_call *cc, const dj_op_call *gc, const char *op) {
+    if (dj_backend_compute(cpu, cc) != DJ_OK) die(op);
+    if (dj_backend_compute(gpu, gc) != DJ_OK) die(op);
+    if (gpu->vt->sync(gpu) != DJ_OK) die(op);
+}
+
+/* ---- ops ---- */
+
+static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t) {
+    void *tab = rand_weight(t, (size_t)vocab * d, -1.0f, 1.0f);
+    int32_t *ids = xmalloc(n * sizeof *ids);
+    for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(dj_test_rand() % vocab);
+    ids[0] = (int32_t)vocab - 1;
+    float *ref = falloc((size_t)n * d);
+    void *dtab = dcopy(tab, (size_t)vocab * d * dj_dtype_size(t)), *dout = dalloc((size_t)n * d * 2);
+    poison(dout, (size_t)n * d * 2);
+    dj_op_call cc = {.op = DJ_OP_EMBED, .n = n, .out = ref, .w = tab, .w_dtype = t, .ids = ids, .d = d, .m = vocab};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.w = dtab;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    run_both(&cc, &gc, "embed");
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u d=%u vocab=%u table=%s", n, d, vocab, dj_dtype_name(t));
+    compare("EMBED", shape, dout, DJ_DTYPE_BF16, ref, (size_t)n * d);
+    ids[n - 1] = (int32_t)vocab;
+    expect("EMBED", "id == vocab", dj_backend_compute(gpu, &gc), DJ_ERANGE);
+    dfree(dtab);
+    dfree(dout);
+    free(tab);
+    free(ids);
+    free(ref);
+}
+
+static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t) {
+    const size_t count = (size_t)n * d;
+    uint16_t *xb = halloc(count);
+    float *xf = falloc(count), *ref = falloc(count);
+    rand_bf16(xb, xf, count, -2.0f, 2.0f);
+    void *w = rand_weight(t, d, 0.5f, 1.5f);
+    void *dx = dcopy(xb, count * 2), *dw = dcopy(w, d * dj_dtype_size(t)), *dout = dalloc(count * 2);
+    poison(dout, count * 2);
+    dj_op_call cc = {.op = DJ_OP_RMSNORM, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = t, .d = d, .eps = 1e-5f};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.w = dw;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    run_both(&cc, &gc, "rmsnorm");
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s", n, d, dj_dtype_name(t));
+    compare("RMSNORM", shape, dout, DJ_DTYPE_BF16, ref, count);
+    dfree(dx);
+    dfree(dw);
+    dfree(dout);
+    free(xb);
+    free(xf);
+    free(ref);
+    free(w);
+}
+
+/* path: 0 automatic, 1 GEMV, 2 GEMM (cuBLAS or tiled). */
+static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bias, dj_dtype out_t, int path) {
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k), *ref = falloc((size_t)n * m);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    const float ws = 1.0f / sqrtf((float)k);
+    void *w = rand_weight(wt, (size_t)m * k, -ws, ws);
+    void *b = bias ? rand_weight(wt, m, -0.5f, 0.5f) : NULL;
+    const size_t osz = (size_t)n * m * dj_dtype_size(out_t);
+    void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dcopy(w, (size_t)m * k * dj_dtype_size(wt)), *dout = dalloc(osz);
+    void *db = b ? dcopy(b, m * dj_dtype_size(wt)) : NULL;
+    poison(dout, osz);
+    dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = wt, .bias = b,
+                     .bias_dtype = wt, .k = k, .m = m};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.w = dw;
+    gc.bias = db;
+    gc.out_dtype = out_t;
+    dj__cuda_set_paths(gpu, 0, path);
+    run_both(&cc, &gc, "matmul");
+    dj__cuda_set_paths(gpu, 0, 0);
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u w=%s%s out=%s%s", n, k, m, dj_dtype_name(wt), bias ? "+bias" : "",
+             dj_dtype_name(out_t), path == 1 ? " [gemv]" : path == 2 ? " [gemm]" : "");
+    compare("MATMUL", shape, dout, out_t, ref, (size_t)n * m);
+    dfree(dx);
+    dfree(dw);
+    dfree(dout);
+    dfree(db);
+    free(xb);
+    free(xf);
+    free(ref);
+    free(w);
+    free(b);
+}
+
+static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace) {
+    const size_t count = (size_t)n * nh * hd;
+    uint16_t *xb = halloc(count);
+    float *xf = falloc(count), *ref = falloc(count), *inv = falloc(hd / 2);
+    rand_bf16(xb, xf, count, -2.0f, 2.0f);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(theta, -2.0 * j / hd);
+    void *dx = dcopy(xb, count * 2), *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    void *dout = inplace ? dx : dalloc(count * 2);
+    if (!inplace) poison(dout, count * 2);
+    dj_op_call cc = {.op = DJ_OP_ROPE, .n = n, .out = ref, .x = xf, .inv_freq = inv, .pos0 = pos0, .n_heads = nh,
+                     .head_dim = hd, .scale = scale};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.inv_freq = dinv;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    run_both(&cc, &gc, "rope");
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u heads=%u hd=%u pos0=%u theta=%g scale=%g%s", n, nh, hd, pos0, (double)theta,
+             (double)scale, inplace ? " in-place" : "");
+    compare("ROPE", shape, dout, DJ_DTYPE_BF16, ref, count);
+    dfree(dx);
+    if (!inplace) dfree(dout);
+    dfree(dinv);
+    free(xb);
+    free(xf);
+    free(ref);
+    free(inv);
+}
+
+static void check_elementwise(dj_op op, uint32_t n, uint32_t d) {
+    const size_t count = (size_t)n * d;
+    uint16_t *ab = halloc(count), *bb = halloc(count);
+    float *af = falloc(count), *bf = falloc(count), *ref = falloc(count);
+    rand_bf16(ab, af, count, -4.0f, 4.0f);
+    rand_bf16(bb, bf, count, -4.0f, 4.0f);
+    void *da = dcopy(ab, count * 2), *db = dcopy(bb, count * 2), *dout = dalloc(count * 2);
+    poison(dout, count * 2);
+    dj_op_call cc = {.op = op, .n = n, .out = ref, .x = af, .x2 = bf, .d = d};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = da;
+    gc.x2 = db;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    run_both(&cc, &gc, dj_op_name(op));
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u d=%u", n, d);
+    compare(op == DJ_OP_ADD ? "ADD" : "SILU_MUL", shape, dout, DJ_DTYPE_BF16, ref, count);
+    dfree(da);
+    dfree(db);
+    dfree(dout);
+    free(ab);
+    free(bb);
+    free(af);
+    free(bf);
+    free(ref);
+}
+
+/* K/V for positions [0, ctx) in pages of both backends, the same shuffled
+ * block table (plus two spare pages the table never names). */
+typedef struct kv_pair {
+    dj_kv_view cv, gv;      /* CPU (f32) and GPU (bf16) views */
+    uint32_t *table;        /* [n_blocks] */
+    uint32_t n_pages;
+    void *gseg;             /* device */
+} kv_pair;
+
+static void kv_pair_init(kv_pair *p, uint32_t ctx, uint32_t tpp, uint32_t kv_dim) {
+    const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
+    p->n_pages = n_blocks + 2;
+    p->table = xmalloc(p->n_pages * sizeof(uint32_t));
+    for (uint32_t i = 0; i < p->n_pages; i++) p->table[i] = i;
+    for (uint32_t i = p->n_pages - 1; i > 0; i--) { /* Fisher-Yates */
+        const uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = p->table[i];
+        p->table[i] = p->table[j];
+        p->table[j] = t;
+    }
+    const size_t cpage = 2u * tpp * kv_dim * sizeof(float) + 64, gpage = 2u * tpp * kv_dim * 2 + 64;
+    uint8_t *cseg = xmalloc(cpage * p->n_pages);
+    memset(cseg, 0xff, cpage * p->n_pages);
+    p->gseg = dalloc(gpage * p->n_pages);
+    poison(p->gseg, gpage * p->n_pages);
+    p->cv = (dj_kv_view){.seg_base = cseg, .page_bytes = cpage, .block_table = p->table, .n_blocks = n_blocks,
+                         .tokens_per_page = tpp, .kv_dim = kv_dim, .dtype = DJ_DTYPE_F32};
+    p->gv = p->cv;
+    p->gv.seg_base = p->gseg;
+    p->gv.page_bytes = gpage;
+    p->gv.dtype = DJ_DTYPE_BF16;
+}
+
+static void kv_pair_free(kv_pair *p) {
+    free(p->cv.seg_base);
+    dfree(p->gseg);
+    free(p->table);
+}
+
+/* KV_WRITE rows [from, to) on both backends. */
+static void kv_fill(kv_pair *p, uint32_t from, uint32_t to) {
+    const size_t count = (size_t)(to - from) * p->cv.kv_dim;
+    uint16_t *kb = halloc(count), *vb = halloc(count);
+    float *kf = falloc(count), *vf = falloc(count);
+    rand_bf16(kb, kf, count, -1.0f, 1.0f);
+    rand_bf16(vb, vf, count, -1.0f, 1.0f);
+    void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
+    dj_op_call cc = {.op = DJ_OP_KV_WRITE, .n = to - from, .x = kf, .x2 = vf, .kv = &p->cv, .pos0 = from};
+    dj_op_call gc = cc;
+    gc.x = dk;
+    gc.x2 = dv;
+    gc.kv = &p->gv;
+    run_both(&cc, &gc, "kv_write");
+    dfree(dk);
+    dfree(dv);
+    free(kb);
+    free(vb);
+    free(kf);
+    free(vf);
+}
+
+/* Every written K/V row of the GPU pages against the CPU's; the spare pages
+ * must still hold the poison. */
+static void check_kv_pages(const kv_pair *p, uint32_t ctx, const char *shape) {
+    const uint32_t tpp = p->cv.tokens_per_page, kvd = p->cv.kv_dim;
+    uint16_t *g = halloc(p->gv.page_bytes / 2 * p->n_pages);
+    down(g, p->gseg, p->gv.page_bytes * p->n_pages);
+    float *gf = falloc((size_t)ctx * kvd * 2), *cf = falloc((size_t)ctx * kvd * 2);
+    for (uint32_t t = 0; t < ctx; t++)
+        for (int kv = 0; kv < 2; kv++) {
+            const size_t row = (size_t)(kv ? tpp + t % tpp : t % tpp) * kvd;
+            const uint16_t *gs = g + p->table[t / tpp] * (p->gv.page_bytes / 2) + row;
+            const float *cs = (const float *)(const void *)(p->cv.seg_base + p->table[t / tpp] * p->cv.page_bytes) + row;
+            for (uint32_t e = 0; e < kvd; e++) {
+                gf[((size_t)t * 2 + kv) * kvd + e] = dj_bf16_to_f32(gs[e]);
+                cf[((size_t)t * 2 + kv) * kvd + e] = cs[e];
+            }
+        }
+    double maxd = 0.0, maxr = 0.0;
+    for (size_t i = 0; i < (size_t)ctx * kvd * 2; i++) {
+        const double d = fabs((double)gf[i] - (double)cf[i]);
+        if (!(d <= maxd)) maxd = d;
+        if (fabs((double)cf[i]) > maxr) maxr = fabs((double)cf[i]);
+    }
+    size_t stray = 0;
+    for (uint32_t pg = p->cv.n_blocks; pg < p->n_pages; pg++)
+        for (size_t e = 0; e < p->gv.page_bytes / 2; e++) stray += g[p->table[pg] * (p->gv.page_bytes / 2) + e] != 0xffff;
+    const double err = maxd / maxr;
+    const int ok = err == 0.0 && stray == 0; /* a copy: exact */
+    n_rows++;
+    n_fail += !ok;
+    printf("%-10s %-52s %10.3e  %s%s\n", "KV_WRITE", shape, err, ok ? "pass" : "FAIL",
+           stray ? " (writes outside the mapped pages)" : "");
+    free(g);
+    free(gf);
+    free(cf);
+}
+
+/* n query rows at positions pos0.. over a context written in two KV_WRITE
+ * calls ([0, pos0) and [pos0, pos0+n)); each attention path in turn. */
+static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                            uint32_t window) {
+    const uint32_t ctx = pos0 + n, kvd = nkv * hd;
+    kv_pair p;
+    kv_pair_init(&p, ctx, tpp, kvd);
+    if (pos0) kv_fill(&p, 0, pos0);
+    kv_fill(&p, pos0, ctx);
+    char shape[96];
+    snprintf(shape, sizeof shape, "ctx=%u pos0=%u n=%u kv_dim=%u tpp=%u pages=%u", ctx, pos0, n, kvd, tpp,
+             p.n_pages);
+    check_kv_pages(&p, ctx, shape);
+
+    const size_t count = (size_t)n * nh * hd;
+    uint16_t *qb = halloc(count);
+    float *qf = falloc(count), *ref = falloc(count);
+    rand_bf16(qb, qf, count, -2.0f, 2.0f);
+    void *dq = dcopy(qb, count * 2), *dout = dalloc(count * 2);
+    dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
+                     .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention (cpu)");
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dq;
+    gc.kv = &p.gv;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    static const char *paths[] = {"auto", "decode", "prefill"};
+    for (int path = 0; path < 3; path++) {
+        poison(dout, count * 2);
+        dj__cuda_set_paths(gpu, path, 0);
+        if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
+        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s]", n, pos0, nh, nkv, hd, tpp,
+                 window, paths[path]);
+        compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
+    }
+    dj__cuda_set_paths(gpu, 0, 0);
+    dfree(dq);
+    dfree(dout);
+    free(qb);
+    free(qf);
+    free(ref);
+    kv_pair_free(&p);
+}
+
+static void check_errors(void) {
+    uint16_t h[64] = {0};
+    void *d = dcopy(h, sizeof h), *w = dcopy(h, sizeof h);
+    dj_op_call c = {.op = DJ_OP_RMSNORM, .n = 1, .out = d, .x = w, .w = w, .w_dtype = DJ_DTYPE_BF16, .d = 8,
+                    .out_dtype = DJ_DTYPE_F32};
+    expect("RMSNORM", "out_dtype f32 (only MATMUL may write f32)", dj_backend_compute(gpu, &c), DJ_EINVAL);
+    uint32_t table[1] = {0};
+    dj_kv_view kv = {.seg_base = d, .page_bytes = 128, .block_table = table, .n_blocks = 1, .tokens_per_page = 4,
+                     .kv_dim = 8, .dtype = DJ_DTYPE_F32};
+    dj_op_call kw = {.op = DJ_OP_KV_WRITE, .n = 1, .x = w, .x2 = w, .kv = &kv};
+    expect("KV_WRITE", "f32 K/V view", dj_backend_compute(gpu, &kw), DJ_EINVAL);
+    kv.dtype = DJ_DTYPE_BF16;
+    kw.pos0 = 4;
+    expect("KV_WRITE", "position past the mapped blocks", dj_backend_compute(gpu, &kw), DJ_ERANGE);
+    expect("SYNC", "after rejected calls", gpu->vt->sync(gpu), DJ_OK);
+    dfree(d);
+    dfree(w);
+}
+
+/* ---- timings ---- */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per call of c on the GPU (warm-up, then iters calls, one sync). */
+static double time_call(const dj_op_call *c, int iters) {
+    for (int i = 0; i < 3; i++)
+        if (dj_backend_compute(gpu, c) != DJ_OK) die("bench");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("bench sync");
+    const double t0 = now();
+    for (int i = 0; i < iters; i++)
+        if (dj_backend_compute(gpu, c) != DJ_OK) die("bench");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("bench sync");
+    return (now() - t0) / iters;
+}
+
+static void *dev_random_bf16(size_t count, float scale) {
+    uint16_t *h = halloc(count);
+    for (size_t i = 0; i < count; i++) h[i] = dj_f32_to_bf16(dj_test_randf(-scale, scale));
+    void *d = dcopy(h, count * 2);
+    free(h);
+    return d;
+}
+
+static void bench_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
+    void *x = dev_random_bf16((size_t)n * k, 1.0f), *w = dev_random_bf16((size_t)m * k, 0.02f);
+    void *out = dalloc((size_t)n * m * 2);
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = out, .x = x, .w = w, .w_dtype = DJ_DTYPE_BF16, .k = k, .m = m,
+                    .out_dtype = DJ_DTYPE_BF16};
+    const double s = time_call(&c, iters);
+    const double wbytes = (double)m * k * 2, flops = 2.0 * n * k * m;
+    printf("bench matmul bf16 %ux%ux%u: %9.1f us  %7.1f GB/s of weights  %7.2f TFLOP/s\n", n, k, m, s * 1e6,
+           wbytes / s / 1e9, flops / s / 1e12);
+    dfree(x);
+    dfree(w);
+    dfree(out);
+}
+
+static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int iters) {
+    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2)); /* 64 KiB pages */
+    const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
+    const size_t page = 65536;
+    uint32_t *table = xmalloc(n_blocks * sizeof *table);
+    for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
+    void *seg = dev_random_bf16(page / 2 * n_blocks, 1.0f);
+    void *q = dev_random_bf16((size_t)n * nh * hd, 1.0f), *out = dalloc((size_t)n * nh * hd * 2);
+    dj_kv_view kv = {.seg_base = seg, .page_bytes = page, .block_table = table, .n_blocks = n_blocks,
+                     .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+    dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
+                    .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
+    const double s = time_call(&c, iters);
+    printf("bench attention n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V\n", n, ctx, nh, nkv, hd, s * 1e6,
+           2.0 * ctx * kvd * 2 / s / 1e9);
+    dfree(seg);
+    dfree(q);
+    dfree(out);
+    free(table);
+}
+
+static void bench(void) {
+    bench_matmul(1, 4096, 14336, 200);  /* decode: weight bandwidth */
+    bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
+    bench_attention(1, 512, 32, 8, 128, 200);
+    bench_attention(1, 4096, 32, 8, 128, 200);
+    bench_attention(512, 512, 32, 8, 128, 10);
+}
+
+/* ---- main ---- */
+
+int main(int argc, char **argv) {
+    int device = 0, do_bench = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--bench") == 0) {
+            do_bench = 1;
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            device = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: gpu_check [--device N] [--bench]\n");
+            return 2;
+        }
+    }
+    const int count = dj_cuda_device_count();
+    if (count == 0) {
+        fprintf(stderr, "gpu_check: no CUDA device\n");
+        return 2;
+    }
+    char name[256];
+    if (dj_cuda_device_name(device, name, sizeof name) != DJ_OK) die("device name");
+    printf("device %d of %d: %s\n", device, count, name);
+    dj_test_seed();
+    if (dj_backend_cpu_new(0, &cpu) != DJ_OK) die("cpu backend");
+    if (dj_backend_cuda_new(device, &gpu) != DJ_OK) die("cuda backend");
+
+    printf("%-10s %-52s %10s  %s\n", "op", "shape", "error", "result");
+    static const dj_dtype fts[] = {DJ_DTYPE_BF16, DJ_DTYPE_F16, DJ_DTYPE_F32};
+    for (int t = 0; t < 3; t++) check_embed(37, 333, 1001, fts[t]);
+    check_embed(1, 4096, 32000, DJ_DTYPE_BF16);
+    for (int t = 0; t < 3; t++) check_rmsnorm(37, 4096, fts[t]);
+    check_rmsnorm(1, 37, DJ_DTYPE_BF16);
+    check_rmsnorm(5, 5120, DJ_DTYPE_F32);
+
+    check_matmul(1, 4096, 1000, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 0);
+    check_matmul(1, 37, 65, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 0);
+    check_matmul(3, 200, 129, DJ_DTYPE_F16, 0, DJ_DTYPE_BF16, 0);
+    check_matmul(8, 256, 77, DJ_DTYPE_F32, 1, DJ_DTYPE_BF16, 0);
+    check_matmul(5, 512, 300, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 0);
+    check_matmul(37, 1000, 333, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 0);
+    check_matmul(37, 256, 130, DJ_DTYPE_F16, 0, DJ_DTYPE_BF16, 0);
+    check_matmul(37, 96, 77, DJ_DTYPE_F32, 1, DJ_DTYPE_BF16, 0);
+    check_matmul(64, 2048, 512, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 0);
+    check_matmul(1, 1024, 5003, DJ_DTYPE_BF16, 0, DJ_DTYPE_F32, 0);
+    check_matmul(1, 1024, 5003, DJ_DTYPE_F16, 0, DJ_DTYPE_F32, 0);
+    check_matmul(37, 512, 300, DJ_DTYPE_BF16, 1, DJ_DTYPE_F32, 0);
+    check_matmul(37, 512, 300, DJ_DTYPE_F32, 0, DJ_DTYPE_F32, 0);
+    check_matmul(1, 4096, 1000, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 2);
+    check_matmul(3, 4096, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 2);
+    check_matmul(8, 4096, 1000, DJ_DTYPE_BF16, 1, DJ_DTYPE_F32, 1);
+
+    check_rope(1, 32, 128, 4095, 10000.0f, 1.0f, 0);
+    check_rope(37, 8, 64, 0, 10000.0f, 1.0f, 1);
+    check_rope(37, 2, 128, 100000, 500000.0f, 1.3f, 0);
+    check_rope(3, 5, 80, 7, 10000.0f, 1.0f, 1);
+
+    check_elementwise(DJ_OP_SILU_MUL, 1, 14336);
+    check_elementwise(DJ_OP_SILU_MUL, 37, 333);
+    check_elementwise(DJ_OP_ADD, 1, 4096);
+    check_elementwise(DJ_OP_ADD, 37, 1001);
+
+    /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
+    check_attention(1, 4095, 32, 8, 128, 16, 0);   /* decode, long context, GQA 4:1 */
+    check_attention(1, 1000, 8, 1, 64, 7, 0);      /* MQA, odd page size */
+    check_attention(3, 37, 8, 2, 64, 16, 0);       /* GQA 8:2, a few rows */
+    check_attention(1, 2000, 8, 2, 128, 16, 256);  /* sliding window */
+    check_attention(37, 0, 8, 2, 128, 16, 0);      /* prefill from empty */
+    check_attention(37, 100, 8, 2, 64, 5, 50);     /* prefill after context, window */
+    check_attention(64, 5, 4, 1, 128, 32, 0);      /* MQA prefill */
+    check_attention(37, 10, 4, 2, 256, 8, 0);      /* head_dim 256 */
+    check_attention(1, 300, 4, 2, 256, 8, 0);
+    check_attention(5, 40, 4, 4, 80, 16, 0);       /* head_dim 80: partial lanes */
+    check_attention(200, 300, 8, 2, 128, 16, 0);   /* longer prefill chunk */
+    check_errors();
+
+    printf("%d checks, %d failed\n", n_rows, n_fail);
+    if (do_bench) bench();
+    dj_backend_free(gpu);
+    dj_backend_free(cpu);
+    return n_fail ? 1 : 0;
+}
