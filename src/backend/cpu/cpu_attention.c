@@ -11,26 +11,6 @@
 /* Key positions scored at once, within one page. */
 #define SCORE_BLOCK 64
 
-static inline float dot(const float *a, const float *b, uint32_t len) {
-    uint32_t i = 0;
-    float s = 0.0f;
-#ifdef __AVX2__
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (; i + 16 <= len; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
-    }
-    for (; i + 8 <= len; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-    a0 = _mm256_add_ps(a0, a1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    s = _mm_cvtss_f32(h);
-#endif
-    for (; i < len; i++) s += a[i] * b[i];
-    return s;
-}
-
 /* acc[i] += v[i] * b */
 static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
     uint32_t i = 0;
@@ -61,7 +41,7 @@ static void attend_one(const dj_kv_view *kv, const float *q, float *o, uint32_t 
         const float *vb = page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
         float bmax = -INFINITY;
         for (uint32_t j = 0; j < len; j++) {
-            s[j] = dot(q, kb + (size_t)j * kvd, hd) * scale;
+            s[j] = dj__cpu_dot(q, kb + (size_t)j * kvd, hd) * scale;
             if (s[j] > bmax) bmax = s[j];
         }
         if (bmax > run_max) {

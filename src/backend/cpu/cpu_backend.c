@@ -108,23 +108,24 @@ static dj_status op_embed(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
-static float sum_squares(const float *x, uint32_t d) {
-    uint32_t j = 0;
+/* sum of a[i]*b[i], 8-wide FMA lanes where AVX2 is there */
+float dj__cpu_dot(const float *a, const float *b, uint32_t len) {
+    uint32_t i = 0;
     float s = 0.0f;
 #ifdef __AVX2__
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (; j + 16 <= d; j += 16) {
-        __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + 8);
-        a0 = _mm256_fmadd_ps(v0, v0, a0);
-        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    for (; i + 16 <= len; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
     }
+    for (; i + 8 <= len; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
     a0 = _mm256_add_ps(a0, a1);
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     s = _mm_cvtss_f32(h);
 #endif
-    for (; j < d; j++) s += x[j] * x[j];
+    for (; i < len; i++) s += a[i] * b[i];
     return s;
 }
 
@@ -136,7 +137,7 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
     for (uint32_t i = 0; i < n; i++) {
         const float *x = (const float *)c->x + (size_t)i * d;
         float *o = (float *)c->out + (size_t)i * d;
-        const float r = 1.0f / sqrtf(sum_squares(x, d) / (float)d + c->eps);
+        const float r = 1.0f / sqrtf(dj__cpu_dot(x, x, d) / (float)d + c->eps);
         float wbuf[CHUNK];
         for (uint32_t j0 = 0; j0 < d; j0 += CHUNK) {
             uint32_t len = d - j0 < CHUNK ? d - j0 : CHUNK;

@@ -25,6 +25,7 @@ typedef struct dj_cpu_backend {
 void dj__cpu_set_tile_rows(dj_backend_t *be, uint32_t rows);
 
 /* dst[0..count) = src converted to f32; src of dtype f32/f16/bf16. */
+float dj__cpu_dot(const float *a, const float *b, uint32_t len);
 void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
 
 /* Kernels; the call has been validated by the compute switch. */
