@@ -134,7 +134,8 @@ def encode_stream(tok, docs):
     from array import array
     ids = array("i")
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-    for enc in tok.encode_batch(docs, add_special_tokens=False):
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast: no offsets, less memory
+    for enc in encode(docs, add_special_tokens=False):
         ids.append(bos)
         ids.extend(enc.ids)
         ids.append(eos)
@@ -233,12 +234,14 @@ def main():
     held_t = torch.frombuffer(held_ids, dtype=torch.int32).long()
     ctx = args.ctx
     n_win = (held_t.numel() - 1) // ctx
+    if n_win == 0:
+        raise SystemExit(f"held-out set too small: {held_t.numel()} tokens for {ctx}-token windows")
     held_windows = torch.stack([held_t[i * ctx:i * ctx + ctx + 1] for i in range(n_win)]).to(dev)
 
     # 3. model and training
     cfg_kw = dict(MODEL, max_position_embeddings=ctx)
     cfg = LlamaConfig(**cfg_kw)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).to(dev)
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32).to(dev)  # SDPA attention
     n_params = sum(p.numel() for p in model.parameters())
     if n_params != param_count(cfg_kw):
         raise SystemExit(f"parameter count {n_params} != expected {param_count(cfg_kw)}")
@@ -329,7 +332,7 @@ def main():
     del model, fwd, opt
 
     # Final numbers from the weights as stored: fp32, eager attention.
-    ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32, attn_implementation="eager")
+    ref = AutoModelForCausalLM.from_pretrained(args.out, torch_dtype=torch.float32, attn_implementation="eager")
     ref.eval()
     final_loss = held_out_loss(ref.to(dev), held_windows, 64, False)
     ref.to("cpu")
@@ -342,10 +345,11 @@ def main():
             entry = {"prompt": prompt}
             for mode in ("greedy", "sampled"):
                 torch.manual_seed(args.seed + i)
-                kw = dict(do_sample=False) if mode == "greedy" else dict(do_sample=True, temperature=0.8,
-                                                                         top_p=0.95)
-                out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=SAMPLE_TOKENS,
-                                   pad_token_id=1, eos_token_id=1, **kw)
+                gc = GenerationConfig(**dict(GENERATION, max_new_tokens=SAMPLE_TOKENS))
+                if mode == "greedy":
+                    gc = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=1, do_sample=False,
+                                          max_new_tokens=SAMPLE_TOKENS)
+                out = ref.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
                 new = out[0, ids.shape[1]:].tolist()
                 entry[mode] = tok.decode(new, skip_special_tokens=False)
                 entry[mode + "_ids"] = new
