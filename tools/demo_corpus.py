@@ -83,9 +83,18 @@ def split_docs(corpus):
     return parts[:-1]
 
 
-def read_docs(path):
+def read_corpus(path):
+    """Corpus text from corpus.txt or corpus.txt.gz."""
+    if path.endswith(".gz"):
+        import gzip
+        with gzip.open(path, "rb") as f:
+            return f.read().decode("utf-8")
     with open(path, encoding="utf-8", newline="") as f:
-        return split_docs(f.read())
+        return f.read()
+
+
+def read_docs(path):
+    return split_docs(read_corpus(path))
 
 
 def is_heldout(index):

@@ -9,10 +9,12 @@ free and the package is from Debian main. Each English page
 (/usr/share/man/man*/, regular files, not '.so' redirects) is rendered with
 man-db (`man -l`, no hyphenation or justification, very wide lines so a
 paragraph is one line) and `col -bx`, normalised (demo_corpus.normalize_text),
-dropped if shorter than MIN_BYTES or identical to an earlier page, and written
+dropped if shorter than MIN_BYTES or identical to (or a hard link of) an
+earlier page, and written
 in sorted (package, path) order. Outputs:
 
   OUT/corpus.txt    every document, each followed by a form-feed line
+  OUT/corpus.txt.gz the same, gzip'd (what to carry to the GPU machine)
   OUT/heldout.txt   the held-out documents (every 50th), same format
   MANIFEST          packages, versions, licenses, files, bytes, hashes
 
@@ -39,11 +41,10 @@ PACKAGES = sorted([
     "e2fsprogs", "iproute2", "lvm2", "mdadm", "procps", "strace", "systemd", "util-linux",
     # networking and other tools
     "curl", "git-man", "openssh-client", "openssl", "rsync", "screen", "sqlite3", "tmux", "zsh-common",
-    "postgresql-client-15",
     # programming manuals
     "manpages", "manpages-dev", "perl-doc", "libssl-doc", "libcurl4-doc", "libsystemd-dev", "libpcre2-dev",
     "libncurses-dev", "libbsd-dev", "libpcap0.8-dev", "libcap-dev", "tcl8.6-doc", "tk8.6-doc",
-    "libx11-doc", "libxt-doc", "erlang-manpages", "freebsd-manpages",
+    "libx11-doc", "erlang-manpages", "freebsd-manpages",
 ])
 MIN_BYTES = 300
 MAN_RE = re.compile(r"^/usr/share/man/man[^/]+/[^/]+$")
@@ -107,9 +108,20 @@ def process_file(path):
     return text, None
 
 
-def man_files(pkg):
+def man_files(pkg, inodes):
+    """(pages to render, number of hard links to pages already seen); `inodes` collects (dev, ino)."""
     files = [f for f in sh(["dpkg-query", "-L", pkg]).splitlines() if MAN_RE.match(f)]
-    return sorted(f for f in files if os.path.isfile(f) and not os.path.islink(f))
+    out, links = [], 0
+    for f in sorted(files):
+        if not os.path.isfile(f) or os.path.islink(f):
+            continue
+        st = os.stat(f)
+        if (st.st_dev, st.st_ino) in inodes:
+            links += 1
+            continue
+        inodes.add((st.st_dev, st.st_ino))
+        out.append(f)
+    return out, links
 
 
 def tool_versions():
@@ -154,7 +166,7 @@ def main():
                        stdout=subprocess.DEVNULL)
 
     packages, excluded, skipped = [], [], []
-    docs, seen = [], {}
+    docs, seen, inodes = [], {}, set()
     for pkg in PACKAGES:
         version = dpkg_field(pkg, "Version")
         section = dpkg_field(pkg, "Section")
@@ -171,7 +183,7 @@ def main():
             excluded.append({"package": pkg, "version": version, "reason": why, "licenses": names})
             print(f"{pkg} {version}: EXCLUDED ({why})", flush=True)
             continue
-        files = man_files(pkg)
+        files, links = man_files(pkg, inodes)
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as ex:
             results = list(ex.map(process_file, files))
         kept, nbytes = [], 0
@@ -192,7 +204,7 @@ def main():
             nbytes += n
         packages.append({"package": pkg, "version": version, "section": section, "copyright_format": fmt,
                          "licenses": names, "unrecognised_license_names": unknown,
-                         "n_docs": len(kept), "bytes": nbytes, "files": kept})
+                         "n_docs": len(kept), "bytes": nbytes, "hard_links_skipped": links, "files": kept})
         print(f"{pkg} {version}: {len(kept)}/{len(files)} pages, {nbytes} bytes; licenses {', '.join(names)}",
               flush=True)
 
@@ -203,6 +215,8 @@ def main():
     for name, text in (("corpus.txt", corpus), ("heldout.txt", held_text)):
         with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="") as f:
             f.write(text)
+    with open(os.path.join(args.out, "corpus.txt.gz"), "wb") as f:  # mtime 0: byte-identical every run
+        f.write(gzip.compress(corpus.encode("utf-8"), compresslevel=9, mtime=0))
     manifest = {
         "generator": "tools/make_corpus.py",
         "tools": tool_versions(),

@@ -5,7 +5,7 @@ budget, and writes everything the engine's tests and docs need.
 
 Runs on the GPU machine (PyTorch, transformers, tokenizers; no network):
 
-    python3 tools/train_demo_model.py --corpus build-corpus/corpus.txt --out build-demo --minutes 8
+    python3 tools/train_demo_model.py --corpus build-corpus/corpus.txt.gz --out build-demo --minutes 8
 
 Steps (all inside --minutes, counted from the start of the script):
  1. split the corpus: every 50th document is held out (demo_corpus.train_heldout);
@@ -176,7 +176,7 @@ def curve_markdown(curve):
 def main():
     t0 = time.time()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", required=True, help="corpus.txt from make_corpus.py")
+    ap.add_argument("--corpus", required=True, help="corpus.txt or corpus.txt.gz from make_corpus.py")
     ap.add_argument("--out", required=True, help="output directory (created)")
     ap.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of the whole script")
     ap.add_argument("--reserve", type=float, default=75.0,
@@ -207,8 +207,7 @@ def main():
             f"{torch.cuda.get_device_name(0)}; budget {args.minutes} min")
 
     # 1. corpus
-    with open(args.corpus, encoding="utf-8", newline="") as f:
-        corpus_text = f.read()
+    corpus_text = dc.read_corpus(args.corpus)
     corpus_sha = dc.sha256_text(corpus_text)
     docs = dc.split_docs(corpus_text)
     del corpus_text
