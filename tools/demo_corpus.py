@@ -26,6 +26,8 @@ _TYPO = {
 }
 _TYPO_RE = re.compile("[" + "".join(_TYPO) + "]")
 _SPACES_RE = re.compile(r"[ \t]{2,}")
+MAX_RUN = 16
+_RUN_RE = re.compile(r"([^ \n])\1{%d,}" % MAX_RUN)  # table rules drawn across very wide lines
 
 
 def _clean_char(c):
@@ -46,11 +48,13 @@ def normalize_text(text):
     characters dropped (tabs become spaces); per line: trailing space stripped,
     leading indentation of n columns rewritten as 2*ceil(n/7) spaces (man's
     7-column indent steps become 2-space levels), inner runs of spaces collapsed
-    to one; runs of blank lines collapsed to one; no leading/trailing blank
+    to one; a run of one character longer than MAX_RUN (table rules drawn
+    across the wide page) cut to MAX_RUN; runs of blank lines collapsed to one; no leading/trailing blank
     lines; ends with exactly one newline (empty string if nothing is left)."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _TYPO_RE.sub(lambda m: _TYPO[m.group(0)], text)
     text = unicodedata.normalize("NFC", "".join(_clean_char(c) for c in text))
+    text = _RUN_RE.sub(lambda m: m.group(1) * MAX_RUN, text)
     out = []
     blank = False
     for line in text.split("\n"):

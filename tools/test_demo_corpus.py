@@ -8,6 +8,7 @@ only; random inputs are fresh per run (the seed is printed).
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 
@@ -26,7 +27,7 @@ def check(cond, what):
 
 
 def random_text(rng):
-    alphabet = "abc XYZ\t\n\n\r.-\u2010\u2019\u201c\u00a0\u00e9e\u0301\x07\x1b\ufeff\u200b\f"
+    alphabet = "\u2500" * 8 + "abc XYZ\t\n\n\r.-\u2010\u2019\u201c\u00a0\u00e9e\u0301\x07\x1b\ufeff\u200b\f"
     return "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 400)))
 
 
@@ -37,6 +38,8 @@ def test_normalize(rng):
                             "              indented\n\f")
     check(got == "TITLE(1) x TITLE(1)\n\nNAME\n  ls - list it\n    indented\n", f"known page: {got!r}")
     check(dc.normalize_text("e\u0301") == "\u00e9\n", "NFC composition")
+    check(dc.normalize_text("\u250c" + "\u2500" * 900 + "\u2510") == "\u250c" + "\u2500" * 16 + "\u2510\n",
+          "long table rules are cut")
     for _ in range(300):
         t = random_text(rng)
         n = dc.normalize_text(t)
@@ -50,6 +53,7 @@ def test_normalize(rng):
             check(line == line.rstrip(" "), f"trailing space in {line!r}")
             check((len(line) - len(body)) % 2 == 0, f"indent is a multiple of 2 in {line!r}")
             check("  " not in body, f"inner spaces collapsed in {line!r}")
+            check(re.search(r"(.)\1{%d}" % dc.MAX_RUN, line) is None, f"no run over MAX_RUN in {line!r}")
 
 
 def test_docs(rng):
