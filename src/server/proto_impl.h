@@ -36,11 +36,13 @@ void dj__pack_str(msgpack_packer *pk, const char *s);
 /* ---- reader ---- */
 typedef struct dj__meta {
     msgpack_zone zone;
-    msgpack_object root; /* a map (empty map when meta_len is 0) */
+    msgpack_object root; /* a map (empty map when meta_len is 0); strings point into bytes */
+    uint8_t *bytes;      /* owned copy of the metadata */
     bool has_zone;
 } dj__meta;
 
-/* Validates (dj_meta_validate) then unpacks; len 0 is an empty map. */
+/* Validates (dj_meta_validate), copies and unpacks; len 0 is an empty map.
+ * The input may be freed afterwards. */
 dj_status dj__meta_parse(dj__meta *m /* OUT */, const uint8_t *bytes, size_t len);
 void dj__meta_destroy(dj__meta *m);
 const msgpack_object *dj__meta_get(const dj__meta *m, const char *key); /* NULL if absent */

@@ -308,10 +308,16 @@ dj_status dj__meta_parse(dj__meta *m, const uint8_t *bytes, size_t len) {
     if (len == 0) return DJ_OK;
     dj_status st = dj_meta_validate(bytes, len);
     if (st != DJ_OK) return st;
-    if (!msgpack_zone_init(&m->zone, 4096)) return dj_fail(DJ_ENOMEM, "out of memory");
+    if (!(m->bytes = malloc(len))) return dj_fail(DJ_ENOMEM, "out of memory");
+    memcpy(m->bytes, bytes, len);
+    if (!msgpack_zone_init(&m->zone, 4096)) {
+        free(m->bytes);
+        m->bytes = NULL;
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
     m->has_zone = true;
     size_t off = 0;
-    msgpack_unpack_return r = msgpack_unpack((const char *)bytes, len, &off, &m->zone, &m->root);
+    msgpack_unpack_return r = msgpack_unpack((const char *)m->bytes, len, &off, &m->zone, &m->root);
     if (r != MSGPACK_UNPACK_SUCCESS || off != len || m->root.type != MSGPACK_OBJECT_MAP) {
         dj__meta_destroy(m);
         return r == MSGPACK_UNPACK_NOMEM_ERROR ? dj_fail(DJ_ENOMEM, "out of memory unpacking metadata")
@@ -323,6 +329,8 @@ dj_status dj__meta_parse(dj__meta *m, const uint8_t *bytes, size_t len) {
 void dj__meta_destroy(dj__meta *m) {
     if (m->has_zone) msgpack_zone_destroy(&m->zone);
     m->has_zone = false;
+    free(m->bytes);
+    m->bytes = NULL;
     m->root.type = MSGPACK_OBJECT_MAP;
     m->root.via.map.size = 0;
 }
