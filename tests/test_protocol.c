@@ -96,6 +96,7 @@ static void test_meta_roundtrip(void) {
         CHECK_OK(dj__meta_ids(&m, "ids", true, &gids, &gn));
         CHECK(gu == u && gi == i && gf == f && gb == (bool)(it & 1) && !strcmp(gs, str) && gn == n);
         CHECK(n == 0 || !memcmp(gids, ids, n * sizeof *ids));
+        free(gids);
         /* wrong types and missing fields */
         CHECK_ST(dj__meta_u64(&m, "s", true, &gu), DJ_EFORMAT);
         CHECK_ST(dj__meta_u64(&m, "i", true, &gu), DJ_EFORMAT);
@@ -106,7 +107,6 @@ static void test_meta_roundtrip(void) {
         CHECK_OK(dj__meta_u64(&m, "absent", false, &gu));
         CHECK(gu == 7);
         CHECK_ST(dj__meta_strcpy(&m, "s", true, gs, 2), DJ_ERANGE);
-        free(gids);
         dj__meta_destroy(&m);
         /* every strict prefix is truncated */
         const size_t cut = 1 + dj_test_rand() % (w.sb.size - 1);
