@@ -1,0 +1,152 @@
+/* bench_remote.c: what going through djinnd costs - per-token time embedded
+ * vs over loopback, empty round trips (HEARTBEAT), and FETCH throughput of a
+ * logits handle. Starts its own daemon in-process; prints a table. */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "djinn/client.h"
+#include "djinn/engine.h"
+#include "djinn/sampler.h"
+#include "server/serve.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct serve_args {
+    char *argv[16];
+    int argc;
+} serve_args;
+
+static void *serve_thread(void *p) {
+    serve_args *a = p;
+    dj__serve_main(a->argc, a->argv);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const char *store = argc > 1 ? argv[1] : "tests/fixtures/models";
+    const char *name = argc > 2 ? argv[2] : "llama2";
+    const int n_tok = argc > 3 ? atoi(argv[3]) : 128;
+    const int n_rt = argc > 4 ? atoi(argv[4]) : 20000;
+    if (n_tok < 2 || n_rt < 1) {
+        fprintf(stderr, "usage: bench_remote [STORE] [MODEL] [TOKENS>=2] [ROUNDTRIPS]\n");
+        return 2;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%s", store, name);
+    const int32_t prompt[4] = {1, 2, 3, 4};
+
+    /* ---- embedded ---- */
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    dj_vmu_config_default(&ec.vmu, (size_t)1 << 30);
+    dj_engine_t *e = NULL;
+    dj_model_t *m = NULL;
+    dj_session_t *s = NULL;
+    if (dj_engine_new(&ec, &e) || dj_model_load(e, dir, &m) || dj_session_new(e, m, (uint32_t)n_tok + 8, 0, &s)) {
+        fprintf(stderr, "bench_remote: embedded: %s\n", dj_last_error());
+        return 1;
+    }
+    const uint32_t vocab = dj_model_get_config(m)->vocab_size;
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    dj_session_step(e, s, prompt, 4, logits);
+    int32_t next = dj_argmax(logits, vocab);
+    double t0 = now_s();
+    for (int i = 1; i < n_tok; i++) {
+        dj_session_step(e, s, &next, 1, logits);
+        next = dj_argmax(logits, vocab);
+    }
+    const double emb_tok = (now_s() - t0) / (n_tok - 1);
+    dj_session_free(e, s);
+    dj_model_release(e, m);
+    dj_engine_free(e);
+
+    /* ---- daemon in this process ---- */
+    char port_file[] = "/tmp/bench_remote_port_XXXXXX";
+    int pfd = mkstemp(port_file);
+    if (pfd < 0) return 1;
+    close(pfd);
+    unlink(port_file);
+    serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
+                      "--vmu-gb", "1"},
+                     9};
+    pthread_t th;
+    pthread_create(&th, NULL, serve_thread, &sa);
+    unsigned port = 0;
+    for (int i = 0; i < 500 && !port; i++) {
+        FILE *f = fopen(port_file, "r");
+        if (f) {
+            if (fscanf(f, "%u", &port) != 1) port = 0;
+            fclose(f);
+        }
+        if (!port) usleep(10000);
+    }
+    unlink(port_file);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    dj_client_t *c = NULL;
+    uint64_t sess = 0;
+    dj_session_opts so = {name, DJ_QOS_INTERACTIVE, (uint32_t)n_tok + 8};
+    if (!port || dj_client_connect(addr, NULL, &c) || dj_client_session_open(c, &so, &sess)) {
+        fprintf(stderr, "bench_remote: daemon: %s\n", dj_last_error());
+        return 1;
+    }
+    dj_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.ids = prompt;
+    gp.n_ids = 4;
+    gp.max_tokens = (uint32_t)n_tok;
+    gp.sampling.top_p = 1;
+    dj_generate_result res;
+    t0 = now_s();
+    dj_status st = dj_client_generate(c, sess, &gp, NULL, NULL, &res);
+    const double wall = now_s() - t0;
+    const double rem_tok = res.decode_ms / 1e3 / (res.n_generated > 1 ? res.n_generated - 1 : 1);
+    const double rem_wall_tok = (wall - res.prefill_ms / 1e3) / (res.n_generated ? res.n_generated : 1);
+    dj_client_session_close(c, sess);
+
+    /* empty round trips */
+    t0 = now_s();
+    for (int i = 0; i < n_rt && st == DJ_OK; i++) st = dj_client_heartbeat(c);
+    const double rt = (now_s() - t0) / n_rt;
+
+    /* fetch rate of the logits handle */
+    dj_client_session_open(c, &so, &sess);
+    dj_remote_tensor t;
+    if (st == DJ_OK) st = dj_client_step(c, sess, prompt, 4, true, &t);
+    const int n_fetch = 2000;
+    size_t got = 0, total = 0;
+    t0 = now_s();
+    for (int i = 0; i < n_fetch && st == DJ_OK; i++) {
+        st = dj_client_fetch(c, t.handle, 0, UINT64_MAX, logits, (size_t)vocab * 4, &got);
+        total += got;
+    }
+    const double ft = now_s() - t0;
+    if (st != DJ_OK) fprintf(stderr, "bench_remote: %s\n", dj_last_error());
+    dj_client_session_close(c, sess);
+    dj_client_free(c);
+    kill(getpid(), SIGTERM); /* the daemon's signal watcher stops it */
+    pthread_join(th, NULL);
+    free(logits);
+
+    printf("model %s (vocab %u), %d tokens, loopback TCP\n", name, vocab, n_tok);
+    printf("| measure | value |\n| --- | --- |\n");
+    printf("| decode per token, embedded | %.1f us |\n", emb_tok * 1e6);
+    printf("| decode per token, in djinnd (server-side) | %.1f us |\n", rem_tok * 1e6);
+    printf("| decode per token, client wall clock | %.1f us |\n", rem_wall_tok * 1e6);
+    printf("| per-token overhead of the daemon | %.1f us |\n", (rem_wall_tok - emb_tok) * 1e6);
+    printf("| empty round trip (HEARTBEAT), mean of %d | %.1f us |\n", n_rt, rt * 1e6);
+    printf("| FETCH of a %u-byte handle | %.1f us each, %.1f MB/s |\n", vocab * 4, ft / n_fetch * 1e6,
+           total / ft / 1e6);
+    return st == DJ_OK ? 0 : 1;
+}

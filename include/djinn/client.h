@@ -1,0 +1,125 @@
+/* client.h: libdjinn, the client of djinnd - one connection, blocking calls
+ * safe to make from several threads (requests are matched by id), leases
+ * kept alive by a heartbeat thread. Errors are dj_status + dj_last_error(). */
+#ifndef DJINN_CLIENT_H
+#define DJINN_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "djinn/protocol.h"
+#include "djinn/sampler.h"
+#include "djinn/status.h"
+
+typedef struct dj_client dj_client_t;
+
+/* Connect to "HOST:PORT" or "unix:/path" and say HELLO with `token` (NULL
+ * when the server has none). Heartbeats start at a third of the lease. */
+dj_status dj_client_connect(const char *addr, const char *token, dj_client_t **out /* OUT */);
+void dj_client_free(dj_client_t *c); /* closes the connection; NULL does nothing */
+
+/* What HELLO answered. */
+uint32_t dj_client_lease_ms(const dj_client_t *c);
+/* Heartbeat period in ms; 0 stops heartbeats (tests use it to let leases lapse). */
+void dj_client_set_heartbeat(dj_client_t *c, uint32_t period_ms);
+/* One HEARTBEAT round trip (renews every session of this connection). */
+dj_status dj_client_heartbeat(dj_client_t *c);
+
+/* ---- models ---- */
+typedef struct dj_client_model {
+    char name[128];
+    bool loaded;   /* the server holds it (pinned or in use) */
+    uint32_t refs; /* sessions + pin */
+} dj_client_model;
+/* *models malloc'd (free()), *n entries. */
+dj_status dj_client_model_list(dj_client_t *c, dj_client_model **models /* OUT */, size_t *n /* OUT */);
+dj_status dj_client_model_load(dj_client_t *c, const char *name);
+dj_status dj_client_model_unload(dj_client_t *c, const char *name);
+
+/* ---- sessions ---- */
+typedef struct dj_session_opts {
+    const char *model;        /* a folder name in the server's model store */
+    dj_qos qos;               /* DJ_QOS_REALTIME (0), DJ_QOS_INTERACTIVE or DJ_QOS_BATCH */
+    uint32_t expected_tokens; /* context to reserve; 0 = the model's (capped at 4096) */
+} dj_session_opts;
+dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session /* OUT */);
+dj_status dj_client_session_close(dj_client_t *c, uint64_t session);
+/* State only for now: the KV cache stays resident (swap is a later issue). */
+dj_status dj_client_session_pause(dj_client_t *c, uint64_t session, uint64_t expected_ms);
+dj_status dj_client_session_resume(dj_client_t *c, uint64_t session);
+
+/* ---- generation ---- */
+typedef struct dj_generate_params {
+    const char *prompt;      /* text (the model needs a tokenizer.json), or */
+    const int32_t *ids;      /* token ids [n_ids] */
+    size_t n_ids;
+    dj_sampler_params sampling; /* temperature 0 = greedy */
+    uint32_t max_tokens;
+    const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
+    size_t n_stop;
+} dj_generate_params;
+
+typedef struct dj_generate_result {
+    uint32_t n_prompt, n_generated;
+    char reason[16];         /* "length", "stop", "context" */
+    double queue_ms, prefill_ms, ttft_ms, decode_ms;
+} dj_generate_result;
+
+/* Called on the calling thread for every token, with its text piece (may be
+ * empty; only complete UTF-8). */
+typedef void (*dj_token_cb)(int32_t id, const char *text, size_t len, void *user);
+
+dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate_params *p, dj_token_cb cb,
+                             void *user, dj_generate_result *res /* OUT, may be NULL */);
+
+/* ---- steps and handles ---- */
+typedef struct dj_remote_tensor {
+    uint64_t handle;  /* 0 when logits were not asked for */
+    char dtype[8];    /* "f32" */
+    uint32_t ndim;
+    uint64_t shape[4];
+    uint64_t nbytes;
+    uint32_t pos;     /* session position after the step */
+} dj_remote_tensor;
+
+/* Feed ids (prefill if n > 1, decode if 1); the last position's logits stay
+ * on the server behind t->handle when want_logits. */
+dj_status dj_client_step(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, bool want_logits,
+                         dj_remote_tensor *t /* OUT */);
+/* Bytes [offset, offset + length) of a handle into dst (cap bytes); length
+ * UINT64_MAX = to the end. *got = bytes written. Large ranges are fetched in
+ * several requests. */
+dj_status dj_client_fetch(dj_client_t *c, uint64_t handle, uint64_t offset, uint64_t length, void *dst,
+                          size_t cap, size_t *got /* OUT */);
+dj_status dj_client_release(dj_client_t *c, uint64_t handle);
+
+/* ---- stats ---- */
+typedef struct dj_client_seg {
+    uint64_t capacity, used, peak;
+} dj_client_seg;
+typedef struct dj_client_session_info {
+    uint64_t id;
+    char model[128];
+    char qos[16];
+    uint32_t pos;
+    uint64_t lease_left_ms;
+    bool paused, generating;
+} dj_client_session_info;
+typedef struct dj_client_stats {
+    dj_client_seg text, data, stack;
+    uint64_t pages_total, pages_free, page_bytes, evictions, vmu_models, vmu_sessions, handles, connections;
+    dj_client_model *models;            /* [n_models] */
+    size_t n_models;
+    dj_client_session_info *sessions;   /* [n_sessions] */
+    size_t n_sessions;
+    uint64_t waiting[DJ_QOS_COUNT], running[DJ_QOS_COUNT];
+    char *map;                          /* the VMU map as dj_vmu_print_stats writes it */
+} dj_client_stats;
+dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *st /* OUT */);
+void dj_client_stats_free(dj_client_stats *st);
+/* Readable report (segments, models with refcounts, sessions, queues). */
+void dj_client_stats_print(const dj_client_stats *st, FILE *f);
+
+#endif

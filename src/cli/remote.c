@@ -1,0 +1,236 @@
+/* remote.c: the CLI's client commands - generate through djinnd with the
+ * same input/sampling/output flags as `djinn run`, and a readable stat. */
+#include "cli/remote.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "djinn/client.h"
+
+typedef struct ropts {
+    const char *server, *model, *prompt, *tokens, *token_file, *qos;
+    long n_new;
+    double temp, top_p;
+    long top_k;
+    unsigned long long seed;
+    int greedy, print_tokens, have_temp;
+} ropts;
+
+static int rbad(const char *fmt, const char *a) {
+    fprintf(stderr, "djinn: ");
+    fprintf(stderr, fmt, a);
+    fputc('\n', stderr);
+    return 2;
+}
+
+static int rdie(const char *what, dj_status st) {
+    const char *d = dj_last_error();
+    fprintf(stderr, "djinn: %s: %s%s%s\n", what, dj_strerror(st), d[0] ? ": " : "", d);
+    return 1;
+}
+
+static int num(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse(int argc, char **argv, ropts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_new = 64;
+    o->top_p = 1.0;
+    o->qos = "interactive";
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x;
+        if (!strcmp(a, "--greedy")) { o->greedy = 1; continue; }
+        if (!strcmp(a, "--print-tokens")) { o->print_tokens = 1; continue; }
+        if (!v) return rbad("option %s needs a value (or is unknown)", a);
+        i++;
+        if (!strcmp(a, "--server")) o->server = v;
+        else if (!strcmp(a, "--model") || !strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "--prompt") || !strcmp(a, "-p")) o->prompt = v;
+        else if (!strcmp(a, "--tokens")) o->tokens = v;
+        else if (!strcmp(a, "--token-file")) o->token_file = v;
+        else if (!strcmp(a, "--qos")) o->qos = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
+            if (num(v, &x) || x < 0 || x > (1 << 30) || x != (long)x) return rbad("-n: '%s' is not a token count", v);
+            o->n_new = (long)x;
+        } else if (!strcmp(a, "--temp")) {
+            if (num(v, &o->temp) || o->temp < 0) return rbad("--temp: '%s' is not a temperature >= 0", v);
+            o->have_temp = 1;
+        } else if (!strcmp(a, "--top-p")) {
+            if (num(v, &o->top_p) || !(o->top_p > 0 && o->top_p <= 1)) return rbad("--top-p: '%s' is not in (0, 1]", v);
+        } else if (!strcmp(a, "--top-k")) {
+            if (num(v, &x) || x < 0 || x > INT32_MAX || x != (long)x) return rbad("--top-k: '%s' is not a count", v);
+            o->top_k = (long)x;
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            o->seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') return rbad("--seed: '%s' is not a seed", v);
+        } else {
+            return rbad("unknown option '%s'", a);
+        }
+    }
+    if (!o->server) return rbad("%s needs --server ADDR:PORT (or unix:/path)", argv[1]);
+    return 0;
+}
+
+static char *read_token(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = calloc(1, 256);
+    size_t n = buf ? fread(buf, 1, 255, f) : 0;
+    fclose(f);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
+    return buf;
+}
+
+static int connect_to(const ropts *o, dj_client_t **c) {
+    char *tok = NULL;
+    if (o->token_file && !(tok = read_token(o->token_file))) {
+        fprintf(stderr, "djinn: cannot read --token-file %s\n", o->token_file);
+        return 2;
+    }
+    dj_status st = dj_client_connect(o->server, tok, c);
+    free(tok);
+    return st == DJ_OK ? 0 : rdie("connecting to djinnd", st);
+}
+
+static int32_t *parse_ids(const char *s, size_t *n) {
+    size_t cap = 16;
+    int32_t *v = malloc(cap * sizeof *v);
+    *n = 0;
+    const char *p = s;
+    while (v && *p) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) goto bad;
+        if (*n == cap) {
+            int32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) goto bad;
+            v = nv;
+            cap *= 2;
+        }
+        v[(*n)++] = (int32_t)x;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p) goto bad;
+        while (*p == ' ') p++;
+    }
+    if (*n) return v;
+bad:
+    free(v);
+    return NULL;
+}
+
+typedef struct out_state {
+    int print_tokens;
+    int32_t *ids;
+    size_t n, cap;
+} out_state;
+
+static void on_tok(int32_t id, const char *text, size_t len, void *user) {
+    out_state *s = user;
+    if (!s->print_tokens) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (id < 0) return;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        int32_t *nv = realloc(s->ids, cap * sizeof *nv);
+        if (!nv) return;
+        s->ids = nv;
+        s->cap = cap;
+    }
+    s->ids[s->n++] = id;
+}
+
+int dj__cli_generate(int argc, char **argv) {
+    ropts o;
+    int r = parse(argc, argv, &o);
+    if (r) return r;
+    if (!o.model) return rbad("generate needs --model NAME (a model in the server's store)%s", "");
+    if (!!o.prompt == !!o.tokens) return rbad("generate needs exactly one of --prompt TEXT or --tokens 1,2,3%s", "");
+    if (o.greedy && o.have_temp && o.temp > 0) return rbad("--greedy contradicts --temp %s (use one of them)", "> 0");
+    dj_qos qos;
+    if (dj_qos_parse(o.qos, &qos) != DJ_OK) return rdie("--qos", DJ_EINVAL);
+    size_t n_ids = 0;
+    int32_t *ids = NULL;
+    if (o.tokens && !(ids = parse_ids(o.tokens, &n_ids)))
+        return rbad("--tokens '%s': want non-negative 32-bit integers separated by commas", o.tokens);
+    dj_client_t *c = NULL;
+    if ((r = connect_to(&o, &c))) {
+        free(ids);
+        return r;
+    }
+    uint64_t sess = 0;
+    dj_session_opts so = {o.model, qos, 0};
+    dj_status st = dj_client_session_open(c, &so, &sess);
+    out_state os = {o.print_tokens, NULL, 0, 0};
+    dj_generate_result res;
+    if (st != DJ_OK) {
+        r = rdie("opening a session", st);
+    } else {
+        dj_generate_params p;
+        memset(&p, 0, sizeof p);
+        p.prompt = o.prompt;
+        p.ids = ids;
+        p.n_ids = n_ids;
+        p.max_tokens = (uint32_t)o.n_new;
+        p.sampling.temperature = o.greedy ? 0.0f : (float)o.temp;
+        p.sampling.top_k = (uint32_t)o.top_k;
+        p.sampling.top_p = (float)o.top_p;
+        p.sampling.seed = o.seed;
+        st = dj_client_generate(c, sess, &p, on_tok, &os, &res);
+        if (!o.print_tokens) printf("\n");
+        if (st != DJ_OK) {
+            r = rdie("generating", st);
+        } else {
+            if (o.print_tokens) {
+                for (size_t i = 0; i < os.n; i++) printf("%s%d", i ? " " : "", os.ids[i]);
+                printf("\n");
+            }
+            fflush(stdout);
+            fprintf(stderr,
+                    "djinn: %u prompt tokens, %u new tokens (%s); queue %.2f ms, prefill %.2f ms, first token %.2f "
+                    "ms, decode %.2f ms\n",
+                    res.n_prompt, res.n_generated, res.reason, res.queue_ms, res.prefill_ms, res.ttft_ms,
+                    res.decode_ms);
+        }
+        dj_client_session_close(c, sess);
+    }
+    free(os.ids);
+    free(ids);
+    dj_client_free(c);
+    return r;
+}
+
+int dj__cli_stat(int argc, char **argv) {
+    ropts o;
+    int r = parse(argc, argv, &o);
+    if (r) return r;
+    dj_client_t *c = NULL;
+    if ((r = connect_to(&o, &c))) return r;
+    dj_client_stats st;
+    dj_status s = dj_client_stats_get(c, &st);
+    if (s != DJ_OK) {
+        dj_client_free(c);
+        return rdie("stats", s);
+    }
+    printf("djinnd at %s\n", o.server);
+    dj_client_stats_print(&st, stdout);
+    dj_client_stats_free(&st);
+    dj_client_free(c);
+    return 0;
+}

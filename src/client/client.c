@@ -1,0 +1,767 @@
+/* client.c: libdjinn - a connection to djinnd with a reader thread that
+ * routes replies to waiting callers by request id, and a heartbeat thread
+ * that keeps the connection's session leases alive. */
+#define _GNU_SOURCE
+#include "djinn/client.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/proto_impl.h"
+
+typedef struct frame {
+    struct frame *next;
+    dj_frame_header h;
+    uint8_t *body;  /* meta (+ payload unless it went to the sink) */
+    bool sunk;      /* payload was read into the caller's buffer */
+} frame;
+
+typedef struct pending {
+    struct pending *next;
+    uint64_t id;
+    frame *head, *tail;
+    bool final;     /* REPLY, DONE or ERROR arrived */
+    bool discard;   /* nobody waits: drop frames (heartbeats) */
+    void *sink;     /* payload destination for a REPLY, [sink_cap] */
+    size_t sink_cap;
+    pthread_cond_t cv;
+} pending;
+
+struct dj_client {
+    int fd;
+    pthread_mutex_t mu;  /* pending list, dead, heartbeat settings */
+    pthread_mutex_t wmu; /* one frame at a time on the socket */
+    pthread_cond_t hb_cv;
+    pthread_t reader, hb;
+    bool reader_started, hb_started, stop, dead;
+    char dead_msg[256];
+    uint64_t next_id;
+    pending *pend;
+    uint32_t lease_ms, hb_period_ms;
+};
+
+/* ---- socket I/O ---- */
+
+static dj_status write_all(dj_client_t *c, struct iovec *iov, int n) {
+    pthread_mutex_lock(&c->wmu);
+    dj_status st = DJ_OK;
+    while (n > 0) {
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            st = dj_fail(DJ_EIO, "send to djinnd: %s", strerror(errno));
+            break;
+        }
+        size_t left = (size_t)k;
+        while (n > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    pthread_mutex_unlock(&c->wmu);
+    return st;
+}
+
+static int read_full(int fd, void *buf, size_t n) {
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k == 0) return -1;
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int skip_bytes(int fd, uint64_t n) {
+    char buf[16384];
+    while (n > 0) {
+        size_t k = n < sizeof buf ? (size_t)n : sizeof buf;
+        if (read_full(fd, buf, k)) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+static void frame_free(frame *f) {
+    if (!f) return;
+    free(f->body);
+    free(f);
+}
+
+static void pending_free(pending *p) {
+    for (frame *f = p->head, *n; f; f = n) {
+        n = f->next;
+        frame_free(f);
+    }
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+static pending *find_pending(dj_client_t *c, uint64_t id) {
+    for (pending *p = c->pend; p; p = p->next)
+        if (p->id == id) return p;
+    return NULL;
+}
+
+static void unlink_pending(dj_client_t *c, pending *p) {
+    for (pending **q = &c->pend; *q; q = &(*q)->next)
+        if (*q == p) {
+            *q = p->next;
+            return;
+        }
+}
+
+static void mark_dead(dj_client_t *c, const char *why) {
+    pthread_mutex_lock(&c->mu);
+    if (!c->dead) snprintf(c->dead_msg, sizeof c->dead_msg, "%s", why);
+    c->dead = true;
+    for (pending *p = c->pend; p; p = p->next) pthread_cond_broadcast(&p->cv);
+    pthread_cond_broadcast(&c->hb_cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *reader_main(void *arg) {
+    dj_client_t *c = arg;
+    for (;;) {
+        uint8_t hb[DJ_FRAME_HEADER_BYTES];
+        if (read_full(c->fd, hb, sizeof hb)) {
+            mark_dead(c, "connection closed by djinnd");
+            return NULL;
+        }
+        frame *f = calloc(1, sizeof *f);
+        if (!f) {
+            mark_dead(c, "out of memory");
+            return NULL;
+        }
+        if (dj_frame_header_decode(hb, DJ_PROTO_MAX_REPLY_PAYLOAD, &f->h) != DJ_OK) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "bad frame from djinnd: %s", dj_last_error());
+            free(f);
+            mark_dead(c, msg);
+            return NULL;
+        }
+        pthread_mutex_lock(&c->mu);
+        pending *p = find_pending(c, f->h.request_id);
+        const bool to_sink = p && p->sink && f->h.type == DJ_MSG_REPLY && f->h.payload_len <= p->sink_cap;
+        void *sink = to_sink ? p->sink : NULL;
+        pthread_mutex_unlock(&c->mu);
+        /* The waiting caller is blocked until `final`, so its sink stays valid. */
+        const uint64_t keep = f->h.meta_len + (to_sink ? 0 : f->h.payload_len);
+        f->body = malloc(keep ? (size_t)keep : 1);
+        if (!f->body || read_full(c->fd, f->body, (size_t)f->h.meta_len) ||
+            (to_sink ? read_full(c->fd, sink, (size_t)f->h.payload_len)
+                     : read_full(c->fd, f->body + f->h.meta_len, (size_t)f->h.payload_len))) {
+            frame_free(f);
+            mark_dead(c, "connection closed by djinnd in the middle of a frame");
+            return NULL;
+        }
+        f->sunk = to_sink;
+        const bool final = f->h.type == DJ_MSG_REPLY || f->h.type == DJ_MSG_DONE || f->h.type == DJ_MSG_ERROR;
+        pthread_mutex_lock(&c->mu);
+        p = find_pending(c, f->h.request_id);
+        if (!p) {
+            frame_free(f); /* an answer nobody waits for */
+        } else if (p->discard) {
+            frame_free(f);
+            if (final) {
+                unlink_pending(c, p);
+                pending_free(p);
+            }
+        } else {
+            if (p->tail) p->tail->next = f;
+            else p->head = f;
+            p->tail = f;
+            if (final) p->final = true;
+            pthread_cond_broadcast(&p->cv);
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    (void)skip_bytes;
+    return NULL;
+}
+
+/* ---- requests ---- */
+
+/* Register a pending entry and send the frame. w (may be NULL) is consumed. */
+static dj_status begin(dj_client_t *c, uint16_t type, dj__mw *w, const void *payload, size_t plen, void *sink,
+                       size_t sink_cap, bool discard, pending **out) {
+    *out = NULL;
+    dj__mw empty;
+    if (!w) {
+        dj__mw_init(&empty);
+        w = &empty;
+    }
+    dj__mw_finish(w);
+    if (!w->sb.data) {
+        dj__mw_destroy(w);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    pending *p = calloc(1, sizeof *p);
+    if (!p) {
+        dj__mw_destroy(w);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    pthread_cond_init(&p->cv, NULL);
+    p->sink = sink;
+    p->sink_cap = sink_cap;
+    p->discard = discard;
+    pthread_mutex_lock(&c->mu);
+    if (c->dead) {
+        pthread_mutex_unlock(&c->mu);
+        pending_free(p);
+        dj__mw_destroy(w);
+        return dj_fail(DJ_EIO, "djinnd connection: %s", c->dead_msg);
+    }
+    p->id = ++c->next_id;
+    p->next = c->pend;
+    c->pend = p;
+    pthread_mutex_unlock(&c->mu);
+    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
+                         .meta_len = (uint32_t)w->sb.size, .request_id = p->id, .payload_len = plen};
+    uint8_t hb[DJ_FRAME_HEADER_BYTES];
+    dj_frame_header_encode(&h, hb);
+    struct iovec iov[3] = {{hb, sizeof hb}, {w->sb.data, w->sb.size}, {(void *)payload, plen}};
+    dj_status st = write_all(c, iov, plen ? 3 : 2);
+    dj__mw_destroy(w);
+    if (st != DJ_OK) {
+        pthread_mutex_lock(&c->mu);
+        unlink_pending(c, p);
+        pthread_mutex_unlock(&c->mu);
+        pending_free(p);
+        return st;
+    }
+    *out = p;
+    return DJ_OK;
+}
+
+/* Next frame for p (blocking); DJ_EIO if the connection died first. */
+static dj_status next_frame(dj_client_t *c, pending *p, frame **out) {
+    pthread_mutex_lock(&c->mu);
+    while (!p->head && !c->dead) pthread_cond_wait(&p->cv, &c->mu);
+    frame *f = p->head;
+    if (f) {
+        p->head = f->next;
+        if (!p->head) p->tail = NULL;
+    }
+    const bool dead = c->dead;
+    pthread_mutex_unlock(&c->mu);
+    if (!f) return dj_fail(DJ_EIO, "djinnd connection: %s", dead ? c->dead_msg : "?");
+    *out = f;
+    return DJ_OK;
+}
+
+static void end(dj_client_t *c, pending *p) {
+    pthread_mutex_lock(&c->mu);
+    unlink_pending(c, p);
+    pthread_mutex_unlock(&c->mu);
+    pending_free(p);
+}
+
+/* An ERROR frame's status and message, as dj_fail. */
+static dj_status error_of(const frame *f) {
+    dj__meta m;
+    if (dj__meta_parse(&m, f->body, f->h.meta_len) != DJ_OK) return dj_fail(DJ_EFORMAT, "unreadable ERROR frame");
+    int64_t code = DJ_EINTERNAL;
+    char msg[512] = "";
+    dj__meta_i64(&m, "status", false, &code);
+    dj__meta_strcpy(&m, "message", false, msg, sizeof msg);
+    dj__meta_destroy(&m);
+    if (code >= 0 || code < DJ_EINTERNAL) code = DJ_EINTERNAL;
+    return dj_fail((dj_status)code, "%s", msg[0] ? msg : dj_strerror((dj_status)code));
+}
+
+/* Simple call: one request, one REPLY whose metadata lands in *m (destroy
+ * it) and whose frame lands in *fo if not NULL (free with frame_free). */
+static dj_status call(dj_client_t *c, uint16_t type, dj__mw *w, dj__meta *m, frame **fo) {
+    pending *p;
+    dj_status st = begin(c, type, w, NULL, 0, NULL, 0, false, &p);
+    if (st != DJ_OK) return st;
+    frame *f = NULL;
+    st = next_frame(c, p, &f);
+    end(c, p);
+    if (st != DJ_OK) return st;
+    if (f->h.type == DJ_MSG_ERROR) st = error_of(f);
+    else if (f->h.type != DJ_MSG_REPLY) st = dj_fail(DJ_EFORMAT, "unexpected %s frame", dj_msg_type_name(f->h.type));
+    if (st == DJ_OK && m) st = dj__meta_parse(m, f->body, f->h.meta_len);
+    if (st == DJ_OK && fo) *fo = f;
+    else frame_free(f);
+    return st;
+}
+
+/* ---- heartbeats ---- */
+
+static void *hb_main(void *arg) {
+    dj_client_t *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop && !c->dead) {
+        const uint32_t period = c->hb_period_ms;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const uint64_t wait_ms = period ? period : 1000;
+        ts.tv_sec += (time_t)(wait_ms / 1000);
+        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        int rc = pthread_cond_timedwait(&c->hb_cv, &c->mu, &ts);
+        if (c->stop || c->dead) break;
+        if (rc != ETIMEDOUT || !c->hb_period_ms) continue;
+        pthread_mutex_unlock(&c->mu);
+        pending *p;
+        if (begin(c, DJ_MSG_HEARTBEAT, NULL, NULL, 0, NULL, 0, true, &p) != DJ_OK)
+            DJ_LOG(INFO, "heartbeat: %s", dj_last_error());
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+void dj_client_set_heartbeat(dj_client_t *c, uint32_t period_ms) {
+    pthread_mutex_lock(&c->mu);
+    c->hb_period_ms = period_ms;
+    pthread_cond_broadcast(&c->hb_cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+uint32_t dj_client_lease_ms(const dj_client_t *c) { return c->lease_ms; }
+
+dj_status dj_client_heartbeat(dj_client_t *c) { return call(c, DJ_MSG_HEARTBEAT, NULL, NULL, NULL); }
+
+/* ---- connect ---- */
+
+dj_status dj_client_connect(const char *addr, const char *token, dj_client_t **out) {
+    *out = NULL;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    dj_status st = dj__addr_parse(addr, &ss, &len);
+    if (st != DJ_OK) return st;
+    dj_client_t *c = calloc(1, sizeof *c);
+    if (!c) return dj_fail(DJ_ENOMEM, "out of memory");
+    c->fd = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->wmu, NULL);
+    pthread_cond_init(&c->hb_cv, NULL);
+    c->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&ss, len) != 0) {
+        st = dj_fail(DJ_EIO, "connect to %s: %s", addr, strerror(errno));
+        goto fail;
+    }
+    if (ss.ss_family != AF_UNIX) {
+        int one = 1;
+        setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    if (pthread_create(&c->reader, NULL, reader_main, c) != 0) {
+        st = dj_fail(DJ_EINTERNAL, "cannot start the reader thread");
+        goto fail;
+    }
+    c->reader_started = true;
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "version", DJ_PROTO_VERSION);
+    dj__mw_str(&w, "client", "libdjinn 0.1");
+    if (token) dj__mw_str(&w, "token", token);
+    dj__meta m;
+    if ((st = call(c, DJ_MSG_HELLO, &w, &m, NULL)) != DJ_OK) goto fail;
+    uint32_t lease = 10000;
+    dj__meta_u32(&m, "lease_ms", false, &lease);
+    dj__meta_destroy(&m);
+    c->lease_ms = lease;
+    c->hb_period_ms = lease / 3 ? lease / 3 : 1;
+    if (pthread_create(&c->hb, NULL, hb_main, c) != 0) {
+        st = dj_fail(DJ_EINTERNAL, "cannot start the heartbeat thread");
+        goto fail;
+    }
+    c->hb_started = true;
+    *out = c;
+    return DJ_OK;
+fail:
+    dj_client_free(c);
+    return st;
+}
+
+void dj_client_free(dj_client_t *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->hb_cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->hb_started) pthread_join(c->hb, NULL);
+    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+    if (c->reader_started) pthread_join(c->reader, NULL);
+    if (c->fd >= 0) close(c->fd);
+    while (c->pend) {
+        pending *p = c->pend;
+        c->pend = p->next;
+        pending_free(p);
+    }
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->wmu);
+    pthread_cond_destroy(&c->hb_cv);
+    free(c);
+}
+
+/* ---- models ---- */
+
+static dj_status name_call(dj_client_t *c, uint16_t type, const char *name, dj__meta *m) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_str(&w, "model", name);
+    return call(c, type, &w, m, NULL);
+}
+
+static void read_model(const msgpack_object *o, dj_client_model *cm) {
+    memset(cm, 0, sizeof *cm);
+    const msgpack_object *v = dj__obj_get(o, "name");
+    if (v && v->type == MSGPACK_OBJECT_STR)
+        snprintf(cm->name, sizeof cm->name, "%.*s", (int)(v->via.str.size < 127 ? v->via.str.size : 127),
+                 v->via.str.ptr);
+    uint64_t x = 0;
+    if ((v = dj__obj_get(o, "refs")) && dj__obj_u64(v, &x)) cm->refs = (uint32_t)x;
+    if ((v = dj__obj_get(o, "loaded")) && v->type == MSGPACK_OBJECT_BOOLEAN) cm->loaded = v->via.boolean;
+    else cm->loaded = cm->refs > 0;
+}
+
+static dj_status read_models(const dj__meta *m, dj_client_model **models, size_t *n) {
+    *models = NULL;
+    *n = 0;
+    const msgpack_object *a = dj__meta_get(m, "models");
+    if (!a || a->type != MSGPACK_OBJECT_ARRAY) return dj_fail(DJ_EFORMAT, "reply has no 'models' array");
+    if (a->via.array.size == 0) return DJ_OK;
+    dj_client_model *v = calloc(a->via.array.size, sizeof *v);
+    if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < a->via.array.size; i++) read_model(&a->via.array.ptr[i], &v[i]);
+    *models = v;
+    *n = a->via.array.size;
+    return DJ_OK;
+}
+
+dj_status dj_client_model_list(dj_client_t *c, dj_client_model **models, size_t *n) {
+    dj__meta m;
+    dj_status st = call(c, DJ_MSG_MODEL_LIST, NULL, &m, NULL);
+    if (st != DJ_OK) return st;
+    st = read_models(&m, models, n);
+    dj__meta_destroy(&m);
+    return st;
+}
+
+dj_status dj_client_model_load(dj_client_t *c, const char *name) {
+    return name_call(c, DJ_MSG_MODEL_LOAD, name, NULL);
+}
+
+dj_status dj_client_model_unload(dj_client_t *c, const char *name) {
+    return name_call(c, DJ_MSG_MODEL_UNLOAD, name, NULL);
+}
+
+/* ---- sessions ---- */
+
+dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session) {
+    *session = 0;
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_str(&w, "model", o->model ? o->model : "");
+    dj__mw_str(&w, "qos", dj_qos_name(o->qos));
+    if (o->expected_tokens) dj__mw_u64(&w, "expected_tokens", o->expected_tokens);
+    dj__meta m;
+    dj_status st = call(c, DJ_MSG_SESSION_OPEN, &w, &m, NULL);
+    if (st != DJ_OK) return st;
+    st = dj__meta_u64(&m, "session", true, session);
+    dj__meta_destroy(&m);
+    return st;
+}
+
+static dj_status session_call(dj_client_t *c, uint16_t type, uint64_t session, uint64_t expected_ms) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", session);
+    if (expected_ms) dj__mw_u64(&w, "expected_ms", expected_ms);
+    return call(c, type, &w, NULL, NULL);
+}
+
+dj_status dj_client_session_close(dj_client_t *c, uint64_t session) {
+    return session_call(c, DJ_MSG_SESSION_CLOSE, session, 0);
+}
+dj_status dj_client_session_pause(dj_client_t *c, uint64_t session, uint64_t expected_ms) {
+    return session_call(c, DJ_MSG_PAUSE, session, expected_ms);
+}
+dj_status dj_client_session_resume(dj_client_t *c, uint64_t session) {
+    return session_call(c, DJ_MSG_RESUME, session, 0);
+}
+
+/* ---- generate ---- */
+
+dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate_params *p, dj_token_cb cb,
+                             void *user, dj_generate_result *res) {
+    if (res) memset(res, 0, sizeof *res);
+    if (!!p->prompt == !!p->ids) return dj_fail(DJ_EINVAL, "generate needs exactly one of prompt or ids");
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", session);
+    if (p->prompt) dj__mw_str(&w, "prompt", p->prompt);
+    else dj__mw_ids(&w, "ids", p->ids, p->n_ids);
+    dj__mw_u64(&w, "max_tokens", p->max_tokens);
+    dj__mw_f64(&w, "temperature", p->sampling.temperature);
+    dj__mw_u64(&w, "top_k", p->sampling.top_k);
+    dj__mw_f64(&w, "top_p", p->sampling.top_p > 0 ? p->sampling.top_p : 1.0);
+    dj__mw_u64(&w, "seed", p->sampling.seed);
+    if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
+    pending *pd;
+    dj_status st = begin(c, DJ_MSG_GENERATE, &w, NULL, 0, NULL, 0, false, &pd);
+    if (st != DJ_OK) return st;
+    for (;;) {
+        frame *f = NULL;
+        if ((st = next_frame(c, pd, &f)) != DJ_OK) break;
+        dj__meta m;
+        if (f->h.type == DJ_MSG_ERROR) {
+            st = error_of(f);
+            frame_free(f);
+            break;
+        }
+        if ((st = dj__meta_parse(&m, f->body, f->h.meta_len)) != DJ_OK) {
+            frame_free(f);
+            break;
+        }
+        if (f->h.type == DJ_MSG_TOKEN) {
+            int64_t id = -1;
+            const char *text = "";
+            size_t tn = 0;
+            st = dj__meta_i64(&m, "id", true, &id);
+            if (st == DJ_OK) st = dj__meta_str(&m, "text", false, &text, &tn);
+            if (st == DJ_OK && cb) cb((int32_t)id, text ? text : "", text ? tn : 0, user);
+            dj__meta_destroy(&m);
+            frame_free(f);
+            if (st != DJ_OK) break;
+            continue;
+        }
+        if (f->h.type == DJ_MSG_DONE && res) {
+            dj__meta_u32(&m, "n_prompt", false, &res->n_prompt);
+            dj__meta_u32(&m, "n_generated", false, &res->n_generated);
+            dj__meta_strcpy(&m, "reason", false, res->reason, sizeof res->reason);
+            dj__meta_f64(&m, "queue_ms", false, &res->queue_ms);
+            dj__meta_f64(&m, "prefill_ms", false, &res->prefill_ms);
+            dj__meta_f64(&m, "ttft_ms", false, &res->ttft_ms);
+            dj__meta_f64(&m, "decode_ms", false, &res->decode_ms);
+        }
+        if (f->h.type == DJ_MSG_DONE && cb) {
+            const char *text = NULL;
+            size_t tn = 0;
+            if (dj__meta_str(&m, "text", false, &text, &tn) == DJ_OK && text && tn) cb(-1, text, tn, user);
+        }
+        if (f->h.type != DJ_MSG_DONE) st = dj_fail(DJ_EFORMAT, "unexpected %s frame", dj_msg_type_name(f->h.type));
+        dj__meta_destroy(&m);
+        frame_free(f);
+        break;
+    }
+    end(c, pd);
+    return st;
+}
+
+/* ---- steps and handles ---- */
+
+dj_status dj_client_step(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, bool want_logits,
+                         dj_remote_tensor *t) {
+    memset(t, 0, sizeof *t);
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", session);
+    dj__mw_ids(&w, "ids", ids, n);
+    dj__mw_str(&w, "logits", want_logits ? "last" : "none");
+    dj__meta m;
+    dj_status st = call(c, DJ_MSG_STEP, &w, &m, NULL);
+    if (st != DJ_OK) return st;
+    uint64_t x = 0;
+    if (dj__meta_u64(&m, "pos", false, &x) == DJ_OK) t->pos = (uint32_t)x;
+    if (want_logits) {
+        st = dj__meta_u64(&m, "handle", true, &t->handle);
+        if (st == DJ_OK) st = dj__meta_u64(&m, "nbytes", true, &t->nbytes);
+        if (st == DJ_OK) st = dj__meta_strcpy(&m, "dtype", true, t->dtype, sizeof t->dtype);
+        const msgpack_object *sh = dj__meta_get(&m, "shape");
+        if (st == DJ_OK && (!sh || sh->type != MSGPACK_OBJECT_ARRAY || sh->via.array.size > 4))
+            st = dj_fail(DJ_EFORMAT, "STEP reply: bad 'shape'");
+        for (uint32_t i = 0; st == DJ_OK && i < sh->via.array.size; i++) dj__obj_u64(&sh->via.array.ptr[i], &t->shape[i]);
+        if (st == DJ_OK) t->ndim = sh->via.array.size;
+    }
+    dj__meta_destroy(&m);
+    return st;
+}
+
+dj_status dj_client_fetch(dj_client_t *c, uint64_t handle, uint64_t offset, uint64_t length, void *dst, size_t cap,
+                          size_t *got) {
+    *got = 0;
+    for (;;) {
+        uint64_t want = length == UINT64_MAX ? UINT64_MAX : length - *got;
+        if (length != UINT64_MAX && want == 0) return DJ_OK;
+        if (want > cap - *got) want = cap - *got;
+        if (want == 0) return DJ_OK;
+        dj__mw w;
+        dj__mw_init(&w);
+        dj__mw_u64(&w, "handle", handle);
+        dj__mw_u64(&w, "offset", offset + *got);
+        dj__mw_u64(&w, "length", want);
+        pending *p;
+        dj_status st = begin(c, DJ_MSG_FETCH, &w, NULL, 0, (uint8_t *)dst + *got, (size_t)want, false, &p);
+        if (st != DJ_OK) return st;
+        frame *f = NULL;
+        st = next_frame(c, p, &f);
+        end(c, p);
+        if (st != DJ_OK) return st;
+        if (f->h.type == DJ_MSG_ERROR) st = error_of(f);
+        else if (f->h.type != DJ_MSG_REPLY || !f->sunk)
+            st = dj_fail(DJ_EFORMAT, "FETCH reply of %llu bytes for %llu asked", (unsigned long long)f->h.payload_len,
+                         (unsigned long long)want);
+        const uint64_t n = f->h.payload_len;
+        frame_free(f);
+        if (st != DJ_OK) return st;
+        *got += (size_t)n;
+        if (n == 0 || n < want) return DJ_OK; /* the end of the handle */
+    }
+}
+
+dj_status dj_client_release(dj_client_t *c, uint64_t handle) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "handle", handle);
+    return call(c, DJ_MSG_RELEASE, &w, NULL, NULL);
+}
+
+/* ---- stats ---- */
+
+static uint64_t u64_of(const msgpack_object *map, const char *key) {
+    uint64_t x = 0;
+    const msgpack_object *v = dj__obj_get(map, key);
+    if (v) dj__obj_u64(v, &x);
+    return x;
+}
+
+static void str_of(const msgpack_object *map, const char *key, char *buf, size_t cap) {
+    const msgpack_object *v = dj__obj_get(map, key);
+    buf[0] = '\0';
+    if (v && v->type == MSGPACK_OBJECT_STR)
+        snprintf(buf, cap, "%.*s", (int)(v->via.str.size < cap ? v->via.str.size : cap - 1), v->via.str.ptr);
+}
+
+static bool bool_of(const msgpack_object *map, const char *key) {
+    const msgpack_object *v = dj__obj_get(map, key);
+    return v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean;
+}
+
+dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
+    memset(out, 0, sizeof *out);
+    dj__meta m;
+    dj_status st = call(c, DJ_MSG_STATS, NULL, &m, NULL);
+    if (st != DJ_OK) return st;
+    const msgpack_object *root = &m.root, *segs = dj__meta_get(&m, "segments");
+    dj_client_seg *dst[3] = {&out->text, &out->data, &out->stack};
+    static const char *names[3] = {"text", "data", "stack"};
+    for (int i = 0; i < 3; i++) {
+        const msgpack_object *sg = dj__obj_get(segs, names[i]);
+        dst[i]->capacity = u64_of(sg, "capacity");
+        dst[i]->used = u64_of(sg, "used");
+        dst[i]->peak = u64_of(sg, "peak");
+    }
+    out->pages_total = u64_of(root, "pages_total");
+    out->pages_free = u64_of(root, "pages_free");
+    out->page_bytes = u64_of(root, "page_bytes");
+    out->evictions = u64_of(root, "evictions");
+    out->vmu_models = u64_of(root, "vmu_models");
+    out->vmu_sessions = u64_of(root, "vmu_sessions");
+    out->handles = u64_of(root, "handles");
+    out->connections = u64_of(root, "connections");
+    st = read_models(&m, &out->models, &out->n_models);
+    const msgpack_object *ss = dj__meta_get(&m, "sessions");
+    if (st == DJ_OK && ss && ss->type == MSGPACK_OBJECT_ARRAY && ss->via.array.size) {
+        out->sessions = calloc(ss->via.array.size, sizeof *out->sessions);
+        if (!out->sessions) st = dj_fail(DJ_ENOMEM, "out of memory");
+        for (uint32_t i = 0; st == DJ_OK && i < ss->via.array.size; i++) {
+            const msgpack_object *o = &ss->via.array.ptr[i];
+            dj_client_session_info *si = &out->sessions[i];
+            si->id = u64_of(o, "id");
+            str_of(o, "model", si->model, sizeof si->model);
+            str_of(o, "qos", si->qos, sizeof si->qos);
+            si->pos = (uint32_t)u64_of(o, "pos");
+            si->lease_left_ms = u64_of(o, "lease_left_ms");
+            si->paused = bool_of(o, "paused");
+            si->generating = bool_of(o, "generating");
+        }
+        out->n_sessions = ss->via.array.size;
+    }
+    const msgpack_object *qs = dj__meta_get(&m, "queues");
+    for (int q = 0; q < DJ_QOS_COUNT; q++) {
+        const msgpack_object *qq = dj__obj_get(qs, dj_qos_name((dj_qos)q));
+        out->waiting[q] = u64_of(qq, "waiting");
+        out->running[q] = u64_of(qq, "running");
+    }
+    const char *map = NULL;
+    size_t mn = 0;
+    if (st == DJ_OK && dj__meta_str(&m, "map", false, &map, &mn) == DJ_OK && map) {
+        out->map = malloc(mn + 1);
+        if (out->map) {
+            memcpy(out->map, map, mn);
+            out->map[mn] = '\0';
+        }
+    }
+    dj__meta_destroy(&m);
+    if (st != DJ_OK) dj_client_stats_free(out);
+    return st;
+}
+
+void dj_client_stats_free(dj_client_stats *st) {
+    if (!st) return;
+    free(st->models);
+    free(st->sessions);
+    free(st->map);
+    memset(st, 0, sizeof *st);
+}
+
+void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
+    const double mib = 1048576.0;
+    fprintf(f, "segments:\n");
+    const dj_client_seg *seg[3] = {&st->text, &st->data, &st->stack};
+    static const char *names[3] = {"text", "data", "stack"};
+    for (int i = 0; i < 3; i++)
+        fprintf(f, "  %-6s %10.2f of %10.2f MiB used (peak %.2f MiB)\n", names[i], seg[i]->used / mib,
+                seg[i]->capacity / mib, seg[i]->peak / mib);
+    fprintf(f, "  data pages: %llu of %llu free (%llu B each); %llu evictions\n", (unsigned long long)st->pages_free,
+            (unsigned long long)st->pages_total, (unsigned long long)st->page_bytes,
+            (unsigned long long)st->evictions);
+    fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
+    for (size_t i = 0; i < st->n_models; i++)
+        fprintf(f, "  %-24s refs %u\n", st->models[i].name, st->models[i].refs);
+    fprintf(f, "sessions (%zu):\n", st->n_sessions);
+    for (size_t i = 0; i < st->n_sessions; i++) {
+        const dj_client_session_info *s = &st->sessions[i];
+        fprintf(f, "  %016llx  %-16s %-11s pos %-6u lease %5llu ms%s%s\n", (unsigned long long)s->id, s->model,
+                s->qos, s->pos, (unsigned long long)s->lease_left_ms, s->paused ? "  paused" : "",
+                s->generating ? "  generating" : "");
+    }
+    fprintf(f, "queues:");
+    for (int q = 0; q < DJ_QOS_COUNT; q++)
+        fprintf(f, "  %s %llu waiting / %llu running", dj_qos_name((dj_qos)q), (unsigned long long)st->waiting[q],
+                (unsigned long long)st->running[q]);
+    fprintf(f, "\nconnections %llu, handles %llu\n", (unsigned long long)st->connections,
+            (unsigned long long)st->handles);
+    if (st->map) fprintf(f, "VMU map:\n%s", st->map);
+}

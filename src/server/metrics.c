@@ -1,0 +1,122 @@
+/* metrics.c: djinnd's Prometheus endpoint over libmicrohttpd - request
+ * counts by type and status, latency histograms, VMU bytes and sessions. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "server/server_impl.h"
+
+const double dj__hist_bounds[DJ__HIST_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                  0.025,  0.05,    0.1,    0.25,  0.5,    1.0,   2.5};
+
+void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st) {
+    int code = -(int)st;
+    if (code < 0 || code >= DJ__N_STATUS) code = -(int)DJ_EINTERNAL;
+    if (type > DJ_MSG_REQUEST_LAST) type = 0;
+    pthread_mutex_lock(&m->mu);
+    m->requests[type][code]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void dj__metrics_observe(dj__metrics *m, dj__hist *h, double seconds) {
+    int b = 0;
+    while (b < DJ__HIST_BUCKETS && seconds > dj__hist_bounds[b]) b++;
+    pthread_mutex_lock(&m->mu);
+    h->count[b]++;
+    h->sum += seconds;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void put_hist(FILE *f, const char *name, const char *help, const dj__hist *h) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < DJ__HIST_BUCKETS; b++) {
+        cum += h->count[b];
+        fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, dj__hist_bounds[b], (unsigned long long)cum);
+    }
+    cum += h->count[DJ__HIST_BUCKETS];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9f\n%s_count %llu\n", name, (unsigned long long)cum, name, h->sum,
+            name, (unsigned long long)cum);
+}
+
+static char *render(dj__metrics *m, size_t *len) {
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!f) return NULL;
+    pthread_mutex_lock(&m->mu);
+    fputs("# HELP djinn_requests_total Requests answered, by type and status.\n# TYPE djinn_requests_total counter\n", f);
+    for (uint32_t t = 0; t <= DJ_MSG_REQUEST_LAST; t++)
+        for (int c = 0; c < DJ__N_STATUS; c++)
+            if (m->requests[t][c])
+                fprintf(f, "djinn_requests_total{type=\"%s\",status=\"%s\"} %llu\n", t ? dj_msg_type_name(t) : "INVALID",
+                        dj_status_name((dj_status)-c), (unsigned long long)m->requests[t][c]);
+    put_hist(f, "djinn_queue_seconds", "Time from arrival to the engine picking a request up.", &m->queue_s);
+    put_hist(f, "djinn_ttft_seconds", "Time from arrival of GENERATE to its first token.", &m->ttft_s);
+    put_hist(f, "djinn_token_seconds", "Time between consecutive tokens of one generation.", &m->token_s);
+    fputs("# HELP djinn_vmu_bytes VMU bytes per segment.\n# TYPE djinn_vmu_bytes gauge\n", f);
+    const dj_vmu_seg_stats *seg[3] = {&m->vmu.text, &m->vmu.data, &m->vmu.stack};
+    static const char *names[3] = {"text", "data", "stack"};
+    for (int i = 0; i < 3; i++) {
+        fprintf(f, "djinn_vmu_bytes{segment=\"%s\",kind=\"capacity\"} %zu\n", names[i], seg[i]->capacity);
+        fprintf(f, "djinn_vmu_bytes{segment=\"%s\",kind=\"used\"} %zu\n", names[i], seg[i]->used);
+        fprintf(f, "djinn_vmu_bytes{segment=\"%s\",kind=\"peak\"} %zu\n", names[i], seg[i]->peak);
+    }
+    fprintf(f, "# TYPE djinn_sessions gauge\ndjinn_sessions %llu\n", (unsigned long long)m->sessions);
+    fprintf(f, "# TYPE djinn_connections gauge\ndjinn_connections %llu\n", (unsigned long long)m->connections);
+    fprintf(f, "# TYPE djinn_models gauge\ndjinn_models %zu\n", m->vmu.n_models);
+    fprintf(f, "# TYPE djinn_evictions_total counter\ndjinn_evictions_total %zu\n", m->vmu.evictions);
+    fprintf(f, "# TYPE djinn_lease_expiries_total counter\ndjinn_lease_expiries_total %llu\n",
+            (unsigned long long)m->lease_expiries);
+    fprintf(f, "# TYPE djinn_tokens_total counter\ndjinn_tokens_total %llu\n", (unsigned long long)m->tokens);
+    pthread_mutex_unlock(&m->mu);
+    fclose(f);
+    return buf;
+}
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                               const char *version, const char *upload, size_t *upload_size, void **ctx) {
+    (void)version;
+    (void)upload;
+    (void)upload_size;
+    (void)ctx;
+    dj__metrics *m = cls;
+    struct MHD_Response *r;
+    unsigned code = MHD_HTTP_OK;
+    if (strcmp(method, "GET") != 0 || strcmp(url, "/metrics") != 0) {
+        static const char nf[] = "not found: GET /metrics\n";
+        r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
+        code = MHD_HTTP_NOT_FOUND;
+    } else {
+        size_t len = 0;
+        char *body = render(m, &len);
+        if (!body) return MHD_NO;
+        r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    }
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+dj_status dj__metrics_start(dj__metrics *m, const char *addr) {
+    struct sockaddr_storage ss;
+    socklen_t len;
+    dj_status st = dj__addr_parse(addr, &ss, &len);
+    if (st != DJ_OK) return st;
+    if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)
+        return dj_fail(DJ_EINVAL, "--metrics %s: want HOST:PORT", addr);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    m->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                              MHD_OPTION_END);
+    if (!m->mhd) return dj_fail(DJ_EIO, "--metrics %s: cannot start the HTTP listener", addr);
+    return DJ_OK;
+}
+
+void dj__metrics_stop(dj__metrics *m) {
+    if (m->mhd) MHD_stop_daemon(m->mhd);
+    m->mhd = NULL;
+}

@@ -1,0 +1,192 @@
+/* server_impl.h: djinnd's shared state - the I/O thread (libuv) and the
+ * engine worker thread, the tables they share under one mutex, and metrics. */
+#ifndef DJ_SERVER_IMPL_H
+#define DJ_SERVER_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "djinn/engine.h"
+#include "djinn/protocol.h"
+#include "djinn/sampler.h"
+#include "djinn/tokenizer.h"
+#include "server/proto_impl.h"
+
+/* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
+typedef struct dj__ment {
+    uint64_t key;
+    void *val;
+    struct dj__ment *next;
+} dj__ment;
+typedef struct dj__map {
+    dj__ment **b; /* [n_buckets] */
+    size_t n_buckets, n;
+} dj__map;
+dj_status dj__map_init(dj__map *m, size_t n_buckets);
+void dj__map_destroy(dj__map *m);
+void *dj__map_get(const dj__map *m, uint64_t key);
+dj_status dj__map_put(dj__map *m, uint64_t key, void *val);
+void *dj__map_del(dj__map *m, uint64_t key); /* returns the value, NULL if absent */
+
+/* ---- metrics ---- */
+#define DJ__HIST_BUCKETS 14
+#define DJ__N_STATUS 13 /* -dj_status: 0..12 */
+typedef struct dj__hist {
+    uint64_t count[DJ__HIST_BUCKETS + 1]; /* last = +Inf */
+    double sum;
+} dj__hist;
+typedef struct dj__metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[DJ_MSG_REQUEST_LAST + 1][DJ__N_STATUS]; /* [type][-status] */
+    dj__hist queue_s, ttft_s, token_s;
+    dj_vmu_stats vmu;              /* snapshot after the worker's last job */
+    uint64_t sessions, connections, lease_expiries, tokens;
+    void *mhd;                     /* struct MHD_Daemon * */
+} dj__metrics;
+extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
+void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);
+void dj__metrics_observe(dj__metrics *m, dj__hist *h, double seconds);
+dj_status dj__metrics_start(dj__metrics *m, const char *addr);
+void dj__metrics_stop(dj__metrics *m);
+
+/* ---- sessions and handles (shared under srv->mu unless marked) ---- */
+typedef struct dj__model_ent dj__model_ent;
+typedef struct dj__job dj__job;
+
+typedef struct dj__sess {
+    uint64_t id, conn;
+    dj_qos qos;
+    uint64_t lease_deadline_ms; /* monotonic; renewed by heartbeats and requests */
+    bool paused, dead;          /* dead: connection gone or lease over; the worker reaps it */
+    uint64_t paused_expect_ms;
+    uint32_t pos, pages;        /* snapshot for stats, written by the worker */
+    char model[128];
+    /* worker only */
+    dj_session_t *es;
+    dj__model_ent *ment;
+    int32_t pending;            /* sampled but not yet fed token, -1 if none */
+    dj__job *busy;              /* the generation running on it, if any */
+} dj__sess;
+
+typedef struct dj__handle {
+    uint64_t id, conn, sess;
+    uint32_t ndim;
+    uint64_t shape[4];
+    char dtype[8];
+    uint8_t *bytes; /* [nbytes], immutable once published */
+    uint64_t nbytes;
+    int refs;       /* table + in-flight writes */
+} dj__handle;
+
+/* ---- work for the engine thread ---- */
+typedef struct dj__gen {
+    dj_sampler_t *smp;
+    dj_detok_stream_t *ds;
+    float *logits; /* [vocab] */
+    int32_t *stop;
+    size_t n_stop;
+    uint32_t max_tokens, n_gen, n_prompt;
+    double t_start, t_first, t_last, prefill_s;
+} dj__gen;
+
+struct dj__job {
+    dj__job *next;
+    uint16_t type;
+    uint64_t req, conn, sess; /* sess 0 for connection-level requests */
+    dj_qos qos;
+    uint8_t *body;            /* meta then payload, owned */
+    dj__meta meta;
+    const uint8_t *payload;
+    uint64_t payload_len;
+    double t_enqueue;
+    dj__gen *gen;             /* set once a GENERATE started */
+};
+
+typedef struct dj__jobq {
+    dj__job *head, *tail;
+    size_t n;
+} dj__jobq;
+
+/* A frame for the I/O thread to send (worker -> loop). */
+typedef struct dj__out {
+    struct dj__out *next;
+    uint64_t conn;
+    dj_frame_header h;
+    char *meta; /* malloc'd msgpack bytes (h.meta_len) */
+    bool close_after;
+} dj__out;
+
+struct dj__model_ent {
+    char name[128];
+    dj_model_t *m;      /* valid while users > 0 or pinned */
+    uint32_t users;     /* sessions */
+    bool pinned;        /* MODEL_LOAD holds one engine reference */
+    dj_tokenizer_t *tok;
+    bool tok_tried;
+    dj__model_ent *next;
+};
+
+typedef struct dj__config {
+    const char *listen;   /* ADDR:PORT or unix:/path */
+    const char *models;   /* model store */
+    const char *metrics;  /* ADDR:PORT or NULL */
+    const char *token_file;
+    size_t vmu_bytes;
+    int threads;
+    uint32_t lease_ms;
+    uint32_t max_running; /* concurrency of the scheduler */
+    const char *port_file; /* write the bound TCP port here (tests) */
+} dj__config;
+
+typedef struct dj__server {
+    dj__config cfg;
+    char token[256];
+    bool have_token;
+    uv_loop_t loop;
+    union {
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } listener;
+    bool is_unix;
+    uv_signal_t sigint, sigterm;
+    uv_async_t wake;     /* worker -> loop: outbox has frames */
+    dj__map conns;       /* loop only: id -> dj__conn */
+    uint64_t next_conn;
+    bool stopping;
+
+    pthread_mutex_t mu;  /* guards everything below */
+    pthread_cond_t cv;
+    dj__map sessions;    /* id -> dj__sess */
+    dj__map handles;     /* id -> dj__handle */
+    dj__map live_conns;  /* id -> (void *)1 */
+    dj__jobq newq[DJ_QOS_COUNT], runq[DJ_QOS_COUNT];
+    bool turn[DJ_QOS_COUNT];
+    dj__out *out_head, *out_tail;
+    bool stop_worker, reap;
+
+    /* worker only */
+    pthread_t worker;
+    bool worker_started;
+    dj_engine_t *engine;
+    dj__model_ent *models;
+
+    dj__metrics metrics;
+} dj__server;
+
+double dj__now(void);          /* monotonic seconds */
+uint64_t dj__now_ms(void);
+
+/* worker.c */
+dj_status dj__worker_start(dj__server *s);
+void dj__worker_stop(dj__server *s);
+void dj__enqueue(dj__server *s, dj__job *j); /* takes ownership; locks mu */
+void dj__job_free(dj__job *j);
+/* Build an ERROR frame (st, message) for the outbox (call with mu held or not: it only allocates). */
+dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *msg, bool close_after);
+dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w); /* takes w's bytes */
+void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
+
+#endif

@@ -1,0 +1,936 @@
+/* worker.c: djinnd's engine thread - the only thread that touches the
+ * engine. Per-QoS queues, round-robin decode of running generations, sessions
+ * with leases, models shared by fingerprint, result handles, stats. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "server/server_impl.h"
+
+#define DEFAULT_MAX_TOKENS 64
+#define DEFAULT_CTX_CAP 4096
+
+/* ---- queues and the outbox (mu held) ---- */
+
+static void q_push(dj__jobq *q, dj__job *j) {
+    j->next = NULL;
+    if (q->tail) q->tail->next = j;
+    else q->head = j;
+    q->tail = j;
+    q->n++;
+}
+
+static dj__job *q_pop_head(dj__jobq *q) {
+    dj__job *j = q->head;
+    if (!j) return NULL;
+    q->head = j->next;
+    if (!q->head) q->tail = NULL;
+    q->n--;
+    j->next = NULL;
+    return j;
+}
+
+static bool q_remove(dj__jobq *q, dj__job *j) {
+    dj__job *prev = NULL;
+    for (dj__job *x = q->head; x; prev = x, x = x->next)
+        if (x == j) {
+            if (prev) prev->next = x->next;
+            else q->head = x->next;
+            if (q->tail == x) q->tail = prev;
+            q->n--;
+            x->next = NULL;
+            return true;
+        }
+    return false;
+}
+
+static dj__job *q_pop_tail(dj__jobq *q) {
+    dj__job *j = q->tail;
+    if (j) q_remove(q, j);
+    return j;
+}
+
+static void post_locked(dj__server *s, dj__out *o) {
+    if (!o) return;
+    o->next = NULL;
+    if (s->out_tail) s->out_tail->next = o;
+    else s->out_head = o;
+    s->out_tail = o;
+    if (!s->stopping) uv_async_send(&s->wake); /* when stopping, the loop drains the list itself */
+}
+
+static void post(dj__server *s, dj__out *o) {
+    pthread_mutex_lock(&s->mu);
+    post_locked(s, o);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void dj__handle_unref(dj__server *s, dj__handle *h) {
+    (void)s;
+    if (--h->refs > 0) return;
+    free(h->bytes);
+    free(h);
+}
+
+static void gen_free(dj__gen *g) {
+    if (!g) return;
+    dj_sampler_free(g->smp);
+    dj_detok_stream_free(g->ds);
+    free(g->logits);
+    free(g->stop);
+    free(g);
+}
+
+void dj__job_free(dj__job *j) {
+    if (!j) return;
+    dj__meta_destroy(&j->meta);
+    free(j->body);
+    gen_free(j->gen);
+    free(j);
+}
+
+void dj__enqueue(dj__server *s, dj__job *j) {
+    uint64_t sid = 0;
+    const msgpack_object *o = dj__meta_get(&j->meta, "session");
+    if (o) dj__obj_u64(o, &sid);
+    pthread_mutex_lock(&s->mu);
+    dj__sess *ss = sid ? dj__map_get(&s->sessions, sid) : NULL;
+    if (ss && ss->conn == j->conn && !ss->dead) {
+        j->qos = ss->qos;
+        ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+    }
+    if (j->type == DJ_MSG_SESSION_OPEN) {
+        const msgpack_object *q = dj__meta_get(&j->meta, "qos");
+        dj_qos qq;
+        char name[16];
+        if (q && q->type == MSGPACK_OBJECT_STR && q->via.str.size < sizeof name) {
+            memcpy(name, q->via.str.ptr, q->via.str.size);
+            name[q->via.str.size] = '\0';
+            if (dj_qos_parse(name, &qq) == DJ_OK) j->qos = qq;
+        }
+    }
+    q_push(&s->newq[j->qos], j);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- replies ---- */
+
+static void reply(dj__server *s, dj__job *j, dj__mw *w) {
+    dj__metrics_count(&s->metrics, j->type, DJ_OK);
+    post(s, dj__out_meta(j->conn, DJ_MSG_REPLY, j->req, w));
+}
+
+static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_after) {
+    dj__metrics_count(&s->metrics, j->type, st);
+    DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
+           (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
+           dj_last_error());
+    post(s, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
+}
+
+/* ---- models ---- */
+
+static bool valid_model_name(const char *n) {
+    if (!n[0] || !strcmp(n, ".") || !strcmp(n, "..")) return false;
+    for (const char *p = n; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return false;
+    return true;
+}
+
+static dj__model_ent *model_find(dj__server *s, const char *name) {
+    for (dj__model_ent *m = s->models; m; m = m->next)
+        if (!strcmp(m->name, name)) return m;
+    return NULL;
+}
+
+/* One engine reference on the named model (loading it if needed); the entry
+ * exists afterwards (users/pinned are the caller's to raise). */
+static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out, dj_model_t **m) {
+    if (!valid_model_name(name))
+        return dj_fail(DJ_EINVAL, "model name '%s': use the name of a folder in the model store", name);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%s", s->cfg.models, name);
+    dj_status st = dj_model_load(s->engine, dir, m);
+    if (st != DJ_OK) return st;
+    dj__model_ent *e = model_find(s, name);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e) {
+            dj_model_release(s->engine, *m);
+            *m = NULL;
+            return dj_fail(DJ_ENOMEM, "out of memory");
+        }
+        snprintf(e->name, sizeof e->name, "%s", name);
+        e->next = s->models;
+        s->models = e;
+    }
+    e->m = *m;
+    *out = e;
+    return DJ_OK;
+}
+
+static void model_ent_maybe_drop(dj__server *s, dj__model_ent *e) {
+    if (e->users || e->pinned) return;
+    for (dj__model_ent **p = &s->models; *p; p = &(*p)->next)
+        if (*p == e) {
+            *p = e->next;
+            break;
+        }
+    dj_tokenizer_free(e->tok);
+    free(e);
+}
+
+static const dj_tokenizer_t *model_tokenizer(dj__server *s, dj__model_ent *e) {
+    if (!e->tok_tried) {
+        e->tok_tried = true;
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s/tokenizer.json", s->cfg.models, e->name);
+        struct stat sb;
+        if (stat(path, &sb) == 0 && dj_tokenizer_load(path, &e->tok) != DJ_OK)
+            DJ_LOG(WARN, "model %s: tokenizer: %s", e->name, dj_last_error());
+    }
+    return e->tok;
+}
+
+/* ---- sessions ---- */
+
+static void free_handles_of(dj__server *s, uint64_t sid) { /* mu held */
+    for (size_t b = 0; b < s->handles.n_buckets; b++) {
+        dj__ment *e = s->handles.b[b];
+        while (e) {
+            dj__handle *h = e->val;
+            e = e->next;
+            if (h->sess == sid) {
+                dj__map_del(&s->handles, h->id);
+                dj__handle_unref(s, h);
+            }
+        }
+    }
+}
+
+/* Release everything a session holds: its generation (answered with `why`
+ * if the connection is still there), handles, pages, model reference. mu held;
+ * the session is already out of the table. */
+static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const char *msg) {
+    if (ss->busy) {
+        dj__job *j = ss->busy;
+        q_remove(&s->runq[j->qos], j);
+        if (dj__map_get(&s->live_conns, j->conn)) {
+            dj__metrics_count(&s->metrics, j->type, why);
+            post_locked(s, dj__out_error(j->conn, j->req, why, msg, false));
+        }
+        dj__job_free(j);
+    }
+    free_handles_of(s, ss->id);
+    dj_session_free(s->engine, ss->es);
+    if (ss->ment) {
+        ss->ment->users--;
+        model_ent_maybe_drop(s, ss->ment);
+    }
+    DJ_LOG(INFO, "session=%016llx conn=%llu released (%s)", (unsigned long long)ss->id, (unsigned long long)ss->conn,
+           msg);
+    free(ss);
+}
+
+static void reap(dj__server *s) { /* mu held */
+    const uint64_t now = dj__now_ms();
+    for (size_t b = 0; b < s->sessions.n_buckets; b++) {
+        dj__ment *e = s->sessions.b[b];
+        while (e) {
+            dj__sess *ss = e->val;
+            e = e->next;
+            const bool expired = !ss->dead && !ss->busy && now > ss->lease_deadline_ms;
+            if (!ss->dead && !expired) continue;
+            dj__map_del(&s->sessions, ss->id);
+            if (expired) s->metrics.lease_expiries++;
+            session_destroy(s, ss, DJ_ENOTFOUND, expired ? "session lease expired" : "connection closed");
+        }
+    }
+    s->reap = false;
+}
+
+/* The session a job names, owned by its connection (mu taken here). */
+static dj_status job_session(dj__server *s, dj__job *j, dj__sess **out, bool *foreign) {
+    uint64_t sid;
+    dj_status st = dj__meta_u64(&j->meta, "session", true, &sid);
+    if (st != DJ_OK) return st;
+    j->sess = sid;
+    pthread_mutex_lock(&s->mu);
+    dj__sess *ss = dj__map_get(&s->sessions, sid);
+    *foreign = ss && ss->conn != j->conn;
+    if (*foreign || (ss && ss->dead)) ss = NULL;
+    if (ss) ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+    pthread_mutex_unlock(&s->mu);
+    if (!ss) return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
+    *out = ss;
+    return DJ_OK;
+}
+
+static void snapshot(dj__server *s, dj__sess *ss) {
+    pthread_mutex_lock(&s->mu);
+    ss->pos = dj_session_pos(ss->es);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
+    char model[128], qos_name[16] = "interactive";
+    uint32_t expect = 0;
+    dj_status st = dj__meta_strcpy(&j->meta, "model", true, model, sizeof model);
+    if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
+    if (st == DJ_OK) st = dj__meta_u32(&j->meta, "expected_tokens", false, &expect);
+    if (st != DJ_OK) return st;
+    dj_qos qos;
+    if ((st = dj_qos_parse(qos_name, &qos)) != DJ_OK) return st;
+    dj__model_ent *e = model_find(s, model);
+    dj_model_t *m = NULL;
+    const bool load = !e || (!e->users && !e->pinned);
+    if (load && (st = model_ref(s, model, &e, &m)) != DJ_OK) return st;
+    if (!load) m = e->m; /* held by its other users: the session takes its own reference */
+    const dj_model_config *c = dj_model_get_config(m);
+    uint32_t ctx = expect ? expect : c->max_position_embeddings;
+    if (!expect && ctx > DEFAULT_CTX_CAP) ctx = DEFAULT_CTX_CAP;
+    if (c->max_position_embeddings && ctx > c->max_position_embeddings) {
+        if (load) dj_model_release(s->engine, m);
+        model_ent_maybe_drop(s, e);
+        return dj_fail(DJ_ERANGE, "expected_tokens %u exceeds the model's %u positions", ctx,
+                       c->max_position_embeddings);
+    }
+    dj__sess *ss = calloc(1, sizeof *ss);
+    if (!ss) st = dj_fail(DJ_ENOMEM, "out of memory");
+    if (st == DJ_OK) st = dj_session_new(s->engine, m, ctx, 0, &ss->es);
+    if (load) dj_model_release(s->engine, m); /* the session holds its own reference */
+    if (st == DJ_OK) st = dj__random_id(&ss->id);
+    if (st != DJ_OK) {
+        if (ss) dj_session_free(s->engine, ss->es);
+        free(ss);
+        model_ent_maybe_drop(s, e);
+        return st;
+    }
+    ss->conn = j->conn;
+    ss->qos = qos;
+    ss->pending = -1;
+    ss->ment = e;
+    e->users++;
+    snprintf(ss->model, sizeof ss->model, "%s", model);
+    pthread_mutex_lock(&s->mu);
+    bool alive = dj__map_get(&s->live_conns, j->conn) != NULL;
+    if (alive) {
+        while (dj__map_get(&s->sessions, ss->id)) dj__random_id(&ss->id);
+        ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+        st = dj__map_put(&s->sessions, ss->id, ss);
+    }
+    if (!alive || st != DJ_OK) {
+        session_destroy(s, ss, DJ_ENOTFOUND, "connection closed before the session opened");
+        pthread_mutex_unlock(&s->mu);
+        return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
+    }
+    pthread_mutex_unlock(&s->mu);
+    DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
+           (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
+    dj__mw_u64(w, "session", ss->id);
+    dj__mw_u64(w, "max_ctx", ctx);
+    dj__mw_u64(w, "vocab", c->vocab_size);
+    dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
+    return DJ_OK;
+}
+
+static dj_status do_close(dj__server *s, dj__job *j, bool *foreign) {
+    dj__sess *ss;
+    dj_status st = job_session(s, j, &ss, foreign);
+    if (st != DJ_OK) return st;
+    pthread_mutex_lock(&s->mu);
+    dj__map_del(&s->sessions, ss->id);
+    session_destroy(s, ss, DJ_ENOTFOUND, "session closed");
+    pthread_mutex_unlock(&s->mu);
+    return DJ_OK;
+}
+
+/* Ids to feed: the session's pending token, then the request's. */
+static dj_status feed_ids(dj__sess *ss, const int32_t *ids, size_t n, int32_t **out, size_t *n_out) {
+    const size_t extra = ss->pending >= 0 ? 1 : 0;
+    int32_t *v = malloc((n + extra + 1) * sizeof *v);
+    if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
+    if (extra) v[0] = ss->pending;
+    if (n) memcpy(v + extra, ids, n * sizeof *v);
+    *out = v;
+    *n_out = n + extra;
+    return DJ_OK;
+}
+
+static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
+    dj__sess *ss;
+    dj_status st = job_session(s, j, &ss, foreign);
+    if (st != DJ_OK) return st;
+    int32_t *ids = NULL, *feed = NULL;
+    size_t n = 0, n_feed = 0;
+    if (j->payload_len) {
+        if (j->payload_len % 4) return dj_fail(DJ_EFORMAT, "STEP payload of %llu bytes is not int32 ids",
+                                               (unsigned long long)j->payload_len);
+        if (dj__meta_get(&j->meta, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
+        n = j->payload_len / 4;
+        ids = malloc(n * sizeof *ids);
+        if (!ids) return dj_fail(DJ_ENOMEM, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            const uint8_t *p = j->payload + 4 * i;
+            uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            ids[i] = (int32_t)u;
+        }
+    } else if ((st = dj__meta_ids(&j->meta, "ids", true, &ids, &n)) != DJ_OK) {
+        return st;
+    }
+    bool want_logits = true;
+    const char *lg = NULL;
+    size_t lgn = 0;
+    if ((st = dj__meta_str(&j->meta, "logits", false, &lg, &lgn)) != DJ_OK) goto done;
+    if (lg && lgn == 4 && !memcmp(lg, "none", 4)) want_logits = false;
+    else if (lg && !(lgn == 4 && !memcmp(lg, "last", 4))) {
+        st = dj_fail(DJ_EUNSUPPORTED, "logits '%.*s': the engine returns the last position's logits ('last') or none",
+                     (int)(lgn > 32 ? 32 : lgn), lg);
+        goto done;
+    }
+    if (ss->busy) {
+        st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
+        goto done;
+    }
+    if (ss->paused) {
+        st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
+        goto done;
+    }
+    if ((st = feed_ids(ss, ids, n, &feed, &n_feed)) != DJ_OK) goto done;
+    if (n_feed == 0) {
+        st = dj_fail(DJ_EINVAL, "STEP needs at least one token id");
+        goto done;
+    }
+    const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
+    dj__handle *h = NULL;
+    if (want_logits) {
+        h = calloc(1, sizeof *h);
+        if (!h || !(h->bytes = malloc((size_t)vocab * sizeof(float)))) {
+            free(h);
+            st = dj_fail(DJ_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
+    st = dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
+    if (st != DJ_OK) {
+        if (h) free(h->bytes);
+        free(h);
+        goto done;
+    }
+    ss->pending = -1;
+    snapshot(s, ss);
+    dj__mw_u64(w, "pos", dj_session_pos(ss->es));
+    if (h) {
+        h->conn = j->conn;
+        h->sess = ss->id;
+        h->ndim = 1;
+        h->shape[0] = vocab;
+        h->nbytes = (uint64_t)vocab * sizeof(float);
+        h->refs = 1;
+        snprintf(h->dtype, sizeof h->dtype, "f32");
+        pthread_mutex_lock(&s->mu);
+        do st = dj__random_id(&h->id);
+        while (st == DJ_OK && dj__map_get(&s->handles, h->id));
+        if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
+        pthread_mutex_unlock(&s->mu);
+        if (st != DJ_OK) {
+            free(h->bytes);
+            free(h);
+            goto done;
+        }
+        dj__mw_u64(w, "handle", h->id);
+        dj__mw_str(w, "dtype", "f32");
+        dj__mw_key(w, "shape");
+        msgpack_pack_array(&w->pk, 1);
+        msgpack_pack_uint64(&w->pk, vocab);
+        dj__mw_u64(w, "nbytes", h->nbytes);
+    }
+done:
+    free(ids);
+    free(feed);
+    return st;
+}
+
+/* ---- generation ---- */
+
+static bool is_stop(const dj__gen *g, int32_t id) {
+    for (size_t i = 0; i < g->n_stop; i++)
+        if (g->stop[i] == id) return true;
+    return false;
+}
+
+static void gen_done(dj__server *s, dj__job *j, dj__sess *ss, const char *reason) {
+    dj__gen *g = j->gen;
+    const double now = dj__now();
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "n_prompt", g->n_prompt);
+    dj__mw_u64(&w, "n_generated", g->n_gen);
+    dj__mw_str(&w, "reason", reason);
+    dj__mw_u64(&w, "pos", dj_session_pos(ss->es));
+    dj__mw_f64(&w, "queue_ms", (g->t_start - j->t_enqueue) * 1e3);
+    dj__mw_f64(&w, "prefill_ms", g->prefill_s * 1e3);
+    dj__mw_f64(&w, "ttft_ms", g->n_gen ? (g->t_first - j->t_enqueue) * 1e3 : 0.0);
+    dj__mw_f64(&w, "decode_ms", g->n_gen ? (now - g->t_first) * 1e3 : 0.0);
+    if (ss->ment && ss->ment->tok && g->ds) {
+        char rest[256];
+        size_t n = 0;
+        if (dj_detok_stream_finish(g->ds, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
+    }
+    dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
+    post(s, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
+}
+
+/* Sample from g->logits and emit; true when the generation is over. */
+static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
+    dj__gen *g = j->gen;
+    const int32_t id = dj_sampler_sample(g->smp, g->logits);
+    ss->pending = id;
+    if (is_stop(g, id)) {
+        gen_done(s, j, ss, "stop");
+        return true;
+    }
+    const double now = dj__now();
+    if (g->n_gen == 0) {
+        g->t_first = now;
+        dj__metrics_observe(&s->metrics, &s->metrics.ttft_s, now - j->t_enqueue);
+    } else {
+        dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
+    }
+    g->t_last = now;
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_i64(&w, "id", id);
+    dj__mw_u64(&w, "index", g->n_gen);
+    if (g->ds) {
+        char piece[512];
+        size_t n = 0;
+        if (dj_detok_stream_push(g->ds, id, piece, sizeof piece, &n) == DJ_OK) dj__mw_strn(&w, "text", piece, n);
+    }
+    post(s, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
+    g->n_gen++;
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.tokens++;
+    pthread_mutex_unlock(&s->metrics.mu);
+    if (g->n_gen >= g->max_tokens) {
+        gen_done(s, j, ss, "length");
+        return true;
+    }
+    if (dj_session_pos(ss->es) + 1 > dj_session_max_ctx(ss->es)) {
+        gen_done(s, j, ss, "context");
+        return true;
+    }
+    return false;
+}
+
+static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finished) {
+    const dj__meta *m = &j->meta;
+    int32_t *ids = NULL, *feed = NULL;
+    size_t n = 0, n_feed = 0;
+    const char *prompt = NULL;
+    size_t plen = 0;
+    double temp = 0, top_p = 1;
+    uint64_t top_k = 0, seed = 0;
+    uint32_t max_tokens = DEFAULT_MAX_TOKENS;
+    dj__gen *g = calloc(1, sizeof *g);
+    if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
+    j->gen = g;
+    dj_status st = dj__meta_str(m, "prompt", false, &prompt, &plen);
+    if (st == DJ_OK) st = dj__meta_ids(m, "ids", false, &ids, &n);
+    if (st == DJ_OK) st = dj__meta_u32(m, "max_tokens", false, &max_tokens);
+    if (st == DJ_OK) st = dj__meta_f64(m, "temperature", false, &temp);
+    if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
+    if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
+    if (st == DJ_OK) st = dj__meta_u64(m, "seed", false, &seed);
+    if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &g->stop, &g->n_stop);
+    if (st != DJ_OK) goto done;
+    if (!!prompt == !!dj__meta_get(m, "ids")) {
+        st = dj_fail(DJ_EFORMAT, "GENERATE needs exactly one of 'prompt' or 'ids'");
+        goto done;
+    }
+    if (top_k > UINT32_MAX) top_k = UINT32_MAX;
+    if (ss->paused) {
+        st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
+        goto done;
+    }
+    const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
+    if (prompt) {
+        if (!tok) {
+            st = dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
+            goto done;
+        }
+        const bool first = dj_session_pos(ss->es) == 0 && ss->pending < 0;
+        if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &ids, &n)) != DJ_OK) goto done;
+    }
+    if ((st = feed_ids(ss, ids, n, &feed, &n_feed)) != DJ_OK) goto done;
+    if (n_feed == 0) {
+        st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
+        goto done;
+    }
+    const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
+    dj_sampler_params sp = {.temperature = (float)temp, .top_k = (uint32_t)top_k, .top_p = (float)top_p,
+                            .seed = seed};
+    if ((st = dj_sampler_new(&sp, vocab, &g->smp)) != DJ_OK) goto done;
+    if (tok && (st = dj_detok_stream_new(tok, &g->ds)) != DJ_OK) goto done;
+    if (!(g->logits = malloc((size_t)vocab * sizeof *g->logits))) {
+        st = dj_fail(DJ_ENOMEM, "out of memory");
+        goto done;
+    }
+    g->max_tokens = max_tokens;
+    g->n_prompt = (uint32_t)n;
+    g->t_start = dj__now();
+    dj__metrics_observe(&s->metrics, &s->metrics.queue_s, g->t_start - j->t_enqueue);
+    st = dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, g->logits);
+    if (st != DJ_OK) goto done;
+    ss->pending = -1;
+    g->prefill_s = dj__now() - g->t_start;
+    snapshot(s, ss);
+    if (max_tokens == 0) {
+        gen_done(s, j, ss, "length");
+        *finished = true;
+    } else {
+        *finished = gen_emit(s, j, ss);
+    }
+done:
+    free(ids);
+    free(feed);
+    return st;
+}
+
+/* One unit of a GENERATE: the prefill and first token, or one decode step. */
+static void run_generate(dj__server *s, dj__job *j) {
+    dj__sess *ss = NULL;
+    bool foreign = false, finished = false;
+    dj_status st;
+    if (!j->gen) {
+        st = job_session(s, j, &ss, &foreign);
+        if (st == DJ_OK && ss->busy) st = dj_fail(DJ_EBUSY, "session %016llx is already generating",
+                                                  (unsigned long long)ss->id);
+        if (st == DJ_OK) st = gen_start(s, j, ss, &finished);
+    } else {
+        pthread_mutex_lock(&s->mu);
+        ss = dj__map_get(&s->sessions, j->sess);
+        pthread_mutex_unlock(&s->mu);
+        /* the session cannot be gone: reaping removes its job from the queue */
+        int32_t id = ss->pending;
+        st = dj_session_step(s->engine, ss->es, &id, 1, j->gen->logits);
+        if (st == DJ_OK) {
+            ss->pending = -1;
+            snapshot(s, ss);
+            finished = gen_emit(s, j, ss);
+        }
+    }
+    if (st != DJ_OK) {
+        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+        if (ss && ss->busy == j) ss->busy = NULL;
+        dj__job_free(j);
+        return;
+    }
+    if (finished) {
+        if (ss->busy == j) ss->busy = NULL;
+        dj__job_free(j);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    ss->busy = j;
+    q_push(&s->runq[j->qos], j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- stats and model list ---- */
+
+static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
+    dj__pack_str(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+static dj_status do_stats(dj__server *s, dj__mw *w) {
+    dj_vmu_t *vmu = dj_engine_vmu(s->engine);
+    dj_vmu_stats vs;
+    dj_vmu_get_stats(vmu, &vs);
+    const dj_vmu_seg_stats *seg[3] = {&vs.text, &vs.data, &vs.stack};
+    static const char *seg_name[3] = {"text", "data", "stack"};
+    dj__mw_key(w, "segments");
+    msgpack_pack_map(&w->pk, 3);
+    for (int i = 0; i < 3; i++) {
+        dj__pack_str(&w->pk, seg_name[i]);
+        msgpack_pack_map(&w->pk, 3);
+        pack_kv_u64(&w->pk, "capacity", seg[i]->capacity);
+        pack_kv_u64(&w->pk, "used", seg[i]->used);
+        pack_kv_u64(&w->pk, "peak", seg[i]->peak);
+    }
+    dj__mw_u64(w, "vmu_models", vs.n_models);
+    dj__mw_u64(w, "vmu_sessions", vs.n_sessions);
+    dj__mw_u64(w, "pages_total", vs.pages_total);
+    dj__mw_u64(w, "pages_free", vs.pages_free);
+    dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
+    dj__mw_u64(w, "evictions", vs.evictions);
+    dj__mw_u64(w, "text_pinned", vs.text_pinned);
+    size_t n_models = 0;
+    for (dj__model_ent *m = s->models; m; m = m->next) n_models++;
+    dj__mw_key(w, "models");
+    msgpack_pack_array(&w->pk, n_models);
+    for (dj__model_ent *m = s->models; m; m = m->next) {
+        msgpack_pack_map(&w->pk, 4);
+        dj__pack_str(&w->pk, "name");
+        dj__pack_str(&w->pk, m->name);
+        pack_kv_u64(&w->pk, "refs", m->users + (m->pinned ? 1u : 0u));
+        pack_kv_u64(&w->pk, "sessions", m->users);
+        dj__pack_str(&w->pk, "pinned");
+        if (m->pinned) msgpack_pack_true(&w->pk);
+        else msgpack_pack_false(&w->pk);
+    }
+    const uint64_t now = dj__now_ms();
+    pthread_mutex_lock(&s->mu);
+    dj__mw_key(w, "sessions");
+    msgpack_pack_array(&w->pk, s->sessions.n);
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            dj__sess *ss = e->val;
+            msgpack_pack_map(&w->pk, 7);
+            pack_kv_u64(&w->pk, "id", ss->id);
+            dj__pack_str(&w->pk, "model");
+            dj__pack_str(&w->pk, ss->model);
+            dj__pack_str(&w->pk, "qos");
+            dj__pack_str(&w->pk, dj_qos_name(ss->qos));
+            pack_kv_u64(&w->pk, "pos", ss->pos);
+            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > now ? ss->lease_deadline_ms - now : 0);
+            dj__pack_str(&w->pk, "paused");
+            if (ss->paused) msgpack_pack_true(&w->pk);
+            else msgpack_pack_false(&w->pk);
+            dj__pack_str(&w->pk, "generating");
+            if (ss->busy) msgpack_pack_true(&w->pk);
+            else msgpack_pack_false(&w->pk);
+        }
+    dj__mw_key(w, "queues");
+    msgpack_pack_map(&w->pk, DJ_QOS_COUNT);
+    for (int q = 0; q < DJ_QOS_COUNT; q++) {
+        dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
+        msgpack_pack_map(&w->pk, 2);
+        pack_kv_u64(&w->pk, "waiting", s->newq[q].n);
+        pack_kv_u64(&w->pk, "running", s->runq[q].n);
+    }
+    dj__mw_u64(w, "handles", s->handles.n);
+    dj__mw_u64(w, "connections", s->live_conns.n);
+    pthread_mutex_unlock(&s->mu);
+    char *map = NULL;
+    size_t map_len = 0;
+    FILE *f = open_memstream(&map, &map_len);
+    if (f) {
+        dj_vmu_print_stats(vmu, f);
+        fclose(f);
+        dj__mw_strn(w, "map", map, map_len);
+    }
+    free(map);
+    return DJ_OK;
+}
+
+static dj_status do_model_list(dj__server *s, dj__mw *w) {
+    DIR *d = opendir(s->cfg.models);
+    if (!d) return dj_fail(DJ_EIO, "model store %s: %s", s->cfg.models, strerror(errno));
+    char names[256][128];
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 256) {
+        if (!valid_model_name(de->d_name) || strlen(de->d_name) >= 128) continue;
+        char path[PATH_MAX];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s/config.json", s->cfg.models, de->d_name);
+        if (stat(path, &sb) != 0) continue;
+        snprintf(names[n++], 128, "%s", de->d_name);
+    }
+    closedir(d);
+    dj__mw_key(w, "models");
+    msgpack_pack_array(&w->pk, n);
+    for (size_t i = 0; i < n; i++) {
+        dj__model_ent *m = model_find(s, names[i]);
+        msgpack_pack_map(&w->pk, 3);
+        dj__pack_str(&w->pk, "name");
+        dj__pack_str(&w->pk, names[i]);
+        dj__pack_str(&w->pk, "loaded");
+        if (m) msgpack_pack_true(&w->pk);
+        else msgpack_pack_false(&w->pk);
+        pack_kv_u64(&w->pk, "refs", m ? m->users + (m->pinned ? 1u : 0u) : 0);
+    }
+    return DJ_OK;
+}
+
+static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) {
+    char name[128];
+    dj_status st = dj__meta_strcpy(&j->meta, "model", true, name, sizeof name);
+    if (st != DJ_OK) return st;
+    dj__model_ent *e = model_find(s, name);
+    if (load) {
+        if (!e || !e->pinned) {
+            dj_model_t *m = NULL;
+            if ((st = model_ref(s, name, &e, &m)) != DJ_OK) return st;
+            e->pinned = true;
+        }
+        const dj_model_config *c = dj_model_get_config(e->m);
+        dj__mw_u64(w, "fingerprint", dj_model_fingerprint(e->m));
+        dj__mw_u64(w, "params", dj_model_param_count(e->m));
+        dj__mw_u64(w, "vocab", c->vocab_size);
+        dj__mw_u64(w, "max_ctx", c->max_position_embeddings);
+        DJ_LOG(INFO, "model=%s loaded (pinned)", name);
+        return DJ_OK;
+    }
+    if (!e || !e->pinned) return dj_fail(DJ_ENOTFOUND, "model %s is not loaded", name);
+    e->pinned = false;
+    dj_model_release(s->engine, e->m); /* stays cached in the text segment until space is needed */
+    dj__mw_u64(w, "sessions", e->users);
+    model_ent_maybe_drop(s, e);
+    DJ_LOG(INFO, "model=%s unloaded", name);
+    return DJ_OK;
+}
+
+/* ---- the worker loop ---- */
+
+static void run_job(dj__server *s, dj__job *j) {
+    if (j->type == DJ_MSG_GENERATE) {
+        run_generate(s, j);
+        return;
+    }
+    if (!j->gen) dj__metrics_observe(&s->metrics, &s->metrics.queue_s, dj__now() - j->t_enqueue);
+    dj__mw w;
+    dj__mw_init(&w);
+    bool foreign = false;
+    dj_status st;
+    switch (j->type) {
+    case DJ_MSG_STATS: st = do_stats(s, &w); break;
+    case DJ_MSG_MODEL_LIST: st = do_model_list(s, &w); break;
+    case DJ_MSG_MODEL_LOAD: st = do_model_load(s, j, &w, true); break;
+    case DJ_MSG_MODEL_UNLOAD: st = do_model_load(s, j, &w, false); break;
+    case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &w); break;
+    case DJ_MSG_SESSION_CLOSE: st = do_close(s, j, &foreign); break;
+    case DJ_MSG_STEP: st = do_step(s, j, &w, &foreign); break;
+    default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
+    }
+    if (st == DJ_OK) {
+        reply(s, j, &w);
+    } else {
+        dj__mw_destroy(&w);
+        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+    }
+    dj__job_free(j);
+}
+
+/* Pick the next unit of work (mu held): the most urgent class with work;
+ * within it alternate between admitting a waiting request and one decode
+ * step of the running generations (round robin). Waiting requests are served
+ * newest first when more than twice the concurrency wait. */
+static dj__job *pick(dj__server *s) {
+    size_t running = 0;
+    for (int q = 0; q < DJ_QOS_COUNT; q++) running += s->runq[q].n;
+    for (int q = 0; q < DJ_QOS_COUNT; q++) {
+        dj__jobq *nq = &s->newq[q], *rq = &s->runq[q];
+        const bool lifo = nq->n > 2 * (size_t)s->cfg.max_running;
+        const dj__job *cand = lifo ? nq->tail : nq->head;
+        const bool can_new = cand && (cand->type != DJ_MSG_GENERATE || running < s->cfg.max_running);
+        if (!can_new && !rq->n) continue;
+        const bool take_new = can_new && (!rq->n || s->turn[q]);
+        s->turn[q] = !s->turn[q];
+        if (take_new) return lifo ? q_pop_tail(nq) : q_pop_head(nq);
+        return q_pop_head(rq);
+    }
+    return NULL;
+}
+
+static void publish_metrics(dj__server *s) {
+    dj_vmu_stats vs;
+    dj_vmu_get_stats(dj_engine_vmu(s->engine), &vs);
+    pthread_mutex_lock(&s->mu);
+    const size_t n_sess = s->sessions.n;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.vmu = vs;
+    s->metrics.sessions = n_sess;
+    pthread_mutex_unlock(&s->metrics.mu);
+}
+
+static void *worker_main(void *arg) {
+    dj__server *s = arg;
+    uint64_t last_reap = 0;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop_worker) {
+        const uint64_t now = dj__now_ms();
+        if (s->reap || now - last_reap >= 50) {
+            reap(s);
+            last_reap = now;
+        }
+        dj__job *j = pick(s);
+        if (!j) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        dj_clear_error();
+        run_job(s, j);
+        publish_metrics(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    /* shutdown: every session, job and model goes */
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) ((dj__sess *)e->val)->dead = true;
+    reap(s);
+    for (int q = 0; q < DJ_QOS_COUNT; q++) {
+        dj__job *j;
+        while ((j = q_pop_head(&s->newq[q]))) dj__job_free(j);
+        while ((j = q_pop_head(&s->runq[q]))) dj__job_free(j);
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (s->models) {
+        dj__model_ent *m = s->models;
+        if (m->pinned) dj_model_release(s->engine, m->m);
+        m->pinned = false;
+        m->users = 0;
+        model_ent_maybe_drop(s, m);
+    }
+    return NULL;
+}
+
+dj_status dj__worker_start(dj__server *s) {
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    ec.n_threads = s->cfg.threads;
+    dj_vmu_config_default(&ec.vmu, s->cfg.vmu_bytes);
+    dj_status st = dj_engine_new(&ec, &s->engine);
+    if (st != DJ_OK) return st;
+    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
+        dj_engine_free(s->engine);
+        s->engine = NULL;
+        return dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
+    }
+    s->worker_started = true;
+    return DJ_OK;
+}
+
+void dj__worker_stop(dj__server *s) {
+    if (!s->worker_started) {
+        dj_engine_free(s->engine);
+        s->engine = NULL;
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->stop_worker = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->worker, NULL);
+    s->worker_started = false;
+    dj_engine_free(s->engine);
+    s->engine = NULL;
+}

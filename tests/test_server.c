@@ -1,0 +1,748 @@
+/* test_server.c: a real djinnd on loopback with the CPU engine on fixture
+ * models - reference tokens through the wire, 64 concurrent clients, killed
+ * clients and lapsed leases giving memory back, open/close cycles without fd
+ * leaks, malformed frames refused without hurting others, metrics, unix
+ * sockets with a token, clean shutdown. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "djinn/client.h"
+#include "server/proto_impl.h"
+#include "testutil.h"
+
+#define N_MODELS 5
+#define N_CLIENTS 64
+static const char *model_names[N_MODELS] = {"llama2", "llama3", "mistral", "qwen2", "tinyllama"};
+
+typedef struct ref {
+    int32_t prompt[64], greedy[64];
+    int n_prompt, n_greedy;
+} ref;
+static ref refs[N_MODELS];
+
+static pid_t daemons[4];
+static char tmpdir[256];
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* SIGTERM, then wait at most 10 s (SIGKILL after); returns the exit status or -1. */
+static int stop_daemon(pid_t pid) {
+    if (pid <= 0) return -1;
+    kill(pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 1000; i++) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+static void kill_all(void) {
+    for (int i = 0; i < 4; i++)
+        if (daemons[i] > 0) {
+            kill(daemons[i], SIGKILL);
+            waitpid(daemons[i], NULL, 0);
+            daemons[i] = 0;
+        }
+}
+
+static void on_fatal(int sig) {
+    kill_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Start djinnd with extra args; *addr gets where it listens. Slot i of daemons[]. */
+static pid_t start_daemon(int slot, const char *listen, const char *const *extra, char *addr, size_t cap) {
+    char port_file[300];
+    snprintf(port_file, sizeof port_file, "%s/port%d", tmpdir, slot);
+    unlink(port_file);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = DJ_DJINND;
+    argv[n++] = "--listen";
+    argv[n++] = listen;
+    argv[n++] = "--port-file";
+    argv[n++] = port_file;
+    argv[n++] = "--models";
+    argv[n++] = DJ_FIXTURES "/models";
+    argv[n++] = "--vmu-gb";
+    argv[n++] = "256m";
+    argv[n++] = "--threads";
+    argv[n++] = "1";
+    for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(DJ_DJINND, (char *const *)argv);
+        _exit(127);
+    }
+    daemons[slot] = pid;
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(port_file, "r");
+        if (f) {
+            unsigned port = 0;
+            int ok = fscanf(f, "%u", &port);
+            fclose(f);
+            if (!strncmp(listen, "unix:", 5)) snprintf(addr, cap, "%s", listen);
+            else snprintf(addr, cap, "127.0.0.1:%u", port);
+            if (ok == 1 || !strncmp(listen, "unix:", 5)) return pid;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid) {
+            daemons[slot] = 0;
+            return -1;
+        }
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+static int count_fds(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+static int read_ints(const cJSON *a, int32_t *out, int cap) {
+    int n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) if (n < cap) out[n++] = (int32_t)x->valuedouble;
+    return n;
+}
+
+static void load_refs(void) {
+    for (int i = 0; i < N_MODELS; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/models/%s/reference.json", DJ_FIXTURES, model_names[i]);
+        char *txt = dj_test_read_file(path, NULL);
+        cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+        CHECK_MSG(j != NULL, "%s", path);
+        if (j) {
+            refs[i].n_prompt = read_ints(cJSON_GetObjectItem(j, "prompt_ids"), refs[i].prompt, 64);
+            refs[i].n_greedy = read_ints(cJSON_GetObjectItem(j, "greedy"), refs[i].greedy, 64);
+        }
+        CHECK(refs[i].n_greedy == 24 && refs[i].n_prompt > 0);
+        cJSON_Delete(j);
+        free(txt);
+    }
+}
+
+/* ---- generation helpers ---- */
+
+typedef struct collect {
+    int32_t ids[512];
+    int n;
+    int kill_at; /* >0: SIGKILL ourselves at this many tokens */
+} collect;
+
+static void on_token(int32_t id, const char *text, size_t len, void *user) {
+    (void)text;
+    (void)len;
+    collect *c = user;
+    if (id < 0) return;
+    if (c->n < 512) c->ids[c->n++] = id;
+    if (c->kill_at && c->n == c->kill_at) kill(getpid(), SIGKILL);
+}
+
+static dj_status greedy(dj_client_t *c, uint64_t sess, const ref *r, uint32_t n, collect *out,
+                        dj_generate_result *res) {
+    dj_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.ids = r->prompt;
+    p.n_ids = (size_t)r->n_prompt;
+    p.sampling.top_p = 1;
+    p.max_tokens = n;
+    out->n = 0;
+    return dj_client_generate(c, sess, &p, on_token, out, res);
+}
+
+static bool same_as_ref(const collect *got, const ref *r) {
+    if (got->n != r->n_greedy) return false;
+    return !memcmp(got->ids, r->greedy, (size_t)r->n_greedy * sizeof(int32_t));
+}
+
+static collect alone[N_MODELS];
+
+static void test_reference(const char *addr) {
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (!c) return;
+    dj_client_model *ms = NULL;
+    size_t nm = 0;
+    CHECK_OK(dj_client_model_list(c, &ms, &nm));
+    int found = 0;
+    for (size_t i = 0; i < nm; i++)
+        for (int k = 0; k < N_MODELS; k++) found += !strcmp(ms[i].name, model_names[k]);
+    CHECK_MSG(found == N_MODELS, "model list has %d of the %d fixtures", found, N_MODELS);
+    free(ms);
+    for (int i = 0; i < N_MODELS; i++) {
+        uint64_t s = 0;
+        dj_session_opts o = {model_names[i], DJ_QOS_INTERACTIVE, 0};
+        CHECK_OK(dj_client_session_open(c, &o, &s));
+        dj_generate_result res;
+        CHECK_OK(greedy(c, s, &refs[i], 24, &alone[i], &res));
+        CHECK_MSG(same_as_ref(&alone[i], &refs[i]), "%s: tokens through djinnd differ from reference.json",
+                  model_names[i]);
+        CHECK(res.n_generated == 24 && res.n_prompt == (uint32_t)refs[i].n_prompt && !strcmp(res.reason, "length"));
+        CHECK_OK(dj_client_session_close(c, s));
+        CHECK_ST(dj_client_session_close(c, s), DJ_ENOTFOUND);
+    }
+    /* unknown model, bad name, bad QoS-free input */
+    uint64_t s = 0;
+    dj_session_opts o = {"no-such-model", DJ_QOS_BATCH, 0};
+    CHECK(dj_client_session_open(c, &o, &s) != DJ_OK);
+    o.model = "../models/llama2";
+    CHECK_ST(dj_client_session_open(c, &o, &s), DJ_EINVAL);
+    CHECK_OK(dj_client_heartbeat(c)); /* the connection survived the errors */
+    dj_client_free(c);
+}
+
+/* ---- concurrency ---- */
+
+typedef struct worker_arg {
+    const char *addr;
+    int idx;
+    int ok;
+    char err[256];
+} worker_arg;
+
+static void *client_thread(void *p) {
+    worker_arg *a = p;
+    const int m = a->idx % N_MODELS;
+    dj_client_t *c = NULL;
+    dj_status st = dj_client_connect(a->addr, NULL, &c);
+    uint64_t s = 0;
+    static const dj_qos qos[3] = {DJ_QOS_REALTIME, DJ_QOS_INTERACTIVE, DJ_QOS_BATCH};
+    dj_session_opts o = {model_names[m], qos[a->idx % 3], 0};
+    if (st == DJ_OK) st = dj_client_session_open(c, &o, &s);
+    collect got;
+    memset(&got, 0, sizeof got);
+    if (st == DJ_OK) st = greedy(c, s, &refs[m], 24, &got, NULL);
+    if (st == DJ_OK) st = dj_client_session_close(c, s);
+    a->ok = st == DJ_OK && same_as_ref(&got, &refs[m]) && got.n == alone[m].n &&
+            !memcmp(got.ids, alone[m].ids, (size_t)got.n * sizeof(int32_t));
+    if (!a->ok) snprintf(a->err, sizeof a->err, "%s (%d tokens)", st ? dj_last_error() : "tokens differ", got.n);
+    dj_client_free(c);
+    return NULL;
+}
+
+static void test_concurrent(const char *addr) {
+    pthread_t th[N_CLIENTS];
+    worker_arg args[N_CLIENTS];
+    double t0 = now_s();
+    for (int i = 0; i < N_CLIENTS; i++) {
+        args[i] = (worker_arg){addr, i, 0, ""};
+        pthread_create(&th[i], NULL, client_thread, &args[i]);
+    }
+    int ok = 0;
+    for (int i = 0; i < N_CLIENTS; i++) {
+        pthread_join(th[i], NULL);
+        ok += args[i].ok;
+        if (!args[i].ok) fprintf(stderr, "client %d: %s\n", i, args[i].err);
+    }
+    CHECK_MSG(ok == N_CLIENTS, "%d of %d concurrent clients got the reference tokens", ok, N_CLIENTS);
+    printf("%d concurrent clients x 24 tokens in %.2f s\n", N_CLIENTS, now_s() - t0);
+}
+
+/* ---- stats and memory ---- */
+
+static bool stats(dj_client_t *c, dj_client_stats *st) {
+    dj_status s = dj_client_stats_get(c, st);
+    CHECK_OK(s);
+    return s == DJ_OK;
+}
+
+/* Wait (at most ms) until data/stack/text use and VMU session count are back to base. */
+static bool back_to(dj_client_t *c, const dj_client_stats *base, int ms) {
+    for (double t0 = now_s(); now_s() - t0 < ms / 1000.0; sleep_ms(20)) {
+        dj_client_stats st;
+        if (!stats(c, &st)) return false;
+        bool same = st.data.used == base->data.used && st.vmu_sessions == base->vmu_sessions &&
+                    st.pages_free == base->pages_free && st.n_sessions == base->n_sessions &&
+                    st.handles == base->handles && st.stack.used == base->stack.used;
+        dj_client_stats_free(&st);
+        if (same) return true;
+    }
+    return false;
+}
+
+static void test_step_fetch_share(const char *addr) {
+    dj_client_t *c = NULL, *other = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    CHECK_OK(dj_client_connect(addr, NULL, &other));
+    if (!c || !other) return;
+    dj_client_stats base;
+    if (!stats(c, &base)) return;
+    const ref *r = &refs[0];
+    uint64_t s1 = 0, s2 = 0;
+    dj_session_opts o = {model_names[0], DJ_QOS_REALTIME, 64};
+    CHECK_OK(dj_client_session_open(c, &o, &s1));
+    CHECK_OK(dj_client_session_open(c, &o, &s2));
+    dj_client_stats st;
+    if (stats(c, &st)) {
+        int refs2 = 0;
+        for (size_t i = 0; i < st.n_models; i++)
+            if (!strcmp(st.models[i].name, model_names[0])) refs2 = st.models[i].refs == 2;
+        CHECK_MSG(refs2, "two sessions on %s: refcount 2 expected", model_names[0]);
+        CHECK(st.vmu_sessions == base.vmu_sessions + 2);
+        CHECK(strstr(st.map, "refs 2") != NULL);
+        dj_client_stats_free(&st);
+    }
+    /* step -> handle -> fetch: the argmax of the last logits is the first greedy token */
+    dj_remote_tensor t;
+    CHECK_OK(dj_client_step(c, s1, r->prompt, (size_t)r->n_prompt, true, &t));
+    CHECK(t.handle != 0 && t.ndim == 1 && !strcmp(t.dtype, "f32") && t.pos == (uint32_t)r->n_prompt);
+    const size_t vocab = (size_t)t.shape[0];
+    float *logits = malloc(vocab * sizeof *logits), *part = malloc(vocab * sizeof *part);
+    size_t got = 0;
+    CHECK_OK(dj_client_fetch(c, t.handle, 0, UINT64_MAX, logits, vocab * sizeof *logits, &got));
+    CHECK(got == vocab * sizeof(float));
+    CHECK(dj_argmax(logits, (uint32_t)vocab) == r->greedy[0]);
+    /* a random byte slice equals the same bytes of the whole */
+    const size_t a = dj_test_rand() % vocab, n = 1 + dj_test_rand() % (vocab - a);
+    CHECK_OK(dj_client_fetch(c, t.handle, a * 4, n * 4, part, vocab * sizeof *part, &got));
+    CHECK(got == n * 4 && !memcmp(part, logits + a, n * 4));
+    /* decode steps through handles reproduce the greedy tokens */
+    int32_t next = r->greedy[0];
+    int same = 1;
+    for (int i = 1; i < 6; i++) {
+        dj_remote_tensor u;
+        CHECK_OK(dj_client_step(c, s1, &next, 1, true, &u));
+        CHECK_OK(dj_client_fetch(c, u.handle, 0, UINT64_MAX, logits, vocab * 4, &got));
+        next = dj_argmax(logits, (uint32_t)vocab);
+        same &= next == r->greedy[i];
+        CHECK_OK(dj_client_release(c, u.handle));
+    }
+    CHECK_MSG(same, "step/fetch decode differs from the greedy reference");
+    /* another connection cannot see our session */
+    dj_remote_tensor u;
+    CHECK_ST(dj_client_step(other, s1, &next, 1, true, &u), DJ_ENOTFOUND);
+    dj_client_free(other); /* the server closed it: the foreign id was a violation */
+    /* pause/resume: state only */
+    CHECK_OK(dj_client_session_pause(c, s2, 500));
+    CHECK_ST(dj_client_step(c, s2, r->prompt, 2, false, &u), DJ_EBUSY);
+    CHECK_OK(dj_client_session_resume(c, s2));
+    CHECK_OK(dj_client_step(c, s2, r->prompt, 2, false, &u));
+    CHECK(u.handle == 0 && u.pos == 2);
+    CHECK_OK(dj_client_release(c, t.handle));
+    CHECK_ST(dj_client_release(c, t.handle), DJ_ENOTFOUND);
+    CHECK_OK(dj_client_session_close(c, s1));
+    CHECK_OK(dj_client_session_close(c, s2));
+    CHECK_MSG(back_to(c, &base, 2000), "memory not back to the baseline after closing");
+    dj_client_stats_free(&base);
+    free(logits);
+    free(part);
+    dj_client_free(c);
+}
+
+static void test_killed_client(const char *addr) {
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (!c) return;
+    dj_client_stats base;
+    if (!stats(c, &base)) return;
+    pid_t child = fork();
+    if (child == 0) {
+        dj_client_t *k = NULL;
+        uint64_t s = 0;
+        dj_session_opts o = {model_names[1], DJ_QOS_BATCH, 0};
+        if (dj_client_connect(addr, NULL, &k) || dj_client_session_open(k, &o, &s)) _exit(3);
+        collect col;
+        memset(&col, 0, sizeof col);
+        col.kill_at = 3;
+        greedy(k, s, &refs[1], 200, &col, NULL);
+        _exit(4); /* not reached: killed at token 3 */
+    }
+    int status = 0;
+    for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) != child; i++) sleep_ms(10);
+    CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child did not die mid-generation (status %d)",
+              status);
+    CHECK_MSG(back_to(c, &base, 3000), "memory of a killed client not released");
+    dj_client_stats_free(&base);
+    dj_client_free(c);
+}
+
+static void test_lease(const char *addr, uint32_t lease_ms) {
+    dj_client_t *c = NULL, *quiet = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    CHECK_OK(dj_client_connect(addr, NULL, &quiet));
+    if (!c || !quiet) return;
+    dj_client_set_heartbeat(quiet, 0);
+    dj_client_stats base;
+    if (!stats(c, &base)) return;
+    uint64_t s = 0, kept = 0;
+    dj_session_opts o = {model_names[2], DJ_QOS_INTERACTIVE, 0};
+    CHECK_OK(dj_client_session_open(quiet, &o, &s));
+    CHECK_OK(dj_client_session_open(c, &o, &kept)); /* heartbeats on: must survive */
+    dj_remote_tensor t;
+    CHECK_OK(dj_client_step(quiet, s, refs[2].prompt, (size_t)refs[2].n_prompt, true, &t));
+    dj_client_stats st;
+    if (stats(c, &st)) {
+        CHECK(st.data.used > base.data.used && st.handles == base.handles + 1);
+        dj_client_stats_free(&st);
+    }
+    const double t0 = now_s();
+    sleep_ms((int)lease_ms + 300);
+    bool gone = false;
+    while (!gone && now_s() - t0 < 3.0 * lease_ms / 1000.0 + 1) {
+        if (!stats(c, &st)) break;
+        gone = st.n_sessions == base.n_sessions + 1 && st.handles == base.handles;
+        dj_client_stats_free(&st);
+        if (!gone) sleep_ms(20);
+    }
+    CHECK_MSG(gone, "session without heartbeats still there %.2f s after the lease", now_s() - t0);
+    CHECK_ST(dj_client_step(quiet, s, refs[2].prompt, 1, false, &t), DJ_ENOTFOUND);
+    CHECK_OK(dj_client_step(c, kept, refs[2].prompt, 1, false, &t));
+    CHECK_OK(dj_client_session_close(c, kept));
+    CHECK_MSG(back_to(c, &base, 2000), "memory not back after the lease expired");
+    dj_client_stats_free(&base);
+    dj_client_free(quiet);
+    dj_client_free(c);
+}
+
+static void test_cycles(const char *addr, pid_t pid) {
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (!c) return;
+    dj_client_stats base;
+    if (!stats(c, &base)) return;
+    const int fds0 = count_fds(pid);
+    const int cycles = 2000;
+    int fails = 0;
+    double t0 = now_s();
+    for (int i = 0; i < cycles; i++) {
+        const int m = i % N_MODELS;
+        uint64_t s = 0;
+        dj_session_opts o = {model_names[m], DJ_QOS_INTERACTIVE, 32};
+        collect col;
+        if (dj_client_session_open(c, &o, &s) != DJ_OK || greedy(c, s, &refs[m], 2, &col, NULL) != DJ_OK ||
+            dj_client_session_close(c, s) != DJ_OK || col.n != 2 || col.ids[1] != refs[m].greedy[1])
+            fails++;
+    }
+    CHECK_MSG(fails == 0, "%d of %d open/generate/close cycles failed: %s", fails, cycles, dj_last_error());
+    for (int i = 0; i < 100; i++) { /* connections come and go */
+        dj_client_t *k = NULL;
+        uint64_t s = 0;
+        dj_session_opts o = {model_names[i % N_MODELS], DJ_QOS_BATCH, 16};
+        if (dj_client_connect(addr, NULL, &k) == DJ_OK) dj_client_session_open(k, &o, &s);
+        dj_client_free(k);
+    }
+    printf("%d cycles + 100 connections in %.2f s\n", cycles, now_s() - t0);
+    CHECK_MSG(back_to(c, &base, 3000), "VMU not at baseline after the cycles");
+    int fds1 = -1;
+    for (int i = 0; i < 100 && (fds1 = count_fds(pid)) != fds0; i++) sleep_ms(20);
+    CHECK_MSG(fds1 == fds0, "daemon fds %d before, %d after", fds0, fds1);
+    dj_client_stats_free(&base);
+    dj_client_free(c);
+}
+
+/* ---- raw frames ---- */
+
+static int raw_connect(const char *addr) {
+    struct sockaddr_storage ss;
+    socklen_t len;
+    if (dj__addr_parse(addr, &ss, &len) != DJ_OK) return -1;
+    int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&ss, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void raw_send(int fd, uint16_t type, uint64_t req, const void *meta, size_t mlen, uint64_t plen_claim) {
+    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
+                         .meta_len = (uint32_t)mlen, .request_id = req, .payload_len = plen_claim};
+    uint8_t b[DJ_FRAME_HEADER_BYTES];
+    dj_frame_header_encode(&h, b);
+    if (send(fd, b, sizeof b, MSG_NOSIGNAL) < 0 || (mlen && send(fd, meta, mlen, MSG_NOSIGNAL) < 0)) return;
+}
+
+static int raw_recv(int fd, void *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, (char *)buf + got, n - got, 0);
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+/* Reads one frame; returns its type (-1 on EOF) and the ERROR status in *st. */
+static int raw_frame(int fd, int64_t *st) {
+    uint8_t b[DJ_FRAME_HEADER_BYTES];
+    if (raw_recv(fd, b, sizeof b)) return -1;
+    dj_frame_header h;
+    if (dj_frame_header_decode(b, DJ_PROTO_MAX_REPLY_PAYLOAD, &h) != DJ_OK || h.meta_len > 65536) return -2;
+    uint8_t *m = malloc(h.meta_len + h.payload_len + 1);
+    int rc = raw_recv(fd, m, h.meta_len + h.payload_len);
+    *st = 0;
+    if (!rc && h.type == DJ_MSG_ERROR) {
+        dj__meta meta;
+        if (dj__meta_parse(&meta, m, h.meta_len) == DJ_OK) {
+            dj__meta_i64(&meta, "status", true, st);
+            dj__meta_destroy(&meta);
+        }
+    }
+    free(m);
+    return rc ? -1 : h.type;
+}
+
+static bool raw_eof(int fd) {
+    char c;
+    return recv(fd, &c, 1, 0) == 0;
+}
+
+static void meta_of(dj__mw *w, uint8_t *out, size_t *n) {
+    dj__mw_finish(w);
+    memcpy(out, w->sb.data, w->sb.size);
+    *n = w->sb.size;
+    dj__mw_destroy(w);
+}
+
+static int raw_hello(const char *addr) {
+    int fd = raw_connect(addr);
+    if (fd < 0) return -1;
+    dj__mw w;
+    uint8_t m[256];
+    size_t n;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "version", 1);
+    meta_of(&w, m, &n);
+    raw_send(fd, DJ_MSG_HELLO, 1, m, n, 0);
+    int64_t st;
+    CHECK(raw_frame(fd, &st) == DJ_MSG_REPLY);
+    return fd;
+}
+
+static void test_malformed(const char *addr) {
+    dj_client_t *good = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &good));
+    if (!good) return;
+    uint64_t gs = 0;
+    dj_session_opts o = {model_names[4], DJ_QOS_INTERACTIVE, 0};
+    CHECK_OK(dj_client_session_open(good, &o, &gs));
+    dj_remote_tensor gt;
+    CHECK_OK(dj_client_step(good, gs, refs[4].prompt, 3, true, &gt));
+    uint8_t m[256];
+    size_t n;
+    dj__mw w;
+    int64_t st = 0;
+    for (int kase = 0; kase < 9; kase++) {
+        int fd = kase == 0 ? raw_connect(addr) : raw_hello(addr);
+        CHECK(fd >= 0);
+        if (fd < 0) continue;
+        int64_t want = DJ_EFORMAT;
+        switch (kase) {
+        case 0: /* a request before HELLO */
+            raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
+            want = DJ_EINVAL;
+            break;
+        case 1: { /* bad magic */
+            uint8_t b[DJ_FRAME_HEADER_BYTES] = "HTTP/1.1 GET /";
+            send(fd, b, sizeof b, MSG_NOSIGNAL);
+            break;
+        }
+        case 2: { /* unknown type */
+            dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = 1, .type = 0x55, .request_id = 3};
+            uint8_t b[DJ_FRAME_HEADER_BYTES];
+            dj_frame_header_encode(&h, b);
+            send(fd, b, sizeof b, MSG_NOSIGNAL);
+            break;
+        }
+        case 3: /* metadata length over the limit */
+            raw_send(fd, DJ_MSG_STATS, 4, NULL, DJ_PROTO_MAX_META + 1, 0);
+            want = DJ_ERANGE;
+            break;
+        case 4: /* payload over the limit */
+            raw_send(fd, DJ_MSG_STEP, 5, NULL, 0, DJ_PROTO_MAX_REQ_PAYLOAD + 1);
+            want = DJ_ERANGE;
+            break;
+        case 5: /* truncated msgpack: a map of 2 with one pair */
+            raw_send(fd, DJ_MSG_MODEL_LOAD, 6, "\x82\xa5model\xa6llama2", 14, 0);
+            break;
+        case 6: /* wrong field type */
+            dj__mw_init(&w);
+            dj__mw_u64(&w, "model", 5);
+            meta_of(&w, m, &n);
+            raw_send(fd, DJ_MSG_SESSION_OPEN, 7, m, n, 0);
+            break;
+        case 7: /* another connection's handle */
+            dj__mw_init(&w);
+            dj__mw_u64(&w, "handle", gt.handle);
+            meta_of(&w, m, &n);
+            raw_send(fd, DJ_MSG_FETCH, 8, m, n, 0);
+            want = DJ_ENOTFOUND;
+            break;
+        case 8: /* another connection's session */
+            dj__mw_init(&w);
+            dj__mw_u64(&w, "session", gs);
+            dj__mw_ids(&w, "ids", refs[4].prompt, 2);
+            meta_of(&w, m, &n);
+            raw_send(fd, DJ_MSG_STEP, 9, m, n, 0);
+            want = DJ_ENOTFOUND;
+            break;
+        }
+        const int type = raw_frame(fd, &st);
+        CHECK_MSG(type == DJ_MSG_ERROR && st == want, "case %d: frame type %d status %lld (want ERROR %lld)", kase,
+                  type, (long long)st, (long long)want);
+        CHECK_MSG(raw_eof(fd), "case %d: connection left open after a bad frame", kase);
+        close(fd);
+        /* the good client is unaffected, its handle intact */
+        float lg[4];
+        size_t got = 0;
+        CHECK_OK(dj_client_fetch(good, gt.handle, 0, 16, lg, sizeof lg, &got));
+        CHECK(got == 16);
+    }
+    /* a peer that vanishes halfway through a frame */
+    int fd = raw_hello(addr);
+    raw_send(fd, DJ_MSG_STATS, 2, "\x81", 1, 0);
+    close(fd);
+    collect col;
+    CHECK_OK(greedy(good, gs, &refs[4], 1, &col, NULL));
+    CHECK_OK(dj_client_session_close(good, gs));
+    dj_client_free(good);
+}
+
+static void test_metrics(const char *mport) {
+    int fd = raw_connect(mport);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    send(fd, req, sizeof req - 1, MSG_NOSIGNAL);
+    static char body[1 << 16];
+    size_t got = 0;
+    ssize_t k;
+    while (got < sizeof body - 1 && (k = recv(fd, body + got, sizeof body - 1 - got, 0)) > 0) got += (size_t)k;
+    body[got] = '\0';
+    close(fd);
+    CHECK_MSG(strstr(body, "djinn_requests_total{type=\"GENERATE\",status=\"DJ_OK\"}") != NULL, "metrics:\n%.400s",
+              body);
+    CHECK(strstr(body, "djinn_ttft_seconds_bucket") && strstr(body, "djinn_vmu_bytes{segment=\"data\""));
+    CHECK(strstr(body, "type=\"STATS\",status=\"DJ_EINVAL\"") != NULL); /* the request before HELLO */
+}
+
+static void test_unix_token(void) {
+    char sock[300], tokf[300], addr[320];
+    snprintf(sock, sizeof sock, "unix:%s/d.sock", tmpdir);
+    snprintf(tokf, sizeof tokf, "%s/token", tmpdir);
+    FILE *f = fopen(tokf, "w");
+    fprintf(f, "s3cret-%llx\n", (unsigned long long)dj_test_rand());
+    fclose(f);
+    char tok[64];
+    f = fopen(tokf, "r");
+    CHECK(fscanf(f, "%63s", tok) == 1);
+    fclose(f);
+    const char *extra[] = {"--token-file", tokf, NULL};
+    pid_t pid = start_daemon(1, sock, extra, addr, sizeof addr);
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    dj_client_t *c = NULL;
+    CHECK_ST(dj_client_connect(addr, "wrong", &c), DJ_EINVAL);
+    CHECK_ST(dj_client_connect(addr, NULL, &c), DJ_EINVAL);
+    CHECK_OK(dj_client_connect(addr, tok, &c));
+    if (c) {
+        uint64_t s = 0;
+        dj_session_opts o = {model_names[3], DJ_QOS_REALTIME, 0};
+        collect col;
+        CHECK_OK(dj_client_session_open(c, &o, &s));
+        CHECK_OK(greedy(c, s, &refs[3], 24, &col, NULL));
+        CHECK(same_as_ref(&col, &refs[3]));
+        CHECK_OK(dj_client_model_load(c, model_names[0]));
+        CHECK_OK(dj_client_model_unload(c, model_names[0]));
+        CHECK_ST(dj_client_model_unload(c, model_names[0]), DJ_ENOTFOUND);
+        dj_client_free(c); /* session still open: the daemon must clean it up on exit */
+    }
+    CHECK_MSG(stop_daemon(pid) == 0, "unix daemon did not exit cleanly");
+    daemons[1] = 0;
+    struct stat sb;
+    CHECK(stat(sock + 5, &sb) != 0);
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+int main(void) {
+    dj_test_seed();
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGSEGV, on_fatal);
+    signal(SIGABRT, on_fatal);
+    signal(SIGTERM, on_fatal);
+    signal(SIGINT, on_fatal);
+    setvbuf(stdout, NULL, _IONBF, 0);
+    atexit(kill_all);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/djinn_test_server_XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    load_refs();
+    const uint32_t lease = 1000;
+    char addr[128], mport[64], lease_s[16];
+    snprintf(mport, sizeof mport, "127.0.0.1:%d", free_port());
+    snprintf(lease_s, sizeof lease_s, "%u", lease);
+    const char *extra[] = {"--lease-ms", lease_s, "--metrics", mport, NULL};
+    pid_t pid = start_daemon(0, "127.0.0.1:0", extra, addr, sizeof addr);
+    CHECK_MSG(pid > 0, "djinnd did not start");
+    if (pid > 0) {
+        double t = now_s();
+        test_reference(addr);
+        printf("reference ok\n");
+        test_concurrent(addr);
+        test_step_fetch_share(addr);
+        test_killed_client(addr);
+        test_lease(addr, lease);
+        test_malformed(addr);
+        test_metrics(mport);
+        test_cycles(addr, pid);
+        printf("daemon tests in %.2f s\n", now_s() - t);
+        CHECK_MSG(stop_daemon(pid) == 0, "djinnd did not exit cleanly on SIGTERM");
+        daemons[0] = 0;
+    }
+    test_unix_token();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return dj_test_finish("test_server");
+}
