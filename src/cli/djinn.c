@@ -14,6 +14,8 @@
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
+#include "cli/remote.h"
+#include "server/serve.h"
 
 #define DEFAULT_NEW_TOKENS 64
 
@@ -34,6 +36,9 @@ static int usage(FILE *f) {
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info --model DIR [--ctx N]\n"
+          "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
+          "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [run's flags]\n"
+          "  djinn stat --server ADDR\n"
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
           "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n",
           f);
@@ -500,6 +505,10 @@ done:
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))
         return argc < 2 ? usage(stderr) : (usage(stdout), 0);
+    /* Commands with their own option parsers. */
+    if (!strcmp(argv[1], "serve")) return dj__serve_main(argc, argv);
+    if (!strcmp(argv[1], "generate")) return dj__cli_generate(argc, argv);
+    if (!strcmp(argv[1], "stat")) return dj__cli_stat(argc, argv);
     opts o;
     int r = parse_opts(argc, argv, &o);
     if (r == 3) return 0;
@@ -508,6 +517,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&o);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(&o);
     if (!strcmp(argv[1], "info")) return cmd_info(&o);
-    fprintf(stderr, "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info)\n", argv[1]);
+    fprintf(stderr, "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info, serve, generate, stat)\n",
+            argv[1]);
     return 2;
 }
