@@ -10,6 +10,7 @@
 
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
+#include "djinn/tokenizer.h"
 #include "testutil.h"
 
 static const char *FIXTURES[] = {"llama2", "llama3", "tinyllama", "mistral", "qwen2"};
@@ -21,6 +22,7 @@ typedef struct ref {
     int n_greedy;
     float *last, *final;
     int vocab;
+    char *prompt_text; /* when the model ships a tokenizer */
 } ref;
 
 static int read_floats(const cJSON *a, float **out) {
@@ -37,9 +39,7 @@ static int read_ints(const cJSON *a, int32_t *out, int cap) {
     return n;
 }
 
-static int load_ref(const char *dir, ref *r) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/reference.json", dir);
+static int load_ref_file(const char *path, ref *r) {
     char *txt = dj_test_read_file(path, NULL);
     if (!txt) return -1;
     cJSON *j = cJSON_Parse(txt);
@@ -49,8 +49,16 @@ static int load_ref(const char *dir, ref *r) {
     r->n_greedy = read_ints(cJSON_GetObjectItem(j, "greedy"), r->greedy, 64);
     r->vocab = read_floats(cJSON_GetObjectItem(j, "last_logits"), &r->last);
     read_floats(cJSON_GetObjectItem(j, "final_logits"), &r->final);
+    const cJSON *pt = cJSON_GetObjectItem(j, "prompt_text");
+    if (cJSON_IsString(pt)) r->prompt_text = strdup(pt->valuestring);
     cJSON_Delete(j);
     return 0;
+}
+
+static int load_ref(const char *dir, ref *r) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    return load_ref_file(path, r);
 }
 
 static double rel_err(const float *a, const float *b, int n) {
@@ -75,13 +83,25 @@ static dj_engine_t *new_engine(size_t kib, uint32_t max_step) {
     return e;
 }
 
-static void check_fixture(const char *name) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
+static void check_model(const char *name, const char *dir, const char *ref_path) {
     ref r;
     memset(&r, 0, sizeof r);
-    CHECK_MSG(load_ref(dir, &r) == 0, "%s: cannot read reference.json", name);
+    CHECK_MSG(load_ref_file(ref_path, &r) == 0, "%s: cannot read %s", name, ref_path);
     if (!r.last) return;
+    if (r.prompt_text) { /* our tokenizer gives the prompt ids transformers used */
+        char tpath[600];
+        snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+        dj_tokenizer_t *tok = NULL;
+        CHECK_OK(dj_tokenizer_load(tpath, &tok));
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tok) CHECK_OK(dj_tokenizer_encode(tok, r.prompt_text, strlen(r.prompt_text), true, &ids, &n));
+        CHECK_MSG(n == (size_t)r.n_prompt && ids && !memcmp(ids, r.prompt, n * sizeof *ids),
+                  "%s: prompt text encodes to other ids than transformers used", name);
+        free(ids);
+        dj_tokenizer_free(tok);
+        free(r.prompt_text);
+    }
 
     dj_engine_t *e = new_engine(64 << 10, 512);
     dj_model_t *m = NULL;
@@ -163,6 +183,13 @@ static void check_fixture(const char *name) {
     free(r.final);
 }
 
+static void check_fixture(const char *name) {
+    char dir[512], refp[600];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
+    snprintf(refp, sizeof refp, "%s/reference.json", dir);
+    check_model(name, dir, refp);
+}
+
 /* A prefill larger than the largest step is split into chunks: same logits. */
 static void check_small_steps(void) {
     char dir[512];
@@ -203,6 +230,8 @@ static void check_too_small(void) {
 int main(void) {
     dj_test_seed();
     for (size_t i = 0; i < sizeof FIXTURES / sizeof *FIXTURES; i++) check_fixture(FIXTURES[i]);
+    /* the trained demo model that ships in models/demo (bf16 weights) */
+    check_model("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");
     check_small_steps();
     check_too_small();
     return dj_test_finish("test_models");

@@ -701,6 +701,20 @@ static void test_real(void) {
     free(strs);
 }
 
+/* The demo model's tokenizer (trained with the tokenizers library on the
+ * man-page corpus) against that library's encodings. */
+static void test_demo(void) {
+    dj_tokenizer_t *t = NULL;
+    dj_status st = dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &t);
+    CHECK_MSG(st == DJ_OK, "loading models/demo/tokenizer.json: %s", dj_last_error());
+    if (!t) return;
+    CHECK(dj_tokenizer_vocab_size(t) == 4096);
+    CHECK(dj_tokenizer_bos_id(t) == 0);
+    check_refs(t, "demo");
+    test_stream_random(t, "demo", 0, 4096, 30);
+    dj_tokenizer_free(t);
+}
+
 int main(void) {
     dj_test_seed();
     test_bytelevel_bpe();
@@ -717,5 +731,6 @@ int main(void) {
     test_stream_random(t, "tiny spm", 0, 265, 200);
     dj_tokenizer_free(t);
     test_real();
+    test_demo();
     return dj_test_finish("test_tokenizer");
 }

@@ -30,17 +30,18 @@ typedef struct opts {
 
 static int usage(FILE *f) {
     fputs("usage:\n"
-          "  djinn run --model DIR (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy]\n"
+          "  djinn run [--model DIR] (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy]\n"
           "            [--temp T] [--top-k K] [--top-p P] [--seed S] [--print-tokens]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
-          "  djinn info --model DIR [--ctx N]\n"
+          "  djinn info [--model DIR] [--ctx N]\n"
           "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
           "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [run's flags]\n"
           "  djinn stat --server ADDR\n"
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
-          "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n",
+          "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n"
+          "Without --model, run and info use $DJINN_MODEL or the demo model in models/demo.\n",
           f);
     return 2;
 }
@@ -267,7 +268,45 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmd_info(const opts *o) {
+/* Without --model: $DJINN_MODEL, else the demo model that ships with Djinn. */
+static const char *default_model(void) {
+    const char *env = getenv("DJINN_MODEL");
+    if (env && env[0]) return env;
+#ifdef DJ_DEFAULT_MODEL
+    return DJ_DEFAULT_MODEL;
+#else
+    return NULL;
+#endif
+}
+
+/* Where a model came from, if its folder says (djinn_model.json). */
+static void print_origin(const char *dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/djinn_model.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    char buf[16384];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    if (!j) return;
+    static const char *const keys[][2] = {{"name", "origin:         "},     {"description", "                "},
+                                          {"trained_by", "trained by:     "}, {"trained_on", "trained on:     "},
+                                          {"corpus", "corpus:         "},     {"doc", "documented in:  "}};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[i][0]);
+        if (cJSON_IsString(v)) printf("%s%s\n", keys[i][1], v->valuestring);
+    }
+    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "held_out_loss");
+    const cJSON *ppl = cJSON_GetObjectItemCaseSensitive(j, "held_out_perplexity");
+    if (cJSON_IsNumber(loss) && cJSON_IsNumber(ppl))
+        printf("quality:        held-out loss %.4f, perplexity %.2f\n", loss->valuedouble, ppl->valuedouble);
+    cJSON_Delete(j);
+}
+
+static int cmd_info(opts *o) {
+    if (!o->model) o->model = default_model();
     if (!o->model) return bad_arg("info needs --model DIR%s%s", "", "");
     dj_checkpoint_t *ck = NULL;
     dj_status st = dj_checkpoint_open(o->model, &ck);
@@ -283,6 +322,7 @@ static int cmd_info(const opts *o) {
     dj_model_needs decode;
     dj_model_estimate(ck, DJ_DTYPE_F32, 1, &decode);
     printf("model:          %s\n", o->model);
+    print_origin(o->model);
     printf("architecture:   %s\n", c->arch_name);
     printf("parameters:     %llu (%.3f B)\n", (unsigned long long)needs.n_params, (double)needs.n_params / 1e9);
     printf("weights dtype:  %s\n", c->torch_dtype[0] ? c->torch_dtype : "?");
@@ -336,6 +376,7 @@ static int is_eos(const dj_model_config *c, int32_t id) {
 }
 
 static int cmd_run(opts *o) {
+    if (!o->model) o->model = default_model();
     if (!o->model) return bad_arg("run needs --model DIR%s%s", "", "");
     if (!!o->prompt == !!o->tokens) return bad_arg("run needs exactly one of --prompt TEXT or --tokens 1,2,3%s%s", "", "");
     if (o->greedy && o->have_temp && o->temp > 0) return bad_arg("--greedy contradicts --temp %s%s (use one of them)", "> 0", "");
