@@ -1,6 +1,7 @@
 /* bench_remote.c: what going through djinnd costs - per-token time embedded
  * vs over loopback, empty round trips (HEARTBEAT), and FETCH throughput of a
- * logits handle. Starts its own daemon in-process; prints a table. */
+ * logits handle. Starts its own daemon in-process; prints a table.
+ * usage: bench_remote [STORE] [MODEL] [TOKENS] [ROUNDTRIPS] [VMU_GB] */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
@@ -38,6 +39,12 @@ int main(int argc, char **argv) {
     const char *name = argc > 2 ? argv[2] : "llama2";
     const int n_tok = argc > 3 ? atoi(argv[3]) : 128;
     const int n_rt = argc > 4 ? atoi(argv[4]) : 20000;
+    char *vmu_gb = argc > 5 ? argv[5] : "1"; /* budget, both sides */
+    size_t vmu_bytes = 0;
+    if (dj_vmu_parse_size(vmu_gb, &vmu_bytes) != DJ_OK) {
+        fprintf(stderr, "bench_remote: VMU size: %s\n", dj_last_error());
+        return 2;
+    }
     if (n_tok < 2 || n_rt < 1) {
         fprintf(stderr, "usage: bench_remote [STORE] [MODEL] [TOKENS>=2] [ROUNDTRIPS]\n");
         return 2;
@@ -49,7 +56,7 @@ int main(int argc, char **argv) {
     /* ---- embedded ---- */
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
-    dj_vmu_config_default(&ec.vmu, (size_t)1 << 30);
+    dj_vmu_config_default(&ec.vmu, vmu_bytes);
     dj_engine_t *e = NULL;
     dj_model_t *m = NULL;
     dj_session_t *s = NULL;
@@ -78,7 +85,7 @@ int main(int argc, char **argv) {
     close(pfd);
     unlink(port_file);
     serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
-                      "--vmu-gb", "1"},
+                      "--vmu-gb", vmu_gb},
                      9};
     pthread_t th;
     pthread_create(&th, NULL, serve_thread, &sa);
