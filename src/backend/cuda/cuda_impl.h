@@ -26,6 +26,13 @@ typedef struct dj_cuda_backend {
     size_t stage_cap, stage_off;
     float *scratch;           /* [scratch_cap] device f32 (attention partials); owned */
     size_t scratch_cap;       /* floats */
+    /* Scratch buffers outgrown: a captured graph may still point into them,
+     * so they are freed only with the backend. */
+    void **retired;           /* [n_retired] device; owned */
+    size_t n_retired, retired_cap;
+    void *blas_ws;            /* cuBLAS workspace (fixed, so captures allocate none); owned */
+    bool capturing;           /* between capture_begin and capture_end */
+    dj_status capture_st;     /* first failure of a call recorded in this capture */
     int attention_path;       /* dj__cuda_set_paths */
     int matmul_path;
 } dj_cuda_backend;
@@ -68,6 +75,7 @@ static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i]
 
 /* Launchers: the call has been validated by the compute switch. */
 dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);
+dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
