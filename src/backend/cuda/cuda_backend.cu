@@ -402,9 +402,9 @@ static dj_status cuda_capture_end(dj_backend_t *be, dj_backend_graph_t **out) {
     const dj_status failed = cb->capture_st;
     if (failed != DJ_OK || e != cudaSuccess || !graph) {
         if (graph) (void)cudaGraphDestroy(graph);
-        if (failed != DJ_OK) {
+        if (failed != DJ_OK) { /* the failed call's message stands */
             (void)cudaGetLastError();
-            return dj_fail(failed, "cuda:%d graph capture abandoned: a recorded call failed", cb->device);
+            return failed;
         }
         return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__,
                              e != cudaSuccess ? cudaGetErrorString(e) : "capture produced no graph");
