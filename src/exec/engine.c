@@ -693,7 +693,7 @@ static dj_status check_ids(const dj_model_config *c, const int32_t *ids, uint32_
 
 static bool graphs_enabled(const dj_engine_t *e) {
     const char *off = getenv("DJINN_NO_GRAPHS");
-    return e->be->vt->capture_begin && e->be->vt->capture_end && e->be->vt->graph_launch &&
+    return e->be->vt->capture_begin && e->be->vt->capture_end && e->be->vt->graph_launch && e->be->vt->graph_free &&
            !(off && off[0] && strcmp(off, "0") != 0);
 }
 
