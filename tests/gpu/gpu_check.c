@@ -586,6 +586,69 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
     free(ref);
 }
 
+/* Decode matmuls held back and launched as one: three on one x (k/v-sized
+ * and with a bias among them), then one whose x is the first's output (must
+ * see it complete), one sync at the end. */
+static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
+    const uint32_t ms[4] = {4 * k / 2, k / 4, k / 4, 300};
+    const uint32_t ks[4] = {k, k, k, ms[0]};
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    void *dx = dcopy(xb, (size_t)n * k * 2);
+    void *w[4], *dw[4], *dout[4], *bias = rand_weight(DJ_DTYPE_BF16, ms[1], -1.0f, 1.0f);
+    void *dbias = dcopy(bias, ms[1] * 2);
+    float *ref[4];
+    dj_op_call cc[4], gc[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = rand_weight(wt, (size_t)ms[i] * ks[i], -0.05f, 0.05f);
+        dw[i] = dcopy(w[i], (size_t)ms[i] * ks[i] * dj_dtype_size(wt));
+        dout[i] = dalloc((size_t)n * ms[i] * 2);
+        poison(dout[i], (size_t)n * ms[i] * 2);
+        ref[i] = falloc((size_t)n * ms[i]);
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .out = ref[i], .x = xf, .w = w[i], .w_dtype = wt,
+                             .k = ks[i], .m = ms[i]};
+        gc[i] = cc[i];
+        gc[i].out = dout[i];
+        gc[i].x = dx;
+        gc[i].w = dw[i];
+        gc[i].out_dtype = DJ_DTYPE_BF16;
+    }
+    cc[1].bias = bias, cc[1].bias_dtype = DJ_DTYPE_BF16;
+    gc[1].bias = dbias, gc[1].bias_dtype = DJ_DTYPE_BF16;
+    cc[3].x = ref[0];
+    gc[3].x = dout[0];
+    for (int i = 0; i < 3; i++)
+        if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("matmul group (cpu)");
+    /* the CPU's input of the dependent call is the GPU's (bf16-rounded) output */
+    uint16_t *ob = halloc((size_t)n * ms[0]);
+    for (int i = 0; i < 4; i++)
+        if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("matmul group (gpu)");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("matmul group sync");
+    down(ob, dout[0], (size_t)n * ms[0] * 2);
+    float *x3 = falloc((size_t)n * ms[0]);
+    for (size_t i = 0; i < (size_t)n * ms[0]; i++) x3[i] = dj_bf16_to_f32(ob[i]);
+    cc[3].x = x3;
+    if (dj_backend_compute(cpu, &cc[3]) != DJ_OK) die("matmul group (cpu)");
+    for (int i = 0; i < 4; i++) {
+        char shape[96];
+        snprintf(shape, sizeof shape, "grouped %d/4: n=%u k=%u m=%u %s%s%s", i + 1, n, ks[i], ms[i],
+                 dj_dtype_name(wt), i == 1 ? " +bias" : "", i == 3 ? " (x = output 1)" : "");
+        compare("MATMUL", shape, dout[i], DJ_DTYPE_BF16, ref[i], (size_t)n * ms[i]);
+        dfree(dw[i]);
+        dfree(dout[i]);
+        free(w[i]);
+        free(ref[i]);
+    }
+    dfree(dx);
+    dfree(dbias);
+    free(bias);
+    free(xb);
+    free(xf);
+    free(ob);
+    free(x3);
+}
+
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
 static void check_embed_dev(uint32_t n, uint32_t d, uint32_t vocab) {
     void *tab = rand_weight(DJ_DTYPE_BF16, (size_t)vocab * d, -1.0f, 1.0f);
@@ -835,6 +898,8 @@ int main(int argc, char **argv) {
     check_rows(3, 8, 2, 128, 16, 100, 0);
     check_rows(1, 32, 8, 128, 16, 0, 1);
     check_rows(32, 32, 8, 128, 16, 0, 1);
+    check_matmul_group(1, 1024, DJ_DTYPE_BF16);
+    check_matmul_group(5, 512, DJ_DTYPE_F16);
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);

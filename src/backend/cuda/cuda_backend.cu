@@ -63,6 +63,8 @@ static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
 static void cuda_free(dj_backend_t *be, void *ptr) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (!ptr) return;
+    if (cb->gemv_count && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
+        DJ_LOG(WARN, "%s", dj_last_error());
     if (cudaSetDevice(cb->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
         DJ_LOG(WARN, "cuda:%d free of %p failed: %s", cb->device, ptr, cudaGetErrorString(cudaGetLastError()));
     }
@@ -77,6 +79,7 @@ static dj_status not_capturing(const dj_cuda_backend *cb, const char *what) {
 static dj_status cuda_copy(dj_cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                            const char *what) {
     dj_status st = not_capturing(cb, what);
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st != DJ_OK) return st;
     if (bytes == 0) return DJ_OK;
     if (!dst || !src) return dj_fail(DJ_EINVAL, "cuda %s: NULL pointer for %zu bytes", what, bytes);
@@ -98,6 +101,7 @@ static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src
 static dj_status cuda_sync(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "sync");
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
@@ -152,6 +156,7 @@ dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, co
 static dj_status cuda_upload_async(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "upload_async");
+    if (st == DJ_OK) st = dj__cuda_flush(cb); /* a held-back launch may read dst */
     if (st != DJ_OK) return st;
     if (bytes == 0) return DJ_OK;
     if (!dst_dev || !src_host) return dj_fail(DJ_EINVAL, "cuda upload_async: NULL pointer for %zu bytes", bytes);
@@ -326,6 +331,7 @@ static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const ui
 
 static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     dj_status st = check_call(c);
+    if (st == DJ_OK && c->op != DJ_OP_MATMUL) st = dj__cuda_flush(cb); /* matmul decides itself */
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     const uint32_t *table = NULL;
@@ -369,7 +375,8 @@ static dj_status cuda_argmax(dj_backend_t *be, const float *logits, uint32_t n, 
     if (!logits || !out || n == 0 || vocab == 0)
         return dj_fail(DJ_EINVAL, "cuda argmax: NULL pointer, no rows or an empty vocabulary");
     DJ_CU(cb, cudaSetDevice(cb->device));
-    dj_status st = dj__cuda_argmax(cb, logits, n, vocab, out);
+    dj_status st = dj__cuda_flush(cb);
+    if (st == DJ_OK) st = dj__cuda_argmax(cb, logits, n, vocab, out);
     if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
     return st;
 }
@@ -383,6 +390,7 @@ struct dj_backend_graph {
 static dj_status cuda_capture_begin(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "capture_begin");
+    if (st == DJ_OK) st = dj__cuda_flush(cb); /* work from before stays out of the graph */
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     /* Relaxed: a scratch buffer that must grow may be cudaMalloc'd while recording. */
@@ -396,6 +404,8 @@ static dj_status cuda_capture_end(dj_backend_t *be, dj_backend_graph_t **out) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     *out = NULL;
     if (!cb->capturing) return dj_fail(DJ_EINVAL, "cuda:%d capture_end without capture_begin", cb->device);
+    dj_status fl = dj__cuda_flush(cb); /* the last held-back launch belongs to the graph */
+    if (fl != DJ_OK && cb->capture_st == DJ_OK) cb->capture_st = fl;
     cb->capturing = false;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
@@ -427,6 +437,7 @@ static dj_status cuda_capture_end(dj_backend_t *be, dj_backend_graph_t **out) {
 static dj_status cuda_graph_launch(dj_backend_t *be, dj_backend_graph_t *g) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "graph_launch");
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st != DJ_OK) return st;
     if (!g) return dj_fail(DJ_EINVAL, "cuda graph_launch: NULL graph");
     DJ_CU(cb, cudaSetDevice(cb->device));
@@ -450,6 +461,7 @@ static void cuda_graph_free(dj_backend_t *be, dj_backend_graph_t *g) {
 static void cuda_destroy(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (cudaSetDevice(cb->device) == cudaSuccess) {
+        if (cb->stream) (void)dj__cuda_flush(cb);
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
