@@ -13,6 +13,9 @@
 #include "djinn/status.h"
 
 typedef struct dj_backend dj_backend_t;
+/* A recorded sequence of compute calls that a backend can replay (CUDA Graphs);
+ * opaque, made by capture_end, freed by graph_free. */
+typedef struct dj_backend_graph dj_backend_graph_t;
 
 /* A view of one layer's K/V for one session, as stored in data-segment pages.
  * Page layout (page_bytes each, pages anywhere in the segment):
@@ -57,7 +60,20 @@ const char *dj_op_name(dj_op op);
  * exception is out_dtype below. Weights (w, bias, table, norm weight) carry
  * their own dtype. n is the number of token rows of this call (the runtime
  * count, <= the planned one). All pointers except ids and kv->block_table
- * are device memory. */
+ * are device memory.
+ *
+ * Per-row arguments (batched decode, position-independent replays): row_pos
+ * and row_tables are device memory (host memory on the CPU), NULL when
+ * unused, read by ROPE, KV_WRITE and ATTENTION only:
+ *  - row_pos[n]: the position of each row, replacing pos0 + i;
+ *  - row_tables[n]: each row's block table (a device pointer to
+ *    [n_blocks] page ids), replacing kv's table; kv still gives the layout
+ *    (seg_base, page_bytes, tokens_per_page, kv_dim, dtype). It needs row_pos.
+ *    ATTENTION row i then attends to positions [.., row_pos[i]] of its own
+ *    table: every row is its own sequence.
+ * A device backend cannot read these at call time, so it checks no position
+ * against n_blocks: the caller guarantees that every row's position is mapped
+ * in its table. */
 typedef struct dj_op_call {
     dj_op op;
     uint32_t n;            /* token rows */
@@ -72,7 +88,12 @@ typedef struct dj_op_call {
     dj_dtype w_dtype;
     const void *bias;      /* MATMUL bias [m] or NULL */
     dj_dtype bias_dtype;
-    const int32_t *ids;    /* EMBED token ids [n] (host memory) */
+    const int32_t *ids;    /* EMBED token ids [n] (host memory), or NULL to use ids_dev */
+    const int32_t *ids_dev; /* EMBED token ids [n] in device memory, read when ids is NULL. The
+                             * caller validates them: a device backend gives a zero row for
+                             * an id outside [0, m), the CPU backend DJ_ERANGE */
+    const uint32_t *row_pos;              /* [n] per-row positions (see above) or NULL */
+    const uint32_t *const *row_tables;    /* [n] per-row block tables (see above) or NULL */
     const float *inv_freq; /* ROPE: [head_dim/2] inverse frequencies (after scaling) */
     const dj_kv_view *kv;  /* KV_WRITE / ATTENTION */
     uint32_t pos0;         /* position of row 0 (ROPE, KV_WRITE, ATTENTION) */
@@ -99,6 +120,30 @@ typedef struct dj_backend_vtbl {
     dj_status (*compute)(dj_backend_t *be, const dj_op_call *call);
     dj_status (*sync)(dj_backend_t *be);
     void (*destroy)(dj_backend_t *be);
+
+    /* ---- optional hooks: NULL where a backend lacks them (the engine then
+     * falls back to upload, downloading logits, and running ops one by one) ---- */
+
+    /* As upload, but ordered with compute and without waiting: the bytes are
+     * staged before it returns, so src_host may change at once. */
+    dj_status (*upload_async)(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes);
+    /* out_dev[i] = argmax_j logits[i][j] for i < n (f32 logits, int32 out, both
+     * device memory), lowest j on ties as torch.argmax; ordered with compute. */
+    dj_status (*argmax)(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab, int32_t *out_dev);
+    /* Graph capture. After capture_begin, compute calls are recorded instead
+     * of run (so every pointer they read must stay valid, and hold the right
+     * bytes, whenever the graph is launched: ids_dev, row_pos, row_tables and
+     * block_table_dev, never host memory); upload, download, sync and
+     * upload_async fail until capture_end. capture_end always ends the
+     * capture; it returns the graph, or an error when any call failed or the
+     * device refused the capture (nothing recorded ran: run the calls
+     * uncaptured). graph_launch runs a graph, ordered with compute;
+     * graph_free releases it (NULL does nothing). Scratch memory a recorded
+     * call uses is kept alive as long as the graph. */
+    dj_status (*capture_begin)(dj_backend_t *be);
+    dj_status (*capture_end)(dj_backend_t *be, dj_backend_graph_t **out /* OUT */);
+    dj_status (*graph_launch)(dj_backend_t *be, dj_backend_graph_t *g);
+    void (*graph_free)(dj_backend_t *be, dj_backend_graph_t *g);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */
@@ -106,6 +151,7 @@ struct dj_backend {
     const dj_backend_vtbl *vt;
     dj_dtype kv_dtype;    /* element type it wants for K/V pages */
     dj_dtype act_dtype;   /* element type of activations (f32 on the CPU) */
+    bool host_memory;     /* device memory is host memory (the CPU backend) */
 };
 
 /* The CPU backend. n_threads 0 = every core (omp_get_max_threads()). Its

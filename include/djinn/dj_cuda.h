@@ -31,6 +31,15 @@ dj_status dj_cuda_device_name(int device, char *buf /* OUT */, size_t len);
  * thread drives a backend. Free it with dj_backend_free. */
 dj_status dj_backend_cuda_new(int device, dj_backend_t **out /* OUT */);
 
+/* Machine limits for benchmarks, measured on the backend's GPU and stream
+ * (one warm-up, then `iters` timed calls by CUDA events). Copy: a
+ * device-to-device cudaMemcpy of `bytes`, reported as bytes read + written
+ * per second (GB/s = 1e9), the HBM rate a weight-streaming step can reach.
+ * GEMM: a bf16 n x n x n cublasGemmEx with f32 accumulation, in TFLOP/s
+ * (2 n^3 per call). Scratch buffers are allocated and freed inside. */
+dj_status dj_cuda_measure_copy(dj_backend_t *be, size_t bytes, int iters, double *gbps /* OUT */);
+dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *tflops /* OUT */);
+
 /* Test hook: attention kernel choice. 0 = automatic (split-K decode for
  * few query rows, tiled prefill otherwise), 1 = always decode, 2 = always
  * prefill. Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =

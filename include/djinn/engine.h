@@ -13,6 +13,7 @@
 #include "djinn/backend.h"
 #include "djinn/checkpoint.h"
 #include "djinn/graph.h"
+#include "djinn/sampler.h"
 #include "djinn/status.h"
 #include "djinn/vmu.h"
 
@@ -80,6 +81,35 @@ uint32_t dj_session_max_ctx(const dj_session_t *s);
  * going past max_ctx is DJ_ERANGE. */
 dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                           float *logits /* OUT, [vocab] or NULL */);
+
+/* As dj_session_step, then pick the next token from the last position's
+ * logits into *next. Greedy (sp NULL or temperature 0) runs on the device
+ * where the backend can (only the id crosses to the host); other params
+ * download the logits and use the session's own host sampler, seeded from
+ * sp->seed when first used with these params (changed params start a new
+ * one). Params are validated as dj_sampler_new does. */
+dj_status dj_session_step_sample(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                 const dj_sampler_params *sp /* NULL = greedy */, int32_t *next /* OUT */);
+
+/* One decode step for n_sessions distinct sessions of one model, each fed
+ * ids[i] at its own position and writing its own pages, through one plan
+ * (and, on a device, one recorded graph per (model, n_sessions)). logits
+ * (optional) receives [n_sessions][vocab]; next (optional) one picked token
+ * per session, as dj_session_step_sample. The same logits as n_sessions
+ * single steps. All or nothing: on error no session's position moves. At most
+ * 1024 sessions. */
+dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, const int32_t *ids,
+                               uint32_t n_sessions, float *logits /* OUT, [n_sessions][vocab] or NULL */,
+                               const dj_sampler_params *sp /* NULL = greedy */,
+                               int32_t *next /* OUT, [n_sessions] or NULL */);
+
+/* Decode steps on a backend with graphs (CUDA): a decode shape runs eagerly
+ * the first time, is recorded the second and replayed from then on. Counts
+ * since the engine started: graphs recorded, replays, shapes that could not
+ * be recorded (they run eagerly). DJINN_NO_GRAPHS=1 in the environment turns
+ * recording off (every step eager, as on the CPU). */
+void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures /* OUT */, size_t *replays /* OUT */,
+                           size_t *failures /* OUT */);
 
 /* Build the SRG of one step of the model for `bucket` token rows (weights
  * bound when m is not NULL). Exposed for the planner, info and tests. */

@@ -4,9 +4,11 @@
 #include "djinn/engine.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "djinn/sampler.h"
 #include "model/model_impl.h"
 
 #ifdef DJ_HAVE_CUDA
@@ -14,12 +16,44 @@
 #endif
 
 #define DJ_PLAN_CACHE_ENTRIES 64
+#define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
+#define DJ_MAX_BATCH 1024  /* sessions in one decode step */
+
+/* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
+ * failed: always eager). */
+enum { SG_EMPTY, SG_NEW, SG_SEEN_ONCE, SG_RECORDED, SG_FAILED };
+
+typedef struct step_graph {
+    int state;                 /* SG_* */
+    uint64_t fingerprint;      /* model */
+    uint32_t rows;             /* sessions per step */
+    const uint8_t *text;       /* what the recording baked in: the model's text region, */
+    const uint8_t *stack;      /* the step's stack base, */
+    const dj_graph_t *plan;    /* the plan and */
+    const uint8_t *args;       /* the step-args buffer */
+    dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
+    int out_idx;               /* the plan's output node */
+    uint64_t used;             /* LRU clock */
+} step_graph;
 
 struct dj_engine {
     dj_backend_t *be;
     dj_vmu_t *vmu;
     dj_plan_cache_t *plans;
     uint32_t max_step;
+    /* Step args of decode steps (device memory): ids [B] int32 at 0,
+     * positions [B] at off_pos, picked ids [B] at off_next, block tables
+     * [n_layers][B] device pointers at off_tables; one copy per step from
+     * args_host. Offsets depend only on B. */
+    uint8_t *args_dev;         /* [args_cap] backend memory; owned */
+    uint8_t *args_host;        /* [args_cap]; owned */
+    size_t args_cap, off_pos, off_next, off_tables;
+    int32_t *args_next;        /* args_dev + off_next */
+    step_graph graphs[DJ_STEP_GRAPHS];
+    uint64_t graph_clock;
+    size_t graph_captures, graph_replays, graph_failures;
+    float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
+    size_t host_logits_cap;
 };
 
 struct dj_session {
@@ -32,6 +66,11 @@ struct dj_session {
     uint32_t n_blocks;        /* blocks mapped in every layer */
     uint32_t *block_table;    /* [n_layers][max_blocks] page ids */
     dj_kv_view *kv;           /* [n_layers] */
+    uint32_t *table_dev;      /* [n_layers][max_blocks] device mirror of block_table (owned), or
+                               * block_table itself where device memory is host memory */
+    uint32_t dev_blocks;      /* blocks of every layer copied to table_dev */
+    dj_sampler_t *sampler;    /* host sampler for non-greedy picks, made for `sp`; owned */
+    dj_sampler_params sp;
 };
 
 /* ---- engine ---- */
@@ -77,12 +116,62 @@ fail:
     return st;
 }
 
+static void free_graphs(dj_engine_t *e) {
+    for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
+        if (e->graphs[i].graph) e->be->vt->graph_free(e->be, e->graphs[i].graph);
+        memset(&e->graphs[i], 0, sizeof e->graphs[i]);
+    }
+}
+
 void dj_engine_free(dj_engine_t *e) {
     if (!e) return;
+    if (e->be) {
+        free_graphs(e);
+        if (e->args_dev) e->be->vt->free(e->be, e->args_dev);
+    }
+    free(e->args_host);
+    free(e->host_logits);
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
     dj_backend_free(e->be);
     free(e);
+}
+
+/* Host bytes to device memory, ordered with compute (no wait where the
+ * backend can stage them). */
+static dj_status upload_now(dj_engine_t *e, void *dst, const void *src, size_t bytes) {
+    if (e->be->vt->upload_async) return e->be->vt->upload_async(e->be, dst, src, bytes);
+    return e->be->vt->upload(e->be, dst, src, bytes);
+}
+
+static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
+
+/* Step-args buffers large enough for B rows of n_layers; offsets for B. A
+ * buffer that moves invalidates every recorded graph. */
+static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
+    const size_t a4 = align8((size_t)B * sizeof(int32_t));
+    const size_t need = 3 * a4 + (size_t)n_layers * B * sizeof(void *);
+    if (need > e->args_cap) {
+        size_t cap = e->args_cap * 2 > need ? e->args_cap * 2 : need;
+        if (cap < 4096) cap = 4096;
+        free_graphs(e);
+        if (e->args_dev) e->be->vt->free(e->be, e->args_dev);
+        free(e->args_host);
+        e->args_dev = e->args_host = NULL;
+        e->args_cap = 0;
+        void *d = NULL;
+        dj_status st = e->be->vt->alloc(e->be, cap, &d);
+        if (st != DJ_OK) return st;
+        e->args_dev = d;
+        e->args_host = malloc(cap);
+        if (!e->args_host) return dj_fail(DJ_ENOMEM, "out of memory for %zu bytes of step arguments", cap);
+        e->args_cap = cap;
+    }
+    e->off_pos = a4;
+    e->off_next = 2 * a4;
+    e->off_tables = 3 * a4;
+    e->args_next = (int32_t *)(void *)(e->args_dev + e->off_next);
+    return DJ_OK;
 }
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e) { return e->vmu; }
@@ -291,11 +380,20 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     snprintf(name, sizeof name, "%s#%p", m->name, (void *)s);
     st = dj_vmu_session_new(e->vmu, name, quota_pages, &s->vs);
     if (st != DJ_OK) goto fail;
+    if (e->be->host_memory) {
+        s->table_dev = s->block_table;
+    } else {
+        void *td = NULL;
+        st = e->be->vt->alloc(e->be, (size_t)c->n_layers * s->max_blocks * sizeof(uint32_t), &td);
+        if (st != DJ_OK) goto fail;
+        s->table_dev = td;
+    }
     for (uint32_t l = 0; l < c->n_layers; l++) {
         dj_kv_view *v = &s->kv[l];
         v->seg_base = dj_vmu_data_base(e->vmu);
         v->page_bytes = page;
         v->block_table = s->block_table + (size_t)l * s->max_blocks;
+        v->block_table_dev = e->be->host_memory ? NULL : s->table_dev + (size_t)l * s->max_blocks;
         v->n_blocks = 0;
         v->tokens_per_page = s->tokens_per_page;
         v->kv_dim = (uint32_t)kv_dim;
@@ -308,6 +406,7 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     *out = s;
     return DJ_OK;
 fail:
+    if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
     dj_vmu_session_free(e->vmu, s->vs);
     free(s->block_table);
     free(s->kv);
@@ -319,6 +418,8 @@ void dj_session_free(dj_engine_t *e, dj_session_t *s) {
     if (!s) return;
     dj_vmu_session_free(e->vmu, s->vs);
     dj_vmu_model_release(e->vmu, s->model->region);
+    if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
+    dj_sampler_free(s->sampler);
     free(s->block_table);
     free(s->kv);
     free(s);
@@ -351,10 +452,32 @@ static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
 
 /* ---- execution ---- */
 
-static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, uint32_t n, dj_graph_t **out) {
-    const dj_phase phase = n == 1 ? DJ_PHASE_DECODE : DJ_PHASE_PREFILL;
-    const uint32_t bucket = dj_shape_bucket(phase, n, e->max_step);
-    dj_graph_t *g = dj_plan_cache_get(e->plans, m->fingerprint, bucket);
+/* Sessions' device block tables: the blocks mapped since the last call are
+ * copied into the session's device mirror (one small ordered copy per layer),
+ * so steps never copy a whole table. */
+static dj_status sync_tables(dj_engine_t *e, dj_session_t *s) {
+    if (e->be->host_memory || s->dev_blocks == s->n_blocks) {
+        s->dev_blocks = s->n_blocks;
+        return DJ_OK;
+    }
+    const uint32_t from = s->dev_blocks, count = s->n_blocks - s->dev_blocks;
+    for (uint32_t l = 0; l < s->model->cfg.n_layers; l++) {
+        const size_t off = (size_t)l * s->max_blocks + from;
+        dj_status st = upload_now(e, s->table_dev + off, s->block_table + off, count * sizeof(uint32_t));
+        if (st != DJ_OK) return st;
+    }
+    s->dev_blocks = s->n_blocks;
+    return DJ_OK;
+}
+
+/* Decode plans (one token per row, every row its own sequence, logits of
+ * every row) and prefill plans share the cache: decode keys carry the top bit. */
+#define DECODE_KEY (1u << 31)
+
+static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, dj_phase phase, uint32_t n, dj_graph_t **out) {
+    const uint32_t bucket = phase == DJ_PHASE_DECODE ? n : dj_shape_bucket(phase, n, e->max_step);
+    const uint32_t key = phase == DJ_PHASE_DECODE ? DECODE_KEY | n : bucket;
+    dj_graph_t *g = dj_plan_cache_get(e->plans, m->fingerprint, key);
     if (g) {
         *out = g;
         return DJ_OK;
@@ -363,7 +486,7 @@ static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, uint32_t n, dj_gr
     if (st != DJ_OK) return st;
     size_t peak = 0;
     st = dj_graph_plan(g, &peak);
-    if (st == DJ_OK) st = dj_plan_cache_put(e->plans, m->fingerprint, bucket, g);
+    if (st == DJ_OK) st = dj_plan_cache_put(e->plans, m->fingerprint, key, g);
     if (st != DJ_OK) {
         dj_graph_free(g);
         return st;
@@ -387,20 +510,24 @@ static dj_dtype node_dtype(const dj_graph_t *g, int idx) {
     return idx < 0 ? DJ_DTYPE_F32 : dj_graph_node_c(g, idx)->dtype;
 }
 
-/* One chunk of n <= max_step tokens at the session's position. */
-static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
-    const dj_model_t *m = s->model;
-    dj_graph_t *g = NULL;
-    dj_status st = get_plan(e, m, n, &g);
-    if (st != DJ_OK) return st;
-    st = ensure_pages(e, s, s->pos + n);
-    if (st != DJ_OK) return st;
-    const size_t mark = dj_vmu_stack_mark(e->vmu);
-    void *stack_v = NULL;
-    st = dj_vmu_stack_push(e->vmu, dj_graph_peak(g), &stack_v);
-    if (st != DJ_OK) return st;
-    uint8_t *stack = stack_v;
-    int out_idx = -1;
+/* What one step reads besides the plan: rows at consecutive positions of one
+ * session (prefill: pos0, host ids), or rows each at its own position and
+ * session (decode: everything in the step-args buffer, device memory). */
+typedef struct step_io {
+    uint32_t n;                         /* token rows */
+    uint32_t pos0;                      /* without row_pos */
+    const int32_t *ids;                 /* host [n], or NULL */
+    const int32_t *ids_dev;             /* device [n] when ids is NULL */
+    const uint32_t *row_pos;            /* device [n] or NULL */
+    const uint32_t *const *row_tables;  /* device [n_layers][n] or NULL */
+    const dj_session_t *s;              /* K/V layout (and its tables without row_tables) */
+} step_io;
+
+/* Enqueue every node of the plan; *out_idx receives the output node. */
+static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t *g, const step_io *io,
+                           uint8_t *stack, int *out_idx) {
+    const uint32_t n = io->n;
+    dj_status st = DJ_OK;
     const int count = dj_graph_count(g);
     for (int i = 0; i < count && st == DJ_OK; i++) {
         const dj_node *nd = dj_graph_node_c(g, i);
@@ -408,14 +535,15 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
         dj_op_call call = nd->params;
         call.op = nd->op;
         call.n = n;
-        call.pos0 = s->pos;
+        call.pos0 = io->pos0;
         call.out = nd->res == DJ_RES_KV ? NULL : stack + nd->offset;
         call.out_dtype = nd->res == DJ_RES_OUTPUT ? DJ_DTYPE_F32 : e->be->act_dtype; /* logits: f32 */
         const void *x = node_ptr(m, g, nd->src[0], stack);
         const void *x1 = node_ptr(m, g, nd->src[1], stack);
         switch (nd->op) {
         case DJ_OP_EMBED:
-            call.ids = ids;
+            call.ids = io->ids;
+            call.ids_dev = io->ids_dev;
             call.w = x1;
             call.w_dtype = node_dtype(g, nd->src[1]);
             break;
@@ -434,15 +562,15 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
         case DJ_OP_ROPE:
             call.x = x;
             call.inv_freq = x1;
+            call.row_pos = io->row_pos;
             break;
         case DJ_OP_KV_WRITE:
-            call.x = x;
-            call.x2 = x1;
-            call.kv = &s->kv[nd->layer];
-            break;
         case DJ_OP_ATTENTION:
             call.x = x;
-            call.kv = &s->kv[nd->layer];
+            if (nd->op == DJ_OP_KV_WRITE) call.x2 = x1;
+            call.kv = &io->s->kv[nd->layer];
+            call.row_pos = io->row_pos;
+            call.row_tables = io->row_tables ? io->row_tables + (size_t)nd->layer * n : NULL;
             break;
         case DJ_OP_SILU_MUL:
         case DJ_OP_ADD:
@@ -454,31 +582,274 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
             continue;
         }
         st = dj_backend_compute(e->be, &call);
-        if (nd->res == DJ_RES_OUTPUT) out_idx = i;
+        if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
     }
-    if (st == DJ_OK) st = e->be->vt->sync(e->be);
-    if (st == DJ_OK && logits && out_idx >= 0)
-        st = e->be->vt->download(e->be, logits, stack + dj_graph_node_c(g, out_idx)->offset,
-                                 (size_t)m->cfg.vocab_size * sizeof(float));
+    return st;
+}
+
+static bool is_greedy(const dj_sampler_params *sp) { return !sp || sp->temperature == 0.0f; }
+
+static dj_status check_sampler(const dj_sampler_params *sp) {
+    if (!sp) return DJ_OK;
+    if (!(sp->temperature >= 0.0f) || !isfinite(sp->temperature))
+        return dj_fail(DJ_EINVAL, "sampler temperature %g must be finite and >= 0", (double)sp->temperature);
+    if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f))
+        return dj_fail(DJ_EINVAL, "sampler top_p %g must be in (0, 1]", (double)sp->top_p);
+    return DJ_OK;
+}
+
+static dj_status host_logits(dj_engine_t *e, size_t floats, float **out) {
+    if (floats > e->host_logits_cap) {
+        float *p = realloc(e->host_logits, floats * sizeof *p);
+        if (!p) return dj_fail(DJ_ENOMEM, "out of memory for %zu logits", floats);
+        e->host_logits = p;
+        e->host_logits_cap = floats;
+    }
+    *out = e->host_logits;
+    return DJ_OK;
+}
+
+/* After the step's ops: the logits of its B output rows (`out_dev`,
+ * [B][vocab] f32) to the caller and/or the next token of each row. Greedy
+ * picks run on the device (only the ids come back); other samplers get the
+ * logits on the host, with each session's own seeded sampler. */
+static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, const float *out_dev, float *logits,
+                        const dj_sampler_params *sp, int32_t *next) {
+    const uint32_t V = ss[0]->model->cfg.vocab_size;
+    dj_status st = DJ_OK;
+    const bool device_pick = next && is_greedy(sp) && e->be->vt->argmax;
+    if (device_pick) {
+        st = e->be->vt->argmax(e->be, out_dev, B, V, e->args_next);
+        if (st != DJ_OK) return st;
+    }
+    st = e->be->vt->sync(e->be);
+    if (st != DJ_OK) return st;
+    if (device_pick) {
+        st = e->be->vt->download(e->be, next, e->args_next, (size_t)B * sizeof(int32_t));
+        if (st != DJ_OK) return st;
+    }
+    if (!logits && (!next || device_pick)) return DJ_OK;
+    float *lg = logits;
+    if (!lg && (st = host_logits(e, (size_t)B * V, &lg)) != DJ_OK) return st;
+    st = e->be->vt->download(e->be, lg, out_dev, (size_t)B * V * sizeof(float));
+    if (st != DJ_OK || !next || device_pick) return st;
+    for (uint32_t r = 0; r < B; r++) {
+        const float *row = lg + (size_t)r * V;
+        if (is_greedy(sp)) {
+            next[r] = dj_argmax(row, V);
+            continue;
+        }
+        dj_session_t *s = ss[r];
+        if (!s->sampler || memcmp(&s->sp, sp, sizeof *sp) != 0) {
+            dj_sampler_free(s->sampler);
+            s->sampler = NULL;
+            st = dj_sampler_new(sp, V, &s->sampler);
+            if (st != DJ_OK) return st;
+            s->sp = *sp;
+        }
+        next[r] = dj_sampler_sample(s->sampler, row);
+    }
+    return DJ_OK;
+}
+
+/* One prefill chunk of n <= max_step tokens at the session's position. */
+static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
+                           const dj_sampler_params *sp, int32_t *next) {
+    const dj_model_t *m = s->model;
+    dj_graph_t *g = NULL;
+    dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, &g);
+    if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
+    if (st == DJ_OK) st = sync_tables(e, s);
+    if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
+    if (st != DJ_OK) return st;
+    const size_t mark = dj_vmu_stack_mark(e->vmu);
+    void *stack_v = NULL;
+    st = dj_vmu_stack_push(e->vmu, dj_graph_peak(g), &stack_v);
+    if (st != DJ_OK) return st;
+    uint8_t *stack = stack_v;
+    int out_idx = -1;
+    const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
+    st = run_nodes(e, m, g, &io, stack, &out_idx);
+    if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
+    if (st == DJ_OK)
+        st = finish(e, &s, 1, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits,
+                    sp, next);
+    else
+        (void)e->be->vt->sync(e->be); /* drain what was enqueued before the failure */
     dj_vmu_stack_reset(e->vmu, mark);
     if (st == DJ_OK) s->pos += n;
     return st;
 }
 
-dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
-    const dj_model_config *c = &s->model->cfg;
-    if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
+static dj_status check_ids(const dj_model_config *c, const int32_t *ids, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] < 0 || (uint32_t)ids[i] >= c->vocab_size)
             return dj_fail(DJ_ERANGE, "token id %d at index %u is outside the vocabulary [0, %u)", ids[i], i,
                            c->vocab_size);
+    return DJ_OK;
+}
+
+/* ---- decode steps: one token for each of B sessions, graphs on a device ---- */
+
+static bool graphs_enabled(const dj_engine_t *e) {
+    const char *off = getenv("DJINN_NO_GRAPHS");
+    return e->be->vt->capture_begin && e->be->vt->capture_end && e->be->vt->graph_launch && e->be->vt->graph_free &&
+           !(off && off[0] && strcmp(off, "0") != 0);
+}
+
+/* The graph slot of a decode shape; what a recorded graph baked in (weights,
+ * stack and step-args addresses, the plan) must match, or it is dropped. */
+static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, const dj_graph_t *plan,
+                              const uint8_t *stack) {
+    const uint8_t *text = dj_vmu_model_base(m->region);
+    step_graph *hit = NULL, *victim = &e->graphs[0];
+    for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
+        step_graph *sg = &e->graphs[i];
+        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B) {
+            hit = sg;
+            break;
+        }
+        if (sg->state == SG_EMPTY || sg->used < victim->used) victim = sg;
+    }
+    if (hit && (hit->text != text || hit->stack != stack || hit->plan != plan || hit->args != e->args_dev)) {
+        e->be->vt->graph_free(e->be, hit->graph);
+        memset(hit, 0, sizeof *hit); /* stale: start over (eager once, then capture) */
+        victim = hit;
+        hit = NULL;
+    }
+    if (!hit) {
+        if (victim->state != SG_EMPTY) e->be->vt->graph_free(e->be, victim->graph);
+        memset(victim, 0, sizeof *victim);
+        victim->fingerprint = m->fingerprint;
+        victim->rows = B;
+        victim->text = text;
+        victim->stack = stack;
+        victim->plan = plan;
+        victim->args = e->args_dev;
+        victim->state = SG_NEW;
+        hit = victim;
+    }
+    hit->used = ++e->graph_clock;
+    return hit;
+}
+
+static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int32_t *ids, uint32_t B,
+                             float *logits, const dj_sampler_params *sp, int32_t *next) {
+    if (B == 0) return dj_fail(DJ_EINVAL, "a step needs at least one session");
+    if (B > DJ_MAX_BATCH) return dj_fail(DJ_EINVAL, "%u sessions in one step; at most %u", B, DJ_MAX_BATCH);
+    const dj_model_t *m = ss[0]->model;
+    const dj_model_config *c = &m->cfg;
+    dj_status st = check_sampler(sp);
+    if (st != DJ_OK) return st;
+    for (uint32_t r = 0; r < B; r++) {
+        if (ss[r]->model != m)
+            return dj_fail(DJ_EINVAL, "session %u runs another model than session 0; a batch shares one model", r);
+        for (uint32_t q = 0; q < r; q++)
+            if (ss[q] == ss[r]) return dj_fail(DJ_EINVAL, "session %u appears twice in one batch (also %u)", r, q);
+        if ((uint64_t)ss[r]->pos + 1 > ss[r]->max_ctx)
+            return dj_fail(DJ_ERANGE, "session %u: one more token would exceed its context of %u", r,
+                           ss[r]->max_ctx);
+    }
+    if ((st = check_ids(c, ids, B)) != DJ_OK) return st;
+    dj_graph_t *g = NULL;
+    if ((st = get_plan(e, m, DJ_PHASE_DECODE, B, &g)) != DJ_OK) return st;
+    for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
+        st = ensure_pages(e, ss[r], ss[r]->pos + 1);
+        if (st == DJ_OK) st = sync_tables(e, ss[r]);
+    }
+    if (st == DJ_OK) st = ensure_args(e, B, c->n_layers);
+    if (st != DJ_OK) return st;
+
+    /* Step args: ids [B], positions [B], tables [n_layers][B], one copy. */
+    int32_t *h_ids = (int32_t *)(void *)e->args_host;
+    uint32_t *h_pos = (uint32_t *)(void *)(e->args_host + e->off_pos);
+    const uint32_t **h_tab = (const uint32_t **)(void *)(e->args_host + e->off_tables);
+    for (uint32_t r = 0; r < B; r++) {
+        h_ids[r] = ids[r];
+        h_pos[r] = ss[r]->pos;
+        for (uint32_t l = 0; l < c->n_layers; l++)
+            h_tab[(size_t)l * B + r] = ss[r]->table_dev + (size_t)l * ss[r]->max_blocks;
+    }
+    const size_t args_bytes = e->off_tables + (size_t)c->n_layers * B * sizeof(void *);
+    st = upload_now(e, e->args_dev, e->args_host, args_bytes);
+    if (st != DJ_OK) return st;
+
+    const size_t mark = dj_vmu_stack_mark(e->vmu);
+    void *stack_v = NULL;
+    if ((st = dj_vmu_stack_push(e->vmu, dj_graph_peak(g), &stack_v)) != DJ_OK) return st;
+    uint8_t *stack = stack_v;
+    const step_io io = {.n = B,
+                        .ids_dev = (const int32_t *)(const void *)e->args_dev,
+                        .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
+                        .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
+                        .s = ss[0]};
+    int out_idx = -1;
+    bool ran = false;
+    if (graphs_enabled(e)) {
+        step_graph *sg = graph_slot(e, m, B, g, stack);
+        if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
+            st = e->be->vt->capture_begin(e->be);
+            if (st == DJ_OK) {
+                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx);
+                dj_backend_graph_t *bg = NULL;
+                st = e->be->vt->capture_end(e->be, &bg);
+                if (run_st == DJ_OK && st == DJ_OK) {
+                    sg->graph = bg;
+                    sg->state = SG_RECORDED;
+                    sg->out_idx = out_idx;
+                    e->graph_captures++;
+                } else {
+                    DJ_LOG(WARN, "decode step of %u rows runs without a graph: %s", B, dj_last_error());
+                    sg->state = SG_FAILED;
+                    e->graph_failures++;
+                }
+            } else {
+                DJ_LOG(WARN, "graph capture refused: %s", dj_last_error());
+                sg->state = SG_FAILED;
+                e->graph_failures++;
+            }
+            st = DJ_OK;
+        } else if (sg->state == SG_NEW) {
+            sg->state = SG_SEEN_ONCE; /* eager the first time: scratch and cuBLAS settle */
+        }
+        if (sg->state == SG_RECORDED) {
+            st = e->be->vt->graph_launch(e->be, sg->graph);
+            out_idx = sg->out_idx;
+            ran = true;
+            if (st == DJ_OK) e->graph_replays++;
+        }
+    }
+    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx);
+    if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
+    if (st == DJ_OK)
+        st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits,
+                    sp, next);
+    else
+        (void)e->be->vt->sync(e->be);
+    dj_vmu_stack_reset(e->vmu, mark);
+    if (st == DJ_OK)
+        for (uint32_t r = 0; r < B; r++) ss[r]->pos++;
+    return st;
+}
+
+/* ---- public steps ---- */
+
+static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
+                              const dj_sampler_params *sp, int32_t *next) {
+    const dj_model_config *c = &s->model->cfg;
+    if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
+    if (n == 1) return decode_rows(e, &s, ids, 1, logits, sp, next);
+    dj_status st = check_ids(c, ids, n);
+    if (st == DJ_OK) st = check_sampler(sp);
+    if (st != DJ_OK) return st;
     if ((uint64_t)s->pos + n > s->max_ctx)
         return dj_fail(DJ_ERANGE, "%u more tokens would exceed the session's context of %u (%u used)", n,
                        s->max_ctx, s->pos);
     const uint32_t start = s->pos;
     for (uint32_t off = 0; off < n;) {
         uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
-        dj_status st = run_chunk(e, s, ids + off, chunk, off + chunk == n ? logits : NULL);
+        const bool last = off + chunk == n;
+        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, last ? next : NULL);
         if (st != DJ_OK) {
             s->pos = start; /* the KV rows written are simply overwritten next time */
             return st;
@@ -486,4 +857,28 @@ dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, u
         off += chunk;
     }
     return DJ_OK;
+}
+
+dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
+    return session_step(e, s, ids, n, logits, NULL, NULL);
+}
+
+dj_status dj_session_step_sample(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                 const dj_sampler_params *sp, int32_t *next) {
+    if (!next) return dj_fail(DJ_EINVAL, "dj_session_step_sample: NULL output token");
+    return session_step(e, s, ids, n, NULL, sp, next);
+}
+
+dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, const int32_t *ids,
+                               uint32_t n_sessions, float *logits, const dj_sampler_params *sp, int32_t *next) {
+    if (!sessions || !ids) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: NULL sessions or ids");
+    for (uint32_t r = 0; r < n_sessions; r++)
+        if (!sessions[r]) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: session %u is NULL", r);
+    return decode_rows(e, sessions, ids, n_sessions, logits, sp, next);
+}
+
+void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {
+    if (captures) *captures = e->graph_captures;
+    if (replays) *replays = e->graph_replays;
+    if (failures) *failures = e->graph_failures;
 }

@@ -295,14 +295,17 @@ dj_status dj_model_build_graph(const dj_model_config *c, const dj_model_t *m, dj
     }
     const int head_slot = c->tie_word_embeddings ? g + DJ_W_EMBED : g + DJ_W_LM_HEAD;
     int lw = weight(&b, head_slot, -1, "lm_head");
-    int logits = act(&b, DJ_OP_MATMUL, -1, 1, c->vocab_size, xf, lw, -1, "logits");
+    /* Prefill: the logits of the last position. Decode: every row is the
+     * last token of its own sequence (a batch of sessions): logits of each. */
+    const int64_t out_rows = phase == DJ_PHASE_DECODE ? (int64_t)bucket : 1;
+    int logits = act(&b, DJ_OP_MATMUL, -1, out_rows, c->vocab_size, xf, lw, -1, "logits");
     if (logits >= 0) {
         dj_node *nd = dj_graph_node(b.g, logits);
         nd->res = DJ_RES_OUTPUT;
-        nd->flags = DJ_NODE_LAST_ROW;
+        nd->flags = phase == DJ_PHASE_DECODE ? 0u : DJ_NODE_LAST_ROW;
         nd->params.k = (uint32_t)d;
         nd->params.m = c->vocab_size;
-        nd->flops = 2.0 * (double)d * (double)c->vocab_size;
+        nd->flops = 2.0 * (double)out_rows * (double)d * (double)c->vocab_size;
     }
     if (b.st != DJ_OK) {
         dj_graph_free(b.g);

@@ -1,6 +1,7 @@
 /* gpu_check.c: every CUDA backend op against the CPU backend on fresh random
  * inputs (bf16 for the GPU, the same bf16-rounded values as f32 for the CPU),
- * by normalised error max|gpu-cpu|/max|cpu|; --bench times the hot kernels.
+ * by normalised error max|gpu-cpu|/max|cpu|, including per-row (batched)
+ * calls, device argmax and recorded graphs; --bench times the hot kernels.
  * Needs a GPU: built with -DDJ_CUDA=ON, run by scripts/gpu_check.sh, not ctest. */
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "djinn/backend.h"
 #include "djinn/dj_cuda.h"
 #include "djinn/dtype.h"
+#include "djinn/sampler.h"
 #include "testutil.h"
 
 #define TOL 1e-2 /* bf16 activations: 2^-8 relative rounding, f32 accumulation */
@@ -422,6 +424,308 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
     kv_pair_free(&p);
 }
 
+/* ---- per-row arguments, device ids, argmax, graph capture ---- */
+
+/* B independent sequences in one segment (their own shuffled pages), each at
+ * a random position: ROPE, KV_WRITE and ATTENTION with row_pos/row_tables
+ * against the CPU. With `captured`, the GPU calls are recorded once and the
+ * graph is launched twice, the second time at positions one further (new
+ * inputs in the same buffers): one recording serves every position. */
+static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp, uint32_t window,
+                       int captured) {
+    const uint32_t kvd = nkv * hd, qd = nh * hd, rounds = captured ? 2 : 1;
+    uint32_t *pos = xmalloc(B * sizeof *pos), *nblk = xmalloc(B * sizeof *nblk), total = 0;
+    for (uint32_t r = 0; r < B; r++) {
+        pos[r] = (uint32_t)(dj_test_rand() % 600);
+        nblk[r] = (pos[r] + rounds + tpp - 1) / tpp;
+        total += nblk[r];
+    }
+    const uint32_t n_pages = total + 2;
+    uint32_t *perm = xmalloc(n_pages * sizeof *perm);
+    for (uint32_t i = 0; i < n_pages; i++) perm[i] = i;
+    for (uint32_t i = n_pages - 1; i > 0; i--) {
+        const uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    const size_t cpage = 2u * tpp * kvd * sizeof(float), gpage = 2u * tpp * kvd * 2;
+    uint8_t *cseg = xmalloc(cpage * n_pages);
+    memset(cseg, 0xff, cpage * n_pages);
+    void *gseg = dalloc(gpage * n_pages);
+    poison(gseg, gpage * n_pages);
+    const uint32_t **ctab = xmalloc(B * sizeof *ctab);
+    uint32_t **gtab_each = xmalloc(B * sizeof *gtab_each);
+    uint32_t off = 0;
+    dj_kv_view cv = {.seg_base = cseg, .page_bytes = cpage, .tokens_per_page = tpp, .kv_dim = kvd,
+                     .dtype = DJ_DTYPE_F32};
+    dj_kv_view gv = cv;
+    gv.seg_base = gseg;
+    gv.page_bytes = gpage;
+    gv.dtype = DJ_DTYPE_BF16;
+    for (uint32_t r = 0; r < B; r++) {
+        ctab[r] = perm + off;
+        gtab_each[r] = dcopy(perm + off, nblk[r] * sizeof(uint32_t));
+        off += nblk[r];
+        if (pos[r] == 0) continue;
+        /* history [0, pos) through the plain path */
+        const size_t count = (size_t)pos[r] * kvd;
+        uint16_t *kb = halloc(count), *vb = halloc(count);
+        float *kf = falloc(count), *vf = falloc(count);
+        rand_bf16(kb, kf, count, -1.0f, 1.0f);
+        rand_bf16(vb, vf, count, -1.0f, 1.0f);
+        void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
+        dj_kv_view c1 = cv, g1 = gv;
+        c1.block_table = g1.block_table = ctab[r];
+        c1.n_blocks = g1.n_blocks = nblk[r];
+        dj_op_call cc = {.op = DJ_OP_KV_WRITE, .n = pos[r], .x = kf, .x2 = vf, .kv = &c1};
+        dj_op_call gc = cc;
+        gc.x = dk;
+        gc.x2 = dv;
+        gc.kv = &g1;
+        run_both(&cc, &gc, "kv_write history");
+        dfree(dk);
+        dfree(dv);
+        free(kb);
+        free(vb);
+        free(kf);
+        free(vf);
+    }
+    cv.block_table = gv.block_table = ctab[0]; /* layout only: rows bring their own tables */
+    cv.n_blocks = gv.n_blocks = nblk[0];
+    void *gtabs = dcopy(gtab_each, B * sizeof(void *));
+    void *gpos = dalloc(B * sizeof(uint32_t));
+    float *inv = falloc(hd / 2);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    void *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    const size_t nq = (size_t)B * qd, nk = (size_t)B * kvd;
+    uint16_t *qb = halloc(nq), *kb = halloc(nk), *vb = halloc(nk);
+    float *qf = falloc(nq), *kf = falloc(nk), *vf = falloc(nk), *qr = falloc(nq), *kr = falloc(nk),
+          *ref = falloc(nq);
+    void *dq = dalloc(nq * 2), *dk = dalloc(nk * 2), *dv = dalloc(nk * 2), *dqr = dalloc(nq * 2),
+         *dkr = dalloc(nk * 2), *dout = dalloc(nq * 2);
+    dj_op_call c_rq = {.op = DJ_OP_ROPE, .n = B, .out = qr, .x = qf, .inv_freq = inv, .row_pos = pos,
+                       .n_heads = nh, .head_dim = hd, .scale = 1.0f};
+    dj_op_call c_rk = c_rq;
+    c_rk.out = kr;
+    c_rk.x = kf;
+    c_rk.n_heads = nkv;
+    dj_op_call c_kw = {.op = DJ_OP_KV_WRITE, .n = B, .x = kr, .x2 = vf, .kv = &cv, .row_pos = pos,
+                       .row_tables = ctab};
+    dj_op_call c_at = {.op = DJ_OP_ATTENTION, .n = B, .out = ref, .x = qr, .kv = &cv, .row_pos = pos,
+                       .row_tables = ctab, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window,
+                       .scale = 1.0f / sqrtf((float)hd)};
+    dj_op_call g_rq = c_rq, g_rk = c_rk, g_kw = c_kw, g_at = c_at;
+    g_rq.out = dqr, g_rq.x = dq, g_rq.inv_freq = dinv, g_rq.row_pos = gpos, g_rq.out_dtype = DJ_DTYPE_BF16;
+    g_rk.out = dkr, g_rk.x = dk, g_rk.inv_freq = dinv, g_rk.row_pos = gpos, g_rk.out_dtype = DJ_DTYPE_BF16;
+    g_kw.x = dkr, g_kw.x2 = dv, g_kw.kv = &gv, g_kw.row_pos = gpos;
+    g_kw.row_tables = (const uint32_t *const *)gtabs;
+    g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
+    g_at.row_tables = (const uint32_t *const *)gtabs;
+    const dj_op_call *gcalls[4] = {&g_rq, &g_rk, &g_kw, &g_at};
+    dj_backend_graph_t *graph = NULL;
+    if (captured) {
+        if (gpu->vt->capture_begin(gpu) != DJ_OK) die("capture_begin");
+        for (int i = 0; i < 4; i++)
+            if (dj_backend_compute(gpu, gcalls[i]) != DJ_OK) die("recorded compute");
+        if (gpu->vt->capture_end(gpu, &graph) != DJ_OK) die("capture_end");
+    }
+    for (uint32_t round = 0; round < rounds; round++) {
+        if (round)
+            for (uint32_t r = 0; r < B; r++) pos[r]++;
+        rand_bf16(qb, qf, nq, -2.0f, 2.0f);
+        rand_bf16(kb, kf, nk, -1.0f, 1.0f);
+        rand_bf16(vb, vf, nk, -1.0f, 1.0f);
+        up(dq, qb, nq * 2);
+        up(dk, kb, nk * 2);
+        up(dv, vb, nk * 2);
+        up(gpos, pos, B * sizeof(uint32_t));
+        poison(dout, nq * 2);
+        if (dj_backend_compute(cpu, &c_rq) != DJ_OK || dj_backend_compute(cpu, &c_rk) != DJ_OK ||
+            dj_backend_compute(cpu, &c_kw) != DJ_OK || dj_backend_compute(cpu, &c_at) != DJ_OK)
+            die("row-mode ops (cpu)");
+        if (captured) {
+            if (gpu->vt->graph_launch(gpu, graph) != DJ_OK) die("graph_launch");
+        } else {
+            for (int i = 0; i < 4; i++)
+                if (dj_backend_compute(gpu, gcalls[i]) != DJ_OK) die("row-mode ops (gpu)");
+        }
+        if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
+        char shape[96];
+        snprintf(shape, sizeof shape, "rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
+                 captured ? (round ? " graph, pos+1" : " graph") : "");
+        compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
+        compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
+    }
+    gpu->vt->graph_free(gpu, graph);
+    for (uint32_t r = 0; r < B; r++) dfree(gtab_each[r]);
+    dfree(gtabs);
+    dfree(gpos);
+    dfree(dinv);
+    dfree(dq);
+    dfree(dk);
+    dfree(dv);
+    dfree(dqr);
+    dfree(dkr);
+    dfree(dout);
+    dfree(gseg);
+    free(cseg);
+    free(gtab_each);
+    free(ctab);
+    free(perm);
+    free(pos);
+    free(nblk);
+    free(inv);
+    free(qb);
+    free(kb);
+    free(vb);
+    free(qf);
+    free(kf);
+    free(vf);
+    free(qr);
+    free(kr);
+    free(ref);
+}
+
+/* Decode matmuls held back and launched as one: three on one x (k/v-sized
+ * and with a bias among them), then one whose x is the first's output (must
+ * see it complete), one sync at the end. */
+static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
+    const uint32_t ms[4] = {4 * k / 2, k / 4, k / 4, 300};
+    const uint32_t ks[4] = {k, k, k, ms[0]};
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    void *dx = dcopy(xb, (size_t)n * k * 2);
+    void *w[4], *dw[4], *dout[4], *bias = rand_weight(DJ_DTYPE_BF16, ms[1], -1.0f, 1.0f);
+    void *dbias = dcopy(bias, ms[1] * 2);
+    float *ref[4];
+    dj_op_call cc[4], gc[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = rand_weight(wt, (size_t)ms[i] * ks[i], -0.05f, 0.05f);
+        dw[i] = dcopy(w[i], (size_t)ms[i] * ks[i] * dj_dtype_size(wt));
+        dout[i] = dalloc((size_t)n * ms[i] * 2);
+        poison(dout[i], (size_t)n * ms[i] * 2);
+        ref[i] = falloc((size_t)n * ms[i]);
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .out = ref[i], .x = xf, .w = w[i], .w_dtype = wt,
+                             .k = ks[i], .m = ms[i]};
+        gc[i] = cc[i];
+        gc[i].out = dout[i];
+        gc[i].x = dx;
+        gc[i].w = dw[i];
+        gc[i].out_dtype = DJ_DTYPE_BF16;
+    }
+    cc[1].bias = bias, cc[1].bias_dtype = DJ_DTYPE_BF16;
+    gc[1].bias = dbias, gc[1].bias_dtype = DJ_DTYPE_BF16;
+    cc[3].x = ref[0];
+    gc[3].x = dout[0];
+    for (int i = 0; i < 3; i++)
+        if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("matmul group (cpu)");
+    /* the CPU's input of the dependent call is the GPU's (bf16-rounded) output */
+    uint16_t *ob = halloc((size_t)n * ms[0]);
+    for (int i = 0; i < 4; i++)
+        if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("matmul group (gpu)");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("matmul group sync");
+    down(ob, dout[0], (size_t)n * ms[0] * 2);
+    float *x3 = falloc((size_t)n * ms[0]);
+    for (size_t i = 0; i < (size_t)n * ms[0]; i++) x3[i] = dj_bf16_to_f32(ob[i]);
+    cc[3].x = x3;
+    if (dj_backend_compute(cpu, &cc[3]) != DJ_OK) die("matmul group (cpu)");
+    for (int i = 0; i < 4; i++) {
+        char shape[96];
+        snprintf(shape, sizeof shape, "grouped %d/4: n=%u k=%u m=%u %s%s%s", i + 1, n, ks[i], ms[i],
+                 dj_dtype_name(wt), i == 1 ? " +bias" : "", i == 3 ? " (x = output 1)" : "");
+        compare("MATMUL", shape, dout[i], DJ_DTYPE_BF16, ref[i], (size_t)n * ms[i]);
+        dfree(dw[i]);
+        dfree(dout[i]);
+        free(w[i]);
+        free(ref[i]);
+    }
+    dfree(dx);
+    dfree(dbias);
+    free(bias);
+    free(xb);
+    free(xf);
+    free(ob);
+    free(x3);
+}
+
+/* EMBED with ids in device memory (an out-of-range id gives a zero row). */
+static void check_embed_dev(uint32_t n, uint32_t d, uint32_t vocab) {
+    void *tab = rand_weight(DJ_DTYPE_BF16, (size_t)vocab * d, -1.0f, 1.0f);
+    int32_t *ids = xmalloc(n * sizeof *ids);
+    for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(dj_test_rand() % vocab);
+    float *ref = falloc((size_t)n * d);
+    void *dtab = dcopy(tab, (size_t)vocab * d * 2), *dids = dcopy(ids, n * sizeof *ids);
+    void *dout = dalloc((size_t)n * d * 2);
+    poison(dout, (size_t)n * d * 2);
+    dj_op_call cc = {.op = DJ_OP_EMBED, .n = n, .out = ref, .ids = ids, .w = tab, .w_dtype = DJ_DTYPE_BF16,
+                     .d = d, .m = vocab};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.ids = NULL;
+    gc.ids_dev = dids;
+    gc.w = dtab;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    run_both(&cc, &gc, "embed ids_dev");
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u d=%u vocab=%u ids in device memory", n, d, vocab);
+    compare("EMBED", shape, dout, DJ_DTYPE_BF16, ref, (size_t)n * d);
+    ids[0] = (int32_t)vocab; /* out of range: zero row, no fault */
+    up(dids, ids, sizeof *ids);
+    if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("embed bad id");
+    memset(ref, 0, (size_t)d * sizeof(float));
+    snprintf(shape, sizeof shape, "n=%u id %u out of range -> zero row", n, vocab);
+    compare("EMBED", shape, dout, DJ_DTYPE_BF16, ref, (size_t)n * d);
+    dfree(dtab);
+    dfree(dids);
+    dfree(dout);
+    free(tab);
+    free(ids);
+    free(ref);
+}
+
+/* Device argmax against dj_argmax, with planted ties (lowest id wins). */
+static void check_argmax(uint32_t n, uint32_t vocab) {
+    float *lg = falloc((size_t)n * vocab);
+    for (size_t i = 0; i < (size_t)n * vocab; i++) lg[i] = dj_test_randf(-10.0f, 10.0f);
+    for (uint32_t r = 0; r < n; r++) { /* a tie for the maximum in every row */
+        const uint32_t a = (uint32_t)(dj_test_rand() % vocab), b = (uint32_t)(dj_test_rand() % vocab);
+        lg[(size_t)r * vocab + a] = lg[(size_t)r * vocab + b] = 20.0f;
+    }
+    void *dlg = dcopy(lg, (size_t)n * vocab * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
+    int32_t *got = xmalloc(n * sizeof *got);
+    if (gpu->vt->argmax(gpu, dlg, n, vocab, dout) != DJ_OK) die("argmax");
+    down(got, dout, n * sizeof *got);
+    int wrong = 0;
+    for (uint32_t r = 0; r < n; r++) wrong += got[r] != dj_argmax(lg + (size_t)r * vocab, vocab);
+    n_rows++;
+    n_fail += wrong != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%u vocab=%u, tied maxima (mismatched rows)", n, vocab);
+    printf("%-10s %-52s %10d  %s\n", "ARGMAX", shape, wrong, wrong ? "FAIL" : "pass");
+    dfree(dlg);
+    dfree(dout);
+    free(lg);
+    free(got);
+}
+
+/* What capture refuses: host inputs (staged copies) and synchronous copies. */
+static void check_capture_errors(void) {
+    uint16_t h[64] = {0};
+    int32_t ids[2] = {0, 1};
+    void *tab = dcopy(h, sizeof h), *out = dalloc(sizeof h);
+    dj_op_call c = {.op = DJ_OP_EMBED, .n = 2, .out = out, .ids = ids, .w = tab, .w_dtype = DJ_DTYPE_BF16, .d = 8,
+                    .m = 4, .out_dtype = DJ_DTYPE_BF16};
+    dj_backend_graph_t *g = NULL;
+    if (gpu->vt->capture_begin(gpu) != DJ_OK) die("capture_begin");
+    expect("CAPTURE", "host token ids while recording", dj_backend_compute(gpu, &c), DJ_EINVAL);
+    expect("CAPTURE", "upload while recording", gpu->vt->upload(gpu, out, h, 16), DJ_EINVAL);
+    expect("CAPTURE", "capture_end after a failed call", gpu->vt->capture_end(gpu, &g), DJ_EINVAL);
+    expect("CAPTURE", "stream usable after an abandoned capture", gpu->vt->sync(gpu), DJ_OK);
+    dfree(tab);
+    dfree(out);
+}
+
 static void check_errors(void) {
     uint16_t h[64] = {0};
     void *d = dcopy(h, sizeof h), *w = dcopy(h, sizeof h);
@@ -586,6 +890,20 @@ int main(int argc, char **argv) {
     check_attention(5, 40, 4, 4, 80, 16, 0);       /* head_dim 80: partial lanes */
     check_attention(200, 300, 8, 2, 128, 16, 0);   /* longer prefill chunk */
     check_errors();
+
+    /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
+    check_rows(1, 32, 8, 128, 16, 0, 0);
+    check_rows(5, 8, 2, 64, 7, 0, 0);
+    check_rows(32, 32, 8, 128, 16, 0, 0);
+    check_rows(3, 8, 2, 128, 16, 100, 0);
+    check_rows(1, 32, 8, 128, 16, 0, 1);
+    check_rows(32, 32, 8, 128, 16, 0, 1);
+    check_matmul_group(1, 1024, DJ_DTYPE_BF16);
+    check_matmul_group(5, 512, DJ_DTYPE_F16);
+    check_embed_dev(7, 4096, 1000);
+    check_argmax(1, 128256);
+    check_argmax(33, 32000);
+    check_capture_errors();
 
     printf("%d checks, %d failed\n", n_rows, n_fail);
     if (do_bench) bench();

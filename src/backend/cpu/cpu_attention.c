@@ -22,10 +22,11 @@ static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
     for (; i < len; i++) acc[i] += v[i] * b;
 }
 
-/* One query row q[hd] against key positions [t0, t1] of kv head `kvh`; the
- * output row o[hd] doubles as the accumulator. */
-static void attend_one(const dj_kv_view *kv, const float *q, float *o, uint32_t kvh, uint32_t hd, uint32_t t0,
-                       uint32_t t1, float scale) {
+/* One query row q[hd] against key positions [t0, t1] of kv head `kvh`, pages
+ * found through `table` (kv's own or the row's); the output row o[hd] doubles
+ * as the accumulator. */
+static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float *q, float *o, uint32_t kvh,
+                       uint32_t hd, uint32_t t0, uint32_t t1, float scale) {
     const uint32_t tpp = kv->tokens_per_page, kvd = kv->kv_dim;
     float run_max = -INFINITY, run_sum = 0.0f;
     float s[SCORE_BLOCK];
@@ -36,7 +37,7 @@ static void attend_one(const dj_kv_view *kv, const float *q, float *o, uint32_t 
         if (len > t1 - t + 1) len = t1 - t + 1;
         if (len > SCORE_BLOCK) len = SCORE_BLOCK;
         const float *page = (const float *)(const void *)(kv->seg_base +
-                                                          (size_t)kv->block_table[t / tpp] * kv->page_bytes);
+                                                          (size_t)table[t / tpp] * kv->page_bytes);
         const float *kb = page + (size_t)row * kvd + (size_t)kvh * hd;
         const float *vb = page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
         float bmax = -INFINITY;
@@ -67,10 +68,11 @@ dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
 #pragma omp parallel for num_threads(cb->n_threads) schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; task++) {
         const uint32_t i = (uint32_t)(task / nh), h = (uint32_t)(task % nh);
-        const uint32_t p = c->pos0 + i;
+        const uint32_t p = c->row_pos ? c->row_pos[i] : c->pos0 + i;
+        const uint32_t *table = c->row_tables ? c->row_tables[i] : c->kv->block_table;
         const uint32_t t0 = c->window && p + 1 > c->window ? p + 1 - c->window : 0;
         const size_t off = ((size_t)i * nh + h) * hd;
-        attend_one(c->kv, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale);
+        attend_one(c->kv, table, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale);
     }
     return DJ_OK;
 }

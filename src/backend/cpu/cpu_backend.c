@@ -106,14 +106,15 @@ static dj_status cpu_sync(dj_backend_t *be) {
 
 static dj_status op_embed(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t n = c->n, d = c->d, vocab = c->m;
+    const int32_t *ids = c->ids ? c->ids : c->ids_dev;
     for (uint32_t i = 0; i < n; i++)
-        if (c->ids[i] < 0 || (uint32_t)c->ids[i] >= vocab)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= vocab)
             return dj_fail(DJ_ERANGE, "embed: token id %d at row %u is outside the vocabulary [0, %u)",
-                           (int)c->ids[i], i, vocab);
+                           (int)ids[i], i, vocab);
     const size_t row_bytes = (size_t)d * dj_dtype_size(c->w_dtype);
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++)
-        dj__cpu_to_f32((float *)c->out + (size_t)i * d, (const uint8_t *)c->w + (size_t)c->ids[i] * row_bytes,
+        dj__cpu_to_f32((float *)c->out + (size_t)i * d, (const uint8_t *)c->w + (size_t)ids[i] * row_bytes,
                        c->w_dtype, d);
     return DJ_OK;
 }
@@ -166,7 +167,7 @@ static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t row = (size_t)nh * hd;
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++) {
-        const float p = (float)(c->pos0 + i);
+        const float p = (float)(c->row_pos ? c->row_pos[i] : c->pos0 + i);
         const float *x = (const float *)c->x + i * row;
         float *o = (float *)c->out + i * row;
         for (uint32_t j = 0; j < half; j++) {
@@ -187,8 +188,9 @@ static dj_status op_kv_write(dj_cpu_backend *cb, const dj_op_call *c) {
     const dj_kv_view *kv = c->kv;
     const size_t row_bytes = (size_t)kv->kv_dim * sizeof(float);
     for (uint32_t i = 0; i < c->n; i++) {
-        const uint32_t p = c->pos0 + i;
-        uint8_t *page = kv->seg_base + (size_t)kv->block_table[p / kv->tokens_per_page] * kv->page_bytes;
+        const uint32_t p = c->row_pos ? c->row_pos[i] : c->pos0 + i;
+        const uint32_t *table = c->row_tables ? c->row_tables[i] : kv->block_table;
+        uint8_t *page = kv->seg_base + (size_t)table[p / kv->tokens_per_page] * kv->page_bytes;
         const size_t r = p % kv->tokens_per_page;
         memcpy(page + r * row_bytes, (const float *)c->x + (size_t)i * kv->kv_dim, row_bytes);
         memcpy(page + (kv->tokens_per_page + r) * row_bytes, (const float *)c->x2 + (size_t)i * kv->kv_dim, row_bytes);
@@ -236,6 +238,8 @@ static dj_status check_kv(const dj_op_call *c, const char *op) {
     const uint64_t need = 2ull * kv->tokens_per_page * kv->kv_dim * sizeof(float);
     REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u floats", op,
             kv->page_bytes, kv->tokens_per_page, kv->kv_dim);
+    REQUIRE(!c->row_tables || c->row_pos, "%s: per-row block tables need per-row positions", op);
+    if (c->row_pos) return DJ_OK; /* the caller guarantees each row's position is mapped */
     const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
     if (end > cap || end > UINT32_MAX)
         return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
@@ -252,7 +256,7 @@ static dj_status check_call(const dj_op_call *c) {
             "%s: out dtype %s, the CPU backend writes f32 activations", op, dj_dtype_name(c->out_dtype));
     switch (c->op) {
     case DJ_OP_EMBED:
-        REQUIRE(c->out && c->w && c->ids, "%s: NULL out, table or ids", op);
+        REQUIRE(c->out && c->w && (c->ids || c->ids_dev), "%s: NULL out, table or ids", op);
         REQUIRE(c->d > 0 && c->m > 0, "%s: d=%u vocab(m)=%u must be positive", op, c->d, c->m);
         REQUIRE(is_float_dtype(c->w_dtype), "%s: table dtype %s is not a float type", op,
                 dj_dtype_name(c->w_dtype));
@@ -333,6 +337,20 @@ static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
 
 /* ---- lifetime ---- */
 
+/* out[i] = argmax of row i, lowest id on ties (as dj_argmax). */
+static dj_status cpu_argmax(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab, int32_t *out) {
+    (void)be;
+    if (!logits || !out || vocab == 0) return dj_fail(DJ_EINVAL, "cpu argmax: NULL pointer or empty rows");
+    for (uint32_t i = 0; i < n; i++) {
+        const float *row = logits + (size_t)i * vocab;
+        uint32_t best = 0;
+        for (uint32_t j = 1; j < vocab; j++)
+            if (row[j] > row[best]) best = j;
+        out[i] = (int32_t)best;
+    }
+    return DJ_OK;
+}
+
 static void cpu_destroy(dj_backend_t *be) {
     dj_cpu_backend *cb = (dj_cpu_backend *)be;
     free(cb->scratch);
@@ -348,6 +366,8 @@ static const dj_backend_vtbl cpu_vtbl = {
     .compute = cpu_compute,
     .sync = cpu_sync,
     .destroy = cpu_destroy,
+    .upload_async = cpu_upload,
+    .argmax = cpu_argmax,
 };
 
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
@@ -359,6 +379,7 @@ dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
     cb->base.vt = &cpu_vtbl;
     cb->base.kv_dtype = DJ_DTYPE_F32;
     cb->base.act_dtype = DJ_DTYPE_F32;
+    cb->base.host_memory = true;
     cb->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
     /* Our OpenMP threads own the cores; OpenBLAS's own pool spinning beside
      * them would halve throughput, so BLAS runs inside our threads. */

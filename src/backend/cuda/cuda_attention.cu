@@ -41,6 +41,8 @@ struct attn_args {
     const uint8_t *seg;
     size_t page_bytes;
     const uint32_t *table;
+    const uint32_t *row_pos;             /* [n] or NULL: pos0 + i */
+    const uint32_t *const *row_tables;   /* [n] or NULL: table */
     uint32_t tpp, kv_dim, n, nh, group, hd, pos0, window;
     float scale;
 };
@@ -52,15 +54,23 @@ static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window
 /* ---- decode: split-K ---- */
 
 /* Block (split, head, row). Lane l holds the bf16 pairs 2l + 64i of q, K, V.
+ * Row i's positions [t0, p] are cut into `splits` chunks of at least
+ * DEC_MIN_CHUNK (trailing splits may be empty), computed here from the row's
+ * own position, so a recorded launch serves every position.
  * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum. */
 template <int PAIRS>
 static __global__ void __launch_bounds__(DEC_WARPS * 32)
-    attn_decode_kernel(attn_args a, uint32_t chunk, uint32_t splits, float *part) {
+    attn_decode_kernel(attn_args a, uint32_t splits, float *part) {
     __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
     __shared__ float s_o[DEC_WARPS][256];
     const uint32_t split = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t p = a.pos0 + i, t0 = first_pos(p, a.window), kvh = h / a.group, hd = a.hd;
+    const uint32_t p = a.row_pos ? a.row_pos[i] : a.pos0 + i, t0 = first_pos(p, a.window);
+    const uint32_t kvh = h / a.group, hd = a.hd;
+    const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
+    const uint64_t len = (uint64_t)p - t0 + 1;
+    uint64_t chunk = (len + splits - 1) / splits;
+    if (chunk < DEC_MIN_CHUNK) chunk = DEC_MIN_CHUNK;
     const uint64_t s0 = (uint64_t)t0 + (uint64_t)split * chunk;
     const uint64_t s1 = s0 + chunk - 1 < p ? s0 + chunk - 1 : p; /* inclusive; empty when s0 > p */
 
@@ -74,8 +84,8 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32)
     }
     float m = -INFINITY, l = 0.0f;
     for (uint64_t t = s0 + warp; t <= s1; t += DEC_WARPS) {
-        const __nv_bfloat16 *kr = kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, false);
-        const __nv_bfloat16 *vr = kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, true);
+        const __nv_bfloat16 *kr = kv_row(a.seg, a.page_bytes, table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, false);
+        const __nv_bfloat16 *vr = kv_row(a.seg, a.page_bytes, table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, true);
         float s = 0.0f;
 #pragma unroll
         for (int k = 0; k < PAIRS; k++) {
@@ -258,28 +268,31 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
     const uint32_t hd = c->head_dim;
-    /* Longest context a row sees, then enough splits for ~2 blocks per SM. */
-    const uint64_t end = (uint64_t)c->pos0 + c->n;
-    const uint64_t longest = c->window && c->window < end ? c->window : end;
+    /* Enough splits for ~2 blocks per SM; without per-row positions, no more
+     * than the longest context fills (with them, the kernel leaves the
+     * surplus empty: the count must not depend on positions). */
     uint64_t splits = ((uint64_t)cb->n_sm * 2 + (uint64_t)c->n * c->n_heads - 1) / ((uint64_t)c->n * c->n_heads);
-    const uint64_t by_len = (longest + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
-    if (splits > by_len) splits = by_len;
+    if (!c->row_pos) {
+        const uint64_t end = (uint64_t)c->pos0 + c->n;
+        const uint64_t longest = c->window && c->window < end ? c->window : end;
+        const uint64_t by_len = (longest + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
+        if (splits > by_len) splits = by_len;
+    }
     if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
     if (splits < 1) splits = 1;
-    const uint32_t chunk = (uint32_t)((longest + splits - 1) / splits);
     float *part = NULL;
     dj_status st = dj__cuda_scratch(cb, (size_t)c->n * c->n_heads * splits * (hd + 2), &part);
     if (st != DJ_OK) return st;
     const dim3 grid((unsigned)splits, c->n_heads, c->n);
     const unsigned threads = DEC_WARPS * 32;
     if (hd <= 64)
-        attn_decode_kernel<1><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+        attn_decode_kernel<1><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
     else if (hd <= 128)
-        attn_decode_kernel<2><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+        attn_decode_kernel<2><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
     else if (hd <= 192)
-        attn_decode_kernel<3><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+        attn_decode_kernel<3><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
     else
-        attn_decode_kernel<4><<<grid, threads, 0, cb->stream>>>(a, chunk, (uint32_t)splits, part);
+        attn_decode_kernel<4><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
     attn_merge_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(part, (__nv_bfloat16 *)c->out, c->n_heads,
                                                                       hd, (uint32_t)splits);
@@ -315,10 +328,14 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.nh = c->n_heads;
     a.group = c->n_heads / c->n_kv_heads;
     a.hd = c->head_dim;
+    a.row_pos = c->row_pos;
+    a.row_tables = c->row_tables;
     a.pos0 = c->pos0;
     a.window = c->window;
     a.scale = c->scale;
-    const bool use_decode =
-        cb->attention_path == 1 || (cb->attention_path != 2 && c->n < DEC_PREFILL_ROWS);
+    /* The prefill kernel tiles consecutive positions of one sequence: rows
+     * with their own positions always take the decode kernel. */
+    const bool use_decode = c->row_pos || cb->attention_path == 1 ||
+                            (cb->attention_path != 2 && c->n < DEC_PREFILL_ROWS);
     return use_decode ? decode(cb, c, a) : prefill(cb, c, a);
 }

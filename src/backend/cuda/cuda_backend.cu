@@ -11,6 +11,7 @@
 /* Initial staging capacity (ids and block tables of many calls between syncs). */
 #define STAGE_INITIAL (1u << 20)
 #define STAGE_ALIGN 256
+#define BLAS_WORKSPACE ((size_t)32 << 20) /* cuBLAS' recommendation for Hopper */
 
 dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, const char *msg) {
     const char *base = strrchr(file, '/');
@@ -62,13 +63,24 @@ static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
 static void cuda_free(dj_backend_t *be, void *ptr) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (!ptr) return;
+    if (cb->gemv_count && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
+        DJ_LOG(WARN, "%s", dj_last_error());
     if (cudaSetDevice(cb->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
         DJ_LOG(WARN, "cuda:%d free of %p failed: %s", cb->device, ptr, cudaGetErrorString(cudaGetLastError()));
     }
 }
 
+static dj_status not_capturing(const dj_cuda_backend *cb, const char *what) {
+    if (cb->capturing)
+        return dj_fail(DJ_EINVAL, "cuda:%d %s during a graph capture (only compute is recorded)", cb->device, what);
+    return DJ_OK;
+}
+
 static dj_status cuda_copy(dj_cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                            const char *what) {
+    dj_status st = not_capturing(cb, what);
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
+    if (st != DJ_OK) return st;
     if (bytes == 0) return DJ_OK;
     if (!dst || !src) return dj_fail(DJ_EINVAL, "cuda %s: NULL pointer for %zu bytes", what, bytes);
     DJ_CU(cb, cudaSetDevice(cb->device));
@@ -88,14 +100,18 @@ static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src
 
 static dj_status cuda_sync(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    dj_status st = not_capturing(cb, "sync");
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
+    if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
     cb->stage_off = 0;
     return DJ_OK;
 }
 
-dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, const void **dev) {
-    *dev = NULL;
+/* Room for `bytes` in the staging buffers at *off (syncs and grows them when
+ * full). */
+static dj_status stage_room(dj_cuda_backend *cb, size_t bytes, size_t *off) {
     const size_t need = (bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
     if (cb->stage_off + need > cb->stage_cap) {
         /* Everything staged so far has been consumed once the stream drains. */
@@ -113,11 +129,43 @@ dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, co
             cb->stage_cap = cap;
         }
     }
-    memcpy(cb->stage_host + cb->stage_off, host, bytes);
-    DJ_CU(cb, cudaMemcpyAsync(cb->stage_dev + cb->stage_off, cb->stage_host + cb->stage_off, bytes,
-                              cudaMemcpyHostToDevice, cb->stream));
-    *dev = cb->stage_dev + cb->stage_off;
+    *off = cb->stage_off;
     cb->stage_off += need;
+    return DJ_OK;
+}
+
+dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, const void **dev) {
+    *dev = NULL;
+    /* A recorded copy would read the pinned buffer at launch time, long after
+     * these bytes are gone. */
+    if (cb->capturing)
+        return dj_fail(DJ_EINVAL,
+                       "cuda:%d a host input (token ids or a block table) in a graph capture: pass ids_dev and "
+                       "device block tables",
+                       cb->device);
+    size_t off = 0;
+    dj_status st = stage_room(cb, bytes, &off);
+    if (st != DJ_OK) return st;
+    memcpy(cb->stage_host + off, host, bytes);
+    DJ_CU(cb, cudaMemcpyAsync(cb->stage_dev + off, cb->stage_host + off, bytes, cudaMemcpyHostToDevice,
+                              cb->stream));
+    *dev = cb->stage_dev + off;
+    return DJ_OK;
+}
+
+static dj_status cuda_upload_async(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    dj_status st = not_capturing(cb, "upload_async");
+    if (st == DJ_OK) st = dj__cuda_flush(cb); /* a held-back launch may read dst */
+    if (st != DJ_OK) return st;
+    if (bytes == 0) return DJ_OK;
+    if (!dst_dev || !src_host) return dj_fail(DJ_EINVAL, "cuda upload_async: NULL pointer for %zu bytes", bytes);
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    size_t off = 0;
+    st = stage_room(cb, bytes, &off);
+    if (st != DJ_OK) return st;
+    memcpy(cb->stage_host + off, src_host, bytes);
+    DJ_CU(cb, cudaMemcpyAsync(dst_dev, cb->stage_host + off, bytes, cudaMemcpyHostToDevice, cb->stream));
     return DJ_OK;
 }
 
@@ -125,8 +173,16 @@ dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out) {
     *out = NULL;
     if (floats > cb->scratch_cap) {
         size_t cap = cb->scratch_cap * 2 > floats ? cb->scratch_cap * 2 : floats;
-        DJ_CU(cb, cudaStreamSynchronize(cb->stream)); /* kernels in flight may still read it */
-        DJ_CU(cb, cudaFree(cb->scratch));
+        if (cb->scratch) { /* kernels in flight, or a captured graph, may still use it: retire it */
+            if (cb->n_retired == cb->retired_cap) {
+                size_t rc = cb->retired_cap ? cb->retired_cap * 2 : 8;
+                void **r = (void **)realloc(cb->retired, rc * sizeof *r);
+                if (!r) return dj_fail(DJ_ENOMEM, "cuda scratch: out of host memory");
+                cb->retired = r;
+                cb->retired_cap = rc;
+            }
+            cb->retired[cb->n_retired++] = cb->scratch;
+        }
         cb->scratch = NULL;
         cb->scratch_cap = 0;
         cudaError_t e = cudaMalloc((void **)&cb->scratch, cap * sizeof(float));
@@ -166,6 +222,8 @@ static dj_status check_kv(const dj_op_call *c, const char *op) {
             kv->page_bytes, kv->tokens_per_page, kv->kv_dim);
     REQUIRE(kv->page_bytes % 4 == 0 && (uintptr_t)kv->seg_base % 4 == 0,
             "%s: page size %zu and segment base must be multiples of 4 bytes", op, kv->page_bytes);
+    REQUIRE(!c->row_tables || c->row_pos, "%s: per-row block tables need per-row positions", op);
+    if (c->row_pos) return DJ_OK; /* device memory: the caller guarantees each row's position is mapped */
     const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
     if (end > cap || end > UINT32_MAX)
         return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
@@ -184,7 +242,7 @@ static dj_status check_call(const dj_op_call *c) {
                 dj_dtype_name(c->out_dtype));
     switch (c->op) {
     case DJ_OP_EMBED:
-        REQUIRE(c->out && c->w && c->ids, "%s: NULL out, table or ids", op);
+        REQUIRE(c->out && c->w && (c->ids || c->ids_dev), "%s: NULL out, table or ids", op);
         REQUIRE(c->d > 0 && c->m > 0, "%s: d=%u vocab(m)=%u must be positive", op, c->d, c->m);
         REQUIRE(is_float_dtype(c->w_dtype), "%s: table dtype %s is not a float type", op,
                 dj_dtype_name(c->w_dtype));
@@ -255,6 +313,10 @@ static dj_status check_call(const dj_op_call *c) {
  * of the blocks the call touches. */
 static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out) {
     const dj_kv_view *kv = c->kv;
+    if (c->row_tables) { /* the kernels read each row's own table */
+        *out = NULL;
+        return DJ_OK;
+    }
     if (kv->block_table_dev) {
         *out = kv->block_table_dev;
         return DJ_OK;
@@ -267,15 +329,15 @@ static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const ui
     return st;
 }
 
-static dj_status cuda_compute(dj_backend_t *be, const dj_op_call *c) {
-    dj_cuda_backend *cb = (dj_cuda_backend *)be;
-    if (!c) return dj_fail(DJ_EINVAL, "cuda compute: NULL call");
+static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     dj_status st = check_call(c);
+    if (st == DJ_OK && c->op != DJ_OP_MATMUL) st = dj__cuda_flush(cb); /* matmul decides itself */
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     const uint32_t *table = NULL;
     switch (c->op) {
     case DJ_OP_EMBED: {
+        if (!c->ids) return dj__cuda_embed(cb, c, c->ids_dev);
         for (uint32_t i = 0; i < c->n; i++)
             if (c->ids[i] < 0 || (uint32_t)c->ids[i] >= c->m)
                 return dj_fail(DJ_ERANGE, "embed: token id %d at row %u is outside the vocabulary [0, %u)",
@@ -300,19 +362,117 @@ static dj_status cuda_compute(dj_backend_t *be, const dj_op_call *c) {
     return dj_fail(DJ_EUNSUPPORTED, "cuda backend: unknown op %d", (int)c->op);
 }
 
+static dj_status cuda_compute(dj_backend_t *be, const dj_op_call *c) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!c) return dj_fail(DJ_EINVAL, "cuda compute: NULL call");
+    dj_status st = compute_one(cb, c);
+    if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
+    return st;
+}
+
+static dj_status cuda_argmax(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab, int32_t *out) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!logits || !out || n == 0 || vocab == 0)
+        return dj_fail(DJ_EINVAL, "cuda argmax: NULL pointer, no rows or an empty vocabulary");
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    dj_status st = dj__cuda_flush(cb);
+    if (st == DJ_OK) st = dj__cuda_argmax(cb, logits, n, vocab, out);
+    if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
+    return st;
+}
+
+/* ---- graphs ---- */
+
+struct dj_backend_graph {
+    cudaGraphExec_t exec;
+};
+
+static dj_status cuda_capture_begin(dj_backend_t *be) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    dj_status st = not_capturing(cb, "capture_begin");
+    if (st == DJ_OK) st = dj__cuda_flush(cb); /* work from before stays out of the graph */
+    if (st != DJ_OK) return st;
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    /* Relaxed: a scratch buffer that must grow may be cudaMalloc'd while recording. */
+    DJ_CU(cb, cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
+    cb->capturing = true;
+    cb->capture_st = DJ_OK;
+    return DJ_OK;
+}
+
+static dj_status cuda_capture_end(dj_backend_t *be, dj_backend_graph_t **out) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    *out = NULL;
+    if (!cb->capturing) return dj_fail(DJ_EINVAL, "cuda:%d capture_end without capture_begin", cb->device);
+    dj_status fl = dj__cuda_flush(cb); /* the last held-back launch belongs to the graph */
+    if (fl != DJ_OK && cb->capture_st == DJ_OK) cb->capture_st = fl;
+    cb->capturing = false;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
+    const dj_status failed = cb->capture_st;
+    if (failed != DJ_OK || e != cudaSuccess || !graph) {
+        if (graph) (void)cudaGraphDestroy(graph);
+        if (failed != DJ_OK) { /* the failed call's message stands */
+            (void)cudaGetLastError();
+            return failed;
+        }
+        return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__,
+                             e != cudaSuccess ? cudaGetErrorString(e) : "capture produced no graph");
+    }
+    dj_backend_graph_t *g = (dj_backend_graph_t *)calloc(1, sizeof *g);
+    if (!g) {
+        (void)cudaGraphDestroy(graph);
+        return dj_fail(DJ_ENOMEM, "cuda graph: out of host memory");
+    }
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        free(g);
+        return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+    }
+    *out = g;
+    return DJ_OK;
+}
+
+static dj_status cuda_graph_launch(dj_backend_t *be, dj_backend_graph_t *g) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    dj_status st = not_capturing(cb, "graph_launch");
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
+    if (st != DJ_OK) return st;
+    if (!g) return dj_fail(DJ_EINVAL, "cuda graph_launch: NULL graph");
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    DJ_CU(cb, cudaGraphLaunch(g->exec, cb->stream));
+    return DJ_OK;
+}
+
+static void cuda_graph_free(dj_backend_t *be, dj_backend_graph_t *g) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!g) return;
+    if (cudaSetDevice(cb->device) == cudaSuccess) {
+        (void)cudaStreamSynchronize(cb->stream); /* a launch in flight still uses it */
+        (void)cudaGraphExecDestroy(g->exec);
+    }
+    (void)cudaGetLastError();
+    free(g);
+}
+
 /* ---- lifetime ---- */
 
 static void cuda_destroy(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (cudaSetDevice(cb->device) == cudaSuccess) {
+        if (cb->stream) (void)dj__cuda_flush(cb);
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
         if (cb->stage_dev) (void)cudaFree(cb->stage_dev);
         if (cb->scratch) (void)cudaFree(cb->scratch);
+        for (size_t i = 0; i < cb->n_retired; i++) (void)cudaFree(cb->retired[i]);
+        if (cb->blas_ws) (void)cudaFree(cb->blas_ws);
         if (cb->stream) (void)cudaStreamDestroy(cb->stream);
     }
     (void)cudaGetLastError();
+    free(cb->retired);
     free(cb);
 }
 
@@ -325,6 +485,12 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .compute = */ cuda_compute,
     /* .sync = */ cuda_sync,
     /* .destroy = */ cuda_destroy,
+    /* .upload_async = */ cuda_upload_async,
+    /* .argmax = */ cuda_argmax,
+    /* .capture_begin = */ cuda_capture_begin,
+    /* .capture_end = */ cuda_capture_end,
+    /* .graph_launch = */ cuda_graph_launch,
+    /* .graph_free = */ cuda_graph_free,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {
@@ -336,6 +502,9 @@ static dj_status cuda_init(dj_cuda_backend *cb) {
     DJ_CU(cb, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     DJ_CUBLAS(cb, cublasCreate(&cb->blas));
     DJ_CUBLAS(cb, cublasSetStream(cb->blas, cb->stream));
+    /* A workspace of our own, so that recorded GEMMs allocate nothing. */
+    DJ_CU(cb, cudaMalloc(&cb->blas_ws, BLAS_WORKSPACE));
+    DJ_CUBLAS(cb, cublasSetWorkspace(cb->blas, cb->blas_ws, BLAS_WORKSPACE));
     DJ_CU(cb, cudaMallocHost((void **)&cb->stage_host, STAGE_INITIAL));
     DJ_CU(cb, cudaMalloc((void **)&cb->stage_dev, STAGE_INITIAL));
     cb->stage_cap = STAGE_INITIAL;

@@ -1,5 +1,6 @@
 /* cuda_elementwise.cu: EMBED (table rows gathered to bf16), SILU_MUL and ADD
- * on bf16 activations, computed in f32. */
+ * on bf16 activations, computed in f32, and the row argmax of f32 logits
+ * (greedy sampling on the device). */
 #include "backend/cuda/cuda_impl.h"
 
 #define EW_THREADS 256
@@ -11,11 +12,13 @@ static unsigned ew_blocks(const dj_cuda_backend *cb, size_t count) {
 
 template <typename TW>
 static __global__ void embed_kernel(const int32_t *ids, const TW *table, __nv_bfloat16 *out, uint32_t n,
-                                    uint32_t d) {
+                                    uint32_t d, uint32_t vocab) {
     const size_t count = (size_t)n * d;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         const size_t row = i / d, col = i % d;
-        dj_st(out, i, dj_ld(table, (size_t)ids[row] * d + col));
+        const int32_t id = ids[row];
+        /* Ids in device memory were validated by the caller; never read outside the table. */
+        dj_st(out, i, id >= 0 && (uint32_t)id < vocab ? dj_ld(table, (size_t)id * d + col) : 0.0f);
     }
 }
 
@@ -38,15 +41,68 @@ dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t
     const unsigned blocks = ew_blocks(cb, (size_t)c->n * c->d);
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
-        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __nv_bfloat16 *)c->w, out, c->n, c->d);
+        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __nv_bfloat16 *)c->w, out, c->n, c->d,
+                                                            c->m);
         break;
     case DJ_DTYPE_F16:
-        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __half *)c->w, out, c->n, c->d);
+        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __half *)c->w, out, c->n, c->d, c->m);
         break;
     default:
-        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const float *)c->w, out, c->n, c->d);
+        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const float *)c->w, out, c->n, c->d, c->m);
         break;
     }
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+#define ARGMAX_THREADS 1024
+
+/* a beats b: larger value, or equal value and lower id (torch.argmax). NaNs
+ * are skipped (a row of NaNs gives 0). */
+static __device__ __forceinline__ bool better(float va, uint32_t ia, float vb, uint32_t ib) {
+    return va > vb || (va == vb && ia < ib) || (vb != vb && va == va);
+}
+
+/* Block per row: strided scan, then a warp and a block reduction. */
+static __global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_kernel(const float *logits, uint32_t vocab, int32_t *out) {
+    __shared__ float s_v[ARGMAX_THREADS / 32];
+    __shared__ uint32_t s_i[ARGMAX_THREADS / 32];
+    const float *row = logits + (size_t)blockIdx.x * vocab;
+    float bv = -INFINITY;
+    uint32_t bi = UINT32_MAX;
+    for (uint32_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float v = row[j];
+        if (bi == UINT32_MAX || better(v, j, bv, bi)) {
+            bv = v;
+            bi = j;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const uint32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi != UINT32_MAX && (bi == UINT32_MAX || better(ov, oi, bv, bi))) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if ((threadIdx.x & 31) == 0) {
+        s_v[threadIdx.x >> 5] = bv;
+        s_i[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (unsigned w = 1; w < blockDim.x / 32; w++)
+            if (s_i[w] != UINT32_MAX && (bi == UINT32_MAX || better(s_v[w], s_i[w], bv, bi))) {
+                bv = s_v[w];
+                bi = s_i[w];
+            }
+        out[blockIdx.x] = bi == UINT32_MAX || !(bv == bv) ? 0 : (int32_t)bi;
+    }
+}
+
+dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out) {
+    argmax_kernel<<<n, ARGMAX_THREADS, 0, cb->stream>>>(logits, vocab, out);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -12,6 +12,9 @@
 
 #include "djinn/dj_cuda.h"
 
+/* Most GEMV calls merged into one launch. */
+#define DJ_GEMV_GROUP 4
+
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
     int device;
@@ -26,6 +29,17 @@ typedef struct dj_cuda_backend {
     size_t stage_cap, stage_off;
     float *scratch;           /* [scratch_cap] device f32 (attention partials); owned */
     size_t scratch_cap;       /* floats */
+    /* Scratch buffers outgrown: a captured graph may still point into them,
+     * so they are freed only with the backend. */
+    void **retired;           /* [n_retired] device; owned */
+    size_t n_retired, retired_cap;
+    void *blas_ws;            /* cuBLAS workspace (fixed, so captures allocate none); owned */
+    bool capturing;           /* between capture_begin and capture_end */
+    /* Decode matmuls on one input not yet launched (see cuda_matmul.cu);
+     * every entry point that touches the stream or memory flushes first. */
+    dj_op_call gemv[DJ_GEMV_GROUP];
+    int gemv_count;
+    dj_status capture_st;     /* first failure of a call recorded in this capture */
     int attention_path;       /* dj__cuda_set_paths */
     int matmul_path;
 } dj_cuda_backend;
@@ -68,6 +82,7 @@ static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i]
 
 /* Launchers: the call has been validated by the compute switch. */
 dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);
+dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
@@ -75,5 +90,7 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
+/* Launch the held-back GEMV group, if any. */
+dj_status dj__cuda_flush(dj_cuda_backend *cb);
 
 #endif

@@ -1,12 +1,15 @@
 /* cuda_matmul.cu: out[n,m] = x[n,k] @ w[m,k]^T + bias with bf16 x, weights in
  * HF layout (no copies) and f32 accumulation:
  *  - n <= 8 (decode): a GEMV kernel, one warp per weight row, 16-byte loads,
- *    any weight dtype - bound by reading the weights once;
+ *    any weight dtype - bound by reading the weights once; consecutive calls
+ *    on the same x (q/k/v, gate/up) are held back and launched as one
+ *    (dj__cuda_flush), which also fills the GPU for the small k/v weights;
  *  - bf16 weights, larger n: cublasGemmEx (tensor cores, CUBLAS_COMPUTE_32F);
  *  - f16/f32 weights, larger n: a tiled f32 kernel (cuBLAS wants A and B of
  *    one type, and the activations are bf16).
  * out is bf16 (activations) or f32 (logits); bias of any float dtype. */
 #include <limits.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
 
@@ -44,16 +47,34 @@ static __device__ __forceinline__ void widen8(uint4 u, const __half *, float f[8
     }
 }
 
-/* Warp per weight row j; rows r < n of x (NR >= n, a compile-time bound). vec:
- * 16-bit weights, k % 8 == 0 and 16-byte aligned x and w. */
+/* Up to DJ_GEMV_GROUP matmuls of one x in one launch: segment i owns blocks
+ * [first_block[i], first_block[i+1]). */
+struct gemv_segs {
+    const void *w[DJ_GEMV_GROUP];
+    const void *bias[DJ_GEMV_GROUP];
+    void *out[DJ_GEMV_GROUP];
+    uint32_t m[DJ_GEMV_GROUP];
+    uint32_t first_block[DJ_GEMV_GROUP];
+    int bias_dtype[DJ_GEMV_GROUP];
+    int count;
+};
+
+/* Warp per weight row j of its segment; rows r < n of x (NR >= n, a
+ * compile-time bound). vec: 16-bit weights, k % 8 == 0 and 16-byte aligned x
+ * and every w. */
 template <typename TW, typename TO, int NR>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_kernel(const __nv_bfloat16 *x, const TW *w, const void *bias, int bias_dtype, TO *out, uint32_t n,
-                uint32_t k, uint32_t m, bool vec) {
+    gemv_kernel(const __nv_bfloat16 *x, gemv_segs sg, uint32_t n, uint32_t k, bool vec) {
     const uint32_t lane = threadIdx.x & 31;
-    const uint32_t j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    int si = 0;
+    while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
+    const uint32_t m = sg.m[si];
+    const uint32_t j = (blockIdx.x - sg.first_block[si]) * GEMV_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
-    const TW *wr = w + (size_t)j * k;
+    const TW *wr = (const TW *)sg.w[si] + (size_t)j * k;
+    const void *bias = sg.bias[si];
+    const int bias_dtype = sg.bias_dtype[si];
+    TO *out = (TO *)sg.out[si];
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
@@ -149,31 +170,76 @@ static __global__ void bias_out_kernel(const float *acc, const void *bias, int b
 
 /* ---- launchers ---- */
 
+/* The pending group (same x, n, k, weight and output dtypes) as one launch. */
 template <typename TW, typename TO>
-static void launch_gemv(dj_cuda_backend *cb, const dj_op_call *c, TO *out) {
+static void launch_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const dj_op_call *c = &calls[0];
     const __nv_bfloat16 *x = (const __nv_bfloat16 *)c->x;
-    const TW *w = (const TW *)c->w;
-    const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && ((uintptr_t)x | (uintptr_t)w) % 16 == 0;
-    const unsigned blocks = (c->m + GEMV_WARPS - 1) / GEMV_WARPS, threads = GEMV_WARPS * 32;
-    const int bt = (int)c->bias_dtype;
+    gemv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    uintptr_t align = (uintptr_t)x;
+    unsigned blocks = 0;
+    for (int i = 0; i < count; i++) {
+        sg.w[i] = calls[i].w;
+        sg.bias[i] = calls[i].bias;
+        sg.bias_dtype[i] = (int)calls[i].bias_dtype;
+        sg.out[i] = calls[i].out;
+        sg.m[i] = calls[i].m;
+        sg.first_block[i] = blocks;
+        blocks += (calls[i].m + GEMV_WARPS - 1) / GEMV_WARPS;
+        align |= (uintptr_t)calls[i].w;
+    }
+    sg.count = count;
+    const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && align % 16 == 0;
+    const unsigned threads = GEMV_WARPS * 32;
     if (c->n == 1)
-        gemv_kernel<TW, TO, 1><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+        gemv_kernel<TW, TO, 1><<<blocks, threads, 0, cb->stream>>>(x, sg, c->n, c->k, vec);
     else if (c->n == 2)
-        gemv_kernel<TW, TO, 2><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+        gemv_kernel<TW, TO, 2><<<blocks, threads, 0, cb->stream>>>(x, sg, c->n, c->k, vec);
     else if (c->n <= 4)
-        gemv_kernel<TW, TO, 4><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+        gemv_kernel<TW, TO, 4><<<blocks, threads, 0, cb->stream>>>(x, sg, c->n, c->k, vec);
     else
-        gemv_kernel<TW, TO, 8><<<blocks, threads, 0, cb->stream>>>(x, w, c->bias, bt, out, c->n, c->k, c->m, vec);
+        gemv_kernel<TW, TO, 8><<<blocks, threads, 0, cb->stream>>>(x, sg, c->n, c->k, vec);
 }
 
 template <typename TO>
-static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *c) {
-    TO *out = (TO *)c->out;
-    switch (c->w_dtype) {
-    case DJ_DTYPE_BF16: launch_gemv<__nv_bfloat16, TO>(cb, c, out); break;
-    case DJ_DTYPE_F16: launch_gemv<__half, TO>(cb, c, out); break;
-    default: launch_gemv<float, TO>(cb, c, out); break;
+static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    switch (calls[0].w_dtype) {
+    case DJ_DTYPE_BF16: launch_gemv<__nv_bfloat16, TO>(cb, calls, count); break;
+    case DJ_DTYPE_F16: launch_gemv<__half, TO>(cb, calls, count); break;
+    default: launch_gemv<float, TO>(cb, calls, count); break;
     }
+}
+
+dj_status dj__cuda_flush(dj_cuda_backend *cb) {
+    const int count = cb->gemv_count;
+    if (count == 0) return DJ_OK;
+    cb->gemv_count = 0;
+    if (cb->gemv[0].out_dtype == DJ_DTYPE_F32)
+        launch_gemv_any<float>(cb, cb->gemv, count);
+    else
+        launch_gemv_any<__nv_bfloat16>(cb, cb->gemv, count);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+static bool ranges_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+/* c may join the pending group: same input and shapes, and its output
+ * overlaps no pending output. */
+static bool joins_group(const dj_cuda_backend *cb, const dj_op_call *c) {
+    if (cb->gemv_count == 0 || cb->gemv_count == DJ_GEMV_GROUP) return false;
+    const dj_op_call *g = &cb->gemv[0];
+    if (c->x != g->x || c->n != g->n || c->k != g->k || c->w_dtype != g->w_dtype || c->out_dtype != g->out_dtype)
+        return false;
+    const size_t es = dj_dtype_size(c->out_dtype);
+    for (int i = 0; i < cb->gemv_count; i++)
+        if (ranges_overlap(c->out, (size_t)c->n * c->m * es, cb->gemv[i].out, (size_t)c->n * cb->gemv[i].m * es))
+            return false;
+    return true;
 }
 
 template <typename TO>
@@ -233,14 +299,16 @@ dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
     const bool gemv = cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS
                                            : cb->matmul_path != 2 && c->n <= GEMV_MAX_ROWS;
-    if (gemv) {
-        if (f32_out)
-            launch_gemv_any<float>(cb, c);
-        else
-            launch_gemv_any<__nv_bfloat16>(cb, c);
-        DJ_CU_LAUNCHED(cb);
+    if (gemv) { /* enqueued with the next ops that share its input (q/k/v, gate/up) */
+        if (!joins_group(cb, c)) {
+            dj_status st = dj__cuda_flush(cb);
+            if (st != DJ_OK) return st;
+        }
+        cb->gemv[cb->gemv_count++] = *c;
         return DJ_OK;
     }
+    dj_status st = dj__cuda_flush(cb);
+    if (st != DJ_OK) return st;
     if (c->w_dtype == DJ_DTYPE_BF16) return gemm_cublas(cb, c);
     if (f32_out)
         launch_tiled<float>(cb, c);

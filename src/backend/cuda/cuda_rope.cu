@@ -9,14 +9,14 @@
  * in f32 (accurate, not the fast intrinsics: angles reach 1e5 rad), times
  * attention_scaling; pairs (j, j + hd/2). */
 static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, const float *inv_freq, uint32_t n,
-                                   uint32_t nh, uint32_t hd, uint32_t pos0, float scale) {
+                                   uint32_t nh, uint32_t hd, uint32_t pos0, const uint32_t *row_pos, float scale) {
     const uint32_t half = hd / 2;
     const size_t count = (size_t)n * nh * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t j = (uint32_t)(t % half);
         const size_t rh = t / half; /* row * nh + head */
         const uint32_t i = (uint32_t)(rh / nh);
-        const float theta = inv_freq[j] * (float)(pos0 + i);
+        const float theta = inv_freq[j] * (float)(row_pos ? row_pos[i] : pos0 + i);
         const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
         const size_t base = rh * hd;
         const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
@@ -25,15 +25,18 @@ static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, c
     }
 }
 
-/* One thread per (row, element) of k and v. */
+/* One thread per (row, element) of k and v; with row_tables each row has its
+ * own position and table. */
 static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat16 *v, uint8_t *seg,
                                        size_t page_bytes, const uint32_t *table, uint32_t tpp, uint32_t kv_dim,
-                                       uint32_t n, uint32_t pos0) {
+                                       uint32_t n, uint32_t pos0, const uint32_t *row_pos,
+                                       const uint32_t *const *row_tables) {
     const size_t count = (size_t)n * kv_dim;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t i = (uint32_t)(t / kv_dim), e = (uint32_t)(t % kv_dim);
-        const uint32_t p = pos0 + i, r = p % tpp;
-        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)table[p / tpp] * page_bytes);
+        const uint32_t p = row_pos ? row_pos[i] : pos0 + i, r = p % tpp;
+        const uint32_t *tb = row_tables ? row_tables[i] : table;
+        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
         page[(size_t)r * kv_dim + e] = k[t];
         page[((size_t)tpp + r) * kv_dim + e] = v[t];
     }
@@ -48,7 +51,7 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->n_heads * (c->head_dim / 2);
     rope_kernel<<<grid_for(cb, count), ROPE_THREADS, 0, cb->stream>>>(
         (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim, c->pos0,
-        c->scale);
+        c->row_pos, c->scale);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -58,7 +61,7 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
     const size_t count = (size_t)c->n * kv->kv_dim;
     kv_write_kernel<<<grid_for(cb, count), ROPE_THREADS, 0, cb->stream>>>(
         (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
-        kv->tokens_per_page, kv->kv_dim, c->n, c->pos0);
+        kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

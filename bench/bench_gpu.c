@@ -1,0 +1,374 @@
+/* bench_gpu.c: the CUDA engine on one checkpoint against limits measured in
+ * the same run - decode batch 1 (vs the bytes-over-copy-rate floor), prefill
+ * (vs FLOPs over the cuBLAS GEMM rate), batched decode (vs batch 1) - plus
+ * correctness checks (recorded vs eager decode, batched vs single); prints a
+ * table, optionally writes JSON. Exit 0 when every check passes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "djinn/engine.h"
+#include "djinn/sampler.h"
+
+#ifdef DJ_HAVE_CUDA
+#include "djinn/dj_cuda.h"
+
+typedef struct opts {
+    const char *model, *json;
+    int device;
+    uint32_t ctx, steps, batch, prefill;
+    uint64_t seed;
+} opts;
+
+static int n_checks, n_failed;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_gpu: %s: %s\n", what, dj_last_error());
+    exit(2);
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "bench_gpu: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+static uint64_t rng_state;
+static uint32_t rnd(void) { /* splitmix64 */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+static void rand_ids(int32_t *ids, uint32_t n, uint32_t vocab) {
+    for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(100 + rnd() % (vocab - 200));
+}
+
+static double rel_err(const float *a, const float *b, uint32_t n) {
+    double md = 0, mr = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= md)) md = d;
+        if (fabs((double)b[i]) > mr) mr = fabs((double)b[i]);
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+static void check(const char *what, int ok, const char *detail) {
+    n_checks++;
+    n_failed += !ok;
+    printf("check  %-58s %-22s %s\n", what, detail, ok ? "pass" : "FAIL");
+}
+
+static void set_graphs(int on) {
+    if (on) unsetenv("DJINN_NO_GRAPHS");
+    else setenv("DJINN_NO_GRAPHS", "1", 1);
+}
+
+static dj_session_t *new_session(dj_engine_t *e, dj_model_t *m, uint32_t ctx) {
+    dj_session_t *s = NULL;
+    if (dj_session_new(e, m, ctx, 0, &s) != DJ_OK) die("session");
+    return s;
+}
+
+/* Greedy decode of `steps` tokens from *tok; per-step seconds into t[]. */
+static void decode_steps(dj_engine_t *e, dj_session_t *s, int32_t *tok, uint32_t steps, double *t) {
+    for (uint32_t i = 0; i < steps; i++) {
+        const double t0 = now();
+        int32_t next = -1;
+        if (dj_session_step_sample(e, s, tok, 1, NULL, &next) != DJ_OK) die("decode step");
+        t[i] = now() - t0;
+        *tok = next;
+    }
+}
+
+static double mean(const double *t, uint32_t n) {
+    double s = 0;
+    for (uint32_t i = 0; i < n; i++) s += t[i];
+    return n ? s / n : 0;
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: bench_gpu MODEL_DIR [--json PATH] [--device N] [--ctx 512] [--steps 64] [--batch 32]\n"
+                    "                 [--prefill 2048] [--seed S]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    opts o = {.ctx = 512, .steps = 64, .batch = 32, .prefill = 2048, .seed = (uint64_t)time(NULL)};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (a[0] != '-') {
+            o.model = a;
+            continue;
+        }
+        if (!v) return usage();
+        i++;
+        if (!strcmp(a, "--json")) o.json = v;
+        else if (!strcmp(a, "--device")) o.device = atoi(v);
+        else if (!strcmp(a, "--ctx")) o.ctx = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--steps")) o.steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--batch")) o.batch = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--prefill")) o.prefill = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
+        else return usage();
+    }
+    if (!o.model || o.ctx == 0 || o.steps < 8 || o.batch < 2 || o.prefill == 0) return usage();
+    rng_state = o.seed;
+    const uint32_t W = 2; /* warm-up steps: eager, then recording */
+    char devname[256] = "?";
+    if (dj_cuda_device_count() <= o.device || dj_cuda_device_name(o.device, devname, sizeof devname) != DJ_OK)
+        die("no such CUDA device");
+    printf("bench_gpu: %s on cuda:%d (%s), seed %llu\n", o.model, o.device, devname, (unsigned long long)o.seed);
+
+    /* ---- sizing: every session this run opens ---- */
+    dj_checkpoint_t *ck = NULL;
+    if (dj_checkpoint_open(o.model, &ck) != DJ_OK) die("checkpoint");
+    dj_model_needs needs;
+    if (dj_model_estimate(ck, DJ_DTYPE_BF16, o.prefill, &needs) != DJ_OK) die("estimate");
+    const dj_model_config cfg = *dj_checkpoint_config(ck);
+    const uint32_t dctx = o.ctx + o.steps + 40; /* decode sessions, with room for the eager run */
+    const uint32_t total_ctx = 2 * (o.prefill + 1) + dctx + 2 * (64 + 24) + (o.batch + 1) * dctx;
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    char dev[32];
+    snprintf(dev, sizeof dev, "cuda:%d", o.device);
+    ec.device = dev;
+    ec.max_step_tokens = o.prefill;
+    dj_engine_config_for(&needs, total_ctx, 0, &ec.vmu);
+    dj_engine_t *e = NULL;
+    if (dj_engine_new(&ec, &e) != DJ_OK) die("engine");
+    dj_backend_t *be = dj_engine_backend(e);
+
+    /* ---- machine limits ---- */
+    double copy_gbps = 0, gemm_tflops = 0;
+    if (dj_cuda_measure_copy(be, (size_t)1 << 30, 20, &copy_gbps) != DJ_OK) die("copy rate");
+    if (dj_cuda_measure_gemm(be, 8192, 20, &gemm_tflops) != DJ_OK) die("gemm rate");
+
+    double t0 = now();
+    dj_model_t *m = NULL;
+    if (dj_model_load_checkpoint(e, ck, "bench", &m) != DJ_OK) die("load");
+    const double load_s = now() - t0;
+    dj_checkpoint_close(ck);
+    const uint32_t V = cfg.vocab_size;
+
+    /* Bytes one decode step must read: every weight but the embedding table
+     * (one row of it), and the K/V of the context. */
+    const size_t embed_bytes = (size_t)V * cfg.hidden_size * 2;
+    const double step_bytes = (double)needs.text_bytes - (cfg.tie_word_embeddings ? 0.0 : (double)embed_bytes) +
+                              (double)needs.kv_bytes_per_token * (o.ctx + o.steps / 2);
+    const double floor_ms = step_bytes / (copy_gbps * 1e9) * 1e3;
+    const double floor_all_ms = (double)needs.text_bytes / (copy_gbps * 1e9) * 1e3; /* every weight byte */
+
+    /* ---- prefill ---- */
+    int32_t *prompt = xmalloc((size_t)o.prefill * sizeof *prompt);
+    rand_ids(prompt, o.prefill, V);
+    dj_session_t *s = new_session(e, m, o.prefill + 1);
+    if (dj_session_step(e, s, prompt, o.prefill, NULL) != DJ_OK) die("prefill warm-up");
+    dj_session_free(e, s);
+    s = new_session(e, m, o.prefill + 1);
+    t0 = now();
+    if (dj_session_step(e, s, prompt, o.prefill, NULL) != DJ_OK) die("prefill");
+    const double prefill_s = now() - t0;
+    dj_session_free(e, s);
+    dj_graph_t *pg = NULL;
+    if (dj_model_build_graph(&cfg, NULL, DJ_PHASE_PREFILL, o.prefill, &pg) != DJ_OK) die("graph");
+    const double n = o.prefill;
+    const double prefill_flops = dj_graph_flops(pg) + 4.0 * cfg.n_layers * cfg.n_heads * (double)cfg.head_dim *
+                                                          (n * (n + 1) / 2);
+    dj_graph_free(pg);
+    const double prefill_floor_s = prefill_flops / (gemm_tflops * 1e12);
+
+    /* ---- decode, batch 1 ---- */
+    double *t = xmalloc((size_t)(o.steps + o.batch) * sizeof *t);
+    s = new_session(e, m, dctx);
+    if (dj_session_step(e, s, prompt, o.ctx, NULL) != DJ_OK) die("decode prompt");
+    int32_t tok = prompt[o.ctx - 1];
+    set_graphs(1);
+    decode_steps(e, s, &tok, o.steps, t);
+    const double dec_ms = mean(t + W, o.steps - W) * 1e3;
+    set_graphs(0);
+    const uint32_t eager_steps = 24;
+    decode_steps(e, s, &tok, eager_steps, t);
+    const double eager_ms = mean(t + W, eager_steps - W) * 1e3;
+    set_graphs(1);
+    dj_session_free(e, s);
+    size_t captures = 0, replays = 0, failures = 0;
+    dj_engine_graph_stats(e, &captures, &replays, &failures);
+
+    printf("\n");
+    /* ---- checks: recorded vs eager decode; batched vs single ---- */
+    {
+        dj_session_t *g = new_session(e, m, 64 + 24), *x = new_session(e, m, 64 + 24);
+        int32_t tg = prompt[63], tx = prompt[63];
+        if (dj_session_step(e, g, prompt, 63, NULL) != DJ_OK || dj_session_step(e, x, prompt, 63, NULL) != DJ_OK)
+            die("check prompt");
+        float *lg = xmalloc((size_t)V * sizeof *lg), *lx = xmalloc((size_t)V * sizeof *lx);
+        int same = 1;
+        for (int i = 0; i < 16; i++) {
+            int32_t ng = -1, nx = -1;
+            set_graphs(1);
+            if (dj_session_step_sample(e, g, &tg, 1, NULL, &ng) != DJ_OK) die("graph step");
+            set_graphs(0);
+            if (dj_session_step_sample(e, x, &tx, 1, NULL, &nx) != DJ_OK) die("eager step");
+            same &= ng == nx;
+            tg = ng;
+            tx = nx;
+        }
+        set_graphs(1);
+        if (dj_session_step(e, g, &tg, 1, lg) != DJ_OK) die("graph logits");
+        set_graphs(0);
+        if (dj_session_step(e, x, &tx, 1, lx) != DJ_OK) die("eager logits");
+        set_graphs(1);
+        char d[64];
+        const double err = rel_err(lg, lx, V);
+        snprintf(d, sizeof d, "rel err %.2e", err);
+        check("recorded decode = eager decode (16 greedy tokens, logits)", same && err <= 1e-3, d);
+        free(lg);
+        free(lx);
+        dj_session_free(e, g);
+        dj_session_free(e, x);
+    }
+
+    /* ---- batched decode ---- */
+    const uint32_t B = o.batch;
+    dj_session_t **ss = xmalloc(B * sizeof *ss);
+    int32_t *ids = xmalloc(B * sizeof *ids), *next = xmalloc(B * sizeof *next);
+    int32_t *bprompt = xmalloc((size_t)o.ctx * sizeof *bprompt);
+    dj_session_t *twin = new_session(e, m, dctx);
+    for (uint32_t r = 0; r < B; r++) {
+        ss[r] = new_session(e, m, dctx);
+        rand_ids(bprompt, o.ctx, V);
+        if (dj_session_step(e, ss[r], bprompt, o.ctx, NULL) != DJ_OK) die("batch prompt");
+        if (r == 0 && dj_session_step(e, twin, bprompt, o.ctx, NULL) != DJ_OK) die("twin prompt");
+        ids[r] = bprompt[o.ctx - 1];
+    }
+    {
+        float *lb = xmalloc((size_t)B * V * sizeof *lb), *l1 = xmalloc((size_t)V * sizeof *l1);
+        if (dj_engine_step_batch(e, ss, ids, B, lb, NULL, next) != DJ_OK) die("batch step");
+        if (dj_session_step(e, twin, &ids[0], 1, l1) != DJ_OK) die("twin step");
+        const double err = rel_err(lb, l1, V);
+        int picks = 1;
+        for (uint32_t r = 0; r < B; r++) picks &= next[r] == dj_argmax(lb + (size_t)r * V, V);
+        char d[64], w[96];
+        snprintf(d, sizeof d, "rel err %.2e", err);
+        snprintf(w, sizeof w, "batch of %u, row 0 = the same session stepped alone (bf16)", B);
+        check(w, err <= 3e-2 && dj_argmax(lb, V) == dj_argmax(l1, V), d);
+        check("device greedy picks = argmax of the batch's logits", picks, "");
+        free(lb);
+        free(l1);
+        memcpy(ids, next, B * sizeof *ids);
+    }
+    const uint32_t bsteps = o.steps - W;
+    for (uint32_t i = 0; i < W + bsteps; i++) { /* the first W: eager, then recording */
+        if (i == W) t0 = now();
+        if (dj_engine_step_batch(e, ss, ids, B, NULL, NULL, next) != DJ_OK) die("batch step");
+        memcpy(ids, next, B * sizeof *ids);
+    }
+    const double batch_s = now() - t0;
+    const double batch_tps = (double)B * bsteps / batch_s, single_tps = 1e3 / dec_ms;
+    for (uint32_t r = 0; r < B; r++) dj_session_free(e, ss[r]);
+    dj_session_free(e, twin);
+    size_t captures2 = 0, replays2 = 0, failures2 = 0;
+    dj_engine_graph_stats(e, &captures2, &replays2, &failures2);
+    {
+        char d[64];
+        snprintf(d, sizeof d, "%zu recorded, %zu replays", captures2, replays2);
+        check("decode graphs recorded and replayed, none refused", failures2 == 0 && replays2 > 0, d);
+    }
+
+    /* ---- the table ---- */
+    printf("\n%-44s %14s %14s %10s\n", "what", "measured", "limit", "ratio");
+    printf("%-44s %11.0f GB/s %14s %10s\n", "device copy rate (D2D 1 GiB, read+write)", copy_gbps, "", "");
+    printf("%-44s %9.0f TFLOP/s %14s %10s\n", "bf16 GEMM rate (cuBLAS 8192^3)", gemm_tflops, "", "");
+    printf("%-44s %12.2f s %14s %10s\n", "model load (host -> device)", load_s, "", "");
+    char what[96];
+    snprintf(what, sizeof what, "decode b=1 ctx %u, graphs (ms/token)", o.ctx);
+    printf("%-44s %11.3f ms %11.3f ms %9.2fx\n", what, dec_ms, floor_ms, dec_ms / floor_ms);
+    snprintf(what, sizeof what, "decode b=1 ctx %u, eager (ms/token)", o.ctx + o.steps);
+    printf("%-44s %11.3f ms %11.3f ms %9.2fx\n", what, eager_ms, floor_ms, eager_ms / floor_ms);
+    snprintf(what, sizeof what, "prefill %u tokens (s; %.1f TFLOP)", o.prefill, prefill_flops * 1e-12);
+    printf("%-44s %12.4f s %12.4f s %9.2fx\n", what, prefill_s, prefill_floor_s, prefill_s / prefill_floor_s);
+    snprintf(what, sizeof what, "prefill %u tokens (tok/s)", o.prefill);
+    printf("%-44s %12.0f   %14s %10s\n", what, o.prefill / prefill_s, "", "");
+    snprintf(what, sizeof what, "decode b=%u ctx %u (aggregate tok/s)", B, o.ctx);
+    printf("%-44s %12.0f   %12.0f   %9.2fx\n", what, batch_tps, single_tps, batch_tps / single_tps);
+    printf("floor of a decode step: %.2f GB (weights without the embedding table, plus K/V) / copy rate;\n"
+           "with every weight byte (%.2f GB) instead: %.3f ms, decode at %.2fx of it\n",
+           step_bytes * 1e-9, (double)needs.text_bytes * 1e-9, floor_all_ms, dec_ms / floor_all_ms);
+    printf("decode b=1 vs floor: %.2fx (bar 1.15x: %s); graphs: %zu recorded, %zu replays, %zu refused\n",
+           dec_ms / floor_ms, dec_ms / floor_ms <= 1.15 ? "met" : "NOT met", captures, replays, failures);
+    printf("%d checks, %d failed\n", n_checks, n_failed);
+
+    if (o.json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "device", devname);
+        cJSON_AddStringToObject(j, "model", o.model);
+        cJSON_AddNumberToObject(j, "seed", (double)o.seed);
+        cJSON_AddNumberToObject(j, "copy_gbps", copy_gbps);
+        cJSON_AddNumberToObject(j, "gemm_tflops", gemm_tflops);
+        cJSON_AddNumberToObject(j, "weight_bytes", (double)needs.text_bytes);
+        cJSON_AddNumberToObject(j, "decode_step_bytes", step_bytes);
+        cJSON_AddNumberToObject(j, "decode_ctx", o.ctx);
+        cJSON_AddNumberToObject(j, "decode_ms_per_token", dec_ms);
+        cJSON_AddNumberToObject(j, "decode_eager_ms_per_token", eager_ms);
+        cJSON_AddNumberToObject(j, "decode_floor_ms", floor_ms);
+        cJSON_AddNumberToObject(j, "decode_vs_floor", dec_ms / floor_ms);
+        cJSON_AddNumberToObject(j, "decode_floor_all_weights_ms", floor_all_ms);
+        cJSON_AddNumberToObject(j, "prefill_tokens", o.prefill);
+        cJSON_AddNumberToObject(j, "prefill_s", prefill_s);
+        cJSON_AddNumberToObject(j, "prefill_flops", prefill_flops);
+        cJSON_AddNumberToObject(j, "prefill_floor_s", prefill_floor_s);
+        cJSON_AddNumberToObject(j, "prefill_vs_floor", prefill_s / prefill_floor_s);
+        cJSON_AddNumberToObject(j, "batch", B);
+        cJSON_AddNumberToObject(j, "batch_tok_per_s", batch_tps);
+        cJSON_AddNumberToObject(j, "single_tok_per_s", single_tps);
+        cJSON_AddNumberToObject(j, "batch_speedup", batch_tps / single_tps);
+        cJSON_AddNumberToObject(j, "graphs_recorded", (double)captures2);
+        cJSON_AddNumberToObject(j, "graph_replays", (double)replays2);
+        cJSON_AddNumberToObject(j, "graphs_refused", (double)failures2);
+        cJSON_AddNumberToObject(j, "checks", n_checks);
+        cJSON_AddNumberToObject(j, "checks_failed", n_failed);
+        char *txt = cJSON_Print(j);
+        FILE *f = fopen(o.json, "w");
+        if (!f || !txt || fputs(txt, f) < 0 || fclose(f) != 0) {
+            fprintf(stderr, "bench_gpu: cannot write %s\n", o.json);
+            n_failed++;
+        }
+        free(txt);
+        cJSON_Delete(j);
+    }
+    free(prompt);
+    free(bprompt);
+    free(t);
+    free(ss);
+    free(ids);
+    free(next);
+    dj_model_release(e, m);
+    dj_engine_free(e);
+    return n_failed ? 1 : 0;
+}
+
+#else
+
+int main(void) {
+    fprintf(stderr, "bench_gpu: this build has no CUDA backend (configure with -DDJ_CUDA=ON)\n");
+    return 2;
+}
+
+#endif

@@ -1,0 +1,192 @@
+/* test_batch.c: batched decode on the CPU engine - a step of several sessions
+ * at different positions gives the logits of the same single steps (1e-5),
+ * device-side picks (step_sample, batch `next`) match argmax of the logits,
+ * seeded sampling is per session, and bad batches change nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "djinn/engine.h"
+#include "djinn/sampler.h"
+#include "testutil.h"
+
+#define N_SESS 3
+
+static const char *MODELS[] = {"llama3", "qwen2", "mistral"};
+
+static dj_engine_t *new_engine(void) {
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    dj_vmu_config_default(&ec.vmu, (size_t)16 << 20);
+    ec.vmu.page_bytes = 4096; /* small pages: steps cross page boundaries */
+    ec.max_step_tokens = 64;
+    dj_engine_t *e = NULL;
+    CHECK_OK(dj_engine_new(&ec, &e));
+    return e;
+}
+
+/* Largest |a-b| over the largest |b| (NaN counts as failure). */
+static double rel_err(const float *a, const float *b, uint32_t n) {
+    double md = 0, mr = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= md)) md = d;
+        if (fabs((double)b[i]) > mr) mr = fabs((double)b[i]);
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+static int32_t rand_id(uint32_t vocab) { return (int32_t)(dj_test_rand() % vocab); }
+
+static void check_model(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
+    dj_engine_t *e = new_engine();
+    if (!e) return;
+    dj_model_t *m = NULL;
+    CHECK_OK(dj_model_load(e, dir, &m));
+    if (!m) {
+        dj_engine_free(e);
+        return;
+    }
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    /* Twin sessions: `b` steps batched, `s` the same tokens one at a time. */
+    dj_session_t *b[N_SESS] = {0}, *s[N_SESS] = {0};
+    for (int i = 0; i < N_SESS; i++) {
+        CHECK_OK(dj_session_new(e, m, 96, 0, &b[i]));
+        CHECK_OK(dj_session_new(e, m, 96, 0, &s[i]));
+        if (!b[i] || !s[i]) goto done;
+        /* Different prompt lengths: the rows sit at different positions. */
+        int32_t prompt[40];
+        const uint32_t len = 1 + (uint32_t)(dj_test_rand() % 40);
+        for (uint32_t t = 0; t < len; t++) prompt[t] = rand_id(V);
+        CHECK_OK(dj_session_step(e, b[i], prompt, len, NULL));
+        CHECK_OK(dj_session_step(e, s[i], prompt, len, NULL));
+    }
+    float *lb = malloc((size_t)N_SESS * V * sizeof *lb), *ls = malloc((size_t)V * sizeof *ls);
+    double worst = 0;
+    for (int step = 0; step < 6; step++) {
+        int32_t ids[N_SESS], next[N_SESS];
+        for (int i = 0; i < N_SESS; i++) ids[i] = rand_id(V);
+        for (size_t i = 0; i < (size_t)N_SESS * V; i++) lb[i] = NAN; /* poisoned */
+        CHECK_OK(dj_engine_step_batch(e, b, ids, N_SESS, lb, NULL, next));
+        for (int i = 0; i < N_SESS; i++) {
+            CHECK_OK(dj_session_step(e, s[i], &ids[i], 1, ls));
+            const double err = rel_err(lb + (size_t)i * V, ls, V);
+            if (err > worst || err != err) worst = err;
+            CHECK_MSG(err <= 1e-5, "%s step %d session %d: batched vs single rel err %.3g", name, step, i, err);
+            CHECK(next[i] == dj_argmax(lb + (size_t)i * V, V));
+            CHECK(dj_session_pos(b[i]) == dj_session_pos(s[i]));
+        }
+    }
+    printf("%s: %d sessions, 6 batched steps, worst rel err vs single steps %.2e\n", name, N_SESS, worst);
+
+    /* Greedy pick through step_sample = argmax of the same step's logits. */
+    {
+        int32_t tok = rand_id(V), picked = -1;
+        dj_session_t *one[1] = {b[0]};
+        CHECK_OK(dj_session_step(e, s[0], &tok, 1, ls));
+        CHECK_OK(dj_session_step_sample(e, b[0], &tok, 1, NULL, &picked));
+        CHECK(picked == dj_argmax(ls, V));
+        /* a batch of one with logits only */
+        tok = picked;
+        CHECK_OK(dj_session_step(e, s[0], &tok, 1, ls));
+        CHECK_OK(dj_engine_step_batch(e, one, &tok, 1, lb, NULL, NULL));
+        CHECK(rel_err(lb, ls, V) <= 1e-5);
+    }
+
+    /* Seeded sampling is per session: two sessions with the same history and
+     * seed draw the same tokens, whatever else is in the batch. */
+    {
+        dj_sampler_params sp = {.temperature = 1.5f, .top_k = 0, .top_p = 1.0f, .seed = dj_test_rand()};
+        int32_t t1[8], t2[8], ids[N_SESS], next[N_SESS];
+        dj_session_t *x = NULL, *y = NULL;
+        CHECK_OK(dj_session_new(e, m, 32, 0, &x));
+        CHECK_OK(dj_session_new(e, m, 32, 0, &y));
+        if (x && y) {
+            int32_t tok = rand_id(V);
+            for (int k = 0; k < 8; k++) {
+                CHECK_OK(dj_session_step_sample(e, x, k ? &t1[k - 1] : &tok, 1, &sp, &t1[k]));
+                dj_session_t *pair[2] = {y, b[1]};
+                ids[0] = k ? t2[k - 1] : tok;
+                ids[1] = rand_id(V);
+                CHECK_OK(dj_engine_step_batch(e, pair, ids, 2, NULL, &sp, next));
+                t2[k] = next[0];
+            }
+            CHECK(memcmp(t1, t2, sizeof t1) == 0);
+        }
+        dj_session_free(e, x);
+        dj_session_free(e, y);
+        dj_sampler_params bad = sp;
+        bad.top_p = 0.0f;
+        int32_t tok = 0, out = 0;
+        CHECK_ST(dj_session_step_sample(e, b[0], &tok, 1, &bad, &out), DJ_EINVAL);
+    }
+
+    /* Bad batches: nothing moves. */
+    {
+        uint32_t pos[N_SESS];
+        for (int i = 0; i < N_SESS; i++) pos[i] = dj_session_pos(b[i]);
+        int32_t ids[N_SESS] = {0, 0, 0};
+        dj_session_t *dup[N_SESS] = {b[0], b[1], b[0]};
+        CHECK_ST(dj_engine_step_batch(e, dup, ids, N_SESS, NULL, NULL, NULL), DJ_EINVAL);
+        ids[1] = (int32_t)V;
+        CHECK_ST(dj_engine_step_batch(e, b, ids, N_SESS, NULL, NULL, NULL), DJ_ERANGE);
+        ids[1] = -1;
+        CHECK_ST(dj_engine_step_batch(e, b, ids, N_SESS, NULL, NULL, NULL), DJ_ERANGE);
+        CHECK_ST(dj_engine_step_batch(e, b, ids, 0, NULL, NULL, NULL), DJ_EINVAL);
+        dj_session_t *full = NULL;
+        CHECK_OK(dj_session_new(e, m, 1, 0, &full));
+        if (full) {
+            int32_t z = 0;
+            CHECK_OK(dj_session_step(e, full, &z, 1, NULL));
+            dj_session_t *mix[2] = {b[0], full};
+            int32_t two[2] = {0, 0};
+            CHECK_ST(dj_engine_step_batch(e, mix, two, 2, NULL, NULL, NULL), DJ_ERANGE);
+        }
+        dj_session_free(e, full);
+        for (int i = 0; i < N_SESS; i++) CHECK(dj_session_pos(b[i]) == pos[i]);
+    }
+    free(lb);
+    free(ls);
+done:
+    for (int i = 0; i < N_SESS; i++) {
+        dj_session_free(e, b[i]);
+        dj_session_free(e, s[i]);
+    }
+    dj_model_release(e, m);
+    dj_engine_free(e);
+}
+
+/* Sessions of two models cannot share a step. */
+static void check_two_models(void) {
+    char d1[512], d2[512];
+    snprintf(d1, sizeof d1, "%s/models/llama3", DJ_FIXTURES);
+    snprintf(d2, sizeof d2, "%s/models/tinyllama", DJ_FIXTURES);
+    dj_engine_t *e = new_engine();
+    if (!e) return;
+    dj_model_t *m1 = NULL, *m2 = NULL;
+    CHECK_OK(dj_model_load(e, d1, &m1));
+    CHECK_OK(dj_model_load(e, d2, &m2));
+    dj_session_t *s1 = NULL, *s2 = NULL;
+    if (m1 && m2) {
+        CHECK_OK(dj_session_new(e, m1, 16, 0, &s1));
+        CHECK_OK(dj_session_new(e, m2, 16, 0, &s2));
+        dj_session_t *both[2] = {s1, s2};
+        int32_t ids[2] = {1, 1};
+        CHECK_ST(dj_engine_step_batch(e, both, ids, 2, NULL, NULL, NULL), DJ_EINVAL);
+        CHECK(dj_session_pos(s1) == 0 && dj_session_pos(s2) == 0);
+    }
+    dj_session_free(e, s1);
+    dj_session_free(e, s2);
+    dj_model_release(e, m1);
+    dj_model_release(e, m2);
+    dj_engine_free(e);
+}
+
+int main(void) {
+    dj_test_seed();
+    for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);
+    check_two_models();
+    return dj_test_finish("test_batch");
+}
