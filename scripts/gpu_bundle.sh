@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # gpu_bundle.sh: builds Djinn with CUDA here (nvcc, no GPU needed) and packs
 # the programs with the shared libraries the GPU machine lacks (our Debian
-# -dev dependencies) into .carry/gpu/{bin,lib}, so that machine - which has
-# CUDA but none of our apt packages - can run them:
-#   LD_LIBRARY_PATH=.carry/gpu/lib .carry/gpu/bin/gpu_check
+# -dev dependencies) into .carry/gpu.tar.xz ({bin,lib}; OpenBLAS alone is
+# 35 MB unpacked), so that machine - which has CUDA but none of our apt
+# packages - can run them:
+#   mkdir -p /tmp/g && tar xJf .carry/gpu.tar.xz -C /tmp/g
+#   LD_LIBRARY_PATH=/tmp/g/lib /tmp/g/bin/gpu_check
 # usage: scripts/gpu_bundle.sh [extra targets...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +14,7 @@ cmake --build build-cuda -j "$(nproc)"
 out=.carry/gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-for f in build-cuda/djinn build-cuda/gpu_check build-cuda/bench_* build-cuda/make_random_checkpoint build-cuda/test_models "$@"; do
+for f in build-cuda/djinn build-cuda/gpu_check build-cuda/bench_gpu build-cuda/make_random_checkpoint "$@"; do
     [ -x "$f" ] && [ -f "$f" ] && cp "$f" "$out/bin/"
 done
 # Every shared library the programs load, except the C runtime and CUDA's own
@@ -25,5 +27,6 @@ done | sort -u | while read -r lib; do
         *) cp -L "$lib" "$out/lib/" ;;
     esac
 done
-du -sh "$out"
-ls "$out/bin" "$out/lib"
+tar cJf .carry/gpu.tar.xz -C "$out" bin lib
+rm -rf "$out"
+ls -la .carry/gpu.tar.xz
