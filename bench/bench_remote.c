@@ -1,7 +1,7 @@
 /* bench_remote.c: what going through djinnd costs - per-token time embedded
  * vs over loopback, empty round trips (HEARTBEAT), and FETCH throughput of a
  * logits handle. Starts its own daemon in-process; prints a table.
- * usage: bench_remote [STORE] [MODEL] [TOKENS] [ROUNDTRIPS] [VMU_GB] */
+ * usage: bench_remote [STORE] [MODEL] [TOKENS] [ROUNDTRIPS] [VMU_GB] [DEVICE] */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
@@ -40,6 +40,7 @@ int main(int argc, char **argv) {
     const int n_tok = argc > 3 ? atoi(argv[3]) : 128;
     const int n_rt = argc > 4 ? atoi(argv[4]) : 20000;
     char *vmu_gb = argc > 5 ? argv[5] : "1"; /* budget, both sides */
+    char *device = argc > 6 ? argv[6] : "cpu";
     size_t vmu_bytes = 0;
     if (dj_vmu_parse_size(vmu_gb, &vmu_bytes) != DJ_OK) {
         fprintf(stderr, "bench_remote: VMU size: %s\n", dj_last_error());
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
     dj_vmu_config_default(&ec.vmu, vmu_bytes);
+    ec.device = device;
     dj_engine_t *e = NULL;
     dj_model_t *m = NULL;
     dj_session_t *s = NULL;
@@ -85,8 +87,8 @@ int main(int argc, char **argv) {
     close(pfd);
     unlink(port_file);
     serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
-                      "--vmu-gb", vmu_gb},
-                     9};
+                      "--vmu-gb", vmu_gb, "--device", device},
+                     11};
     pthread_t th;
     pthread_create(&th, NULL, serve_thread, &sa);
     unsigned port = 0;

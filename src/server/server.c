@@ -751,10 +751,11 @@ static dj_status listen_on(dj__server *s) {
 }
 
 static int usage(FILE *f) {
-    fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G]\n"
+    fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--port-file FILE]\n"
-          "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --lease-ms 10000, --max-running 64.\n"
+          "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
+          "--max-running 64.\n"
           "Without --token-file only loopback (and unix socket) peers are accepted.\n",
           f);
     return 2;
@@ -780,6 +781,7 @@ static int parse_args(int argc, char **argv, dj__config *cfg) {
         long x;
         if (!strcmp(a, "--listen")) cfg->listen = v;
         else if (!strcmp(a, "--models")) cfg->models = v;
+        else if (!strcmp(a, "--device")) cfg->device = v;
         else if (!strcmp(a, "--metrics")) cfg->metrics = v;
         else if (!strcmp(a, "--token-file")) cfg->token_file = v;
         else if (!strcmp(a, "--port-file")) cfg->port_file = v;

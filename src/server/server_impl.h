@@ -131,7 +131,8 @@ struct dj__model_ent {
 
 typedef struct dj__config {
     const char *listen;   /* ADDR:PORT or unix:/path */
-    const char *models;   /* model store */
+    const char *models;
+    const char *device;     /* engine device: "cpu" (default), "cuda:N" in CUDA builds */   /* model store */
     const char *metrics;  /* ADDR:PORT or NULL */
     const char *token_file;
     size_t vmu_bytes;

@@ -907,6 +907,7 @@ dj_status dj__worker_start(dj__server *s) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
     ec.n_threads = s->cfg.threads;
+    ec.device = s->cfg.device;
     dj_vmu_config_default(&ec.vmu, s->cfg.vmu_bytes);
     dj_status st = dj_engine_new(&ec, &s->engine);
     if (st != DJ_OK) return st;
