@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "server/server_impl.h"
@@ -906,7 +907,15 @@ static void *worker_main(void *arg) {
 dj_status dj__worker_start(dj__server *s) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
+    /* The CPU engine's OpenMP threads spin at their barriers; with one per core
+     * the I/O thread (and clients on the same machine) preempt them and every
+     * parallel region of a step waits for a time slice. Leave one core free
+     * unless --threads says otherwise. */
     ec.n_threads = s->cfg.threads;
+    if (ec.n_threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        ec.n_threads = cores > 1 ? (int)cores - 1 : 1;
+    }
     ec.device = s->cfg.device;
     dj_vmu_config_default(&ec.vmu, s->cfg.vmu_bytes);
     dj_status st = dj_engine_new(&ec, &s->engine);
