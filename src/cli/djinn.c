@@ -14,6 +14,9 @@
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
+#ifdef DJ_HAVE_CUDA
+#include "djinn/dj_cuda.h"
+#endif
 #include "cli/remote.h"
 #include "server/serve.h"
 
@@ -242,14 +245,30 @@ static uint32_t pick_ctx(const opts *o, const dj_model_config *c) {
     return ctx;
 }
 
-static dj_status make_engine(const opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engine_t **e,
+/* The device a command runs on: --device, else the first GPU of a CUDA build,
+ * else the CPU (saying so when a CUDA build finds no GPU). */
+static const char *pick_device(opts *o) {
+    if (o->device) return o->device;
+#ifdef DJ_HAVE_CUDA
+    if (dj_cuda_device_count() > 0) return o->device = "cuda:0";
+    fprintf(stderr, "djinn: no GPU found; running on the CPU\n");
+#endif
+    return o->device = "cpu";
+}
+
+static int on_gpu(const opts *o) { return o->device && strncmp(o->device, "cuda", 4) == 0; }
+
+/* K/V element type of the backend the device gets (f32 CPU, bf16 GPU). */
+static dj_dtype kv_dtype_of(const opts *o) { return on_gpu(o) ? DJ_DTYPE_BF16 : DJ_DTYPE_F32; }
+
+static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engine_t **e,
                              dj_model_needs *needs) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
-    ec.device = o->device;
+    ec.device = pick_device(o);
     ec.n_threads = (int)o->threads;
     ec.max_step_tokens = o->step ? (uint32_t)o->step : 512;
-    dj_status st = dj_model_estimate(ck, DJ_DTYPE_F32, ec.max_step_tokens, needs);
+    dj_status st = dj_model_estimate(ck, kv_dtype_of(o), ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
     if (o->vmu) {
         size_t bytes;
@@ -314,13 +333,14 @@ static int cmd_info(opts *o) {
     const dj_model_config *c = dj_checkpoint_config(ck);
     const uint32_t ctx = pick_ctx(o, c);
     dj_model_needs needs;
-    st = dj_model_estimate(ck, DJ_DTYPE_F32, o->step ? (uint32_t)o->step : 512, &needs);
+    pick_device(o);
+    st = dj_model_estimate(ck, kv_dtype_of(o), o->step ? (uint32_t)o->step : 512, &needs);
     if (st != DJ_OK) {
         dj_checkpoint_close(ck);
         return die("sizing the model", st);
     }
     dj_model_needs decode;
-    dj_model_estimate(ck, DJ_DTYPE_F32, 1, &decode);
+    dj_model_estimate(ck, kv_dtype_of(o), 1, &decode);
     printf("model:          %s\n", o->model);
     print_origin(o->model);
     printf("architecture:   %s\n", c->arch_name);
@@ -329,7 +349,16 @@ static int cmd_info(opts *o) {
     printf("shape:          %u layers, hidden %u, ffn %u, heads %u/%u kv, head_dim %u, vocab %u\n", c->n_layers,
            c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
     printf("fingerprint:    %016llx\n", (unsigned long long)dj_checkpoint_fingerprint(ck));
-    printf("device:         cpu (f32 activations and KV)\n");
+    if (on_gpu(o)) {
+        char name[256] = "?";
+#ifdef DJ_HAVE_CUDA
+        int dev = o->device[4] == ':' ? atoi(o->device + 5) : 0;
+        if (dj_cuda_device_name(dev, name, sizeof name) != DJ_OK) snprintf(name, sizeof name, "not available: %s", dj_last_error());
+#endif
+        printf("device:         %s = %s (bf16 activations and KV)\n", o->device, name);
+    } else {
+        printf("device:         cpu (f32 activations and KV)\n");
+    }
     printf("text segment:   %zu bytes (%.1f MiB) of weights\n", needs.text_bytes, needs.text_bytes / 1048576.0);
     printf("data segment:   %zu bytes per token, %zu bytes (%.1f MiB) for a context of %u\n",
            needs.kv_bytes_per_token, needs.kv_bytes_per_token * ctx, needs.kv_bytes_per_token * ctx / 1048576.0, ctx);
