@@ -261,6 +261,8 @@ static void *client_thread(void *p) {
     return NULL;
 }
 
+static bool stats(dj_client_t *c, dj_client_stats *st);
+
 static void test_concurrent(const char *addr) {
     pthread_t th[N_CLIENTS];
     worker_arg args[N_CLIENTS];
@@ -277,6 +279,19 @@ static void test_concurrent(const char *addr) {
     }
     CHECK_MSG(ok == N_CLIENTS, "%d of %d concurrent clients got the reference tokens", ok, N_CLIENTS);
     printf("%d concurrent clients x 24 tokens in %.2f s\n", N_CLIENTS, now_s() - t0);
+    /* concurrent generations of one model share decode steps (continuous batching) */
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    dj_client_stats st;
+    if (c && stats(c, &st)) {
+        CHECK_MSG(st.batched_steps > 0 && st.batched_rows >= 2 * st.batched_steps,
+                  "no batched decode steps after %d concurrent clients (%llu steps, %llu rows)", N_CLIENTS,
+                  (unsigned long long)st.batched_steps, (unsigned long long)st.batched_rows);
+        printf("batched decode: %llu steps carried %llu session-steps\n", (unsigned long long)st.batched_steps,
+               (unsigned long long)st.batched_rows);
+        dj_client_stats_free(&st);
+    }
+    dj_client_free(c);
 }
 
 /* ---- stats and memory ---- */

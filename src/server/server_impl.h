@@ -56,6 +56,9 @@ void dj__metrics_stop(dj__metrics *m);
 typedef struct dj__model_ent dj__model_ent;
 typedef struct dj__job dj__job;
 
+/* Most running generations one batched decode step carries. */
+#define DJ__MAX_BATCH 64
+
 typedef struct dj__sess {
     uint64_t id, conn;
     dj_qos qos;
@@ -172,6 +175,9 @@ typedef struct dj__server {
     pthread_t worker;
     bool worker_started;
     dj_engine_t *engine;
+    float *batch_logits;          /* worker: [batch_logits_cap] rows of a batched decode step */
+    size_t batch_logits_cap;
+    uint64_t batched_steps, batched_rows; /* worker: decode steps that carried >1 session */
     dj__model_ent *models;
 
     dj__metrics metrics;

@@ -606,6 +606,25 @@ done:
     return st;
 }
 
+/* After a GENERATE's unit ran: reply the error, finish, or queue it again. */
+static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, bool foreign, bool finished) {
+    if (st != DJ_OK) {
+        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+        if (ss && ss->busy == j) ss->busy = NULL;
+        dj__job_free(j);
+        return;
+    }
+    if (finished) {
+        if (ss->busy == j) ss->busy = NULL;
+        dj__job_free(j);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    ss->busy = j;
+    q_push(&s->runq[j->qos], j);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* One unit of a GENERATE: the prefill and first token, or one decode step. */
 static void run_generate(dj__server *s, dj__job *j) {
     dj__sess *ss = NULL;
@@ -629,21 +648,48 @@ static void run_generate(dj__server *s, dj__job *j) {
             finished = gen_emit(s, j, ss);
         }
     }
-    if (st != DJ_OK) {
-        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
-        if (ss && ss->busy == j) ss->busy = NULL;
-        dj__job_free(j);
-        return;
-    }
-    if (finished) {
-        if (ss->busy == j) ss->busy = NULL;
-        dj__job_free(j);
-        return;
-    }
+    gen_after(s, j, ss, st, foreign, finished);
+}
+
+/* Continuous batching: one decode step for several running generations of
+ * one model (jobs[0..n), taken from one QoS class's run queue) through the
+ * engine's batched step; each then samples from its own logits row. If the
+ * batch fails as a whole, each job runs alone so that only the culprit sees
+ * the error. */
+static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
+    dj__sess *ss[DJ__MAX_BATCH];
+    dj_session_t *es[DJ__MAX_BATCH];
+    int32_t ids[DJ__MAX_BATCH];
     pthread_mutex_lock(&s->mu);
-    ss->busy = j;
-    q_push(&s->runq[j->qos], j);
+    for (size_t i = 0; i < n; i++) ss[i] = dj__map_get(&s->sessions, jobs[i]->sess);
     pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        es[i] = ss[i]->es;
+        ids[i] = ss[i]->pending;
+    }
+    const size_t vocab = dj_model_get_config(ss[0]->ment->m)->vocab_size;
+    if (s->batch_logits_cap < n * vocab) {
+        float *nl = realloc(s->batch_logits, n * vocab * sizeof *nl);
+        if (nl) {
+            s->batch_logits = nl;
+            s->batch_logits_cap = n * vocab;
+        }
+    }
+    dj_status st = s->batch_logits_cap >= n * vocab
+                       ? dj_engine_step_batch(s->engine, es, ids, (uint32_t)n, s->batch_logits, NULL, NULL)
+                       : DJ_ENOMEM;
+    if (st != DJ_OK) {
+        for (size_t i = 0; i < n; i++) run_generate(s, jobs[i]);
+        return;
+    }
+    s->batched_steps++;
+    s->batched_rows += n;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(jobs[i]->gen->logits, s->batch_logits + i * vocab, vocab * sizeof(float));
+        ss[i]->pending = -1;
+        snapshot(s, ss[i]);
+        gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_emit(s, jobs[i], ss[i]));
+    }
 }
 
 /* ---- stats and model list ---- */
@@ -675,6 +721,8 @@ static dj_status do_stats(dj__server *s, dj__mw *w) {
     dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
     dj__mw_u64(w, "evictions", vs.evictions);
     dj__mw_u64(w, "text_pinned", vs.text_pinned);
+    dj__mw_u64(w, "batched_steps", s->batched_steps);
+    dj__mw_u64(w, "batched_rows", s->batched_rows);
     size_t n_models = 0;
     for (dj__model_ent *m = s->models; m; m = m->next) n_models++;
     dj__mw_key(w, "models");
@@ -867,6 +915,30 @@ static void *worker_main(void *arg) {
             last_reap = now;
         }
         dj__job *j = pick(s);
+        dj__job *batch[DJ__MAX_BATCH];
+        size_t n_batch = 0;
+        if (j && j->type == DJ_MSG_GENERATE && j->gen) {
+            /* a decode step: take the other running generations of the same
+             * class and model along (they are next in line anyway) */
+            dj__sess *first = dj__map_get(&s->sessions, j->sess);
+            dj__jobq *rq = &s->runq[j->qos];
+            batch[n_batch++] = j;
+            for (dj__job *x = rq->head, *nx; x && n_batch < DJ__MAX_BATCH; x = nx) {
+                nx = x->next;
+                dj__sess *xs = x->gen ? dj__map_get(&s->sessions, x->sess) : NULL;
+                if (!xs || !first || xs->ment != first->ment) continue;
+                q_remove(rq, x);
+                batch[n_batch++] = x;
+            }
+        }
+        if (n_batch > 1) {
+            pthread_mutex_unlock(&s->mu);
+            dj_clear_error();
+            run_decode_batch(s, batch, n_batch);
+            publish_metrics(s);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
         if (!j) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -943,4 +1015,7 @@ void dj__worker_stop(dj__server *s) {
     s->worker_started = false;
     dj_engine_free(s->engine);
     s->engine = NULL;
+    free(s->batch_logits);
+    s->batch_logits = NULL;
+    s->batch_logits_cap = 0;
 }
