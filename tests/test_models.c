@@ -152,6 +152,20 @@ static void check_model(const char *name, const char *dir, const char *ref_path)
     err = rel_err(logits, r.final, r.vocab);
     CHECK_MSG(err <= 1e-4, "%s: chunked prefill rel err %.3g", name, err);
 
+    /* every position's logits in one call: the prompt's last row and the
+     * sequence's last row are transformers' two references */
+    dj_session_t *s3 = NULL;
+    float *every = malloc((size_t)total * c->vocab_size * sizeof *every);
+    for (size_t i = 0; i < (size_t)total * c->vocab_size; i++) every[i] = NAN; /* poisoned */
+    CHECK_OK(dj_session_new(e, m, 128, 0, &s3));
+    CHECK_OK(dj_session_step_all(e, s3, all, (uint32_t)total, every));
+    err = rel_err(every + (size_t)(r.n_prompt - 1) * c->vocab_size, r.last, r.vocab);
+    CHECK_MSG(err <= 1e-4, "%s: all-positions logits, prompt row: rel err %.3g", name, err);
+    err = rel_err(every + (size_t)(total - 1) * c->vocab_size, r.final, r.vocab);
+    CHECK_MSG(err <= 1e-4, "%s: all-positions logits, last row: rel err %.3g", name, err);
+    dj_session_free(e, s3);
+    free(every);
+
     /* weights are shared: a second load costs no bytes and raises the refcount */
     dj_vmu_stats before, after;
     dj_vmu_get_stats(dj_engine_vmu(e), &before);
@@ -207,6 +221,15 @@ static void check_small_steps(void) {
         CHECK_OK(dj_session_step(e, s, r.prompt, (uint32_t)r.n_prompt, logits));
         double err = rel_err(logits, r.last, r.vocab);
         CHECK_MSG(err <= 1e-4, "chunked (4) prefill rel err %.3g", err);
+        dj_session_free(e, s);
+        /* every position's logits, in chunks of 4: the last row is the reference */
+        float *every = malloc((size_t)r.n_prompt * r.vocab * sizeof *every);
+        s = NULL;
+        CHECK_OK(dj_session_new(e, m, 64, 0, &s));
+        CHECK_OK(dj_session_step_all(e, s, r.prompt, (uint32_t)r.n_prompt, every));
+        err = rel_err(every + (size_t)(r.n_prompt - 1) * r.vocab, r.last, r.vocab);
+        CHECK_MSG(err <= 1e-4, "chunked (4) all-positions logits rel err %.3g", err);
+        free(every);
         dj_session_free(e, s);
         dj_model_release(e, m);
         free(logits);

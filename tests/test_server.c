@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -352,6 +353,33 @@ static void test_step_fetch_share(const char *addr) {
     const size_t a = dj_test_rand() % vocab, n = 1 + dj_test_rand() % (vocab - a);
     CHECK_OK(dj_client_fetch(c, t.handle, a * 4, n * 4, part, vocab * sizeof *part, &got));
     CHECK(got == n * 4 && !memcmp(part, logits + a, n * 4));
+    /* every position's logits behind one [n, vocab] handle: its last row is
+     * the last-position logits, fetched whole and in pieces */
+    {
+        uint64_t s3 = 0;
+        CHECK_OK(dj_client_session_open(c, &o, &s3));
+        dj_remote_tensor ta;
+        CHECK_OK(dj_client_step_ex(c, s3, r->prompt, (size_t)r->n_prompt, DJ_LOGITS_ALL, &ta));
+        CHECK(ta.ndim == 2 && ta.shape[0] == (uint64_t)r->n_prompt && ta.shape[1] == vocab &&
+              ta.nbytes == (uint64_t)r->n_prompt * vocab * 4);
+        float *rows = malloc((size_t)r->n_prompt * vocab * sizeof *rows);
+        CHECK_OK(dj_client_fetch(c, ta.handle, 0, UINT64_MAX, rows, (size_t)r->n_prompt * vocab * 4, &got));
+        CHECK(got == (size_t)r->n_prompt * vocab * 4);
+        const float *last = rows + (size_t)(r->n_prompt - 1) * vocab;
+        double md = 0, mx = 0;
+        for (size_t i = 0; i < vocab; i++) {
+            double d = fabs((double)last[i] - logits[i]);
+            md = d > md || d != d ? d : md;
+            mx = fabs(logits[i]) > mx ? fabs(logits[i]) : mx;
+        }
+        CHECK_MSG(md <= 1e-5 * mx, "all-positions handle: last row differs from the last-position logits by %g", md);
+        CHECK(dj_argmax(last, (uint32_t)vocab) == r->greedy[0]);
+        CHECK_OK(dj_client_fetch(c, ta.handle, (uint64_t)(r->n_prompt - 1) * vocab * 4, vocab * 4, part,
+                                 vocab * sizeof *part, &got));
+        CHECK(got == vocab * 4 && !memcmp(part, last, vocab * 4));
+        free(rows);
+        CHECK_OK(dj_client_session_close(c, s3));
+    }
     /* decode steps through handles reproduce the greedy tokens */
     int32_t next = r->greedy[0];
     int same = 1;

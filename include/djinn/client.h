@@ -88,6 +88,12 @@ typedef struct dj_remote_tensor {
  * on the server behind t->handle when want_logits. */
 dj_status dj_client_step(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, bool want_logits,
                          dj_remote_tensor *t /* OUT */);
+/* Which logits a step leaves behind its handle: none, the last position's
+ * ([vocab] f32) or every fed position's ([n][vocab] f32 - the large handle:
+ * 2048 positions of a 128k vocabulary are 1 GiB). */
+typedef enum { DJ_LOGITS_NONE, DJ_LOGITS_LAST, DJ_LOGITS_ALL } dj_logits_mode;
+dj_status dj_client_step_ex(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, dj_logits_mode mode,
+                            dj_remote_tensor *t /* OUT */);
 /* Bytes [offset, offset + length) of a handle into dst (cap bytes); length
  * UINT64_MAX = to the end. *got = bytes written. Large ranges are fetched in
  * several requests. */

@@ -115,5 +115,16 @@ void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures /* OUT */, siz
  * bound when m is not NULL). Exposed for the planner, info and tests. */
 dj_status dj_model_build_graph(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase,
                                uint32_t bucket, dj_graph_t **out /* OUT */);
+/* The same with flags: DJ_GRAPH_ALL_LOGITS makes a prefill graph output the
+ * logits of every row ([bucket][vocab] f32) instead of the last row's. */
+#define DJ_GRAPH_ALL_LOGITS 1u
+dj_status dj_model_build_graph_opts(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase,
+                                    uint32_t bucket, unsigned flags, dj_graph_t **out /* OUT */);
+
+/* Like dj_session_step, but logits receives the logits of every one of the n
+ * positions, [n][vocab] f32 (row i = the prediction after ids[i]). The stack
+ * must hold a chunk's [max_step_tokens][vocab] logits. */
+dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                              float *logits /* OUT, [n][vocab] */);
 
 #endif

@@ -583,12 +583,20 @@ dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate
 
 dj_status dj_client_step(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, bool want_logits,
                          dj_remote_tensor *t) {
+    return dj_client_step_ex(c, session, ids, n, want_logits ? DJ_LOGITS_LAST : DJ_LOGITS_NONE, t);
+}
+
+dj_status dj_client_step_ex(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, dj_logits_mode mode,
+                            dj_remote_tensor *t) {
     memset(t, 0, sizeof *t);
+    if (mode != DJ_LOGITS_NONE && mode != DJ_LOGITS_LAST && mode != DJ_LOGITS_ALL)
+        return dj_fail(DJ_EINVAL, "step: logits mode %d is not NONE, LAST or ALL", (int)mode);
+    const bool want_logits = mode != DJ_LOGITS_NONE;
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "session", session);
     dj__mw_ids(&w, "ids", ids, n);
-    dj__mw_str(&w, "logits", want_logits ? "last" : "none");
+    dj__mw_str(&w, "logits", mode == DJ_LOGITS_ALL ? "all" : want_logits ? "last" : "none");
     dj__meta m;
     dj_status st = call(c, DJ_MSG_STEP, &w, &m, NULL);
     if (st != DJ_OK) return st;

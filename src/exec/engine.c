@@ -473,16 +473,21 @@ static dj_status sync_tables(dj_engine_t *e, dj_session_t *s) {
 /* Decode plans (one token per row, every row its own sequence, logits of
  * every row) and prefill plans share the cache: decode keys carry the top bit. */
 #define DECODE_KEY (1u << 31)
+/* Prefill plans that output every row's logits carry this bit. */
+#define ALL_LOGITS_KEY (1u << 30)
 
-static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, dj_phase phase, uint32_t n, dj_graph_t **out) {
+static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, dj_phase phase, uint32_t n, unsigned flags,
+                          dj_graph_t **out) {
     const uint32_t bucket = phase == DJ_PHASE_DECODE ? n : dj_shape_bucket(phase, n, e->max_step);
-    const uint32_t key = phase == DJ_PHASE_DECODE ? DECODE_KEY | n : bucket;
+    const uint32_t key = phase == DJ_PHASE_DECODE               ? DECODE_KEY | n
+                         : (flags & DJ_GRAPH_ALL_LOGITS) ? ALL_LOGITS_KEY | bucket
+                                                         : bucket;
     dj_graph_t *g = dj_plan_cache_get(e->plans, m->fingerprint, key);
     if (g) {
         *out = g;
         return DJ_OK;
     }
-    dj_status st = dj_model_build_graph(&m->cfg, m, phase, bucket, &g);
+    dj_status st = dj_model_build_graph_opts(&m->cfg, m, phase, bucket, flags, &g);
     if (st != DJ_OK) return st;
     size_t peak = 0;
     st = dj_graph_plan(g, &peak);
@@ -653,11 +658,12 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
 }
 
 /* One prefill chunk of n <= max_step tokens at the session's position. */
+/* all_rows: logits receives [n][vocab] (sp and next unused). */
 static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
-                           const dj_sampler_params *sp, int32_t *next) {
+                           const dj_sampler_params *sp, int32_t *next, bool all_rows) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
-    dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, &g);
+    dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, &g);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -671,9 +677,15 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
     st = run_nodes(e, m, g, &io, stack, &out_idx);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
-    if (st == DJ_OK)
+    if (st == DJ_OK && all_rows) {
+        st = e->be->vt->sync(e->be);
+        if (st == DJ_OK)
+            st = e->be->vt->download(e->be, logits, stack + dj_graph_node_c(g, out_idx)->offset,
+                                     (size_t)n * m->cfg.vocab_size * sizeof(float));
+    } else if (st == DJ_OK) {
         st = finish(e, &s, 1, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits,
                     sp, next);
+    }
     else
         (void)e->be->vt->sync(e->be); /* drain what was enqueued before the failure */
     dj_vmu_stack_reset(e->vmu, mark);
@@ -752,7 +764,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int3
     }
     if ((st = check_ids(c, ids, B)) != DJ_OK) return st;
     dj_graph_t *g = NULL;
-    if ((st = get_plan(e, m, DJ_PHASE_DECODE, B, &g)) != DJ_OK) return st;
+    if ((st = get_plan(e, m, DJ_PHASE_DECODE, B, 0, &g)) != DJ_OK) return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
         st = ensure_pages(e, ss[r], ss[r]->pos + 1);
         if (st == DJ_OK) st = sync_tables(e, ss[r]);
@@ -849,7 +861,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
     for (uint32_t off = 0; off < n;) {
         uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
         const bool last = off + chunk == n;
-        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, last ? next : NULL);
+        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, last ? next : NULL, false);
         if (st != DJ_OK) {
             s->pos = start; /* the KV rows written are simply overwritten next time */
             return st;
@@ -861,6 +873,28 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
 
 dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
     return session_step(e, s, ids, n, logits, NULL, NULL);
+}
+
+dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
+    const dj_model_config *c = &s->model->cfg;
+    if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
+    if (!logits) return dj_fail(DJ_EINVAL, "dj_session_step_all: NULL logits");
+    dj_status st = check_ids(c, ids, n);
+    if (st != DJ_OK) return st;
+    if ((uint64_t)s->pos + n > s->max_ctx)
+        return dj_fail(DJ_ERANGE, "%u more tokens would exceed the session's context of %u (%u used)", n,
+                       s->max_ctx, s->pos);
+    const uint32_t start = s->pos;
+    for (uint32_t off = 0; off < n;) {
+        const uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
+        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, true);
+        if (st != DJ_OK) {
+            s->pos = start;
+            return st;
+        }
+        off += chunk;
+    }
+    return DJ_OK;
 }
 
 dj_status dj_session_step_sample(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,

@@ -203,6 +203,11 @@ static int matmul(builder *b, int layer, int x, int wslot, int bslot, int64_t k,
 
 dj_status dj_model_build_graph(const dj_model_config *c, const dj_model_t *m, dj_phase phase, uint32_t bucket,
                                dj_graph_t **out) {
+    return dj_model_build_graph_opts(c, m, phase, bucket, 0, out);
+}
+
+dj_status dj_model_build_graph_opts(const dj_model_config *c, const dj_model_t *m, dj_phase phase, uint32_t bucket,
+                                    unsigned flags, dj_graph_t **out) {
     *out = NULL;
     if (bucket == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
     builder b = {.c = c, .m = m, .n = bucket, .phase = phase, .st = DJ_OK};
@@ -295,14 +300,16 @@ dj_status dj_model_build_graph(const dj_model_config *c, const dj_model_t *m, dj
     }
     const int head_slot = c->tie_word_embeddings ? g + DJ_W_EMBED : g + DJ_W_LM_HEAD;
     int lw = weight(&b, head_slot, -1, "lm_head");
-    /* Prefill: the logits of the last position. Decode: every row is the
-     * last token of its own sequence (a batch of sessions): logits of each. */
-    const int64_t out_rows = phase == DJ_PHASE_DECODE ? (int64_t)bucket : 1;
+    /* Prefill: the logits of the last position (of every position with
+     * DJ_GRAPH_ALL_LOGITS). Decode: every row is the last token of its own
+     * sequence (a batch of sessions): logits of each. */
+    const bool all_rows = phase == DJ_PHASE_DECODE || (flags & DJ_GRAPH_ALL_LOGITS);
+    const int64_t out_rows = all_rows ? (int64_t)bucket : 1;
     int logits = act(&b, DJ_OP_MATMUL, -1, out_rows, c->vocab_size, xf, lw, -1, "logits");
     if (logits >= 0) {
         dj_node *nd = dj_graph_node(b.g, logits);
         nd->res = DJ_RES_OUTPUT;
-        nd->flags = phase == DJ_PHASE_DECODE ? 0u : DJ_NODE_LAST_ROW;
+        nd->flags = all_rows ? 0u : DJ_NODE_LAST_ROW;
         nd->params.k = (uint32_t)d;
         nd->params.m = c->vocab_size;
         nd->flops = 2.0 * (double)out_rows * (double)d * (double)c->vocab_size;

@@ -387,13 +387,14 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     } else if ((st = dj__meta_ids(&j->meta, "ids", true, &ids, &n)) != DJ_OK) {
         return st;
     }
-    bool want_logits = true;
+    bool want_logits = true, all_rows = false;
     const char *lg = NULL;
     size_t lgn = 0;
     if ((st = dj__meta_str(&j->meta, "logits", false, &lg, &lgn)) != DJ_OK) goto done;
     if (lg && lgn == 4 && !memcmp(lg, "none", 4)) want_logits = false;
+    else if (lg && lgn == 3 && !memcmp(lg, "all", 3)) all_rows = true;
     else if (lg && !(lgn == 4 && !memcmp(lg, "last", 4))) {
-        st = dj_fail(DJ_EUNSUPPORTED, "logits '%.*s': the engine returns the last position's logits ('last') or none",
+        st = dj_fail(DJ_EUNSUPPORTED, "logits '%.*s': ask for 'last' (default), 'all' or 'none'",
                      (int)(lgn > 32 ? 32 : lgn), lg);
         goto done;
     }
@@ -411,16 +412,19 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         goto done;
     }
     const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
+    const uint64_t rows = all_rows ? n_feed : 1;
     dj__handle *h = NULL;
     if (want_logits) {
         h = calloc(1, sizeof *h);
-        if (!h || !(h->bytes = malloc((size_t)vocab * sizeof(float)))) {
+        if (!h || !(h->bytes = malloc((size_t)rows * vocab * sizeof(float)))) {
             free(h);
-            st = dj_fail(DJ_ENOMEM, "out of memory");
+            st = dj_fail(DJ_ENOMEM, "out of host memory for a %llu x %u logits handle", (unsigned long long)rows,
+                         vocab);
             goto done;
         }
     }
-    st = dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
+    st = all_rows ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed, (float *)h->bytes)
+                  : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
     if (st != DJ_OK) {
         if (h) free(h->bytes);
         free(h);
@@ -432,9 +436,10 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     if (h) {
         h->conn = j->conn;
         h->sess = ss->id;
-        h->ndim = 1;
-        h->shape[0] = vocab;
-        h->nbytes = (uint64_t)vocab * sizeof(float);
+        h->ndim = all_rows ? 2 : 1;
+        h->shape[0] = all_rows ? rows : vocab;
+        h->shape[1] = all_rows ? vocab : 0;
+        h->nbytes = rows * vocab * sizeof(float);
         h->refs = 1;
         snprintf(h->dtype, sizeof h->dtype, "f32");
         pthread_mutex_lock(&s->mu);
@@ -450,8 +455,8 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         dj__mw_u64(w, "handle", h->id);
         dj__mw_str(w, "dtype", "f32");
         dj__mw_key(w, "shape");
-        msgpack_pack_array(&w->pk, 1);
-        msgpack_pack_uint64(&w->pk, vocab);
+        msgpack_pack_array(&w->pk, h->ndim);
+        for (uint32_t d = 0; d < h->ndim; d++) msgpack_pack_uint64(&w->pk, h->shape[d]);
         dj__mw_u64(w, "nbytes", h->nbytes);
     }
 done:
