@@ -6,70 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
+#include "fixture_ref.h"
 #include "testutil.h"
-
-static const char *FIXTURES[] = {"llama2", "llama3", "tinyllama", "mistral", "qwen2"};
-
-typedef struct ref {
-    int32_t prompt[64];
-    int n_prompt;
-    int32_t greedy[64];
-    int n_greedy;
-    float *last, *final;
-    int vocab;
-    char *prompt_text; /* when the model ships a tokenizer */
-} ref;
-
-static int read_floats(const cJSON *a, float **out) {
-    int n = cJSON_GetArraySize(a);
-    *out = malloc((size_t)n * sizeof **out);
-    for (int i = 0; i < n; i++) (*out)[i] = (float)cJSON_GetArrayItem(a, i)->valuedouble;
-    return n;
-}
-
-static int read_ints(const cJSON *a, int32_t *out, int cap) {
-    int n = cJSON_GetArraySize(a);
-    if (n > cap) n = cap;
-    for (int i = 0; i < n; i++) out[i] = (int32_t)cJSON_GetArrayItem(a, i)->valueint;
-    return n;
-}
-
-static int load_ref_file(const char *path, ref *r) {
-    char *txt = dj_test_read_file(path, NULL);
-    if (!txt) return -1;
-    cJSON *j = cJSON_Parse(txt);
-    free(txt);
-    if (!j) return -1;
-    r->n_prompt = read_ints(cJSON_GetObjectItem(j, "prompt_ids"), r->prompt, 64);
-    r->n_greedy = read_ints(cJSON_GetObjectItem(j, "greedy"), r->greedy, 64);
-    r->vocab = read_floats(cJSON_GetObjectItem(j, "last_logits"), &r->last);
-    read_floats(cJSON_GetObjectItem(j, "final_logits"), &r->final);
-    const cJSON *pt = cJSON_GetObjectItem(j, "prompt_text");
-    if (cJSON_IsString(pt)) r->prompt_text = strdup(pt->valuestring);
-    cJSON_Delete(j);
-    return 0;
-}
-
-static int load_ref(const char *dir, ref *r) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/reference.json", dir);
-    return load_ref_file(path, r);
-}
-
-static double rel_err(const float *a, const float *b, int n) {
-    double md = 0, mr = 0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= md)) md = d; /* NaN propagates as failure */
-        if (fabs((double)b[i]) > mr) mr = fabs((double)b[i]);
-    }
-    return md / (mr > 0 ? mr : 1);
-}
 
 static dj_engine_t *new_engine(size_t kib, uint32_t max_step) {
     dj_engine_config ec;
@@ -100,7 +41,6 @@ static void check_model(const char *name, const char *dir, const char *ref_path)
                   "%s: prompt text encodes to other ids than transformers used", name);
         free(ids);
         dj_tokenizer_free(tok);
-        free(r.prompt_text);
     }
 
     dj_engine_t *e = new_engine(64 << 10, 512);
@@ -193,8 +133,7 @@ static void check_model(const char *name, const char *dir, const char *ref_path)
     dj_model_release(e, m);
     dj_engine_free(e);
     free(logits);
-    free(r.last);
-    free(r.final);
+    ref_free(&r);
 }
 
 static void check_fixture(const char *name) {
@@ -235,8 +174,7 @@ static void check_small_steps(void) {
         free(logits);
     }
     dj_engine_free(e);
-    free(r.last);
-    free(r.final);
+    ref_free(&r);
 }
 
 /* A VMU too small for the weights fails at load with a message, no crash. */
@@ -252,7 +190,7 @@ static void check_too_small(void) {
 
 int main(void) {
     dj_test_seed();
-    for (size_t i = 0; i < sizeof FIXTURES / sizeof *FIXTURES; i++) check_fixture(FIXTURES[i]);
+    for (size_t i = 0; i < DJ_N_FIXTURES; i++) check_fixture(DJ_FIXTURE_NAMES[i]);
     /* the trained demo model that ships in models/demo (bf16 weights) */
     check_model("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");
     check_small_steps();

@@ -1,0 +1,30 @@
+/* fixture_ref.h: the reference outputs tools/make_fixtures.py stored beside
+ * each fixture checkpoint (reference.json), read for the CPU and GPU tests. */
+#ifndef DJ_FIXTURE_REF_H
+#define DJ_FIXTURE_REF_H
+
+#include <stdint.h>
+
+#define DJ_N_FIXTURES 5
+extern const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES]; /* tests/fixtures/models/<name> */
+
+typedef struct ref {
+    int32_t prompt[64];
+    int n_prompt;
+    int32_t greedy[64];
+    int n_greedy;
+    float *last, *final; /* [vocab] each, malloc'd: free with ref_free */
+    int vocab;
+    double min_margin;   /* smallest top-1/top-2 gap while generating */
+    char *prompt_text;   /* when the model ships a tokenizer, else NULL */
+} ref;
+
+/* 0 on success; -1 if the file cannot be read or parsed. */
+int load_ref_file(const char *path, ref *r /* OUT */);
+int load_ref(const char *dir, ref *r /* OUT */); /* dir/reference.json */
+void ref_free(ref *r);
+
+/* max|a-b| / max|b|; NaN in a gives NaN (never passes a <= check). */
+double rel_err(const float *a, const float *b, int n);
+
+#endif

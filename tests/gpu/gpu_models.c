@@ -1,0 +1,95 @@
+/* gpu_models.c: every fixture model and the demo model end to end on the
+ * GPU in bf16 against transformers' fp32 references: prompt logits and
+ * teacher-forced final logits within 1e-2 relative error; greedy tokens
+ * identical where the reference's top-1/top-2 margins allow (and reported
+ * everywhere). Needs a GPU; run by scripts/gpu_check.sh.
+ * usage: gpu_models [REPO_ROOT (default .)] */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "djinn/dj_cuda.h"
+#include "djinn/engine.h"
+#include "djinn/sampler.h"
+#include "fixture_ref.h"
+#include "testutil.h"
+
+/* Below this reference margin, bf16 rounding may legitimately flip a greedy
+ * choice; tokens are then reported, not required. */
+#define MARGIN_REQUIRED 0.05
+
+static void check(dj_engine_t *e, const char *name, const char *dir, const char *ref_path) {
+    ref r;
+    if (load_ref_file(ref_path, &r) != 0) {
+        CHECK_MSG(0, "%s: cannot read %s", name, ref_path);
+        return;
+    }
+    dj_model_t *m = NULL;
+    CHECK_OK(dj_model_load(e, dir, &m));
+    if (!m) {
+        ref_free(&r);
+        return;
+    }
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    float *logits = malloc(V * sizeof *logits);
+    for (uint32_t i = 0; i < V; i++) logits[i] = NAN;
+    dj_session_t *s = NULL, *tf = NULL;
+    CHECK_OK(dj_session_new(e, m, 128, 0, &s));
+    CHECK_OK(dj_session_step(e, s, r.prompt, (uint32_t)r.n_prompt, logits));
+    const double e_last = rel_err(logits, r.last, r.vocab);
+    CHECK_MSG(e_last <= 1e-2, "%s: prompt logits rel err %.3g > 1e-2", name, e_last);
+    int first_diff = -1;
+    for (int i = 0; i < r.n_greedy; i++) {
+        int32_t t = dj_argmax(logits, V);
+        if (t != r.greedy[i] && first_diff < 0) first_diff = i;
+        if (i + 1 < r.n_greedy) CHECK_OK(dj_session_step(e, s, &t, 1, logits));
+    }
+    if (r.min_margin >= MARGIN_REQUIRED)
+        CHECK_MSG(first_diff < 0, "%s: greedy differs at token %d (margin %.4f)", name, first_diff, r.min_margin);
+    /* teacher forcing: the reference sequence, its last logits */
+    int32_t seq[128];
+    memcpy(seq, r.prompt, (size_t)r.n_prompt * sizeof *seq);
+    memcpy(seq + r.n_prompt, r.greedy, (size_t)r.n_greedy * sizeof *seq);
+    CHECK_OK(dj_session_new(e, m, 128, 0, &tf));
+    CHECK_OK(dj_session_step(e, tf, seq, (uint32_t)(r.n_prompt + r.n_greedy), logits));
+    const double e_final = rel_err(logits, r.final, r.vocab);
+    CHECK_MSG(e_final <= 1e-2, "%s: final logits rel err %.3g > 1e-2", name, e_final);
+    printf("%-10s prompt logits %.2e  final logits %.2e  greedy %s (min margin %.4f%s)\n", name, e_last, e_final,
+           first_diff < 0 ? "identical" : "differs", r.min_margin,
+           r.min_margin >= MARGIN_REQUIRED ? ", required" : ", below 0.05: reported only");
+    if (first_diff >= 0) printf("%-10s first differing greedy token: %d of %d\n", name, first_diff, r.n_greedy);
+    dj_session_free(e, s);
+    dj_session_free(e, tf);
+    dj_model_release(e, m);
+    free(logits);
+    ref_free(&r);
+}
+
+int main(int argc, char **argv) {
+    const char *root = argc > 1 ? argv[1] : ".";
+    dj_test_seed();
+    if (dj_cuda_device_count() < 1) {
+        fprintf(stderr, "gpu_models: no GPU\n");
+        return 2;
+    }
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    ec.device = "cuda:0";
+    dj_vmu_config_default(&ec.vmu, (size_t)1 << 30);
+    ec.vmu.page_bytes = 4096; /* contexts span many pages */
+    dj_engine_t *e = NULL;
+    CHECK_OK(dj_engine_new(&ec, &e));
+    if (!e) return dj_test_finish("gpu_models");
+    for (int i = 0; i < DJ_N_FIXTURES; i++) {
+        char dir[512], refp[600];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", root, DJ_FIXTURE_NAMES[i]);
+        snprintf(refp, sizeof refp, "%s/reference.json", dir);
+        check(e, DJ_FIXTURE_NAMES[i], dir, refp);
+    }
+    char dir[512], refp[600];
+    snprintf(dir, sizeof dir, "%s/models/demo", root);
+    snprintf(refp, sizeof refp, "%s/tests/fixtures/demo/reference.json", root);
+    check(e, "demo", dir, refp);
+    dj_engine_free(e);
+    return dj_test_finish("gpu_models");
+}
