@@ -67,3 +67,13 @@ double rel_err(const float *a, const float *b, int n) {
     }
     return md / (mr > 0 ? mr : 1);
 }
+
+double rel_l2(const float *a, const float *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        const double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1);
+}

@@ -26,5 +26,7 @@ void ref_free(ref *r);
 
 /* max|a-b| / max|b|; NaN in a gives NaN (never passes a <= check). */
 double rel_err(const float *a, const float *b, int n);
+/* ||a-b||_2 / ||b||_2, the relative error of the whole vector; NaN likewise. */
+double rel_l2(const float *a, const float *b, int n);
 
 #endif
