@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include "djinn/client.h"
 #include "djinn/engine.h"
@@ -107,31 +108,53 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/%s", store, name);
     const int32_t prompt[4] = {1, 2, 3, 4};
 
-    /* ---- embedded ---- */
-    dj_engine_config ec;
-    memset(&ec, 0, sizeof ec);
-    dj_vmu_config_default(&ec.vmu, vmu_bytes);
-    ec.device = device;
-    dj_engine_t *e = NULL;
-    dj_model_t *m = NULL;
-    dj_session_t *s = NULL;
-    if (dj_engine_new(&ec, &e) || dj_model_load(e, dir, &m) || dj_session_new(e, m, (uint32_t)n_tok + 8, 0, &s)) {
-        fprintf(stderr, "bench_remote: embedded: %s\n", dj_last_error());
-        return 1;
+    /* ---- embedded, in a child process: its OpenMP thread pool must not
+     * outlive it into the daemon's measurement (libgomp throttles spinning
+     * once a process holds more threads than cores) ---- */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = cores > 1 ? (int)cores - 1 : 1; /* what djinnd's CPU engine uses */
+    int pp[2];
+    if (pipe(pp) != 0) return 1;
+    pid_t child = fork();
+    if (child == 0) {
+        close(pp[0]);
+        dj_engine_config ec;
+        memset(&ec, 0, sizeof ec);
+        dj_vmu_config_default(&ec.vmu, vmu_bytes);
+        ec.device = device;
+        ec.n_threads = threads;
+        dj_engine_t *e = NULL;
+        dj_model_t *m = NULL;
+        dj_session_t *s = NULL;
+        if (dj_engine_new(&ec, &e) || dj_model_load(e, dir, &m) ||
+            dj_session_new(e, m, (uint32_t)n_tok + 8, 0, &s)) {
+            fprintf(stderr, "bench_remote: embedded: %s\n", dj_last_error());
+            _exit(1);
+        }
+        const uint32_t V = dj_model_get_config(m)->vocab_size;
+        float *lg = malloc((size_t)V * sizeof *lg);
+        dj_session_step(e, s, prompt, 4, lg);
+        int32_t next = dj_argmax(lg, V);
+        double t0 = now_s();
+        for (int i = 1; i < n_tok; i++) {
+            dj_session_step(e, s, &next, 1, lg);
+            next = dj_argmax(lg, V);
+        }
+        double res[2] = {(now_s() - t0) / (n_tok - 1), (double)V};
+        if (write(pp[1], res, sizeof res) != (ssize_t)sizeof res) _exit(1);
+        _exit(0);
     }
-    const uint32_t vocab = dj_model_get_config(m)->vocab_size;
+    close(pp[1]);
+    double emb[2] = {0, 0}; /* seconds per token, vocabulary */
+    const bool have = read(pp[0], emb, sizeof emb) == (ssize_t)sizeof emb;
+    close(pp[0]);
+    int wst = 0;
+    waitpid(child, &wst, 0);
+    if (!have) return 1;
+    const double emb_tok = emb[0];
+    const uint32_t vocab = (uint32_t)emb[1];
     float *logits = malloc((size_t)vocab * sizeof *logits);
-    dj_session_step(e, s, prompt, 4, logits);
-    int32_t next = dj_argmax(logits, vocab);
-    double t0 = now_s();
-    for (int i = 1; i < n_tok; i++) {
-        dj_session_step(e, s, &next, 1, logits);
-        next = dj_argmax(logits, vocab);
-    }
-    const double emb_tok = (now_s() - t0) / (n_tok - 1);
-    dj_session_free(e, s);
-    dj_model_release(e, m);
-    dj_engine_free(e);
+    double t0;
 
     /* ---- daemon in this process ---- */
     char port_file[] = "/tmp/bench_remote_port_XXXXXX";
@@ -139,9 +162,11 @@ int main(int argc, char **argv) {
     if (pfd < 0) return 1;
     close(pfd);
     unlink(port_file);
+    char threads_s[16];
+    snprintf(threads_s, sizeof threads_s, "%d", threads);
     serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
-                      "--vmu-gb", vmu_gb, "--device", device},
-                     11};
+                      "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s},
+                     13};
     pthread_t th;
     pthread_create(&th, NULL, serve_thread, &sa);
     unsigned port = 0;
