@@ -5,7 +5,11 @@ for Djinn's bf16 CUDA path (tests/gpu/gpu_models.c prints the same two
 metrics). For each fixture: the prompt's last logits and the teacher-forced
 final logits, as ||a-b||/||b|| and max|a-b|/max|b|.
 
-    python3 tools/bf16_yardstick.py [--root .]
+    python3 tools/bf16_yardstick.py [--root .] [--json tests/fixtures/bf16_yardstick.json]
+
+The JSON ({name: {"last_l2", "last_maxabs", "final_l2", "final_maxabs"}}) is
+what tests/gpu/gpu_models.c holds Djinn's bf16 path to: no worse than 1.25x
+transformers' own bf16 error, or 1e-2, whichever is larger.
 """
 import argparse
 import json
@@ -23,7 +27,10 @@ def errs(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", default=".")
+    ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    out = {"transformers": __import__("transformers").__version__, "torch": torch.__version__,
+           "device": torch.cuda.get_device_name(0), "cases": {}}
     cases = [(n, f"tests/fixtures/models/{n}", f"tests/fixtures/models/{n}/reference.json")
              for n in ("llama2", "llama3", "tinyllama", "mistral", "qwen2")]
     cases.append(("demo", "models/demo", "tests/fixtures/demo/reference.json"))
@@ -40,6 +47,10 @@ def main():
         l2b, mxb = errs(final, torch.tensor(ref["final_logits"]))
         print(f"{name:10s} transformers bf16: prompt logits {l2a:.2e} (max-abs {mxa:.2e})  "
               f"final logits {l2b:.2e} (max-abs {mxb:.2e})")
+        out["cases"][name] = {"last_l2": l2a, "last_maxabs": mxa, "final_l2": l2b, "final_maxabs": mxb}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
 /* gpu_models.c: every fixture model and the demo model end to end on the
  * GPU in bf16 against transformers' fp32 references: prompt logits and
  * teacher-forced final logits within 1e-2 relative error (||a-b|| / ||b||;
- * the stricter max|a-b| / max|b| is printed beside it); greedy tokens
+ * the stricter max|a-b| / max|b| is printed beside it) - or, where bf16
+ * itself cannot reach 1e-2, within 1.25x of the error transformers makes in
+ * bf16 on the same case (tests/fixtures/bf16_yardstick.json, written by
+ * tools/bf16_yardstick.py on the GPU machine); greedy tokens
  * identical where the reference's top-1/top-2 margins allow (and reported
  * everywhere). Needs a GPU; run by scripts/gpu_check.sh.
  * usage: gpu_models [REPO_ROOT (default .)] */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "djinn/dj_cuda.h"
 #include "djinn/engine.h"
@@ -19,7 +24,32 @@
  * choice; tokens are then reported, not required. */
 #define MARGIN_REQUIRED 0.05
 
-static void check(dj_engine_t *e, const char *name, const char *dir, const char *ref_path) {
+/* transformers' own bf16 errors per case (0 when the yardstick is absent). */
+typedef struct yard {
+    double last, final;
+} yard;
+
+static yard yardstick(const char *root, const char *name) {
+    yard y = {0, 0};
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/fixtures/bf16_yardstick.json", root);
+    char *txt = dj_test_read_file(path, NULL);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    const cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "cases"), name);
+    const cJSON *a = cJSON_GetObjectItem(c, "last_l2"), *b = cJSON_GetObjectItem(c, "final_l2");
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
+        y.last = a->valuedouble;
+        y.final = b->valuedouble;
+    }
+    cJSON_Delete(j);
+    return y;
+}
+
+static double bound(double hf) { return hf * 1.25 > 1e-2 ? hf * 1.25 : 1e-2; }
+
+static void check(dj_engine_t *e, const char *root, const char *name, const char *dir, const char *ref_path) {
+    const yard y = yardstick(root, name);
     ref r;
     if (load_ref_file(ref_path, &r) != 0) {
         CHECK_MSG(0, "%s: cannot read %s", name, ref_path);
@@ -38,7 +68,8 @@ static void check(dj_engine_t *e, const char *name, const char *dir, const char 
     CHECK_OK(dj_session_new(e, m, 128, 0, &s));
     CHECK_OK(dj_session_step(e, s, r.prompt, (uint32_t)r.n_prompt, logits));
     const double e_last = rel_l2(logits, r.last, r.vocab), m_last = rel_err(logits, r.last, r.vocab);
-    CHECK_MSG(e_last <= 1e-2, "%s: prompt logits relative error %.3g > 1e-2", name, e_last);
+    CHECK_MSG(e_last <= bound(y.last), "%s: prompt logits relative error %.3g > %.3g (transformers bf16: %.3g)", name,
+              e_last, bound(y.last), y.last);
     int first_diff = -1;
     for (int i = 0; i < r.n_greedy; i++) {
         int32_t t = dj_argmax(logits, V);
@@ -54,9 +85,11 @@ static void check(dj_engine_t *e, const char *name, const char *dir, const char 
     CHECK_OK(dj_session_new(e, m, 128, 0, &tf));
     CHECK_OK(dj_session_step(e, tf, seq, (uint32_t)(r.n_prompt + r.n_greedy), logits));
     const double e_final = rel_l2(logits, r.final, r.vocab), m_final = rel_err(logits, r.final, r.vocab);
-    CHECK_MSG(e_final <= 1e-2, "%s: final logits relative error %.3g > 1e-2", name, e_final);
-    printf("%-10s prompt logits %.2e (max-abs %.2e)  final logits %.2e (max-abs %.2e)  greedy %s (min margin %.4f%s)\n",
-           name, e_last, m_last, e_final, m_final,
+    CHECK_MSG(e_final <= bound(y.final), "%s: final logits relative error %.3g > %.3g (transformers bf16: %.3g)",
+              name, e_final, bound(y.final), y.final);
+    printf("%-10s prompt logits %.2e (max-abs %.2e; transformers bf16 %.2e)  final logits %.2e (max-abs %.2e; "
+           "transformers bf16 %.2e)  greedy %s (min margin %.4f%s)\n",
+           name, e_last, m_last, y.last, e_final, m_final, y.final,
            first_diff < 0 ? "identical" : "differs", r.min_margin,
            r.min_margin >= MARGIN_REQUIRED ? ", required" : ", below 0.05: reported only");
     if (first_diff >= 0) printf("%-10s first differing greedy token: %d of %d\n", name, first_diff, r.n_greedy);
@@ -86,12 +119,12 @@ int main(int argc, char **argv) {
         char dir[512], refp[600];
         snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", root, DJ_FIXTURE_NAMES[i]);
         snprintf(refp, sizeof refp, "%s/reference.json", dir);
-        check(e, DJ_FIXTURE_NAMES[i], dir, refp);
+        check(e, root, DJ_FIXTURE_NAMES[i], dir, refp);
     }
     char dir[512], refp[600];
     snprintf(dir, sizeof dir, "%s/models/demo", root);
     snprintf(refp, sizeof refp, "%s/tests/fixtures/demo/reference.json", root);
-    check(e, "demo", dir, refp);
+    check(e, root, "demo", dir, refp);
     dj_engine_free(e);
     return dj_test_finish("gpu_models");
 }
