@@ -406,14 +406,27 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
     gc.x = dq;
     gc.kv = &p.gv;
     gc.out_dtype = DJ_DTYPE_BF16;
-    static const char *paths[] = {"auto", "decode", "prefill"};
-    for (int path = 0; path < 3; path++) {
+    /* The kernel each path must have run: auto takes tensor cores for
+     * head_dim 64/128 from 8 rows on (every call here is aligned), "tc"
+     * falls back to the f32 prefill elsewhere. */
+    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
+    static const char *kernels[] = {"none", "decode", "prefill", "tc"};
+    const int tc_covers = hd == 64 || hd == 128;
+    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
+    for (int path = 0; path < 4; path++) {
         poison(dout, count * 2);
         dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
-        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s]", n, pos0, nh, nkv, hd, tpp,
-                 window, paths[path]);
+        const int ran = dj__cuda_last_attention(gpu);
+        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]", n, pos0, nh, nkv, hd,
+                 tpp, window, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
         compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
+        if (ran != expect_kernel[path]) {
+            n_rows++;
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (ran %s, expected %s)\n", "ATTENTION", shape, "-",
+                   kernels[ran >= 0 && ran <= 3 ? ran : 0], kernels[expect_kernel[path]]);
+        }
     }
     dj__cuda_set_paths(gpu, 0, 0);
     dfree(dq);
@@ -800,8 +813,10 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
     dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
     const double s = time_call(&c, iters);
-    printf("bench attention n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V\n", n, ctx, nh, nkv, hd, s * 1e6,
-           2.0 * ctx * kvd * 2 / s / 1e9);
+    static const char *kernels[] = {"-", "decode", "f32 prefill", "tensor cores"};
+    const int ran = dj__cuda_last_attention(gpu);
+    printf("bench attention n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V  (%s)\n", n, ctx, nh, nkv, hd,
+           s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9, kernels[ran >= 0 && ran <= 3 ? ran : 0]);
     dfree(seg);
     dfree(q);
     dfree(out);
@@ -814,6 +829,11 @@ static void bench(void) {
     bench_attention(1, 512, 32, 8, 128, 200);
     bench_attention(1, 4096, 32, 8, 128, 200);
     bench_attention(512, 512, 32, 8, 128, 10);
+    bench_attention(2048, 2048, 32, 8, 128, 10);
+    dj__cuda_set_paths(gpu, 2, 0); /* the f32 prefill kernel, for comparison */
+    bench_attention(512, 512, 32, 8, 128, 10);
+    bench_attention(2048, 2048, 32, 8, 128, 3);
+    dj__cuda_set_paths(gpu, 0, 0);
 }
 
 /* ---- main ---- */
@@ -889,6 +909,16 @@ int main(int argc, char **argv) {
     check_attention(1, 300, 4, 2, 256, 8, 0);
     check_attention(5, 40, 4, 4, 80, 16, 0);       /* head_dim 80: partial lanes */
     check_attention(200, 300, 8, 2, 128, 16, 0);   /* longer prefill chunk */
+    /* tensor-core prefill: tiles of 64 rows and 64 positions against odd
+     * lengths, pages of any size in shuffled order, windows inside a tile */
+    check_attention(512, 0, 32, 8, 128, 16, 0);    /* Llama-3 shape, whole tiles */
+    check_attention(333, 0, 32, 8, 128, 16, 0);    /* GQA 32:8, odd length */
+    check_attention(129, 71, 8, 2, 64, 7, 0);      /* GQA 8:2, odd pages, after context */
+    check_attention(8, 1000, 8, 2, 128, 16, 0);    /* fewest rows on the prefill side, long context */
+    check_attention(65, 3, 4, 1, 64, 32, 0);       /* MQA */
+    check_attention(300, 200, 8, 2, 128, 16, 37);  /* sliding window shorter than a tile */
+    check_attention(257, 0, 8, 2, 64, 5, 100);     /* window from empty */
+    check_attention(100, 60, 4, 4, 128, 64, 1);    /* window 1: each row sees itself */
     check_errors();
 
     /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */

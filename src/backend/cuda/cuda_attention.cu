@@ -5,7 +5,8 @@
  *    chunks, so one session's single token still fills the GPU;
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
- * Both take even head_dim <= 256. (Tensor-core mma for prefill: not yet.) */
+ * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
+ * tensor cores instead (cuda_attention_tc.cu); this kernel is its fallback. */
 #include <math.h>
 
 #include "backend/cuda/cuda_impl.h"
@@ -333,9 +334,21 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.pos0 = c->pos0;
     a.window = c->window;
     a.scale = c->scale;
-    /* The prefill kernel tiles consecutive positions of one sequence: rows
-     * with their own positions always take the decode kernel. */
+    /* The prefill kernels tile consecutive positions of one sequence: rows
+     * with their own positions always take the decode kernel. The tensor-core
+     * kernel covers head_dim 64/128 (dj__cuda_attention_tc_covers); any other
+     * shape, or DJINN_ATTN=simple, takes the f32 tiled kernel. */
     const bool use_decode = c->row_pos || cb->attention_path == 1 ||
-                            (cb->attention_path != 2 && c->n < DEC_PREFILL_ROWS);
-    return use_decode ? decode(cb, c, a) : prefill(cb, c, a);
+                            (cb->attention_path == 0 && c->n < DEC_PREFILL_ROWS);
+    if (use_decode) {
+        cb->last_attention = 1;
+        return decode(cb, c, a);
+    }
+    const bool want_tc = cb->attention_path == 3 || (cb->attention_path == 0 && cb->attn_tc);
+    if (want_tc && dj__cuda_attention_tc_covers(c)) {
+        cb->last_attention = 3;
+        return dj__cuda_attention_tc(cb, c, table_dev);
+    }
+    cb->last_attention = 2;
+    return prefill(cb, c, a);
 }

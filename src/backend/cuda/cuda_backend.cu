@@ -524,6 +524,10 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->base.kv_dtype = DJ_DTYPE_BF16;
     cb->base.act_dtype = DJ_DTYPE_BF16;
     cb->device = device;
+    {
+        const char *attn = getenv("DJINN_ATTN"); /* tc (default) | simple */
+        cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
+    }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;
     *out = &cb->base;
@@ -538,3 +542,5 @@ extern "C" void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul) 
     cb->attention_path = attention;
     cb->matmul_path = matmul;
 }
+
+extern "C" int dj__cuda_last_attention(dj_backend_t *be) { return ((dj_cuda_backend *)be)->last_attention; }

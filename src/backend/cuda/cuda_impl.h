@@ -41,6 +41,8 @@ typedef struct dj_cuda_backend {
     int gemv_count;
     dj_status capture_st;     /* first failure of a call recorded in this capture */
     int attention_path;       /* dj__cuda_set_paths */
+    bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
+    int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
 } dj_cuda_backend;
 
@@ -89,6 +91,9 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+/* Whether the tensor-core prefill kernel takes this call, and its launcher. */
+bool dj__cuda_attention_tc_covers(const dj_op_call *c);
+dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
 /* Launch the held-back GEMV group, if any. */
 dj_status dj__cuda_flush(dj_cuda_backend *cb);
