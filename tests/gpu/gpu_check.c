@@ -186,6 +186,95 @@ static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t) {
     free(w);
 }
 
+/* ADD then the RMSNORM of its sum, as the decoder issues them: the CUDA
+ * backend runs the pair as one kernel. mode 0: norm output apart; 1: the
+ * norm writes over the add's first input; 2: the norm reads another buffer
+ * (no fusion; the held ADD must still land); 3: fusion switched off. Both
+ * outputs against the CPU, the fused ones bit-equal to the GPU's unfused
+ * launches, and the fusion counter must move exactly when it should. */
+static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode) {
+    const size_t count = (size_t)n * d;
+    uint16_t *ab = halloc(count), *bb = halloc(count);
+    float *af = falloc(count), *bf = falloc(count), *href = falloc(count), *nref = falloc(count);
+    rand_bf16(ab, af, count, -2.0f, 2.0f);
+    rand_bf16(bb, bf, count, -2.0f, 2.0f);
+    void *w = rand_weight(wt, d, 0.5f, 1.5f);
+    dj_op_call cadd = {.op = DJ_OP_ADD, .n = n, .out = href, .x = af, .x2 = bf, .d = d};
+    dj_op_call cnorm = {.op = DJ_OP_RMSNORM, .n = n, .out = nref, .x = mode == 2 ? af : href, .w = w, .w_dtype = wt,
+                        .d = d, .eps = 1e-5f};
+    if (dj_backend_compute(cpu, &cadd) != DJ_OK || dj_backend_compute(cpu, &cnorm) != DJ_OK) die("add+rmsnorm (cpu)");
+    void *dw = dcopy(w, d * dj_dtype_size(wt));
+    void *outs[2][2]; /* [fused, unfused][h, norm] */
+    for (int pass = 0; pass < 2; pass++) {
+        void *da = dcopy(ab, count * 2), *db = dcopy(bb, count * 2), *dh = dalloc(count * 2);
+        void *dn = mode == 1 ? da : dalloc(count * 2);
+        poison(dh, count * 2);
+        if (mode != 1) poison(dn, count * 2);
+        dj_op_call gadd = cadd, gnorm = cnorm;
+        gadd.out = dh;
+        gadd.x = da;
+        gadd.x2 = db;
+        gadd.out_dtype = DJ_DTYPE_BF16;
+        gnorm.out = dn;
+        gnorm.x = mode == 2 ? da : dh;
+        gnorm.w = dw;
+        gnorm.out_dtype = DJ_DTYPE_BF16;
+        dj__cuda_set_fuse(gpu, pass == 0 && mode != 3);
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if (dj_backend_compute(gpu, &gadd) != DJ_OK || dj_backend_compute(gpu, &gnorm) != DJ_OK ||
+            gpu->vt->sync(gpu) != DJ_OK)
+            die("add+rmsnorm (gpu)");
+        const uint64_t fused = dj__cuda_fusions(gpu) - before, want = pass == 0 && mode < 2;
+        if (fused != want) {
+            n_rows++;
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "ADD+NORM", "fusion count", "-",
+                   (unsigned long long)fused, (unsigned long long)want);
+        }
+        outs[pass][0] = dh;
+        outs[pass][1] = dn;
+        if (mode == 1) {
+            dfree(db);
+        } else {
+            dfree(da);
+            dfree(db);
+        }
+    }
+    dj__cuda_set_fuse(gpu, 1);
+    static const char *modes[] = {"apart", "over input", "unrelated norm", "fusion off"};
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s %s: sum", n, d, dj_dtype_name(wt), modes[mode]);
+    compare("ADD+NORM", shape, outs[0][0], DJ_DTYPE_BF16, href, count);
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s %s: norm", n, d, dj_dtype_name(wt), modes[mode]);
+    compare("ADD+NORM", shape, outs[0][1], DJ_DTYPE_BF16, nref, count);
+    /* fused against unfused launches: the same bits */
+    uint16_t *x0 = halloc(count), *x1 = halloc(count);
+    size_t differ = 0;
+    for (int k = 0; k < 2; k++) {
+        down(x0, outs[0][k], count * 2);
+        down(x1, outs[1][k], count * 2);
+        for (size_t i = 0; i < count; i++) differ += x0[i] != x1[i];
+    }
+    n_rows++;
+    n_fail += differ != 0;
+    snprintf(shape, sizeof shape, "n=%u d=%u %s: fused = unfused bits", n, d, modes[mode]);
+    printf("%-10s %-52s %10zu  %s\n", "ADD+NORM", shape, differ, differ ? "FAIL" : "pass");
+    for (int pass = 0; pass < 2; pass++) {
+        dfree(outs[pass][0]);
+        dfree(outs[pass][1]);
+    }
+    dfree(dw);
+    free(x0);
+    free(x1);
+    free(ab);
+    free(bb);
+    free(af);
+    free(bf);
+    free(href);
+    free(nref);
+    free(w);
+}
+
 /* path: 0 automatic, 1 GEMV, 2 GEMM (cuBLAS or tiled). */
 static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bias, dj_dtype out_t, int path) {
     uint16_t *xb = halloc((size_t)n * k);
@@ -896,6 +985,12 @@ int main(int argc, char **argv) {
     check_elementwise(DJ_OP_SILU_MUL, 37, 333);
     check_elementwise(DJ_OP_ADD, 1, 4096);
     check_elementwise(DJ_OP_ADD, 37, 1001);
+    /* rows, width, norm weight dtype, mode (see check_add_rmsnorm) */
+    check_add_rmsnorm(1, 4096, DJ_DTYPE_BF16, 0);
+    check_add_rmsnorm(37, 1001, DJ_DTYPE_F32, 0);
+    check_add_rmsnorm(5, 4096, DJ_DTYPE_F16, 1);
+    check_add_rmsnorm(3, 333, DJ_DTYPE_BF16, 2);
+    check_add_rmsnorm(2048, 4096, DJ_DTYPE_BF16, 3);
 
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
     check_attention(1, 4095, 32, 8, 128, 16, 0);   /* decode, long context, GQA 4:1 */
