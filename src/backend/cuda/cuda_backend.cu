@@ -337,7 +337,8 @@ static bool bytes_overlap(const void *a, const void *b, size_t n) {
 /* The held ADD and this RMSNORM of its sum may run as one kernel: norm.out
  * is one of add's buffers or clear of all of them (rows of equal size). */
 static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
-    if (c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d) return false;
+    if (c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d || c->d > DJ_FUSE_MAX_D)
+        return false;
     const size_t bytes = (size_t)c->n * c->d * sizeof(__nv_bfloat16);
     const void *bufs[3] = {add->x, add->x2, add->out};
     for (int i = 0; i < 3; i++)

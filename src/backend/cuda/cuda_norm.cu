@@ -51,18 +51,23 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
 
 /* As rmsnorm_kernel on h = bf16(a + b), which is also stored to hout; the
  * same threads, order of summation and roundings, so the results equal the
- * ADD and RMSNORM launched apart. The first pass only loads (so the loads
- * pipeline); the second recomputes h and stores. Each element is read and
- * written by one thread only, reads first, so out and hout may be a or b. */
+ * ADD and RMSNORM launched apart. h waits in shared memory ([d] bf16), so
+ * the first pass only loads global memory and the second only stores (w
+ * aside, which nothing writes): neither chain of loads waits on a store.
+ * Each element is read and written by one thread only, reads first, so out
+ * and hout may be a or b. */
 template <typename TW>
 static __global__ void add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *hout,
-                                          const TW *w, __nv_bfloat16 *out, uint32_t d, float eps) {
+                                          const TW *__restrict__ w, __nv_bfloat16 *out, uint32_t d, float eps) {
+    extern __shared__ __nv_bfloat16 hs[]; /* [d] */
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const size_t row = (size_t)blockIdx.x * d;
     float s = 0.0f;
     for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = __bfloat162float(__float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j])));
+        const __nv_bfloat16 h = __float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j]));
+        hs[j] = h;
+        const float v = __bfloat162float(h);
         s += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -76,28 +81,28 @@ static __global__ void add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfl
     __syncthreads();
     const float r = inv_rms;
     for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const __nv_bfloat16 h = __float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j]));
-        const float wj = dj_ld(w, j);
+        const __nv_bfloat16 h = hs[j];
         hout[row + j] = h;
-        out[row + j] = __float2bfloat16(wj * (__bfloat162float(h) * r));
+        out[row + j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(h) * r));
     }
 }
 
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
     const __nv_bfloat16 *a = (const __nv_bfloat16 *)add->x, *b = (const __nv_bfloat16 *)add->x2;
     __nv_bfloat16 *h = (__nv_bfloat16 *)add->out, *out = (__nv_bfloat16 *)norm->out;
+    const size_t smem = (size_t)norm->d * sizeof(__nv_bfloat16);
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
-        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const __nv_bfloat16 *)norm->w, out,
-                                                                      norm->d, norm->eps);
+        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, smem, cb->stream>>>(a, b, h, (const __nv_bfloat16 *)norm->w, out,
+                                                                         norm->d, norm->eps);
         break;
     case DJ_DTYPE_F16:
-        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const __half *)norm->w, out, norm->d,
-                                                                      norm->eps);
+        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, smem, cb->stream>>>(a, b, h, (const __half *)norm->w, out,
+                                                                         norm->d, norm->eps);
         break;
     default:
-        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const float *)norm->w, out, norm->d,
-                                                                      norm->eps);
+        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, smem, cb->stream>>>(a, b, h, (const float *)norm->w, out,
+                                                                         norm->d, norm->eps);
         break;
     }
     DJ_CU_LAUNCHED(cb);
