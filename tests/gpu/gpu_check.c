@@ -992,6 +992,8 @@ int main(int argc, char **argv) {
     check_add_rmsnorm(5, 4096, DJ_DTYPE_F16, 1);
     check_add_rmsnorm(3, 333, DJ_DTYPE_BF16, 2);
     check_add_rmsnorm(2048, 4096, DJ_DTYPE_BF16, 3);
+    check_add_rmsnorm(4, 5120, DJ_DTYPE_BF16, 1);
+    check_add_rmsnorm(3, 12000, DJ_DTYPE_F32, 0);
     check_add_rmsnorm(2, 20000, DJ_DTYPE_BF16, 0); /* wider than the fused kernel takes: launched apart */
 
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window */

@@ -99,7 +99,7 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
  * bit-identical to the two launches. Requires norm.x == add.out, equal n and
  * d <= DJ_FUSE_MAX_D, and norm.out overlapping none of add's buffers except
  * by equality. */
-#define DJ_FUSE_MAX_D 16384 /* the row's sum lives in shared memory: 32 KiB */
+#define DJ_FUSE_MAX_D 16384 /* the row's sum lives in registers: 64 per thread */
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);

@@ -51,24 +51,30 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
 
 /* As rmsnorm_kernel on h = bf16(a + b), which is also stored to hout; the
  * same threads, order of summation and roundings, so the results equal the
- * ADD and RMSNORM launched apart. h waits in shared memory ([d] bf16), so
- * the first pass only loads global memory and the second only stores (w
- * aside, which nothing writes): neither chain of loads waits on a store.
- * Each element is read and written by one thread only, reads first, so out
- * and hout may be a or b. */
-template <typename TW>
-static __global__ void add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *hout,
-                                          const TW *__restrict__ w, __nv_bfloat16 *out, uint32_t d, float eps) {
-    extern __shared__ __nv_bfloat16 hs[]; /* [d] */
+ * ADD and RMSNORM launched apart. Thread t holds h of columns t + 256i,
+ * i < PER, in registers: every load of a and b is issued before any store
+ * (nothing proves the pointers apart, so a store would hold back the loads
+ * after it). Each element is read and written by one thread only, reads
+ * first, so out and hout may be a or b. */
+template <typename TW, int PER>
+static __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *hout, const TW *__restrict__ w,
+                       __nv_bfloat16 *out, uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const size_t row = (size_t)blockIdx.x * d;
+    __nv_bfloat16 h[PER];
     float s = 0.0f;
-    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const __nv_bfloat16 h = __float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j]));
-        hs[j] = h;
-        const float v = __bfloat162float(h);
-        s += v * v;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const uint32_t j = threadIdx.x + i * NORM_THREADS;
+        h[i] = j < d ? __float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j]))
+                     : __float2bfloat16(0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const float v = __bfloat162float(h[i]);
+        if (threadIdx.x + i * NORM_THREADS < d) s += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
@@ -80,31 +86,46 @@ static __global__ void add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfl
     }
     __syncthreads();
     const float r = inv_rms;
-    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const __nv_bfloat16 h = hs[j];
-        hout[row + j] = h;
-        out[row + j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(h) * r));
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const uint32_t j = threadIdx.x + i * NORM_THREADS;
+        if (j < d) {
+            hout[row + j] = h[i];
+            out[row + j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(h[i]) * r));
+        }
+    }
+}
+
+template <int PER>
+static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+    const __nv_bfloat16 *a = (const __nv_bfloat16 *)add->x, *b = (const __nv_bfloat16 *)add->x2;
+    __nv_bfloat16 *h = (__nv_bfloat16 *)add->out, *out = (__nv_bfloat16 *)norm->out;
+    switch (norm->w_dtype) {
+    case DJ_DTYPE_BF16:
+        add_rmsnorm_kernel<__nv_bfloat16, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(
+            a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps);
+        break;
+    case DJ_DTYPE_F16:
+        add_rmsnorm_kernel<__half, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const __half *)norm->w,
+                                                                                  out, norm->d, norm->eps);
+        break;
+    default:
+        add_rmsnorm_kernel<float, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const float *)norm->w,
+                                                                                 out, norm->d, norm->eps);
+        break;
     }
 }
 
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
-    const __nv_bfloat16 *a = (const __nv_bfloat16 *)add->x, *b = (const __nv_bfloat16 *)add->x2;
-    __nv_bfloat16 *h = (__nv_bfloat16 *)add->out, *out = (__nv_bfloat16 *)norm->out;
-    const size_t smem = (size_t)norm->d * sizeof(__nv_bfloat16);
-    switch (norm->w_dtype) {
-    case DJ_DTYPE_BF16:
-        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, smem, cb->stream>>>(a, b, h, (const __nv_bfloat16 *)norm->w, out,
-                                                                         norm->d, norm->eps);
-        break;
-    case DJ_DTYPE_F16:
-        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, smem, cb->stream>>>(a, b, h, (const __half *)norm->w, out,
-                                                                         norm->d, norm->eps);
-        break;
-    default:
-        add_rmsnorm_kernel<<<norm->n, NORM_THREADS, smem, cb->stream>>>(a, b, h, (const float *)norm->w, out,
-                                                                         norm->d, norm->eps);
-        break;
-    }
+    const uint32_t d = norm->d;
+    if (d <= 4 * NORM_THREADS)
+        launch_add_rmsnorm<4>(cb, add, norm);
+    else if (d <= 16 * NORM_THREADS)
+        launch_add_rmsnorm<16>(cb, add, norm);
+    else if (d <= 32 * NORM_THREADS)
+        launch_add_rmsnorm<32>(cb, add, norm);
+    else
+        launch_add_rmsnorm<64>(cb, add, norm);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
