@@ -14,6 +14,8 @@
 #define DEC_WARPS 4       /* warps per decode block, each its own keys */
 #define DEC_MIN_CHUNK 32  /* fewest positions per decode split */
 #define DEC_MAX_SPLITS 64
+#define DEC_BLOCKS_PER_SM 8 /* splits aim at this many blocks per SM: each warp walks its
+                             * positions one dependent load after another, so fewer per warp is faster */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -269,10 +271,11 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
     const uint32_t hd = c->head_dim;
-    /* Enough splits for ~2 blocks per SM; without per-row positions, no more
+    /* Enough splits for ~DEC_BLOCKS_PER_SM blocks per SM; without per-row positions, no more
      * than the longest context fills (with them, the kernel leaves the
      * surplus empty: the count must not depend on positions). */
-    uint64_t splits = ((uint64_t)cb->n_sm * 2 + (uint64_t)c->n * c->n_heads - 1) / ((uint64_t)c->n * c->n_heads);
+    const uint64_t rows_heads = (uint64_t)c->n * c->n_heads;
+    uint64_t splits = ((uint64_t)cb->n_sm * DEC_BLOCKS_PER_SM + rows_heads - 1) / rows_heads;
     if (!c->row_pos) {
         const uint64_t end = (uint64_t)c->pos0 + c->n;
         const uint64_t longest = c->window && c->window < end ? c->window : end;
