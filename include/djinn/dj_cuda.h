@@ -50,8 +50,9 @@ void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);
 /* Test hook: which kernel ran the latest ATTENTION call: 1 split-K decode,
  * 2 f32 tiled prefill, 3 tensor-core prefill (0: none yet). */
 int dj__cuda_last_attention(dj_backend_t *be);
-/* Test hooks: backend-internal fusion of an ADD with the RMSNORM that reads
- * its sum (on unless $DJINN_FUSE=off), and how many pairs ran fused. */
+/* Test hooks: backend-internal fusion (on unless $DJINN_FUSE=off) of an ADD
+ * with the RMSNORM that reads its sum and of a ROPE with the KV_WRITE of its
+ * output, and how many pairs ran fused. */
 void dj__cuda_set_fuse(dj_backend_t *be, int on);
 uint64_t dj__cuda_fusions(dj_backend_t *be);
 

@@ -63,7 +63,7 @@ static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
 static void cuda_free(dj_backend_t *be, void *ptr) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (!ptr) return;
-    if ((cb->gemv_count || cb->add_pending) && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
+    if ((cb->gemv_count || cb->held_pending) && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
         DJ_LOG(WARN, "%s", dj_last_error());
     if (cudaSetDevice(cb->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
         DJ_LOG(WARN, "cuda:%d free of %p failed: %s", cb->device, ptr, cudaGetErrorString(cudaGetLastError()));
@@ -346,20 +346,38 @@ static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
     return true;
 }
 
+/* The held ROPE and this KV_WRITE of its output may run as one kernel: the
+ * same rows at the same positions, k's heads filling kv_dim, v clear of k. */
+static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
+    if (c->op != DJ_OP_KV_WRITE || c->x != rope->out || c->n != rope->n || c->pos0 != rope->pos0 ||
+        c->row_pos != rope->row_pos || (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim)
+        return false;
+    const size_t bytes = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
+    return !bytes_overlap(c->x2, rope->out, bytes) && !bytes_overlap(c->x2, rope->x, bytes);
+}
+
 static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     dj_status st = check_call(c);
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
-    if (cb->add_pending && fuses_with_add(&cb->add_held, c)) {
-        cb->add_pending = false;
+    if (cb->held_pending && cb->held.op == DJ_OP_ADD && fuses_with_add(&cb->held, c)) {
+        cb->held_pending = false;
         cb->fusions++;
-        return dj__cuda_add_rmsnorm(cb, &cb->add_held, c);
+        return dj__cuda_add_rmsnorm(cb, &cb->held, c);
     }
-    if (c->op != DJ_OP_MATMUL || cb->add_pending) st = dj__cuda_flush(cb); /* matmul decides about GEMVs itself */
+    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && fuses_with_rope(&cb->held, c)) {
+        const uint32_t *table = NULL;
+        st = device_table(cb, c, &table);
+        if (st != DJ_OK) return st; /* the ROPE stays held; the next flush launches it */
+        cb->held_pending = false;
+        cb->fusions++;
+        return dj__cuda_rope_kv_write(cb, &cb->held, c, table);
+    }
+    if (c->op != DJ_OP_MATMUL || cb->held_pending) st = dj__cuda_flush(cb); /* matmul decides about GEMVs itself */
     if (st != DJ_OK) return st;
-    if (c->op == DJ_OP_ADD && cb->fuse) { /* held until the next call shows whether an RMSNORM reads it */
-        cb->add_held = *c;
-        cb->add_pending = true;
+    if ((c->op == DJ_OP_ADD || c->op == DJ_OP_ROPE) && cb->fuse) { /* the next call shows whether it fuses */
+        cb->held = *c;
+        cb->held_pending = true;
         return DJ_OK;
     }
     const uint32_t *table = NULL;

@@ -40,13 +40,15 @@ typedef struct dj_cuda_backend {
     dj_op_call gemv[DJ_GEMV_GROUP];
     int gemv_count;
     dj_status capture_st;     /* first failure of a call recorded in this capture */
-    /* An ADD not yet launched: if the next call is the RMSNORM of its sum,
-     * both run as one kernel (dj__cuda_add_rmsnorm); anything else launches
-     * it first. Every entry point that flushes the GEMV group flushes it. */
-    dj_op_call add_held;
-    bool add_pending;
-    bool fuse;                /* hold ADDs back at all ($DJINN_FUSE != off) */
-    uint64_t fusions;         /* ADD+RMSNORM pairs launched as one kernel */
+    /* An ADD or ROPE not yet launched: if the next call is the RMSNORM of
+     * the sum (dj__cuda_add_rmsnorm) or the KV_WRITE of the rotated k
+     * (dj__cuda_rope_kv_write), both run as one kernel; anything else
+     * launches it first. Every entry point that flushes the GEMV group
+     * flushes it. */
+    dj_op_call held;
+    bool held_pending;
+    bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
+    uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
@@ -103,6 +105,11 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+/* ROPE of k then the KV_WRITE of its output, in one pass (bit-equal to the
+ * two launches). Requires kvw.x == rope.out, the same rows and positions,
+ * rope.n_heads * head_dim == kv_dim, and v clear of rope.out. */
+dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope, const dj_op_call *kvw,
+                                 const uint32_t *table_dev);
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* Whether the tensor-core prefill kernel takes this call, and its launcher. */
 bool dj__cuda_attention_tc_covers(const dj_op_call *c);

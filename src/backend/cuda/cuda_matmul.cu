@@ -212,9 +212,9 @@ static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *calls, int co
 }
 
 dj_status dj__cuda_flush(dj_cuda_backend *cb) {
-    if (cb->add_pending) { /* never both: each call flushes the other's hold first */
-        cb->add_pending = false;
-        return dj__cuda_add(cb, &cb->add_held);
+    if (cb->held_pending) { /* never both: each call flushes the other's hold first */
+        cb->held_pending = false;
+        return cb->held.op == DJ_OP_ADD ? dj__cuda_add(cb, &cb->held) : dj__cuda_rope(cb, &cb->held);
     }
     const int count = cb->gemv_count;
     if (count == 0) return DJ_OK;
