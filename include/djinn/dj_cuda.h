@@ -41,10 +41,20 @@ dj_status dj_cuda_measure_copy(dj_backend_t *be, size_t bytes, int iters, double
 dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *tflops /* OUT */);
 
 /* Test hook: attention kernel choice. 0 = automatic (split-K decode for
- * few query rows, tiled prefill otherwise), 1 = always decode, 2 = always
- * prefill. Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
+ * few query rows or per-row positions; otherwise tensor-core prefill where
+ * it covers the shape, unless $DJINN_ATTN=simple, else the f32 tiled
+ * prefill), 1 = always decode, 2 = always the f32 tiled prefill, 3 = the
+ * tensor-core prefill where it covers the call (else the f32 prefill). Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
  * always the GEMM path. */
 void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);
+/* Test hook: which kernel ran the latest ATTENTION call: 1 split-K decode,
+ * 2 f32 tiled prefill, 3 tensor-core prefill (0: none yet). */
+int dj__cuda_last_attention(dj_backend_t *be);
+/* Test hooks: backend-internal fusion (on unless $DJINN_FUSE=off) of an ADD
+ * with the RMSNORM that reads its sum and of a ROPE with the KV_WRITE of its
+ * output, and how many pairs ran fused. */
+void dj__cuda_set_fuse(dj_backend_t *be, int on);
+uint64_t dj__cuda_fusions(dj_backend_t *be);
 
 #ifdef __cplusplus
 }

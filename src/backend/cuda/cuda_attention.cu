@@ -5,7 +5,8 @@
  *    chunks, so one session's single token still fills the GPU;
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
- * Both take even head_dim <= 256. (Tensor-core mma for prefill: not yet.) */
+ * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
+ * tensor cores instead (cuda_attention_tc.cu); this kernel is its fallback. */
 #include <math.h>
 
 #include "backend/cuda/cuda_impl.h"
@@ -13,6 +14,8 @@
 #define DEC_WARPS 4       /* warps per decode block, each its own keys */
 #define DEC_MIN_CHUNK 32  /* fewest positions per decode split */
 #define DEC_MAX_SPLITS 64
+#define DEC_BLOCKS_PER_SM 8 /* splits aim at this many blocks per SM: each warp walks its
+                             * positions one dependent load after another, so fewer per warp is faster */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -268,10 +271,11 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
     const uint32_t hd = c->head_dim;
-    /* Enough splits for ~2 blocks per SM; without per-row positions, no more
+    /* Enough splits for ~DEC_BLOCKS_PER_SM blocks per SM; without per-row positions, no more
      * than the longest context fills (with them, the kernel leaves the
      * surplus empty: the count must not depend on positions). */
-    uint64_t splits = ((uint64_t)cb->n_sm * 2 + (uint64_t)c->n * c->n_heads - 1) / ((uint64_t)c->n * c->n_heads);
+    const uint64_t rows_heads = (uint64_t)c->n * c->n_heads;
+    uint64_t splits = ((uint64_t)cb->n_sm * DEC_BLOCKS_PER_SM + rows_heads - 1) / rows_heads;
     if (!c->row_pos) {
         const uint64_t end = (uint64_t)c->pos0 + c->n;
         const uint64_t longest = c->window && c->window < end ? c->window : end;
@@ -333,9 +337,21 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.pos0 = c->pos0;
     a.window = c->window;
     a.scale = c->scale;
-    /* The prefill kernel tiles consecutive positions of one sequence: rows
-     * with their own positions always take the decode kernel. */
+    /* The prefill kernels tile consecutive positions of one sequence: rows
+     * with their own positions always take the decode kernel. The tensor-core
+     * kernel covers head_dim 64/128 (dj__cuda_attention_tc_covers); any other
+     * shape, or DJINN_ATTN=simple, takes the f32 tiled kernel. */
     const bool use_decode = c->row_pos || cb->attention_path == 1 ||
-                            (cb->attention_path != 2 && c->n < DEC_PREFILL_ROWS);
-    return use_decode ? decode(cb, c, a) : prefill(cb, c, a);
+                            (cb->attention_path == 0 && c->n < DEC_PREFILL_ROWS);
+    if (use_decode) {
+        cb->last_attention = 1;
+        return decode(cb, c, a);
+    }
+    const bool want_tc = cb->attention_path == 3 || (cb->attention_path == 0 && cb->attn_tc);
+    if (want_tc && dj__cuda_attention_tc_covers(c)) {
+        cb->last_attention = 3;
+        return dj__cuda_attention_tc(cb, c, table_dev);
+    }
+    cb->last_attention = 2;
+    return prefill(cb, c, a);
 }

@@ -63,7 +63,7 @@ static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
 static void cuda_free(dj_backend_t *be, void *ptr) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (!ptr) return;
-    if (cb->gemv_count && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
+    if ((cb->gemv_count || cb->held_pending) && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
         DJ_LOG(WARN, "%s", dj_last_error());
     if (cudaSetDevice(cb->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
         DJ_LOG(WARN, "cuda:%d free of %p failed: %s", cb->device, ptr, cudaGetErrorString(cudaGetLastError()));
@@ -329,11 +329,57 @@ static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const ui
     return st;
 }
 
+static bool bytes_overlap(const void *a, const void *b, size_t n) {
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + n && pb < pa + n;
+}
+
+/* The held ADD and this RMSNORM of its sum may run as one kernel: norm.out
+ * is one of add's buffers or clear of all of them (rows of equal size). */
+static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
+    if (c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d || c->d > DJ_FUSE_MAX_D)
+        return false;
+    const size_t bytes = (size_t)c->n * c->d * sizeof(__nv_bfloat16);
+    const void *bufs[3] = {add->x, add->x2, add->out};
+    for (int i = 0; i < 3; i++)
+        if (c->out != bufs[i] && bytes_overlap(c->out, bufs[i], bytes)) return false;
+    return true;
+}
+
+/* The held ROPE and this KV_WRITE of its output may run as one kernel: the
+ * same rows at the same positions, k's heads filling kv_dim, v clear of k. */
+static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
+    if (c->op != DJ_OP_KV_WRITE || c->x != rope->out || c->n != rope->n || c->pos0 != rope->pos0 ||
+        c->row_pos != rope->row_pos || (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim)
+        return false;
+    const size_t bytes = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
+    return !bytes_overlap(c->x2, rope->out, bytes) && !bytes_overlap(c->x2, rope->x, bytes);
+}
+
 static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     dj_status st = check_call(c);
-    if (st == DJ_OK && c->op != DJ_OP_MATMUL) st = dj__cuda_flush(cb); /* matmul decides itself */
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
+    if (cb->held_pending && cb->held.op == DJ_OP_ADD && fuses_with_add(&cb->held, c)) {
+        cb->held_pending = false;
+        cb->fusions++;
+        return dj__cuda_add_rmsnorm(cb, &cb->held, c);
+    }
+    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && fuses_with_rope(&cb->held, c)) {
+        const uint32_t *table = NULL;
+        st = device_table(cb, c, &table);
+        if (st != DJ_OK) return st; /* the ROPE stays held; the next flush launches it */
+        cb->held_pending = false;
+        cb->fusions++;
+        return dj__cuda_rope_kv_write(cb, &cb->held, c, table);
+    }
+    if (c->op != DJ_OP_MATMUL || cb->held_pending) st = dj__cuda_flush(cb); /* matmul decides about GEMVs itself */
+    if (st != DJ_OK) return st;
+    if ((c->op == DJ_OP_ADD || c->op == DJ_OP_ROPE) && cb->fuse) { /* the next call shows whether it fuses */
+        cb->held = *c;
+        cb->held_pending = true;
+        return DJ_OK;
+    }
     const uint32_t *table = NULL;
     switch (c->op) {
     case DJ_OP_EMBED: {
@@ -524,6 +570,12 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->base.kv_dtype = DJ_DTYPE_BF16;
     cb->base.act_dtype = DJ_DTYPE_BF16;
     cb->device = device;
+    {
+        const char *attn = getenv("DJINN_ATTN"); /* tc (default) | simple */
+        cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
+        const char *fuse = getenv("DJINN_FUSE"); /* on (default) | off */
+        cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
+    }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;
     *out = &cb->base;
@@ -538,3 +590,13 @@ extern "C" void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul) 
     cb->attention_path = attention;
     cb->matmul_path = matmul;
 }
+
+extern "C" int dj__cuda_last_attention(dj_backend_t *be) { return ((dj_cuda_backend *)be)->last_attention; }
+
+extern "C" void dj__cuda_set_fuse(dj_backend_t *be, int on) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    (void)dj__cuda_flush(cb);
+    cb->fuse = on != 0;
+}
+
+extern "C" uint64_t dj__cuda_fusions(dj_backend_t *be) { return ((dj_cuda_backend *)be)->fusions; }

@@ -40,7 +40,18 @@ typedef struct dj_cuda_backend {
     dj_op_call gemv[DJ_GEMV_GROUP];
     int gemv_count;
     dj_status capture_st;     /* first failure of a call recorded in this capture */
+    /* An ADD or ROPE not yet launched: if the next call is the RMSNORM of
+     * the sum (dj__cuda_add_rmsnorm) or the KV_WRITE of the rotated k
+     * (dj__cuda_rope_kv_write), both run as one kernel; anything else
+     * launches it first. Every entry point that flushes the GEMV group
+     * flushes it. */
+    dj_op_call held;
+    bool held_pending;
+    bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
+    uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
+    bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
+    int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
 } dj_cuda_backend;
 
@@ -86,11 +97,25 @@ dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, 
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
+/* add.out = add.x + add.x2 and norm.out = RMSNORM(add.out) in one pass;
+ * bit-identical to the two launches. Requires norm.x == add.out, equal n and
+ * d <= DJ_FUSE_MAX_D, and norm.out overlapping none of add's buffers except
+ * by equality. */
+#define DJ_FUSE_MAX_D 16384 /* the row's sum lives in registers: 64 per thread */
+dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+/* ROPE of k then the KV_WRITE of its output, in one pass (bit-equal to the
+ * two launches). Requires kvw.x == rope.out, the same rows and positions,
+ * rope.n_heads * head_dim == kv_dim, and v clear of rope.out. */
+dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope, const dj_op_call *kvw,
+                                 const uint32_t *table_dev);
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+/* Whether the tensor-core prefill kernel takes this call, and its launcher. */
+bool dj__cuda_attention_tc_covers(const dj_op_call *c);
+dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
-/* Launch the held-back GEMV group, if any. */
+/* Launch the held-back ADD or GEMV group, if any. */
 dj_status dj__cuda_flush(dj_cuda_backend *cb);
 
 #endif

@@ -1,5 +1,6 @@
 /* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row, the sum
- * of squares reduced in f32, out = w * (x * rsqrt(mean(x^2) + eps)) in bf16. */
+ * of squares reduced in f32, out = w * (x * rsqrt(mean(x^2) + eps)) in bf16;
+ * and the residual ADD fused in front of it (one pass over the row). */
 #include "backend/cuda/cuda_impl.h"
 
 #define NORM_THREADS 256
@@ -44,6 +45,87 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
         rmsnorm_kernel<<<c->n, NORM_THREADS, 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps);
         break;
     }
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+/* As rmsnorm_kernel on h = bf16(a + b), which is also stored to hout; the
+ * same threads, order of summation and roundings, so the results equal the
+ * ADD and RMSNORM launched apart. Thread t holds h of columns t + 256i,
+ * i < PER, in registers: every load of a and b is issued before any store
+ * (nothing proves the pointers apart, so a store would hold back the loads
+ * after it). Each element is read and written by one thread only, reads
+ * first, so out and hout may be a or b. */
+template <typename TW, int PER>
+static __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *hout, const TW *__restrict__ w,
+                       __nv_bfloat16 *out, uint32_t d, float eps) {
+    __shared__ float part[NORM_THREADS / 32];
+    __shared__ float inv_rms;
+    const size_t row = (size_t)blockIdx.x * d;
+    __nv_bfloat16 h[PER];
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const uint32_t j = threadIdx.x + i * NORM_THREADS;
+        h[i] = j < d ? __float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j]))
+                     : __float2bfloat16(0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const float v = __bfloat162float(h[i]);
+        if (threadIdx.x + i * NORM_THREADS < d) s += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (unsigned i = 0; i < blockDim.x / 32; i++) t += part[i];
+        inv_rms = 1.0f / sqrtf(t / (float)d + eps);
+    }
+    __syncthreads();
+    const float r = inv_rms;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const uint32_t j = threadIdx.x + i * NORM_THREADS;
+        if (j < d) {
+            hout[row + j] = h[i];
+            out[row + j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(h[i]) * r));
+        }
+    }
+}
+
+template <int PER>
+static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+    const __nv_bfloat16 *a = (const __nv_bfloat16 *)add->x, *b = (const __nv_bfloat16 *)add->x2;
+    __nv_bfloat16 *h = (__nv_bfloat16 *)add->out, *out = (__nv_bfloat16 *)norm->out;
+    switch (norm->w_dtype) {
+    case DJ_DTYPE_BF16:
+        add_rmsnorm_kernel<__nv_bfloat16, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(
+            a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps);
+        break;
+    case DJ_DTYPE_F16:
+        add_rmsnorm_kernel<__half, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const __half *)norm->w,
+                                                                                  out, norm->d, norm->eps);
+        break;
+    default:
+        add_rmsnorm_kernel<float, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const float *)norm->w,
+                                                                                 out, norm->d, norm->eps);
+        break;
+    }
+}
+
+dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+    const uint32_t d = norm->d;
+    if (d <= 4 * NORM_THREADS)
+        launch_add_rmsnorm<4>(cb, add, norm);
+    else if (d <= 16 * NORM_THREADS)
+        launch_add_rmsnorm<16>(cb, add, norm);
+    else if (d <= 32 * NORM_THREADS)
+        launch_add_rmsnorm<32>(cb, add, norm);
+    else
+        launch_add_rmsnorm<64>(cb, add, norm);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

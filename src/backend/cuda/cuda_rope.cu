@@ -1,6 +1,6 @@
-/* cuda_rope.cu: HF rotate_half RoPE on bf16 rows (in place allowed) and
- * KV_WRITE of bf16 K/V rows into data-segment pages. (Fusing RoPE of k with
- * KV_WRITE would save one pass over k; not done yet.) */
+/* cuda_rope.cu: HF rotate_half RoPE on bf16 rows (in place allowed),
+ * KV_WRITE of bf16 K/V rows into data-segment pages, and the two fused (RoPE
+ * of k written to its output and to the pages in one pass, v beside it). */
 #include "backend/cuda/cuda_impl.h"
 
 #define ROPE_THREADS 256
@@ -42,6 +42,40 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
     }
 }
 
+/* One thread per (row, kv head, pair j): rope_kernel's arithmetic on k (so
+ * the same bits), stored to kout and to K rows of the pages; v's elements j
+ * and j + hd/2 of that head copied to V rows. v is read before any store;
+ * kout may be k (each element is read and written by one thread). */
+static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
+                                            const float *inv_freq, uint32_t n, uint32_t nkv, uint32_t hd,
+                                            uint32_t pos0, const uint32_t *row_pos, float scale, uint8_t *seg,
+                                            size_t page_bytes, const uint32_t *table, uint32_t tpp,
+                                            const uint32_t *const *row_tables) {
+    const uint32_t half = hd / 2, kv_dim = nkv * hd;
+    const size_t count = (size_t)n * nkv * half;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t j = (uint32_t)(t % half);
+        const size_t rh = t / half; /* row * nkv + head */
+        const uint32_t i = (uint32_t)(rh / nkv), h = (uint32_t)(rh % nkv);
+        const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
+        const float theta = inv_freq[j] * (float)p;
+        const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
+        const size_t base = rh * hd;
+        const float x1 = __bfloat162float(k[base + j]), x2 = __bfloat162float(k[base + j + half]);
+        const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
+        const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
+        kout[base + j] = o1;
+        kout[base + j + half] = o2;
+        const uint32_t *tb = row_tables ? row_tables[i] : table;
+        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
+        const size_t kr = (size_t)(p % tpp) * kv_dim + (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
+        page[kr] = o1;
+        page[kr + half] = o2;
+        page[vr] = v1;
+        page[vr + half] = v2;
+    }
+}
+
 static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
     size_t b = (count + ROPE_THREADS - 1) / ROPE_THREADS, cap = (size_t)cb->n_sm * 16;
     return (unsigned)(b < cap ? b : cap);
@@ -62,6 +96,18 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
     kv_write_kernel<<<grid_for(cb, count), ROPE_THREADS, 0, cb->stream>>>(
         (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
         kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope, const dj_op_call *kvw,
+                                 const uint32_t *table_dev) {
+    const dj_kv_view *kv = kvw->kv;
+    const size_t count = (size_t)rope->n * rope->n_heads * (rope->head_dim / 2);
+    rope_kv_write_kernel<<<grid_for(cb, count), ROPE_THREADS, 0, cb->stream>>>(
+        (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2, rope->inv_freq,
+        rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
+        kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

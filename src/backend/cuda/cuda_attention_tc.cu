@@ -1,0 +1,291 @@
+/* cuda_attention_tc.cu: prefill attention on tensor cores (flash-attention
+ * style): bf16 Q/K/V from the paged KV layout, mma.sync m16n8k16 with f32
+ * accumulation, online softmax in registers, causal/sliding-window masking
+ * with whole tiles skipped. head_dim 64 or 128, consecutive rows only; the
+ * dispatcher (cuda_attention.cu) sends every other shape to the f32 kernels. */
+#include <math.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+#define TC_BM 64      /* query rows per block: 16 per warp */
+#define TC_BN 64      /* key positions per K/V tile */
+#define TC_THREADS 128
+#define TC_PAD 8      /* bf16 elements of padding per smem row: rows 16 B apart mod 128 B, so ldmatrix is conflict-free */
+
+struct tc_args {
+    const __nv_bfloat16 *q; /* [n][nh][hd] */
+    __nv_bfloat16 *out;     /* [n][nh][hd] */
+    const uint8_t *seg;     /* data segment base */
+    size_t page_bytes;
+    const uint32_t *table;  /* device block table */
+    uint32_t tpp, kv_dim, n, nh, group, pos0, window;
+    float scale_log2;       /* scale * log2(e): scores are kept in the exp2 domain */
+};
+
+static __device__ __forceinline__ uint32_t tc_first_pos(uint32_t p, uint32_t window) {
+    return window && p + 1 > window ? p + 1 - window : 0u;
+}
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, asynchronously; bytes = 0 stores zeros. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* ldmatrix .x4: lanes 8j..8j+7 give the row addresses of 8x8 matrix j (16 B
+ * each); afterwards r[j] of lane l holds row l/4, columns 2(l%4), 2(l%4)+1 of
+ * matrix j (lower half = lower column). With .trans, r[j] holds rows
+ * 2(l%4), 2(l%4)+1 of column l/4 instead. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* D = A B + D, m16n8k16, bf16 in, f32 accumulate. With g = lane/4, c = lane%4
+ * (PTX ISA, "Matrix Fragments for mma.m16n8k16" for .bf16):
+ *   A (16x16, row-major): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
+ *   B (16x8, k x n):      b0 = (k 2c..2c+1, n g), b1 = (k 2c+8..2c+9, n g)
+ *   C/D (16x8 f32):       d0,d1 = (g, 2c..2c+1), d2,d3 = (g+8, 2c..2c+1)
+ * each .b32 register packing two bf16, the lower column (or k) in the low half. */
+static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
+    return *(uint32_t *)&v;
+}
+
+/* Block (head, row tile); heavy (late) row tiles are launched first. Warp w
+ * owns query rows 16w..16w+15 of the tile; lane l holds rows g = l/4 and g+8
+ * of that strip in every C fragment. Shared memory: K and V tiles [64][HD+8]
+ * bf16 (Q passes through the K buffer once, into registers). */
+template <int HD>
+static __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(tc_args a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int SK = HD + TC_PAD; /* smem row stride, elements */
+    constexpr int CH = HD / 8;      /* 16-byte chunks per row */
+    constexpr int KS = HD / 16;     /* k-steps over head_dim */
+    constexpr int NB = TC_BN / 8;   /* 8-key n-blocks of a score tile */
+    constexpr int DB = HD / 8;      /* 8-dim n-blocks of the output */
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem_raw;
+    __nv_bfloat16 *Vs = Ks + TC_BN * SK;
+
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
+    const uint32_t h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * TC_BM, kvh = h / a.group;
+    const uint32_t rows_end = min(r0 + TC_BM, a.n); /* exclusive */
+    const uint32_t hi = a.pos0 + rows_end - 1;      /* last position any row of the block sees */
+    const uint32_t lo = tc_first_pos(a.pos0 + r0, a.window);
+
+    /* Q tile -> K buffer -> A fragments (rows beyond n are zeros). */
+    for (uint32_t e = threadIdx.x; e < TC_BM * CH; e += TC_THREADS) {
+        const uint32_t r = e / CH, ch = e % CH;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + r < a.n) v = *(const uint4 *)(a.q + ((size_t)(r0 + r) * a.nh + h) * HD + ch * 8);
+        *(uint4 *)(Ks + r * SK + ch * 8) = v;
+    }
+    __syncthreads();
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int k = 0; k < KS; k++) /* matrices: (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) */
+        ldsm_x4(qf[k], Ks + (warp * 16 + (lane & 15)) * SK + k * 16 + (lane >> 4) * 8);
+    __syncthreads();
+
+    /* This lane's two rows and what they may see. */
+    const uint32_t ia = r0 + warp * 16 + g, ib = ia + 8;
+    const uint32_t pa = a.pos0 + ia, pb = a.pos0 + ib;
+    const uint32_t fa = tc_first_pos(pa, a.window), fb = tc_first_pos(pb, a.window);
+    /* The warp's strip: tiles outside [wlo, whi] are fully masked for it. */
+    const uint32_t whi = min(a.pos0 + r0 + warp * 16 + 15, hi);
+    const uint32_t wlo = tc_first_pos(a.pos0 + r0 + warp * 16, a.window);
+
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f; /* l: this lane's columns only */
+    float o[DB][4];
+#pragma unroll
+    for (int d = 0; d < DB; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+    for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
+        /* K then V, as two commit groups; positions past hi load zeros. */
+#pragma unroll
+        for (int kv = 0; kv < 2; kv++) {
+            __nv_bfloat16 *dst = kv ? Vs : Ks;
+            for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
+                const uint32_t j = e / CH, ch = e % CH;
+                const uint64_t t = tile + j;
+                const void *src = a.seg;
+                uint32_t bytes = 0;
+                if (t <= hi) {
+                    const uint32_t tt = (uint32_t)t;
+                    const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
+                    src = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes +
+                          ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
+                    bytes = 16;
+                }
+                cp_async16(dst + j * SK + ch * 8, src, bytes);
+            }
+            cp_async_commit();
+        }
+        const bool active = tile <= whi && tile + TC_BN - 1 >= wlo; /* warp-uniform */
+        uint32_t pf[TC_BN / 16][4];                                 /* P as A fragments */
+        cp_async_wait<1>();
+        __syncthreads(); /* K landed */
+        if (active) {
+            float s[NB][4];
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+#pragma unroll
+                for (int n2 = 0; n2 < NB / 2; n2++) {
+                    /* matrices: (keys 0-7, dims lo), (keys 0-7, dims hi), (keys 8-15, dims lo),
+                     * (keys 8-15, dims hi): K rows are B columns, so no transpose. */
+                    uint32_t b[4];
+                    ldsm_x4(b, Ks + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * SK + k * 16 + ((lane >> 3) & 1) * 8);
+                    mma16816(s[2 * n2], qf[k], b[0], b[1]);
+                    mma16816(s[2 * n2 + 1], qf[k], b[2], b[3]);
+                }
+            }
+            /* Mask and scale; element e of n-block nb is key 8nb + 2c + (e&1), row g (e<2) or g+8. */
+            float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const uint64_t t = tile + nb * 8 + c4 * 2 + (e & 1);
+                    const bool rb = e >= 2;
+                    const bool ok = t <= hi && t <= (rb ? pb : pa) && t >= (rb ? fb : fa);
+                    const float v = ok ? s[nb][e] * a.scale_log2 : -INFINITY;
+                    s[nb][e] = v;
+                    if (rb)
+                        mx_b = fmaxf(mx_b, v);
+                    else
+                        mx_a = fmaxf(mx_a, v);
+                }
+            }
+            /* The four lanes of a quad share the rows. */
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+            /* A row with nothing visible yet keeps base 0: exp2(-inf - 0) = 0, never NaN. */
+            const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
+            const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+            m_a = mn_a;
+            m_b = mn_b;
+            l_a *= corr_a;
+            l_b *= corr_b;
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+                s[nb][0] = exp2f(s[nb][0] - base_a);
+                s[nb][1] = exp2f(s[nb][1] - base_a);
+                s[nb][2] = exp2f(s[nb][2] - base_b);
+                s[nb][3] = exp2f(s[nb][3] - base_b);
+                l_a += s[nb][0] + s[nb][1];
+                l_b += s[nb][2] + s[nb][3];
+            }
+#pragma unroll
+            for (int d = 0; d < DB; d++) {
+                o[d][0] *= corr_a;
+                o[d][1] *= corr_a;
+                o[d][2] *= corr_b;
+                o[d][3] *= corr_b;
+            }
+            /* C fragments of n-blocks 2kk, 2kk+1 are exactly the A fragment of keys 16kk..16kk+15. */
+#pragma unroll
+            for (int kk = 0; kk < TC_BN / 16; kk++) {
+                pf[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* V landed */
+        if (active) {
+#pragma unroll
+            for (int kk = 0; kk < TC_BN / 16; kk++) {
+#pragma unroll
+                for (int d2 = 0; d2 < DB / 2; d2++) {
+                    /* matrices (transposed): (keys 0-7, dims lo), (keys 8-15, dims lo),
+                     * (keys 0-7, dims hi), (keys 8-15, dims hi) -> b0, b1 of dim block 2d2, then 2d2+1. */
+                    uint32_t b[4];
+                    ldsm_x4_t(b, Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SK + d2 * 16 + (lane >> 4) * 8);
+                    mma16816(o[2 * d2], pf[kk], b[0], b[1]);
+                    mma16816(o[2 * d2 + 1], pf[kk], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads(); /* the tile is consumed before the next one lands */
+    }
+
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    /* Every real row sees at least its own position, so l > 0 there. */
+    const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+#pragma unroll
+    for (int d = 0; d < DB; d++) {
+        const uint32_t col = d * 8 + c4 * 2;
+        if (ia < a.n)
+            *(__nv_bfloat162 *)(a.out + ((size_t)ia * a.nh + h) * HD + col) =
+                __floats2bfloat162_rn(o[d][0] * inv_a, o[d][1] * inv_a);
+        if (ib < a.n)
+            *(__nv_bfloat162 *)(a.out + ((size_t)ib * a.nh + h) * HD + col) =
+                __floats2bfloat162_rn(o[d][2] * inv_b, o[d][3] * inv_b);
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+bool dj__cuda_attention_tc_covers(const dj_op_call *c) {
+    const dj_kv_view *kv = c->kv;
+    return (c->head_dim == 64 || c->head_dim == 128) && !c->row_pos && !c->row_tables && c->n >= 1 &&
+           (c->n + TC_BM - 1) / TC_BM <= 65535u && kv->dtype == DJ_DTYPE_BF16 && aligned16(kv->seg_base) &&
+           kv->page_bytes % 16 == 0 && kv->kv_dim % 8 == 0 && aligned16(c->x) && aligned16(c->out) &&
+           (uint64_t)c->pos0 + c->n <= UINT32_MAX;
+}
+
+dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
+    const dj_kv_view *kv = c->kv;
+    tc_args a;
+    a.q = (const __nv_bfloat16 *)c->x;
+    a.out = (__nv_bfloat16 *)c->out;
+    a.seg = kv->seg_base;
+    a.page_bytes = kv->page_bytes;
+    a.table = table_dev;
+    a.tpp = kv->tokens_per_page;
+    a.kv_dim = kv->kv_dim;
+    a.n = c->n;
+    a.nh = c->n_heads;
+    a.group = c->n_heads / c->n_kv_heads;
+    a.pos0 = c->pos0;
+    a.window = c->window;
+    a.scale_log2 = c->scale * 1.4426950408889634f;
+    const dim3 grid(c->n_heads, (c->n + TC_BM - 1) / TC_BM);
+    if (c->head_dim == 64)
+        attn_tc_kernel<64><<<grid, TC_THREADS, 2 * TC_BN * (64 + TC_PAD) * sizeof(__nv_bfloat16), cb->stream>>>(a);
+    else
+        attn_tc_kernel<128><<<grid, TC_THREADS, 2 * TC_BN * (128 + TC_PAD) * sizeof(__nv_bfloat16), cb->stream>>>(a);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
