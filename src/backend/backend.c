@@ -1,7 +1,120 @@
-/* backend.c: what every backend shares - releasing one through its vtable.
- * (Op names live with the SRG in src/graph/graph.c.) */
-#include "djinn/backend.h"
+/* backend.c: what every backend shares - releasing one through its vtable
+ * and the argument checks of a call. (Op names live in src/graph/graph.c.) */
+#include "backend/backend_impl.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 void dj_backend_free(dj_backend_t *be) {
     if (be) be->vt->destroy(be);
+}
+
+#define REQUIRE(cond, ...)                                   \
+    do {                                                     \
+        if (!(cond)) return dj_fail(DJ_EINVAL, __VA_ARGS__); \
+    } while (0)
+
+static bool is_float_dtype(dj_dtype t) {
+    return t == DJ_DTYPE_F32 || t == DJ_DTYPE_F16 || t == DJ_DTYPE_BF16;
+}
+
+/* True when [a, a+na) and [b, b+nb) (bytes) share memory. */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+/* The K/V view and the positions [pos0, pos0+n) it must hold. */
+static dj_status check_kv(const dj_op_call *c, const char *op, dj_dtype kvt, const char *backend) {
+    const dj_kv_view *kv = c->kv;
+    REQUIRE(kv, "%s: NULL kv view", op);
+    REQUIRE(kv->seg_base && kv->block_table, "%s: kv view has a NULL segment base or block table", op);
+    REQUIRE(kv->dtype == kvt, "%s: kv dtype %s, the %s backend stores %s", op, dj_dtype_name(kv->dtype), backend,
+            dj_dtype_name(kvt));
+    REQUIRE(kv->tokens_per_page > 0 && kv->kv_dim > 0, "%s: kv view has tokens_per_page=%u kv_dim=%u", op,
+            kv->tokens_per_page, kv->kv_dim);
+    const uint64_t need = 2ull * kv->tokens_per_page * kv->kv_dim * dj_dtype_size(kvt);
+    REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u %s", op,
+            kv->page_bytes, kv->tokens_per_page, kv->kv_dim, dj_dtype_name(kvt));
+    REQUIRE(kv->page_bytes % 4 == 0 && (uintptr_t)kv->seg_base % 4 == 0,
+            "%s: page size %zu and segment base must be multiples of 4 bytes", op, kv->page_bytes);
+    REQUIRE(!c->row_tables || c->row_pos, "%s: per-row block tables need per-row positions", op);
+    if (c->row_pos) return DJ_OK; /* the caller guarantees each row's position is mapped */
+    const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
+    if (end > cap || end > UINT32_MAX)
+        return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
+                       (unsigned long long)(end - 1), (unsigned long long)((end - 1) / kv->tokens_per_page),
+                       kv->n_blocks);
+    return DJ_OK;
+}
+
+dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, const char *backend) {
+    const char *op = dj_op_name(c->op);
+    const size_t n = c->n, act = dj_dtype_size(act_t);
+    REQUIRE(n > 0, "%s: zero token rows", op);
+    if (c->op != DJ_OP_KV_WRITE && c->op < DJ_OP_COUNT)
+        REQUIRE(c->out_dtype == act_t || (c->op == DJ_OP_MATMUL && c->out_dtype == DJ_DTYPE_F32),
+                "%s: out dtype %s, the %s backend writes %s activations (or f32 from MATMUL)", op,
+                dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
+    switch (c->op) {
+    case DJ_OP_EMBED:
+        REQUIRE(c->out && c->w && (c->ids || c->ids_dev), "%s: NULL out, table or ids", op);
+        REQUIRE(c->d > 0 && c->m > 0, "%s: d=%u vocab(m)=%u must be positive", op, c->d, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: table dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        return DJ_OK;
+    case DJ_OP_RMSNORM:
+        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(c->eps >= 0.0f, "%s: eps %g is negative", op, (double)c->eps);
+        return DJ_OK;
+    case DJ_OP_MATMUL:
+        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
+        REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(!c->bias || is_float_dtype(c->bias_dtype), "%s: bias dtype %s is not a float type", op,
+                dj_dtype_name(c->bias_dtype));
+        REQUIRE(!overlaps(c->out, n * c->m * dj_dtype_size(c->out_dtype), c->x, n * c->k * act),
+                "%s: out overlaps x", op);
+        return DJ_OK;
+    case DJ_OP_ROPE: {
+        REQUIRE(c->out && c->x && c->inv_freq, "%s: NULL out, x or inv_freq", op);
+        REQUIRE(c->n_heads > 0 && c->head_dim > 0 && c->head_dim % 2 == 0,
+                "%s: n_heads=%u head_dim=%u (need heads > 0, even head_dim)", op, c->n_heads, c->head_dim);
+        REQUIRE(c->scale > 0.0f && isfinite(c->scale), "%s: scale %g must be positive (1 = no scaling)", op,
+                (double)c->scale);
+        const size_t bytes = n * c->n_heads * c->head_dim * act;
+        REQUIRE(c->out == c->x || !overlaps(c->out, bytes, c->x, bytes), "%s: out partly overlaps x", op);
+        return DJ_OK;
+    }
+    case DJ_OP_KV_WRITE:
+        REQUIRE(c->x && c->x2, "%s: NULL k or v", op);
+        return check_kv(c, op, kvt, backend);
+    case DJ_OP_ATTENTION: {
+        REQUIRE(c->out && c->x, "%s: NULL out or q", op);
+        REQUIRE(c->n_heads > 0 && c->n_kv_heads > 0 && c->head_dim > 0, "%s: n_heads=%u n_kv_heads=%u head_dim=%u",
+                op, c->n_heads, c->n_kv_heads, c->head_dim);
+        REQUIRE(c->n_heads % c->n_kv_heads == 0, "%s: %u query heads do not divide into %u kv heads", op,
+                c->n_heads, c->n_kv_heads);
+        REQUIRE(isfinite(c->scale), "%s: scale is not finite", op);
+        dj_status st = check_kv(c, op, kvt, backend);
+        if (st != DJ_OK) return st;
+        REQUIRE(c->kv->kv_dim == c->n_kv_heads * c->head_dim, "%s: kv_dim %u != n_kv_heads %u * head_dim %u", op,
+                c->kv->kv_dim, c->n_kv_heads, c->head_dim);
+        const size_t bytes = n * c->n_heads * c->head_dim * act;
+        REQUIRE(!overlaps(c->out, bytes, c->x, bytes), "%s: out overlaps q", op);
+        return DJ_OK;
+    }
+    case DJ_OP_SILU_MUL:
+    case DJ_OP_ADD:
+        REQUIRE(c->out && c->x && c->x2, "%s: NULL out or input", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        return DJ_OK;
+    case DJ_OP_COUNT: break;
+    }
+    return dj_fail(DJ_EUNSUPPORTED, "%s backend: unknown op %d", backend, (int)c->op);
 }

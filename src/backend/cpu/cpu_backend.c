@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/backend_impl.h"
 #include "backend/cpu/cpu_impl.h"
 
 #define CPU_ALIGN 4096
@@ -41,16 +42,6 @@ void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {
 #endif
         for (; i < count; i++) dst[i] = dj_f16_to_f32(s[i]);
     }
-}
-
-static bool is_float_dtype(dj_dtype t) {
-    return t == DJ_DTYPE_F32 || t == DJ_DTYPE_F16 || t == DJ_DTYPE_BF16;
-}
-
-/* True when [a, a+na) and [b, b+nb) (bytes) share memory. */
-static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + nb && pb < pa + na;
 }
 
 /* ---- memory ---- */
@@ -219,107 +210,10 @@ static dj_status op_add(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
-/* ---- argument checks ---- */
-
-#define REQUIRE(cond, ...)                                       \
-    do {                                                         \
-        if (!(cond)) return dj_fail(DJ_EINVAL, __VA_ARGS__);     \
-    } while (0)
-
-/* The K/V view and the positions [pos0, pos0+n) it must hold. */
-static dj_status check_kv(const dj_op_call *c, const char *op) {
-    const dj_kv_view *kv = c->kv;
-    REQUIRE(kv, "%s: NULL kv view", op);
-    REQUIRE(kv->seg_base && kv->block_table, "%s: kv view has a NULL segment base or block table", op);
-    REQUIRE(kv->dtype == DJ_DTYPE_F32, "%s: kv dtype %s, the CPU backend stores f32", op,
-            dj_dtype_name(kv->dtype));
-    REQUIRE(kv->tokens_per_page > 0 && kv->kv_dim > 0, "%s: kv view has tokens_per_page=%u kv_dim=%u", op,
-            kv->tokens_per_page, kv->kv_dim);
-    const uint64_t need = 2ull * kv->tokens_per_page * kv->kv_dim * sizeof(float);
-    REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u floats", op,
-            kv->page_bytes, kv->tokens_per_page, kv->kv_dim);
-    REQUIRE(!c->row_tables || c->row_pos, "%s: per-row block tables need per-row positions", op);
-    if (c->row_pos) return DJ_OK; /* the caller guarantees each row's position is mapped */
-    const uint64_t end = (uint64_t)c->pos0 + c->n, cap = (uint64_t)kv->n_blocks * kv->tokens_per_page;
-    if (end > cap || end > UINT32_MAX)
-        return dj_fail(DJ_ERANGE, "%s: positions up to %llu need block %llu but only %u blocks are mapped", op,
-                       (unsigned long long)(end - 1), (unsigned long long)((end - 1) / kv->tokens_per_page),
-                       kv->n_blocks);
-    return DJ_OK;
-}
-
-static dj_status check_call(const dj_op_call *c) {
-    const char *op = dj_op_name(c->op);
-    const size_t n = c->n;
-    REQUIRE(n > 0, "%s: zero token rows", op);
-    REQUIRE(c->op == DJ_OP_KV_WRITE || c->out_dtype == DJ_DTYPE_F32,
-            "%s: out dtype %s, the CPU backend writes f32 activations", op, dj_dtype_name(c->out_dtype));
-    switch (c->op) {
-    case DJ_OP_EMBED:
-        REQUIRE(c->out && c->w && (c->ids || c->ids_dev), "%s: NULL out, table or ids", op);
-        REQUIRE(c->d > 0 && c->m > 0, "%s: d=%u vocab(m)=%u must be positive", op, c->d, c->m);
-        REQUIRE(is_float_dtype(c->w_dtype), "%s: table dtype %s is not a float type", op,
-                dj_dtype_name(c->w_dtype));
-        return DJ_OK;
-    case DJ_OP_RMSNORM:
-        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
-        REQUIRE(c->d > 0, "%s: zero row width", op);
-        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
-                dj_dtype_name(c->w_dtype));
-        REQUIRE(c->eps >= 0.0f, "%s: eps %g is negative", op, (double)c->eps);
-        return DJ_OK;
-    case DJ_OP_MATMUL:
-        REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
-        REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
-        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
-                dj_dtype_name(c->w_dtype));
-        REQUIRE(!c->bias || is_float_dtype(c->bias_dtype), "%s: bias dtype %s is not a float type", op,
-                dj_dtype_name(c->bias_dtype));
-        REQUIRE(!overlaps(c->out, n * c->m * sizeof(float), c->x, n * c->k * sizeof(float)),
-                "%s: out overlaps x", op);
-        return DJ_OK;
-    case DJ_OP_ROPE: {
-        REQUIRE(c->out && c->x && c->inv_freq, "%s: NULL out, x or inv_freq", op);
-        REQUIRE(c->n_heads > 0 && c->head_dim > 0 && c->head_dim % 2 == 0,
-                "%s: n_heads=%u head_dim=%u (need heads > 0, even head_dim)", op, c->n_heads, c->head_dim);
-        REQUIRE(c->scale > 0.0f && isfinite(c->scale), "%s: scale %g must be positive (1 = no scaling)", op,
-                (double)c->scale);
-        const size_t bytes = n * c->n_heads * c->head_dim * sizeof(float);
-        REQUIRE(c->out == c->x || !overlaps(c->out, bytes, c->x, bytes), "%s: out partly overlaps x", op);
-        return DJ_OK;
-    }
-    case DJ_OP_KV_WRITE:
-        REQUIRE(c->x && c->x2, "%s: NULL k or v", op);
-        return check_kv(c, op);
-    case DJ_OP_ATTENTION: {
-        REQUIRE(c->out && c->x, "%s: NULL out or q", op);
-        REQUIRE(c->n_heads > 0 && c->n_kv_heads > 0 && c->head_dim > 0, "%s: n_heads=%u n_kv_heads=%u head_dim=%u",
-                op, c->n_heads, c->n_kv_heads, c->head_dim);
-        REQUIRE(c->n_heads % c->n_kv_heads == 0, "%s: %u query heads do not divide into %u kv heads", op,
-                c->n_heads, c->n_kv_heads);
-        REQUIRE(isfinite(c->scale), "%s: scale is not finite", op);
-        dj_status st = check_kv(c, op);
-        if (st != DJ_OK) return st;
-        REQUIRE(c->kv->kv_dim == c->n_kv_heads * c->head_dim, "%s: kv_dim %u != n_kv_heads %u * head_dim %u", op,
-                c->kv->kv_dim, c->n_kv_heads, c->head_dim);
-        const size_t bytes = n * c->n_heads * c->head_dim * sizeof(float);
-        REQUIRE(!overlaps(c->out, bytes, c->x, bytes), "%s: out overlaps q", op);
-        return DJ_OK;
-    }
-    case DJ_OP_SILU_MUL:
-    case DJ_OP_ADD:
-        REQUIRE(c->out && c->x && c->x2, "%s: NULL out or input", op);
-        REQUIRE(c->d > 0, "%s: zero row width", op);
-        return DJ_OK;
-    case DJ_OP_COUNT: break;
-    }
-    return dj_fail(DJ_EUNSUPPORTED, "cpu backend: unknown op %d", (int)c->op);
-}
-
 static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
     dj_cpu_backend *cb = (dj_cpu_backend *)be;
     if (!c) return dj_fail(DJ_EINVAL, "cpu compute: NULL call");
-    dj_status st = check_call(c);
+    dj_status st = dj__op_call_check(c, DJ_DTYPE_F32, DJ_DTYPE_F32, "cpu");
     if (st != DJ_OK) return st;
     switch (c->op) {
     case DJ_OP_EMBED: return op_embed(cb, c);
