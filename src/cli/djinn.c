@@ -298,17 +298,25 @@ static const char *default_model(void) {
 #endif
 }
 
-/* Where a model came from, if its folder says (djinn_model.json). */
-static void print_origin(const char *dir) {
+/* dir/name parsed as JSON (at most 64 KiB), or NULL if absent; a file that is
+ * there but not JSON gets a warning and is ignored. Free with cJSON_Delete. */
+static cJSON *read_json_in(const char *dir, const char *name) {
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/djinn_model.json", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char buf[16384];
+    if (!f) return NULL;
+    static char buf[65536];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = '\0';
     cJSON *j = cJSON_Parse(buf);
+    if (!j) fprintf(stderr, "djinn: warning: %s is not valid JSON; ignoring it\n", path);
+    return j;
+}
+
+/* Where a model came from, if its folder says (djinn_model.json). */
+static void print_origin(const char *dir) {
+    cJSON *j = read_json_in(dir, "djinn_model.json");
     if (!j) return;
     static const char *const keys[][2] = {{"name", "origin:         "},     {"description", "                "},
                                           {"trained_by", "trained by:     "}, {"trained_on", "trained on:     "},
@@ -372,19 +380,8 @@ static int cmd_info(opts *o) {
 
 /* generation_config.json decides sampling when the command line does not. */
 static void read_generation_config(const char *dir, opts *o) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
-    if (!j) {
-        fprintf(stderr, "djinn: warning: %s is not valid JSON; ignoring it\n", path);
-        return;
-    }
+    cJSON *j = read_json_in(dir, "generation_config.json");
+    if (!j) return;
     const cJSON *ds = cJSON_GetObjectItemCaseSensitive(j, "do_sample");
     if (cJSON_IsTrue(ds) && !o->have_temp && !o->greedy) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "temperature");
