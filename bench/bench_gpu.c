@@ -268,7 +268,21 @@ int main(int argc, char **argv) {
         char d[64], w[96];
         snprintf(d, sizeof d, "rel err %.2e", err);
         snprintf(w, sizeof w, "batch of %u, row 0 = the same session stepped alone (bf16)", B);
-        check(w, err <= 3e-2 && dj_argmax(lb, V) == dj_argmax(l1, V), d);
+        /* The two picks may differ only where the twin's top-2 gap is within
+         * the rows' largest difference (random weights give near ties). */
+        double md = 0, top1 = -INFINITY, top2 = -INFINITY;
+        for (uint32_t i = 0; i < V; i++) {
+            const double diff = fabs((double)lb[i] - (double)l1[i]);
+            md = diff > md ? diff : md;
+            if (l1[i] > top1) {
+                top2 = top1;
+                top1 = l1[i];
+            } else if (l1[i] > top2) {
+                top2 = l1[i];
+            }
+        }
+        const bool same_pick = dj_argmax(lb, V) == dj_argmax(l1, V) || top1 - top2 <= 2 * md;
+        check(w, err <= 3e-2 && same_pick, d);
         check("device greedy picks = argmax of the batch's logits", picks, "");
         free(lb);
         free(l1);
