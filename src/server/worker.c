@@ -799,7 +799,9 @@ static dj_status do_model_list(dj__server *s, dj__mw *w) {
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s/config.json", s->cfg.models, de->d_name);
         if (stat(path, &sb) != 0) continue;
-        snprintf(names[n++], 128, "%s", de->d_name);
+        const size_t len = strlen(de->d_name); /* < 128, checked above */
+        memcpy(names[n], de->d_name, len + 1);
+        n++;
     }
     closedir(d);
     dj__mw_key(w, "models");
