@@ -8,6 +8,7 @@
 
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
+#include "fixture_ref.h" /* rel_err */
 #include "testutil.h"
 
 #define N_SESS 3
@@ -23,17 +24,6 @@ static dj_engine_t *new_engine(void) {
     dj_engine_t *e = NULL;
     CHECK_OK(dj_engine_new(&ec, &e));
     return e;
-}
-
-/* Largest |a-b| over the largest |b| (NaN counts as failure). */
-static double rel_err(const float *a, const float *b, uint32_t n) {
-    double md = 0, mr = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= md)) md = d;
-        if (fabs((double)b[i]) > mr) mr = fabs((double)b[i]);
-    }
-    return md / (mr > 0 ? mr : 1);
 }
 
 static int32_t rand_id(uint32_t vocab) { return (int32_t)(dj_test_rand() % vocab); }
@@ -72,7 +62,7 @@ static void check_model(const char *name) {
         CHECK_OK(dj_engine_step_batch(e, b, ids, N_SESS, lb, NULL, next));
         for (int i = 0; i < N_SESS; i++) {
             CHECK_OK(dj_session_step(e, s[i], &ids[i], 1, ls));
-            const double err = rel_err(lb + (size_t)i * V, ls, V);
+            const double err = rel_err(lb + (size_t)i * V, ls, (int)V);
             if (err > worst || err != err) worst = err;
             CHECK_MSG(err <= 1e-5, "%s step %d session %d: batched vs single rel err %.3g", name, step, i, err);
             CHECK(next[i] == dj_argmax(lb + (size_t)i * V, V));
@@ -92,7 +82,7 @@ static void check_model(const char *name) {
         tok = picked;
         CHECK_OK(dj_session_step(e, s[0], &tok, 1, ls));
         CHECK_OK(dj_engine_step_batch(e, one, &tok, 1, lb, NULL, NULL));
-        CHECK(rel_err(lb, ls, V) <= 1e-5);
+        CHECK(rel_err(lb, ls, (int)V) <= 1e-5);
     }
 
     /* Seeded sampling is per session: two sessions with the same history and
