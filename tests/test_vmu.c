@@ -456,6 +456,24 @@ static void test_pages_random(void) {
         for (int j = 0; j < NS; j++) bad += dj_vmu_session_pages(s[j]) != nheld[j];
         if (op % 97 == 0) bad += dj__vmu_check(vmu) != DJ_OK;
     }
+    /* the walk may not have reached a full segment on this seed: fill it now,
+     * round-robin over the sessions, so the ENOSPC path is always exercised */
+    for (int i = 0; in_use < np; i = (i + 1) % NS) {
+        uint32_t p = 0;
+        if (dj_vmu_page_alloc(vmu, s[i], &p) != DJ_OK || p >= np || who[p] != -1) {
+            bad++;
+            break;
+        }
+        who[p] = i;
+        held[i][nheld[i]++] = p;
+        memset(base + (size_t)p * pb, 'a' + i, pb);
+        if (++in_use > peak) peak = in_use;
+    }
+    {
+        uint32_t p = 0;
+        bad += dj_vmu_page_alloc(vmu, s[0], &p) != DJ_ENOSPC;
+        full++;
+    }
     CHECK_MSG(bad == 0, "%d accounting/ownership errors (%s)", bad, dj_last_error());
     CHECK(full > 0 && peak == np);
     /* every page is reusable by any one session */
