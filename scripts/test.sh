@@ -12,6 +12,20 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$JOBS"
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
+# The CUDA backend is compiled wherever nvcc is (CI has it, but no GPU): the
+# same tests then run with it linked in, and test_cuda_probe checks the
+# no-device paths. On a GPU machine scripts/gpu_check.sh runs the GPU checks.
+NVCC=$(command -v nvcc || true)
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+if [ -n "$NVCC" ]; then
+    echo "== CUDA build (nvcc: $NVCC) + tests"
+    cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DDJ_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC" >/dev/null
+    cmake --build build-cuda -j "$JOBS"
+    ctest --test-dir build-cuda --output-on-failure -j "$JOBS"
+else
+    echo "== no nvcc: the CUDA backend is not compiled"
+fi
+
 echo "== ASan/UBSan build + tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDJ_SANITIZE=ON >/dev/null
 cmake --build build-asan -j "$JOBS"

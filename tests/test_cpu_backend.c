@@ -423,6 +423,10 @@ static void test_errors(void) {
     CHECK_OK(dj_backend_compute(be, &c));
     c.out_dtype = DJ_DTYPE_BF16; /* the CPU writes f32 activations only */
     CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    c.out_dtype = DJ_DTYPE_F32;
+    c.x_dtype = DJ_DTYPE_BF16; /* and reads an f32 residual stream */
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    c.x_dtype = DJ_DTYPE_F32;
 
     float inv_freq[2] = {1.0f, 0.5f};
     dj_op_call r = {.op = DJ_OP_ROPE, .n = 1, .out = out, .x = x, .inv_freq = inv_freq, .n_heads = 2,

@@ -56,8 +56,10 @@ typedef enum {
 const char *dj_op_name(dj_op op);
 
 /* One op invocation with every pointer resolved. Activations (out, x, x2)
- * have the backend's act_dtype (f32 on the CPU, bf16 on CUDA); the one
- * exception is out_dtype below. Weights (w, bias, table, norm weight) carry
+ * have the backend's act_dtype (f32 on the CPU, bf16 on CUDA), except where
+ * out_dtype and x_dtype below say f32: the logits, and the residual stream
+ * (EMBED and ADD outputs, RMSNORM and ADD inputs x), which the executor
+ * keeps in the backend's res_dtype. Weights (w, bias, table, norm weight) carry
  * their own dtype. n is the number of token rows of this call (the runtime
  * count, <= the planned one). All pointers except ids and kv->block_table
  * are device memory.
@@ -81,9 +83,13 @@ typedef struct dj_op_call {
     const void *x;         /* main activation input (q for ATTENTION/ROPE, k for KV_WRITE) */
     const void *x2;        /* second input: b for ADD, up for SILU_MUL, v for KV_WRITE */
     dj_dtype out_dtype;    /* element type of out: always the real one. Must equal the
-                            * backend's act_dtype, except that MATMUL may also write f32
-                            * (the logits). The executor sets it for every op; a
-                            * zero-initialised call means f32 (the CPU's act_dtype). */
+                            * backend's act_dtype, except that MATMUL (the logits), EMBED
+                            * and ADD (the residual stream) may also write f32. The
+                            * executor sets it for every op; a zero-initialised call
+                            * means f32 (the CPU's act_dtype). */
+    dj_dtype x_dtype;      /* RMSNORM and ADD: element type of x, act_dtype or f32 (the
+                            * residual stream); ADD's x2 is always act_dtype. Other ops
+                            * ignore it (x is act_dtype). Zero-initialised: f32. */
     const void *w;         /* weight: EMBED table, RMSNORM weight, MATMUL weight */
     dj_dtype w_dtype;
     const void *bias;      /* MATMUL bias [m] or NULL */
@@ -151,6 +157,8 @@ struct dj_backend {
     const dj_backend_vtbl *vt;
     dj_dtype kv_dtype;    /* element type it wants for K/V pages */
     dj_dtype act_dtype;   /* element type of activations (f32 on the CPU) */
+    dj_dtype res_dtype;   /* element type the executor keeps the residual stream in
+                           * (EMBED and ADD outputs): act_dtype or f32 */
     bool host_memory;     /* device memory is host memory (the CPU backend) */
 };
 

@@ -22,8 +22,10 @@ int dj_cuda_device_count(void);
 dj_status dj_cuda_device_name(int device, char *buf /* OUT */, size_t len);
 
 /* A backend on GPU `device`: its own stream and cuBLAS handle. Activations
- * and K/V pages are bf16 (act_dtype = kv_dtype = DJ_DTYPE_BF16); every
- * kernel accumulates in f32. compute only enqueues work on the stream (ids
+ * and K/V pages are bf16 (act_dtype = kv_dtype = DJ_DTYPE_BF16); the
+ * residual stream between layers is f32 (res_dtype; $DJINN_RESIDUAL=bf16
+ * keeps it in bf16 as transformers' bf16 models do); every kernel
+ * accumulates in f32. compute only enqueues work on the stream (ids
  * and block tables are copied out of host memory before it returns); sync
  * waits for it and reports a kernel fault as DJ_EDEVICE. Every CUDA failure
  * becomes DJ_EDEVICE (DJ_ENOMEM for alloc) with the message

@@ -54,9 +54,14 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
     const size_t n = c->n, act = dj_dtype_size(act_t);
     REQUIRE(n > 0, "%s: zero token rows", op);
     if (c->op != DJ_OP_KV_WRITE && c->op < DJ_OP_COUNT)
-        REQUIRE(c->out_dtype == act_t || (c->op == DJ_OP_MATMUL && c->out_dtype == DJ_DTYPE_F32),
-                "%s: out dtype %s, the %s backend writes %s activations (or f32 from MATMUL)", op,
+        REQUIRE(c->out_dtype == act_t || (c->out_dtype == DJ_DTYPE_F32 && (c->op == DJ_OP_MATMUL ||
+                                                                        c->op == DJ_OP_EMBED || c->op == DJ_OP_ADD)),
+                "%s: out dtype %s, the %s backend writes %s activations (or f32 from MATMUL, EMBED, ADD)", op,
                 dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
+    if (c->op == DJ_OP_RMSNORM || c->op == DJ_OP_ADD)
+        REQUIRE(c->x_dtype == act_t || c->x_dtype == DJ_DTYPE_F32,
+                "%s: x dtype %s, the %s backend reads %s activations or an f32 residual stream", op,
+                dj_dtype_name(c->x_dtype), backend, dj_dtype_name(act_t));
     switch (c->op) {
     case DJ_OP_EMBED:
         REQUIRE(c->out && c->w && (c->ids || c->ids_dev), "%s: NULL out, table or ids", op);

@@ -515,6 +515,18 @@ static dj_dtype node_dtype(const dj_graph_t *g, int idx) {
     return idx < 0 ? DJ_DTYPE_F32 : dj_graph_node_c(g, idx)->dtype;
 }
 
+/* The element type an op node's output has on this backend: f32 logits, the
+ * residual stream (EMBED, ADD) in res_dtype, every other activation in
+ * act_dtype. The plan sized every activation for f32, so all of them fit. */
+static dj_dtype exec_dtype(const dj_backend_t *be, const dj_node *nd) {
+    if (nd->res == DJ_RES_OUTPUT) return DJ_DTYPE_F32;
+    return nd->op == DJ_OP_EMBED || nd->op == DJ_OP_ADD ? be->res_dtype : be->act_dtype;
+}
+
+static dj_dtype src_dtype(const dj_backend_t *be, const dj_graph_t *g, int idx) {
+    return idx < 0 ? be->act_dtype : exec_dtype(be, dj_graph_node_c(g, idx));
+}
+
 /* What one step reads besides the plan: rows at consecutive positions of one
  * session (prefill: pos0, host ids), or rows each at its own position and
  * session (decode: everything in the step-args buffer, device memory). */
@@ -542,7 +554,16 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         call.n = n;
         call.pos0 = io->pos0;
         call.out = nd->res == DJ_RES_KV ? NULL : stack + nd->offset;
-        call.out_dtype = nd->res == DJ_RES_OUTPUT ? DJ_DTYPE_F32 : e->be->act_dtype; /* logits: f32 */
+        call.out_dtype = exec_dtype(e->be, nd);
+        call.x_dtype = src_dtype(e->be, g, nd->src[0]);
+        /* Every op but RMSNORM and ADD (and ADD's second input) reads act_dtype. */
+        const bool any_x = nd->op == DJ_OP_RMSNORM || nd->op == DJ_OP_ADD;
+        if ((!any_x && nd->op != DJ_OP_EMBED && call.x_dtype != e->be->act_dtype) ||
+            ((nd->op == DJ_OP_ADD || nd->op == DJ_OP_SILU_MUL) && src_dtype(e->be, g, nd->src[1]) != e->be->act_dtype)) {
+            st = dj_fail(DJ_EINTERNAL, "node %d (%s) reads the residual stream where the backend takes only %s", i,
+                         nd->name, dj_dtype_name(e->be->act_dtype));
+            continue;
+        }
         const void *x = node_ptr(m, g, nd->src[0], stack);
         const void *x1 = node_ptr(m, g, nd->src[1], stack);
         switch (nd->op) {

@@ -90,6 +90,20 @@ static void *rand_weight(dj_dtype t, size_t count, float lo, float hi) {
 static float *falloc(size_t count) { return xmalloc(count * sizeof(float)); }
 static uint16_t *halloc(size_t count) { return xmalloc(count * sizeof(uint16_t)); }
 
+/* count random activations in [lo, hi) as the device holds them: bf16, or
+ * f32 (the residual stream, full f32 values); f receives their exact values.
+ * Returns a host buffer (free). */
+static void *rand_act(dj_dtype t, float *f, size_t count, float lo, float hi) {
+    if (t == DJ_DTYPE_BF16) {
+        uint16_t *b = halloc(count);
+        rand_bf16(b, f, count, lo, hi);
+        return b;
+    }
+    float *x = falloc(count);
+    for (size_t i = 0; i < count; i++) f[i] = x[i] = dj_test_randf(lo, hi);
+    return x;
+}
+
 /* GPU result (dtype t, count elements) against the CPU's; prints one row. */
 static void compare(const char *op, const char *shape, const void *gpu_out, dj_dtype t, const float *ref,
                     size_t count) {
@@ -133,23 +147,26 @@ static void run_both(const dj_op_call *cc, const dj_op_call *gc, const char *op)
 
 /* ---- ops ---- */
 
-static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t) {
+/* ot: the output's dtype, bf16 or f32 (the residual stream). */
+static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t, dj_dtype ot) {
     void *tab = rand_weight(t, (size_t)vocab * d, -1.0f, 1.0f);
     int32_t *ids = xmalloc(n * sizeof *ids);
     for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(dj_test_rand() % vocab);
     ids[0] = (int32_t)vocab - 1;
     float *ref = falloc((size_t)n * d);
-    void *dtab = dcopy(tab, (size_t)vocab * d * dj_dtype_size(t)), *dout = dalloc((size_t)n * d * 2);
-    poison(dout, (size_t)n * d * 2);
+    const size_t ob = (size_t)n * d * dj_dtype_size(ot);
+    void *dtab = dcopy(tab, (size_t)vocab * d * dj_dtype_size(t)), *dout = dalloc(ob);
+    poison(dout, ob);
     dj_op_call cc = {.op = DJ_OP_EMBED, .n = n, .out = ref, .w = tab, .w_dtype = t, .ids = ids, .d = d, .m = vocab};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.w = dtab;
-    gc.out_dtype = DJ_DTYPE_BF16;
+    gc.out_dtype = ot;
     run_both(&cc, &gc, "embed");
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u d=%u vocab=%u table=%s", n, d, vocab, dj_dtype_name(t));
-    compare("EMBED", shape, dout, DJ_DTYPE_BF16, ref, (size_t)n * d);
+    snprintf(shape, sizeof shape, "n=%u d=%u vocab=%u table=%s out=%s", n, d, vocab, dj_dtype_name(t),
+             dj_dtype_name(ot));
+    compare("EMBED", shape, dout, ot, ref, (size_t)n * d);
     ids[n - 1] = (int32_t)vocab;
     expect("EMBED", "id == vocab", dj_backend_compute(gpu, &gc), DJ_ERANGE);
     dfree(dtab);
@@ -159,23 +176,24 @@ static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t) {
     free(ref);
 }
 
-static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t) {
+/* xt: x's dtype, bf16 or f32 (the residual stream). */
+static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t, dj_dtype xt) {
     const size_t count = (size_t)n * d;
-    uint16_t *xb = halloc(count);
     float *xf = falloc(count), *ref = falloc(count);
-    rand_bf16(xb, xf, count, -2.0f, 2.0f);
+    void *xb = rand_act(xt, xf, count, -2.0f, 2.0f);
     void *w = rand_weight(t, d, 0.5f, 1.5f);
-    void *dx = dcopy(xb, count * 2), *dw = dcopy(w, d * dj_dtype_size(t)), *dout = dalloc(count * 2);
+    void *dx = dcopy(xb, count * dj_dtype_size(xt)), *dw = dcopy(w, d * dj_dtype_size(t)), *dout = dalloc(count * 2);
     poison(dout, count * 2);
     dj_op_call cc = {.op = DJ_OP_RMSNORM, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = t, .d = d, .eps = 1e-5f};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dx;
+    gc.x_dtype = xt;
     gc.w = dw;
     gc.out_dtype = DJ_DTYPE_BF16;
     run_both(&cc, &gc, "rmsnorm");
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u d=%u w=%s", n, d, dj_dtype_name(t));
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s x=%s", n, d, dj_dtype_name(t), dj_dtype_name(xt));
     compare("RMSNORM", shape, dout, DJ_DTYPE_BF16, ref, count);
     dfree(dx);
     dfree(dw);
@@ -193,11 +211,11 @@ static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t) {
  * wider than 16384 (DJ_FUSE_MAX_D) are never fused. Both
  * outputs against the CPU, the fused ones bit-equal to the GPU's unfused
  * launches, and the fusion counter must move exactly when it should. */
-static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode) {
-    const size_t count = (size_t)n * d;
-    uint16_t *ab = halloc(count), *bb = halloc(count);
+static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode, dj_dtype rt) {
+    const size_t count = (size_t)n * d, rb = count * dj_dtype_size(rt); /* rt: the residual stream's dtype */
+    uint16_t *bb = halloc(count);
     float *af = falloc(count), *bf = falloc(count), *href = falloc(count), *nref = falloc(count);
-    rand_bf16(ab, af, count, -2.0f, 2.0f);
+    void *ab = rand_act(rt, af, count, -2.0f, 2.0f);
     rand_bf16(bb, bf, count, -2.0f, 2.0f);
     void *w = rand_weight(wt, d, 0.5f, 1.5f);
     dj_op_call cadd = {.op = DJ_OP_ADD, .n = n, .out = href, .x = af, .x2 = bf, .d = d};
@@ -207,17 +225,20 @@ static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode) {
     void *dw = dcopy(w, d * dj_dtype_size(wt));
     void *outs[2][2]; /* [fused, unfused][h, norm] */
     for (int pass = 0; pass < 2; pass++) {
-        void *da = dcopy(ab, count * 2), *db = dcopy(bb, count * 2), *dh = dalloc(count * 2);
-        void *dn = mode == 1 ? da : dalloc(count * 2);
-        poison(dh, count * 2);
+        /* mode 1 writes the bf16 norm over a bf16 input: a, or b when a is f32 */
+        void *da = dcopy(ab, rb), *db = dcopy(bb, count * 2), *dh = dalloc(rb);
+        void *over = rt == DJ_DTYPE_BF16 ? da : db;
+        void *dn = mode == 1 ? over : dalloc(count * 2);
+        poison(dh, rb);
         if (mode != 1) poison(dn, count * 2);
         dj_op_call gadd = cadd, gnorm = cnorm;
         gadd.out = dh;
         gadd.x = da;
         gadd.x2 = db;
-        gadd.out_dtype = DJ_DTYPE_BF16;
+        gadd.x_dtype = gadd.out_dtype = rt;
         gnorm.out = dn;
         gnorm.x = mode == 2 ? da : dh;
+        gnorm.x_dtype = rt;
         gnorm.w = dw;
         gnorm.out_dtype = DJ_DTYPE_BF16;
         dj__cuda_set_fuse(gpu, pass == 0 && mode != 3);
@@ -234,31 +255,30 @@ static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode) {
         }
         outs[pass][0] = dh;
         outs[pass][1] = dn;
-        if (mode == 1) {
-            dfree(db);
-        } else {
-            dfree(da);
-            dfree(db);
-        }
+        if (mode != 1 || over != da) dfree(da);
+        if (mode != 1 || over != db) dfree(db);
     }
     dj__cuda_set_fuse(gpu, 1);
     static const char *modes[] = {"apart", "over input", "unrelated norm", "fusion off"};
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u d=%u w=%s %s: sum", n, d, dj_dtype_name(wt), modes[mode]);
-    compare("ADD+NORM", shape, outs[0][0], DJ_DTYPE_BF16, href, count);
-    snprintf(shape, sizeof shape, "n=%u d=%u w=%s %s: norm", n, d, dj_dtype_name(wt), modes[mode]);
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s res=%s %s: sum", n, d, dj_dtype_name(wt), dj_dtype_name(rt),
+             modes[mode]);
+    compare("ADD+NORM", shape, outs[0][0], rt, href, count);
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s res=%s %s: norm", n, d, dj_dtype_name(wt), dj_dtype_name(rt),
+             modes[mode]);
     compare("ADD+NORM", shape, outs[0][1], DJ_DTYPE_BF16, nref, count);
-    /* fused against unfused launches: the same bits */
-    uint16_t *x0 = halloc(count), *x1 = halloc(count);
+    /* fused against unfused launches: the same bytes (the sum in rt, the norm in bf16) */
+    uint8_t *x0 = xmalloc(rb), *x1 = xmalloc(rb);
     size_t differ = 0;
     for (int k = 0; k < 2; k++) {
-        down(x0, outs[0][k], count * 2);
-        down(x1, outs[1][k], count * 2);
-        for (size_t i = 0; i < count; i++) differ += x0[i] != x1[i];
+        const size_t bytes = k == 0 ? rb : count * 2;
+        down(x0, outs[0][k], bytes);
+        down(x1, outs[1][k], bytes);
+        differ += memcmp(x0, x1, bytes) != 0;
     }
     n_rows++;
     n_fail += differ != 0;
-    snprintf(shape, sizeof shape, "n=%u d=%u %s: fused = unfused bits", n, d, modes[mode]);
+    snprintf(shape, sizeof shape, "n=%u d=%u res=%s %s: fused = unfused", n, d, dj_dtype_name(rt), modes[mode]);
     printf("%-10s %-52s %10zu  %s\n", "ADD+NORM", shape, differ, differ ? "FAIL" : "pass");
     for (int pass = 0; pass < 2; pass++) {
         dfree(outs[pass][0]);
@@ -344,24 +364,27 @@ static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, floa
     free(inv);
 }
 
-static void check_elementwise(dj_op op, uint32_t n, uint32_t d) {
-    const size_t count = (size_t)n * d;
-    uint16_t *ab = halloc(count), *bb = halloc(count);
+/* xt, ot: dtypes of x and out (ADD may take and give the f32 residual
+ * stream); x2 is bf16. */
+static void check_elementwise(dj_op op, uint32_t n, uint32_t d, dj_dtype xt, dj_dtype ot) {
+    const size_t count = (size_t)n * d, ob = count * dj_dtype_size(ot);
+    uint16_t *bb = halloc(count);
     float *af = falloc(count), *bf = falloc(count), *ref = falloc(count);
-    rand_bf16(ab, af, count, -4.0f, 4.0f);
+    void *ab = rand_act(xt, af, count, -4.0f, 4.0f);
     rand_bf16(bb, bf, count, -4.0f, 4.0f);
-    void *da = dcopy(ab, count * 2), *db = dcopy(bb, count * 2), *dout = dalloc(count * 2);
-    poison(dout, count * 2);
+    void *da = dcopy(ab, count * dj_dtype_size(xt)), *db = dcopy(bb, count * 2), *dout = dalloc(ob);
+    poison(dout, ob);
     dj_op_call cc = {.op = op, .n = n, .out = ref, .x = af, .x2 = bf, .d = d};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = da;
+    gc.x_dtype = xt;
     gc.x2 = db;
-    gc.out_dtype = DJ_DTYPE_BF16;
+    gc.out_dtype = ot;
     run_both(&cc, &gc, dj_op_name(op));
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u d=%u", n, d);
-    compare(op == DJ_OP_ADD ? "ADD" : "SILU_MUL", shape, dout, DJ_DTYPE_BF16, ref, count);
+    snprintf(shape, sizeof shape, "n=%u d=%u x=%s out=%s", n, d, dj_dtype_name(xt), dj_dtype_name(ot));
+    compare(op == DJ_OP_ADD ? "ADD" : "SILU_MUL", shape, dout, ot, ref, count);
     dfree(da);
     dfree(db);
     dfree(dout);
@@ -896,7 +919,10 @@ static void check_errors(void) {
     void *d = dcopy(h, sizeof h), *w = dcopy(h, sizeof h);
     dj_op_call c = {.op = DJ_OP_RMSNORM, .n = 1, .out = d, .x = w, .w = w, .w_dtype = DJ_DTYPE_BF16, .d = 8,
                     .out_dtype = DJ_DTYPE_F32};
-    expect("RMSNORM", "out_dtype f32 (only MATMUL may write f32)", dj_backend_compute(gpu, &c), DJ_EINVAL);
+    expect("RMSNORM", "out_dtype f32 (MATMUL, EMBED, ADD only)", dj_backend_compute(gpu, &c), DJ_EINVAL);
+    c.out_dtype = DJ_DTYPE_BF16;
+    c.x_dtype = DJ_DTYPE_F16;
+    expect("RMSNORM", "x_dtype f16 (bf16 or the f32 residual only)", dj_backend_compute(gpu, &c), DJ_EINVAL);
     uint32_t table[1] = {0};
     dj_kv_view kv = {.seg_base = d, .page_bytes = 128, .block_table = table, .n_blocks = 1, .tokens_per_page = 4,
                      .kv_dim = 8, .dtype = DJ_DTYPE_F32};
@@ -1016,11 +1042,14 @@ int main(int argc, char **argv) {
 
     printf("%-10s %-52s %10s  %s\n", "op", "shape", "error", "result");
     static const dj_dtype fts[] = {DJ_DTYPE_BF16, DJ_DTYPE_F16, DJ_DTYPE_F32};
-    for (int t = 0; t < 3; t++) check_embed(37, 333, 1001, fts[t]);
-    check_embed(1, 4096, 32000, DJ_DTYPE_BF16);
-    for (int t = 0; t < 3; t++) check_rmsnorm(37, 4096, fts[t]);
-    check_rmsnorm(1, 37, DJ_DTYPE_BF16);
-    check_rmsnorm(5, 5120, DJ_DTYPE_F32);
+    /* residual-stream ops in both of its dtypes (f32 is what the engine uses) */
+    for (int t = 0; t < 3; t++) check_embed(37, 333, 1001, fts[t], DJ_DTYPE_BF16);
+    for (int t = 0; t < 3; t++) check_embed(37, 333, 1001, fts[t], DJ_DTYPE_F32);
+    check_embed(1, 4096, 32000, DJ_DTYPE_BF16, DJ_DTYPE_F32);
+    for (int t = 0; t < 3; t++) check_rmsnorm(37, 4096, fts[t], DJ_DTYPE_BF16);
+    for (int t = 0; t < 3; t++) check_rmsnorm(37, 4096, fts[t], DJ_DTYPE_F32);
+    check_rmsnorm(1, 37, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_rmsnorm(5, 5120, DJ_DTYPE_F32, DJ_DTYPE_F32);
 
     check_matmul(1, 4096, 1000, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 0);
     check_matmul(1, 37, 65, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 0);
@@ -1044,19 +1073,26 @@ int main(int argc, char **argv) {
     check_rope(37, 2, 128, 100000, 500000.0f, 1.3f, 0);
     check_rope(3, 5, 80, 7, 10000.0f, 1.0f, 1);
 
-    check_elementwise(DJ_OP_SILU_MUL, 1, 14336);
-    check_elementwise(DJ_OP_SILU_MUL, 37, 333);
-    check_elementwise(DJ_OP_ADD, 1, 4096);
-    check_elementwise(DJ_OP_ADD, 37, 1001);
-    /* rows, width, norm weight dtype, mode (see check_add_rmsnorm) */
-    check_add_rmsnorm(1, 4096, DJ_DTYPE_BF16, 0);
-    check_add_rmsnorm(37, 1001, DJ_DTYPE_F32, 0);
-    check_add_rmsnorm(5, 4096, DJ_DTYPE_F16, 1);
-    check_add_rmsnorm(3, 333, DJ_DTYPE_BF16, 2);
-    check_add_rmsnorm(2048, 4096, DJ_DTYPE_BF16, 3);
-    check_add_rmsnorm(4, 5120, DJ_DTYPE_BF16, 1);
-    check_add_rmsnorm(3, 12000, DJ_DTYPE_F32, 0);
-    check_add_rmsnorm(2, 20000, DJ_DTYPE_BF16, 0); /* wider than the fused kernel takes: launched apart */
+    check_elementwise(DJ_OP_SILU_MUL, 1, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_SILU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_ADD, 1, 4096, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_ADD, 37, 1001, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_ADD, 1, 4096, DJ_DTYPE_F32, DJ_DTYPE_F32);
+    check_elementwise(DJ_OP_ADD, 37, 1001, DJ_DTYPE_F32, DJ_DTYPE_F32);
+    check_elementwise(DJ_OP_ADD, 3, 999, DJ_DTYPE_BF16, DJ_DTYPE_F32);
+    check_elementwise(DJ_OP_ADD, 3, 999, DJ_DTYPE_F32, DJ_DTYPE_BF16);
+    /* rows, width, norm weight dtype, mode (see check_add_rmsnorm), residual dtype */
+    for (int r = 0; r < 2; r++) {
+        const dj_dtype rt = r == 0 ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
+        check_add_rmsnorm(1, 4096, DJ_DTYPE_BF16, 0, rt);
+        check_add_rmsnorm(37, 1001, DJ_DTYPE_F32, 0, rt);
+        check_add_rmsnorm(5, 4096, DJ_DTYPE_F16, 1, rt);
+        check_add_rmsnorm(3, 333, DJ_DTYPE_BF16, 2, rt);
+        check_add_rmsnorm(2048, 4096, DJ_DTYPE_BF16, 3, rt);
+        check_add_rmsnorm(4, 5120, DJ_DTYPE_BF16, 1, rt);
+        check_add_rmsnorm(3, 12000, DJ_DTYPE_F32, 0, rt);
+        check_add_rmsnorm(2, 20000, DJ_DTYPE_BF16, 0, rt); /* wider than the fused kernel takes: launched apart */
+    }
 
     /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused */
     check_rope_kv_write(1, 700, 8, 128, 16, 0, 1);

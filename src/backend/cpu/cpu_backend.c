@@ -273,6 +273,7 @@ dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
     cb->base.vt = &cpu_vtbl;
     cb->base.kv_dtype = DJ_DTYPE_F32;
     cb->base.act_dtype = DJ_DTYPE_F32;
+    cb->base.res_dtype = DJ_DTYPE_F32;
     cb->base.host_memory = true;
     cb->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
     /* Our OpenMP threads own the cores; OpenBLAS's own pool spinning beside

@@ -236,15 +236,22 @@ static bool bytes_overlap(const void *a, const void *b, size_t n) {
     return pa < pb + n && pb < pa + n;
 }
 
-/* The held ADD and this RMSNORM of its sum may run as one kernel: norm.out
- * is one of add's buffers or clear of all of them (rows of equal size). */
+/* The held ADD and this RMSNORM of its sum may run as one kernel: the sum
+ * and add's x have one type (the residual stream's), the norm reads the sum
+ * as such, and norm.out is one of add's bf16 buffers or clear of all of them. */
 static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
-    if (c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d || c->d > DJ_FUSE_MAX_D)
+    if (c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d || c->d > DJ_FUSE_MAX_D ||
+        add->x_dtype != add->out_dtype || c->x_dtype != add->out_dtype)
         return false;
-    const size_t bytes = (size_t)c->n * c->d * sizeof(__nv_bfloat16);
+    const size_t row = (size_t)c->n * c->d;
+    const size_t out_bytes = row * sizeof(__nv_bfloat16), res_bytes = row * dj_dtype_size(add->out_dtype);
     const void *bufs[3] = {add->x, add->x2, add->out};
-    for (int i = 0; i < 3; i++)
-        if (c->out != bufs[i] && bytes_overlap(c->out, bufs[i], bytes)) return false;
+    const size_t sizes[3] = {res_bytes, out_bytes, res_bytes};
+    for (int i = 0; i < 3; i++) {
+        if (c->out == bufs[i] && sizes[i] == out_bytes) continue; /* in place over a bf16 buffer */
+        const uintptr_t o = (uintptr_t)c->out, b = (uintptr_t)bufs[i];
+        if (o < b + sizes[i] && b < o + out_bytes) return false;
+    }
     return true;
 }
 
@@ -473,6 +480,9 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->base.act_dtype = DJ_DTYPE_BF16;
     cb->device = device;
     {
+        /* f32 (default) | bf16: the residual stream (see dj_cuda.h) */
+        const char *res = getenv("DJINN_RESIDUAL");
+        cb->base.res_dtype = res && strcmp(res, "bf16") == 0 ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
         const char *attn = getenv("DJINN_ATTN"); /* tc (default) | simple */
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
         const char *fuse = getenv("DJINN_FUSE"); /* on (default) | off */

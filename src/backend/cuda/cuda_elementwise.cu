@@ -1,6 +1,7 @@
-/* cuda_elementwise.cu: EMBED (table rows gathered to bf16), SILU_MUL and ADD
- * on bf16 activations, computed in f32, and the row argmax of f32 logits
- * (greedy sampling on the device). */
+/* cuda_elementwise.cu: EMBED (table rows gathered to bf16 or to the f32
+ * residual stream), SILU_MUL on bf16 activations, ADD of a bf16 activation to
+ * the residual stream (bf16 or f32), computed in f32, and the row argmax of
+ * f32 logits (greedy sampling on the device). */
 #include "backend/cuda/cuda_impl.h"
 
 #define EW_THREADS 256
@@ -10,9 +11,9 @@ static unsigned ew_blocks(const dj_cuda_backend *cb, size_t count) {
     return (unsigned)(b < cap ? b : cap);
 }
 
-template <typename TW>
-static __global__ void embed_kernel(const int32_t *ids, const TW *table, __nv_bfloat16 *out, uint32_t n,
-                                    uint32_t d, uint32_t vocab) {
+template <typename TW, typename TO>
+static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out, uint32_t n, uint32_t d,
+                                    uint32_t vocab) {
     const size_t count = (size_t)n * d;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         const size_t row = i / d, col = i % d;
@@ -30,14 +31,16 @@ static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfl
     }
 }
 
-static __global__ void add_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *out,
-                                  size_t count) {
+/* out[i] = a[i] + b[i]: a and out the residual stream (bf16 or f32), b bf16. */
+template <typename TA, typename TO>
+static __global__ void add_kernel(const TA *a, const __nv_bfloat16 *b, TO *out, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+        dj_st(out, i, dj_ld(a, i) + __bfloat162float(b[i]));
 }
 
-dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev) {
-    __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
+template <typename TO>
+static void launch_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev) {
+    TO *out = (TO *)c->out;
     const unsigned blocks = ew_blocks(cb, (size_t)c->n * c->d);
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
@@ -51,6 +54,13 @@ dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t
         embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const float *)c->w, out, c->n, c->d, c->m);
         break;
     }
+}
+
+dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev) {
+    if (c->out_dtype == DJ_DTYPE_F32)
+        launch_embed<float>(cb, c, ids_dev);
+    else
+        launch_embed<__nv_bfloat16>(cb, c, ids_dev);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -115,10 +125,23 @@ dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
-dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c) {
+template <typename TA>
+static void launch_add(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
-    add_kernel<<<ew_blocks(cb, count), EW_THREADS, 0, cb->stream>>>(
-        (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
+    const unsigned blocks = ew_blocks(cb, count);
+    const TA *a = (const TA *)c->x;
+    const __nv_bfloat16 *b = (const __nv_bfloat16 *)c->x2;
+    if (c->out_dtype == DJ_DTYPE_F32)
+        add_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(a, b, (float *)c->out, count);
+    else
+        add_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(a, b, (__nv_bfloat16 *)c->out, count);
+}
+
+dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c) {
+    if (c->x_dtype == DJ_DTYPE_F32)
+        launch_add<float>(cb, c);
+    else
+        launch_add<__nv_bfloat16>(cb, c);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -1,20 +1,20 @@
 /* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row, the sum
- * of squares reduced in f32, out = w * (x * rsqrt(mean(x^2) + eps)) in bf16;
- * and the residual ADD fused in front of it (one pass over the row). */
+ * of squares reduced in f32, out = w * (x * rsqrt(mean(x^2) + eps)) in bf16
+ * from x in bf16 or f32 (the residual stream); and the residual ADD fused in
+ * front of it (one pass over the row). */
 #include "backend/cuda/cuda_impl.h"
 
 #define NORM_THREADS 256
 
-template <typename TW>
-static __global__ void rmsnorm_kernel(const __nv_bfloat16 *x, const TW *w, __nv_bfloat16 *out, uint32_t d,
-                                      float eps) {
+template <typename TX, typename TW>
+static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
-    const __nv_bfloat16 *xr = x + (size_t)blockIdx.x * d;
+    const TX *xr = x + (size_t)blockIdx.x * d;
     __nv_bfloat16 *orow = out + (size_t)blockIdx.x * d;
     float s = 0.0f;
     for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = __bfloat162float(xr[j]);
+        const float v = dj_ld(xr, j);
         s += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -28,11 +28,12 @@ static __global__ void rmsnorm_kernel(const __nv_bfloat16 *x, const TW *w, __nv_
     __syncthreads();
     const float r = inv_rms;
     for (uint32_t j = threadIdx.x; j < d; j += blockDim.x)
-        orow[j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(xr[j]) * r));
+        orow[j] = __float2bfloat16(dj_ld(w, j) * (dj_ld(xr, j) * r));
 }
 
-dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
-    const __nv_bfloat16 *x = (const __nv_bfloat16 *)c->x;
+template <typename TX>
+static void launch_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
+    const TX *x = (const TX *)c->x;
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
@@ -45,35 +46,53 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
         rmsnorm_kernel<<<c->n, NORM_THREADS, 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps);
         break;
     }
+}
+
+dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
+    if (c->x_dtype == DJ_DTYPE_F32)
+        launch_rmsnorm<float>(cb, c);
+    else
+        launch_rmsnorm<__nv_bfloat16>(cb, c);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
 
-/* As rmsnorm_kernel on h = bf16(a + b), which is also stored to hout; the
+/* As rmsnorm_kernel on h = TH(a + b), which is also stored to hout; the
  * same threads, order of summation and roundings, so the results equal the
- * ADD and RMSNORM launched apart. Thread t holds h of columns t + 256i,
+ * ADD and RMSNORM launched apart. a and h are the residual stream (TH: bf16
+ * or f32), b is a bf16 activation. Thread t holds h of columns t + 256i,
  * i < PER, in registers: every load of a and b is issued before any store
  * (nothing proves the pointers apart, so a store would hold back the loads
  * after it). Each element is read and written by one thread only, reads
  * first, so out and hout may be a or b. */
-template <typename TW, int PER>
+template <typename TH>
+static __device__ __forceinline__ float residual_sum(const TH *a, const __nv_bfloat16 *b, size_t i);
+template <>
+__device__ __forceinline__ float residual_sum(const __nv_bfloat16 *a, const __nv_bfloat16 *b, size_t i) {
+    return __bfloat162float(__float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i])));
+}
+template <>
+__device__ __forceinline__ float residual_sum(const float *a, const __nv_bfloat16 *b, size_t i) {
+    return a[i] + __bfloat162float(b[i]);
+}
+
+template <typename TH, typename TW, int PER>
 static __global__ void __launch_bounds__(NORM_THREADS)
-    add_rmsnorm_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, __nv_bfloat16 *hout, const TW *__restrict__ w,
-                       __nv_bfloat16 *out, uint32_t d, float eps) {
+    add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
+                       uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const size_t row = (size_t)blockIdx.x * d;
-    __nv_bfloat16 h[PER];
+    float h[PER]; /* already rounded to TH */
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const uint32_t j = threadIdx.x + i * NORM_THREADS;
-        h[i] = j < d ? __float2bfloat16(__bfloat162float(a[row + j]) + __bfloat162float(b[row + j]))
-                     : __float2bfloat16(0.0f);
+        h[i] = j < d ? residual_sum(a, b, row + j) : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < PER; i++) {
-        const float v = __bfloat162float(h[i]);
+        const float v = h[i];
         if (threadIdx.x + i * NORM_THREADS < d) s += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -90,42 +109,52 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     for (int i = 0; i < PER; i++) {
         const uint32_t j = threadIdx.x + i * NORM_THREADS;
         if (j < d) {
-            hout[row + j] = h[i];
-            out[row + j] = __float2bfloat16(dj_ld(w, j) * (__bfloat162float(h[i]) * r));
+            dj_st(hout, row + j, h[i]);
+            out[row + j] = __float2bfloat16(dj_ld(w, j) * (h[i] * r));
         }
     }
 }
 
-template <int PER>
+template <typename TH, int PER>
 static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
-    const __nv_bfloat16 *a = (const __nv_bfloat16 *)add->x, *b = (const __nv_bfloat16 *)add->x2;
-    __nv_bfloat16 *h = (__nv_bfloat16 *)add->out, *out = (__nv_bfloat16 *)norm->out;
+    const TH *a = (const TH *)add->x;
+    const __nv_bfloat16 *b = (const __nv_bfloat16 *)add->x2;
+    TH *h = (TH *)add->out;
+    __nv_bfloat16 *out = (__nv_bfloat16 *)norm->out;
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
-        add_rmsnorm_kernel<__nv_bfloat16, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(
+        add_rmsnorm_kernel<TH, __nv_bfloat16, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(
             a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps);
         break;
     case DJ_DTYPE_F16:
-        add_rmsnorm_kernel<__half, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const __half *)norm->w,
-                                                                                  out, norm->d, norm->eps);
+        add_rmsnorm_kernel<TH, __half, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(
+            a, b, h, (const __half *)norm->w, out, norm->d, norm->eps);
         break;
     default:
-        add_rmsnorm_kernel<float, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(a, b, h, (const float *)norm->w,
-                                                                                 out, norm->d, norm->eps);
+        add_rmsnorm_kernel<TH, float, PER><<<norm->n, NORM_THREADS, 0, cb->stream>>>(
+            a, b, h, (const float *)norm->w, out, norm->d, norm->eps);
         break;
     }
 }
 
-dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+template <typename TH>
+static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
     const uint32_t d = norm->d;
     if (d <= 4 * NORM_THREADS)
-        launch_add_rmsnorm<4>(cb, add, norm);
+        launch_add_rmsnorm<TH, 4>(cb, add, norm);
     else if (d <= 16 * NORM_THREADS)
-        launch_add_rmsnorm<16>(cb, add, norm);
+        launch_add_rmsnorm<TH, 16>(cb, add, norm);
     else if (d <= 32 * NORM_THREADS)
-        launch_add_rmsnorm<32>(cb, add, norm);
+        launch_add_rmsnorm<TH, 32>(cb, add, norm);
     else
-        launch_add_rmsnorm<64>(cb, add, norm);
+        launch_add_rmsnorm<TH, 64>(cb, add, norm);
+}
+
+dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+    if (add->out_dtype == DJ_DTYPE_F32)
+        launch_add_rmsnorm_d<float>(cb, add, norm);
+    else
+        launch_add_rmsnorm_d<__nv_bfloat16>(cb, add, norm);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
