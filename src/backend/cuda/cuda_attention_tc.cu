@@ -122,27 +122,29 @@ static __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(tc_args a) {
 #pragma unroll
     for (int d = 0; d < DB; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
-    for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
-        /* K then V, as two commit groups; positions past hi load zeros. */
-#pragma unroll
-        for (int kv = 0; kv < 2; kv++) {
-            __nv_bfloat16 *dst = kv ? Vs : Ks;
-            for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
-                const uint32_t j = e / CH, ch = e % CH;
-                const uint64_t t = tile + j;
-                const void *src = a.seg;
-                uint32_t bytes = 0;
-                if (t <= hi) {
-                    const uint32_t tt = (uint32_t)t;
-                    const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
-                    src = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes +
-                          ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
-                    bytes = 16;
-                }
-                cp_async16(dst + j * SK + ch * 8, src, bytes);
+    /* One K or V tile into its buffer as a commit group; positions past hi
+     * load zeros. The pipeline per tile t: V(t) lands while S = Q K(t)^T is
+     * computed, K(t+1) while O += P V(t) is. */
+    auto load_tile = [&](__nv_bfloat16 *dst, uint64_t tile, uint32_t kv) {
+        for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
+            const uint32_t j = e / CH, ch = e % CH;
+            const uint64_t t = tile + j;
+            const void *src = a.seg;
+            uint32_t bytes = 0;
+            if (t <= hi) {
+                const uint32_t tt = (uint32_t)t;
+                const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
+                src = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes +
+                      ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
+                bytes = 16;
             }
-            cp_async_commit();
+            cp_async16(dst + j * SK + ch * 8, src, bytes);
         }
+        cp_async_commit();
+    };
+    load_tile(Ks, lo, 0);
+    for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
+        load_tile(Vs, tile, 1);
         const bool active = tile <= whi && tile + TC_BN - 1 >= wlo; /* warp-uniform */
         uint32_t pf[TC_BN / 16][4];                                 /* P as A fragments */
         cp_async_wait<1>();
@@ -218,7 +220,13 @@ static __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(tc_args a) {
                 pf[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
         }
-        cp_async_wait<0>();
+        __syncthreads(); /* every warp is done with K(t) */
+        const bool more = tile + TC_BN <= hi;
+        if (more) load_tile(Ks, tile + TC_BN, 0);
+        if (more)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
         __syncthreads(); /* V landed */
         if (active) {
 #pragma unroll
@@ -234,7 +242,7 @@ static __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(tc_args a) {
                 }
             }
         }
-        __syncthreads(); /* the tile is consumed before the next one lands */
+        __syncthreads(); /* V(t) is consumed before V(t+1) lands */
     }
 
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
