@@ -496,8 +496,11 @@ static void check_kv_pages(const kv_pair *p, uint32_t ctx, const char *shape, do
  * decoder issues them: the CUDA backend runs the pair as one kernel when
  * fusing. The rotated k and every page row against the CPU, and the fusion
  * counter must move exactly when fusing. */
+/* ROPE of k then its KV_WRITE, as the decoder issues them; with nq > 0 a
+ * ROPE of q (nq heads, same positions) comes first, and the fused kernel
+ * takes all three. */
 static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
-                                int fuse) {
+                                int fuse, uint32_t nq) {
     const uint32_t ctx = pos0 + n, kvd = nkv * hd;
     kv_pair p;
     kv_pair_init(&p, ctx, tpp, kvd);
@@ -523,23 +526,42 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
     gw.x = dkr;
     gw.x2 = dv;
     gw.kv = &p.gv;
+    /* q: its own buffers, rotated in place when k is */
+    const size_t qcount = (size_t)n * nq * hd;
+    uint16_t *qb = halloc(qcount ? qcount : 1);
+    float *qf = falloc(qcount ? qcount : 1), *qref = falloc(qcount ? qcount : 1);
+    rand_bf16(qb, qf, qcount, -2.0f, 2.0f);
+    void *dq = dcopy(qb, (qcount ? qcount : 1) * 2);
+    void *dqr = inplace ? dq : dalloc((qcount ? qcount : 1) * 2);
+    if (!inplace) poison(dqr, qcount * 2);
+    dj_op_call cq = cr, gq = gr;
+    cq.out = qref, cq.x = qf, cq.n_heads = nq;
+    gq.out = dqr, gq.x = dq, gq.n_heads = nq;
+    if (nq && dj_backend_compute(cpu, &cq) != DJ_OK) die("rope q (cpu)");
     dj__cuda_set_fuse(gpu, fuse);
     const uint64_t before = dj__cuda_fusions(gpu);
-    if (dj_backend_compute(gpu, &gr) != DJ_OK || dj_backend_compute(gpu, &gw) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+    if ((nq && dj_backend_compute(gpu, &gq) != DJ_OK) || dj_backend_compute(gpu, &gr) != DJ_OK ||
+        dj_backend_compute(gpu, &gw) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
         die("rope+kv_write (gpu)");
-    const uint64_t fused = dj__cuda_fusions(gpu) - before;
+    const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
     dj__cuda_set_fuse(gpu, 1);
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u pos0=%u kv heads=%u hd=%u tpp=%u%s%s", n, pos0, nkv, hd, tpp,
+    snprintf(shape, sizeof shape, "n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s", n, pos0, nkv, nq, hd, tpp,
              inplace ? " in-place" : "", fuse ? "" : " unfused");
     compare("ROPE+KV", shape, dkr, DJ_DTYPE_BF16, kref, count);
+    if (nq) compare("ROPE+KV", "  the q heads of the same launch", dqr, DJ_DTYPE_BF16, qref, qcount);
     check_kv_pages(&p, ctx, shape, TOL);
-    if (fused != (uint64_t)(fuse != 0)) {
+    if (fused != want) {
         n_rows++;
         n_fail++;
-        printf("%-10s %-52s %10s  FAIL (%llu fused, expected %d)\n", "ROPE+KV", shape, "-",
-               (unsigned long long)fused, fuse != 0);
+        printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "ROPE+KV", shape, "-",
+               (unsigned long long)fused, (unsigned long long)want);
     }
+    if (!inplace) dfree(dqr);
+    dfree(dq);
+    free(qb);
+    free(qf);
+    free(qref);
     if (!inplace) dfree(dkr);
     dfree(dk);
     dfree(dv);
@@ -1094,11 +1116,15 @@ int main(int argc, char **argv) {
         check_add_rmsnorm(2, 20000, DJ_DTYPE_BF16, 0, rt); /* wider than the fused kernel takes: launched apart */
     }
 
-    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused */
-    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1);
-    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1);
-    check_rope_kv_write(300, 0, 8, 128, 16, 0, 1);
-    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0);
+    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
+    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 0);
+    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 0);
+    check_rope_kv_write(300, 0, 8, 128, 16, 0, 1, 0);
+    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 0);
+    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 32);
+    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 8);
+    check_rope_kv_write(300, 0, 8, 128, 16, 1, 1, 32);
+    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 12);
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
     check_attention(1, 4095, 32, 8, 128, 16, 0);   /* decode, long context, GQA 4:1 */
     check_attention(1, 1000, 8, 1, 64, 7, 0);      /* MQA, odd page size */

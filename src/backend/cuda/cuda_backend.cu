@@ -265,6 +265,24 @@ static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
     return !bytes_overlap(c->x2, rope->out, bytes) && !bytes_overlap(c->x2, rope->x, bytes);
 }
 
+/* The held ROPE (of q) and this ROPE (of k) may wait together for k's
+ * KV_WRITE: the same rows, positions, frequencies and scale, and no buffer of
+ * one touching a buffer of the other. */
+static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *c) {
+    if (c->op != DJ_OP_ROPE || c->n != q->n || c->pos0 != q->pos0 || c->row_pos != q->row_pos ||
+        c->inv_freq != q->inv_freq || c->head_dim != q->head_dim || c->scale != q->scale)
+        return false;
+    const size_t qb = (size_t)q->n * q->n_heads * q->head_dim * sizeof(__nv_bfloat16);
+    const size_t kb = (size_t)c->n * c->n_heads * c->head_dim * sizeof(__nv_bfloat16);
+    const void *qs[2] = {q->x, q->out}, *ks[2] = {c->x, c->out};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            const uintptr_t a = (uintptr_t)qs[i], b = (uintptr_t)ks[j];
+            if (a < b + kb && b < a + qb) return false;
+        }
+    return true;
+}
+
 static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     dj_status st = check_call(c);
     if (st != DJ_OK) return st;
@@ -274,13 +292,27 @@ static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
         cb->fusions++;
         return dj__cuda_add_rmsnorm(cb, &cb->held, c);
     }
-    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && fuses_with_rope(&cb->held, c)) {
+    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && !cb->held_q_pending && pairs_with_rope(&cb->held, c)) {
+        cb->held_q = cb->held; /* q's ROPE waits with k's for the KV_WRITE */
+        cb->held_q_pending = true;
+        cb->held = *c;
+        return DJ_OK;
+    }
+    bool q_clear = !cb->held_q_pending; /* v clear of q's output */
+    if (cb->held_q_pending && c->op == DJ_OP_KV_WRITE) {
+        const uintptr_t v = (uintptr_t)c->x2, qo = (uintptr_t)cb->held_q.out;
+        const size_t vb = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
+        const size_t qb = (size_t)cb->held_q.n * cb->held_q.n_heads * cb->held_q.head_dim * sizeof(__nv_bfloat16);
+        q_clear = !(v < qo + qb && qo < v + vb);
+    }
+    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && fuses_with_rope(&cb->held, c) && q_clear) {
         const uint32_t *table = NULL;
         st = device_table(cb, c, &table);
-        if (st != DJ_OK) return st; /* the ROPE stays held; the next flush launches it */
-        cb->held_pending = false;
-        cb->fusions++;
-        return dj__cuda_rope_kv_write(cb, &cb->held, c, table);
+        if (st != DJ_OK) return st; /* the ROPEs stay held; the next flush launches them */
+        const dj_op_call *q = cb->held_q_pending ? &cb->held_q : NULL;
+        cb->held_pending = cb->held_q_pending = false;
+        cb->fusions += q ? 2 : 1;
+        return dj__cuda_rope_kv_write(cb, q, &cb->held, c, table);
     }
     if (c->op != DJ_OP_MATMUL || cb->held_pending) st = dj__cuda_flush(cb); /* matmul decides about GEMVs itself */
     if (st != DJ_OK) return st;

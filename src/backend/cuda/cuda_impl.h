@@ -47,6 +47,11 @@ typedef struct dj_cuda_backend {
      * flushes it. */
     dj_op_call held;
     bool held_pending;
+    /* A ROPE (of q) held before `held` (the ROPE of k at the same positions):
+     * the KV_WRITE of k then takes both into its kernel. Set only with
+     * held_pending; launched first by a flush. */
+    dj_op_call held_q;
+    bool held_q_pending;
     bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
     uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
@@ -107,9 +112,11 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* ROPE of k then the KV_WRITE of its output, in one pass (bit-equal to the
  * two launches). Requires kvw.x == rope.out, the same rows and positions,
- * rope.n_heads * head_dim == kv_dim, and v clear of rope.out. */
-dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope, const dj_op_call *kvw,
-                                 const uint32_t *table_dev);
+ * rope.n_heads * head_dim == kv_dim, and v clear of rope.out. rope_q (or
+ * NULL): a ROPE of q at the same rows, positions, frequencies and scale,
+ * done in the same launch; its buffers clear of k's and v. */
+dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
+                                 const dj_op_call *kvw, const uint32_t *table_dev);
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* Whether the tensor-core prefill kernel takes this call, and its launcher. */
 bool dj__cuda_attention_tc_covers(const dj_op_call *c);

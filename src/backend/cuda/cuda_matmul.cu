@@ -214,6 +214,11 @@ static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *calls, int co
 dj_status dj__cuda_flush(dj_cuda_backend *cb) {
     if (cb->held_pending) { /* never both: each call flushes the other's hold first */
         cb->held_pending = false;
+        if (cb->held_q_pending) { /* q's ROPE was held first */
+            cb->held_q_pending = false;
+            const dj_status st = dj__cuda_rope(cb, &cb->held_q);
+            if (st != DJ_OK) return st;
+        }
         return cb->held.op == DJ_OP_ADD ? dj__cuda_add(cb, &cb->held) : dj__cuda_rope(cb, &cb->held);
     }
     const int count = cb->gemv_count;

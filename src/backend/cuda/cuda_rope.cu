@@ -1,6 +1,7 @@
 /* cuda_rope.cu: HF rotate_half RoPE on bf16 rows (in place allowed),
  * KV_WRITE of bf16 K/V rows into data-segment pages, and the two fused (RoPE
- * of k written to its output and to the pages in one pass, v beside it). */
+ * of k written to its output and to the pages in one pass, v beside it, and
+ * optionally the RoPE of q at the same positions in the same launch). */
 #include "backend/cuda/cuda_impl.h"
 
 #define ROPE_THREADS 256
@@ -42,28 +43,37 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
     }
 }
 
-/* One thread per (row, kv head, pair j): rope_kernel's arithmetic on k (so
- * the same bits), stored to kout and to K rows of the pages; v's elements j
- * and j + hd/2 of that head copied to V rows. v is read before any store;
- * kout may be k (each element is read and written by one thread). */
+/* One thread per (row, head, pair j) over nkv heads of k then nq heads of q
+ * (nq = 0: k only): rope_kernel's arithmetic (so the same bits). k's rotated
+ * pairs go to kout and to K rows of the pages, v's elements j and j + hd/2 of
+ * that head to V rows; q's to qout only. Inputs are read before any store;
+ * kout may be k and qout q (each element is read and written by one thread). */
 static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
+                                            const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq,
                                             const float *inv_freq, uint32_t n, uint32_t nkv, uint32_t hd,
                                             uint32_t pos0, const uint32_t *row_pos, float scale, uint8_t *seg,
                                             size_t page_bytes, const uint32_t *table, uint32_t tpp,
                                             const uint32_t *const *row_tables) {
-    const uint32_t half = hd / 2, kv_dim = nkv * hd;
-    const size_t count = (size_t)n * nkv * half;
+    const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
+    const size_t count = (size_t)n * heads * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t j = (uint32_t)(t % half);
-        const size_t rh = t / half; /* row * nkv + head */
-        const uint32_t i = (uint32_t)(rh / nkv), h = (uint32_t)(rh % nkv);
+        const size_t rh = t / half; /* row * heads + head */
+        const uint32_t i = (uint32_t)(rh / heads), h = (uint32_t)(rh % heads);
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
         const float theta = inv_freq[j] * (float)p;
         const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
-        const size_t base = rh * hd;
-        const float x1 = __bfloat162float(k[base + j]), x2 = __bfloat162float(k[base + j + half]);
-        const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
+        const bool is_k = h < nkv;
+        const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
+        const __nv_bfloat16 *x = is_k ? k : q;
+        const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
         const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
+        if (!is_k) {
+            qout[base + j] = o1;
+            qout[base + j + half] = o2;
+            continue;
+        }
+        const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
         kout[base + j] = o1;
         kout[base + j + half] = o2;
         const uint32_t *tb = row_tables ? row_tables[i] : table;
@@ -100,13 +110,15 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
     return DJ_OK;
 }
 
-dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope, const dj_op_call *kvw,
-                                 const uint32_t *table_dev) {
+dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
+                                 const dj_op_call *kvw, const uint32_t *table_dev) {
     const dj_kv_view *kv = kvw->kv;
-    const size_t count = (size_t)rope->n * rope->n_heads * (rope->head_dim / 2);
+    const uint32_t nq = rope_q ? rope_q->n_heads : 0u;
+    const size_t count = (size_t)rope->n * (rope->n_heads + nq) * (rope->head_dim / 2);
     rope_kv_write_kernel<<<grid_for(cb, count), ROPE_THREADS, 0, cb->stream>>>(
-        (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2, rope->inv_freq,
-        rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
+        (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
+        rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
+        rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
         kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
