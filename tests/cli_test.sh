@@ -151,5 +151,13 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
 PY
 expect_error "missing tensor" "model.norm.weight" "$DJINN" run --model "$TMP/missing" --tokens 1,2 -n 2 --greedy
 
+# DJINN_PROFILE: a per-op table on stderr, one q_proj call per layer and
+# step (llama3 fixture: 2 layers; a 3-token prompt and 4 new tokens = 4 steps)
+DJINN_PROFILE=1 "$DJINN" run --model "$FX/models/llama3" --tokens 1,2,3 -n 4 --greedy --ignore-eos \
+    >/dev/null 2>"$TMP/prof"
+calls=$(awk '$1 == "q_proj" { print $2 }' "$TMP/prof")
+if grep -q "DJINN_PROFILE (cpu backend" "$TMP/prof" && [ "$calls" = 8 ]; then ok; else
+    bad "DJINN_PROFILE: want 8 q_proj calls, got '$calls'"; cat "$TMP/prof" >&2; fi
+
 echo "cli_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

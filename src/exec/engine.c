@@ -5,8 +5,10 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "djinn/sampler.h"
 #include "model/model_impl.h"
@@ -36,8 +38,22 @@ typedef struct step_graph {
     uint64_t used;             /* LRU clock */
 } step_graph;
 
+/* $DJINN_PROFILE: per op name (the node's name without its layer), the
+ * calls and wall time of eagerly run steps, each op followed by a sync - so
+ * the backend's fusions (held ADD/ROPE, grouped GEMVs) do not happen and each
+ * figure is the op alone. Printed to stderr when the engine is freed. */
+#define DJ_PROF_NAMES 48
+typedef struct prof_entry {
+    char name[48]; /* a node name's length */
+    uint64_t calls;
+    double sec;
+} prof_entry;
+
 struct dj_engine {
     dj_backend_t *be;
+    bool profile;              /* $DJINN_PROFILE set (and not "0") */
+    prof_entry prof[DJ_PROF_NAMES];
+    int n_prof;
     dj_vmu_t *vmu;
     dj_plan_cache_t *plans;
     uint32_t max_step;
@@ -109,6 +125,10 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     st = dj_plan_cache_new(DJ_PLAN_CACHE_ENTRIES, &e->plans);
     if (st != DJ_OK) goto fail;
     e->max_step = cfg->max_step_tokens ? cfg->max_step_tokens : 512;
+    {
+        const char *p = getenv("DJINN_PROFILE");
+        e->profile = p && *p && strcmp(p, "0") != 0;
+    }
     *out = e;
     return DJ_OK;
 fail:
@@ -123,8 +143,49 @@ static void free_graphs(dj_engine_t *e) {
     }
 }
 
+static double prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void prof_add(dj_engine_t *e, const char *node_name, double sec) {
+    const char *name = node_name;
+    if (name[0] == 'l' && strchr(name, '.')) name = strchr(name, '.') + 1; /* "l12.q_proj" -> "q_proj" */
+    int i = 0;
+    while (i < e->n_prof && strcmp(e->prof[i].name, name) != 0) i++;
+    if (i == e->n_prof) {
+        if (i == DJ_PROF_NAMES) return;
+        snprintf(e->prof[i].name, sizeof e->prof[i].name, "%s", name);
+        e->n_prof++;
+    }
+    e->prof[i].calls++;
+    e->prof[i].sec += sec;
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    const double x = ((const prof_entry *)a)->sec, y = ((const prof_entry *)b)->sec;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prof_report(dj_engine_t *e) {
+    double total = 0.0;
+    for (int i = 0; i < e->n_prof; i++) total += e->prof[i].sec;
+    if (total <= 0.0) return;
+    qsort(e->prof, (size_t)e->n_prof, sizeof e->prof[0], prof_cmp);
+    fprintf(stderr, "DJINN_PROFILE (%s backend; each op synced, unfused): %.3f ms in all\n", e->be->vt->name,
+            total * 1e3);
+    fprintf(stderr, "  %-20s %10s %12s %12s %7s\n", "op", "calls", "total ms", "us/call", "share");
+    for (int i = 0; i < e->n_prof; i++) {
+        const prof_entry *p = &e->prof[i];
+        fprintf(stderr, "  %-20s %10llu %12.3f %12.2f %6.1f%%\n", p->name, (unsigned long long)p->calls, p->sec * 1e3,
+                p->sec * 1e6 / (double)p->calls, 100.0 * p->sec / total);
+    }
+}
+
 void dj_engine_free(dj_engine_t *e) {
     if (!e) return;
+    if (e->profile) prof_report(e);
     if (e->be) {
         free_graphs(e);
         if (e->args_dev) e->be->vt->free(e->be, e->args_dev);
@@ -542,9 +603,10 @@ typedef struct step_io {
 
 /* Enqueue every node of the plan; *out_idx receives the output node. */
 static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t *g, const step_io *io,
-                           uint8_t *stack, int *out_idx) {
+                           uint8_t *stack, int *out_idx, bool recording) {
     const uint32_t n = io->n;
-    dj_status st = DJ_OK;
+    const bool profile = e->profile && !recording;
+    dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
     for (int i = 0; i < count && st == DJ_OK; i++) {
         const dj_node *nd = dj_graph_node_c(g, i);
@@ -607,7 +669,12 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             st = dj_fail(DJ_EINTERNAL, "node %d has op %d the executor does not know", i, (int)nd->op);
             continue;
         }
+        const double t0 = profile ? prof_now() : 0.0;
         st = dj_backend_compute(e->be, &call);
+        if (profile && st == DJ_OK) {
+            st = e->be->vt->sync(e->be);
+            prof_add(e, nd->name, prof_now() - t0);
+        }
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
     }
     return st;
@@ -696,7 +763,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     uint8_t *stack = stack_v;
     int out_idx = -1;
     const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
-    st = run_nodes(e, m, g, &io, stack, &out_idx);
+    st = run_nodes(e, m, g, &io, stack, &out_idx, false);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK && all_rows) {
         st = e->be->vt->sync(e->be);
@@ -823,7 +890,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int3
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
             if (st == DJ_OK) {
-                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx);
+                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true);
                 dj_backend_graph_t *bg = NULL;
                 st = e->be->vt->capture_end(e->be, &bg);
                 if (run_st == DJ_OK && st == DJ_OK) {
@@ -852,7 +919,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int3
             if (st == DJ_OK) e->graph_replays++;
         }
     }
-    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx);
+    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK)
         st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits,
