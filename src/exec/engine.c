@@ -44,7 +44,7 @@ typedef struct step_graph {
  * figure is the op alone. Printed to stderr when the engine is freed. */
 #define DJ_PROF_NAMES 48
 typedef struct prof_entry {
-    char name[48]; /* a node name's length */
+    char name[64]; /* phase and a node name */
     uint64_t calls;
     double sec;
 } prof_entry;
@@ -149,9 +149,11 @@ static double prof_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void prof_add(dj_engine_t *e, const char *node_name, double sec) {
-    const char *name = node_name;
-    if (name[0] == 'l' && strchr(name, '.')) name = strchr(name, '.') + 1; /* "l12.q_proj" -> "q_proj" */
+static void prof_add(dj_engine_t *e, dj_phase phase, const char *node_name, double sec) {
+    const char *op = node_name;
+    if (op[0] == 'l' && strchr(op, '.')) op = strchr(op, '.') + 1; /* "l12.q_proj" -> "q_proj" */
+    char name[sizeof e->prof[0].name];
+    snprintf(name, sizeof name, "%s %s", phase == DJ_PHASE_PREFILL ? "prefill" : "decode", op);
     int i = 0;
     while (i < e->n_prof && strcmp(e->prof[i].name, name) != 0) i++;
     if (i == e->n_prof) {
@@ -175,10 +177,10 @@ static void prof_report(dj_engine_t *e) {
     qsort(e->prof, (size_t)e->n_prof, sizeof e->prof[0], prof_cmp);
     fprintf(stderr, "DJINN_PROFILE (%s backend; each op synced, unfused): %.3f ms in all\n", e->be->vt->name,
             total * 1e3);
-    fprintf(stderr, "  %-20s %10s %12s %12s %7s\n", "op", "calls", "total ms", "us/call", "share");
+    fprintf(stderr, "  %-28s %10s %12s %12s %7s\n", "op", "calls", "total ms", "us/call", "share");
     for (int i = 0; i < e->n_prof; i++) {
         const prof_entry *p = &e->prof[i];
-        fprintf(stderr, "  %-20s %10llu %12.3f %12.2f %6.1f%%\n", p->name, (unsigned long long)p->calls, p->sec * 1e3,
+        fprintf(stderr, "  %-28s %10llu %12.3f %12.2f %6.1f%%\n", p->name, (unsigned long long)p->calls, p->sec * 1e3,
                 p->sec * 1e6 / (double)p->calls, 100.0 * p->sec / total);
     }
 }
@@ -673,7 +675,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         st = dj_backend_compute(e->be, &call);
         if (profile && st == DJ_OK) {
             st = e->be->vt->sync(e->be);
-            prof_add(e, nd->name, prof_now() - t0);
+            prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
         }
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
     }
