@@ -102,9 +102,17 @@ static double mean(const double *t, uint32_t n) {
     return n ? s / n : 0;
 }
 
+#define PREFILL_RUNS 5
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y ? 1 : 0;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: bench_gpu MODEL_DIR [--json PATH] [--device N] [--ctx 512] [--steps 64] [--batch 32]\n"
-                    "                 [--prefill 2048] [--seed S]\n");
+                    "                 [--prefill 2048] [--seed S]\n"
+                    "(--steps >= 8: two are warm-up; --batch >= 2; --ctx and --prefill > 0)\n");
     return 2;
 }
 
@@ -181,11 +189,17 @@ int main(int argc, char **argv) {
     dj_session_t *s = new_session(e, m, o.prefill + 1);
     if (dj_session_step(e, s, prompt, o.prefill, NULL) != DJ_OK) die("prefill warm-up");
     dj_session_free(e, s);
-    s = new_session(e, m, o.prefill + 1);
-    t0 = now();
-    if (dj_session_step(e, s, prompt, o.prefill, NULL) != DJ_OK) die("prefill");
-    const double prefill_s = now() - t0;
-    dj_session_free(e, s);
+    /* the median of PREFILL_RUNS fresh sessions (one run varies by a few %) */
+    double pt[PREFILL_RUNS];
+    for (int r = 0; r < PREFILL_RUNS; r++) {
+        s = new_session(e, m, o.prefill + 1);
+        t0 = now();
+        if (dj_session_step(e, s, prompt, o.prefill, NULL) != DJ_OK) die("prefill");
+        pt[r] = now() - t0;
+        dj_session_free(e, s);
+    }
+    qsort(pt, PREFILL_RUNS, sizeof pt[0], cmp_double);
+    const double prefill_s = pt[PREFILL_RUNS / 2];
     dj_graph_t *pg = NULL;
     if (dj_model_build_graph(&cfg, NULL, DJ_PHASE_PREFILL, o.prefill, &pg) != DJ_OK) die("graph");
     const double n = o.prefill;
@@ -316,7 +330,8 @@ int main(int argc, char **argv) {
     printf("%-44s %11.3f ms %11.3f ms %9.2fx\n", what, dec_ms, floor_ms, dec_ms / floor_ms);
     snprintf(what, sizeof what, "decode b=1 ctx %u, eager (ms/token)", o.ctx + o.steps);
     printf("%-44s %11.3f ms %11.3f ms %9.2fx\n", what, eager_ms, floor_ms, eager_ms / floor_ms);
-    snprintf(what, sizeof what, "prefill %u tokens (s; %.1f TFLOP)", o.prefill, prefill_flops * 1e-12);
+    snprintf(what, sizeof what, "prefill %u tokens (s, median of %d; %.1f TFLOP)", o.prefill, PREFILL_RUNS,
+             prefill_flops * 1e-12);
     printf("%-44s %12.4f s %12.4f s %9.2fx\n", what, prefill_s, prefill_floor_s, prefill_s / prefill_floor_s);
     snprintf(what, sizeof what, "prefill %u tokens (tok/s)", o.prefill);
     printf("%-44s %12.0f   %14s %10s\n", what, o.prefill / prefill_s, "", "");
@@ -346,6 +361,8 @@ int main(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "decode_floor_all_weights_ms", floor_all_ms);
         cJSON_AddNumberToObject(j, "prefill_tokens", o.prefill);
         cJSON_AddNumberToObject(j, "prefill_s", prefill_s);
+        cJSON_AddNumberToObject(j, "prefill_min_s", pt[0]);
+        cJSON_AddNumberToObject(j, "prefill_max_s", pt[PREFILL_RUNS - 1]);
         cJSON_AddNumberToObject(j, "prefill_flops", prefill_flops);
         cJSON_AddNumberToObject(j, "prefill_floor_s", prefill_floor_s);
         cJSON_AddNumberToObject(j, "prefill_vs_floor", prefill_s / prefill_floor_s);
