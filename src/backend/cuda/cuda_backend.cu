@@ -519,6 +519,8 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
         const char *fuse = getenv("DJINN_FUSE"); /* on (default) | off */
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
+        const char *pdl = getenv("DJINN_PDL"); /* on (default) | off */
+        cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;

@@ -25,6 +25,7 @@ static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out
 
 static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
                                        size_t count) {
+    dj_pdl_trigger(); /* the down GEMV may start streaming its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         const float g = __bfloat162float(gate[i]);
         out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));

@@ -53,6 +53,7 @@ typedef struct dj_cuda_backend {
     dj_op_call held_q;
     bool held_q_pending;
     bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
+    bool pdl;                 /* decode GEMVs by programmatic dependent launch ($DJINN_PDL != off) */
     uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
@@ -95,6 +96,43 @@ static __device__ __forceinline__ float dj_ld(const __half *p, size_t i) { retur
 static __device__ __forceinline__ float dj_ld(const float *p, size_t i) { return p[i]; }
 static __device__ __forceinline__ void dj_st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i] = v; }
+
+/* Programmatic dependent launch (sm_90): a kernel launched by
+ * dj__cuda_launch with pdl set may start while the kernel before it still runs; it
+ * reads nothing that kernel writes, and writes nothing, before dj_pdl_wait()
+ * (which returns once that kernel has completed and its writes are visible).
+ * $DJINN_PDL=off launches every kernel plainly.
+ * Kernels that come before one call dj_pdl_trigger() early, so that it can
+ * start (its blocks then wait where they must). Without a dependent both are
+ * no-ops. */
+static __device__ __forceinline__ void dj_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dj_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
+ * dependent launch when pdl is set (see dj_pdl_wait). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t dj__cuda_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                          cudaStream_t stream, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 
 /* Launchers: the call has been validated by the compute switch. */
 dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);

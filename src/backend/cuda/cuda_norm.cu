@@ -10,6 +10,7 @@ template <typename TX, typename TW>
 static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
+    dj_pdl_trigger(); /* the GEMV after the norm may start streaming its weights */
     const TX *xr = x + (size_t)blockIdx.x * d;
     __nv_bfloat16 *orow = out + (size_t)blockIdx.x * d;
     float s = 0.0f;
@@ -82,6 +83,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
                        uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
+    dj_pdl_trigger(); /* the GEMV after the norm may start streaming its weights */
     const size_t row = (size_t)blockIdx.x * d;
     float h[PER]; /* already rounded to TH */
     float s = 0.0f;
