@@ -7,9 +7,9 @@
 
 #include "backend/cuda/cuda_impl.h"
 
-#define TC_BM 64      /* query rows per block: 16 per warp */
+/* Query rows per block, 16 per warp: 64 (4 warps) or 128 (8 warps, each
+ * K/V tile loaded once for twice the rows; $DJINN_TC_ROWS). */
 #define TC_BN 64      /* key positions per K/V tile */
-#define TC_THREADS 128
 #define TC_PAD 8      /* bf16 elements of padding per smem row: rows 16 B apart mod 128 B, so ldmatrix is conflict-free */
 
 struct tc_args {
@@ -77,9 +77,10 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 /* Block (head, row tile); heavy (late) row tiles are launched first. Warp w
  * owns query rows 16w..16w+15 of the tile; lane l holds rows g = l/4 and g+8
  * of that strip in every C fragment. Shared memory: K and V tiles [64][HD+8]
- * bf16 (Q passes through the K buffer once, into registers). */
-template <int HD>
-static __global__ void __launch_bounds__(TC_THREADS) attn_tc_kernel(tc_args a) {
+ * bf16 (Q passes through them once, into registers: 64 or 128 rows). */
+template <int HD, int TC_BM>
+static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
+    constexpr uint32_t TC_THREADS = TC_BM * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int SK = HD + TC_PAD; /* smem row stride, elements */
     constexpr int CH = HD / 8;      /* 16-byte chunks per row */
@@ -268,7 +269,7 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 bool dj__cuda_attention_tc_covers(const dj_op_call *c) {
     const dj_kv_view *kv = c->kv;
     return (c->head_dim == 64 || c->head_dim == 128) && !c->row_pos && !c->row_tables && c->n >= 1 &&
-           (c->n + TC_BM - 1) / TC_BM <= 65535u && kv->dtype == DJ_DTYPE_BF16 && aligned16(kv->seg_base) &&
+           (c->n + 63) / 64 <= 65535u && kv->dtype == DJ_DTYPE_BF16 && aligned16(kv->seg_base) &&
            kv->page_bytes % 16 == 0 && kv->kv_dim % 8 == 0 && aligned16(c->x) && aligned16(c->out) &&
            (uint64_t)c->pos0 + c->n <= UINT32_MAX;
 }
@@ -289,11 +290,17 @@ dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.pos0 = c->pos0;
     a.window = c->window;
     a.scale_log2 = c->scale * 1.4426950408889634f;
-    const dim3 grid(c->n_heads, (c->n + TC_BM - 1) / TC_BM);
-    if (c->head_dim == 64)
-        attn_tc_kernel<64><<<grid, TC_THREADS, 2 * TC_BN * (64 + TC_PAD) * sizeof(__nv_bfloat16), cb->stream>>>(a);
+    const unsigned bm = cb->tc_rows == 128 ? 128u : 64u;
+    const dim3 grid(c->n_heads, (c->n + bm - 1) / bm);
+    const size_t smem = 2 * TC_BN * (c->head_dim + TC_PAD) * sizeof(__nv_bfloat16); /* also holds the Q tile */
+    if (c->head_dim == 64 && bm == 64)
+        attn_tc_kernel<64, 64><<<grid, bm * 2, smem, cb->stream>>>(a);
+    else if (c->head_dim == 64)
+        attn_tc_kernel<64, 128><<<grid, bm * 2, smem, cb->stream>>>(a);
+    else if (bm == 64)
+        attn_tc_kernel<128, 64><<<grid, bm * 2, smem, cb->stream>>>(a);
     else
-        attn_tc_kernel<128><<<grid, TC_THREADS, 2 * TC_BN * (128 + TC_PAD) * sizeof(__nv_bfloat16), cb->stream>>>(a);
+        attn_tc_kernel<128, 128><<<grid, bm * 2, smem, cb->stream>>>(a);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -521,6 +521,8 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
         const char *pdl = getenv("DJINN_PDL"); /* on (default) | off */
         cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
+        const char *tc_rows = getenv("DJINN_TC_ROWS"); /* 64 (default) | 128 */
+        cb->tc_rows = tc_rows && strcmp(tc_rows, "128") == 0 ? 128 : 64;
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;
@@ -546,3 +548,15 @@ extern "C" void dj__cuda_set_fuse(dj_backend_t *be, int on) {
 }
 
 extern "C" uint64_t dj__cuda_fusions(dj_backend_t *be) { return ((dj_cuda_backend *)be)->fusions; }
+
+extern "C" void dj__cuda_set_tc_rows(dj_backend_t *be, int rows) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    (void)dj__cuda_flush(cb);
+    cb->tc_rows = rows == 128 ? 128 : 64;
+}
+
+extern "C" void dj__cuda_set_pdl(dj_backend_t *be, int on) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    (void)dj__cuda_flush(cb);
+    cb->pdl = on != 0;
+}

@@ -54,6 +54,7 @@ typedef struct dj_cuda_backend {
     bool held_q_pending;
     bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
     bool pdl;                 /* decode GEMVs by programmatic dependent launch ($DJINN_PDL != off) */
+    int tc_rows;              /* query rows per tensor-core attention block: 64 or 128 ($DJINN_TC_ROWS) */
     uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
