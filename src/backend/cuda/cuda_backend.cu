@@ -523,6 +523,17 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
         const char *tc_rows = getenv("DJINN_TC_ROWS"); /* 64 (default) | 128 */
         cb->tc_rows = tc_rows && strcmp(tc_rows, "128") == 0 ? 128 : 64;
+        const char *gemv = getenv("DJINN_GEMV"); /* v0 | v1 | v2; default DJ_GEMV_DEFAULT */
+        cb->gemv_variant = DJ_GEMV_DEFAULT;
+        if (gemv) {
+            static const char *names[DJ_GEMV_VARIANTS] = {"v0", "v1", "v2"};
+            int v = 0;
+            while (v < DJ_GEMV_VARIANTS && strcmp(gemv, names[v]) != 0) v++;
+            if (v < DJ_GEMV_VARIANTS)
+                cb->gemv_variant = v;
+            else
+                DJ_LOG(WARN, "DJINN_GEMV=%s is none of v0, v1, v2: using v%d", gemv, DJ_GEMV_DEFAULT);
+        }
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;

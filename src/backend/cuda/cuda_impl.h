@@ -15,6 +15,11 @@
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
 
+/* Decode GEMV kernels ($DJINN_GEMV=v0|v1|v2; cuda_matmul.cu says what each
+ * does). v0 is the first kernel, kept as the baseline. */
+enum { DJ_GEMV_V0, DJ_GEMV_V1, DJ_GEMV_V2, DJ_GEMV_VARIANTS };
+#define DJ_GEMV_DEFAULT DJ_GEMV_V1
+
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
     int device;
@@ -60,6 +65,7 @@ typedef struct dj_cuda_backend {
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
+    int gemv_variant;         /* DJ_GEMV_V*, from $DJINN_GEMV at creation */
 } dj_cuda_backend;
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
