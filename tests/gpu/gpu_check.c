@@ -18,7 +18,10 @@
 #define TOL 1e-2 /* bf16 activations: 2^-8 relative rounding, f32 accumulation */
 
 static dj_backend_t *cpu, *gpu;
-static int n_rows, n_fail;
+static int device, n_rows, n_fail;
+/* Kernel variants the backend reads from the environment at creation. */
+static const char *const gemv_variants[] = {"v0", "v1", "v2"};
+static const char *variant_tag = ""; /* appended to the shape of the rows it concerns */
 
 /* ---- helpers ---- */
 
@@ -143,6 +146,20 @@ static void run_both(const dj_op_call *cc, const dj_op_call *gc, const char *op)
     if (dj_backend_compute(cpu, cc) != DJ_OK) die(op);
     if (dj_backend_compute(gpu, gc) != DJ_OK) die(op);
     if (gpu->vt->sync(gpu) != DJ_OK) die(op);
+}
+
+/* gpu anew with $name=value (NULL: unset): the backend reads its kernel
+ * variants ($DJINN_GEMV, $DJINN_DECODE) once, at creation. Device buffers
+ * outlive it. */
+static void gpu_renew(const char *name, const char *value) {
+    if (gpu->vt->sync(gpu) != DJ_OK) die("sync before renew");
+    dj_backend_free(gpu);
+    gpu = NULL;
+    if ((value ? setenv(name, value, 1) : unsetenv(name)) != 0) {
+        perror("gpu_check: setenv");
+        exit(2);
+    }
+    if (dj_backend_cuda_new(device, &gpu) != DJ_OK) die("cuda backend");
 }
 
 /* ---- ops ---- */
@@ -296,8 +313,11 @@ static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode, dj_
     free(w);
 }
 
-/* path: 0 automatic, 1 GEMV, 2 GEMM (cuBLAS or tiled). */
-static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bias, dj_dtype out_t, int path) {
+/* path: 0 automatic, 1 GEMV, 2 GEMM (cuBLAS or tiled). skew: the GPU's
+ * weights start that many elements into their buffer (misaligned for the
+ * vector loads when odd). */
+static void check_matmul_skew(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bias, dj_dtype out_t, int path,
+                              uint32_t skew) {
     uint16_t *xb = halloc((size_t)n * k);
     float *xf = falloc((size_t)n * k), *ref = falloc((size_t)n * m);
     rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
@@ -305,7 +325,9 @@ static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bi
     void *w = rand_weight(wt, (size_t)m * k, -ws, ws);
     void *b = bias ? rand_weight(wt, m, -0.5f, 0.5f) : NULL;
     const size_t osz = (size_t)n * m * dj_dtype_size(out_t);
-    void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dcopy(w, (size_t)m * k * dj_dtype_size(wt)), *dout = dalloc(osz);
+    const size_t wsz = (size_t)m * k * dj_dtype_size(wt), wskew = (size_t)skew * dj_dtype_size(wt);
+    void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dalloc(wsz + wskew), *dout = dalloc(osz);
+    up((char *)dw + wskew, w, wsz);
     void *db = b ? dcopy(b, m * dj_dtype_size(wt)) : NULL;
     poison(dout, osz);
     dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = wt, .bias = b,
@@ -313,15 +335,16 @@ static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bi
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dx;
-    gc.w = dw;
+    gc.w = (char *)dw + wskew;
     gc.bias = db;
     gc.out_dtype = out_t;
     dj__cuda_set_paths(gpu, 0, path);
     run_both(&cc, &gc, "matmul");
     dj__cuda_set_paths(gpu, 0, 0);
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u k=%u m=%u w=%s%s out=%s%s", n, k, m, dj_dtype_name(wt), bias ? "+bias" : "",
-             dj_dtype_name(out_t), path == 1 ? " [gemv]" : path == 2 ? " [gemm]" : "");
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u w=%s%s out=%s%s%s%s", n, k, m, dj_dtype_name(wt),
+             bias ? "+bias" : "", dj_dtype_name(out_t), skew ? " skewed" : "",
+             path == 1 ? " [gemv]" : path == 2 ? " [gemm]" : "", variant_tag);
     compare("MATMUL", shape, dout, out_t, ref, (size_t)n * m);
     dfree(dx);
     dfree(dw);
@@ -332,6 +355,10 @@ static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bi
     free(ref);
     free(w);
     free(b);
+}
+
+static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bias, dj_dtype out_t, int path) {
+    check_matmul_skew(n, k, m, wt, bias, out_t, path, 0);
 }
 
 static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace) {
@@ -842,8 +869,8 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
     if (dj_backend_compute(cpu, &cc[3]) != DJ_OK) die("matmul group (cpu)");
     for (int i = 0; i < 4; i++) {
         char shape[96];
-        snprintf(shape, sizeof shape, "grouped %d/4: n=%u k=%u m=%u %s%s%s", i + 1, n, ks[i], ms[i],
-                 dj_dtype_name(wt), i == 1 ? " +bias" : "", i == 3 ? " (x = output 1)" : "");
+        snprintf(shape, sizeof shape, "grouped %d/4: n=%u k=%u m=%u %s%s%s%s", i + 1, n, ks[i], ms[i],
+                 dj_dtype_name(wt), i == 1 ? " +bias" : "", i == 3 ? " (x = output 1)" : "", variant_tag);
         compare("MATMUL", shape, dout[i], DJ_DTYPE_BF16, ref[i], (size_t)n * ms[i]);
         dfree(dw[i]);
         dfree(dout[i]);
@@ -857,6 +884,44 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
     free(xf);
     free(ob);
     free(x3);
+}
+
+/* The decode GEMV under each $DJINN_GEMV variant (forced, path 1): every
+ * row count 1..8, k past the last full step of 16 chunks per lane (4104:
+ * only lane 0 has a tail), long rows, k % 8 != 0 and skewed weights (the
+ * scalar fallback), rows per block not dividing m, f16/f32 weights, bias,
+ * f32 logits, and grouped calls. */
+static void check_gemv_variants(void) {
+    const char *env = getenv("DJINN_GEMV");
+    char saved[32];
+    snprintf(saved, sizeof saved, "%s", env ? env : "");
+    for (size_t v = 0; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, " %s", gemv_variants[v]);
+        variant_tag = tag;
+        gpu_renew("DJINN_GEMV", gemv_variants[v]);
+        for (uint32_t n = 1; n <= 8; n++)
+            check_matmul(n, 512, 37 + 8 * n, DJ_DTYPE_BF16, n % 3 == 0, DJ_DTYPE_BF16, 1);
+        check_matmul(1, 4104, 1001, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
+        check_matmul(1, 14336, 257, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+        check_matmul(6, 14336, 63, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+        check_matmul(2, 4100, 333, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
+        check_matmul(3, 37, 65, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+        check_matmul_skew(1, 1024, 129, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1, 1);
+        check_matmul_skew(4, 1024, 129, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 1, 4);
+        check_matmul(1, 1, 9, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+        check_matmul(1, 8, 1, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
+        check_matmul(5, 2048, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 1);
+        check_matmul(7, 2048, 999, DJ_DTYPE_F32, 1, DJ_DTYPE_BF16, 1);
+        check_matmul(1, 4096, 5003, DJ_DTYPE_BF16, 0, DJ_DTYPE_F32, 1);
+        check_matmul(8, 4096, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_F32, 1);
+        check_matmul_group(1, 4096, DJ_DTYPE_BF16);
+        check_matmul_group(8, 1024, DJ_DTYPE_BF16);
+        check_matmul_group(3, 512, DJ_DTYPE_F16);
+        check_matmul_group(2, 260, DJ_DTYPE_BF16); /* k % 8 != 0 */
+    }
+    variant_tag = "";
+    gpu_renew("DJINN_GEMV", env ? saved : NULL);
 }
 
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
@@ -1000,6 +1065,99 @@ static void bench_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
     dfree(out);
 }
 
+/* Seconds per round of `count` calls, recorded `rounds` times in one graph
+ * (no host launch cost in the figure) that runs `iters` times. */
+static double time_graph(const dj_op_call *calls, int count, int rounds, int iters) {
+    dj_backend_graph_t *g = NULL;
+    if (gpu->vt->capture_begin(gpu) != DJ_OK) die("bench capture");
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < count; i++)
+            if (dj_backend_compute(gpu, &calls[(size_t)r * count + i]) != DJ_OK) die("bench");
+    if (gpu->vt->capture_end(gpu, &g) != DJ_OK) die("bench capture_end");
+    if (gpu->vt->graph_launch(gpu, g) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("bench warm-up");
+    const double t0 = now();
+    for (int it = 0; it < iters; it++)
+        if (gpu->vt->graph_launch(gpu, g) != DJ_OK) die("bench graph");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("bench sync");
+    const double s = (now() - t0) / ((double)iters * rounds);
+    gpu->vt->graph_free(gpu, g);
+    return s;
+}
+
+/* A decode GEMV shape: n rows of x against `count` bf16 weights [ms[i], k]
+ * that share x (q/k/v: one grouped launch). */
+typedef struct gemv_shape {
+    uint32_t n, k, ms[3];
+    int count;
+    const char *what;
+} gemv_shape;
+
+#define GEMV_BENCH_ROUNDS 16
+#define GEMV_BENCH_SPAN ((size_t)256 << 20) /* bytes of weight copies a graph cycles through: past the 50 MB L2 */
+
+/* Each shape under each $DJINN_GEMV variant, timed in graphs. Every round
+ * reads another copy of the weights (enough copies to span
+ * GEMV_BENCH_SPAN), so no round finds its weights in L2, as in a decode
+ * step. One line per variant and shape:
+ *   bench gemv <variant> n=<n> k=<k> m=<m>[+<m>..]: <us> us <GB/s> GB/s of weights */
+static void bench_gemv(void) {
+    static const gemv_shape shapes[] = {
+        {1, 4096, {4096, 1024, 1024}, 3, "q/k/v"}, {1, 4096, {4096}, 1, "o"},
+        {1, 4096, {1024}, 1, "k alone"},          {1, 4096, {14336}, 1, "gate"},
+        {1, 14336, {4096}, 1, "down"},             {1, 4096, {128256}, 1, "lm head"},
+        {8, 4096, {14336}, 1, "gate, 8 rows"},
+    };
+    const size_t n_shapes = sizeof shapes / sizeof *shapes;
+    /* one host pattern for every upload: 1 MiB of random bf16 repeated */
+    size_t max_bytes = 0;
+    for (size_t i = 0; i < n_shapes; i++)
+        for (int j = 0; j < shapes[i].count; j++) {
+            const size_t b = (size_t)shapes[i].ms[j] * shapes[i].k * 2;
+            if (b > max_bytes) max_bytes = b;
+        }
+    uint16_t *pat = halloc(max_bytes / 2);
+    const size_t period = (size_t)1 << 19;
+    for (size_t i = 0; i < max_bytes / 2; i++)
+        pat[i] = i < period ? dj_f32_to_bf16(dj_test_randf(-0.02f, 0.02f)) : pat[i % period];
+    const char *env = getenv("DJINN_GEMV");
+    char saved[32];
+    snprintf(saved, sizeof saved, "%s", env ? env : "");
+    for (size_t si = 0; si < n_shapes; si++) {
+        const gemv_shape *sh = &shapes[si];
+        size_t round_bytes = 0;
+        for (int j = 0; j < sh->count; j++) round_bytes += (size_t)sh->ms[j] * sh->k * 2;
+        int copies = (int)((GEMV_BENCH_SPAN + round_bytes - 1) / round_bytes);
+        if (copies > GEMV_BENCH_ROUNDS) copies = GEMV_BENCH_ROUNDS;
+        void *x = dev_random_bf16((size_t)sh->n * sh->k, 1.0f);
+        void *w[GEMV_BENCH_ROUNDS][3], *out[3];
+        dj_op_call calls[GEMV_BENCH_ROUNDS * 3];
+        for (int j = 0; j < sh->count; j++) out[j] = dalloc((size_t)sh->n * sh->ms[j] * 2);
+        for (int c = 0; c < copies; c++)
+            for (int j = 0; j < sh->count; j++) w[c][j] = dcopy(pat, (size_t)sh->ms[j] * sh->k * 2);
+        for (int r = 0; r < GEMV_BENCH_ROUNDS; r++)
+            for (int j = 0; j < sh->count; j++)
+                calls[r * sh->count + j] = (dj_op_call){.op = DJ_OP_MATMUL, .n = sh->n, .out = out[j], .x = x,
+                                                         .w = w[r % copies][j], .w_dtype = DJ_DTYPE_BF16, .k = sh->k,
+                                                         .m = sh->ms[j], .out_dtype = DJ_DTYPE_BF16};
+        char ms[64];
+        int len = snprintf(ms, sizeof ms, "%u", sh->ms[0]);
+        for (int j = 1; j < sh->count; j++) len += snprintf(ms + len, sizeof ms - (size_t)len, "+%u", sh->ms[j]);
+        const int iters = round_bytes > ((size_t)64 << 20) ? 20 : 100;
+        for (size_t v = 0; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
+            gpu_renew("DJINN_GEMV", gemv_variants[v]);
+            const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
+            printf("bench gemv %s n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
+                   gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
+        }
+        for (int c = 0; c < copies; c++)
+            for (int j = 0; j < sh->count; j++) dfree(w[c][j]);
+        for (int j = 0; j < sh->count; j++) dfree(out[j]);
+        dfree(x);
+    }
+    gpu_renew("DJINN_GEMV", env ? saved : NULL);
+    free(pat);
+}
+
 static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int iters) {
     const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2)); /* 64 KiB pages */
     const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
@@ -1024,6 +1182,10 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
 }
 
 static void bench(void) {
+    double copy = 0.0;
+    if (dj_cuda_measure_copy(gpu, (size_t)1 << 30, 20, &copy) != DJ_OK) die("measure copy");
+    printf("bench copy 1 GiB: %7.1f GB/s (read + written)\n", copy);
+    bench_gemv();
     bench_matmul(1, 4096, 14336, 200);  /* decode: weight bandwidth */
     bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
     bench_attention(1, 512, 32, 8, 128, 200);
@@ -1039,7 +1201,7 @@ static void bench(void) {
 /* ---- main ---- */
 
 int main(int argc, char **argv) {
-    int device = 0, do_bench = 0;
+    int do_bench = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) {
             do_bench = 1;
@@ -1158,6 +1320,7 @@ int main(int argc, char **argv) {
     check_rows(32, 32, 8, 128, 16, 0, 1);
     check_matmul_group(1, 1024, DJ_DTYPE_BF16);
     check_matmul_group(5, 512, DJ_DTYPE_F16);
+    check_gemv_variants();
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);
