@@ -2,7 +2,15 @@
  * bf16 K/V in data-segment pages, f32 softmax and accumulation.
  *  - decode (few query rows): split-K / flash-decoding - each block scores
  *    one chunk of the context for one (row, head); a second pass merges the
- *    chunks, so one session's single token still fills the GPU;
+ *    chunks, so one session's single token still fills the GPU. Variants
+ *    ($DJINN_DECODE, read at backend creation):
+ *      v0: a warp walks its positions one at a time (K load, warp sum,
+ *          V load), one head per block - the first kernel, the baseline;
+ *      v1: a warp loads K and V of DEC_POS positions at once, scores them
+ *          together and folds them in one online-softmax update; the merge
+ *          skips the empty splits;
+ *      v2: as v1, and a block serves up to 4 query heads of one kv head
+ *          (GQA), so K/V are read once per kv head, not once per q head;
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
  * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
@@ -16,6 +24,8 @@
 #define DEC_MAX_SPLITS 64
 #define DEC_BLOCKS_PER_SM 8 /* splits aim at this many blocks per SM: each warp walks its
                              * positions one dependent load after another, so fewer per warp is faster */
+#define DEC_POS 8          /* positions per warp and step of the batched decode kernel (v1/v2) */
+#define DEC_BATCH_MIN_BLOCKS 4 /* per SM, for the batched kernel: caps its registers at 128 (no spills) */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -56,6 +66,68 @@ static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window
 
 /* ---- decode: split-K ---- */
 
+static_assert(DEC_MIN_CHUNK == DEC_WARPS * DEC_POS, "a chunk is at least one step of every warp");
+static_assert(DEC_MAX_SPLITS <= 64, "the batched merge holds two splits per lane of one warp");
+
+/* Row i's position p, its first visible position t0 and the chunk of each
+ * of the `splits` splits (at least DEC_MIN_CHUNK; trailing splits may be
+ * empty), from the row's own position: a recorded launch serves every
+ * position. */
+struct dec_range {
+    uint32_t p, t0;
+    uint64_t chunk;
+};
+
+static __device__ __forceinline__ dec_range dec_range_of(const attn_args &a, uint32_t i, uint32_t splits) {
+    dec_range r;
+    r.p = a.row_pos ? a.row_pos[i] : a.pos0 + i;
+    r.t0 = first_pos(r.p, a.window);
+    const uint64_t len = (uint64_t)r.p - r.t0 + 1;
+    r.chunk = (len + splits - 1) / splits;
+    if (r.chunk < DEC_MIN_CHUNK) r.chunk = DEC_MIN_CHUNK;
+    return r;
+}
+
+/* Folds the DEC_WARPS warps' online-softmax states of one head (every
+ * thread of the block calls it; lane l holds the pairs 2l + 64k of acc) into
+ * dst[hd + 2]: o (unnormalised), then max, then sum. */
+template <int PAIRS>
+static __device__ __forceinline__ void dec_store_partial(float m, float l, const float2 (&acc)[PAIRS], uint32_t hd,
+                                                         float *dst) {
+    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
+    __shared__ float s_o[DEC_WARPS][256];
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int k = 0; k < PAIRS; k++) {
+        const uint32_t d = 2 * lane + 64 * k;
+        if (d < hd) {
+            s_o[warp][d] = acc[k].x;
+            s_o[warp][d + 1] = acc[k].y;
+        }
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w]);
+    float f[DEC_WARPS];
+    for (int w = 0; w < DEC_WARPS; w++) f[w] = M == -INFINITY ? 0.0f : expf(s_m[w] - M);
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) o += f[w] * s_o[w][d];
+        dst[d] = o;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) L += f[w] * s_l[w];
+        dst[hd] = M;
+        dst[hd + 1] = L;
+    }
+    __syncthreads(); /* the shared arrays are free for the next head */
+}
+
 /* Block (split, head, row). Lane l holds the bf16 pairs 2l + 64i of q, K, V.
  * Row i's positions [t0, p] are cut into `splits` chunks of at least
  * DEC_MIN_CHUNK (trailing splits may be empty), computed here from the row's
@@ -64,18 +136,13 @@ static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window
 template <int PAIRS>
 static __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_kernel(attn_args a, uint32_t splits, float *part) {
-    __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
-    __shared__ float s_o[DEC_WARPS][256];
     const uint32_t split = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t p = a.row_pos ? a.row_pos[i] : a.pos0 + i, t0 = first_pos(p, a.window);
-    const uint32_t kvh = h / a.group, hd = a.hd;
+    const dec_range rg = dec_range_of(a, i, splits);
+    const uint32_t p = rg.p, kvh = h / a.group, hd = a.hd;
     const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
-    const uint64_t len = (uint64_t)p - t0 + 1;
-    uint64_t chunk = (len + splits - 1) / splits;
-    if (chunk < DEC_MIN_CHUNK) chunk = DEC_MIN_CHUNK;
-    const uint64_t s0 = (uint64_t)t0 + (uint64_t)split * chunk;
-    const uint64_t s1 = s0 + chunk - 1 < p ? s0 + chunk - 1 : p; /* inclusive; empty when s0 > p */
+    const uint64_t s0 = (uint64_t)rg.t0 + (uint64_t)split * rg.chunk;
+    const uint64_t s1 = s0 + rg.chunk - 1 < p ? s0 + rg.chunk - 1 : p; /* inclusive; empty when s0 > p */
 
     const __nv_bfloat16 *q = a.q + ((size_t)i * a.nh + h) * hd;
     float2 qv[PAIRS], acc[PAIRS];
@@ -112,35 +179,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32)
         }
         m = mn;
     }
-    if (lane == 0) {
-        s_m[warp] = m;
-        s_l[warp] = l;
-    }
-#pragma unroll
-    for (int k = 0; k < PAIRS; k++) {
-        const uint32_t d = 2 * lane + 64 * k;
-        if (d < hd) {
-            s_o[warp][d] = acc[k].x;
-            s_o[warp][d + 1] = acc[k].y;
-        }
-    }
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w]);
-    float f[DEC_WARPS];
-    for (int w = 0; w < DEC_WARPS; w++) f[w] = M == -INFINITY ? 0.0f : expf(s_m[w] - M);
-    float *dst = part + (((size_t)i * a.nh + h) * splits + split) * (hd + 2);
-    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++) o += f[w] * s_o[w][d];
-        dst[d] = o;
-    }
-    if (threadIdx.x == 0) {
-        float L = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++) L += f[w] * s_l[w];
-        dst[hd] = M;
-        dst[hd + 1] = L;
-    }
+    dec_store_partial<PAIRS>(m, l, acc, hd, part + (((size_t)i * a.nh + h) * splits + split) * (hd + 2));
 }
 
 /* Block (head, row): merges the splits. Split 0 always holds position t0, so
@@ -165,6 +204,157 @@ static __global__ void attn_merge_kernel(const float *part, __nv_bfloat16 *out, 
             if (ps[hd] != -INFINITY) v += ps[d] * expf(ps[hd] - G);
         }
         o[d] = __float2bfloat16(v * inv);
+    }
+}
+
+/* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
+ * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
+ * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
+ * lane l < DEC_POS looks up the page of position b + l, then every lane
+ * loads its pairs 2l + 64k of the DEC_POS K and V rows (all loads in flight
+ * together), scores them for the G heads (G*DEC_POS warp sums, interleaved)
+ * and folds them into each head's online softmax in one update.
+ * part: as attn_decode_kernel's; splits past the row's context are not
+ * written (attn_merge_used_kernel does not read them). */
+template <int PAIRS, int G>
+static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
+    attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
+    const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const dec_range rg = dec_range_of(a, i, splits);
+    const uint64_t s0 = (uint64_t)rg.t0 + (uint64_t)split * rg.chunk;
+    if (s0 > rg.p) return; /* block-uniform: an empty split */
+    const uint64_t s1 = s0 + rg.chunk - 1 < rg.p ? s0 + rg.chunk - 1 : rg.p; /* inclusive */
+    const uint32_t kvh = h0 / a.group, hd = a.hd;
+    const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
+    const size_t v_off = (size_t)a.tpp * a.kv_dim; /* V rows follow the page's K rows */
+
+    float2 qv[G][PAIRS], acc[G][PAIRS];
+    float m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const __nv_bfloat16 *q = a.q + ((size_t)i * a.nh + h0 + g) * hd;
+#pragma unroll
+        for (int k = 0; k < PAIRS; k++) {
+            const uint32_t d = 2 * lane + 64 * k;
+            qv[g][k] = d < hd ? __bfloat1622float2(*(const __nv_bfloat162 *)(q + d)) : make_float2(0.0f, 0.0f);
+            acc[g][k] = make_float2(0.0f, 0.0f);
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    for (uint64_t b = s0 + (uint64_t)warp * DEC_POS; b <= s1; b += DEC_WARPS * DEC_POS) {
+        uint32_t page = 0;
+        if (lane < DEC_POS && b + lane <= s1) page = table[(uint32_t)(b + lane) / a.tpp];
+        __nv_bfloat162 kb[DEC_POS][PAIRS], vb[DEC_POS][PAIRS];
+#pragma unroll
+        for (int j = 0; j < DEC_POS; j++) {
+            const uint32_t pj = __shfl_sync(0xffffffffu, page, j), t = (uint32_t)(b + j);
+            const bool valid = b + j <= s1; /* warp-uniform */
+            const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(a.seg + (size_t)pj * a.page_bytes) +
+                                      (size_t)(t % a.tpp) * a.kv_dim + (size_t)kvh * hd;
+#pragma unroll
+            for (int k = 0; k < PAIRS; k++) {
+                const uint32_t d = 2 * lane + 64 * k;
+                const bool ok = valid && d < hd;
+                kb[j][k] = ok ? *(const __nv_bfloat162 *)(kr + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+                vb[j][k] = ok ? *(const __nv_bfloat162 *)(kr + v_off + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+            }
+        }
+        float s[G][DEC_POS];
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int j = 0; j < DEC_POS; j++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int k = 0; k < PAIRS; k++) {
+                    const float2 kf = __bfloat1622float2(kb[j][k]);
+                    dot += qv[g][k].x * kf.x + qv[g][k].y * kf.y;
+                }
+                s[g][j] = dot;
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+                for (int j = 0; j < DEC_POS; j++) s[g][j] += __shfl_xor_sync(0xffffffffu, s[g][j], o);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float mn = m[g];
+#pragma unroll
+            for (int j = 0; j < DEC_POS; j++) {
+                s[g][j] = b + j <= s1 ? s[g][j] * a.scale : -INFINITY;
+                mn = fmaxf(mn, s[g][j]);
+            }
+            /* position b is valid: mn is finite */
+            const float corr = expf(m[g] - mn);
+            l[g] *= corr;
+#pragma unroll
+            for (int k = 0; k < PAIRS; k++) {
+                acc[g][k].x *= corr;
+                acc[g][k].y *= corr;
+            }
+#pragma unroll
+            for (int j = 0; j < DEC_POS; j++) {
+                const float e = expf(s[g][j] - mn);
+                l[g] += e;
+#pragma unroll
+                for (int k = 0; k < PAIRS; k++) {
+                    const float2 vf = __bfloat1622float2(vb[j][k]);
+                    acc[g][k].x += e * vf.x;
+                    acc[g][k].y += e * vf.y;
+                }
+            }
+            m[g] = mn;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++)
+        dec_store_partial<PAIRS>(m[g], l[g], acc[g], hd,
+                                 part + (((size_t)i * a.nh + h0 + g) * splits + split) * (hd + 2));
+}
+
+/* Block (head, row): merges the splits attn_decode_batch_kernel wrote -
+ * those holding some of the row's positions, split 0 first (it holds t0, so
+ * the overall max is finite). Warp 0 weighs the splits (two per lane), then
+ * every thread sums its dims over them. */
+static __global__ void __launch_bounds__(128)
+    attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
+    __shared__ float s_w[DEC_MAX_SPLITS];
+    __shared__ float s_inv;
+    const uint32_t h = blockIdx.x, i = blockIdx.y, hd = a.hd, lane = threadIdx.x & 31;
+    const dec_range rg = dec_range_of(a, i, splits);
+    const uint64_t len = (uint64_t)rg.p - rg.t0 + 1;
+    const uint32_t used = (uint32_t)((len + rg.chunk - 1) / rg.chunk); /* <= splits */
+    const float *src = part + ((size_t)i * a.nh + h) * splits * (hd + 2);
+    if (threadIdx.x < 32) {
+        float M[2], L[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const uint32_t sp = lane + 32 * u;
+            M[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd] : -INFINITY;
+            L[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd + 1] : 0.0f;
+        }
+        const float G = warp_max(fmaxf(M[0], M[1]));
+        float wl = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const float w = M[u] == -INFINITY ? 0.0f : expf(M[u] - G);
+            if (lane + 32 * u < DEC_MAX_SPLITS) s_w[lane + 32 * u] = w;
+            wl += w * L[u];
+        }
+        wl = warp_sum(wl);
+        if (lane == 0) s_inv = 1.0f / wl;
+    }
+    __syncthreads();
+    __nv_bfloat16 *o = out + ((size_t)i * a.nh + h) * hd;
+    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll 8
+        for (uint32_t sp = 0; sp < used; sp++) v += src[(size_t)sp * (hd + 2) + d] * s_w[sp];
+        o[d] = __float2bfloat16(v * s_inv);
     }
 }
 
@@ -269,12 +459,34 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 
 /* ---- launchers ---- */
 
+template <int PAIRS>
+static void launch_decode_batch(dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
+                                uint32_t splits, float *part) {
+    const unsigned threads = DEC_WARPS * 32;
+    if constexpr (PAIRS <= 2) { /* 4 heads of head_dim > 128 would not fit the registers */
+        if (heads_per_block == 4) {
+            attn_decode_batch_kernel<PAIRS, 4><<<grid, threads, 0, stream>>>(a, splits, part);
+            return;
+        }
+    }
+    if (heads_per_block == 2)
+        attn_decode_batch_kernel<PAIRS, 2><<<grid, threads, 0, stream>>>(a, splits, part);
+    else
+        attn_decode_batch_kernel<PAIRS, 1><<<grid, threads, 0, stream>>>(a, splits, part);
+}
+
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
-    const uint32_t hd = c->head_dim;
+    const uint32_t hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    const int variant = cb->decode_variant;
+    /* v2: up to 4 query heads of one kv head per block (2 for head_dim > 128) */
+    const uint32_t hpb = variant != DJ_DECODE_V2      ? 1
+                         : group % 4 == 0 && hd <= 128 ? 4
+                         : group % 2 == 0              ? 2
+                                                       : 1;
     /* Enough splits for ~DEC_BLOCKS_PER_SM blocks per SM; without per-row positions, no more
      * than the longest context fills (with them, the kernel leaves the
      * surplus empty: the count must not depend on positions). */
-    const uint64_t rows_heads = (uint64_t)c->n * c->n_heads;
+    const uint64_t rows_heads = (uint64_t)c->n * (c->n_heads / hpb);
     uint64_t splits = ((uint64_t)cb->n_sm * DEC_BLOCKS_PER_SM + rows_heads - 1) / rows_heads;
     if (!c->row_pos) {
         const uint64_t end = (uint64_t)c->pos0 + c->n;
@@ -287,19 +499,34 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     float *part = NULL;
     dj_status st = dj__cuda_scratch(cb, (size_t)c->n * c->n_heads * splits * (hd + 2), &part);
     if (st != DJ_OK) return st;
-    const dim3 grid((unsigned)splits, c->n_heads, c->n);
+    const dim3 grid((unsigned)splits, c->n_heads / hpb, c->n);
     const unsigned threads = DEC_WARPS * 32;
+    __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
+    if (variant == DJ_DECODE_V0) {
+        if (hd <= 64)
+            attn_decode_kernel<1><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        else if (hd <= 128)
+            attn_decode_kernel<2><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        else if (hd <= 192)
+            attn_decode_kernel<3><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        else
+            attn_decode_kernel<4><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        DJ_CU_LAUNCHED(cb);
+        attn_merge_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(part, out, c->n_heads, hd,
+                                                                          (uint32_t)splits);
+        DJ_CU_LAUNCHED(cb);
+        return DJ_OK;
+    }
     if (hd <= 64)
-        attn_decode_kernel<1><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        launch_decode_batch<1>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 128)
-        attn_decode_kernel<2><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        launch_decode_batch<2>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 192)
-        attn_decode_kernel<3><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        launch_decode_batch<3>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else
-        attn_decode_kernel<4><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+        launch_decode_batch<4>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
-    attn_merge_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(part, (__nv_bfloat16 *)c->out, c->n_heads,
-                                                                      hd, (uint32_t)splits);
+    attn_merge_used_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(a, part, out, (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -498,6 +498,16 @@ static dj_status cuda_init(dj_cuda_backend *cb) {
     return DJ_OK;
 }
 
+/* Kernel variant $name = "v0" .. "v<count-1>"; unset: dflt; anything else:
+ * dflt and a warning. */
+static int variant_from_env(const char *name, int count, int dflt) {
+    const char *s = getenv(name);
+    if (!s) return dflt;
+    if (s[0] == 'v' && s[1] >= '0' && s[1] < '0' + count && s[2] == '\0') return s[1] - '0';
+    DJ_LOG(WARN, "%s=%s is none of v0..v%d: using v%d", name, s, count - 1, dflt);
+    return dflt;
+}
+
 extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     if (!out) return dj_fail(DJ_EINVAL, "cuda backend: NULL output pointer");
     *out = NULL;
@@ -523,17 +533,8 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
         const char *tc_rows = getenv("DJINN_TC_ROWS"); /* 64 (default) | 128 */
         cb->tc_rows = tc_rows && strcmp(tc_rows, "128") == 0 ? 128 : 64;
-        const char *gemv = getenv("DJINN_GEMV"); /* v0 | v1 | v2; default DJ_GEMV_DEFAULT */
-        cb->gemv_variant = DJ_GEMV_DEFAULT;
-        if (gemv) {
-            static const char *names[DJ_GEMV_VARIANTS] = {"v0", "v1", "v2"};
-            int v = 0;
-            while (v < DJ_GEMV_VARIANTS && strcmp(gemv, names[v]) != 0) v++;
-            if (v < DJ_GEMV_VARIANTS)
-                cb->gemv_variant = v;
-            else
-                DJ_LOG(WARN, "DJINN_GEMV=%s is none of v0, v1, v2: using v%d", gemv, DJ_GEMV_DEFAULT);
-        }
+        cb->gemv_variant = variant_from_env("DJINN_GEMV", DJ_GEMV_VARIANTS, DJ_GEMV_DEFAULT);
+        cb->decode_variant = variant_from_env("DJINN_DECODE", DJ_DECODE_VARIANTS, DJ_DECODE_DEFAULT);
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;

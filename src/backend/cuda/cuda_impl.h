@@ -20,6 +20,11 @@
 enum { DJ_GEMV_V0, DJ_GEMV_V1, DJ_GEMV_V2, DJ_GEMV_VARIANTS };
 #define DJ_GEMV_DEFAULT DJ_GEMV_V1
 
+/* Decode attention kernels ($DJINN_DECODE=v0|v1|v2; cuda_attention.cu says
+ * what each does). v0 is the first kernel, kept as the baseline. */
+enum { DJ_DECODE_V0, DJ_DECODE_V1, DJ_DECODE_V2, DJ_DECODE_VARIANTS };
+#define DJ_DECODE_DEFAULT DJ_DECODE_V2
+
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
     int device;
@@ -66,6 +71,7 @@ typedef struct dj_cuda_backend {
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
     int gemv_variant;         /* DJ_GEMV_V*, from $DJINN_GEMV at creation */
+    int decode_variant;       /* DJ_DECODE_V*, from $DJINN_DECODE at creation */
 } dj_cuda_backend;
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
