@@ -21,6 +21,7 @@ static dj_backend_t *cpu, *gpu;
 static int device, n_rows, n_fail;
 /* Kernel variants the backend reads from the environment at creation. */
 static const char *const gemv_variants[] = {"v0", "v1", "v2"};
+static const char *const decode_variants[] = {"v0", "v1", "v2"};
 static const char *variant_tag = ""; /* appended to the shape of the rows it concerns */
 
 /* ---- helpers ---- */
@@ -641,8 +642,8 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
         dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
         const int ran = dj__cuda_last_attention(gpu);
-        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]", n, pos0, nh, nkv, hd,
-                 tpp, window, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]%s", n, pos0, nh, nkv,
+                 hd, tpp, window, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0], variant_tag);
         compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
         if (ran != expect_kernel[path]) {
             n_rows++;
@@ -787,8 +788,8 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
         }
         if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
         char shape[96];
-        snprintf(shape, sizeof shape, "rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
-                 captured ? (round ? " graph, pos+1" : " graph") : "");
+        snprintf(shape, sizeof shape, "rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s%s", B, nh, nkv, hd, tpp, window,
+                 captured ? (round ? " graph, pos+1" : " graph") : "", variant_tag);
         compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
         compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
         compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
@@ -922,6 +923,45 @@ static void check_gemv_variants(void) {
     }
     variant_tag = "";
     gpu_renew("DJINN_GEMV", env ? saved : NULL);
+}
+
+/* Decode attention under each $DJINN_DECODE variant: GQA groups of 1, 2,
+ * 3, 4 and 8 (heads per block 1, 2 and 4), head_dim 6..256 (partial lanes,
+ * each pair count), windows, one position, long contexts (many steps per
+ * warp, a partial last step), several rows, and per-row positions and
+ * tables, eager and recorded. */
+static void check_decode_variants(void) {
+    const char *env = getenv("DJINN_DECODE");
+    char saved[32];
+    snprintf(saved, sizeof saved, "%s", env ? env : "");
+    for (size_t v = 0; v < sizeof decode_variants / sizeof *decode_variants; v++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, " %s", decode_variants[v]);
+        variant_tag = tag;
+        gpu_renew("DJINN_DECODE", decode_variants[v]);
+        /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
+        check_attention(1, 4095, 32, 8, 128, 16, 0);
+        check_attention(1, 1000, 8, 1, 64, 7, 0);
+        check_attention(3, 37, 8, 2, 64, 16, 0);
+        check_attention(1, 2000, 8, 2, 128, 16, 256);
+        check_attention(1, 300, 4, 2, 256, 8, 0);
+        check_attention(5, 40, 4, 4, 80, 16, 0);
+        check_attention(2, 500, 6, 3, 6, 5, 0);
+        check_attention(1, 77, 12, 4, 96, 16, 0);
+        check_attention(4, 4000, 16, 2, 128, 16, 1000);
+        check_attention(1, 0, 8, 2, 128, 16, 0);
+        check_attention(7, 9, 8, 8, 192, 3, 5);
+        check_attention(1, 20000, 32, 8, 128, 16, 0);
+        /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
+        check_rows(1, 32, 8, 128, 16, 0, 0);
+        check_rows(5, 8, 2, 64, 7, 0, 0);
+        check_rows(8, 12, 4, 96, 16, 0, 0);
+        check_rows(3, 8, 2, 128, 16, 100, 0);
+        check_rows(1, 32, 8, 128, 16, 0, 1);
+        check_rows(32, 32, 8, 128, 16, 0, 1);
+    }
+    variant_tag = "";
+    gpu_renew("DJINN_DECODE", env ? saved : NULL);
 }
 
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
@@ -1181,6 +1221,56 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
     free(table);
 }
 
+/* Decode attention under each $DJINN_DECODE variant, timed in a graph of
+ * 20 calls: n rows at positions ctx-1, ctx-2, .. over one context in 64 KiB
+ * pages, either as one sequence (pos0, the block table in device memory)
+ * or with per-row positions and tables (row_pos, as the engine's decode
+ * step). One line per variant:
+ *   bench decode <variant> n=<n> ctx=<ctx> heads=<q>:<kv> hd=<hd> <pos0|row_pos>: <us> us <GB/s> GB/s of K/V */
+static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int rows) {
+    enum { ROUNDS = 20 };
+    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2));
+    const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
+    uint32_t *table = xmalloc(n_blocks * sizeof *table), *pos = xmalloc(n * sizeof *pos);
+    for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
+    for (uint32_t r = 0; r < n; r++) pos[r] = ctx - 1 - r;
+    void *seg = dev_random_bf16((size_t)32768 * n_blocks, 1.0f), *dtable = dcopy(table, n_blocks * sizeof *table);
+    void *q = dev_random_bf16((size_t)n * nh * hd, 1.0f), *out = dalloc((size_t)n * nh * hd * 2);
+    void *dpos = dcopy(pos, n * sizeof *pos);
+    const void **tabs = xmalloc(n * sizeof *tabs);
+    for (uint32_t r = 0; r < n; r++) tabs[r] = dtable;
+    void *dtabs = dcopy(tabs, n * sizeof *tabs);
+    dj_kv_view kv = {.seg_base = seg, .page_bytes = 65536, .block_table = table, .block_table_dev = dtable,
+                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+    dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
+                    .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
+    if (rows) {
+        c.row_pos = dpos;
+        c.row_tables = dtabs;
+    }
+    dj_op_call calls[ROUNDS];
+    for (int i = 0; i < ROUNDS; i++) calls[i] = c;
+    const char *env = getenv("DJINN_DECODE");
+    char saved[32];
+    snprintf(saved, sizeof saved, "%s", env ? env : "");
+    for (size_t v = 0; v < sizeof decode_variants / sizeof *decode_variants; v++) {
+        gpu_renew("DJINN_DECODE", decode_variants[v]);
+        const double s = time_graph(calls, 1, ROUNDS, 50);
+        printf("bench decode %s n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n", decode_variants[v],
+               n, ctx, nh, nkv, hd, rows ? "row_pos" : "pos0", s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9);
+    }
+    gpu_renew("DJINN_DECODE", env ? saved : NULL);
+    dfree(seg);
+    dfree(dtable);
+    dfree(q);
+    dfree(out);
+    dfree(dpos);
+    dfree(dtabs);
+    free(tabs);
+    free(table);
+    free(pos);
+}
+
 static void bench(void) {
     double copy = 0.0;
     if (dj_cuda_measure_copy(gpu, (size_t)1 << 30, 20, &copy) != DJ_OK) die("measure copy");
@@ -1190,6 +1280,12 @@ static void bench(void) {
     bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
     bench_attention(1, 512, 32, 8, 128, 200);
     bench_attention(1, 4096, 32, 8, 128, 200);
+    bench_decode(1, 512, 32, 8, 128, 0);
+    bench_decode(1, 4096, 32, 8, 128, 0);
+    bench_decode(1, 512, 32, 8, 128, 1);
+    bench_decode(1, 4096, 32, 8, 128, 1);
+    bench_decode(8, 512, 32, 8, 128, 1);
+    bench_decode(1, 32768, 32, 8, 128, 1);
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 10);
     dj__cuda_set_paths(gpu, 2, 0); /* the f32 prefill kernel, for comparison */
@@ -1321,6 +1417,7 @@ int main(int argc, char **argv) {
     check_matmul_group(1, 1024, DJ_DTYPE_BF16);
     check_matmul_group(5, 512, DJ_DTYPE_F16);
     check_gemv_variants();
+    check_decode_variants();
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);
