@@ -1135,10 +1135,10 @@ typedef struct gemv_shape {
 #define GEMV_BENCH_ROUNDS 16
 #define GEMV_BENCH_SPAN ((size_t)256 << 20) /* bytes of weight copies a graph cycles through: past the 50 MB L2 */
 
-/* Each shape under each $DJINN_GEMV variant, timed in graphs. Every round
- * reads another copy of the weights (enough copies to span
- * GEMV_BENCH_SPAN), so no round finds its weights in L2, as in a decode
- * step. One line per variant and shape:
+/* Each shape under each $DJINN_GEMV variant, timed in graphs. Round r reads
+ * weight copy r % copies, with copies enough to span GEMV_BENCH_SPAN (at
+ * most GEMV_BENCH_ROUNDS: 128 MB for the 8 MB k weights), so no round finds
+ * its weights in L2, as in a decode step. One line per variant and shape:
  *   bench gemv <variant> n=<n> k=<k> m=<m>[+<m>..]: <us> us <GB/s> GB/s of weights */
 static void bench_gemv(void) {
     static const gemv_shape shapes[] = {
