@@ -633,13 +633,14 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
     /* The kernel each path must have run: auto takes tensor cores for
      * head_dim 64/128 from 8 rows on (every call here is aligned), "tc"
      * falls back to the f32 prefill elsewhere. */
-    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
+    static const char *paths[] = {"auto", "decode", "prefill", "tc", "tc128"}; /* tc128: 128-row blocks */
     static const char *kernels[] = {"none", "decode", "prefill", "tc"};
     const int tc_covers = hd == 64 || hd == 128;
-    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
-    for (int path = 0; path < 4; path++) {
+    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2, tc_covers ? 3 : 2};
+    for (int path = 0; path < 5; path++) {
         poison(dout, count * 2);
-        dj__cuda_set_paths(gpu, path, 0);
+        dj__cuda_set_paths(gpu, path == 4 ? 3 : path, 0);
+        dj__cuda_set_tc_rows(gpu, path == 4 ? 128 : 64);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
         const int ran = dj__cuda_last_attention(gpu);
         snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]%s", n, pos0, nh, nkv,
@@ -653,6 +654,7 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
         }
     }
     dj__cuda_set_paths(gpu, 0, 0);
+    dj__cuda_set_tc_rows(gpu, 64);
     dfree(dq);
     dfree(dout);
     free(qb);
@@ -1189,6 +1191,15 @@ static void bench_gemv(void) {
             printf("bench gemv %s n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
                    gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
         }
+        /* the streaming kernels without programmatic dependent launch */
+        if (setenv("DJINN_PDL", "off", 1) != 0) die("setenv");
+        for (size_t v = 1; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
+            gpu_renew("DJINN_GEMV", gemv_variants[v]);
+            const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
+            printf("bench gemv %s-nopdl n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
+                   gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
+        }
+        if (unsetenv("DJINN_PDL") != 0) die("unsetenv");
         for (int c = 0; c < copies; c++)
             for (int j = 0; j < sh->count; j++) dfree(w[c][j]);
         for (int j = 0; j < sh->count; j++) dfree(out[j]);
@@ -1288,6 +1299,11 @@ static void bench(void) {
     bench_decode(1, 32768, 32, 8, 128, 1);
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 10);
+    printf("bench (tensor-core attention with 128-row blocks:)\n");
+    dj__cuda_set_tc_rows(gpu, 128);
+    bench_attention(512, 512, 32, 8, 128, 10);
+    bench_attention(2048, 2048, 32, 8, 128, 10);
+    dj__cuda_set_tc_rows(gpu, 64);
     dj__cuda_set_paths(gpu, 2, 0); /* the f32 prefill kernel, for comparison */
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 3);

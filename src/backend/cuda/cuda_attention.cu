@@ -136,6 +136,8 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
 template <int PAIRS>
 static __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_kernel(attn_args a, uint32_t splits, float *part) {
+    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
+    dj_pdl_trigger();
     const uint32_t split = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const dec_range rg = dec_range_of(a, i, splits);
@@ -186,6 +188,8 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32)
  * the overall max is finite. */
 static __global__ void attn_merge_kernel(const float *part, __nv_bfloat16 *out, uint32_t nh, uint32_t hd,
                                          uint32_t splits) {
+    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
+    dj_pdl_trigger();
     const uint32_t h = blockIdx.x, i = blockIdx.y;
     const float *src = part + ((size_t)i * nh + h) * splits * (hd + 2);
     float G = -INFINITY;
@@ -219,6 +223,8 @@ static __global__ void attn_merge_kernel(const float *part, __nv_bfloat16 *out, 
 template <int PAIRS, int G>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
+    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
+    dj_pdl_trigger();
     const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const dec_range rg = dec_range_of(a, i, splits);
@@ -322,6 +328,8 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
  * every thread sums its dims over them. */
 static __global__ void __launch_bounds__(128)
     attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
+    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
+    dj_pdl_trigger();
     __shared__ float s_w[DEC_MAX_SPLITS];
     __shared__ float s_inv;
     const uint32_t h = blockIdx.x, i = blockIdx.y, hd = a.hd, lane = threadIdx.x & 31;
@@ -460,19 +468,20 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 /* ---- launchers ---- */
 
 template <int PAIRS>
-static void launch_decode_batch(dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
+static void launch_decode_batch(bool pdl, dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
                                 uint32_t splits, float *part) {
     const unsigned threads = DEC_WARPS * 32;
     if constexpr (PAIRS <= 2) { /* 4 heads of head_dim > 128 would not fit the registers */
         if (heads_per_block == 4) {
-            attn_decode_batch_kernel<PAIRS, 4><<<grid, threads, 0, stream>>>(a, splits, part);
+            dj__cuda_launch(pdl, attn_decode_batch_kernel<PAIRS, 4>, dim3(grid), dim3(threads), 0, stream, a, splits,
+                            part);
             return;
         }
     }
     if (heads_per_block == 2)
-        attn_decode_batch_kernel<PAIRS, 2><<<grid, threads, 0, stream>>>(a, splits, part);
+        dj__cuda_launch(pdl, attn_decode_batch_kernel<PAIRS, 2>, grid, dim3(threads), 0, stream, a, splits, part);
     else
-        attn_decode_batch_kernel<PAIRS, 1><<<grid, threads, 0, stream>>>(a, splits, part);
+        dj__cuda_launch(pdl, attn_decode_batch_kernel<PAIRS, 1>, grid, dim3(threads), 0, stream, a, splits, part);
 }
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
@@ -504,29 +513,34 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     if (variant == DJ_DECODE_V0) {
         if (hd <= 64)
-            attn_decode_kernel<1><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+            dj__cuda_launch(cb->pdl, attn_decode_kernel<1>, dim3(grid), dim3(threads), 0, cb->stream, a,
+                            (uint32_t)splits, part);
         else if (hd <= 128)
-            attn_decode_kernel<2><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+            dj__cuda_launch(cb->pdl, attn_decode_kernel<2>, dim3(grid), dim3(threads), 0, cb->stream, a,
+                            (uint32_t)splits, part);
         else if (hd <= 192)
-            attn_decode_kernel<3><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+            dj__cuda_launch(cb->pdl, attn_decode_kernel<3>, dim3(grid), dim3(threads), 0, cb->stream, a,
+                            (uint32_t)splits, part);
         else
-            attn_decode_kernel<4><<<grid, threads, 0, cb->stream>>>(a, (uint32_t)splits, part);
+            dj__cuda_launch(cb->pdl, attn_decode_kernel<4>, dim3(grid), dim3(threads), 0, cb->stream, a,
+                            (uint32_t)splits, part);
         DJ_CU_LAUNCHED(cb);
-        attn_merge_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(part, out, c->n_heads, hd,
-                                                                          (uint32_t)splits);
+        dj__cuda_launch(cb->pdl, attn_merge_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream, part, out,
+                        c->n_heads, hd, (uint32_t)splits);
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
     if (hd <= 64)
-        launch_decode_batch<1>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<1>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 128)
-        launch_decode_batch<2>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<2>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 192)
-        launch_decode_batch<3>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<3>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else
-        launch_decode_batch<4>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<4>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
-    attn_merge_used_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(a, part, out, (uint32_t)splits);
+    dj__cuda_launch(cb->pdl, attn_merge_used_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream, a, part, out,
+                    (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -111,13 +111,14 @@ static __device__ __forceinline__ void dj_st(__nv_bfloat16 *p, size_t i, float v
 static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i] = v; }
 
 /* Programmatic dependent launch (sm_90): a kernel launched by
- * dj__cuda_launch with pdl set may start while the kernel before it still runs; it
- * reads nothing that kernel writes, and writes nothing, before dj_pdl_wait()
- * (which returns once that kernel has completed and its writes are visible).
- * $DJINN_PDL=off launches every kernel plainly.
- * Kernels that come before one call dj_pdl_trigger() early, so that it can
- * start (its blocks then wait where they must). Without a dependent both are
- * no-ops. */
+ * dj__cuda_launch with pdl set may start while the kernel before it still
+ * runs. Such a kernel reads nothing that earlier kernels wrote, and writes
+ * nothing, before dj_pdl_wait() (which returns once the kernel before has
+ * completed and its writes are visible): the decode-path kernels call it
+ * first thing, the streaming GEMV after issuing its first weight loads. Each
+ * then calls dj_pdl_trigger(), so that the next kernel can start early too.
+ * Both are no-ops for a kernel launched plainly. $DJINN_PDL=off launches
+ * every kernel plainly. */
 static __device__ __forceinline__ void dj_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -146,10 +146,14 @@ static __device__ __forceinline__ uint4 ld_stream(const void *p, uint64_t policy
  * k % 8 == 0, x and every w 16-byte aligned. Lane l owns the 16-byte chunks
  * at k offsets 8l + 256u (u < U) of each 256*U-wide step: it issues all
  * RW*U weight loads of a step before its first FMA, so a warp keeps
- * RW*U*512 bytes in flight; each x chunk is loaded once for the RW rows. */
+ * RW*U*512 bytes in flight; each x chunk is loaded once for the RW rows.
+ * Launched as a programmatic dependent launch (cb->pdl), it may start while
+ * the kernel that writes x still runs: its first step's weight loads are
+ * issued before dj_pdl_wait(), x is read after it. */
 template <typename TW, typename TO, int NR, int RW, int U>
 static __global__ void __launch_bounds__(GEMV_STREAM_WARPS * 32, GEMV_STREAM_MIN_BLOCKS)
     gemv_stream_kernel(const __nv_bfloat16 *x, gemv_segs sg, uint32_t n, uint32_t k) {
+    dj_pdl_trigger(); /* the next kernel may launch; it waits for this one to complete */
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
@@ -164,6 +168,7 @@ static __global__ void __launch_bounds__(GEMV_STREAM_WARPS * 32, GEMV_STREAM_MIN
     for (int i = 0; i < RW; i++)
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[i][r] = 0.0f;
+    bool waited = false;
     for (uint32_t step = lane * 8; step < k; step += 256 * U) {
         uint4 wv[RW][U];
 #pragma unroll
@@ -173,6 +178,10 @@ static __global__ void __launch_bounds__(GEMV_STREAM_WARPS * 32, GEMV_STREAM_MIN
             for (int i = 0; i < RW; i++)
                 wv[i][u] = kk < k && j0 + i < m ? ld_stream(w + (size_t)(j0 + i) * k + kk, policy)
                                                 : make_uint4(0, 0, 0, 0);
+        }
+        if (!waited) { /* launched early (PDL): the first weights are on their way; x is not ready before this */
+            dj_pdl_wait();
+            waited = true;
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -299,12 +308,14 @@ static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int cou
         const unsigned threads = GEMV_STREAM_WARPS * 32;
         if (vec && cb->gemv_variant == DJ_GEMV_V1) {
             const unsigned blocks = fill_segs(calls, count, GEMV_STREAM_WARPS, &sg);
-            gemv_stream_kernel<TW, TO, NR, 1, 16><<<blocks, threads, 0, cb->stream>>>(x, sg, c->n, c->k);
+            dj__cuda_launch(cb->pdl, gemv_stream_kernel<TW, TO, NR, 1, 16>, dim3(blocks), dim3(threads), 0, cb->stream,
+                            x, sg, c->n, c->k);
             return;
         }
         if (vec && cb->gemv_variant == DJ_GEMV_V2) {
             const unsigned blocks = fill_segs(calls, count, GEMV_STREAM_WARPS * 2, &sg);
-            gemv_stream_kernel<TW, TO, NR, 2, 8><<<blocks, threads, 0, cb->stream>>>(x, sg, c->n, c->k);
+            dj__cuda_launch(cb->pdl, gemv_stream_kernel<TW, TO, NR, 2, 8>, dim3(blocks), dim3(threads), 0, cb->stream,
+                            x, sg, c->n, c->k);
             return;
         }
     }
