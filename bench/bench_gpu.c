@@ -209,7 +209,10 @@ int main(int argc, char **argv) {
     const double prefill_floor_s = prefill_flops / (gemm_tflops * 1e12);
 
     /* ---- decode, batch 1 ---- */
-    double *t = xmalloc((size_t)(o.steps + o.batch) * sizeof *t);
+    const uint32_t eager_steps = 24;
+    /* per-step times of the longer series: the recorded steps or the eager ones
+     * (with --steps under 24 the eager series used to run past the buffer) */
+    double *t = xmalloc((size_t)(o.steps > eager_steps ? o.steps : eager_steps) * sizeof *t);
     s = new_session(e, m, dctx);
     if (dj_session_step(e, s, prompt, o.ctx, NULL) != DJ_OK) die("decode prompt");
     int32_t tok = prompt[o.ctx - 1];
@@ -217,7 +220,6 @@ int main(int argc, char **argv) {
     decode_steps(e, s, &tok, o.steps, t);
     const double dec_ms = mean(t + W, o.steps - W) * 1e3;
     set_graphs(0);
-    const uint32_t eager_steps = 24;
     decode_steps(e, s, &tok, eager_steps, t);
     const double eager_ms = mean(t + W, eager_steps - W) * 1e3;
     set_graphs(1);
