@@ -894,13 +894,18 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
  * only lane 0 has a tail), long rows, k % 8 != 0 and skewed weights (the
  * scalar fallback), rows per block not dividing m, f16/f32 weights, bias,
  * f32 logits, and grouped calls. */
+static bool pdl_on(void) {
+    const char *p = getenv("DJINN_PDL");
+    return p && strcmp(p, "on") == 0;
+}
+
 static void check_gemv_variants(void) {
     const char *env = getenv("DJINN_GEMV");
     char saved[32];
     snprintf(saved, sizeof saved, "%s", env ? env : "");
     for (size_t v = 0; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
         char tag[16];
-        snprintf(tag, sizeof tag, " %s", gemv_variants[v]);
+        snprintf(tag, sizeof tag, " %s%s", gemv_variants[v], pdl_on() ? " pdl" : "");
         variant_tag = tag;
         gpu_renew("DJINN_GEMV", gemv_variants[v]);
         for (uint32_t n = 1; n <= 8; n++)
@@ -938,7 +943,7 @@ static void check_decode_variants(void) {
     snprintf(saved, sizeof saved, "%s", env ? env : "");
     for (size_t v = 0; v < sizeof decode_variants / sizeof *decode_variants; v++) {
         char tag[16];
-        snprintf(tag, sizeof tag, " %s", decode_variants[v]);
+        snprintf(tag, sizeof tag, " %s%s", decode_variants[v], pdl_on() ? " pdl" : "");
         variant_tag = tag;
         gpu_renew("DJINN_DECODE", decode_variants[v]);
         /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
@@ -1191,12 +1196,12 @@ static void bench_gemv(void) {
             printf("bench gemv %s n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
                    gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
         }
-        /* the streaming kernels without programmatic dependent launch */
-        if (setenv("DJINN_PDL", "off", 1) != 0) die("setenv");
+        /* the streaming kernels by programmatic dependent launch */
+        if (setenv("DJINN_PDL", "on", 1) != 0) die("setenv");
         for (size_t v = 1; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
             gpu_renew("DJINN_GEMV", gemv_variants[v]);
             const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
-            printf("bench gemv %s-nopdl n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
+            printf("bench gemv %s-pdl n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
                    gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
         }
         if (unsetenv("DJINN_PDL") != 0) die("unsetenv");
@@ -1434,6 +1439,14 @@ int main(int argc, char **argv) {
     check_matmul_group(5, 512, DJ_DTYPE_F16);
     check_gemv_variants();
     check_decode_variants();
+    /* the same with programmatic dependent launch (opt-in, $DJINN_PDL=on) */
+    if (setenv("DJINN_PDL", "on", 1) != 0) die("setenv");
+    check_gemv_variants();
+    check_decode_variants();
+    for (int r = 0; r < 2; r++) check_add_rmsnorm(1, 4096, DJ_DTYPE_BF16, 0, r ? DJ_DTYPE_F32 : DJ_DTYPE_BF16);
+    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 32);
+    if (unsetenv("DJINN_PDL") != 0) die("unsetenv");
+    gpu_renew("DJINN_PDL", NULL);
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);

@@ -529,8 +529,9 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
         const char *fuse = getenv("DJINN_FUSE"); /* on (default) | off */
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
-        const char *pdl = getenv("DJINN_PDL"); /* on (default) | off */
-        cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
+        /* off (default: measured slower inside CUDA graphs, bench/RESULTS.md) | on */
+        const char *pdl = getenv("DJINN_PDL");
+        cb->pdl = pdl && strcmp(pdl, "on") == 0;
         const char *tc_rows = getenv("DJINN_TC_ROWS"); /* 64 (default) | 128 */
         cb->tc_rows = tc_rows && strcmp(tc_rows, "128") == 0 ? 128 : 64;
         cb->gemv_variant = variant_from_env("DJINN_GEMV", DJ_GEMV_VARIANTS, DJ_GEMV_DEFAULT);
