@@ -174,9 +174,67 @@ static void check_two_models(void) {
     dj_engine_free(e);
 }
 
+/* Seeded sampling through the backend's sample hook ($DJINN_DEVICE_SAMPLING=on;
+ * on the CPU the hook is the host rule itself) picks exactly what the host
+ * samplers pick: the same draws, single steps and batched steps alike. */
+static void generate(const char *dir, int device_sampling, int32_t out[N_SESS][12]) {
+    if (device_sampling)
+        setenv("DJINN_DEVICE_SAMPLING", "on", 1);
+    else
+        unsetenv("DJINN_DEVICE_SAMPLING");
+    dj_engine_t *e = new_engine();
+    dj_model_t *m = NULL;
+    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
+        CHECK_MSG(0, "engine/model for %s: %s", dir, dj_last_error());
+        dj_engine_free(e);
+        return;
+    }
+    dj_session_t *ss[N_SESS] = {0};
+    int32_t ids[N_SESS];
+    for (int i = 0; i < N_SESS; i++) {
+        const dj_sampler_params sp = {.temperature = 0.9f, .top_k = (uint32_t)(i == 1 ? 0 : 20),
+                                      .top_p = i == 2 ? 1.f : 0.9f, .seed = 100u + (uint64_t)i};
+        const int32_t prompt[3] = {1 + i, 2, 3};
+        CHECK_OK(dj_session_new(e, m, 64, 0, &ss[i]));
+        if (!ss[i]) goto done;
+        CHECK_OK(dj_session_step_sample(e, ss[i], prompt, 3, &sp, &ids[i]));
+        out[i][0] = ids[i];
+        for (int t = 1; t < 6; t++) { /* single steps, each with its own params */
+            CHECK_OK(dj_session_step_sample(e, ss[i], &ids[i], 1, &sp, &ids[i]));
+            out[i][t] = ids[i];
+        }
+    }
+    const dj_sampler_params shared = {.temperature = 1.3f, .top_k = 7, .top_p = 0.95f, .seed = 5};
+    for (int t = 6; t < 12; t++) { /* batched steps: one params for the batch, each session's own draws */
+        int32_t next[N_SESS];
+        CHECK_OK(dj_engine_step_batch(e, ss, ids, N_SESS, NULL, &shared, next));
+        for (int i = 0; i < N_SESS; i++) out[i][t] = ids[i] = next[i];
+    }
+done:
+    for (int i = 0; i < N_SESS; i++) dj_session_free(e, ss[i]);
+    dj_engine_free(e);
+}
+
+static void check_sample_hook(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, "llama3");
+    int32_t host[N_SESS][12], hook[N_SESS][12];
+    memset(host, 0xff, sizeof host);
+    memset(hook, 0xfe, sizeof hook);
+    generate(dir, 0, host);
+    generate(dir, 1, hook);
+    unsetenv("DJINN_DEVICE_SAMPLING");
+    CHECK_MSG(memcmp(host, hook, sizeof host) == 0, "sample hook picks differ from the host samplers'");
+    int varied = 0; /* the draws are not all the argmax's */
+    for (int i = 0; i < N_SESS; i++)
+        for (int t = 1; t < 12; t++) varied |= host[i][t] != host[i][0];
+    CHECK(varied);
+}
+
 int main(void) {
     dj_test_seed();
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);
     check_two_models();
+    check_sample_hook();
     return dj_test_finish("test_batch");
 }

@@ -126,6 +126,51 @@ int main(void) {
     CHECK(differ);
     dj_sampler_free(s);
 
+    /* dj_sampler_pick's rule on a hand-made row: weights e^-2, 1, 1, e^-1, 1, 0
+     * (three tied at 1, a -inf and a NaN weighing nothing); descending order
+     * 1, 2, 4, 3, 0 (ties by id); total 3 + e^-1 + e^-2 = 3.5032 */
+    {
+        const float row[7] = {0.f, 2.f, 2.f, 1.f, 2.f, -INFINITY, NAN};
+        static const struct {
+            uint32_t top_k;
+            float top_p;
+            double u;
+            int32_t want;
+        } cases[] = {
+            {0, 1.f, 0.50, 2},   /* id order: cumulative 0.135, 1.135, 2.135 > 1.7516 */
+            {0, 1.f, 0.03, 0},   /* 0.105 < 0.135 */
+            {0, 1.f, 0.9999, 4}, /* 3.5029: past id 3 (3.368), inside id 4 */
+            {2, 1.f, 0.40, 1},   /* top-2 = ids 1, 2 (ties cut by id): 0.8 < 1 */
+            {2, 1.f, 0.60, 2},   /* 1.2: the second */
+            {4, 1.f, 0.99, 3},   /* ids 1, 2, 4, 3: 3.33 > 3.0 */
+            {0, 0.5371f, 0.99, 2}, /* goal 1.8816: prefix ids 1, 2 (mass 2); 1.98 in id 2 */
+            {0, 0.2f, 0.99, 1},  /* goal 0.70: id 1 alone */
+            {3, 0.999f, 0.99, 4}, /* top-3 mass 3, goal 2.997: all three; 2.97 in id 4 */
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            p = (dj_sampler_params){.temperature = 1.f, .top_k = cases[i].top_k, .top_p = cases[i].top_p};
+            CHECK_OK(dj_sampler_new(&p, 7, &s));
+            const int32_t got = dj_sampler_pick(s, row, cases[i].u);
+            CHECK_MSG(got == cases[i].want, "case %zu (top_k %u top_p %g u %g): picked %d, want %d", i,
+                      cases[i].top_k, (double)cases[i].top_p, cases[i].u, got, cases[i].want);
+            dj_sampler_free(s);
+        }
+        const float dead[3] = {-INFINITY, NAN, -INFINITY};
+        p = (dj_sampler_params){.temperature = 1.f, .top_p = 0.9f};
+        CHECK_OK(dj_sampler_new(&p, 3, &s));
+        CHECK(dj_sampler_pick(s, dead, 0.5) == 0);
+        /* sample = pick with the next uniform draw */
+        dj_sampler_t *twin = NULL;
+        CHECK_OK(dj_sampler_new(&p, 3, &twin));
+        const float live[3] = {0.5f, 0.1f, 0.9f};
+        int same = 1;
+        for (int i = 0; i < 100; i++)
+            same &= dj_sampler_sample(s, live) == dj_sampler_pick(twin, live, dj_sampler_uniform(twin));
+        CHECK(same);
+        dj_sampler_free(twin);
+        dj_sampler_free(s);
+    }
+
     /* bad parameters are refused with a message */
     p = (dj_sampler_params){.temperature = -1.f, .top_p = 1.f};
     CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);

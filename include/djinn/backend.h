@@ -114,6 +114,16 @@ typedef struct dj_op_call {
     float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none) */
 } dj_op_call;
 
+/* One row's sampling parameters for the sample hook (as dj_sampler_params)
+ * and the uniform draw u in [0, 1) its pick uses. */
+typedef struct dj_sample_row {
+    float temperature; /* 0 = greedy */
+    uint32_t top_k;    /* 0 = off */
+    float top_p;       /* 1 = off; in (0, 1] */
+    uint32_t reserved; /* 0 */
+    double u;          /* in [0, 1) */
+} dj_sample_row;
+
 typedef struct dj_backend_vtbl {
     const char *name; /* "cpu", "cuda" */
     /* Device memory. alloc returns DJ_ENOMEM with a message on failure. */
@@ -150,6 +160,12 @@ typedef struct dj_backend_vtbl {
     dj_status (*capture_end)(dj_backend_t *be, dj_backend_graph_t **out /* OUT */);
     dj_status (*graph_launch)(dj_backend_t *be, dj_backend_graph_t *g);
     void (*graph_free)(dj_backend_t *be, dj_backend_graph_t *g);
+    /* out_dev[i] = the token dj_sampler_sample's rule picks from logits row i
+     * (device memory, [n][vocab] f32) with rows[i]'s parameters, drawing with
+     * rows[i].u instead of a generator (rows: host memory, read before it
+     * returns); temperature 0 is the argmax. Ordered with compute. */
+    dj_status (*sample)(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
+                        const struct dj_sample_row *rows, int32_t *out_dev);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

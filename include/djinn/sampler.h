@@ -25,6 +25,19 @@ void dj_sampler_free(dj_sampler_t *s);
  * breaks ties by the lowest id (as torch.argmax). */
 int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits);
 
+/* The two halves of dj_sampler_sample: the next uniform draw u in [0, 1)
+ * (advancing the generator as one non-greedy pick does), and the pick for a
+ * given u, which uses no generator: weights w = expf((logit - max) / T);
+ * without truncation (top_k 0, top_p 1) the first id whose cumulative
+ * weight, in id order, exceeds u * sum(w); otherwise candidates by
+ * descending weight (ties: lower id first), the first top_k kept, then the
+ * shortest prefix whose weight reaches top_p of the kept weight, and the
+ * first candidate whose cumulative weight exceeds u * (prefix weight).
+ * Masses in f64. A device can make the same pick from the same u (the
+ * backend's sample hook). Logits all -inf or NaN give id 0. */
+double dj_sampler_uniform(dj_sampler_t *s);
+int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u);
+
 /* argmax with lowest-id tie break. */
 int32_t dj_argmax(const float *logits, uint32_t n);
 

@@ -52,6 +52,9 @@ typedef struct prof_entry {
 struct dj_engine {
     dj_backend_t *be;
     bool profile;              /* $DJINN_PROFILE set (and not "0") */
+    bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=on) */
+    dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
+    uint32_t sample_rows_cap;
     prof_entry prof[DJ_PROF_NAMES];
     int n_prof;
     dj_vmu_t *vmu;
@@ -128,6 +131,8 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
+        const char *ds = getenv("DJINN_DEVICE_SAMPLING"); /* off (default until measured on a GPU) | on */
+        e->device_sampling = ds && strcmp(ds, "on") == 0;
     }
     *out = e;
     return DJ_OK;
@@ -194,6 +199,7 @@ void dj_engine_free(dj_engine_t *e) {
     }
     free(e->args_host);
     free(e->host_logits);
+    free(e->sample_rows);
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
     dj_backend_free(e->be);
@@ -708,13 +714,45 @@ static dj_status host_logits(dj_engine_t *e, size_t floats, float **out) {
  * [B][vocab] f32) to the caller and/or the next token of each row. Greedy
  * picks run on the device (only the ids come back); other samplers get the
  * logits on the host, with each session's own seeded sampler. */
+/* The session's host sampler for sp (a new one, seeded from sp->seed, when
+ * the params changed). */
+static dj_status session_sampler(dj_session_t *s, const dj_sampler_params *sp, uint32_t V) {
+    if (s->sampler && memcmp(&s->sp, sp, sizeof *sp) == 0) return DJ_OK;
+    dj_sampler_free(s->sampler);
+    s->sampler = NULL;
+    dj_status st = dj_sampler_new(sp, V, &s->sampler);
+    if (st == DJ_OK) s->sp = *sp;
+    return st;
+}
+
 static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, const float *out_dev, float *logits,
                         const dj_sampler_params *sp, int32_t *next) {
     const uint32_t V = ss[0]->model->cfg.vocab_size;
     dj_status st = DJ_OK;
-    const bool device_pick = next && is_greedy(sp) && e->be->vt->argmax;
-    if (device_pick) {
+    /* Picks on the device: greedy by argmax; the others ($DJINN_DEVICE_SAMPLING=on)
+     * by the sample hook, with each session's own next uniform draw - the same
+     * rule and draw as its host sampler (a draw is spent even if the step
+     * then fails on the device). */
+    const bool device_greedy = next && is_greedy(sp) && e->be->vt->argmax;
+    const bool device_sample = next && !is_greedy(sp) && e->be->vt->sample && e->device_sampling;
+    const bool device_pick = device_greedy || device_sample;
+    if (device_greedy) {
         st = e->be->vt->argmax(e->be, out_dev, B, V, e->args_next);
+        if (st != DJ_OK) return st;
+    }
+    if (device_sample) {
+        if (B > e->sample_rows_cap) {
+            dj_sample_row *r = realloc(e->sample_rows, B * sizeof *r);
+            if (!r) return dj_fail(DJ_ENOMEM, "out of memory for %u sampling rows", B);
+            e->sample_rows = r;
+            e->sample_rows_cap = B;
+        }
+        for (uint32_t r = 0; r < B; r++) {
+            if ((st = session_sampler(ss[r], sp, V)) != DJ_OK) return st;
+            e->sample_rows[r] = (dj_sample_row){.temperature = sp->temperature, .top_k = sp->top_k,
+                                                .top_p = sp->top_p, .u = dj_sampler_uniform(ss[r]->sampler)};
+        }
+        st = e->be->vt->sample(e->be, out_dev, B, V, e->sample_rows, e->args_next);
         if (st != DJ_OK) return st;
     }
     st = e->be->vt->sync(e->be);
@@ -734,15 +772,8 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
             next[r] = dj_argmax(row, V);
             continue;
         }
-        dj_session_t *s = ss[r];
-        if (!s->sampler || memcmp(&s->sp, sp, sizeof *sp) != 0) {
-            dj_sampler_free(s->sampler);
-            s->sampler = NULL;
-            st = dj_sampler_new(sp, V, &s->sampler);
-            if (st != DJ_OK) return st;
-            s->sp = *sp;
-        }
-        next[r] = dj_sampler_sample(s->sampler, row);
+        if ((st = session_sampler(ss[r], sp, V)) != DJ_OK) return st;
+        next[r] = dj_sampler_sample(ss[r]->sampler, row);
     }
     return DJ_OK;
 }

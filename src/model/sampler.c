@@ -71,59 +71,75 @@ int32_t dj_argmax(const float *logits, uint32_t n) {
     return (int32_t)best;
 }
 
-/* Candidates by probability, descending; ties by id ascending. */
-static int by_prob_desc(const void *a, const void *b) {
+/* Candidates by weight, descending; ties by id ascending. */
+static int by_weight_desc(const void *a, const void *b) {
     const struct cand *x = a, *y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
     return x->id < y->id ? -1 : (x->id > y->id);
 }
 
-int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits) {
+double dj_sampler_uniform(dj_sampler_t *s) {
+    return (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0); /* 53 bits: [0, 1) */
+}
+
+/* The rule (the CUDA backend's sample hook follows it too): weights
+ * w = expf((logit - max) / T) in f32, masses summed in f64. */
+int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u) {
     const uint32_t V = s->vocab;
     if (s->p.temperature == 0.0f) return dj_argmax(logits, V);
-    /* softmax(logits / T) over all ids */
     float mx = -INFINITY;
-    for (uint32_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (uint32_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx; /* NaN never wins */
+    if (!(mx > -INFINITY)) return 0; /* nothing to choose from */
     double sum = 0.0;
     for (uint32_t i = 0; i < V; i++) {
-        s->prob[i] = expf((logits[i] - mx) / s->p.temperature);
+        const float w = expf((logits[i] - mx) / s->p.temperature);
+        s->prob[i] = w == w ? w : 0.0f; /* a NaN logit weighs nothing */
         sum += s->prob[i];
     }
+    if (s->p.top_k == 0 && s->p.top_p >= 1.0f) { /* no truncation: draw in id order, no sort */
+        const double target = u * sum;
+        double acc = 0.0;
+        uint32_t last = 0;
+        for (uint32_t i = 0; i < V; i++) {
+            if (s->prob[i] <= 0.0f) continue;
+            acc += s->prob[i];
+            last = i;
+            if (target < acc) return (int32_t)i;
+        }
+        return (int32_t)last; /* rounding left target unreached */
+    }
     for (uint32_t i = 0; i < V; i++) {
-        s->order[i].p = (float)(s->prob[i] / sum);
+        s->order[i].p = s->prob[i];
         s->order[i].id = i;
     }
-    if (s->p.top_k == 0 && s->p.top_p >= 1.0f) { /* no truncation: draw in id order, no sort */
-        const double u0 = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0);
-        double acc0 = 0.0;
-        for (uint32_t i = 0; i < V; i++) {
-            acc0 += s->order[i].p;
-            if (u0 < acc0) return (int32_t)i;
-        }
-        return (int32_t)(V - 1);
-    }
-    qsort(s->order, V, sizeof *s->order, by_prob_desc);
+    qsort(s->order, V, sizeof *s->order, by_weight_desc);
     uint32_t keep = V;
     if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
-    if (s->p.top_p < 1.0f) { /* smallest prefix whose mass reaches top_p (at least one) */
-        double kept_mass = 0.0;
-        for (uint32_t i = 0; i < keep; i++) kept_mass += s->order[i].p;
+    if (s->p.top_p < 1.0f) { /* the shortest prefix whose mass reaches top_p of the kept mass */
+        double kept = 0.0;
+        for (uint32_t i = 0; i < keep; i++) kept += s->order[i].p;
+        const double goal = (double)s->p.top_p * kept;
         double acc = 0.0;
         uint32_t k = 0;
         while (k < keep) {
-            acc += s->order[k].p / kept_mass;
+            acc += s->order[k].p;
             k++;
-            if (acc >= s->p.top_p) break;
+            if (acc >= goal) break;
         }
         keep = k;
     }
     double mass = 0.0;
     for (uint32_t i = 0; i < keep; i++) mass += s->order[i].p;
-    const double u = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    const double target = u * mass;
     double acc = 0.0;
     for (uint32_t i = 0; i < keep; i++) {
         acc += s->order[i].p;
-        if (u < acc) return (int32_t)s->order[i].id;
+        if (target < acc) return (int32_t)s->order[i].id;
     }
     return (int32_t)s->order[keep - 1].id;
+}
+
+int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits) {
+    if (s->p.temperature == 0.0f) return dj_argmax(logits, s->vocab);
+    return dj_sampler_pick(s, logits, dj_sampler_uniform(s));
 }

@@ -13,6 +13,7 @@
 #endif
 
 #include "backend/backend_impl.h"
+#include "djinn/sampler.h"
 #include "backend/cpu/cpu_impl.h"
 
 #define CPU_ALIGN 4096
@@ -251,6 +252,27 @@ static void cpu_destroy(dj_backend_t *be) {
     free(cb);
 }
 
+/* out[i] = dj_sampler_pick of row i with rows[i]'s params and draw: the host
+ * rule itself, so an engine picking through this hook chooses exactly what
+ * its host samplers would. */
+static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
+                            const dj_sample_row *rows, int32_t *out) {
+    (void)be;
+    if (!logits || !rows || !out || vocab == 0) return dj_fail(DJ_EINVAL, "cpu sample: NULL pointer or empty rows");
+    for (uint32_t i = 0; i < n; i++) {
+        if (!(rows[i].u >= 0.0 && rows[i].u < 1.0))
+            return dj_fail(DJ_EINVAL, "cpu sample: row %u has u %g outside [0, 1)", i, rows[i].u);
+        const dj_sampler_params p = {.temperature = rows[i].temperature, .top_k = rows[i].top_k,
+                                     .top_p = rows[i].top_p};
+        dj_sampler_t *s = NULL;
+        dj_status st = dj_sampler_new(&p, vocab, &s); /* validates the params */
+        if (st != DJ_OK) return st;
+        out[i] = dj_sampler_pick(s, logits + (size_t)i * vocab, rows[i].u);
+        dj_sampler_free(s);
+    }
+    return DJ_OK;
+}
+
 static const dj_backend_vtbl cpu_vtbl = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -262,6 +284,7 @@ static const dj_backend_vtbl cpu_vtbl = {
     .destroy = cpu_destroy,
     .upload_async = cpu_upload,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
 };
 
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {

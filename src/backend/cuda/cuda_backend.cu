@@ -368,6 +368,28 @@ static dj_status cuda_argmax(dj_backend_t *be, const float *logits, uint32_t n, 
     return st;
 }
 
+static dj_status cuda_sample(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
+                             const dj_sample_row *rows, int32_t *out) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!logits || !rows || !out || n == 0 || vocab == 0)
+        return dj_fail(DJ_EINVAL, "cuda sample: NULL pointer, no rows or an empty vocabulary");
+    for (uint32_t i = 0; i < n; i++) {
+        const dj_sample_row *r = &rows[i];
+        if (!(r->temperature >= 0.0f) || !isfinite(r->temperature) || !(r->top_p > 0.0f && r->top_p <= 1.0f) ||
+            !(r->u >= 0.0 && r->u < 1.0))
+            return dj_fail(DJ_EINVAL, "cuda sample: row %u has temperature %g, top_p %g, u %g (want T >= 0 finite, "
+                                      "top_p in (0, 1], u in [0, 1))",
+                           i, (double)r->temperature, (double)r->top_p, r->u);
+    }
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    dj_status st = not_capturing(cb, "sample"); /* the rows are staged host bytes */
+    if (st == DJ_OK) st = dj__cuda_flush(cb);
+    const void *rows_dev = NULL;
+    if (st == DJ_OK) st = dj__cuda_stage(cb, rows, (size_t)n * sizeof *rows, &rows_dev);
+    if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, (const dj_sample_row *)rows_dev, out);
+    return st;
+}
+
 /* ---- graphs ---- */
 
 struct dj_backend_graph {
@@ -478,6 +500,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .capture_end = */ cuda_capture_end,
     /* .graph_launch = */ cuda_graph_launch,
     /* .graph_free = */ cuda_graph_free,
+    /* .sample = */ cuda_sample,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {
