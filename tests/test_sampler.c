@@ -155,6 +155,8 @@ int main(void) {
                       cases[i].top_k, (double)cases[i].top_p, cases[i].u, got, cases[i].want);
             dj_sampler_free(s);
         }
+        const float nan_first[3] = {NAN, -1.f, 2.f};
+        CHECK(dj_argmax(nan_first, 3) == 2);
         const float dead[3] = {-INFINITY, NAN, -INFINITY};
         p = (dj_sampler_params){.temperature = 1.f, .top_p = 0.9f};
         CHECK_OK(dj_sampler_new(&p, 3, &s));

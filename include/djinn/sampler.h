@@ -38,7 +38,7 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits);
 double dj_sampler_uniform(dj_sampler_t *s);
 int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u);
 
-/* argmax with lowest-id tie break. */
+/* argmax with lowest-id tie break; NaNs are skipped (all NaN: 0). */
 int32_t dj_argmax(const float *logits, uint32_t n);
 
 #endif

@@ -66,8 +66,9 @@ void dj_sampler_free(dj_sampler_t *s) {
 
 int32_t dj_argmax(const float *logits, uint32_t n) {
     uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
+    for (uint32_t i = 1; i < n; i++) /* NaN never wins; a NaN at 0 gives way to any number */
+        if (logits[i] > logits[best] || (logits[best] != logits[best] && logits[i] == logits[i]))
+            best = i;
     return (int32_t)best;
 }
 

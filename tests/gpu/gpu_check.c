@@ -1031,6 +1031,161 @@ static void check_argmax(uint32_t n, uint32_t vocab) {
     free(got);
 }
 
+/* ---- sampling on the device (the backend's sample hook) ---- */
+
+/* Weight order of a row as dj_sampler_pick defines it: descending expf
+ * weight, ties by id; rank[id] = position. */
+static float g_w[1 << 17];
+static int by_w_desc(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    if (g_w[x] != g_w[y])
+        return g_w[x] > g_w[y] ? -1 : 1;
+    return x < y ? -1 : (x > y);
+}
+static void weight_ranks(const float *l, uint32_t V, float T, uint32_t *order, uint32_t *rank) {
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < V; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    for (uint32_t i = 0; i < V; i++) {
+        const float w = expf((l[i] - mx) / T);
+        g_w[i] = w == w ? w : 0.0f;
+        order[i] = i;
+    }
+    qsort(order, V, sizeof *order, by_w_desc);
+    for (uint32_t i = 0; i < V; i++)
+        rank[order[i]] = i;
+}
+
+/* n rows of V logits (kind 0: a grid of k/8 with many ties, -inf and NaN;
+ * 1: continuous N(0, 3)-like values), each row with its own params and u:
+ * the device's pick against dj_sampler_pick with the same u. Grid rows must
+ * agree exactly; continuous rows may differ only by a neighbour in weight
+ * order (a draw within float rounding of a boundary). */
+static void check_sample(uint32_t n, uint32_t V, int kind) {
+    float *lg = falloc((size_t)n * V);
+    dj_sample_row *rows = xmalloc(n * sizeof *rows);
+    static const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+    static const uint32_t topks[] = {0, 1, 3, 40, 1000};
+    static const float topps[] = {1.0f, 0.9137f, 0.5371f, 0.05f};
+    for (uint32_t r = 0; r < n; r++) {
+        float *l = lg + (size_t)r * V;
+        for (uint32_t i = 0; i < V; i++) {
+            if (kind == 0) {
+                l[i] = (float)((int)(dj_test_rand() % 81) - 40) / 8.0f;
+                const uint32_t x = (uint32_t)(dj_test_rand() % 50);
+                if (x == 0)
+                    l[i] = -INFINITY;
+                if (x == 1)
+                    l[i] = NAN;
+            } else {
+                float a = 0.0f;
+                for (int k = 0; k < 4; k++)
+                    a += dj_test_randf(-1.5f, 1.5f);
+                l[i] = a;
+            }
+        }
+        rows[r] = (dj_sample_row){.temperature = temps[dj_test_rand() % 4],
+                                  .top_k = topks[dj_test_rand() % 5],
+                                  .top_p = topps[dj_test_rand() % 4],
+                                  .u = dj_test_randf(0.0f, 1.0f)};
+        if (r == 0)
+            rows[r].temperature = 1.0f, rows[r].top_k = 0, rows[r].top_p = 1.0f; /* no truncation */
+        if (r == 1 && n > 1)
+            rows[r].temperature = 0.8f, rows[r].top_k = 0, rows[r].top_p = 0.9137f;
+    }
+    void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
+    int32_t *got = xmalloc(n * sizeof *got), *again = xmalloc(n * sizeof *again);
+    if (gpu->vt->sample(gpu, dlg, n, V, rows, dout) != DJ_OK)
+        die("sample");
+    down(got, dout, n * sizeof *got);
+    if (gpu->vt->sample(gpu, dlg, n, V, rows, dout) != DJ_OK)
+        die("sample");
+    down(again, dout, n * sizeof *again);
+    uint32_t *order = xmalloc(V * sizeof *order), *rank = xmalloc(V * sizeof *rank);
+    int wrong = 0, near = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        const dj_sampler_params p = {
+            .temperature = rows[r].temperature, .top_k = rows[r].top_k, .top_p = rows[r].top_p};
+        dj_sampler_t *hs = NULL;
+        if (dj_sampler_new(&p, V, &hs) != DJ_OK)
+            die("host sampler");
+        const int32_t want = dj_sampler_pick(hs, lg + (size_t)r * V, rows[r].u);
+        dj_sampler_free(hs);
+        wrong += got[r] != again[r]; /* not deterministic */
+        if (got[r] == want)
+            continue;
+        if (kind == 1 && got[r] >= 0 && (uint32_t)got[r] < V && p.temperature > 0.0f) {
+            weight_ranks(lg + (size_t)r * V, V, p.temperature, order, rank);
+            const long d = (long)rank[got[r]] - (long)rank[want];
+            if (d == 1 || d == -1) {
+                near++;
+                continue;
+            }
+        }
+        wrong++;
+        printf("           row %u: T %g top_k %u top_p %g u %.9f: device %d, host %d\n", r, (double)rows[r].temperature,
+               rows[r].top_k, (double)rows[r].top_p, rows[r].u, got[r], want);
+    }
+    n_rows++;
+    n_fail += wrong != 0 || (kind == 0 && near) || near > 1;
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%u vocab=%u %s (wrong; %d adjacent swaps)", n, V,
+             kind == 0 ? "grid logits, ties, -inf, NaN" : "continuous logits", near);
+    printf("%-10s %-52s %10d  %s\n", "SAMPLE", shape, wrong,
+           wrong || (kind == 0 && near) || near > 1 ? "FAIL" : "pass");
+    dfree(dlg);
+    dfree(dout);
+    free(lg);
+    free(rows);
+    free(got);
+    free(again);
+    free(order);
+    free(rank);
+}
+
+/* The hand-made row of test_sampler.c, each case on the device. */
+static void check_sample_cases(void) {
+    const float row[7] = {0.f, 2.f, 2.f, 1.f, 2.f, -INFINITY, NAN};
+    static const struct {
+        uint32_t top_k;
+        float top_p;
+        double u;
+        int32_t want;
+    } cases[] = {{0, 1.f, 0.50, 2}, {0, 1.f, 0.03, 0},     {0, 1.f, 0.9999, 4}, {2, 1.f, 0.40, 1},   {2, 1.f, 0.60, 2},
+                 {4, 1.f, 0.99, 3}, {0, 0.5371f, 0.99, 2}, {0, 0.2f, 0.99, 1},  {3, 0.999f, 0.99, 4}};
+    const uint32_t n = sizeof cases / sizeof *cases;
+    float lg[sizeof cases / sizeof *cases][7];
+    dj_sample_row rows[sizeof cases / sizeof *cases];
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(lg[i], row, sizeof row);
+        rows[i] =
+            (dj_sample_row){.temperature = 1.f, .top_k = cases[i].top_k, .top_p = cases[i].top_p, .u = cases[i].u};
+    }
+    void *dlg = dcopy(lg, sizeof lg), *dout = dalloc(sizeof(int32_t) * n);
+    int32_t got[sizeof cases / sizeof *cases];
+    if (gpu->vt->sample(gpu, dlg, n, 7, rows, dout) != DJ_OK)
+        die("sample");
+    down(got, dout, sizeof got);
+    int wrong = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (got[i] == cases[i].want)
+            continue;
+        wrong++;
+        printf("           case %u: device %d, want %d\n", i, got[i], cases[i].want);
+    }
+    n_rows++;
+    n_fail += wrong != 0;
+    printf("%-10s %-52s %10d  %s\n", "SAMPLE", "hand row: ties, -inf, NaN, top-k/top-p cuts", wrong,
+           wrong ? "FAIL" : "pass");
+    rows[0].u = 1.0;
+    expect("SAMPLE", "u = 1 (outside [0, 1))", gpu->vt->sample(gpu, dlg, n, 7, rows, dout), DJ_EINVAL);
+    rows[0].u = 0.5;
+    rows[0].top_p = 0.0f;
+    expect("SAMPLE", "top_p 0", gpu->vt->sample(gpu, dlg, n, 7, rows, dout), DJ_EINVAL);
+    dfree(dlg);
+    dfree(dout);
+}
+
 /* What capture refuses: host inputs (staged copies) and synchronous copies. */
 static void check_capture_errors(void) {
     uint16_t h[64] = {0};
@@ -1237,6 +1392,29 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
     free(table);
 }
 
+/* The sample hook on n rows of V continuous logits (T 0.8, top_p 0.9, and
+ * top_k 40), wall time per call including the staged rows and a sync. */
+static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k) {
+    float *lg = falloc((size_t)n * V);
+    for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = dj_test_randf(-6.0f, 6.0f);
+    dj_sample_row *rows = xmalloc(n * sizeof *rows);
+    for (uint32_t r = 0; r < n; r++)
+        rows[r] = (dj_sample_row){.temperature = 0.8f, .top_k = top_k, .top_p = 0.9f, .u = dj_test_randf(0.f, 1.f)};
+    void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
+    const int iters = 20;
+    double t0 = 0.0;
+    for (int i = 0; i <= iters; i++) {
+        if (i == 1) t0 = now(); /* the first call warms up */
+        if (gpu->vt->sample(gpu, dlg, n, V, rows, dout) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("sample");
+    }
+    const double s = (now() - t0) / iters;
+    printf("bench sample rows=%u vocab=%u T=0.8 top_k=%u top_p=0.9: %9.1f us per call\n", n, V, top_k, s * 1e6);
+    dfree(dlg);
+    dfree(dout);
+    free(lg);
+    free(rows);
+}
+
 /* Decode attention under each $DJINN_DECODE variant, timed in a graph of
  * 20 calls: n rows at positions ctx-1, ctx-2, .. over one context in 64 KiB
  * pages, either as one sequence (pos0, the block table in device memory)
@@ -1302,6 +1480,9 @@ static void bench(void) {
     bench_decode(1, 4096, 32, 8, 128, 1);
     bench_decode(8, 512, 32, 8, 128, 1);
     bench_decode(1, 32768, 32, 8, 128, 1);
+    bench_sample(1, 128256, 0);
+    bench_sample(1, 128256, 40);
+    bench_sample(32, 128256, 0);
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 10);
     printf("bench (tensor-core attention with 128-row blocks:)\n");
@@ -1450,6 +1631,12 @@ int main(int argc, char **argv) {
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);
+    check_sample_cases();
+    check_sample(40, 7, 0);
+    check_sample(40, 1000, 0);
+    check_sample(8, 128256, 0);
+    check_sample(40, 1000, 1);
+    check_sample(8, 128256, 1);
     check_capture_errors();
 
     printf("%d checks, %d failed\n", n_rows, n_fail);
