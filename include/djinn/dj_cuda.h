@@ -57,11 +57,9 @@ int dj__cuda_last_attention(dj_backend_t *be);
  * output, and how many pairs ran fused. */
 void dj__cuda_set_fuse(dj_backend_t *be, int on);
 uint64_t dj__cuda_fusions(dj_backend_t *be);
-/* Test hooks: query rows per tensor-core attention block (64 or 128; the
- * default 64 unless $DJINN_TC_ROWS=128) and programmatic dependent launch of
- * the decode kernels (off unless $DJINN_PDL=on). */
+/* Test hook: query rows per tensor-core attention block (64 or 128; the
+ * default 64 unless $DJINN_TC_ROWS=128). */
 void dj__cuda_set_tc_rows(dj_backend_t *be, int rows);
-void dj__cuda_set_pdl(dj_backend_t *be, int on);
 
 #ifdef __cplusplus
 }

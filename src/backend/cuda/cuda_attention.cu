@@ -513,34 +513,34 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     if (variant == DJ_DECODE_V0) {
         if (hd <= 64)
-            dj__cuda_launch(cb->pdl, attn_decode_kernel<1>, dim3(grid), dim3(threads), 0, cb->stream, a,
+            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<1>, dim3(grid), dim3(threads), 0, cb->stream, a,
                             (uint32_t)splits, part);
         else if (hd <= 128)
-            dj__cuda_launch(cb->pdl, attn_decode_kernel<2>, dim3(grid), dim3(threads), 0, cb->stream, a,
+            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<2>, dim3(grid), dim3(threads), 0, cb->stream, a,
                             (uint32_t)splits, part);
         else if (hd <= 192)
-            dj__cuda_launch(cb->pdl, attn_decode_kernel<3>, dim3(grid), dim3(threads), 0, cb->stream, a,
+            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<3>, dim3(grid), dim3(threads), 0, cb->stream, a,
                             (uint32_t)splits, part);
         else
-            dj__cuda_launch(cb->pdl, attn_decode_kernel<4>, dim3(grid), dim3(threads), 0, cb->stream, a,
+            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<4>, dim3(grid), dim3(threads), 0, cb->stream, a,
                             (uint32_t)splits, part);
         DJ_CU_LAUNCHED(cb);
-        dj__cuda_launch(cb->pdl, attn_merge_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream, part, out,
-                        c->n_heads, hd, (uint32_t)splits);
+        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_merge_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream,
+                        part, out, c->n_heads, hd, (uint32_t)splits);
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
     if (hd <= 64)
-        launch_decode_batch<1>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<1>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 128)
-        launch_decode_batch<2>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<2>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 192)
-        launch_decode_batch<3>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<3>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else
-        launch_decode_batch<4>(cb->pdl, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<4>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
-    dj__cuda_launch(cb->pdl, attn_merge_used_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream, a, part, out,
-                    (uint32_t)splits);
+    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_merge_used_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream, a,
+                    part, out, (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

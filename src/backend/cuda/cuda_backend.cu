@@ -552,9 +552,14 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
         const char *fuse = getenv("DJINN_FUSE"); /* on (default) | off */
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
-        /* off (default: measured slower inside CUDA graphs, bench/RESULTS.md) | on */
+        /* off (default: "on" measured slower inside CUDA graphs, bench/RESULTS.md) | gemv | on */
         const char *pdl = getenv("DJINN_PDL");
-        cb->pdl = pdl && strcmp(pdl, "on") == 0;
+        cb->pdl = !pdl || strcmp(pdl, "off") == 0 ? DJ_PDL_OFF
+                  : strcmp(pdl, "gemv") == 0      ? DJ_PDL_GEMV
+                  : strcmp(pdl, "on") == 0        ? DJ_PDL_ALL
+                                                  : DJ_PDL_OFF;
+        if (pdl && cb->pdl == DJ_PDL_OFF && strcmp(pdl, "off") != 0)
+            DJ_LOG(WARN, "DJINN_PDL=%s is none of off, gemv, on: off", pdl);
         const char *tc_rows = getenv("DJINN_TC_ROWS"); /* 64 (default) | 128 */
         cb->tc_rows = tc_rows && strcmp(tc_rows, "128") == 0 ? 128 : 64;
         cb->gemv_variant = variant_from_env("DJINN_GEMV", DJ_GEMV_VARIANTS, DJ_GEMV_DEFAULT);
@@ -589,10 +594,4 @@ extern "C" void dj__cuda_set_tc_rows(dj_backend_t *be, int rows) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     (void)dj__cuda_flush(cb);
     cb->tc_rows = rows == 128 ? 128 : 64;
-}
-
-extern "C" void dj__cuda_set_pdl(dj_backend_t *be, int on) {
-    dj_cuda_backend *cb = (dj_cuda_backend *)be;
-    (void)dj__cuda_flush(cb);
-    cb->pdl = on != 0;
 }

@@ -118,14 +118,15 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
 }
 
 dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out) {
-    dj__cuda_launch(cb->pdl, argmax_kernel, dim3(n), dim3(ARGMAX_THREADS), 0, cb->stream, logits, vocab, out);
+    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, argmax_kernel, dim3(n), dim3(ARGMAX_THREADS), 0, cb->stream, logits, vocab,
+                    out);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
 
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
-    dj__cuda_launch(cb->pdl, silu_mul_kernel, dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, cb->stream,
+    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, silu_mul_kernel, dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, cb->stream,
                     (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
@@ -138,11 +139,11 @@ static void launch_add(dj_cuda_backend *cb, const dj_op_call *c) {
     const TA *a = (const TA *)c->x;
     const __nv_bfloat16 *b = (const __nv_bfloat16 *)c->x2;
     if (c->out_dtype == DJ_DTYPE_F32)
-        dj__cuda_launch(cb->pdl, add_kernel<TA, float>, dim3(blocks), dim3(EW_THREADS), 0, cb->stream, a, b,
-                        (float *)c->out, count);
+        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_kernel<TA, float>, dim3(blocks), dim3(EW_THREADS), 0, cb->stream, a,
+                        b, (float *)c->out, count);
     else
-        dj__cuda_launch(cb->pdl, add_kernel<TA, __nv_bfloat16>, dim3(blocks), dim3(EW_THREADS), 0, cb->stream, a, b,
-                        (__nv_bfloat16 *)c->out, count);
+        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_kernel<TA, __nv_bfloat16>, dim3(blocks), dim3(EW_THREADS), 0,
+                        cb->stream, a, b, (__nv_bfloat16 *)c->out, count);
 }
 
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c) {

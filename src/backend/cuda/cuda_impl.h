@@ -12,6 +12,10 @@
 
 #include "djinn/dj_cuda.h"
 
+/* Programmatic dependent launch ($DJINN_PDL=off|gemv|on): none, the
+ * streaming GEMVs only, or every decode-path kernel. */
+enum { DJ_PDL_OFF, DJ_PDL_GEMV, DJ_PDL_ALL };
+
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
 
@@ -63,7 +67,7 @@ typedef struct dj_cuda_backend {
     dj_op_call held_q;
     bool held_q_pending;
     bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
-    bool pdl;                 /* decode kernels by programmatic dependent launch ($DJINN_PDL=on) */
+    int pdl;                  /* DJ_PDL_*: which decode kernels launch programmatically ($DJINN_PDL) */
     int tc_rows;              /* query rows per tensor-core attention block: 64 or 128 ($DJINN_TC_ROWS) */
     uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
@@ -117,9 +121,10 @@ static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i]
  * completed and its writes are visible): the decode-path kernels call it
  * first thing, the streaming GEMV after issuing its first weight loads. Each
  * then calls dj_pdl_trigger(), so that the next kernel can start early too.
- * Both are no-ops for a kernel launched plainly. Off unless $DJINN_PDL=on:
- * on the H100 a recorded decode step was slower with it (6.663 against
- * 6.499 ms/token, bench/RESULTS.md), an eager one faster. */
+ * Both are no-ops for a kernel launched plainly. Off unless $DJINN_PDL is
+ * gemv (the GEMVs only) or on (all): on the H100 a recorded decode step was
+ * slower with all (6.663 against 6.499 ms/token, bench/RESULTS.md), an
+ * eager one faster; gemv is not measured yet. */
 static __device__ __forceinline__ void dj_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -308,14 +308,14 @@ static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int cou
         const unsigned threads = GEMV_STREAM_WARPS * 32;
         if (vec && cb->gemv_variant == DJ_GEMV_V1) {
             const unsigned blocks = fill_segs(calls, count, GEMV_STREAM_WARPS, &sg);
-            dj__cuda_launch(cb->pdl, gemv_stream_kernel<TW, TO, NR, 1, 16>, dim3(blocks), dim3(threads), 0, cb->stream,
-                            x, sg, c->n, c->k);
+            dj__cuda_launch(cb->pdl != DJ_PDL_OFF, gemv_stream_kernel<TW, TO, NR, 1, 16>, dim3(blocks), dim3(threads),
+                            0, cb->stream, x, sg, c->n, c->k);
             return;
         }
         if (vec && cb->gemv_variant == DJ_GEMV_V2) {
             const unsigned blocks = fill_segs(calls, count, GEMV_STREAM_WARPS * 2, &sg);
-            dj__cuda_launch(cb->pdl, gemv_stream_kernel<TW, TO, NR, 2, 8>, dim3(blocks), dim3(threads), 0, cb->stream,
-                            x, sg, c->n, c->k);
+            dj__cuda_launch(cb->pdl != DJ_PDL_OFF, gemv_stream_kernel<TW, TO, NR, 2, 8>, dim3(blocks), dim3(threads), 0,
+                            cb->stream, x, sg, c->n, c->k);
             return;
         }
     }

@@ -99,7 +99,7 @@ static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
 
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->n_heads * (c->head_dim / 2);
-    dj__cuda_launch(cb->pdl, rope_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream,
+    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rope_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream,
                     (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim,
                     c->pos0, c->row_pos, c->scale);
     DJ_CU_LAUNCHED(cb);
@@ -109,9 +109,9 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
     const dj_kv_view *kv = c->kv;
     const size_t count = (size_t)c->n * kv->kv_dim;
-    dj__cuda_launch(cb->pdl, kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream,
-                    (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
-                    kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
+    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
+                    cb->stream, (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes,
+                    table_dev, kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -121,11 +121,12 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
     const dj_kv_view *kv = kvw->kv;
     const uint32_t nq = rope_q ? rope_q->n_heads : 0u;
     const size_t count = (size_t)rope->n * (rope->n_heads + nq) * (rope->head_dim / 2);
-    dj__cuda_launch(cb->pdl, rope_kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream,
-                    (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
-                    rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
-                    rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
-                    kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
+    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rope_kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
+                    cb->stream, (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out,
+                    (const __nv_bfloat16 *)kvw->x2, rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL,
+                    rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq, rope->inv_freq, rope->n, rope->n_heads,
+                    rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base, kv->page_bytes, table_dev,
+                    kv->tokens_per_page, kvw->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
