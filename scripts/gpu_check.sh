@@ -5,16 +5,21 @@
 # (bench_gpu) and HF transformers eager on the same weights (bench/hf_decode.py).
 # The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
 # makes it on a machine with our apt packages), else they are built here.
-# usage (repo root): scripts/gpu_check.sh [--bench] [--out DIR]
+# --ab adds bench_gpu under each alternative switch (ab.log: one block per
+# setting) and a DJINN_PROFILE per-op table of prefill and eager decode
+# (profile.log); at most 7 files land in DIR.
+# usage (repo root): scripts/gpu_check.sh [--bench] [--ab] [--out DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BENCH=0
+AB=0
 OUT=${OUT:-/tmp/djinn-gpu-out}
 while [ $# -gt 0 ]; do
     case "$1" in
         --bench) BENCH=1 ;;
+        --ab) AB=1; BENCH=1 ;;
         --out) OUT=$2; shift ;;
-        *) echo "usage: $0 [--bench] [--out DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--bench] [--ab] [--out DIR]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -42,6 +47,16 @@ if [ $BENCH = 1 ]; then
     "$B/bench_gpu" "$M" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1 || fail=1
     tail -22 "$OUT/bench_gpu.log"
     python3 bench/hf_decode.py "$M" --attn eager --json "$OUT/hf_eager.json" 2>&1 | grep -vi warn | tail -4
+fi
+if [ $AB = 1 ]; then
+    : >"$OUT/ab.log"
+    for setting in DJINN_PDL=gemv DJINN_PDL=on DJINN_GEMV=v0 DJINN_GEMV=v2 DJINN_DECODE=v1 DJINN_RESIDUAL=bf16; do
+        echo "== $setting" >>"$OUT/ab.log"
+        env "$setting" "$B/bench_gpu" "$M" >>"$OUT/ab.log" 2>&1 || { echo "bench_gpu failed under $setting" >>"$OUT/ab.log"; fail=1; }
+    done
+    grep -E "^== |decode b=1 ctx 512|prefill 2048 tokens \(s|decode b=32|checks," "$OUT/ab.log"
+    DJINN_PROFILE=1 DJINN_NO_GRAPHS=1 "$B/bench_gpu" "$M" --steps 8 --batch 2 >"$OUT/profile.log" 2>&1 || fail=1
+    grep -A40 "^DJINN_PROFILE" "$OUT/profile.log"
 fi
 echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail
