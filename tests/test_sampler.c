@@ -1,6 +1,7 @@
 /* test_sampler.c: greedy, temperature, top-k and top-p choices - support,
  * frequencies against the softmax they should follow, reproducibility by
- * seed, and the parameter checks. */
+ * seed, the pick rule on a hand-made row, the CUDA sample kernel's algorithm
+ * emulated on the host against that rule, and the parameter checks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,215 @@ static void softmax(const float *l, float t, double *p) {
     for (int i = 0; i < V; i++) p[i] /= s;
 }
 
+/* ---- the CUDA sample kernel's algorithm (src/backend/cuda/cuda_sample.cu),
+ * step for step on the host: cuts found by bisection over the bits of the
+ * weights, tied weights counted, never sorted. Its picks must be
+ * dj_sampler_pick's - exactly for logits on a grid (many ties), and up to a
+ * swap with a neighbour in weight order for continuous ones (f64 sums in
+ * another order can move a boundary by an ulp). ---- */
+
+#define ONE_BITS 0x3f800000u
+
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double mass_ge(const uint32_t *wb, uint32_t n, uint32_t b) {
+    double s = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (wb[i] >= b)
+            s += bitsf(wb[i]);
+    return s;
+}
+static uint32_t count_ge(const uint32_t *wb, uint32_t n, uint32_t b) {
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < n; i++)
+        c += wb[i] >= b;
+    return c;
+}
+
+typedef struct emu {
+    const uint32_t *wb;
+    uint32_t n, bk, ties_k, bp, ties_p;
+    double goal, target;
+} emu;
+
+static double kept_ge(const emu *e, uint32_t b) {
+    return b > e->bk ? mass_ge(e->wb, e->n, b) : mass_ge(e->wb, e->n, e->bk + 1) + (double)e->ties_k * bitsf(e->bk);
+}
+static double prefix_ge(const emu *e, uint32_t b) {
+    return b > e->bp ? mass_ge(e->wb, e->n, b) : mass_ge(e->wb, e->n, e->bp + 1) + (double)e->ties_p * bitsf(e->bp);
+}
+
+static int32_t kernel_pick(const dj_sampler_params *p, const float *l, uint32_t n, double u, uint32_t *wb) {
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    if (!(mx > -INFINITY))
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const float w = expf((l[i] - mx) / p->temperature);
+        wb[i] = fbits(w == w ? w : 0.0f);
+    }
+    const double total = mass_ge(wb, n, 0);
+    if (p->top_k == 0 && !(p->top_p < 1.0f)) {
+        double acc = 0;
+        uint32_t last = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            const double w = bitsf(wb[i]);
+            if (w <= 0)
+                continue;
+            last = i;
+            if (acc + w > u * total)
+                return (int32_t)i;
+            acc += w;
+        }
+        return (int32_t)last;
+    }
+    emu e = {.wb = wb, .n = n, .bk = 0};
+    uint32_t need_k = n;
+    if (p->top_k > 0 && p->top_k < n) {
+        uint32_t lo = 0, hi = ONE_BITS;
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo + 1) / 2;
+            if (count_ge(wb, n, mid) >= p->top_k)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        e.bk = lo;
+        need_k = p->top_k - count_ge(wb, n, e.bk + 1);
+    }
+    const uint32_t eq_k = count_ge(wb, n, e.bk) - count_ge(wb, n, e.bk + 1);
+    e.ties_k = need_k < eq_k ? need_k : eq_k;
+    const double kept = kept_ge(&e, e.bk);
+    e.bp = e.bk;
+    e.ties_p = e.ties_k;
+    double prefix = kept;
+    if (p->top_p < 1.0f) {
+        e.goal = (double)p->top_p * kept;
+        uint32_t lo = e.bk, hi = ONE_BITS;
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo + 1) / 2;
+            if (kept_ge(&e, mid) >= e.goal)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        e.bp = lo;
+        const double above = kept_ge(&e, e.bp + 1);
+        const uint32_t avail = e.bp == e.bk ? e.ties_k : count_ge(wb, n, e.bp) - count_ge(wb, n, e.bp + 1);
+        const double wp = bitsf(e.bp);
+        double need = wp > 0 ? ceil((e.goal - above) / wp) : (double)avail;
+        if (need < 1)
+            need = 1;
+        e.ties_p = need > avail ? avail : (uint32_t)need;
+        prefix = above + (double)e.ties_p * wp;
+    }
+    e.target = u * prefix;
+    uint32_t lo = e.bp, hi = ONE_BITS;
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (prefix_ge(&e, mid) > e.target)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const uint32_t bs = lo;
+    const double before = mass_ge(wb, n, bs + 1);
+    const uint32_t tied = bs == e.bp ? e.ties_p : count_ge(wb, n, bs) - count_ge(wb, n, bs + 1);
+    const double ws = bitsf(bs);
+    double j = ws > 0 ? floor((e.target - before) / ws) : 0;
+    if (j < 0)
+        j = 0;
+    const uint32_t t = j >= tied ? (tied ? tied - 1 : 0) : (uint32_t)j;
+    for (uint32_t i = 0, k = 0; i < n; i++)
+        if (wb[i] == bs && k++ == t)
+            return (int32_t)i;
+    return 0;
+}
+
+/* weight-order rank of each id (descending weight, ties by id) */
+static float *g_w;
+static int by_w(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    if (g_w[x] != g_w[y])
+        return g_w[x] > g_w[y] ? -1 : 1;
+    return x < y ? -1 : (x > y);
+}
+
+static void check_kernel_algorithm(void) {
+    enum { N = 3000 };
+    static float l[N], w[N];
+    static uint32_t wb[N], order[N], rank[N];
+    static const float temps[] = {0.5f, 1.0f, 1.7f};
+    static const uint32_t topks[] = {0, 1, 3, 40, 5000};
+    static const float topps[] = {1.0f, 0.9137f, 0.5371f, 0.05f};
+    int exact = 0, swaps = 0, wrong = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const int grid = trial % 2 == 0;
+        const uint32_t n = trial % 5 == 0 ? 7 : 1 + (uint32_t)(dj_test_rand() % N);
+        for (uint32_t i = 0; i < n; i++) {
+            if (grid) {
+                l[i] = (float)((int)(dj_test_rand() % 81) - 40) / 8.0f;
+                const uint32_t x = (uint32_t)(dj_test_rand() % 50);
+                if (x == 0)
+                    l[i] = -INFINITY;
+                if (x == 1)
+                    l[i] = NAN;
+            } else {
+                l[i] = dj_test_randf(-6.f, 6.f);
+            }
+        }
+        const dj_sampler_params p = {.temperature = temps[dj_test_rand() % 3],
+                                     .top_k = topks[dj_test_rand() % 5],
+                                     .top_p = topps[dj_test_rand() % 4]};
+        const double u = (double)dj_test_randf(0.f, 1.f);
+        dj_sampler_t *s = NULL;
+        CHECK_OK(dj_sampler_new(&p, n, &s));
+        if (!s)
+            return;
+        const int32_t want = dj_sampler_pick(s, l, u), got = kernel_pick(&p, l, n, u, wb);
+        dj_sampler_free(s);
+        if (got == want) {
+            exact++;
+            continue;
+        }
+        float mx = -INFINITY;
+        for (uint32_t i = 0; i < n; i++)
+            mx = l[i] > mx ? l[i] : mx;
+        for (uint32_t i = 0; i < n; i++) {
+            w[i] = expf((l[i] - mx) / p.temperature);
+            if (w[i] != w[i])
+                w[i] = 0;
+            order[i] = i;
+        }
+        g_w = w;
+        qsort(order, n, sizeof *order, by_w);
+        for (uint32_t i = 0; i < n; i++)
+            rank[order[i]] = i;
+        const long d = (long)rank[got] - (long)rank[want];
+        if (!grid && (d == 1 || d == -1))
+            swaps++;
+        else
+            wrong++;
+        if (wrong == 1 && !(!grid && (d == 1 || d == -1)))
+            printf("kernel algorithm: n %u grid %d T %g top_k %u top_p %g u %.9f: got %d want %d\n", n, grid,
+                   (double)p.temperature, p.top_k, (double)p.top_p, u, got, want);
+    }
+    printf("kernel algorithm: %d exact, %d adjacent swaps, %d wrong of 400\n", exact, swaps, wrong);
+    CHECK(wrong == 0 && swaps <= 4);
+}
+
 int main(void) {
     dj_test_seed();
+    check_kernel_algorithm();
     float logits[V];
     for (int i = 0; i < V; i++) logits[i] = dj_test_randf(-3.f, 3.f);
     int best = 0;

@@ -93,10 +93,28 @@ static __device__ uint32_t count_ge(const uint32_t *wb, uint32_t V, uint32_t b, 
     return block_sum_u(c, sm);
 }
 
+static __device__ uint32_t block_min_u(uint32_t v, sample_smem *sm) {
+    v = __reduce_min_sync(0xffffffffu, v);
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0)
+        sm->u[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t t = UINT32_MAX;
+        for (int w = 0; w < SAMPLE_WARPS; w++)
+            t = min(t, sm->u[w]);
+        sm->u_out = t;
+    }
+    __syncthreads();
+    return sm->u_out;
+}
+
 /* The k-th (0-based) id, in id order, whose weight bits equal b; V if none. */
 static __device__ uint32_t nth_equal(const uint32_t *wb, uint32_t V, uint32_t b, uint32_t k, sample_smem *sm) {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint32_t before = 0; /* equal weights in earlier tiles */
+    __syncthreads();     /* every thread has read the last reduction's result */
     if (threadIdx.x == 0) {
         sm->found = 0;
         sm->u_out = V;
@@ -125,14 +143,14 @@ static __device__ uint32_t nth_equal(const uint32_t *wb, uint32_t V, uint32_t b,
     return sm->u_out;
 }
 
-/* The first id whose cumulative weight, in id order, exceeds target; the
- * last id with positive weight when rounding leaves target unreached. */
+/* The first id, in id order, whose cumulative weight exceeds target (ids of
+ * weight 0 never chosen); the last id of positive weight when rounding
+ * leaves target unreached. The row is walked in tiles of SAMPLE_THREADS ids;
+ * the tile that takes the running sum past target is scanned. */
 static __device__ uint32_t first_over(const uint32_t *wb, uint32_t V, double target, sample_smem *sm) {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double before = 0.0;
-    uint32_t last_pos = 0;
-    if (threadIdx.x == 0) sm->found = 0;
-    __syncthreads();
+    double before = 0.0; /* weight of the earlier tiles, the same in every thread */
+    uint32_t last = 0;   /* 1 + the last id of positive weight so far (0: none) */
     for (uint32_t t0 = 0; t0 < V; t0 += SAMPLE_THREADS) {
         const uint32_t i = t0 + threadIdx.x;
         const double w = i < V ? (double)__uint_as_float(wb[i]) : 0.0;
@@ -141,7 +159,7 @@ static __device__ uint32_t first_over(const uint32_t *wb, uint32_t V, double tar
             const double n = __shfl_up_sync(0xffffffffu, incl, o);
             if ((int)lane >= o) incl += n;
         }
-        __syncthreads();
+        __syncthreads(); /* the last tile's sm->d is read */
         if (lane == 31) sm->d[warp] = incl;
         __syncthreads();
         double tile = 0.0;
@@ -149,25 +167,16 @@ static __device__ uint32_t first_over(const uint32_t *wb, uint32_t V, double tar
             if (ww < warp) incl += sm->d[ww];
             tile += sm->d[ww];
         }
-        const double cum = before + incl; /* through id i */
-        const bool over = w > 0.0 && cum > target && cum - w <= target;
-        if (over) {
-            sm->u_out = i;
-            sm->found = 1;
+        const uint32_t last_here = V - block_min_u(w > 0.0 ? V - (i + 1) : V, sm); /* 1 + last positive id, or 0 */
+        if (before + tile > target) { /* block-uniform: the crossing is in this tile */
+            const uint32_t id = block_min_u(w > 0.0 && before + incl > target ? i : UINT32_MAX, sm);
+            return id != UINT32_MAX ? id : last_here - 1; /* the tile holds positive weight */
         }
-        const uint32_t pos = __reduce_max_sync(0xffffffffu, w > 0.0 ? i + 1 : 0u);
-        if (pos > last_pos) last_pos = pos;
-        __syncthreads();
-        if (sm->found) return sm->u_out;
+        if (last_here)
+            last = last_here;
         before += tile;
     }
-    /* every warp saw every tile's ids only for its own lanes: combine */
-    __syncthreads();
-    if (lane == 0) sm->u[warp] = last_pos;
-    __syncthreads();
-    uint32_t lp = 0;
-    for (uint32_t ww = 0; ww < SAMPLE_WARPS; ww++) lp = sm->u[ww] > lp ? sm->u[ww] : lp;
-    return lp ? lp - 1 : 0u;
+    return last ? last - 1 : 0u;
 }
 
 /* The largest b in [lo, hi] with pred(b), given pred(lo) (pred falls as b rises). */
