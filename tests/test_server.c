@@ -192,12 +192,25 @@ static dj_status greedy(dj_client_t *c, uint64_t sess, const ref *r, uint32_t n,
     return dj_client_generate(c, sess, &p, on_token, out, res);
 }
 
+/* A seeded sampled generation (T 0.8, top-k 20, top-p 0.95, seed 1234):
+ * batched or alone, the same tokens (batched logits equal single ones). */
+static dj_status sampled(dj_client_t *c, uint64_t sess, const ref *r, uint32_t n, collect *out) {
+    dj_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.ids = r->prompt;
+    p.n_ids = (size_t)r->n_prompt;
+    p.sampling = (dj_sampler_params){.temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .seed = 1234};
+    p.max_tokens = n;
+    out->n = 0;
+    return dj_client_generate(c, sess, &p, on_token, out, NULL);
+}
+
 static bool same_as_ref(const collect *got, const ref *r) {
     if (got->n != r->n_greedy) return false;
     return !memcmp(got->ids, r->greedy, (size_t)r->n_greedy * sizeof(int32_t));
 }
 
-static collect alone[N_MODELS];
+static collect alone[N_MODELS], alone_sampled[N_MODELS];
 
 static void test_reference(const char *addr) {
     dj_client_t *c = NULL;
@@ -221,8 +234,16 @@ static void test_reference(const char *addr) {
                   model_names[i]);
         CHECK(res.n_generated == 24 && res.n_prompt == (uint32_t)refs[i].n_prompt && !strcmp(res.reason, "length"));
         CHECK_OK(dj_client_session_close(c, s));
+        CHECK_OK(dj_client_session_open(c, &o, &s));
+        CHECK_OK(sampled(c, s, &refs[i], 24, &alone_sampled[i]));
+        CHECK_OK(dj_client_session_close(c, s));
         CHECK_ST(dj_client_session_close(c, s), DJ_ENOTFOUND);
     }
+    int sampled_differs = 0; /* the sampled runs are not the greedy ones */
+    for (int i = 0; i < N_MODELS; i++)
+        sampled_differs +=
+            alone_sampled[i].n == 24 && memcmp(alone_sampled[i].ids, refs[i].greedy, 24 * sizeof(int32_t));
+    CHECK(sampled_differs > 0);
     /* unknown model, bad name, bad QoS-free input */
     uint64_t s = 0;
     dj_session_opts o = {"no-such-model", DJ_QOS_BATCH, 0};
@@ -253,10 +274,14 @@ static void *client_thread(void *p) {
     if (st == DJ_OK) st = dj_client_session_open(c, &o, &s);
     collect got;
     memset(&got, 0, sizeof got);
-    if (st == DJ_OK) st = greedy(c, s, &refs[m], 24, &got, NULL);
+    /* odd clients sample (their batches mix greedy and sampled rows) */
+    const bool samp = a->idx % 2 == 1;
+    const collect *want = samp ? &alone_sampled[m] : &alone[m];
+    if (st == DJ_OK)
+        st = samp ? sampled(c, s, &refs[m], 24, &got) : greedy(c, s, &refs[m], 24, &got, NULL);
     if (st == DJ_OK) st = dj_client_session_close(c, s);
-    a->ok = st == DJ_OK && same_as_ref(&got, &refs[m]) && got.n == alone[m].n &&
-            !memcmp(got.ids, alone[m].ids, (size_t)got.n * sizeof(int32_t));
+    a->ok = st == DJ_OK && (samp || same_as_ref(&got, &refs[m])) && got.n == want->n &&
+            !memcmp(got.ids, want->ids, (size_t)got.n * sizeof(int32_t));
     if (!a->ok) snprintf(a->err, sizeof a->err, "%s (%d tokens)", st ? dj_last_error() : "tokens differ", got.n);
     dj_client_free(c);
     return NULL;
@@ -278,7 +303,8 @@ static void test_concurrent(const char *addr) {
         ok += args[i].ok;
         if (!args[i].ok) fprintf(stderr, "client %d: %s\n", i, args[i].err);
     }
-    CHECK_MSG(ok == N_CLIENTS, "%d of %d concurrent clients got the reference tokens", ok, N_CLIENTS);
+    CHECK_MSG(ok == N_CLIENTS, "%d of %d concurrent clients (half greedy, half seeded sampling) got their tokens", ok,
+              N_CLIENTS);
     printf("%d concurrent clients x 24 tokens in %.2f s\n", N_CLIENTS, now_s() - t0);
     /* concurrent generations of one model share decode steps (continuous batching) */
     dj_client_t *c = NULL;

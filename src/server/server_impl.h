@@ -87,6 +87,7 @@ typedef struct dj__handle {
 /* ---- work for the engine thread ---- */
 typedef struct dj__gen {
     dj_sampler_t *smp;
+    bool greedy; /* temperature 0: a batched step may pick on the device */
     dj_detok_stream_t *ds;
     float *logits; /* [vocab] */
     int32_t *stop;

@@ -496,9 +496,9 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss, const char *reason
 }
 
 /* Sample from g->logits and emit; true when the generation is over. */
-static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
+/* The generation's next token is id: send it; true when the generation ended. */
+static bool gen_emit_id(dj__server *s, dj__job *j, dj__sess *ss, int32_t id) {
     dj__gen *g = j->gen;
-    const int32_t id = dj_sampler_sample(g->smp, g->logits);
     ss->pending = id;
     if (is_stop(g, id)) {
         gen_done(s, j, ss, "stop");
@@ -535,6 +535,11 @@ static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
         return true;
     }
     return false;
+}
+
+/* Sample the next token from the generation's logits and send it. */
+static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
+    return gen_emit_id(s, j, ss, dj_sampler_sample(j->gen->smp, j->gen->logits));
 }
 
 static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finished) {
@@ -585,6 +590,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
     dj_sampler_params sp = {.temperature = (float)temp, .top_k = (uint32_t)top_k, .top_p = (float)top_p,
                             .seed = seed};
     if ((st = dj_sampler_new(&sp, vocab, &g->smp)) != DJ_OK) goto done;
+    g->greedy = sp.temperature == 0.0f;
     if (tok && (st = dj_detok_stream_new(tok, &g->ds)) != DJ_OK) goto done;
     if (!(g->logits = malloc((size_t)vocab * sizeof *g->logits))) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
@@ -658,7 +664,9 @@ static void run_generate(dj__server *s, dj__job *j) {
 
 /* Continuous batching: one decode step for several running generations of
  * one model (jobs[0..n), taken from one QoS class's run queue) through the
- * engine's batched step; each then samples from its own logits row. If the
+ * engine's batched step; each then samples from its own logits row - or,
+ * when every generation of the batch is greedy, the engine picks on the
+ * device and no logits cross (the same argmax, lowest id on ties). If the
  * batch fails as a whole, each job runs alone so that only the culprit sees
  * the error. */
 static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
@@ -671,6 +679,25 @@ static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         es[i] = ss[i]->es;
         ids[i] = ss[i]->pending;
+    }
+    bool greedy = true;
+    for (size_t i = 0; i < n; i++)
+        greedy = greedy && jobs[i]->gen->greedy;
+    if (greedy) {
+        int32_t next[DJ__MAX_BATCH];
+        if (dj_engine_step_batch(s->engine, es, ids, (uint32_t)n, NULL, NULL, next) != DJ_OK) {
+            for (size_t i = 0; i < n; i++)
+                run_generate(s, jobs[i]);
+            return;
+        }
+        s->batched_steps++;
+        s->batched_rows += n;
+        for (size_t i = 0; i < n; i++) {
+            ss[i]->pending = -1;
+            snapshot(s, ss[i]);
+            gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_emit_id(s, jobs[i], ss[i], next[i]));
+        }
+        return;
     }
     const size_t vocab = dj_model_get_config(ss[0]->ment->m)->vocab_size;
     if (s->batch_logits_cap < n * vocab) {
