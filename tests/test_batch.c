@@ -231,8 +231,89 @@ static void check_sample_hook(void) {
     CHECK(varied);
 }
 
+/* dj_engine_step_batch_samplers: each row by the caller's own sampler (here
+ * one greedy, two seeded with different params), with and without the
+ * sample hook - against twin sessions stepped with logits and twin samplers
+ * picking on the host. Bad samplers are refused and change nothing. */
+static void check_row_samplers(int device_sampling) {
+    if (device_sampling)
+        setenv("DJINN_DEVICE_SAMPLING", "on", 1);
+    else
+        unsetenv("DJINN_DEVICE_SAMPLING");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, "qwen2");
+    dj_engine_t *e = new_engine();
+    dj_model_t *m = NULL;
+    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
+        CHECK_MSG(0, "engine/model: %s", dj_last_error());
+        dj_engine_free(e);
+        return;
+    }
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    const dj_sampler_params ps[N_SESS] = {{.temperature = 0.f, .top_p = 1.f},
+                                          {.temperature = 0.7f, .top_k = 10, .top_p = 1.f, .seed = 3},
+                                          {.temperature = 1.2f, .top_k = 0, .top_p = 0.8f, .seed = 4}};
+    dj_session_t *a[N_SESS] = {0}, *b[N_SESS] = {0};
+    dj_sampler_t *sa[N_SESS] = {0}, *sb[N_SESS] = {0};
+    int32_t ids[N_SESS];
+    for (int i = 0; i < N_SESS; i++) {
+        CHECK_OK(dj_session_new(e, m, 64, 0, &a[i]));
+        CHECK_OK(dj_session_new(e, m, 64, 0, &b[i]));
+        CHECK_OK(dj_sampler_new(&ps[i], V, &sa[i]));
+        CHECK_OK(dj_sampler_new(&ps[i], V, &sb[i]));
+        if (!a[i] || !b[i] || !sa[i] || !sb[i])
+            goto done;
+        const int32_t prompt[2] = {5 + i, 9};
+        CHECK_OK(dj_session_step(e, a[i], prompt, 2, NULL));
+        CHECK_OK(dj_session_step(e, b[i], prompt, 2, NULL));
+        ids[i] = 7 * i + 1;
+    }
+    float *lg = malloc((size_t)N_SESS * V * sizeof *lg);
+    int same = 1, varied = 0;
+    int32_t first[N_SESS];
+    for (int t = 0; t < 10 && lg; t++) {
+        int32_t next[N_SESS], want[N_SESS];
+        CHECK_OK(dj_engine_step_batch_samplers(e, a, ids, N_SESS, sa, next));
+        CHECK_OK(dj_engine_step_batch(e, b, ids, N_SESS, lg, NULL, NULL));
+        for (int i = 0; i < N_SESS; i++) {
+            want[i] = dj_sampler_sample(sb[i], lg + (size_t)i * V);
+            same &= next[i] == want[i];
+            if (t == 0)
+                first[i] = next[i];
+            varied |= i > 0 && next[i] != first[i];
+            ids[i] = next[i];
+        }
+    }
+    CHECK_MSG(same, "row samplers (sample hook %s) pick differently from the host samplers",
+              device_sampling ? "on" : "off");
+    CHECK(varied);
+    /* refused: a NULL sampler, a sampler of another vocabulary; positions stay */
+    const uint32_t pos = dj_session_pos(a[0]);
+    dj_sampler_t *bad[N_SESS] = {sa[0], NULL, sa[2]};
+    CHECK_ST(dj_engine_step_batch_samplers(e, a, ids, N_SESS, bad, ids), DJ_EINVAL);
+    dj_sampler_t *other = NULL;
+    CHECK_OK(dj_sampler_new(&ps[1], V + 1, &other));
+    bad[1] = other;
+    CHECK_ST(dj_engine_step_batch_samplers(e, a, ids, N_SESS, bad, ids), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "vocabulary") != NULL);
+    CHECK(dj_session_pos(a[0]) == pos);
+    dj_sampler_free(other);
+    free(lg);
+done:
+    for (int i = 0; i < N_SESS; i++) {
+        dj_session_free(e, a[i]);
+        dj_session_free(e, b[i]);
+        dj_sampler_free(sa[i]);
+        dj_sampler_free(sb[i]);
+    }
+    dj_engine_free(e);
+    unsetenv("DJINN_DEVICE_SAMPLING");
+}
+
 int main(void) {
     dj_test_seed();
+    check_row_samplers(0);
+    check_row_samplers(1);
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);
     check_two_models();
     check_sample_hook();

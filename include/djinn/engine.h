@@ -103,6 +103,18 @@ dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, co
                                const dj_sampler_params *sp /* NULL = greedy */,
                                int32_t *next /* OUT, [n_sessions] or NULL */);
 
+/* As dj_engine_step_batch, but each row is picked by its own sampler - the
+ * caller's, with its own params, seed and state (a server's generations):
+ * next[i] is what dj_sampler_sample(samplers[i], logits of row i) gives. The
+ * picks run on the device where the backend can (rows of temperature 0 by
+ * argmax when all are greedy; any mix with $DJINN_DEVICE_SAMPLING=on, each
+ * sampler supplying its next uniform draw), so no logits cross; otherwise
+ * the logits come to the host. Each sampler's vocabulary must be the
+ * model's. */
+dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions, const int32_t *ids,
+                                        uint32_t n_sessions, dj_sampler_t *const *samplers,
+                                        int32_t *next /* OUT, [n_sessions] */);
+
 /* Decode steps on a backend with graphs (CUDA): a decode shape runs eagerly
  * the first time, is recorded the second and replayed from then on. Counts
  * since the engine started: graphs recorded, replays, shapes that could not

@@ -37,6 +37,9 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits);
  * backend's sample hook). Logits all -inf or NaN give id 0. */
 double dj_sampler_uniform(dj_sampler_t *s);
 int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u);
+/* The params it was made with, and its vocabulary size. */
+const dj_sampler_params *dj_sampler_params_of(const dj_sampler_t *s);
+uint32_t dj_sampler_vocab(const dj_sampler_t *s);
 
 /* argmax with lowest-id tie break; NaNs are skipped (all NaN: 0). */
 int32_t dj_argmax(const float *logits, uint32_t n);

@@ -725,16 +725,44 @@ static dj_status session_sampler(dj_session_t *s, const dj_sampler_params *sp, u
     return st;
 }
 
+/* Row r's sampler: the caller's samplers[r], else session r's for sp; NULL
+ * for a greedy row. */
+static dj_status row_sampler(dj_session_t *s, const dj_sampler_params *sp, dj_sampler_t *const *samplers, uint32_t r,
+                             uint32_t V, dj_sampler_t **out) {
+    *out = NULL;
+    if (samplers) {
+        if (dj_sampler_params_of(samplers[r])->temperature != 0.0f)
+            *out = samplers[r];
+        return DJ_OK;
+    }
+    if (is_greedy(sp))
+        return DJ_OK;
+    dj_status st = session_sampler(s, sp, V);
+    if (st == DJ_OK)
+        *out = s->sampler;
+    return st;
+}
+
+/* After the step's ops: the logits of its B output rows (`out_dev`,
+ * [B][vocab] f32) to the caller and/or the next token of each row, picked by
+ * the caller's samplers (one per row) or else each session's sampler for sp.
+ * Picks on the device where the backend can: greedy rows by argmax, the
+ * others by the sample hook ($DJINN_DEVICE_SAMPLING=on) with each row
+ * sampler's own next uniform draw - the same rule and draw as on the host (a
+ * draw is spent even if the step then fails on the device). Otherwise the
+ * logits come to the host and each row's sampler picks. */
 static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, const float *out_dev, float *logits,
-                        const dj_sampler_params *sp, int32_t *next) {
+                        const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next) {
     const uint32_t V = ss[0]->model->cfg.vocab_size;
     dj_status st = DJ_OK;
-    /* Picks on the device: greedy by argmax; the others ($DJINN_DEVICE_SAMPLING=on)
-     * by the sample hook, with each session's own next uniform draw - the same
-     * rule and draw as its host sampler (a draw is spent even if the step
-     * then fails on the device). */
-    const bool device_greedy = next && is_greedy(sp) && e->be->vt->argmax;
-    const bool device_sample = next && !is_greedy(sp) && e->be->vt->sample && e->device_sampling;
+    bool all_greedy = !samplers && is_greedy(sp);
+    if (samplers) {
+        all_greedy = true;
+        for (uint32_t r = 0; r < B; r++)
+            all_greedy = all_greedy && dj_sampler_params_of(samplers[r])->temperature == 0.0f;
+    }
+    const bool device_greedy = next && all_greedy && e->be->vt->argmax;
+    const bool device_sample = next && !all_greedy && e->be->vt->sample && e->device_sampling;
     const bool device_pick = device_greedy || device_sample;
     if (device_greedy) {
         st = e->be->vt->argmax(e->be, out_dev, B, V, e->args_next);
@@ -748,9 +776,15 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
             e->sample_rows_cap = B;
         }
         for (uint32_t r = 0; r < B; r++) {
-            if ((st = session_sampler(ss[r], sp, V)) != DJ_OK) return st;
-            e->sample_rows[r] = (dj_sample_row){.temperature = sp->temperature, .top_k = sp->top_k,
-                                                .top_p = sp->top_p, .u = dj_sampler_uniform(ss[r]->sampler)};
+            dj_sampler_t *smp = NULL;
+            if ((st = row_sampler(ss[r], sp, samplers, r, V, &smp)) != DJ_OK)
+                return st;
+            const dj_sampler_params *p = smp ? dj_sampler_params_of(smp) : NULL;
+            e->sample_rows[r] = p ? (dj_sample_row){.temperature = p->temperature,
+                                                    .top_k = p->top_k,
+                                                    .top_p = p->top_p,
+                                                    .u = dj_sampler_uniform(smp)}
+                                  : (dj_sample_row){.temperature = 0.0f, .top_p = 1.0f}; /* greedy row */
         }
         st = e->be->vt->sample(e->be, out_dev, B, V, e->sample_rows, e->args_next);
         if (st != DJ_OK) return st;
@@ -768,12 +802,10 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     if (st != DJ_OK || !next || device_pick) return st;
     for (uint32_t r = 0; r < B; r++) {
         const float *row = lg + (size_t)r * V;
-        if (is_greedy(sp)) {
-            next[r] = dj_argmax(row, V);
-            continue;
-        }
-        if ((st = session_sampler(ss[r], sp, V)) != DJ_OK) return st;
-        next[r] = dj_sampler_sample(ss[r]->sampler, row);
+        dj_sampler_t *smp = NULL;
+        if ((st = row_sampler(ss[r], sp, samplers, r, V, &smp)) != DJ_OK)
+            return st;
+        next[r] = smp ? dj_sampler_sample(smp, row) : dj_argmax(row, V);
     }
     return DJ_OK;
 }
@@ -804,8 +836,8 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
             st = e->be->vt->download(e->be, logits, stack + dj_graph_node_c(g, out_idx)->offset,
                                      (size_t)n * m->cfg.vocab_size * sizeof(float));
     } else if (st == DJ_OK) {
-        st = finish(e, &s, 1, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits,
-                    sp, next);
+        st = finish(e, &s, 1, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
+                    NULL, next);
     }
     else
         (void)e->be->vt->sync(e->be); /* drain what was enqueued before the failure */
@@ -866,8 +898,8 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
     return hit;
 }
 
-static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int32_t *ids, uint32_t B,
-                             float *logits, const dj_sampler_params *sp, int32_t *next) {
+static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int32_t *ids, uint32_t B, float *logits,
+                             const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next) {
     if (B == 0) return dj_fail(DJ_EINVAL, "a step needs at least one session");
     if (B > DJ_MAX_BATCH) return dj_fail(DJ_EINVAL, "%u sessions in one step; at most %u", B, DJ_MAX_BATCH);
     const dj_model_t *m = ss[0]->model;
@@ -955,8 +987,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int3
     if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK)
-        st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits,
-                    sp, next);
+        st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
+                    samplers, next);
     else
         (void)e->be->vt->sync(e->be);
     dj_vmu_stack_reset(e->vmu, mark);
@@ -971,7 +1003,8 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
                               const dj_sampler_params *sp, int32_t *next) {
     const dj_model_config *c = &s->model->cfg;
     if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
-    if (n == 1) return decode_rows(e, &s, ids, 1, logits, sp, next);
+    if (n == 1)
+        return decode_rows(e, &s, ids, 1, logits, sp, NULL, next);
     dj_status st = check_ids(c, ids, n);
     if (st == DJ_OK) st = check_sampler(sp);
     if (st != DJ_OK) return st;
@@ -1029,7 +1062,22 @@ dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, co
     if (!sessions || !ids) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: NULL sessions or ids");
     for (uint32_t r = 0; r < n_sessions; r++)
         if (!sessions[r]) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: session %u is NULL", r);
-    return decode_rows(e, sessions, ids, n_sessions, logits, sp, next);
+    return decode_rows(e, sessions, ids, n_sessions, logits, sp, NULL, next);
+}
+
+dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions, const int32_t *ids,
+                                        uint32_t n_sessions, dj_sampler_t *const *samplers, int32_t *next) {
+    if (!sessions || !ids || !samplers || !next)
+        return dj_fail(DJ_EINVAL, "dj_engine_step_batch_samplers: NULL sessions, ids, samplers or next");
+    for (uint32_t r = 0; r < n_sessions; r++) {
+        if (!sessions[r] || !samplers[r])
+            return dj_fail(DJ_EINVAL, "dj_engine_step_batch_samplers: session or sampler %u is NULL", r);
+        if (dj_sampler_vocab(samplers[r]) != dj_model_get_config(sessions[r]->model)->vocab_size)
+            return dj_fail(DJ_EINVAL,
+                           "dj_engine_step_batch_samplers: sampler %u is for a vocabulary of %u, the model's is %u", r,
+                           dj_sampler_vocab(samplers[r]), dj_model_get_config(sessions[r]->model)->vocab_size);
+    }
+    return decode_rows(e, sessions, ids, n_sessions, NULL, NULL, samplers, next);
 }
 
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {

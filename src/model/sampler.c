@@ -144,3 +144,7 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits) {
     if (s->p.temperature == 0.0f) return dj_argmax(logits, s->vocab);
     return dj_sampler_pick(s, logits, dj_sampler_uniform(s));
 }
+
+const dj_sampler_params *dj_sampler_params_of(const dj_sampler_t *s) { return &s->p; }
+
+uint32_t dj_sampler_vocab(const dj_sampler_t *s) { return s->vocab; }

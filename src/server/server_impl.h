@@ -176,8 +176,6 @@ typedef struct dj__server {
     pthread_t worker;
     bool worker_started;
     dj_engine_t *engine;
-    float *batch_logits;          /* worker: [batch_logits_cap] rows of a batched decode step */
-    size_t batch_logits_cap;
     uint64_t batched_steps, batched_rows; /* worker: decode steps that carried >1 session */
     dj__model_ent *models;
 

@@ -589,8 +589,8 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
     const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
     dj_sampler_params sp = {.temperature = (float)temp, .top_k = (uint32_t)top_k, .top_p = (float)top_p,
                             .seed = seed};
-    if ((st = dj_sampler_new(&sp, vocab, &g->smp)) != DJ_OK) goto done;
-    g->greedy = sp.temperature == 0.0f;
+    if ((st = dj_sampler_new(&sp, vocab, &g->smp)) != DJ_OK)
+        goto done;
     if (tok && (st = dj_detok_stream_new(tok, &g->ds)) != DJ_OK) goto done;
     if (!(g->logits = malloc((size_t)vocab * sizeof *g->logits))) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
@@ -664,63 +664,33 @@ static void run_generate(dj__server *s, dj__job *j) {
 
 /* Continuous batching: one decode step for several running generations of
  * one model (jobs[0..n), taken from one QoS class's run queue) through the
- * engine's batched step; each then samples from its own logits row - or,
- * when every generation of the batch is greedy, the engine picks on the
- * device and no logits cross (the same argmax, lowest id on ties). If the
- * batch fails as a whole, each job runs alone so that only the culprit sees
- * the error. */
+ * engine's batched step, each row picked by its generation's own sampler -
+ * on the device where the engine can (greedy batches always), so no logits
+ * cross. If the batch fails as a whole, each job runs alone so that only
+ * the culprit sees the error. */
 static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
     dj__sess *ss[DJ__MAX_BATCH];
     dj_session_t *es[DJ__MAX_BATCH];
-    int32_t ids[DJ__MAX_BATCH];
+    dj_sampler_t *smp[DJ__MAX_BATCH];
+    int32_t ids[DJ__MAX_BATCH], next[DJ__MAX_BATCH];
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n; i++) ss[i] = dj__map_get(&s->sessions, jobs[i]->sess);
     pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < n; i++) {
         es[i] = ss[i]->es;
         ids[i] = ss[i]->pending;
+        smp[i] = jobs[i]->gen->smp;
     }
-    bool greedy = true;
-    for (size_t i = 0; i < n; i++)
-        greedy = greedy && jobs[i]->gen->greedy;
-    if (greedy) {
-        int32_t next[DJ__MAX_BATCH];
-        if (dj_engine_step_batch(s->engine, es, ids, (uint32_t)n, NULL, NULL, next) != DJ_OK) {
-            for (size_t i = 0; i < n; i++)
-                run_generate(s, jobs[i]);
-            return;
-        }
-        s->batched_steps++;
-        s->batched_rows += n;
-        for (size_t i = 0; i < n; i++) {
-            ss[i]->pending = -1;
-            snapshot(s, ss[i]);
-            gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_emit_id(s, jobs[i], ss[i], next[i]));
-        }
-        return;
-    }
-    const size_t vocab = dj_model_get_config(ss[0]->ment->m)->vocab_size;
-    if (s->batch_logits_cap < n * vocab) {
-        float *nl = realloc(s->batch_logits, n * vocab * sizeof *nl);
-        if (nl) {
-            s->batch_logits = nl;
-            s->batch_logits_cap = n * vocab;
-        }
-    }
-    dj_status st = s->batch_logits_cap >= n * vocab
-                       ? dj_engine_step_batch(s->engine, es, ids, (uint32_t)n, s->batch_logits, NULL, NULL)
-                       : DJ_ENOMEM;
-    if (st != DJ_OK) {
+    if (dj_engine_step_batch_samplers(s->engine, es, ids, (uint32_t)n, smp, next) != DJ_OK) {
         for (size_t i = 0; i < n; i++) run_generate(s, jobs[i]);
         return;
     }
     s->batched_steps++;
     s->batched_rows += n;
     for (size_t i = 0; i < n; i++) {
-        memcpy(jobs[i]->gen->logits, s->batch_logits + i * vocab, vocab * sizeof(float));
         ss[i]->pending = -1;
         snapshot(s, ss[i]);
-        gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_emit(s, jobs[i], ss[i]));
+        gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_emit_id(s, jobs[i], ss[i], next[i]));
     }
 }
 
@@ -1049,7 +1019,4 @@ void dj__worker_stop(dj__server *s) {
     s->worker_started = false;
     dj_engine_free(s->engine);
     s->engine = NULL;
-    free(s->batch_logits);
-    s->batch_logits = NULL;
-    s->batch_logits_cap = 0;
 }
