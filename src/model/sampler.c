@@ -79,6 +79,45 @@ static int by_weight_desc(const void *a, const void *b) {
     return x->id < y->id ? -1 : (x->id > y->id);
 }
 
+static int before(const struct cand *x, const struct cand *y) {
+    return x->p > y->p || (x->p == y->p && x->id < y->id);
+}
+
+/* Rearrange c[0, n) so that c[0, m) holds the first m of the weight order
+ * (in any order): quickselect with a median-of-three pivot. */
+static void select_head(struct cand *c, uint32_t n, uint32_t m) {
+    uint32_t lo = 0, hi = n; /* the m-th boundary lies in [lo, hi) */
+    while (hi - lo > 1 && m > lo && m < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        struct cand a = c[lo], b = c[mid], d = c[hi - 1], piv;
+        if (before(&a, &b)) /* median of a, b, d */
+            piv = before(&b, &d) ? b : before(&a, &d) ? d : a;
+        else
+            piv = before(&a, &d) ? a : before(&b, &d) ? d : b;
+        uint32_t i = lo, j = hi; /* c[lo, i) before piv, c[j, hi) not before piv */
+        for (uint32_t k = lo; k < j;) {
+            if (before(&c[k], &piv)) {
+                const struct cand t = c[k];
+                c[k++] = c[i];
+                c[i++] = t;
+            } else if (before(&piv, &c[k])) {
+                const struct cand t = c[k];
+                c[k] = c[--j];
+                c[j] = t;
+            } else {
+                k++; /* the pivot itself (keys are unique) */
+            }
+        }
+        /* c[lo, i) < piv, c[i, j) == piv (one element), c[j, hi) > piv */
+        if (m <= i)
+            hi = i;
+        else if (m >= j)
+            lo = j;
+        else
+            return; /* unreachable: keys are unique, so j = i + 1 */
+    }
+}
+
 double dj_sampler_uniform(dj_sampler_t *s) {
     return (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0); /* 53 bits: [0, 1) */
 }
@@ -113,21 +152,34 @@ int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u) {
         s->order[i].p = s->prob[i];
         s->order[i].id = i;
     }
-    qsort(s->order, V, sizeof *s->order, by_weight_desc);
-    uint32_t keep = V;
-    if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
+    /* Only the head of the weight order is ever read: select it, sort that. */
+    const uint32_t K = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : V;
+    double kept = sum;
+    if (K < V) { /* the top K, sorted, and their mass */
+        select_head(s->order, V, K);
+        qsort(s->order, K, sizeof *s->order, by_weight_desc);
+        kept = 0.0;
+        for (uint32_t i = 0; i < K; i++) kept += s->order[i].p;
+    }
+    uint32_t keep = K, sorted = K < V ? K : 0; /* order[0, sorted) is in weight order */
     if (s->p.top_p < 1.0f) { /* the shortest prefix whose mass reaches top_p of the kept mass */
-        double kept = 0.0;
-        for (uint32_t i = 0; i < keep; i++) kept += s->order[i].p;
         const double goal = (double)s->p.top_p * kept;
-        double acc = 0.0;
-        uint32_t k = 0;
-        while (k < keep) {
-            acc += s->order[k].p;
-            k++;
-            if (acc >= goal) break;
+        for (uint32_t m = K < 256 ? K : 256;; m = m > K / 4 ? K : m * 4) {
+            if (m > sorted) { /* widen the sorted head to m */
+                select_head(s->order, K, m);
+                qsort(s->order, m, sizeof *s->order, by_weight_desc);
+                sorted = m;
+            }
+            double acc = 0.0;
+            uint32_t k = 0;
+            while (k < m && acc < goal) acc += s->order[k++].p;
+            if (acc >= goal || m == K) {
+                keep = k;
+                break;
+            }
         }
-        keep = k;
+    } else if (sorted < K) { /* top_k >= vocab and no top-p: every id, drawn in weight order */
+        qsort(s->order, K, sizeof *s->order, by_weight_desc);
     }
     double mass = 0.0;
     for (uint32_t i = 0; i < keep; i++) mass += s->order[i].p;
