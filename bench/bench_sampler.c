@@ -35,15 +35,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_sampler: out of memory\n");
         return 2;
     }
-    uint64_t x = 42;
-    for (uint32_t i = 0; i < V; i++) { /* sum of 4 uniforms: roughly normal, sd ~1.7 */
-        float a = 0.0f;
-        for (int k = 0; k < 4; k++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            a += (float)((x >> 40) * (1.0 / 16777216.0)) * 3.0f - 1.5f;
-        }
-        logits[i] = a;
-    }
     static const dj_sampler_params settings[] = {
         {.temperature = 0.0f, .top_p = 1.0f},
         {.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 1},
@@ -52,23 +43,38 @@ int main(int argc, char **argv) {
         {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .seed = 1},
     };
     printf("bench_sampler: vocab %u, median of %d picks per setting\n", V, reps);
-    for (size_t s = 0; s < sizeof settings / sizeof *settings; s++) {
-        dj_sampler_t *smp = NULL;
-        if (dj_sampler_new(&settings[s], V, &smp) != DJ_OK) {
-            fprintf(stderr, "bench_sampler: %s\n", dj_last_error());
-            return 2;
+    /* logits: a sum of 4 uniforms (roughly normal) with sd ~1.7 (flat: top-p 0.9 keeps most ids) or ~6.9
+     * (peaked, closer to a trained model's next-token logits: top-p 0.9 keeps few) */
+    static const float scales[2] = {1.0f, 4.0f};
+    for (int d = 0; d < 2; d++) {
+        uint64_t x = 42;
+        for (uint32_t i = 0; i < V; i++) {
+            float a = 0.0f;
+            for (int k = 0; k < 4; k++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                a += (float)((x >> 40) * (1.0 / 16777216.0)) * 3.0f - 1.5f;
+            }
+            logits[i] = a * scales[d];
         }
-        volatile int32_t sink = 0;
-        for (int r = 0; r < reps; r++) {
-            const double t0 = now_s();
-            sink += dj_sampler_sample(smp, logits);
-            t[r] = now_s() - t0;
+        printf("%s logits (sd %.1f):\n", d ? "peaked" : "flat", 1.73 * scales[d]);
+        for (size_t s = 0; s < sizeof settings / sizeof *settings; s++) {
+            dj_sampler_t *smp = NULL;
+            if (dj_sampler_new(&settings[s], V, &smp) != DJ_OK) {
+                fprintf(stderr, "bench_sampler: %s\n", dj_last_error());
+                return 2;
+            }
+            volatile int32_t sink = 0;
+            for (int r = 0; r < reps; r++) {
+                const double t0 = now_s();
+                sink += dj_sampler_sample(smp, logits);
+                t[r] = now_s() - t0;
+            }
+            (void)sink;
+            qsort(t, (size_t)reps, sizeof *t, cmp_double);
+            printf("  T %.1f top_k %3u top_p %.2f: %10.1f us per pick\n", (double)settings[s].temperature,
+                   settings[s].top_k, (double)settings[s].top_p, t[reps / 2] * 1e6);
+            dj_sampler_free(smp);
         }
-        (void)sink;
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        printf("T %.1f top_k %3u top_p %.2f: %10.1f us per pick\n", (double)settings[s].temperature, settings[s].top_k,
-               (double)settings[s].top_p, t[reps / 2] * 1e6);
-        dj_sampler_free(smp);
     }
     free(logits);
     free(t);
