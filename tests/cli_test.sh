@@ -151,6 +151,10 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
 PY
 expect_error "missing tensor" "model.norm.weight" "$DJINN" run --model "$TMP/missing" --tokens 1,2 -n 2 --greedy
 
+# the daemon's counts are checked before it starts
+expect_error "serve: negative --prefill-chunk" "prefill-chunk" "$DJINN" serve --prefill-chunk -3
+expect_error "serve: --max-running 0" "max-running" "$DJINN" serve --max-running 0
+
 # DJINN_PROFILE: a per-op table on stderr, one q_proj call per layer and
 # step (llama3 fixture: 2 layers; a 3-token prompt and 4 new tokens = 4 steps)
 DJINN_PROFILE=1 "$DJINN" run --model "$FX/models/llama3" --tokens 1,2,3 -n 4 --greedy --ignore-eos \

@@ -321,6 +321,94 @@ static void test_concurrent(const char *addr) {
     dj_client_free(c);
 }
 
+/* ---- a long prompt does not stall running generations ---- */
+
+typedef struct stamped {
+    double t[256];
+    int n;
+    pthread_mutex_t mu;
+} stamped;
+
+static void on_stamp(int32_t id, const char *text, size_t len, void *user) {
+    (void)text;
+    (void)len;
+    stamped *s = user;
+    if (id < 0) return;
+    pthread_mutex_lock(&s->mu);
+    if (s->n < 256) s->t[s->n++] = now_s();
+    pthread_mutex_unlock(&s->mu);
+}
+
+typedef struct long_gen {
+    const char *addr;
+    stamped st;
+    dj_status rc;
+} long_gen;
+
+static void *long_gen_thread(void *p) {
+    long_gen *a = p;
+    dj_client_t *c = NULL;
+    uint64_t sess = 0;
+    dj_session_opts o = {"llama3", DJ_QOS_INTERACTIVE, 0};
+    a->rc = dj_client_connect(a->addr, NULL, &c);
+    if (a->rc == DJ_OK) a->rc = dj_client_session_open(c, &o, &sess);
+    const int32_t prompt[4] = {1, 2, 3, 4};
+    dj_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.ids = prompt;
+    gp.n_ids = 4;
+    gp.max_tokens = 200;
+    gp.sampling.top_p = 1;
+    if (a->rc == DJ_OK) a->rc = dj_client_generate(c, sess, &gp, on_stamp, &a->st, NULL);
+    dj_client_free(c);
+    return NULL;
+}
+
+/* A generates 200 tokens; once it runs, B sends a 200-token prompt (50
+ * chunks of 4): A's tokens keep coming while B's prompt goes in. */
+static void test_prefill_interleave(const char *addr) {
+    long_gen a = {.addr = addr};
+    pthread_mutex_init(&a.st.mu, NULL);
+    pthread_t th;
+    pthread_create(&th, NULL, long_gen_thread, &a);
+    for (int i = 0; i < 5000; i++) { /* A is running */
+        pthread_mutex_lock(&a.st.mu);
+        const int n = a.st.n;
+        pthread_mutex_unlock(&a.st.mu);
+        if (n >= 3) break;
+        usleep(1000);
+    }
+    dj_client_t *c = NULL;
+    uint64_t sess = 0;
+    dj_session_opts o = {"llama3", DJ_QOS_INTERACTIVE, 0};
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (c) CHECK_OK(dj_client_session_open(c, &o, &sess));
+    int32_t prompt[200];
+    for (int i = 0; i < 200; i++) prompt[i] = 1 + (i * 37) % 300;
+    dj_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.ids = prompt;
+    gp.n_ids = 200;
+    gp.max_tokens = 2;
+    gp.sampling.top_p = 1;
+    stamped b;
+    memset(&b, 0, sizeof b);
+    pthread_mutex_init(&b.mu, NULL);
+    const double t_send = now_s();
+    if (c && sess) CHECK_OK(dj_client_generate(c, sess, &gp, on_stamp, &b, NULL));
+    dj_client_free(c);
+    pthread_join(th, NULL);
+    CHECK_OK(a.rc);
+    int during = 0;
+    for (int i = 0; i < a.st.n && b.n > 0; i++) during += a.st.t[i] > t_send && a.st.t[i] < b.t[0];
+    CHECK_MSG(b.n == 2 && during >= 10,
+              "A got %d tokens while B's 200-token prompt went in (want >= 10: chunks of 4 alternate with A's steps)",
+              during);
+    printf("chunked prefill: %d tokens of a running generation while a 200-token prompt went in\n", during);
+    pthread_mutex_destroy(&a.st.mu);
+    pthread_mutex_destroy(&b.mu);
+}
+
 /* ---- stats and memory ---- */
 
 static bool stats(dj_client_t *c, dj_client_stats *st) {
@@ -803,7 +891,8 @@ int main(void) {
     char addr[128], mport[64], lease_s[16];
     snprintf(mport, sizeof mport, "127.0.0.1:%d", free_port());
     snprintf(lease_s, sizeof lease_s, "%u", lease);
-    const char *extra[] = {"--lease-ms", lease_s, "--metrics", mport, NULL};
+    /* prompts go in 4 tokens per scheduler turn: every test runs chunked prefill */
+    const char *extra[] = {"--lease-ms", lease_s, "--metrics", mport, "--prefill-chunk", "4", NULL};
     pid_t pid = start_daemon(0, "127.0.0.1:0", extra, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd did not start");
     if (pid > 0) {
@@ -811,6 +900,7 @@ int main(void) {
         test_reference(addr);
         printf("reference ok\n");
         test_concurrent(addr);
+        test_prefill_interleave(addr);
         test_step_fetch_share(addr);
         test_killed_client(addr);
         test_lease(addr, lease);

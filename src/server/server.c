@@ -753,9 +753,9 @@ static dj_status listen_on(dj__server *s) {
 static int usage(FILE *f) {
     fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
-          "              [--max-running N] [--port-file FILE]\n"
+          "              [--max-running N] [--prefill-chunk N] [--port-file FILE]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
-          "--max-running 64.\n"
+          "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt).\n"
           "Without --token-file only loopback (and unix socket) peers are accepted.\n",
           f);
     return 2;
@@ -768,6 +768,7 @@ static int parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->vmu_bytes = (size_t)1 << 30;
     cfg->lease_ms = 10000;
     cfg->max_running = 64;
+    cfg->prefill_chunk = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
@@ -790,15 +791,18 @@ static int parse_args(int argc, char **argv, dj__config *cfg) {
                 fprintf(stderr, "djinnd: --vmu-gb '%s': %s\n", v, dj_last_error());
                 return 2;
             }
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "--lease-ms") || !strcmp(a, "--max-running")) {
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "--lease-ms") || !strcmp(a, "--max-running") ||
+                   !strcmp(a, "--prefill-chunk")) {
             errno = 0;
             x = strtol(v, &end, 10);
-            if (errno || *end || x < 0 || x > INT32_MAX || (x == 0 && strcmp(a, "--threads"))) {
+            if (errno || *end || x < 0 || x > INT32_MAX ||
+                (x == 0 && strcmp(a, "--threads") && strcmp(a, "--prefill-chunk"))) {
                 fprintf(stderr, "djinnd: %s '%s' is not a valid count\n", a, v);
                 return 2;
             }
             if (!strcmp(a, "--threads")) cfg->threads = (int)x;
             else if (!strcmp(a, "--lease-ms")) cfg->lease_ms = (uint32_t)x;
+            else if (!strcmp(a, "--prefill-chunk")) cfg->prefill_chunk = (uint32_t)x;
             else cfg->max_running = (uint32_t)x;
         } else {
             fprintf(stderr, "djinnd: unknown option '%s'\n", a);

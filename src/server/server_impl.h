@@ -87,6 +87,8 @@ typedef struct dj__handle {
 /* ---- work for the engine thread ---- */
 typedef struct dj__gen {
     dj_sampler_t *smp;
+    int32_t *feed;     /* [n_feed] the prompt while it is being fed, chunk by chunk; owned; NULL after */
+    size_t n_feed, fed;
     bool greedy; /* temperature 0: a batched step may pick on the device */
     dj_detok_stream_t *ds;
     float *logits; /* [vocab] */
@@ -143,6 +145,7 @@ typedef struct dj__config {
     int threads;
     uint32_t lease_ms;
     uint32_t max_running; /* concurrency of the scheduler */
+    uint32_t prefill_chunk; /* prompt tokens a GENERATE feeds per scheduler turn (0: the whole prompt) */
     const char *port_file; /* write the bound TCP port here (tests) */
 } dj__config;
 

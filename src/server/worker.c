@@ -80,6 +80,7 @@ void dj__handle_unref(dj__server *s, dj__handle *h) {
 
 static void gen_free(dj__gen *g) {
     if (!g) return;
+    free(g->feed);
     dj_sampler_free(g->smp);
     dj_detok_stream_free(g->ds);
     free(g->logits);
@@ -542,6 +543,33 @@ static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
     return gen_emit_id(s, j, ss, dj_sampler_sample(j->gen->smp, j->gen->logits));
 }
 
+/* The next chunk of the prompt (at most cfg.prefill_chunk tokens; all with
+ * 0); after the last, the first token. Between chunks the job goes back to
+ * its run queue, so running generations take their decode steps meanwhile.
+ * A failure leaves the tokens fed so far in the session. */
+static dj_status gen_feed_chunk(dj__server *s, dj__job *j, dj__sess *ss, bool *finished) {
+    dj__gen *g = j->gen;
+    size_t n = g->n_feed - g->fed;
+    if (s->cfg.prefill_chunk && n > s->cfg.prefill_chunk) n = s->cfg.prefill_chunk;
+    const bool last = g->fed + n == g->n_feed;
+    dj_status st = dj_session_step(s->engine, ss->es, g->feed + g->fed, (uint32_t)n, last ? g->logits : NULL);
+    if (st != DJ_OK) return st;
+    ss->pending = -1; /* a pending token was the feed's first */
+    g->fed += n;
+    snapshot(s, ss);
+    if (!last) return DJ_OK;
+    free(g->feed);
+    g->feed = NULL;
+    g->prefill_s = dj__now() - g->t_start;
+    if (g->max_tokens == 0) {
+        gen_done(s, j, ss, "length");
+        *finished = true;
+    } else {
+        *finished = gen_emit(s, j, ss);
+    }
+    return DJ_OK;
+}
+
 static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finished) {
     const dj__meta *m = &j->meta;
     int32_t *ids = NULL, *feed = NULL;
@@ -600,17 +628,11 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
     g->n_prompt = (uint32_t)n;
     g->t_start = dj__now();
     dj__metrics_observe(&s->metrics, &s->metrics.queue_s, g->t_start - j->t_enqueue);
-    st = dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, g->logits);
-    if (st != DJ_OK) goto done;
-    ss->pending = -1;
-    g->prefill_s = dj__now() - g->t_start;
-    snapshot(s, ss);
-    if (max_tokens == 0) {
-        gen_done(s, j, ss, "length");
-        *finished = true;
-    } else {
-        *finished = gen_emit(s, j, ss);
-    }
+    g->feed = feed; /* the prompt goes in chunk by chunk, one per scheduler turn */
+    g->n_feed = n_feed;
+    g->fed = 0;
+    feed = NULL;
+    st = gen_feed_chunk(s, j, ss, finished);
 done:
     free(ids);
     free(feed);
@@ -636,7 +658,8 @@ static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, boo
     pthread_mutex_unlock(&s->mu);
 }
 
-/* One unit of a GENERATE: the prefill and first token, or one decode step. */
+/* One unit of a GENERATE: a chunk of the prompt (the last with the first
+ * token), or one decode step. */
 static void run_generate(dj__server *s, dj__job *j) {
     dj__sess *ss = NULL;
     bool foreign = false, finished = false;
@@ -651,12 +674,16 @@ static void run_generate(dj__server *s, dj__job *j) {
         ss = dj__map_get(&s->sessions, j->sess);
         pthread_mutex_unlock(&s->mu);
         /* the session cannot be gone: reaping removes its job from the queue */
-        int32_t id = ss->pending;
-        st = dj_session_step(s->engine, ss->es, &id, 1, j->gen->logits);
-        if (st == DJ_OK) {
-            ss->pending = -1;
-            snapshot(s, ss);
-            finished = gen_emit(s, j, ss);
+        if (j->gen->feed) {
+            st = gen_feed_chunk(s, j, ss, &finished);
+        } else {
+            int32_t id = ss->pending;
+            st = dj_session_step(s->engine, ss->es, &id, 1, j->gen->logits);
+            if (st == DJ_OK) {
+                ss->pending = -1;
+                snapshot(s, ss);
+                finished = gen_emit(s, j, ss);
+            }
         }
     }
     gen_after(s, j, ss, st, foreign, finished);
@@ -921,15 +948,16 @@ static void *worker_main(void *arg) {
         dj__job *j = pick(s);
         dj__job *batch[DJ__MAX_BATCH];
         size_t n_batch = 0;
-        if (j && j->type == DJ_MSG_GENERATE && j->gen) {
+        if (j && j->type == DJ_MSG_GENERATE && j->gen && !j->gen->feed) {
             /* a decode step: take the other running generations of the same
-             * class and model along (they are next in line anyway) */
+             * class and model along (they are next in line anyway); those
+             * still feeding their prompt take their own turns */
             dj__sess *first = dj__map_get(&s->sessions, j->sess);
             dj__jobq *rq = &s->runq[j->qos];
             batch[n_batch++] = j;
             for (dj__job *x = rq->head, *nx; x && n_batch < DJ__MAX_BATCH; x = nx) {
                 nx = x->next;
-                dj__sess *xs = x->gen ? dj__map_get(&s->sessions, x->sess) : NULL;
+                dj__sess *xs = x->gen && !x->gen->feed ? dj__map_get(&s->sessions, x->sess) : NULL;
                 if (!xs || !first || xs->ment != first->ment) continue;
                 q_remove(rq, x);
                 batch[n_batch++] = x;
