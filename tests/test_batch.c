@@ -273,7 +273,7 @@ static void check_row_samplers(int device_sampling) {
     int32_t first[N_SESS];
     for (int t = 0; t < 10 && lg; t++) {
         int32_t next[N_SESS], want[N_SESS];
-        CHECK_OK(dj_engine_step_batch_samplers(e, a, ids, N_SESS, sa, next));
+        CHECK_OK(dj_engine_step_batch_samplers(e, a, NULL, ids, N_SESS, sa, next));
         CHECK_OK(dj_engine_step_batch(e, b, ids, N_SESS, lg, NULL, NULL));
         for (int i = 0; i < N_SESS; i++) {
             want[i] = dj_sampler_sample(sb[i], lg + (size_t)i * V);
@@ -287,16 +287,21 @@ static void check_row_samplers(int device_sampling) {
     CHECK_MSG(same, "row samplers (sample hook %s) pick differently from the host samplers",
               device_sampling ? "on" : "off");
     CHECK(varied);
-    /* refused: a NULL sampler, a sampler of another vocabulary; positions stay */
+    /* refused: a sampler of another vocabulary, a zero-token row; positions stay */
     const uint32_t pos = dj_session_pos(a[0]);
-    dj_sampler_t *bad[N_SESS] = {sa[0], NULL, sa[2]};
-    CHECK_ST(dj_engine_step_batch_samplers(e, a, ids, N_SESS, bad, ids), DJ_EINVAL);
     dj_sampler_t *other = NULL;
     CHECK_OK(dj_sampler_new(&ps[1], V + 1, &other));
-    bad[1] = other;
-    CHECK_ST(dj_engine_step_batch_samplers(e, a, ids, N_SESS, bad, ids), DJ_EINVAL);
+    dj_sampler_t *bad[N_SESS] = {sa[0], other, sa[2]};
+    CHECK_ST(dj_engine_step_batch_samplers(e, a, NULL, ids, N_SESS, bad, ids), DJ_EINVAL);
     CHECK(strstr(dj_last_error(), "vocabulary") != NULL);
+    const uint32_t zero[N_SESS] = {1, 0, 1};
+    CHECK_ST(dj_engine_step_batch_samplers(e, a, zero, ids, N_SESS, sa, ids), DJ_EINVAL);
     CHECK(dj_session_pos(a[0]) == pos);
+    /* a NULL sampler picks nothing (-1) and draws nothing; the row still steps */
+    int32_t nx[N_SESS];
+    dj_sampler_t *some[N_SESS] = {sa[0], NULL, sa[2]};
+    CHECK_OK(dj_engine_step_batch_samplers(e, a, NULL, ids, N_SESS, some, nx));
+    CHECK(nx[1] == -1 && nx[0] >= 0 && nx[2] >= 0 && dj_session_pos(a[1]) == pos + 1);
     dj_sampler_free(other);
     free(lg);
 done:
@@ -310,8 +315,97 @@ done:
     unsetenv("DJINN_DEVICE_SAMPLING");
 }
 
+/* Mixed steps: prompt chunks and decode rows of four sessions in one step
+ * (n_tokens {1, 5, 4, 1}, then a chunk that picks nothing beside decode rows)
+ * give the greedy tokens of the same sessions stepped one at a time, and the
+ * decode steps after them agree too (the chunks' K/V landed at the right
+ * positions). */
+static void check_mixed(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
+    dj_engine_t *e = new_engine();
+    dj_model_t *m = NULL;
+    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
+        CHECK_MSG(0, "engine/model: %s", dj_last_error());
+        dj_engine_free(e);
+        return;
+    }
+    enum { S = 4 };
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    dj_session_t *mx[S] = {0}, *one[S] = {0};
+    dj_sampler_t *greedy[S] = {0};
+    const dj_sampler_params gp = {.temperature = 0.f, .top_p = 1.f};
+    for (int i = 0; i < S; i++) {
+        CHECK_OK(dj_session_new(e, m, 64, 0, &mx[i]));
+        CHECK_OK(dj_session_new(e, m, 64, 0, &one[i]));
+        CHECK_OK(dj_sampler_new(&gp, V, &greedy[i]));
+        if (!mx[i] || !one[i] || !greedy[i])
+            goto done;
+    }
+    /* sessions 0, 2, 3 have a context already; session 1 starts empty */
+    const uint32_t pre[S] = {3, 0, 2, 6};
+    for (int i = 0; i < S; i++)
+        if (pre[i]) {
+            int32_t p[8];
+            for (uint32_t t = 0; t < pre[i]; t++)
+                p[t] = rand_id(V);
+            CHECK_OK(dj_session_step(e, mx[i], p, pre[i], NULL));
+            CHECK_OK(dj_session_step(e, one[i], p, pre[i], NULL));
+        }
+    const uint32_t n1[S] = {1, 5, 4, 1};
+    int32_t ids[16], got[S], want[S];
+    uint32_t k = 0;
+    for (int i = 0; i < S; i++)
+        for (uint32_t t = 0; t < n1[i]; t++)
+            ids[k++] = rand_id(V);
+    CHECK_OK(dj_engine_step_batch_samplers(e, mx, n1, ids, S, greedy, got));
+    k = 0;
+    for (int i = 0; i < S; i++) {
+        CHECK_OK(dj_session_step_sample(e, one[i], ids + k, n1[i], NULL, &want[i]));
+        k += n1[i];
+    }
+    int same = 1;
+    for (int i = 0; i < S; i++)
+        same &= got[i] == want[i] && dj_session_pos(mx[i]) == dj_session_pos(one[i]);
+    CHECK_MSG(same, "%s: a mixed step (chunks of 5 and 4 beside decode rows) differs from single steps", name);
+    /* a chunk that picks nothing (session 1, 3 more prompt tokens) beside decode rows */
+    const uint32_t n2[S] = {1, 3, 1, 1};
+    dj_sampler_t *pick[S] = {greedy[0], NULL, greedy[2], greedy[3]};
+    int32_t ids2[8] = {got[0], rand_id(V), rand_id(V), rand_id(V), got[2], got[3]};
+    CHECK_OK(dj_engine_step_batch_samplers(e, mx, n2, ids2, S, pick, got));
+    CHECK(got[1] == -1);
+    int32_t w1 = 0;
+    CHECK_OK(dj_session_step_sample(e, one[0], &ids2[0], 1, NULL, &want[0]));
+    CHECK_OK(dj_session_step_sample(e, one[1], &ids2[1], 3, NULL, &w1));
+    CHECK_OK(dj_session_step_sample(e, one[2], &ids2[4], 1, NULL, &want[2]));
+    CHECK_OK(dj_session_step_sample(e, one[3], &ids2[5], 1, NULL, &want[3]));
+    same = got[0] == want[0] && got[2] == want[2] && got[3] == want[3];
+    /* then decode steps of all four, batched against single */
+    int32_t cur[S] = {got[0], w1, got[2], got[3]}, cur1[S] = {want[0], w1, want[2], want[3]};
+    for (int step = 0; step < 6; step++) {
+        CHECK_OK(dj_engine_step_batch_samplers(e, mx, NULL, cur, S, greedy, got));
+        for (int i = 0; i < S; i++) {
+            CHECK_OK(dj_session_step_sample(e, one[i], &cur1[i], 1, NULL, &want[i]));
+            same &= got[i] == want[i];
+            cur[i] = got[i];
+            cur1[i] = want[i];
+        }
+    }
+    CHECK_MSG(same, "%s: after mixed steps, decode differs from the sessions stepped alone", name);
+    printf("%s: mixed prompt-chunk/decode steps equal single steps\n", name);
+done:
+    for (int i = 0; i < S; i++) {
+        dj_session_free(e, mx[i]);
+        dj_session_free(e, one[i]);
+        dj_sampler_free(greedy[i]);
+    }
+    dj_engine_free(e);
+}
+
 int main(void) {
     dj_test_seed();
+    for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
+        check_mixed(MODELS[i]);
     check_row_samplers(0);
     check_row_samplers(1);
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);

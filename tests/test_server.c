@@ -314,8 +314,10 @@ static void test_concurrent(const char *addr) {
         CHECK_MSG(st.batched_steps > 0 && st.batched_rows >= 2 * st.batched_steps,
                   "no batched decode steps after %d concurrent clients (%llu steps, %llu rows)", N_CLIENTS,
                   (unsigned long long)st.batched_steps, (unsigned long long)st.batched_rows);
-        printf("batched decode: %llu steps carried %llu session-steps\n", (unsigned long long)st.batched_steps,
-               (unsigned long long)st.batched_rows);
+        printf("batched decode: %llu steps carried %llu session-steps, %llu of them a prompt chunk too\n",
+               (unsigned long long)st.batched_steps, (unsigned long long)st.batched_rows,
+               (unsigned long long)st.mixed_steps);
+        CHECK_MSG(st.mixed_steps > 0, "no step mixed a prompt chunk with decode rows (CPU engine: mixed steps on)");
         dj_client_stats_free(&st);
     }
     dj_client_free(c);
@@ -324,10 +326,10 @@ static void test_concurrent(const char *addr) {
 /* ---- a long prompt does not stall running generations ---- */
 
 typedef struct stamped {
-    double t[256];
+    double t[512];
     int n;
     pthread_mutex_t mu;
-} stamped;
+} stamped; /* arrival times of a generation's tokens */
 
 static void on_stamp(int32_t id, const char *text, size_t len, void *user) {
     (void)text;
@@ -335,7 +337,8 @@ static void on_stamp(int32_t id, const char *text, size_t len, void *user) {
     stamped *s = user;
     if (id < 0) return;
     pthread_mutex_lock(&s->mu);
-    if (s->n < 256) s->t[s->n++] = now_s();
+    if (s->n < 512)
+        s->t[s->n++] = now_s();
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -349,7 +352,7 @@ static void *long_gen_thread(void *p) {
     long_gen *a = p;
     dj_client_t *c = NULL;
     uint64_t sess = 0;
-    dj_session_opts o = {"llama3", DJ_QOS_INTERACTIVE, 0};
+    dj_session_opts o = {"demo", DJ_QOS_INTERACTIVE, 0};
     a->rc = dj_client_connect(a->addr, NULL, &c);
     if (a->rc == DJ_OK) a->rc = dj_client_session_open(c, &o, &sess);
     const int32_t prompt[4] = {1, 2, 3, 4};
@@ -357,16 +360,46 @@ static void *long_gen_thread(void *p) {
     memset(&gp, 0, sizeof gp);
     gp.ids = prompt;
     gp.n_ids = 4;
-    gp.max_tokens = 200;
+    gp.max_tokens = 400;
     gp.sampling.top_p = 1;
     if (a->rc == DJ_OK) a->rc = dj_client_generate(c, sess, &gp, on_stamp, &a->st, NULL);
     dj_client_free(c);
     return NULL;
 }
 
-/* A generates 200 tokens; once it runs, B sends a 200-token prompt (50
- * chunks of 4): A's tokens keep coming while B's prompt goes in. */
-static void test_prefill_interleave(const char *addr) {
+/* A daemon of its own with the demo model (512 positions, a few ms a token
+ * on one thread: a long runway) and prompt chunks of 4. A generates 400
+ * tokens; once it runs, B (connected and with its session open before A
+ * starts) sends a 60-token prompt: 15 chunks, each of which should share a
+ * step with A's decode row - the daemon's mixed_steps count rises by one per
+ * chunk. The client-side count of A's tokens that arrived while B's prompt
+ * went in is printed (client threads can be late to see them when the
+ * machine is busy, so it is not the check). */
+static void test_prefill_interleave(void) {
+    char store[400], link_path[450], addr[128];
+    snprintf(store, sizeof store, "%s/demo_store", tmpdir);
+    snprintf(link_path, sizeof link_path, "%s/demo", store);
+    if (mkdir(store, 0700) != 0 || symlink(DJ_SOURCE_DIR "/models/demo", link_path) != 0) {
+        CHECK_MSG(0, "cannot make %s: %s", store, strerror(errno));
+        return;
+    }
+    const char *extra[] = {"--models", store, "--prefill-chunk", "4", NULL};
+    const pid_t pid = start_daemon(2, "127.0.0.1:0", extra, addr, sizeof addr);
+    CHECK_MSG(pid > 0, "djinnd (demo store) did not start");
+    if (pid <= 0)
+        return;
+    dj_client_t *c = NULL;
+    uint64_t sess = 0;
+    dj_session_opts o = {"demo", DJ_QOS_INTERACTIVE, 0};
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (c)
+        CHECK_OK(dj_client_session_open(c, &o, &sess));
+    if (!c || !sess) {
+        dj_client_free(c);
+        stop_daemon(pid);
+        daemons[2] = 0;
+        return;
+    }
     long_gen a = {.addr = addr};
     pthread_mutex_init(&a.st.mu, NULL);
     pthread_t th;
@@ -375,38 +408,46 @@ static void test_prefill_interleave(const char *addr) {
         pthread_mutex_lock(&a.st.mu);
         const int n = a.st.n;
         pthread_mutex_unlock(&a.st.mu);
-        if (n >= 3) break;
+        if (n >= 1)
+            break;
         usleep(1000);
     }
-    dj_client_t *c = NULL;
-    uint64_t sess = 0;
-    dj_session_opts o = {"llama3", DJ_QOS_INTERACTIVE, 0};
-    CHECK_OK(dj_client_connect(addr, NULL, &c));
-    if (c) CHECK_OK(dj_client_session_open(c, &o, &sess));
-    int32_t prompt[200];
-    for (int i = 0; i < 200; i++) prompt[i] = 1 + (i * 37) % 300;
+    dj_client_stats st0, st1;
+    const bool have0 = stats(c, &st0);
+    int32_t prompt[60];
+    for (int i = 0; i < 60; i++)
+        prompt[i] = 1 + (i * 37) % 300;
     dj_generate_params gp;
     memset(&gp, 0, sizeof gp);
     gp.ids = prompt;
-    gp.n_ids = 200;
+    gp.n_ids = 60;
     gp.max_tokens = 2;
     gp.sampling.top_p = 1;
     stamped b;
     memset(&b, 0, sizeof b);
     pthread_mutex_init(&b.mu, NULL);
     const double t_send = now_s();
-    if (c && sess) CHECK_OK(dj_client_generate(c, sess, &gp, on_stamp, &b, NULL));
-    dj_client_free(c);
+    CHECK_OK(dj_client_generate(c, sess, &gp, on_stamp, &b, NULL));
+    const bool have1 = stats(c, &st1);
     pthread_join(th, NULL);
     CHECK_OK(a.rc);
     int during = 0;
     for (int i = 0; i < a.st.n && b.n > 0; i++) during += a.st.t[i] > t_send && a.st.t[i] < b.t[0];
-    CHECK_MSG(b.n == 2 && during >= 10,
-              "A got %d tokens while B's 200-token prompt went in (want >= 10: chunks of 4 alternate with A's steps)",
-              during);
-    printf("chunked prefill: %d tokens of a running generation while a 200-token prompt went in\n", during);
+    const long shared = have0 && have1 ? (long)(st1.mixed_steps - st0.mixed_steps) : -1;
+    CHECK_MSG(b.n == 2 && a.st.n == 400 && shared >= 12,
+              "B's 60-token prompt (15 chunks) shared %ld steps with A's decode (want >= 12)", shared);
+    printf("chunked prefill: a 60-token prompt went in over %ld steps shared with a running generation "
+           "(%d of its tokens seen meanwhile)\n",
+           shared, during);
+    if (have0)
+        dj_client_stats_free(&st0);
+    if (have1)
+        dj_client_stats_free(&st1);
+    dj_client_free(c);
     pthread_mutex_destroy(&a.st.mu);
     pthread_mutex_destroy(&b.mu);
+    CHECK_MSG(stop_daemon(pid) == 0, "djinnd (demo store) did not exit cleanly");
+    daemons[2] = 0;
 }
 
 /* ---- stats and memory ---- */
@@ -900,7 +941,6 @@ int main(void) {
         test_reference(addr);
         printf("reference ok\n");
         test_concurrent(addr);
-        test_prefill_interleave(addr);
         test_step_fetch_share(addr);
         test_killed_client(addr);
         test_lease(addr, lease);
@@ -912,6 +952,7 @@ int main(void) {
         daemons[0] = 0;
     }
     test_unix_token();
+    test_prefill_interleave();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

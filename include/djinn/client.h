@@ -117,6 +117,7 @@ typedef struct dj_client_stats {
     dj_client_seg text, data, stack;
     uint64_t pages_total, pages_free, page_bytes, evictions, vmu_models, vmu_sessions, handles, connections;
     uint64_t batched_steps, batched_rows; /* decode steps that carried several sessions, and their rows */
+    uint64_t mixed_steps;                 /* of those, steps that also carried a prompt chunk */
     dj_client_model *models;            /* [n_models] */
     size_t n_models;
     dj_client_session_info *sessions;   /* [n_sessions] */

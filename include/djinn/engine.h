@@ -103,15 +103,21 @@ dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, co
                                const dj_sampler_params *sp /* NULL = greedy */,
                                int32_t *next /* OUT, [n_sessions] or NULL */);
 
-/* As dj_engine_step_batch, but each row is picked by its own sampler - the
- * caller's, with its own params, seed and state (a server's generations):
- * next[i] is what dj_sampler_sample(samplers[i], logits of row i) gives. The
- * picks run on the device where the backend can (rows of temperature 0 by
- * argmax when all are greedy; any mix with $DJINN_DEVICE_SAMPLING=on, each
- * sampler supplying its next uniform draw), so no logits cross; otherwise
- * the logits come to the host. Each sampler's vocabulary must be the
- * model's. */
-dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions, const int32_t *ids,
+/* One step of n_sessions sessions of one model, session i fed n_tokens[i]
+ * >= 1 tokens (n_tokens NULL: one each) - a decode token, or a chunk of its
+ * prompt - at its own position, ids holding them one session after another;
+ * every row shares the step's matmuls. The last token of session i is picked
+ * by samplers[i] - the caller's, with its own params, seed and state (a
+ * server's generations) - as dj_sampler_sample(samplers[i], its logits)
+ * would; a NULL samplers[i] picks nothing (next[i] = -1, no draw: a prompt
+ * chunk that is not the last). Picks run on the device where the backend can
+ * (all greedy: argmax; any mix with $DJINN_DEVICE_SAMPLING=on, each sampler
+ * supplying its next uniform draw), so no logits cross; else the logits come
+ * to the host. At most max_step_tokens tokens when any session has more than
+ * one; all or nothing as dj_engine_step_batch. Each sampler's vocabulary must
+ * be the model's. */
+dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions,
+                                        const uint32_t *n_tokens /* [n_sessions] or NULL */, const int32_t *ids,
                                         uint32_t n_sessions, dj_sampler_t *const *samplers,
                                         int32_t *next /* OUT, [n_sessions] */);
 

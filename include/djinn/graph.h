@@ -29,8 +29,9 @@ typedef enum {
 } dj_residency;
 
 /* dj_node.flags */
-#define DJ_NODE_LAST_ROW 1u /* compute only from the last token row of src[0]
-                               (logits of the last position); shape[0] is 1 */
+#define DJ_NODE_LAST_ROW                                                                                               \
+    1u /* compute only from the last shape[0] token rows of                                                            \
+          src[0] (logits of the last position(s)) */
 
 typedef struct dj_node {
     /* what */

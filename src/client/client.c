@@ -696,6 +696,7 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->evictions = u64_of(root, "evictions");
     out->batched_steps = u64_of(root, "batched_steps");
     out->batched_rows = u64_of(root, "batched_rows");
+    out->mixed_steps = u64_of(root, "mixed_steps");
     out->vmu_models = u64_of(root, "vmu_models");
     out->vmu_sessions = u64_of(root, "vmu_sessions");
     out->handles = u64_of(root, "handles");
@@ -757,8 +758,9 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     fprintf(f, "  data pages: %llu of %llu free (%llu B each); %llu evictions\n", (unsigned long long)st->pages_free,
             (unsigned long long)st->pages_total, (unsigned long long)st->page_bytes,
             (unsigned long long)st->evictions);
-    fprintf(f, "  batched decode: %llu steps carried %llu session-steps\n", (unsigned long long)st->batched_steps,
-            (unsigned long long)st->batched_rows);
+    fprintf(f, "  batched decode: %llu steps carried %llu session-steps; %llu also carried a prompt chunk\n",
+            (unsigned long long)st->batched_steps, (unsigned long long)st->batched_rows,
+            (unsigned long long)st->mixed_steps);
     fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
     for (size_t i = 0; i < st->n_models; i++)
         fprintf(f, "  %-24s refs %u\n", st->models[i].name, st->models[i].refs);

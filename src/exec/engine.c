@@ -544,11 +544,18 @@ static dj_status sync_tables(dj_engine_t *e, dj_session_t *s) {
 #define DECODE_KEY (1u << 31)
 /* Prefill plans that output every row's logits carry this bit. */
 #define ALL_LOGITS_KEY (1u << 30)
+#define MIXED_KEY (3u << 30) /* | rows << 11 | output rows */
 
+/* The plan of a step: prefill buckets, decode rows, or (out_rows > 0) a
+ * decode-phase step of n rows whose logits are those of its last out_rows
+ * rows (prompt chunks beside decode rows). */
 static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, dj_phase phase, uint32_t n, unsigned flags,
-                          dj_graph_t **out) {
+                          uint32_t out_rows, dj_graph_t **out) {
     const uint32_t bucket = phase == DJ_PHASE_DECODE ? n : dj_shape_bucket(phase, n, e->max_step);
-    const uint32_t key = phase == DJ_PHASE_DECODE               ? DECODE_KEY | n
+    if (out_rows && (n >= (1u << 19) || out_rows >= (1u << 11)))
+        return dj_fail(DJ_EINVAL, "a mixed step of %u rows and %u outputs is too large", n, out_rows);
+    const uint32_t key = out_rows                        ? MIXED_KEY | n << 11 | out_rows
+                         : phase == DJ_PHASE_DECODE      ? DECODE_KEY | n
                          : (flags & DJ_GRAPH_ALL_LOGITS) ? ALL_LOGITS_KEY | bucket
                                                          : bucket;
     dj_graph_t *g = dj_plan_cache_get(e->plans, m->fingerprint, key);
@@ -556,7 +563,7 @@ static dj_status get_plan(dj_engine_t *e, const dj_model_t *m, dj_phase phase, u
         *out = g;
         return DJ_OK;
     }
-    dj_status st = dj_model_build_graph_opts(&m->cfg, m, phase, bucket, flags, &g);
+    dj_status st = dj__model_build_graph_out(&m->cfg, m, phase, bucket, flags, out_rows, &g);
     if (st != DJ_OK) return st;
     size_t peak = 0;
     st = dj_graph_plan(g, &peak);
@@ -650,9 +657,10 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.w_dtype = node_dtype(g, nd->src[1]);
             call.bias = node_ptr(m, g, nd->src[2], stack);
             call.bias_dtype = node_dtype(g, nd->src[2]);
-            if (nd->flags & DJ_NODE_LAST_ROW) {
-                call.x = (const uint8_t *)x + (size_t)(n - 1) * call.k * dj_dtype_size(e->be->act_dtype);
-                call.n = 1;
+            if (nd->flags & DJ_NODE_LAST_ROW) { /* the last shape[0] rows of x */
+                const uint32_t rows = (uint32_t)nd->shape[0];
+                call.x = (const uint8_t *)x + (size_t)(n - rows) * call.k * dj_dtype_size(e->be->act_dtype);
+                call.n = rows;
             }
             break;
         case DJ_OP_ROPE:
@@ -730,8 +738,8 @@ static dj_status session_sampler(dj_session_t *s, const dj_sampler_params *sp, u
 static dj_status row_sampler(dj_session_t *s, const dj_sampler_params *sp, dj_sampler_t *const *samplers, uint32_t r,
                              uint32_t V, dj_sampler_t **out) {
     *out = NULL;
-    if (samplers) {
-        if (dj_sampler_params_of(samplers[r])->temperature != 0.0f)
+    if (samplers) { /* NULL (no pick) rows count as greedy here */
+        if (samplers[r] && dj_sampler_params_of(samplers[r])->temperature != 0.0f)
             *out = samplers[r];
         return DJ_OK;
     }
@@ -756,10 +764,10 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     const uint32_t V = ss[0]->model->cfg.vocab_size;
     dj_status st = DJ_OK;
     bool all_greedy = !samplers && is_greedy(sp);
-    if (samplers) {
+    if (samplers) { /* a NULL sampler: that row picks nothing (next -1) */
         all_greedy = true;
         for (uint32_t r = 0; r < B; r++)
-            all_greedy = all_greedy && dj_sampler_params_of(samplers[r])->temperature == 0.0f;
+            all_greedy = all_greedy && (!samplers[r] || dj_sampler_params_of(samplers[r])->temperature == 0.0f);
     }
     const bool device_greedy = next && all_greedy && e->be->vt->argmax;
     const bool device_sample = next && !all_greedy && e->be->vt->sample && e->device_sampling;
@@ -794,6 +802,9 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     if (device_pick) {
         st = e->be->vt->download(e->be, next, e->args_next, (size_t)B * sizeof(int32_t));
         if (st != DJ_OK) return st;
+        for (uint32_t r = 0; samplers && r < B; r++)
+            if (!samplers[r])
+                next[r] = -1;
     }
     if (!logits && (!next || device_pick)) return DJ_OK;
     float *lg = logits;
@@ -802,6 +813,10 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     if (st != DJ_OK || !next || device_pick) return st;
     for (uint32_t r = 0; r < B; r++) {
         const float *row = lg + (size_t)r * V;
+        if (samplers && !samplers[r]) {
+            next[r] = -1;
+            continue;
+        }
         dj_sampler_t *smp = NULL;
         if ((st = row_sampler(ss[r], sp, samplers, r, V, &smp)) != DJ_OK)
             return st;
@@ -816,7 +831,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
                            const dj_sampler_params *sp, int32_t *next, bool all_rows) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
-    dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, &g);
+    dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -898,44 +913,70 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
     return hit;
 }
 
-static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int32_t *ids, uint32_t B, float *logits,
-                             const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next) {
+/* One step of B sessions of one model: session r is fed n_tok[r] tokens
+ * (NULL: one each), ids[] holding them one session after another. With one
+ * token each it is a decode step (recorded and replayed on a device); with
+ * more it mixes prompt chunks with decode rows in one plan: every row keeps
+ * its own position and pages, the sessions' last tokens are ordered last so
+ * that only their logits are computed. */
+static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint32_t *n_tok, const int32_t *ids,
+                             uint32_t B, float *logits, const dj_sampler_params *sp, dj_sampler_t *const *samplers,
+                             int32_t *next) {
     if (B == 0) return dj_fail(DJ_EINVAL, "a step needs at least one session");
     if (B > DJ_MAX_BATCH) return dj_fail(DJ_EINVAL, "%u sessions in one step; at most %u", B, DJ_MAX_BATCH);
     const dj_model_t *m = ss[0]->model;
     const dj_model_config *c = &m->cfg;
     dj_status st = check_sampler(sp);
     if (st != DJ_OK) return st;
+    uint64_t R = 0; /* token rows */
     for (uint32_t r = 0; r < B; r++) {
+        const uint32_t n = n_tok ? n_tok[r] : 1;
         if (ss[r]->model != m)
             return dj_fail(DJ_EINVAL, "session %u runs another model than session 0; a batch shares one model", r);
         for (uint32_t q = 0; q < r; q++)
             if (ss[q] == ss[r]) return dj_fail(DJ_EINVAL, "session %u appears twice in one batch (also %u)", r, q);
-        if ((uint64_t)ss[r]->pos + 1 > ss[r]->max_ctx)
-            return dj_fail(DJ_ERANGE, "session %u: one more token would exceed its context of %u", r,
+        if (n == 0)
+            return dj_fail(DJ_EINVAL, "session %u is fed no token", r);
+        if ((uint64_t)ss[r]->pos + n > ss[r]->max_ctx)
+            return dj_fail(DJ_ERANGE, "session %u: %u more tokens would exceed its context of %u", r, n,
                            ss[r]->max_ctx);
+        R += n;
     }
-    if ((st = check_ids(c, ids, B)) != DJ_OK) return st;
+    if (R > B && R > e->max_step)
+        return dj_fail(DJ_EINVAL, "%llu tokens in one step; at most %u (the engine's max_step_tokens)",
+                       (unsigned long long)R, e->max_step);
+    const uint32_t rows = (uint32_t)R;
+    if ((st = check_ids(c, ids, rows)) != DJ_OK)
+        return st;
     dj_graph_t *g = NULL;
-    if ((st = get_plan(e, m, DJ_PHASE_DECODE, B, 0, &g)) != DJ_OK) return st;
+    if ((st = get_plan(e, m, DJ_PHASE_DECODE, rows, 0, rows > B ? B : 0, &g)) != DJ_OK)
+        return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
-        st = ensure_pages(e, ss[r], ss[r]->pos + 1);
+        st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
         if (st == DJ_OK) st = sync_tables(e, ss[r]);
     }
-    if (st == DJ_OK) st = ensure_args(e, B, c->n_layers);
+    if (st == DJ_OK)
+        st = ensure_args(e, rows, c->n_layers);
     if (st != DJ_OK) return st;
 
-    /* Step args: ids [B], positions [B], tables [n_layers][B], one copy. */
+    /* Step args: ids [R], positions [R], tables [n_layers][R], one copy.
+     * Rows: every session's tokens but its last, then the B last tokens. */
     int32_t *h_ids = (int32_t *)(void *)e->args_host;
     uint32_t *h_pos = (uint32_t *)(void *)(e->args_host + e->off_pos);
     const uint32_t **h_tab = (const uint32_t **)(void *)(e->args_host + e->off_tables);
+    uint32_t row = 0, off = 0;
     for (uint32_t r = 0; r < B; r++) {
-        h_ids[r] = ids[r];
-        h_pos[r] = ss[r]->pos;
-        for (uint32_t l = 0; l < c->n_layers; l++)
-            h_tab[(size_t)l * B + r] = ss[r]->table_dev + (size_t)l * ss[r]->max_blocks;
+        const uint32_t n = n_tok ? n_tok[r] : 1;
+        for (uint32_t t = 0; t < n; t++) {
+            const uint32_t at = t + 1 == n ? rows - B + r : row++;
+            h_ids[at] = ids[off + t];
+            h_pos[at] = ss[r]->pos + t;
+            for (uint32_t l = 0; l < c->n_layers; l++)
+                h_tab[(size_t)l * rows + at] = ss[r]->table_dev + (size_t)l * ss[r]->max_blocks;
+        }
+        off += n;
     }
-    const size_t args_bytes = e->off_tables + (size_t)c->n_layers * B * sizeof(void *);
+    const size_t args_bytes = e->off_tables + (size_t)c->n_layers * rows * sizeof(void *);
     st = upload_now(e, e->args_dev, e->args_host, args_bytes);
     if (st != DJ_OK) return st;
 
@@ -943,14 +984,14 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int3
     void *stack_v = NULL;
     if ((st = dj_vmu_stack_push(e->vmu, dj_graph_peak(g), &stack_v)) != DJ_OK) return st;
     uint8_t *stack = stack_v;
-    const step_io io = {.n = B,
+    const step_io io = {.n = rows,
                         .ids_dev = (const int32_t *)(const void *)e->args_dev,
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
                         .s = ss[0]};
     int out_idx = -1;
     bool ran = false;
-    if (graphs_enabled(e)) {
+    if (rows == B && graphs_enabled(e)) { /* decode shapes only: mixed steps run eagerly */
         step_graph *sg = graph_slot(e, m, B, g, stack);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
@@ -993,7 +1034,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const int3
         (void)e->be->vt->sync(e->be);
     dj_vmu_stack_reset(e->vmu, mark);
     if (st == DJ_OK)
-        for (uint32_t r = 0; r < B; r++) ss[r]->pos++;
+        for (uint32_t r = 0; r < B; r++)
+            ss[r]->pos += n_tok ? n_tok[r] : 1;
     return st;
 }
 
@@ -1004,7 +1046,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
     const dj_model_config *c = &s->model->cfg;
     if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
     if (n == 1)
-        return decode_rows(e, &s, ids, 1, logits, sp, NULL, next);
+        return decode_rows(e, &s, NULL, ids, 1, logits, sp, NULL, next);
     dj_status st = check_ids(c, ids, n);
     if (st == DJ_OK) st = check_sampler(sp);
     if (st != DJ_OK) return st;
@@ -1062,22 +1104,24 @@ dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, co
     if (!sessions || !ids) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: NULL sessions or ids");
     for (uint32_t r = 0; r < n_sessions; r++)
         if (!sessions[r]) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: session %u is NULL", r);
-    return decode_rows(e, sessions, ids, n_sessions, logits, sp, NULL, next);
+    return decode_rows(e, sessions, NULL, ids, n_sessions, logits, sp, NULL, next);
 }
 
-dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions, const int32_t *ids,
-                                        uint32_t n_sessions, dj_sampler_t *const *samplers, int32_t *next) {
+dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions, const uint32_t *n_tokens,
+                                        const int32_t *ids, uint32_t n_sessions, dj_sampler_t *const *samplers,
+                                        int32_t *next) {
     if (!sessions || !ids || !samplers || !next)
         return dj_fail(DJ_EINVAL, "dj_engine_step_batch_samplers: NULL sessions, ids, samplers or next");
     for (uint32_t r = 0; r < n_sessions; r++) {
-        if (!sessions[r] || !samplers[r])
-            return dj_fail(DJ_EINVAL, "dj_engine_step_batch_samplers: session or sampler %u is NULL", r);
-        if (dj_sampler_vocab(samplers[r]) != dj_model_get_config(sessions[r]->model)->vocab_size)
+        if (!sessions[r])
+            return dj_fail(DJ_EINVAL, "dj_engine_step_batch_samplers: session %u is NULL", r);
+        const uint32_t V = dj_model_get_config(sessions[r]->model)->vocab_size;
+        if (samplers[r] && dj_sampler_vocab(samplers[r]) != V)
             return dj_fail(DJ_EINVAL,
                            "dj_engine_step_batch_samplers: sampler %u is for a vocabulary of %u, the model's is %u", r,
-                           dj_sampler_vocab(samplers[r]), dj_model_get_config(sessions[r]->model)->vocab_size);
+                           dj_sampler_vocab(samplers[r]), V);
     }
-    return decode_rows(e, sessions, ids, n_sessions, NULL, NULL, samplers, next);
+    return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next);
 }
 
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {

@@ -208,7 +208,14 @@ dj_status dj_model_build_graph(const dj_model_config *c, const dj_model_t *m, dj
 
 dj_status dj_model_build_graph_opts(const dj_model_config *c, const dj_model_t *m, dj_phase phase, uint32_t bucket,
                                     unsigned flags, dj_graph_t **out) {
+    return dj__model_build_graph_out(c, m, phase, bucket, flags, 0, out);
+}
+
+dj_status dj__model_build_graph_out(const dj_model_config *c, const dj_model_t *m, dj_phase phase, uint32_t bucket,
+                                    unsigned flags, uint32_t out_rows, dj_graph_t **out) {
     *out = NULL;
+    if (out_rows > bucket)
+        return dj_fail(DJ_EINVAL, "%u output rows of a %u-row step", out_rows, bucket);
     if (bucket == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
     builder b = {.c = c, .m = m, .n = bucket, .phase = phase, .st = DJ_OK};
     dj_status st = dj_graph_new(phase, bucket, &b.g);
@@ -302,17 +309,19 @@ dj_status dj_model_build_graph_opts(const dj_model_config *c, const dj_model_t *
     int lw = weight(&b, head_slot, -1, "lm_head");
     /* Prefill: the logits of the last position (of every position with
      * DJ_GRAPH_ALL_LOGITS). Decode: every row is the last token of its own
-     * sequence (a batch of sessions): logits of each. */
-    const bool all_rows = phase == DJ_PHASE_DECODE || (flags & DJ_GRAPH_ALL_LOGITS);
-    const int64_t out_rows = all_rows ? (int64_t)bucket : 1;
-    int logits = act(&b, DJ_OP_MATMUL, -1, out_rows, c->vocab_size, xf, lw, -1, "logits");
+     * sequence (a batch of sessions): logits of each - or, with out_rows, of
+     * the last out_rows rows only (a step mixing prompt chunks with decode
+     * rows puts each session's last token there). */
+    const bool all_rows = (phase == DJ_PHASE_DECODE && !out_rows) || (flags & DJ_GRAPH_ALL_LOGITS);
+    const int64_t rows_out = out_rows ? (int64_t)out_rows : all_rows ? (int64_t)bucket : 1;
+    int logits = act(&b, DJ_OP_MATMUL, -1, rows_out, c->vocab_size, xf, lw, -1, "logits");
     if (logits >= 0) {
         dj_node *nd = dj_graph_node(b.g, logits);
         nd->res = DJ_RES_OUTPUT;
         nd->flags = all_rows ? 0u : DJ_NODE_LAST_ROW;
         nd->params.k = (uint32_t)d;
         nd->params.m = c->vocab_size;
-        nd->flops = 2.0 * (double)out_rows * (double)d * (double)c->vocab_size;
+        nd->flops = 2.0 * (double)rows_out * (double)d * (double)c->vocab_size;
     }
     if (b.st != DJ_OK) {
         dj_graph_free(b.g);

@@ -44,6 +44,11 @@ struct dj_model {
 /* Fill w[] with the HF tensor name, dtype and expected shape of every weight
  * the architecture needs (data NULL), checking the checkpoint has each one
  * with that shape. Errors name the tensor. names receives owned strings. */
+/* dj_model_build_graph_opts with the logits of the last out_rows rows only
+ * (0: as the phase and flags say). */
+dj_status dj__model_build_graph_out(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase, uint32_t bucket,
+                                    unsigned flags, uint32_t out_rows, dj_graph_t **out /* OUT */);
+
 dj_status dj__model_bind(const dj_model_config *cfg, const dj_checkpoint_t *ck, dj_weight *w /* OUT */,
                          char **names /* OUT [slots] */);
 

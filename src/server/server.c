@@ -753,9 +753,10 @@ static dj_status listen_on(dj__server *s) {
 static int usage(FILE *f) {
     fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
-          "              [--max-running N] [--prefill-chunk N] [--port-file FILE]\n"
+          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|auto] [--port-file FILE]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
-          "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt).\n"
+          "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
+          "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine, off on a GPU).\n"
           "Without --token-file only loopback (and unix socket) peers are accepted.\n",
           f);
     return 2;
@@ -769,6 +770,7 @@ static int parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->lease_ms = 10000;
     cfg->max_running = 64;
     cfg->prefill_chunk = 256;
+    cfg->mixed_steps = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
@@ -786,7 +788,18 @@ static int parse_args(int argc, char **argv, dj__config *cfg) {
         else if (!strcmp(a, "--metrics")) cfg->metrics = v;
         else if (!strcmp(a, "--token-file")) cfg->token_file = v;
         else if (!strcmp(a, "--port-file")) cfg->port_file = v;
-        else if (!strcmp(a, "--vmu-gb")) {
+        else if (!strcmp(a, "--mixed-steps")) {
+            if (!strcmp(v, "on"))
+                cfg->mixed_steps = 1;
+            else if (!strcmp(v, "off"))
+                cfg->mixed_steps = 0;
+            else if (!strcmp(v, "auto"))
+                cfg->mixed_steps = -1;
+            else {
+                fprintf(stderr, "djinnd: --mixed-steps '%s': want on, off or auto\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--vmu-gb")) {
             if (dj_vmu_parse_size(v, &cfg->vmu_bytes) != DJ_OK) {
                 fprintf(stderr, "djinnd: --vmu-gb '%s': %s\n", v, dj_last_error());
                 return 2;

@@ -146,11 +146,13 @@ typedef struct dj__config {
     uint32_t lease_ms;
     uint32_t max_running; /* concurrency of the scheduler */
     uint32_t prefill_chunk; /* prompt tokens a GENERATE feeds per scheduler turn (0: the whole prompt) */
+    int mixed_steps;        /* prompt chunks share decode steps: 1 on, 0 off, -1 auto (on for the CPU engine) */
     const char *port_file; /* write the bound TCP port here (tests) */
 } dj__config;
 
 typedef struct dj__server {
     dj__config cfg;
+    bool mixed; /* worker: prompt chunks join decode steps (cfg.mixed_steps resolved) */
     char token[256];
     bool have_token;
     uv_loop_t loop;
@@ -180,6 +182,7 @@ typedef struct dj__server {
     bool worker_started;
     dj_engine_t *engine;
     uint64_t batched_steps, batched_rows; /* worker: decode steps that carried >1 session */
+    uint64_t mixed_steps;                 /* worker: of those, steps that also carried a prompt chunk */
     dj__model_ent *models;
 
     dj__metrics metrics;

@@ -18,6 +18,10 @@
 
 /* ---- queues and the outbox (mu held) ---- */
 
+/* Most token rows of one mixed step: the engine's max_step_tokens (set so
+ * by dj__worker_start). */
+#define MIXED_ROWS 512
+
 static void q_push(dj__jobq *q, dj__job *j) {
     j->next = NULL;
     if (q->tail) q->tail->next = j;
@@ -543,6 +547,24 @@ static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
     return gen_emit_id(s, j, ss, dj_sampler_sample(j->gen->smp, j->gen->logits));
 }
 
+/* n more prompt tokens went in; after the last chunk, `next` (picked from
+ * the last position's logits) is the first token. True when the generation
+ * ended. */
+static bool gen_chunk_done(dj__server *s, dj__job *j, dj__sess *ss, size_t n, int32_t next) {
+    dj__gen *g = j->gen;
+    g->fed += n;
+    if (g->fed < g->n_feed)
+        return false;
+    free(g->feed);
+    g->feed = NULL;
+    g->prefill_s = dj__now() - g->t_start;
+    if (g->max_tokens == 0) {
+        gen_done(s, j, ss, "length");
+        return true;
+    }
+    return gen_emit_id(s, j, ss, next);
+}
+
 /* The next chunk of the prompt (at most cfg.prefill_chunk tokens; all with
  * 0); after the last, the first token. Between chunks the job goes back to
  * its run queue, so running generations take their decode steps meanwhile.
@@ -555,18 +577,8 @@ static dj_status gen_feed_chunk(dj__server *s, dj__job *j, dj__sess *ss, bool *f
     dj_status st = dj_session_step(s->engine, ss->es, g->feed + g->fed, (uint32_t)n, last ? g->logits : NULL);
     if (st != DJ_OK) return st;
     ss->pending = -1; /* a pending token was the feed's first */
-    g->fed += n;
     snapshot(s, ss);
-    if (!last) return DJ_OK;
-    free(g->feed);
-    g->feed = NULL;
-    g->prefill_s = dj__now() - g->t_start;
-    if (g->max_tokens == 0) {
-        gen_done(s, j, ss, "length");
-        *finished = true;
-    } else {
-        *finished = gen_emit(s, j, ss);
-    }
+    *finished = gen_chunk_done(s, j, ss, n, last ? dj_sampler_sample(g->smp, g->logits) : -1);
     return DJ_OK;
 }
 
@@ -632,7 +644,10 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
     g->n_feed = n_feed;
     g->fed = 0;
     feed = NULL;
-    st = gen_feed_chunk(s, j, ss, finished);
+    /* With mixed steps even the first chunk waits for the next step of the
+     * running generations, so that they never wait two chunks in a row. */
+    if (!s->mixed)
+        st = gen_feed_chunk(s, j, ss, finished);
 done:
     free(ids);
     free(feed);
@@ -689,35 +704,60 @@ static void run_generate(dj__server *s, dj__job *j) {
     gen_after(s, j, ss, st, foreign, finished);
 }
 
-/* Continuous batching: one decode step for several running generations of
- * one model (jobs[0..n), taken from one QoS class's run queue) through the
- * engine's batched step, each row picked by its generation's own sampler -
- * on the device where the engine can (greedy batches always), so no logits
- * cross. If the batch fails as a whole, each job runs alone so that only
- * the culprit sees the error. */
+/* Token rows a running GENERATE adds to a step: its next prompt chunk, or one. */
+static size_t job_rows(const dj__server *s, const dj__job *j) {
+    const dj__gen *g = j->gen;
+    if (!g->feed)
+        return 1;
+    const size_t left = g->n_feed - g->fed;
+    return s->cfg.prefill_chunk && left > s->cfg.prefill_chunk ? s->cfg.prefill_chunk : left;
+}
+
+/* Continuous batching: one step for several running generations of one
+ * model (jobs[0..n), taken from one QoS class's run queue) through the
+ * engine's batched step - a decode row each, or (mixed steps) the next chunk
+ * of a prompt still going in - every last row picked by its generation's own
+ * sampler (none for a chunk that is not its prompt's last), on the device
+ * where the engine can. If the step fails as a whole, each job runs alone so
+ * that only the culprit sees the error. */
 static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
     dj__sess *ss[DJ__MAX_BATCH];
     dj_session_t *es[DJ__MAX_BATCH];
     dj_sampler_t *smp[DJ__MAX_BATCH];
-    int32_t ids[DJ__MAX_BATCH], next[DJ__MAX_BATCH];
+    uint32_t n_tok[DJ__MAX_BATCH];
+    int32_t ids[MIXED_ROWS + DJ__MAX_BATCH], next[DJ__MAX_BATCH];
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n; i++) ss[i] = dj__map_get(&s->sessions, jobs[i]->sess);
     pthread_mutex_unlock(&s->mu);
+    size_t rows = 0;
     for (size_t i = 0; i < n; i++) {
+        dj__gen *g = jobs[i]->gen;
         es[i] = ss[i]->es;
-        ids[i] = ss[i]->pending;
-        smp[i] = jobs[i]->gen->smp;
+        n_tok[i] = (uint32_t)job_rows(s, jobs[i]);
+        if (g->feed)
+            memcpy(ids + rows, g->feed + g->fed, n_tok[i] * sizeof *ids);
+        else
+            ids[rows] = ss[i]->pending;
+        rows += n_tok[i];
+        smp[i] = !g->feed || g->fed + n_tok[i] == g->n_feed ? g->smp : NULL; /* a chunk before the last picks nothing */
     }
-    if (dj_engine_step_batch_samplers(s->engine, es, ids, (uint32_t)n, smp, next) != DJ_OK) {
+    if (dj_engine_step_batch_samplers(s->engine, es, n_tok, ids, (uint32_t)n, smp, next) != DJ_OK) {
         for (size_t i = 0; i < n; i++) run_generate(s, jobs[i]);
         return;
     }
     s->batched_steps++;
     s->batched_rows += n;
+    s->mixed_steps += rows > n;
     for (size_t i = 0; i < n; i++) {
+        dj__gen *g = jobs[i]->gen;
         ss[i]->pending = -1;
         snapshot(s, ss[i]);
-        gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_emit_id(s, jobs[i], ss[i], next[i]));
+        bool finished = false;
+        if (g->feed)
+            finished = gen_chunk_done(s, jobs[i], ss[i], n_tok[i], next[i]);
+        else
+            finished = gen_emit_id(s, jobs[i], ss[i], next[i]);
+        gen_after(s, jobs[i], ss[i], DJ_OK, false, finished);
     }
 }
 
@@ -751,6 +791,7 @@ static dj_status do_stats(dj__server *s, dj__mw *w) {
     dj__mw_u64(w, "evictions", vs.evictions);
     dj__mw_u64(w, "text_pinned", vs.text_pinned);
     dj__mw_u64(w, "batched_steps", s->batched_steps);
+    dj__mw_u64(w, "mixed_steps", s->mixed_steps);
     dj__mw_u64(w, "batched_rows", s->batched_rows);
     size_t n_models = 0;
     for (dj__model_ent *m = s->models; m; m = m->next) n_models++;
@@ -948,19 +989,23 @@ static void *worker_main(void *arg) {
         dj__job *j = pick(s);
         dj__job *batch[DJ__MAX_BATCH];
         size_t n_batch = 0;
-        if (j && j->type == DJ_MSG_GENERATE && j->gen && !j->gen->feed) {
+        if (j && j->type == DJ_MSG_GENERATE && j->gen && (!j->gen->feed || s->mixed)) {
             /* a decode step: take the other running generations of the same
-             * class and model along (they are next in line anyway); those
-             * still feeding their prompt take their own turns */
+             * class and model along (they are next in line anyway) - and,
+             * with mixed steps, the next prompt chunk of those still feeding
+             * theirs, as rows of the same step, up to the engine's step size */
             dj__sess *first = dj__map_get(&s->sessions, j->sess);
             dj__jobq *rq = &s->runq[j->qos];
             batch[n_batch++] = j;
+            size_t rows = job_rows(s, j);
             for (dj__job *x = rq->head, *nx; x && n_batch < DJ__MAX_BATCH; x = nx) {
                 nx = x->next;
-                dj__sess *xs = x->gen && !x->gen->feed ? dj__map_get(&s->sessions, x->sess) : NULL;
+                const bool joins = x->gen && (!x->gen->feed || s->mixed) && rows + job_rows(s, x) <= MIXED_ROWS;
+                dj__sess *xs = joins ? dj__map_get(&s->sessions, x->sess) : NULL;
                 if (!xs || !first || xs->ment != first->ment) continue;
                 q_remove(rq, x);
                 batch[n_batch++] = x;
+                rows += job_rows(s, x);
             }
         }
         if (n_batch > 1) {
@@ -1021,6 +1066,12 @@ dj_status dj__worker_start(dj__server *s) {
         ec.n_threads = cores > 1 ? (int)cores - 1 : 1;
     }
     ec.device = s->cfg.device;
+    ec.max_step_tokens = MIXED_ROWS;
+    /* auto: on for the CPU engine (measured, bench/RESULTS.md); a device's
+     * mixed rows take the per-row attention kernel instead of the prefill one,
+     * not measured yet */
+    const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
+    s->mixed = s->cfg.mixed_steps > 0 || (s->cfg.mixed_steps < 0 && cpu);
     dj_vmu_config_default(&ec.vmu, s->cfg.vmu_bytes);
     dj_status st = dj_engine_new(&ec, &s->engine);
     if (st != DJ_OK) return st;
