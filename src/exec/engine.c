@@ -718,10 +718,6 @@ static dj_status host_logits(dj_engine_t *e, size_t floats, float **out) {
     return DJ_OK;
 }
 
-/* After the step's ops: the logits of its B output rows (`out_dev`,
- * [B][vocab] f32) to the caller and/or the next token of each row. Greedy
- * picks run on the device (only the ids come back); other samplers get the
- * logits on the host, with each session's own seeded sampler. */
 /* The session's host sampler for sp (a new one, seeded from sp->seed, when
  * the params changed). */
 static dj_status session_sampler(dj_session_t *s, const dj_sampler_params *sp, uint32_t V) {
