@@ -14,7 +14,8 @@ cmake --build build-cuda -j "$(nproc)"
 out=.carry/gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-for f in build-cuda/djinn build-cuda/gpu_check build-cuda/gpu_models build-cuda/bench_gpu build-cuda/make_random_checkpoint "$@"; do
+for f in build-cuda/djinn build-cuda/djinnd build-cuda/gpu_check build-cuda/gpu_models build-cuda/bench_gpu \
+    build-cuda/make_random_checkpoint build-cuda/bench_fairness "$@"; do
     [ -x "$f" ] && [ -f "$f" ] && cp "$f" "$out/bin/"
 done
 # Every shared library the programs load, except the C runtime and CUDA's own

@@ -57,6 +57,20 @@ if [ $AB = 1 ]; then
     grep -E "^== |decode b=1 ctx 512|prefill 2048 tokens \(s|decode b=32|checks," "$OUT/ab.log"
     DJINN_PROFILE=1 DJINN_NO_GRAPHS=1 "$B/bench_gpu" "$M" --steps 8 --batch 2 >"$OUT/profile.log" 2>&1 || fail=1
     grep -A40 "^DJINN_PROFILE" "$OUT/profile.log"
+    # djinnd on the GPU: a 2048-token prompt beside a running generation,
+    # prompt chunks in their own steps or riding in the decode steps
+    for mixed in off on; do
+        pf=$(mktemp -u /tmp/djinn_ab_port.XXXXXX)
+        "$B/djinnd" --listen 127.0.0.1:0 --port-file "$pf" --models "$(dirname "$M")" --device cuda:0 \
+            --vmu-gb 40 --mixed-steps "$mixed" >>"$OUT/ab.log" 2>&1 &
+        dpid=$!
+        for _ in $(seq 1 600); do [ -s "$pf" ] && break; sleep 0.1; done
+        echo "== djinnd --mixed-steps $mixed" | tee -a "$OUT/ab.log"
+        [ -s "$pf" ] && "$B/bench_fairness" "127.0.0.1:$(cat "$pf")" "$(basename "$M")" 2048 2>&1 | tee -a "$OUT/ab.log"
+        kill "$dpid"
+        wait "$dpid" 2>/dev/null
+        rm -f "$pf"
+    done
 fi
 echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail
