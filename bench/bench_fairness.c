@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
     pthread_join(th, &ra);
     if (rb != DJ_OK || ra || b.n < 1)
         return 1;
-    double gaps[512];
+    double gaps[512] = {0};
     int ng = 0, during = 0;
     for (int i = 1; i < a.n; i++)
         if (a.t[i] > t_send && a.t[i - 1] < b.t[0])

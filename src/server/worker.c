@@ -428,8 +428,9 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
             goto done;
         }
     }
-    st = all_rows ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed, (float *)h->bytes)
-                  : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
+    st = all_rows && h ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed,
+                                             (float *)h->bytes) /* "all" wants logits */
+                       : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
     if (st != DJ_OK) {
         if (h) free(h->bytes);
         free(h);
