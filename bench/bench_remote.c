@@ -159,7 +159,10 @@ int main(int argc, char **argv) {
     /* ---- daemon in this process ---- */
     char port_file[] = "/tmp/bench_remote_port_XXXXXX";
     int pfd = mkstemp(port_file);
-    if (pfd < 0) return 1;
+    if (pfd < 0 || !logits) {
+        free(logits);
+        return 1;
+    }
     close(pfd);
     unlink(port_file);
     char threads_s[16];
