@@ -296,6 +296,12 @@ static void check_row_samplers(int device_sampling) {
     CHECK(strstr(dj_last_error(), "vocabulary") != NULL);
     const uint32_t zero[N_SESS] = {1, 0, 1};
     CHECK_ST(dj_engine_step_batch_samplers(e, a, zero, ids, N_SESS, sa, ids), DJ_EINVAL);
+    const uint32_t huge[N_SESS] = {1, 60, 1}; /* 60 more tokens would pass session 1's 64-position context */
+    CHECK_ST(dj_engine_step_batch_samplers(e, a, huge, ids, N_SESS, sa, ids), DJ_ERANGE);
+    CHECK(strstr(dj_last_error(), "context") != NULL);
+    const uint32_t wide[N_SESS] = {40, 30, 1}; /* 71 tokens in one step: more than max_step_tokens (64) */
+    CHECK_ST(dj_engine_step_batch_samplers(e, a, wide, ids, N_SESS, sa, ids), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "max_step_tokens") != NULL);
     CHECK(dj_session_pos(a[0]) == pos);
     /* a NULL sampler picks nothing (-1) and draws nothing; the row still steps */
     int32_t nx[N_SESS];
