@@ -152,18 +152,9 @@ static int32_t kernel_pick(const dj_sampler_params *p, const float *l, uint32_t 
     return 0;
 }
 
-/* weight-order rank of each id (descending weight, ties by id) */
-static float *g_w;
-static int by_w(const void *a, const void *b) {
-    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    if (g_w[x] != g_w[y])
-        return g_w[x] > g_w[y] ? -1 : 1;
-    return x < y ? -1 : (x > y);
-}
-
 static void check_kernel_algorithm(void) {
     enum { N = 3000 };
-    static float l[N], w[N];
+    static float l[N];
     static uint32_t wb[N], order[N], rank[N];
     static const float temps[] = {0.5f, 1.0f, 1.7f};
     static const uint32_t topks[] = {0, 1, 3, 40, 5000};
@@ -172,18 +163,10 @@ static void check_kernel_algorithm(void) {
     for (int trial = 0; trial < 400; trial++) {
         const int grid = trial % 2 == 0;
         const uint32_t n = trial % 5 == 0 ? 7 : 1 + (uint32_t)(dj_test_rand() % N);
-        for (uint32_t i = 0; i < n; i++) {
-            if (grid) {
-                l[i] = (float)((int)(dj_test_rand() % 81) - 40) / 8.0f;
-                const uint32_t x = (uint32_t)(dj_test_rand() % 50);
-                if (x == 0)
-                    l[i] = -INFINITY;
-                if (x == 1)
-                    l[i] = NAN;
-            } else {
-                l[i] = dj_test_randf(-6.f, 6.f);
-            }
-        }
+        if (grid)
+            dj_test_grid_logits(l, n);
+        for (uint32_t i = 0; !grid && i < n; i++)
+            l[i] = dj_test_randf(-6.f, 6.f);
         const dj_sampler_params p = {.temperature = temps[dj_test_rand() % 3],
                                      .top_k = topks[dj_test_rand() % 5],
                                      .top_p = topps[dj_test_rand() % 4]};
@@ -198,19 +181,7 @@ static void check_kernel_algorithm(void) {
             exact++;
             continue;
         }
-        float mx = -INFINITY;
-        for (uint32_t i = 0; i < n; i++)
-            mx = l[i] > mx ? l[i] : mx;
-        for (uint32_t i = 0; i < n; i++) {
-            w[i] = expf((l[i] - mx) / p.temperature);
-            if (w[i] != w[i])
-                w[i] = 0;
-            order[i] = i;
-        }
-        g_w = w;
-        qsort(order, n, sizeof *order, by_w);
-        for (uint32_t i = 0; i < n; i++)
-            rank[order[i]] = i;
+        dj_test_weight_ranks(l, n, p.temperature, order, rank);
         const long d = (long)rank[got] - (long)rank[want];
         if (!grid && (d == 1 || d == -1))
             swaps++;

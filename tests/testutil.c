@@ -1,6 +1,7 @@
-/* testutil.c: counters, seeding and file reading for the test programs. */
+/* testutil.c: counters, seeding, file reading and sampling-test helpers for the test programs. */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -46,4 +47,36 @@ char *dj_test_read_file(const char *path, size_t *len) {
     buf[n] = '\0';
     if (len) *len = (size_t)n;
     return buf;
+}
+
+void dj_test_grid_logits(float *l, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        l[i] = (float)((int)(dj_test_rand() % 81) - 40) / 8.0f;
+        const uint32_t x = (uint32_t)(dj_test_rand() % 50);
+        if (x == 0) l[i] = -INFINITY;
+        if (x == 1) l[i] = NAN;
+    }
+}
+
+static const float *rank_w; /* the weights by_weight compares */
+static int by_weight(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    if (rank_w[x] != rank_w[y]) return rank_w[x] > rank_w[y] ? -1 : 1;
+    return x < y ? -1 : (x > y);
+}
+
+void dj_test_weight_ranks(const float *logits, uint32_t n, float T, uint32_t *order, uint32_t *rank) {
+    float *w = malloc((n ? n : 1) * sizeof *w);
+    if (!w) abort(); /* test helper: out of memory ends the test */
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (uint32_t i = 0; i < n; i++) {
+        const float v = expf((logits[i] - mx) / T);
+        w[i] = v == v ? v : 0.0f;
+        order[i] = i;
+    }
+    rank_w = w;
+    qsort(order, n, sizeof *order, by_weight);
+    for (uint32_t i = 0; i < n; i++) rank[order[i]] = i;
+    free(w);
 }

@@ -49,6 +49,14 @@ void dj_test_seed(void);
 uint64_t dj_test_rand(void);
 float dj_test_randf(float lo, float hi);
 
+/* n sampling-test logits on a grid of k/8 (k in -40..40: many ties), with
+ * -inf and NaN among them (1 in 50 each). */
+void dj_test_grid_logits(float *l, uint32_t n);
+/* The weight order dj_sampler_pick defines for logits[n] at temperature T:
+ * descending expf((l - max) / T) (NaN weighs 0), ties by id. order[i] = the
+ * id at position i, rank[id] = its position. */
+void dj_test_weight_ranks(const float *logits, uint32_t n, float T, uint32_t *order, uint32_t *rank);
+
 /* Read a whole file (NUL-terminated, malloc'd); NULL if it cannot be read. */
 char *dj_test_read_file(const char *path, size_t *len /* OUT, may be NULL */);
 

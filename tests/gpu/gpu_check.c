@@ -1033,29 +1033,6 @@ static void check_argmax(uint32_t n, uint32_t vocab) {
 
 /* ---- sampling on the device (the backend's sample hook) ---- */
 
-/* Weight order of a row as dj_sampler_pick defines it: descending expf
- * weight, ties by id; rank[id] = position. */
-static float g_w[1 << 17];
-static int by_w_desc(const void *a, const void *b) {
-    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    if (g_w[x] != g_w[y])
-        return g_w[x] > g_w[y] ? -1 : 1;
-    return x < y ? -1 : (x > y);
-}
-static void weight_ranks(const float *l, uint32_t V, float T, uint32_t *order, uint32_t *rank) {
-    float mx = -INFINITY;
-    for (uint32_t i = 0; i < V; i++)
-        mx = l[i] > mx ? l[i] : mx;
-    for (uint32_t i = 0; i < V; i++) {
-        const float w = expf((l[i] - mx) / T);
-        g_w[i] = w == w ? w : 0.0f;
-        order[i] = i;
-    }
-    qsort(order, V, sizeof *order, by_w_desc);
-    for (uint32_t i = 0; i < V; i++)
-        rank[order[i]] = i;
-}
-
 /* n rows of V logits (kind 0: a grid of k/8 with many ties, -inf and NaN;
  * 1: continuous N(0, 3)-like values), each row with its own params and u:
  * the device's pick against dj_sampler_pick with the same u. Grid rows must
@@ -1069,20 +1046,13 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
     static const float topps[] = {1.0f, 0.9137f, 0.5371f, 0.05f};
     for (uint32_t r = 0; r < n; r++) {
         float *l = lg + (size_t)r * V;
-        for (uint32_t i = 0; i < V; i++) {
-            if (kind == 0) {
-                l[i] = (float)((int)(dj_test_rand() % 81) - 40) / 8.0f;
-                const uint32_t x = (uint32_t)(dj_test_rand() % 50);
-                if (x == 0)
-                    l[i] = -INFINITY;
-                if (x == 1)
-                    l[i] = NAN;
-            } else {
-                float a = 0.0f;
-                for (int k = 0; k < 4; k++)
-                    a += dj_test_randf(-1.5f, 1.5f);
-                l[i] = a;
-            }
+        if (kind == 0)
+            dj_test_grid_logits(l, V);
+        for (uint32_t i = 0; kind != 0 && i < V; i++) {
+            float a = 0.0f;
+            for (int k = 0; k < 4; k++)
+                a += dj_test_randf(-1.5f, 1.5f);
+            l[i] = a;
         }
         rows[r] = (dj_sample_row){.temperature = temps[dj_test_rand() % 4],
                                   .top_k = topks[dj_test_rand() % 5],
@@ -1115,7 +1085,7 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
         if (got[r] == want)
             continue;
         if (kind == 1 && got[r] >= 0 && (uint32_t)got[r] < V && p.temperature > 0.0f) {
-            weight_ranks(lg + (size_t)r * V, V, p.temperature, order, rank);
+            dj_test_weight_ranks(lg + (size_t)r * V, V, p.temperature, order, rank);
             const long d = (long)rank[got[r]] - (long)rank[want];
             if (d == 1 || d == -1) {
                 near++;
