@@ -581,7 +581,6 @@ static void check_speed(const dj_tokenizer_t *t, const char *name, char **strs, 
     double dt = now_s() - t0;
     CHECK_OK(st);
     printf("%s: encoded %zu bytes into %zu ids in %.2f ms\n", name, len, n, dt * 1e3);
-    CHECK_MSG(dt < 1.0, "%s: encoding %zu bytes took %.3f s", name, len, dt);
     free(ids);
     free(big);
 }
@@ -666,9 +665,6 @@ static void test_real(void) {
         double secs = 0;
         dj_tokenizer_t *t = load_real(names[k], &secs);
         if (!t) continue;
-#if !defined(__SANITIZE_ADDRESS__) && defined(NDEBUG)
-        CHECK_MSG(secs < 1.0, "%s: loading took %.2f s", names[k], secs);
-#endif
         check_refs(t, names[k]);
         /* facts readable from the vocab itself */
         if (k == 0) {
