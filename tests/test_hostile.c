@@ -2,7 +2,9 @@
  * attack run against the daemon and the bound it must hold checked. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -351,8 +353,7 @@ static void test_connections(void) {
     char addr[64], err[300];
     int code;
     /* an fd limit of 64 leaves room for 16 connections (DJ__FD_RESERVE and slack kept) */
-    const char *extra[] = {"--max-connections", "1000", "--hello-timeout-ms", "300", "--idle-timeout-ms", "600",
-                           NULL};
+    const char *extra[] = {"--max-connections", "1000", NULL};
     pid_t pid = start_daemon(1, extra, 64, addr, sizeof addr, &code);
     CHECK_MSG(pid > 0, "daemon 1 did not start (%d)", code);
     if (pid <= 0) return;
@@ -377,6 +378,16 @@ static void test_connections(void) {
         if (dj_client_connect(addr, NULL, &c) != DJ_OK) sleep_ms(10);
     CHECK_MSG(c != NULL, "no connection possible after the flood closed");
     dj_client_free(c);
+    CHECK(stop_daemon(1) == 0);
+}
+
+static void test_timeouts(void) {
+    char addr[64];
+    int code;
+    const char *extra[] = {"--hello-timeout-ms", "300", "--idle-timeout-ms", "600", NULL};
+    pid_t pid = start_daemon(2, extra, 0, addr, sizeof addr, &code);
+    CHECK_MSG(pid > 0, "daemon 2 did not start (%d)", code);
+    if (pid <= 0) return;
     /* no HELLO: closed with an error */
     int fd = raw_connect(addr);
     frame f = raw_frame(fd, NULL);
@@ -390,7 +401,7 @@ static void test_connections(void) {
     CHECK_MSG(f.type == DJ_MSG_ERROR && strstr(f.msg, "idle"), "idle connection: %d %s", f.type, f.msg);
     CHECK(raw_eof(fd));
     close(fd);
-    CHECK(stop_daemon(1) == 0);
+    CHECK(stop_daemon(2) == 0);
 }
 
 /* ---- 3 and 9: the token file, roles, /metrics ---- */
@@ -457,6 +468,17 @@ static int http_get(const char *addr, const char *auth, char *body, size_t cap) 
 
 static char tok256[DJ__TOKEN_MAX + 2];
 
+/* A TCP port nobody listens on now (for /metrics). */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        a.sin_port = 0;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 static void test_tokens(void) {
     memset(tok256, 'T', DJ__TOKEN_MAX);
     tok256[DJ__TOKEN_MAX] = '\0';
@@ -465,8 +487,7 @@ static void test_tokens(void) {
              "# djinnd tokens\n%s\nuser-token-aaaa\r\nrt-token-bbbb qos=realtime,interactive\nadmin-token-cccc admin\n",
              tok256);
     write_file("tokens", file, strlen(file), path, sizeof path);
-    int port = 20000 + (int)(getpid() % 20000);
-    snprintf(maddr, sizeof maddr, "127.0.0.1:%d", port);
+    snprintf(maddr, sizeof maddr, "127.0.0.1:%d", free_port());
     const char *extra[] = {"--token-file", path, "--metrics", maddr, "--metrics-max-connections", "2", NULL};
     int code;
     pid_t pid = start_daemon(3, extra, 0, addr, sizeof addr, &code);
@@ -748,6 +769,7 @@ int main(void) {
     test_tokens();
     test_limits();
     test_connections();
+    test_timeouts();
     test_reply_buffer();
     printf("hostile tests in %.2f s\n", now_s() - t);
     char cmd[400];
