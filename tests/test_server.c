@@ -874,7 +874,7 @@ static void test_unix_token(void) {
     snprintf(sock, sizeof sock, "unix:%s/d.sock", tmpdir);
     snprintf(tokf, sizeof tokf, "%s/token", tmpdir);
     FILE *f = fopen(tokf, "w");
-    fprintf(f, "s3cret-%llx\n", (unsigned long long)dj_test_rand());
+    fprintf(f, "s3cret-%llx qos=realtime,interactive,batch\n", (unsigned long long)dj_test_rand());
     fclose(f);
     char tok[64];
     f = fopen(tokf, "r");

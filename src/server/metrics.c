@@ -1,5 +1,6 @@
 /* metrics.c: djinnd's Prometheus endpoint over libmicrohttpd - request
- * counts by type and status, latency histograms, VMU bytes and sessions. */
+ * counts by type and status, latency histograms, VMU bytes and sessions;
+ * behind a bearer token when djinnd has a token file. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,14 @@ static char *render(dj__metrics *m, size_t *len) {
     return buf;
 }
 
+/* The request carries "Authorization: Bearer T" with T a token of the file. */
+static bool bearer_ok(const dj__metrics *m, struct MHD_Connection *conn) {
+    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!v || strncmp(v, "Bearer ", 7) != 0) return false;
+    v += 7;
+    return dj__token_find(m->auth, m->n_auth, v, strlen(v)) != NULL;
+}
+
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **ctx) {
     (void)version;
@@ -85,6 +94,15 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     dj__metrics *m = cls;
     struct MHD_Response *r;
     unsigned code = MHD_HTTP_OK;
+    if (m->n_auth && !bearer_ok(m, conn)) {
+        static const char na[] = "unauthorized: send 'Authorization: Bearer TOKEN' (a token of --token-file)\n";
+        r = MHD_create_response_from_buffer(sizeof na - 1, (void *)na, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"djinnd\"");
+        enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (strcmp(method, "GET") != 0 || strcmp(url, "/metrics") != 0) {
         static const char nf[] = "not found: GET /metrics\n";
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
@@ -102,7 +120,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ret;
 }
 
-dj_status dj__metrics_start(dj__metrics *m, const char *addr) {
+dj_status dj__metrics_start(dj__metrics *m, const char *addr, uint32_t max_conns) {
     struct sockaddr_storage ss;
     socklen_t len;
     dj_status st = dj__addr_parse(addr, &ss, &len);
@@ -110,7 +128,11 @@ dj_status dj__metrics_start(dj__metrics *m, const char *addr) {
     if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)
         return dj_fail(DJ_EINVAL, "--metrics %s: want HOST:PORT", addr);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    /* its own limits: a few connections at once, each closed after 10 s,
+     * no request body */
     m->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_http, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned)10, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
                               MHD_OPTION_END);
     if (!m->mhd) return dj_fail(DJ_EIO, "--metrics %s: cannot start the HTTP listener", addr);
     return DJ_OK;

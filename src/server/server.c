@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,8 +34,27 @@ typedef struct dj__conn {
     dj_frame_header h;
     uint8_t *body;         /* [meta_len + payload_len] as it arrives */
     uint64_t body_len, body_cap, body_got;
+    bool payload_checked;  /* this frame's STEP payload was bounded by its session */
     char rbuf[READ_CHUNK];
     int writes;            /* in flight */
+    uint64_t t_open_ms, t_active_ms; /* monotonic: accepted, last byte either way */
+    uint64_t peer;         /* failed-HELLO key (dj__peer_hello_at) */
+    bool admin;            /* set by HELLO: the token's roles */
+    uint32_t qos_mask;
+    uint32_t inflight;     /* requests handed to the worker, not answered yet */
+    uint64_t out_bytes;    /* unsent reply bytes (header, metadata, payload) */
+    uint64_t out_owned;    /* of those, bytes held for this connection alone (header, metadata) */
+    bool over_soft;        /* out_bytes passed --max-reply-buffer's soft limit, not yet under half of it */
+    bool reading;          /* uv_read_start in effect */
+    /* a HELLO held back by the peer's failed-HELLO schedule, and the bytes
+     * that came after it (or after any frame once reading had to stop) */
+    bool deferred;
+    bool hello_due;        /* the held-back HELLO's turn came: answer it now */
+    uint64_t defer_until;
+    dj_frame_header defer_h;
+    uint8_t *defer_body;
+    uint8_t *rest;         /* [rest_len] */
+    size_t rest_len;
 } dj__conn;
 
 typedef struct wreq {
@@ -43,6 +63,7 @@ typedef struct wreq {
     uint8_t hdr[DJ_FRAME_HEADER_BYTES];
     char *meta;            /* owned */
     dj__handle *handle;    /* payload source (one reference), or NULL */
+    uint64_t bytes, owned; /* what it added to c->out_bytes and c->out_owned */
 } wreq;
 
 /* ---- small utilities ---- */
@@ -112,6 +133,20 @@ void *dj__map_del(dj__map *m, uint64_t key) {
     return NULL;
 }
 
+size_t dj__conn_sessions(dj__server *s, uint64_t conn) {
+    size_t n = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) n += ((dj__sess *)e->val)->conn == conn;
+    return n;
+}
+
+size_t dj__conn_handles(dj__server *s, uint64_t conn) {
+    size_t n = 0;
+    for (size_t b = 0; b < s->handles.n_buckets; b++)
+        for (dj__ment *e = s->handles.b[b]; e; e = e->next) n += ((dj__handle *)e->val)->conn == conn;
+    return n;
+}
+
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w) {
     dj__out *o = calloc(1, sizeof *o);
     if (!o) {
@@ -135,7 +170,9 @@ dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *ms
     dj__mw_init(&w);
     dj__mw_i64(&w, "status", st);
     dj__mw_str(&w, "name", dj_status_name(st));
-    dj__mw_str(&w, "message", msg && msg[0] ? msg : dj_strerror(st));
+    char clean[1024];
+    dj__scrub_message(msg && msg[0] ? msg : dj_strerror(st), clean, sizeof clean);
+    dj__mw_str(&w, "message", clean);
     dj__out *o = dj__out_meta(conn, DJ_MSG_ERROR, req, &w);
     if (o) o->close_after = close_after;
     return o;
@@ -144,6 +181,18 @@ dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *ms
 /* ---- writing ---- */
 
 static void conn_close(dj__conn *c);
+static void conn_pump(dj__conn *c);
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* Whether the connection may be read now: not closing, no HELLO held back,
+ * replies under the soft limit, requests in flight under the cap. */
+static bool may_read(dj__conn *c) {
+    const dj__config *cfg = &c->srv->cfg;
+    if (c->out_bytes > cfg->out_soft) c->over_soft = true;
+    else if (c->out_bytes <= cfg->out_soft / 2) c->over_soft = false;
+    return !c->closing && !uv_is_closing(&c->u.handle) && !c->deferred && !c->over_soft &&
+           c->inflight < cfg->max_inflight;
+}
 
 static void on_write(uv_write_t *w, int status) {
     wreq *r = (wreq *)w;
@@ -155,26 +204,38 @@ static void on_write(uv_write_t *w, int status) {
         dj__handle_unref(s, r->handle);
         pthread_mutex_unlock(&s->mu);
     }
+    c->out_bytes -= r->bytes;
+    c->out_owned -= r->owned;
     free(r);
     c->writes--;
+    c->t_active_ms = dj__now_ms();
     if (status < 0 && !c->closing) {
         DJ_LOG(INFO, "conn=%llu write failed: %s", (unsigned long long)c->id, uv_strerror(status));
         conn_close(c);
     } else if (c->closing && c->writes == 0 && !uv_is_closing(&c->u.handle)) {
         conn_close(c);
+    } else {
+        conn_pump(c);
     }
 }
 
 /* Send header + meta (owned, freed after the write) + optional payload taken
- * from a handle (one reference held until the write completes). */
+ * from a handle (one reference held until the write completes). Past the
+ * hard limit on unsent bytes the connection is dropped instead. */
 static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__handle *hd, const uint8_t *payload) {
-    if (uv_is_closing(&c->u.handle)) {
+    const uint64_t owned = DJ_FRAME_HEADER_BYTES + (uint64_t)h->meta_len;
+    const bool over = c->out_owned + owned > c->srv->cfg.out_hard;
+    if (uv_is_closing(&c->u.handle) || over) {
+        if (over && !uv_is_closing(&c->u.handle))
+            DJ_LOG(WARN, "conn=%llu dropped: %llu reply bytes unsent (hard limit %llu)", (unsigned long long)c->id,
+                   (unsigned long long)c->out_owned, (unsigned long long)c->srv->cfg.out_hard);
         free(meta);
         if (hd) {
             pthread_mutex_lock(&c->srv->mu);
             dj__handle_unref(c->srv, hd);
             pthread_mutex_unlock(&c->srv->mu);
         }
+        if (over) conn_close(c);
         return;
     }
     wreq *r = calloc(1, sizeof *r);
@@ -186,6 +247,8 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
     r->c = c;
     r->meta = meta;
     r->handle = hd;
+    r->owned = owned;
+    r->bytes = DJ_FRAME_HEADER_BYTES + (uint64_t)h->meta_len + h->payload_len;
     dj_frame_header_encode(h, r->hdr);
     uv_buf_t bufs[3];
     unsigned n = 0;
@@ -193,9 +256,13 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
     if (h->meta_len) bufs[n++] = uv_buf_init(meta, h->meta_len);
     if (h->payload_len) bufs[n++] = uv_buf_init((char *)payload, (unsigned)h->payload_len);
     c->writes++;
+    c->out_bytes += r->bytes;
+    c->out_owned += r->owned;
     int rc = uv_write(&r->w, &c->u.stream, bufs, n, on_write);
     if (rc < 0) {
         c->writes--;
+        c->out_bytes -= r->bytes;
+        c->out_owned -= r->owned;
         free(meta);
         if (hd) {
             pthread_mutex_lock(&c->srv->mu);
@@ -213,6 +280,7 @@ static void send_out(dj__conn *c, dj__out *o) {
     if (o->close_after) {
         c->closing = true;
         uv_read_stop(&c->u.stream);
+        c->reading = false;
         if (c->writes == 0) conn_close(c);
     }
     free(o);
@@ -261,7 +329,10 @@ static void on_closed(uv_handle_t *h) {
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
+    s->n_conns--;
     free(c->body);
+    free(c->defer_body);
+    free(c->rest);
     free(c);
 }
 
@@ -272,14 +343,8 @@ static void conn_close(dj__conn *c) {
 
 /* ---- inline requests (never touch the engine) ---- */
 
-static bool constant_time_eq(const char *a, size_t an, const char *b, size_t bn) {
-    unsigned char d = (unsigned char)(an != bn);
-    size_t n = an < bn ? an : bn;
-    for (size_t i = 0; i < n; i++) d |= (unsigned char)(a[i] ^ b[i]);
-    return d == 0;
-}
-
-static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w) {
+/* *wrong_token is set when the failure is the token (the peer is slowed). */
+static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong_token) {
     dj__server *s = c->srv;
     uint32_t ver = DJ_PROTO_VERSION;
     dj_status st = dj__meta_u32(m, "version", false, &ver);
@@ -289,8 +354,18 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w) {
     if ((st = dj__meta_str(m, "token", false, &tok, &tn)) != DJ_OK) return st;
     if (ver != DJ_PROTO_VERSION)
         return dj_fail(DJ_EUNSUPPORTED, "client speaks protocol %u, server %u", ver, DJ_PROTO_VERSION);
-    if (s->have_token && (!tok || !constant_time_eq(tok, tn, s->token, strlen(s->token))))
-        return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
+    if (s->have_token) {
+        const dj__token *t = tok ? dj__token_find(s->tokens, s->n_tokens, tok, tn) : NULL;
+        if (!t) {
+            *wrong_token = true;
+            return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
+        }
+        c->admin = t->admin;
+        c->qos_mask = t->qos_mask;
+    } else {
+        c->admin = true; /* loopback or unix-socket peers only (on_connection) */
+        c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
+    }
     c->hello = true;
     dj__mw_u64(w, "version", DJ_PROTO_VERSION);
     dj__mw_str(w, "server", "djinnd 0.1");
@@ -298,6 +373,15 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w) {
     dj__mw_u64(w, "max_meta", DJ_PROTO_MAX_META);
     dj__mw_u64(w, "max_payload", DJ_PROTO_MAX_REQ_PAYLOAD);
     dj__mw_u64(w, "conn", c->id);
+    dj__mw_bool(w, "admin", c->admin);
+    size_t n_qos = 0;
+    for (int q = 0; q < DJ_QOS_COUNT; q++) n_qos += c->qos_mask >> q & 1;
+    dj__mw_key(w, "qos");
+    msgpack_pack_array(&w->pk, n_qos);
+    for (int q = 0; q < DJ_QOS_COUNT; q++)
+        if (c->qos_mask >> q & 1) dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
+    dj__mw_u64(w, "max_sessions", s->cfg.max_sessions);
+    dj__mw_u64(w, "max_handles", s->cfg.max_handles);
     static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models"};
     dj__mw_key(w, "capabilities");
     msgpack_pack_array(&w->pk, sizeof caps / sizeof *caps);
@@ -445,6 +529,58 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__meta *m, bool *cl
 
 /* ---- one complete request frame ---- */
 
+/* SESSION_OPEN may ask only for a class its token grants. */
+static dj_status check_qos(dj__conn *c, const dj__meta *m) {
+    char name[16] = "interactive";
+    dj_qos q;
+    dj_status st = dj__meta_strcpy(m, "qos", false, name, sizeof name);
+    if (st != DJ_OK || (st = dj_qos_parse(name, &q)) != DJ_OK) return st;
+    if (!(c->qos_mask >> q & 1))
+        return dj_fail(DJ_EINVAL, "qos %s is not granted to this connection's token (see --token-file)", name);
+    return DJ_OK;
+}
+
+/* A STEP's payload, once its metadata is in: at most one int32 per position
+ * its session has left, or the connection is answered and closed before the
+ * payload is buffered. */
+static bool step_payload_ok(dj__conn *c) {
+    dj__server *s = c->srv;
+    const dj_frame_header *h = &c->h;
+    if (!c->hello) {
+        send_error(c, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
+        return false;
+    }
+    dj__meta m;
+    uint64_t sid = 0;
+    dj_status st = dj__meta_parse(&m, c->body, h->meta_len);
+    if (st == DJ_OK) {
+        st = dj__meta_u64(&m, "session", true, &sid);
+        dj__meta_destroy(&m);
+    }
+    if (st != DJ_OK) {
+        send_error(c, h->request_id, h->type, st, true);
+        return false;
+    }
+    bool foreign;
+    pthread_mutex_lock(&s->mu);
+    const dj__sess *ss = own_session(s, c->id, sid, &foreign);
+    const uint64_t room = ss && ss->max_ctx > ss->pos ? ss->max_ctx - ss->pos : 0;
+    pthread_mutex_unlock(&s->mu);
+    if (!ss) {
+        send_error(c, h->request_id, h->type,
+                   dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
+        return false;
+    }
+    if (h->payload_len > 4 * room) {
+        send_error(c, h->request_id, h->type,
+                   dj_fail(DJ_ERANGE, "STEP payload of %llu bytes: session %016llx has room for %llu more ids",
+                           (unsigned long long)h->payload_len, (unsigned long long)sid, (unsigned long long)room),
+                   true);
+        return false;
+    }
+    return true;
+}
+
 static void handle_frame(dj__conn *c) {
     dj__server *s = c->srv;
     const dj_frame_header *h = &c->h;
@@ -481,22 +617,55 @@ static void handle_frame(dj__conn *c) {
     }
     bool close_conn = false;
     dj__mw w;
+    if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->hello_due) {
+        /* a peer that failed HELLOs waits its turn, one HELLO at a time */
+        const uint64_t now = dj__now_ms(), at = dj__peer_hello_at(&s->peers, c->peer, now);
+        if (at > now + 10000) {
+            dj__meta_destroy(&m);
+            free(body);
+            send_error(c, h->request_id, h->type,
+                       dj_fail(DJ_EBUSY, "too many failed HELLOs from this address: retry later"), true);
+            return;
+        }
+        if (at > now) {
+            dj__meta_destroy(&m);
+            c->deferred = true;
+            c->defer_until = at;
+            c->defer_h = *h;
+            c->defer_body = body;
+            return;
+        }
+    }
     switch (h->type) {
-    case DJ_MSG_HELLO:
+    case DJ_MSG_HELLO: {
+        bool wrong = false;
+        dj__mw_init(&w);
+        st = c->hello ? dj_fail(DJ_EINVAL, "HELLO was already sent") : do_hello(c, &m, &w, &wrong);
+        dj__meta_destroy(&m);
+        free(body);
+        if (s->have_token && (st == DJ_OK || wrong))
+            dj__peer_hello_result(&s->peers, c->peer, dj__now_ms(), st == DJ_OK);
+        if (st == DJ_OK) {
+            send_reply(c, h->type, h->request_id, &w);
+        } else {
+            dj__mw_destroy(&w);
+            send_error(c, h->request_id, h->type, st, true);
+        }
+        return;
+    }
     case DJ_MSG_HEARTBEAT:
     case DJ_MSG_PAUSE:
     case DJ_MSG_RESUME:
     case DJ_MSG_RELEASE:
         dj__mw_init(&w);
-        st = h->type == DJ_MSG_HELLO ? do_hello(c, &m, &w) : do_inline(c, h->type, &m, &w, &close_conn);
+        st = do_inline(c, h->type, &m, &w, &close_conn);
         dj__meta_destroy(&m);
         free(body);
         if (st == DJ_OK) {
             send_reply(c, h->type, h->request_id, &w);
         } else {
             dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st,
-                       close_conn || st == DJ_EFORMAT || (h->type == DJ_MSG_HELLO && !c->hello));
+            send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         }
         return;
     case DJ_MSG_FETCH:
@@ -505,6 +674,14 @@ static void handle_frame(dj__conn *c) {
         free(body);
         if (st != DJ_OK) send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         return;
+    case DJ_MSG_SESSION_OPEN:
+        if ((st = check_qos(c, &m)) != DJ_OK) {
+            dj__meta_destroy(&m);
+            free(body);
+            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
+            return;
+        }
+        break;
     default:
         break;
     }
@@ -523,7 +700,10 @@ static void handle_frame(dj__conn *c) {
     j->payload = body + h->meta_len;
     j->payload_len = h->payload_len;
     j->qos = DJ_QOS_INTERACTIVE;
+    j->qos_mask = c->qos_mask;
+    j->admin = c->admin;
     j->t_enqueue = dj__now();
+    c->inflight++;
     dj__enqueue(s, j);
 }
 
@@ -535,16 +715,9 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
 }
 
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-    dj__conn *c = st->data;
-    (void)buf;
-    if (nread < 0) {
-        if (nread != UV_EOF) DJ_LOG(INFO, "conn=%llu read: %s", (unsigned long long)c->id, uv_strerror((int)nread));
-        conn_close(c);
-        return;
-    }
-    const uint8_t *p = (const uint8_t *)c->rbuf;
-    size_t n = (size_t)nread;
+/* Frame the bytes p[0..n); when reading has to stop after a frame (a limit,
+ * a HELLO held back) the rest waits in c->rest for conn_pump. */
+static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
     while (n > 0 && !c->closing) {
         if (c->hdr_got < DJ_FRAME_HEADER_BYTES) {
             size_t k = DJ_FRAME_HEADER_BYTES - c->hdr_got;
@@ -555,12 +728,16 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             n -= k;
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
+            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP)
+                hs = dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(c->h.type),
+                             (unsigned long long)c->h.payload_len);
             if (hs != DJ_OK) {
                 send_error(c, c->h.request_id, dj_msg_type_is_request(c->h.type) ? c->h.type : 0, hs, true);
                 return;
             }
             c->body_len = (uint64_t)c->h.meta_len + c->h.payload_len;
             c->body_got = 0;
+            c->payload_checked = false;
             /* Grow with what arrives, not with what the header claims. */
             c->body_cap = c->body_len < READ_CHUNK ? c->body_len : READ_CHUNK;
             c->body = malloc(c->body_cap ? c->body_cap : 1);
@@ -570,6 +747,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
             }
         }
         uint64_t want = c->body_len - c->body_got;
+        if (c->h.payload_len && !c->payload_checked && c->body_got < c->h.meta_len)
+            want = c->h.meta_len - c->body_got; /* the metadata first: it bounds the payload */
         size_t k = want < n ? (size_t)want : n;
         if (c->body_got + k > c->body_cap) {
             uint64_t cap = c->body_cap * 2;
@@ -587,30 +766,91 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
         c->body_got += k;
         p += k;
         n -= k;
+        if (c->h.payload_len && !c->payload_checked && c->body_got == c->h.meta_len) {
+            if (!step_payload_ok(c)) return;
+            c->payload_checked = true;
+        }
         if (c->body_got == c->body_len) {
             c->hdr_got = 0;
             handle_frame(c);
+            if (n && !c->closing && !may_read(c)) {
+                uint8_t *r = malloc(n);
+                if (!r) {
+                    conn_close(c);
+                    return;
+                }
+                memcpy(r, p, n);
+                free(c->rest);
+                c->rest = r;
+                c->rest_len = n;
+                return;
+            }
         }
     }
 }
 
+/* Read when the limits allow (bytes held back first), stop when they do not. */
+static void conn_pump(dj__conn *c) {
+    if (c->closing || uv_is_closing(&c->u.handle)) return;
+    while (c->rest && may_read(c)) {
+        uint8_t *r = c->rest;
+        size_t n = c->rest_len;
+        c->rest = NULL;
+        c->rest_len = 0;
+        feed_bytes(c, r, n);
+        free(r);
+    }
+    const bool want = !c->rest && may_read(c);
+    if (want && !c->reading) {
+        if (uv_read_start(&c->u.stream, on_alloc, on_read) == 0) c->reading = true;
+    } else if (!want && c->reading) {
+        uv_read_stop(&c->u.stream);
+        c->reading = false;
+    }
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    dj__conn *c = st->data;
+    (void)buf;
+    if (nread < 0) {
+        if (nread != UV_EOF) DJ_LOG(INFO, "conn=%llu read: %s", (unsigned long long)c->id, uv_strerror((int)nread));
+        conn_close(c);
+        return;
+    }
+    if (nread > 0) c->t_active_ms = dj__now_ms();
+    feed_bytes(c, (const uint8_t *)c->rbuf, (size_t)nread);
+    conn_pump(c);
+}
+
 static void free_on_close(uv_handle_t *h) { free(h->data); }
 
-static bool peer_is_local(dj__conn *c) {
+/* The failed-HELLO key of a peer: its IPv4 address, its IPv6 /64, 1 for a
+ * unix socket; *local says whether it is a loopback (or unix) peer. */
+static uint64_t peer_key(dj__conn *c, bool *local) {
+    *local = c->srv->is_unix;
+    if (c->srv->is_unix) return 1;
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) != 0) return false;
+    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) != 0) return 0;
     if (ss.ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
-        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+        const uint32_t a = ntohl(((const struct sockaddr_in *)&ss)->sin_addr.s_addr);
+        *local = (a >> 24) == 127;
+        return (uint64_t)0xffff << 32 | a;
     }
     if (ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+        const uint8_t *b = in6->sin6_addr.s6_addr;
         static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-        if (!memcmp(in6->sin6_addr.s6_addr, v4mapped, 12)) return in6->sin6_addr.s6_addr[12] == 127;
-        return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+        if (!memcmp(b, v4mapped, 12)) {
+            *local = b[12] == 127;
+            return (uint64_t)0xffff << 32 | (uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15];
+        }
+        *local = IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+        uint64_t k = 0;
+        for (int i = 0; i < 8; i++) k = k << 8 | b[i];
+        return k | (uint64_t)1 << 63;
     }
-    return false;
+    return 0;
 }
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -630,6 +870,7 @@ static void on_connection(uv_stream_t *server, int status) {
         uv_close(&c->u.handle, free_on_close);
         return;
     }
+    s->n_conns++;
     pthread_mutex_lock(&s->mu);
     dj_status st = dj__map_put(&s->live_conns, c->id, (void *)1);
     if (st == DJ_OK) s->metrics.connections++;
@@ -638,16 +879,61 @@ static void on_connection(uv_stream_t *server, int status) {
         conn_close(c);
         return;
     }
-    if (!s->is_unix) {
-        uv_tcp_nodelay(&c->u.tcp, 1);
-        if (!s->have_token && !peer_is_local(c)) {
-            DJ_LOG(WARN, "conn=%llu refused: not a loopback peer and no --token-file", (unsigned long long)c->id);
+    c->t_open_ms = c->t_active_ms = dj__now_ms();
+    bool local = false;
+    c->peer = peer_key(c, &local);
+    if (!s->is_unix) uv_tcp_nodelay(&c->u.tcp, 1);
+    if (!s->have_token && !local) {
+        DJ_LOG(WARN, "conn=%llu refused: not a loopback peer and no --token-file", (unsigned long long)c->id);
+        conn_close(c);
+        return;
+    }
+    if (s->n_conns > s->cfg.max_conns) {
+        /* over the cap: a typed answer while a few fds of slack last, else just closed */
+        DJ_LOG(WARN, "conn=%llu refused: %u connections open (--max-connections %u)", (unsigned long long)c->id,
+               s->n_conns - 1, s->cfg.max_conns);
+        if (s->n_conns > s->cfg.max_conns + DJ__REFUSE_SLACK) {
             conn_close(c);
             return;
         }
+        send_error(c, 0, 0, dj_fail(DJ_EBUSY, "too many connections (limit %u): retry later", s->cfg.max_conns),
+                   true);
+        return;
     }
     DJ_LOG(INFO, "conn=%llu accepted", (unsigned long long)c->id);
-    uv_read_start(&c->u.stream, on_alloc, on_read);
+    conn_pump(c);
+}
+
+/* Every 100 ms: HELLO and idle timeouts, HELLOs whose turn came, and old
+ * failed-HELLO records forgotten. */
+static void on_tick(uv_timer_t *t) {
+    dj__server *s = t->data;
+    const uint64_t now = dj__now_ms();
+    const dj__config *cfg = &s->cfg;
+    for (size_t b = 0; b < s->conns.n_buckets; b++)
+        for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+            dj__conn *c = e->val;
+            if (c->closing || uv_is_closing(&c->u.handle)) continue;
+            if (c->deferred && now >= c->defer_until) {
+                c->deferred = false;
+                c->hello_due = true;
+                c->h = c->defer_h;
+                c->body = c->defer_body;
+                c->defer_body = NULL;
+                handle_frame(c);
+                conn_pump(c);
+            } else if (!c->hello && !c->deferred && now - c->t_open_ms > cfg->hello_timeout_ms) {
+                send_error(c, 0, 0, dj_fail(DJ_EINVAL, "no HELLO within %u ms", cfg->hello_timeout_ms), true);
+            } else if (c->hello && cfg->idle_timeout_ms && !c->inflight && !c->writes &&
+                       now - c->t_active_ms > cfg->idle_timeout_ms) {
+                send_error(c, 0, 0, dj_fail(DJ_EINVAL, "idle for %u ms: closing", cfg->idle_timeout_ms), true);
+            }
+        }
+    static uint64_t last_sweep;
+    if (now - last_sweep > 10000) {
+        dj__peers_sweep(&s->peers, now);
+        last_sweep = now;
+    }
 }
 
 /* ---- worker -> loop ---- */
@@ -662,7 +948,10 @@ static void on_wake(uv_async_t *a) {
         dj__out *next = o->next;
         dj__conn *c = dj__map_get(&s->conns, o->conn);
         if (c && !uv_is_closing(&c->u.handle)) {
+            const uint16_t t = o->h.type;
+            if ((t == DJ_MSG_REPLY || t == DJ_MSG_ERROR || t == DJ_MSG_DONE) && c->inflight) c->inflight--;
             send_out(c, o);
+            conn_pump(c);
         } else {
             free(o->meta);
             free(o);
@@ -694,15 +983,28 @@ static void on_signal(uv_signal_t *sig, int signum) {
 
 /* ---- setup ---- */
 
-static dj_status read_token(dj__server *s, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(DJ_EIO, "--token-file %s: %s", path, strerror(errno));
-    size_t n = fread(s->token, 1, sizeof s->token - 1, f);
-    fclose(f);
-    while (n && (s->token[n - 1] == '\n' || s->token[n - 1] == '\r' || s->token[n - 1] == ' ')) n--;
-    s->token[n] = '\0';
-    if (n == 0) return dj_fail(DJ_EINVAL, "--token-file %s is empty", path);
-    s->have_token = true;
+/* Raise the soft fd limit to the hard one and keep --max-connections
+ * under it, with DJ__FD_RESERVE fds and /metrics' connections spare. */
+static dj_status fit_fd_limit(dj__config *cfg) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return DJ_OK;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = rl;
+        want.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+    }
+    const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0);
+    const uint64_t avail = rl.rlim_cur > spare ? rl.rlim_cur - spare : 0;
+    if (avail < 1)
+        return dj_fail(DJ_EINVAL, "the fd limit (%llu) leaves no room for connections (%llu kept spare)",
+                       (unsigned long long)rl.rlim_cur, (unsigned long long)spare);
+    if (cfg->max_conns > avail) {
+        DJ_LOG(WARN, "--max-connections %u lowered to %llu (fd limit %llu)", cfg->max_conns, (unsigned long long)avail,
+               (unsigned long long)rl.rlim_cur);
+        fprintf(stderr, "djinnd: --max-connections %u lowered to %llu by the fd limit %llu\n", cfg->max_conns,
+                (unsigned long long)avail, (unsigned long long)rl.rlim_cur);
+        cfg->max_conns = (uint32_t)avail;
+    }
     return DJ_OK;
 }
 
@@ -750,85 +1052,10 @@ static dj_status listen_on(dj__server *s) {
     return DJ_OK;
 }
 
-static int usage(FILE *f) {
-    fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
-          "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
-          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|auto] [--port-file FILE]\n"
-          "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
-          "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
-          "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine, off on a GPU).\n"
-          "Without --token-file only loopback (and unix socket) peers are accepted.\n",
-          f);
-    return 2;
-}
-
-static int parse_args(int argc, char **argv, dj__config *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->listen = "127.0.0.1:7070";
-    cfg->models = ".";
-    cfg->vmu_bytes = (size_t)1 << 30;
-    cfg->lease_ms = 10000;
-    cfg->max_running = 64;
-    cfg->prefill_chunk = 256;
-    cfg->mixed_steps = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
-        if (!strcmp(a, "serve") && i == 1) continue; /* `djinn serve ...` passes its argv through */
-        if (!v) {
-            fprintf(stderr, "djinnd: unknown option or missing value: '%s'\n", a);
-            return usage(stderr);
-        }
-        i++;
-        char *end;
-        long x;
-        if (!strcmp(a, "--listen")) cfg->listen = v;
-        else if (!strcmp(a, "--models")) cfg->models = v;
-        else if (!strcmp(a, "--device")) cfg->device = v;
-        else if (!strcmp(a, "--metrics")) cfg->metrics = v;
-        else if (!strcmp(a, "--token-file")) cfg->token_file = v;
-        else if (!strcmp(a, "--port-file")) cfg->port_file = v;
-        else if (!strcmp(a, "--mixed-steps")) {
-            if (!strcmp(v, "on"))
-                cfg->mixed_steps = 1;
-            else if (!strcmp(v, "off"))
-                cfg->mixed_steps = 0;
-            else if (!strcmp(v, "auto"))
-                cfg->mixed_steps = -1;
-            else {
-                fprintf(stderr, "djinnd: --mixed-steps '%s': want on, off or auto\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--vmu-gb")) {
-            if (dj_vmu_parse_size(v, &cfg->vmu_bytes) != DJ_OK) {
-                fprintf(stderr, "djinnd: --vmu-gb '%s': %s\n", v, dj_last_error());
-                return 2;
-            }
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "--lease-ms") || !strcmp(a, "--max-running") ||
-                   !strcmp(a, "--prefill-chunk")) {
-            errno = 0;
-            x = strtol(v, &end, 10);
-            if (errno || *end || x < 0 || x > INT32_MAX ||
-                (x == 0 && strcmp(a, "--threads") && strcmp(a, "--prefill-chunk"))) {
-                fprintf(stderr, "djinnd: %s '%s' is not a valid count\n", a, v);
-                return 2;
-            }
-            if (!strcmp(a, "--threads")) cfg->threads = (int)x;
-            else if (!strcmp(a, "--lease-ms")) cfg->lease_ms = (uint32_t)x;
-            else if (!strcmp(a, "--prefill-chunk")) cfg->prefill_chunk = (uint32_t)x;
-            else cfg->max_running = (uint32_t)x;
-        } else {
-            fprintf(stderr, "djinnd: unknown option '%s'\n", a);
-            return usage(stderr);
-        }
-    }
-    return 0;
-}
-
 int dj__serve_main(int argc, char **argv) {
     dj__server *s = calloc(1, sizeof *s);
     if (!s) return 1;
-    int r = parse_args(argc, argv, &s->cfg);
+    int r = dj__parse_args(argc, argv, &s->cfg);
     if (r) {
         free(s);
         return r == 3 ? 0 : r;
@@ -845,9 +1072,17 @@ int dj__serve_main(int argc, char **argv) {
     }
     mu_ok = true;
     if ((st = dj__map_init(&s->conns, 256)) != DJ_OK || (st = dj__map_init(&s->sessions, 1024)) != DJ_OK ||
-        (st = dj__map_init(&s->handles, 1024)) != DJ_OK || (st = dj__map_init(&s->live_conns, 256)) != DJ_OK)
+        (st = dj__map_init(&s->handles, 1024)) != DJ_OK || (st = dj__map_init(&s->live_conns, 256)) != DJ_OK ||
+        (st = dj__map_init(&s->peers, 256)) != DJ_OK)
         goto fail;
-    if (s->cfg.token_file && (st = read_token(s, s->cfg.token_file)) != DJ_OK) goto fail;
+    if (s->cfg.token_file) {
+        if ((st = dj__tokens_load(s->cfg.token_file, &s->tokens, &s->n_tokens)) != DJ_OK) goto fail;
+        s->have_token = true;
+        s->metrics.auth = s->tokens;
+        s->metrics.n_auth = s->n_tokens;
+    }
+    if ((st = fit_fd_limit(&s->cfg)) != DJ_OK) goto fail;
+    dj__scrub_set_models(s->cfg.models);
     if (uv_loop_init(&s->loop) < 0) {
         st = dj_fail(DJ_EIO, "uv_loop_init failed");
         goto fail;
@@ -860,8 +1095,11 @@ int dj__serve_main(int argc, char **argv) {
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_timer_init(&s->loop, &s->tick);
+    s->tick.data = s;
+    uv_timer_start(&s->tick, on_tick, 100, 100);
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
-    if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics)) != DJ_OK) goto fail_loop;
+    if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
     fprintf(stderr, "djinnd: serving models from %s on %s (lease %u ms)\n", s->cfg.models, s->cfg.listen,
             s->cfg.lease_ms);
@@ -899,6 +1137,10 @@ done:
     dj__map_destroy(&s->sessions);
     dj__map_destroy(&s->handles);
     dj__map_destroy(&s->live_conns);
+    for (size_t b = 0; s->peers.b && b < s->peers.n_buckets; b++)
+        for (dj__ment *e = s->peers.b[b]; e; e = e->next) free(e->val);
+    dj__map_destroy(&s->peers);
+    free(s->tokens);
     if (mu_ok) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);

@@ -31,6 +31,37 @@ void *dj__map_get(const dj__map *m, uint64_t key);
 dj_status dj__map_put(dj__map *m, uint64_t key, void *val);
 void *dj__map_del(dj__map *m, uint64_t key); /* returns the value, NULL if absent */
 
+/* ---- tokens and peers (guard.c) ---- */
+/* Tokens: at most this long, this many per file (docs/protocol.md). */
+#define DJ__TOKEN_MAX 256
+#define DJ__TOKENS_MAX 64
+
+typedef struct dj__token {
+    char secret[DJ__TOKEN_MAX];
+    size_t len;
+    uint32_t qos_mask; /* 1 << class for each granted class */
+    bool admin;
+} dj__token;
+
+/* guard.c: the token file, refused with a clear message when empty, holding
+ * a NUL or a non-printable byte, or a token over DJ__TOKEN_MAX bytes. */
+dj_status dj__tokens_load(const char *path, dj__token **out /* OUT, malloc'd */, size_t *n /* OUT */);
+
+/* Failed HELLOs per peer (key: IPv4 address, IPv6 /64, or 1 for unix
+ * sockets): after each failure the peer's next HELLO waits 100 ms doubling to
+ * 2 s, one at a time; a success forgets the peer. Loop thread only. */
+typedef struct dj__peer {
+    uint32_t fails;
+    uint64_t next_ms;      /* monotonic: the earliest its next HELLO is answered */
+    uint64_t last_fail_ms;
+} dj__peer;
+#define DJ__PEERS_MAX 4096
+#define DJ__PEER_FORGET_MS (10u * 60u * 1000u)
+/* When a HELLO arriving now may be answered (reserves that slot). */
+uint64_t dj__peer_hello_at(dj__map *peers, uint64_t key, uint64_t now);
+void dj__peer_hello_result(dj__map *peers, uint64_t key, uint64_t now, bool ok);
+void dj__peers_sweep(dj__map *peers, uint64_t now);
+
 /* ---- metrics ---- */
 #define DJ__HIST_BUCKETS 14
 #define DJ__N_STATUS 13 /* -dj_status: 0..12 */
@@ -45,11 +76,15 @@ typedef struct dj__metrics {
     dj_vmu_stats vmu;              /* snapshot after the worker's last job */
     uint64_t sessions, connections, lease_expiries, tokens;
     void *mhd;                     /* struct MHD_Daemon * */
+    const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
+    size_t n_auth;
 } dj__metrics;
 extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
 void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);
 void dj__metrics_observe(dj__metrics *m, dj__hist *h, double seconds);
-dj_status dj__metrics_start(dj__metrics *m, const char *addr);
+dj_status dj__metrics_start(dj__metrics *m, const char *addr, uint32_t max_conns);
+/* The token whose secret is tok[0..n), compared in constant time; NULL if none. */
+const dj__token *dj__token_find(const dj__token *t, size_t n_tokens, const char *tok, size_t n);
 void dj__metrics_stop(dj__metrics *m);
 
 /* ---- sessions and handles (shared under srv->mu unless marked) ---- */
@@ -66,6 +101,8 @@ typedef struct dj__sess {
     bool paused, dead;          /* dead: connection gone or lease over; the worker reaps it */
     uint64_t paused_expect_ms;
     uint32_t pos, pages;        /* snapshot for stats, written by the worker */
+    uint32_t max_ctx;           /* positions the session allows (set at open) */
+    uint32_t queued;            /* requests naming it still in a waiting queue: its lease holds */
     char model[128];
     /* worker only */
     dj_session_t *es;
@@ -103,6 +140,9 @@ struct dj__job {
     uint16_t type;
     uint64_t req, conn, sess; /* sess 0 for connection-level requests */
     dj_qos qos;
+    uint32_t qos_mask;        /* 1 << class for each class the caller's token grants */
+    bool admin;               /* the caller's token has the admin role */
+    bool counted;             /* sess->queued was raised for it (dj__enqueue) */
     uint8_t *body;            /* meta then payload, owned */
     dj__meta meta;
     const uint8_t *payload;
@@ -130,6 +170,7 @@ struct dj__model_ent {
     dj_model_t *m;      /* valid while users > 0 or pinned */
     uint32_t users;     /* sessions */
     bool pinned;        /* MODEL_LOAD holds one engine reference */
+    uint64_t pin_conn;  /* the connection that pinned it: only it (or an admin) unloads */
     dj_tokenizer_t *tok;
     bool tok_tried;
     dj__model_ent *next;
@@ -148,13 +189,34 @@ typedef struct dj__config {
     uint32_t prefill_chunk; /* prompt tokens a GENERATE feeds per scheduler turn (0: the whole prompt) */
     int mixed_steps;        /* prompt chunks share decode steps: 1 on, 0 off, -1 auto (on for the CPU engine) */
     const char *port_file; /* write the bound TCP port here (tests) */
+    /* limits against hostile clients (docs/protocol.md, "Limits") */
+    uint32_t max_conns;        /* connections at once; clamped to the fd limit less DJ__FD_RESERVE */
+    uint32_t hello_timeout_ms; /* a connection must complete HELLO within this */
+    uint32_t idle_timeout_ms;  /* closed after this long without a byte either way (0: never) */
+    uint64_t out_soft, out_hard; /* unsent reply bytes: stop reading past soft, disconnect past hard */
+    uint32_t max_inflight;     /* requests of one connection queued or running before it stops being read */
+    uint32_t max_sessions;     /* sessions per connection */
+    uint32_t max_handles;      /* result handles per connection */
+    uint32_t metrics_conns;    /* /metrics connections at once */
 } dj__config;
+
+/* fds kept free for the listener, the loop, model files and /metrics' own
+ * listener besides the connections (--max-connections is clamped so). */
+#define DJ__FD_RESERVE 32
+/* Connections over the cap still get a typed ERROR while this many more are
+ * open; past that they are closed at once. */
+#define DJ__REFUSE_SLACK 16
+
 
 typedef struct dj__server {
     dj__config cfg;
     bool mixed; /* worker: prompt chunks join decode steps (cfg.mixed_steps resolved) */
-    char token[256];
+    dj__token *tokens; /* [n_tokens] from --token-file */
+    size_t n_tokens;
     bool have_token;
+    uv_timer_t tick;   /* HELLO and idle timeouts, deferred HELLOs */
+    dj__map peers;     /* loop only: peer key -> failed-HELLO record */
+    uint32_t n_conns;  /* loop only: open connections */
     uv_loop_t loop;
     union {
         uv_tcp_t tcp;
@@ -191,6 +253,12 @@ typedef struct dj__server {
 double dj__now(void);          /* monotonic seconds */
 uint64_t dj__now_ms(void);
 
+/* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
+int dj__parse_args(int argc, char **argv, dj__config *cfg);
+/* server.c: what a connection holds (mu held). */
+size_t dj__conn_sessions(dj__server *s, uint64_t conn);
+size_t dj__conn_handles(dj__server *s, uint64_t conn);
+
 /* worker.c */
 dj_status dj__worker_start(dj__server *s);
 void dj__worker_stop(dj__server *s);
@@ -198,6 +266,10 @@ void dj__enqueue(dj__server *s, dj__job *j); /* takes ownership; locks mu */
 void dj__job_free(dj__job *j);
 /* Build an ERROR frame (st, message) for the outbox (call with mu held or not: it only allocates). */
 dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *msg, bool close_after);
+/* msg made fit for a client: no heap addresses, no server paths, valid UTF-8
+ * without control bytes (set once the models dir is known). */
+void dj__scrub_message(const char *msg, char *out, size_t cap);
+void dj__scrub_set_models(const char *dir);
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w); /* takes w's bytes */
 void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
 

@@ -109,6 +109,9 @@ void dj__enqueue(dj__server *s, dj__job *j) {
     if (ss && ss->conn == j->conn && !ss->dead) {
         j->qos = ss->qos;
         ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+        ss->queued++; /* its lease holds while the request waits (lease_unqueue) */
+        j->counted = true;
+        j->sess = sid;
     }
     if (j->type == DJ_MSG_SESSION_OPEN) {
         const msgpack_object *q = dj__meta_get(&j->meta, "qos");
@@ -117,7 +120,7 @@ void dj__enqueue(dj__server *s, dj__job *j) {
         if (q && q->type == MSGPACK_OBJECT_STR && q->via.str.size < sizeof name) {
             memcpy(name, q->via.str.ptr, q->via.str.size);
             name[q->via.str.size] = '\0';
-            if (dj_qos_parse(name, &qq) == DJ_OK) j->qos = qq;
+            if (dj_qos_parse(name, &qq) == DJ_OK && (j->qos_mask >> qq & 1)) j->qos = qq;
         }
     }
     q_push(&s->newq[j->qos], j);
@@ -253,7 +256,7 @@ static void reap(dj__server *s) { /* mu held */
         while (e) {
             dj__sess *ss = e->val;
             e = e->next;
-            const bool expired = !ss->dead && !ss->busy && now > ss->lease_deadline_ms;
+            const bool expired = !ss->dead && !ss->busy && !ss->queued && now > ss->lease_deadline_ms;
             if (!ss->dead && !expired) continue;
             dj__map_del(&s->sessions, ss->id);
             if (expired) s->metrics.lease_expiries++;
@@ -289,6 +292,12 @@ static void snapshot(dj__server *s, dj__sess *ss) {
 static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     char model[128], qos_name[16] = "interactive";
     uint32_t expect = 0;
+    pthread_mutex_lock(&s->mu);
+    const size_t n_open = dj__conn_sessions(s, j->conn);
+    pthread_mutex_unlock(&s->mu);
+    if (n_open >= s->cfg.max_sessions)
+        return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
+                       s->cfg.max_sessions);
     dj_status st = dj__meta_strcpy(&j->meta, "model", true, model, sizeof model);
     if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
     if (st == DJ_OK) st = dj__meta_u32(&j->meta, "expected_tokens", false, &expect);
@@ -322,6 +331,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     }
     ss->conn = j->conn;
     ss->qos = qos;
+    ss->max_ctx = ctx;
     ss->pending = -1;
     ss->ment = e;
     e->users++;
@@ -420,6 +430,14 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     const uint64_t rows = all_rows ? n_feed : 1;
     dj__handle *h = NULL;
     if (want_logits) {
+        pthread_mutex_lock(&s->mu);
+        const size_t n_held = dj__conn_handles(s, j->conn);
+        pthread_mutex_unlock(&s->mu);
+        if (n_held >= s->cfg.max_handles) {
+            st = dj_fail(DJ_EQUOTA, "this connection holds %zu handles (--max-handles-per-conn %u): RELEASE some",
+                         n_held, s->cfg.max_handles);
+            goto done;
+        }
         h = calloc(1, sizeof *h);
         if (!h || !(h->bytes = malloc((size_t)rows * vocab * sizeof(float)))) {
             free(h);
@@ -627,6 +645,12 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
         goto done;
     }
+    const uint32_t pos0 = dj_session_pos(ss->es), ctx = dj_session_max_ctx(ss->es);
+    if (n_feed > ctx - pos0) { /* refused before any chunk runs */
+        st = dj_fail(DJ_ERANGE, "prompt of %zu tokens does not fit: the session has %u of its %u positions left",
+                     n_feed, ctx - pos0, ctx);
+        goto done;
+    }
     const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
     dj_sampler_params sp = {.temperature = (float)temp, .top_k = (uint32_t)top_k, .top_p = (float)top_p,
                             .seed = seed};
@@ -769,7 +793,10 @@ static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
     msgpack_pack_uint64(pk, v);
 }
 
-static dj_status do_stats(dj__server *s, dj__mw *w) {
+/* Sessions a STATS reply lists at most (an admin's sees every connection's). */
+#define STATS_MAX_SESSIONS 2048
+
+static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj_vmu_t *vmu = dj_engine_vmu(s->engine);
     dj_vmu_stats vs;
     dj_vmu_get_stats(vmu, &vs);
@@ -810,11 +837,21 @@ static dj_status do_stats(dj__server *s, dj__mw *w) {
     }
     const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
-    dj__mw_key(w, "sessions");
-    msgpack_pack_array(&w->pk, s->sessions.n);
+    /* a client sees its own sessions; a token with the admin role, all */
+    size_t n_shown = 0;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next)
+            n_shown += j->admin || ((dj__sess *)e->val)->conn == j->conn;
+    if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
+    dj__mw_u64(w, "sessions_total", s->sessions.n);
+    dj__mw_key(w, "sessions");
+    msgpack_pack_array(&w->pk, n_shown);
+    size_t n_packed = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e && n_packed < n_shown; e = e->next) {
             dj__sess *ss = e->val;
+            if (!j->admin && ss->conn != j->conn) continue;
+            n_packed++;
             msgpack_pack_map(&w->pk, 7);
             pack_kv_u64(&w->pk, "id", ss->id);
             dj__pack_str(&w->pk, "model");
@@ -843,11 +880,16 @@ static dj_status do_stats(dj__server *s, dj__mw *w) {
     pthread_mutex_unlock(&s->mu);
     char *map = NULL;
     size_t map_len = 0;
-    FILE *f = open_memstream(&map, &map_len);
+    FILE *f = j->admin ? open_memstream(&map, &map_len) : NULL; /* the map names every session */
     if (f) {
         dj_vmu_print_stats(vmu, f);
         fclose(f);
-        dj__mw_strn(w, "map", map, map_len);
+        char *clean = malloc(map_len + 1);
+        if (clean) {
+            dj__scrub_message(map, clean, map_len + 1);
+            dj__mw_str(w, "map", clean);
+        }
+        free(clean);
     }
     free(map);
     return DJ_OK;
@@ -895,6 +937,7 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
             dj_model_t *m = NULL;
             if ((st = model_ref(s, name, &e, &m)) != DJ_OK) return st;
             e->pinned = true;
+            e->pin_conn = j->conn;
         }
         const dj_model_config *c = dj_model_get_config(e->m);
         dj__mw_u64(w, "fingerprint", dj_model_fingerprint(e->m));
@@ -904,7 +947,8 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
         DJ_LOG(INFO, "model=%s loaded (pinned)", name);
         return DJ_OK;
     }
-    if (!e || !e->pinned) return dj_fail(DJ_ENOTFOUND, "model %s is not loaded", name);
+    if (!e || !e->pinned || (e->pin_conn != j->conn && !j->admin))
+        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection", name);
     e->pinned = false;
     dj_model_release(s->engine, e->m); /* stays cached in the text segment until space is needed */
     dj__mw_u64(w, "sessions", e->users);
@@ -926,7 +970,7 @@ static void run_job(dj__server *s, dj__job *j) {
     bool foreign = false;
     dj_status st;
     switch (j->type) {
-    case DJ_MSG_STATS: st = do_stats(s, &w); break;
+    case DJ_MSG_STATS: st = do_stats(s, j, &w); break;
     case DJ_MSG_MODEL_LIST: st = do_model_list(s, &w); break;
     case DJ_MSG_MODEL_LOAD: st = do_model_load(s, j, &w, true); break;
     case DJ_MSG_MODEL_UNLOAD: st = do_model_load(s, j, &w, false); break;
@@ -944,6 +988,17 @@ static void run_job(dj__server *s, dj__job *j) {
     dj__job_free(j);
 }
 
+/* A request leaves its waiting queue: its session's lease runs from now. */
+static dj__job *lease_unqueue(dj__server *s, dj__job *j) {
+    dj__sess *ss = j->counted ? dj__map_get(&s->sessions, j->sess) : NULL;
+    if (ss && ss->queued) {
+        ss->queued--;
+        ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+    }
+    j->counted = false;
+    return j;
+}
+
 /* Pick the next unit of work (mu held): the most urgent class with work;
  * within it alternate between admitting a waiting request and one decode
  * step of the running generations (round robin). Waiting requests are served
@@ -959,7 +1014,7 @@ static dj__job *pick(dj__server *s) {
         if (!can_new && !rq->n) continue;
         const bool take_new = can_new && (!rq->n || s->turn[q]);
         s->turn[q] = !s->turn[q];
-        if (take_new) return lifo ? q_pop_tail(nq) : q_pop_head(nq);
+        if (take_new) return lease_unqueue(s, lifo ? q_pop_tail(nq) : q_pop_head(nq));
         return q_pop_head(rq);
     }
     return NULL;

@@ -1,0 +1,169 @@
+/* options.c: djinnd's command line - every option with its default, the
+ * limits against hostile clients among them (docs/protocol.md, "Limits"). */
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server_impl.h"
+
+static int usage(FILE *f) {
+    fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
+          "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
+          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|auto] [--port-file FILE]\n"
+          "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
+          "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
+          "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
+          "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
+          "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
+          "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine, off on a GPU).\n"
+          "Limits per connection and of the daemon (against hostile clients):\n"
+          "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
+          "  --hello-timeout-ms 10000   a connection that has not completed HELLO by then is closed\n"
+          "  --idle-timeout-ms 300000   a connection with no byte either way and nothing pending is closed (0: never)\n"
+          "  --max-reply-buffer 4m,64m  unsent reply bytes: past SOFT the connection is not read, past HARD\n"
+          "                             (header and metadata bytes) it is dropped (suffixes k, m, g)\n"
+          "  --max-inflight 64          requests queued or running per connection before it is not read\n"
+          "  --max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
+          "  --metrics-max-connections 16   /metrics connections at once (each closed after 10 s)\n"
+          "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
+          "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin]\n"
+          "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
+          "A wrong token slows that address's next HELLO (100 ms doubling to 2 s); /metrics then wants\n"
+          "'Authorization: Bearer TOKEN'.\n",
+          f);
+    return 2;
+}
+
+/* "4m" -> 4 MiB; k, m, g suffixes (binary), no suffix: bytes. */
+static bool parse_bytes(const char *v, uint64_t *out) {
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || v[0] == '-') return false;
+    uint64_t mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1ull << 10, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1ull << 20, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1ull << 30, end++;
+    if (*end || x > UINT64_MAX / mul) return false;
+    *out = x * mul;
+    return true;
+}
+
+static bool parse_buffer(const char *v, dj__config *cfg) {
+    const char *comma = strchr(v, ',');
+    char soft[32];
+    if (!comma || (size_t)(comma - v) >= sizeof soft) return false;
+    memcpy(soft, v, (size_t)(comma - v));
+    soft[comma - v] = '\0';
+    uint64_t a, b;
+    if (!parse_bytes(soft, &a) || !parse_bytes(comma + 1, &b) || a < 1024 || b < a) return false;
+    cfg->out_soft = a;
+    cfg->out_hard = b;
+    return true;
+}
+
+/* Counting options: name, where it goes, whether 0 is allowed. */
+typedef struct count_opt {
+    const char *name;
+    size_t off;
+    bool zero_ok, is_int;
+} count_opt;
+
+static const count_opt counts[] = {
+    {"--threads", offsetof(dj__config, threads), true, true},
+    {"--lease-ms", offsetof(dj__config, lease_ms), false, false},
+    {"--max-running", offsetof(dj__config, max_running), false, false},
+    {"--prefill-chunk", offsetof(dj__config, prefill_chunk), true, false},
+    {"--max-connections", offsetof(dj__config, max_conns), false, false},
+    {"--hello-timeout-ms", offsetof(dj__config, hello_timeout_ms), false, false},
+    {"--idle-timeout-ms", offsetof(dj__config, idle_timeout_ms), true, false},
+    {"--max-inflight", offsetof(dj__config, max_inflight), false, false},
+    {"--max-sessions-per-conn", offsetof(dj__config, max_sessions), false, false},
+    {"--max-handles-per-conn", offsetof(dj__config, max_handles), false, false},
+    {"--metrics-max-connections", offsetof(dj__config, metrics_conns), false, false},
+};
+
+int dj__parse_args(int argc, char **argv, dj__config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->listen = "127.0.0.1:7070";
+    cfg->models = ".";
+    cfg->vmu_bytes = (size_t)1 << 30;
+    cfg->lease_ms = 10000;
+    cfg->max_running = 64;
+    cfg->prefill_chunk = 256;
+    cfg->mixed_steps = -1;
+    cfg->max_conns = 1024;
+    cfg->hello_timeout_ms = 10000;
+    cfg->idle_timeout_ms = 300000;
+    cfg->out_soft = (uint64_t)4 << 20;
+    cfg->out_hard = (uint64_t)64 << 20;
+    cfg->max_inflight = 64;
+    cfg->max_sessions = 64;
+    cfg->max_handles = 256;
+    cfg->metrics_conns = 16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
+        if (!strcmp(a, "serve") && i == 1) continue; /* `djinn serve ...` passes its argv through */
+        if (!v) {
+            fprintf(stderr, "djinnd: unknown option or missing value: '%s'\n", a);
+            return usage(stderr);
+        }
+        i++;
+        const count_opt *co = NULL;
+        for (size_t k = 0; k < sizeof counts / sizeof *counts; k++)
+            if (!strcmp(a, counts[k].name)) co = &counts[k];
+        if (co) {
+            errno = 0;
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (errno || end == v || *end || x < 0 || x > INT32_MAX || (x == 0 && !co->zero_ok)) {
+                fprintf(stderr, "djinnd: %s '%s' is not a valid count\n", a, v);
+                return 2;
+            }
+            if (co->is_int) *(int *)((char *)cfg + co->off) = (int)x;
+            else *(uint32_t *)((char *)cfg + co->off) = (uint32_t)x;
+        } else if (!strcmp(a, "--listen")) {
+            cfg->listen = v;
+        } else if (!strcmp(a, "--models")) {
+            cfg->models = v;
+        } else if (!strcmp(a, "--device")) {
+            cfg->device = v;
+        } else if (!strcmp(a, "--metrics")) {
+            cfg->metrics = v;
+        } else if (!strcmp(a, "--token-file")) {
+            cfg->token_file = v;
+        } else if (!strcmp(a, "--port-file")) {
+            cfg->port_file = v;
+        } else if (!strcmp(a, "--max-reply-buffer")) {
+            if (!parse_buffer(v, cfg)) {
+                fprintf(stderr, "djinnd: --max-reply-buffer '%s': want SOFT,HARD (e.g. 4m,64m; SOFT >= 1k, "
+                                "HARD >= SOFT)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--mixed-steps")) {
+            if (!strcmp(v, "on"))
+                cfg->mixed_steps = 1;
+            else if (!strcmp(v, "off"))
+                cfg->mixed_steps = 0;
+            else if (!strcmp(v, "auto"))
+                cfg->mixed_steps = -1;
+            else {
+                fprintf(stderr, "djinnd: --mixed-steps '%s': want on, off or auto\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--vmu-gb")) {
+            if (dj_vmu_parse_size(v, &cfg->vmu_bytes) != DJ_OK) {
+                fprintf(stderr, "djinnd: --vmu-gb '%s': %s\n", v, dj_last_error());
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "djinnd: unknown option '%s'\n", a);
+            return usage(stderr);
+        }
+    }
+    return 0;
+}
