@@ -72,5 +72,17 @@ if [ $AB = 1 ]; then
         rm -f "$pf"
     done
 fi
-echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+# The lines to paste into bench/RESULTS.md.
+{
+    echo "## gpu_check.sh $* on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    echo '```'
+    grep -E "checks|FAIL" "$OUT/gpu_check.log"
+    grep -E "passed|failed|FAIL" "$OUT/gpu_models.log" | tail -3
+    grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
+    [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|determin" "$OUT/bench_gpu.log"
+    echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+    echo '```'
+} >"$OUT/summary.md"
+cat "$OUT/summary.md"
+echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL) (summary: $OUT/summary.md)"
 exit $fail

@@ -1034,16 +1034,20 @@ static void check_argmax(uint32_t n, uint32_t vocab) {
 /* ---- sampling on the device (the backend's sample hook) ---- */
 
 /* n rows of V logits (kind 0: a grid of k/8 with many ties, -inf and NaN;
- * 1: continuous N(0, 3)-like values), each row with its own params and u:
- * the device's pick against dj_sampler_pick with the same u. Grid rows must
- * agree exactly; continuous rows may differ only by a neighbour in weight
- * order (a draw within float rounding of a boundary). */
+ * 1: continuous N(0, 3)-like values), each row with its own params (min-p
+ * and penalty entries too) and u: the device's pick against
+ * dj_sampler_pick_with with the same u, exactly (the rule's arithmetic is
+ * shared and its masses are integers). */
 static void check_sample(uint32_t n, uint32_t V, int kind) {
     float *lg = falloc((size_t)n * V);
     dj_sample_row *rows = xmalloc(n * sizeof *rows);
     static const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
     static const uint32_t topks[] = {0, 1, 3, 40, 1000};
     static const float topps[] = {1.0f, 0.9137f, 0.5371f, 0.05f};
+    static const float minps[] = {0.0f, 0.0f, 0.02f, 0.3f};
+    static const float reps[] = {0.0f, 1.0f, 1.3f, 0.8f};
+    const uint32_t max_pen = V < 64 ? V : 64;
+    dj_sampler_penalty *pens = xmalloc((size_t)n * max_pen * sizeof *pens);
     for (uint32_t r = 0; r < n; r++) {
         float *l = lg + (size_t)r * V;
         if (kind == 0)
@@ -1054,14 +1058,24 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
                 a += dj_test_randf(-1.5f, 1.5f);
             l[i] = a;
         }
+        const uint32_t n_pen = r % 3 == 2 ? dj_test_rand() % (max_pen + 1) : 0;
+        dj_sampler_penalty *pe = pens + (size_t)r * max_pen;
+        const uint32_t stride = V / max_pen; /* distinct ids */
+        for (uint32_t k = 0; k < n_pen; k++)
+            pe[k] = (dj_sampler_penalty){.id = (int32_t)(k * stride + dj_test_rand() % stride),
+                                         .sub = 0.25f * (float)(dj_test_rand() % 5) - 0.5f};
         rows[r] = (dj_sample_row){.temperature = temps[dj_test_rand() % 4],
                                   .top_k = topks[dj_test_rand() % 5],
                                   .top_p = topps[dj_test_rand() % 4],
+                                  .min_p = minps[dj_test_rand() % 4],
+                                  .repetition_penalty = n_pen ? reps[dj_test_rand() % 4] : 0.0f,
+                                  .n_pen = n_pen,
+                                  .pen = pe,
                                   .u = dj_test_randf(0.0f, 1.0f)};
         if (r == 0)
-            rows[r].temperature = 1.0f, rows[r].top_k = 0, rows[r].top_p = 1.0f; /* no truncation */
+            rows[r].temperature = 1.0f, rows[r].top_k = 0, rows[r].top_p = 1.0f, rows[r].min_p = 0.0f; /* no cut */
         if (r == 1 && n > 1)
-            rows[r].temperature = 0.8f, rows[r].top_k = 0, rows[r].top_p = 0.9137f;
+            rows[r].temperature = 0.8f, rows[r].top_k = 0, rows[r].top_p = 0.9137f, rows[r].min_p = 0.0f;
     }
     void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
     int32_t *got = xmalloc(n * sizeof *got), *again = xmalloc(n * sizeof *again);
@@ -1071,46 +1085,36 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
     if (gpu->vt->sample(gpu, dlg, n, V, rows, dout) != DJ_OK)
         die("sample");
     down(again, dout, n * sizeof *again);
-    uint32_t *order = xmalloc(V * sizeof *order), *rank = xmalloc(V * sizeof *rank);
-    int wrong = 0, near = 0;
+    int wrong = 0;
     for (uint32_t r = 0; r < n; r++) {
-        const dj_sampler_params p = {
-            .temperature = rows[r].temperature, .top_k = rows[r].top_k, .top_p = rows[r].top_p};
+        const dj_sampler_params p = {.temperature = rows[r].temperature, .top_k = rows[r].top_k,
+                                     .top_p = rows[r].top_p, .min_p = rows[r].min_p,
+                                     .repetition_penalty = rows[r].repetition_penalty};
         dj_sampler_t *hs = NULL;
         if (dj_sampler_new(&p, V, &hs) != DJ_OK)
             die("host sampler");
-        const int32_t want = dj_sampler_pick(hs, lg + (size_t)r * V, rows[r].u);
+        const int32_t want = dj_sampler_pick_with(hs, lg + (size_t)r * V, rows[r].u, rows[r].pen, rows[r].n_pen);
         dj_sampler_free(hs);
-        wrong += got[r] != again[r]; /* not deterministic */
-        if (got[r] == want)
+        if (got[r] == want && again[r] == want)
             continue;
-        if (kind == 1 && got[r] >= 0 && (uint32_t)got[r] < V && p.temperature > 0.0f) {
-            dj_test_weight_ranks(lg + (size_t)r * V, V, p.temperature, order, rank);
-            const long d = (long)rank[got[r]] - (long)rank[want];
-            if (d == 1 || d == -1) {
-                near++;
-                continue;
-            }
-        }
         wrong++;
-        printf("           row %u: T %g top_k %u top_p %g u %.9f: device %d, host %d\n", r, (double)rows[r].temperature,
-               rows[r].top_k, (double)rows[r].top_p, rows[r].u, got[r], want);
+        printf("           row %u: T %g top_k %u top_p %g min_p %g rep %g pens %u u %.9f: device %d (again %d), host %d\n",
+               r, (double)rows[r].temperature, rows[r].top_k, (double)rows[r].top_p, (double)rows[r].min_p,
+               (double)rows[r].repetition_penalty, rows[r].n_pen, rows[r].u, got[r], again[r], want);
     }
     n_rows++;
-    n_fail += wrong != 0 || (kind == 0 && near) || near > 1;
+    n_fail += wrong != 0;
     char shape[96];
-    snprintf(shape, sizeof shape, "rows=%u vocab=%u %s (wrong; %d adjacent swaps)", n, V,
-             kind == 0 ? "grid logits, ties, -inf, NaN" : "continuous logits", near);
-    printf("%-10s %-52s %10d  %s\n", "SAMPLE", shape, wrong,
-           wrong || (kind == 0 && near) || near > 1 ? "FAIL" : "pass");
+    snprintf(shape, sizeof shape, "rows=%u vocab=%u %s", n, V,
+             kind == 0 ? "grid logits, ties, -inf, NaN" : "continuous logits");
+    printf("%-10s %-52s %10d  %s\n", "SAMPLE", shape, wrong, wrong ? "FAIL" : "pass");
     dfree(dlg);
     dfree(dout);
     free(lg);
     free(rows);
+    free(pens);
     free(got);
     free(again);
-    free(order);
-    free(rank);
 }
 
 /* The hand-made row of test_sampler.c, each case on the device. */
@@ -1122,7 +1126,7 @@ static void check_sample_cases(void) {
         double u;
         int32_t want;
     } cases[] = {{0, 1.f, 0.50, 2}, {0, 1.f, 0.03, 0},     {0, 1.f, 0.9999, 4}, {2, 1.f, 0.40, 1},   {2, 1.f, 0.60, 2},
-                 {4, 1.f, 0.99, 3}, {0, 0.5371f, 0.99, 2}, {0, 0.2f, 0.99, 1},  {3, 0.999f, 0.99, 4}};
+                 {4, 1.f, 0.99, 4}, {0, 0.5371f, 0.99, 2}, {0, 0.2f, 0.99, 1},  {3, 0.999f, 0.99, 4}};
     const uint32_t n = sizeof cases / sizeof *cases;
     float lg[sizeof cases / sizeof *cases][7];
     dj_sample_row rows[sizeof cases / sizeof *cases];
@@ -1362,23 +1366,38 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
     free(table);
 }
 
-/* The sample hook on n rows of V continuous logits (T 0.8, top_p 0.9, and
- * top_k 40), wall time per call including the staged rows and a sync. */
-static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k) {
+/* The sample hook on n rows of V logits, flat (uniform in [-6, 6]) or
+ * peaked (N(0, 1)-like plus 8 ids 12 higher), T 0.8, top_p 0.9 and top_k:
+ * wall time per call including the staged rows and a sync. Bar (issue 8):
+ * 60 us for one row, 150 us for 32, at a 128K vocabulary. pen: 256
+ * repetition/frequency penalty entries per row. */
+static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k, int peaked, int pen) {
     float *lg = falloc((size_t)n * V);
-    for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = dj_test_randf(-6.0f, 6.0f);
+    for (size_t i = 0; i < (size_t)n * V; i++)
+        lg[i] = peaked ? dj_test_randf(-1.f, 1.f) + dj_test_randf(-1.f, 1.f) + dj_test_randf(-1.f, 1.f)
+                       : dj_test_randf(-6.0f, 6.0f);
+    for (uint32_t r = 0; peaked && r < n; r++)
+        for (int k = 0; k < 8; k++) lg[(size_t)r * V + dj_test_rand() % V] += 12.f;
     dj_sample_row *rows = xmalloc(n * sizeof *rows);
+    dj_sampler_penalty *pe = xmalloc(256 * sizeof *pe);
+    for (uint32_t k = 0; k < 256; k++) pe[k] = (dj_sampler_penalty){.id = (int32_t)(k * 37), .sub = 0.1f * (float)(k % 3)};
     for (uint32_t r = 0; r < n; r++)
-        rows[r] = (dj_sample_row){.temperature = 0.8f, .top_k = top_k, .top_p = 0.9f, .u = dj_test_randf(0.f, 1.f)};
+        rows[r] = (dj_sample_row){.temperature = 0.8f, .top_k = top_k, .top_p = 0.9f,
+                                  .repetition_penalty = pen ? 1.1f : 0.f, .n_pen = pen ? 256u : 0u,
+                                  .pen = pen ? pe : NULL, .u = dj_test_randf(0.f, 1.f)};
     void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
-    const int iters = 20;
+    const int iters = 50;
     double t0 = 0.0;
     for (int i = 0; i <= iters; i++) {
         if (i == 1) t0 = now(); /* the first call warms up */
         if (gpu->vt->sample(gpu, dlg, n, V, rows, dout) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("sample");
     }
     const double s = (now() - t0) / iters;
-    printf("bench sample rows=%u vocab=%u T=0.8 top_k=%u top_p=0.9: %9.1f us per call\n", n, V, top_k, s * 1e6);
+    const double bar = n == 1 ? 60.0 : 150.0;
+    printf("bench sample rows=%u vocab=%u %s T=0.8 top_k=%u top_p=0.9%s: %9.1f us per call (bar %.0f us: %s)\n", n, V,
+           peaked ? "peaked" : "flat", top_k, pen ? " +256 penalties" : "", s * 1e6, bar,
+           s * 1e6 <= bar ? "met" : "MISSED");
+    free(pe);
     dfree(dlg);
     dfree(dout);
     free(lg);
@@ -1450,9 +1469,14 @@ static void bench(void) {
     bench_decode(1, 4096, 32, 8, 128, 1);
     bench_decode(8, 512, 32, 8, 128, 1);
     bench_decode(1, 32768, 32, 8, 128, 1);
-    bench_sample(1, 128256, 0);
-    bench_sample(1, 128256, 40);
-    bench_sample(32, 128256, 0);
+    for (int peaked = 0; peaked < 2; peaked++) {
+        bench_sample(1, 128256, 0, peaked, 0);
+        bench_sample(1, 128256, 40, peaked, 0);
+        bench_sample(32, 128256, 0, peaked, 0);
+        bench_sample(32, 128256, 40, peaked, 0);
+    }
+    bench_sample(1, 128256, 40, 0, 1);
+    bench_sample(32, 128256, 40, 0, 1);
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 10);
     printf("bench (tensor-core attention with 128-row blocks:)\n");
@@ -1607,6 +1631,7 @@ int main(int argc, char **argv) {
     check_sample(8, 128256, 0);
     check_sample(40, 1000, 1);
     check_sample(8, 128256, 1);
+    check_sample(33, 128256, 1);
     check_capture_errors();
 
     printf("%d checks, %d failed\n", n_rows, n_fail);

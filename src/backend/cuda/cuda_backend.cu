@@ -376,17 +376,23 @@ static dj_status cuda_sample(dj_backend_t *be, const float *logits, uint32_t n, 
     for (uint32_t i = 0; i < n; i++) {
         const dj_sample_row *r = &rows[i];
         if (!(r->temperature >= 0.0f) || !isfinite(r->temperature) || !(r->top_p > 0.0f && r->top_p <= 1.0f) ||
-            !(r->u >= 0.0 && r->u < 1.0))
-            return dj_fail(DJ_EINVAL, "cuda sample: row %u has temperature %g, top_p %g, u %g (want T >= 0 finite, "
-                                      "top_p in (0, 1], u in [0, 1))",
-                           i, (double)r->temperature, (double)r->top_p, r->u);
+            !(r->min_p >= 0.0f && r->min_p <= 1.0f) || !(r->repetition_penalty >= 0.0f) ||
+            !isfinite(r->repetition_penalty) || !(r->u >= 0.0 && r->u < 1.0) || r->n_pen > vocab ||
+            (r->n_pen && !r->pen))
+            return dj_fail(DJ_EINVAL, "cuda sample: row %u has temperature %g, top_p %g, min_p %g, repetition %g, "
+                                      "u %g, %u penalties (want T >= 0 finite, top_p in (0, 1], min_p in [0, 1], "
+                                      "repetition >= 0 finite, u in [0, 1), at most vocab penalties)",
+                           i, (double)r->temperature, (double)r->top_p, (double)r->min_p,
+                           (double)r->repetition_penalty, r->u, r->n_pen);
+        for (uint32_t k = 0; k < r->n_pen; k++)
+            if (r->pen[k].id < 0 || (uint32_t)r->pen[k].id >= vocab || !isfinite(r->pen[k].sub))
+                return dj_fail(DJ_EINVAL, "cuda sample: row %u penalty %u: id %d outside [0, %u) or a sub of %g", i, k,
+                               (int)r->pen[k].id, vocab, (double)r->pen[k].sub);
     }
     DJ_CU(cb, cudaSetDevice(cb->device));
     dj_status st = not_capturing(cb, "sample"); /* the rows are staged host bytes */
     if (st == DJ_OK) st = dj__cuda_flush(cb);
-    const void *rows_dev = NULL;
-    if (st == DJ_OK) st = dj__cuda_stage(cb, rows, (size_t)n * sizeof *rows, &rows_dev);
-    if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, (const dj_sample_row *)rows_dev, out);
+    if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, rows, out);
     return st;
 }
 

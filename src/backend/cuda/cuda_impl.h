@@ -157,9 +157,9 @@ static inline cudaError_t dj__cuda_launch(bool pdl, void (*kernel)(KArgs...), di
 /* Launchers: the call has been validated by the compute switch. */
 dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);
 dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out);
-/* rows_dev: [n] in device memory (staged by the caller). */
+/* rows: [n] host memory, validated by the caller (staged here with their penalties). */
 dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab,
-                          const dj_sample_row *rows_dev, int32_t *out);
+                          const dj_sample_row *rows, int32_t *out);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
