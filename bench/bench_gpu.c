@@ -22,6 +22,7 @@ typedef struct opts {
     int device;
     uint32_t ctx, steps, batch, prefill;
     uint64_t seed;
+    bool deterministic; /* --deterministic: the engine option; the batch check then wants bit equality */
 } opts;
 
 static int n_checks, n_failed;
@@ -113,7 +114,7 @@ static int cmp_double(const void *a, const void *b) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_gpu MODEL_DIR [--json PATH] [--device N] [--ctx 512] [--steps 64] [--batch 32]\n"
-                    "                 [--prefill 2048] [--seed S]\n"
+                    "                 [--prefill 2048] [--seed S] [--deterministic]\n"
                     "(--steps >= 8: two are warm-up; --batch >= 2; --ctx and --prefill > 0)\n");
     return 2;
 }
@@ -125,6 +126,10 @@ int main(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
             o.model = a;
+            continue;
+        }
+        if (!strcmp(a, "--deterministic")) {
+            o.deterministic = true;
             continue;
         }
         if (!v) return usage();
@@ -153,13 +158,14 @@ int main(int argc, char **argv) {
     if (dj_model_estimate(ck, DJ_DTYPE_BF16, o.prefill, &needs) != DJ_OK) die("estimate");
     const dj_model_config cfg = *dj_checkpoint_config(ck);
     const uint32_t dctx = o.ctx + o.steps + 40; /* decode sessions, with room for the eager run */
-    const uint32_t total_ctx = 2 * (o.prefill + 1) + dctx + 2 * (64 + 24) + (o.batch + 1) * dctx;
+    const uint32_t total_ctx = 2 * (o.prefill + 1) + 2 * dctx + 2 * (64 + 24) + (o.batch + 1) * dctx; /* 2: greedy, sampled */
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
     char dev[32];
     snprintf(dev, sizeof dev, "cuda:%d", o.device);
     ec.device = dev;
     ec.max_step_tokens = o.prefill;
+    ec.deterministic = o.deterministic;
     dj_engine_config_for(&needs, total_ctx, 0, &ec.vmu);
     dj_engine_t *e = NULL;
     if (dj_engine_new(&ec, &e) != DJ_OK) die("engine");
@@ -309,6 +315,9 @@ int main(int argc, char **argv) {
         }
         const bool same_pick = dj_argmax(lb, V) == dj_argmax(l1, V) || top1 - top2 <= 2 * md;
         check(w, err <= 3e-2 && same_pick, d);
+        if (o.deterministic)
+            check("--deterministic: batch row 0 bit-identical to the session alone",
+                  memcmp(lb, l1, (size_t)V * sizeof *lb) == 0, d);
         check("device greedy picks = argmax of the batch's logits", picks, "");
         free(lb);
         free(l1);

@@ -45,7 +45,10 @@ if [ $BENCH = 1 ]; then
     M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
     [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 || exit 2
     "$B/bench_gpu" "$M" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1 || fail=1
-    tail -22 "$OUT/bench_gpu.log"
+    tail -24 "$OUT/bench_gpu.log"
+    # --deterministic: batch rows bit-identical to a session alone; its b=32 cost
+    "$B/bench_gpu" "$M" --deterministic --steps 16 >"$OUT/bench_det.log" 2>&1 || fail=1
+    grep -E "deterministic|decode b=|checks," "$OUT/bench_det.log"
     python3 bench/hf_decode.py "$M" --attn eager --json "$OUT/hf_eager.json" 2>&1 | grep -vi warn | tail -4
 fi
 if [ $AB = 1 ]; then
@@ -79,7 +82,8 @@ fi
     grep -E "checks|FAIL" "$OUT/gpu_check.log"
     grep -E "passed|failed|FAIL" "$OUT/gpu_models.log" | tail -3
     grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
-    [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|determin" "$OUT/bench_gpu.log"
+    [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|FAIL" "$OUT/bench_gpu.log"
+    [ -f "$OUT/bench_det.log" ] && sed 's/^/--deterministic: /' "$OUT/bench_det.log" | grep -E "decode b=32|bit-identical|checks,|FAIL"
     echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
     echo '```'
 } >"$OUT/summary.md"

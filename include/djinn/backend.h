@@ -182,7 +182,12 @@ struct dj_backend {
     dj_dtype res_dtype;   /* element type the executor keeps the residual stream in
                            * (EMBED and ADD outputs): act_dtype or f32 */
     bool host_memory;     /* device memory is host memory (the CPU backend) */
+    bool deterministic;   /* set by the owner before any compute: each row of a MATMUL with
+                           * n <= DJ_DETERMINISTIC_MAX_ROWS computed independently of n
+                           * (batch-invariant logits); the CPU backend always is */
 };
+
+#define DJ_DETERMINISTIC_MAX_ROWS 256
 
 /* The CPU backend. n_threads 0 = every core (omp_get_max_threads()). Its
  * device memory is host memory aligned to 4096; compute is synchronous and

@@ -123,6 +123,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
 #endif
         st = dj_backend_cpu_new(cfg->n_threads, &e->be);
     if (st != DJ_OK) goto fail;
+    e->be->deterministic = cfg->deterministic;
     st = dj_vmu_new(e->be, &cfg->vmu, &e->vmu);
     if (st != DJ_OK) goto fail;
     st = dj_plan_cache_new(DJ_PLAN_CACHE_ENTRIES, &e->plans);

@@ -1241,6 +1241,64 @@ static void bench_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
     dfree(out);
 }
 
+/* --deterministic (be->deterministic): every row of a MATMUL of up to
+ * DJ_DETERMINISTIC_MAX_ROWS rows equals, bit for bit, the same row computed
+ * alone and in batches of 7 and 32 (bf16 and f32 out: activations and
+ * logits). Also reports whether the default path differs (it may). */
+static void check_deterministic(uint32_t k, uint32_t m, dj_dtype out_t) {
+    const uint32_t N = 32, sizes[3] = {1, 7, 32};
+    const size_t os = dj_dtype_size(out_t);
+    void *x = dev_random_bf16((size_t)N * k, 1.0f), *w = dev_random_bf16((size_t)m * k, 0.02f);
+    void *out = dalloc((size_t)N * m * os);
+    uint8_t *rows[3], *plain = xmalloc((size_t)N * m * os);
+    gpu->deterministic = true;
+    for (int i = 0; i < 3; i++) {
+        dj_op_call c = {.op = DJ_OP_MATMUL, .n = sizes[i], .out = out, .x = x, .w = w, .w_dtype = DJ_DTYPE_BF16,
+                        .k = k, .m = m, .out_dtype = out_t};
+        if (dj_backend_compute(gpu, &c) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("deterministic matmul");
+        rows[i] = xmalloc((size_t)sizes[i] * m * os);
+        down(rows[i], out, (size_t)sizes[i] * m * os);
+    }
+    gpu->deterministic = false;
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = N, .out = out, .x = x, .w = w, .w_dtype = DJ_DTYPE_BF16,
+                    .k = k, .m = m, .out_dtype = out_t};
+    if (dj_backend_compute(gpu, &c) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("matmul");
+    down(plain, out, (size_t)N * m * os);
+    const size_t row = (size_t)m * os;
+    int wrong = memcmp(rows[0], rows[1], row) != 0;          /* row 0: alone vs in 7 */
+    wrong += memcmp(rows[0], rows[2], row) != 0;             /* alone vs in 32 */
+    wrong += memcmp(rows[1], rows[2], 7 * row) != 0;         /* rows 0..6: in 7 vs in 32 */
+    const int plain_differs = memcmp(plain, rows[2], N * row) != 0;
+    n_rows++;
+    n_fail += wrong != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "deterministic %ux%u %s: rows of 1/7/32 (default %s)", k, m,
+             out_t == DJ_DTYPE_F32 ? "f32" : "bf16", plain_differs ? "differs" : "equal");
+    printf("%-10s %-52s %10d  %s\n", "MATMUL", shape, wrong, wrong ? "FAIL" : "pass");
+    for (int i = 0; i < 3; i++) free(rows[i]);
+    free(plain);
+    dfree(x);
+    dfree(w);
+    dfree(out);
+}
+
+/* The cost of --deterministic: a b=32 matmul by GEMVs against cuBLAS. */
+static void bench_deterministic(uint32_t k, uint32_t m) {
+    void *x = dev_random_bf16((size_t)32 * k, 1.0f), *w = dev_random_bf16((size_t)m * k, 0.02f);
+    void *out = dalloc((size_t)32 * m * 2);
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = 32, .out = out, .x = x, .w = w, .w_dtype = DJ_DTYPE_BF16, .k = k, .m = m,
+                    .out_dtype = DJ_DTYPE_BF16};
+    const double plain = time_call(&c, 100);
+    gpu->deterministic = true;
+    const double det = time_call(&c, 100);
+    gpu->deterministic = false;
+    printf("bench deterministic matmul 32x%ux%u: %9.1f us (default %9.1f us, %.2fx)\n", k, m, det * 1e6, plain * 1e6,
+           det / plain);
+    dfree(x);
+    dfree(w);
+    dfree(out);
+}
+
 /* Seconds per round of `count` calls, recorded `rounds` times in one graph
  * (no host launch cost in the figure) that runs `iters` times. */
 static double time_graph(const dj_op_call *calls, int count, int rounds, int iters) {
@@ -1459,6 +1517,8 @@ static void bench(void) {
     if (dj_cuda_measure_copy(gpu, (size_t)1 << 30, 20, &copy) != DJ_OK) die("measure copy");
     printf("bench copy 1 GiB: %7.1f GB/s (read + written)\n", copy);
     bench_gemv();
+    bench_deterministic(4096, 14336);
+    bench_deterministic(14336, 4096);
     bench_matmul(1, 4096, 14336, 200);  /* decode: weight bandwidth */
     bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
     bench_attention(1, 512, 32, 8, 128, 200);
@@ -1626,6 +1686,8 @@ int main(int argc, char **argv) {
     check_argmax(1, 128256);
     check_argmax(33, 32000);
     check_sample_cases();
+    check_deterministic(4096, 14336, DJ_DTYPE_BF16);
+    check_deterministic(4096, 128256, DJ_DTYPE_F32);
     check_sample(40, 7, 0);
     check_sample(40, 1000, 0);
     check_sample(8, 128256, 0);

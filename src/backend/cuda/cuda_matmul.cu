@@ -442,6 +442,21 @@ dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
     const bool gemv = cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS
                                            : cb->matmul_path != 2 && c->n <= GEMV_MAX_ROWS;
+    if (!gemv && cb->base.deterministic && c->n <= DJ_DETERMINISTIC_MAX_ROWS && cb->matmul_path != 2) {
+        /* batch-invariant: GEMVs of 8 rows at a time, each row summed as alone */
+        dj_status st = dj__cuda_flush(cb);
+        for (uint32_t r0 = 0; st == DJ_OK && r0 < c->n; r0 += GEMV_MAX_ROWS) {
+            dj_op_call part = *c;
+            const size_t xs = dj_dtype_size(DJ_DTYPE_BF16), os = dj_dtype_size(c->out_dtype);
+            part.n = c->n - r0 < GEMV_MAX_ROWS ? c->n - r0 : GEMV_MAX_ROWS;
+            part.x = (const uint8_t *)c->x + (size_t)r0 * c->k * xs;
+            part.out = (uint8_t *)c->out + (size_t)r0 * c->m * os;
+            cb->gemv[0] = part;
+            cb->gemv_count = 1;
+            st = dj__cuda_flush(cb);
+        }
+        return st;
+    }
     if (gemv) { /* enqueued with the next ops that share its input (q/k/v, gate/up) */
         if (!joins_group(cb, c)) {
             dj_status st = dj__cuda_flush(cb);
