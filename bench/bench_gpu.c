@@ -158,7 +158,8 @@ int main(int argc, char **argv) {
     if (dj_model_estimate(ck, DJ_DTYPE_BF16, o.prefill, &needs) != DJ_OK) die("estimate");
     const dj_model_config cfg = *dj_checkpoint_config(ck);
     const uint32_t dctx = o.ctx + o.steps + 40; /* decode sessions, with room for the eager run */
-    const uint32_t total_ctx = 2 * (o.prefill + 1) + 2 * dctx + 2 * (64 + 24) + (o.batch + 1) * dctx; /* 2: greedy, sampled */
+    const uint32_t total_ctx =
+        2 * (o.prefill + 1) + 2 * dctx + 2 * (64 + 24) + (o.batch + 1) * dctx; /* 2: greedy, sampled */
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
     char dev[32];

@@ -5,8 +5,8 @@
 # (bench_gpu) and HF transformers eager on the same weights (bench/hf_decode.py).
 # The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
 # makes it on a machine with our apt packages), else they are built here.
-# --ab adds bench_gpu under each alternative switch (ab.log: one block per
-# setting) and a DJINN_PROFILE per-op table of prefill and eager decode
+# --ab adds bench_gpu under each kill switch (ab.log: one block per
+# setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
 # (profile.log); at most 7 files land in DIR.
 # usage (repo root): scripts/gpu_check.sh [--bench] [--ab] [--out DIR]
 set -uo pipefail
@@ -53,7 +53,7 @@ if [ $BENCH = 1 ]; then
 fi
 if [ $AB = 1 ]; then
     : >"$OUT/ab.log"
-    for setting in DJINN_PDL=gemv DJINN_PDL=on DJINN_GEMV=v0 DJINN_GEMV=v2 DJINN_DECODE=v1 DJINN_RESIDUAL=bf16; do
+    for setting in DJINN_NO_GRAPHS=1 DJINN_FUSE=off DJINN_DEVICE_SAMPLING=off; do
         echo "== $setting" >>"$OUT/ab.log"
         env "$setting" "$B/bench_gpu" "$M" >>"$OUT/ab.log" 2>&1 || { echo "bench_gpu failed under $setting" >>"$OUT/ab.log"; fail=1; }
     done

@@ -134,7 +134,8 @@ static void check_against_reference(void) {
         const int32_t got = dj_sampler_pick(s, l, u), want = ref_pick(&p, l, n, u, prompt, n_prompt, gen, n_gen);
         dj_sampler_free(s);
         if (got != want && wrong++ == 0)
-            printf("reference: n %u grid %d T %g top_k %u top_p %g min_p %g rep %g freq %g pres %g u %.9f: got %d want %d\n",
+            printf("reference: n %u grid %d T %g top_k %u top_p %g min_p %g rep %g freq %g pres %g u %.9f: got %d want "
+                   "%d\n",
                    n, grid, (double)p.temperature, p.top_k, (double)p.top_p, (double)p.min_p,
                    (double)p.repetition_penalty, (double)p.frequency_penalty, (double)p.presence_penalty, u, got, want);
     }

@@ -19,10 +19,6 @@
 
 static dj_backend_t *cpu, *gpu;
 static int device, n_rows, n_fail;
-/* Kernel variants the backend reads from the environment at creation. */
-static const char *const gemv_variants[] = {"v0", "v1", "v2"};
-static const char *const decode_variants[] = {"v0", "v1", "v2"};
-static const char *variant_tag = ""; /* appended to the shape of the rows it concerns */
 
 /* ---- helpers ---- */
 
@@ -147,20 +143,6 @@ static void run_both(const dj_op_call *cc, const dj_op_call *gc, const char *op)
     if (dj_backend_compute(cpu, cc) != DJ_OK) die(op);
     if (dj_backend_compute(gpu, gc) != DJ_OK) die(op);
     if (gpu->vt->sync(gpu) != DJ_OK) die(op);
-}
-
-/* gpu anew with $name=value (NULL: unset): the backend reads its kernel
- * variants ($DJINN_GEMV, $DJINN_DECODE) once, at creation. Device buffers
- * outlive it. */
-static void gpu_renew(const char *name, const char *value) {
-    if (gpu->vt->sync(gpu) != DJ_OK) die("sync before renew");
-    dj_backend_free(gpu);
-    gpu = NULL;
-    if ((value ? setenv(name, value, 1) : unsetenv(name)) != 0) {
-        perror("gpu_check: setenv");
-        exit(2);
-    }
-    if (dj_backend_cuda_new(device, &gpu) != DJ_OK) die("cuda backend");
 }
 
 /* ---- ops ---- */
@@ -343,9 +325,9 @@ static void check_matmul_skew(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, i
     run_both(&cc, &gc, "matmul");
     dj__cuda_set_paths(gpu, 0, 0);
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u k=%u m=%u w=%s%s out=%s%s%s%s", n, k, m, dj_dtype_name(wt),
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u w=%s%s out=%s%s%s", n, k, m, dj_dtype_name(wt),
              bias ? "+bias" : "", dj_dtype_name(out_t), skew ? " skewed" : "",
-             path == 1 ? " [gemv]" : path == 2 ? " [gemm]" : "", variant_tag);
+             path == 1 ? " [gemv]" : path == 2 ? " [gemm]" : "");
     compare("MATMUL", shape, dout, out_t, ref, (size_t)n * m);
     dfree(dx);
     dfree(dw);
@@ -633,18 +615,17 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
     /* The kernel each path must have run: auto takes tensor cores for
      * head_dim 64/128 from 8 rows on (every call here is aligned), "tc"
      * falls back to the f32 prefill elsewhere. */
-    static const char *paths[] = {"auto", "decode", "prefill", "tc", "tc128"}; /* tc128: 128-row blocks */
+    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
     static const char *kernels[] = {"none", "decode", "prefill", "tc"};
     const int tc_covers = hd == 64 || hd == 128;
-    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2, tc_covers ? 3 : 2};
-    for (int path = 0; path < 5; path++) {
+    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
+    for (int path = 0; path < 4; path++) {
         poison(dout, count * 2);
-        dj__cuda_set_paths(gpu, path == 4 ? 3 : path, 0);
-        dj__cuda_set_tc_rows(gpu, path == 4 ? 128 : 64);
+        dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
         const int ran = dj__cuda_last_attention(gpu);
-        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]%s", n, pos0, nh, nkv,
-                 hd, tpp, window, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0], variant_tag);
+        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]", n, pos0, nh, nkv,
+                 hd, tpp, window, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
         compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
         if (ran != expect_kernel[path]) {
             n_rows++;
@@ -654,7 +635,6 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
         }
     }
     dj__cuda_set_paths(gpu, 0, 0);
-    dj__cuda_set_tc_rows(gpu, 64);
     dfree(dq);
     dfree(dout);
     free(qb);
@@ -790,8 +770,8 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
         }
         if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
         char shape[96];
-        snprintf(shape, sizeof shape, "rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s%s", B, nh, nkv, hd, tpp, window,
-                 captured ? (round ? " graph, pos+1" : " graph") : "", variant_tag);
+        snprintf(shape, sizeof shape, "rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
+                 captured ? (round ? " graph, pos+1" : " graph") : "");
         compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
         compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
         compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
@@ -872,8 +852,8 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
     if (dj_backend_compute(cpu, &cc[3]) != DJ_OK) die("matmul group (cpu)");
     for (int i = 0; i < 4; i++) {
         char shape[96];
-        snprintf(shape, sizeof shape, "grouped %d/4: n=%u k=%u m=%u %s%s%s%s", i + 1, n, ks[i], ms[i],
-                 dj_dtype_name(wt), i == 1 ? " +bias" : "", i == 3 ? " (x = output 1)" : "", variant_tag);
+        snprintf(shape, sizeof shape, "grouped %d/4: n=%u k=%u m=%u %s%s%s", i + 1, n, ks[i], ms[i],
+                 dj_dtype_name(wt), i == 1 ? " +bias" : "", i == 3 ? " (x = output 1)" : "");
         compare("MATMUL", shape, dout[i], DJ_DTYPE_BF16, ref[i], (size_t)n * ms[i]);
         dfree(dw[i]);
         dfree(dout[i]);
@@ -889,86 +869,59 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
     free(x3);
 }
 
-/* The decode GEMV under each $DJINN_GEMV variant (forced, path 1): every
+/* The decode GEMV (forced, path 1): every
  * row count 1..8, k past the last full step of 16 chunks per lane (4104:
  * only lane 0 has a tail), long rows, k % 8 != 0 and skewed weights (the
  * scalar fallback), rows per block not dividing m, f16/f32 weights, bias,
  * f32 logits, and grouped calls. */
-static bool pdl_on(void) {
-    const char *p = getenv("DJINN_PDL");
-    return p && strcmp(p, "on") == 0;
+static void check_gemv(void) {
+    for (uint32_t n = 1; n <= 8; n++)
+        check_matmul(n, 512, 37 + 8 * n, DJ_DTYPE_BF16, n % 3 == 0, DJ_DTYPE_BF16, 1);
+    check_matmul(1, 4104, 1001, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
+    check_matmul(1, 14336, 257, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+    check_matmul(6, 14336, 63, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+    check_matmul(2, 4100, 333, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
+    check_matmul(3, 37, 65, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+    check_matmul_skew(1, 1024, 129, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1, 1);
+    check_matmul_skew(4, 1024, 129, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 1, 4);
+    check_matmul(1, 1, 9, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
+    check_matmul(1, 8, 1, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
+    check_matmul(5, 2048, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 1);
+    check_matmul(7, 2048, 999, DJ_DTYPE_F32, 1, DJ_DTYPE_BF16, 1);
+    check_matmul(1, 4096, 5003, DJ_DTYPE_BF16, 0, DJ_DTYPE_F32, 1);
+    check_matmul(8, 4096, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_F32, 1);
+    check_matmul_group(1, 4096, DJ_DTYPE_BF16);
+    check_matmul_group(8, 1024, DJ_DTYPE_BF16);
+    check_matmul_group(3, 512, DJ_DTYPE_F16);
+    check_matmul_group(2, 260, DJ_DTYPE_BF16); /* k % 8 != 0 */
 }
 
-static void check_gemv_variants(void) {
-    const char *env = getenv("DJINN_GEMV");
-    char saved[32];
-    snprintf(saved, sizeof saved, "%s", env ? env : "");
-    for (size_t v = 0; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
-        char tag[16];
-        snprintf(tag, sizeof tag, " %s%s", gemv_variants[v], pdl_on() ? " pdl" : "");
-        variant_tag = tag;
-        gpu_renew("DJINN_GEMV", gemv_variants[v]);
-        for (uint32_t n = 1; n <= 8; n++)
-            check_matmul(n, 512, 37 + 8 * n, DJ_DTYPE_BF16, n % 3 == 0, DJ_DTYPE_BF16, 1);
-        check_matmul(1, 4104, 1001, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
-        check_matmul(1, 14336, 257, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
-        check_matmul(6, 14336, 63, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
-        check_matmul(2, 4100, 333, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
-        check_matmul(3, 37, 65, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
-        check_matmul_skew(1, 1024, 129, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1, 1);
-        check_matmul_skew(4, 1024, 129, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 1, 4);
-        check_matmul(1, 1, 9, DJ_DTYPE_BF16, 0, DJ_DTYPE_BF16, 1);
-        check_matmul(1, 8, 1, DJ_DTYPE_BF16, 1, DJ_DTYPE_BF16, 1);
-        check_matmul(5, 2048, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_BF16, 1);
-        check_matmul(7, 2048, 999, DJ_DTYPE_F32, 1, DJ_DTYPE_BF16, 1);
-        check_matmul(1, 4096, 5003, DJ_DTYPE_BF16, 0, DJ_DTYPE_F32, 1);
-        check_matmul(8, 4096, 1000, DJ_DTYPE_F16, 1, DJ_DTYPE_F32, 1);
-        check_matmul_group(1, 4096, DJ_DTYPE_BF16);
-        check_matmul_group(8, 1024, DJ_DTYPE_BF16);
-        check_matmul_group(3, 512, DJ_DTYPE_F16);
-        check_matmul_group(2, 260, DJ_DTYPE_BF16); /* k % 8 != 0 */
-    }
-    variant_tag = "";
-    gpu_renew("DJINN_GEMV", env ? saved : NULL);
-}
-
-/* Decode attention under each $DJINN_DECODE variant: GQA groups of 1, 2,
+/* Decode attention: GQA groups of 1, 2,
  * 3, 4 and 8 (heads per block 1, 2 and 4), head_dim 6..256 (partial lanes,
  * each pair count), windows, one position, long contexts (many steps per
  * warp, a partial last step), several rows, and per-row positions and
  * tables, eager and recorded. */
-static void check_decode_variants(void) {
-    const char *env = getenv("DJINN_DECODE");
-    char saved[32];
-    snprintf(saved, sizeof saved, "%s", env ? env : "");
-    for (size_t v = 0; v < sizeof decode_variants / sizeof *decode_variants; v++) {
-        char tag[16];
-        snprintf(tag, sizeof tag, " %s%s", decode_variants[v], pdl_on() ? " pdl" : "");
-        variant_tag = tag;
-        gpu_renew("DJINN_DECODE", decode_variants[v]);
-        /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
-        check_attention(1, 4095, 32, 8, 128, 16, 0);
-        check_attention(1, 1000, 8, 1, 64, 7, 0);
-        check_attention(3, 37, 8, 2, 64, 16, 0);
-        check_attention(1, 2000, 8, 2, 128, 16, 256);
-        check_attention(1, 300, 4, 2, 256, 8, 0);
-        check_attention(5, 40, 4, 4, 80, 16, 0);
-        check_attention(2, 500, 6, 3, 6, 5, 0);
-        check_attention(1, 77, 12, 4, 96, 16, 0);
-        check_attention(4, 4000, 16, 2, 128, 16, 1000);
-        check_attention(1, 0, 8, 2, 128, 16, 0);
-        check_attention(7, 9, 8, 8, 192, 3, 5);
-        check_attention(1, 20000, 32, 8, 128, 16, 0);
-        /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
-        check_rows(1, 32, 8, 128, 16, 0, 0);
-        check_rows(5, 8, 2, 64, 7, 0, 0);
-        check_rows(8, 12, 4, 96, 16, 0, 0);
-        check_rows(3, 8, 2, 128, 16, 100, 0);
-        check_rows(1, 32, 8, 128, 16, 0, 1);
-        check_rows(32, 32, 8, 128, 16, 0, 1);
-    }
-    variant_tag = "";
-    gpu_renew("DJINN_DECODE", env ? saved : NULL);
+static void check_decode(void) {
+    /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
+    check_attention(1, 4095, 32, 8, 128, 16, 0);
+    check_attention(1, 1000, 8, 1, 64, 7, 0);
+    check_attention(3, 37, 8, 2, 64, 16, 0);
+    check_attention(1, 2000, 8, 2, 128, 16, 256);
+    check_attention(1, 300, 4, 2, 256, 8, 0);
+    check_attention(5, 40, 4, 4, 80, 16, 0);
+    check_attention(2, 500, 6, 3, 6, 5, 0);
+    check_attention(1, 77, 12, 4, 96, 16, 0);
+    check_attention(4, 4000, 16, 2, 128, 16, 1000);
+    check_attention(1, 0, 8, 2, 128, 16, 0);
+    check_attention(7, 9, 8, 8, 192, 3, 5);
+    check_attention(1, 20000, 32, 8, 128, 16, 0);
+    /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
+    check_rows(1, 32, 8, 128, 16, 0, 0);
+    check_rows(5, 8, 2, 64, 7, 0, 0);
+    check_rows(8, 12, 4, 96, 16, 0, 0);
+    check_rows(3, 8, 2, 128, 16, 100, 0);
+    check_rows(1, 32, 8, 128, 16, 0, 1);
+    check_rows(32, 32, 8, 128, 16, 0, 1);
 }
 
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
@@ -1098,9 +1051,10 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
         if (got[r] == want && again[r] == want)
             continue;
         wrong++;
-        printf("           row %u: T %g top_k %u top_p %g min_p %g rep %g pens %u u %.9f: device %d (again %d), host %d\n",
-               r, (double)rows[r].temperature, rows[r].top_k, (double)rows[r].top_p, (double)rows[r].min_p,
-               (double)rows[r].repetition_penalty, rows[r].n_pen, rows[r].u, got[r], again[r], want);
+        printf(
+            "           row %u: T %g top_k %u top_p %g min_p %g rep %g pens %u u %.9f: device %d (again %d), host %d\n",
+            r, (double)rows[r].temperature, rows[r].top_k, (double)rows[r].top_p, (double)rows[r].min_p,
+            (double)rows[r].repetition_penalty, rows[r].n_pen, rows[r].u, got[r], again[r], want);
     }
     n_rows++;
     n_fail += wrong != 0;
@@ -1329,11 +1283,11 @@ typedef struct gemv_shape {
 #define GEMV_BENCH_ROUNDS 16
 #define GEMV_BENCH_SPAN ((size_t)256 << 20) /* bytes of weight copies a graph cycles through: past the 50 MB L2 */
 
-/* Each shape under each $DJINN_GEMV variant, timed in graphs. Round r reads
+/* Each shape through the GEMV, timed in graphs. Round r reads
  * weight copy r % copies, with copies enough to span GEMV_BENCH_SPAN (at
  * most GEMV_BENCH_ROUNDS: 128 MB for the 8 MB k weights), so no round finds
- * its weights in L2, as in a decode step. One line per variant and shape:
- *   bench gemv <variant> n=<n> k=<k> m=<m>[+<m>..]: <us> us <GB/s> GB/s of weights */
+ * its weights in L2, as in a decode step. One line per shape:
+ *   bench gemv n=<n> k=<k> m=<m>[+<m>..]: <us> us <GB/s> GB/s of weights */
 static void bench_gemv(void) {
     static const gemv_shape shapes[] = {
         {1, 4096, {4096, 1024, 1024}, 3, "q/k/v"}, {1, 4096, {4096}, 1, "o"},
@@ -1353,9 +1307,6 @@ static void bench_gemv(void) {
     const size_t period = (size_t)1 << 19;
     for (size_t i = 0; i < max_bytes / 2; i++)
         pat[i] = i < period ? dj_f32_to_bf16(dj_test_randf(-0.02f, 0.02f)) : pat[i % period];
-    const char *env = getenv("DJINN_GEMV");
-    char saved[32];
-    snprintf(saved, sizeof saved, "%s", env ? env : "");
     for (size_t si = 0; si < n_shapes; si++) {
         const gemv_shape *sh = &shapes[si];
         size_t round_bytes = 0;
@@ -1377,27 +1328,14 @@ static void bench_gemv(void) {
         int len = snprintf(ms, sizeof ms, "%u", sh->ms[0]);
         for (int j = 1; j < sh->count; j++) len += snprintf(ms + len, sizeof ms - (size_t)len, "+%u", sh->ms[j]);
         const int iters = round_bytes > ((size_t)64 << 20) ? 20 : 100;
-        for (size_t v = 0; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
-            gpu_renew("DJINN_GEMV", gemv_variants[v]);
-            const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
-            printf("bench gemv %s n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
-                   gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
-        }
-        /* the streaming kernels by programmatic dependent launch */
-        if (setenv("DJINN_PDL", "on", 1) != 0) die("setenv");
-        for (size_t v = 1; v < sizeof gemv_variants / sizeof *gemv_variants; v++) {
-            gpu_renew("DJINN_GEMV", gemv_variants[v]);
-            const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
-            printf("bench gemv %s-pdl n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n",
-                   gemv_variants[v], sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
-        }
-        if (unsetenv("DJINN_PDL") != 0) die("unsetenv");
+        const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
+        printf("bench gemv n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n", sh->n, sh->k, ms,
+               t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
         for (int c = 0; c < copies; c++)
             for (int j = 0; j < sh->count; j++) dfree(w[c][j]);
         for (int j = 0; j < sh->count; j++) dfree(out[j]);
         dfree(x);
     }
-    gpu_renew("DJINN_GEMV", env ? saved : NULL);
     free(pat);
 }
 
@@ -1438,7 +1376,8 @@ static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k, int peaked, int
         for (int k = 0; k < 8; k++) lg[(size_t)r * V + dj_test_rand() % V] += 12.f;
     dj_sample_row *rows = xmalloc(n * sizeof *rows);
     dj_sampler_penalty *pe = xmalloc(256 * sizeof *pe);
-    for (uint32_t k = 0; k < 256; k++) pe[k] = (dj_sampler_penalty){.id = (int32_t)(k * 37), .sub = 0.1f * (float)(k % 3)};
+    for (uint32_t k = 0; k < 256; k++)
+        pe[k] = (dj_sampler_penalty){.id = (int32_t)(k * 37), .sub = 0.1f * (float)(k % 3)};
     for (uint32_t r = 0; r < n; r++)
         rows[r] = (dj_sample_row){.temperature = 0.8f, .top_k = top_k, .top_p = 0.9f,
                                   .repetition_penalty = pen ? 1.1f : 0.f, .n_pen = pen ? 256u : 0u,
@@ -1462,12 +1401,12 @@ static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k, int peaked, int
     free(rows);
 }
 
-/* Decode attention under each $DJINN_DECODE variant, timed in a graph of
+/* Decode attention, timed in a graph of
  * 20 calls: n rows at positions ctx-1, ctx-2, .. over one context in 64 KiB
  * pages, either as one sequence (pos0, the block table in device memory)
  * or with per-row positions and tables (row_pos, as the engine's decode
- * step). One line per variant:
- *   bench decode <variant> n=<n> ctx=<ctx> heads=<q>:<kv> hd=<hd> <pos0|row_pos>: <us> us <GB/s> GB/s of K/V */
+ * step). One line:
+ *   bench decode n=<n> ctx=<ctx> heads=<q>:<kv> hd=<hd> <pos0|row_pos>: <us> us <GB/s> GB/s of K/V */
 static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int rows) {
     enum { ROUNDS = 20 };
     const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2));
@@ -1491,16 +1430,9 @@ static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, ui
     }
     dj_op_call calls[ROUNDS];
     for (int i = 0; i < ROUNDS; i++) calls[i] = c;
-    const char *env = getenv("DJINN_DECODE");
-    char saved[32];
-    snprintf(saved, sizeof saved, "%s", env ? env : "");
-    for (size_t v = 0; v < sizeof decode_variants / sizeof *decode_variants; v++) {
-        gpu_renew("DJINN_DECODE", decode_variants[v]);
-        const double s = time_graph(calls, 1, ROUNDS, 50);
-        printf("bench decode %s n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n", decode_variants[v],
-               n, ctx, nh, nkv, hd, rows ? "row_pos" : "pos0", s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9);
-    }
-    gpu_renew("DJINN_DECODE", env ? saved : NULL);
+    const double s = time_graph(calls, 1, ROUNDS, 50);
+    printf("bench decode n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n", n, ctx, nh, nkv, hd,
+           rows ? "row_pos" : "pos0", s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9);
     dfree(seg);
     dfree(dtable);
     dfree(q);
@@ -1539,11 +1471,6 @@ static void bench(void) {
     bench_sample(32, 128256, 40, 0, 1);
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 10);
-    printf("bench (tensor-core attention with 128-row blocks:)\n");
-    dj__cuda_set_tc_rows(gpu, 128);
-    bench_attention(512, 512, 32, 8, 128, 10);
-    bench_attention(2048, 2048, 32, 8, 128, 10);
-    dj__cuda_set_tc_rows(gpu, 64);
     dj__cuda_set_paths(gpu, 2, 0); /* the f32 prefill kernel, for comparison */
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 3);
@@ -1672,16 +1599,8 @@ int main(int argc, char **argv) {
     check_rows(32, 32, 8, 128, 16, 0, 1);
     check_matmul_group(1, 1024, DJ_DTYPE_BF16);
     check_matmul_group(5, 512, DJ_DTYPE_F16);
-    check_gemv_variants();
-    check_decode_variants();
-    /* the same with programmatic dependent launch (opt-in, $DJINN_PDL=on) */
-    if (setenv("DJINN_PDL", "on", 1) != 0) die("setenv");
-    check_gemv_variants();
-    check_decode_variants();
-    for (int r = 0; r < 2; r++) check_add_rmsnorm(1, 4096, DJ_DTYPE_BF16, 0, r ? DJ_DTYPE_F32 : DJ_DTYPE_BF16);
-    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 32);
-    if (unsetenv("DJINN_PDL") != 0) die("unsetenv");
-    gpu_renew("DJINN_PDL", NULL);
+    check_gemv();
+    check_decode();
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);
