@@ -38,6 +38,7 @@ struct sample_smem {
     u64 b_sum;
     uint32_t b_sel[3];
     u64 b_mass;
+    u64 stage[SAMPLE_WARPS][32]; /* hist_add: each warp's masses */
 };
 
 static __device__ __forceinline__ u64 q_of(uint32_t b) { return (u64)dj__sample_q(__uint_as_float(b)); }
@@ -104,20 +105,38 @@ static __device__ void block_scan(uint32_t *c, u64 *m, uint32_t *tc, u64 *tm, sa
     *tm = sm->wsum[SAMPLE_WARPS - 1];
 }
 
-/* Histogram of the bits b with (b >> (shift + 10)) == prefix (all for
- * shift 20), keyed by (b >> shift) & 1023, into cnt/mass. */
-static __device__ void histogram(const uint32_t *wb, uint32_t V, int shift, uint32_t prefix, uint32_t *cnt, u64 *mass) {
+/* One warp's step of a histogram: lanes with equal keys add through their
+ * lowest lane, one atomic pair per distinct key (flat logits put most
+ * weights in a few bins, where per-element atomics would serialise). Every
+ * lane of the warp calls it. */
+static __device__ void hist_add(uint32_t *cnt, u64 *mass, bool valid, uint32_t key, u64 q, u64 *stage) {
+    const uint32_t lane = threadIdx.x & 31;
+    if (!__ballot_sync(0xffffffffu, valid)) return; /* warp-uniform */
+    const uint32_t peers = __match_any_sync(0xffffffffu, valid ? key : 0xffffffffu); /* keys are < BINS */
+    stage[lane] = q;
+    __syncwarp();
+    if (valid && (peers & ((1u << lane) - 1u)) == 0) {
+        u64 sum = 0;
+        for (uint32_t m = peers; m; m &= m - 1) sum += stage[__ffs(m) - 1];
+        atomicAdd(&cnt[key], (uint32_t)__popc(peers));
+        if (sum) atomicAdd(&mass[key], sum);
+    }
+    __syncwarp(); /* stage is free for the next step */
+}
+
+/* Histogram of the bits b with (b >> (shift + 10)) == prefix, keyed by
+ * (b >> shift) & 1023, into cnt/mass (shift 10 or 0). */
+static __device__ void histogram(const uint32_t *wb, uint32_t V, int shift, uint32_t prefix, uint32_t *cnt, u64 *mass,
+                                 sample_smem *sm) {
     __syncthreads(); /* earlier readers of cnt/mass are done */
     for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS) cnt[i] = 0, mass[i] = 0;
     __syncthreads();
-#pragma unroll 4
-    for (uint32_t i = threadIdx.x; i < V; i += SAMPLE_THREADS) {
-        const uint32_t b = wb[i];
-        if (shift < 20 && (b >> (shift + 10)) != prefix) continue;
-        const uint32_t key = (b >> shift) & (BINS - 1);
-        atomicAdd(&cnt[key], 1u);
-        const u64 q = q_of(b);
-        if (q) atomicAdd(&mass[key], q);
+    u64 *stage = sm->stage[threadIdx.x >> 5];
+    for (uint32_t i0 = 0; i0 < V; i0 += SAMPLE_THREADS) { /* uniform trip count: hist_add wants whole warps */
+        const uint32_t i = i0 + threadIdx.x;
+        const uint32_t b = i < V ? wb[i] : 0u;
+        const bool in = i < V && (b >> (shift + 10)) == prefix;
+        hist_add(cnt, mass, in, (b >> shift) & (BINS - 1), in ? q_of(b) : 0u, stage);
     }
     __syncthreads();
 }
@@ -158,9 +177,9 @@ static __device__ uint32_t radix_select(const uint32_t *wb, uint32_t V, bool by_
     uint32_t ac;
     u64 am;
     const uint32_t h1 = select_bin(sm->h1cnt, sm->h1mass, by_count, k, goal, 0, 0, &ac, &am, sm);
-    histogram(wb, V, 10, h1, sm->hcnt, sm->hmass);
+    histogram(wb, V, 10, h1, sm->hcnt, sm->hmass, sm);
     const uint32_t h2 = select_bin(sm->hcnt, sm->hmass, by_count, k, goal, ac, am, &ac, &am, sm);
-    histogram(wb, V, 0, (h1 << 10) | h2, sm->hcnt, sm->hmass);
+    histogram(wb, V, 0, (h1 << 10) | h2, sm->hcnt, sm->hmass, sm);
     const uint32_t h3 = select_bin(sm->hcnt, sm->hmass, by_count, k, goal, ac, am, &ac, &am, sm);
     *eq = sm->hcnt[h3];
     *above_c = ac;
@@ -281,14 +300,15 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
         for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS) sm->h1cnt[i] = 0, sm->h1mass[i] = 0;
         __syncthreads();
     }
-    for (uint32_t i = threadIdx.x; i < V; i += SAMPLE_THREADS) {
-        const uint32_t b = __float_as_uint(dj__sample_weight(src[i], mx, p.temperature)); /* reads src[i] first */
-        wb[i] = b;
-        if (cut) {
-            atomicAdd(&sm->h1cnt[b >> 20], 1u);
-            const u64 q = q_of(b);
-            if (q) atomicAdd(&sm->h1mass[b >> 20], q);
+    u64 *stage = sm->stage[threadIdx.x >> 5];
+    for (uint32_t i0 = 0; i0 < V; i0 += SAMPLE_THREADS) { /* uniform trip count: hist_add wants whole warps */
+        const uint32_t i = i0 + threadIdx.x;
+        uint32_t b = 0;
+        if (i < V) {
+            b = __float_as_uint(dj__sample_weight(src[i], mx, p.temperature)); /* reads src[i] first */
+            wb[i] = b;
         }
+        if (cut) hist_add(sm->h1cnt, sm->h1mass, i < V, b >> 20, q_of(b), stage); /* level 1: bits >> 20 */
     }
     __syncthreads();
 
