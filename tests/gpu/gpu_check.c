@@ -1452,6 +1452,16 @@ static void bench(void) {
     bench_deterministic(4096, 14336);
     bench_deterministic(14336, 4096);
     bench_matmul(1, 4096, 14336, 200);  /* decode: weight bandwidth */
+    /* where the GEMV stops paying: the same shape through each path by rows */
+    static const uint32_t cross_rows[] = {2, 3, 4, 6, 8, 16};
+    for (size_t i = 0; i < sizeof cross_rows / sizeof *cross_rows; i++)
+        for (int path = 1; path <= 2; path++) {
+            if (path == 1 && cross_rows[i] > 8) continue;
+            printf("bench crossover path=%s ", path == 1 ? "gemv" : "cublas");
+            dj__cuda_set_paths(gpu, 0, path);
+            bench_matmul(cross_rows[i], 4096, 14336, 100);
+        }
+    dj__cuda_set_paths(gpu, 0, 0);
     bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
     bench_attention(1, 512, 32, 8, 128, 200);
     bench_attention(1, 4096, 32, 8, 128, 200);
