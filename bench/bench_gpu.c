@@ -22,6 +22,7 @@ typedef struct opts {
     int device;
     uint32_t ctx, steps, batch, prefill;
     uint64_t seed;
+    bool deterministic; /* --deterministic: the engine option; the batch check then wants bit equality */
 } opts;
 
 static int n_checks, n_failed;
@@ -85,12 +86,14 @@ static dj_session_t *new_session(dj_engine_t *e, dj_model_t *m, uint32_t ctx) {
     return s;
 }
 
-/* Greedy decode of `steps` tokens from *tok; per-step seconds into t[]. */
-static void decode_steps(dj_engine_t *e, dj_session_t *s, int32_t *tok, uint32_t steps, double *t) {
+/* Decode of `steps` tokens from *tok, greedy (sp NULL) or sampled with sp;
+ * per-step seconds into t[]. */
+static void decode_steps(dj_engine_t *e, dj_session_t *s, int32_t *tok, uint32_t steps, double *t,
+                         const dj_sampler_params *sp) {
     for (uint32_t i = 0; i < steps; i++) {
         const double t0 = now();
         int32_t next = -1;
-        if (dj_session_step_sample(e, s, tok, 1, NULL, &next) != DJ_OK) die("decode step");
+        if (dj_session_step_sample(e, s, tok, 1, sp, &next) != DJ_OK) die("decode step");
         t[i] = now() - t0;
         *tok = next;
     }
@@ -111,7 +114,7 @@ static int cmp_double(const void *a, const void *b) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_gpu MODEL_DIR [--json PATH] [--device N] [--ctx 512] [--steps 64] [--batch 32]\n"
-                    "                 [--prefill 2048] [--seed S]\n"
+                    "                 [--prefill 2048] [--seed S] [--deterministic]\n"
                     "(--steps >= 8: two are warm-up; --batch >= 2; --ctx and --prefill > 0)\n");
     return 2;
 }
@@ -123,6 +126,10 @@ int main(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
             o.model = a;
+            continue;
+        }
+        if (!strcmp(a, "--deterministic")) {
+            o.deterministic = true;
             continue;
         }
         if (!v) return usage();
@@ -151,13 +158,15 @@ int main(int argc, char **argv) {
     if (dj_model_estimate(ck, DJ_DTYPE_BF16, o.prefill, &needs) != DJ_OK) die("estimate");
     const dj_model_config cfg = *dj_checkpoint_config(ck);
     const uint32_t dctx = o.ctx + o.steps + 40; /* decode sessions, with room for the eager run */
-    const uint32_t total_ctx = 2 * (o.prefill + 1) + dctx + 2 * (64 + 24) + (o.batch + 1) * dctx;
+    const uint32_t total_ctx =
+        2 * (o.prefill + 1) + 2 * dctx + 2 * (64 + 24) + (o.batch + 1) * dctx; /* 2: greedy, sampled */
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
     char dev[32];
     snprintf(dev, sizeof dev, "cuda:%d", o.device);
     ec.device = dev;
     ec.max_step_tokens = o.prefill;
+    ec.deterministic = o.deterministic;
     dj_engine_config_for(&needs, total_ctx, 0, &ec.vmu);
     dj_engine_t *e = NULL;
     if (dj_engine_new(&ec, &e) != DJ_OK) die("engine");
@@ -217,10 +226,18 @@ int main(int argc, char **argv) {
     if (dj_session_step(e, s, prompt, o.ctx, NULL) != DJ_OK) die("decode prompt");
     int32_t tok = prompt[o.ctx - 1];
     set_graphs(1);
-    decode_steps(e, s, &tok, o.steps, t);
+    decode_steps(e, s, &tok, o.steps, t, NULL);
     const double dec_ms = mean(t + W, o.steps - W) * 1e3;
+    /* sampled (on the device unless DJINN_DEVICE_SAMPLING=off), same context length */
+    const dj_sampler_params samp = {.temperature = 0.8f, .top_p = 0.95f, .seed = o.seed};
+    dj_session_t *s2 = new_session(e, m, dctx);
+    if (dj_session_step(e, s2, prompt, o.ctx, NULL) != DJ_OK) die("decode prompt");
+    int32_t tok2 = prompt[o.ctx - 1];
+    decode_steps(e, s2, &tok2, o.steps, t, &samp);
+    const double samp_ms = mean(t + W, o.steps - W) * 1e3;
+    dj_session_free(e, s2);
     set_graphs(0);
-    decode_steps(e, s, &tok, eager_steps, t);
+    decode_steps(e, s, &tok, eager_steps, t, NULL);
     const double eager_ms = mean(t + W, eager_steps - W) * 1e3;
     set_graphs(1);
     dj_session_free(e, s);
@@ -299,6 +316,9 @@ int main(int argc, char **argv) {
         }
         const bool same_pick = dj_argmax(lb, V) == dj_argmax(l1, V) || top1 - top2 <= 2 * md;
         check(w, err <= 3e-2 && same_pick, d);
+        if (o.deterministic)
+            check("--deterministic: batch row 0 bit-identical to the session alone",
+                  memcmp(lb, l1, (size_t)V * sizeof *lb) == 0, d);
         check("device greedy picks = argmax of the batch's logits", picks, "");
         free(lb);
         free(l1);
@@ -330,6 +350,9 @@ int main(int argc, char **argv) {
     char what[96];
     snprintf(what, sizeof what, "decode b=1 ctx %u, graphs (ms/token)", o.ctx);
     printf("%-44s %11.3f ms %11.3f ms %9.2fx\n", what, dec_ms, floor_ms, dec_ms / floor_ms);
+    snprintf(what, sizeof what, "decode b=1 ctx %u, sampled T 0.8 top-p 0.95", o.ctx);
+    printf("%-44s %11.3f ms %11.3f ms %9.2fx of greedy (bar 1.05x: %s)\n", what, samp_ms, dec_ms, samp_ms / dec_ms,
+           samp_ms / dec_ms <= 1.05 ? "met" : "MISSED");
     snprintf(what, sizeof what, "decode b=1 ctx %u, eager (ms/token)", o.ctx + o.steps);
     printf("%-44s %11.3f ms %11.3f ms %9.2fx\n", what, eager_ms, floor_ms, eager_ms / floor_ms);
     snprintf(what, sizeof what, "prefill %u tokens (s, median of %d; %.1f TFLOP)", o.prefill, PREFILL_RUNS,
@@ -358,6 +381,7 @@ int main(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "decode_ctx", o.ctx);
         cJSON_AddNumberToObject(j, "decode_ms_per_token", dec_ms);
         cJSON_AddNumberToObject(j, "decode_eager_ms_per_token", eager_ms);
+        cJSON_AddNumberToObject(j, "decode_sampled_ms_per_token", samp_ms);
         cJSON_AddNumberToObject(j, "decode_floor_ms", floor_ms);
         cJSON_AddNumberToObject(j, "decode_vs_floor", dec_ms / floor_ms);
         cJSON_AddNumberToObject(j, "decode_floor_all_weights_ms", floor_all_ms);

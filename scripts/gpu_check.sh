@@ -5,8 +5,8 @@
 # (bench_gpu) and HF transformers eager on the same weights (bench/hf_decode.py).
 # The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
 # makes it on a machine with our apt packages), else they are built here.
-# --ab adds bench_gpu under each alternative switch (ab.log: one block per
-# setting) and a DJINN_PROFILE per-op table of prefill and eager decode
+# --ab adds bench_gpu under each kill switch (ab.log: one block per
+# setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
 # (profile.log); at most 7 files land in DIR.
 # usage (repo root): scripts/gpu_check.sh [--bench] [--ab] [--out DIR]
 set -uo pipefail
@@ -45,12 +45,15 @@ if [ $BENCH = 1 ]; then
     M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
     [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 || exit 2
     "$B/bench_gpu" "$M" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1 || fail=1
-    tail -22 "$OUT/bench_gpu.log"
+    tail -24 "$OUT/bench_gpu.log"
+    # --deterministic: batch rows bit-identical to a session alone; its b=32 cost
+    "$B/bench_gpu" "$M" --deterministic --steps 16 >"$OUT/bench_det.log" 2>&1 || fail=1
+    grep -E "deterministic|decode b=|checks," "$OUT/bench_det.log"
     python3 bench/hf_decode.py "$M" --attn eager --json "$OUT/hf_eager.json" 2>&1 | grep -vi warn | tail -4
 fi
 if [ $AB = 1 ]; then
     : >"$OUT/ab.log"
-    for setting in DJINN_PDL=gemv DJINN_PDL=on DJINN_GEMV=v0 DJINN_GEMV=v2 DJINN_DECODE=v1 DJINN_RESIDUAL=bf16; do
+    for setting in DJINN_NO_GRAPHS=1 DJINN_FUSE=off DJINN_DEVICE_SAMPLING=off; do
         echo "== $setting" >>"$OUT/ab.log"
         env "$setting" "$B/bench_gpu" "$M" >>"$OUT/ab.log" 2>&1 || { echo "bench_gpu failed under $setting" >>"$OUT/ab.log"; fail=1; }
     done
@@ -72,5 +75,18 @@ if [ $AB = 1 ]; then
         rm -f "$pf"
     done
 fi
-echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+# The lines to paste into bench/RESULTS.md.
+{
+    echo "## gpu_check.sh $* on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    echo '```'
+    grep -E "checks|FAIL" "$OUT/gpu_check.log"
+    grep -E "passed|failed|FAIL" "$OUT/gpu_models.log" | tail -3
+    grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
+    [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|FAIL" "$OUT/bench_gpu.log"
+    [ -f "$OUT/bench_det.log" ] && sed 's/^/--deterministic: /' "$OUT/bench_det.log" | grep -E "decode b=32|bit-identical|checks,|FAIL"
+    echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
+    echo '```'
+} >"$OUT/summary.md"
+cat "$OUT/summary.md"
+echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL) (summary: $OUT/summary.md)"
 exit $fail

@@ -18,186 +18,147 @@ static void softmax(const float *l, float t, double *p) {
     for (int i = 0; i < V; i++) p[i] /= s;
 }
 
-/* ---- the CUDA sample kernel's algorithm (src/backend/cuda/cuda_sample.cu),
- * step for step on the host: cuts found by bisection over the bits of the
- * weights, tied weights counted, never sorted. Its picks must be
- * dj_sampler_pick's - exactly for logits on a grid (many ties), and up to a
- * swap with a neighbour in weight order for continuous ones (f64 sums in
- * another order can move a boundary by an ulp). ---- */
+/* ---- an independent implementation of sampler.h's rule: the whole row
+ * sorted, the penalties applied by a scan of the observed ids, the cuts by
+ * their definitions. dj_sampler_pick must agree with it exactly (masses are
+ * integers, so there is no rounding to forgive). ---- */
 
-#define ONE_BITS 0x3f800000u
+#include "model/sample_rule.h"
 
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static double mass_ge(const uint32_t *wb, uint32_t n, uint32_t b) {
-    double s = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (wb[i] >= b)
-            s += bitsf(wb[i]);
-    return s;
-}
-static uint32_t count_ge(const uint32_t *wb, uint32_t n, uint32_t b) {
-    uint32_t c = 0;
-    for (uint32_t i = 0; i < n; i++)
-        c += wb[i] >= b;
-    return c;
+typedef struct ref_c {
+    float w;
+    uint32_t id;
+} ref_c;
+
+static int ref_cmp(const void *a, const void *b) {
+    const ref_c *x = a, *y = b;
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
+    return x->id < y->id ? -1 : (x->id > y->id);
 }
 
-typedef struct emu {
-    const uint32_t *wb;
-    uint32_t n, bk, ties_k, bp, ties_p;
-    double goal, target;
-} emu;
-
-static double kept_ge(const emu *e, uint32_t b) {
-    return b > e->bk ? mass_ge(e->wb, e->n, b) : mass_ge(e->wb, e->n, e->bk + 1) + (double)e->ties_k * bitsf(e->bk);
-}
-static double prefix_ge(const emu *e, uint32_t b) {
-    return b > e->bp ? mass_ge(e->wb, e->n, b) : mass_ge(e->wb, e->n, e->bp + 1) + (double)e->ties_p * bitsf(e->bp);
-}
-
-static int32_t kernel_pick(const dj_sampler_params *p, const float *l, uint32_t n, double u, uint32_t *wb) {
-    float mx = -INFINITY;
-    for (uint32_t i = 0; i < n; i++)
-        mx = l[i] > mx ? l[i] : mx;
-    if (!(mx > -INFINITY))
-        return 0;
+/* gen[n_gen] generated ids, prompt[n_prompt] prompt ids */
+static int32_t ref_pick(const dj_sampler_params *p, const float *logits, uint32_t n, double u, const int32_t *prompt,
+                        uint32_t n_prompt, const int32_t *gen, uint32_t n_gen) {
+    float *l = malloc(n * sizeof *l);
+    ref_c *c = malloc(n * sizeof *c);
+    char *in = calloc(n, 1);
+    memcpy(l, logits, n * sizeof *l);
     for (uint32_t i = 0; i < n; i++) {
-        const float w = expf((l[i] - mx) / p->temperature);
-        wb[i] = fbits(w == w ? w : 0.0f);
-    }
-    const double total = mass_ge(wb, n, 0);
-    if (p->top_k == 0 && !(p->top_p < 1.0f)) {
-        double acc = 0;
-        uint32_t last = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            const double w = bitsf(wb[i]);
-            if (w <= 0)
-                continue;
-            last = i;
-            if (acc + w > u * total)
-                return (int32_t)i;
-            acc += w;
+        uint32_t cnt = 0, seen = 0;
+        for (uint32_t k = 0; k < n_prompt; k++) seen |= prompt[k] == (int32_t)i;
+        for (uint32_t k = 0; k < n_gen; k++) cnt += gen[k] == (int32_t)i;
+        if (!seen && !cnt) continue;
+        const float rep = p->repetition_penalty;
+        if (rep != 0.f && rep != 1.f) l[i] = l[i] > 0.f ? l[i] / rep : l[i] * rep;
+        if (cnt) {
+            const float f = (float)cnt * p->frequency_penalty;
+            l[i] -= f + p->presence_penalty;
         }
-        return (int32_t)last;
     }
-    emu e = {.wb = wb, .n = n, .bk = 0};
-    uint32_t need_k = n;
-    if (p->top_k > 0 && p->top_k < n) {
-        uint32_t lo = 0, hi = ONE_BITS;
-        while (lo < hi) {
-            const uint32_t mid = lo + (hi - lo + 1) / 2;
-            if (count_ge(wb, n, mid) >= p->top_k)
-                lo = mid;
-            else
-                hi = mid - 1;
+    int32_t pick = 0;
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    if (p->temperature == 0.f) {
+        for (uint32_t i = 0; i < n; i++)
+            if (l[i] == mx) { pick = (int32_t)i; break; }
+        goto out;
+    }
+    if (!(mx > -INFINITY)) goto out;
+    for (uint32_t i = 0; i < n; i++) c[i] = (ref_c){dj__sample_weight(l[i], mx, p->temperature), i};
+    qsort(c, n, sizeof *c, ref_cmp);
+    uint32_t keep = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    uint64_t kept = 0;
+    for (uint32_t i = 0; i < keep; i++) kept += dj__sample_q(c[i].w);
+    if (p->top_p < 1.f) {
+        uint64_t acc = 0;
+        uint32_t k = 0;
+        while (k < keep && !((double)acc >= (double)p->top_p * (double)kept)) acc += dj__sample_q(c[k++].w);
+        keep = k;
+    }
+    uint64_t mass = 0;
+    for (uint32_t i = 0; i < keep; i++)
+        if (c[i].w >= p->min_p) {
+            in[c[i].id] = 1;
+            mass += dj__sample_q(c[i].w);
         }
-        e.bk = lo;
-        need_k = p->top_k - count_ge(wb, n, e.bk + 1);
+    const uint64_t t = (uint64_t)(u * (double)mass) < mass ? (uint64_t)(u * (double)mass) : mass - 1;
+    uint64_t acc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!in[i]) continue;
+        acc += dj__sample_q(dj__sample_weight(l[i], mx, p->temperature));
+        if (acc > t) { pick = (int32_t)i; break; }
     }
-    const uint32_t eq_k = count_ge(wb, n, e.bk) - count_ge(wb, n, e.bk + 1);
-    e.ties_k = need_k < eq_k ? need_k : eq_k;
-    const double kept = kept_ge(&e, e.bk);
-    e.bp = e.bk;
-    e.ties_p = e.ties_k;
-    double prefix = kept;
-    if (p->top_p < 1.0f) {
-        e.goal = (double)p->top_p * kept;
-        uint32_t lo = e.bk, hi = ONE_BITS;
-        while (lo < hi) {
-            const uint32_t mid = lo + (hi - lo + 1) / 2;
-            if (kept_ge(&e, mid) >= e.goal)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        e.bp = lo;
-        const double above = kept_ge(&e, e.bp + 1);
-        const uint32_t avail = e.bp == e.bk ? e.ties_k : count_ge(wb, n, e.bp) - count_ge(wb, n, e.bp + 1);
-        const double wp = bitsf(e.bp);
-        double need = wp > 0 ? ceil((e.goal - above) / wp) : (double)avail;
-        if (need < 1)
-            need = 1;
-        e.ties_p = need > avail ? avail : (uint32_t)need;
-        prefix = above + (double)e.ties_p * wp;
-    }
-    e.target = u * prefix;
-    uint32_t lo = e.bp, hi = ONE_BITS;
-    while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (prefix_ge(&e, mid) > e.target)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const uint32_t bs = lo;
-    const double before = mass_ge(wb, n, bs + 1);
-    const uint32_t tied = bs == e.bp ? e.ties_p : count_ge(wb, n, bs) - count_ge(wb, n, bs + 1);
-    const double ws = bitsf(bs);
-    double j = ws > 0 ? floor((e.target - before) / ws) : 0;
-    if (j < 0)
-        j = 0;
-    const uint32_t t = j >= tied ? (tied ? tied - 1 : 0) : (uint32_t)j;
-    for (uint32_t i = 0, k = 0; i < n; i++)
-        if (wb[i] == bs && k++ == t)
-            return (int32_t)i;
-    return 0;
+out:
+    free(l);
+    free(c);
+    free(in);
+    return pick;
 }
 
-static void check_kernel_algorithm(void) {
+/* Random rows (grid logits with many ties, or continuous), random params and
+ * observed ids: dj_sampler_pick against ref_pick. */
+static void check_against_reference(void) {
     enum { N = 3000 };
     static float l[N];
-    static uint32_t wb[N], order[N], rank[N];
-    static const float temps[] = {0.5f, 1.0f, 1.7f};
+    static int32_t prompt[64], gen[64];
+    static const float temps[] = {0.f, 0.5f, 1.0f, 1.7f};
     static const uint32_t topks[] = {0, 1, 3, 40, 5000};
     static const float topps[] = {1.0f, 0.9137f, 0.5371f, 0.05f};
-    int exact = 0, swaps = 0, wrong = 0;
-    for (int trial = 0; trial < 400; trial++) {
+    static const float minps[] = {0.f, 0.f, 0.05f, 0.5f};
+    static const float reps[] = {0.f, 1.f, 1.3f, 0.7f};
+    static const float pens[] = {0.f, 0.f, 0.4f, -0.75f};
+    int wrong = 0;
+    for (int trial = 0; trial < 600; trial++) {
         const int grid = trial % 2 == 0;
         const uint32_t n = trial % 5 == 0 ? 7 : 1 + (uint32_t)(dj_test_rand() % N);
         if (grid)
             dj_test_grid_logits(l, n);
         for (uint32_t i = 0; !grid && i < n; i++)
             l[i] = dj_test_randf(-6.f, 6.f);
-        const dj_sampler_params p = {.temperature = temps[dj_test_rand() % 3],
+        const dj_sampler_params p = {.temperature = temps[dj_test_rand() % 4],
                                      .top_k = topks[dj_test_rand() % 5],
-                                     .top_p = topps[dj_test_rand() % 4]};
+                                     .top_p = topps[dj_test_rand() % 4],
+                                     .min_p = minps[dj_test_rand() % 4],
+                                     .repetition_penalty = reps[dj_test_rand() % 4],
+                                     .frequency_penalty = pens[dj_test_rand() % 4],
+                                     .presence_penalty = pens[dj_test_rand() % 4]};
+        const uint32_t n_prompt = dj_test_rand() % 64, n_gen = dj_test_rand() % 64;
+        for (uint32_t k = 0; k < n_prompt; k++) prompt[k] = (int32_t)(dj_test_rand() % n);
+        for (uint32_t k = 0; k < n_gen; k++) gen[k] = (int32_t)(dj_test_rand() % (n < 20 ? n : 20)); /* repeats */
         const double u = (double)dj_test_randf(0.f, 1.f);
         dj_sampler_t *s = NULL;
         CHECK_OK(dj_sampler_new(&p, n, &s));
-        if (!s)
-            return;
-        const int32_t want = dj_sampler_pick(s, l, u), got = kernel_pick(&p, l, n, u, wb);
+        if (!s) return;
+        dj_sampler_observe(s, prompt, n_prompt, true);
+        for (uint32_t k = 0; k < n_gen; k++) dj_sampler_observe(s, &gen[k], 1, false); /* as a generation does */
+        const int32_t got = dj_sampler_pick(s, l, u), want = ref_pick(&p, l, n, u, prompt, n_prompt, gen, n_gen);
         dj_sampler_free(s);
-        if (got == want) {
-            exact++;
-            continue;
-        }
-        dj_test_weight_ranks(l, n, p.temperature, order, rank);
-        const long d = (long)rank[got] - (long)rank[want];
-        if (!grid && (d == 1 || d == -1))
-            swaps++;
-        else
-            wrong++;
-        if (wrong == 1 && !(!grid && (d == 1 || d == -1)))
-            printf("kernel algorithm: n %u grid %d T %g top_k %u top_p %g u %.9f: got %d want %d\n", n, grid,
-                   (double)p.temperature, p.top_k, (double)p.top_p, u, got, want);
+        if (got != want && wrong++ == 0)
+            printf("reference: n %u grid %d T %g top_k %u top_p %g min_p %g rep %g freq %g pres %g u %.9f: got %d want "
+                   "%d\n",
+                   n, grid, (double)p.temperature, p.top_k, (double)p.top_p, (double)p.min_p,
+                   (double)p.repetition_penalty, (double)p.frequency_penalty, (double)p.presence_penalty, u, got, want);
     }
-    printf("kernel algorithm: %d exact, %d adjacent swaps, %d wrong of 400\n", exact, swaps, wrong);
-    CHECK(wrong == 0 && swaps <= 4);
+    CHECK_MSG(wrong == 0, "%d of 600 picks differ from the reference implementation", wrong);
+}
+
+/* The weight function against libm's expf: within a few ulp. */
+static void check_weight(void) {
+    float worst = 0.f;
+    for (int i = 0; i <= 32000; i++) {
+        const float d = -(float)i / 1000.f, w = dj__sample_weight(d, 0.f, 1.f), e = expf(d);
+        const float rel = fabsf(w - e) / e;
+        worst = rel > worst ? rel : worst;
+    }
+    CHECK_MSG(worst < 4e-7f, "the rule's exp is %g (relative) from expf", (double)worst);
+    CHECK(dj__sample_weight(3.f, 3.f, 0.7f) == 1.f);
+    CHECK(dj__sample_weight(NAN, 0.f, 1.f) == 0.f && dj__sample_weight(-INFINITY, 0.f, 1.f) == 0.f);
 }
 
 int main(void) {
     dj_test_seed();
-    check_kernel_algorithm();
+    check_weight();
+    check_against_reference();
     float logits[V];
     for (int i = 0; i < V; i++) logits[i] = dj_test_randf(-3.f, 3.f);
     int best = 0;
@@ -307,7 +268,8 @@ int main(void) {
 
     /* dj_sampler_pick's rule on a hand-made row: weights e^-2, 1, 1, e^-1, 1, 0
      * (three tied at 1, a -inf and a NaN weighing nothing); descending order
-     * 1, 2, 4, 3, 0 (ties by id); total 3 + e^-1 + e^-2 = 3.5032 */
+     * 1, 2, 4, 3, 0 (ties by id); total 3 + e^-1 + e^-2 = 3.5032; the draw
+     * walks the kept ids in id order */
     {
         const float row[7] = {0.f, 2.f, 2.f, 1.f, 2.f, -INFINITY, NAN};
         static const struct {
@@ -321,7 +283,7 @@ int main(void) {
             {0, 1.f, 0.9999, 4}, /* 3.5029: past id 3 (3.368), inside id 4 */
             {2, 1.f, 0.40, 1},   /* top-2 = ids 1, 2 (ties cut by id): 0.8 < 1 */
             {2, 1.f, 0.60, 2},   /* 1.2: the second */
-            {4, 1.f, 0.99, 3},   /* ids 1, 2, 4, 3: 3.33 > 3.0 */
+            {4, 1.f, 0.99, 4},   /* kept 1, 2, 3, 4, drawn in id order: 3.33 > 2.368 */
             {0, 0.5371f, 0.99, 2}, /* goal 1.8816: prefix ids 1, 2 (mass 2); 1.98 in id 2 */
             {0, 0.2f, 0.99, 1},  /* goal 0.70: id 1 alone */
             {3, 0.999f, 0.99, 4}, /* top-3 mass 3, goal 2.997: all three; 2.97 in id 4 */
@@ -332,6 +294,42 @@ int main(void) {
             const int32_t got = dj_sampler_pick(s, row, cases[i].u);
             CHECK_MSG(got == cases[i].want, "case %zu (top_k %u top_p %g u %g): picked %d, want %d", i,
                       cases[i].top_k, (double)cases[i].top_p, cases[i].u, got, cases[i].want);
+            dj_sampler_free(s);
+        }
+        /* min-p: 0.5 keeps 1, 2, 4; 0.3 adds 3 (0.368); 0.1 adds 0 (0.135) */
+        static const struct {
+            float min_p;
+            double u;
+            int32_t want;
+        } mp[] = {{0.5f, 0.5, 2}, {0.5f, 0.99, 4}, {0.3f, 0.7, 3}, {0.1f, 0.01, 0}, {1.f, 0.99, 4}};
+        for (size_t i = 0; i < sizeof mp / sizeof *mp; i++) {
+            p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f, .min_p = mp[i].min_p};
+            CHECK_OK(dj_sampler_new(&p, 7, &s));
+            CHECK_MSG(dj_sampler_pick(s, row, mp[i].u) == mp[i].want, "min-p case %zu", i);
+            dj_sampler_free(s);
+        }
+        /* penalties, greedy: rep 2 halves a prompt id's positive logit, doubles
+         * a negative one; frequency/presence subtract per generated count */
+        const int32_t two[3] = {2, 4, 2};
+        {
+            const float r3[7] = {2.f, 1.5f, -1.f, 1.9f, 1.1f, 0.f, 0.f};
+            p = (dj_sampler_params){.temperature = 0.f, .top_p = 1.f, .repetition_penalty = 2.f};
+            CHECK_OK(dj_sampler_new(&p, 7, &s));
+            const int32_t z = 0, neg = 2;
+            dj_sampler_observe(s, &z, 1, true); /* 2 -> 1: argmax 3 (1.9) */
+            CHECK(dj_sampler_sample(s, r3) == 3);
+            dj_sampler_observe(s, &neg, 1, false); /* -1 -> -2 */
+            const dj_sampler_penalty *pe = NULL;
+            CHECK(dj_sampler_penalties(s, &pe) == 2 && pe[1].id == 2 && pe[1].sub == 0.f);
+            dj_sampler_free(s);
+            p = (dj_sampler_params){.temperature = 0.f, .top_p = 1.f, .frequency_penalty = 0.5f,
+                                    .presence_penalty = 0.25f};
+            CHECK_OK(dj_sampler_new(&p, 7, &s));
+            dj_sampler_observe(s, two, 3, false); /* id 2: 2*0.5+0.25, id 4: 0.5+0.25 */
+            CHECK(dj_sampler_penalties(s, &pe) == 2 && pe[0].id == 2 && pe[0].sub == 1.25f && pe[1].sub == 0.75f);
+            const int32_t gen0 = 0;
+            dj_sampler_observe(s, &gen0, 1, false); /* id 0: 2 - 0.75 = 1.25: argmax 3 (1.9) */
+            CHECK(!dj_sampler_is_greedy(s) && dj_sampler_sample(s, r3) == 3);
             dj_sampler_free(s);
         }
         const float nan_first[3] = {NAN, -1.f, 2.f};
@@ -364,6 +362,16 @@ int main(void) {
     CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
     p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f};
     CHECK_ST(dj_sampler_new(&p, 0, &s), DJ_EINVAL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f, .min_p = 1.5f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "min-p") != NULL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f, .repetition_penalty = -1.f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "repetition") != NULL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f, .frequency_penalty = 3.f};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f, .presence_penalty = NAN};
+    CHECK_ST(dj_sampler_new(&p, V, &s), DJ_EINVAL);
     dj_sampler_free(NULL);
     return dj_test_finish("test_sampler");
 }

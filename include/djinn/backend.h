@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "djinn/dtype.h"
+#include "djinn/sampler.h"
 #include "djinn/status.h"
 
 typedef struct dj_backend dj_backend_t;
@@ -114,14 +115,18 @@ typedef struct dj_op_call {
     float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none) */
 } dj_op_call;
 
-/* One row's sampling parameters for the sample hook (as dj_sampler_params)
- * and the uniform draw u in [0, 1) its pick uses. */
+/* One row's sampling parameters for the sample hook (as dj_sampler_params),
+ * its penalty entries and the uniform draw u in [0, 1) its pick uses. */
 typedef struct dj_sample_row {
-    float temperature; /* 0 = greedy */
-    uint32_t top_k;    /* 0 = off */
-    float top_p;       /* 1 = off; in (0, 1] */
-    uint32_t reserved; /* 0 */
-    double u;          /* in [0, 1) */
+    float temperature;        /* 0 = greedy (the argmax of the penalised logits) */
+    uint32_t top_k;           /* 0 = off */
+    float top_p;              /* 1 = off; in (0, 1] */
+    float min_p;              /* 0 = off; in [0, 1] */
+    float repetition_penalty; /* 0 or 1 = off; else > 0 */
+    uint32_t n_pen;           /* entries in pen */
+    const dj_sampler_penalty *pen; /* [n_pen] host memory, distinct ids in [0, vocab); read
+                                    * before the hook returns */
+    double u;                 /* in [0, 1) */
 } dj_sample_row;
 
 typedef struct dj_backend_vtbl {
@@ -160,10 +165,11 @@ typedef struct dj_backend_vtbl {
     dj_status (*capture_end)(dj_backend_t *be, dj_backend_graph_t **out /* OUT */);
     dj_status (*graph_launch)(dj_backend_t *be, dj_backend_graph_t *g);
     void (*graph_free)(dj_backend_t *be, dj_backend_graph_t *g);
-    /* out_dev[i] = the token dj_sampler_sample's rule picks from logits row i
-     * (device memory, [n][vocab] f32) with rows[i]'s parameters, drawing with
-     * rows[i].u instead of a generator (rows: host memory, read before it
-     * returns); temperature 0 is the argmax. Ordered with compute. */
+    /* out_dev[i] = the token dj_sampler_pick's rule picks from logits row i
+     * (device memory, [n][vocab] f32) with rows[i]'s parameters and penalty
+     * entries, drawing with rows[i].u (rows: host memory, read before it
+     * returns); temperature 0 is the argmax of the penalised logits. Ordered
+     * with compute; refused during a capture. */
     dj_status (*sample)(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
                         const struct dj_sample_row *rows, int32_t *out_dev);
 } dj_backend_vtbl;
@@ -176,7 +182,12 @@ struct dj_backend {
     dj_dtype res_dtype;   /* element type the executor keeps the residual stream in
                            * (EMBED and ADD outputs): act_dtype or f32 */
     bool host_memory;     /* device memory is host memory (the CPU backend) */
+    bool deterministic;   /* set by the owner before any compute: each row of a MATMUL with
+                           * n <= DJ_DETERMINISTIC_MAX_ROWS computed independently of n
+                           * (batch-invariant logits); the CPU backend always is */
 };
+
+#define DJ_DETERMINISTIC_MAX_ROWS 256
 
 /* The CPU backend. n_threads 0 = every core (omp_get_max_threads()). Its
  * device memory is host memory aligned to 4096; compute is synchronous and

@@ -23,8 +23,7 @@ dj_status dj_cuda_device_name(int device, char *buf /* OUT */, size_t len);
 
 /* A backend on GPU `device`: its own stream and cuBLAS handle. Activations
  * and K/V pages are bf16 (act_dtype = kv_dtype = DJ_DTYPE_BF16); the
- * residual stream between layers is f32 (res_dtype; $DJINN_RESIDUAL=bf16
- * keeps it in bf16 as transformers' bf16 models do); every kernel
+ * residual stream between layers is f32 (res_dtype); every kernel
  * accumulates in f32. compute only enqueues work on the stream (ids
  * and block tables are copied out of host memory before it returns); sync
  * waits for it and reports a kernel fault as DJ_EDEVICE. Every CUDA failure
@@ -57,9 +56,6 @@ int dj__cuda_last_attention(dj_backend_t *be);
  * output, and how many pairs ran fused. */
 void dj__cuda_set_fuse(dj_backend_t *be, int on);
 uint64_t dj__cuda_fusions(dj_backend_t *be);
-/* Test hook: query rows per tensor-core attention block (64 or 128; the
- * default 64 unless $DJINN_TC_ROWS=128). */
-void dj__cuda_set_tc_rows(dj_backend_t *be, int rows);
 
 #ifdef __cplusplus
 }

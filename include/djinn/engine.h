@@ -26,6 +26,10 @@ typedef struct dj_engine_config {
     int n_threads;            /* CPU threads, 0 = every core */
     dj_vmu_config vmu;        /* budget and segment ratios */
     uint32_t max_step_tokens; /* largest prefill chunk (shape bucket cap); 0 = 512 */
+    bool deterministic;       /* a row's logits bit-identical alone and in any decode batch
+                               * (steps of up to DJ_DETERMINISTIC_MAX_ROWS rows). The CPU is
+                               * so always; CUDA then takes its GEMV for every such matmul
+                               * instead of cuBLAS above 8 rows (slower at large batches) */
 } dj_engine_config;
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);

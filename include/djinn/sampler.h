@@ -1,47 +1,85 @@
 /* sampler.h: choosing the next token from logits - greedy, temperature,
- * top-k, top-p - seeded and reproducible (same seed, same logits, same ids). */
+ * top-k, top-p, min-p and repetition/frequency/presence penalties - seeded
+ * and reproducible (same seed, same logits, same observed ids, same ids). */
 #ifndef DJINN_SAMPLER_H
 #define DJINN_SAMPLER_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "djinn/status.h"
 
+/* Zero (or the value named) leaves a feature off. */
 typedef struct dj_sampler_params {
-    float temperature; /* 0 = greedy */
-    uint32_t top_k;    /* 0 = off */
-    float top_p;       /* 1 = off; in (0, 1] */
+    float temperature;        /* 0 = greedy; finite, >= 0 */
+    uint32_t top_k;           /* 0 = off */
+    float top_p;              /* 1 = off; in (0, 1] */
     uint64_t seed;
+    float min_p;              /* 0 = off; in [0, 1]: keep weights >= min_p * the largest */
+    float repetition_penalty; /* 0 or 1 = off; else > 0 and finite. HF rule: over the
+                               * prompt's and the generated ids, positive logits are
+                               * divided by it, negative ones multiplied */
+    float frequency_penalty;  /* 0 = off; in [-2, 2]. OpenAI rule, over the generated */
+    float presence_penalty;   /* ids: logit -= count * frequency + (count > 0) * presence */
 } dj_sampler_params;
 
 typedef struct dj_sampler dj_sampler_t;
 
-/* Validates params (temperature >= 0 and finite, top_p in (0,1]). */
+/* One observed id's penalty (sampler.c keeps one per distinct id): its logit
+ * becomes dj__sample_penalize(logit, repetition_penalty, sub). */
+typedef struct dj_sampler_penalty {
+    int32_t id;
+    float sub; /* count * frequency + (count > 0) * presence, in f32 */
+} dj_sampler_penalty;
+
+/* Checks params; DJ_EINVAL with a message naming the bad field. */
+dj_status dj_sampler_params_check(const dj_sampler_params *p);
+/* Validates params (dj_sampler_params_check) and vocab > 0. */
 dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_t **out /* OUT */);
 void dj_sampler_free(dj_sampler_t *s);
 
+/* Records ids[n] for the penalties: prompt ids count for the repetition
+ * penalty only, generated ones (prompt false) for all three. Ids outside
+ * [0, vocab) are ignored. Cheap when every penalty is off (nothing kept). */
+void dj_sampler_observe(dj_sampler_t *s, const int32_t *ids, size_t n, bool prompt);
+
 /* Pick a token from logits[vocab] (not modified). Order as in transformers:
- * temperature, then top-k, then top-p, then a draw from the softmax. Greedy
- * breaks ties by the lowest id (as torch.argmax). */
+ * penalties, temperature, top-k, top-p, min-p, then a draw. Greedy (T 0)
+ * takes the argmax of the penalised logits, ties by the lowest id. */
 int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits);
 
 /* The two halves of dj_sampler_sample: the next uniform draw u in [0, 1)
  * (advancing the generator as one non-greedy pick does), and the pick for a
- * given u, which uses no generator: weights w = expf((logit - max) / T);
- * without truncation (top_k 0, top_p 1) the first id whose cumulative
- * weight, in id order, exceeds u * sum(w); otherwise candidates by
- * descending weight (ties: lower id first), the first top_k kept, then the
- * shortest prefix whose weight reaches top_p of the kept weight, and the
- * first candidate whose cumulative weight exceeds u * (prefix weight).
- * Masses in f64. A device can make the same pick from the same u (the
- * backend's sample hook). Logits all -inf or NaN give id 0. */
+ * given u, which uses no generator. The rule (src/model/sample_rule.h holds
+ * its arithmetic, which the CUDA kernel shares):
+ *  - logits penalised (dj_sampler_penalty); mx = their max (NaN skipped);
+ *  - weights w = dj__sample_weight(l, mx, T) in f32 (the max weighs 1);
+ *    masses q = floor(w * 2^36), summed exactly in 64-bit integers;
+ *  - the candidate order: descending w, ties by ascending id; top-k keeps
+ *    its first top_k; top-p the shortest prefix of those whose mass, as a
+ *    double, reaches top_p * (their mass); min-p then drops w < min_p;
+ *  - the draw, in id order over the kept ids: the first whose cumulative
+ *    mass exceeds floor(u * kept mass).
+ * Logits all -inf or NaN give id 0. */
 double dj_sampler_uniform(dj_sampler_t *s);
 int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u);
+/* Whether picks need no draw and no penalty: T 0 and every penalty off. */
+bool dj_sampler_is_greedy(const dj_sampler_t *s);
+/* The penalty entries now (one per distinct observed id; none when every
+ * penalty is off); *out valid until the next observe or free. */
+uint32_t dj_sampler_penalties(const dj_sampler_t *s, const dj_sampler_penalty **out /* OUT */);
 /* The params it was made with, and its vocabulary size. */
 const dj_sampler_params *dj_sampler_params_of(const dj_sampler_t *s);
 uint32_t dj_sampler_vocab(const dj_sampler_t *s);
 
 /* argmax with lowest-id tie break; NaNs are skipped (all NaN: 0). */
 int32_t dj_argmax(const float *logits, uint32_t n);
+
+/* The rule for one row, with the penalties given (the CPU backend's sample
+ * hook): s supplies params (temperature, top-k, top-p, min-p, repetition)
+ * and scratch only; its own observed ids are not used. */
+int32_t dj_sampler_pick_with(dj_sampler_t *s, const float *logits, double u, const dj_sampler_penalty *pen,
+                             uint32_t n_pen);
 
 #endif

@@ -52,7 +52,7 @@ typedef struct prof_entry {
 struct dj_engine {
     dj_backend_t *be;
     bool profile;              /* $DJINN_PROFILE set (and not "0") */
-    bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=on) */
+    bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=off: on the host) */
     dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
     uint32_t sample_rows_cap;
     prof_entry prof[DJ_PROF_NAMES];
@@ -123,6 +123,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
 #endif
         st = dj_backend_cpu_new(cfg->n_threads, &e->be);
     if (st != DJ_OK) goto fail;
+    e->be->deterministic = cfg->deterministic;
     st = dj_vmu_new(e->be, &cfg->vmu, &e->vmu);
     if (st != DJ_OK) goto fail;
     st = dj_plan_cache_new(DJ_PLAN_CACHE_ENTRIES, &e->plans);
@@ -131,8 +132,9 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
-        const char *ds = getenv("DJINN_DEVICE_SAMPLING"); /* off (default until measured on a GPU) | on */
-        e->device_sampling = ds && strcmp(ds, "on") == 0;
+        /* on (default) | off: the kill switch of the backend's sample hook */
+        const char *ds = getenv("DJINN_DEVICE_SAMPLING");
+        e->device_sampling = !(ds && strcmp(ds, "off") == 0);
     }
     *out = e;
     return DJ_OK;
@@ -696,16 +698,13 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     return st;
 }
 
-static bool is_greedy(const dj_sampler_params *sp) { return !sp || sp->temperature == 0.0f; }
-
-static dj_status check_sampler(const dj_sampler_params *sp) {
-    if (!sp) return DJ_OK;
-    if (!(sp->temperature >= 0.0f) || !isfinite(sp->temperature))
-        return dj_fail(DJ_EINVAL, "sampler temperature %g must be finite and >= 0", (double)sp->temperature);
-    if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f))
-        return dj_fail(DJ_EINVAL, "sampler top_p %g must be in (0, 1]", (double)sp->top_p);
-    return DJ_OK;
+/* Greedy and unpenalised: the argmax of the raw logits. */
+static bool is_greedy(const dj_sampler_params *sp) {
+    return !sp || (sp->temperature == 0.0f && (sp->repetition_penalty == 0.0f || sp->repetition_penalty == 1.0f) &&
+                   sp->frequency_penalty == 0.0f && sp->presence_penalty == 0.0f);
 }
+
+static dj_status check_sampler(const dj_sampler_params *sp) { return sp ? dj_sampler_params_check(sp) : DJ_OK; }
 
 static dj_status host_logits(dj_engine_t *e, size_t floats, float **out) {
     if (floats > e->host_logits_cap) {
@@ -735,7 +734,7 @@ static dj_status row_sampler(dj_session_t *s, const dj_sampler_params *sp, dj_sa
                              uint32_t V, dj_sampler_t **out) {
     *out = NULL;
     if (samplers) { /* NULL (no pick) rows count as greedy here */
-        if (samplers[r] && dj_sampler_params_of(samplers[r])->temperature != 0.0f)
+        if (samplers[r] && !dj_sampler_is_greedy(samplers[r]))
             *out = samplers[r];
         return DJ_OK;
     }
@@ -751,7 +750,7 @@ static dj_status row_sampler(dj_session_t *s, const dj_sampler_params *sp, dj_sa
  * [B][vocab] f32) to the caller and/or the next token of each row, picked by
  * the caller's samplers (one per row) or else each session's sampler for sp.
  * Picks on the device where the backend can: greedy rows by argmax, the
- * others by the sample hook ($DJINN_DEVICE_SAMPLING=on) with each row
+ * others by the sample hook (unless $DJINN_DEVICE_SAMPLING=off) with each row
  * sampler's own next uniform draw - the same rule and draw as on the host (a
  * draw is spent even if the step then fails on the device). Otherwise the
  * logits come to the host and each row's sampler picks. */
@@ -763,7 +762,7 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     if (samplers) { /* a NULL sampler: that row picks nothing (next -1) */
         all_greedy = true;
         for (uint32_t r = 0; r < B; r++)
-            all_greedy = all_greedy && (!samplers[r] || dj_sampler_params_of(samplers[r])->temperature == 0.0f);
+            all_greedy = all_greedy && (!samplers[r] || dj_sampler_is_greedy(samplers[r]));
     }
     const bool device_greedy = next && all_greedy && e->be->vt->argmax;
     const bool device_sample = next && !all_greedy && e->be->vt->sample && e->device_sampling;
@@ -784,11 +783,19 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
             if ((st = row_sampler(ss[r], sp, samplers, r, V, &smp)) != DJ_OK)
                 return st;
             const dj_sampler_params *p = smp ? dj_sampler_params_of(smp) : NULL;
-            e->sample_rows[r] = p ? (dj_sample_row){.temperature = p->temperature,
+            e->sample_rows[r] = (dj_sample_row){.temperature = 0.0f, .top_p = 1.0f}; /* greedy row */
+            if (p) {
+                const dj_sampler_penalty *pen = NULL;
+                const uint32_t n_pen = dj_sampler_penalties(smp, &pen);
+                e->sample_rows[r] = (dj_sample_row){.temperature = p->temperature,
                                                     .top_k = p->top_k,
                                                     .top_p = p->top_p,
-                                                    .u = dj_sampler_uniform(smp)}
-                                  : (dj_sample_row){.temperature = 0.0f, .top_p = 1.0f}; /* greedy row */
+                                                    .min_p = p->min_p,
+                                                    .repetition_penalty = p->repetition_penalty,
+                                                    .n_pen = n_pen,
+                                                    .pen = pen,
+                                                    .u = p->temperature != 0.0f ? dj_sampler_uniform(smp) : 0.0};
+            }
         }
         st = e->be->vt->sample(e->be, out_dev, B, V, e->sample_rows, e->args_next);
         if (st != DJ_OK) return st;

@@ -252,7 +252,7 @@ static void cpu_destroy(dj_backend_t *be) {
     free(cb);
 }
 
-/* out[i] = dj_sampler_pick of row i with rows[i]'s params and draw: the host
+/* out[i] = dj_sampler_pick_with of row i with rows[i]'s params, penalties and draw: the host
  * rule itself, so an engine picking through this hook chooses exactly what
  * its host samplers would. */
 static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
@@ -262,12 +262,16 @@ static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, u
     for (uint32_t i = 0; i < n; i++) {
         if (!(rows[i].u >= 0.0 && rows[i].u < 1.0))
             return dj_fail(DJ_EINVAL, "cpu sample: row %u has u %g outside [0, 1)", i, rows[i].u);
+        for (uint32_t k = 0; k < rows[i].n_pen; k++)
+            if (!rows[i].pen || rows[i].pen[k].id < 0 || (uint32_t)rows[i].pen[k].id >= vocab)
+                return dj_fail(DJ_EINVAL, "cpu sample: row %u penalises an id outside [0, %u)", i, vocab);
         const dj_sampler_params p = {.temperature = rows[i].temperature, .top_k = rows[i].top_k,
-                                     .top_p = rows[i].top_p};
+                                     .top_p = rows[i].top_p, .min_p = rows[i].min_p,
+                                     .repetition_penalty = rows[i].repetition_penalty};
         dj_sampler_t *s = NULL;
         dj_status st = dj_sampler_new(&p, vocab, &s); /* validates the params */
         if (st != DJ_OK) return st;
-        out[i] = dj_sampler_pick(s, logits + (size_t)i * vocab, rows[i].u);
+        out[i] = dj_sampler_pick_with(s, logits + (size_t)i * vocab, rows[i].u, rows[i].pen, rows[i].n_pen);
         dj_sampler_free(s);
     }
     return DJ_OK;

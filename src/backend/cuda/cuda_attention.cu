@@ -1,16 +1,13 @@
 /* cuda_attention.cu: causal (optionally sliding-window) GQA attention over
  * bf16 K/V in data-segment pages, f32 softmax and accumulation.
  *  - decode (few query rows): split-K / flash-decoding - each block scores
- *    one chunk of the context for one (row, head); a second pass merges the
- *    chunks, so one session's single token still fills the GPU. Variants
- *    ($DJINN_DECODE, read at backend creation):
- *      v0: a warp walks its positions one at a time (K load, warp sum,
- *          V load), one head per block - the first kernel, the baseline;
- *      v1: a warp loads K and V of DEC_POS positions at once, scores them
- *          together and folds them in one online-softmax update; the merge
- *          skips the empty splits;
- *      v2: as v1, and a block serves up to 4 query heads of one kv head
- *          (GQA), so K/V are read once per kv head, not once per q head;
+ *    one chunk of the context for up to 4 query heads of one kv head (GQA:
+ *    K/V read once per kv head); a warp loads K and V of DEC_POS positions
+ *    at once, scores them together and folds them in one online-softmax
+ *    update; a second pass merges the non-empty chunks, so one session's
+ *    single token still fills the GPU. (The A/B of 2026-11-23 measured the
+ *    one-position-at-a-time and one-head-per-block kernels: no faster at
+ *    b=1, 7% slower at b=32; deleted.)
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
  * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
@@ -24,7 +21,7 @@
 #define DEC_MAX_SPLITS 64
 #define DEC_BLOCKS_PER_SM 8 /* splits aim at this many blocks per SM: each warp walks its
                              * positions one dependent load after another, so fewer per warp is faster */
-#define DEC_POS 8          /* positions per warp and step of the batched decode kernel (v1/v2) */
+#define DEC_POS 8          /* positions per warp and step of the decode kernel */
 #define DEC_BATCH_MIN_BLOCKS 4 /* per SM, for the batched kernel: caps its registers at 128 (no spills) */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
@@ -128,89 +125,6 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
     __syncthreads(); /* the shared arrays are free for the next head */
 }
 
-/* Block (split, head, row). Lane l holds the bf16 pairs 2l + 64i of q, K, V.
- * Row i's positions [t0, p] are cut into `splits` chunks of at least
- * DEC_MIN_CHUNK (trailing splits may be empty), computed here from the row's
- * own position, so a recorded launch serves every position.
- * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum. */
-template <int PAIRS>
-static __global__ void __launch_bounds__(DEC_WARPS * 32)
-    attn_decode_kernel(attn_args a, uint32_t splits, float *part) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
-    const uint32_t split = blockIdx.x, h = blockIdx.y, i = blockIdx.z;
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const dec_range rg = dec_range_of(a, i, splits);
-    const uint32_t p = rg.p, kvh = h / a.group, hd = a.hd;
-    const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
-    const uint64_t s0 = (uint64_t)rg.t0 + (uint64_t)split * rg.chunk;
-    const uint64_t s1 = s0 + rg.chunk - 1 < p ? s0 + rg.chunk - 1 : p; /* inclusive; empty when s0 > p */
-
-    const __nv_bfloat16 *q = a.q + ((size_t)i * a.nh + h) * hd;
-    float2 qv[PAIRS], acc[PAIRS];
-#pragma unroll
-    for (int k = 0; k < PAIRS; k++) {
-        const uint32_t d = 2 * lane + 64 * k;
-        qv[k] = d < hd ? __bfloat1622float2(*(const __nv_bfloat162 *)(q + d)) : make_float2(0.0f, 0.0f);
-        acc[k] = make_float2(0.0f, 0.0f);
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (uint64_t t = s0 + warp; t <= s1; t += DEC_WARPS) {
-        const __nv_bfloat16 *kr = kv_row(a.seg, a.page_bytes, table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, false);
-        const __nv_bfloat16 *vr = kv_row(a.seg, a.page_bytes, table, a.tpp, a.kv_dim, kvh, hd, (uint32_t)t, true);
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PAIRS; k++) {
-            const uint32_t d = 2 * lane + 64 * k;
-            if (d < hd) {
-                const float2 kf = __bfloat1622float2(*(const __nv_bfloat162 *)(kr + d));
-                s += qv[k].x * kf.x + qv[k].y * kf.y;
-            }
-        }
-        s = warp_sum(s) * a.scale;
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), e = expf(s - mn);
-        l = l * corr + e;
-#pragma unroll
-        for (int k = 0; k < PAIRS; k++) {
-            const uint32_t d = 2 * lane + 64 * k;
-            float2 vf = make_float2(0.0f, 0.0f);
-            if (d < hd) vf = __bfloat1622float2(*(const __nv_bfloat162 *)(vr + d));
-            acc[k].x = acc[k].x * corr + e * vf.x;
-            acc[k].y = acc[k].y * corr + e * vf.y;
-        }
-        m = mn;
-    }
-    dec_store_partial<PAIRS>(m, l, acc, hd, part + (((size_t)i * a.nh + h) * splits + split) * (hd + 2));
-}
-
-/* Block (head, row): merges the splits. Split 0 always holds position t0, so
- * the overall max is finite. */
-static __global__ void attn_merge_kernel(const float *part, __nv_bfloat16 *out, uint32_t nh, uint32_t hd,
-                                         uint32_t splits) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
-    const uint32_t h = blockIdx.x, i = blockIdx.y;
-    const float *src = part + ((size_t)i * nh + h) * splits * (hd + 2);
-    float G = -INFINITY;
-    for (uint32_t s = 0; s < splits; s++) G = fmaxf(G, src[(size_t)s * (hd + 2) + hd]);
-    float L = 0.0f;
-    for (uint32_t s = 0; s < splits; s++) {
-        const float *ps = src + (size_t)s * (hd + 2);
-        if (ps[hd] != -INFINITY) L += ps[hd + 1] * expf(ps[hd] - G);
-    }
-    const float inv = 1.0f / L;
-    __nv_bfloat16 *o = out + ((size_t)i * nh + h) * hd;
-    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float v = 0.0f;
-        for (uint32_t s = 0; s < splits; s++) {
-            const float *ps = src + (size_t)s * (hd + 2);
-            if (ps[hd] != -INFINITY) v += ps[d] * expf(ps[hd] - G);
-        }
-        o[d] = __float2bfloat16(v * inv);
-    }
-}
-
 /* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
  * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
  * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
@@ -218,13 +132,15 @@ static __global__ void attn_merge_kernel(const float *part, __nv_bfloat16 *out, 
  * loads its pairs 2l + 64k of the DEC_POS K and V rows (all loads in flight
  * together), scores them for the G heads (G*DEC_POS warp sums, interleaved)
  * and folds them into each head's online softmax in one update.
- * part: as attn_decode_kernel's; splits past the row's context are not
- * written (attn_merge_used_kernel does not read them). */
+ * Row i's positions [t0, p] are cut into `splits` chunks of at least
+ * DEC_MIN_CHUNK, computed here from the row's own position, so a recorded
+ * launch serves every position.
+ * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
+ * splits past the row's context are not written (attn_merge_used_kernel
+ * does not read them). */
 template <int PAIRS, int G>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const dec_range rg = dec_range_of(a, i, splits);
@@ -328,8 +244,6 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
  * every thread sums its dims over them. */
 static __global__ void __launch_bounds__(128)
     attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     __shared__ float s_w[DEC_MAX_SPLITS];
     __shared__ float s_inv;
     const uint32_t h = blockIdx.x, i = blockIdx.y, hd = a.hd, lane = threadIdx.x & 31;
@@ -468,30 +382,25 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 /* ---- launchers ---- */
 
 template <int PAIRS>
-static void launch_decode_batch(bool pdl, dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
+static void launch_decode_batch(dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
                                 uint32_t splits, float *part) {
     const unsigned threads = DEC_WARPS * 32;
     if constexpr (PAIRS <= 2) { /* 4 heads of head_dim > 128 would not fit the registers */
         if (heads_per_block == 4) {
-            dj__cuda_launch(pdl, attn_decode_batch_kernel<PAIRS, 4>, dim3(grid), dim3(threads), 0, stream, a, splits,
-                            part);
+            attn_decode_batch_kernel<PAIRS, 4><<<grid, threads, 0, stream>>>(a, splits, part);
             return;
         }
     }
     if (heads_per_block == 2)
-        dj__cuda_launch(pdl, attn_decode_batch_kernel<PAIRS, 2>, grid, dim3(threads), 0, stream, a, splits, part);
+        attn_decode_batch_kernel<PAIRS, 2><<<grid, threads, 0, stream>>>(a, splits, part);
     else
-        dj__cuda_launch(pdl, attn_decode_batch_kernel<PAIRS, 1>, grid, dim3(threads), 0, stream, a, splits, part);
+        attn_decode_batch_kernel<PAIRS, 1><<<grid, threads, 0, stream>>>(a, splits, part);
 }
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
     const uint32_t hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    const int variant = cb->decode_variant;
-    /* v2: up to 4 query heads of one kv head per block (2 for head_dim > 128) */
-    const uint32_t hpb = variant != DJ_DECODE_V2      ? 1
-                         : group % 4 == 0 && hd <= 128 ? 4
-                         : group % 2 == 0              ? 2
-                                                       : 1;
+    /* up to 4 query heads of one kv head per block (2 for head_dim > 128) */
+    const uint32_t hpb = group % 4 == 0 && hd <= 128 ? 4 : group % 2 == 0 ? 2 : 1;
     /* Enough splits for ~DEC_BLOCKS_PER_SM blocks per SM; without per-row positions, no more
      * than the longest context fills (with them, the kernel leaves the
      * surplus empty: the count must not depend on positions). */
@@ -509,38 +418,17 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     dj_status st = dj__cuda_scratch(cb, (size_t)c->n * c->n_heads * splits * (hd + 2), &part);
     if (st != DJ_OK) return st;
     const dim3 grid((unsigned)splits, c->n_heads / hpb, c->n);
-    const unsigned threads = DEC_WARPS * 32;
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
-    if (variant == DJ_DECODE_V0) {
-        if (hd <= 64)
-            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<1>, dim3(grid), dim3(threads), 0, cb->stream, a,
-                            (uint32_t)splits, part);
-        else if (hd <= 128)
-            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<2>, dim3(grid), dim3(threads), 0, cb->stream, a,
-                            (uint32_t)splits, part);
-        else if (hd <= 192)
-            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<3>, dim3(grid), dim3(threads), 0, cb->stream, a,
-                            (uint32_t)splits, part);
-        else
-            dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_decode_kernel<4>, dim3(grid), dim3(threads), 0, cb->stream, a,
-                            (uint32_t)splits, part);
-        DJ_CU_LAUNCHED(cb);
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_merge_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream,
-                        part, out, c->n_heads, hd, (uint32_t)splits);
-        DJ_CU_LAUNCHED(cb);
-        return DJ_OK;
-    }
     if (hd <= 64)
-        launch_decode_batch<1>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<1>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 128)
-        launch_decode_batch<2>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<2>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else if (hd <= 192)
-        launch_decode_batch<3>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<3>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else
-        launch_decode_batch<4>(cb->pdl == DJ_PDL_ALL, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode_batch<4>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
-    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, attn_merge_used_kernel, dim3(c->n_heads, c->n), dim3(128), 0, cb->stream, a,
-                    part, out, (uint32_t)splits);
+    attn_merge_used_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(a, part, out, (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

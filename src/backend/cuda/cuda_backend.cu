@@ -376,17 +376,23 @@ static dj_status cuda_sample(dj_backend_t *be, const float *logits, uint32_t n, 
     for (uint32_t i = 0; i < n; i++) {
         const dj_sample_row *r = &rows[i];
         if (!(r->temperature >= 0.0f) || !isfinite(r->temperature) || !(r->top_p > 0.0f && r->top_p <= 1.0f) ||
-            !(r->u >= 0.0 && r->u < 1.0))
-            return dj_fail(DJ_EINVAL, "cuda sample: row %u has temperature %g, top_p %g, u %g (want T >= 0 finite, "
-                                      "top_p in (0, 1], u in [0, 1))",
-                           i, (double)r->temperature, (double)r->top_p, r->u);
+            !(r->min_p >= 0.0f && r->min_p <= 1.0f) || !(r->repetition_penalty >= 0.0f) ||
+            !isfinite(r->repetition_penalty) || !(r->u >= 0.0 && r->u < 1.0) || r->n_pen > vocab ||
+            (r->n_pen && !r->pen))
+            return dj_fail(DJ_EINVAL, "cuda sample: row %u has temperature %g, top_p %g, min_p %g, repetition %g, "
+                                      "u %g, %u penalties (want T >= 0 finite, top_p in (0, 1], min_p in [0, 1], "
+                                      "repetition >= 0 finite, u in [0, 1), at most vocab penalties)",
+                           i, (double)r->temperature, (double)r->top_p, (double)r->min_p,
+                           (double)r->repetition_penalty, r->u, r->n_pen);
+        for (uint32_t k = 0; k < r->n_pen; k++)
+            if (r->pen[k].id < 0 || (uint32_t)r->pen[k].id >= vocab || !isfinite(r->pen[k].sub))
+                return dj_fail(DJ_EINVAL, "cuda sample: row %u penalty %u: id %d outside [0, %u) or a sub of %g", i, k,
+                               (int)r->pen[k].id, vocab, (double)r->pen[k].sub);
     }
     DJ_CU(cb, cudaSetDevice(cb->device));
     dj_status st = not_capturing(cb, "sample"); /* the rows are staged host bytes */
     if (st == DJ_OK) st = dj__cuda_flush(cb);
-    const void *rows_dev = NULL;
-    if (st == DJ_OK) st = dj__cuda_stage(cb, rows, (size_t)n * sizeof *rows, &rows_dev);
-    if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, (const dj_sample_row *)rows_dev, out);
+    if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, rows, out);
     return st;
 }
 
@@ -521,16 +527,6 @@ static dj_status cuda_init(dj_cuda_backend *cb) {
     return DJ_OK;
 }
 
-/* Kernel variant $name = "v0" .. "v<count-1>"; unset: dflt; anything else:
- * dflt and a warning. */
-static int variant_from_env(const char *name, int count, int dflt) {
-    const char *s = getenv(name);
-    if (!s) return dflt;
-    if (s[0] == 'v' && s[1] >= '0' && s[1] < '0' + count && s[2] == '\0') return s[1] - '0';
-    DJ_LOG(WARN, "%s=%s is none of v0..v%d: using v%d", name, s, count - 1, dflt);
-    return dflt;
-}
-
 extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     if (!out) return dj_fail(DJ_EINVAL, "cuda backend: NULL output pointer");
     *out = NULL;
@@ -545,25 +541,12 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->base.act_dtype = DJ_DTYPE_BF16;
     cb->device = device;
     {
-        /* f32 (default) | bf16: the residual stream (see dj_cuda.h) */
-        const char *res = getenv("DJINN_RESIDUAL");
-        cb->base.res_dtype = res && strcmp(res, "bf16") == 0 ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
-        const char *attn = getenv("DJINN_ATTN"); /* tc (default) | simple */
+        cb->base.res_dtype = DJ_DTYPE_F32; /* the residual stream (the bf16 one was within noise; deleted) */
+        /* kill switches: tc (default) | simple; on (default) | off */
+        const char *attn = getenv("DJINN_ATTN");
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
-        const char *fuse = getenv("DJINN_FUSE"); /* on (default) | off */
+        const char *fuse = getenv("DJINN_FUSE");
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
-        /* off (default: "on" measured slower inside CUDA graphs, bench/RESULTS.md) | gemv | on */
-        const char *pdl = getenv("DJINN_PDL");
-        cb->pdl = !pdl || strcmp(pdl, "off") == 0 ? DJ_PDL_OFF
-                  : strcmp(pdl, "gemv") == 0      ? DJ_PDL_GEMV
-                  : strcmp(pdl, "on") == 0        ? DJ_PDL_ALL
-                                                  : DJ_PDL_OFF;
-        if (pdl && cb->pdl == DJ_PDL_OFF && strcmp(pdl, "off") != 0)
-            DJ_LOG(WARN, "DJINN_PDL=%s is none of off, gemv, on: off", pdl);
-        const char *tc_rows = getenv("DJINN_TC_ROWS"); /* 64 (default) | 128 */
-        cb->tc_rows = tc_rows && strcmp(tc_rows, "128") == 0 ? 128 : 64;
-        cb->gemv_variant = variant_from_env("DJINN_GEMV", DJ_GEMV_VARIANTS, DJ_GEMV_DEFAULT);
-        cb->decode_variant = variant_from_env("DJINN_DECODE", DJ_DECODE_VARIANTS, DJ_DECODE_DEFAULT);
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;
@@ -589,9 +572,3 @@ extern "C" void dj__cuda_set_fuse(dj_backend_t *be, int on) {
 }
 
 extern "C" uint64_t dj__cuda_fusions(dj_backend_t *be) { return ((dj_cuda_backend *)be)->fusions; }
-
-extern "C" void dj__cuda_set_tc_rows(dj_backend_t *be, int rows) {
-    dj_cuda_backend *cb = (dj_cuda_backend *)be;
-    (void)dj__cuda_flush(cb);
-    cb->tc_rows = rows == 128 ? 128 : 64;
-}

@@ -25,8 +25,6 @@ static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out
 
 static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
                                        size_t count) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         const float g = __bfloat162float(gate[i]);
         out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
@@ -36,8 +34,6 @@ static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfl
 /* out[i] = a[i] + b[i]: a and out the residual stream (bf16 or f32), b bf16. */
 template <typename TA, typename TO>
 static __global__ void add_kernel(const TA *a, const __nv_bfloat16 *b, TO *out, size_t count) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
         dj_st(out, i, dj_ld(a, i) + __bfloat162float(b[i]));
 }
@@ -80,8 +76,6 @@ static __device__ __forceinline__ bool better(float va, uint32_t ia, float vb, u
 /* Block per row: strided scan, then a warp and a block reduction. */
 static __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const float *logits, uint32_t vocab, int32_t *out) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     __shared__ float s_v[ARGMAX_THREADS / 32];
     __shared__ uint32_t s_i[ARGMAX_THREADS / 32];
     const float *row = logits + (size_t)blockIdx.x * vocab;
@@ -118,16 +112,15 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
 }
 
 dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out) {
-    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, argmax_kernel, dim3(n), dim3(ARGMAX_THREADS), 0, cb->stream, logits, vocab,
-                    out);
+    argmax_kernel<<<dim3(n), dim3(ARGMAX_THREADS), 0, cb->stream>>>(logits, vocab, out);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
 
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
-    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, silu_mul_kernel, dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, cb->stream,
-                    (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
+    silu_mul_kernel<<<dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, cb->stream>>>(
+        (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -139,11 +132,10 @@ static void launch_add(dj_cuda_backend *cb, const dj_op_call *c) {
     const TA *a = (const TA *)c->x;
     const __nv_bfloat16 *b = (const __nv_bfloat16 *)c->x2;
     if (c->out_dtype == DJ_DTYPE_F32)
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_kernel<TA, float>, dim3(blocks), dim3(EW_THREADS), 0, cb->stream, a,
-                        b, (float *)c->out, count);
+        add_kernel<TA, float><<<dim3(blocks), dim3(EW_THREADS), 0, cb->stream>>>(a, b, (float *)c->out, count);
     else
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_kernel<TA, __nv_bfloat16>, dim3(blocks), dim3(EW_THREADS), 0,
-                        cb->stream, a, b, (__nv_bfloat16 *)c->out, count);
+        add_kernel<TA, __nv_bfloat16>
+            <<<dim3(blocks), dim3(EW_THREADS), 0, cb->stream>>>(a, b, (__nv_bfloat16 *)c->out, count);
 }
 
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c) {

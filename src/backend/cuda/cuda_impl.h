@@ -12,22 +12,8 @@
 
 #include "djinn/dj_cuda.h"
 
-/* Programmatic dependent launch ($DJINN_PDL=off|gemv|on): none, the
- * streaming GEMVs only, or every decode-path kernel. */
-enum { DJ_PDL_OFF, DJ_PDL_GEMV, DJ_PDL_ALL };
-
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
-
-/* Decode GEMV kernels ($DJINN_GEMV=v0|v1|v2; cuda_matmul.cu says what each
- * does). v0 is the first kernel, kept as the baseline. */
-enum { DJ_GEMV_V0, DJ_GEMV_V1, DJ_GEMV_V2, DJ_GEMV_VARIANTS };
-#define DJ_GEMV_DEFAULT DJ_GEMV_V1
-
-/* Decode attention kernels ($DJINN_DECODE=v0|v1|v2; cuda_attention.cu says
- * what each does). v0 is the first kernel, kept as the baseline. */
-enum { DJ_DECODE_V0, DJ_DECODE_V1, DJ_DECODE_V2, DJ_DECODE_VARIANTS };
-#define DJ_DECODE_DEFAULT DJ_DECODE_V2
 
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
@@ -67,15 +53,11 @@ typedef struct dj_cuda_backend {
     dj_op_call held_q;
     bool held_q_pending;
     bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
-    int pdl;                  /* DJ_PDL_*: which decode kernels launch programmatically ($DJINN_PDL) */
-    int tc_rows;              /* query rows per tensor-core attention block: 64 or 128 ($DJINN_TC_ROWS) */
     uint64_t fusions;         /* pairs launched as one kernel */
     int attention_path;       /* dj__cuda_set_paths */
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
-    int gemv_variant;         /* DJ_GEMV_V*, from $DJINN_GEMV at creation */
-    int decode_variant;       /* DJ_DECODE_V*, from $DJINN_DECODE at creation */
 } dj_cuda_backend;
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
@@ -114,52 +96,12 @@ static __device__ __forceinline__ float dj_ld(const float *p, size_t i) { return
 static __device__ __forceinline__ void dj_st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i] = v; }
 
-/* Programmatic dependent launch (sm_90): a kernel launched by
- * dj__cuda_launch with pdl set may start while the kernel before it still
- * runs. Such a kernel reads nothing that earlier kernels wrote, and writes
- * nothing, before dj_pdl_wait() (which returns once the kernel before has
- * completed and its writes are visible): the decode-path kernels call it
- * first thing, the streaming GEMV after issuing its first weight loads. Each
- * then calls dj_pdl_trigger(), so that the next kernel can start early too.
- * Both are no-ops for a kernel launched plainly. Off unless $DJINN_PDL is
- * gemv (the GEMVs only) or on (all): on the H100 a recorded decode step was
- * slower with all (6.663 against 6.499 ms/token, bench/RESULTS.md), an
- * eager one faster; gemv is not measured yet. */
-static __device__ __forceinline__ void dj_pdl_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void dj_pdl_trigger(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/* kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
- * dependent launch when pdl is set (see dj_pdl_wait). */
-template <typename... KArgs, typename... Args>
-static inline cudaError_t dj__cuda_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                          cudaStream_t stream, Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 /* Launchers: the call has been validated by the compute switch. */
 dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);
 dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out);
-/* rows_dev: [n] in device memory (staged by the caller). */
+/* rows: [n] host memory, validated by the caller (staged here with their penalties). */
 dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab,
-                          const dj_sample_row *rows_dev, int32_t *out);
+                          const dj_sample_row *rows, int32_t *out);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);

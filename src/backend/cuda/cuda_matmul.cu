@@ -3,14 +3,13 @@
  *  - n <= 8 (decode): a GEMV kernel - bound by reading the weights once;
  *    consecutive calls on the same x (q/k/v, gate/up) are held back and
  *    launched as one (dj__cuda_flush), which also fills the GPU for the
- *    small k/v weights. Variants ($DJINN_GEMV, read at backend creation):
- *      v0: one warp per weight row, 16-byte loads, 4 in flight per lane,
- *          any weight dtype (also the fallback of v1/v2 for f32 weights,
- *          k % 8 != 0 or misaligned pointers);
- *      v1: one warp per row, 16 loads of 16 bytes per lane issued before
- *          any FMA, weights read around L1 (x stays cached);
- *      v2: as v1 with two rows per warp and 8 loads per row, so one x
- *          load serves both rows (matters at n > 1);
+ *    small k/v weights. One warp per weight row, 16-byte loads, 4 in
+ *    flight per lane, any weight dtype. (Two streaming variants - all of a
+ *    lane's loads issued before any FMA, L1 bypassed, two rows per warp -
+ *    were within noise of it on the H100, 6.54 and 6.53 against 6.44
+ *    ms/token, and were deleted for it: simpler, and no PTX cache hints.)
+ *    With dj_backend.deterministic, calls of up to 256 rows run as GEMVs
+ *    of 8 rows too, each row summed as if alone;
  *  - bf16 weights, larger n: cublasGemmEx (tensor cores, CUBLAS_COMPUTE_32F);
  *  - f16/f32 weights, larger n: a tiled f32 kernel (cuBLAS wants A and B of
  *    one type, and the activations are bf16).
@@ -119,108 +118,6 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-/* An L2 policy for data read once: evicted first, so the activations and
- * the next kernel's inputs stay. */
-static __device__ __forceinline__ uint64_t l2_evict_first(void) {
-    uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
-/* 16 bytes of weights that no other warp reads: read-only path, no L1 line
- * allocated (x, read by every warp of the SM, keeps the L1), L2 policy as
- * given. */
-static __device__ __forceinline__ uint4 ld_stream(const void *p, uint64_t policy) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p), "l"(policy));
-    return v;
-}
-
-#define GEMV_STREAM_WARPS 4 /* warps per block of gemv_stream_kernel: small blocks, short tail */
-#define GEMV_STREAM_MIN_BLOCKS 4 /* per SM: caps registers at 128 (no spills), 16 warps x 8 KiB in flight */
-
-/* Warp per RW consecutive weight rows j0.. of its segment (rows past m are
- * neither read nor written); rows r < n of x (NR >= n). 16-bit weights only,
- * k % 8 == 0, x and every w 16-byte aligned. Lane l owns the 16-byte chunks
- * at k offsets 8l + 256u (u < U) of each 256*U-wide step: it issues all
- * RW*U weight loads of a step before its first FMA, so a warp keeps
- * RW*U*512 bytes in flight; each x chunk is loaded once for the RW rows.
- * Launched as a programmatic dependent launch (cb->pdl), it may start while
- * the kernel that writes x still runs: its first step's weight loads are
- * issued before dj_pdl_wait(), x is read after it. */
-template <typename TW, typename TO, int NR, int RW, int U>
-static __global__ void __launch_bounds__(GEMV_STREAM_WARPS * 32, GEMV_STREAM_MIN_BLOCKS)
-    gemv_stream_kernel(const __nv_bfloat16 *x, gemv_segs sg, uint32_t n, uint32_t k) {
-    dj_pdl_trigger(); /* the next kernel may launch; it waits for this one to complete */
-    const uint32_t lane = threadIdx.x & 31;
-    int si = 0;
-    while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
-    const uint32_t m = sg.m[si];
-    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * GEMV_STREAM_WARPS + (threadIdx.x >> 5)) * RW;
-    if (j0 >= m) return;
-    const TW *w = (const TW *)sg.w[si];
-    TO *out = (TO *)sg.out[si];
-    const uint64_t policy = l2_evict_first();
-    float acc[RW][NR];
-#pragma unroll
-    for (int i = 0; i < RW; i++)
-#pragma unroll
-        for (int r = 0; r < NR; r++) acc[i][r] = 0.0f;
-    bool waited = false;
-    for (uint32_t step = lane * 8; step < k; step += 256 * U) {
-        uint4 wv[RW][U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const uint32_t kk = step + 256 * u;
-#pragma unroll
-            for (int i = 0; i < RW; i++)
-                wv[i][u] = kk < k && j0 + i < m ? ld_stream(w + (size_t)(j0 + i) * k + kk, policy)
-                                                : make_uint4(0, 0, 0, 0);
-        }
-        if (!waited) { /* launched early (PDL): the first weights are on their way; x is not ready before this */
-            dj_pdl_wait();
-            waited = true;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const uint32_t kk = step + 256 * u;
-            if (kk >= k) break;
-            float wf[RW][8];
-#pragma unroll
-            for (int i = 0; i < RW; i++) widen8(wv[i][u], w, wf[i]);
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if ((uint32_t)r < n) {
-                    float xf[8];
-                    widen8(*(const uint4 *)(x + (size_t)r * k + kk), x, xf);
-#pragma unroll
-                    for (int i = 0; i < RW; i++)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) acc[i][r] += wf[i][e] * xf[e];
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < RW; i++)
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            for (int o = 16; o > 0; o >>= 1) acc[i][r] += __shfl_xor_sync(0xffffffffu, acc[i][r], o);
-    if (lane < RW && j0 + lane < m) { /* lane i stores row j0 + i */
-        const uint32_t j = j0 + lane;
-        const float b = sg.bias[si] ? ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
-#pragma unroll
-        for (int i = 0; i < RW; i++) {
-            if ((uint32_t)i != lane) continue;
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j, acc[i][r] + b);
-        }
-    }
-}
-
 /* Tiled GEMM for weights cuBLAS cannot pair with bf16 x: a 64x64 output tile
  * per block, 4x4 per thread, k in steps of 16 through shared memory. */
 #define TG 64
@@ -294,8 +191,7 @@ static unsigned fill_segs(const dj_op_call *calls, int count, uint32_t rows_per_
     return blocks;
 }
 
-/* The pending group (same x, n, k, weight and output dtypes) as one launch
- * of cb->gemv_variant; v1/v2 take the vector case only. */
+/* The pending group (same x, n, k, weight and output dtypes) as one launch. */
 template <typename TW, typename TO, int NR>
 static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
@@ -304,21 +200,6 @@ static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     for (int i = 0; i < count; i++) align |= (uintptr_t)calls[i].w;
     const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && align % 16 == 0;
     gemv_segs sg;
-    if constexpr (sizeof(TW) == 2) {
-        const unsigned threads = GEMV_STREAM_WARPS * 32;
-        if (vec && cb->gemv_variant == DJ_GEMV_V1) {
-            const unsigned blocks = fill_segs(calls, count, GEMV_STREAM_WARPS, &sg);
-            dj__cuda_launch(cb->pdl != DJ_PDL_OFF, gemv_stream_kernel<TW, TO, NR, 1, 16>, dim3(blocks), dim3(threads),
-                            0, cb->stream, x, sg, c->n, c->k);
-            return;
-        }
-        if (vec && cb->gemv_variant == DJ_GEMV_V2) {
-            const unsigned blocks = fill_segs(calls, count, GEMV_STREAM_WARPS * 2, &sg);
-            dj__cuda_launch(cb->pdl != DJ_PDL_OFF, gemv_stream_kernel<TW, TO, NR, 2, 8>, dim3(blocks), dim3(threads), 0,
-                            cb->stream, x, sg, c->n, c->k);
-            return;
-        }
-    }
     const unsigned blocks = fill_segs(calls, count, GEMV_WARPS, &sg);
     gemv_kernel<TW, TO, NR><<<blocks, GEMV_WARPS * 32, 0, cb->stream>>>(x, sg, c->n, c->k, vec);
 }
@@ -442,6 +323,21 @@ dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
     const bool gemv = cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS
                                            : cb->matmul_path != 2 && c->n <= GEMV_MAX_ROWS;
+    if (!gemv && cb->base.deterministic && c->n <= DJ_DETERMINISTIC_MAX_ROWS && cb->matmul_path != 2) {
+        /* batch-invariant: GEMVs of 8 rows at a time, each row summed as alone */
+        dj_status st = dj__cuda_flush(cb);
+        for (uint32_t r0 = 0; st == DJ_OK && r0 < c->n; r0 += GEMV_MAX_ROWS) {
+            dj_op_call part = *c;
+            const size_t xs = dj_dtype_size(DJ_DTYPE_BF16), os = dj_dtype_size(c->out_dtype);
+            part.n = c->n - r0 < GEMV_MAX_ROWS ? c->n - r0 : GEMV_MAX_ROWS;
+            part.x = (const uint8_t *)c->x + (size_t)r0 * c->k * xs;
+            part.out = (uint8_t *)c->out + (size_t)r0 * c->m * os;
+            cb->gemv[0] = part;
+            cb->gemv_count = 1;
+            st = dj__cuda_flush(cb);
+        }
+        return st;
+    }
     if (gemv) { /* enqueued with the next ops that share its input (q/k/v, gate/up) */
         if (!joins_group(cb, c)) {
             dj_status st = dj__cuda_flush(cb);

@@ -8,8 +8,6 @@
 
 template <typename TX, typename TW>
 static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const TX *xr = x + (size_t)blockIdx.x * d;
@@ -39,16 +37,16 @@ static void launch_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rmsnorm_kernel<TX, __nv_bfloat16>, dim3(c->n), dim3(NORM_THREADS), 0,
-                        cb->stream, x, (const __nv_bfloat16 *)c->w, out, c->d, c->eps);
+        rmsnorm_kernel<TX, __nv_bfloat16>
+            <<<dim3(c->n), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __nv_bfloat16 *)c->w, out, c->d, c->eps);
         break;
     case DJ_DTYPE_F16:
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rmsnorm_kernel<TX, __half>, dim3(c->n), dim3(NORM_THREADS), 0,
-                        cb->stream, x, (const __half *)c->w, out, c->d, c->eps);
+        rmsnorm_kernel<TX, __half>
+            <<<dim3(c->n), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __half *)c->w, out, c->d, c->eps);
         break;
     default:
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rmsnorm_kernel<TX, float>, dim3(c->n), dim3(NORM_THREADS), 0, cb->stream,
-                        x, (const float *)c->w, out, c->d, c->eps);
+        rmsnorm_kernel<TX, float>
+            <<<dim3(c->n), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps);
         break;
     }
 }
@@ -85,8 +83,6 @@ template <typename TH, typename TW, int PER>
 static __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
                        uint32_t d, float eps) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const size_t row = (size_t)blockIdx.x * d;
@@ -130,17 +126,16 @@ static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const
     __nv_bfloat16 *out = (__nv_bfloat16 *)norm->out;
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_rmsnorm_kernel<TH, __nv_bfloat16, PER>, dim3(norm->n),
-                        dim3(NORM_THREADS), 0, cb->stream, a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d,
-                        norm->eps);
+        add_rmsnorm_kernel<TH, __nv_bfloat16, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
+            a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps);
         break;
     case DJ_DTYPE_F16:
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_rmsnorm_kernel<TH, __half, PER>, dim3(norm->n), dim3(NORM_THREADS),
-                        0, cb->stream, a, b, h, (const __half *)norm->w, out, norm->d, norm->eps);
+        add_rmsnorm_kernel<TH, __half, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
+            a, b, h, (const __half *)norm->w, out, norm->d, norm->eps);
         break;
     default:
-        dj__cuda_launch(cb->pdl == DJ_PDL_ALL, add_rmsnorm_kernel<TH, float, PER>, dim3(norm->n), dim3(NORM_THREADS), 0,
-                        cb->stream, a, b, h, (const float *)norm->w, out, norm->d, norm->eps);
+        add_rmsnorm_kernel<TH, float, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
+            a, b, h, (const float *)norm->w, out, norm->d, norm->eps);
         break;
     }
 }

@@ -11,8 +11,6 @@
  * attention_scaling; pairs (j, j + hd/2). */
 static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, const float *inv_freq, uint32_t n,
                                    uint32_t nh, uint32_t hd, uint32_t pos0, const uint32_t *row_pos, float scale) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     const uint32_t half = hd / 2;
     const size_t count = (size_t)n * nh * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
@@ -34,8 +32,6 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
                                        size_t page_bytes, const uint32_t *table, uint32_t tpp, uint32_t kv_dim,
                                        uint32_t n, uint32_t pos0, const uint32_t *row_pos,
                                        const uint32_t *const *row_tables) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     const size_t count = (size_t)n * kv_dim;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t i = (uint32_t)(t / kv_dim), e = (uint32_t)(t % kv_dim);
@@ -58,8 +54,6 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
                                             uint32_t pos0, const uint32_t *row_pos, float scale, uint8_t *seg,
                                             size_t page_bytes, const uint32_t *table, uint32_t tpp,
                                             const uint32_t *const *row_tables) {
-    dj_pdl_wait(); /* launched early (PDL): what the kernel before wrote is visible from here */
-    dj_pdl_trigger();
     const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
     const size_t count = (size_t)n * heads * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
@@ -99,9 +93,9 @@ static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
 
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->n_heads * (c->head_dim / 2);
-    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rope_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream,
-                    (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim,
-                    c->pos0, c->row_pos, c->scale);
+    rope_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+        (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim, c->pos0,
+        c->row_pos, c->scale);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -109,9 +103,9 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
     const dj_kv_view *kv = c->kv;
     const size_t count = (size_t)c->n * kv->kv_dim;
-    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
-                    cb->stream, (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes,
-                    table_dev, kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
+    kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+        (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
+        kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -121,12 +115,11 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
     const dj_kv_view *kv = kvw->kv;
     const uint32_t nq = rope_q ? rope_q->n_heads : 0u;
     const size_t count = (size_t)rope->n * (rope->n_heads + nq) * (rope->head_dim / 2);
-    dj__cuda_launch(cb->pdl == DJ_PDL_ALL, rope_kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
-                    cb->stream, (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out,
-                    (const __nv_bfloat16 *)kvw->x2, rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL,
-                    rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq, rope->inv_freq, rope->n, rope->n_heads,
-                    rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base, kv->page_bytes, table_dev,
-                    kv->tokens_per_page, kvw->row_tables);
+    rope_kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+        (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
+        rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
+        rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
+        kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
