@@ -1,6 +1,7 @@
 /* cuda_matmul.cu: out[n,m] = x[n,k] @ w[m,k]^T + bias with bf16 x, weights in
  * HF layout (no copies) and f32 accumulation:
- *  - n <= 8 (decode): a GEMV kernel - bound by reading the weights once;
+ *  - one row (decode of one session; with f16/f32 weights up to 8 rows): a
+ *    GEMV kernel - bound by reading the weights once;
  *    consecutive calls on the same x (q/k/v, gate/up) are held back and
  *    launched as one (dj__cuda_flush), which also fills the GPU for the
  *    small k/v weights. One warp per weight row, 16-byte loads, 4 in
@@ -10,7 +11,11 @@
  *    ms/token, and were deleted for it: simpler, and no PTX cache hints.)
  *    With dj_backend.deterministic, calls of up to 256 rows run as GEMVs
  *    of 8 rows too, each row summed as if alone;
- *  - bf16 weights, larger n: cublasGemmEx (tensor cores, CUBLAS_COMPUTE_32F);
+ *  - bf16 weights, more rows: cublasGemmEx (tensor cores, CUBLAS_COMPUTE_32F).
+ *    The GEMV reads x once per 16 bytes of weights for every row, so its
+ *    rows cost x traffic: on the H100 (bench/RESULTS.md, bench_serve) an
+ *    8B model's step of 2 rows took 7.42 ms, 4 rows 10.55, 8 rows 19.07,
+ *    where cuBLAS stepped 16 rows in 7.14 ms - hence one row only;
  *  - f16/f32 weights, larger n: a tiled f32 kernel (cuBLAS wants A and B of
  *    one type, and the activations are bf16).
  * out is bf16 (activations) or f32 (logits); bias of any float dtype. */
@@ -19,7 +24,8 @@
 
 #include "backend/cuda/cuda_impl.h"
 
-#define GEMV_MAX_ROWS 8
+#define GEMV_MAX_ROWS 8  /* the kernel's capacity (the f16/f32-weight and deterministic paths) */
+#define GEMV_BF16_ROWS 1 /* bf16 weights: rows the GEMV takes by default (more go to cuBLAS) */
 #define GEMV_WARPS 8
 
 /* Any float dtype at run time (bias). */
@@ -321,8 +327,9 @@ static dj_status gemm_cublas(dj_cuda_backend *cb, const dj_op_call *c) {
 
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
+    const uint32_t gemv_rows = c->w_dtype == DJ_DTYPE_BF16 ? GEMV_BF16_ROWS : GEMV_MAX_ROWS;
     const bool gemv = cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS
-                                           : cb->matmul_path != 2 && c->n <= GEMV_MAX_ROWS;
+                                           : cb->matmul_path != 2 && c->n <= gemv_rows;
     if (!gemv && cb->base.deterministic && c->n <= DJ_DETERMINISTIC_MAX_ROWS && cb->matmul_path != 2) {
         /* batch-invariant: GEMVs of 8 rows at a time, each row summed as alone */
         dj_status st = dj__cuda_flush(cb);
