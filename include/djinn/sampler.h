@@ -3,6 +3,8 @@
 #ifndef DJINN_SAMPLER_H
 #define DJINN_SAMPLER_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "djinn/status.h"
@@ -12,6 +14,10 @@ typedef struct dj_sampler_params {
     uint32_t top_k;    /* 0 = off */
     float top_p;       /* 1 = off; in (0, 1] */
     uint64_t seed;
+    float min_p; /* 0 = off */
+    float repetition_penalty; /* 1 (or 0) = off, HF rule over prompt+generated ids */
+    float frequency_penalty;
+    float presence_penalty; /* 0 = off, OpenAI rule over generated ids */
 } dj_sampler_params;
 
 typedef struct dj_sampler dj_sampler_t;
@@ -40,6 +46,10 @@ int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u);
 /* The params it was made with, and its vocabulary size. */
 const dj_sampler_params *dj_sampler_params_of(const dj_sampler_t *s);
 uint32_t dj_sampler_vocab(const dj_sampler_t *s);
+
+/* Record tokens the penalties count: the prompt's (prompt true) and each
+ * generated token (prompt false), in order. */
+void dj_sampler_observe(dj_sampler_t *s, const int32_t *ids, size_t n, bool prompt);
 
 /* argmax with lowest-id tie break; NaNs are skipped (all NaN: 0). */
 int32_t dj_argmax(const float *logits, uint32_t n);

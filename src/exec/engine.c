@@ -518,6 +518,7 @@ static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
     }
     return DJ_OK;
 }
+const dj_model_t *dj_session_model(const dj_session_t *s) { return s->model; }
 
 /* ---- execution ---- */
 
@@ -823,8 +824,9 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
 
 /* One prefill chunk of n <= max_step tokens at the session's position. */
 /* all_rows: logits receives [n][vocab] (sp and next unused). */
+/* samplers (optional, [1]): the caller's picker, as in dj_engine_step_batch_samplers. */
 static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
-                           const dj_sampler_params *sp, int32_t *next, bool all_rows) {
+                           const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next, bool all_rows) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
     dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
@@ -848,7 +850,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
                                      (size_t)n * m->cfg.vocab_size * sizeof(float));
     } else if (st == DJ_OK) {
         st = finish(e, &s, 1, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
-                    NULL, next);
+                    samplers, next);
     }
     else
         (void)e->be->vt->sync(e->be); /* drain what was enqueued before the failure */
@@ -1053,7 +1055,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
     for (uint32_t off = 0; off < n;) {
         uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
         const bool last = off + chunk == n;
-        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, last ? next : NULL, false);
+        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, NULL, last ? next : NULL, false);
         if (st != DJ_OK) {
             s->pos = start; /* the KV rows written are simply overwritten next time */
             return st;
@@ -1079,7 +1081,7 @@ dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *id
     const uint32_t start = s->pos;
     for (uint32_t off = 0; off < n;) {
         const uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
-        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, true);
+        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, NULL, true);
         if (st != DJ_OK) {
             s->pos = start;
             return st;
@@ -1117,8 +1119,22 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
                            "dj_engine_step_batch_samplers: sampler %u is for a vocabulary of %u, the model's is %u", r,
                            dj_sampler_vocab(samplers[r]), V);
     }
+    if (n_sessions == 1 && n_tokens && n_tokens[0] > 1) { /* a lone prompt chunk: the prefill plan */
+        dj_session_t *s = sessions[0];
+        const uint32_t n = n_tokens[0];
+        if (n > e->max_step)
+            return dj_fail(DJ_EINVAL, "%u tokens in one step; at most %u (the engine's max_step_tokens)", n,
+                           e->max_step);
+        dj_status st = check_ids(&s->model->cfg, ids, n);
+        if (st != DJ_OK) return st;
+        if ((uint64_t)s->pos + n > s->max_ctx)
+            return dj_fail(DJ_ERANGE, "session 0: %u more tokens would exceed its context of %u", n, s->max_ctx);
+        return run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false);
+    }
     return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next);
 }
+
+uint32_t dj_engine_max_step_tokens(const dj_engine_t *e) { return e->max_step; }
 
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {
     if (captures) *captures = e->graph_captures;

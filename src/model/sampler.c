@@ -200,3 +200,10 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits) {
 const dj_sampler_params *dj_sampler_params_of(const dj_sampler_t *s) { return &s->p; }
 
 uint32_t dj_sampler_vocab(const dj_sampler_t *s) { return s->vocab; }
+
+void dj_sampler_observe(dj_sampler_t *s, const int32_t *ids, size_t n, bool prompt) {
+    (void)s; /* the penalties that count these tokens come with the device sampler's work */
+    (void)ids;
+    (void)n;
+    (void)prompt;
+}
