@@ -330,11 +330,36 @@ dj_status dj_model_load(dj_engine_t *e, const char *dir, dj_model_t **out) {
     return st;
 }
 
+/* A first load: weight bytes go from the checkpoint to the slots that use
+ * them, in the same pass that fingerprints them (dj_checkpoint_read). */
+typedef struct load_ctx {
+    dj_engine_t *e;
+    const dj_checkpoint_t *ck;
+    dj_weight *w;                /* [n] slots, data already placed */
+    const dj_tensor_info **src;  /* [n] the tensor each slot copies; NULL: none */
+    int n;
+} load_ctx;
+
+static dj_status load_visit(void *user, size_t tensor, size_t off, const void *bytes, size_t n) {
+    const load_ctx *L = user;
+    const dj_tensor_info *t = dj_checkpoint_tensor(L->ck, tensor);
+    for (int i = 0; i < L->n; i++) {
+        if (L->src[i] != t) continue;
+        const size_t want = weight_bytes(&L->w[i]);
+        if (off >= want) continue;
+        const size_t k = want - off < n ? want - off : n;
+        dj_status st = L->e->be->vt->upload(L->e->be, (uint8_t *)L->w[i].data + off, bytes, k);
+        if (st != DJ_OK) return st;
+    }
+    return DJ_OK;
+}
+
 dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name, dj_model_t **out) {
     *out = NULL;
-    const uint64_t fp = dj_checkpoint_fingerprint(ck);
+    uint64_t fp = 0;
+    const bool known = dj_checkpoint_fingerprint_known(ck, &fp); /* no byte read when the files are known */
     dj_vmu_model_t *region = NULL;
-    dj_status st = dj_vmu_model_lookup(e->vmu, fp, &region);
+    dj_status st = known ? dj_vmu_model_lookup(e->vmu, fp, &region) : DJ_ENOTFOUND;
     if (st == DJ_OK) { /* shared: already in the text segment */
         *out = dj_vmu_model_user(region);
         return DJ_OK;
@@ -347,13 +372,13 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     const int n = dj__wslot_count(c);
     dj_model_t *m = calloc(1, sizeof *m);
     char **names = calloc((size_t)n, sizeof *names);
+    const dj_tensor_info **src = calloc((size_t)n, sizeof *src);
     float *inv_freq = NULL;
-    if (!m || !names || !(m->w = calloc((size_t)n, sizeof *m->w))) {
+    if (!m || !names || !src || !(m->w = calloc((size_t)n, sizeof *m->w))) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
         goto fail;
     }
     m->cfg = *c;
-    m->fingerprint = fp;
     snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     st = dj__model_bind(c, ck, m->w, names);
     if (st != DJ_OK) goto fail;
@@ -363,7 +388,9 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
-    st = dj_vmu_model_create(e->vmu, fp, m->name, m->text_bytes, &region);
+    /* Unknown content is keyed by a placeholder until its bytes are in. */
+    m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
+    st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
     if (st != DJ_OK) goto fail;
     /* The region owns m from here: on any later failure it is released and
      * evicted, which frees m through model_dtor. */
@@ -375,9 +402,10 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         dj_weight *w = &m->w[i];
         if (!w->hf_name && i != inv_slot) continue;
         void *dst = NULL;
-        size_t bytes = weight_bytes(w);
+        const size_t bytes = weight_bytes(w);
         st = dj_vmu_model_alloc(region, bytes, &dst);
         if (st != DJ_OK) goto fail_region;
+        w->data = dst;
         if (i == inv_slot) {
             inv_freq = malloc(bytes);
             if (!inv_freq) {
@@ -385,24 +413,43 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
                 goto fail_region;
             }
             dj__rope_inv_freq(c, inv_freq);
-            st = e->be->vt->upload(e->be, dst, inv_freq, bytes);
-        } else {
+            if ((st = e->be->vt->upload(e->be, dst, inv_freq, bytes)) != DJ_OK) goto fail_region;
+        } else if (known) { /* the fingerprint needs no pass: copy */
             const dj_tensor_info *t = dj_checkpoint_find(ck, w->hf_name);
-            st = e->be->vt->upload(e->be, dst, t->data, bytes);
+            if ((st = e->be->vt->upload(e->be, dst, t->data, bytes)) != DJ_OK) goto fail_region;
+        } else {
+            src[i] = dj_checkpoint_find(ck, w->hf_name);
         }
-        if (st != DJ_OK) goto fail_region;
-        w->data = dst;
+    }
+    if (!known) { /* one pass over the bytes: hash and copy */
+        const load_ctx L = {.e = e, .ck = ck, .w = m->w, .src = src, .n = n};
+        if ((st = dj_checkpoint_read(ck, 0, load_visit, (void *)&L)) != DJ_OK) goto fail_region;
+        fp = dj_checkpoint_fingerprint(ck); /* known now */
+        dj_vmu_model_t *twin = NULL;
+        if (dj_vmu_model_lookup(e->vmu, fp, &twin) == DJ_OK) { /* the same weights under another path */
+            dj_vmu_model_release(e->vmu, region);
+            dj_vmu_model_evict(e->vmu, region);
+            free(inv_freq);
+            free(src);
+            *out = dj_vmu_model_user(twin);
+            return DJ_OK;
+        }
+        if ((st = dj_vmu_model_set_fingerprint(e->vmu, region, fp)) != DJ_OK) goto fail_region;
+        m->fingerprint = fp;
     }
     free(inv_freq);
+    free(src);
     *out = m;
     return DJ_OK;
 fail_region:
     free(inv_freq);
+    free(src);
     dj_vmu_model_release(e->vmu, region); /* cached with half its weights: make it unfindable */
     dj_vmu_model_evict(e->vmu, region);
     return st;
 fail:
     free_names(names, n);
+    free(src);
     if (m) {
         free(m->w);
         free(m);
