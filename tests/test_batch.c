@@ -412,7 +412,7 @@ done:
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
         check_mixed(MODELS[i]);
     check_row_samplers(0);

@@ -917,7 +917,7 @@ static void test_fingerprint_cache(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     const char *tmp = getenv("TMPDIR");
     snprintf(base_dir, sizeof base_dir, "%s/djinn-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(base_dir)) {

@@ -564,7 +564,7 @@ static void time_attention(uint32_t ctx) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(0, &be));
     if (!be) return dj_test_finish("test_cpu_backend");
     test_embed();

@@ -196,7 +196,7 @@ static void check_kernel_algorithm(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     check_kernel_algorithm();
     float logits[V];
     for (int i = 0; i < V; i++) logits[i] = dj_test_randf(-3.f, 3.f);

@@ -1000,7 +1000,7 @@ static int free_port(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     signal(SIGPIPE, SIG_IGN);
     signal(SIGSEGV, on_fatal);
     signal(SIGABRT, on_fatal);

@@ -716,7 +716,7 @@ static void test_demo(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     test_bytelevel_bpe();
     test_sentencepiece_bpe();
     test_metaspace();
