@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "djinn/engine.h"
+#include "djinn/generate.h"
 #include "djinn/sampler.h"
 
 #ifdef DJ_HAVE_CUDA
@@ -86,17 +87,23 @@ static dj_session_t *new_session(dj_engine_t *e, dj_model_t *m, uint32_t ctx) {
     return s;
 }
 
-/* Decode of `steps` tokens from *tok, greedy (sp NULL) or sampled with sp;
- * per-step seconds into t[]. */
+/* Decode of `steps` tokens from *tok through the generation loop (the road
+ * djinn run and djinnd take), greedy (sp NULL) or sampled with sp; per-step
+ * seconds into t[]. */
 static void decode_steps(dj_engine_t *e, dj_session_t *s, int32_t *tok, uint32_t steps, double *t,
                          const dj_sampler_params *sp) {
+    dj_gen_params gp = {.sampling = {.top_p = 1.0f}, .max_tokens = steps, .ignore_eos = true};
+    if (sp) gp.sampling = *sp;
+    dj_gen_t *g = NULL;
+    if (dj_gen_new(e, s, tok, 1, &gp, &g) != DJ_OK) die("generation");
     for (uint32_t i = 0; i < steps; i++) {
         const double t0 = now();
-        int32_t next = -1;
-        if (dj_session_step_sample(e, s, tok, 1, sp, &next) != DJ_OK) die("decode step");
+        dj_gen_event ev;
+        if (dj_gen_step(e, &g, 1, &ev) != DJ_OK) die("decode step");
         t[i] = now() - t0;
-        *tok = next;
     }
+    *tok = dj_gen_pending(g);
+    dj_gen_free(g);
 }
 
 static double mean(const double *t, uint32_t n) {
@@ -325,12 +332,19 @@ int main(int argc, char **argv) {
         memcpy(ids, next, B * sizeof *ids);
     }
     const uint32_t bsteps = o.steps - W;
+    dj_gen_t **gens = xmalloc(B * sizeof *gens);
+    dj_gen_event *ev = xmalloc(B * sizeof *ev);
+    const dj_gen_params gp = {.sampling = {.top_p = 1.0f}, .max_tokens = W + bsteps, .ignore_eos = true};
+    for (uint32_t r = 0; r < B; r++)
+        if (dj_gen_new(e, ss[r], &ids[r], 1, &gp, &gens[r]) != DJ_OK) die("generation");
     for (uint32_t i = 0; i < W + bsteps; i++) { /* the first W: eager, then recording */
         if (i == W) t0 = now();
-        if (dj_engine_step_batch(e, ss, ids, B, NULL, NULL, next) != DJ_OK) die("batch step");
-        memcpy(ids, next, B * sizeof *ids);
+        if (dj_gen_step(e, gens, B, ev) != DJ_OK) die("batch step");
     }
     const double batch_s = now() - t0;
+    for (uint32_t r = 0; r < B; r++) dj_gen_free(gens[r]);
+    free(gens);
+    free(ev);
     const double batch_tps = (double)B * bsteps / batch_s, single_tps = 1e3 / dec_ms;
     for (uint32_t r = 0; r < B; r++) dj_session_free(e, ss[r]);
     dj_session_free(e, twin);

@@ -163,5 +163,39 @@ calls=$(awk '$2 == "q_proj" { print $1 ":" $3 }' "$TMP/prof" | sort | tr '\n' ' 
 if grep -q "DJINN_PROFILE (cpu backend" "$TMP/prof" && [ "$calls" = "decode:6 prefill:2 " ]; then ok; else
     bad "DJINN_PROFILE: want q_proj calls decode:6 prefill:2, got '$calls'"; cat "$TMP/prof" >&2; fi
 
+# EOS ids come from generation_config.json (a list) before config.json: a model
+# whose greedy continuation's third token is an EOS stops after two tokens,
+# in `djinn run` and through djinnd with `djinn generate`; --ignore-eos runs on
+ref="$FX/models/llama2/reference.json"
+prompt=$(json "$ref" "','.join(map(str, d['prompt_ids']))")
+want=$(json "$ref" "' '.join(map(str, d['greedy'][:2]))")
+eos=$(json "$ref" "d['greedy'][2]")
+mkdir -p "$TMP/store/eos"
+ln -s "$FX/models/llama2/config.json" "$FX/models/llama2/model.safetensors" "$TMP/store/eos/"
+echo "{\"eos_token_id\": [99999, $eos]}" >"$TMP/store/eos/generation_config.json"
+got=$("$DJINN" run --model "$TMP/store/eos" --tokens "$prompt" -n 24 --greedy --print-tokens 2>"$TMP/err")
+if [ "$got" = "$want" ] && grep -q "; stop" "$TMP/err"; then ok; else bad "run: EOS from generation_config.json: got '$got'"; fi
+"$DJINN" serve --listen "unix:$TMP/sock" --models "$TMP/store" --threads 1 --vmu-gb 256m 2>"$TMP/serve.err" &
+serve_pid=$!
+for _ in $(seq 1 500); do [ -S "$TMP/sock" ] && break; sleep 0.02; done
+got=$("$DJINN" generate --server "unix:$TMP/sock" --model eos --tokens "$prompt" -n 24 --greedy --print-tokens 2>"$TMP/err")
+if [ "$got" = "$want" ] && grep -q "(stop)" "$TMP/err"; then ok; else bad "generate: EOS: got '$got'"; cat "$TMP/err" >&2; fi
+# every run flag with a remote meaning: the same tokens as `djinn run` with them
+flags=(--tokens "$prompt" -n 12 --ctx 64 --ignore-eos --temp 0.9 --top-k 20 --top-p 0.95 --min-p 0 --seed 7
+       --repeat-penalty 1 --frequency-penalty 0 --presence-penalty 0 --print-tokens)
+want=$("$DJINN" run --model "$TMP/store/eos" "${flags[@]}" 2>/dev/null)
+got=$("$DJINN" generate --server "unix:$TMP/sock" --model eos "${flags[@]}" --stats 2>"$TMP/err")
+if [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "generation steps" "$TMP/err"; then ok; else
+    bad "generate with run's flags: got '$got', run gave '$want'"; cat "$TMP/err" >&2; fi
+got=$("$DJINN" generate --server "unix:$TMP/sock" --model eos --tokens "$prompt" -n 24 --greedy --ignore-eos \
+    --stop-ids "$(json "$ref" "d['greedy'][3]")" --print-tokens 2>"$TMP/err")
+if [ "$got" = "$(json "$ref" "' '.join(map(str, d['greedy'][:3]))")" ]; then ok; else bad "generate --stop-ids: got '$got'"; fi
+expect_error "generate: --ctx over the model" "exceeds" "$DJINN" generate --server "unix:$TMP/sock" --model eos \
+    --tokens 1,2 --ctx 100000
+kill "$serve_pid"; wait "$serve_pid" 2>/dev/null
+expect_error "generate: --device is the server's" "server" "$DJINN" generate --server unix:/nonexistent --device cpu
+expect_error "generate: --min-p 2" "min-p" "$DJINN" generate --server unix:/nonexistent --min-p 2
+expect_error "run: --repeat-penalty -1" "repeat-penalty" "$DJINN" run --tokens 1 --repeat-penalty -1
+
 echo "cli_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -4,12 +4,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "djinn/checkpoint.h"
+#include "djinn/engine.h"
 #include "testutil.h"
 
 static char base_dir[256];
@@ -815,8 +817,107 @@ static int count_fds(void) {
     return n;
 }
 
+/* ---- fingerprints by file identity: a known file is not hashed again ---- */
+
+static bool copy_file(const char *from, const char *to) {
+    size_t len = 0;
+    char *b = dj_test_read_file(from, &len);
+    FILE *f = b ? fopen(to, "wb") : NULL;
+    const bool ok = f && fwrite(b, 1, len, f) == len;
+    if (f) fclose(f);
+    free(b);
+    return ok;
+}
+
+/* A fresh copy of the llama3 fixture in base_dir/name (new inodes). */
+static bool copy_fixture(const char *name, char *dir, size_t cap) {
+    snprintf(dir, cap, "%s/%s", base_dir, name);
+    char a[700], b[700];
+    bool ok = mkdir(dir, 0700) == 0;
+    static const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; ok && i < 2; i++) {
+        snprintf(a, sizeof a, "%s/models/llama3/%s", DJ_FIXTURES, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        ok = copy_file(a, b);
+    }
+    return ok;
+}
+
+static dj_engine_t *small_engine(void) {
+    dj_engine_config ec;
+    memset(&ec, 0, sizeof ec);
+    dj_vmu_config_default(&ec.vmu, (size_t)16 << 20);
+    dj_engine_t *e = NULL;
+    CHECK_OK(dj_engine_new(&ec, &e));
+    return e;
+}
+
+static void test_fingerprint_cache(void) {
+    char dir[600], dir2[600], path[700];
+    if (!copy_fixture("fp_a", dir, sizeof dir) || !copy_fixture("fp_b", dir2, sizeof dir2)) {
+        CHECK_MSG(0, "cannot copy the llama3 fixture under %s", base_dir);
+        return;
+    }
+    const uint64_t p0 = dj_checkpoint_hash_passes();
+    /* First open: one pass. Second open of the same files: known, no pass. */
+    dj_checkpoint_t *ck = NULL;
+    CHECK_OK(dj_checkpoint_open(dir, &ck));
+    uint64_t fp = 0, fp2 = 0;
+    CHECK(!dj_checkpoint_fingerprint_known(ck, NULL));
+    fp = dj_checkpoint_fingerprint(ck);
+    CHECK(dj_checkpoint_hash_passes() == p0 + 1);
+    dj_checkpoint_close(ck);
+    CHECK_OK(dj_checkpoint_open(dir, &ck));
+    CHECK(dj_checkpoint_fingerprint_known(ck, &fp2) && fp2 == fp);
+    CHECK(dj_checkpoint_fingerprint(ck) == fp && dj_checkpoint_hash_passes() == p0 + 1);
+    dj_checkpoint_close(ck);
+    /* Engines: a load of known files and a second session's load in a
+     * second engine hash nothing; the weights are the same model. */
+    dj_engine_t *e1 = small_engine(), *e2 = small_engine();
+    dj_model_t *m1 = NULL, *m1b = NULL, *m2 = NULL;
+    if (e1 && e2) {
+        CHECK_OK(dj_model_load(e1, dir, &m1));
+        CHECK_OK(dj_model_load(e1, dir, &m1b)); /* shared: in the text segment already */
+        CHECK_OK(dj_model_load(e2, dir, &m2));
+        CHECK(m1 && m1 == m1b && m2 && dj_model_fingerprint(m1) == fp && dj_model_fingerprint(m2) == fp);
+        CHECK_MSG(dj_checkpoint_hash_passes() == p0 + 1, "%llu passes for known files (want 1)",
+                  (unsigned long long)(dj_checkpoint_hash_passes() - p0));
+        /* A first load of unknown files (a copy: new inodes) hashes while it
+         * copies - one pass - and finds the same weights already loaded. */
+        dj_model_t *mc = NULL;
+        CHECK_OK(dj_model_load(e1, dir2, &mc));
+        CHECK(mc == m1 && dj_checkpoint_hash_passes() == p0 + 2);
+        if (mc) dj_model_release(e1, mc);
+        dj_engine_t *e3 = small_engine(); /* into an empty engine: copied and hashed in one pass */
+        if (e3) {
+            snprintf(path, sizeof path, "%s/model.safetensors", dir2);
+            const struct timespec ts[2] = {{.tv_sec = 1000000000, .tv_nsec = 1}, {.tv_sec = 1000000000, .tv_nsec = 1}};
+            CHECK(utimensat(AT_FDCWD, path, ts, 0) == 0); /* a changed mtime: unknown again */
+            CHECK_OK(dj_model_load(e3, dir2, &mc));
+            CHECK(mc && dj_model_fingerprint(mc) == fp && dj_checkpoint_hash_passes() == p0 + 3);
+            dj_model_release(e3, mc);
+            dj_engine_free(e3);
+        }
+    }
+    if (e1) dj_model_release(e1, m1), dj_model_release(e1, m1b);
+    if (e2) dj_model_release(e2, m2);
+    dj_engine_free(e1);
+    dj_engine_free(e2);
+    /* A changed size: hashed again (trailing bytes after the data are allowed). */
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "ab");
+    if (f) {
+        fputs("        ", f);
+        fclose(f);
+    }
+    CHECK_OK(dj_checkpoint_open(dir, &ck));
+    CHECK(!dj_checkpoint_fingerprint_known(ck, NULL));
+    CHECK(dj_checkpoint_fingerprint(ck) == fp && dj_checkpoint_hash_passes() == p0 + 4);
+    dj_checkpoint_close(ck);
+}
+
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     const char *tmp = getenv("TMPDIR");
     snprintf(base_dir, sizeof base_dir, "%s/djinn-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(base_dir)) {
@@ -831,6 +932,7 @@ int main(void) {
     test_bad_files();
     test_mutations();
     test_fixtures();
+    test_fingerprint_cache();
     CHECK_MSG(count_our_maps() == 0, "%d mappings left", count_our_maps());
     CHECK_MSG(count_fds() == fds0, "%d file descriptors before, %d after", fds0, count_fds());
     remove_tree(base_dir);

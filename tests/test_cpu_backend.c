@@ -183,6 +183,39 @@ static void test_matmul(void) {
     CHECK_OK(dj_backend_cpu_new(1, &one));
     check_matmul(one, 1, 67, 129, DJ_DTYPE_BF16, 2);
     check_matmul(one, 37, 67, 129, DJ_DTYPE_F16, 1);
+    /* batch invariance: each row of a 37-row call (tiled, k-blocked) has the
+     * bits of the same row multiplied alone (direct), with 1 or 2 threads and
+     * any tile size, for every weight type and a k past one block */
+    static const uint32_t ks[] = {67, 1037};
+    for (int ti = 0; ti < 3; ti++)
+        for (int ki = 0; ki < 2; ki++) {
+            const uint32_t n = 37, k = ks[ki], m = 131;
+            weights w = make_weights((size_t)m * k, float_types[ti], -1.0f, 1.0f);
+            weights bias = make_weights(m, DJ_DTYPE_F32, -1.0f, 1.0f);
+            float *x = falloc((size_t)n * k), *all = falloc((size_t)n * m), *row = falloc(m);
+            fill(x, (size_t)n * k, -1.0f, 1.0f);
+            dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = all, .x = x, .w = w.data, .w_dtype = float_types[ti],
+                            .bias = bias.data, .bias_dtype = DJ_DTYPE_F32, .k = k, .m = m};
+            dj__cpu_set_tile_rows(be, ki ? 0 : 20);
+            CHECK_OK(dj_backend_compute(be, &c));
+            int same = 1;
+            for (uint32_t i = 0; i < n; i++) {
+                dj_op_call c1 = c;
+                c1.n = 1;
+                c1.x = x + (size_t)i * k;
+                c1.out = row;
+                CHECK_OK(dj_backend_compute(i % 2 ? one : be, &c1));
+                same &= !memcmp(row, all + (size_t)i * m, m * sizeof *row);
+            }
+            CHECK_MSG(same, "matmul w=%s k=%u: a row alone differs from the same row in a batch of %u",
+                      dj_dtype_name(float_types[ti]), k, n);
+            dj__cpu_set_tile_rows(be, 0);
+            free(x);
+            free(all);
+            free(row);
+            free_weights(&w);
+            free_weights(&bias);
+        }
     dj_backend_free(one);
 }
 
@@ -531,7 +564,7 @@ static void time_attention(uint32_t ctx) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(0, &be));
     if (!be) return dj_test_finish("test_cpu_backend");
     test_embed();

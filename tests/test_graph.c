@@ -230,7 +230,7 @@ static void test_plan_cache(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     test_build();
     test_names_buckets();
     test_plan_cache();

@@ -189,7 +189,7 @@ static void check_too_small(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     for (size_t i = 0; i < DJ_N_FIXTURES; i++) check_fixture(DJ_FIXTURE_NAMES[i]);
     /* the trained demo model that ships in models/demo (bf16 weights) */
     check_model("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");

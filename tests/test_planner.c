@@ -258,7 +258,7 @@ static void test_llama_timing(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     test_random_dags();
     test_chain();
     test_llama_timing();

@@ -183,7 +183,7 @@ static void test_addr(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     test_header();
     test_meta_roundtrip();
     test_meta_malformed();

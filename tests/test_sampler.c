@@ -156,7 +156,7 @@ static void check_weight(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     check_weight();
     check_against_reference();
     float logits[V];

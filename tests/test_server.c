@@ -37,7 +37,7 @@ typedef struct ref {
 } ref;
 static ref refs[N_MODELS];
 
-static pid_t daemons[4];
+static pid_t daemons[5];
 static char tmpdir[256];
 
 static double now_s(void) {
@@ -448,6 +448,89 @@ static void test_prefill_interleave(void) {
     pthread_mutex_destroy(&b.mu);
     CHECK_MSG(stop_daemon(pid) == 0, "djinnd (demo store) did not exit cleanly");
     daemons[2] = 0;
+}
+
+/* ---- stop rules: the model's EOS ids (generation_config.json), ignore_eos, stop ids ---- */
+
+static void test_eos(void) {
+    const ref *r = &refs[0]; /* llama2 */
+    int k = 2; /* the first greedy token not seen before it: the EOS of this test */
+    while (k < r->n_greedy) {
+        int seen = 0;
+        for (int i = 0; i < k; i++) seen |= r->greedy[i] == r->greedy[k];
+        if (!seen) break;
+        k++;
+    }
+    int stop_at = k + 1; /* a later fresh token: the client's stop id */
+    while (stop_at < r->n_greedy) {
+        int seen = 0;
+        for (int i = 0; i < stop_at; i++) seen |= r->greedy[i] == r->greedy[stop_at];
+        if (!seen) break;
+        stop_at++;
+    }
+    CHECK_MSG(stop_at < 24, "llama2's reference has no two fresh tokens to stop at");
+    if (stop_at >= 24) return;
+    char store[400], dir[450], path[500], addr[128];
+    snprintf(store, sizeof store, "%s/eos_store", tmpdir);
+    snprintf(dir, sizeof dir, "%s/eosmodel", store);
+    static const char *files[] = {"config.json", "model.safetensors"};
+    bool made = mkdir(store, 0700) == 0 && mkdir(dir, 0700) == 0;
+    for (int i = 0; made && i < 2; i++) {
+        char src[400];
+        snprintf(src, sizeof src, "%s/models/llama2/%s", DJ_FIXTURES, files[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        made = symlink(src, path) == 0;
+    }
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = made ? fopen(path, "w") : NULL;
+    if (f) {
+        fprintf(f, "{\"eos_token_id\": [99999, %d]}\n", r->greedy[k]);
+        fclose(f);
+    }
+    CHECK_MSG(f, "cannot make the model store %s", store);
+    if (!f) return;
+    const char *extra[] = {"--models", store, NULL};
+    const pid_t pid = start_daemon(4, "127.0.0.1:0", extra, addr, sizeof addr);
+    CHECK_MSG(pid > 0, "djinnd (EOS store) did not start");
+    if (pid <= 0) return;
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    dj_session_opts o = {"eosmodel", DJ_QOS_INTERACTIVE, 0};
+    for (int run = 0; c && run < 3; run++) {
+        uint64_t sess = 0;
+        CHECK_OK(dj_client_session_open(c, &o, &sess));
+        dj_generate_params p;
+        memset(&p, 0, sizeof p);
+        p.ids = r->prompt;
+        p.n_ids = (size_t)r->n_prompt;
+        p.sampling.top_p = 1;
+        p.max_tokens = 24;
+        p.ignore_eos = run > 0;
+        const int32_t stop = r->greedy[stop_at];
+        if (run == 2) {
+            p.stop_ids = &stop;
+            p.n_stop = 1;
+        }
+        collect got = {0};
+        dj_generate_result res;
+        CHECK_OK(dj_client_generate(c, sess, &p, on_token, &got, &res));
+        const int want = run == 0 ? k : run == 1 ? 24 : stop_at;
+        CHECK_MSG(got.n == want && !memcmp(got.ids, r->greedy, (size_t)want * sizeof(int32_t)) &&
+                      res.n_generated == (uint32_t)want && !strcmp(res.reason, run == 1 ? "length" : "stop"),
+                  "run %d: %d tokens, reason %s (want the reference's first %d, %s)", run, got.n, res.reason, want,
+                  run == 1 ? "length" : "stop");
+        CHECK_OK(dj_client_session_close(c, sess));
+    }
+    dj_client_stats st;
+    if (c && stats(c, &st)) { /* the worker's step counters */
+        CHECK_MSG(st.gen_steps >= 24 && st.step_engine_ms <= st.step_ms,
+                  "stats: %llu generation steps, %.3f ms each, %.3f ms in the engine", (unsigned long long)st.gen_steps,
+                  st.step_ms, st.step_engine_ms);
+        dj_client_stats_free(&st);
+    }
+    dj_client_free(c);
+    CHECK_MSG(stop_daemon(pid) == 0, "djinnd (EOS store) did not exit cleanly");
+    daemons[4] = 0;
 }
 
 /* ---- stats and memory ---- */
@@ -917,7 +1000,7 @@ static int free_port(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     signal(SIGPIPE, SIG_IGN);
     signal(SIGSEGV, on_fatal);
     signal(SIGABRT, on_fatal);
@@ -953,6 +1036,7 @@ int main(void) {
     }
     test_unix_token();
     test_prefill_interleave();
+    test_eos();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

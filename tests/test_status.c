@@ -7,7 +7,7 @@
 #include "testutil.h"
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     CHECK(strcmp(dj_status_name(DJ_ENOSPC), "DJ_ENOSPC") == 0);
     CHECK(strcmp(dj_strerror(DJ_OK), "ok") == 0);
     CHECK(dj_fail(DJ_EFORMAT, "bad %d", 7) == DJ_EFORMAT);

@@ -681,7 +681,7 @@ static void test_parse_size(void) {
 }
 
 int main(void) {
-    dj_test_seed();
+    dj_test_seeds();
     test_config();
     test_backend_failure();
     test_alignment();

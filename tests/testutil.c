@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 int dj_test_passed, dj_test_failed;
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -18,6 +20,43 @@ void dj_test_seed(void) {
     uint64_t seed = e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL);
     printf("seed: DJ_TEST_SEED=%llu\n", (unsigned long long)seed);
     rng_state = seed * 2654435761u + 1;
+}
+
+void dj_test_seeds(void) {
+    const char *e = getenv("DJ_TEST_SEED");
+    if (e && e[0]) {
+        dj_test_seed();
+        return;
+    }
+    static const uint64_t fixed[] = DJ_TEST_FIXED_SEEDS;
+    enum { N_FIXED = sizeof fixed / sizeof fixed[0] };
+    uint64_t seeds[N_FIXED + 1];
+    for (int i = 0; i < N_FIXED; i++) seeds[i] = fixed[i];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    seeds[N_FIXED] = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 20;
+    int failed = 0;
+    for (int i = 0; i <= N_FIXED; i++) {
+        char v[32];
+        snprintf(v, sizeof v, "%llu", (unsigned long long)seeds[i]);
+        printf("== run %d of %d: DJ_TEST_SEED=%s%s\n", i + 1, N_FIXED + 1, v, i == N_FIXED ? " (fresh)" : "");
+        fflush(stdout);
+        fflush(stderr);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            setenv("DJ_TEST_SEED", v, 1);
+            dj_test_seed();
+            return; /* the child runs the tests */
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            printf("FAILED with DJ_TEST_SEED=%s (%s)\n", v, pid < 0 ? "fork failed" : "see above");
+            failed++;
+        }
+    }
+    printf("seeds: %d of %d runs failed\n", failed, N_FIXED + 1);
+    fflush(stdout);
+    exit(failed ? 1 : 0);
 }
 
 uint64_t dj_test_rand(void) { /* splitmix64 */

@@ -46,6 +46,13 @@ int dj_test_finish(const char *name);
 /* Deterministic per-run random numbers: seeded from DJ_TEST_SEED or time,
  * printed so a failure can be replayed. */
 void dj_test_seed(void);
+/* The form ctest's programs use, first thing in main: with DJ_TEST_SEED set,
+ * as dj_test_seed; without, the program runs once per seed of a fixed list
+ * (DJ_TEST_FIXED_SEEDS) and once with a fresh one (from the clock, printed),
+ * each a child process that returns from here; the parent waits for each in
+ * turn and exits 0 only if all passed, naming every seed that failed. */
+void dj_test_seeds(void);
+#define DJ_TEST_FIXED_SEEDS {1u, 2u, 1795421867u}
 uint64_t dj_test_rand(void);
 float dj_test_randf(float lo, float hi);
 

@@ -128,10 +128,29 @@ const dj_tensor_info *dj_checkpoint_find(const dj_checkpoint_t *ck, const char *
 
 /* Fingerprint: 64-bit hash over every tensor's name, dtype, shape and bytes
  * (in name order) and the config's architecture fields. Stable across loads,
- * different for different weights. Computed once on first call (reads all
- * weight bytes) with XXH3-64; the first call must not race another. Config
+ * different for different weights. Computed once (reads all weight bytes,
+ * XXH3-64) unless known: an earlier fingerprint in this process of files
+ * with the same identity - each shard's (st_dev, st_ino, size, mtime ns) and
+ * the config's fields - is taken without reading a byte. A file rewritten in
+ * place within one mtime tick with the same size is not noticed. Config
  * fields hashed: everything that shapes the computation (sizes, heads, eps,
- * rope, biases, tying, window), not token ids or torch_dtype. */
+ * rope, biases, tying, window), not token ids or torch_dtype. One thread per
+ * checkpoint; the identity cache is shared and locked. */
 uint64_t dj_checkpoint_fingerprint(dj_checkpoint_t *ck);
+
+/* True (and *fp) when the fingerprint is known without reading the weights
+ * (computed before on ck, or remembered for its files' identity). */
+bool dj_checkpoint_fingerprint_known(dj_checkpoint_t *ck, uint64_t *fp /* OUT, may be NULL */);
+
+/* Every tensor's bytes, tensors in name order, in pieces of at most `chunk`
+ * bytes (0: 4 MiB) handed to visit(user, tensor index, offset in the tensor,
+ * bytes, n) - while the same pass computes the fingerprint, which is then
+ * known (and remembered for the files' identity). A visitor's error stops
+ * the walk and is returned; no fingerprint is recorded then. */
+typedef dj_status (*dj_checkpoint_visit_fn)(void *user, size_t tensor, size_t offset, const void *bytes, size_t n);
+dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_visit_fn visit, void *user);
+
+/* Passes over every weight byte this process made to fingerprint (tests). */
+uint64_t dj_checkpoint_hash_passes(void);
 
 #endif

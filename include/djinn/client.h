@@ -59,6 +59,7 @@ typedef struct dj_generate_params {
     uint32_t max_tokens;
     const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
     size_t n_stop;
+    bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
 } dj_generate_params;
 
 typedef struct dj_generate_result {
@@ -118,6 +119,9 @@ typedef struct dj_client_stats {
     uint64_t pages_total, pages_free, page_bytes, evictions, vmu_models, vmu_sessions, handles, connections;
     uint64_t batched_steps, batched_rows; /* decode steps that carried several sessions, and their rows */
     uint64_t mixed_steps;                 /* of those, steps that also carried a prompt chunk */
+    uint64_t gen_steps;                   /* generation steps of any size (prompt chunks too) */
+    double step_ms, step_engine_ms;       /* their mean worker time, and the part inside the engine's step */
+    uint64_t graph_captures, graph_replays, graph_failures; /* the engine's decode graphs (dj_engine_graph_stats) */
     dj_client_model *models;            /* [n_models] */
     size_t n_models;
     dj_client_session_info *sessions;   /* [n_sessions] */

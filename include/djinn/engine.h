@@ -77,6 +77,7 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
 void dj_session_free(dj_engine_t *e, dj_session_t *s); /* returns every page; NULL does nothing */
 uint32_t dj_session_pos(const dj_session_t *s);         /* tokens in the KV cache */
 uint32_t dj_session_max_ctx(const dj_session_t *s);
+const dj_model_t *dj_session_model(const dj_session_t *s); /* valid while the session is */
 
 /* Feed n token ids at the session's position (prefill when n > 1, decode when
  * n == 1; long inputs are split into chunks of max_step_tokens). If logits is
@@ -120,10 +121,15 @@ dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, co
  * to the host. At most max_step_tokens tokens when any session has more than
  * one; all or nothing as dj_engine_step_batch. Each sampler's vocabulary must
  * be the model's. */
+/* (A single session fed a prompt chunk of n_tokens[0] > 1 runs on the
+ * prefill plan, as dj_session_step would.) */
 dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions,
                                         const uint32_t *n_tokens /* [n_sessions] or NULL */, const int32_t *ids,
                                         uint32_t n_sessions, dj_sampler_t *const *samplers,
                                         int32_t *next /* OUT, [n_sessions] */);
+
+/* The largest number of tokens one step takes (dj_engine_config.max_step_tokens). */
+uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);
 
 /* Decode steps on a backend with graphs (CUDA): a decode shape runs eagerly
  * the first time, is recorded the second and replayed from then on. Counts

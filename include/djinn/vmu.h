@@ -81,6 +81,9 @@ void dj_vmu_model_set_user(dj_vmu_model_t *m, void *user, void (*dtor)(void *use
 void *dj_vmu_model_user(const dj_vmu_model_t *m);
 
 uint64_t dj_vmu_model_fingerprint(const dj_vmu_model_t *m);
+/* Re-key a region (a model whose fingerprint is known only once its bytes are
+ * in): DJ_EBUSY if another region holds fingerprint. */
+dj_status dj_vmu_model_set_fingerprint(dj_vmu_t *vmu, dj_vmu_model_t *m, uint64_t fingerprint);
 uint32_t dj_vmu_model_refcount(const dj_vmu_model_t *m);
 size_t dj_vmu_model_bytes(const dj_vmu_model_t *m); /* reserved (aligned) region size */
 size_t dj_vmu_model_used(const dj_vmu_model_t *m);  /* bytes appended so far */

@@ -12,6 +12,7 @@
 
 #include "djinn/checkpoint.h"
 #include "djinn/engine.h"
+#include "djinn/generate.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
 #ifdef DJ_HAVE_CUDA
@@ -25,7 +26,7 @@
 typedef struct opts {
     const char *model, *prompt, *tokens, *text, *device, *vmu;
     long n_new;
-    double temp, top_p;
+    double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, ctx, threads, step;
     unsigned long long seed;
     int greedy, print_tokens, add_special, ignore_eos, stats, have_temp, have_top_p, have_top_k;
@@ -34,13 +35,16 @@ typedef struct opts {
 static int usage(FILE *f) {
     fputs("usage:\n"
           "  djinn run [--model DIR] (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy]\n"
-          "            [--temp T] [--top-k K] [--top-p P] [--seed S] [--print-tokens]\n"
+          "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
+          "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N]\n"
           "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
-          "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [run's flags]\n"
+          "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [--qos Q]\n"
+          "            [--stop-ids 1,2] [--token-file F] [run's flags but --model DIR, --device, --vmu-gb,\n"
+          "            --threads, --step]\n"
           "  djinn stat --server ADDR\n"
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
           "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n"
@@ -158,6 +162,19 @@ static int parse_opts(int argc, char **argv, opts *o) {
             NEEDV;
             if (parse_long(v, 0, INT32_MAX, &o->top_k)) return bad_arg("%s: '%s' is not a count >= 0", a, v);
             o->have_top_k = 1;
+        } else if (!strcmp(a, "--min-p")) {
+            NEEDV;
+            if (parse_double(v, &o->min_p) || !(o->min_p >= 0 && o->min_p <= 1))
+                return bad_arg("%s: '%s' is not in [0, 1]", a, v);
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            NEEDV;
+            if (parse_double(v, &o->repeat_penalty) || !(o->repeat_penalty >= 0 && o->repeat_penalty <= 100))
+                return bad_arg("%s: '%s' is not a penalty in [0, 100] (1 or 0 = off)", a, v);
+        } else if (!strcmp(a, "--frequency-penalty") || !strcmp(a, "--presence-penalty")) {
+            NEEDV;
+            double x;
+            if (parse_double(v, &x) || !(x >= -2 && x <= 2)) return bad_arg("%s: '%s' is not in [-2, 2]", a, v);
+            *(a[2] == 'f' ? &o->frequency_penalty : &o->presence_penalty) = x;
         } else if (!strcmp(a, "--seed")) {
             NEEDV;
             char *end;
@@ -395,10 +412,11 @@ static void read_generation_config(const char *dir, opts *o) {
     cJSON_Delete(j);
 }
 
-static int is_eos(const dj_model_config *c, int32_t id) {
-    for (int i = 0; i < 4; i++)
-        if (c->eos_token_ids[i] >= 0 && c->eos_token_ids[i] == id) return 1;
-    return 0;
+/* Print a piece of streamed text; warn once if the stream failed. */
+static void put_text(const char *p, size_t n) {
+    if (!n) return;
+    fwrite(p, 1, n, stdout);
+    fflush(stdout);
 }
 
 static int cmd_run(opts *o) {
@@ -414,10 +432,8 @@ static int cmd_run(opts *o) {
     dj_engine_t *e = NULL;
     dj_model_t *m = NULL;
     dj_session_t *s = NULL;
-    dj_sampler_t *smp = NULL;
-    dj_detok_stream_t *ds = NULL;
-    int32_t *ids = NULL, *gen = NULL;
-    float *logits = NULL;
+    dj_gen_t *g = NULL;
+    int32_t *ids = NULL;
     size_t n_ids = 0;
 
     if (o->prompt) {
@@ -458,6 +474,12 @@ static int cmd_run(opts *o) {
         rc = 2;
         goto done;
     }
+    int32_t eos[16];
+    size_t n_eos = 0;
+    if ((st = dj_gen_eos_ids(o->model, c, eos, 16, &n_eos)) != DJ_OK) {
+        rc = die("reading the model's EOS ids", st);
+        goto done;
+    }
     dj_model_needs needs;
     st = make_engine(o, ck, ctx, &e, &needs);
     if (st != DJ_OK) {
@@ -473,89 +495,66 @@ static int cmd_run(opts *o) {
     }
     dj_checkpoint_close(ck); /* weights are in the text segment now */
     ck = NULL;
-    c = dj_model_get_config(m);
     st = dj_session_new(e, m, ctx, 0, &s);
     if (st != DJ_OK) {
         rc = die("opening a session", st);
         goto done;
     }
-    dj_sampler_params sp = {.temperature = o->greedy ? 0.0f : (float)o->temp,
-                            .top_k = (uint32_t)o->top_k,
-                            .top_p = (float)o->top_p,
-                            .seed = o->seed};
-    st = dj_sampler_new(&sp, c->vocab_size, &smp);
+    const dj_gen_params gp = {.sampling = {.temperature = o->greedy ? 0.0f : (float)o->temp,
+                                           .top_k = (uint32_t)o->top_k,
+                                           .top_p = (float)o->top_p,
+                                           .seed = o->seed,
+                                           .min_p = (float)o->min_p,
+                                           .repetition_penalty = (float)o->repeat_penalty,
+                                           .frequency_penalty = (float)o->frequency_penalty,
+                                           .presence_penalty = (float)o->presence_penalty},
+                              .max_tokens = (uint32_t)o->n_new,
+                              .eos_ids = eos,
+                              .n_eos = n_eos,
+                              .ignore_eos = o->ignore_eos,
+                              .tok = o->print_tokens ? NULL : tok};
+    st = dj_gen_new(e, s, ids, n_ids, &gp, &g);
     if (st != DJ_OK) {
-        rc = die("sampling parameters", st);
+        rc = die("starting the generation", st);
         goto done;
     }
-    logits = malloc((size_t)c->vocab_size * sizeof *logits);
-    gen = malloc(((size_t)o->n_new + 1) * sizeof *gen);
-    if (!logits || !gen) {
-        rc = die("allocating", dj_fail(DJ_ENOMEM, "out of memory"));
-        goto done;
-    }
-    if (tok && !o->print_tokens) {
-        st = dj_detok_stream_new(tok, &ds);
+    const double t_load = now_s() - t0;
+    /* The prompt's last chunk picks the first token: prefill time includes it. */
+    double t_prefill = 0, t_first = 0;
+    t0 = now_s();
+    while (dj_gen_finished(g) == DJ_GEN_RUNNING) {
+        const bool feeding = dj_gen_feeding(g);
+        dj_gen_event ev;
+        st = dj_gen_step(e, &g, 1, &ev);
         if (st != DJ_OK) {
-            rc = die("decoder", st);
+            rc = die(feeding ? "prefill" : "decode", st);
             goto done;
         }
+        if (feeding && !dj_gen_feeding(g)) t_first = now_s(), t_prefill = t_first - t0;
+        put_text(ev.text, ev.text_len);
     }
-    double t_load = now_s() - t0;
-    t0 = now_s();
-    st = dj_session_step(e, s, ids, (uint32_t)n_ids, logits);
-    if (st != DJ_OK) {
-        rc = die("prefill", st);
-        goto done;
-    }
-    double t_prefill = now_s() - t0;
-    t0 = now_s();
-    long n_gen = 0;
-    int warned = 0;
+    const double t_decode = t_first ? now_s() - t_first : 0;
+    const long n_gen = (long)dj_gen_n_generated(g);
     char piece[1024];
-    for (; n_gen < o->n_new; n_gen++) {
-        int32_t next = dj_sampler_sample(smp, logits);
-        if (!o->ignore_eos && is_eos(c, next)) break;
-        gen[n_gen] = next;
-        if (ds) {
-            size_t len = 0;
-            dj_status ps = dj_detok_stream_push(ds, next, piece, sizeof piece, &len);
-            if (ps == DJ_OK && len) {
-                fwrite(piece, 1, len, stdout);
-                fflush(stdout);
-            } else if (ps != DJ_OK && !warned++) {
-                fprintf(stderr, "\ndjinn: warning: %s (printing continues without it)\n", dj_last_error());
-            }
-        }
-        if (n_gen + 1 == o->n_new) {
-            n_gen++;
-            break;
-        }
-        st = dj_session_step(e, s, &next, 1, logits);
-        if (st != DJ_OK) {
-            rc = die("decode", st);
-            goto done;
-        }
-    }
-    double t_decode = now_s() - t0;
-    if (ds) {
-        size_t len = 0; /* finish hands out what is left, a buffer at a time */
-        while (dj_detok_stream_finish(ds, piece, sizeof piece, &len) == DJ_OK && len) fwrite(piece, 1, len, stdout);
+    size_t len = 0; /* the rest comes out a buffer at a time */
+    if (!o->print_tokens && tok) {
+        while (dj_gen_text_rest(g, piece, sizeof piece, &len) == DJ_OK && len) put_text(piece, len);
         printf("\n");
     }
     if (o->print_tokens) {
+        const int32_t *gen = dj_gen_ids(g);
         for (long i = 0; i < n_gen; i++) printf("%s%d", i ? " " : "", gen[i]);
         printf("\n");
     }
     fflush(stdout);
-    fprintf(stderr, "djinn: %zu prompt tokens in %.3f s (%.1f tok/s), %ld new tokens in %.3f s (%.2f tok/s); load %.3f s\n",
+    fprintf(stderr, "djinn: %zu prompt tokens in %.3f s (%.1f tok/s), %ld new tokens in %.3f s (%.2f tok/s); load %.3f s; %s\n",
             n_ids, t_prefill, n_ids / (t_prefill > 0 ? t_prefill : 1e-9), n_gen, t_decode,
-            n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, t_load);
+            n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, t_load,
+            dj_gen_finish_name(dj_gen_finished(g)));
     if (o->stats) dj_vmu_print_stats(dj_engine_vmu(e), stderr);
     rc = 0;
 done:
-    dj_detok_stream_free(ds);
-    dj_sampler_free(smp);
+    dj_gen_free(g);
     if (e) {
         dj_session_free(e, s);
         dj_model_release(e, m);
@@ -564,8 +563,6 @@ done:
     dj_checkpoint_close(ck);
     dj_tokenizer_free(tok);
     free(ids);
-    free(gen);
-    free(logits);
     return rc;
 }
 

@@ -11,12 +11,12 @@
 #include "djinn/client.h"
 
 typedef struct ropts {
-    const char *server, *model, *prompt, *tokens, *token_file, *qos;
-    long n_new;
-    double temp, top_p;
+    const char *server, *model, *prompt, *tokens, *token_file, *qos, *stop;
+    long n_new, ctx;
+    double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k;
     unsigned long long seed;
-    int greedy, print_tokens, have_temp;
+    int greedy, print_tokens, have_temp, ignore_eos, stats;
 } ropts;
 
 static int rbad(const char *fmt, const char *a) {
@@ -51,6 +51,10 @@ static int parse(int argc, char **argv, ropts *o) {
         double x;
         if (!strcmp(a, "--greedy")) { o->greedy = 1; continue; }
         if (!strcmp(a, "--print-tokens")) { o->print_tokens = 1; continue; }
+        if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
+        if (!strcmp(a, "--stats")) { o->stats = 1; continue; }
+        if (!strcmp(a, "--device") || !strcmp(a, "--vmu-gb") || !strcmp(a, "--threads") || !strcmp(a, "--step"))
+            return rbad("%s is the server's to choose (see djinnd --help), not a request's", a);
         if (!v) return rbad("option %s needs a value (or is unknown)", a);
         i++;
         if (!strcmp(a, "--server")) o->server = v;
@@ -59,6 +63,19 @@ static int parse(int argc, char **argv, ropts *o) {
         else if (!strcmp(a, "--tokens")) o->tokens = v;
         else if (!strcmp(a, "--token-file")) o->token_file = v;
         else if (!strcmp(a, "--qos")) o->qos = v;
+        else if (!strcmp(a, "--stop-ids")) o->stop = v;
+        else if (!strcmp(a, "--ctx")) {
+            if (num(v, &x) || x < 1 || x > INT32_MAX || x != (long)x) return rbad("--ctx: '%s' is not a context length", v);
+            o->ctx = (long)x;
+        } else if (!strcmp(a, "--min-p")) {
+            if (num(v, &o->min_p) || !(o->min_p >= 0 && o->min_p <= 1)) return rbad("--min-p: '%s' is not in [0, 1]", v);
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            if (num(v, &o->repeat_penalty) || !(o->repeat_penalty >= 0 && o->repeat_penalty <= 100))
+                return rbad("--repeat-penalty: '%s' is not a penalty in [0, 100] (1 or 0 = off)", v);
+        } else if (!strcmp(a, "--frequency-penalty") || !strcmp(a, "--presence-penalty")) {
+            if (num(v, &x) || !(x >= -2 && x <= 2)) return rbad("penalty '%s' is not in [-2, 2]", v);
+            *(a[2] == 'f' ? &o->frequency_penalty : &o->presence_penalty) = x;
+        }
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
             if (num(v, &x) || x < 0 || x > (1 << 30) || x != (long)x) return rbad("-n: '%s' is not a token count", v);
             o->n_new = (long)x;
@@ -165,17 +182,22 @@ int dj__cli_generate(int argc, char **argv) {
     if (o.greedy && o.have_temp && o.temp > 0) return rbad("--greedy contradicts --temp %s (use one of them)", "> 0");
     dj_qos qos;
     if (dj_qos_parse(o.qos, &qos) != DJ_OK) return rdie("--qos", DJ_EINVAL);
-    size_t n_ids = 0;
-    int32_t *ids = NULL;
+    size_t n_ids = 0, n_stop = 0;
+    int32_t *ids = NULL, *stop = NULL;
     if (o.tokens && !(ids = parse_ids(o.tokens, &n_ids)))
         return rbad("--tokens '%s': want non-negative 32-bit integers separated by commas", o.tokens);
+    if (o.stop && !(stop = parse_ids(o.stop, &n_stop))) {
+        free(ids);
+        return rbad("--stop-ids '%s': want non-negative 32-bit integers separated by commas", o.stop);
+    }
     dj_client_t *c = NULL;
     if ((r = connect_to(&o, &c))) {
         free(ids);
+        free(stop);
         return r;
     }
     uint64_t sess = 0;
-    dj_session_opts so = {o.model, qos, 0};
+    dj_session_opts so = {o.model, qos, (uint32_t)o.ctx};
     dj_status st = dj_client_session_open(c, &so, &sess);
     out_state os = {o.print_tokens, NULL, 0, 0};
     dj_generate_result res;
@@ -192,6 +214,13 @@ int dj__cli_generate(int argc, char **argv) {
         p.sampling.top_k = (uint32_t)o.top_k;
         p.sampling.top_p = (float)o.top_p;
         p.sampling.seed = o.seed;
+        p.sampling.min_p = (float)o.min_p;
+        p.sampling.repetition_penalty = (float)o.repeat_penalty;
+        p.sampling.frequency_penalty = (float)o.frequency_penalty;
+        p.sampling.presence_penalty = (float)o.presence_penalty;
+        p.stop_ids = stop;
+        p.n_stop = n_stop;
+        p.ignore_eos = o.ignore_eos;
         st = dj_client_generate(c, sess, &p, on_tok, &os, &res);
         if (!o.print_tokens) printf("\n");
         if (st != DJ_OK) {
@@ -207,10 +236,16 @@ int dj__cli_generate(int argc, char **argv) {
                     "ms, decode %.2f ms\n",
                     res.n_prompt, res.n_generated, res.reason, res.queue_ms, res.prefill_ms, res.ttft_ms,
                     res.decode_ms);
+            dj_client_stats sst;
+            if (o.stats && dj_client_stats_get(c, &sst) == DJ_OK) {
+                dj_client_stats_print(&sst, stderr);
+                dj_client_stats_free(&sst);
+            }
         }
         dj_client_session_close(c, sess);
     }
     free(os.ids);
+    free(stop);
     free(ids);
     dj_client_free(c);
     return r;

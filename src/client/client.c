@@ -528,6 +528,11 @@ dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate
     dj__mw_f64(&w, "top_p", p->sampling.top_p > 0 ? p->sampling.top_p : 1.0);
     dj__mw_u64(&w, "seed", p->sampling.seed);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
+    if (p->sampling.min_p != 0.0f) dj__mw_f64(&w, "min_p", p->sampling.min_p);
+    if (p->sampling.repetition_penalty != 0.0f) dj__mw_f64(&w, "repetition_penalty", p->sampling.repetition_penalty);
+    if (p->sampling.frequency_penalty != 0.0f) dj__mw_f64(&w, "frequency_penalty", p->sampling.frequency_penalty);
+    if (p->sampling.presence_penalty != 0.0f) dj__mw_f64(&w, "presence_penalty", p->sampling.presence_penalty);
+    if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
     pending *pd;
     dj_status st = begin(c, DJ_MSG_GENERATE, &w, NULL, 0, NULL, 0, false, &pd);
     if (st != DJ_OK) return st;
@@ -664,6 +669,13 @@ static uint64_t u64_of(const msgpack_object *map, const char *key) {
     return x;
 }
 
+static double f64_of(const msgpack_object *map, const char *key) {
+    double x = 0;
+    const msgpack_object *v = dj__obj_get(map, key);
+    if (v) dj__obj_f64(v, &x);
+    return x;
+}
+
 static void str_of(const msgpack_object *map, const char *key, char *buf, size_t cap) {
     const msgpack_object *v = dj__obj_get(map, key);
     buf[0] = '\0';
@@ -697,6 +709,12 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->batched_steps = u64_of(root, "batched_steps");
     out->batched_rows = u64_of(root, "batched_rows");
     out->mixed_steps = u64_of(root, "mixed_steps");
+    out->gen_steps = u64_of(root, "gen_steps");
+    out->step_ms = f64_of(root, "step_ms");
+    out->step_engine_ms = f64_of(root, "step_engine_ms");
+    out->graph_captures = u64_of(root, "graph_captures");
+    out->graph_replays = u64_of(root, "graph_replays");
+    out->graph_failures = u64_of(root, "graph_failures");
     out->vmu_models = u64_of(root, "vmu_models");
     out->vmu_sessions = u64_of(root, "vmu_sessions");
     out->handles = u64_of(root, "handles");
@@ -761,6 +779,10 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     fprintf(f, "  batched decode: %llu steps carried %llu session-steps; %llu also carried a prompt chunk\n",
             (unsigned long long)st->batched_steps, (unsigned long long)st->batched_rows,
             (unsigned long long)st->mixed_steps);
+    fprintf(f, "  generation steps: %llu, mean %.3f ms each in the worker, %.3f ms of it in the engine's step\n",
+            (unsigned long long)st->gen_steps, st->step_ms, st->step_engine_ms);
+    fprintf(f, "  decode graphs: %llu recorded, %llu replays, %llu refused\n", (unsigned long long)st->graph_captures,
+            (unsigned long long)st->graph_replays, (unsigned long long)st->graph_failures);
     fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
     for (size_t i = 0; i < st->n_models; i++)
         fprintf(f, "  %-24s refs %u\n", st->models[i].name, st->models[i].refs);

@@ -332,11 +332,36 @@ dj_status dj_model_load(dj_engine_t *e, const char *dir, dj_model_t **out) {
     return st;
 }
 
+/* A first load: weight bytes go from the checkpoint to the slots that use
+ * them, in the same pass that fingerprints them (dj_checkpoint_read). */
+typedef struct load_ctx {
+    dj_engine_t *e;
+    const dj_checkpoint_t *ck;
+    dj_weight *w;                /* [n] slots, data already placed */
+    const dj_tensor_info **src;  /* [n] the tensor each slot copies; NULL: none */
+    int n;
+} load_ctx;
+
+static dj_status load_visit(void *user, size_t tensor, size_t off, const void *bytes, size_t n) {
+    const load_ctx *L = user;
+    const dj_tensor_info *t = dj_checkpoint_tensor(L->ck, tensor);
+    for (int i = 0; i < L->n; i++) {
+        if (L->src[i] != t) continue;
+        const size_t want = weight_bytes(&L->w[i]);
+        if (off >= want) continue;
+        const size_t k = want - off < n ? want - off : n;
+        dj_status st = L->e->be->vt->upload(L->e->be, (uint8_t *)L->w[i].data + off, bytes, k);
+        if (st != DJ_OK) return st;
+    }
+    return DJ_OK;
+}
+
 dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name, dj_model_t **out) {
     *out = NULL;
-    const uint64_t fp = dj_checkpoint_fingerprint(ck);
+    uint64_t fp = 0;
+    const bool known = dj_checkpoint_fingerprint_known(ck, &fp); /* no byte read when the files are known */
     dj_vmu_model_t *region = NULL;
-    dj_status st = dj_vmu_model_lookup(e->vmu, fp, &region);
+    dj_status st = known ? dj_vmu_model_lookup(e->vmu, fp, &region) : DJ_ENOTFOUND;
     if (st == DJ_OK) { /* shared: already in the text segment */
         *out = dj_vmu_model_user(region);
         return DJ_OK;
@@ -349,13 +374,13 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     const int n = dj__wslot_count(c);
     dj_model_t *m = calloc(1, sizeof *m);
     char **names = calloc((size_t)n, sizeof *names);
+    const dj_tensor_info **src = calloc((size_t)n, sizeof *src);
     float *inv_freq = NULL;
-    if (!m || !names || !(m->w = calloc((size_t)n, sizeof *m->w))) {
+    if (!m || !names || !src || !(m->w = calloc((size_t)n, sizeof *m->w))) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
         goto fail;
     }
     m->cfg = *c;
-    m->fingerprint = fp;
     snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     st = dj__model_bind(c, ck, m->w, names);
     if (st != DJ_OK) goto fail;
@@ -365,7 +390,9 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
-    st = dj_vmu_model_create(e->vmu, fp, m->name, m->text_bytes, &region);
+    /* Unknown content is keyed by a placeholder until its bytes are in. */
+    m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
+    st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
     if (st != DJ_OK) goto fail;
     /* The region owns m from here: on any later failure it is released and
      * evicted, which frees m through model_dtor. */
@@ -377,9 +404,10 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         dj_weight *w = &m->w[i];
         if (!w->hf_name && i != inv_slot) continue;
         void *dst = NULL;
-        size_t bytes = weight_bytes(w);
+        const size_t bytes = weight_bytes(w);
         st = dj_vmu_model_alloc(region, bytes, &dst);
         if (st != DJ_OK) goto fail_region;
+        w->data = dst;
         if (i == inv_slot) {
             inv_freq = malloc(bytes);
             if (!inv_freq) {
@@ -387,24 +415,43 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
                 goto fail_region;
             }
             dj__rope_inv_freq(c, inv_freq);
-            st = e->be->vt->upload(e->be, dst, inv_freq, bytes);
-        } else {
+            if ((st = e->be->vt->upload(e->be, dst, inv_freq, bytes)) != DJ_OK) goto fail_region;
+        } else if (known) { /* the fingerprint needs no pass: copy */
             const dj_tensor_info *t = dj_checkpoint_find(ck, w->hf_name);
-            st = e->be->vt->upload(e->be, dst, t->data, bytes);
+            if ((st = e->be->vt->upload(e->be, dst, t->data, bytes)) != DJ_OK) goto fail_region;
+        } else {
+            src[i] = dj_checkpoint_find(ck, w->hf_name);
         }
-        if (st != DJ_OK) goto fail_region;
-        w->data = dst;
+    }
+    if (!known) { /* one pass over the bytes: hash and copy */
+        const load_ctx L = {.e = e, .ck = ck, .w = m->w, .src = src, .n = n};
+        if ((st = dj_checkpoint_read(ck, 0, load_visit, (void *)&L)) != DJ_OK) goto fail_region;
+        fp = dj_checkpoint_fingerprint(ck); /* known now */
+        dj_vmu_model_t *twin = NULL;
+        if (dj_vmu_model_lookup(e->vmu, fp, &twin) == DJ_OK) { /* the same weights under another path */
+            dj_vmu_model_release(e->vmu, region);
+            dj_vmu_model_evict(e->vmu, region);
+            free(inv_freq);
+            free(src);
+            *out = dj_vmu_model_user(twin);
+            return DJ_OK;
+        }
+        if ((st = dj_vmu_model_set_fingerprint(e->vmu, region, fp)) != DJ_OK) goto fail_region;
+        m->fingerprint = fp;
     }
     free(inv_freq);
+    free(src);
     *out = m;
     return DJ_OK;
 fail_region:
     free(inv_freq);
+    free(src);
     dj_vmu_model_release(e->vmu, region); /* cached with half its weights: make it unfindable */
     dj_vmu_model_evict(e->vmu, region);
     return st;
 fail:
     free_names(names, n);
+    free(src);
     if (m) {
         free(m->w);
         free(m);
@@ -520,6 +567,7 @@ static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
     }
     return DJ_OK;
 }
+const dj_model_t *dj_session_model(const dj_session_t *s) { return s->model; }
 
 /* ---- execution ---- */
 
@@ -830,8 +878,9 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
 
 /* One prefill chunk of n <= max_step tokens at the session's position. */
 /* all_rows: logits receives [n][vocab] (sp and next unused). */
+/* samplers (optional, [1]): the caller's picker, as in dj_engine_step_batch_samplers. */
 static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
-                           const dj_sampler_params *sp, int32_t *next, bool all_rows) {
+                           const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next, bool all_rows) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
     dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
@@ -855,7 +904,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
                                      (size_t)n * m->cfg.vocab_size * sizeof(float));
     } else if (st == DJ_OK) {
         st = finish(e, &s, 1, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
-                    NULL, next);
+                    samplers, next);
     }
     else
         (void)e->be->vt->sync(e->be); /* drain what was enqueued before the failure */
@@ -1060,7 +1109,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
     for (uint32_t off = 0; off < n;) {
         uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
         const bool last = off + chunk == n;
-        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, last ? next : NULL, false);
+        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, NULL, last ? next : NULL, false);
         if (st != DJ_OK) {
             s->pos = start; /* the KV rows written are simply overwritten next time */
             return st;
@@ -1086,7 +1135,7 @@ dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *id
     const uint32_t start = s->pos;
     for (uint32_t off = 0; off < n;) {
         const uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
-        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, true);
+        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, NULL, true);
         if (st != DJ_OK) {
             s->pos = start;
             return st;
@@ -1124,8 +1173,22 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
                            "dj_engine_step_batch_samplers: sampler %u is for a vocabulary of %u, the model's is %u", r,
                            dj_sampler_vocab(samplers[r]), V);
     }
+    if (n_sessions == 1 && n_tokens && n_tokens[0] > 1) { /* a lone prompt chunk: the prefill plan */
+        dj_session_t *s = sessions[0];
+        const uint32_t n = n_tokens[0];
+        if (n > e->max_step)
+            return dj_fail(DJ_EINVAL, "%u tokens in one step; at most %u (the engine's max_step_tokens)", n,
+                           e->max_step);
+        dj_status st = check_ids(&s->model->cfg, ids, n);
+        if (st != DJ_OK) return st;
+        if ((uint64_t)s->pos + n > s->max_ctx)
+            return dj_fail(DJ_ERANGE, "session 0: %u more tokens would exceed its context of %u", n, s->max_ctx);
+        return run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false);
+    }
     return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next);
 }
+
+uint32_t dj_engine_max_step_tokens(const dj_engine_t *e) { return e->max_step; }
 
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {
     if (captures) *captures = e->graph_captures;

@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "djinn/engine.h"
+#include "djinn/generate.h"
 #include "djinn/protocol.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
@@ -123,15 +124,8 @@ typedef struct dj__handle {
 
 /* ---- work for the engine thread ---- */
 typedef struct dj__gen {
-    dj_sampler_t *smp;
-    int32_t *feed;     /* [n_feed] the prompt while it is being fed, chunk by chunk; owned; NULL after */
-    size_t n_feed, fed;
-    bool greedy; /* temperature 0: a batched step may pick on the device */
-    dj_detok_stream_t *ds;
-    float *logits; /* [vocab] */
-    int32_t *stop;
-    size_t n_stop;
-    uint32_t max_tokens, n_gen, n_prompt;
+    dj_gen_t *g;       /* the generation loop's state (generate.h); owned */
+    uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
     double t_start, t_first, t_last, prefill_s;
 } dj__gen;
 
@@ -173,6 +167,8 @@ struct dj__model_ent {
     uint64_t pin_conn;  /* the connection that pinned it: only it (or an admin) unloads */
     dj_tokenizer_t *tok;
     bool tok_tried;
+    int32_t eos[16];    /* the model's EOS ids (dj_gen_eos_ids), read with the tokenizer */
+    size_t n_eos;
     dj__model_ent *next;
 };
 
@@ -245,6 +241,8 @@ typedef struct dj__server {
     dj_engine_t *engine;
     uint64_t batched_steps, batched_rows; /* worker: decode steps that carried >1 session */
     uint64_t mixed_steps;                 /* worker: of those, steps that also carried a prompt chunk */
+    uint64_t gen_steps;                   /* worker: generation steps (any batch size, prompt chunks too) */
+    double gen_step_s, gen_engine_s;      /* worker: their wall time in all, and the part inside dj_gen_step */
     dj__model_ent *models;
 
     dj__metrics metrics;

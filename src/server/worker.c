@@ -84,11 +84,7 @@ void dj__handle_unref(dj__server *s, dj__handle *h) {
 
 static void gen_free(dj__gen *g) {
     if (!g) return;
-    free(g->feed);
-    dj_sampler_free(g->smp);
-    dj_detok_stream_free(g->ds);
-    free(g->logits);
-    free(g->stop);
+    dj_gen_free(g->g);
     free(g);
 }
 
@@ -205,6 +201,10 @@ static const dj_tokenizer_t *model_tokenizer(dj__server *s, dj__model_ent *e) {
         struct stat sb;
         if (stat(path, &sb) == 0 && dj_tokenizer_load(path, &e->tok) != DJ_OK)
             DJ_LOG(WARN, "model %s: tokenizer: %s", e->name, dj_last_error());
+        snprintf(path, sizeof path, "%s/%s", s->cfg.models, e->name);
+        if (dj_gen_eos_ids(path, dj_model_get_config(e->m), e->eos, sizeof e->eos / sizeof *e->eos, &e->n_eos) !=
+            DJ_OK)
+            DJ_LOG(WARN, "model %s: no EOS ids: %s", e->name, dj_last_error());
     }
     return e->tok;
 }
@@ -489,127 +489,70 @@ done:
     return st;
 }
 
-/* ---- generation ---- */
+/* ---- generation: the worker's side of the loop in generate.h ---- */
 
-static bool is_stop(const dj__gen *g, int32_t id) {
-    for (size_t i = 0; i < g->n_stop; i++)
-        if (g->stop[i] == id) return true;
-    return false;
-}
-
-static void gen_done(dj__server *s, dj__job *j, dj__sess *ss, const char *reason) {
+static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     dj__gen *g = j->gen;
     const double now = dj__now();
+    const uint32_t n_gen = dj_gen_n_generated(g->g);
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "n_prompt", g->n_prompt);
-    dj__mw_u64(&w, "n_generated", g->n_gen);
-    dj__mw_str(&w, "reason", reason);
+    dj__mw_u64(&w, "n_generated", n_gen);
+    dj__mw_str(&w, "reason", dj_gen_finish_name(dj_gen_finished(g->g)));
     dj__mw_u64(&w, "pos", dj_session_pos(ss->es));
     dj__mw_f64(&w, "queue_ms", (g->t_start - j->t_enqueue) * 1e3);
     dj__mw_f64(&w, "prefill_ms", g->prefill_s * 1e3);
-    dj__mw_f64(&w, "ttft_ms", g->n_gen ? (g->t_first - j->t_enqueue) * 1e3 : 0.0);
-    dj__mw_f64(&w, "decode_ms", g->n_gen ? (now - g->t_first) * 1e3 : 0.0);
-    if (ss->ment && ss->ment->tok && g->ds) {
-        char rest[256];
-        size_t n = 0;
-        if (dj_detok_stream_finish(g->ds, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
-    }
+    dj__mw_f64(&w, "ttft_ms", n_gen ? (g->t_first - j->t_enqueue) * 1e3 : 0.0);
+    dj__mw_f64(&w, "decode_ms", n_gen ? (now - g->t_first) * 1e3 : 0.0);
+    char rest[256];
+    size_t n = 0;
+    if (dj_gen_text_rest(g->g, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
     post(s, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
 }
 
-/* Sample from g->logits and emit; true when the generation is over. */
-/* The generation's next token is id: send it; true when the generation ended. */
-static bool gen_emit_id(dj__server *s, dj__job *j, dj__sess *ss, int32_t id) {
+/* What a step did to one generation: timings, its TOKEN, its DONE. True
+ * when the generation ended. */
+static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_event *ev) {
     dj__gen *g = j->gen;
-    ss->pending = id;
-    if (is_stop(g, id)) {
-        gen_done(s, j, ss, "stop");
-        return true;
-    }
-    const double now = dj__now();
-    if (g->n_gen == 0) {
-        g->t_first = now;
-        dj__metrics_observe(&s->metrics, &s->metrics.ttft_s, now - j->t_enqueue);
-    } else {
-        dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
-    }
-    g->t_last = now;
-    dj__mw w;
-    dj__mw_init(&w);
-    dj__mw_i64(&w, "id", id);
-    dj__mw_u64(&w, "index", g->n_gen);
-    if (g->ds) {
-        char piece[512];
-        size_t n = 0;
-        if (dj_detok_stream_push(g->ds, id, piece, sizeof piece, &n) == DJ_OK) dj__mw_strn(&w, "text", piece, n);
-    }
-    post(s, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
-    g->n_gen++;
-    pthread_mutex_lock(&s->metrics.mu);
-    s->metrics.tokens++;
-    pthread_mutex_unlock(&s->metrics.mu);
-    if (g->n_gen >= g->max_tokens) {
-        gen_done(s, j, ss, "length");
-        return true;
-    }
-    if (dj_session_pos(ss->es) + 1 > dj_session_max_ctx(ss->es)) {
-        gen_done(s, j, ss, "context");
-        return true;
-    }
-    return false;
-}
-
-/* Sample the next token from the generation's logits and send it. */
-static bool gen_emit(dj__server *s, dj__job *j, dj__sess *ss) {
-    return gen_emit_id(s, j, ss, dj_sampler_sample(j->gen->smp, j->gen->logits));
-}
-
-/* n more prompt tokens went in; after the last chunk, `next` (picked from
- * the last position's logits) is the first token. True when the generation
- * ended. */
-static bool gen_chunk_done(dj__server *s, dj__job *j, dj__sess *ss, size_t n, int32_t next) {
-    dj__gen *g = j->gen;
-    g->fed += n;
-    if (g->fed < g->n_feed)
-        return false;
-    free(g->feed);
-    g->feed = NULL;
-    g->prefill_s = dj__now() - g->t_start;
-    if (g->max_tokens == 0) {
-        gen_done(s, j, ss, "length");
-        return true;
-    }
-    return gen_emit_id(s, j, ss, next);
-}
-
-/* The next chunk of the prompt (at most cfg.prefill_chunk tokens; all with
- * 0); after the last, the first token. Between chunks the job goes back to
- * its run queue, so running generations take their decode steps meanwhile.
- * A failure leaves the tokens fed so far in the session. */
-static dj_status gen_feed_chunk(dj__server *s, dj__job *j, dj__sess *ss, bool *finished) {
-    dj__gen *g = j->gen;
-    size_t n = g->n_feed - g->fed;
-    if (s->cfg.prefill_chunk && n > s->cfg.prefill_chunk) n = s->cfg.prefill_chunk;
-    const bool last = g->fed + n == g->n_feed;
-    dj_status st = dj_session_step(s->engine, ss->es, g->feed + g->fed, (uint32_t)n, last ? g->logits : NULL);
-    if (st != DJ_OK) return st;
-    ss->pending = -1; /* a pending token was the feed's first */
+    ss->pending = dj_gen_pending(g->g);
     snapshot(s, ss);
-    *finished = gen_chunk_done(s, j, ss, n, last ? dj_sampler_sample(g->smp, g->logits) : -1);
-    return DJ_OK;
+    const double now = dj__now();
+    if (!g->prefill_s && !dj_gen_feeding(g->g)) g->prefill_s = now - g->t_start;
+    if (ev->id >= 0) {
+        if (dj_gen_n_generated(g->g) == 1) {
+            g->t_first = now;
+            dj__metrics_observe(&s->metrics, &s->metrics.ttft_s, now - j->t_enqueue);
+        } else {
+            dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
+        }
+        g->t_last = now;
+        dj__mw w;
+        dj__mw_init(&w);
+        dj__mw_i64(&w, "id", ev->id);
+        dj__mw_u64(&w, "index", dj_gen_n_generated(g->g) - 1);
+        if (model_tokenizer(s, ss->ment)) dj__mw_strn(&w, "text", ev->text, ev->text_len);
+        post(s, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.tokens++;
+        pthread_mutex_unlock(&s->metrics.mu);
+    }
+    if (ev->finish == DJ_GEN_RUNNING) return false;
+    gen_done(s, j, ss);
+    return true;
 }
 
-static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finished) {
+static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__meta *m = &j->meta;
-    int32_t *ids = NULL, *feed = NULL;
-    size_t n = 0, n_feed = 0;
+    int32_t *ids = NULL, *feed = NULL, *stop = NULL;
+    size_t n = 0, n_feed = 0, n_stop = 0;
     const char *prompt = NULL;
     size_t plen = 0;
-    double temp = 0, top_p = 1;
+    double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
     uint64_t top_k = 0, seed = 0;
     uint32_t max_tokens = DEFAULT_MAX_TOKENS;
+    bool ignore_eos = false;
     dj__gen *g = calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
@@ -620,10 +563,21 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
     if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
     if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
     if (st == DJ_OK) st = dj__meta_u64(m, "seed", false, &seed);
-    if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &g->stop, &g->n_stop);
+    if (st == DJ_OK) st = dj__meta_f64(m, "min_p", false, &min_p);
+    if (st == DJ_OK) st = dj__meta_f64(m, "repetition_penalty", false, &rep);
+    if (st == DJ_OK) st = dj__meta_f64(m, "frequency_penalty", false, &freq);
+    if (st == DJ_OK) st = dj__meta_f64(m, "presence_penalty", false, &pres);
+    if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &ignore_eos);
+    if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &stop, &n_stop);
     if (st != DJ_OK) goto done;
     if (!!prompt == !!dj__meta_get(m, "ids")) {
         st = dj_fail(DJ_EFORMAT, "GENERATE needs exactly one of 'prompt' or 'ids'");
+        goto done;
+    }
+    if (!(min_p >= 0 && min_p <= 1) || !(rep >= 0 && rep <= 100) || !(freq >= -2 && freq <= 2) ||
+        !(pres >= -2 && pres <= 2)) {
+        st = dj_fail(DJ_EINVAL, "min_p %g must be in [0, 1], repetition_penalty %g in [0, 100], frequency_penalty %g "
+                     "and presence_penalty %g in [-2, 2]", min_p, rep, freq, pres);
         goto done;
     }
     if (top_k > UINT32_MAX) top_k = UINT32_MAX;
@@ -651,34 +605,28 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss, bool *finish
                      n_feed, ctx - pos0, ctx);
         goto done;
     }
-    const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
-    dj_sampler_params sp = {.temperature = (float)temp, .top_k = (uint32_t)top_k, .top_p = (float)top_p,
-                            .seed = seed};
-    if ((st = dj_sampler_new(&sp, vocab, &g->smp)) != DJ_OK)
-        goto done;
-    if (tok && (st = dj_detok_stream_new(tok, &g->ds)) != DJ_OK) goto done;
-    if (!(g->logits = malloc((size_t)vocab * sizeof *g->logits))) {
-        st = dj_fail(DJ_ENOMEM, "out of memory");
-        goto done;
-    }
-    g->max_tokens = max_tokens;
+    const dj_gen_params gp = {.sampling = {.temperature = (float)temp, .top_k = (uint32_t)top_k,
+                                           .top_p = (float)top_p, .seed = seed, .min_p = (float)min_p,
+                                           .repetition_penalty = (float)rep, .frequency_penalty = (float)freq,
+                                           .presence_penalty = (float)pres},
+                              .max_tokens = max_tokens,
+                              .stop_ids = stop,
+                              .n_stop = n_stop,
+                              .eos_ids = ss->ment->eos,
+                              .n_eos = ss->ment->n_eos,
+                              .ignore_eos = ignore_eos,
+                              .prefill_chunk = s->cfg.prefill_chunk,
+                              .tok = tok};
+    if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     g->n_prompt = (uint32_t)n;
     g->t_start = dj__now();
     dj__metrics_observe(&s->metrics, &s->metrics.queue_s, g->t_start - j->t_enqueue);
-    g->feed = feed; /* the prompt goes in chunk by chunk, one per scheduler turn */
-    g->n_feed = n_feed;
-    g->fed = 0;
-    feed = NULL;
-    /* With mixed steps even the first chunk waits for the next step of the
-     * running generations, so that they never wait two chunks in a row. */
-    if (!s->mixed)
-        st = gen_feed_chunk(s, j, ss, finished);
 done:
     free(ids);
     free(feed);
+    free(stop);
     return st;
 }
-
 /* After a GENERATE's unit ran: reply the error, finish, or queue it again. */
 static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, bool foreign, bool finished) {
     if (st != DJ_OK) {
@@ -698,92 +646,76 @@ static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, boo
     pthread_mutex_unlock(&s->mu);
 }
 
-/* One unit of a GENERATE: a chunk of the prompt (the last with the first
- * token), or one decode step. */
-static void run_generate(dj__server *s, dj__job *j) {
-    dj__sess *ss = NULL;
-    bool foreign = false, finished = false;
-    dj_status st;
-    if (!j->gen) {
-        st = job_session(s, j, &ss, &foreign);
-        if (st == DJ_OK && ss->busy) st = dj_fail(DJ_EBUSY, "session %016llx is already generating",
-                                                  (unsigned long long)ss->id);
-        if (st == DJ_OK) st = gen_start(s, j, ss, &finished);
-    } else {
-        pthread_mutex_lock(&s->mu);
-        ss = dj__map_get(&s->sessions, j->sess);
-        pthread_mutex_unlock(&s->mu);
-        /* the session cannot be gone: reaping removes its job from the queue */
-        if (j->gen->feed) {
-            st = gen_feed_chunk(s, j, ss, &finished);
-        } else {
-            int32_t id = ss->pending;
-            st = dj_session_step(s->engine, ss->es, &id, 1, j->gen->logits);
-            if (st == DJ_OK) {
-                ss->pending = -1;
-                snapshot(s, ss);
-                finished = gen_emit(s, j, ss);
-            }
-        }
-    }
-    gen_after(s, j, ss, st, foreign, finished);
-}
-
 /* Token rows a running GENERATE adds to a step: its next prompt chunk, or one. */
 static size_t job_rows(const dj__server *s, const dj__job *j) {
-    const dj__gen *g = j->gen;
-    if (!g->feed)
-        return 1;
-    const size_t left = g->n_feed - g->fed;
-    return s->cfg.prefill_chunk && left > s->cfg.prefill_chunk ? s->cfg.prefill_chunk : left;
+    (void)s;
+    return dj_gen_rows(j->gen->g);
 }
 
-/* Continuous batching: one step for several running generations of one
- * model (jobs[0..n), taken from one QoS class's run queue) through the
- * engine's batched step - a decode row each, or (mixed steps) the next chunk
- * of a prompt still going in - every last row picked by its generation's own
- * sampler (none for a chunk that is not its prompt's last), on the device
- * where the engine can. If the step fails as a whole, each job runs alone so
- * that only the culprit sees the error. */
+/* Continuous batching: one step of the generation loop (dj_gen_step) for
+ * one or several running generations of one model (jobs[0..n), taken from
+ * one QoS class's run queue) - a decode row each, or the next chunk of a
+ * prompt still going in - every last row picked by its generation's own
+ * sampler, on the device where the engine can. If a step of several fails,
+ * each job runs alone so that only the culprit sees the error. */
 static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
     dj__sess *ss[DJ__MAX_BATCH];
-    dj_session_t *es[DJ__MAX_BATCH];
-    dj_sampler_t *smp[DJ__MAX_BATCH];
-    uint32_t n_tok[DJ__MAX_BATCH];
-    int32_t ids[MIXED_ROWS + DJ__MAX_BATCH], next[DJ__MAX_BATCH];
+    dj_gen_t *gs[DJ__MAX_BATCH];
+    dj_gen_event ev[DJ__MAX_BATCH];
+    const double t0 = dj__now();
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n; i++) ss[i] = dj__map_get(&s->sessions, jobs[i]->sess);
     pthread_mutex_unlock(&s->mu);
     size_t rows = 0;
     for (size_t i = 0; i < n; i++) {
-        dj__gen *g = jobs[i]->gen;
-        es[i] = ss[i]->es;
-        n_tok[i] = (uint32_t)job_rows(s, jobs[i]);
-        if (g->feed)
-            memcpy(ids + rows, g->feed + g->fed, n_tok[i] * sizeof *ids);
-        else
-            ids[rows] = ss[i]->pending;
-        rows += n_tok[i];
-        smp[i] = !g->feed || g->fed + n_tok[i] == g->n_feed ? g->smp : NULL; /* a chunk before the last picks nothing */
+        gs[i] = jobs[i]->gen->g;
+        rows += dj_gen_rows(gs[i]);
     }
-    if (dj_engine_step_batch_samplers(s->engine, es, n_tok, ids, (uint32_t)n, smp, next) != DJ_OK) {
-        for (size_t i = 0; i < n; i++) run_generate(s, jobs[i]);
+    const double t1 = dj__now();
+    const dj_status st = dj_gen_step(s->engine, gs, (uint32_t)n, ev);
+    const double t2 = dj__now();
+    if (st != DJ_OK) {
+        if (n == 1) {
+            gen_after(s, jobs[0], ss[0], st, false, false);
+            return;
+        }
+        for (size_t i = 0; i < n; i++) run_decode_batch(s, &jobs[i], 1);
         return;
     }
-    s->batched_steps++;
-    s->batched_rows += n;
-    s->mixed_steps += rows > n;
-    for (size_t i = 0; i < n; i++) {
-        dj__gen *g = jobs[i]->gen;
-        ss[i]->pending = -1;
-        snapshot(s, ss[i]);
-        bool finished = false;
-        if (g->feed)
-            finished = gen_chunk_done(s, jobs[i], ss[i], n_tok[i], next[i]);
-        else
-            finished = gen_emit_id(s, jobs[i], ss[i], next[i]);
-        gen_after(s, jobs[i], ss[i], DJ_OK, false, finished);
+    if (n > 1) {
+        s->batched_steps++;
+        s->batched_rows += n;
+        s->mixed_steps += rows > n;
     }
+    for (size_t i = 0; i < n; i++)
+        gen_after(s, jobs[i], ss[i], DJ_OK, false, gen_event(s, jobs[i], ss[i], &ev[i]));
+    s->gen_steps++;
+    s->gen_engine_s += t2 - t1;
+    s->gen_step_s += dj__now() - t0;
+}
+
+/* A GENERATE's turn: start it (parse, tokenize, a dj_gen_t), then - or when
+ * it is already running - one step of it alone. With mixed steps a new one
+ * only queues: its first chunk rides in the next step of the others. */
+static void run_generate(dj__server *s, dj__job *j) {
+    if (j->gen) {
+        run_decode_batch(s, &j, 1);
+        return;
+    }
+    dj__sess *ss = NULL;
+    bool foreign = false;
+    dj_status st = job_session(s, j, &ss, &foreign);
+    if (st == DJ_OK && ss->busy)
+        st = dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
+    if (st == DJ_OK) st = gen_start(s, j, ss);
+    if (st != DJ_OK || s->mixed) {
+        gen_after(s, j, ss, st, foreign, false);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    ss->busy = j;
+    pthread_mutex_unlock(&s->mu);
+    run_decode_batch(s, &j, 1);
 }
 
 /* ---- stats and model list ---- */
@@ -821,6 +753,14 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_u64(w, "batched_steps", s->batched_steps);
     dj__mw_u64(w, "mixed_steps", s->mixed_steps);
     dj__mw_u64(w, "batched_rows", s->batched_rows);
+    dj__mw_u64(w, "gen_steps", s->gen_steps);
+    dj__mw_f64(w, "step_ms", s->gen_steps ? s->gen_step_s * 1e3 / (double)s->gen_steps : 0.0);
+    dj__mw_f64(w, "step_engine_ms", s->gen_steps ? s->gen_engine_s * 1e3 / (double)s->gen_steps : 0.0);
+    size_t caps = 0, replays = 0, fails = 0;
+    dj_engine_graph_stats(s->engine, &caps, &replays, &fails);
+    dj__mw_u64(w, "graph_captures", caps);
+    dj__mw_u64(w, "graph_replays", replays);
+    dj__mw_u64(w, "graph_failures", fails);
     size_t n_models = 0;
     for (dj__model_ent *m = s->models; m; m = m->next) n_models++;
     dj__mw_key(w, "models");
@@ -1045,7 +985,7 @@ static void *worker_main(void *arg) {
         dj__job *j = pick(s);
         dj__job *batch[DJ__MAX_BATCH];
         size_t n_batch = 0;
-        if (j && j->type == DJ_MSG_GENERATE && j->gen && (!j->gen->feed || s->mixed)) {
+        if (j && j->type == DJ_MSG_GENERATE && j->gen && (!dj_gen_feeding(j->gen->g) || s->mixed)) {
             /* a decode step: take the other running generations of the same
              * class and model along (they are next in line anyway) - and,
              * with mixed steps, the next prompt chunk of those still feeding
@@ -1056,7 +996,7 @@ static void *worker_main(void *arg) {
             size_t rows = job_rows(s, j);
             for (dj__job *x = rq->head, *nx; x && n_batch < DJ__MAX_BATCH; x = nx) {
                 nx = x->next;
-                const bool joins = x->gen && (!x->gen->feed || s->mixed) && rows + job_rows(s, x) <= MIXED_ROWS;
+                const bool joins = x->gen && (!dj_gen_feeding(x->gen->g) || s->mixed) && rows + job_rows(s, x) <= MIXED_ROWS;
                 dj__sess *xs = joins ? dj__map_get(&s->sessions, x->sess) : NULL;
                 if (!xs || !first || xs->ment != first->ment) continue;
                 q_remove(rq, x);
@@ -1064,7 +1004,7 @@ static void *worker_main(void *arg) {
                 rows += job_rows(s, x);
             }
         }
-        if (n_batch > 1) {
+        if (n_batch >= 1) { /* a running generation: a step of the loop, with whoever joined */
             pthread_mutex_unlock(&s->mu);
             dj_clear_error();
             run_decode_batch(s, batch, n_batch);

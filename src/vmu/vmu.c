@@ -383,6 +383,14 @@ void dj_vmu_model_set_user(dj_vmu_model_t *m, void *user, void (*dtor)(void *use
 
 void *dj_vmu_model_user(const dj_vmu_model_t *m) { return m->user; }
 uint64_t dj_vmu_model_fingerprint(const dj_vmu_model_t *m) { return m->fingerprint; }
+
+dj_status dj_vmu_model_set_fingerprint(dj_vmu_t *vmu, dj_vmu_model_t *m, uint64_t fingerprint) {
+    const dj_vmu_model_t *other = text_find(vmu, fingerprint);
+    if (other && other != m)
+        return dj_fail(DJ_EBUSY, "fingerprint %016" PRIx64 " is already in the text segment", fingerprint);
+    m->fingerprint = fingerprint;
+    return DJ_OK;
+}
 uint32_t dj_vmu_model_refcount(const dj_vmu_model_t *m) { return m->refcount; }
 size_t dj_vmu_model_bytes(const dj_vmu_model_t *m) { return m->bytes; }
 size_t dj_vmu_model_used(const dj_vmu_model_t *m) { return m->used; }

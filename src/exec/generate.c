@@ -1,0 +1,242 @@
+/* generate.c: the one generation loop (generate.h) - prompt chunks and decode
+ * rows of several generations in one engine step, stop rules, streaming text. */
+#include "djinn/generate.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#define TEXT_CAP 512 /* one token's text per step; longer text comes out over the next steps */
+#define MAX_BATCH 1024 /* as the engine's batched step */
+
+struct dj_gen {
+    dj_session_t *s;            /* borrowed */
+    dj_sampler_t *smp;          /* owned */
+    dj_detok_stream_t *ds;      /* owned; NULL without a tokenizer */
+    int32_t *feed;              /* [n_feed] the prompt; owned */
+    size_t n_feed, fed;
+    uint32_t chunk;             /* prompt tokens per step */
+    int32_t stop[DJ_GEN_MAX_STOP];
+    size_t n_stop;
+    uint32_t max_tokens;
+    int32_t pending;            /* picked, not fed yet; -1 none */
+    int32_t *ids;               /* [cap_ids] emitted tokens */
+    uint32_t n_gen, cap_ids;
+    dj_gen_finish finish;
+    char text[TEXT_CAP];
+};
+
+const char *dj_gen_finish_name(dj_gen_finish f) {
+    switch (f) {
+    case DJ_GEN_LENGTH: return "length";
+    case DJ_GEN_STOP: return "stop";
+    case DJ_GEN_CONTEXT: return "context";
+    default: return "running";
+    }
+}
+
+dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, size_t n_prompt, const dj_gen_params *p,
+                     dj_gen_t **out) {
+    *out = NULL;
+    if (!e || !s || !p || (!prompt && n_prompt))
+        return dj_fail(DJ_EINVAL, "dj_gen_new: NULL engine, session, params or prompt");
+    if (n_prompt == 0) return dj_fail(DJ_EINVAL, "a generation needs at least one prompt token");
+    const size_t n_stop = p->n_stop + (p->ignore_eos ? 0 : p->n_eos);
+    if (n_stop > DJ_GEN_MAX_STOP)
+        return dj_fail(DJ_EINVAL, "%zu stop ids (with the model's EOS ids); at most %d", n_stop, DJ_GEN_MAX_STOP);
+    if ((p->n_stop && !p->stop_ids) || (p->n_eos && !p->eos_ids))
+        return dj_fail(DJ_EINVAL, "dj_gen_new: NULL stop or EOS ids");
+    const dj_model_config *c = dj_model_get_config(dj_session_model(s));
+    dj_gen_t *g = calloc(1, sizeof *g);
+    if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
+    dj_status st = dj_sampler_new(&p->sampling, c->vocab_size, &g->smp);
+    if (st != DJ_OK) goto fail;
+    if (p->tok && (st = dj_detok_stream_new(p->tok, &g->ds)) != DJ_OK) goto fail;
+    if (!(g->feed = malloc(n_prompt * sizeof *g->feed))) {
+        st = dj_fail(DJ_ENOMEM, "out of memory for a prompt of %zu tokens", n_prompt);
+        goto fail;
+    }
+    memcpy(g->feed, prompt, n_prompt * sizeof *g->feed);
+    if (p->n_stop) memcpy(g->stop, p->stop_ids, p->n_stop * sizeof *g->stop);
+    if (p->n_eos && !p->ignore_eos) memcpy(g->stop + p->n_stop, p->eos_ids, p->n_eos * sizeof *g->stop);
+    g->n_stop = n_stop;
+    g->s = s;
+    g->n_feed = n_prompt;
+    const uint32_t cap = dj_engine_max_step_tokens(e);
+    g->chunk = p->prefill_chunk && p->prefill_chunk < cap ? p->prefill_chunk : cap;
+    g->max_tokens = p->max_tokens;
+    g->pending = -1;
+    dj_sampler_observe(g->smp, prompt, n_prompt, true);
+    *out = g;
+    return DJ_OK;
+fail:
+    dj_gen_free(g);
+    return st;
+}
+
+void dj_gen_free(dj_gen_t *g) {
+    if (!g) return;
+    dj_sampler_free(g->smp);
+    dj_detok_stream_free(g->ds);
+    free(g->feed);
+    free(g->ids);
+    free(g);
+}
+
+bool dj_gen_feeding(const dj_gen_t *g) { return g->fed < g->n_feed; }
+
+uint32_t dj_gen_rows(const dj_gen_t *g) {
+    if (g->finish != DJ_GEN_RUNNING) return 0;
+    if (!dj_gen_feeding(g)) return 1;
+    const size_t left = g->n_feed - g->fed;
+    return left > g->chunk ? g->chunk : (uint32_t)left;
+}
+
+int32_t dj_gen_pending(const dj_gen_t *g) { return g->pending; }
+uint32_t dj_gen_n_generated(const dj_gen_t *g) { return g->n_gen; }
+dj_gen_finish dj_gen_finished(const dj_gen_t *g) { return g->finish; }
+const int32_t *dj_gen_ids(const dj_gen_t *g) { return g->ids; }
+
+static bool is_stop(const dj_gen_t *g, int32_t id) {
+    for (size_t i = 0; i < g->n_stop; i++)
+        if (g->stop[i] == id) return true;
+    return false;
+}
+
+/* The token picked after this step's rows: stop rules, then emit. */
+static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
+    g->pending = id;
+    dj_sampler_observe(g->smp, &id, 1, false);
+    if (is_stop(g, id)) {
+        g->finish = DJ_GEN_STOP;
+        ev->finish = g->finish;
+        return;
+    }
+    if (g->n_gen == g->cap_ids) { /* kept for dj_gen_ids; a failed growth drops nothing else */
+        const uint32_t cap = g->cap_ids ? 2 * g->cap_ids : 64;
+        int32_t *v = realloc(g->ids, (size_t)cap * sizeof *v);
+        if (v) {
+            g->ids = v;
+            g->cap_ids = cap;
+        }
+    }
+    if (g->n_gen < g->cap_ids) g->ids[g->n_gen] = id;
+    g->n_gen++;
+    ev->id = id;
+    if (g->ds) {
+        size_t n = 0;
+        if (dj_detok_stream_push(g->ds, id, g->text, sizeof g->text, &n) == DJ_OK) {
+            ev->text = g->text;
+            ev->text_len = n;
+        }
+    }
+    if (g->n_gen >= g->max_tokens) g->finish = DJ_GEN_LENGTH;
+    else if (dj_session_pos(g->s) + 1 > dj_session_max_ctx(g->s)) g->finish = DJ_GEN_CONTEXT;
+    ev->finish = g->finish;
+}
+
+dj_status dj_gen_step(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_event *ev) {
+    if (!e || !gens || !ev || n == 0 || n > MAX_BATCH)
+        return dj_fail(DJ_EINVAL, "dj_gen_step: NULL engine, generations or events, or %u generations (1 to %d)", n,
+                       MAX_BATCH);
+    dj_session_t *ss[MAX_BATCH];
+    dj_sampler_t *smp[MAX_BATCH];
+    uint32_t n_tok[MAX_BATCH];
+    int32_t next[MAX_BATCH];
+    size_t rows = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dj_gen_t *g = gens[i];
+        if (!g) return dj_fail(DJ_EINVAL, "dj_gen_step: generation %u is NULL", i);
+        if (g->finish != DJ_GEN_RUNNING) return dj_fail(DJ_EINVAL, "dj_gen_step: generation %u has ended", i);
+        if (!dj_gen_feeding(g) && g->pending < 0)
+            return dj_fail(DJ_EINTERNAL, "dj_gen_step: generation %u has nothing to feed", i);
+        rows += dj_gen_rows(g);
+    }
+    int32_t *ids = malloc(rows * sizeof *ids);
+    if (!ids) return dj_fail(DJ_ENOMEM, "out of memory for %zu step rows", rows);
+    rows = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dj_gen_t *g = gens[i];
+        ss[i] = g->s;
+        n_tok[i] = dj_gen_rows(g);
+        if (dj_gen_feeding(g)) {
+            memcpy(ids + rows, g->feed + g->fed, n_tok[i] * sizeof *ids);
+            /* a chunk before the last picks nothing; nor does a prompt-only generation */
+            const bool last = g->fed + n_tok[i] == g->n_feed;
+            smp[i] = last && g->max_tokens ? g->smp : NULL;
+        } else {
+            ids[rows] = g->pending;
+            smp[i] = g->smp;
+        }
+        rows += n_tok[i];
+    }
+    dj_status st = dj_engine_step_batch_samplers(e, ss, n_tok, ids, n, smp, next);
+    free(ids);
+    if (st != DJ_OK) return st;
+    for (uint32_t i = 0; i < n; i++) {
+        dj_gen_t *g = gens[i];
+        dj_gen_event *v = &ev[i];
+        *v = (dj_gen_event){.id = -1, .fed = n_tok[i], .text = "", .finish = DJ_GEN_RUNNING};
+        if (dj_gen_feeding(g)) {
+            g->fed += n_tok[i];
+            if (dj_gen_feeding(g)) continue;
+            free(g->feed);
+            g->feed = NULL;
+            g->n_feed = g->fed = 0;
+            if (g->max_tokens == 0) {
+                g->finish = v->finish = DJ_GEN_LENGTH;
+                continue;
+            }
+        }
+        after_pick(g, next[i], v);
+    }
+    return DJ_OK;
+}
+
+dj_status dj_gen_text_rest(dj_gen_t *g, char *out, size_t cap, size_t *n_out) {
+    *n_out = 0;
+    if (!g->ds) return DJ_OK;
+    return dj_detok_stream_finish(g->ds, out, cap, n_out);
+}
+
+/* eos_token_id of a parsed JSON object: an int or a list of ints. */
+static void eos_from_json(const cJSON *j, int32_t *ids, size_t cap, size_t *n) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
+    if (cJSON_IsNumber(v)) {
+        if (v->valuedouble >= 0 && v->valuedouble <= INT32_MAX && cap) ids[(*n)++] = (int32_t)v->valuedouble;
+        return;
+    }
+    if (!cJSON_IsArray(v)) return;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v) {
+        if (*n < cap && cJSON_IsNumber(x) && x->valuedouble >= 0 && x->valuedouble <= INT32_MAX)
+            ids[(*n)++] = (int32_t)x->valuedouble;
+    }
+}
+
+dj_status dj_gen_eos_ids(const char *model_dir, const dj_model_config *cfg, int32_t *ids, size_t cap, size_t *n_out) {
+    *n_out = 0;
+    if (model_dir) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            char buf[65536];
+            const size_t len = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[len] = '\0';
+            cJSON *j = cJSON_Parse(buf);
+            if (!j) return dj_fail(DJ_EFORMAT, "%s is not valid JSON (or over 64 KiB)", path);
+            const bool has = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id") != NULL;
+            eos_from_json(j, ids, cap, n_out);
+            cJSON_Delete(j);
+            if (has) return DJ_OK;
+        }
+    }
+    for (int i = 0; i < 4 && *n_out < cap; i++)
+        if (cfg->eos_token_ids[i] >= 0) ids[(*n_out)++] = cfg->eos_token_ids[i];
+    return DJ_OK;
+}
