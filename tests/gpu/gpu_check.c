@@ -243,8 +243,8 @@ static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode, dj_
         gnorm.out_dtype = DJ_DTYPE_BF16;
         dj__cuda_set_fuse(gpu, pass == 0 && mode != 3);
         const uint64_t before = dj__cuda_fusions(gpu);
-        if (dj_backend_compute(gpu, &gadd) != DJ_OK || dj_backend_compute(gpu, &gnorm) != DJ_OK ||
-            gpu->vt->sync(gpu) != DJ_OK)
+        const dj_op_call plan[2] = {gadd, gnorm};
+        if (dj_backend_compute_plan(gpu, plan, 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
             die("add+rmsnorm (gpu)");
         const uint64_t fused = dj__cuda_fusions(gpu) - before, want = pass == 0 && mode < 2 && d <= 16384;
         if (fused != want) {
@@ -550,8 +550,8 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
     if (nq && dj_backend_compute(cpu, &cq) != DJ_OK) die("rope q (cpu)");
     dj__cuda_set_fuse(gpu, fuse);
     const uint64_t before = dj__cuda_fusions(gpu);
-    if ((nq && dj_backend_compute(gpu, &gq) != DJ_OK) || dj_backend_compute(gpu, &gr) != DJ_OK ||
-        dj_backend_compute(gpu, &gw) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+    const dj_op_call plan[3] = {gq, gr, gw};
+    if (dj_backend_compute_plan(gpu, nq ? plan : plan + 1, nq ? 3 : 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
         die("rope+kv_write (gpu)");
     const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
     dj__cuda_set_fuse(gpu, 1);
@@ -740,12 +740,11 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
     g_kw.row_tables = (const uint32_t *const *)gtabs;
     g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
     g_at.row_tables = (const uint32_t *const *)gtabs;
-    const dj_op_call *gcalls[4] = {&g_rq, &g_rk, &g_kw, &g_at};
+    const dj_op_call gcalls[4] = {g_rq, g_rk, g_kw, g_at}; /* one plan: the ROPEs fuse with the KV_WRITE */
     dj_backend_graph_t *graph = NULL;
     if (captured) {
         if (gpu->vt->capture_begin(gpu) != DJ_OK) die("capture_begin");
-        for (int i = 0; i < 4; i++)
-            if (dj_backend_compute(gpu, gcalls[i]) != DJ_OK) die("recorded compute");
+        if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("recorded compute");
         if (gpu->vt->capture_end(gpu, &graph) != DJ_OK) die("capture_end");
     }
     for (uint32_t round = 0; round < rounds; round++) {
@@ -765,8 +764,7 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
         if (captured) {
             if (gpu->vt->graph_launch(gpu, graph) != DJ_OK) die("graph_launch");
         } else {
-            for (int i = 0; i < 4; i++)
-                if (dj_backend_compute(gpu, gcalls[i]) != DJ_OK) die("row-mode ops (gpu)");
+            if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("row-mode ops (gpu)");
         }
         if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
         char shape[96];
@@ -806,7 +804,7 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
     free(ref);
 }
 
-/* Decode matmuls held back and launched as one: three on one x (k/v-sized
+/* Decode matmuls of one plan launched as one: three on one x (k/v-sized
  * and with a bias among them), then one whose x is the first's output (must
  * see it complete), one sync at the end. */
 static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
@@ -842,8 +840,7 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
         if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("matmul group (cpu)");
     /* the CPU's input of the dependent call is the GPU's (bf16-rounded) output */
     uint16_t *ob = halloc((size_t)n * ms[0]);
-    for (int i = 0; i < 4; i++)
-        if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("matmul group (gpu)");
+    if (dj_backend_compute_plan(gpu, gc, 4, NULL) != DJ_OK) die("matmul group (gpu)"); /* one plan: grouped */
     if (gpu->vt->sync(gpu) != DJ_OK) die("matmul group sync");
     down(ob, dout[0], (size_t)n * ms[0] * 2);
     float *x3 = falloc((size_t)n * ms[0]);
@@ -1258,9 +1255,8 @@ static void bench_deterministic(uint32_t k, uint32_t m) {
 static double time_graph(const dj_op_call *calls, int count, int rounds, int iters) {
     dj_backend_graph_t *g = NULL;
     if (gpu->vt->capture_begin(gpu) != DJ_OK) die("bench capture");
-    for (int r = 0; r < rounds; r++)
-        for (int i = 0; i < count; i++)
-            if (dj_backend_compute(gpu, &calls[(size_t)r * count + i]) != DJ_OK) die("bench");
+    for (int r = 0; r < rounds; r++) /* each round one plan (fused as the engine's steps are) */
+        if (dj_backend_compute_plan(gpu, &calls[(size_t)r * count], (size_t)count, NULL) != DJ_OK) die("bench");
     if (gpu->vt->capture_end(gpu, &g) != DJ_OK) die("bench capture_end");
     if (gpu->vt->graph_launch(gpu, g) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("bench warm-up");
     const double t0 = now();
