@@ -893,6 +893,145 @@ static void check_gemv(void) {
     check_matmul_group(2, 260, DJ_DTYPE_BF16); /* k % 8 != 0 */
 }
 
+/* A decode GEMV group (one row) whose x is the output of the op before it -
+ * mode FOLD_SILU: SILU_MUL(gate, up); FOLD_NORM: RMSNORM(x);
+ * FOLD_ADD_NORM: ADD(a, b) then the RMSNORM of the sum - sent as one plan:
+ * the CUDA backend folds that op into the GEMV launch where it fits (fits:
+ * what this shape expects). Every output (the GEMVs', the folded ops' own)
+ * against the CPU; the fusion counter must move by the folded ops exactly
+ * when it fits; the same plan with fusion off is compared byte for byte
+ * (reported, not a check: both round the same values, but need not). */
+enum { FOLD_SILU = 1, FOLD_NORM = 2, FOLD_ADD_NORM = 3 };
+
+static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms, dj_dtype rt, dj_dtype ot,
+                            int fits) {
+    uint16_t *hb = halloc(k);
+    float *af = falloc(k), *bf = falloc(k), *href = falloc(k), *xref = falloc(k);
+    void *ah = rand_act(mode == FOLD_SILU ? DJ_DTYPE_BF16 : rt, af, k, -2.0f, 2.0f); /* gate, x or the residual */
+    rand_bf16(hb, bf, k, -2.0f, 2.0f);                                          /* up, or add's b */
+    void *nw = rand_weight(DJ_DTYPE_BF16, k, 0.5f, 1.5f);
+    const size_t ab = (size_t)k * (mode == FOLD_SILU ? 2 : dj_dtype_size(rt));
+    dj_op_call cpre[2] = {{0}}, gpre[2];
+    int npre = 0;
+    if (mode == FOLD_SILU) {
+        cpre[npre++] = (dj_op_call){.op = DJ_OP_SILU_MUL, .n = 1, .out = xref, .x = af, .x2 = bf, .d = k};
+    } else {
+        if (mode == FOLD_ADD_NORM)
+            cpre[npre++] = (dj_op_call){.op = DJ_OP_ADD, .n = 1, .out = href, .x = af, .x2 = bf, .d = k};
+        cpre[npre++] = (dj_op_call){.op = DJ_OP_RMSNORM, .n = 1, .out = xref, .x = mode == FOLD_ADD_NORM ? href : af,
+                                    .w = nw, .w_dtype = DJ_DTYPE_BF16, .d = k, .eps = 1e-5f};
+    }
+    for (int i = 0; i < npre; i++)
+        if (dj_backend_compute(cpu, &cpre[i]) != DJ_OK) die("gemv fold prologue (cpu)");
+    dj_op_call cc[4], gc[4];
+    void *w[4], *dw[4], *dout[2][4];
+    float *ref[4];
+    const size_t es = dj_dtype_size(ot);
+    for (int i = 0; i < count; i++) {
+        w[i] = rand_weight(DJ_DTYPE_BF16, (size_t)ms[i] * k, -0.05f, 0.05f);
+        dw[i] = dcopy(w[i], (size_t)ms[i] * k * 2);
+        ref[i] = falloc(ms[i]);
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = 1, .out = ref[i], .x = xref, .w = w[i],
+                             .w_dtype = DJ_DTYPE_BF16, .k = k, .m = ms[i]};
+        if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("gemv fold (cpu)");
+    }
+    void *da = dcopy(ah, ab), *db = dcopy(hb, (size_t)k * 2), *dnw = dcopy(nw, (size_t)k * 2);
+    void *dh[2], *dx[2];
+    uint64_t fused[2];
+    for (int pass = 0; pass < 2; pass++) { /* fused, then fusion off */
+        dh[pass] = dalloc(ab);
+        dx[pass] = dalloc((size_t)k * 2);
+        poison(dh[pass], ab);
+        poison(dx[pass], (size_t)k * 2);
+        dj_op_call plan[6];
+        for (int i = 0; i < npre; i++) {
+            gpre[i] = cpre[i];
+            gpre[i].out = gpre[i].op == DJ_OP_ADD ? dh[pass] : dx[pass];
+            gpre[i].out_dtype = gpre[i].op == DJ_OP_ADD ? rt : DJ_DTYPE_BF16;
+            gpre[i].x = gpre[i].op == DJ_OP_RMSNORM && mode == FOLD_ADD_NORM ? dh[pass] : da;
+            gpre[i].x_dtype = mode == FOLD_SILU ? DJ_DTYPE_BF16 : rt;
+            gpre[i].x2 = gpre[i].op == DJ_OP_RMSNORM ? NULL : db;
+            gpre[i].w = gpre[i].op == DJ_OP_RMSNORM ? dnw : NULL;
+            plan[i] = gpre[i];
+        }
+        for (int i = 0; i < count; i++) {
+            dout[pass][i] = dalloc(ms[i] * es);
+            poison(dout[pass][i], ms[i] * es);
+            gc[i] = cc[i];
+            gc[i].out = dout[pass][i];
+            gc[i].x = dx[pass];
+            gc[i].w = dw[i];
+            gc[i].out_dtype = ot;
+            plan[npre + i] = gc[i];
+        }
+        dj__cuda_set_fuse(gpu, pass == 0);
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if (dj_backend_compute_plan(gpu, plan, (size_t)(npre + count), NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+            die("gemv fold (gpu)");
+        fused[pass] = dj__cuda_fusions(gpu) - before;
+    }
+    dj__cuda_set_fuse(gpu, 1);
+    static const char *names[] = {"", "SILU", "NORM", "ADD+NORM"};
+    char shape[96];
+    const uint64_t want = fits ? (uint64_t)npre : mode == FOLD_ADD_NORM ? 1u : 0u; /* unfolded: ADD+NORM still pair */
+    if (fused[0] != want || fused[1] != 0) {
+        n_rows++;
+        n_fail++;
+        printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu; %llu with fusion off)\n", "GEMV+FOLD",
+               "fusion count", "-", (unsigned long long)fused[0], (unsigned long long)want,
+               (unsigned long long)fused[1]);
+    }
+    int len = snprintf(shape, sizeof shape, "%s k=%u m=%u", names[mode], k, ms[0]);
+    for (int i = 1; i < count; i++) len += snprintf(shape + len, sizeof shape - (size_t)len, "+%u", ms[i]);
+    snprintf(shape + len, sizeof shape - (size_t)len, " res=%s out=%s%s", dj_dtype_name(rt), dj_dtype_name(ot),
+             fits ? "" : " (apart)");
+    for (int i = 0; i < count; i++) compare("GEMV+FOLD", shape, dout[0][i], ot, ref[i], ms[i]);
+    compare("GEMV+FOLD", "  the folded op's own output", dx[0], DJ_DTYPE_BF16, xref, k);
+    if (mode == FOLD_ADD_NORM) compare("GEMV+FOLD", "  the residual sum", dh[0], rt, href, k);
+    size_t differ = 0;
+    for (int i = 0; i < count; i++) {
+        uint8_t *h0 = xmalloc(ms[i] * es), *h1 = xmalloc(ms[i] * es);
+        down(h0, dout[0][i], ms[i] * es);
+        down(h1, dout[1][i], ms[i] * es);
+        differ += memcmp(h0, h1, ms[i] * es) != 0;
+        free(h0);
+        free(h1);
+    }
+    printf("%-10s %-52s %10zu  info (outputs differing from fusion off)\n", "GEMV+FOLD", "  fused vs unfused", differ);
+    for (int pass = 0; pass < 2; pass++) {
+        dfree(dh[pass]);
+        dfree(dx[pass]);
+        for (int i = 0; i < count; i++) dfree(dout[pass][i]);
+    }
+    for (int i = 0; i < count; i++) {
+        dfree(dw[i]);
+        free(w[i]);
+        free(ref[i]);
+    }
+    dfree(da);
+    dfree(db);
+    dfree(dnw);
+    free(ah);
+    free(hb);
+    free(af);
+    free(bf);
+    free(href);
+    free(xref);
+    free(nw);
+}
+
+static void check_gemv_folds(void) {
+    static const uint32_t qkv[3] = {4096, 1024, 1024}, gu[2] = {14336, 14336}, down_m[1] = {4096};
+    static const uint32_t head[1] = {32000}, odd[2] = {300, 77}, small[1] = {260};
+    check_gemv_fold(FOLD_SILU, 14336, 1, down_m, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1); /* down */
+    check_gemv_fold(FOLD_SILU, 1024, 2, odd, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1);
+    check_gemv_fold(FOLD_SILU, 260, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0);    /* k % 8 != 0: apart */
+    check_gemv_fold(FOLD_SILU, 32768, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0);  /* past shared memory */
+    (void)qkv;
+    (void)gu;
+    (void)head;
+}
+
 /* Decode attention: GQA groups of 1, 2,
  * 3, 4 and 8 (heads per block 1, 2 and 4), head_dim 6..256 (partial lanes,
  * each pair count), windows, one position, long contexts (many steps per
@@ -1605,6 +1744,7 @@ int main(int argc, char **argv) {
     check_rows(32, 32, 8, 128, 16, 0, 1);
     check_matmul_group(1, 1024, DJ_DTYPE_BF16);
     check_matmul_group(5, 512, DJ_DTYPE_F16);
+    check_gemv_folds();
     check_gemv();
     check_decode();
     check_embed_dev(7, 4096, 1000);
