@@ -1027,9 +1027,16 @@ static void check_gemv_folds(void) {
     check_gemv_fold(FOLD_SILU, 1024, 2, odd, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1);
     check_gemv_fold(FOLD_SILU, 260, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0);    /* k % 8 != 0: apart */
     check_gemv_fold(FOLD_SILU, 32768, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0);  /* past shared memory */
-    (void)qkv;
-    (void)gu;
-    (void)head;
+    for (int r = 0; r < 2; r++) { /* the residual stream in f32 (the default) and bf16 */
+        const dj_dtype rt = r ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
+        check_gemv_fold(FOLD_NORM, 4096, 3, qkv, rt, DJ_DTYPE_BF16, 1);     /* layer 0's attn_norm into q/k/v */
+        check_gemv_fold(FOLD_ADD_NORM, 4096, 3, qkv, rt, DJ_DTYPE_BF16, 1); /* attn_norm after a residual */
+        check_gemv_fold(FOLD_ADD_NORM, 4096, 2, gu, rt, DJ_DTYPE_BF16, 1);  /* ffn_norm into gate/up */
+        check_gemv_fold(FOLD_NORM, 4096, 1, head, rt, DJ_DTYPE_F32, 1);     /* final norm into the f32 logits */
+        check_gemv_fold(FOLD_ADD_NORM, 1000, 2, odd, rt, DJ_DTYPE_BF16, 1);
+        check_gemv_fold(FOLD_ADD_NORM, 260, 1, small, rt, DJ_DTYPE_BF16, 0); /* k % 8 != 0: ADD+NORM, then GEMV */
+        check_gemv_fold(FOLD_NORM, 260, 1, small, rt, DJ_DTYPE_BF16, 0);
+    }
 }
 
 /* Decode attention: GQA groups of 1, 2,

@@ -139,6 +139,22 @@ static bool fold_silu(const dj_cuda_backend *cb, const dj_op_call *calls, size_t
     return true;
 }
 
+/* calls[i] is an RMSNORM (or an ADD with the RMSNORM of its sum after it)
+ * whose output is the x of the GEMV group that follows: the group computes
+ * it (*s set); the outputs are still written. */
+static bool fold_norm(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i, plan_step *s) {
+    const bool add = calls[i].op == DJ_OP_ADD;
+    const size_t norm = add ? i + 1 : i, g = norm + 1;
+    if ((!add && calls[i].op != DJ_OP_RMSNORM) || g >= n || (add && !fuses_with_add(&calls[i], &calls[norm])) ||
+        !dj__cuda_gemv_takes(cb, &calls[g]))
+        return false;
+    const int count = gemv_run(cb, calls, n, g);
+    const dj_gemv_fold f = {add ? &calls[i] : NULL, &calls[norm], NULL};
+    if (!dj__cuda_gemv_fold_fits(cb, &calls[g], count, &f)) return false;
+    *s = (plan_step){STEP_GEMV, (uint8_t)count, (int32_t)g, -1, add ? (int32_t)i : -1, (int32_t)norm, -1};
+    return true;
+}
+
 /* The steps of calls[0..n) into steps (room for n). Returns how many. */
 static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, plan_step *steps) {
     size_t ns = 0;
@@ -152,6 +168,7 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
             } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
                 s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1, -1, -1, -1};
             } else if (fold_silu(cb, calls, n, i, &s)) { /* s set: SILU_MUL into the down GEMV */
+            } else if (fold_norm(cb, calls, n, i, &s)) { /* s set: [ADD+]RMSNORM into q/k/v, gate/up */
             } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
                 s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, -1, -1, -1};
             } else if (dj__cuda_gemv_takes(cb, c)) {
