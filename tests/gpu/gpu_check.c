@@ -1586,10 +1586,85 @@ static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, ui
     free(pos);
 }
 
+/* One decoder layer of the Llama-3-8B shape at one row (context 512, per-row
+ * positions and tables as the recorded decode step has them), as one plan
+ * per round in a graph: with fusion (the backend's choice) and with it off
+ * (every op its own launch, as DJINN_FUSE=off). One line:
+ *   bench layer decode b=1 ...: fused <us> us, DJINN_FUSE=off <us> us, ... */
+static void bench_layer(void) {
+    enum { ROUNDS = 4, D = 4096, F = 14336, NH = 32, NKV = 8, HD = 128, CTX = 512 };
+    const uint32_t kvd = NKV * HD, tpp = 65536 / (2u * kvd * 2), n_blocks = (CTX + tpp - 1) / tpp;
+    uint32_t *table = xmalloc(n_blocks * sizeof *table), pos = CTX - 1;
+    for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
+    void *seg = dev_random_bf16((size_t)32768 * n_blocks, 1.0f), *dtable = dcopy(table, n_blocks * sizeof *table);
+    void *dpos = dcopy(&pos, sizeof pos), *dtabs = dcopy(&dtable, sizeof dtable);
+    float inv[HD / 2];
+    for (int j = 0; j < HD / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / HD);
+    void *dinv = dcopy(inv, sizeof inv);
+    dj_kv_view kv = {.seg_base = seg, .page_bytes = 65536, .block_table = table, .block_table_dev = dtable,
+                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+    float *res_h = falloc(D);
+    for (int i = 0; i < D; i++) res_h[i] = dj_test_randf(-1.0f, 1.0f);
+    void *res = dcopy(res_h, D * sizeof(float)), *h1 = dalloc(D * sizeof(float)), *h2 = dalloc(D * sizeof(float));
+    void *prev = dev_random_bf16(D, 1.0f), *nw1 = dev_random_bf16(D, 1.0f), *nw2 = dev_random_bf16(D, 1.0f);
+    void *xn = dalloc(D * 2), *q = dalloc(D * 2), *k = dalloc(kvd * 2), *v = dalloc(kvd * 2), *qr = dalloc(D * 2);
+    void *kr = dalloc(kvd * 2), *att = dalloc(D * 2), *o = dalloc(D * 2), *xn2 = dalloc(D * 2), *dn = dalloc(D * 2);
+    void *gt = dalloc(F * 2), *upo = dalloc(F * 2), *act = dalloc(F * 2);
+    void *wq = dev_random_bf16((size_t)D * D, 0.02f), *wk = dev_random_bf16((size_t)kvd * D, 0.02f);
+    void *wv = dev_random_bf16((size_t)kvd * D, 0.02f), *wo = dev_random_bf16((size_t)D * D, 0.02f);
+    void *wg = dev_random_bf16((size_t)F * D, 0.02f), *wu = dev_random_bf16((size_t)F * D, 0.02f);
+    void *wd = dev_random_bf16((size_t)D * F, 0.02f);
+    const dj_dtype B = DJ_DTYPE_BF16, R = DJ_DTYPE_F32;
+#define MM(O, X, W, K, M) \
+    {.op = DJ_OP_MATMUL, .n = 1, .out = O, .x = X, .w = W, .w_dtype = B, .k = K, .m = M, .out_dtype = B}
+    const dj_op_call layer[] = {
+        {.op = DJ_OP_ADD, .n = 1, .out = h1, .x = res, .x2 = prev, .d = D, .out_dtype = R, .x_dtype = R},
+        {.op = DJ_OP_RMSNORM, .n = 1, .out = xn, .x = h1, .w = nw1, .w_dtype = B, .d = D, .eps = 1e-5f,
+         .out_dtype = B, .x_dtype = R},
+        MM(q, xn, wq, D, D), MM(k, xn, wk, D, kvd), MM(v, xn, wv, D, kvd),
+        {.op = DJ_OP_ROPE, .n = 1, .out = qr, .x = q, .inv_freq = dinv, .row_pos = dpos, .n_heads = NH,
+         .head_dim = HD, .scale = 1.0f, .out_dtype = B},
+        {.op = DJ_OP_ROPE, .n = 1, .out = kr, .x = k, .inv_freq = dinv, .row_pos = dpos, .n_heads = NKV,
+         .head_dim = HD, .scale = 1.0f, .out_dtype = B},
+        {.op = DJ_OP_KV_WRITE, .n = 1, .x = kr, .x2 = v, .kv = &kv, .row_pos = dpos,
+         .row_tables = (const uint32_t *const *)dtabs, .out_dtype = B},
+        {.op = DJ_OP_ATTENTION, .n = 1, .out = att, .x = qr, .kv = &kv, .row_pos = dpos,
+         .row_tables = (const uint32_t *const *)dtabs, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
+         .scale = 1.0f / sqrtf((float)HD), .out_dtype = B},
+        MM(o, att, wo, D, D),
+        {.op = DJ_OP_ADD, .n = 1, .out = h2, .x = h1, .x2 = o, .d = D, .out_dtype = R, .x_dtype = R},
+        {.op = DJ_OP_RMSNORM, .n = 1, .out = xn2, .x = h2, .w = nw2, .w_dtype = B, .d = D, .eps = 1e-5f,
+         .out_dtype = B, .x_dtype = R},
+        MM(gt, xn2, wg, D, F), MM(upo, xn2, wu, D, F),
+        {.op = DJ_OP_SILU_MUL, .n = 1, .out = act, .x = gt, .x2 = upo, .d = F, .out_dtype = B},
+        MM(dn, act, wd, F, D),
+    };
+#undef MM
+    enum { N_OPS = sizeof layer / sizeof *layer };
+    dj_op_call calls[ROUNDS * N_OPS];
+    for (int r = 0; r < ROUNDS; r++) memcpy(&calls[r * N_OPS], layer, sizeof layer);
+    const uint64_t before = dj__cuda_fusions(gpu);
+    const double fused = time_graph(calls, N_OPS, ROUNDS, 50);
+    const uint64_t per_round = (dj__cuda_fusions(gpu) - before) / ROUNDS;
+    dj__cuda_set_fuse(gpu, 0);
+    const double apart = time_graph(calls, N_OPS, ROUNDS, 50);
+    dj__cuda_set_fuse(gpu, 1);
+    printf("bench layer decode b=1 d=%d f=%d ctx=%d (%d ops, %llu run inside others): fused %7.2f us, "
+           "DJINN_FUSE=off %7.2f us, saved %6.2f us a layer (%.3f ms over 32 layers)\n",
+           D, F, CTX, (int)N_OPS, (unsigned long long)per_round, fused * 1e6, apart * 1e6, (apart - fused) * 1e6,
+           (apart - fused) * 32e3);
+    void *bufs[] = {seg, dtable, dpos, dtabs, dinv, res, h1, h2, prev, nw1, nw2, xn, q, k, v, qr, kr, att, o, xn2,
+                    dn, gt, upo, act, wq, wk, wv, wo, wg, wu, wd};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dfree(bufs[i]);
+    free(res_h);
+    free(table);
+}
+
 static void bench(void) {
     double copy = 0.0;
     if (dj_cuda_measure_copy(gpu, (size_t)1 << 30, 20, &copy) != DJ_OK) die("measure copy");
     printf("bench copy 1 GiB: %7.1f GB/s (read + written)\n", copy);
+    bench_layer();
     bench_gemv();
     bench_deterministic(4096, 14336);
     bench_deterministic(14336, 4096);
