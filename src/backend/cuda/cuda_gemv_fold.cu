@@ -7,7 +7,7 @@
 #define FOLD_THREADS 512
 #define FOLD_WARPS (FOLD_THREADS / 32)
 #define NORM_PART 256 /* threads that sum squares: rmsnorm_kernel's partition, so the norm is bit-equal */
-#define FOLD_MAX_K 24576 /* x as bf16 in the 48 KB of shared memory a block gets without opting in */
+#define FOLD_MAX_K 16384 /* x as bf16 (32 KB) beside the static shared memory, inside the 48 KB without opt-in */
 
 /* The group's segments: segment i owns rows [first_row[i], first_row[i+1]). */
 struct fold_segs {

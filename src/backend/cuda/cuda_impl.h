@@ -130,7 +130,7 @@ typedef struct dj_gemv_fold {
     const dj_op_call *add, *norm, *silu;
 } dj_gemv_fold;
 /* Whether the fused kernel takes the group calls[0..count) with f: one row,
- * bf16 weights, k % 8 == 0 and <= 24576, 16-byte aligned x and weights,
+ * bf16 weights, k % 8 == 0 and <= 16384, 16-byte aligned x and weights,
  * shapes that chain, and no buffer written by the launch touching another it
  * reads or writes. */
 bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f);
