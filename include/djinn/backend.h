@@ -172,6 +172,16 @@ typedef struct dj_backend_vtbl {
      * with compute; refused during a capture. */
     dj_status (*sample)(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
                         const struct dj_sample_row *rows, int32_t *out_dev);
+    /* Runs a planned step: calls[0..n) (host memory, read before it returns)
+     * with the effect of calling compute on each in order, but the backend may
+     * run several as one kernel (fusion: the CUDA backend's list is in
+     * docs/architecture.md). Every call is enqueued when it returns: nothing
+     * is held back for a later call. plan_key names the plan (the engine
+     * passes its dj_graph_t): the backend may keep its decisions under it,
+     * checked against the calls, so a changed plan under an old key is
+     * decided again; NULL keeps nothing. Recorded like compute during a
+     * capture. */
+    dj_status (*compute_plan)(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */
@@ -198,6 +208,17 @@ void dj_backend_free(dj_backend_t *be);
 
 static inline dj_status dj_backend_compute(dj_backend_t *be, const dj_op_call *c) {
     return be->vt->compute(be, c);
+}
+
+/* compute_plan where the backend has it, else compute on each call in order. */
+static inline dj_status dj_backend_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n,
+                                                const void *plan_key) {
+    if (be->vt->compute_plan) return be->vt->compute_plan(be, calls, n, plan_key);
+    for (size_t i = 0; i < n; i++) {
+        const dj_status st = be->vt->compute(be, &calls[i]);
+        if (st != DJ_OK) return st;
+    }
+    return DJ_OK;
 }
 
 #endif

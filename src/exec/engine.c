@@ -73,6 +73,8 @@ struct dj_engine {
     size_t graph_captures, graph_replays, graph_failures;
     float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
     size_t host_logits_cap;
+    dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
+    size_t calls_cap;
 };
 
 struct dj_session {
@@ -201,6 +203,7 @@ void dj_engine_free(dj_engine_t *e) {
     }
     free(e->args_host);
     free(e->host_logits);
+    free(e->calls);
     free(e->sample_rows);
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
@@ -673,6 +676,13 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     const bool profile = e->profile && !recording;
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
+    if ((size_t)count > e->calls_cap) {
+        dj_op_call *p = realloc(e->calls, (size_t)count * sizeof *p);
+        if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step of %d calls", count);
+        e->calls = p;
+        e->calls_cap = (size_t)count;
+    }
+    size_t n_calls = 0;
     for (int i = 0; i < count && st == DJ_OK; i++) {
         const dj_node *nd = dj_graph_node_c(g, i);
         if (nd->op >= DJ_OP_COUNT) continue; /* inputs and weights */
@@ -735,14 +745,20 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             st = dj_fail(DJ_EINTERNAL, "node %d has op %d the executor does not know", i, (int)nd->op);
             continue;
         }
-        const double t0 = profile ? prof_now() : 0.0;
+        if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
+        if (!profile) { /* the whole step goes to the backend at once, below */
+            e->calls[n_calls++] = call;
+            continue;
+        }
+        /* profiling: op by op, unfused, each timed to its end */
+        const double t0 = prof_now();
         st = dj_backend_compute(e->be, &call);
-        if (profile && st == DJ_OK) {
+        if (st == DJ_OK) {
             st = e->be->vt->sync(e->be);
             prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
         }
-        if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
     }
+    if (st == DJ_OK && n_calls) st = dj_backend_compute_plan(e->be, e->calls, n_calls, g);
     return st;
 }
 

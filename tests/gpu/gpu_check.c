@@ -243,8 +243,8 @@ static void check_add_rmsnorm(uint32_t n, uint32_t d, dj_dtype wt, int mode, dj_
         gnorm.out_dtype = DJ_DTYPE_BF16;
         dj__cuda_set_fuse(gpu, pass == 0 && mode != 3);
         const uint64_t before = dj__cuda_fusions(gpu);
-        if (dj_backend_compute(gpu, &gadd) != DJ_OK || dj_backend_compute(gpu, &gnorm) != DJ_OK ||
-            gpu->vt->sync(gpu) != DJ_OK)
+        const dj_op_call plan[2] = {gadd, gnorm};
+        if (dj_backend_compute_plan(gpu, plan, 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
             die("add+rmsnorm (gpu)");
         const uint64_t fused = dj__cuda_fusions(gpu) - before, want = pass == 0 && mode < 2 && d <= 16384;
         if (fused != want) {
@@ -550,8 +550,8 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
     if (nq && dj_backend_compute(cpu, &cq) != DJ_OK) die("rope q (cpu)");
     dj__cuda_set_fuse(gpu, fuse);
     const uint64_t before = dj__cuda_fusions(gpu);
-    if ((nq && dj_backend_compute(gpu, &gq) != DJ_OK) || dj_backend_compute(gpu, &gr) != DJ_OK ||
-        dj_backend_compute(gpu, &gw) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+    const dj_op_call plan[3] = {gq, gr, gw};
+    if (dj_backend_compute_plan(gpu, nq ? plan : plan + 1, nq ? 3 : 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
         die("rope+kv_write (gpu)");
     const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
     dj__cuda_set_fuse(gpu, 1);
@@ -740,12 +740,11 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
     g_kw.row_tables = (const uint32_t *const *)gtabs;
     g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
     g_at.row_tables = (const uint32_t *const *)gtabs;
-    const dj_op_call *gcalls[4] = {&g_rq, &g_rk, &g_kw, &g_at};
+    const dj_op_call gcalls[4] = {g_rq, g_rk, g_kw, g_at}; /* one plan: the ROPEs fuse with the KV_WRITE */
     dj_backend_graph_t *graph = NULL;
     if (captured) {
         if (gpu->vt->capture_begin(gpu) != DJ_OK) die("capture_begin");
-        for (int i = 0; i < 4; i++)
-            if (dj_backend_compute(gpu, gcalls[i]) != DJ_OK) die("recorded compute");
+        if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("recorded compute");
         if (gpu->vt->capture_end(gpu, &graph) != DJ_OK) die("capture_end");
     }
     for (uint32_t round = 0; round < rounds; round++) {
@@ -765,8 +764,7 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
         if (captured) {
             if (gpu->vt->graph_launch(gpu, graph) != DJ_OK) die("graph_launch");
         } else {
-            for (int i = 0; i < 4; i++)
-                if (dj_backend_compute(gpu, gcalls[i]) != DJ_OK) die("row-mode ops (gpu)");
+            if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("row-mode ops (gpu)");
         }
         if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
         char shape[96];
@@ -806,7 +804,7 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
     free(ref);
 }
 
-/* Decode matmuls held back and launched as one: three on one x (k/v-sized
+/* Decode matmuls of one plan launched as one: three on one x (k/v-sized
  * and with a bias among them), then one whose x is the first's output (must
  * see it complete), one sync at the end. */
 static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
@@ -842,8 +840,7 @@ static void check_matmul_group(uint32_t n, uint32_t k, dj_dtype wt) {
         if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("matmul group (cpu)");
     /* the CPU's input of the dependent call is the GPU's (bf16-rounded) output */
     uint16_t *ob = halloc((size_t)n * ms[0]);
-    for (int i = 0; i < 4; i++)
-        if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("matmul group (gpu)");
+    if (dj_backend_compute_plan(gpu, gc, 4, NULL) != DJ_OK) die("matmul group (gpu)"); /* one plan: grouped */
     if (gpu->vt->sync(gpu) != DJ_OK) die("matmul group sync");
     down(ob, dout[0], (size_t)n * ms[0] * 2);
     float *x3 = falloc((size_t)n * ms[0]);
@@ -894,6 +891,152 @@ static void check_gemv(void) {
     check_matmul_group(8, 1024, DJ_DTYPE_BF16);
     check_matmul_group(3, 512, DJ_DTYPE_F16);
     check_matmul_group(2, 260, DJ_DTYPE_BF16); /* k % 8 != 0 */
+}
+
+/* A decode GEMV group (one row) whose x is the output of the op before it -
+ * mode FOLD_SILU: SILU_MUL(gate, up); FOLD_NORM: RMSNORM(x);
+ * FOLD_ADD_NORM: ADD(a, b) then the RMSNORM of the sum - sent as one plan:
+ * the CUDA backend folds that op into the GEMV launch where it fits (fits:
+ * what this shape expects). Every output (the GEMVs', the folded ops' own)
+ * against the CPU; the fusion counter must move by the folded ops exactly
+ * when it fits; the same plan with fusion off is compared byte for byte
+ * (reported, not a check: both round the same values, but need not). */
+enum { FOLD_SILU = 1, FOLD_NORM = 2, FOLD_ADD_NORM = 3 };
+
+static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms, dj_dtype rt, dj_dtype ot,
+                            int fits) {
+    uint16_t *hb = halloc(k);
+    float *af = falloc(k), *bf = falloc(k), *href = falloc(k), *xref = falloc(k);
+    void *ah = rand_act(mode == FOLD_SILU ? DJ_DTYPE_BF16 : rt, af, k, -2.0f, 2.0f); /* gate, x or the residual */
+    rand_bf16(hb, bf, k, -2.0f, 2.0f);                                          /* up, or add's b */
+    void *nw = rand_weight(DJ_DTYPE_BF16, k, 0.5f, 1.5f);
+    const size_t ab = (size_t)k * (mode == FOLD_SILU ? 2 : dj_dtype_size(rt));
+    dj_op_call cpre[2] = {{0}}, gpre[2];
+    int npre = 0;
+    if (mode == FOLD_SILU) {
+        cpre[npre++] = (dj_op_call){.op = DJ_OP_SILU_MUL, .n = 1, .out = xref, .x = af, .x2 = bf, .d = k};
+    } else {
+        if (mode == FOLD_ADD_NORM)
+            cpre[npre++] = (dj_op_call){.op = DJ_OP_ADD, .n = 1, .out = href, .x = af, .x2 = bf, .d = k};
+        cpre[npre++] = (dj_op_call){.op = DJ_OP_RMSNORM, .n = 1, .out = xref, .x = mode == FOLD_ADD_NORM ? href : af,
+                                    .w = nw, .w_dtype = DJ_DTYPE_BF16, .d = k, .eps = 1e-5f};
+    }
+    for (int i = 0; i < npre; i++)
+        if (dj_backend_compute(cpu, &cpre[i]) != DJ_OK) die("gemv fold prologue (cpu)");
+    dj_op_call cc[4], gc[4];
+    void *w[4], *dw[4], *dout[2][4];
+    float *ref[4];
+    const size_t es = dj_dtype_size(ot);
+    for (int i = 0; i < count; i++) {
+        w[i] = rand_weight(DJ_DTYPE_BF16, (size_t)ms[i] * k, -0.05f, 0.05f);
+        dw[i] = dcopy(w[i], (size_t)ms[i] * k * 2);
+        ref[i] = falloc(ms[i]);
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = 1, .out = ref[i], .x = xref, .w = w[i],
+                             .w_dtype = DJ_DTYPE_BF16, .k = k, .m = ms[i]};
+        if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("gemv fold (cpu)");
+    }
+    void *da = dcopy(ah, ab), *db = dcopy(hb, (size_t)k * 2), *dnw = dcopy(nw, (size_t)k * 2);
+    void *dh[2], *dx[2];
+    uint64_t fused[2];
+    for (int pass = 0; pass < 2; pass++) { /* fused, then fusion off */
+        dh[pass] = dalloc(ab);
+        dx[pass] = dalloc((size_t)k * 2);
+        poison(dh[pass], ab);
+        poison(dx[pass], (size_t)k * 2);
+        dj_op_call plan[6];
+        for (int i = 0; i < npre; i++) {
+            gpre[i] = cpre[i];
+            gpre[i].out = gpre[i].op == DJ_OP_ADD ? dh[pass] : dx[pass];
+            gpre[i].out_dtype = gpre[i].op == DJ_OP_ADD ? rt : DJ_DTYPE_BF16;
+            gpre[i].x = gpre[i].op == DJ_OP_RMSNORM && mode == FOLD_ADD_NORM ? dh[pass] : da;
+            gpre[i].x_dtype = mode == FOLD_SILU ? DJ_DTYPE_BF16 : rt;
+            gpre[i].x2 = gpre[i].op == DJ_OP_RMSNORM ? NULL : db;
+            gpre[i].w = gpre[i].op == DJ_OP_RMSNORM ? dnw : NULL;
+            plan[i] = gpre[i];
+        }
+        for (int i = 0; i < count; i++) {
+            dout[pass][i] = dalloc(ms[i] * es);
+            poison(dout[pass][i], ms[i] * es);
+            gc[i] = cc[i];
+            gc[i].out = dout[pass][i];
+            gc[i].x = dx[pass];
+            gc[i].w = dw[i];
+            gc[i].out_dtype = ot;
+            plan[npre + i] = gc[i];
+        }
+        dj__cuda_set_fuse(gpu, pass == 0);
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if (dj_backend_compute_plan(gpu, plan, (size_t)(npre + count), NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+            die("gemv fold (gpu)");
+        fused[pass] = dj__cuda_fusions(gpu) - before;
+    }
+    dj__cuda_set_fuse(gpu, 1);
+    static const char *names[] = {"", "SILU", "NORM", "ADD+NORM"};
+    char shape[96];
+    const uint64_t want = fits ? (uint64_t)npre : mode == FOLD_ADD_NORM ? 1u : 0u; /* unfolded: ADD+NORM still pair */
+    if (fused[0] != want || fused[1] != 0) {
+        n_rows++;
+        n_fail++;
+        printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu; %llu with fusion off)\n", "GEMV+FOLD",
+               "fusion count", "-", (unsigned long long)fused[0], (unsigned long long)want,
+               (unsigned long long)fused[1]);
+    }
+    int len = snprintf(shape, sizeof shape, "%s k=%u m=%u", names[mode], k, ms[0]);
+    for (int i = 1; i < count; i++) len += snprintf(shape + len, sizeof shape - (size_t)len, "+%u", ms[i]);
+    snprintf(shape + len, sizeof shape - (size_t)len, " res=%s out=%s%s", dj_dtype_name(rt), dj_dtype_name(ot),
+             fits ? "" : " (apart)");
+    for (int i = 0; i < count; i++) compare("GEMV+FOLD", shape, dout[0][i], ot, ref[i], ms[i]);
+    compare("GEMV+FOLD", "  the folded op's own output", dx[0], DJ_DTYPE_BF16, xref, k);
+    if (mode == FOLD_ADD_NORM) compare("GEMV+FOLD", "  the residual sum", dh[0], rt, href, k);
+    size_t differ = 0;
+    for (int i = 0; i < count; i++) {
+        uint8_t *h0 = xmalloc(ms[i] * es), *h1 = xmalloc(ms[i] * es);
+        down(h0, dout[0][i], ms[i] * es);
+        down(h1, dout[1][i], ms[i] * es);
+        differ += memcmp(h0, h1, ms[i] * es) != 0;
+        free(h0);
+        free(h1);
+    }
+    printf("%-10s %-52s %10zu  info (outputs differing from fusion off)\n", "GEMV+FOLD", "  fused vs unfused", differ);
+    for (int pass = 0; pass < 2; pass++) {
+        dfree(dh[pass]);
+        dfree(dx[pass]);
+        for (int i = 0; i < count; i++) dfree(dout[pass][i]);
+    }
+    for (int i = 0; i < count; i++) {
+        dfree(dw[i]);
+        free(w[i]);
+        free(ref[i]);
+    }
+    dfree(da);
+    dfree(db);
+    dfree(dnw);
+    free(ah);
+    free(hb);
+    free(af);
+    free(bf);
+    free(href);
+    free(xref);
+    free(nw);
+}
+
+static void check_gemv_folds(void) {
+    static const uint32_t qkv[3] = {4096, 1024, 1024}, gu[2] = {14336, 14336}, down_m[1] = {4096};
+    static const uint32_t head[1] = {32000}, odd[2] = {300, 77}, small[1] = {260};
+    check_gemv_fold(FOLD_SILU, 14336, 1, down_m, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1); /* down */
+    check_gemv_fold(FOLD_SILU, 1024, 2, odd, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1);
+    check_gemv_fold(FOLD_SILU, 260, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0);    /* k % 8 != 0: apart */
+    check_gemv_fold(FOLD_SILU, 32768, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0);  /* past shared memory */
+    for (int r = 0; r < 2; r++) { /* the residual stream in f32 (the default) and bf16 */
+        const dj_dtype rt = r ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
+        check_gemv_fold(FOLD_NORM, 4096, 3, qkv, rt, DJ_DTYPE_BF16, 1);     /* layer 0's attn_norm into q/k/v */
+        check_gemv_fold(FOLD_ADD_NORM, 4096, 3, qkv, rt, DJ_DTYPE_BF16, 1); /* attn_norm after a residual */
+        check_gemv_fold(FOLD_ADD_NORM, 4096, 2, gu, rt, DJ_DTYPE_BF16, 1);  /* ffn_norm into gate/up */
+        check_gemv_fold(FOLD_NORM, 4096, 1, head, rt, DJ_DTYPE_F32, 1);     /* final norm into the f32 logits */
+        check_gemv_fold(FOLD_ADD_NORM, 1000, 2, odd, rt, DJ_DTYPE_BF16, 1);
+        check_gemv_fold(FOLD_ADD_NORM, 260, 1, small, rt, DJ_DTYPE_BF16, 0); /* k % 8 != 0: ADD+NORM, then GEMV */
+        check_gemv_fold(FOLD_NORM, 260, 1, small, rt, DJ_DTYPE_BF16, 0);
+    }
 }
 
 /* Decode attention: GQA groups of 1, 2,
@@ -1258,9 +1401,8 @@ static void bench_deterministic(uint32_t k, uint32_t m) {
 static double time_graph(const dj_op_call *calls, int count, int rounds, int iters) {
     dj_backend_graph_t *g = NULL;
     if (gpu->vt->capture_begin(gpu) != DJ_OK) die("bench capture");
-    for (int r = 0; r < rounds; r++)
-        for (int i = 0; i < count; i++)
-            if (dj_backend_compute(gpu, &calls[(size_t)r * count + i]) != DJ_OK) die("bench");
+    for (int r = 0; r < rounds; r++) /* each round one plan (fused as the engine's steps are) */
+        if (dj_backend_compute_plan(gpu, &calls[(size_t)r * count], (size_t)count, NULL) != DJ_OK) die("bench");
     if (gpu->vt->capture_end(gpu, &g) != DJ_OK) die("bench capture_end");
     if (gpu->vt->graph_launch(gpu, g) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("bench warm-up");
     const double t0 = now();
@@ -1444,10 +1586,85 @@ static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, ui
     free(pos);
 }
 
+/* One decoder layer of the Llama-3-8B shape at one row (context 512, per-row
+ * positions and tables as the recorded decode step has them), as one plan
+ * per round in a graph: with fusion (the backend's choice) and with it off
+ * (every op its own launch, as DJINN_FUSE=off). One line:
+ *   bench layer decode b=1 ...: fused <us> us, DJINN_FUSE=off <us> us, ... */
+static void bench_layer(void) {
+    enum { ROUNDS = 4, D = 4096, F = 14336, NH = 32, NKV = 8, HD = 128, CTX = 512 };
+    const uint32_t kvd = NKV * HD, tpp = 65536 / (2u * kvd * 2), n_blocks = (CTX + tpp - 1) / tpp;
+    uint32_t *table = xmalloc(n_blocks * sizeof *table), pos = CTX - 1;
+    for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
+    void *seg = dev_random_bf16((size_t)32768 * n_blocks, 1.0f), *dtable = dcopy(table, n_blocks * sizeof *table);
+    void *dpos = dcopy(&pos, sizeof pos), *dtabs = dcopy(&dtable, sizeof dtable);
+    float inv[HD / 2];
+    for (int j = 0; j < HD / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / HD);
+    void *dinv = dcopy(inv, sizeof inv);
+    dj_kv_view kv = {.seg_base = seg, .page_bytes = 65536, .block_table = table, .block_table_dev = dtable,
+                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+    float *res_h = falloc(D);
+    for (int i = 0; i < D; i++) res_h[i] = dj_test_randf(-1.0f, 1.0f);
+    void *res = dcopy(res_h, D * sizeof(float)), *h1 = dalloc(D * sizeof(float)), *h2 = dalloc(D * sizeof(float));
+    void *prev = dev_random_bf16(D, 1.0f), *nw1 = dev_random_bf16(D, 1.0f), *nw2 = dev_random_bf16(D, 1.0f);
+    void *xn = dalloc(D * 2), *q = dalloc(D * 2), *k = dalloc(kvd * 2), *v = dalloc(kvd * 2), *qr = dalloc(D * 2);
+    void *kr = dalloc(kvd * 2), *att = dalloc(D * 2), *o = dalloc(D * 2), *xn2 = dalloc(D * 2), *dn = dalloc(D * 2);
+    void *gt = dalloc(F * 2), *upo = dalloc(F * 2), *act = dalloc(F * 2);
+    void *wq = dev_random_bf16((size_t)D * D, 0.02f), *wk = dev_random_bf16((size_t)kvd * D, 0.02f);
+    void *wv = dev_random_bf16((size_t)kvd * D, 0.02f), *wo = dev_random_bf16((size_t)D * D, 0.02f);
+    void *wg = dev_random_bf16((size_t)F * D, 0.02f), *wu = dev_random_bf16((size_t)F * D, 0.02f);
+    void *wd = dev_random_bf16((size_t)D * F, 0.02f);
+    const dj_dtype B = DJ_DTYPE_BF16, R = DJ_DTYPE_F32;
+#define MM(O, X, W, K, M) \
+    {.op = DJ_OP_MATMUL, .n = 1, .out = O, .x = X, .w = W, .w_dtype = B, .k = K, .m = M, .out_dtype = B}
+    const dj_op_call layer[] = {
+        {.op = DJ_OP_ADD, .n = 1, .out = h1, .x = res, .x2 = prev, .d = D, .out_dtype = R, .x_dtype = R},
+        {.op = DJ_OP_RMSNORM, .n = 1, .out = xn, .x = h1, .w = nw1, .w_dtype = B, .d = D, .eps = 1e-5f,
+         .out_dtype = B, .x_dtype = R},
+        MM(q, xn, wq, D, D), MM(k, xn, wk, D, kvd), MM(v, xn, wv, D, kvd),
+        {.op = DJ_OP_ROPE, .n = 1, .out = qr, .x = q, .inv_freq = dinv, .row_pos = dpos, .n_heads = NH,
+         .head_dim = HD, .scale = 1.0f, .out_dtype = B},
+        {.op = DJ_OP_ROPE, .n = 1, .out = kr, .x = k, .inv_freq = dinv, .row_pos = dpos, .n_heads = NKV,
+         .head_dim = HD, .scale = 1.0f, .out_dtype = B},
+        {.op = DJ_OP_KV_WRITE, .n = 1, .x = kr, .x2 = v, .kv = &kv, .row_pos = dpos,
+         .row_tables = (const uint32_t *const *)dtabs, .out_dtype = B},
+        {.op = DJ_OP_ATTENTION, .n = 1, .out = att, .x = qr, .kv = &kv, .row_pos = dpos,
+         .row_tables = (const uint32_t *const *)dtabs, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD,
+         .scale = 1.0f / sqrtf((float)HD), .out_dtype = B},
+        MM(o, att, wo, D, D),
+        {.op = DJ_OP_ADD, .n = 1, .out = h2, .x = h1, .x2 = o, .d = D, .out_dtype = R, .x_dtype = R},
+        {.op = DJ_OP_RMSNORM, .n = 1, .out = xn2, .x = h2, .w = nw2, .w_dtype = B, .d = D, .eps = 1e-5f,
+         .out_dtype = B, .x_dtype = R},
+        MM(gt, xn2, wg, D, F), MM(upo, xn2, wu, D, F),
+        {.op = DJ_OP_SILU_MUL, .n = 1, .out = act, .x = gt, .x2 = upo, .d = F, .out_dtype = B},
+        MM(dn, act, wd, F, D),
+    };
+#undef MM
+    enum { N_OPS = sizeof layer / sizeof *layer };
+    dj_op_call calls[ROUNDS * N_OPS];
+    for (int r = 0; r < ROUNDS; r++) memcpy(&calls[r * N_OPS], layer, sizeof layer);
+    const uint64_t before = dj__cuda_fusions(gpu);
+    const double fused = time_graph(calls, N_OPS, ROUNDS, 50);
+    const uint64_t per_round = (dj__cuda_fusions(gpu) - before) / ROUNDS;
+    dj__cuda_set_fuse(gpu, 0);
+    const double apart = time_graph(calls, N_OPS, ROUNDS, 50);
+    dj__cuda_set_fuse(gpu, 1);
+    printf("bench layer decode b=1 d=%d f=%d ctx=%d (%d ops, %llu run inside others): fused %7.2f us, "
+           "DJINN_FUSE=off %7.2f us, saved %6.2f us a layer (%.3f ms over 32 layers)\n",
+           D, F, CTX, (int)N_OPS, (unsigned long long)per_round, fused * 1e6, apart * 1e6, (apart - fused) * 1e6,
+           (apart - fused) * 32e3);
+    void *bufs[] = {seg, dtable, dpos, dtabs, dinv, res, h1, h2, prev, nw1, nw2, xn, q, k, v, qr, kr, att, o, xn2,
+                    dn, gt, upo, act, wq, wk, wv, wo, wg, wu, wd};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dfree(bufs[i]);
+    free(res_h);
+    free(table);
+}
+
 static void bench(void) {
     double copy = 0.0;
     if (dj_cuda_measure_copy(gpu, (size_t)1 << 30, 20, &copy) != DJ_OK) die("measure copy");
     printf("bench copy 1 GiB: %7.1f GB/s (read + written)\n", copy);
+    bench_layer();
     bench_gemv();
     bench_deterministic(4096, 14336);
     bench_deterministic(14336, 4096);
@@ -1609,6 +1826,7 @@ int main(int argc, char **argv) {
     check_rows(32, 32, 8, 128, 16, 0, 1);
     check_matmul_group(1, 1024, DJ_DTYPE_BF16);
     check_matmul_group(5, 512, DJ_DTYPE_F16);
+    check_gemv_folds();
     check_gemv();
     check_decode();
     check_embed_dev(7, 4096, 1000);

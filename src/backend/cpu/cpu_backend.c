@@ -277,6 +277,17 @@ static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, u
     return DJ_OK;
 }
 
+/* The step in order, op by op (the reference does not fuse). */
+static dj_status cpu_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key) {
+    (void)plan_key;
+    if (n && !calls) return dj_fail(DJ_EINVAL, "cpu compute_plan: NULL calls");
+    for (size_t i = 0; i < n; i++) {
+        const dj_status st = cpu_compute(be, &calls[i]);
+        if (st != DJ_OK) return st;
+    }
+    return DJ_OK;
+}
+
 static const dj_backend_vtbl cpu_vtbl = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -289,6 +300,7 @@ static const dj_backend_vtbl cpu_vtbl = {
     .upload_async = cpu_upload,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .compute_plan = cpu_compute_plan,
 };
 
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {

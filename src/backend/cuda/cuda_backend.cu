@@ -1,6 +1,6 @@
 /* cuda_backend.cu: the CUDA backend - device memory (cudaMalloc), copies on
  * the backend's stream, host-input staging, argument checks and the compute
- * switch that calls each kernel family's launcher. */
+ * switch that launches one call (plans and their fusions: cuda_plan.cu). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,8 +64,6 @@ static dj_status cuda_alloc(dj_backend_t *be, size_t bytes, void **out) {
 static void cuda_free(dj_backend_t *be, void *ptr) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (!ptr) return;
-    if ((cb->gemv_count || cb->held_pending) && dj__cuda_flush(cb) != DJ_OK) /* a held-back launch may name ptr */
-        DJ_LOG(WARN, "%s", dj_last_error());
     if (cudaSetDevice(cb->device) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
         DJ_LOG(WARN, "cuda:%d free of %p failed: %s", cb->device, ptr, cudaGetErrorString(cudaGetLastError()));
     }
@@ -80,7 +78,6 @@ static dj_status not_capturing(const dj_cuda_backend *cb, const char *what) {
 static dj_status cuda_copy(dj_cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                            const char *what) {
     dj_status st = not_capturing(cb, what);
-    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st != DJ_OK) return st;
     if (bytes == 0) return DJ_OK;
     if (!dst || !src) return dj_fail(DJ_EINVAL, "cuda %s: NULL pointer for %zu bytes", what, bytes);
@@ -102,7 +99,6 @@ static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src
 static dj_status cuda_sync(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "sync");
-    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
@@ -157,7 +153,6 @@ dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, co
 static dj_status cuda_upload_async(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "upload_async");
-    if (st == DJ_OK) st = dj__cuda_flush(cb); /* a held-back launch may read dst */
     if (st != DJ_OK) return st;
     if (bytes == 0) return DJ_OK;
     if (!dst_dev || !src_host) return dj_fail(DJ_EINVAL, "cuda upload_async: NULL pointer for %zu bytes", bytes);
@@ -196,7 +191,7 @@ dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out) {
 
 /* ---- argument checks: the shared ones, then what these kernels cover ---- */
 
-static dj_status check_call(const dj_op_call *c) {
+dj_status dj__cuda_check_call(const dj_op_call *c) {
     dj_status st = dj__op_call_check(c, DJ_DTYPE_BF16, DJ_DTYPE_BF16, "cuda");
     if (st != DJ_OK) return st;
     const char *op = dj_op_name(c->op);
@@ -213,7 +208,7 @@ static dj_status check_call(const dj_op_call *c) {
 
 /* The view's block table on the device: the caller's mirror, or a staged copy
  * of the blocks the call touches. */
-static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out) {
+dj_status dj__cuda_device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out) {
     const dj_kv_view *kv = c->kv;
     if (c->row_tables) { /* the kernels read each row's own table */
         *out = NULL;
@@ -231,96 +226,10 @@ static dj_status device_table(dj_cuda_backend *cb, const dj_op_call *c, const ui
     return st;
 }
 
-static bool bytes_overlap(const void *a, const void *b, size_t n) {
-    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + n && pb < pa + n;
-}
-
-/* The held ADD and this RMSNORM of its sum may run as one kernel: the sum
- * and add's x have one type (the residual stream's), the norm reads the sum
- * as such, and norm.out is one of add's bf16 buffers or clear of all of them. */
-static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
-    if (c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d || c->d > DJ_FUSE_MAX_D ||
-        add->x_dtype != add->out_dtype || c->x_dtype != add->out_dtype)
-        return false;
-    const size_t row = (size_t)c->n * c->d;
-    const size_t out_bytes = row * sizeof(__nv_bfloat16), res_bytes = row * dj_dtype_size(add->out_dtype);
-    const void *bufs[3] = {add->x, add->x2, add->out};
-    const size_t sizes[3] = {res_bytes, out_bytes, res_bytes};
-    for (int i = 0; i < 3; i++) {
-        if (c->out == bufs[i] && sizes[i] == out_bytes) continue; /* in place over a bf16 buffer */
-        const uintptr_t o = (uintptr_t)c->out, b = (uintptr_t)bufs[i];
-        if (o < b + sizes[i] && b < o + out_bytes) return false;
-    }
-    return true;
-}
-
-/* The held ROPE and this KV_WRITE of its output may run as one kernel: the
- * same rows at the same positions, k's heads filling kv_dim, v clear of k. */
-static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
-    if (c->op != DJ_OP_KV_WRITE || c->x != rope->out || c->n != rope->n || c->pos0 != rope->pos0 ||
-        c->row_pos != rope->row_pos || (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim)
-        return false;
-    const size_t bytes = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
-    return !bytes_overlap(c->x2, rope->out, bytes) && !bytes_overlap(c->x2, rope->x, bytes);
-}
-
-/* The held ROPE (of q) and this ROPE (of k) may wait together for k's
- * KV_WRITE: the same rows, positions, frequencies and scale, and no buffer of
- * one touching a buffer of the other. */
-static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *c) {
-    if (c->op != DJ_OP_ROPE || c->n != q->n || c->pos0 != q->pos0 || c->row_pos != q->row_pos ||
-        c->inv_freq != q->inv_freq || c->head_dim != q->head_dim || c->scale != q->scale)
-        return false;
-    const size_t qb = (size_t)q->n * q->n_heads * q->head_dim * sizeof(__nv_bfloat16);
-    const size_t kb = (size_t)c->n * c->n_heads * c->head_dim * sizeof(__nv_bfloat16);
-    const void *qs[2] = {q->x, q->out}, *ks[2] = {c->x, c->out};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) {
-            const uintptr_t a = (uintptr_t)qs[i], b = (uintptr_t)ks[j];
-            if (a < b + kb && b < a + qb) return false;
-        }
-    return true;
-}
-
-static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
-    dj_status st = check_call(c);
+dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
+    dj_status st = dj__cuda_check_call(c);
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
-    if (cb->held_pending && cb->held.op == DJ_OP_ADD && fuses_with_add(&cb->held, c)) {
-        cb->held_pending = false;
-        cb->fusions++;
-        return dj__cuda_add_rmsnorm(cb, &cb->held, c);
-    }
-    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && !cb->held_q_pending && pairs_with_rope(&cb->held, c)) {
-        cb->held_q = cb->held; /* q's ROPE waits with k's for the KV_WRITE */
-        cb->held_q_pending = true;
-        cb->held = *c;
-        return DJ_OK;
-    }
-    bool q_clear = !cb->held_q_pending; /* v clear of q's output */
-    if (cb->held_q_pending && c->op == DJ_OP_KV_WRITE) {
-        const uintptr_t v = (uintptr_t)c->x2, qo = (uintptr_t)cb->held_q.out;
-        const size_t vb = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
-        const size_t qb = (size_t)cb->held_q.n * cb->held_q.n_heads * cb->held_q.head_dim * sizeof(__nv_bfloat16);
-        q_clear = !(v < qo + qb && qo < v + vb);
-    }
-    if (cb->held_pending && cb->held.op == DJ_OP_ROPE && fuses_with_rope(&cb->held, c) && q_clear) {
-        const uint32_t *table = NULL;
-        st = device_table(cb, c, &table);
-        if (st != DJ_OK) return st; /* the ROPEs stay held; the next flush launches them */
-        const dj_op_call *q = cb->held_q_pending ? &cb->held_q : NULL;
-        cb->held_pending = cb->held_q_pending = false;
-        cb->fusions += q ? 2 : 1;
-        return dj__cuda_rope_kv_write(cb, q, &cb->held, c, table);
-    }
-    if (c->op != DJ_OP_MATMUL || cb->held_pending) st = dj__cuda_flush(cb); /* matmul decides about GEMVs itself */
-    if (st != DJ_OK) return st;
-    if ((c->op == DJ_OP_ADD || c->op == DJ_OP_ROPE) && cb->fuse) { /* the next call shows whether it fuses */
-        cb->held = *c;
-        cb->held_pending = true;
-        return DJ_OK;
-    }
     const uint32_t *table = NULL;
     switch (c->op) {
     case DJ_OP_EMBED: {
@@ -337,10 +246,10 @@ static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     case DJ_OP_MATMUL: return dj__cuda_matmul(cb, c);
     case DJ_OP_ROPE: return dj__cuda_rope(cb, c);
     case DJ_OP_KV_WRITE:
-        st = device_table(cb, c, &table);
+        st = dj__cuda_device_table(cb, c, &table);
         return st != DJ_OK ? st : dj__cuda_kv_write(cb, c, table);
     case DJ_OP_ATTENTION:
-        st = device_table(cb, c, &table);
+        st = dj__cuda_device_table(cb, c, &table);
         return st != DJ_OK ? st : dj__cuda_attention(cb, c, table);
     case DJ_OP_SILU_MUL: return dj__cuda_silu_mul(cb, c);
     case DJ_OP_ADD: return dj__cuda_add(cb, c);
@@ -352,7 +261,7 @@ static dj_status compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
 static dj_status cuda_compute(dj_backend_t *be, const dj_op_call *c) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (!c) return dj_fail(DJ_EINVAL, "cuda compute: NULL call");
-    dj_status st = compute_one(cb, c);
+    dj_status st = dj__cuda_compute_one(cb, c);
     if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
     return st;
 }
@@ -362,8 +271,7 @@ static dj_status cuda_argmax(dj_backend_t *be, const float *logits, uint32_t n, 
     if (!logits || !out || n == 0 || vocab == 0)
         return dj_fail(DJ_EINVAL, "cuda argmax: NULL pointer, no rows or an empty vocabulary");
     DJ_CU(cb, cudaSetDevice(cb->device));
-    dj_status st = dj__cuda_flush(cb);
-    if (st == DJ_OK) st = dj__cuda_argmax(cb, logits, n, vocab, out);
+    dj_status st = dj__cuda_argmax(cb, logits, n, vocab, out);
     if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
     return st;
 }
@@ -391,7 +299,6 @@ static dj_status cuda_sample(dj_backend_t *be, const float *logits, uint32_t n, 
     }
     DJ_CU(cb, cudaSetDevice(cb->device));
     dj_status st = not_capturing(cb, "sample"); /* the rows are staged host bytes */
-    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, rows, out);
     return st;
 }
@@ -405,7 +312,6 @@ struct dj_backend_graph {
 static dj_status cuda_capture_begin(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "capture_begin");
-    if (st == DJ_OK) st = dj__cuda_flush(cb); /* work from before stays out of the graph */
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     /* Relaxed: a scratch buffer that must grow may be cudaMalloc'd while recording. */
@@ -419,8 +325,6 @@ static dj_status cuda_capture_end(dj_backend_t *be, dj_backend_graph_t **out) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     *out = NULL;
     if (!cb->capturing) return dj_fail(DJ_EINVAL, "cuda:%d capture_end without capture_begin", cb->device);
-    dj_status fl = dj__cuda_flush(cb); /* the last held-back launch belongs to the graph */
-    if (fl != DJ_OK && cb->capture_st == DJ_OK) cb->capture_st = fl;
     cb->capturing = false;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(cb->stream, &graph);
@@ -452,7 +356,6 @@ static dj_status cuda_capture_end(dj_backend_t *be, dj_backend_graph_t **out) {
 static dj_status cuda_graph_launch(dj_backend_t *be, dj_backend_graph_t *g) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "graph_launch");
-    if (st == DJ_OK) st = dj__cuda_flush(cb);
     if (st != DJ_OK) return st;
     if (!g) return dj_fail(DJ_EINVAL, "cuda graph_launch: NULL graph");
     DJ_CU(cb, cudaSetDevice(cb->device));
@@ -476,7 +379,6 @@ static void cuda_graph_free(dj_backend_t *be, dj_backend_graph_t *g) {
 static void cuda_destroy(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (cudaSetDevice(cb->device) == cudaSuccess) {
-        if (cb->stream) (void)dj__cuda_flush(cb);
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
@@ -487,6 +389,7 @@ static void cuda_destroy(dj_backend_t *be) {
         if (cb->stream) (void)cudaStreamDestroy(cb->stream);
     }
     (void)cudaGetLastError();
+    dj__cuda_plans_free(cb);
     free(cb->retired);
     free(cb);
 }
@@ -507,6 +410,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .graph_launch = */ cuda_graph_launch,
     /* .graph_free = */ cuda_graph_free,
     /* .sample = */ cuda_sample,
+    /* .compute_plan = */ dj__cuda_compute_plan,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {
@@ -567,7 +471,6 @@ extern "C" int dj__cuda_last_attention(dj_backend_t *be) { return ((dj_cuda_back
 
 extern "C" void dj__cuda_set_fuse(dj_backend_t *be, int on) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
-    (void)dj__cuda_flush(cb);
     cb->fuse = on != 0;
 }
 

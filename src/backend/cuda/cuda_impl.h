@@ -14,6 +14,8 @@
 
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
+/* Plans whose fusion decisions are kept (a step's graph per batch bucket and phase). */
+#define DJ_CUDA_PLANS 16
 
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
@@ -35,25 +37,12 @@ typedef struct dj_cuda_backend {
     size_t n_retired, retired_cap;
     void *blas_ws;            /* cuBLAS workspace (fixed, so captures allocate none); owned */
     bool capturing;           /* between capture_begin and capture_end */
-    /* Decode matmuls on one input not yet launched (see cuda_matmul.cu);
-     * every entry point that touches the stream or memory flushes first. */
-    dj_op_call gemv[DJ_GEMV_GROUP];
-    int gemv_count;
     dj_status capture_st;     /* first failure of a call recorded in this capture */
-    /* An ADD or ROPE not yet launched: if the next call is the RMSNORM of
-     * the sum (dj__cuda_add_rmsnorm) or the KV_WRITE of the rotated k
-     * (dj__cuda_rope_kv_write), both run as one kernel; anything else
-     * launches it first. Every entry point that flushes the GEMV group
-     * flushes it. */
-    dj_op_call held;
-    bool held_pending;
-    /* A ROPE (of q) held before `held` (the ROPE of k at the same positions):
-     * the KV_WRITE of k then takes both into its kernel. Set only with
-     * held_pending; launched first by a flush. */
-    dj_op_call held_q;
-    bool held_q_pending;
-    bool fuse;                /* hold ADD/ROPE back at all ($DJINN_FUSE != off) */
-    uint64_t fusions;         /* pairs launched as one kernel */
+    bool fuse;                /* compute_plan fuses at all ($DJINN_FUSE != off) */
+    uint64_t fusions;         /* calls that ran inside another call's kernel */
+    /* Fusion decisions of recent plans (cuda_plan.cu), replaced round robin. */
+    struct dj_cuda_plan *plans; /* [DJ_CUDA_PLANS]; owned */
+    unsigned plan_next;
     int attention_path;       /* dj__cuda_set_paths */
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
@@ -125,7 +114,41 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
 bool dj__cuda_attention_tc_covers(const dj_op_call *c);
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
-/* Launch the held-back ADD or GEMV group, if any. */
-dj_status dj__cuda_flush(dj_cuda_backend *cb);
+/* Whether this (validated) MATMUL runs as one GEMV launch, so that calls of
+ * the same x, n, k and dtypes may share the launch (q/k/v, gate/up). */
+bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
+/* calls[0..count) (count <= DJ_GEMV_GROUP, each dj__cuda_gemv_takes, the
+ * same x, n, k, weight and output dtypes, outputs apart) as one launch. */
+dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+
+/* A GEMV group that computes its own x (cuda_gemv_fold.cu): the op before it
+ * folded into its launch. silu: the SILU_MUL whose output is x; or norm: the
+ * RMSNORM whose output is x, with add: the ADD whose sum that norm reads (or
+ * NULL). The folded ops' outputs are still written (by block 0). */
+enum { DJ_FOLD_SILU = 1, DJ_FOLD_NORM = 2, DJ_FOLD_ADD_NORM = 3 };
+typedef struct dj_gemv_fold {
+    const dj_op_call *add, *norm, *silu;
+} dj_gemv_fold;
+/* Whether the fused kernel takes the group calls[0..count) with f: one row,
+ * bf16 weights, k % 8 == 0 and <= 16384, 16-byte aligned x and weights,
+ * shapes that chain, and no buffer written by the launch touching another it
+ * reads or writes. */
+bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f);
+dj_status dj__cuda_gemv_fold(dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f);
+
+static inline bool dj__bytes_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+/* cuda_backend.cu: the checks of one call, and one call launched alone. */
+dj_status dj__cuda_check_call(const dj_op_call *c);
+dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c);
+/* The view's block table on the device (staged when the caller has none). */
+dj_status dj__cuda_device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out /* OUT */);
+
+/* cuda_plan.cu: the vtable's compute_plan, and the plan cache's release. */
+dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key);
+void dj__cuda_plans_free(dj_cuda_backend *cb);
 
 #endif

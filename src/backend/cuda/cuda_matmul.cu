@@ -2,8 +2,8 @@
  * HF layout (no copies) and f32 accumulation:
  *  - one row (decode of one session; with f16/f32 weights up to 8 rows): a
  *    GEMV kernel - bound by reading the weights once;
- *    consecutive calls on the same x (q/k/v, gate/up) are held back and
- *    launched as one (dj__cuda_flush), which also fills the GPU for the
+ *    consecutive calls on the same x (q/k/v, gate/up) in a plan are
+ *    launched as one (cuda_plan.cu), which also fills the GPU for the
  *    small k/v weights. One warp per weight row, 16-byte loads, 4 in
  *    flight per lane, any weight dtype. (Two streaming variants - all of a
  *    lane's loads issued before any FMA, L1 bypassed, two rows per warp -
@@ -232,44 +232,13 @@ static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *calls, int co
     }
 }
 
-dj_status dj__cuda_flush(dj_cuda_backend *cb) {
-    if (cb->held_pending) { /* never both: each call flushes the other's hold first */
-        cb->held_pending = false;
-        if (cb->held_q_pending) { /* q's ROPE was held first */
-            cb->held_q_pending = false;
-            const dj_status st = dj__cuda_rope(cb, &cb->held_q);
-            if (st != DJ_OK) return st;
-        }
-        return cb->held.op == DJ_OP_ADD ? dj__cuda_add(cb, &cb->held) : dj__cuda_rope(cb, &cb->held);
-    }
-    const int count = cb->gemv_count;
-    if (count == 0) return DJ_OK;
-    cb->gemv_count = 0;
-    if (cb->gemv[0].out_dtype == DJ_DTYPE_F32)
-        launch_gemv_any<float>(cb, cb->gemv, count);
+dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    if (calls[0].out_dtype == DJ_DTYPE_F32)
+        launch_gemv_any<float>(cb, calls, count);
     else
-        launch_gemv_any<__nv_bfloat16>(cb, cb->gemv, count);
+        launch_gemv_any<__nv_bfloat16>(cb, calls, count);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
-}
-
-static bool ranges_overlap(const void *a, size_t na, const void *b, size_t nb) {
-    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + nb && pb < pa + na;
-}
-
-/* c may join the pending group: same input and shapes, and its output
- * overlaps no pending output. */
-static bool joins_group(const dj_cuda_backend *cb, const dj_op_call *c) {
-    if (cb->gemv_count == 0 || cb->gemv_count == DJ_GEMV_GROUP) return false;
-    const dj_op_call *g = &cb->gemv[0];
-    if (c->x != g->x || c->n != g->n || c->k != g->k || c->w_dtype != g->w_dtype || c->out_dtype != g->out_dtype)
-        return false;
-    const size_t es = dj_dtype_size(c->out_dtype);
-    for (int i = 0; i < cb->gemv_count; i++)
-        if (ranges_overlap(c->out, (size_t)c->n * c->m * es, cb->gemv[i].out, (size_t)c->n * cb->gemv[i].m * es))
-            return false;
-    return true;
 }
 
 template <typename TO>
@@ -325,36 +294,33 @@ static dj_status gemm_cublas(dj_cuda_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
+/* The GEMV for one row (bf16 weights) or up to 8 (f16/f32), unless a path is forced. */
+static bool gemv_path(const dj_cuda_backend *cb, const dj_op_call *c) {
+    const uint32_t gemv_rows = c->w_dtype == DJ_DTYPE_BF16 ? GEMV_BF16_ROWS : GEMV_MAX_ROWS;
+    return cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS : cb->matmul_path != 2 && c->n <= gemv_rows;
+}
+
+bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
+    return c->op == DJ_OP_MATMUL && gemv_path(cb, c);
+}
+
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
-    const uint32_t gemv_rows = c->w_dtype == DJ_DTYPE_BF16 ? GEMV_BF16_ROWS : GEMV_MAX_ROWS;
-    const bool gemv = cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS
-                                           : cb->matmul_path != 2 && c->n <= gemv_rows;
+    const bool gemv = gemv_path(cb, c);
     if (!gemv && cb->base.deterministic && c->n <= DJ_DETERMINISTIC_MAX_ROWS && cb->matmul_path != 2) {
         /* batch-invariant: GEMVs of 8 rows at a time, each row summed as alone */
-        dj_status st = dj__cuda_flush(cb);
+        dj_status st = DJ_OK;
         for (uint32_t r0 = 0; st == DJ_OK && r0 < c->n; r0 += GEMV_MAX_ROWS) {
             dj_op_call part = *c;
             const size_t xs = dj_dtype_size(DJ_DTYPE_BF16), os = dj_dtype_size(c->out_dtype);
             part.n = c->n - r0 < GEMV_MAX_ROWS ? c->n - r0 : GEMV_MAX_ROWS;
             part.x = (const uint8_t *)c->x + (size_t)r0 * c->k * xs;
             part.out = (uint8_t *)c->out + (size_t)r0 * c->m * os;
-            cb->gemv[0] = part;
-            cb->gemv_count = 1;
-            st = dj__cuda_flush(cb);
+            st = dj__cuda_gemv(cb, &part, 1);
         }
         return st;
     }
-    if (gemv) { /* enqueued with the next ops that share its input (q/k/v, gate/up) */
-        if (!joins_group(cb, c)) {
-            dj_status st = dj__cuda_flush(cb);
-            if (st != DJ_OK) return st;
-        }
-        cb->gemv[cb->gemv_count++] = *c;
-        return DJ_OK;
-    }
-    dj_status st = dj__cuda_flush(cb);
-    if (st != DJ_OK) return st;
+    if (gemv) return dj__cuda_gemv(cb, c, 1); /* grouped with its neighbours by compute_plan */
     if (c->w_dtype == DJ_DTYPE_BF16) return gemm_cublas(cb, c);
     if (f32_out)
         launch_tiled<float>(cb, c);

@@ -1,0 +1,265 @@
+/* cuda_plan.cu: a planned step on the CUDA backend - which calls run as one
+ * kernel (decided once per plan by a scan of the calls, kept per plan key), then the launches. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend_impl.h"
+#include "backend/cuda/cuda_impl.h"
+
+/* One launch of a plan: a call alone, or calls fused. Indices into the calls. */
+typedef enum {
+    STEP_ONE,      /* calls[first] alone */
+    STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch, computing its x from the folded
+                    * calls fold_add/fold_norm/fold_silu (indices before first, or -1) */
+    STEP_ADD_NORM, /* ADD calls[first], RMSNORM calls[first+1] of its sum (dj__cuda_add_rmsnorm) */
+    STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
+} step_kind;
+
+typedef struct plan_step {
+    uint8_t kind;   /* step_kind */
+    uint8_t count;  /* STEP_GEMV: calls in the group */
+    int32_t first;
+    int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
+    int32_t fold_add, fold_norm, fold_silu; /* STEP_GEMV: see dj_gemv_fold; -1 = none */
+} plan_step;
+
+typedef struct dj_cuda_plan {
+    const void *key;  /* NULL: free slot */
+    uint64_t sig;     /* plan_sig of the calls it was decided for */
+    size_t n_calls;
+    bool fuse;        /* cb->fuse when decided */
+    plan_step *steps; /* [n_steps]; owned */
+    size_t n_steps;
+} dj_cuda_plan;
+
+static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+/* ---- what fuses (every call of the plan has passed dj__cuda_check_call) ---- */
+
+/* An ADD and the RMSNORM of its sum as one kernel: the sum and add's x have
+ * one type (the residual stream's), the norm reads the sum as such, and
+ * norm.out is one of add's bf16 buffers or clear of all of them. */
+static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
+    if (add->op != DJ_OP_ADD || c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d ||
+        c->d > DJ_FUSE_MAX_D || add->x_dtype != add->out_dtype || c->x_dtype != add->out_dtype)
+        return false;
+    const size_t row = (size_t)c->n * c->d;
+    const size_t out_bytes = row * sizeof(__nv_bfloat16), res_bytes = row * dj_dtype_size(add->out_dtype);
+    const void *bufs[3] = {add->x, add->x2, add->out};
+    const size_t sizes[3] = {res_bytes, out_bytes, res_bytes};
+    for (int i = 0; i < 3; i++) {
+        if (c->out == bufs[i] && sizes[i] == out_bytes) continue; /* in place over a bf16 buffer */
+        if (overlap(c->out, out_bytes, bufs[i], sizes[i])) return false;
+    }
+    return true;
+}
+
+/* A ROPE (of k) and this KV_WRITE of its output as one kernel: the same rows
+ * at the same positions, k's heads filling kv_dim, v clear of k. */
+static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
+    if (rope->op != DJ_OP_ROPE || c->op != DJ_OP_KV_WRITE || c->x != rope->out || c->n != rope->n ||
+        c->pos0 != rope->pos0 || c->row_pos != rope->row_pos ||
+        (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim)
+        return false;
+    const size_t bytes = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
+    return !overlap(c->x2, bytes, rope->out, bytes) && !overlap(c->x2, bytes, rope->x, bytes);
+}
+
+/* A ROPE of q that may join k's ROPE and KV_WRITE: the same rows, positions,
+ * frequencies and scale, no buffer of one touching a buffer of the other,
+ * and v clear of q's output. */
+static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *k, const dj_op_call *kvw) {
+    if (q->op != DJ_OP_ROPE || k->n != q->n || k->pos0 != q->pos0 || k->row_pos != q->row_pos ||
+        k->inv_freq != q->inv_freq || k->head_dim != q->head_dim || k->scale != q->scale)
+        return false;
+    const size_t qb = (size_t)q->n * q->n_heads * q->head_dim * sizeof(__nv_bfloat16);
+    const size_t kb = (size_t)k->n * k->n_heads * k->head_dim * sizeof(__nv_bfloat16);
+    const void *qs[2] = {q->x, q->out}, *ks[2] = {k->x, k->out};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (overlap(qs[i], qb, ks[j], kb)) return false;
+    const size_t vb = (size_t)kvw->n * kvw->kv->kv_dim * sizeof(__nv_bfloat16);
+    return !overlap(kvw->x2, vb, q->out, qb);
+}
+
+/* c may join the GEMV group g[0..count): same input, shapes and dtypes, its
+ * output clear of the group's outputs. */
+static bool joins_gemv(const dj_cuda_backend *cb, const dj_op_call *g, int count, const dj_op_call *c) {
+    if (count == DJ_GEMV_GROUP || !dj__cuda_gemv_takes(cb, c)) return false;
+    if (c->x != g->x || c->n != g->n || c->k != g->k || c->w_dtype != g->w_dtype || c->out_dtype != g->out_dtype)
+        return false;
+    const size_t es = dj_dtype_size(c->out_dtype);
+    for (int i = 0; i < count; i++)
+        if (overlap(c->out, (size_t)c->n * c->m * es, g[i].out, (size_t)g[i].n * g[i].m * es)) return false;
+    return true;
+}
+
+/* ---- deciding ---- */
+
+/* What the decisions depend on, hashed (FNV-1a): ops, shapes, dtypes,
+ * pointers, and positions relative to the first call's. */
+static uint64_t plan_sig(const dj_op_call *calls, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    const uint32_t pos0 = n ? calls[0].pos0 : 0;
+    for (size_t i = 0; i < n; i++) {
+        const dj_op_call *c = &calls[i];
+        uint32_t scale_bits = 0;
+        memcpy(&scale_bits, &c->scale, sizeof scale_bits);
+        const uint64_t v[] = {(uint64_t)c->op, c->n, (uintptr_t)c->out, (uintptr_t)c->x, (uintptr_t)c->x2,
+                              (uintptr_t)c->w, (uint64_t)c->w_dtype, (uint64_t)c->out_dtype, (uint64_t)c->x_dtype,
+                              c->k, c->m, c->d, (uint64_t)(c->pos0 - pos0), (uintptr_t)c->row_pos,
+                              (uintptr_t)c->inv_freq, c->n_heads, c->head_dim, scale_bits,
+                              c->kv ? c->kv->kv_dim : 0};
+        for (size_t j = 0; j < sizeof v / sizeof *v; j++) {
+            h ^= v[j];
+            h *= 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+/* The calls from calls[i] on that form one GEMV group (calls[i] takes the GEMV). */
+static int gemv_run(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i) {
+    int count = 1;
+    while (i + (size_t)count < n && joins_gemv(cb, &calls[i], count, &calls[i + (size_t)count])) count++;
+    return count;
+}
+
+/* calls[i] is a SILU_MUL whose output is the x of the GEMV group after it:
+ * the group computes it (*s set); the output is still written. */
+static bool fold_silu(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i, plan_step *s) {
+    if (calls[i].op != DJ_OP_SILU_MUL || i + 1 >= n || !dj__cuda_gemv_takes(cb, &calls[i + 1])) return false;
+    const int count = gemv_run(cb, calls, n, i + 1);
+    const dj_gemv_fold f = {NULL, NULL, &calls[i]};
+    if (!dj__cuda_gemv_fold_fits(cb, &calls[i + 1], count, &f)) return false;
+    *s = (plan_step){STEP_GEMV, (uint8_t)count, (int32_t)i + 1, -1, -1, -1, (int32_t)i};
+    return true;
+}
+
+/* calls[i] is an RMSNORM (or an ADD with the RMSNORM of its sum after it)
+ * whose output is the x of the GEMV group that follows: the group computes
+ * it (*s set); the outputs are still written. */
+static bool fold_norm(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i, plan_step *s) {
+    const bool add = calls[i].op == DJ_OP_ADD;
+    const size_t norm = add ? i + 1 : i, g = norm + 1;
+    if ((!add && calls[i].op != DJ_OP_RMSNORM) || g >= n || (add && !fuses_with_add(&calls[i], &calls[norm])) ||
+        !dj__cuda_gemv_takes(cb, &calls[g]))
+        return false;
+    const int count = gemv_run(cb, calls, n, g);
+    const dj_gemv_fold f = {add ? &calls[i] : NULL, &calls[norm], NULL};
+    if (!dj__cuda_gemv_fold_fits(cb, &calls[g], count, &f)) return false;
+    *s = (plan_step){STEP_GEMV, (uint8_t)count, (int32_t)g, -1, add ? (int32_t)i : -1, (int32_t)norm, -1};
+    return true;
+}
+
+/* The steps of calls[0..n) into steps (room for n). Returns how many. */
+static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, plan_step *steps) {
+    size_t ns = 0;
+    for (size_t i = 0; i < n;) {
+        const dj_op_call *c = &calls[i];
+        plan_step s = {STEP_ONE, 1, (int32_t)i, -1, -1, -1, -1};
+        if (cb->fuse) {
+            if (i + 2 < n && c->op == DJ_OP_ROPE && fuses_with_rope(&calls[i + 1], &calls[i + 2]) &&
+                pairs_with_rope(c, &calls[i + 1], &calls[i + 2])) {
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i, -1, -1, -1};
+            } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1, -1, -1, -1};
+            } else if (fold_silu(cb, calls, n, i, &s)) { /* s set: SILU_MUL into the down GEMV */
+            } else if (fold_norm(cb, calls, n, i, &s)) { /* s set: [ADD+]RMSNORM into q/k/v, gate/up */
+            } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
+                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, -1, -1, -1};
+            } else if (dj__cuda_gemv_takes(cb, c)) {
+                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1, -1, -1, -1};
+            }
+        }
+        steps[ns++] = s;
+        i = (size_t)s.first + (s.kind == STEP_ONE ? 1 : s.kind == STEP_GEMV ? s.count : 2);
+    }
+    return ns;
+}
+
+/* The kept decisions for this plan, made now where none fit. */
+static dj_status plan_for(dj_cuda_backend *cb, const dj_op_call *calls, size_t n, const void *key,
+                          const plan_step **steps, size_t *n_steps) {
+    if (!cb->plans) {
+        cb->plans = (dj_cuda_plan *)calloc(DJ_CUDA_PLANS, sizeof *cb->plans);
+        if (!cb->plans) return dj_fail(DJ_ENOMEM, "cuda plan cache: out of host memory");
+    }
+    const uint64_t sig = plan_sig(calls, n);
+    dj_cuda_plan *p = NULL;
+    for (unsigned i = 0; key && i < DJ_CUDA_PLANS; i++)
+        if (cb->plans[i].key == key) p = &cb->plans[i];
+    if (p && p->sig == sig && p->n_calls == n && p->fuse == cb->fuse) {
+        *steps = p->steps;
+        *n_steps = p->n_steps;
+        return DJ_OK;
+    }
+    if (!p) { /* a key not kept, or none: the next slot */
+        p = &cb->plans[cb->plan_next];
+        cb->plan_next = (cb->plan_next + 1) % DJ_CUDA_PLANS;
+    }
+    plan_step *s = (plan_step *)realloc(p->steps, (n ? n : 1) * sizeof *s);
+    if (!s) return dj_fail(DJ_ENOMEM, "cuda plan of %zu calls: out of host memory", n);
+    p->steps = s;
+    p->n_steps = decide(cb, calls, n, s);
+    p->key = key;
+    p->sig = sig;
+    p->n_calls = n;
+    p->fuse = cb->fuse;
+    *steps = p->steps;
+    *n_steps = p->n_steps;
+    if (!key) p->key = NULL; /* kept for this call only */
+    return DJ_OK;
+}
+
+void dj__cuda_plans_free(dj_cuda_backend *cb) {
+    for (unsigned i = 0; cb->plans && i < DJ_CUDA_PLANS; i++) free(cb->plans[i].steps);
+    free(cb->plans);
+    cb->plans = NULL;
+}
+
+/* ---- running ---- */
+
+static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const plan_step *s) {
+    const dj_op_call *c = &calls[s->first];
+    if (s->kind == STEP_ONE) return dj__cuda_compute_one(cb, c);
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    switch (s->kind) {
+    case STEP_GEMV: {
+        if (s->fold_norm < 0 && s->fold_silu < 0) return dj__cuda_gemv(cb, c, s->count);
+        const dj_gemv_fold f = {s->fold_add >= 0 ? &calls[s->fold_add] : NULL,
+                                s->fold_norm >= 0 ? &calls[s->fold_norm] : NULL,
+                                s->fold_silu >= 0 ? &calls[s->fold_silu] : NULL};
+        cb->fusions += (f.add != NULL) + (f.norm != NULL) + (f.silu != NULL);
+        return dj__cuda_gemv_fold(cb, c, s->count, &f);
+    }
+    case STEP_ADD_NORM:
+        cb->fusions++;
+        return dj__cuda_add_rmsnorm(cb, &c[0], &c[1]);
+    case STEP_ROPE_KV: {
+        const uint32_t *table = NULL;
+        const dj_status st = dj__cuda_device_table(cb, &c[1], &table);
+        if (st != DJ_OK) return st;
+        cb->fusions += s->rope_q >= 0 ? 2 : 1;
+        return dj__cuda_rope_kv_write(cb, s->rope_q >= 0 ? &calls[s->rope_q] : NULL, &c[0], &c[1], table);
+    }
+    default: break;
+    }
+    return dj_fail(DJ_EINTERNAL, "cuda plan: step kind %d", (int)s->kind);
+}
+
+dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (n && !calls) return dj_fail(DJ_EINVAL, "cuda compute_plan: NULL calls");
+    const plan_step *steps = NULL;
+    size_t n_steps = 0;
+    dj_status st = DJ_OK;
+    for (size_t i = 0; st == DJ_OK && i < n; i++) st = dj__cuda_check_call(&calls[i]); /* before any launch */
+    if (st == DJ_OK) st = plan_for(cb, calls, n, plan_key, &steps, &n_steps);
+    for (size_t i = 0; st == DJ_OK && i < n_steps; i++) st = run_step(cb, calls, &steps[i]);
+    if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
+    return st;
+}
