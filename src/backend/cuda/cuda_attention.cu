@@ -406,7 +406,10 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
      * surplus empty: the count must not depend on positions). */
     const uint64_t rows_heads = (uint64_t)c->n * (c->n_heads / hpb);
     uint64_t splits = ((uint64_t)cb->n_sm * DEC_BLOCKS_PER_SM + rows_heads - 1) / rows_heads;
-    if (!c->row_pos) {
+    /* deterministic: the split count - and so each row's summation order -
+     * must not depend on how many rows share the launch */
+    if (cb->base.deterministic) splits = DEC_MAX_SPLITS;
+    else if (!c->row_pos) {
         const uint64_t end = (uint64_t)c->pos0 + c->n;
         const uint64_t longest = c->window && c->window < end ? c->window : end;
         const uint64_t by_len = (longest + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
