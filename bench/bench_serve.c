@@ -1,10 +1,10 @@
 /* bench_serve.c: continuous batching through djinnd against the engine's own
  * batched step - N concurrent greedy generations over loopback, per N.
- * usage: bench_serve STORE MODEL [DEVICE] [VMU_GB] [TOKENS] [N,N,...]
+ * usage: bench_serve STORE MODEL [DEVICE] [VMU_GB] [TOKENS] [N,N,...] [MIXED]
  * For each N: the engine's decode step of N sessions (embedded, in a child
  * process, through dj_engine_step_batch_samplers with greedy samplers), then
  * a daemon in this process serving N clients that each GENERATE TOKENS
- * tokens at once. Prints, per N: the engine's step, the daemon's step
+ * tokens at once (MIXED: the daemon's --mixed-steps, default auto). Prints, per N: the engine's step, the daemon's step
  * (server-side decode time per token, median over the clients), the
  * clients' aggregate tok/s and the ratios the issue's bars are stated in. */
 #define _GNU_SOURCE
@@ -175,7 +175,7 @@ static int serve_round(const char *addr, const char *model, uint32_t n, uint32_t
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_serve STORE MODEL [DEVICE] [VMU_GB] [TOKENS] [N,N,...]\n");
+        fprintf(stderr, "usage: bench_serve STORE MODEL [DEVICE] [VMU_GB] [TOKENS] [N,N,...] [MIXED]\n");
         return 2;
     }
     const char *store = argv[1], *model = argv[2];
@@ -183,6 +183,7 @@ int main(int argc, char **argv) {
     char *vmu_gb = argc > 4 ? argv[4] : "1";
     const long tokens = argc > 5 ? strtol(argv[5], NULL, 10) : 64;
     const char *list = argc > 6 ? argv[6] : "1,8,32";
+    char *mixed = argc > 7 ? argv[7] : "auto";
     uint32_t ns[16];
     size_t n_ns = 0;
     for (const char *p = list; *p && n_ns < 16;) {
@@ -218,8 +219,9 @@ int main(int argc, char **argv) {
     char threads_s[16];
     snprintf(threads_s, sizeof threads_s, "%d", threads);
     serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
-                      "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s, "--max-running", "64"},
-                     15};
+                      "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s, "--max-running", "64",
+                      "--mixed-steps", mixed},
+                     17};
     pthread_t th;
     pthread_create(&th, NULL, serve_thread, &sa);
     unsigned port = 0;
@@ -241,7 +243,8 @@ int main(int argc, char **argv) {
     int rc = 0;
     double warm_step, warm_tok;
     rc |= serve_round(addr, model, 1, 16, &warm_step, &warm_tok); /* the model into the text segment */
-    printf("model %s on %s, %ld tokens per generation, greedy, loopback TCP\n", model, device, tokens);
+    printf("model %s on %s, %ld tokens per generation, greedy, loopback TCP, --mixed-steps %s\n", model, device,
+           tokens, mixed);
     printf("| clients | engine step | djinnd step (median) | ratio | engine tok/s | djinnd tok/s | share |\n");
     printf("| --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t k = 0; k < n_ns && !rc; k++) {

@@ -374,16 +374,19 @@ static void *long_gen_thread(void *p) {
  * step with A's decode row - the daemon's mixed_steps count rises by one per
  * chunk. The client-side count of A's tokens that arrived while B's prompt
  * went in is printed (client threads can be late to see them when the
- * machine is busy, so it is not the check). */
-static void test_prefill_interleave(void) {
+ * machine is busy, so it is not the check).
+ * mode is --mixed-steps; with "short" (a GPU's auto) only a prompt's chunks
+ * after which at most 64 tokens are left ride: of a 200-token prompt's 50
+ * chunks, the last 16 (want_min..want_max bound the count). */
+static void test_prefill_interleave(const char *mode, int n_prompt, long want_min, long want_max) {
     char store[400], link_path[450], addr[128];
-    snprintf(store, sizeof store, "%s/demo_store", tmpdir);
+    snprintf(store, sizeof store, "%s/demo_store_%s_%d", tmpdir, mode, n_prompt);
     snprintf(link_path, sizeof link_path, "%s/demo", store);
     if (mkdir(store, 0700) != 0 || symlink(DJ_SOURCE_DIR "/models/demo", link_path) != 0) {
         CHECK_MSG(0, "cannot make %s: %s", store, strerror(errno));
         return;
     }
-    const char *extra[] = {"--models", store, "--prefill-chunk", "4", NULL};
+    const char *extra[] = {"--models", store, "--prefill-chunk", "4", "--mixed-steps", mode, NULL};
     const pid_t pid = start_daemon(2, "127.0.0.1:0", extra, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd (demo store) did not start");
     if (pid <= 0)
@@ -414,13 +417,14 @@ static void test_prefill_interleave(void) {
     }
     dj_client_stats st0, st1;
     const bool have0 = stats(c, &st0);
-    int32_t prompt[60];
-    for (int i = 0; i < 60; i++)
+    int32_t prompt[256];
+    if (n_prompt > 256) n_prompt = 256;
+    for (int i = 0; i < n_prompt; i++)
         prompt[i] = 1 + (i * 37) % 300;
     dj_generate_params gp;
     memset(&gp, 0, sizeof gp);
     gp.ids = prompt;
-    gp.n_ids = 60;
+    gp.n_ids = (size_t)n_prompt;
     gp.max_tokens = 2;
     gp.sampling.top_p = 1;
     stamped b;
@@ -434,11 +438,12 @@ static void test_prefill_interleave(void) {
     int during = 0;
     for (int i = 0; i < a.st.n && b.n > 0; i++) during += a.st.t[i] > t_send && a.st.t[i] < b.t[0];
     const long shared = have0 && have1 ? (long)(st1.mixed_steps - st0.mixed_steps) : -1;
-    CHECK_MSG(b.n == 2 && a.st.n == 400 && shared >= 12,
-              "B's 60-token prompt (15 chunks) shared %ld steps with A's decode (want >= 12)", shared);
-    printf("chunked prefill: a 60-token prompt went in over %ld steps shared with a running generation "
-           "(%d of its tokens seen meanwhile)\n",
-           shared, during);
+    CHECK_MSG(b.n == 2 && a.st.n == 400 && shared >= want_min && shared <= want_max,
+              "--mixed-steps %s: B's %d-token prompt (%d chunks) shared %ld steps with A's decode (want %ld..%ld)",
+              mode, n_prompt, (n_prompt + 3) / 4, shared, want_min, want_max);
+    printf("chunked prefill, --mixed-steps %s: a %d-token prompt went in over %ld steps shared with a running "
+           "generation (%d of its tokens seen meanwhile)\n",
+           mode, n_prompt, shared, during);
     if (have0)
         dj_client_stats_free(&st0);
     if (have1)
@@ -1035,7 +1040,9 @@ int main(void) {
         daemons[0] = 0;
     }
     test_unix_token();
-    test_prefill_interleave();
+    test_prefill_interleave("on", 60, 12, 15);
+    test_prefill_interleave("short", 60, 12, 15);
+    test_prefill_interleave("short", 200, 12, 17);
     test_eos();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

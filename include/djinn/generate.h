@@ -59,6 +59,7 @@ typedef struct dj_gen_event {
 /* Token rows g adds to its next step: its next prompt chunk, or 1 (0 once ended). */
 uint32_t dj_gen_rows(const dj_gen_t *g);
 bool dj_gen_feeding(const dj_gen_t *g); /* prompt tokens still to go in */
+size_t dj_gen_prompt_left(const dj_gen_t *g); /* how many */
 
 /* One engine step for n unfinished generations of one model on distinct
  * sessions: each feeds its dj_gen_rows tokens (a prompt chunk, or its last

@@ -88,6 +88,8 @@ void dj_gen_free(dj_gen_t *g) {
 
 bool dj_gen_feeding(const dj_gen_t *g) { return g->fed < g->n_feed; }
 
+size_t dj_gen_prompt_left(const dj_gen_t *g) { return g->n_feed - g->fed; }
+
 uint32_t dj_gen_rows(const dj_gen_t *g) {
     if (g->finish != DJ_GEN_RUNNING) return 0;
     if (!dj_gen_feeding(g)) return 1;

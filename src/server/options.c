@@ -12,13 +12,14 @@
 static int usage(FILE *f) {
     fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
-          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|auto] [--port-file FILE]\n"
+          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto] [--port-file FILE]\n"
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
-          "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine, off on a GPU).\n"
+          "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine; on a GPU\n"
+          "'short': only prompts with at most 64 tokens left).\n"
           "Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
           "  --hello-timeout-ms 10000   a connection that has not completed HELLO by then is closed\n"
@@ -151,8 +152,10 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
                 cfg->mixed_steps = 0;
             else if (!strcmp(v, "auto"))
                 cfg->mixed_steps = -1;
+            else if (!strcmp(v, "short"))
+                cfg->mixed_steps = 2;
             else {
-                fprintf(stderr, "djinnd: --mixed-steps '%s': want on, off or auto\n", v);
+                fprintf(stderr, "djinnd: --mixed-steps '%s': want on, off, short or auto\n", v);
                 return 2;
             }
         } else if (!strcmp(a, "--vmu-gb")) {

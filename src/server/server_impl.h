@@ -183,7 +183,7 @@ typedef struct dj__config {
     uint32_t lease_ms;
     uint32_t max_running; /* concurrency of the scheduler */
     uint32_t prefill_chunk; /* prompt tokens a GENERATE feeds per scheduler turn (0: the whole prompt) */
-    int mixed_steps;        /* prompt chunks share decode steps: 1 on, 0 off, -1 auto (on for the CPU engine) */
+    int mixed_steps;        /* prompt chunks share decode steps: 1 on, 0 off, 2 short prompts only, -1 auto (on for the CPU engine, short on a GPU) */
     const char *port_file; /* write the bound TCP port here (tests) */
     /* limits against hostile clients (docs/protocol.md, "Limits") */
     uint32_t max_conns;        /* connections at once; clamped to the fd limit less DJ__FD_RESERVE */
@@ -207,6 +207,9 @@ typedef struct dj__config {
 typedef struct dj__server {
     dj__config cfg;
     bool mixed; /* worker: prompt chunks join decode steps (cfg.mixed_steps resolved) */
+    uint32_t ride_rows; /* worker, without mixed: a prompt with at most this many tokens
+                         * left still rides in the decode steps (auto on a GPU: short
+                         * prompts do not cost the running generations a step each) */
     dj__token *tokens; /* [n_tokens] from --token-file */
     size_t n_tokens;
     bool have_token;

@@ -22,6 +22,13 @@
  * by dj__worker_start). */
 #define MIXED_ROWS 512
 
+/* --mixed-steps short (auto on a GPU): prompts with at most this many tokens left
+ * ride in the decode steps (32 clients' 4-token prompts, each a step of its
+ * own, cost the running generations a quarter of their tok/s on the H100:
+ * bench/RESULTS.md); longer ones keep steps of their own, where the prefill
+ * kernels run. */
+#define RIDE_ROWS 64
+
 static void q_push(dj__jobq *q, dj__job *j) {
     j->next = NULL;
     if (q->tail) q->tail->next = j;
@@ -652,6 +659,14 @@ static size_t job_rows(const dj__server *s, const dj__job *j) {
     return dj_gen_rows(j->gen->g);
 }
 
+/* Whether a running generation's next rows may share a step with others:
+ * a decode row always; a prompt chunk with mixed steps, or when what is left
+ * of its prompt is short (s->ride_rows). */
+static bool job_rides(const dj__server *s, const dj__job *j) {
+    const dj_gen_t *g = j->gen->g;
+    return !dj_gen_feeding(g) || s->mixed || dj_gen_prompt_left(g) <= s->ride_rows;
+}
+
 /* Continuous batching: one step of the generation loop (dj_gen_step) for
  * one or several running generations of one model (jobs[0..n), taken from
  * one QoS class's run queue) - a decode row each, or the next chunk of a
@@ -708,7 +723,7 @@ static void run_generate(dj__server *s, dj__job *j) {
     if (st == DJ_OK && ss->busy)
         st = dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (st == DJ_OK) st = gen_start(s, j, ss);
-    if (st != DJ_OK || s->mixed) {
+    if (st != DJ_OK || job_rides(s, j)) {
         gen_after(s, j, ss, st, foreign, false);
         return;
     }
@@ -985,7 +1000,7 @@ static void *worker_main(void *arg) {
         dj__job *j = pick(s);
         dj__job *batch[DJ__MAX_BATCH];
         size_t n_batch = 0;
-        if (j && j->type == DJ_MSG_GENERATE && j->gen && (!dj_gen_feeding(j->gen->g) || s->mixed)) {
+        if (j && j->type == DJ_MSG_GENERATE && j->gen && job_rides(s, j)) {
             /* a decode step: take the other running generations of the same
              * class and model along (they are next in line anyway) - and,
              * with mixed steps, the next prompt chunk of those still feeding
@@ -996,7 +1011,7 @@ static void *worker_main(void *arg) {
             size_t rows = job_rows(s, j);
             for (dj__job *x = rq->head, *nx; x && n_batch < DJ__MAX_BATCH; x = nx) {
                 nx = x->next;
-                const bool joins = x->gen && (!dj_gen_feeding(x->gen->g) || s->mixed) && rows + job_rows(s, x) <= MIXED_ROWS;
+                const bool joins = x->gen && job_rides(s, x) && rows + job_rows(s, x) <= MIXED_ROWS;
                 dj__sess *xs = joins ? dj__map_get(&s->sessions, x->sess) : NULL;
                 if (!xs || !first || xs->ment != first->ment) continue;
                 q_remove(rq, x);
@@ -1067,7 +1082,8 @@ dj_status dj__worker_start(dj__server *s) {
      * mixed rows take the per-row attention kernel instead of the prefill one,
      * not measured yet */
     const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
-    s->mixed = s->cfg.mixed_steps > 0 || (s->cfg.mixed_steps < 0 && cpu);
+    s->mixed = s->cfg.mixed_steps == 1 || (s->cfg.mixed_steps < 0 && cpu);
+    s->ride_rows = s->cfg.mixed_steps == 2 || (s->cfg.mixed_steps < 0 && !cpu) ? RIDE_ROWS : 0;
     dj_vmu_config_default(&ec.vmu, s->cfg.vmu_bytes);
     dj_status st = dj_engine_new(&ec, &s->engine);
     if (st != DJ_OK) return st;
