@@ -1257,6 +1257,76 @@ static void check_sample_cases(void) {
     dfree(dout);
 }
 
+/* The sample kernels split each row over blocks (DJINN_SAMPLE_SPLIT forces
+ * the split): V = 64 over 4 blocks of 16 ids, all logits equal, so top-k 16
+ * or top-p 0.25 cut exactly at the first block's end and top-k 17 one past
+ * it; a greedy row whose max is tied at ids 16 and 48 (block starts); an
+ * all -inf row. Each against dj_sampler_pick_with with the same u. */
+static void check_sample_boundaries(void) {
+    enum { V = 64, N = 9 };
+    static const struct {
+        float temperature;
+        uint32_t top_k;
+        float top_p;
+        float min_p;
+        double u;
+        int lg; /* 0: all 0, 1: -1 but 2 at ids 16 and 48, 2: all -inf */
+    } cases[N] = {{1.f, 0, 0.25f, 0.f, 0.999, 0}, {1.f, 16, 1.f, 0.f, 0.999, 0}, {1.f, 17, 1.f, 0.f, 0.999, 0},
+                  {1.f, 0, 0.25f, 0.f, 0.0, 0},   {1.f, 40, 0.4f, 0.f, 0.999, 0}, {0.f, 0, 1.f, 0.f, 0.5, 1},
+                  {1.f, 0, 0.5f, 0.f, 0.999, 1},   {1.f, 0, 1.f, 0.f, 0.5, 2},     {1.f, 0, 1.f, 0.5f, 0.999, 1}};
+    float lg[N][V];
+    dj_sample_row rows[N];
+    for (uint32_t c = 0; c < N; c++) {
+        for (uint32_t i = 0; i < V; i++)
+            lg[c][i] = cases[c].lg == 0 ? 0.f : cases[c].lg == 2 ? -INFINITY : (i == 16 || i == 48) ? 2.f : -1.f;
+        rows[c] = (dj_sample_row){.temperature = cases[c].temperature, .top_k = cases[c].top_k,
+                                  .top_p = cases[c].top_p, .min_p = cases[c].min_p, .u = cases[c].u};
+    }
+    void *dlg = dcopy(lg, sizeof lg), *dout = dalloc(sizeof(int32_t) * N);
+    int32_t got[N];
+    if (gpu->vt->sample(gpu, dlg, N, V, rows, dout) != DJ_OK)
+        die("sample");
+    down(got, dout, sizeof got);
+    int wrong = 0;
+    for (uint32_t c = 0; c < N; c++) {
+        const dj_sampler_params p = {.temperature = rows[c].temperature, .top_k = rows[c].top_k,
+                                     .top_p = rows[c].top_p, .min_p = rows[c].min_p};
+        dj_sampler_t *hs = NULL;
+        if (dj_sampler_new(&p, V, &hs) != DJ_OK)
+            die("host sampler");
+        const int32_t want = dj_sampler_pick_with(hs, lg[c], rows[c].u, NULL, 0);
+        dj_sampler_free(hs);
+        if (got[c] == want)
+            continue;
+        wrong++;
+        printf("           case %u: device %d, host %d\n", c, got[c], want);
+    }
+    n_rows++;
+    n_fail += wrong != 0;
+    printf("%-10s %-52s %10d  %s\n", "SAMPLE", "split 4x16: cuts and ties at block edges, -inf row", wrong,
+           wrong ? "FAIL" : "pass");
+    dfree(dlg);
+    dfree(dout);
+}
+
+/* The random SAMPLE checks again under forced splits: vocab not a multiple
+ * of the split (1000 over 7), smaller than it (7 over 16: empty blocks),
+ * 128K over 64 (the most the kernels take). */
+static void check_sample_splits(void) {
+    setenv("DJINN_SAMPLE_SPLIT", "4", 1);
+    check_sample_boundaries();
+    setenv("DJINN_SAMPLE_SPLIT", "7", 1);
+    check_sample(40, 1000, 0);
+    check_sample(40, 1000, 1);
+    setenv("DJINN_SAMPLE_SPLIT", "16", 1);
+    check_sample(40, 7, 0);
+    check_sample_cases();
+    setenv("DJINN_SAMPLE_SPLIT", "64", 1);
+    check_sample(8, 128256, 0);
+    check_sample(3, 128256, 1);
+    unsetenv("DJINN_SAMPLE_SPLIT");
+}
+
 /* What capture refuses: host inputs (staged copies) and synchronous copies. */
 static void check_capture_errors(void) {
     uint16_t h[64] = {0};
@@ -1841,6 +1911,7 @@ int main(int argc, char **argv) {
     check_sample(40, 1000, 1);
     check_sample(8, 128256, 1);
     check_sample(33, 128256, 1);
+    check_sample_splits();
     check_capture_errors();
 
     printf("%d checks, %d failed\n", n_rows, n_fail);

@@ -1,19 +1,26 @@
 /* cuda_sample.cu: the sample hook on the device - penalties, temperature,
  * top-k, top-p, min-p and the draw of dj_sampler_pick's rule (sampler.h), so
  * that only the picked ids cross PCIe. The caller's seeded host generator
- * supplies one uniform u in [0, 1) per row, and the kernel picks the same id
+ * supplies one uniform u in [0, 1) per row, and the kernels pick the same id
  * as the host: the weight and mass arithmetic is shared (model/sample_rule.h)
  * and every mass is an exact 64-bit integer, so no sum depends on its order.
  *
- * One block of 1024 threads per row, no sort: the weights' bits (which order
- * as the weights do) are written to scratch; each cut (the k-th weight for
- * top-k, the weight where the mass reaches top-p) is a radix select over
- * those bits in three 10-bit levels, each a shared-memory histogram of count
- * and mass; min-p is a threshold on the bits. The kept set is then {bits >
- * bc} plus the first tc ids (in id order) whose bits equal bc, and the draw
- * walks it in id order: 1024 segment sums, a block scan, then one warp walks
- * the segment where the cumulative mass crosses the target. */
+ * Each row is split over B blocks of 1024 threads (B ~ 264 / rows, at most
+ * 32, so one row and 32 rows both fill the SMs), one launch per stage, no
+ * sort and no host sync: (1) penalties and per-block maxima; (2) the weights'
+ * bits (which order as the weights do) into scratch, and the level-1 radix
+ * histogram (bits >> 20) of count and mass, per block in shared memory, then
+ * added into the row's global histogram; (3-6) each cut (the k-th weight for
+ * top-k, then the weight where the mass reaches top-p) is a radix select in
+ * 10-bit levels: every block redoes the select on the last merged histogram
+ * (identical in every block) and adds its chunk to the next level's; min-p is
+ * a threshold on the bits. The kept set is {bits > bc} plus the first tp ids
+ * (in id order) whose bits equal bc, all of the same mass. (7) per block, the
+ * mass of {bits > bc} and the count at bc; (8) a scan over those block sums
+ * finds the block where the cumulative kept mass crosses the target, and
+ * that block walks its chunk in id order. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_impl.h"
 #include "model/sample_rule.h"
@@ -25,9 +32,7 @@
 typedef unsigned long long u64;
 
 struct sample_smem {
-    uint32_t h1cnt[BINS]; /* level 1 (bits >> 20), kept for both cuts */
-    u64 h1mass[BINS];
-    uint32_t hcnt[BINS];  /* levels 2 and 3; hmass also holds the segment sums of the draw */
+    uint32_t hcnt[BINS]; /* a block's histogram, or a merged one loaded to select on */
     u64 hmass[BINS];
     uint32_t wcnt[SAMPLE_WARPS];
     u64 wsum[SAMPLE_WARPS];
@@ -35,7 +40,6 @@ struct sample_smem {
     uint32_t wmin[SAMPLE_WARPS];
     float b_max;
     uint32_t b_min;
-    u64 b_sum;
     uint32_t b_sel[3];
     u64 b_mass;
     u64 stage[SAMPLE_WARPS][32]; /* hist_add: each warp's masses */
@@ -70,11 +74,6 @@ static __device__ uint32_t block_min(uint32_t v, sample_smem *sm) {
     }
     __syncthreads();
     return sm->b_min;
-}
-
-static __device__ u64 warp_sum(u64 v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 /* Inclusive scan of (c, m) over thread index; *tc, *tm get the block's totals. */
@@ -124,23 +123,6 @@ static __device__ void hist_add(uint32_t *cnt, u64 *mass, bool valid, uint32_t k
     __syncwarp(); /* stage is free for the next step */
 }
 
-/* Histogram of the bits b with (b >> (shift + 10)) == prefix, keyed by
- * (b >> shift) & 1023, into cnt/mass (shift 10 or 0). */
-static __device__ void histogram(const uint32_t *wb, uint32_t V, int shift, uint32_t prefix, uint32_t *cnt, u64 *mass,
-                                 sample_smem *sm) {
-    __syncthreads(); /* earlier readers of cnt/mass are done */
-    for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS) cnt[i] = 0, mass[i] = 0;
-    __syncthreads();
-    u64 *stage = sm->stage[threadIdx.x >> 5];
-    for (uint32_t i0 = 0; i0 < V; i0 += SAMPLE_THREADS) { /* uniform trip count: hist_add wants whole warps */
-        const uint32_t i = i0 + threadIdx.x;
-        const uint32_t b = i < V ? wb[i] : 0u;
-        const bool in = i < V && (b >> (shift + 10)) == prefix;
-        hist_add(cnt, mass, in, (b >> shift) & (BINS - 1), in ? q_of(b) : 0u, stage);
-    }
-    __syncthreads();
-}
-
 /* On a histogram below base (the count and mass of everything above its
  * range): the largest bin h with base + (count or mass of bins >= h) reaching
  * k (by_count) or goal (a double, by mass). sel: h, and the count and mass
@@ -169,87 +151,6 @@ static __device__ uint32_t select_bin(const uint32_t *cnt, const u64 *mass, bool
     return h;
 }
 
-/* The weight bits b where the k-th weight (by_count) or the mass goal falls,
- * in descending order: *above_c, *above_m = the count and mass of bits > b,
- * *eq = how many weights have bits b. Level 1 comes from the kept histogram. */
-static __device__ uint32_t radix_select(const uint32_t *wb, uint32_t V, bool by_count, uint32_t k, double goal,
-                                        uint32_t *above_c, u64 *above_m, uint32_t *eq, sample_smem *sm) {
-    uint32_t ac;
-    u64 am;
-    const uint32_t h1 = select_bin(sm->h1cnt, sm->h1mass, by_count, k, goal, 0, 0, &ac, &am, sm);
-    histogram(wb, V, 10, h1, sm->hcnt, sm->hmass, sm);
-    const uint32_t h2 = select_bin(sm->hcnt, sm->hmass, by_count, k, goal, ac, am, &ac, &am, sm);
-    histogram(wb, V, 0, (h1 << 10) | h2, sm->hcnt, sm->hmass, sm);
-    const uint32_t h3 = select_bin(sm->hcnt, sm->hmass, by_count, k, goal, ac, am, &ac, &am, sm);
-    *eq = sm->hcnt[h3];
-    *above_c = ac;
-    *above_m = am;
-    __syncthreads(); /* hcnt is read */
-    return (h1 << 20) | (h2 << 10) | h3;
-}
-
-/* The kept set: every id (all), or {bits > bc} plus, of the ids with bits
- * bc, none (tie 0), all (tie 1) or those up to id last (tie 2). */
-struct kept_set {
-    bool all;
-    int tie;
-    uint32_t bc, last;
-    __device__ bool has(uint32_t b, uint32_t i) const {
-        return all || b > bc || (b == bc && (tie == 1 || (tie == 2 && i <= last)));
-    }
-};
-
-/* The first id whose cumulative val exceeds the target (in id order), where
- * the target is target_of(total of val): segment sums, a block scan, then
- * warp 0 walks the crossing segment. V if the total is 0. */
-template <typename Val, typename Target>
-static __device__ uint32_t first_over(const uint32_t *wb, uint32_t V, Val val, Target target_of, sample_smem *sm) {
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t seg = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    __syncthreads(); /* hmass's last readers are done */
-    for (uint32_t s = warp; s < SAMPLE_THREADS; s += SAMPLE_WARPS) {
-        const uint32_t lo = s * seg, hi = lo + seg < V ? lo + seg : V;
-        u64 acc = 0;
-        for (uint32_t i = lo + lane; i < hi; i += 32) acc += val(wb[i], i);
-        acc = warp_sum(acc);
-        if (lane == 0) sm->hmass[s] = acc;
-    }
-    __syncthreads();
-    const u64 x = sm->hmass[threadIdx.x];
-    u64 m = x, total;
-    uint32_t c = 0, tc;
-    block_scan(&c, &m, &tc, &total, sm);
-    if (total == 0) return V;
-    const u64 target = target_of(total);
-    const uint32_t s = block_min(m - x <= target && target < m ? threadIdx.x : SAMPLE_THREADS, sm);
-    if (s == SAMPLE_THREADS) return V; /* unreachable: target < total */
-    if (threadIdx.x == s) sm->b_mass = m - x;
-    __syncthreads();
-    if (warp == 0) {
-        u64 base = sm->b_mass;
-        const uint32_t lo = s * seg, hi = lo + seg < V ? lo + seg : V;
-        for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
-            const uint32_t i = i0 + lane;
-            const u64 v = i < hi ? val(wb[i], i) : 0;
-            u64 incl = v;
-            for (int o = 1; o < 32; o <<= 1) {
-                const u64 n = __shfl_up_sync(0xffffffffu, incl, o);
-                if ((int)lane >= o) incl += n;
-            }
-            const uint32_t over = __ballot_sync(0xffffffffu, v > 0 && base + incl > target);
-            if (over) {
-                if (lane == 0) sm->b_sel[2] = i0 + (uint32_t)(__ffs(over) - 1);
-                break;
-            }
-            base += __shfl_sync(0xffffffffu, incl, 31);
-        }
-    }
-    __syncthreads();
-    const uint32_t id = sm->b_sel[2];
-    __syncthreads();
-    return id;
-}
-
 /* The device copy of a dj_sample_row: penalties as an offset into one array. */
 struct sample_row_dev {
     float temperature;
@@ -261,110 +162,408 @@ struct sample_row_dev {
     double u;
 };
 
-static __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(const float *logits, uint32_t V, const sample_row_dev *rows, const dj_sampler_penalty *pens,
-                  uint32_t *wbits, int32_t *out) {
+/* A radix select after one or two levels: the prefix of the selected bits
+ * so far, and the count and mass of everything above it. */
+struct sel_state {
+    uint32_t h, above_c;
+    u64 above_m;
+};
+
+enum { ROW_SAMPLE = 0, ROW_EMPTY = 1, ROW_GREEDY = 2 };
+
+/* One row's control block in scratch, zeroed by the first stage. Select a is
+ * top-k (or top-p without top-k), select b is top-p after top-k. */
+struct row_ctl {
+    sel_state a[2], b[2]; /* after level 1, after level 2 */
+    double goal_a, goal_b;
+    uint32_t kind;  /* ROW_*, set by the weights stage */
+    uint32_t nbest; /* greedy: ~(lowest id holding the max); 0 = none */
+    uint32_t need_b, bc, tp, pad;
+};
+
+/* One block's partial results: its maximum (stage 1), the mass of its ids
+ * with bits > bc and how many have bits == bc (stage 7). Not zeroed. */
+struct block_part {
+    u64 m;
+    uint32_t ties;
+    float mx;
+};
+
+#define CTL_WORDS 16   /* u64 words of a row_ctl */
+#define HIST_WORDS 1536 /* u64 words of a global histogram: 1024 masses, 1024 u32 counts */
+#define N_HIST 5        /* level 1; levels 2, 3 of select a; levels 2, 3 of select b */
+#define MAX_SPLIT 64    /* blocks per row, at most */
+static_assert(sizeof(row_ctl) <= CTL_WORDS * 8, "row_ctl outgrew its slot");
+static_assert(sizeof(block_part) == 16, "block_part is two words");
+
+/* Scratch, per row: [ctl | 5 histograms | B parts] in u64 words (hdr of
+ * them), all rows' headers first, then the rows' weight bits (V u32 each). */
+struct sample_args {
+    const float *logits; /* (n, V) */
+    uint32_t V, B, chunk, hdr;
+    const sample_row_dev *rows;     /* [n] */
+    const dj_sampler_penalty *pens; /* the rows' penalty lists, end to end */
+    u64 *head;                      /* [n * hdr] */
+    uint32_t *wbits;                /* (n, V) */
+    int32_t *out;                   /* [n] */
+};
+
+static __device__ row_ctl *ctl_of(const sample_args &a, uint32_t r) { return (row_ctl *)(a.head + (size_t)r * a.hdr); }
+static __device__ u64 *hmass_of(const sample_args &a, uint32_t r, int h) {
+    return a.head + (size_t)r * a.hdr + CTL_WORDS + (size_t)h * HIST_WORDS;
+}
+static __device__ uint32_t *hcnt_of(const sample_args &a, uint32_t r, int h) {
+    return (uint32_t *)(hmass_of(a, r, h) + BINS);
+}
+static __device__ block_part *parts_of(const sample_args &a, uint32_t r) {
+    return (block_part *)(a.head + (size_t)r * a.hdr + CTL_WORDS + N_HIST * HIST_WORDS);
+}
+
+/* This block's ids [lo, hi) of its row (empty when the split exceeds V). */
+static __device__ void chunk_of(const sample_args &a, uint32_t *lo, uint32_t *hi) {
+    const size_t l = (size_t)blockIdx.x * a.chunk, h = l + a.chunk;
+    *lo = l < a.V ? (uint32_t)l : a.V;
+    *hi = h < a.V ? (uint32_t)h : a.V;
+}
+
+static __device__ bool row_cuts(const sample_row_dev &p, uint32_t V, bool *topk, bool *topp) {
+    *topk = p.top_k > 0 && p.top_k < V;
+    *topp = p.top_p < 1.0f;
+    return *topk || *topp || p.min_p > 0.0f;
+}
+
+static __device__ void hist_zero(sample_smem *sm) {
+    __syncthreads(); /* earlier readers of hcnt/hmass are done */
+    for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS) sm->hcnt[i] = 0, sm->hmass[i] = 0;
+    __syncthreads();
+}
+
+/* The block's histogram into the row's global one h: one atomic pair per
+ * non-empty bin. */
+static __device__ void hist_flush(const sample_args &a, uint32_t r, int h, sample_smem *sm) {
+    __syncthreads();
+    uint32_t *gc = hcnt_of(a, r, h);
+    u64 *gm = hmass_of(a, r, h);
+    for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS)
+        if (sm->hcnt[i]) {
+            atomicAdd(&gc[i], sm->hcnt[i]);
+            if (sm->hmass[i]) atomicAdd(&gm[i], sm->hmass[i]);
+        }
+}
+
+/* The row's merged histogram h into shared memory (to select on). */
+static __device__ void hist_load(const sample_args &a, uint32_t r, int h, sample_smem *sm) {
+    __syncthreads();
+    const uint32_t *gc = hcnt_of(a, r, h);
+    const u64 *gm = hmass_of(a, r, h);
+    for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS) sm->hcnt[i] = gc[i], sm->hmass[i] = gm[i];
+    __syncthreads();
+}
+
+/* Stage 1: penalised logits (into the row's weight bits, when it has
+ * penalties) and this block's maximum; zeroes its share of the row header. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_max_kernel(sample_args a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     sample_smem *sm = (sample_smem *)smem_raw;
-    const uint32_t r = blockIdx.x;
-    uint32_t *wb = wbits + (size_t)r * V;
-    const sample_row_dev p = rows[r];
-    const float *src = logits + (size_t)r * V;
-    if (p.n_pen) { /* penalised logits, in the scratch row */
-        for (uint32_t i = threadIdx.x; i < V; i += SAMPLE_THREADS) wb[i] = __float_as_uint(src[i]);
+    const uint32_t r = blockIdx.y;
+    const uint32_t zw = CTL_WORDS + N_HIST * HIST_WORDS, zlo = blockIdx.x * zw / a.B, zhi = (blockIdx.x + 1) * zw / a.B;
+    u64 *hd = a.head + (size_t)r * a.hdr;
+    for (uint32_t i = zlo + threadIdx.x; i < zhi; i += SAMPLE_THREADS) hd[i] = 0;
+    uint32_t lo, hi;
+    chunk_of(a, &lo, &hi);
+    const sample_row_dev p = a.rows[r];
+    const float *src = a.logits + (size_t)r * a.V;
+    uint32_t *wb = a.wbits + (size_t)r * a.V;
+    if (p.n_pen) {
+        for (uint32_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS) wb[i] = __float_as_uint(src[i]);
         __syncthreads();
-        for (uint32_t k = threadIdx.x; k < p.n_pen; k += SAMPLE_THREADS) { /* ids distinct, checked by the launcher */
-            const dj_sampler_penalty e = pens[p.pen_off + k];
-            wb[e.id] = __float_as_uint(dj__sample_penalize(__uint_as_float(wb[e.id]), p.rep, e.sub));
+        for (uint32_t k = threadIdx.x; k < p.n_pen; k += SAMPLE_THREADS) {
+            const dj_sampler_penalty e = a.pens[p.pen_off + k];
+            if ((uint32_t)e.id >= lo && (uint32_t)e.id < hi) /* the launcher checked 0 <= id < V */
+                wb[e.id] = __float_as_uint(dj__sample_penalize(__uint_as_float(wb[e.id]), p.rep, e.sub));
         }
         __syncthreads();
         src = (const float *)wb;
     }
     float mx = -INFINITY;
-    for (uint32_t i = threadIdx.x; i < V; i += SAMPLE_THREADS) mx = src[i] > mx ? src[i] : mx; /* NaN never wins */
+    for (uint32_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS) mx = src[i] > mx ? src[i] : mx; /* NaN never wins */
     mx = block_max(mx, sm);
-    if (!(mx > -INFINITY)) { /* nothing to choose from */
-        if (threadIdx.x == 0) out[r] = 0;
-        return;
-    }
-    if (p.temperature == 0.0f) { /* greedy: the lowest id holding the max */
-        uint32_t best = V;
-        for (uint32_t i = threadIdx.x; i < V; i += SAMPLE_THREADS)
+    if (threadIdx.x == 0) parts_of(a, r)[blockIdx.x].mx = mx;
+}
+
+/* Stage 2: the row's max from the block maxima; greedy rows take the lowest
+ * id holding it, the others write their weights' bits and the level-1
+ * histogram (bits >> 20) when the row has a cut. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_weights_kernel(sample_args a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    sample_smem *sm = (sample_smem *)smem_raw;
+    const uint32_t r = blockIdx.y;
+    const block_part *parts = parts_of(a, r);
+    const float mx = block_max(threadIdx.x < a.B ? parts[threadIdx.x].mx : -INFINITY, sm);
+    const sample_row_dev p = a.rows[r];
+    row_ctl *ctl = ctl_of(a, r);
+    const uint32_t kind = !(mx > -INFINITY) ? ROW_EMPTY : p.temperature == 0.0f ? ROW_GREEDY : ROW_SAMPLE;
+    if (blockIdx.x == 0 && threadIdx.x == 0) ctl->kind = kind;
+    if (kind == ROW_EMPTY) return;
+    uint32_t lo, hi;
+    chunk_of(a, &lo, &hi);
+    uint32_t *wb = a.wbits + (size_t)r * a.V;
+    const float *src = p.n_pen ? (const float *)wb : a.logits + (size_t)r * a.V;
+    if (kind == ROW_GREEDY) {
+        uint32_t best = a.V;
+        for (uint32_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS)
             if (src[i] == mx && i < best) best = i;
         best = block_min(best, sm);
-        if (threadIdx.x == 0) out[r] = (int32_t)best;
+        if (threadIdx.x == 0 && best < a.V) atomicMax(&ctl->nbest, ~best);
         return;
     }
-    const bool topk = p.top_k > 0 && p.top_k < V, topp = p.top_p < 1.0f, cut = topk || topp || p.min_p > 0.0f;
-    if (cut) {
-        for (uint32_t i = threadIdx.x; i < BINS; i += SAMPLE_THREADS) sm->h1cnt[i] = 0, sm->h1mass[i] = 0;
-        __syncthreads();
-    }
+    bool topk, topp;
+    const bool cut = row_cuts(p, a.V, &topk, &topp);
+    if (cut) hist_zero(sm);
     u64 *stage = sm->stage[threadIdx.x >> 5];
-    for (uint32_t i0 = 0; i0 < V; i0 += SAMPLE_THREADS) { /* uniform trip count: hist_add wants whole warps */
+    for (uint32_t i0 = lo; i0 < hi; i0 += SAMPLE_THREADS) { /* uniform trip count: hist_add wants whole warps */
         const uint32_t i = i0 + threadIdx.x;
         uint32_t b = 0;
-        if (i < V) {
+        if (i < hi) {
             b = __float_as_uint(dj__sample_weight(src[i], mx, p.temperature)); /* reads src[i] first */
             wb[i] = b;
         }
-        if (cut) hist_add(sm->h1cnt, sm->h1mass, i < V, b >> 20, q_of(b), stage); /* level 1: bits >> 20 */
+        if (cut) hist_add(sm->hcnt, sm->hmass, i < hi, b >> 20, q_of(b), stage);
     }
-    __syncthreads();
+    if (cut) hist_flush(a, r, 0, sm);
+}
 
-    kept_set ks = {true, 0, 0u, 0u};
-    if (cut) {
-        uint32_t bp = 0, tp = 0, eqp = 0; /* the cut so far: bits > bp, tp of the eqp tied at bp */
-        bool any = false;                  /* some top-k/top-p cut is made */
-        u64 kept = 0;
-        uint32_t ak_c = 0, eqk = 0;
-        u64 ak_m = 0;
+/* The whole row's mass: the sum of the level-1 histogram (loaded in sm). */
+static __device__ u64 loaded_total(sample_smem *sm) {
+    uint32_t c = 0, tc;
+    u64 m = sm->hmass[threadIdx.x], tm;
+    block_scan(&c, &m, &tc, &tm, sm);
+    return tm;
+}
+
+/* The last level of a select whose levels 1 and 2 are in s2 (histogram h3):
+ * the selected bits, *above_c, *above_m (count and mass above them) and *eq
+ * (how many weights have those bits). */
+static __device__ uint32_t select_last(const sample_args &a, uint32_t r, int h3, const sel_state &s2, bool by_count,
+                                       uint32_t k, double goal, uint32_t *above_c, u64 *above_m, uint32_t *eq,
+                                       sample_smem *sm) {
+    hist_load(a, r, h3, sm);
+    const uint32_t h = select_bin(sm->hcnt, sm->hmass, by_count, k, goal, s2.above_c, s2.above_m, above_c, above_m, sm);
+    *eq = sm->hcnt[h];
+    __syncthreads(); /* hcnt is read */
+    return (s2.h << 10) | h;
+}
+
+/* Stages 3-6, a radix level of select a (sel 0) or b (sel 1), level 2 or 3:
+ * select on the row's last merged histogram, then add this block's ids under
+ * the selected prefix to the next level's histogram. Stage 5 (select b, level
+ * 2) first finishes select a (the top-k cut) and decides whether top-p needs
+ * a select of its own. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_level_kernel(sample_args a, int sel, int level) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    sample_smem *sm = (sample_smem *)smem_raw;
+    const uint32_t r = blockIdx.y;
+    row_ctl *ctl = ctl_of(a, r);
+    const sample_row_dev p = a.rows[r];
+    bool topk, topp;
+    row_cuts(p, a.V, &topk, &topp);
+    if (ctl->kind != ROW_SAMPLE || !(topk || topp) || (sel == 1 && !(topk && topp))) return;
+    const bool lead = blockIdx.x == 0 && threadIdx.x == 0;
+    const bool by_count = sel == 0 && topk;
+    uint32_t ac, h;
+    u64 am;
+    double goal;
+    if (level == 2) {
+        if (sel == 0) {
+            hist_load(a, r, 0, sm);
+            goal = topk ? 0.0 : (double)p.top_p * (double)loaded_total(sm);
+        } else {
+            uint32_t akc, eqk;
+            u64 akm;
+            const uint32_t bk = select_last(a, r, 2, ctl->a[1], true, p.top_k, 0.0, &akc, &akm, &eqk, sm);
+            const u64 kept = akm + (u64)(p.top_k - akc) * q_of(bk);
+            goal = (double)p.top_p * (double)kept;
+            if (!((double)akm >= goal)) return; /* the cut stays among the top-k's ties: need_b stays 0 */
+            if (lead) ctl->need_b = 1, ctl->goal_b = goal;
+            hist_load(a, r, 0, sm);
+        }
+        if (lead && sel == 0) ctl->goal_a = goal;
+        h = select_bin(sm->hcnt, sm->hmass, by_count, p.top_k, goal, 0, 0, &ac, &am, sm);
+    } else {
+        if (sel == 1 && !ctl->need_b) return;
+        goal = sel == 0 ? ctl->goal_a : ctl->goal_b;
+        const sel_state s1 = sel == 0 ? ctl->a[0] : ctl->b[0];
+        hist_load(a, r, sel == 0 ? 1 : 3, sm);
+        h = (s1.h << 10) | select_bin(sm->hcnt, sm->hmass, by_count, p.top_k, goal, s1.above_c, s1.above_m, &ac, &am, sm);
+    }
+    if (lead) (sel == 0 ? ctl->a : ctl->b)[level - 2] = sel_state{h, ac, am};
+    const int shift = level == 2 ? 10 : 0;
+    const int hout = sel == 0 ? level - 1 : level + 1; /* a: 1, 2; b: 3, 4 */
+    uint32_t lo, hi;
+    chunk_of(a, &lo, &hi);
+    const uint32_t *wb = a.wbits + (size_t)r * a.V;
+    hist_zero(sm);
+    u64 *stage = sm->stage[threadIdx.x >> 5];
+    for (uint32_t i0 = lo; i0 < hi; i0 += SAMPLE_THREADS) { /* uniform trip count */
+        const uint32_t i = i0 + threadIdx.x;
+        const uint32_t b = i < hi ? wb[i] : 0u;
+        const bool in = i < hi && (b >> (shift + 10)) == h;
+        hist_add(sm->hcnt, sm->hmass, in, (b >> shift) & (BINS - 1), in ? q_of(b) : 0u, stage);
+    }
+    hist_flush(a, r, hout, sm);
+}
+
+/* Stage 7: the kept set {bits > bc} plus the first tp ids at bc (every block
+ * derives it from the merged histograms, as sample_rule.h's rule says), and
+ * this block's mass above bc and count at bc. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_sums_kernel(sample_args a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    sample_smem *sm = (sample_smem *)smem_raw;
+    const uint32_t r = blockIdx.y;
+    row_ctl *ctl = ctl_of(a, r);
+    if (ctl->kind != ROW_SAMPLE) return;
+    const sample_row_dev p = a.rows[r];
+    bool topk, topp;
+    uint32_t bc = 0, tp = 0xffffffffu; /* no cut: every id */
+    if (row_cuts(p, a.V, &topk, &topp)) {
+        uint32_t bp = 0, tk = 0, eqp = 0, akc = 0;
+        u64 akm = 0, kept = 0;
+        bool any = false;
         if (topk) {
-            const uint32_t bk = radix_select(wb, V, true, p.top_k, 0.0, &ak_c, &ak_m, &eqk, sm);
-            const uint32_t ties = p.top_k - ak_c;
-            kept = ak_m + (u64)ties * q_of(bk);
-            bp = bk, tp = ties, eqp = eqk, any = true;
-        } else if (topp) { /* the whole row's mass */
-            u64 m = sm->h1mass[threadIdx.x];
-            uint32_t c = 0, tc;
-            block_scan(&c, &m, &tc, &kept, sm);
+            const uint32_t bk = select_last(a, r, 2, ctl->a[1], true, p.top_k, 0.0, &akc, &akm, &eqp, sm);
+            tk = p.top_k - akc;
+            kept = akm + (u64)tk * q_of(bk);
+            bp = bk, any = true;
+        } else if (topp) {
+            hist_load(a, r, 0, sm);
+            kept = loaded_total(sm);
         }
         if (topp) {
             const double goal = (double)p.top_p * (double)kept;
-            if (topk && !((double)ak_m >= goal)) { /* the cut stays among the top-k's ties */
-                tp = dj__sample_ties_for(ak_m, q_of(bp), tp, goal);
+            if (topk && !((double)akm >= goal)) {
+                tk = dj__sample_ties_for(akm, q_of(bp), tk, goal);
             } else {
                 uint32_t ac, eq;
                 u64 am;
-                bp = radix_select(wb, V, false, 0, goal, &ac, &am, &eq, sm);
-                tp = dj__sample_ties_for(am, q_of(bp), eq, goal);
+                bp = topk ? select_last(a, r, 4, ctl->b[1], false, 0, goal, &ac, &am, &eq, sm)
+                          : select_last(a, r, 2, ctl->a[1], false, 0, goal, &ac, &am, &eq, sm);
+                tk = dj__sample_ties_for(am, q_of(bp), eq, goal);
                 eqp = eq;
             }
             any = true;
         }
-        if (any) ks = kept_set{false, tp == eqp ? 1 : 2, bp, 0u};
+        if (any) bc = bp, tp = tk;
+        (void)eqp;
         if (p.min_p > 0.0f) {
             const uint32_t bm = __float_as_uint(p.min_p); /* w >= min_p <=> bits >= bm */
-            if (!any || bm > bp) ks = kept_set{false, 0, bm - 1, 0u};
-        }
-        if (ks.tie == 2) { /* the tp-th id tied at bc */
-            const uint32_t bc = ks.bc, nth = tp;
-            ks.last = first_over(
-                wb, V, [bc](uint32_t b, uint32_t) { return (u64)(b == bc); }, [nth](u64) { return (u64)(nth - 1); },
-                sm);
+            if (!any || bm > bp) bc = bm - 1, tp = 0;
         }
     }
-    const double u = p.u;
-    const uint32_t id = first_over(
-        wb, V, [ks](uint32_t b, uint32_t i) { return ks.has(b, i) ? q_of(b) : (u64)0; },
-        [u](u64 total) { return (u64)dj__sample_target(u, total); }, sm);
-    if (threadIdx.x == 0) out[r] = (int32_t)(id < V ? id : 0u);
+    if (blockIdx.x == 0 && threadIdx.x == 0) ctl->bc = bc, ctl->tp = tp;
+    uint32_t lo, hi;
+    chunk_of(a, &lo, &hi);
+    const uint32_t *wb = a.wbits + (size_t)r * a.V;
+    u64 m = 0;
+    uint32_t c = 0;
+    for (uint32_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS) {
+        const uint32_t b = wb[i];
+        if (b > bc) m += q_of(b);
+        c += b == bc;
+    }
+    uint32_t tc;
+    u64 tm;
+    block_scan(&c, &m, &tc, &tm, sm);
+    if (threadIdx.x == 0) parts_of(a, r)[blockIdx.x].m = tm, parts_of(a, r)[blockIdx.x].ties = tc;
+}
+
+/* Stage 8: the draw. The kept mass up to a point in id order is (mass above
+ * bc so far) + q(bc) * min(ties so far, tp); a scan over the block sums
+ * finds the block where it crosses the target, and that block walks its
+ * chunk 1024 ids at a time. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(sample_args a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    sample_smem *sm = (sample_smem *)smem_raw;
+    const uint32_t r = blockIdx.y;
+    const row_ctl *ctl = ctl_of(a, r);
+    const uint32_t kind = ctl->kind;
+    if (kind != ROW_SAMPLE) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) a.out[r] = kind == ROW_GREEDY && ctl->nbest ? (int32_t)~ctl->nbest : 0;
+        return;
+    }
+    const uint32_t bc = ctl->bc, tp = ctl->tp;
+    const u64 qc = q_of(bc);
+    const block_part *parts = parts_of(a, r);
+    const uint32_t t = threadIdx.x;
+    const uint32_t c0 = t < a.B ? parts[t].ties : 0u;
+    const u64 m0 = t < a.B ? parts[t].m : 0u;
+    uint32_t c = c0, tc;
+    u64 m = m0, tm;
+    block_scan(&c, &m, &tc, &tm, sm);
+    const u64 total = tm + qc * (tc < tp ? tc : tp);
+    if (total == 0) { /* unreachable: the max weighs 2^36 and is kept */
+        if (blockIdx.x == 0 && t == 0) a.out[r] = 0;
+        return;
+    }
+    const u64 target = dj__sample_target(a.rows[r].u, total);
+    if (t == blockIdx.x) { /* this block's start and end in kept mass */
+        const uint32_t cb = c - c0;
+        sm->b_sel[0] = cb;
+        sm->b_mass = m - m0;
+        const u64 start = (m - m0) + qc * (cb < tp ? cb : tp), end = m + qc * (c < tp ? c : tp);
+        sm->b_sel[1] = start <= target && target < end;
+    }
+    __syncthreads();
+    if (!sm->b_sel[1]) return; /* block-uniform: the target is in another block */
+    uint32_t T = sm->b_sel[0];
+    u64 S = sm->b_mass;
+    __syncthreads();
+    uint32_t lo, hi;
+    chunk_of(a, &lo, &hi);
+    const uint32_t *wb = a.wbits + (size_t)r * a.V;
+    for (uint32_t i0 = lo; i0 < hi; i0 += SAMPLE_THREADS) {
+        const uint32_t i = i0 + t;
+        const uint32_t b = i < hi ? wb[i] : 0u;
+        uint32_t ci = i < hi && b == bc;
+        u64 mi = i < hi && b > bc ? q_of(b) : 0u;
+        block_scan(&ci, &mi, &tc, &tm, sm);
+        const uint32_t ties = T + ci;
+        const u64 cum = S + mi + qc * (ties < tp ? ties : tp);
+        const uint32_t first = block_min(i < hi && cum > target ? i : a.V, sm);
+        if (first < a.V) {
+            if (t == 0) a.out[r] = (int32_t)first;
+            return;
+        }
+        T += tc, S += tm;
+    }
+    if (t == 0) a.out[r] = 0; /* unreachable: the block holds the crossing */
+}
+
+/* Blocks per row: about two waves of 132 SMs over all rows, at most 32 per
+ * row (MAX_SPLIT with DJINN_SAMPLE_SPLIT, a test hook to cover splits that
+ * small vocabularies would not get), and none without ids unless forced. */
+static uint32_t sample_split(uint32_t n, uint32_t V) {
+    const char *e = getenv("DJINN_SAMPLE_SPLIT");
+    if (e && *e) {
+        const long v = strtol(e, NULL, 10);
+        if (v >= 1 && v <= MAX_SPLIT) return (uint32_t)v;
+    }
+    uint32_t B = 264 / n;
+    B = B < 1 ? 1 : B > 32 ? 32 : B;
+    const uint32_t by_v = (V + 1023) / 1024;
+    return B < by_v ? B : by_v;
 }
 
 dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab,
                           const dj_sample_row *rows, int32_t *out) {
     size_t n_pen = 0;
-    for (uint32_t r = 0; r < n; r++) n_pen += rows[r].n_pen;
+    bool any_sel = false, any_b = false;
+    for (uint32_t r = 0; r < n; r++) {
+        n_pen += rows[r].n_pen;
+        const bool topk = rows[r].top_k > 0 && rows[r].top_k < vocab, topp = rows[r].top_p < 1.0f;
+        any_sel |= rows[r].temperature != 0.0f && (topk || topp);
+        any_b |= rows[r].temperature != 0.0f && topk && topp;
+    }
+    if (n > 65535) return dj_fail(DJ_EINVAL, "cuda sample: %u rows exceed the grid's 65535", n);
     sample_row_dev *hr = (sample_row_dev *)calloc(n, sizeof *hr);
     dj_sampler_penalty *hp = (dj_sampler_penalty *)malloc((n_pen ? n_pen : 1) * sizeof *hp);
     if (!hr || !hp) {
@@ -385,13 +584,37 @@ dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, 
     if (st == DJ_OK) st = dj__cuda_stage(cb, hp, (n_pen ? n_pen : 1) * sizeof *hp, &pens_dev);
     free(hr);
     free(hp);
-    if (st == DJ_OK) st = dj__cuda_scratch(cb, (size_t)n * vocab, &scratch);
+    const uint32_t B = sample_split(n, vocab);
+    const uint32_t hdr = CTL_WORDS + N_HIST * HIST_WORDS + 2 * B; /* u64 words */
+    if (st == DJ_OK) st = dj__cuda_scratch(cb, (size_t)n * hdr * 2 + (size_t)n * vocab, &scratch);
     if (st != DJ_OK) return st;
+    sample_args a;
+    a.logits = logits;
+    a.V = vocab;
+    a.B = B;
+    a.chunk = (uint32_t)(((size_t)vocab + B - 1) / B);
+    a.hdr = hdr;
+    a.rows = (const sample_row_dev *)rows_dev;
+    a.pens = (const dj_sampler_penalty *)pens_dev;
+    a.head = (u64 *)scratch;
+    a.wbits = (uint32_t *)(a.head + (size_t)n * hdr);
+    a.out = out;
     const size_t smem = sizeof(sample_smem);
-    DJ_CU(cb, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    sample_kernel<<<n, SAMPLE_THREADS, smem, cb->stream>>>(logits, vocab, (const sample_row_dev *)rows_dev,
-                                                           (const dj_sampler_penalty *)pens_dev, (uint32_t *)scratch,
-                                                           out);
+    const dim3 grid(B, n);
+    sample_max_kernel<<<grid, SAMPLE_THREADS, smem, cb->stream>>>(a);
+    DJ_CU_LAUNCHED(cb);
+    sample_weights_kernel<<<grid, SAMPLE_THREADS, smem, cb->stream>>>(a);
+    DJ_CU_LAUNCHED(cb);
+    for (int sel = 0; sel < 2; sel++) {
+        if (!(sel == 0 ? any_sel : any_b)) continue;
+        for (int level = 2; level <= 3; level++) {
+            sample_level_kernel<<<grid, SAMPLE_THREADS, smem, cb->stream>>>(a, sel, level);
+            DJ_CU_LAUNCHED(cb);
+        }
+    }
+    sample_sums_kernel<<<grid, SAMPLE_THREADS, smem, cb->stream>>>(a);
+    DJ_CU_LAUNCHED(cb);
+    sample_draw_kernel<<<grid, SAMPLE_THREADS, smem, cb->stream>>>(a);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
