@@ -235,6 +235,9 @@ typedef struct dj__server {
     dj__map live_conns;  /* id -> (void *)1 */
     dj__jobq newq[DJ_QOS_COUNT], runq[DJ_QOS_COUNT];
     bool turn[DJ_QOS_COUNT];
+    bool admit_more; /* worker: the last admission only queued its generation (its prompt rides in
+                      * the decode steps), so the next waiting GENERATE is admitted before the next
+                      * step: a burst of clients starts in one step, not one step per client */
     dj__out *out_head, *out_tail;
     bool stop_worker, reap;
 

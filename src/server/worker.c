@@ -724,6 +724,7 @@ static void run_generate(dj__server *s, dj__job *j) {
         st = dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (st == DJ_OK) st = gen_start(s, j, ss);
     if (st != DJ_OK || job_rides(s, j)) {
+        s->admit_more = st == DJ_OK;
         gen_after(s, j, ss, st, foreign, false);
         return;
     }
@@ -956,8 +957,10 @@ static dj__job *lease_unqueue(dj__server *s, dj__job *j) {
 
 /* Pick the next unit of work (mu held): the most urgent class with work;
  * within it alternate between admitting a waiting request and one decode
- * step of the running generations (round robin). Waiting requests are served
- * newest first when more than twice the concurrency wait. */
+ * step of the running generations (round robin) - except that GENERATEs
+ * whose prompts ride in the decode steps are admitted back to back (see
+ * admit_more). Waiting requests are served newest first when more than
+ * twice the concurrency wait. */
 static dj__job *pick(dj__server *s) {
     size_t running = 0;
     for (int q = 0; q < DJ_QOS_COUNT; q++) running += s->runq[q].n;
@@ -967,8 +970,10 @@ static dj__job *pick(dj__server *s) {
         const dj__job *cand = lifo ? nq->tail : nq->head;
         const bool can_new = cand && (cand->type != DJ_MSG_GENERATE || running < s->cfg.max_running);
         if (!can_new && !rq->n) continue;
-        const bool take_new = can_new && (!rq->n || s->turn[q]);
-        s->turn[q] = !s->turn[q];
+        const bool burst = can_new && s->admit_more && cand->type == DJ_MSG_GENERATE;
+        s->admit_more = false;
+        const bool take_new = can_new && (!rq->n || s->turn[q] || burst);
+        if (!burst) s->turn[q] = !s->turn[q];
         if (take_new) return lease_unqueue(s, lifo ? q_pop_tail(nq) : q_pop_head(nq));
         return q_pop_head(rq);
     }
