@@ -141,6 +141,26 @@ static void *client_main(void *p) {
     return NULL;
 }
 
+/* The daemon's generation steps so far, their total worker and engine time
+ * (STATS: a mean and a count), and its graph counts. */
+typedef struct serve_counts {
+    double steps, worker_ms, engine_ms, captures, replays;
+} serve_counts;
+
+static int serve_stats(const char *addr, serve_counts *out) {
+    dj_client_t *c = NULL;
+    dj_client_stats st;
+    if (dj_client_connect(addr, NULL, &c) != DJ_OK || dj_client_stats_get(c, &st) != DJ_OK) {
+        dj_client_free(c);
+        return 1;
+    }
+    *out = (serve_counts){(double)st.gen_steps, st.step_ms * st.gen_steps, st.step_engine_ms * st.gen_steps,
+                          (double)st.graph_captures, (double)st.graph_replays};
+    dj_client_stats_free(&st);
+    dj_client_free(c);
+    return 0;
+}
+
 /* n clients at once; returns 0 and fills the median server decode s/token and
  * the aggregate tok/s of the generated tokens over the longest client wall. */
 static int serve_round(const char *addr, const char *model, uint32_t n, uint32_t tokens, double *step_s,
@@ -245,14 +265,21 @@ int main(int argc, char **argv) {
     rc |= serve_round(addr, model, 1, 16, &warm_step, &warm_tok); /* the model into the text segment */
     printf("model %s on %s, %ld tokens per generation, greedy, loopback TCP, --mixed-steps %s\n", model, device,
            tokens, mixed);
-    printf("| clients | engine step | djinnd step (median) | ratio | engine tok/s | djinnd tok/s | share |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("| clients | engine step | djinnd step (median) | ratio | engine tok/s | djinnd tok/s | share | "
+           "daemon steps | worker / engine ms a step | graphs recorded / replayed |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (size_t k = 0; k < n_ns && !rc; k++) {
         double step = 0, tok = 0;
+        serve_counts c0, c1;
+        rc |= serve_stats(addr, &c0);
         rc |= serve_round(addr, model, ns[k], (uint32_t)tokens, &step, &tok);
+        rc |= serve_stats(addr, &c1);
         if (rc) break;
-        printf("| %u | %.3f ms | %.3f ms | %.3fx | %.0f | %.0f | %.1f%% |\n", ns[k], eng[k] * 1e3, step * 1e3,
-               step / eng[k], ns[k] / eng[k], tok, 100.0 * tok / (ns[k] / eng[k]));
+        const double steps = c1.steps - c0.steps;
+        printf("| %u | %.3f ms | %.3f ms | %.3fx | %.0f | %.0f | %.1f%% | %.0f | %.3f / %.3f | %.0f / %.0f |\n", ns[k],
+               eng[k] * 1e3, step * 1e3, step / eng[k], ns[k] / eng[k], tok, 100.0 * tok / (ns[k] / eng[k]), steps,
+               steps > 0 ? (c1.worker_ms - c0.worker_ms) / steps : 0, steps > 0 ? (c1.engine_ms - c0.engine_ms) / steps : 0,
+               c1.captures - c0.captures, c1.replays - c0.replays);
     }
     kill(getpid(), SIGTERM); /* the daemon's signal watcher stops it */
     pthread_join(th, NULL);
