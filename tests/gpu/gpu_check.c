@@ -1309,6 +1309,86 @@ static void check_sample_boundaries(void) {
     dfree(dout);
 }
 
+/* The compact path of a small top-k (at most 1024; 1025 and up take the
+ * radix path): per row a pattern - 0: four levels (ties of ~V/4 straddle
+ * every small cut), 1: all equal, 2: 37 finite logits and the rest -inf or
+ * NaN (top_k above the finite count), 3: continuous, 4: four levels with
+ * penalties (ties move) - and top_k from 1 to 1025 with top-p cuts inside
+ * and above the tie at the cut, min-p after the top-k, u from 0 to just
+ * below 1. Each against dj_sampler_pick_with with the same u. */
+static void check_sample_small_k(uint32_t n, uint32_t V) {
+    static const uint32_t topks[] = {1, 2, 5, 40, 333, 1024, 1025};
+    static const float topps[] = {1.0f, 0.9137f, 0.5f, 0.05f};
+    static const float minps[] = {0.0f, 0.0f, 0.05f, 0.5f};
+    static const float temps[] = {0.5f, 1.0f, 1.7f};
+    static const double us[] = {0.0, 0.25, 0.5, 0.999999};
+    float *lg = falloc((size_t)n * V);
+    dj_sample_row *rows = xmalloc(n * sizeof *rows);
+    dj_sampler_penalty *pens = xmalloc((size_t)n * 64 * sizeof *pens);
+    for (uint32_t r = 0; r < n; r++) {
+        float *l = lg + (size_t)r * V;
+        const uint32_t pat = r % 5;
+        for (uint32_t i = 0; i < V; i++) {
+            if (pat == 0 || pat == 4)
+                l[i] = (float)(dj_test_rand() % 4) * 0.5f;
+            else if (pat == 1)
+                l[i] = 1.0f;
+            else if (pat == 2)
+                l[i] = dj_test_rand() % 2 ? -INFINITY : NAN;
+            else
+                l[i] = dj_test_randf(-4.0f, 4.0f);
+        }
+        for (uint32_t k = 0; pat == 2 && k < 37; k++)
+            l[dj_test_rand() % V] = (float)(dj_test_rand() % 5);
+        const uint32_t n_pen = pat == 4 ? 64 : 0;
+        dj_sampler_penalty *pe = pens + (size_t)r * 64;
+        for (uint32_t k = 0; k < n_pen; k++) /* distinct ids: one in each 64th of the row */
+            pe[k] = (dj_sampler_penalty){.id = (int32_t)(k * (V / 64) + dj_test_rand() % (V / 64)),
+                                         .sub = 0.5f * (float)(dj_test_rand() % 3) - 0.5f};
+        rows[r] = (dj_sample_row){.temperature = temps[dj_test_rand() % 3],
+                                  .top_k = topks[(r / 5 + r) % 7],
+                                  .top_p = topps[dj_test_rand() % 4],
+                                  .min_p = minps[dj_test_rand() % 4],
+                                  .repetition_penalty = n_pen ? 1.3f : 0.0f,
+                                  .n_pen = n_pen,
+                                  .pen = pe,
+                                  .u = r % 3 ? dj_test_randf(0.0f, 1.0f) : us[(r / 3) % 4]};
+    }
+    void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
+    int32_t *got = xmalloc(n * sizeof *got);
+    if (gpu->vt->sample(gpu, dlg, n, V, rows, dout) != DJ_OK)
+        die("sample");
+    down(got, dout, n * sizeof *got);
+    int wrong = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        const dj_sampler_params p = {.temperature = rows[r].temperature, .top_k = rows[r].top_k,
+                                     .top_p = rows[r].top_p, .min_p = rows[r].min_p,
+                                     .repetition_penalty = rows[r].repetition_penalty};
+        dj_sampler_t *hs = NULL;
+        if (dj_sampler_new(&p, V, &hs) != DJ_OK)
+            die("host sampler");
+        const int32_t want = dj_sampler_pick_with(hs, lg + (size_t)r * V, rows[r].u, rows[r].pen, rows[r].n_pen);
+        dj_sampler_free(hs);
+        if (got[r] == want)
+            continue;
+        wrong++;
+        printf("           row %u (pattern %u): T %g top_k %u top_p %g min_p %g pens %u u %.9f: device %d, host %d\n",
+               r, r % 5, (double)rows[r].temperature, rows[r].top_k, (double)rows[r].top_p, (double)rows[r].min_p,
+               rows[r].n_pen, rows[r].u, got[r], want);
+    }
+    n_rows++;
+    n_fail += wrong != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%u vocab=%u small top-k: ties at the cut", n, V);
+    printf("%-10s %-52s %10d  %s\n", "SAMPLE", shape, wrong, wrong ? "FAIL" : "pass");
+    dfree(dlg);
+    dfree(dout);
+    free(lg);
+    free(rows);
+    free(pens);
+    free(got);
+}
+
 /* The random SAMPLE checks again under forced splits: vocab not a multiple
  * of the split (1000 over 7), smaller than it (7 over 16: empty blocks),
  * 128K over 64 (the most the kernels take). */
@@ -1324,6 +1404,9 @@ static void check_sample_splits(void) {
     setenv("DJINN_SAMPLE_SPLIT", "64", 1);
     check_sample(8, 128256, 0);
     check_sample(3, 128256, 1);
+    check_sample_small_k(35, 128256);
+    setenv("DJINN_SAMPLE_SPLIT", "7", 1);
+    check_sample_small_k(70, 4099);
     unsetenv("DJINN_SAMPLE_SPLIT");
 }
 
@@ -1911,6 +1994,8 @@ int main(int argc, char **argv) {
     check_sample(40, 1000, 1);
     check_sample(8, 128256, 1);
     check_sample(33, 128256, 1);
+    check_sample_small_k(70, 4096);
+    check_sample_small_k(35, 128256);
     check_sample_splits();
     check_capture_errors();
 

@@ -18,7 +18,16 @@
  * (in id order) whose bits equal bc, all of the same mass. (7) per block, the
  * mass of {bits > bc} and the count at bc; (8) a scan over those block sums
  * finds the block where the cumulative kept mass crosses the target, and
- * that block walks its chunk in id order. */
+ * that block walks its chunk in id order.
+ *
+ * A row with a small top-k (SMALL_K or fewer, with a cut) stops after the
+ * top-k select: stage 7 instead gathers the kept candidates - every id with
+ * bits > bk (fewer than top_k, appended to a row list) and, per block, its
+ * first tk ties at bk in id order (over its own chunk of the weight bits,
+ * which nothing reads after) - and in stage 8 one block per row loads the
+ * at most top_k candidates, sorts them in candidate order (weight down, id
+ * up), cuts top-p and min-p on that order as the host does, sorts the kept
+ * ones by id and draws. 6 launches instead of 8. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -28,6 +37,7 @@
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define BINS 1024 /* one radix level: 10 bits */
+#define SMALL_K 1024 /* top_k up to this: the compact path (at most one candidate a thread) */
 
 typedef unsigned long long u64;
 
@@ -178,7 +188,8 @@ struct row_ctl {
     double goal_a, goal_b;
     uint32_t kind;  /* ROW_*, set by the weights stage */
     uint32_t nbest; /* greedy: ~(lowest id holding the max); 0 = none */
-    uint32_t need_b, bc, tp, pad;
+    uint32_t need_b, bc, tp;
+    uint32_t n_gt; /* small top-k: ids with bits > bc appended to the row list so far */
 };
 
 /* One block's partial results: its maximum (stage 1), the mass of its ids
@@ -231,6 +242,16 @@ static __device__ bool row_cuts(const sample_row_dev &p, uint32_t V, bool *topk,
     *topp = p.top_p < 1.0f;
     return *topk || *topp || p.min_p > 0.0f;
 }
+
+/* The compact path: a top-k cut of at most SMALL_K ids (sampling rows only). */
+static __host__ __device__ bool row_small(uint32_t top_k, float temperature, uint32_t V) {
+    return temperature != 0.0f && top_k > 0 && top_k < V && top_k <= SMALL_K;
+}
+
+/* The row list of the compact path: (bits << 32 | ~id) of the ids above the
+ * cut, in the (unused) histogram 3 of the row. */
+static __device__ u64 *list_of(const sample_args &a, uint32_t r) { return hmass_of(a, r, 3); }
+static_assert(SMALL_K <= HIST_WORDS, "the row list outgrew histogram 3");
 
 static __device__ void hist_zero(sample_smem *sm) {
     __syncthreads(); /* earlier readers of hcnt/hmass are done */
@@ -367,7 +388,9 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_level_kernel(sam
     const sample_row_dev p = a.rows[r];
     bool topk, topp;
     row_cuts(p, a.V, &topk, &topp);
-    if (ctl->kind != ROW_SAMPLE || !(topk || topp) || (sel == 1 && !(topk && topp))) return;
+    if (ctl->kind != ROW_SAMPLE || !(topk || topp) ||
+        (sel == 1 && (!(topk && topp) || row_small(p.top_k, p.temperature, a.V))))
+        return;
     const bool lead = blockIdx.x == 0 && threadIdx.x == 0;
     const bool by_count = sel == 0 && topk;
     uint32_t ac, h;
@@ -413,6 +436,112 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_level_kernel(sam
     hist_flush(a, r, hout, sm);
 }
 
+/* Stage 7 of a compact row: finish the top-k select (the cut bk, and tk:
+ * how many of the ties at bk are kept, the first in id order), append this
+ * block's ids with bits > bk to the row list, and write its first tk ties'
+ * ids (in id order) over the start of its own chunk of the weight bits; its
+ * tie count goes to its block_part. */
+static __device__ void sample_gather(const sample_args &a, uint32_t r, const sample_row_dev &p, row_ctl *ctl,
+                                     sample_smem *sm) {
+    uint32_t akc, eq;
+    u64 akm;
+    const uint32_t bk = select_last(a, r, 2, ctl->a[1], true, p.top_k, 0.0, &akc, &akm, &eq, sm);
+    const uint32_t tk = p.top_k - akc; /* 1 <= tk <= eq */
+    if (blockIdx.x == 0 && threadIdx.x == 0) ctl->bc = bk, ctl->tp = tk;
+    uint32_t lo, hi;
+    chunk_of(a, &lo, &hi);
+    uint32_t *wb = a.wbits + (size_t)r * a.V;
+    u64 *list = list_of(a, r);
+    uint32_t T = 0; /* ties at bk in this chunk before i0 */
+    for (uint32_t i0 = lo; i0 < hi; i0 += SAMPLE_THREADS) {
+        const uint32_t i = i0 + threadIdx.x;
+        const uint32_t b = i < hi ? wb[i] : 0u;
+        if (i < hi && b > bk) list[atomicAdd(&ctl->n_gt, 1u)] = (u64)b << 32 | (uint32_t)~i; /* fewer than top_k */
+        const bool tie = i < hi && b == bk;
+        const uint32_t nt = __syncthreads_count(tie); /* also: every read of this step is done */
+        if (nt && T < tk) {
+            uint32_t c = tie, tc;
+            u64 m = 0, tm;
+            block_scan(&c, &m, &tc, &tm, sm);
+            const uint32_t rank = T + c - 1;
+            if (tie && rank < tk) wb[lo + rank] = i; /* lo + rank <= i: already read, and ours */
+        }
+        T += nt;
+    }
+    if (threadIdx.x == 0) parts_of(a, r)[blockIdx.x].ties = T;
+}
+
+/* Sort key[0, P) (P a power of two, at most the block) up or down: bitonic,
+ * one pair a thread a step. */
+static __device__ void bitonic_sort(u64 *key, uint32_t P, bool desc) {
+    const uint32_t t = threadIdx.x;
+    __syncthreads();
+    for (uint32_t k = 2; k <= P; k <<= 1)
+        for (uint32_t j = k >> 1; j > 0; j >>= 1) {
+            const uint32_t o = t ^ j;
+            if (t < P && o > t) {
+                const u64 x = key[t], y = key[o];
+                const bool up = ((t & k) == 0) != desc; /* the direction of this pair's run */
+                if (up ? x > y : x < y) key[t] = y, key[o] = x;
+            }
+            __syncthreads();
+        }
+}
+
+/* Stage 8 of a compact row, one block: the top_k candidates (the row list
+ * and the first tk ties, taken from the blocks' tie lists in block order)
+ * sorted in candidate order; top-p keeps the shortest prefix whose mass
+ * reaches top_p of theirs, min-p drops weights below min_p; the kept ones
+ * sorted by id and the draw walks them. */
+static __device__ void sample_compact_draw(const sample_args &a, uint32_t r, const sample_row_dev &p,
+                                           const row_ctl *ctl, sample_smem *sm) {
+    const uint32_t t = threadIdx.x, ngt = ctl->n_gt, bk = ctl->bc, tk = ctl->tp;
+    uint32_t M = ngt + tk; /* = top_k */
+    M = M < SAMPLE_THREADS ? M : SAMPLE_THREADS;
+    uint32_t P = 1;
+    while (P < M) P <<= 1;
+    u64 *key = sm->hmass;
+    uint32_t *ties = sm->hcnt;
+    if (t < a.B) ties[t] = parts_of(a, r)[t].ties;
+    __syncthreads();
+    u64 k = 0; /* padding sorts last, down */
+    if (t < ngt) {
+        k = list_of(a, r)[t];
+    } else if (t < M) {
+        uint32_t j = t - ngt, b = 0; /* the tie of rank j: in block b, its j-th */
+        while (b + 1 < a.B && j >= ties[b]) j -= ties[b++];
+        k = (u64)bk << 32 | (uint32_t)~a.wbits[(size_t)r * a.V + (size_t)b * a.chunk + j];
+    }
+    if (t < P) key[t] = k;
+    bitonic_sort(key, P, true); /* weight down, then id up */
+    k = t < M ? key[t] : 0u;
+    const uint32_t wb = (uint32_t)(k >> 32), id = ~(uint32_t)k;
+    uint32_t c = 0, tc;
+    u64 m = t < M ? q_of(wb) : 0u, tm;
+    block_scan(&c, &m, &tc, &tm, sm); /* m: the mass of candidates [0, t]; tm: of all */
+    uint32_t keep = M;
+    if (p.top_p < 1.0f) {
+        const double goal = (double)p.top_p * (double)tm;
+        const uint32_t first = block_min(t < M && (double)m >= goal ? t : SAMPLE_THREADS, sm);
+        keep = first < M ? first + 1 : M;
+    }
+    const bool kept = t < keep && __uint_as_float(wb) >= p.min_p;
+    __syncthreads(); /* every read of key is done */
+    if (t < P) key[t] = kept ? (u64)id << 32 | wb : ~0ull; /* dropped ones sort last, up */
+    bitonic_sort(key, P, false);
+    const u64 e = t < P ? key[t] : ~0ull;
+    c = 0;
+    m = e != ~0ull ? q_of((uint32_t)e) : 0u;
+    block_scan(&c, &m, &tc, &tm, sm);
+    if (tm == 0) { /* unreachable: the max weighs 2^36 and is kept */
+        if (t == 0) a.out[r] = 0;
+        return;
+    }
+    const u64 target = dj__sample_target(p.u, tm);
+    const uint32_t first = block_min(m > target ? t : SAMPLE_THREADS, sm);
+    if (t == first) a.out[r] = (int32_t)(e >> 32);
+}
+
 /* Stage 7: the kept set {bits > bc} plus the first tp ids at bc (every block
  * derives it from the merged histograms, as sample_rule.h's rule says), and
  * this block's mass above bc and count at bc. */
@@ -423,6 +552,10 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_sums_kernel(samp
     row_ctl *ctl = ctl_of(a, r);
     if (ctl->kind != ROW_SAMPLE) return;
     const sample_row_dev p = a.rows[r];
+    if (row_small(p.top_k, p.temperature, a.V)) {
+        sample_gather(a, r, p, ctl, sm);
+        return;
+    }
     bool topk, topp;
     uint32_t bc = 0, tp = 0xffffffffu; /* no cut: every id */
     if (row_cuts(p, a.V, &topk, &topp)) {
@@ -488,6 +621,10 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(samp
     const uint32_t kind = ctl->kind;
     if (kind != ROW_SAMPLE) {
         if (blockIdx.x == 0 && threadIdx.x == 0) a.out[r] = kind == ROW_GREEDY && ctl->nbest ? (int32_t)~ctl->nbest : 0;
+        return;
+    }
+    if (row_small(a.rows[r].top_k, a.rows[r].temperature, a.V)) {
+        if (blockIdx.x == 0) sample_compact_draw(a, r, a.rows[r], ctl, sm);
         return;
     }
     const uint32_t bc = ctl->bc, tp = ctl->tp;
@@ -561,7 +698,7 @@ dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, 
         n_pen += rows[r].n_pen;
         const bool topk = rows[r].top_k > 0 && rows[r].top_k < vocab, topp = rows[r].top_p < 1.0f;
         any_sel |= rows[r].temperature != 0.0f && (topk || topp);
-        any_b |= rows[r].temperature != 0.0f && topk && topp;
+        any_b |= rows[r].temperature != 0.0f && topk && topp && !row_small(rows[r].top_k, rows[r].temperature, vocab);
     }
     if (n > 65535) return dj_fail(DJ_EINVAL, "cuda sample: %u rows exceed the grid's 65535", n);
     sample_row_dev *hr = (sample_row_dev *)calloc(n, sizeof *hr);
