@@ -48,6 +48,9 @@ dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *
  * tensor-core prefill where it covers the call (else the f32 prefill). Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
  * always the GEMM path. */
 void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);
+/* Test hook: blocks each sampled row is split over (1..64; 0 = chosen by the
+ * row count and vocabulary), for gpu_check's block-edge cases. */
+void dj__cuda_set_sample_split(dj_backend_t *be, uint32_t blocks);
 /* Test hook: which kernel ran the latest ATTENTION call: 1 split-K decode,
  * 2 f32 tiled prefill, 3 tensor-core prefill (0: none yet). */
 int dj__cuda_last_attention(dj_backend_t *be);

@@ -1257,7 +1257,7 @@ static void check_sample_cases(void) {
     dfree(dout);
 }
 
-/* The sample kernels split each row over blocks (DJINN_SAMPLE_SPLIT forces
+/* The sample kernels split each row over blocks (dj__cuda_set_sample_split forces
  * the split): V = 64 over 4 blocks of 16 ids, all logits equal, so top-k 16
  * or top-p 0.25 cut exactly at the first block's end and top-k 17 one past
  * it; a greedy row whose max is tied at ids 16 and 48 (block starts); an
@@ -1393,21 +1393,21 @@ static void check_sample_small_k(uint32_t n, uint32_t V) {
  * of the split (1000 over 7), smaller than it (7 over 16: empty blocks),
  * 128K over 64 (the most the kernels take). */
 static void check_sample_splits(void) {
-    setenv("DJINN_SAMPLE_SPLIT", "4", 1);
+    dj__cuda_set_sample_split(gpu, 4);
     check_sample_boundaries();
-    setenv("DJINN_SAMPLE_SPLIT", "7", 1);
+    dj__cuda_set_sample_split(gpu, 7);
     check_sample(40, 1000, 0);
     check_sample(40, 1000, 1);
-    setenv("DJINN_SAMPLE_SPLIT", "16", 1);
+    dj__cuda_set_sample_split(gpu, 16);
     check_sample(40, 7, 0);
     check_sample_cases();
-    setenv("DJINN_SAMPLE_SPLIT", "64", 1);
+    dj__cuda_set_sample_split(gpu, 64);
     check_sample(8, 128256, 0);
     check_sample(3, 128256, 1);
     check_sample_small_k(35, 128256);
-    setenv("DJINN_SAMPLE_SPLIT", "7", 1);
+    dj__cuda_set_sample_split(gpu, 7);
     check_sample_small_k(70, 4099);
-    unsetenv("DJINN_SAMPLE_SPLIT");
+    dj__cuda_set_sample_split(gpu, 0);
 }
 
 /* What capture refuses: host inputs (staged copies) and synchronous copies. */

@@ -461,6 +461,10 @@ fail:
     return st;
 }
 
+extern "C" void dj__cuda_set_sample_split(dj_backend_t *be, uint32_t blocks) {
+    ((dj_cuda_backend *)be)->sample_split = blocks;
+}
+
 extern "C" void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     cb->attention_path = attention;

@@ -47,6 +47,7 @@ typedef struct dj_cuda_backend {
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
+    uint32_t sample_split; /* blocks per sampled row forced by a test; 0 = chosen by rows and vocab */
 } dj_cuda_backend;
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */

@@ -676,14 +676,10 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS) sample_draw_kernel(samp
 }
 
 /* Blocks per row: about two waves of 132 SMs over all rows, at most 32 per
- * row (MAX_SPLIT with DJINN_SAMPLE_SPLIT, a test hook to cover splits that
- * small vocabularies would not get), and none without ids unless forced. */
-static uint32_t sample_split(uint32_t n, uint32_t V) {
-    const char *e = getenv("DJINN_SAMPLE_SPLIT");
-    if (e && *e) {
-        const long v = strtol(e, NULL, 10);
-        if (v >= 1 && v <= MAX_SPLIT) return (uint32_t)v;
-    }
+ * row, and none without ids - unless a test forced the split (1..MAX_SPLIT,
+ * dj__cuda_set_sample_split) to cover splits small vocabularies would not get. */
+static uint32_t sample_split(const dj_cuda_backend *cb, uint32_t n, uint32_t V) {
+    if (cb->sample_split >= 1 && cb->sample_split <= MAX_SPLIT) return cb->sample_split;
     uint32_t B = 264 / n;
     B = B < 1 ? 1 : B > 32 ? 32 : B;
     const uint32_t by_v = (V + 1023) / 1024;
@@ -721,7 +717,7 @@ dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, 
     if (st == DJ_OK) st = dj__cuda_stage(cb, hp, (n_pen ? n_pen : 1) * sizeof *hp, &pens_dev);
     free(hr);
     free(hp);
-    const uint32_t B = sample_split(n, vocab);
+    const uint32_t B = sample_split(cb, n, vocab);
     const uint32_t hdr = CTL_WORDS + N_HIST * HIST_WORDS + 2 * B; /* u64 words */
     if (st == DJ_OK) st = dj__cuda_scratch(cb, (size_t)n * hdr * 2 + (size_t)n * vocab, &scratch);
     if (st != DJ_OK) return st;
