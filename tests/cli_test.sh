@@ -195,6 +195,15 @@ expect_error "generate: --ctx over the model" "exceeds" "$DJINN" generate --serv
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null
 expect_error "generate: --device is the server's" "server" "$DJINN" generate --server unix:/nonexistent --device cpu
 expect_error "generate: --min-p 2" "min-p" "$DJINN" generate --server unix:/nonexistent --min-p 2
+expect_error "generate: --deterministic is the server's" "server" "$DJINN" generate --server unix:/nonexistent --deterministic
+expect_error "serve --deterministic maybe" "want on or off" "$DJINN" serve --deterministic maybe
+# the CPU engine is batch-invariant anyway: --deterministic picks the same tokens
+ref="$FX/models/llama3/reference.json"
+prompt=$(json "$ref" "','.join(map(str, d['prompt_ids']))")
+a=$("$DJINN" run --model "$FX/models/llama3" --tokens "$prompt" -n 12 --temp 0.9 --seed 5 --print-tokens --ignore-eos 2>/dev/null)
+b=$("$DJINN" run --model "$FX/models/llama3" --tokens "$prompt" -n 12 --temp 0.9 --seed 5 --print-tokens --ignore-eos \
+    --deterministic 2>/dev/null)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "run --deterministic: '$b' != '$a'"; fi
 expect_error "run: --repeat-penalty -1" "repeat-penalty" "$DJINN" run --tokens 1 --repeat-penalty -1
 
 echo "cli_test: $pass passed, $fail failed"

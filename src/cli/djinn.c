@@ -30,6 +30,7 @@ typedef struct opts {
     long top_k, ctx, threads, step;
     unsigned long long seed;
     int greedy, print_tokens, add_special, ignore_eos, stats, have_temp, have_top_p, have_top_k;
+    int deterministic;
 } opts;
 
 static int usage(FILE *f) {
@@ -37,18 +38,20 @@ static int usage(FILE *f) {
           "  djinn run [--model DIR] (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy]\n"
           "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
-          "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats]\n"
+          "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N]\n"
           "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
           "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [--qos Q]\n"
           "            [--stop-ids 1,2] [--token-file F] [run's flags but --model DIR, --device, --vmu-gb,\n"
-          "            --threads, --step]\n"
+          "            --threads, --step, --deterministic]\n"
           "  djinn stat --server ADDR\n"
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
           "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n"
-          "Without --model, run and info use $DJINN_MODEL or the demo model in models/demo.\n",
+          "Without --model, run and info use $DJINN_MODEL or the demo model in models/demo.\n"
+          "--deterministic: on a GPU, a sequence's logits do not depend on what else shares its\n"
+          "steps (slower batched steps: bench/RESULTS.md); the CPU engine is always so.\n",
           f);
     return 2;
 }
@@ -194,6 +197,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--print-tokens")) o->print_tokens = 1;
         else if (!strcmp(a, "--add-special")) o->add_special = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
+        else if (!strcmp(a, "--deterministic")) o->deterministic = 1;
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
         else return bad_arg("unknown option '%s' for '%s' (see djinn --help)", a, argv[1]);
@@ -285,6 +289,7 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     ec.device = pick_device(o);
     ec.n_threads = (int)o->threads;
     ec.max_step_tokens = o->step ? (uint32_t)o->step : 512;
+    ec.deterministic = o->deterministic != 0;
     dj_status st = dj_model_estimate(ck, kv_dtype_of(o), ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
     if (o->vmu) {

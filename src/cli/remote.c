@@ -53,7 +53,8 @@ static int parse(int argc, char **argv, ropts *o) {
         if (!strcmp(a, "--print-tokens")) { o->print_tokens = 1; continue; }
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
         if (!strcmp(a, "--stats")) { o->stats = 1; continue; }
-        if (!strcmp(a, "--device") || !strcmp(a, "--vmu-gb") || !strcmp(a, "--threads") || !strcmp(a, "--step"))
+        if (!strcmp(a, "--device") || !strcmp(a, "--vmu-gb") || !strcmp(a, "--threads") || !strcmp(a, "--step") ||
+            !strcmp(a, "--deterministic"))
             return rbad("%s is the server's to choose (see djinnd --help), not a request's", a);
         if (!v) return rbad("option %s needs a value (or is unknown)", a);
         i++;

@@ -12,12 +12,15 @@
 static int usage(FILE *f) {
     fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
-          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto] [--port-file FILE]\n"
+          "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
+          "              [--deterministic on|off] [--port-file FILE]\n"
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
+          "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
+          "batched steps are slower, bench/RESULTS.md; the CPU engine is always so).\n"
           "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine; on a GPU\n"
           "'short': only prompts with at most 64 tokens left).\n"
           "Limits per connection and of the daemon (against hostile clients):\n"
@@ -145,6 +148,12 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
                                 "HARD >= SOFT)\n", v);
                 return 2;
             }
+        } else if (!strcmp(a, "--deterministic")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "djinnd: --deterministic '%s': want on or off\n", v);
+                return 2;
+            }
+            cfg->deterministic = !strcmp(v, "on");
         } else if (!strcmp(a, "--mixed-steps")) {
             if (!strcmp(v, "on"))
                 cfg->mixed_steps = 1;
