@@ -7,7 +7,6 @@
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +15,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 
 #include "djinn/client.h"
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
-#include "server/serve.h"
+#include "support/bench_daemon.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -76,15 +74,33 @@ static double loopback_rate(uint8_t *dst, size_t bytes) {
     return got / dt;
 }
 
-typedef struct serve_args {
-    char *argv[16];
-    int argc;
-} serve_args;
+typedef struct embedded_args {
+    int n_tok;
+    const int32_t *prompt; /* [4] */
+} embedded_args;
 
-static void *serve_thread(void *p) {
-    serve_args *a = p;
-    dj__serve_main(a->argc, a->argv);
-    return NULL;
+/* Greedy decode of n_tok tokens after a 4-token prompt, embedded: seconds
+ * per token into out[0], the vocabulary size into out[1]. */
+static int embedded_run(dj_engine_t *e, dj_model_t *m, void *arg, double *out) {
+    const embedded_args *a = arg;
+    const int n_tok = a->n_tok;
+    dj_session_t *s = NULL;
+    if (dj_session_new(e, m, (uint32_t)n_tok + 8, 0, &s)) {
+        fprintf(stderr, "bench_remote: embedded: %s\n", dj_last_error());
+        return 1;
+    }
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    dj_session_step(e, s, a->prompt, 4, lg);
+    int32_t next = dj_argmax(lg, V);
+    double t0 = now_s();
+    for (int i = 1; i < n_tok; i++) {
+        dj_session_step(e, s, &next, 1, lg);
+        next = dj_argmax(lg, V);
+    }
+    out[0] = (now_s() - t0) / (n_tok - 1);
+    out[1] = (double)V;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -108,86 +124,28 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/%s", store, name);
     const int32_t prompt[4] = {1, 2, 3, 4};
 
-    /* ---- embedded, in a child process: its OpenMP thread pool must not
-     * outlive it into the daemon's measurement (libgomp throttles spinning
-     * once a process holds more threads than cores) ---- */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int threads = cores > 1 ? (int)cores - 1 : 1; /* what djinnd's CPU engine uses */
-    int pp[2];
-    if (pipe(pp) != 0) return 1;
-    pid_t child = fork();
-    if (child == 0) {
-        close(pp[0]);
-        dj_engine_config ec;
-        memset(&ec, 0, sizeof ec);
-        dj_vmu_config_default(&ec.vmu, vmu_bytes);
-        ec.device = device;
-        ec.n_threads = threads;
-        dj_engine_t *e = NULL;
-        dj_model_t *m = NULL;
-        dj_session_t *s = NULL;
-        if (dj_engine_new(&ec, &e) || dj_model_load(e, dir, &m) ||
-            dj_session_new(e, m, (uint32_t)n_tok + 8, 0, &s)) {
-            fprintf(stderr, "bench_remote: embedded: %s\n", dj_last_error());
-            _exit(1);
-        }
-        const uint32_t V = dj_model_get_config(m)->vocab_size;
-        float *lg = malloc((size_t)V * sizeof *lg);
-        dj_session_step(e, s, prompt, 4, lg);
-        int32_t next = dj_argmax(lg, V);
-        double t0 = now_s();
-        for (int i = 1; i < n_tok; i++) {
-            dj_session_step(e, s, &next, 1, lg);
-            next = dj_argmax(lg, V);
-        }
-        double res[2] = {(now_s() - t0) / (n_tok - 1), (double)V};
-        if (write(pp[1], res, sizeof res) != (ssize_t)sizeof res) _exit(1);
-        _exit(0);
-    }
-    close(pp[1]);
+    /* ---- embedded, in a child process (see bench_daemon.h) ---- */
+    const int threads = dj_bench_threads();
+    embedded_args ea = {n_tok, prompt};
     double emb[2] = {0, 0}; /* seconds per token, vocabulary */
-    const bool have = read(pp[0], emb, sizeof emb) == (ssize_t)sizeof emb;
-    close(pp[0]);
-    int wst = 0;
-    waitpid(child, &wst, 0);
-    if (!have) return 1;
+    if (dj_bench_embedded("bench_remote", dir, device, vmu_bytes, threads, embedded_run, &ea, emb, 2) != 0) return 1;
     const double emb_tok = emb[0];
     const uint32_t vocab = (uint32_t)emb[1];
     float *logits = malloc((size_t)vocab * sizeof *logits);
     double t0;
 
     /* ---- daemon in this process ---- */
-    char port_file[] = "/tmp/bench_remote_port_XXXXXX";
-    int pfd = mkstemp(port_file);
-    if (pfd < 0 || !logits) {
-        free(logits);
-        return 1;
-    }
-    close(pfd);
-    unlink(port_file);
+    if (!logits) return 1;
     char threads_s[16];
     snprintf(threads_s, sizeof threads_s, "%d", threads);
-    serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
-                      "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s},
-                     13};
-    pthread_t th;
-    pthread_create(&th, NULL, serve_thread, &sa);
-    unsigned port = 0;
-    for (int i = 0; i < 500 && !port; i++) {
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            if (fscanf(f, "%u", &port) != 1) port = 0;
-            fclose(f);
-        }
-        if (!port) usleep(10000);
-    }
-    unlink(port_file);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    const char *args[] = {"--models", store, "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s, NULL};
+    dj_bench_daemon d;
+    const bool up = dj_bench_daemon_start(&d, args, 5000) == 0;
+    const char *addr = d.addr;
     dj_client_t *c = NULL;
     uint64_t sess = 0;
     dj_session_opts so = {name, DJ_QOS_INTERACTIVE, (uint32_t)n_tok + 8};
-    if (!port || dj_client_connect(addr, NULL, &c) || dj_client_session_open(c, &so, &sess)) {
+    if (!up || dj_client_connect(addr, NULL, &c) || dj_client_session_open(c, &so, &sess)) {
         fprintf(stderr, "bench_remote: daemon: %s\n", dj_last_error());
         return 1;
     }
@@ -262,8 +220,7 @@ int main(int argc, char **argv) {
         free(ids);
     }
     dj_client_free(c);
-    kill(getpid(), SIGTERM); /* the daemon's signal watcher stops it */
-    pthread_join(th, NULL);
+    dj_bench_daemon_stop(&d);
     free(logits);
 
     printf("model %s (vocab %u), %d tokens, loopback TCP\n", name, vocab, n_tok);

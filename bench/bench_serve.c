@@ -10,18 +10,15 @@
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-#include <sys/wait.h>
 
 #include "djinn/client.h"
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
-#include "server/serve.h"
+#include "support/bench_daemon.h"
 
 #define MAX_N 64
 
@@ -36,73 +33,54 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+typedef struct step_args {
+    uint32_t n;
+    int steps;
+} step_args;
+
 /* The engine's step of n sessions: a 4-token prompt each, then `steps`
- * batched greedy decode steps; seconds per step (the first 3 steps, where
- * graphs are recorded, are not timed). Runs in a child (see bench_remote). */
-static double engine_step(const char *dir, const char *device, size_t vmu_bytes, int threads, uint32_t n,
-                          int steps) {
-    int pp[2];
-    if (pipe(pp) != 0) return -1;
-    pid_t child = fork();
-    if (child == 0) {
-        close(pp[0]);
-        dj_engine_config ec;
-        memset(&ec, 0, sizeof ec);
-        dj_vmu_config_default(&ec.vmu, vmu_bytes);
-        ec.device = device;
-        ec.n_threads = threads;
-        dj_engine_t *e = NULL;
-        dj_model_t *m = NULL;
-        dj_session_t *ss[MAX_N];
-        dj_sampler_t *smp[MAX_N];
-        int32_t ids[MAX_N], next[MAX_N];
-        const dj_sampler_params greedy = {.temperature = 0, .top_p = 1};
-        if (dj_engine_new(&ec, &e) || dj_model_load(e, dir, &m)) {
-            fprintf(stderr, "bench_serve: engine: %s\n", dj_last_error());
-            _exit(1);
+ * batched greedy decode steps; seconds per step into out[0] (the first 3
+ * steps, where graphs are recorded, are not timed). */
+static int engine_step_run(dj_engine_t *e, dj_model_t *m, void *arg, double *out) {
+    const step_args *a = arg;
+    const uint32_t n = a->n;
+    const int steps = a->steps;
+    dj_session_t *ss[MAX_N];
+    dj_sampler_t *smp[MAX_N];
+    int32_t ids[MAX_N], next[MAX_N];
+    const dj_sampler_params greedy = {.temperature = 0, .top_p = 1};
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t prompt[4] = {1 + (int32_t)i, 2, 3, 4};
+        int32_t first = 0;
+        if (dj_session_new(e, m, (uint32_t)steps + 16, 0, &ss[i]) || dj_sampler_new(&greedy, V, &smp[i]) ||
+            dj_session_step_sample(e, ss[i], prompt, 4, NULL, &first)) {
+            fprintf(stderr, "bench_serve: engine session: %s\n", dj_last_error());
+            return 1;
         }
-        const uint32_t V = dj_model_get_config(m)->vocab_size;
-        for (uint32_t i = 0; i < n; i++) {
-            const int32_t prompt[4] = {1 + (int32_t)i, 2, 3, 4};
-            int32_t first = 0;
-            if (dj_session_new(e, m, (uint32_t)steps + 16, 0, &ss[i]) || dj_sampler_new(&greedy, V, &smp[i]) ||
-                dj_session_step_sample(e, ss[i], prompt, 4, NULL, &first)) {
-                fprintf(stderr, "bench_serve: engine session: %s\n", dj_last_error());
-                _exit(1);
-            }
-            ids[i] = first;
-        }
-        double t0 = 0;
-        for (int k = 0; k < steps + 3; k++) {
-            if (k == 3) t0 = now_s();
-            if (dj_engine_step_batch_samplers(e, ss, NULL, ids, n, smp, next)) {
-                fprintf(stderr, "bench_serve: engine step: %s\n", dj_last_error());
-                _exit(1);
-            }
-            memcpy(ids, next, n * sizeof *ids);
-        }
-        const double per = (now_s() - t0) / steps;
-        if (write(pp[1], &per, sizeof per) != (ssize_t)sizeof per) _exit(1);
-        _exit(0);
+        ids[i] = first;
     }
-    close(pp[1]);
-    double per = -1;
-    if (read(pp[0], &per, sizeof per) != (ssize_t)sizeof per) per = -1;
-    close(pp[0]);
-    int wst = 0;
-    waitpid(child, &wst, 0);
-    return per;
+    double t0 = 0;
+    for (int k = 0; k < steps + 3; k++) {
+        if (k == 3) t0 = now_s();
+        if (dj_engine_step_batch_samplers(e, ss, NULL, ids, n, smp, next)) {
+            fprintf(stderr, "bench_serve: engine step: %s\n", dj_last_error());
+            return 1;
+        }
+        memcpy(ids, next, n * sizeof *ids);
+    }
+    out[0] = (now_s() - t0) / steps;
+    return 0;
 }
 
-typedef struct serve_args {
-    char *argv[20];
-    int argc;
-} serve_args;
-
-static void *serve_thread(void *p) {
-    serve_args *a = p;
-    dj__serve_main(a->argc, a->argv);
-    return NULL;
+/* Seconds per engine step of n sessions (engine_step_run, in a child), or -1. */
+static double engine_step(const char *dir, const char *device, size_t vmu_bytes, int threads, uint32_t n,
+                          int steps) {
+    step_args a = {n, steps};
+    double per = -1;
+    if (dj_bench_embedded("bench_serve", dir, device, vmu_bytes, threads, engine_step_run, &a, &per, 1) != 0)
+        return -1;
+    return per;
 }
 
 typedef struct client_run {
@@ -223,43 +201,23 @@ int main(int argc, char **argv) {
     }
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s/%s", store, model);
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int threads = cores > 1 ? (int)cores - 1 : 1; /* what djinnd's CPU engine uses */
+    const int threads = dj_bench_threads();
     double eng[16];
     for (size_t k = 0; k < n_ns; k++) {
         eng[k] = engine_step(dir, device, vmu_bytes, threads, ns[k], (int)tokens);
         if (eng[k] <= 0) return 1;
     }
 
-    char port_file[] = "/tmp/bench_serve_port_XXXXXX";
-    int pfd = mkstemp(port_file);
-    if (pfd < 0) return 1;
-    close(pfd);
-    unlink(port_file);
     char threads_s[16];
     snprintf(threads_s, sizeof threads_s, "%d", threads);
-    serve_args sa = {{"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", (char *)store,
-                      "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s, "--max-running", "64",
-                      "--mixed-steps", mixed},
-                     17};
-    pthread_t th;
-    pthread_create(&th, NULL, serve_thread, &sa);
-    unsigned port = 0;
-    for (int i = 0; i < 3000 && !port; i++) { /* a large model loads first: up to 30 s */
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            if (fscanf(f, "%u", &port) != 1) port = 0;
-            fclose(f);
-        }
-        if (!port) usleep(10000);
-    }
-    unlink(port_file);
-    if (!port) {
+    const char *args[] = {"--models", store, "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s,
+                          "--max-running", "64", "--mixed-steps", mixed, NULL};
+    dj_bench_daemon d;
+    if (dj_bench_daemon_start(&d, args, 30000) != 0) { /* a large model loads first: up to 30 s */
         fprintf(stderr, "bench_serve: the daemon did not start\n");
         return 1;
     }
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    const char *addr = d.addr;
     int rc = 0;
     double warm_step, warm_tok;
     rc |= serve_round(addr, model, 1, 16, &warm_step, &warm_tok); /* the model into the text segment */
@@ -281,7 +239,6 @@ int main(int argc, char **argv) {
                steps > 0 ? (c1.worker_ms - c0.worker_ms) / steps : 0, steps > 0 ? (c1.engine_ms - c0.engine_ms) / steps : 0,
                c1.captures - c0.captures, c1.replays - c0.replays);
     }
-    kill(getpid(), SIGTERM); /* the daemon's signal watcher stops it */
-    pthread_join(th, NULL);
+    dj_bench_daemon_stop(&d);
     return rc;
 }

@@ -2,18 +2,16 @@
  * every interval, the honest requests' p50/p99 latency and the daemon's RSS.
  * usage: bench_soak ADDR TOKEN PID SECONDS HONEST HOSTILE [MODEL] (soak.sh starts the daemon). */
 #define _GNU_SOURCE
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "djinn/client.h"
 #include "server/proto_impl.h"
+#include "daemon_util.h"
 
 #define MAX_LAT 200000
 
@@ -22,17 +20,6 @@ static volatile int stop;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static double lat[MAX_LAT]; /* honest request latencies of the current interval, seconds */
 static size_t n_lat, n_err, n_attacks;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void note(double dt, dj_status st) {
     pthread_mutex_lock(&mu);
@@ -46,15 +33,15 @@ static void *honest(void *arg) {
     unsigned seed = (unsigned)(uintptr_t)arg;
     while (!stop) {
         dj_client_t *c = NULL;
-        double t = now_s();
+        double t = dj_test_now_s();
         dj_status st = dj_client_connect(addr, token, &c);
-        note(now_s() - t, st);
+        note(dj_test_now_s() - t, st);
         for (int round = 0; c && round < 20 && !stop; round++) {
             uint64_t s = 0;
             dj_session_opts o = {model, DJ_QOS_INTERACTIVE, 256};
-            t = now_s();
+            t = dj_test_now_s();
             st = dj_client_session_open(c, &o, &s);
-            note(now_s() - t, st);
+            note(dj_test_now_s() - t, st);
             if (st != DJ_OK) break;
             int32_t ids[8];
             for (int i = 0; i < 8; i++) ids[i] = 2 + (int32_t)(rand_r(&seed) % 1000);
@@ -64,16 +51,16 @@ static void *honest(void *arg) {
             p.n_ids = 8;
             p.sampling.top_p = 1;
             p.max_tokens = 16;
-            t = now_s();
+            t = dj_test_now_s();
             st = dj_client_generate(c, s, &p, NULL, NULL, NULL);
-            note(now_s() - t, st);
+            note(dj_test_now_s() - t, st);
             dj_remote_tensor rt;
-            t = now_s();
+            t = dj_test_now_s();
             st = dj_client_step(c, s, ids, 4, false, &rt);
-            note(now_s() - t, st);
-            t = now_s();
+            note(dj_test_now_s() - t, st);
+            t = dj_test_now_s();
             st = dj_client_session_close(c, s);
-            note(now_s() - t, st);
+            note(dj_test_now_s() - t, st);
         }
         dj_client_free(c);
     }
@@ -81,35 +68,9 @@ static void *honest(void *arg) {
 }
 
 /* Hostile connections come from 127.0.0.2 (another loopback address), so
- * the failed-HELLO slowdown of their address does not touch the honest ones. */
-static int raw_connect(void) {
-    struct sockaddr_storage ss;
-    socklen_t len;
-    if (dj__addr_parse(addr, &ss, &len) != DJ_OK) return -1;
-    int fd = socket(ss.ss_family, SOCK_STREAM, 0);
-    if (fd >= 0 && ss.ss_family == AF_INET) {
-        struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002)};
-        if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0) perror("bench_soak: bind 127.0.0.2");
-    }
-    struct timeval tv = {2, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&ss, len) != 0) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* False once the daemon stops taking bytes (2 s send timeout) or the connection is gone. */
-static bool raw_send(int fd, uint16_t type, const void *meta, size_t mlen, uint64_t plen) {
-    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
-                         .meta_len = (uint32_t)mlen, .request_id = 1, .payload_len = plen};
-    uint8_t b[DJ_FRAME_HEADER_BYTES];
-    dj_frame_header_encode(&h, b);
-    return send(fd, b, sizeof b, MSG_NOSIGNAL) == (ssize_t)sizeof b &&
-           (!mlen || send(fd, meta, mlen, MSG_NOSIGNAL) == (ssize_t)mlen);
-}
+ * the failed-HELLO slowdown of their address does not touch the honest ones;
+ * a daemon that stops taking bytes shows as a 2 s send timeout. */
+static int raw_connect(void) { return dj_test_raw_connect(addr, "127.0.0.2", 2, 2); }
 
 static void raw_hello(int fd, const char *tok) {
     dj__mw w;
@@ -117,7 +78,7 @@ static void raw_hello(int fd, const char *tok) {
     dj__mw_u64(&w, "version", 1);
     if (tok) dj__mw_str(&w, "token", tok);
     dj__mw_finish(&w);
-    raw_send(fd, DJ_MSG_HELLO, w.sb.data, w.sb.size, 0);
+    dj_test_raw_send(fd, DJ_MSG_HELLO, 1, w.sb.data, w.sb.size, 0);
     dj__mw_destroy(&w);
     char b[256];
     if (recv(fd, b, sizeof b, 0) < 0) return; /* the REPLY (or ERROR) */
@@ -130,24 +91,24 @@ static void *hostile(void *arg) {
     while (!stop) {
         int fd = raw_connect();
         if (fd < 0) {
-            sleep_ms(50);
+            dj_test_sleep_ms(50);
             continue;
         }
         switch (kind++ % 6) {
         case 0: /* HEARTBEATs, never read, for 2 s */
             raw_hello(fd, token);
-            for (double t = now_s(); now_s() - t < 2 && !stop;)
-                if (!raw_send(fd, DJ_MSG_HEARTBEAT, NULL, 0, 0)) break;
+            for (double t = dj_test_now_s(); dj_test_now_s() - t < 2 && !stop;)
+                if (!dj_test_raw_send(fd, DJ_MSG_HEARTBEAT, 1, NULL, 0, 0)) break;
             break;
         case 1: /* idle without HELLO */
-            sleep_ms(1500);
+            dj_test_sleep_ms(1500);
             break;
         case 2: /* guessed tokens */
             raw_hello(fd, "guess");
             break;
         case 3: { /* a STEP claiming 1 GiB */
             raw_hello(fd, token);
-            raw_send(fd, DJ_MSG_STEP, "\x81\xa7session\x01", 10, (uint64_t)1 << 30);
+            dj_test_raw_send(fd, DJ_MSG_STEP, 1, "\x81\xa7session\x01", 10, (uint64_t)1 << 30);
             send(fd, junk, sizeof junk, MSG_NOSIGNAL);
             break;
         }
@@ -164,8 +125,8 @@ static void *hostile(void *arg) {
         default: /* STATS, never read */
             raw_hello(fd, token);
             for (int i = 0; i < 2000 && !stop; i++)
-                if (!raw_send(fd, DJ_MSG_STATS, NULL, 0, 0)) break;
-            sleep_ms(500);
+                if (!dj_test_raw_send(fd, DJ_MSG_STATS, 1, NULL, 0, 0)) break;
+            dj_test_sleep_ms(500);
             break;
         }
         close(fd);

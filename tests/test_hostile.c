@@ -21,119 +21,27 @@
 #include "djinn/client.h"
 #include "server/proto_impl.h"
 #include "server/server_impl.h"
+#include "daemon_util.h"
 #include "testutil.h"
 
-#define N_DAEMONS 6
-static pid_t daemons[N_DAEMONS];
 static char tmpdir[256], models[300];
 /* the daemon under test; DJ_TEST_DJINND names another build (e.g. an older
  * one, to see each check fail before its fix) */
 static const char *djinnd = DJ_DJINND;
+#define RAW_TIMEOUT_S 10 /* receive timeout of the raw connections */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static void kill_all(void) {
-    for (int i = 0; i < N_DAEMONS; i++)
-        if (daemons[i] > 0) {
-            kill(daemons[i], SIGKILL);
-            waitpid(daemons[i], NULL, 0);
-            daemons[i] = 0;
-        }
-}
-
-static void on_fatal(int sig) {
-    kill_all();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static int stop_daemon(int slot) {
-    pid_t pid = daemons[slot];
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 2000; i++) {
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            daemons[slot] = 0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        }
-        sleep_ms(10);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    daemons[slot] = 0;
-    return -1;
-}
-
-/* Start djinnd (stderr to tmpdir/errN) with extra args and, if nofile > 0,
- * that fd limit. Returns its pid, or -1 with *exit_code set when it exited. */
+/* djinnd with its stderr in tmpdir/errN, extra args and, if nofile > 0,
+ * that fd limit; under ASan its freed blocks would wait in a 256 MiB
+ * quarantine, which the RSS bounds below would count as the daemon's, so
+ * the quarantine is kept small. */
 static pid_t start_daemon(int slot, const char *const *extra, rlim_t nofile, char *addr, size_t cap, int *exit_code) {
-    char port_file[300], err_file[300];
-    snprintf(port_file, sizeof port_file, "%s/port%d", tmpdir, slot);
-    snprintf(err_file, sizeof err_file, "%s/err%d", tmpdir, slot);
-    unlink(port_file);
-    const char *argv[48];
-    int n = 0;
-    argv[n++] = djinnd;
-    argv[n++] = "--listen";
-    argv[n++] = "127.0.0.1:0";
-    argv[n++] = "--port-file";
-    argv[n++] = port_file;
-    argv[n++] = "--models";
-    argv[n++] = models;
-    argv[n++] = "--vmu-gb";
-    argv[n++] = "256m";
-    argv[n++] = "--threads";
-    argv[n++] = "1";
-    for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(err_file, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd >= 0) dup2(fd, 2);
-        /* under ASan freed blocks wait in a 256 MiB quarantine, which the RSS
-         * bounds below would count as the daemon's; keep it small */
-        char asan[512];
-        const char *prev = getenv("ASAN_OPTIONS");
-        snprintf(asan, sizeof asan, "%s%squarantine_size_mb=8", prev ? prev : "", prev && prev[0] ? ":" : "");
-        setenv("ASAN_OPTIONS", asan, 1);
-        if (nofile) {
-            struct rlimit rl = {nofile, nofile};
-            setrlimit(RLIMIT_NOFILE, &rl);
-        }
-        execv(djinnd, (char *const *)argv);
-        _exit(127);
-    }
-    daemons[slot] = pid;
-    *exit_code = 0;
-    for (int i = 0; i < 3000; i++) {
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            unsigned port = 0;
-            const int ok = fscanf(f, "%u", &port);
-            fclose(f);
-            snprintf(addr, cap, "127.0.0.1:%u", port);
-            if (ok == 1) return pid;
-        }
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            daemons[slot] = 0;
-            *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-            return -1;
-        }
-        sleep_ms(10);
-    }
-    return -1;
+    const dj_test_daemon_opts o = {.djinnd = djinnd, .dir = tmpdir, .models = models, .listen = "127.0.0.1:0",
+                                   .save_stderr = true, .small_asan_quarantine = true, .nofile = nofile,
+                                   .wait_ms = 30000};
+    return dj_test_daemon_start(slot, &o, extra, addr, cap, exit_code);
 }
+
+static int stop_daemon(int slot) { return dj_test_daemon_stop(slot, 20000); }
 
 static bool file_has(const char *path, const char *needle) {
     char *t = dj_test_read_file(path, NULL);
@@ -153,78 +61,7 @@ static long rss_kb(pid_t pid) {
     return kb;
 }
 
-/* ---- raw frames ---- */
-
-static int raw_connect(const char *addr) {
-    struct sockaddr_storage ss;
-    socklen_t len;
-    if (dj__addr_parse(addr, &ss, &len) != DJ_OK) return -1;
-    int fd = socket(ss.ss_family, SOCK_STREAM, 0);
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&ss, len) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static void raw_send(int fd, uint16_t type, uint64_t req, const void *meta, size_t mlen, uint64_t plen) {
-    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
-                         .meta_len = (uint32_t)mlen, .request_id = req, .payload_len = plen};
-    uint8_t b[DJ_FRAME_HEADER_BYTES];
-    dj_frame_header_encode(&h, b);
-    if (send(fd, b, sizeof b, MSG_NOSIGNAL) < 0 || (mlen && send(fd, meta, mlen, MSG_NOSIGNAL) < 0)) return;
-}
-
-static int raw_recv(int fd, void *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = recv(fd, (char *)buf + got, n - got, 0);
-        if (k <= 0) return -1;
-        got += (size_t)k;
-    }
-    return 0;
-}
-
-/* One answer frame: its type (-1 on EOF or error), ERROR status in *st, the
- * ERROR message in msg, and a u64 field `key` of a REPLY in *val. */
-typedef struct frame {
-    int type;
-    int64_t st;
-    char msg[1024];
-    uint64_t val;
-} frame;
-
-static frame raw_frame(int fd, const char *key) {
-    frame f = {.type = -1};
-    uint8_t b[DJ_FRAME_HEADER_BYTES];
-    dj_frame_header h;
-    if (raw_recv(fd, b, sizeof b) || dj_frame_header_decode(b, DJ_PROTO_MAX_REPLY_PAYLOAD, &h) != DJ_OK ||
-        h.meta_len > DJ_PROTO_MAX_META || h.payload_len > (1u << 30))
-        return f;
-    uint8_t *m = malloc(h.meta_len + h.payload_len + 1);
-    if (!m || raw_recv(fd, m, h.meta_len + h.payload_len)) {
-        free(m);
-        return f;
-    }
-    f.type = h.type;
-    dj__meta meta;
-    if (dj__meta_parse(&meta, m, h.meta_len) == DJ_OK) {
-        const char *s = NULL;
-        size_t n = 0;
-        dj__meta_i64(&meta, "status", false, &f.st);
-        if (dj__meta_str(&meta, "message", false, &s, &n) == DJ_OK && s) {
-            if (n >= sizeof f.msg) n = sizeof f.msg - 1;
-            memcpy(f.msg, s, n);
-            f.msg[n] = '\0';
-        }
-        if (key) dj__meta_u64(&meta, key, false, &f.val);
-        dj__meta_destroy(&meta);
-    }
-    free(m);
-    return f;
-}
+/* ---- raw frames (see daemon_util.h) ---- */
 
 static bool raw_eof(int fd) {
     char c[4096];
@@ -235,38 +72,15 @@ static bool raw_eof(int fd) {
     }
 }
 
-static size_t meta_of(dj__mw *w, uint8_t *out) {
-    dj__mw_finish(w);
-    memcpy(out, w->sb.data, w->sb.size);
-    const size_t n = w->sb.size;
-    dj__mw_destroy(w);
-    return n;
-}
-
-/* Connect and HELLO (token may be NULL); the answer's type in *type. */
-static int raw_hello(const char *addr, const char *token, frame *ans) {
-    int fd = raw_connect(addr);
-    if (fd < 0) return -1;
-    dj__mw w;
-    uint8_t m[512];
-    dj__mw_init(&w);
-    dj__mw_u64(&w, "version", 1);
-    if (token) dj__mw_str(&w, "token", token);
-    const size_t n = meta_of(&w, m);
-    raw_send(fd, DJ_MSG_HELLO, 1, m, n, 0);
-    *ans = raw_frame(fd, NULL);
-    return fd;
-}
-
 static uint64_t raw_open(int fd, const char *model, uint32_t ctx) {
     dj__mw w;
     uint8_t m[256];
     dj__mw_init(&w);
     dj__mw_str(&w, "model", model);
     if (ctx) dj__mw_u64(&w, "expected_tokens", ctx);
-    const size_t n = meta_of(&w, m);
-    raw_send(fd, DJ_MSG_SESSION_OPEN, 2, m, n, 0);
-    frame f = raw_frame(fd, "session");
+    const size_t n = dj_test_meta_of(&w, m);
+    dj_test_raw_send(fd, DJ_MSG_SESSION_OPEN, 2, m, n, 0);
+    dj_test_frame f = dj_test_raw_frame(fd, "session");
     CHECK_MSG(f.type == DJ_MSG_REPLY, "SESSION_OPEN %s: %d %s", model, f.type, f.msg);
     return f.val;
 }
@@ -320,8 +134,8 @@ static void test_reply_buffer(void) {
     CHECK_MSG(pid > 0, "daemon 0 did not start (%d)", code);
     if (pid <= 0) return;
     /* HEARTBEATs, never read: the daemon stops reading, its memory holds */
-    frame a;
-    int fd = raw_hello(addr, NULL, &a);
+    dj_test_frame a;
+    int fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &a);
     CHECK(a.type == DJ_MSG_REPLY);
     const long rss0 = rss_kb(pid);
     uint8_t hb[DJ_FRAME_HEADER_BYTES];
@@ -332,7 +146,7 @@ static void test_reply_buffer(void) {
     for (int i = 0; i < 20; i++) { /* let it work through what it took */
         const long r = rss_kb(pid);
         if (r > peak) peak = r;
-        sleep_ms(50);
+        dj_test_sleep_ms(50);
     }
     printf("heartbeat flood: %zu bytes sent, daemon RSS %ld -> %ld KiB\n", sent, rss0, peak);
     CHECK_MSG(peak - rss0 < 48 * 1024, "RSS grew by %ld KiB under a heartbeat flood", peak - rss0);
@@ -343,7 +157,7 @@ static void test_reply_buffer(void) {
     dj_client_free(c);
     close(fd);
     /* STATS (amplified answers), never read: past the hard limit the daemon drops the connection */
-    fd = raw_hello(addr, NULL, &a);
+    fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &a);
     dj_frame_header hs = {.magic = DJ_PROTO_MAGIC, .version = 1, .type = DJ_MSG_STATS, .request_id = 8};
     uint8_t sb[DJ_FRAME_HEADER_BYTES];
     dj_frame_header_encode(&hs, sb);
@@ -367,8 +181,8 @@ static void test_connections(void) {
     CHECK_MSG(file_has(err, "lowered to 16"), "no word of --max-connections being lowered to fit 64 fds");
     int fds[48], n_ok = 0, n_busy = 0, n_other = 0;
     for (int i = 0; i < 48; i++) {
-        frame a;
-        fds[i] = raw_hello(addr, NULL, &a);
+        dj_test_frame a;
+        fds[i] = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &a);
         if (a.type == DJ_MSG_REPLY) n_ok++;
         else if (a.type == DJ_MSG_ERROR && a.st == DJ_EBUSY) n_busy++;
         else if (a.type == -1 && fds[i] >= 0 && raw_eof(fds[i])) n_busy++; /* past the slack: closed */
@@ -381,7 +195,7 @@ static void test_connections(void) {
     /* the slots come back */
     dj_client_t *c = NULL;
     for (int i = 0; i < 500 && !c; i++)
-        if (dj_client_connect(addr, NULL, &c) != DJ_OK) sleep_ms(10);
+        if (dj_client_connect(addr, NULL, &c) != DJ_OK) dj_test_sleep_ms(10);
     CHECK_MSG(c != NULL, "no connection possible after the flood closed");
     dj_client_free(c);
     CHECK(stop_daemon(1) == 0);
@@ -395,15 +209,15 @@ static void test_timeouts(void) {
     CHECK_MSG(pid > 0, "daemon 2 did not start (%d)", code);
     if (pid <= 0) return;
     /* no HELLO: closed with an error */
-    int fd = raw_connect(addr);
-    frame f = raw_frame(fd, NULL);
+    int fd = dj_test_raw_connect(addr, NULL, RAW_TIMEOUT_S, 0);
+    dj_test_frame f = dj_test_raw_frame(fd, NULL);
     CHECK_MSG(f.type == DJ_MSG_ERROR && strstr(f.msg, "no HELLO"), "silent connection: %d %s", f.type, f.msg);
     CHECK(raw_eof(fd));
     close(fd);
     /* HELLO, then silence: closed after the idle timeout */
-    fd = raw_hello(addr, NULL, &f);
+    fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
     CHECK(f.type == DJ_MSG_REPLY);
-    f = raw_frame(fd, NULL);
+    f = dj_test_raw_frame(fd, NULL);
     CHECK_MSG(f.type == DJ_MSG_ERROR && strstr(f.msg, "idle"), "idle connection: %d %s", f.type, f.msg);
     CHECK(raw_eof(fd));
     close(fd);
@@ -456,7 +270,7 @@ static void test_bad_token_files(void) {
 }
 
 static int http_get(const char *addr, const char *auth, char *body, size_t cap) {
-    int fd = raw_connect(addr);
+    int fd = dj_test_raw_connect(addr, NULL, RAW_TIMEOUT_S, 0);
     if (fd < 0) return -1;
     char req[512];
     snprintf(req, sizeof req, "GET /metrics HTTP/1.0\r\n%s%s%s\r\n", auth ? "Authorization: Bearer " : "",
@@ -500,14 +314,14 @@ static void test_tokens(void) {
     CHECK_MSG(pid > 0, "daemon 3 did not start (%d)", code);
     if (pid <= 0) return;
     /* failed HELLOs from one address are slowed: 0 + 100 + 200 + 400 ms at least */
-    const double t0 = now_s();
+    const double t0 = dj_test_now_s();
     for (int i = 0; i < 4; i++) {
-        frame a;
-        int fd = raw_hello(addr, "guess", &a);
+        dj_test_frame a;
+        int fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, "guess", &a);
         CHECK(a.type == DJ_MSG_ERROR && a.st == DJ_EINVAL);
         if (fd >= 0) close(fd);
     }
-    const double dt = now_s() - t0;
+    const double dt = dj_test_now_s() - t0;
     printf("4 wrong HELLOs took %.2f s\n", dt);
     CHECK_MSG(dt >= 0.65, "4 wrong HELLOs took %.3f s: not slowed", dt);
     dj_client_t *u = NULL, *rt = NULL, *adm = NULL;
@@ -561,24 +375,24 @@ static void test_tokens(void) {
     CHECK(http_get(maddr, "guess", body, sizeof body) == 401);
     CHECK(http_get(maddr, "user-token-aaaa", body, sizeof body) == 200 && strstr(body, "djinn_requests_total"));
     int idle[2];
-    for (int i = 0; i < 2; i++) idle[i] = raw_connect(maddr);
+    for (int i = 0; i < 2; i++) idle[i] = dj_test_raw_connect(maddr, NULL, RAW_TIMEOUT_S, 0);
     int extra_fd = -1;
     bool refused = false;
     for (int i = 0; i < 500 && !refused; i++) { /* MHD counts the idle two once it has accepted them */
-        extra_fd = raw_connect(maddr);
+        extra_fd = dj_test_raw_connect(maddr, NULL, RAW_TIMEOUT_S, 0);
         if (extra_fd < 0) break;
         send(extra_fd, "GET /metrics HTTP/1.0\r\n\r\n", 25, MSG_NOSIGNAL);
         char b[16];
         refused = recv(extra_fd, b, sizeof b, 0) <= 0;
         close(extra_fd);
-        if (!refused) sleep_ms(10);
+        if (!refused) dj_test_sleep_ms(10);
     }
     CHECK_MSG(refused, "a third /metrics connection was served with a limit of 2");
     for (int i = 0; i < 2; i++)
         if (idle[i] >= 0) close(idle[i]);
     int got = -1;
     for (int i = 0; i < 500 && got != 200; i++)
-        if ((got = http_get(maddr, "admin-token-cccc", body, sizeof body)) != 200) sleep_ms(10);
+        if ((got = http_get(maddr, "admin-token-cccc", body, sizeof body)) != 200) dj_test_sleep_ms(10);
     CHECK(got == 200);
 out:
     dj_client_free(u);
@@ -633,8 +447,8 @@ static void test_limits(void) {
     pid_t pid = start_daemon(4, extra, 0, addr, sizeof addr, &code);
     CHECK_MSG(pid > 0, "daemon 4 did not start (%d)", code);
     if (pid <= 0) return;
-    frame f;
-    int fd = raw_hello(addr, NULL, &f);
+    dj_test_frame f;
+    int fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
     uint8_t m[1024];
     dj__mw w;
     /* 4: a STEP claiming 1 GiB of ids for a 64-position session is refused once its metadata is in */
@@ -642,11 +456,11 @@ static void test_limits(void) {
     const long rss0 = rss_kb(pid);
     dj__mw_init(&w);
     dj__mw_u64(&w, "session", s64);
-    size_t n = meta_of(&w, m);
-    raw_send(fd, DJ_MSG_STEP, 3, m, n, (uint64_t)1 << 30);
+    size_t n = dj_test_meta_of(&w, m);
+    dj_test_raw_send(fd, DJ_MSG_STEP, 3, m, n, (uint64_t)1 << 30);
     static uint8_t junk[1 << 20];
     send(fd, junk, sizeof junk, MSG_NOSIGNAL | MSG_DONTWAIT);
-    f = raw_frame(fd, NULL);
+    f = dj_test_raw_frame(fd, NULL);
     CHECK_MSG(f.type == DJ_MSG_ERROR && f.st == DJ_ERANGE, "1 GiB STEP: %d %lld %s", f.type, (long long)f.st, f.msg);
     CHECK(raw_eof(fd));
     CHECK_MSG(rss_kb(pid) - rss0 < 16 * 1024, "RSS %ld -> %ld KiB", rss0, rss_kb(pid));
@@ -684,18 +498,18 @@ static void test_limits(void) {
     long_gen lg = {.addr = addr};
     pthread_t th;
     pthread_create(&th, NULL, long_gen_thread, &lg);
-    for (int i = 0; i < 3000 && !lg.started; i++) sleep_ms(5);
-    fd = raw_hello(addr, NULL, &f);
+    for (int i = 0; i < 3000 && !lg.started; i++) dj_test_sleep_ms(5);
+    fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
     const uint64_t sb = raw_open(fd, "tinyllama", 64);
     dj__mw_init(&w);
     dj__mw_u64(&w, "session", sb);
     dj__mw_ids(&w, "ids", ids, 4);
     dj__mw_u64(&w, "max_tokens", 4);
-    n = meta_of(&w, m);
-    raw_send(fd, DJ_MSG_GENERATE, 4, m, n, 0); /* no heartbeat from here on */
+    n = dj_test_meta_of(&w, m);
+    dj_test_raw_send(fd, DJ_MSG_GENERATE, 4, m, n, 0); /* no heartbeat from here on */
     struct timeval tv = {120, 0}; /* it waits for the long one, slow under sanitizers */
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    do f = raw_frame(fd, NULL);
+    do f = dj_test_raw_frame(fd, NULL);
     while (f.type == DJ_MSG_TOKEN);
     CHECK_MSG(f.type == DJ_MSG_DONE, "queued GENERATE: frame %d status %lld %s", f.type, (long long)f.st, f.msg);
     close(fd);
@@ -723,23 +537,23 @@ static void test_error_text(void) {
     pid_t pid = start_daemon(5, NULL, 0, addr, sizeof addr, &code);
     CHECK_MSG(pid > 0, "daemon 5 did not start (%d)", code);
     if (pid <= 0) return;
-    frame f;
-    int fd = raw_hello(addr, NULL, &f);
+    dj_test_frame f;
+    int fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
     uint8_t m[256];
     dj__mw w;
     /* a model folder without config.json: the error names no server path */
     dj__mw_init(&w);
     dj__mw_str(&w, "model", "broken");
-    size_t n = meta_of(&w, m);
-    raw_send(fd, DJ_MSG_MODEL_LOAD, 2, m, n, 0);
-    f = raw_frame(fd, NULL);
+    size_t n = dj_test_meta_of(&w, m);
+    dj_test_raw_send(fd, DJ_MSG_MODEL_LOAD, 2, m, n, 0);
+    f = dj_test_raw_frame(fd, NULL);
     CHECK_MSG(f.type == DJ_MSG_ERROR && !strstr(f.msg, tmpdir) && !strstr(f.msg, "/tmp"), "MODEL_LOAD: %s", f.msg);
     /* client bytes that are not UTF-8 come back as UTF-8 */
     dj__mw_init(&w);
     dj__mw_strn(&w, "model", "x\xff\xfe\xc0\xaf", 5);
-    n = meta_of(&w, m);
-    raw_send(fd, DJ_MSG_SESSION_OPEN, 3, m, n, 0);
-    f = raw_frame(fd, NULL);
+    n = dj_test_meta_of(&w, m);
+    dj_test_raw_send(fd, DJ_MSG_SESSION_OPEN, 3, m, n, 0);
+    f = dj_test_raw_frame(fd, NULL);
     CHECK_MSG(f.type == DJ_MSG_ERROR && utf8_ok(f.msg), "SESSION_OPEN: %d %s", f.type, f.msg);
     close(fd);
     CHECK(stop_daemon(5) == 0);
@@ -748,12 +562,8 @@ static void test_error_text(void) {
 int main(void) {
     dj_test_seed();
     signal(SIGPIPE, SIG_IGN);
-    signal(SIGSEGV, on_fatal);
-    signal(SIGABRT, on_fatal);
-    signal(SIGTERM, on_fatal);
-    signal(SIGINT, on_fatal);
+    dj_test_daemon_guard();
     setvbuf(stdout, NULL, _IONBF, 0);
-    atexit(kill_all);
     if (getenv("DJ_TEST_DJINND")) djinnd = getenv("DJ_TEST_DJINND");
     snprintf(tmpdir, sizeof tmpdir, "/tmp/djinn_test_hostile_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -771,7 +581,7 @@ int main(void) {
     CHECK(symlink(DJ_SOURCE_DIR "/models/demo", link) == 0);
     snprintf(link, sizeof link, "%s/broken", models);
     mkdir(link, 0700);
-    const double t = now_s();
+    const double t = dj_test_now_s();
     test_error_text();
     test_bad_token_files();
     test_tokens();
@@ -779,7 +589,7 @@ int main(void) {
     test_connections();
     test_timeouts();
     test_reply_buffer();
-    printf("hostile tests in %.2f s\n", now_s() - t);
+    printf("hostile tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

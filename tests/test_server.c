@@ -25,6 +25,7 @@
 
 #include "djinn/client.h"
 #include "server/proto_impl.h"
+#include "daemon_util.h"
 #include "testutil.h"
 
 #define N_MODELS 5
@@ -37,94 +38,17 @@ typedef struct ref {
 } ref;
 static ref refs[N_MODELS];
 
-static pid_t daemons[5];
 static char tmpdir[256];
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+/* djinnd on fixture models with extra args; *addr gets where it listens. */
+static pid_t start_daemon(int slot, const char *listen, const char *const *extra, char *addr, size_t cap) {
+    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_FIXTURES "/models",
+                                   .listen = listen, .wait_ms = 10000};
+    return dj_test_daemon_start(slot, &o, extra, addr, cap, NULL);
 }
 
 /* SIGTERM, then wait at most 10 s (SIGKILL after); returns the exit status or -1. */
-static int stop_daemon(pid_t pid) {
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 1000; i++) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        sleep_ms(10);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    return -1;
-}
-
-static void kill_all(void) {
-    for (int i = 0; i < 4; i++)
-        if (daemons[i] > 0) {
-            kill(daemons[i], SIGKILL);
-            waitpid(daemons[i], NULL, 0);
-            daemons[i] = 0;
-        }
-}
-
-static void on_fatal(int sig) {
-    kill_all();
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* Start djinnd with extra args; *addr gets where it listens. Slot i of daemons[]. */
-static pid_t start_daemon(int slot, const char *listen, const char *const *extra, char *addr, size_t cap) {
-    char port_file[300];
-    snprintf(port_file, sizeof port_file, "%s/port%d", tmpdir, slot);
-    unlink(port_file);
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = DJ_DJINND;
-    argv[n++] = "--listen";
-    argv[n++] = listen;
-    argv[n++] = "--port-file";
-    argv[n++] = port_file;
-    argv[n++] = "--models";
-    argv[n++] = DJ_FIXTURES "/models";
-    argv[n++] = "--vmu-gb";
-    argv[n++] = "256m";
-    argv[n++] = "--threads";
-    argv[n++] = "1";
-    for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv(DJ_DJINND, (char *const *)argv);
-        _exit(127);
-    }
-    daemons[slot] = pid;
-    for (int i = 0; i < 1000; i++) {
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            unsigned port = 0;
-            int ok = fscanf(f, "%u", &port);
-            fclose(f);
-            if (!strncmp(listen, "unix:", 5)) snprintf(addr, cap, "%s", listen);
-            else snprintf(addr, cap, "127.0.0.1:%u", port);
-            if (ok == 1 || !strncmp(listen, "unix:", 5)) return pid;
-        }
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            daemons[slot] = 0;
-            return -1;
-        }
-        sleep_ms(10);
-    }
-    return -1;
-}
+static int stop_daemon(int slot) { return dj_test_daemon_stop(slot, 10000); }
 
 static int count_fds(pid_t pid) {
     char path[64];
@@ -292,7 +216,7 @@ static bool stats(dj_client_t *c, dj_client_stats *st);
 static void test_concurrent(const char *addr) {
     pthread_t th[N_CLIENTS];
     worker_arg args[N_CLIENTS];
-    double t0 = now_s();
+    double t0 = dj_test_now_s();
     for (int i = 0; i < N_CLIENTS; i++) {
         args[i] = (worker_arg){addr, i, 0, ""};
         pthread_create(&th[i], NULL, client_thread, &args[i]);
@@ -305,7 +229,7 @@ static void test_concurrent(const char *addr) {
     }
     CHECK_MSG(ok == N_CLIENTS, "%d of %d concurrent clients (half greedy, half seeded sampling) got their tokens", ok,
               N_CLIENTS);
-    printf("%d concurrent clients x 24 tokens in %.2f s\n", N_CLIENTS, now_s() - t0);
+    printf("%d concurrent clients x 24 tokens in %.2f s\n", N_CLIENTS, dj_test_now_s() - t0);
     /* concurrent generations of one model share decode steps (continuous batching) */
     dj_client_t *c = NULL;
     CHECK_OK(dj_client_connect(addr, NULL, &c));
@@ -338,7 +262,7 @@ static void on_stamp(int32_t id, const char *text, size_t len, void *user) {
     if (id < 0) return;
     pthread_mutex_lock(&s->mu);
     if (s->n < 512)
-        s->t[s->n++] = now_s();
+        s->t[s->n++] = dj_test_now_s();
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -399,8 +323,7 @@ static void test_prefill_interleave(const char *mode, int n_prompt, long want_mi
         CHECK_OK(dj_client_session_open(c, &o, &sess));
     if (!c || !sess) {
         dj_client_free(c);
-        stop_daemon(pid);
-        daemons[2] = 0;
+        stop_daemon(2);
         return;
     }
     long_gen a = {.addr = addr};
@@ -430,7 +353,7 @@ static void test_prefill_interleave(const char *mode, int n_prompt, long want_mi
     stamped b;
     memset(&b, 0, sizeof b);
     pthread_mutex_init(&b.mu, NULL);
-    const double t_send = now_s();
+    const double t_send = dj_test_now_s();
     CHECK_OK(dj_client_generate(c, sess, &gp, on_stamp, &b, NULL));
     const bool have1 = stats(c, &st1);
     pthread_join(th, NULL);
@@ -451,8 +374,7 @@ static void test_prefill_interleave(const char *mode, int n_prompt, long want_mi
     dj_client_free(c);
     pthread_mutex_destroy(&a.st.mu);
     pthread_mutex_destroy(&b.mu);
-    CHECK_MSG(stop_daemon(pid) == 0, "djinnd (demo store) did not exit cleanly");
-    daemons[2] = 0;
+    CHECK_MSG(stop_daemon(2) == 0, "djinnd (demo store) did not exit cleanly");
 }
 
 /* ---- stop rules: the model's EOS ids (generation_config.json), ignore_eos, stop ids ---- */
@@ -534,8 +456,7 @@ static void test_eos(void) {
         dj_client_stats_free(&st);
     }
     dj_client_free(c);
-    CHECK_MSG(stop_daemon(pid) == 0, "djinnd (EOS store) did not exit cleanly");
-    daemons[4] = 0;
+    CHECK_MSG(stop_daemon(4) == 0, "djinnd (EOS store) did not exit cleanly");
 }
 
 /* ---- stats and memory ---- */
@@ -548,7 +469,7 @@ static bool stats(dj_client_t *c, dj_client_stats *st) {
 
 /* Wait (at most ms) until data/stack/text use and VMU session count are back to base. */
 static bool back_to(dj_client_t *c, const dj_client_stats *base, int ms) {
-    for (double t0 = now_s(); now_s() - t0 < ms / 1000.0; sleep_ms(20)) {
+    for (double t0 = dj_test_now_s(); dj_test_now_s() - t0 < ms / 1000.0; dj_test_sleep_ms(20)) {
         dj_client_stats st;
         if (!stats(c, &st)) return false;
         bool same = st.data.used == base->data.used && st.vmu_sessions == base->vmu_sessions &&
@@ -675,7 +596,7 @@ static void test_killed_client(const char *addr) {
         _exit(4); /* not reached: killed at token 3 */
     }
     int status = 0;
-    for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) != child; i++) sleep_ms(10);
+    for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) != child; i++) dj_test_sleep_ms(10);
     CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child did not die mid-generation (status %d)",
               status);
     CHECK_MSG(back_to(c, &base, 3000), "memory of a killed client not released");
@@ -702,16 +623,16 @@ static void test_lease(const char *addr, uint32_t lease_ms) {
         CHECK(st.data.used > base.data.used && st.handles == base.handles + 1);
         dj_client_stats_free(&st);
     }
-    const double t0 = now_s();
-    sleep_ms((int)lease_ms + 300);
+    const double t0 = dj_test_now_s();
+    dj_test_sleep_ms((int)lease_ms + 300);
     bool gone = false;
-    while (!gone && now_s() - t0 < 3.0 * lease_ms / 1000.0 + 1) {
+    while (!gone && dj_test_now_s() - t0 < 3.0 * lease_ms / 1000.0 + 1) {
         if (!stats(c, &st)) break;
         gone = st.n_sessions == base.n_sessions + 1 && st.handles == base.handles;
         dj_client_stats_free(&st);
-        if (!gone) sleep_ms(20);
+        if (!gone) dj_test_sleep_ms(20);
     }
-    CHECK_MSG(gone, "session without heartbeats still there %.2f s after the lease", now_s() - t0);
+    CHECK_MSG(gone, "session without heartbeats still there %.2f s after the lease", dj_test_now_s() - t0);
     CHECK_ST(dj_client_step(quiet, s, refs[2].prompt, 1, false, &t), DJ_ENOTFOUND);
     CHECK_OK(dj_client_step(c, kept, refs[2].prompt, 1, false, &t));
     CHECK_OK(dj_client_session_close(c, kept));
@@ -731,7 +652,7 @@ static void test_cycles(const char *addr, pid_t pid) {
      * unchanged over 3 samples 20 ms apart (1 s at most) */
     int fds0 = count_fds(pid);
     for (int i = 0, same = 0; i < 50 && same < 3; i++) {
-        sleep_ms(20);
+        dj_test_sleep_ms(20);
         const int f = count_fds(pid);
         same = f == fds0 ? same + 1 : 0;
         fds0 = f;
@@ -740,7 +661,7 @@ static void test_cycles(const char *addr, pid_t pid) {
     const char *cy = getenv("DJ_TEST_CYCLES");
     const int cycles = cy && atoi(cy) > 0 ? atoi(cy) : 2000;
     int fails = 0;
-    double t0 = now_s();
+    double t0 = dj_test_now_s();
     for (int i = 0; i < cycles; i++) {
         const int m = i % N_MODELS;
         uint64_t s = 0;
@@ -758,12 +679,12 @@ static void test_cycles(const char *addr, pid_t pid) {
         if (dj_client_connect(addr, NULL, &k) == DJ_OK) dj_client_session_open(k, &o, &s);
         dj_client_free(k);
     }
-    printf("%d cycles + 100 connections in %.2f s\n", cycles, now_s() - t0);
+    printf("%d cycles + 100 connections in %.2f s\n", cycles, dj_test_now_s() - t0);
     CHECK_MSG(back_to(c, &base, 3000), "VMU not at baseline after the cycles");
     int fds1 = -1;
     /* no growth: the baseline may still count a connection an earlier test
      * closed (the daemon closes it asynchronously) */
-    for (int i = 0; i < 100 && (fds1 = count_fds(pid)) > fds0; i++) sleep_ms(20);
+    for (int i = 0; i < 100 && (fds1 = count_fds(pid)) > fds0; i++) dj_test_sleep_ms(20);
     CHECK_MSG(fds1 >= 0 && fds1 <= fds0, "daemon fds %d before, %d after", fds0, fds1);
     dj_client_stats_free(&base);
     dj_client_free(c);
@@ -771,82 +692,18 @@ static void test_cycles(const char *addr, pid_t pid) {
 
 /* ---- raw frames ---- */
 
-static int raw_connect(const char *addr) {
-    struct sockaddr_storage ss;
-    socklen_t len;
-    if (dj__addr_parse(addr, &ss, &len) != DJ_OK) return -1;
-    int fd = socket(ss.ss_family, SOCK_STREAM, 0);
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&ss, len) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static void raw_send(int fd, uint16_t type, uint64_t req, const void *meta, size_t mlen, uint64_t plen_claim) {
-    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
-                         .meta_len = (uint32_t)mlen, .request_id = req, .payload_len = plen_claim};
-    uint8_t b[DJ_FRAME_HEADER_BYTES];
-    dj_frame_header_encode(&h, b);
-    if (send(fd, b, sizeof b, MSG_NOSIGNAL) < 0 || (mlen && send(fd, meta, mlen, MSG_NOSIGNAL) < 0)) return;
-}
-
-static int raw_recv(int fd, void *buf, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = recv(fd, (char *)buf + got, n - got, 0);
-        if (k <= 0) return -1;
-        got += (size_t)k;
-    }
-    return 0;
-}
-
-/* Reads one frame; returns its type (-1 on EOF) and the ERROR status in *st. */
-static int raw_frame(int fd, int64_t *st) {
-    uint8_t b[DJ_FRAME_HEADER_BYTES];
-    if (raw_recv(fd, b, sizeof b)) return -1;
-    dj_frame_header h;
-    if (dj_frame_header_decode(b, DJ_PROTO_MAX_REPLY_PAYLOAD, &h) != DJ_OK || h.meta_len > 65536) return -2;
-    uint8_t *m = malloc(h.meta_len + h.payload_len + 1);
-    int rc = raw_recv(fd, m, h.meta_len + h.payload_len);
-    *st = 0;
-    if (!rc && h.type == DJ_MSG_ERROR) {
-        dj__meta meta;
-        if (dj__meta_parse(&meta, m, h.meta_len) == DJ_OK) {
-            dj__meta_i64(&meta, "status", true, st);
-            dj__meta_destroy(&meta);
-        }
-    }
-    free(m);
-    return rc ? -1 : h.type;
-}
+#define RAW_TIMEOUT_S 5 /* receive timeout of the raw connections */
 
 static bool raw_eof(int fd) {
     char c;
     return recv(fd, &c, 1, 0) == 0;
 }
 
-static void meta_of(dj__mw *w, uint8_t *out, size_t *n) {
-    dj__mw_finish(w);
-    memcpy(out, w->sb.data, w->sb.size);
-    *n = w->sb.size;
-    dj__mw_destroy(w);
-}
-
+/* Connect and HELLO; the answer must be a REPLY. */
 static int raw_hello(const char *addr) {
-    int fd = raw_connect(addr);
-    if (fd < 0) return -1;
-    dj__mw w;
-    uint8_t m[256];
-    size_t n;
-    dj__mw_init(&w);
-    dj__mw_u64(&w, "version", 1);
-    meta_of(&w, m, &n);
-    raw_send(fd, DJ_MSG_HELLO, 1, m, n, 0);
-    int64_t st;
-    CHECK(raw_frame(fd, &st) == DJ_MSG_REPLY);
+    dj_test_frame ans;
+    const int fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &ans);
+    if (fd >= 0) CHECK(ans.type == DJ_MSG_REPLY);
     return fd;
 }
 
@@ -862,15 +719,14 @@ static void test_malformed(const char *addr) {
     uint8_t m[256];
     size_t n;
     dj__mw w;
-    int64_t st = 0;
     for (int kase = 0; kase < 9; kase++) {
-        int fd = kase == 0 ? raw_connect(addr) : raw_hello(addr);
+        int fd = kase == 0 ? dj_test_raw_connect(addr, NULL, RAW_TIMEOUT_S, 0) : raw_hello(addr);
         CHECK(fd >= 0);
         if (fd < 0) continue;
         int64_t want = DJ_EFORMAT;
         switch (kase) {
         case 0: /* a request before HELLO */
-            raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
+            dj_test_raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
             want = DJ_EINVAL;
             break;
         case 1: { /* bad magic */
@@ -886,41 +742,41 @@ static void test_malformed(const char *addr) {
             break;
         }
         case 3: /* metadata length over the limit */
-            raw_send(fd, DJ_MSG_STATS, 4, NULL, DJ_PROTO_MAX_META + 1, 0);
+            dj_test_raw_send(fd, DJ_MSG_STATS, 4, NULL, DJ_PROTO_MAX_META + 1, 0);
             want = DJ_ERANGE;
             break;
         case 4: /* payload over the limit */
-            raw_send(fd, DJ_MSG_STEP, 5, NULL, 0, DJ_PROTO_MAX_REQ_PAYLOAD + 1);
+            dj_test_raw_send(fd, DJ_MSG_STEP, 5, NULL, 0, DJ_PROTO_MAX_REQ_PAYLOAD + 1);
             want = DJ_ERANGE;
             break;
         case 5: /* truncated msgpack: a map of 2 with one pair */
-            raw_send(fd, DJ_MSG_MODEL_LOAD, 6, "\x82\xa5model\xa6llama2", 14, 0);
+            dj_test_raw_send(fd, DJ_MSG_MODEL_LOAD, 6, "\x82\xa5model\xa6llama2", 14, 0);
             break;
         case 6: /* wrong field type */
             dj__mw_init(&w);
             dj__mw_u64(&w, "model", 5);
-            meta_of(&w, m, &n);
-            raw_send(fd, DJ_MSG_SESSION_OPEN, 7, m, n, 0);
+            n = dj_test_meta_of(&w, m);
+            dj_test_raw_send(fd, DJ_MSG_SESSION_OPEN, 7, m, n, 0);
             break;
         case 7: /* another connection's handle */
             dj__mw_init(&w);
             dj__mw_u64(&w, "handle", gt.handle);
-            meta_of(&w, m, &n);
-            raw_send(fd, DJ_MSG_FETCH, 8, m, n, 0);
+            n = dj_test_meta_of(&w, m);
+            dj_test_raw_send(fd, DJ_MSG_FETCH, 8, m, n, 0);
             want = DJ_ENOTFOUND;
             break;
         case 8: /* another connection's session */
             dj__mw_init(&w);
             dj__mw_u64(&w, "session", gs);
             dj__mw_ids(&w, "ids", refs[4].prompt, 2);
-            meta_of(&w, m, &n);
-            raw_send(fd, DJ_MSG_STEP, 9, m, n, 0);
+            n = dj_test_meta_of(&w, m);
+            dj_test_raw_send(fd, DJ_MSG_STEP, 9, m, n, 0);
             want = DJ_ENOTFOUND;
             break;
         }
-        const int type = raw_frame(fd, &st);
-        CHECK_MSG(type == DJ_MSG_ERROR && st == want, "case %d: frame type %d status %lld (want ERROR %lld)", kase,
-                  type, (long long)st, (long long)want);
+        const dj_test_frame f = dj_test_raw_frame(fd, NULL);
+        CHECK_MSG(f.type == DJ_MSG_ERROR && f.st == want, "case %d: frame type %d status %lld (want ERROR %lld)",
+                  kase, f.type, (long long)f.st, (long long)want);
         CHECK_MSG(raw_eof(fd), "case %d: connection left open after a bad frame", kase);
         close(fd);
         /* the good client is unaffected, its handle intact */
@@ -931,7 +787,7 @@ static void test_malformed(const char *addr) {
     }
     /* a peer that vanishes halfway through a frame */
     int fd = raw_hello(addr);
-    raw_send(fd, DJ_MSG_STATS, 2, "\x81", 1, 0);
+    dj_test_raw_send(fd, DJ_MSG_STATS, 2, "\x81", 1, 0);
     close(fd);
     collect col;
     CHECK_OK(greedy(good, gs, &refs[4], 1, &col, NULL));
@@ -940,7 +796,7 @@ static void test_malformed(const char *addr) {
 }
 
 static void test_metrics(const char *mport) {
-    int fd = raw_connect(mport);
+    int fd = dj_test_raw_connect(mport, NULL, RAW_TIMEOUT_S, 0);
     CHECK(fd >= 0);
     if (fd < 0) return;
     const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
@@ -988,8 +844,7 @@ static void test_unix_token(void) {
         CHECK_ST(dj_client_model_unload(c, model_names[0]), DJ_ENOTFOUND);
         dj_client_free(c); /* session still open: the daemon must clean it up on exit */
     }
-    CHECK_MSG(stop_daemon(pid) == 0, "unix daemon did not exit cleanly");
-    daemons[1] = 0;
+    CHECK_MSG(stop_daemon(1) == 0, "unix daemon did not exit cleanly");
     struct stat sb;
     CHECK(stat(sock + 5, &sb) != 0);
 }
@@ -1007,12 +862,8 @@ static int free_port(void) {
 int main(void) {
     dj_test_seeds();
     signal(SIGPIPE, SIG_IGN);
-    signal(SIGSEGV, on_fatal);
-    signal(SIGABRT, on_fatal);
-    signal(SIGTERM, on_fatal);
-    signal(SIGINT, on_fatal);
+    dj_test_daemon_guard();
     setvbuf(stdout, NULL, _IONBF, 0);
-    atexit(kill_all);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/djinn_test_server_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     load_refs();
@@ -1025,7 +876,7 @@ int main(void) {
     pid_t pid = start_daemon(0, "127.0.0.1:0", extra, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd did not start");
     if (pid > 0) {
-        double t = now_s();
+        double t = dj_test_now_s();
         test_reference(addr);
         printf("reference ok\n");
         test_concurrent(addr);
@@ -1035,9 +886,8 @@ int main(void) {
         test_malformed(addr);
         test_metrics(mport);
         test_cycles(addr, pid);
-        printf("daemon tests in %.2f s\n", now_s() - t);
-        CHECK_MSG(stop_daemon(pid) == 0, "djinnd did not exit cleanly on SIGTERM");
-        daemons[0] = 0;
+        printf("daemon tests in %.2f s\n", dj_test_now_s() - t);
+        CHECK_MSG(stop_daemon(0) == 0, "djinnd did not exit cleanly on SIGTERM");
     }
     test_unix_token();
     test_prefill_interleave("on", 60, 12, 15);

@@ -1,0 +1,236 @@
+/* daemon_util.c: starting, stopping and talking raw frames to a real djinnd,
+ * for test_server, test_hostile and bench_soak (see daemon_util.h). */
+#define _GNU_SOURCE
+#include "daemon_util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+double dj_test_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void dj_test_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- daemons ---- */
+
+static pid_t daemons[DJ_TEST_DAEMON_SLOTS];
+
+static void kill_all(void) {
+    for (int i = 0; i < DJ_TEST_DAEMON_SLOTS; i++)
+        if (daemons[i] > 0) {
+            kill(daemons[i], SIGKILL);
+            waitpid(daemons[i], NULL, 0);
+            daemons[i] = 0;
+        }
+}
+
+static void on_fatal(int sig) {
+    kill_all();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void dj_test_daemon_guard(void) {
+    signal(SIGSEGV, on_fatal);
+    signal(SIGABRT, on_fatal);
+    signal(SIGTERM, on_fatal);
+    signal(SIGINT, on_fatal);
+    atexit(kill_all);
+}
+
+int dj_test_daemon_stop(int slot, int wait_ms) {
+    pid_t pid = daemons[slot];
+    if (pid <= 0) return -1;
+    kill(pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < wait_ms / 10; i++) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            daemons[slot] = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        }
+        dj_test_sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    daemons[slot] = 0;
+    return -1;
+}
+
+pid_t dj_test_daemon_start(int slot, const dj_test_daemon_opts *o, const char *const *extra, char *addr,
+                           size_t cap, int *exit_code) {
+    char port_file[300], err_file[300];
+    snprintf(port_file, sizeof port_file, "%s/port%d", o->dir, slot);
+    snprintf(err_file, sizeof err_file, "%s/err%d", o->dir, slot);
+    unlink(port_file);
+    const bool unix_socket = !strncmp(o->listen, "unix:", 5);
+    const char *argv[48];
+    int n = 0;
+    argv[n++] = o->djinnd;
+    argv[n++] = "--listen";
+    argv[n++] = o->listen;
+    argv[n++] = "--port-file";
+    argv[n++] = port_file;
+    argv[n++] = "--models";
+    argv[n++] = o->models;
+    argv[n++] = "--vmu-gb";
+    argv[n++] = "256m";
+    argv[n++] = "--threads";
+    argv[n++] = "1";
+    for (int i = 0; extra && extra[i] && n < 47; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (o->save_stderr) {
+            int fd = open(err_file, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd >= 0) dup2(fd, 2);
+        }
+        if (o->small_asan_quarantine) {
+            char asan[512];
+            const char *prev = getenv("ASAN_OPTIONS");
+            snprintf(asan, sizeof asan, "%s%squarantine_size_mb=8", prev ? prev : "", prev && prev[0] ? ":" : "");
+            setenv("ASAN_OPTIONS", asan, 1);
+        }
+        if (o->nofile) {
+            struct rlimit rl = {o->nofile, o->nofile};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        execv(o->djinnd, (char *const *)argv);
+        _exit(127);
+    }
+    daemons[slot] = pid;
+    if (exit_code) *exit_code = 0;
+    for (int i = 0; i < o->wait_ms / 10; i++) {
+        FILE *f = fopen(port_file, "r");
+        if (f) {
+            unsigned port = 0;
+            const int ok = fscanf(f, "%u", &port);
+            fclose(f);
+            if (unix_socket) snprintf(addr, cap, "%s", o->listen);
+            else snprintf(addr, cap, "127.0.0.1:%u", port);
+            if (ok == 1 || unix_socket) return pid;
+        }
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            daemons[slot] = 0;
+            if (exit_code) *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            return -1;
+        }
+        dj_test_sleep_ms(10);
+    }
+    return -1;
+}
+
+/* ---- raw frames ---- */
+
+int dj_test_raw_connect(const char *addr, const char *from, int recv_timeout_s, int send_timeout_s) {
+    struct sockaddr_storage ss;
+    socklen_t len;
+    if (dj__addr_parse(addr, &ss, &len) != DJ_OK) return -1;
+    int fd = socket(ss.ss_family, SOCK_STREAM, 0);
+    if (fd >= 0 && from && ss.ss_family == AF_INET) {
+        struct sockaddr_in src = {.sin_family = AF_INET};
+        if (inet_pton(AF_INET, from, &src.sin_addr) != 1 || bind(fd, (struct sockaddr *)&src, sizeof src) != 0)
+            fprintf(stderr, "%s: bind %s: %s\n", __func__, from, strerror(errno));
+    }
+    if (recv_timeout_s > 0) {
+        struct timeval tv = {recv_timeout_s, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    if (send_timeout_s > 0) {
+        struct timeval tv = {send_timeout_s, 0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    if (fd < 0 || connect(fd, (struct sockaddr *)&ss, len) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+bool dj_test_raw_send(int fd, uint16_t type, uint64_t req, const void *meta, size_t mlen, uint64_t plen) {
+    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
+                         .meta_len = (uint32_t)mlen, .request_id = req, .payload_len = plen};
+    uint8_t b[DJ_FRAME_HEADER_BYTES];
+    dj_frame_header_encode(&h, b);
+    return send(fd, b, sizeof b, MSG_NOSIGNAL) == (ssize_t)sizeof b &&
+           (!mlen || send(fd, meta, mlen, MSG_NOSIGNAL) == (ssize_t)mlen);
+}
+
+int dj_test_raw_recv(int fd, void *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, (char *)buf + got, n - got, 0);
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+dj_test_frame dj_test_raw_frame(int fd, const char *key) {
+    dj_test_frame f = {.type = -1};
+    uint8_t b[DJ_FRAME_HEADER_BYTES];
+    dj_frame_header h;
+    if (dj_test_raw_recv(fd, b, sizeof b) || dj_frame_header_decode(b, DJ_PROTO_MAX_REPLY_PAYLOAD, &h) != DJ_OK ||
+        h.meta_len > DJ_PROTO_MAX_META || h.payload_len > (1u << 30))
+        return f;
+    uint8_t *m = malloc(h.meta_len + h.payload_len + 1);
+    if (!m || dj_test_raw_recv(fd, m, h.meta_len + h.payload_len)) {
+        free(m);
+        return f;
+    }
+    f.type = h.type;
+    dj__meta meta;
+    if (dj__meta_parse(&meta, m, h.meta_len) == DJ_OK) {
+        const char *s = NULL;
+        size_t n = 0;
+        dj__meta_i64(&meta, "status", false, &f.st);
+        if (dj__meta_str(&meta, "message", false, &s, &n) == DJ_OK && s) {
+            if (n >= sizeof f.msg) n = sizeof f.msg - 1;
+            memcpy(f.msg, s, n);
+            f.msg[n] = '\0';
+        }
+        if (key) dj__meta_u64(&meta, key, false, &f.val);
+        dj__meta_destroy(&meta);
+    }
+    free(m);
+    return f;
+}
+
+size_t dj_test_meta_of(dj__mw *w, uint8_t *out) {
+    dj__mw_finish(w);
+    memcpy(out, w->sb.data, w->sb.size);
+    const size_t n = w->sb.size;
+    dj__mw_destroy(w);
+    return n;
+}
+
+int dj_test_raw_hello(const char *addr, int recv_timeout_s, const char *token, dj_test_frame *ans) {
+    int fd = dj_test_raw_connect(addr, NULL, recv_timeout_s, 0);
+    if (fd < 0) return -1;
+    dj__mw w;
+    uint8_t m[512];
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "version", 1);
+    if (token) dj__mw_str(&w, "token", token);
+    const size_t n = dj_test_meta_of(&w, m);
+    dj_test_raw_send(fd, DJ_MSG_HELLO, 1, m, n, 0);
+    *ans = dj_test_raw_frame(fd, NULL);
+    return fd;
+}

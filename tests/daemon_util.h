@@ -1,0 +1,73 @@
+/* daemon_util.h: what the programs that drive a real djinnd share - start and
+ * stop it as a child process, and talk raw frames to it (tests and bench_soak). */
+#ifndef DJ_DAEMON_UTIL_H
+#define DJ_DAEMON_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include "server/proto_impl.h"
+
+double dj_test_now_s(void); /* CLOCK_MONOTONIC, seconds */
+void dj_test_sleep_ms(int ms);
+
+/* ---- a djinnd child per slot ---- */
+
+#define DJ_TEST_DAEMON_SLOTS 8
+
+/* It runs DJINND --listen LISTEN --port-file DIR/portSLOT --models MODELS
+ * --vmu-gb 256m --threads 1, then the caller's extra args. */
+typedef struct dj_test_daemon_opts {
+    const char *djinnd; /* the executable */
+    const char *dir;    /* where portN (and errN) are written */
+    const char *models; /* --models */
+    const char *listen; /* --listen; a "unix:PATH" is also the address handed back */
+    bool save_stderr;   /* the daemon's stderr into DIR/errSLOT */
+    bool small_asan_quarantine; /* ASan's freed-block quarantine at 8 MiB, so
+                                   RSS bounds count the daemon's own memory */
+    rlim_t nofile;      /* the daemon's RLIMIT_NOFILE; 0 leaves it */
+    int wait_ms;        /* how long to wait for its port file */
+} dj_test_daemon_opts;
+
+/* Starts djinnd into slot (0..DJ_TEST_DAEMON_SLOTS-1); addr[cap] gets where it
+ * listens. Returns its pid, or -1: with *exit_code (may be NULL) set when it
+ * exited, left 0 when it did not write its port in time (it stays in the slot). */
+pid_t dj_test_daemon_start(int slot, const dj_test_daemon_opts *o, const char *const *extra, char *addr,
+                           size_t cap, int *exit_code /* OUT */);
+/* SIGTERM, then wait at most wait_ms (SIGKILL after); empties the slot.
+ * Returns the exit status, or -1 (killed, or an empty slot). */
+int dj_test_daemon_stop(int slot, int wait_ms);
+/* Kills every started daemon at exit and on SIGSEGV, SIGABRT, SIGTERM, SIGINT. */
+void dj_test_daemon_guard(void);
+
+/* ---- raw frames ---- */
+
+/* A socket connected to addr ("host:port" or "unix:PATH"), or -1. from: an
+ * IPv4 address to bind first (NULL: any). A timeout of 0 seconds leaves it unset. */
+int dj_test_raw_connect(const char *addr, const char *from, int recv_timeout_s, int send_timeout_s);
+/* Sends a header claiming plen payload bytes, and meta[mlen]; false once the
+ * socket takes no more. */
+bool dj_test_raw_send(int fd, uint16_t type, uint64_t req, const void *meta, size_t mlen, uint64_t plen);
+/* Reads exactly n bytes; -1 on EOF, error or timeout. */
+int dj_test_raw_recv(int fd, void *buf, size_t n);
+
+/* One answer frame: its type (-1 on EOF or error), the ERROR status in st,
+ * the ERROR message in msg, and a u64 field `key` of a REPLY in val. */
+typedef struct dj_test_frame {
+    int type;
+    int64_t st;
+    char msg[1024];
+    uint64_t val;
+} dj_test_frame;
+
+dj_test_frame dj_test_raw_frame(int fd, const char *key /* may be NULL */);
+/* Finishes w into out (room for its bytes) and frees it; returns the length. */
+size_t dj_test_meta_of(dj__mw *w, uint8_t *out);
+/* Connects (recv timeout in seconds) and says HELLO (token may be NULL); the
+ * answer in *ans. Returns the socket, or -1. */
+int dj_test_raw_hello(const char *addr, int recv_timeout_s, const char *token, dj_test_frame *ans /* OUT */);
+
+#endif
