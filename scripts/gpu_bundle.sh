@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # gpu_bundle.sh: builds Djinn with CUDA here (nvcc, no GPU needed) and packs
 # the programs with the shared libraries the GPU machine lacks (our Debian
-# -dev dependencies) into .carry/gpu.tar.xz ({bin,lib}; OpenBLAS alone is
-# 35 MB unpacked), so that machine - which has CUDA but none of our apt
-# packages - can run them:
+# -dev dependencies) into .carry/gpu.tar.xz ({bin,lib}), so that that
+# machine - which has CUDA but none of our apt packages - can run them:
 #   mkdir -p /tmp/g && tar xJf .carry/gpu.tar.xz -C /tmp/g
 #   LD_LIBRARY_PATH=/tmp/g/lib /tmp/g/bin/gpu_check
 # usage: scripts/gpu_bundle.sh [extra targets...]

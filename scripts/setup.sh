@@ -13,7 +13,7 @@ $SUDO apt-get update -qq
 # python3: test helpers that write small fixture files; npm: tokenizer files.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
-    libcjson-dev libpcre2-dev libopenblas-dev libxxhash-dev libutf8proc-dev \
+    libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
     python3 ca-certificates >/dev/null
 # npm fetches the tokenizer files. Machines with a Node.js of their own ship

@@ -1,7 +1,6 @@
 /* cpu_backend.c: the CPU backend - host memory as device memory, the compute
  * switch with its argument checks, and the elementwise/row ops (OpenMP). */
 #define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -315,9 +314,6 @@ dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
     cb->base.res_dtype = DJ_DTYPE_F32;
     cb->base.host_memory = true;
     cb->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-    /* Our OpenMP threads own the cores; OpenBLAS's own pool spinning beside
-     * them would halve throughput, so BLAS runs inside our threads. */
-    openblas_set_num_threads(1);
     *out = &cb->base;
     return DJ_OK;
 }

@@ -8,14 +8,15 @@
 
 #include "djinn/backend.h"
 
-/* Decode-size matmuls (n <= this) with f16/bf16 weights use the fused
- * convert-and-dot kernel; larger n convert weight tiles and call sgemm. */
+/* Decode-size matmuls (n <= this) use the direct convert-and-dot kernel;
+ * larger n convert weight tiles and multiply them in register tiles - the
+ * same per-element summation order either way (cpu_matmul.c). */
 #define DJ_CPU_DOT_MAX_ROWS 4
 
 typedef struct dj_cpu_backend {
     struct dj_backend base; /* must stay first */
     int n_threads;        /* OpenMP threads for every op */
-    uint32_t tile_rows;   /* weight rows converted per sgemm tile; 0 = from k */
+    uint32_t tile_rows;   /* weight rows per thread tile of a larger matmul; 0 = from k */
     float *scratch;       /* [scratch_cap] per-thread f32 tiles of converted weight rows; owned */
     size_t scratch_cap;   /* floats */
 } dj_cpu_backend;

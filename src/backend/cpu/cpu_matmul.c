@@ -23,8 +23,8 @@
 #define DJ_INLINE static inline
 #endif
 
-/* Each thread's converted f32 tile aims at this many bytes: big enough for
- * sgemm to run at speed, small enough to stay in a core's L2. */
+/* Each thread's converted f32 tile aims at this many bytes: big enough to
+ * amortise the conversion, small enough to stay in a core's L2. */
 #define TILE_TARGET_BYTES (512u << 10)
 
 static inline float scalar_at(const void *p, dj_dtype t, size_t i) {
