@@ -182,6 +182,11 @@ typedef struct dj_backend_vtbl {
      * decided again; NULL keeps nothing. Recorded like compute during a
      * capture. */
     dj_status (*compute_plan)(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key);
+    /* As upload (done when it returns), but callable from several threads at
+     * once for disjoint destinations that no compute uses yet (loading a
+     * model's weights); not ordered with compute. NULL: the loader calls
+     * upload from one thread. */
+    dj_status (*upload_weights)(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

@@ -142,11 +142,13 @@ uint64_t dj_checkpoint_fingerprint(dj_checkpoint_t *ck);
  * (computed before on ck, or remembered for its files' identity). */
 bool dj_checkpoint_fingerprint_known(dj_checkpoint_t *ck, uint64_t *fp /* OUT, may be NULL */);
 
-/* Every tensor's bytes, tensors in name order, in pieces of at most `chunk`
- * bytes (0: 4 MiB) handed to visit(user, tensor index, offset in the tensor,
- * bytes, n) - while the same pass computes the fingerprint, which is then
- * known (and remembered for the files' identity). A visitor's error stops
- * the walk and is returned; no fingerprint is recorded then. */
+/* Every tensor's bytes in pieces of at most `chunk` bytes (0: 4 MiB) handed
+ * to visit(user, tensor index, offset in the tensor, bytes, n) - while the
+ * same pass computes the fingerprint, which is then known (and remembered
+ * for the files' identity). Several threads read at once: visit is called
+ * concurrently for disjoint ranges, in no particular order, and must be
+ * thread-safe. A visitor's error stops the walk and is returned; no
+ * fingerprint is recorded then. */
 typedef dj_status (*dj_checkpoint_visit_fn)(void *user, size_t tensor, size_t offset, const void *bytes, size_t n);
 dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_visit_fn visit, void *user);
 

@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,6 +344,7 @@ typedef struct load_ctx {
     dj_weight *w;                /* [n] slots, data already placed */
     const dj_tensor_info **src;  /* [n] the tensor each slot copies; NULL: none */
     int n;
+    pthread_mutex_t *mu;         /* serialises upload where the backend has no upload_weights */
 } load_ctx;
 
 static dj_status load_visit(void *user, size_t tensor, size_t off, const void *bytes, size_t n) {
@@ -353,7 +355,16 @@ static dj_status load_visit(void *user, size_t tensor, size_t off, const void *b
         const size_t want = weight_bytes(&L->w[i]);
         if (off >= want) continue;
         const size_t k = want - off < n ? want - off : n;
-        dj_status st = L->e->be->vt->upload(L->e->be, (uint8_t *)L->w[i].data + off, bytes, k);
+        dj_backend_t *be = L->e->be;
+        void *dst = (uint8_t *)L->w[i].data + off;
+        dj_status st;
+        if (be->vt->upload_weights) {
+            st = be->vt->upload_weights(be, dst, bytes, k);
+        } else { /* the visitor runs on several threads at once */
+            pthread_mutex_lock(L->mu);
+            st = be->vt->upload(be, dst, bytes, k);
+            pthread_mutex_unlock(L->mu);
+        }
         if (st != DJ_OK) return st;
     }
     return DJ_OK;
@@ -427,7 +438,8 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         }
     }
     if (!known) { /* one pass over the bytes: hash and copy */
-        const load_ctx L = {.e = e, .ck = ck, .w = m->w, .src = src, .n = n};
+        pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+        const load_ctx L = {.e = e, .ck = ck, .w = m->w, .src = src, .n = n, .mu = &mu};
         if ((st = dj_checkpoint_read(ck, 0, load_visit, (void *)&L)) != DJ_OK) goto fail_region;
         fp = dj_checkpoint_fingerprint(ck); /* known now */
         dj_vmu_model_t *twin = NULL;

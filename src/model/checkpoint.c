@@ -3,6 +3,7 @@
  * content fingerprint. */
 #include <errno.h>
 #include <fcntl.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -571,29 +572,80 @@ bool dj_checkpoint_fingerprint_known(dj_checkpoint_t *ck, uint64_t *fp) {
     return ck->have_fingerprint;
 }
 
+/* The fingerprint hashes each tensor's bytes in pieces of this many (one
+ * XXH3 each), then the pieces' hashes in order with the metadata, so that
+ * threads can take the pieces. */
+#define PIECE_BYTES ((size_t)64 << 20)
+#define READ_THREADS_MAX 8
+
+typedef struct read_piece {
+    size_t tensor, off, n;
+    uint64_t hash;
+} read_piece;
+
 dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_visit_fn visit, void *user) {
     if (!ck || !visit) return dj_fail(DJ_EINVAL, "checkpoint read: NULL checkpoint or visitor");
     if (chunk == 0) chunk = (size_t)4 << 20;
-    const uint64_t id = identity(ck);
+    size_t n_pieces = 0;
+    for (size_t i = 0; i < ck->n_tensors; i++)
+        n_pieces += (ck->tensors[i].info.nbytes + PIECE_BYTES - 1) / PIECE_BYTES;
+    read_piece *pc = calloc(n_pieces ? n_pieces : 1, sizeof *pc);
+    if (!pc) return dj_fail(DJ_ENOMEM, "checkpoint read: %zu pieces", n_pieces);
+    for (size_t i = 0, k = 0; i < ck->n_tensors; i++)
+        for (size_t off = 0; off < ck->tensors[i].info.nbytes; off += PIECE_BYTES, k++) {
+            const size_t left = ck->tensors[i].info.nbytes - off;
+            pc[k] = (read_piece){.tensor = i, .off = off, .n = left < PIECE_BYTES ? left : PIECE_BYTES};
+        }
+    count_pass();
+    /* Pieces go to threads; a visitor's first error stops the rest and is
+     * raised again on this thread (error detail is per thread). */
+    dj_status first = DJ_OK;
+    char why[256] = "";
+    int threads = omp_get_max_threads();
+    threads = threads < 1 ? 1 : threads > READ_THREADS_MAX ? READ_THREADS_MAX : threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (size_t k = 0; k < n_pieces; k++) {
+        dj_status seen;
+#pragma omp atomic read
+        seen = first;
+        if (seen != DJ_OK) continue;
+        const dj_tensor_info *t = &ck->tensors[pc[k].tensor].info;
+        XXH3_state_t *h = XXH3_createState();
+        dj_status st = h ? DJ_OK : dj_fail(DJ_ENOMEM, "checkpoint read: no hash state");
+        if (h) XXH3_64bits_reset(h);
+        for (size_t o = 0; st == DJ_OK && o < pc[k].n; o += chunk) {
+            const size_t n = pc[k].n - o < chunk ? pc[k].n - o : chunk;
+            const uint8_t *p = (const uint8_t *)t->data + pc[k].off + o;
+            XXH3_64bits_update(h, p, n); /* the bytes are in cache when the visitor copies them */
+            st = visit(user, pc[k].tensor, pc[k].off + o, p, n);
+        }
+        if (h) pc[k].hash = XXH3_64bits_digest(h);
+        XXH3_freeState(h);
+        if (st != DJ_OK) {
+#pragma omp critical(dj_checkpoint_read_error)
+            if (first == DJ_OK) {
+                snprintf(why, sizeof why, "%s", dj_last_error());
+#pragma omp atomic write
+                first = st;
+            }
+        }
+    }
+    if (first != DJ_OK) {
+        free(pc);
+        return dj_fail(first, "%s", why);
+    }
     XXH3_state_t *h = ck->hash;
     XXH3_64bits_reset(h);
     hash_config(h, &ck->cfg);
     hash_u64(h, ck->n_tensors);
-    count_pass();
-    for (size_t i = 0; i < ck->n_tensors; i++) {
-        const dj_tensor_info *t = &ck->tensors[i].info;
-        hash_tensor_meta(h, t);
-        for (size_t off = 0; off < t->nbytes; off += chunk) {
-            const size_t n = t->nbytes - off < chunk ? t->nbytes - off : chunk;
-            const uint8_t *p = (const uint8_t *)t->data + off;
-            XXH3_64bits_update(h, p, n); /* the bytes are in cache when the visitor copies them */
-            dj_status st = visit(user, i, off, p, n);
-            if (st != DJ_OK) return st;
-        }
+    for (size_t i = 0, k = 0; i < ck->n_tensors; i++) {
+        hash_tensor_meta(h, &ck->tensors[i].info);
+        for (; k < n_pieces && pc[k].tensor == i; k++) hash_u64(h, pc[k].hash);
     }
+    free(pc);
     ck->fingerprint = XXH3_64bits_digest(h);
     ck->have_fingerprint = true;
-    idc_put(id, ck->fingerprint);
+    idc_put(identity(ck), ck->fingerprint);
     return DJ_OK;
 }
 

@@ -300,6 +300,7 @@ static const dj_backend_vtbl cpu_vtbl = {
     .argmax = cpu_argmax,
     .sample = cpu_sample,
     .compute_plan = cpu_compute_plan,
+    .upload_weights = cpu_upload, /* a memcpy: any thread */
 };
 
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {

@@ -92,6 +92,18 @@ static dj_status cuda_upload(dj_backend_t *be, void *dst_dev, const void *src_ho
     return cuda_copy((dj_cuda_backend *)be, dst_dev, src_host, bytes, cudaMemcpyHostToDevice, "upload");
 }
 
+/* The calling thread's own stream (cudaStreamPerThread): loader threads copy
+ * side by side and touch no backend state. */
+static dj_status cuda_upload_weights(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
+    const dj_cuda_backend *cb = (const dj_cuda_backend *)be;
+    if (bytes == 0) return DJ_OK;
+    if (!dst_dev || !src_host) return dj_fail(DJ_EINVAL, "cuda upload_weights: NULL pointer for %zu bytes", bytes);
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    DJ_CU(cb, cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread));
+    DJ_CU(cb, cudaStreamSynchronize(cudaStreamPerThread));
+    return DJ_OK;
+}
+
 static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src_dev, size_t bytes) {
     return cuda_copy((dj_cuda_backend *)be, dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, "download");
 }
@@ -411,6 +423,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .graph_free = */ cuda_graph_free,
     /* .sample = */ cuda_sample,
     /* .compute_plan = */ dj__cuda_compute_plan,
+    /* .upload_weights = */ cuda_upload_weights,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {
