@@ -404,7 +404,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
-    /* Unknown content is keyed by a placeholder until its bytes are in. */
+    /* Files not seen before: the region gets a provisional key until its bytes are hashed. */
     m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
     st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
     if (st != DJ_OK) goto fail;

@@ -1129,6 +1129,19 @@ static void check_argmax(uint32_t n, uint32_t vocab) {
 
 /* ---- sampling on the device (the backend's sample hook) ---- */
 
+/* What the host rule picks for one row of the sample hook (its params, u
+ * and penalties). */
+static int32_t host_pick(const dj_sample_row *row, const float *lg, uint32_t V) {
+    const dj_sampler_params p = {.temperature = row->temperature, .top_k = row->top_k, .top_p = row->top_p,
+                                 .min_p = row->min_p, .repetition_penalty = row->repetition_penalty};
+    dj_sampler_t *hs = NULL;
+    if (dj_sampler_new(&p, V, &hs) != DJ_OK)
+        die("host sampler");
+    const int32_t want = dj_sampler_pick_with(hs, lg, row->u, row->pen, row->n_pen);
+    dj_sampler_free(hs);
+    return want;
+}
+
 /* n rows of V logits (kind 0: a grid of k/8 with many ties, -inf and NaN;
  * 1: continuous N(0, 3)-like values), each row with its own params (min-p
  * and penalty entries too) and u: the device's pick against
@@ -1183,14 +1196,7 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
     down(again, dout, n * sizeof *again);
     int wrong = 0;
     for (uint32_t r = 0; r < n; r++) {
-        const dj_sampler_params p = {.temperature = rows[r].temperature, .top_k = rows[r].top_k,
-                                     .top_p = rows[r].top_p, .min_p = rows[r].min_p,
-                                     .repetition_penalty = rows[r].repetition_penalty};
-        dj_sampler_t *hs = NULL;
-        if (dj_sampler_new(&p, V, &hs) != DJ_OK)
-            die("host sampler");
-        const int32_t want = dj_sampler_pick_with(hs, lg + (size_t)r * V, rows[r].u, rows[r].pen, rows[r].n_pen);
-        dj_sampler_free(hs);
+        const int32_t want = host_pick(&rows[r], lg + (size_t)r * V, V);
         if (got[r] == want && again[r] == want)
             continue;
         wrong++;
@@ -1361,14 +1367,7 @@ static void check_sample_small_k(uint32_t n, uint32_t V) {
     down(got, dout, n * sizeof *got);
     int wrong = 0;
     for (uint32_t r = 0; r < n; r++) {
-        const dj_sampler_params p = {.temperature = rows[r].temperature, .top_k = rows[r].top_k,
-                                     .top_p = rows[r].top_p, .min_p = rows[r].min_p,
-                                     .repetition_penalty = rows[r].repetition_penalty};
-        dj_sampler_t *hs = NULL;
-        if (dj_sampler_new(&p, V, &hs) != DJ_OK)
-            die("host sampler");
-        const int32_t want = dj_sampler_pick_with(hs, lg + (size_t)r * V, rows[r].u, rows[r].pen, rows[r].n_pen);
-        dj_sampler_free(hs);
+        const int32_t want = host_pick(&rows[r], lg + (size_t)r * V, V);
         if (got[r] == want)
             continue;
         wrong++;
