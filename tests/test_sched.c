@@ -1,0 +1,512 @@
+/* test_sched.c: the scheduler alone on a virtual clock - thousands of random
+ * event traces against a model engine (sessions with positions and pages, a
+ * swap pool, transfers that take virtual time): no request lost, no KV lost,
+ * never more pages than the segment, QoS and LIFO rules, refusals. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/sched.h"
+#include "testutil.h"
+
+#define TPP 4       /* tokens per page */
+#define MAX_S 16
+#define MAX_R 256
+#define CTX 96
+
+static uint32_t pages_for(uint32_t pos) { return (pos + TPP - 1) / TPP; }
+
+typedef struct fsess {
+    bool open, paused;
+    uint32_t pos, held, pooled; /* tokens; pages in the segment; pages in the pool */
+    int xfer;                   /* 0 none, 1 out, 2 in */
+    uint64_t xfer_done;         /* virtual ms */
+    uint32_t dropped_pos;       /* recompute: tokens to re-feed */
+    int busy;                   /* requests of it alive */
+} fsess;
+
+typedef struct freq {
+    bool alive, started;
+    uint64_t id;
+    int sess;
+    dj_sched_kind kind;
+    uint32_t prompt, max_new, fed, gen;
+    uint32_t qos;
+    uint64_t t_arrive, t_start;
+} freq;
+
+typedef struct world {
+    dj_sched_t *s;
+    dj_sched_config cfg;
+    fsess ss[MAX_S];
+    freq rr[MAX_R];
+    uint32_t n_req;
+    uint64_t now, next_id;
+    uint64_t pool_used;
+    uint32_t refused, done, lost;
+} world;
+
+static uint32_t seg_held(const world *w) {
+    uint32_t h = 0;
+    for (int i = 0; i < MAX_S; i++) h += w->ss[i].held;
+    return h;
+}
+
+static uint64_t sid(int i) { return 0x1000 + (uint64_t)i; }
+static int sidx(uint64_t id) { return (int)(id - 0x1000); }
+
+static freq *req_of(world *w, uint64_t id) {
+    for (uint32_t i = 0; i < w->n_req; i++)
+        if (w->rr[i].alive && w->rr[i].id == id) return &w->rr[i];
+    return NULL;
+}
+
+static void finish(world *w, freq *r) {
+    dj_sched_done(w->s, r->id, w->now);
+    r->alive = false;
+    if (r->sess >= 0) w->ss[r->sess].busy--;
+    w->done++;
+}
+
+/* Grow a session to pos tokens; the page count must stay within the segment. */
+static void grow(world *w, int i, uint32_t pos) {
+    fsess *f = &w->ss[i];
+    f->pos = pos;
+    f->held = pages_for(pos);
+    CHECK_MSG(seg_held(w) <= w->cfg.pages_total, "segment over: %u of %u pages", seg_held(w), w->cfg.pages_total);
+    dj_sched_pages(w->s, sid(i), f->held, f->pos);
+}
+
+static void open_sess(world *w, int i, uint64_t conn, uint32_t qos) {
+    const dj_sched_session_info in = {.conn = conn, .qos = qos, .block_tokens = TPP, .block_pages = 1, .max_ctx = CTX};
+    CHECK_OK(dj_sched_session_open(w->s, sid(i), &in, w->now));
+}
+
+static void arrive(world *w, int i, dj_sched_kind kind, uint32_t qos, uint32_t prompt, uint32_t max_new) {
+    if (w->n_req == MAX_R) return;
+    freq *r = &w->rr[w->n_req++];
+    memset(r, 0, sizeof *r);
+    r->alive = true;
+    r->id = ++w->next_id;
+    r->sess = i;
+    r->kind = kind;
+    r->qos = qos;
+    r->prompt = prompt;
+    r->max_new = max_new;
+    r->t_arrive = w->now;
+    if (i >= 0) w->ss[i].busy++;
+    const uint32_t tokens = prompt + (kind == DJ_REQ_GEN ? max_new : 0);
+    CHECK_OK(dj_sched_arrive(w->s, r->id, i >= 0 ? sid(i) : 0, qos, kind, 7, tokens, w->now));
+}
+
+/* Carry out one decision; false when the scheduler waits. */
+static bool act(world *w, const dj_sched_decision *d) {
+    switch (d->op) {
+    case DJ_SCHED_WAIT: return false;
+    case DJ_SCHED_REFUSE: {
+        freq *r = req_of(w, d->req);
+        CHECK(r != NULL);
+        if (r) {
+            CHECK(dj_sched_refuse_reason(w->s)[0] != '\0');
+            finish(w, r);
+            w->done--;
+            w->refused++;
+        }
+        return true;
+    }
+    case DJ_SCHED_SWAP_OUT: {
+        fsess *f = &w->ss[sidx(d->sess)];
+        CHECK(f->open && f->xfer == 0 && f->held > 0);
+        for (uint32_t k = 0; k < w->n_req; k++) /* its requests, if any, all wait */
+            CHECK(!(w->rr[k].alive && w->rr[k].sess == sidx(d->sess) && w->rr[k].started));
+        CHECK(w->pool_used + f->held <= w->cfg.pool_pages);
+        w->pool_used += f->held;
+        f->pooled = f->held;
+        f->xfer = 1;
+        f->xfer_done = w->now + 1 + f->held / 8;
+        dj_sched_swap_started(w->s, d->sess, true);
+        return true;
+    }
+    case DJ_SCHED_SWAP_IN: {
+        fsess *f = &w->ss[sidx(d->sess)];
+        CHECK(f->open && f->xfer == 0 && f->held == 0 && f->pooled > 0);
+        f->held = f->pooled; /* pages taken now; bytes arrive later */
+        CHECK_MSG(seg_held(w) <= w->cfg.pages_total, "restore over: %u of %u", seg_held(w), w->cfg.pages_total);
+        f->xfer = 2;
+        f->xfer_done = w->now + 1 + f->held / 8;
+        dj_sched_swap_started(w->s, d->sess, true);
+        return true;
+    }
+    case DJ_SCHED_DROP: {
+        fsess *f = &w->ss[sidx(d->sess)];
+        CHECK(w->cfg.policy == DJ_SWAP_RECOMPUTE && f->xfer == 0);
+        for (uint32_t k = 0; k < w->n_req; k++)
+            CHECK(!(w->rr[k].alive && w->rr[k].sess == sidx(d->sess) && w->rr[k].started));
+        f->dropped_pos += f->pos; /* the history is kept by the caller: re-fed later */
+        f->pos = 0;
+        f->held = 0;
+        dj_sched_pages(w->s, d->sess, 0, f->dropped_pos);
+        return true;
+    }
+    case DJ_SCHED_RUN: {
+        freq *r = req_of(w, d->req);
+        CHECK(r != NULL);
+        if (!r) return true;
+        if (r->kind == DJ_REQ_CTRL) {
+            finish(w, r);
+            return true;
+        }
+        fsess *f = &w->ss[r->sess];
+        CHECK_MSG((f->xfer != 1 && f->pooled == 0) || f->xfer == 2, "run on a session that is out");
+        r->t_start = w->now;
+        if (f->pos + f->dropped_pos + r->prompt + (r->kind == DJ_REQ_GEN ? r->max_new : 0) > CTX) {
+            finish(w, r); /* the worker answers ERANGE: past the session's context */
+            return true;
+        }
+        if (f->dropped_pos) { /* recompute: history first */
+            grow(w, r->sess, f->dropped_pos);
+            f->dropped_pos = 0;
+        }
+        if (r->kind == DJ_REQ_STEP) {
+            grow(w, r->sess, f->pos + r->prompt);
+            finish(w, r);
+            return true;
+        }
+        r->started = true;
+        dj_sched_gen_rows(w->s, r->id, r->prompt > 8 ? 8 : r->prompt, r->prompt <= 8 || (r->id & 1));
+        return true;
+    }
+    case DJ_SCHED_STEP: {
+        CHECK(d->n >= 1 && d->n <= DJ_SCHED_MAX_BATCH);
+        for (uint32_t k = 0; k < d->n; k++) {
+            freq *r = req_of(w, d->reqs[k]);
+            CHECK(r && r->started);
+            if (!r) continue;
+            fsess *f = &w->ss[r->sess];
+            CHECK(f->xfer != 1 && (f->pooled == 0 || f->xfer == 2));
+            uint32_t rows = r->fed < r->prompt ? (r->prompt - r->fed > 8 ? 8 : r->prompt - r->fed) : 1;
+            if (r->fed < r->prompt) r->fed += rows;
+            else r->gen++;
+            grow(w, r->sess, f->pos + rows);
+            if (r->gen >= r->max_new) {
+                finish(w, r);
+                continue;
+            }
+            const bool feeding = r->fed < r->prompt;
+            const uint32_t next = feeding ? (r->prompt - r->fed > 8 ? 8 : r->prompt - r->fed) : 1;
+            dj_sched_gen_rows(w->s, r->id, next, !feeding || (r->id & 1));
+        }
+        return true;
+    }
+    }
+    return false;
+}
+
+/* Transfers whose virtual time is up complete. */
+static void transfers(world *w) {
+    for (int i = 0; i < MAX_S; i++) {
+        fsess *f = &w->ss[i];
+        if (!f->xfer || w->now < f->xfer_done) continue;
+        if (f->xfer == 1) {
+            f->held = 0;
+            dj_sched_swapped(w->s, sid(i), 0);
+        } else {
+            w->pool_used -= f->pooled;
+            f->pooled = 0;
+            dj_sched_swapped(w->s, sid(i), f->held);
+        }
+        f->xfer = 0;
+    }
+}
+
+static void consistent(world *w) {
+    dj_status st = dj_sched_check(w->s);
+    CHECK_MSG(st == DJ_OK, "%s", dj_last_error());
+    dj_sched_stats ss;
+    dj_sched_get_stats(w->s, w->now, &ss);
+    CHECK_MSG(ss.pages_held == seg_held(w), "sched sees %u pages held, the engine %u", ss.pages_held, seg_held(w));
+    CHECK_MSG(ss.pool_used == w->pool_used, "sched sees %llu pooled, the engine %llu",
+              (unsigned long long)ss.pool_used, (unsigned long long)w->pool_used);
+}
+
+static int rnd(int n) { return (int)(dj_test_rand() % (uint64_t)n); }
+
+/* One random trace: sessions open, ask, pause, resume, close; then the
+ * arrivals stop and everything must finish. With an ample pool (every
+ * session's whole context fits in it) nothing may stall; with a small one,
+ * a full pool can hold back the sessions waiting in it while the segment is
+ * full of sessions that cannot go out (the request waits, KV is never
+ * dropped), so there clients give up (close a session) after a stall - as
+ * under the reactive policy, which never moves KV: sessions holding pages
+ * while their next requests wait for more can stall each other. */
+static void trace(dj_swap_policy pol, int n_events, bool ample) {
+    world w;
+    memset(&w, 0, sizeof w);
+    const uint64_t pool = ample ? (uint64_t)MAX_S * pages_for(CTX) : (uint64_t)rnd(80);
+    uint64_t stall_since = 0;
+    w.cfg = (dj_sched_config){.max_running = 1 + (uint32_t)rnd(4), .max_rows = 16 + (uint32_t)rnd(32),
+                              .pages_total = 24 + (uint32_t)rnd(40), .pool_pages = pool,
+                              .idle_ms = (uint32_t)rnd(20), .lifo_age_ms = 50, .page_in_ms = 0.1, .policy = pol};
+    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    if (!w.s) return;
+    uint64_t steps = 0;
+    for (int e = 0; e < n_events || w.done + w.refused < w.n_req; e++) {
+        const bool arrivals = e < n_events;
+        if (arrivals) {
+            const int i = rnd(MAX_S);
+            fsess *f = &w.ss[i];
+            const int what = rnd(10);
+            if (!f->open) {
+                if (what < 5) {
+                    memset(f, 0, sizeof *f);
+                    f->open = true;
+                    open_sess(&w, i, (uint64_t)(i % 3), (uint32_t)rnd(3));
+                }
+            } else if (what < 4 && !f->paused && f->busy < 2) {
+                const uint32_t room = CTX - f->pos - f->dropped_pos;
+                if (room >= 4) {
+                    const uint32_t p = 1 + (uint32_t)rnd((int)room / 2);
+                    arrive(&w, i, what < 3 ? DJ_REQ_GEN : DJ_REQ_STEP, f->busy ? 2 : (uint32_t)rnd(3), p,
+                           1 + (uint32_t)rnd((int)(room - p)));
+                }
+            } else if (what == 4) {
+                arrive(&w, -1, DJ_REQ_CTRL, (uint32_t)rnd(3), 0, 0);
+            } else if (what == 5 && !f->busy && !f->paused) {
+                f->paused = true;
+                dj_sched_pause(w.s, sid(i), (uint64_t)rnd(3) * 20, w.now);
+            } else if (what == 6 && f->paused) {
+                f->paused = false;
+                dj_sched_resume(w.s, sid(i), w.now);
+            } else if (what == 7 && rnd(6) == 0 && !f->xfer) {
+                /* close: its requests are forgotten (counted as answered) */
+                for (uint32_t k = 0; k < w.n_req; k++)
+                    if (w.rr[k].alive && w.rr[k].sess == i) {
+                        w.rr[k].alive = false;
+                        w.done++;
+                    }
+                dj_sched_session_close(w.s, sid(i));
+                w.pool_used -= f->pooled;
+                memset(f, 0, sizeof *f);
+            }
+        } else {
+            /* drain: nothing new; paused clients resume; a session without
+             * requests may lapse (its lease), as idle clients' do */
+            for (int i = 0; i < MAX_S; i++) {
+                fsess *f = &w.ss[i];
+                if (f->paused && rnd(4) == 0) {
+                    f->paused = false;
+                    dj_sched_resume(w.s, sid(i), w.now);
+                }
+                if (f->open && !f->busy && !f->paused && !f->xfer && rnd(50) == 0) {
+                    dj_sched_session_close(w.s, sid(i));
+                    w.pool_used -= f->pooled;
+                    memset(f, 0, sizeof *f);
+                }
+            }
+        }
+        /* the worker: decisions until it waits, a few at most per event */
+        bool progress = false;
+        for (int k = 0; k < 6; k++) {
+            dj_sched_decision d;
+            dj_sched_next(w.s, w.now, &d);
+            if (d.op == DJ_SCHED_STEP) steps++;
+            const bool did = act(&w, &d);
+            consistent(&w);
+            progress |= did;
+            if (!did) break;
+        }
+        bool xfer = false;
+        for (int i = 0; i < MAX_S; i++) xfer |= w.ss[i].xfer != 0;
+        if (progress || xfer || w.done + w.refused == w.n_req) stall_since = w.now;
+        if (!arrivals && (!ample || pol == DJ_SWAP_REACTIVE) && w.now > stall_since + 200) { /* a client gives up */
+            for (int i = 0; i < MAX_S; i++) {
+                fsess *f = &w.ss[i];
+                if (!f->open || !f->busy) continue;
+                for (uint32_t k = 0; k < w.n_req; k++)
+                    if (w.rr[k].alive && w.rr[k].sess == i) {
+                        w.rr[k].alive = false;
+                        w.done++;
+                    }
+                dj_sched_session_close(w.s, sid(i));
+                w.pool_used -= f->pooled;
+                memset(f, 0, sizeof *f);
+                break;
+            }
+            stall_since = w.now;
+        }
+        w.now += 1 + (uint64_t)rnd(3);
+        transfers(&w);
+        if (e > n_events + 20000) {
+            CHECK_MSG(false, "trace did not drain: %u requests, %u done, %u refused (policy %s)", w.n_req, w.done,
+                      w.refused, dj_swap_policy_name(pol));
+            break;
+        }
+    }
+    /* every request answered; every session's KV where it was left */
+    CHECK(w.done + w.refused == w.n_req);
+    for (int i = 0; i < MAX_S; i++) {
+        if (!w.ss[i].open) continue;
+        CHECK_MSG(w.ss[i].pos + w.ss[i].dropped_pos <= CTX, "positions past the context");
+    }
+    (void)steps;
+    dj_sched_free(w.s);
+}
+
+/* A realtime generation starts within one step while batch ones fill max_running. */
+static void realtime_within_a_step(void) {
+    world w;
+    memset(&w, 0, sizeof w);
+    w.cfg = (dj_sched_config){.max_running = 2, .max_rows = 64, .pages_total = 1000, .pool_pages = 100,
+                              .idle_ms = 10, .lifo_age_ms = 1000, .page_in_ms = 0.1};
+    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    for (int i = 0; i < 3; i++) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, i < 2 ? 2 : 0);
+    }
+    arrive(&w, 0, DJ_REQ_GEN, 2, 4, 50);
+    arrive(&w, 1, DJ_REQ_GEN, 2, 4, 50);
+    dj_sched_decision d;
+    for (int k = 0; k < 10; k++) { /* both batch generations start and step */
+        dj_sched_next(w.s, w.now, &d);
+        act(&w, &d);
+    }
+    arrive(&w, 2, DJ_REQ_GEN, 0, 4, 5);
+    int steps_before = 0;
+    for (int k = 0; k < 10; k++) {
+        dj_sched_next(w.s, w.now, &d);
+        if (d.op == DJ_SCHED_RUN && d.req == w.rr[2].id) break;
+        steps_before += d.op == DJ_SCHED_STEP;
+        act(&w, &d);
+    }
+    CHECK_MSG(steps_before <= 1, "realtime waited %d steps", steps_before);
+    CHECK(d.op == DJ_SCHED_RUN && d.req == w.rr[2].id);
+    act(&w, &d);
+    dj_sched_stats st;
+    dj_sched_get_stats(w.s, w.now, &st);
+    CHECK(st.preemptions == 1 && st.preempted == 1);
+    /* the realtime one runs to its end, then the batch one comes back */
+    int stepped[2] = {0, 0};
+    for (int k = 0; k < 40 && w.rr[2].alive; k++) {
+        dj_sched_next(w.s, w.now, &d);
+        if (d.op == DJ_SCHED_STEP)
+            for (uint32_t j = 0; j < d.n; j++)
+                for (int b = 0; b < 2; b++) stepped[b] += d.reqs[j] == w.rr[b].id;
+        act(&w, &d);
+    }
+    CHECK(!w.rr[2].alive);
+    CHECK_MSG(!stepped[0] != !stepped[1], "batch generations stepped %d and %d times beside the realtime one",
+              stepped[0], stepped[1]); /* the preempted one waited, the other ran */
+    dj_sched_get_stats(w.s, w.now, &st);
+    CHECK(st.preempted == 0 && st.running[2] == 2);
+    consistent(&w);
+    dj_sched_free(w.s);
+}
+
+/* Admission swaps out the least recently used paused/idle session, refuses
+ * only what can never fit, and brings a paused session back ahead of its
+ * expected end. */
+static void swap_and_prefetch(void) {
+    world w;
+    memset(&w, 0, sizeof w);
+    w.cfg = (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 10, .pool_pages = 20,
+                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0};
+    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    for (int i = 0; i < 3; i++) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 1);
+    }
+    dj_sched_decision d;
+    /* session 0: 6 pages, then paused for 100 ms */
+    arrive(&w, 0, DJ_REQ_STEP, 1, 24, 0);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_RUN);
+    act(&w, &d);
+    CHECK(w.ss[0].held == 6);
+    w.ss[0].paused = true;
+    dj_sched_pause(w.s, sid(0), 100, w.now);
+    /* session 1 wants 8 pages: session 0 goes out first */
+    arrive(&w, 1, DJ_REQ_STEP, 1, 32, 0);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_SWAP_OUT && d.sess == sid(0));
+    act(&w, &d);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_WAIT); /* the copy is in flight */
+    w.now += 10;
+    transfers(&w);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_RUN && w.rr[1].id == d.req);
+    act(&w, &d);
+    CHECK(w.ss[0].held == 0 && w.ss[0].pooled == 6 && w.ss[1].held == 8);
+    /* too big for the segment: refused with the sizes */
+    arrive(&w, 2, DJ_REQ_STEP, 1, 60, 0);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_REFUSE && d.req == w.rr[2].id);
+    CHECK(strstr(dj_sched_refuse_reason(w.s), "whole data segment") != NULL);
+    act(&w, &d);
+    /* session 1 goes idle and away; session 0's expected end nears: it comes back */
+    dj_sched_session_close(w.s, sid(1));
+    w.ss[1].held = 0;
+    w.ss[1].open = false;
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_WAIT && d.wake_ms < 100 && d.wake_ms > w.now);
+    w.now = d.wake_ms;
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_SWAP_IN && d.sess == sid(0));
+    act(&w, &d);
+    CHECK(dj_sched_session_state(w.s, sid(0), w.now) == DJ_SESS_RESTORING);
+    w.now += 10;
+    transfers(&w);
+    CHECK(dj_sched_session_state(w.s, sid(0), w.now) == DJ_SESS_PAUSED);
+    CHECK(w.now < 100); /* home before the expected end */
+    consistent(&w);
+    dj_sched_free(w.s);
+}
+
+/* Batch-class overload serves newest first, but not past the age limit. */
+static void lifo_with_age(void) {
+    world w;
+    memset(&w, 0, sizeof w);
+    w.cfg = (dj_sched_config){.max_running = 1, .max_rows = 64, .pages_total = 100, .idle_ms = 5,
+                              .lifo_age_ms = 30, .page_in_ms = 1.0};
+    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    for (int i = 0; i < 6; i++) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 2);
+    }
+    dj_sched_decision d;
+    arrive(&w, 0, DJ_REQ_GEN, 2, 2, 3); /* takes the one running slot */
+    dj_sched_next(w.s, w.now, &d);
+    act(&w, &d);
+    for (int i = 1; i < 5; i++) arrive(&w, i, DJ_REQ_GEN, 2, 2, 3); /* 4 waiting > 2 x max_running */
+    while (w.rr[0].alive) {
+        dj_sched_next(w.s, w.now, &d);
+        act(&w, &d);
+    }
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_RUN && d.req == w.rr[4].id); /* newest */
+    act(&w, &d);
+    w.now += 31; /* now the oldest is past the age limit */
+    while (w.rr[4].alive) {
+        dj_sched_next(w.s, w.now, &d);
+        act(&w, &d);
+    }
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_RUN && d.req == w.rr[1].id); /* oldest */
+    dj_sched_free(w.s);
+}
+
+int main(void) {
+    dj_test_seeds();
+    realtime_within_a_step();
+    swap_and_prefetch();
+    lifo_with_age();
+    for (int pol = 0; pol < 3; pol++)
+        for (int t = 0; t < 400; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
+    dj_sched_config bad = {.max_running = 0, .max_rows = 1, .pages_total = 1};
+    dj_sched_t *s = NULL;
+    CHECK_ST(dj_sched_new(&bad, &s), DJ_EINVAL);
+    dj_swap_policy p;
+    CHECK_OK(dj_swap_policy_parse("recompute", &p));
+    CHECK(p == DJ_SWAP_RECOMPUTE);
+    CHECK_ST(dj_swap_policy_parse("lru", &p), DJ_EINVAL);
+    return dj_test_finish("test_sched");
+}
