@@ -45,6 +45,13 @@ typedef struct dj_session_opts {
     uint32_t expected_tokens; /* context to reserve; 0 = the model's (capped at 4096) */
 } dj_session_opts;
 dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session /* OUT */);
+/* The same, also giving the session's secret: a later connection (after this
+ * one closed, within the lease) takes the session over with
+ * dj_client_session_attach, its KV intact. */
+dj_status dj_client_session_open_secret(dj_client_t *c, const dj_session_opts *o, uint64_t *session /* OUT */,
+                                        uint64_t *secret /* OUT */);
+/* Reattach a session whose connection closed; *pos (optional): its position. */
+dj_status dj_client_session_attach(dj_client_t *c, uint64_t session, uint64_t secret, uint32_t *pos /* OUT */);
 dj_status dj_client_session_close(dj_client_t *c, uint64_t session);
 /* State only for now: the KV cache stays resident (swap is a later issue). */
 dj_status dj_client_session_pause(dj_client_t *c, uint64_t session, uint64_t expected_ms);
@@ -113,7 +120,18 @@ typedef struct dj_client_session_info {
     uint32_t pos;
     uint64_t lease_left_ms;
     bool paused, generating;
+    char state[16];            /* the scheduler's: running, idle, paused, swapping, swapped, restoring, dropped */
+    uint64_t kv_bytes;         /* its KV pages, wherever they are */
+    uint64_t pooled_bytes;     /* of those, in the host swap pool */
+    uint64_t swaps;            /* times it was swapped out */
 } dj_client_session_info;
+/* The host swap pool and the scheduler's KV moves (STATS `swap`). */
+typedef struct dj_client_swap {
+    char policy[16];
+    uint64_t pool_bytes, pool_used, pool_peak;
+    uint64_t swaps_out, swaps_in, bytes_out, bytes_in;
+    uint64_t pages_reserved, preemptions, prefetches, kv_drops;
+} dj_client_swap;
 typedef struct dj_client_stats {
     dj_client_seg text, data, stack;
     uint64_t pages_total, pages_free, page_bytes, evictions, vmu_models, vmu_sessions, handles, connections;
@@ -127,6 +145,7 @@ typedef struct dj_client_stats {
     dj_client_session_info *sessions;   /* [n_sessions] */
     size_t n_sessions;
     uint64_t waiting[DJ_QOS_COUNT], running[DJ_QOS_COUNT];
+    dj_client_swap swap;
     char *map;                          /* the VMU map as dj_vmu_print_stats writes it */
 } dj_client_stats;
 dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *st /* OUT */);

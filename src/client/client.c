@@ -479,7 +479,29 @@ dj_status dj_client_model_unload(dj_client_t *c, const char *name) {
 /* ---- sessions ---- */
 
 dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session) {
+    uint64_t secret;
+    return dj_client_session_open_secret(c, o, session, &secret);
+}
+
+dj_status dj_client_session_attach(dj_client_t *c, uint64_t session, uint64_t secret, uint32_t *pos) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", session);
+    dj__mw_u64(&w, "secret", secret);
+    dj__meta m;
+    dj_status st = call(c, DJ_MSG_SESSION_ATTACH, &w, &m, NULL);
+    if (st != DJ_OK) return st;
+    uint32_t p = 0;
+    st = dj__meta_u32(&m, "pos", true, &p);
+    if (pos) *pos = p;
+    dj__meta_destroy(&m);
+    return st;
+}
+
+dj_status dj_client_session_open_secret(dj_client_t *c, const dj_session_opts *o, uint64_t *session,
+                                        uint64_t *secret) {
     *session = 0;
+    *secret = 0;
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_str(&w, "model", o->model ? o->model : "");
@@ -489,6 +511,7 @@ dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint6
     dj_status st = call(c, DJ_MSG_SESSION_OPEN, &w, &m, NULL);
     if (st != DJ_OK) return st;
     st = dj__meta_u64(&m, "session", true, session);
+    if (st == DJ_OK) st = dj__meta_u64(&m, "secret", true, secret);
     dj__meta_destroy(&m);
     return st;
 }
@@ -734,6 +757,10 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
             si->lease_left_ms = u64_of(o, "lease_left_ms");
             si->paused = bool_of(o, "paused");
             si->generating = bool_of(o, "generating");
+            str_of(o, "state", si->state, sizeof si->state);
+            si->kv_bytes = u64_of(o, "kv_bytes");
+            si->pooled_bytes = u64_of(o, "pooled_bytes");
+            si->swaps = u64_of(o, "swaps");
         }
         out->n_sessions = ss->via.array.size;
     }
@@ -743,6 +770,19 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
         out->waiting[q] = u64_of(qq, "waiting");
         out->running[q] = u64_of(qq, "running");
     }
+    const msgpack_object *sw = dj__meta_get(&m, "swap");
+    str_of(sw, "policy", out->swap.policy, sizeof out->swap.policy);
+    out->swap.pool_bytes = u64_of(sw, "pool_bytes");
+    out->swap.pool_used = u64_of(sw, "pool_used");
+    out->swap.pool_peak = u64_of(sw, "pool_peak");
+    out->swap.swaps_out = u64_of(sw, "swaps_out");
+    out->swap.swaps_in = u64_of(sw, "swaps_in");
+    out->swap.bytes_out = u64_of(sw, "bytes_out");
+    out->swap.bytes_in = u64_of(sw, "bytes_in");
+    out->swap.pages_reserved = u64_of(sw, "pages_reserved");
+    out->swap.preemptions = u64_of(sw, "preemptions");
+    out->swap.prefetches = u64_of(sw, "prefetches");
+    out->swap.kv_drops = u64_of(sw, "drops");
     const char *map = NULL;
     size_t mn = 0;
     if (st == DJ_OK && dj__meta_str(&m, "map", false, &map, &mn) == DJ_OK && map) {
@@ -789,15 +829,23 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     fprintf(f, "sessions (%zu):\n", st->n_sessions);
     for (size_t i = 0; i < st->n_sessions; i++) {
         const dj_client_session_info *s = &st->sessions[i];
-        fprintf(f, "  %016llx  %-16s %-11s pos %-6u lease %5llu ms%s%s\n", (unsigned long long)s->id, s->model,
-                s->qos, s->pos, (unsigned long long)s->lease_left_ms, s->paused ? "  paused" : "",
+        fprintf(f, "  %016llx  %-16s %-11s pos %-6u lease %5llu ms  %-9s KV %.2f MiB (%.2f MiB in the pool, "
+                   "%llu swaps)%s\n",
+                (unsigned long long)s->id, s->model, s->qos, s->pos, (unsigned long long)s->lease_left_ms, s->state,
+                s->kv_bytes / mib, s->pooled_bytes / mib, (unsigned long long)s->swaps,
                 s->generating ? "  generating" : "");
     }
     fprintf(f, "queues:");
     for (int q = 0; q < DJ_QOS_COUNT; q++)
         fprintf(f, "  %s %llu waiting / %llu running", dj_qos_name((dj_qos)q), (unsigned long long)st->waiting[q],
                 (unsigned long long)st->running[q]);
-    fprintf(f, "\nconnections %llu, handles %llu\n", (unsigned long long)st->connections,
+    const dj_client_swap *w = &st->swap;
+    fprintf(f, "\nswap (%s): pool %.2f of %.2f MiB used (peak %.2f); %llu out (%.2f MiB), %llu in (%.2f MiB); "
+               "%llu prefetched, %llu preemptions, %llu KV drops; %llu pages reserved\n",
+            w->policy, w->pool_used / mib, w->pool_bytes / mib, w->pool_peak / mib, (unsigned long long)w->swaps_out,
+            w->bytes_out / mib, (unsigned long long)w->swaps_in, w->bytes_in / mib, (unsigned long long)w->prefetches,
+            (unsigned long long)w->preemptions, (unsigned long long)w->kv_drops, (unsigned long long)w->pages_reserved);
+    fprintf(f, "connections %llu, handles %llu\n", (unsigned long long)st->connections,
             (unsigned long long)st->handles);
     if (st->map) fprintf(f, "VMU map:\n%s", st->map);
 }

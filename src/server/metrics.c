@@ -22,12 +22,17 @@ void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void dj__metrics_observe(dj__metrics *m, dj__hist *h, double seconds) {
+void dj__metrics_observe_locked(dj__metrics *m, dj__hist *h, double seconds) {
+    (void)m;
     int b = 0;
     while (b < DJ__HIST_BUCKETS && seconds > dj__hist_bounds[b]) b++;
-    pthread_mutex_lock(&m->mu);
     h->count[b]++;
     h->sum += seconds;
+}
+
+void dj__metrics_observe(dj__metrics *m, dj__hist *h, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    dj__metrics_observe_locked(m, h, seconds);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -72,6 +77,27 @@ static char *render(dj__metrics *m, size_t *len) {
     fprintf(f, "# TYPE djinn_lease_expiries_total counter\ndjinn_lease_expiries_total %llu\n",
             (unsigned long long)m->lease_expiries);
     fprintf(f, "# TYPE djinn_tokens_total counter\ndjinn_tokens_total %llu\n", (unsigned long long)m->tokens);
+    put_hist(f, "djinn_resume_seconds", "Time from a RESUME to the first token of the session's next generation.",
+             &m->resume_s);
+    put_hist(f, "djinn_swap_out_seconds", "Time a session's KV took to reach the host swap pool.", &m->swap_out_s);
+    put_hist(f, "djinn_swap_in_seconds", "Time a session's KV took to come back from the pool.", &m->swap_in_s);
+    fputs("# HELP djinn_swaps_total Sessions moved to the host pool (out) and back (in).\n"
+          "# TYPE djinn_swaps_total counter\n", f);
+    fprintf(f, "djinn_swaps_total{direction=\"out\"} %llu\ndjinn_swaps_total{direction=\"in\"} %llu\n",
+            (unsigned long long)m->swaps_out, (unsigned long long)m->swaps_in);
+    fputs("# TYPE djinn_swap_bytes_total counter\n", f);
+    fprintf(f, "djinn_swap_bytes_total{direction=\"out\"} %llu\ndjinn_swap_bytes_total{direction=\"in\"} %llu\n",
+            (unsigned long long)m->swap_bytes_out, (unsigned long long)m->swap_bytes_in);
+    fprintf(f, "# TYPE djinn_swap_pool_bytes gauge\ndjinn_swap_pool_bytes{kind=\"capacity\"} %llu\n"
+               "djinn_swap_pool_bytes{kind=\"used\"} %llu\n",
+            (unsigned long long)m->pool_bytes, (unsigned long long)m->pool_used);
+    fprintf(f, "# TYPE djinn_preemptions_total counter\ndjinn_preemptions_total %llu\n",
+            (unsigned long long)m->preemptions);
+    fprintf(f, "# TYPE djinn_kv_drops_total counter\ndjinn_kv_drops_total %llu\n", (unsigned long long)m->drops);
+    fputs("# HELP djinn_sessions_by_state Sessions by scheduler state.\n# TYPE djinn_sessions_by_state gauge\n", f);
+    for (int i = 0; i <= DJ_SESS_DROPPED; i++)
+        fprintf(f, "djinn_sessions_by_state{state=\"%s\"} %u\n", dj_sched_state_name((dj_sched_state)i),
+                m->sess_states[i]);
     pthread_mutex_unlock(&m->mu);
     fclose(f);
     return buf;

@@ -17,7 +17,15 @@ static int usage(FILE *f) {
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
-          "Defaults: --listen 127.0.0.1:7070, --models ., --vmu-gb 1, --device cpu, --lease-ms 10000,\n"
+          "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
+          "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
+          "Defaults: --listen 127.0.0.1:7070, --models ., --device cpu, --lease-ms 10000,\n"
+          "--vmu-gb auto (the device's free memory less max(1 GiB, 5%); the CPU: half the available RAM),\n"
+          "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
+          "available RAM with a GPU, a quarter without), --data-gb: the data segment (KV) of the VMU\n"
+          "(default 30% of it), --swap-policy semantic, --idle-ms 1000 (a session with no request for this\n"
+          "long may be swapped out), --quota-gb: KV one connection's sessions may hold (default none),\n"
+          "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
           "batched steps are slower, bench/RESULTS.md; the CPU engine is always so).\n"
@@ -88,13 +96,31 @@ static const count_opt counts[] = {
     {"--max-sessions-per-conn", offsetof(dj__config, max_sessions), false, false},
     {"--max-handles-per-conn", offsetof(dj__config, max_handles), false, false},
     {"--metrics-max-connections", offsetof(dj__config, metrics_conns), false, false},
+    {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
+    {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
+};
+
+/* Size options: name, where it goes (size_t bytes), whether "auto" is allowed. */
+typedef struct size_opt {
+    const char *name;
+    size_t off;
+} size_opt;
+
+static const size_opt sizes[] = {
+    {"--vmu-gb", offsetof(dj__config, vmu_bytes)},
+    {"--swap-gb", offsetof(dj__config, swap_bytes)},
+    {"--data-gb", offsetof(dj__config, data_bytes)},
+    {"--quota-gb", offsetof(dj__config, quota_bytes)},
 };
 
 int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->listen = "127.0.0.1:7070";
     cfg->models = ".";
-    cfg->vmu_bytes = (size_t)1 << 30;
+    cfg->vmu_bytes = 0;              /* auto */
+    cfg->swap_bytes = DJ__SIZE_AUTO;
+    cfg->idle_ms = 1000;
+    cfg->max_wait_ms = 10000;
     cfg->lease_ms = 10000;
     cfg->max_running = 64;
     cfg->prefill_chunk = 256;
@@ -120,7 +146,27 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
         const count_opt *co = NULL;
         for (size_t k = 0; k < sizeof counts / sizeof *counts; k++)
             if (!strcmp(a, counts[k].name)) co = &counts[k];
-        if (co) {
+        const size_opt *so = NULL;
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+            if (!strcmp(a, sizes[k].name)) so = &sizes[k];
+        if (so) {
+            size_t *dst = (size_t *)((char *)cfg + so->off);
+            if (!strcmp(v, "auto") && (so->off == offsetof(dj__config, vmu_bytes) ||
+                                       so->off == offsetof(dj__config, swap_bytes))) {
+                *dst = so->off == offsetof(dj__config, vmu_bytes) ? 0 : DJ__SIZE_AUTO;
+            } else if (dj_vmu_parse_size(v, dst) != DJ_OK) {
+                fprintf(stderr, "djinnd: %s '%s': %s\n", a, v, dj_last_error());
+                return 2;
+            } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes)) {
+                fprintf(stderr, "djinnd: %s '%s': must be more than 0\n", a, v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--swap-policy")) {
+            if (dj_swap_policy_parse(v, &cfg->swap_policy) != DJ_OK) {
+                fprintf(stderr, "djinnd: --swap-policy: %s\n", dj_last_error());
+                return 2;
+            }
+        } else if (co) {
             errno = 0;
             char *end;
             long x = strtol(v, &end, 10);
@@ -165,11 +211,6 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
                 cfg->mixed_steps = 2;
             else {
                 fprintf(stderr, "djinnd: --mixed-steps '%s': want on, off, short or auto\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--vmu-gb")) {
-            if (dj_vmu_parse_size(v, &cfg->vmu_bytes) != DJ_OK) {
-                fprintf(stderr, "djinnd: --vmu-gb '%s': %s\n", v, dj_last_error());
                 return 2;
             }
         } else {

@@ -316,12 +316,23 @@ static void on_closed(uv_handle_t *h) {
     dj__map_del(&s->conns, c->id);
     pthread_mutex_lock(&s->mu);
     dj__map_del(&s->live_conns, c->id);
-    /* Every session of this connection dies; the worker reaps them. */
+    /* Its sessions wait out their leases for a SESSION_ATTACH (an agent
+     * process that restarts keeps its KV); their requests are cancelled by
+     * the worker. Past DJ__MAX_ORPHANS orphans, they die at once. */
+    size_t orphans = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) orphans += ((dj__sess *)e->val)->orphan;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
             dj__sess *ss = e->val;
             if (ss->conn == c->id && !ss->dead) {
-                ss->dead = true;
+                if (orphans < DJ__MAX_ORPHANS) {
+                    ss->orphan = true;
+                    ss->conn = 0;
+                    orphans++;
+                } else {
+                    ss->dead = true;
+                }
                 s->reap = true;
             }
         }
@@ -401,13 +412,49 @@ static dj__sess *own_session(dj__server *s, uint64_t conn, uint64_t id, bool *fo
     return ss && !ss->dead ? ss : NULL;
 }
 
-/* HEARTBEAT, PAUSE, RESUME, RELEASE: mu taken here. close_conn set for
- * requests naming another connection's objects. */
+/* SESSION_ATTACH: an orphaned session (its connection closed, its lease not
+ * over) moves to this connection, given the secret SESSION_OPEN answered.
+ * mu held. */
+static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
+    dj__server *s = c->srv;
+    uint64_t sid = 0, secret = 0;
+    dj_status st = dj__meta_u64(m, "session", true, &sid);
+    if (st == DJ_OK) st = dj__meta_u64(m, "secret", true, &secret);
+    if (st != DJ_OK) return st;
+    dj__sess *ss = dj__map_get(&s->sessions, sid);
+    /* the same answer for a wrong id, a wrong secret and a session still attached */
+    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret))
+        return dj_fail(DJ_ENOTFOUND, "no session %016llx to attach (wrong id or secret, or its lease is over)",
+                       (unsigned long long)sid);
+    if (!(c->qos_mask >> ss->qos & 1))
+        return dj_fail(DJ_EPERM, "session %016llx is of class %s, which this token does not grant",
+                       (unsigned long long)sid, dj_qos_name(ss->qos));
+    const size_t n_open = dj__conn_sessions(s, c->id);
+    if (n_open >= s->cfg.max_sessions)
+        return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
+                       s->cfg.max_sessions);
+    ss->conn = c->id;
+    ss->orphan = false;
+    ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+    DJ_LOG(INFO, "session=%016llx attached to conn=%llu", (unsigned long long)sid, (unsigned long long)c->id);
+    dj__mw_u64(w, "session", sid);
+    dj__mw_str(w, "model", ss->model);
+    dj__mw_str(w, "qos", dj_qos_name(ss->qos));
+    dj__mw_u64(w, "pos", ss->pos);
+    dj__mw_u64(w, "max_ctx", ss->max_ctx);
+    dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
+    dj__mw_bool(w, "paused", ss->paused);
+    return DJ_OK;
+}
+
+/* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH: mu taken here.
+ * close_conn set for requests naming another connection's objects. */
 static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw *w, bool *close_conn) {
     dj__server *s = c->srv;
     uint64_t sid = 0, hid = 0, expect = 0;
     dj_status st = DJ_OK;
     if (type == DJ_MSG_RELEASE) st = dj__meta_u64(m, "handle", true, &hid);
+    else if (type == DJ_MSG_SESSION_ATTACH) st = DJ_OK; /* do_attach reads its fields */
     else if (type != DJ_MSG_HEARTBEAT) st = dj__meta_u64(m, "session", true, &sid);
     else st = dj__meta_u64(m, "session", false, &sid);
     if (st == DJ_OK && type == DJ_MSG_PAUSE) st = dj__meta_u64(m, "expected_ms", false, &expect);
@@ -415,6 +462,11 @@ static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw
     const uint64_t now = dj__now_ms();
     bool foreign = false;
     pthread_mutex_lock(&s->mu);
+    if (type == DJ_MSG_SESSION_ATTACH) {
+        st = do_attach(c, m, w);
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
     if (type == DJ_MSG_HEARTBEAT) {
         size_t renewed = 0;
         for (size_t b = 0; b < s->sessions.n_buckets; b++)
@@ -448,12 +500,18 @@ static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw
         return DJ_OK;
     }
     dj__sess *ss = own_session(s, c->id, sid, &foreign);
+    bool swapped = false;
     if (ss) {
         ss->lease_deadline_ms = now + s->cfg.lease_ms;
         ss->paused = type == DJ_MSG_PAUSE;
         ss->paused_expect_ms = type == DJ_MSG_PAUSE ? expect : 0;
-        DJ_LOG(INFO, "session=%016llx %s%s", (unsigned long long)sid, type == DJ_MSG_PAUSE ? "paused" : "resumed",
-               " (state only: KV stays resident)");
+        if (type == DJ_MSG_RESUME) ss->resume_at = dj__now();
+        ss->pause_seq++; /* the worker tells the scheduler, which may swap it out and back */
+        s->pause_dirty = true;
+        swapped = ss->pooled_bytes > 0;
+        pthread_cond_signal(&s->cv);
+        DJ_LOG(INFO, "session=%016llx %s (expected %llu ms)", (unsigned long long)sid,
+               type == DJ_MSG_PAUSE ? "paused" : "resumed", (unsigned long long)expect);
     }
     pthread_mutex_unlock(&s->mu);
     if (!ss) {
@@ -461,7 +519,7 @@ static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw
         return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
     }
     dj__mw_bool(w, "paused", type == DJ_MSG_PAUSE);
-    dj__mw_bool(w, "swapped", false);
+    dj__mw_bool(w, "swapped", swapped); /* whether its KV is in the host pool now */
     return DJ_OK;
 }
 
@@ -657,6 +715,7 @@ static void handle_frame(dj__conn *c) {
     case DJ_MSG_PAUSE:
     case DJ_MSG_RESUME:
     case DJ_MSG_RELEASE:
+    case DJ_MSG_SESSION_ATTACH:
         dj__mw_init(&w);
         st = do_inline(c, h->type, &m, &w, &close_conn);
         dj__meta_destroy(&m);

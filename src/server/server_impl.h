@@ -14,6 +14,7 @@
 #include "djinn/protocol.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
+#include "sched/sched.h"
 #include "server/proto_impl.h"
 
 /* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
@@ -74,6 +75,10 @@ typedef struct dj__metrics {
     pthread_mutex_t mu;
     uint64_t requests[DJ_MSG_REQUEST_LAST + 1][DJ__N_STATUS]; /* [type][-status] */
     dj__hist queue_s, ttft_s, token_s;
+    dj__hist resume_s, swap_out_s, swap_in_s; /* RESUME -> next first token; swap transfers */
+    uint64_t swaps_out, swaps_in, swap_bytes_out, swap_bytes_in, preemptions, drops;
+    uint64_t pool_bytes, pool_used;
+    uint32_t sess_states[DJ_SESS_DROPPED + 1];
     dj_vmu_stats vmu;              /* snapshot after the worker's last job */
     uint64_t sessions, connections, lease_expiries, tokens;
     void *mhd;                     /* struct MHD_Daemon * */
@@ -83,6 +88,7 @@ typedef struct dj__metrics {
 extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
 void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);
 void dj__metrics_observe(dj__metrics *m, dj__hist *h, double seconds);
+void dj__metrics_observe_locked(dj__metrics *m, dj__hist *h, double seconds); /* m->mu held */
 dj_status dj__metrics_start(dj__metrics *m, const char *addr, uint32_t max_conns);
 /* The token whose secret is tok[0..n), compared in constant time; NULL if none. */
 const dj__token *dj__token_find(const dj__token *t, size_t n_tokens, const char *tok, size_t n);
@@ -99,17 +105,32 @@ typedef struct dj__sess {
     uint64_t id, conn;
     dj_qos qos;
     uint64_t lease_deadline_ms; /* monotonic; renewed by heartbeats and requests */
-    bool paused, dead;          /* dead: connection gone or lease over; the worker reaps it */
+    bool paused, dead;          /* dead: closed, or its lease over; the worker reaps it */
+    bool orphan;                /* its connection closed: it waits out its lease for a SESSION_ATTACH
+                                 * (the worker cancels the old connection's requests on it) */
     uint64_t paused_expect_ms;
     uint32_t pos, pages;        /* snapshot for stats, written by the worker */
     uint32_t max_ctx;           /* positions the session allows (set at open) */
     uint32_t queued;            /* requests naming it still in a waiting queue: its lease holds */
+    uint32_t pause_seq;         /* bumped by every PAUSE/RESUME (the worker tells the scheduler) */
+    uint64_t secret;            /* given at open: a new connection reattaches with it (SESSION_ATTACH) */
     char model[128];
+    /* snapshots for stats, written by the worker */
+    dj_sched_state state;
+    uint64_t kv_bytes, pooled_bytes, swaps;
     /* worker only */
     dj_session_t *es;
     dj__model_ent *ment;
     int32_t pending;            /* sampled but not yet fed token, -1 if none */
     dj__job *busy;              /* the generation running on it, if any */
+    uint32_t pause_seen;        /* pause_seq last told to the scheduler */
+    uint8_t xfer;               /* 1: swap-out in flight, 2: swap-in in flight */
+    uint64_t xfer_bytes;
+    double xfer_t0;             /* when it started (swap latency) */
+    double resume_at;           /* when a RESUME came (I/O thread; the worker measures to the next first token) */
+    bool dropped;               /* recompute policy: KV freed, hist re-fed on the next request */
+    int32_t *hist;              /* recompute policy: every token fed, in order */
+    uint32_t n_hist, cap_hist;
 } dj__sess;
 
 typedef struct dj__handle {
@@ -124,7 +145,11 @@ typedef struct dj__handle {
 
 /* ---- work for the engine thread ---- */
 typedef struct dj__gen {
-    dj_gen_t *g;       /* the generation loop's state (generate.h); owned */
+    dj_gen_t *g;       /* the generation loop's state (generate.h); owned; NULL until it starts */
+    int32_t *ids;      /* the prompt, tokenized when the request arrived (owned) */
+    size_t n_ids;
+    uint32_t max_tokens;
+    uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
     double t_start, t_first, t_last, prefill_s;
 } dj__gen;
@@ -142,7 +167,8 @@ struct dj__job {
     const uint8_t *payload;
     uint64_t payload_len;
     double t_enqueue;
-    dj__gen *gen;             /* set once a GENERATE started */
+    dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
+    dj__job *hprev, *hnext;   /* worker: jobs the scheduler holds */
 };
 
 typedef struct dj__jobq {
@@ -195,11 +221,22 @@ typedef struct dj__config {
     uint32_t max_sessions;     /* sessions per connection */
     uint32_t max_handles;      /* result handles per connection */
     uint32_t metrics_conns;    /* /metrics connections at once */
+    /* memory and the scheduler (src/sched/) */
+    size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
+    size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
+    size_t quota_bytes;        /* KV bytes per connection; 0: none */
+    uint32_t idle_ms, max_wait_ms;
+    dj_swap_policy swap_policy;
 } dj__config;
+#define DJ__SIZE_AUTO SIZE_MAX
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
  * listener besides the connections (--max-connections is clamped so). */
 #define DJ__FD_RESERVE 32
+/* Sessions whose connection closed, kept for a reattach until their lease
+ * ends; past this many the next orphan is released at once. */
+#define DJ__MAX_ORPHANS 1024
+
 /* Connections over the cap still get a typed ERROR while this many more are
  * open; past that they are closed at once. */
 #define DJ__REFUSE_SLACK 16
@@ -234,11 +271,7 @@ typedef struct dj__server {
     dj__map sessions;    /* id -> dj__sess */
     dj__map handles;     /* id -> dj__handle */
     dj__map live_conns;  /* id -> (void *)1 */
-    dj__jobq newq[DJ_QOS_COUNT], runq[DJ_QOS_COUNT];
-    bool turn[DJ_QOS_COUNT];
-    bool admit_more; /* worker: the last admission only queued its generation (its prompt rides in
-                      * the decode steps), so the next waiting GENERATE is admitted before the next
-                      * step: a burst of clients starts in one step, not one step per client */
+    dj__jobq newq[DJ_QOS_COUNT]; /* arrived, not yet handed to the scheduler */
     dj__out *out_head, *out_tail;
     bool stop_worker, reap;
 
@@ -246,6 +279,10 @@ typedef struct dj__server {
     pthread_t worker;
     bool worker_started;
     dj_engine_t *engine;
+    dj_sched_t *sched;       /* the policy (src/sched/): decides what the worker does next */
+    dj__job *held;           /* jobs the scheduler holds (waiting, admitted or running) */
+    uint32_t n_xfer;         /* sessions with a swap in flight */
+    bool pause_dirty;        /* a PAUSE/RESUME came (I/O thread sets it, the worker clears it) */
     uint64_t batched_steps, batched_rows; /* worker: decode steps that carried >1 session */
     uint64_t mixed_steps;                 /* worker: of those, steps that also carried a prompt chunk */
     uint64_t gen_steps;                   /* worker: generation steps (any batch size, prompt chunks too) */

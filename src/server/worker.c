@@ -1,6 +1,7 @@
 /* worker.c: djinnd's engine thread - the only thread that touches the
- * engine. Per-QoS queues, round-robin decode of running generations, sessions
- * with leases, models shared by fingerprint, result handles, stats. */
+ * engine. It hands requests to the scheduler (src/sched/) and carries out its
+ * decisions: requests, batched generation steps, KV swaps; sessions with
+ * leases, models shared by fingerprint, result handles, stats. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -21,6 +22,8 @@
 /* Most token rows of one mixed step: the engine's max_step_tokens (set so
  * by dj__worker_start). */
 #define MIXED_ROWS 512
+/* A session idle or paused this long may be swapped out, and the swap pool
+ * or data segment default sizes: see dj__worker_start. */
 
 /* --mixed-steps short (auto on a GPU): prompts with at most this many tokens left
  * ride in the decode steps (32 clients' 4-token prompts, each a step of its
@@ -61,12 +64,6 @@ static bool q_remove(dj__jobq *q, dj__job *j) {
     return false;
 }
 
-static dj__job *q_pop_tail(dj__jobq *q) {
-    dj__job *j = q->tail;
-    if (j) q_remove(q, j);
-    return j;
-}
-
 static void post_locked(dj__server *s, dj__out *o) {
     if (!o) return;
     o->next = NULL;
@@ -92,7 +89,27 @@ void dj__handle_unref(dj__server *s, dj__handle *h) {
 static void gen_free(dj__gen *g) {
     if (!g) return;
     dj_gen_free(g->g);
+    free(g->ids);
     free(g);
+}
+
+/* ---- jobs the scheduler holds (worker only) ---- */
+
+static uint64_t job_id(const dj__job *j) { return (uint64_t)(uintptr_t)j; }
+
+static void held_add(dj__server *s, dj__job *j) {
+    j->hprev = NULL;
+    j->hnext = s->held;
+    if (s->held) s->held->hprev = j;
+    s->held = j;
+}
+
+static void held_del(dj__server *s, dj__job *j) {
+    if (!j->hprev && s->held != j) return; /* not held */
+    if (j->hprev) j->hprev->hnext = j->hnext;
+    else s->held = j->hnext;
+    if (j->hnext) j->hnext->hprev = j->hprev;
+    j->hprev = j->hnext = NULL;
 }
 
 void dj__job_free(dj__job *j) {
@@ -236,17 +253,22 @@ static void free_handles_of(dj__server *s, uint64_t sid) { /* mu held */
  * if the connection is still there), handles, pages, model reference. mu held;
  * the session is already out of the table. */
 static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const char *msg) {
-    if (ss->busy) {
-        dj__job *j = ss->busy;
-        q_remove(&s->runq[j->qos], j);
+    /* its requests the scheduler holds (the running generation among them) are answered */
+    for (dj__job *j = s->held, *nx; j; j = nx) {
+        nx = j->hnext;
+        if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
+        held_del(s, j);
         if (dj__map_get(&s->live_conns, j->conn)) {
             dj__metrics_count(&s->metrics, j->type, why);
             post_locked(s, dj__out_error(j->conn, j->req, why, msg, false));
         }
         dj__job_free(j);
     }
+    ss->busy = NULL;
+    dj_sched_session_close(s->sched, ss->id);
     free_handles_of(s, ss->id);
     dj_session_free(s->engine, ss->es);
+    free(ss->hist);
     if (ss->ment) {
         ss->ment->users--;
         model_ent_maybe_drop(s, ss->ment);
@@ -256,6 +278,24 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
     free(ss);
 }
 
+/* A session's requests from a connection that is gone are dropped (a
+ * running generation stops; what it fed stays in the KV). mu held. */
+static void cancel_orphaned(dj__server *s, dj__sess *ss) {
+    for (dj__job *j = s->held, *nx; j; j = nx) {
+        nx = j->hnext;
+        if (j->sess != ss->id || j->conn == ss->conn || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE))
+            continue;
+        if (ss->busy == j) {
+            ss->busy = NULL;
+            if (j->gen && j->gen->g) ss->pending = dj_gen_pending(j->gen->g);
+        }
+        if (j->counted && ss->queued) ss->queued--;
+        held_del(s, j);
+        dj_sched_done(s->sched, job_id(j), dj__now_ms());
+        dj__job_free(j);
+    }
+}
+
 static void reap(dj__server *s) { /* mu held */
     const uint64_t now = dj__now_ms();
     for (size_t b = 0; b < s->sessions.n_buckets; b++) {
@@ -263,6 +303,7 @@ static void reap(dj__server *s) { /* mu held */
         while (e) {
             dj__sess *ss = e->val;
             e = e->next;
+            if (ss->orphan && !ss->dead) cancel_orphaned(s, ss);
             const bool expired = !ss->dead && !ss->busy && !ss->queued && now > ss->lease_deadline_ms;
             if (!ss->dead && !expired) continue;
             dj__map_del(&s->sessions, ss->id);
@@ -290,10 +331,51 @@ static dj_status job_session(dj__server *s, dj__job *j, dj__sess **out, bool *fo
     return DJ_OK;
 }
 
+/* The session's position as its client sees it (a dropped session's is its history's). */
+static uint32_t sess_pos(const dj__sess *ss) { return ss->dropped ? ss->n_hist : dj_session_pos(ss->es); }
+
+/* After an engine call on the session: its position for stats, its pages for the scheduler. */
 static void snapshot(dj__server *s, dj__sess *ss) {
+    const uint32_t pos = sess_pos(ss);
+    const dj_kv_residency r = dj_session_residency(ss->es);
+    const uint32_t held = r == DJ_KV_SWAPPED ? 0 : dj_session_kv_pages(ss->es);
+    dj_sched_pages(s->sched, ss->id, held, pos);
     pthread_mutex_lock(&s->mu);
-    ss->pos = dj_session_pos(ss->es);
+    ss->pos = pos;
+    ss->kv_bytes = dj_session_kv_bytes(ss->es);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Pages per block of positions of a session (all layers), from the engine's
+ * own count: a fresh session needs block_pages for its first position and
+ * block_pages more past block_tokens of them. */
+static void block_shape(const dj_session_t *es, uint32_t *tokens, uint32_t *pages) {
+    const uint32_t p1 = dj_session_pages_for(es, 1);
+    uint32_t lo = 1, hi = dj_session_max_ctx(es);
+    while (lo < hi) { /* the first position that needs a second block */
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (dj_session_pages_for(es, mid) > p1) hi = mid;
+        else lo = mid + 1;
+    }
+    *tokens = dj_session_pages_for(es, hi) > p1 ? hi - 1 : hi;
+    if (!*tokens) *tokens = 1;
+    *pages = p1 ? p1 : 1;
+}
+
+/* Recompute policy: what the session was fed, to feed again after a drop. */
+static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_t n) {
+    if (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE || !n) return DJ_OK;
+    if (ss->n_hist + n > ss->cap_hist) {
+        size_t cap = ss->cap_hist ? ss->cap_hist : 256;
+        while (cap < ss->n_hist + n) cap *= 2;
+        int32_t *h = realloc(ss->hist, cap * sizeof *h);
+        if (!h) return dj_fail(DJ_ENOMEM, "out of memory for the session's history");
+        ss->hist = h;
+        ss->cap_hist = (uint32_t)cap;
+    }
+    memcpy(ss->hist + ss->n_hist, ids, n * sizeof *ids);
+    ss->n_hist += (uint32_t)n;
+    return DJ_OK;
 }
 
 static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
@@ -355,10 +437,21 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         pthread_mutex_unlock(&s->mu);
         return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
     }
+    dj_sched_session_info si = {.conn = j->conn, .qos = (uint32_t)qos, .max_ctx = ctx};
+    block_shape(ss->es, &si.block_tokens, &si.block_pages);
+    if (st == DJ_OK) st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms());
+    if (st == DJ_OK) st = dj__random_id(&ss->secret);
+    if (st != DJ_OK) {
+        dj__map_del(&s->sessions, ss->id);
+        session_destroy(s, ss, DJ_ENOTFOUND, "session could not open");
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
            (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
     dj__mw_u64(w, "session", ss->id);
+    dj__mw_u64(w, "secret", ss->secret);
     dj__mw_u64(w, "max_ctx", ctx);
     dj__mw_u64(w, "vocab", c->vocab_size);
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
@@ -376,16 +469,24 @@ static dj_status do_close(dj__server *s, dj__job *j, bool *foreign) {
     return DJ_OK;
 }
 
-/* Ids to feed: the session's pending token, then the request's. */
+/* Ids to feed: a dropped session's history (recompute policy), the
+ * session's pending token, then the request's. *n_new: without the history. */
 static dj_status feed_ids(dj__sess *ss, const int32_t *ids, size_t n, int32_t **out, size_t *n_out) {
-    const size_t extra = ss->pending >= 0 ? 1 : 0;
-    int32_t *v = malloc((n + extra + 1) * sizeof *v);
+    const size_t h = ss->dropped ? ss->n_hist : 0, extra = ss->pending >= 0 ? 1 : 0;
+    int32_t *v = malloc((h + n + extra + 1) * sizeof *v);
     if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
-    if (extra) v[0] = ss->pending;
-    if (n) memcpy(v + extra, ids, n * sizeof *v);
+    if (h) memcpy(v, ss->hist, h * sizeof *v);
+    if (extra) v[h] = ss->pending;
+    if (n) memcpy(v + h + extra, ids, n * sizeof *v);
     *out = v;
-    *n_out = n + extra;
+    *n_out = h + n + extra;
     return DJ_OK;
+}
+
+/* After the history was fed again: the session is whole. */
+static void undrop(dj__sess *ss) {
+    if (ss->dropped) ss->n_hist = 0; /* re-added by hist_add with what was fed */
+    ss->dropped = false;
 }
 
 static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
@@ -461,6 +562,8 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         free(h);
         goto done;
     }
+    undrop(ss);
+    if ((st = hist_add(s, ss, feed, n_feed)) != DJ_OK) goto done;
     ss->pending = -1;
     snapshot(s, ss);
     dj__mw_u64(w, "pos", dj_session_pos(ss->es));
@@ -531,6 +634,11 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
         if (dj_gen_n_generated(g->g) == 1) {
             g->t_first = now;
             dj__metrics_observe(&s->metrics, &s->metrics.ttft_s, now - j->t_enqueue);
+            pthread_mutex_lock(&s->mu);
+            const double resumed = ss->resume_at;
+            ss->resume_at = 0;
+            pthread_mutex_unlock(&s->mu);
+            if (resumed > 0) dj__metrics_observe(&s->metrics, &s->metrics.resume_s, now - resumed);
         } else {
             dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
         }
@@ -550,23 +658,43 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
     return true;
 }
 
-static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
+/* A GENERATE as it arrives: its fields checked and its prompt tokenized, so
+ * the scheduler knows the positions it will take (prompt + max_tokens). */
+static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__meta *m = &j->meta;
-    int32_t *ids = NULL, *feed = NULL, *stop = NULL;
-    size_t n = 0, n_feed = 0, n_stop = 0;
     const char *prompt = NULL;
     size_t plen = 0;
-    double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
-    uint64_t top_k = 0, seed = 0;
-    uint32_t max_tokens = DEFAULT_MAX_TOKENS;
-    bool ignore_eos = false;
     dj__gen *g = calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
+    g->max_tokens = DEFAULT_MAX_TOKENS;
     dj_status st = dj__meta_str(m, "prompt", false, &prompt, &plen);
-    if (st == DJ_OK) st = dj__meta_ids(m, "ids", false, &ids, &n);
-    if (st == DJ_OK) st = dj__meta_u32(m, "max_tokens", false, &max_tokens);
-    if (st == DJ_OK) st = dj__meta_f64(m, "temperature", false, &temp);
+    if (st == DJ_OK) st = dj__meta_ids(m, "ids", false, &g->ids, &g->n_ids);
+    if (st == DJ_OK) st = dj__meta_u32(m, "max_tokens", false, &g->max_tokens);
+    if (st != DJ_OK) return st;
+    if (!!prompt == !!dj__meta_get(m, "ids")) return dj_fail(DJ_EFORMAT, "GENERATE needs exactly one of 'prompt' or 'ids'");
+    if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
+    if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
+    if (prompt) {
+        const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
+        if (!tok) return dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
+        const bool first = sess_pos(ss) == 0 && ss->pending < 0;
+        if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &g->ids, &g->n_ids)) != DJ_OK) return st;
+    }
+    return DJ_OK;
+}
+
+/* A GENERATE's turn to start: its sampling fields, the session's pending
+ * token and (recompute policy) history before the prompt, a dj_gen_t. */
+static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
+    const dj__meta *m = &j->meta;
+    dj__gen *g = j->gen;
+    int32_t *feed = NULL, *stop = NULL;
+    size_t n_feed = 0, n_stop = 0;
+    double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
+    uint64_t top_k = 0, seed = 0;
+    bool ignore_eos = false;
+    dj_status st = dj__meta_f64(m, "temperature", false, &temp);
     if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
     if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
     if (st == DJ_OK) st = dj__meta_u64(m, "seed", false, &seed);
@@ -577,10 +705,6 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &ignore_eos);
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &stop, &n_stop);
     if (st != DJ_OK) goto done;
-    if (!!prompt == !!dj__meta_get(m, "ids")) {
-        st = dj_fail(DJ_EFORMAT, "GENERATE needs exactly one of 'prompt' or 'ids'");
-        goto done;
-    }
     if (!(min_p >= 0 && min_p <= 1) || !(rep >= 0 && rep <= 100) || !(freq >= -2 && freq <= 2) ||
         !(pres >= -2 && pres <= 2)) {
         st = dj_fail(DJ_EINVAL, "min_p %g must be in [0, 1], repetition_penalty %g in [0, 100], frequency_penalty %g "
@@ -592,16 +716,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
     }
-    const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
-    if (prompt) {
-        if (!tok) {
-            st = dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
-            goto done;
-        }
-        const bool first = dj_session_pos(ss->es) == 0 && ss->pending < 0;
-        if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &ids, &n)) != DJ_OK) goto done;
-    }
-    if ((st = feed_ids(ss, ids, n, &feed, &n_feed)) != DJ_OK) goto done;
+    if ((st = feed_ids(ss, g->ids, g->n_ids, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
         goto done;
@@ -616,47 +731,57 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                                            .top_p = (float)top_p, .seed = seed, .min_p = (float)min_p,
                                            .repetition_penalty = (float)rep, .frequency_penalty = (float)freq,
                                            .presence_penalty = (float)pres},
-                              .max_tokens = max_tokens,
+                              .max_tokens = g->max_tokens,
                               .stop_ids = stop,
                               .n_stop = n_stop,
                               .eos_ids = ss->ment->eos,
                               .n_eos = ss->ment->n_eos,
                               .ignore_eos = ignore_eos,
                               .prefill_chunk = s->cfg.prefill_chunk,
-                              .tok = tok};
+                              .tok = model_tokenizer(s, ss->ment)};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
-    g->n_prompt = (uint32_t)n;
+    undrop(ss);
+    st = hist_add(s, ss, feed, n_feed);
+    g->pos0 = pos0 + (uint32_t)n_feed;
+    g->n_prompt = (uint32_t)g->n_ids;
     g->t_start = dj__now();
     dj__metrics_observe(&s->metrics, &s->metrics.queue_s, g->t_start - j->t_enqueue);
 done:
-    free(ids);
     free(feed);
     free(stop);
     return st;
 }
-/* After a GENERATE's unit ran: reply the error, finish, or queue it again. */
+static bool job_rides(const dj__server *s, const dj__job *j);
+
+/* Recompute policy: the generated tokens the session was fed. */
+static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
+    const dj__gen *g = j->gen;
+    if (!g || !g->g || s->cfg.swap_policy != DJ_SWAP_RECOMPUTE) return;
+    const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
+    uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
+    if (fed > n_ids) fed = n_ids;
+    if (hist_add(s, ss, dj_gen_ids(g->g), fed) != DJ_OK)
+        DJ_LOG(WARN, "session=%016llx: %s", (unsigned long long)ss->id, dj_last_error());
+}
+
+/* After a GENERATE started or stepped: on an error or its end it leaves the
+ * scheduler (the error replied); else the scheduler learns its next rows. */
 static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, bool foreign, bool finished) {
-    if (st != DJ_OK) {
-        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+    if (st != DJ_OK || finished) {
+        if (st != DJ_OK) reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+        if (ss) gen_hist(s, j, ss);
+        pthread_mutex_lock(&s->mu);
         if (ss && ss->busy == j) ss->busy = NULL;
-        dj__job_free(j);
-        return;
-    }
-    if (finished) {
-        if (ss->busy == j) ss->busy = NULL;
+        pthread_mutex_unlock(&s->mu);
+        held_del(s, j);
+        dj_sched_done(s->sched, job_id(j), dj__now_ms());
         dj__job_free(j);
         return;
     }
     pthread_mutex_lock(&s->mu);
     ss->busy = j;
-    q_push(&s->runq[j->qos], j);
     pthread_mutex_unlock(&s->mu);
-}
-
-/* Token rows a running GENERATE adds to a step: its next prompt chunk, or one. */
-static size_t job_rows(const dj__server *s, const dj__job *j) {
-    (void)s;
-    return dj_gen_rows(j->gen->g);
+    dj_sched_gen_rows(s->sched, job_id(j), dj_gen_rows(j->gen->g), job_rides(s, j));
 }
 
 /* Whether a running generation's next rows may share a step with others:
@@ -668,8 +793,8 @@ static bool job_rides(const dj__server *s, const dj__job *j) {
 }
 
 /* Continuous batching: one step of the generation loop (dj_gen_step) for
- * one or several running generations of one model (jobs[0..n), taken from
- * one QoS class's run queue) - a decode row each, or the next chunk of a
+ * one or several running generations of one model (jobs[0..n), as the
+ * scheduler assembled them) - a decode row each, or the next chunk of a
  * prompt still going in - every last row picked by its generation's own
  * sampler, on the device where the engine can. If a step of several fails,
  * each job runs alone so that only the culprit sees the error. */
@@ -709,29 +834,16 @@ static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
     s->gen_step_s += dj__now() - t0;
 }
 
-/* A GENERATE's turn: start it (parse, tokenize, a dj_gen_t), then - or when
- * it is already running - one step of it alone. With mixed steps a new one
- * only queues: its first chunk rides in the next step of the others. */
+/* A GENERATE's turn to start (its first rows run in a later step, with
+ * whichever generations the scheduler puts beside it). */
 static void run_generate(dj__server *s, dj__job *j) {
-    if (j->gen) {
-        run_decode_batch(s, &j, 1);
-        return;
-    }
     dj__sess *ss = NULL;
     bool foreign = false;
     dj_status st = job_session(s, j, &ss, &foreign);
     if (st == DJ_OK && ss->busy)
         st = dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (st == DJ_OK) st = gen_start(s, j, ss);
-    if (st != DJ_OK || job_rides(s, j)) {
-        s->admit_more = st == DJ_OK;
-        gen_after(s, j, ss, st, foreign, false);
-        return;
-    }
-    pthread_mutex_lock(&s->mu);
-    ss->busy = j;
-    pthread_mutex_unlock(&s->mu);
-    run_decode_batch(s, &j, 1);
+    gen_after(s, j, ss, st, foreign, false);
 }
 
 /* ---- stats and model list ---- */
@@ -808,8 +920,14 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
             dj__sess *ss = e->val;
             if (!j->admin && ss->conn != j->conn) continue;
             n_packed++;
-            msgpack_pack_map(&w->pk, 7);
+            msgpack_pack_map(&w->pk, 11);
             pack_kv_u64(&w->pk, "id", ss->id);
+            dj__pack_str(&w->pk, "state");
+            dj__pack_str(&w->pk, dj_sched_state_name(dj_sched_session_state(s->sched, ss->id, now)));
+            pack_kv_u64(&w->pk, "kv_bytes", dj_session_kv_bytes(ss->es));
+            pack_kv_u64(&w->pk, "pooled_bytes", dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0
+                                                                                                : dj_session_kv_bytes(ss->es));
+            pack_kv_u64(&w->pk, "swaps", ss->swaps);
             dj__pack_str(&w->pk, "model");
             dj__pack_str(&w->pk, ss->model);
             dj__pack_str(&w->pk, "qos");
@@ -823,14 +941,33 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
             if (ss->busy) msgpack_pack_true(&w->pk);
             else msgpack_pack_false(&w->pk);
         }
+    dj_sched_stats sst;
+    dj_sched_get_stats(s->sched, now, &sst);
     dj__mw_key(w, "queues");
     msgpack_pack_map(&w->pk, DJ_QOS_COUNT);
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
         dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
         msgpack_pack_map(&w->pk, 2);
-        pack_kv_u64(&w->pk, "waiting", s->newq[q].n);
-        pack_kv_u64(&w->pk, "running", s->runq[q].n);
+        pack_kv_u64(&w->pk, "waiting", s->newq[q].n + sst.waiting[q]);
+        pack_kv_u64(&w->pk, "running", sst.running[q]);
     }
+    dj_swap_stats sw;
+    dj_engine_swap_stats(s->engine, &sw);
+    dj__mw_key(w, "swap");
+    msgpack_pack_map(&w->pk, 12);
+    dj__pack_str(&w->pk, "policy");
+    dj__pack_str(&w->pk, dj_swap_policy_name(s->cfg.swap_policy));
+    pack_kv_u64(&w->pk, "pool_bytes", sw.capacity);
+    pack_kv_u64(&w->pk, "pool_used", sw.used);
+    pack_kv_u64(&w->pk, "pool_peak", sw.peak);
+    pack_kv_u64(&w->pk, "swaps_out", sw.swaps_out);
+    pack_kv_u64(&w->pk, "swaps_in", sw.swaps_in);
+    pack_kv_u64(&w->pk, "bytes_out", sw.bytes_out);
+    pack_kv_u64(&w->pk, "bytes_in", sw.bytes_in);
+    pack_kv_u64(&w->pk, "pages_reserved", sst.pages_reserved);
+    pack_kv_u64(&w->pk, "preemptions", sst.preemptions);
+    pack_kv_u64(&w->pk, "prefetches", sst.prefetches);
+    pack_kv_u64(&w->pk, "drops", sst.drops);
     dj__mw_u64(w, "handles", s->handles.n);
     dj__mw_u64(w, "connections", s->live_conns.n);
     pthread_mutex_unlock(&s->mu);
@@ -955,41 +1092,232 @@ static dj__job *lease_unqueue(dj__server *s, dj__job *j) {
     return j;
 }
 
-/* Pick the next unit of work (mu held): the most urgent class with work;
- * within it alternate between admitting a waiting request and one decode
- * step of the running generations (round robin) - except that GENERATEs
- * whose prompts ride in the decode steps are admitted back to back (see
- * admit_more). Waiting requests are served newest first when more than
- * twice the concurrency wait. */
-static dj__job *pick(dj__server *s) {
-    size_t running = 0;
-    for (int q = 0; q < DJ_QOS_COUNT; q++) running += s->runq[q].n;
-    for (int q = 0; q < DJ_QOS_COUNT; q++) {
-        dj__jobq *nq = &s->newq[q], *rq = &s->runq[q];
-        const bool lifo = nq->n > 2 * (size_t)s->cfg.max_running;
-        const dj__job *cand = lifo ? nq->tail : nq->head;
-        const bool can_new = cand && (cand->type != DJ_MSG_GENERATE || running < s->cfg.max_running);
-        if (!can_new && !rq->n) continue;
-        const bool burst = can_new && s->admit_more && cand->type == DJ_MSG_GENERATE;
-        s->admit_more = false;
-        const bool take_new = can_new && (!rq->n || s->turn[q] || burst);
-        if (!burst) s->turn[q] = !s->turn[q];
-        if (take_new) return lease_unqueue(s, lifo ? q_pop_tail(nq) : q_pop_head(nq));
-        return q_pop_head(rq);
+/* A request that arrived: STEP and GENERATE checked against their session
+ * (a GENERATE's prompt tokenized: the positions it will take), then handed to
+ * the scheduler. Errors are answered at once. mu not held. */
+static void arrive(dj__server *s, dj__job *j) {
+    dj_sched_kind kind = DJ_REQ_CTRL;
+    uint64_t sess = 0, model = 0, tokens = 0;
+    bool foreign = false;
+    dj_status st = DJ_OK;
+    dj_clear_error();
+    if (j->type == DJ_MSG_STEP || j->type == DJ_MSG_GENERATE) {
+        dj__sess *ss = NULL;
+        st = job_session(s, j, &ss, &foreign);
+        if (st == DJ_OK && j->type == DJ_MSG_STEP) {
+            kind = DJ_REQ_STEP;
+            const msgpack_object *o = dj__meta_get(&j->meta, "ids");
+            tokens = j->payload_len ? j->payload_len / 4 : o && o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
+            tokens += 1; /* a pending token goes first */
+            if (ss->busy) st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
+            else if (ss->paused) st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
+        } else if (st == DJ_OK) {
+            kind = DJ_REQ_GEN;
+            st = gen_prepare(s, j, ss);
+            if (st == DJ_OK) tokens = (uint64_t)j->gen->n_ids + 1 + j->gen->max_tokens;
+        }
+        if (st == DJ_OK) {
+            sess = ss->id;
+            model = (uint64_t)(uintptr_t)ss->ment;
+        }
     }
-    return NULL;
+    if (tokens > UINT32_MAX) tokens = UINT32_MAX;
+    if (st == DJ_OK)
+        st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
+    if (st != DJ_OK) {
+        pthread_mutex_lock(&s->mu);
+        lease_unqueue(s, j);
+        pthread_mutex_unlock(&s->mu);
+        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+        dj__job_free(j);
+        return;
+    }
+    held_add(s, j);
+}
+
+/* Everything that arrived goes to the scheduler (mu held on entry and exit). */
+static void intake(dj__server *s) {
+    dj__jobq in = {0};
+    for (int q = 0; q < DJ_QOS_COUNT; q++) {
+        dj__job *j;
+        while ((j = q_pop_head(&s->newq[q]))) q_push(&in, j);
+    }
+    if (!in.n) return;
+    pthread_mutex_unlock(&s->mu);
+    dj__job *j;
+    while ((j = q_pop_head(&in))) arrive(s, j);
+    pthread_mutex_lock(&s->mu);
+}
+
+/* PAUSE and RESUME the I/O thread recorded go to the scheduler (mu held). */
+static void pauses(dj__server *s) {
+    if (!s->pause_dirty) return;
+    s->pause_dirty = false;
+    const uint64_t now = dj__now_ms();
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            dj__sess *ss = e->val;
+            if (ss->pause_seen == ss->pause_seq) continue;
+            ss->pause_seen = ss->pause_seq;
+            if (ss->paused) dj_sched_pause(s->sched, ss->id, ss->paused_expect_ms, now);
+            else dj_sched_resume(s->sched, ss->id, now);
+        }
+}
+
+static dj__sess *sess_get(dj__server *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    dj__sess *ss = dj__map_get(&s->sessions, id);
+    pthread_mutex_unlock(&s->mu);
+    return ss;
+}
+
+/* Swaps in flight that completed: the scheduler and the metrics learn it. */
+static void poll_swaps(dj__server *s) {
+    if (!s->n_xfer) return;
+    dj_engine_swap_poll(s->engine);
+    pthread_mutex_lock(&s->mu);
+    for (size_t b = 0; b < s->sessions.n_buckets && s->n_xfer; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            dj__sess *ss = e->val;
+            if (!ss->xfer) continue;
+            const dj_kv_residency r = dj_session_residency(ss->es);
+            const bool out_done = ss->xfer == 1 && r == DJ_KV_SWAPPED, in_done = ss->xfer == 2 && r == DJ_KV_RESIDENT;
+            if (!out_done && !in_done) continue;
+            const double dt = dj__now() - ss->xfer_t0;
+            dj_sched_swapped(s->sched, ss->id, out_done ? 0 : dj_session_kv_pages(ss->es));
+            ss->kv_bytes = dj_session_kv_bytes(ss->es);
+            ss->pooled_bytes = out_done ? ss->kv_bytes : 0;
+            ss->swaps += out_done;
+            ss->xfer = 0;
+            s->n_xfer--;
+            pthread_mutex_lock(&s->metrics.mu);
+            dj__metrics_observe_locked(&s->metrics, out_done ? &s->metrics.swap_out_s : &s->metrics.swap_in_s, dt);
+            if (out_done) {
+                s->metrics.swaps_out++;
+                s->metrics.swap_bytes_out += ss->xfer_bytes;
+            } else {
+                s->metrics.swaps_in++;
+                s->metrics.swap_bytes_in += ss->xfer_bytes;
+            }
+            pthread_mutex_unlock(&s->metrics.mu);
+        }
+    pthread_mutex_unlock(&s->mu);
+    dj_swap_stats sw;
+    dj_engine_swap_stats(s->engine, &sw);
+    if (sw.bytes_in && sw.in_s > 0) dj_sched_rate(s->sched, sw.in_s * 1e3 * (double)sw.page_bytes / (double)sw.bytes_in);
+}
+
+/* Start a swap the scheduler decided. */
+static void start_swap(dj__server *s, uint64_t sid, bool out) {
+    dj__sess *ss = sess_get(s, sid);
+    dj_status st = ss ? (out ? dj_session_swap_out(s->engine, ss->es) : dj_session_swap_in(s->engine, ss->es))
+                      : dj_fail(DJ_ENOTFOUND, "no session %016llx", (unsigned long long)sid);
+    dj_sched_swap_started(s->sched, sid, st == DJ_OK);
+    if (st != DJ_OK) {
+        DJ_LOG(WARN, "session=%016llx: swap %s did not start: %s", (unsigned long long)sid, out ? "out" : "in",
+               dj_last_error());
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    ss->xfer = out ? 1 : 2;
+    ss->xfer_t0 = dj__now();
+    ss->xfer_bytes = dj_session_kv_bytes(ss->es);
+    s->n_xfer++;
+    pthread_mutex_unlock(&s->mu);
+    DJ_LOG(DEBUG, "session=%016llx swap %s started (%llu bytes)", (unsigned long long)sid, out ? "out" : "in",
+           (unsigned long long)ss->xfer_bytes);
+    poll_swaps(s); /* the CPU engine copies at once */
+}
+
+/* Recompute policy: the session's KV is freed (a fresh engine session takes
+ * its place); its history is fed again before its next request. */
+static void drop_kv(dj__server *s, uint64_t sid) {
+    dj__sess *ss = sess_get(s, sid);
+    if (!ss) return;
+    dj_session_t *fresh = NULL;
+    dj_status st = dj_session_new(s->engine, ss->ment->m, dj_session_max_ctx(ss->es), 0, &fresh);
+    if (st == DJ_OK && s->cfg.swap_policy == DJ_SWAP_RECOMPUTE && ss->n_hist == dj_session_pos(ss->es)) {
+        dj_session_free(s->engine, ss->es);
+        ss->es = fresh;
+        ss->dropped = true;
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.drops++;
+        pthread_mutex_unlock(&s->metrics.mu);
+    } else {
+        dj_session_free(s->engine, fresh);
+        DJ_LOG(WARN, "session=%016llx: KV not dropped (%s)", (unsigned long long)sid,
+               st != DJ_OK ? dj_last_error() : "its history is not complete");
+    }
+    snapshot(s, ss); /* tells the scheduler what it holds now */
+}
+
+/* Carry out one decision of the scheduler (mu not held). */
+static void carry_out(dj__server *s, const dj_sched_decision *d) {
+    switch (d->op) {
+    case DJ_SCHED_RUN: {
+        dj__job *j = (dj__job *)(uintptr_t)d->req;
+        pthread_mutex_lock(&s->mu);
+        lease_unqueue(s, j);
+        pthread_mutex_unlock(&s->mu);
+        if (j->type == DJ_MSG_GENERATE) {
+            run_generate(s, j);
+            return;
+        }
+        held_del(s, j);
+        run_job(s, j); /* answers and frees it */
+        dj_sched_done(s->sched, d->req, dj__now_ms());
+        return;
+    }
+    case DJ_SCHED_STEP: {
+        dj__job *jobs[DJ_SCHED_MAX_BATCH];
+        for (uint32_t i = 0; i < d->n; i++) jobs[i] = (dj__job *)(uintptr_t)d->reqs[i];
+        run_decode_batch(s, jobs, d->n);
+        return;
+    }
+    case DJ_SCHED_SWAP_OUT:
+    case DJ_SCHED_SWAP_IN: start_swap(s, d->sess, d->op == DJ_SCHED_SWAP_OUT); return;
+    case DJ_SCHED_DROP: drop_kv(s, d->sess); return;
+    case DJ_SCHED_REFUSE: {
+        dj__job *j = (dj__job *)(uintptr_t)d->req;
+        pthread_mutex_lock(&s->mu);
+        lease_unqueue(s, j);
+        pthread_mutex_unlock(&s->mu);
+        held_del(s, j);
+        dj_fail(DJ_ENOSPC, "%s", dj_sched_refuse_reason(s->sched));
+        reply_error(s, j, DJ_ENOSPC, false);
+        dj_sched_done(s->sched, d->req, dj__now_ms());
+        dj__job_free(j);
+        return;
+    }
+    case DJ_SCHED_WAIT: return;
+    }
 }
 
 static void publish_metrics(dj__server *s) {
     dj_vmu_stats vs;
     dj_vmu_get_stats(dj_engine_vmu(s->engine), &vs);
+    dj_swap_stats sw;
+    dj_engine_swap_stats(s->engine, &sw);
+    dj_sched_stats ss;
+    dj_sched_get_stats(s->sched, dj__now_ms(), &ss);
     pthread_mutex_lock(&s->mu);
     const size_t n_sess = s->sessions.n;
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.vmu = vs;
     s->metrics.sessions = n_sess;
+    s->metrics.pool_bytes = sw.capacity;
+    s->metrics.pool_used = sw.used;
+    s->metrics.preemptions = ss.preemptions;
+    memcpy(s->metrics.sess_states, ss.sessions, sizeof s->metrics.sess_states);
     pthread_mutex_unlock(&s->metrics.mu);
+}
+
+static bool work_arrived(const dj__server *s) { /* mu held */
+    if (s->stop_worker || s->reap || s->pause_dirty) return true;
+    for (int q = 0; q < DJ_QOS_COUNT; q++)
+        if (s->newq[q].n) return true;
+    return false;
 }
 
 static void *worker_main(void *arg) {
@@ -1002,52 +1330,37 @@ static void *worker_main(void *arg) {
             reap(s);
             last_reap = now;
         }
-        dj__job *j = pick(s);
-        dj__job *batch[DJ__MAX_BATCH];
-        size_t n_batch = 0;
-        if (j && j->type == DJ_MSG_GENERATE && j->gen && job_rides(s, j)) {
-            /* a decode step: take the other running generations of the same
-             * class and model along (they are next in line anyway) - and,
-             * with mixed steps, the next prompt chunk of those still feeding
-             * theirs, as rows of the same step, up to the engine's step size */
-            dj__sess *first = dj__map_get(&s->sessions, j->sess);
-            dj__jobq *rq = &s->runq[j->qos];
-            batch[n_batch++] = j;
-            size_t rows = job_rows(s, j);
-            for (dj__job *x = rq->head, *nx; x && n_batch < DJ__MAX_BATCH; x = nx) {
-                nx = x->next;
-                const bool joins = x->gen && job_rides(s, x) && rows + job_rows(s, x) <= MIXED_ROWS;
-                dj__sess *xs = joins ? dj__map_get(&s->sessions, x->sess) : NULL;
-                if (!xs || !first || xs->ment != first->ment) continue;
-                q_remove(rq, x);
-                batch[n_batch++] = x;
-                rows += job_rows(s, x);
-            }
-        }
-        if (n_batch >= 1) { /* a running generation: a step of the loop, with whoever joined */
-            pthread_mutex_unlock(&s->mu);
+        intake(s);
+        pauses(s);
+        pthread_mutex_unlock(&s->mu);
+        poll_swaps(s);
+        dj_sched_decision d;
+        dj_sched_next(s->sched, dj__now_ms(), &d);
+        if (d.op != DJ_SCHED_WAIT) {
             dj_clear_error();
-            run_decode_batch(s, batch, n_batch);
+            carry_out(s, &d);
             publish_metrics(s);
             pthread_mutex_lock(&s->mu);
             continue;
         }
-        if (!j) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 50 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-            continue;
-        }
-        pthread_mutex_unlock(&s->mu);
-        dj_clear_error();
-        run_job(s, j);
-        publish_metrics(s);
         pthread_mutex_lock(&s->mu);
+        if (work_arrived(s)) continue;
+        /* sleep until something arrives, the scheduler's next due time, a
+         * transfer's likely end (polled every ms), or the reaper's turn */
+        uint64_t wait_ms = 50;
+        const uint64_t t = dj__now_ms();
+        if (d.wake_ms != UINT64_MAX) wait_ms = d.wake_ms > t ? d.wake_ms - t : 0;
+        if (wait_ms > 50) wait_ms = 50;
+        if (s->n_xfer && wait_ms > 1) wait_ms = 1;
+        if (!wait_ms) continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)wait_ms * 1000000L;
+        while (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     /* shutdown: every session, job and model goes */
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
@@ -1056,7 +1369,11 @@ static void *worker_main(void *arg) {
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
         dj__job *j;
         while ((j = q_pop_head(&s->newq[q]))) dj__job_free(j);
-        while ((j = q_pop_head(&s->runq[q]))) dj__job_free(j);
+    }
+    while (s->held) {
+        dj__job *j = s->held;
+        held_del(s, j);
+        dj__job_free(j);
     }
     pthread_mutex_unlock(&s->mu);
     while (s->models) {
@@ -1067,6 +1384,64 @@ static void *worker_main(void *arg) {
         model_ent_maybe_drop(s, m);
     }
     return NULL;
+}
+
+/* The engine with the VMU sized from the machine (or --vmu-gb), its data
+ * segment --data-gb when given, a host swap pool (--swap-gb, else the
+ * engine's default share of host RAM; halved until it can be had). */
+static dj_status engine_open(dj__server *s, dj_engine_config *ec) {
+    dj_vmu_config_default(&ec->vmu, s->cfg.vmu_bytes); /* 0: the engine sizes it from the device */
+    dj_status st = dj_engine_new(ec, &s->engine);
+    if (st != DJ_OK || !s->cfg.data_bytes) return st;
+    dj_vmu_stats vs;
+    dj_vmu_get_stats(dj_engine_vmu(s->engine), &vs);
+    const size_t total = vs.text.capacity + vs.data.capacity + vs.stack.capacity;
+    if (s->cfg.data_bytes >= total * 9 / 10) {
+        dj_engine_free(s->engine);
+        s->engine = NULL;
+        return dj_fail(DJ_EINVAL, "--data-gb: %zu MiB of a %zu MiB VMU leaves too little for weights and activations",
+                       s->cfg.data_bytes >> 20, total >> 20);
+    }
+    dj_engine_free(s->engine); /* again, with the data segment's share set */
+    s->engine = NULL;
+    dj_vmu_config_default(&ec->vmu, total);
+    ec->vmu.data_frac = (double)s->cfg.data_bytes / (double)total;
+    ec->vmu.text_frac = (1.0 - ec->vmu.data_frac) * 0.85;
+    ec->vmu.stack_frac = (1.0 - ec->vmu.data_frac) * 0.15 - 1e-6;
+    return dj_engine_new(ec, &s->engine);
+}
+
+static dj_status sched_open(dj__server *s) {
+    dj_vmu_t *vmu = dj_engine_vmu(s->engine);
+    dj_vmu_stats vs;
+    dj_vmu_get_stats(vmu, &vs);
+    const size_t page = dj_vmu_page_bytes(vmu);
+    size_t pool = s->cfg.swap_bytes == DJ__SIZE_AUTO ? dj_engine_swap_default_bytes(s->engine) : s->cfg.swap_bytes;
+    dj_status st = DJ_ENOMEM;
+    while (pool >= page && (st = dj_engine_swap_init(s->engine, pool)) != DJ_OK) {
+        DJ_LOG(WARN, "swap pool of %zu MiB: %s; trying half", pool >> 20, dj_last_error());
+        pool /= 2;
+    }
+    if (st != DJ_OK) pool = 0;
+    dj_swap_stats sw;
+    dj_engine_swap_stats(s->engine, &sw);
+    const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
+    const dj_sched_config sc = {
+        .max_running = s->cfg.max_running,
+        .max_rows = MIXED_ROWS,
+        .pages_total = (uint32_t)vs.pages_total,
+        .pool_pages = sw.capacity / page,
+        .idle_ms = s->cfg.idle_ms,
+        .lifo_age_ms = s->cfg.max_wait_ms,
+        .quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0,
+        /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
+        .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
+        .policy = s->cfg.swap_policy,
+    };
+    DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
+           "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
+           vs.stack.capacity >> 20, sw.capacity >> 20, dj_swap_policy_name(s->cfg.swap_policy));
+    return dj_sched_new(&sc, &s->sched);
 }
 
 dj_status dj__worker_start(dj__server *s) {
@@ -1090,13 +1465,16 @@ dj_status dj__worker_start(dj__server *s) {
     const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
     s->mixed = s->cfg.mixed_steps == 1 || (s->cfg.mixed_steps < 0 && cpu);
     s->ride_rows = s->cfg.mixed_steps == 2 || (s->cfg.mixed_steps < 0 && !cpu) ? RIDE_ROWS : 0;
-    dj_vmu_config_default(&ec.vmu, s->cfg.vmu_bytes);
-    dj_status st = dj_engine_new(&ec, &s->engine);
-    if (st != DJ_OK) return st;
-    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
+    dj_status st = engine_open(s, &ec);
+    if (st == DJ_OK) st = sched_open(s);
+    if (st == DJ_OK && pthread_create(&s->worker, NULL, worker_main, s) != 0)
+        st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
+    if (st != DJ_OK) {
+        dj_sched_free(s->sched);
+        s->sched = NULL;
         dj_engine_free(s->engine);
         s->engine = NULL;
-        return dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
+        return st;
     }
     s->worker_started = true;
     return DJ_OK;
@@ -1104,6 +1482,8 @@ dj_status dj__worker_start(dj__server *s) {
 
 void dj__worker_stop(dj__server *s) {
     if (!s->worker_started) {
+        dj_sched_free(s->sched);
+        s->sched = NULL;
         dj_engine_free(s->engine);
         s->engine = NULL;
         return;
@@ -1114,6 +1494,8 @@ void dj__worker_stop(dj__server *s) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->worker, NULL);
     s->worker_started = false;
+    dj_sched_free(s->sched);
+    s->sched = NULL;
     dj_engine_free(s->engine);
     s->engine = NULL;
 }

@@ -1,0 +1,241 @@
+/* test_server_agents.c: tens of agents over a data segment that holds three
+ * of them, through a real djinnd on the CPU engine - generate, pause (a tool
+ * call), resume, three rounds each - every output equal to the agent's run
+ * alone, no failure; the same under the recompute policy; a session
+ * reattached from a new connection keeps its KV; a request larger than the
+ * whole data segment is refused with the sizes. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon_util.h"
+#include "djinn/client.h"
+#include "testutil.h"
+
+#define N_AGENTS 16
+#define ROUNDS 3
+#define GEN 10
+#define VOCAB 4096
+
+static char tmpdir[256];
+static uint64_t base_seed;
+
+typedef struct agent {
+    int idx;
+    const char *addr;
+    int32_t prompt[ROUNDS][48];
+    size_t n_prompt[ROUNDS];
+    int32_t out[ROUNDS][GEN];
+    uint32_t n_out[ROUNDS];
+    int pause_ms[ROUNDS];
+    dj_status st;
+    char err[256];
+} agent;
+
+typedef struct collect {
+    int32_t *ids;
+    uint32_t n, cap;
+} collect;
+
+static int on_token(void *user, int32_t id, const char *text, size_t len) {
+    (void)text;
+    (void)len;
+    collect *c = user;
+    if (c->n < c->cap) c->ids[c->n] = id;
+    c->n++;
+    return 0;
+}
+
+/* Deterministic per-agent prompts (from the run's seed, not the clock). */
+static void make_agent(agent *a, int idx, uint64_t seed) {
+    memset(a, 0, sizeof *a);
+    a->idx = idx;
+    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)idx * 0xbf58476d1ce4e5b9ULL + 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        a->n_prompt[r] = r == 0 ? 40 : 12;
+        for (size_t i = 0; i < a->n_prompt[r]; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            a->prompt[r][i] = (int32_t)(2 + x % (VOCAB - 2));
+        }
+        a->pause_ms[r] = (int)(x % 40);
+    }
+}
+
+/* One agent: a session, ROUNDS x (generate, pause, wait, resume). */
+static void run_agent(agent *a, bool pause) {
+    dj_client_t *c = NULL;
+    a->st = dj_client_connect(a->addr, NULL, &c);
+    uint64_t sid = 0;
+    const dj_session_opts so = {.model = "demo", .qos = DJ_QOS_INTERACTIVE, .expected_tokens = 256};
+    if (a->st == DJ_OK) a->st = dj_client_session_open(c, &so, &sid);
+    for (int r = 0; r < ROUNDS && a->st == DJ_OK; r++) {
+        collect col = {a->out[r], 0, GEN};
+        const dj_generate_params gp = {.ids = a->prompt[r], .n_ids = a->n_prompt[r], .max_tokens = GEN,
+                                       .ignore_eos = true};
+        a->st = dj_client_generate(c, sid, &gp, on_token, &col, NULL);
+        a->n_out[r] = col.n;
+        if (a->st != DJ_OK || !pause) break;
+        a->st = dj_client_session_pause(c, sid, (uint64_t)a->pause_ms[r] + 5);
+        if (a->st == DJ_OK) dj_test_sleep_ms(a->pause_ms[r]);
+        if (a->st == DJ_OK) a->st = dj_client_session_resume(c, sid);
+    }
+    if (a->st != DJ_OK) snprintf(a->err, sizeof a->err, "%s", dj_last_error());
+    if (sid && a->st == DJ_OK) a->st = dj_client_session_close(c, sid);
+    dj_client_free(c);
+}
+
+static void *agent_thread(void *p) {
+    run_agent(p, true);
+    return NULL;
+}
+
+static pid_t start(int slot, const char *const *extra, char *addr, size_t cap) {
+    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_SOURCE_DIR "/models",
+                                   .listen = "127.0.0.1:0", .save_stderr = true, .wait_ms = 20000};
+    int code = 0;
+    pid_t pid = dj_test_daemon_start(slot, &o, extra, addr, cap, &code);
+    CHECK_MSG(pid > 0, "djinnd did not start (exit %d)", code);
+    return pid;
+}
+
+static uint64_t stat_u64(dj_client_t *c, const char *what) {
+    dj_client_stats st;
+    if (dj_client_stats_get(c, &st) != DJ_OK) return UINT64_MAX;
+    uint64_t v = UINT64_MAX;
+    if (!strcmp(what, "swaps_out")) v = st.swap.swaps_out;
+    else if (!strcmp(what, "drops")) v = st.swap.kv_drops;
+    else if (!strcmp(what, "pool_used")) v = st.swap.pool_used;
+    dj_client_stats_free(&st);
+    return v;
+}
+
+/* Every agent alone (one daemon, one after another), then all at once on a
+ * daemon whose data segment holds three of them. */
+static void agents(const char *policy, int slot) {
+    static agent alone[N_AGENTS], crowd[N_AGENTS];
+    char addr[64];
+    /* 8 layers x 64 positions a page: an agent's ~95 positions take 16 pages (1 MiB); 3 MiB hold three */
+    const char *roomy[] = {"--vmu-gb", "64m", "--swap-policy", policy, NULL};
+    const char *tight[] = {"--vmu-gb", "64m", "--data-gb", "3m", "--swap-gb", "64m", "--swap-policy", policy,
+                           "--idle-ms", "20", "--threads", "1", NULL};
+    if (start(slot, roomy, addr, sizeof addr) <= 0) return;
+    for (int i = 0; i < N_AGENTS; i++) {
+        make_agent(&alone[i], i, base_seed);
+        alone[i].addr = addr;
+        run_agent(&alone[i], false);
+        CHECK_MSG(alone[i].st == DJ_OK, "agent %d alone: %s", i, alone[i].err);
+    }
+    dj_test_daemon_stop(slot, 10000);
+    if (start(slot, tight, addr, sizeof addr) <= 0) return;
+    pthread_t th[N_AGENTS];
+    for (int i = 0; i < N_AGENTS; i++) {
+        make_agent(&crowd[i], i, base_seed);
+        crowd[i].addr = addr;
+        CHECK(pthread_create(&th[i], NULL, agent_thread, &crowd[i]) == 0);
+    }
+    for (int i = 0; i < N_AGENTS; i++) pthread_join(th[i], NULL);
+    int failed = 0, differ = 0;
+    for (int i = 0; i < N_AGENTS; i++) {
+        if (crowd[i].st != DJ_OK) {
+            failed++;
+            fprintf(stderr, "agent %d (%s): %s: %s\n", i, policy, dj_status_name(crowd[i].st), crowd[i].err);
+            continue;
+        }
+        for (int r = 0; r < ROUNDS; r++)
+            differ += crowd[i].n_out[r] != GEN || alone[i].n_out[r] != GEN ||
+                      memcmp(crowd[i].out[r], alone[i].out[r], sizeof crowd[i].out[r]) != 0;
+    }
+    printf("%d agents, policy %s, data segment for 3: %d failed, %d rounds differ from the agent alone\n", N_AGENTS,
+           policy, failed, differ);
+    CHECK(failed == 0);
+    CHECK(differ == 0);
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (c) {
+        /* sixteen agents' KV cannot have stayed in a segment for three: it moved */
+        if (!strcmp(policy, "recompute")) CHECK(stat_u64(c, "drops") > 0);
+        else CHECK(stat_u64(c, "swaps_out") > 0);
+        CHECK(stat_u64(c, "pool_used") == 0); /* closed sessions left nothing in the pool */
+        /* a request larger than the whole data segment: refused at once, with the sizes */
+        uint64_t sid = 0;
+        const dj_session_opts so = {.model = "demo", .qos = DJ_QOS_INTERACTIVE, .expected_tokens = 512};
+        CHECK_OK(dj_client_session_open(c, &so, &sid));
+        int32_t one = 5;
+        const dj_generate_params big = {.ids = &one, .n_ids = 1, .max_tokens = 500, .ignore_eos = true};
+        CHECK_ST(dj_client_generate(c, sid, &big, NULL, NULL, NULL), DJ_ENOSPC);
+        CHECK_MSG(strstr(dj_last_error(), "whole data segment") != NULL, "message: %s", dj_last_error());
+        dj_client_free(c);
+    }
+    dj_test_daemon_stop(slot, 10000);
+}
+
+/* A session survives its connection: a new one attaches with the secret and
+ * goes on where it was, as if never interrupted. */
+static void reattach(int slot) {
+    char addr[64];
+    const char *extra[] = {"--vmu-gb", "64m", "--lease-ms", "60000", NULL};
+    if (start(slot, extra, addr, sizeof addr) <= 0) return;
+    agent a;
+    make_agent(&a, 99, base_seed);
+    int32_t whole[2 * GEN], split[2 * GEN];
+    collect cw = {whole, 0, 2 * GEN}, cs = {split, 0, 2 * GEN};
+    dj_client_t *c = NULL;
+    uint64_t sid = 0, secret = 0;
+    const dj_session_opts so = {.model = "demo", .qos = DJ_QOS_INTERACTIVE, .expected_tokens = 256};
+    /* without interruption */
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    CHECK_OK(dj_client_session_open(c, &so, &sid));
+    dj_generate_params gp = {.ids = a.prompt[0], .n_ids = a.n_prompt[0], .max_tokens = GEN, .ignore_eos = true};
+    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cw, NULL));
+    gp.ids = a.prompt[1];
+    gp.n_ids = a.n_prompt[1];
+    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cw, NULL));
+    dj_client_free(c);
+    /* the same with the connection closed in between */
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    CHECK_OK(dj_client_session_open_secret(c, &so, &sid, &secret));
+    gp.ids = a.prompt[0];
+    gp.n_ids = a.n_prompt[0];
+    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cs, NULL));
+    dj_client_free(c);
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    uint32_t pos = 0;
+    CHECK_ST(dj_client_session_attach(c, sid, secret ^ 1, &pos), DJ_ENOTFOUND); /* the secret matters */
+    dj_client_free(c); /* (a wrong id closes nothing, but start clean) */
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    /* the old connection's close may still be on its way: the session becomes attachable once it is seen */
+    dj_status st = DJ_ENOTFOUND;
+    for (int i = 0; i < 200 && st == DJ_ENOTFOUND; i++) {
+        st = dj_client_session_attach(c, sid, secret, &pos);
+        if (st == DJ_ENOTFOUND) dj_test_sleep_ms(10);
+    }
+    CHECK_OK(st);
+    CHECK_MSG(pos == a.n_prompt[0] + GEN - 1, "attached at position %u", pos);
+    gp.ids = a.prompt[1];
+    gp.n_ids = a.n_prompt[1];
+    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cs, NULL));
+    CHECK(cw.n == 2 * GEN && cs.n == 2 * GEN);
+    CHECK_MSG(memcmp(whole, split, sizeof whole) == 0, "a reattached session's tokens differ");
+    dj_client_free(c);
+    dj_test_daemon_stop(slot, 10000);
+}
+
+int main(void) {
+    dj_test_seeds();
+    base_seed = dj_test_rand();
+    dj_test_daemon_guard();
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/djinn_agents_%d", (int)getpid());
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", tmpdir);
+    if (system(cmd) != 0) return 1;
+    agents("semantic", 0);
+    agents("recompute", 1);
+    reattach(2);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return dj_test_finish("test_server_agents");
+}
