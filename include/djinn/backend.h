@@ -17,6 +17,16 @@ typedef struct dj_backend dj_backend_t;
 /* A recorded sequence of compute calls that a backend can replay (CUDA Graphs);
  * opaque, made by capture_end, freed by graph_free. */
 typedef struct dj_backend_graph dj_backend_graph_t;
+/* A batch of host<->device copies in flight (xfer_start); opaque, freed by xfer_free. */
+typedef struct dj_backend_xfer dj_backend_xfer_t;
+
+/* One copy of a transfer: `bytes` between device memory at dev and host
+ * memory at host (the direction is the transfer's). */
+typedef struct dj_copy_span {
+    void *dev;
+    void *host;
+    size_t bytes;
+} dj_copy_span;
 
 /* A view of one layer's K/V for one session, as stored in data-segment pages.
  * Page layout (page_bytes each, pages anywhere in the segment):
@@ -187,6 +197,38 @@ typedef struct dj_backend_vtbl {
      * model's weights); not ordered with compute. NULL: the loader calls
      * upload from one thread. */
     dj_status (*upload_weights)(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes);
+
+    /* ---- KV swap to host memory (optional: NULL where a backend lacks them;
+     * the engine then takes its swap pool from malloc and copies with sync +
+     * download / upload, done when the call returns) ---- */
+
+    /* Host memory the copies below reach at full rate (CUDA: pinned through
+     * cudaHostAlloc), and its release. */
+    dj_status (*host_alloc)(dj_backend_t *be, size_t bytes, void **out /* OUT */);
+    void (*host_free)(dj_backend_t *be, void *ptr);
+    /* Starts the copies spans[0..n) (host memory, read before it returns):
+     * device -> host when to_host, else host -> device; the host sides lie in
+     * host_alloc memory and must stay until the transfer is done. The copies
+     * run on a copy stream of the backend's own: they begin once every
+     * compute enqueued before this call has finished (a swap-out reads what
+     * the last step wrote; a restore does not overwrite pages that earlier
+     * compute still reads) and overlap compute enqueued later. *out: the
+     * transfer, for the calls below. Refused during a capture. */
+    dj_status (*xfer_start)(dj_backend_t *be, bool to_host, const dj_copy_span *spans, size_t n,
+                            dj_backend_xfer_t **out /* OUT */);
+    /* Never blocks: DJ_OK when every copy of x has completed (*seconds, when
+     * not NULL: the device time from the copies' start to their end, without
+     * the wait for earlier compute), DJ_EBUSY while in flight, DJ_EDEVICE on
+     * a device failure. */
+    dj_status (*xfer_query)(dj_backend_t *be, dj_backend_xfer_t *x, double *seconds /* OUT */);
+    /* Compute enqueued from now on starts after x's copies (a wait on the
+     * device: the host does not block). */
+    dj_status (*xfer_order)(dj_backend_t *be, dj_backend_xfer_t *x);
+    /* Waits on the host until x's copies are done, then frees x (NULL does nothing). */
+    void (*xfer_free)(dj_backend_t *be, dj_backend_xfer_t *x);
+    /* Free and total device memory in bytes (CUDA: cudaMemGetInfo); NULL on
+     * backends whose device memory is host memory. */
+    dj_status (*mem_info)(dj_backend_t *be, size_t *free_bytes /* OUT */, size_t *total_bytes /* OUT */);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

@@ -24,7 +24,9 @@ typedef struct dj_session dj_session_t;
 typedef struct dj_engine_config {
     const char *device;       /* "cpu" (default when NULL) */
     int n_threads;            /* CPU threads, 0 = every core */
-    dj_vmu_config vmu;        /* budget and segment ratios */
+    dj_vmu_config vmu;        /* budget and segment ratios. total_bytes 0: sized from the
+                               * machine (dj_engine_vmu_auto_bytes); fractions all 0 then
+                               * take dj_vmu_config_default's (page_bytes 0: 64 KiB) */
     uint32_t max_step_tokens; /* largest prefill chunk (shape bucket cap); 0 = 512 */
     bool deterministic;       /* a row's logits bit-identical alone and in any decode batch
                                * (steps of up to DJ_DETERMINISTIC_MAX_ROWS rows). The CPU is
@@ -34,6 +36,35 @@ typedef struct dj_engine_config {
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);
 void dj_engine_free(dj_engine_t *e); /* NULL does nothing; sessions/models must be released first */
+
+/* ---- memory sized from the machine ---- */
+
+/* Host memory the system could give now without swapping: MemAvailable of
+ * /proc/meminfo, else sysconf's available pages. DJ_EUNSUPPORTED if neither
+ * says. */
+dj_status dj_host_mem_available(size_t *bytes /* OUT */);
+
+/* The VMU size dj_engine_new takes when cfg.vmu.total_bytes is 0, for a
+ * backend whose device memory reports `dev_free` of `dev_total` bytes (a GPU:
+ * cudaMemGetInfo after the context exists), or, with dev_total 0, for a
+ * host-memory backend given `host_avail` bytes of available RAM:
+ *  - device: dev_free less a margin of max(1 GiB, 5% of dev_total), for what
+ *    the backend allocates beside the VMU (cuBLAS workspace, staging, attention
+ *    scratch, recorded graphs, per-session tables: tens to hundreds of MiB)
+ *    and for other processes' growth on a shared GPU; 0 if nothing is left;
+ *  - host: half of host_avail: the other half stays for the swap pool, the
+ *    page cache a model's first load reads through, and the rest of the
+ *    system.
+ * Rounded down to 1 MiB. */
+size_t dj_engine_vmu_auto_bytes(size_t dev_free, size_t dev_total, size_t host_avail);
+
+/* The default swap pool size for this engine: a share of the host memory
+ * available now - half on a device backend (the pool is pinned, so it cannot
+ * be paged out: the other half stays for the page cache, which model loading
+ * reads through, and the system), a quarter on a host-memory backend (its VMU
+ * took its share of the same RAM). 0 when the machine does not say. Rounded
+ * down to 1 MiB. */
+size_t dj_engine_swap_default_bytes(const dj_engine_t *e);
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e);
 dj_backend_t *dj_engine_backend(dj_engine_t *e);
@@ -74,7 +105,9 @@ uint64_t dj_model_param_count(const dj_model_t *m);
  * model reference until freed. */
 dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t quota_pages,
                          dj_session_t **out /* OUT */);
-void dj_session_free(dj_engine_t *e, dj_session_t *s); /* returns every page; NULL does nothing */
+/* Returns every page and pool slot, in any residency (waiting on the host
+ * for copies in flight first); NULL does nothing. */
+void dj_session_free(dj_engine_t *e, dj_session_t *s);
 uint32_t dj_session_pos(const dj_session_t *s);         /* tokens in the KV cache */
 uint32_t dj_session_max_ctx(const dj_session_t *s);
 const dj_model_t *dj_session_model(const dj_session_t *s); /* valid while the session is */
@@ -83,7 +116,8 @@ const dj_model_t *dj_session_model(const dj_session_t *s); /* valid while the se
  * n == 1; long inputs are split into chunks of max_step_tokens). If logits is
  * not NULL it receives the [vocab] logits of the last position. On error the
  * session's position is unchanged. Ids are validated against the vocabulary;
- * going past max_ctx is DJ_ERANGE. */
+ * going past max_ctx is DJ_ERANGE; a session SWAPPING_OUT or SWAPPED is
+ * DJ_EBUSY (every step function below says the same). */
 dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                           float *logits /* OUT, [vocab] or NULL */);
 
@@ -127,6 +161,101 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
                                         const uint32_t *n_tokens /* [n_sessions] or NULL */, const int32_t *ids,
                                         uint32_t n_sessions, dj_sampler_t *const *samplers,
                                         int32_t *next /* OUT, [n_sessions] */);
+
+/* ---- KV swap: a session's pages to a host pool and back ----
+ *
+ * The data segment is virtual memory: a session's KV pages can be copied to
+ * a host swap pool (page-granular, pinned on CUDA) and their pages returned
+ * to the segment, then brought back into any free pages later (the page
+ * tables, host and device mirror, are rewritten) - the same bytes, so the
+ * logits afterwards are those of a session never swapped, bit for bit.
+ *
+ * Residency of a session:
+ *   RESIDENT     pages in the data segment (a new session).
+ *   SWAPPING_OUT D2H copies in flight; the pages are still held. Stepping
+ *                it is DJ_EBUSY.
+ *   SWAPPED      the bytes are only in the pool; no pages held. Stepping it
+ *                is DJ_EBUSY.
+ *   RESTORING    pages taken again, H2D copies in flight; it may be stepped
+ *                at once (its compute waits for the copies on the device,
+ *                the host does not block). Its pool slots are released when
+ *                the copies are done.
+ * Transfers complete in dj_engine_swap_poll (non-blocking; the caller's loop
+ * calls it every turn). On a backend without copy hooks (the CPU) copies are
+ * memcpys done inside the call, so swap_out/in leave SWAPPED/RESIDENT at once.
+ * Every byte is counted: a session holds n pages in the data segment
+ * (dj_vmu_session_pages) or in the pool (dj_swap_stats.used) or, while
+ * copies are in flight, in both. */
+typedef enum dj_kv_residency {
+    DJ_KV_RESIDENT = 0,
+    DJ_KV_SWAPPING_OUT,
+    DJ_KV_SWAPPED,
+    DJ_KV_RESTORING
+} dj_kv_residency;
+/* "resident", "swapping_out", "swapped", "restoring" ("?" for others). */
+const char *dj_kv_residency_name(dj_kv_residency r);
+
+typedef struct dj_swap_stats {
+    size_t capacity, used, peak;  /* pool bytes (whole pages); used counts slots held by
+                                   * sessions and by cancelled swap-outs still in flight */
+    size_t page_bytes;            /* one slot (the data segment's page size) */
+    uint64_t swaps_out, swaps_in; /* completed transfers */
+    uint64_t bytes_out, bytes_in; /* bytes of the completed transfers */
+    double out_s, in_s;           /* summed copy times of the completed transfers: the device's
+                                   * time from the copies' start to their end (CUDA events), or
+                                   * the memcpy's on the CPU; bytes / time = the link's rate */
+    uint64_t cancels;             /* swap-outs cancelled by a swap_in before they completed */
+    uint32_t in_flight;           /* transfers not yet completed */
+} dj_swap_stats;
+
+/* A host swap pool of pool_bytes (rounded down to whole data-segment pages):
+ * pinned through the backend's host_alloc where it has one (CUDA:
+ * cudaHostAlloc), else plain memory. 0 = no pool (swap_out then fails
+ * DJ_ENOSPC). May be called again only while the pool holds nothing
+ * (DJ_EBUSY otherwise); DJ_ENOMEM (nothing changed) if the memory cannot
+ * be had. */
+dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes);
+void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st /* OUT */);
+
+dj_kv_residency dj_session_residency(const dj_session_t *s);
+/* KV pages of the session (n_layers x blocks mapped): held in the data
+ * segment, or in the pool when SWAPPED (both while copies are in flight). */
+uint32_t dj_session_kv_pages(const dj_session_t *s);
+size_t dj_session_kv_bytes(const dj_session_t *s); /* the same in bytes */
+
+/* Start copying every page of a RESIDENT session to pool slots, ordered
+ * after all compute issued so far (CUDA: on the copy stream, overlapping
+ * later compute; the CPU: a memcpy, done at once). The pages return to the
+ * data segment when the copies have completed (dj_engine_swap_poll sees it;
+ * on the CPU at once). A session with no pages becomes SWAPPED at once. A
+ * SWAPPING_OUT or SWAPPED session: DJ_OK, nothing to do. A RESTORING one:
+ * DJ_EBUSY (poll until it is resident). DJ_ENOSPC if the pool cannot hold
+ * the pages (or there is no pool): nothing changes, it stays resident. */
+dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s);
+
+/* Bring a SWAPPED session back: take free pages (any: the page tables are
+ * rewritten) and start the H2D copies; the session may be stepped at once
+ * (its compute waits for the copies on the device). DJ_ENOSPC if the data
+ * segment has too few free pages, DJ_EQUOTA past the session's quota
+ * (nothing changes either way). A SWAPPING_OUT session is cancelled instead:
+ * its pages never left, so it is RESIDENT at once with no copy; the copies in
+ * flight finish into pool slots that are released when poll sees them done
+ * (counted in used until then). RESIDENT or RESTORING: DJ_OK, nothing to
+ * do. */
+dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s);
+
+/* Non-blocking: completes the transfers that have finished - frees the pages
+ * of finished swap-outs (SWAPPING_OUT -> SWAPPED) and the pool slots of
+ * finished swap-ins (RESTORING -> RESIDENT) and of cancelled swap-outs. A
+ * device failure is logged and the transfer left in flight. Nothing to do
+ * without a pool. */
+void dj_engine_swap_poll(dj_engine_t *e);
+
+/* Data-segment pages the session needs beyond what it holds now to have
+ * `positions` tokens mapped (capped at its context): for admission. For a
+ * SWAPPED session that is every page it had (or more, to grow); for a
+ * resident one only the growth. */
+uint32_t dj_session_pages_for(const dj_session_t *s, uint32_t positions);
 
 /* The largest number of tokens one step takes (dj_engine_config.max_step_tokens). */
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);

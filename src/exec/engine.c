@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "djinn/sampler.h"
-#include "model/model_impl.h"
+#include "exec/engine_impl.h"
 
 #ifdef DJ_HAVE_CUDA
 #include "djinn/dj_cuda.h"
@@ -76,26 +76,35 @@ struct dj_engine {
     size_t host_logits_cap;
     dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
     size_t calls_cap;
-};
-
-struct dj_session {
-    dj_model_t *model;        /* holds one model reference */
-    dj_vmu_session_t *vs;
-    uint32_t pos;             /* tokens in the cache */
-    uint32_t max_ctx;
-    uint32_t tokens_per_page;
-    uint32_t max_blocks;      /* per layer */
-    uint32_t n_blocks;        /* blocks mapped in every layer */
-    uint32_t *block_table;    /* [n_layers][max_blocks] page ids */
-    dj_kv_view *kv;           /* [n_layers] */
-    uint32_t *table_dev;      /* [n_layers][max_blocks] device mirror of block_table (owned), or
-                               * block_table itself where device memory is host memory */
-    uint32_t dev_blocks;      /* blocks of every layer copied to table_dev */
-    dj_sampler_t *sampler;    /* host sampler for non-greedy picks, made for `sp`; owned */
-    dj_sampler_params sp;
+    dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
 };
 
 /* ---- engine ---- */
+
+/* cfg->total_bytes 0: the VMU sized from the machine (dj_engine_vmu_auto_bytes). */
+static dj_status vmu_auto(dj_backend_t *be, dj_vmu_config *cfg) {
+    size_t dev_free = 0, dev_total = 0, host = 0;
+    dj_status st = DJ_OK;
+    if (be->vt->mem_info) st = be->vt->mem_info(be, &dev_free, &dev_total);
+    else if (be->host_memory) st = dj_host_mem_available(&host);
+    else return dj_fail(DJ_EUNSUPPORTED, "VMU size 0: the %s backend cannot say how much memory it has; give a size",
+                        be->vt->name);
+    if (st != DJ_OK) return st;
+    cfg->total_bytes = dj_engine_vmu_auto_bytes(dev_free, dev_total, host);
+    if (cfg->total_bytes == 0)
+        return dj_fail(DJ_ENOSPC, "VMU size 0: the %s backend has too little memory to size one from (%zu of %zu "
+                       "device bytes free, %zu host bytes available)", be->vt->name, dev_free, dev_total, host);
+    if (cfg->text_frac == 0.0 && cfg->data_frac == 0.0 && cfg->stack_frac == 0.0) {
+        const size_t page = cfg->page_bytes, total = cfg->total_bytes;
+        dj_vmu_config_default(cfg, total);
+        if (page) cfg->page_bytes = page;
+    } else if (cfg->page_bytes == 0) {
+        cfg->page_bytes = 64 * 1024;
+    }
+    DJ_LOG(INFO, "VMU sized from the machine: %.2f GiB (%s)", (double)cfg->total_bytes / (1024.0 * 1024.0 * 1024.0),
+           dev_total ? "device free memory less a margin" : "half the available host memory");
+    return DJ_OK;
+}
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     *out = NULL;
@@ -127,7 +136,11 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
         st = dj_backend_cpu_new(cfg->n_threads, &e->be);
     if (st != DJ_OK) goto fail;
     e->be->deterministic = cfg->deterministic;
-    st = dj_vmu_new(e->be, &cfg->vmu, &e->vmu);
+    {
+        dj_vmu_config vc = cfg->vmu;
+        if (vc.total_bytes == 0 && (st = vmu_auto(e->be, &vc)) != DJ_OK) goto fail;
+        st = dj_vmu_new(e->be, &vc, &e->vmu);
+    }
     if (st != DJ_OK) goto fail;
     st = dj_plan_cache_new(DJ_PLAN_CACHE_ENTRIES, &e->plans);
     if (st != DJ_OK) goto fail;
@@ -206,6 +219,7 @@ void dj_engine_free(dj_engine_t *e) {
     free(e->host_logits);
     free(e->calls);
     free(e->sample_rows);
+    dj__swap_pool_free(e); /* waits for transfers still in flight */
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
     dj_backend_free(e->be);
@@ -250,6 +264,7 @@ static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
 }
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e) { return e->vmu; }
+dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e) { return &e->swap; }
 dj_backend_t *dj_engine_backend(dj_engine_t *e) { return e->be; }
 dj_plan_cache_t *dj_engine_plans(dj_engine_t *e) { return e->plans; }
 
@@ -549,6 +564,7 @@ fail:
 
 void dj_session_free(dj_engine_t *e, dj_session_t *s) {
     if (!s) return;
+    dj__swap_session_release(e, s); /* waits for its copies, frees its pool slots */
     dj_vmu_session_free(e->vmu, s->vs);
     dj_vmu_model_release(e->vmu, s->model->region);
     if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
@@ -911,7 +927,9 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
                            const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next, bool all_rows) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
-    dj_status st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
+    dj_status st = dj__swap_before_step(e, s);
+    if (st != DJ_OK) return st;
+    st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -1017,6 +1035,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             if (ss[q] == ss[r]) return dj_fail(DJ_EINVAL, "session %u appears twice in one batch (also %u)", r, q);
         if (n == 0)
             return dj_fail(DJ_EINVAL, "session %u is fed no token", r);
+        if ((st = dj__swap_before_step(e, ss[r])) != DJ_OK)
+            return st;
         if ((uint64_t)ss[r]->pos + n > ss[r]->max_ctx)
             return dj_fail(DJ_ERANGE, "session %u: %u more tokens would exceed its context of %u", r, n,
                            ss[r]->max_ctx);

@@ -392,6 +392,7 @@ static void cuda_destroy(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (cudaSetDevice(cb->device) == cudaSuccess) {
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
+        dj__cuda_swap_destroy(cb);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
         if (cb->stage_dev) (void)cudaFree(cb->stage_dev);
@@ -424,6 +425,13 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .sample = */ cuda_sample,
     /* .compute_plan = */ dj__cuda_compute_plan,
     /* .upload_weights = */ cuda_upload_weights,
+    /* .host_alloc = */ dj__cuda_host_alloc,
+    /* .host_free = */ dj__cuda_host_free,
+    /* .xfer_start = */ dj__cuda_xfer_start,
+    /* .xfer_query = */ dj__cuda_xfer_query,
+    /* .xfer_order = */ dj__cuda_xfer_order,
+    /* .xfer_free = */ dj__cuda_xfer_free,
+    /* .mem_info = */ dj__cuda_mem_info,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {

@@ -48,6 +48,11 @@ typedef struct dj_cuda_backend {
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
     uint32_t sample_split; /* blocks per sampled row forced by a test; 0 = chosen by rows and vocab */
+    /* KV swap (cuda_swap.cu): host<->device copies on a stream of their own,
+     * made at the first transfer, ordered after compute by compute_mark. */
+    cudaStream_t copy_stream; /* owned, or NULL */
+    cudaEvent_t compute_mark; /* recorded on stream, waited on by copy_stream; owned, or NULL */
+    bool batch_refused;       /* cudaMemcpyBatchAsync refused once: copy span by span */
 } dj_cuda_backend;
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
@@ -147,6 +152,18 @@ dj_status dj__cuda_check_call(const dj_op_call *c);
 dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c);
 /* The view's block table on the device (staged when the caller has none). */
 dj_status dj__cuda_device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out /* OUT */);
+
+/* cuda_swap.cu: the vtable's KV swap hooks and device memory info, and the
+ * release of the copy stream (called by the backend's destroy). */
+dj_status dj__cuda_host_alloc(dj_backend_t *be, size_t bytes, void **out);
+void dj__cuda_host_free(dj_backend_t *be, void *ptr);
+dj_status dj__cuda_xfer_start(dj_backend_t *be, bool to_host, const dj_copy_span *spans, size_t n,
+                              dj_backend_xfer_t **out);
+dj_status dj__cuda_xfer_query(dj_backend_t *be, dj_backend_xfer_t *x, double *seconds);
+dj_status dj__cuda_xfer_order(dj_backend_t *be, dj_backend_xfer_t *x);
+void dj__cuda_xfer_free(dj_backend_t *be, dj_backend_xfer_t *x);
+dj_status dj__cuda_mem_info(dj_backend_t *be, size_t *free_bytes, size_t *total_bytes);
+void dj__cuda_swap_destroy(dj_cuda_backend *cb);
 
 /* cuda_plan.cu: the vtable's compute_plan, and the plan cache's release. */
 dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key);

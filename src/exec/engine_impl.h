@@ -1,0 +1,58 @@
+/* engine_impl.h: the engine's private session structure and the hooks
+ * between the executor (engine.c) and the KV swap (swap.c). Private to
+ * src/exec/. */
+#ifndef DJ_ENGINE_IMPL_H
+#define DJ_ENGINE_IMPL_H
+
+#include "djinn/engine.h"
+#include "model/model_impl.h"
+
+typedef struct dj_swap_pool dj_swap_pool;
+typedef struct dj__swap_op dj__swap_op;
+
+struct dj_session {
+    dj_model_t *model;        /* holds one model reference */
+    dj_vmu_session_t *vs;
+    uint32_t pos;             /* tokens in the cache */
+    uint32_t max_ctx;
+    uint32_t tokens_per_page;
+    uint32_t max_blocks;      /* per layer */
+    uint32_t n_blocks;        /* blocks mapped in every layer (kept while swapped) */
+    uint32_t *block_table;    /* [n_layers][max_blocks] page ids (DJ__NO_PAGE while swapped) */
+    dj_kv_view *kv;           /* [n_layers] */
+    uint32_t *table_dev;      /* [n_layers][max_blocks] device mirror of block_table (owned), or
+                               * block_table itself where device memory is host memory */
+    uint32_t dev_blocks;      /* blocks of every layer copied to table_dev (0 after a restore:
+                               * the whole table goes up again before the next step) */
+    dj_sampler_t *sampler;    /* host sampler for non-greedy picks, made for `sp`; owned */
+    dj_sampler_params sp;
+    /* KV swap (swap.c) */
+    dj_kv_residency residency;
+    uint32_t *slots;          /* [n_slots] pool slot of KV page i = l * swap_blocks + b; owned;
+                               * set while SWAPPING_OUT, SWAPPED and RESTORING */
+    uint32_t n_slots;         /* n_layers * swap_blocks */
+    uint32_t swap_blocks;     /* n_blocks when it was swapped out */
+    dj__swap_op *op;          /* its transfer in flight, or NULL */
+    bool ordered;             /* RESTORING: later compute already waits for the copies */
+    dj_session_t *pool_prev, *pool_next; /* sessions holding pool slots */
+};
+
+/* engine.c: the engine's swap pool pointer (NULL: none). */
+dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e);
+
+/* swap.c, for engine.c: */
+/* Before a step of s: DJ_EBUSY while SWAPPING_OUT or SWAPPED; a RESTORING
+ * session's later compute is made to wait for its copies. */
+dj_status dj__swap_before_step(dj_engine_t *e, dj_session_t *s);
+/* dj_session_free's first part: waits for s's transfer and releases its
+ * pool slots (its pages are the VMU's to free). */
+void dj__swap_session_release(dj_engine_t *e, dj_session_t *s);
+/* dj_engine_free's: waits for every transfer, frees the pool. */
+void dj__swap_pool_free(dj_engine_t *e);
+/* Checks the pool's invariants: every slot free xor held by exactly one
+ * holder (a session on the holder list or a cancelled transfer), counts
+ * consistent, each holder's residency and VMU pages matching. DJ_EINTERNAL
+ * with the first broken one. For tests. */
+dj_status dj__swap_check(const dj_engine_t *e);
+
+#endif

@@ -1,0 +1,625 @@
+/* swap.c: semantic KV swap - a session's data-segment pages copied to a
+ * page-granular host pool and back (any free pages, tables rewritten), on the
+ * backend's copy stream where it has one - and memory sized from the machine. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "exec/engine_impl.h"
+#include "vmu/vmu_impl.h"
+
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+
+/* A transfer in flight (or, without backend copy hooks, done at once and
+ * never listed). A cancelled swap-out is detached from its session and owns
+ * its slots until its copies finish. */
+struct dj__swap_op {
+    dj_backend_xfer_t *xfer; /* owned */
+    bool to_host;
+    dj_session_t *s;         /* the session it serves; NULL when detached */
+    uint32_t *slots;         /* [n_slots] owned when detached (else the session's) */
+    uint32_t n_slots;
+    dj__swap_op *next;
+};
+
+struct dj_swap_pool {
+    uint8_t *base;          /* [n_slots * page_bytes] host memory; owned */
+    bool pinned;            /* from the backend's host_alloc (else malloc) */
+    size_t page_bytes;
+    uint32_t n_slots, n_used, peak;
+    uint64_t *bits;         /* [(n_slots + 63) / 64] slot in use; owned */
+    uint32_t scan_from;     /* no free slot below this one */
+    dj__swap_op *ops;       /* transfers in flight */
+    dj_session_t *holders;  /* sessions holding slots (pool_next list) */
+    dj_swap_stats st;       /* counters (capacity/used/peak filled on demand) */
+    bool poll_failed;       /* a device failure was logged */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *dj_kv_residency_name(dj_kv_residency r) {
+    switch (r) {
+    case DJ_KV_RESIDENT: return "resident";
+    case DJ_KV_SWAPPING_OUT: return "swapping_out";
+    case DJ_KV_SWAPPED: return "swapped";
+    case DJ_KV_RESTORING: return "restoring";
+    }
+    return "?";
+}
+
+/* ---- memory sized from the machine ---- */
+
+dj_status dj_host_mem_available(size_t *bytes) {
+    *bytes = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb = 0;
+        bool found = false;
+        while (!found && fgets(line, sizeof line, f))
+            found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+        fclose(f);
+        if (found && kb > 0 && kb <= SIZE_MAX / 1024) {
+            *bytes = (size_t)kb * 1024;
+            return DJ_OK;
+        }
+    }
+#ifdef _SC_AVPHYS_PAGES
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && (unsigned long)pages <= SIZE_MAX / (unsigned long)page) {
+        *bytes = (size_t)pages * (size_t)page;
+        return DJ_OK;
+    }
+#endif
+    return dj_fail(DJ_EUNSUPPORTED, "available host memory unknown: no MemAvailable in /proc/meminfo and no "
+                                    "sysconf(_SC_AVPHYS_PAGES)");
+}
+
+size_t dj_engine_vmu_auto_bytes(size_t dev_free, size_t dev_total, size_t host_avail) {
+    size_t v;
+    if (dev_total) {
+        const size_t margin = dev_total / 20 > GIB ? dev_total / 20 : GIB;
+        v = dev_free > margin ? dev_free - margin : 0;
+    } else {
+        v = host_avail / 2;
+    }
+    return v / MIB * MIB;
+}
+
+size_t dj_engine_swap_default_bytes(const dj_engine_t *e) {
+    size_t host = 0;
+    if (dj_host_mem_available(&host) != DJ_OK) return 0;
+    const dj_backend_t *be = dj_engine_backend((dj_engine_t *)e);
+    const size_t v = be->host_memory ? host / 4 : host / 2;
+    return v / MIB * MIB;
+}
+
+/* ---- the pool ---- */
+
+static bool slot_used(const dj_swap_pool *p, uint32_t i) { return (p->bits[i / 64] >> (i % 64)) & 1u; }
+
+/* The n lowest free slots, ascending (the caller checked that n are free). */
+static void slots_take(dj_swap_pool *p, uint32_t n, uint32_t *out) {
+    uint32_t k = 0;
+    for (uint32_t w = p->scan_from / 64; k < n; w++) {
+        uint64_t free_bits = ~p->bits[w];
+        while (free_bits && k < n) {
+            const uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(free_bits);
+            free_bits &= free_bits - 1;
+            if (i >= p->n_slots) break;
+            p->bits[w] |= 1ull << (i % 64);
+            out[k++] = i;
+        }
+    }
+    p->n_used += n;
+    if (p->n_used > p->peak) p->peak = p->n_used;
+    if (n) p->scan_from = out[n - 1] + 1; /* every slot below the last taken is in use */
+}
+
+static void slots_release(dj_swap_pool *p, const uint32_t *slots, uint32_t n) {
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t i = slots[k];
+        p->bits[i / 64] &= ~(1ull << (i % 64));
+        if (i < p->scan_from) p->scan_from = i;
+    }
+    p->n_used -= n;
+}
+
+static void holder_add(dj_swap_pool *p, dj_session_t *s) {
+    s->pool_prev = NULL;
+    s->pool_next = p->holders;
+    if (p->holders) p->holders->pool_prev = s;
+    p->holders = s;
+}
+
+static void holder_remove(dj_swap_pool *p, dj_session_t *s) {
+    if (s->pool_prev) s->pool_prev->pool_next = s->pool_next;
+    else p->holders = s->pool_next;
+    if (s->pool_next) s->pool_next->pool_prev = s->pool_prev;
+    s->pool_prev = s->pool_next = NULL;
+}
+
+static void op_unlink(dj_swap_pool *p, dj__swap_op *op) {
+    dj__swap_op **pp = &p->ops;
+    while (*pp && *pp != op) pp = &(*pp)->next;
+    if (*pp) *pp = op->next;
+    p->st.in_flight--;
+}
+
+static void pool_destroy(dj_backend_t *be, dj_swap_pool *p) {
+    if (!p) return;
+    if (p->base) {
+        if (p->pinned) be->vt->host_free(be, p->base);
+        else free(p->base);
+    }
+    free(p->bits);
+    free(p);
+}
+
+dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes) {
+    dj_swap_pool **pp = dj__engine_swap_pool(e);
+    dj_backend_t *be = dj_engine_backend(e);
+    if (*pp && ((*pp)->n_used || (*pp)->ops || (*pp)->holders))
+        return dj_fail(DJ_EBUSY, "swap pool: %u of its slots are in use; it can be replaced only while empty",
+                       (*pp)->n_used);
+    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(e));
+    const size_t n = pool_bytes / page;
+    if (pool_bytes && n == 0)
+        return dj_fail(DJ_EINVAL, "swap pool of %zu bytes holds no page of %zu bytes", pool_bytes, page);
+    if (n >= UINT32_MAX)
+        return dj_fail(DJ_EINVAL, "swap pool of %zu bytes would have %zu pages; at most %u", pool_bytes, n,
+                       UINT32_MAX - 1);
+    dj_swap_pool *p = NULL;
+    if (n) {
+        p = calloc(1, sizeof *p);
+        if (!p) return dj_fail(DJ_ENOMEM, "swap pool: out of host memory");
+        p->page_bytes = page;
+        p->n_slots = (uint32_t)n;
+        p->bits = calloc((n + 63) / 64, sizeof *p->bits);
+        dj_status st = DJ_OK;
+        if (!p->bits) st = dj_fail(DJ_ENOMEM, "swap pool: out of host memory for %zu slot bits", n);
+        else if (be->vt->host_alloc && be->vt->host_free) {
+            void *b = NULL;
+            st = be->vt->host_alloc(be, n * page, &b);
+            p->base = b;
+            p->pinned = st == DJ_OK;
+        } else if (!(p->base = malloc(n * page))) {
+            st = dj_fail(DJ_ENOMEM, "swap pool: cannot allocate %zu bytes (%.2f GiB) of host memory", n * page,
+                         (double)(n * page) / (double)GIB);
+        }
+        if (st != DJ_OK) {
+            pool_destroy(be, p);
+            return st;
+        }
+    }
+    if (*pp) {
+        dj_swap_stats keep = (*pp)->st; /* counters survive a resize */
+        pool_destroy(be, *pp);
+        if (p) p->st = keep;
+    }
+    *pp = p;
+    return DJ_OK;
+}
+
+void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st) {
+    memset(st, 0, sizeof *st);
+    const dj_swap_pool *p = *dj__engine_swap_pool((dj_engine_t *)e);
+    st->page_bytes = dj_vmu_page_bytes(dj_engine_vmu((dj_engine_t *)e));
+    if (!p) return;
+    *st = p->st;
+    st->page_bytes = p->page_bytes;
+    st->capacity = (size_t)p->n_slots * p->page_bytes;
+    st->used = (size_t)p->n_used * p->page_bytes;
+    st->peak = (size_t)p->peak * p->page_bytes;
+}
+
+void dj__swap_pool_free(dj_engine_t *e) {
+    dj_swap_pool **pp = dj__engine_swap_pool(e);
+    dj_swap_pool *p = *pp;
+    if (!p) return;
+    dj_backend_t *be = dj_engine_backend(e);
+    while (p->ops) { /* only detached ones remain once every session is freed */
+        dj__swap_op *op = p->ops;
+        p->ops = op->next;
+        be->vt->xfer_free(be, op->xfer);
+        if (!op->s) free(op->slots);
+        else op->s->op = NULL;
+        free(op);
+    }
+    pool_destroy(be, p);
+    *pp = NULL;
+}
+
+/* ---- sessions ---- */
+
+static const char *session_name(const dj_session_t *s) { return s->vs->name; }
+static uint32_t n_layers(const dj_session_t *s) { return s->model->cfg.n_layers; }
+static uint32_t *table_at(dj_session_t *s, uint32_t i) {
+    return &s->block_table[(size_t)(i / s->swap_blocks) * s->max_blocks + i % s->swap_blocks];
+}
+
+dj_kv_residency dj_session_residency(const dj_session_t *s) { return s->residency; }
+
+uint32_t dj_session_kv_pages(const dj_session_t *s) { return n_layers(s) * s->n_blocks; }
+
+size_t dj_session_kv_bytes(const dj_session_t *s) {
+    return (size_t)dj_session_kv_pages(s) * s->kv[0].page_bytes;
+}
+
+uint32_t dj_session_pages_for(const dj_session_t *s, uint32_t positions) {
+    if (positions > s->max_ctx) positions = s->max_ctx;
+    uint32_t blocks = (uint32_t)(((uint64_t)positions + s->tokens_per_page - 1) / s->tokens_per_page);
+    if (blocks < s->n_blocks) blocks = s->n_blocks;
+    const uint32_t held = s->residency == DJ_KV_SWAPPED ? 0 : s->n_blocks;
+    return n_layers(s) * (blocks - held);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* order[0..n) = the indices i ordered by key[i] ascending; tmp: [n] scratch. */
+static void sort_by(const uint32_t *key, uint32_t n, uint64_t *tmp, uint32_t *order) {
+    for (uint32_t i = 0; i < n; i++) tmp[i] = (uint64_t)key[i] << 32 | i;
+    qsort(tmp, n, sizeof *tmp, cmp_u64);
+    for (uint32_t k = 0; k < n; k++) order[k] = (uint32_t)tmp[k];
+}
+
+/* Copy spans of the pairs (page[order[k]], slot[order[k]]), k ascending:
+ * runs where both the page and the slot go up by one become one span. */
+static size_t make_spans(dj_engine_t *e, dj_swap_pool *p, const uint32_t *page, const uint32_t *slot,
+                         const uint32_t *order, uint32_t n, dj_copy_span *spans) {
+    uint8_t *seg = dj_vmu_data_base(dj_engine_vmu(e));
+    size_t count = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t i = order[k];
+        if (k > 0 && page[i] == page[order[k - 1]] + 1 && slot[i] == slot[order[k - 1]] + 1) {
+            spans[count - 1].bytes += p->page_bytes;
+            continue;
+        }
+        spans[count++] = (dj_copy_span){.dev = seg + (size_t)page[i] * p->page_bytes,
+                                        .host = p->base + (size_t)slot[i] * p->page_bytes,
+                                        .bytes = p->page_bytes};
+    }
+    return count;
+}
+
+/* Starts (or, without copy hooks, does) the copies; *op receives the listed
+ * transfer, or NULL when done at once (*seconds then the copy time). */
+static dj_status transfer(dj_engine_t *e, dj_swap_pool *p, bool to_host, const dj_copy_span *spans, size_t n,
+                          dj_session_t *s, dj__swap_op **op, double *seconds) {
+    dj_backend_t *be = dj_engine_backend(e);
+    *op = NULL;
+    *seconds = 0.0;
+    if (be->vt->xfer_start && be->vt->xfer_query && be->vt->xfer_order && be->vt->xfer_free) {
+        dj__swap_op *o = calloc(1, sizeof *o);
+        if (!o) return dj_fail(DJ_ENOMEM, "swap: out of host memory");
+        dj_status st = be->vt->xfer_start(be, to_host, spans, n, &o->xfer);
+        if (st != DJ_OK) {
+            free(o);
+            return st;
+        }
+        o->to_host = to_host;
+        o->s = s;
+        o->slots = s->slots;
+        o->n_slots = s->n_slots;
+        o->next = p->ops;
+        p->ops = o;
+        p->st.in_flight++;
+        *op = o;
+        return DJ_OK;
+    }
+    /* Synchronous: the step functions already waited for their compute. */
+    dj_status st = be->vt->sync(be);
+    const double t0 = now_s();
+    for (size_t k = 0; k < n && st == DJ_OK; k++)
+        st = to_host ? be->vt->download(be, spans[k].host, spans[k].dev, spans[k].bytes)
+                     : be->vt->upload(be, spans[k].dev, spans[k].host, spans[k].bytes);
+    *seconds = now_s() - t0;
+    return st;
+}
+
+/* The copies of a swap-out are done: the pages go back to the segment. */
+static void out_done(dj_engine_t *e, dj_swap_pool *p, dj_session_t *s, double seconds) {
+    dj_vmu_t *vmu = dj_engine_vmu(e);
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        uint32_t *t = table_at(s, i);
+        if (dj_vmu_page_free(vmu, s->vs, *t) != DJ_OK)
+            DJ_LOG(ERROR, "swap-out of session %s: %s", session_name(s), dj_last_error());
+        *t = DJ__NO_PAGE;
+    }
+    s->dev_blocks = 0;
+    s->residency = DJ_KV_SWAPPED;
+    s->op = NULL;
+    p->st.swaps_out++;
+    p->st.bytes_out += (uint64_t)s->n_slots * p->page_bytes;
+    p->st.out_s += seconds;
+}
+
+/* The copies of a restore are done: the pool slots are free again. */
+static void in_done(dj_swap_pool *p, dj_session_t *s, double seconds) {
+    slots_release(p, s->slots, s->n_slots);
+    p->st.swaps_in++;
+    p->st.bytes_in += (uint64_t)s->n_slots * p->page_bytes;
+    p->st.in_s += seconds;
+    holder_remove(p, s);
+    free(s->slots);
+    s->slots = NULL;
+    s->n_slots = s->swap_blocks = 0;
+    s->op = NULL;
+    s->ordered = false;
+    s->residency = DJ_KV_RESIDENT;
+}
+
+dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s) {
+    if (!e || !s) return dj_fail(DJ_EINVAL, "swap out: NULL engine or session");
+    if (s->residency == DJ_KV_SWAPPED || s->residency == DJ_KV_SWAPPING_OUT) return DJ_OK;
+    if (s->residency == DJ_KV_RESTORING)
+        return dj_fail(DJ_EBUSY, "session %s is being restored; it can be swapped out once resident "
+                                 "(dj_engine_swap_poll)", session_name(s));
+    dj_swap_pool *p = *dj__engine_swap_pool(e);
+    const uint32_t n = n_layers(s) * s->n_blocks;
+    if (n == 0) { /* nothing to copy */
+        s->residency = DJ_KV_SWAPPED;
+        return DJ_OK;
+    }
+    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(e));
+    if (!p)
+        return dj_fail(DJ_ENOSPC, "session %s: no swap pool to take its %u pages (%zu bytes); "
+                                  "dj_engine_swap_init makes one", session_name(s), n, (size_t)n * page);
+    if (p->n_slots - p->n_used < n)
+        return dj_fail(DJ_ENOSPC, "swap pool full: session %s needs %u pages (%zu bytes); the pool has %u of %u free "
+                                  "(%zu of %zu bytes)", session_name(s), n, (size_t)n * page,
+                       p->n_slots - p->n_used, p->n_slots, (size_t)(p->n_slots - p->n_used) * page,
+                       (size_t)p->n_slots * page);
+    uint32_t *slots = malloc((size_t)n * sizeof *slots), *page_of = malloc((size_t)n * sizeof *page_of);
+    uint32_t *order = malloc((size_t)n * sizeof *order), *taken = malloc((size_t)n * sizeof *taken);
+    dj_copy_span *spans = malloc((size_t)n * sizeof *spans);
+    uint64_t *tmp = malloc((size_t)n * sizeof *tmp);
+    dj_status st = DJ_OK;
+    if (!slots || !page_of || !order || !taken || !spans || !tmp) {
+        st = dj_fail(DJ_ENOMEM, "swap out: out of host memory for %u pages", n);
+        goto done;
+    }
+    s->swap_blocks = s->n_blocks;
+    for (uint32_t i = 0; i < n; i++) page_of[i] = *table_at(s, i);
+    /* Pages in ascending order get ascending slots: runs coalesce into one copy. */
+    sort_by(page_of, n, tmp, order);
+    slots_take(p, n, taken);
+    for (uint32_t k = 0; k < n; k++) slots[order[k]] = taken[k];
+    const size_t n_spans = make_spans(e, p, page_of, slots, order, n, spans);
+    s->slots = slots;
+    s->n_slots = n;
+    double sec = 0.0;
+    dj__swap_op *op = NULL;
+    st = transfer(e, p, true, spans, n_spans, s, &op, &sec);
+    if (st != DJ_OK) { /* nothing changed */
+        slots_release(p, slots, n);
+        s->slots = NULL;
+        s->n_slots = s->swap_blocks = 0;
+        goto done;
+    }
+    slots = NULL; /* the session's now */
+    holder_add(p, s);
+    s->op = op;
+    s->residency = DJ_KV_SWAPPING_OUT;
+    if (!op) out_done(e, p, s, sec);
+done:
+    free(slots);
+    free(page_of);
+    free(order);
+    free(taken);
+    free(spans);
+    free(tmp);
+    return st;
+}
+
+/* A swap-out in flight is cancelled: its pages never left. The copies finish
+ * into slots that the detached transfer frees when poll sees it done. */
+static void cancel_out(dj_swap_pool *p, dj_session_t *s) {
+    dj__swap_op *op = s->op;
+    op->s = NULL;
+    op->slots = s->slots;
+    op->n_slots = s->n_slots;
+    holder_remove(p, s);
+    s->slots = NULL;
+    s->n_slots = s->swap_blocks = 0;
+    s->op = NULL;
+    s->residency = DJ_KV_RESIDENT;
+    p->st.cancels++;
+}
+
+dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
+    if (!e || !s) return dj_fail(DJ_EINVAL, "swap in: NULL engine or session");
+    if (s->residency == DJ_KV_RESIDENT || s->residency == DJ_KV_RESTORING) return DJ_OK;
+    dj_swap_pool *p = *dj__engine_swap_pool(e);
+    if (s->residency == DJ_KV_SWAPPING_OUT) {
+        cancel_out(p, s);
+        return DJ_OK;
+    }
+    const uint32_t n = s->n_slots;
+    if (n == 0) {
+        s->residency = DJ_KV_RESIDENT;
+        return DJ_OK;
+    }
+    dj_vmu_t *vmu = dj_engine_vmu(e);
+    dj_vmu_stats vs;
+    dj_vmu_get_stats(vmu, &vs);
+    if (vs.pages_free < n)
+        return dj_fail(DJ_ENOSPC, "data segment full: restoring session %s needs %u pages (%zu bytes); %zu of %zu "
+                                  "are free", session_name(s), n, (size_t)n * p->page_bytes, vs.pages_free,
+                       vs.pages_total);
+    if (s->vs->quota_pages && dj_vmu_session_pages(s->vs) + n > s->vs->quota_pages)
+        return dj_fail(DJ_EQUOTA, "session %s: restoring %u pages would pass its quota of %zu", session_name(s), n,
+                       s->vs->quota_pages);
+    uint32_t *pages = malloc((size_t)n * sizeof *pages), *page_of = malloc((size_t)n * sizeof *page_of);
+    uint32_t *order = malloc((size_t)n * sizeof *order);
+    dj_copy_span *spans = malloc((size_t)n * sizeof *spans);
+    uint64_t *tmp = malloc((size_t)n * sizeof *tmp);
+    dj_status st = DJ_OK;
+    uint32_t got = 0;
+    if (!pages || !page_of || !order || !spans || !tmp) {
+        st = dj_fail(DJ_ENOMEM, "swap in: out of host memory for %u pages", n);
+        goto done;
+    }
+    for (; got < n; got++)
+        if ((st = dj_vmu_page_alloc(vmu, s->vs, &pages[got])) != DJ_OK) goto done;
+    /* Slots in ascending order get ascending pages: runs coalesce. */
+    sort_by(pages, n, tmp, order); /* pages ascending, through page_of */
+    for (uint32_t k = 0; k < n; k++) page_of[k] = pages[order[k]];
+    memcpy(pages, page_of, (size_t)n * sizeof *pages);
+    sort_by(s->slots, n, tmp, order);
+    for (uint32_t k = 0; k < n; k++) page_of[order[k]] = pages[k];
+    const size_t n_spans = make_spans(e, p, page_of, s->slots, order, n, spans);
+    double sec = 0.0;
+    dj__swap_op *op = NULL;
+    if ((st = transfer(e, p, false, spans, n_spans, s, &op, &sec)) != DJ_OK) goto done;
+    for (uint32_t i = 0; i < n; i++) *table_at(s, i) = page_of[i];
+    got = 0; /* the session's now */
+    s->dev_blocks = 0; /* the whole device table goes up again before the next step */
+    s->op = op;
+    s->ordered = false;
+    s->residency = DJ_KV_RESTORING;
+    if (!op) in_done(p, s, sec);
+done:
+    for (uint32_t k = 0; k < got; k++) (void)dj_vmu_page_free(vmu, s->vs, pages[k]);
+    free(pages);
+    free(page_of);
+    free(order);
+    free(spans);
+    free(tmp);
+    return st;
+}
+
+void dj_engine_swap_poll(dj_engine_t *e) {
+    dj_swap_pool *p = *dj__engine_swap_pool(e);
+    if (!p) return;
+    dj_backend_t *be = dj_engine_backend(e);
+    for (dj__swap_op *op = p->ops, *next; op; op = next) {
+        next = op->next;
+        double sec = 0.0;
+        const dj_status st = be->vt->xfer_query(be, op->xfer, &sec);
+        if (st == DJ_EBUSY) continue;
+        if (st != DJ_OK) {
+            if (!p->poll_failed) DJ_LOG(ERROR, "swap transfer failed on the device: %s", dj_last_error());
+            p->poll_failed = true;
+            continue;
+        }
+        op_unlink(p, op);
+        be->vt->xfer_free(be, op->xfer); /* done: no wait */
+        if (!op->s) {
+            slots_release(p, op->slots, op->n_slots);
+            free(op->slots);
+        } else if (op->to_host) {
+            out_done(e, p, op->s, sec);
+        } else {
+            in_done(p, op->s, sec);
+        }
+        free(op);
+    }
+}
+
+dj_status dj__swap_before_step(dj_engine_t *e, dj_session_t *s) {
+    if (s->residency == DJ_KV_SWAPPING_OUT || s->residency == DJ_KV_SWAPPED)
+        return dj_fail(DJ_EBUSY, "session %s is swapped out (%s); swap it in before stepping it", session_name(s),
+                       dj_kv_residency_name(s->residency));
+    if (s->residency == DJ_KV_RESTORING && s->op && !s->ordered) {
+        dj_backend_t *be = dj_engine_backend(e);
+        dj_status st = be->vt->xfer_order(be, s->op->xfer);
+        if (st != DJ_OK) return st;
+        s->ordered = true;
+    }
+    return DJ_OK;
+}
+
+void dj__swap_session_release(dj_engine_t *e, dj_session_t *s) {
+    dj_swap_pool *p = *dj__engine_swap_pool(e);
+    if (!p) return;
+    if (s->op) {
+        dj_backend_t *be = dj_engine_backend(e);
+        op_unlink(p, s->op);
+        be->vt->xfer_free(be, s->op->xfer); /* waits: the pages are about to be freed */
+        free(s->op);
+        s->op = NULL;
+    }
+    if (s->slots) {
+        slots_release(p, s->slots, s->n_slots);
+        holder_remove(p, s);
+        free(s->slots);
+        s->slots = NULL;
+        s->n_slots = 0;
+    }
+}
+
+/* ---- invariants ---- */
+
+dj_status dj__swap_check(const dj_engine_t *e) {
+    const dj_swap_pool *p = *dj__engine_swap_pool((dj_engine_t *)e);
+    if (!p) return DJ_OK;
+    uint8_t *seen = calloc(p->n_slots, 1);
+    if (!seen) return dj_fail(DJ_ENOMEM, "swap check: out of host memory");
+    dj_status st = DJ_OK;
+    uint32_t held = 0, ops = 0;
+#define BAD(...)                                   \
+    do {                                           \
+        st = dj_fail(DJ_EINTERNAL, __VA_ARGS__);   \
+        goto done;                                 \
+    } while (0)
+    const dj_session_t *prev = NULL;
+    for (const dj_session_t *s = p->holders; s; prev = s, s = s->pool_next) {
+        if (s->pool_prev != prev) BAD("swap: holder %s has a broken back link", session_name(s));
+        if (s->residency == DJ_KV_RESIDENT) BAD("swap: resident session %s holds pool slots", session_name(s));
+        if (!s->slots || s->n_slots != n_layers(s) * s->swap_blocks || s->swap_blocks > s->n_blocks ||
+            (s->residency != DJ_KV_RESTORING && s->swap_blocks != s->n_blocks))
+            BAD("swap: session %s holds %u slots for %u blocks of %u layers", session_name(s), s->n_slots,
+                s->n_blocks, n_layers(s));
+        const size_t pages = dj_vmu_session_pages(s->vs);
+        const size_t want_min = s->residency == DJ_KV_SWAPPED ? 0 : s->n_slots;
+        if (s->residency == DJ_KV_SWAPPED ? pages != 0 : pages < want_min)
+            BAD("swap: session %s is %s holding %zu data pages for %u KV pages", session_name(s),
+                dj_kv_residency_name(s->residency), pages, s->n_slots);
+        if ((s->residency == DJ_KV_SWAPPED) != !s->op)
+            BAD("swap: session %s is %s %s a transfer in flight", session_name(s), dj_kv_residency_name(s->residency),
+                s->op ? "with" : "without");
+        for (uint32_t k = 0; k < s->n_slots; k++) {
+            const uint32_t i = s->slots[k];
+            if (i >= p->n_slots || seen[i]++ || !slot_used(p, i))
+                BAD("swap: session %s slot %u (%u of %u) is out of range, held twice or marked free",
+                    session_name(s), i, k, s->n_slots);
+        }
+        held += s->n_slots;
+    }
+    for (const dj__swap_op *op = p->ops; op; op = op->next, ops++) {
+        if (op->s) {
+            if (op->s->op != op) BAD("swap: a transfer of session %s is not the session's", session_name(op->s));
+            continue;
+        }
+        for (uint32_t k = 0; k < op->n_slots; k++) {
+            const uint32_t i = op->slots[k];
+            if (i >= p->n_slots || seen[i]++ || !slot_used(p, i))
+                BAD("swap: a cancelled transfer's slot %u is out of range, held twice or marked free", i);
+        }
+        held += op->n_slots;
+    }
+    if (ops != p->st.in_flight) BAD("swap: %u transfers listed, %u counted in flight", ops, p->st.in_flight);
+    uint32_t marked = 0;
+    for (uint32_t i = 0; i < p->n_slots; i++) marked += slot_used(p, i);
+    if (marked != p->n_used || held != p->n_used || p->n_used > p->peak)
+        BAD("swap: %u slots marked, %u held, %u counted used (peak %u) of %u", marked, held, p->n_used, p->peak,
+            p->n_slots);
+    for (uint32_t i = 0; i < p->scan_from && i < p->n_slots; i++)
+        if (!slot_used(p, i)) BAD("swap: slot %u is free below the scan start %u", i, p->scan_from);
+#undef BAD
+done:
+    free(seen);
+    return st;
+}
