@@ -39,13 +39,13 @@ typedef struct collect {
     uint32_t n, cap;
 } collect;
 
-static int on_token(void *user, int32_t id, const char *text, size_t len) {
+static void on_token(int32_t id, const char *text, size_t len, void *user) {
     (void)text;
     (void)len;
     collect *c = user;
+    if (id < 0) return; /* the text held back, flushed at the end */
     if (c->n < c->cap) c->ids[c->n] = id;
     c->n++;
-    return 0;
 }
 
 /* Deterministic per-agent prompts (from the run's seed, not the clock). */
@@ -78,7 +78,8 @@ static void run_agent(agent *a, bool pause) {
                                        .ignore_eos = true};
         a->st = dj_client_generate(c, sid, &gp, on_token, &col, NULL);
         a->n_out[r] = col.n;
-        if (a->st != DJ_OK || !pause) break;
+        if (a->st != DJ_OK) break;
+        if (!pause) continue;
         a->st = dj_client_session_pause(c, sid, (uint64_t)a->pause_ms[r] + 5);
         if (a->st == DJ_OK) dj_test_sleep_ms(a->pause_ms[r]);
         if (a->st == DJ_OK) a->st = dj_client_session_resume(c, sid);
@@ -145,9 +146,18 @@ static void agents(const char *policy, int slot) {
             fprintf(stderr, "agent %d (%s): %s: %s\n", i, policy, dj_status_name(crowd[i].st), crowd[i].err);
             continue;
         }
-        for (int r = 0; r < ROUNDS; r++)
-            differ += crowd[i].n_out[r] != GEN || alone[i].n_out[r] != GEN ||
-                      memcmp(crowd[i].out[r], alone[i].out[r], sizeof crowd[i].out[r]) != 0;
+        for (int r = 0; r < ROUNDS; r++) {
+            const bool d = crowd[i].n_out[r] != GEN || alone[i].n_out[r] != GEN ||
+                           memcmp(crowd[i].out[r], alone[i].out[r], sizeof crowd[i].out[r]) != 0;
+            if (d) {
+                fprintf(stderr, "agent %d round %d (%s): alone", i, r, policy);
+                for (uint32_t k = 0; k < alone[i].n_out[r] && k < GEN; k++) fprintf(stderr, " %d", alone[i].out[r][k]);
+                fprintf(stderr, "; crowd");
+                for (uint32_t k = 0; k < crowd[i].n_out[r] && k < GEN; k++) fprintf(stderr, " %d", crowd[i].out[r][k]);
+                fputc('\n', stderr);
+            }
+            differ += d;
+        }
     }
     printf("%d agents, policy %s, data segment for 3: %d failed, %d rounds differ from the agent alone\n", N_AGENTS,
            policy, failed, differ);

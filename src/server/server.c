@@ -427,7 +427,7 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
         return dj_fail(DJ_ENOTFOUND, "no session %016llx to attach (wrong id or secret, or its lease is over)",
                        (unsigned long long)sid);
     if (!(c->qos_mask >> ss->qos & 1))
-        return dj_fail(DJ_EPERM, "session %016llx is of class %s, which this token does not grant",
+        return dj_fail(DJ_EINVAL, "session %016llx is of class %s, which this token does not grant",
                        (unsigned long long)sid, dj_qos_name(ss->qos));
     const size_t n_open = dj__conn_sessions(s, c->id);
     if (n_open >= s->cfg.max_sessions)

@@ -50,20 +50,6 @@ static dj__job *q_pop_head(dj__jobq *q) {
     return j;
 }
 
-static bool q_remove(dj__jobq *q, dj__job *j) {
-    dj__job *prev = NULL;
-    for (dj__job *x = q->head; x; prev = x, x = x->next)
-        if (x == j) {
-            if (prev) prev->next = x->next;
-            else q->head = x->next;
-            if (q->tail == x) q->tail = prev;
-            q->n--;
-            x->next = NULL;
-            return true;
-        }
-    return false;
-}
-
 static void post_locked(dj__server *s, dj__out *o) {
     if (!o) return;
     o->next = NULL;
@@ -721,6 +707,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
         goto done;
     }
+    const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment); /* also reads the model's EOS ids */
     const uint32_t pos0 = dj_session_pos(ss->es), ctx = dj_session_max_ctx(ss->es);
     if (n_feed > ctx - pos0) { /* refused before any chunk runs */
         st = dj_fail(DJ_ERANGE, "prompt of %zu tokens does not fit: the session has %u of its %u positions left",
@@ -738,7 +725,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .n_eos = ss->ment->n_eos,
                               .ignore_eos = ignore_eos,
                               .prefill_chunk = s->cfg.prefill_chunk,
-                              .tok = model_tokenizer(s, ss->ment)};
+                              .tok = tok};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
