@@ -32,7 +32,7 @@ function(dj__server_link_late)
   if(TARGET test_hostile)
     target_link_libraries(test_hostile PRIVATE djinn_server) # the error-text scrubber is checked directly
   endif()
-  foreach(t bench_remote bench_serve)
+  foreach(t bench_remote bench_serve bench_agents)
     if(TARGET ${t})
       # bench/support/ is outside the bench/*.c glob: not a program of its own
       target_sources(${t} PRIVATE ${CMAKE_SOURCE_DIR}/bench/support/bench_daemon.c)

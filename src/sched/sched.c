@@ -542,7 +542,7 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 admit(s, r, NULL);
                 continue;
             }
-            if (mem_stop || x->admitted) continue; /* one at a time per session */
+            if (x->admitted) continue; /* one at a time per session */
             r->need = pages_at(x, (uint64_t)x->pos + r->tokens);
             if (r->need > s->cfg.pages_total || (s->cfg.quota_pages && r->need > s->cfg.quota_pages)) {
                 const bool quota = r->need <= s->cfg.pages_total;
@@ -569,7 +569,14 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 }
             }
             uint64_t extra;
-            if (!fits(s, r, x, &extra)) {
+            const bool fit = fits(s, r, x, &extra);
+            if (mem_stop) {
+                /* behind a request that waits for memory, only what takes none
+                 * goes ahead (a session growing within the pages it holds) */
+                if (fit && !extra && !lo && x->res == RES_RESIDENT) admit(s, r, x);
+                continue;
+            }
+            if (!fit) {
                 mem_blocked = mem_stop = true;
                 /* make room: paused/idle sessions out, least recently used first */
                 if (s->cfg.policy == DJ_SWAP_REACTIVE) continue;
