@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the GPU machine's one command - every CUDA op against the CPU
 # backend (gpu_check), the fixture and demo models end to end in bf16 against
-# transformers (gpu_models); with --bench also the Llama-3-8B-shape benchmarks
-# (bench_gpu) and HF transformers eager on the same weights (bench/hf_decode.py).
+# transformers (gpu_models), KV swap exactness and copy rates (gpu_swap); with
+# --bench also the Llama-3-8B-shape benchmarks (bench_gpu, and gpu_swap on
+# that shape) and HF transformers eager on the same weights (bench/hf_decode.py).
 # The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
 # makes it on a machine with our apt packages), else they are built here.
 # --ab adds bench_gpu under each kill switch (ab.log: one block per
 # setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
-# (profile.log); at most 7 files land in DIR.
+# (profile.log); at most 8 files land in DIR.
 # usage (repo root): scripts/gpu_check.sh [--bench] [--ab] [--out DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ if [ -f .carry/gpu.tar.xz ]; then
     B=$G/bin
 else
     cmake -S . -B build-cuda -DDJ_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${DJ_CMAKE_ARGS:-} >/dev/null || exit 2
-    cmake --build build-cuda -j"$(nproc)" --target gpu_check gpu_models djinn bench_gpu make_random_checkpoint || exit 2
+    cmake --build build-cuda -j"$(nproc)" --target gpu_check gpu_models gpu_swap djinn bench_gpu make_random_checkpoint || exit 2
     B=build-cuda
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -44,6 +45,12 @@ grep -E "checks|^bench|FAIL" "$OUT/gpu_check.log"
 if [ $BENCH = 1 ]; then
     M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
     [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 || exit 2
+fi
+# KV swap: restored sessions bit-identical to unswapped twins, copy rates (and
+# with --bench a 2048-token session of the 8B shape swapped out and back)
+"$B/gpu_swap" . ${M:+--model "$M"} >"$OUT/gpu_swap.log" 2>&1 || fail=1
+grep -E "restores|auto VMU|^bench swap|checks|passed|FAIL" "$OUT/gpu_swap.log"
+if [ $BENCH = 1 ]; then
     "$B/bench_gpu" "$M" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1 || fail=1
     tail -24 "$OUT/bench_gpu.log"
     # --deterministic: batch rows bit-identical to a session alone; its b=32 cost
@@ -81,6 +88,7 @@ fi
     echo '```'
     grep -E "checks|FAIL" "$OUT/gpu_check.log"
     grep -E "passed|failed|FAIL" "$OUT/gpu_models.log" | tail -3
+    grep -E "restores|auto VMU|^bench swap|passed|failed|FAIL" "$OUT/gpu_swap.log" 
     grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
     [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|FAIL" "$OUT/bench_gpu.log"
     [ -f "$OUT/bench_det.log" ] && sed 's/^/--deterministic: /' "$OUT/bench_det.log" | grep -E "decode b=32|bit-identical|checks,|FAIL"
