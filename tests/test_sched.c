@@ -462,6 +462,86 @@ static void swap_and_prefetch(void) {
     dj_sched_free(w.s);
 }
 
+/* The session wanted furthest ahead goes out first; a paused session near
+ * its expected end comes back by sending out one wanted later (an exchange). */
+static void exchange(void) {
+    world w;
+    memset(&w, 0, sizeof w);
+    w.cfg = (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 12, .pool_pages = 40,
+                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0};
+    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    dj_sched_decision d;
+    for (int i = 0; i < 3; i++) { /* three sessions of 4 pages fill the segment */
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 1);
+        arrive(&w, i, DJ_REQ_STEP, 1, 16, 0);
+        dj_sched_next(w.s, w.now, &d);
+        CHECK(d.op == DJ_SCHED_RUN);
+        act(&w, &d);
+    }
+    dj_sched_pause(w.s, sid(0), 50, w.now);  /* wanted back at 50 */
+    dj_sched_pause(w.s, sid(1), 500, w.now); /* at 500 */
+    dj_sched_pause(w.s, sid(2), 200, w.now); /* at 200 */
+    w.ss[3].open = true;
+    open_sess(&w, 3, 1, 1);
+    arrive(&w, 3, DJ_REQ_STEP, 1, 16, 0); /* needs 4 pages: session 1 (wanted last) goes */
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_SWAP_OUT && d.sess == sid(1));
+    act(&w, &d);
+    w.now += 10;
+    transfers(&w);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_RUN);
+    act(&w, &d);
+    /* session 0 is pushed out for session 4 before it is wanted; near 50 it
+     * comes back, sending out session 2 (wanted at 200) */
+    w.ss[4].open = true;
+    open_sess(&w, 4, 1, 1);
+    arrive(&w, 4, DJ_REQ_STEP, 1, 16, 0);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_SWAP_OUT && d.sess == sid(2)); /* wanted at 200, after session 0 */
+    act(&w, &d);
+    w.now += 10;
+    transfers(&w);
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_RUN);
+    act(&w, &d);
+    arrive(&w, 3, DJ_REQ_STEP, 1, 1, 0); /* keeps 3 and 4 busy: not victims of the next one */
+    dj_sched_next(w.s, w.now, &d);
+    act(&w, &d);
+    /* now session 0 is the only victim for session 5 */
+    w.ss[5].open = true;
+    open_sess(&w, 5, 1, 1);
+    arrive(&w, 5, DJ_REQ_STEP, 1, 4, 0);
+    for (int k = 0; k < 6 && w.rr[w.n_req - 1].alive; k++) {
+        dj_sched_next(w.s, w.now, &d);
+        act(&w, &d);
+        w.now += 2;
+        transfers(&w);
+    }
+    CHECK(w.ss[0].held == 0 && w.ss[0].pooled == 4);
+    dj_sched_session_close(w.s, sid(5)); /* frees its page */
+    w.ss[5].held = 0;
+    w.ss[5].open = false;
+    /* at 50 - lead, session 0 comes back: room made from the session wanted later (1 or 2 are out; 3, 4 idle) */
+    int swaps_in = 0;
+    int outs = 0;
+    for (int k = 0; k < 60 && w.now < 50; k++) {
+        dj_sched_next(w.s, w.now, &d);
+        swaps_in += d.op == DJ_SCHED_SWAP_IN && d.sess == sid(0);
+        outs += d.op == DJ_SCHED_SWAP_OUT;
+        bool moving = false;
+        for (int i = 0; i < MAX_S; i++) moving |= w.ss[i].xfer != 0;
+        if (!act(&w, &d)) /* as the worker: polls while copies are in flight */
+            w.now = moving || d.wake_ms == UINT64_MAX || d.wake_ms <= w.now ? w.now + 1 : d.wake_ms;
+        transfers(&w);
+    }
+    CHECK_MSG(outs == 1, "%d sessions sent out to bring one back (one was enough)", outs);
+    CHECK_MSG(swaps_in == 1, "session 0 came back %d times before its expected end", swaps_in);
+    consistent(&w);
+    dj_sched_free(w.s);
+}
+
 /* Batch-class overload serves newest first, but not past the age limit. */
 static void lifo_with_age(void) {
     world w;
@@ -500,6 +580,7 @@ int main(void) {
     realtime_within_a_step();
     swap_and_prefetch();
     lifo_with_age();
+    exchange();
     for (int pol = 0; pol < 3; pol++)
         for (int t = 0; t < 400; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
     dj_sched_config bad = {.max_running = 0, .max_rows = 1, .pages_total = 1};

@@ -214,6 +214,14 @@ static uint32_t eff(const ssess *x) {
     return x->held > x->reserve ? x->held : x->reserve;
 }
 
+/* Pages of sessions whose copies to the pool are in flight: free soon. */
+static uint64_t outgoing_pages(const dj_sched_t *s, uint64_t conn, bool by_conn) {
+    uint64_t u = 0;
+    for (const ssess *x = s->all; x; x = x->next)
+        if (x->res == RES_SWAPPING && (!by_conn || x->conn == conn)) u += x->held;
+    return u;
+}
+
 static uint64_t used_pages(const dj_sched_t *s, uint64_t conn, bool by_conn) {
     uint64_t u = 0;
     for (const ssess *x = s->all; x; x = x->next)
@@ -448,24 +456,45 @@ static int victim_rank(const dj_sched_t *s, const ssess *x, const ssess *self, u
     return idle(s, x, now) ? 2 : 0;
 }
 
-/* The session to move out: paused and idle ones least recently used first,
- * then those whose requests wait (lowest class, least recently used). */
-static ssess *pick_victim(const dj_sched_t *s, uint64_t now, const ssess *self, bool by_conn) {
+/* When a session is expected to be wanted again: a paused one at the end of
+ * its expected wait; one with no expectation, never (UINT64_MAX). */
+static uint64_t next_use(const ssess *x) {
+    return x->paused && x->expect_ms ? x->pause_at + x->expect_ms : UINT64_MAX;
+}
+
+/* The session to move out: of the paused and idle ones, the one wanted
+ * furthest ahead (no expectation first, then the latest expected end; ties:
+ * least recently used), then those whose requests wait (lowest class, least
+ * recently used). `before`: only sessions wanted after it (a prefetch makes
+ * room only from those). */
+static ssess *pick_victim(const dj_sched_t *s, uint64_t now, const ssess *self, bool by_conn, uint64_t before) {
     ssess *best = NULL;
     int best_rank = 0;
     for (ssess *x = s->all; x; x = x->next) {
         if (by_conn && x->conn != self->conn) continue;
         const int rank = victim_rank(s, x, self, now);
-        if (!rank) continue;
+        if (!rank || (before && (rank != 2 || next_use(x) <= before))) continue;
         if (s->cfg.policy == DJ_SWAP_SEMANTIC && s->pool_used + x->held > s->cfg.pool_pages) continue;
-        const bool better = !best || rank > best_rank ||
-                            (rank == best_rank && (x->qos > best->qos || (x->qos == best->qos && x->last_ms < best->last_ms)));
+        bool better = !best || rank > best_rank;
+        if (!better && rank == best_rank) {
+            if (rank == 2 && next_use(x) != next_use(best)) better = next_use(x) > next_use(best);
+            else if (x->qos != best->qos) better = x->qos > best->qos;
+            else better = x->last_ms < best->last_ms;
+        }
         if (better) {
             best = x;
             best_rank = rank;
         }
     }
     return best;
+}
+
+static void swap_out(dj_sched_t *s, ssess *v, dj_sched_decision *d) {
+    v->res = RES_SWAPPING;
+    v->swap_pending = true;
+    set_pooled(s, v, v->held);
+    d->op = DJ_SCHED_SWAP_OUT;
+    d->sess = v->id;
 }
 
 /* Pages admitting r would add, and whether they fit (segment and quota). */
@@ -581,20 +610,21 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 /* make room: paused/idle sessions out, least recently used first */
                 if (s->cfg.policy == DJ_SWAP_REACTIVE) continue;
                 const bool quota = s->cfg.quota_pages && used_pages(s, x->conn, true) + extra > s->cfg.quota_pages;
-                ssess *v = pick_victim(s, now, x, quota);
+                /* enough already on its way out: wait for those copies */
+                if (quota ? used_pages(s, x->conn, true) - outgoing_pages(s, x->conn, true) + extra <= s->cfg.quota_pages
+                          : used_pages(s, 0, false) - outgoing_pages(s, 0, false) + extra <= s->cfg.pages_total)
+                    continue;
+                ssess *v = pick_victim(s, now, x, quota, 0);
                 if (!v) continue;
                 if (s->cfg.policy == DJ_SWAP_RECOMPUTE) {
                     v->res = RES_DROPPED;
                     set_held(s, v, 0);
                     s->counts.drops++;
                     d->op = DJ_SCHED_DROP;
+                    d->sess = v->id;
                 } else {
-                    v->res = RES_SWAPPING;
-                    v->swap_pending = true;
-                    set_pooled(s, v, v->held);
-                    d->op = DJ_SCHED_SWAP_OUT;
+                    swap_out(s, v, d);
                 }
-                d->sess = v->id;
                 return true;
             }
             if (lo) { /* a lower class's generation waits between steps; its memory stays reserved */
@@ -675,8 +705,17 @@ static bool prefetch(dj_sched_t *s, uint64_t now, dj_sched_decision *d, uint64_t
         } else if (x->n_req || !x->want_back) {
             continue; /* admission brings it back with its request */
         }
-        if (used_pages(s, 0, false) + x->pooled > s->cfg.pages_total) continue;
         if (s->cfg.quota_pages && used_pages(s, x->conn, true) + x->pooled > s->cfg.quota_pages) continue;
+        if (used_pages(s, 0, false) + x->pooled > s->cfg.pages_total) {
+            /* room from a session wanted later than this one (an exchange: its copies out first) */
+            if (used_pages(s, 0, false) - outgoing_pages(s, 0, false) + x->pooled <= s->cfg.pages_total) continue;
+            ssess *v = x->paused ? pick_victim(s, now, x, false, next_use(x)) : NULL;
+            if (v) {
+                swap_out(s, v, d);
+                return true;
+            }
+            continue;
+        }
         x->prefetched = x->paused;
         s->counts.prefetches++;
         restore(s, x, d);
@@ -700,6 +739,8 @@ void dj_sched_next(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 return;
             }
     if (admissions(s, now, d)) return;
+    uint64_t wake = UINT64_MAX;
+    if (prefetch(s, now, d, &wake)) return; /* copies overlap the steps: decided before them */
     sreq *run = best_run(s), *gen = best_gen(s);
     if (run || gen) {
         bool take_run = run && (!gen || run->qos < gen->qos);
@@ -720,8 +761,6 @@ void dj_sched_next(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
         make_step(s, gen, d);
         return;
     }
-    uint64_t wake = UINT64_MAX;
-    if (prefetch(s, now, d, &wake)) return;
     /* a request waiting for memory may be unblocked by a session turning idle */
     bool waiting = false;
     for (uint32_t q = 0; q < DJ_SCHED_CLASSES; q++) waiting |= s->waiting[q].n > 0;
