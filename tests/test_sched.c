@@ -542,6 +542,39 @@ static void exchange(void) {
     dj_sched_free(w.s);
 }
 
+/* A session that holds KV (an agent back from a tool) goes before a new
+ * one that arrived earlier, until the new one's wait reaches the age limit. */
+static void continuing_first(void) {
+    world w;
+    memset(&w, 0, sizeof w);
+    w.cfg = (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 8, .pool_pages = 0,
+                              .idle_ms = 5, .lifo_age_ms = 100, .page_in_ms = 1.0, .policy = DJ_SWAP_REACTIVE};
+    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    dj_sched_decision d;
+    for (int i = 0; i < 3; i++) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 1);
+    }
+    for (int i = 0; i < 2; i++) { /* sessions 0 and 1 fill the segment */
+        arrive(&w, i, DJ_REQ_STEP, 1, 16, 0);
+        dj_sched_next(w.s, w.now, &d);
+        act(&w, &d);
+    }
+    arrive(&w, 2, DJ_REQ_STEP, 1, 16, 0); /* new: waits */
+    w.now += 1;
+    arrive(&w, 0, DJ_REQ_STEP, 1, 16, 0); /* session 0 grows: waits too */
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_WAIT);
+    dj_sched_session_close(w.s, sid(1));
+    w.ss[1].held = 0;
+    w.ss[1].open = false;
+    dj_sched_next(w.s, w.now, &d);
+    CHECK_MSG(d.op == DJ_SCHED_RUN && d.req == w.rr[3].id, "op %d req %llu", d.op, (unsigned long long)d.req);
+    act(&w, &d);
+    consistent(&w);
+    dj_sched_free(w.s);
+}
+
 /* Batch-class overload serves newest first, but not past the age limit. */
 static void lifo_with_age(void) {
     world w;
@@ -581,6 +614,7 @@ int main(void) {
     swap_and_prefetch();
     lifo_with_age();
     exchange();
+    continuing_first();
     for (int pol = 0; pol < 3; pol++)
         for (int t = 0; t < 400; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
     dj_sched_config bad = {.max_running = 0, .max_rows = 1, .pages_total = 1};

@@ -561,12 +561,18 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 g->preempted = false;
                 s->n_running++;
             }
-        const bool lifo = q == DJ_SCHED_CLASSES - 1 && w->n > 2 * (uint64_t)s->cfg.max_running && w->head &&
-                          now < w->head->t_arrive + s->cfg.lifo_age_ms;
+        const bool young = w->head && now < w->head->t_arrive + s->cfg.lifo_age_ms;
+        const bool lifo = q == DJ_SCHED_CLASSES - 1 && w->n > 2 * (uint64_t)s->cfg.max_running && young;
         bool mem_stop = mem_blocked;
+        /* Sessions that already hold KV (here or in the pool: an agent back
+         * from a tool) go before new ones, unless the oldest request waited
+         * lifo_age_ms: their pages are spoken for anyway, and finishing them
+         * is what frees memory. Two passes: those, then the rest. */
+        for (int pass = young ? 0 : 1; pass < 2; pass++)
         for (sreq *r = lifo ? w->tail : w->head, *nx; r; r = nx) {
             nx = lifo ? r->prev : r->next;
             ssess *x = r->sess ? map_get(&s->sessions, r->sess) : NULL;
+            if (young && (pass == 0) != (x && r->kind != DJ_REQ_CTRL && x->pos > 0)) continue;
             if (r->kind == DJ_REQ_CTRL || !x) {
                 admit(s, r, NULL);
                 continue;
