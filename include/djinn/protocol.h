@@ -33,6 +33,7 @@
     X(RELEASE, 0x0c)              \
     X(PAUSE, 0x0d)                \
     X(RESUME, 0x0e)               \
+    X(MODEL_INFO, 0x0f)           \
     X(REPLY, 0x80)                \
     X(TOKEN, 0x81)                \
     X(DONE, 0x82)                 \
@@ -44,7 +45,7 @@ typedef enum {
 #undef DJ__MSG_ENUM
 } dj_msg_type;
 
-#define DJ_MSG_REQUEST_LAST DJ_MSG_RESUME /* requests are 1..DJ_MSG_REQUEST_LAST */
+#define DJ_MSG_REQUEST_LAST DJ_MSG_MODEL_INFO /* requests are 1..DJ_MSG_REQUEST_LAST */
 
 /* QoS classes of a session, most urgent first. */
 typedef enum { DJ_QOS_REALTIME = 0, DJ_QOS_INTERACTIVE = 1, DJ_QOS_BATCH = 2, DJ_QOS_COUNT = 3 } dj_qos;
