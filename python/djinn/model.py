@@ -14,6 +14,7 @@ from .tensor import RemoteTensor
 _QOS = ("realtime", "interactive", "batch")
 _LOGITS = ("last", "all", "none")
 _U64 = (1 << 64) - 1
+_IDS_IN_META = 4096  # STEP ids up to this many go in the metadata; more in the payload
 
 
 class Token(collections.namedtuple("Token", "id text index")):
@@ -223,10 +224,17 @@ class Session:
         if logits not in _LOGITS:
             raise ValueError("logits must be one of %s, got %r" % (", ".join(_LOGITS), logits))
         v = _ids_list(ids, self.vocab_size)
+        if self.max_ctx and len(v) > self.max_ctx - self.pos:
+            raise errors.RangeError(-7, "DJ_ERANGE", "%d ids do not fit: the session is at position %d of %d"
+                                    % (len(v), self.pos, self.max_ctx))
         meta = {"session": self.id}
         if logits != "last":
             meta["logits"] = logits
-        payload = np.asarray(v, dtype="<i4").tobytes()
+        payload = b""
+        if len(v) <= _IDS_IN_META:
+            meta["ids"] = v
+        else:  # a long prefill travels as int32 in the payload
+            payload = np.asarray(v, dtype="<i4").tobytes()
         reply, _ = self._client._call(_wire.STEP, meta, payload)
         self.pos = int(reply.get("pos", self.pos))
         if "handle" not in reply:
