@@ -35,12 +35,18 @@ def reference(name):
 
 
 class Daemon:
-    def __init__(self, tmp):
+    def __init__(self, tmp, extra=()):
         self.store = os.path.join(tmp, "store")
         os.mkdir(self.store)
         os.symlink(os.path.join(ROOT, "models", "demo"), os.path.join(self.store, "demo"))
         for m in FIXTURE_MODELS:
             os.symlink(os.path.join(FIXTURES, "models", m), os.path.join(self.store, m))
+        # folders MODEL_INFO must refuse: an architecture the engine lacks, an oversized config
+        for name, text in (("alien", json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 8})),
+                           ("huge", json.dumps({"pad": " " * (300 << 10)}))):
+            os.mkdir(os.path.join(self.store, name))
+            with open(os.path.join(self.store, name, "config.json"), "w") as f:
+                f.write(text)
         self.djinnd = _exe("DJINND", "djinnd")
         self.cli = _exe("DJINN_CLI", "djinn")
         port_file = os.path.join(tmp, "port")
@@ -48,7 +54,7 @@ class Daemon:
         self.err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(
             [self.djinnd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", self.store,
-             "--vmu-gb", "256m", "--threads", "1", "--lease-ms", str(LEASE_MS)],
+             "--vmu-gb", "256m", "--threads", "1", "--lease-ms", str(LEASE_MS), *extra],
             stdout=self.err, stderr=self.err)
         for _ in range(600):  # the port file appears once it listens (ASan builds start slower)
             if os.path.exists(port_file) and open(port_file).read().strip():

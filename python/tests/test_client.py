@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import djinn
-from conftest import FIXTURE_MODELS, LEASE_MS, ROOT, reference
+from conftest import FIXTURE_MODELS, LEASE_MS, ROOT, Daemon, reference
 
 
 def test_models_and_ghost(client, daemon):
     names = {m.name for m in client.models()}
-    assert names == {"demo", *FIXTURE_MODELS}
+    assert names == {"demo", "alien", "huge", *FIXTURE_MODELS}
     m = client.model("demo")
     with open(os.path.join(ROOT, "models", "demo", "config.json")) as f:
         assert m.config == json.load(f)
@@ -127,6 +127,20 @@ def test_server_errors_are_exceptions(client):
         s.step([1])
     # the connection survives semantic errors
     assert client.heartbeat()["lease_ms"] == LEASE_MS
+
+
+def test_model_info_refusals(client, daemon):
+    with pytest.raises(djinn.UnsupportedError):
+        client.model("alien")
+    with pytest.raises(djinn.RangeError, match="256 KiB"):
+        client.model("huge")
+    # a wrong field type is a protocol error: ERROR, then the server closes
+    raw = djinn.connect(daemon.addr)
+    with pytest.raises(djinn.FormatError):
+        raw._call(0x0F, {"model": 7})
+    with pytest.raises(djinn.ConnectionLost):
+        raw.models()
+    raw.close()
 
 
 def test_bad_arguments_raise_before_sending(client):
@@ -263,3 +277,22 @@ keep = [s.step([1, 2]) for _ in range(3)]
     r = subprocess.run([sys.executable, "-c", code, daemon.addr, os.path.join(ROOT, "python")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_token(tmp_path):
+    """A daemon with --token-file: HELLO's token decides, and its QoS classes."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret qos=batch\n")
+    d = Daemon(str(tmp_path), extra=("--token-file", str(tokens)))
+    try:
+        for bad in (None, "wrong"):
+            with pytest.raises(djinn.InvalidError):
+                djinn.connect(d.addr, token=bad)
+        with djinn.connect(d.addr, token="s3cret") as c:
+            m = c.model("llama2")
+            with pytest.raises(djinn.InvalidError):
+                m.session(qos="interactive")  # this token grants batch only
+            with m.session(qos="batch") as s:
+                assert s.step([1, 2]).shape == (m.vocab_size,)
+    finally:
+        assert d.stop() == 0, d.stderr()

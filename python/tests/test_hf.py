@@ -136,3 +136,15 @@ def test_unsupported_arguments_are_clear(demo):
         demo.generate(ids, attention_mask=torch.zeros_like(ids))
     with pytest.raises(ValueError):
         demo.generate(torch.tensor([[5000]]))
+
+
+def test_sessions_take_torch_ids(client):
+    ref = reference("demo")
+    with client.model("demo").session() as s:
+        t = s.step(torch.tensor(ref["prompt_ids"]))
+        assert int(t.torch().argmax()) == ref["greedy"][0]
+    g = client.model("demo").generate(torch.tensor(ref["prompt_ids"], dtype=torch.int32), max_new_tokens=5,
+                                      ignore_eos=True, stream=False)
+    assert g.ids == ref["greedy"][:5]
+    with pytest.raises(TypeError):
+        client.model("demo").generate(torch.tensor([1.0, 2.0]), max_new_tokens=2)
