@@ -26,24 +26,21 @@ class RemoteTensor:
     """
 
     def __init__(self, client, handle, shape, dtype, nbytes):
-        if dtype not in _DTYPES:
-            raise ValueError("djinnd sent a tensor of dtype %r, which this package does not read" % (dtype,))
         self._client = client
         self.handle = handle
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = _DTYPES[dtype]
-        self.nbytes = int(nbytes)
-        self._cache = None
-        n = 1
-        for d in self.shape:
-            n *= d
-        if n * self.dtype.itemsize != self.nbytes:
-            raise ValueError("djinnd sent shape %s of %s (%d bytes) but nbytes %d"
-                             % (self.shape, dtype, n * self.dtype.itemsize, self.nbytes))
         # The finalizer only queues a RELEASE (no lock, no I/O here); at
         # interpreter exit it does not run: the closing connection frees all.
         self._finalizer = weakref.finalize(self, client._release_later, handle)
         self._finalizer.atexit = False
+        if dtype not in _DTYPES:
+            raise ValueError("djinnd sent a tensor of dtype %r, which this package does not read" % (dtype,))
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = _DTYPES[dtype]
+        self.nbytes = int(nbytes)
+        self._cache = None
+        if self.size * self.dtype.itemsize != self.nbytes:
+            raise ValueError("djinnd sent shape %s of %s (%d bytes) but nbytes %d"
+                             % (self.shape, dtype, self.size * self.dtype.itemsize, self.nbytes))
 
     # ---- what is known locally ----
 
