@@ -9,12 +9,14 @@ import pytest
 import djinn
 from conftest import reference
 
+V = 320  # the Llama 3 fixture's vocabulary
+
 
 @pytest.fixture
 def logits_all(client):
-    """A [n, vocab] logits handle of the demo model and its session."""
-    ref = reference("demo")
-    s = client.model("demo").session()
+    """A [n, vocab] logits handle of the Llama 3 fixture (vocab 320) and its session."""
+    ref = reference("llama3")
+    s = client.model("llama3").session()
     t = s.step(ref["prompt_ids"], logits="all")
     yield s, t, ref
     s.close()
@@ -24,8 +26,8 @@ def test_shape_dtype_local(client, logits_all):
     s, t, ref = logits_all
     n = len(ref["prompt_ids"])
     before = client.fetched_bytes
-    assert t.shape == (n, 4096) and t.ndim == 2 and len(t) == n and t.size == n * 4096
-    assert t.dtype == np.float32 and t.nbytes == n * 4096 * 4
+    assert t.shape == (n, V) and t.ndim == 2 and len(t) == n and t.size == n * V
+    assert t.dtype == np.float32 and t.nbytes == n * V * 4
     assert client.fetched_bytes == before  # nothing moved yet
 
 
@@ -40,9 +42,9 @@ def test_slice_moves_only_the_slice(client, logits_all):
     assert col.shape == (n,) and client.fetched_bytes - b1 == n * 4
     b2 = client.fetched_bytes
     row = t[3]
-    assert client.fetched_bytes - b2 == 4096 * 4
+    assert client.fetched_bytes - b2 == V * 4
     full = t.numpy()
-    assert client.fetched_bytes - b2 == 4096 * 4 + t.nbytes
+    assert client.fetched_bytes - b2 == V * 4 + t.nbytes
     np.testing.assert_array_equal(head, full[-1, :100])
     np.testing.assert_array_equal(col, full[:, 7])
     np.testing.assert_array_equal(row, full[3])
@@ -73,7 +75,7 @@ def test_slices_equal_numpy_indexing(client, logits_all):
             assert got.shape == full[k].shape
     with s.model.session() as s4:
         t = s4.step(ids, logits="all")
-        for bad in [(6, 0), (0, 4096), (-7,), (0, 0, 0)]:
+        for bad in [(6, 0), (0, V), (-7,), (0, 0, 0)]:
             with pytest.raises(IndexError):
                 t[bad]
 
@@ -83,8 +85,8 @@ def test_many_pieces_fetch_one_bounding_range(client, logits_all):
     with s.model.session() as s2:
         t = s2.step(ref["prompt_ids"][:2], logits="all")
         b0 = client.fetched_bytes
-        every_other = t[0, ::2]  # 2048 one-float pieces: one range instead
-        assert client.fetched_bytes - b0 == (4096 - 1) * 4
+        every_other = t[0, ::2]  # 160 one-float pieces: one range instead
+        assert client.fetched_bytes - b0 == (V - 1) * 4
         np.testing.assert_array_equal(every_other, t.numpy()[0, ::2])
 
 
