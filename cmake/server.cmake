@@ -5,7 +5,7 @@ target_include_directories(djinn_proto PUBLIC include PRIVATE src)
 target_link_libraries(djinn_proto PUBLIC djinn_engine PkgConfig::MSGPACK)
 
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
-            src/server/guard.c src/server/options.c)
+            src/server/guard.c src/server/options.c src/server/model_info.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_link_libraries(djinn_server PUBLIC djinn_proto PkgConfig::LIBUV PkgConfig::MHD Threads::Threads)
 

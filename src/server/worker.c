@@ -596,6 +596,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     dj__mw_u64(&w, "n_prompt", g->n_prompt);
     dj__mw_u64(&w, "n_generated", n_gen);
     dj__mw_str(&w, "reason", dj_gen_finish_name(dj_gen_finished(g->g)));
+    if (dj_gen_finished(g->g) == DJ_GEN_STOP) dj__mw_i64(&w, "stop_id", dj_gen_pending(g->g)); /* not emitted */
     dj__mw_u64(&w, "pos", dj_session_pos(ss->es));
     dj__mw_f64(&w, "queue_ms", (g->t_start - j->t_enqueue) * 1e3);
     dj__mw_f64(&w, "prefill_ms", g->prefill_s * 1e3);

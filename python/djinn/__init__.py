@@ -1,0 +1,35 @@
+"""djinn: the Python client of djinnd - remote models that feel local.
+
+    import djinn
+    client = djinn.connect("127.0.0.1:7070")
+    m = client.model("demo")              # a ghost: config, no weights
+    for tok in m.generate("NAME\\n", max_new_tokens=20):
+        print(tok.text, end="")
+    with m.session() as s:
+        logits = s.step([0, 5, 9])          # a RemoteTensor, still on the server
+        top = logits[:100]                  # only these 100 floats move
+
+Pure Python over the wire protocol (docs/protocol.md); needs numpy and
+msgpack. PyTorch is optional (RemoteTensor.torch(), djinn.hf). See docs/python.md.
+"""
+
+from .client import Client, ModelListing, connect
+from .errors import (BusyError, ConnectionLost, DeviceError, DjinnError, FormatError, InternalError, InvalidError,
+                     NoSpaceError, NotFoundError, OutOfMemoryError, QuotaError, RangeError, UnsupportedError)
+from .model import Generation, Model, Session, Token, TokenStream
+from .tensor import RemoteTensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect", "Client", "ModelListing", "Model", "Session", "Token", "TokenStream", "Generation", "RemoteTensor",
+    "DjinnError", "ConnectionLost", "InvalidError", "OutOfMemoryError", "FormatError", "UnsupportedError",
+    "NotFoundError", "RangeError", "NoSpaceError", "QuotaError", "BusyError", "DeviceError", "InternalError",
+]
+
+
+def __getattr__(name):
+    if name == "hf":  # imports torch: only when asked for
+        import importlib
+        return importlib.import_module(".hf", __name__)
+    raise AttributeError("module 'djinn' has no attribute %r" % name)

@@ -1,0 +1,353 @@
+"""client.py: one connection to djinnd - a reader thread that routes answers
+to the waiting callers by request id, a background thread for heartbeats and
+for the RELEASE of garbage-collected remote tensors, and the request calls."""
+
+import collections
+import os
+import select
+import socket
+import threading
+import time
+
+from . import _wire, errors
+
+_DEAD = object()  # put into a waiting caller's queue when the connection dies
+
+
+class ModelListing(collections.namedtuple("ModelListing", "name loaded refs")):
+    """One folder of the server's model store: loaded (held by the server),
+    refs (its sessions plus a pin)."""
+
+
+def _parse_addr(addr):
+    """"HOST:PORT", "[V6]:PORT" or "unix:/path" -> (family, sockaddr)."""
+    if not isinstance(addr, str):
+        raise TypeError("addr must be a str like '127.0.0.1:7070' or 'unix:/path', not %s" % type(addr).__name__)
+    if addr.startswith("unix:"):
+        path = addr[5:]
+        if not path:
+            raise ValueError("addr %r: a unix socket needs a path ('unix:/run/djinn.sock')" % addr)
+        return socket.AF_UNIX, path
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("addr %r: want HOST:PORT (e.g. '127.0.0.1:7070') or 'unix:/path'" % addr)
+    if host.startswith("[") and host.endswith("]"):
+        return socket.AF_INET6, (host[1:], int(port), 0, 0)
+    return socket.AF_INET, (host, int(port))
+
+
+class Client:
+    """A connection to djinnd. Safe to use from several threads: requests are
+    matched to answers by id. Close it (or use `with`) to end every session
+    and free every handle it holds on the server."""
+
+    def __init__(self, addr, token=None, heartbeat=True):
+        family, sockaddr = _parse_addr(addr)
+        if token is not None and not isinstance(token, str):
+            raise TypeError("token must be a str or None, not %s" % type(token).__name__)
+        self.addr = addr
+        self.fetched_bytes = 0  # tensor bytes FETCH brought here (RemoteTensor reads)
+        self._mu = threading.Lock()  # _pending, _next_id, _dead
+        self._wmu = threading.Lock()  # one frame at a time on the socket
+        self._pending = {}  # request id -> queue of (type, meta, payload)
+        self._next_id = 0
+        self._dead = None  # why the connection ended
+        self._closing = False
+        self._releases = collections.deque()  # handle ids to RELEASE (appended by finalizers)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(sockaddr)
+        except OSError as e:
+            self._sock.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise errors.ConnectionLost("connect to %s: %s" % (addr, e.strerror or e)) from None
+        if family != socket.AF_UNIX:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._reader = threading.Thread(target=self._read_loop, name="djinn-reader", daemon=True)
+        self._reader.start()
+        hello = {"version": _wire.VERSION, "client": "djinn-python 0.1"}
+        if token is not None:
+            hello["token"] = token
+        try:
+            info, _ = self._call(_wire.HELLO, hello)
+        except BaseException:
+            self.close()
+            raise
+        self.server = info.get("server", "")
+        self.lease_ms = int(info.get("lease_ms", 10000))
+        self.capabilities = list(info.get("capabilities", []))
+        self.admin = bool(info.get("admin", False))
+        self.max_handles = int(info.get("max_handles", 0))
+        self._hb_period_s = max(self.lease_ms / 3000.0, 0.001) if heartbeat else 0.0
+        self._bg = threading.Thread(target=self._bg_loop, name="djinn-heartbeat", daemon=True)
+        self._bg.start()
+
+    # ---- life ----
+
+    def close(self):
+        """Ends the connection: the server releases its sessions and handles.
+        Calling it again does nothing."""
+        with self._mu:
+            if self._closing:
+                return
+            self._closing = True
+        self._wake()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        me = threading.current_thread()
+        for t in (self._reader, getattr(self, "_bg", None)):
+            if t is not None and t is not me and t.is_alive():
+                t.join(timeout=5)
+        self._sock.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @property
+    def closed(self):
+        return self._closing or self._dead is not None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return "<djinn.Client %s %s>" % (self.addr, state)
+
+    # ---- the reader ----
+
+    def _recv_exact(self, n):
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self._sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise EOFError
+            got += k
+        return buf
+
+    def _read_loop(self):
+        why = "connection closed by djinnd"
+        try:
+            while True:
+                msg_type, rid, meta_len, payload_len = _wire.decode_header(self._recv_exact(_wire.HEADER_BYTES))
+                meta = _wire.unpack_meta(self._recv_exact(meta_len)) if meta_len else {}
+                payload = self._recv_exact(payload_len) if payload_len else b""
+                with self._mu:
+                    q = self._pending.get(rid)
+                    if q is not None and msg_type in _wire.FINAL:
+                        del self._pending[rid]
+                if q is not None:  # else an answer nobody waits for (heartbeats, releases)
+                    q.append((msg_type, meta, payload))
+                    q.event.set()
+        except (EOFError, OSError):
+            if self._closing:
+                why = "connection closed by this client"
+        except ValueError as e:  # a bad frame: nothing after it can be trusted
+            why = "bad frame from djinnd: %s" % e
+        with self._mu:
+            self._dead = why
+            waiting = list(self._pending.values())
+            self._pending.clear()
+        for q in waiting:
+            q.append(_DEAD)
+            q.event.set()
+        self._wake()
+
+    # ---- requests ----
+
+    def _send(self, msg_type, meta, payload, rid):
+        meta_b = _wire.pack_meta(meta)
+        head = _wire.encode_header(msg_type, rid, len(meta_b), len(payload))
+        with self._wmu:
+            if payload and len(payload) > 65536:
+                self._sock.sendall(head + meta_b)
+                self._sock.sendall(payload)
+            else:
+                self._sock.sendall(head + meta_b + bytes(payload))
+
+    def _next(self):
+        with self._mu:
+            if self._dead is not None or self._closing:
+                raise errors.ConnectionLost("djinnd connection: %s" % (self._dead or "closed by this client"))
+            self._next_id += 1
+            return self._next_id
+
+    def _begin(self, msg_type, meta, payload=b""):
+        """Sends a request; returns the queue its answers arrive in."""
+        self._drain_releases()
+        q = _Answers()
+        with self._mu:
+            if self._dead is not None or self._closing:
+                raise errors.ConnectionLost("djinnd connection: %s" % (self._dead or "closed by this client"))
+            self._next_id += 1
+            rid = self._next_id
+            self._pending[rid] = q
+        try:
+            self._send(msg_type, meta, payload, rid)
+        except OSError as e:
+            with self._mu:
+                self._pending.pop(rid, None)
+            raise errors.ConnectionLost("send to djinnd: %s" % (e.strerror or e)) from None
+        q.rid = rid
+        return q
+
+    def _forget(self, q):
+        """Stops waiting for q's answers: the reader drops them."""
+        with self._mu:
+            self._pending.pop(q.rid, None)
+
+    def _next_frame(self, q):
+        """The next (type, meta, payload) answering q; raises ConnectionLost."""
+        item = q.get()
+        if item is _DEAD:
+            raise errors.ConnectionLost("djinnd connection: %s" % self._dead)
+        return item
+
+    def _final(self, q):
+        """The REPLY of a request (meta, payload); ERROR raises."""
+        msg_type, meta, payload = self._next_frame(q)
+        if msg_type == _wire.ERROR:
+            raise errors.from_meta(meta)
+        if msg_type != _wire.REPLY:
+            raise errors.FormatError(-4, "DJ_EFORMAT", "unexpected frame type 0x%02x" % msg_type)
+        return meta, payload
+
+    def _call(self, msg_type, meta=None, payload=b""):
+        return self._final(self._begin(msg_type, meta or {}, payload))
+
+    def _send_nowait(self, msg_type, meta):
+        """A request whose answer nobody reads (HEARTBEAT, RELEASE)."""
+        try:
+            rid = self._next()
+            self._send(msg_type, meta, b"", rid)
+        except (OSError, errors.ConnectionLost):
+            pass
+
+    # ---- background: heartbeats and releases ----
+
+    def _wake(self):
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # a full pipe is awake already; a closed one is gone
+            pass
+
+    def _release_later(self, handle):
+        """Called from RemoteTensor finalizers (any thread, GC time, exit):
+        never blocks, never raises."""
+        try:
+            if not self._closing and self._dead is None:
+                self._releases.append(handle)
+                self._wake()
+        except Exception:
+            pass
+
+    def _drain_releases(self):
+        while True:
+            try:
+                h = self._releases.popleft()
+            except IndexError:
+                return
+            self._send_nowait(_wire.RELEASE, {"handle": h})
+
+    def _bg_loop(self):
+        last_hb = time.monotonic()
+        while not self._closing and self._dead is None:
+            period = self._hb_period_s
+            timeout = max(0.0, last_hb + period - time.monotonic()) if period else 1.0
+            try:
+                r, _, _ = select.select([self._wake_r], [], [], timeout)
+                if r:
+                    os.read(self._wake_r, 4096)
+            except (OSError, ValueError):
+                return
+            if self._closing or self._dead is not None:
+                return
+            self._drain_releases()
+            if period and time.monotonic() - last_hb >= period:
+                self._send_nowait(_wire.HEARTBEAT, {})
+                last_hb = time.monotonic()
+
+    def set_heartbeat(self, period_ms):
+        """Heartbeat period in ms (0 stops heartbeats: sessions then lapse after
+        the lease)."""
+        if not isinstance(period_ms, int) or isinstance(period_ms, bool) or period_ms < 0:
+            raise ValueError("period_ms must be an int >= 0, not %r" % (period_ms,))
+        self._hb_period_s = period_ms / 1000.0
+        self._wake()
+
+    # ---- the API ----
+
+    def heartbeat(self):
+        """One HEARTBEAT round trip; renews every session of this connection."""
+        meta, _ = self._call(_wire.HEARTBEAT)
+        return meta
+
+    def stats(self):
+        """The server's STATS as a dict (docs/protocol.md)."""
+        meta, _ = self._call(_wire.STATS)
+        return meta
+
+    def models(self):
+        """The server's model store: [ModelListing(name, loaded, refs)]."""
+        meta, _ = self._call(_wire.MODEL_LIST)
+        return [ModelListing(m.get("name", ""), bool(m.get("loaded", False)), int(m.get("refs", 0)))
+                for m in meta.get("models", [])]
+
+    def model(self, name):
+        """A ghost of the model `name`: its config and tokenizer settings, no
+        weights (they stay on the server). NotFoundError if the store lacks it."""
+        from .model import Model
+        if not isinstance(name, str):
+            raise TypeError("model name must be a str, not %s" % type(name).__name__)
+        if not name:
+            raise ValueError("model name is empty")
+        meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
+        return Model(self, meta)
+
+    def session(self, model, qos="interactive", expected_tokens=None):
+        """Opens a session on `model` (a name or a Model)."""
+        from .model import Model
+        m = model if isinstance(model, Model) else self.model(model)
+        return m.session(qos=qos, expected_tokens=expected_tokens)
+
+
+class _Answers:
+    """The frames answering one request, in arrival order (appended by the
+    reader thread, taken by the caller)."""
+
+    __slots__ = ("items", "event", "rid")
+
+    def __init__(self):
+        self.items = collections.deque()
+        self.event = threading.Event()
+        self.rid = 0
+
+    def append(self, item):
+        self.items.append(item)
+
+    def get(self):
+        while True:
+            try:
+                return self.items.popleft()
+            except IndexError:
+                pass
+            self.event.wait()
+            self.event.clear()
+
+
+def connect(addr="127.0.0.1:7070", token=None):
+    """Connects to djinnd at addr ("HOST:PORT" or "unix:/path") and says HELLO
+    with token (None when the server has no token file)."""
+    return Client(addr, token=token)

@@ -1,0 +1,368 @@
+"""model.py: the ghost of a model (its config and tokenizer settings, no
+weights), sessions on it (step, generate, pause, resume) and the token
+streams a generation sends back."""
+
+import collections
+import json
+import random
+
+import numpy as np
+
+from . import _wire, errors
+from .tensor import RemoteTensor
+
+_QOS = ("realtime", "interactive", "batch")
+_LOGITS = ("last", "all", "none")
+_U64 = (1 << 64) - 1
+_IDS_IN_META = 4096  # STEP ids up to this many go in the metadata; more in the payload
+
+
+class Token(collections.namedtuple("Token", "id text index")):
+    """One generated token: its id, its text piece ("" until a piece is
+    complete UTF-8, or when the model has no tokenizer) and its index."""
+
+
+def _json_or_empty(text, what):
+    if not text:
+        return {}
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise errors.FormatError(-4, "DJ_EFORMAT", "the model's %s is not JSON: %s" % (what, e)) from None
+    return v if isinstance(v, dict) else {}
+
+
+def _ids_list(ids, vocab, what="ids"):
+    """ids (list/tuple/range of ints, 1-D numpy or torch integer tensor) ->
+    list of int, each in [0, vocab). TypeError/ValueError before anything is sent."""
+    if isinstance(ids, (str, bytes)):
+        raise TypeError("%s must be token ids (a list of ints), not %s" % (what, type(ids).__name__))
+    if hasattr(ids, "detach") and hasattr(ids, "cpu"):  # a torch tensor, without importing torch
+        ids = ids.detach().cpu().numpy()
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise ValueError("%s must be 1-D, got shape %s (one sequence per call)" % (what, ids.shape))
+        if ids.dtype.kind not in "iu":
+            raise TypeError("%s must be integers, got dtype %s" % (what, ids.dtype))
+        out = [int(x) for x in ids]
+    else:
+        try:
+            out = list(ids)
+        except TypeError:
+            raise TypeError("%s must be a sequence of ints, not %s" % (what, type(ids).__name__)) from None
+        for x in out:
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+                raise TypeError("%s must be ints, found %r" % (what, x))
+        out = [int(x) for x in out]
+    for x in out:
+        if not 0 <= x < vocab:
+            raise ValueError("token id %d is outside the model's vocabulary [0, %d)" % (x, vocab))
+    return out
+
+
+def _number(name, v, lo=None, hi=None, integer=False, lo_open=False):
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, kinds):
+        raise TypeError("%s must be %s, not %r" % (name, "an int" if integer else "a number", v))
+    if lo is not None and (v < lo or (lo_open and v == lo)):
+        raise ValueError("%s must be %s %s, got %r" % (name, ">" if lo_open else ">=", lo, v))
+    if hi is not None and v > hi:
+        raise ValueError("%s must be <= %s, got %r" % (name, hi, v))
+    return int(v) if integer else float(v)
+
+
+class Model:
+    """A model on the server, held here as a ghost: name, config (config.json
+    as a dict), generation_config, tokenizer_config, eos_token_ids, vocab_size,
+    max_ctx; no weights. Get one with client.model("name")."""
+
+    def __init__(self, client, info):
+        self._client = client
+        self.name = info.get("model", "")
+        self.arch = info.get("arch", "")
+        self.vocab_size = int(info.get("vocab", 0))
+        self.max_ctx = int(info.get("max_ctx", 0))
+        self.num_layers = int(info.get("layers", 0))
+        self.hidden_size = int(info.get("hidden", 0))
+        self.eos_token_ids = [int(x) for x in info.get("eos_ids", [])]
+        self.has_tokenizer = bool(info.get("tokenizer", False))
+        self.config = _json_or_empty(info.get("config"), "config.json")
+        self.generation_config = _json_or_empty(info.get("generation_config"), "generation_config.json")
+        self.tokenizer_config = _json_or_empty(info.get("tokenizer_config"), "tokenizer_config.json")
+
+    @property
+    def client(self):
+        return self._client
+
+    def __repr__(self):
+        return "<djinn.Model %r %s: %d layers, hidden %d, vocab %d, %d positions%s (weights on the server)>" % (
+            self.name, self.arch, self.num_layers, self.hidden_size, self.vocab_size, self.max_ctx,
+            ", tokenizer" if self.has_tokenizer else "")
+
+    def session(self, qos="interactive", expected_tokens=None):
+        """Opens a session (its own KV cache on the server); use it as a
+        context manager or close() it."""
+        if qos not in _QOS:
+            raise ValueError("qos must be one of %s, got %r" % (", ".join(_QOS), qos))
+        meta = {"model": self.name, "qos": qos}
+        if expected_tokens is not None:
+            meta["expected_tokens"] = _number("expected_tokens", expected_tokens, 1, self.max_ctx or None,
+                                              integer=True)
+        reply, _ = self._client._call(_wire.SESSION_OPEN, meta)
+        return Session(self, reply)
+
+    def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", **sampling):
+        """Generates from prompt (text, or token ids) in a session of its own.
+
+        stream=True: an iterator of Token(id, text, index) (close it early and
+        the generation stops); stream=False: a Generation with .text, .ids.
+        temperature 0 is greedy; seed None draws a fresh one. Other sampling
+        options: min_p, repetition_penalty, frequency_penalty, presence_penalty."""
+        req = _generate_meta(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
+                             ignore_eos, sampling)
+        sess = self.session(qos=qos)
+        try:
+            ts = sess._start_generate(req, own_session=True)
+        except BaseException:
+            sess.close()
+            raise
+        return ts if stream else ts.collect()
+
+    def load(self):
+        """Pins the model on the server (MODEL_LOAD): it stays resident
+        between sessions. Returns the server's answer (fingerprint, params...)."""
+        reply, _ = self._client._call(_wire.MODEL_LOAD, {"model": self.name})
+        return reply
+
+    def unload(self):
+        """Drops this connection's pin (MODEL_UNLOAD)."""
+        reply, _ = self._client._call(_wire.MODEL_UNLOAD, {"model": self.name})
+        return reply
+
+
+def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, ignore_eos,
+                   sampling):
+    meta = {}
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("the prompt is empty: give some text or token ids")
+        if not model.has_tokenizer:
+            raise ValueError("model %r has no tokenizer.json on the server: give token ids, not text"
+                             % model.name)
+        meta["prompt"] = prompt
+    else:
+        meta["ids"] = _ids_list(prompt, model.vocab_size, "prompt")
+    meta["max_tokens"] = _number("max_new_tokens", max_new_tokens, 0, integer=True)
+    meta["temperature"] = _number("temperature", temperature, 0.0)
+    meta["top_p"] = _number("top_p", top_p, 0.0, 1.0, lo_open=True)
+    meta["top_k"] = _number("top_k", top_k, 0, integer=True)
+    if seed is None:
+        seed = random.SystemRandom().getrandbits(63)
+    meta["seed"] = _number("seed", seed, 0, _U64, integer=True)
+    if stop_ids is not None:
+        meta["stop_ids"] = _ids_list(stop_ids, model.vocab_size, "stop_ids")
+    if not isinstance(ignore_eos, (bool, np.bool_)):
+        raise TypeError("ignore_eos must be a bool, not %r" % (ignore_eos,))
+    if ignore_eos:
+        meta["ignore_eos"] = True
+    for k, v in sampling.items():
+        if k not in ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+            raise TypeError("generate() got an unexpected keyword argument %r" % k)
+        if v is not None:
+            meta[k] = _number(k, v, None if k.endswith("_penalty") and k != "repetition_penalty" else 0.0)
+    return meta
+
+
+class Session:
+    """A session on the server: its own KV cache, position and lease (kept
+    alive by the client's heartbeats). A context manager; close() ends it."""
+
+    def __init__(self, model, reply):
+        self.model = model
+        self._client = model._client
+        self.id = int(reply["session"])
+        self.max_ctx = int(reply.get("max_ctx", 0))
+        self.vocab_size = int(reply.get("vocab", model.vocab_size))
+        self.pos = 0
+        self.paused = False
+        self.closed = False
+
+    def __repr__(self):
+        return "<djinn.Session %016x on %r pos %d/%d%s>" % (
+            self.id, self.model.name, self.pos, self.max_ctx,
+            " closed" if self.closed else " paused" if self.paused else "")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_open(self):
+        if self.closed:
+            raise ValueError("session %016x is closed" % self.id)
+
+    def close(self):
+        """Ends the session; the server frees its KV pages and its tensors.
+        Calling it again does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._client.closed:
+            return
+        try:
+            self._client._call(_wire.SESSION_CLOSE, {"session": self.id})
+        except errors.NotFoundError:
+            pass  # already gone (lease lapsed)
+
+    def step(self, ids, logits="last"):
+        """Feeds ids (prefill when several); returns the logits as a
+        RemoteTensor that stays on the server: [vocab] for logits="last",
+        [n, vocab] for "all" (every fed position), or None for "none"."""
+        self._check_open()
+        if logits not in _LOGITS:
+            raise ValueError("logits must be one of %s, got %r" % (", ".join(_LOGITS), logits))
+        v = _ids_list(ids, self.vocab_size)
+        if self.max_ctx and len(v) > self.max_ctx - self.pos:
+            raise errors.RangeError(-7, "DJ_ERANGE", "%d ids do not fit: the session is at position %d of %d"
+                                    % (len(v), self.pos, self.max_ctx))
+        meta = {"session": self.id}
+        if logits != "last":
+            meta["logits"] = logits
+        payload = b""
+        if len(v) <= _IDS_IN_META:
+            meta["ids"] = v
+        else:  # a long prefill travels as int32 in the payload
+            payload = np.asarray(v, dtype="<i4").tobytes()
+        reply, _ = self._client._call(_wire.STEP, meta, payload)
+        self.pos = int(reply.get("pos", self.pos))
+        if "handle" not in reply:
+            return None
+        return RemoteTensor(self._client, int(reply["handle"]), reply.get("shape", []), reply.get("dtype", "f32"),
+                            int(reply.get("nbytes", 0)))
+
+    def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 stop_ids=None, ignore_eos=False, stream=True, **sampling):
+        """Generates in this session, continuing its context (see
+        Model.generate for the arguments)."""
+        self._check_open()
+        req = _generate_meta(self.model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
+                             ignore_eos, sampling)
+        ts = self._start_generate(req, own_session=False)
+        return ts if stream else ts.collect()
+
+    def _start_generate(self, req, own_session):
+        req["session"] = self.id
+        return TokenStream(self, self._client._begin(_wire.GENERATE, req), own_session)
+
+    def pause(self, expected_ms=None):
+        """Marks the session paused (it refuses steps until resume());
+        expected_ms: how long the pause should last, a hint for the server."""
+        self._check_open()
+        meta = {"session": self.id}
+        if expected_ms is not None:
+            meta["expected_ms"] = _number("expected_ms", expected_ms, 0, _U64, integer=True)
+        reply, _ = self._client._call(_wire.PAUSE, meta)
+        self.paused = bool(reply.get("paused", True))
+        return reply
+
+    def resume(self):
+        self._check_open()
+        reply, _ = self._client._call(_wire.RESUME, {"session": self.id})
+        self.paused = bool(reply.get("paused", False))
+        return reply
+
+
+class Generation:
+    """A finished generation: text, ids, reason ("length", "stop",
+    "context"), stop_id (the id that stopped it, not in ids), and the
+    server's numbers in .info (n_prompt, ttft_ms, decode_ms, ...)."""
+
+    def __init__(self, ids, text, info):
+        self.ids = ids
+        self.text = text
+        self.info = info
+        self.reason = info.get("reason", "")
+        self.stop_id = info.get("stop_id")
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return "<djinn.Generation %d tokens, reason %s: %r>" % (len(self.ids), self.reason, self.text[:60])
+
+
+class TokenStream:
+    """The tokens of one GENERATE as they arrive: iterate for Token(id, text,
+    index). After the end, .result holds the Generation. Closing it early
+    ends a one-shot generation (its session is closed); in a session of
+    yours the server finishes the generation and the rest is dropped."""
+
+    def __init__(self, session, answers, own_session):
+        self._session = session
+        self._client = session._client
+        self._q = answers
+        self._own = own_session
+        self.ids = []
+        self._text = []
+        self.result = None
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        try:
+            msg_type, meta, _ = self._client._next_frame(self._q)
+        except BaseException:
+            self._finish()
+            raise
+        if msg_type == _wire.TOKEN:
+            t = Token(int(meta.get("id", -1)), meta.get("text", "") or "", int(meta.get("index", len(self.ids))))
+            self.ids.append(t.id)
+            self._text.append(t.text)
+            return t
+        self._finish()
+        if msg_type == _wire.ERROR:
+            raise errors.from_meta(meta)
+        if msg_type != _wire.DONE:
+            raise errors.FormatError(-4, "DJ_EFORMAT", "unexpected frame type 0x%02x in a generation" % msg_type)
+        if meta.get("text"):
+            self._text.append(meta["text"])
+        self._session.pos = int(meta.get("pos", self._session.pos))
+        self.result = Generation(self.ids, "".join(self._text), meta)
+        raise StopIteration
+
+    @property
+    def text(self):
+        """The text so far."""
+        return "".join(self._text)
+
+    def collect(self):
+        """Runs to the end; returns the Generation."""
+        for _ in self:
+            pass
+        return self.result
+
+    def _finish(self):
+        if self._done:
+            return
+        self._done = True
+        if self._own:
+            self._session.close()
+
+    def close(self):
+        """Stops reading: the rest of the generation is dropped."""
+        if self._done:
+            return
+        self._client._forget(self._q)
+        self._finish()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,98 @@
+"""conftest.py: the Python tests' daemon - a real djinnd of this tree (DJINND,
+else build/djinnd) on a free port, serving the demo model and the tiny
+fixture models; the package under test is python/djinn of this tree."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+FIXTURE_MODELS = ("llama2", "llama3", "mistral", "qwen2", "tinyllama")
+LEASE_MS = 1000  # short, so the heartbeat test can see a lease lapse quickly
+
+
+def _exe(env, rel):
+    p = os.environ.get(env) or os.path.join(ROOT, "build", rel)
+    if not os.access(p, os.X_OK):
+        pytest.exit("%s not found: build the tree first (or set %s)" % (p, env), returncode=2)
+    return p
+
+
+def reference(name):
+    """tests/fixtures/.../reference.json of a model (transformers' outputs)."""
+    path = os.path.join(FIXTURES, "demo" if name == "demo" else os.path.join("models", name), "reference.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+class Daemon:
+    def __init__(self, tmp, extra=()):
+        self.store = os.path.join(tmp, "store")
+        os.mkdir(self.store)
+        os.symlink(os.path.join(ROOT, "models", "demo"), os.path.join(self.store, "demo"))
+        for m in FIXTURE_MODELS:
+            os.symlink(os.path.join(FIXTURES, "models", m), os.path.join(self.store, m))
+        # folders MODEL_INFO must refuse: an architecture the engine lacks, an oversized config
+        for name, text in (("alien", json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 8})),
+                           ("huge", json.dumps({"pad": " " * (300 << 10)}))):
+            os.mkdir(os.path.join(self.store, name))
+            with open(os.path.join(self.store, name, "config.json"), "w") as f:
+                f.write(text)
+        self.djinnd = _exe("DJINND", "djinnd")
+        self.cli = _exe("DJINN_CLI", "djinn")
+        port_file = os.path.join(tmp, "port")
+        self.err_path = os.path.join(tmp, "djinnd.err")
+        self.err = open(self.err_path, "wb")
+        self.proc = subprocess.Popen(
+            [self.djinnd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", self.store,
+             "--vmu-gb", "256m", "--threads", "1", "--lease-ms", str(LEASE_MS), *extra],
+            stdout=self.err, stderr=self.err)
+        for _ in range(600):  # the port file appears once it listens (ASan builds start slower)
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("djinnd exited with %s: %s" % (self.proc.returncode, self.stderr()))
+            time.sleep(0.05)
+        else:
+            self.proc.kill()
+            raise RuntimeError("djinnd wrote no port file in 30 s: %s" % self.stderr())
+        self.addr = "127.0.0.1:%s" % open(port_file).read().strip()
+
+    def stderr(self):
+        self.err.flush()
+        with open(self.err_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stop(self):
+        """SIGTERM; the exit status (0 when it shut down clean, sanitizers included)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory):
+    d = Daemon(str(tmp_path_factory.mktemp("djinnd")))
+    yield d
+    rc = d.stop()
+    assert rc == 0, "djinnd exited with %s:\n%s" % (rc, d.stderr())
+
+
+@pytest.fixture
+def client(daemon):
+    import djinn
+    c = djinn.connect(daemon.addr)
+    yield c
+    c.close()
