@@ -330,6 +330,18 @@ static void on_closed(uv_handle_t *h) {
                     ss->orphan = true;
                     ss->conn = 0;
                     orphans++;
+                    /* its result handles were this connection's: they go now */
+                    for (size_t hb = 0; hb < s->handles.n_buckets; hb++) {
+                        dj__ment *he = s->handles.b[hb];
+                        while (he) {
+                            dj__handle *h = he->val;
+                            he = he->next;
+                            if (h->sess == ss->id) {
+                                dj__map_del(&s->handles, h->id);
+                                dj__handle_unref(s, h);
+                            }
+                        }
+                    }
                 } else {
                     ss->dead = true;
                 }
