@@ -4,10 +4,11 @@ add_library(djinn_proto STATIC src/server/protocol.c)
 target_include_directories(djinn_proto PUBLIC include PRIVATE src)
 target_link_libraries(djinn_proto PUBLIC djinn_engine PkgConfig::MSGPACK)
 
+# http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
-            src/server/guard.c src/server/options.c)
+            src/server/guard.c src/server/options.c src/server/http.c src/server/http_openai.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
-target_link_libraries(djinn_server PUBLIC djinn_proto PkgConfig::LIBUV PkgConfig::MHD Threads::Threads)
+target_link_libraries(djinn_server PUBLIC djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD Threads::Threads)
 
 add_executable(djinnd src/server/djinnd.c)
 target_include_directories(djinnd PRIVATE src)

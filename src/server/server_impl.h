@@ -195,6 +195,11 @@ typedef struct dj__config {
     uint32_t max_sessions;     /* sessions per connection */
     uint32_t max_handles;      /* result handles per connection */
     uint32_t metrics_conns;    /* /metrics connections at once */
+    /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
+    const char *http;          /* --http ADDR:PORT or NULL */
+    uint32_t http_conns;       /* requests at once; more get 503 */
+    uint64_t http_max_body;    /* request body bytes; more get 413 */
+    uint32_t http_timeout_s;   /* an idle HTTP connection is closed after this */
 } dj__config;
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
@@ -253,6 +258,7 @@ typedef struct dj__server {
     dj__model_ent *models;
 
     dj__metrics metrics;
+    struct dj__http *http; /* --http: the front end, a client of the listener above */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */
