@@ -71,92 +71,8 @@ static pid_t start(int slot, const char *const *extra, char *addr, size_t cap, u
     return pid;
 }
 
-/* ---- a small HTTP/1.1 client ---- */
-static int http_connect(unsigned port) {
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
-    return dj_test_raw_connect(addr, NULL, 30, 10);
-}
-
-static bool send_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0) return false;
-        p += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-static bool send_request(int fd, const char *method, const char *path, const char *headers, const char *body) {
-    char head[2048];
-    snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%sContent-Type: "
-             "application/json\r\nContent-Length: %zu\r\n\r\n", method, path, headers ? headers : "",
-             body ? strlen(body) : 0);
-    return send_all(fd, head, strlen(head)) && (!body || send_all(fd, body, strlen(body)));
-}
-
-typedef struct resp {
-    int status;
-    char *body; /* malloc'd, de-chunked */
-    size_t len;
-} resp;
-
-/* Read to EOF; the status and the body (chunked transfer decoded). */
-static resp read_response(int fd) {
-    resp r = {0};
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    ssize_t k;
-    while (buf && (k = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
-        n += (size_t)k;
-        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
-    }
-    if (!buf) return r;
-    buf[n] = '\0';
-    sscanf(buf, "HTTP/1.%*d %d", &r.status);
-    char *body = strstr(buf, "\r\n\r\n");
-    if (!body) {
-        free(buf);
-        return r;
-    }
-    *body = '\0';
-    body += 4;
-    const bool chunked = strcasestr(buf, "Transfer-Encoding: chunked") != NULL;
-    r.body = malloc(n + 1);
-    if (!chunked) {
-        r.len = n - (size_t)(body - buf);
-        memcpy(r.body, body, r.len);
-    } else {
-        char *p = body;
-        for (;;) {
-            char *end;
-            unsigned long sz = strtoul(p, &end, 16);
-            if (end == p || sz == 0) break;
-            p = strstr(end, "\r\n");
-            if (!p) break;
-            p += 2;
-            memcpy(r.body + r.len, p, sz);
-            r.len += sz;
-            p += sz + 2;
-        }
-    }
-    r.body[r.len] = '\0';
-    free(buf);
-    return r;
-}
-
-static resp request(unsigned port, const char *method, const char *path, const char *headers, const char *body) {
-    resp r = {0};
-    int fd = http_connect(port);
-    if (fd < 0) return r;
-    if (send_request(fd, method, path, headers, body)) r = read_response(fd);
-    close(fd);
-    return r;
-}
-
 /* The text of a non-streamed answer ("" on failure). */
-static char *answer_text(const resp *r, bool chat, char *finish, size_t cap, int *completion_tokens) {
+static char *answer_text(const dj_test_resp *r, bool chat, char *finish, size_t cap, int *completion_tokens) {
     cJSON *j = r->body ? cJSON_Parse(r->body) : NULL;
     const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
     const cJSON *t = chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "message"), "content")
@@ -171,7 +87,7 @@ static char *answer_text(const resp *r, bool chat, char *finish, size_t cap, int
 }
 
 /* The concatenated deltas of a streamed answer; checks the event framing. */
-static char *stream_text(const resp *r, bool chat, char *finish, size_t cap, int *completion_tokens) {
+static char *stream_text(const dj_test_resp *r, bool chat, char *finish, size_t cap, int *completion_tokens) {
     char *out = calloc(1, r->len + 1);
     size_t n = 0;
     bool done = false;
@@ -240,13 +156,11 @@ static collect reference(const char *addr, const char *model, const char *text, 
     return c;
 }
 
-static void free_resp(resp *r) { free(r->body); }
-
 static void test_generation(const char *addr, unsigned port) {
     /* completions: greedy, same text and count as libdjinn on the same ids */
     collect ref = reference(addr, "demo", "Once upon a time", true, 24);
     CHECK(ref.tokens == 24 && ref.n > 0);
-    resp r = request(port, "POST", "/v1/completions", NULL,
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL,
                      "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0}");
     CHECK_MSG(r.status == 200, "status %d: %s", r.status, r.body ? r.body : "");
     char finish[32];
@@ -256,9 +170,9 @@ static void test_generation(const char *addr, unsigned port) {
     CHECK(!strcmp(finish, "length") && ct == 24);
     CHECK(strstr(r.body, "\"prompt_tokens\"") && strstr(r.body, "\"object\":\"text_completion\""));
     free(text);
-    free_resp(&r);
+    dj_test_resp_free(&r);
 
-    r = request(port, "POST", "/v1/completions", NULL,
+    r = dj_test_http_request(port, "POST", "/v1/completions", NULL,
                 "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0, "
                 "\"stream\": true, \"stream_options\": {\"include_usage\": true}}");
     CHECK(r.status == 200);
@@ -266,7 +180,7 @@ static void test_generation(const char *addr, unsigned port) {
     CHECK_MSG(!strcmp(text, ref.text), "stream '%s' vs binary '%s'", text, ref.text);
     CHECK(!strcmp(finish, "length") && ct == 24);
     free(text);
-    free_resp(&r);
+    dj_test_resp_free(&r);
 
     /* stop strings, cut and trimmed, streamed and not (the stream holds back
      * what may begin one): a piece from the middle of the reference */
@@ -279,13 +193,13 @@ static void test_generation(const char *addr, unsigned port) {
         snprintf(body, sizeof body, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, "
                                     "\"temperature\": 0, \"stop\": [\"never-there\", \"%s\"], \"stream\": %s}",
                  stop, stream ? "true" : "false");
-        r = request(port, "POST", "/v1/completions", NULL, body);
+        r = dj_test_http_request(port, "POST", "/v1/completions", NULL, body);
         CHECK(r.status == 200);
         text = stream ? stream_text(&r, false, finish, sizeof finish, NULL) : answer_text(&r, false, finish, sizeof finish, NULL);
         CHECK_MSG(!strcmp(text, want) && !strcmp(finish, "stop"), "stop '%s' (stream %d): got '%s' (%s), want '%s'",
                   stop, stream, text, finish, want);
         free(text);
-        free_resp(&r);
+        dj_test_resp_free(&r);
     }
     free(want);
 
@@ -296,49 +210,49 @@ static void test_generation(const char *addr, unsigned port) {
                        "\" Hello there \"}]%s}";
     char body[1024];
     snprintf(body, sizeof body, chat, "");
-    r = request(port, "POST", "/v1/chat/completions", NULL, body);
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
     CHECK_MSG(r.status == 200, "chat status %d: %s", r.status, r.body ? r.body : "");
     text = answer_text(&r, true, finish, sizeof finish, &ct);
     CHECK_MSG(!strcmp(text, cref.text), "chat '%s' vs binary '%s'", text, cref.text);
     CHECK(strstr(r.body, "\"role\":\"assistant\"") && strstr(r.body, "\"object\":\"chat.completion\""));
     free(text);
-    free_resp(&r);
+    dj_test_resp_free(&r);
     snprintf(body, sizeof body, chat, ", \"stream\": true");
-    r = request(port, "POST", "/v1/chat/completions", "X-Djinn-QoS: batch\r\n", body);
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", "X-Djinn-QoS: batch\r\n", body);
     CHECK(r.status == 200);
     text = stream_text(&r, true, finish, sizeof finish, NULL);
     CHECK_MSG(!strcmp(text, cref.text), "chat stream '%s' vs binary '%s'", text, cref.text);
     CHECK(r.body && strstr(r.body, "\"delta\":{\"role\":\"assistant\"") != NULL);
     free(text);
-    free_resp(&r);
+    dj_test_resp_free(&r);
 
     /* sampled with a seed: the same twice */
     const char *seeded = "{\"model\": \"demo\", \"prompt\": [\"The\"], \"max_tokens\": 12, \"temperature\": 0.9, "
                          "\"top_p\": 0.9, \"seed\": 7, \"presence_penalty\": 0.5, \"frequency_penalty\": 0.3}";
-    resp a = request(port, "POST", "/v1/completions", NULL, seeded), b = request(port, "POST", "/v1/completions", NULL, seeded);
+    dj_test_resp a = dj_test_http_request(port, "POST", "/v1/completions", NULL, seeded), b = dj_test_http_request(port, "POST", "/v1/completions", NULL, seeded);
     char *ta = answer_text(&a, false, NULL, 0, NULL), *tb = answer_text(&b, false, NULL, 0, NULL);
     CHECK_MSG(a.status == 200 && !strcmp(ta, tb), "seeded: '%s' vs '%s'", ta, tb);
     free(ta);
     free(tb);
-    free_resp(&a);
-    free_resp(&b);
+    dj_test_resp_free(&a);
+    dj_test_resp_free(&b);
 
-    r = request(port, "GET", "/v1/models", NULL, NULL);
+    r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
     CHECK(r.status == 200 && r.body && strstr(r.body, "\"id\":\"demo-chat\"") && strstr(r.body, "\"object\":\"list\""));
-    free_resp(&r);
+    dj_test_resp_free(&r);
 }
 
 /* status and OpenAI's error object with the type */
 static void expect_error(unsigned port, const char *method, const char *path, const char *headers, const char *body,
                          int status, const char *needle) {
-    resp r = request(port, method, path, headers, body);
+    dj_test_resp r = dj_test_http_request(port, method, path, headers, body);
     cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
     CHECK_MSG(r.status == status && cJSON_IsString(m) && strstr(m->valuestring, needle),
               "%s %s %.60s: got %d %s, want %d with '%s'", method, path, body ? body : "", r.status,
               r.body ? r.body : "", status, needle);
     cJSON_Delete(j);
-    free_resp(&r);
+    dj_test_resp_free(&r);
 }
 
 static void test_errors(unsigned port) {
@@ -403,46 +317,46 @@ static void wait_no_sessions(const char *addr, const char *what) {
 static void test_disconnect(const char *addr, unsigned port) {
     const char *body = "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 400, \"stream\": true, "
                        "\"temperature\": 1.0, \"seed\": 3}";
-    int fd = http_connect(port);
-    CHECK(fd >= 0 && send_request(fd, "POST", "/v1/completions", NULL, body));
+    int fd = dj_test_http_connect(port);
+    CHECK(fd >= 0 && dj_test_http_send(fd, "POST", "/v1/completions", NULL, body));
     char buf[512];
     ssize_t k = recv(fd, buf, sizeof buf, 0); /* the first event */
     CHECK(k > 0);
     close(fd);
     wait_no_sessions(addr, "stream left");
     /* non-streamed: the request sent, then gone */
-    fd = http_connect(port);
-    CHECK(fd >= 0 && send_request(fd, "POST", "/v1/completions", NULL,
+    fd = dj_test_http_connect(port);
+    CHECK(fd >= 0 && dj_test_http_send(fd, "POST", "/v1/completions", NULL,
                                   "{\"model\": \"demo\", \"prompt\": \"Once\", \"max_tokens\": 400, \"seed\": 4}"));
     dj_test_sleep_ms(50);
     close(fd);
     wait_no_sessions(addr, "request left");
-    resp r = request(port, "POST", "/v1/completions", NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 2}");
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 2}");
     CHECK(r.status == 200);
-    free_resp(&r);
+    dj_test_resp_free(&r);
 }
 
 /* --http-max-connections 2: two requests holding (their bodies unsent), the
  * third gets 503 */
 static void test_busy(unsigned port) {
-    int a = http_connect(port), b = http_connect(port);
+    int a = dj_test_http_connect(port), b = dj_test_http_connect(port);
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n";
-    CHECK(a >= 0 && b >= 0 && send_all(a, head, strlen(head)) && send_all(b, head, strlen(head)));
+    CHECK(a >= 0 && b >= 0 && dj_test_send_all(a, head, strlen(head)) && dj_test_send_all(b, head, strlen(head)));
     /* the two count once the server has read their headers: ask until it says so (5 s at most) */
     int status = 0;
     for (int i = 0; i < 50 && status != 503; i++) {
-        resp r = request(port, "GET", "/v1/models", NULL, NULL);
+        dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
         status = r.status;
-        free_resp(&r);
+        dj_test_resp_free(&r);
         if (status != 503) dj_test_sleep_ms(100);
     }
     CHECK_MSG(status == 503, "third request: %d", status);
     close(a);
     close(b);
     for (int i = 0; i < 50 && status != 200; i++) {
-        resp r = request(port, "GET", "/v1/models", NULL, NULL);
+        dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
         status = r.status;
-        free_resp(&r);
+        dj_test_resp_free(&r);
         if (status != 200) dj_test_sleep_ms(100);
     }
     CHECK_MSG(status == 200, "after the two left: %d", status);
@@ -464,16 +378,16 @@ static void test_tokens(void) {
     const char *body = "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 2}";
     expect_error(port, "POST", "/v1/completions", NULL, body, 401, "Bearer");
     expect_error(port, "POST", "/v1/completions", "Authorization: Bearer wrong\r\n", body, 401, "Bearer");
-    resp r = request(port, "POST", "/v1/completions", "Authorization: Bearer good-token\r\n", body);
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer good-token\r\n", body);
     CHECK_MSG(r.status == 200, "good token: %d %s", r.status, r.body ? r.body : "");
-    free_resp(&r);
+    dj_test_resp_free(&r);
     expect_error(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\n", body, 400, "qos");
-    r = request(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\nX-Djinn-QoS: batch\r\n", body);
+    r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\nX-Djinn-QoS: batch\r\n", body);
     CHECK_MSG(r.status == 200, "batch token, batch class: %d %s", r.status, r.body ? r.body : "");
-    free_resp(&r);
-    r = request(port, "GET", "/v1/models", "Authorization: Bearer good-token\r\n", NULL);
+    dj_test_resp_free(&r);
+    r = dj_test_http_request(port, "GET", "/v1/models", "Authorization: Bearer good-token\r\n", NULL);
     CHECK(r.status == 200);
-    free_resp(&r);
+    dj_test_resp_free(&r);
     CHECK(dj_test_daemon_stop(1, 10000) == 0);
 }
 
