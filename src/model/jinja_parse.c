@@ -63,6 +63,8 @@ typedef struct parser {
     tok *toks;
     size_t n_toks, cap_toks, at;
     int depth;
+    size_t line_pos; /* line_of's memory: src[0..line_pos) holds line - 1 newlines */
+    int line;
 } parser;
 
 #define MAX_DEPTH 64
@@ -83,10 +85,13 @@ static dj_status push(parser *ps, tok t) {
     return DJ_OK;
 }
 
-static int line_of(const parser *ps, size_t pos) {
-    int line = 1;
-    for (size_t i = 0; i < pos && i < ps->len; i++) line += ps->src[i] == '\n';
-    return line;
+/* The line of a source position; the lexer asks in increasing order, so the
+ * count goes on from the last answer. */
+static int line_of(parser *ps, size_t pos) {
+    if (pos < ps->line_pos) ps->line_pos = 0, ps->line = 1;
+    for (size_t i = ps->line_pos; i < pos && i < ps->len; i++) ps->line += ps->src[i] == '\n';
+    ps->line_pos = pos;
+    return ps->line;
 }
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
@@ -973,7 +978,7 @@ static dj_status parse_body(parser *ps, const char *const *ends, dj__jstmt **out
 }
 
 dj_status dj__jinja_parse(dj_chat_template_t *t, const char *src, size_t len) {
-    parser ps = {.t = t};
+    parser ps = {.t = t, .line = 1};
     /* newlines normalised to \n and one trailing newline dropped, as Jinja does */
     ps.src = dj__arena_alloc(&t->arena, len + 1);
     if (!ps.src) return OOM();
