@@ -405,7 +405,7 @@ static bool is_num(const dj__jval *v) { return v->k == JV_INT || v->k == JV_FLOA
 static double num(const dj__jval *v) {
     return v->k == JV_FLOAT ? v->u.f : v->k == JV_INT ? (double)v->u.i : (double)v->u.b;
 }
-static int64_t inum(const dj__jval *v) { return v->k == JV_INT ? v->u.i : (int64_t)v->u.b; }
+static int64_t inum(const dj__jval *v) { return v->k == JV_INT ? v->u.i : v->k == JV_BOOL ? (int64_t)v->u.b : 0; }
 
 static bool equal(const dj__jval *a, const dj__jval *b) {
     if (is_num(a) && is_num(b)) {
