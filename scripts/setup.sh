@@ -11,12 +11,14 @@ $SUDO apt-get update -qq
 # build-essential/cmake/pkg-config: the build; clang + libomp-dev: the libFuzzer
 # targets (OpenMP under clang); the -dev libraries: see README "Dependencies";
 # python3: test helpers that write small fixture files, and the djinn Python
-# package with numpy and msgpack (pytest runs its tests); npm: tokenizer files.
+# package with numpy and msgpack (pytest runs its tests); python3-jinja2: the
+# reference renderer tests/test_chat_template.c compares our chat templates with;
+# npm: tokenizer files.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
-    python3 python3-numpy python3-msgpack python3-pytest ca-certificates >/dev/null
+    python3 python3-jinja2 python3-numpy python3-msgpack python3-pytest ca-certificates >/dev/null
 # python3-torch: only djinn.hf (the transformers-shaped facade) and
 # RemoteTensor.torch() use it; the tests of those skip without it.
 $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null

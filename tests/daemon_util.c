@@ -234,3 +234,91 @@ int dj_test_raw_hello(const char *addr, int recv_timeout_s, const char *token, d
     *ans = dj_test_raw_frame(fd, NULL);
     return fd;
 }
+
+/* ---- a small HTTP/1.1 client ---- */
+
+int dj_test_http_connect(unsigned port) {
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    return dj_test_raw_connect(addr, NULL, 30, 10);
+}
+
+bool dj_test_send_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k <= 0) return false;
+        c += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+bool dj_test_http_send(int fd, const char *method, const char *path, const char *headers, const char *body) {
+    char head[2048];
+    snprintf(head, sizeof head,
+             "%s %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n%sContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n",
+             method, path, headers ? headers : "", body ? strlen(body) : 0);
+    return dj_test_send_all(fd, head, strlen(head)) && (!body || dj_test_send_all(fd, body, strlen(body)));
+}
+
+dj_test_resp dj_test_http_read(int fd) {
+    dj_test_resp r = {0};
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while (buf && (k = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
+        n += (size_t)k;
+        if (n + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) break;
+            buf = nb;
+        }
+    }
+    if (!buf) return r;
+    buf[n] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", &r.status) != 1) r.status = 0;
+    char *body = strstr(buf, "\r\n\r\n");
+    if (!body || !(r.body = malloc(n + 1))) {
+        free(buf);
+        return r;
+    }
+    *body = '\0';
+    body += 4;
+    if (!strcasestr(buf, "Transfer-Encoding: chunked")) {
+        r.len = n - (size_t)(body - buf);
+        memcpy(r.body, body, r.len);
+    } else {
+        const char *p = body, *end = buf + n;
+        for (;;) {
+            char *e;
+            unsigned long sz = strtoul(p, &e, 16);
+            if (e == p || sz == 0) break;
+            const char *data = strstr(e, "\r\n");
+            if (!data || (size_t)(end - data - 2) < sz) break;
+            memcpy(r.body + r.len, data + 2, sz);
+            r.len += sz;
+            p = data + 2 + sz + 2;
+            if (p >= end) break;
+        }
+    }
+    r.body[r.len] = '\0';
+    free(buf);
+    return r;
+}
+
+dj_test_resp dj_test_http_request(unsigned port, const char *method, const char *path, const char *headers,
+                                  const char *body) {
+    dj_test_resp r = {0};
+    int fd = dj_test_http_connect(port);
+    if (fd < 0) return r;
+    if (dj_test_http_send(fd, method, path, headers, body)) r = dj_test_http_read(fd);
+    close(fd);
+    return r;
+}
+
+void dj_test_resp_free(dj_test_resp *r) {
+    free(r->body);
+    r->body = NULL;
+}

@@ -70,4 +70,24 @@ size_t dj_test_meta_of(dj__mw *w, uint8_t *out);
  * answer in *ans. Returns the socket, or -1. */
 int dj_test_raw_hello(const char *addr, int recv_timeout_s, const char *token, dj_test_frame *ans /* OUT */);
 
+/* ---- a small HTTP/1.1 client (djinnd --http) ---- */
+
+/* A socket connected to 127.0.0.1:port (30 s receive timeout), or -1. */
+int dj_test_http_connect(unsigned port);
+bool dj_test_send_all(int fd, const void *p, size_t n);
+/* METHOD PATH with "Connection: close", extra header lines (each ending in
+ * \r\n; may be NULL) and a JSON body (may be NULL). */
+bool dj_test_http_send(int fd, const char *method, const char *path, const char *headers, const char *body);
+typedef struct dj_test_resp {
+    int status;  /* 0 when nothing readable came */
+    char *body;  /* malloc'd, NUL-terminated, chunked encoding undone */
+    size_t len;
+} dj_test_resp;
+/* Reads to EOF. */
+dj_test_resp dj_test_http_read(int fd);
+/* connect + send + read + close. */
+dj_test_resp dj_test_http_request(unsigned port, const char *method, const char *path, const char *headers,
+                                  const char *body);
+void dj_test_resp_free(dj_test_resp *r);
+
 #endif

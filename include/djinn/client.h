@@ -82,6 +82,34 @@ typedef void (*dj_token_cb)(int32_t id, const char *text, size_t len, void *user
 dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate_params *p, dj_token_cb cb,
                              void *user, dj_generate_result *res /* OUT, may be NULL */);
 
+/* The same generation as a stream of events, pulled by the caller (the HTTP
+ * front end's form: it waits with a timeout and checks its own client in
+ * between). start sends GENERATE; next waits at most timeout_ms (< 0:
+ * forever) for the next event - NONE when nothing came in time, TOKEN, or
+ * DONE (the last: *res filled if not NULL, text = the flushed rest). An
+ * event's text is valid until the next call on g. An error (the server's
+ * ERROR, a dead connection) ends the stream. end frees g at any point; a
+ * generation still running goes on in the server (its frames are dropped)
+ * until it ends or the connection closes - close it to stop the generation. */
+typedef struct dj_client_gen dj_client_gen_t;
+typedef enum { DJ_CLIENT_EVENT_NONE, DJ_CLIENT_EVENT_TOKEN, DJ_CLIENT_EVENT_DONE } dj_client_event_kind;
+typedef struct dj_client_event {
+    dj_client_event_kind kind;
+    int32_t id;       /* TOKEN: the token id; else -1 */
+    const char *text; /* complete UTF-8, len bytes (not NUL-terminated) */
+    size_t len;
+} dj_client_event;
+dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_generate_params *p,
+                                   dj_client_gen_t **out /* OUT */);
+dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_event *ev /* OUT */,
+                                  dj_generate_result *res /* OUT, may be NULL */);
+void dj_client_generate_end(dj_client_gen_t *g); /* NULL does nothing */
+
+/* Shut the socket down from any thread: every call waiting on c fails with
+ * DJ_EIO and the server releases the connection's sessions and generations.
+ * c must still be freed (after those calls returned). */
+void dj_client_shutdown(dj_client_t *c);
+
 /* ---- steps and handles ---- */
 typedef struct dj_remote_tensor {
     uint64_t handle;  /* 0 when logits were not asked for */

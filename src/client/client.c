@@ -536,10 +536,48 @@ dj_status dj_client_session_resume(dj_client_t *c, uint64_t session) {
 
 /* ---- generate ---- */
 
-dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate_params *p, dj_token_cb cb,
-                             void *user, dj_generate_result *res) {
-    if (res) memset(res, 0, sizeof *res);
+struct dj_client_gen {
+    dj_client_t *c;
+    pending *p;
+    frame *last;  /* the frame the last event's text points into */
+    dj__meta meta; /* its metadata (parsed) */
+    bool have_meta, done, failed;
+};
+
+/* Next frame for p, waiting at most timeout_ms (< 0: forever); *out NULL
+ * when none came in time. */
+static dj_status next_frame_timed(dj_client_t *c, pending *p, int timeout_ms, frame **out) {
+    *out = NULL;
+    if (timeout_ms < 0) return next_frame(c, p, out);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (!p->head && !c->dead)
+        if (pthread_cond_timedwait(&p->cv, &c->mu, &ts) == ETIMEDOUT) break;
+    frame *f = p->head;
+    if (f) {
+        p->head = f->next;
+        if (!p->head) p->tail = NULL;
+    }
+    const bool dead = c->dead;
+    pthread_mutex_unlock(&c->mu);
+    if (!f && dead) return dj_fail(DJ_EIO, "djinnd connection: %s", c->dead_msg);
+    *out = f;
+    return DJ_OK;
+}
+
+dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_generate_params *p,
+                                   dj_client_gen_t **out) {
+    *out = NULL;
     if (!!p->prompt == !!p->ids) return dj_fail(DJ_EINVAL, "generate needs exactly one of prompt or ids");
+    dj_client_gen_t *g = calloc(1, sizeof *g);
+    if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "session", session);
@@ -556,55 +594,128 @@ dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate
     if (p->sampling.frequency_penalty != 0.0f) dj__mw_f64(&w, "frequency_penalty", p->sampling.frequency_penalty);
     if (p->sampling.presence_penalty != 0.0f) dj__mw_f64(&w, "presence_penalty", p->sampling.presence_penalty);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
-    pending *pd;
-    dj_status st = begin(c, DJ_MSG_GENERATE, &w, NULL, 0, NULL, 0, false, &pd);
+    dj_status st = begin(c, DJ_MSG_GENERATE, &w, NULL, 0, NULL, 0, false, &g->p);
+    if (st != DJ_OK) {
+        free(g);
+        return st;
+    }
+    g->c = c;
+    *out = g;
+    return DJ_OK;
+}
+
+static void gen_drop_last(dj_client_gen_t *g) {
+    if (g->have_meta) dj__meta_destroy(&g->meta);
+    g->have_meta = false;
+    frame_free(g->last);
+    g->last = NULL;
+}
+
+dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_event *ev, dj_generate_result *res) {
+    memset(ev, 0, sizeof *ev);
+    ev->id = -1;
+    ev->text = "";
+    gen_drop_last(g);
+    if (g->done || g->failed) return dj_fail(DJ_EINVAL, "generate_next after the generation ended");
+    frame *f = NULL;
+    dj_status st = next_frame_timed(g->c, g->p, timeout_ms, &f);
+    if (st != DJ_OK) {
+        g->failed = true;
+        return st;
+    }
+    if (!f) {
+        ev->kind = DJ_CLIENT_EVENT_NONE;
+        return DJ_OK;
+    }
+    g->last = f;
+    if (f->h.type == DJ_MSG_ERROR) {
+        g->failed = true;
+        return error_of(f);
+    }
+    if ((st = dj__meta_parse(&g->meta, f->body, f->h.meta_len)) != DJ_OK) {
+        g->failed = true;
+        return st;
+    }
+    g->have_meta = true;
+    const char *text = NULL;
+    size_t tn = 0;
+    if (f->h.type == DJ_MSG_TOKEN) {
+        int64_t id = -1;
+        st = dj__meta_i64(&g->meta, "id", true, &id);
+        if (st == DJ_OK) st = dj__meta_str(&g->meta, "text", false, &text, &tn);
+        if (st != DJ_OK) {
+            g->failed = true;
+            return st;
+        }
+        ev->kind = DJ_CLIENT_EVENT_TOKEN;
+        ev->id = (int32_t)id;
+    } else if (f->h.type == DJ_MSG_DONE) {
+        g->done = true;
+        ev->kind = DJ_CLIENT_EVENT_DONE;
+        if (res) {
+            memset(res, 0, sizeof *res);
+            dj__meta_u32(&g->meta, "n_prompt", false, &res->n_prompt);
+            dj__meta_u32(&g->meta, "n_generated", false, &res->n_generated);
+            dj__meta_strcpy(&g->meta, "reason", false, res->reason, sizeof res->reason);
+            dj__meta_f64(&g->meta, "queue_ms", false, &res->queue_ms);
+            dj__meta_f64(&g->meta, "prefill_ms", false, &res->prefill_ms);
+            dj__meta_f64(&g->meta, "ttft_ms", false, &res->ttft_ms);
+            dj__meta_f64(&g->meta, "decode_ms", false, &res->decode_ms);
+        }
+        if (dj__meta_str(&g->meta, "text", false, &text, &tn) != DJ_OK) text = NULL;
+    } else {
+        g->failed = true;
+        return dj_fail(DJ_EFORMAT, "unexpected %s frame", dj_msg_type_name(f->h.type));
+    }
+    if (text) {
+        ev->text = text;
+        ev->len = tn;
+    }
+    return DJ_OK;
+}
+
+void dj_client_generate_end(dj_client_gen_t *g) {
+    if (!g) return;
+    gen_drop_last(g);
+    dj_client_t *c = g->c;
+    pthread_mutex_lock(&c->mu);
+    if (g->p->final || c->dead) {
+        unlink_pending(c, g->p);
+        pending_free(g->p);
+    } else {
+        /* still running: the reader drops its frames and frees it at the end */
+        g->p->discard = true;
+        for (frame *f = g->p->head, *n; f; f = n) {
+            n = f->next;
+            frame_free(f);
+        }
+        g->p->head = g->p->tail = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(g);
+}
+
+dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate_params *p, dj_token_cb cb,
+                             void *user, dj_generate_result *res) {
+    if (res) memset(res, 0, sizeof *res);
+    dj_client_gen_t *g;
+    dj_status st = dj_client_generate_start(c, session, p, &g);
     if (st != DJ_OK) return st;
     for (;;) {
-        frame *f = NULL;
-        if ((st = next_frame(c, pd, &f)) != DJ_OK) break;
-        dj__meta m;
-        if (f->h.type == DJ_MSG_ERROR) {
-            st = error_of(f);
-            frame_free(f);
+        dj_client_event ev;
+        if ((st = dj_client_generate_next(g, -1, &ev, res)) != DJ_OK) break;
+        if (ev.kind == DJ_CLIENT_EVENT_TOKEN && cb) cb(ev.id, ev.text, ev.len, user);
+        if (ev.kind == DJ_CLIENT_EVENT_DONE) {
+            if (cb && ev.len) cb(-1, ev.text, ev.len, user);
             break;
         }
-        if ((st = dj__meta_parse(&m, f->body, f->h.meta_len)) != DJ_OK) {
-            frame_free(f);
-            break;
-        }
-        if (f->h.type == DJ_MSG_TOKEN) {
-            int64_t id = -1;
-            const char *text = "";
-            size_t tn = 0;
-            st = dj__meta_i64(&m, "id", true, &id);
-            if (st == DJ_OK) st = dj__meta_str(&m, "text", false, &text, &tn);
-            if (st == DJ_OK && cb) cb((int32_t)id, text ? text : "", text ? tn : 0, user);
-            dj__meta_destroy(&m);
-            frame_free(f);
-            if (st != DJ_OK) break;
-            continue;
-        }
-        if (f->h.type == DJ_MSG_DONE && res) {
-            dj__meta_u32(&m, "n_prompt", false, &res->n_prompt);
-            dj__meta_u32(&m, "n_generated", false, &res->n_generated);
-            dj__meta_strcpy(&m, "reason", false, res->reason, sizeof res->reason);
-            dj__meta_f64(&m, "queue_ms", false, &res->queue_ms);
-            dj__meta_f64(&m, "prefill_ms", false, &res->prefill_ms);
-            dj__meta_f64(&m, "ttft_ms", false, &res->ttft_ms);
-            dj__meta_f64(&m, "decode_ms", false, &res->decode_ms);
-        }
-        if (f->h.type == DJ_MSG_DONE && cb) {
-            const char *text = NULL;
-            size_t tn = 0;
-            if (dj__meta_str(&m, "text", false, &text, &tn) == DJ_OK && text && tn) cb(-1, text, tn, user);
-        }
-        if (f->h.type != DJ_MSG_DONE) st = dj_fail(DJ_EFORMAT, "unexpected %s frame", dj_msg_type_name(f->h.type));
-        dj__meta_destroy(&m);
-        frame_free(f);
-        break;
     }
-    end(c, pd);
+    dj_client_generate_end(g);
     return st;
+}
+
+void dj_client_shutdown(dj_client_t *c) {
+    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
 }
 
 /* ---- steps and handles ---- */

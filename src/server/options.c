@@ -19,6 +19,7 @@ static int usage(FILE *f) {
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
+          "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --device cpu, --lease-ms 10000,\n"
           "--vmu-gb auto (the device's free memory less max(1 GiB, 5%); the CPU: half the available RAM),\n"
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
@@ -40,6 +41,11 @@ static int usage(FILE *f) {
           "  --max-inflight 64          requests queued or running per connection before it is not read\n"
           "  --max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
           "  --metrics-max-connections 16   /metrics connections at once (each closed after 10 s)\n"
+          "--http ADDR:PORT serves the OpenAI API (GET /v1/models, POST /v1/completions and\n"
+          "/v1/chat/completions, streaming too) through this daemon's own listener:\n"
+          "  --http-max-connections 64  requests at once; more get 503\n"
+          "  --http-max-body 4m         request body bytes; more get 413 (suffixes k, m, g)\n"
+          "  --http-timeout-s 30        an HTTP connection idle this long (headers, body) is closed\n"
           "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
           "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin]\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
@@ -96,6 +102,8 @@ static const count_opt counts[] = {
     {"--max-sessions-per-conn", offsetof(dj__config, max_sessions), false, false},
     {"--max-handles-per-conn", offsetof(dj__config, max_handles), false, false},
     {"--metrics-max-connections", offsetof(dj__config, metrics_conns), false, false},
+    {"--http-max-connections", offsetof(dj__config, http_conns), false, false},
+    {"--http-timeout-s", offsetof(dj__config, http_timeout_s), false, false},
     {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
     {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
 };
@@ -134,6 +142,9 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->max_sessions = 64;
     cfg->max_handles = 256;
     cfg->metrics_conns = 16;
+    cfg->http_conns = 64;
+    cfg->http_max_body = (uint64_t)4 << 20;
+    cfg->http_timeout_s = 30;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
@@ -184,6 +195,13 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             cfg->device = v;
         } else if (!strcmp(a, "--metrics")) {
             cfg->metrics = v;
+        } else if (!strcmp(a, "--http")) {
+            cfg->http = v;
+        } else if (!strcmp(a, "--http-max-body")) {
+            if (!parse_bytes(v, &cfg->http_max_body) || cfg->http_max_body < 1024) {
+                fprintf(stderr, "djinnd: --http-max-body '%s': want a size of at least 1k (suffixes k, m, g)\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--token-file")) {
             cfg->token_file = v;
         } else if (!strcmp(a, "--port-file")) {

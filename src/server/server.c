@@ -2,6 +2,7 @@
  * frames requests, answers the cheap ones and queues the rest for the engine
  * worker, writes replies with scatter-gather writes, and shuts down cleanly. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/http_impl.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
 
@@ -1076,7 +1078,10 @@ static dj_status fit_fd_limit(dj__config *cfg) {
         want.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
     }
-    const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0);
+    /* an HTTP request holds its own socket and its libdjinn one (the daemon's
+     * end of that is one of the connections) */
+    const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0) +
+                           (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16) : 0);
     const uint64_t avail = rl.rlim_cur > spare ? rl.rlim_cur - spare : 0;
     if (avail < 1)
         return dj_fail(DJ_EINVAL, "the fd limit (%llu) leaves no room for connections (%llu kept spare)",
@@ -1112,6 +1117,8 @@ static dj_status listen_on(dj__server *s) {
     s->listener.tcp.data = s;
     if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
     if (rc < 0) return dj_fail(DJ_EIO, "listen on %s: %s", s->cfg.listen, uv_strerror(rc));
+    unsigned bound_port = 0;
+    char daemon_addr[320];
     if (!s->is_unix) {
         struct sockaddr_storage b;
         int bl = sizeof b;
@@ -1119,18 +1126,42 @@ static dj_status listen_on(dj__server *s) {
         unsigned port = ntohs(b.ss_family == AF_INET ? ((struct sockaddr_in *)&b)->sin_port
                                                      : ((struct sockaddr_in6 *)&b)->sin6_port);
         DJ_LOG(INFO, "djinnd listening on %s (port %u)", s->cfg.listen, port);
-        if (s->cfg.port_file) {
-            char tmp[PATH_MAX];
-            snprintf(tmp, sizeof tmp, "%s.tmp", s->cfg.port_file);
-            FILE *f = fopen(tmp, "w");
-            if (!f) return dj_fail(DJ_EIO, "--port-file %s: %s", s->cfg.port_file, strerror(errno));
-            fprintf(f, "%u\n", port);
-            fclose(f);
-            rename(tmp, s->cfg.port_file);
+        bound_port = port;
+        /* the HTTP front end dials the listener: a wildcard address by loopback */
+        char host[INET6_ADDRSTRLEN] = "127.0.0.1";
+        if (b.ss_family == AF_INET6) {
+            const struct in6_addr *a6 = &((struct sockaddr_in6 *)&b)->sin6_addr;
+            if (IN6_IS_ADDR_UNSPECIFIED(a6)) snprintf(host, sizeof host, "::1");
+            else inet_ntop(AF_INET6, a6, host, sizeof host);
+            snprintf(daemon_addr, sizeof daemon_addr, "[%s]:%u", host, port);
+        } else {
+            const struct in_addr *a4 = &((struct sockaddr_in *)&b)->sin_addr;
+            if (a4->s_addr != htonl(INADDR_ANY)) inet_ntop(AF_INET, a4, host, sizeof host);
+            snprintf(daemon_addr, sizeof daemon_addr, "%s:%u", host, port);
         }
-    } else if (s->cfg.port_file) {
-        FILE *f = fopen(s->cfg.port_file, "w");
-        if (f) fclose(f);
+    } else {
+        snprintf(daemon_addr, sizeof daemon_addr, "%s", s->cfg.listen);
+    }
+    unsigned http_port = 0;
+    if (s->cfg.http) {
+        dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
+                           .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
+                           .timeout_s = s->cfg.http_timeout_s};
+        snprintf(hc.daemon, sizeof hc.daemon, "%s", daemon_addr);
+        if ((st = dj__http_start(&hc, &s->http)) != DJ_OK) return st;
+        http_port = dj__http_port(s->http);
+        DJ_LOG(INFO, "djinnd serving the OpenAI API on %s (port %u)", s->cfg.http, http_port);
+    }
+    /* the port file: the listener's port (0 for a unix socket), then the HTTP port if any */
+    if (s->cfg.port_file) {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s.tmp", s->cfg.port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f) return dj_fail(DJ_EIO, "--port-file %s: %s", s->cfg.port_file, strerror(errno));
+        if (!s->is_unix || s->cfg.http) fprintf(f, "%u\n", bound_port);
+        if (s->cfg.http) fprintf(f, "%u\n", http_port);
+        fclose(f);
+        rename(tmp, s->cfg.port_file);
     }
     return DJ_OK;
 }
@@ -1204,6 +1235,8 @@ done:
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);
     dj__metrics_stop(&s->metrics);
+    dj__http_stop(s->http); /* its requests see their daemon connections closed */
+    s->http = NULL;
     dj__worker_stop(s);
     if (loop_ok) {
         uv_walk(&s->loop, close_walk, s);

@@ -227,6 +227,11 @@ typedef struct dj__config {
     size_t quota_bytes;        /* KV bytes per connection; 0: none */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
+    /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
+    const char *http;          /* --http ADDR:PORT or NULL */
+    uint32_t http_conns;       /* requests at once; more get 503 */
+    uint64_t http_max_body;    /* request body bytes; more get 413 */
+    uint32_t http_timeout_s;   /* an idle HTTP connection is closed after this */
 } dj__config;
 #define DJ__SIZE_AUTO SIZE_MAX
 
@@ -290,6 +295,7 @@ typedef struct dj__server {
     dj__model_ent *models;
 
     dj__metrics metrics;
+    struct dj__http *http; /* --http: the front end, a client of the listener above */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */

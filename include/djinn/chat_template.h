@@ -1,0 +1,49 @@
+/* chat_template.h: the chat_template of a Hugging Face tokenizer_config.json,
+ * rendered by our own interpreter of the Jinja subset real templates use. */
+#ifndef DJINN_CHAT_TEMPLATE_H
+#define DJINN_CHAT_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "djinn/status.h"
+
+typedef struct dj_chat_template dj_chat_template_t;
+
+/* Parse Jinja source (len bytes, need not be NUL-terminated) with the
+ * environment transformers uses (trim_blocks, lstrip_blocks, loop controls).
+ * A construct outside the subset (a tag such as macro or include, an unknown
+ * filter, test, function or method) is refused with DJ_EUNSUPPORTED naming it
+ * and its line; a syntax error is DJ_EFORMAT with its line.
+ * Supported: text, {{ }}, {# #}, whitespace control (-), if/elif/else, for
+ * (tuple targets, `if` filter, else, loop.*), set (also ns.attr and block
+ * set), break/continue; literals, lists, dicts, attribute/index/slice,
+ * calls, filters, tests, arithmetic, ~, comparisons, in, and/or/not,
+ * conditional expressions. Globals: raise_exception, namespace, range,
+ * strftime_now. The template copies what it needs from src. */
+dj_status dj_chat_template_parse(const char *src, size_t len, dj_chat_template_t **out /* OUT */);
+void dj_chat_template_free(dj_chat_template_t *t); /* NULL does nothing */
+
+/* Load the chat template of <model_dir>/tokenizer_config.json (a string, or
+ * the list of named templates: "default" is taken) with its bos_token and
+ * eos_token (strings or {"content": ...}). DJ_ENOTFOUND when the file or its
+ * chat_template is absent. */
+dj_status dj_chat_template_load(const char *model_dir, dj_chat_template_t **out /* OUT */);
+/* The same from the text of a tokenizer_config.json. */
+dj_status dj_chat_template_load_config(const char *json, size_t len, dj_chat_template_t **out /* OUT */);
+
+/* Special tokens the renderer passes as bos_token / eos_token ("" if none);
+ * valid while t lives. */
+const char *dj_chat_template_bos(const dj_chat_template_t *t);
+const char *dj_chat_template_eos(const dj_chat_template_t *t);
+
+/* Render with the variables of vars_json, a JSON object (typically
+ * {"messages": [...], "tools": [...], "add_generation_prompt": true}); its
+ * bos_token/eos_token default to the template's. *text is malloc'd,
+ * NUL-terminated, *len bytes. raise_exception(msg) in the template is
+ * DJ_EINVAL with msg; runaway templates stop at limits (output 16 MiB,
+ * 10 million evaluation steps, nesting 64) with DJ_ERANGE. */
+dj_status dj_chat_template_render(const dj_chat_template_t *t, const char *vars_json, size_t vars_len,
+                                  char **text /* OUT */, size_t *len /* OUT */);
+
+#endif

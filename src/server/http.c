@@ -1,0 +1,537 @@
+/* http.c: djinnd's OpenAI-compatible HTTP front door - libmicrohttpd, one
+ * thread per connection, each request a libdjinn connection to the daemon's
+ * own listener (same scheduler, QoS classes, limits and tokens as the binary
+ * protocol; closing it frees the generation), answers as OpenAI's JSON or
+ * server-sent events. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "djinn/checkpoint.h"
+#include "server/http_impl.h"
+
+/* How often a waiting request looks whether its client is still there. */
+#define POLL_MS 100
+
+struct dj__http {
+    dj__http_cfg cfg;
+    struct MHD_Daemon *mhd;
+    pthread_mutex_t mu; /* models, peers, active */
+    dj__http_model *models;
+    dj__map peers;      /* failed bearer tokens per peer (guard.c's rule) */
+    uint32_t active;    /* requests being served */
+};
+
+/* Per request (MHD's *req_cls). */
+typedef struct hreq {
+    dj__http *h;
+    dj__buf body;
+    bool too_big, responded, counted;
+    char token[DJ__TOKEN_MAX + 1]; /* the bearer token ("" without --token-file) */
+} hreq;
+
+/* A generation being answered (both modes). */
+typedef struct hgen {
+    dj__http *h;
+    struct MHD_Connection *conn;
+    dj_client_t *cl;
+    dj_client_gen_t *gen;
+    dj__oai o;
+    dj__buf out;      /* stream: event bytes not yet handed to MHD */
+    size_t out_off;
+    bool ended, last_sent;
+} hgen;
+
+/* ---- answers ---- */
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, char *body, size_t len, const char *ctype) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body ? body : "", body ? MHD_RESPMEM_MUST_FREE
+                                                                                        : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"djinnd\"");
+    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_error(hreq *q, struct MHD_Connection *c, unsigned status, const char *fmt, ...) {
+    char raw[768], msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    dj__scrub_message(raw, msg, sizeof msg); /* no heap addresses or store paths leave */
+    size_t len;
+    char *body = dj__oai_error((int)status, msg, &len);
+    if (q) q->responded = true;
+    return reply(c, status, body, len, "application/json");
+}
+
+/* The HTTP status of a daemon error. */
+static unsigned status_of(dj_status st) {
+    switch (st) {
+    case DJ_EINVAL:
+    case DJ_EFORMAT:
+    case DJ_ERANGE:
+    case DJ_EUNSUPPORTED: return 400;
+    case DJ_ENOTFOUND: return 404;
+    case DJ_EQUOTA: return 429;
+    case DJ_EBUSY:
+    case DJ_ENOSPC:
+    case DJ_ENOMEM:
+    case DJ_EIO: return 503;
+    default: return 500;
+    }
+}
+
+/* ---- peers and tokens ---- */
+static uint64_t peer_key(struct MHD_Connection *c, bool *local) {
+    *local = false;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!ci || !ci->client_addr) return 0;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET) {
+        const uint32_t a = ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+        *local = (a >> 24) == 127;
+        return (uint64_t)0xffff << 32 | a;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        const uint8_t *b = in6->sin6_addr.s6_addr;
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (!memcmp(b, v4mapped, 12)) {
+            *local = b[12] == 127;
+            return (uint64_t)0xffff << 32 | (uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15];
+        }
+        *local = IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+        uint64_t k = 0;
+        for (int i = 0; i < 8; i++) k = k << 8 | b[i];
+        return k | (uint64_t)1 << 63;
+    }
+    return 0;
+}
+
+/* 0 when the request may go on (q->token set), else the status answered. */
+static unsigned authorize(hreq *q, struct MHD_Connection *c) {
+    dj__http *h = q->h;
+    bool local;
+    const uint64_t key = peer_key(c, &local);
+    if (!h->cfg.n_auth) return local ? 0 : 403;
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *tok = v && !strncmp(v, "Bearer ", 7) ? v + 7 : NULL;
+    /* a peer's wrong tokens slow its next ones down, as HELLO's do */
+    pthread_mutex_lock(&h->mu);
+    uint64_t now = dj__now_ms(), at = dj__peer_hello_at(&h->peers, key, now);
+    pthread_mutex_unlock(&h->mu);
+    if (at > now + 10000) return 503;
+    if (at > now) {
+        struct timespec ts = {(time_t)((at - now) / 1000), (long)((at - now) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    const bool ok = tok && strlen(tok) <= DJ__TOKEN_MAX && dj__token_find(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok));
+    pthread_mutex_lock(&h->mu);
+    dj__peer_hello_result(&h->peers, key, dj__now_ms(), ok);
+    pthread_mutex_unlock(&h->mu);
+    if (!ok) return 401;
+    snprintf(q->token, sizeof q->token, "%s", tok);
+    return 0;
+}
+
+/* ---- models of the store ---- */
+static bool name_ok(const char *name) {
+    if (!name[0] || name[0] == '.') return false;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return false;
+    return true;
+}
+
+/* The model's entry, loaded on first use (NULL: not in the store). */
+static const dj__http_model *model_get(dj__http *h, const char *name) {
+    if (!name_ok(name)) return NULL;
+    pthread_mutex_lock(&h->mu);
+    dj__http_model *m = h->models;
+    while (m && strcmp(m->name, name)) m = m->next;
+    if (m) {
+        pthread_mutex_unlock(&h->mu);
+        return m;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/config.json", h->cfg.models, name);
+    size_t len = 0;
+    char *cfg_text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        dj__buf b = {0};
+        char chunk[8192];
+        size_t k;
+        while ((k = fread(chunk, 1, sizeof chunk, f)) > 0 && b.n < (1u << 20)) dj__buf_put(&b, chunk, k);
+        fclose(f);
+        cfg_text = b.p;
+        len = b.n;
+    }
+    dj_model_config mc;
+    if (!cfg_text || dj_model_config_parse(cfg_text, len, &mc) != DJ_OK || !(m = calloc(1, sizeof *m))) {
+        free(cfg_text);
+        pthread_mutex_unlock(&h->mu);
+        return NULL;
+    }
+    free(cfg_text);
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->max_pos = mc.max_position_embeddings;
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", h->cfg.models, name);
+    if (dj_tokenizer_load(path, &m->tok) != DJ_OK) {
+        DJ_LOG(INFO, "http: model %s: no tokenizer: %s", name, dj_last_error());
+        m->tok = NULL;
+    }
+    snprintf(path, sizeof path, "%s/%s", h->cfg.models, name);
+    if (dj_chat_template_load(path, &m->tpl) != DJ_OK) {
+        snprintf(m->tpl_why, sizeof m->tpl_why, "%s", dj_last_error());
+        m->tpl = NULL;
+    }
+    m->next = h->models;
+    h->models = m;
+    pthread_mutex_unlock(&h->mu);
+    return m;
+}
+
+/* ---- the client side of the daemon ---- */
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static void gen_close(hgen *g) {
+    dj_client_generate_end(g->gen);
+    g->gen = NULL;
+    dj_client_free(g->cl); /* the daemon frees a generation still running */
+    g->cl = NULL;
+}
+
+static void gen_free(hgen *g) {
+    if (!g) return;
+    gen_close(g);
+    dj__oai_free(&g->o);
+    dj__buf_free(&g->out);
+    free(g);
+}
+
+/* Connect, open a session and start the generation; 0 or an HTTP status
+ * with err. */
+static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char *err, size_t cap) {
+    dj__oai *o = &g->o;
+    dj_status st = dj_client_connect(g->h->cfg.daemon, g->h->cfg.n_auth ? q->token : NULL, &g->cl);
+    if (st != DJ_OK) {
+        snprintf(err, cap, "djinnd: %s", dj_last_error());
+        return st == DJ_EINVAL ? 401 : status_of(st);
+    }
+    uint32_t expect = 0;
+    if (o->max_given) {
+        uint64_t want = (uint64_t)o->n_ids + o->max_tokens;
+        expect = want < m->max_pos ? (uint32_t)want : m->max_pos;
+    } else if (o->n_ids + 256 > 4096) {
+        uint64_t want = (uint64_t)o->n_ids + 256;
+        expect = want < m->max_pos ? (uint32_t)want : m->max_pos;
+    }
+    const dj_session_opts so = {.model = o->model, .qos = o->qos, .expected_tokens = expect};
+    uint64_t session;
+    if ((st = dj_client_session_open(g->cl, &so, &session)) != DJ_OK) {
+        snprintf(err, cap, "djinnd: %s", dj_last_error());
+        return status_of(st);
+    }
+    dj_generate_params gp = {.ids = o->ids, .n_ids = o->n_ids, .sampling = o->sampling,
+                             .max_tokens = o->max_given ? o->max_tokens : (1u << 30)};
+    if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
+        snprintf(err, cap, "djinnd: %s", dj_last_error());
+        return status_of(st);
+    }
+    return 0;
+}
+
+/* One step of the generation: waits up to POLL_MS for an event. 0 on
+ * progress (or nothing yet), -1 when the HTTP client left, else the status
+ * of the daemon's error (err set). */
+static int gen_step(hgen *g, char *err, size_t cap) {
+    dj_client_event ev;
+    dj_generate_result res;
+    dj_status st = dj_client_generate_next(g->gen, POLL_MS, &ev, &res);
+    if (st != DJ_OK) {
+        snprintf(err, cap, "djinnd: %s", dj_last_error());
+        g->ended = true;
+        return (int)status_of(st);
+    }
+    if (ev.kind == DJ_CLIENT_EVENT_NONE) return client_gone(g->conn) ? -1 : 0;
+    if (ev.kind == DJ_CLIENT_EVENT_TOKEN) g->o.n_generated++;
+    dj__oai_text(&g->o, ev.text, ev.len);
+    if (ev.kind == DJ_CLIENT_EVENT_DONE) dj__oai_done(&g->o, res.reason);
+    if (g->o.finished) g->ended = true;
+    if (g->ended) gen_close(g); /* a stop string: the daemon stops when the connection goes */
+    return 0;
+}
+
+/* The stream's reader: blocks (a thread per connection) until it has bytes. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    hgen *g = cls;
+    while (g->out_off == g->out.n) {
+        g->out.n = g->out_off = 0;
+        if (g->last_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (g->ended) {
+            dj__oai_events(&g->o, true, &g->out);
+            g->last_sent = true;
+            continue;
+        }
+        char err[512];
+        int rc = gen_step(g, err, sizeof err);
+        if (rc < 0) return MHD_CONTENT_READER_END_WITH_ERROR; /* the client left: gen_free closes */
+        if (rc > 0) {
+            /* an error mid-stream: OpenAI's error object as an event */
+            size_t len;
+            char *e = dj__oai_error(rc, err, &len);
+            if (e) {
+                dj__buf_put(&g->out, "data: ", 6);
+                dj__buf_put(&g->out, e, len);
+                dj__buf_put(&g->out, "\n\ndata: [DONE]\n\n", 16);
+            }
+            free(e);
+            g->last_sent = true;
+            continue;
+        }
+        dj__oai_events(&g->o, false, &g->out);
+        if (g->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = g->out.n - g->out_off;
+    if (n > max) n = max;
+    memcpy(buf, g->out.p + g->out_off, n);
+    g->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { gen_free(cls); }
+
+static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool chat) {
+    dj__http *h = q->h;
+    hgen *g = calloc(1, sizeof *g);
+    if (!g) return reply_error(q, c, 503, "out of memory");
+    g->h = h;
+    g->conn = c;
+    char err[768];
+    const char *qos = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Djinn-QoS");
+    int rc = dj__oai_parse(&g->o, q->body.p ? q->body.p : "", q->body.n, chat, qos, err, sizeof err);
+    const dj__http_model *m = NULL;
+    if (!rc && !(m = model_get(h, g->o.model))) {
+        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", g->o.model);
+        rc = 404;
+    }
+    if (!rc) rc = dj__oai_prompt(&g->o, m, err, sizeof err);
+    if (!rc && g->o.max_given && g->o.max_tokens == 0) {
+        snprintf(err, sizeof err, "'max_tokens' must be at least 1");
+        rc = 400;
+    }
+    if (!rc && g->o.n_ids >= m->max_pos) {
+        snprintf(err, sizeof err, "the prompt has %zu tokens: model '%s' has %u positions", g->o.n_ids, m->name,
+                 m->max_pos);
+        rc = 400;
+    }
+    if (!rc) rc = (int)gen_start(g, q, m, err, sizeof err);
+    if (rc) {
+        gen_free(g);
+        return reply_error(q, c, (unsigned)rc, "%s", err);
+    }
+    q->responded = true;
+    if (g->o.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);
+        if (!r) {
+            gen_free(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    while (!g->ended) {
+        rc = gen_step(g, err, sizeof err);
+        if (rc < 0) {
+            gen_free(g);
+            return MHD_NO; /* the client left: nothing to answer */
+        }
+        if (rc > 0) {
+            gen_free(g);
+            return reply_error(q, c, (unsigned)rc, "%s", err);
+        }
+    }
+    size_t len;
+    char *body = dj__oai_response(&g->o, &len);
+    gen_free(g);
+    if (!body) return reply_error(q, c, 503, "out of memory");
+    return reply(c, 200, body, len, "application/json");
+}
+
+static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c) {
+    dj_client_t *cl = NULL;
+    dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
+    dj_client_model *ms = NULL;
+    size_t n = 0;
+    if (st == DJ_OK) st = dj_client_model_list(cl, &ms, &n);
+    dj_client_free(cl);
+    if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(r, "data");
+    for (size_t i = 0; i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "id", ms[i].name);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddNumberToObject(m, "created", 0);
+        cJSON_AddStringToObject(m, "owned_by", "djinnd");
+        cJSON_AddItemToArray(data, m);
+    }
+    free(ms);
+    char *body = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    if (!body) return reply_error(q, c, 503, "out of memory");
+    q->responded = true;
+    return reply(c, 200, body, strlen(body), "application/json");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **ctx) {
+    (void)version;
+    dj__http *h = cls;
+    hreq *q = *ctx;
+    if (!q) {
+        if (!(q = calloc(1, sizeof *q))) return MHD_NO;
+        q->h = h;
+        *ctx = q;
+        pthread_mutex_lock(&h->mu);
+        const bool full = h->active >= h->cfg.max_conns;
+        if (!full) h->active++;
+        pthread_mutex_unlock(&h->mu);
+        q->counted = !full;
+        if (full) return reply_error(q, c, 503, "djinnd's HTTP front end serves %u requests at once: retry later",
+                                     h->cfg.max_conns);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body)
+            return reply_error(q, c, 413, "the body has %s bytes: at most %llu", cl, (unsigned long long)h->cfg.max_body);
+        const unsigned st = authorize(q, c);
+        if (st == 401) return reply_error(q, c, 401, "send 'Authorization: Bearer TOKEN' with a token of djinnd's --token-file");
+        if (st == 403)
+            return reply_error(q, c, 403, "djinnd has no --token-file: only loopback clients are served");
+        if (st) return reply_error(q, c, st, "too many wrong tokens from this address: retry later");
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!q->responded && !q->too_big) {
+            if (q->body.n + *upload_size > q->h->cfg.max_body) {
+                q->too_big = true;
+                dj__buf_free(&q->body);
+            } else {
+                dj__buf_put(&q->body, upload, *upload_size);
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (q->responded) return MHD_YES;
+    if (q->too_big) return reply_error(q, c, 413, "the body is over %llu bytes", (unsigned long long)h->cfg.max_body);
+    if (q->body.oom) return reply_error(q, c, 503, "out of memory");
+    const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/v1/models")) {
+        if (get) return serve_models(q, c);
+    } else if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
+        if (post) return serve_generate(q, c, url[4] == 'c' && url[5] == 'h');
+    } else {
+        return reply_error(q, c, 404, "no such endpoint: %s %.200s (djinnd serves GET /v1/models, POST "
+                                      "/v1/completions and POST /v1/chat/completions)", method, url);
+    }
+    return reply_error(q, c, 405, "%s %.200s: method not allowed", method, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_RequestTerminationCode why) {
+    (void)c;
+    (void)why;
+    dj__http *h = cls;
+    hreq *q = *ctx;
+    if (!q) return;
+    if (q->counted) {
+        pthread_mutex_lock(&h->mu);
+        h->active--;
+        pthread_mutex_unlock(&h->mu);
+    }
+    dj__buf_free(&q->body);
+    free(q);
+    *ctx = NULL;
+}
+
+dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out) {
+    *out = NULL;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    dj_status st = dj__addr_parse(cfg->addr, &ss, &len);
+    if (st != DJ_OK) return st;
+    if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return dj_fail(DJ_EINVAL, "--http %s: want HOST:PORT", cfg->addr);
+    dj__http *h = calloc(1, sizeof *h);
+    if (!h) return dj_fail(DJ_ENOMEM, "out of memory");
+    h->cfg = *cfg;
+    pthread_mutex_init(&h->mu, NULL);
+    if ((st = dj__map_init(&h->peers, 64)) != DJ_OK) {
+        dj__http_stop(h);
+        return st;
+    }
+    const unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                           (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    /* MHD's own cap sits above ours so the requests over it get a 503 */
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_conns + 16),
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
+                              on_completed, h, MHD_OPTION_END);
+    if (!h->mhd) {
+        dj__http_stop(h);
+        return dj_fail(DJ_EIO, "--http %s: cannot start the HTTP listener: %s", cfg->addr, strerror(errno));
+    }
+    *out = h;
+    return DJ_OK;
+}
+
+uint16_t dj__http_port(const dj__http *h) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    return di ? di->port : 0;
+}
+
+void dj__http_stop(dj__http *h) {
+    if (!h) return;
+    if (h->mhd) MHD_stop_daemon(h->mhd);
+    for (dj__http_model *m = h->models, *n; m; m = n) {
+        n = m->next;
+        dj_tokenizer_free(m->tok);
+        dj_chat_template_free(m->tpl);
+        free(m);
+    }
+    for (size_t b = 0; h->peers.b && b < h->peers.n_buckets; b++)
+        for (dj__ment *e = h->peers.b[b]; e; e = e->next) free(e->val);
+    dj__map_destroy(&h->peers);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}

@@ -1,0 +1,97 @@
+/* http_impl.h: djinnd's OpenAI-compatible HTTP front end - an in-process
+ * client of the daemon's own protocol (libdjinn) behind libmicrohttpd
+ * (http.c), and the OpenAI request/response JSON (http_openai.c). */
+#ifndef DJ_HTTP_IMPL_H
+#define DJ_HTTP_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/chat_template.h"
+#include "djinn/client.h"
+#include "djinn/tokenizer.h"
+#include "server/server_impl.h"
+
+/* ---- the front end (http.c) ---- */
+typedef struct dj__http_cfg {
+    const char *addr;        /* --http ADDR:PORT */
+    char daemon[320];        /* the daemon's own listener, as libdjinn dials it */
+    const char *models;      /* --models: tokenizers and chat templates are read here */
+    const dj__token *auth;   /* [n_auth] --token-file: bearer tokens (none: loopback peers only) */
+    size_t n_auth;
+    uint32_t max_conns;      /* --http-max-connections: requests at once; more get 503 */
+    uint64_t max_body;       /* --http-max-body: bytes; more get 413 */
+    uint32_t timeout_s;      /* --http-timeout-s: idle connection (headers, body) */
+} dj__http_cfg;
+typedef struct dj__http dj__http;
+dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
+void dj__http_stop(dj__http *h); /* NULL does nothing */
+uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0) */
+
+/* What the front end keeps of a model of the store (loaded on first use). */
+typedef struct dj__http_model {
+    char name[128];
+    dj_tokenizer_t *tok;      /* NULL: the model has no tokenizer.json */
+    dj_chat_template_t *tpl;  /* NULL: no chat template (tpl_why says why) */
+    char tpl_why[384];
+    uint32_t max_pos;         /* config.json's max_position_embeddings */
+    struct dj__http_model *next;
+} dj__http_model;
+
+/* A growing byte buffer. */
+typedef struct dj__buf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} dj__buf;
+void dj__buf_put(dj__buf *b, const char *s, size_t n);
+void dj__buf_free(dj__buf *b);
+
+/* ---- one OpenAI request (http_openai.c) ---- */
+#define DJ__OAI_MAX_STOP 4
+typedef struct dj__oai {
+    bool chat, stream, include_usage;
+    char model[128];
+    char id[48];             /* chatcmpl-... / cmpl-... */
+    int64_t created;         /* unix seconds */
+    dj_qos qos;
+    bool max_given;
+    uint32_t max_tokens;
+    dj_sampler_params sampling;
+    char *stop[DJ__OAI_MAX_STOP]; /* malloc'd */
+    size_t stop_len[DJ__OAI_MAX_STOP], n_stop, max_stop_len;
+    void *messages, *tools;  /* cJSON * (chat), owned */
+    char *prompt;            /* completions: text (malloc'd), or */
+    int32_t *ids;            /* the prompt's token ids (malloc'd, n_ids) */
+    size_t n_ids;
+    /* the generation so far */
+    dj__buf text;            /* generated text (cut at a stop string) */
+    size_t sent;             /* stream: bytes of text already sent */
+    uint32_t n_generated;
+    bool finished, role_sent;
+    const char *finish;      /* "stop" or "length" */
+} dj__oai;
+
+/* The request body (JSON) into o. Returns 0, or the HTTP status to answer
+ * with err (a message for the client). qos_header: X-Djinn-QoS or NULL. */
+int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char *qos_header, char *err, size_t cap);
+/* The prompt's token ids: a chat rendered by the model's template (special
+ * tokens as written, no BOS added - the template writes it), a completion's
+ * text encoded with the tokenizer's BOS. 0 or an HTTP status with err. */
+int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap);
+/* Generated text arrives; sets finished (finish "stop") at a stop string. */
+void dj__oai_text(dj__oai *o, const char *text, size_t n);
+/* The daemon's DONE reason ("length", "stop", "context"). */
+void dj__oai_done(dj__oai *o, const char *reason);
+/* The whole answer (stream false), malloc'd. */
+char *dj__oai_response(const dj__oai *o, size_t *len /* OUT */);
+/* Server-sent events for what is new (text that can no longer be part of a
+ * stop string; with last, the rest, the finish chunk, usage if asked and
+ * [DONE]) appended to out. */
+void dj__oai_events(dj__oai *o, bool last, dj__buf *out);
+void dj__oai_free(dj__oai *o);
+/* OpenAI's error JSON for an HTTP status, malloc'd. */
+char *dj__oai_error(int status, const char *message, size_t *len /* OUT */);
+
+#endif

@@ -1,0 +1,459 @@
+/* http_openai.c: the OpenAI API's JSON - requests of /v1/completions and
+ * /v1/chat/completions checked field by field, the prompt through the model's
+ * chat template and tokenizer, stop strings, answers and streamed chunks. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/http_impl.h"
+
+#define MAX_STOP_BYTES 256
+
+void dj__buf_put(dj__buf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+void dj__buf_free(dj__buf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+static int bad(char *err, size_t cap, const char *fmt, const char *field) {
+    snprintf(err, cap, fmt, field);
+    return 400;
+}
+
+/* A number field in [lo, hi] into *out; absent or null leaves *out. */
+static int number(const cJSON *req, const char *key, double lo, double hi, double *out, bool *given, char *err,
+                  size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, key);
+    if (given) *given = false;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return bad(err, cap, "'%s' must be a number", key);
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        snprintf(err, cap, "'%s' is %g: it must be in [%g, %g]", key, v->valuedouble, lo, hi);
+        return 400;
+    }
+    *out = v->valuedouble;
+    if (given) *given = true;
+    return 0;
+}
+
+static int parse_stop(dj__oai *o, const cJSON *v, char *err, size_t cap) {
+    if (!v || cJSON_IsNull(v)) return 0;
+    const cJSON *one = cJSON_IsString(v) ? v : NULL;
+    if (!one && !cJSON_IsArray(v)) return bad(err, cap, "'%s' must be a string or an array of strings", "stop");
+    if (!one && cJSON_GetArraySize(v) > DJ__OAI_MAX_STOP) {
+        snprintf(err, cap, "'stop' has %d strings: at most %d", cJSON_GetArraySize(v), DJ__OAI_MAX_STOP);
+        return 400;
+    }
+    for (const cJSON *s = one ? one : v->child; s; s = one ? NULL : s->next) {
+        if (!cJSON_IsString(s)) return bad(err, cap, "'%s' must be a string or an array of strings", "stop");
+        const size_t n = strlen(s->valuestring);
+        if (n == 0) continue;
+        if (n > MAX_STOP_BYTES) {
+            snprintf(err, cap, "a 'stop' string has %zu bytes: at most %d", n, MAX_STOP_BYTES);
+            return 400;
+        }
+        if (!(o->stop[o->n_stop] = strdup(s->valuestring))) return 500;
+        o->stop_len[o->n_stop++] = n;
+        if (n > o->max_stop_len) o->max_stop_len = n;
+    }
+    return 0;
+}
+
+static int parse_qos(dj__oai *o, const char *name, char *err, size_t cap) {
+    for (int q = 0; q < DJ_QOS_COUNT; q++)
+        if (!strcmp(name, dj_qos_name((dj_qos)q))) {
+            o->qos = (dj_qos)q;
+            return 0;
+        }
+    snprintf(err, cap, "QoS class '%.32s' is not realtime, interactive or batch", name);
+    return 400;
+}
+
+/* Every message: an object with a string role, content a string, null or a
+ * list of parts (what the templates read). */
+static int check_messages(const cJSON *msgs, char *err, size_t cap) {
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return bad(err, cap, "'%s' must be a non-empty array", "messages");
+    int i = 0;
+    for (const cJSON *m = msgs->child; m; m = m->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+            snprintf(err, cap, "messages[%d] must be an object with a string 'role'", i);
+            return 400;
+        }
+        if (content && !cJSON_IsString(content) && !cJSON_IsNull(content) && !cJSON_IsArray(content)) {
+            snprintf(err, cap, "messages[%d].content must be a string, an array of parts or null", i);
+            return 400;
+        }
+    }
+    return 0;
+}
+
+int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char *qos_header, char *err, size_t cap) {
+    memset(o, 0, sizeof *o);
+    o->chat = chat;
+    o->qos = DJ_QOS_INTERACTIVE;
+    o->created = (int64_t)time(NULL);
+    uint8_t rnd[12];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) memset(rnd, 0, sizeof rnd);
+    int k = snprintf(o->id, sizeof o->id, "%s", chat ? "chatcmpl-" : "cmpl-");
+    for (size_t i = 0; i < sizeof rnd; i++) k += snprintf(o->id + k, sizeof o->id - (size_t)k, "%02x", rnd[i]);
+    cJSON *req = cJSON_ParseWithLength(body, n);
+    if (!req) return bad(err, cap, "%s", "the body is not valid JSON");
+    int rc = 0;
+    if (!cJSON_IsObject(req)) {
+        rc = bad(err, cap, "%s", "the body must be a JSON object");
+        goto done;
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "model");
+    if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) >= sizeof o->model) {
+        rc = bad(err, cap, "'%s' must be a model name (a folder of the server's model store)", "model");
+        goto done;
+    }
+    snprintf(o->model, sizeof o->model, "%s", v->valuestring);
+    v = cJSON_GetObjectItemCaseSensitive(req, "stream");
+    if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) {
+        rc = bad(err, cap, "'%s' must be true or false", "stream");
+        goto done;
+    }
+    o->stream = cJSON_IsTrue(v);
+    v = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsObject(v)) {
+            rc = bad(err, cap, "'%s' must be an object", "stream_options");
+            goto done;
+        }
+        o->include_usage = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "include_usage"));
+    }
+    /* max_completion_tokens (chat's newer name) wins over max_tokens */
+    double x = 0;
+    bool given = false;
+    static const char *const max_keys[] = {"max_tokens", "max_completion_tokens"};
+    for (int k = 0; k < 2; k++) {
+        if ((rc = number(req, max_keys[k], 0, UINT32_MAX, &x, &given, err, cap))) goto done;
+        if (given && x != floor(x)) {
+            rc = bad(err, cap, "'%s' must be an integer", max_keys[k]);
+            goto done;
+        }
+        if (given) o->max_given = true, o->max_tokens = (uint32_t)x;
+    }
+    x = 1.0;
+    if ((rc = number(req, "temperature", 0, 2, &x, NULL, err, cap))) goto done;
+    o->sampling.temperature = (float)x;
+    x = 1.0;
+    if ((rc = number(req, "top_p", 0, 1, &x, NULL, err, cap))) goto done;
+    if (x <= 0) {
+        rc = bad(err, cap, "'%s' must be greater than 0", "top_p");
+        goto done;
+    }
+    o->sampling.top_p = (float)x;
+    x = 0;
+    if ((rc = number(req, "presence_penalty", -2, 2, &x, NULL, err, cap))) goto done;
+    o->sampling.presence_penalty = (float)x;
+    x = 0;
+    if ((rc = number(req, "frequency_penalty", -2, 2, &x, NULL, err, cap))) goto done;
+    o->sampling.frequency_penalty = (float)x;
+    x = 0;
+    if ((rc = number(req, "seed", -9.2e18, 9.2e18, &x, &given, err, cap))) goto done;
+    o->sampling.seed = given ? (uint64_t)(int64_t)x : 0;
+    if (given && x != floor(x)) {
+        rc = bad(err, cap, "'%s' must be an integer", "seed");
+        goto done;
+    }
+    x = 1;
+    if ((rc = number(req, "n", 1, 1, &x, NULL, err, cap))) goto done;
+    /* what we do not do yet is refused, not ignored */
+    v = cJSON_GetObjectItemCaseSensitive(req, "logprobs");
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(req, "top_logprobs");
+    if ((v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0)) ||
+        (tl && !cJSON_IsNull(tl))) {
+        rc = bad(err, cap, "%s", "'logprobs' and 'top_logprobs' are not supported yet by djinnd");
+        goto done;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(req, "echo");
+    if (cJSON_IsTrue(v)) {
+        rc = bad(err, cap, "%s", "'echo' is not supported yet by djinnd");
+        goto done;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(req, "suffix");
+    if (v && !cJSON_IsNull(v)) {
+        rc = bad(err, cap, "%s", "'suffix' is not supported by djinnd");
+        goto done;
+    }
+    if ((rc = parse_stop(o, cJSON_GetObjectItemCaseSensitive(req, "stop"), err, cap))) goto done;
+    v = cJSON_GetObjectItemCaseSensitive(req, "qos");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) {
+            rc = bad(err, cap, "'%s' must be a string", "qos");
+            goto done;
+        }
+        if ((rc = parse_qos(o, v->valuestring, err, cap))) goto done;
+    } else if (qos_header && (rc = parse_qos(o, qos_header, err, cap))) {
+        goto done;
+    }
+    if (chat) {
+        cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
+        if ((rc = check_messages(msgs, err, cap))) goto done;
+        o->messages = cJSON_DetachItemViaPointer(req, msgs);
+        cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
+        if (tools && !cJSON_IsNull(tools)) {
+            if (!cJSON_IsArray(tools)) {
+                rc = bad(err, cap, "'%s' must be an array", "tools");
+                goto done;
+            }
+            o->tools = cJSON_DetachItemViaPointer(req, tools);
+        }
+    } else {
+        v = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+        /* a string, [string] or [int, ...] (token ids) */
+        if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child)) v = v->child;
+        if (cJSON_IsString(v)) {
+            if (!(o->prompt = strdup(v->valuestring))) rc = 500;
+        } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
+            const int n_ids = cJSON_GetArraySize(v);
+            if (!(o->ids = malloc((size_t)n_ids * sizeof *o->ids))) {
+                rc = 500;
+                goto done;
+            }
+            for (const cJSON *e = v->child; e; e = e->next) {
+                if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > INT32_MAX ||
+                    e->valuedouble != floor(e->valuedouble)) {
+                    rc = bad(err, cap, "%s", "'prompt' must be a string, one string, or an array of token ids");
+                    goto done;
+                }
+                o->ids[o->n_ids++] = (int32_t)e->valuedouble;
+            }
+        } else {
+            rc = bad(err, cap, "%s", "'prompt' must be a string, one string, or an array of token ids");
+        }
+    }
+done:
+    cJSON_Delete(req);
+    return rc;
+}
+
+int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
+    if (o->ids) return 0; /* given as ids */
+    if (!m->tok) {
+        snprintf(err, cap, "model '%s' has no tokenizer.json: send the prompt as token ids", m->name);
+        return 400;
+    }
+    char *text = o->prompt;
+    size_t len = text ? strlen(text) : 0;
+    if (o->chat) {
+        if (!m->tpl) {
+            snprintf(err, cap, "model '%s' has no usable chat template: %s", m->name, m->tpl_why);
+            return 400;
+        }
+        cJSON *vars = cJSON_CreateObject();
+        if (!vars) return 500;
+        cJSON_AddItemReferenceToObject(vars, "messages", o->messages);
+        if (o->tools) cJSON_AddItemReferenceToObject(vars, "tools", o->tools);
+        cJSON_AddBoolToObject(vars, "add_generation_prompt", true);
+        char *vj = cJSON_PrintUnformatted(vars);
+        cJSON_Delete(vars);
+        if (!vj) return 500;
+        dj_status st = dj_chat_template_render(m->tpl, vj, strlen(vj), &text, &len);
+        free(vj);
+        if (st != DJ_OK) {
+            snprintf(err, cap, "the chat template of '%s' refused these messages: %s", m->name, dj_last_error());
+            return 400;
+        }
+    }
+    dj_status st = dj_tokenizer_encode(m->tok, text, len, !o->chat, &o->ids, &o->n_ids);
+    if (o->chat) free(text);
+    if (st != DJ_OK) {
+        snprintf(err, cap, "the prompt cannot be tokenized: %s", dj_last_error());
+        return 400;
+    }
+    if (o->n_ids == 0) {
+        snprintf(err, cap, "the prompt has no tokens");
+        return 400;
+    }
+    return 0;
+}
+
+void dj__oai_text(dj__oai *o, const char *text, size_t n) {
+    if (o->finished || !n) return;
+    const size_t old = o->text.n;
+    dj__buf_put(&o->text, text, n);
+    if (!o->n_stop || o->text.oom) return;
+    /* a stop string may straddle the old end */
+    size_t from = old > o->max_stop_len ? old - o->max_stop_len : 0;
+    size_t cut = SIZE_MAX;
+    for (size_t s = 0; s < o->n_stop; s++) {
+        const char *hit = memmem(o->text.p + from, o->text.n - from, o->stop[s], o->stop_len[s]);
+        if (hit && (size_t)(hit - o->text.p) < cut) cut = (size_t)(hit - o->text.p);
+    }
+    if (cut != SIZE_MAX) {
+        o->text.n = cut;
+        o->text.p[cut] = '\0';
+        o->finished = true;
+        o->finish = "stop";
+    }
+}
+
+void dj__oai_done(dj__oai *o, const char *reason) {
+    if (o->finish) return;
+    o->finished = true;
+    o->finish = !strcmp(reason, "stop") ? "stop" : "length";
+}
+
+static void add_usage(const dj__oai *o, cJSON *r) {
+    cJSON *u = cJSON_AddObjectToObject(r, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)o->n_ids);
+    cJSON_AddNumberToObject(u, "completion_tokens", o->n_generated);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)o->n_ids + o->n_generated);
+}
+
+static cJSON *head(const dj__oai *o, const char *object) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", o->id);
+    cJSON_AddStringToObject(r, "object", object);
+    cJSON_AddNumberToObject(r, "created", (double)o->created);
+    cJSON_AddStringToObject(r, "model", o->model);
+    return r;
+}
+
+static char *print(cJSON *r, size_t *len) {
+    char *s = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    *len = s ? strlen(s) : 0;
+    return s;
+}
+
+char *dj__oai_response(const dj__oai *o, size_t *len) {
+    cJSON *r = head(o, o->chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    const char *text = o->text.p ? o->text.p : "";
+    if (o->chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", o->finish ? o->finish : "length");
+    cJSON_AddItemToArray(choices, c);
+    add_usage(o, r);
+    return print(r, len);
+}
+
+static void event(dj__buf *out, cJSON *r) {
+    size_t n;
+    char *s = print(r, &n);
+    if (!s) {
+        out->oom = true;
+        return;
+    }
+    dj__buf_put(out, "data: ", 6);
+    dj__buf_put(out, s, n);
+    dj__buf_put(out, "\n\n", 2);
+    free(s);
+}
+
+/* One chunk: a delta of text (may be NULL) and/or the finish reason. */
+static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const char *finish, dj__buf *out) {
+    cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    char *t = strndup(text ? text : "", n);
+    if (o->chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (text) cJSON_AddStringToObject(d, "content", t ? t : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", t ? t : "");
+    }
+    free(t);
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    event(out, r);
+}
+
+/* Bytes at the end of the text that could still begin a stop string. */
+static size_t holdback(const dj__oai *o) {
+    size_t keep = 0;
+    for (size_t s = 0; s < o->n_stop; s++)
+        for (size_t k = o->stop_len[s] - 1; k > keep; k--)
+            if (k <= o->text.n && !memcmp(o->text.p + o->text.n - k, o->stop[s], k)) {
+                keep = k;
+                break;
+            }
+    return keep;
+}
+
+void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
+    if (o->chat && !o->role_sent) {
+        chunk(o, "", 0, true, NULL, out);
+        o->role_sent = true;
+    }
+    const size_t upto = last || o->finished ? o->text.n : o->text.n - holdback(o);
+    if (upto > o->sent) {
+        chunk(o, o->text.p + o->sent, upto - o->sent, false, NULL, out);
+        o->sent = upto;
+    }
+    if (!last) return;
+    chunk(o, NULL, 0, false, o->finish ? o->finish : "length", out);
+    if (o->include_usage) {
+        cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(r, "choices");
+        add_usage(o, r);
+        event(out, r);
+    }
+    dj__buf_put(out, "data: [DONE]\n\n", 14);
+}
+
+void dj__oai_free(dj__oai *o) {
+    for (size_t s = 0; s < o->n_stop; s++) free(o->stop[s]);
+    cJSON_Delete(o->messages);
+    cJSON_Delete(o->tools);
+    free(o->prompt);
+    free(o->ids);
+    dj__buf_free(&o->text);
+    memset(o, 0, sizeof *o);
+}
+
+char *dj__oai_error(int status, const char *message, size_t *len) {
+    const char *type = status == 401   ? "authentication_error"
+                       : status == 403 ? "permission_error"
+                       : status == 404 ? "not_found_error"
+                       : status == 429 ? "rate_limit_error"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    cJSON *r = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(r, "error");
+    cJSON_AddStringToObject(e, "message", message);
+    cJSON_AddStringToObject(e, "type", type);
+    cJSON_AddNullToObject(e, "param");
+    if (status == 404 && !strncmp(message, "model", 5)) cJSON_AddStringToObject(e, "code", "model_not_found");
+    else cJSON_AddNullToObject(e, "code");
+    return print(r, len);
+}

@@ -1,0 +1,418 @@
+/* test_http.c: djinnd --http against the binary protocol on the demo model -
+ * completions and chat (the model's chat template) equal to the same
+ * generation through libdjinn, streamed and not, stop strings, OpenAI errors
+ * and limits, bearer tokens and QoS, clients that leave mid-generation. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "djinn/client.h"
+#include "djinn/tokenizer.h"
+#include "daemon_util.h"
+#include "testutil.h"
+
+static char tmpdir[] = "/tmp/dj_http_XXXXXX";
+static char store[400];
+
+#define CHAT_TEMPLATE                                                                                          \
+    "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content | trim }}\\n{% endfor %}"                \
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+
+/* A model store: demo (no chat template) and demo-chat (the same weights
+ * with a tokenizer_config.json that has one). */
+static bool make_store(void) {
+    snprintf(store, sizeof store, "%s/store", tmpdir);
+    char p[600], q[600];
+    if (mkdir(store, 0700)) return false;
+    snprintf(p, sizeof p, "%s/demo", store);
+    if (symlink(DJ_SOURCE_DIR "/models/demo", p)) return false;
+    snprintf(p, sizeof p, "%s/demo-chat", store);
+    if (mkdir(p, 0700)) return false;
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/demo-chat/%s", store, files[i]);
+        snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
+        if (symlink(q, p)) return false;
+    }
+    snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
+    FILE *f = fopen(p, "w");
+    if (!f) return false;
+    fprintf(f, "{\"bos_token\": \"<|bos|>\", \"eos_token\": \"<|eos|>\", \"chat_template\": \"%s\"}\n", CHAT_TEMPLATE);
+    fclose(f);
+    return true;
+}
+
+/* djinnd with --http on the store: *addr its listener, *http_port the API's port. */
+static pid_t start(int slot, const char *const *extra, char *addr, size_t cap, unsigned *http_port) {
+    const char *args[16] = {"--models", store, "--http", "127.0.0.1:0"};
+    int n = 4;
+    for (int i = 0; extra && extra[i] && n < 15; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
+                                   .wait_ms = 10000};
+    pid_t pid = dj_test_daemon_start(slot, &o, args, addr, cap, NULL);
+    *http_port = 0;
+    char path[600];
+    snprintf(path, sizeof path, "%s/port%d", tmpdir, slot);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        unsigned a = 0, b = 0;
+        if (fscanf(f, "%u %u", &a, &b) == 2) *http_port = b;
+        fclose(f);
+    }
+    return pid;
+}
+
+/* The text of a non-streamed answer ("" on failure). */
+static char *answer_text(const dj_test_resp *r, bool chat, char *finish, size_t cap, int *completion_tokens) {
+    cJSON *j = r->body ? cJSON_Parse(r->body) : NULL;
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+    const cJSON *t = chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "message"), "content")
+                          : cJSON_GetObjectItemCaseSensitive(c, "text");
+    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c, "finish_reason");
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "usage"), "completion_tokens");
+    if (finish) snprintf(finish, cap, "%s", cJSON_IsString(fr) ? fr->valuestring : "");
+    if (completion_tokens) *completion_tokens = cJSON_IsNumber(u) ? u->valueint : -1;
+    char *out = strdup(cJSON_IsString(t) ? t->valuestring : "");
+    cJSON_Delete(j);
+    return out;
+}
+
+/* The concatenated deltas of a streamed answer; checks the event framing. */
+static char *stream_text(const dj_test_resp *r, bool chat, char *finish, size_t cap, int *completion_tokens) {
+    char *out = calloc(1, r->len + 1);
+    size_t n = 0;
+    bool done = false;
+    if (finish) finish[0] = '\0';
+    if (completion_tokens) *completion_tokens = -1;
+    for (char *line = r->body; line && *line;) {
+        char *next = strstr(line, "\n\n");
+        if (next) *next = '\0';
+        CHECK_MSG(!strncmp(line, "data: ", 6), "not an event: %.80s", line);
+        if (!strcmp(line, "data: [DONE]")) done = true;
+        else {
+            cJSON *j = cJSON_Parse(line + 6);
+            const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+            const cJSON *t = chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "delta"), "content")
+                                  : cJSON_GetObjectItemCaseSensitive(c, "text");
+            if (cJSON_IsString(t)) {
+                memcpy(out + n, t->valuestring, strlen(t->valuestring));
+                n += strlen(t->valuestring);
+            }
+            const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c, "finish_reason");
+            if (cJSON_IsString(fr) && finish) snprintf(finish, cap, "%s", fr->valuestring);
+            const cJSON *u = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "usage"), "completion_tokens");
+            if (cJSON_IsNumber(u) && completion_tokens) *completion_tokens = u->valueint;
+            CHECK_MSG(j != NULL, "event is not JSON: %.80s", line);
+            cJSON_Delete(j);
+        }
+        line = next ? next + 2 : NULL;
+    }
+    CHECK_MSG(done, "the stream does not end with [DONE]");
+    return out;
+}
+
+/* ---- the binary protocol's answer for the same ids ---- */
+typedef struct collect {
+    char text[8192];
+    size_t n;
+    int tokens;
+} collect;
+static void on_token(int32_t id, const char *text, size_t len, void *user) {
+    collect *c = user;
+    if (id >= 0) c->tokens++;
+    if (c->n + len < sizeof c->text) {
+        memcpy(c->text + c->n, text, len);
+        c->n += len;
+        c->text[c->n] = '\0';
+    }
+}
+
+static collect reference(const char *addr, const char *model, const char *text, bool add_bos, uint32_t max_tokens) {
+    collect c = {0};
+    dj_tokenizer_t *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    dj_client_t *cl = NULL;
+    uint64_t sess = 0;
+    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));
+    if (tok) CHECK_OK(dj_tokenizer_encode(tok, text, strlen(text), add_bos, &ids, &n_ids));
+    CHECK_OK(dj_client_connect(addr, NULL, &cl));
+    dj_session_opts so = {model, DJ_QOS_INTERACTIVE, 0};
+    if (cl) CHECK_OK(dj_client_session_open(cl, &so, &sess));
+    dj_generate_params gp = {.ids = ids, .n_ids = n_ids, .max_tokens = max_tokens, .sampling = {.top_p = 1.0f}};
+    if (sess) CHECK_OK(dj_client_generate(cl, sess, &gp, on_token, &c, NULL));
+    dj_client_free(cl);
+    free(ids);
+    dj_tokenizer_free(tok);
+    return c;
+}
+
+static void test_generation(const char *addr, unsigned port) {
+    /* completions: greedy, same text and count as libdjinn on the same ids */
+    collect ref = reference(addr, "demo", "Once upon a time", true, 24);
+    CHECK(ref.tokens == 24 && ref.n > 0);
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL,
+                     "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0}");
+    CHECK_MSG(r.status == 200, "status %d: %s", r.status, r.body ? r.body : "");
+    char finish[32];
+    int ct;
+    char *text = answer_text(&r, false, finish, sizeof finish, &ct);
+    CHECK_MSG(!strcmp(text, ref.text), "http '%s' vs binary '%s'", text, ref.text);
+    CHECK(!strcmp(finish, "length") && ct == 24);
+    CHECK(strstr(r.body, "\"prompt_tokens\"") && strstr(r.body, "\"object\":\"text_completion\""));
+    free(text);
+    dj_test_resp_free(&r);
+
+    r = dj_test_http_request(port, "POST", "/v1/completions", NULL,
+                "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0, "
+                "\"stream\": true, \"stream_options\": {\"include_usage\": true}}");
+    CHECK(r.status == 200);
+    text = stream_text(&r, false, finish, sizeof finish, &ct);
+    CHECK_MSG(!strcmp(text, ref.text), "stream '%s' vs binary '%s'", text, ref.text);
+    CHECK(!strcmp(finish, "length") && ct == 24);
+    free(text);
+    dj_test_resp_free(&r);
+
+    /* stop strings, cut and trimmed, streamed and not (the stream holds back
+     * what may begin one): a piece from the middle of the reference */
+    const size_t at = ref.n / 2;
+    char stop[8] = "";
+    memcpy(stop, ref.text + at, 3);
+    char *want = strndup(ref.text, (size_t)(strstr(ref.text, stop) - ref.text));
+    for (int stream = 0; stream < 2; stream++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, "
+                                    "\"temperature\": 0, \"stop\": [\"never-there\", \"%s\"], \"stream\": %s}",
+                 stop, stream ? "true" : "false");
+        r = dj_test_http_request(port, "POST", "/v1/completions", NULL, body);
+        CHECK(r.status == 200);
+        text = stream ? stream_text(&r, false, finish, sizeof finish, NULL) : answer_text(&r, false, finish, sizeof finish, NULL);
+        CHECK_MSG(!strcmp(text, want) && !strcmp(finish, "stop"), "stop '%s' (stream %d): got '%s' (%s), want '%s'",
+                  stop, stream, text, finish, want);
+        free(text);
+        dj_test_resp_free(&r);
+    }
+    free(want);
+
+    /* chat: the model's template, no second BOS; both forms */
+    collect cref = reference(addr, "demo-chat", "<|bos|>system: Be brief.\nuser: Hello there\nassistant:", false, 16);
+    const char *chat = "{\"model\": \"demo-chat\", \"max_completion_tokens\": 16, \"temperature\": 0, \"messages\": "
+                       "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+                       "\" Hello there \"}]%s}";
+    char body[1024];
+    snprintf(body, sizeof body, chat, "");
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
+    CHECK_MSG(r.status == 200, "chat status %d: %s", r.status, r.body ? r.body : "");
+    text = answer_text(&r, true, finish, sizeof finish, &ct);
+    CHECK_MSG(!strcmp(text, cref.text), "chat '%s' vs binary '%s'", text, cref.text);
+    CHECK(strstr(r.body, "\"role\":\"assistant\"") && strstr(r.body, "\"object\":\"chat.completion\""));
+    free(text);
+    dj_test_resp_free(&r);
+    snprintf(body, sizeof body, chat, ", \"stream\": true");
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", "X-Djinn-QoS: batch\r\n", body);
+    CHECK(r.status == 200);
+    text = stream_text(&r, true, finish, sizeof finish, NULL);
+    CHECK_MSG(!strcmp(text, cref.text), "chat stream '%s' vs binary '%s'", text, cref.text);
+    CHECK(r.body && strstr(r.body, "\"delta\":{\"role\":\"assistant\"") != NULL);
+    free(text);
+    dj_test_resp_free(&r);
+
+    /* sampled with a seed: the same twice */
+    const char *seeded = "{\"model\": \"demo\", \"prompt\": [\"The\"], \"max_tokens\": 12, \"temperature\": 0.9, "
+                         "\"top_p\": 0.9, \"seed\": 7, \"presence_penalty\": 0.5, \"frequency_penalty\": 0.3}";
+    dj_test_resp a = dj_test_http_request(port, "POST", "/v1/completions", NULL, seeded), b = dj_test_http_request(port, "POST", "/v1/completions", NULL, seeded);
+    char *ta = answer_text(&a, false, NULL, 0, NULL), *tb = answer_text(&b, false, NULL, 0, NULL);
+    CHECK_MSG(a.status == 200 && !strcmp(ta, tb), "seeded: '%s' vs '%s'", ta, tb);
+    free(ta);
+    free(tb);
+    dj_test_resp_free(&a);
+    dj_test_resp_free(&b);
+
+    r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "\"id\":\"demo-chat\"") && strstr(r.body, "\"object\":\"list\""));
+    dj_test_resp_free(&r);
+}
+
+/* status and OpenAI's error object with the type */
+static void expect_error(unsigned port, const char *method, const char *path, const char *headers, const char *body,
+                         int status, const char *needle) {
+    dj_test_resp r = dj_test_http_request(port, method, path, headers, body);
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+    CHECK_MSG(r.status == status && cJSON_IsString(m) && strstr(m->valuestring, needle),
+              "%s %s %.60s: got %d %s, want %d with '%s'", method, path, body ? body : "", r.status,
+              r.body ? r.body : "", status, needle);
+    cJSON_Delete(j);
+    dj_test_resp_free(&r);
+}
+
+static void test_errors(unsigned port) {
+    const char *P = "/v1/completions";
+    expect_error(port, "POST", P, NULL, "{not json", 400, "not valid JSON");
+    expect_error(port, "POST", P, NULL, "[1]", 400, "JSON object");
+    expect_error(port, "POST", P, NULL, "{\"prompt\": \"x\"}", 400, "'model'");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"temperature\": \"hot\"}", 400, "'temperature'");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"temperature\": 3}", 400, "[0, 2]");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 1.5}", 400, "integer");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 0}", 400, "at least 1");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"n\": 2}", 400, "'n'");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"stop\": [1]}", 400, "'stop'");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"logprobs\": 2}", 400, "not supported yet");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": {}}", 400, "'prompt'");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": [99999999]}", 400, "djinnd");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"qos\": \"urgent\"}", 400, "QoS");
+    expect_error(port, "POST", P, "X-Djinn-QoS: fast\r\n", "{\"model\": \"demo\", \"prompt\": \"x\"}", 400, "QoS");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"nope\", \"prompt\": \"x\"}", 404, "not in djinnd's model store");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"../demo\", \"prompt\": \"x\"}", 404, "model");
+    expect_error(port, "POST", "/v1/chat/completions", NULL, "{\"model\": \"demo\", \"messages\": [{\"role\": \"user\", "
+                 "\"content\": \"hi\"}]}", 400, "no usable chat template");
+    expect_error(port, "POST", "/v1/chat/completions", NULL, "{\"model\": \"demo-chat\", \"messages\": []}", 400, "'messages'");
+    expect_error(port, "POST", "/v1/chat/completions", NULL, "{\"model\": \"demo-chat\", \"messages\": [{\"content\": 1}]}",
+                 400, "role");
+    expect_error(port, "GET", P, NULL, NULL, 405, "not allowed");
+    expect_error(port, "GET", "/v2/things", NULL, NULL, 404, "no such endpoint");
+    /* a prompt longer than the model's context (512 positions) */
+    char *big = malloc(40000);
+    strcpy(big, "{\"model\": \"demo\", \"prompt\": \"");
+    for (int i = 0; i < 3000; i++) strcat(big, "word ");
+    strcat(big, "\"}");
+    expect_error(port, "POST", P, NULL, big, 400, "positions");
+    free(big);
+    /* a body over --http-max-body (64k here), announced or not */
+    size_t n = 100000;
+    char *huge = malloc(n + 64);
+    memset(huge, ' ', n);
+    strcpy(huge + n, "{}");
+    expect_error(port, "POST", P, NULL, huge, 413, "bytes");
+    free(huge);
+}
+
+/* a client that leaves mid-generation: its session goes (stats show none),
+ * and the daemon keeps serving */
+static void wait_no_sessions(const char *addr, const char *what) {
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    size_t left = 99;
+    for (int i = 0; c && i < 100; i++) {
+        dj_client_stats st;
+        if (dj_client_stats_get(c, &st) != DJ_OK) break;
+        left = st.n_sessions;
+        dj_client_stats_free(&st);
+        if (!left) break;
+        dj_test_sleep_ms(50);
+    }
+    CHECK_MSG(left == 0, "%s: %zu sessions left", what, left);
+    dj_client_free(c);
+}
+
+static void test_disconnect(const char *addr, unsigned port) {
+    const char *body = "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 400, \"stream\": true, "
+                       "\"temperature\": 1.0, \"seed\": 3}";
+    int fd = dj_test_http_connect(port);
+    CHECK(fd >= 0 && dj_test_http_send(fd, "POST", "/v1/completions", NULL, body));
+    char buf[512];
+    ssize_t k = recv(fd, buf, sizeof buf, 0); /* the first event */
+    CHECK(k > 0);
+    close(fd);
+    wait_no_sessions(addr, "stream left");
+    /* non-streamed: the request sent, then gone */
+    fd = dj_test_http_connect(port);
+    CHECK(fd >= 0 && dj_test_http_send(fd, "POST", "/v1/completions", NULL,
+                                  "{\"model\": \"demo\", \"prompt\": \"Once\", \"max_tokens\": 400, \"seed\": 4}"));
+    dj_test_sleep_ms(50);
+    close(fd);
+    wait_no_sessions(addr, "request left");
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 2}");
+    CHECK(r.status == 200);
+    dj_test_resp_free(&r);
+}
+
+/* --http-max-connections 2: two requests holding (their bodies unsent), the
+ * third gets 503 */
+static void test_busy(unsigned port) {
+    int a = dj_test_http_connect(port), b = dj_test_http_connect(port);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n";
+    CHECK(a >= 0 && b >= 0 && dj_test_send_all(a, head, strlen(head)) && dj_test_send_all(b, head, strlen(head)));
+    /* the two count once the server has read their headers: ask until it says so (5 s at most) */
+    int status = 0;
+    for (int i = 0; i < 50 && status != 503; i++) {
+        dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
+        status = r.status;
+        dj_test_resp_free(&r);
+        if (status != 503) dj_test_sleep_ms(100);
+    }
+    CHECK_MSG(status == 503, "third request: %d", status);
+    close(a);
+    close(b);
+    for (int i = 0; i < 50 && status != 200; i++) {
+        dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
+        status = r.status;
+        dj_test_resp_free(&r);
+        if (status != 200) dj_test_sleep_ms(100);
+    }
+    CHECK_MSG(status == 200, "after the two left: %d", status);
+}
+
+/* --token-file: bearer tokens, and QoS classes a token may not use */
+static void test_tokens(void) {
+    char path[600], addr[128];
+    snprintf(path, sizeof path, "%s/tokens", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fputs("good-token qos=interactive\nbatch-only qos=batch\n", f);
+    fclose(f);
+    const char *extra[] = {"--token-file", path, NULL};
+    unsigned port;
+    pid_t pid = start(1, extra, addr, sizeof addr, &port);
+    CHECK(pid > 0 && port > 0);
+    if (pid <= 0) return;
+    const char *body = "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 2}";
+    expect_error(port, "POST", "/v1/completions", NULL, body, 401, "Bearer");
+    expect_error(port, "POST", "/v1/completions", "Authorization: Bearer wrong\r\n", body, 401, "Bearer");
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer good-token\r\n", body);
+    CHECK_MSG(r.status == 200, "good token: %d %s", r.status, r.body ? r.body : "");
+    dj_test_resp_free(&r);
+    expect_error(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\n", body, 400, "qos");
+    r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\nX-Djinn-QoS: batch\r\n", body);
+    CHECK_MSG(r.status == 200, "batch token, batch class: %d %s", r.status, r.body ? r.body : "");
+    dj_test_resp_free(&r);
+    r = dj_test_http_request(port, "GET", "/v1/models", "Authorization: Bearer good-token\r\n", NULL);
+    CHECK(r.status == 200);
+    dj_test_resp_free(&r);
+    CHECK(dj_test_daemon_stop(1, 10000) == 0);
+}
+
+int main(void) {
+    /* nothing random here: one run, no seeds */
+    dj_test_daemon_guard();
+    if (!mkdtemp(tmpdir) || !make_store()) {
+        fprintf(stderr, "test_http: cannot make the model store in %s\n", tmpdir);
+        return 1;
+    }
+    char addr[128];
+    unsigned port;
+    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", NULL};
+    pid_t pid = start(0, extra, addr, sizeof addr, &port);
+    CHECK_MSG(pid > 0 && port > 0, "djinnd --http did not start");
+    if (pid > 0 && port > 0) {
+        test_generation(addr, port);
+        test_errors(port);
+        test_disconnect(addr, port);
+        test_busy(port);
+        CHECK(dj_test_daemon_stop(0, 10000) == 0);
+    }
+    test_tokens();
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    CHECK(system(cmd) == 0);
+    return dj_test_finish("test_http");
+}
