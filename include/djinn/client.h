@@ -45,9 +45,10 @@ typedef struct dj_session_opts {
     uint32_t expected_tokens; /* context to reserve; 0 = the model's (capped at 4096) */
 } dj_session_opts;
 dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session /* OUT */);
-/* The same, also giving the session's secret: a later connection (after this
- * one closed, within the lease) takes the session over with
- * dj_client_session_attach, its KV intact. */
+/* The same, opened with `reattach` and giving the session's secret (secret
+ * NULL: a plain open): when this connection closes the session waits out its
+ * lease, and a later connection takes it over with dj_client_session_attach,
+ * its KV intact. */
 dj_status dj_client_session_open_secret(dj_client_t *c, const dj_session_opts *o, uint64_t *session /* OUT */,
                                         uint64_t *secret /* OUT */);
 /* Reattach a session whose connection closed; *pos (optional): its position. */

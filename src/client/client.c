@@ -479,8 +479,7 @@ dj_status dj_client_model_unload(dj_client_t *c, const char *name) {
 /* ---- sessions ---- */
 
 dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session) {
-    uint64_t secret;
-    return dj_client_session_open_secret(c, o, session, &secret);
+    return dj_client_session_open_secret(c, o, session, NULL);
 }
 
 dj_status dj_client_session_attach(dj_client_t *c, uint64_t session, uint64_t secret, uint32_t *pos) {
@@ -501,17 +500,18 @@ dj_status dj_client_session_attach(dj_client_t *c, uint64_t session, uint64_t se
 dj_status dj_client_session_open_secret(dj_client_t *c, const dj_session_opts *o, uint64_t *session,
                                         uint64_t *secret) {
     *session = 0;
-    *secret = 0;
+    if (secret) *secret = 0;
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_str(&w, "model", o->model ? o->model : "");
     dj__mw_str(&w, "qos", dj_qos_name(o->qos));
     if (o->expected_tokens) dj__mw_u64(&w, "expected_tokens", o->expected_tokens);
+    if (secret) dj__mw_bool(&w, "reattach", true);
     dj__meta m;
     dj_status st = call(c, DJ_MSG_SESSION_OPEN, &w, &m, NULL);
     if (st != DJ_OK) return st;
     st = dj__meta_u64(&m, "session", true, session);
-    if (st == DJ_OK) st = dj__meta_u64(&m, "secret", true, secret);
+    if (st == DJ_OK && secret) st = dj__meta_u64(&m, "secret", true, secret);
     dj__meta_destroy(&m);
     return st;
 }

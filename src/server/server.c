@@ -318,9 +318,10 @@ static void on_closed(uv_handle_t *h) {
     dj__map_del(&s->conns, c->id);
     pthread_mutex_lock(&s->mu);
     dj__map_del(&s->live_conns, c->id);
-    /* Its sessions wait out their leases for a SESSION_ATTACH (an agent
-     * process that restarts keeps its KV); their requests are cancelled by
-     * the worker. Past DJ__MAX_ORPHANS orphans, they die at once. */
+    /* Its sessions die, except those opened with `reattach`: they wait out
+     * their leases for a SESSION_ATTACH (an agent process that restarts keeps
+     * its KV); their requests are cancelled by the worker. Past
+     * DJ__MAX_ORPHANS orphans, they die at once too. */
     size_t orphans = 0;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next) orphans += ((dj__sess *)e->val)->orphan;
@@ -328,7 +329,7 @@ static void on_closed(uv_handle_t *h) {
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
             dj__sess *ss = e->val;
             if (ss->conn == c->id && !ss->dead) {
-                if (orphans < DJ__MAX_ORPHANS) {
+                if (ss->reattach && orphans < DJ__MAX_ORPHANS) {
                     ss->orphan = true;
                     ss->conn = 0;
                     orphans++;

@@ -106,6 +106,7 @@ typedef struct dj__sess {
     dj_qos qos;
     uint64_t lease_deadline_ms; /* monotonic; renewed by heartbeats and requests */
     bool paused, dead;          /* dead: closed, or its lease over; the worker reaps it */
+    bool reattach;              /* opened with `reattach`: it outlives its connection (until its lease ends) */
     bool orphan;                /* its connection closed: it waits out its lease for a SESSION_ATTACH
                                  * (the worker cancels the old connection's requests on it) */
     uint64_t paused_expect_ms;

@@ -373,8 +373,10 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     if (n_open >= s->cfg.max_sessions)
         return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
                        s->cfg.max_sessions);
+    bool reattach = false;
     dj_status st = dj__meta_strcpy(&j->meta, "model", true, model, sizeof model);
     if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
+    if (st == DJ_OK) st = dj__meta_bool(&j->meta, "reattach", false, &reattach);
     if (st == DJ_OK) st = dj__meta_u32(&j->meta, "expected_tokens", false, &expect);
     if (st != DJ_OK) return st;
     dj_qos qos;
@@ -406,6 +408,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     }
     ss->conn = j->conn;
     ss->qos = qos;
+    ss->reattach = reattach;
     ss->max_ctx = ctx;
     ss->pending = -1;
     ss->ment = e;
@@ -437,7 +440,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
            (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
     dj__mw_u64(w, "session", ss->id);
-    dj__mw_u64(w, "secret", ss->secret);
+    if (reattach) dj__mw_u64(w, "secret", ss->secret);
     dj__mw_u64(w, "max_ctx", ctx);
     dj__mw_u64(w, "vocab", c->vocab_size);
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
