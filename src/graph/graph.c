@@ -16,6 +16,10 @@ const char *dj_op_name(dj_op op) {
     case DJ_OP_ATTENTION: return "attention";
     case DJ_OP_SILU_MUL: return "silu_mul";
     case DJ_OP_ADD: return "add";
+    case DJ_OP_GELU_MUL: return "gelu_mul";
+    case DJ_OP_SOFTCAP: return "softcap";
+    case DJ_OP_MOE_ROUTE: return "moe_route";
+    case DJ_OP_MOE_FFN: return "moe_ffn";
     case DJ_OP_COUNT: return "none";
     }
     return "unknown";
