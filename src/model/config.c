@@ -169,6 +169,9 @@ static dj_status parse_longrope(const cJSON *root, const cJSON *rs, const char *
     if (member(rs, okey)) st = get_u32(rs, where, okey, true, 0, 1, &cfg->rope_original_max_pos);
     else st = get_u32(root, "", okey, true, 0, 1, &cfg->rope_original_max_pos);
     if (st) return st;
+    if (cfg->rope_original_max_pos < 2) /* its logarithm divides */
+        return dj_fail(DJ_ERANGE, CFG "%s%s is %u, expected at least 2", where, okey,
+                       (unsigned)cfg->rope_original_max_pos);
     if (member(rs, "attention_factor"))
         return get_pos_float(rs, where, "attention_factor", true, 1.0f, &cfg->rope_attn_factor);
     float factor = (float)cfg->max_position_embeddings / (float)cfg->rope_original_max_pos;
