@@ -695,8 +695,9 @@ static void check_softcap(uint32_t n, uint32_t d, float cap, int inplace) {
  * rows routed to it (k model width, f expert width), both against the CPU;
  * the GPU expert reads the CPU's routing so both pick the same rows. sum: an
  * earlier expert's output to add to (else none). An expert no row chose
- * (unrouted: its route column is zeroed) gives the sum unchanged, its NaN
- * weights never read. */
+ * (unrouted: its route column is zeroed) gives the sum unchanged: under 32
+ * rows its NaN weights are never read, from 32 on (the dense GEMMs) they are
+ * read and weighted out. */
 static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t top_k, dj_dtype wt, int sum,
                       int unrouted) {
     uint16_t *lb = halloc((size_t)n * m), *xb = halloc((size_t)n * k), *sb = halloc((size_t)n * k);
@@ -830,7 +831,9 @@ static void check_arch_ops(void) {
     check_moe(37, 512, 320, 8, 2, DJ_DTYPE_BF16, 1, 0);
     check_moe(37, 512, 320, 8, 2, DJ_DTYPE_F16, 0, 0);
     check_moe(5, 256, 96, 16, 4, DJ_DTYPE_F32, 1, 0);
-    check_moe(64, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 1);
+    check_moe(64, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 1); /* GEMMs over every row: read, weighted out */
+    check_moe(9, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 0);  /* GEMV path: tiles of 4 routed rows */
+    check_moe(31, 4096, 1024, 8, 2, DJ_DTYPE_BF16, 0, 0);
 }
 
 /* ---- per-row arguments, device ids, argmax, graph capture ---- */
