@@ -192,10 +192,14 @@ int main(int argc, char **argv) {
     const uint32_t V = cfg.vocab_size;
 
     /* Bytes one decode step must read: every weight but the embedding table
-     * (one row of it), and the K/V of the context. */
+     * (one row of it) and, in a mixture of experts, but the experts no token
+     * chose (n_experts - n_experts_used of them per layer at batch 1), and the
+     * K/V of the context. */
     const size_t embed_bytes = (size_t)V * cfg.hidden_size * 2;
-    const double step_bytes = (double)needs.text_bytes - (cfg.tie_word_embeddings ? 0.0 : (double)embed_bytes) +
-                              (double)needs.kv_bytes_per_token * (o.ctx + o.steps / 2);
+    const double unrouted_bytes = (double)cfg.n_layers * (double)(cfg.n_experts - cfg.n_experts_used) * 3.0 *
+                                  (double)cfg.intermediate_size * (double)cfg.hidden_size * 2.0;
+    const double step_bytes = (double)needs.text_bytes - (cfg.tie_word_embeddings ? 0.0 : (double)embed_bytes) -
+                              unrouted_bytes + (double)needs.kv_bytes_per_token * (o.ctx + o.steps / 2);
     const double floor_ms = step_bytes / (copy_gbps * 1e9) * 1e3;
     const double floor_all_ms = (double)needs.text_bytes / (copy_gbps * 1e9) * 1e3; /* every weight byte */
 
@@ -376,7 +380,7 @@ int main(int argc, char **argv) {
     printf("%-44s %12.0f   %14s %10s\n", what, o.prefill / prefill_s, "", "");
     snprintf(what, sizeof what, "decode b=%u ctx %u (aggregate tok/s)", B, o.ctx);
     printf("%-44s %12.0f   %12.0f   %9.2fx\n", what, batch_tps, single_tps, batch_tps / single_tps);
-    printf("floor of a decode step: %.2f GB (weights without the embedding table, plus K/V) / copy rate;\n"
+    printf("floor of a decode step: %.2f GB (weights without the embedding table and unrouted experts, plus K/V) / copy rate;\n"
            "with every weight byte (%.2f GB) instead: %.3f ms, decode at %.2fx of it\n",
            step_bytes * 1e-9, (double)needs.text_bytes * 1e-9, floor_all_ms, dec_ms / floor_all_ms);
     printf("decode b=1 vs floor: %.2fx (bar 1.15x: %s); graphs: %zu recorded, %zu replays, %zu refused\n",

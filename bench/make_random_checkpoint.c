@@ -1,8 +1,10 @@
-/* make_random_checkpoint.c: writes a Hugging Face Llama-layout checkpoint of
- * a named full-size shape (config.json + model.safetensors) with random bf16
- * weights, for benchmarks: speed does not depend on what the weights mean.
- *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32]
- * Presets: tinyllama-1.1b, llama3-8b. */
+/* make_random_checkpoint.c: writes a Hugging Face checkpoint of a named
+ * full-size shape (config.json + model.safetensors) with random bf16 weights,
+ * for benchmarks: speed does not depend on what the weights mean.
+ *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N]
+ * Presets: tinyllama-1.1b, llama3-8b (Llama layout), qwen3-8b, gemma2-9b,
+ * mixtral-8x7b (their own layouts and configs). --layers keeps the first N
+ * layers (Mixtral 8x7B's 32 layers do not fit 80 GB: --layers 16). */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -13,16 +15,24 @@
 
 #include "djinn/dtype.h"
 
+typedef enum { ARCH_LLAMA, ARCH_QWEN3, ARCH_GEMMA2, ARCH_MIXTRAL } arch_kind;
+
 typedef struct preset {
     const char *name;
     int hidden, ffn, layers, heads, kv_heads, vocab, max_pos;
     double theta;
     int tie;
+    arch_kind arch;
+    int head_dim; /* 0: hidden / heads */
+    int experts;  /* Mixtral: experts per layer (2 per token) */
 } preset;
 
 static const preset PRESETS[] = {
-    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0, 0},
-    {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 0},
+    {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0, 0, ARCH_LLAMA, 0, 0},
+    {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 0, ARCH_LLAMA, 0, 0},
+    {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, 0, ARCH_QWEN3, 128, 0},
+    {"gemma2-9b", 3584, 14336, 42, 16, 8, 256000, 8192, 10000.0, 1, ARCH_GEMMA2, 256, 0},
+    {"mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, 1000000.0, 0, ARCH_MIXTRAL, 0, 8},
 };
 
 typedef struct tensor {
@@ -48,13 +58,16 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
         if (!strcmp(PRESETS[i].name, argv[1])) p = &PRESETS[i];
     if (!p) {
-        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3-8b)\n", argv[1]);
+        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3-8b, qwen3-8b, gemma2-9b, mixtral-8x7b)\n",
+                argv[1]);
         return 2;
     }
     const char *dir = argv[2];
     dj_dtype dt = DJ_DTYPE_BF16;
+    int layers = p->layers;
     for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
+        if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
         else if (!strcmp(argv[i], "--dtype")) dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32
                                                  : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
     }
@@ -70,8 +83,12 @@ int main(int argc, char **argv) {
         perror(dir);
         return 1;
     }
-    const int hd = p->hidden / p->heads;
-    const int n_t = p->layers * 9 + 3;
+    if (layers < 1 || layers > p->layers) {
+        fprintf(stderr, "--layers %d: %s has 1..%d\n", layers, p->name, p->layers);
+        return 2;
+    }
+    const int hd = p->head_dim ? p->head_dim : p->hidden / p->heads;
+    const int n_t = layers * (13 + 3 * p->experts) + 3;
     tensor *t = calloc((size_t)n_t, sizeof *t);
     int k = 0;
 #define T(r, c, norm, ...)                                           \
@@ -83,19 +100,38 @@ int main(int argc, char **argv) {
         k++;                                                         \
     } while (0)
     T(p->vocab, p->hidden, 0, "model.embed_tokens.weight");
-    for (int l = 0; l < p->layers; l++) {
-        T(p->hidden, 0, 1, "model.layers.%d.input_layernorm.weight", l);
+    /* Gemma's norm weights apply as (1 + w): near 0 there is near 1 elsewhere */
+    const int norm = p->arch == ARCH_GEMMA2 ? 2 : 1;
+    for (int l = 0; l < layers; l++) {
+        T(p->hidden, 0, norm, "model.layers.%d.input_layernorm.weight", l);
         T((int64_t)p->heads * hd, p->hidden, 0, "model.layers.%d.self_attn.q_proj.weight", l);
         T((int64_t)p->kv_heads * hd, p->hidden, 0, "model.layers.%d.self_attn.k_proj.weight", l);
         T((int64_t)p->kv_heads * hd, p->hidden, 0, "model.layers.%d.self_attn.v_proj.weight", l);
         T(p->hidden, (int64_t)p->heads * hd, 0, "model.layers.%d.self_attn.o_proj.weight", l);
-        T(p->hidden, 0, 1, "model.layers.%d.post_attention_layernorm.weight", l);
+        T(p->hidden, 0, norm, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (p->arch == ARCH_QWEN3) {
+            T(hd, 0, 1, "model.layers.%d.self_attn.q_norm.weight", l);
+            T(hd, 0, 1, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        if (p->arch == ARCH_GEMMA2) {
+            T(p->hidden, 0, norm, "model.layers.%d.pre_feedforward_layernorm.weight", l);
+            T(p->hidden, 0, norm, "model.layers.%d.post_feedforward_layernorm.weight", l);
+        }
+        if (p->arch == ARCH_MIXTRAL) {
+            T(p->experts, p->hidden, 0, "model.layers.%d.block_sparse_moe.gate.weight", l);
+            for (int e = 0; e < p->experts; e++) {
+                T(p->ffn, p->hidden, 0, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+                T(p->hidden, p->ffn, 0, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+                T(p->ffn, p->hidden, 0, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+            }
+            continue;
+        }
         T(p->ffn, p->hidden, 0, "model.layers.%d.mlp.gate_proj.weight", l);
         T(p->ffn, p->hidden, 0, "model.layers.%d.mlp.up_proj.weight", l);
         T(p->hidden, p->ffn, 0, "model.layers.%d.mlp.down_proj.weight", l);
     }
-    T(p->hidden, 0, 1, "model.norm.weight");
-    T(p->vocab, p->hidden, 0, "lm_head.weight");
+    T(p->hidden, 0, norm, "model.norm.weight");
+    if (!p->tie) T(p->vocab, p->hidden, 0, "lm_head.weight");
 #undef T
     const size_t esz = dj_dtype_size(dt);
     const char *dname = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
@@ -135,7 +171,9 @@ int main(int argc, char **argv) {
             size_t m = n - done < chunk ? n - done : chunk;
             for (size_t j = 0; j < m; j++) {
                 double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
-                float v = t[i].is_norm ? (float)(0.8 + 0.4 * u) : (float)((2.0 * u - 1.0) * a);
+                float v = t[i].is_norm == 2   ? (float)(-0.2 + 0.4 * u)
+                          : t[i].is_norm ? (float)(0.8 + 0.4 * u)
+                                         : (float)((2.0 * u - 1.0) * a);
                 if (dt == DJ_DTYPE_F32) memcpy(buf + 4 * j, &v, 4);
                 else {
                     uint16_t h = dt == DJ_DTYPE_F16 ? dj_f32_to_f16(v) : dj_f32_to_bf16(v);
@@ -155,14 +193,23 @@ int main(int argc, char **argv) {
     }
     snprintf(path, sizeof path, "%s/config.json", dir);
     f = fopen(path, "w");
+    static const char *const archs[] = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+                                        "MixtralForCausalLM"};
     fprintf(f,
-            "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"hidden_size\":%d,"
+            "{\"architectures\":[\"%s\"],\"hidden_size\":%d,"
             "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,"
-            "\"num_key_value_heads\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d,"
-            "\"rms_norm_eps\":1e-05,\"rope_theta\":%.1f,\"hidden_act\":\"silu\",\"tie_word_embeddings\":%s,"
-            "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"}\n",
-            p->hidden, p->ffn, p->layers, p->heads, p->kv_heads, p->vocab, p->max_pos, p->theta,
+            "\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d,"
+            "\"rms_norm_eps\":1e-05,\"rope_theta\":%.1f,\"tie_word_embeddings\":%s,"
+            "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"",
+            archs[p->arch], p->hidden, p->ffn, layers, p->heads, p->kv_heads, hd, p->vocab, p->max_pos, p->theta,
             p->tie ? "true" : "false", dt == DJ_DTYPE_F32 ? "float32" : dt == DJ_DTYPE_F16 ? "float16" : "bfloat16");
+    if (p->arch == ARCH_GEMMA2) /* gemma-2-9b's own settings */
+        fprintf(f, ",\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
+                   "\"sliding_window\":4096,\"attn_logit_softcapping\":50.0,\"final_logit_softcapping\":30.0");
+    else
+        fprintf(f, ",\"hidden_act\":\"silu\"");
+    if (p->arch == ARCH_MIXTRAL) fprintf(f, ",\"num_local_experts\":%d,\"num_experts_per_tok\":2", p->experts);
+    fprintf(f, "}\n");
     fclose(f);
     printf("%s: %d tensors, %.2f GB of %s weights in %s\n", p->name, k, (double)off / 1e9, dname, dir);
     free(buf);

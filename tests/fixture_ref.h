@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#define DJ_N_FIXTURES 5
+#define DJ_N_FIXTURES 11
 extern const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES]; /* tests/fixtures/models/<name> */
 
 typedef struct ref {

@@ -660,8 +660,10 @@ static void test_real(void) {
     size_t ns = 0;
     char **strs = read_strings(&ns);
     CHECK(ns > 10);
-    static const char *const names[] = {"llama2", "llama3", "qwen3"};
-    for (int k = 0; k < 3; k++) {
+    /* gemma3: SentencePiece-style BPE with byte fallback like llama2, but spaces
+     * become U+2581 by a Replace normalizer and nothing is prepended */
+    static const char *const names[] = {"llama2", "llama3", "qwen3", "gemma3"};
+    for (int k = 0; k < 4; k++) {
         double secs = 0;
         dj_tokenizer_t *t = load_real(names[k], &secs);
         if (!t) continue;
@@ -671,6 +673,11 @@ static void test_real(void) {
             check_one_token(t, "Hello", "\xE2\x96\x81Hello");
             CHECK(dj_tokenizer_bos_id(t) == dj_tokenizer_token_id(t, "<s>"));
             CHECK(dj_tokenizer_token_id(t, "<0x0A>") >= 0);
+        } else if (k == 3) {
+            check_one_token(t, "Hello", "Hello");
+            check_one_token(t, " world", "\xE2\x96\x81world");
+            check_one_token(t, "<start_of_turn>", "<start_of_turn>");
+            CHECK(dj_tokenizer_bos_id(t) == dj_tokenizer_token_id(t, "<bos>"));
         } else {
             check_one_token(t, "Hello", "Hello");
             check_one_token(t, " world", "\xC4\xA0world");
@@ -680,7 +687,7 @@ static void test_real(void) {
         for (size_t i = 0; i < ns; i++) {
             /* byte-level BPE without a normalizer is lossless; with Llama 2's
              * Prepend/Strip it is too, where no special token splits the text */
-            if (k == 1 || (k == 0 && !has_special_text(strs[i]))) check_roundtrip(t, names[k], strs[i]);
+            if (k == 1 || k == 3 || (k == 0 && !has_special_text(strs[i]))) check_roundtrip(t, names[k], strs[i]);
         }
         char buf[256];
         for (int r = 0; r < 40; r++) {
@@ -690,6 +697,7 @@ static void test_real(void) {
         uint32_t vs = dj_tokenizer_vocab_size(t);
         test_stream_random(t, names[k], 0, (int32_t)vs, 30);
         if (k == 0) test_stream_random(t, "llama2 bytes", 3, 3 + 256, 30);
+        if (k == 3) test_stream_random(t, "gemma3 bytes", 238, 238 + 256, 30); /* <0x00>..<0xFF> */
         check_speed(t, names[k], strs, ns);
         dj_tokenizer_free(t);
     }

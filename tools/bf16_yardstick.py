@@ -32,7 +32,8 @@ def main():
     out = {"transformers": __import__("transformers").__version__, "torch": torch.__version__,
            "device": torch.cuda.get_device_name(0), "cases": {}}
     cases = [(n, f"tests/fixtures/models/{n}", f"tests/fixtures/models/{n}/reference.json")
-             for n in ("llama2", "llama3", "tinyllama", "mistral", "qwen2")]
+             for n in ("llama2", "llama3", "tinyllama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+                       "phi3_longrope", "mixtral")]
     cases.append(("demo", "models/demo", "tests/fixtures/demo/reference.json"))
     for name, d, r in cases:
         ref = json.load(open(os.path.join(args.root, r)))

@@ -13,17 +13,29 @@ Weights are random but non-trivial: every tensor (norm weights and biases
 included) is drawn with a spread that makes logits well separated. The
 reference is computed from the weights as re-read from disk, so a bf16/f16
 checkpoint's reference uses exactly the stored values (upcast to fp32).
+Each fixture's seed is --seed plus its index in FIXTURES, so --only (a comma
+list of names) regenerates some without changing the others: new fixtures go
+at the end of the list.
+A MoE checkpoint is stored in the layout of the published checkpoints
+(per-expert w1/w2/w3 under block_sparse_moe) whatever layout this
+transformers version saves, and the reference is computed from it.
 
-    python3 tools/make_fixtures.py [--out tests/fixtures/models] [--seed 1234]
+    python3 tools/make_fixtures.py [--out tests/fixtures/models] [--seed 1234] [--only qwen3,gemma2]
 """
 import argparse
 import json
 import os
 import shutil
 
+import inspect
+import re
+import sys
+import traceback
+
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config)
 
 N_PROMPT = 11
 N_GREEDY = 24
@@ -51,16 +63,52 @@ FIXTURES = [
     ("qwen2", Qwen2Config, dict(vocab_size=400, num_key_value_heads=2, rope_theta=1000000.0,
                                 tie_word_embeddings=True, use_sliding_window=False,
                                 bos_token_id=None, eos_token_id=3), torch.float32, "200KB"),
+    # ---- issue 12: the architectures beyond the Llama family ----
+    ("qwen3", Qwen3Config, dict(vocab_size=352, num_key_value_heads=2, head_dim=32, rope_theta=1000000.0,
+                                tie_word_embeddings=True, use_sliding_window=False, attention_bias=False,
+                                bos_token_id=None, eos_token_id=2), torch.float32, None),
+    ("gemma2", Gemma2Config, dict(vocab_size=320, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+                                  hidden_act=None, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                                  query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=5.0,
+                                  final_logit_softcapping=8.0, tie_word_embeddings=True,
+                                  layer_types=["sliding_attention", "full_attention"],
+                                  pad_token_id=0, bos_token_id=2, eos_token_id=1), torch.float32, None),
+    ("gemma3", Gemma3TextConfig, dict(vocab_size=288, num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
+                                      hidden_act=None, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                                      query_pre_attn_scalar=16, sliding_window=8, tie_word_embeddings=True,
+                                      layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                      ROPE_PER_LAYER_TYPE=dict(
+                                          full_attention=dict(rope_type="linear", factor=2.0, rope_theta=1000000.0),
+                                          sliding_attention=dict(rope_type="default", rope_theta=10000.0)),
+                                      pad_token_id=0, bos_token_id=2, eos_token_id=1), torch.bfloat16, None),
+    ("phi3", Phi3Config, dict(vocab_size=336, num_key_value_heads=2, rope_theta=10000.0, partial_rotary_factor=0.5,
+                              tie_word_embeddings=False, sliding_window=None, pad_token_id=0, bos_token_id=1,
+                              eos_token_id=2), torch.float32, None),
+    ("phi3_longrope", Phi3Config, dict(vocab_size=304, num_key_value_heads=4, rope_theta=10000.0,
+                                       original_max_position_embeddings=64,
+                                       rope_scaling=dict(rope_type="longrope",
+                                                         short_factor=[1.0, 1.05, 1.2, 1.5, 2.0, 3.0, 4.5, 6.0],
+                                                         long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0]),
+                                       tie_word_embeddings=False, sliding_window=None, pad_token_id=0,
+                                       bos_token_id=1, eos_token_id=2), torch.bfloat16, None),
+    ("mixtral", MixtralConfig, dict(vocab_size=320, intermediate_size=48, num_key_value_heads=2,
+                                    num_local_experts=8, num_experts_per_tok=2, rope_theta=1000000.0,
+                                    sliding_window=None, router_jitter_noise=0.0, tie_word_embeddings=False,
+                                    bos_token_id=1, eos_token_id=2), torch.bfloat16, None),
 ]
 
+# Gemma stores RMSNorm weights as w in x * (1 + w): their spread is around 0.
+ZERO_CENTRED_NORMS = ("gemma2", "gemma3")
 
-def randomise(model, gen):
+
+def randomise(model, gen, norm_offset=0.5):
     """Give every parameter a non-trivial value: matrices ~ N(0, 1/fan_in) * 1.5,
-    norm weights U(0.5, 1.5), biases N(0, 0.2), embeddings N(0, 1)."""
+    norm weights U(0.5, 1.5) (U(-0.5, 0.5) with norm_offset -0.5), biases
+    N(0, 0.2), embeddings N(0, 1)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+                p.copy_(torch.rand(p.shape, generator=gen) + norm_offset)
             elif name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
             elif "embed_tokens" in name:
@@ -94,47 +142,151 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures/models")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
     args = ap.parse_args()
+    names = [f[0] for f in FIXTURES]
+    only = [n for n in args.only.split(",") if n]
+    for n in only:
+        if n not in names:
+            sys.exit(f"--only: no fixture named {n!r} (known: {', '.join(names)})")
     torch.manual_seed(args.seed)
-    for i, (name, cls, over, dtype, shard) in enumerate(FIXTURES):
-        gen = torch.Generator().manual_seed(args.seed + i)
-        kw = dict(COMMON)
-        kw.update(over)
-        cfg = cls(**kw)
-        cfg._attn_implementation = "eager"
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
-        randomise(model, gen)
-        if cfg.tie_word_embeddings:
-            model.tie_weights()
-        d = os.path.join(args.out, name)
-        shutil.rmtree(d, ignore_errors=True)
-        model.to(dtype).save_pretrained(d, safe_serialization=True,
-                                        **({"max_shard_size": shard} if shard else {}))
-        # Reference from the stored weights, upcast to fp32.
-        ref_model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32,
-                                                         attn_implementation="eager")
-        ref_model.eval()
-        prompt = torch.randint(3, cfg.vocab_size, (N_PROMPT,), generator=gen).tolist()
-        last, greedy, full, margin, step_logits = reference(ref_model, prompt)
-        # The cached decode path and the full recompute must agree.
-        drift = float((full - step_logits).abs().max() / full.abs().max())
-        ref = {"name": name, "architecture": cls.__name__.replace("Config", "ForCausalLM"),
-               "stored_dtype": str(dtype).replace("torch.", ""),
-               "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-               "seed": args.seed + i, "prompt_ids": prompt,
-               "last_logits": [float(x) for x in last], "greedy": greedy,
-               "final_logits": [float(x) for x in full], "min_margin": margin,
-               "cache_vs_full_rel_diff": drift}
-        with open(os.path.join(d, "reference.json"), "w") as f:
-            json.dump(ref, f)
-        for extra in ("generation_config.json",):
-            p = os.path.join(d, extra)
-            if os.path.exists(p):
-                os.remove(p)
-        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-        print(f"{name}: {size/1024:.0f} KB, greedy={greedy[:8]}..., min margin {margin:.4f}, "
-              f"cache vs full {drift:.2e}")
-        print(open(os.path.join(d, "config.json")).read())
+    failed = []
+    for i, fx in enumerate(FIXTURES):
+        if only and fx[0] not in only:
+            continue
+        try:
+            make_one(args, i, *fx)
+        except Exception:  # one broken fixture must not hide the others' results
+            traceback.print_exc()
+            failed.append(fx[0])
+    if failed:
+        sys.exit(f"FAILED: {', '.join(failed)}")
+
+
+def config_kwargs(cls, kw):
+    """Legacy (4.x) or rope_parameters (5.x) spelling of the RoPE settings,
+    whichever this transformers' config class takes."""
+    kw = {k: v for k, v in kw.items() if v is not None or k not in ("hidden_act",)}
+    per_type = kw.pop("ROPE_PER_LAYER_TYPE", None)
+    takes_params = "rope_parameters" in inspect.signature(cls.__init__).parameters
+    if per_type is not None:  # Gemma 3: global and local RoPE
+        if takes_params:
+            kw.pop("rope_theta", None)
+            kw["rope_parameters"] = per_type
+        else:
+            g, loc = per_type["full_attention"], per_type["sliding_attention"]
+            kw["rope_theta"] = g["rope_theta"]
+            kw["rope_local_base_freq"] = loc["rope_theta"]
+            if g["rope_type"] != "default":
+                kw["rope_scaling"] = {k: v for k, v in g.items() if k != "rope_theta"}
+    elif takes_params and "rope_scaling" in kw:
+        rp = dict(kw.pop("rope_scaling"))
+        rp["rope_theta"] = kw.pop("rope_theta", 10000.0)
+        if "original_max_position_embeddings" in kw:
+            rp["original_max_position_embeddings"] = kw["original_max_position_embeddings"]
+        kw["rope_parameters"] = rp
+    if takes_params and "partial_rotary_factor" in kw:  # 5.x may read it from either place
+        rp = kw.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": kw.pop("rope_theta", 10000.0)})
+        rp["partial_rotary_factor"] = kw["partial_rotary_factor"]
+    return kw
+
+
+def to_published_moe_layout(d, cfg):
+    """Rewrite fused expert tensors (mlp.experts.gate_up_proj [E, 2F, D] or
+    [E, D, 2F], mlp.experts.down_proj [E, D, F] or [E, F, D], mlp.gate) into
+    the per-expert layout of the published Mixtral checkpoints:
+    block_sparse_moe.gate.weight, block_sparse_moe.experts.<e>.w1/w2/w3.weight
+    ([F, D], [D, F], [F, D]). Files already in that layout are left alone."""
+    from safetensors.torch import load_file, save_file
+    files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    assert len(files) == 1, files
+    path = os.path.join(d, files[0])
+    sd = load_file(path)
+    if not any(".mlp.experts." in k or ".mlp.gate." in k for k in sd):
+        return False
+    F, D, E = cfg.intermediate_size, cfg.hidden_size, cfg.num_local_experts
+    out = {}
+    for k, t in sd.items():
+        m = re.match(r"(model\.layers\.\d+)\.mlp\.(.*)$", k)
+        if not m:
+            out[k] = t
+            continue
+        pre, rest = m.group(1) + ".block_sparse_moe", m.group(2)
+        if rest == "gate.weight":
+            out[f"{pre}.gate.weight"] = t
+        elif rest in ("experts.gate_up_proj", "experts.gate_up_proj.weight"):
+            assert t.shape[0] == E
+            if tuple(t.shape[1:]) == (D, 2 * F):
+                t = t.transpose(1, 2)
+            assert tuple(t.shape[1:]) == (2 * F, D), t.shape
+            for e in range(E):
+                out[f"{pre}.experts.{e}.w1.weight"] = t[e, :F].contiguous()
+                out[f"{pre}.experts.{e}.w3.weight"] = t[e, F:].contiguous()
+        elif rest in ("experts.down_proj", "experts.down_proj.weight"):
+            assert t.shape[0] == E
+            if tuple(t.shape[1:]) == (F, D):
+                t = t.transpose(1, 2)
+            assert tuple(t.shape[1:]) == (D, F), t.shape
+            for e in range(E):
+                out[f"{pre}.experts.{e}.w2.weight"] = t[e].contiguous()
+        else:
+            raise RuntimeError(f"unexpected MoE tensor {k} {tuple(t.shape)}")
+    os.remove(path)
+    for f in os.listdir(d):
+        if f.endswith(".index.json"):
+            os.remove(os.path.join(d, f))
+    save_file(out, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    return True
+
+
+def make_one(args, i, name, cls, over, dtype, shard):
+    gen = torch.Generator().manual_seed(args.seed + i)
+    kw = dict(COMMON)
+    kw.update(over)
+    kw = config_kwargs(cls, kw)
+    cfg = cls(**kw)
+    cfg._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    randomise(model, gen, -0.5 if name in ZERO_CENTRED_NORMS else 0.5)
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    d = os.path.join(args.out, name)
+    shutil.rmtree(d, ignore_errors=True)
+    model.to(dtype).save_pretrained(d, safe_serialization=True,
+                                    **({"max_shard_size": shard} if shard else {}))
+    if getattr(cfg, "num_local_experts", None):
+        print(f"{name}: rewritten to the per-expert layout: {to_published_moe_layout(d, cfg)}")
+    # Reference from the stored weights, upcast to fp32.
+    ref_model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32,
+                                                     attn_implementation="eager")
+    ref_model.eval()
+    prompt = torch.randint(3, cfg.vocab_size, (N_PROMPT,), generator=gen).tolist()
+    last, greedy, full, margin, step_logits = reference(ref_model, prompt)
+    # The cached decode path and the full recompute must agree.
+    drift = float((full - step_logits).abs().max() / full.abs().max())
+    ref = {"name": name, "architecture": type(ref_model).__name__,
+           "stored_dtype": str(dtype).replace("torch.", ""),
+           "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+           "seed": args.seed + i, "prompt_ids": prompt,
+           "last_logits": [float(x) for x in last], "greedy": greedy,
+           "final_logits": [float(x) for x in full], "min_margin": margin,
+           "cache_vs_full_rel_diff": drift}
+    with open(os.path.join(d, "reference.json"), "w") as f:
+        json.dump(ref, f)
+    for extra in ("generation_config.json",):
+        p = os.path.join(d, extra)
+        if os.path.exists(p):
+            os.remove(p)
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print(f"{name}: {size/1024:.0f} KB, greedy={greedy[:8]}..., min margin {margin:.4f}, "
+          f"cache vs full {drift:.2e}")
+    print(open(os.path.join(d, "config.json")).read())
+    from safetensors import safe_open
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(d, f), "pt") as st:
+                for k in list(st.keys())[:40]:
+                    print(f"  {f}: {k} {tuple(st.get_slice(k).get_shape())}")
 
 
 if __name__ == "__main__":

@@ -52,15 +52,33 @@ typedef struct dj_kv_view {
     dj_dtype dtype;               /* element type of K/V (f32 on the CPU) */
 } dj_kv_view;
 
+/* Every op once: X(NAME, "name"). Generates dj_op and dj_op_name(). The
+ * comment of each op is its contract:
+ *  EMBED      out[n,d] f32 = table[ids[i], :] (* scale when scale != 0)
+ *  RMSNORM    out[n,g*d] = x * rsqrt(mean(x^2) + eps) * (w[d] + w_offset), per d-wide group
+ *  MATMUL     out[n,m] = x[n,k] @ w[m,k]^T (+ bias[m]); w in HF layout
+ *  ROPE       out[n,h,hd] = rotate_half rope of x's first rot_dim dims at positions pos0+i;
+ *             out may == x
+ *  KV_WRITE   store k[n,kv_dim], v[n,kv_dim] at positions pos0.. in pages
+ *  ATTENTION  out[n,h*hd] = causal softmax(cap(q k^T * scale)) v, GQA
+ *  SILU_MUL   out[n,f] = silu(gate[n,f]) * up[n,f]
+ *  ADD        out[count] = a[count] + b[count]
+ *  GELU_MUL   out[n,f] = gelu_tanh(gate[n,f]) * up[n,f] (GeGLU, Gemma)
+ *  SOFTCAP    out[n,d] f32 = softcap * tanh(x[n,d] / softcap), x f32 (logits; out may == x)
+ *  MOE_ROUTE  out[n,m] f32 = router logits x[n,m] -> softmax over each row's top_k, 0 elsewhere
+ *             (Mixtral: top_k of m experts)
+ *  MOE_FFN    out[n,k] = x2[n,k] + route[i,e] * down @ (silu(gate @ x_i) * (up @ x_i)) for rows
+ *             with route[i,e] != 0, out = x2 elsewhere: expert e of a MoE layer; x [n,k] the
+ *             normed input, x2 the sum so far (act dtype) or NULL (zero), route [n,m] f32 */
+#define DJ_OP_LIST(X)                                                                                 \
+    X(EMBED, "embed") X(RMSNORM, "rmsnorm") X(MATMUL, "matmul") X(ROPE, "rope") X(KV_WRITE, "kv_write") \
+    X(ATTENTION, "attention") X(SILU_MUL, "silu_mul") X(ADD, "add") X(GELU_MUL, "gelu_mul")          \
+    X(SOFTCAP, "softcap") X(MOE_ROUTE, "moe_route") X(MOE_FFN, "moe_ffn")
+
 typedef enum {
-    DJ_OP_EMBED,     /* out[n,d] f32 = table[ids[i], :] (table dtype any float) */
-    DJ_OP_RMSNORM,   /* out[n,d] = x * rsqrt(mean(x^2) + eps) * w[d] */
-    DJ_OP_MATMUL,    /* out[n,m] = x[n,k] @ w[m,k]^T (+ bias[m]); w in HF layout */
-    DJ_OP_ROPE,      /* out[n,h,hd] = rotate_half rope of x at positions pos0+i; out may == x */
-    DJ_OP_KV_WRITE,  /* store k[n,kv_dim], v[n,kv_dim] at positions pos0.. in pages */
-    DJ_OP_ATTENTION, /* out[n,h*hd] = causal softmax(q k^T * scale) v, GQA */
-    DJ_OP_SILU_MUL,  /* out[n,f] = silu(gate[n,f]) * up[n,f] */
-    DJ_OP_ADD,       /* out[count] = a[count] + b[count] */
+#define DJ_OP_ENUM_(e, name) DJ_OP_##e,
+    DJ_OP_LIST(DJ_OP_ENUM_)
+#undef DJ_OP_ENUM_
     DJ_OP_COUNT
 } dj_op;
 
@@ -122,7 +140,22 @@ typedef struct dj_op_call {
     uint32_t head_dim;     /* ROPE/ATTENTION */
     uint32_t window;       /* ATTENTION: sliding window in positions, 0 = none */
     float eps;             /* RMSNORM */
-    float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none) */
+    float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none);
+                            * EMBED: rows times this (0 = 1: no scaling) */
+    /* ---- architecture variants; zero keeps the Llama behaviour ---- */
+    float w_offset;        /* RMSNORM: the weight applies as (w + w_offset) (Gemma: 1) */
+    uint32_t groups;       /* RMSNORM: d-wide groups per row, each normed alone (per-head q/k
+                            * norm: n_heads); 0 = 1 */
+    uint32_t rot_dim;      /* ROPE: leading dims of each head rotated, even, <= head_dim (partial
+                            * rotary; the rest pass through); 0 = head_dim */
+    float softcap;         /* ATTENTION: scores s -> softcap*tanh(s/softcap) after scale; SOFTCAP:
+                            * the cap (> 0); 0 = none */
+    uint32_t top_k;        /* MOE_ROUTE: experts kept per row (1..m) */
+    uint32_t expert;       /* MOE_FFN: e, the column of route this expert reads (< m) */
+    const float *route;    /* MOE_FFN: [n][m] f32 routing weights (device memory) */
+    const void *w_up;      /* MOE_FFN: up [d][k], of w_dtype (w is the gate [d][k]) */
+    const void *w_down;    /* MOE_FFN: down [k][d], of w_dtype. MOE_FFN's k is the model width,
+                            * d the expert width, m the experts (route's row width) */
 } dj_op_call;
 
 /* One row's sampling parameters for the sample hook (as dj_sampler_params),

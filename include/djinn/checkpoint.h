@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "djinn/arch_list.h"
 #include "djinn/dtype.h"
 #include "djinn/status.h"
 
@@ -40,17 +41,31 @@ void dj_safetensors_free_infos(dj_tensor_info *infos, size_t n);
 
 /* ---- model configuration (config.json) ---- */
 
+/* DJ_ARCH_LLAMA (Llama 2/3/3.1, TinyLlama), DJ_ARCH_MISTRAL, DJ_ARCH_QWEN2,
+ * DJ_ARCH_QWEN3, DJ_ARCH_GEMMA2, DJ_ARCH_GEMMA3 (text), DJ_ARCH_PHI3,
+ * DJ_ARCH_MIXTRAL: see djinn/arch_list.h and src/model/arch/. */
 typedef enum {
-    DJ_ARCH_LLAMA,   /* LlamaForCausalLM: Llama 2, Llama 3/3.1, TinyLlama */
-    DJ_ARCH_MISTRAL, /* MistralForCausalLM */
-    DJ_ARCH_QWEN2    /* Qwen2ForCausalLM: q/k/v bias */
+#define DJ_ARCH_ENUM_(e, hf, file) DJ_ARCH_##e,
+    DJ_ARCH_LIST(DJ_ARCH_ENUM_)
+#undef DJ_ARCH_ENUM_
+    DJ_ARCH_COUNT
 } dj_arch;
 
 typedef enum {
     DJ_ROPE_DEFAULT,
-    DJ_ROPE_LINEAR, /* positions divided by factor */
-    DJ_ROPE_LLAMA3  /* frequency-dependent scaling of Llama 3.1 */
+    DJ_ROPE_LINEAR,  /* positions divided by factor */
+    DJ_ROPE_LLAMA3,  /* frequency-dependent scaling of Llama 3.1 */
+    DJ_ROPE_LONGROPE /* Phi-3 "longrope"/"su": per-frequency divisors, attention factor */
 } dj_rope_type;
+
+/* The MLP's gate activation. */
+typedef enum {
+    DJ_ACT_SILU,     /* "silu" */
+    DJ_ACT_GELU_TANH /* "gelu_pytorch_tanh": GELU, tanh approximation */
+} dj_act;
+
+#define DJ_ROPE_MAX_FACTORS 256 /* longrope factors: one per rotated pair, rope_dim/2 */
+#define DJ_MAX_TYPED_LAYERS 1024 /* layers a per-layer sliding pattern may describe */
 
 typedef struct dj_model_config {
     dj_arch arch;
@@ -83,6 +98,27 @@ typedef struct dj_model_config {
      * "sliding_attention" in "layer_types"). */
     uint32_t sliding_window;
     uint32_t sliding_window_first_layer; /* 0 for Mistral */
+    /* Gemma 2/3: the window applies to the layers whose bit is set here
+     * ("sliding_attention" in layer_types), not from a first layer on. */
+    bool sliding_by_layer;
+    uint8_t layer_sliding[DJ_MAX_TYPED_LAYERS / 8]; /* bit l%8 of byte l/8: layer l slides */
+
+    /* ---- variants beyond Llama, set by the architecture's file; zero/one
+     * values are the Llama behaviour ---- */
+    dj_act hidden_act;            /* MLP gate activation */
+    float norm_offset;            /* RMSNorm weight w applied as (w + offset): Gemma 1, else 0 */
+    bool qk_norm;                 /* per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3) */
+    bool sandwich_norm;           /* Gemma: RMSNorm after attention and after the MLP too */
+    float embed_scale;            /* embeddings times this (Gemma: sqrt(hidden_size)); 0 = none */
+    float attn_scale;             /* softmax scale (Gemma: query_pre_attn_scalar^-0.5); 0 = head_dim^-0.5 */
+    float attn_softcap;           /* scores s -> c*tanh(s/c) (Gemma 2); 0 = none */
+    float final_softcap;          /* logits likewise (Gemma 2); 0 = none */
+    uint32_t rope_dim;            /* leading dims of each head rotated (partial_rotary_factor); head_dim */
+    float rope_attn_factor;       /* cos and sin times this (longrope's attention factor); 1 */
+    float rope_local_theta;       /* Gemma 3: base of the sliding layers' default RoPE; 0 = one RoPE */
+    float rope_ext_factor[DJ_ROPE_MAX_FACTORS]; /* longrope: the short_factor divisors [rope_dim/2] */
+    uint32_t n_experts;           /* MoE: experts per layer (num_local_experts); 0 = dense MLP */
+    uint32_t n_experts_used;      /* MoE: experts per token (num_experts_per_tok) */
     int32_t bos_token_id;         /* -1 if absent */
     int32_t eos_token_ids[4];     /* -1 padded; config may give an int or a list */
     char torch_dtype[16];         /* "torch_dtype" or newer "dtype"; "" if absent */
@@ -94,10 +130,11 @@ typedef struct dj_model_config {
  * intermediate_size, num_hidden_layers, num_attention_heads,
  * max_position_embeddings, rms_norm_eps. Defaults: num_key_value_heads =
  * num_attention_heads, head_dim = hidden/heads, rope_theta 10000 (top level
- * or inside newer "rope_parameters"), hidden_act "silu" (nothing else
- * accepted). rope_scaling (or rope_parameters with a rope_type): default,
- * linear, llama3; yarn/dynamic/longrope/... are DJ_EUNSUPPORTED. On error
- * *cfg is zeroed. */
+ * or inside newer "rope_parameters"). rope_scaling (or rope_parameters with
+ * a rope_type): default, linear, llama3, longrope (Phi-3 only);
+ * yarn/dynamic/... are DJ_EUNSUPPORTED. The architecture's own keys
+ * (hidden_act, biases, windows, Gemma's and MoE's keys) are read by its file
+ * in src/model/arch/. On error *cfg is zeroed. */
 dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *cfg /* OUT */);
 
 /* ---- checkpoint directory ---- */

@@ -54,10 +54,13 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
     const size_t n = c->n, act = dj_dtype_size(act_t);
     REQUIRE(n > 0, "%s: zero token rows", op);
     if (c->op != DJ_OP_KV_WRITE && c->op < DJ_OP_COUNT)
-        REQUIRE(c->out_dtype == act_t || (c->out_dtype == DJ_DTYPE_F32 && (c->op == DJ_OP_MATMUL ||
-                                                                        c->op == DJ_OP_EMBED || c->op == DJ_OP_ADD)),
-                "%s: out dtype %s, the %s backend writes %s activations (or f32 from MATMUL, EMBED, ADD)", op,
-                dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
+        REQUIRE(c->op == DJ_OP_SOFTCAP || c->op == DJ_OP_MOE_ROUTE
+                     ? c->out_dtype == DJ_DTYPE_F32
+                     : c->out_dtype == act_t || (c->out_dtype == DJ_DTYPE_F32 && (c->op == DJ_OP_MATMUL ||
+                                                                                 c->op == DJ_OP_EMBED ||
+                                                                                 c->op == DJ_OP_ADD)),
+                "%s: out dtype %s, the %s backend writes %s activations (or f32 from MATMUL, EMBED, ADD; "
+                "SOFTCAP and MOE_ROUTE write f32)", op, dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
     if (c->op == DJ_OP_RMSNORM || c->op == DJ_OP_ADD)
         REQUIRE(c->x_dtype == act_t || c->x_dtype == DJ_DTYPE_F32,
                 "%s: x dtype %s, the %s backend reads %s activations or an f32 residual stream", op,
@@ -75,6 +78,9 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
         REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
                 dj_dtype_name(c->w_dtype));
         REQUIRE(c->eps >= 0.0f, "%s: eps %g is negative", op, (double)c->eps);
+        REQUIRE(isfinite(c->w_offset), "%s: weight offset is not finite", op);
+        REQUIRE(c->groups <= 1 || (uint64_t)c->d * c->groups <= UINT32_MAX, "%s: %u groups of %u overflow", op,
+                c->groups, c->d);
         return DJ_OK;
     case DJ_OP_MATMUL:
         REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
@@ -92,6 +98,8 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
                 "%s: n_heads=%u head_dim=%u (need heads > 0, even head_dim)", op, c->n_heads, c->head_dim);
         REQUIRE(c->scale > 0.0f && isfinite(c->scale), "%s: scale %g must be positive (1 = no scaling)", op,
                 (double)c->scale);
+        REQUIRE(c->rot_dim % 2 == 0 && c->rot_dim <= c->head_dim, "%s: rot_dim %u must be even and <= head_dim %u",
+                op, c->rot_dim, c->head_dim);
         const size_t bytes = n * c->n_heads * c->head_dim * act;
         REQUIRE(c->out == c->x || !overlaps(c->out, bytes, c->x, bytes), "%s: out partly overlaps x", op);
         return DJ_OK;
@@ -106,6 +114,8 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
         REQUIRE(c->n_heads % c->n_kv_heads == 0, "%s: %u query heads do not divide into %u kv heads", op,
                 c->n_heads, c->n_kv_heads);
         REQUIRE(isfinite(c->scale), "%s: scale is not finite", op);
+        REQUIRE(c->softcap >= 0.0f && isfinite(c->softcap), "%s: softcap %g must be 0 (none) or positive", op,
+                (double)c->softcap);
         dj_status st = check_kv(c, op, kvt, backend);
         if (st != DJ_OK) return st;
         REQUIRE(c->kv->kv_dim == c->n_kv_heads * c->head_dim, "%s: kv_dim %u != n_kv_heads %u * head_dim %u", op,
@@ -115,9 +125,33 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
         return DJ_OK;
     }
     case DJ_OP_SILU_MUL:
+    case DJ_OP_GELU_MUL:
     case DJ_OP_ADD:
         REQUIRE(c->out && c->x && c->x2, "%s: NULL out or input", op);
         REQUIRE(c->d > 0, "%s: zero row width", op);
+        return DJ_OK;
+    case DJ_OP_SOFTCAP:
+        REQUIRE(c->out && c->x, "%s: NULL out or input", op);
+        REQUIRE(c->d > 0, "%s: zero row width", op);
+        REQUIRE(c->softcap > 0.0f && isfinite(c->softcap), "%s: softcap %g must be positive", op,
+                (double)c->softcap);
+        REQUIRE(c->out == c->x || !overlaps(c->out, n * c->d * 4, c->x, n * c->d * 4), "%s: out partly overlaps x",
+                op);
+        return DJ_OK;
+    case DJ_OP_MOE_ROUTE:
+        REQUIRE(c->out && c->x, "%s: NULL out or router logits", op);
+        REQUIRE(c->m > 0 && c->top_k > 0 && c->top_k <= c->m, "%s: top_k %u of %u experts", op, c->top_k, c->m);
+        REQUIRE(!overlaps(c->out, n * c->m * 4, c->x, n * c->m * act), "%s: out overlaps x", op);
+        return DJ_OK;
+    case DJ_OP_MOE_FFN:
+        REQUIRE(c->out && c->x && c->route && c->w && c->w_up && c->w_down, "%s: NULL out, x, route or weight", op);
+        REQUIRE(c->k > 0 && c->d > 0 && c->m > 0 && c->expert < c->m, "%s: k=%u d=%u expert %u of m=%u", op, c->k,
+                c->d, c->expert, c->m);
+        REQUIRE(is_float_dtype(c->w_dtype), "%s: weight dtype %s is not a float type", op,
+                dj_dtype_name(c->w_dtype));
+        REQUIRE(!overlaps(c->out, n * c->k * act, c->x, n * c->k * act), "%s: out overlaps x", op);
+        REQUIRE(!c->x2 || c->x2 == c->out || !overlaps(c->out, n * c->k * act, c->x2, n * c->k * act),
+                "%s: out partly overlaps the sum so far", op);
         return DJ_OK;
     case DJ_OP_COUNT: break;
     }

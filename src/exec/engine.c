@@ -297,7 +297,7 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
     st = dj__model_bind(c, ck, w, names);
     if (st != DJ_OK) goto done;
     for (int i = 0; i < n; i++) {
-        if (!names[i] && i != dj__wslot_global(c, DJ_W_INV_FREQ)) continue;
+        if (!names[i] && !w[i].computed) continue;
         needs->text_bytes += dj_vmu_aligned(weight_bytes(&w[i]));
         if (names[i]) needs->n_params += (uint64_t)(weight_bytes(&w[i]) / dj_dtype_size(w[i].dtype));
     }
@@ -367,17 +367,20 @@ static dj_status load_visit(void *user, size_t tensor, size_t off, const void *b
     const dj_tensor_info *t = dj_checkpoint_tensor(L->ck, tensor);
     for (int i = 0; i < L->n; i++) {
         if (L->src[i] != t) continue;
-        const size_t want = weight_bytes(&L->w[i]);
-        if (off >= want) continue;
-        const size_t k = want - off < n ? want - off : n;
+        /* the slot holds bytes [lo, lo + want) of the tensor (a part of a fused one) */
+        const size_t lo = L->w[i].src_offset, want = weight_bytes(&L->w[i]);
+        if (off >= lo + want || off + n <= lo) continue;
+        const size_t a = off > lo ? off : lo, z = off + n < lo + want ? off + n : lo + want;
+        const size_t k = z - a;
         dj_backend_t *be = L->e->be;
-        void *dst = (uint8_t *)L->w[i].data + off;
+        void *dst = (uint8_t *)L->w[i].data + (a - lo);
+        const uint8_t *from = (const uint8_t *)bytes + (a - off);
         dj_status st;
         if (be->vt->upload_weights) {
-            st = be->vt->upload_weights(be, dst, bytes, k);
+            st = be->vt->upload_weights(be, dst, from, k);
         } else { /* the visitor runs on several threads at once */
             pthread_mutex_lock(L->mu);
-            st = be->vt->upload(be, dst, bytes, k);
+            st = be->vt->upload(be, dst, from, k);
             pthread_mutex_unlock(L->mu);
         }
         if (st != DJ_OK) return st;
@@ -413,9 +416,8 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     st = dj__model_bind(c, ck, m->w, names);
     if (st != DJ_OK) goto fail;
-    const int inv_slot = dj__wslot_global(c, DJ_W_INV_FREQ);
     for (int i = 0; i < n; i++) {
-        if (!names[i] && i != inv_slot) continue;
+        if (!names[i] && !m->w[i].computed) continue;
         m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
@@ -431,23 +433,25 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     names = NULL;
     for (int i = 0; i < n; i++) {
         dj_weight *w = &m->w[i];
-        if (!w->hf_name && i != inv_slot) continue;
+        if (!w->hf_name && !w->computed) continue;
         void *dst = NULL;
         const size_t bytes = weight_bytes(w);
         st = dj_vmu_model_alloc(region, bytes, &dst);
         if (st != DJ_OK) goto fail_region;
         w->data = dst;
-        if (i == inv_slot) {
+        if (w->computed) {
+            free(inv_freq);
             inv_freq = malloc(bytes);
             if (!inv_freq) {
                 st = dj_fail(DJ_ENOMEM, "out of memory");
                 goto fail_region;
             }
-            dj__rope_inv_freq(c, inv_freq);
+            dj__model_fill_computed(c, w, inv_freq);
             if ((st = e->be->vt->upload(e->be, dst, inv_freq, bytes)) != DJ_OK) goto fail_region;
-        } else if (known) { /* the fingerprint needs no pass: copy */
+        } else if (known) { /* the fingerprint needs no pass: copy (from the slot's rows of the tensor) */
             const dj_tensor_info *t = dj_checkpoint_find(ck, w->hf_name);
-            if ((st = e->be->vt->upload(e->be, dst, t->data, bytes)) != DJ_OK) goto fail_region;
+            if ((st = e->be->vt->upload(e->be, dst, (const uint8_t *)t->data + w->src_offset, bytes)) != DJ_OK)
+                goto fail_region;
         } else {
             src[i] = dj_checkpoint_find(ck, w->hf_name);
         }
@@ -676,7 +680,7 @@ static dj_dtype node_dtype(const dj_graph_t *g, int idx) {
  * residual stream (EMBED, ADD) in res_dtype, every other activation in
  * act_dtype. The plan sized every activation for f32, so all of them fit. */
 static dj_dtype exec_dtype(const dj_backend_t *be, const dj_node *nd) {
-    if (nd->res == DJ_RES_OUTPUT) return DJ_DTYPE_F32;
+    if (nd->res == DJ_RES_OUTPUT || nd->op == DJ_OP_MOE_ROUTE) return DJ_DTYPE_F32;
     return nd->op == DJ_OP_EMBED || nd->op == DJ_OP_ADD ? be->res_dtype : be->act_dtype;
 }
 
@@ -721,10 +725,14 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         call.out = nd->res == DJ_RES_KV ? NULL : stack + nd->offset;
         call.out_dtype = exec_dtype(e->be, nd);
         call.x_dtype = src_dtype(e->be, g, nd->src[0]);
-        /* Every op but RMSNORM and ADD (and ADD's second input) reads act_dtype. */
+        /* Every op but RMSNORM and ADD (and ADD's second input) reads act_dtype;
+         * SOFTCAP reads the f32 logits. */
         const bool any_x = nd->op == DJ_OP_RMSNORM || nd->op == DJ_OP_ADD;
-        if ((!any_x && nd->op != DJ_OP_EMBED && call.x_dtype != e->be->act_dtype) ||
-            ((nd->op == DJ_OP_ADD || nd->op == DJ_OP_SILU_MUL) && src_dtype(e->be, g, nd->src[1]) != e->be->act_dtype)) {
+        const bool two_act = nd->op == DJ_OP_ADD || nd->op == DJ_OP_SILU_MUL || nd->op == DJ_OP_GELU_MUL ||
+                             nd->op == DJ_OP_MOE_FFN;
+        if ((!any_x && nd->op != DJ_OP_EMBED && nd->op != DJ_OP_SOFTCAP && call.x_dtype != e->be->act_dtype) ||
+            (nd->op == DJ_OP_SOFTCAP && call.x_dtype != DJ_DTYPE_F32) ||
+            (two_act && src_dtype(e->be, g, nd->src[1]) != e->be->act_dtype)) {
             st = dj_fail(DJ_EINTERNAL, "node %d (%s) reads the residual stream where the backend takes only %s", i,
                          nd->name, dj_dtype_name(e->be->act_dtype));
             continue;
@@ -765,9 +773,26 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.row_tables = io->row_tables ? io->row_tables + (size_t)nd->layer * n : NULL;
             break;
         case DJ_OP_SILU_MUL:
+        case DJ_OP_GELU_MUL:
         case DJ_OP_ADD:
             call.x = x;
             call.x2 = x1;
+            break;
+        case DJ_OP_SOFTCAP: /* over the logits, which are already only the rows wanted */
+            call.x = x;
+            if (nd->flags & DJ_NODE_LAST_ROW) call.n = (uint32_t)nd->shape[0];
+            break;
+        case DJ_OP_MOE_ROUTE:
+            call.x = x;
+            break;
+        case DJ_OP_MOE_FFN: /* src: x, the sum so far (or none), route, the gate; up and down follow it */
+            call.x = x;
+            call.x2 = x1;
+            call.route = node_ptr(m, g, nd->src[2], stack);
+            call.w = node_ptr(m, g, nd->src[3], stack);
+            call.w_dtype = node_dtype(g, nd->src[3]);
+            call.w_up = m->w[nd->weight_slot + DJ_W_EXPERT_UP].data;
+            call.w_down = m->w[nd->weight_slot + DJ_W_EXPERT_DOWN].data;
             break;
         default:
             st = dj_fail(DJ_EINTERNAL, "node %d has op %d the executor does not know", i, (int)nd->op);

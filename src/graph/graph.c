@@ -8,14 +8,10 @@
 
 const char *dj_op_name(dj_op op) {
     switch (op) {
-    case DJ_OP_EMBED: return "embed";
-    case DJ_OP_RMSNORM: return "rmsnorm";
-    case DJ_OP_MATMUL: return "matmul";
-    case DJ_OP_ROPE: return "rope";
-    case DJ_OP_KV_WRITE: return "kv_write";
-    case DJ_OP_ATTENTION: return "attention";
-    case DJ_OP_SILU_MUL: return "silu_mul";
-    case DJ_OP_ADD: return "add";
+#define DJ_OP_NAME_(e, name) \
+    case DJ_OP_##e: return name;
+        DJ_OP_LIST(DJ_OP_NAME_)
+#undef DJ_OP_NAME_
     case DJ_OP_COUNT: return "none";
     }
     return "unknown";

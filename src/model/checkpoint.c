@@ -479,6 +479,23 @@ static void hash_config(XXH3_state_t *h, const dj_model_config *c) {
     hash_u64(h, c->mlp_bias);
     hash_u64(h, c->sliding_window);
     hash_u64(h, c->sliding_window_first_layer);
+    /* the variants beyond Llama (all zero or one for the Llama family) */
+    hash_u64(h, c->sliding_by_layer);
+    XXH3_64bits_update(h, c->layer_sliding, sizeof c->layer_sliding);
+    hash_u64(h, (uint64_t)c->hidden_act);
+    hash_f32(h, c->norm_offset);
+    hash_u64(h, c->qk_norm);
+    hash_u64(h, c->sandwich_norm);
+    hash_f32(h, c->embed_scale);
+    hash_f32(h, c->attn_scale);
+    hash_f32(h, c->attn_softcap);
+    hash_f32(h, c->final_softcap);
+    hash_u64(h, c->rope_dim);
+    hash_f32(h, c->rope_attn_factor);
+    hash_f32(h, c->rope_local_theta);
+    for (uint32_t i = 0; i < c->rope_dim / 2 && i < DJ_ROPE_MAX_FACTORS; i++) hash_f32(h, c->rope_ext_factor[i]);
+    hash_u64(h, c->n_experts);
+    hash_u64(h, c->n_experts_used);
 }
 
 static void hash_tensor_meta(XXH3_state_t *h, const dj_tensor_info *t) {

@@ -1,26 +1,22 @@
-/* config.c: config.json of a Llama-family Hugging Face model into
- * dj_model_config, with the defaults and checks transformers applies. */
+/* config.c: config.json of a Hugging Face model into dj_model_config - the
+ * keys every architecture shares, with the defaults and checks transformers
+ * applies; the architecture's own keys are read by its file (src/model/arch/). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "djinn/checkpoint.h"
-#include "model/checkpoint_impl.h"
+#include "model/config_impl.h"
+#include "model/model_impl.h"
 
-#define CFG "config.json: "
-
-typedef struct {
-    const char *name;
-    dj_arch arch;
-} arch_entry;
-
-static const arch_entry archs[] = {
-    {"LlamaForCausalLM", DJ_ARCH_LLAMA},
-    {"MistralForCausalLM", DJ_ARCH_MISTRAL},
-    {"Qwen2ForCausalLM", DJ_ARCH_QWEN2},
-};
+#define CFG DJ_CFG
+#define member dj__cfg_member
+#define get_u32 dj__cfg_u32
+#define get_pos_float dj__cfg_pos_float
+#define get_bool dj__cfg_bool
 
 /* A member of obj, with JSON null treated as absent. */
-static const cJSON *member(const cJSON *obj, const char *key) {
+const cJSON *dj__cfg_member(const cJSON *obj, const char *key) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
     return cJSON_IsNull(it) ? NULL : it;
 }
@@ -33,7 +29,7 @@ static dj_status missing(const cJSON *obj, const char *where, const char *key) {
 
 /* obj[key] as an integer in [min, UINT32_MAX]; dflt when absent or null
  * unless required. `where` names the enclosing object for messages. */
-static dj_status get_u32(const cJSON *obj, const char *where, const char *key, bool required, uint32_t dflt,
+dj_status dj__cfg_u32(const cJSON *obj, const char *where, const char *key, bool required, uint32_t dflt,
                          uint32_t min, uint32_t *out) {
     const cJSON *it = member(obj, key);
     if (!it) {
@@ -53,7 +49,7 @@ static dj_status get_u32(const cJSON *obj, const char *where, const char *key, b
 }
 
 /* obj[key] as a finite float > 0 (representable as float). */
-static dj_status get_pos_float(const cJSON *obj, const char *where, const char *key, bool required, float dflt,
+dj_status dj__cfg_pos_float(const cJSON *obj, const char *where, const char *key, bool required, float dflt,
                                float *out) {
     const cJSON *it = member(obj, key);
     if (!it) {
@@ -73,7 +69,7 @@ static dj_status get_pos_float(const cJSON *obj, const char *where, const char *
     return DJ_OK;
 }
 
-static dj_status get_bool(const cJSON *obj, const char *key, bool dflt, bool *out) {
+dj_status dj__cfg_bool(const cJSON *obj, const char *key, bool dflt, bool *out) {
     const cJSON *it = member(obj, key);
     if (!it) {
         *out = dflt;
@@ -107,27 +103,95 @@ static dj_status parse_arch(const cJSON *root, dj_model_config *cfg) {
         return dj_fail(DJ_EFORMAT, CFG "architectures[0] has type %s, expected a string",
                        dj__json_type_name(a->child));
     const char *name = a->child->valuestring;
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
-        if (!strcmp(name, archs[i].name)) {
-            cfg->arch = archs[i].arch;
+    for (int i = 0; i < DJ_ARCH_COUNT; i++) {
+        if (!strcmp(name, dj__arch_name((dj_arch)i))) {
+            cfg->arch = (dj_arch)i;
             snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
             return DJ_OK;
         }
     }
-    return dj_fail(DJ_EUNSUPPORTED,
-                   CFG "architecture \"%.64s\" is not supported (supported: LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM)",
-                   name);
+    char list[512] = "";
+    size_t o = 0;
+    for (int i = 0; i < DJ_ARCH_COUNT && o < sizeof list; i++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", i ? ", " : "", dj__arch_name((dj_arch)i));
+    return dj_fail(DJ_EUNSUPPORTED, CFG "architecture \"%.64s\" is not supported (supported: %s)", name, list);
 }
 
-/* rs: a rope_scaling object, or rope_parameters of newer transformers (which
- * may also hold rope_theta). `where` is the key, for messages. */
-static dj_status parse_rope_scaling(const cJSON *rs, const char *key, dj_model_config *cfg) {
+dj_status dj__cfg_act(const cJSON *root, const char *key, dj_act dflt, bool gelu_ok, dj_act *out) {
+    const cJSON *act = member(root, key);
+    *out = dflt;
+    if (!act) return DJ_OK;
+    if (!cJSON_IsString(act))
+        return dj_fail(DJ_EFORMAT, CFG "key \"%s\" has type %s, expected a string", key, dj__json_type_name(act));
+    if (!strcmp(act->valuestring, "silu")) {
+        *out = DJ_ACT_SILU;
+    } else if (gelu_ok && !strcmp(act->valuestring, "gelu_pytorch_tanh")) {
+        *out = DJ_ACT_GELU_TANH;
+    } else {
+        return dj_fail(DJ_EUNSUPPORTED, CFG "%s \"%.64s\" is not supported (only \"silu\"%s)", key,
+                       act->valuestring, gelu_ok ? " and \"gelu_pytorch_tanh\"" : "");
+    }
+    return DJ_OK;
+}
+
+/* A list of rope_dim/2 positive factors (longrope). */
+static dj_status factor_list(const cJSON *rs, const char *where, const char *key, uint32_t want, float *out) {
+    const cJSON *l = member(rs, key);
+    if (!l) return dj_fail(DJ_EFORMAT, CFG "%smissing key \"%s\"", where, key);
+    if (!cJSON_IsArray(l))
+        return dj_fail(DJ_EFORMAT, CFG "%skey \"%s\" has type %s, expected an array", where, key,
+                       dj__json_type_name(l));
+    if ((uint32_t)cJSON_GetArraySize(l) != want)
+        return dj_fail(DJ_EFORMAT, CFG "%skey \"%s\" has %d entries, expected %u (rotated dims / 2)", where, key,
+                       cJSON_GetArraySize(l), (unsigned)want);
+    uint32_t i = 0;
+    for (const cJSON *c = l->child; c; c = c->next, i++) {
+        if (!cJSON_IsNumber(c) || !(c->valuedouble > 0.0 && c->valuedouble < 3.0e38))
+            return dj_fail(DJ_EFORMAT, CFG "%s%s[%u] is not a positive number", where, key, (unsigned)i);
+        if (out) out[i] = (float)c->valuedouble;
+    }
+    return DJ_OK;
+}
+
+/* Phi-3's longrope: the short factors in use (transformers takes them while
+ * the sequence is within original_max_position_embeddings), the long ones
+ * checked, and the attention factor (given, or sqrt(1 + ln(s)/ln(orig)) with
+ * s = max_position_embeddings / orig, as transformers). */
+static dj_status parse_longrope(const cJSON *root, const cJSON *rs, const char *where, dj_model_config *cfg) {
+    const uint32_t half = cfg->rope_dim / 2;
+    if (half > DJ_ROPE_MAX_FACTORS)
+        return dj_fail(DJ_EUNSUPPORTED, CFG "%slongrope over %u rotated dims: at most %u supported", where,
+                       (unsigned)cfg->rope_dim, 2u * DJ_ROPE_MAX_FACTORS);
+    dj_status st;
+    if ((st = factor_list(rs, where, "short_factor", half, cfg->rope_ext_factor))) return st;
+    if ((st = factor_list(rs, where, "long_factor", half, NULL))) return st;
+    const char *okey = "original_max_position_embeddings";
+    if (member(rs, okey)) st = get_u32(rs, where, okey, true, 0, 1, &cfg->rope_original_max_pos);
+    else st = get_u32(root, "", okey, true, 0, 1, &cfg->rope_original_max_pos);
+    if (st) return st;
+    if (cfg->rope_original_max_pos < 2) /* its logarithm divides */
+        return dj_fail(DJ_ERANGE, CFG "%s%s is %u, expected at least 2", where, okey,
+                       (unsigned)cfg->rope_original_max_pos);
+    if (member(rs, "attention_factor"))
+        return get_pos_float(rs, where, "attention_factor", true, 1.0f, &cfg->rope_attn_factor);
+    float factor = (float)cfg->max_position_embeddings / (float)cfg->rope_original_max_pos;
+    if (member(rs, "factor") && (st = get_pos_float(rs, where, "factor", true, 1.0f, &factor))) return st;
+    cfg->rope_factor = factor;
+    cfg->rope_attn_factor =
+        factor <= 1.0f ? 1.0f
+                       : (float)sqrt(1.0 + log((double)factor) / log((double)cfg->rope_original_max_pos));
+    return DJ_OK;
+}
+
+dj_status dj__cfg_rope_object(const cJSON *root, const cJSON *rs, const char *key, dj_model_config *cfg) {
     char where[64];
     snprintf(where, sizeof where, "%s: ", key);
     if (!cJSON_IsObject(rs))
         return dj_fail(DJ_EFORMAT, CFG "key \"%s\" has type %s, expected an object or null", key,
                        dj__json_type_name(rs));
+    dj_status st;
+    if (member(rs, "rope_theta") && (st = get_pos_float(rs, where, "rope_theta", true, 10000.0f, &cfg->rope_theta)))
+        return st;
     const cJSON *t = member(rs, "rope_type");
     const char *tkey = "rope_type";
     if (!t) {
@@ -136,14 +200,13 @@ static dj_status parse_rope_scaling(const cJSON *rs, const char *key, dj_model_c
     }
     if (!t) {
         /* rope_parameters may hold only rope_theta; rope_scaling must say. */
-        if (!strcmp(key, "rope_parameters")) return DJ_OK;
+        if (strcmp(key, "rope_scaling")) return DJ_OK;
         return dj_fail(DJ_EFORMAT, CFG "%smissing key \"rope_type\"", where);
     }
     if (!cJSON_IsString(t))
         return dj_fail(DJ_EFORMAT, CFG "%skey \"%s\" has type %s, expected a string", where, tkey,
                        dj__json_type_name(t));
     const char *type = t->valuestring;
-    dj_status st;
     if (!strcmp(type, "default")) {
         cfg->rope_type = DJ_ROPE_DEFAULT;
     } else if (!strcmp(type, "linear")) {
@@ -163,20 +226,18 @@ static dj_status parse_rope_scaling(const cJSON *rs, const char *key, dj_model_c
         if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
             return dj_fail(DJ_ERANGE, CFG "%shigh_freq_factor %g must exceed low_freq_factor %g", where,
                            (double)cfg->rope_high_freq_factor, (double)cfg->rope_low_freq_factor);
+    } else if (!strcmp(type, "longrope") || !strcmp(type, "su")) {
+        cfg->rope_type = DJ_ROPE_LONGROPE;
+        if ((st = parse_longrope(root, rs, where, cfg))) return st;
     } else {
         return dj_fail(DJ_EUNSUPPORTED,
-                       CFG "%srope type \"%.64s\" is not supported (supported: default, linear, llama3)", where,
-                       type);
+                       CFG "%srope type \"%.64s\" is not supported (supported: default, linear, llama3, longrope)",
+                       where, type);
     }
     return DJ_OK;
 }
 
-static dj_status parse_rope(const cJSON *root, dj_model_config *cfg) {
-    cfg->rope_type = DJ_ROPE_DEFAULT;
-    cfg->rope_factor = 1.0f;
-    cfg->rope_low_freq_factor = 1.0f;
-    cfg->rope_high_freq_factor = 1.0f;
-    cfg->rope_original_max_pos = 0;
+dj_status dj__cfg_rope(const cJSON *root, dj_model_config *cfg) {
     const cJSON *params = member(root, "rope_parameters");
     if (params && !cJSON_IsObject(params))
         return dj_fail(DJ_EFORMAT, CFG "key \"rope_parameters\" has type %s, expected an object or null",
@@ -186,13 +247,13 @@ static dj_status parse_rope(const cJSON *root, dj_model_config *cfg) {
         st = get_pos_float(root, "", "rope_theta", false, 10000.0f, &cfg->rope_theta);
     } else {
         /* Newer transformers always write it here; absent means a layout
-         * (e.g. per layer type) this reader does not know. */
+         * (e.g. per layer type) this architecture does not have. */
         st = get_pos_float(params, "rope_parameters: ", "rope_theta", true, 10000.0f, &cfg->rope_theta);
     }
     if (st) return st;
     const cJSON *rs = member(root, "rope_scaling");
-    if (rs) return parse_rope_scaling(rs, "rope_scaling", cfg);
-    if (params) return parse_rope_scaling(params, "rope_parameters", cfg);
+    if (rs) return dj__cfg_rope_object(root, rs, "rope_scaling", cfg);
+    if (params) return dj__cfg_rope_object(root, params, "rope_parameters", cfg);
     return DJ_OK;
 }
 
@@ -219,7 +280,7 @@ static dj_status parse_tokens(const cJSON *root, dj_model_config *cfg) {
 /* Qwen2: the window applies to layers from max_window_layers on, and only
  * when use_sliding_window is true (as transformers' Qwen2Config). A
  * "layer_types" list, when written, must agree with that shape. */
-static dj_status parse_qwen2_window(const cJSON *root, dj_model_config *cfg) {
+dj_status dj__cfg_window_from_layer(const cJSON *root, dj_model_config *cfg) {
     bool use = false;
     dj_status st;
     if ((st = get_bool(root, "use_sliding_window", false, &use))) return st;
@@ -253,6 +314,40 @@ static dj_status parse_qwen2_window(const cJSON *root, dj_model_config *cfg) {
     cfg->sliding_window = window;
     cfg->sliding_window_first_layer = window ? first : 0;
     return DJ_OK;
+}
+
+dj_status dj__cfg_layer_types(const cJSON *root, dj_model_config *cfg, bool *present) {
+    *present = false;
+    const cJSON *lt = member(root, "layer_types");
+    if (!lt) return DJ_OK;
+    if (!cJSON_IsArray(lt))
+        return dj_fail(DJ_EFORMAT, CFG "key \"layer_types\" has type %s, expected an array", dj__json_type_name(lt));
+    if ((uint32_t)cJSON_GetArraySize(lt) != cfg->n_layers)
+        return dj_fail(DJ_EFORMAT, CFG "key \"layer_types\" has %d entries for %u layers", cJSON_GetArraySize(lt),
+                       (unsigned)cfg->n_layers);
+    if (cfg->n_layers > DJ_MAX_TYPED_LAYERS)
+        return dj_fail(DJ_EUNSUPPORTED, CFG "layer_types for %u layers: at most %u supported",
+                       (unsigned)cfg->n_layers, DJ_MAX_TYPED_LAYERS);
+    memset(cfg->layer_sliding, 0, sizeof cfg->layer_sliding);
+    uint32_t i = 0;
+    for (const cJSON *c = lt->child; c; c = c->next, i++) {
+        const bool sliding = cJSON_IsString(c) && !strcmp(c->valuestring, "sliding_attention");
+        if (!sliding && !(cJSON_IsString(c) && !strcmp(c->valuestring, "full_attention")))
+            return dj_fail(DJ_EUNSUPPORTED, CFG "layer_types[%u] is not \"full_attention\" or \"sliding_attention\"",
+                           (unsigned)i);
+        if (sliding) cfg->layer_sliding[i / 8] |= (uint8_t)(1u << (i % 8));
+    }
+    *present = true;
+    return DJ_OK;
+}
+
+bool dj__layer_is_sliding(const dj_model_config *c, uint32_t l) {
+    if (c->sliding_by_layer) return l < DJ_MAX_TYPED_LAYERS && (c->layer_sliding[l / 8] >> (l % 8) & 1u);
+    return l >= c->sliding_window_first_layer;
+}
+
+uint32_t dj__layer_window(const dj_model_config *c, uint32_t l) {
+    return dj__layer_is_sliding(c, l) ? c->sliding_window : 0;
 }
 
 dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *cfg) {
@@ -307,33 +402,21 @@ dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *c
         goto done;
     }
 
-    const cJSON *act = member(root, "hidden_act");
-    if (act && !cJSON_IsString(act)) {
-        st = dj_fail(DJ_EFORMAT, CFG "key \"hidden_act\" has type %s, expected a string", dj__json_type_name(act));
-        goto done;
-    }
-    if (act && strcmp(act->valuestring, "silu")) {
-        st = dj_fail(DJ_EUNSUPPORTED, CFG "hidden_act \"%.64s\" is not supported (only \"silu\")", act->valuestring);
-        goto done;
-    }
-
-    if ((st = parse_rope(root, cfg))) goto done;
+    cfg->rope_type = DJ_ROPE_DEFAULT;
+    cfg->rope_factor = 1.0f;
+    cfg->rope_low_freq_factor = 1.0f;
+    cfg->rope_high_freq_factor = 1.0f;
+    cfg->rope_original_max_pos = 0;
+    cfg->rope_attn_factor = 1.0f;
+    cfg->rope_dim = cfg->head_dim;
+    cfg->hidden_act = DJ_ACT_SILU;
     if ((st = get_bool(root, "tie_word_embeddings", false, &cfg->tie_word_embeddings))) goto done;
-
-    switch (cfg->arch) {
-    case DJ_ARCH_LLAMA:
-        if ((st = get_bool(root, "attention_bias", false, &cfg->attention_bias))) goto done;
-        if ((st = get_bool(root, "mlp_bias", false, &cfg->mlp_bias))) goto done;
-        break;
-    case DJ_ARCH_MISTRAL:
-        /* transformers' MistralConfig: absent means 4096, null means none. */
-        if (!cJSON_GetObjectItemCaseSensitive(root, "sliding_window")) cfg->sliding_window = 4096;
-        else if ((st = get_u32(root, "", "sliding_window", false, 0, 0, &cfg->sliding_window))) goto done;
-        break;
-    case DJ_ARCH_QWEN2:
-        cfg->attention_bias = true;
-        if ((st = parse_qwen2_window(root, cfg))) goto done;
-        break;
+    /* The architecture's own keys, RoPE included (Gemma 3 has two). */
+    if ((st = dj__arch(cfg->arch)->parse(root, cfg))) goto done;
+    if (cfg->rope_dim == 0 || cfg->rope_dim % 2 || cfg->rope_dim > cfg->head_dim) {
+        st = dj_fail(DJ_EFORMAT, CFG "%u rotated dims of a %u-dim head: need an even number in [2, head_dim]",
+                     (unsigned)cfg->rope_dim, (unsigned)cfg->head_dim);
+        goto done;
     }
 
     if ((st = parse_tokens(root, cfg))) goto done;

@@ -148,7 +148,8 @@ static void run_both(const dj_op_call *cc, const dj_op_call *gc, const char *op)
 /* ---- ops ---- */
 
 /* ot: the output's dtype, bf16 or f32 (the residual stream). */
-static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t, dj_dtype ot) {
+/* scale: Gemma's embedding scale (0 = none). */
+static void check_embed_scaled(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t, dj_dtype ot, float scale) {
     void *tab = rand_weight(t, (size_t)vocab * d, -1.0f, 1.0f);
     int32_t *ids = xmalloc(n * sizeof *ids);
     for (uint32_t i = 0; i < n; i++) ids[i] = (int32_t)(dj_test_rand() % vocab);
@@ -157,15 +158,16 @@ static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t, dj_d
     const size_t ob = (size_t)n * d * dj_dtype_size(ot);
     void *dtab = dcopy(tab, (size_t)vocab * d * dj_dtype_size(t)), *dout = dalloc(ob);
     poison(dout, ob);
-    dj_op_call cc = {.op = DJ_OP_EMBED, .n = n, .out = ref, .w = tab, .w_dtype = t, .ids = ids, .d = d, .m = vocab};
+    dj_op_call cc = {.op = DJ_OP_EMBED, .n = n, .out = ref, .w = tab, .w_dtype = t, .ids = ids, .d = d, .m = vocab,
+                     .scale = scale};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.w = dtab;
     gc.out_dtype = ot;
     run_both(&cc, &gc, "embed");
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u d=%u vocab=%u table=%s out=%s", n, d, vocab, dj_dtype_name(t),
-             dj_dtype_name(ot));
+    snprintf(shape, sizeof shape, "n=%u d=%u vocab=%u table=%s out=%s%s", n, d, vocab, dj_dtype_name(t),
+             dj_dtype_name(ot), scale != 0.0f ? " scaled" : "");
     compare("EMBED", shape, dout, ot, ref, (size_t)n * d);
     ids[n - 1] = (int32_t)vocab;
     expect("EMBED", "id == vocab", dj_backend_compute(gpu, &gc), DJ_ERANGE);
@@ -176,15 +178,21 @@ static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t, dj_d
     free(ref);
 }
 
-/* xt: x's dtype, bf16 or f32 (the residual stream). */
-static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t, dj_dtype xt) {
-    const size_t count = (size_t)n * d;
+static void check_embed(uint32_t n, uint32_t d, uint32_t vocab, dj_dtype t, dj_dtype ot) {
+    check_embed_scaled(n, d, vocab, t, ot, 0.0f);
+}
+
+/* xt: x's dtype, bf16 or f32 (the residual stream); groups d-wide groups per
+ * row (per-head q/k norm, 0 = 1); the weight applied as (w + off) (Gemma). */
+static void check_rmsnorm_v(uint32_t n, uint32_t d, dj_dtype t, dj_dtype xt, uint32_t groups, float off) {
+    const size_t count = (size_t)n * d * (groups ? groups : 1);
     float *xf = falloc(count), *ref = falloc(count);
     void *xb = rand_act(xt, xf, count, -2.0f, 2.0f);
     void *w = rand_weight(t, d, 0.5f, 1.5f);
     void *dx = dcopy(xb, count * dj_dtype_size(xt)), *dw = dcopy(w, d * dj_dtype_size(t)), *dout = dalloc(count * 2);
     poison(dout, count * 2);
-    dj_op_call cc = {.op = DJ_OP_RMSNORM, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = t, .d = d, .eps = 1e-5f};
+    dj_op_call cc = {.op = DJ_OP_RMSNORM, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = t, .d = d, .eps = 1e-5f,
+                     .w_offset = off, .groups = groups};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dx;
@@ -193,7 +201,8 @@ static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t, dj_dtype xt) {
     gc.out_dtype = DJ_DTYPE_BF16;
     run_both(&cc, &gc, "rmsnorm");
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u d=%u w=%s x=%s", n, d, dj_dtype_name(t), dj_dtype_name(xt));
+    snprintf(shape, sizeof shape, "n=%u d=%u w=%s x=%s groups=%u w+%g", n, d, dj_dtype_name(t), dj_dtype_name(xt),
+             groups, (double)off);
     compare("RMSNORM", shape, dout, DJ_DTYPE_BF16, ref, count);
     dfree(dx);
     dfree(dw);
@@ -203,6 +212,8 @@ static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t, dj_dtype xt) {
     free(ref);
     free(w);
 }
+
+static void check_rmsnorm(uint32_t n, uint32_t d, dj_dtype t, dj_dtype xt) { check_rmsnorm_v(n, d, t, xt, 0, 0.0f); }
 
 /* ADD then the RMSNORM of its sum, as the decoder issues them: the CUDA
  * backend runs the pair as one kernel. mode 0: norm output apart; 1: the
@@ -344,17 +355,20 @@ static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bi
     check_matmul_skew(n, k, m, wt, bias, out_t, path, 0);
 }
 
-static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace) {
+/* rot: dims rotated (partial rotary; 0 = all of the head). */
+static void check_rope_rot(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace,
+                           uint32_t rot) {
     const size_t count = (size_t)n * nh * hd;
+    const uint32_t half = (rot ? rot : hd) / 2;
     uint16_t *xb = halloc(count);
-    float *xf = falloc(count), *ref = falloc(count), *inv = falloc(hd / 2);
+    float *xf = falloc(count), *ref = falloc(count), *inv = falloc(half);
     rand_bf16(xb, xf, count, -2.0f, 2.0f);
-    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(theta, -2.0 * j / hd);
-    void *dx = dcopy(xb, count * 2), *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    for (uint32_t j = 0; j < half; j++) inv[j] = (float)pow(theta, -1.0 * j / half);
+    void *dx = dcopy(xb, count * 2), *dinv = dcopy(inv, half * sizeof(float));
     void *dout = inplace ? dx : dalloc(count * 2);
     if (!inplace) poison(dout, count * 2);
     dj_op_call cc = {.op = DJ_OP_ROPE, .n = n, .out = ref, .x = xf, .inv_freq = inv, .pos0 = pos0, .n_heads = nh,
-                     .head_dim = hd, .scale = scale};
+                     .head_dim = hd, .scale = scale, .rot_dim = rot};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dx;
@@ -362,8 +376,8 @@ static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, floa
     gc.out_dtype = DJ_DTYPE_BF16;
     run_both(&cc, &gc, "rope");
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u heads=%u hd=%u pos0=%u theta=%g scale=%g%s", n, nh, hd, pos0, (double)theta,
-             (double)scale, inplace ? " in-place" : "");
+    snprintf(shape, sizeof shape, "n=%u heads=%u hd=%u rot=%u pos0=%u theta=%g scale=%g%s", n, nh, hd, rot, pos0,
+             (double)theta, (double)scale, inplace ? " in-place" : "");
     compare("ROPE", shape, dout, DJ_DTYPE_BF16, ref, count);
     dfree(dx);
     if (!inplace) dfree(dout);
@@ -372,6 +386,10 @@ static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, floa
     free(xf);
     free(ref);
     free(inv);
+}
+
+static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace) {
+    check_rope_rot(n, nh, hd, pos0, theta, scale, inplace, 0);
 }
 
 /* xt, ot: dtypes of x and out (ADD may take and give the f32 residual
@@ -394,7 +412,7 @@ static void check_elementwise(dj_op op, uint32_t n, uint32_t d, dj_dtype xt, dj_
     run_both(&cc, &gc, dj_op_name(op));
     char shape[96];
     snprintf(shape, sizeof shape, "n=%u d=%u x=%s out=%s", n, d, dj_dtype_name(xt), dj_dtype_name(ot));
-    compare(op == DJ_OP_ADD ? "ADD" : "SILU_MUL", shape, dout, ot, ref, count);
+    compare(op == DJ_OP_ADD ? "ADD" : op == DJ_OP_GELU_MUL ? "GELU_MUL" : "SILU_MUL", shape, dout, ot, ref, count);
     dfree(da);
     dfree(db);
     dfree(dout);
@@ -587,8 +605,9 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
 
 /* n query rows at positions pos0.. over a context written in two KV_WRITE
  * calls ([0, pos0) and [pos0, pos0+n)); each attention path in turn. */
-static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
-                            uint32_t window) {
+/* softcap: Gemma 2's score cap (0 = none; the tensor-core kernel takes none). */
+static void check_attention_cap(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                                uint32_t window, float softcap) {
     const uint32_t ctx = pos0 + n, kvd = nkv * hd;
     kv_pair p;
     kv_pair_init(&p, ctx, tpp, kvd);
@@ -605,7 +624,8 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
     rand_bf16(qb, qf, count, -2.0f, 2.0f);
     void *dq = dcopy(qb, count * 2), *dout = dalloc(count * 2);
     dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
-                     .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+                     .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd),
+                     .softcap = softcap};
     if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention (cpu)");
     dj_op_call gc = cc;
     gc.out = dout;
@@ -617,15 +637,15 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
      * falls back to the f32 prefill elsewhere. */
     static const char *paths[] = {"auto", "decode", "prefill", "tc"};
     static const char *kernels[] = {"none", "decode", "prefill", "tc"};
-    const int tc_covers = hd == 64 || hd == 128;
+    const int tc_covers = (hd == 64 || hd == 128) && softcap == 0.0f;
     const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
     for (int path = 0; path < 4; path++) {
         poison(dout, count * 2);
         dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
         const int ran = dj__cuda_last_attention(gpu);
-        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u [%s:%s]", n, pos0, nh, nkv,
-                 hd, tpp, window, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", n, pos0, nh,
+                 nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
         compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
         if (ran != expect_kernel[path]) {
             n_rows++;
@@ -641,6 +661,179 @@ static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv
     free(qf);
     free(ref);
     kv_pair_free(&p);
+}
+
+static void check_attention(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                            uint32_t window) {
+    check_attention_cap(n, pos0, nh, nkv, hd, tpp, window, 0.0f);
+}
+
+/* ---- the ops beyond Llama: logit soft-cap, mixture of experts, Gemma's add+norm ---- */
+
+static void check_softcap(uint32_t n, uint32_t d, float cap, int inplace) {
+    const size_t count = (size_t)n * d;
+    float *x = falloc(count), *ref = falloc(count);
+    for (size_t i = 0; i < count; i++) x[i] = dj_test_randf(-4.0f * cap, 4.0f * cap);
+    void *dx = dcopy(x, count * 4), *dout = inplace ? dx : dalloc(count * 4);
+    if (!inplace) poison(dout, count * 4);
+    dj_op_call cc = {.op = DJ_OP_SOFTCAP, .n = n, .out = ref, .x = x, .d = d, .softcap = cap};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.x_dtype = DJ_DTYPE_F32;
+    run_both(&cc, &gc, "softcap");
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u d=%u cap=%g%s", n, d, (double)cap, inplace ? " in-place" : "");
+    compare("SOFTCAP", shape, dout, DJ_DTYPE_F32, ref, count);
+    dfree(dx);
+    if (!inplace) dfree(dout);
+    free(x);
+    free(ref);
+}
+
+/* The router's top-k of m experts for n rows, then expert e's MLP over the
+ * rows routed to it (k model width, f expert width), both against the CPU;
+ * the GPU expert reads the CPU's routing so both pick the same rows. sum: an
+ * earlier expert's output to add to (else none). An expert no row chose
+ * (unrouted: its route column is zeroed) gives the sum unchanged: under 32
+ * rows its NaN weights are never read, from 32 on (the dense GEMMs) they are
+ * read and weighted out. */
+static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t top_k, dj_dtype wt, int sum,
+                      int unrouted) {
+    uint16_t *lb = halloc((size_t)n * m), *xb = halloc((size_t)n * k), *sb = halloc((size_t)n * k);
+    float *lf = falloc((size_t)n * m), *xf = falloc((size_t)n * k), *sf = falloc((size_t)n * k);
+    float *route = falloc((size_t)n * m), *ref = falloc((size_t)n * k);
+    rand_bf16(lb, lf, (size_t)n * m, -3.0f, 3.0f);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    rand_bf16(sb, sf, (size_t)n * k, -1.0f, 1.0f);
+    void *dl = dcopy(lb, (size_t)n * m * 2), *droute = dalloc((size_t)n * m * 4);
+    dj_op_call cr = {.op = DJ_OP_MOE_ROUTE, .n = n, .out = route, .x = lf, .m = m, .top_k = top_k};
+    dj_op_call gr = cr;
+    gr.out = droute;
+    gr.x = dl;
+    gr.out_dtype = DJ_DTYPE_F32;
+    run_both(&cr, &gr, "moe_route");
+    char shape[112];
+    snprintf(shape, sizeof shape, "n=%u experts=%u top_k=%u", n, m, top_k);
+    compare("MOE_ROUTE", shape, droute, DJ_DTYPE_F32, route, (size_t)n * m);
+
+    const uint32_t e = m - 1;
+    if (unrouted)
+        for (uint32_t i = 0; i < n; i++) route[(size_t)i * m + e] = 0.0f;
+    up(droute, route, (size_t)n * m * 4);
+    const size_t ws = dj_dtype_size(wt);
+    void *wg = rand_weight(wt, (size_t)f * k, -0.1f, 0.1f), *wu = rand_weight(wt, (size_t)f * k, -0.1f, 0.1f);
+    void *wd = rand_weight(wt, (size_t)k * f, -0.1f, 0.1f);
+    void *dwg = dcopy(wg, (size_t)f * k * ws), *dwu = dcopy(wu, (size_t)f * k * ws), *dwd = dcopy(wd, (size_t)k * f * ws);
+    if (unrouted) { /* never read: NaN would show in every routed row */
+        poison(dwg, (size_t)f * k * ws);
+        poison(dwu, (size_t)f * k * ws);
+        poison(dwd, (size_t)k * f * ws);
+    }
+    void *dx = dcopy(xb, (size_t)n * k * 2), *ds = dcopy(sb, (size_t)n * k * 2), *dout = dalloc((size_t)n * k * 2);
+    poison(dout, (size_t)n * k * 2);
+    dj_op_call cc = {.op = DJ_OP_MOE_FFN, .n = n, .out = ref, .x = xf, .x2 = sum ? sf : NULL, .w = wg, .w_dtype = wt,
+                     .w_up = wu, .w_down = wd, .route = route, .k = k, .d = f, .m = m, .expert = e};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.x2 = sum ? ds : NULL;
+    gc.w = dwg;
+    gc.w_up = dwu;
+    gc.w_down = dwd;
+    gc.route = droute;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    run_both(&cc, &gc, "moe_ffn");
+    snprintf(shape, sizeof shape, "n=%u k=%u f=%u expert %u of %u w=%s%s%s", n, k, f, e, m, dj_dtype_name(wt),
+             sum ? " +sum" : "", unrouted ? " unrouted" : "");
+    compare("MOE_FFN", shape, dout, DJ_DTYPE_BF16, ref, (size_t)n * k);
+    dfree(dl);
+    dfree(droute);
+    dfree(dwg);
+    dfree(dwu);
+    dfree(dwd);
+    dfree(dx);
+    dfree(ds);
+    dfree(dout);
+    free(lb);
+    free(xb);
+    free(sb);
+    free(lf);
+    free(xf);
+    free(sf);
+    free(route);
+    free(ref);
+    free(wg);
+    free(wu);
+    free(wd);
+}
+
+/* Gemma's residual ADD then its (1 + w) RMSNORM through compute_plan (the
+ * CUDA backend fuses the pair, offset included), against the CPU. */
+static void check_add_norm_offset(uint32_t n, uint32_t d) {
+    const size_t count = (size_t)n * d;
+    float *af = falloc(count), *bf = falloc(count), *sum = falloc(count), *ref = falloc(count);
+    uint16_t *bb = halloc(count);
+    for (size_t i = 0; i < count; i++) af[i] = dj_test_randf(-2.0f, 2.0f);
+    rand_bf16(bb, bf, count, -2.0f, 2.0f);
+    void *w = rand_weight(DJ_DTYPE_BF16, d, -0.5f, 0.5f);
+    void *da = dcopy(af, count * 4), *db = dcopy(bb, count * 2), *dsum = dalloc(count * 4);
+    void *dw = dcopy(w, d * 2), *dout = dalloc(count * 2);
+    poison(dout, count * 2);
+    dj_op_call cc[2] = {{.op = DJ_OP_ADD, .n = n, .out = sum, .x = af, .x2 = bf, .d = d},
+                        {.op = DJ_OP_RMSNORM, .n = n, .out = ref, .x = sum, .w = w, .w_dtype = DJ_DTYPE_BF16, .d = d,
+                         .eps = 1e-6f, .w_offset = 1.0f}};
+    dj_op_call gc[2] = {cc[0], cc[1]};
+    gc[0].out = dsum, gc[0].x = da, gc[0].x2 = db, gc[0].x_dtype = DJ_DTYPE_F32, gc[0].out_dtype = DJ_DTYPE_F32;
+    gc[1].out = dout, gc[1].x = dsum, gc[1].w = dw, gc[1].x_dtype = DJ_DTYPE_F32, gc[1].out_dtype = DJ_DTYPE_BF16;
+    if (dj_backend_compute_plan(cpu, cc, 2, NULL) != DJ_OK || dj_backend_compute_plan(gpu, gc, 2, NULL) != DJ_OK ||
+        gpu->vt->sync(gpu) != DJ_OK)
+        die("add + rmsnorm (w + 1)");
+    char shape[96];
+    snprintf(shape, sizeof shape, "ADD+RMSNORM n=%u d=%u w+1 (plan)", n, d);
+    compare("RMSNORM", shape, dout, DJ_DTYPE_BF16, ref, count);
+    dfree(da);
+    dfree(db);
+    dfree(dsum);
+    dfree(dw);
+    dfree(dout);
+    free(af);
+    free(bf);
+    free(sum);
+    free(ref);
+    free(bb);
+    free(w);
+}
+
+static void check_arch_ops(void) {
+    check_embed_scaled(37, 333, 1001, DJ_DTYPE_BF16, DJ_DTYPE_F32, 59.866f);
+    check_embed_scaled(1, 3584, 4096, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 59.866f);
+    check_rmsnorm_v(37, 3584, DJ_DTYPE_BF16, DJ_DTYPE_F32, 0, 1.0f); /* Gemma: (1 + w) */
+    check_rmsnorm_v(37, 128, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 32, 0.0f); /* Qwen3 q_norm: 32 heads */
+    check_rmsnorm_v(1, 256, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 8, 1.0f);   /* Gemma 3 k_norm */
+    check_add_norm_offset(1, 3584);
+    check_add_norm_offset(37, 2304);
+    check_rope_rot(37, 8, 128, 3, 10000.0f, 1.0f, 0, 64);    /* partial rotary 0.5 */
+    check_rope_rot(1, 24, 96, 4000, 10000.0f, 1.19f, 1, 96); /* Phi-3 longrope shape: attention factor */
+    check_rope_rot(5, 4, 128, 100, 10000.0f, 1.0f, 1, 32);
+    check_elementwise(DJ_OP_GELU_MUL, 1, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_GELU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_softcap(1, 256000, 30.0f, 0);
+    check_softcap(7, 1001, 8.0f, 1);
+    /* Gemma 2: attention soft-cap 50 (decode, prefill; never the tensor cores), windows */
+    check_attention_cap(1, 3000, 16, 8, 256, 16, 4096, 50.0f);
+    check_attention_cap(37, 10, 16, 8, 256, 16, 0, 50.0f);
+    check_attention_cap(64, 100, 8, 4, 128, 16, 30, 5.0f);
+    check_attention_cap(3, 40, 8, 2, 64, 7, 0, 5.0f);
+    /* Mixtral: 8 experts, top 2; decode and prefill rows; every weight dtype */
+    check_moe(1, 4096, 14336, 8, 2, DJ_DTYPE_BF16, 0, 0);
+    check_moe(1, 4096, 14336, 8, 2, DJ_DTYPE_BF16, 1, 1);
+    check_moe(37, 512, 320, 8, 2, DJ_DTYPE_BF16, 1, 0);
+    check_moe(37, 512, 320, 8, 2, DJ_DTYPE_F16, 0, 0);
+    check_moe(5, 256, 96, 16, 4, DJ_DTYPE_F32, 1, 0);
+    check_moe(64, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 1); /* GEMMs over every row: read, weighted out */
+    check_moe(9, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 0);  /* GEMV path: tiles of 4 routed rows */
+    check_moe(31, 4096, 1024, 8, 2, DJ_DTYPE_BF16, 0, 0);
 }
 
 /* ---- per-row arguments, device ids, argmax, graph capture ---- */
@@ -1968,6 +2161,7 @@ int main(int argc, char **argv) {
     check_attention(257, 0, 8, 2, 64, 5, 100);     /* window from empty */
     check_attention(100, 60, 4, 4, 128, 64, 1);    /* window 1: each row sees itself */
     check_errors();
+    check_arch_ops();
 
     /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
     check_rows(1, 32, 8, 128, 16, 0, 0);

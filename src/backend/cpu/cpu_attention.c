@@ -1,5 +1,6 @@
-/* cpu_attention.c: causal (optionally sliding-window) GQA attention over K/V
- * in data-segment pages, with a streaming softmax: no context-length scratch. */
+/* cpu_attention.c: causal (optionally sliding-window, optionally soft-capped)
+ * GQA attention over K/V in data-segment pages, with a streaming softmax: no
+ * context-length scratch. */
 #include <math.h>
 
 #ifdef __AVX2__
@@ -26,7 +27,7 @@ static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
  * found through `table` (kv's own or the row's); the output row o[hd] doubles
  * as the accumulator. */
 static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float *q, float *o, uint32_t kvh,
-                       uint32_t hd, uint32_t t0, uint32_t t1, float scale) {
+                       uint32_t hd, uint32_t t0, uint32_t t1, float scale, float softcap) {
     const uint32_t tpp = kv->tokens_per_page, kvd = kv->kv_dim;
     float run_max = -INFINITY, run_sum = 0.0f;
     float s[SCORE_BLOCK];
@@ -43,6 +44,7 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         float bmax = -INFINITY;
         for (uint32_t j = 0; j < len; j++) {
             s[j] = dj__cpu_dot(q, kb + (size_t)j * kvd, hd) * scale;
+            if (softcap != 0.0f) s[j] = tanhf(s[j] / softcap) * softcap; /* Gemma 2 */
             if (s[j] > bmax) bmax = s[j];
         }
         if (bmax > run_max) {
@@ -72,7 +74,8 @@ dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
         const uint32_t *table = c->row_tables ? c->row_tables[i] : c->kv->block_table;
         const uint32_t t0 = c->window && p + 1 > c->window ? p + 1 - c->window : 0;
         const size_t off = ((size_t)i * nh + h) * hd;
-        attend_one(c->kv, table, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale);
+        attend_one(c->kv, table, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale,
+                   c->softcap);
     }
     return DJ_OK;
 }

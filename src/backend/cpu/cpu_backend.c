@@ -104,9 +104,12 @@ static dj_status op_embed(dj_cpu_backend *cb, const dj_op_call *c) {
                            (int)ids[i], i, vocab);
     const size_t row_bytes = (size_t)d * dj_dtype_size(c->w_dtype);
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
-    for (uint32_t i = 0; i < n; i++)
-        dj__cpu_to_f32((float *)c->out + (size_t)i * d, (const uint8_t *)c->w + (size_t)ids[i] * row_bytes,
-                       c->w_dtype, d);
+    for (uint32_t i = 0; i < n; i++) {
+        float *o = (float *)c->out + (size_t)i * d;
+        dj__cpu_to_f32(o, (const uint8_t *)c->w + (size_t)ids[i] * row_bytes, c->w_dtype, d);
+        if (c->scale != 0.0f) /* Gemma: times sqrt(hidden) */
+            for (uint32_t j = 0; j < d; j++) o[j] *= c->scale;
+    }
     return DJ_OK;
 }
 
@@ -131,9 +134,11 @@ float dj__cpu_dot(const float *a, const float *b, uint32_t len) {
     return s;
 }
 
-/* As LlamaRMSNorm in f32: x * rsqrt(mean(x^2) + eps), then times the weight. */
+/* As LlamaRMSNorm in f32: x * rsqrt(mean(x^2) + eps), then times the weight
+ * (plus w_offset: Gemma's 1 + w); each d-wide group of a row alone (groups:
+ * per-head q/k norm). */
 static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
-    const uint32_t n = c->n, d = c->d;
+    const uint32_t n = c->n * (c->groups > 1 ? c->groups : 1), d = c->d;
     enum { CHUNK = 256 };
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++) {
@@ -145,6 +150,8 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
             uint32_t len = d - j0 < CHUNK ? d - j0 : CHUNK;
             dj__cpu_to_f32(wbuf, (const uint8_t *)c->w + (size_t)j0 * dj_dtype_size(c->w_dtype), c->w_dtype,
                            len);
+            if (c->w_offset != 0.0f)
+                for (uint32_t j = 0; j < len; j++) wbuf[j] += c->w_offset;
             for (uint32_t j = 0; j < len; j++) o[j0 + j] = wbuf[j] * (x[j0 + j] * r);
         }
     }
@@ -152,9 +159,11 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
 }
 
 /* HF rotate_half: angle = inv_freq[j] * p in f32, cos/sin in f32, both times
- * attention_scaling; pairs (j, j + hd/2). In place allowed. */
+ * attention_scaling; pairs (j, j + rot/2) of the first rot dims of each head
+ * (rot_dim, or all of it), the rest passed through. In place allowed. */
 static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
-    const uint32_t n = c->n, nh = c->n_heads, hd = c->head_dim, half = hd / 2;
+    const uint32_t n = c->n, nh = c->n_heads, hd = c->head_dim;
+    const uint32_t rot = c->rot_dim ? c->rot_dim : hd, half = rot / 2;
     const size_t row = (size_t)nh * hd;
 #pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
     for (uint32_t i = 0; i < n; i++) {
@@ -170,6 +179,9 @@ static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
                 o[(size_t)h * hd + j + half] = x2 * cs + x1 * sn;
             }
         }
+        if (rot < hd && o != x)
+            for (uint32_t h = 0; h < nh; h++)
+                memcpy(o + (size_t)h * hd + rot, x + (size_t)h * hd + rot, (size_t)(hd - rot) * sizeof *o);
     }
     return DJ_OK;
 }
@@ -224,6 +236,10 @@ static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
     case DJ_OP_ATTENTION: return dj__cpu_attention(cb, c);
     case DJ_OP_SILU_MUL: return op_silu_mul(cb, c);
     case DJ_OP_ADD: return op_add(cb, c);
+    case DJ_OP_GELU_MUL: return dj__cpu_gelu_mul(cb, c);
+    case DJ_OP_SOFTCAP: return dj__cpu_softcap(cb, c);
+    case DJ_OP_MOE_ROUTE: return dj__cpu_moe_route(cb, c);
+    case DJ_OP_MOE_FFN: return dj__cpu_moe_ffn(cb, c);
     case DJ_OP_COUNT: break;
     }
     return dj_fail(DJ_EUNSUPPORTED, "cpu backend: unknown op %d", (int)c->op);

@@ -32,5 +32,10 @@ void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
 /* Kernels; the call has been validated by the compute switch. */
 dj_status dj__cpu_matmul(dj_cpu_backend *cb, const dj_op_call *c);
 dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c);
+/* cpu_arch_ops.c: the ops of the architectures beyond Llama. */
+dj_status dj__cpu_gelu_mul(dj_cpu_backend *cb, const dj_op_call *c);
+dj_status dj__cpu_softcap(dj_cpu_backend *cb, const dj_op_call *c);
+dj_status dj__cpu_moe_route(dj_cpu_backend *cb, const dj_op_call *c);
+dj_status dj__cpu_moe_ffn(dj_cpu_backend *cb, const dj_op_call *c);
 
 #endif

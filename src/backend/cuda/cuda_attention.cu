@@ -55,7 +55,12 @@ struct attn_args {
     const uint32_t *const *row_tables;   /* [n] or NULL: table */
     uint32_t tpp, kv_dim, n, nh, group, hd, pos0, window;
     float scale;
+    float softcap; /* scores s -> softcap * tanh(s / softcap); 0 = none (Gemma 2) */
 };
+
+static __device__ __forceinline__ float capped(float s, float softcap) {
+    return softcap != 0.0f ? tanhf(s / softcap) * softcap : s;
+}
 
 static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window) {
     return window && p + 1 > window ? p + 1 - window : 0u;
@@ -207,7 +212,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
             float mn = m[g];
 #pragma unroll
             for (int j = 0; j < DEC_POS; j++) {
-                s[g][j] = b + j <= s1 ? s[g][j] * a.scale : -INFINITY;
+                s[g][j] = b + j <= s1 ? capped(s[g][j] * a.scale, a.softcap) : -INFINITY;
                 mn = fmaxf(mn, s[g][j]);
             }
             /* position b is valid: mn is finite */
@@ -342,7 +347,7 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
                     const float2 kf = __bfloat1622float2(*(const __nv_bfloat162 *)(kr + d));
                     dot += qf.x * kf.x + qf.y * kf.y;
                 }
-                s = dot * a.scale;
+                s = capped(dot * a.scale, a.softcap);
             }
             const float tmax = warp_max(s);
             if (tmax == -INFINITY) continue; /* no position of this tile is visible to row i */
@@ -469,6 +474,7 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.pos0 = c->pos0;
     a.window = c->window;
     a.scale = c->scale;
+    a.softcap = c->softcap;
     /* The prefill kernels tile consecutive positions of one sequence: rows
      * with their own positions always take the decode kernel. The tensor-core
      * kernel covers head_dim 64/128 (dj__cuda_attention_tc_covers); any other

@@ -267,7 +267,7 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 bool dj__cuda_attention_tc_covers(const dj_op_call *c) {
     const dj_kv_view *kv = c->kv;
-    return (c->head_dim == 64 || c->head_dim == 128) && !c->row_pos && !c->row_tables && c->n >= 1 &&
+    return (c->head_dim == 64 || c->head_dim == 128) && c->softcap == 0.0f && !c->row_pos && !c->row_tables && c->n >= 1 &&
            (c->n + 63) / 64 <= 65535u && kv->dtype == DJ_DTYPE_BF16 && aligned16(kv->seg_base) &&
            kv->page_bytes % 16 == 0 && kv->kv_dim % 8 == 0 && aligned16(c->x) && aligned16(c->out) &&
            (uint64_t)c->pos0 + c->n <= UINT32_MAX;

@@ -265,6 +265,10 @@ dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
         return st != DJ_OK ? st : dj__cuda_attention(cb, c, table);
     case DJ_OP_SILU_MUL: return dj__cuda_silu_mul(cb, c);
     case DJ_OP_ADD: return dj__cuda_add(cb, c);
+    case DJ_OP_GELU_MUL: return dj__cuda_gelu_mul(cb, c);
+    case DJ_OP_SOFTCAP: return dj__cuda_softcap(cb, c);
+    case DJ_OP_MOE_ROUTE: return dj__cuda_moe_route(cb, c);
+    case DJ_OP_MOE_FFN: return dj__cuda_moe_ffn(cb, c);
     case DJ_OP_COUNT: break;
     }
     return dj_fail(DJ_EUNSUPPORTED, "cuda backend: unknown op %d", (int)c->op);

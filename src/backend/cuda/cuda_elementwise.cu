@@ -13,13 +13,14 @@ static unsigned ew_blocks(const dj_cuda_backend *cb, size_t count) {
 
 template <typename TW, typename TO>
 static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out, uint32_t n, uint32_t d,
-                                    uint32_t vocab) {
+                                    uint32_t vocab, float scale) {
     const size_t count = (size_t)n * d;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         const size_t row = i / d, col = i % d;
         const int32_t id = ids[row];
         /* Ids in device memory were validated by the caller; never read outside the table. */
-        dj_st(out, i, id >= 0 && (uint32_t)id < vocab ? dj_ld(table, (size_t)id * d + col) : 0.0f);
+        const float v = id >= 0 && (uint32_t)id < vocab ? dj_ld(table, (size_t)id * d + col) : 0.0f;
+        dj_st(out, i, scale != 0.0f ? v * scale : v); /* Gemma: times sqrt(hidden) */
     }
 }
 
@@ -45,13 +46,15 @@ static void launch_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
         embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __nv_bfloat16 *)c->w, out, c->n, c->d,
-                                                            c->m);
+                                                            c->m, c->scale);
         break;
     case DJ_DTYPE_F16:
-        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __half *)c->w, out, c->n, c->d, c->m);
+        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const __half *)c->w, out, c->n, c->d, c->m,
+                                                            c->scale);
         break;
     default:
-        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const float *)c->w, out, c->n, c->d, c->m);
+        embed_kernel<<<blocks, EW_THREADS, 0, cb->stream>>>(ids_dev, (const float *)c->w, out, c->n, c->d, c->m,
+                                                            c->scale);
         break;
     }
 }

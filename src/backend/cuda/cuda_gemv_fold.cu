@@ -146,7 +146,8 @@ bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls,
         rd[1] = f->silu->x2, rn[1] = k * 2;
     } else {
         const dj_op_call *nm = f->norm;
-        if (nm->op != DJ_OP_RMSNORM || nm->w_dtype != DJ_DTYPE_BF16) return false;
+        if (nm->op != DJ_OP_RMSNORM || nm->w_dtype != DJ_DTYPE_BF16 || nm->w_offset != 0.0f || nm->groups > 1)
+            return false; /* the prologue is the plain Llama norm of one whole row */
         rd[2] = nm->w, rn[2] = k * 2;
         if (f->add) {
             const dj_op_call *ad = f->add;

@@ -99,6 +99,14 @@ dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, 
                           const dj_sample_row *rows, int32_t *out);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
+/* cuda_arch_ops.cu: the ops of the architectures beyond Llama. */
+dj_status dj__cuda_gelu_mul(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_softcap(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_moe_route(dj_cuda_backend *cb, const dj_op_call *c);
+/* Reads the weights of expert e only for rows routed to it: a launch whose
+ * rows none route to e exits before reading any weight (decode reads only the
+ * routed experts' bytes). */
+dj_status dj__cuda_moe_ffn(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
 /* add.out = add.x + add.x2 and norm.out = RMSNORM(add.out) in one pass;
  * bit-identical to the two launches. Requires norm.x == add.out, equal n and

@@ -1,5 +1,6 @@
-/* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row, the sum
- * of squares reduced in f32, out = w * (x * rsqrt(mean(x^2) + eps)) in bf16
+/* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row (or per
+ * d-wide group of a row: per-head q/k norm), the sum of squares reduced in
+ * f32, out = (w + w_offset) * (x * rsqrt(mean(x^2) + eps)) in bf16
  * from x in bf16 or f32 (the residual stream); and the residual ADD fused in
  * front of it (one pass over the row). */
 #include "backend/cuda/cuda_impl.h"
@@ -7,7 +8,8 @@
 #define NORM_THREADS 256
 
 template <typename TX, typename TW>
-static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps) {
+static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps,
+                                      float w_off) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const TX *xr = x + (size_t)blockIdx.x * d;
@@ -28,25 +30,28 @@ static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *o
     __syncthreads();
     const float r = inv_rms;
     for (uint32_t j = threadIdx.x; j < d; j += blockDim.x)
-        orow[j] = __float2bfloat16(dj_ld(w, j) * (dj_ld(xr, j) * r));
+        orow[j] = __float2bfloat16((dj_ld(w, j) + w_off) * (dj_ld(xr, j) * r));
 }
 
 template <typename TX>
 static void launch_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
     const TX *x = (const TX *)c->x;
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
+    /* groups (per-head q/k norm): each d-wide piece of a row is a row of its own */
+    const unsigned rows = c->n * (c->groups > 1 ? c->groups : 1u);
+    const float off = c->w_offset;
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
         rmsnorm_kernel<TX, __nv_bfloat16>
-            <<<dim3(c->n), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __nv_bfloat16 *)c->w, out, c->d, c->eps);
+            <<<dim3(rows), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __nv_bfloat16 *)c->w, out, c->d, c->eps, off);
         break;
     case DJ_DTYPE_F16:
         rmsnorm_kernel<TX, __half>
-            <<<dim3(c->n), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __half *)c->w, out, c->d, c->eps);
+            <<<dim3(rows), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __half *)c->w, out, c->d, c->eps, off);
         break;
     default:
         rmsnorm_kernel<TX, float>
-            <<<dim3(c->n), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps);
+            <<<dim3(rows), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps, off);
         break;
     }
 }
@@ -82,7 +87,7 @@ __device__ __forceinline__ float residual_sum(const float *a, const __nv_bfloat1
 template <typename TH, typename TW, int PER>
 static __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
-                       uint32_t d, float eps) {
+                       uint32_t d, float eps, float w_off) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const size_t row = (size_t)blockIdx.x * d;
@@ -113,7 +118,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
         const uint32_t j = threadIdx.x + i * NORM_THREADS;
         if (j < d) {
             dj_st(hout, row + j, h[i]);
-            out[row + j] = __float2bfloat16(dj_ld(w, j) * (h[i] * r));
+            out[row + j] = __float2bfloat16((dj_ld(w, j) + w_off) * (h[i] * r));
         }
     }
 }
@@ -127,15 +132,15 @@ static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
         add_rmsnorm_kernel<TH, __nv_bfloat16, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
-            a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps);
+            a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset);
         break;
     case DJ_DTYPE_F16:
         add_rmsnorm_kernel<TH, __half, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
-            a, b, h, (const __half *)norm->w, out, norm->d, norm->eps);
+            a, b, h, (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset);
         break;
     default:
         add_rmsnorm_kernel<TH, float, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
-            a, b, h, (const float *)norm->w, out, norm->d, norm->eps);
+            a, b, h, (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset);
         break;
     }
 }

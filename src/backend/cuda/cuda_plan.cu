@@ -44,7 +44,7 @@ static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
  * norm.out is one of add's bf16 buffers or clear of all of them. */
 static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
     if (add->op != DJ_OP_ADD || c->op != DJ_OP_RMSNORM || c->x != add->out || c->n != add->n || c->d != add->d ||
-        c->d > DJ_FUSE_MAX_D || add->x_dtype != add->out_dtype || c->x_dtype != add->out_dtype)
+        c->groups > 1 || c->d > DJ_FUSE_MAX_D || add->x_dtype != add->out_dtype || c->x_dtype != add->out_dtype)
         return false;
     const size_t row = (size_t)c->n * c->d;
     const size_t out_bytes = row * sizeof(__nv_bfloat16), res_bytes = row * dj_dtype_size(add->out_dtype);
@@ -61,6 +61,7 @@ static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
  * at the same positions, k's heads filling kv_dim, v clear of k. */
 static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
     if (rope->op != DJ_OP_ROPE || c->op != DJ_OP_KV_WRITE || c->x != rope->out || c->n != rope->n ||
+        rope->rot_dim != 0 || /* the fused kernel rotates whole heads */
         c->pos0 != rope->pos0 || c->row_pos != rope->row_pos ||
         (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim)
         return false;
@@ -72,7 +73,7 @@ static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
  * frequencies and scale, no buffer of one touching a buffer of the other,
  * and v clear of q's output. */
 static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *k, const dj_op_call *kvw) {
-    if (q->op != DJ_OP_ROPE || k->n != q->n || k->pos0 != q->pos0 || k->row_pos != q->row_pos ||
+    if (q->op != DJ_OP_ROPE || q->rot_dim != 0 || k->n != q->n || k->pos0 != q->pos0 || k->row_pos != q->row_pos ||
         k->inv_freq != q->inv_freq || k->head_dim != q->head_dim || k->scale != q->scale)
         return false;
     const size_t qb = (size_t)q->n * q->n_heads * q->head_dim * sizeof(__nv_bfloat16);
@@ -106,13 +107,16 @@ static uint64_t plan_sig(const dj_op_call *calls, size_t n) {
     const uint32_t pos0 = n ? calls[0].pos0 : 0;
     for (size_t i = 0; i < n; i++) {
         const dj_op_call *c = &calls[i];
-        uint32_t scale_bits = 0;
+        uint32_t scale_bits = 0, off_bits = 0, cap_bits = 0;
         memcpy(&scale_bits, &c->scale, sizeof scale_bits);
+        memcpy(&off_bits, &c->w_offset, sizeof off_bits);
+        memcpy(&cap_bits, &c->softcap, sizeof cap_bits);
         const uint64_t v[] = {(uint64_t)c->op, c->n, (uintptr_t)c->out, (uintptr_t)c->x, (uintptr_t)c->x2,
                               (uintptr_t)c->w, (uint64_t)c->w_dtype, (uint64_t)c->out_dtype, (uint64_t)c->x_dtype,
                               c->k, c->m, c->d, (uint64_t)(c->pos0 - pos0), (uintptr_t)c->row_pos,
                               (uintptr_t)c->inv_freq, c->n_heads, c->head_dim, scale_bits,
-                              c->kv ? c->kv->kv_dim : 0};
+                              c->kv ? c->kv->kv_dim : 0, off_bits, cap_bits, c->groups, c->rot_dim,
+                              (uintptr_t)c->route, c->expert, c->top_k};
         for (size_t j = 0; j < sizeof v / sizeof *v; j++) {
             h ^= v[j];
             h *= 1099511628211ull;
@@ -148,6 +152,8 @@ static bool fold_norm(const dj_cuda_backend *cb, const dj_op_call *calls, size_t
     if ((!add && calls[i].op != DJ_OP_RMSNORM) || g >= n || (add && !fuses_with_add(&calls[i], &calls[norm])) ||
         !dj__cuda_gemv_takes(cb, &calls[g]))
         return false;
+    /* the folding kernel computes the plain Llama norm of whole rows */
+    if (calls[norm].op != DJ_OP_RMSNORM || calls[norm].w_offset != 0.0f || calls[norm].groups > 1) return false;
     const int count = gemv_run(cb, calls, n, g);
     const dj_gemv_fold f = {add ? &calls[i] : NULL, &calls[norm], NULL};
     if (!dj__cuda_gemv_fold_fits(cb, &calls[g], count, &f)) return false;

@@ -8,10 +8,13 @@
 
 /* One thread per (row, head, pair j): angle inv_freq[j] * p in f32, cos/sin
  * in f32 (accurate, not the fast intrinsics: angles reach 1e5 rad), times
- * attention_scaling; pairs (j, j + hd/2). */
+ * attention_scaling; pairs (j, j + rot/2) of the first rot dims (all of the
+ * head but with a partial rotary factor); the thread of pair j also copies
+ * dims rot + j, rot + j + rot/2, ... when out is not x. */
 static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, const float *inv_freq, uint32_t n,
-                                   uint32_t nh, uint32_t hd, uint32_t pos0, const uint32_t *row_pos, float scale) {
-    const uint32_t half = hd / 2;
+                                   uint32_t nh, uint32_t hd, uint32_t rot, uint32_t pos0, const uint32_t *row_pos,
+                                   float scale) {
+    const uint32_t half = rot / 2;
     const size_t count = (size_t)n * nh * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t j = (uint32_t)(t % half);
@@ -23,6 +26,8 @@ static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, c
         const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
         out[base + j] = __float2bfloat16(x1 * cs - x2 * sn);
         out[base + j + half] = __float2bfloat16(x2 * cs + x1 * sn);
+        if (out != x) /* the dims past rot (partial rotary) pass through */
+            for (uint32_t e = rot + j; e < hd; e += half) out[base + e] = x[base + e];
     }
 }
 
@@ -92,10 +97,11 @@ static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
 }
 
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
-    const size_t count = (size_t)c->n * c->n_heads * (c->head_dim / 2);
+    const uint32_t rot = c->rot_dim ? c->rot_dim : c->head_dim;
+    const size_t count = (size_t)c->n * c->n_heads * (rot / 2);
     rope_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
-        (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim, c->pos0,
-        c->row_pos, c->scale);
+        (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim, rot,
+        c->pos0, c->row_pos, c->scale);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
