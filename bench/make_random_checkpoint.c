@@ -2,7 +2,7 @@
  * a named full-size shape (config.json + model.safetensors) with random bf16
  * weights, for benchmarks: speed does not depend on what the weights mean.
  *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32]
- * Presets: tinyllama-1.1b, llama3-8b. */
+ * Presets: tinyllama-1.1b, llama3.2-1b (tied embeddings), llama3-8b. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +22,7 @@ typedef struct preset {
 
 static const preset PRESETS[] = {
     {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0, 0},
+    {"llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, 1},
     {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 0},
 };
 
@@ -48,7 +49,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
         if (!strcmp(PRESETS[i].name, argv[1])) p = &PRESETS[i];
     if (!p) {
-        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3-8b)\n", argv[1]);
+        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3.2-1b, llama3-8b)\n", argv[1]);
         return 2;
     }
     const char *dir = argv[2];
@@ -95,7 +96,7 @@ int main(int argc, char **argv) {
         T(p->hidden, p->ffn, 0, "model.layers.%d.mlp.down_proj.weight", l);
     }
     T(p->hidden, 0, 1, "model.norm.weight");
-    T(p->vocab, p->hidden, 0, "lm_head.weight");
+    if (!p->tie) T(p->vocab, p->hidden, 0, "lm_head.weight");
 #undef T
     const size_t esz = dj_dtype_size(dt);
     const char *dname = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
