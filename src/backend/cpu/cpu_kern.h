@@ -37,6 +37,7 @@ typedef enum {
 typedef struct dj__cpu_kernels {
     const char *name;
     uint32_t dot_rows, dot_cols; /* the largest nr, nc `dot` takes */
+    uint32_t gemm_cols;          /* weight rows of gemm_block's register tile (tiles of a multiple run best) */
     /* out[r * ldo + c] = the ordered dot product (no bias) of x row r (rows
      * ldx floats apart) and weight row w[c] of dtype wt (f32/f16/bf16), each
      * k long, for r < nr <= dot_rows, c < nc <= dot_cols. Weights read as
@@ -48,6 +49,8 @@ typedef struct dj__cpu_kernels {
      * floats apart) and f32 weight rows c < nj (ldw floats apart). */
     void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
                        uint32_t k0, uint32_t k1, float *acc);
+    /* out[i] = v of the halving tree over the 16 lanes acc[16 i .. 16 i + 16), i < count. */
+    void (*reduce)(const float *acc, size_t count, float *out);
     /* dst[0..count) = src (dtype t) as f32. */
     void (*to_f32)(float *dst, const void *src, dj_dtype t, size_t count);
 } dj__cpu_kernels;
@@ -66,15 +69,18 @@ const dj__cpu_kernels *dj__cpu_kernels_for(dj_cpu_isa isa);
  * ("portable", "avx2", "avx512": a kill switch, never a way up). */
 dj_cpu_isa dj__cpu_isa_best(void);
 
-/* v of the order above from 16 lanes, then the tail k in [k16, k) of x and
- * weight row w (dtype wt). */
-static inline float dj__cpu_lanes_finish(const float *lane, const float *x, const void *w, dj_dtype wt,
-                                         uint32_t k16, uint32_t k) {
+/* v of the order above from 16 lanes (the portable tree); then with the tail
+ * k in [k16, k) of x and weight row w (dtype wt). */
+static inline float dj__cpu_lanes_reduce(const float *lane) {
     float s[8];
     for (int l = 0; l < 8; l++) s[l] = lane[l] + lane[l + 8];
     for (int l = 0; l < 4; l++) s[l] = s[l] + s[l + 4];
     for (int l = 0; l < 2; l++) s[l] = s[l] + s[l + 2];
-    float v = s[0] + s[1];
+    return s[0] + s[1];
+}
+
+/* The tail k in [k16, k) of x and weight row w (dtype wt) after v. */
+static inline float dj__cpu_tail(float v, const float *x, const void *w, dj_dtype wt, uint32_t k16, uint32_t k) {
     for (uint32_t kk = k16; kk < k; kk++) {
         const float wv = wt == DJ_DTYPE_BF16 ? dj_bf16_to_f32(((const uint16_t *)w)[kk])
                          : wt == DJ_DTYPE_F16 ? dj_f16_to_f32(((const uint16_t *)w)[kk])
@@ -82,6 +88,11 @@ static inline float dj__cpu_lanes_finish(const float *lane, const float *x, cons
         v = fmaf(wv, x[kk], v);
     }
     return v;
+}
+
+static inline float dj__cpu_lanes_finish(const float *lane, const float *x, const void *w, dj_dtype wt,
+                                         uint32_t k16, uint32_t k) {
+    return dj__cpu_tail(dj__cpu_lanes_reduce(lane), x, w, wt, k16, k);
 }
 
 #endif

@@ -35,6 +35,10 @@ static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const fl
         }
 }
 
+static void reduce_portable(const float *acc, size_t count, float *out) {
+    for (size_t i = 0; i < count; i++) out[i] = dj__cpu_lanes_reduce(acc + i * DJ_CPU_LANES);
+}
+
 static void to_f32_portable(float *dst, const void *src, dj_dtype t, size_t count) {
     for (size_t i = 0; i < count; i++) dst[i] = w_at(src, t, i);
 }
@@ -44,6 +48,8 @@ const dj__cpu_kernels dj__cpu_kernels_portable = {
     .dot_rows = 4,
     .dot_cols = 4,
     .dot = dot_portable,
+    .gemm_cols = 1,
     .gemm_block = gemm_block_portable,
+    .reduce = reduce_portable,
     .to_f32 = to_f32_portable,
 };

@@ -126,6 +126,14 @@ KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, 
     }
 }
 
+KF void kern_reduce(const float *acc, size_t count, float *out) {
+    for (size_t i = 0; i < count; i++) {
+        V a[VN];
+        for (int v = 0; v < VN; v++) a[v] = v_loadf(acc + i * DJ_CPU_LANES + v * VL);
+        out[i] = v_reduce16(a);
+    }
+}
+
 KF void kern_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {
     size_t i = 0;
     if (t == DJ_DTYPE_F32) {

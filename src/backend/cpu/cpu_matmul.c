@@ -80,13 +80,15 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
             K->gemm_block(x + (size_t)r0 * k, k, rn, w, k, nj, k0, k1, acc);
         }
-        for (uint32_t r = 0; r < rn; r++)
-            for (uint32_t j = 0; j < nj; j++) {
-                const float *xr = x + (size_t)(r0 + r) * k;
-                const float v = dj__cpu_lanes_finish(acc + ((size_t)r * nj + j) * DJ_CPU_LANES, xr, w + (size_t)j * k,
-                                                     DJ_DTYPE_F32, k16, k);
-                out[(size_t)(r0 + r) * c->m + j0 + j] = c->bias ? v + bias_at(c, j0 + j) : v;
-            }
+        for (uint32_t r = 0; r < rn; r++) {
+            float *o = out + (size_t)(r0 + r) * c->m + j0;
+            K->reduce(acc + (size_t)r * nj * DJ_CPU_LANES, nj, o);
+            if (k16 < k)
+                for (uint32_t j = 0; j < nj; j++)
+                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * k, w + (size_t)j * k, DJ_DTYPE_F32, k16, k);
+            if (c->bias)
+                for (uint32_t j = 0; j < nj; j++) o[j] += bias_at(c, j0 + j);
+        }
     }
 }
 
@@ -95,12 +97,14 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
  * multiplies every row of x by it. */
 static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t k = c->k, m = c->m, nt = (uint32_t)cb->n_threads;
+    const dj__cpu_kernels *K = cb->kern;
     uint32_t tile = cb->tile_rows;
     if (tile == 0) {
         size_t t = TILE_TARGET_BYTES / ((size_t)k * sizeof(float));
         const uint32_t fair = (m + 2 * nt - 1) / (2 * nt); /* at least two tiles a thread */
         if (t > fair) t = fair;
         tile = t < 8 ? 8 : (uint32_t)t;
+        if (tile > K->gemm_cols) tile = tile / K->gemm_cols * K->gemm_cols; /* whole register tiles */
     }
     if (tile > m) tile = m;
     const bool f32 = c->w_dtype == DJ_DTYPE_F32;
@@ -109,7 +113,6 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     if (st != DJ_OK) return st;
     const size_t row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
     const uint32_t n_tiles = (m + tile - 1) / tile;
-    const dj__cpu_kernels *K = cb->kern;
 #pragma omp parallel num_threads(cb->n_threads)
     {
         float *mine = cb->scratch + (size_t)omp_get_thread_num() * per_thread;
