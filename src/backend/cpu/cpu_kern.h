@@ -36,14 +36,15 @@ typedef enum {
 
 typedef struct dj__cpu_kernels {
     const char *name;
-    uint32_t dot_rows, dot_cols; /* the largest nr, nc `dot` takes */
+    uint32_t dot_rows;           /* the largest nr `dot` takes */
     uint32_t gemm_cols;          /* weight rows of gemm_block's register tile (tiles of a multiple run best) */
     /* out[r * ldo + c] = the ordered dot product (no bias) of x row r (rows
-     * ldx floats apart) and weight row w[c] of dtype wt (f32/f16/bf16), each
-     * k long, for r < nr <= dot_rows, c < nc <= dot_cols. Weights read as
-     * stored: the decode kernel. */
-    void (*dot)(const float *x, size_t ldx, uint32_t nr, const void *const *w, uint32_t nc, dj_dtype wt,
-                uint32_t k, float *out, size_t ldo);
+     * ldx floats apart) and weight row c (dtype wt: f32/f16/bf16; rows
+     * w_row_bytes apart from w), each k long, for r < nr <= dot_rows, c < nc.
+     * Weights read as stored, one row after the other (a single sequential
+     * stream: measured faster than rows read side by side): the decode kernel. */
+    void (*dot)(const float *x, size_t ldx, uint32_t nr, const void *w, size_t w_row_bytes, uint32_t nc,
+                dj_dtype wt, uint32_t k, float *out, size_t ldo);
     /* The lanes over one k block: acc[(r * nj + c) * 16 + l] goes on with
      * k in [k0, k1) (k1 - k0 a multiple of 16, k0 too) for x rows r < n (ldx
      * floats apart) and f32 weight rows c < nj (ldw floats apart). */

@@ -9,8 +9,7 @@
 #define KTGT "avx2,fma,f16c"
 #define V __m256
 #define VL 8
-#define DNR 2 /* dot: 2 rows x 3 weight rows = 12 accumulators of the 16 registers */
-#define DNC 3
+#define DNR 4 /* dot: up to 4 rows x one weight row at a time */
 #define GNR 2 /* gemm: the same */
 #define GNC 3
 
@@ -38,7 +37,6 @@ KV float v_reduce16(const V *a) {
 const dj__cpu_kernels dj__cpu_kernels_avx2 = {
     .name = "avx2",
     .dot_rows = DNR,
-    .dot_cols = DNC,
     .dot = kern_dot,
     .gemm_cols = GNC,
     .gemm_block = kern_gemm_block,

@@ -9,8 +9,7 @@
 #define KTGT "avx512f,avx2,fma,f16c"
 #define V __m512
 #define VL 16
-#define DNR 4 /* dot: up to 4 rows x 4 weight rows = 16 accumulators */
-#define DNC 4
+#define DNR 4 /* dot: up to 4 rows x one weight row at a time */
 #define GNR 4 /* gemm: 4 rows x 6 weight rows = 24 accumulators of the 32 registers */
 #define GNC 6
 
@@ -38,7 +37,6 @@ KV float v_reduce16(const V *a) {
 const dj__cpu_kernels dj__cpu_kernels_avx512 = {
     .name = "avx512",
     .dot_rows = DNR,
-    .dot_cols = DNC,
     .dot = kern_dot,
     .gemm_cols = GNC,
     .gemm_block = kern_gemm_block,

@@ -11,16 +11,17 @@ static inline float w_at(const void *w, dj_dtype t, size_t i) {
                                : ((const float *)w)[i];
 }
 
-static void dot_portable(const float *x, size_t ldx, uint32_t nr, const void *const *w, uint32_t nc, dj_dtype wt,
-                         uint32_t k, float *out, size_t ldo) {
+static void dot_portable(const float *x, size_t ldx, uint32_t nr, const void *w, size_t w_row_bytes, uint32_t nc,
+                         dj_dtype wt, uint32_t k, float *out, size_t ldo) {
     const uint32_t k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
-    for (uint32_t r = 0; r < nr; r++)
-        for (uint32_t c = 0; c < nc; c++) {
+    for (uint32_t c = 0; c < nc; c++)
+        for (uint32_t r = 0; r < nr; r++) {
             const float *xr = x + (size_t)r * ldx;
+            const void *wc = (const uint8_t *)w + (size_t)c * w_row_bytes;
             float lane[DJ_CPU_LANES] = {0};
             for (uint32_t q = 0; q < k16; q += DJ_CPU_LANES)
-                for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = fmaf(w_at(w[c], wt, q + (uint32_t)l), xr[q + l], lane[l]);
-            out[(size_t)r * ldo + c] = dj__cpu_lanes_finish(lane, xr, w[c], wt, k16, k);
+                for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = fmaf(w_at(wc, wt, q + (uint32_t)l), xr[q + l], lane[l]);
+            out[(size_t)r * ldo + c] = dj__cpu_lanes_finish(lane, xr, wc, wt, k16, k);
         }
 }
 
@@ -46,7 +47,6 @@ static void to_f32_portable(float *dst, const void *src, dj_dtype t, size_t coun
 const dj__cpu_kernels dj__cpu_kernels_portable = {
     .name = "portable",
     .dot_rows = 4,
-    .dot_cols = 4,
     .dot = dot_portable,
     .gemm_cols = 1,
     .gemm_block = gemm_block_portable,

@@ -6,7 +6,8 @@
  *                        them hold the 16 lanes of cpu_kern.h's order);
  *   v_zero, v_loadf, v_load_bf16, v_load_f16, v_fma(a, b, acc), v_storef;
  *   v_reduce16(const V *a)   cpu_kern.h's halving tree over a[0..VN);
- *   DNR, DNC / GNR, GNC  the register tiles of dot / gemm_block.
+ *   DNR / GNR, GNC       the register tiles of dot (rows of x; one weight row)
+ *                        and gemm_block.
  * Every function carries the target attribute: the file is compiled for the
  * build's baseline and runs only where dj__cpu_isa_supported said so. */
 #ifndef KTGT
@@ -24,6 +25,7 @@ KI V v_load_w(const void *w, dj_dtype wt, size_t i) {
 }
 
 /* out[r][c] for an NR x NC tile, weights read as stored. */
+#define DNC 1
 KI void dot_tile(const float *x, size_t ldx, const void *const *w, dj_dtype wt, uint32_t k, const int NR,
                  const int NC, float *out, size_t ldo) {
     V a[DNR][DNC][VN];
@@ -54,28 +56,29 @@ KI void dot_tile(const float *x, size_t ldx, const void *const *w, dj_dtype wt, 
         }
 }
 
-/* One case per tile shape, so each inlined copy has constant loops. */
-#define DOT_SHAPE(WT, R, C)                                                \
-    case (R) * 8 + (C):                                                    \
-        if ((R) <= DNR && (C) <= DNC) dot_tile(x, ldx, w, WT, k, R, C, out, ldo); \
-        break
-#define DOT_SHAPES(WT)                                                                     \
-    switch (nr * 8 + nc) {                                                                 \
-        DOT_SHAPE(WT, 1, 1); DOT_SHAPE(WT, 1, 2); DOT_SHAPE(WT, 1, 3); DOT_SHAPE(WT, 1, 4); \
-        DOT_SHAPE(WT, 2, 1); DOT_SHAPE(WT, 2, 2); DOT_SHAPE(WT, 2, 3); DOT_SHAPE(WT, 2, 4); \
-        DOT_SHAPE(WT, 3, 1); DOT_SHAPE(WT, 3, 2); DOT_SHAPE(WT, 3, 3); DOT_SHAPE(WT, 3, 4); \
-        DOT_SHAPE(WT, 4, 1); DOT_SHAPE(WT, 4, 2); DOT_SHAPE(WT, 4, 3); DOT_SHAPE(WT, 4, 4); \
-    default: break;                                                                        \
+/* Weight rows one after the other; one inlined copy per row count and type,
+ * so each has constant loops. */
+#define DOT_ROWS(WT, R)                                                                     \
+    for (uint32_t c = 0; c < nc; c++) {                                                     \
+        const void *wc = (const uint8_t *)w + (size_t)c * w_row_bytes;                      \
+        dot_tile(x, ldx, &wc, WT, k, R, 1, out + c, ldo);                                   \
+    }
+#define DOT_TYPE(WT)                               \
+    switch (nr) {                                  \
+    case 1: DOT_ROWS(WT, 1) break;                 \
+    case 2: DOT_ROWS(WT, 2) break;                 \
+    case 3: DOT_ROWS(WT, 3) break;                 \
+    default: DOT_ROWS(WT, 4) break;                \
     }
 
-KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *const *w, uint32_t nc, dj_dtype wt,
-                 uint32_t k, float *out, size_t ldo) {
+KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *w, size_t w_row_bytes, uint32_t nc,
+                 dj_dtype wt, uint32_t k, float *out, size_t ldo) {
     if (wt == DJ_DTYPE_BF16) {
-        DOT_SHAPES(DJ_DTYPE_BF16)
+        DOT_TYPE(DJ_DTYPE_BF16)
     } else if (wt == DJ_DTYPE_F16) {
-        DOT_SHAPES(DJ_DTYPE_F16)
+        DOT_TYPE(DJ_DTYPE_F16)
     } else {
-        DOT_SHAPES(DJ_DTYPE_F32)
+        DOT_TYPE(DJ_DTYPE_F32)
     }
 }
 

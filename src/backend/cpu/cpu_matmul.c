@@ -32,18 +32,14 @@ static void direct_rows(const dj__cpu_kernels *K, const dj_op_call *c, uint32_t 
     const size_t row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
     const float *x = c->x;
     float *out = c->out;
-    for (uint32_t j = j0; j < j1; j += K->dot_cols) {
-        const uint32_t nc = j1 - j < K->dot_cols ? j1 - j : K->dot_cols;
-        const void *rows[8];
-        for (uint32_t cc = 0; cc < nc; cc++) rows[cc] = (const uint8_t *)c->w + (size_t)(j + cc) * row_bytes;
-        for (uint32_t r = 0; r < n; r += K->dot_rows) {
-            const uint32_t nr = n - r < K->dot_rows ? n - r : K->dot_rows;
-            K->dot(x + (size_t)r * k, k, nr, rows, nc, c->w_dtype, k, out + (size_t)r * m + j, m);
-        }
-        if (c->bias)
-            for (uint32_t r = 0; r < n; r++)
-                for (uint32_t cc = 0; cc < nc; cc++) out[(size_t)r * m + j + cc] += bias_at(c, j + cc);
+    for (uint32_t r = 0; r < n; r += K->dot_rows) {
+        const uint32_t nr = n - r < K->dot_rows ? n - r : K->dot_rows;
+        K->dot(x + (size_t)r * k, k, nr, (const uint8_t *)c->w + (size_t)j0 * row_bytes, row_bytes, j1 - j0,
+               c->w_dtype, k, out + (size_t)r * m + j0, m);
     }
+    if (c->bias)
+        for (uint32_t r = 0; r < n; r++)
+            for (uint32_t j = j0; j < j1; j++) out[(size_t)r * m + j] += bias_at(c, j);
 }
 
 static void matmul_direct(dj_cpu_backend *cb, const dj_op_call *c) {
