@@ -1,10 +1,13 @@
 /* make_random_checkpoint.c: writes a Hugging Face checkpoint of a named
  * full-size shape (config.json + model.safetensors) with random bf16 weights,
  * for benchmarks: speed does not depend on what the weights mean.
- *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N]
- * Presets: tinyllama-1.1b, llama3-8b (Llama layout), qwen3-8b, gemma2-9b,
- * mixtral-8x7b (their own layouts and configs). --layers keeps the first N
- * layers (Mixtral 8x7B's 32 layers do not fit 80 GB: --layers 16). */
+ *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE]
+ * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b (Llama layout),
+ * qwen3-8b, gemma2-9b, mixtral-8x7b (their own layouts and configs). --layers
+ * keeps the first N layers (Mixtral 8x7B's 32 layers do not fit 80 GB:
+ * --layers 16). --gguf (Llama-layout presets) also writes the same values
+ * (rounded to f16, norms f32) as an F16 GGUF for llama.cpp, the CPU
+ * benchmark's side-by-side (bench/cpu_bench.sh). */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -14,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "djinn/dtype.h"
+#include "gguf_writer.h"
 
 typedef enum { ARCH_LLAMA, ARCH_QWEN3, ARCH_GEMMA2, ARCH_MIXTRAL } arch_kind;
 
@@ -29,6 +33,7 @@ typedef struct preset {
 
 static const preset PRESETS[] = {
     {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0, 0, ARCH_LLAMA, 0, 0},
+    {"llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, 1, ARCH_LLAMA, 0, 0},
     {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 0, ARCH_LLAMA, 0, 0},
     {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, 0, ARCH_QWEN3, 128, 0},
     {"gemma2-9b", 3584, 14336, 42, 16, 8, 256000, 8192, 10000.0, 1, ARCH_GEMMA2, 256, 0},
@@ -40,6 +45,35 @@ typedef struct tensor {
     int64_t rows, cols; /* cols 0: vector */
     int is_norm;
 } tensor;
+
+/* GGUF names and dims (ne0 = columns first) of tensor i. */
+typedef struct gguf_map {
+    const struct tensor *t;
+} gguf_map;
+
+static void gguf_info(void *user, int i, char *name, uint64_t dims[2], uint32_t *ndim, uint32_t *type) {
+    const struct tensor *t = &((const gguf_map *)user)->t[i];
+    int layer = -1;
+    char what[64] = "";
+    static const char *const map[][2] = {
+        {"input_layernorm", "attn_norm"}, {"self_attn.q_proj", "attn_q"}, {"self_attn.k_proj", "attn_k"},
+        {"self_attn.v_proj", "attn_v"},   {"self_attn.o_proj", "attn_output"}, {"post_attention_layernorm", "ffn_norm"},
+        {"mlp.gate_proj", "ffn_gate"},    {"mlp.up_proj", "ffn_up"},   {"mlp.down_proj", "ffn_down"}};
+    if (sscanf(t->name, "model.layers.%d.%63s", &layer, what) == 2) {
+        for (size_t m = 0; m < sizeof map / sizeof *map; m++)
+            if (!strncmp(what, map[m][0], strlen(map[m][0]))) snprintf(name, 96, "blk.%d.%s.weight", layer, map[m][1]);
+    } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
+        snprintf(name, 96, "token_embd.weight");
+    } else if (!strcmp(t->name, "model.norm.weight")) {
+        snprintf(name, 96, "output_norm.weight");
+    } else {
+        snprintf(name, 96, "output.weight");
+    }
+    dims[0] = (uint64_t)(t->cols ? t->cols : t->rows);
+    dims[1] = (uint64_t)t->rows;
+    *ndim = t->cols ? 2 : 1;
+    *type = t->is_norm ? 0 : 1; /* F32 norms, F16 matrices */
+}
 
 static uint64_t rng = 0x1234567887654321ull;
 static uint64_t next(void) {
@@ -58,15 +92,17 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
         if (!strcmp(PRESETS[i].name, argv[1])) p = &PRESETS[i];
     if (!p) {
-        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3-8b, qwen3-8b, gemma2-9b, mixtral-8x7b)\n",
+        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3.2-1b, llama3-8b, qwen3-8b, gemma2-9b, mixtral-8x7b)\n",
                 argv[1]);
         return 2;
     }
     const char *dir = argv[2];
     dj_dtype dt = DJ_DTYPE_BF16;
     int layers = p->layers;
+    const char *gguf_path = NULL;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--gguf")) gguf_path = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
         else if (!strcmp(argv[i], "--dtype")) dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32
                                                  : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
@@ -82,6 +118,10 @@ int main(int argc, char **argv) {
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         perror(dir);
         return 1;
+    }
+    if (gguf_path && p->arch != ARCH_LLAMA) {
+        fprintf(stderr, "--gguf: only the Llama-layout presets\n");
+        return 2;
     }
     if (layers < 1 || layers > p->layers) {
         fprintf(stderr, "--layers %d: %s has 1..%d\n", layers, p->name, p->layers);
@@ -161,8 +201,16 @@ int main(int argc, char **argv) {
     uint64_t hl = len;
     fwrite(&hl, 8, 1, f);
     fwrite(hdr, 1, len, f);
+    FILE *gf = gguf_path ? fopen(gguf_path, "wb") : NULL;
+    if (gguf_path && !gf) {
+        perror(gguf_path);
+        return 1;
+    }
+    gguf_map gm = {t};
+    if (gf) gguf_write_header(gf, p->hidden, p->ffn, layers, p->heads, p->kv_heads, p->vocab, p->max_pos, p->theta, k,
+                              gguf_info, &gm);
     const size_t chunk = 1 << 20;
-    uint8_t *buf = malloc(chunk * 4);
+    uint8_t *buf = malloc(chunk * 4), *gbuf = malloc(chunk * 4);
     for (int i = 0; i < k; i++) {
         size_t n = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
         /* matrices ~ U(-a, a) with a = sqrt(3/fan_in) (unit-variance outputs); norms near 1 */
@@ -174,19 +222,30 @@ int main(int argc, char **argv) {
                 float v = t[i].is_norm == 2   ? (float)(-0.2 + 0.4 * u)
                           : t[i].is_norm ? (float)(0.8 + 0.4 * u)
                                          : (float)((2.0 * u - 1.0) * a);
+                if (gf && t[i].is_norm) memcpy(gbuf + 4 * j, &v, 4);
+                else if (gf) {
+                    const uint16_t g = dj_f32_to_f16(v);
+                    memcpy(gbuf + 2 * j, &g, 2);
+                }
                 if (dt == DJ_DTYPE_F32) memcpy(buf + 4 * j, &v, 4);
                 else {
                     uint16_t h = dt == DJ_DTYPE_F16 ? dj_f32_to_f16(v) : dj_f32_to_bf16(v);
                     memcpy(buf + 2 * j, &h, 2);
                 }
             }
-            if (fwrite(buf, esz, m, f) != m) {
+            if (fwrite(buf, esz, m, f) != m || (gf && fwrite(gbuf, t[i].is_norm ? 4 : 2, m, gf) != m)) {
                 perror(path);
                 return 1;
             }
             done += m;
         }
+        if (gf) gguf_pad(gf, (uint64_t)n * (t[i].is_norm ? 4 : 2));
     }
+    if (gf && fclose(gf) != 0) {
+        perror(gguf_path);
+        return 1;
+    }
+    free(gbuf);
     if (fclose(f) != 0) {
         perror(path);
         return 1;

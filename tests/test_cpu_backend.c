@@ -219,6 +219,50 @@ static void test_matmul(void) {
     dj_backend_free(one);
 }
 
+/* Every instruction set this CPU runs gives the portable kernels' bits, for
+ * decode (direct) and prefill (tiled, k-blocked) shapes, every weight type,
+ * k with and without a tail past the 16 lanes, and bias. */
+static void test_matmul_isas(void) {
+    static const uint32_t shapes[][3] = {{1, 1037, 67}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20}};
+    dj_backend_t *ref = NULL, *simd = NULL;
+    CHECK_OK(dj_backend_cpu_new(2, &ref));
+    CHECK_OK(dj_backend_cpu_new(1, &simd));
+    CHECK_OK(dj__cpu_set_isa(ref, DJ_CPU_ISA_PORTABLE));
+    int tried = 0;
+    for (int isa = DJ_CPU_ISA_AVX2; isa < DJ_CPU_ISA_COUNT; isa++) {
+        if (dj__cpu_set_isa(simd, (dj_cpu_isa)isa) != DJ_OK) {
+            printf("instruction set %d: not on this CPU, skipped\n", isa);
+            continue;
+        }
+        tried++;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int ti = 0; ti < 3; ti++) {
+                const uint32_t n = shapes[s][0], k = shapes[s][1], m = shapes[s][2];
+                weights w = make_weights((size_t)m * k, float_types[ti], -1.0f, 1.0f);
+                weights bias = make_weights(m, DJ_DTYPE_BF16, -1.0f, 1.0f);
+                float *x = falloc((size_t)n * k), *a = falloc((size_t)n * m), *b = falloc((size_t)n * m);
+                fill(x, (size_t)n * k, -1.0f, 1.0f);
+                dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = a, .x = x, .w = w.data, .w_dtype = float_types[ti],
+                                .bias = s % 2 ? bias.data : NULL, .bias_dtype = DJ_DTYPE_BF16, .k = k, .m = m};
+                CHECK_OK(dj_backend_compute(ref, &c));
+                c.out = b;
+                CHECK_OK(dj_backend_compute(simd, &c));
+                CHECK_MSG(!memcmp(a, b, (size_t)n * m * sizeof *a),
+                          "matmul isa %d n=%u k=%u m=%u w=%s: not the portable kernels' bits", isa, n, k, m,
+                          dj_dtype_name(float_types[ti]));
+                free(x);
+                free(a);
+                free(b);
+                free_weights(&w);
+                free_weights(&bias);
+            }
+    }
+    printf("matmul: %d SIMD instruction set(s) bit-identical to the portable kernels\n", tried);
+    CHECK(dj__cpu_set_isa(simd, DJ_CPU_ISA_COUNT) == DJ_EUNSUPPORTED);
+    dj_backend_free(ref);
+    dj_backend_free(simd);
+}
+
 /* ---- ROPE ---- */
 
 static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, double base, float scale, int in_place) {
@@ -570,6 +614,7 @@ int main(void) {
     test_embed();
     test_rmsnorm();
     test_matmul();
+    test_matmul_isas();
     test_rope();
     test_kv_write();
     test_attention();

@@ -178,9 +178,10 @@ static void check_small_steps(void) {
 }
 
 /* A checkpoint whose fingerprint this process knows (check_fixture loaded it
- * in an engine since freed) is copied in without a hashing pass: Phi-3's
- * fused qkv_proj and gate_up_proj feed their slots from row offsets of the
- * stored tensors on that path too (dropping the offset there fails this). */
+ * in an engine since freed) is read in place (the CPU's default), or copied
+ * in without a hashing pass: Phi-3's fused qkv_proj and gate_up_proj feed
+ * their slots from row offsets of the stored tensors on both paths
+ * (dropping the offset there fails this). */
 static void check_known_copy(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
@@ -188,7 +189,8 @@ static void check_known_copy(const char *name) {
     memset(&r, 0, sizeof r);
     if (load_ref(dir, &r) != 0) return;
     float *logits = malloc((size_t)r.vocab * sizeof *logits);
-    for (int round = 0; round < 2; round++) { /* twice: a fresh engine each time */
+    for (int round = 0; round < 2; round++) { /* twice, a fresh engine each time: in place, then copied */
+        if (round == 1) setenv("DJINN_WEIGHTS_IN_PLACE", "0", 1);
         dj_engine_t *e = new_engine(64 << 10, 512);
         dj_model_t *m = NULL;
         dj_session_t *s = NULL;
@@ -203,19 +205,59 @@ static void check_known_copy(const char *name) {
         if (m) dj_model_release(e, m);
         dj_engine_free(e);
     }
+    unsetenv("DJINN_WEIGHTS_IN_PLACE");
     free(logits);
     ref_free(&r);
 }
 
-/* A VMU too small for the weights fails at load with a message, no crash. */
+/* Prefill logits of a fixed prompt with the model loaded into a fresh
+ * engine of `kib` KiB; NULL (and the status in *st) when the load fails. */
+static float *prompt_logits(const char *dir, size_t kib, dj_status *st, size_t *mapped) {
+    dj_engine_t *e = new_engine(kib, 512);
+    dj_model_t *m = NULL;
+    float *logits = NULL;
+    *st = dj_model_load(e, dir, &m);
+    if (*st == DJ_OK) {
+        dj_vmu_stats vs;
+        dj_vmu_get_stats(dj_engine_vmu(e), &vs);
+        *mapped = vs.text_mapped;
+        const int32_t ids[] = {1, 5, 9, 23, 7, 2};
+        dj_session_t *s = NULL;
+        logits = malloc(dj_model_get_config(m)->vocab_size * sizeof *logits);
+        CHECK_OK(dj_session_new(e, m, 64, 0, &s));
+        if (s) CHECK_OK(dj_session_step(e, s, ids, 6, logits));
+        dj_session_free(e, s);
+        dj_model_release(e, m);
+    }
+    dj_engine_free(e);
+    return logits;
+}
+
+/* On the CPU the weights are read in place from the mapped checkpoint: a
+ * VMU with no room for them loads the model (their bytes counted as mapped)
+ * and gives the bits of a copied load; copied ($DJINN_WEIGHTS_IN_PLACE=0),
+ * a VMU too small for the weights fails at load with a message, no crash. */
+
 static void check_too_small(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama2", DJ_FIXTURES);
-    dj_engine_t *e = new_engine(512, 512); /* 512 KiB: 586 KB of f32 weights exceed 60% */
-    dj_model_t *m = NULL;
-    CHECK_ST(dj_model_load(e, dir, &m), DJ_ENOSPC);
-    CHECK(strstr(dj_last_error(), "needs") != NULL);
-    dj_engine_free(e);
+    dj_status st;
+    size_t mapped = 0, mapped_copy = 0;
+    float *in_place = prompt_logits(dir, 512, &st, &mapped); /* 512 KiB: 586 KB of f32 weights exceed 60% */
+    CHECK_OK(st);
+    CHECK_MSG(mapped > 512 << 10, "weights in place: %zu bytes mapped", mapped);
+    setenv("DJINN_WEIGHTS_IN_PLACE", "0", 1);
+    float *none = prompt_logits(dir, 512, &st, &mapped_copy);
+    CHECK(st == DJ_ENOSPC && !none && strstr(dj_last_error(), "needs") != NULL);
+    float *copied = prompt_logits(dir, 64 << 10, &st, &mapped_copy);
+    unsetenv("DJINN_WEIGHTS_IN_PLACE");
+    CHECK_OK(st);
+    CHECK(mapped_copy == 0);
+    CHECK_MSG(in_place && copied && !memcmp(in_place, copied, 384 * sizeof *copied),
+              "logits of weights in place differ from copied weights");
+    free(in_place);
+    free(copied);
+    free(none);
 }
 
 int main(void) {

@@ -154,7 +154,12 @@ typedef struct dj_checkpoint dj_checkpoint_t;
  * from the safetensors library align to the element size); the mapping must
  * not be truncated by another process while open (SIGBUS). */
 dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out /* OUT */);
-void dj_checkpoint_close(dj_checkpoint_t *ck); /* NULL does nothing */
+/* Drops one reference: the opener's or a dj_checkpoint_retain's; the last
+ * one unmaps the files and frees ck. NULL does nothing. */
+void dj_checkpoint_close(dj_checkpoint_t *ck);
+/* One more reference (a model whose weights are used in place keeps its
+ * checkpoint mapped this way); returns ck. Thread-safe. */
+dj_checkpoint_t *dj_checkpoint_retain(dj_checkpoint_t *ck);
 
 const dj_model_config *dj_checkpoint_config(const dj_checkpoint_t *ck);
 size_t dj_checkpoint_tensor_count(const dj_checkpoint_t *ck);

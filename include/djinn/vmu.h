@@ -89,6 +89,12 @@ size_t dj_vmu_model_bytes(const dj_vmu_model_t *m); /* reserved (aligned) region
 size_t dj_vmu_model_used(const dj_vmu_model_t *m);  /* bytes appended so far */
 uint8_t *dj_vmu_model_base(const dj_vmu_model_t *m); /* region start (device memory) */
 
+/* Weights a host-memory backend reads in place from the mapped checkpoint
+ * (no copy): counted with the model (its stats and the text segment's
+ * `mapped`) without taking segment capacity. */
+void dj_vmu_model_set_mapped(dj_vmu_model_t *m, size_t bytes);
+size_t dj_vmu_model_mapped(const dj_vmu_model_t *m);
+
 /* Aligned size a tensor of `bytes` takes in the text segment. */
 size_t dj_vmu_aligned(size_t bytes);
 
@@ -132,6 +138,7 @@ typedef struct dj_vmu_stats {
     size_t pages_total, pages_free;
     size_t evictions;
     size_t text_pinned; /* bytes of models with refcount > 0 */
+    size_t text_mapped; /* weight bytes of cached models used in place (dj_vmu_model_set_mapped) */
 } dj_vmu_stats;
 
 void dj_vmu_get_stats(const dj_vmu_t *vmu, dj_vmu_stats *st /* OUT */);

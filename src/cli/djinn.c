@@ -498,7 +498,7 @@ static int cmd_run(opts *o) {
         rc = die("loading the model", st);
         goto done;
     }
-    dj_checkpoint_close(ck); /* weights are in the text segment now */
+    dj_checkpoint_close(ck); /* copied into the text segment, or kept mapped by the model */
     ck = NULL;
     st = dj_session_new(e, m, ctx, 0, &s);
     if (st != DJ_OK) {

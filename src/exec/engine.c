@@ -336,6 +336,7 @@ static void model_dtor(void *p) {
     int n = dj__wslot_count(&m->cfg);
     for (int i = 0; i < n; i++) free((char *)m->w[i].hf_name);
     free(m->w);
+    dj_checkpoint_close(m->ck);
     free(m);
 }
 
@@ -388,10 +389,20 @@ static dj_status load_visit(void *user, size_t tensor, size_t off, const void *b
     return DJ_OK;
 }
 
+/* Where device memory is host memory, weights are read where they lie in
+ * the mapped checkpoint (no copy; the page cache holds them once for every
+ * process); $DJINN_WEIGHTS_IN_PLACE=0 copies them into the text segment. */
+static bool weights_in_place(const dj_engine_t *e) {
+    const char *env = getenv("DJINN_WEIGHTS_IN_PLACE");
+    return e->be->host_memory && !(env && !strcmp(env, "0"));
+}
+
 dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name, dj_model_t **out) {
     *out = NULL;
     uint64_t fp = 0;
-    const bool known = dj_checkpoint_fingerprint_known(ck, &fp); /* no byte read when the files are known */
+    const bool in_place = weights_in_place(e);
+    /* No byte read when the files are known; in place, a hash-only pass. */
+    const bool known = dj_checkpoint_fingerprint_known(ck, &fp) || (in_place && (fp = dj_checkpoint_fingerprint(ck), 1));
     dj_vmu_model_t *region = NULL;
     dj_status st = known ? dj_vmu_model_lookup(e->vmu, fp, &region) : DJ_ENOTFOUND;
     if (st == DJ_OK) { /* shared: already in the text segment */
@@ -418,7 +429,8 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     if (st != DJ_OK) goto fail;
     for (int i = 0; i < n; i++) {
         if (!names[i] && !m->w[i].computed) continue;
-        m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
+        if (in_place && names[i]) m->mapped_bytes += weight_bytes(&m->w[i]);
+        else m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
     /* Files not seen before: the region gets a provisional key until its bytes are hashed. */
@@ -429,6 +441,10 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
      * evicted, which frees m through model_dtor. */
     m->region = region;
     dj_vmu_model_set_user(region, m, model_dtor);
+    if (in_place) {
+        m->ck = dj_checkpoint_retain(ck);
+        dj_vmu_model_set_mapped(region, m->mapped_bytes);
+    }
     free(names); /* the strings now belong to m->w[i].hf_name */
     names = NULL;
     for (int i = 0; i < n; i++) {
@@ -436,6 +452,11 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         if (!w->hf_name && !w->computed) continue;
         void *dst = NULL;
         const size_t bytes = weight_bytes(w);
+        if (in_place && !w->computed) { /* bound with the tensor's dtype and shape: its bytes as they lie
+                                          * (a fused tensor's slot: its rows of the tensor) */
+            w->data = (void *)((uintptr_t)dj_checkpoint_find(ck, w->hf_name)->data + w->src_offset);
+            continue;
+        }
         st = dj_vmu_model_alloc(region, bytes, &dst);
         if (st != DJ_OK) goto fail_region;
         w->data = dst;

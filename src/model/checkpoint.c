@@ -42,6 +42,7 @@ struct dj_checkpoint {
     XXH3_state_t *hash;
     bool have_fingerprint;
     uint64_t fingerprint;
+    unsigned refs; /* the opener's reference plus dj_checkpoint_retain's; unmapped at 0 */
 };
 
 /* Re-records the thread's error detail with `who: ` in front. */
@@ -361,6 +362,7 @@ dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out) {
     char *path = NULL, *text = NULL;
     cJSON *index = NULL;
     dj_checkpoint_t *ck = calloc(1, sizeof *ck);
+    if (ck) ck->refs = 1;
     if (!ck) return dj_fail(DJ_ENOMEM, "no memory for a checkpoint");
     if (!(ck->hash = XXH3_createState())) {
         st = dj_fail(DJ_ENOMEM, "no memory for a hash state");
@@ -411,8 +413,13 @@ fail:
     return st;
 }
 
+dj_checkpoint_t *dj_checkpoint_retain(dj_checkpoint_t *ck) {
+    if (ck) __atomic_add_fetch(&ck->refs, 1, __ATOMIC_RELAXED);
+    return ck;
+}
+
 void dj_checkpoint_close(dj_checkpoint_t *ck) {
-    if (!ck) return;
+    if (!ck || __atomic_sub_fetch(&ck->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     for (size_t i = 0; i < ck->n_tensors; i++) free((char *)ck->tensors[i].info.name);
     free(ck->tensors);
     for (size_t s = 0; s < ck->n_shards; s++) {

@@ -54,7 +54,9 @@ struct dj_model {
     char name[256];
     uint64_t fingerprint;
     uint64_t n_params;
-    size_t text_bytes;
+    size_t text_bytes;      /* in the text segment */
+    size_t mapped_bytes;    /* weights used in place in ck's mapping (host-memory backends) */
+    dj_checkpoint_t *ck;    /* one reference held while weights are used in place; NULL if copied */
     dj_vmu_model_t *region; /* owns this struct through its user dtor */
     dj_weight *w;           /* [dj__wslot_count(cfg)] */
 };

@@ -869,6 +869,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
     dj__mw_u64(w, "evictions", vs.evictions);
     dj__mw_u64(w, "text_pinned", vs.text_pinned);
+    dj__mw_u64(w, "text_mapped", vs.text_mapped);
     dj__mw_u64(w, "batched_steps", s->batched_steps);
     dj__mw_u64(w, "mixed_steps", s->mixed_steps);
     dj__mw_u64(w, "batched_rows", s->batched_rows);

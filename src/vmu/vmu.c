@@ -383,6 +383,8 @@ void dj_vmu_model_set_user(dj_vmu_model_t *m, void *user, void (*dtor)(void *use
 
 void *dj_vmu_model_user(const dj_vmu_model_t *m) { return m->user; }
 uint64_t dj_vmu_model_fingerprint(const dj_vmu_model_t *m) { return m->fingerprint; }
+void dj_vmu_model_set_mapped(dj_vmu_model_t *m, size_t bytes) { m->mapped = bytes; }
+size_t dj_vmu_model_mapped(const dj_vmu_model_t *m) { return m->mapped; }
 
 dj_status dj_vmu_model_set_fingerprint(dj_vmu_t *vmu, dj_vmu_model_t *m, uint64_t fingerprint) {
     const dj_vmu_model_t *other = text_find(vmu, fingerprint);
@@ -516,6 +518,7 @@ void dj_vmu_get_stats(const dj_vmu_t *vmu, dj_vmu_stats *st) {
     st->text.used = vmu->text_used;
     st->text.peak = vmu->text_peak;
     st->text_pinned = text_pinned(vmu);
+    for (const dj_vmu_model_t *m = vmu->models; m; m = m->next) st->text_mapped += m->mapped;
     st->data.capacity = (size_t)vmu->n_pages * vmu->page_bytes;
     st->data.used = (size_t)(vmu->n_pages - vmu->n_free) * vmu->page_bytes;
     st->data.peak = (size_t)vmu->peak_pages * vmu->page_bytes;
@@ -544,12 +547,12 @@ void dj_vmu_print_stats(const dj_vmu_t *vmu, FILE *f) {
     print_seg(f, "text", &st.text);
     print_seg(f, "data", &st.data);
     print_seg(f, "stack", &st.stack);
-    fprintf(f, "  data pages: %zu of %zu free, %zu bytes each; text: %zu B pinned, %zu evictions\n", st.pages_free,
-            st.pages_total, vmu->page_bytes, st.text_pinned, st.evictions);
+    fprintf(f, "  data pages: %zu of %zu free, %zu bytes each; text: %zu B pinned, %zu B mapped in place, %zu evictions\n",
+            st.pages_free, st.pages_total, vmu->page_bytes, st.text_pinned, st.text_mapped, st.evictions);
     fprintf(f, "models (%zu):\n", st.n_models);
     for (const dj_vmu_model_t *m = vmu->models; m; m = m->next)
-        fprintf(f, "  %-24s fp %016" PRIx64 "  at %zu  %10.2f MiB (%zu B, %zu B filled)  refs %u  %s\n", m->name,
-                m->fingerprint, m->offset, (double)m->bytes / MIB, m->bytes, m->used, m->refcount,
+        fprintf(f, "  %-24s fp %016" PRIx64 "  at %zu  %10.2f MiB (%zu B, %zu B filled, %zu B mapped)  refs %u  %s\n",
+                m->name, m->fingerprint, m->offset, (double)m->bytes / MIB, m->bytes, m->used, m->mapped, m->refcount,
                 m->refcount ? "in use" : "cached");
     fprintf(f, "sessions (%zu):\n", st.n_sessions);
     for (const dj_vmu_session_t *s = vmu->sessions; s; s = s->next) {

@@ -15,6 +15,7 @@ struct dj_vmu_model {
     size_t offset;               /* region start from the text segment base */
     size_t bytes;                /* reserved, multiple of DJ_VMU_ALIGN */
     size_t used;                 /* appended so far, <= bytes */
+    size_t mapped;               /* weight bytes used in place outside the segment (host backends) */
     uint32_t refcount;
     uint64_t stamp;              /* LRU clock at the last create/lookup/release */
     void *user;

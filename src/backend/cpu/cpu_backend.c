@@ -331,10 +331,21 @@ dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
     cb->base.res_dtype = DJ_DTYPE_F32;
     cb->base.host_memory = true;
     cb->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    cb->isa = dj__cpu_isa_best();
+    cb->kern = dj__cpu_kernels_for(cb->isa);
     *out = &cb->base;
     return DJ_OK;
 }
 
 void dj__cpu_set_tile_rows(dj_backend_t *be, uint32_t rows) {
     ((dj_cpu_backend *)be)->tile_rows = rows;
+}
+
+dj_status dj__cpu_set_isa(dj_backend_t *be, dj_cpu_isa isa) {
+    const dj__cpu_kernels *k = (unsigned)isa < DJ_CPU_ISA_COUNT ? dj__cpu_kernels_for(isa) : NULL;
+    if (!k) return dj_fail(DJ_EUNSUPPORTED, "cpu backend: instruction set %d is not available here", (int)isa);
+    dj_cpu_backend *cb = (dj_cpu_backend *)be;
+    cb->isa = isa;
+    cb->kern = k;
+    return DJ_OK;
 }

@@ -6,17 +6,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/cpu/cpu_kern.h"
 #include "djinn/backend.h"
 
-/* Decode-size matmuls (n <= this) use the direct convert-and-dot kernel;
- * larger n convert weight tiles and multiply them in register tiles - the
- * same per-element summation order either way (cpu_matmul.c). */
+/* Decode-size matmuls (n <= this) read the weights as stored (one pass,
+ * every thread on its own weight rows); larger n convert weight tiles to f32
+ * and multiply them k-blocked - the order of cpu_kern.h either way. */
 #define DJ_CPU_DOT_MAX_ROWS 4
 
 typedef struct dj_cpu_backend {
     struct dj_backend base; /* must stay first */
     int n_threads;        /* OpenMP threads for every op */
     uint32_t tile_rows;   /* weight rows per thread tile of a larger matmul; 0 = from k */
+    dj_cpu_isa isa;       /* the kernels' instruction set (dj__cpu_isa_best at creation) */
+    const dj__cpu_kernels *kern; /* its table */
     float *scratch;       /* [scratch_cap] per-thread f32 tiles of converted weight rows; owned */
     size_t scratch_cap;   /* floats */
 } dj_cpu_backend;
@@ -24,6 +27,9 @@ typedef struct dj_cpu_backend {
 /* Test hook: weight rows per converted tile of the large-n matmul path
  * (0 restores the automatic choice). */
 void dj__cpu_set_tile_rows(dj_backend_t *be, uint32_t rows);
+/* Test hook: run the kernels of another instruction set (DJ_EUNSUPPORTED
+ * when this build or CPU has none). */
+dj_status dj__cpu_set_isa(dj_backend_t *be, dj_cpu_isa isa);
 
 /* dst[0..count) = src converted to f32; src of dtype f32/f16/bf16. */
 float dj__cpu_dot(const float *a, const float *b, uint32_t len);

@@ -1,0 +1,151 @@
+/* cpu_kern_simd.h: the body of a SIMD kernel table, included once by each
+ * instruction set's file (cpu_kern_avx2.c, cpu_kern_avx512.c) after it has
+ * defined:
+ *   KTGT                 the target attribute string ("avx2,fma,f16c");
+ *   V, VL                the f32 vector type and its width (VN = 16 / VL of
+ *                        them hold the 16 lanes of cpu_kern.h's order);
+ *   v_zero, v_loadf, v_load_bf16, v_load_f16, v_fma(a, b, acc), v_storef;
+ *   v_reduce16(const V *a)   cpu_kern.h's halving tree over a[0..VN);
+ *   DNR / GNR, GNC       the register tiles of dot (rows of x; one weight row)
+ *                        and gemm_block.
+ * Every function carries the target attribute: the file is compiled for the
+ * build's baseline and runs only where dj__cpu_isa_supported said so. */
+#ifndef KTGT
+#error "define the instruction set before including cpu_kern_simd.h"
+#endif
+
+#define VN (DJ_CPU_LANES / VL)
+#define KI static inline __attribute__((always_inline, target(KTGT)))
+#define KF static __attribute__((target(KTGT)))
+
+KI V v_load_w(const void *w, dj_dtype wt, size_t i) {
+    if (wt == DJ_DTYPE_BF16) return v_load_bf16((const uint16_t *)w + i);
+    if (wt == DJ_DTYPE_F16) return v_load_f16((const uint16_t *)w + i);
+    return v_loadf((const float *)w + i);
+}
+
+/* out[r][c] for an NR x NC tile, weights read as stored. */
+#define DNC 1
+KI void dot_tile(const float *x, size_t ldx, const void *const *w, dj_dtype wt, uint32_t k, const int NR,
+                 const int NC, float *out, size_t ldo) {
+    V a[DNR][DNC][VN];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            for (int v = 0; v < VN; v++) a[r][c][v] = v_zero();
+    const uint32_t k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
+    for (uint32_t kk = 0; kk < k16; kk += DJ_CPU_LANES)
+        for (int v = 0; v < VN; v++) {
+            V wv[DNC];
+            for (int c = 0; c < NC; c++) wv[c] = v_load_w(w[c], wt, kk + (uint32_t)(v * VL));
+            for (int r = 0; r < NR; r++) {
+                const V xv = v_loadf(x + (size_t)r * ldx + kk + v * VL);
+                for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
+            }
+        }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) {
+            float v = v_reduce16(a[r][c]);
+            const float *xr = x + (size_t)r * ldx;
+            for (uint32_t kk = k16; kk < k; kk++) {
+                const float wk = wt == DJ_DTYPE_BF16 ? dj_bf16_to_f32(((const uint16_t *)w[c])[kk])
+                                 : wt == DJ_DTYPE_F16 ? dj_f16_to_f32(((const uint16_t *)w[c])[kk])
+                                                      : ((const float *)w[c])[kk];
+                v = fmaf(wk, xr[kk], v);
+            }
+            out[(size_t)r * ldo + c] = v;
+        }
+}
+
+/* Weight rows one after the other; one inlined copy per row count and type,
+ * so each has constant loops. */
+#define DOT_ROWS(WT, R)                                                                     \
+    for (uint32_t c = 0; c < nc; c++) {                                                     \
+        const void *wc = (const uint8_t *)w + (size_t)c * w_row_bytes;                      \
+        dot_tile(x, ldx, &wc, WT, k, R, 1, out + c, ldo);                                   \
+    }
+#define DOT_TYPE(WT)                               \
+    switch (nr) {                                  \
+    case 1: DOT_ROWS(WT, 1) break;                 \
+    case 2: DOT_ROWS(WT, 2) break;                 \
+    case 3: DOT_ROWS(WT, 3) break;                 \
+    default: DOT_ROWS(WT, 4) break;                \
+    }
+
+KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *w, size_t w_row_bytes, uint32_t nc,
+                 dj_dtype wt, uint32_t k, float *out, size_t ldo) {
+    if (wt == DJ_DTYPE_BF16) {
+        DOT_TYPE(DJ_DTYPE_BF16)
+    } else if (wt == DJ_DTYPE_F16) {
+        DOT_TYPE(DJ_DTYPE_F16)
+    } else {
+        DOT_TYPE(DJ_DTYPE_F32)
+    }
+}
+
+/* The lanes of an NR x NC tile over [k0, k1), kept in acc between blocks. */
+KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
+                  const int NC, float *acc, size_t acc_ld) {
+    V a[GNR][GNC][VN];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            for (int v = 0; v < VN; v++) a[r][c][v] = v_loadf(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL);
+    for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES)
+        for (int v = 0; v < VN; v++) {
+            V wv[GNC];
+            for (int c = 0; c < NC; c++) wv[c] = v_loadf(w + (size_t)c * ldw + kk + v * VL);
+            for (int r = 0; r < NR; r++) {
+                const V xv = v_loadf(x + (size_t)r * ldx + kk + v * VL);
+                for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
+            }
+        }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            for (int v = 0; v < VN; v++) v_storef(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL, a[r][c][v]);
+}
+
+#define GEMM_SHAPE(R, C)                                                            \
+    case (R) * 8 + (C):                                                             \
+        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld); \
+        break
+
+KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
+                        uint32_t k0, uint32_t k1, float *acc) {
+    const size_t acc_ld = (size_t)nj * DJ_CPU_LANES;
+    for (uint32_t r = 0; r < n; r += GNR) {
+        const uint32_t nr = n - r < GNR ? n - r : GNR;
+        const float *xr = x + (size_t)r * ldx;
+        for (uint32_t c = 0; c < nj; c += GNC) {
+            const uint32_t nc = nj - c < GNC ? nj - c : GNC;
+            const float *wc = w + (size_t)c * ldw;
+            float *ap = acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES;
+            switch (nr * 8 + nc) {
+                GEMM_SHAPE(1, 1); GEMM_SHAPE(1, 2); GEMM_SHAPE(1, 3); GEMM_SHAPE(1, 4); GEMM_SHAPE(1, 5); GEMM_SHAPE(1, 6);
+                GEMM_SHAPE(2, 1); GEMM_SHAPE(2, 2); GEMM_SHAPE(2, 3); GEMM_SHAPE(2, 4); GEMM_SHAPE(2, 5); GEMM_SHAPE(2, 6);
+                GEMM_SHAPE(3, 1); GEMM_SHAPE(3, 2); GEMM_SHAPE(3, 3); GEMM_SHAPE(3, 4); GEMM_SHAPE(3, 5); GEMM_SHAPE(3, 6);
+                GEMM_SHAPE(4, 1); GEMM_SHAPE(4, 2); GEMM_SHAPE(4, 3); GEMM_SHAPE(4, 4); GEMM_SHAPE(4, 5); GEMM_SHAPE(4, 6);
+            default: break;
+            }
+        }
+    }
+}
+
+KF void kern_reduce(const float *acc, size_t count, float *out) {
+    for (size_t i = 0; i < count; i++) {
+        V a[VN];
+        for (int v = 0; v < VN; v++) a[v] = v_loadf(acc + i * DJ_CPU_LANES + v * VL);
+        out[i] = v_reduce16(a);
+    }
+}
+
+KF void kern_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {
+    size_t i = 0;
+    if (t == DJ_DTYPE_F32) {
+        for (; i + VL <= count; i += VL) v_storef(dst + i, v_loadf((const float *)src + i));
+    } else {
+        for (; i + VL <= count; i += VL) v_storef(dst + i, v_load_w(src, t, i));
+    }
+    for (; i < count; i++)
+        dst[i] = t == DJ_DTYPE_BF16 ? dj_bf16_to_f32(((const uint16_t *)src)[i])
+                 : t == DJ_DTYPE_F16 ? dj_f16_to_f32(((const uint16_t *)src)[i])
+                                     : ((const float *)src)[i];
+}
