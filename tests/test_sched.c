@@ -12,6 +12,11 @@
 #define MAX_S 16
 #define MAX_R 256
 #define CTX 96
+#if defined(__SANITIZE_ADDRESS__)
+#define TRACES 100 /* per policy and seed under ASan (a Debug build) */
+#else
+#define TRACES 400
+#endif
 
 static uint32_t pages_for(uint32_t pos) { return (pos + TPP - 1) / TPP; }
 
@@ -616,7 +621,7 @@ int main(void) {
     exchange();
     continuing_first();
     for (int pol = 0; pol < 3; pol++)
-        for (int t = 0; t < 400; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
+        for (int t = 0; t < TRACES; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
     dj_sched_config bad = {.max_running = 0, .max_rows = 1, .pages_total = 1};
     dj_sched_t *s = NULL;
     CHECK_ST(dj_sched_new(&bad, &s), DJ_EINVAL);
