@@ -106,11 +106,6 @@ dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_
                                   dj_generate_result *res /* OUT, may be NULL */);
 void dj_client_generate_end(dj_client_gen_t *g); /* NULL does nothing */
 
-/* Shut the socket down from any thread: every call waiting on c fails with
- * DJ_EIO and the server releases the connection's sessions and generations.
- * c must still be freed (after those calls returned). */
-void dj_client_shutdown(dj_client_t *c);
-
 /* ---- steps and handles ---- */
 typedef struct dj_remote_tensor {
     uint64_t handle;  /* 0 when logits were not asked for */

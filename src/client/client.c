@@ -714,10 +714,6 @@ dj_status dj_client_generate(dj_client_t *c, uint64_t session, const dj_generate
     return st;
 }
 
-void dj_client_shutdown(dj_client_t *c) {
-    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
-}
-
 /* ---- steps and handles ---- */
 
 dj_status dj_client_step(dj_client_t *c, uint64_t session, const int32_t *ids, size_t n, bool want_logits,
