@@ -90,7 +90,9 @@ dj_status dj__cpu_moe_ffn(dj_cpu_backend *cb, const dj_op_call *c) {
     if (nr) {
         const float *x = c->x;
         int failed = 0;
-#pragma omp parallel num_threads(cb->n_threads)
+        /* a team only where the work pays for its barriers (tiny experts run on one thread) */
+        const bool team = (double)nr * (double)f * (double)k >= 262144.0;
+#pragma omp parallel num_threads(cb->n_threads) if (team)
         {
             float *wg = malloc((size_t)(k > f ? k : f) * 2 * sizeof *wg);
             if (!wg) {
