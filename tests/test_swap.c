@@ -13,6 +13,15 @@
 #include "testutil.h"
 #include "vmu/vmu_impl.h"
 
+/* Sanitizer builds run every step some 20x slower: shorter traces, one model. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TRACE_OPS 100
+#define TRACE_MODELS 1
+#else
+#define TRACE_OPS 300
+#define TRACE_MODELS 2
+#endif
+
 #define N_SESS 5
 #define N_FILL 6
 #define CTX 128
@@ -318,7 +327,7 @@ static void trace(const char *name, bool async) {
     uint32_t before[N_SESS][16];
     bool have[N_SESS] = {0};
     const int failed0 = dj_test_failed;
-    for (int op = 0; op < 300; op++) {
+    for (int op = 0; op < TRACE_OPS; op++) {
         const int i = (int)(dj_test_rand() % N_SESS);
         const uint32_t pick = (uint32_t)(dj_test_rand() % 100);
         const char *what = "step";
@@ -525,7 +534,7 @@ int main(void) {
     dj_test_seeds();
     sizing();
     edges();
-    for (size_t k = 0; k < sizeof MODELS / sizeof MODELS[0]; k++) {
+    for (size_t k = 0; k < TRACE_MODELS; k++) {
         trace(MODELS[k], false);
         trace(MODELS[k], true);
     }
