@@ -78,6 +78,12 @@ static void grow(world *w, int i, uint32_t pos) {
     f->pos = pos;
     f->held = pages_for(pos);
     CHECK_MSG(seg_held(w) <= w->cfg.pages_total, "segment over: %u of %u pages", seg_held(w), w->cfg.pages_total);
+    if (w->cfg.quota_pages) { /* sessions i % 3 == c are connection c's */
+        uint64_t conn = 0;
+        for (int k = i % 3; k < MAX_S; k += 3) conn += w->ss[k].held;
+        CHECK_MSG(conn <= w->cfg.quota_pages, "connection %d holds %llu pages, quota %llu", i % 3,
+                  (unsigned long long)conn, (unsigned long long)w->cfg.quota_pages);
+    }
     dj_sched_pages(w->s, sid(i), f->held, f->pos);
 }
 
@@ -248,7 +254,10 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
     memset(&w, 0, sizeof w);
     const uint64_t pool = ample ? (uint64_t)MAX_S * pages_for(CTX) : (uint64_t)rnd(80);
     uint64_t stall_since = 0;
+    /* a per-connection quota in one trace of three (sessions belong to 3 connections) */
+    const uint64_t quota = rnd(3) == 0 ? 12 + (uint64_t)rnd(20) : 0;
     w.cfg = (dj_sched_config){.max_running = 1 + (uint32_t)rnd(4), .max_rows = 16 + (uint32_t)rnd(32),
+                              .quota_pages = quota,
                               .pages_total = 24 + (uint32_t)rnd(40), .pool_pages = pool,
                               .idle_ms = (uint32_t)rnd(20), .lifo_age_ms = 50, .page_in_ms = 0.1, .policy = pol};
     CHECK_OK(dj_sched_new(&w.cfg, &w.s));
