@@ -302,7 +302,10 @@ static void wait_no_sessions(const char *addr, const char *what) {
     dj_client_t *c = NULL;
     CHECK_OK(dj_client_connect(addr, NULL, &c));
     size_t left = 99;
-    for (int i = 0; c && i < 100; i++) {
+    /* the front end notices a leaving client within 100 ms of waiting, then
+     * its daemon connection closes and the worker reaps: allow a slow
+     * (sanitizer) build a minute */
+    for (int i = 0; c && i < 1200; i++) {
         dj_client_stats st;
         if (dj_client_stats_get(c, &st) != DJ_OK) break;
         left = st.n_sessions;
