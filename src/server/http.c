@@ -51,6 +51,7 @@ typedef struct hgen {
     dj__buf out;      /* stream: event bytes not yet handed to MHD */
     size_t out_off;
     bool ended, last_sent;
+    double gone_checked; /* when client_gone last looked (monotonic s) */
 } hgen;
 
 /* ---- answers ---- */
@@ -279,7 +280,13 @@ static int gen_step(hgen *g, char *err, size_t cap) {
         g->ended = true;
         return (int)status_of(st);
     }
-    if (ev.kind == DJ_CLIENT_EVENT_NONE) return client_gone(g->conn) ? -1 : 0;
+    /* the HTTP client is looked at every POLL_MS, tokens flowing or not */
+    const double now = dj__now();
+    if (ev.kind == DJ_CLIENT_EVENT_NONE || now - g->gone_checked >= POLL_MS / 1e3) {
+        g->gone_checked = now;
+        if (client_gone(g->conn)) return -1;
+        if (ev.kind == DJ_CLIENT_EVENT_NONE) return 0;
+    }
     if (ev.kind == DJ_CLIENT_EVENT_TOKEN) g->o.n_generated++;
     dj__oai_text(&g->o, ev.text, ev.len);
     if (ev.kind == DJ_CLIENT_EVENT_DONE) dj__oai_done(&g->o, res.reason);
