@@ -327,7 +327,11 @@ static void trace(const char *name, bool async) {
     uint32_t before[N_SESS][16];
     bool have[N_SESS] = {0};
     const int failed0 = dj_test_failed;
-    for (int op = 0; op < TRACE_OPS; op++) {
+    /* TRACE_OPS operations, and on (up to 8 times as many) until every path
+     * below has been taken: a short trace of an unlucky seed may miss one */
+    for (int op = 0; op < TRACE_OPS || (op < 8 * TRACE_OPS && !(w.outs > 0 && w.restores > 0 && w.moved > 0 &&
+                                                                  w.busy > 0 && (!async || w.cancels > 0)));
+         op++) {
         const int i = (int)(dj_test_rand() % N_SESS);
         const uint32_t pick = (uint32_t)(dj_test_rand() % 100);
         const char *what = "step";
