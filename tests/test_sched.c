@@ -365,13 +365,25 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
     dj_sched_free(w.s);
 }
 
+/* A scenario's world: a scheduler of cfg and no sessions. */
+static bool world_start(world *w, dj_sched_config cfg) {
+    memset(w, 0, sizeof *w);
+    w->cfg = cfg;
+    CHECK_OK(dj_sched_new(&w->cfg, &w->s));
+    return w->s != NULL;
+}
+
+/* The end of a scenario: the books agree, then the scheduler goes. */
+static void world_end(world *w) {
+    consistent(w);
+    dj_sched_free(w->s);
+}
+
 /* A realtime generation starts within one step while batch ones fill max_running. */
 static void realtime_within_a_step(void) {
     world w;
-    memset(&w, 0, sizeof w);
-    w.cfg = (dj_sched_config){.max_running = 2, .max_rows = 64, .pages_total = 1000, .pool_pages = 100,
-                              .idle_ms = 10, .lifo_age_ms = 1000, .page_in_ms = 0.1};
-    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    if (!world_start(&w, (dj_sched_config){.max_running = 2, .max_rows = 64, .pages_total = 1000, .pool_pages = 100,
+                              .idle_ms = 10, .lifo_age_ms = 1000, .page_in_ms = 0.1})) return;
     for (int i = 0; i < 3; i++) {
         w.ss[i].open = true;
         open_sess(&w, i, 1, i < 2 ? 2 : 0);
@@ -412,8 +424,7 @@ static void realtime_within_a_step(void) {
     dj_sched_next(w.s, w.now, &d); /* the preempted one comes back */
     dj_sched_get_stats(w.s, w.now, &st);
     CHECK(st.preempted == 0 && st.running[2] >= 1);
-    consistent(&w);
-    dj_sched_free(w.s);
+    world_end(&w);
 }
 
 /* Admission swaps out the least recently used paused/idle session, refuses
@@ -421,10 +432,8 @@ static void realtime_within_a_step(void) {
  * expected end. */
 static void swap_and_prefetch(void) {
     world w;
-    memset(&w, 0, sizeof w);
-    w.cfg = (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 10, .pool_pages = 20,
-                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0};
-    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    if (!world_start(&w, (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 10, .pool_pages = 20,
+                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0})) return;
     for (int i = 0; i < 3; i++) {
         w.ss[i].open = true;
         open_sess(&w, i, 1, 1);
@@ -472,18 +481,15 @@ static void swap_and_prefetch(void) {
     transfers(&w);
     CHECK(dj_sched_session_state(w.s, sid(0), w.now) == DJ_SESS_PAUSED);
     CHECK(w.now < 100); /* home before the expected end */
-    consistent(&w);
-    dj_sched_free(w.s);
+    world_end(&w);
 }
 
 /* The session wanted furthest ahead goes out first; a paused session near
  * its expected end comes back by sending out one wanted later (an exchange). */
 static void exchange(void) {
     world w;
-    memset(&w, 0, sizeof w);
-    w.cfg = (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 12, .pool_pages = 40,
-                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0};
-    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    if (!world_start(&w, (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 12, .pool_pages = 40,
+                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0})) return;
     dj_sched_decision d;
     for (int i = 0; i < 3; i++) { /* three sessions of 4 pages fill the segment */
         w.ss[i].open = true;
@@ -552,18 +558,15 @@ static void exchange(void) {
     }
     CHECK_MSG(outs == 1, "%d sessions sent out to bring one back (one was enough)", outs);
     CHECK_MSG(swaps_in == 1, "session 0 came back %d times before its expected end", swaps_in);
-    consistent(&w);
-    dj_sched_free(w.s);
+    world_end(&w);
 }
 
 /* A session that holds KV (an agent back from a tool) goes before a new
  * one that arrived earlier, until the new one's wait reaches the age limit. */
 static void continuing_first(void) {
     world w;
-    memset(&w, 0, sizeof w);
-    w.cfg = (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 8, .pool_pages = 0,
-                              .idle_ms = 5, .lifo_age_ms = 100, .page_in_ms = 1.0, .policy = DJ_SWAP_REACTIVE};
-    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    if (!world_start(&w, (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 8, .pool_pages = 0,
+                              .idle_ms = 5, .lifo_age_ms = 100, .page_in_ms = 1.0, .policy = DJ_SWAP_REACTIVE})) return;
     dj_sched_decision d;
     for (int i = 0; i < 3; i++) {
         w.ss[i].open = true;
@@ -585,17 +588,14 @@ static void continuing_first(void) {
     dj_sched_next(w.s, w.now, &d);
     CHECK_MSG(d.op == DJ_SCHED_RUN && d.req == w.rr[3].id, "op %d req %llu", d.op, (unsigned long long)d.req);
     act(&w, &d);
-    consistent(&w);
-    dj_sched_free(w.s);
+    world_end(&w);
 }
 
 /* Batch-class overload serves newest first, but not past the age limit. */
 static void lifo_with_age(void) {
     world w;
-    memset(&w, 0, sizeof w);
-    w.cfg = (dj_sched_config){.max_running = 1, .max_rows = 64, .pages_total = 100, .idle_ms = 5,
-                              .lifo_age_ms = 30, .page_in_ms = 1.0};
-    CHECK_OK(dj_sched_new(&w.cfg, &w.s));
+    if (!world_start(&w, (dj_sched_config){.max_running = 1, .max_rows = 64, .pages_total = 100, .idle_ms = 5,
+                              .lifo_age_ms = 30, .page_in_ms = 1.0})) return;
     for (int i = 0; i < 6; i++) {
         w.ss[i].open = true;
         open_sess(&w, i, 1, 2);
