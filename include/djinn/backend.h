@@ -158,6 +158,35 @@ typedef struct dj_op_call {
                             * d the expert width, m the experts (route's row width) */
 } dj_op_call;
 
+/* ---- weight streaming (docs/architecture.md, "Models larger than the GPU") ----
+ * A model whose layers do not all fit its text budget streams some of them
+ * through a ring in the text segment: each step copies every streamed layer
+ * (a "load") from host memory into the ring's fixed offsets, in order, while
+ * compute reads the loads copied before. The backend keeps, per load, a
+ * "ready" event (its copy has landed) and a "done" event (every call reading
+ * it has finished); the ring's owner says which loads' bytes each load
+ * overwrites. */
+typedef struct dj_backend_ring dj_backend_ring_t; /* the events of one ring; opaque */
+
+typedef struct dj_stream_load {
+    const dj_copy_span *spans; /* [n_spans] host -> device: dev in the ring, host in memory the
+                                * copies read at full rate (host_register'ed or host_alloc'ed) */
+    uint32_t n_spans;
+    const uint32_t *after;     /* [n_after] loads whose bytes these copies overwrite (itself
+                                * included): each copy starts once their latest readers finished */
+    uint32_t n_after;
+} dj_stream_load;
+
+/* What compute_plan needs to stream a step's weights. */
+typedef struct dj_stream_step {
+    dj_backend_ring_t *ring;     /* made by ring_new with n_loads events */
+    const dj_stream_load *loads; /* [n_loads] in the order the step reads them */
+    uint32_t n_loads;
+    const int32_t *call_load;    /* [n calls] the load whose ring bytes call i reads, -1: none */
+    bool prefetch;               /* copies start as soon as the ring has room; false: each only when
+                                  * compute reaches it, after all compute before (the ablation) */
+} dj_stream_step;
+
 /* One row's sampling parameters for the sample hook (as dj_sampler_params),
  * its penalty entries and the uniform draw u in [0, 1) its pick uses. */
 typedef struct dj_sample_row {
@@ -223,8 +252,12 @@ typedef struct dj_backend_vtbl {
      * passes its dj_graph_t): the backend may keep its decisions under it,
      * checked against the calls, so a changed plan under an old key is
      * decided again; NULL keeps nothing. Recorded like compute during a
-     * capture. */
-    dj_status (*compute_plan)(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key);
+     * capture. stream (NULL: none) streams the step's weights (above): the
+     * loads' copies are issued as the ring allows, each call waits for the
+     * load it reads, and each load's done event follows its last reader; the
+     * host never waits for the device. A stream is refused during a capture. */
+    dj_status (*compute_plan)(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key,
+                              const dj_stream_step *stream);
     /* As upload (done when it returns), but callable from several threads at
      * once for disjoint destinations that no compute uses yet (loading a
      * model's weights); not ordered with compute. NULL: the loader calls
@@ -262,6 +295,21 @@ typedef struct dj_backend_vtbl {
     /* Free and total device memory in bytes (CUDA: cudaMemGetInfo); NULL on
      * backends whose device memory is host memory. */
     dj_status (*mem_info)(dj_backend_t *be, size_t *free_bytes /* OUT */, size_t *total_bytes /* OUT */);
+
+    /* ---- weight streaming (required for compute_plan's stream; NULL where a
+     * backend cannot stream: such a backend runs only models that fit) ---- */
+
+    /* The ready/done events of a ring of n_loads loads (and, on the CPU, the
+     * copy thread that carries its copies out). ring_free waits for the
+     * ring's copies in flight, then frees it (NULL does nothing). */
+    dj_status (*ring_new)(dj_backend_t *be, uint32_t n_loads, dj_backend_ring_t **out /* OUT */);
+    void (*ring_free)(dj_backend_t *be, dj_backend_ring_t *r);
+    /* Makes host memory [p, p + bytes) (read-only to us, e.g. a mapped
+     * checkpoint) copyable at the full rate (CUDA: cudaHostRegister); undone
+     * by host_unregister(p). NULL, or an error, where it cannot: the caller
+     * copies the bytes into host_alloc memory instead. */
+    dj_status (*host_register)(dj_backend_t *be, void *p, size_t bytes);
+    void (*host_unregister)(dj_backend_t *be, void *p);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */
@@ -293,7 +341,7 @@ static inline dj_status dj_backend_compute(dj_backend_t *be, const dj_op_call *c
 /* compute_plan where the backend has it, else compute on each call in order. */
 static inline dj_status dj_backend_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n,
                                                 const void *plan_key) {
-    if (be->vt->compute_plan) return be->vt->compute_plan(be, calls, n, plan_key);
+    if (be->vt->compute_plan) return be->vt->compute_plan(be, calls, n, plan_key, NULL);
     for (size_t i = 0; i < n; i++) {
         const dj_status st = be->vt->compute(be, &calls[i]);
         if (st != DJ_OK) return st;

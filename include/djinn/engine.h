@@ -32,6 +32,9 @@ typedef struct dj_engine_config {
                                * (steps of up to DJ_DETERMINISTIC_MAX_ROWS rows). The CPU is
                                * so always; CUDA then takes its GEMV for every such matmul
                                * instead of cuBLAS above 8 rows (slower at large batches) */
+    bool no_prefetch;         /* streamed weights (a model larger than the text segment's room)
+                               * are copied only when compute reaches them, not ahead: the
+                               * ablation of prefetch; results are the same */
 } dj_engine_config;
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);

@@ -61,6 +61,11 @@ dj_status dj_vmu_model_lookup(dj_vmu_t *vmu, uint64_t fingerprint, dj_vmu_model_
 dj_status dj_vmu_model_create(dj_vmu_t *vmu, uint64_t fingerprint, const char *name, size_t bytes,
                               dj_vmu_model_t **out /* OUT */);
 
+/* The largest region dj_vmu_model_create could reserve now: the widest gap
+ * of the text segment once every model no session uses (refcount 0) is
+ * evicted. Weight streaming sizes a model that does not fit by it. */
+size_t dj_vmu_text_room(const dj_vmu_t *vmu);
+
 /* Append `bytes` inside the model's region, 256-byte aligned. DJ_ENOSPC past
  * the reserved size. The pointer stays valid until the model is evicted. */
 dj_status dj_vmu_model_alloc(dj_vmu_model_t *m, size_t bytes, void **out /* OUT */);

@@ -13,6 +13,7 @@
 
 #include "djinn/sampler.h"
 #include "exec/engine_impl.h"
+#include "exec/stream_impl.h"
 
 #ifdef DJ_HAVE_CUDA
 #include "djinn/dj_cuda.h"
@@ -77,6 +78,7 @@ struct dj_engine {
     dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
     size_t calls_cap;
     dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
+    bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
 };
 
 /* ---- engine ---- */
@@ -145,6 +147,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     st = dj_plan_cache_new(DJ_PLAN_CACHE_ENTRIES, &e->plans);
     if (st != DJ_OK) goto fail;
     e->max_step = cfg->max_step_tokens ? cfg->max_step_tokens : 512;
+    e->prefetch = !cfg->no_prefetch;
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
@@ -333,6 +336,7 @@ void dj_engine_config_for(const dj_model_needs *needs, uint32_t ctx, size_t page
 static void model_dtor(void *p) {
     dj_model_t *m = p;
     if (!m) return;
+    dj__stream_free(m->stream); /* waits for its copies before the ring's bytes go */
     int n = dj__wslot_count(&m->cfg);
     for (int i = 0; i < n; i++) free((char *)m->w[i].hf_name);
     free(m->w);
@@ -433,6 +437,8 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         else m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
+    /* Too large for the text segment's room: some layers stream (stream.c). */
+    if (!in_place && (st = dj__stream_plan(e->be, m, dj_vmu_text_room(e->vmu), &m->stream)) != DJ_OK) goto fail;
     /* Files not seen before: the region gets a provisional key until its bytes are hashed. */
     m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
     st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
@@ -447,9 +453,14 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     }
     free(names); /* the strings now belong to m->w[i].hf_name */
     names = NULL;
+    if (m->stream) { /* the ring, and the streamed weights' host source (read from ck each step) */
+        m->ck = dj_checkpoint_retain(ck);
+        if ((st = dj__stream_setup(m)) != DJ_OK) goto fail_region;
+    }
     for (int i = 0; i < n; i++) {
         dj_weight *w = &m->w[i];
         if (!w->hf_name && !w->computed) continue;
+        if (dj__stream_slot(m, i)) continue; /* in the ring, copied there by every step */
         void *dst = NULL;
         const size_t bytes = weight_bytes(w);
         if (in_place && !w->computed) { /* bound with the tensor's dtype and shape: its bytes as they lie
@@ -722,6 +733,15 @@ typedef struct step_io {
     const dj_session_t *s;              /* K/V layout (and its tables without row_tables) */
 } step_io;
 
+/* A profiled step of a streaming model runs op by op: every streamed layer is
+ * copied into the ring first, which only works when the ring holds them all -
+ * it does not (else nothing would stream), so profiling refuses. */
+static dj_status stream_all(dj_engine_t *e, const dj_model_t *m) {
+    (void)e;
+    return dj_fail(DJ_EUNSUPPORTED, "$DJINN_PROFILE cannot profile model %s: it streams %u of its layers", m->name,
+                   m->stream->pl.n_streamed);
+}
+
 /* Enqueue every node of the plan; *out_idx receives the output node. */
 static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t *g, const step_io *io,
                            uint8_t *stack, int *out_idx, bool recording) {
@@ -736,6 +756,8 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         e->calls_cap = (size_t)count;
     }
     size_t n_calls = 0;
+    dj_model_stream *ms = profile ? NULL : m->stream; /* profiling runs op by op, copies done up front */
+    if (m->stream && st == DJ_OK) st = ms ? dj__stream_reserve(ms, (size_t)count) : stream_all(e, m);
     for (int i = 0; i < count && st == DJ_OK; i++) {
         const dj_node *nd = dj_graph_node_c(g, i);
         if (nd->op >= DJ_OP_COUNT) continue; /* inputs and weights */
@@ -821,6 +843,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         }
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
         if (!profile) { /* the whole step goes to the backend at once, below */
+            if (ms) ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
             e->calls[n_calls++] = call;
             continue;
         }
@@ -832,7 +855,13 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
         }
     }
-    if (st == DJ_OK && n_calls) st = dj_backend_compute_plan(e->be, e->calls, n_calls, g);
+    if (st == DJ_OK && n_calls && ms) {
+        dj_stream_step ss;
+        dj__stream_step(ms, e->prefetch, &ss);
+        st = e->be->vt->compute_plan(e->be, e->calls, n_calls, g, &ss);
+    } else if (st == DJ_OK && n_calls) {
+        st = dj_backend_compute_plan(e->be, e->calls, n_calls, g);
+    }
     return st;
 }
 
@@ -1137,7 +1166,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .s = ss[0]};
     int out_idx = -1;
     bool ran = false;
-    if (rows == B && graphs_enabled(e)) { /* decode shapes only: mixed steps run eagerly */
+    if (rows == B && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
         step_graph *sg = graph_slot(e, m, B, g, stack);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);

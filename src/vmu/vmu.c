@@ -239,6 +239,17 @@ static bool text_find_gap(const dj_vmu_t *vmu, size_t need, bool pinned_only, si
     return false;
 }
 
+size_t dj_vmu_text_room(const dj_vmu_t *vmu) {
+    size_t end = 0, best = 0;
+    for (const dj_vmu_model_t *m = vmu->models; m; m = m->next) {
+        if (m->refcount == 0) continue;
+        if (m->offset - end > best) best = m->offset - end;
+        end = m->offset + m->bytes;
+    }
+    if (vmu->text_cap - end > best) best = vmu->text_cap - end;
+    return best;
+}
+
 static size_t text_pinned(const dj_vmu_t *vmu) {
     size_t p = 0;
     for (const dj_vmu_model_t *m = vmu->models; m; m = m->next)

@@ -293,9 +293,11 @@ static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, u
 }
 
 /* The step in order, op by op (the reference does not fuse). */
-static dj_status cpu_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key) {
+static dj_status cpu_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key,
+                                  const dj_stream_step *stream) {
     (void)plan_key;
     if (n && !calls) return dj_fail(DJ_EINVAL, "cpu compute_plan: NULL calls");
+    if (stream) return dj__cpu_compute_streamed(be, calls, n, stream);
     for (size_t i = 0; i < n; i++) {
         const dj_status st = cpu_compute(be, &calls[i]);
         if (st != DJ_OK) return st;
@@ -317,6 +319,8 @@ static const dj_backend_vtbl cpu_vtbl = {
     .sample = cpu_sample,
     .compute_plan = cpu_compute_plan,
     .upload_weights = cpu_upload, /* a memcpy: any thread */
+    .ring_new = dj__cpu_ring_new,
+    .ring_free = dj__cpu_ring_free,
 };
 
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {

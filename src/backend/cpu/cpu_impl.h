@@ -44,4 +44,13 @@ dj_status dj__cpu_softcap(dj_cpu_backend *cb, const dj_op_call *c);
 dj_status dj__cpu_moe_route(dj_cpu_backend *cb, const dj_op_call *c);
 dj_status dj__cpu_moe_ffn(dj_cpu_backend *cb, const dj_op_call *c);
 
+/* cpu_ring.c: weight streaming (the vtable's ring hooks and compute_plan
+ * with a stream). */
+dj_status dj__cpu_ring_new(dj_backend_t *be, uint32_t n_loads, dj_backend_ring_t **out /* OUT */);
+void dj__cpu_ring_free(dj_backend_t *be, dj_backend_ring_t *r);
+/* Test hook: the copy threads yield up to max_yields times before each copy
+ * (0: never), drawn from seed - late copies in varied orders. */
+void dj__cpu_ring_jitter(unsigned max_yields, uint64_t seed);
+dj_status dj__cpu_compute_streamed(dj_backend_t *be, const dj_op_call *calls, size_t n, const dj_stream_step *ss);
+
 #endif

@@ -1,0 +1,249 @@
+/* stream.c: a model that streams - its placement at load, the ring in its
+ * text region, the host source of the streamed weights (page-locked), and the
+ * per-step stream argument the executor hands the backend. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "exec/stream_impl.h"
+#include "model/model_impl.h"
+
+static size_t wbytes(const dj_weight *w) {
+    size_t n = dj_dtype_size(w->dtype);
+    for (int d = 0; d < 2; d++)
+        if (w->shape[d] > 0) n *= (size_t)w->shape[d];
+    return n;
+}
+
+static bool has_bytes(const dj_weight *w) { return w->hf_name || w->computed; }
+
+dj_status dj__stream_plan(dj_backend_t *be, dj_model_t *m, size_t room, dj_model_stream **out) {
+    *out = NULL;
+    if (m->text_bytes <= room) return DJ_OK;
+    const dj_model_config *c = &m->cfg;
+    if (!be->vt->ring_new || !be->vt->ring_free || !be->vt->compute_plan)
+        return dj_fail(DJ_EUNSUPPORTED, "model %s needs %zu text bytes, %zu are free, and the %s backend cannot stream",
+                       m->name, m->text_bytes, room, be->vt->name);
+    const int per = dj__wslot_per_layer(c);
+    size_t *layer = calloc(c->n_layers, sizeof *layer);
+    dj_model_stream *s = calloc(1, sizeof *s);
+    if (!layer || !s) {
+        free(layer);
+        free(s);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    size_t global = 0, max_tensor = 0;
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < per; i++) {
+            const dj_weight *w = &m->w[dj__wslot_layer_c(c, (int)l, i)];
+            if (!has_bytes(w)) continue;
+            layer[l] += dj_vmu_aligned(wbytes(w));
+            if (dj_vmu_aligned(wbytes(w)) > max_tensor) max_tensor = dj_vmu_aligned(wbytes(w));
+        }
+    for (int i = 0; i < DJ_W_GLOBAL; i++)
+        if (has_bytes(&m->w[dj__wslot_global(c, i)])) global += dj_vmu_aligned(wbytes(&m->w[dj__wslot_global(c, i)]));
+    dj_status st = dj_placement_decide(layer, c->n_layers, max_tensor, global, room, &s->pl);
+    free(layer);
+    if (st != DJ_OK) {
+        char why[768];
+        snprintf(why, sizeof why, "%s", dj_last_error());
+        free(s);
+        return dj_fail(st, "model %s: %s", m->name, why);
+    }
+    s->be = be;
+    m->text_bytes = s->pl.resident_bytes + dj_vmu_aligned(s->pl.ring_bytes);
+    *out = s;
+    return DJ_OK;
+}
+
+bool dj__stream_slot(const dj_model_t *m, int slot) {
+    const int per = dj__wslot_per_layer(&m->cfg);
+    const int l = slot / per;
+    return m->stream && l < (int)m->cfg.n_layers && m->stream->pl.streamed[l];
+}
+
+/* Page-locks the host ranges the copies read: the streamed tensors' pages,
+ * merged where they touch. */
+typedef struct range {
+    uintptr_t a, z;
+} range;
+
+static int range_cmp(const void *x, const void *y) {
+    const range *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+static void unregister_all(dj_model_stream *s) {
+    for (size_t i = 0; i < s->n_registered; i++) s->be->vt->host_unregister(s->be, s->registered[i]);
+    free(s->registered);
+    s->registered = NULL;
+    s->n_registered = 0;
+}
+
+static dj_status register_source(dj_model_stream *s, size_t n_spans) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    range *r = malloc(n_spans * sizeof *r);
+    s->registered = calloc(n_spans, sizeof *s->registered);
+    if (!r || !s->registered) {
+        free(r);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n_spans; i++) {
+        r[i].a = (uintptr_t)s->spans[i].host / page * page;
+        r[i].z = ((uintptr_t)s->spans[i].host + s->spans[i].bytes + page - 1) / page * page;
+    }
+    qsort(r, n_spans, sizeof *r, range_cmp);
+    size_t m = 0;
+    for (size_t i = 0; i < n_spans; i++) {
+        if (m && r[i].a <= r[m - 1].z) {
+            if (r[i].z > r[m - 1].z) r[m - 1].z = r[i].z;
+        } else {
+            r[m++] = r[i];
+        }
+    }
+    dj_status st = DJ_OK;
+    for (size_t i = 0; i < m && st == DJ_OK; i++) {
+        st = s->be->vt->host_register(s->be, (void *)r[i].a, r[i].z - r[i].a);
+        if (st == DJ_OK) s->registered[s->n_registered++] = (void *)r[i].a;
+    }
+    free(r);
+    if (st != DJ_OK) unregister_all(s);
+    return st;
+}
+
+/* A page-locked copy of the streamed tensors; the spans then read it. */
+static dj_status pinned_copy(dj_model_stream *s, size_t n_spans) {
+    size_t total = 0;
+    for (size_t i = 0; i < n_spans; i++) total += dj_vmu_aligned(s->spans[i].bytes);
+    dj_status st = s->be->vt->host_alloc(s->be, total, &s->pinned);
+    if (st != DJ_OK) return st;
+    uint8_t *p = s->pinned;
+    for (size_t i = 0; i < n_spans; i++) {
+        memcpy(p, s->spans[i].host, s->spans[i].bytes);
+        s->spans[i].host = p;
+        p += dj_vmu_aligned(s->spans[i].bytes);
+    }
+    return DJ_OK;
+}
+
+dj_status dj__stream_setup(dj_model_t *m) {
+    dj_model_stream *s = m->stream;
+    const dj_model_config *c = &m->cfg;
+    const int per = dj__wslot_per_layer(c);
+    const uint32_t S = s->pl.n_streamed;
+    size_t n = 0;
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (int i = 0; s->pl.streamed[l] && i < per; i++) n += has_bytes(&m->w[dj__wslot_layer_c(c, (int)l, i)]);
+    size_t *bytes = malloc(n * sizeof *bytes);
+    uint32_t *load = malloc(n * sizeof *load);
+    int *slot = malloc(n * sizeof *slot);
+    s->layer_load = malloc(c->n_layers * sizeof *s->layer_load);
+    s->loads = calloc(S, sizeof *s->loads);
+    s->spans = calloc(n, sizeof *s->spans);
+    dj_status st = DJ_OK;
+    if (!bytes || !load || !slot || !s->layer_load || !s->loads || !s->spans) {
+        st = dj_fail(DJ_ENOMEM, "out of memory");
+        goto done;
+    }
+    size_t t = 0;
+    uint32_t k = 0;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        s->layer_load[l] = s->pl.streamed[l] ? (int32_t)k : -1;
+        if (!s->pl.streamed[l]) continue;
+        for (int i = 0; i < per; i++) {
+            const int sl = dj__wslot_layer_c(c, (int)l, i);
+            if (!has_bytes(&m->w[sl])) continue;
+            bytes[t] = wbytes(&m->w[sl]);
+            load[t] = k;
+            slot[t++] = sl;
+        }
+        k++;
+    }
+    if ((st = dj_ring_layout_make(s->pl.ring_bytes, DJ_VMU_ALIGN, bytes, load, n, S, &s->lay)) != DJ_OK) goto done;
+    void *ring = NULL;
+    if ((st = dj_vmu_model_alloc(m->region, s->pl.ring_bytes, &ring)) != DJ_OK) goto done;
+    s->ring = ring;
+    for (size_t i = 0; i < n; i++) {
+        dj_weight *w = &m->w[slot[i]];
+        const dj_tensor_info *ti = dj_checkpoint_find(m->ck, w->hf_name);
+        w->data = s->ring + s->lay.off[i];
+        s->spans[i] = (dj_copy_span){.dev = (void *)w->data,
+                                     .host = (uint8_t *)ti->data + w->src_offset,
+                                     .bytes = bytes[i]};
+    }
+    for (size_t i = 0, j = 0; j < S; j++) { /* each load's spans and waits */
+        s->loads[j].spans = &s->spans[i];
+        while (i < n && load[i] == j) {
+            s->loads[j].n_spans++;
+            i++;
+        }
+        s->loads[j].after = &s->lay.after[s->lay.after_at[j]];
+        s->loads[j].n_after = s->lay.after_at[j + 1] - s->lay.after_at[j];
+    }
+    /* the copies' source: in place where host memory is the device's, else page-locked */
+    dj_backend_t *be = s->be;
+    if (be->host_memory) {
+        s->src = DJ_STREAM_SRC_MAPPED;
+    } else if (be->vt->host_register && be->vt->host_unregister && register_source(s, n) == DJ_OK) {
+        s->src = DJ_STREAM_SRC_REGISTERED;
+    } else if (be->vt->host_alloc && be->vt->host_free) {
+        if ((st = pinned_copy(s, n)) != DJ_OK) goto done;
+        s->src = DJ_STREAM_SRC_PINNED_COPY;
+    } else {
+        s->src = DJ_STREAM_SRC_MAPPED; /* pageable: slower copies, still correct */
+    }
+    st = be->vt->ring_new(be, S, &s->bring);
+    if (st == DJ_OK)
+        DJ_LOG(INFO, "model %s streams %u of %u layers (%.1f MiB a step) through a ring of %.1f MiB (%u layers deep)",
+               m->name, S, c->n_layers, (double)s->pl.streamed_bytes / 1048576.0, (double)s->pl.ring_bytes / 1048576.0,
+               s->pl.ring_layers);
+done:
+    free(bytes);
+    free(load);
+    free(slot);
+    return st;
+}
+
+void dj__stream_free(dj_model_stream *s) {
+    if (!s) return;
+    if (s->bring) s->be->vt->ring_free(s->be, s->bring);
+    unregister_all(s);
+    if (s->pinned) s->be->vt->host_free(s->be, s->pinned);
+    dj_ring_layout_free(&s->lay);
+    dj_placement_free(&s->pl);
+    free(s->layer_load);
+    free(s->loads);
+    free(s->spans);
+    free(s->call_load);
+    free(s);
+}
+
+dj_status dj__stream_reserve(dj_model_stream *s, size_t n) {
+    if (n <= s->call_cap) return DJ_OK;
+    int32_t *p = realloc(s->call_load, n * sizeof *p);
+    if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a streamed step of %zu calls", n);
+    s->call_load = p;
+    s->call_cap = n;
+    return DJ_OK;
+}
+
+static bool in_ring(const dj_model_stream *s, const void *p) {
+    return p && (const uint8_t *)p >= s->ring && (const uint8_t *)p < s->ring + s->pl.ring_bytes;
+}
+
+int32_t dj__stream_call_load(const dj_model_stream *s, const dj_op_call *c, int layer) {
+    if (!in_ring(s, c->w) && !in_ring(s, c->bias) && !in_ring(s, c->w_up) && !in_ring(s, c->w_down)) return -1;
+    return layer >= 0 && (uint32_t)layer < s->pl.n_layers ? s->layer_load[layer] : -1;
+}
+
+void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out) {
+    *out = (dj_stream_step){.ring = s->bring,
+                            .loads = s->loads,
+                            .n_loads = s->pl.n_streamed,
+                            .call_load = s->call_load,
+                            .prefetch = prefetch};
+    s->steps++;
+    s->bytes += s->pl.streamed_bytes;
+}

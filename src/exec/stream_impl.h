@@ -1,0 +1,130 @@
+/* stream_impl.h: weight streaming for models larger than their text budget -
+ * the placement (which layers stay resident, which stream), the skip-end ring
+ * layout with each load's dependencies, and a streaming model's state.
+ * docs/architecture.md ("Models larger than the GPU") has the picture.
+ * Private to src/exec/ (and the tests). */
+#ifndef DJ_STREAM_IMPL_H
+#define DJ_STREAM_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/backend.h"
+#include "djinn/status.h"
+
+/* ---- the ring layout (ring.c) ---- */
+
+/* Tensors of loads 0..n_loads-1 (a load: one streamed layer's tensors, copied
+ * in together) placed in order, one after another, in a ring of ring_bytes,
+ * each at an `align` multiple; a tensor that would cross the ring's end starts
+ * at offset 0 instead (skip-end: no tensor straddles the wrap). Every step
+ * copies the loads in order into the same offsets, so a load's copy may start
+ * only once every earlier reader of its bytes has finished: after[] lists, for
+ * load k, each load j whose bytes overlap k's - the ones before k in this step
+ * and, through the wrap, the ones after k in the previous step - and k itself
+ * (its own previous step). */
+typedef struct dj_ring_layout {
+    size_t ring_bytes;
+    uint32_t n_loads;
+    size_t n_tensors;
+    size_t *off;        /* [n_tensors] offset of each tensor in the ring; owned */
+    size_t *lo, *hi;    /* [2 n_loads] each load's bytes: ranges [lo[2k], hi[2k]) and, when it
+                         * wrapped, [lo[2k+1], hi[2k+1]) (else empty: lo == hi); owned */
+    uint32_t *after;    /* every load's list, concatenated; owned */
+    uint32_t *after_at; /* [n_loads + 1] load k's list is after[after_at[k] .. after_at[k + 1]); owned */
+} dj_ring_layout;
+
+/* Lays out n tensors of bytes[i] belonging to load[i] (non-decreasing, each of
+ * 0..n_loads-1 at least once). Refused with the sizes (DJ_ENOSPC): a tensor
+ * larger than the ring, or a load whose bytes overlap themselves. Neighbours
+ * may overlap (a ring of one layer: each copy then waits for the layer before
+ * to finish), so a backend never runs one kernel over two loads' weights.
+ * DJ_EINVAL for inconsistent arguments. */
+dj_status dj_ring_layout_make(size_t ring_bytes, size_t align, const size_t *bytes, const uint32_t *load, size_t n,
+                              uint32_t n_loads, dj_ring_layout *out /* OUT */);
+void dj_ring_layout_free(dj_ring_layout *r); /* zeroes it; a zeroed one does nothing */
+/* Whether loads a and b share a byte. */
+bool dj_ring_overlap(const dj_ring_layout *r, uint32_t a, uint32_t b);
+
+/* ---- the placement (ring.c) ---- */
+
+/* Which layers stream. Layers are placed whole; the global tensors
+ * (embedding, final norm, head, RoPE tables) stay resident. */
+typedef struct dj_placement {
+    uint32_t n_layers, n_streamed;
+    uint8_t *streamed;      /* [n_layers] 1: the layer streams through the ring; owned */
+    size_t resident_bytes;  /* text bytes of the globals and the resident layers */
+    size_t ring_bytes;      /* text bytes of the ring (0 when nothing streams) */
+    size_t streamed_bytes;  /* bytes each step copies into the ring */
+    uint32_t ring_layers;   /* layers the ring holds at once (its prefetch depth) */
+} dj_placement;
+
+#define DJ_RING_LAYERS 3 /* deepest ring: a layer computing, the next ready, one more arriving */
+
+/* layer_bytes[l]: text bytes of layer l's tensors (each aligned as the text
+ * segment aligns); max_tensor: the largest tensor of any layer; global_bytes:
+ * the globals'. room: the largest region the text segment can give this
+ * model. Everything resident when it fits; else the fewest layers stream
+ * (at least 2: a ring that held every streamed layer would save nothing),
+ * spread evenly over the depth (so copies overlap the resident layers'
+ * compute), through the deepest ring that fits - up to DJ_RING_LAYERS of the
+ * largest layer, fewer than the streamed layers - plus one tensor of slack
+ * for the skip at the end. DJ_ENOSPC with the sizes when even the globals and
+ * a ring of one layer do not fit. */
+dj_status dj_placement_decide(const size_t *layer_bytes, uint32_t n_layers, size_t max_tensor, size_t global_bytes,
+                              size_t room, dj_placement *out /* OUT */);
+void dj_placement_free(dj_placement *p);
+
+/* ---- a streaming model (stream.c) ---- */
+
+struct dj_model;
+
+/* Where the streamed weights are read from by the copies. */
+typedef enum {
+    DJ_STREAM_SRC_MAPPED,     /* the mapped checkpoint, host memory being the device's (CPU) */
+    DJ_STREAM_SRC_REGISTERED, /* the mapped checkpoint, page-locked in place (host_register) */
+    DJ_STREAM_SRC_PINNED_COPY /* a copy in page-locked host memory (host_alloc) */
+} dj_stream_src;
+
+typedef struct dj_model_stream {
+    dj_backend_t *be;          /* borrowed: outlives the model (the VMU frees models first) */
+    dj_placement pl;
+    dj_ring_layout lay;
+    uint8_t *ring;             /* [pl.ring_bytes] in the model's text region */
+    int32_t *layer_load;       /* [n_layers] the load of a streamed layer, -1: resident */
+    dj_stream_load *loads;     /* [pl.n_streamed]; owned */
+    dj_copy_span *spans;       /* every load's spans, concatenated; owned */
+    dj_backend_ring_t *bring;  /* the backend's events; owned */
+    dj_stream_src src;
+    void **registered;         /* [n_registered] host ranges host_register'ed; owned */
+    size_t n_registered;
+    void *pinned;              /* DJ_STREAM_SRC_PINNED_COPY: the copy (host_alloc); owned */
+    int32_t *call_load;        /* [call_cap] the step being built; owned */
+    size_t call_cap;
+    uint64_t steps, bytes;     /* streamed steps run, bytes they copied */
+} dj_model_stream;
+
+/* Decides whether model m (bound, weights not yet placed, not in place) must
+ * stream in `room` text bytes: NULL *out and DJ_OK when it fits (then
+ * m->text_bytes stays); else *out with the placement and m->text_bytes set to
+ * the resident weights plus the ring. DJ_EUNSUPPORTED when the backend cannot
+ * stream, DJ_ENOSPC when even streaming does not fit (with the sizes). */
+dj_status dj__stream_plan(dj_backend_t *be, struct dj_model *m, size_t room, dj_model_stream **out /* OUT */);
+/* True if weight slot `slot` of m streams (its bytes live in the ring). */
+bool dj__stream_slot(const struct dj_model *m, int slot);
+/* After the region exists: allocates the ring in it, lays the streamed
+ * tensors out (their w[i].data now point into the ring), finds their host
+ * source in ck (retained by m) and page-locks it (or copies it pinned), and
+ * makes the backend's ring. */
+dj_status dj__stream_setup(struct dj_model *m);
+void dj__stream_free(dj_model_stream *s); /* waits for copies in flight; NULL does nothing */
+/* Room for the call map of a step of n calls. */
+dj_status dj__stream_reserve(dj_model_stream *s, size_t n);
+/* The load call c (of a node of `layer`) reads: a weight pointer of it in the
+ * ring belongs to that layer's load; -1 when it reads none. */
+int32_t dj__stream_call_load(const dj_model_stream *s, const dj_op_call *c, int layer);
+/* The stream argument of a step whose call map s->call_load is filled. */
+void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out /* OUT */);
+
+#endif
