@@ -2,7 +2,7 @@
  * full-size shape (config.json + model.safetensors) with random bf16 weights,
  * for benchmarks: speed does not depend on what the weights mean.
  *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE]
- * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b (Llama layout),
+ * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b, llama2-13b, llama3-70b (Llama layout),
  * qwen3-8b, gemma2-9b, mixtral-8x7b (their own layouts and configs). --layers
  * keeps the first N layers (Mixtral 8x7B's 32 layers do not fit 80 GB:
  * --layers 16). --gguf (Llama-layout presets) also writes the same values
@@ -35,6 +35,8 @@ static const preset PRESETS[] = {
     {"tinyllama-1.1b", 2048, 5632, 22, 32, 4, 32000, 2048, 10000.0, 0, ARCH_LLAMA, 0, 0},
     {"llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072, 500000.0, 1, ARCH_LLAMA, 0, 0},
     {"llama3-8b", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0, 0, ARCH_LLAMA, 0, 0},
+    {"llama2-13b", 5120, 13824, 40, 40, 40, 32000, 4096, 10000.0, 0, ARCH_LLAMA, 0, 0},
+    {"llama3-70b", 8192, 28672, 80, 64, 8, 128256, 8192, 500000.0, 0, ARCH_LLAMA, 0, 0},
     {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, 0, ARCH_QWEN3, 128, 0},
     {"gemma2-9b", 3584, 14336, 42, 16, 8, 256000, 8192, 10000.0, 1, ARCH_GEMMA2, 256, 0},
     {"mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, 1000000.0, 0, ARCH_MIXTRAL, 0, 8},
@@ -92,7 +94,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
         if (!strcmp(PRESETS[i].name, argv[1])) p = &PRESETS[i];
     if (!p) {
-        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3.2-1b, llama3-8b, qwen3-8b, gemma2-9b, mixtral-8x7b)\n",
+        fprintf(stderr, "unknown preset '%s' (tinyllama-1.1b, llama3.2-1b, llama3-8b, llama2-13b, llama3-70b, qwen3-8b, gemma2-9b, mixtral-8x7b)\n",
                 argv[1]);
         return 2;
     }

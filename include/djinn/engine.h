@@ -103,6 +103,26 @@ const dj_model_config *dj_model_get_config(const dj_model_t *m);
 uint64_t dj_model_fingerprint(const dj_model_t *m);
 uint64_t dj_model_param_count(const dj_model_t *m);
 
+/* Where a model's weights live (docs/architecture.md, "Models larger than
+ * the GPU"): all resident in the text segment, or some layers streamed
+ * through a ring there from host memory on every step. */
+typedef struct dj_model_placement {
+    uint32_t n_layers, n_streamed;
+    uint32_t ring_layers;     /* layers the ring holds at once (0: nothing streams) */
+    size_t resident_bytes;    /* text bytes of the resident weights */
+    size_t ring_bytes;        /* text bytes of the ring */
+    size_t streamed_bytes;    /* bytes each step copies */
+    const char *source;       /* where copies read: "registered" (the mapped checkpoint, page-locked),
+                               * "pinned copy", "mapped" (host memory is the device's); "" if none */
+    uint64_t steps;           /* streamed steps run so far */
+    char layers[1024];        /* one letter per layer: R resident, S streamed (truncated past 1023) */
+} dj_model_placement;
+void dj_model_get_placement(const dj_model_t *m, dj_model_placement *out /* OUT */);
+/* The placement a load into `text_room` free text bytes would give the
+ * checkpoint (nothing is loaded): DJ_ENOSPC with the sizes when it cannot
+ * run even streamed. */
+dj_status dj_model_plan_placement(const dj_checkpoint_t *ck, size_t text_room, dj_model_placement *out /* OUT */);
+
 /* A session: private KV pages for up to max_ctx positions (0 = the model's
  * max_position_embeddings), quota_pages as in the VMU (0 = none). Holds a
  * model reference until freed. */

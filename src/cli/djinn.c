@@ -30,7 +30,7 @@ typedef struct opts {
     long top_k, ctx, threads, step;
     unsigned long long seed;
     int greedy, print_tokens, add_special, ignore_eos, stats, have_temp, have_top_p, have_top_k;
-    int deterministic;
+    int deterministic, no_prefetch;
 } opts;
 
 static int usage(FILE *f) {
@@ -39,6 +39,7 @@ static int usage(FILE *f) {
           "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
+          "            [--no-prefetch]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N]\n"
@@ -198,6 +199,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--add-special")) o->add_special = 1;
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--deterministic")) o->deterministic = 1;
+        else if (!strcmp(a, "--no-prefetch")) o->no_prefetch = 1;
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
         else return bad_arg("unknown option '%s' for '%s' (see djinn --help)", a, argv[1]);
@@ -290,6 +292,7 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     ec.n_threads = (int)o->threads;
     ec.max_step_tokens = o->step ? (uint32_t)o->step : 512;
     ec.deterministic = o->deterministic != 0;
+    ec.no_prefetch = o->no_prefetch != 0;
     dj_status st = dj_model_estimate(ck, kv_dtype_of(o), ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
     if (o->vmu) {
@@ -354,6 +357,26 @@ static void print_origin(const char *dir) {
     cJSON_Delete(j);
 }
 
+/* The placement lines of `info` and `run --stats`. */
+static void print_placement_of(FILE *f, const dj_model_placement *p) {
+    if (!p->n_streamed) {
+        fprintf(f, "placement:      all %u layers resident (%zu bytes, %.1f MiB)\n", p->n_layers, p->resident_bytes,
+                p->resident_bytes / 1048576.0);
+        return;
+    }
+    fprintf(f, "placement:      %u of %u layers stream through a ring of %.1f MiB (%u layers deep); %.1f MiB resident\n",
+            p->n_streamed, p->n_layers, p->ring_bytes / 1048576.0, p->ring_layers, p->resident_bytes / 1048576.0);
+    fprintf(f, "streamed:       %.1f MiB copied per step%s%s\n", p->streamed_bytes / 1048576.0,
+            p->source[0] ? ", from " : "", p->source);
+    fprintf(f, "layers:         %s (R resident, S streamed)\n", p->layers);
+}
+
+static void print_placement(FILE *f, const dj_model_t *m) {
+    dj_model_placement p;
+    dj_model_get_placement(m, &p);
+    print_placement_of(f, &p);
+}
+
 static int cmd_info(opts *o) {
     if (!o->model) o->model = default_model();
     if (!o->model) return bad_arg("info needs --model DIR%s%s", "", "");
@@ -394,6 +417,21 @@ static int cmd_info(opts *o) {
            needs.kv_bytes_per_token, needs.kv_bytes_per_token * ctx, needs.kv_bytes_per_token * ctx / 1048576.0, ctx);
     printf("stack peak:     %zu bytes (%.1f MiB) for a %u-token prefill step; %zu bytes for decode\n",
            needs.stack_peak, needs.stack_peak / 1048576.0, o->step ? (unsigned)o->step : 512u, decode.stack_peak);
+    if (o->vmu) { /* the placement in that budget's text segment */
+        size_t bytes = 0;
+        dj_vmu_config vc;
+        if ((st = dj_vmu_parse_size(o->vmu, &bytes)) != DJ_OK) {
+            dj_checkpoint_close(ck);
+            return die("--vmu-gb", st);
+        }
+        dj_vmu_config_default(&vc, bytes);
+        dj_model_placement p;
+        st = dj_model_plan_placement(ck, (size_t)(vc.text_frac * (double)bytes), &p);
+        if (st == DJ_OK) print_placement_of(stdout, &p);
+        else printf("placement:      none: %s\n", dj_last_error());
+    } else {
+        printf("placement:      all resident (the VMU is sized from the model; --vmu-gb G shows a budget's)\n");
+    }
     dj_checkpoint_close(ck);
     return 0;
 }
@@ -556,7 +594,10 @@ static int cmd_run(opts *o) {
             n_ids, t_prefill, n_ids / (t_prefill > 0 ? t_prefill : 1e-9), n_gen, t_decode,
             n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, t_load,
             dj_gen_finish_name(dj_gen_finished(g)));
-    if (o->stats) dj_vmu_print_stats(dj_engine_vmu(e), stderr);
+    if (o->stats) {
+        print_placement(stderr, m);
+        dj_vmu_print_stats(dj_engine_vmu(e), stderr);
+    }
     rc = 0;
 done:
     dj_gen_free(g);

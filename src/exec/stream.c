@@ -19,21 +19,12 @@ static size_t wbytes(const dj_weight *w) {
 
 static bool has_bytes(const dj_weight *w) { return w->hf_name || w->computed; }
 
-dj_status dj__stream_plan(dj_backend_t *be, dj_model_t *m, size_t room, dj_model_stream **out) {
-    *out = NULL;
-    if (m->text_bytes <= room) return DJ_OK;
+/* The placement of m (bound) in room text bytes; nothing streams when it fits. */
+static dj_status decide(const dj_model_t *m, size_t room, dj_placement *pl) {
     const dj_model_config *c = &m->cfg;
-    if (!be->vt->ring_new || !be->vt->ring_free || !be->vt->compute_plan)
-        return dj_fail(DJ_EUNSUPPORTED, "model %s needs %zu text bytes, %zu are free, and the %s backend cannot stream",
-                       m->name, m->text_bytes, room, be->vt->name);
     const int per = dj__wslot_per_layer(c);
     size_t *layer = calloc(c->n_layers, sizeof *layer);
-    dj_model_stream *s = calloc(1, sizeof *s);
-    if (!layer || !s) {
-        free(layer);
-        free(s);
-        return dj_fail(DJ_ENOMEM, "out of memory");
-    }
+    if (!layer) return dj_fail(DJ_ENOMEM, "out of memory");
     size_t global = 0, max_tensor = 0;
     for (uint32_t l = 0; l < c->n_layers; l++)
         for (int i = 0; i < per; i++) {
@@ -44,13 +35,28 @@ dj_status dj__stream_plan(dj_backend_t *be, dj_model_t *m, size_t room, dj_model
         }
     for (int i = 0; i < DJ_W_GLOBAL; i++)
         if (has_bytes(&m->w[dj__wslot_global(c, i)])) global += dj_vmu_aligned(wbytes(&m->w[dj__wslot_global(c, i)]));
-    dj_status st = dj_placement_decide(layer, c->n_layers, max_tensor, global, room, &s->pl);
+    const dj_status st = dj_placement_decide(layer, c->n_layers, max_tensor, global, room, pl);
     free(layer);
     if (st != DJ_OK) {
         char why[768];
         snprintf(why, sizeof why, "%s", dj_last_error());
-        free(s);
         return dj_fail(st, "model %s: %s", m->name, why);
+    }
+    return DJ_OK;
+}
+
+dj_status dj__stream_plan(dj_backend_t *be, dj_model_t *m, size_t room, dj_model_stream **out) {
+    *out = NULL;
+    if (m->text_bytes <= room) return DJ_OK;
+    if (!be->vt->ring_new || !be->vt->ring_free || !be->vt->compute_plan)
+        return dj_fail(DJ_EUNSUPPORTED, "model %s needs %zu text bytes, %zu are free, and the %s backend cannot stream",
+                       m->name, m->text_bytes, room, be->vt->name);
+    dj_model_stream *s = calloc(1, sizeof *s);
+    if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
+    const dj_status st = decide(m, room, &s->pl);
+    if (st != DJ_OK) {
+        free(s);
+        return st;
     }
     s->be = be;
     m->text_bytes = s->pl.resident_bytes + dj_vmu_aligned(s->pl.ring_bytes);
@@ -246,4 +252,55 @@ void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out) {
                             .prefetch = prefetch};
     s->steps++;
     s->bytes += s->pl.streamed_bytes;
+}
+
+static void fill_placement(const dj_placement *pl, size_t resident_all, dj_model_placement *out) {
+    memset(out, 0, sizeof *out);
+    out->n_layers = pl->n_layers;
+    out->n_streamed = pl->n_streamed;
+    out->ring_layers = pl->ring_layers;
+    out->resident_bytes = pl->n_streamed ? pl->resident_bytes : resident_all;
+    out->ring_bytes = pl->ring_bytes;
+    out->streamed_bytes = pl->streamed_bytes;
+    out->source = "";
+    const uint32_t n = pl->n_layers < sizeof out->layers - 1 ? pl->n_layers : (uint32_t)sizeof out->layers - 1;
+    for (uint32_t l = 0; l < n; l++) out->layers[l] = pl->streamed && pl->streamed[l] ? 'S' : 'R';
+    out->layers[n] = '\0';
+}
+
+void dj_model_get_placement(const dj_model_t *m, dj_model_placement *out) {
+    static const char *const src[] = {"mapped", "registered", "pinned copy"};
+    if (!m->stream) {
+        const dj_placement none = {.n_layers = m->cfg.n_layers};
+        fill_placement(&none, m->text_bytes + m->mapped_bytes, out);
+        return;
+    }
+    fill_placement(&m->stream->pl, 0, out);
+    out->source = src[m->stream->src];
+    out->steps = m->stream->steps;
+}
+
+dj_status dj_model_plan_placement(const dj_checkpoint_t *ck, size_t text_room, dj_model_placement *out) {
+    const dj_model_config *c = dj_checkpoint_config(ck);
+    const int n = dj__wslot_count(c);
+    dj_model_t m = {.cfg = *c};
+    snprintf(m.name, sizeof m.name, "%s", "model");
+    char **names = calloc((size_t)n, sizeof *names);
+    m.w = calloc((size_t)n, sizeof *m.w);
+    dj_status st = !names || !m.w ? dj_fail(DJ_ENOMEM, "out of memory") : dj__model_bind(c, ck, m.w, names);
+    if (st == DJ_OK) {
+        for (int i = 0; i < n; i++)
+            if (has_bytes(&m.w[i])) m.text_bytes += dj_vmu_aligned(wbytes(&m.w[i]));
+        dj_placement pl;
+        if (m.text_bytes <= text_room) {
+            fill_placement(&(dj_placement){.n_layers = c->n_layers}, m.text_bytes, out);
+        } else if ((st = decide(&m, text_room, &pl)) == DJ_OK) {
+            fill_placement(&pl, 0, out);
+            dj_placement_free(&pl);
+        }
+    }
+    for (int i = 0; names && i < n; i++) free(names[i]);
+    free(names);
+    free(m.w);
+    return st;
 }

@@ -59,6 +59,8 @@ struct dj_model {
     dj_checkpoint_t *ck;    /* one reference held while weights are used in place; NULL if copied */
     dj_vmu_model_t *region; /* owns this struct through its user dtor */
     dj_weight *w;           /* [dj__wslot_count(cfg)] */
+    struct dj_model_stream *stream; /* the streamed layers (src/exec/stream_impl.h), NULL when every
+                                     * weight is resident; owned */
 };
 
 /* dj_model_build_graph_opts with the logits of the last out_rows rows only

@@ -397,6 +397,7 @@ static void cuda_destroy(dj_backend_t *be) {
     if (cudaSetDevice(cb->device) == cudaSuccess) {
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         dj__cuda_swap_destroy(cb);
+        dj__cuda_ring_destroy(cb);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
         if (cb->stage_dev) (void)cudaFree(cb->stage_dev);
@@ -436,6 +437,10 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .xfer_order = */ dj__cuda_xfer_order,
     /* .xfer_free = */ dj__cuda_xfer_free,
     /* .mem_info = */ dj__cuda_mem_info,
+    /* .ring_new = */ dj__cuda_ring_new,
+    /* .ring_free = */ dj__cuda_ring_free,
+    /* .host_register = */ dj__cuda_host_register,
+    /* .host_unregister = */ dj__cuda_host_unregister,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {

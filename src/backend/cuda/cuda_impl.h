@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "djinn/dj_cuda.h"
+#include "backend/backend_impl.h"
 
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
@@ -53,6 +54,10 @@ typedef struct dj_cuda_backend {
     cudaStream_t copy_stream; /* owned, or NULL */
     cudaEvent_t compute_mark; /* recorded on stream, waited on by copy_stream; owned, or NULL */
     bool batch_refused;       /* cudaMemcpyBatchAsync refused once: copy span by span */
+    /* Weight streaming (cuda_ring.cu): host->device copies of streamed layers
+     * on a stream of their own, made at the first ring. */
+    cudaStream_t weight_stream; /* owned, or NULL */
+    cudaEvent_t weight_mark;    /* serial copies: recorded on stream, waited on by weight_stream */
 } dj_cuda_backend;
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
@@ -173,8 +178,20 @@ void dj__cuda_xfer_free(dj_backend_t *be, dj_backend_xfer_t *x);
 dj_status dj__cuda_mem_info(dj_backend_t *be, size_t *free_bytes, size_t *total_bytes);
 void dj__cuda_swap_destroy(dj_cuda_backend *cb);
 
+/* cuda_ring.cu: weight streaming - the vtable's ring and host_register hooks,
+ * the driver of a streamed step (begin/end around compute_plan's launches)
+ * and the release of the weight stream (called by the backend's destroy). */
+dj_status dj__cuda_ring_new(dj_backend_t *be, uint32_t n_loads, dj_backend_ring_t **out);
+void dj__cuda_ring_free(dj_backend_t *be, dj_backend_ring_t *r);
+dj_status dj__cuda_host_register(dj_backend_t *be, void *p, size_t bytes);
+void dj__cuda_host_unregister(dj_backend_t *be, void *p);
+dj_status dj__cuda_stream_begin(dj_cuda_backend *cb, const dj_stream_step *ss, size_t n_calls, dj_stream_run *run);
+dj_status dj__cuda_stream_end(dj_stream_run *run, dj_status st);
+void dj__cuda_ring_destroy(dj_cuda_backend *cb);
+
 /* cuda_plan.cu: the vtable's compute_plan, and the plan cache's release. */
-dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key);
+dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key,
+                                const dj_stream_step *stream);
 void dj__cuda_plans_free(dj_cuda_backend *cb);
 
 #endif

@@ -257,7 +257,19 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     return dj_fail(DJ_EINTERNAL, "cuda plan: step kind %d", (int)s->kind);
 }
 
-dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key) {
+/* The calls a launch reads: idx[0..return). */
+static uint32_t step_calls(const plan_step *s, int32_t *idx) {
+    uint32_t k = 0;
+    const int count = s->kind == STEP_ONE ? 1 : s->kind == STEP_GEMV ? s->count : 2;
+    for (int i = 0; i < count; i++) idx[k++] = s->first + i;
+    const int32_t more[4] = {s->rope_q, s->fold_add, s->fold_norm, s->fold_silu};
+    for (int i = 0; i < 4; i++)
+        if (more[i] >= 0) idx[k++] = more[i];
+    return k;
+}
+
+dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key,
+                                const dj_stream_step *stream) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     if (n && !calls) return dj_fail(DJ_EINVAL, "cuda compute_plan: NULL calls");
     const plan_step *steps = NULL;
@@ -265,6 +277,19 @@ dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_
     dj_status st = DJ_OK;
     for (size_t i = 0; st == DJ_OK && i < n; i++) st = dj__cuda_check_call(&calls[i]); /* before any launch */
     if (st == DJ_OK) st = plan_for(cb, calls, n, plan_key, &steps, &n_steps);
+    if (st == DJ_OK && stream) { /* streamed weights: each launch waits for its load, marks it done after */
+        dj_stream_run run;
+        st = dj__cuda_stream_begin(cb, stream, n, &run);
+        if (st != DJ_OK) return st;
+        int32_t idx[DJ_GEMV_GROUP + 4];
+        for (size_t i = 0; st == DJ_OK && i < n_steps; i++) {
+            const uint32_t k = step_calls(&steps[i], idx);
+            st = dj__stream_before(&run, idx, k);
+            if (st == DJ_OK) st = run_step(cb, calls, &steps[i]);
+            if (st == DJ_OK) st = dj__stream_after(&run, idx, k);
+        }
+        return dj__cuda_stream_end(&run, st);
+    }
     for (size_t i = 0; st == DJ_OK && i < n_steps; i++) st = run_step(cb, calls, &steps[i]);
     if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
     return st;

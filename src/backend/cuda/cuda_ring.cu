@@ -1,0 +1,167 @@
+/* cuda_ring.cu: weight streaming on the CUDA backend - a ring's ready/done
+ * events, the weight copy stream, page-locking the mapped checkpoint, and the
+ * event calls the shared step driver (backend/stream.c) makes. */
+#include <stdlib.h>
+
+#include "backend/backend_impl.h"
+#include "backend/cuda/cuda_impl.h"
+
+struct dj_backend_ring {
+    uint32_t n;
+    cudaEvent_t *ready; /* [n] recorded on the weight stream after load k's copies */
+    cudaEvent_t *done;  /* [n] recorded on the compute stream after load k's last reader */
+};
+
+static dj_status weight_stream(dj_cuda_backend *cb) {
+    if (!cb->weight_stream) DJ_CU(cb, cudaStreamCreateWithFlags(&cb->weight_stream, cudaStreamNonBlocking));
+    if (!cb->weight_mark) DJ_CU(cb, cudaEventCreateWithFlags(&cb->weight_mark, cudaEventDisableTiming));
+    return DJ_OK;
+}
+
+static void ring_release(dj_backend_ring_t *r) {
+    for (uint32_t k = 0; k < r->n; k++) {
+        if (r->ready && r->ready[k]) (void)cudaEventDestroy(r->ready[k]);
+        if (r->done && r->done[k]) (void)cudaEventDestroy(r->done[k]);
+    }
+    free(r->ready);
+    free(r->done);
+    free(r);
+}
+
+dj_status dj__cuda_ring_new(dj_backend_t *be, uint32_t n_loads, dj_backend_ring_t **out) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    *out = NULL;
+    if (n_loads == 0) return dj_fail(DJ_EINVAL, "cuda ring: no loads");
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    dj_status st = weight_stream(cb);
+    if (st != DJ_OK) return st;
+    dj_backend_ring_t *r = (dj_backend_ring_t *)calloc(1, sizeof *r);
+    if (!r) return dj_fail(DJ_ENOMEM, "cuda ring: out of host memory");
+    r->ready = (cudaEvent_t *)calloc(n_loads, sizeof *r->ready);
+    r->done = (cudaEvent_t *)calloc(n_loads, sizeof *r->done);
+    r->n = n_loads;
+    if (!r->ready || !r->done) {
+        ring_release(r);
+        return dj_fail(DJ_ENOMEM, "cuda ring: out of host memory for %u loads", n_loads);
+    }
+    for (uint32_t k = 0; k < n_loads; k++) {
+        cudaError_t e = cudaEventCreateWithFlags(&r->ready[k], cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&r->done[k], cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            ring_release(r);
+            return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+        }
+    }
+    *out = r;
+    return DJ_OK;
+}
+
+void dj__cuda_ring_free(dj_backend_t *be, dj_backend_ring_t *r) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!r) return;
+    if (cudaSetDevice(cb->device) == cudaSuccess) {
+        /* copies in flight read the host source and write the ring: both go after this */
+        if (cb->weight_stream) (void)cudaStreamSynchronize(cb->weight_stream);
+        if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
+    }
+    ring_release(r);
+    (void)cudaGetLastError();
+}
+
+dj_status dj__cuda_host_register(dj_backend_t *be, void *p, size_t bytes) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    /* a read-only mapping (the checkpoint) needs the read-only flag where the device has it */
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dj_fail(DJ_EUNSUPPORTED, "cuda:%d cannot page-lock %zu bytes of the mapped checkpoint: %s", cb->device,
+                       bytes, cudaGetErrorString(e));
+    }
+    return DJ_OK;
+}
+
+void dj__cuda_host_unregister(dj_backend_t *be, void *p) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (cudaSetDevice(cb->device) == cudaSuccess) (void)cudaHostUnregister(p);
+    (void)cudaGetLastError();
+}
+
+/* ---- the driver's device calls ---- */
+
+typedef struct cuda_stream {
+    dj_cuda_backend *cb;
+    const dj_stream_step *ss;
+} cuda_stream;
+
+static dj_status ring_copy(void *u, uint32_t k, bool serial) {
+    const cuda_stream *cs = (const cuda_stream *)u;
+    dj_cuda_backend *cb = cs->cb;
+    dj_backend_ring_t *r = cs->ss->ring;
+    const dj_stream_load *L = &cs->ss->loads[k];
+    if (serial) { /* after every kernel enqueued so far */
+        DJ_CU(cb, cudaEventRecord(cb->weight_mark, cb->stream));
+        DJ_CU(cb, cudaStreamWaitEvent(cb->weight_stream, cb->weight_mark, 0));
+    }
+    for (uint32_t i = 0; i < L->n_after; i++) DJ_CU(cb, cudaStreamWaitEvent(cb->weight_stream, r->done[L->after[i]], 0));
+    for (uint32_t s = 0; s < L->n_spans; s++)
+        DJ_CU(cb, cudaMemcpyAsync(L->spans[s].dev, L->spans[s].host, L->spans[s].bytes, cudaMemcpyHostToDevice,
+                                  cb->weight_stream));
+    DJ_CU(cb, cudaEventRecord(r->ready[k], cb->weight_stream));
+    return DJ_OK;
+}
+
+static dj_status ring_wait(void *u, uint32_t k) {
+    const cuda_stream *cs = (const cuda_stream *)u;
+    DJ_CU(cs->cb, cudaStreamWaitEvent(cs->cb->stream, cs->ss->ring->ready[k], 0));
+    return DJ_OK;
+}
+
+static dj_status ring_done(void *u, uint32_t k) {
+    const cuda_stream *cs = (const cuda_stream *)u;
+    DJ_CU(cs->cb, cudaEventRecord(cs->ss->ring->done[k], cs->cb->stream));
+    return DJ_OK;
+}
+
+dj_status dj__cuda_stream_begin(dj_cuda_backend *cb, const dj_stream_step *ss, size_t n_calls,
+                                           dj_stream_run *run) {
+    if (cb->capturing) return dj_fail(DJ_EUNSUPPORTED, "cuda: a streamed step cannot be captured");
+    if (!ss->ring || ss->ring->n != ss->n_loads)
+        return dj_fail(DJ_EINVAL, "cuda ring: a step of %u loads on a ring of %u", ss->n_loads,
+                       ss->ring ? ss->ring->n : 0);
+    dj_status st = weight_stream(cb);
+    if (st != DJ_OK) return st;
+    cuda_stream *cs = (cuda_stream *)malloc(sizeof *cs);
+    if (!cs) return dj_fail(DJ_ENOMEM, "cuda ring: out of host memory");
+    cs->cb = cb;
+    cs->ss = ss;
+    dj_stream_dev dev;
+    dev.copy = ring_copy;
+    dev.wait_ready = ring_wait;
+    dev.mark_done = ring_done;
+    dev.u = cs;
+    st = dj__stream_start(run, ss, n_calls, dev);
+    if (st != DJ_OK) free(cs);
+    return st;
+}
+
+dj_status dj__cuda_stream_end(dj_stream_run *run, dj_status st) {
+    void *cs = run->dev.u;
+    st = dj__stream_end(run, st);
+    free(cs);
+    return st;
+}
+
+void dj__cuda_ring_destroy(dj_cuda_backend *cb) {
+    if (cb->weight_stream) {
+        (void)cudaStreamSynchronize(cb->weight_stream);
+        (void)cudaStreamDestroy(cb->weight_stream);
+        cb->weight_stream = NULL;
+    }
+    if (cb->weight_mark) (void)cudaEventDestroy(cb->weight_mark);
+    cb->weight_mark = NULL;
+}
