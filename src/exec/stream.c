@@ -188,28 +188,33 @@ dj_status dj__stream_setup(dj_model_t *m) {
         s->loads[j].after = &s->lay.after[s->lay.after_at[j]];
         s->loads[j].n_after = s->lay.after_at[j + 1] - s->lay.after_at[j];
     }
-    /* the copies' source: in place where host memory is the device's, else page-locked */
-    dj_backend_t *be = s->be;
-    if (be->host_memory) {
-        s->src = DJ_STREAM_SRC_MAPPED;
-    } else if (be->vt->host_register && be->vt->host_unregister && register_source(s, n) == DJ_OK) {
-        s->src = DJ_STREAM_SRC_REGISTERED;
-    } else if (be->vt->host_alloc && be->vt->host_free) {
-        if ((st = pinned_copy(s, n)) != DJ_OK) goto done;
-        s->src = DJ_STREAM_SRC_PINNED_COPY;
-    } else {
-        s->src = DJ_STREAM_SRC_MAPPED; /* pageable: slower copies, still correct */
-    }
-    st = be->vt->ring_new(be, S, &s->bring);
-    if (st == DJ_OK)
-        DJ_LOG(INFO, "model %s streams %u of %u layers (%.1f MiB a step) through a ring of %.1f MiB (%u layers deep)",
-               m->name, S, c->n_layers, (double)s->pl.streamed_bytes / 1048576.0, (double)s->pl.ring_bytes / 1048576.0,
-               s->pl.ring_layers);
+    st = s->be->vt->ring_new(s->be, S, &s->bring);
 done:
     free(bytes);
     free(load);
     free(slot);
     return st;
+}
+
+dj_status dj__stream_source(dj_model_t *m) {
+    dj_model_stream *s = m->stream;
+    dj_backend_t *be = s->be;
+    const size_t n = s->lay.n_tensors;
+    dj_status st = DJ_OK;
+    if (be->host_memory) {
+        s->src = DJ_STREAM_SRC_MAPPED;
+    } else if (be->vt->host_register && be->vt->host_unregister && register_source(s, n) == DJ_OK) {
+        s->src = DJ_STREAM_SRC_REGISTERED;
+    } else if (be->vt->host_alloc && be->vt->host_free) {
+        if ((st = pinned_copy(s, n)) != DJ_OK) return st;
+        s->src = DJ_STREAM_SRC_PINNED_COPY;
+    } else {
+        s->src = DJ_STREAM_SRC_MAPPED; /* pageable: slower copies, still correct */
+    }
+    DJ_LOG(INFO, "model %s streams %u of %u layers (%.1f MiB a step) through a ring of %.1f MiB (%u layers deep)",
+           m->name, s->pl.n_streamed, m->cfg.n_layers, (double)s->pl.streamed_bytes / 1048576.0,
+           (double)s->pl.ring_bytes / 1048576.0, s->pl.ring_layers);
+    return DJ_OK;
 }
 
 void dj__stream_free(dj_model_stream *s) {

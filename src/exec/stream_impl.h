@@ -114,10 +114,13 @@ dj_status dj__stream_plan(dj_backend_t *be, struct dj_model *m, size_t room, dj_
 /* True if weight slot `slot` of m streams (its bytes live in the ring). */
 bool dj__stream_slot(const struct dj_model *m, int slot);
 /* After the region exists: allocates the ring in it, lays the streamed
- * tensors out (their w[i].data now point into the ring), finds their host
- * source in ck (retained by m) and page-locks it (or copies it pinned), and
- * makes the backend's ring. */
+ * tensors out (their w[i].data now point into the ring, their copies read
+ * m->ck, which m holds) and makes the backend's ring. */
 dj_status dj__stream_setup(struct dj_model *m);
+/* Once the resident weights are in (their uploads read the same mapping, and
+ * a copy from a range only partly page-locked is refused): page-locks the
+ * streamed tensors' pages in place, or copies them into pinned memory. */
+dj_status dj__stream_source(struct dj_model *m);
 void dj__stream_free(dj_model_stream *s); /* waits for copies in flight; NULL does nothing */
 /* Room for the call map of a step of n calls. */
 dj_status dj__stream_reserve(dj_model_stream *s, size_t n);
