@@ -206,5 +206,33 @@ b=$("$DJINN" run --model "$FX/models/llama3" --tokens "$prompt" -n 12 --temp 0.9
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "run --deterministic: '$b' != '$a'"; fi
 expect_error "run: --repeat-penalty -1" "repeat-penalty" "$DJINN" run --tokens 1 --repeat-penalty -1
 
+# a model larger than its text budget streams some layers through a ring: the
+# same tokens with and without prefetch, the placement printed (weights copied
+# into the text segment - DJINN_WEIGHTS_IN_PLACE=0 - so that the budget binds)
+want=$("$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens 2>/dev/null)
+got=$(DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens --vmu-gb 0.02 \
+    --stats 2>"$TMP/err")
+if [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "layers stream through a ring" "$TMP/err"; then ok; else
+    bad "run streamed: got '$got', resident '$want'"; cat "$TMP/err" >&2; fi
+got=$(DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens --vmu-gb 0.02 \
+    --no-prefetch 2>/dev/null)
+if [ "$got" = "$want" ]; then ok; else bad "run streamed --no-prefetch: got '$got', resident '$want'"; fi
+if "$DJINN" info --vmu-gb 0.02 | grep -q "layers stream through a ring"; then ok; else bad "info --vmu-gb 0.02: no placement"; fi
+if "$DJINN" info --vmu-gb 0.005 | grep -q "placement:      none: .*cannot run this model even streamed"; then ok; else
+    bad "info --vmu-gb 0.005: no refusal"; fi
+expect_error "run: budget below one layer" "cannot run this model even streamed" env DJINN_WEIGHTS_IN_PLACE=0 \
+    "$DJINN" run --tokens 1,2 -n 2 --greedy --vmu-gb 0.005
+mkdir -p "$TMP/store2"
+ln -s "$(cd "$FX/../.." && pwd)/models/demo" "$TMP/store2/demo"
+DJINN_LOG=info DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" serve --listen "unix:$TMP/sock2" --models "$TMP/store2" --threads 1 --vmu-gb 0.02 \
+    2>"$TMP/serve2.err" &
+serve_pid=$!
+for _ in $(seq 1 500); do [ -S "$TMP/sock2" ] && break; sleep 0.02; done
+got=$("$DJINN" generate --server "unix:$TMP/sock2" --model demo --tokens 1,2,3 -n 12 --greedy --ignore-eos \
+    --print-tokens 2>"$TMP/err")
+if [ "$got" = "$want" ] && grep -q "model demo streams" "$TMP/serve2.err"; then ok; else
+    bad "serve streamed: got '$got', resident '$want'"; cat "$TMP/err" "$TMP/serve2.err" >&2; fi
+kill "$serve_pid"; wait "$serve_pid" 2>/dev/null
+
 echo "cli_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

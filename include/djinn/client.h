@@ -32,6 +32,9 @@ typedef struct dj_client_model {
     char name[128];
     bool loaded;   /* the server holds it (pinned or in use) */
     uint32_t refs; /* sessions + pin */
+    /* STATS only: the placement (docs/architecture.md, the weight ring) */
+    uint32_t layers, streamed_layers;     /* streamed_layers 0: every layer resident */
+    uint64_t resident_bytes, ring_bytes, streamed_bytes; /* streamed_bytes: copied per step */
 } dj_client_model;
 /* *models malloc'd (free()), *n entries. */
 dj_status dj_client_model_list(dj_client_t *c, dj_client_model **models /* OUT */, size_t *n /* OUT */);

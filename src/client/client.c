@@ -443,6 +443,11 @@ static void read_model(const msgpack_object *o, dj_client_model *cm) {
     if ((v = dj__obj_get(o, "refs")) && dj__obj_u64(v, &x)) cm->refs = (uint32_t)x;
     if ((v = dj__obj_get(o, "loaded")) && v->type == MSGPACK_OBJECT_BOOLEAN) cm->loaded = v->via.boolean;
     else cm->loaded = cm->refs > 0;
+    if ((v = dj__obj_get(o, "layers")) && dj__obj_u64(v, &x)) cm->layers = (uint32_t)x;
+    if ((v = dj__obj_get(o, "streamed_layers")) && dj__obj_u64(v, &x)) cm->streamed_layers = (uint32_t)x;
+    if ((v = dj__obj_get(o, "resident_bytes"))) (void)dj__obj_u64(v, &cm->resident_bytes);
+    if ((v = dj__obj_get(o, "ring_bytes"))) (void)dj__obj_u64(v, &cm->ring_bytes);
+    if ((v = dj__obj_get(o, "streamed_bytes"))) (void)dj__obj_u64(v, &cm->streamed_bytes);
 }
 
 static dj_status read_models(const dj__meta *m, dj_client_model **models, size_t *n) {
@@ -931,8 +936,17 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     fprintf(f, "  decode graphs: %llu recorded, %llu replays, %llu refused\n", (unsigned long long)st->graph_captures,
             (unsigned long long)st->graph_replays, (unsigned long long)st->graph_failures);
     fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
-    for (size_t i = 0; i < st->n_models; i++)
-        fprintf(f, "  %-24s refs %u\n", st->models[i].name, st->models[i].refs);
+    for (size_t i = 0; i < st->n_models; i++) {
+        const dj_client_model *m = &st->models[i];
+        fprintf(f, "  %-24s refs %u", m->name, m->refs);
+        if (m->streamed_layers)
+            fprintf(f, "; %u of %u layers streamed through a %.1f MiB ring (%.1f MiB a step), %.1f MiB resident",
+                    m->streamed_layers, m->layers, m->ring_bytes / 1048576.0, m->streamed_bytes / 1048576.0,
+                    m->resident_bytes / 1048576.0);
+        else if (m->layers)
+            fprintf(f, "; all %u layers resident (%.1f MiB)", m->layers, m->resident_bytes / 1048576.0);
+        fputc('\n', f);
+    }
     fprintf(f, "sessions (%zu):\n", st->n_sessions);
     for (size_t i = 0; i < st->n_sessions; i++) {
         const dj_client_session_info *s = &st->sessions[i];

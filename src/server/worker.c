@@ -886,7 +886,9 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_key(w, "models");
     msgpack_pack_array(&w->pk, n_models);
     for (dj__model_ent *m = s->models; m; m = m->next) {
-        msgpack_pack_map(&w->pk, 4);
+        dj_model_placement pl;
+        dj_model_get_placement(m->m, &pl);
+        msgpack_pack_map(&w->pk, 9);
         dj__pack_str(&w->pk, "name");
         dj__pack_str(&w->pk, m->name);
         pack_kv_u64(&w->pk, "refs", m->users + (m->pinned ? 1u : 0u));
@@ -894,6 +896,12 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         dj__pack_str(&w->pk, "pinned");
         if (m->pinned) msgpack_pack_true(&w->pk);
         else msgpack_pack_false(&w->pk);
+        /* the placement: layers streamed through a ring (0: all resident) */
+        pack_kv_u64(&w->pk, "layers", pl.n_layers);
+        pack_kv_u64(&w->pk, "streamed_layers", pl.n_streamed);
+        pack_kv_u64(&w->pk, "resident_bytes", pl.resident_bytes);
+        pack_kv_u64(&w->pk, "ring_bytes", pl.ring_bytes);
+        pack_kv_u64(&w->pk, "streamed_bytes", pl.streamed_bytes);
     }
     const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
