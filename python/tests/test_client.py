@@ -188,7 +188,7 @@ def test_heartbeats_keep_sessions(client):
 
 
 def test_dropped_connection_raises(daemon):
-    c = djinn.connect(daemon.addr)
+    c = djinn.connect(daemon.addr, reconnect=False)  # test_reconnect.py: the other way
     s = c.model("llama2").session()
     c._send(0x7F, {}, b"", 999)  # an unknown type: the server answers DJ_EFORMAT and closes
     with pytest.raises(djinn.ConnectionLost):
