@@ -63,6 +63,7 @@ class Client:
         self.reconnects = 0
         self._sessions = weakref.WeakValueDictionary()  # id -> Session, to reattach
         self._conn_mu = threading.Lock()  # one reconnect at a time
+        self._connecting = False  # a reconnect is under way: requests wait for it (and its reattaches)
         self.fetched_bytes = 0  # tensor bytes FETCH brought here (RemoteTensor reads)
         self._mu = threading.Lock()  # _pending, _next_id, _dead
         self._wmu = threading.Lock()  # one frame at a time on the socket
@@ -123,36 +124,47 @@ class Client:
                 return False
             if self._dead is None:
                 return True  # another thread did it
-            deadline = time.monotonic() + max(getattr(self, "lease_ms", 10000), 1000) / 1000.0
-            delay = 0.02
-            while True:
-                try:
-                    self._open()
-                    break
-                except errors.ConnectionLost:
-                    if self._closing or time.monotonic() + delay > deadline:
-                        return False
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.5)
-                except errors.DjinnError:  # HELLO refused: the token changed; give up
+            self._connecting = True
+            try:
+                return self._reconnect_locked()
+            finally:
+                self._connecting = False
+
+    def _reconnect_locked(self):
+        deadline = time.monotonic() + max(getattr(self, "lease_ms", 10000), 1000) / 1000.0
+        delay = 0.02
+        while True:
+            try:
+                self._open()
+                break
+            except errors.ConnectionLost as e:
+                if self._closing or time.monotonic() + delay > deadline:
+                    self.reconnect = False  # given up: later calls raise at once
+                    self._dead = "%s; reconnecting failed: %s" % (self._dead, e)
                     return False
-            self.epoch += 1
-            self.reconnects += 1
-            for sid, sess in list(self._sessions.items()):
-                if sess.closed:
-                    continue
-                if sess._secret is None:
-                    sess._lost = "its connection dropped and it was not opened to reattach"
-                    continue
-                try:
-                    reply, _ = self._final(self._begin(_wire.SESSION_ATTACH, {"session": sid, "secret": sess._secret},
-                                                       reconnect=False))
-                    sess.pos = int(reply.get("pos", sess.pos))
-                    sess.paused = bool(reply.get("paused", sess.paused))
-                except errors.DjinnError as e:
-                    sess._lost = "its connection dropped and SESSION_ATTACH failed: %s" % e
-            self._wake()  # the heartbeat thread goes on
-            return True
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except errors.DjinnError as e:  # HELLO refused (the token changed)
+                self.reconnect = False
+                self._dead = "reconnected, but HELLO was refused: %s" % e
+                return False
+        self.epoch += 1
+        self.reconnects += 1
+        for sid, sess in list(self._sessions.items()):
+            if sess.closed:
+                continue
+            if sess._secret is None:
+                sess._lost = "its connection dropped and it was not opened to reattach"
+                continue
+            try:
+                reply, _ = self._final(self._begin(_wire.SESSION_ATTACH, {"session": sid, "secret": sess._secret},
+                                                   reconnect=False))
+                sess.pos = int(reply.get("pos", sess.pos))
+                sess.paused = bool(reply.get("paused", sess.paused))
+            except errors.DjinnError as e:
+                sess._lost = "its connection dropped and SESSION_ATTACH failed: %s" % e
+        self._wake()  # the heartbeat thread goes on
+        return True
 
     def close(self):
         """Ends the connection: the server releases its sessions and handles.
@@ -266,8 +278,8 @@ class Client:
     def _begin(self, msg_type, meta, payload=b"", reconnect=True):
         """Sends a request; returns the queue its answers arrive in. After a
         drop it reconnects first (when the client does)."""
-        if reconnect and self._dead is not None and self.reconnect and not self._closing:
-            self._reconnect()
+        if reconnect and (self._dead is not None or self._connecting) and self.reconnect and not self._closing:
+            self._reconnect()  # waits for one under way
         if reconnect:
             self._drain_releases()
         q = _Answers()

@@ -135,7 +135,7 @@ def test_model_info_refusals(client, daemon):
     with pytest.raises(djinn.RangeError, match="256 KiB"):
         client.model("huge")
     # a wrong field type is a protocol error: ERROR, then the server closes
-    raw = djinn.connect(daemon.addr)
+    raw = djinn.connect(daemon.addr, reconnect=False)
     with pytest.raises(djinn.FormatError):
         raw._call(0x0F, {"model": 7})
     with pytest.raises(djinn.ConnectionLost):

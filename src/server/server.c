@@ -332,6 +332,7 @@ static void on_closed(uv_handle_t *h) {
             if (ss->conn == c->id && !ss->dead) {
                 if (ss->reattach && orphans < DJ__MAX_ORPHANS) {
                     ss->orphan = true;
+                    ss->cancel_old = true;
                     ss->conn = 0;
                     orphans++;
                     /* its result handles were this connection's: they go now */

@@ -109,6 +109,8 @@ typedef struct dj__sess {
     bool reattach;              /* opened with `reattach`: it outlives its connection (until its lease ends) */
     bool orphan;                /* its connection closed: it waits out its lease for a SESSION_ATTACH
                                  * (the worker cancels the old connection's requests on it) */
+    bool cancel_old;            /* orphaned since the worker last reaped: its old connection's requests
+                                 * are still to be cancelled, even if it was reattached meanwhile */
     uint64_t paused_expect_ms;
     uint32_t pos, pages;        /* snapshot for stats, written by the worker */
     uint32_t max_ctx;           /* positions the session allows (set at open) */

@@ -289,7 +289,8 @@ static void reap(dj__server *s) { /* mu held */
         while (e) {
             dj__sess *ss = e->val;
             e = e->next;
-            if (ss->orphan && !ss->dead) cancel_orphaned(s, ss);
+            if ((ss->orphan || ss->cancel_old) && !ss->dead) cancel_orphaned(s, ss);
+            ss->cancel_old = false;
             const bool expired = !ss->dead && !ss->busy && !ss->queued && now > ss->lease_deadline_ms;
             if (!ss->dead && !expired) continue;
             dj__map_del(&s->sessions, ss->id);
