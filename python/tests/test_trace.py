@@ -223,3 +223,59 @@ def test_handle_quota_counts_saves(daemon):
                         t.layers[0].output.save()
     finally:
         c.close()
+
+
+# ---- against transformers itself: reference.json's "trace" (tools/make_fixtures.py --add-trace) ----
+
+ALL_FIXTURES = ("llama2", "llama3", "mistral", "qwen2", "tinyllama", "qwen3", "gemma2", "gemma3", "phi3",
+                "phi3_longrope", "mixtral")
+
+
+def check_against(client, name, ids, tr, tol=TOL):
+    """Saves every point and steers as tr (the "trace" entry) says; compares."""
+    m = client.model(name)
+    L = m.num_layers
+    with m.session() as s:
+        with s.trace(ids) as t:
+            hs = [t.layers[i].input.save() for i in range(L)] + [t.final_norm.output.save()]
+            at = [t.layers[i].attn.output.save() for i in range(L)]
+            ml = [t.layers[i].mlp.output.save() for i in range(L)]
+        for i in range(L + 1):
+            assert rel(hs[i].numpy(), tr["hidden_states"][i]) < tol, "%s hidden_states[%d]" % (name, i)
+        for i in range(L):
+            assert rel(at[i].numpy(), tr["attn_output"][i]) < tol, "%s layers.%d.attn.output" % (name, i)
+            assert rel(ml[i].numpy(), tr["mlp_output"][i]) < tol, "%s layers.%d.mlp.output" % (name, i)
+    st = tr["steer"]
+    with m.session() as s:
+        with s.trace(ids) as t:
+            t.layers[st["layer"]].output += np.asarray(st["vector"], np.float32)
+        assert rel(t.logits.numpy(), st["last_logits"]) < tol, "%s steered logits" % name
+
+
+def torch_trace(name):
+    """A "trace" entry made by torch_ref (the same fields make_fixtures.py
+    writes from transformers): exercises check_against where the fixtures
+    have none yet."""
+    r = torch_model(name)
+    ids = reference(name)["prompt_ids"]
+    _, pts = r.forward(ids)
+    vec = np.random.default_rng(1).standard_normal(r.d).astype(np.float32) * 2.0
+    lg, _ = r.forward(ids, {"layers.0.output": [("add", vec)]})
+    L = r.L
+    return {"hidden_states": [pts["layers.%d.input" % i].tolist() for i in range(L)] + [pts["final_norm.output"].tolist()],
+            "attn_output": [pts["layers.%d.attn.output" % i].tolist() for i in range(L)],
+            "mlp_output": [pts["layers.%d.mlp.output" % i].tolist() for i in range(L)],
+            "steer": {"layer": 0, "vector": vec.tolist(), "last_logits": lg[-1].tolist()}}
+
+
+def test_check_against_torch_trace(client):
+    check_against(client, "llama2", reference("llama2")["prompt_ids"], torch_trace("llama2"))
+
+
+@pytest.mark.parametrize("name", ALL_FIXTURES)
+def test_against_transformers(client, name):
+    ref = reference(name)
+    if "trace" not in ref:
+        pytest.skip("%s: reference.json has no 'trace' yet (python3 tools/make_fixtures.py --add-trace on a "
+                    "machine with transformers)" % name)
+    check_against(client, name, ref["prompt_ids"], ref["trace"])
