@@ -989,7 +989,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     dj_status st = dj__swap_before_step(e, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
-    if (st == DJ_OK && hook) st = hook->prepare(hook->user, g, hook->stops, 128, &hook->n_stops);
+    if (st == DJ_OK && hook) st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -1112,7 +1112,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     dj_graph_t *g = NULL;
     if ((st = get_plan(e, m, DJ_PHASE_DECODE, rows, 0, rows > B ? B : 0, &g)) != DJ_OK)
         return st;
-    if (hook && (st = hook->prepare(hook->user, g, hook->stops, 128, &hook->n_stops)) != DJ_OK)
+    if (hook && (st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops)) != DJ_OK)
         return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
         st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));

@@ -62,6 +62,7 @@ dj_status dj__swap_check(const dj_engine_t *e);
  * enqueued, `at` runs with that node's buffer (device memory, n rows of
  * shape[1] elements of `dtype`; the rows past n are the bucket's padding).
  * What `at` writes there is what later nodes read. */
+#define DJ__HOOK_STOPS 128 /* distinct stops of one step (intervene.c has at most DJ_IV_MAX points) */
 typedef struct dj__step_hook {
     /* Called once the step's plan is known, before anything runs: fills
      * stops (at most cap) from the plan. */
@@ -69,7 +70,7 @@ typedef struct dj__step_hook {
     dj_status (*at)(void *user, dj_engine_t *e, const dj_graph_t *g, int node, void *buf, dj_dtype dtype,
                     uint32_t n);
     void *user;
-    int stops[128];
+    int stops[DJ__HOOK_STOPS];
     int n_stops;
 } dj__step_hook;
 
