@@ -114,7 +114,8 @@ static dj_status prepare(void *user, const dj_graph_t *g, int *stops, int cap, i
         t->node[k] = i;
         bool seen = false;
         for (int j = 0; j < n; j++) seen |= stops[j] == i;
-        if (!seen && n < cap) stops[n++] = i;
+        if (!seen && n == cap) return dj_fail(DJ_EINTERNAL, "more than %d distinct points in one step", cap);
+        if (!seen) stops[n++] = i;
     }
     qsort(stops, (size_t)n, sizeof *stops, cmp_int);
     *n_stops = n;
