@@ -21,6 +21,12 @@ A MoE checkpoint is stored in the layout of the published checkpoints
 transformers version saves, and the reference is computed from it.
 
     python3 tools/make_fixtures.py [--out tests/fixtures/models] [--seed 1234] [--only qwen3,gemma2]
+
+Interventions (issue 14): every new fixture's reference.json also gets a
+"trace" entry (see trace_reference); --add-trace adds it to the fixtures
+already in --out without touching their weights or other references:
+
+    python3 tools/make_fixtures.py --add-trace [--only llama3,gemma2]
 """
 import argparse
 import json
@@ -138,11 +144,83 @@ def reference(model, prompt):
     return last, greedy, full, min(margins), logits
 
 
+def _decoder(model):
+    """The decoder stack (LlamaModel...) under a *ForCausalLM."""
+    return model.model
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def trace_reference(model, prompt, seed):
+    """What djinn's traces are checked against (python/tests/test_trace.py),
+    from transformers itself on the prompt:
+      hidden_states: output_hidden_states - [L+1][n][hidden]: entry i < L is
+        layers.{i}.input, entry L final_norm.output;
+      attn_output, mlp_output: [L][n][hidden], forward hooks' outputs of
+        layers[i].self_attn and layers[i].mlp (block_sparse_moe where that is
+        the name): layers.{i}.attn.output / layers.{i}.mlp.output;
+      steer: {"layer", "vector" [hidden], "last_logits" [vocab]}: a forward
+        hook adding the vector to layers[layer]'s output (every position) -
+        djinn's `t.layers[layer].output += vector`."""
+    dec = _decoder(model)
+    layers = dec.layers
+    ids = torch.tensor([prompt])
+    attn, mlp, handles = {}, {}, []
+    for i, layer in enumerate(layers):
+        block = layer.mlp if hasattr(layer, "mlp") else layer.block_sparse_moe
+        handles.append(layer.self_attn.register_forward_hook(
+            lambda mod, inp, out, i=i: attn.__setitem__(i, _first(out)[0].clone())))
+        handles.append(block.register_forward_hook(lambda mod, inp, out, i=i: mlp.__setitem__(i, _first(out)[0].clone())))
+    try:
+        out = model(ids, output_hidden_states=True, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    hs = [h[0] for h in out.hidden_states]
+    gen = torch.Generator().manual_seed(seed)
+    vec = torch.randn(model.config.hidden_size, generator=gen) * 2.0
+    layer = 0
+
+    def add(mod, inp, out):
+        if isinstance(out, tuple):
+            return (out[0] + vec,) + tuple(out[1:])
+        return out + vec
+    h = layers[layer].register_forward_hook(add)
+    try:
+        steered = model(ids, use_cache=False).logits[0, -1]
+    finally:
+        h.remove()
+    rows = lambda t: [[float(x) for x in r] for r in t]  # noqa: E731
+    return {"hidden_states": [rows(t) for t in hs],
+            "attn_output": [rows(attn[i]) for i in range(len(layers))],
+            "mlp_output": [rows(mlp[i]) for i in range(len(layers))],
+            "steer": {"layer": layer, "vector": [float(x) for x in vec],
+                      "last_logits": [float(x) for x in steered]}}
+
+
+def add_trace(args, i, name):
+    d = os.path.join(args.out, name)
+    path = os.path.join(d, "reference.json")
+    with open(path) as f:
+        ref = json.load(f)
+    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    ref["trace"] = trace_reference(model, ref["prompt_ids"], args.seed + i)
+    with open(path, "w") as f:
+        json.dump(ref, f)
+    print(f"{name}: trace reference added ({len(ref['trace']['hidden_states'])} hidden states)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures/models")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
+    ap.add_argument("--add-trace", action="store_true",
+                    help="add the interventions' reference to the existing fixtures (weights untouched)")
     args = ap.parse_args()
     names = [f[0] for f in FIXTURES]
     only = [n for n in args.only.split(",") if n]
@@ -155,7 +233,10 @@ def main():
         if only and fx[0] not in only:
             continue
         try:
-            make_one(args, i, *fx)
+            if args.add_trace:
+                add_trace(args, i, fx[0])
+            else:
+                make_one(args, i, *fx)
         except Exception:  # one broken fixture must not hide the others' results
             traceback.print_exc()
             failed.append(fx[0])
@@ -270,7 +351,7 @@ def make_one(args, i, name, cls, over, dtype, shard):
            "seed": args.seed + i, "prompt_ids": prompt,
            "last_logits": [float(x) for x in last], "greedy": greedy,
            "final_logits": [float(x) for x in full], "min_margin": margin,
-           "cache_vs_full_rel_diff": drift}
+           "cache_vs_full_rel_diff": drift, "trace": trace_reference(ref_model, prompt, args.seed + i)}
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump(ref, f)
     for extra in ("generation_config.json",):

@@ -33,6 +33,14 @@ typedef enum {
     1u /* compute only from the last shape[0] token rows of                                                            \
           src[0] (logits of the last position(s)) */
 
+/* Named points of the forward pass (include/djinn/intervene.h): the node
+ * whose output is that point, tagged by the builder; `layer` says whose. */
+#define DJ_NODE_PT_EMBED 2u      /* the embedding: layers.0.input */
+#define DJ_NODE_PT_ATTN 4u       /* the attention block's output (o_proj): layers.{i}.attn.output */
+#define DJ_NODE_PT_MLP 8u        /* the MLP (or MoE) block's output: layers.{i}.mlp.output */
+#define DJ_NODE_PT_LAYER 16u     /* the decoder layer's output: layers.{i}.output (= layers.{i+1}.input) */
+#define DJ_NODE_PT_FINAL_NORM 32u /* the final norm's output: final_norm.output */
+
 typedef struct dj_node {
     /* what */
     dj_op op;                 /* compute op; weights/inputs use DJ_OP_COUNT */

@@ -8,6 +8,9 @@
     with m.session() as s:
         logits = s.step([0, 5, 9])          # a RemoteTensor, still on the server
         top = logits[:100]                  # only these 100 floats move
+        with s.trace([7, 8]) as t:          # inside the forward pass
+            h = t.layers[3].output.save()   # after the block: a RemoteTensor (2, hidden)
+            t.layers[5].output += steer     # a steering vector (hidden,)
 
 Pure Python over the wire protocol (docs/protocol.md); needs numpy and
 msgpack. PyTorch is optional (RemoteTensor.torch(), djinn.hf). See docs/python.md.
@@ -18,11 +21,13 @@ from .errors import (BusyError, ConnectionLost, DeviceError, DjinnError, FormatE
                      NoSpaceError, NotFoundError, OutOfMemoryError, QuotaError, RangeError, UnsupportedError)
 from .model import Generation, Model, Session, Token, TokenStream
 from .tensor import RemoteTensor
+from .trace import Point, Saved, Trace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "connect", "Client", "ModelListing", "Model", "Session", "Token", "TokenStream", "Generation", "RemoteTensor",
+    "Trace", "Point", "Saved",
     "DjinnError", "ConnectionLost", "InvalidError", "OutOfMemoryError", "FormatError", "UnsupportedError",
     "NotFoundError", "RangeError", "NoSpaceError", "QuotaError", "BusyError", "DeviceError", "InternalError",
 ]

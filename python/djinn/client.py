@@ -1,6 +1,7 @@
 """client.py: one connection to djinnd - a reader thread that routes answers
-to the waiting callers by request id, a background thread for heartbeats and
-for the RELEASE of garbage-collected remote tensors, and the request calls."""
+to the waiting callers by request id, a background thread for heartbeats, for
+the RELEASE of garbage-collected remote tensors and for reconnecting (and
+reattaching the sessions) after a drop, and the request calls."""
 
 import collections
 import os
@@ -8,6 +9,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 
 from . import _wire, errors
 
@@ -39,13 +41,29 @@ def _parse_addr(addr):
 class Client:
     """A connection to djinnd. Safe to use from several threads: requests are
     matched to answers by id. Close it (or use `with`) to end every session
-    and free every handle it holds on the server."""
+    and free every handle it holds on the server.
 
-    def __init__(self, addr, token=None, heartbeat=True):
+    reconnect=True: when the connection drops (not closed by this client),
+    the requests waiting on it raise ConnectionLost; then the client connects
+    again (within the server's lease) and reattaches its sessions, which were
+    opened with `reattach` (SESSION_ATTACH: their KV cache and position
+    survive). Remote tensors of the old connection are gone (the server
+    freed them): reading one raises ConnectionLost. A session that cannot be
+    reattached raises ConnectionLost when used. reconnect=False: a drop
+    ends the client, every later call raises ConnectionLost."""
+
+    def __init__(self, addr, token=None, heartbeat=True, reconnect=True):
         family, sockaddr = _parse_addr(addr)
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None, not %s" % type(token).__name__)
         self.addr = addr
+        self._family, self._sockaddr, self._token = family, sockaddr, token
+        self.reconnect = bool(reconnect)
+        self.epoch = 0  # bumped by every reconnect: tensors of an older epoch are gone
+        self.reconnects = 0
+        self._sessions = weakref.WeakValueDictionary()  # id -> Session, to reattach
+        self._conn_mu = threading.Lock()  # one reconnect at a time
+        self._connecting = False  # a reconnect is under way: requests wait for it (and its reattaches)
         self.fetched_bytes = 0  # tensor bytes FETCH brought here (RemoteTensor reads)
         self._mu = threading.Lock()  # _pending, _next_id, _dead
         self._wmu = threading.Lock()  # one frame at a time on the socket
@@ -56,23 +74,9 @@ class Client:
         self._releases = collections.deque()  # handle ids to RELEASE (appended by finalizers)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock = None
         try:
-            self._sock.connect(sockaddr)
-        except OSError as e:
-            self._sock.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            raise errors.ConnectionLost("connect to %s: %s" % (addr, e.strerror or e)) from None
-        if family != socket.AF_UNIX:
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._reader = threading.Thread(target=self._read_loop, name="djinn-reader", daemon=True)
-        self._reader.start()
-        hello = {"version": _wire.VERSION, "client": "djinn-python 0.1"}
-        if token is not None:
-            hello["token"] = token
-        try:
-            info, _ = self._call(_wire.HELLO, hello)
+            info = self._open()
         except BaseException:
             self.close()
             raise
@@ -87,23 +91,107 @@ class Client:
 
     # ---- life ----
 
+    def _open(self):
+        """Connects a new socket, starts its reader and says HELLO; returns
+        HELLO's answer. ConnectionLost when it cannot."""
+        sock = socket.socket(self._family, socket.SOCK_STREAM)
+        try:
+            sock.connect(self._sockaddr)
+        except OSError as e:
+            sock.close()
+            raise errors.ConnectionLost("connect to %s: %s" % (self.addr, e.strerror or e)) from None
+        if self._family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        old = self._sock
+        with self._mu:
+            self._sock = sock
+            self._dead = None
+        if old is not None:
+            old.close()
+        self._reader = threading.Thread(target=self._read_loop, args=(sock,), name="djinn-reader", daemon=True)
+        self._reader.start()
+        hello = {"version": _wire.VERSION, "client": "djinn-python 0.1"}
+        if self._token is not None:
+            hello["token"] = self._token
+        info, _ = self._final(self._begin(_wire.HELLO, hello, reconnect=False))
+        return info
+
+    def _reconnect(self):
+        """After a drop: connects again and reattaches the sessions, trying
+        until the lease would have lapsed. True when connected."""
+        with self._conn_mu:
+            if self._closing:
+                return False
+            if self._dead is None:
+                return True  # another thread did it
+            self._connecting = True
+            try:
+                return self._reconnect_locked()
+            finally:
+                self._connecting = False
+
+    def _reconnect_locked(self):
+        deadline = time.monotonic() + max(getattr(self, "lease_ms", 10000), 1000) / 1000.0
+        delay = 0.02
+        while True:
+            try:
+                self._open()
+                break
+            except errors.ConnectionLost as e:
+                if self._closing or time.monotonic() + delay > deadline:
+                    self.reconnect = False  # given up: later calls raise at once
+                    self._dead = "%s; reconnecting failed: %s" % (self._dead, e)
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            except errors.DjinnError as e:  # HELLO refused (the token changed)
+                self.reconnect = False
+                self._dead = "reconnected, but HELLO was refused: %s" % e
+                return False
+        self.epoch += 1
+        self.reconnects += 1
+        for sid, sess in list(self._sessions.items()):
+            if sess.closed:
+                continue
+            if sess._secret is None:
+                sess._lost = "its connection dropped and it was not opened to reattach"
+                continue
+            try:
+                reply, _ = self._final(self._begin(_wire.SESSION_ATTACH, {"session": sid, "secret": sess._secret},
+                                                   reconnect=False))
+                sess.pos = int(reply.get("pos", sess.pos))
+                sess.paused = bool(reply.get("paused", sess.paused))
+            except errors.DjinnError as e:
+                sess._lost = "its connection dropped and SESSION_ATTACH failed: %s" % e
+        self._wake()  # the heartbeat thread goes on
+        return True
+
     def close(self):
         """Ends the connection: the server releases its sessions and handles.
         Calling it again does nothing."""
+        if not self._closing and self._dead is None:
+            for sess in list(self._sessions.values()):  # reattachable ones would wait out their lease
+                if not sess.closed and sess._secret is not None:
+                    try:
+                        sess.close()
+                    except errors.DjinnError:
+                        pass
         with self._mu:
             if self._closing:
                 return
             self._closing = True
         self._wake()
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            if self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         me = threading.current_thread()
-        for t in (self._reader, getattr(self, "_bg", None)):
+        for t in (getattr(self, "_reader", None), getattr(self, "_bg", None)):
             if t is not None and t is not me and t.is_alive():
                 t.join(timeout=5)
-        self._sock.close()
+        if self._sock is not None:
+            self._sock.close()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -126,24 +214,25 @@ class Client:
 
     # ---- the reader ----
 
-    def _recv_exact(self, n):
+    @staticmethod
+    def _recv_exact(sock, n):
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
         while got < n:
-            k = self._sock.recv_into(view[got:], n - got)
+            k = sock.recv_into(view[got:], n - got)
             if k == 0:
                 raise EOFError
             got += k
         return buf
 
-    def _read_loop(self):
+    def _read_loop(self, sock):
         why = "connection closed by djinnd"
         try:
             while True:
-                msg_type, rid, meta_len, payload_len = _wire.decode_header(self._recv_exact(_wire.HEADER_BYTES))
-                meta = _wire.unpack_meta(self._recv_exact(meta_len)) if meta_len else {}
-                payload = self._recv_exact(payload_len) if payload_len else b""
+                msg_type, rid, meta_len, payload_len = _wire.decode_header(self._recv_exact(sock, _wire.HEADER_BYTES))
+                meta = _wire.unpack_meta(self._recv_exact(sock, meta_len)) if meta_len else {}
+                payload = self._recv_exact(sock, payload_len) if payload_len else b""
                 with self._mu:
                     q = self._pending.get(rid)
                     if q is not None and msg_type in _wire.FINAL:
@@ -157,6 +246,8 @@ class Client:
         except ValueError as e:  # a bad frame: nothing after it can be trusted
             why = "bad frame from djinnd: %s" % e
         with self._mu:
+            if sock is not self._sock:  # an old connection's reader: a new one took over
+                return
             self._dead = why
             waiting = list(self._pending.values())
             self._pending.clear()
@@ -184,9 +275,13 @@ class Client:
             self._next_id += 1
             return self._next_id
 
-    def _begin(self, msg_type, meta, payload=b""):
-        """Sends a request; returns the queue its answers arrive in."""
-        self._drain_releases()
+    def _begin(self, msg_type, meta, payload=b"", reconnect=True):
+        """Sends a request; returns the queue its answers arrive in. After a
+        drop it reconnects first (when the client does)."""
+        if reconnect and (self._dead is not None or self._connecting) and self.reconnect and not self._closing:
+            self._reconnect()  # waits for one under way
+        if reconnect:
+            self._drain_releases()
         q = _Answers()
         with self._mu:
             if self._dead is not None or self._closing:
@@ -212,7 +307,7 @@ class Client:
         """The next (type, meta, payload) answering q; raises ConnectionLost."""
         item = q.get()
         if item is _DEAD:
-            raise errors.ConnectionLost("djinnd connection: %s" % self._dead)
+            raise errors.ConnectionLost("djinnd connection: %s" % (self._dead or "dropped (reconnected since)"))
         return item
 
     def _final(self, q):
@@ -243,11 +338,11 @@ class Client:
         except OSError:  # a full pipe is awake already; a closed one is gone
             pass
 
-    def _release_later(self, handle):
+    def _release_later(self, handle, epoch=None):
         """Called from RemoteTensor finalizers (any thread, GC time, exit):
-        never blocks, never raises."""
+        never blocks, never raises. A tensor of an older connection is gone."""
         try:
-            if not self._closing and self._dead is None:
+            if not self._closing and self._dead is None and (epoch is None or epoch == self.epoch):
                 self._releases.append(handle)
                 self._wake()
         except Exception:
@@ -263,7 +358,11 @@ class Client:
 
     def _bg_loop(self):
         last_hb = time.monotonic()
-        while not self._closing and self._dead is None:
+        while not self._closing:
+            if self._dead is not None:  # dropped: reconnect now, while the sessions' leases run
+                if not self.reconnect or not self._reconnect():
+                    return
+                last_hb = time.monotonic()
             period = self._hb_period_s
             timeout = max(0.0, last_hb + period - time.monotonic()) if period else 1.0
             try:
@@ -272,8 +371,10 @@ class Client:
                     os.read(self._wake_r, 4096)
             except (OSError, ValueError):
                 return
-            if self._closing or self._dead is not None:
+            if self._closing:
                 return
+            if self._dead is not None:
+                continue
             self._drain_releases()
             if period and time.monotonic() - last_hb >= period:
                 self._send_nowait(_wire.HEARTBEAT, {})
@@ -347,7 +448,8 @@ class _Answers:
             self.event.clear()
 
 
-def connect(addr="127.0.0.1:7070", token=None):
+def connect(addr="127.0.0.1:7070", token=None, reconnect=True):
     """Connects to djinnd at addr ("HOST:PORT" or "unix:/path") and says HELLO
-    with token (None when the server has no token file)."""
-    return Client(addr, token=token)
+    with token (None when the server has no token file). reconnect: after a
+    dropped connection, connect again and reattach the sessions (Client)."""
+    return Client(addr, token=token, reconnect=reconnect)

@@ -105,6 +105,8 @@ class Model:
         if qos not in _QOS:
             raise ValueError("qos must be one of %s, got %r" % (", ".join(_QOS), qos))
         meta = {"model": self.name, "qos": qos}
+        if self._client.reconnect:
+            meta["reattach"] = True  # it survives a dropped connection (Client reattaches it)
         if expected_tokens is not None:
             meta["expected_tokens"] = _number("expected_tokens", expected_tokens, 1, self.max_ctx or None,
                                               integer=True)
@@ -187,6 +189,9 @@ class Session:
         self.pos = 0
         self.paused = False
         self.closed = False
+        self._secret = int(reply["secret"]) if "secret" in reply else None  # SESSION_ATTACH wants it
+        self._lost = None  # why a reconnect could not bring it back
+        self._client._sessions[self.id] = self
 
     def __repr__(self):
         return "<djinn.Session %016x on %r pos %d/%d%s>" % (
@@ -202,6 +207,8 @@ class Session:
     def _check_open(self):
         if self.closed:
             raise ValueError("session %016x is closed" % self.id)
+        if self._lost:
+            raise errors.ConnectionLost("session %016x is gone: %s" % (self.id, self._lost))
 
     def close(self):
         """Ends the session; the server frees its KV pages and its tensors.
@@ -241,6 +248,27 @@ class Session:
             return None
         return RemoteTensor(self._client, int(reply["handle"]), reply.get("shape", []), reply.get("dtype", "f32"),
                             int(reply.get("nbytes", 0)))
+
+    def trace(self, ids, logits="last"):
+        """A step of ids with interventions, as a context manager:
+
+            with sess.trace(ids) as t:
+                h = t.layers[5].output.save()      # a RemoteTensor (n, hidden) after the block
+                t.layers[7].output += steer        # (hidden,) to every position, or (n, hidden)
+            h.numpy(); t.logits
+
+        Points: layers[i].input, .output, .attn.output, .mlp.output and
+        final_norm.output (t.point("layers.5.output") by name). The step runs
+        when the block ends; see djinn.trace.Trace."""
+        from .trace import Trace
+        self._check_open()
+        v = _ids_list(ids, self.vocab_size)
+        if not v:
+            raise ValueError("a trace needs at least one token id")
+        if self.max_ctx and len(v) > self.max_ctx - self.pos:
+            raise errors.RangeError(-7, "DJ_ERANGE", "%d ids do not fit: the session is at position %d of %d"
+                                    % (len(v), self.pos, self.max_ctx))
+        return Trace(self, v, logits=logits)
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  stop_ids=None, ignore_eos=False, stream=True, **sampling):

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from . import _wire
+from . import _wire, errors
 
 _DTYPES = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "i32": np.dtype("<i4")}
 _MAX_RUNS = 64  # a slice in more contiguous pieces than this is fetched as one bounding range
@@ -30,7 +30,8 @@ class RemoteTensor:
         self.handle = handle
         # The finalizer only queues a RELEASE (no lock, no I/O here); at
         # interpreter exit it does not run: the closing connection frees all.
-        self._finalizer = weakref.finalize(self, client._release_later, handle)
+        self._epoch = client.epoch  # the connection it lives on (a reconnect starts another)
+        self._finalizer = weakref.finalize(self, client._release_later, handle, self._epoch)
         self._finalizer.atexit = False
         if dtype not in _DTYPES:
             raise ValueError("djinnd sent a tensor of dtype %r, which this package does not read" % (dtype,))
@@ -76,6 +77,9 @@ class RemoteTensor:
         if not self._finalizer.alive:
             raise ValueError("RemoteTensor %016x was released" % self.handle)
         c = self._client
+        if c.epoch != self._epoch:
+            raise errors.ConnectionLost("RemoteTensor %016x was on a connection that dropped: the server freed it"
+                                        % self.handle)
         reqs = [(c._begin(_wire.FETCH, {"handle": self.handle, "offset": off, "length": n}), off, n)
                 for off, n in ranges]
         out = []

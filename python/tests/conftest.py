@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-FIXTURE_MODELS = ("llama2", "llama3", "mistral", "qwen2", "tinyllama")
+FIXTURE_MODELS = ("llama2", "llama3", "mistral", "qwen2", "tinyllama", "qwen3", "gemma2", "gemma3", "phi3",
+                  "phi3_longrope", "mixtral")
 LEASE_MS = 1000  # short, so the heartbeat test can see a lease lapse quickly
 
 

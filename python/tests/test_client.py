@@ -135,7 +135,7 @@ def test_model_info_refusals(client, daemon):
     with pytest.raises(djinn.RangeError, match="256 KiB"):
         client.model("huge")
     # a wrong field type is a protocol error: ERROR, then the server closes
-    raw = djinn.connect(daemon.addr)
+    raw = djinn.connect(daemon.addr, reconnect=False)
     with pytest.raises(djinn.FormatError):
         raw._call(0x0F, {"model": 7})
     with pytest.raises(djinn.ConnectionLost):
@@ -188,7 +188,7 @@ def test_heartbeats_keep_sessions(client):
 
 
 def test_dropped_connection_raises(daemon):
-    c = djinn.connect(daemon.addr)
+    c = djinn.connect(daemon.addr, reconnect=False)  # test_reconnect.py: the other way
     s = c.model("llama2").session()
     c._send(0x7F, {}, b"", 999)  # an unknown type: the server answers DJ_EFORMAT and closes
     with pytest.raises(djinn.ConnectionLost):

@@ -734,18 +734,21 @@ typedef struct step_io {
     const dj_session_t *s;              /* K/V layout (and its tables without row_tables) */
 } step_io;
 
-/* A profiled step of a streaming model runs op by op: every streamed layer is
- * copied into the ring first, which only works when the ring holds them all -
- * it does not (else nothing would stream), so profiling refuses. */
-static dj_status stream_all(dj_engine_t *e, const dj_model_t *m) {
-    (void)e;
-    return dj_fail(DJ_EUNSUPPORTED, "$DJINN_PROFILE cannot profile model %s: it streams %u of its layers", m->name,
-                   m->stream->pl.n_streamed);
+/* A streaming model's step goes to the backend whole, with its stream: op by
+ * op profiling, or a traced step's segments (a layer's readers split between
+ * two of them), would leave loads half read, so both are refused. */
+static dj_status stream_refuse(const dj_model_t *m, bool profile) {
+    return dj_fail(DJ_EUNSUPPORTED, "%s model %s: it streams %u of its layers through the weight ring",
+                   profile ? "$DJINN_PROFILE cannot profile" : "a traced step (saved or changed points) cannot run on",
+                   m->name, m->stream->pl.n_streamed);
 }
 
-/* Enqueue every node of the plan; *out_idx receives the output node. */
+/* Enqueue every node of the plan; *out_idx receives the output node. With
+ * a hook (intervene.c; NULL on every ordinary step) the plan goes to the
+ * backend in segments ending at the hook's stops, the hook running after
+ * each. */
 static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t *g, const step_io *io,
-                           uint8_t *stack, int *out_idx, bool recording) {
+                           uint8_t *stack, int *out_idx, bool recording, dj__step_hook *hook) {
     const uint32_t n = io->n;
     const bool profile = e->profile && !recording;
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
@@ -757,8 +760,9 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         e->calls_cap = (size_t)count;
     }
     size_t n_calls = 0;
-    dj_model_stream *ms = profile ? NULL : m->stream; /* profiling runs op by op, copies done up front */
-    if (m->stream && st == DJ_OK) st = ms ? dj__stream_reserve(ms, (size_t)count) : stream_all(e, m);
+    int next_stop = 0, seg_first = 0; /* the hook's next stop; the node opening the segment */
+    dj_model_stream *ms = m->stream;
+    if (ms && st == DJ_OK) st = profile || hook ? stream_refuse(m, profile) : dj__stream_reserve(ms, (size_t)count);
     for (int i = 0; i < count && st == DJ_OK; i++) {
         const dj_node *nd = dj_graph_node_c(g, i);
         if (nd->op >= DJ_OP_COUNT) continue; /* inputs and weights */
@@ -846,14 +850,21 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         if (!profile) { /* the whole step goes to the backend at once, below */
             if (ms) ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
             e->calls[n_calls++] = call;
-            continue;
+        } else { /* profiling: op by op, unfused, each timed to its end */
+            const double t0 = prof_now();
+            st = dj_backend_compute(e->be, &call);
+            if (st == DJ_OK) {
+                st = e->be->vt->sync(e->be);
+                prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
+            }
         }
-        /* profiling: op by op, unfused, each timed to its end */
-        const double t0 = prof_now();
-        st = dj_backend_compute(e->be, &call);
-        if (st == DJ_OK) {
-            st = e->be->vt->sync(e->be);
-            prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
+        if (hook && next_stop < hook->n_stops && hook->stops[next_stop] == i && st == DJ_OK) {
+            /* a segment ends here: each segment's decisions kept under its first node */
+            if (n_calls) st = dj_backend_compute_plan(e->be, e->calls, n_calls, dj_graph_node_c(g, seg_first));
+            n_calls = 0;
+            seg_first = i + 1;
+            if (st == DJ_OK) st = hook->at(hook->user, e, g, i, stack + nd->offset, call.out_dtype, n);
+            next_stop++;
         }
     }
     if (st == DJ_OK && n_calls && ms) {
@@ -861,7 +872,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         dj__stream_step(ms, e->prefetch, &ss);
         st = e->be->vt->compute_plan(e->be, e->calls, n_calls, g, &ss);
     } else if (st == DJ_OK && n_calls) {
-        st = dj_backend_compute_plan(e->be, e->calls, n_calls, g);
+        st = dj_backend_compute_plan(e->be, e->calls, n_calls, hook ? (const void *)dj_graph_node_c(g, seg_first) : g);
     }
     return st;
 }
@@ -999,13 +1010,16 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
 /* One prefill chunk of n <= max_step tokens at the session's position. */
 /* all_rows: logits receives [n][vocab] (sp and next unused). */
 /* samplers (optional, [1]): the caller's picker, as in dj_engine_step_batch_samplers. */
+/* hook: NULL, or a traced step's (intervene.c). */
 static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
-                           const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next, bool all_rows) {
+                           const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next, bool all_rows,
+                           dj__step_hook *hook) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
     dj_status st = dj__swap_before_step(e, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
+    if (st == DJ_OK && hook) st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -1017,7 +1031,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     uint8_t *stack = stack_v;
     int out_idx = -1;
     const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
-    st = run_nodes(e, m, g, &io, stack, &out_idx, false);
+    st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK && all_rows) {
         st = e->be->vt->sync(e->be);
@@ -1093,9 +1107,10 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
  * more it mixes prompt chunks with decode rows in one plan: every row keeps
  * its own position and pages, the sessions' last tokens are ordered last so
  * that only their logits are computed. */
+/* hook: NULL, or a traced step's (intervene.c): the step then runs eagerly. */
 static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint32_t *n_tok, const int32_t *ids,
                              uint32_t B, float *logits, const dj_sampler_params *sp, dj_sampler_t *const *samplers,
-                             int32_t *next) {
+                             int32_t *next, dj__step_hook *hook) {
     if (B == 0) return dj_fail(DJ_EINVAL, "a step needs at least one session");
     if (B > DJ_MAX_BATCH) return dj_fail(DJ_EINVAL, "%u sessions in one step; at most %u", B, DJ_MAX_BATCH);
     const dj_model_t *m = ss[0]->model;
@@ -1126,6 +1141,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
         return st;
     dj_graph_t *g = NULL;
     if ((st = get_plan(e, m, DJ_PHASE_DECODE, rows, 0, rows > B ? B : 0, &g)) != DJ_OK)
+        return st;
+    if (hook && (st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops)) != DJ_OK)
         return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
         st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
@@ -1167,12 +1184,12 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .s = ss[0]};
     int out_idx = -1;
     bool ran = false;
-    if (rows == B && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
+    if (rows == B && !hook && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
         step_graph *sg = graph_slot(e, m, B, g, stack);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
             if (st == DJ_OK) {
-                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true);
+                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, NULL);
                 dj_backend_graph_t *bg = NULL;
                 st = e->be->vt->capture_end(e->be, &bg);
                 if (run_st == DJ_OK && st == DJ_OK) {
@@ -1201,7 +1218,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             if (st == DJ_OK) e->graph_replays++;
         }
     }
-    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false);
+    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK)
         st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
@@ -1222,7 +1239,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
     const dj_model_config *c = &s->model->cfg;
     if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
     if (n == 1)
-        return decode_rows(e, &s, NULL, ids, 1, logits, sp, NULL, next);
+        return decode_rows(e, &s, NULL, ids, 1, logits, sp, NULL, next, NULL);
     dj_status st = check_ids(c, ids, n);
     if (st == DJ_OK) st = check_sampler(sp);
     if (st != DJ_OK) return st;
@@ -1233,7 +1250,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
     for (uint32_t off = 0; off < n;) {
         uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
         const bool last = off + chunk == n;
-        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, NULL, last ? next : NULL, false);
+        st = run_chunk(e, s, ids + off, chunk, last ? logits : NULL, sp, NULL, last ? next : NULL, false, NULL);
         if (st != DJ_OK) {
             s->pos = start; /* the KV rows written are simply overwritten next time */
             return st;
@@ -1241,6 +1258,21 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
         off += chunk;
     }
     return DJ_OK;
+}
+
+dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
+                                  dj__step_hook *hook) {
+    if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
+    if (n > e->max_step)
+        return dj_fail(DJ_EINVAL, "a traced step takes at most %u tokens (the engine's max_step_tokens), got %u",
+                       e->max_step, n);
+    if (n == 1) return decode_rows(e, &s, NULL, ids, 1, logits, NULL, NULL, NULL, hook);
+    dj_status st = check_ids(&s->model->cfg, ids, n);
+    if (st != DJ_OK) return st;
+    if ((uint64_t)s->pos + n > s->max_ctx)
+        return dj_fail(DJ_ERANGE, "%u more tokens would exceed the session's context of %u (%u used)", n,
+                       s->max_ctx, s->pos);
+    return run_chunk(e, s, ids, n, logits, NULL, NULL, NULL, false, hook);
 }
 
 dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
@@ -1259,7 +1291,7 @@ dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *id
     const uint32_t start = s->pos;
     for (uint32_t off = 0; off < n;) {
         const uint32_t chunk = n - off < e->max_step ? n - off : e->max_step;
-        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, NULL, true);
+        st = run_chunk(e, s, ids + off, chunk, logits + (size_t)off * c->vocab_size, NULL, NULL, NULL, true, NULL);
         if (st != DJ_OK) {
             s->pos = start;
             return st;
@@ -1280,7 +1312,7 @@ dj_status dj_engine_step_batch(dj_engine_t *e, dj_session_t *const *sessions, co
     if (!sessions || !ids) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: NULL sessions or ids");
     for (uint32_t r = 0; r < n_sessions; r++)
         if (!sessions[r]) return dj_fail(DJ_EINVAL, "dj_engine_step_batch: session %u is NULL", r);
-    return decode_rows(e, sessions, NULL, ids, n_sessions, logits, sp, NULL, next);
+    return decode_rows(e, sessions, NULL, ids, n_sessions, logits, sp, NULL, next, NULL);
 }
 
 dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *sessions, const uint32_t *n_tokens,
@@ -1307,9 +1339,9 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
         if (st != DJ_OK) return st;
         if ((uint64_t)s->pos + n > s->max_ctx)
             return dj_fail(DJ_ERANGE, "session 0: %u more tokens would exceed its context of %u", n, s->max_ctx);
-        return run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false);
+        return run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false, NULL);
     }
-    return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next);
+    return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next, NULL);
 }
 
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e) { return e->max_step; }

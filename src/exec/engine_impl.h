@@ -55,4 +55,30 @@ void dj__swap_pool_free(dj_engine_t *e);
  * with the first broken one. For tests. */
 dj_status dj__swap_check(const dj_engine_t *e);
 
+/* ---- a step paused at chosen nodes (intervene.c) ---- */
+
+/* The executor runs the plan in segments that end at stops[0..n_stops)
+ * (node indices, ascending, distinct): after the calls up to stops[k] are
+ * enqueued, `at` runs with that node's buffer (device memory, n rows of
+ * shape[1] elements of `dtype`; the rows past n are the bucket's padding).
+ * What `at` writes there is what later nodes read. */
+#define DJ__HOOK_STOPS 128 /* distinct stops of one step (intervene.c has at most DJ_IV_MAX points) */
+typedef struct dj__step_hook {
+    /* Called once the step's plan is known, before anything runs: fills
+     * stops (at most cap) from the plan. */
+    dj_status (*prepare)(void *user, const dj_graph_t *g, int *stops, int cap, int *n_stops /* OUT */);
+    dj_status (*at)(void *user, dj_engine_t *e, const dj_graph_t *g, int node, void *buf, dj_dtype dtype,
+                    uint32_t n);
+    void *user;
+    int stops[DJ__HOOK_STOPS];
+    int n_stops;
+} dj__step_hook;
+
+/* engine.c: one step of n <= max_step_tokens ids (a decode step for n == 1,
+ * never a recorded graph; else one prefill chunk) with the hook; logits
+ * (optional) receives the last position's [vocab]. All or nothing as
+ * dj_session_step. */
+dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                  float *logits /* OUT, [vocab] or NULL */, dj__step_hook *hook);
+
 #endif

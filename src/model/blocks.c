@@ -218,6 +218,12 @@ static int act(dj_gb *b, dj_op op, int layer, int64_t rows, int64_t cols, int s0
     return add(b, &nd);
 }
 
+/* Tags node idx as a named point (DJ_NODE_PT_*). */
+static void point(dj_gb *b, int idx, unsigned tag) {
+    dj_node *nd = node(b, idx);
+    if (nd) nd->flags |= tag;
+}
+
 static int ls(const dj_gb *b, int l, int w) { return dj__wslot_layer_c(b->c, l, w); }
 
 static int matmul(dj_gb *b, int layer, int x, int wslot, int bslot, int64_t k, int64_t m, const char *what) {
@@ -351,19 +357,23 @@ int dj__blk_moe(dj_gb *b, int l, int x) {
 int dj__layer_prenorm(dj_gb *b, int l, int x) {
     int h = dj__blk_norm(b, l, x, ls(b, l, DJ_W_ATTN_NORM), "attn_norm");
     int a = dj__blk_attention(b, l, h);
+    point(b, a, DJ_NODE_PT_ATTN);
     int x2 = dj__blk_add(b, l, x, a, "attn_residual");
     h = dj__blk_norm(b, l, x2, ls(b, l, DJ_W_FFN_NORM), "ffn_norm");
     int f = b->c->n_experts ? dj__blk_moe(b, l, h) : dj__blk_glu(b, l, h);
+    point(b, f, DJ_NODE_PT_MLP);
     return dj__blk_add(b, l, x2, f, "ffn_residual");
 }
 
 int dj__layer_sandwich(dj_gb *b, int l, int x) {
     int h = dj__blk_norm(b, l, x, ls(b, l, DJ_W_ATTN_NORM), "attn_norm");
     int a = dj__blk_attention(b, l, h);
+    point(b, a, DJ_NODE_PT_ATTN); /* before its norm, as transformers' self_attn output */
     a = dj__blk_norm(b, l, a, ls(b, l, DJ_W_POST_ATTN_NORM), "post_attn_norm");
     int x2 = dj__blk_add(b, l, x, a, "attn_residual");
     h = dj__blk_norm(b, l, x2, ls(b, l, DJ_W_FFN_NORM), "pre_ffn_norm");
     int f = dj__blk_glu(b, l, h);
+    point(b, f, DJ_NODE_PT_MLP);
     f = dj__blk_norm(b, l, f, ls(b, l, DJ_W_POST_FFN_NORM), "post_ffn_norm");
     return dj__blk_add(b, l, x2, f, "ffn_residual");
 }
@@ -416,12 +426,17 @@ dj_status dj__model_build_graph_out(const dj_model_config *c, const dj_model_t *
         en->params.m = c->vocab_size;
         en->params.scale = c->embed_scale;
     }
+    point(&b, x, DJ_NODE_PT_EMBED);
     b.inv_freq = dj__blk_weight(&b, g + DJ_W_INV_FREQ, -1, "rope_inv_freq");
     if (c->rope_local_theta > 0.0f) b.inv_freq_local = dj__blk_weight(&b, g + DJ_W_INV_FREQ_LOCAL, -1, "rope_local");
 
-    for (int l = 0; l < (int)c->n_layers && b.st == DJ_OK; l++) x = arch->layer(&b, l, x);
+    for (int l = 0; l < (int)c->n_layers && b.st == DJ_OK; l++) {
+        x = arch->layer(&b, l, x);
+        point(&b, x, DJ_NODE_PT_LAYER);
+    }
 
     int xf = dj__blk_norm(&b, -1, x, g + DJ_W_NORM, "final_norm");
+    point(&b, xf, DJ_NODE_PT_FINAL_NORM);
     const int head_slot = c->tie_word_embeddings ? g + DJ_W_EMBED : g + DJ_W_LM_HEAD;
     int lw = dj__blk_weight(&b, head_slot, -1, "lm_head");
     /* Prefill: the logits of the last position (of every position with

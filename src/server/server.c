@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "server/http_impl.h"
+#include "djinn/intervene.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
 
@@ -331,6 +332,7 @@ static void on_closed(uv_handle_t *h) {
             if (ss->conn == c->id && !ss->dead) {
                 if (ss->reattach && orphans < DJ__MAX_ORPHANS) {
                     ss->orphan = true;
+                    ss->cancel_old = true;
                     ss->conn = 0;
                     orphans++;
                     /* its result handles were this connection's: they go now */
@@ -614,8 +616,10 @@ static dj_status check_qos(dj__conn *c, const dj__meta *m) {
 }
 
 /* A STEP's payload, once its metadata is in: at most one int32 per position
- * its session has left, or the connection is answered and closed before the
- * payload is buffered. */
+ * its session has left - or, with `points`, at most one f32 [n, hidden]
+ * tensor per point (at most DJ_IV_MAX of them) for its n ids (in the
+ * metadata) - or the connection is answered and closed before the payload
+ * is buffered. */
 static bool step_payload_ok(dj__conn *c) {
     dj__server *s = c->srv;
     const dj_frame_header *h = &c->h;
@@ -624,10 +628,13 @@ static bool step_payload_ok(dj__conn *c) {
         return false;
     }
     dj__meta m;
-    uint64_t sid = 0;
+    uint64_t sid = 0, n_points = 0, n_ids = 0;
     dj_status st = dj__meta_parse(&m, c->body, h->meta_len);
     if (st == DJ_OK) {
         st = dj__meta_u64(&m, "session", true, &sid);
+        const msgpack_object *pts = dj__meta_get(&m, "points"), *ids = dj__meta_get(&m, "ids");
+        if (pts) n_points = pts->type == MSGPACK_OBJECT_ARRAY ? pts->via.array.size : 0;
+        if (ids) n_ids = ids->type == MSGPACK_OBJECT_ARRAY ? ids->via.array.size : 0;
         dj__meta_destroy(&m);
     }
     if (st != DJ_OK) {
@@ -638,11 +645,26 @@ static bool step_payload_ok(dj__conn *c) {
     pthread_mutex_lock(&s->mu);
     const dj__sess *ss = own_session(s, c->id, sid, &foreign);
     const uint64_t room = ss && ss->max_ctx > ss->pos ? ss->max_ctx - ss->pos : 0;
+    const uint64_t hidden = ss ? ss->hidden : 0;
     pthread_mutex_unlock(&s->mu);
     if (!ss) {
         send_error(c, h->request_id, h->type,
                    dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
         return false;
+    }
+    if (n_points) {
+        const uint64_t rows = n_ids < room ? n_ids : room;
+        const uint64_t cap = (n_points < DJ_IV_MAX ? n_points : DJ_IV_MAX) * rows * hidden * 4;
+        if (h->payload_len > cap) {
+            send_error(c, h->request_id, h->type,
+                       dj_fail(DJ_ERANGE,
+                               "STEP payload of %llu bytes: %llu points of [%llu, %llu] f32 take at most %llu",
+                               (unsigned long long)h->payload_len, (unsigned long long)n_points,
+                               (unsigned long long)rows, (unsigned long long)hidden, (unsigned long long)cap),
+                       true);
+            return false;
+        }
+        return true;
     }
     if (h->payload_len > 4 * room) {
         send_error(c, h->request_id, h->type,

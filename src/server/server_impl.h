@@ -109,9 +109,12 @@ typedef struct dj__sess {
     bool reattach;              /* opened with `reattach`: it outlives its connection (until its lease ends) */
     bool orphan;                /* its connection closed: it waits out its lease for a SESSION_ATTACH
                                  * (the worker cancels the old connection's requests on it) */
+    bool cancel_old;            /* orphaned since the worker last reaped: its old connection's requests
+                                 * are still to be cancelled, even if it was reattached meanwhile */
     uint64_t paused_expect_ms;
     uint32_t pos, pages;        /* snapshot for stats, written by the worker */
     uint32_t max_ctx;           /* positions the session allows (set at open) */
+    uint32_t hidden;            /* its model's hidden size (set at open: bounds a STEP's point tensors) */
     uint32_t queued;            /* requests naming it still in a waiting queue: its lease holds */
     uint32_t pause_seq;         /* bumped by every PAUSE/RESUME (the worker tells the scheduler) */
     uint64_t secret;            /* given at open: a new connection reattaches with it (SESSION_ATTACH) */
@@ -326,5 +329,22 @@ void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
  * of models_dir): config texts, EOS ids, tokenizer presence. Reads only small
  * JSON files (no weights), so the I/O thread answers it. */
 dj_status dj__model_info(const char *models_dir, const dj__meta *m, dj__mw *w);
+
+/* ---- step_trace.c: a STEP's `points` (worker thread) ---- */
+typedef struct dj__trace_req dj__trace_req;
+struct dj__meta;
+struct dj__mw;
+/* Parses meta's `points` for a step of n ids of a model with config c, with
+ * the payload holding their tensors (f32 LE, in order); validates every
+ * name, op, shape and the payload's size, and allocates the saves' buffers. */
+dj_status dj__trace_parse(const struct dj__meta *meta, const uint8_t *payload, uint64_t payload_len, uint32_t n,
+                          const dj_model_config *c, dj__trace_req **out /* OUT */);
+uint32_t dj__trace_saves(const dj__trace_req *t); /* handles the trace will publish */
+/* dj_session_step_trace with the parsed points. */
+dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
+                        float *logits /* OUT, [vocab] or NULL */);
+/* Saved activations become handles of (conn, sess); writes `saved` into w. */
+dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, struct dj__mw *w);
+void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
 
 #endif

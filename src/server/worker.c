@@ -289,7 +289,8 @@ static void reap(dj__server *s) { /* mu held */
         while (e) {
             dj__sess *ss = e->val;
             e = e->next;
-            if (ss->orphan && !ss->dead) cancel_orphaned(s, ss);
+            if ((ss->orphan || ss->cancel_old) && !ss->dead) cancel_orphaned(s, ss);
+            ss->cancel_old = false;
             const bool expired = !ss->dead && !ss->busy && !ss->queued && now > ss->lease_deadline_ms;
             if (!ss->dead && !expired) continue;
             dj__map_del(&s->sessions, ss->id);
@@ -410,6 +411,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     ss->qos = qos;
     ss->reattach = reattach;
     ss->max_ctx = ctx;
+    ss->hidden = c->hidden_size;
     ss->pending = -1;
     ss->ment = e;
     e->users++;
@@ -479,12 +481,14 @@ static void undrop(dj__sess *ss) {
 }
 
 static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
-    dj__sess *ss;
+    dj__sess *ss = NULL;
     dj_status st = job_session(s, j, &ss, foreign);
     if (st != DJ_OK) return st;
     int32_t *ids = NULL, *feed = NULL;
     size_t n = 0, n_feed = 0;
-    if (j->payload_len) {
+    dj__trace_req *tr = NULL; /* with `points` (step_trace.c): the payload holds their tensors */
+    const bool traced = dj__meta_get(&j->meta, "points") != NULL;
+    if (j->payload_len && !traced) {
         if (j->payload_len % 4) return dj_fail(DJ_EFORMAT, "STEP payload of %llu bytes is not int32 ids",
                                                (unsigned long long)j->payload_len);
         if (dj__meta_get(&j->meta, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
@@ -510,6 +514,10 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
                      (int)(lgn > 32 ? 32 : lgn), lg);
         goto done;
     }
+    if (traced && all_rows) {
+        st = dj_fail(DJ_EINVAL, "a STEP with points takes logits 'last' or 'none', not 'all'");
+        goto done;
+    }
     if (ss->busy) {
         st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
         goto done;
@@ -526,15 +534,23 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
     const uint64_t rows = all_rows ? n_feed : 1;
     dj__handle *h = NULL;
-    if (want_logits) {
+    if (traced && (st = dj__trace_parse(&j->meta, j->payload, j->payload_len, (uint32_t)n,
+                                        dj_model_get_config(ss->ment->m), &tr)) != DJ_OK)
+        goto done;
+    if (want_logits || dj__trace_saves(tr)) {
         pthread_mutex_lock(&s->mu);
         const size_t n_held = dj__conn_handles(s, j->conn);
         pthread_mutex_unlock(&s->mu);
-        if (n_held >= s->cfg.max_handles) {
-            st = dj_fail(DJ_EQUOTA, "this connection holds %zu handles (--max-handles-per-conn %u): RELEASE some",
-                         n_held, s->cfg.max_handles);
+        const size_t n_new = (want_logits ? 1u : 0u) + dj__trace_saves(tr);
+        if (n_held + n_new > s->cfg.max_handles) {
+            st = dj_fail(DJ_EQUOTA,
+                         "this connection holds %zu handles and the step makes %zu (--max-handles-per-conn %u): "
+                         "RELEASE some",
+                         n_held, n_new, s->cfg.max_handles);
             goto done;
         }
+    }
+    if (want_logits) {
         h = calloc(1, sizeof *h);
         if (!h || !(h->bytes = malloc((size_t)rows * vocab * sizeof(float)))) {
             free(h);
@@ -543,12 +559,31 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
             goto done;
         }
     }
-    st = all_rows && h ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed,
-                                             (float *)h->bytes) /* "all" wants logits */
-                       : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
+    if (tr) {
+        /* a pending token (or a dropped history) first, as a plain step: the
+         * trace's rows are the request's ids */
+        const size_t pre = n_feed - n;
+        st = pre ? dj_session_step(s->engine, ss->es, feed, (uint32_t)pre, NULL) : DJ_OK;
+        if (st == DJ_OK && pre) {
+            undrop(ss);
+            ss->pending = -1;
+            st = hist_add(s, ss, feed, pre);
+        }
+        if (st == DJ_OK)
+            st = dj__trace_run(s->engine, ss->es, feed + pre, (uint32_t)n, tr, h ? (float *)h->bytes : NULL);
+        if (st == DJ_OK) {
+            memmove(feed, feed + pre, n * sizeof *feed);
+            n_feed = n;
+        }
+    } else {
+        st = all_rows && h ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed,
+                                                 (float *)h->bytes) /* "all" wants logits */
+                           : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
+    }
     if (st != DJ_OK) {
         if (h) free(h->bytes);
         free(h);
+        if (tr) snapshot(s, ss);
         goto done;
     }
     undrop(ss);
@@ -582,7 +617,9 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         for (uint32_t d = 0; d < h->ndim; d++) msgpack_pack_uint64(&w->pk, h->shape[d]);
         dj__mw_u64(w, "nbytes", h->nbytes);
     }
+    if (tr) st = dj__trace_publish(s, tr, j->conn, ss->id, w);
 done:
+    dj__trace_free(tr);
     free(ids);
     free(feed);
     return st;

@@ -1,0 +1,75 @@
+/* intervene.h: interventions inside one step - named points of the forward
+ * pass saved (copied out as f32) or changed (an f32 vector or tensor added or
+ * written in) while the step runs, the plan split into segments there. */
+#ifndef DJINN_INTERVENE_H
+#define DJINN_INTERVENE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/engine.h"
+
+/* Points, each [n][hidden_size] for a step of n tokens (the names as the
+ * protocol and the Python package spell them):
+ *   layers.{i}.input        the residual stream entering decoder layer i
+ *                           (the embedding for i = 0) = transformers'
+ *                           output_hidden_states[i]
+ *   layers.{i}.attn.output  the attention block's output (o_proj, before the
+ *                           post-attention norm where the model has one) =
+ *                           a forward hook's output on layers[i].self_attn
+ *   layers.{i}.mlp.output   the MLP (or MoE) block's output = a hook on
+ *                           layers[i].mlp
+ *   layers.{i}.output       the residual stream leaving layer i (=
+ *                           layers.{i+1}.input)
+ *   final_norm.output       after the final norm = output_hidden_states[-1] */
+typedef enum {
+    DJ_POINT_LAYER_INPUT = 0,
+    DJ_POINT_ATTN_OUTPUT,
+    DJ_POINT_MLP_OUTPUT,
+    DJ_POINT_LAYER_OUTPUT,
+    DJ_POINT_FINAL_NORM
+} dj_point_kind;
+
+typedef struct dj_point {
+    dj_point_kind kind;
+    uint32_t layer; /* 0 for final_norm.output */
+} dj_point;
+
+/* name[0..len) (not NUL-terminated) -> *out. DJ_EINVAL naming the problem
+ * for an unknown name and DJ_ERANGE for a layer >= n_layers. */
+dj_status dj_point_parse(const char *name, size_t len, uint32_t n_layers, dj_point *out /* OUT */);
+/* The point's name into buf (cut to cap); returns buf. */
+const char *dj_point_name(dj_point p, char *buf, size_t cap);
+
+typedef enum {
+    DJ_IV_SAVE = 0, /* out[n][hidden] receives the activation */
+    DJ_IV_ADD,      /* activation += data (each of its rows, or its one row to every row) */
+    DJ_IV_REPLACE   /* activation = data (likewise) */
+} dj_iv_op;
+
+/* At most this many interventions in one step. */
+#define DJ_IV_MAX 64
+
+typedef struct dj_intervention {
+    dj_point point;
+    dj_iv_op op;
+    const float *data; /* ADD/REPLACE: [rows][hidden] f32, host memory, read during the call */
+    uint32_t rows;     /* ADD/REPLACE: 1 (every position) or the step's n */
+    float *out;        /* SAVE: [n][hidden] f32, host memory */
+} dj_intervention;
+
+/* One step of n ids (1 <= n <= dj_engine_max_step_tokens) that runs iv[0..n_iv)
+ * where their points are computed: the plan is split after each point's node,
+ * the interventions of one point run in the order given (a SAVE listed
+ * after an ADD of the same point sees the sum; layers.{i}.output and
+ * layers.{i+1}.input are one point), and what they write is what the rest
+ * of the step - and the KV cache it fills - reads. On a device an edit
+ * goes through the host (download, f32 arithmetic, upload in the
+ * backend's activation dtype); the step never uses a recorded graph.
+ * logits (optional) receives the last position's [vocab]. Validates every
+ * intervention before anything runs (DJ_EINVAL / DJ_ERANGE with the index);
+ * all or nothing as dj_session_step. n_iv 0 is dj_session_step. */
+dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                const dj_intervention *iv, uint32_t n_iv, float *logits /* OUT, [vocab] or NULL */);
+
+#endif

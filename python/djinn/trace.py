@@ -1,0 +1,262 @@
+"""trace.py: interventions inside one step - `with session.trace(ids) as t:`
+names points of the forward pass to save (a RemoteTensor kept on the server)
+or to change (a vector or tensor added or written in); the step runs when the
+block ends, as one STEP with `points` (docs/protocol.md)."""
+
+import re
+
+import numpy as np
+
+from . import _wire, errors
+from .tensor import RemoteTensor
+
+MAX_POINTS = 64  # DJ_IV_MAX: interventions in one step
+_NAME = re.compile(r"^(?:layers\.(0|[1-9][0-9]{0,9})\.(input|attn\.output|mlp\.output|output)|final_norm\.output)$")
+
+
+def check_point(name, num_layers):
+    """A point's name, checked as the server does: ValueError for an unknown
+    name, IndexError for a layer out of range."""
+    if not isinstance(name, str):
+        raise TypeError("a point's name must be a str, not %s" % type(name).__name__)
+    m = _NAME.match(name)
+    if not m:
+        raise ValueError("unknown point %r: want layers.{i}.input, layers.{i}.attn.output, layers.{i}.mlp.output, "
+                         "layers.{i}.output or final_norm.output" % name)
+    if m.group(1) is not None and num_layers and int(m.group(1)) >= num_layers:
+        raise IndexError("point %r: layer %s is out of range; the model has %d layers (0..%d)"
+                         % (name, m.group(1), num_layers, num_layers - 1))
+    return name
+
+
+def as_f32(value, n, hidden, what):
+    """value (numpy array, torch tensor, list, scalar-free) -> float32 array of
+    shape [hidden] or [n, hidden]; TypeError/ValueError otherwise."""
+    if isinstance(value, (RemoteTensor, Saved)):
+        value = value.numpy()
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch, without importing it
+        value = value.detach().cpu().float().numpy()
+    try:
+        a = np.asarray(value)
+    except Exception:
+        raise TypeError("%s: want a numpy array, torch tensor or list of numbers, not %s"
+                        % (what, type(value).__name__)) from None
+    if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
+        raise TypeError("%s: want real numbers, got dtype %s" % (what, a.dtype))
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if not ((a.ndim == 1 and a.shape[0] == hidden) or (a.ndim == 2 and a.shape == (n, hidden))):
+        raise ValueError("%s: a tensor of shape %s does not fit the point's (%d, %d); give (%d,) (every position) "
+                         "or (%d, %d)" % (what, tuple(a.shape), n, hidden, hidden, n, hidden))
+    a = np.ascontiguousarray(a, dtype="<f4")
+    if not np.all(np.isfinite(a)):
+        raise ValueError("%s: the tensor holds NaN or infinity" % what)
+    return a
+
+
+class Saved:
+    """What `.save()` returns: after the trace ran, the saved activation as a
+    RemoteTensor of shape (n, hidden) f32 (.tensor), kept on the server until
+    read; .numpy(), .torch(), .tolist(), slicing and printing go to it."""
+
+    def __init__(self, name):
+        self.point = name
+        self._tensor = None
+
+    @property
+    def tensor(self):
+        if self._tensor is None:
+            raise RuntimeError("point %s is saved when the trace runs: read it after the `with` block" % self.point)
+        return self._tensor
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.tensor, attr)
+
+    def __getitem__(self, key):
+        return self.tensor[key]
+
+    def __array__(self, dtype=None):
+        return self.tensor.__array__(dtype)
+
+    def __len__(self):
+        return len(self.tensor)
+
+    def __repr__(self):
+        if self._tensor is None:
+            return "<djinn.Saved %s (not run yet)>" % self.point
+        return "Saved(%s, %r)" % (self.point, self._tensor)
+
+
+class Point:
+    """One named point of the forward pass inside a trace. .save() keeps its
+    value; `+=` adds a vector or tensor to it; assigning to it (through its
+    parent: `t.layers[3].output = x`) replaces it."""
+
+    def __init__(self, trace, name):
+        self._trace = trace
+        self.name = name
+        self._added = False
+
+    def save(self):
+        return self._trace._save(self.name)
+
+    def add(self, value):
+        self._trace._edit(self.name, "add", value)
+        return self
+
+    def replace(self, value):
+        self._trace._edit(self.name, "replace", value)
+        return self
+
+    def __iadd__(self, value):
+        self.add(value)
+        self._added = True  # the assignment that follows `+=` is not a replace
+        return self
+
+    def __isub__(self, value):
+        self.add(-as_f32(value, self._trace.n, self._trace.hidden, "a tensor subtracted at %s" % self.name))
+        self._added = True
+        return self
+
+    def __repr__(self):
+        return "<djinn.Point %s>" % self.name
+
+
+class _Scope:
+    """A part of the model with points under it: t.layers[i], its .attn and
+    .mlp, t.final_norm."""
+
+    def __init__(self, trace, prefix, points, children=()):
+        object.__setattr__(self, "_trace", trace)
+        object.__setattr__(self, "_prefix", prefix)
+        object.__setattr__(self, "_points", points)
+        object.__setattr__(self, "_children", children)
+
+    def __getattr__(self, attr):
+        if attr in self._points:
+            return Point(self._trace, self._prefix + attr)
+        if attr in self._children:
+            return _Scope(self._trace, self._prefix + attr + ".", ("output",))
+        raise AttributeError("%s has no point %r (it has %s)" % (
+            self._prefix.rstrip(".") or "the model", attr, ", ".join(self._points + tuple(self._children))))
+
+    def __setattr__(self, attr, value):
+        if attr not in self._points:
+            raise AttributeError("%s has no point %r to assign (it has %s)" % (
+                self._prefix.rstrip("."), attr, ", ".join(self._points)))
+        if isinstance(value, Point) and value.name == self._prefix + attr and value._added:
+            value._added = False  # `x += v` ends here: the add is recorded
+            return
+        self._trace._edit(self._prefix + attr, "replace", value)
+
+
+class _Layers:
+    def __init__(self, trace):
+        self._trace = trace
+
+    def __len__(self):
+        return self._trace.num_layers
+
+    def __getitem__(self, i):
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError("layer index must be an int, not %s" % type(i).__name__)
+        L = self._trace.num_layers
+        if not -L <= i < L:
+            raise IndexError("layer %d is out of range; the model has %d layers" % (i, L))
+        return _Scope(self._trace, "layers.%d." % (int(i) % L), ("input", "output"), ("attn", "mlp"))
+
+
+class Trace:
+    """One step with interventions; made by Session.trace(ids). Inside the
+    `with` block nothing runs: the block records what to save and change; the
+    step runs (one STEP request) when the block ends without an exception.
+    Afterwards .logits is the last position's logits (a RemoteTensor, or
+    None with logits="none") and every Saved holds its tensor.
+
+    Interventions at one point run in the order written: a save written
+    before an add sees the value before it. layers.{i}.output and
+    layers.{i+1}.input are the same point. The ids advance the session (their
+    KV, computed with the changes, stays in the cache) like Session.step."""
+
+    def __init__(self, session, ids, logits="last"):
+        if logits not in ("last", "none"):
+            raise ValueError("a trace's logits must be 'last' or 'none', got %r" % (logits,))
+        self.session = session
+        self.ids = ids
+        self.n = len(ids)
+        self.hidden = session.model.hidden_size
+        self.num_layers = session.model.num_layers
+        self.layers = _Layers(self)
+        self.final_norm = _Scope(self, "final_norm.", ("output",))
+        self._logits_mode = logits
+        self._entries = []  # (name, op, array or Saved)
+        self._ran = False
+        self.logits = None
+
+    def point(self, name):
+        """The point by its name ("layers.5.output")."""
+        return Point(self, check_point(name, self.num_layers))
+
+    def _check_open(self):
+        if self._ran:
+            raise RuntimeError("this trace has run; start another with session.trace(ids)")
+        if len(self._entries) >= MAX_POINTS:
+            raise ValueError("at most %d interventions in one step" % MAX_POINTS)
+
+    def _save(self, name):
+        self._check_open()
+        s = Saved(name)
+        self._entries.append((name, "save", s))
+        return s
+
+    def _edit(self, name, op, value):
+        self._check_open()
+        a = as_f32(value, self.n, self.hidden, "the tensor for %s %s" % (op, name))
+        self._entries.append((name, op, a))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.run()
+        return False
+
+    def run(self):
+        """Runs the step (what leaving the `with` block does)."""
+        if self._ran:
+            raise RuntimeError("this trace has run already")
+        self._ran = True
+        sess = self.session
+        sess._check_open()
+        if not self._entries:  # nothing named: a plain step
+            self.logits = sess.step(self.ids, logits=self._logits_mode)
+            return self
+        points, blobs = [], []
+        for name, op, v in self._entries:
+            e = {"point": name, "op": op}
+            if op != "save":
+                e["shape"] = list(v.shape)
+                e["dtype"] = "f32"
+                blobs.append(v.tobytes())
+            points.append(e)
+        meta = {"session": sess.id, "ids": self.ids, "points": points}
+        if self._logits_mode != "last":
+            meta["logits"] = self._logits_mode
+        c = sess._client
+        reply, _ = c._call(_wire.STEP, meta, b"".join(blobs))
+        sess.pos = int(reply.get("pos", sess.pos))
+        if "handle" in reply:
+            self.logits = RemoteTensor(c, int(reply["handle"]), reply.get("shape", []), reply.get("dtype", "f32"),
+                                       int(reply.get("nbytes", 0)))
+        saves = [v for _, op, v in self._entries if op == "save"]
+        got = reply.get("saved", [])
+        if len(got) != len(saves) or any("handle" not in g for g in got):
+            raise errors.FormatError(-4, "DJ_EFORMAT", "djinnd answered %d saved tensors for %d saves"
+                                     % (len(got), len(saves)))
+        for s, g in zip(saves, got):
+            s._tensor = RemoteTensor(c, int(g["handle"]), g.get("shape", []), g.get("dtype", "f32"),
+                                     int(g.get("nbytes", 0)))
+        return self

@@ -1,0 +1,194 @@
+/* step_trace.c: a STEP's `points` (docs/protocol.md) - parsed and bounded
+ * into engine interventions, run, and the saved activations published as
+ * result handles. Worker thread only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "djinn/intervene.h"
+#include "server/proto_impl.h"
+#include "server/server_impl.h"
+
+struct dj__trace_req {
+    dj_intervention iv[DJ_IV_MAX];
+    char name[DJ_IV_MAX][48]; /* each point's name as parsed */
+    uint32_t n_iv, n_saves;
+    uint32_t n, d;            /* the traced rows, hidden size */
+    float *data;              /* the payload's tensors as f32 (owned) */
+};
+
+static bool str_is(const msgpack_object *o, const char *s) {
+    const size_t k = strlen(s);
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == k && !memcmp(o->via.str.ptr, s, k);
+}
+
+void dj__trace_free(dj__trace_req *t) {
+    if (!t) return;
+    for (uint32_t k = 0; k < t->n_iv; k++) free(t->iv[k].out);
+    free(t->data);
+    free(t);
+}
+
+uint32_t dj__trace_saves(const dj__trace_req *t) { return t ? t->n_saves : 0; }
+
+dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t payload_len, uint32_t n,
+                          const dj_model_config *c, dj__trace_req **out) {
+    *out = NULL;
+    const msgpack_object *pts = dj__meta_get(meta, "points");
+    if (!pts || pts->type != MSGPACK_OBJECT_ARRAY)
+        return dj_fail(DJ_EFORMAT, "STEP field 'points' must be an array of {point, op[, shape]} maps");
+    const uint32_t np = pts->via.array.size;
+    if (np == 0) return dj_fail(DJ_EINVAL, "STEP 'points' is empty");
+    if (np > DJ_IV_MAX)
+        return dj_fail(DJ_EINVAL, "STEP names %u points; at most %u in one step", np, (unsigned)DJ_IV_MAX);
+    if (n == 0) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
+    dj__trace_req *t = calloc(1, sizeof *t);
+    if (!t) return dj_fail(DJ_ENOMEM, "out of memory");
+    t->n = n;
+    t->d = c->hidden_size;
+    dj_status st = DJ_OK;
+    uint64_t floats = 0; /* payload floats the edits take */
+    uint32_t rows[DJ_IV_MAX];
+    for (uint32_t k = 0; k < np && st == DJ_OK; k++) {
+        const msgpack_object *e = &pts->via.array.ptr[k];
+        const msgpack_object *po = dj__obj_get(e, "point"), *op = dj__obj_get(e, "op");
+        if (!po || po->type != MSGPACK_OBJECT_STR || !op || op->type != MSGPACK_OBJECT_STR) {
+            st = dj_fail(DJ_EFORMAT, "STEP points[%u] must be a map with string 'point' and 'op'", k);
+            break;
+        }
+        dj_intervention *v = &t->iv[k];
+        if ((st = dj_point_parse(po->via.str.ptr, po->via.str.size, c->n_layers, &v->point)) != DJ_OK) break;
+        dj_point_name(v->point, t->name[k], sizeof t->name[k]);
+        t->n_iv = k + 1;
+        if (str_is(op, "save")) {
+            v->op = DJ_IV_SAVE;
+            t->n_saves++;
+            continue;
+        }
+        if (str_is(op, "add")) v->op = DJ_IV_ADD;
+        else if (str_is(op, "replace")) v->op = DJ_IV_REPLACE;
+        else {
+            st = dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add' or 'replace'", k, t->name[k]);
+            break;
+        }
+        const msgpack_object *dt = dj__obj_get(e, "dtype");
+        if (dt && !str_is(dt, "f32")) {
+            st = dj_fail(DJ_EUNSUPPORTED, "STEP points[%u] (%s): tensors travel as dtype 'f32'", k, t->name[k]);
+            break;
+        }
+        const msgpack_object *sh = dj__obj_get(e, "shape");
+        uint64_t dims[2] = {0, 0};
+        const uint32_t nd = sh && sh->type == MSGPACK_OBJECT_ARRAY ? sh->via.array.size : 0;
+        bool ok = nd == 1 || nd == 2;
+        for (uint32_t i = 0; ok && i < nd; i++) ok = dj__obj_u64(&sh->via.array.ptr[i], &dims[i]);
+        if (!ok) {
+            st = dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): 'shape' must be [hidden] or [n, hidden]", k, t->name[k]);
+            break;
+        }
+        const uint64_t r = nd == 1 ? 1 : dims[0], w = nd == 1 ? dims[0] : dims[1];
+        if (w != t->d || (nd == 2 && r != n && r != 1)) {
+            char got[48];
+            if (nd == 1) snprintf(got, sizeof got, "[%llu]", (unsigned long long)w);
+            else snprintf(got, sizeof got, "[%llu, %llu]", (unsigned long long)r, (unsigned long long)w);
+            st = dj_fail(DJ_EINVAL,
+                         "STEP points[%u] (%s): a tensor of shape %s does not fit the point's [%u, %u]; give [%u] "
+                         "(every position) or [%u, %u]",
+                         k, t->name[k], got, n, t->d, t->d, n, t->d);
+            break;
+        }
+        rows[k] = (uint32_t)r;
+        floats += r * w;
+    }
+    if (st == DJ_OK && payload_len != floats * 4)
+        st = dj_fail(DJ_EINVAL, "STEP payload holds %llu bytes; its points' tensors take %llu (f32)",
+                     (unsigned long long)payload_len, (unsigned long long)(floats * 4));
+    if (st == DJ_OK && floats && !(t->data = malloc((size_t)floats * sizeof(float))))
+        st = dj_fail(DJ_ENOMEM, "out of memory for %llu bytes of intervention tensors",
+                     (unsigned long long)payload_len);
+    if (st == DJ_OK && floats) {
+        size_t at = 0;
+        for (size_t i = 0; i < floats; i++) { /* little-endian f32 on the wire */
+            const uint8_t *p = payload + 4 * i;
+            const uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            memcpy(&t->data[i], &u, 4);
+        }
+        for (uint32_t k = 0; k < t->n_iv; k++) {
+            if (t->iv[k].op == DJ_IV_SAVE) continue;
+            t->iv[k].data = t->data + at;
+            t->iv[k].rows = rows[k];
+            at += (size_t)rows[k] * t->d;
+        }
+    }
+    for (uint32_t k = 0; st == DJ_OK && k < t->n_iv; k++) {
+        if (t->iv[k].op != DJ_IV_SAVE) continue;
+        if (!(t->iv[k].out = malloc((size_t)n * t->d * sizeof(float))))
+            st = dj_fail(DJ_ENOMEM, "out of host memory for a saved [%u, %u] activation", n, t->d);
+    }
+    if (st != DJ_OK) {
+        dj__trace_free(t);
+        return st;
+    }
+    *out = t;
+    return DJ_OK;
+}
+
+dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
+                        float *logits) {
+    if (n != t->n) return dj_fail(DJ_EINTERNAL, "a trace parsed for %u rows runs %u", t->n, n);
+    return dj_session_step_trace(e, es, ids, n, t->iv, t->n_iv, logits);
+}
+
+dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, dj__mw *w) {
+    dj__mw_key(w, "saved");
+    msgpack_pack_array(&w->pk, t->n_saves);
+    dj_status st = DJ_OK;
+    for (uint32_t k = 0; k < t->n_iv; k++) {
+        dj_intervention *v = &t->iv[k];
+        if (v->op != DJ_IV_SAVE) continue;
+        dj__handle *h = calloc(1, sizeof *h);
+        uint64_t id = 0;
+        if (!h && st == DJ_OK) st = dj_fail(DJ_ENOMEM, "out of memory");
+        if (h && st == DJ_OK) {
+            h->conn = conn;
+            h->sess = sess;
+            h->ndim = 2;
+            h->shape[0] = t->n;
+            h->shape[1] = t->d;
+            h->nbytes = (uint64_t)t->n * t->d * sizeof(float);
+            h->refs = 1;
+            h->bytes = (uint8_t *)v->out;
+            snprintf(h->dtype, sizeof h->dtype, "f32");
+            pthread_mutex_lock(&s->mu);
+            do st = dj__random_id(&h->id);
+            while (st == DJ_OK && dj__map_get(&s->handles, h->id));
+            if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
+            pthread_mutex_unlock(&s->mu);
+            if (st == DJ_OK) {
+                v->out = NULL; /* the handle's now */
+                id = h->id;
+            } else {
+                free(h);
+            }
+        } else {
+            free(h);
+        }
+        /* the array was announced: every entry is written, a failed one without a handle */
+        msgpack_pack_map(&w->pk, id ? 6 : 1);
+        dj__pack_str(&w->pk, "point");
+        dj__pack_str(&w->pk, t->name[k]);
+        if (!id) continue;
+        dj__pack_str(&w->pk, "handle");
+        msgpack_pack_uint64(&w->pk, id);
+        dj__pack_str(&w->pk, "op");
+        dj__pack_str(&w->pk, "save");
+        dj__pack_str(&w->pk, "dtype");
+        dj__pack_str(&w->pk, "f32");
+        dj__pack_str(&w->pk, "shape");
+        msgpack_pack_array(&w->pk, 2);
+        msgpack_pack_uint64(&w->pk, t->n);
+        msgpack_pack_uint64(&w->pk, t->d);
+        dj__pack_str(&w->pk, "nbytes");
+        msgpack_pack_uint64(&w->pk, (uint64_t)t->n * t->d * sizeof(float));
+    }
+    return st;
+}
