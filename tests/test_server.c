@@ -299,8 +299,8 @@ static void *long_gen_thread(void *p) {
  * count of A's tokens that arrived while B's prompt went in is printed
  * (client threads can be late to see them when the machine is busy, so it is
  * not the check). Nor is the clock: if A was no longer generating once B's
- * answer came (this process stalled for A's whole runway, 0.5 s in a release
- * build), the scenario says nothing and runs again, at most 5 times.
+ * answer came (this process stalled for all of A's runway), the scenario
+ * says nothing and runs again, at most 5 times.
  * mode is --mixed-steps; with "short" (a GPU's auto) only a prompt's chunks
  * after which at most 64 tokens are left ride: of a 200-token prompt's 50
  * chunks, the last 16 (want_min..want_max bound the count). */
