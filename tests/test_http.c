@@ -357,7 +357,7 @@ static void test_busy(unsigned port) {
         a = dj_test_http_connect(port);
         b = dj_test_http_connect(port);
         CHECK(a >= 0 && b >= 0 && dj_test_send_all(a, head, strlen(head)) && dj_test_send_all(b, head, strlen(head)));
-        for (int i = 0; i < 20 && status != 503; i++) { /* they count once the server has read their headers */
+        for (int i = 0; i < 100 && status != 503; i++) { /* they count once the server has read their headers */
             dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
             status = r.status;
             dj_test_resp_free(&r);
@@ -367,7 +367,7 @@ static void test_busy(unsigned port) {
     CHECK_MSG(status == 503, "third request: %d", status);
     close(a);
     close(b);
-    for (int i = 0; i < 50 && status != 200; i++) {
+    for (int i = 0; i < 300 && status != 200; i++) { /* 30 s: a bound for a stuck server */
         dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
         status = r.status;
         dj_test_resp_free(&r);

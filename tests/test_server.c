@@ -293,12 +293,14 @@ static void *long_gen_thread(void *p) {
 
 /* A daemon of its own with the demo model (512 positions, a few ms a token
  * on one thread: a long runway) and prompt chunks of 4. A generates 400
- * tokens; once it runs, B (connected and with its session open before A
- * starts) sends a 60-token prompt: 15 chunks, each of which should share a
- * step with A's decode row - the daemon's mixed_steps count rises by one per
- * chunk. The client-side count of A's tokens that arrived while B's prompt
- * went in is printed (client threads can be late to see them when the
- * machine is busy, so it is not the check).
+ * tokens; once it runs, B (connected before A starts) sends a 60-token
+ * prompt: 15 chunks, each of which should share a step with A's decode row -
+ * the daemon's mixed_steps count rises by one per chunk. The client-side
+ * count of A's tokens that arrived while B's prompt went in is printed
+ * (client threads can be late to see them when the machine is busy, so it is
+ * not the check). Nor is the clock: if A was no longer generating once B's
+ * answer came (this process stalled for all of A's runway), the scenario
+ * says nothing and runs again, at most 5 times.
  * mode is --mixed-steps; with "short" (a GPU's auto) only a prompt's chunks
  * after which at most 64 tokens are left ride: of a 200-token prompt's 50
  * chunks, the last 16 (want_min..want_max bound the count). */
@@ -316,64 +318,78 @@ static void test_prefill_interleave(const char *mode, int n_prompt, long want_mi
     if (pid <= 0)
         return;
     dj_client_t *c = NULL;
-    uint64_t sess = 0;
-    dj_session_opts o = {"demo", DJ_QOS_INTERACTIVE, 0};
     CHECK_OK(dj_client_connect(addr, NULL, &c));
-    if (c)
-        CHECK_OK(dj_client_session_open(c, &o, &sess));
-    if (!c || !sess) {
-        dj_client_free(c);
+    if (!c) {
         stop_daemon(2);
         return;
     }
-    long_gen a = {.addr = addr};
-    pthread_mutex_init(&a.st.mu, NULL);
-    pthread_t th;
-    pthread_create(&th, NULL, long_gen_thread, &a);
-    for (int i = 0; i < 5000; i++) { /* A is running */
-        pthread_mutex_lock(&a.st.mu);
-        const int n = a.st.n;
-        pthread_mutex_unlock(&a.st.mu);
-        if (n >= 1)
-            break;
-        usleep(1000);
-    }
-    dj_client_stats st0, st1;
-    const bool have0 = stats(c, &st0);
-    int32_t prompt[256];
     if (n_prompt > 256) n_prompt = 256;
-    for (int i = 0; i < n_prompt; i++)
-        prompt[i] = 1 + (i * 37) % 300;
-    dj_generate_params gp;
-    memset(&gp, 0, sizeof gp);
-    gp.ids = prompt;
-    gp.n_ids = (size_t)n_prompt;
-    gp.max_tokens = 2;
-    gp.sampling.top_p = 1;
-    stamped b;
-    memset(&b, 0, sizeof b);
-    pthread_mutex_init(&b.mu, NULL);
-    const double t_send = dj_test_now_s();
-    CHECK_OK(dj_client_generate(c, sess, &gp, on_stamp, &b, NULL));
-    const bool have1 = stats(c, &st1);
-    pthread_join(th, NULL);
-    CHECK_OK(a.rc);
-    int during = 0;
-    for (int i = 0; i < a.st.n && b.n > 0; i++) during += a.st.t[i] > t_send && a.st.t[i] < b.t[0];
-    const long shared = have0 && have1 ? (long)(st1.mixed_steps - st0.mixed_steps) : -1;
-    CHECK_MSG(b.n == 2 && a.st.n == 400 && shared >= want_min && shared <= want_max,
-              "--mixed-steps %s: B's %d-token prompt (%d chunks) shared %ld steps with A's decode (want %ld..%ld)",
-              mode, n_prompt, (n_prompt + 3) / 4, shared, want_min, want_max);
-    printf("chunked prefill, --mixed-steps %s: a %d-token prompt went in over %ld steps shared with a running "
-           "generation (%d of its tokens seen meanwhile)\n",
-           mode, n_prompt, shared, during);
-    if (have0)
-        dj_client_stats_free(&st0);
-    if (have1)
-        dj_client_stats_free(&st1);
+    bool valid = false;
+    for (int attempt = 0; attempt < 5 && !valid; attempt++) {
+        uint64_t sess = 0;
+        dj_session_opts o = {"demo", DJ_QOS_INTERACTIVE, 0};
+        CHECK_OK(dj_client_session_open(c, &o, &sess));
+        if (!sess)
+            break;
+        long_gen a = {.addr = addr};
+        pthread_mutex_init(&a.st.mu, NULL);
+        pthread_t th;
+        pthread_create(&th, NULL, long_gen_thread, &a);
+        for (int i = 0; i < 60000; i++) { /* A is running (60 s: a bound for a stuck daemon) */
+            pthread_mutex_lock(&a.st.mu);
+            const int n = a.st.n;
+            pthread_mutex_unlock(&a.st.mu);
+            if (n >= 1 || a.rc != DJ_OK)
+                break;
+            usleep(1000);
+        }
+        dj_client_stats st0, st1;
+        const bool have0 = stats(c, &st0);
+        int32_t prompt[256];
+        for (int i = 0; i < n_prompt; i++)
+            prompt[i] = 1 + (i * 37) % 300;
+        dj_generate_params gp;
+        memset(&gp, 0, sizeof gp);
+        gp.ids = prompt;
+        gp.n_ids = (size_t)n_prompt;
+        gp.max_tokens = 2;
+        gp.sampling.top_p = 1;
+        stamped b;
+        memset(&b, 0, sizeof b);
+        pthread_mutex_init(&b.mu, NULL);
+        const double t_send = dj_test_now_s();
+        CHECK_OK(dj_client_generate(c, sess, &gp, on_stamp, &b, NULL));
+        const bool have1 = stats(c, &st1);
+        /* A (the other session) still generating: it decoded all through B's prompt */
+        for (size_t i = 0; have1 && i < st1.n_sessions; i++)
+            valid |= st1.sessions[i].id != sess && st1.sessions[i].generating;
+        pthread_join(th, NULL);
+        CHECK_OK(a.rc);
+        int during = 0;
+        for (int i = 0; i < a.st.n && b.n > 0; i++) during += a.st.t[i] > t_send && a.st.t[i] < b.t[0];
+        const long shared = have0 && have1 ? (long)(st1.mixed_steps - st0.mixed_steps) : -1;
+        if (valid) {
+            CHECK_MSG(b.n == 2 && a.st.n == 400 && shared >= want_min && shared <= want_max,
+                      "--mixed-steps %s: B's %d-token prompt (%d chunks) shared %ld steps with A's decode (want "
+                      "%ld..%ld)",
+                      mode, n_prompt, (n_prompt + 3) / 4, shared, want_min, want_max);
+            printf("chunked prefill, --mixed-steps %s: a %d-token prompt went in over %ld steps shared with a "
+                   "running generation (%d of its tokens seen meanwhile)\n",
+                   mode, n_prompt, shared, during);
+        } else {
+            printf("--mixed-steps %s: A's generation ended before B's prompt was in (this process stalled): "
+                   "again\n", mode);
+        }
+        if (have0)
+            dj_client_stats_free(&st0);
+        if (have1)
+            dj_client_stats_free(&st1);
+        CHECK_OK(dj_client_session_close(c, sess));
+        pthread_mutex_destroy(&a.st.mu);
+        pthread_mutex_destroy(&b.mu);
+    }
+    CHECK_MSG(valid, "--mixed-steps %s: A never ran through B's prompt in 5 tries", mode);
     dj_client_free(c);
-    pthread_mutex_destroy(&a.st.mu);
-    pthread_mutex_destroy(&b.mu);
     CHECK_MSG(stop_daemon(2) == 0, "djinnd (demo store) did not exit cleanly");
 }
 
@@ -466,6 +482,11 @@ static bool stats(dj_client_t *c, dj_client_stats *st) {
     CHECK_OK(s);
     return s == DJ_OK;
 }
+
+/* How long memory may take to come back (the daemon releases it
+ * asynchronously): a bound for a stuck daemon, never reached by a working one
+ * however loaded the machine. */
+#define BACK_MS 30000
 
 /* Wait (at most ms) until data/stack/text use and VMU session count are back to base. */
 static bool back_to(dj_client_t *c, const dj_client_stats *base, int ms) {
@@ -570,7 +591,7 @@ static void test_step_fetch_share(const char *addr) {
     CHECK_ST(dj_client_release(c, t.handle), DJ_ENOTFOUND);
     CHECK_OK(dj_client_session_close(c, s1));
     CHECK_OK(dj_client_session_close(c, s2));
-    CHECK_MSG(back_to(c, &base, 2000), "memory not back to the baseline after closing");
+    CHECK_MSG(back_to(c, &base, BACK_MS), "memory not back to the baseline after closing");
     dj_client_stats_free(&base);
     free(logits);
     free(part);
@@ -596,10 +617,10 @@ static void test_killed_client(const char *addr) {
         _exit(4); /* not reached: killed at token 3 */
     }
     int status = 0;
-    for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) != child; i++) dj_test_sleep_ms(10);
+    for (int i = 0; i < 3000 && waitpid(child, &status, WNOHANG) != child; i++) dj_test_sleep_ms(10);
     CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child did not die mid-generation (status %d)",
               status);
-    CHECK_MSG(back_to(c, &base, 3000), "memory of a killed client not released");
+    CHECK_MSG(back_to(c, &base, BACK_MS), "memory of a killed client not released");
     dj_client_stats_free(&base);
     dj_client_free(c);
 }
@@ -626,7 +647,7 @@ static void test_lease(const char *addr, uint32_t lease_ms) {
     const double t0 = dj_test_now_s();
     dj_test_sleep_ms((int)lease_ms + 300);
     bool gone = false;
-    while (!gone && dj_test_now_s() - t0 < 3.0 * lease_ms / 1000.0 + 1) {
+    while (!gone && dj_test_now_s() - t0 < 30) { /* a bound for a stuck daemon, not a timing */
         if (!stats(c, &st)) break;
         gone = st.n_sessions == base.n_sessions + 1 && st.handles == base.handles;
         dj_client_stats_free(&st);
@@ -636,8 +657,57 @@ static void test_lease(const char *addr, uint32_t lease_ms) {
     CHECK_ST(dj_client_step(quiet, s, refs[2].prompt, 1, false, &t), DJ_ENOTFOUND);
     CHECK_OK(dj_client_step(c, kept, refs[2].prompt, 1, false, &t));
     CHECK_OK(dj_client_session_close(c, kept));
-    CHECK_MSG(back_to(c, &base, 2000), "memory not back after the lease expired");
+    CHECK_MSG(back_to(c, &base, BACK_MS), "memory not back after the lease expired");
     dj_client_stats_free(&base);
+    dj_client_free(quiet);
+    dj_client_free(c);
+}
+
+/* A daemon stopped (SIGSTOP: a paused VM, a machine stalled on I/O) for
+ * longer than the lease does not count the stop against its clients: a
+ * heartbeating client's session, whose heartbeats waited unread in the
+ * socket, and a silent client's session both survive; once the daemon runs
+ * again, the silent one's lease ends after a lease of silence. Without that,
+ * the worker woke first and reaped both ("no session ... on this
+ * connection"). The daemon's lease is 1500 ms; it is stopped for 2500 ms. */
+static void test_stalled_daemon(const char *addr, pid_t pid, uint32_t lease_ms) {
+    dj_client_t *c = NULL, *quiet = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    CHECK_OK(dj_client_connect(addr, NULL, &quiet));
+    if (!c || !quiet) {
+        dj_client_free(c);
+        dj_client_free(quiet);
+        return;
+    }
+    dj_client_set_heartbeat(quiet, 0);
+    uint64_t s = 0, q = 0;
+    dj_session_opts o = {model_names[0], DJ_QOS_INTERACTIVE, 64};
+    dj_remote_tensor t;
+    CHECK_OK(dj_client_session_open(c, &o, &s));
+    CHECK_OK(dj_client_session_open(quiet, &o, &q));
+    CHECK_OK(dj_client_step(quiet, q, refs[0].prompt, 2, false, &t)); /* its lease runs from here */
+    CHECK(kill(pid, SIGSTOP) == 0);
+    dj_test_sleep_ms((int)lease_ms + 1000); /* c's heartbeats pile up in its socket */
+    CHECK(kill(pid, SIGCONT) == 0);
+    dj_test_sleep_ms(200); /* the reaper's turn (every 50 ms) comes before our next requests */
+    CHECK_OK(dj_client_step(c, s, refs[0].prompt, 2, false, &t));
+    CHECK_OK(dj_client_step(quiet, q, refs[0].prompt + 2, 1, false, &t));
+    CHECK(t.pos == 3);
+    /* leases still end: the silent session goes after a lease of silence */
+    const double t0 = dj_test_now_s();
+    dj_status st = DJ_OK;
+    while (st == DJ_OK && dj_test_now_s() - t0 < 30) {
+        dj_test_sleep_ms((int)lease_ms / 4);
+        dj_client_stats cs;
+        if (!stats(quiet, &cs)) break;
+        st = DJ_ENOTFOUND; /* unless STATS still lists it */
+        for (size_t i = 0; i < cs.n_sessions; i++)
+            if (cs.sessions[i].id == q) st = DJ_OK;
+        dj_client_stats_free(&cs);
+    }
+    CHECK_MSG(st == DJ_ENOTFOUND, "the silent session outlived its lease by %.1f s", dj_test_now_s() - t0);
+    CHECK_ST(dj_client_step(quiet, q, refs[0].prompt, 1, false, &t), DJ_ENOTFOUND);
+    CHECK_OK(dj_client_session_close(c, s));
     dj_client_free(quiet);
     dj_client_free(c);
 }
@@ -680,7 +750,7 @@ static void test_cycles(const char *addr, pid_t pid) {
         dj_client_free(k);
     }
     printf("%d cycles + 100 connections in %.2f s\n", cycles, dj_test_now_s() - t0);
-    CHECK_MSG(back_to(c, &base, 3000), "VMU not at baseline after the cycles");
+    CHECK_MSG(back_to(c, &base, BACK_MS), "VMU not at baseline after the cycles");
     int fds1 = -1;
     /* no growth: the baseline may still count a connection an earlier test
      * closed (the daemon closes it asynchronously) */
@@ -867,12 +937,13 @@ int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/djinn_test_server_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     load_refs();
-    const uint32_t lease = 1000;
     char addr[128], mport[64], lease_s[16];
     snprintf(mport, sizeof mport, "127.0.0.1:%d", free_port());
-    snprintf(lease_s, sizeof lease_s, "%u", lease);
-    /* prompts go in 4 tokens per scheduler turn: every test runs chunked prefill */
-    const char *extra[] = {"--lease-ms", lease_s, "--metrics", mport, "--prefill-chunk", "4", NULL};
+    /* prompts go in 4 tokens per scheduler turn: every test runs chunked prefill.
+     * The default lease (10 s): only the lease tests below take a short one,
+     * on a daemon of their own, so no other test depends on how promptly a
+     * loaded machine runs the client's heartbeat thread. */
+    const char *extra[] = {"--metrics", mport, "--prefill-chunk", "4", NULL};
     pid_t pid = start_daemon(0, "127.0.0.1:0", extra, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd did not start");
     if (pid > 0) {
@@ -882,12 +953,22 @@ int main(void) {
         test_concurrent(addr);
         test_step_fetch_share(addr);
         test_killed_client(addr);
-        test_lease(addr, lease);
         test_malformed(addr);
         test_metrics(mport);
         test_cycles(addr, pid);
         printf("daemon tests in %.2f s\n", dj_test_now_s() - t);
         CHECK_MSG(stop_daemon(0) == 0, "djinnd did not exit cleanly on SIGTERM");
+    }
+    /* leases: 1500 ms, renewed every 500 ms by libdjinn's heartbeats */
+    const uint32_t lease = 1500;
+    snprintf(lease_s, sizeof lease_s, "%u", lease);
+    const char *lease_args[] = {"--lease-ms", lease_s, NULL};
+    pid = start_daemon(3, "127.0.0.1:0", lease_args, addr, sizeof addr);
+    CHECK_MSG(pid > 0, "djinnd (short lease) did not start");
+    if (pid > 0) {
+        test_lease(addr, lease);
+        test_stalled_daemon(addr, pid, lease);
+        CHECK_MSG(stop_daemon(3) == 0, "djinnd (short lease) did not exit cleanly");
     }
     test_unix_token();
     test_prefill_interleave("on", 60, 12, 15);

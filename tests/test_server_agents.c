@@ -230,7 +230,7 @@ static void reattach(int slot) {
     CHECK_OK(dj_client_connect(addr, NULL, &c));
     /* the old connection's close may still be on its way: the session becomes attachable once it is seen */
     dj_status st = DJ_ENOTFOUND;
-    for (int i = 0; i < 200 && st == DJ_ENOTFOUND; i++) {
+    for (int i = 0; i < 3000 && st == DJ_ENOTFOUND; i++) { /* 30 s: a bound for a stuck daemon */
         st = dj_client_session_attach(c, sid, secret, &pos);
         if (st == DJ_ENOTFOUND) dj_test_sleep_ms(10);
     }

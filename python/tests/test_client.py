@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import djinn
-from conftest import FIXTURE_MODELS, LEASE_MS, ROOT, Daemon, reference
+from conftest import FIXTURE_MODELS, LEASE_MS, ROOT, SHORT_LEASE_MS, Daemon, reference
 
 
 def test_models_and_ghost(client, daemon):
@@ -176,15 +176,22 @@ def test_bad_arguments_raise_before_sending(client):
         djinn.connect(7070)
 
 
-def test_heartbeats_keep_sessions(client):
-    s = client.model("llama2").session()
-    time.sleep(2.0 * LEASE_MS / 1000)  # heartbeats every lease/3 keep it
-    s.step([1], logits="none")
-    client.set_heartbeat(0)
-    time.sleep(2.0 * LEASE_MS / 1000)  # no heartbeat, no request: the lease lapses
-    with pytest.raises(djinn.NotFoundError):
-        s.step([2], logits="none")
-    s.close()  # already gone: closing is quiet
+def test_heartbeats_keep_sessions(tmp_path):
+    d = Daemon(str(tmp_path), lease_ms=SHORT_LEASE_MS)
+    client = djinn.connect(d.addr)
+    try:
+        s = client.model("llama2").session()
+        time.sleep(2.0 * SHORT_LEASE_MS / 1000)  # heartbeats every lease/3 keep it
+        s.step([1], logits="none")
+        client.set_heartbeat(0)
+        time.sleep(2.0 * SHORT_LEASE_MS / 1000)  # no heartbeat, no request: the lease lapses
+        with pytest.raises(djinn.NotFoundError):
+            s.step([2], logits="none")
+        s.close()  # already gone: closing is quiet
+    finally:
+        client.close()
+        rc = d.stop()
+    assert rc == 0, "djinnd exited with %s:\n%s" % (rc, d.stderr())
 
 
 def test_dropped_connection_raises(daemon):
@@ -209,7 +216,7 @@ def test_connection_close_frees_everything(daemon, client):
     t = s.step([1, 2])
     before = client.stats()
     other.close()
-    for _ in range(500):  # the server sees the close on its own time
+    for _ in range(3000):  # the server sees the close on its own time (30 s: a bound for a stuck daemon)
         after = client.stats()
         if after["handles"] < before["handles"]:
             break

@@ -40,7 +40,7 @@ typedef struct dj__conn {
     bool payload_checked;  /* this frame's STEP payload was bounded by its session */
     char rbuf[READ_CHUNK];
     int writes;            /* in flight */
-    uint64_t t_open_ms, t_active_ms; /* monotonic: accepted, last byte either way */
+    uint64_t t_open_ms, t_active_ms; /* the daemon's clock: accepted, last byte either way */
     uint64_t peer;         /* failed-HELLO key (dj__peer_hello_at) */
     bool admin;            /* set by HELLO: the token's roles */
     uint32_t qos_mask;
@@ -81,6 +81,25 @@ uint64_t dj__now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t dj__clock_ms(dj__server *s) { return atomic_load(&s->clock_ms); }
+
+/* uv_check: once a turn's poll callbacks ran (every byte that had arrived
+ * before the poll read), the daemon's clock catches up with the monotonic
+ * one by at most DJ__CLOCK_STEP_MS. */
+static void on_clock(uv_check_t *h) {
+    dj__server *s = h->data;
+    const uint64_t now = dj__now_ms();
+    uint64_t step = now - s->clock_seen_ms;
+    if (step > DJ__CLOCK_STEP_MS) {
+        const char *fmt = "djinnd did not run for %llu ms: leases and timeouts count %u ms of it";
+        if (step >= 1000) DJ_LOG(WARN, fmt, (unsigned long long)step, DJ__CLOCK_STEP_MS);
+        else DJ_LOG(INFO, fmt, (unsigned long long)step, DJ__CLOCK_STEP_MS); /* a loaded machine */
+        step = DJ__CLOCK_STEP_MS;
+    }
+    s->clock_seen_ms = now;
+    atomic_fetch_add(&s->clock_ms, step);
 }
 
 dj_status dj__map_init(dj__map *m, size_t n_buckets) {
@@ -211,7 +230,7 @@ static void on_write(uv_write_t *w, int status) {
     c->out_owned -= r->owned;
     free(r);
     c->writes--;
-    c->t_active_ms = dj__now_ms();
+    c->t_active_ms = dj__clock_ms(s);
     if (status < 0 && !c->closing) {
         DJ_LOG(INFO, "conn=%llu write failed: %s", (unsigned long long)c->id, uv_strerror(status));
         conn_close(c);
@@ -452,7 +471,7 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
                        s->cfg.max_sessions);
     ss->conn = c->id;
     ss->orphan = false;
-    ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+    ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     DJ_LOG(INFO, "session=%016llx attached to conn=%llu", (unsigned long long)sid, (unsigned long long)c->id);
     dj__mw_u64(w, "session", sid);
     dj__mw_str(w, "model", ss->model);
@@ -476,7 +495,7 @@ static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw
     else st = dj__meta_u64(m, "session", false, &sid);
     if (st == DJ_OK && type == DJ_MSG_PAUSE) st = dj__meta_u64(m, "expected_ms", false, &expect);
     if (st != DJ_OK) return st;
-    const uint64_t now = dj__now_ms();
+    const uint64_t now = dj__clock_ms(s);
     bool foreign = false;
     pthread_mutex_lock(&s->mu);
     if (type == DJ_MSG_SESSION_ATTACH) {
@@ -925,7 +944,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
         conn_close(c);
         return;
     }
-    if (nread > 0) c->t_active_ms = dj__now_ms();
+    if (nread > 0) c->t_active_ms = dj__clock_ms(c->srv);
     feed_bytes(c, (const uint8_t *)c->rbuf, (size_t)nread);
     conn_pump(c);
 }
@@ -987,7 +1006,7 @@ static void on_connection(uv_stream_t *server, int status) {
         conn_close(c);
         return;
     }
-    c->t_open_ms = c->t_active_ms = dj__now_ms();
+    c->t_open_ms = c->t_active_ms = dj__clock_ms(s);
     bool local = false;
     c->peer = peer_key(c, &local);
     if (!s->is_unix) uv_tcp_nodelay(&c->u.tcp, 1);
@@ -1016,7 +1035,7 @@ static void on_connection(uv_stream_t *server, int status) {
  * failed-HELLO records forgotten. */
 static void on_tick(uv_timer_t *t) {
     dj__server *s = t->data;
-    const uint64_t now = dj__now_ms();
+    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s); /* the timeouts judge silence by the daemon's clock */
     const dj__config *cfg = &s->cfg;
     for (size_t b = 0; b < s->conns.n_buckets; b++)
         for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
@@ -1030,10 +1049,10 @@ static void on_tick(uv_timer_t *t) {
                 c->defer_body = NULL;
                 handle_frame(c);
                 conn_pump(c);
-            } else if (!c->hello && !c->deferred && now - c->t_open_ms > cfg->hello_timeout_ms) {
+            } else if (!c->hello && !c->deferred && clk - c->t_open_ms > cfg->hello_timeout_ms) {
                 send_error(c, 0, 0, dj_fail(DJ_EINVAL, "no HELLO within %u ms", cfg->hello_timeout_ms), true);
             } else if (c->hello && cfg->idle_timeout_ms && !c->inflight && !c->writes &&
-                       now - c->t_active_ms > cfg->idle_timeout_ms) {
+                       clk - c->t_active_ms > cfg->idle_timeout_ms) {
                 send_error(c, 0, 0, dj_fail(DJ_EINVAL, "idle for %u ms: closing", cfg->idle_timeout_ms), true);
             }
         }
@@ -1232,6 +1251,11 @@ int dj__serve_main(int argc, char **argv) {
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    s->clock_seen_ms = dj__now_ms();
+    atomic_init(&s->clock_ms, s->clock_seen_ms);
+    uv_check_init(&s->loop, &s->clock_check);
+    s->clock_check.data = s;
+    uv_check_start(&s->clock_check, on_clock);
     uv_timer_init(&s->loop, &s->tick);
     s->tick.data = s;
     uv_timer_start(&s->tick, on_tick, 100, 100);
@@ -1240,6 +1264,7 @@ int dj__serve_main(int argc, char **argv) {
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
     fprintf(stderr, "djinnd: serving models from %s on %s (lease %u ms)\n", s->cfg.models, s->cfg.listen,
             s->cfg.lease_ms);
+    s->clock_seen_ms = dj__now_ms(); /* the start-up was no stall */
     uv_run(&s->loop, UV_RUN_DEFAULT);
     rc = 0;
     goto done;

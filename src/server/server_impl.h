@@ -4,6 +4,7 @@
 #define DJ_SERVER_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -104,7 +105,8 @@ typedef struct dj__job dj__job;
 typedef struct dj__sess {
     uint64_t id, conn;
     dj_qos qos;
-    uint64_t lease_deadline_ms; /* monotonic; renewed by heartbeats and requests */
+    uint64_t lease_deadline_ms; /* on the daemon's clock (dj__clock_ms); renewed by heartbeats and
+                                 * by requests naming it, as they arrive and as they end */
     bool paused, dead;          /* dead: closed, or its lease over; the worker reaps it */
     bool reattach;              /* opened with `reattach`: it outlives its connection (until its lease ends) */
     bool orphan;                /* its connection closed: it waits out its lease for a SESSION_ATTACH
@@ -271,9 +273,20 @@ typedef struct dj__server {
     bool is_unix;
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
+    uv_check_t clock_check; /* after each poll's callbacks: advances clock_ms */
+    uint64_t clock_seen_ms;  /* loop only: the monotonic time clock_ms last caught up with */
     dj__map conns;       /* loop only: id -> dj__conn */
     uint64_t next_conn;
     bool stopping;
+
+    /* The daemon's clock for leases and the HELLO and idle timeouts (ms): the
+     * monotonic time, except that one turn of the I/O loop adds at most
+     * DJ__CLOCK_STEP_MS. A daemon that did not run (stopped, a paused VM, a
+     * machine stalled on I/O) does not count that time against its clients,
+     * whose heartbeats may be waiting unread in their sockets: it judges
+     * silence only for as long as it was listening. Written by the loop once
+     * its poll's callbacks ran, read by both threads. */
+    _Atomic uint64_t clock_ms;
 
     pthread_mutex_t mu;  /* guards everything below */
     pthread_cond_t cv;
@@ -304,6 +317,11 @@ typedef struct dj__server {
 
 double dj__now(void);          /* monotonic seconds */
 uint64_t dj__now_ms(void);
+/* The daemon's clock (dj__server.clock_ms), any thread. */
+uint64_t dj__clock_ms(dj__server *s);
+/* The most one turn of the I/O loop adds to the daemon's clock: its timer
+ * wakes it every 100 ms, so a longer turn means the daemon was not running. */
+#define DJ__CLOCK_STEP_MS 250
 
 /* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
 int dj__parse_args(int argc, char **argv, dj__config *cfg);

@@ -114,7 +114,7 @@ void dj__enqueue(dj__server *s, dj__job *j) {
     dj__sess *ss = sid ? dj__map_get(&s->sessions, sid) : NULL;
     if (ss && ss->conn == j->conn && !ss->dead) {
         j->qos = ss->qos;
-        ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+        ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
         ss->queued++; /* its lease holds while the request waits (lease_unqueue) */
         j->counted = true;
         j->sess = sid;
@@ -283,7 +283,7 @@ static void cancel_orphaned(dj__server *s, dj__sess *ss) {
 }
 
 static void reap(dj__server *s) { /* mu held */
-    const uint64_t now = dj__now_ms();
+    const uint64_t now = dj__clock_ms(s);
     for (size_t b = 0; b < s->sessions.n_buckets; b++) {
         dj__ment *e = s->sessions.b[b];
         while (e) {
@@ -301,6 +301,10 @@ static void reap(dj__server *s) { /* mu held */
     s->reap = false;
 }
 
+/* A request on the session ended (a STEP, a generation): its lease runs
+ * again from now, however long the request took (mu held). */
+static void lease_renew(dj__server *s, dj__sess *ss) { ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms; }
+
 /* The session a job names, owned by its connection (mu taken here). */
 static dj_status job_session(dj__server *s, dj__job *j, dj__sess **out, bool *foreign) {
     uint64_t sid;
@@ -311,7 +315,7 @@ static dj_status job_session(dj__server *s, dj__job *j, dj__sess **out, bool *fo
     dj__sess *ss = dj__map_get(&s->sessions, sid);
     *foreign = ss && ss->conn != j->conn;
     if (*foreign || (ss && ss->dead)) ss = NULL;
-    if (ss) ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+    if (ss) ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     pthread_mutex_unlock(&s->mu);
     if (!ss) return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
     *out = ss;
@@ -420,7 +424,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     bool alive = dj__map_get(&s->live_conns, j->conn) != NULL;
     if (alive) {
         while (dj__map_get(&s->sessions, ss->id)) dj__random_id(&ss->id);
-        ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+        ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
         st = dj__map_put(&s->sessions, ss->id, ss);
     }
     if (!alive || st != DJ_OK) {
@@ -580,6 +584,9 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
                                                  (float *)h->bytes) /* "all" wants logits */
                            : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
     }
+    pthread_mutex_lock(&s->mu);
+    lease_renew(s, ss);
+    pthread_mutex_unlock(&s->mu);
     if (st != DJ_OK) {
         if (h) free(h->bytes);
         free(h);
@@ -800,6 +807,7 @@ static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, boo
         if (ss) gen_hist(s, j, ss);
         pthread_mutex_lock(&s->mu);
         if (ss && ss->busy == j) ss->busy = NULL;
+        if (ss) lease_renew(s, ss);
         pthread_mutex_unlock(&s->mu);
         held_del(s, j);
         dj_sched_done(s->sched, job_id(j), dj__now_ms());
@@ -940,7 +948,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         pack_kv_u64(&w->pk, "ring_bytes", pl.ring_bytes);
         pack_kv_u64(&w->pk, "streamed_bytes", pl.streamed_bytes);
     }
-    const uint64_t now = dj__now_ms();
+    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
     pthread_mutex_lock(&s->mu);
     /* a client sees its own sessions; a token with the admin role, all */
     size_t n_shown = 0;
@@ -970,7 +978,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
             dj__pack_str(&w->pk, "qos");
             dj__pack_str(&w->pk, dj_qos_name(ss->qos));
             pack_kv_u64(&w->pk, "pos", ss->pos);
-            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > now ? ss->lease_deadline_ms - now : 0);
+            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
             dj__pack_str(&w->pk, "paused");
             if (ss->paused) msgpack_pack_true(&w->pk);
             else msgpack_pack_false(&w->pk);
@@ -1123,7 +1131,7 @@ static dj__job *lease_unqueue(dj__server *s, dj__job *j) {
     dj__sess *ss = j->counted ? dj__map_get(&s->sessions, j->sess) : NULL;
     if (ss && ss->queued) {
         ss->queued--;
-        ss->lease_deadline_ms = dj__now_ms() + s->cfg.lease_ms;
+        ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     }
     j->counted = false;
     return j;

@@ -696,8 +696,9 @@ static void check_softcap(uint32_t n, uint32_t d, float cap, int inplace) {
  * the GPU expert reads the CPU's routing so both pick the same rows. sum: an
  * earlier expert's output to add to (else none). An expert no row chose
  * (unrouted: its route column is zeroed) gives the sum unchanged: under 32
- * rows its NaN weights are never read, from 32 on (the dense GEMMs) they are
- * read and weighted out. */
+ * rows its NaN weights are never read, from 32 to 127 (the dense GEMMs) they
+ * are read and weighted out, from 128 (the grouped GEMMs over the routed
+ * rows) never read again. */
 static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t top_k, dj_dtype wt, int sum,
                       int unrouted) {
     uint16_t *lb = halloc((size_t)n * m), *xb = halloc((size_t)n * k), *sb = halloc((size_t)n * k);
@@ -834,6 +835,11 @@ static void check_arch_ops(void) {
     check_moe(64, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 1); /* GEMMs over every row: read, weighted out */
     check_moe(9, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 0);  /* GEMV path: tiles of 4 routed rows */
     check_moe(31, 4096, 1024, 8, 2, DJ_DTYPE_BF16, 0, 0);
+    /* grouped: the routed rows gathered (a scan over more rows than one block's 1024), GEMMs over them, scattered */
+    check_moe(128, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 0);
+    check_moe(1500, 2048, 768, 8, 2, DJ_DTYPE_BF16, 1, 0);
+    check_moe(1500, 2048, 768, 8, 2, DJ_DTYPE_BF16, 0, 1); /* no row chose it: weights never read */
+    check_moe(300, 512, 320, 16, 4, DJ_DTYPE_BF16, 0, 0);
 }
 
 /* ---- per-row arguments, device ids, argmax, graph capture ---- */

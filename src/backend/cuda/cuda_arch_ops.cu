@@ -3,8 +3,11 @@
  * router's top-k softmax, and one expert's MLP. Up to 31 rows: GEMV kernels
  * over the rows routed to the expert (16-byte loads of bf16 weights, up to 4
  * rows per pass over a weight row) that read the expert's weights only when
- * some row chose it; from 32 rows: cuBLAS GEMMs over every row, weighted by
- * the route (0 for rows that did not choose it). */
+ * some row chose it; 32 to 127 rows, and in a graph capture: cuBLAS GEMMs
+ * over every row, weighted by the route (0 for rows that did not choose it);
+ * from 128 rows (prefill): the routed rows gathered, cuBLAS GEMMs over them
+ * alone, the result scattered back onto the sum (a grouped GEMM, one group
+ * per expert call; the row count comes back to the host: one sync). */
 #include "backend/cuda/cuda_impl.h"
 
 #define AO_THREADS 256
@@ -246,9 +249,13 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
 
 /* ---- many rows: dense GEMMs over every row (tensor cores), weighted by route (0 for the rows
  * that did not choose e) - four times the work of the routed rows alone at top-2 of 8, but
- * at tensor-core rate; a grouped GEMM over the routed rows only is the next step ---- */
+ * at tensor-core rate and without a sync (batched decode, graph captures) ---- */
 
 #define MOE_DENSE_ROWS 32
+/* From this many rows (prefill chunks) the routed rows alone go through the GEMMs; below it
+ * the sync that brings their count to the host would cost more than the rows saved (not
+ * measured yet: bench_gpu's Mixtral prefill decides). */
+#define MOE_GROUPED_ROWS 128
 
 static __global__ void silu_mul_inplace_kernel(__nv_bfloat16 *g, const __nv_bfloat16 *u, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
@@ -289,6 +296,112 @@ static dj_status moe_dense(dj_cuda_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
+/* ---- many rows, grouped: gather the rows routed to e, GEMMs over them alone, scatter ---- */
+
+#define MOE_SCAN_THREADS 1024
+
+/* One block: idx[0..*cnt) the rows routed to e in order, pos[i] the place of
+ * row i among them (-1: not routed). */
+static __global__ void __launch_bounds__(MOE_SCAN_THREADS)
+    moe_rows_kernel(const float *route, uint32_t n, uint32_t m, uint32_t e, int32_t *idx, int32_t *pos,
+                    uint32_t *cnt) {
+    __shared__ uint32_t warp_tot[MOE_SCAN_THREADS / 32];
+    __shared__ uint32_t base;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    if (threadIdx.x == 0) base = 0;
+    __syncthreads();
+    for (uint32_t i0 = 0; i0 < n; i0 += blockDim.x) {
+        const uint32_t i = i0 + threadIdx.x;
+        const bool hit = i < n && route[(size_t)i * m + e] != 0.0f;
+        const unsigned ballot = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_tot[warp] = __popc(ballot);
+        __syncthreads();
+        uint32_t before = base; /* rows routed before this warp's, this round included */
+        for (uint32_t w = 0; w < warp; w++) before += warp_tot[w];
+        before += __popc(ballot & ((1u << lane) - 1u));
+        if (i < n) {
+            pos[i] = hit ? (int32_t)before : -1;
+            if (hit) idx[before] = (int32_t)i;
+        }
+        __syncthreads(); /* every thread read base and warp_tot */
+        if (threadIdx.x == 0)
+            for (uint32_t w = 0; w < n_warps; w++) base += warp_tot[w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *cnt = base;
+}
+
+/* xe[r] = x[idx[r]] for the ne gathered rows (k bf16 each). */
+static __global__ void moe_gather_kernel(const __nv_bfloat16 *x, const int32_t *idx, __nv_bfloat16 *xe, uint32_t ne,
+                                         uint32_t k) {
+    const size_t count = (size_t)ne * k;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x)
+        xe[t] = x[(size_t)idx[t / k] * k + t % k];
+}
+
+/* out[i] = x2[i] (or 0) + route[i][e] * ye[pos[i]] for the routed rows, x2 (or 0) for the others. */
+static __global__ void moe_scatter_kernel(const __nv_bfloat16 *x2, const __nv_bfloat16 *ye, const int32_t *pos,
+                                          const float *route, __nv_bfloat16 *out, uint32_t n, uint32_t k, uint32_t m,
+                                          uint32_t e) {
+    const size_t count = (size_t)n * k;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = t / k;
+        const int32_t p = pos[i];
+        const float base = x2 ? __bfloat162float(x2[t]) : 0.0f;
+        out[t] = __float2bfloat16(p >= 0 ? base + __bfloat162float(ye[(size_t)p * k + t % k]) * route[i * m + e]
+                                         : base);
+    }
+}
+
+/* Floats of scratch, rounded up to 32 bytes (cuBLAS wants aligned operands). */
+static size_t moe_floats(size_t bytes) { return (bytes + 31) / 32 * 8; }
+
+static dj_status moe_grouped(dj_cuda_backend *cb, const dj_op_call *c) {
+    const uint32_t n = c->n, k = c->k, f = c->d, m = c->m, e = c->expert;
+    /* scratch for n routed rows at most: idx, pos, the count, x gathered, gate and up, their product's down */
+    const size_t o_pos = moe_floats((size_t)n * 4), o_cnt = o_pos + moe_floats((size_t)n * 4),
+                 o_x = o_cnt + moe_floats(4), o_g = o_x + moe_floats((size_t)n * k * 2),
+                 o_u = o_g + moe_floats((size_t)n * f * 2), o_y = o_u + moe_floats((size_t)n * f * 2),
+                 total = o_y + moe_floats((size_t)n * k * 2);
+    float *buf = NULL;
+    dj_status st = dj__cuda_scratch(cb, total, &buf);
+    if (st != DJ_OK) return st;
+    int32_t *idx = (int32_t *)buf, *pos = (int32_t *)(buf + o_pos);
+    uint32_t *cnt = (uint32_t *)(buf + o_cnt);
+    __nv_bfloat16 *X = (__nv_bfloat16 *)(buf + o_x), *G = (__nv_bfloat16 *)(buf + o_g),
+                  *U = (__nv_bfloat16 *)(buf + o_u), *Y = (__nv_bfloat16 *)(buf + o_y);
+    moe_rows_kernel<<<dim3(1), dim3(MOE_SCAN_THREADS), 0, cb->stream>>>(c->route, n, m, e, idx, pos, cnt);
+    DJ_CU_LAUNCHED(cb);
+    uint32_t ne = 0;
+    DJ_CU(cb, cudaMemcpyAsync(&ne, cnt, sizeof ne, cudaMemcpyDeviceToHost, cb->stream));
+    DJ_CU(cb, cudaStreamSynchronize(cb->stream));
+    if (ne > n) return dj_fail(DJ_EINTERNAL, "cuda:%d moe: %u of %u rows routed", cb->device, ne, n);
+    if (ne) {
+        const size_t gu = (size_t)ne * f;
+        moe_gather_kernel<<<dim3(ao_blocks(cb, (size_t)ne * k)), dim3(AO_THREADS), 0, cb->stream>>>(
+            (const __nv_bfloat16 *)c->x, idx, X, ne, k);
+        DJ_CU_LAUNCHED(cb);
+        const float alpha = 1.0f, beta = 0.0f;
+        const int ni = (int)ne, ki = (int)k, fi = (int)f;
+        /* column-major, as moe_dense: G^T[f,ne] = Wg[k,f]^T Xe^T[k,ne] */
+        DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, fi, ni, ki, &alpha, c->w, CUDA_R_16BF, ki, X,
+                                   CUDA_R_16BF, ki, &beta, G, CUDA_R_16BF, fi, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+        DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, fi, ni, ki, &alpha, c->w_up, CUDA_R_16BF, ki,
+                                   X, CUDA_R_16BF, ki, &beta, U, CUDA_R_16BF, fi, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+        silu_mul_inplace_kernel<<<dim3(ao_blocks(cb, gu)), dim3(AO_THREADS), 0, cb->stream>>>(G, U, gu);
+        DJ_CU_LAUNCHED(cb);
+        DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, ki, ni, fi, &alpha, c->w_down, CUDA_R_16BF, fi,
+                                   G, CUDA_R_16BF, fi, &beta, Y, CUDA_R_16BF, ki, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    }
+    moe_scatter_kernel<<<dim3(ao_blocks(cb, (size_t)n * k)), dim3(AO_THREADS), 0, cb->stream>>>(
+        (const __nv_bfloat16 *)c->x2, Y, pos, c->route, (__nv_bfloat16 *)c->out, n, k, m, e);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 template <typename TW>
@@ -302,6 +415,9 @@ static void launch_moe(dj_cuda_backend *cb, const dj_op_call *c, float *h) {
 
 dj_status dj__cuda_moe_ffn(dj_cuda_backend *cb, const dj_op_call *c) {
     const bool bf16 = c->w_dtype == DJ_DTYPE_BF16;
+    if (bf16 && c->n >= MOE_GROUPED_ROWS && !cb->capturing && c->n <= INT32_MAX && c->k <= INT32_MAX &&
+        c->d <= INT32_MAX)
+        return moe_grouped(cb, c);
     if (bf16 && c->n >= MOE_DENSE_ROWS && c->n <= INT32_MAX && c->k <= INT32_MAX && c->d <= INT32_MAX)
         return moe_dense(cb, c);
     float *h = NULL;
