@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import djinn
-from conftest import reference
+from conftest import SHORT_LEASE_MS, Daemon, reference
 
 
 def drop(c):
@@ -34,7 +34,7 @@ def test_reconnect_reattaches_sessions(daemon):
         s = m.session()
         old = s.step(p[:5])  # a tensor of the first connection
         drop(c)
-        wait_reconnected(c, 1)  # the background thread reconnects at once (the lease is 1 s here)
+        wait_reconnected(c, 1)  # the background thread reconnects at once
         assert not c.closed and c.epoch == 1
         # the session came back with its KV: the rest of the prompt continues it
         assert s.pos == 5
@@ -99,15 +99,16 @@ def test_lazy_reconnect_in_the_next_call(daemon):
         c.close()
 
 
-def test_session_past_its_lease_is_lost(daemon):
+def test_session_past_its_lease_is_lost(tmp_path):
     """A session whose lease ran out before the client came back is gone:
-    using it says so."""
-    c = djinn.connect(daemon.addr)
+    using it says so (a daemon of its own, with a short lease)."""
+    d = Daemon(str(tmp_path), lease_ms=SHORT_LEASE_MS)
+    c = djinn.connect(d.addr)
     try:
         s = c.model("llama3").session()
         with c._conn_mu:
             drop(c)
-            time.sleep(2.5)  # the test daemon's lease is 1 s
+            time.sleep(2.5 * SHORT_LEASE_MS / 1000)  # past the lease, on the daemon's clock too
         wait_reconnected(c, 1)
         with pytest.raises(djinn.ConnectionLost, match="SESSION_ATTACH failed"):
             s.step([1])
@@ -116,3 +117,4 @@ def test_session_past_its_lease_is_lost(daemon):
         other.close()
     finally:
         c.close()
+        d.stop()
