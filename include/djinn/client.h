@@ -68,6 +68,8 @@ typedef struct dj_generate_params {
     const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
     size_t n_stop;
     bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
+    bool logprobs;           /* each TOKEN carries its logprob (sampler.h's dj_token_logprobs) */
+    uint32_t top_logprobs;   /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
 } dj_generate_params;
 
 typedef struct dj_generate_result {
@@ -99,6 +101,8 @@ typedef struct dj_client_event {
     int32_t id;       /* TOKEN: the token id; else -1 */
     const char *text; /* complete UTF-8, len bytes (not NUL-terminated) */
     size_t len;
+    bool has_logprobs;   /* TOKEN of a generation with logprobs: lp filled */
+    dj_token_logprobs lp;
 } dj_client_event;
 dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_generate_params *p,
                                    dj_client_gen_t **out /* OUT */);

@@ -260,7 +260,8 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
         return status_of(st);
     }
     dj_generate_params gp = {.ids = o->ids, .n_ids = o->n_ids, .sampling = o->sampling,
-                             .max_tokens = o->max_given ? o->max_tokens : (1u << 30)};
+                             .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
+                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs};
     if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);
@@ -288,6 +289,7 @@ static int gen_step(hgen *g, char *err, size_t cap) {
         if (ev.kind == DJ_CLIENT_EVENT_NONE) return 0;
     }
     if (ev.kind == DJ_CLIENT_EVENT_TOKEN) g->o.n_generated++;
+    if (ev.kind == DJ_CLIENT_EVENT_TOKEN && ev.has_logprobs) dj__oai_logprobs(&g->o, &ev.lp); /* before its text */
     dj__oai_text(&g->o, ev.text, ev.len);
     if (ev.kind == DJ_CLIENT_EVENT_DONE) dj__oai_done(&g->o, res.reason);
     if (g->o.finished) g->ended = true;
@@ -350,6 +352,7 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
         rc = 404;
     }
     if (!rc) rc = dj__oai_prompt(&g->o, m, err, sizeof err);
+    if (!rc) g->o.tok = m->tok; /* the front end keeps its models until it stops */
     if (!rc && g->o.max_given && g->o.max_tokens == 0) {
         snprintf(err, sizeof err, "'max_tokens' must be at least 1");
         rc = 400;

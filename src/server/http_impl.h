@@ -71,6 +71,15 @@ typedef struct dj__oai {
     uint32_t n_generated;
     bool finished, role_sent;
     const char *finish;      /* "stop" or "length" */
+    /* logprobs: chat's logprobs + top_logprobs, completions' logprobs N */
+    bool logprobs;
+    uint32_t top_logprobs;   /* 0..DJ_MAX_TOP_LOGPROBS */
+    const dj_tokenizer_t *tok; /* the model's (borrowed) for the tokens' text; may be NULL */
+    struct dj__oai_lp {
+        dj_token_logprobs lp;
+        size_t offset;       /* bytes of text before this token's */
+    } *lps;                  /* [n_lps] one per generated token kept (malloc'd) */
+    size_t n_lps, cap_lps, lps_sent;
 } dj__oai;
 
 /* The request body (JSON) into o. Returns 0, or the HTTP status to answer
@@ -80,7 +89,10 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
  * tokens as written, no BOS added - the template writes it), a completion's
  * text encoded with the tokenizer's BOS. 0 or an HTTP status with err. */
 int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap);
-/* Generated text arrives; sets finished (finish "stop") at a stop string. */
+/* A generated token's logprobs, before its text (dj__oai_text). */
+void dj__oai_logprobs(dj__oai *o, const dj_token_logprobs *lp);
+/* Generated text arrives; sets finished (finish "stop") at a stop string
+ * (tokens whose text starts past it lose their logprobs). */
 void dj__oai_text(dj__oai *o, const char *text, size_t n);
 /* The daemon's DONE reason ("length", "stop", "context"). */
 void dj__oai_done(dj__oai *o, const char *reason);
