@@ -461,6 +461,106 @@ static void test_logprobs_http(unsigned port) {
     free(text);
 }
 
+/* ---- prefix reuse (--http-reuse) ---- */
+
+/* A completion of token ids on port: its text, usage's cached_tokens. */
+static char *ids_completion(unsigned port, const int32_t *ids, size_t n, const char *extra, int *cached) {
+    char *body = malloc(64 * n + 512);
+    int k = sprintf(body, "{\"model\": \"demo\", \"max_tokens\": 8, \"prompt\": [");
+    for (size_t i = 0; i < n; i++) k += sprintf(body + k, "%s%d", i ? ", " : "", ids[i]);
+    sprintf(body + k, "]%s}", extra);
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL, body);
+    free(body);
+    CHECK_MSG(r.status == 200, "ids completion: %d %s", r.status, r.body ? r.body : "");
+    const bool stream = strstr(extra, "\"stream\": true") != NULL;
+    *cached = -1;
+    const char *c = r.body ? strstr(r.body, "\"cached_tokens\":") : NULL;
+    if (c) *cached = atoi(c + 16);
+    int ct;
+    char *text = stream ? stream_text(&r, false, NULL, 0, &ct) : answer_text(&r, false, NULL, 0, &ct);
+    dj_test_resp_free(&r);
+    return text;
+}
+
+/* The greedy ids of a prompt through libdjinn (to build the next turn). */
+static size_t greedy_ids(const char *addr, const int32_t *ids, size_t n, uint32_t max, int32_t *out) {
+    dj_client_t *c = NULL;
+    uint64_t s = 0;
+    size_t k = 0;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    const dj_session_opts so = {"demo", DJ_QOS_INTERACTIVE, 0};
+    if (c) CHECK_OK(dj_client_session_open(c, &so, &s));
+    dj_generate_params gp = {.ids = ids, .n_ids = n, .max_tokens = max, .sampling = {.top_p = 1.0f}};
+    dj_client_gen_t *g = NULL;
+    if (s) CHECK_OK(dj_client_generate_start(c, s, &gp, &g));
+    for (dj_client_event ev; g && dj_client_generate_next(g, -1, &ev, NULL) == DJ_OK && ev.kind != DJ_CLIENT_EVENT_DONE;)
+        if (ev.kind == DJ_CLIENT_EVENT_TOKEN && k < max) out[k++] = ev.id;
+    dj_client_generate_end(g);
+    dj_client_free(c);
+    return k;
+}
+
+static size_t idle_sessions(const char *addr) {
+    dj_client_t *c = NULL;
+    dj_client_stats st;
+    size_t n = 99;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (c && dj_client_stats_get(c, &st) == DJ_OK) {
+        n = st.n_sessions;
+        dj_client_stats_free(&st);
+    }
+    dj_client_free(c);
+    return n;
+}
+
+/* A conversation of three turns, each prompt the last one's tokens plus its
+ * answer plus more: from the second turn on the kept session is reused
+ * (usage's cached_tokens = the tokens it held) and every answer, greedy,
+ * sampled or streamed, equals that of a daemon without reuse (ref_port). */
+static void test_reuse(const char *ref_addr, unsigned ref_port) {
+    char addr[128];
+    unsigned port = 0;
+    const char *extra[] = {"--http-reuse", "2", NULL};
+    pid_t pid = start(2, extra, addr, sizeof addr, &port);
+    CHECK_MSG(pid > 0 && port > 0, "djinnd --http-reuse 2 did not start");
+    if (pid <= 0 || !port) return;
+    int32_t ids[64] = {1, 300, 301, 302, 303};
+    size_t n = 5;
+    static const char *const modes[] = {", \"temperature\": 0",
+                                        ", \"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}",
+                                        ", \"temperature\": 0.8, \"seed\": 5, \"presence_penalty\": 0.5"};
+    for (int turn = 0; turn < 3; turn++) {
+        int cached = -1, ref_cached = -1;
+        const size_t held = n; /* before this turn: the last prompt and its answer */
+        char *got = ids_completion(port, ids, n, modes[turn], &cached);
+        char *want = ids_completion(ref_port, ids, n, modes[turn], &ref_cached);
+        CHECK_MSG(!strcmp(got, want), "turn %d: with reuse '%s', without '%s'", turn, got, want);
+        CHECK_MSG(ref_cached == 0, "turn %d: reuse off, yet %d cached tokens", turn, ref_cached);
+        if (turn == 0) CHECK_MSG(cached == 0, "turn 0: %d cached tokens", cached);
+        else CHECK_MSG(cached == (int)held - 3, "turn %d: %d cached tokens, want %zu", turn, cached, held - 3);
+        free(got);
+        free(want);
+        /* the next prompt: this one, its (greedy) answer, 3 more */
+        if (turn < 2) {
+            n += greedy_ids(ref_addr, ids, n, 8, ids + n);
+            for (int k = 0; k < 3; k++) ids[n++] = 400 + 10 * turn + k;
+        }
+    }
+    /* what does not match is not reused: other ids, another class */
+    int cached = -1;
+    const int32_t other[] = {1, 300, 999, 302, 303, 304};
+    free(ids_completion(port, other, 6, ", \"temperature\": 0", &cached));
+    CHECK_MSG(cached == 0, "another prefix: %d cached", cached);
+    int32_t longer[64];
+    memcpy(longer, ids, n * sizeof *ids);
+    longer[n] = 7;
+    free(ids_completion(port, longer, n + 1, ", \"temperature\": 0, \"qos\": \"batch\"", &cached));
+    CHECK_MSG(cached == 0, "another QoS class: %d cached", cached);
+    /* at most --http-reuse sessions are kept */
+    CHECK_MSG(idle_sessions(addr) == 2, "%zu sessions kept, want 2", idle_sessions(addr));
+    CHECK(dj_test_daemon_stop(2, 10000) == 0);
+}
+
 /* status and OpenAI's error object with the type */
 static void expect_error(unsigned port, const char *method, const char *path, const char *headers, const char *body,
                          int status, const char *needle) {
@@ -643,13 +743,14 @@ int main(void) {
     }
     char addr[128];
     unsigned port;
-    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", NULL};
+    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", "--http-reuse", "0", NULL};
     pid_t pid = start(0, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd --http did not start");
     if (pid > 0 && port > 0) {
         test_generation(addr, port);
         test_logprobs_wire(addr);
         test_logprobs_http(port);
+        test_reuse(addr, port);
         test_errors(port);
         test_disconnect(addr, port);
         test_busy(port);

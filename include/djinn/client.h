@@ -76,6 +76,8 @@ typedef struct dj_generate_result {
     uint32_t n_prompt, n_generated;
     char reason[16];         /* "length", "stop", "context" */
     double queue_ms, prefill_ms, ttft_ms, decode_ms;
+    int32_t stop_id;         /* reason "stop": the EOS or stop id that ended it (not emitted; the session's pending token); else -1 */
+    uint32_t pos;            /* the session's position after it (tokens in its KV; the pending token comes next) */
 } dj_generate_result;
 
 /* Called on the calling thread for every token, with its text piece (may be

@@ -694,6 +694,11 @@ dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_
             dj__meta_f64(&g->meta, "prefill_ms", false, &res->prefill_ms);
             dj__meta_f64(&g->meta, "ttft_ms", false, &res->ttft_ms);
             dj__meta_f64(&g->meta, "decode_ms", false, &res->decode_ms);
+            int64_t stop_id = -1;
+            if (dj__meta_i64(&g->meta, "stop_id", false, &stop_id) != DJ_OK || stop_id < 0 || stop_id > INT32_MAX)
+                stop_id = -1;
+            res->stop_id = (int32_t)stop_id;
+            dj__meta_u32(&g->meta, "pos", false, &res->pos);
         }
         if (dj__meta_str(&g->meta, "text", false, &text, &tn) != DJ_OK) text = NULL;
     } else {

@@ -23,6 +23,7 @@ typedef struct dj__http_cfg {
     uint32_t max_conns;      /* --http-max-connections: requests at once; more get 503 */
     uint64_t max_body;       /* --http-max-body: bytes; more get 413 */
     uint32_t timeout_s;      /* --http-timeout-s: idle connection (headers, body) */
+    uint32_t reuse;          /* --http-reuse: idle sessions kept for prefix reuse (0: none) */
 } dj__http_cfg;
 typedef struct dj__http dj__http;
 dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
@@ -69,6 +70,7 @@ typedef struct dj__oai {
     dj__buf text;            /* generated text (cut at a stop string) */
     size_t sent;             /* stream: bytes of text already sent */
     uint32_t n_generated;
+    size_t cached;           /* prompt tokens a reused session already held (usage's cached_tokens) */
     bool finished, role_sent;
     const char *finish;      /* "stop" or "length" */
     /* logprobs: chat's logprobs + top_logprobs, completions' logprobs N */

@@ -371,6 +371,8 @@ static void add_usage(const dj__oai *o, cJSON *r) {
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)o->n_ids);
     cJSON_AddNumberToObject(u, "completion_tokens", o->n_generated);
     cJSON_AddNumberToObject(u, "total_tokens", (double)o->n_ids + o->n_generated);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (d) cJSON_AddNumberToObject(d, "cached_tokens", (double)o->cached);
 }
 
 /* ---- logprobs in OpenAI's two shapes ---- */
