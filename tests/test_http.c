@@ -2,7 +2,8 @@
  * completions and chat (the model's chat template) equal to the same
  * generation through libdjinn, streamed and not, stop strings, OpenAI errors
  * and limits, bearer tokens and QoS, clients that leave mid-generation,
- * logprobs (the wire's against plain steps' logits, OpenAI's two shapes). */
+ * logprobs (the wire's against plain steps' logits, OpenAI's two shapes),
+ * prefix reuse (answers equal to a daemon without it, cached_tokens). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -516,7 +517,8 @@ static size_t idle_sessions(const char *addr) {
 /* A conversation of three turns, each prompt the last one's tokens plus its
  * answer plus more: from the second turn on the kept session is reused
  * (usage's cached_tokens = the tokens it held) and every answer, greedy,
- * sampled or streamed, equals that of a daemon without reuse (ref_port). */
+ * sampled or streamed, equals that of a daemon without reuse (ref_port);
+ * then a chat of three turns the same way. */
 static void test_reuse(const char *ref_addr, unsigned ref_port) {
     char addr[128];
     unsigned port = 0;
@@ -545,6 +547,33 @@ static void test_reuse(const char *ref_addr, unsigned ref_port) {
             n += greedy_ids(ref_addr, ids, n, 8, ids + n);
             for (int k = 0; k < 3; k++) ids[n++] = 400 + 10 * turn + k;
         }
+    }
+    /* chat: the template renders each answer back to the ids it was
+     * generated as (demo-chat's writes the content trimmed, then a newline),
+     * so each turn reuses the last: cached = the last prompt + answer */
+    char msgs[2048] = "{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hello there\"}";
+    int last_total = 0;
+    for (int turn = 0; turn < 3; turn++) {
+        char body[4096];
+        snprintf(body, sizeof body, "{\"model\": \"demo-chat\", \"max_tokens\": 12, \"temperature\": 0, \"messages\": [%s]}",
+                 msgs);
+        dj_test_resp a = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
+        dj_test_resp b = dj_test_http_request(ref_port, "POST", "/v1/chat/completions", NULL, body);
+        int ct = 0;
+        const char *c = a.body ? strstr(a.body, "\"cached_tokens\":") : NULL, *pt = a.body ? strstr(a.body, "\"total_tokens\":") : NULL;
+        const int cached_chat = c ? atoi(c + 16) : -1, total = pt ? atoi(pt + 15) : -1;
+        char *got = answer_text(&a, true, NULL, 0, &ct), *want = answer_text(&b, true, NULL, 0, NULL);
+        CHECK_MSG(a.status == 200 && !strcmp(got, want), "chat turn %d: with reuse '%s', without '%s'", turn, got, want);
+        CHECK_MSG(cached_chat == last_total, "chat turn %d: %d cached tokens, want %d", turn, cached_chat, last_total);
+        last_total = total;
+        CHECK_MSG(!strpbrk(got, "\"\\\n"), "chat turn %d: the answer needs JSON escapes: '%s'", turn, got);
+        const size_t k = strlen(msgs);
+        snprintf(msgs + k, sizeof msgs - k, ", {\"role\": \"assistant\", \"content\": \"%s\"}, {\"role\": \"user\", "
+                 "\"content\": \"Tell me more\"}", got);
+        free(got);
+        free(want);
+        dj_test_resp_free(&a);
+        dj_test_resp_free(&b);
     }
     /* what does not match is not reused: other ids, another class */
     int cached = -1;
