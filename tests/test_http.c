@@ -1,9 +1,12 @@
 /* test_http.c: djinnd --http against the binary protocol on the demo model -
  * completions and chat (the model's chat template) equal to the same
  * generation through libdjinn, streamed and not, stop strings, OpenAI errors
- * and limits, bearer tokens and QoS, clients that leave mid-generation. */
+ * and limits, bearer tokens and QoS, clients that leave mid-generation,
+ * logprobs (the wire's against plain steps' logits, OpenAI's two shapes),
+ * prefix reuse (answers equal to a daemon without it, cached_tokens). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,6 +245,351 @@ static void test_generation(const char *addr, unsigned port) {
     dj_test_resp_free(&r);
 }
 
+/* ---- logprobs ---- */
+
+/* The wire: a sampled generation's TOKEN logprobs (temperature, top-p and
+ * penalties on, so the picks run through the sampler) equal the log_softmax
+ * of the raw logits that plain steps of the same ids leave behind. */
+static void test_logprobs_wire(const char *addr) {
+    enum { VOCAB = 4096, N = 10, TOP = 5 };
+    static float logits[VOCAB];
+    dj_client_t *c = NULL;
+    uint64_t s1 = 0, s2 = 0;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    const dj_session_opts so = {"demo", DJ_QOS_INTERACTIVE, 0};
+    if (c) CHECK_OK(dj_client_session_open(c, &so, &s1));
+    if (c) CHECK_OK(dj_client_session_open(c, &so, &s2));
+    if (!s1 || !s2) {
+        dj_client_free(c);
+        return;
+    }
+    const int32_t prompt[] = {1, 300, 301, 302, 303};
+    dj_generate_params gp = {.ids = prompt, .n_ids = 5, .max_tokens = N, .ignore_eos = true, .logprobs = true,
+                             .top_logprobs = TOP,
+                             .sampling = {.temperature = 0.8f, .top_p = 0.95f, .seed = 11, .presence_penalty = 0.4f}};
+    dj_client_gen_t *g = NULL;
+    int32_t ids[N];
+    dj_token_logprobs lps[N];
+    int n = 0;
+    CHECK_OK(dj_client_generate_start(c, s1, &gp, &g));
+    for (dj_client_event ev; g && dj_client_generate_next(g, -1, &ev, NULL) == DJ_OK;) {
+        if (ev.kind == DJ_CLIENT_EVENT_TOKEN && n < N) {
+            CHECK_MSG(ev.has_logprobs && ev.lp.id == ev.id && ev.lp.n_top == TOP, "token %d: no logprobs", n);
+            ids[n] = ev.id;
+            lps[n++] = ev.lp;
+        }
+        if (ev.kind == DJ_CLIENT_EVENT_DONE) break;
+    }
+    dj_client_generate_end(g);
+    CHECK_MSG(n == N, "%d tokens, want %d", n, N);
+    double worst = 0;
+    for (int t = 0; t < n; t++) {
+        dj_remote_tensor rt;
+        size_t got = 0;
+        CHECK_OK(t ? dj_client_step(c, s2, &ids[t - 1], 1, true, &rt) : dj_client_step(c, s2, prompt, 5, true, &rt));
+        CHECK_OK(dj_client_fetch(c, rt.handle, 0, UINT64_MAX, logits, sizeof logits, &got));
+        CHECK_OK(dj_client_release(c, rt.handle));
+        CHECK(got == sizeof logits);
+        dj_token_logprobs want;
+        dj_logprobs_of(logits, VOCAB, ids[t], TOP, &want);
+        double d = fabs((double)want.logprob - lps[t].logprob);
+        for (int k = 0; k < TOP; k++) {
+            CHECK_MSG(want.top_id[k] == lps[t].top_id[k], "token %d: alternative %d is %d, want %d", t, k,
+                      lps[t].top_id[k], want.top_id[k]);
+            const double dk = fabs((double)want.top_logprob[k] - lps[t].top_logprob[k]);
+            d = dk > d ? dk : d;
+        }
+        worst = d > worst ? d : worst;
+        CHECK(lps[t].top_logprob[0] >= lps[t].logprob); /* sampled: not always the best */
+    }
+    CHECK_MSG(worst < 1e-3, "logprobs differ from the steps' by %g", worst);
+    /* bounds: the daemon refuses what the front end would */
+    gp.top_logprobs = DJ_MAX_TOP_LOGPROBS + 1;
+    CHECK_OK(dj_client_generate_start(c, s1, &gp, &g));
+    dj_client_event ev;
+    CHECK(g && dj_client_generate_next(g, -1, &ev, NULL) != DJ_OK && strstr(dj_last_error(), "top_logprobs"));
+    dj_client_generate_end(g);
+    dj_client_free(c);
+}
+
+/* The bytes a chat logprob entry names, appended to out; checks its shape. */
+static void entry_check(const cJSON *e, bool top, char *out, size_t *n, size_t cap) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "token"), *lp = cJSON_GetObjectItemCaseSensitive(e, "logprob");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(e, "bytes"), *x;
+    CHECK(cJSON_IsString(t) && cJSON_IsNumber(lp) && lp->valuedouble <= 0 && cJSON_IsArray(b));
+    CHECK(top == (cJSON_GetObjectItemCaseSensitive(e, "top_logprobs") != NULL));
+    size_t k = 0;
+    char tb[64];
+    cJSON_ArrayForEach(x, b) if (k < sizeof tb) tb[k++] = (char)x->valueint;
+    if (cJSON_IsString(t) && strncmp(t->valuestring, "bytes:", 6))
+        CHECK_MSG(k == strlen(t->valuestring) && !memcmp(tb, t->valuestring, k), "token '%s' and its bytes differ",
+                  t->valuestring);
+    if (out && *n + k < cap) {
+        memcpy(out + *n, tb, k);
+        *n += k;
+        out[*n] = '\0';
+    }
+}
+
+/* Every chat logprobs.content entry of a response or stream, in order, as one array. */
+static cJSON *chat_entries(const dj_test_resp *r, bool stream) {
+    cJSON *all = cJSON_CreateArray();
+    for (char *line = r->body; line && *line;) {
+        char *next = stream ? strstr(line, "\n\n") : NULL;
+        if (next) *next = '\0';
+        cJSON *j = cJSON_Parse(stream ? line + 6 : line);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(c, "logprobs"), *e;
+        CHECK(!c || lp != NULL);
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(lp, "content"))
+            cJSON_AddItemToArray(all, cJSON_Duplicate(e, true));
+        cJSON_Delete(j);
+        if (next) *next = '\n';
+        line = next ? next + 2 : NULL;
+    }
+    return all;
+}
+
+/* The front end: OpenAI's shapes for chat and completions, streamed chunks
+ * carrying the same entries as the whole answer, greedy picks the best. */
+static void test_logprobs_http(unsigned port) {
+    const char *chat = "{\"model\": \"demo-chat\", \"max_completion_tokens\": 12, \"temperature\": 0, \"logprobs\": "
+                       "true, \"top_logprobs\": 3, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]%s}";
+    char body[512];
+    snprintf(body, sizeof body, chat, "");
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
+    CHECK_MSG(r.status == 200, "chat logprobs: %d %s", r.status, r.body ? r.body : "");
+    int ct = 0;
+    char *text = answer_text(&r, true, NULL, 0, &ct);
+    cJSON *whole = chat_entries(&r, false);
+    CHECK_MSG(cJSON_GetArraySize(whole) == ct && ct > 0, "%d entries for %d tokens", cJSON_GetArraySize(whole), ct);
+    char joined[4096] = "";
+    size_t jn = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, whole) {
+        entry_check(e, true, joined, &jn, sizeof joined);
+        const cJSON *tops = cJSON_GetObjectItemCaseSensitive(e, "top_logprobs"), *x;
+        CHECK(cJSON_GetArraySize(tops) == 3);
+        double prev = 0;
+        cJSON_ArrayForEach(x, tops) {
+            entry_check(x, false, NULL, NULL, 0);
+            const double v = cJSON_GetObjectItemCaseSensitive(x, "logprob")->valuedouble;
+            CHECK(x == tops->child || v <= prev);
+            prev = v;
+        }
+        const cJSON *best = tops->child;
+        CHECK_MSG(best && cJSON_GetObjectItemCaseSensitive(e, "logprob")->valuedouble ==
+                              cJSON_GetObjectItemCaseSensitive(best, "logprob")->valuedouble &&
+                      !strcmp(cJSON_GetObjectItemCaseSensitive(e, "token")->valuestring,
+                              cJSON_GetObjectItemCaseSensitive(best, "token")->valuestring),
+                  "greedy: the picked token is not the best alternative");
+    }
+    CHECK_MSG(!strcmp(joined, text), "tokens '%s' vs text '%s'", joined, text);
+    free(text);
+    dj_test_resp_free(&r);
+    snprintf(body, sizeof body, chat, ", \"stream\": true");
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
+    CHECK(r.status == 200);
+    cJSON *streamed = chat_entries(&r, true);
+    CHECK_MSG(cJSON_Compare(whole, streamed, true), "streamed logprobs differ from the answer's");
+    cJSON_Delete(streamed);
+    cJSON_Delete(whole);
+    dj_test_resp_free(&r);
+
+    /* completions: logprobs N, the legacy arrays; streamed the same */
+    const char *cmpl = "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 10, \"temperature\": 0, "
+                       "\"logprobs\": 2%s}";
+    cJSON *lp[2] = {NULL, NULL};
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, cmpl, stream ? ", \"stream\": true" : "");
+        r = dj_test_http_request(port, "POST", "/v1/completions", NULL, body);
+        CHECK(r.status == 200);
+        lp[stream] = cJSON_CreateObject();
+        static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+        for (int k = 0; k < 4; k++) cJSON_AddArrayToObject(lp[stream], keys[k]);
+        for (char *line = r.body; line && *line;) {
+            char *next = stream ? strstr(line, "\n\n") : NULL;
+            if (next) *next = '\0';
+            cJSON *j = cJSON_Parse(stream ? line + 6 : line);
+            const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(c, "logprobs"), *x;
+            for (int k = 0; k < 4 && cJSON_IsObject(l); k++)
+                cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(l, keys[k]))
+                    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(lp[stream], keys[k]), cJSON_Duplicate(x, true));
+            cJSON_Delete(j);
+            line = next ? next + 2 : NULL;
+        }
+        const cJSON *toks = cJSON_GetObjectItemCaseSensitive(lp[stream], "tokens");
+        const cJSON *tops = cJSON_GetObjectItemCaseSensitive(lp[stream], "top_logprobs");
+        const cJSON *offs = cJSON_GetObjectItemCaseSensitive(lp[stream], "text_offset"), *x;
+        CHECK_MSG(cJSON_GetArraySize(toks) == 10 && cJSON_GetArraySize(tops) == 10 && cJSON_GetArraySize(offs) == 10 &&
+                      cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(lp[stream], "token_logprobs")) == 10,
+                  "completion logprobs (stream %d): %d tokens", stream, cJSON_GetArraySize(toks));
+        double prev = 0;
+        cJSON_ArrayForEach(x, offs) {
+            CHECK(x->valuedouble >= prev && (x != offs->child || x->valuedouble == 0));
+            prev = x->valuedouble;
+        }
+        cJSON_ArrayForEach(x, tops) CHECK(cJSON_IsObject(x) && cJSON_GetArraySize(x) >= 1 && cJSON_GetArraySize(x) <= 3);
+        dj_test_resp_free(&r);
+    }
+    CHECK_MSG(cJSON_Compare(lp[0], lp[1], true), "streamed completion logprobs differ from the answer's");
+    cJSON_Delete(lp[0]);
+    cJSON_Delete(lp[1]);
+
+    /* a stop string: no logprobs for tokens past the cut */
+    r = dj_test_http_request(port, "POST", "/v1/completions", NULL,
+                             "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 10, "
+                             "\"temperature\": 0, \"logprobs\": 0}");
+    text = answer_text(&r, false, NULL, 0, NULL);
+    dj_test_resp_free(&r);
+    if (strlen(text) > 4) {
+        char stop_body[512];
+        snprintf(stop_body, sizeof stop_body, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 10, "
+                 "\"temperature\": 0, \"logprobs\": 0, \"stop\": \"%.2s\"}", text + strlen(text) - 2);
+        r = dj_test_http_request(port, "POST", "/v1/completions", NULL, stop_body);
+        char *cut = answer_text(&r, false, NULL, 0, NULL);
+        cJSON *j = cJSON_Parse(r.body ? r.body : "");
+        const cJSON *offs = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0), "logprobs"),
+            "text_offset"), *x;
+        CHECK(cJSON_GetArraySize(offs) > 0);
+        cJSON_ArrayForEach(x, offs) CHECK_MSG(x->valuedouble < (double)strlen(cut) || !cut[0], "a token past the stop");
+        cJSON_Delete(j);
+        free(cut);
+        dj_test_resp_free(&r);
+    }
+    free(text);
+}
+
+/* ---- prefix reuse (--http-reuse) ---- */
+
+/* A completion of token ids on port: its text, usage's cached_tokens. */
+static char *ids_completion(unsigned port, const int32_t *ids, size_t n, const char *extra, int *cached) {
+    char *body = malloc(64 * n + 512);
+    int k = sprintf(body, "{\"model\": \"demo\", \"max_tokens\": 8, \"prompt\": [");
+    for (size_t i = 0; i < n; i++) k += sprintf(body + k, "%s%d", i ? ", " : "", ids[i]);
+    sprintf(body + k, "]%s}", extra);
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL, body);
+    free(body);
+    CHECK_MSG(r.status == 200, "ids completion: %d %s", r.status, r.body ? r.body : "");
+    const bool stream = strstr(extra, "\"stream\": true") != NULL;
+    *cached = -1;
+    const char *c = r.body ? strstr(r.body, "\"cached_tokens\":") : NULL;
+    if (c) *cached = atoi(c + 16);
+    int ct;
+    char *text = stream ? stream_text(&r, false, NULL, 0, &ct) : answer_text(&r, false, NULL, 0, &ct);
+    dj_test_resp_free(&r);
+    return text;
+}
+
+/* The greedy ids of a prompt through libdjinn (to build the next turn). */
+static size_t greedy_ids(const char *addr, const int32_t *ids, size_t n, uint32_t max, int32_t *out) {
+    dj_client_t *c = NULL;
+    uint64_t s = 0;
+    size_t k = 0;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    const dj_session_opts so = {"demo", DJ_QOS_INTERACTIVE, 0};
+    if (c) CHECK_OK(dj_client_session_open(c, &so, &s));
+    dj_generate_params gp = {.ids = ids, .n_ids = n, .max_tokens = max, .sampling = {.top_p = 1.0f}};
+    dj_client_gen_t *g = NULL;
+    if (s) CHECK_OK(dj_client_generate_start(c, s, &gp, &g));
+    for (dj_client_event ev; g && dj_client_generate_next(g, -1, &ev, NULL) == DJ_OK && ev.kind != DJ_CLIENT_EVENT_DONE;)
+        if (ev.kind == DJ_CLIENT_EVENT_TOKEN && k < max) out[k++] = ev.id;
+    dj_client_generate_end(g);
+    dj_client_free(c);
+    return k;
+}
+
+static size_t idle_sessions(const char *addr) {
+    dj_client_t *c = NULL;
+    dj_client_stats st;
+    size_t n = 99;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (c && dj_client_stats_get(c, &st) == DJ_OK) {
+        n = st.n_sessions;
+        dj_client_stats_free(&st);
+    }
+    dj_client_free(c);
+    return n;
+}
+
+/* A conversation of three turns, each prompt the last one's tokens plus its
+ * answer plus more: from the second turn on the kept session is reused
+ * (usage's cached_tokens = the tokens it held) and every answer, greedy,
+ * sampled or streamed, equals that of a daemon without reuse (ref_port);
+ * then a chat of three turns the same way. */
+static void test_reuse(const char *ref_addr, unsigned ref_port) {
+    char addr[128];
+    unsigned port = 0;
+    const char *extra[] = {"--http-reuse", "2", NULL};
+    pid_t pid = start(2, extra, addr, sizeof addr, &port);
+    CHECK_MSG(pid > 0 && port > 0, "djinnd --http-reuse 2 did not start");
+    if (pid <= 0 || !port) return;
+    int32_t ids[64] = {1, 300, 301, 302, 303};
+    size_t n = 5;
+    static const char *const modes[] = {", \"temperature\": 0",
+                                        ", \"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}",
+                                        ", \"temperature\": 0.8, \"seed\": 5, \"presence_penalty\": 0.5"};
+    for (int turn = 0; turn < 3; turn++) {
+        int cached = -1, ref_cached = -1;
+        const size_t held = n; /* before this turn: the last prompt and its answer */
+        char *got = ids_completion(port, ids, n, modes[turn], &cached);
+        char *want = ids_completion(ref_port, ids, n, modes[turn], &ref_cached);
+        CHECK_MSG(!strcmp(got, want), "turn %d: with reuse '%s', without '%s'", turn, got, want);
+        CHECK_MSG(ref_cached == 0, "turn %d: reuse off, yet %d cached tokens", turn, ref_cached);
+        if (turn == 0) CHECK_MSG(cached == 0, "turn 0: %d cached tokens", cached);
+        else CHECK_MSG(cached == (int)held - 3, "turn %d: %d cached tokens, want %zu", turn, cached, held - 3);
+        free(got);
+        free(want);
+        /* the next prompt: this one, its (greedy) answer, 3 more */
+        if (turn < 2) {
+            n += greedy_ids(ref_addr, ids, n, 8, ids + n);
+            for (int k = 0; k < 3; k++) ids[n++] = 400 + 10 * turn + k;
+        }
+    }
+    /* chat: the template renders each answer back to the ids it was
+     * generated as (demo-chat's writes the content trimmed, then a newline),
+     * so each turn reuses the last: cached = the last prompt + answer */
+    char msgs[2048] = "{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Hello there\"}";
+    int last_total = 0;
+    for (int turn = 0; turn < 3; turn++) {
+        char body[4096];
+        snprintf(body, sizeof body, "{\"model\": \"demo-chat\", \"max_tokens\": 12, \"temperature\": 0, \"messages\": [%s]}",
+                 msgs);
+        dj_test_resp a = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
+        dj_test_resp b = dj_test_http_request(ref_port, "POST", "/v1/chat/completions", NULL, body);
+        int ct = 0;
+        const char *c = a.body ? strstr(a.body, "\"cached_tokens\":") : NULL, *pt = a.body ? strstr(a.body, "\"total_tokens\":") : NULL;
+        const int cached_chat = c ? atoi(c + 16) : -1, total = pt ? atoi(pt + 15) : -1;
+        char *got = answer_text(&a, true, NULL, 0, &ct), *want = answer_text(&b, true, NULL, 0, NULL);
+        CHECK_MSG(a.status == 200 && !strcmp(got, want), "chat turn %d: with reuse '%s', without '%s'", turn, got, want);
+        CHECK_MSG(cached_chat == last_total, "chat turn %d: %d cached tokens, want %d", turn, cached_chat, last_total);
+        last_total = total;
+        CHECK_MSG(!strpbrk(got, "\"\\\n"), "chat turn %d: the answer needs JSON escapes: '%s'", turn, got);
+        const size_t k = strlen(msgs);
+        snprintf(msgs + k, sizeof msgs - k, ", {\"role\": \"assistant\", \"content\": \"%s\"}, {\"role\": \"user\", "
+                 "\"content\": \"Tell me more\"}", got);
+        free(got);
+        free(want);
+        dj_test_resp_free(&a);
+        dj_test_resp_free(&b);
+    }
+    /* what does not match is not reused: other ids, another class */
+    int cached = -1;
+    const int32_t other[] = {1, 300, 999, 302, 303, 304};
+    free(ids_completion(port, other, 6, ", \"temperature\": 0", &cached));
+    CHECK_MSG(cached == 0, "another prefix: %d cached", cached);
+    int32_t longer[64];
+    memcpy(longer, ids, n * sizeof *ids);
+    longer[n] = 7;
+    free(ids_completion(port, longer, n + 1, ", \"temperature\": 0, \"qos\": \"batch\"", &cached));
+    CHECK_MSG(cached == 0, "another QoS class: %d cached", cached);
+    /* at most --http-reuse sessions are kept */
+    CHECK_MSG(idle_sessions(addr) == 2, "%zu sessions kept, want 2", idle_sessions(addr));
+    CHECK(dj_test_daemon_stop(2, 10000) == 0);
+}
+
 /* status and OpenAI's error object with the type */
 static void expect_error(unsigned port, const char *method, const char *path, const char *headers, const char *body,
                          int status, const char *needle) {
@@ -266,7 +614,17 @@ static void test_errors(unsigned port) {
     expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"max_tokens\": 0}", 400, "at least 1");
     expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"n\": 2}", 400, "'n'");
     expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"stop\": [1]}", 400, "'stop'");
-    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"logprobs\": 2}", 400, "not supported yet");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"logprobs\": 21}", 400, "[0, 20]");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"logprobs\": true}", 400, "integer");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"logprobs\": 1.5}", 400, "integer");
+    expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"top_logprobs\": 1}", 400, "chat field");
+    const char *C = "/v1/chat/completions";
+    expect_error(port, "POST", C, NULL, "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": "
+                 "\"hi\"}], \"logprobs\": true, \"top_logprobs\": 21}", 400, "[0, 20]");
+    expect_error(port, "POST", C, NULL, "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": "
+                 "\"hi\"}], \"top_logprobs\": 2}", 400, "needs 'logprobs': true");
+    expect_error(port, "POST", C, NULL, "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": "
+                 "\"hi\"}], \"logprobs\": 1}", 400, "'logprobs' must be true or false");
     expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": {}}", 400, "'prompt'");
     expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": [99999999]}", 400, "djinnd");
     expect_error(port, "POST", P, NULL, "{\"model\": \"demo\", \"prompt\": \"x\", \"qos\": \"urgent\"}", 400, "QoS");
@@ -414,11 +772,14 @@ int main(void) {
     }
     char addr[128];
     unsigned port;
-    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", NULL};
+    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", "--http-reuse", "0", NULL};
     pid_t pid = start(0, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd --http did not start");
     if (pid > 0 && port > 0) {
         test_generation(addr, port);
+        test_logprobs_wire(addr);
+        test_logprobs_http(port);
+        test_reuse(addr, port);
         test_errors(port);
         test_disconnect(addr, port);
         test_busy(port);

@@ -155,9 +155,83 @@ static void check_weight(void) {
     CHECK(dj__sample_weight(NAN, 0.f, 1.f) == 0.f && dj__sample_weight(-INFINITY, 0.f, 1.f) == 0.f);
 }
 
+/* dj_logprobs_of against a long-double log_softmax and a full sort, on grid
+ * rows (ties, -inf, NaN) and on edge rows; the sampler's record. */
+static int lp_cmp(const void *a, const void *b) {
+    const ref_c *x = a, *y = b; /* w holds the logit, NaN as -inf */
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
+    return x->id < y->id ? -1 : (x->id > y->id);
+}
+
+static void check_logprobs(void) {
+    enum { N = 300 };
+    float l[N];
+    ref_c order[N];
+    for (int trial = 0; trial < 40; trial++) {
+        dj_test_grid_logits(l, N);
+        if (trial % 2) /* wider values on odd trials */
+            for (int i = 0; i < N; i++)
+                if (isfinite(l[i])) l[i] *= 30.f;
+        long double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < N; i++)
+            if (l[i] > mx) mx = l[i];
+        for (int i = 0; i < N; i++)
+            if (l[i] > -INFINITY) sum += expl((long double)l[i] - mx);
+        const long double lse = mx + logl(sum);
+        for (int i = 0; i < N; i++) order[i] = (ref_c){isnan(l[i]) ? -INFINITY : l[i], (uint32_t)i};
+        qsort(order, N, sizeof *order, lp_cmp);
+        const int32_t picked = (int32_t)(dj_test_rand() % N);
+        const uint32_t k = (uint32_t)(trial % (DJ_MAX_TOP_LOGPROBS + 1));
+        dj_token_logprobs r;
+        dj_logprobs_of(l, N, picked, k, &r);
+        const float want = isnan(l[picked]) ? -INFINITY : (float)((long double)l[picked] - lse);
+        CHECK_MSG(r.id == picked && (r.logprob == want || fabsf(r.logprob - want) < 1e-5f),
+                  "trial %d: logprob of %d is %g, want %g", trial, picked, (double)r.logprob, (double)want);
+        CHECK_MSG(r.n_top == k, "trial %d: %u alternatives, want %u", trial, r.n_top, k);
+        for (uint32_t j = 0; j < r.n_top; j++) {
+            const float wj = (float)((long double)order[j].w - lse);
+            CHECK_MSG(r.top_id[j] == (int32_t)order[j].id && fabsf(r.top_logprob[j] - wj) < 1e-5f,
+                      "trial %d: alternative %u is %d (%g), want %u (%g)", trial, j, r.top_id[j],
+                      (double)r.top_logprob[j], order[j].id, (double)wj);
+        }
+        double total = 0; /* the probabilities sum to 1 */
+        for (int i = 0; i < N; i++) {
+            dj_token_logprobs one;
+            dj_logprobs_of(l, N, i, 0, &one);
+            total += exp((double)one.logprob);
+        }
+        CHECK_MSG(fabs(total - 1.0) < 1e-5, "trial %d: probabilities sum to %.9f", trial, total);
+    }
+    /* edges: more alternatives than the vocabulary, +inf, all -inf/NaN */
+    const float three[3] = {0.f, 0.f, -INFINITY};
+    dj_token_logprobs r;
+    dj_logprobs_of(three, 3, 2, DJ_MAX_TOP_LOGPROBS, &r);
+    CHECK(r.n_top == 3 && r.top_id[0] == 0 && r.top_id[1] == 1 && r.top_id[2] == 2);
+    CHECK(fabsf(r.top_logprob[0] - logf(0.5f)) < 1e-6f && r.logprob == -INFINITY);
+    const float inf[3] = {1.f, INFINITY, NAN};
+    dj_logprobs_of(inf, 3, 1, 2, &r);
+    CHECK(r.logprob == 0.f && r.top_id[0] == 1 && r.top_logprob[1] == -INFINITY);
+    const float none[2] = {-INFINITY, NAN};
+    dj_logprobs_of(none, 2, 0, 1, &r);
+    CHECK(r.logprob == -INFINITY && r.n_top == 1 && r.top_id[0] == 0);
+    /* the sampler keeps what the engine records; bounds */
+    dj_sampler_t *s = NULL;
+    const dj_sampler_params p = {.top_p = 1.f};
+    CHECK_OK(dj_sampler_new(&p, 3, &s));
+    CHECK(!dj_sampler_wants_logprobs(s) && dj_sampler_last_logprobs(s) == NULL);
+    CHECK_ST(dj_sampler_set_logprobs(s, DJ_MAX_TOP_LOGPROBS + 1), DJ_EINVAL);
+    CHECK_OK(dj_sampler_set_logprobs(s, 2));
+    CHECK(dj_sampler_wants_logprobs(s));
+    dj_sampler_note_logprobs(s, three, 1);
+    const dj_token_logprobs *got = dj_sampler_last_logprobs(s);
+    CHECK(got && got->id == 1 && got->n_top == 2 && fabsf(got->logprob - logf(0.5f)) < 1e-6f);
+    dj_sampler_free(s);
+}
+
 int main(void) {
     dj_test_seeds();
     check_weight();
+    check_logprobs();
     check_against_reference();
     float logits[V];
     for (int i = 0; i < V; i++) logits[i] = dj_test_randf(-3.f, 3.f);

@@ -71,12 +71,16 @@ typedef struct dj_generate_params {
     const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
     size_t n_stop;
     bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
+    bool logprobs;           /* each TOKEN carries its logprob (sampler.h's dj_token_logprobs) */
+    uint32_t top_logprobs;   /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
 } dj_generate_params;
 
 typedef struct dj_generate_result {
     uint32_t n_prompt, n_generated;
     char reason[16];         /* "length", "stop", "context" */
     double queue_ms, prefill_ms, ttft_ms, decode_ms;
+    int32_t stop_id;         /* reason "stop": the EOS or stop id that ended it (not emitted; the session's pending token); else -1 */
+    uint32_t pos;            /* the session's position after it (tokens in its KV; the pending token comes next) */
 } dj_generate_result;
 
 /* Called on the calling thread for every token, with its text piece (may be
@@ -102,6 +106,8 @@ typedef struct dj_client_event {
     int32_t id;       /* TOKEN: the token id; else -1 */
     const char *text; /* complete UTF-8, len bytes (not NUL-terminated) */
     size_t len;
+    bool has_logprobs;   /* TOKEN of a generation with logprobs: lp filled */
+    dj_token_logprobs lp;
 } dj_client_event;
 dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_generate_params *p,
                                    dj_client_gen_t **out /* OUT */);

@@ -35,6 +35,8 @@ typedef struct dj_gen_params {
     bool ignore_eos;
     uint32_t prefill_chunk;     /* prompt tokens per step; 0 = the engine's max_step_tokens (also the cap) */
     const dj_tokenizer_t *tok;  /* optional: each token's text as complete UTF-8; borrowed for the gen's life */
+    bool logprobs;              /* each emitted token's dj_token_logprobs (raw logits' log_softmax) */
+    uint32_t top_logprobs;      /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
 } dj_gen_params;
 
 typedef struct dj_gen dj_gen_t;
@@ -54,6 +56,7 @@ typedef struct dj_gen_event {
     const char *text;   /* id's new complete text (NUL-terminated, valid until the gen's next step); "" if none */
     size_t text_len;
     dj_gen_finish finish; /* != DJ_GEN_RUNNING: it ended at this step */
+    const dj_token_logprobs *logprobs; /* with params' logprobs and id >= 0: id's; valid until the next step; else NULL */
 } dj_gen_event;
 
 /* Token rows g adds to its next step: its next prompt chunk, or 1 (0 once ended). */

@@ -82,4 +82,34 @@ int32_t dj_argmax(const float *logits, uint32_t n);
 int32_t dj_sampler_pick_with(dj_sampler_t *s, const float *logits, double u, const dj_sampler_penalty *pen,
                              uint32_t n_pen);
 
+/* ---- log-probabilities (the HTTP front end's `logprobs`) ---- */
+#define DJ_MAX_TOP_LOGPROBS 20
+
+/* One picked token's log-probability and the most likely alternatives, all
+ * from log_softmax of the model's raw logits: before penalties, temperature,
+ * top-k/top-p/min-p (what OpenAI and vLLM report: the model's distribution,
+ * not the sampler's). In f32 from a double log-sum-exp; NaN logits count as
+ * -inf; a -inf logit gives -inf. */
+typedef struct dj_token_logprobs {
+    int32_t id;      /* the picked token */
+    float logprob;
+    uint32_t n_top;  /* <= DJ_MAX_TOP_LOGPROBS */
+    int32_t top_id[DJ_MAX_TOP_LOGPROBS];     /* most likely first, ties by the lower id */
+    float top_logprob[DJ_MAX_TOP_LOGPROBS];
+} dj_token_logprobs;
+
+/* logprobs of logits[vocab] for `picked` and its n_top (<= DJ_MAX_TOP_LOGPROBS) best. */
+void dj_logprobs_of(const float *logits, uint32_t vocab, int32_t picked, uint32_t n_top,
+                    dj_token_logprobs *out /* OUT */);
+/* Ask the sampler's user (the engine's step) to record each pick's logprobs
+ * with n_top alternatives (0..DJ_MAX_TOP_LOGPROBS; DJ_EINVAL beyond). This
+ * brings the picked row's logits to the host after a device pick: only
+ * generations that ask pay for it. */
+dj_status dj_sampler_set_logprobs(dj_sampler_t *s, uint32_t n_top);
+bool dj_sampler_wants_logprobs(const dj_sampler_t *s);
+/* Records dj_logprobs_of(logits, vocab, picked, n_top) (the engine calls it). */
+void dj_sampler_note_logprobs(dj_sampler_t *s, const float *logits, int32_t picked);
+/* The last record, NULL before the first; valid until the next note or free. */
+const dj_token_logprobs *dj_sampler_last_logprobs(const dj_sampler_t *s);
+
 #endif

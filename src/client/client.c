@@ -599,6 +599,8 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     if (p->sampling.frequency_penalty != 0.0f) dj__mw_f64(&w, "frequency_penalty", p->sampling.frequency_penalty);
     if (p->sampling.presence_penalty != 0.0f) dj__mw_f64(&w, "presence_penalty", p->sampling.presence_penalty);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
+    if (p->logprobs) dj__mw_bool(&w, "logprobs", true);
+    if (p->top_logprobs) dj__mw_u64(&w, "top_logprobs", p->top_logprobs);
     dj_status st = begin(c, DJ_MSG_GENERATE, &w, NULL, 0, NULL, 0, false, &g->p);
     if (st != DJ_OK) {
         free(g);
@@ -614,6 +616,33 @@ static void gen_drop_last(dj_client_gen_t *g) {
     g->have_meta = false;
     frame_free(g->last);
     g->last = NULL;
+}
+
+/* A TOKEN's logprob, top_ids and top_logprobs (absent: none asked). */
+static dj_status token_logprobs(const dj__meta *m, dj_client_event *ev) {
+    double lp = 0;
+    if (!dj__meta_get(m, "logprob")) return DJ_OK;
+    dj_status st = dj__meta_f64(m, "logprob", true, &lp);
+    if (st != DJ_OK) return st;
+    ev->has_logprobs = true;
+    ev->lp.id = ev->id;
+    ev->lp.logprob = (float)lp;
+    const msgpack_object *ids = dj__meta_get(m, "top_ids"), *lps = dj__meta_get(m, "top_logprobs");
+    if (!ids && !lps) return DJ_OK;
+    if (!ids || !lps || ids->type != MSGPACK_OBJECT_ARRAY || lps->type != MSGPACK_OBJECT_ARRAY ||
+        ids->via.array.size != lps->via.array.size || ids->via.array.size > DJ_MAX_TOP_LOGPROBS)
+        return dj_fail(DJ_EFORMAT, "TOKEN: 'top_ids' and 'top_logprobs' must be arrays of one length <= %d",
+                       DJ_MAX_TOP_LOGPROBS);
+    for (uint32_t k = 0; k < ids->via.array.size; k++) {
+        uint64_t id;
+        double x;
+        if (!dj__obj_u64(&ids->via.array.ptr[k], &id) || id > INT32_MAX || !dj__obj_f64(&lps->via.array.ptr[k], &x))
+            return dj_fail(DJ_EFORMAT, "TOKEN: top_ids[%u] or top_logprobs[%u] is not a token id or a number", k, k);
+        ev->lp.top_id[k] = (int32_t)id;
+        ev->lp.top_logprob[k] = (float)x;
+    }
+    ev->lp.n_top = ids->via.array.size;
+    return DJ_OK;
 }
 
 dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_event *ev, dj_generate_result *res) {
@@ -654,6 +683,10 @@ dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_
         }
         ev->kind = DJ_CLIENT_EVENT_TOKEN;
         ev->id = (int32_t)id;
+        if ((st = token_logprobs(&g->meta, ev)) != DJ_OK) {
+            g->failed = true;
+            return st;
+        }
     } else if (f->h.type == DJ_MSG_DONE) {
         g->done = true;
         ev->kind = DJ_CLIENT_EVENT_DONE;
@@ -666,6 +699,11 @@ dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_
             dj__meta_f64(&g->meta, "prefill_ms", false, &res->prefill_ms);
             dj__meta_f64(&g->meta, "ttft_ms", false, &res->ttft_ms);
             dj__meta_f64(&g->meta, "decode_ms", false, &res->decode_ms);
+            int64_t stop_id = -1;
+            if (dj__meta_i64(&g->meta, "stop_id", false, &stop_id) != DJ_OK || stop_id < 0 || stop_id > INT32_MAX)
+                stop_id = -1;
+            res->stop_id = (int32_t)stop_id;
+            dj__meta_u32(&g->meta, "pos", false, &res->pos);
         }
         if (dj__meta_str(&g->meta, "text", false, &text, &tn) != DJ_OK) text = NULL;
     } else {

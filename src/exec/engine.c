@@ -925,6 +925,21 @@ static dj_status row_sampler(dj_session_t *s, const dj_sampler_params *sp, dj_sa
     return st;
 }
 
+/* After a pick on the device: the rows whose sampler asks for logprobs come
+ * to the host one by one (only those) and are recorded. */
+static dj_status device_logprobs(dj_engine_t *e, const float *out_dev, uint32_t B, uint32_t V,
+                                 dj_sampler_t *const *samplers, const int32_t *next) {
+    for (uint32_t r = 0; samplers && r < B; r++) {
+        if (!samplers[r] || !dj_sampler_wants_logprobs(samplers[r])) continue;
+        float *row = NULL;
+        dj_status st = host_logits(e, V, &row);
+        if (st == DJ_OK) st = e->be->vt->download(e->be, row, out_dev + (size_t)r * V, (size_t)V * sizeof(float));
+        if (st != DJ_OK) return st;
+        dj_sampler_note_logprobs(samplers[r], row, next[r]);
+    }
+    return DJ_OK;
+}
+
 /* After the step's ops: the logits of its B output rows (`out_dev`,
  * [B][vocab] f32) to the caller and/or the next token of each row, picked by
  * the caller's samplers (one per row) or else each session's sampler for sp.
@@ -987,6 +1002,7 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
         for (uint32_t r = 0; samplers && r < B; r++)
             if (!samplers[r])
                 next[r] = -1;
+        if ((st = device_logprobs(e, out_dev, B, V, samplers, next)) != DJ_OK) return st;
     }
     if (!logits && (!next || device_pick)) return DJ_OK;
     float *lg = logits;
@@ -1003,6 +1019,7 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
         if ((st = row_sampler(ss[r], sp, samplers, r, V, &smp)) != DJ_OK)
             return st;
         next[r] = smp ? dj_sampler_sample(smp, row) : dj_argmax(row, V);
+        if (samplers && dj_sampler_wants_logprobs(samplers[r])) dj_sampler_note_logprobs(samplers[r], row, next[r]);
     }
     return DJ_OK;
 }

@@ -54,6 +54,7 @@ dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, siz
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     dj_status st = dj_sampler_new(&p->sampling, c->vocab_size, &g->smp);
     if (st != DJ_OK) goto fail;
+    if (p->logprobs && (st = dj_sampler_set_logprobs(g->smp, p->top_logprobs)) != DJ_OK) goto fail;
     if (p->tok && (st = dj_detok_stream_new(p->tok, &g->ds)) != DJ_OK) goto fail;
     if (!(g->feed = malloc(n_prompt * sizeof *g->feed))) {
         st = dj_fail(DJ_ENOMEM, "out of memory for a prompt of %zu tokens", n_prompt);
@@ -128,6 +129,8 @@ static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     if (g->n_gen < g->cap_ids) g->ids[g->n_gen] = id;
     g->n_gen++;
     ev->id = id;
+    const dj_token_logprobs *lp = dj_sampler_last_logprobs(g->smp);
+    if (lp && lp->id == id) ev->logprobs = lp;
     if (g->ds) {
         size_t n = 0;
         if (dj_detok_stream_push(g->ds, id, g->text, sizeof g->text, &n) == DJ_OK) {

@@ -20,6 +20,9 @@ struct dj_sampler {
     uint32_t *count;     /* [pen_cap] generated occurrences of each entry's id */
     dj_sampler_penalty *pen; /* [n_pen] */
     uint32_t n_pen, pen_cap;
+    bool lp_on, lp_have; /* logprobs asked for; lp holds a record */
+    uint32_t lp_top;
+    dj_token_logprobs lp;
 };
 
 static uint64_t splitmix(uint64_t *x) {
@@ -279,3 +282,20 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits) {
 const dj_sampler_params *dj_sampler_params_of(const dj_sampler_t *s) { return &s->p; }
 
 uint32_t dj_sampler_vocab(const dj_sampler_t *s) { return s->vocab; }
+
+dj_status dj_sampler_set_logprobs(dj_sampler_t *s, uint32_t n_top) {
+    if (n_top > DJ_MAX_TOP_LOGPROBS)
+        return dj_fail(DJ_EINVAL, "top_logprobs %u: at most %d", n_top, DJ_MAX_TOP_LOGPROBS);
+    s->lp_on = true;
+    s->lp_top = n_top;
+    return DJ_OK;
+}
+
+bool dj_sampler_wants_logprobs(const dj_sampler_t *s) { return s->lp_on; }
+
+void dj_sampler_note_logprobs(dj_sampler_t *s, const float *logits, int32_t picked) {
+    dj_logprobs_of(logits, s->vocab, picked, s->lp_top, &s->lp);
+    s->lp_have = true;
+}
+
+const dj_token_logprobs *dj_sampler_last_logprobs(const dj_sampler_t *s) { return s->lp_have ? &s->lp : NULL; }

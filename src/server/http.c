@@ -23,6 +23,24 @@
 
 /* How often a waiting request looks whether its client is still there. */
 #define POLL_MS 100
+/* An idle session kept for reuse goes after this long unused. */
+#define IDLE_TTL_S 600.0
+
+/* A finished generation's session, kept with its connection so that a later
+ * request whose prompt starts with its tokens feeds only the rest
+ * (docs/prefix-cache.md). Owned by the pool (dj__http.idle) while idle. */
+typedef struct idle_sess {
+    dj_client_t *cl;         /* owned: closing it frees the session in the daemon */
+    uint64_t session;
+    char model[128];
+    dj_qos qos;
+    char token[DJ__TOKEN_MAX + 1]; /* only a request with the same bearer token takes it */
+    int32_t *ids;            /* [n] the tokens the session holds: its KV, then its pending token; owned */
+    size_t n;
+    uint32_t ctx;            /* its context (positions) */
+    double at;               /* when it went idle (monotonic s) */
+    struct idle_sess *next;
+} idle_sess;
 
 struct dj__http {
     dj__http_cfg cfg;
@@ -31,6 +49,8 @@ struct dj__http {
     dj__http_model *models;
     dj__map peers;      /* failed bearer tokens per peer (guard.c's rule) */
     uint32_t active;    /* requests being served */
+    idle_sess *idle;    /* [n_idle] newest first, at most cfg.reuse */
+    uint32_t n_idle;
 };
 
 /* Per request (MHD's *req_cls). */
@@ -52,6 +72,14 @@ typedef struct hgen {
     size_t out_off;
     bool ended, last_sent;
     double gone_checked; /* when client_gone last looked (monotonic s) */
+    /* for reuse: the session, its context, the ids it was fed and emitted */
+    uint64_t session;
+    uint32_t ctx;
+    char token[DJ__TOKEN_MAX + 1];
+    int32_t *gen_ids;    /* [n_gen] emitted ids (malloc'd) */
+    size_t n_gen, cap_gen;
+    bool done;           /* DONE came: res below holds it */
+    dj_generate_result res;
 } hgen;
 
 /* ---- answers ---- */
@@ -221,9 +249,98 @@ static bool client_gone(struct MHD_Connection *c) {
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+/* ---- idle sessions: the prefix-reuse pool ---- */
+static void idle_free(idle_sess *e) {
+    if (!e) return;
+    dj_client_free(e->cl);
+    free(e->ids);
+    free(e);
+}
+
+/* The kept session whose tokens are the longest proper prefix of ids[n]
+ * (same model, class and token; context >= need), out of the pool; NULL if
+ * none. Entries past IDLE_TTL_S go on the way. */
+static idle_sess *idle_take(dj__http *h, const dj__oai *o, const char *token, uint32_t need) {
+    idle_sess *best = NULL, **best_at = NULL, *dead = NULL;
+    const double now = dj__now();
+    pthread_mutex_lock(&h->mu);
+    for (idle_sess **p = &h->idle; *p;) {
+        idle_sess *e = *p;
+        if (now - e->at > IDLE_TTL_S) {
+            *p = e->next;
+            e->next = dead;
+            dead = e;
+            h->n_idle--;
+            continue;
+        }
+        if (!strcmp(e->model, o->model) && e->qos == o->qos && !strcmp(e->token, token) && e->n < o->n_ids &&
+            e->ctx >= need && (!best || e->n > best->n) && !memcmp(e->ids, o->ids, e->n * sizeof *e->ids)) {
+            best = e;
+            best_at = p;
+        }
+        p = &e->next;
+    }
+    if (best) {
+        *best_at = best->next;
+        h->n_idle--;
+    }
+    pthread_mutex_unlock(&h->mu);
+    while (dead) {
+        idle_sess *n = dead->next;
+        idle_free(dead);
+        dead = n;
+    }
+    return best;
+}
+
+/* Into the pool (owned by it from now on); the least recently used one goes
+ * when it is full. */
+static void idle_put(dj__http *h, idle_sess *e) {
+    idle_sess *victim = NULL;
+    e->at = dj__now();
+    pthread_mutex_lock(&h->mu);
+    e->next = h->idle;
+    h->idle = e;
+    if (++h->n_idle > h->cfg.reuse) { /* the last one is the oldest */
+        idle_sess **p = &h->idle;
+        while ((*p)->next) p = &(*p)->next;
+        victim = *p;
+        *p = NULL;
+        h->n_idle--;
+    }
+    pthread_mutex_unlock(&h->mu);
+    idle_free(victim);
+}
+
+/* After the generation: its session into the pool when it ended cleanly
+ * (DONE with "length" or "stop", not cut by a stop string or a client that
+ * left) and the daemon's position agrees with the tokens we know; else the
+ * connection closes, which frees the session (and stops a generation still
+ * running). */
 static void gen_close(hgen *g) {
     dj_client_generate_end(g->gen);
     g->gen = NULL;
+    if (!g->cl) return;
+    const dj__oai *o = &g->o;
+    const size_t n = o->n_ids + g->n_gen + (g->res.stop_id >= 0 ? 1 : 0);
+    idle_sess *e = NULL;
+    if (g->h->cfg.reuse && g->done && strcmp(g->res.reason, "context") && g->n_gen == g->res.n_generated &&
+        (size_t)g->res.pos + 1 == n && (e = calloc(1, sizeof *e)) && (e->ids = malloc(n * sizeof *e->ids))) {
+        memcpy(e->ids, o->ids, o->n_ids * sizeof *e->ids);
+        if (g->n_gen) memcpy(e->ids + o->n_ids, g->gen_ids, g->n_gen * sizeof *e->ids);
+        if (g->res.stop_id >= 0) e->ids[n - 1] = g->res.stop_id;
+        e->n = n;
+        e->cl = g->cl;
+        e->session = g->session;
+        e->ctx = g->ctx;
+        e->qos = o->qos;
+        snprintf(e->model, sizeof e->model, "%s", o->model);
+        snprintf(e->token, sizeof e->token, "%s", g->token);
+        g->cl = NULL;
+        idle_put(g->h, e);
+        return;
+    }
+    if (e) free(e);
     dj_client_free(g->cl); /* the daemon frees a generation still running */
     g->cl = NULL;
 }
@@ -233,6 +350,7 @@ static void gen_free(hgen *g) {
     gen_close(g);
     dj__oai_free(&g->o);
     dj__buf_free(&g->out);
+    free(g->gen_ids);
     free(g);
 }
 
@@ -240,27 +358,56 @@ static void gen_free(hgen *g) {
  * with err. */
 static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char *err, size_t cap) {
     dj__oai *o = &g->o;
-    dj_status st = dj_client_connect(g->h->cfg.daemon, g->h->cfg.n_auth ? q->token : NULL, &g->cl);
-    if (st != DJ_OK) {
-        snprintf(err, cap, "djinnd: %s", dj_last_error());
-        return st == DJ_EINVAL ? 401 : status_of(st);
-    }
-    uint32_t expect = 0;
+    /* the context a fresh session gets: prompt + max_tokens, or the daemon's
+     * default (the model's, capped at 4096) with room for 256 more */
+    const uint32_t dflt = m->max_pos < 4096 ? m->max_pos : 4096;
+    uint32_t ctx = dflt;
     if (o->max_given) {
         uint64_t want = (uint64_t)o->n_ids + o->max_tokens;
-        expect = want < m->max_pos ? (uint32_t)want : m->max_pos;
+        ctx = want < m->max_pos ? (uint32_t)want : m->max_pos;
     } else if (o->n_ids + 256 > 4096) {
         uint64_t want = (uint64_t)o->n_ids + 256;
-        expect = want < m->max_pos ? (uint32_t)want : m->max_pos;
+        ctx = want < m->max_pos ? (uint32_t)want : m->max_pos;
     }
-    const dj_session_opts so = {.model = o->model, .qos = o->qos, .expected_tokens = expect};
-    uint64_t session;
-    if ((st = dj_client_session_open(g->cl, &so, &session)) != DJ_OK) {
-        snprintf(err, cap, "djinnd: %s", dj_last_error());
-        return status_of(st);
+    snprintf(g->token, sizeof g->token, "%s", q->token);
+    /* a kept session whose tokens start the prompt: the same end as a fresh
+     * one (its context holds the whole request; without max_tokens, where
+     * the context is the end, exactly the fresh one's) */
+    idle_sess *e = g->h->cfg.reuse ? idle_take(g->h, o, q->token, ctx) : NULL;
+    if (e && !o->max_given && e->ctx != ctx) {
+        idle_put(g->h, e);
+        e = NULL;
     }
-    dj_generate_params gp = {.ids = o->ids, .n_ids = o->n_ids, .sampling = o->sampling,
-                             .max_tokens = o->max_given ? o->max_tokens : (1u << 30)};
+    if (e && dj_client_heartbeat(e->cl) != DJ_OK) { /* gone meanwhile (the daemon dropped it) */
+        idle_free(e);
+        e = NULL;
+    }
+    dj_status st;
+    if (e) {
+        g->cl = e->cl;
+        g->session = e->session;
+        g->ctx = e->ctx;
+        o->cached = e->n;
+        e->cl = NULL;
+        idle_free(e);
+    } else {
+        if ((st = dj_client_connect(g->h->cfg.daemon, g->h->cfg.n_auth ? q->token : NULL, &g->cl)) != DJ_OK) {
+            snprintf(err, cap, "djinnd: %s", dj_last_error());
+            return st == DJ_EINVAL ? 401 : status_of(st);
+        }
+        /* with reuse on, a session opens with at least the default context
+         * (it costs nothing until used: admission reserves prompt + max_tokens) */
+        g->ctx = g->h->cfg.reuse && o->max_given && ctx < dflt ? dflt : ctx;
+        const dj_session_opts so = {.model = o->model, .qos = o->qos, .expected_tokens = g->ctx};
+        if ((st = dj_client_session_open(g->cl, &so, &g->session)) != DJ_OK) {
+            snprintf(err, cap, "djinnd: %s", dj_last_error());
+            return status_of(st);
+        }
+    }
+    const uint64_t session = g->session;
+    dj_generate_params gp = {.ids = o->ids + o->cached, .n_ids = o->n_ids - o->cached, .sampling = o->sampling,
+                             .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
+                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs};
     if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);
@@ -287,7 +434,20 @@ static int gen_step(hgen *g, char *err, size_t cap) {
         if (client_gone(g->conn)) return -1;
         if (ev.kind == DJ_CLIENT_EVENT_NONE) return 0;
     }
-    if (ev.kind == DJ_CLIENT_EVENT_TOKEN) g->o.n_generated++;
+    if (ev.kind == DJ_CLIENT_EVENT_TOKEN) {
+        g->o.n_generated++;
+        if (g->n_gen == g->cap_gen) { /* for reuse; a failed growth only spoils that (gen_close checks) */
+            const size_t c = g->cap_gen ? 2 * g->cap_gen : 64;
+            int32_t *v = realloc(g->gen_ids, c * sizeof *v);
+            if (v) g->gen_ids = v, g->cap_gen = c;
+        }
+        if (g->n_gen < g->cap_gen) g->gen_ids[g->n_gen++] = ev.id;
+    }
+    if (ev.kind == DJ_CLIENT_EVENT_DONE) {
+        g->done = true;
+        g->res = res;
+    }
+    if (ev.kind == DJ_CLIENT_EVENT_TOKEN && ev.has_logprobs) dj__oai_logprobs(&g->o, &ev.lp); /* before its text */
     dj__oai_text(&g->o, ev.text, ev.len);
     if (ev.kind == DJ_CLIENT_EVENT_DONE) dj__oai_done(&g->o, res.reason);
     if (g->o.finished) g->ended = true;
@@ -350,6 +510,7 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
         rc = 404;
     }
     if (!rc) rc = dj__oai_prompt(&g->o, m, err, sizeof err);
+    if (!rc) g->o.tok = m->tok; /* the front end keeps its models until it stops */
     if (!rc && g->o.max_given && g->o.max_tokens == 0) {
         snprintf(err, sizeof err, "'max_tokens' must be at least 1");
         rc = 400;
@@ -530,6 +691,10 @@ uint16_t dj__http_port(const dj__http *h) {
 void dj__http_stop(dj__http *h) {
     if (!h) return;
     if (h->mhd) MHD_stop_daemon(h->mhd);
+    for (idle_sess *e = h->idle, *n; e; e = n) {
+        n = e->next;
+        idle_free(e);
+    }
     for (dj__http_model *m = h->models, *n; m; m = n) {
         n = m->next;
         dj_tokenizer_free(m->tok);

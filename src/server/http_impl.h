@@ -23,6 +23,7 @@ typedef struct dj__http_cfg {
     uint32_t max_conns;      /* --http-max-connections: requests at once; more get 503 */
     uint64_t max_body;       /* --http-max-body: bytes; more get 413 */
     uint32_t timeout_s;      /* --http-timeout-s: idle connection (headers, body) */
+    uint32_t reuse;          /* --http-reuse: idle sessions kept for prefix reuse (0: none) */
 } dj__http_cfg;
 typedef struct dj__http dj__http;
 dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
@@ -69,8 +70,18 @@ typedef struct dj__oai {
     dj__buf text;            /* generated text (cut at a stop string) */
     size_t sent;             /* stream: bytes of text already sent */
     uint32_t n_generated;
+    size_t cached;           /* prompt tokens a reused session already held (usage's cached_tokens) */
     bool finished, role_sent;
     const char *finish;      /* "stop" or "length" */
+    /* logprobs: chat's logprobs + top_logprobs, completions' logprobs N */
+    bool logprobs;
+    uint32_t top_logprobs;   /* 0..DJ_MAX_TOP_LOGPROBS */
+    const dj_tokenizer_t *tok; /* the model's (borrowed) for the tokens' text; may be NULL */
+    struct dj__oai_lp {
+        dj_token_logprobs lp;
+        size_t offset;       /* bytes of text before this token's */
+    } *lps;                  /* [n_lps] one per generated token kept (malloc'd) */
+    size_t n_lps, cap_lps, lps_sent;
 } dj__oai;
 
 /* The request body (JSON) into o. Returns 0, or the HTTP status to answer
@@ -80,7 +91,10 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
  * tokens as written, no BOS added - the template writes it), a completion's
  * text encoded with the tokenizer's BOS. 0 or an HTTP status with err. */
 int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap);
-/* Generated text arrives; sets finished (finish "stop") at a stop string. */
+/* A generated token's logprobs, before its text (dj__oai_text). */
+void dj__oai_logprobs(dj__oai *o, const dj_token_logprobs *lp);
+/* Generated text arrives; sets finished (finish "stop") at a stop string
+ * (tokens whose text starts past it lose their logprobs). */
 void dj__oai_text(dj__oai *o, const char *text, size_t n);
 /* The daemon's DONE reason ("length", "stop", "context"). */
 void dj__oai_done(dj__oai *o, const char *reason);

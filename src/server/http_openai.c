@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/tok_impl.h"
 #include "server/http_impl.h"
 
 #define MAX_STOP_BYTES 256
@@ -90,6 +91,38 @@ static int parse_qos(dj__oai *o, const char *name, char *err, size_t cap) {
         }
     snprintf(err, cap, "QoS class '%.32s' is not realtime, interactive or batch", name);
     return 400;
+}
+
+/* An integer field in [0, DJ_MAX_TOP_LOGPROBS] (absent or null: *given false). */
+static int top_count(const cJSON *req, const char *key, uint32_t *out, bool *given, char *err, size_t cap) {
+    double x = 0;
+    int rc = number(req, key, 0, DJ_MAX_TOP_LOGPROBS, &x, given, err, cap);
+    if (rc) return rc;
+    if (*given && x != floor(x)) return bad(err, cap, "'%s' must be an integer", key);
+    *out = (uint32_t)x;
+    return 0;
+}
+
+/* Chat: logprobs true/false and top_logprobs 0..20 (which needs logprobs
+ * true). Completions: logprobs N in 0..20 (OpenAI caps it at 5). */
+static int parse_logprobs(dj__oai *o, const cJSON *req, char *err, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "logprobs");
+    bool given = false;
+    int rc;
+    if (!o->chat) {
+        if (cJSON_GetObjectItemCaseSensitive(req, "top_logprobs"))
+            return bad(err, cap, "%s", "'top_logprobs' is a chat field: completions take 'logprobs': N (0 to 20)");
+        if (v && !cJSON_IsNull(v) && !cJSON_IsNumber(v))
+            return bad(err, cap, "%s", "'logprobs' of a completion must be an integer from 0 to 20, or null");
+        if ((rc = top_count(req, "logprobs", &o->top_logprobs, &given, err, cap))) return rc;
+        o->logprobs = given;
+        return 0;
+    }
+    if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) return bad(err, cap, "'%s' must be true or false", "logprobs");
+    o->logprobs = cJSON_IsTrue(v);
+    if ((rc = top_count(req, "top_logprobs", &o->top_logprobs, &given, err, cap))) return rc;
+    if (given && !o->logprobs) return bad(err, cap, "%s", "'top_logprobs' needs 'logprobs': true");
+    return 0;
 }
 
 /* Every message: an object with a string role, content a string, null or a
@@ -186,14 +219,8 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     }
     x = 1;
     if ((rc = number(req, "n", 1, 1, &x, NULL, err, cap))) goto done;
+    if ((rc = parse_logprobs(o, req, err, cap))) goto done;
     /* what we do not do yet is refused, not ignored */
-    v = cJSON_GetObjectItemCaseSensitive(req, "logprobs");
-    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(req, "top_logprobs");
-    if ((v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0)) ||
-        (tl && !cJSON_IsNull(tl))) {
-        rc = bad(err, cap, "%s", "'logprobs' and 'top_logprobs' are not supported yet by djinnd");
-        goto done;
-    }
     v = cJSON_GetObjectItemCaseSensitive(req, "echo");
     if (cJSON_IsTrue(v)) {
         rc = bad(err, cap, "%s", "'echo' is not supported yet by djinnd");
@@ -297,6 +324,21 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
     return 0;
 }
 
+void dj__oai_logprobs(dj__oai *o, const dj_token_logprobs *lp) {
+    if (o->finished || !o->logprobs) return;
+    if (o->n_lps == o->cap_lps) {
+        const size_t cap = o->cap_lps ? 2 * o->cap_lps : 32;
+        struct dj__oai_lp *p = realloc(o->lps, cap * sizeof *p);
+        if (!p) {
+            o->text.oom = true; /* answered as out of memory */
+            return;
+        }
+        o->lps = p;
+        o->cap_lps = cap;
+    }
+    o->lps[o->n_lps++] = (struct dj__oai_lp){.lp = *lp, .offset = o->text.n};
+}
+
 void dj__oai_text(dj__oai *o, const char *text, size_t n) {
     if (o->finished || !n) return;
     const size_t old = o->text.n;
@@ -312,6 +354,7 @@ void dj__oai_text(dj__oai *o, const char *text, size_t n) {
     if (cut != SIZE_MAX) {
         o->text.n = cut;
         o->text.p[cut] = '\0';
+        while (o->n_lps && o->lps[o->n_lps - 1].offset >= cut && o->n_lps > o->lps_sent) o->n_lps--;
         o->finished = true;
         o->finish = "stop";
     }
@@ -328,6 +371,102 @@ static void add_usage(const dj__oai *o, cJSON *r) {
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)o->n_ids);
     cJSON_AddNumberToObject(u, "completion_tokens", o->n_generated);
     cJSON_AddNumberToObject(u, "total_tokens", (double)o->n_ids + o->n_generated);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (d) cJSON_AddNumberToObject(d, "cached_tokens", (double)o->cached);
+}
+
+/* ---- logprobs in OpenAI's two shapes ---- */
+
+/* A token's text: the tokenizer's decoding of it alone; text that is not
+ * valid UTF-8 on its own (a piece of a character) is written as OpenAI
+ * does, "bytes:\\xe2\\x80". raw, n_raw: the bytes themselves (malloc'd). */
+static char *token_text(const dj__oai *o, int32_t id, char **raw, size_t *n_raw) {
+    *raw = NULL;
+    *n_raw = 0;
+    if (o->tok && dj_tokenizer_decode_len(o->tok, &id, 1, raw, n_raw) != DJ_OK) {
+        *raw = NULL;
+        *n_raw = 0;
+    }
+    if (!*raw) return strdup("");
+    if (dj__utf8_valid(*raw, *n_raw) && !memchr(*raw, '\0', *n_raw)) return strdup(*raw);
+    char *s = malloc(6 + 4 * *n_raw + 1);
+    if (!s) return NULL;
+    size_t k = (size_t)sprintf(s, "bytes:");
+    for (size_t i = 0; i < *n_raw; i++) k += (size_t)sprintf(s + k, "\\x%02x", (unsigned char)(*raw)[i]);
+    return s;
+}
+
+/* OpenAI's floor for a logprob (JSON has no -infinity). */
+static double lp_json(float x) { return x > -9999.0f ? (double)x : -9999.0; }
+
+/* One chat logprob entry {token, logprob, bytes[, top_logprobs]}. */
+static cJSON *chat_entry(const dj__oai *o, int32_t id, float lp, const dj_token_logprobs *top) {
+    char *raw;
+    size_t n_raw;
+    char *t = token_text(o, id, &raw, &n_raw);
+    cJSON *e = cJSON_CreateObject(), *b = NULL;
+    cJSON_AddStringToObject(e, "token", t ? t : "");
+    cJSON_AddNumberToObject(e, "logprob", lp_json(lp));
+    if ((b = cJSON_AddArrayToObject(e, "bytes")))
+        for (size_t i = 0; i < n_raw; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
+    free(t);
+    free(raw);
+    if (top) {
+        cJSON *a = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (uint32_t k = 0; a && k < top->n_top && k < o->top_logprobs; k++)
+            cJSON_AddItemToArray(a, chat_entry(o, top->top_id[k], top->top_logprob[k], NULL));
+    }
+    return e;
+}
+
+/* Code points of text[0, bytes) (OpenAI's offsets count characters). */
+static size_t chars(const char *text, size_t bytes) {
+    size_t n = 0;
+    for (size_t i = 0; i < bytes; i++) n += ((unsigned char)text[i] & 0xc0) != 0x80;
+    return n;
+}
+
+/* The logprobs of tokens [from, to): chat's {content, refusal} or the
+ * completions' {tokens, token_logprobs, top_logprobs, text_offset}. */
+static cJSON *logprobs_json(const dj__oai *o, size_t from, size_t to) {
+    cJSON *r = cJSON_CreateObject();
+    if (o->chat) {
+        cJSON *a = cJSON_AddArrayToObject(r, "content");
+        for (size_t i = from; a && i < to; i++)
+            cJSON_AddItemToArray(a, chat_entry(o, o->lps[i].lp.id, o->lps[i].lp.logprob, &o->lps[i].lp));
+        cJSON_AddNullToObject(r, "refusal");
+        return r;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(r, "tokens"), *lps = cJSON_AddArrayToObject(r, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(r, "top_logprobs"), *offs = cJSON_AddArrayToObject(r, "text_offset");
+    for (size_t i = from; toks && lps && tops && offs && i < to; i++) {
+        const dj_token_logprobs *lp = &o->lps[i].lp;
+        char *raw;
+        size_t n_raw;
+        char *t = token_text(o, lp->id, &raw, &n_raw);
+        free(raw);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_json(lp->logprob)));
+        /* the top N and, as OpenAI does, the sampled token: up to N + 1 keys */
+        cJSON *d = cJSON_CreateObject();
+        for (uint32_t k = 0; d && k <= lp->n_top && k <= o->top_logprobs; k++) {
+            const bool sampled = k == lp->n_top || k == o->top_logprobs;
+            char *tt = sampled ? t : token_text(o, lp->top_id[k], &raw, &n_raw);
+            if (!sampled) free(raw);
+            if (tt && !cJSON_GetObjectItemCaseSensitive(d, tt))
+                cJSON_AddNumberToObject(d, tt, lp_json(sampled ? lp->logprob : lp->top_logprob[k]));
+            if (!sampled) free(tt);
+        }
+        free(t);
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)chars(o->text.p ? o->text.p : "", o->lps[i].offset)));
+    }
+    return r;
+}
+
+static void add_logprobs(const dj__oai *o, cJSON *choice, size_t from, size_t to) {
+    if (o->logprobs) cJSON_AddItemToObject(choice, "logprobs", logprobs_json(o, from, to));
+    else cJSON_AddNullToObject(choice, "logprobs");
 }
 
 static cJSON *head(const dj__oai *o, const char *object) {
@@ -358,7 +497,7 @@ char *dj__oai_response(const dj__oai *o, size_t *len) {
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    add_logprobs(o, c, 0, o->n_lps);
     cJSON_AddStringToObject(c, "finish_reason", o->finish ? o->finish : "length");
     cJSON_AddItemToArray(choices, c);
     add_usage(o, r);
@@ -378,8 +517,10 @@ static void event(dj__buf *out, cJSON *r) {
     free(s);
 }
 
-/* One chunk: a delta of text (may be NULL) and/or the finish reason. */
-static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const char *finish, dj__buf *out) {
+/* One chunk: a delta of text (may be NULL) and/or the finish reason, with
+ * the logprobs of tokens [lp_from, lp_to) (none when equal). */
+static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const char *finish, size_t lp_from,
+                  size_t lp_to, dj__buf *out) {
     cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
@@ -392,7 +533,8 @@ static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const
         cJSON_AddStringToObject(c, "text", t ? t : "");
     }
     free(t);
-    cJSON_AddNullToObject(c, "logprobs");
+    if (lp_to > lp_from) add_logprobs(o, c, lp_from, lp_to);
+    else cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
@@ -413,16 +555,20 @@ static size_t holdback(const dj__oai *o) {
 
 void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
     if (o->chat && !o->role_sent) {
-        chunk(o, "", 0, true, NULL, out);
+        chunk(o, "", 0, true, NULL, 0, 0, out);
         o->role_sent = true;
     }
     const size_t upto = last || o->finished ? o->text.n : o->text.n - holdback(o);
-    if (upto > o->sent) {
-        chunk(o, o->text.p + o->sent, upto - o->sent, false, NULL, out);
+    /* the tokens whose text starts in what goes out (all of them at the end) */
+    size_t lp_to = o->lps_sent;
+    while (lp_to < o->n_lps && (last || o->lps[lp_to].offset < upto)) lp_to++;
+    if (upto > o->sent || (last && lp_to > o->lps_sent)) {
+        chunk(o, o->text.p ? o->text.p + o->sent : "", upto - o->sent, false, NULL, o->lps_sent, lp_to, out);
         o->sent = upto;
+        o->lps_sent = lp_to;
     }
     if (!last) return;
-    chunk(o, NULL, 0, false, o->finish ? o->finish : "length", out);
+    chunk(o, NULL, 0, false, o->finish ? o->finish : "length", 0, 0, out);
     if (o->include_usage) {
         cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(r, "choices");
@@ -438,6 +584,7 @@ void dj__oai_free(dj__oai *o) {
     cJSON_Delete(o->tools);
     free(o->prompt);
     free(o->ids);
+    free(o->lps);
     dj__buf_free(&o->text);
     memset(o, 0, sizeof *o);
 }

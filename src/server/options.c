@@ -20,6 +20,7 @@ static int usage(FILE *f) {
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
+          "              [--http-reuse N]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --device cpu, --lease-ms 10000,\n"
           "--vmu-gb auto (the device's free memory less max(1 GiB, 5%); the CPU: half the available RAM),\n"
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
@@ -46,6 +47,8 @@ static int usage(FILE *f) {
           "  --http-max-connections 64  requests at once; more get 503\n"
           "  --http-max-body 4m         request body bytes; more get 413 (suffixes k, m, g)\n"
           "  --http-timeout-s 30        an HTTP connection idle this long (headers, body) is closed\n"
+          "  --http-reuse 16            finished sessions kept (10 min at most) so that a request whose prompt\n"
+          "                             extends one's tokens prefills only the rest; 0 = off\n"
           "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
           "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin]\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
@@ -104,6 +107,7 @@ static const count_opt counts[] = {
     {"--metrics-max-connections", offsetof(dj__config, metrics_conns), false, false},
     {"--http-max-connections", offsetof(dj__config, http_conns), false, false},
     {"--http-timeout-s", offsetof(dj__config, http_timeout_s), false, false},
+    {"--http-reuse", offsetof(dj__config, http_reuse), true, false},
     {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
     {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
 };
@@ -145,6 +149,7 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->http_conns = 64;
     cfg->http_max_body = (uint64_t)4 << 20;
     cfg->http_timeout_s = 30;
+    cfg->http_reuse = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;

@@ -1123,7 +1123,7 @@ static dj_status fit_fd_limit(dj__config *cfg) {
     /* an HTTP request holds its own socket and its libdjinn one (the daemon's
      * end of that is one of the connections) */
     const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0) +
-                           (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16) : 0);
+                           (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16 + cfg->http_reuse) : 0);
     const uint64_t avail = rl.rlim_cur > spare ? rl.rlim_cur - spare : 0;
     if (avail < 1)
         return dj_fail(DJ_EINVAL, "the fd limit (%llu) leaves no room for connections (%llu kept spare)",
@@ -1188,7 +1188,7 @@ static dj_status listen_on(dj__server *s) {
     if (s->cfg.http) {
         dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
                            .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
-                           .timeout_s = s->cfg.http_timeout_s};
+                           .timeout_s = s->cfg.http_timeout_s, .reuse = s->cfg.http_reuse};
         snprintf(hc.daemon, sizeof hc.daemon, "%s", daemon_addr);
         if ((st = dj__http_start(&hc, &s->http)) != DJ_OK) return st;
         http_port = dj__http_port(s->http);

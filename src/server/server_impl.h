@@ -238,6 +238,7 @@ typedef struct dj__config {
     uint32_t http_conns;       /* requests at once; more get 503 */
     uint64_t http_max_body;    /* request body bytes; more get 413 */
     uint32_t http_timeout_s;   /* an idle HTTP connection is closed after this */
+    uint32_t http_reuse;       /* idle sessions kept for prompt-prefix reuse; 0 = off */
 } dj__config;
 #define DJ__SIZE_AUTO SIZE_MAX
 

@@ -682,6 +682,14 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
         dj__mw_i64(&w, "id", ev->id);
         dj__mw_u64(&w, "index", dj_gen_n_generated(g->g) - 1);
         if (model_tokenizer(s, ss->ment)) dj__mw_strn(&w, "text", ev->text, ev->text_len);
+        if (ev->logprobs) {
+            const dj_token_logprobs *lp = ev->logprobs;
+            dj__mw_f64(&w, "logprob", lp->logprob);
+            dj__mw_ids(&w, "top_ids", lp->top_id, lp->n_top);
+            dj__mw_key(&w, "top_logprobs");
+            msgpack_pack_array(&w.pk, lp->n_top);
+            for (uint32_t k = 0; k < lp->n_top; k++) msgpack_pack_double(&w.pk, lp->top_logprob[k]);
+        }
         post(s, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
         pthread_mutex_lock(&s->metrics.mu);
         s->metrics.tokens++;
@@ -727,7 +735,8 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     size_t n_feed = 0, n_stop = 0;
     double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
     uint64_t top_k = 0, seed = 0;
-    bool ignore_eos = false;
+    bool ignore_eos = false, logprobs = false;
+    uint32_t top_logprobs = 0;
     dj_status st = dj__meta_f64(m, "temperature", false, &temp);
     if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
     if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
@@ -738,7 +747,14 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     if (st == DJ_OK) st = dj__meta_f64(m, "presence_penalty", false, &pres);
     if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &ignore_eos);
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &stop, &n_stop);
+    if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &logprobs);
+    if (st == DJ_OK) st = dj__meta_u32(m, "top_logprobs", false, &top_logprobs);
     if (st != DJ_OK) goto done;
+    if (top_logprobs > DJ_MAX_TOP_LOGPROBS || (top_logprobs && !logprobs)) {
+        st = dj_fail(DJ_EINVAL, "top_logprobs %u: it needs logprobs true and must be in [0, %d]", top_logprobs,
+                     DJ_MAX_TOP_LOGPROBS);
+        goto done;
+    }
     if (!(min_p >= 0 && min_p <= 1) || !(rep >= 0 && rep <= 100) || !(freq >= -2 && freq <= 2) ||
         !(pres >= -2 && pres <= 2)) {
         st = dj_fail(DJ_EINVAL, "min_p %g must be in [0, 1], repetition_penalty %g in [0, 100], frequency_penalty %g "
@@ -773,7 +789,9 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .n_eos = ss->ment->n_eos,
                               .ignore_eos = ignore_eos,
                               .prefill_chunk = s->cfg.prefill_chunk,
-                              .tok = tok};
+                              .tok = tok,
+                              .logprobs = logprobs,
+                              .top_logprobs = top_logprobs};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);

@@ -1,0 +1,73 @@
+// openai_client.mjs: the official `openai` npm package (a client nobody here
+// wrote) against djinnd --http on the demo model: models, completions and chat,
+// streamed and not, logprobs, and its typed errors (400, 401, 404).
+// usage: node openai_client.mjs OPENAI_PACKAGE_DIR BASE_URL TOKEN
+import { pathToFileURL } from 'node:url';
+
+const [pkg, baseURL, token] = process.argv.slice(2);
+const { default: OpenAI } = await import(pathToFileURL(`${pkg}/index.mjs`).href);
+const client = new OpenAI({ baseURL, apiKey: token, maxRetries: 0, timeout: 60000 });
+let pass = 0, fail = 0;
+const check = (ok, what) => { if (ok) pass++; else { fail++; console.error(`FAIL: ${what}`); } };
+
+async function expectError(cls, status, needle, what, call) {
+    try {
+        await call();
+        check(false, `${what}: no error`);
+    } catch (e) {
+        check(e instanceof cls && e.status === status && String(e.message).includes(needle),
+              `${what}: got ${e.constructor.name} ${e.status} '${e.message}', want ${cls.name} ${status} with '${needle}'`);
+    }
+}
+
+// models
+const models = [];
+for await (const m of client.models.list()) models.push(m.id);
+check(models.includes('demo') && models.includes('demo-chat'), `models: ${models}`);
+
+// completions: greedy, then the same streamed
+const prompt = 'Once upon a time';
+const c = await client.completions.create({ model: 'demo', prompt, max_tokens: 8, temperature: 0, logprobs: 2 });
+const text = c.choices[0].text;
+check(c.object === 'text_completion' && text.length > 0, `completion: '${text}'`);
+check(c.usage.completion_tokens === 8 && c.choices[0].finish_reason === 'length', `completion usage ${JSON.stringify(c.usage)}`);
+check(c.choices[0].logprobs.tokens.length === 8 && c.choices[0].logprobs.tokens.join('') === text,
+      `completion logprobs: ${JSON.stringify(c.choices[0].logprobs.tokens)}`);
+let streamed = '';
+for await (const ch of await client.completions.create({ model: 'demo', prompt, max_tokens: 8, temperature: 0, stream: true }))
+    streamed += ch.choices[0]?.text ?? '';
+check(streamed === text, `completion stream '${streamed}' vs '${text}'`);
+
+// chat: greedy with logprobs, then streamed with usage
+const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello there' }];
+const r = await client.chat.completions.create({ model: 'demo-chat', messages, max_completion_tokens: 10, temperature: 0,
+                                                  logprobs: true, top_logprobs: 2 });
+const content = r.choices[0].message.content;
+check(r.object === 'chat.completion' && r.choices[0].message.role === 'assistant' && content.length > 0, `chat: '${content}'`);
+const lp = r.choices[0].logprobs.content;
+check(lp.length === r.usage.completion_tokens && lp.every(e => e.top_logprobs.length === 2 && e.logprob <= 0),
+      `chat logprobs: ${JSON.stringify(lp).slice(0, 200)}`);
+let chatStreamed = '', usage = null, finish = null;
+const stream = await client.chat.completions.create({ model: 'demo-chat', messages, max_completion_tokens: 10,
+                                                       temperature: 0, stream: true, stream_options: { include_usage: true } });
+for await (const ch of stream) {
+    chatStreamed += ch.choices[0]?.delta?.content ?? '';
+    finish = ch.choices[0]?.finish_reason ?? finish;
+    if (ch.usage) usage = ch.usage;
+}
+check(chatStreamed === content, `chat stream '${chatStreamed}' vs '${content}'`);
+check(usage && usage.completion_tokens === r.usage.completion_tokens && finish !== null, `chat stream usage ${JSON.stringify(usage)}`);
+
+// errors, as the SDK's typed exceptions
+await expectError(OpenAI.BadRequestError, 400, '[0, 2]', 'temperature 5',
+                  () => client.completions.create({ model: 'demo', prompt, temperature: 5 }));
+await expectError(OpenAI.BadRequestError, 400, 'top_logprobs', 'top_logprobs 21',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, logprobs: true, top_logprobs: 21 }));
+await expectError(OpenAI.NotFoundError, 404, 'model store', 'unknown model',
+                  () => client.chat.completions.create({ model: 'no-such-model', messages }));
+const stranger = new OpenAI({ baseURL, apiKey: 'wrong-token', maxRetries: 0 });
+await expectError(OpenAI.AuthenticationError, 401, 'Bearer', 'wrong token',
+                  () => stranger.completions.create({ model: 'demo', prompt }));
+
+console.log(`openai_client: ${pass} passed, ${fail} failed`);
+process.exit(fail ? 1 : 0);
