@@ -223,7 +223,7 @@ static void test_matmul(void) {
  * decode (direct) and prefill (tiled, k-blocked) shapes, every weight type,
  * k with and without a tail past the 16 lanes, and bias. */
 static void test_matmul_isas(void) {
-    static const uint32_t shapes[][3] = {{1, 1037, 67}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20}};
+    static const uint32_t shapes[][3] = {{1, 1037, 67}, {2, 100, 11}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20}};
     dj_backend_t *ref = NULL, *simd = NULL;
     CHECK_OK(dj_backend_cpu_new(2, &ref));
     CHECK_OK(dj_backend_cpu_new(1, &simd));

@@ -4,8 +4,7 @@
  * any batch. Decode-size n reads the weights as stored, every thread its own
  * contiguous weight rows (one pass over them); larger n converts tiles of
  * weight rows to f32 per thread (never a full copy) and multiplies them
- * k-blocked. OpenMP splits the weight rows. */
-#include <omp.h>
+ * k-blocked. The pool's tasks split the weight rows. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,13 +41,32 @@ static void direct_rows(const dj__cpu_kernels *K, const dj_op_call *c, uint32_t 
             for (uint32_t j = j0; j < j1; j++) out[(size_t)r * m + j] += bias_at(c, j);
 }
 
+typedef struct direct_job {
+    const dj__cpu_kernels *K;
+    const dj_op_call *c;
+} direct_job;
+
+static void direct_task(void *ctx, size_t j0, size_t j1, int thread) {
+    (void)thread;
+    const direct_job *j = ctx;
+    direct_rows(j->K, j->c, (uint32_t)j0, (uint32_t)j1);
+}
+
+/* Weight rows in runs of at least DIRECT_MIN_BYTES (each a sequential stream
+ * long enough for the prefetchers), about DIRECT_TASKS runs a thread so that
+ * a thread the OS runs late leaves its share to the others. */
+#define DIRECT_MIN_BYTES (64u << 10)
+#define DIRECT_TASKS 4u
+
 static void matmul_direct(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t m = c->m, nt = (uint32_t)cb->n_threads;
-    uint32_t block = (m + nt - 1) / nt;
+    const size_t row_bytes = (size_t)c->k * dj_dtype_size(c->w_dtype);
+    size_t block = (m + DIRECT_TASKS * nt - 1) / (DIRECT_TASKS * nt);
+    const size_t min_rows = (DIRECT_MIN_BYTES + row_bytes - 1) / row_bytes;
+    if (block < min_rows) block = min_rows;
     block = (block + 15) / 16 * 16;
-    const dj__cpu_kernels *K = cb->kern;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static)
-    for (uint32_t j0 = 0; j0 < m; j0 += block) direct_rows(K, c, j0, m - j0 < block ? m : j0 + block);
+    direct_job j = {cb->kern, c};
+    dj__cpu_pool_for(cb->pool, m, block, direct_task, &j);
 }
 
 static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
@@ -88,6 +106,30 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
     }
 }
 
+typedef struct tiled_job {
+    const dj__cpu_kernels *K;
+    const dj_op_call *c;
+    float *scratch;    /* per_thread floats a thread */
+    size_t per_thread;
+    uint32_t tile;
+    bool f32;
+} tiled_job;
+
+static void tiled_task(void *ctx, uint32_t ti, int thread) {
+    const tiled_job *j = ctx;
+    const dj_op_call *c = j->c;
+    const uint32_t k = c->k, j0 = ti * j->tile, rows = c->m - j0 < j->tile ? c->m - j0 : j->tile;
+    const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * k * dj_dtype_size(c->w_dtype);
+    float *mine = j->scratch + (size_t)thread * j->per_thread;
+    float *acc = j->f32 ? mine : mine + (size_t)j->tile * k;
+    if (j->f32) {
+        gemm_tile_rows(j->K, c, (const float *)(const void *)src, j0, rows, acc);
+        return;
+    }
+    j->K->to_f32(mine, src, c->w_dtype, (size_t)rows * k);
+    gemm_tile_rows(j->K, c, mine, j0, rows, acc);
+}
+
 /* Larger n: each thread takes a tile of weight rows - converted into its
  * slice of the scratch when f16/bf16, read in place when f32 - and
  * multiplies every row of x by it. */
@@ -107,24 +149,8 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t per_thread = (f32 ? 0 : (size_t)tile * k) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
     dj_status st = grow_scratch(cb, per_thread * (size_t)cb->n_threads);
     if (st != DJ_OK) return st;
-    const size_t row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
-    const uint32_t n_tiles = (m + tile - 1) / tile;
-#pragma omp parallel num_threads(cb->n_threads)
-    {
-        float *mine = cb->scratch + (size_t)omp_get_thread_num() * per_thread;
-        float *acc = f32 ? mine : mine + (size_t)tile * k;
-#pragma omp for schedule(dynamic, 1)
-        for (uint32_t ti = 0; ti < n_tiles; ti++) {
-            const uint32_t j0 = ti * tile, rows = m - j0 < tile ? m - j0 : tile;
-            const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
-            if (f32) {
-                gemm_tile_rows(K, c, (const float *)(const void *)src, j0, rows, acc);
-                continue;
-            }
-            K->to_f32(mine, src, c->w_dtype, (size_t)rows * k);
-            gemm_tile_rows(K, c, mine, j0, rows, acc);
-        }
-    }
+    tiled_job j = {K, c, cb->scratch, per_thread, tile, f32};
+    dj__cpu_pool_run(cb->pool, (m + tile - 1) / tile, tiled_task, &j);
     return DJ_OK;
 }
 
