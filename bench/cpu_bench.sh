@@ -14,9 +14,12 @@
 #                                      by default build/llama.cpp, cloned from
 #                                      .carry/llama.cpp.bundle (bench/fetch_llama_cpp.sh)
 #   MODELS=DIR                         where the checkpoints go (default build/bench-models)
+#   DJINN_BIN=DIR                      djinn, make_random_checkpoint and bench_membw already built
+#                                      there (a bundle: bench/cpu_bench_remote.sh); no build here
+#   JSONL=FILE                         the JSON lines' file (default build/bench-cpu.jsonl)
 # With no llama.cpp at all only Djinn is measured. Figures are medians of
 # RUNS alternating runs; the table goes to stdout, one JSON line per model to
-# build/bench-cpu.jsonl.
+# $JSONL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}
@@ -26,8 +29,13 @@ MODELS=${MODELS:-build/bench-models}
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc)" --target djinn make_random_checkpoint bench_membw >/dev/null
+BIN=${DJINN_BIN:-build}
+JSONL=${JSONL:-build/bench-cpu.jsonl}
+if [ -z "${DJINN_BIN:-}" ]; then
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build -j "$(nproc)" --target djinn make_random_checkpoint bench_membw >/dev/null
+fi
+mkdir -p "$(dirname "$JSONL")"
 
 LB=${LLAMA_BENCH:-}
 if [ -z "$LB" ] && [ -z "${LLAMA_CPP_SRC:-}" ] && [ -s .carry/llama.cpp.bundle ]; then
@@ -43,7 +51,7 @@ if [ -z "$LB" ] && [ -n "${LLAMA_CPP_SRC:-}" ]; then
         cmake --build "$LLAMA_CPP_SRC/build-cpu" -j "$(nproc)" --target llama-bench >/dev/null
     fi
 fi
-[ "${BUILD_ONLY:-0}" = 1 ] && { echo "built: build/djinn${LB:+ and $LB}"; exit 0; }
+[ "${BUILD_ONLY:-0}" = 1 ] && { echo "built: $BIN/djinn${LB:+ and $LB}"; exit 0; }
 [ -n "$LB" ] && [ ! -x "$LB" ] && { echo "cpu_bench: $LB is not executable" >&2; exit 2; }
 
 ids() { seq 100 $((100 + $1 - 1)) | paste -sd, -; }
@@ -61,7 +69,7 @@ field() { # field LINE prompt|decode|load|prompt_s
 }
 djinn_run() { # djinn_run DIR PROMPT N -> "LINE|RSS_KB"
     local out rss
-    out=$( { /usr/bin/time -f "rss_kb %M" ./build/djinn run --model "$1" --tokens "$2" -n "$3" --greedy --ignore-eos \
+    out=$( { /usr/bin/time -f "rss_kb %M" "$BIN/djinn" run --model "$1" --tokens "$2" -n "$3" --greedy --ignore-eos \
         --print-tokens --threads "$THREADS" >/dev/null; } 2>&1)
     rss=$(grep -o 'rss_kb [0-9]*' <<<"$out" | cut -d' ' -f2)
     echo "$(grep 'new tokens' <<<"$out")|$rss"
@@ -70,12 +78,12 @@ djinn_run() { # djinn_run DIR PROMPT N -> "LINE|RSS_KB"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $THREADS threads," \
     "avx512f: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no); commit $(git rev-parse --short HEAD)"
 [ -n "$LB" ] && echo "llama.cpp: $LB" || echo "llama.cpp: not given (LLAMA_BENCH / LLAMA_CPP_SRC): Djinn only"
-: >build/bench-cpu.jsonl
+: >"$JSONL"
 for preset in $PRESETS; do
     dir="$MODELS/$preset"
     gguf="$MODELS/$preset-f16.gguf"
     if [ ! -s "$dir/model.safetensors" ] || { [ -n "$LB" ] && [ ! -s "$gguf" ]; }; then
-        ./build/make_random_checkpoint "$preset" "$dir" --seed 1 --gguf "$gguf" >/dev/null
+        "$BIN/make_random_checkpoint" "$preset" "$dir" --seed 1 --gguf "$gguf" >/dev/null
     fi
     # weight bytes one decode step streams: every matmul, lm_head (the embedding when tied) included
     bytes=$($PY - "$dir/config.json" <<'EOF'
@@ -90,7 +98,7 @@ EOF
     [ -n "$LB" ] && cat "$gguf" >/dev/null
     bw=() dp32=() dp512=() ddec=() dload=() dttft=() drss=() lp32=() lp512=() ldec=()
     for r in $(seq 1 "$RUNS"); do
-        bw+=("$(./build/bench_membw 2 "$THREADS" 3 | sed -nE 's/read bandwidth: ([0-9.]+) GB\/s.*/\1/p')")
+        bw+=("$("$BIN/bench_membw" 2 "$THREADS" 3 | sed -nE 's/read bandwidth: ([0-9.]+) GB\/s.*/\1/p')")
         IFS='|' read -r line rss <<<"$(djinn_run "$dir" "$P32" 64)"
         dp32+=("$(field "$line" prompt)") ddec+=("$(field "$line" decode)") drss+=("$rss")
         IFS='|' read -r line _ <<<"$(djinn_run "$dir" "$P512" 1)"
@@ -131,5 +139,5 @@ for l in sys.stdin:
     printf '{"model": "%s", "threads": %s, "runs": %s, "weight_bytes_per_token": %s, "read_gb_s": %s, "djinn": {"prompt32_tok_s": %s, "prompt512_tok_s": %s, "decode64_tok_s": %s, "decode_bw_fraction": %s, "load_s": %s, "ttft_s": %s}, "llama_cpp": {"prompt32_tok_s": "%s", "prompt512_tok_s": "%s", "decode64_tok_s": "%s"}}\n' \
         "$preset" "$THREADS" "$RUNS" "$bytes" "$BW" "$(median "${dp32[@]}")" "$(median "${dp512[@]}")" "$DEC" "$FRAC" \
         "$(median "${dload[@]}")" "$(median "${dttft[@]}")" "$(median "${lp32[@]:-}")" "$(median "${lp512[@]:-}")" "$LDEC" \
-        >>build/bench-cpu.jsonl
+        >>"$JSONL"
 done

@@ -1,6 +1,7 @@
 /* test_cpu_backend.c: every CPU op against a naive double-precision reference
  * on fresh random inputs (NaN-poisoned outputs), plus error returns and timing. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -222,8 +223,53 @@ static void test_matmul(void) {
 /* Every instruction set this CPU runs gives the portable kernels' bits, for
  * decode (direct) and prefill (tiled, k-blocked) shapes, every weight type,
  * k with and without a tail past the 16 lanes, and bias. */
+/* The pool: every task of every op exactly once, thread indices in range,
+ * ops back to back (a late worker must not run a finished op's tasks). */
+typedef struct pool_probe {
+    _Atomic uint32_t *hits;
+    int n_threads;
+    _Atomic int bad_thread;
+} pool_probe;
+
+static void probe_task(void *ctx, uint32_t task, int thread) {
+    pool_probe *p = ctx;
+    if (thread < 0 || thread >= p->n_threads) atomic_store(&p->bad_thread, 1);
+    atomic_fetch_add(&p->hits[task], 1);
+}
+
+static void probe_range(void *ctx, size_t lo, size_t hi, int thread) {
+    for (size_t i = lo; i < hi; i++) probe_task(ctx, (uint32_t)i, thread);
+}
+
+static void test_pool(void) {
+    enum { MAX_TASKS = 997 };
+    static const int threads[] = {1, 2, 3, 5};
+    _Atomic uint32_t *hits = calloc(MAX_TASKS, sizeof *hits);
+    for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+        dj_cpu_pool *pool = NULL;
+        CHECK_OK(dj__cpu_pool_new(threads[ti], &pool));
+        if (!pool) continue;
+        CHECK(dj__cpu_pool_threads(pool) == threads[ti]);
+        pool_probe pr = {hits, threads[ti], 0};
+        int wrong = 0;
+        for (uint32_t op = 0; op < 400; op++) {
+            const uint32_t n = (op * 37u) % MAX_TASKS;
+            for (uint32_t i = 0; i < MAX_TASKS; i++) atomic_store(&hits[i], 0);
+            if (op % 2) dj__cpu_pool_run(pool, n, probe_task, &pr);
+            else dj__cpu_pool_for(pool, n, 1 + op % 13, probe_range, &pr);
+            for (uint32_t i = 0; i < MAX_TASKS; i++) wrong += atomic_load(&hits[i]) != (i < n ? 1u : 0u);
+        }
+        CHECK_MSG(wrong == 0, "pool of %d threads: %d tasks not run exactly once", threads[ti], wrong);
+        CHECK_MSG(!atomic_load(&pr.bad_thread), "pool of %d threads: a thread index out of range", threads[ti]);
+        dj__cpu_pool_free(pool);
+    }
+    dj_cpu_pool *pool = NULL;
+    CHECK(dj__cpu_pool_new(0, &pool) == DJ_EINVAL && !pool);
+    free(hits);
+}
+
 static void test_matmul_isas(void) {
-    static const uint32_t shapes[][3] = {{1, 1037, 67}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20}};
+    static const uint32_t shapes[][3] = {{1, 1037, 67}, {2, 100, 11}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20}};
     dj_backend_t *ref = NULL, *simd = NULL;
     CHECK_OK(dj_backend_cpu_new(2, &ref));
     CHECK_OK(dj_backend_cpu_new(1, &simd));
@@ -611,6 +657,7 @@ int main(void) {
     dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(0, &be));
     if (!be) return dj_test_finish("test_cpu_backend");
+    test_pool();
     test_embed();
     test_rmsnorm();
     test_matmul();

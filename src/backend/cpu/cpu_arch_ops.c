@@ -1,6 +1,6 @@
 /* cpu_arch_ops.c: the CPU kernels of the ops beyond Llama - GeGLU, logit
  * soft-capping, and the mixture of experts (routing, one expert's MLP over
- * the rows routed to it). */
+ * the rows routed to it: an OpenMP team of its own, the one op off the pool). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -15,22 +15,30 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-dj_status dj__cpu_gelu_mul(dj_cpu_backend *cb, const dj_op_call *c) {
-    const size_t count = (size_t)c->n * c->d;
+static void gelu_mul_range(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
     const float *gate = c->x, *up = c->x2;
     float *out = c->out;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 16384)
-    for (size_t i = 0; i < count; i++) out[i] = gelu_tanh(gate[i]) * up[i];
+    for (size_t i = lo; i < hi; i++) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+dj_status dj__cpu_gelu_mul(dj_cpu_backend *cb, const dj_op_call *c) {
+    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->d, 16384, gelu_mul_range, (void *)c);
     return DJ_OK;
 }
 
-dj_status dj__cpu_softcap(dj_cpu_backend *cb, const dj_op_call *c) {
-    const size_t count = (size_t)c->n * c->d;
+static void softcap_range(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
     const float *x = c->x;
     float *out = c->out;
     const float cap = c->softcap;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 65536)
-    for (size_t i = 0; i < count; i++) out[i] = tanhf(x[i] / cap) * cap;
+    for (size_t i = lo; i < hi; i++) out[i] = tanhf(x[i] / cap) * cap;
+}
+
+dj_status dj__cpu_softcap(dj_cpu_backend *cb, const dj_op_call *c) {
+    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->d, 65536, softcap_range, (void *)c);
     return DJ_OK;
 }
 

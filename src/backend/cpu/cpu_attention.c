@@ -64,11 +64,12 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
     for (uint32_t i = 0; i < hd; i++) o[i] *= inv;
 }
 
-dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
-    const uint32_t n = c->n, nh = c->n_heads, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    const int64_t tasks = (int64_t)n * nh;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; task++) {
+/* One (row, head) pair a task. */
+static void attend_task(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
+    const uint32_t nh = c->n_heads, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    for (size_t task = lo; task < hi; task++) {
         const uint32_t i = (uint32_t)(task / nh), h = (uint32_t)(task % nh);
         const uint32_t p = c->row_pos ? c->row_pos[i] : c->pos0 + i;
         const uint32_t *table = c->row_tables ? c->row_tables[i] : c->kv->block_table;
@@ -77,5 +78,12 @@ dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
         attend_one(c->kv, table, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale,
                    c->softcap);
     }
+}
+
+dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
+    /* a short context is not worth a hand-over: key positions per task at least 256 */
+    const uint32_t ctx_len = c->row_pos ? 256 : c->pos0 + c->n;
+    const size_t grain = ctx_len >= 256 ? 1 : 256 / (ctx_len ? ctx_len : 1);
+    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->n_heads, grain, attend_task, (void *)c);
     return DJ_OK;
 }

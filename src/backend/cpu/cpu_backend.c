@@ -1,5 +1,5 @@
 /* cpu_backend.c: the CPU backend - host memory as device memory, the compute
- * switch with its argument checks, and the elementwise/row ops (OpenMP). */
+ * switch with its argument checks, and the elementwise/row ops (on the pool). */
 #define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include <math.h>
 #include <omp.h>
@@ -95,21 +95,28 @@ static dj_status cpu_sync(dj_backend_t *be) {
 
 /* ---- row and elementwise ops ---- */
 
+static void embed_rows(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
+    const uint32_t d = c->d;
+    const int32_t *ids = c->ids ? c->ids : c->ids_dev;
+    const size_t row_bytes = (size_t)d * dj_dtype_size(c->w_dtype);
+    for (size_t i = lo; i < hi; i++) {
+        float *o = (float *)c->out + i * d;
+        dj__cpu_to_f32(o, (const uint8_t *)c->w + (size_t)ids[i] * row_bytes, c->w_dtype, d);
+        if (c->scale != 0.0f) /* Gemma: times sqrt(hidden) */
+            for (uint32_t j = 0; j < d; j++) o[j] *= c->scale;
+    }
+}
+
 static dj_status op_embed(dj_cpu_backend *cb, const dj_op_call *c) {
-    const uint32_t n = c->n, d = c->d, vocab = c->m;
+    const uint32_t n = c->n, vocab = c->m;
     const int32_t *ids = c->ids ? c->ids : c->ids_dev;
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] < 0 || (uint32_t)ids[i] >= vocab)
             return dj_fail(DJ_ERANGE, "embed: token id %d at row %u is outside the vocabulary [0, %u)",
                            (int)ids[i], i, vocab);
-    const size_t row_bytes = (size_t)d * dj_dtype_size(c->w_dtype);
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
-    for (uint32_t i = 0; i < n; i++) {
-        float *o = (float *)c->out + (size_t)i * d;
-        dj__cpu_to_f32(o, (const uint8_t *)c->w + (size_t)ids[i] * row_bytes, c->w_dtype, d);
-        if (c->scale != 0.0f) /* Gemma: times sqrt(hidden) */
-            for (uint32_t j = 0; j < d; j++) o[j] *= c->scale;
-    }
+    dj__cpu_pool_for(cb->pool, n, 1, embed_rows, (void *)c);
     return DJ_OK;
 }
 
@@ -137,11 +144,12 @@ float dj__cpu_dot(const float *a, const float *b, uint32_t len) {
 /* As LlamaRMSNorm in f32: x * rsqrt(mean(x^2) + eps), then times the weight
  * (plus w_offset: Gemma's 1 + w); each d-wide group of a row alone (groups:
  * per-head q/k norm). */
-static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
-    const uint32_t n = c->n * (c->groups > 1 ? c->groups : 1), d = c->d;
+static void rmsnorm_rows(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
+    const uint32_t d = c->d;
     enum { CHUNK = 256 };
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
-    for (uint32_t i = 0; i < n; i++) {
+    for (size_t i = lo; i < hi; i++) {
         const float *x = (const float *)c->x + (size_t)i * d;
         float *o = (float *)c->out + (size_t)i * d;
         const float r = 1.0f / sqrtf(dj__cpu_dot(x, x, d) / (float)d + c->eps);
@@ -155,19 +163,26 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
             for (uint32_t j = 0; j < len; j++) o[j0 + j] = wbuf[j] * (x[j0 + j] * r);
         }
     }
+}
+
+static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
+    const size_t n = (size_t)c->n * (c->groups > 1 ? c->groups : 1);
+    /* rows a task: about 16K elements (per-head groups are short) */
+    dj__cpu_pool_for(cb->pool, n, c->d >= 16384 ? 1 : 16384 / c->d, rmsnorm_rows, (void *)c);
     return DJ_OK;
 }
 
 /* HF rotate_half: angle = inv_freq[j] * p in f32, cos/sin in f32, both times
  * attention_scaling; pairs (j, j + rot/2) of the first rot dims of each head
  * (rot_dim, or all of it), the rest passed through. In place allowed. */
-static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
-    const uint32_t n = c->n, nh = c->n_heads, hd = c->head_dim;
+static void rope_rows(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
+    const uint32_t nh = c->n_heads, hd = c->head_dim;
     const uint32_t rot = c->rot_dim ? c->rot_dim : hd, half = rot / 2;
     const size_t row = (size_t)nh * hd;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (n > 1)
-    for (uint32_t i = 0; i < n; i++) {
-        const float p = (float)(c->row_pos ? c->row_pos[i] : c->pos0 + i);
+    for (size_t i = lo; i < hi; i++) {
+        const float p = (float)(c->row_pos ? c->row_pos[i] : c->pos0 + (uint32_t)i);
         const float *x = (const float *)c->x + i * row;
         float *o = (float *)c->out + i * row;
         for (uint32_t j = 0; j < half; j++) {
@@ -183,6 +198,10 @@ static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
             for (uint32_t h = 0; h < nh; h++)
                 memcpy(o + (size_t)h * hd + rot, x + (size_t)h * hd + rot, (size_t)(hd - rot) * sizeof *o);
     }
+}
+
+static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
+    dj__cpu_pool_for(cb->pool, c->n, 1, rope_rows, (void *)c);
     return DJ_OK;
 }
 
@@ -201,24 +220,32 @@ static dj_status op_kv_write(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
-static dj_status op_silu_mul(dj_cpu_backend *cb, const dj_op_call *c) {
-    const size_t count = (size_t)c->n * c->d;
+static void silu_mul_range(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
     const float *gate = c->x, *up = c->x2;
     float *out = c->out;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 16384)
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = lo; i < hi; i++) {
         const float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+static dj_status op_silu_mul(dj_cpu_backend *cb, const dj_op_call *c) {
+    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->d, 16384, silu_mul_range, (void *)c);
     return DJ_OK;
 }
 
-static dj_status op_add(dj_cpu_backend *cb, const dj_op_call *c) {
-    const size_t count = (size_t)c->n * c->d;
+static void add_range(void *ctx, size_t lo, size_t hi, int thread) {
+    (void)thread;
+    const dj_op_call *c = ctx;
     const float *a = c->x, *b = c->x2;
     float *out = c->out;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static) if (count >= 65536)
-    for (size_t i = 0; i < count; i++) out[i] = a[i] + b[i];
+    for (size_t i = lo; i < hi; i++) out[i] = a[i] + b[i];
+}
+
+static dj_status op_add(dj_cpu_backend *cb, const dj_op_call *c) {
+    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->d, 65536, add_range, (void *)c);
     return DJ_OK;
 }
 
@@ -263,6 +290,7 @@ static dj_status cpu_argmax(dj_backend_t *be, const float *logits, uint32_t n, u
 
 static void cpu_destroy(dj_backend_t *be) {
     dj_cpu_backend *cb = (dj_cpu_backend *)be;
+    dj__cpu_pool_free(cb->pool);
     free(cb->scratch);
     free(cb);
 }
@@ -337,6 +365,11 @@ dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {
     cb->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
     cb->isa = dj__cpu_isa_best();
     cb->kern = dj__cpu_kernels_for(cb->isa);
+    const dj_status st = dj__cpu_pool_new(cb->n_threads, &cb->pool);
+    if (st != DJ_OK) {
+        free(cb);
+        return st;
+    }
     *out = &cb->base;
     return DJ_OK;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/cpu_kern.h"
+#include "backend/cpu/cpu_pool.h"
 #include "djinn/backend.h"
 
 /* Decode-size matmuls (n <= this) read the weights as stored (one pass,
@@ -16,7 +17,8 @@
 
 typedef struct dj_cpu_backend {
     struct dj_backend base; /* must stay first */
-    int n_threads;        /* OpenMP threads for every op */
+    int n_threads;        /* threads of every op: the pool's (moe_ffn: an OpenMP team) */
+    dj_cpu_pool *pool;    /* owned */
     uint32_t tile_rows;   /* weight rows per thread tile of a larger matmul; 0 = from k */
     dj_cpu_isa isa;       /* the kernels' instruction set (dj__cpu_isa_best at creation) */
     const dj__cpu_kernels *kern; /* its table */

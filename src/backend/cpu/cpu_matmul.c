@@ -4,8 +4,7 @@
  * any batch. Decode-size n reads the weights as stored, every thread its own
  * contiguous weight rows (one pass over them); larger n converts tiles of
  * weight rows to f32 per thread (never a full copy) and multiplies them
- * k-blocked. OpenMP splits the weight rows. */
-#include <omp.h>
+ * k-blocked. The pool's tasks split the weight rows. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,13 +41,32 @@ static void direct_rows(const dj__cpu_kernels *K, const dj_op_call *c, uint32_t 
             for (uint32_t j = j0; j < j1; j++) out[(size_t)r * m + j] += bias_at(c, j);
 }
 
+typedef struct direct_job {
+    const dj__cpu_kernels *K;
+    const dj_op_call *c;
+} direct_job;
+
+static void direct_task(void *ctx, size_t j0, size_t j1, int thread) {
+    (void)thread;
+    const direct_job *j = ctx;
+    direct_rows(j->K, j->c, (uint32_t)j0, (uint32_t)j1);
+}
+
+/* Weight rows in runs of at least DIRECT_MIN_BYTES (each a sequential stream
+ * long enough for the prefetchers), about DIRECT_TASKS runs a thread so that
+ * a thread the OS runs late leaves its share to the others. */
+#define DIRECT_MIN_BYTES (64u << 10)
+#define DIRECT_TASKS 4u
+
 static void matmul_direct(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t m = c->m, nt = (uint32_t)cb->n_threads;
-    uint32_t block = (m + nt - 1) / nt;
+    const size_t row_bytes = (size_t)c->k * dj_dtype_size(c->w_dtype);
+    size_t block = (m + DIRECT_TASKS * nt - 1) / (DIRECT_TASKS * nt);
+    const size_t min_rows = (DIRECT_MIN_BYTES + row_bytes - 1) / row_bytes;
+    if (block < min_rows) block = min_rows;
     block = (block + 15) / 16 * 16;
-    const dj__cpu_kernels *K = cb->kern;
-#pragma omp parallel for num_threads(cb->n_threads) schedule(static)
-    for (uint32_t j0 = 0; j0 < m; j0 += block) direct_rows(K, c, j0, m - j0 < block ? m : j0 + block);
+    direct_job j = {cb->kern, c};
+    dj__cpu_pool_for(cb->pool, m, block, direct_task, &j);
 }
 
 static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
@@ -64,28 +82,60 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
 
 /* out[:, j0 .. j0+nj) from f32 weight rows w[nj][k] (the tile), x rows in
  * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets. */
-static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *w, uint32_t j0, uint32_t nj,
-                           float *acc) {
+static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx,
+                           const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc) {
     const uint32_t n = c->n, k = c->k, k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
-    const float *x = c->x;
     float *out = c->out;
     for (uint32_t r0 = 0; r0 < n; r0 += ROW_CHUNK) {
         const uint32_t rn = n - r0 < ROW_CHUNK ? n - r0 : ROW_CHUNK;
         memset(acc, 0, (size_t)rn * nj * DJ_CPU_LANES * sizeof *acc);
         for (uint32_t k0 = 0; k0 < k16; k0 += DJ_CPU_KBLOCK) {
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
-            K->gemm_block(x + (size_t)r0 * k, k, rn, w, k, nj, k0, k1, acc);
+            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc);
         }
         for (uint32_t r = 0; r < rn; r++) {
             float *o = out + (size_t)(r0 + r) * c->m + j0;
             K->reduce(acc + (size_t)r * nj * DJ_CPU_LANES, nj, o);
             if (k16 < k)
                 for (uint32_t j = 0; j < nj; j++)
-                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * k, w + (size_t)j * k, DJ_DTYPE_F32, k16, k);
+                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * ldx, w + (size_t)j * ldw, DJ_DTYPE_F32, k16, k);
             if (c->bias)
                 for (uint32_t j = 0; j < nj; j++) o[j] += bias_at(c, j0 + j);
         }
     }
+}
+
+/* Floats between a converted tile's rows: k and one cache line more, so the
+ * weight rows a register tile reads side by side do not all fall in the same
+ * L1 sets (k a multiple of 1024 floats put them 4 KiB apart: measured a third
+ * slower; padding x's rows as well measured no better). */
+static inline size_t tile_ld(uint32_t k) { return ((size_t)k + 15) / 16 * 16 + 16; }
+
+typedef struct tiled_job {
+    const dj__cpu_kernels *K;
+    const dj_op_call *c;
+    float *scratch;    /* per_thread floats a thread */
+    size_t per_thread;
+    const float *x;    /* c->x: rows ldx floats apart */
+    size_t ldx;
+    uint32_t tile;
+    bool f32;
+} tiled_job;
+
+static void tiled_task(void *ctx, uint32_t ti, int thread) {
+    const tiled_job *j = ctx;
+    const dj_op_call *c = j->c;
+    const uint32_t k = c->k, j0 = ti * j->tile, rows = c->m - j0 < j->tile ? c->m - j0 : j->tile;
+    const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * k * dj_dtype_size(c->w_dtype);
+    float *mine = j->scratch + (size_t)thread * j->per_thread;
+    float *acc = j->f32 ? mine : mine + (size_t)j->tile * tile_ld(k);
+    if (j->f32) {
+        gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc);
+        return;
+    }
+    const size_t ldw = tile_ld(k), row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
+    for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
+    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc);
 }
 
 /* Larger n: each thread takes a tile of weight rows - converted into its
@@ -104,27 +154,11 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     }
     if (tile > m) tile = m;
     const bool f32 = c->w_dtype == DJ_DTYPE_F32;
-    const size_t per_thread = (f32 ? 0 : (size_t)tile * k) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
+    const size_t per_thread = (f32 ? 0 : (size_t)tile * tile_ld(k)) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
     dj_status st = grow_scratch(cb, per_thread * (size_t)cb->n_threads);
     if (st != DJ_OK) return st;
-    const size_t row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
-    const uint32_t n_tiles = (m + tile - 1) / tile;
-#pragma omp parallel num_threads(cb->n_threads)
-    {
-        float *mine = cb->scratch + (size_t)omp_get_thread_num() * per_thread;
-        float *acc = f32 ? mine : mine + (size_t)tile * k;
-#pragma omp for schedule(dynamic, 1)
-        for (uint32_t ti = 0; ti < n_tiles; ti++) {
-            const uint32_t j0 = ti * tile, rows = m - j0 < tile ? m - j0 : tile;
-            const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
-            if (f32) {
-                gemm_tile_rows(K, c, (const float *)(const void *)src, j0, rows, acc);
-                continue;
-            }
-            K->to_f32(mine, src, c->w_dtype, (size_t)rows * k);
-            gemm_tile_rows(K, c, mine, j0, rows, acc);
-        }
-    }
+    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, f32};
+    dj__cpu_pool_run(cb->pool, (m + tile - 1) / tile, tiled_task, &j);
     return DJ_OK;
 }
 
