@@ -241,6 +241,57 @@ static void probe_range(void *ctx, size_t lo, size_t hi, int thread) {
     for (size_t i = lo; i < hi; i++) probe_task(ctx, (uint32_t)i, thread);
 }
 
+/* Small ops after large ones and back, on more threads than cores: a worker
+ * preempted between reading a ticket and claiming it must claim nothing of
+ * a later op (it would run a task the op does not have, or count one that
+ * did not run, letting the caller return while a task still runs). Each op
+ * has its own context, kept, so a late task is seen rather than undefined. */
+typedef struct stale_op {
+    _Atomic int finished;    /* its pool_run returned */
+    _Atomic int late, outside;
+    _Atomic uint32_t hits[256];
+    uint32_t n;
+} stale_op;
+
+static void stale_task(void *ctx, uint32_t task, int thread) {
+    (void)thread;
+    stale_op *o = ctx;
+    if (atomic_load(&o->finished)) atomic_fetch_add(&o->late, 1);
+    if (task >= o->n) {
+        atomic_fetch_add(&o->outside, 1);
+        return;
+    }
+    atomic_fetch_add(&o->hits[task], 1);
+}
+
+static void test_pool_stale(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    enum { OPS = 3000 };
+#else
+    enum { OPS = 30000 };
+#endif
+    stale_op *ops = calloc(OPS, sizeof *ops);
+    dj_cpu_pool *pool = NULL;
+    CHECK_OK(dj__cpu_pool_new(8, &pool));
+    int wrong = 0;
+    for (uint32_t op = 0; pool && op < OPS; op++) {
+        ops[op].n = op % 3 == 0 ? 2 + (uint32_t)(dj_test_rand() % 3) : 64 + (uint32_t)(dj_test_rand() % 192);
+        dj__cpu_pool_run(pool, ops[op].n, stale_task, &ops[op]);
+        atomic_store(&ops[op].finished, 1);
+        for (uint32_t i = 0; i < ops[op].n; i++) wrong += atomic_load(&ops[op].hits[i]) != 1;
+    }
+    dj__cpu_pool_free(pool); /* every worker has stopped: late tasks are all counted */
+    int late = 0, outside = 0;
+    for (uint32_t op = 0; op < OPS; op++) {
+        late += atomic_load(&ops[op].late);
+        outside += atomic_load(&ops[op].outside);
+    }
+    CHECK_MSG(wrong == 0 && late == 0 && outside == 0,
+              "pool of 8 threads, %d ops: %d tasks not run once when the op returned, %d ran after it, %d beyond it",
+              OPS, wrong, late, outside);
+    free(ops);
+}
+
 static void test_pool(void) {
     enum { MAX_TASKS = 997 };
     static const int threads[] = {1, 2, 3, 5};
@@ -658,6 +709,7 @@ int main(void) {
     CHECK_OK(dj_backend_cpu_new(0, &be));
     if (!be) return dj_test_finish("test_cpu_backend");
     test_pool();
+    test_pool_stale();
     test_embed();
     test_rmsnorm();
     test_matmul();

@@ -53,7 +53,7 @@ static void work(dj_cpu_pool *p, uint32_t gen, int thread) {
     for (;;) {
         uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
         if ((uint32_t)(t >> 32) != gen) return;
-        if ((uint32_t)t >= atomic_load_explicit(&p->n_tasks, memory_order_relaxed)) return;
+        if ((uint32_t)t >= atomic_load_explicit(&p->n_tasks, memory_order_acquire)) return;
         if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
@@ -139,13 +139,19 @@ void dj__cpu_pool_run(dj_cpu_pool *p, uint32_t n_tasks, dj_cpu_task_fn fn, void 
         for (uint32_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    /* The previous generation is done (every claimed task finished), so no
-     * worker reads these until it claims a task of the new one. */
+    /* The previous generation is done (every claimed task finished), but a
+     * worker may still be in work()'s claim loop holding an old ticket. The
+     * ticket moves to the new generation first, with no task claimable: a
+     * worker that then reads the new n_tasks (release/acquire below) fails
+     * its compare-and-swap of the old ticket, so it can neither run a task
+     * index the old op never had (with this op's fn, or the old one's dead
+     * ctx) nor count one in this op's done. */
     const uint32_t gen = atomic_load_explicit(&p->seq, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->ticket, (uint64_t)gen << 32 | UINT32_MAX, memory_order_seq_cst);
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
     atomic_store_explicit(&p->ticket, (uint64_t)gen << 32, memory_order_release);
     atomic_store(&p->seq, gen);
     if (atomic_load(&p->sleepers)) futex_wake_all(&p->seq);
