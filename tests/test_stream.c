@@ -5,13 +5,15 @@
  * seed) against the same chain resident, and every fixture model streamed
  * through a text budget smaller than itself: logits bit-identical to the
  * resident model, with prefetch and without, alone and batched, two models
- * over one budget, and budgets too small refused with the sizes. */
+ * over one budget, and budgets too small (and traced steps) refused with the
+ * sizes (the reason). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
 #include "backend/cpu/cpu_impl.h"
 #include "djinn/engine.h"
+#include "djinn/intervene.h"
 #include "exec/stream_impl.h"
 #include "fixture_ref.h"
 #include "model/model_impl.h"
@@ -380,6 +382,16 @@ static void check_batch(void) {
             CHECK_OK(dj_session_new(e, m, 64, 0, &s[i]));
             const int32_t p[3] = {1 + i, 7 + i, 3};
             CHECK_OK(dj_session_step(e, s[i], p, 3, NULL));
+        }
+        if (pass == 1 && s[0]) { /* a traced step cannot split a streamed step: refused, nothing moved */
+            const uint32_t H = dj_model_get_config(m)->hidden_size;
+            float *saved = malloc((size_t)H * sizeof *saved);
+            const dj_intervention iv = {.point = {DJ_POINT_LAYER_OUTPUT, 0}, .op = DJ_IV_SAVE, .out = saved};
+            const int32_t one = 4;
+            CHECK_ST(dj_session_step_trace(e, s[0], &one, 1, &iv, 1, NULL), DJ_EUNSUPPORTED);
+            CHECK_MSG(strstr(dj_last_error(), "weight ring") != NULL, "%s", dj_last_error());
+            CHECK(dj_session_pos(s[0]) == 3);
+            free(saved);
         }
         for (int t = 0; t < 3 && m; t++) {
             const int32_t ids[3] = {5 + t, 9, 2 * t};
