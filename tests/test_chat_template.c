@@ -235,6 +235,22 @@ static void test_refusals(void) {
     size_t len;
     CHECK_ST(dj_chat_template_render(t, "{}", 2, &text, &len), DJ_ERANGE);
     dj_chat_template_free(t);
+    /* several loop variables unpack lists of as many; anything else is an error, with an `if` filter
+     * or without (the fuzzer found the unfiltered loop reading a string as a list) */
+    const char *unpack[] = {"{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% endfor %}",
+                            "{% for a, b in 'xy' %}{{ a }}{% endfor %}",
+                            "{% for a, b in 'xy' if a %}{{ a }}{% endfor %}",
+                            "{% for a, b in [[1, 2], [3]] %}{{ a }}{% endfor %}"};
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(dj_chat_template_parse(unpack[i], strlen(unpack[i]), &t));
+        text = NULL;
+        const dj_status st = t ? dj_chat_template_render(t, "{}", 2, &text, &len) : DJ_EINVAL;
+        if (i == 0) CHECK(st == DJ_OK && text && !strcmp(text, "1234"));
+        else CHECK_MSG(st != DJ_OK && strstr(dj_last_error(), "cannot unpack"), "%s: %s", unpack[i], dj_last_error());
+        free(text);
+        dj_chat_template_free(t);
+        t = NULL;
+    }
     /* bos/eos from the config, raise_exception's message */
     const char *cfg = "{\"chat_template\": \"{{ bos_token }}{% if messages|length == 0 %}{{ raise_exception('no "
                       "messages') }}{% endif %}{{ eos_token }}\", \"bos_token\": {\"content\": \"<s>\"}, "

@@ -1345,6 +1345,18 @@ static dj_status set_var(rctx *r, const char *name, dj__jval v) {
     return DJ_OK;
 }
 
+/* The loop variables of `for a, b in ...` bound to item x: one target takes
+ * it whole; several unpack a list of exactly as many (anything else is an
+ * error naming the line - with no `if` filter this is the first look at x). */
+static dj_status bind_targets(rctx *r, const dj__jstmt *s, const dj__jval *x) {
+    if (s->n_targets == 1) return set_var(r, s->targets[0], *x);
+    if (x->k != JV_LIST || x->u.l->n != s->n_targets)
+        return err(s->line, "cannot unpack a %s into %zu loop variables", kind_name(x->k), s->n_targets);
+    dj_status st = DJ_OK;
+    for (size_t k = 0; k < s->n_targets && st == DJ_OK; k++) st = set_var(r, s->targets[k], x->u.l->v[k]);
+    return st;
+}
+
 static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
     dj__jval it;
     dj_status st = eval(r, s->e, &it);
@@ -1381,17 +1393,7 @@ static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
         }
         sc.vars = (dj__jdict){0};
         bool ok = true;
-        if (s->n_targets == 1) {
-            if ((st = set_var(r, s->targets[0], items->v[i])) != DJ_OK) break;
-        } else {
-            const dj__jval *x = &items->v[i];
-            if (x->k != JV_LIST || x->u.l->n != s->n_targets) {
-                st = err(s->line, "cannot unpack a %s into %zu loop variables", kind_name(x->k), s->n_targets);
-                break;
-            }
-            for (size_t k = 0; k < s->n_targets && st == DJ_OK; k++) st = set_var(r, s->targets[k], x->u.l->v[k]);
-        }
-        if (st != DJ_OK) break;
+        if ((st = bind_targets(r, s, &items->v[i])) != DJ_OK) break;
         if (s->filter) {
             dj__jval c;
             if ((st = eval(r, s->filter, &c)) != DJ_OK) break;
@@ -1402,10 +1404,7 @@ static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
     const bool ran = n_keep > 0;
     for (size_t j = 0; st == DJ_OK && j < n_keep; j++) {
         sc.vars = (dj__jdict){0};
-        const dj__jval *x = &items->v[keep[j]];
-        if (s->n_targets == 1) st = set_var(r, s->targets[0], *x);
-        else
-            for (size_t k = 0; k < s->n_targets && st == DJ_OK; k++) st = set_var(r, s->targets[k], x->u.l->v[k]);
+        st = bind_targets(r, s, &items->v[keep[j]]);
         dj__jdict *loop = dj__arena_alloc(&r->a, sizeof *loop);
         if (st == DJ_OK && !loop) st = oom();
         if (st != DJ_OK) break;
