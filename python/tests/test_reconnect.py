@@ -2,6 +2,7 @@
 alive) raises in the calls waiting on it, then the client connects again and
 reattaches its sessions - their KV cache and position intact."""
 
+import signal
 import socket
 import time
 
@@ -59,9 +60,17 @@ def test_call_in_flight_raises_then_reconnects(daemon):
     c = djinn.connect(daemon.addr)
     try:
         s = c.model("tinyllama").session()
-        stream = s.generate(ref["prompt_ids"], max_new_tokens=200, ignore_eos=True)
-        next(iter(stream))
-        drop(c)
+        s.step(ref["prompt_ids"], logits="none")
+        # The daemon is stopped while the request goes out and the socket drops,
+        # so no frame of the generation can reach the client first: the call is
+        # in flight whatever the machine's speed (a tiny model running free could
+        # finish all its tokens before the drop).
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            stream = s.generate([3], max_new_tokens=20, ignore_eos=True)
+            drop(c)
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
         with pytest.raises(djinn.ConnectionLost):
             for _ in stream:
                 pass
