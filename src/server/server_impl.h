@@ -343,6 +343,9 @@ void dj__scrub_message(const char *msg, char *out, size_t cap);
 void dj__scrub_set_models(const char *dir);
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w); /* takes w's bytes */
 void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
+/* Files h (filled in, refs set) in the handle store under a fresh random id
+ * (h->id); takes and drops mu. On failure h is not filed. */
+dj_status dj__handle_add(dj__server *s, dj__handle *h);
 
 /* model_info.c: MODEL_INFO's reply into w for the request's `model` (a folder
  * of models_dir): config texts, EOS ids, tokenizer presence. Reads only small

@@ -158,11 +158,7 @@ dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint
             h->refs = 1;
             h->bytes = (uint8_t *)v->out;
             snprintf(h->dtype, sizeof h->dtype, "f32");
-            pthread_mutex_lock(&s->mu);
-            do st = dj__random_id(&h->id);
-            while (st == DJ_OK && dj__map_get(&s->handles, h->id));
-            if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
-            pthread_mutex_unlock(&s->mu);
+            st = dj__handle_add(s, h);
             if (st == DJ_OK) {
                 v->out = NULL; /* the handle's now */
                 id = h->id;

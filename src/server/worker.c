@@ -65,6 +65,16 @@ static void post(dj__server *s, dj__out *o) {
     pthread_mutex_unlock(&s->mu);
 }
 
+dj_status dj__handle_add(dj__server *s, dj__handle *h) {
+    pthread_mutex_lock(&s->mu);
+    dj_status st;
+    do st = dj__random_id(&h->id);
+    while (st == DJ_OK && dj__map_get(&s->handles, h->id));
+    if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 void dj__handle_unref(dj__server *s, dj__handle *h) {
     (void)s;
     if (--h->refs > 0) return;
@@ -607,11 +617,7 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         h->nbytes = rows * vocab * sizeof(float);
         h->refs = 1;
         snprintf(h->dtype, sizeof h->dtype, "f32");
-        pthread_mutex_lock(&s->mu);
-        do st = dj__random_id(&h->id);
-        while (st == DJ_OK && dj__map_get(&s->handles, h->id));
-        if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
-        pthread_mutex_unlock(&s->mu);
+        st = dj__handle_add(s, h);
         if (st != DJ_OK) {
             free(h->bytes);
             free(h);
