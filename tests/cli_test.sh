@@ -217,6 +217,11 @@ if [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "layers stream through a ri
 got=$(DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens --vmu-gb 0.02 \
     --no-prefetch 2>/dev/null)
 if [ "$got" = "$want" ]; then ok; else bad "run streamed --no-prefetch: got '$got', resident '$want'"; fi
+got=$(DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens --vmu-gb 0.02 \
+    --host-layers 2 --stats 2>"$TMP/err")
+if [ "$got" = "$want" ] && grep -q "host compute:   the FFN of 2 layers" "$TMP/err"; then ok; else
+    bad "run streamed --host-layers 2: got '$got', resident '$want'"; cat "$TMP/err" >&2; fi
+expect_error "run: --host-layers bad" "is not auto, none or a layer count" "$DJINN" run --tokens 1 --host-layers 0
 if "$DJINN" info --vmu-gb 0.02 | grep -q "layers stream through a ring"; then ok; else bad "info --vmu-gb 0.02: no placement"; fi
 if "$DJINN" info --vmu-gb 0.005 | grep -q "placement:      none: .*cannot run this model even streamed"; then ok; else
     bad "info --vmu-gb 0.005: no refusal"; fi

@@ -79,6 +79,7 @@ struct dj_engine {
     size_t calls_cap;
     dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
     bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
+    int host_layers;           /* cfg.host_layers: host compute beside the stream */
 };
 
 /* ---- engine ---- */
@@ -148,6 +149,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     if (st != DJ_OK) goto fail;
     e->max_step = cfg->max_step_tokens ? cfg->max_step_tokens : 512;
     e->prefetch = !cfg->no_prefetch;
+    e->host_layers = cfg->host_layers;
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
@@ -506,6 +508,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         m->fingerprint = fp;
     }
     if (m->stream && (st = dj__stream_source(m)) != DJ_OK) goto fail_region;
+    if (m->stream && (st = dj__stream_host_setup(m, e->host_layers)) != DJ_OK) goto fail_region;
     free(inv_freq);
     free(src);
     *out = m;
@@ -848,7 +851,10 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         }
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
         if (!profile) { /* the whole step goes to the backend at once, below */
-            if (ms) ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
+            if (ms) {
+                ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
+                ms->call_layer[n_calls] = nd->layer;
+            }
             e->calls[n_calls++] = call;
         } else { /* profiling: op by op, unfused, each timed to its end */
             const double t0 = prof_now();
@@ -869,6 +875,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     }
     if (st == DJ_OK && n_calls && ms) {
         dj_stream_step ss;
+        if ((st = dj__stream_host_runs(ms, e->calls, n_calls, n)) != DJ_OK) return st;
         dj__stream_step(ms, e->prefetch, &ss);
         st = e->be->vt->compute_plan(e->be, e->calls, n_calls, g, &ss);
     } else if (st == DJ_OK && n_calls) {

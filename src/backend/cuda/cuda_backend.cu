@@ -85,7 +85,7 @@ static dj_status cuda_copy(dj_cuda_backend *cb, void *dst, const void *src, size
     DJ_CU(cb, cudaMemcpyAsync(dst, src, bytes, kind, cb->stream));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
     cb->stage_off = 0;
-    return DJ_OK;
+    return dj__cuda_host_status(cb);
 }
 
 static dj_status cuda_upload(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
@@ -115,7 +115,7 @@ static dj_status cuda_sync(dj_backend_t *be) {
     DJ_CU(cb, cudaSetDevice(cb->device));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
     cb->stage_off = 0;
-    return DJ_OK;
+    return dj__cuda_host_status(cb);
 }
 
 /* Room for `bytes` in the staging buffers at *off (syncs and grows them when

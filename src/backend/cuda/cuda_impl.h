@@ -16,7 +16,7 @@
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
 /* Plans whose fusion decisions are kept (a step's graph per batch bucket and phase). */
-#define DJ_CUDA_PLANS 16
+#define DJ_CUDA_PLANS 64
 
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
@@ -58,7 +58,17 @@ typedef struct dj_cuda_backend {
      * on a stream of their own, made at the first ring. */
     cudaStream_t weight_stream; /* owned, or NULL */
     cudaEvent_t weight_mark;    /* serial copies: recorded on stream, waited on by weight_stream */
+    /* Host compute (cuda_ring.cu): a host run failed inside a host function
+     * (set there, __atomic); the next sync or streamed step reports host_err. */
+    int host_failed;
+    char host_err[256];
 } dj_cuda_backend;
+
+/* Enqueues host run h of a streamed step on the compute stream: its in
+ * copies, its calls on `host` in a host function, its out copies. */
+dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h);
+/* DJ_OK, or the failure of a host run since the last call (then cleared). */
+dj_status dj__cuda_host_status(dj_cuda_backend *cb);
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
 dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, const char *msg);
