@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "exec/stream_impl.h"
 #include "model/model_impl.h"
@@ -121,7 +122,10 @@ dj_status dj__stream_host_setup(dj_model_t *m, int host_layers) {
     if (first == pl->n_layers) return DJ_OK; /* nothing to compute on the host */
     s->host_layer = calloc(pl->n_layers, 1);
     if (!s->host_layer) return dj_fail(DJ_ENOMEM, "out of memory");
-    dj_status st = dj_backend_cpu_new(0, &s->host);
+    /* every core but one: the thread that enqueues the device's work (and waits on it, spinning)
+     * keeps its own, so no pool worker is descheduled mid-op */
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    dj_status st = dj_backend_cpu_new(s->be->host_memory || cores < 3 ? 0 : (int)cores - 1, &s->host);
     if (st != DJ_OK) return st;
     uint32_t n = (uint32_t)host_layers;
     s->host_rows = DJ_HOST_ROWS_FORCED;
