@@ -507,8 +507,8 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         if ((st = dj_vmu_model_set_fingerprint(e->vmu, region, fp)) != DJ_OK) goto fail_region;
         m->fingerprint = fp;
     }
-    if (m->stream && (st = dj__stream_source(m)) != DJ_OK) goto fail_region;
     if (m->stream && (st = dj__stream_host_setup(m, e->host_layers)) != DJ_OK) goto fail_region;
+    if (m->stream && (st = dj__stream_source(m)) != DJ_OK) goto fail_region;
     free(inv_freq);
     free(src);
     *out = m;

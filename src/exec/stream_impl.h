@@ -164,10 +164,13 @@ uint32_t dj_host_count(uint32_t n_streamed, double layer_bytes, double ffn_bytes
 /* Which streamed layers (pl->streamed) take the n host slots: spread evenly
  * over them. host[n_layers] receives 1 for each. */
 void dj_host_spread(const dj_placement *pl, uint32_t n, uint8_t *host /* OUT */);
-/* After dj__stream_source: decides host compute. host_layers < 0: none; 0:
- * from rates measured now (a streamed layer copied, its FFN run on the host
- * at 1 and 8 rows) - none on a backend whose device memory is the host's;
- * k > 0: k layers (fewer if fewer stream), host_rows DJ_HOST_ROWS_FORCED. */
+/* After dj__stream_setup, before dj__stream_source: decides host compute.
+ * host_layers < 0: none; 0: from rates measured now (a streamed layer copied
+ * from page-locked staging, its FFN run on the host at 1 and 8 rows) - none
+ * on a backend whose device memory is the host's; k > 0: k layers (fewer if
+ * fewer stream), host_rows DJ_HOST_ROWS_FORCED. (A copy of the host layers'
+ * FFN tensors into 2 MiB pages was measured on the H100 machine: no faster
+ * than the mapping's pages, so they are read in place.) */
 dj_status dj__stream_host_setup(struct dj_model *m, int host_layers);
 /* For a step of n_rows rows whose calls[0..n_calls) and s->call_load /
  * s->call_layer are built: when n_rows <= s->host_rows, each host layer's FFN
