@@ -1529,6 +1529,7 @@ dj_status dj__worker_start(dj__server *s) {
     ec.device = s->cfg.device;
     ec.max_step_tokens = MIXED_ROWS;
     ec.deterministic = s->cfg.deterministic;
+    ec.host_layers = s->cfg.host_layers;
     /* auto: on for the CPU engine (measured, bench/RESULTS.md); a device's
      * mixed rows take the per-row attention kernel instead of the prefill one,
      * not measured yet */
