@@ -21,6 +21,8 @@
 
 #define DJ_PLAN_CACHE_ENTRIES 64
 #define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
+#define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
+                            * these, so clients' sets of points never push out the plain steps) */
 #define DJ_MAX_BATCH 1024  /* sessions in one decode step */
 
 /* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
@@ -1137,15 +1139,21 @@ static bool graphs_enabled(const dj_engine_t *e) {
 static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, const dj_graph_t *plan,
                               const uint8_t *stack, uint64_t key) {
     const uint8_t *text = dj_vmu_model_base(m->region);
-    step_graph *hit = NULL, *victim = &e->graphs[0];
+    step_graph *hit = NULL, *victim = &e->graphs[0], *traced = NULL; /* traced: the LRU traced one */
+    int n_traced = 0;
     for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
         step_graph *sg = &e->graphs[i];
         if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B && sg->key == key) {
             hit = sg;
             break;
         }
-        if (sg->state == SG_EMPTY || sg->used < victim->used) victim = sg;
+        if (sg->state == SG_EMPTY || (victim->state != SG_EMPTY && sg->used < victim->used)) victim = sg;
+        if (sg->state != SG_EMPTY && sg->key) {
+            n_traced++;
+            if (!traced || sg->used < traced->used) traced = sg;
+        }
     }
+    if (!hit && key && n_traced >= DJ_TRACE_GRAPHS) victim = traced;
     if (hit && (hit->text != text || hit->stack != stack || hit->plan != plan || hit->args != e->args_dev)) {
         e->be->vt->graph_free(e->be, hit->graph);
         memset(hit, 0, sizeof *hit); /* stale: start over (eager once, then capture) */
