@@ -7,7 +7,8 @@
 # --add-trace), whose reference.json files land in OUT/fixtures/<name>/ to be
 # copied into tests/fixtures/models/<name>/.
 # The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
-# build-cuda/gpu_trace build-cuda/bench_trace), else they are built here.
+# build-cuda/gpu_trace build-cuda/bench_trace build-cuda/bench_trace_host),
+# else they are built here.
 # usage (repo root): tests/gpu/trace_check.sh [--out DIR] [--no-fixtures]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,7 +30,7 @@ if [ -f .carry/gpu.tar.xz ]; then
     B=$G/bin
 else
     cmake -S . -B build-cuda -DDJ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 2
-    cmake --build build-cuda -j"$(nproc)" --target gpu_trace bench_trace make_random_checkpoint || exit 2
+    cmake --build build-cuda -j"$(nproc)" --target gpu_trace bench_trace bench_trace_host make_random_checkpoint || exit 2
     B=build-cuda
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
@@ -41,6 +42,8 @@ M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
 [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 >/dev/null || exit 2
 "$B/bench_trace" --model "$M" --device cuda:0 --prefill 512 --ctx 512 --reps 20 2>&1 | tee "$OUT/bench_trace.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fail=1
+# the host's share of a saved point at that shape, before the fix and now (this machine's host)
+"$B/bench_trace_host" --rows 512 --hidden 4096 2>&1 | tee -a "$OUT/bench_trace.log"
 if [ $FIX = 1 ]; then
     python3 tools/make_fixtures.py --add-trace >"$OUT/add_trace.log" 2>&1 || fail=1
     tail -14 "$OUT/add_trace.log"
