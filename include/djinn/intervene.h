@@ -65,7 +65,11 @@ typedef struct dj_intervention {
  * layers.{i+1}.input are one point), and what they write is what the rest
  * of the step - and the KV cache it fills - reads. A point with only saves
  * costs one device-to-device copy of its activation, in stream order (the
- * step does not wait for it); the copies reach the `out` buffers (widened
+ * step does not wait for it), into the engine's trace area (device memory
+ * beside the VMU's, kept and grown to the largest step's need: at most 8
+ * points of [max_step_tokens][hidden]; further points, or all of them when
+ * the area cannot grow, go through the host as edits do); the copies reach
+ * the `out` buffers (widened
  * to f32) by the time the call returns - a prefill chunk's on the device's
  * copy stream while the rest of the step runs. A decode step whose points
  * are all saves replays a recorded graph with the copies in it. A point
