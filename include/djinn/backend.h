@@ -332,6 +332,14 @@ typedef struct dj_backend_vtbl {
      * copies the bytes into host_alloc memory instead. */
     dj_status (*host_register)(dj_backend_t *be, void *p, size_t bytes);
     void (*host_unregister)(dj_backend_t *be, void *p);
+
+    /* ---- optional: NULL where a backend lacks it (a traced step then saves
+     * through the host: sync, download) ---- */
+
+    /* bytes from src_dev to dst_dev (device memory both, not overlapping),
+     * ordered with compute and without waiting; recorded like compute during
+     * a capture (a traced step's saved points). */
+    dj_status (*copy)(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

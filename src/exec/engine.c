@@ -21,6 +21,8 @@
 
 #define DJ_PLAN_CACHE_ENTRIES 64
 #define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
+#define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
+                            * these, so clients' sets of points never push out the plain steps) */
 #define DJ_MAX_BATCH 1024  /* sessions in one decode step */
 
 /* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
@@ -37,6 +39,7 @@ typedef struct step_graph {
     const uint8_t *args;       /* the step-args buffer */
     dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
     int out_idx;               /* the plan's output node */
+    uint64_t key;              /* a traced step's dj__step_hook.graph_key, 0 for plain steps */
     uint64_t used;             /* LRU clock */
 } step_graph;
 
@@ -80,6 +83,11 @@ struct dj_engine {
     dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
     bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
     int host_layers;           /* cfg.host_layers: host compute beside the stream */
+    /* traced steps' saved points (dj__engine_trace_area) */
+    uint8_t *trace_dev;        /* [trace_cap] backend memory; owned */
+    uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
+    bool trace_pinned;
+    size_t trace_cap;
 };
 
 /* ---- engine ---- */
@@ -164,6 +172,8 @@ fail:
     return st;
 }
 
+static void trace_area_free(dj_engine_t *e);
+
 static void free_graphs(dj_engine_t *e) {
     for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
         if (e->graphs[i].graph) e->be->vt->graph_free(e->be, e->graphs[i].graph);
@@ -220,6 +230,7 @@ void dj_engine_free(dj_engine_t *e) {
         free_graphs(e);
         if (e->args_dev) e->be->vt->free(e->be, e->args_dev);
     }
+    trace_area_free(e);
     free(e->args_host);
     free(e->host_logits);
     free(e->calls);
@@ -265,6 +276,42 @@ static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
     e->off_next = 2 * a4;
     e->off_tables = 3 * a4;
     e->args_next = (int32_t *)(void *)(e->args_dev + e->off_next);
+    return DJ_OK;
+}
+
+static void trace_area_free(dj_engine_t *e) {
+    if (e->trace_dev) e->be->vt->free(e->be, e->trace_dev);
+    if (e->trace_pinned) e->be->vt->host_free(e->be, e->trace_host);
+    else free(e->trace_host);
+    e->trace_dev = e->trace_host = NULL;
+    e->trace_pinned = false;
+    e->trace_cap = 0;
+}
+
+dj_status dj__engine_trace_area(dj_engine_t *e, size_t bytes, uint8_t **dev, uint8_t **host, bool *pinned) {
+    *dev = *host = NULL;
+    *pinned = false;
+    if (bytes > e->trace_cap) {
+        size_t cap = e->trace_cap * 2 > bytes ? e->trace_cap * 2 : bytes;
+        if (cap < 4096) cap = 4096;
+        free_graphs(e); /* recorded traced steps write the old buffer */
+        trace_area_free(e);
+        void *d = NULL, *h = NULL;
+        dj_status st = e->be->vt->alloc(e->be, cap, &d);
+        if (st != DJ_OK) return st;
+        e->trace_dev = d;
+        if (e->be->vt->host_alloc && e->be->vt->host_free && e->be->vt->host_alloc(e->be, cap, &h) == DJ_OK) {
+            e->trace_pinned = true;
+        } else if (!(h = malloc(cap))) {
+            trace_area_free(e);
+            return dj_fail(DJ_ENOMEM, "out of host memory for %zu bytes of saved activations", cap);
+        }
+        e->trace_host = h;
+        e->trace_cap = cap;
+    }
+    *dev = e->trace_dev;
+    *host = e->trace_host;
+    *pinned = e->trace_pinned;
     return DJ_OK;
 }
 
@@ -724,6 +771,10 @@ static dj_dtype src_dtype(const dj_backend_t *be, const dj_graph_t *g, int idx) 
     return idx < 0 ? be->act_dtype : exec_dtype(be, dj_graph_node_c(g, idx));
 }
 
+dj_dtype dj__engine_node_dtype(const dj_engine_t *e, const dj_graph_t *g, int i) {
+    return exec_dtype(e->be, dj_graph_node_c(g, i));
+}
+
 /* What one step reads besides the plan: rows at consecutive positions of one
  * session (prefill: pos0, host ids), or rows each at its own position and
  * session (decode: everything in the step-args buffer, device memory). */
@@ -1043,7 +1094,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     dj_status st = dj__swap_before_step(e, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
-    if (st == DJ_OK && hook) st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops);
+    if (st == DJ_OK && hook) st = hook->prepare(hook, e, g);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -1057,6 +1108,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
     st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
+    if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
     if (st == DJ_OK && all_rows) {
         st = e->be->vt->sync(e->be);
         if (st == DJ_OK)
@@ -1092,17 +1144,23 @@ static bool graphs_enabled(const dj_engine_t *e) {
 /* The graph slot of a decode shape; what a recorded graph baked in (weights,
  * stack and step-args addresses, the plan) must match, or it is dropped. */
 static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, const dj_graph_t *plan,
-                              const uint8_t *stack) {
+                              const uint8_t *stack, uint64_t key) {
     const uint8_t *text = dj_vmu_model_base(m->region);
-    step_graph *hit = NULL, *victim = &e->graphs[0];
+    step_graph *hit = NULL, *victim = &e->graphs[0], *traced = NULL; /* traced: the LRU traced one */
+    int n_traced = 0;
     for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
         step_graph *sg = &e->graphs[i];
-        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B) {
+        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B && sg->key == key) {
             hit = sg;
             break;
         }
-        if (sg->state == SG_EMPTY || sg->used < victim->used) victim = sg;
+        if (sg->state == SG_EMPTY || (victim->state != SG_EMPTY && sg->used < victim->used)) victim = sg;
+        if (sg->state != SG_EMPTY && sg->key) {
+            n_traced++;
+            if (!traced || sg->used < traced->used) traced = sg;
+        }
     }
+    if (!hit && key && n_traced >= DJ_TRACE_GRAPHS) victim = traced;
     if (hit && (hit->text != text || hit->stack != stack || hit->plan != plan || hit->args != e->args_dev)) {
         e->be->vt->graph_free(e->be, hit->graph);
         memset(hit, 0, sizeof *hit); /* stale: start over (eager once, then capture) */
@@ -1118,6 +1176,7 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
         victim->stack = stack;
         victim->plan = plan;
         victim->args = e->args_dev;
+        victim->key = key;
         victim->state = SG_NEW;
         hit = victim;
     }
@@ -1131,7 +1190,8 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
  * more it mixes prompt chunks with decode rows in one plan: every row keeps
  * its own position and pages, the sessions' last tokens are ordered last so
  * that only their logits are computed. */
-/* hook: NULL, or a traced step's (intervene.c): the step then runs eagerly. */
+/* hook: NULL, or a traced step's (intervene.c): the step then runs eagerly,
+ * unless the hook gives a graph key (its stops only copy on the device). */
 static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint32_t *n_tok, const int32_t *ids,
                              uint32_t B, float *logits, const dj_sampler_params *sp, dj_sampler_t *const *samplers,
                              int32_t *next, dj__step_hook *hook) {
@@ -1166,7 +1226,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     dj_graph_t *g = NULL;
     if ((st = get_plan(e, m, DJ_PHASE_DECODE, rows, 0, rows > B ? B : 0, &g)) != DJ_OK)
         return st;
-    if (hook && (st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops)) != DJ_OK)
+    if (hook && (st = hook->prepare(hook, e, g)) != DJ_OK)
         return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
         st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
@@ -1208,12 +1268,13 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .s = ss[0]};
     int out_idx = -1;
     bool ran = false;
-    if (rows == B && !hook && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
-        step_graph *sg = graph_slot(e, m, B, g, stack);
+    const bool graphable = !hook || hook->graph_key;
+    if (rows == B && graphable && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
+        step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
             if (st == DJ_OK) {
-                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, NULL);
+                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, hook);
                 dj_backend_graph_t *bg = NULL;
                 st = e->be->vt->capture_end(e->be, &bg);
                 if (run_st == DJ_OK && st == DJ_OK) {
@@ -1244,6 +1305,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     }
     if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
+    if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
     if (st == DJ_OK)
         st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
                     samplers, next);

@@ -108,6 +108,20 @@ static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src
     return cuda_copy((dj_cuda_backend *)be, dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, "download");
 }
 
+/* Device to device on the compute stream; recorded during a capture. */
+static dj_status cuda_copy_dev(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    dj_status st = DJ_OK;
+    if (bytes && (!dst_dev || !src_dev)) st = dj_fail(DJ_EINVAL, "cuda copy: NULL pointer for %zu bytes", bytes);
+    else if (bytes) {
+        cudaError_t e = cudaSetDevice(cb->device);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, cb->stream);
+        if (e != cudaSuccess) st = dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+    }
+    if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
+    return st;
+}
+
 static dj_status cuda_sync(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "sync");
@@ -441,6 +455,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .ring_free = */ dj__cuda_ring_free,
     /* .host_register = */ dj__cuda_host_register,
     /* .host_unregister = */ dj__cuda_host_unregister,
+    /* .copy = */ cuda_copy_dev,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {
