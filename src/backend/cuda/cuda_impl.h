@@ -139,6 +139,10 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
 /* calls[0..count) (count <= DJ_GEMV_GROUP, each dj__cuda_gemv_takes, the
  * same x, n, k, weight and output dtypes, outputs apart) as one launch. */
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+/* cuda_matmul_fp8.cu: f8_e4m3 weights with their scales - the GEMV of up to
+ * 8 rows (as dj__cuda_gemv, which hands them over) and the tiled path. */
+dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
 
 /* A GEMV group that computes its own x (cuda_gemv_fold.cu): the op before it
  * folded into its launch. silu: the SILU_MUL whose output is x; or norm: the
