@@ -1,7 +1,9 @@
 /* test_models.c: every fixture checkpoint end to end on the CPU engine -
  * logits against transformers' fp32 reference (1e-4 relative), 24 greedy
  * tokens identical, chunked prefill equal to one-shot, weights shared between
- * loads, and the VMU back to its baseline after sessions close. */
+ * loads, and the VMU back to its baseline after sessions close; the FP8
+ * fixtures (each stored FP8 layout) likewise, and FP8 configs that do not
+ * describe their tensors refused with the reason. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,12 +6,14 @@
  *  - up to 8 rows (decode): a GEMV reading each weight byte once, the scale
  *    folded in per 16 weights (one 16-byte load a lane, a warp per weight
  *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes);
- *  - more rows (prefill, large batches): weight rows dequantized tile by
- *    tile into bf16 scratch (a tile of ~32 MiB stays in the H100's L2 for
- *    the GEMM that reads it right after) and multiplied by cuBLAS
- *    (cublasGemmEx, tensor cores, f32 compute). cuBLASLt FP8 GEMMs would need
- *    the activations quantized too (W8A8), which the CPU reference does not
- *    do: not taken (docs/quantization.md). */
+ *  - 64 rows and more (prefill) where cuBLASLt takes the shape and scaling:
+ *    the FP8 tensor cores, activations quantized per call (W8A8:
+ *    cuda_matmul_fp8_lt.cu; docs/quantization.md says what that costs in
+ *    accuracy);
+ *  - otherwise (9..63 rows, bias, odd shapes, or cuBLASLt refusing): weight
+ *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
+ *    in the H100's L2 for the GEMM that reads it right after) and multiplied
+ *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
 #include <cuda_fp8.h>
 #include <string.h>
 
@@ -20,6 +22,7 @@
 #define F8_WARPS 8
 #define F8_MAX_ROWS 8
 #define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
+#define F8_LT_MIN_ROWS 64 /* rows from which the automatic path takes the FP8 tensor cores */
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -204,6 +207,11 @@ static uint32_t tile_rows(uint32_t k, uint32_t m) {
 }
 
 dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
+    /* prefill sizes: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the tiles below */
+    if ((cb->matmul_path == 3 || (cb->matmul_path == 0 && c->n >= F8_LT_MIN_ROWS)) && dj__cuda_fp8_lt_covers(cb, c)) {
+        const dj_status lt = dj__cuda_matmul_fp8_lt(cb, c);
+        if (lt != DJ_EUNSUPPORTED) return lt;
+    }
     const uint32_t n = c->n, k = c->k, m = c->m, tr = tile_rows(k, m);
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
     /* scratch: the bf16 tile, then (with a bias) f32 accumulators [n][m] */
