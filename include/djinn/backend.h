@@ -121,6 +121,11 @@ typedef struct dj_op_call {
                             * ignore it (x is act_dtype). Zero-initialised: f32. */
     const void *w;         /* weight: EMBED table, RMSNORM weight, MATMUL weight */
     dj_dtype w_dtype;
+    /* MATMUL with w_dtype f8_e4m3 (weights only): w[j][i] = fp8(w[j][i]) *
+     * w_scale[j / w_block_rows][i / w_block_cols], w_scale f32 [ceil(m/w_block_rows)]
+     * [ceil(k/w_block_cols)] in device memory. NULL / 0 with other dtypes. */
+    const float *w_scale;
+    uint32_t w_block_rows, w_block_cols;
     const void *bias;      /* MATMUL bias [m] or NULL */
     dj_dtype bias_dtype;
     const int32_t *ids;    /* EMBED token ids [n] (host memory), or NULL to use ids_dev */

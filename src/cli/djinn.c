@@ -415,6 +415,12 @@ static int cmd_info(opts *o) {
     printf("architecture:   %s\n", c->arch_name);
     printf("parameters:     %llu (%.3f B)\n", (unsigned long long)needs.n_params, (double)needs.n_params / 1e9);
     printf("weights dtype:  %s\n", c->torch_dtype[0] ? c->torch_dtype : "?");
+    if (c->quant != DJ_QUANT_NONE) { /* docs/quantization.md */
+        char how[64] = "per-tensor or per-channel scales";
+        if (c->quant_block[0]) snprintf(how, sizeof how, "%ux%u-block scales", c->quant_block[0], c->quant_block[1]);
+        printf("quantized:      %s: f8_e4m3 linear weights, %s\n",
+               c->quant == DJ_QUANT_FP8 ? "transformers fp8" : "compressed-tensors float8", how);
+    }
     printf("shape:          %u layers, hidden %u, ffn %u, heads %u/%u kv, head_dim %u, vocab %u\n", c->n_layers,
            c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
     printf("fingerprint:    %016llx\n", (unsigned long long)dj_checkpoint_fingerprint(ck));

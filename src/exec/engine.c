@@ -327,6 +327,10 @@ static size_t weight_bytes(const dj_weight *w) {
     return n * dj_dtype_size(w->dtype);
 }
 
+/* Text-segment bytes of a slot: its weight (unless used in place) and the
+ * f32 scales of an f8_e4m3 weight, always copied (converted) there. */
+static size_t scale_bytes(const dj_weight *w) { return dj__weight_scale_count(w) * sizeof(float); }
+
 static void free_names(char **names, int n) {
     if (!names) return;
     for (int i = 0; i < n; i++) free(names[i]);
@@ -351,6 +355,7 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
     for (int i = 0; i < n; i++) {
         if (!names[i] && !w[i].computed) continue;
         needs->text_bytes += dj_vmu_aligned(weight_bytes(&w[i]));
+        if (scale_bytes(&w[i])) needs->text_bytes += dj_vmu_aligned(scale_bytes(&w[i]));
         if (names[i]) needs->n_params += (uint64_t)(weight_bytes(&w[i]) / dj_dtype_size(w[i].dtype));
     }
     needs->kv_bytes_per_token = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * dj_dtype_size(kv_dtype);
@@ -450,6 +455,49 @@ static bool weights_in_place(const dj_engine_t *e) {
     return e->be->host_memory && !(env && !strcmp(env, "0"));
 }
 
+/* The f32 scales of every f8_e4m3 slot into the text segment, converted
+ * from the checkpoint's dtype (the slot's rows of a fused tensor). */
+static dj_status load_scales(dj_engine_t *e, dj_model_t *m, int n) {
+    float *buf = NULL;
+    size_t cap = 0;
+    dj_status st = DJ_OK;
+    for (int i = 0; i < n && st == DJ_OK; i++) {
+        dj_weight *w = &m->w[i];
+        const size_t count = dj__weight_scale_count(w);
+        if (!count) continue;
+        const dj_tensor_info *s = w->scale_src;
+        const size_t per_row = (size_t)((w->shape[1] + w->block[1] - 1) / w->block[1]);
+        const size_t first = w->scale_row0 * per_row, esz = dj_dtype_size(s->dtype);
+        if ((first + count) * esz > s->nbytes) {
+            st = dj_fail(DJ_EFORMAT, "scales of '%s': %zu values from %zu exceed the tensor", w->hf_name, count, first);
+            break;
+        }
+        if (count > cap) {
+            free(buf);
+            cap = count;
+            if (!(buf = malloc(cap * sizeof *buf))) {
+                st = dj_fail(DJ_ENOMEM, "out of memory for %zu scales", count);
+                break;
+            }
+        }
+        const uint8_t *src = (const uint8_t *)s->data + first * esz;
+        for (size_t j = 0; j < count; j++) {
+            uint16_t h;
+            switch (s->dtype) {
+            case DJ_DTYPE_BF16: memcpy(&h, src + 2 * j, 2); buf[j] = dj_bf16_to_f32(h); break;
+            case DJ_DTYPE_F16: memcpy(&h, src + 2 * j, 2); buf[j] = dj_f16_to_f32(h); break;
+            default: memcpy(&buf[j], src + 4 * j, 4); break;
+            }
+        }
+        void *dst = NULL;
+        if ((st = dj_vmu_model_alloc(m->region, count * sizeof *buf, &dst)) != DJ_OK) break;
+        if ((st = e->be->vt->upload(e->be, dst, buf, count * sizeof *buf)) != DJ_OK) break;
+        w->scale = dst;
+    }
+    free(buf);
+    return st;
+}
+
 dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name, dj_model_t **out) {
     *out = NULL;
     uint64_t fp = 0;
@@ -477,6 +525,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         goto fail;
     }
     m->cfg = *c;
+    int n_scaled = 0; /* f8_e4m3 slots */
     snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     st = dj__model_bind(c, ck, m->w, names);
     if (st != DJ_OK) goto fail;
@@ -484,10 +533,19 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         if (!names[i] && !m->w[i].computed) continue;
         if (in_place && names[i]) m->mapped_bytes += weight_bytes(&m->w[i]);
         else m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
+        if (scale_bytes(&m->w[i])) {
+            m->text_bytes += dj_vmu_aligned(scale_bytes(&m->w[i]));
+            n_scaled++;
+        }
         if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
     }
     /* Too large for the text segment's room: some layers stream (stream.c). */
     if (!in_place && (st = dj__stream_plan(e->be, m, dj_vmu_text_room(e->vmu), &m->stream)) != DJ_OK) goto fail;
+    if (m->stream && n_scaled) {
+        st = dj_fail(DJ_EUNSUPPORTED, "model %s: f8_e4m3 weights do not stream yet, and %zu bytes exceed the text "
+                     "segment's room", m->name, m->text_bytes);
+        goto fail;
+    }
     /* Files not seen before: the region gets a provisional key until its bytes are hashed. */
     m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
     st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
@@ -506,6 +564,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         m->ck = dj_checkpoint_retain(ck);
         if ((st = dj__stream_setup(m)) != DJ_OK) goto fail_region;
     }
+    if ((st = load_scales(e, m, n)) != DJ_OK) goto fail_region;
     for (int i = 0; i < n; i++) {
         dj_weight *w = &m->w[i];
         if (!w->hf_name && !w->computed) continue;
@@ -853,6 +912,12 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.x = x;
             call.w = x1;
             call.w_dtype = node_dtype(g, nd->src[1]);
+            if (call.w_dtype == DJ_DTYPE_F8_E4M3) { /* its scales, beside it in the slot */
+                const dj_weight *ws = &m->w[dj_graph_node_c(g, nd->src[1])->weight_slot];
+                call.w_scale = ws->scale;
+                call.w_block_rows = ws->block[0];
+                call.w_block_cols = ws->block[1];
+            }
             call.bias = node_ptr(m, g, nd->src[2], stack);
             call.bias_dtype = node_dtype(g, nd->src[2]);
             if (nd->flags & DJ_NODE_LAST_ROW) { /* the last shape[0] rows of x */

@@ -4,7 +4,9 @@
  * any batch. Decode-size n reads the weights as stored, every thread its own
  * contiguous weight rows (one pass over them); larger n converts tiles of
  * weight rows to f32 per thread (never a full copy) and multiplies them
- * k-blocked. The pool's tasks split the weight rows. */
+ * k-blocked. The pool's tasks split the weight rows. f8_e4m3 weights always
+ * take the tiled path, each tile dequantized (fp8 times its scale, one f32
+ * product: exactly the dense weight a reference dequantizer makes). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,7 +136,10 @@ static void tiled_task(void *ctx, uint32_t ti, int thread) {
         return;
     }
     const size_t ldw = tile_ld(k), row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
-    for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
+    if (c->w_dtype == DJ_DTYPE_F8_E4M3)
+        for (uint32_t r = 0; r < rows; r++) dj__cpu_fp8_row(mine + r * ldw, src + r * row_bytes, c, j0 + r);
+    else
+        for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
     gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc);
 }
 
@@ -162,7 +167,18 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
+void dj__cpu_fp8_row(float *dst, const uint8_t *src, const dj_op_call *c, uint32_t row) {
+    const uint32_t bc = c->w_block_cols, per_row = (c->k + bc - 1) / bc;
+    const float *sc = c->w_scale + (size_t)(row / c->w_block_rows) * per_row;
+    for (uint32_t i = 0; i < c->k; i++) dst[i] = dj_f8e4m3_to_f32(src[i]) * sc[i / bc];
+}
+
 dj_status dj__cpu_matmul(dj_cpu_backend *cb, const dj_op_call *c) {
+    if (c->w_dtype == DJ_DTYPE_F8_E4M3) { /* dequantized tile by tile, whatever n */
+        if (!c->w_scale || !c->w_block_rows || !c->w_block_cols)
+            return dj_fail(DJ_EINVAL, "matmul: f8_e4m3 weights without scales");
+        return matmul_tiled(cb, c);
+    }
     if (c->n <= DJ_CPU_DOT_MAX_ROWS) {
         matmul_direct(cb, c);
         return DJ_OK;

@@ -412,6 +412,7 @@ static void cuda_destroy(dj_backend_t *be) {
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         dj__cuda_swap_destroy(cb);
         dj__cuda_ring_destroy(cb);
+        dj__cuda_fp8_lt_destroy(cb);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
         if (cb->stage_dev) (void)cudaFree(cb->stage_dev);

@@ -48,6 +48,7 @@ typedef struct dj_cuda_backend {
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
+    struct dj_fp8_lt *fp8_lt; /* cuBLASLt FP8 state (cuda_matmul_fp8_lt.cu), made at first use; owned */
     uint32_t sample_split; /* blocks per sampled row forced by a test; 0 = chosen by rows and vocab */
     /* KV swap (cuda_swap.cu): host<->device copies on a stream of their own,
      * made at the first transfer, ordered after compute by compute_mark. */
@@ -149,6 +150,17 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
 /* calls[0..count) (count <= DJ_GEMV_GROUP, each dj__cuda_gemv_takes, the
  * same x, n, k, weight and output dtypes, outputs apart) as one launch. */
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+/* cuda_matmul_fp8.cu: f8_e4m3 weights with their scales - the GEMV of up to
+ * 8 rows (as dj__cuda_gemv, which hands them over) and the tiled path. */
+dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
+/* cuda_matmul_fp8_lt.cu: the FP8 tensor-core GEMM (W8A8, cuBLASLt). covers:
+ * the call's shape and scaling may take it (not yet refused); run: DJ_OK,
+ * or DJ_EUNSUPPORTED when cuBLASLt refuses (the caller falls back; the mode
+ * is then off for the backend), or another error. destroy: with the backend. */
+bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
+void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 
 /* A GEMV group that computes its own x (cuda_gemv_fold.cu): the op before it
  * folded into its launch. silu: the SILU_MUL whose output is x; or norm: the
