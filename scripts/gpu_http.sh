@@ -42,13 +42,15 @@ ln -s "$M/config.json" "$M/model.safetensors" "$STORE/m/"
 ln -s "$PWD/models/demo/tokenizer.json" "$STORE/m/"
 PORT=18480
 fail=0
+# GET PATH on the daemon (python3: the GPU machine may have no curl)
+fetch() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://127.0.0.1:$PORT$1"; }
 # one daemon per setting; --http-reuse 0: only the engine's cache reuses KV
 run_daemon() { # $1: --prefix-cache on|off, $2: log name
     "$B/djinnd" --models "$STORE" --device "$DEVICE" --listen 127.0.0.1:0 --http 127.0.0.1:$PORT --http-reuse 0 \
         --http-max-connections 80 --max-running 64 --prefix-cache "$1" >"$OUT/djinnd_$2.log" 2>&1 &
     DPID=$!
     for _ in $(seq 1 600); do
-        curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && return 0
+        fetch "/v1/models" >/dev/null 2>&1 && return 0
         sleep 0.5
     done
     echo "djinnd did not come up (see $OUT/djinnd_$2.log)"; kill "$DPID" 2>/dev/null; return 1
@@ -60,7 +62,7 @@ for pc in on off; do
         --max-tokens 16 --runs 5 >"$OUT/http_prefix_$pc.log" 2>&1 || fail=1
     echo "== prefix cache $pc"; tail -14 "$OUT/http_prefix_$pc.log"
     if [ "$pc" = on ]; then
-        curl -s "http://127.0.0.1:$PORT/v1/djinn/stats" >"$OUT/stats_prefix_on.json" || true
+        fetch "/v1/djinn/stats" >"$OUT/stats_prefix_on.json" || true
         for r in 1 2; do
             python3 bench/http_clients.py "http://127.0.0.1:$PORT" m --clients 64 --prompt-tokens 128 \
                 --max-tokens 128 --rounds 2 >>"$OUT/http_clients.log" 2>&1 || fail=1
