@@ -7,7 +7,7 @@ target_link_libraries(djinn_proto PUBLIC djinn_engine PkgConfig::MSGPACK)
 # http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
             src/server/guard.c src/server/options.c src/server/model_info.c src/server/http.c
-            src/server/http_openai.c)
+            src/server/http_openai.c src/server/http_view.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_link_libraries(djinn_server PUBLIC djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD Threads::Threads)
@@ -62,7 +62,7 @@ function(dj__server_link_late)
     endif()
   endforeach()
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
-       ${CMAKE_SOURCE_DIR}/tests/test_http.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

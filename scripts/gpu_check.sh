@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the GPU machine's one command - every CUDA op against the CPU
 # backend (gpu_check), the fixture and demo models end to end in bf16 against
-# transformers (gpu_models), KV swap exactness and copy rates (gpu_swap); with
+# transformers (gpu_models), KV swap exactness and copy rates (gpu_swap), the
+# prefix cache against an engine without it (gpu_prefix); with
 # --bench also the Llama-3-8B-shape benchmarks (bench_gpu, and gpu_swap on
 # that shape) and HF transformers eager on the same weights (bench/hf_decode.py).
 # The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
@@ -38,7 +39,7 @@ if [ -f .carry/gpu.tar.xz ]; then
     B=$G/bin
 else
     cmake -S . -B build-cuda -DDJ_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${DJ_CMAKE_ARGS:-} >/dev/null || exit 2
-    cmake --build build-cuda -j"$(nproc)" --target gpu_check gpu_models gpu_swap djinn bench_gpu make_random_checkpoint || exit 2
+    cmake --build build-cuda -j"$(nproc)" --target gpu_check gpu_models gpu_swap gpu_prefix djinn bench_gpu make_random_checkpoint || exit 2
     B=build-cuda
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -56,6 +57,11 @@ fi
 # with --bench a 2048-token session of the 8B shape swapped out and back)
 "$B/gpu_swap" . ${M:+--model "$M"} >"$OUT/gpu_swap.log" 2>&1 || fail=1
 grep -E "restores|auto VMU|^bench swap|checks|passed|FAIL" "$OUT/gpu_swap.log"
+# prefix cache: conversations on shared KV blocks against an engine without it
+if [ -x "$B/gpu_prefix" ]; then
+    "$B/gpu_prefix" . >"$OUT/gpu_prefix.log" 2>&1 || fail=1
+    grep -E "steps after|passed|FAIL" "$OUT/gpu_prefix.log"
+fi
 if [ $BENCH = 1 ]; then
     "$B/bench_gpu" "$M" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1 || fail=1
     tail -24 "$OUT/bench_gpu.log"

@@ -166,6 +166,15 @@ if grep -q "DJINN_PROFILE (cpu backend" "$TMP/prof" && [ "$calls" = "decode:6 pr
 # EOS ids come from generation_config.json (a list) before config.json: a model
 # whose greedy continuation's third token is an EOS stops after two tokens,
 # in `djinn run` and through djinnd with `djinn generate`; --ignore-eos runs on
+# the daemon binds its socket before it listens: wait until a connect works (10 s)
+wait_sock() {
+    for _ in $(seq 1 500); do
+        [ -S "$1" ] && python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])' "$1" \
+            2>/dev/null && return 0
+        sleep 0.02
+    done
+    return 1
+}
 ref="$FX/models/llama2/reference.json"
 prompt=$(json "$ref" "','.join(map(str, d['prompt_ids']))")
 want=$(json "$ref" "' '.join(map(str, d['greedy'][:2]))")
@@ -177,7 +186,7 @@ got=$("$DJINN" run --model "$TMP/store/eos" --tokens "$prompt" -n 24 --greedy --
 if [ "$got" = "$want" ] && grep -q "; stop" "$TMP/err"; then ok; else bad "run: EOS from generation_config.json: got '$got'"; fi
 "$DJINN" serve --listen "unix:$TMP/sock" --models "$TMP/store" --threads 1 --vmu-gb 256m 2>"$TMP/serve.err" &
 serve_pid=$!
-for _ in $(seq 1 500); do [ -S "$TMP/sock" ] && break; sleep 0.02; done
+wait_sock "$TMP/sock"
 got=$("$DJINN" generate --server "unix:$TMP/sock" --model eos --tokens "$prompt" -n 24 --greedy --print-tokens 2>"$TMP/err")
 if [ "$got" = "$want" ] && grep -q "(stop)" "$TMP/err"; then ok; else bad "generate: EOS: got '$got'"; cat "$TMP/err" >&2; fi
 # every run flag with a remote meaning: the same tokens as `djinn run` with them
@@ -232,7 +241,7 @@ ln -s "$(cd "$FX/../.." && pwd)/models/demo" "$TMP/store2/demo"
 DJINN_LOG=info DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" serve --listen "unix:$TMP/sock2" --models "$TMP/store2" --threads 1 --vmu-gb 0.02 \
     --host-layers 2 2>"$TMP/serve2.err" &
 serve_pid=$!
-for _ in $(seq 1 500); do [ -S "$TMP/sock2" ] && break; sleep 0.02; done
+wait_sock "$TMP/sock2"
 got=$("$DJINN" generate --server "unix:$TMP/sock2" --model demo --tokens 1,2,3 -n 12 --greedy --ignore-eos \
     --print-tokens 2>"$TMP/err")
 if [ "$got" = "$want" ] && grep -q "model demo streams" "$TMP/serve2.err"; then ok; else

@@ -3,7 +3,9 @@
  * generation through libdjinn, streamed and not, stop strings, OpenAI errors
  * and limits, bearer tokens and QoS, clients that leave mid-generation,
  * logprobs (the wire's against plain steps' logits, OpenAI's two shapes),
- * prefix reuse (answers equal to a daemon without it, cached_tokens). */
+ * prefix reuse (answers equal to a daemon without it, cached_tokens), the
+ * engine's prefix cache across conversations sharing a system prompt, and the
+ * live view (GET / and GET /v1/djinn/stats against libdjinn's STATS). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -522,7 +524,7 @@ static size_t idle_sessions(const char *addr) {
 static void test_reuse(const char *ref_addr, unsigned ref_port) {
     char addr[128];
     unsigned port = 0;
-    const char *extra[] = {"--http-reuse", "2", NULL};
+    const char *extra[] = {"--http-reuse", "2", "--prefix-cache", "off", NULL};
     pid_t pid = start(2, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd --http-reuse 2 did not start");
     if (pid <= 0 || !port) return;
@@ -588,6 +590,118 @@ static void test_reuse(const char *ref_addr, unsigned ref_port) {
     /* at most --http-reuse sessions are kept */
     CHECK_MSG(idle_sessions(addr) == 2, "%zu sessions kept, want 2", idle_sessions(addr));
     CHECK(dj_test_daemon_stop(2, 10000) == 0);
+}
+
+/* ---- the engine's prefix cache, and the live view ---- */
+
+static void expect_error(unsigned port, const char *method, const char *path, const char *headers, const char *body,
+                         int status, const char *needle);
+
+static cJSON *get_json(unsigned port, const char *path) {
+    dj_test_resp r = dj_test_http_request(port, "GET", path, NULL, NULL);
+    CHECK_MSG(r.status == 200, "GET %s: %d %s", path, r.status, r.body ? r.body : "");
+    cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+    CHECK_MSG(j != NULL, "GET %s: not JSON", path);
+    dj_test_resp_free(&r);
+    return j;
+}
+
+static double num_at(const cJSON *o, const char *a, const char *b) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (b) v = cJSON_GetObjectItemCaseSensitive(v, b);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1.0;
+}
+
+/* Two conversations sharing a 200-token system prompt on a daemon with the
+ * prefix cache (and no kept sessions): the second maps the three full
+ * 64-token KV blocks of the first (usage's cached_tokens = 192), and both
+ * answer as the reference daemon does, greedy and streamed. Then the view:
+ * GET /v1/djinn/stats says what libdjinn's STATS says (segments, pages,
+ * models, sessions, the prefix cache), and GET / is the page polling it. */
+static void test_prefix_cache(const char *ref_addr, unsigned ref_port) {
+    (void)ref_addr;
+    char addr[128];
+    unsigned port = 0;
+    const char *extra[] = {"--http-reuse", "0", NULL};
+    pid_t pid = start(3, extra, addr, sizeof addr, &port);
+    CHECK_MSG(pid > 0 && port > 0, "djinnd with the prefix cache did not start");
+    if (pid <= 0 || !port) return;
+    int32_t ids[256];
+    for (int i = 0; i < 200; i++) ids[i] = 5 + (i * 37) % 4000;
+    static const char *const modes[] = {", \"temperature\": 0",
+                                        ", \"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}",
+                                        ", \"temperature\": 0.7, \"seed\": 9"};
+    for (int conv = 0; conv < 4; conv++) {
+        for (int k = 0; k < 6; k++) ids[200 + k] = 600 + 31 * conv + k;
+        int cached = -1, ref_cached = -1;
+        char *got = ids_completion(port, ids, 206, modes[conv % 3], &cached);
+        char *want = ids_completion(ref_port, ids, 206, modes[conv % 3], &ref_cached);
+        CHECK_MSG(!strcmp(got, want), "conversation %d: with the prefix cache '%s', without '%s'", conv, got, want);
+        CHECK_MSG(cached == (conv ? 192 : 0) && ref_cached == 0, "conversation %d: %d cached tokens (reference %d)",
+                  conv, cached, ref_cached);
+        free(got);
+        free(want);
+    }
+    /* a session held open through libdjinn shows in the view */
+    dj_client_t *cl = NULL;
+    uint64_t sid = 0;
+    CHECK_OK(dj_client_connect(addr, NULL, &cl));
+    const dj_session_opts so = {"demo", DJ_QOS_INTERACTIVE, 0};
+    if (cl) CHECK_OK(dj_client_session_open(cl, &so, &sid));
+    dj_remote_tensor t;
+    if (sid) CHECK_OK(dj_client_step(cl, sid, ids, 70, false, &t));
+    cJSON *j = get_json(port, "/v1/djinn/stats");
+    dj_client_stats st;
+    memset(&st, 0, sizeof st);
+    if (cl) CHECK_OK(dj_client_stats_get(cl, &st));
+    static const char *const segs[] = {"text", "data", "stack"};
+    const dj_client_seg *seg[] = {&st.text, &st.data, &st.stack};
+    const cJSON *sg = cJSON_GetObjectItemCaseSensitive(j, "segments");
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(num_at(sg, segs[i], "capacity") == (double)seg[i]->capacity && seg[i]->capacity > 0,
+                  "view: %s capacity %.0f, STATS %llu", segs[i], num_at(sg, segs[i], "capacity"),
+                  (unsigned long long)seg[i]->capacity);
+    CHECK(num_at(sg, "text", "used") == (double)st.text.used && st.text.used > 0);
+    CHECK(num_at(j, "pages", "total") == (double)st.pages_total && num_at(j, "pages", "bytes") == 65536);
+    const cJSON *px = cJSON_GetObjectItemCaseSensitive(j, "prefix_cache");
+    CHECK(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(px, "enabled")) && st.prefix.enabled);
+    CHECK_MSG(num_at(px, "hits", NULL) == (double)st.prefix.hits && st.prefix.hits >= 9 &&
+              num_at(px, "tokens_mapped", NULL) == 64.0 * (double)st.prefix.hits &&
+              num_at(px, "blocks", NULL) == (double)st.prefix.blocks && st.prefix.blocks >= 3,
+              "view: prefix cache %.0f hits, %.0f blocks; STATS %llu, %llu", num_at(px, "hits", NULL),
+              num_at(px, "blocks", NULL), (unsigned long long)st.prefix.hits, (unsigned long long)st.prefix.blocks);
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "models"), *m0 = cJSON_GetArrayItem(ms, 0);
+    CHECK(cJSON_GetArraySize(ms) == (int)st.n_models && m0 &&
+          !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m0, "name")), st.models[0].name));
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(j, "sessions");
+    char idhex[20];
+    snprintf(idhex, sizeof idhex, "%016llx", (unsigned long long)sid);
+    bool seen = false;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, ss) {
+        if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "id")), idhex)) continue;
+        seen = true;
+        CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "residency")), "resident"));
+        CHECK(num_at(s, "pos", NULL) == 70 && num_at(s, "kv_bytes", NULL) == 2 * 8 * 65536.0);
+        CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "model")), "demo"));
+    }
+    CHECK_MSG(seen && cJSON_GetArraySize(ss) == (int)st.n_sessions, "view: session %s not listed (%d sessions)",
+              idhex, cJSON_GetArraySize(ss));
+    CHECK(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "queues"), "interactive") != NULL);
+    cJSON_Delete(j);
+    dj_client_stats_free(&st);
+    dj_client_free(cl);
+    /* the reference daemon's cache is off */
+    j = get_json(ref_port, "/v1/djinn/stats");
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "prefix_cache"), "enabled")));
+    cJSON_Delete(j);
+    /* the page: HTML polling the endpoint, nothing fetched from elsewhere */
+    dj_test_resp r = dj_test_http_request(port, "GET", "/", NULL, NULL);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "<!doctype html>") && strstr(r.body, "/v1/djinn/stats") &&
+          !strstr(r.body, "http://") && !strstr(r.body, "https://") && !strstr(r.body, "src="));
+    dj_test_resp_free(&r);
+    expect_error(port, "POST", "/v1/djinn/stats", NULL, "{}", 405, "not allowed");
+    CHECK(dj_test_daemon_stop(3, 10000) == 0);
 }
 
 /* status and OpenAI's error object with the type */
@@ -772,7 +886,9 @@ int main(void) {
     }
     char addr[128];
     unsigned port;
-    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", "--http-reuse", "0", NULL};
+    /* the reference daemon: no reuse of any kind */
+    const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", "--http-reuse", "0",
+                           "--prefix-cache", "off", NULL};
     pid_t pid = start(0, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd --http did not start");
     if (pid > 0 && port > 0) {
@@ -780,6 +896,7 @@ int main(void) {
         test_logprobs_wire(addr);
         test_logprobs_http(port);
         test_reuse(addr, port);
+        test_prefix_cache(addr, port);
         test_errors(port);
         test_disconnect(addr, port);
         test_busy(port);

@@ -103,9 +103,14 @@ static void make_async(dj_engine_t *e) {
 
 /* ---- engines ---- */
 
+/* edges() counts free pages exactly: its engine has no prefix cache (the
+ * traces run with it, and check its pages too) */
+static bool no_prefix_cache;
+
 static dj_engine_t *new_engine(size_t data_pages) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
+    ec.no_prefix_cache = no_prefix_cache;
     ec.n_threads = 2;
     ec.max_step_tokens = 32;
     const size_t total = (size_t)8 << 20;
@@ -155,14 +160,26 @@ static void check_world(world *w, const char *what) {
         const size_t kv = dj_session_kv_bytes(s);
         CHECK(kv == (size_t)dj_session_kv_pages(s) * PAGE);
         const size_t held = dj_vmu_session_pages(s->vs) * PAGE;
-        CHECK_MSG(r == DJ_KV_SWAPPED ? held == 0 : held == kv, "%s: session %d is %s with %zu bytes of pages for "
-                  "%zu of KV", what, i, dj_kv_residency_name(r), held, kv);
+        /* full blocks published to the prefix cache are the cache's pages */
+        const size_t shared = (size_t)s->model->cfg.n_layers * dj__prefix_shared_blocks(s) * PAGE;
+        CHECK_MSG(r == DJ_KV_SWAPPED ? held == 0 && shared == 0 : held + shared == kv, "%s: session %d is %s with "
+                  "%zu bytes of pages and %zu shared for %zu of KV", what, i, dj_kv_residency_name(r), held, shared, kv);
         data += held;
         if (r != DJ_KV_RESIDENT) pool += (size_t)s->n_slots * PAGE;
         if (!w->async) CHECK(r == DJ_KV_RESIDENT || r == DJ_KV_SWAPPED);
     }
-    CHECK_MSG(data == vs.data.used, "%s: sessions hold %zu bytes of pages, the VMU says %zu", what, data,
-              vs.data.used);
+    dj_prefix_stats ps;
+    dj_engine_prefix_stats(w->e, &ps);
+    CHECK_MSG(data + ps.pages * PAGE == vs.data.used, "%s: sessions hold %zu bytes of pages, the prefix cache %zu, "
+              "the VMU says %zu", what, data, ps.pages * PAGE, vs.data.used);
+    dj_session_t *all[N_SESS + N_FILL];
+    size_t n_all = 0;
+    for (int i = 0; i < N_SESS + N_FILL; i++) {
+        dj_session_t *s = i < N_SESS ? w->s[i] : w->fill[i - N_SESS];
+        if (s) all[n_all++] = s;
+    }
+    CHECK_MSG(dj__prefix_check(dj__engine_prefix(w->e), all, n_all) == DJ_OK, "%s: prefix cache: %s", what,
+              dj_last_error());
     CHECK_MSG(pool <= ss.used && (w->async || pool == ss.used), "%s: sessions hold %zu pool bytes, the pool says %zu",
               what, pool, ss.used);
     CHECK(ss.used <= ss.capacity && ss.peak >= ss.used);
@@ -537,7 +554,9 @@ static void sizing(void) {
 int main(void) {
     dj_test_seeds();
     sizing();
+    no_prefix_cache = true;
     edges();
+    no_prefix_cache = false;
     for (size_t k = 0; k < TRACE_MODELS; k++) {
         trace(MODELS[k], false);
         trace(MODELS[k], true);

@@ -431,6 +431,22 @@ static void test_pages_random(void) {
             held[i][nheld[i]++] = p;
             memset(base + (size_t)p * pb, 'a' + i, pb); /* the page's bytes are the session's */
             if (++in_use > peak) peak = in_use;
+        } else if (r < 62) { /* a page handed to another session (the prefix cache takes full KV blocks so) */
+            if (nheld[i] == 0) continue;
+            size_t k = dj_test_rand() % nheld[i];
+            uint32_t p = held[i][k];
+            int other = (i + 1) % NS;
+            bad += dj_vmu_page_give(vmu, s[other], s[i], p) != DJ_EINVAL; /* not other's to give */
+            if (dj_vmu_page_give(vmu, s[i], s[other], p) != DJ_OK) {
+                bad++;
+                continue;
+            }
+            const uint8_t *pg = base + (size_t)p * pb;
+            bad += pg[0] != 'a' + i || pg[pb - 1] != 'a' + i; /* the bytes stay */
+            memset(base + (size_t)p * pb, 'a' + other, pb);
+            who[p] = other;
+            held[i][k] = held[i][--nheld[i]];
+            held[other][nheld[other]++] = p;
         } else if (r < 97) {
             if (nheld[i] == 0) continue;
             size_t k = dj_test_rand() % nheld[i];

@@ -82,6 +82,7 @@ typedef struct dj_generate_result {
     double queue_ms, prefill_ms, ttft_ms, decode_ms;
     int32_t stop_id;         /* reason "stop": the EOS or stop id that ended it (not emitted; the session's pending token); else -1 */
     uint32_t pos;            /* the session's position after it (tokens in its KV; the pending token comes next) */
+    uint32_t cached;         /* prompt ids mapped from the daemon's prefix cache (not computed) */
 } dj_generate_result;
 
 /* Called on the calling thread for every token, with its text piece (may be
@@ -181,6 +182,10 @@ typedef struct dj_client_stats {
     uint64_t waiting[DJ_QOS_COUNT], running[DJ_QOS_COUNT];
     dj_client_swap swap;
     char *map;                          /* the VMU map as dj_vmu_print_stats writes it */
+    struct {                            /* the engine's prefix cache (KV blocks shared by content) */
+        bool enabled;
+        uint64_t blocks, blocks_unreferenced, pages, pages_unreferenced, hits, tokens_mapped, evictions;
+    } prefix;
 } dj_client_stats;
 dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *st /* OUT */);
 void dj_client_stats_free(dj_client_stats *st);

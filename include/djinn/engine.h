@@ -40,6 +40,8 @@ typedef struct dj_engine_config {
                                * 0: as many as rates measured at load say pay (none where the
                                * device's memory is the host's); -1: none, everything streams;
                                * k > 0: k of them, at steps of up to 16 rows (ablations, tests) */
+    bool no_prefix_cache;     /* full KV blocks are not shared between sessions by content
+                               * (the kill switch of the prefix cache; results are the same) */
 } dj_engine_config;
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);
@@ -143,6 +145,34 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
  * for copies in flight first); NULL does nothing. */
 void dj_session_free(dj_engine_t *e, dj_session_t *s);
 uint32_t dj_session_pos(const dj_session_t *s);         /* tokens in the KV cache */
+
+/* ---- prefix cache: full KV blocks shared by content ----
+ * Every full block of a session's KV (tokens_per_page positions, all layers)
+ * whose tokens are known from position 0 is published under a hash chain of
+ * its tokens (rooted in the model's fingerprint and KV layout); a session
+ * about to feed ids at a block boundary maps the cached blocks those ids
+ * start with (read-only, refcounted) instead of computing them. Only full
+ * blocks are shared: the block a session writes is always its own. Blocks
+ * no session maps stay cached and are the first pages taken back when a
+ * session needs pages. A swapped-out session drops its references (its copy
+ * comes back private). A traced step (intervene.h) stops publishing for that
+ * session. */
+/* Maps the cached blocks ids[0..n) start with (ids to be fed next at s's
+ * position; at least one id is always left to feed); *mapped: how many ids
+ * are now in the cache (the session's position went up by as many; feed only
+ * ids + *mapped). 0 when the cache is off, the position is not at a block
+ * boundary, or nothing is cached. */
+dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                uint32_t *mapped /* OUT */);
+typedef struct dj_prefix_stats {
+    bool enabled;
+    size_t blocks, blocks_unreferenced;  /* cached now; unreferenced: evictable */
+    size_t pages, pages_unreferenced;    /* data-segment pages they hold */
+    uint64_t published, duplicates;      /* blocks cached; blocks found cached already when filled */
+    uint64_t hits, tokens_mapped;        /* blocks mapped into sessions, and their tokens */
+    uint64_t evictions;                  /* blocks freed to make room */
+} dj_prefix_stats;
+void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st /* OUT */);
 uint32_t dj_session_max_ctx(const dj_session_t *s);
 const dj_model_t *dj_session_model(const dj_session_t *s); /* valid while the session is */
 

@@ -76,6 +76,9 @@ size_t dj_gen_prompt_left(const dj_gen_t *g); /* how many */
  * of one. */
 dj_status dj_gen_step(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_event *ev /* OUT, [n] */);
 
+/* Prompt tokens taken from the prefix cache at dj_gen_new (not computed). */
+uint32_t dj_gen_cached(const dj_gen_t *g);
+
 /* The token picked last and not fed yet (-1 if none): a session that goes on
  * after the generation feeds it first. A stop id stays pending too. */
 int32_t dj_gen_pending(const dj_gen_t *g);

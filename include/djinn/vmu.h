@@ -117,6 +117,10 @@ void dj_vmu_session_free(dj_vmu_t *vmu, dj_vmu_session_t *s);
 dj_status dj_vmu_page_alloc(dj_vmu_t *vmu, dj_vmu_session_t *s, uint32_t *page /* OUT */);
 /* Return a page the session holds (DJ_EINVAL if it does not hold it). */
 dj_status dj_vmu_page_free(dj_vmu_t *vmu, dj_vmu_session_t *s, uint32_t page);
+/* Hand a page `from` holds to `to` (the engine's prefix cache takes the full
+ * KV blocks a session publishes): the bytes stay where they are. DJ_EINVAL if
+ * `from` does not hold it; `to`'s quota is not checked. */
+dj_status dj_vmu_page_give(dj_vmu_t *vmu, dj_vmu_session_t *from, dj_vmu_session_t *to, uint32_t page);
 
 uint8_t *dj_vmu_data_base(const dj_vmu_t *vmu);
 size_t dj_vmu_page_bytes(const dj_vmu_t *vmu);

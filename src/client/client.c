@@ -705,6 +705,7 @@ dj_status dj_client_generate_next(dj_client_gen_t *g, int timeout_ms, dj_client_
                 stop_id = -1;
             res->stop_id = (int32_t)stop_id;
             dj__meta_u32(&g->meta, "pos", false, &res->pos);
+            dj__meta_u32(&g->meta, "cached", false, &res->cached);
         }
         if (dj__meta_str(&g->meta, "text", false, &text, &tn) != DJ_OK) text = NULL;
     } else {
@@ -934,6 +935,15 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->swap.preemptions = u64_of(sw, "preemptions");
     out->swap.prefetches = u64_of(sw, "prefetches");
     out->swap.kv_drops = u64_of(sw, "drops");
+    const msgpack_object *px = dj__meta_get(&m, "prefix");
+    out->prefix.enabled = bool_of(px, "enabled");
+    out->prefix.blocks = u64_of(px, "blocks");
+    out->prefix.blocks_unreferenced = u64_of(px, "blocks_unreferenced");
+    out->prefix.pages = u64_of(px, "pages");
+    out->prefix.pages_unreferenced = u64_of(px, "pages_unreferenced");
+    out->prefix.hits = u64_of(px, "hits");
+    out->prefix.tokens_mapped = u64_of(px, "tokens_mapped");
+    out->prefix.evictions = u64_of(px, "evictions");
     const char *map = NULL;
     size_t mn = 0;
     if (st == DJ_OK && dj__meta_str(&m, "map", false, &map, &mn) == DJ_OK && map) {
@@ -974,6 +984,14 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
             (unsigned long long)st->gen_steps, st->step_ms, st->step_engine_ms);
     fprintf(f, "  decode graphs: %llu recorded, %llu replays, %llu refused\n", (unsigned long long)st->graph_captures,
             (unsigned long long)st->graph_replays, (unsigned long long)st->graph_failures);
+    if (st->prefix.enabled)
+        fprintf(f, "  prefix cache: %llu KV blocks (%llu pages; %llu blocks unreferenced), %llu hits saved %llu prompt "
+                   "tokens, %llu evicted\n", (unsigned long long)st->prefix.blocks,
+                (unsigned long long)st->prefix.pages, (unsigned long long)st->prefix.blocks_unreferenced,
+                (unsigned long long)st->prefix.hits, (unsigned long long)st->prefix.tokens_mapped,
+                (unsigned long long)st->prefix.evictions);
+    else
+        fprintf(f, "  prefix cache: off\n");
     fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
     for (size_t i = 0; i < st->n_models; i++) {
         const dj_client_model *m = &st->models[i];

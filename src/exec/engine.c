@@ -88,6 +88,7 @@ struct dj_engine {
     uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
     bool trace_pinned;
     size_t trace_cap;
+    dj__prefix *prefix;        /* full KV blocks shared by content (prefix.c), NULL with cfg.no_prefix_cache; owned */
 };
 
 /* ---- engine ---- */
@@ -158,6 +159,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     e->max_step = cfg->max_step_tokens ? cfg->max_step_tokens : 512;
     e->prefetch = !cfg->no_prefetch;
     e->host_layers = cfg->host_layers;
+    if (!cfg->no_prefix_cache && (st = dj__prefix_new(e, &e->prefix)) != DJ_OK) goto fail;
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
@@ -236,6 +238,7 @@ void dj_engine_free(dj_engine_t *e) {
     free(e->calls);
     free(e->sample_rows);
     dj__swap_pool_free(e); /* waits for transfers still in flight */
+    dj__prefix_free(e, e->prefix);
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
     dj_backend_free(e->be);
@@ -665,8 +668,11 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
     s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
     s->kv = calloc(c->n_layers, sizeof *s->kv);
+    s->pfx = calloc(s->max_blocks, sizeof *s->pfx);
+    s->pfx_ids = calloc(s->tokens_per_page, sizeof *s->pfx_ids);
+    s->quota_pages = quota_pages;
     dj_status st = DJ_OK;
-    if (!s->block_table || !s->kv) {
+    if (!s->block_table || !s->kv || !s->pfx || !s->pfx_ids) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
         goto fail;
     }
@@ -693,6 +699,8 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
         v->kv_dim = (uint32_t)kv_dim;
         v->dtype = e->be->kv_dtype;
     }
+    dj__prefix_root(s, s->pfx_key);
+    s->pfx_off = !e->prefix;
     /* The session holds its own model reference. */
     dj_vmu_model_t *again = NULL;
     st = dj_vmu_model_lookup(e->vmu, m->fingerprint, &again);
@@ -704,6 +712,8 @@ fail:
     dj_vmu_session_free(e->vmu, s->vs);
     free(s->block_table);
     free(s->kv);
+    free(s->pfx);
+    free(s->pfx_ids);
     free(s);
     return st;
 }
@@ -711,16 +721,30 @@ fail:
 void dj_session_free(dj_engine_t *e, dj_session_t *s) {
     if (!s) return;
     dj__swap_session_release(e, s); /* waits for its copies, frees its pool slots */
+    dj__prefix_session_release(e->prefix, s);
     dj_vmu_session_free(e->vmu, s->vs);
     dj_vmu_model_release(e->vmu, s->model->region);
     if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
     dj_sampler_free(s->sampler);
     free(s->block_table);
     free(s->kv);
+    free(s->pfx);
+    free(s->pfx_ids);
     free(s);
 }
 
 uint32_t dj_session_pos(const dj_session_t *s) { return s->pos; }
+
+dj__prefix *dj__engine_prefix(dj_engine_t *e) { return e->prefix; }
+
+void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st) { dj__prefix_stats(e->prefix, st); }
+
+dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, uint32_t *mapped) {
+    if (!mapped) return dj_fail(DJ_EINVAL, "dj_session_map_prefix: NULL output");
+    *mapped = 0;
+    if (!e || !s || (!ids && n)) return dj_fail(DJ_EINVAL, "dj_session_map_prefix: NULL engine, session or ids");
+    return dj__prefix_map(e, e->prefix, s, ids, n, mapped);
+}
 uint32_t dj_session_max_ctx(const dj_session_t *s) { return s->max_ctx; }
 
 /* Map pages so that positions [0, upto) are backed in every layer. */
@@ -729,9 +753,14 @@ static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
     const dj_model_config *c = &s->model->cfg;
     while (s->n_blocks < need) {
         const uint32_t b = s->n_blocks;
+        if (s->quota_pages && (size_t)(b + 1) * c->n_layers > s->quota_pages)
+            return dj_fail(DJ_EQUOTA, "session of %s maps %zu KV pages (%zu bytes), its quota", s->model->name,
+                           (size_t)b * c->n_layers, (size_t)b * c->n_layers * dj_vmu_page_bytes(e->vmu));
         for (uint32_t l = 0; l < c->n_layers; l++) {
             uint32_t page;
             dj_status st = dj_vmu_page_alloc(e->vmu, s->vs, &page);
+            while (st == DJ_ENOSPC && dj__prefix_evict(e, e->prefix)) /* unreferenced cached blocks go first */
+                st = dj_vmu_page_alloc(e->vmu, s->vs, &page);
             if (st != DJ_OK) {
                 for (uint32_t j = 0; j < l; j++) /* undo this block's partial mapping */
                     dj_vmu_page_free(e->vmu, s->vs, s->block_table[(size_t)j * s->max_blocks + b]);
@@ -1377,9 +1406,16 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     else
         (void)e->be->vt->sync(e->be);
     dj_vmu_stack_reset(e->vmu, mark);
-    if (st == DJ_OK)
-        for (uint32_t r = 0; r < B; r++)
-            ss[r]->pos += n_tok ? n_tok[r] : 1;
+    if (st == DJ_OK) {
+        uint32_t at = 0;
+        for (uint32_t r = 0; r < B; r++) {
+            const uint32_t n = n_tok ? n_tok[r] : 1;
+            ss[r]->pos += n;
+            if (hook) ss[r]->pfx_off = true; /* a traced step's KV is not the ids' alone */
+            else dj__prefix_fed(e, e->prefix, ss[r], ids + at, n);
+            at += n;
+        }
+    }
     return st;
 }
 
@@ -1408,6 +1444,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
         }
         off += chunk;
     }
+    dj__prefix_fed(e, e->prefix, s, ids, n); /* after the whole step: a failed one published nothing */
     return DJ_OK;
 }
 
@@ -1423,7 +1460,9 @@ dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t
     if ((uint64_t)s->pos + n > s->max_ctx)
         return dj_fail(DJ_ERANGE, "%u more tokens would exceed the session's context of %u (%u used)", n,
                        s->max_ctx, s->pos);
-    return run_chunk(e, s, ids, n, logits, NULL, NULL, NULL, false, hook);
+    dj_status rs = run_chunk(e, s, ids, n, logits, NULL, NULL, NULL, false, hook);
+    if (rs == DJ_OK) s->pfx_off = true; /* its KV may not be the ids' alone: never published */
+    return rs;
 }
 
 dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {
@@ -1449,6 +1488,7 @@ dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *id
         }
         off += chunk;
     }
+    dj__prefix_fed(e, e->prefix, s, ids, n);
     return DJ_OK;
 }
 
@@ -1490,7 +1530,9 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
         if (st != DJ_OK) return st;
         if ((uint64_t)s->pos + n > s->max_ctx)
             return dj_fail(DJ_ERANGE, "session 0: %u more tokens would exceed its context of %u", n, s->max_ctx);
-        return run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false, NULL);
+        st = run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false, NULL);
+        if (st == DJ_OK) dj__prefix_fed(e, e->prefix, s, ids, n);
+        return st;
     }
     return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next, NULL);
 }

@@ -18,6 +18,7 @@ struct dj_gen {
     dj_detok_stream_t *ds;      /* owned; NULL without a tokenizer */
     int32_t *feed;              /* [n_feed] the prompt; owned */
     size_t n_feed, fed;
+    uint32_t cached;            /* prompt tokens mapped from the prefix cache, not computed */
     uint32_t chunk;             /* prompt tokens per step */
     int32_t stop[DJ_GEN_MAX_STOP];
     size_t n_stop;
@@ -70,6 +71,9 @@ dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, siz
     g->chunk = p->prefill_chunk && p->prefill_chunk < cap ? p->prefill_chunk : cap;
     g->max_tokens = p->max_tokens;
     g->pending = -1;
+    if (n_prompt <= UINT32_MAX && (st = dj_session_map_prefix(e, s, prompt, (uint32_t)n_prompt, &g->cached)) != DJ_OK)
+        goto fail;
+    g->fed = g->cached;
     dj_sampler_observe(g->smp, prompt, n_prompt, true);
     *out = g;
     return DJ_OK;
@@ -99,6 +103,7 @@ uint32_t dj_gen_rows(const dj_gen_t *g) {
 }
 
 int32_t dj_gen_pending(const dj_gen_t *g) { return g->pending; }
+uint32_t dj_gen_cached(const dj_gen_t *g) { return g->cached; }
 uint32_t dj_gen_n_generated(const dj_gen_t *g) { return g->n_gen; }
 dj_gen_finish dj_gen_finished(const dj_gen_t *g) { return g->finish; }
 const int32_t *dj_gen_ids(const dj_gen_t *g) { return g->ids; }

@@ -333,10 +333,12 @@ static void out_done(dj_engine_t *e, dj_swap_pool *p, dj_session_t *s, double se
     dj_vmu_t *vmu = dj_engine_vmu(e);
     for (uint32_t i = 0; i < s->n_slots; i++) {
         uint32_t *t = table_at(s, i);
-        if (dj_vmu_page_free(vmu, s->vs, *t) != DJ_OK)
+        /* a block shared from the prefix cache stays there: s only lets go of it */
+        if (!s->pfx[i % s->swap_blocks] && dj_vmu_page_free(vmu, s->vs, *t) != DJ_OK)
             DJ_LOG(ERROR, "swap-out of session %s: %s", session_name(s), dj_last_error());
         *t = DJ__NO_PAGE;
     }
+    for (uint32_t b = 0; b < s->swap_blocks; b++) dj__prefix_unshare(dj__engine_prefix(e), s, b); /* back private */
     s->dev_blocks = 0;
     s->residency = DJ_KV_SWAPPED;
     s->op = NULL;
@@ -454,6 +456,10 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
     dj_vmu_t *vmu = dj_engine_vmu(e);
     dj_vmu_stats vs;
     dj_vmu_get_stats(vmu, &vs);
+    dj_prefix_stats ps;
+    dj__prefix_stats(dj__engine_prefix(e), &ps);
+    if (vs.pages_free < n && vs.pages_free + ps.pages_unreferenced >= n) /* unreferenced cached blocks go first */
+        while (vs.pages_free < n && dj__prefix_evict(e, dj__engine_prefix(e))) dj_vmu_get_stats(vmu, &vs);
     if (vs.pages_free < n)
         return dj_fail(DJ_ENOSPC, "data segment full: restoring session %s needs %u pages (%zu bytes); %zu of %zu "
                                   "are free", session_name(s), n, (size_t)n * p->page_bytes, vs.pages_free,
@@ -583,7 +589,9 @@ dj_status dj__swap_check(const dj_engine_t *e) {
             BAD("swap: session %s holds %u slots for %u blocks of %u layers", session_name(s), s->n_slots,
                 s->n_blocks, n_layers(s));
         const size_t pages = dj_vmu_session_pages(s->vs);
-        const size_t want_min = s->residency == DJ_KV_SWAPPED ? 0 : s->n_slots;
+        /* blocks mapped from the prefix cache hold no pages of s */
+        const size_t shared = (size_t)n_layers(s) * dj__prefix_shared_blocks(s);
+        const size_t want_min = s->residency == DJ_KV_SWAPPED || shared > s->n_slots ? 0 : s->n_slots - shared;
         if (s->residency == DJ_KV_SWAPPED ? pages != 0 : pages < want_min)
             BAD("swap: session %s is %s holding %zu data pages for %u KV pages", session_name(s),
                 dj_kv_residency_name(s->residency), pages, s->n_slots);

@@ -446,6 +446,7 @@ static int gen_step(hgen *g, char *err, size_t cap) {
     if (ev.kind == DJ_CLIENT_EVENT_DONE) {
         g->done = true;
         g->res = res;
+        g->o.cached += res.cached; /* the daemon's prefix cache, beside a kept session's ids */
     }
     if (ev.kind == DJ_CLIENT_EVENT_TOKEN && ev.has_logprobs) dj__oai_logprobs(&g->o, &ev.lp); /* before its text */
     dj__oai_text(&g->o, ev.text, ev.len);
@@ -583,6 +584,22 @@ static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c) {
     return reply(c, 200, body, strlen(body), "application/json");
 }
 
+static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
+    dj_client_t *cl = NULL;
+    dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
+    dj_client_stats s;
+    memset(&s, 0, sizeof s);
+    if (st == DJ_OK) st = dj_client_stats_get(cl, &s);
+    dj_client_free(cl);
+    if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
+    size_t len = 0;
+    char *body = dj__http_stats_json(&s, &len);
+    dj_client_stats_free(&s);
+    if (!body) return reply_error(q, c, 503, "out of memory");
+    q->responded = true;
+    return reply(c, 200, body, len, "application/json");
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **ctx) {
     (void)version;
@@ -602,7 +619,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body)
             return reply_error(q, c, 413, "the body has %s bytes: at most %llu", cl, (unsigned long long)h->cfg.max_body);
-        const unsigned st = authorize(q, c);
+        /* the page holds no data (its script asks for the stats with the token of its #token=...):
+         * with --token-file it is served without one */
+        const bool page = !strcmp(url, "/") && !strcmp(method, "GET");
+        const unsigned st = page && h->cfg.n_auth ? 0 : authorize(q, c);
         if (st == 401) return reply_error(q, c, 401, "send 'Authorization: Bearer TOKEN' with a token of djinnd's --token-file");
         if (st == 403)
             return reply_error(q, c, 403, "djinnd has no --token-file: only loopback clients are served");
@@ -627,11 +647,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/v1/models")) {
         if (get) return serve_models(q, c);
+    } else if (!strcmp(url, "/v1/djinn/stats")) {
+        if (get) return serve_stats(q, c);
+    } else if (!strcmp(url, "/")) {
+        if (get) {
+            q->responded = true;
+            struct MHD_Response *r = MHD_create_response_from_buffer(strlen(dj__http_view_html),
+                                                                     (void *)dj__http_view_html,
+                                                                     MHD_RESPMEM_PERSISTENT);
+            if (!r) return MHD_NO;
+            MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+            MHD_add_response_header(r, "Cache-Control", "no-store");
+            const enum MHD_Result ret = MHD_queue_response(c, 200, r);
+            MHD_destroy_response(r);
+            return ret;
+        }
     } else if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
         if (post) return serve_generate(q, c, url[4] == 'c' && url[5] == 'h');
     } else {
-        return reply_error(q, c, 404, "no such endpoint: %s %.200s (djinnd serves GET /v1/models, POST "
-                                      "/v1/completions and POST /v1/chat/completions)", method, url);
+        return reply_error(q, c, 404, "no such endpoint: %s %.200s (djinnd serves GET /, GET /v1/models, GET "
+                                      "/v1/djinn/stats, POST /v1/completions and POST /v1/chat/completions)", method, url);
     }
     return reply_error(q, c, 405, "%s %.200s: method not allowed", method, url);
 }

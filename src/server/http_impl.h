@@ -30,6 +30,12 @@ dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
 void dj__http_stop(dj__http *h); /* NULL does nothing */
 uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0) */
 
+/* ---- the live view (http_view.c) ---- */
+/* GET /v1/djinn/stats's body: the STATS reply as JSON (malloc'd, *len
+ * bytes; NULL when out of memory). */
+char *dj__http_stats_json(const dj_client_stats *st, size_t *len /* OUT */);
+extern const char dj__http_view_html[]; /* GET /: the page, polling the JSON above */
+
 /* What the front end keeps of a model of the store (loaded on first use). */
 typedef struct dj__http_model {
     char name[128];

@@ -13,7 +13,8 @@ static int usage(FILE *f) {
     fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
-          "              [--deterministic on|off] [--host-layers auto|none|K] [--port-file FILE]\n"
+          "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
+          "              [--port-file FILE]\n"
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
@@ -31,6 +32,8 @@ static int usage(FILE *f) {
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
           "batched steps are slower, bench/RESULTS.md; the CPU engine is always so).\n"
+          "--prefix-cache on (full KV blocks of prompts are shared by content between sessions: a prompt\n"
+          "that starts with cached blocks prefills only the rest; off: the kill switch, same results).\n"
           "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine; on a GPU\n"
           "'short': only prompts with at most 64 tokens left).\n"
           "--host-layers auto (a model larger than its text budget streams layers through a ring; at steps of\n"
@@ -239,6 +242,12 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
                 fprintf(stderr, "djinnd: --host-layers '%s': want auto, none or a layer count 1..65536\n", v);
                 return 2;
             }
+        } else if (!strcmp(a, "--prefix-cache")) {
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "djinnd: --prefix-cache '%s': want on or off\n", v);
+                return 2;
+            }
+            cfg->no_prefix_cache = !strcmp(v, "off");
         } else if (!strcmp(a, "--mixed-steps")) {
             if (!strcmp(v, "on"))
                 cfg->mixed_steps = 1;

@@ -651,6 +651,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     dj__mw_str(&w, "reason", dj_gen_finish_name(dj_gen_finished(g->g)));
     if (dj_gen_finished(g->g) == DJ_GEN_STOP) dj__mw_i64(&w, "stop_id", dj_gen_pending(g->g)); /* not emitted */
     dj__mw_u64(&w, "pos", dj_session_pos(ss->es));
+    dj__mw_u64(&w, "cached", dj_gen_cached(g->g)); /* prompt ids mapped from the prefix cache */
     dj__mw_f64(&w, "queue_ms", (g->t_start - j->t_enqueue) * 1e3);
     dj__mw_f64(&w, "prefill_ms", g->prefill_s * 1e3);
     dj__mw_f64(&w, "ttft_ms", n_gen ? (g->t_first - j->t_enqueue) * 1e3 : 0.0);
@@ -950,6 +951,20 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_u64(w, "graph_captures", caps);
     dj__mw_u64(w, "graph_replays", replays);
     dj__mw_u64(w, "graph_failures", fails);
+    dj_prefix_stats ps;
+    dj_engine_prefix_stats(s->engine, &ps);
+    dj__mw_key(w, "prefix");
+    msgpack_pack_map(&w->pk, 8);
+    dj__pack_str(&w->pk, "enabled");
+    if (ps.enabled) msgpack_pack_true(&w->pk);
+    else msgpack_pack_false(&w->pk);
+    pack_kv_u64(&w->pk, "blocks", ps.blocks);
+    pack_kv_u64(&w->pk, "blocks_unreferenced", ps.blocks_unreferenced);
+    pack_kv_u64(&w->pk, "pages", ps.pages);
+    pack_kv_u64(&w->pk, "pages_unreferenced", ps.pages_unreferenced);
+    pack_kv_u64(&w->pk, "hits", ps.hits);
+    pack_kv_u64(&w->pk, "tokens_mapped", ps.tokens_mapped);
+    pack_kv_u64(&w->pk, "evictions", ps.evictions);
     size_t n_models = 0;
     for (dj__model_ent *m = s->models; m; m = m->next) n_models++;
     dj__mw_key(w, "models");
@@ -1530,6 +1545,7 @@ dj_status dj__worker_start(dj__server *s) {
     ec.max_step_tokens = MIXED_ROWS;
     ec.deterministic = s->cfg.deterministic;
     ec.host_layers = s->cfg.host_layers;
+    ec.no_prefix_cache = s->cfg.no_prefix_cache;
     /* auto: on for the CPU engine (measured, bench/RESULTS.md); a device's
      * mixed rows take the per-row attention kernel instead of the prefill one,
      * not measured yet */

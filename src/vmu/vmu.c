@@ -492,6 +492,23 @@ dj_status dj_vmu_page_free(dj_vmu_t *vmu, dj_vmu_session_t *s, uint32_t page) {
     return DJ_OK;
 }
 
+dj_status dj_vmu_page_give(dj_vmu_t *vmu, dj_vmu_session_t *from, dj_vmu_session_t *to, uint32_t page) {
+    if (!vmu || !from || !to) return dj_fail(DJ_EINVAL, "page give: no VMU or session");
+    if (page >= vmu->n_pages || vmu->owner[page] != from)
+        return dj_fail(DJ_EINVAL, "session %s gives page %u, which it does not hold", from->name, page);
+    page_unlink(vmu, from, page);
+    /* page_unlink put it on the free list last: take it back for `to` */
+    assert(vmu->n_free > 0 && vmu->free_pages[vmu->n_free - 1] == page);
+    vmu->n_free--;
+    vmu->owner[page] = to;
+    vmu->page_prev[page] = DJ__NO_PAGE;
+    vmu->page_next[page] = to->head;
+    if (to->head != DJ__NO_PAGE) vmu->page_prev[to->head] = page;
+    to->head = page;
+    to->n_pages++;
+    return DJ_OK;
+}
+
 uint8_t *dj_vmu_data_base(const dj_vmu_t *vmu) { return vmu->data_base; }
 size_t dj_vmu_page_bytes(const dj_vmu_t *vmu) { return vmu->page_bytes; }
 size_t dj_vmu_session_pages(const dj_vmu_session_t *s) { return s->n_pages; }

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""http_clients.py: N streaming clients at once against djinnd's OpenAI front
+end (issue 13): each streams a completion of its own random token-id prompt;
+time to first token per client (p50/p99, client side) and the aggregate
+tokens per second (all completion tokens over the wall time from the first
+request to the last [DONE]); --rounds repeats the burst.
+
+usage: python3 bench/http_clients.py URL MODEL [--clients 64] [--prompt-tokens 128]
+       [--max-tokens 128] [--vocab 4000] [--rounds 2] [--temperature 0]
+"""
+import argparse
+import http.client
+import json
+import random
+import threading
+import time
+import urllib.parse
+
+
+def one(url, body, out, barrier):
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    barrier.wait()
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    ttft, tokens, err = None, 0, None
+    if r.status != 200:
+        err = f"HTTP {r.status}: {r.read()[:200]!r}"
+    else:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                err = ev["error"]["message"]
+            if ev.get("choices") and ttft is None:
+                ttft = time.perf_counter() - t0
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+    out.append({"ttft": ttft, "tokens": tokens, "end": time.perf_counter(), "start": t0, "err": err})
+    conn.close()
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100.0 * (len(v) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("model")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    a = ap.parse_args()
+    rng = random.Random(1)
+    for rnd in range(a.rounds):
+        bodies = [{"model": a.model, "prompt": [rng.randrange(2, a.vocab) for _ in range(a.prompt_tokens)],
+                   "max_tokens": a.max_tokens, "temperature": a.temperature, "seed": i, "stream": True,
+                   "stream_options": {"include_usage": True}} for i in range(a.clients)]
+        out, barrier = [], threading.Barrier(a.clients)
+        th = [threading.Thread(target=one, args=(a.url, b, out, barrier)) for b in bodies]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        errs = [o["err"] for o in out if o["err"]]
+        ttfts = [o["ttft"] * 1e3 for o in out if o["ttft"] is not None]
+        tokens = sum(o["tokens"] for o in out)
+        wall = max(o["end"] for o in out) - min(o["start"] for o in out)
+        print(f"round {rnd}: {a.clients} clients, prompt {a.prompt_tokens}, max_tokens {a.max_tokens}: "
+              f"TTFT p50 {pct(ttfts, 50):.1f} ms, p99 {pct(ttfts, 99):.1f} ms, max {max(ttfts):.1f} ms; "
+              f"{tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s aggregate; {len(errs)} errors"
+              + (f" (first: {errs[0]})" if errs else ""))
+
+
+if __name__ == "__main__":
+    main()
