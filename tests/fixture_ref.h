@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#define DJ_N_FIXTURES 11
+#define DJ_N_FIXTURES 13
 extern const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES]; /* tests/fixtures/models/<name> */
 
 typedef struct ref {

@@ -11,12 +11,18 @@ size_t dj_dtype_size(dj_dtype t) {
     }
 }
 
+size_t dj_dtype_row_bytes(dj_dtype t, size_t cols) {
+    if (t == DJ_DTYPE_Q4) return cols % DJ_Q4_GROUP ? 0 : cols / 2 + 4 * (cols / DJ_Q4_GROUP);
+    return cols * dj_dtype_size(t);
+}
+
 const char *dj_dtype_name(dj_dtype t) {
     switch (t) {
     case DJ_DTYPE_F32: return "f32";
     case DJ_DTYPE_F16: return "f16";
     case DJ_DTYPE_BF16: return "bf16";
     case DJ_DTYPE_I32: return "i32";
+    case DJ_DTYPE_Q4: return "q4";
     default: return "invalid";
     }
 }

@@ -42,7 +42,7 @@ static bool bound_when(const dj_model_config *c, dj_bind_when when) {
 /* The tensor `name` must have the shape [rows(, cols)]; the slot takes rows
  * [row0, row0 + nrows) of it. */
 static dj_status want(const dj_checkpoint_t *ck, dj_weight *w, char **name_slot, const char *name, int64_t rows,
-                      int64_t cols, int64_t row0, int64_t nrows) {
+                      int64_t cols, int64_t row0, int64_t nrows, bool q4_ok) {
     const dj_tensor_info *t = dj_checkpoint_find(ck, name);
     if (!t) return dj_fail(DJ_ENOTFOUND, "checkpoint has no tensor '%s', which the architecture needs", name);
     int ndim = cols ? 2 : 1;
@@ -57,9 +57,11 @@ static dj_status want(const dj_checkpoint_t *ck, dj_weight *w, char **name_slot,
         return dj_fail(DJ_EFORMAT, "tensor '%s' has shape [%s], expected [%lld,%lld]", name, got, (long long)rows,
                        (long long)cols);
     }
-    if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16)
-        return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16", name,
-                       dj_dtype_name(t->dtype));
+    if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16 &&
+        !(t->dtype == DJ_DTYPE_Q4 && q4_ok))
+        return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16%s", name,
+                       dj_dtype_name(t->dtype), t->dtype == DJ_DTYPE_Q4 ? " (4-bit: only the matmuls of the "
+                                                                         "attention and dense MLP)" : "");
     char *copy = strdup(name);
     if (!copy) return dj_fail(DJ_ENOMEM, "out of memory");
     *name_slot = copy;
@@ -67,7 +69,7 @@ static dj_status want(const dj_checkpoint_t *ck, dj_weight *w, char **name_slot,
     w->dtype = t->dtype;
     w->shape[0] = nrows;
     w->shape[1] = cols;
-    w->src_offset = (size_t)row0 * (size_t)(cols ? cols : 1) * dj_dtype_size(t->dtype);
+    w->src_offset = (size_t)row0 * dj_dtype_row_bytes(t->dtype, (size_t)(cols ? cols : 1));
     w->computed = DJ_COMPUTED_NONE;
     w->data = NULL;
     return DJ_OK;
@@ -81,8 +83,12 @@ static dj_status bind_one(const dj_model_config *c, const dj_checkpoint_t *ck, c
     else if (expert < 0) snprintf(nm, sizeof nm, e->fmt, layer);
     else snprintf(nm, sizeof nm, e->fmt, layer, expert);
     const int64_t rows = dim(c, e->rows);
+    /* 4-bit weights (DJ_DTYPE_Q4) feed MATMUL only: the attention's and the dense MLP's projections */
+    const bool q4_ok = layer >= 0 && expert < 0 && (e->slot == DJ_W_Q || e->slot == DJ_W_K || e->slot == DJ_W_V ||
+                                                     e->slot == DJ_W_O || e->slot == DJ_W_GATE ||
+                                                     e->slot == DJ_W_UP || e->slot == DJ_W_DOWN);
     return want(ck, &w[slot], &names[slot], nm, rows, dim(c, e->cols), dim(c, e->row0),
-                e->nrows == DJ_DIM_NONE ? rows : dim(c, e->nrows));
+                e->nrows == DJ_DIM_NONE ? rows : dim(c, e->nrows), q4_ok);
 }
 
 static void computed(dj_weight *w, int kind, int64_t floats) {
@@ -187,7 +193,8 @@ int dj__blk_weight(dj_gb *b, int slot, int layer, const char *what) {
     nd.shape[1] = w ? w->shape[1] : 0;
     nd.src[0] = nd.src[1] = nd.src[2] = nd.src[3] = -1;
     nd.weight_slot = slot;
-    nd.bytes = w ? (double)(w->shape[0] * (w->shape[1] ? w->shape[1] : 1)) * (double)dj_dtype_size(w->dtype) : 0;
+    nd.bytes = w ? (double)w->shape[0] * (double)dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] ? w->shape[1] : 1))
+                 : 0;
     snprintf(nd.name, sizeof nd.name, "%s", what);
     return add(b, &nd);
 }
