@@ -139,6 +139,10 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
 /* calls[0..count) (count <= DJ_GEMV_GROUP, each dj__cuda_gemv_takes, the
  * same x, n, k, weight and output dtypes, outputs apart) as one launch. */
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+/* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a
+ * group as dj__cuda_gemv (up to 8 rows), and larger n by bf16 tiles and cuBLAS. */
+dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c);
 
 /* A GEMV group that computes its own x (cuda_gemv_fold.cu): the op before it
  * folded into its launch. silu: the SILU_MUL whose output is x; or norm: the
