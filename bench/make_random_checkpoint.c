@@ -1,13 +1,17 @@
 /* make_random_checkpoint.c: writes a Hugging Face checkpoint of a named
  * full-size shape (config.json + model.safetensors) with random bf16 weights,
  * for benchmarks: speed does not depend on what the weights mean.
- *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE]
+ *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE] [--quant awq|gptq]
  * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b, llama2-13b, llama3-70b (Llama layout),
  * qwen3-8b, gemma2-9b, mixtral-8x7b (their own layouts and configs). --layers
  * keeps the first N layers (Mixtral 8x7B's 32 layers do not fit 80 GB:
  * --layers 16). --gguf (Llama-layout presets) also writes the same values
  * (rounded to f16, norms f32) as an F16 GGUF for llama.cpp, the CPU
- * benchmark's side-by-side (bench/cpu_bench.sh). */
+ * benchmark's side-by-side (bench/cpu_bench.sh). --quant awq|gptq writes the
+ * attention and MLP matrices of the layers as 4-bit AWQ (gemm) or GPTQ (v1)
+ * parts - qweight, qzeros, scales (GPTQ also g_idx), random codes and zero
+ * points, scales that give about the bf16 weights' spread - with their
+ * quantization_config (bits 4, group_size 128), the rest in --dtype. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -46,7 +50,11 @@ typedef struct tensor {
     char name[96];
     int64_t rows, cols; /* cols 0: vector */
     int is_norm;
+    int part;           /* 4-bit parts (--quant): PART_* */
+    int64_t fan_in;     /* PART_SCALES: the in features of the matrix */
 } tensor;
+
+enum { PART_NONE, PART_QWEIGHT, PART_QZEROS, PART_SCALES, PART_GIDX };
 
 /* GGUF names and dims (ne0 = columns first) of tensor i. */
 typedef struct gguf_map {
@@ -87,7 +95,8 @@ static uint64_t next(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32]\n", argv[0]);
+        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE] "
+                        "[--quant awq|gptq]\n", argv[0]);
         return 2;
     }
     const preset *p = NULL;
@@ -101,9 +110,10 @@ int main(int argc, char **argv) {
     const char *dir = argv[2];
     dj_dtype dt = DJ_DTYPE_BF16;
     int layers = p->layers;
-    const char *gguf_path = NULL;
+    const char *gguf_path = NULL, *quant = NULL;
     for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--quant")) quant = argv[i + 1];
+        else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gguf")) gguf_path = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
         else if (!strcmp(argv[i], "--dtype")) dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32
@@ -121,6 +131,11 @@ int main(int argc, char **argv) {
         perror(dir);
         return 1;
     }
+    const int q_awq = quant && !strcmp(quant, "awq"), q_gptq = quant && !strcmp(quant, "gptq");
+    if (quant && (!(q_awq || q_gptq) || gguf_path || p->arch == ARCH_MIXTRAL)) {
+        fprintf(stderr, "--quant awq|gptq, without --gguf, not for the MoE preset\n");
+        return 2;
+    }
     if (gguf_path && p->arch != ARCH_LLAMA) {
         fprintf(stderr, "--gguf: only the Llama-layout presets\n");
         return 2;
@@ -130,7 +145,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int hd = p->head_dim ? p->head_dim : p->hidden / p->heads;
-    const int n_t = layers * (13 + 3 * p->experts) + 3;
+    const int n_t = (layers * (13 + 3 * p->experts) + 3) * (quant ? 4 : 1);
     tensor *t = calloc((size_t)n_t, sizeof *t);
     int k = 0;
 #define T(r, c, norm, ...)                                           \
@@ -175,20 +190,45 @@ int main(int argc, char **argv) {
     T(p->hidden, 0, norm, "model.norm.weight");
     if (!p->tie) T(p->vocab, p->hidden, 0, "lm_head.weight");
 #undef T
-    const size_t esz = dj_dtype_size(dt);
-    const char *dname = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
+    if (quant) { /* each layer matrix becomes its 4-bit parts (N out, K in features) */
+        int n = k;
+        for (int i = 0; i < n; i++) {
+            if (strncmp(t[i].name, "model.layers.", 13) || !t[i].cols || t[i].cols % 128 || t[i].rows % 8) continue;
+            const int64_t N = t[i].rows, K = t[i].cols;
+            char base[96];
+            snprintf(base, sizeof base, "%.*s", (int)(strlen(t[i].name) - strlen(".weight")), t[i].name);
+            const struct { const char *suffix; int part; int64_t rows, cols; } parts[4] = {
+                {"qweight", PART_QWEIGHT, q_gptq ? K / 8 : K, q_gptq ? N : N / 8},
+                {"qzeros", PART_QZEROS, K / 128, N / 8},
+                {"scales", PART_SCALES, K / 128, N},
+                {"g_idx", PART_GIDX, K, 0}};
+            for (int j = 0; j < (q_gptq ? 4 : 3); j++) {
+                tensor *d = j == 0 ? &t[i] : &t[k++];
+                snprintf(d->name, sizeof d->name, "%.80s.%s", base, parts[j].suffix);
+                d->rows = parts[j].rows;
+                d->cols = parts[j].cols;
+                d->is_norm = 0;
+                d->part = parts[j].part;
+                d->fan_in = K;
+            }
+        }
+    }
+    const size_t esz_plain = dj_dtype_size(dt);
+    const char *dname_plain = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
+#define ESZ(tt) ((tt).part == PART_NONE ? esz_plain : (tt).part == PART_SCALES ? 2 : 4)
+#define DNAME(tt) ((tt).part == PART_NONE ? dname_plain : (tt).part == PART_SCALES ? "F16" : "I32")
     /* header */
     size_t cap = (size_t)k * 200 + 64, len = 0, off = 0;
     char *hdr = malloc(cap);
     len += (size_t)snprintf(hdr + len, cap - len, "{");
     for (int i = 0; i < k; i++) {
-        size_t bytes = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1) * esz;
+        size_t bytes = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1) * ESZ(t[i]);
         if (t[i].cols)
             len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
-                                    i ? "," : "", t[i].name, dname, (long long)t[i].rows, (long long)t[i].cols, off, off + bytes);
+                                    i ? "," : "", t[i].name, DNAME(t[i]), (long long)t[i].rows, (long long)t[i].cols, off, off + bytes);
         else
             len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                                    i ? "," : "", t[i].name, dname, (long long)t[i].rows, off, off + bytes);
+                                    i ? "," : "", t[i].name, DNAME(t[i]), (long long)t[i].rows, off, off + bytes);
         off += bytes;
     }
     len += (size_t)snprintf(hdr + len, cap - len, "}");
@@ -217,8 +257,29 @@ int main(int argc, char **argv) {
         size_t n = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
         /* matrices ~ U(-a, a) with a = sqrt(3/fan_in) (unit-variance outputs); norms near 1 */
         double a = t[i].cols ? sqrt(3.0 / (double)t[i].cols) : 0.0;
+        const size_t esz = ESZ(t[i]);
         for (size_t done = 0; done < n;) {
             size_t m = n - done < chunk ? n - done : chunk;
+            if (t[i].part != PART_NONE) { /* 4-bit parts: codes and zero points uniform, scales ~ a / 7.5 */
+                for (size_t j = 0; j < m; j++) {
+                    uint32_t v = (uint32_t)next();
+                    if (t[i].part == PART_GIDX) v = (uint32_t)((done + j) / 128);
+                    if (t[i].part == PART_QZEROS && q_gptq) v = 0x77777777u; /* sym: zero 8, stored minus 1 */
+                    if (t[i].part == PART_SCALES) {
+                        const double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
+                        const uint16_t h = dj_f32_to_f16((float)(sqrt(3.0 / (double)t[i].fan_in) / 7.5 * (0.75 + 0.5 * u)));
+                        memcpy(buf + 2 * j, &h, 2);
+                    } else {
+                        memcpy(buf + 4 * j, &v, 4);
+                    }
+                }
+                if (fwrite(buf, esz, m, f) != m) {
+                    perror(path);
+                    return 1;
+                }
+                done += m;
+                continue;
+            }
             for (size_t j = 0; j < m; j++) {
                 double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
                 float v = t[i].is_norm == 2   ? (float)(-0.2 + 0.4 * u)
@@ -270,9 +331,16 @@ int main(int argc, char **argv) {
     else
         fprintf(f, ",\"hidden_act\":\"silu\"");
     if (p->arch == ARCH_MIXTRAL) fprintf(f, ",\"num_local_experts\":%d,\"num_experts_per_tok\":2", p->experts);
+    if (q_awq)
+        fprintf(f, ",\"quantization_config\":{\"quant_method\":\"awq\",\"bits\":4,\"group_size\":128,"
+                   "\"zero_point\":true,\"version\":\"gemm\"}");
+    if (q_gptq)
+        fprintf(f, ",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4,\"group_size\":128,"
+                   "\"desc_act\":false,\"sym\":true,\"checkpoint_format\":\"gptq\"}");
     fprintf(f, "}\n");
     fclose(f);
-    printf("%s: %d tensors, %.2f GB of %s weights in %s\n", p->name, k, (double)off / 1e9, dname, dir);
+    printf("%s: %d tensors, %.2f GB of %s weights%s%s in %s\n", p->name, k, (double)off / 1e9, dname_plain,
+           quant ? ", 4-bit layer matrices as " : "", quant ? quant : "", dir);
     free(buf);
     free(hdr);
     free(t);

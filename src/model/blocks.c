@@ -60,8 +60,8 @@ static dj_status want(const dj_checkpoint_t *ck, dj_weight *w, char **name_slot,
     if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16 &&
         !(t->dtype == DJ_DTYPE_Q4 && q4_ok))
         return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16%s", name,
-                       dj_dtype_name(t->dtype), t->dtype == DJ_DTYPE_Q4 ? " (4-bit: only the matmuls of the "
-                                                                         "attention and dense MLP)" : "");
+                       dj_dtype_name(t->dtype), t->dtype == DJ_DTYPE_Q4 ? " (4-bit: only the attention's and "
+                                                                         "dense MLP's matmuls and lm_head)" : "");
     char *copy = strdup(name);
     if (!copy) return dj_fail(DJ_ENOMEM, "out of memory");
     *name_slot = copy;
@@ -83,10 +83,12 @@ static dj_status bind_one(const dj_model_config *c, const dj_checkpoint_t *ck, c
     else if (expert < 0) snprintf(nm, sizeof nm, e->fmt, layer);
     else snprintf(nm, sizeof nm, e->fmt, layer, expert);
     const int64_t rows = dim(c, e->rows);
-    /* 4-bit weights (DJ_DTYPE_Q4) feed MATMUL only: the attention's and the dense MLP's projections */
-    const bool q4_ok = layer >= 0 && expert < 0 && (e->slot == DJ_W_Q || e->slot == DJ_W_K || e->slot == DJ_W_V ||
-                                                     e->slot == DJ_W_O || e->slot == DJ_W_GATE ||
-                                                     e->slot == DJ_W_UP || e->slot == DJ_W_DOWN);
+    /* 4-bit weights (DJ_DTYPE_Q4) feed MATMUL only: the attention's and the dense MLP's projections, and
+     * an untied lm_head (global slots number from 0 again: layer < 0 tells them apart) */
+    const bool q4_ok = layer < 0 ? e->slot == DJ_W_LM_HEAD
+                                 : expert < 0 && (e->slot == DJ_W_Q || e->slot == DJ_W_K || e->slot == DJ_W_V ||
+                                                  e->slot == DJ_W_O || e->slot == DJ_W_GATE || e->slot == DJ_W_UP ||
+                                                  e->slot == DJ_W_DOWN);
     return want(ck, &w[slot], &names[slot], nm, rows, dim(c, e->cols), dim(c, e->row0),
                 e->nrows == DJ_DIM_NONE ? rows : dim(c, e->nrows), q4_ok);
 }

@@ -191,30 +191,36 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
     }
     sprintf(name, "%s.weight", p);
     const int64_t nj = N / 8, kw = K / 8;
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < nj; j++) { /* out features 8j..8j+7 */
-        for (int c = 0; c < 8; c++) {
-            const int64_t n = 8 * j + c;
-            uint8_t *row = buf + (size_t)n * rb;
-            const int zs = kind == Q4_AWQ ? 4 * AWQ_SLOT[c] : 4 * c;
-            for (int64_t g = 0; g < ng; g++) {
-                const unsigned z = ((rd32(qz->data, (size_t)(g * nj + j)) >> zs) & 15u) + (kind == Q4_GPTQ);
-                const uint16_t s = rd16(sc->data, (size_t)(g * N + n)), zh = dj_f32_to_f16((float)z);
-                memcpy(row + codes + 2 * g, &s, 2);
-                memcpy(row + codes + 2 * ng + 2 * g, &zh, 2);
+    /* Out features in blocks of 8 * JB (each thread a block): AWQ's words of
+     * one stored row are then read JB at a time, a cache line. */
+    enum { JB = 16 };
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t jb = 0; jb < nj; jb += JB) {
+        const int64_t je = jb + JB < nj ? jb + JB : nj;
+        for (int64_t j = jb; j < je; j++)
+            for (int c = 0; c < 8; c++) { /* scales and zero points of out feature 8j + c */
+                const int64_t n = 8 * j + c;
+                uint8_t *row = buf + (size_t)n * rb;
+                const int zs = kind == Q4_AWQ ? 4 * AWQ_SLOT[c] : 4 * c;
+                for (int64_t g = 0; g < ng; g++) {
+                    const unsigned z = ((rd32(qz->data, (size_t)(g * nj + j)) >> zs) & 15u) + (kind == Q4_GPTQ);
+                    const uint16_t sv = rd16(sc->data, (size_t)(g * N + n)), zh = dj_f32_to_f16((float)z);
+                    memcpy(row + codes + 2 * g, &sv, 2);
+                    memcpy(row + codes + 2 * ng + 2 * g, &zh, 2);
+                }
             }
-            if (kind == Q4_GPTQ) { /* the stored word is already 8 columns of this row */
-                for (int64_t i = 0; i < kw; i++) {
-                    const uint32_t w = rd32(qw->data, (size_t)(i * N + n));
-                    memcpy(row + 4 * i, &w, 4);
+        for (int64_t i = 0; i < kw; i++) { /* columns 8i..8i+7 of every row of the block */
+            for (int64_t j = jb; j < je; j++) {
+                uint32_t w[8] = {0};
+                if (kind == Q4_GPTQ) { /* the stored word (i, n) is already 8 columns of row n */
+                    for (int c = 0; c < 8; c++) w[c] = rd32(qw->data, (size_t)(i * N + 8 * j + c));
+                } else { /* word (8i + t, j) holds column 8i + t of the 8 rows, row 8j + c in slot AWQ_SLOT[c] */
+                    for (int t = 0; t < 8; t++) {
+                        const uint32_t v = rd32(qw->data, (size_t)((8 * i + t) * nj + j));
+                        for (int c = 0; c < 8; c++) w[c] |= ((v >> (4 * AWQ_SLOT[c])) & 15u) << (4 * t);
+                    }
                 }
-            } else {
-                for (int64_t i = 0; i < kw; i++) {
-                    uint32_t w = 0;
-                    for (int t = 0; t < 8; t++)
-                        w |= ((rd32(qw->data, (size_t)((8 * i + t) * nj + j)) >> zs) & 15u) << (4 * t);
-                    memcpy(row + 4 * i, &w, 4);
-                }
+                for (int c = 0; c < 8; c++) memcpy(buf + (size_t)(8 * j + c) * rb + 4 * i, &w[c], 4);
             }
         }
     }
