@@ -31,8 +31,8 @@ typedef struct dj_tensor_info {
  * *n_out entries whose name strings and data offsets (in `data`, as byte
  * offsets cast to pointers: add the data area base) are owned by the caller:
  * free with dj_safetensors_free_infos. The array is sorted by name.
- * Also rejected: duplicate tensor names, dtypes other than F32/F16/BF16
- * (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
+ * Also rejected: duplicate tensor names, dtypes other than F32/F16/BF16 and
+ * I32 (the parts of 4-bit weights) (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
  * entries with other keys than dtype/shape/data_offsets, non-whitespace
  * after the JSON. Gaps between tensors are allowed. */
 dj_status dj_safetensors_parse_header(const char *json, size_t json_len, size_t data_len,
@@ -150,6 +150,11 @@ typedef struct dj_checkpoint dj_checkpoint_t;
  * Errors name the file: "<dir>/model.safetensors: header length 12345678
  * exceeds file size 100". DJ_ENOTFOUND for missing files, DJ_EFORMAT for
  * malformed ones, DJ_EUNSUPPORTED for valid but unsupported content.
+ * A config.json with "quantization_config" of AWQ or GPTQ 4-bit weights (the
+ * configs README lists; any other is DJ_EUNSUPPORTED naming it): every
+ * <p>.qweight/.qzeros/.scales(/.g_idx) group is repacked into one tensor
+ * <p>.weight of DJ_DTYPE_Q4 held by ck (src/model/quant4.c), and the parts
+ * are not in the table.
  * Tensor data pointers are only as aligned as the file makes them (writers
  * from the safetensors library align to the element size); the mapping must
  * not be truncated by another process while open (SIGBUS). */

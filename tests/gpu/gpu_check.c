@@ -2172,8 +2172,8 @@ static void check_q4(void) {
     check_q4_matmul(1, 4096, 5003, 0, DJ_DTYPE_F32, 1, 0);    /* logits */
     check_q4_matmul(8, 1024, 1000, 1, DJ_DTYPE_F32, 1, 0);
     check_q4_matmul(9, 4096, 1000, 0, DJ_DTYPE_BF16, 2, 0);   /* one tile */
-    check_q4_matmul(37, 4096, 2500, 1, DJ_DTYPE_BF16, 2, 0);  /* tiles of 1024 rows, a partial one */
-    check_q4_matmul(64, 14336, 600, 0, DJ_DTYPE_BF16, 2, 0);  /* tiles of 256 rows */
+    check_q4_matmul(37, 4096, 5000, 1, DJ_DTYPE_BF16, 2, 0);  /* tiles of 2048 rows, a partial one */
+    check_q4_matmul(64, 14336, 1200, 0, DJ_DTYPE_BF16, 2, 0); /* tiles of 576 rows */
     check_q4_matmul(33, 384, 77, 1, DJ_DTYPE_F32, 2, 4);      /* skewed, f32 out */
     check_q4_matmul(300, 2048, 512, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic: GEMM */
     check_q4_matmul(2, 2048, 512, 1, DJ_DTYPE_BF16, 0, 0);    /* automatic: GEMV */
