@@ -4,7 +4,11 @@
  * the same without prefetch, and the tokens and logits against the first
  * budget's run (list "all" first: everything resident).
  *   bench_stream MODEL_DIR [--device cpu|cuda:N] [--text-gb all,12,8,4] [--batch 1,8,32]
- *                [--decode 16] [--prefill 2048] [--no-prefetch-too]
+ *                [--decode 16] [--prefill 2048] [--no-prefetch-too] [--host auto,none,8]
+ * --host: each budget once per host-compute setting (engine host_layers: auto
+ * = from the rates measured at load, none = everything streams, K = K layers'
+ * FFNs on the host); decode logits of one step are compared with the first
+ * budget's too (host-computed layers run in f32 on the CPU: close, not equal).
  * On the CPU, DJINN_WEIGHTS_IN_PLACE=0 makes the text budget bind. */
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +47,7 @@ typedef struct result {
     double prefill_s;
     int32_t tokens[64];    /* session 0's greedy tokens at batch 1 */
     float *prefill_logits; /* [V] */
+    float *decode_logits;  /* [V] one decode step after a 16-token prompt */
 } result;
 
 /* The pinned host -> device rate of this backend (GB/s), by its swap hooks. */
@@ -74,8 +79,15 @@ static double pinned_rate(dj_engine_t *e) {
     return best;
 }
 
+static double max_diff(const float *a, const float *b, uint32_t n) {
+    double md = 0;
+    for (uint32_t v = 0; v < n; v++) md = fmax(md, fabs((double)a[v] - b[v]));
+    return md;
+}
+
 static void run_budget(const char *model, const char *device, double text_gb, const double *batch, int nb,
-                       uint32_t decode, uint32_t prefill, bool prefetch, double pinned, result *res, const result *ref) {
+                       uint32_t decode, uint32_t prefill, bool prefetch, int host, double pinned, result *res,
+                       const result *ref) {
     dj_checkpoint_t *ck = NULL;
     if (dj_checkpoint_open(model, &ck) != DJ_OK) die("checkpoint");
     const bool gpu = strncmp(device, "cuda", 4) == 0;
@@ -90,7 +102,7 @@ static void run_budget(const char *model, const char *device, double text_gb, co
                         ((size_t)64 << 20);
     const size_t stack = needs.stack_peak * 5 / 4 + ((size_t)64 << 20);
     const size_t total = text + data + stack + ((size_t)1 << 20);
-    dj_engine_config ec = {.device = device, .max_step_tokens = prefill, .no_prefetch = !prefetch};
+    dj_engine_config ec = {.device = device, .max_step_tokens = prefill, .no_prefetch = !prefetch, .host_layers = host};
     ec.vmu = (dj_vmu_config){.total_bytes = total,
                              .text_frac = (double)text / (double)total,
                              .data_frac = (double)data / (double)total,
@@ -115,6 +127,22 @@ static void run_budget(const char *model, const char *device, double text_gb, co
     else
         printf("placement: all %u layers resident (%.2f GB); load %.1f s\n", pl.n_layers, pl.resident_bytes / 1e9,
                load_s);
+    if (pl.n_streamed)
+        printf("host compute (%s): %u layers' FFN on the host at up to %u rows (measured: copies %.1f GB/s, host "
+               "%.1f GB/s)\n", host < 0 ? "none" : host == 0 ? "auto" : "forced", pl.n_host, pl.host_rows,
+               pl.copy_gbps, pl.host_gbps);
+    { /* one decode step's logits after a 16-token prompt */
+        dj_session_t *s = NULL;
+        int32_t p[17], t;
+        for (int i = 0; i < 16; i++) p[i] = (int32_t)((7919u + 104729u * (uint32_t)i) % V);
+        res->decode_logits = malloc((size_t)V * sizeof(float));
+        if (dj_session_new(e, m, 32, 0, &s) != DJ_OK || dj_session_step_sample(e, s, p, 16, NULL, &t) != DJ_OK ||
+            dj_session_step(e, s, &t, 1, res->decode_logits) != DJ_OK)
+            die("decode logits");
+        dj_session_free(e, s);
+        if (ref && ref->decode_logits)
+            printf("decode logits max |diff| %.3g vs the first budget's\n", max_diff(res->decode_logits, ref->decode_logits, V));
+    }
     /* decode at each batch: prompts of 16 tokens, then greedy steps (2 warm-up) */
     for (int bi = 0; bi < nb; bi++) {
         const uint32_t B = (uint32_t)batch[bi];
@@ -127,17 +155,26 @@ static void run_budget(const char *model, const char *device, double text_gb, co
             if (dj_session_step_sample(e, ss[b], p, 16, NULL, &ids[b]) != DJ_OK) die("prompt");
         }
         double t = 0;
+        dj_model_placement p0 = pl;
         for (uint32_t s = 0; s < decode + 2; s++) {
-            if (s == 2) t = now();
+            if (s == 2) {
+                t = now();
+                dj_model_get_placement(m, &p0);
+            }
             if (dj_engine_step_batch(e, ss, ids, B, NULL, NULL, next) != DJ_OK) die("decode");
             if (B == 1 && s < 64) res->tokens[s] = next[0];
             memcpy(ids, next, B * sizeof *ids);
         }
         res->ms[bi] = (now() - t) * 1e3 / decode;
-        const double gbs = pl.n_streamed ? pl.streamed_bytes / (res->ms[bi] * 1e-3) / 1e9 : 0.0;
+        dj_model_placement p1; /* what these steps copied, and whether the host computed FFNs */
+        dj_model_get_placement(m, &p1);
+        const double step_bytes = (double)(p1.copied_bytes - p0.copied_bytes) / decode;
+        const double gbs = step_bytes / (res->ms[bi] * 1e-3) / 1e9;
         printf("decode batch %2u: %8.2f ms/step, %8.2f ms/token", B, res->ms[bi], res->ms[bi] / B);
         if (pl.n_streamed)
-            printf(", streamed %.1f GB/s (%.0f%% of pinned %.1f)", gbs, pinned > 0 ? 100.0 * gbs / pinned : 0.0, pinned);
+            printf(", copied %.2f GB/step at %.1f GB/s (%.0f%% of pinned %.1f)%s", step_bytes / 1e9, gbs,
+                   pinned > 0 ? 100.0 * gbs / pinned : 0.0, pinned,
+                   p1.host_steps > p0.host_steps ? ", FFNs on the host" : "");
         if (B == 1 && ref)
             printf(", tokens %s the first budget's",
                    memcmp(res->tokens, ref->tokens, sizeof(int32_t) * (decode < 64 ? decode : 64)) ? "DIFFER from"
@@ -161,11 +198,8 @@ static void run_budget(const char *model, const char *device, double text_gb, co
         if (pl.n_streamed)
             printf(", %.1f GB streamed at %.1f GB/s", pl.streamed_bytes * (double)((prefill + 2047) / 2048) / 1e9,
                    pl.streamed_bytes * (double)((prefill + 2047) / 2048) / res->prefill_s / 1e9);
-        if (ref && ref->prefill_logits) {
-            double md = 0;
-            for (uint32_t v = 0; v < V; v++) md = fmax(md, fabs((double)res->prefill_logits[v] - ref->prefill_logits[v]));
-            printf(", logits max |diff| %.3g vs the first budget's", md);
-        }
+        if (ref && ref->prefill_logits)
+            printf(", logits max |diff| %.3g vs the first budget's", max_diff(res->prefill_logits, ref->prefill_logits, V));
         printf("\n");
         dj_session_free(e, s);
         free(p);
@@ -175,7 +209,7 @@ static void run_budget(const char *model, const char *device, double text_gb, co
 }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *device = "cuda:0", *texts = "all", *batches = "1,8,32";
+    const char *model = NULL, *device = "cuda:0", *texts = "all", *batches = "1,8,32", *hosts = "auto";
     uint32_t decode = 16, prefill = 2048;
     bool no_pf = false;
     for (int i = 1; i < argc; i++) {
@@ -187,9 +221,10 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--batch")) batches = argv[++i];
         else if (v && !strcmp(a, "--decode")) decode = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (v && !strcmp(a, "--prefill")) prefill = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (v && !strcmp(a, "--host")) hosts = argv[++i];
         else {
             fprintf(stderr, "usage: bench_stream MODEL_DIR [--device D] [--text-gb all,12,8] [--batch 1,8,32] "
-                            "[--decode N] [--prefill N] [--no-prefetch-too]\n");
+                            "[--decode N] [--prefill N] [--no-prefetch-too] [--host auto,none,K]\n");
             return 2;
         }
     }
@@ -198,7 +233,18 @@ int main(int argc, char **argv) {
         return 2;
     }
     double tl[MAX_LIST], bl[MAX_LIST];
+    int hl[MAX_LIST], nh = 0;
     const int nt = parse_list(texts, tl), nb = parse_list(batches, bl);
+    for (const char *p = hosts; *p && nh < MAX_LIST;) {
+        hl[nh++] = !strncmp(p, "auto", 4) ? 0 : !strncmp(p, "none", 4) ? -1 : atoi(p);
+        if (hl[nh - 1] == 0 && strncmp(p, "auto", 4)) {
+            fprintf(stderr, "bench_stream: --host takes auto, none or a count >= 1\n");
+            return 2;
+        }
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
     for (int i = 0; i < nb; i++)
         if (bl[i] < 1) {
             fprintf(stderr, "bench_stream: batch sizes must be >= 1\n");
@@ -215,13 +261,19 @@ int main(int argc, char **argv) {
         dj_engine_free(e);
     }
     printf("bench_stream: %s on %s; pinned host->device %.1f GB/s (1 GiB copies, best of 4)\n", model, device, pinned);
-    result *r = calloc((size_t)nt * 2, sizeof *r);
+    const int per = nh + 1;
+    result *r = calloc((size_t)nt * per, sizeof *r);
     for (int i = 0; i < nt; i++) {
-        run_budget(model, device, tl[i], bl, nb, decode, prefill, true, pinned, &r[2 * i], i ? &r[0] : NULL);
+        for (int h = 0; h < (tl[i] > 0 ? nh : 1); h++)
+            run_budget(model, device, tl[i], bl, nb, decode, prefill, true, hl[h], pinned, &r[per * i + h],
+                       i || h ? &r[0] : NULL);
         if (no_pf && tl[i] > 0)
-            run_budget(model, device, tl[i], bl, 1, decode, prefill, false, pinned, &r[2 * i + 1], &r[0]);
+            run_budget(model, device, tl[i], bl, 1, decode, prefill, false, -1, pinned, &r[per * i + nh], &r[0]);
     }
-    for (int i = 0; i < 2 * nt; i++) free(r[i].prefill_logits);
+    for (int i = 0; i < nt * per; i++) {
+        free(r[i].prefill_logits);
+        free(r[i].decode_logits);
+    }
     free(r);
     return 0;
 }

@@ -1,19 +1,25 @@
 /* make_random_checkpoint.c: writes a Hugging Face checkpoint of a named
  * full-size shape (config.json + model.safetensors) with random bf16 weights,
  * for benchmarks: speed does not depend on what the weights mean.
- *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE] [--quant awq|gptq]
+ *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8] [--layers N] [--gguf FILE]
+ *                          [--quant awq|gptq]
  * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b, llama2-13b, llama3-70b (Llama layout),
  * qwen3-8b, gemma2-9b, mixtral-8x7b (their own layouts and configs). --layers
  * keeps the first N layers (Mixtral 8x7B's 32 layers do not fit 80 GB:
  * --layers 16). --gguf (Llama-layout presets) also writes the same values
  * (rounded to f16, norms f32) as an F16 GGUF for llama.cpp, the CPU
- * benchmark's side-by-side (bench/cpu_bench.sh). --quant awq|gptq writes the
- * attention and MLP matrices of the layers as 4-bit AWQ (gemm) or GPTQ (v1)
- * parts - qweight, qzeros, scales (GPTQ also g_idx), random codes and zero
- * points, scales that give about the bf16 weights' spread - with their
+ * benchmark's side-by-side (bench/cpu_bench.sh). --dtype fp8 writes the
+ * dense layers' linear weights as the official Qwen3/DeepSeek FP8 releases
+ * store them (transformers "fp8": F8_E4M3 with f32 weight_scale_inv per
+ * 128x128 block, quantization_config fp8), everything else bf16 - the FP8
+ * benchmark (issue 16). --quant awq|gptq writes the dense layers' linear
+ * weights as 4-bit AWQ (gemm) or GPTQ (v1) parts - qweight, qzeros, scales
+ * (GPTQ also g_idx): random codes, AWQ's zero points random, GPTQ's 8 (sym),
+ * scales that give about the bf16 weights' spread - with their
  * quantization_config (bits 4, group_size 128), the rest in --dtype. */
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,14 +53,13 @@ static const preset PRESETS[] = {
 };
 
 typedef struct tensor {
-    char name[96];
+    char name[160];
     int64_t rows, cols; /* cols 0: vector */
     int is_norm;
-    int part;           /* 4-bit parts (--quant): PART_* */
-    int64_t fan_in;     /* PART_SCALES: the in features of the matrix */
+    int kind; /* 0: the --dtype of dense tensors; 1: F8_E4M3 (its scales follow); 2: f32 scales;
+               * 4-bit parts (--quant): 3 qweight, 4 qzeros (i32), 5 scales (f16), 6 g_idx (i32) */
+    int64_t fan_in; /* 4-bit parts: the in features of the matrix */
 } tensor;
-
-enum { PART_NONE, PART_QWEIGHT, PART_QZEROS, PART_SCALES, PART_GIDX };
 
 /* GGUF names and dims (ne0 = columns first) of tensor i. */
 typedef struct gguf_map {
@@ -95,8 +100,7 @@ static uint64_t next(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32] [--layers N] [--gguf FILE] "
-                        "[--quant awq|gptq]\n", argv[0]);
+        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8] [--quant awq|gptq]\n", argv[0]);
         return 2;
     }
     const preset *p = NULL;
@@ -110,14 +114,18 @@ int main(int argc, char **argv) {
     const char *dir = argv[2];
     dj_dtype dt = DJ_DTYPE_BF16;
     int layers = p->layers;
-    const char *gguf_path = NULL, *quant = NULL;
+    const char *gguf_path = NULL;
+    bool fp8 = false; /* --dtype fp8: linear weights F8_E4M3 + block scales, the rest bf16 */
+    const char *quant = NULL; /* --quant awq|gptq */
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--quant")) quant = argv[i + 1];
         else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gguf")) gguf_path = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
-        else if (!strcmp(argv[i], "--dtype")) dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32
-                                                 : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
+        else if (!strcmp(argv[i], "--dtype")) {
+            fp8 = !strcmp(argv[i + 1], "fp8");
+            dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32 : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
+        }
     }
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", dir);
@@ -132,8 +140,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int q_awq = quant && !strcmp(quant, "awq"), q_gptq = quant && !strcmp(quant, "gptq");
-    if (quant && (!(q_awq || q_gptq) || gguf_path || p->arch == ARCH_MIXTRAL)) {
-        fprintf(stderr, "--quant awq|gptq, without --gguf, not for the MoE preset\n");
+    if (quant && (!(q_awq || q_gptq) || fp8 || gguf_path || p->experts)) {
+        fprintf(stderr, "--quant awq|gptq: dense presets only, without --gguf or --dtype fp8\n");
+        return 2;
+    }
+    if (fp8 && (gguf_path || p->experts)) {
+        fprintf(stderr, "--dtype fp8: dense presets only, without --gguf\n");
         return 2;
     }
     if (gguf_path && p->arch != ARCH_LLAMA) {
@@ -145,7 +157,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int hd = p->head_dim ? p->head_dim : p->hidden / p->heads;
-    const int n_t = (layers * (13 + 3 * p->experts) + 3) * (quant ? 4 : 1);
+    const int n_t = layers * (13 + 7 + 3 * p->experts) * (quant ? 4 : 1) + 3;
     tensor *t = calloc((size_t)n_t, sizeof *t);
     int k = 0;
 #define T(r, c, norm, ...)                                           \
@@ -154,17 +166,30 @@ int main(int argc, char **argv) {
         t[k].rows = (r);                                             \
         t[k].cols = (c);                                             \
         t[k].is_norm = (norm);                                       \
+        t[k].kind = 0;                                               \
         k++;                                                         \
+    } while (0)
+    /* a linear weight; with fp8 its 128x128-block scales follow it */
+#define TL(r, c, ...)                                                                                        \
+    do {                                                                                                     \
+        T(r, c, 0, __VA_ARGS__);                                                                             \
+        if (fp8) {                                                                                           \
+            char base_[104];                                                                                 \
+            t[k - 1].kind = 1;                                                                               \
+            snprintf(base_, sizeof base_, "%.100s", t[k - 1].name);                                             \
+            T(((r) + 127) / 128, ((c) + 127) / 128, 0, "%s_scale_inv", base_);                               \
+            t[k - 1].kind = 2;                                                                               \
+        }                                                                                                    \
     } while (0)
     T(p->vocab, p->hidden, 0, "model.embed_tokens.weight");
     /* Gemma's norm weights apply as (1 + w): near 0 there is near 1 elsewhere */
     const int norm = p->arch == ARCH_GEMMA2 ? 2 : 1;
     for (int l = 0; l < layers; l++) {
         T(p->hidden, 0, norm, "model.layers.%d.input_layernorm.weight", l);
-        T((int64_t)p->heads * hd, p->hidden, 0, "model.layers.%d.self_attn.q_proj.weight", l);
-        T((int64_t)p->kv_heads * hd, p->hidden, 0, "model.layers.%d.self_attn.k_proj.weight", l);
-        T((int64_t)p->kv_heads * hd, p->hidden, 0, "model.layers.%d.self_attn.v_proj.weight", l);
-        T(p->hidden, (int64_t)p->heads * hd, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        TL((int64_t)p->heads * hd, p->hidden, "model.layers.%d.self_attn.q_proj.weight", l);
+        TL((int64_t)p->kv_heads * hd, p->hidden, "model.layers.%d.self_attn.k_proj.weight", l);
+        TL((int64_t)p->kv_heads * hd, p->hidden, "model.layers.%d.self_attn.v_proj.weight", l);
+        TL(p->hidden, (int64_t)p->heads * hd, "model.layers.%d.self_attn.o_proj.weight", l);
         T(p->hidden, 0, norm, "model.layers.%d.post_attention_layernorm.weight", l);
         if (p->arch == ARCH_QWEN3) {
             T(hd, 0, 1, "model.layers.%d.self_attn.q_norm.weight", l);
@@ -183,52 +208,54 @@ int main(int argc, char **argv) {
             }
             continue;
         }
-        T(p->ffn, p->hidden, 0, "model.layers.%d.mlp.gate_proj.weight", l);
-        T(p->ffn, p->hidden, 0, "model.layers.%d.mlp.up_proj.weight", l);
-        T(p->hidden, p->ffn, 0, "model.layers.%d.mlp.down_proj.weight", l);
+        TL(p->ffn, p->hidden, "model.layers.%d.mlp.gate_proj.weight", l);
+        TL(p->ffn, p->hidden, "model.layers.%d.mlp.up_proj.weight", l);
+        TL(p->hidden, p->ffn, "model.layers.%d.mlp.down_proj.weight", l);
     }
     T(p->hidden, 0, norm, "model.norm.weight");
     if (!p->tie) T(p->vocab, p->hidden, 0, "lm_head.weight");
+#undef TL
 #undef T
     if (quant) { /* each layer matrix becomes its 4-bit parts (N out, K in features) */
-        int n = k;
+        const int n = k;
         for (int i = 0; i < n; i++) {
             if (strncmp(t[i].name, "model.layers.", 13) || !t[i].cols || t[i].cols % 128 || t[i].rows % 8) continue;
             const int64_t N = t[i].rows, K = t[i].cols;
             char base[96];
             snprintf(base, sizeof base, "%.*s", (int)(strlen(t[i].name) - strlen(".weight")), t[i].name);
-            const struct { const char *suffix; int part; int64_t rows, cols; } parts[4] = {
-                {"qweight", PART_QWEIGHT, q_gptq ? K / 8 : K, q_gptq ? N : N / 8},
-                {"qzeros", PART_QZEROS, K / 128, N / 8},
-                {"scales", PART_SCALES, K / 128, N},
-                {"g_idx", PART_GIDX, K, 0}};
+            const struct { const char *suffix; int kind; int64_t rows, cols; } parts[4] = {
+                {"qweight", 3, q_gptq ? K / 8 : K, q_gptq ? N : N / 8},
+                {"qzeros", 4, K / 128, N / 8},
+                {"scales", 5, K / 128, N},
+                {"g_idx", 6, K, 0}};
             for (int j = 0; j < (q_gptq ? 4 : 3); j++) {
                 tensor *d = j == 0 ? &t[i] : &t[k++];
                 snprintf(d->name, sizeof d->name, "%.80s.%s", base, parts[j].suffix);
                 d->rows = parts[j].rows;
                 d->cols = parts[j].cols;
                 d->is_norm = 0;
-                d->part = parts[j].part;
+                d->kind = parts[j].kind;
                 d->fan_in = K;
             }
         }
     }
-    const size_t esz_plain = dj_dtype_size(dt);
-    const char *dname_plain = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
-#define ESZ(tt) ((tt).part == PART_NONE ? esz_plain : (tt).part == PART_SCALES ? 2 : 4)
-#define DNAME(tt) ((tt).part == PART_NONE ? dname_plain : (tt).part == PART_SCALES ? "F16" : "I32")
+    const size_t dense_esz = dj_dtype_size(dt);
+    const char *dense_name = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
+#define ESZ(i) (t[i].kind == 1 ? (size_t)1 : t[i].kind == 5 ? (size_t)2 : t[i].kind >= 2 ? (size_t)4 : dense_esz)
+#define DNAME(i) (t[i].kind == 1 ? "F8_E4M3" : t[i].kind == 2 ? "F32" : t[i].kind == 5 ? "F16" : t[i].kind >= 3 ? "I32" \
+                                                                                                   : dense_name)
     /* header */
     size_t cap = (size_t)k * 200 + 64, len = 0, off = 0;
     char *hdr = malloc(cap);
     len += (size_t)snprintf(hdr + len, cap - len, "{");
     for (int i = 0; i < k; i++) {
-        size_t bytes = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1) * ESZ(t[i]);
+        size_t bytes = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1) * ESZ(i);
         if (t[i].cols)
             len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
-                                    i ? "," : "", t[i].name, DNAME(t[i]), (long long)t[i].rows, (long long)t[i].cols, off, off + bytes);
+                                    i ? "," : "", t[i].name, DNAME(i), (long long)t[i].rows, (long long)t[i].cols, off, off + bytes);
         else
             len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                                    i ? "," : "", t[i].name, DNAME(t[i]), (long long)t[i].rows, off, off + bytes);
+                                    i ? "," : "", t[i].name, DNAME(i), (long long)t[i].rows, off, off + bytes);
         off += bytes;
     }
     len += (size_t)snprintf(hdr + len, cap - len, "}");
@@ -257,15 +284,17 @@ int main(int argc, char **argv) {
         size_t n = (size_t)t[i].rows * (size_t)(t[i].cols ? t[i].cols : 1);
         /* matrices ~ U(-a, a) with a = sqrt(3/fan_in) (unit-variance outputs); norms near 1 */
         double a = t[i].cols ? sqrt(3.0 / (double)t[i].cols) : 0.0;
-        const size_t esz = ESZ(t[i]);
+        /* fp8: codes of v / (a / 448) (the block's largest magnitude is about a); scales a / 448 of the
+         * weight before them (its cols are the scales' cols * 128, near enough for the bound) */
+        const double qa = t[i].kind == 2 ? sqrt(3.0 / (double)(t[i].cols * 128)) / 448.0 : a / 448.0;
         for (size_t done = 0; done < n;) {
             size_t m = n - done < chunk ? n - done : chunk;
-            if (t[i].part != PART_NONE) { /* 4-bit parts: codes and zero points uniform, scales ~ a / 7.5 */
+            if (t[i].kind >= 3) { /* 4-bit parts: codes uniform, scales ~ a / 7.5 */
                 for (size_t j = 0; j < m; j++) {
                     uint32_t v = (uint32_t)next();
-                    if (t[i].part == PART_GIDX) v = (uint32_t)((done + j) / 128);
-                    if (t[i].part == PART_QZEROS && q_gptq) v = 0x77777777u; /* sym: zero 8, stored minus 1 */
-                    if (t[i].part == PART_SCALES) {
+                    if (t[i].kind == 6) v = (uint32_t)((done + j) / 128);
+                    if (t[i].kind == 4 && q_gptq) v = 0x77777777u; /* sym: zero 8, stored minus 1 */
+                    if (t[i].kind == 5) {
                         const double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
                         const uint16_t h = dj_f32_to_f16((float)(sqrt(3.0 / (double)t[i].fan_in) / 7.5 * (0.75 + 0.5 * u)));
                         memcpy(buf + 2 * j, &h, 2);
@@ -273,7 +302,7 @@ int main(int argc, char **argv) {
                         memcpy(buf + 4 * j, &v, 4);
                     }
                 }
-                if (fwrite(buf, esz, m, f) != m) {
+                if (fwrite(buf, ESZ(i), m, f) != m) {
                     perror(path);
                     return 1;
                 }
@@ -290,13 +319,18 @@ int main(int argc, char **argv) {
                     const uint16_t g = dj_f32_to_f16(v);
                     memcpy(gbuf + 2 * j, &g, 2);
                 }
-                if (dt == DJ_DTYPE_F32) memcpy(buf + 4 * j, &v, 4);
+                if (t[i].kind == 1) {
+                    buf[j] = dj_f32_to_f8e4m3((float)((2.0 * u - 1.0) * 448.0));
+                } else if (t[i].kind == 2) {
+                    const float sv = (float)(qa * (0.9 + 0.2 * u));
+                    memcpy(buf + 4 * j, &sv, 4);
+                } else if (dt == DJ_DTYPE_F32) memcpy(buf + 4 * j, &v, 4);
                 else {
                     uint16_t h = dt == DJ_DTYPE_F16 ? dj_f32_to_f16(v) : dj_f32_to_bf16(v);
                     memcpy(buf + 2 * j, &h, 2);
                 }
             }
-            if (fwrite(buf, esz, m, f) != m || (gf && fwrite(gbuf, t[i].is_norm ? 4 : 2, m, gf) != m)) {
+            if (fwrite(buf, ESZ(i), m, f) != m || (gf && fwrite(gbuf, t[i].is_norm ? 4 : 2, m, gf) != m)) {
                 perror(path);
                 return 1;
             }
@@ -322,9 +356,12 @@ int main(int argc, char **argv) {
             "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,"
             "\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d,"
             "\"rms_norm_eps\":1e-05,\"rope_theta\":%.1f,\"tie_word_embeddings\":%s,"
-            "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"",
+            "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"%s",
             archs[p->arch], p->hidden, p->ffn, layers, p->heads, p->kv_heads, hd, p->vocab, p->max_pos, p->theta,
-            p->tie ? "true" : "false", dt == DJ_DTYPE_F32 ? "float32" : dt == DJ_DTYPE_F16 ? "float16" : "bfloat16");
+            p->tie ? "true" : "false", dt == DJ_DTYPE_F32 ? "float32" : dt == DJ_DTYPE_F16 ? "float16" : "bfloat16",
+            fp8 ? ",\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":\"dynamic\","
+                  "\"fmt\":\"e4m3\",\"weight_block_size\":[128,128]}"
+                : "");
     if (p->arch == ARCH_GEMMA2) /* gemma-2-9b's own settings */
         fprintf(f, ",\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
                    "\"sliding_window\":4096,\"attn_logit_softcapping\":50.0,\"final_logit_softcapping\":30.0");
@@ -339,8 +376,8 @@ int main(int argc, char **argv) {
                    "\"desc_act\":false,\"sym\":true,\"checkpoint_format\":\"gptq\"}");
     fprintf(f, "}\n");
     fclose(f);
-    printf("%s: %d tensors, %.2f GB of %s weights%s%s in %s\n", p->name, k, (double)off / 1e9, dname_plain,
-           quant ? ", 4-bit layer matrices as " : "", quant ? quant : "", dir);
+    printf("%s: %d tensors, %.2f GB of %s weights in %s\n", p->name, k, (double)off / 1e9,
+           fp8 ? "fp8 (+bf16)" : q_awq ? "awq 4-bit (+bf16)" : q_gptq ? "gptq 4-bit (+bf16)" : dense_name, dir);
     free(buf);
     free(hdr);
     free(t);

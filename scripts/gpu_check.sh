@@ -9,18 +9,24 @@
 # --ab adds bench_gpu under each kill switch (ab.log: one block per
 # setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
 # (profile.log); at most 8 files land in DIR.
-# usage (repo root): scripts/gpu_check.sh [--bench] [--ab] [--out DIR]
+# --fp8 (issue 16; implies --bench) also writes the FP8 8B-shape checkpoint
+# (transformers "fp8" layout: make_random_checkpoint --dtype fp8) and runs
+# bench_gpu on it after the bf16 run (bench_fp8.log): decode b=1, b=32 and
+# prefill 2048 of both printed side by side.
+# usage (repo root): scripts/gpu_check.sh [--bench] [--ab] [--fp8] [--out DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BENCH=0
 AB=0
+FP8=0
 OUT=${OUT:-/tmp/djinn-gpu-out}
 while [ $# -gt 0 ]; do
     case "$1" in
         --bench) BENCH=1 ;;
         --ab) AB=1; BENCH=1 ;;
+        --fp8) FP8=1; BENCH=1 ;;
         --out) OUT=$2; shift ;;
-        *) echo "usage: $0 [--bench] [--ab] [--out DIR]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--bench] [--ab] [--fp8] [--out DIR]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -58,6 +64,15 @@ if [ $BENCH = 1 ]; then
     grep -E "deterministic|decode b=|checks," "$OUT/bench_det.log"
     python3 bench/hf_decode.py "$M" --attn eager --json "$OUT/hf_eager.json" 2>&1 | grep -vi warn | tail -4
 fi
+if [ $FP8 = 1 ]; then
+    M8=${DJ_BENCH_FP8_MODEL:-/tmp/djinn-llama3-8b-fp8}
+    [ -s "$M8/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M8" --seed 1 --dtype fp8 || exit 2
+    "$B/bench_gpu" "$M8" >"$OUT/bench_fp8.log" 2>&1 || fail=1
+    for log in bench_gpu bench_fp8; do # bf16 (the --bench run above), then FP8, same machine
+        echo "== $log"
+        grep -E "^decode b=|^prefill|checks,|FAIL" "$OUT/$log.log"
+    done
+fi
 if [ $AB = 1 ]; then
     : >"$OUT/ab.log"
     for setting in DJINN_NO_GRAPHS=1 DJINN_FUSE=off DJINN_DEVICE_SAMPLING=off; do
@@ -91,6 +106,7 @@ fi
     grep -E "restores|auto VMU|^bench swap|passed|failed|FAIL" "$OUT/gpu_swap.log" 
     grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
     [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|FAIL" "$OUT/bench_gpu.log"
+    [ -f "$OUT/bench_fp8.log" ] && grep -E "^== |^decode b=|^prefill|checks,|FAIL" "$OUT/bench_fp8.log"
     [ -f "$OUT/bench_det.log" ] && sed 's/^/--deterministic: /' "$OUT/bench_det.log" | grep -E "decode b=32|bit-identical|checks,|FAIL"
     echo "gpu_check.sh: $([ $fail = 0 ] && echo PASS || echo FAIL)"
     echo '```'

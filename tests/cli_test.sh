@@ -217,6 +217,11 @@ if [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "layers stream through a ri
 got=$(DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens --vmu-gb 0.02 \
     --no-prefetch 2>/dev/null)
 if [ "$got" = "$want" ]; then ok; else bad "run streamed --no-prefetch: got '$got', resident '$want'"; fi
+got=$(DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" run --tokens 1,2,3 -n 12 --greedy --ignore-eos --print-tokens --vmu-gb 0.02 \
+    --host-layers 2 --stats 2>"$TMP/err")
+if [ "$got" = "$want" ] && grep -q "host compute:   the FFN of 2 layers" "$TMP/err"; then ok; else
+    bad "run streamed --host-layers 2: got '$got', resident '$want'"; cat "$TMP/err" >&2; fi
+expect_error "run: --host-layers bad" "is not auto, none or a layer count" "$DJINN" run --tokens 1 --host-layers 0
 if "$DJINN" info --vmu-gb 0.02 | grep -q "layers stream through a ring"; then ok; else bad "info --vmu-gb 0.02: no placement"; fi
 if "$DJINN" info --vmu-gb 0.005 | grep -q "placement:      none: .*cannot run this model even streamed"; then ok; else
     bad "info --vmu-gb 0.005: no refusal"; fi
@@ -225,13 +230,15 @@ expect_error "run: budget below one layer" "cannot run this model even streamed"
 mkdir -p "$TMP/store2"
 ln -s "$(cd "$FX/../.." && pwd)/models/demo" "$TMP/store2/demo"
 DJINN_LOG=info DJINN_WEIGHTS_IN_PLACE=0 "$DJINN" serve --listen "unix:$TMP/sock2" --models "$TMP/store2" --threads 1 --vmu-gb 0.02 \
-    2>"$TMP/serve2.err" &
+    --host-layers 2 2>"$TMP/serve2.err" &
 serve_pid=$!
 for _ in $(seq 1 500); do [ -S "$TMP/sock2" ] && break; sleep 0.02; done
 got=$("$DJINN" generate --server "unix:$TMP/sock2" --model demo --tokens 1,2,3 -n 12 --greedy --ignore-eos \
     --print-tokens 2>"$TMP/err")
 if [ "$got" = "$want" ] && grep -q "model demo streams" "$TMP/serve2.err"; then ok; else
     bad "serve streamed: got '$got', resident '$want'"; cat "$TMP/err" "$TMP/serve2.err" >&2; fi
+if grep -q "the host computes the FFN of 2 of its" "$TMP/serve2.err"; then ok; else
+    bad "serve --host-layers 2: no host layers"; cat "$TMP/serve2.err" >&2; fi
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null
 
 echo "cli_test: $pass passed, $fail failed"

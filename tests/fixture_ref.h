@@ -7,6 +7,10 @@
 
 #define DJ_N_FIXTURES 13
 extern const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES]; /* tests/fixtures/models/<name> */
+/* FP8 weights (issue 16): the llama3 fixture in each stored FP8 layout, with
+ * references from the dequantized weights (tools/fp8_fixtures.py). */
+#define DJ_N_FP8_FIXTURES 3
+extern const char *const DJ_FP8_FIXTURE_NAMES[DJ_N_FP8_FIXTURES];
 
 typedef struct ref {
     int32_t prompt[64];

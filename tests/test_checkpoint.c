@@ -1,6 +1,7 @@
 /* test_checkpoint.c: safetensors headers, config.json variants and whole
  * checkpoint directories (single file and sharded), good and malformed. */
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,27 @@ static bool err_has(const char *needle) {
         CHECK(err_has(needle));                         \
     } while (0)
 
+/* e4m3fn both ways: every finite code decodes to 2^(e-7)(1+m/8) (subnormals
+ * m 2^-9) and encodes back to itself; halfway values round to the even code;
+ * beyond 448 saturates. */
+static void test_f8e4m3(void) {
+    for (int c = 0; c < 256; c++) {
+        const float v = dj_f8e4m3_to_f32((uint8_t)c);
+        if ((c & 0x7f) == 0x7f) {
+            CHECK(isnan(v));
+            continue;
+        }
+        const int e = (c >> 3) & 15, m = c & 7;
+        const float want = (c & 0x80 ? -1.0f : 1.0f) * (e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : (float)m / 512.0f);
+        CHECK_MSG(v == want, "e4m3 code 0x%02x: %g, want %g", c, (double)v, (double)want);
+        if (c != 0x80) CHECK_MSG(dj_f32_to_f8e4m3(v) == c, "e4m3 code 0x%02x does not encode back", c);
+    }
+    CHECK(dj_f32_to_f8e4m3(1.0625f) == 0x38);  /* halfway 1 and 1.125: even code 1.0 */
+    CHECK(dj_f32_to_f8e4m3(1.1875f) == 0x3a);  /* halfway 1.125 and 1.25: even 1.25 */
+    CHECK(dj_f32_to_f8e4m3(1000.0f) == 0x7e && dj_f32_to_f8e4m3(-1e30f) == 0xfe);
+    CHECK(dj_f32_to_f8e4m3(0x1.8p-10f) == 0x01); /* 1.5 * 2^-10 = 0.75 of the smallest subnormal */
+}
+
 static void test_configs(void) {
     dj_model_config c;
     CHECK_OK(parse_cfg(LLAMA_CFG, &c));
@@ -213,6 +235,25 @@ static void test_configs(void) {
     CHECK(!c.tie_word_embeddings && !c.attention_bias && !c.mlp_bias && c.sliding_window == 0);
     CHECK(c.bos_token_id == 1 && c.eos_token_ids[0] == 2 && c.eos_token_ids[1] == -1);
     CHECK(!strcmp(c.torch_dtype, "bfloat16"));
+    CHECK(c.quant == DJ_QUANT_NONE);
+    CHECK_OK(parse_cfg(subst(LLAMA_CFG, "\"rope_scaling\": null", "\"quantization_config\": {\"quant_method\": \"fp8\"}"), &c));
+    CHECK(c.quant == DJ_QUANT_FP8 && c.quant_block[0] == 128 && c.quant_block[1] == 128);
+    CHECK_OK(parse_cfg(subst(LLAMA_CFG, "\"rope_scaling\": null",
+                             "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                             "\"float-quantized\", \"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 8, "
+                             "\"type\": \"float\", \"strategy\": \"block\", \"block_structure\": [64, 32]}}}}"),
+                       &c));
+    CHECK(c.quant == DJ_QUANT_CT_FP8 && c.quant_block[0] == 64 && c.quant_block[1] == 32);
+    CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rope_scaling\": null", "\"quantization_config\": {\"quant_method\": \"gguf\"}"),
+                   DJ_EUNSUPPORTED, "quant_method \"gguf\"");
+    CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rope_scaling\": null", "\"quantization_config\": {\"quant_method\": \"fp8\", "
+                         "\"weight_block_size\": [128]}"),
+                   DJ_EFORMAT, "weight_block_size");
+    CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rope_scaling\": null", "\"quantization_config\": {\"quant_method\": \"fp8\", "
+                         "\"fmt\": \"e5m2\"}"),
+                   DJ_EUNSUPPORTED, "e5m2");
+    CHECK_CFG_FAIL(subst(LLAMA_CFG, "\"rope_scaling\": null", "\"quantization_config\": [1]"), DJ_EFORMAT,
+                   "quantization_config");
 
     /* Defaults: no kv heads, no rope_theta, no token ids, no hidden_act. */
     const char *minimal =
@@ -381,8 +422,8 @@ static void test_headers(void) {
                    "unknown dtype \"Q4_K\"");
     CHECK_HDR_FAIL("{\"w\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16, DJ_EUNSUPPORTED,
                    "tensor \"w\" has dtype I64, which Djinn does not support");
-    CHECK_HDR_FAIL("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 16, DJ_EUNSUPPORTED,
-                   "F8_E4M3");
+    CHECK_HDR_FAIL("{\"w\":{\"dtype\":\"F8_E5M2\",\"shape\":[2],\"data_offsets\":[0,2]}}", 16, DJ_EUNSUPPORTED,
+                   "F8_E5M2");
     CHECK_HDR_FAIL("[{\"dtype\":\"F32\"}]", 16, DJ_EFORMAT, "expected an object");
     CHECK_HDR_FAIL("\"str\"", 16, DJ_EFORMAT, "expected an object");
     CHECK_HDR_FAIL("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
@@ -925,6 +966,7 @@ int main(void) {
         return 2;
     }
     int fds0 = count_fds();
+    test_f8e4m3();
     test_configs();
     test_headers();
     test_single_file();

@@ -118,6 +118,45 @@ static void check_model(const char *name) {
                   finite ? "zeros" : "non-finite values");
     }
 
+    /* a point with only saves goes by a device copy, one with an edit through
+     * the host: both give the same bytes, a save listed before the edit the
+     * value before it, and two saves of one point the same */
+    {
+        float *zeros0 = calloc(d, sizeof(float)), *a = malloc((size_t)4 * n * d * sizeof(float));
+        float *bias = malloc((size_t)d * sizeof(float));
+        for (uint32_t i = 0; i < d; i++) bias[i] = (float)((int)(i % 5) - 2) * 0.125f;
+        const dj_point p = {DJ_POINT_ATTN_OUTPUT, L / 2}, q = {DJ_POINT_LAYER_OUTPUT, L - 1};
+        const size_t nd = (size_t)n * d;
+        dj_intervention mix[6] = {
+            {.point = q, .op = DJ_IV_SAVE, .out = a},                     /* a copy */
+            {.point = p, .op = DJ_IV_SAVE, .out = a + nd},                /* through the host: */
+            {.point = p, .op = DJ_IV_ADD, .data = zeros0, .rows = 1},     /* the edit */
+            {.point = q, .op = DJ_IV_SAVE, .out = a + 2 * nd},            /* the copy's second save */
+            {.point = p, .op = DJ_IV_SAVE, .out = a + 3 * nd},            /* after the edit */
+        };
+        dj_session_t *sm = NULL;
+        CHECK_OK(dj_session_new(e, m, 128, 0, &sm));
+        CHECK_OK(dj_session_step_trace(e, sm, r.prompt, n, mix, 5, lg));
+        CHECK_MSG(same(lg, plain, V), "%s: saves beside a neutral edit changed the logits", name);
+        const size_t kq = 4 * (L - 1) + 3, kp = 4 * (L / 2) + 1; /* their slots in `saved` */
+        CHECK_MSG(same(a, saved + kq * nd, nd) && same(a + 2 * nd, a, nd), "%s: a copied save differs", name);
+        CHECK_MSG(same(a + nd, saved + kp * nd, nd) && same(a + 3 * nd, a + nd, nd),
+                  "%s: a save through the host differs from the copied one", name);
+        dj_session_free(e, sm);
+        mix[2].data = bias; /* a real edit: the save before it sees the value before */
+        CHECK_OK(dj_session_new(e, m, 128, 0, &sm));
+        CHECK_OK(dj_session_step_trace(e, sm, r.prompt, n, mix, 5, lg));
+        CHECK(same(a + nd, saved + kp * nd, nd));
+        bool added = true;
+        for (size_t i = 0; i < nd; i++) added &= a[3 * nd + i] == a[nd + i] + bias[i % d];
+        CHECK_MSG(added, "%s: the save after an add does not see the sum", name);
+        CHECK_MSG(!same(a, saved + kq * nd, nd), "%s: the edit did not reach the last layer", name);
+        dj_session_free(e, sm);
+        free(zeros0);
+        free(bias);
+        free(a);
+    }
+
     /* the decode path: one more token, traced and plain, in both sessions */
     const int32_t next = r.greedy[0];
     float *row = malloc((size_t)d * sizeof(float)), *row_prefill = malloc((size_t)(n + 1) * d * sizeof(float));

@@ -1,10 +1,13 @@
 /* test_models.c: every fixture checkpoint end to end on the CPU engine -
  * logits against transformers' fp32 reference (1e-4 relative), 24 greedy
  * tokens identical, chunked prefill equal to one-shot, weights shared between
- * loads, and the VMU back to its baseline after sessions close. */
+ * loads, and the VMU back to its baseline after sessions close; the FP8
+ * fixtures (each stored FP8 layout) likewise, and FP8 configs that do not
+ * describe their tensors refused with the reason. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
@@ -260,9 +263,87 @@ static void check_too_small(void) {
     free(none);
 }
 
+/* dir/<file> := text */
+static void write_text(const char *dir, const char *file, const char *text) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *f = fopen(p, "w");
+    CHECK_MSG(f != NULL, "cannot write %s", p);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The llama3_fp8 fixture's weights under config texts that do not describe
+ * them: refused at load, naming what is wrong. */
+static void check_fp8_refusals(void) {
+    char src[512], tmp[] = "/tmp/dj_fp8_XXXXXX", path[600];
+    snprintf(src, sizeof src, "%s/models/llama3_fp8", DJ_FIXTURES);
+    if (!mkdtemp(tmp)) {
+        CHECK_MSG(0, "mkdtemp failed");
+        return;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    char st_path[600];
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", src);
+    CHECK(symlink(st_path, path) == 0);
+    char cfgp[600];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", src);
+    FILE *f = fopen(cfgp, "r");
+    char cfg[8192] = "";
+    size_t n = f ? fread(cfg, 1, sizeof cfg - 1, f) : 0;
+    if (f) fclose(f);
+    cfg[n] = 0;
+    char *q = strstr(cfg, "\"quantization_config\"");
+    CHECK(q != NULL);
+    if (!q) return;
+    static const struct {
+        const char *qc, *needle;
+        dj_status want;
+    } cases[] = {
+        {"\"quantization_config\": {\"quant_method\": \"quanto\"}}", "quant_method \"quanto\" is not supported",
+         DJ_EUNSUPPORTED},
+        {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", "
+         "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 4, \"type\": \"int\"}}}}}",
+         "format \"pack-quantized\"", DJ_EUNSUPPORTED},
+        {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", "
+         "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 4, \"type\": \"float\", \"strategy\": \"tensor\"}}}}}",
+         "4-bit float weights", DJ_EUNSUPPORTED},
+        /* the right method, scales of another name */
+        {"\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", "
+         "\"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\"}}}}}",
+         "has no scales", DJ_ENOTFOUND},
+        /* block size that does not fit the stored scales */
+        {"\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}}", "fits no scaling",
+         DJ_EFORMAT},
+        {"\"no_quantization\": 1}", "no quantization_config", DJ_EUNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[8192];
+        snprintf(text, sizeof text, "%.*s%s\n", (int)(q - cfg), cfg, cases[i].qc);
+        write_text(tmp, "config.json", text);
+        dj_engine_t *e = new_engine(4 << 10, 64);
+        dj_model_t *m = NULL;
+        const dj_status st = dj_model_load(e, tmp, &m);
+        CHECK_MSG(st == cases[i].want && strstr(dj_last_error(), cases[i].needle),
+                  "fp8 refusal %zu: status %d, error \"%s\" (wanted \"%s\")", i, (int)st, dj_last_error(),
+                  cases[i].needle);
+        if (m) dj_model_release(e, m);
+        dj_engine_free(e);
+    }
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    unlink(path);
+    rmdir(tmp);
+}
+
 int main(void) {
     dj_test_seeds();
     for (size_t i = 0; i < DJ_N_FIXTURES; i++) check_fixture(DJ_FIXTURE_NAMES[i]);
+    for (size_t i = 0; i < DJ_N_FP8_FIXTURES; i++) check_fixture(DJ_FP8_FIXTURE_NAMES[i]);
+    check_known_copy("llama3_fp8"); /* in place and copied: the scales go to the text segment both ways */
+    check_fp8_refusals();
     /* the trained demo model that ships in models/demo (bf16 weights) */
     check_model("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");
     check_small_steps();

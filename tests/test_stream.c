@@ -271,11 +271,62 @@ static void check_chain_once(dj_backend_t *be) {
     dj_ring_layout_free(&lay);
 }
 
+/* The host-compute split: the count minimises the step's longer side (copies
+ * left, host work) and is the fewest such; the spread puts exactly that many
+ * on streamed layers only, evenly (gaps between them differ by at most 1). */
+static void check_host_split_once(void) {
+    const uint32_t S = (uint32_t)rnd(0, 40);
+    const double L = (double)rnd(1000, 100000), F = L * (double)rnd(10, 95) / 100.0;
+    const double cg = (double)rnd(1, 100), hg = (double)rnd(1, 100);
+    const uint32_t h = dj_host_count(S, L, F, cg, hg);
+    CHECK(h <= S);
+    double best = 1e300;
+    uint32_t arg = 0;
+    for (uint32_t k = 0; k <= S; k++) {
+        const double c = (S * L - k * F) / cg, t = k * F / hg, m = c > t ? c : t;
+        if (m < best) {
+            best = m;
+            arg = k;
+        }
+    }
+    CHECK_MSG(h == arg, "dj_host_count(%u, %g, %g, %g, %g) = %u, want %u", S, L, F, cg, hg, h, arg);
+    CHECK(dj_host_count(S, L, F, 0.0, hg) == 0 && dj_host_count(S, L, F, cg, 0.0) == 0);
+    const uint32_t n_layers = S + (uint32_t)rnd(0, 20);
+    uint8_t streamed[64] = {0}, host[64];
+    for (uint32_t i = 0; i < S; i++) { /* S of the n_layers stream, at random */
+        uint32_t l;
+        do l = (uint32_t)rnd(0, n_layers - 1);
+        while (streamed[l]);
+        streamed[l] = 1;
+    }
+    const dj_placement pl = {.n_layers = n_layers, .n_streamed = S, .streamed = streamed};
+    const uint32_t want = (uint32_t)rnd(0, S + 2);
+    dj_host_spread(&pl, want, host);
+    uint32_t got = 0, gap_min = UINT32_MAX, gap_max = 0, since = 0, seen = 0;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        CHECK(!host[l] || streamed[l]);
+        if (!streamed[l]) continue;
+        if (host[l]) {
+            if (seen) {
+                gap_min = since < gap_min ? since : gap_min;
+                gap_max = since > gap_max ? since : gap_max;
+            }
+            seen = 1;
+            since = 0;
+            got++;
+        } else {
+            since++;
+        }
+    }
+    CHECK_MSG(got == (want < S ? want : S), "spread %u of %u streamed: got %u", want, S, got);
+    if (got > 1) CHECK_MSG(gap_max - gap_min <= 1, "spread gaps %u..%u", gap_min, gap_max);
+}
+
 /* ---- fixture models: streamed = resident, bit for bit ---- */
 
-static dj_engine_t *engine_with_text(size_t text, bool prefetch) {
+static dj_engine_t *engine_host(size_t text, bool prefetch, int host_layers) {
     const size_t data = 8u << 20, stack = 8u << 20, total = text + data + stack + 4096;
-    dj_engine_config cfg = {.device = "cpu", .n_threads = 2, .no_prefetch = !prefetch};
+    dj_engine_config cfg = {.device = "cpu", .n_threads = 2, .no_prefetch = !prefetch, .host_layers = host_layers};
     cfg.vmu = (dj_vmu_config){.total_bytes = total,
                               .text_frac = (double)text / (double)total,
                               .data_frac = (double)data / (double)total,
@@ -285,6 +336,8 @@ static dj_engine_t *engine_with_text(size_t text, bool prefetch) {
     CHECK_OK(dj_engine_new(&cfg, &e));
     return e;
 }
+
+static dj_engine_t *engine_with_text(size_t text, bool prefetch) { return engine_host(text, prefetch, 0); }
 
 /* prompt, then 4 greedy decode steps; logits of every step into out[5][V] */
 static void run_model(dj_engine_t *e, dj_model_t *m, const int32_t *prompt, uint32_t np, float *out) {
@@ -300,6 +353,53 @@ static void run_model(dj_engine_t *e, dj_model_t *m, const int32_t *prompt, uint
         CHECK_OK(dj_session_step(e, s, &best, 1, out + (size_t)t * V));
     }
     dj_session_free(e, s);
+}
+
+/* Host compute: every streamed layer's FFN run by a second CPU backend from
+ * the mapped weights through host scratch (steps of up to 16 rows), the
+ * rest streamed - logits the same, bit for bit (one CPU kernel set, f32 on
+ * both sides). A 20-row prefill streams everything, its decode uses the
+ * host again: both orders over one ring. */
+static void check_host(dj_checkpoint_t *ck, const char *name, size_t text_bytes, const int32_t *prompt,
+                       const float *want) {
+    const uint32_t V = dj_checkpoint_config(ck)->vocab_size;
+    int32_t long_prompt[20];
+    for (int i = 0; i < 20; i++) long_prompt[i] = prompt[i % 7];
+    float *got = malloc((size_t)5 * V * 4), *want20 = malloc((size_t)5 * V * 4);
+    dj_engine_t *e = engine_with_text(text_bytes + (1u << 20), true);
+    dj_model_t *m = NULL;
+    CHECK_OK(dj_model_load_checkpoint(e, ck, name, &m));
+    if (m) run_model(e, m, long_prompt, 20, want20);
+    dj_model_release(e, m);
+    dj_engine_free(e);
+    for (int pf = 0; pf < 2; pf++) {
+        e = engine_host((size_t)((double)text_bytes * 0.8), pf == 0, 99);
+        m = NULL;
+        CHECK_OK(dj_model_load_checkpoint(e, ck, name, &m));
+        dj_model_placement p;
+        if (m) dj_model_get_placement(m, &p);
+        CHECK_MSG(m && m->stream && p.n_host == m->stream->pl.n_streamed && p.n_host > 0 && strchr(p.layers, 'H'),
+                  "%s: host layers %u of %u streamed (%s)", name, m ? p.n_host : 0,
+                  m && m->stream ? m->stream->pl.n_streamed : 0, m ? p.layers : "");
+        if (m) {
+            memset(got, 0, (size_t)5 * V * 4);
+            run_model(e, m, prompt, 7, got);
+            CHECK_MSG(memcmp(got, want, (size_t)5 * V * 4) == 0, "%s: FFNs on the host (%s prefetch) differ", name,
+                      pf == 0 ? "with" : "without");
+            dj_model_get_placement(m, &p);
+            CHECK_MSG(p.host_steps == 5, "%s: %llu of 5 steps ran host runs", name, (unsigned long long)p.host_steps);
+            memset(got, 0, (size_t)5 * V * 4);
+            run_model(e, m, long_prompt, 20, got);
+            CHECK_MSG(memcmp(got, want20, (size_t)5 * V * 4) == 0, "%s: 20-row prefill then host decode differs", name);
+            dj_model_get_placement(m, &p);
+            CHECK_MSG(p.host_steps == 9, "%s: %llu of 9 steps ran host runs (the 20-row prefill streams)", name,
+                      (unsigned long long)p.host_steps);
+        }
+        dj_model_release(e, m);
+        dj_engine_free(e);
+    }
+    free(got);
+    free(want20);
 }
 
 static void check_fixture(const char *name) {
@@ -349,6 +449,7 @@ static void check_fixture(const char *name) {
             dj_engine_free(e);
         }
     CHECK_MSG(streamed >= 2, "%s: streamed at %d budgets only", name, streamed); /* each with and without prefetch */
+    check_host(ck, name, needs.text_bytes, prompt, want);
     /* a budget below the globals and one layer: refused, naming the sizes */
     e = engine_with_text(4096, true);
     m = NULL;
@@ -476,6 +577,7 @@ int main(void) {
     for (int i = 0; i < LAYOUT_TRIALS; i++) check_layout_once();
     check_placement();
     for (int i = 0; i < LAYOUT_TRIALS; i++) check_driver_once();
+    for (int i = 0; i < LAYOUT_TRIALS; i++) check_host_split_once();
     dj_backend_t *be = NULL;
     CHECK_OK(dj_backend_cpu_new(2, &be));
     for (int i = 0; i < CHAIN_TRIALS && be; i++) check_chain_once(be);

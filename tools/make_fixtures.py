@@ -22,6 +22,13 @@ transformers version saves, and the reference is computed from it.
 
     python3 tools/make_fixtures.py [--out tests/fixtures/models] [--seed 1234] [--only qwen3,gemma2]
 
+FP8 weights (issue 16): --fp8 writes llama3_fp8, llama3_ct_tensor and
+llama3_ct_channel from the llama3 fixture with our own quantizer, referenced
+by an independent dequantizer and the pure-torch forward (tools/fp8_fixtures.py;
+numpy and torch only, no transformers):
+
+    /usr/bin/python3 tools/make_fixtures.py --fp8
+
 Interventions (issue 14): every new fixture's reference.json also gets a
 "trace" entry (see trace_reference); --add-trace adds it to the fixtures
 already in --out without touching their weights or other references:
@@ -53,9 +60,14 @@ if __name__ == "__main__" and "--quant" in sys.argv:  # the 4-bit fixtures need 
     sys.exit(0)
 
 import torch
-import transformers
-from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
-                          MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config)
+
+try:
+    import transformers
+    from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                              MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config)
+except ImportError:  # --fp8 needs only numpy and torch
+    transformers = AutoModelForCausalLM = Gemma2Config = Gemma3TextConfig = LlamaConfig = None
+    MistralConfig = MixtralConfig = Phi3Config = Qwen2Config = Qwen3Config = None
 
 N_PROMPT = 11
 N_GREEDY = 24
@@ -235,7 +247,15 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
     ap.add_argument("--add-trace", action="store_true",
                     help="add the interventions' reference to the existing fixtures (weights untouched)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="write the FP8 fixtures (tools/fp8_fixtures.py) from the llama3 fixture; no transformers")
     args = ap.parse_args()
+    if args.fp8:
+        import fp8_fixtures
+        fp8_fixtures.make(args.out)
+        return
+    if transformers is None:
+        sys.exit("make_fixtures.py: transformers is needed (only --fp8 runs without it)")
     names = [f[0] for f in FIXTURES]
     only = [n for n in args.only.split(",") if n]
     for n in only:

@@ -121,6 +121,11 @@ typedef struct dj_op_call {
                             * ignore it (x is act_dtype). Zero-initialised: f32. */
     const void *w;         /* weight: EMBED table, RMSNORM weight, MATMUL weight */
     dj_dtype w_dtype;
+    /* MATMUL with w_dtype f8_e4m3 (weights only): w[j][i] = fp8(w[j][i]) *
+     * w_scale[j / w_block_rows][i / w_block_cols], w_scale f32 [ceil(m/w_block_rows)]
+     * [ceil(k/w_block_cols)] in device memory. NULL / 0 with other dtypes. */
+    const float *w_scale;
+    uint32_t w_block_rows, w_block_cols;
     const void *bias;      /* MATMUL bias [m] or NULL */
     dj_dtype bias_dtype;
     const int32_t *ids;    /* EMBED token ids [n] (host memory), or NULL to use ids_dev */
@@ -177,6 +182,25 @@ typedef struct dj_stream_load {
     uint32_t n_after;
 } dj_stream_load;
 
+/* Host compute beside the ring: calls [first, first + n_calls) of a streamed
+ * step - one layer's FFN, whose weights then stay in host memory - run on the
+ * host instead of the device, in stream order: the `in` copies (device ->
+ * host) once the compute before them has finished, then `calls` on the
+ * step's host backend, then the `out` copies (host -> device) before the
+ * compute after them. `calls` are those calls rewritten for the host backend:
+ * weights at their host addresses (the mapped checkpoint), activations in
+ * host scratch that the in/out spans fill and drain (page-locked on a device
+ * backend). Every pointer stays valid, and the scratch untouched by anyone
+ * else, until the step's compute has finished; the backend copies `calls`
+ * themselves before compute_plan returns. The device-side calls of the range
+ * are not run, and read no load (call_load -1). */
+typedef struct dj_host_run {
+    uint32_t first, n_calls;
+    const dj_op_call *calls;          /* [n_calls] for the host backend */
+    const dj_copy_span *in, *out;     /* [n_in], [n_out] */
+    uint32_t n_in, n_out;
+} dj_host_run;
+
 /* What compute_plan needs to stream a step's weights. */
 typedef struct dj_stream_step {
     dj_backend_ring_t *ring;     /* made by ring_new with n_loads events */
@@ -185,6 +209,9 @@ typedef struct dj_stream_step {
     const int32_t *call_load;    /* [n calls] the load whose ring bytes call i reads, -1: none */
     bool prefetch;               /* copies start as soon as the ring has room; false: each only when
                                   * compute reaches it, after all compute before (the ablation) */
+    const dj_host_run *runs;     /* [n_runs] ranges computed on the host, ascending, disjoint; or NULL */
+    uint32_t n_runs;
+    dj_backend_t *host;          /* runs them (a CPU backend); needed when n_runs > 0 */
 } dj_stream_step;
 
 /* One row's sampling parameters for the sample hook (as dj_sampler_params),
@@ -310,6 +337,14 @@ typedef struct dj_backend_vtbl {
      * copies the bytes into host_alloc memory instead. */
     dj_status (*host_register)(dj_backend_t *be, void *p, size_t bytes);
     void (*host_unregister)(dj_backend_t *be, void *p);
+
+    /* ---- optional: NULL where a backend lacks it (a traced step then saves
+     * through the host: sync, download) ---- */
+
+    /* bytes from src_dev to dst_dev (device memory both, not overlapping),
+     * ordered with compute and without waiting; recorded like compute during
+     * a capture (a traced step's saved points). */
+    dj_status (*copy)(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

@@ -31,8 +31,8 @@ typedef struct dj_tensor_info {
  * *n_out entries whose name strings and data offsets (in `data`, as byte
  * offsets cast to pointers: add the data area base) are owned by the caller:
  * free with dj_safetensors_free_infos. The array is sorted by name.
- * Also rejected: duplicate tensor names, dtypes other than F32/F16/BF16 and
- * I32 (the parts of 4-bit weights) (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
+ * Also rejected: duplicate tensor names, dtypes other than F32/F16/BF16/F8_E4M3
+ * and I32 (the parts of 4-bit weights) (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
  * entries with other keys than dtype/shape/data_offsets, non-whitespace
  * after the JSON. Gaps between tensors are allowed. */
 dj_status dj_safetensors_parse_header(const char *json, size_t json_len, size_t data_len,
@@ -63,6 +63,26 @@ typedef enum {
     DJ_ACT_SILU,     /* "silu" */
     DJ_ACT_GELU_TANH /* "gelu_pytorch_tanh": GELU, tanh approximation */
 } dj_act;
+
+/* How the checkpoint's weights are quantized (config "quantization_config",
+ * read by src/model/quant.c; docs/quantization.md). */
+typedef enum {
+    DJ_QUANT_NONE,   /* no quantization_config: f32/f16/bf16 weights */
+    /* transformers "fp8" (FineGrainedFP8Config, the Qwen3/DeepSeek FP8 releases):
+     * f8_e4m3 "<m>.weight" [rows][cols] with f32 "<m>.weight_scale_inv"
+     * [ceil(rows/b0)][ceil(cols/b1)], b = weight_block_size; w = q * scale */
+    DJ_QUANT_FP8,
+    /* "compressed-tensors" float-quantized 8-bit float weights: "<m>.weight_scale"
+     * of 1 value (strategy tensor), [rows][1] (channel) or
+     * [ceil(rows/b0)][ceil(cols/b1)] (block, b = block_structure); w = q * scale.
+     * input_scale and dynamic activation schemes are not applied (weights only). */
+    DJ_QUANT_CT_FP8,
+    /* AWQ (gemm) and GPTQ (v1) 4-bit weights: their parts repacked at open into
+     * "<m>.weight" of DJ_DTYPE_Q4 (src/model/quant4.c, which checks the rest of
+     * the config: bits 4, group_size 128, ...) */
+    DJ_QUANT_AWQ,
+    DJ_QUANT_GPTQ
+} dj_quant_method;
 
 #define DJ_ROPE_MAX_FACTORS 256 /* longrope factors: one per rotated pair, rope_dim/2 */
 #define DJ_MAX_TYPED_LAYERS 1024 /* layers a per-layer sliding pattern may describe */
@@ -122,6 +142,8 @@ typedef struct dj_model_config {
     int32_t bos_token_id;         /* -1 if absent */
     int32_t eos_token_ids[4];     /* -1 padded; config may give an int or a list */
     char torch_dtype[16];         /* "torch_dtype" or newer "dtype"; "" if absent */
+    dj_quant_method quant;        /* DJ_QUANT_NONE without a quantization_config */
+    uint32_t quant_block[2];      /* FP8 / CT block strategy: rows, cols one scale covers; else 0 */
 } dj_model_config;
 
 /* Parse a config.json text. Unknown architecture, unsupported hidden_act or
@@ -134,7 +156,10 @@ typedef struct dj_model_config {
  * a rope_type): default, linear, llama3, longrope (Phi-3 only);
  * yarn/dynamic/... are DJ_EUNSUPPORTED. The architecture's own keys
  * (hidden_act, biases, windows, Gemma's and MoE's keys) are read by its file
- * in src/model/arch/. On error *cfg is zeroed. */
+ * in src/model/arch/. quantization_config: transformers "fp8" and
+ * "compressed-tensors" 8-bit float weights (dj_quant_method); any other
+ * method, format or scheme is DJ_EUNSUPPORTED naming it. On error *cfg is
+ * zeroed. */
 dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *cfg /* OUT */);
 
 /* ---- checkpoint directory ---- */

@@ -34,6 +34,7 @@ typedef struct dj_client_model {
     uint32_t refs; /* sessions + pin */
     /* STATS only: the placement (docs/architecture.md, the weight ring) */
     uint32_t layers, streamed_layers;     /* streamed_layers 0: every layer resident */
+    uint32_t host_layers;                 /* streamed layers whose FFN the host computes at small batches */
     uint64_t resident_bytes, ring_bytes, streamed_bytes; /* streamed_bytes: copied per step */
 } dj_client_model;
 /* *models malloc'd (free()), *n entries. */

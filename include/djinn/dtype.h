@@ -12,6 +12,7 @@ typedef enum {
     DJ_DTYPE_F16,
     DJ_DTYPE_BF16,
     DJ_DTYPE_I32,
+    DJ_DTYPE_F8_E4M3, /* float8_e4m3fn (OCP): weights only, with scales beside them (checkpoint.h) */
     /* 4-bit weights with groups of 128 (AWQ and GPTQ as loaded, src/model/quant4.c):
      * not an element type. A [rows][cols] matrix (cols % 128 == 0) is rows of
      * dj_dtype_row_bytes(Q4, cols) bytes each: cols/2 bytes of 4-bit codes
@@ -23,7 +24,7 @@ typedef enum {
 } dj_dtype;
 
 size_t dj_dtype_size(dj_dtype t);      /* bytes per element; 0 for invalid and for Q4 */
-const char *dj_dtype_name(dj_dtype t); /* "f32", "f16", "bf16", "i32", "q4" */
+const char *dj_dtype_name(dj_dtype t); /* "f32", "f16", "bf16", "i32", "f8_e4m3", "q4" */
 
 #define DJ_Q4_GROUP 128 /* columns sharing one scale and zero point in DJ_DTYPE_Q4 */
 /* Bytes of one row of cols elements of t (Q4: cols/2 + 4*cols/128; 0 when
@@ -45,6 +46,24 @@ static inline uint16_t dj_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+
+/* float8_e4m3fn: bias 7, no infinities, 0x7f/0xff NaN, largest finite 448. */
+static inline float dj_f8e4m3_to_f32(uint8_t v) {
+    const uint32_t sign = (uint32_t)(v & 0x80u) << 24, e = (v >> 3) & 0xfu, man = v & 7u;
+    uint32_t u;
+    if (e == 0) { /* subnormal: man * 2^-9 */
+        float f = (float)man * (1.0f / 512.0f);
+        return sign ? -f : f;
+    }
+    if (e == 0xfu && man == 7u) u = sign | 0x7fc00000u;
+    else u = sign | ((e + 120u) << 23) | (man << 20);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Round to nearest even, saturating to +-448 (as torch's cast of a finite value
+ * within range; larger magnitudes saturate here, NaN stays NaN). */
+uint8_t dj_f32_to_f8e4m3(float f);
 
 float dj_f16_to_f32(uint16_t h);
 uint16_t dj_f32_to_f16(float f);

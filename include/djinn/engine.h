@@ -35,6 +35,11 @@ typedef struct dj_engine_config {
     bool no_prefetch;         /* streamed weights (a model larger than the text segment's room)
                                * are copied only when compute reaches them, not ahead: the
                                * ablation of prefetch; results are the same */
+    int host_layers;          /* host compute beside the stream (steps of few rows): streamed
+                               * layers whose FFN the host's cores run from the mapped weights.
+                               * 0: as many as rates measured at load say pay (none where the
+                               * device's memory is the host's); -1: none, everything streams;
+                               * k > 0: k of them, at steps of up to 16 rows (ablations, tests) */
 } dj_engine_config;
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);
@@ -115,7 +120,13 @@ typedef struct dj_model_placement {
     const char *source;       /* where copies read: "registered" (the mapped checkpoint, page-locked),
                                * "pinned copy", "mapped" (host memory is the device's); "" if none */
     uint64_t steps;           /* streamed steps run so far */
-    char layers[1024];        /* one letter per layer: R resident, S streamed (truncated past 1023) */
+    uint32_t n_host;          /* streamed layers whose FFN the host computes at small batches */
+    uint32_t host_rows;       /* ... at steps of at most this many rows */
+    double copy_gbps, host_gbps; /* the rates that decided it, measured at load (0: not measured) */
+    uint64_t host_steps;      /* steps that ran FFNs on the host */
+    uint64_t copied_bytes;    /* bytes the streamed steps copied into the ring so far */
+    char layers[1024];        /* one letter per layer: R resident, S streamed, H streamed with its FFN
+                               * on the host at small batches (truncated past 1023) */
 } dj_model_placement;
 void dj_model_get_placement(const dj_model_t *m, dj_model_placement *out /* OUT */);
 /* The placement a load into `text_room` free text bytes would give the

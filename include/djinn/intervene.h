@@ -63,9 +63,19 @@ typedef struct dj_intervention {
  * the interventions of one point run in the order given (a SAVE listed
  * after an ADD of the same point sees the sum; layers.{i}.output and
  * layers.{i+1}.input are one point), and what they write is what the rest
- * of the step - and the KV cache it fills - reads. On a device an edit
- * goes through the host (download, f32 arithmetic, upload in the
- * backend's activation dtype); the step never uses a recorded graph.
+ * of the step - and the KV cache it fills - reads. A point with only saves
+ * costs one device-to-device copy of its activation, in stream order (the
+ * step does not wait for it), into the engine's trace area (device memory
+ * beside the VMU's, kept and grown to the largest step's need: at most 8
+ * points of [max_step_tokens][hidden]; further points, or all of them when
+ * the area cannot grow, go through the host as edits do); the copies reach
+ * the `out` buffers (widened
+ * to f32) by the time the call returns - a prefill chunk's on the device's
+ * copy stream while the rest of the step runs. A decode step whose points
+ * are all saves replays a recorded graph with the copies in it. A point
+ * with an edit goes through the host (the step waits for the device; the
+ * activation comes down, the edits apply in f32, it goes back up in the
+ * backend's activation dtype), and its step runs without a graph.
  * logits (optional) receives the last position's [vocab]. Validates every
  * intervention before anything runs (DJ_EINVAL / DJ_ERANGE with the index);
  * all or nothing as dj_session_step. n_iv 0 is dj_session_step. */

@@ -217,8 +217,8 @@ def test_connection_close_frees_everything(daemon, client):
     before = client.stats()
     other.close()
     for _ in range(3000):  # the server sees the close on its own time (30 s: a bound for a stuck daemon)
-        after = client.stats()
-        if after["handles"] < before["handles"]:
+        after = client.stats()  # the handles go first, the connection's count after them: wait for both
+        if after["handles"] < before["handles"] and after["connections"] < before["connections"]:
             break
         time.sleep(0.01)
     assert after["handles"] == before["handles"] - 1

@@ -56,6 +56,8 @@ dj_status dj__stream_after(dj_stream_run *r, const int32_t *idx, uint32_t k);
  * load still had readers. Loads copied but not done (a failed step) get
  * their done mark, so later steps do not wait for them forever. */
 dj_status dj__stream_end(dj_stream_run *r, dj_status st);
+/* A host run's calls, in order, on the host backend (synchronous). */
+dj_status dj__host_run_compute(dj_backend_t *host, const dj_op_call *calls, uint32_t n);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,30 @@ static dj_status issue_ready(dj_stream_run *r) {
     return DJ_OK;
 }
 
+/* NULL when ss's host runs are ascending, disjoint, inside the step, read no
+ * load and have a backend to run on; else what is wrong. */
+static const char *check_runs(const dj_stream_step *ss, size_t n_calls) {
+    if (ss->n_runs && (!ss->runs || !ss->host)) return "without runs or a host backend";
+    size_t end = 0;
+    for (uint32_t j = 0; j < ss->n_runs; j++) {
+        const dj_host_run *h = &ss->runs[j];
+        if (h->first < end || !h->n_calls || (size_t)h->first + h->n_calls > n_calls) return "out of order or range";
+        if (!h->calls || (h->n_in && !h->in) || (h->n_out && !h->out)) return "without calls or spans";
+        for (uint32_t i = h->first; i < h->first + h->n_calls; i++)
+            if (ss->call_load[i] >= 0) return "reading a streamed load";
+        end = (size_t)h->first + h->n_calls;
+    }
+    return NULL;
+}
+
+dj_status dj__host_run_compute(dj_backend_t *host, const dj_op_call *calls, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const dj_status st = dj_backend_compute(host, &calls[i]);
+        if (st != DJ_OK) return st;
+    }
+    return DJ_OK;
+}
+
 dj_status dj__stream_start(dj_stream_run *r, const dj_stream_step *ss, size_t n_calls, dj_stream_dev dev) {
     memset(r, 0, sizeof *r);
     if (!ss->ring || !ss->call_load || (ss->n_loads && !ss->loads))
@@ -48,6 +72,12 @@ dj_status dj__stream_start(dj_stream_run *r, const dj_stream_step *ss, size_t n_
             return dj_fail(DJ_EINVAL, "streamed step: call %zu reads load %d of %u", i, (int)k, ss->n_loads);
         }
         if (k >= 0) r->left[k]++;
+    }
+    const char *bad = check_runs(ss, n_calls);
+    if (bad) {
+        free(r->left);
+        free(r->waited);
+        return dj_fail(DJ_EINVAL, "streamed step: host runs %s", bad);
     }
     for (uint32_t k = 0; k < ss->n_loads; k++)
         for (uint32_t i = 0; i < ss->loads[k].n_after; i++)

@@ -30,7 +30,7 @@ typedef struct opts {
     long top_k, ctx, threads, step;
     unsigned long long seed;
     int greedy, print_tokens, add_special, ignore_eos, stats, have_temp, have_top_p, have_top_k;
-    int deterministic, no_prefetch;
+    int deterministic, no_prefetch, host_layers;
 } opts;
 
 static int usage(FILE *f) {
@@ -39,7 +39,7 @@ static int usage(FILE *f) {
           "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
-          "            [--no-prefetch]\n"
+          "            [--no-prefetch] [--host-layers auto|none|K]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N]\n"
@@ -200,6 +200,14 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
         else if (!strcmp(a, "--deterministic")) o->deterministic = 1;
         else if (!strcmp(a, "--no-prefetch")) o->no_prefetch = 1;
+        else if (!strcmp(a, "--host-layers")) {
+            NEEDV;
+            long k = 0;
+            if (!strcmp(v, "auto")) o->host_layers = 0;
+            else if (!strcmp(v, "none")) o->host_layers = -1;
+            else if (!parse_long(v, 1, 1 << 16, &k)) o->host_layers = (int)k;
+            else return bad_arg("%s: '%s' is not auto, none or a layer count", a, v);
+        }
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
         else return bad_arg("unknown option '%s' for '%s' (see djinn --help)", a, argv[1]);
@@ -293,6 +301,7 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     ec.max_step_tokens = o->step ? (uint32_t)o->step : 512;
     ec.deterministic = o->deterministic != 0;
     ec.no_prefetch = o->no_prefetch != 0;
+    ec.host_layers = o->host_layers;
     dj_status st = dj_model_estimate(ck, kv_dtype_of(o), ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
     if (o->vmu) {
@@ -368,7 +377,14 @@ static void print_placement_of(FILE *f, const dj_model_placement *p) {
             p->n_streamed, p->n_layers, p->ring_bytes / 1048576.0, p->ring_layers, p->resident_bytes / 1048576.0);
     fprintf(f, "streamed:       %.1f MiB copied per step%s%s\n", p->streamed_bytes / 1048576.0,
             p->source[0] ? ", from " : "", p->source);
-    fprintf(f, "layers:         %s (R resident, S streamed)\n", p->layers);
+    fprintf(f, "layers:         %s (R resident, S streamed, H streamed, its FFN on the host at small batches)\n",
+            p->layers);
+    if (p->n_host)
+        fprintf(f, "host compute:   the FFN of %u layers on the host's cores at steps of up to %u rows%s\n", p->n_host,
+                p->host_rows, p->copy_gbps > 0 ? "" : " (set by --host-layers)");
+    if (p->copy_gbps > 0)
+        fprintf(f, "rates:          copies %.1f GB/s, host FFN reads %.1f GB/s (measured at load)\n", p->copy_gbps,
+                p->host_gbps);
 }
 
 static void print_placement(FILE *f, const dj_model_t *m) {
@@ -399,6 +415,15 @@ static int cmd_info(opts *o) {
     printf("architecture:   %s\n", c->arch_name);
     printf("parameters:     %llu (%.3f B)\n", (unsigned long long)needs.n_params, (double)needs.n_params / 1e9);
     printf("weights dtype:  %s\n", c->torch_dtype[0] ? c->torch_dtype : "?");
+    if (c->quant == DJ_QUANT_AWQ || c->quant == DJ_QUANT_GPTQ) { /* docs/architecture.md, "4-bit weights" */
+        printf("quantized:      %s: 4-bit linear weights, groups of 128 with zero points (repacked at load)\n",
+               c->quant == DJ_QUANT_AWQ ? "awq gemm" : "gptq");
+    } else if (c->quant != DJ_QUANT_NONE) { /* docs/quantization.md */
+        char how[64] = "per-tensor or per-channel scales";
+        if (c->quant_block[0]) snprintf(how, sizeof how, "%ux%u-block scales", c->quant_block[0], c->quant_block[1]);
+        printf("quantized:      %s: f8_e4m3 linear weights, %s\n",
+               c->quant == DJ_QUANT_FP8 ? "transformers fp8" : "compressed-tensors float8", how);
+    }
     printf("shape:          %u layers, hidden %u, ffn %u, heads %u/%u kv, head_dim %u, vocab %u\n", c->n_layers,
            c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
     printf("fingerprint:    %016llx\n", (unsigned long long)dj_checkpoint_fingerprint(ck));

@@ -21,6 +21,8 @@
 
 #define DJ_PLAN_CACHE_ENTRIES 64
 #define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
+#define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
+                            * these, so clients' sets of points never push out the plain steps) */
 #define DJ_MAX_BATCH 1024  /* sessions in one decode step */
 
 /* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
@@ -37,6 +39,7 @@ typedef struct step_graph {
     const uint8_t *args;       /* the step-args buffer */
     dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
     int out_idx;               /* the plan's output node */
+    uint64_t key;              /* a traced step's dj__step_hook.graph_key, 0 for plain steps */
     uint64_t used;             /* LRU clock */
 } step_graph;
 
@@ -79,6 +82,12 @@ struct dj_engine {
     size_t calls_cap;
     dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
     bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
+    int host_layers;           /* cfg.host_layers: host compute beside the stream */
+    /* traced steps' saved points (dj__engine_trace_area) */
+    uint8_t *trace_dev;        /* [trace_cap] backend memory; owned */
+    uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
+    bool trace_pinned;
+    size_t trace_cap;
 };
 
 /* ---- engine ---- */
@@ -148,6 +157,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     if (st != DJ_OK) goto fail;
     e->max_step = cfg->max_step_tokens ? cfg->max_step_tokens : 512;
     e->prefetch = !cfg->no_prefetch;
+    e->host_layers = cfg->host_layers;
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
@@ -161,6 +171,8 @@ fail:
     dj_engine_free(e);
     return st;
 }
+
+static void trace_area_free(dj_engine_t *e);
 
 static void free_graphs(dj_engine_t *e) {
     for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
@@ -218,6 +230,7 @@ void dj_engine_free(dj_engine_t *e) {
         free_graphs(e);
         if (e->args_dev) e->be->vt->free(e->be, e->args_dev);
     }
+    trace_area_free(e);
     free(e->args_host);
     free(e->host_logits);
     free(e->calls);
@@ -266,6 +279,42 @@ static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
     return DJ_OK;
 }
 
+static void trace_area_free(dj_engine_t *e) {
+    if (e->trace_dev) e->be->vt->free(e->be, e->trace_dev);
+    if (e->trace_pinned) e->be->vt->host_free(e->be, e->trace_host);
+    else free(e->trace_host);
+    e->trace_dev = e->trace_host = NULL;
+    e->trace_pinned = false;
+    e->trace_cap = 0;
+}
+
+dj_status dj__engine_trace_area(dj_engine_t *e, size_t bytes, uint8_t **dev, uint8_t **host, bool *pinned) {
+    *dev = *host = NULL;
+    *pinned = false;
+    if (bytes > e->trace_cap) {
+        size_t cap = e->trace_cap * 2 > bytes ? e->trace_cap * 2 : bytes;
+        if (cap < 4096) cap = 4096;
+        free_graphs(e); /* recorded traced steps write the old buffer */
+        trace_area_free(e);
+        void *d = NULL, *h = NULL;
+        dj_status st = e->be->vt->alloc(e->be, cap, &d);
+        if (st != DJ_OK) return st;
+        e->trace_dev = d;
+        if (e->be->vt->host_alloc && e->be->vt->host_free && e->be->vt->host_alloc(e->be, cap, &h) == DJ_OK) {
+            e->trace_pinned = true;
+        } else if (!(h = malloc(cap))) {
+            trace_area_free(e);
+            return dj_fail(DJ_ENOMEM, "out of host memory for %zu bytes of saved activations", cap);
+        }
+        e->trace_host = h;
+        e->trace_cap = cap;
+    }
+    *dev = e->trace_dev;
+    *host = e->trace_host;
+    *pinned = e->trace_pinned;
+    return DJ_OK;
+}
+
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e) { return e->vmu; }
 dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e) { return &e->swap; }
 dj_backend_t *dj_engine_backend(dj_engine_t *e) { return e->be; }
@@ -276,6 +325,10 @@ dj_plan_cache_t *dj_engine_plans(dj_engine_t *e) { return e->plans; }
 static size_t weight_bytes(const dj_weight *w) {
     return (size_t)w->shape[0] * dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] ? w->shape[1] : 1));
 }
+
+/* Text-segment bytes of a slot: its weight (unless used in place) and the
+ * f32 scales of an f8_e4m3 weight, always copied (converted) there. */
+static size_t scale_bytes(const dj_weight *w) { return dj__weight_scale_count(w) * sizeof(float); }
 
 static void free_names(char **names, int n) {
     if (!names) return;
@@ -301,6 +354,7 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
     for (int i = 0; i < n; i++) {
         if (!names[i] && !w[i].computed) continue;
         needs->text_bytes += dj_vmu_aligned(weight_bytes(&w[i]));
+        if (scale_bytes(&w[i])) needs->text_bytes += dj_vmu_aligned(scale_bytes(&w[i]));
         if (names[i]) needs->n_params += (uint64_t)w[i].shape[0] * (uint64_t)(w[i].shape[1] ? w[i].shape[1] : 1);
     }
     needs->kv_bytes_per_token = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * dj_dtype_size(kv_dtype);
@@ -400,6 +454,49 @@ static bool weights_in_place(const dj_engine_t *e) {
     return e->be->host_memory && !(env && !strcmp(env, "0"));
 }
 
+/* The f32 scales of every f8_e4m3 slot into the text segment, converted
+ * from the checkpoint's dtype (the slot's rows of a fused tensor). */
+static dj_status load_scales(dj_engine_t *e, dj_model_t *m, int n) {
+    float *buf = NULL;
+    size_t cap = 0;
+    dj_status st = DJ_OK;
+    for (int i = 0; i < n && st == DJ_OK; i++) {
+        dj_weight *w = &m->w[i];
+        const size_t count = dj__weight_scale_count(w);
+        if (!count) continue;
+        const dj_tensor_info *s = w->scale_src;
+        const size_t per_row = (size_t)((w->shape[1] + w->block[1] - 1) / w->block[1]);
+        const size_t first = w->scale_row0 * per_row, esz = dj_dtype_size(s->dtype);
+        if ((first + count) * esz > s->nbytes) {
+            st = dj_fail(DJ_EFORMAT, "scales of '%s': %zu values from %zu exceed the tensor", w->hf_name, count, first);
+            break;
+        }
+        if (count > cap) {
+            free(buf);
+            cap = count;
+            if (!(buf = malloc(cap * sizeof *buf))) {
+                st = dj_fail(DJ_ENOMEM, "out of memory for %zu scales", count);
+                break;
+            }
+        }
+        const uint8_t *src = (const uint8_t *)s->data + first * esz;
+        for (size_t j = 0; j < count; j++) {
+            uint16_t h;
+            switch (s->dtype) {
+            case DJ_DTYPE_BF16: memcpy(&h, src + 2 * j, 2); buf[j] = dj_bf16_to_f32(h); break;
+            case DJ_DTYPE_F16: memcpy(&h, src + 2 * j, 2); buf[j] = dj_f16_to_f32(h); break;
+            default: memcpy(&buf[j], src + 4 * j, 4); break;
+            }
+        }
+        void *dst = NULL;
+        if ((st = dj_vmu_model_alloc(m->region, count * sizeof *buf, &dst)) != DJ_OK) break;
+        if ((st = e->be->vt->upload(e->be, dst, buf, count * sizeof *buf)) != DJ_OK) break;
+        w->scale = dst;
+    }
+    free(buf);
+    return st;
+}
+
 dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name, dj_model_t **out) {
     *out = NULL;
     uint64_t fp = 0;
@@ -427,6 +524,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         goto fail;
     }
     m->cfg = *c;
+    int n_scaled = 0; /* f8_e4m3 slots */
     snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
     st = dj__model_bind(c, ck, m->w, names);
     if (st != DJ_OK) goto fail;
@@ -434,10 +532,19 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         if (!names[i] && !m->w[i].computed) continue;
         if (in_place && names[i]) m->mapped_bytes += weight_bytes(&m->w[i]);
         else m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
+        if (scale_bytes(&m->w[i])) {
+            m->text_bytes += dj_vmu_aligned(scale_bytes(&m->w[i]));
+            n_scaled++;
+        }
         if (names[i]) m->n_params += (uint64_t)m->w[i].shape[0] * (uint64_t)(m->w[i].shape[1] ? m->w[i].shape[1] : 1);
     }
     /* Too large for the text segment's room: some layers stream (stream.c). */
     if (!in_place && (st = dj__stream_plan(e->be, m, dj_vmu_text_room(e->vmu), &m->stream)) != DJ_OK) goto fail;
+    if (m->stream && n_scaled) {
+        st = dj_fail(DJ_EUNSUPPORTED, "model %s: f8_e4m3 weights do not stream yet, and %zu bytes exceed the text "
+                     "segment's room", m->name, m->text_bytes);
+        goto fail;
+    }
     /* Files not seen before: the region gets a provisional key until its bytes are hashed. */
     m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
     st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
@@ -456,6 +563,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         m->ck = dj_checkpoint_retain(ck);
         if ((st = dj__stream_setup(m)) != DJ_OK) goto fail_region;
     }
+    if ((st = load_scales(e, m, n)) != DJ_OK) goto fail_region;
     for (int i = 0; i < n; i++) {
         dj_weight *w = &m->w[i];
         if (!w->hf_name && !w->computed) continue;
@@ -504,6 +612,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         if ((st = dj_vmu_model_set_fingerprint(e->vmu, region, fp)) != DJ_OK) goto fail_region;
         m->fingerprint = fp;
     }
+    if (m->stream && (st = dj__stream_host_setup(m, e->host_layers)) != DJ_OK) goto fail_region;
     if (m->stream && (st = dj__stream_source(m)) != DJ_OK) goto fail_region;
     free(inv_freq);
     free(src);
@@ -720,6 +829,10 @@ static dj_dtype src_dtype(const dj_backend_t *be, const dj_graph_t *g, int idx) 
     return idx < 0 ? be->act_dtype : exec_dtype(be, dj_graph_node_c(g, idx));
 }
 
+dj_dtype dj__engine_node_dtype(const dj_engine_t *e, const dj_graph_t *g, int i) {
+    return exec_dtype(e->be, dj_graph_node_c(g, i));
+}
+
 /* What one step reads besides the plan: rows at consecutive positions of one
  * session (prefill: pos0, host ids), or rows each at its own position and
  * session (decode: everything in the step-args buffer, device memory). */
@@ -798,6 +911,12 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.x = x;
             call.w = x1;
             call.w_dtype = node_dtype(g, nd->src[1]);
+            if (call.w_dtype == DJ_DTYPE_F8_E4M3) { /* its scales, beside it in the slot */
+                const dj_weight *ws = &m->w[dj_graph_node_c(g, nd->src[1])->weight_slot];
+                call.w_scale = ws->scale;
+                call.w_block_rows = ws->block[0];
+                call.w_block_cols = ws->block[1];
+            }
             call.bias = node_ptr(m, g, nd->src[2], stack);
             call.bias_dtype = node_dtype(g, nd->src[2]);
             if (nd->flags & DJ_NODE_LAST_ROW) { /* the last shape[0] rows of x */
@@ -847,7 +966,10 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         }
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
         if (!profile) { /* the whole step goes to the backend at once, below */
-            if (ms) ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
+            if (ms) {
+                ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
+                ms->call_layer[n_calls] = nd->layer;
+            }
             e->calls[n_calls++] = call;
         } else { /* profiling: op by op, unfused, each timed to its end */
             const double t0 = prof_now();
@@ -868,6 +990,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     }
     if (st == DJ_OK && n_calls && ms) {
         dj_stream_step ss;
+        if ((st = dj__stream_host_runs(ms, e->calls, n_calls, n)) != DJ_OK) return st;
         dj__stream_step(ms, e->prefetch, &ss);
         st = e->be->vt->compute_plan(e->be, e->calls, n_calls, g, &ss);
     } else if (st == DJ_OK && n_calls) {
@@ -1035,7 +1158,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     dj_status st = dj__swap_before_step(e, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
-    if (st == DJ_OK && hook) st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops);
+    if (st == DJ_OK && hook) st = hook->prepare(hook, e, g);
     if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
     if (st == DJ_OK) st = sync_tables(e, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -1049,6 +1172,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
     st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
+    if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
     if (st == DJ_OK && all_rows) {
         st = e->be->vt->sync(e->be);
         if (st == DJ_OK)
@@ -1084,17 +1208,23 @@ static bool graphs_enabled(const dj_engine_t *e) {
 /* The graph slot of a decode shape; what a recorded graph baked in (weights,
  * stack and step-args addresses, the plan) must match, or it is dropped. */
 static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, const dj_graph_t *plan,
-                              const uint8_t *stack) {
+                              const uint8_t *stack, uint64_t key) {
     const uint8_t *text = dj_vmu_model_base(m->region);
-    step_graph *hit = NULL, *victim = &e->graphs[0];
+    step_graph *hit = NULL, *victim = &e->graphs[0], *traced = NULL; /* traced: the LRU traced one */
+    int n_traced = 0;
     for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
         step_graph *sg = &e->graphs[i];
-        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B) {
+        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B && sg->key == key) {
             hit = sg;
             break;
         }
-        if (sg->state == SG_EMPTY || sg->used < victim->used) victim = sg;
+        if (sg->state == SG_EMPTY || (victim->state != SG_EMPTY && sg->used < victim->used)) victim = sg;
+        if (sg->state != SG_EMPTY && sg->key) {
+            n_traced++;
+            if (!traced || sg->used < traced->used) traced = sg;
+        }
     }
+    if (!hit && key && n_traced >= DJ_TRACE_GRAPHS) victim = traced;
     if (hit && (hit->text != text || hit->stack != stack || hit->plan != plan || hit->args != e->args_dev)) {
         e->be->vt->graph_free(e->be, hit->graph);
         memset(hit, 0, sizeof *hit); /* stale: start over (eager once, then capture) */
@@ -1110,6 +1240,7 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
         victim->stack = stack;
         victim->plan = plan;
         victim->args = e->args_dev;
+        victim->key = key;
         victim->state = SG_NEW;
         hit = victim;
     }
@@ -1123,7 +1254,8 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
  * more it mixes prompt chunks with decode rows in one plan: every row keeps
  * its own position and pages, the sessions' last tokens are ordered last so
  * that only their logits are computed. */
-/* hook: NULL, or a traced step's (intervene.c): the step then runs eagerly. */
+/* hook: NULL, or a traced step's (intervene.c): the step then runs eagerly,
+ * unless the hook gives a graph key (its stops only copy on the device). */
 static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint32_t *n_tok, const int32_t *ids,
                              uint32_t B, float *logits, const dj_sampler_params *sp, dj_sampler_t *const *samplers,
                              int32_t *next, dj__step_hook *hook) {
@@ -1158,7 +1290,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     dj_graph_t *g = NULL;
     if ((st = get_plan(e, m, DJ_PHASE_DECODE, rows, 0, rows > B ? B : 0, &g)) != DJ_OK)
         return st;
-    if (hook && (st = hook->prepare(hook->user, g, hook->stops, DJ__HOOK_STOPS, &hook->n_stops)) != DJ_OK)
+    if (hook && (st = hook->prepare(hook, e, g)) != DJ_OK)
         return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
         st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
@@ -1200,12 +1332,13 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .s = ss[0]};
     int out_idx = -1;
     bool ran = false;
-    if (rows == B && !hook && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
-        step_graph *sg = graph_slot(e, m, B, g, stack);
+    const bool graphable = !hook || hook->graph_key;
+    if (rows == B && graphable && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
+        step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
             if (st == DJ_OK) {
-                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, NULL);
+                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, hook);
                 dj_backend_graph_t *bg = NULL;
                 st = e->be->vt->capture_end(e->be, &bg);
                 if (run_st == DJ_OK && st == DJ_OK) {
@@ -1236,6 +1369,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     }
     if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
+    if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
     if (st == DJ_OK)
         st = finish(e, ss, B, (const float *)(const void *)(stack + dj_graph_node_c(g, out_idx)->offset), logits, sp,
                     samplers, next);

@@ -60,14 +60,40 @@ const char *dj_point_name(dj_point p, char *buf, size_t cap) {
 
 /* ---- the traced step ---- */
 
+/* Distinct points of one step whose saves are device copies; the rest go
+ * through the host. Bounds the engine's trace area at this many
+ * [max_step_tokens][hidden] activations. */
+#define TRACE_COPY_POINTS 8
+#define TRACE_ALIGN 256
+
+/* A point where the step stops (the plan splits after its node). A point
+ * with only saves is a copy: its activation goes by one device-to-device
+ * copy into its slot of the engine's trace area, in stream order, and comes
+ * to the callers' buffers after the step (prefill on a device: on the copy
+ * stream while the rest of the step runs). A point with an edit goes
+ * through the host: the step waits for the device, the activation comes
+ * down, the edits apply in f32 and it goes back up. */
+typedef struct trace_stop {
+    int node;
+    bool copy;
+    dj_dtype dtype;            /* copy: the activation's element type */
+    size_t off;                /* copy: its slot in the trace area */
+    dj_backend_xfer_t *x;      /* copy: its slot's transfer to host memory, in flight */
+    bool delivered;            /* copy: the callers' buffers hold it */
+} trace_stop;
+
 typedef struct trace {
     const dj_intervention *iv;
     uint32_t n_iv;
     uint32_t n;              /* token rows */
     uint32_t d;              /* hidden size */
     int node[DJ_IV_MAX];     /* the plan node of iv[k] */
-    float *f32;              /* [n][d] scratch */
-    uint8_t *raw;            /* [n][d] scratch in the backend's element type */
+    trace_stop stop[DJ_IV_MAX];
+    int n_stops;
+    uint8_t *area_dev, *area_host; /* the engine's trace area */
+    bool pinned;             /* area_host reachable by the backend's transfers */
+    float *f32;              /* [n][d] scratch of host points (made at the first) */
+    uint8_t *raw;            /* [n][d] scratch in the backend's element type (likewise) */
 } trace;
 
 /* The node tagged for p in g, or -1. */
@@ -98,8 +124,15 @@ static int cmp_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static dj_status prepare(void *user, const dj_graph_t *g, int *stops, int cap, int *n_stops) {
-    trace *t = user;
+static uint64_t fnv(uint64_t h, uint64_t v) {
+    return (h ^ v) * 1099511628211ull;
+}
+
+static dj_status prepare(dj__step_hook *h, dj_engine_t *e, const dj_graph_t *g) {
+    trace *t = h->user;
+    int *stops = h->stops;
+    const int cap = DJ__HOOK_STOPS;
+    const dj_backend_t *be = dj_engine_backend(e);
     int n = 0;
     for (uint32_t k = 0; k < t->n_iv; k++) {
         const int i = find_node(g, t->iv[k].point);
@@ -118,7 +151,43 @@ static dj_status prepare(void *user, const dj_graph_t *g, int *stops, int cap, i
         if (!seen) stops[n++] = i;
     }
     qsort(stops, (size_t)n, sizeof *stops, cmp_int);
-    *n_stops = n;
+    h->n_stops = n;
+    /* which stops copy, their slots */
+    t->n_stops = n;
+    size_t bytes = 0;
+    int copies = 0;
+    for (int j = 0; j < n; j++) {
+        trace_stop *sp = &t->stop[j];
+        *sp = (trace_stop){.node = stops[j], .dtype = dj__engine_node_dtype(e, g, stops[j])};
+        bool edited = false;
+        for (uint32_t k = 0; k < t->n_iv; k++) edited |= t->node[k] == sp->node && t->iv[k].op != DJ_IV_SAVE;
+        sp->copy = be->vt->copy && !edited && copies < TRACE_COPY_POINTS;
+        if (!sp->copy) continue;
+        copies++;
+        sp->off = bytes;
+        const size_t slot = (size_t)t->n * t->d * dj_dtype_size(sp->dtype);
+        bytes += (slot + TRACE_ALIGN - 1) / TRACE_ALIGN * TRACE_ALIGN;
+    }
+    if (copies && dj__engine_trace_area(e, bytes, &t->area_dev, &t->area_host, &t->pinned) != DJ_OK) {
+        DJ_LOG(WARN, "traced step: no room for %zu bytes of saved points (%s); they go through the host", bytes,
+               dj_last_error());
+        for (int j = 0; j < n; j++) t->stop[j].copy = false;
+        copies = 0;
+    }
+    /* A decode step may replay a graph when every stop is a copy: the key
+     * names the copies (sources, slots, types, the area). */
+    uint64_t key = 0;
+    if (copies == n) {
+        key = fnv(1469598103934665603ull, t->n);
+        key = fnv(key, (uintptr_t)t->area_dev);
+        for (int j = 0; j < n; j++) {
+            key = fnv(key, (uint64_t)t->stop[j].node);
+            key = fnv(key, t->stop[j].off);
+            key = fnv(key, (uint64_t)t->stop[j].dtype);
+        }
+        key |= 1; /* never 0: that is "no graph" */
+    }
+    h->graph_key = key;
     return DJ_OK;
 }
 
@@ -127,10 +196,26 @@ static void to_f32(dj_dtype t, const uint8_t *src, float *dst, size_t k) {
         memcpy(dst, src, k * sizeof *dst);
         return;
     }
+    if (t == DJ_DTYPE_BF16) { /* dj_bf16_to_f32 in blocks the compiler vectorises (at -O2 too) */
+        size_t i = 0;
+        for (; i + 16 <= k; i += 16) {
+            uint16_t h[16];
+            uint32_t u[16];
+            memcpy(h, src + 2 * i, sizeof h);
+            for (int j = 0; j < 16; j++) u[j] = (uint32_t)h[j] << 16;
+            memcpy(dst + i, u, sizeof u);
+        }
+        for (; i < k; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = dj_bf16_to_f32(h);
+        }
+        return;
+    }
     for (size_t i = 0; i < k; i++) {
         uint16_t h;
         memcpy(&h, src + 2 * i, 2);
-        dst[i] = t == DJ_DTYPE_BF16 ? dj_bf16_to_f32(h) : dj_f16_to_f32(h);
+        dst[i] = dj_f16_to_f32(h);
     }
 }
 
@@ -145,15 +230,36 @@ static void from_f32(dj_dtype t, const float *src, uint8_t *dst, size_t k) {
     }
 }
 
-static dj_status at(void *user, dj_engine_t *e, const dj_graph_t *g, int node, void *buf, dj_dtype dtype,
-                    uint32_t n) {
-    (void)g;
-    trace *t = user;
-    dj_backend_t *be = dj_engine_backend(e);
-    if (n != t->n) return dj_fail(DJ_EINTERNAL, "a traced step of %u rows ran %u", t->n, n);
-    if (dtype != DJ_DTYPE_F32 && dtype != DJ_DTYPE_BF16 && dtype != DJ_DTYPE_F16)
-        return dj_fail(DJ_EINTERNAL, "an activation of dtype %s", dj_dtype_name(dtype));
+static trace_stop *stop_of(trace *t, int node) {
+    for (int j = 0; j < t->n_stops; j++)
+        if (t->stop[j].node == node) return &t->stop[j];
+    return NULL;
+}
+
+/* A copy stop's activation (src: its slot in host memory) into the buffers
+ * of every save at its node. */
+static void deliver(trace *t, trace_stop *sp, const uint8_t *src) {
+    const size_t k = (size_t)t->n * t->d;
+    const float *first = NULL;
+    for (uint32_t j = 0; j < t->n_iv; j++) {
+        if (t->node[j] != sp->node) continue;
+        if (first) {
+            memcpy(t->iv[j].out, first, k * sizeof(float));
+        } else {
+            to_f32(sp->dtype, src, t->iv[j].out, k);
+            first = t->iv[j].out;
+        }
+    }
+    sp->delivered = true;
+}
+
+/* A point with edits: through the host. */
+static dj_status at_host(trace *t, dj_backend_t *be, int node, void *buf, dj_dtype dtype, uint32_t n) {
     const size_t k = (size_t)n * t->d, bytes = k * dj_dtype_size(dtype);
+    if (!t->f32) t->f32 = malloc(k * sizeof(float));
+    if (!t->raw) t->raw = malloc(k * sizeof(float)); /* the widest element type */
+    if (!t->f32 || !t->raw)
+        return dj_fail(DJ_ENOMEM, "out of host memory for a traced step of %u x %u", n, t->d);
     dj_status st = be->vt->sync(be);
     if (st == DJ_OK) st = be->vt->download(be, t->raw, buf, bytes);
     if (st != DJ_OK) return st;
@@ -179,6 +285,67 @@ static dj_status at(void *user, dj_engine_t *e, const dj_graph_t *g, int node, v
     if (!changed) return DJ_OK;
     from_f32(dtype, t->f32, t->raw, k);
     return be->vt->upload(be, buf, t->raw, bytes);
+}
+
+static dj_status at(void *user, dj_engine_t *e, const dj_graph_t *g, int node, void *buf, dj_dtype dtype,
+                    uint32_t n) {
+    (void)g;
+    trace *t = user;
+    dj_backend_t *be = dj_engine_backend(e);
+    if (n != t->n) return dj_fail(DJ_EINTERNAL, "a traced step of %u rows ran %u", t->n, n);
+    if (dtype != DJ_DTYPE_F32 && dtype != DJ_DTYPE_BF16 && dtype != DJ_DTYPE_F16)
+        return dj_fail(DJ_EINTERNAL, "an activation of dtype %s", dj_dtype_name(dtype));
+    trace_stop *sp = stop_of(t, node);
+    if (!sp) return dj_fail(DJ_EINTERNAL, "a traced step stopped at node %d it did not ask for", node);
+    if (!sp->copy) return at_host(t, be, node, buf, dtype, n);
+    if (dtype != sp->dtype) return dj_fail(DJ_EINTERNAL, "point node %d: dtype %s, planned %s", node,
+                                           dj_dtype_name(dtype), dj_dtype_name(sp->dtype));
+    const size_t bytes = (size_t)n * t->d * dj_dtype_size(dtype);
+    dj_status st = be->vt->copy(be, t->area_dev + sp->off, buf, bytes);
+    /* A prefill chunk's slot starts down to host memory at once, beside the
+     * rest of the step (a decode step's is small, and may be recorded). */
+    if (st == DJ_OK && n > 1 && t->pinned && be->vt->xfer_start && be->vt->xfer_free) {
+        const dj_copy_span span = {t->area_dev + sp->off, t->area_host + sp->off, bytes};
+        st = be->vt->xfer_start(be, true, &span, 1, &sp->x);
+    }
+    return st;
+}
+
+/* Once the step is enqueued: the slots already on their way arrive (in
+ * point order, the first ones while the device still computes the rest). */
+static dj_status enqueued(void *user, dj_engine_t *e) {
+    trace *t = user;
+    dj_backend_t *be = dj_engine_backend(e);
+    for (int j = 0; j < t->n_stops; j++) {
+        trace_stop *sp = &t->stop[j];
+        if (!sp->x) continue;
+        be->vt->xfer_free(be, sp->x); /* waits for its copy */
+        sp->x = NULL;
+        deliver(t, sp, t->area_host + sp->off);
+    }
+    return DJ_OK;
+}
+
+/* After the step: the copy stops not delivered yet, in one download. */
+static dj_status deliver_rest(trace *t, dj_backend_t *be) {
+    size_t lo = SIZE_MAX, hi = 0;
+    for (int j = 0; j < t->n_stops; j++) {
+        const trace_stop *sp = &t->stop[j];
+        if (!sp->copy || sp->delivered) continue;
+        const size_t end = sp->off + (size_t)t->n * t->d * dj_dtype_size(sp->dtype);
+        if (sp->off < lo) lo = sp->off;
+        if (end > hi) hi = end;
+    }
+    if (hi == 0) return DJ_OK;
+    const uint8_t *src = t->area_dev; /* read in place where device memory is host memory */
+    if (!be->host_memory) {
+        dj_status st = be->vt->download(be, t->area_host + lo, t->area_dev + lo, hi - lo);
+        if (st != DJ_OK) return st;
+        src = t->area_host;
+    }
+    for (int j = 0; j < t->n_stops; j++)
+        if (t->stop[j].copy && !t->stop[j].delivered) deliver(t, &t->stop[j], src + t->stop[j].off);
+    return DJ_OK;
 }
 
 dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
@@ -219,16 +386,12 @@ dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *
         }
     }
     trace t = {.iv = iv, .n_iv = n_iv, .n = n, .d = c->hidden_size};
-    const size_t k = (size_t)n * c->hidden_size;
-    t.f32 = malloc(k * sizeof(float));
-    t.raw = malloc(k * sizeof(float)); /* the widest element type */
-    dj_status st;
-    if (!t.f32 || !t.raw) {
-        st = dj_fail(DJ_ENOMEM, "out of host memory for a traced step of %u x %u", n, c->hidden_size);
-    } else {
-        dj__step_hook hook = {.prepare = prepare, .at = at, .user = &t};
-        st = dj__session_step_hooked(e, s, ids, n, logits, &hook);
-    }
+    dj_backend_t *be = dj_engine_backend(e);
+    dj__step_hook hook = {.prepare = prepare, .at = at, .enqueued = enqueued, .user = &t};
+    dj_status st = dj__session_step_hooked(e, s, ids, n, logits, &hook);
+    for (int j = 0; j < t.n_stops; j++) /* a failed step's transfers still in flight */
+        if (t.stop[j].x) be->vt->xfer_free(be, t.stop[j].x);
+    if (st == DJ_OK) st = deliver_rest(&t, be);
     free(t.f32);
     free(t.raw);
     return st;

@@ -132,38 +132,61 @@ static dj_status pinned_copy(dj_model_stream *s, size_t n_spans) {
     return DJ_OK;
 }
 
+/* A layer's FFN tensors (norms around it, the MLP or the MoE router and experts). */
+static bool ffn_slot(int i) {
+    switch (i) {
+    case DJ_W_FFN_NORM: case DJ_W_GATE: case DJ_W_UP: case DJ_W_DOWN: case DJ_W_GATEB: case DJ_W_UPB:
+    case DJ_W_DOWNB: case DJ_W_POST_FFN_NORM: case DJ_W_ROUTER: return true;
+    default: return i >= DJ_W_FIXED;
+    }
+}
+
 dj_status dj__stream_setup(dj_model_t *m) {
     dj_model_stream *s = m->stream;
     const dj_model_config *c = &m->cfg;
     const int per = dj__wslot_per_layer(c);
-    const uint32_t S = s->pl.n_streamed;
     size_t n = 0;
-    for (uint32_t l = 0; l < c->n_layers; l++)
-        for (int i = 0; s->pl.streamed[l] && i < per; i++) n += has_bytes(&m->w[dj__wslot_layer_c(c, (int)l, i)]);
-    size_t *bytes = malloc(n * sizeof *bytes);
-    uint32_t *load = malloc(n * sizeof *load);
-    int *slot = malloc(n * sizeof *slot);
+    uint32_t S = 0; /* loads: each streamed layer's attention part, then its FFN part */
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        bool part[2] = {false, false};
+        for (int i = 0; s->pl.streamed[l] && i < per; i++)
+            if (has_bytes(&m->w[dj__wslot_layer_c(c, (int)l, i)])) {
+                n++;
+                part[ffn_slot(i)] = true;
+            }
+        S += part[0] + part[1];
+    }
+    size_t *bytes = malloc((n ? n : 1) * sizeof *bytes);
+    uint32_t *load = malloc((n ? n : 1) * sizeof *load);
+    int *slot = malloc((n ? n : 1) * sizeof *slot);
     s->layer_load = malloc(c->n_layers * sizeof *s->layer_load);
-    s->loads = calloc(S, sizeof *s->loads);
-    s->spans = calloc(n, sizeof *s->spans);
+    s->layer_ffn = malloc(c->n_layers * sizeof *s->layer_ffn);
+    s->loads = calloc(S ? S : 1, sizeof *s->loads);
+    s->spans = calloc(n ? n : 1, sizeof *s->spans);
+    s->n_loads = S;
     dj_status st = DJ_OK;
-    if (!bytes || !load || !slot || !s->layer_load || !s->loads || !s->spans) {
+    if (!bytes || !load || !slot || !s->layer_load || !s->layer_ffn || !s->loads || !s->spans) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
         goto done;
     }
     size_t t = 0;
     uint32_t k = 0;
     for (uint32_t l = 0; l < c->n_layers; l++) {
-        s->layer_load[l] = s->pl.streamed[l] ? (int32_t)k : -1;
-        if (!s->pl.streamed[l]) continue;
-        for (int i = 0; i < per; i++) {
-            const int sl = dj__wslot_layer_c(c, (int)l, i);
-            if (!has_bytes(&m->w[sl])) continue;
-            bytes[t] = wbytes(&m->w[sl]);
-            load[t] = k;
-            slot[t++] = sl;
+        s->layer_load[l] = s->layer_ffn[l] = -1;
+        for (int ffn = 0; s->pl.streamed[l] && ffn < 2; ffn++) {
+            const size_t t0 = t;
+            for (int i = 0; i < per; i++) {
+                const int sl = dj__wslot_layer_c(c, (int)l, i);
+                if (!has_bytes(&m->w[sl]) || ffn_slot(i) != (bool)ffn) continue;
+                bytes[t] = wbytes(&m->w[sl]);
+                load[t] = k;
+                slot[t++] = sl;
+            }
+            if (t == t0) continue;
+            if (ffn) s->layer_ffn[l] = (int32_t)k;
+            else s->layer_load[l] = (int32_t)k;
+            k++;
         }
-        k++;
     }
     if ((st = dj_ring_layout_make(s->pl.ring_bytes, DJ_VMU_ALIGN, bytes, load, n, S, &s->lay)) != DJ_OK) goto done;
     void *ring = NULL;
@@ -217,6 +240,18 @@ dj_status dj__stream_source(dj_model_t *m) {
 
 void dj__stream_free(dj_model_stream *s) {
     if (!s) return;
+    if (s->scratch || s->host) (void)s->be->vt->sync(s->be); /* host runs read their scratch until done */
+    if (s->scratch) {
+        if (s->be->vt->host_alloc && s->be->vt->host_free) s->be->vt->host_free(s->be, s->scratch);
+        else free(s->scratch);
+    }
+    dj_backend_free(s->host);
+    free(s->host_layer);
+    free(s->runs);
+    free(s->run_calls);
+    free(s->run_spans);
+    free(s->call_layer);
+    free(s->layer_ffn);
     if (s->bring) s->be->vt->ring_free(s->be, s->bring);
     unregister_all(s);
     if (s->pinned) s->be->vt->host_free(s->be, s->pinned);
@@ -232,8 +267,15 @@ void dj__stream_free(dj_model_stream *s) {
 dj_status dj__stream_reserve(dj_model_stream *s, size_t n) {
     if (n <= s->call_cap) return DJ_OK;
     int32_t *p = realloc(s->call_load, n * sizeof *p);
-    if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a streamed step of %zu calls", n);
-    s->call_load = p;
+    if (p) s->call_load = p;
+    int32_t *q = p ? realloc(s->call_layer, n * sizeof *q) : NULL;
+    if (q) s->call_layer = q;
+    dj_op_call *c = q && s->n_host ? realloc(s->run_calls, n * sizeof *c) : NULL;
+    if (c) s->run_calls = c;
+    dj_copy_span *sp = c ? realloc(s->run_spans, 2 * n * sizeof *sp) : NULL;
+    if (sp) s->run_spans = sp;
+    if (!p || !q || (s->n_host && (!c || !sp)))
+        return dj_fail(DJ_ENOMEM, "out of memory for a streamed step of %zu calls", n);
     s->call_cap = n;
     return DJ_OK;
 }
@@ -242,19 +284,34 @@ static bool in_ring(const dj_model_stream *s, const void *p) {
     return p && (const uint8_t *)p >= s->ring && (const uint8_t *)p < s->ring + s->pl.ring_bytes;
 }
 
+/* Whether load k has a tensor starting at p. */
+static bool load_has(const dj_model_stream *s, int32_t k, const void *p) {
+    for (uint32_t i = 0; k >= 0 && p && i < s->loads[k].n_spans; i++)
+        if (s->loads[k].spans[i].dev == p) return true;
+    return false;
+}
+
 int32_t dj__stream_call_load(const dj_model_stream *s, const dj_op_call *c, int layer) {
     if (!in_ring(s, c->w) && !in_ring(s, c->bias) && !in_ring(s, c->w_up) && !in_ring(s, c->w_down)) return -1;
-    return layer >= 0 && (uint32_t)layer < s->pl.n_layers ? s->layer_load[layer] : -1;
+    if (layer < 0 || (uint32_t)layer >= s->pl.n_layers) return -1;
+    const int32_t f = s->layer_ffn[layer];
+    const bool ffn = load_has(s, f, c->w) || load_has(s, f, c->bias) || load_has(s, f, c->w_up) ||
+                     load_has(s, f, c->w_down);
+    return ffn ? f : s->layer_load[layer];
 }
 
 void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out) {
     *out = (dj_stream_step){.ring = s->bring,
                             .loads = s->loads,
-                            .n_loads = s->pl.n_streamed,
+                            .n_loads = s->n_loads,
                             .call_load = s->call_load,
-                            .prefetch = prefetch};
+                            .prefetch = prefetch,
+                            .runs = s->n_runs ? s->runs : NULL,
+                            .n_runs = s->n_runs,
+                            .host = s->host};
     s->steps++;
-    s->bytes += s->pl.streamed_bytes;
+    s->host_steps += s->n_runs > 0;
+    s->bytes += s->pl.streamed_bytes - (s->n_runs ? s->host_ffn_bytes : 0);
 }
 
 static void fill_placement(const dj_placement *pl, size_t resident_all, dj_model_placement *out) {
@@ -278,9 +335,18 @@ void dj_model_get_placement(const dj_model_t *m, dj_model_placement *out) {
         fill_placement(&none, m->text_bytes + m->mapped_bytes, out);
         return;
     }
-    fill_placement(&m->stream->pl, 0, out);
-    out->source = src[m->stream->src];
-    out->steps = m->stream->steps;
+    const dj_model_stream *s = m->stream;
+    fill_placement(&s->pl, 0, out);
+    out->source = src[s->src];
+    out->steps = s->steps;
+    out->n_host = s->n_host;
+    out->host_rows = s->host_rows;
+    out->copy_gbps = s->copy_gbps;
+    out->host_gbps = s->host_gbps;
+    out->host_steps = s->host_steps;
+    out->copied_bytes = s->bytes;
+    for (uint32_t l = 0; s->host_layer && l < s->pl.n_layers && out->layers[l]; l++)
+        if (s->host_layer[l]) out->layers[l] = 'H';
 }
 
 dj_status dj_model_plan_placement(const dj_checkpoint_t *ck, size_t text_room, dj_model_placement *out) {

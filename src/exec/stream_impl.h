@@ -92,8 +92,13 @@ typedef struct dj_model_stream {
     dj_placement pl;
     dj_ring_layout lay;
     uint8_t *ring;             /* [pl.ring_bytes] in the model's text region */
-    int32_t *layer_load;       /* [n_layers] the load of a streamed layer, -1: resident */
-    dj_stream_load *loads;     /* [pl.n_streamed]; owned */
+    /* A streamed layer is two loads: its attention tensors (layer_load), then its FFN tensors
+     * (layer_ffn; -1 when it has none), so that a layer whose FFN the host computes copies
+     * only the first at small batches. */
+    int32_t *layer_load;       /* [n_layers] the first load of a streamed layer, -1: resident */
+    int32_t *layer_ffn;        /* [n_layers] its FFN load, or -1 */
+    uint32_t n_loads;
+    dj_stream_load *loads;     /* [n_loads]; owned */
     dj_copy_span *spans;       /* every load's spans, concatenated; owned */
     dj_backend_ring_t *bring;  /* the backend's events; owned */
     dj_stream_src src;
@@ -101,8 +106,24 @@ typedef struct dj_model_stream {
     size_t n_registered;
     void *pinned;              /* DJ_STREAM_SRC_PINNED_COPY: the copy (host_alloc); owned */
     int32_t *call_load;        /* [call_cap] the step being built; owned */
+    int32_t *call_layer;       /* [call_cap] the layer of each call (-1: none); owned */
     size_t call_cap;
     uint64_t steps, bytes;     /* streamed steps run, bytes they copied */
+    /* Host compute (host_run.c): layers whose FFN the host runs at small batches. */
+    uint8_t *host_layer;       /* [n_layers] 1: a streamed layer whose FFN the host computes; owned */
+    uint32_t n_host;           /* such layers */
+    uint32_t host_rows;        /* steps of at most this many rows use them; larger ones stream all */
+    double copy_gbps, host_gbps; /* the rates measured at load that decided it (0: not measured) */
+    size_t host_ffn_bytes;     /* FFN bytes of the host layers: not copied by a step with host runs */
+    dj_backend_t *host;        /* the CPU backend running them; owned */
+    dj_host_run *runs;         /* [n_runs] the step being built; owned (capacity n_layers) */
+    uint32_t n_runs;
+    dj_op_call *run_calls;     /* [call_cap] their calls; owned */
+    dj_copy_span *run_spans;   /* [2 call_cap] their in and out copies; owned */
+    uint8_t *scratch;          /* [scratch_cap] host activations of a run (host_alloc'ed, or malloc'ed
+                                * where the backend has no host_alloc); owned */
+    size_t scratch_cap;
+    uint64_t host_steps;       /* steps that ran host runs */
 } dj_model_stream;
 
 /* Decides whether model m (bound, weights not yet placed, not in place) must
@@ -127,7 +148,35 @@ dj_status dj__stream_reserve(dj_model_stream *s, size_t n);
 /* The load call c (of a node of `layer`) reads: a weight pointer of it in the
  * ring belongs to that layer's load; -1 when it reads none. */
 int32_t dj__stream_call_load(const dj_model_stream *s, const dj_op_call *c, int layer);
-/* The stream argument of a step whose call map s->call_load is filled. */
+/* The stream argument of a step whose call map s->call_load is filled (and
+ * whose host runs dj__stream_host_runs made, if any). */
 void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out /* OUT */);
+
+/* ---- host compute beside the ring (host_run.c) ---- */
+
+#define DJ_HOST_ROWS_FORCED 16 /* host_rows when the count of host layers is forced */
+
+/* Of n_streamed layers of layer_bytes each, ffn_bytes of them the FFN: how
+ * many layers' FFNs the host reads (at host_gbps) so that the copies left
+ * (at copy_gbps) and the host's work take the least time, the larger of the
+ * two; the fewest on ties. 0 when a rate is not positive. */
+uint32_t dj_host_count(uint32_t n_streamed, double layer_bytes, double ffn_bytes, double copy_gbps, double host_gbps);
+/* Which streamed layers (pl->streamed) take the n host slots: spread evenly
+ * over them. host[n_layers] receives 1 for each. */
+void dj_host_spread(const dj_placement *pl, uint32_t n, uint8_t *host /* OUT */);
+/* After dj__stream_setup, before dj__stream_source: decides host compute.
+ * host_layers < 0: none; 0: from rates measured now (a streamed layer copied
+ * from page-locked staging, its FFN run on the host at 1 and 8 rows) - none
+ * on a backend whose device memory is the host's; k > 0: k layers (fewer if
+ * fewer stream), host_rows DJ_HOST_ROWS_FORCED. (A copy of the host layers'
+ * FFN tensors into 2 MiB pages was measured on the H100 machine: no faster
+ * than the mapping's pages, so they are read in place.) */
+dj_status dj__stream_host_setup(struct dj_model *m, int host_layers);
+/* For a step of n_rows rows whose calls[0..n_calls) and s->call_load /
+ * s->call_layer are built: when n_rows <= s->host_rows, each host layer's FFN
+ * (its calls reading the FFN load, through the residual ADD after them)
+ * becomes a host run - rewritten into s->run_calls, its call_load set to -1.
+ * A layer whose FFN does not have that shape streams instead. Sets s->n_runs. */
+dj_status dj__stream_host_runs(dj_model_stream *s, const dj_op_call *calls, size_t n_calls, uint32_t n_rows);
 
 #endif

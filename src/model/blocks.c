@@ -39,10 +39,63 @@ static bool bound_when(const dj_model_config *c, dj_bind_when when) {
     return false;
 }
 
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The scales of f8_e4m3 tensor t (the slot: rows [row0, row0 + nrows)), as
+ * the config's method stores them: "<name>_scale_inv" (transformers fp8) or
+ * "<name>_scale" (compressed-tensors "<module>.weight_scale"). */
+static dj_status bind_scales(const dj_model_config *c, const dj_checkpoint_t *ck, dj_weight *w, const char *name,
+                             const dj_tensor_info *t, int64_t row0, int64_t nrows) {
+    if (c->quant == DJ_QUANT_NONE)
+        return dj_fail(DJ_EUNSUPPORTED,
+                       "tensor '%s' is f8_e4m3 but config.json has no quantization_config saying how it is scaled",
+                       name);
+    char sn[224];
+    snprintf(sn, sizeof sn, "%s%s", name, c->quant == DJ_QUANT_FP8 ? "_scale_inv" : "_scale");
+    const dj_tensor_info *s = dj_checkpoint_find(ck, sn);
+    if (!s) return dj_fail(DJ_ENOTFOUND, "f8_e4m3 tensor '%s' has no scales '%s'", name, sn);
+    if (s->dtype != DJ_DTYPE_F32 && s->dtype != DJ_DTYPE_BF16 && s->dtype != DJ_DTYPE_F16)
+        return dj_fail(DJ_EUNSUPPORTED, "scales '%s' have dtype %s; f32, f16 or bf16 expected", sn,
+                       dj_dtype_name(s->dtype));
+    const int64_t R = t->shape[0], C = t->shape[1];
+    int64_t count = 1;
+    for (int i = 0; i < s->ndim; i++) count *= s->shape[i];
+    const int64_t b0 = c->quant_block[0], b1 = c->quant_block[1];
+    int64_t br, bc;
+    if (b0 && s->ndim == 2 && s->shape[0] == ceil_div(R, b0) && s->shape[1] == ceil_div(C, b1) &&
+        (c->quant == DJ_QUANT_FP8 || b0 > 1 || b1 > 1)) { /* blocks */
+        br = b0;
+        bc = b1;
+    } else if (c->quant == DJ_QUANT_CT_FP8 && count == 1 && s->ndim <= 2) { /* per tensor */
+        br = nrows;
+        bc = C;
+    } else if (c->quant == DJ_QUANT_CT_FP8 && s->shape[0] == R && (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1))) {
+        br = 1; /* per channel (output row) */
+        bc = C;
+    } else {
+        char got[96] = "";
+        size_t o = 0;
+        for (int i = 0; i < s->ndim && o < sizeof got - 24; i++)
+            o += (size_t)snprintf(got + o, sizeof got - o, "%s%lld", i ? "," : "", (long long)s->shape[i]);
+        return dj_fail(DJ_EFORMAT, "scales '%s' have shape [%s], which fits no scaling of the %lldx%lld weight "
+                                   "(quantization_config block %ux%u)",
+                       sn, got, (long long)R, (long long)C, (unsigned)b0, (unsigned)b1);
+    }
+    if (br > 1 && br != nrows && row0 % br)
+        return dj_fail(DJ_EUNSUPPORTED, "tensor '%s': a part from row %lld does not start on a %lld-row scale block",
+                       name, (long long)row0, (long long)br);
+    w->block[0] = (uint32_t)br;
+    w->block[1] = (uint32_t)bc;
+    w->scale_src = s;
+    w->scale_row0 = br == nrows ? 0 : (size_t)(row0 / br);
+    return DJ_OK;
+}
+
 /* The tensor `name` must have the shape [rows(, cols)]; the slot takes rows
- * [row0, row0 + nrows) of it. */
-static dj_status want(const dj_checkpoint_t *ck, dj_weight *w, char **name_slot, const char *name, int64_t rows,
-                      int64_t cols, int64_t row0, int64_t nrows, bool q4_ok) {
+ * [row0, row0 + nrows) of it. q_ok: a matmul weight, which may be f8_e4m3
+ * with scales. */
+static dj_status want(const dj_model_config *c, const dj_checkpoint_t *ck, dj_weight *w, char **name_slot,
+                      const char *name, int64_t rows, int64_t cols, int64_t row0, int64_t nrows, bool q_ok) {
     const dj_tensor_info *t = dj_checkpoint_find(ck, name);
     if (!t) return dj_fail(DJ_ENOTFOUND, "checkpoint has no tensor '%s', which the architecture needs", name);
     int ndim = cols ? 2 : 1;
@@ -57,11 +110,19 @@ static dj_status want(const dj_checkpoint_t *ck, dj_weight *w, char **name_slot,
         return dj_fail(DJ_EFORMAT, "tensor '%s' has shape [%s], expected [%lld,%lld]", name, got, (long long)rows,
                        (long long)cols);
     }
-    if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16 &&
-        !(t->dtype == DJ_DTYPE_Q4 && q4_ok))
-        return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16%s", name,
-                       dj_dtype_name(t->dtype), t->dtype == DJ_DTYPE_Q4 ? " (4-bit: only the attention's and "
-                                                                         "dense MLP's matmuls and lm_head)" : "");
+    memset(w, 0, sizeof *w);
+    if (t->dtype == DJ_DTYPE_F8_E4M3) {
+        if (!q_ok || !cols)
+            return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' is f8_e4m3, which only dense linear layers may be here", name);
+        dj_status st = bind_scales(c, ck, w, name, t, row0, nrows);
+        if (st != DJ_OK) return st;
+    } else if (t->dtype == DJ_DTYPE_Q4) { /* repacked AWQ/GPTQ (src/model/quant4.c) */
+        if (!q_ok || !cols)
+            return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' is 4-bit, which only dense linear layers may be here", name);
+    } else if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16) {
+        return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16", name,
+                       dj_dtype_name(t->dtype));
+    }
     char *copy = strdup(name);
     if (!copy) return dj_fail(DJ_ENOMEM, "out of memory");
     *name_slot = copy;
@@ -83,14 +144,14 @@ static dj_status bind_one(const dj_model_config *c, const dj_checkpoint_t *ck, c
     else if (expert < 0) snprintf(nm, sizeof nm, e->fmt, layer);
     else snprintf(nm, sizeof nm, e->fmt, layer, expert);
     const int64_t rows = dim(c, e->rows);
-    /* 4-bit weights (DJ_DTYPE_Q4) feed MATMUL only: the attention's and the dense MLP's projections, and
-     * an untied lm_head (global slots number from 0 again: layer < 0 tells them apart) */
-    const bool q4_ok = layer < 0 ? e->slot == DJ_W_LM_HEAD
-                                 : expert < 0 && (e->slot == DJ_W_Q || e->slot == DJ_W_K || e->slot == DJ_W_V ||
-                                                  e->slot == DJ_W_O || e->slot == DJ_W_GATE || e->slot == DJ_W_UP ||
-                                                  e->slot == DJ_W_DOWN);
-    return want(ck, &w[slot], &names[slot], nm, rows, dim(c, e->cols), dim(c, e->row0),
-                e->nrows == DJ_DIM_NONE ? rows : dim(c, e->nrows), q4_ok);
+    /* f8_e4m3 or 4-bit where the slot is a dense layer's matmul weight (MoE experts and
+     * embeddings read their weights otherwise) */
+    const bool q_ok = expert < 0 && (layer >= 0 ? e->slot == DJ_W_Q || e->slot == DJ_W_K || e->slot == DJ_W_V ||
+                                                      e->slot == DJ_W_O || e->slot == DJ_W_GATE ||
+                                                      e->slot == DJ_W_UP || e->slot == DJ_W_DOWN
+                                                : e->slot == DJ_W_LM_HEAD);
+    return want(c, ck, &w[slot], &names[slot], nm, rows, dim(c, e->cols), dim(c, e->row0),
+                e->nrows == DJ_DIM_NONE ? rows : dim(c, e->nrows), q_ok);
 }
 
 static void computed(dj_weight *w, int kind, int64_t floats) {

@@ -420,6 +420,7 @@ dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *c
     }
 
     if ((st = parse_tokens(root, cfg))) goto done;
+    if ((st = dj__cfg_quant(root, cfg))) goto done;
 
     const cJSON *dt = member(root, "torch_dtype");
     const char *dkey = "torch_dtype";

@@ -36,4 +36,8 @@ dj_status dj__cfg_layer_types(const cJSON *root, dj_model_config *cfg, bool *pre
  * first "sliding_attention" of layer_types, which must not return to full). */
 dj_status dj__cfg_window_from_layer(const cJSON *root, dj_model_config *cfg);
 
+/* root's "quantization_config" into cfg->quant and quant_block (quant.c);
+ * absent or null: DJ_QUANT_NONE. Unsupported methods are refused naming them. */
+dj_status dj__cfg_quant(const cJSON *root, dj_model_config *cfg);
+
 #endif

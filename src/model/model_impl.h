@@ -47,7 +47,21 @@ typedef struct dj_weight {
     size_t src_offset;     /* bytes into the checkpoint tensor where this slot's rows start (a
                             * fused tensor such as Phi-3's qkv_proj feeds several slots) */
     int computed;          /* DJ_COMPUTED_*: filled by dj__model_fill_computed, no hf_name */
+    /* ---- f8_e4m3 weights (dtype DJ_DTYPE_F8_E4M3) only; zero otherwise ---- */
+    const float *scale;    /* text segment: f32 [ceil(rows/block[0])][ceil(cols/block[1])]; the
+                            * weight is fp8 * scale[r / block[0]][c / block[1]] */
+    uint32_t block[2];     /* weight rows, cols one scale covers (per tensor: rows, cols) */
+    const dj_tensor_info *scale_src; /* the checkpoint's scales (any float dtype); valid only while
+                                      * the checkpoint is open (binding and loading) */
+    size_t scale_row0;     /* the slot's first scale row in scale_src (a fused tensor's part) */
 } dj_weight;
+
+/* Scale values of an f8_e4m3 slot (0 for others), and their bytes as f32. */
+static inline size_t dj__weight_scale_count(const dj_weight *w) {
+    if (w->dtype != DJ_DTYPE_F8_E4M3 || !w->block[0] || !w->block[1]) return 0;
+    return (size_t)((w->shape[0] + w->block[0] - 1) / w->block[0]) *
+           (size_t)((w->shape[1] + w->block[1] - 1) / w->block[1]);
+}
 
 struct dj_model {
     dj_model_config cfg;

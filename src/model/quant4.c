@@ -238,7 +238,8 @@ dj_status dj__quant_open(const char *dir, const char *text, size_t len, dj_check
     dj_tensor_info *add = NULL;
     size_t n_add = 0;
     q4_kind kind = Q4_AWQ;
-    if (!qc || cJSON_IsNull(qc)) goto done;
+    const dj_quant_method qm = dj_checkpoint_config(ck)->quant;
+    if (!qc || cJSON_IsNull(qc) || (qm != DJ_QUANT_AWQ && qm != DJ_QUANT_GPTQ)) goto done; /* fp8: src/model/quant.c */
     if ((st = read_config(dir, qc, &kind))) goto done;
     const size_t n = dj_checkpoint_tensor_count(ck);
     for (size_t i = 0; i < n; i++)

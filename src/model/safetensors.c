@@ -94,7 +94,7 @@ static const st_dtype st_dtypes[] = {
     {"I16", false, DJ_DTYPE_COUNT},     {"I8", false, DJ_DTYPE_COUNT},
     {"U64", false, DJ_DTYPE_COUNT},     {"U32", false, DJ_DTYPE_COUNT},
     {"U16", false, DJ_DTYPE_COUNT},     {"U8", false, DJ_DTYPE_COUNT},
-    {"BOOL", false, DJ_DTYPE_COUNT},    {"F8_E4M3", false, DJ_DTYPE_COUNT},
+    {"BOOL", false, DJ_DTYPE_COUNT},    {"F8_E4M3", true, DJ_DTYPE_F8_E4M3},
     {"F8_E5M2", false, DJ_DTYPE_COUNT}, {"F8_E8M0", false, DJ_DTYPE_COUNT},
     {"F6_E2M3", false, DJ_DTYPE_COUNT}, {"F6_E3M2", false, DJ_DTYPE_COUNT},
     {"F4", false, DJ_DTYPE_COUNT},      {"C64", false, DJ_DTYPE_COUNT},
@@ -137,7 +137,7 @@ static dj_status parse_dtype(const char *tname, const cJSON *it, dj_dtype *out) 
         if (strcmp(st_dtypes[i].name, it->valuestring)) continue;
         if (!st_dtypes[i].supported)
             return dj_fail(DJ_EUNSUPPORTED,
-                           "tensor \"%s\" has dtype %s, which Djinn does not support (F32, F16, BF16; I32 for 4-bit parts)",
+                           "tensor \"%s\" has dtype %s, which Djinn does not support (F32, F16, BF16, F8_E4M3; I32 for 4-bit parts)",
                            tname, it->valuestring);
         *out = st_dtypes[i].dtype;
         return DJ_OK;

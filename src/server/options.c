@@ -13,7 +13,7 @@ static int usage(FILE *f) {
     fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
-          "              [--deterministic on|off] [--port-file FILE]\n"
+          "              [--deterministic on|off] [--host-layers auto|none|K] [--port-file FILE]\n"
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
@@ -33,6 +33,9 @@ static int usage(FILE *f) {
           "batched steps are slower, bench/RESULTS.md; the CPU engine is always so).\n"
           "--mixed-steps auto (prompt chunks share the decode steps: on for the CPU engine; on a GPU\n"
           "'short': only prompts with at most 64 tokens left).\n"
+          "--host-layers auto (a model larger than its text budget streams layers through a ring; at steps of\n"
+          "few rows the host's cores run the FFN of as many streamed layers as the rates measured at load say\n"
+          "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n"
           "Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
           "  --hello-timeout-ms 10000   a connection that has not completed HELLO by then is closed\n"
@@ -223,6 +226,19 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
                 return 2;
             }
             cfg->deterministic = !strcmp(v, "on");
+        } else if (!strcmp(a, "--host-layers")) {
+            char *end = NULL;
+            const long k = strtol(v, &end, 10);
+            if (!strcmp(v, "auto"))
+                cfg->host_layers = 0;
+            else if (!strcmp(v, "none"))
+                cfg->host_layers = -1;
+            else if (end != v && !*end && k >= 1 && k <= 65536)
+                cfg->host_layers = (int)k;
+            else {
+                fprintf(stderr, "djinnd: --host-layers '%s': want auto, none or a layer count 1..65536\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--mixed-steps")) {
             if (!strcmp(v, "on"))
                 cfg->mixed_steps = 1;

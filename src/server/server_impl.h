@@ -216,6 +216,7 @@ typedef struct dj__config {
     uint32_t max_running; /* concurrency of the scheduler */
     uint32_t prefill_chunk; /* prompt tokens a GENERATE feeds per scheduler turn (0: the whole prompt) */
     bool deterministic;     /* --deterministic on: the engine option (a row's logits independent of its batch) */
+    int host_layers;        /* --host-layers: the engine option (0 auto, -1 none, K) for streamed models */
     int mixed_steps;        /* prompt chunks share decode steps: 1 on, 0 off, 2 short prompts only, -1 auto (on for the CPU engine, short on a GPU) */
     const char *port_file; /* write the bound TCP port here (tests) */
     /* limits against hostile clients (docs/protocol.md, "Limits") */

@@ -957,7 +957,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     for (dj__model_ent *m = s->models; m; m = m->next) {
         dj_model_placement pl;
         dj_model_get_placement(m->m, &pl);
-        msgpack_pack_map(&w->pk, 9);
+        msgpack_pack_map(&w->pk, 10);
         dj__pack_str(&w->pk, "name");
         dj__pack_str(&w->pk, m->name);
         pack_kv_u64(&w->pk, "refs", m->users + (m->pinned ? 1u : 0u));
@@ -971,6 +971,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         pack_kv_u64(&w->pk, "resident_bytes", pl.resident_bytes);
         pack_kv_u64(&w->pk, "ring_bytes", pl.ring_bytes);
         pack_kv_u64(&w->pk, "streamed_bytes", pl.streamed_bytes);
+        pack_kv_u64(&w->pk, "host_layers", pl.n_host); /* streamed layers whose FFN the host computes */
     }
     const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
     pthread_mutex_lock(&s->mu);
@@ -1528,6 +1529,7 @@ dj_status dj__worker_start(dj__server *s) {
     ec.device = s->cfg.device;
     ec.max_step_tokens = MIXED_ROWS;
     ec.deterministic = s->cfg.deterministic;
+    ec.host_layers = s->cfg.host_layers;
     /* auto: on for the CPU engine (measured, bench/RESULTS.md); a device's
      * mixed rows take the per-row attention kernel instead of the prefill one,
      * not measured yet */

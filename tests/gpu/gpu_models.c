@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "djinn/checkpoint.h"
 #include "djinn/dj_cuda.h"
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
@@ -36,7 +37,9 @@ static yard yardstick(const char *root, const char *name) {
     char *txt = dj_test_read_file(path, NULL);
     cJSON *j = txt ? cJSON_Parse(txt) : NULL;
     free(txt);
-    const cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "cases"), name);
+    char base[96]; /* "llama3+host": llama3's case */
+    snprintf(base, sizeof base, "%.*s", (int)strcspn(name, "+"), name);
+    const cJSON *c = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "cases"), base);
     const cJSON *a = cJSON_GetObjectItem(c, "last_l2"), *b = cJSON_GetObjectItem(c, "final_l2");
     if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
         y.last = a->valuedouble;
@@ -49,7 +52,8 @@ static yard yardstick(const char *root, const char *name) {
 static double bound(double hf) { return hf * 1.25 > 1e-2 ? hf * 1.25 : 1e-2; }
 
 static void check(dj_engine_t *e, const char *root, const char *name, const char *dir, const char *ref_path) {
-    const yard y = yardstick(root, name);
+    /* the FP8 fixtures are llama3 with other (dequantized) weights: llama3's bf16 yardstick */
+    const yard y = yardstick(root, strncmp(name, "llama3_", 7) ? name : "llama3");
     ref r;
     if (load_ref_file(ref_path, &r) != 0) {
         CHECK_MSG(0, "%s: cannot read %s", name, ref_path);
@@ -98,6 +102,60 @@ static void check(dj_engine_t *e, const char *root, const char *name, const char
     dj_model_release(e, m);
     free(logits);
     ref_free(&r);
+}
+
+/* Every fixture again, streamed with host compute: a text budget of 85% of
+ * the model, every streamed layer's FFN on the host (CPU backend, f32) at
+ * steps of up to 16 rows, the rest through the ring - the same references
+ * and bounds; the prompt (short) runs the host path, teacher forcing (long)
+ * streams everything. */
+static void check_host_compute(const char *root) {
+    for (int i = 0; i < DJ_N_FIXTURES; i++) {
+        char dir[512], refp[600];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", root, DJ_FIXTURE_NAMES[i]);
+        snprintf(refp, sizeof refp, "%s/reference.json", dir);
+        dj_checkpoint_t *ck = NULL;
+        CHECK_OK(dj_checkpoint_open(dir, &ck));
+        if (!ck) continue;
+        dj_model_needs needs;
+        CHECK_OK(dj_model_estimate(ck, DJ_DTYPE_BF16, 128, &needs));
+        dj_checkpoint_close(ck);
+        const size_t text = needs.text_bytes * 85 / 100, data = 16u << 20, stack = 16u << 20;
+        const size_t total = text + data + stack + (1u << 20);
+        dj_engine_config ec;
+        memset(&ec, 0, sizeof ec);
+        ec.device = "cuda:0";
+        ec.host_layers = 99;
+        ec.vmu = (dj_vmu_config){.total_bytes = total,
+                                 .text_frac = (double)text / (double)total,
+                                 .data_frac = (double)data / (double)total,
+                                 .stack_frac = (double)stack / (double)total,
+                                 .page_bytes = 4096};
+        dj_engine_t *e = NULL;
+        CHECK_OK(dj_engine_new(&ec, &e));
+        if (!e) continue;
+        char name[96];
+        snprintf(name, sizeof name, "%s+host", DJ_FIXTURE_NAMES[i]);
+        check(e, root, name, dir, refp);
+        /* the placement and its use, from a model loaded the same way */
+        dj_model_t *m = NULL;
+        CHECK_OK(dj_model_load(e, dir, &m));
+        if (m) {
+            dj_session_t *s = NULL;
+            CHECK_OK(dj_session_new(e, m, 32, 0, &s));
+            int32_t t = 1;
+            for (int k = 0; k < 3 && s; k++) CHECK_OK(dj_session_step(e, s, &t, 1, NULL));
+            dj_model_placement p;
+            dj_model_get_placement(m, &p);
+            CHECK_MSG(p.n_host > 0 && p.host_steps >= 3, "%s: %u host layers, %llu host steps (%s)", name, p.n_host,
+                      (unsigned long long)p.host_steps, p.layers);
+            printf("%-16s placement %s: %u streamed, %u with the FFN on the host; %llu steps used it\n", name,
+                   p.layers, p.n_streamed, p.n_host, (unsigned long long)p.host_steps);
+            dj_session_free(e, s);
+            dj_model_release(e, m);
+        }
+        dj_engine_free(e);
+    }
 }
 
 /* Seeded sampling (T 0.8, top-k 40, top-p 0.9) of 32 tokens on the GPU:
@@ -166,6 +224,12 @@ int main(int argc, char **argv) {
         snprintf(refp, sizeof refp, "%s/reference.json", dir);
         check(e, root, DJ_FIXTURE_NAMES[i], dir, refp);
     }
+    for (int i = 0; i < DJ_N_FP8_FIXTURES; i++) { /* f8_e4m3 weights: the fp8 GEMV and tiled matmul */
+        char dir[512], refp[600];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", root, DJ_FP8_FIXTURE_NAMES[i]);
+        snprintf(refp, sizeof refp, "%s/reference.json", dir);
+        check(e, root, DJ_FP8_FIXTURE_NAMES[i], dir, refp);
+    }
     char dir[512], refp[600];
     snprintf(dir, sizeof dir, "%s/models/demo", root);
     snprintf(refp, sizeof refp, "%s/tests/fixtures/demo/reference.json", root);
@@ -174,5 +238,6 @@ int main(int argc, char **argv) {
     check_device_sampling("demo", dir);
     snprintf(dir, sizeof dir, "%s/tests/fixtures/models/llama3", root);
     check_device_sampling("llama3", dir);
+    check_host_compute(root);
     return dj_test_finish("gpu_models");
 }

@@ -1,5 +1,6 @@
-/* gpu_trace.c: interventions on the GPU (bf16 activations: a save downloads
- * and widens, an edit goes down, changes in f32 and up again) against the
+/* gpu_trace.c: interventions on the GPU (bf16 activations: a save is a
+ * device copy, widened on the host after the step; an edit goes down,
+ * changes in f32 and up again) against the
  * CPU engine's f32 ones, on every fixture model and the demo model: each
  * saved point of a prompt step and of a decode step, and the logits of a
  * steered step (an add at layers.0.output, a replace at the last
@@ -26,6 +27,59 @@ typedef struct run {
     float *steered;   /* [V] the steered step's */
     float *plain;     /* [V] the plain step's */
 } run;
+
+/* Decode steps saving 2 points replay a recorded graph with the copies in
+ * it (on a device): each step's saves and logits bit-identical to the same
+ * traced step run eagerly ($DJINN_NO_GRAPHS), the logits within 1e-3 of a
+ * plain step's, and the steps from the third on replays. */
+static void graph_saves(dj_engine_t *e, dj_model_t *m, const ref *r, const char *device) {
+    const dj_model_config *c = dj_model_get_config(m);
+    const uint32_t L = c->n_layers, d = c->hidden_size, V = c->vocab_size, n = (uint32_t)r->n_prompt;
+    dj_session_t *g = NULL, *q = NULL, *p = NULL;
+    CHECK_OK(dj_session_new(e, m, 128, 0, &g));
+    CHECK_OK(dj_session_new(e, m, 128, 0, &q));
+    CHECK_OK(dj_session_new(e, m, 128, 0, &p));
+    if (!g || !q || !p) return;
+    CHECK_OK(dj_session_step(e, g, r->prompt, n, NULL));
+    CHECK_OK(dj_session_step(e, q, r->prompt, n, NULL));
+    CHECK_OK(dj_session_step(e, p, r->prompt, n, NULL));
+    float *sv = calloc((size_t)4 * d, sizeof(float)), *lg = calloc((size_t)3 * V, sizeof(float));
+    dj_intervention ig[2] = {{.point = {DJ_POINT_LAYER_OUTPUT, L / 2}, .op = DJ_IV_SAVE, .out = sv},
+                             {.point = {DJ_POINT_LAYER_OUTPUT, L - 1}, .op = DJ_IV_SAVE, .out = sv + d}};
+    dj_intervention iq[2] = {{.point = {DJ_POINT_LAYER_OUTPUT, L / 2}, .op = DJ_IV_SAVE, .out = sv + 2 * d},
+                             {.point = {DJ_POINT_LAYER_OUTPUT, L - 1}, .op = DJ_IV_SAVE, .out = sv + 3 * d}};
+    size_t replays = 0, r0 = 0, r1 = 0;
+    bool same_saves = true, same_logits = true, nonzero = false;
+    double worst = 0;
+    for (int k = 0; k < 5; k++) {
+        const int32_t tok = r->greedy[k % (r->n_greedy > 0 ? r->n_greedy : 1)];
+        dj_engine_graph_stats(e, NULL, &r0, NULL);
+        CHECK_OK(dj_session_step_trace(e, g, &tok, 1, ig, 2, lg));
+        dj_engine_graph_stats(e, NULL, &r1, NULL);
+        replays += r1 - r0;
+        setenv("DJINN_NO_GRAPHS", "1", 1);
+        CHECK_OK(dj_session_step_trace(e, q, &tok, 1, iq, 2, lg + V));
+        unsetenv("DJINN_NO_GRAPHS");
+        CHECK_OK(dj_session_step(e, p, &tok, 1, lg + 2 * V));
+        same_saves &= memcmp(sv, sv + 2 * d, (size_t)2 * d * sizeof(float)) == 0;
+        same_logits &= memcmp(lg, lg + V, (size_t)V * sizeof(float)) == 0;
+        for (uint32_t i = 0; i < 2 * d; i++) nonzero |= sv[i] != 0.0f;
+        const double e_plain = rel_l2(lg, lg + 2 * V, (int)V);
+        worst = fmax(worst, e_plain);
+    }
+    const bool gpu = strcmp(device, "cpu") != 0;
+    CHECK_MSG(same_saves && nonzero, "%s: decode saves from graph replays differ from eager ones", device);
+    CHECK_MSG(same_logits, "%s: traced decode logits from graph replays differ from eager ones", device);
+    CHECK_MSG(worst <= 1e-3, "%s: traced decode logits %.3g from the plain step's (rel L2)", device, worst);
+    CHECK_MSG(!gpu || replays >= 3, "%s: %zu of 5 traced decode steps replayed a graph (want >= 3)", device, replays);
+    printf("  %s: 5 traced decode steps, %zu graph replays, saves = eager, logits vs plain %.2e\n", device, replays,
+           worst);
+    free(sv);
+    free(lg);
+    dj_session_free(e, g);
+    dj_session_free(e, q);
+    dj_session_free(e, p);
+}
 
 static void one_engine(const char *device, const char *dir, const ref *r, const float *repl, run *out) {
     dj_engine_config ec;
@@ -65,6 +119,7 @@ static void one_engine(const char *device, const char *dir, const ref *r, const 
     };
     CHECK_OK(dj_session_step_trace(e, t, r->prompt, n, ed, 2, out->steered));
     free(steer);
+    graph_saves(e, m, r, device);
     free(iv);
     dj_session_free(e, s);
     dj_session_free(e, p);

@@ -88,6 +88,11 @@ static dj_status cpu_download(dj_backend_t *be, void *dst_host, const void *src_
     return cpu_copy(dst_host, src_dev, bytes, "download");
 }
 
+static dj_status cpu_copy_dev(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes) {
+    (void)be;
+    return cpu_copy(dst_dev, src_dev, bytes, "copy");
+}
+
 static dj_status cpu_sync(dj_backend_t *be) {
     (void)be;
     return DJ_OK;
@@ -349,6 +354,7 @@ static const dj_backend_vtbl cpu_vtbl = {
     .upload_weights = cpu_upload, /* a memcpy: any thread */
     .ring_new = dj__cpu_ring_new,
     .ring_free = dj__cpu_ring_free,
+    .copy = cpu_copy_dev,
 };
 
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out) {

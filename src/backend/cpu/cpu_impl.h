@@ -39,6 +39,8 @@ void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
 
 /* Kernels; the call has been validated by the compute switch. */
 dj_status dj__cpu_matmul(dj_cpu_backend *cb, const dj_op_call *c);
+/* dst[0..k) = weight row `row` of c (f8_e4m3 at src) times its scales, as f32. */
+void dj__cpu_fp8_row(float *dst, const uint8_t *src, const dj_op_call *c, uint32_t row);
 dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c);
 /* cpu_arch_ops.c: the ops of the architectures beyond Llama. */
 dj_status dj__cpu_gelu_mul(dj_cpu_backend *cb, const dj_op_call *c);

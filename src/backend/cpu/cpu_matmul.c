@@ -4,8 +4,10 @@
  * any batch. Decode-size n reads the weights as stored, every thread its own
  * contiguous weight rows (one pass over them); larger n converts tiles of
  * weight rows to f32 per thread (never a full copy) and multiplies them
- * k-blocked. The pool's tasks split the weight rows. 4-bit weights
- * (DJ_DTYPE_Q4) always take the tiled path, dequantized into the tile. */
+ * k-blocked. The pool's tasks split the weight rows. f8_e4m3 weights always
+ * take the tiled path, each tile dequantized (fp8 times its scale, one f32
+ * product: exactly the dense weight a reference dequantizer makes). 4-bit
+ * weights (DJ_DTYPE_Q4) likewise, dequantized into the tile. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,7 +155,9 @@ static void tiled_task(void *ctx, uint32_t ti, int thread) {
         return;
     }
     const size_t ldw = tile_ld(k);
-    if (c->w_dtype == DJ_DTYPE_Q4)
+    if (c->w_dtype == DJ_DTYPE_F8_E4M3)
+        for (uint32_t r = 0; r < rows; r++) dj__cpu_fp8_row(mine + r * ldw, src + r * row_bytes, c, j0 + r);
+    else if (c->w_dtype == DJ_DTYPE_Q4)
         for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
     else
         for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
@@ -184,9 +188,20 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
+void dj__cpu_fp8_row(float *dst, const uint8_t *src, const dj_op_call *c, uint32_t row) {
+    const uint32_t bc = c->w_block_cols, per_row = (c->k + bc - 1) / bc;
+    const float *sc = c->w_scale + (size_t)(row / c->w_block_rows) * per_row;
+    for (uint32_t i = 0; i < c->k; i++) dst[i] = dj_f8e4m3_to_f32(src[i]) * sc[i / bc];
+}
+
 dj_status dj__cpu_matmul(dj_cpu_backend *cb, const dj_op_call *c) {
-    /* 4-bit weights are always dequantized tile by tile (the dot kernels read float rows) */
-    if (c->n <= DJ_CPU_DOT_MAX_ROWS && c->w_dtype != DJ_DTYPE_Q4) {
+    if (c->w_dtype == DJ_DTYPE_F8_E4M3) { /* dequantized tile by tile, whatever n */
+        if (!c->w_scale || !c->w_block_rows || !c->w_block_cols)
+            return dj_fail(DJ_EINVAL, "matmul: f8_e4m3 weights without scales");
+        return matmul_tiled(cb, c);
+    }
+    if (c->w_dtype == DJ_DTYPE_Q4) return matmul_tiled(cb, c); /* dequantized tile by tile, whatever n */
+    if (c->n <= DJ_CPU_DOT_MAX_ROWS) {
         matmul_direct(cb, c);
         return DJ_OK;
     }

@@ -189,7 +189,16 @@ dj_status dj__cpu_compute_streamed(dj_backend_t *be, const dj_op_call *calls, si
     dj_stream_run run;
     dj_status st = dj__stream_start(&run, ss, n, dev);
     if (st != DJ_OK) return st;
+    uint32_t next_run = 0;
     for (size_t i = 0; i < n && st == DJ_OK; i++) {
+        if (next_run < ss->n_runs && ss->runs[next_run].first == i) { /* host compute: through scratch */
+            const dj_host_run *h = &ss->runs[next_run++];
+            for (uint32_t j = 0; j < h->n_in; j++) memcpy(h->in[j].host, h->in[j].dev, h->in[j].bytes);
+            st = dj__host_run_compute(ss->host, h->calls, h->n_calls);
+            for (uint32_t j = 0; st == DJ_OK && j < h->n_out; j++) memcpy(h->out[j].dev, h->out[j].host, h->out[j].bytes);
+            i += h->n_calls - 1;
+            continue;
+        }
         const int32_t idx = (int32_t)i;
         st = dj__stream_before(&run, &idx, 1);
         if (st == DJ_OK) st = dj_backend_compute(be, &calls[i]);

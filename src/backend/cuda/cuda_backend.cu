@@ -85,7 +85,7 @@ static dj_status cuda_copy(dj_cuda_backend *cb, void *dst, const void *src, size
     DJ_CU(cb, cudaMemcpyAsync(dst, src, bytes, kind, cb->stream));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
     cb->stage_off = 0;
-    return DJ_OK;
+    return dj__cuda_host_status(cb);
 }
 
 static dj_status cuda_upload(dj_backend_t *be, void *dst_dev, const void *src_host, size_t bytes) {
@@ -108,6 +108,20 @@ static dj_status cuda_download(dj_backend_t *be, void *dst_host, const void *src
     return cuda_copy((dj_cuda_backend *)be, dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, "download");
 }
 
+/* Device to device on the compute stream; recorded during a capture. */
+static dj_status cuda_copy_dev(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    dj_status st = DJ_OK;
+    if (bytes && (!dst_dev || !src_dev)) st = dj_fail(DJ_EINVAL, "cuda copy: NULL pointer for %zu bytes", bytes);
+    else if (bytes) {
+        cudaError_t e = cudaSetDevice(cb->device);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, cb->stream);
+        if (e != cudaSuccess) st = dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+    }
+    if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
+    return st;
+}
+
 static dj_status cuda_sync(dj_backend_t *be) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     dj_status st = not_capturing(cb, "sync");
@@ -115,7 +129,7 @@ static dj_status cuda_sync(dj_backend_t *be) {
     DJ_CU(cb, cudaSetDevice(cb->device));
     DJ_CU(cb, cudaStreamSynchronize(cb->stream));
     cb->stage_off = 0;
-    return DJ_OK;
+    return dj__cuda_host_status(cb);
 }
 
 /* Room for `bytes` in the staging buffers at *off (syncs and grows them when
@@ -398,6 +412,7 @@ static void cuda_destroy(dj_backend_t *be) {
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         dj__cuda_swap_destroy(cb);
         dj__cuda_ring_destroy(cb);
+        dj__cuda_fp8_lt_destroy(cb);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
         if (cb->stage_dev) (void)cudaFree(cb->stage_dev);
@@ -441,6 +456,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .ring_free = */ dj__cuda_ring_free,
     /* .host_register = */ dj__cuda_host_register,
     /* .host_unregister = */ dj__cuda_host_unregister,
+    /* .copy = */ cuda_copy_dev,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {

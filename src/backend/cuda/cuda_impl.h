@@ -16,7 +16,7 @@
 /* Most GEMV calls merged into one launch. */
 #define DJ_GEMV_GROUP 4
 /* Plans whose fusion decisions are kept (a step's graph per batch bucket and phase). */
-#define DJ_CUDA_PLANS 16
+#define DJ_CUDA_PLANS 64
 
 typedef struct dj_cuda_backend {
     struct dj_backend base; /* must stay first */
@@ -48,6 +48,7 @@ typedef struct dj_cuda_backend {
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
     int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
     int matmul_path;
+    struct dj_fp8_lt *fp8_lt; /* cuBLASLt FP8 state (cuda_matmul_fp8_lt.cu), made at first use; owned */
     uint32_t sample_split; /* blocks per sampled row forced by a test; 0 = chosen by rows and vocab */
     /* KV swap (cuda_swap.cu): host<->device copies on a stream of their own,
      * made at the first transfer, ordered after compute by compute_mark. */
@@ -58,7 +59,17 @@ typedef struct dj_cuda_backend {
      * on a stream of their own, made at the first ring. */
     cudaStream_t weight_stream; /* owned, or NULL */
     cudaEvent_t weight_mark;    /* serial copies: recorded on stream, waited on by weight_stream */
+    /* Host compute (cuda_ring.cu): a host run failed inside a host function
+     * (set there, __atomic); the next sync or streamed step reports host_err. */
+    int host_failed;
+    char host_err[256];
 } dj_cuda_backend;
+
+/* Enqueues host run h of a streamed step on the compute stream: its in
+ * copies, its calls on `host` in a host function, its out copies. */
+dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h);
+/* DJ_OK, or the failure of a host run since the last call (then cleared). */
+dj_status dj__cuda_host_status(dj_cuda_backend *cb);
 
 /* Records "cuda:<dev> <file>:<line>: <msg>" and returns st. */
 dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, const char *msg);
@@ -139,6 +150,17 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
 /* calls[0..count) (count <= DJ_GEMV_GROUP, each dj__cuda_gemv_takes, the
  * same x, n, k, weight and output dtypes, outputs apart) as one launch. */
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+/* cuda_matmul_fp8.cu: f8_e4m3 weights with their scales - the GEMV of up to
+ * 8 rows (as dj__cuda_gemv, which hands them over) and the tiled path. */
+dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
+/* cuda_matmul_fp8_lt.cu: the FP8 tensor-core GEMM (W8A8, cuBLASLt). covers:
+ * the call's shape and scaling may take it (not yet refused); run: DJ_OK,
+ * or DJ_EUNSUPPORTED when cuBLASLt refuses (the caller falls back; the mode
+ * is then off for the backend), or another error. destroy: with the backend. */
+bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
+void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 /* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a
  * group as dj__cuda_gemv (up to 8 rows), and larger n by bf16 tiles and cuBLAS. */
 dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count);

@@ -19,6 +19,7 @@
  *  - f16/f32 weights, larger n: a tiled f32 kernel (cuBLAS wants A and B of
  *    one type, and the activations are bf16).
  * out is bf16 (activations) or f32 (logits); bias of any float dtype.
+ * f8_e4m3 weights go to cuda_matmul_fp8.cu (GEMV up to 8 rows, else tiles).
  * 4-bit weights (DJ_DTYPE_Q4): cuda_q4.cu, the GEMV up to 8 rows. */
 #include <limits.h>
 #include <string.h>
@@ -234,6 +235,7 @@ static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *calls, int co
 }
 
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    if (calls[0].w_dtype == DJ_DTYPE_F8_E4M3) return dj__cuda_gemv_fp8(cb, calls, count);
     if (calls[0].w_dtype == DJ_DTYPE_Q4) return dj__cuda_gemv_q4(cb, calls, count);
     if (calls[0].out_dtype == DJ_DTYPE_F32)
         launch_gemv_any<float>(cb, calls, count);
@@ -325,6 +327,7 @@ dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
         return st;
     }
     if (gemv) return dj__cuda_gemv(cb, c, 1); /* grouped with its neighbours by compute_plan */
+    if (c->w_dtype == DJ_DTYPE_F8_E4M3) return dj__cuda_matmul_fp8(cb, c);
     if (c->w_dtype == DJ_DTYPE_Q4) return dj__cuda_gemm_q4(cb, c);
     if (c->w_dtype == DJ_DTYPE_BF16) return gemm_cublas(cb, c);
     if (f32_out)

@@ -276,20 +276,35 @@ dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_
     size_t n_steps = 0;
     dj_status st = DJ_OK;
     for (size_t i = 0; st == DJ_OK && i < n; i++) st = dj__cuda_check_call(&calls[i]); /* before any launch */
-    if (st == DJ_OK) st = plan_for(cb, calls, n, plan_key, &steps, &n_steps);
-    if (st == DJ_OK && stream) { /* streamed weights: each launch waits for its load, marks it done after */
+    if (st == DJ_OK && stream) st = dj__cuda_host_status(cb);
+    if (st == DJ_OK && stream) {
+        /* streamed weights: each launch waits for its load, marks it done after. The device calls
+         * between host runs are planned (fused) as segments of their own, never across a run; a
+         * segment's decisions are kept under its run's address (the last one's under plan_key). */
         dj_stream_run run;
         st = dj__cuda_stream_begin(cb, stream, n, &run);
         if (st != DJ_OK) return st;
         int32_t idx[DJ_GEMV_GROUP + 4];
-        for (size_t i = 0; st == DJ_OK && i < n_steps; i++) {
-            const uint32_t k = step_calls(&steps[i], idx);
-            st = dj__stream_before(&run, idx, k);
-            if (st == DJ_OK) st = run_step(cb, calls, &steps[i]);
-            if (st == DJ_OK) st = dj__stream_after(&run, idx, k);
+        size_t a = 0;
+        for (uint32_t j = 0; st == DJ_OK && j <= stream->n_runs; j++) {
+            const dj_host_run *h = j < stream->n_runs ? &stream->runs[j] : NULL;
+            const size_t b = h ? h->first : n;
+            if (b > a) st = plan_for(cb, calls + a, b - a, h ? (const void *)h : plan_key, &steps, &n_steps);
+            for (size_t i = 0; st == DJ_OK && b > a && i < n_steps; i++) {
+                const uint32_t k = step_calls(&steps[i], idx);
+                for (uint32_t t = 0; t < k; t++) idx[t] += (int32_t)a;
+                st = dj__stream_before(&run, idx, k);
+                if (st == DJ_OK) st = run_step(cb, calls + a, &steps[i]);
+                if (st == DJ_OK) st = dj__stream_after(&run, idx, k);
+            }
+            if (st == DJ_OK && h) {
+                st = dj__cuda_host_run(cb, stream->host, h);
+                a = (size_t)h->first + h->n_calls;
+            }
         }
         return dj__cuda_stream_end(&run, st);
     }
+    if (st == DJ_OK) st = plan_for(cb, calls, n, plan_key, &steps, &n_steps);
     for (size_t i = 0; st == DJ_OK && i < n_steps; i++) st = run_step(cb, calls, &steps[i]);
     if (st != DJ_OK && cb->capturing && cb->capture_st == DJ_OK) cb->capture_st = st;
     return st;

@@ -1,7 +1,9 @@
 /* cuda_ring.cu: weight streaming on the CUDA backend - a ring's ready/done
  * events, the weight copy stream, page-locking the mapped checkpoint, and the
  * event calls the shared step driver (backend/stream.c) makes. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend_impl.h"
 #include "backend/cuda/cuda_impl.h"
@@ -164,4 +166,49 @@ void dj__cuda_ring_destroy(dj_cuda_backend *cb) {
     }
     if (cb->weight_mark) (void)cudaEventDestroy(cb->weight_mark);
     cb->weight_mark = NULL;
+}
+
+/* ---- host compute: a host run as a host function in stream order ---- */
+
+typedef struct host_job {
+    dj_cuda_backend *cb;
+    dj_backend_t *host;
+    uint32_t n;
+    dj_op_call calls[]; /* [n] */
+} host_job;
+
+static void CUDART_CB host_job_run(void *p) {
+    host_job *j = (host_job *)p;
+    const dj_status st = dj__host_run_compute(j->host, j->calls, j->n);
+    if (st != DJ_OK && !__atomic_load_n(&j->cb->host_failed, __ATOMIC_ACQUIRE)) {
+        snprintf(j->cb->host_err, sizeof j->cb->host_err, "%s", dj_last_error());
+        __atomic_store_n(&j->cb->host_failed, 1, __ATOMIC_RELEASE);
+    }
+    free(j);
+}
+
+dj_status dj__cuda_host_status(dj_cuda_backend *cb) {
+    if (!__atomic_load_n(&cb->host_failed, __ATOMIC_ACQUIRE)) return DJ_OK;
+    const dj_status st = dj_fail(DJ_EDEVICE, "cuda: host compute of a streamed step failed: %s", cb->host_err);
+    __atomic_store_n(&cb->host_failed, 0, __ATOMIC_RELEASE);
+    return st;
+}
+
+dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h) {
+    for (uint32_t i = 0; i < h->n_in; i++)
+        DJ_CU(cb, cudaMemcpyAsync(h->in[i].host, h->in[i].dev, h->in[i].bytes, cudaMemcpyDeviceToHost, cb->stream));
+    host_job *j = (host_job *)malloc(sizeof *j + (size_t)h->n_calls * sizeof(dj_op_call));
+    if (!j) return dj_fail(DJ_ENOMEM, "cuda: out of host memory for a host run of %u calls", h->n_calls);
+    j->cb = cb;
+    j->host = host;
+    j->n = h->n_calls;
+    memcpy(j->calls, h->calls, (size_t)h->n_calls * sizeof(dj_op_call));
+    const cudaError_t e = cudaLaunchHostFunc(cb->stream, host_job_run, j);
+    if (e != cudaSuccess) {
+        free(j);
+        return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
+    }
+    for (uint32_t i = 0; i < h->n_out; i++)
+        DJ_CU(cb, cudaMemcpyAsync(h->out[i].dev, h->out[i].host, h->out[i].bytes, cudaMemcpyHostToDevice, cb->stream));
+    return DJ_OK;
 }

@@ -1,0 +1,255 @@
+/* cuda_matmul_fp8.cu: out[n,m] = x[n,k] @ (fp8(w) * scale)^T + bias for
+ * f8_e4m3 weights (dj_op_call.w_scale: one f32 per block of w_block_rows x
+ * w_block_cols weights; per tensor, per channel and 128x128 blocks are all
+ * blocks), bf16 x, f32 accumulation - weights only, the activations stay
+ * bf16 (W8A16, as the CPU reference):
+ *  - up to 8 rows (decode): a GEMV reading each weight byte once, the scale
+ *    folded in per 16 weights (one 16-byte load a lane, a warp per weight
+ *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes);
+ *  - 64 rows and more (prefill) where cuBLASLt takes the shape and scaling:
+ *    the FP8 tensor cores, activations quantized per call (W8A8:
+ *    cuda_matmul_fp8_lt.cu; docs/quantization.md says what that costs in
+ *    accuracy);
+ *  - otherwise (9..63 rows, bias, odd shapes, or cuBLASLt refusing): weight
+ *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
+ *    in the H100's L2 for the GEMM that reads it right after) and multiplied
+ *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
+#include <cuda_fp8.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+#define F8_WARPS 8
+#define F8_MAX_ROWS 8
+#define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
+#define F8_LT_MIN_ROWS 64 /* rows from which the automatic path takes the FP8 tensor cores */
+
+static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
+    switch (t) {
+    case DJ_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case DJ_DTYPE_F16: return __half2float(((const __half *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+/* Two e4m3 bytes (the low 16 bits of v) as two floats. */
+static __device__ __forceinline__ float2 f8x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+
+static __device__ __forceinline__ float f8_one(uint8_t v) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)v, __NV_E4M3);
+    return __half2float(*(const __half *)&h);
+}
+
+struct f8_segs {
+    const uint8_t *w[DJ_GEMV_GROUP];
+    const float *scale[DJ_GEMV_GROUP];
+    const void *bias[DJ_GEMV_GROUP];
+    void *out[DJ_GEMV_GROUP];
+    uint32_t m[DJ_GEMV_GROUP];
+    uint32_t first_block[DJ_GEMV_GROUP];
+    uint32_t br[DJ_GEMV_GROUP], bc[DJ_GEMV_GROUP];
+    int bias_dtype[DJ_GEMV_GROUP];
+    int count;
+};
+
+/* Warp per weight row j of its segment, rows r < n of x (NR >= n). vec: k %
+ * 16 == 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's
+ * 16 weights share one scale). */
+template <typename TO, int NR>
+static __global__ void __launch_bounds__(F8_WARPS * 32)
+    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
+    const uint32_t lane = threadIdx.x & 31;
+    int si = 0;
+    while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
+    const uint32_t m = sg.m[si];
+    const uint32_t j = (blockIdx.x - sg.first_block[si]) * F8_WARPS + (threadIdx.x >> 5);
+    if (j >= m) return;
+    const uint8_t *wr = sg.w[si] + (size_t)j * k;
+    const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
+    const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    if (vec) {
+#pragma unroll 4
+        for (uint32_t kk = lane * 16; kk < k; kk += 512) {
+            const uint4 u = *(const uint4 *)(wr + kk);
+            const float s = sr[kk / bc];
+            const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
+            float wf[16];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float2 a = f8x2(wv[i]), b = f8x2(wv[i] >> 16);
+                wf[4 * i] = a.x;
+                wf[4 * i + 1] = a.y;
+                wf[4 * i + 2] = b.x;
+                wf[4 * i + 3] = b.y;
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if ((uint32_t)r < n) {
+                    const uint4 *xp = (const uint4 *)(x + (size_t)r * k + kk);
+                    const uint4 x0 = xp[0], x1 = xp[1];
+                    const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    float part = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        part += wf[2 * i] * __uint_as_float(xv[i] << 16);
+                        part += wf[2 * i + 1] * __uint_as_float(xv[i] & 0xffff0000u);
+                    }
+                    acc[r] += s * part;
+                }
+            }
+        }
+    } else {
+        for (uint32_t kk = lane; kk < k; kk += 32) {
+            const float wf = f8_one(wr[kk]) * sr[kk / bc];
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                if ((uint32_t)r < n) acc[r] += wf * __bfloat162float(x[(size_t)r * k + kk]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane == 0) {
+        const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
+        TO *out = (TO *)sg.out[si];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j, acc[r] + b);
+    }
+}
+
+template <typename TO, int NR>
+static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const dj_op_call *c = &calls[0];
+    f8_segs sg;
+    memset(&sg, 0, sizeof sg);
+    uintptr_t align = (uintptr_t)c->x;
+    bool vec = c->k % 16 == 0;
+    unsigned blocks = 0;
+    for (int i = 0; i < count; i++) {
+        const dj_op_call *ci = &calls[i];
+        sg.w[i] = (const uint8_t *)ci->w;
+        sg.scale[i] = ci->w_scale;
+        sg.bias[i] = ci->bias;
+        sg.bias_dtype[i] = (int)ci->bias_dtype;
+        sg.out[i] = ci->out;
+        sg.m[i] = ci->m;
+        sg.br[i] = ci->w_block_rows;
+        sg.bc[i] = ci->w_block_cols;
+        sg.first_block[i] = blocks;
+        blocks += (ci->m + F8_WARPS - 1) / F8_WARPS;
+        align |= (uintptr_t)ci->w;
+        if (ci->w_block_cols % 16 && ci->w_block_cols < ci->k) vec = false;
+    }
+    sg.count = count;
+    vec = vec && align % 16 == 0;
+    gemv_f8_kernel<TO, NR><<<blocks, F8_WARPS * 32, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, sg, c->n, c->k,
+                                                                       vec);
+}
+
+template <typename TO>
+static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const uint32_t n = calls[0].n;
+    if (n == 1)
+        launch_gemv_f8<TO, 1>(cb, calls, count);
+    else if (n == 2)
+        launch_gemv_f8<TO, 2>(cb, calls, count);
+    else if (n <= 4)
+        launch_gemv_f8<TO, 4>(cb, calls, count);
+    else
+        launch_gemv_f8<TO, 8>(cb, calls, count);
+}
+
+dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    if (calls[0].n > F8_MAX_ROWS) return dj_fail(DJ_EINTERNAL, "fp8 GEMV of %u rows (at most %d)", calls[0].n, F8_MAX_ROWS);
+    if (calls[0].out_dtype == DJ_DTYPE_F32)
+        launch_gemv_f8_rows<float>(cb, calls, count);
+    else
+        launch_gemv_f8_rows<__nv_bfloat16>(cb, calls, count);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+/* ---- more rows: dequantized tiles and cuBLAS ---- */
+
+/* dst[r][i] (bf16, [rows][k]) = weight rows j0 + r of w, scales folded in. */
+static __global__ void dequant_f8_kernel(const uint8_t *w, const float *scale, uint32_t br, uint32_t bc, uint32_t k,
+                                         uint32_t j0, uint32_t rows, __nv_bfloat16 *dst) {
+    const uint32_t per_row = (k + bc - 1) / bc;
+    const size_t total = (size_t)rows * k;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t r = (uint32_t)(e / k), i = (uint32_t)(e % k), j = j0 + r;
+        const float s = scale[(size_t)(j / br) * per_row + i / bc];
+        dst[e] = __float2bfloat16(f8_one(w[(size_t)j * k + i]) * s);
+    }
+}
+
+template <typename TO>
+static __global__ void f8_bias_out_kernel(const float *acc, const void *bias, int bias_dtype, TO *out, size_t count,
+                                          uint32_t m) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dj_st(out, i, acc[i] + f8_ld_any(bias, bias_dtype, i % m));
+}
+
+/* The tile's weight rows: ~F8_TILE_BYTES of bf16, a multiple of 128 rows, at
+ * most m. */
+static uint32_t tile_rows(uint32_t k, uint32_t m) {
+    size_t t = F8_TILE_BYTES / ((size_t)k * 2);
+    t = t / 128 * 128;
+    if (t < 128) t = 128;
+    return t > m ? m : (uint32_t)t;
+}
+
+dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
+    /* prefill sizes: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the tiles below */
+    if ((cb->matmul_path == 3 || (cb->matmul_path == 0 && c->n >= F8_LT_MIN_ROWS)) && dj__cuda_fp8_lt_covers(cb, c)) {
+        const dj_status lt = dj__cuda_matmul_fp8_lt(cb, c);
+        if (lt != DJ_EUNSUPPORTED) return lt;
+    }
+    const uint32_t n = c->n, k = c->k, m = c->m, tr = tile_rows(k, m);
+    const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
+    /* scratch: the bf16 tile, then (with a bias) f32 accumulators [n][m] */
+    const size_t tile_floats = ((size_t)tr * k + 1) / 2, acc_floats = c->bias ? (size_t)n * m : 0;
+    float *scr = NULL;
+    dj_status st = dj__cuda_scratch(cb, tile_floats + 64 + acc_floats, &scr);
+    if (st != DJ_OK) return st;
+    __nv_bfloat16 *tile = (__nv_bfloat16 *)scr;
+    float *acc = c->bias ? scr + (tile_floats + 63) / 64 * 64 : NULL;
+    void *dst = c->bias ? (void *)acc : c->out;
+    const cudaDataType_t dt = c->bias || f32_out ? CUDA_R_32F : CUDA_R_16BF;
+    const size_t osz = c->bias || f32_out ? 4 : 2;
+    const float alpha = 1.0f, beta = 0.0f;
+    for (uint32_t j0 = 0; j0 < m; j0 += tr) {
+        const uint32_t rows = m - j0 < tr ? m - j0 : tr;
+        size_t blocks = ((size_t)rows * k + 255) / 256, cap = (size_t)cb->n_sm * 32;
+        if (blocks > cap) blocks = cap;
+        dequant_f8_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>((const uint8_t *)c->w, c->w_scale,
+                                                                    c->w_block_rows, c->w_block_cols, k, j0, rows,
+                                                                    tile);
+        DJ_CU_LAUNCHED(cb);
+        /* column-major: out^T[j0.., n] (ld m) = tile[k, rows]^T x^T[k, n] */
+        DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, tile,
+                                   CUDA_R_16BF, (int)k, c->x, CUDA_R_16BF, (int)k, &beta,
+                                   (uint8_t *)dst + (size_t)j0 * osz, dt, (int)m, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    }
+    if (c->bias) {
+        const size_t count = (size_t)n * m;
+        size_t blocks = (count + 255) / 256, cap = (size_t)cb->n_sm * 16;
+        if (blocks > cap) blocks = cap;
+        if (f32_out)
+            f8_bias_out_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>(acc, c->bias, (int)c->bias_dtype,
+                                                                         (float *)c->out, count, m);
+        else
+            f8_bias_out_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>(acc, c->bias, (int)c->bias_dtype,
+                                                                         (__nv_bfloat16 *)c->out, count, m);
+        DJ_CU_LAUNCHED(cb);
+    }
+    return DJ_OK;
+}

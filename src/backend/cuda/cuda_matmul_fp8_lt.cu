@@ -1,0 +1,336 @@
+/* cuda_matmul_fp8_lt.cu: f8_e4m3 weights at prefill sizes on the FP8 tensor
+ * cores (cuBLASLt) - W8A8: each call quantizes its bf16 activations to e4m3
+ * (per token and 128 channels for 128x128-block weights, as DeepSeek's and
+ * Qwen3's FP8 inference does; per token for per-channel / per-tensor
+ * weights), and cuBLASLt applies both operands' scales (BLK128x128 +
+ * VEC128, or OUTER_VEC on both). This departs from the W8A16 reference by
+ * the activations' e4m3 rounding (gpu_check prints it). Where cuBLASLt
+ * refuses a shape or scaling, or the once-per-backend probe of the scale
+ * layouts finds none that computes the right product, the caller
+ * dequantizes tiles instead (cuda_matmul_fp8.cu): this path only ever
+ * speeds up what it verified. */
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+#define LT_CACHE 16
+#define LT_GROUP 128 /* activation channels per scale in block mode */
+
+enum { MODE_BLOCK, MODE_OUTER, MODE_COUNT };
+
+/* One cached shape: descriptors and the heuristic's algorithm. */
+typedef struct lt_entry {
+    uint32_t n, k, m;
+    int mode, used;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+
+struct dj_fp8_lt {
+    cublasLtHandle_t h;
+    int state[MODE_COUNT];  /* 0 untried, 1 verified, -1 off */
+    int layout[MODE_COUNT]; /* block mode: bit 0 weight scales transposed, bit 1 activation scales token-major */
+    lt_entry cache[LT_CACHE];
+    unsigned next;
+};
+
+static __device__ __forceinline__ float lt_f8(uint8_t v) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)v, __NV_E4M3);
+    return __half2float(*(const __half *)&h);
+}
+
+/* x [n][k] bf16 -> q [n][k] e4m3 and one scale per (row, group of g
+ * channels): s = amax / 448, q = x / s. Scale of (r, gi) at
+ * sc[tok_major ? r * groups + gi : gi * n + r]. Block (r, gi), 128 threads. */
+static __global__ void quant_act_kernel(const __nv_bfloat16 *x, uint32_t n, uint32_t k, uint32_t g, bool tok_major,
+                                        uint8_t *q, float *sc) {
+    __shared__ float red[128];
+    const uint32_t r = blockIdx.x, gi = blockIdx.y, groups = gridDim.y;
+    const size_t base = (size_t)r * k + (size_t)gi * g;
+    const uint32_t len = k - gi * g < g ? k - gi * g : g;
+    float amax = 0.0f;
+    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(x[base + i])));
+    red[threadIdx.x] = amax;
+    __syncthreads();
+    for (unsigned s = 64; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const float scale = fmaxf(red[0], 1e-12f) / 448.0f, inv = 1.0f / scale;
+    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x)
+        q[base + i] = __nv_cvt_float_to_fp8(__bfloat162float(x[base + i]) * inv, __NV_SATFINITE, __NV_E4M3);
+    if (threadIdx.x == 0) sc[tok_major ? (size_t)r * groups + gi : (size_t)gi * n + r] = scale;
+}
+
+/* dst[c][r] = src[r][c] of a rows x cols f32 matrix. */
+static __global__ void transpose_kernel(const float *src, uint32_t rows, uint32_t cols, float *dst) {
+    const size_t total = (size_t)rows * cols;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t r = (uint32_t)(e / cols), c = (uint32_t)(e % cols);
+        dst[(size_t)c * rows + r] = src[e];
+    }
+}
+
+/* dst[0..m) = the weight's row scale (per channel: its own; per tensor: the one). */
+static __global__ void row_scales_kernel(const float *ws, uint32_t br, uint32_t m, float *dst) {
+    for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < m; j += gridDim.x * blockDim.x) dst[j] = ws[j / br];
+}
+
+/* ---- the probe's reference and data ---- */
+
+static __device__ __forceinline__ uint32_t lt_hash(uint32_t v) {
+    v ^= v >> 16;
+    v *= 0x7feb352du;
+    v ^= v >> 15;
+    v *= 0x846ca68bu;
+    return v ^ (v >> 16);
+}
+
+/* w codes (no NaN), w scales in [0.5, 2), x in [-1, 1). */
+static __global__ void probe_fill_kernel(uint8_t *w, size_t nw, float *ws, size_t nws, __nv_bfloat16 *x, size_t nx) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nw; i += (size_t)gridDim.x * blockDim.x) {
+        uint8_t c = (uint8_t)lt_hash((uint32_t)i * 3u + 1u);
+        w[i] = (c & 0x7f) >= 0x70 ? (uint8_t)(c & 0xb7) : c; /* keep magnitudes below 2^7 */
+        if (i < nws) ws[i] = 0.5f + 1.5f * (float)(lt_hash((uint32_t)i * 7u + 5u) & 0xffff) / 65536.0f;
+        if (i < nx) x[i] = __float2bfloat16((float)(lt_hash((uint32_t)i * 11u + 9u) & 0xffff) / 32768.0f - 1.0f);
+    }
+}
+
+/* ref[r][j] = sum_i fp8(w[j][i]) ws(j, i) * fp8(q[r][i]) xs(r, i): the W8A8
+ * product in f32, scales read the way this path stores them (row-major
+ * weight blocks [m/br][k/bc], token-major activation groups [n][k/g]). */
+static __global__ void probe_ref_kernel(const uint8_t *w, const float *ws, uint32_t br, uint32_t bc, const uint8_t *q,
+                                        const float *xs, uint32_t g, uint32_t n, uint32_t k, uint32_t m, float *ref) {
+    const uint32_t j = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (j >= m) return;
+    const uint32_t kb = (k + bc - 1) / bc, kg = (k + g - 1) / g;
+    float acc = 0.0f;
+    for (uint32_t i = 0; i < k; i++)
+        acc += lt_f8(w[(size_t)j * k + i]) * ws[(size_t)(j / br) * kb + i / bc] * lt_f8(q[(size_t)r * k + i]) *
+               xs[(size_t)r * kg + i / g];
+    ref[(size_t)r * m + j] = acc;
+}
+
+/* ---- cuBLASLt ---- */
+
+static void entry_free(lt_entry *e) {
+    if (!e->used) return;
+    cublasLtMatmulDescDestroy(e->op);
+    cublasLtMatrixLayoutDestroy(e->a);
+    cublasLtMatrixLayoutDestroy(e->b);
+    cublasLtMatrixLayoutDestroy(e->d);
+    memset(e, 0, sizeof *e);
+}
+
+void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb) {
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (!L) return;
+    for (int i = 0; i < LT_CACHE; i++) entry_free(&L->cache[i]);
+    if (L->h) cublasLtDestroy(L->h);
+    free(L);
+    cb->fp8_lt = NULL;
+}
+
+/* The cached descriptors and algorithm of (n, k, m, mode), made when absent;
+ * NULL when cuBLASLt has no algorithm for it. */
+static lt_entry *entry_for(dj_cuda_backend *cb, uint32_t n, uint32_t k, uint32_t m, int mode) {
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    for (int i = 0; i < LT_CACHE; i++) {
+        lt_entry *e = &L->cache[i];
+        if (e->used && e->n == n && e->k == k && e->m == m && e->mode == mode) return e;
+    }
+    lt_entry *e = &L->cache[L->next++ % LT_CACHE];
+    entry_free(e);
+    const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    const int32_t smode = mode == MODE_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                             : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const int32_t bmode = mode == MODE_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                             : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    bool ok = cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+    if (!ok) return NULL;
+    e->used = 1; /* entry_free releases whatever was made below */
+    ok = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &smode, sizeof smode) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatrixLayoutCreate(&e->a, CUDA_R_8F_E4M3, k, m, k) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatrixLayoutCreate(&e->b, CUDA_R_8F_E4M3, k, n, k) == CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatrixLayoutCreate(&e->d, CUDA_R_16BF, m, n, m) == CUBLAS_STATUS_SUCCESS;
+    /* the scale pointers are set per call; the heuristic needs them set to something */
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    const size_t ws = (size_t)32 << 20;
+    if (ok) ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+    if (ok)
+        ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             cublasLtMatmulAlgoGetHeuristic(L->h, e->op, e->a, e->b, e->d, e->d, pref, 1, &res, &found) ==
+                 CUBLAS_STATUS_SUCCESS &&
+             found > 0;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!ok) {
+        entry_free(e);
+        return NULL;
+    }
+    e->algo = res.algo;
+    e->n = n, e->k = k, e->m = m, e->mode = mode;
+    return e;
+}
+
+/* out = W8A8 product of c (bf16 out, no bias), given the weight scales in
+ * cuBLASLt's order (ws_lt) and the scratch for the activations. */
+static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
+                        uint8_t *q, float *xs) {
+    const uint32_t n = c->n, k = c->k, m = c->m, g = mode == MODE_BLOCK ? LT_GROUP : k;
+    const dim3 grid(n, (k + g - 1) / g);
+    quant_act_kernel<<<grid, 128, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, n, k, g,
+                                                   mode != MODE_BLOCK || (layout & 2), q, xs);
+    DJ_CU_LAUNCHED(cb);
+    lt_entry *e = entry_for(cb, n, k, m, mode);
+    if (!e) return DJ_EUNSUPPORTED;
+    if (cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws_lt, sizeof ws_lt) ||
+        cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs))
+        return DJ_EUNSUPPORTED;
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t s = cublasLtMatmul(cb->fp8_lt->h, e->op, &alpha, c->w, e->a, q, e->b, &beta, c->out, e->d,
+                                            c->out, e->d, &e->algo, cb->blas_ws, (size_t)32 << 20, cb->stream);
+    return s == CUBLAS_STATUS_SUCCESS ? DJ_OK : DJ_EUNSUPPORTED;
+}
+
+static int mode_of(const dj_op_call *c) {
+    if (c->w_block_rows == 128 && c->w_block_cols == 128 && c->k % 128 == 0 && c->m % 128 == 0) return MODE_BLOCK;
+    if ((c->w_block_rows == 1 || c->w_block_rows == c->m) && c->w_block_cols >= c->k) return MODE_OUTER;
+    return -1;
+}
+
+/* Scratch: q [n][k] e4m3, then activation scales, then the weight scales in
+ * cuBLASLt's order (block mode transposed, or an m-vector). */
+static dj_status carve(dj_cuda_backend *cb, const dj_op_call *c, int mode, uint8_t **q, float **xs, float **wsx) {
+    const size_t qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
+    const size_t xsf = ((size_t)c->n * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
+    const size_t wsf = mode == MODE_BLOCK ? (size_t)(c->m / 128) * (c->k / 128) : c->m;
+    float *base = NULL;
+    dj_status st = dj__cuda_scratch(cb, qf + xsf + wsf + 64, &base);
+    if (st != DJ_OK) return st;
+    *q = (uint8_t *)base;
+    *xs = base + qf;
+    *wsx = base + qf + xsf;
+    return DJ_OK;
+}
+
+/* The weight scales in cuBLASLt's order for this mode and layout: the
+ * stored ones, or a transposed / expanded copy in wsx. */
+static const float *weight_scales(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, float *wsx) {
+    if (mode == MODE_BLOCK) {
+        if (!(layout & 1)) return c->w_scale;
+        transpose_kernel<<<64, 256, 0, cb->stream>>>(c->w_scale, c->m / 128, c->k / 128, wsx);
+        return wsx;
+    }
+    if (c->w_block_rows == 1) return c->w_scale;
+    row_scales_kernel<<<(c->m + 255) / 256, 256, 0, cb->stream>>>(c->w_scale, c->w_block_rows, c->m, wsx);
+    return wsx;
+}
+
+/* Which scale layout computes the product (checked against probe_ref on a
+ * 256 x 256 x 64 case with varied scales); -1: none. Synchronous. */
+static int probe(dj_cuda_backend *cb, int mode) {
+    const uint32_t n = 64, k = 256, m = 256;
+    const uint32_t br = mode == MODE_BLOCK ? 128 : 1, bc = mode == MODE_BLOCK ? 128 : k;
+    const size_t nws = (size_t)(m / br) * (k / bc);
+    uint8_t *w = NULL, *q = NULL;
+    float *ws = NULL, *xs = NULL, *ref = NULL, *wsx = NULL;
+    __nv_bfloat16 *x = NULL, *out = NULL;
+    int found = -1;
+    float *h_ref = (float *)malloc(sizeof(float) * n * m);
+    uint16_t *h_out = (uint16_t *)malloc(sizeof(uint16_t) * n * m);
+    if (!h_ref || !h_out || cudaMalloc(&w, (size_t)m * k) || cudaMalloc(&q, (size_t)n * k) ||
+        cudaMalloc(&ws, nws * 4 + 64) || cudaMalloc(&xs, (size_t)n * k * 4) || cudaMalloc(&ref, (size_t)n * m * 4) ||
+        cudaMalloc(&wsx, (size_t)m * 4 + 64) || cudaMalloc(&x, (size_t)n * k * 2) || cudaMalloc(&out, (size_t)n * m * 2))
+        goto done;
+    probe_fill_kernel<<<64, 256, 0, cb->stream>>>(w, (size_t)m * k, ws, nws, x, (size_t)n * k);
+    for (int layout = 0; layout < (mode == MODE_BLOCK ? 4 : 1) && found < 0; layout++) {
+        dj_op_call c;
+        memset(&c, 0, sizeof c);
+        c.op = DJ_OP_MATMUL, c.n = n, c.k = k, c.m = m, c.x = x, c.w = w, c.out = out;
+        c.w_dtype = DJ_DTYPE_F8_E4M3, c.out_dtype = DJ_DTYPE_BF16;
+        c.w_scale = ws, c.w_block_rows = br, c.w_block_cols = bc;
+        if (lt_run(cb, &c, mode, layout, weight_scales(cb, &c, mode, layout, wsx), q, xs) != DJ_OK) break;
+        /* the reference reads token-major activation scales: quantize again that way */
+        const uint32_t g = mode == MODE_BLOCK ? LT_GROUP : k;
+        quant_act_kernel<<<dim3(n, (k + g - 1) / g), 128, 0, cb->stream>>>(x, n, k, g, true, q, xs);
+        probe_ref_kernel<<<dim3((m + 127) / 128, n), 128, 0, cb->stream>>>(w, ws, br, bc, q, xs, g, n, k, m, ref);
+        if (cudaStreamSynchronize(cb->stream) != cudaSuccess ||
+            cudaMemcpy(h_ref, ref, sizeof(float) * n * m, cudaMemcpyDeviceToHost) != cudaSuccess ||
+            cudaMemcpy(h_out, out, sizeof(uint16_t) * n * m, cudaMemcpyDeviceToHost) != cudaSuccess)
+            break;
+        double maxd = 0.0, maxr = 0.0;
+        for (size_t i = 0; i < (size_t)n * m; i++) {
+            const double d = fabs((double)dj_bf16_to_f32(h_out[i]) - (double)h_ref[i]);
+            if (!(d <= maxd)) maxd = d;
+            if (fabs((double)h_ref[i]) > maxr) maxr = fabs((double)h_ref[i]);
+        }
+        if (maxr > 0.0 && maxd / maxr <= 1e-2) found = layout;
+    }
+done:
+    (void)cudaStreamSynchronize(cb->stream);
+    (void)cudaGetLastError();
+    cudaFree(w), cudaFree(q), cudaFree(ws), cudaFree(xs), cudaFree(ref), cudaFree(wsx), cudaFree(x), cudaFree(out);
+    free(h_ref);
+    free(h_out);
+    return found;
+}
+
+bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c) {
+    const struct dj_fp8_lt *L = cb->fp8_lt;
+    const int mode = mode_of(c);
+    return mode >= 0 && !c->bias && c->out_dtype == DJ_DTYPE_BF16 && c->k % 16 == 0 && c->m % 16 == 0 &&
+           ((uintptr_t)c->w | (uintptr_t)c->x | (uintptr_t)c->out) % 16 == 0 && (!L || L->state[mode] >= 0) &&
+           (!cb->capturing || (L && L->state[mode] == 1));
+}
+
+dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c) {
+    const int mode = mode_of(c);
+    if (mode < 0) return DJ_EUNSUPPORTED;
+    if (!cb->fp8_lt) {
+        struct dj_fp8_lt *L = (struct dj_fp8_lt *)calloc(1, sizeof *L);
+        if (!L) return dj_fail(DJ_ENOMEM, "out of host memory");
+        if (cublasLtCreate(&L->h) != CUBLAS_STATUS_SUCCESS) {
+            free(L);
+            return DJ_EUNSUPPORTED;
+        }
+        const char *env = getenv("DJINN_FP8_TC"); /* kill switch: W8A16 tiles for every size */
+        if (env && !strcmp(env, "off")) L->state[MODE_BLOCK] = L->state[MODE_OUTER] = -1;
+        cb->fp8_lt = L;
+    }
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (L->state[mode] == 0) {
+        if (cb->capturing) return DJ_EUNSUPPORTED; /* the probe syncs: decided outside a capture */
+        const int layout = probe(cb, mode);
+        L->state[mode] = layout >= 0 ? 1 : -1;
+        L->layout[mode] = layout;
+        /* warn: a missed speed-up is worth a line (the bench's prefill shows which way it went) */
+        if (layout < 0)
+            DJ_LOG(WARN, "cuda:%d: FP8 tensor-core GEMM (%s scales) refused or wrong: f8 prefill dequantizes tiles",
+                   cb->device, mode == MODE_BLOCK ? "128x128 block" : "per-channel");
+        else
+            DJ_LOG(INFO, "cuda:%d: FP8 tensor-core GEMM (%s scales) verified, scale layout %d", cb->device,
+                   mode == MODE_BLOCK ? "128x128 block" : "per-channel", layout);
+    }
+    if (L->state[mode] < 0) return DJ_EUNSUPPORTED;
+    uint8_t *q;
+    float *xs, *wsx;
+    dj_status st = carve(cb, c, mode, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    const float *ws = weight_scales(cb, c, mode, L->layout[mode], wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_run(cb, c, mode, L->layout[mode], ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) L->state[mode] = -1; /* refused once: the tiles from now on */
+    return st;
+}
