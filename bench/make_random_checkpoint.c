@@ -2,6 +2,7 @@
  * full-size shape (config.json + model.safetensors) with random bf16 weights,
  * for benchmarks: speed does not depend on what the weights mean.
  *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8] [--layers N] [--gguf FILE]
+ *                          [--quant awq|gptq]
  * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b, llama2-13b, llama3-70b (Llama layout),
  * qwen3-8b, gemma2-9b, mixtral-8x7b (their own layouts and configs). --layers
  * keeps the first N layers (Mixtral 8x7B's 32 layers do not fit 80 GB:
@@ -11,7 +12,11 @@
  * dense layers' linear weights as the official Qwen3/DeepSeek FP8 releases
  * store them (transformers "fp8": F8_E4M3 with f32 weight_scale_inv per
  * 128x128 block, quantization_config fp8), everything else bf16 - the FP8
- * benchmark (issue 16). */
+ * benchmark (issue 16). --quant awq|gptq writes the dense layers' linear
+ * weights as 4-bit AWQ (gemm) or GPTQ (v1) parts - qweight, qzeros, scales
+ * (GPTQ also g_idx): random codes, AWQ's zero points random, GPTQ's 8 (sym),
+ * scales that give about the bf16 weights' spread - with their
+ * quantization_config (bits 4, group_size 128), the rest in --dtype. */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -51,7 +56,9 @@ typedef struct tensor {
     char name[160];
     int64_t rows, cols; /* cols 0: vector */
     int is_norm;
-    int kind; /* 0: the --dtype of dense tensors; 1: F8_E4M3 (its scales follow); 2: f32 scales */
+    int kind; /* 0: the --dtype of dense tensors; 1: F8_E4M3 (its scales follow); 2: f32 scales;
+               * 4-bit parts (--quant): 3 qweight, 4 qzeros (i32), 5 scales (f16), 6 g_idx (i32) */
+    int64_t fan_in; /* 4-bit parts: the in features of the matrix */
 } tensor;
 
 /* GGUF names and dims (ne0 = columns first) of tensor i. */
@@ -93,7 +100,7 @@ static uint64_t next(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8]\n", argv[0]);
+        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8] [--quant awq|gptq]\n", argv[0]);
         return 2;
     }
     const preset *p = NULL;
@@ -109,8 +116,10 @@ int main(int argc, char **argv) {
     int layers = p->layers;
     const char *gguf_path = NULL;
     bool fp8 = false; /* --dtype fp8: linear weights F8_E4M3 + block scales, the rest bf16 */
+    const char *quant = NULL; /* --quant awq|gptq */
     for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--quant")) quant = argv[i + 1];
+        else if (!strcmp(argv[i], "--layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--gguf")) gguf_path = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
         else if (!strcmp(argv[i], "--dtype")) {
@@ -130,6 +139,11 @@ int main(int argc, char **argv) {
         perror(dir);
         return 1;
     }
+    const int q_awq = quant && !strcmp(quant, "awq"), q_gptq = quant && !strcmp(quant, "gptq");
+    if (quant && (!(q_awq || q_gptq) || fp8 || gguf_path || p->experts)) {
+        fprintf(stderr, "--quant awq|gptq: dense presets only, without --gguf or --dtype fp8\n");
+        return 2;
+    }
     if (fp8 && (gguf_path || p->experts)) {
         fprintf(stderr, "--dtype fp8: dense presets only, without --gguf\n");
         return 2;
@@ -143,7 +157,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int hd = p->head_dim ? p->head_dim : p->hidden / p->heads;
-    const int n_t = layers * (13 + 7 + 3 * p->experts) + 3;
+    const int n_t = layers * (13 + 7 + 3 * p->experts) * (quant ? 4 : 1) + 3;
     tensor *t = calloc((size_t)n_t, sizeof *t);
     int k = 0;
 #define T(r, c, norm, ...)                                           \
@@ -202,10 +216,34 @@ int main(int argc, char **argv) {
     if (!p->tie) T(p->vocab, p->hidden, 0, "lm_head.weight");
 #undef TL
 #undef T
+    if (quant) { /* each layer matrix becomes its 4-bit parts (N out, K in features) */
+        const int n = k;
+        for (int i = 0; i < n; i++) {
+            if (strncmp(t[i].name, "model.layers.", 13) || !t[i].cols || t[i].cols % 128 || t[i].rows % 8) continue;
+            const int64_t N = t[i].rows, K = t[i].cols;
+            char base[96];
+            snprintf(base, sizeof base, "%.*s", (int)(strlen(t[i].name) - strlen(".weight")), t[i].name);
+            const struct { const char *suffix; int kind; int64_t rows, cols; } parts[4] = {
+                {"qweight", 3, q_gptq ? K / 8 : K, q_gptq ? N : N / 8},
+                {"qzeros", 4, K / 128, N / 8},
+                {"scales", 5, K / 128, N},
+                {"g_idx", 6, K, 0}};
+            for (int j = 0; j < (q_gptq ? 4 : 3); j++) {
+                tensor *d = j == 0 ? &t[i] : &t[k++];
+                snprintf(d->name, sizeof d->name, "%.80s.%s", base, parts[j].suffix);
+                d->rows = parts[j].rows;
+                d->cols = parts[j].cols;
+                d->is_norm = 0;
+                d->kind = parts[j].kind;
+                d->fan_in = K;
+            }
+        }
+    }
     const size_t dense_esz = dj_dtype_size(dt);
     const char *dense_name = dt == DJ_DTYPE_F32 ? "F32" : dt == DJ_DTYPE_F16 ? "F16" : "BF16";
-#define ESZ(i) (t[i].kind == 1 ? (size_t)1 : t[i].kind == 2 ? (size_t)4 : dense_esz)
-#define DNAME(i) (t[i].kind == 1 ? "F8_E4M3" : t[i].kind == 2 ? "F32" : dense_name)
+#define ESZ(i) (t[i].kind == 1 ? (size_t)1 : t[i].kind == 5 ? (size_t)2 : t[i].kind >= 2 ? (size_t)4 : dense_esz)
+#define DNAME(i) (t[i].kind == 1 ? "F8_E4M3" : t[i].kind == 2 ? "F32" : t[i].kind == 5 ? "F16" : t[i].kind >= 3 ? "I32" \
+                                                                                                   : dense_name)
     /* header */
     size_t cap = (size_t)k * 200 + 64, len = 0, off = 0;
     char *hdr = malloc(cap);
@@ -251,6 +289,26 @@ int main(int argc, char **argv) {
         const double qa = t[i].kind == 2 ? sqrt(3.0 / (double)(t[i].cols * 128)) / 448.0 : a / 448.0;
         for (size_t done = 0; done < n;) {
             size_t m = n - done < chunk ? n - done : chunk;
+            if (t[i].kind >= 3) { /* 4-bit parts: codes uniform, scales ~ a / 7.5 */
+                for (size_t j = 0; j < m; j++) {
+                    uint32_t v = (uint32_t)next();
+                    if (t[i].kind == 6) v = (uint32_t)((done + j) / 128);
+                    if (t[i].kind == 4 && q_gptq) v = 0x77777777u; /* sym: zero 8, stored minus 1 */
+                    if (t[i].kind == 5) {
+                        const double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
+                        const uint16_t h = dj_f32_to_f16((float)(sqrt(3.0 / (double)t[i].fan_in) / 7.5 * (0.75 + 0.5 * u)));
+                        memcpy(buf + 2 * j, &h, 2);
+                    } else {
+                        memcpy(buf + 4 * j, &v, 4);
+                    }
+                }
+                if (fwrite(buf, ESZ(i), m, f) != m) {
+                    perror(path);
+                    return 1;
+                }
+                done += m;
+                continue;
+            }
             for (size_t j = 0; j < m; j++) {
                 double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
                 float v = t[i].is_norm == 2   ? (float)(-0.2 + 0.4 * u)
@@ -310,10 +368,16 @@ int main(int argc, char **argv) {
     else
         fprintf(f, ",\"hidden_act\":\"silu\"");
     if (p->arch == ARCH_MIXTRAL) fprintf(f, ",\"num_local_experts\":%d,\"num_experts_per_tok\":2", p->experts);
+    if (q_awq)
+        fprintf(f, ",\"quantization_config\":{\"quant_method\":\"awq\",\"bits\":4,\"group_size\":128,"
+                   "\"zero_point\":true,\"version\":\"gemm\"}");
+    if (q_gptq)
+        fprintf(f, ",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4,\"group_size\":128,"
+                   "\"desc_act\":false,\"sym\":true,\"checkpoint_format\":\"gptq\"}");
     fprintf(f, "}\n");
     fclose(f);
     printf("%s: %d tensors, %.2f GB of %s weights in %s\n", p->name, k, (double)off / 1e9,
-           fp8 ? "fp8 (+bf16)" : dense_name, dir);
+           fp8 ? "fp8 (+bf16)" : q_awq ? "awq 4-bit (+bf16)" : q_gptq ? "gptq 4-bit (+bf16)" : dense_name, dir);
     free(buf);
     free(hdr);
     free(t);

@@ -11,7 +11,9 @@
 #include "testutil.h"
 
 const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES] = {"llama2", "llama3", "tinyllama", "mistral", "qwen2", "qwen3",
-                                                     "gemma2", "gemma3", "phi3", "phi3_longrope", "mixtral"};
+                                                     "gemma2", "gemma3", "phi3", "phi3_longrope", "mixtral",
+                                                     /* 4-bit (issue 16): tools/quant_fixtures.py */
+                                                     "llama_awq", "llama_gptq"};
 const char *const DJ_FP8_FIXTURE_NAMES[DJ_N_FP8_FIXTURES] = {"llama3_fp8", "llama3_ct_tensor", "llama3_ct_channel"};
 
 static int read_floats(const cJSON *a, float **out) {

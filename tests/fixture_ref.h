@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#define DJ_N_FIXTURES 11
+#define DJ_N_FIXTURES 13
 extern const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES]; /* tests/fixtures/models/<name> */
 /* FP8 weights (issue 16): the llama3 fixture in each stored FP8 layout, with
  * references from the dequantized weights (tools/fp8_fixtures.py). */

@@ -34,6 +34,13 @@ Interventions (issue 14): every new fixture's reference.json also gets a
 already in --out without touching their weights or other references:
 
     python3 tools/make_fixtures.py --add-trace [--only llama3,gemma2]
+
+4-bit weights (issue 16): --quant writes llama_awq and llama_gptq instead, a
+tiny Llama quantized by our own quantizer and stored in the AWQ and GPTQ
+layouts, its reference from an independent dequantizer and a plain fp32
+forward (tools/quant_fixtures.py; numpy and torch only):
+
+    python3 tools/make_fixtures.py --quant [--out tests/fixtures/models] [--seed 4242]
 """
 import argparse
 import json
@@ -44,6 +51,13 @@ import inspect
 import re
 import sys
 import traceback
+
+if __name__ == "__main__" and "--quant" in sys.argv:  # the 4-bit fixtures need no transformers
+    sys.argv.remove("--quant")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from quant_fixtures import main as quant_main
+    quant_main()
+    sys.exit(0)
 
 import torch
 

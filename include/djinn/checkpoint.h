@@ -32,7 +32,7 @@ typedef struct dj_tensor_info {
  * offsets cast to pointers: add the data area base) are owned by the caller:
  * free with dj_safetensors_free_infos. The array is sorted by name.
  * Also rejected: duplicate tensor names, dtypes other than F32/F16/BF16/F8_E4M3
- * (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
+ * and I32 (the parts of 4-bit weights) (DJ_EUNSUPPORTED; unknown names are DJ_EFORMAT), more than 4 dimensions,
  * entries with other keys than dtype/shape/data_offsets, non-whitespace
  * after the JSON. Gaps between tensors are allowed. */
 dj_status dj_safetensors_parse_header(const char *json, size_t json_len, size_t data_len,
@@ -76,7 +76,12 @@ typedef enum {
      * of 1 value (strategy tensor), [rows][1] (channel) or
      * [ceil(rows/b0)][ceil(cols/b1)] (block, b = block_structure); w = q * scale.
      * input_scale and dynamic activation schemes are not applied (weights only). */
-    DJ_QUANT_CT_FP8
+    DJ_QUANT_CT_FP8,
+    /* AWQ (gemm) and GPTQ (v1) 4-bit weights: their parts repacked at open into
+     * "<m>.weight" of DJ_DTYPE_Q4 (src/model/quant4.c, which checks the rest of
+     * the config: bits 4, group_size 128, ...) */
+    DJ_QUANT_AWQ,
+    DJ_QUANT_GPTQ
 } dj_quant_method;
 
 #define DJ_ROPE_MAX_FACTORS 256 /* longrope factors: one per rotated pair, rope_dim/2 */
@@ -170,6 +175,11 @@ typedef struct dj_checkpoint dj_checkpoint_t;
  * Errors name the file: "<dir>/model.safetensors: header length 12345678
  * exceeds file size 100". DJ_ENOTFOUND for missing files, DJ_EFORMAT for
  * malformed ones, DJ_EUNSUPPORTED for valid but unsupported content.
+ * A config.json with "quantization_config" of AWQ or GPTQ 4-bit weights (the
+ * configs README lists; any other is DJ_EUNSUPPORTED naming it): every
+ * <p>.qweight/.qzeros/.scales(/.g_idx) group is repacked into one tensor
+ * <p>.weight of DJ_DTYPE_Q4 held by ck (src/model/quant4.c), and the parts
+ * are not in the table.
  * Tensor data pointers are only as aligned as the file makes them (writers
  * from the safetensors library align to the element size); the mapping must
  * not be truncated by another process while open (SIGBUS). */

@@ -13,11 +13,23 @@ typedef enum {
     DJ_DTYPE_BF16,
     DJ_DTYPE_I32,
     DJ_DTYPE_F8_E4M3, /* float8_e4m3fn (OCP): weights only, with scales beside them (checkpoint.h) */
+    /* 4-bit weights with groups of 128 (AWQ and GPTQ as loaded, src/model/quant4.c):
+     * not an element type. A [rows][cols] matrix (cols % 128 == 0) is rows of
+     * dj_dtype_row_bytes(Q4, cols) bytes each: cols/2 bytes of 4-bit codes
+     * (byte j: column 2j in the low nibble, 2j+1 in the high), then cols/128 f16
+     * scales, then cols/128 f16 zero points (integers 0..15); column c's value
+     * is (code - zero[c/128]) * scale[c/128]. */
+    DJ_DTYPE_Q4,
     DJ_DTYPE_COUNT
 } dj_dtype;
 
-size_t dj_dtype_size(dj_dtype t);      /* bytes per element; 0 for invalid */
-const char *dj_dtype_name(dj_dtype t); /* "f32", "f16", "bf16", "i32", "f8_e4m3" */
+size_t dj_dtype_size(dj_dtype t);      /* bytes per element; 0 for invalid and for Q4 */
+const char *dj_dtype_name(dj_dtype t); /* "f32", "f16", "bf16", "i32", "f8_e4m3", "q4" */
+
+#define DJ_Q4_GROUP 128 /* columns sharing one scale and zero point in DJ_DTYPE_Q4 */
+/* Bytes of one row of cols elements of t (Q4: cols/2 + 4*cols/128; 0 when
+ * cols is not a multiple of 128); 0 for invalid. */
+size_t dj_dtype_row_bytes(dj_dtype t, size_t cols);
 
 static inline float dj_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -85,8 +85,10 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
     case DJ_OP_MATMUL:
         REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
         REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
-        REQUIRE(is_float_dtype(c->w_dtype) || c->w_dtype == DJ_DTYPE_F8_E4M3,
-                "%s: weight dtype %s is not a float type", op, dj_dtype_name(c->w_dtype));
+        REQUIRE(is_float_dtype(c->w_dtype) || c->w_dtype == DJ_DTYPE_F8_E4M3 ||
+                    (c->w_dtype == DJ_DTYPE_Q4 && c->k % DJ_Q4_GROUP == 0),
+                "%s: weight dtype %s is not a float type (or q4 with k=%u a multiple of %d)", op,
+                dj_dtype_name(c->w_dtype), c->k, DJ_Q4_GROUP);
         REQUIRE(c->w_dtype != DJ_DTYPE_F8_E4M3 || (c->w_scale && c->w_block_rows && c->w_block_cols),
                 "%s: f8_e4m3 weights without scales", op);
         REQUIRE(!c->bias || is_float_dtype(c->bias_dtype), "%s: bias dtype %s is not a float type", op,

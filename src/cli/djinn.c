@@ -415,7 +415,10 @@ static int cmd_info(opts *o) {
     printf("architecture:   %s\n", c->arch_name);
     printf("parameters:     %llu (%.3f B)\n", (unsigned long long)needs.n_params, (double)needs.n_params / 1e9);
     printf("weights dtype:  %s\n", c->torch_dtype[0] ? c->torch_dtype : "?");
-    if (c->quant != DJ_QUANT_NONE) { /* docs/quantization.md */
+    if (c->quant == DJ_QUANT_AWQ || c->quant == DJ_QUANT_GPTQ) { /* docs/architecture.md, "4-bit weights" */
+        printf("quantized:      %s: 4-bit linear weights, groups of 128 with zero points (repacked at load)\n",
+               c->quant == DJ_QUANT_AWQ ? "awq gemm" : "gptq");
+    } else if (c->quant != DJ_QUANT_NONE) { /* docs/quantization.md */
         char how[64] = "per-tensor or per-channel scales";
         if (c->quant_block[0]) snprintf(how, sizeof how, "%ux%u-block scales", c->quant_block[0], c->quant_block[1]);
         printf("quantized:      %s: f8_e4m3 linear weights, %s\n",

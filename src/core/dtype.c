@@ -12,6 +12,11 @@ size_t dj_dtype_size(dj_dtype t) {
     }
 }
 
+size_t dj_dtype_row_bytes(dj_dtype t, size_t cols) {
+    if (t == DJ_DTYPE_Q4) return cols % DJ_Q4_GROUP ? 0 : cols / 2 + 4 * (cols / DJ_Q4_GROUP);
+    return cols * dj_dtype_size(t);
+}
+
 const char *dj_dtype_name(dj_dtype t) {
     switch (t) {
     case DJ_DTYPE_F32: return "f32";
@@ -19,6 +24,7 @@ const char *dj_dtype_name(dj_dtype t) {
     case DJ_DTYPE_BF16: return "bf16";
     case DJ_DTYPE_I32: return "i32";
     case DJ_DTYPE_F8_E4M3: return "f8_e4m3";
+    case DJ_DTYPE_Q4: return "q4";
     default: return "invalid";
     }
 }

@@ -326,8 +326,7 @@ dj_plan_cache_t *dj_engine_plans(dj_engine_t *e) { return e->plans; }
 /* ---- sizing ---- */
 
 static size_t weight_bytes(const dj_weight *w) {
-    size_t n = (size_t)w->shape[0] * (size_t)(w->shape[1] ? w->shape[1] : 1);
-    return n * dj_dtype_size(w->dtype);
+    return (size_t)w->shape[0] * dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] ? w->shape[1] : 1));
 }
 
 /* Text-segment bytes of a slot: its weight (unless used in place) and the
@@ -359,7 +358,7 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
         if (!names[i] && !w[i].computed) continue;
         needs->text_bytes += dj_vmu_aligned(weight_bytes(&w[i]));
         if (scale_bytes(&w[i])) needs->text_bytes += dj_vmu_aligned(scale_bytes(&w[i]));
-        if (names[i]) needs->n_params += (uint64_t)(weight_bytes(&w[i]) / dj_dtype_size(w[i].dtype));
+        if (names[i]) needs->n_params += (uint64_t)w[i].shape[0] * (uint64_t)(w[i].shape[1] ? w[i].shape[1] : 1);
     }
     needs->kv_bytes_per_token = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * dj_dtype_size(kv_dtype);
     st = dj_model_build_graph(c, NULL, DJ_PHASE_PREFILL, dj_shape_bucket(DJ_PHASE_PREFILL, step_tokens, step_tokens),
@@ -540,7 +539,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
             m->text_bytes += dj_vmu_aligned(scale_bytes(&m->w[i]));
             n_scaled++;
         }
-        if (names[i]) m->n_params += (uint64_t)(weight_bytes(&m->w[i]) / dj_dtype_size(m->w[i].dtype));
+        if (names[i]) m->n_params += (uint64_t)m->w[i].shape[0] * (uint64_t)(m->w[i].shape[1] ? m->w[i].shape[1] : 1);
     }
     /* Too large for the text segment's room: some layers stream (stream.c). */
     if (!in_place && (st = dj__stream_plan(e->be, m, dj_vmu_text_room(e->vmu), &m->stream)) != DJ_OK) goto fail;

@@ -11,10 +11,8 @@
 #include "model/model_impl.h"
 
 static size_t wbytes(const dj_weight *w) {
-    size_t n = dj_dtype_size(w->dtype);
-    for (int d = 0; d < 2; d++)
-        if (w->shape[d] > 0) n *= (size_t)w->shape[d];
-    return n;
+    return (size_t)(w->shape[0] > 0 ? w->shape[0] : 1) *
+           dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] > 0 ? w->shape[1] : 1));
 }
 
 static bool has_bytes(const dj_weight *w) { return w->hf_name || w->computed; }

@@ -78,7 +78,8 @@ dj_status dj_graph_add(dj_graph_t *g, const dj_node *node, int *idx) {
         return dj_fail(DJ_EINVAL, "graph node %d (%s): unknown op %d", i, name, (int)node->op);
     if ((int)node->res < (int)DJ_RES_INPUT || (int)node->res > (int)DJ_RES_OUTPUT)
         return dj_fail(DJ_EINVAL, "graph node %d (%s): unknown residency %d", i, name, (int)node->res);
-    size_t esize = dj_dtype_size(node->dtype);
+    /* a 4-bit weight (whose rows are not whole elements) counts one byte an element: weights take no stack */
+    size_t esize = node->dtype == DJ_DTYPE_Q4 && node->res == DJ_RES_WEIGHT ? 1 : dj_dtype_size(node->dtype);
     if (esize == 0) return dj_fail(DJ_EINVAL, "graph node %d (%s): unknown dtype %d", i, name, (int)node->dtype);
     if (node->ndim < 0 || node->ndim > DJ_GRAPH_MAX_DIMS)
         return dj_fail(DJ_EINVAL, "graph node %d (%s): %d dimensions; at most %d", i, name, node->ndim,

@@ -116,6 +116,9 @@ static dj_status want(const dj_model_config *c, const dj_checkpoint_t *ck, dj_we
             return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' is f8_e4m3, which only dense linear layers may be here", name);
         dj_status st = bind_scales(c, ck, w, name, t, row0, nrows);
         if (st != DJ_OK) return st;
+    } else if (t->dtype == DJ_DTYPE_Q4) { /* repacked AWQ/GPTQ (src/model/quant4.c) */
+        if (!q_ok || !cols)
+            return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' is 4-bit, which only dense linear layers may be here", name);
     } else if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16) {
         return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16", name,
                        dj_dtype_name(t->dtype));
@@ -127,7 +130,7 @@ static dj_status want(const dj_model_config *c, const dj_checkpoint_t *ck, dj_we
     w->dtype = t->dtype;
     w->shape[0] = nrows;
     w->shape[1] = cols;
-    w->src_offset = (size_t)row0 * (size_t)(cols ? cols : 1) * dj_dtype_size(t->dtype);
+    w->src_offset = (size_t)row0 * dj_dtype_row_bytes(t->dtype, (size_t)(cols ? cols : 1));
     w->computed = DJ_COMPUTED_NONE;
     w->data = NULL;
     return DJ_OK;
@@ -141,7 +144,7 @@ static dj_status bind_one(const dj_model_config *c, const dj_checkpoint_t *ck, c
     else if (expert < 0) snprintf(nm, sizeof nm, e->fmt, layer);
     else snprintf(nm, sizeof nm, e->fmt, layer, expert);
     const int64_t rows = dim(c, e->rows);
-    /* f8_e4m3 where the slot is a dense layer's matmul weight (MoE experts and
+    /* f8_e4m3 or 4-bit where the slot is a dense layer's matmul weight (MoE experts and
      * embeddings read their weights otherwise) */
     const bool q_ok = expert < 0 && (layer >= 0 ? e->slot == DJ_W_Q || e->slot == DJ_W_K || e->slot == DJ_W_V ||
                                                       e->slot == DJ_W_O || e->slot == DJ_W_GATE ||
@@ -253,7 +256,8 @@ int dj__blk_weight(dj_gb *b, int slot, int layer, const char *what) {
     nd.shape[1] = w ? w->shape[1] : 0;
     nd.src[0] = nd.src[1] = nd.src[2] = nd.src[3] = -1;
     nd.weight_slot = slot;
-    nd.bytes = w ? (double)(w->shape[0] * (w->shape[1] ? w->shape[1] : 1)) * (double)dj_dtype_size(w->dtype) : 0;
+    nd.bytes = w ? (double)w->shape[0] * (double)dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] ? w->shape[1] : 1))
+                 : 0;
     snprintf(nd.name, sizeof nd.name, "%s", what);
     return add(b, &nd);
 }

@@ -29,9 +29,11 @@ typedef struct {
 } ck_shard;
 
 typedef struct {
-    dj_tensor_info info; /* name owned; data inside shards[shard].map */
+    dj_tensor_info info; /* name owned; data inside shards[shard].map, or owned (malloc'd) when
+                          * shard == CK_OWNED: a tensor made at open (repacked 4-bit weights) */
     size_t shard;
 } ck_tensor;
+#define CK_OWNED SIZE_MAX
 
 struct dj_checkpoint {
     dj_model_config cfg;
@@ -396,6 +398,7 @@ dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out) {
         if ((st = read_index(path, ck, &index))) goto fail;
     }
     if ((st = load_shards(dir, ck, index))) goto fail;
+    if ((st = dj__quant_open(dir, text, len, ck))) goto fail;
 
     cJSON_Delete(index);
     free(path);
@@ -413,6 +416,35 @@ fail:
     return st;
 }
 
+dj_status dj__checkpoint_edit(dj_checkpoint_t *ck, dj_tensor_info *add, size_t n_add,
+                              bool (*drop)(const char *name)) {
+    ck_tensor *t = realloc(ck->tensors, (ck->n_tensors + n_add + 1) * sizeof *t);
+    if (!t) {
+        for (size_t i = 0; i < n_add; i++) {
+            free((char *)add[i].name);
+            free((void *)add[i].data);
+        }
+        return dj_fail(DJ_ENOMEM, "no memory for %zu tensors", ck->n_tensors + n_add);
+    }
+    ck->tensors = t;
+    size_t n = 0;
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        if (drop(t[i].info.name)) {
+            free((char *)t[i].info.name);
+            if (t[i].shard == CK_OWNED) free((void *)t[i].info.data);
+        } else {
+            t[n++] = t[i];
+        }
+    }
+    for (size_t i = 0; i < n_add; i++) t[n++] = (ck_tensor){.info = add[i], .shard = CK_OWNED};
+    ck->n_tensors = n;
+    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor);
+    for (size_t i = 1; i < ck->n_tensors; i++)
+        if (!strcmp(t[i - 1].info.name, t[i].info.name))
+            return dj_fail(DJ_EFORMAT, "tensor \"%.200s\" is stored and also made from 4-bit parts", t[i].info.name);
+    return DJ_OK;
+}
+
 dj_checkpoint_t *dj_checkpoint_retain(dj_checkpoint_t *ck) {
     if (ck) __atomic_add_fetch(&ck->refs, 1, __ATOMIC_RELAXED);
     return ck;
@@ -420,7 +452,10 @@ dj_checkpoint_t *dj_checkpoint_retain(dj_checkpoint_t *ck) {
 
 void dj_checkpoint_close(dj_checkpoint_t *ck) {
     if (!ck || __atomic_sub_fetch(&ck->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
-    for (size_t i = 0; i < ck->n_tensors; i++) free((char *)ck->tensors[i].info.name);
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        free((char *)ck->tensors[i].info.name);
+        if (ck->tensors[i].shard == CK_OWNED) free((void *)ck->tensors[i].info.data);
+    }
     free(ck->tensors);
     for (size_t s = 0; s < ck->n_shards; s++) {
         if (ck->shards[s].map) munmap(ck->shards[s].map, ck->shards[s].size);

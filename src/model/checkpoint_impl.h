@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "djinn/checkpoint.h"
 #include "djinn/status.h"
 
 /* Largest JSON number read as an exact integer: doubles hold every integer
@@ -28,5 +29,22 @@ bool dj__json_get_uint(const cJSON *item, uint64_t *out /* OUT */);
 /* Parses json[0..len) as one JSON value followed only by whitespace. On
  * failure returns NULL and sets *err_pos to the byte offset of the error. */
 cJSON *dj__json_parse(const char *json, size_t len, size_t *err_pos /* OUT */);
+
+/* ---- made at open (src/model/quant4.c) ---- */
+struct dj_checkpoint;
+
+/* Reads config.json's "quantization_config" (text[0..len)); without one,
+ * nothing. AWQ/GPTQ 4-bit: every <p>.qweight with its <p>.qzeros, <p>.scales
+ * (and GPTQ's <p>.g_idx) becomes one tensor <p>.weight of DJ_DTYPE_Q4
+ * (repacked, owned by ck) and the parts leave the table. Any other
+ * quantization config: DJ_EUNSUPPORTED naming it. Errors name dir. */
+dj_status dj__quant_open(const char *dir, const char *text, size_t len, struct dj_checkpoint *ck);
+
+/* Drops every tensor for which drop(name) is true, then adds add[0..n_add)
+ * (names and data malloc'd; taken by ck whatever the outcome: freed at close
+ * or on failure) and sorts the table again. A name added twice, or added
+ * while a stored tensor keeps it, is DJ_EFORMAT. */
+dj_status dj__checkpoint_edit(struct dj_checkpoint *ck, dj_tensor_info *add, size_t n_add,
+                              bool (*drop)(const char *name));
 
 #endif

@@ -120,6 +120,11 @@ dj_status dj__cfg_quant(const cJSON *root, dj_model_config *cfg) {
     if (!method) return dj_fail(DJ_EFORMAT, QC "no quant_method");
     if (!strcmp(method, "fp8")) return parse_fp8(q, cfg);
     if (!strcmp(method, "compressed-tensors")) return parse_ct(q, cfg);
+    if (!strcmp(method, "awq") || !strcmp(method, "gptq")) { /* the rest checked by src/model/quant4.c at open */
+        cfg->quant = method[0] == 'a' ? DJ_QUANT_AWQ : DJ_QUANT_GPTQ;
+        return DJ_OK;
+    }
     return dj_fail(DJ_EUNSUPPORTED,
-                   QC "quant_method \"%.48s\" is not supported (supported: fp8, compressed-tensors float8)", method);
+                   QC "quant_method \"%.48s\" is not supported (supported: fp8, compressed-tensors float8, awq and "
+                      "gptq 4-bit)", method);
 }

@@ -90,7 +90,7 @@ typedef struct {
 static const st_dtype st_dtypes[] = {
     {"F32", true, DJ_DTYPE_F32},        {"F16", true, DJ_DTYPE_F16},
     {"BF16", true, DJ_DTYPE_BF16},      {"F64", false, DJ_DTYPE_COUNT},
-    {"I64", false, DJ_DTYPE_COUNT},     {"I32", false, DJ_DTYPE_COUNT},
+    {"I64", false, DJ_DTYPE_COUNT},     {"I32", true, DJ_DTYPE_I32}, /* AWQ/GPTQ parts */
     {"I16", false, DJ_DTYPE_COUNT},     {"I8", false, DJ_DTYPE_COUNT},
     {"U64", false, DJ_DTYPE_COUNT},     {"U32", false, DJ_DTYPE_COUNT},
     {"U16", false, DJ_DTYPE_COUNT},     {"U8", false, DJ_DTYPE_COUNT},
@@ -137,7 +137,7 @@ static dj_status parse_dtype(const char *tname, const cJSON *it, dj_dtype *out) 
         if (strcmp(st_dtypes[i].name, it->valuestring)) continue;
         if (!st_dtypes[i].supported)
             return dj_fail(DJ_EUNSUPPORTED,
-                           "tensor \"%s\" has dtype %s, which Djinn does not support (F32, F16, BF16, F8_E4M3 only)",
+                           "tensor \"%s\" has dtype %s, which Djinn does not support (F32, F16, BF16, F8_E4M3; I32 for 4-bit parts)",
                            tname, it->valuestring);
         *out = st_dtypes[i].dtype;
         return DJ_OK;

@@ -2147,6 +2147,130 @@ static void bench(void) {
 
 /* ---- main ---- */
 
+/* ---- 4-bit weights (DJ_DTYPE_Q4, cuda_q4.cu) ---- */
+
+/* A random Q4 matrix [m][k] in host memory: codes and zero points uniform in
+ * 0..15, scales in [0.5, 1.5] / (8 sqrt k) (as f16). */
+static uint8_t *rand_q4(uint32_t m, uint32_t k) {
+    const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, k), ng = k / DJ_Q4_GROUP;
+    uint8_t *w = xmalloc((size_t)m * rb);
+    for (uint32_t r = 0; r < m; r++) {
+        uint8_t *row = w + (size_t)r * rb;
+        for (size_t j = 0; j < k / 2; j++) row[j] = (uint8_t)(dj_test_rand() & 0xffu);
+        for (size_t g = 0; g < ng; g++) {
+            const uint16_t s = dj_f32_to_f16(dj_test_randf(0.5f, 1.5f) / (8.0f * sqrtf((float)k)));
+            const uint16_t z = dj_f32_to_f16((float)(dj_test_rand() % 16u));
+            memcpy(row + k / 2 + 2 * g, &s, 2);
+            memcpy(row + k / 2 + 2 * (ng + g), &z, 2);
+        }
+    }
+    return w;
+}
+
+/* path: 0 automatic, 1 GEMV, 2 GEMM (bf16 tiles + cuBLAS); skew: bytes the
+ * GPU's weights start into their buffer (a multiple of 4; not 16 takes the
+ * 4-byte loads). */
+static void check_q4_matmul(uint32_t n, uint32_t k, uint32_t m, int bias, dj_dtype out_t, int path, uint32_t skew) {
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k), *ref = falloc((size_t)n * m);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    uint8_t *w = rand_q4(m, k);
+    void *b = bias ? rand_weight(DJ_DTYPE_BF16, m, -0.5f, 0.5f) : NULL;
+    const size_t osz = (size_t)n * m * dj_dtype_size(out_t), wsz = (size_t)m * dj_dtype_row_bytes(DJ_DTYPE_Q4, k);
+    void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dalloc(wsz + skew), *dout = dalloc(osz);
+    up((char *)dw + skew, w, wsz);
+    void *db = b ? dcopy(b, (size_t)m * 2) : NULL;
+    poison(dout, osz);
+    dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = DJ_DTYPE_Q4, .bias = b,
+                     .bias_dtype = DJ_DTYPE_BF16, .k = k, .m = m};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.w = (char *)dw + skew;
+    gc.bias = db;
+    gc.out_dtype = out_t;
+    dj__cuda_set_paths(gpu, 0, path);
+    run_both(&cc, &gc, "matmul q4");
+    dj__cuda_set_paths(gpu, 0, 0);
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u w=q4%s out=%s%s%s", n, k, m, bias ? "+bias" : "",
+             dj_dtype_name(out_t), skew ? " skewed" : "", path == 1 ? " [gemv]" : path == 2 ? " [gemm]" : "");
+    compare("MATMUL", shape, dout, out_t, ref, (size_t)n * m);
+    dfree(dx);
+    dfree(dw);
+    dfree(dout);
+    dfree(db);
+    free(xb);
+    free(xf);
+    free(ref);
+    free(w);
+    free(b);
+}
+
+/* q, k, v-shaped 4-bit matmuls on one x in one plan (one grouped GEMV launch). */
+static void check_q4_group(uint32_t n, uint32_t k) {
+    const uint32_t ms[3] = {k, k / 4, k / 4 + 8};
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    void *dx = dcopy(xb, (size_t)n * k * 2);
+    uint8_t *w[3];
+    void *dw[3], *dout[3];
+    float *ref[3];
+    dj_op_call cc[3], gc[3];
+    for (int i = 0; i < 3; i++) {
+        const size_t wsz = (size_t)ms[i] * dj_dtype_row_bytes(DJ_DTYPE_Q4, k);
+        w[i] = rand_q4(ms[i], k);
+        dw[i] = dcopy(w[i], wsz);
+        dout[i] = dalloc((size_t)n * ms[i] * 2);
+        poison(dout[i], (size_t)n * ms[i] * 2);
+        ref[i] = falloc((size_t)n * ms[i]);
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .out = ref[i], .x = xf, .w = w[i],
+                             .w_dtype = DJ_DTYPE_Q4, .k = k, .m = ms[i]};
+        gc[i] = cc[i];
+        gc[i].out = dout[i];
+        gc[i].x = dx;
+        gc[i].w = dw[i];
+        gc[i].out_dtype = DJ_DTYPE_BF16;
+        if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("q4 group (cpu)");
+    }
+    if (dj_backend_compute_plan(gpu, gc, 3, NULL) != DJ_OK) die("q4 group (gpu)");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("q4 group sync");
+    for (int i = 0; i < 3; i++) {
+        char shape[96];
+        snprintf(shape, sizeof shape, "grouped %d/3: n=%u k=%u m=%u q4", i + 1, n, k, ms[i]);
+        compare("MATMUL", shape, dout[i], DJ_DTYPE_BF16, ref[i], (size_t)n * ms[i]);
+        dfree(dw[i]);
+        dfree(dout[i]);
+        free(w[i]);
+        free(ref[i]);
+    }
+    dfree(dx);
+    free(xb);
+    free(xf);
+}
+
+/* The 4-bit GEMV (rows 1..8; 16-byte rows at k % 512 == 0, 4-byte loads
+ * otherwise and when skewed), the tiled GEMM (several tiles, a partial last
+ * one, bias, f32 logits), the automatic choice, and grouped calls. */
+static void check_q4(void) {
+    for (uint32_t n = 1; n <= 8; n++) check_q4_matmul(n, 512, 37 + 8 * n, n % 3 == 0, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(1, 4096, 1000, 0, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(1, 14336, 257, 1, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(1, 384, 100, 0, DJ_DTYPE_BF16, 1, 0);     /* rows of 204 bytes: 4-byte loads */
+    check_q4_matmul(3, 4096, 333, 1, DJ_DTYPE_BF16, 1, 4);    /* skewed: 4-byte loads */
+    check_q4_matmul(1, 4096, 5003, 0, DJ_DTYPE_F32, 1, 0);    /* logits */
+    check_q4_matmul(8, 1024, 1000, 1, DJ_DTYPE_F32, 1, 0);
+    check_q4_matmul(9, 4096, 1000, 0, DJ_DTYPE_BF16, 2, 0);   /* one tile */
+    check_q4_matmul(37, 4096, 5000, 1, DJ_DTYPE_BF16, 2, 0);  /* tiles of 2048 rows, a partial one */
+    check_q4_matmul(64, 14336, 1200, 0, DJ_DTYPE_BF16, 2, 0); /* tiles of 576 rows */
+    check_q4_matmul(33, 384, 77, 1, DJ_DTYPE_F32, 2, 4);      /* skewed, f32 out */
+    check_q4_matmul(300, 2048, 512, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic: GEMM */
+    check_q4_matmul(2, 2048, 512, 1, DJ_DTYPE_BF16, 0, 0);    /* automatic: GEMV */
+    check_q4_group(1, 4096);
+    check_q4_group(5, 512);
+}
+
 int main(int argc, char **argv) {
     int do_bench = 0;
     for (int i = 1; i < argc; i++) {
@@ -2271,6 +2395,7 @@ int main(int argc, char **argv) {
     check_gemv_folds();
     check_gemv();
     check_fp8();
+    check_q4();
     check_decode();
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);

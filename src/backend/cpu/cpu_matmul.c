@@ -6,7 +6,8 @@
  * weight rows to f32 per thread (never a full copy) and multiplies them
  * k-blocked. The pool's tasks split the weight rows. f8_e4m3 weights always
  * take the tiled path, each tile dequantized (fp8 times its scale, one f32
- * product: exactly the dense weight a reference dequantizer makes). */
+ * product: exactly the dense weight a reference dequantizer makes). 4-bit
+ * weights (DJ_DTYPE_Q4) likewise, dequantized into the tile. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,6 +114,23 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
  * slower; padding x's rows as well measured no better). */
 static inline size_t tile_ld(uint32_t k) { return ((size_t)k + 15) / 16 * 16 + 16; }
 
+/* One DJ_DTYPE_Q4 row of k values (djinn/dtype.h) as f32: (code - zero) * scale. */
+static void q4_row_to_f32(float *out, const uint8_t *row, uint32_t k) {
+    const uint8_t *meta = row + k / 2;
+    for (uint32_t g = 0; g < k / DJ_Q4_GROUP; g++) {
+        uint16_t sh, zh;
+        memcpy(&sh, meta + 2 * g, 2);
+        memcpy(&zh, meta + 2 * (k / DJ_Q4_GROUP) + 2 * g, 2);
+        const float s = dj_f16_to_f32(sh), z = dj_f16_to_f32(zh);
+        const uint8_t *q = row + g * (DJ_Q4_GROUP / 2);
+        float *o = out + g * DJ_Q4_GROUP;
+        for (uint32_t j = 0; j < DJ_Q4_GROUP / 2; j++) {
+            o[2 * j] = ((float)(q[j] & 15u) - z) * s;
+            o[2 * j + 1] = ((float)(q[j] >> 4) - z) * s;
+        }
+    }
+}
+
 typedef struct tiled_job {
     const dj__cpu_kernels *K;
     const dj_op_call *c;
@@ -128,16 +146,19 @@ static void tiled_task(void *ctx, uint32_t ti, int thread) {
     const tiled_job *j = ctx;
     const dj_op_call *c = j->c;
     const uint32_t k = c->k, j0 = ti * j->tile, rows = c->m - j0 < j->tile ? c->m - j0 : j->tile;
-    const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * k * dj_dtype_size(c->w_dtype);
+    const size_t row_bytes = dj_dtype_row_bytes(c->w_dtype, k);
+    const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
     float *mine = j->scratch + (size_t)thread * j->per_thread;
     float *acc = j->f32 ? mine : mine + (size_t)j->tile * tile_ld(k);
     if (j->f32) {
         gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc);
         return;
     }
-    const size_t ldw = tile_ld(k), row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
+    const size_t ldw = tile_ld(k);
     if (c->w_dtype == DJ_DTYPE_F8_E4M3)
         for (uint32_t r = 0; r < rows; r++) dj__cpu_fp8_row(mine + r * ldw, src + r * row_bytes, c, j0 + r);
+    else if (c->w_dtype == DJ_DTYPE_Q4)
+        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
     else
         for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
     gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc);
@@ -179,6 +200,7 @@ dj_status dj__cpu_matmul(dj_cpu_backend *cb, const dj_op_call *c) {
             return dj_fail(DJ_EINVAL, "matmul: f8_e4m3 weights without scales");
         return matmul_tiled(cb, c);
     }
+    if (c->w_dtype == DJ_DTYPE_Q4) return matmul_tiled(cb, c); /* dequantized tile by tile, whatever n */
     if (c->n <= DJ_CPU_DOT_MAX_ROWS) {
         matmul_direct(cb, c);
         return DJ_OK;

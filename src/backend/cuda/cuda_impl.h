@@ -161,6 +161,10 @@ dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
 bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
 void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
+/* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a
+ * group as dj__cuda_gemv (up to 8 rows), and larger n by bf16 tiles and cuBLAS. */
+dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c);
 
 /* A GEMV group that computes its own x (cuda_gemv_fold.cu): the op before it
  * folded into its launch. silu: the SILU_MUL whose output is x; or norm: the

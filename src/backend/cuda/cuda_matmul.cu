@@ -19,7 +19,8 @@
  *  - f16/f32 weights, larger n: a tiled f32 kernel (cuBLAS wants A and B of
  *    one type, and the activations are bf16).
  * out is bf16 (activations) or f32 (logits); bias of any float dtype.
- * f8_e4m3 weights go to cuda_matmul_fp8.cu (GEMV up to 8 rows, else tiles). */
+ * f8_e4m3 weights go to cuda_matmul_fp8.cu (GEMV up to 8 rows, else tiles).
+ * 4-bit weights (DJ_DTYPE_Q4): cuda_q4.cu, the GEMV up to 8 rows. */
 #include <limits.h>
 #include <string.h>
 
@@ -235,6 +236,7 @@ static void launch_gemv_any(dj_cuda_backend *cb, const dj_op_call *calls, int co
 
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     if (calls[0].w_dtype == DJ_DTYPE_F8_E4M3) return dj__cuda_gemv_fp8(cb, calls, count);
+    if (calls[0].w_dtype == DJ_DTYPE_Q4) return dj__cuda_gemv_q4(cb, calls, count);
     if (calls[0].out_dtype == DJ_DTYPE_F32)
         launch_gemv_any<float>(cb, calls, count);
     else
@@ -307,6 +309,8 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
 }
 
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
+    if (c->w_dtype == DJ_DTYPE_Q4 && (uintptr_t)c->w % 4 != 0)
+        return dj_fail(DJ_EINVAL, "matmul: 4-bit weights at %p are not 4-byte aligned", c->w);
     const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
     const bool gemv = gemv_path(cb, c);
     if (!gemv && cb->base.deterministic && c->n <= DJ_DETERMINISTIC_MAX_ROWS && cb->matmul_path != 2) {
@@ -324,6 +328,7 @@ dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     }
     if (gemv) return dj__cuda_gemv(cb, c, 1); /* grouped with its neighbours by compute_plan */
     if (c->w_dtype == DJ_DTYPE_F8_E4M3) return dj__cuda_matmul_fp8(cb, c);
+    if (c->w_dtype == DJ_DTYPE_Q4) return dj__cuda_gemm_q4(cb, c);
     if (c->w_dtype == DJ_DTYPE_BF16) return gemm_cublas(cb, c);
     if (f32_out)
         launch_tiled<float>(cb, c);

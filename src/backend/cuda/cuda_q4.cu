@@ -1,0 +1,237 @@
+/* cuda_q4.cu: out[n,m] = x[n,k] @ w[m,k]^T (+ bias) for 4-bit weights
+ * (DJ_DTYPE_Q4, djinn/dtype.h: per row k/2 bytes of codes, then k/128 f16
+ * scales, then k/128 f16 zero points), bf16 x, f32 accumulation:
+ *  - up to 8 rows (decode): a GEMV dequantizing in registers. One warp per
+ *    weight row; a lane takes 16 bytes of codes (32 columns, inside one
+ *    group) per load, converts each code exactly ((0x4B000000 | q) as a
+ *    float is 2^23 + q; minus 2^23 + zero gives q - zero), sums
+ *    (q - zero) * x over its 32 columns and scales the sum once. Rows whose
+ *    bytes are not 16-byte aligned (k % 512 != 0) take 4-byte loads. Calls on
+ *    one x are grouped into one launch as the 16-bit GEMVs are (cuda_plan.cu).
+ *  - more rows: weight rows dequantized to bf16 in tiles of at most
+ *    Q4_TILE_BYTES (small enough to stay in L2 between the write and
+ *    cuBLAS's read), each tile multiplied by cublasGemmEx into its columns of
+ *    out; a bias goes through an f32 accumulator and one pass. */
+#include <string.h>
+
+#include "backend/cuda/cuda_impl.h"
+
+#define Q4_WARPS 8
+#define Q4_TILE_BYTES ((size_t)16 << 20) /* bf16 bytes of one dequantized tile (H100 L2: 50 MB) */
+
+struct q4_segs {
+    const uint8_t *w[DJ_GEMV_GROUP];
+    const void *bias[DJ_GEMV_GROUP];
+    void *out[DJ_GEMV_GROUP];
+    uint32_t m[DJ_GEMV_GROUP];
+    uint32_t first_block[DJ_GEMV_GROUP];
+    int bias_dtype[DJ_GEMV_GROUP];
+    int count;
+};
+
+static __device__ __forceinline__ float q4_bias(const void *p, int t, uint32_t j) {
+    switch (t) {
+    case DJ_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[j]);
+    case DJ_DTYPE_F16: return __half2float(((const __half *)p)[j]);
+    default: return ((const float *)p)[j];
+    }
+}
+
+/* code e (0..7) of word w minus the zero, as float: exact. mz = 2^23 + zero. */
+static __device__ __forceinline__ float q4_code(uint32_t w, int e, float mz) {
+    return __uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - mz;
+}
+
+/* sum over the 8 columns of word w (codes minus zero) times x's 8 bf16 values in u. */
+static __device__ __forceinline__ float q4_dot8(uint32_t w, float mz, uint4 u) {
+    const uint32_t xv[4] = {u.x, u.y, u.z, u.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = fmaf(q4_code(w, 2 * i, mz), __uint_as_float(xv[i] << 16), s);
+        s = fmaf(q4_code(w, 2 * i + 1, mz), __uint_as_float(xv[i] & 0xffff0000u), s);
+    }
+    return s;
+}
+
+/* Warp per weight row j of its segment; x rows r < n (NR >= n). vec: rows of
+ * 16-byte aligned bytes and a 16-byte aligned x. */
+template <typename TO, int NR>
+static __global__ void __launch_bounds__(Q4_WARPS * 32)
+    gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec) {
+    const uint32_t lane = threadIdx.x & 31;
+    int si = 0;
+    while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
+    const uint32_t m = sg.m[si];
+    const uint32_t j = (blockIdx.x - sg.first_block[si]) * Q4_WARPS + (threadIdx.x >> 5);
+    if (j >= m) return;
+    const uint32_t ng = k / DJ_Q4_GROUP;
+    const uint8_t *row = sg.w[si] + (size_t)j * (k / 2 + 4 * ng);
+    const __half *sc = (const __half *)(row + k / 2), *zp = sc + ng;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    if (vec) { /* 16 bytes: 32 columns of group c / 4 */
+#pragma unroll 4
+        for (uint32_t c = lane; c < k / 32; c += 32) {
+            const uint4 q = *(const uint4 *)(row + 16 * (size_t)c);
+            const float s = __half2float(sc[c / 4]), mz = 8388608.0f + __half2float(zp[c / 4]);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if ((uint32_t)r < n) {
+                    const uint4 *xr = (const uint4 *)(x + (size_t)r * k + 32 * (size_t)c);
+                    float p = q4_dot8(q.x, mz, xr[0]);
+                    p += q4_dot8(q.y, mz, xr[1]);
+                    p += q4_dot8(q.z, mz, xr[2]);
+                    p += q4_dot8(q.w, mz, xr[3]);
+                    acc[r] = fmaf(s, p, acc[r]);
+                }
+            }
+        }
+    } else { /* 4 bytes: 8 columns of group i / 16 */
+        for (uint32_t i = lane; i < k / 8; i += 32) {
+            const uint32_t w = *(const uint32_t *)(row + 4 * (size_t)i);
+            const float s = __half2float(sc[i / 16]), mz = 8388608.0f + __half2float(zp[i / 16]);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if ((uint32_t)r < n) {
+                    const __nv_bfloat16 *xr = x + (size_t)r * k + 8 * (size_t)i;
+                    float p = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) p = fmaf(q4_code(w, e, mz), __bfloat162float(xr[e]), p);
+                    acc[r] = fmaf(s, p, acc[r]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane == 0) {
+        const float b = sg.bias[si] ? q4_bias(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
+        TO *out = (TO *)sg.out[si];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j, acc[r] + b);
+    }
+}
+
+/* Rows [0, rows) of a Q4 matrix to bf16 [rows][k]: a thread per 4-byte word. */
+static __global__ void dequant_q4_kernel(const uint8_t *w, uint32_t k, uint32_t rows, __nv_bfloat16 *out) {
+    const uint32_t words = k / 8, ng = k / DJ_Q4_GROUP;
+    const size_t rb = k / 2 + 4 * (size_t)ng, total = (size_t)rows * words;
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = t / words;
+        const uint32_t i = (uint32_t)(t % words);
+        const uint8_t *row = w + r * rb;
+        const __half *sc = (const __half *)(row + k / 2);
+        const uint32_t q = *(const uint32_t *)(row + 4 * (size_t)i);
+        const float s = __half2float(sc[i / 16]), mz = 8388608.0f + __half2float(sc[ng + i / 16]);
+        uint32_t o[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const __nv_bfloat16 a = __float2bfloat16(q4_code(q, 2 * h, mz) * s);
+            const __nv_bfloat16 b = __float2bfloat16(q4_code(q, 2 * h + 1, mz) * s);
+            o[h] = (uint32_t)__bfloat16_as_ushort(a) | (uint32_t)__bfloat16_as_ushort(b) << 16;
+        }
+        *(uint4 *)(out + r * k + 8 * (size_t)i) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+/* out[r, j] = acc[r, j] + bias[j]. */
+template <typename TO>
+static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bias_dtype, TO *out, size_t count,
+                                      uint32_t m) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
+}
+
+template <typename TO, int NR>
+static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const dj_op_call *c = &calls[0];
+    q4_segs sg;
+    memset(&sg, 0, sizeof sg);
+    uintptr_t align = (uintptr_t)c->x | (uintptr_t)dj_dtype_row_bytes(DJ_DTYPE_Q4, c->k);
+    unsigned blocks = 0;
+    for (int i = 0; i < count; i++) {
+        sg.w[i] = (const uint8_t *)calls[i].w;
+        sg.bias[i] = calls[i].bias;
+        sg.bias_dtype[i] = (int)calls[i].bias_dtype;
+        sg.out[i] = calls[i].out;
+        sg.m[i] = calls[i].m;
+        sg.first_block[i] = blocks;
+        blocks += (calls[i].m + Q4_WARPS - 1) / Q4_WARPS;
+        align |= (uintptr_t)calls[i].w;
+    }
+    sg.count = count;
+    gemv_q4_kernel<TO, NR><<<blocks, Q4_WARPS * 32, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, sg, c->n, c->k,
+                                                                      align % 16 == 0);
+}
+
+template <typename TO>
+static void launch_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const uint32_t n = calls[0].n;
+    if (n == 1)
+        launch_nr<TO, 1>(cb, calls, count);
+    else if (n == 2)
+        launch_nr<TO, 2>(cb, calls, count);
+    else if (n <= 4)
+        launch_nr<TO, 4>(cb, calls, count);
+    else
+        launch_nr<TO, 8>(cb, calls, count);
+}
+
+dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    if (calls[0].out_dtype == DJ_DTYPE_F32)
+        launch_rows<float>(cb, calls, count);
+    else
+        launch_rows<__nv_bfloat16>(cb, calls, count);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c) {
+    const uint32_t n = c->n, k = c->k, m = c->m;
+    const bool f32_out = c->out_dtype == DJ_DTYPE_F32;
+    uint32_t tile = (uint32_t)(Q4_TILE_BYTES / ((size_t)k * 2));
+    tile = tile < 64 ? 64 : tile / 64 * 64;
+    if (tile > m) tile = m;
+    /* scratch: the f32 accumulator of a bias (n*m floats), then the tile (bf16) */
+    const size_t acc_floats = c->bias ? (size_t)n * m : 0, tile_floats = ((size_t)tile * k + 1) / 2;
+    float *scratch = NULL;
+    dj_status st = dj__cuda_scratch(cb, acc_floats + tile_floats + 4, &scratch);
+    if (st != DJ_OK) return st;
+    float *acc = c->bias ? scratch : NULL;
+    __nv_bfloat16 *wt = (__nv_bfloat16 *)(void *)(scratch + (acc_floats + 3) / 4 * 4); /* 16-byte aligned */
+    const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, k);
+    const cudaDataType_t dt = c->bias || f32_out ? CUDA_R_32F : CUDA_R_16BF;
+    const size_t es = c->bias || f32_out ? 4 : 2;
+    void *dst = c->bias ? (void *)acc : c->out;
+    const float alpha = 1.0f, beta = 0.0f;
+    for (uint32_t j0 = 0; j0 < m; j0 += tile) {
+        const uint32_t rows = m - j0 < tile ? m - j0 : tile;
+        const size_t words = (size_t)rows * (k / 8);
+        size_t blocks = (words + 255) / 256, cap = (size_t)cb->n_sm * 16;
+        if (blocks > cap) blocks = cap;
+        dequant_q4_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>((const uint8_t *)c->w + (size_t)j0 * rb, k, rows,
+                                                                    wt);
+        DJ_CU_LAUNCHED(cb);
+        /* column-major: out^T[j0.., n] (leading dimension m) = wt[k, rows]^T x^T[k, n] */
+        DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, wt,
+                                   CUDA_R_16BF, (int)k, c->x, CUDA_R_16BF, (int)k, &beta, (uint8_t *)dst + j0 * es, dt,
+                                   (int)m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (c->bias) {
+        const size_t count = (size_t)n * m;
+        size_t blocks = (count + 255) / 256, cap = (size_t)cb->n_sm * 16;
+        if (blocks > cap) blocks = cap;
+        if (f32_out)
+            q4_bias_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>(acc, c->bias, (int)c->bias_dtype,
+                                                                     (float *)c->out, count, m);
+        else
+            q4_bias_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>(acc, c->bias, (int)c->bias_dtype,
+                                                                     (__nv_bfloat16 *)c->out, count, m);
+        DJ_CU_LAUNCHED(cb);
+    }
+    return DJ_OK;
+}
