@@ -11,11 +11,11 @@
 #include "backend/cpu/cpu_impl.h"
 
 /* Each thread's converted f32 weight tile aims at this many bytes: big enough
- * that x (re-read once a tile) costs little - k = 8192 got 6-row tiles at
- * 256 KiB: 64 GFLOP/s on one core at 32 rows against 71-72 at 512 KiB (the
- * whole 1B layer set: 68.5-71.6 against 73.8-73.9; 1 MiB no better) - small
- * enough to stay in a core's L2 beside x's block. */
-#define TILE_TARGET_BYTES (512u << 10)
+ * to amortise the conversion, small enough to stay in a core's L2 - and at
+ * least two register tiles of rows (below), as x is re-read once a tile:
+ * k = 8192 had 6-row tiles, 64 GFLOP/s on one core at 32 rows against 72-76
+ * with more rows. 512 KiB for every k measured 5% worse in the engine. */
+#define TILE_TARGET_BYTES (256u << 10)
 /* x rows per pass over a weight tile: bounds the lane accumulators. */
 #define ROW_CHUNK 32u
 
@@ -157,6 +157,7 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     uint32_t tile = cb->tile_rows;
     if (tile == 0) {
         size_t t = TILE_TARGET_BYTES / ((size_t)k * sizeof(float));
+        if (t < 2u * K->gemm_cols) t = 2u * K->gemm_cols; /* x re-read once per two register tiles at most */
         const uint32_t fair = (m + 2 * nt - 1) / (2 * nt); /* at least two tiles a thread */
         if (t > fair) t = fair;
         tile = t < 8 ? 8 : (uint32_t)t;
