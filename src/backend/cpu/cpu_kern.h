@@ -47,12 +47,9 @@ typedef struct dj__cpu_kernels {
                 dj_dtype wt, uint32_t k, float *out, size_t ldo);
     /* The lanes over one k block: acc[(r * nj + c) * 16 + l] goes on with
      * k in [k0, k1) (k1 - k0 a multiple of 16, k0 too) for x rows r < n (ldx
-     * floats apart) and f32 weight rows c < nj (ldw floats apart). With src
-     * (weight rows of dtype wt, f16/bf16, src_rb bytes apart, as stored), w
-     * is written first: w[c][k0..k1) = src row c as f32 - the conversion
-     * inside the kernel, overlapping the multiplication. */
-    void (*gemm_block)(const float *x, size_t ldx, uint32_t n, float *w, size_t ldw, uint32_t nj, uint32_t k0,
-                       uint32_t k1, float *acc, const void *src, size_t src_rb, dj_dtype wt);
+     * floats apart) and f32 weight rows c < nj (ldw floats apart). */
+    void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
+                       uint32_t k0, uint32_t k1, float *acc);
     /* out[i] = v of the halving tree over the 16 lanes acc[16 i .. 16 i + 16), i < count. */
     void (*reduce)(const float *acc, size_t count, float *out);
     /* dst[0..count) = src (dtype t) as f32. */

@@ -25,11 +25,8 @@ static void dot_portable(const float *x, size_t ldx, uint32_t nr, const void *w,
         }
 }
 
-static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, float *w, size_t ldw, uint32_t nj,
-                                uint32_t k0, uint32_t k1, float *acc, const void *src, size_t src_rb, dj_dtype wt) {
-    if (src)
-        for (uint32_t c = 0; c < nj; c++)
-            for (uint32_t q = k0; q < k1; q++) w[(size_t)c * ldw + q] = w_at((const uint8_t *)src + (size_t)c * src_rb, wt, q);
+static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
+                                uint32_t k0, uint32_t k1, float *acc) {
     for (uint32_t r = 0; r < n; r++)
         for (uint32_t c = 0; c < nj; c++) {
             float *lane = acc + ((size_t)r * nj + c) * DJ_CPU_LANES;

@@ -82,14 +82,9 @@ KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *w, size_t 
     }
 }
 
-/* The lanes of an NR x NC tile over [k0, k1), kept in acc between blocks.
- * WT f32: the weights come from the f32 tile w; otherwise from src (rows
- * src_rb bytes apart, dtype WT, as stored), and the tile is written with
- * their f32 on the way (the conversion fused into the first row group's
- * pass: its loads overlap the FMAs instead of a separate pass stalling on
- * memory). A compile-time WT in every inlined copy. */
-KI void gemm_tile(const float *x, size_t ldx, float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
-                  const int NC, float *acc, size_t acc_ld, const uint8_t *src, size_t src_rb, const dj_dtype WT) {
+/* The lanes of an NR x NC tile over [k0, k1), kept in acc between blocks. */
+KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
+                  const int NC, float *acc, size_t acc_ld) {
     V a[GNR][GNC][VN];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
@@ -97,15 +92,7 @@ KI void gemm_tile(const float *x, size_t ldx, float *w, size_t ldw, uint32_t k0,
     for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES)
         for (int v = 0; v < VN; v++) {
             V wv[GNC];
-            for (int c = 0; c < NC; c++) {
-                float *wp = w + (size_t)c * ldw + kk + v * VL;
-                if (WT == DJ_DTYPE_F32) {
-                    wv[c] = v_loadf(wp);
-                } else {
-                    wv[c] = v_load_w(src + (size_t)c * src_rb, WT, kk + (uint32_t)(v * VL));
-                    v_storef(wp, wv[c]);
-                }
-            }
+            for (int c = 0; c < NC; c++) wv[c] = v_loadf(w + (size_t)c * ldw + kk + v * VL);
             for (int r = 0; r < NR; r++) {
                 const V xv = v_loadf(x + (size_t)r * ldx + kk + v * VL);
                 for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
@@ -116,37 +103,28 @@ KI void gemm_tile(const float *x, size_t ldx, float *w, size_t ldw, uint32_t k0,
             for (int v = 0; v < VN; v++) v_storef(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL, a[r][c][v]);
 }
 
-#define GEMM_SHAPE(R, C)                                                                                \
-    case (R) * 8 + (C):                                                                                 \
-        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld, sc, src_rb, WT); \
+#define GEMM_SHAPE(R, C)                                                            \
+    case (R) * 8 + (C):                                                             \
+        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld); \
         break
 
-/* One register tile of any shape up to GNR x GNC, weights of type WT. */
-KI void gemm_shape(uint32_t nr, uint32_t nc, const float *xr, size_t ldx, float *wc, size_t ldw, uint32_t k0,
-                   uint32_t k1, float *ap, size_t acc_ld, const uint8_t *sc, size_t src_rb, const dj_dtype WT) {
-    switch (nr * 8 + nc) {
-        GEMM_SHAPE(1, 1); GEMM_SHAPE(1, 2); GEMM_SHAPE(1, 3); GEMM_SHAPE(1, 4); GEMM_SHAPE(1, 5); GEMM_SHAPE(1, 6);
-        GEMM_SHAPE(2, 1); GEMM_SHAPE(2, 2); GEMM_SHAPE(2, 3); GEMM_SHAPE(2, 4); GEMM_SHAPE(2, 5); GEMM_SHAPE(2, 6);
-        GEMM_SHAPE(3, 1); GEMM_SHAPE(3, 2); GEMM_SHAPE(3, 3); GEMM_SHAPE(3, 4); GEMM_SHAPE(3, 5); GEMM_SHAPE(3, 6);
-        GEMM_SHAPE(4, 1); GEMM_SHAPE(4, 2); GEMM_SHAPE(4, 3); GEMM_SHAPE(4, 4); GEMM_SHAPE(4, 5); GEMM_SHAPE(4, 6);
-    default: break;
-    }
-}
-
-KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, float *w, size_t ldw, uint32_t nj, uint32_t k0,
-                        uint32_t k1, float *acc, const void *src, size_t src_rb, dj_dtype wt) {
+KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
+                        uint32_t k0, uint32_t k1, float *acc) {
     const size_t acc_ld = (size_t)nj * DJ_CPU_LANES;
     for (uint32_t r = 0; r < n; r += GNR) {
         const uint32_t nr = n - r < GNR ? n - r : GNR;
         const float *xr = x + (size_t)r * ldx;
         for (uint32_t c = 0; c < nj; c += GNC) {
             const uint32_t nc = nj - c < GNC ? nj - c : GNC;
-            float *wc = w + (size_t)c * ldw;
+            const float *wc = w + (size_t)c * ldw;
             float *ap = acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES;
-            const uint8_t *sc = r == 0 && src ? (const uint8_t *)src + (size_t)c * src_rb : NULL;
-            if (sc && wt == DJ_DTYPE_BF16) gemm_shape(nr, nc, xr, ldx, wc, ldw, k0, k1, ap, acc_ld, sc, src_rb, DJ_DTYPE_BF16);
-            else if (sc && wt == DJ_DTYPE_F16) gemm_shape(nr, nc, xr, ldx, wc, ldw, k0, k1, ap, acc_ld, sc, src_rb, DJ_DTYPE_F16);
-            else gemm_shape(nr, nc, xr, ldx, wc, ldw, k0, k1, ap, acc_ld, NULL, 0, DJ_DTYPE_F32);
+            switch (nr * 8 + nc) {
+                GEMM_SHAPE(1, 1); GEMM_SHAPE(1, 2); GEMM_SHAPE(1, 3); GEMM_SHAPE(1, 4); GEMM_SHAPE(1, 5); GEMM_SHAPE(1, 6);
+                GEMM_SHAPE(2, 1); GEMM_SHAPE(2, 2); GEMM_SHAPE(2, 3); GEMM_SHAPE(2, 4); GEMM_SHAPE(2, 5); GEMM_SHAPE(2, 6);
+                GEMM_SHAPE(3, 1); GEMM_SHAPE(3, 2); GEMM_SHAPE(3, 3); GEMM_SHAPE(3, 4); GEMM_SHAPE(3, 5); GEMM_SHAPE(3, 6);
+                GEMM_SHAPE(4, 1); GEMM_SHAPE(4, 2); GEMM_SHAPE(4, 3); GEMM_SHAPE(4, 4); GEMM_SHAPE(4, 5); GEMM_SHAPE(4, 6);
+            default: break;
+            }
         }
     }
 }

@@ -3,18 +3,15 @@
  * threads or the tiling are, so a row's result is bit-identical alone and in
  * any batch. Decode-size n reads the weights as stored, every thread its own
  * contiguous weight rows (one pass over them); larger n converts tiles of
- * weight rows to f32 per thread (never a full copy; inside the GEMM kernel,
- * during the first rows' pass) and multiplies them k-blocked. The pool's tasks split the weight rows. */
+ * weight rows to f32 per thread (never a full copy) and multiplies them
+ * k-blocked. The pool's tasks split the weight rows. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 
 /* Each thread's converted f32 weight tile aims at this many bytes: big enough
- * to amortise the conversion, small enough to stay in a core's L2 - and at
- * least two register tiles of rows (below), as x is re-read once a tile:
- * k = 8192 had 6-row tiles, 64 GFLOP/s on one core at 32 rows against 72-76
- * with more rows. 512 KiB for every k measured 5% worse in the engine. */
+ * to amortise the conversion, small enough to stay in a core's L2. */
 #define TILE_TARGET_BYTES (256u << 10)
 /* x rows per pass over a weight tile: bounds the lane accumulators. */
 #define ROW_CHUNK 32u
@@ -84,12 +81,9 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
 }
 
 /* out[:, j0 .. j0+nj) from f32 weight rows w[nj][k] (the tile), x rows in
- * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets. With src (the
- * tile's rows as stored, src_rb bytes apart, dtype wt), the first chunk's
- * pass writes the tile's first k16 columns from it (in the kernel). */
-static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx, float *w,
-                           size_t ldw, uint32_t j0, uint32_t nj, float *acc, const void *src, size_t src_rb,
-                           dj_dtype wt) {
+ * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets. */
+static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx,
+                           const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc) {
     const uint32_t n = c->n, k = c->k, k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
     float *out = c->out;
     for (uint32_t r0 = 0; r0 < n; r0 += ROW_CHUNK) {
@@ -97,7 +91,7 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
         memset(acc, 0, (size_t)rn * nj * DJ_CPU_LANES * sizeof *acc);
         for (uint32_t k0 = 0; k0 < k16; k0 += DJ_CPU_KBLOCK) {
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
-            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc, r0 == 0 ? src : NULL, src_rb, wt);
+            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc);
         }
         for (uint32_t r = 0; r < rn; r++) {
             float *o = out + (size_t)(r0 + r) * c->m + j0;
@@ -135,17 +129,13 @@ static void tiled_task(void *ctx, uint32_t ti, int thread) {
     const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * k * dj_dtype_size(c->w_dtype);
     float *mine = j->scratch + (size_t)thread * j->per_thread;
     float *acc = j->f32 ? mine : mine + (size_t)j->tile * tile_ld(k);
-    if (j->f32) { /* read in place: the kernel never writes w without src */
-        gemm_tile_rows(j->K, c, j->x, j->ldx, (float *)(uintptr_t)src, k, j0, rows, acc, NULL, 0, DJ_DTYPE_F32);
+    if (j->f32) {
+        gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc);
         return;
     }
-    /* The tail columns (k not a multiple of 16) here; the rest in the kernel. */
-    const size_t ldw = tile_ld(k), esize = dj_dtype_size(c->w_dtype), row_bytes = (size_t)k * esize;
-    const uint32_t k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
-    if (k16 < k)
-        for (uint32_t r = 0; r < rows; r++)
-            j->K->to_f32(mine + r * ldw + k16, src + r * row_bytes + k16 * esize, c->w_dtype, k - k16);
-    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc, src, row_bytes, c->w_dtype);
+    const size_t ldw = tile_ld(k), row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
+    for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
+    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc);
 }
 
 /* Larger n: each thread takes a tile of weight rows - converted into its
@@ -157,7 +147,6 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     uint32_t tile = cb->tile_rows;
     if (tile == 0) {
         size_t t = TILE_TARGET_BYTES / ((size_t)k * sizeof(float));
-        if (t < 2u * K->gemm_cols) t = 2u * K->gemm_cols; /* x re-read once per two register tiles at most */
         const uint32_t fair = (m + 2 * nt - 1) / (2 * nt); /* at least two tiles a thread */
         if (t > fair) t = fair;
         tile = t < 8 ? 8 : (uint32_t)t;
