@@ -957,6 +957,34 @@ static void test_fingerprint_cache(void) {
     dj_checkpoint_close(ck);
 }
 
+/* ---- 2 MiB pages: the cached pages dropped and read again, the bytes unchanged ---- */
+
+static void test_huge_pages(void) {
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    const int64_t shape[2] = {1536, 2048}; /* 6 MiB of bf16, written through stdio's small writes */
+    wtensor t = make_tensor("w", "BF16", 2, shape);
+    write_st(dir, "model.safetensors", &t, 1);
+    write_text(dir, "config.json", LLAMA_CFG);
+    dj_checkpoint_t *ck = NULL;
+    CHECK_OK(dj_checkpoint_open(dir, &ck));
+    if (!ck) {
+        free(t.data);
+        return;
+    }
+    CHECK(!dj_checkpoint_huge_pages_done(ck));
+    const dj_tensor_info *w = dj_checkpoint_find(ck, "w");
+    const size_t pmd = dj_checkpoint_huge_pages(ck);
+    CHECK(dj_checkpoint_huge_pages_done(ck));
+    CHECK_MSG(pmd % ((size_t)2 << 20) == 0 && pmd <= t.nbytes + 4096, "%zu bytes mapped by PMDs", pmd);
+    CHECK_MSG(w && !memcmp(w->data, t.data, t.nbytes), "the weights changed under the re-read");
+    CHECK(dj_checkpoint_huge_pages(ck) == pmd); /* once 2 MiB, nothing more to do */
+    CHECK(w && !memcmp(w->data, t.data, t.nbytes));
+    printf("test_checkpoint: %zu of %zu bytes mapped by 2 MiB pages here\n", pmd, t.nbytes);
+    dj_checkpoint_close(ck);
+    free(t.data);
+}
+
 int main(void) {
     dj_test_seeds();
     const char *tmp = getenv("TMPDIR");
@@ -975,6 +1003,7 @@ int main(void) {
     test_mutations();
     test_fixtures();
     test_fingerprint_cache();
+    test_huge_pages();
     CHECK_MSG(count_our_maps() == 0, "%d mappings left", count_our_maps());
     CHECK_MSG(count_fds() == fds0, "%d file descriptors before, %d after", fds0, count_fds());
     remove_tree(base_dir);

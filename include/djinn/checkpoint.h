@@ -224,6 +224,19 @@ bool dj_checkpoint_fingerprint_known(dj_checkpoint_t *ck, uint64_t *fp /* OUT, m
 typedef dj_status (*dj_checkpoint_visit_fn)(void *user, size_t tensor, size_t offset, const void *bytes, size_t n);
 dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_visit_fn visit, void *user);
 
+/* The shards' pages as 2 MiB folios mapped by PMDs (one TLB entry per
+ * 2 MiB) where the kernel and file system can: for kernels that read the
+ * weights in place (the CPU backend; host compute on pinned pages). Touches
+ * every 2 MiB of the files (reading what is not cached, as 2 MiB folios);
+ * files whose cached pages are 4 KiB folios (written with small writes) are
+ * dropped from the page cache and read again once - a one-time cost while
+ * the cache keeps them. Returns the bytes mapped by PMDs (0 where the
+ * kernel does not say or cannot). One thread per checkpoint; call before
+ * registering the pages with a device (a pin keeps them as they are). */
+size_t dj_checkpoint_huge_pages(dj_checkpoint_t *ck);
+/* True once dj_checkpoint_huge_pages ran on ck. */
+bool dj_checkpoint_huge_pages_done(const dj_checkpoint_t *ck);
+
 /* Passes over every weight byte this process made to fingerprint (tests). */
 uint64_t dj_checkpoint_hash_passes(void);
 

@@ -1,6 +1,7 @@
 /* checkpoint.c: a Hugging Face model directory - config.json plus one
  * safetensors file or an index and its shards, mmapped read-only - and its
  * content fingerprint. */
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include <errno.h>
 #include <fcntl.h>
 #include <omp.h>
@@ -15,6 +16,7 @@
 
 #include "djinn/checkpoint.h"
 #include "model/checkpoint_impl.h"
+#include "model/file_pages.h"
 
 /* Same bound as the reference safetensors reader. */
 #define CK_MAX_HEADER_LEN 100000000ull
@@ -25,6 +27,7 @@ typedef struct {
     char *file;  /* name inside the directory, owned */
     void *map;   /* the whole file, PROT_READ; NULL until mapped */
     size_t size; /* bytes mapped */
+    int fd;      /* the file, open while mapped (dj_checkpoint_huge_pages drops its cached pages) */
     uint64_t dev, ino, mtime_ns; /* the file's identity when mapped (fstat) */
 } ck_shard;
 
@@ -43,6 +46,7 @@ struct dj_checkpoint {
     size_t n_tensors;
     XXH3_state_t *hash;
     bool have_fingerprint;
+    bool huge_done; /* dj_checkpoint_huge_pages ran */
     uint64_t fingerprint;
     unsigned refs; /* the opener's reference plus dj_checkpoint_retain's; unmapped at 0 */
 };
@@ -177,8 +181,14 @@ static dj_status open_shard(const char *dir, ck_shard *sh, dj_tensor_info **info
         st = dj_fail(DJ_EIO, "%s: mmap failed: %s", path, strerror(errno));
         goto done;
     }
+#ifdef MADV_HUGEPAGE
+    /* Pages read in through this mapping come as 2 MiB folios where the file system can. */
+    madvise(map, (size_t)size, MADV_HUGEPAGE);
+#endif
     sh->map = map;
     sh->size = (size_t)size;
+    sh->fd = fd;
+    fd = -1;
     sh->dev = (uint64_t)sb.st_dev;
     sh->ino = (uint64_t)sb.st_ino;
     sh->mtime_ns = (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec;
@@ -458,7 +468,10 @@ void dj_checkpoint_close(dj_checkpoint_t *ck) {
     }
     free(ck->tensors);
     for (size_t s = 0; s < ck->n_shards; s++) {
-        if (ck->shards[s].map) munmap(ck->shards[s].map, ck->shards[s].size);
+        if (ck->shards[s].map) {
+            munmap(ck->shards[s].map, ck->shards[s].size);
+            close(ck->shards[s].fd);
+        }
         free(ck->shards[s].file);
     }
     free(ck->shards);
@@ -616,6 +629,16 @@ static void count_pass(void) {
     idc.hash_passes++;
     pthread_mutex_unlock(&idc.mu);
 }
+
+size_t dj_checkpoint_huge_pages(dj_checkpoint_t *ck) {
+    size_t pmd = 0;
+    for (size_t s = 0; s < ck->n_shards; s++)
+        if (ck->shards[s].map) pmd += dj__file_pages_huge(ck->shards[s].fd, ck->shards[s].map, ck->shards[s].size);
+    ck->huge_done = true;
+    return pmd;
+}
+
+bool dj_checkpoint_huge_pages_done(const dj_checkpoint_t *ck) { return ck->huge_done; }
 
 uint64_t dj_checkpoint_hash_passes(void) {
     pthread_mutex_lock(&idc.mu);
