@@ -38,8 +38,9 @@ static int usage(FILE *f) {
           "'short': only prompts with at most 64 tokens left).\n"
           "--host-layers auto (a model larger than its text budget streams layers through a ring; at steps of\n"
           "few rows the host's cores run the FFN of as many streamed layers as the rates measured at load say\n"
-          "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n"
-          "Limits per connection and of the daemon (against hostile clients):\n"
+          "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n",
+          f);
+    fputs("Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
           "  --hello-timeout-ms 10000   a connection that has not completed HELLO by then is closed\n"
           "  --idle-timeout-ms 300000   a connection with no byte either way and nothing pending is closed (0: never)\n"
