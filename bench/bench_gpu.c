@@ -311,7 +311,13 @@ int main(int argc, char **argv) {
         for (uint32_t r = 0; r < B; r++) picks &= next[r] == dj_argmax(lb + (size_t)r * V, V);
         char d[64], w[96];
         snprintf(d, sizeof d, "rel err %.2e", err);
-        snprintf(w, sizeof w, "batch of %u, row 0 = the same session stepped alone (bf16)", B);
+        /* FP8 weights: rows from 16 up quantize their activations to e4m3 (W8A8,
+         * cuda_matmul_fp8_lt.cu), a row alone does not (W8A16): on random weights
+         * that departs by ~8e-2 (H200, 2026-11-26), so the bound is 0.15 there */
+        const dj_quant_method qm = dj_model_get_config(m)->quant;
+        const bool w8a8 = B >= 16 && (qm == DJ_QUANT_FP8 || qm == DJ_QUANT_CT_FP8);
+        snprintf(w, sizeof w, "batch of %u, row 0 = the same session stepped alone (%s)", B,
+                 w8a8 ? "W8A8 vs W8A16" : "bf16");
         /* The two picks may differ only where the twin's top-2 gap is within
          * the rows' largest difference (random weights give near ties). */
         double md = 0, top1 = -INFINITY, top2 = -INFINITY;
@@ -326,7 +332,7 @@ int main(int argc, char **argv) {
             }
         }
         const bool same_pick = dj_argmax(lb, V) == dj_argmax(l1, V) || top1 - top2 <= 2 * md;
-        check(w, err <= 3e-2 && same_pick, d);
+        check(w, err <= (w8a8 ? 0.15 : 3e-2) && same_pick, d);
         if (o.deterministic)
             check("--deterministic: batch row 0 bit-identical to the session alone",
                   memcmp(lb, l1, (size_t)V * sizeof *lb) == 0, d);

@@ -14,7 +14,7 @@
  * 128x128 block, quantization_config fp8), everything else bf16 - the FP8
  * benchmark (issue 16). --quant awq|gptq writes the dense layers' linear
  * weights as 4-bit AWQ (gemm) or GPTQ (v1) parts - qweight, qzeros, scales
- * (GPTQ also g_idx): random codes, AWQ's zero points random, GPTQ's 8 (sym),
+ * (GPTQ also g_idx): random codes, AWQ's zero points 7 or 8 at random, GPTQ's 8 (sym),
  * scales that give about the bf16 weights' spread - with their
  * quantization_config (bits 4, group_size 128), the rest in --dtype. */
 #include <errno.h>
@@ -294,6 +294,10 @@ int main(int argc, char **argv) {
                     uint32_t v = (uint32_t)next();
                     if (t[i].kind == 6) v = (uint32_t)((done + j) / 128);
                     if (t[i].kind == 4 && q_gptq) v = 0x77777777u; /* sym: zero 8, stored minus 1 */
+                    /* AWQ's zeros 7 or 8 at random: centered weights as a real checkpoint's (uniform
+                     * zeros gave every group a mean of up to 7.5 steps, a model whose bf16 rounding
+                     * differences grew to 5% of the logits), still varied per column */
+                    else if (t[i].kind == 4) v = 0x77777777u + (v & 0x11111111u);
                     if (t[i].kind == 5) {
                         const double u = (double)(next() >> 11) * (1.0 / 9007199254740992.0);
                         const uint16_t h = dj_f32_to_f16((float)(sqrt(3.0 / (double)t[i].fan_in) / 7.5 * (0.75 + 0.5 * u)));

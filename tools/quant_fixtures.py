@@ -160,12 +160,14 @@ def dequant(method, sd, p):
 
 # ---- a plain fp32 Llama forward (default or linear RoPE, GQA, SiLU MLP) ----
 
-def rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+def rms(x, w, eps):  # in fp32, the result in x's dtype (as transformers' bf16 runs do)
+    y = x.float()
+    return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
 def forward(cfg, W, ids):
-    """Logits [T, V] of the whole sequence ids (a full recompute)."""
+    """Logits [T, V] of the whole sequence ids (a full recompute), in W's dtype
+    (norms and softmax in fp32)."""
     d, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or d // nh
     eps = cfg["rms_norm_eps"]
@@ -178,7 +180,8 @@ def forward(cfg, W, ids):
     elif rp.get("rope_type", "default") != "default":
         raise ValueError(f"rope_type {rp['rope_type']} is not in this forward")
     ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None, :]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    dt = W["model.embed_tokens.weight"].dtype
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(dt), torch.cat([ang.sin()] * 2, -1).to(dt)
 
     def rope(x):  # [h, T, hd]
         x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
@@ -194,7 +197,7 @@ def forward(cfg, W, ids):
         v = (h @ W[pre + "self_attn.v_proj.weight"].T).view(T, nkv, hd).transpose(0, 1)
         q, k = rope(q), rope(k)
         k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
-        a = torch.softmax(q @ k.transpose(1, 2) / hd ** 0.5 + mask, -1) @ v
+        a = torch.softmax((q @ k.transpose(1, 2)).float() / hd ** 0.5 + mask, -1).to(dt) @ v
         x = x + a.transpose(0, 1).reshape(T, nh * hd) @ W[pre + "self_attn.o_proj.weight"].T
         h = rms(x, W[pre + "post_attention_layernorm.weight"], eps)
         g = torch.nn.functional.silu(h @ W[pre + "mlp.gate_proj.weight"].T) * (h @ W[pre + "mlp.up_proj.weight"].T)
@@ -292,6 +295,32 @@ def check_forward(models):
         sys.exit("our forward disagrees with transformers")
 
 
+@torch.no_grad()
+def yardstick(models, path):
+    """The bf16 yardstick of the 4-bit fixtures (tests/gpu/gpu_models.c holds
+    the CUDA path to 1.25x it, or 1e-2): the same dequantized weights and
+    forward in bf16 against the fp32 reference, merged into path."""
+    out = json.load(open(path)) if os.path.exists(path) else {"cases": {}}
+    for m in ("awq", "gptq"):
+        name = "llama_" + m
+        d = os.path.join(models, name)
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        ref = json.load(open(os.path.join(d, "reference.json")))
+        W = {k: v.bfloat16() for k, v in dense_weights(m, load_safetensors(os.path.join(d, "model.safetensors"))).items()}
+        last = forward(cfg, W, ref["prompt_ids"])[-1].double()
+        final = forward(cfg, W, ref["prompt_ids"] + ref["greedy"])[-1].double()
+        c = {}
+        for key, a, b in (("last", last, ref["last_logits"]), ("final", final, ref["final_logits"])):
+            b = torch.tensor(b, dtype=torch.float64)
+            c[key + "_l2"] = float((a - b).norm() / b.norm())
+            c[key + "_maxabs"] = float((a - b).abs().max() / b.abs().max())
+        c["by"] = "tools/quant_fixtures.py --yardstick (its forward in bf16, torch %s CPU)" % torch.__version__
+        out["cases"][name] = c
+        print("%s bf16: prompt logits %.2e, final logits %.2e" % (name, c["last_l2"], c["final_l2"]))
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def self_test(seed=7):
     """The dequantizer inverts both packers exactly."""
     rng = np.random.default_rng(seed)
@@ -309,10 +338,15 @@ def main(argv=None):
     ap.add_argument("--out", default="tests/fixtures/models")
     ap.add_argument("--seed", type=int, default=4242)
     ap.add_argument("--check-forward", action="store_true")
+    ap.add_argument("--yardstick", metavar="JSON", help="write the fixtures' bf16 yardstick into JSON "
+                    "(tests/fixtures/bf16_yardstick.json) and stop")
     args = ap.parse_args(argv)
     self_test()
     if args.check_forward:
         check_forward(args.out)
+        return
+    if args.yardstick:
+        yardstick(args.out, args.yardstick)
         return
     for i, m in enumerate(("awq", "gptq")):
         make(args.out, m, args.seed + i)

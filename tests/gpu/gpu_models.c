@@ -4,7 +4,9 @@
  * the stricter max|a-b| / max|b| is printed beside it) - or, where bf16
  * itself cannot reach 1e-2, within 1.25x of the error transformers makes in
  * bf16 on the same case (tests/fixtures/bf16_yardstick.json, written by
- * tools/bf16_yardstick.py on the GPU machine); greedy tokens
+ * tools/bf16_yardstick.py on the GPU machine; the 4-bit fixtures' entries, which
+ * transformers cannot load without AWQ/GPTQ kernels, by tools/quant_fixtures.py
+ * --yardstick: its own forward in bf16 on the CPU); greedy tokens
  * identical where the reference's top-1/top-2 margins allow (and reported
  * everywhere). Needs a GPU; run by scripts/gpu_check.sh.
  * usage: gpu_models [REPO_ROOT (default .)] */

@@ -6,11 +6,11 @@
  *  - up to 8 rows (decode): a GEMV reading each weight byte once, the scale
  *    folded in per 16 weights (one 16-byte load a lane, a warp per weight
  *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes);
- *  - 64 rows and more (prefill) where cuBLASLt takes the shape and scaling:
+ *  - 16 rows and more (batched decode, prefill) where cuBLASLt takes the shape and scaling:
  *    the FP8 tensor cores, activations quantized per call (W8A8:
  *    cuda_matmul_fp8_lt.cu; docs/quantization.md says what that costs in
  *    accuracy);
- *  - otherwise (9..63 rows, bias, odd shapes, or cuBLASLt refusing): weight
+ *  - otherwise (9..15 rows, bias, odd shapes, or cuBLASLt refusing): weight
  *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
  *    in the H100's L2 for the GEMM that reads it right after) and multiplied
  *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
@@ -22,7 +22,7 @@
 #define F8_WARPS 8
 #define F8_MAX_ROWS 8
 #define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
-#define F8_LT_MIN_ROWS 64 /* rows from which the automatic path takes the FP8 tensor cores */
+#define F8_LT_MIN_ROWS 16 /* rows from which the automatic path takes the FP8 tensor cores */
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
