@@ -355,13 +355,14 @@ int main(int argc, char **argv) {
     f = fopen(path, "w");
     static const char *const archs[] = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
                                         "MixtralForCausalLM"};
+    static const char *const types[] = {"llama", "qwen3", "gemma2", "mixtral"}; /* transformers' AutoConfig needs it */
     fprintf(f,
-            "{\"architectures\":[\"%s\"],\"hidden_size\":%d,"
+            "{\"architectures\":[\"%s\"],\"model_type\":\"%s\",\"hidden_size\":%d,"
             "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,"
             "\"num_key_value_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d,"
             "\"rms_norm_eps\":1e-05,\"rope_theta\":%.1f,\"tie_word_embeddings\":%s,"
             "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"%s",
-            archs[p->arch], p->hidden, p->ffn, layers, p->heads, p->kv_heads, hd, p->vocab, p->max_pos, p->theta,
+            archs[p->arch], types[p->arch], p->hidden, p->ffn, layers, p->heads, p->kv_heads, hd, p->vocab, p->max_pos, p->theta,
             p->tie ? "true" : "false", dt == DJ_DTYPE_F32 ? "float32" : dt == DJ_DTYPE_F16 ? "float16" : "bfloat16",
             fp8 ? ",\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":\"dynamic\","
                   "\"fmt\":\"e4m3\",\"weight_block_size\":[128,128]}"
