@@ -2263,6 +2263,11 @@ static void check_q4(void) {
     check_q4_matmul(3, 4096, 333, 1, DJ_DTYPE_BF16, 1, 4);    /* skewed: 4-byte loads */
     check_q4_matmul(1, 4096, 5003, 0, DJ_DTYPE_F32, 1, 0);    /* logits */
     check_q4_matmul(8, 1024, 1000, 1, DJ_DTYPE_F32, 1, 0);
+    /* enough rows for 4 rows a warp (cuda_q4.cu launch_rw); 9001: a last warp with one row */
+    check_q4_matmul(1, 4096, 14336, 0, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(3, 1024, 9001, 1, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(8, 512, 9001, 0, DJ_DTYPE_F32, 1, 0);
+    check_q4_matmul(2, 384, 9001, 1, DJ_DTYPE_BF16, 1, 0); /* 4-byte loads, 4 rows a warp */
     check_q4_matmul(9, 4096, 1000, 0, DJ_DTYPE_BF16, 2, 0);   /* one tile */
     check_q4_matmul(37, 4096, 5000, 1, DJ_DTYPE_BF16, 2, 0);  /* tiles of 2048 rows, a partial one */
     check_q4_matmul(64, 14336, 1200, 0, DJ_DTYPE_BF16, 2, 0); /* tiles of 576 rows */

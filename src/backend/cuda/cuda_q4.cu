@@ -2,7 +2,8 @@
  * (DJ_DTYPE_Q4, djinn/dtype.h: per row k/2 bytes of codes, then k/128 f16
  * scales, then k/128 f16 zero points), bf16 x, f32 accumulation:
  *  - up to 8 rows (decode): a GEMV dequantizing in registers. One warp per
- *    weight row; a lane takes 16 bytes of codes (32 columns, inside one
+ *    4 weight rows (1 where that leaves SMs idle), sharing each load of x;
+ *    a lane takes 16 bytes of codes a row (32 columns, inside one
  *    group) per load, converts each code exactly ((0x4B000000 | q) as a
  *    float is 2^23 + q; minus 2^23 + zero gives q - zero), sums
  *    (q - zero) * x over its 32 columns and scales the sum once. Rows whose
@@ -54,65 +55,92 @@ static __device__ __forceinline__ float q4_dot8(uint32_t w, float mz, uint4 u) {
     return s;
 }
 
-/* Warp per weight row j of its segment; x rows r < n (NR >= n). vec: rows of
+/* Warp per RW consecutive weight rows j0.. of its segment (each x load then
+ * serves RW rows: one row a warp read 4 bytes of x per byte of codes, and
+ * decoded at 3.5x the step floor); x rows r < n (NR >= n). vec: rows of
  * 16-byte aligned bytes and a 16-byte aligned x. */
-template <typename TO, int NR>
+template <typename TO, int NR, int RW>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec) {
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
     const uint32_t m = sg.m[si];
-    const uint32_t j = (blockIdx.x - sg.first_block[si]) * Q4_WARPS + (threadIdx.x >> 5);
-    if (j >= m) return;
+    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * Q4_WARPS + (threadIdx.x >> 5)) * RW;
+    if (j0 >= m) return;
     const uint32_t ng = k / DJ_Q4_GROUP;
-    const uint8_t *row = sg.w[si] + (size_t)j * (k / 2 + 4 * ng);
-    const __half *sc = (const __half *)(row + k / 2), *zp = sc + ng;
-    float acc[NR];
+    const size_t rb = k / 2 + 4 * (size_t)ng;
+    const uint8_t *rows[RW];
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    if (vec) { /* 16 bytes: 32 columns of group c / 4 */
-#pragma unroll 4
+    for (int w = 0; w < RW; w++) rows[w] = sg.w[si] + (size_t)(j0 + w < m ? j0 + w : m - 1) * rb; /* past m: reread the last */
+    float acc[NR][RW];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int w = 0; w < RW; w++) acc[r][w] = 0.0f;
+    if (vec) { /* 16 bytes a row: 32 columns of group c / 4 */
+#pragma unroll 2
         for (uint32_t c = lane; c < k / 32; c += 32) {
-            const uint4 q = *(const uint4 *)(row + 16 * (size_t)c);
-            const float s = __half2float(sc[c / 4]), mz = 8388608.0f + __half2float(zp[c / 4]);
+            uint4 q[RW];
+            float s[RW], mz[RW];
+#pragma unroll
+            for (int w = 0; w < RW; w++) {
+                const __half *sc = (const __half *)(rows[w] + k / 2);
+                q[w] = *(const uint4 *)(rows[w] + 16 * (size_t)c);
+                s[w] = __half2float(sc[c / 4]);
+                mz[w] = 8388608.0f + __half2float(sc[ng + c / 4]);
+            }
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 if ((uint32_t)r < n) {
                     const uint4 *xr = (const uint4 *)(x + (size_t)r * k + 32 * (size_t)c);
-                    float p = q4_dot8(q.x, mz, xr[0]);
-                    p += q4_dot8(q.y, mz, xr[1]);
-                    p += q4_dot8(q.z, mz, xr[2]);
-                    p += q4_dot8(q.w, mz, xr[3]);
-                    acc[r] = fmaf(s, p, acc[r]);
+                    const uint4 x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+#pragma unroll
+                    for (int w = 0; w < RW; w++) {
+                        float p = q4_dot8(q[w].x, mz[w], x0);
+                        p += q4_dot8(q[w].y, mz[w], x1);
+                        p += q4_dot8(q[w].z, mz[w], x2);
+                        p += q4_dot8(q[w].w, mz[w], x3);
+                        acc[r][w] = fmaf(s[w], p, acc[r][w]);
+                    }
                 }
             }
         }
     } else { /* 4 bytes: 8 columns of group i / 16 */
         for (uint32_t i = lane; i < k / 8; i += 32) {
-            const uint32_t w = *(const uint32_t *)(row + 4 * (size_t)i);
-            const float s = __half2float(sc[i / 16]), mz = 8388608.0f + __half2float(zp[i / 16]);
 #pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if ((uint32_t)r < n) {
-                    const __nv_bfloat16 *xr = x + (size_t)r * k + 8 * (size_t)i;
-                    float p = 0.0f;
+            for (int w = 0; w < RW; w++) {
+                const __half *sc = (const __half *)(rows[w] + k / 2);
+                const uint32_t q = *(const uint32_t *)(rows[w] + 4 * (size_t)i);
+                const float sw = __half2float(sc[i / 16]), mzw = 8388608.0f + __half2float(sc[ng + i / 16]);
 #pragma unroll
-                    for (int e = 0; e < 8; e++) p = fmaf(q4_code(w, e, mz), __bfloat162float(xr[e]), p);
-                    acc[r] = fmaf(s, p, acc[r]);
+                for (int r = 0; r < NR; r++) {
+                    if ((uint32_t)r < n) {
+                        const __nv_bfloat16 *xr = x + (size_t)r * k + 8 * (size_t)i;
+                        float p = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) p = fmaf(q4_code(q, e, mzw), __bfloat162float(xr[e]), p);
+                        acc[r][w] = fmaf(sw, p, acc[r][w]);
+                    }
                 }
             }
         }
     }
 #pragma unroll
     for (int r = 0; r < NR; r++)
-        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+#pragma unroll
+        for (int w = 0; w < RW; w++)
+            for (int o = 16; o > 0; o >>= 1) acc[r][w] += __shfl_xor_sync(0xffffffffu, acc[r][w], o);
     if (lane == 0) {
-        const float b = sg.bias[si] ? q4_bias(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
         TO *out = (TO *)sg.out[si];
 #pragma unroll
-        for (int r = 0; r < NR; r++)
-            if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j, acc[r] + b);
+        for (int w = 0; w < RW; w++) {
+            if (j0 + w >= m) break;
+            const float b = sg.bias[si] ? q4_bias(sg.bias[si], sg.bias_dtype[si], j0 + w) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j0 + w, acc[r][w] + b);
+        }
     }
 }
 
@@ -146,7 +174,8 @@ static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bi
         dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
 }
 
-template <typename TO, int NR>
+/* Rows per warp: 4 where that still gives every SM two blocks, else 1. */
+template <typename TO, int NR, int RW>
 static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
     q4_segs sg;
@@ -160,25 +189,35 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
         sg.out[i] = calls[i].out;
         sg.m[i] = calls[i].m;
         sg.first_block[i] = blocks;
-        blocks += (calls[i].m + Q4_WARPS - 1) / Q4_WARPS;
+        blocks += (calls[i].m + Q4_WARPS * RW - 1) / (Q4_WARPS * RW);
         align |= (uintptr_t)calls[i].w;
     }
     sg.count = count;
-    gemv_q4_kernel<TO, NR><<<blocks, Q4_WARPS * 32, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, sg, c->n, c->k,
-                                                                      align % 16 == 0);
+    gemv_q4_kernel<TO, NR, RW><<<blocks, Q4_WARPS * 32, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, sg, c->n,
+                                                                          c->k, align % 16 == 0);
+}
+
+template <typename TO, int NR>
+static void launch_rw(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    uint32_t blocks4 = 0;
+    for (int i = 0; i < count; i++) blocks4 += (calls[i].m + Q4_WARPS * 4 - 1) / (Q4_WARPS * 4);
+    if (blocks4 >= 2u * (uint32_t)cb->n_sm)
+        launch_nr<TO, NR, 4>(cb, calls, count);
+    else
+        launch_nr<TO, NR, 1>(cb, calls, count);
 }
 
 template <typename TO>
 static void launch_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const uint32_t n = calls[0].n;
     if (n == 1)
-        launch_nr<TO, 1>(cb, calls, count);
+        launch_rw<TO, 1>(cb, calls, count);
     else if (n == 2)
-        launch_nr<TO, 2>(cb, calls, count);
+        launch_rw<TO, 2>(cb, calls, count);
     else if (n <= 4)
-        launch_nr<TO, 4>(cb, calls, count);
+        launch_rw<TO, 4>(cb, calls, count);
     else
-        launch_nr<TO, 8>(cb, calls, count);
+        launch_rw<TO, 8>(cb, calls, count);
 }
 
 dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
