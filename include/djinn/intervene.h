@@ -70,7 +70,7 @@ typedef struct dj_intervention {
  * points of [max_step_tokens][hidden]; further points, or all of them when
  * the area cannot grow, go through the host as edits do); the copies reach
  * the `out` buffers (widened
- * to f32) by the time the call returns - a prefill chunk's on the device's
+ * to f32 on every host core, dj_dtype_widen_f32) by the time the call returns - a prefill chunk's on the device's
  * copy stream while the rest of the step runs. A decode step whose points
  * are all saves replays a recorded graph with the copies in it. A point
  * with an edit goes through the host (the step waits for the device; the

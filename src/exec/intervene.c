@@ -191,33 +191,7 @@ static dj_status prepare(dj__step_hook *h, dj_engine_t *e, const dj_graph_t *g) 
     return DJ_OK;
 }
 
-static void to_f32(dj_dtype t, const uint8_t *src, float *dst, size_t k) {
-    if (t == DJ_DTYPE_F32) {
-        memcpy(dst, src, k * sizeof *dst);
-        return;
-    }
-    if (t == DJ_DTYPE_BF16) { /* dj_bf16_to_f32 in blocks the compiler vectorises (at -O2 too) */
-        size_t i = 0;
-        for (; i + 16 <= k; i += 16) {
-            uint16_t h[16];
-            uint32_t u[16];
-            memcpy(h, src + 2 * i, sizeof h);
-            for (int j = 0; j < 16; j++) u[j] = (uint32_t)h[j] << 16;
-            memcpy(dst + i, u, sizeof u);
-        }
-        for (; i < k; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = dj_bf16_to_f32(h);
-        }
-        return;
-    }
-    for (size_t i = 0; i < k; i++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * i, 2);
-        dst[i] = dj_f16_to_f32(h);
-    }
-}
+static void to_f32(dj_dtype t, const uint8_t *src, float *dst, size_t k) { dj_dtype_widen_f32(t, src, dst, k); }
 
 static void from_f32(dj_dtype t, const float *src, uint8_t *dst, size_t k) {
     if (t == DJ_DTYPE_F32) {
