@@ -1,5 +1,6 @@
 /* test_status.c: status names/messages and the dtype conversions. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "djinn/dtype.h"
@@ -32,6 +33,41 @@ int main(void) {
         float x = dj_test_randf(-100.f, 100.f);
         float y = dj_bf16_to_f32(dj_f32_to_bf16(x));
         CHECK(fabsf(x - y) <= fabsf(x) * (1.0f / 256.0f));
+    }
+    /* dj_dtype_widen_f32: every type, each element as the scalar conversion
+     * gives it - short arrays, the threaded length (>= 1M elements, a partial
+     * last chunk), and bf16 at an odd address (the byte-wise road). */
+    {
+        const size_t big = ((size_t)1 << 20) + 77;
+        uint8_t *src = malloc(4 * big + 2);
+        float *dst = malloc(4 * big);
+        CHECK(src && dst);
+        for (size_t i = 0; i < 4 * big + 2; i++) src[i] = (uint8_t)(dj_test_rand() >> 29);
+        const size_t lens[] = {0, 1, 17, 4096, big};
+        const dj_dtype types[] = {DJ_DTYPE_BF16, DJ_DTYPE_F16, DJ_DTYPE_F32};
+        for (int ti = 0; ti < 3; ti++)
+            for (int li = 0; li < 5; li++)
+                for (int off = 0; off < (types[ti] == DJ_DTYPE_BF16 ? 2 : 1); off++) {
+                    const uint8_t *p = src + off;
+                    const size_t k = lens[li];
+                    dj_dtype_widen_f32(types[ti], p, dst, k);
+                    size_t wrong = 0;
+                    for (size_t i = 0; i < k; i++) {
+                        uint16_t h;
+                        float want;
+                        if (types[ti] == DJ_DTYPE_F32) {
+                            memcpy(&want, p + 4 * i, 4);
+                        } else {
+                            memcpy(&h, p + 2 * i, 2);
+                            want = types[ti] == DJ_DTYPE_BF16 ? dj_bf16_to_f32(h) : dj_f16_to_f32(h);
+                        }
+                        wrong += memcmp(&want, &dst[i], 4) != 0;
+                    }
+                    CHECK_MSG(wrong == 0, "widen %s k=%zu offset %d: %zu elements differ", dj_dtype_name(types[ti]),
+                              k, off, wrong);
+                }
+        free(src);
+        free(dst);
     }
     return dj_test_finish("test_status");
 }
