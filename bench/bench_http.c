@@ -1,11 +1,12 @@
 /* bench_http.c: one generation requested N times in a row through djinnd's
- * OpenAI HTTP front end or through the binary protocol (libdjinn), to see
- * what the HTTP road adds per request. Per-request wall times are printed
- * (median, min, max) with the tokens each produced.
+ * OpenAI HTTP front end (whole answer, or streamed as server-sent events) or
+ * through the binary protocol (libdjinn), to see what the HTTP road adds per
+ * request and per token. Per-request wall times are printed (median, min,
+ * max) with the tokens each produced.
  *
- * usage: bench_http ADDR HTTP_PORT http|binary N [MAX_TOKENS]
- * against a running `djinnd --models models --listen ADDR --http 127.0.0.1:HTTP_PORT`
- * (model "demo", greedy, the prompt "Once upon a time"). */
+ * usage: bench_http ADDR HTTP_PORT http|http-stream|binary N [MAX_TOKENS [MODEL]]
+ * against a running `djinnd --models DIR --listen ADDR --http 127.0.0.1:HTTP_PORT`
+ * (MODEL default "demo", greedy, the prompt "Once upon a time"). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,13 +26,20 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int one_http(unsigned port, unsigned max_tokens) {
-    char body[256];
-    snprintf(body, sizeof body, "{\"model\": \"demo\", \"prompt\": \"%s\", \"max_tokens\": %u, \"temperature\": 0}",
-             prompt, max_tokens);
+static const char *model = "demo";
+
+/* stream: the usage chunk (stream_options.include_usage) is the last "data: {" before [DONE] */
+static int one_http(unsigned port, unsigned max_tokens, bool stream) {
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"%s\", \"max_tokens\": %u, \"temperature\": 0%s}", model, prompt,
+             max_tokens, stream ? ", \"stream\": true, \"stream_options\": {\"include_usage\": true}" : "");
     dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL, body);
     int n = -1;
-    cJSON *j = r.status == 200 ? cJSON_Parse(r.body) : NULL;
+    const char *json = r.body;
+    if (stream && json)
+        for (const char *p = strstr(json, "data: {"); p; p = strstr(p + 1, "data: {")) json = p + 6;
+    cJSON *j = r.status == 200 && json ? cJSON_Parse(json) : NULL;
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "usage"), "completion_tokens");
     if (cJSON_IsNumber(u)) n = u->valueint;
     else fprintf(stderr, "bench_http: HTTP %d: %s\n", r.status, r.body ? r.body : "");
@@ -41,7 +49,7 @@ static int one_http(unsigned port, unsigned max_tokens) {
 }
 
 static int one_binary(dj_client_t *c, unsigned max_tokens) {
-    dj_session_opts so = {"demo", DJ_QOS_INTERACTIVE, 0};
+    dj_session_opts so = {model, DJ_QOS_INTERACTIVE, 0};
     uint64_t sess;
     dj_generate_result res;
     dj_generate_params gp = {.prompt = prompt, .max_tokens = max_tokens, .sampling = {.top_p = 1.0f}};
@@ -55,13 +63,14 @@ static int one_binary(dj_client_t *c, unsigned max_tokens) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: bench_http ADDR HTTP_PORT http|binary N [MAX_TOKENS]\n");
+        fprintf(stderr, "usage: bench_http ADDR HTTP_PORT http|http-stream|binary N [MAX_TOKENS [MODEL]]\n");
         return 2;
     }
     const unsigned port = (unsigned)atoi(argv[2]);
-    const bool http = !strcmp(argv[3], "http");
+    const bool stream = !strcmp(argv[3], "http-stream"), http = stream || !strcmp(argv[3], "http");
     const int n = atoi(argv[4]);
     const unsigned max_tokens = argc > 5 ? (unsigned)atoi(argv[5]) : 16;
+    if (argc > 6) model = argv[6];
     if (n < 1 || n > 100000 || (!http && strcmp(argv[3], "binary"))) return 2;
     dj_client_t *c = NULL;
     if (!http && dj_client_connect(argv[1], NULL, &c) != DJ_OK) {
@@ -72,7 +81,7 @@ int main(int argc, char **argv) {
     int tokens = -2;
     for (int i = 0; i < n && ms; i++) {
         const double t0 = dj_test_now_s();
-        const int got = http ? one_http(port, max_tokens) : one_binary(c, max_tokens);
+        const int got = http ? one_http(port, max_tokens, stream) : one_binary(c, max_tokens);
         ms[i] = (dj_test_now_s() - t0) * 1e3;
         if (got < 0 || (tokens != -2 && got != tokens)) {
             fprintf(stderr, "bench_http: request %d gave %d tokens (before: %d)\n", i, got, tokens);

@@ -3,10 +3,14 @@
 end (issue 13): each streams a completion of its own random token-id prompt;
 time to first token per client (p50/p99, client side) and the aggregate
 tokens per second (all completion tokens over the wall time from the first
-request to the last [DONE]); --rounds repeats the burst.
+request to the last [DONE]); --rounds repeats the burst. --duration S
+instead keeps every client busy for S seconds, one request after another
+(short exchanges: a streamed /v1/completions of a few words, so that a model
+without a chat template serves too), and prints the requests per second all
+of them completed; a client stops at its first error.
 
 usage: python3 bench/http_clients.py URL MODEL [--clients 64] [--prompt-tokens 128]
-       [--max-tokens 128] [--vocab 4000] [--rounds 2] [--temperature 0]
+       [--max-tokens 128] [--vocab 4000] [--rounds 2] [--temperature 0] [--duration S]
 """
 import argparse
 import http.client
@@ -43,6 +47,36 @@ def one(url, body, out, barrier):
     conn.close()
 
 
+def chats(url, model, max_tokens, seed, until, out):
+    """Short streamed chats back to back until the clock passes until."""
+    u = urllib.parse.urlparse(url)
+    rng = random.Random(seed)
+    words = ["cedar", "river", "lamp", "orbit", "quartz", "meadow", "signal", "harbor"]
+    done, tokens, errs = 0, 0, []
+    while time.perf_counter() < until:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+        body = {"model": model, "prompt": "User: say " + rng.choice(words) + "\nAssistant:",
+                "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            errs.append(f"HTTP {r.status}: {r.read()[:200]!r}")
+        else:
+            for line in r:
+                line = line.strip()
+                if line.startswith(b"data: {"):
+                    ev = json.loads(line[6:])
+                    if "error" in ev:
+                        errs.append(ev["error"]["message"])
+                    if ev.get("usage"):
+                        tokens += ev["usage"]["completion_tokens"]
+            done += 0 if errs else 1
+        conn.close()
+        if errs:
+            break
+    out.append((done, tokens, errs))
+
+
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(round(p / 100.0 * (len(v) - 1))))]
@@ -58,7 +92,23 @@ def main():
     ap.add_argument("--vocab", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--duration", type=float, default=0.0)
     a = ap.parse_args()
+    if a.duration > 0:
+        out, t0 = [], time.perf_counter()
+        th = [threading.Thread(target=chats, args=(a.url, a.model, a.max_tokens, i, t0 + a.duration, out))
+              for i in range(a.clients)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        wall = time.perf_counter() - t0
+        done, tokens = sum(o[0] for o in out), sum(o[1] for o in out)
+        errs = [e for o in out for e in o[2]]
+        print(f"{a.clients} clients, short completions (max_tokens {a.max_tokens}) for {a.duration:.0f} s: {done} requests "
+              f"in {wall:.2f} s = {done / wall:.1f} requests/s, {tokens / wall:.0f} tok/s; {len(errs)} errors"
+              + (f" (first: {errs[0]})" if errs else ""))
+        return
     rng = random.Random(1)
     for rnd in range(a.rounds):
         bodies = [{"model": a.model, "prompt": [rng.randrange(2, a.vocab) for _ in range(a.prompt_tokens)],

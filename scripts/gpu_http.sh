@@ -2,8 +2,10 @@
 # gpu_http.sh: issue 13's HTTP benchmarks on the GPU machine, one command -
 # the engine prefix cache (bench/http_prefix.py: conversations sharing a
 # 2000-token system prompt, TTFT with --prefix-cache on and off, against a
-# fresh 100-token prompt) and 64 streaming clients at once
-# (bench/http_clients.py: TTFT p50/p99, aggregate tok/s), on the Llama-3-8B
+# fresh 100-token prompt), 64 streaming clients at once
+# (bench/http_clients.py: TTFT p50/p99, aggregate tok/s; then 64 clients
+# sending short requests back to back: requests/s) and what HTTP adds per
+# token against the binary protocol (bench/bench_http), on the Llama-3-8B
 # shape (random bf16 weights; the demo model's tokenizer.json beside them so
 # that streamed tokens have text: prompts are ids below 4000).
 # Programs from .carry/gpu.tar.xz (scripts/gpu_bundle.sh) when present, else
@@ -26,13 +28,15 @@ while [ $# -gt 0 ]; do
     shift
 done
 mkdir -p "$OUT"
-if [ -f .carry/gpu.tar.xz ]; then
+if [ -n "${DJ_BIN:-}" ]; then
+    B=$DJ_BIN
+elif [ -f .carry/gpu.tar.xz ]; then
     G=$(mktemp -d)
     tar xJf .carry/gpu.tar.xz -C "$G" || exit 2
     export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     B=$G/bin
 else
-    B=${DJ_BIN:-build-cuda}
+    B=build-cuda
 fi
 M=${DJ_BENCH_MODEL:-/tmp/djinn-$PRESET}
 [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" "$PRESET" "$M" --seed 1 || exit 2
@@ -41,12 +45,13 @@ mkdir -p "$STORE/m"
 ln -s "$M/config.json" "$M/model.safetensors" "$STORE/m/"
 ln -s "$PWD/models/demo/tokenizer.json" "$STORE/m/"
 PORT=18480
+BPORT=18479 # the binary protocol's, for bench_http
 fail=0
 # GET PATH on the daemon (python3: the GPU machine may have no curl)
 fetch() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://127.0.0.1:$PORT$1"; }
 # one daemon per setting; --http-reuse 0: only the engine's cache reuses KV
 run_daemon() { # $1: --prefix-cache on|off, $2: log name
-    "$B/djinnd" --models "$STORE" --device "$DEVICE" --listen 127.0.0.1:0 --http 127.0.0.1:$PORT --http-reuse 0 \
+    "$B/djinnd" --models "$STORE" --device "$DEVICE" --listen 127.0.0.1:$BPORT --http 127.0.0.1:$PORT --http-reuse 0 \
         --http-max-connections 80 --max-running 64 --prefix-cache "$1" >"$OUT/djinnd_$2.log" 2>&1 &
     DPID=$!
     for _ in $(seq 1 600); do
@@ -69,7 +74,20 @@ for pc in on off; do
         done
         python3 bench/http_clients.py "http://127.0.0.1:$PORT" m --clients 1 --prompt-tokens 128 --max-tokens 128 \
             --rounds 2 >>"$OUT/http_clients.log" 2>&1 || fail=1
-        echo "== 64 streaming clients (then 1 for scale)"; cat "$OUT/http_clients.log"
+        # short requests, 64 clients each sending one after another for 20 s
+        python3 bench/http_clients.py "http://127.0.0.1:$PORT" m --clients 64 --max-tokens 16 --duration 20 \
+            >>"$OUT/http_clients.log" 2>&1 || fail=1
+        echo "== 64 streaming clients (then 1 for scale; then 64 closed-loop)"; cat "$OUT/http_clients.log"
+        # what HTTP adds per token: one greedy 256-token generation, 3 in a row, over the binary
+        # protocol, streamed over HTTP and whole over HTTP, in turn, 3 times
+        if [ -x "$B/bench_http" ]; then
+            for r in 1 2 3; do
+                for mode in binary http-stream http; do
+                    "$B/bench_http" 127.0.0.1:$BPORT $PORT $mode 3 256 m >>"$OUT/http_overhead.log" 2>&1 || fail=1
+                done
+            done
+            echo "== HTTP against the binary protocol"; cat "$OUT/http_overhead.log"
+        fi
     fi
     stop_daemon
 done
