@@ -6,11 +6,12 @@
  *  - up to 8 rows (decode): a GEMV reading each weight byte once, the scale
  *    folded in per 16 weights (one 16-byte load a lane, a warp per weight
  *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes);
- *  - 16 rows and more (batched decode, prefill) where cuBLASLt takes the shape and scaling:
- *    the FP8 tensor cores, activations quantized per call (W8A8:
+ *  - 16 rows and more (batched decode, prefill) of 128x128-block weights,
+ *    where cuBLASLt takes the shape: the FP8 tensor cores, activations quantized per call (W8A8:
  *    cuda_matmul_fp8_lt.cu; docs/quantization.md says what that costs in
  *    accuracy);
- *  - otherwise (9..15 rows, bias, odd shapes, or cuBLASLt refusing): weight
+ *  - otherwise (9..15 rows, per-channel / per-tensor scales, bias, odd
+ *    shapes, or cuBLASLt refusing): weight
  *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
  *    in the H100's L2 for the GEMM that reads it right after) and multiplied
  *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
@@ -207,8 +208,14 @@ static uint32_t tile_rows(uint32_t k, uint32_t m) {
 }
 
 dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
-    /* prefill sizes: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the tiles below */
-    if ((cb->matmul_path == 3 || (cb->matmul_path == 0 && c->n >= F8_LT_MIN_ROWS)) && dj__cuda_fp8_lt_covers(cb, c)) {
+    /* batched decode and prefill: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the
+     * tiles below. Automatically only for 128x128 block weights (activations quantized per 128
+     * channels); per-channel / per-tensor weights would quantize each activation row whole, which
+     * cost the compressed-tensors fixtures 11-19% of their final logits on the H100 (bench/RESULTS.md):
+     * they take the tiles (W8A16); path 3 (gpu_check) still runs them on the tensor cores. */
+    const bool block = c->w_block_rows == 128 && c->w_block_cols == 128;
+    if ((cb->matmul_path == 3 || (cb->matmul_path == 0 && block && c->n >= F8_LT_MIN_ROWS)) &&
+        dj__cuda_fp8_lt_covers(cb, c)) {
         const dj_status lt = dj__cuda_matmul_fp8_lt(cb, c);
         if (lt != DJ_EUNSUPPORTED) return lt;
     }
