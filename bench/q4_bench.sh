@@ -4,26 +4,16 @@
 # bf16 checkpoint and on random AWQ and GPTQ checkpoints of the same shape
 # (make_random_checkpoint --quant; the 4-bit kinds repack to the same rows, so
 # their figures should agree). Logs and bench_gpu's JSON go to OUT. The
-# programs: $DJINN_BIN, else .carry/gpu.tar.xz (scripts/gpu_bundle.sh), else
-# built here into build-cuda.
+# programs: scripts/gpu_programs.sh ($DJ_BIN, else .carry/gpu.tar.xz from
+# scripts/gpu_bundle.sh, else built here into build-cuda).
 # usage (repo root, GPU machine): bash bench/q4_bench.sh [OUT (default /tmp/djinn-q4)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/djinn-q4}
 M=${DJ_Q4_MODELS:-/tmp/djinn-q4-models}
 mkdir -p "$OUT" "$M"
-if [ -n "${DJINN_BIN:-}" ]; then
-    B=$DJINN_BIN
-elif [ -f .carry/gpu.tar.xz ]; then # the programs as scripts/gpu_bundle.sh packs them
-    G=$(mktemp -d)
-    tar xJf .carry/gpu.tar.xz -C "$G" || exit 2
-    export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    B=$G/bin
-else
-    cmake -S . -B build-cuda -DDJ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 2
-    cmake --build build-cuda -j"$(nproc)" --target bench_gpu make_random_checkpoint >/dev/null || exit 2
-    B=build-cuda
-fi
+. scripts/gpu_programs.sh
+dj_gpu_programs bench_gpu make_random_checkpoint || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 git log -1 --format='commit %h %s' 2>/dev/null || true
 fail=0

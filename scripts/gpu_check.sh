@@ -5,8 +5,8 @@
 # prefix cache against an engine without it (gpu_prefix); with
 # --bench also the Llama-3-8B-shape benchmarks (bench_gpu, and gpu_swap on
 # that shape) and HF transformers eager on the same weights (bench/hf_decode.py).
-# The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
-# makes it on a machine with our apt packages), else they are built here.
+# The programs: scripts/gpu_programs.sh ($DJ_BIN, else .carry/gpu.tar.xz, which
+# scripts/gpu_bundle.sh makes on a machine with our apt packages, else built here).
 # --ab adds bench_gpu under each kill switch (ab.log: one block per
 # setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
 # (profile.log); at most 8 files land in DIR.
@@ -32,16 +32,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 mkdir -p "$OUT"
-if [ -f .carry/gpu.tar.xz ]; then
-    G=$(mktemp -d)
-    tar xJf .carry/gpu.tar.xz -C "$G" || exit 2
-    export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    B=$G/bin
-else
-    cmake -S . -B build-cuda -DDJ_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${DJ_CMAKE_ARGS:-} >/dev/null || exit 2
-    cmake --build build-cuda -j"$(nproc)" --target gpu_check gpu_models gpu_swap gpu_prefix djinn bench_gpu make_random_checkpoint || exit 2
-    B=build-cuda
-fi
+. scripts/gpu_programs.sh
+CUDA_ARGS=${DJ_CMAKE_ARGS:-} dj_gpu_programs gpu_check gpu_models gpu_swap gpu_prefix djinn djinnd bench_gpu \
+    bench_fairness make_random_checkpoint || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fail=0
 flags=""

@@ -8,8 +8,8 @@
 # token against the binary protocol (bench/bench_http), on the Llama-3-8B
 # shape (random bf16 weights; the demo model's tokenizer.json beside them so
 # that streamed tokens have text: prompts are ids below 4000).
-# Programs from .carry/gpu.tar.xz (scripts/gpu_bundle.sh) when present, else
-# build-cuda (DJ_BIN overrides). Logs land in OUT (default /tmp/djinn-gpu-out).
+# Programs: scripts/gpu_programs.sh ($DJ_BIN, else .carry/gpu.tar.xz from
+# scripts/gpu_bundle.sh, else built here). Logs land in OUT (default /tmp/djinn-gpu-out).
 # A dry run on the CPU with the demo model: DJ_BIN=build DJ_BENCH_MODEL=$PWD/models/demo
 # SYS_TOKENS=300 scripts/gpu_http.sh --device cpu
 # usage (repo root): scripts/gpu_http.sh [--device cuda:0] [--out DIR] [--preset llama3-8b]
@@ -28,16 +28,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 mkdir -p "$OUT"
-if [ -n "${DJ_BIN:-}" ]; then
-    B=$DJ_BIN
-elif [ -f .carry/gpu.tar.xz ]; then
-    G=$(mktemp -d)
-    tar xJf .carry/gpu.tar.xz -C "$G" || exit 2
-    export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    B=$G/bin
-else
-    B=build-cuda
-fi
+. scripts/gpu_programs.sh
+dj_gpu_programs djinnd bench_http make_random_checkpoint || exit 2
 M=${DJ_BENCH_MODEL:-/tmp/djinn-$PRESET}
 [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" "$PRESET" "$M" --seed 1 || exit 2
 STORE=$(mktemp -d)

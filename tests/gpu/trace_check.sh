@@ -6,9 +6,9 @@
 # transformers references of interventions (tools/make_fixtures.py
 # --add-trace), whose reference.json files land in OUT/fixtures/<name>/ to be
 # copied into tests/fixtures/models/<name>/.
-# The programs come from .carry/gpu.tar.xz when present (scripts/gpu_bundle.sh
-# build-cuda/gpu_trace build-cuda/bench_trace build-cuda/bench_trace_host),
-# else they are built here.
+# The programs: scripts/gpu_programs.sh ($DJ_BIN, else .carry/gpu.tar.xz from
+# scripts/gpu_bundle.sh build-cuda/gpu_trace build-cuda/bench_trace
+# build-cuda/bench_trace_host, else built here).
 # usage (repo root): tests/gpu/trace_check.sh [--out DIR] [--no-fixtures]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,16 +23,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 mkdir -p "$OUT"
-if [ -f .carry/gpu.tar.xz ]; then
-    G=$(mktemp -d)
-    tar xJf .carry/gpu.tar.xz -C "$G" || exit 2
-    export LD_LIBRARY_PATH="$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    B=$G/bin
-else
-    cmake -S . -B build-cuda -DDJ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 2
-    cmake --build build-cuda -j"$(nproc)" --target gpu_trace bench_trace bench_trace_host make_random_checkpoint || exit 2
-    B=build-cuda
-fi
+. scripts/gpu_programs.sh
+dj_gpu_programs gpu_trace bench_trace bench_trace_host make_random_checkpoint || exit 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 echo "commit $(git rev-parse --short HEAD 2>/dev/null)"
 fail=0
