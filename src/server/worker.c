@@ -914,6 +914,12 @@ static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
     msgpack_pack_uint64(pk, v);
 }
 
+static void pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
+    dj__pack_str(pk, k);
+    if (v) msgpack_pack_true(pk);
+    else msgpack_pack_false(pk);
+}
+
 /* Sessions a STATS reply lists at most (an admin's sees every connection's). */
 #define STATS_MAX_SESSIONS 2048
 
@@ -955,9 +961,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj_engine_prefix_stats(s->engine, &ps);
     dj__mw_key(w, "prefix");
     msgpack_pack_map(&w->pk, 8);
-    dj__pack_str(&w->pk, "enabled");
-    if (ps.enabled) msgpack_pack_true(&w->pk);
-    else msgpack_pack_false(&w->pk);
+    pack_kv_bool(&w->pk, "enabled", ps.enabled);
     pack_kv_u64(&w->pk, "blocks", ps.blocks);
     pack_kv_u64(&w->pk, "blocks_unreferenced", ps.blocks_unreferenced);
     pack_kv_u64(&w->pk, "pages", ps.pages);
@@ -977,9 +981,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         dj__pack_str(&w->pk, m->name);
         pack_kv_u64(&w->pk, "refs", m->users + (m->pinned ? 1u : 0u));
         pack_kv_u64(&w->pk, "sessions", m->users);
-        dj__pack_str(&w->pk, "pinned");
-        if (m->pinned) msgpack_pack_true(&w->pk);
-        else msgpack_pack_false(&w->pk);
+        pack_kv_bool(&w->pk, "pinned", m->pinned);
         /* the placement: layers streamed through a ring (0: all resident) */
         pack_kv_u64(&w->pk, "layers", pl.n_layers);
         pack_kv_u64(&w->pk, "streamed_layers", pl.n_streamed);
@@ -1019,12 +1021,8 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
             dj__pack_str(&w->pk, dj_qos_name(ss->qos));
             pack_kv_u64(&w->pk, "pos", ss->pos);
             pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
-            dj__pack_str(&w->pk, "paused");
-            if (ss->paused) msgpack_pack_true(&w->pk);
-            else msgpack_pack_false(&w->pk);
-            dj__pack_str(&w->pk, "generating");
-            if (ss->busy) msgpack_pack_true(&w->pk);
-            else msgpack_pack_false(&w->pk);
+            pack_kv_bool(&w->pk, "paused", ss->paused);
+            pack_kv_bool(&w->pk, "generating", ss->busy);
         }
     dj_sched_stats sst;
     dj_sched_get_stats(s->sched, now, &sst);
@@ -1097,9 +1095,7 @@ static dj_status do_model_list(dj__server *s, dj__mw *w) {
         msgpack_pack_map(&w->pk, 3);
         dj__pack_str(&w->pk, "name");
         dj__pack_str(&w->pk, names[i]);
-        dj__pack_str(&w->pk, "loaded");
-        if (m) msgpack_pack_true(&w->pk);
-        else msgpack_pack_false(&w->pk);
+        pack_kv_bool(&w->pk, "loaded", m != NULL);
         pack_kv_u64(&w->pk, "refs", m ? m->users + (m->pinned ? 1u : 0u) : 0);
     }
     return DJ_OK;
