@@ -4,10 +4,11 @@
  *  - up to 8 rows (decode): a GEMV dequantizing in registers. One warp per
  *    4 weight rows (1 where that leaves SMs idle), sharing each load of x;
  *    a lane takes 16 bytes of codes a row (32 columns, inside one
- *    group) per load, converts each code exactly ((0x4B000000 | q) as a
- *    float is 2^23 + q; minus 2^23 + zero gives q - zero), sums
- *    (q - zero) * x over its 32 columns and scales the sum once. Rows whose
- *    bytes are not 16-byte aligned (k % 512 != 0) take 4-byte loads. Calls on
+ *    group) per load, turns two codes at a time into the exact bf16 pair
+ *    (128 + code) with one LOP3, sums (128 + code) * x over its 32 columns,
+ *    takes (128 + zero) * sum x off and scales the result once. Rows whose
+ *    bytes are not 16-byte aligned (k % 512 != 0) take 4-byte loads (each
+ *    code as the float 2^23 + code minus 2^23 + zero: exact). Calls on
  *    one x are grouped into one launch as the 16-bit GEMVs are (cuda_plan.cu).
  *  - more rows: weight rows dequantized to bf16 in tiles of at most
  *    Q4_TILE_BYTES (small enough to stay in L2 between the write and
@@ -43,14 +44,17 @@ static __device__ __forceinline__ float q4_code(uint32_t w, int e, float mz) {
     return __uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - mz;
 }
 
-/* sum over the 8 columns of word w (codes minus zero) times x's 8 bf16 values in u. */
-static __device__ __forceinline__ float q4_dot8(uint32_t w, float mz, uint4 u) {
-    const uint32_t xv[4] = {u.x, u.y, u.z, u.w};
+/* sum over the 8 columns of word w of (128 + code) * x, x the 8 floats at xf:
+ * two codes a LOP3 - (w >> 4i) & 0x000F000F | 0x43004300 is the bf16 pair
+ * (128 + code i, 128 + code i+4), each widened by a shift or a mask - so a
+ * code costs 3 instructions where q4_code's float took 4 and its subtract. */
+static __device__ __forceinline__ float q4_dot8_128(uint32_t w, const float *xf) {
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        s = fmaf(q4_code(w, 2 * i, mz), __uint_as_float(xv[i] << 16), s);
-        s = fmaf(q4_code(w, 2 * i + 1, mz), __uint_as_float(xv[i] & 0xffff0000u), s);
+        const uint32_t pair = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+        s = fmaf(__uint_as_float(pair << 16), xf[i], s);
+        s = fmaf(__uint_as_float(pair & 0xFFFF0000u), xf[i + 4], s);
     }
     return s;
 }
@@ -82,26 +86,39 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
 #pragma unroll 2
         for (uint32_t c = lane; c < k / 32; c += 32) {
             uint4 q[RW];
-            float s[RW], mz[RW];
+            float s[RW], z128[RW];
 #pragma unroll
             for (int w = 0; w < RW; w++) {
                 const __half *sc = (const __half *)(rows[w] + k / 2);
                 q[w] = *(const uint4 *)(rows[w] + 16 * (size_t)c);
                 s[w] = __half2float(sc[c / 4]);
-                mz[w] = 8388608.0f + __half2float(sc[ng + c / 4]);
+                z128[w] = 128.0f + __half2float(sc[ng + c / 4]);
             }
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 if ((uint32_t)r < n) {
+                    /* the 32 x values as floats and their sum: sum (code - zero) x =
+                     * sum (128 + code) x - (128 + zero) sum x */
                     const uint4 *xr = (const uint4 *)(x + (size_t)r * k + 32 * (size_t)c);
-                    const uint4 x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+                    float xf[32], sx = 0.0f;
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        const uint4 u = xr[h];
+                        const uint32_t xv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            xf[8 * h + 2 * e] = __uint_as_float(xv[e] << 16);
+                            xf[8 * h + 2 * e + 1] = __uint_as_float(xv[e] & 0xFFFF0000u);
+                            sx += xf[8 * h + 2 * e] + xf[8 * h + 2 * e + 1];
+                        }
+                    }
 #pragma unroll
                     for (int w = 0; w < RW; w++) {
-                        float p = q4_dot8(q[w].x, mz[w], x0);
-                        p += q4_dot8(q[w].y, mz[w], x1);
-                        p += q4_dot8(q[w].z, mz[w], x2);
-                        p += q4_dot8(q[w].w, mz[w], x3);
-                        acc[r][w] = fmaf(s[w], p, acc[r][w]);
+                        float p = q4_dot8_128(q[w].x, xf);
+                        p += q4_dot8_128(q[w].y, xf + 8);
+                        p += q4_dot8_128(q[w].z, xf + 16);
+                        p += q4_dot8_128(q[w].w, xf + 24);
+                        acc[r][w] = fmaf(s[w], fmaf(-z128[w], sx, p), acc[r][w]);
                     }
                 }
             }
