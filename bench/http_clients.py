@@ -20,6 +20,8 @@ import threading
 import time
 import urllib.parse
 
+from sse_events import sse_events
+
 
 def one(url, body, out, barrier):
     u = urllib.parse.urlparse(url)
@@ -32,17 +34,14 @@ def one(url, body, out, barrier):
     if r.status != 200:
         err = f"HTTP {r.status}: {r.read()[:200]!r}"
     else:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                err = ev["error"]["message"]
-            if ev.get("choices") and ttft is None:
-                ttft = time.perf_counter() - t0
-            if ev.get("usage"):
-                tokens = ev["usage"]["completion_tokens"]
+        try:
+            for ev in sse_events(r):
+                if ev.get("choices") and ttft is None:
+                    ttft = time.perf_counter() - t0
+                if ev.get("usage"):
+                    tokens = ev["usage"]["completion_tokens"]
+        except RuntimeError as e:
+            err = str(e)
     out.append({"ttft": ttft, "tokens": tokens, "end": time.perf_counter(), "start": t0, "err": err})
     conn.close()
 
@@ -62,15 +61,13 @@ def chats(url, model, max_tokens, seed, until, out):
         if r.status != 200:
             errs.append(f"HTTP {r.status}: {r.read()[:200]!r}")
         else:
-            for line in r:
-                line = line.strip()
-                if line.startswith(b"data: {"):
-                    ev = json.loads(line[6:])
-                    if "error" in ev:
-                        errs.append(ev["error"]["message"])
+            try:
+                for ev in sse_events(r):
                     if ev.get("usage"):
                         tokens += ev["usage"]["completion_tokens"]
-            done += 0 if errs else 1
+                done += 1
+            except RuntimeError as e:
+                errs.append(str(e))
         conn.close()
         if errs:
             break
@@ -124,6 +121,10 @@ def main():
         ttfts = [o["ttft"] * 1e3 for o in out if o["ttft"] is not None]
         tokens = sum(o["tokens"] for o in out)
         wall = max(o["end"] for o in out) - min(o["start"] for o in out)
+        if not ttfts:
+            print(f"round {rnd}: {a.clients} clients: no token came; {len(errs)} errors"
+                  + (f" (first: {errs[0]})" if errs else ""))
+            continue
         print(f"round {rnd}: {a.clients} clients, prompt {a.prompt_tokens}, max_tokens {a.max_tokens}: "
               f"TTFT p50 {pct(ttfts, 50):.1f} ms, p99 {pct(ttfts, 99):.1f} ms, max {max(ttfts):.1f} ms; "
               f"{tokens} tokens in {wall:.2f} s = {tokens / wall:.0f} tok/s aggregate; {len(errs)} errors"

@@ -18,6 +18,8 @@ import statistics
 import time
 import urllib.request
 
+from sse_events import sse_events
+
 
 def complete(url, model, ids, max_tokens):
     """(TTFT seconds, usage) of one streamed greedy completion of token ids."""
@@ -28,13 +30,7 @@ def complete(url, model, ids, max_tokens):
     t0 = time.perf_counter()
     ttft, usage = None, None
     with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(ev["error"]["message"])
+        for ev in sse_events(r):
             if ev.get("usage"):
                 usage = ev["usage"]
             if ev.get("choices") and ttft is None:  # the first token's event (its text may be empty)

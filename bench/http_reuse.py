@@ -14,6 +14,8 @@ import statistics
 import time
 import urllib.request
 
+from sse_events import sse_events
+
 
 def chat(url, model, messages, max_tokens):
     """(TTFT seconds, content, usage) of one streamed greedy chat request."""
@@ -24,13 +26,7 @@ def chat(url, model, messages, max_tokens):
     t0 = time.perf_counter()
     ttft, content, usage = None, "", None
     with urllib.request.urlopen(req, timeout=600) as r:
-        for line in r:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(ev["error"]["message"])
+        for ev in sse_events(r):
             if ev.get("usage"):
                 usage = ev["usage"]
             for c in ev.get("choices", []):
