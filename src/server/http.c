@@ -637,7 +637,7 @@ static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
     dj_client_free(cl);
     if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
     size_t len = 0;
-    char *body = dj__http_stats_json(&s, &len);
+    char *body = dj__http_stats_json(&s, dj__now(), &len);
     dj_client_stats_free(&s);
     if (!body) return reply_error(q, c, 503, "out of memory");
     q->responded = true;
@@ -680,7 +680,7 @@ static int events_fill(hstream *s) {
         return 1;
     }
     size_t len = 0;
-    char *body = dj__http_stats_json(&st, &len);
+    char *body = dj__http_stats_json(&st, now, &len);
     dj_client_stats_free(&st);
     if (!body) return -1;
     dj__sse_put(&s->out, NULL, body, len);

@@ -32,9 +32,10 @@ uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0)
 
 /* ---- the live view (http_view.c) ---- */
 /* GET /v1/djinn/stats's body, and each event's data of GET
- * /v1/djinn/events: the STATS reply as JSON, one line (malloc'd, *len bytes;
- * NULL when out of memory). */
-char *dj__http_stats_json(const dj_client_stats *st, size_t *len /* OUT */);
+ * /v1/djinn/events: the STATS reply as JSON, one line, with at (monotonic
+ * seconds when it was taken: rates between two of them) as "at_s" (malloc'd,
+ * *len bytes; NULL when out of memory). */
+char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len /* OUT */);
 extern const char dj__http_view_html[]; /* GET /: the page, drawing the events above */
 
 /* What the front end keeps of a model of the store (loaded on first use). */

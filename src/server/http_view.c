@@ -18,10 +18,11 @@ static void add_seg(cJSON *segs, const char *name, const dj_client_seg *s) {
     add_u64(o, "peak", s->peak);
 }
 
-char *dj__http_stats_json(const dj_client_stats *st, size_t *len) {
+char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
     cJSON *r = cJSON_CreateObject();
     if (!r) return NULL;
     cJSON_AddStringToObject(r, "object", "djinn.stats");
+    cJSON_AddNumberToObject(r, "at_s", at);
     cJSON *segs = cJSON_AddObjectToObject(r, "segments");
     add_seg(segs, "text", &st->text);
     add_seg(segs, "data", &st->data);
@@ -114,7 +115,7 @@ const char dj__http_view_html[] =
     "<style>\n"
     "body{font:14px system-ui,sans-serif;margin:1.2em;color:#222}\n"
     "h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.05em;margin:1em 0 .3em}\n"
-    ".seg{display:flex;align-items:center;margin:.3em 0}.seg b{width:4.5em}\n"
+    ".seg{display:flex;align-items:center;margin:.3em 0}.seg b{width:5.5em}\n"
     ".bar{position:relative;height:1.4em;background:#eee;border:1px solid #999;display:flex;overflow:hidden}\n"
     ".bar>div{height:100%}\n"
     ".lbl{margin-left:.6em;font-variant-numeric:tabular-nums}\n"
@@ -124,7 +125,7 @@ const char dj__http_view_html[] =
     ".swapped{color:#a33}.resident{color:#273}#err{color:#a33}#live{color:#666}\n"
     "</style></head><body>\n"
     "<h1>djinnd &mdash; live view of the VMU</h1>\n"
-    "<div id=\"live\">events received: <span id=\"events\">0</span>; <span id=\"tps\">-</span> tokens/s; PCIe (swap) <span id=\"pcie\">-</span></div><div id=\"err\"></div>\n"
+    "<div id=\"live\">events received: <span id=\"events\">0</span>; <span id=\"tps\">-</span> tokens/s; PCIe (swap): <span id=\"pcie\">-</span></div><div id=\"err\"></div>\n"
     "<h2>Segments</h2><div id=\"segs\"></div><div id=\"pages\"></div>\n"
     "<h2>Models (text): <span id=\"n-models\">0</span></h2><table id=\"models\"></table>\n"
     "<h2>Sessions (data): <span id=\"n-sessions\">0</span></h2><table id=\"sessions\"></table>\n"
@@ -171,8 +172,8 @@ const char dj__http_view_html[] =
     " $('swap').textContent='swap ('+w.policy+'): pool '+MiB(w.pool_used)+' of '+MiB(w.pool_bytes)+', '+w.swaps_out+' out, '+\n"
     "  w.swaps_in+' in; '+s.steps.gen_steps+' steps, '+s.steps.step_ms.toFixed(2)+' ms each';\n"
     " // rates between two events: tokens = steps of one session + the rows of batched ones\n"
-    " const t=Date.now(),k=s.steps.gen_steps-s.steps.batched_steps+s.steps.batched_rows;\n"
-    " if(prev&&t>prev.t){const d=(t-prev.t)/1e3;$('tps').textContent=((k-prev.k)/d).toFixed(0);\n"
+    " const t=s.at_s,k=s.steps.gen_steps-s.steps.batched_steps+s.steps.batched_rows;\n"
+    " if(prev&&t>prev.t){const d=t-prev.t;$('tps').textContent=((k-prev.k)/d).toFixed(0);\n"
     "  $('pcie').textContent=MiB((w.bytes_out-prev.o)/d)+'/s out, '+MiB((w.bytes_in-prev.i)/d)+'/s in';}\n"
     " prev={t,k,o:w.bytes_out,i:w.bytes_in};\n"
     "}\n"
