@@ -8,7 +8,7 @@
 set -u
 DJINND=$1
 DJINN=$2
-SRC=$3
+SRC=$(cd "$3" && pwd)
 KEEP=${4:-}
 if ! command -v chromium >/dev/null 2>&1; then
     echo "SKIP: chromium is not installed (scripts/setup.sh installs it)"
@@ -79,7 +79,7 @@ browse --screenshot="$TMP/view.png" --window-size=1000,700 "$base/#token=view-to
 [ -n "$KEEP" ] && cp "$TMP/view.png" "$KEEP"
 for l in "${loaders[@]}"; do wait "$l" || fail "a load client failed"; done
 loaders=()
-grep -q '\[DONE\]' "$TMP/load.1.4" || fail "the load's streams did not finish"
+for f in "$TMP"/load.*; do grep -q "^data: \[DONE\]" "$f" || fail "a load stream did not finish: $(tail -c 300 "$f")"; done
 
 # the load done, the daemon is still (finished sessions kept for reuse): the
 # DOM after three events against djinn stat and GET /v1/djinn/stats, taken
