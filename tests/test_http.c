@@ -713,6 +713,7 @@ static void test_prefix_cache(const char *ref_addr, unsigned ref_port) {
     expect_error(port, "GET", "/v1/djinn/events?count=0", NULL, NULL, 400, "count=0");
     expect_error(port, "GET", "/v1/djinn/events?count=2x", NULL, NULL, 400, "count=2x");
     expect_error(port, "GET", "/v1/djinn/events?count=-1", NULL, NULL, 400, "count=-1");
+    expect_error(port, "GET", "/v1/djinn/events?count=+3", NULL, NULL, 400, "want a number");
     /* the page: HTML listening to the events, nothing fetched from elsewhere */
     r = dj_test_http_request(port, "GET", "/", NULL, NULL);
     CHECK(r.status == 200 && r.body && strstr(r.body, "<!doctype html>") && strstr(r.body, "/v1/djinn/events") &&

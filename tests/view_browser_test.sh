@@ -153,6 +153,12 @@ print('view_browser_test: ' + (f'{failed} failed' if failed else
 sys.exit(1 if failed else 0)
 EOF
 
+# a wrong token: the page says so (EventSource gives up on a 401)
+browse --dump-dom "$base/#token=wrong-token&events=1" >"$TMP/dom_wrong.html" || fail "chromium --dump-dom (wrong token)"
+grep -q 'id="err">events: refused (a wrong #token=?)' "$TMP/dom_wrong.html" ||
+    fail "a wrong token: $(grep -o 'id="err">[^<]*' "$TMP/dom_wrong.html")"
+grep -q 'id="events">0<' "$TMP/dom_wrong.html" || fail "a wrong token: events were drawn"
+
 # djinnd stops with an event stream open (the stream ends; nothing leaks under ASan)
 curl -sN --max-time 60 "$base/v1/djinn/events" -H "$auth" >"$TMP/held" &
 held=$!

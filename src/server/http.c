@@ -2,7 +2,8 @@
  * thread per connection, each request a libdjinn connection to the daemon's
  * own listener (same scheduler, QoS classes, limits and tokens as the binary
  * protocol; closing it frees the generation), answers as OpenAI's JSON or
- * server-sent events. */
+ * server-sent events; and the live view's page, stats and stats events
+ * (http_view.c draws them). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -55,7 +56,7 @@ struct dj__http {
     uint32_t active;    /* requests being served */
     idle_sess *idle;    /* [n_idle] newest first, at most cfg.reuse */
     uint32_t n_idle;
-    volatile int stopping; /* set (atomically) by dj__http_stop: event streams end */
+    int stopping;       /* set by dj__http_stop (__atomic): event streams end */
 };
 
 /* Per request (MHD's *req_cls). */
@@ -702,7 +703,7 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
         char *end = NULL;
         errno = 0;
         const unsigned long long v = strtoull(cs, &end, 10);
-        if (!cs[0] || *end || cs[0] == '-' || errno || v < 1 || v > EVENTS_MAX_COUNT)
+        if (!(cs[0] >= '0' && cs[0] <= '9') || *end || errno || v < 1 || v > EVENTS_MAX_COUNT)
             return reply_error(q, c, 400, "count=%.40s: want a number of events from 1 to %u", cs, EVENTS_MAX_COUNT);
         count = v;
     }

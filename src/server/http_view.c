@@ -181,6 +181,6 @@ const char dj__http_view_html[] =
     "es.onmessage=e=>{const j=JSON.parse(e.data);\n"
     " if(j.error){$('err').textContent='events: '+j.error.message;return;}\n"
     " $('events').textContent=++n;draw(j);$('err').textContent='';if(max&&n>=max)es.close();};\n"
-    "es.onerror=()=>{if(!max||n<max)$('err').textContent='events: the connection to djinnd broke; '+\n"
-    " (es.readyState===2?'reload the page':'retrying');};\n"
+    "es.onerror=()=>{if(!max||n<max)$('err').textContent='events: '+(es.readyState===2?\n"
+    " 'refused (a wrong #token=?) or djinnd is gone: reload the page':'the connection broke; retrying');};\n"
     "</script></body></html>\n";
