@@ -19,6 +19,9 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
     python3 python3-jinja2 python3-numpy python3-msgpack python3-pytest ca-certificates >/dev/null
+# chromium: tests/view_browser_test.sh renders the live view of the VMU (GET /
+# of djinnd --http) in headless Chromium and checks what it draws.
+$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
 # python3-torch: only djinn.hf (the transformers-shaped facade) and
 # RemoteTensor.torch() use it; the tests of those skip without it.
 $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null

@@ -651,12 +651,13 @@ static void test_prefix_cache(const char *ref_addr, unsigned ref_port) {
     dj_remote_tensor t;
     if (sid) CHECK_OK(dj_client_step(cl, sid, ids, 70, false, &t));
     cJSON *j = get_json(port, "/v1/djinn/stats");
+    const cJSON *sg = cJSON_GetObjectItemCaseSensitive(j, "segments");
+    const double text_cap = num_at(sg, "text", "capacity");
     dj_client_stats st;
     memset(&st, 0, sizeof st);
     if (cl) CHECK_OK(dj_client_stats_get(cl, &st));
     static const char *const segs[] = {"text", "data", "stack"};
     const dj_client_seg *seg[] = {&st.text, &st.data, &st.stack};
-    const cJSON *sg = cJSON_GetObjectItemCaseSensitive(j, "segments");
     for (int i = 0; i < 3; i++)
         CHECK_MSG(num_at(sg, segs[i], "capacity") == (double)seg[i]->capacity && seg[i]->capacity > 0,
                   "view: %s capacity %.0f, STATS %llu", segs[i], num_at(sg, segs[i], "capacity"),
@@ -695,9 +696,27 @@ static void test_prefix_cache(const char *ref_addr, unsigned ref_port) {
     j = get_json(ref_port, "/v1/djinn/stats");
     CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "prefix_cache"), "enabled")));
     cJSON_Delete(j);
-    /* the page: HTML polling the endpoint, nothing fetched from elsewhere */
-    dj_test_resp r = dj_test_http_request(port, "GET", "/", NULL, NULL);
-    CHECK(r.status == 200 && r.body && strstr(r.body, "<!doctype html>") && strstr(r.body, "/v1/djinn/stats") &&
+    /* the same pushed: count=2 gives two events (the STATS JSON) and ends */
+    dj_test_resp r = dj_test_http_request(port, "GET", "/v1/djinn/events?count=2", NULL, NULL);
+    int events = 0;
+    for (const char *e = r.body; e && (e = strstr(e, "data: ")); e += 6) {
+        const char *end = strstr(e, "\n\n");
+        cJSON *ev = end ? cJSON_ParseWithLength(e + 6, (size_t)(end - e - 6)) : NULL;
+        CHECK_MSG(ev && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ev, "object")), "djinn.stats") &&
+                      num_at(cJSON_GetObjectItemCaseSensitive(ev, "segments"), "text", "capacity") == text_cap,
+                  "event %d: %.200s", events, e);
+        cJSON_Delete(ev);
+        events++;
+    }
+    CHECK_MSG(r.status == 200 && events == 2, "GET /v1/djinn/events?count=2: %d, %d events", r.status, events);
+    dj_test_resp_free(&r);
+    expect_error(port, "GET", "/v1/djinn/events?count=0", NULL, NULL, 400, "count=0");
+    expect_error(port, "GET", "/v1/djinn/events?count=2x", NULL, NULL, 400, "count=2x");
+    expect_error(port, "GET", "/v1/djinn/events?count=-1", NULL, NULL, 400, "count=-1");
+    expect_error(port, "GET", "/v1/djinn/events?count=+3", NULL, NULL, 400, "want a number");
+    /* the page: HTML listening to the events, nothing fetched from elsewhere */
+    r = dj_test_http_request(port, "GET", "/", NULL, NULL);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "<!doctype html>") && strstr(r.body, "/v1/djinn/events") &&
           !strstr(r.body, "http://") && !strstr(r.body, "https://") && !strstr(r.body, "src="));
     dj_test_resp_free(&r);
     expect_error(port, "POST", "/v1/djinn/stats", NULL, "{}", 405, "not allowed");
@@ -848,6 +867,49 @@ static void test_busy(unsigned port) {
     CHECK_MSG(status == 200, "after the two left: %d", status);
 }
 
+/* GET /v1/djinn/events holds a slot of --http-max-connections (2) while its
+ * client stays: two streams, a third request gets 503; both clients gone,
+ * their slots (and daemon connections) are freed. */
+static void test_events_busy(unsigned port) {
+    const char *get = "GET /v1/djinn/events HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd[2] = {-1, -1}, status = 0;
+    for (int attempt = 0; attempt < 20 && status != 503; attempt++) { /* as test_busy: a slot may be held a moment */
+        for (int i = 0; i < 2; i++) {
+            if (attempt) close(fd[i]);
+            fd[i] = dj_test_http_connect(port);
+            CHECK(fd[i] >= 0 && dj_test_send_all(fd[i], get, strlen(get)));
+        }
+        if (attempt) dj_test_sleep_ms(200);
+        for (int i = 0; i < 2; i++) { /* each its first event (or a 503 when a slot was still held) */
+            char buf[256];
+            const ssize_t k = recv(fd[i], buf, sizeof buf - 1, 0);
+            CHECK(k > 0);
+        }
+        dj_test_resp r = dj_test_http_request(port, "GET", "/v1/djinn/stats", NULL, NULL);
+        status = r.status;
+        dj_test_resp_free(&r);
+    }
+    CHECK_MSG(status == 503, "a request beside two event streams: %d", status);
+    /* the streams deliver events (one each 500 ms) */
+    char buf[8192] = {0};
+    size_t k = 0;
+    while (k < sizeof buf - 1 && !strstr(buf, "data: {")) {
+        const ssize_t m = recv(fd[0], buf + k, sizeof buf - 1 - k, 0);
+        if (m <= 0) break;
+        k += (size_t)m;
+    }
+    CHECK_MSG(strstr(buf, "data: {") != NULL, "the event stream stopped after %zu bytes", k);
+    close(fd[0]);
+    close(fd[1]);
+    for (int i = 0; i < 300 && status != 200; i++) {
+        dj_test_resp r = dj_test_http_request(port, "GET", "/v1/djinn/stats", NULL, NULL);
+        status = r.status;
+        dj_test_resp_free(&r);
+        if (status != 200) dj_test_sleep_ms(100);
+    }
+    CHECK_MSG(status == 200, "after the event streams left: %d", status);
+}
+
 /* --token-file: bearer tokens, and QoS classes a token may not use */
 static void test_tokens(void) {
     char path[600], addr[128];
@@ -872,6 +934,20 @@ static void test_tokens(void) {
     CHECK_MSG(r.status == 200, "batch token, batch class: %d %s", r.status, r.body ? r.body : "");
     dj_test_resp_free(&r);
     r = dj_test_http_request(port, "GET", "/v1/models", "Authorization: Bearer good-token\r\n", NULL);
+    CHECK(r.status == 200);
+    dj_test_resp_free(&r);
+    /* the events: the header, or ?access_token= (EventSource sends no headers); the query only there */
+    expect_error(port, "GET", "/v1/djinn/events?count=1", NULL, NULL, 401, "access_token");
+    r = dj_test_http_request(port, "GET", "/v1/djinn/events?count=1&access_token=good-token", NULL, NULL);
+    CHECK_MSG(r.status == 200 && r.body && strstr(r.body, "data: {\"object\":\"djinn.stats\""), "events, token in the query: %d",
+              r.status);
+    dj_test_resp_free(&r);
+    expect_error(port, "GET", "/v1/djinn/events?count=1&access_token=wrong", NULL, NULL, 401, "Bearer");
+    r = dj_test_http_request(port, "GET", "/v1/djinn/events?count=1", "Authorization: Bearer good-token\r\n", NULL);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "data: {"));
+    dj_test_resp_free(&r);
+    expect_error(port, "GET", "/v1/djinn/stats?access_token=good-token", NULL, NULL, 401, "Bearer");
+    r = dj_test_http_request(port, "GET", "/v1/djinn/stats", "Authorization: Bearer good-token\r\n", NULL);
     CHECK(r.status == 200);
     dj_test_resp_free(&r);
     CHECK(dj_test_daemon_stop(1, 10000) == 0);
@@ -900,6 +976,7 @@ int main(void) {
         test_errors(port);
         test_disconnect(addr, port);
         test_busy(port);
+        test_events_busy(port);
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
     test_tokens();

@@ -2,7 +2,8 @@
  * thread per connection, each request a libdjinn connection to the daemon's
  * own listener (same scheduler, QoS classes, limits and tokens as the binary
  * protocol; closing it frees the generation), answers as OpenAI's JSON or
- * server-sent events. */
+ * server-sent events; and the live view's page, stats and stats events
+ * (http_view.c draws them). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -23,6 +24,10 @@
 
 /* How often a waiting request looks whether its client is still there. */
 #define POLL_MS 100
+/* GET /v1/djinn/events: one event this often. */
+#define EVENTS_MS 500
+/* ... and at most this many when the client asks for a count. */
+#define EVENTS_MAX_COUNT 1000000
 /* An idle session kept for reuse goes after this long unused. */
 #define IDLE_TTL_S 600.0
 
@@ -51,6 +56,7 @@ struct dj__http {
     uint32_t active;    /* requests being served */
     idle_sess *idle;    /* [n_idle] newest first, at most cfg.reuse */
     uint32_t n_idle;
+    int stopping;       /* set by dj__http_stop (__atomic): event streams end */
 };
 
 /* Per request (MHD's *req_cls). */
@@ -61,16 +67,30 @@ typedef struct hreq {
     char token[DJ__TOKEN_MAX + 1]; /* the bearer token ("" without --token-file) */
 } hreq;
 
+/* A server-sent event stream (text/event-stream), both kinds: MHD's reader
+ * (stream_read, in the connection's own thread) hands out the bytes fill
+ * appended to out, and calls fill again when they are gone. fill blocks
+ * until it has something (looking at the client every POLL_MS) and returns
+ * 0 (more to come), 1 (what it appended ends the stream) or -1 (the client
+ * left, or out of memory: the connection closes). done frees the owner
+ * (once, when MHD is through with the response). */
+typedef struct hstream {
+    dj__buf out;      /* event bytes not yet handed to MHD */
+    size_t out_off;
+    bool last;        /* fill said the end is in out */
+    int (*fill)(struct hstream *s);
+    void (*done)(struct hstream *s);
+} hstream;
+
 /* A generation being answered (both modes). */
 typedef struct hgen {
+    hstream s;        /* stream: first, so that an hstream * is its hgen * */
     dj__http *h;
     struct MHD_Connection *conn;
     dj_client_t *cl;
     dj_client_gen_t *gen;
     dj__oai o;
-    dj__buf out;      /* stream: event bytes not yet handed to MHD */
-    size_t out_off;
-    bool ended, last_sent;
+    bool ended;
     double gone_checked; /* when client_gone last looked (monotonic s) */
     /* for reuse: the session, its context, the ids it was fed and emitted */
     uint64_t session;
@@ -155,14 +175,18 @@ static uint64_t peer_key(struct MHD_Connection *c, bool *local) {
     return 0;
 }
 
-/* 0 when the request may go on (q->token set), else the status answered. */
-static unsigned authorize(hreq *q, struct MHD_Connection *c) {
+/* 0 when the request may go on (q->token set), else the status answered.
+ * query: the token may come as ?access_token=TOKEN (RFC 6750 2.3) when
+ * there is no Authorization header - for GET /v1/djinn/events, since a
+ * browser's EventSource cannot send headers. */
+static unsigned authorize(hreq *q, struct MHD_Connection *c, bool query) {
     dj__http *h = q->h;
     bool local;
     const uint64_t key = peer_key(c, &local);
     if (!h->cfg.n_auth) return local ? 0 : 403;
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *tok = v && !strncmp(v, "Bearer ", 7) ? v + 7 : NULL;
+    if (!v && query) tok = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
     /* a peer's wrong tokens slow its next ones down, as HELLO's do */
     pthread_mutex_lock(&h->mu);
     uint64_t now = dj__now_ms(), at = dj__peer_hello_at(&h->peers, key, now);
@@ -349,7 +373,7 @@ static void gen_free(hgen *g) {
     if (!g) return;
     gen_close(g);
     dj__oai_free(&g->o);
-    dj__buf_free(&g->out);
+    dj__buf_free(&g->s.out);
     free(g->gen_ids);
     free(g);
 }
@@ -459,42 +483,70 @@ static int gen_step(hgen *g, char *err, size_t cap) {
 /* The stream's reader: blocks (a thread per connection) until it has bytes. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
-    hgen *g = cls;
-    while (g->out_off == g->out.n) {
-        g->out.n = g->out_off = 0;
-        if (g->last_sent) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (g->ended) {
-            dj__oai_events(&g->o, true, &g->out);
-            g->last_sent = true;
-            continue;
-        }
-        char err[512];
-        int rc = gen_step(g, err, sizeof err);
-        if (rc < 0) return MHD_CONTENT_READER_END_WITH_ERROR; /* the client left: gen_free closes */
-        if (rc > 0) {
-            /* an error mid-stream: OpenAI's error object as an event */
-            size_t len;
-            char *e = dj__oai_error(rc, err, &len);
-            if (e) {
-                dj__buf_put(&g->out, "data: ", 6);
-                dj__buf_put(&g->out, e, len);
-                dj__buf_put(&g->out, "\n\ndata: [DONE]\n\n", 16);
-            }
-            free(e);
-            g->last_sent = true;
-            continue;
-        }
-        dj__oai_events(&g->o, false, &g->out);
-        if (g->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    hstream *s = cls;
+    while (s->out_off == s->out.n) {
+        s->out.n = s->out_off = 0;
+        if (s->last) return MHD_CONTENT_READER_END_OF_STREAM;
+        const int rc = s->fill(s);
+        if (rc < 0 || s->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR; /* done frees what it held */
+        if (rc > 0) s->last = true;
     }
-    size_t n = g->out.n - g->out_off;
+    size_t n = s->out.n - s->out_off;
     if (n > max) n = max;
-    memcpy(buf, g->out.p + g->out_off, n);
-    g->out_off += n;
+    memcpy(buf, s->out.p + s->out_off, n);
+    s->out_off += n;
     return (ssize_t)n;
 }
 
-static void stream_free(void *cls) { gen_free(cls); }
+static void stream_free(void *cls) {
+    hstream *s = cls;
+    s->done(s);
+}
+
+/* Answers 200 with the stream; MHD owns s from here (s->done frees it, also
+ * when this fails). */
+static enum MHD_Result stream_respond(struct MHD_Connection *c, hstream *s) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+    if (!r) {
+        s->done(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* An error mid-stream: OpenAI's error object as an event's data. */
+static void stream_error(dj__buf *out, int status, const char *err) {
+    size_t len;
+    char *e = dj__oai_error(status, err, &len);
+    if (e) dj__sse_put(out, NULL, e, len);
+    else out->oom = true;
+    free(e);
+}
+
+/* A generation's events: OpenAI's chunks, [DONE] at the end. */
+static int gen_fill(hstream *s) {
+    hgen *g = (hgen *)s;
+    if (g->ended) {
+        dj__oai_events(&g->o, true, &s->out);
+        return 1;
+    }
+    char err[512];
+    const int rc = gen_step(g, err, sizeof err);
+    if (rc < 0) return -1; /* the client left: gen_free closes */
+    if (rc > 0) {
+        stream_error(&s->out, rc, err);
+        dj__sse_put(&s->out, NULL, "[DONE]", 6);
+        return 1;
+    }
+    dj__oai_events(&g->o, false, &s->out);
+    return 0;
+}
+
+static void gen_done(hstream *s) { gen_free((hgen *)s); }
 
 static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool chat) {
     dj__http *h = q->h;
@@ -528,16 +580,9 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
     }
     q->responded = true;
     if (g->o.stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, g, stream_free);
-        if (!r) {
-            gen_free(g);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-        MHD_destroy_response(r);
-        return ret;
+        g->s.fill = gen_fill;
+        g->s.done = gen_done;
+        return stream_respond(c, &g->s);
     }
     while (!g->ended) {
         rc = gen_step(g, err, sizeof err);
@@ -593,11 +638,89 @@ static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
     dj_client_free(cl);
     if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
     size_t len = 0;
-    char *body = dj__http_stats_json(&s, &len);
+    char *body = dj__http_stats_json(&s, dj__now(), &len);
     dj_client_stats_free(&s);
     if (!body) return reply_error(q, c, 503, "out of memory");
     q->responded = true;
     return reply(c, 200, body, len, "application/json");
+}
+
+/* GET /v1/djinn/events: the stats every EVENTS_MS, over one libdjinn
+ * connection held while the client is. */
+typedef struct hevents {
+    hstream s;        /* first: an hstream * is its hevents * */
+    dj__http *h;
+    struct MHD_Connection *conn;
+    dj_client_t *cl;
+    uint64_t count;   /* the events to send (0: until the client goes) */
+    uint64_t sent;
+    double next_at;   /* when the next one is due (monotonic s) */
+} hevents;
+
+static int events_fill(hstream *s) {
+    hevents *e = (hevents *)s;
+    /* wait for the next one, looking at the client (and at a stopping front end) every POLL_MS */
+    for (double now = dj__now(); e->sent && now < e->next_at; now = dj__now()) {
+        if (__atomic_load_n(&e->h->stopping, __ATOMIC_ACQUIRE) || client_gone(e->conn)) return -1;
+        double ms = (e->next_at - now) * 1e3;
+        if (ms > POLL_MS) ms = POLL_MS;
+        struct timespec ts = {0, (long)(ms * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+    if (__atomic_load_n(&e->h->stopping, __ATOMIC_ACQUIRE) || client_gone(e->conn)) return -1;
+    const double now = dj__now();
+    e->next_at = (e->sent ? e->next_at : now) + EVENTS_MS / 1e3;
+    if (e->next_at < now) e->next_at = now + EVENTS_MS / 1e3; /* late (a slow STATS): no burst to catch up */
+    dj_client_stats st;
+    memset(&st, 0, sizeof st);
+    const dj_status rc = dj_client_stats_get(e->cl, &st);
+    if (rc != DJ_OK) { /* the daemon went (or refused): the error, and the end */
+        char err[512];
+        snprintf(err, sizeof err, "djinnd: %s", dj_last_error());
+        stream_error(&s->out, (int)status_of(rc), err);
+        return 1;
+    }
+    size_t len = 0;
+    char *body = dj__http_stats_json(&st, now, &len);
+    dj_client_stats_free(&st);
+    if (!body) return -1;
+    dj__sse_put(&s->out, NULL, body, len);
+    free(body);
+    return ++e->sent == e->count ? 1 : 0;
+}
+
+static void events_done(hstream *s) {
+    hevents *e = (hevents *)s;
+    dj_client_free(e->cl);
+    dj__buf_free(&s->out);
+    free(e);
+}
+
+static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
+    const char *cs = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "count");
+    uint64_t count = 0;
+    if (cs) {
+        char *end = NULL;
+        errno = 0;
+        const unsigned long long v = strtoull(cs, &end, 10);
+        if (!(cs[0] >= '0' && cs[0] <= '9') || *end || errno || v < 1 || v > EVENTS_MAX_COUNT)
+            return reply_error(q, c, 400, "count=%.40s: want a number of events from 1 to %u", cs, EVENTS_MAX_COUNT);
+        count = v;
+    }
+    hevents *e = calloc(1, sizeof *e);
+    if (!e) return reply_error(q, c, 503, "out of memory");
+    e->h = q->h;
+    e->conn = c;
+    e->count = count;
+    e->s.fill = events_fill;
+    e->s.done = events_done;
+    const dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &e->cl);
+    if (st != DJ_OK) {
+        events_done(&e->s);
+        return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
+    }
+    q->responded = true;
+    return stream_respond(c, &e->s);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -622,8 +745,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         /* the page holds no data (its script asks for the stats with the token of its #token=...):
          * with --token-file it is served without one */
         const bool page = !strcmp(url, "/") && !strcmp(method, "GET");
-        const unsigned st = page && h->cfg.n_auth ? 0 : authorize(q, c);
-        if (st == 401) return reply_error(q, c, 401, "send 'Authorization: Bearer TOKEN' with a token of djinnd's --token-file");
+        const unsigned st = page && h->cfg.n_auth ? 0 : authorize(q, c, !strcmp(url, "/v1/djinn/events"));
+        if (st == 401)
+            return reply_error(q, c, 401, "send 'Authorization: Bearer TOKEN' with a token of djinnd's --token-file%s",
+                               strcmp(url, "/v1/djinn/events") ? "" : " (or ?access_token=TOKEN)");
         if (st == 403)
             return reply_error(q, c, 403, "djinnd has no --token-file: only loopback clients are served");
         if (st) return reply_error(q, c, st, "too many wrong tokens from this address: retry later");
@@ -649,6 +774,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (get) return serve_models(q, c);
     } else if (!strcmp(url, "/v1/djinn/stats")) {
         if (get) return serve_stats(q, c);
+    } else if (!strcmp(url, "/v1/djinn/events")) {
+        if (get) return serve_events(q, c);
     } else if (!strcmp(url, "/")) {
         if (get) {
             q->responded = true;
@@ -666,7 +793,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (post) return serve_generate(q, c, url[4] == 'c' && url[5] == 'h');
     } else {
         return reply_error(q, c, 404, "no such endpoint: %s %.200s (djinnd serves GET /, GET /v1/models, GET "
-                                      "/v1/djinn/stats, POST /v1/completions and POST /v1/chat/completions)", method, url);
+                                      "/v1/djinn/stats, GET /v1/djinn/events, POST /v1/completions and POST /v1/chat/completions)", method, url);
     }
     return reply_error(q, c, 405, "%s %.200s: method not allowed", method, url);
 }
@@ -725,6 +852,7 @@ uint16_t dj__http_port(const dj__http *h) {
 
 void dj__http_stop(dj__http *h) {
     if (!h) return;
+    __atomic_store_n(&h->stopping, 1, __ATOMIC_RELEASE); /* event streams end within POLL_MS */
     if (h->mhd) MHD_stop_daemon(h->mhd);
     for (idle_sess *e = h->idle, *n; e; e = n) {
         n = e->next;

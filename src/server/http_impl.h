@@ -31,10 +31,12 @@ void dj__http_stop(dj__http *h); /* NULL does nothing */
 uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0) */
 
 /* ---- the live view (http_view.c) ---- */
-/* GET /v1/djinn/stats's body: the STATS reply as JSON (malloc'd, *len
- * bytes; NULL when out of memory). */
-char *dj__http_stats_json(const dj_client_stats *st, size_t *len /* OUT */);
-extern const char dj__http_view_html[]; /* GET /: the page, polling the JSON above */
+/* GET /v1/djinn/stats's body, and each event's data of GET
+ * /v1/djinn/events: the STATS reply as JSON, one line, with at (monotonic
+ * seconds when it was taken: rates between two of them) as "at_s" (malloc'd,
+ * *len bytes; NULL when out of memory). */
+char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len /* OUT */);
+extern const char dj__http_view_html[]; /* GET /: the page, drawing the events above */
 
 /* What the front end keeps of a model of the store (loaded on first use). */
 typedef struct dj__http_model {
@@ -54,6 +56,9 @@ typedef struct dj__buf {
 } dj__buf;
 void dj__buf_put(dj__buf *b, const char *s, size_t n);
 void dj__buf_free(dj__buf *b);
+/* One server-sent event appended to out: "event: NAME" when name is not
+ * NULL, then data[n] (one line: no '\n' in it) as "data: ...", a blank line. */
+void dj__sse_put(dj__buf *out, const char *name, const char *data, size_t n);
 
 /* ---- one OpenAI request (http_openai.c) ---- */
 #define DJ__OAI_MAX_STOP 4

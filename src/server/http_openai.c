@@ -511,10 +511,19 @@ static void event(dj__buf *out, cJSON *r) {
         out->oom = true;
         return;
     }
-    dj__buf_put(out, "data: ", 6);
-    dj__buf_put(out, s, n);
-    dj__buf_put(out, "\n\n", 2);
+    dj__sse_put(out, NULL, s, n);
     free(s);
+}
+
+void dj__sse_put(dj__buf *out, const char *name, const char *data, size_t n) {
+    if (name) {
+        dj__buf_put(out, "event: ", 7);
+        dj__buf_put(out, name, strlen(name));
+        dj__buf_put(out, "\n", 1);
+    }
+    dj__buf_put(out, "data: ", 6);
+    dj__buf_put(out, data, n);
+    dj__buf_put(out, "\n\n", 2);
 }
 
 /* One chunk: a delta of text (may be NULL) and/or the finish reason, with
@@ -575,7 +584,7 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
         add_usage(o, r);
         event(out, r);
     }
-    dj__buf_put(out, "data: [DONE]\n\n", 14);
+    dj__sse_put(out, NULL, "[DONE]", 6);
 }
 
 void dj__oai_free(dj__oai *o) {

@@ -1,5 +1,6 @@
 /* http_view.c: the live view of the VMU at GET / (one page, no external
- * assets) and the JSON it polls, GET /v1/djinn/stats (the daemon's STATS). */
+ * assets), the JSON of the daemon's STATS it draws: GET /v1/djinn/stats, and
+ * the same pushed as server-sent events by GET /v1/djinn/events. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,10 +18,11 @@ static void add_seg(cJSON *segs, const char *name, const dj_client_seg *s) {
     add_u64(o, "peak", s->peak);
 }
 
-char *dj__http_stats_json(const dj_client_stats *st, size_t *len) {
+char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
     cJSON *r = cJSON_CreateObject();
     if (!r) return NULL;
     cJSON_AddStringToObject(r, "object", "djinn.stats");
+    cJSON_AddNumberToObject(r, "at_s", at);
     cJSON *segs = cJSON_AddObjectToObject(r, "segments");
     add_seg(segs, "text", &st->text);
     add_seg(segs, "data", &st->data);
@@ -95,63 +97,90 @@ char *dj__http_stats_json(const dj_client_stats *st, size_t *len) {
     return body;
 }
 
-/* The page: three segment bars to scale, tables of models, sessions and
- * queues; polls /v1/djinn/stats every second (a bearer token, when the
- * daemon wants one, comes from the URL's #token=... and is sent as a header). */
+/* The page: the segments drawn to scale (the data segment's KV in a colour
+ * per session, the prefix cache's pages grey; the host pool with the swapped
+ * sessions' KV), tables of models, sessions and queues, tokens/s and swap
+ * traffic between events. It listens to /v1/djinn/events (EventSource); a
+ * bearer token, when the daemon wants one, comes from the URL's #token=...
+ * and goes as ?access_token= (EventSource sends no headers); #events=N ends
+ * after N events (for a still page: tests, screenshots). The numbers the
+ * tests read have stable ids: seg-{text,data,stack,pool} (data-capacity,
+ * data-used bytes), pages-used, pages-total, n-models, model-NAME, n-sessions,
+ * session-ID, queue-CLASS, events (events received). */
+/* one literal, longer than C99's 4095-byte minimum: gcc and clang take it */
+#pragma GCC diagnostic ignored "-Woverlength-strings"
 const char dj__http_view_html[] =
-    "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>djinnd: VMU</title>\n"
+    "<!doctype html>\n"
+    "<html><head><meta charset=\"utf-8\"><title>djinnd: VMU</title>\n"
     "<style>\n"
-    "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\n"
-    "h1{font-size:1.3em}h2{font-size:1.05em;margin:1.2em 0 .4em}\n"
-    ".seg{display:flex;align-items:center;margin:.3em 0}.seg b{width:4em}\n"
-    ".bar{position:relative;height:1.4em;background:#eee;border:1px solid #999}\n"
-    ".fill{position:absolute;top:0;bottom:0;left:0}\n"
+    "body{font:14px system-ui,sans-serif;margin:1.2em;color:#222}\n"
+    "h1{font-size:1.3em;margin:.2em 0}h2{font-size:1.05em;margin:1em 0 .3em}\n"
+    ".seg{display:flex;align-items:center;margin:.3em 0}.seg b{width:5.5em}\n"
+    ".bar{position:relative;height:1.4em;background:#eee;border:1px solid #999;display:flex;overflow:hidden}\n"
+    ".bar>div{height:100%}\n"
     ".lbl{margin-left:.6em;font-variant-numeric:tabular-nums}\n"
-    "table{border-collapse:collapse}td,th{padding:.15em .7em;border-bottom:1px solid #ddd;text-align:left}\n"
+    "table{border-collapse:collapse}td,th{padding:.12em .7em;border-bottom:1px solid #ddd;text-align:left}\n"
     "td.n{text-align:right;font-variant-numeric:tabular-nums}\n"
-    ".swapped{color:#a33}.resident{color:#273}#err{color:#a33}\n"
+    ".sw{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:middle}\n"
+    ".swapped{color:#a33}.resident{color:#273}#err{color:#a33}#live{color:#666}\n"
     "</style></head><body>\n"
-    "<h1>djinnd &mdash; live view of the VMU</h1><div id=\"err\"></div>\n"
+    "<h1>djinnd &mdash; live view of the VMU</h1>\n"
+    "<div id=\"live\">events received: <span id=\"events\">0</span>; <span id=\"tps\">-</span> tokens/s; PCIe (swap): <span id=\"pcie\">-</span></div><div id=\"err\"></div>\n"
     "<h2>Segments</h2><div id=\"segs\"></div><div id=\"pages\"></div>\n"
-    "<h2>Models (text)</h2><table id=\"models\"></table>\n"
-    "<h2>Sessions (data)</h2><table id=\"sessions\"></table>\n"
+    "<h2>Models (text): <span id=\"n-models\">0</span></h2><table id=\"models\"></table>\n"
+    "<h2>Sessions (data): <span id=\"n-sessions\">0</span></h2><table id=\"sessions\"></table>\n"
     "<h2>Queues</h2><table id=\"queues\"></table>\n"
     "<p id=\"swap\"></p>\n"
     "<script>\n"
     "'use strict';\n"
-    "const tok=(location.hash.match(/token=([^&]+)/)||[])[1];\n"
+    "// #token=TOKEN: sent as ?access_token= (EventSource sends no headers); #events=N: stop after N\n"
+    "const arg=k=>(location.hash.match(new RegExp('[#&]'+k+'=([^&]+)'))||[])[1];\n"
+    "const tok=arg('token'),max=+arg('events')||0;\n"
     "const MiB=b=>(b/1048576).toFixed(1)+' MiB';\n"
     "const esc=s=>String(s).replace(/[&<>\"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','\"':'&quot;'}[c]));\n"
-    "function row(cells,head){return '<tr>'+cells.map(c=>{const n=typeof c==='number';"
-    "return (head?'<th>':n?'<td class=\"n\">':'<td>')+esc(c)+(head?'</th>':'</td>')}).join('')+'</tr>';}\n"
+    "const $=id=>document.getElementById(id);\n"
+    "function row(cells,head,attr){return '<tr'+(attr||'')+'>'+cells.map(c=>{const n=typeof c==='number';\n"
+    " return (head?'<th>':n?'<td class=\"n\">':'<td>')+(c&&c.html?c.html:esc(c))+(head?'</th>':'</td>')}).join('')+'</tr>';}\n"
     "const colours={text:'#4a7fc1',data:'#d9822b',stack:'#6a9f4b'};\n"
+    "const hue=i=>'hsl('+(i*67+20)%360+',60%,55%)';\n"
+    "const part=(b,cap,col,t)=>'<div style=\"width:'+(cap?100*b/cap:0).toFixed(2)+'%;background:'+col+'\" title=\"'+esc(t)+'\"></div>';\n"
+    "let n=0,prev=null;\n"
     "function draw(s){\n"
-    " const g=s.segments,total=g.text.capacity+g.data.capacity+g.stack.capacity;let h='';\n"
-    " for(const k of ['text','data','stack']){const c=g[k];\n"
-    "  const w=Math.max(2,Math.round(600*c.capacity/total)),u=c.capacity?100*c.used/c.capacity:0;\n"
-    "  h+='<div class=\"seg\" id=\"seg-'+k+'\"><b>'+k+'</b><div class=\"bar\" style=\"width:'+w+'px\">'+\n"
-    "   '<div class=\"fill\" style=\"width:'+u.toFixed(1)+'%;background:'+colours[k]+'\"></div></div>'+\n"
-    "   '<span class=\"lbl\">'+MiB(c.used)+' of '+MiB(c.capacity)+' (peak '+MiB(c.peak)+')</span></div>';}\n"
-    " document.getElementById('segs').innerHTML=h;\n"
-    " const p=s.pages,x=s.prefix_cache;\n"
-    " document.getElementById('pages').textContent='data pages: '+(p.total-p.free)+' of '+p.total+' in use ('+\n"
+    " const g=s.segments,total=g.text.capacity+g.data.capacity+g.stack.capacity,p=s.pages,x=s.prefix_cache;let h='';\n"
+    " for(const k of ['text','data','stack']){const c=g[k],w=Math.max(2,Math.round(600*c.capacity/total));let f;\n"
+    "  if(k==='data'){f=s.sessions.map((e,i)=>e.residency==='resident'?part(e.kv_bytes,c.capacity,hue(i),e.id):'').join('')+\n"
+    "   part(x.pages*p.bytes,c.capacity,'#999','prefix cache');}else f=part(c.used,c.capacity,colours[k],k);\n"
+    "  h+='<div class=\"seg\" id=\"seg-'+k+'\" data-capacity=\"'+c.capacity+'\" data-used=\"'+c.used+'\"><b>'+k+'</b><div class=\"bar\" style=\"width:'+w+\n"
+    "   'px\">'+f+'</div><span class=\"lbl\">'+MiB(c.used)+' of '+MiB(c.capacity)+' (peak '+MiB(c.peak)+')</span></div>';}\n"
+    " const w=s.swap;\n"
+    " h+='<div class=\"seg\" id=\"seg-pool\" data-capacity=\"'+w.pool_bytes+'\" data-used=\"'+w.pool_used+'\"><b>host pool</b><div class=\"bar\" style=\"width:300px\">'+\n"
+    "  s.sessions.map((e,i)=>e.pooled_bytes?part(e.pooled_bytes,w.pool_bytes,hue(i),e.id):'').join('')+\n"
+    "  '</div><span class=\"lbl\">'+MiB(w.pool_used)+' of '+MiB(w.pool_bytes)+' (swapped KV)</span></div>';\n"
+    " $('segs').innerHTML=h;\n"
+    " $('pages').innerHTML='data pages: <span id=\"pages-used\">'+(p.total-p.free)+'</span> of <span id=\"pages-total\">'+p.total+'</span> in use ('+\n"
     "  p.bytes+' B each); prefix cache: '+(x.enabled?x.blocks+' blocks, '+x.pages+' pages ('+x.pages_unreferenced+\n"
     "  ' unreferenced), '+x.hits+' hits, '+x.tokens_mapped+' prompt tokens not recomputed':'off');\n"
-    " document.getElementById('models').innerHTML=row(['model','refs','layers','streamed','resident'],1)+\n"
-    "  s.models.map(m=>row([m.name,m.refs,m.layers,m.streamed_layers,MiB(m.resident_bytes)])).join('');\n"
-    " document.getElementById('sessions').innerHTML=row(['session','model','qos','state','KV','pos','KV bytes','swaps'],1)+\n"
-    "  s.sessions.map(x=>row([x.id,x.model,x.qos,x.state,x.residency,x.pos,MiB(x.kv_bytes),x.swaps])"
-    ".replace('<td>'+x.residency,'<td class=\"'+x.residency+'\">'+x.residency)).join('');\n"
-    " document.getElementById('queues').innerHTML=row(['class','waiting','running'],1)+\n"
-    "  Object.entries(s.queues).map(([k,q])=>row([k,q.waiting,q.running])).join('');\n"
-    " const w=s.swap;document.getElementById('swap').textContent='swap ('+w.policy+'): pool '+MiB(w.pool_used)+\n"
-    "  ' of '+MiB(w.pool_bytes)+', '+w.swaps_out+' out, '+w.swaps_in+' in; '+s.steps.gen_steps+' steps, '+\n"
-    "  s.steps.step_ms.toFixed(2)+' ms each';\n"
+    " $('n-models').textContent=s.models.length;\n"
+    " $('models').innerHTML=row(['model','refs','layers','streamed','resident'],1)+\n"
+    "  s.models.map(m=>row([m.name,m.refs,m.layers,m.streamed_layers,MiB(m.resident_bytes)],0,' id=\"model-'+esc(m.name)+'\"')).join('');\n"
+    " $('n-sessions').textContent=s.sessions.length;\n"
+    " $('sessions').innerHTML=row(['session','model','qos','state','KV','pos','KV bytes','swaps'],1)+\n"
+    "  s.sessions.map((e,i)=>row([{html:'<span class=\"sw\" style=\"background:'+hue(i)+'\"></span>'+esc(e.id)},e.model,e.qos,e.state,\n"
+    "   {html:'<span class=\"'+e.residency+'\">'+e.residency+'</span>'},e.pos,MiB(e.kv_bytes),e.swaps],0,' id=\"session-'+esc(e.id)+'\"')).join('');\n"
+    " $('queues').innerHTML=row(['class','waiting','running'],1)+\n"
+    "  Object.entries(s.queues).map(([k,q])=>row([k,q.waiting,q.running],0,' id=\"queue-'+esc(k)+'\"')).join('');\n"
+    " $('swap').textContent='swap ('+w.policy+'): pool '+MiB(w.pool_used)+' of '+MiB(w.pool_bytes)+', '+w.swaps_out+' out, '+\n"
+    "  w.swaps_in+' in; '+s.steps.gen_steps+' steps, '+s.steps.step_ms.toFixed(2)+' ms each';\n"
+    " // rates between two events: tokens = steps of one session + the rows of batched ones\n"
+    " const t=s.at_s,k=s.steps.gen_steps-s.steps.batched_steps+s.steps.batched_rows;\n"
+    " if(prev&&t>prev.t){const d=t-prev.t;$('tps').textContent=((k-prev.k)/d).toFixed(0);\n"
+    "  $('pcie').textContent=MiB((w.bytes_out-prev.o)/d)+'/s out, '+MiB((w.bytes_in-prev.i)/d)+'/s in';}\n"
+    " prev={t,k,o:w.bytes_out,i:w.bytes_in};\n"
     "}\n"
-    "async function poll(){try{const r=await fetch('/v1/djinn/stats',{headers:tok?{Authorization:'Bearer '+tok}:{}});\n"
-    " const j=await r.json();if(!r.ok)throw new Error(j.error?j.error.message:r.status);\n"
-    " draw(j);document.getElementById('err').textContent='';}\n"
-    " catch(e){document.getElementById('err').textContent='stats: '+e.message;}\n"
-    " setTimeout(poll,1000);}\n"
-    "poll();\n"
+    "const es=new EventSource('/v1/djinn/events'+(max?'?count='+max:'')+(tok?(max?'&':'?')+'access_token='+encodeURIComponent(tok):''));\n"
+    "es.onmessage=e=>{const j=JSON.parse(e.data);\n"
+    " if(j.error){$('err').textContent='events: '+j.error.message;return;}\n"
+    " $('events').textContent=++n;draw(j);$('err').textContent='';if(max&&n>=max)es.close();};\n"
+    "es.onerror=()=>{if(!max||n<max)$('err').textContent='events: '+(es.readyState===2?\n"
+    " 'refused (a wrong #token=?) or djinnd is gone: reload the page':'the connection broke; retrying');};\n"
     "</script></body></html>\n";
