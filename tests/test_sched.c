@@ -237,6 +237,13 @@ static void consistent(world *w) {
     CHECK_MSG(ss.pages_held == seg_held(w), "sched sees %u pages held, the engine %u", ss.pages_held, seg_held(w));
     CHECK_MSG(ss.pool_used == w->pool_used, "sched sees %llu pooled, the engine %llu",
               (unsigned long long)ss.pool_used, (unsigned long long)w->pool_used);
+    /* the queues' counts hold every live request once, each in its class */
+    uint32_t alive[DJ_SCHED_CLASSES] = {0};
+    for (uint32_t i = 0; i < w->n_req; i++)
+        if (w->rr[i].alive) alive[w->rr[i].qos]++;
+    for (uint32_t q = 0; q < DJ_SCHED_CLASSES; q++)
+        CHECK_MSG(ss.waiting[q] + ss.running[q] == alive[q], "class %u: %u waiting + %u running, %u requests alive", q,
+                  ss.waiting[q], ss.running[q], alive[q]);
 }
 
 static int rnd(int n) { return (int)(dj_test_rand() % (uint64_t)n); }

@@ -807,13 +807,16 @@ void dj_sched_get_stats(const dj_sched_t *s, uint64_t now, dj_sched_stats *st) {
     st->pool_used = s->pool_used;
     memset(st->sessions, 0, sizeof st->sessions);
     for (const ssess *x = s->all; x; x = x->next) st->sessions[dj_sched_session_state(s, x->id, now)]++;
+    /* every request held counts once: running (a generation stepping) or
+     * waiting (queued, admitted while its session comes back, or preempted) */
     for (uint32_t q = 0; q < DJ_SCHED_CLASSES; q++) {
         st->waiting[q] = s->waiting[q].n;
         st->running[q] = 0;
     }
+    for (const sreq *r = s->admitted.head; r; r = r->next) st->waiting[r->qos]++;
     st->preempted = 0;
     for (const sreq *r = s->gens.head; r; r = r->next) {
-        if (r->preempted) st->preempted++;
+        if (r->preempted) st->preempted++, st->waiting[r->qos]++;
         else st->running[r->qos]++;
     }
 }

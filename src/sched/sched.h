@@ -145,6 +145,8 @@ typedef struct dj_sched_stats {
     uint32_t pages_total, pages_held, pages_reserved; /* reserved: beyond held, for admitted requests */
     uint64_t pool_pages, pool_used;
     uint32_t sessions[DJ_SESS_DROPPED + 1];           /* by state */
+    /* per class: running = generations stepping; waiting = every other request held (queued,
+     * admitted while its session is restored, or preempted - preempted counts those of all classes) */
     uint32_t waiting[DJ_SCHED_CLASSES], running[DJ_SCHED_CLASSES], preempted;
     uint64_t swaps_out, swaps_in, drops, prefetches, preemptions, refused;
 } dj_sched_stats;
