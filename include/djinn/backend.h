@@ -5,6 +5,7 @@
 #ifndef DJINN_BACKEND_H
 #define DJINN_BACKEND_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,7 +32,16 @@ typedef struct dj_copy_span {
 /* A view of one layer's K/V for one session, as stored in data-segment pages.
  * Page layout (page_bytes each, pages anywhere in the segment):
  *   K rows: [tokens_per_page][kv_dim] of dtype, then
- *   V rows: [tokens_per_page][kv_dim] of dtype.
+ *   V rows: [tokens_per_page][kv_dim] of dtype,
+ * and with dtype f8_e4m3 (either backend, `--kv-dtype fp8`: one byte an
+ * element) the scales after them, one power of two per position and head:
+ *   K exponents: [tokens_per_page][n_kv_heads] int8, then
+ *   V exponents: [tokens_per_page][n_kv_heads] int8;
+ * element e of head h at row r is f8(code) * 2^exp[r][h]. KV_WRITE picks
+ * each (row, head)'s exponent from the largest magnitude of its head_dim
+ * values (dj_kv_f8_exp) and rounds value * 2^-exp to nearest even, saturating
+ * at +-448 (dj_f32_to_f8e4m3); the dequantized values are exact in bf16 and f32.
+ * dj_kv_token_bytes gives one position's bytes (K, V and scales).
  * Token position p lives in page block_table[p / tokens_per_page], row
  * p % tokens_per_page.
  * Block tables: block_table (host memory) is always set and authoritative.
@@ -49,8 +59,30 @@ typedef struct dj_kv_view {
     uint32_t n_blocks;            /* blocks mapped (capacity = n_blocks*tokens_per_page) */
     uint32_t tokens_per_page;     /* positions per page */
     uint32_t kv_dim;              /* n_kv_heads * head_dim */
-    dj_dtype dtype;               /* element type of K/V (f32 on the CPU) */
+    dj_dtype dtype;               /* element type of K/V (the backend's kv_dtype) */
+    uint32_t n_kv_heads;          /* heads of kv_dim: the f8 layout's scales (0 = 1 elsewhere) */
 } dj_kv_view;
+
+/* Bytes of one position of one layer in a page: K and V rows of n_kv_heads *
+ * head_dim elements of t, plus the two exponent bytes per head with f8_e4m3;
+ * 0 for a dtype no backend stores K/V in. */
+size_t dj_kv_token_bytes(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim);
+
+/* The f8 K/V exponent of a head whose largest magnitude is amax: the least s
+ * with amax <= 448 * 2^s (so no element saturates), 0 for amax 0 or not finite.
+ * amax = m * 2^E with m in [0.5, 1) (frexpf): s = E - 9, or E - 8 when
+ * m > 0.875 (448 = 0.875 * 2^9). Host and device code (CUDA kernels call it). */
+#ifdef __CUDACC__
+#define DJ_KV_HD __host__ __device__
+#else
+#define DJ_KV_HD
+#endif
+static inline DJ_KV_HD int dj_kv_f8_exp(float amax) {
+    if (!(amax > 0.0f) || amax == INFINITY) return 0;
+    int E = 0;
+    const float m = frexpf(amax, &E);
+    return E - 9 + (m > 0.875f ? 1 : 0);
+}
 
 /* Every op once: X(NAME, "name"). Generates dj_op and dj_op_name(). The
  * comment of each op is its contract:
@@ -350,7 +382,8 @@ typedef struct dj_backend_vtbl {
 /* Every backend struct begins with this header. */
 struct dj_backend {
     const dj_backend_vtbl *vt;
-    dj_dtype kv_dtype;    /* element type it wants for K/V pages */
+    dj_dtype kv_dtype;    /* element type of K/V pages: act_dtype, or f8_e4m3 when the owner
+                           * asks before any session (dj_backend_set_kv_dtype) */
     dj_dtype act_dtype;   /* element type of activations (f32 on the CPU) */
     dj_dtype res_dtype;   /* element type the executor keeps the residual stream in
                            * (EMBED and ADD outputs): act_dtype or f32 */
@@ -366,6 +399,10 @@ struct dj_backend {
  * device memory is host memory aligned to 4096; compute is synchronous and
  * not reentrant for one backend (it keeps one scratch buffer). */
 dj_status dj_backend_cpu_new(int n_threads, dj_backend_t **out /* OUT */);
+/* K/V pages in t from now on: the backend's act_dtype (its default) or
+ * f8_e4m3 (half the bytes of bf16, a quarter of f32). Call before any
+ * session exists; DJ_EUNSUPPORTED names any other dtype. */
+dj_status dj_backend_set_kv_dtype(dj_backend_t *be, dj_dtype t);
 /* Frees any backend; NULL does nothing. */
 void dj_backend_free(dj_backend_t *be);
 

@@ -42,7 +42,14 @@ typedef struct dj_engine_config {
                                * k > 0: k of them, at steps of up to 16 rows (ablations, tests) */
     bool no_prefix_cache;     /* full KV blocks are not shared between sessions by content
                                * (the kill switch of the prefix cache; results are the same) */
+    const char *kv_dtype;     /* K/V pages: NULL or "auto" the backend's activation dtype (f32 on
+                               * the CPU, bf16 on CUDA); "fp8" f8_e4m3 with a power-of-two scale
+                               * per position and head (backend.h): twice the tokens of bf16 */
 } dj_engine_config;
+
+/* The K/V dtype an engine_config's kv_dtype names on a GPU (gpu) or the CPU;
+ * DJ_EINVAL with the accepted names otherwise. */
+dj_status dj_kv_dtype_parse(const char *name, bool gpu, dj_dtype *out /* OUT */);
 
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out /* OUT */);
 void dj_engine_free(dj_engine_t *e); /* NULL does nothing; sessions/models must be released first */

@@ -10,6 +10,26 @@ void dj_backend_free(dj_backend_t *be) {
     if (be) be->vt->destroy(be);
 }
 
+size_t dj_kv_token_bytes(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim) {
+    const size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    switch (t) {
+    case DJ_DTYPE_F32:
+    case DJ_DTYPE_BF16:
+    case DJ_DTYPE_F16: return 2 * kv_dim * dj_dtype_size(t);
+    case DJ_DTYPE_F8_E4M3: return 2 * kv_dim + 2 * (size_t)n_kv_heads;
+    default: return 0;
+    }
+}
+
+dj_status dj_backend_set_kv_dtype(dj_backend_t *be, dj_dtype t) {
+    if (!be) return dj_fail(DJ_EINVAL, "dj_backend_set_kv_dtype: NULL backend");
+    if (t != be->act_dtype && t != DJ_DTYPE_F8_E4M3)
+        return dj_fail(DJ_EUNSUPPORTED, "the %s backend stores K/V as %s or f8_e4m3, not %s", be->vt->name,
+                       dj_dtype_name(be->act_dtype), dj_dtype_name(t));
+    be->kv_dtype = t;
+    return DJ_OK;
+}
+
 #define REQUIRE(cond, ...)                                   \
     do {                                                     \
         if (!(cond)) return dj_fail(DJ_EINVAL, __VA_ARGS__); \
@@ -34,7 +54,11 @@ static dj_status check_kv(const dj_op_call *c, const char *op, dj_dtype kvt, con
             dj_dtype_name(kvt));
     REQUIRE(kv->tokens_per_page > 0 && kv->kv_dim > 0, "%s: kv view has tokens_per_page=%u kv_dim=%u", op,
             kv->tokens_per_page, kv->kv_dim);
-    const uint64_t need = 2ull * kv->tokens_per_page * kv->kv_dim * dj_dtype_size(kvt);
+    const uint32_t heads = kv->n_kv_heads ? kv->n_kv_heads : 1;
+    REQUIRE(kv->kv_dim % heads == 0 && (kvt != DJ_DTYPE_F8_E4M3 || kv->n_kv_heads),
+            "%s: kv view of %u dims has %u heads (f8 K/V needs their count for its scales)", op, kv->kv_dim,
+            kv->n_kv_heads);
+    const uint64_t need = (uint64_t)kv->tokens_per_page * dj_kv_token_bytes(kvt, heads, kv->kv_dim / heads);
     REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u %s", op,
             kv->page_bytes, kv->tokens_per_page, kv->kv_dim, dj_dtype_name(kvt));
     REQUIRE(kv->page_bytes % 4 == 0 && (uintptr_t)kv->seg_base % 4 == 0,

@@ -118,6 +118,23 @@ static dj_status vmu_auto(dj_backend_t *be, dj_vmu_config *cfg) {
     return DJ_OK;
 }
 
+dj_status dj_kv_dtype_parse(const char *name, bool gpu, dj_dtype *out) {
+    if (!name || !*name || strcmp(name, "auto") == 0) *out = gpu ? DJ_DTYPE_BF16 : DJ_DTYPE_F32;
+    else if (strcmp(name, "fp8") == 0 || strcmp(name, "f8_e4m3") == 0) *out = DJ_DTYPE_F8_E4M3;
+    else if (strcmp(name, "bf16") == 0 && gpu) *out = DJ_DTYPE_BF16;
+    else if (strcmp(name, "f32") == 0 && !gpu) *out = DJ_DTYPE_F32;
+    else
+        return dj_fail(DJ_EINVAL, "KV dtype '%s' on the %s: 'auto' (%s), 'fp8' or '%s'", name, gpu ? "GPU" : "CPU",
+                       gpu ? "bf16" : "f32", gpu ? "bf16" : "f32");
+    return DJ_OK;
+}
+
+static dj_status kv_dtype_apply(dj_backend_t *be, const char *name) {
+    dj_dtype t;
+    const dj_status st = dj_kv_dtype_parse(name, !be->host_memory, &t);
+    return st != DJ_OK ? st : dj_backend_set_kv_dtype(be, t);
+}
+
 dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     *out = NULL;
     const bool cpu = !cfg->device || strcmp(cfg->device, "cpu") == 0;
@@ -148,6 +165,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
         st = dj_backend_cpu_new(cfg->n_threads, &e->be);
     if (st != DJ_OK) goto fail;
     e->be->deterministic = cfg->deterministic;
+    if ((st = kv_dtype_apply(e->be, cfg->kv_dtype)) != DJ_OK) goto fail;
     {
         dj_vmu_config vc = cfg->vmu;
         if (vc.total_bytes == 0 && (st = vmu_auto(e->be, &vc)) != DJ_OK) goto fail;
@@ -360,7 +378,7 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
         if (scale_bytes(&w[i])) needs->text_bytes += dj_vmu_aligned(scale_bytes(&w[i]));
         if (names[i]) needs->n_params += (uint64_t)w[i].shape[0] * (uint64_t)(w[i].shape[1] ? w[i].shape[1] : 1);
     }
-    needs->kv_bytes_per_token = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * dj_dtype_size(kv_dtype);
+    needs->kv_bytes_per_token = (size_t)c->n_layers * dj_kv_token_bytes(kv_dtype, c->n_kv_heads, c->head_dim);
     st = dj_model_build_graph(c, NULL, DJ_PHASE_PREFILL, dj_shape_bucket(DJ_PHASE_PREFILL, step_tokens, step_tokens),
                               &g);
     if (st != DJ_OK) goto done;
@@ -658,16 +676,16 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     if (max_ctx == 0) max_ctx = c->max_position_embeddings;
     if (max_ctx == 0) return dj_fail(DJ_EINVAL, "session context length is 0");
     const size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t row = kv_dim * dj_dtype_size(e->be->kv_dtype);
+    const size_t token = dj_kv_token_bytes(e->be->kv_dtype, c->n_kv_heads, c->head_dim);
     const size_t page = dj_vmu_page_bytes(e->vmu);
-    if (page < 2 * row)
+    if (page < token)
         return dj_fail(DJ_EINVAL, "KV page of %zu bytes cannot hold one position of K and V (%zu bytes)", page,
-                       2 * row);
+                       token);
     dj_session_t *s = calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
     s->max_ctx = max_ctx;
-    s->tokens_per_page = (uint32_t)(page / (2 * row));
+    s->tokens_per_page = (uint32_t)(page / token);
     s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
     s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
     s->kv = calloc(c->n_layers, sizeof *s->kv);
@@ -701,6 +719,7 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
         v->tokens_per_page = s->tokens_per_page;
         v->kv_dim = (uint32_t)kv_dim;
         v->dtype = e->be->kv_dtype;
+        v->n_kv_heads = c->n_kv_heads;
     }
     dj__prefix_root(s, s->pfx_key);
     s->pfx_off = !e->prefix;

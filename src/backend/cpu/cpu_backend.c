@@ -257,7 +257,7 @@ static dj_status op_add(dj_cpu_backend *cb, const dj_op_call *c) {
 static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
     dj_cpu_backend *cb = (dj_cpu_backend *)be;
     if (!c) return dj_fail(DJ_EINVAL, "cpu compute: NULL call");
-    dj_status st = dj__op_call_check(c, DJ_DTYPE_F32, DJ_DTYPE_F32, "cpu");
+    dj_status st = dj__op_call_check(c, DJ_DTYPE_F32, cb->base.kv_dtype, "cpu");
     if (st != DJ_OK) return st;
     switch (c->op) {
     case DJ_OP_EMBED: return op_embed(cb, c);
