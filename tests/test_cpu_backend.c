@@ -777,7 +777,7 @@ static void time_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
 static void time_attention(uint32_t ctx) {
     const uint32_t nh = 32, nkv = 4, hd = 64, tpp = 16, kv_dim = nkv * hd;
     kv_area a;
-    kv_area_init(&a, (ctx + tpp - 1) / tpp, tpp, kv_dim);
+    kv_area_init_heads(&a, (ctx + tpp - 1) / tpp, tpp, kv_dim, nkv);
     float *k = falloc((size_t)ctx * kv_dim), *v = falloc((size_t)ctx * kv_dim);
     float *q = falloc((size_t)nh * hd), *out = falloc((size_t)nh * hd);
     fill(k, (size_t)ctx * kv_dim, -1.0f, 1.0f);
@@ -791,7 +791,8 @@ static void time_attention(uint32_t ctx) {
     double t = now_s();
     for (int i = 0; i < iters; i++) CHECK_OK(dj_backend_compute(be, &c));
     t = (now_s() - t) / iters;
-    printf("attention decode heads %u:%u hd=%u ctx=%u: %.3f ms\n", nh, nkv, hd, ctx, t * 1e3);
+    printf("attention decode heads %u:%u hd=%u ctx=%u, %s K/V: %.3f ms\n", nh, nkv, hd, ctx,
+           dj_dtype_name(be->kv_dtype), t * 1e3);
     free(k);
     free(v);
     free(q);
@@ -817,6 +818,8 @@ int main(void) {
     test_errors();
     time_matmul(1, 2048, 5632, 10);
     time_matmul(64, 2048, 5632, 2);
+    time_attention(2048);
+    CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F8_E4M3));
     time_attention(2048);
     dj_backend_free(be);
     return dj_test_finish("test_cpu_backend");
