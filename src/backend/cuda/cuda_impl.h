@@ -210,21 +210,6 @@ void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count);
 dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c);
 
-/* A GEMV group that computes its own x (cuda_gemv_fold.cu): the op before it
- * folded into its launch. silu: the SILU_MUL whose output is x; or norm: the
- * RMSNORM whose output is x, with add: the ADD whose sum that norm reads (or
- * NULL). The folded ops' outputs are still written (by block 0). */
-enum { DJ_FOLD_SILU = 1, DJ_FOLD_NORM = 2, DJ_FOLD_ADD_NORM = 3 };
-typedef struct dj_gemv_fold {
-    const dj_op_call *add, *norm, *silu;
-} dj_gemv_fold;
-/* Whether the fused kernel takes the group calls[0..count) with f: one row,
- * bf16 weights, k % 8 == 0 and <= 16384, 16-byte aligned x and weights,
- * shapes that chain, and no buffer written by the launch touching another it
- * reads or writes. */
-bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f);
-dj_status dj__cuda_gemv_fold(dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f);
-
 static inline bool dj__bytes_overlap(const void *a, size_t na, const void *b, size_t nb) {
     const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
     return pa < pb + nb && pb < pa + na;

@@ -9,8 +9,7 @@
 /* One launch of a plan: a call alone, or calls fused. Indices into the calls. */
 typedef enum {
     STEP_ONE,      /* calls[first] alone */
-    STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch, computing its x from the folded
-                    * calls fold_add/fold_norm/fold_silu (indices before first, or -1) */
+    STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch */
     STEP_ADD_NORM, /* ADD calls[first], RMSNORM calls[first+1] of its sum (dj__cuda_add_rmsnorm) */
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
 } step_kind;
@@ -20,7 +19,6 @@ typedef struct plan_step {
     uint8_t count;  /* STEP_GEMV: calls in the group */
     int32_t first;
     int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
-    int32_t fold_add, fold_norm, fold_silu; /* STEP_GEMV: see dj_gemv_fold; -1 = none */
 } plan_step;
 
 typedef struct dj_cuda_plan {
@@ -132,53 +130,22 @@ static int gemv_run(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n
     return count;
 }
 
-/* calls[i] is a SILU_MUL whose output is the x of the GEMV group after it:
- * the group computes it (*s set); the output is still written. */
-static bool fold_silu(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i, plan_step *s) {
-    if (calls[i].op != DJ_OP_SILU_MUL || i + 1 >= n || !dj__cuda_gemv_takes(cb, &calls[i + 1])) return false;
-    const int count = gemv_run(cb, calls, n, i + 1);
-    const dj_gemv_fold f = {NULL, NULL, &calls[i]};
-    if (!dj__cuda_gemv_fold_fits(cb, &calls[i + 1], count, &f)) return false;
-    *s = (plan_step){STEP_GEMV, (uint8_t)count, (int32_t)i + 1, -1, -1, -1, (int32_t)i};
-    return true;
-}
-
-/* calls[i] is an RMSNORM (or an ADD with the RMSNORM of its sum after it)
- * whose output is the x of the GEMV group that follows: the group computes
- * it (*s set); the outputs are still written. */
-static bool fold_norm(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i, plan_step *s) {
-    const bool add = calls[i].op == DJ_OP_ADD;
-    const size_t norm = add ? i + 1 : i, g = norm + 1;
-    if ((!add && calls[i].op != DJ_OP_RMSNORM) || g >= n || (add && !fuses_with_add(&calls[i], &calls[norm])) ||
-        !dj__cuda_gemv_takes(cb, &calls[g]))
-        return false;
-    /* the folding kernel computes the plain Llama norm of whole rows */
-    if (calls[norm].op != DJ_OP_RMSNORM || calls[norm].w_offset != 0.0f || calls[norm].groups > 1) return false;
-    const int count = gemv_run(cb, calls, n, g);
-    const dj_gemv_fold f = {add ? &calls[i] : NULL, &calls[norm], NULL};
-    if (!dj__cuda_gemv_fold_fits(cb, &calls[g], count, &f)) return false;
-    *s = (plan_step){STEP_GEMV, (uint8_t)count, (int32_t)g, -1, add ? (int32_t)i : -1, (int32_t)norm, -1};
-    return true;
-}
-
 /* The steps of calls[0..n) into steps (room for n). Returns how many. */
 static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, plan_step *steps) {
     size_t ns = 0;
     for (size_t i = 0; i < n;) {
         const dj_op_call *c = &calls[i];
-        plan_step s = {STEP_ONE, 1, (int32_t)i, -1, -1, -1, -1};
+        plan_step s = {STEP_ONE, 1, (int32_t)i, -1};
         if (cb->fuse) {
             if (i + 2 < n && c->op == DJ_OP_ROPE && fuses_with_rope(&calls[i + 1], &calls[i + 2]) &&
                 pairs_with_rope(c, &calls[i + 1], &calls[i + 2])) {
-                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i, -1, -1, -1};
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i};
             } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
-                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1, -1, -1, -1};
-            } else if (fold_silu(cb, calls, n, i, &s)) { /* s set: SILU_MUL into the down GEMV */
-            } else if (fold_norm(cb, calls, n, i, &s)) { /* s set: [ADD+]RMSNORM into q/k/v, gate/up */
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1};
             } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
-                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, -1, -1, -1};
+                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1};
             } else if (dj__cuda_gemv_takes(cb, c)) {
-                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1, -1, -1, -1};
+                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1};
             }
         }
         steps[ns++] = s;
@@ -234,14 +201,8 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     if (s->kind == STEP_ONE) return dj__cuda_compute_one(cb, c);
     DJ_CU(cb, cudaSetDevice(cb->device));
     switch (s->kind) {
-    case STEP_GEMV: {
-        if (s->fold_norm < 0 && s->fold_silu < 0) return dj__cuda_gemv(cb, c, s->count);
-        const dj_gemv_fold f = {s->fold_add >= 0 ? &calls[s->fold_add] : NULL,
-                                s->fold_norm >= 0 ? &calls[s->fold_norm] : NULL,
-                                s->fold_silu >= 0 ? &calls[s->fold_silu] : NULL};
-        cb->fusions += (f.add != NULL) + (f.norm != NULL) + (f.silu != NULL);
-        return dj__cuda_gemv_fold(cb, c, s->count, &f);
-    }
+    case STEP_GEMV:
+        return dj__cuda_gemv(cb, c, s->count);
     case STEP_ADD_NORM:
         cb->fusions++;
         return dj__cuda_add_rmsnorm(cb, &c[0], &c[1]);
@@ -262,9 +223,7 @@ static uint32_t step_calls(const plan_step *s, int32_t *idx) {
     uint32_t k = 0;
     const int count = s->kind == STEP_ONE ? 1 : s->kind == STEP_GEMV ? s->count : 2;
     for (int i = 0; i < count; i++) idx[k++] = s->first + i;
-    const int32_t more[4] = {s->rope_q, s->fold_add, s->fold_norm, s->fold_silu};
-    for (int i = 0; i < 4; i++)
-        if (more[i] >= 0) idx[k++] = more[i];
+    if (s->rope_q >= 0) idx[k++] = s->rope_q;
     return k;
 }
 

@@ -1,6 +1,6 @@
 /* cuda_wdecode.h: device helpers that turn quantized weight words into
  * floats, shared by the GEMVs that read them (cuda_matmul_fp8.cu, cuda_q4.cu)
- * and the folded GEMV (cuda_gemv_fold.cu), so every path sums the same
+ * and their dequantizing kernels, so every path decodes the same
  * values in the same order. */
 #ifndef DJ_CUDA_WDECODE_H
 #define DJ_CUDA_WDECODE_H
