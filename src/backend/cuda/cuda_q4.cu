@@ -40,20 +40,24 @@ static __device__ __forceinline__ float q4_bias(const void *p, int t, uint32_t j
     }
 }
 
-/* Warp per RW consecutive weight rows j0.. of its segment (each x load then
- * serves RW rows: one row a warp read 4 bytes of x per byte of codes, and
- * decoded at 3.5x the step floor); x rows r < n (NR >= n). vec: rows of
+/* KS warps per RW consecutive weight rows j0.. of its segment (each x load
+ * then serves RW rows: one row a warp read 4 bytes of x per byte of codes,
+ * and decoded at 3.5x the step floor); warp ks of the KS takes every KS-th
+ * run of 32 chunks of the row (chunk: 32 columns, 16 bytes), and the KS
+ * partial sums add in ks order through shared memory - so a row's sum
+ * depends on m and k only, never on n. x rows r < n (NR >= n). vec: rows of
  * 16-byte aligned bytes and a 16-byte aligned x. */
-template <typename TO, int NR, int RW>
+template <typename TO, int NR, int RW, int KS>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec) {
+    static_assert(Q4_WARPS % KS == 0, "a block holds whole row groups");
     dj_pdl_release();
-    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
     const uint32_t m = sg.m[si];
-    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * Q4_WARPS + (threadIdx.x >> 5)) * RW;
-    if (j0 >= m) return;
+    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (Q4_WARPS / KS) + warp / KS) * RW;
+    if (KS == 1 && j0 >= m) return; /* with KS > 1 every warp reaches the block's barrier */
     const uint32_t ng = k / DJ_Q4_GROUP;
     const size_t rb = k / 2 + 4 * (size_t)ng;
     const uint8_t *rows[RW];
@@ -65,9 +69,10 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     for (int r = 0; r < NR; r++)
 #pragma unroll
         for (int w = 0; w < RW; w++) acc[r][w] = 0.0f;
-    if (vec) { /* 16 bytes a row: 32 columns of group c / 4 */
+    if (j0 >= m) {
+    } else if (vec) { /* 16 bytes a row: 32 columns of group c / 4 */
 #pragma unroll 2
-        for (uint32_t c = lane; c < k / 32; c += 32) {
+        for (uint32_t c = ks * 32 + lane; c < k / 32; c += 32 * KS) {
             uint4 q[RW];
             float s[RW], z128[RW];
 #pragma unroll
@@ -104,7 +109,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
             }
         }
     } else { /* 4 bytes: 8 columns of group i / 16 */
-        for (uint32_t i = lane; i < k / 8; i += 32) {
+        for (uint32_t i = ks * 32 + lane; i < k / 8; i += 32 * KS) {
 #pragma unroll
             for (int w = 0; w < RW; w++) {
                 const __half *sc = (const __half *)(rows[w] + k / 2);
@@ -128,6 +133,24 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
 #pragma unroll
         for (int w = 0; w < RW; w++)
             for (int o = 16; o > 0; o >>= 1) acc[r][w] += __shfl_xor_sync(0xffffffffu, acc[r][w], o);
+    if constexpr (KS > 1) {
+        __shared__ float part[Q4_WARPS][NR][RW];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+                for (int w = 0; w < RW; w++) part[warp][r][w] = acc[r][w];
+        __syncthreads();
+        if (ks != 0 || j0 >= m) return;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int w = 0; w < RW; w++) {
+                float t = part[warp][r][w];
+                for (int p = 1; p < KS; p++) t += part[warp + p][r][w];
+                acc[r][w] = t;
+            }
+    }
     if (lane == 0) {
         TO *out = (TO *)sg.out[si];
 #pragma unroll
@@ -171,8 +194,7 @@ static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bi
         dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
 }
 
-/* Rows per warp: 4 where that still gives every SM two blocks, else 1. */
-template <typename TO, int NR, int RW>
+template <typename TO, int NR, int RW, int KS>
 static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
     q4_segs sg;
@@ -186,22 +208,37 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
         sg.out[i] = calls[i].out;
         sg.m[i] = calls[i].m;
         sg.first_block[i] = blocks;
-        blocks += (calls[i].m + Q4_WARPS * RW - 1) / (Q4_WARPS * RW);
+        blocks += (calls[i].m + Q4_WARPS / KS * RW - 1) / (Q4_WARPS / KS * RW);
         align |= (uintptr_t)calls[i].w;
     }
     sg.count = count;
-    dj__launch(cb, gemv_q4_kernel<TO, NR, RW>, dim3(blocks), dim3(Q4_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
+    dj__launch(cb, gemv_q4_kernel<TO, NR, RW, KS>, dim3(blocks), dim3(Q4_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
                c->n, c->k, align % 16 == 0);
 }
 
+/* 4 rows a warp group, and the fewest warps a row group (KS) that still give
+ * every SM two blocks (from m alone: a row sums alike at every n).
+ * EXPERIMENT (2026-11-26, DJINN_Q4_KS=1: the former choice - 4 rows a warp
+ * where that gives two blocks an SM, else 1 row a warp): decided on the H100. */
 template <typename TO, int NR>
 static void launch_rw(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
-    uint32_t blocks4 = 0;
-    for (int i = 0; i < count; i++) blocks4 += (calls[i].m + Q4_WARPS * 4 - 1) / (Q4_WARPS * 4);
-    if (blocks4 >= 2u * (uint32_t)cb->n_sm)
-        launch_nr<TO, NR, 4>(cb, calls, count);
-    else
-        launch_nr<TO, NR, 1>(cb, calls, count);
+    uint32_t groups = 0; /* of 4 rows */
+    for (int i = 0; i < count; i++) groups += (calls[i].m + 3) / 4;
+    const uint32_t want = 2u * (uint32_t)cb->n_sm;
+    if (cb->q4_ks_old) {
+        if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want)
+            launch_nr<TO, NR, 4, 1>(cb, calls, count);
+        else
+            launch_nr<TO, NR, 1, 1>(cb, calls, count);
+    } else if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want) {
+        launch_nr<TO, NR, 4, 1>(cb, calls, count);
+    } else if ((groups + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) {
+        launch_nr<TO, NR, 4, 2>(cb, calls, count);
+    } else if ((groups + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want) {
+        launch_nr<TO, NR, 4, 4>(cb, calls, count);
+    } else {
+        launch_nr<TO, NR, 4, 8>(cb, calls, count);
+    }
 }
 
 template <typename TO>
