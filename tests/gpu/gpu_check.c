@@ -1364,6 +1364,575 @@ static void check_decode(void) {
     check_rows(32, 32, 8, 128, 16, 0, 1);
 }
 
+/* ---- f8_e4m3 K/V pages (--kv-dtype fp8; backend.h's layout) ----
+ * The GPU writes f8 pages from bf16 K/V; the host reference quantizes the
+ * same bf16 values by the CPU backend's rule (f8_quant_row), so codes and
+ * exponents must match byte for byte (a fused RoPE+KV_WRITE quantizes the
+ * bf16 k it wrote to kout: the reference takes those bits; against the CPU's
+ * f32 rotation it is bounded by TOL_F8 instead). ATTENTION runs on the GPU
+ * over the f8 pages and on the CPU over f32 pages holding their exact values
+ * (f8_seg_to_f32), so both read identical K/V: TOL as for bf16. K/V heads get
+ * magnitudes 2^-4..2^4 apart (and now and then all zeros), so every position
+ * and head has an exponent of its own. */
+
+/* e4m3 rounding: half a step is at most 1/16 of the head's largest value
+ * (scaled into (224, 448], steps of 32 above 256), plus bf16's 2^-9 */
+#define TOL_F8 7e-2
+
+/* One row of nkv heads of hd values as f8 codes and exponents, as the CPU's
+ * KV_WRITE does it (dj_kv_f8_exp of the head's largest magnitude, then the
+ * RNE-saturating code of x * 2^-s). */
+static void f8_quant_row(const float *x, uint32_t nkv, uint32_t hd, uint8_t *codes, int8_t *exps) {
+    for (uint32_t h = 0; h < nkv; h++) {
+        const float *xh = x + (size_t)h * hd;
+        float amax = 0.0f;
+        for (uint32_t e = 0; e < hd; e++) amax = fmaxf(amax, fabsf(xh[e]));
+        const int s = dj_kv_f8_exp(amax);
+        for (uint32_t e = 0; e < hd; e++) codes[(size_t)h * hd + e] = dj_f32_to_f8e4m3(ldexpf(xh[e], -s));
+        exps[h] = (int8_t)s;
+    }
+}
+
+/* The page bytes of position pos (K row k, V row v, each nkv * hd values) in
+ * a host mirror of an f8 segment. */
+static void f8_expect(uint8_t *seg, size_t page_bytes, const uint32_t *table, uint32_t tpp, uint32_t nkv, uint32_t hd,
+                      uint32_t pos, const float *k, const float *v) {
+    const size_t kvd = (size_t)nkv * hd, r = pos % tpp;
+    uint8_t *page = seg + (size_t)table[pos / tpp] * page_bytes;
+    int8_t *ex = (int8_t *)(page + 2 * tpp * kvd);
+    f8_quant_row(k, nkv, hd, page + r * kvd, ex + r * nkv);
+    f8_quant_row(v, nkv, hd, page + (tpp + r) * kvd, ex + (tpp + r) * nkv);
+}
+
+/* Every page of an f8 segment as f32 pages ([tpp][kvd] K, then V) holding
+ * code * 2^exp (exact; unwritten rows come out as NaN or junk, never read). */
+static void f8_seg_to_f32(const uint8_t *g8, size_t gpage, uint8_t *cseg, size_t cpage, uint32_t n_pages,
+                          uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    const size_t kvd = (size_t)nkv * hd;
+    for (uint32_t pg = 0; pg < n_pages; pg++) {
+        const uint8_t *src = g8 + (size_t)pg * gpage;
+        const int8_t *ex = (const int8_t *)(src + 2 * tpp * kvd);
+        float *dst = (float *)(void *)(cseg + (size_t)pg * cpage);
+        for (size_t row = 0; row < 2u * tpp; row++) /* K rows, then V rows: the exponents' order too */
+            for (uint32_t h = 0; h < nkv; h++)
+                for (uint32_t e = 0; e < hd; e++) {
+                    const size_t i = row * kvd + (size_t)h * hd + e;
+                    dst[i] = ldexpf(dj_f8e4m3_to_f32(src[i]), ex[row * nkv + h]);
+                }
+    }
+}
+
+/* rows x nkv heads of hd random values in [-1, 1) times 2^m, m in [lo, hi]
+ * per (row, head), 1 head in 32 all zeros; rounded to bf16 (bits in bf,
+ * values in f). */
+static void rand_heads(uint16_t *bf, float *f, size_t rows, uint32_t nkv, uint32_t hd, int lo, int hi) {
+    for (size_t rh = 0; rh < rows * nkv; rh++) {
+        const int zero = dj_test_rand() % 32 == 0;
+        const float mag = ldexpf(1.0f, lo + (int)(dj_test_rand() % (uint64_t)(hi - lo + 1)));
+        for (uint32_t e = 0; e < hd; e++) {
+            const size_t i = rh * hd + e;
+            bf[i] = dj_f32_to_bf16(zero ? 0.0f : dj_test_randf(-1.0f, 1.0f) * mag);
+            f[i] = dj_bf16_to_f32(bf[i]);
+        }
+    }
+}
+
+/* The GPU's f8 segment against its host mirror, byte for byte (codes,
+ * exponents, and the 0xff poison of rows and pages nothing wrote). */
+static void check_f8_bytes(const char *op, const char *shape, const uint8_t *want, const void *gseg, size_t bytes) {
+    uint8_t *g = xmalloc(bytes);
+    down(g, gseg, bytes);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < bytes; i++)
+        if (g[i] != want[i] && !bad++) first = i;
+    n_rows++;
+    n_fail += bad != 0;
+    printf("%-10s %-52s %10zu  %s\n", op, shape, bad, bad ? "FAIL" : "pass");
+    if (bad) printf("           bytes differing; first at %zu: got 0x%02x, want 0x%02x\n", first, g[first], want[first]);
+    free(g);
+}
+
+/* f8 pages for positions [0, ctx) on the GPU (a shuffled block table plus
+ * two spare pages), their host mirror, and f32 pages for the CPU. */
+typedef struct kv8 {
+    dj_kv_view gv, cv;  /* GPU f8 pages; CPU f32 pages (their values after kv8_to_cpu) */
+    uint32_t *table;    /* [n_pages], the first n_blocks mapped */
+    uint32_t n_pages, nkv, hd;
+    void *gseg;         /* device */
+    uint8_t *want;      /* [n_pages * gv.page_bytes]: what the GPU pages must hold */
+} kv8;
+
+/* Bytes of an f8 page of tpp positions, kept a multiple of 16 (the tensor-core kernel's loads). */
+static size_t f8_page_bytes(uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    return (tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) + 15) / 16 * 16 + 16;
+}
+
+static void kv8_init(kv8 *p, uint32_t ctx, uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    const uint32_t n_blocks = (ctx + tpp - 1) / tpp, kvd = nkv * hd;
+    p->n_pages = n_blocks + 2;
+    p->nkv = nkv;
+    p->hd = hd;
+    p->table = xmalloc(p->n_pages * sizeof(uint32_t));
+    for (uint32_t i = 0; i < p->n_pages; i++) p->table[i] = i;
+    for (uint32_t i = p->n_pages - 1; i > 0; i--) {
+        const uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = p->table[i];
+        p->table[i] = p->table[j];
+        p->table[j] = t;
+    }
+    const size_t cpage = 2u * tpp * kvd * sizeof(float), gpage = f8_page_bytes(tpp, nkv, hd);
+    uint8_t *cseg = xmalloc(cpage * p->n_pages);
+    memset(cseg, 0xff, cpage * p->n_pages);
+    p->want = xmalloc(gpage * p->n_pages);
+    memset(p->want, 0xff, gpage * p->n_pages);
+    p->gseg = dalloc(gpage * p->n_pages);
+    poison(p->gseg, gpage * p->n_pages);
+    p->cv = (dj_kv_view){.seg_base = cseg, .page_bytes = cpage, .block_table = p->table, .n_blocks = n_blocks,
+                         .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_F32, .n_kv_heads = nkv};
+    p->gv = p->cv;
+    p->gv.seg_base = p->gseg;
+    p->gv.page_bytes = gpage;
+    p->gv.dtype = DJ_DTYPE_F8_E4M3;
+}
+
+static void kv8_free(kv8 *p) {
+    free(p->cv.seg_base);
+    free(p->want);
+    dfree(p->gseg);
+    free(p->table);
+}
+
+/* The CPU's f32 pages := the values of the GPU's f8 pages. */
+static void kv8_to_cpu(kv8 *p) {
+    const size_t bytes = p->gv.page_bytes * p->n_pages;
+    uint8_t *g = xmalloc(bytes);
+    down(g, p->gseg, bytes);
+    f8_seg_to_f32(g, p->gv.page_bytes, p->cv.seg_base, p->cv.page_bytes, p->n_pages, p->gv.tokens_per_page, p->nkv,
+                  p->hd);
+    free(g);
+}
+
+/* GPU KV_WRITE of random K/V rows [from, to) (K heads 2^-3..2^2, V heads
+ * 2^-4..2^4), mirrored on the host. */
+static void kv8_fill(kv8 *p, uint32_t from, uint32_t to) {
+    const size_t kvd = p->gv.kv_dim, count = (size_t)(to - from) * kvd;
+    uint16_t *kb = halloc(count), *vb = halloc(count);
+    float *kf = falloc(count), *vf = falloc(count);
+    rand_heads(kb, kf, to - from, p->nkv, p->hd, -3, 2);
+    rand_heads(vb, vf, to - from, p->nkv, p->hd, -4, 4);
+    void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
+    const dj_op_call gc = {.op = DJ_OP_KV_WRITE, .n = to - from, .x = dk, .x2 = dv, .kv = &p->gv, .pos0 = from};
+    if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("kv_write f8");
+    for (uint32_t i = 0; i < to - from; i++)
+        f8_expect(p->want, p->gv.page_bytes, p->table, p->gv.tokens_per_page, p->nkv, p->hd, from + i,
+                  kf + (size_t)i * kvd, vf + (size_t)i * kvd);
+    dfree(dk);
+    dfree(dv);
+    free(kb);
+    free(vb);
+    free(kf);
+    free(vf);
+}
+
+/* ATTENTION over f8 pages written in two KV_WRITE calls, each path in turn
+ * (as check_attention_cap), against the CPU on the pages' exact values. */
+static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                               uint32_t window, float softcap) {
+    const uint32_t ctx = pos0 + n;
+    kv8 p;
+    kv8_init(&p, ctx, tpp, nkv, hd);
+    if (pos0) kv8_fill(&p, 0, pos0);
+    kv8_fill(&p, pos0, ctx);
+    char shape[96];
+    snprintf(shape, sizeof shape, "f8 ctx=%u pos0=%u n=%u heads=%u hd=%u tpp=%u", ctx, pos0, n, nkv, hd, tpp);
+    check_f8_bytes("KV_WRITE", shape, p.want, p.gseg, p.gv.page_bytes * p.n_pages);
+    kv8_to_cpu(&p);
+
+    const size_t count = (size_t)n * nh * hd;
+    uint16_t *qb = halloc(count);
+    float *qf = falloc(count), *ref = falloc(count);
+    rand_bf16(qb, qf, count, -2.0f, 2.0f);
+    void *dq = dcopy(qb, count * 2), *dout = dalloc(count * 2);
+    dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
+                     .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd),
+                     .softcap = softcap};
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention f8 reference (cpu)");
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dq;
+    gc.kv = &p.gv;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
+    static const char *kernels[] = {"none", "decode", "prefill", "tc"};
+    const int tc_covers = (hd == 64 || hd == 128) && softcap == 0.0f;
+    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
+    for (int path = 0; path < 4; path++) {
+        poison(dout, count * 2);
+        dj__cuda_set_paths(gpu, path, 0);
+        if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention f8 (gpu)");
+        const int ran = dj__cuda_last_attention(gpu);
+        snprintf(shape, sizeof shape, "f8 n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", n, pos0, nh,
+                 nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+        compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
+        if (ran != expect_kernel[path]) {
+            n_rows++;
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (ran %s, expected %s)\n", "ATTENTION", shape, "-",
+                   kernels[ran >= 0 && ran <= 3 ? ran : 0], kernels[expect_kernel[path]]);
+        }
+    }
+    dj__cuda_set_paths(gpu, 0, 0);
+    dfree(dq);
+    dfree(dout);
+    free(qb);
+    free(qf);
+    free(ref);
+    kv8_free(&p);
+}
+
+/* ROPE of k (and of q with nq > 0) then its KV_WRITE into f8 pages, as
+ * check_rope_kv_write: kout and qout against the CPU's rotation (TOL); the
+ * pages byte for byte against the host quantization of the bf16 kout the GPU
+ * wrote, and their K values against the CPU's f32 rotation within TOL_F8. */
+static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
+                                   int fuse, uint32_t nq) {
+    const uint32_t ctx = pos0 + n, kvd = nkv * hd;
+    kv8 p;
+    kv8_init(&p, ctx, tpp, nkv, hd);
+    if (pos0) kv8_fill(&p, 0, pos0);
+    const size_t count = (size_t)n * kvd, qcount = (size_t)n * nq * hd, qalloc = qcount ? qcount : 1;
+    uint16_t *kb = halloc(count), *vb = halloc(count), *kout = halloc(count), *qb = halloc(qalloc);
+    float *kf = falloc(count), *vf = falloc(count), *kref = falloc(count), *kgot = falloc(count),
+          *inv = falloc(hd / 2), *qf = falloc(qalloc), *qref = falloc(qalloc);
+    rand_heads(kb, kf, n, nkv, hd, -3, 3);
+    rand_heads(vb, vf, n, nkv, hd, -4, 4);
+    rand_bf16(qb, qf, qcount, -2.0f, 2.0f);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2), *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    void *dkr = inplace ? dk : dalloc(count * 2);
+    if (!inplace) poison(dkr, count * 2);
+    void *dq = dcopy(qb, qalloc * 2), *dqr = inplace ? dq : dalloc(qalloc * 2);
+    if (!inplace) poison(dqr, qalloc * 2);
+    dj_op_call cr = {.op = DJ_OP_ROPE, .n = n, .out = kref, .x = kf, .inv_freq = inv, .pos0 = pos0, .n_heads = nkv,
+                     .head_dim = hd, .scale = 1.0f};
+    if (dj_backend_compute(cpu, &cr) != DJ_OK) die("rope k (cpu)");
+    dj_op_call cq = cr;
+    cq.out = qref, cq.x = qf, cq.n_heads = nq;
+    if (nq && dj_backend_compute(cpu, &cq) != DJ_OK) die("rope q (cpu)");
+    dj_op_call gr = cr, gq = cr;
+    gr.out = dkr, gr.x = dk, gr.inv_freq = dinv, gr.out_dtype = DJ_DTYPE_BF16;
+    gq.out = dqr, gq.x = dq, gq.inv_freq = dinv, gq.out_dtype = DJ_DTYPE_BF16, gq.n_heads = nq;
+    const dj_op_call gw = {.op = DJ_OP_KV_WRITE, .n = n, .x = dkr, .x2 = dv, .kv = &p.gv, .pos0 = pos0};
+    dj__cuda_set_fuse(gpu, fuse);
+    const uint64_t before = dj__cuda_fusions(gpu);
+    const dj_op_call plan[3] = {gq, gr, gw};
+    if (dj_backend_compute_plan(gpu, nq ? plan : plan + 1, nq ? 3 : 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+        die("rope+kv_write f8 (gpu)");
+    const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
+    dj__cuda_set_fuse(gpu, 1);
+    char shape[96];
+    snprintf(shape, sizeof shape, "f8 n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s", n, pos0, nkv, nq, hd,
+             tpp, inplace ? " in-place" : "", fuse ? "" : " unfused");
+    compare("ROPE+KV", shape, dkr, DJ_DTYPE_BF16, kref, count);
+    if (nq) compare("ROPE+KV", "  the q heads of the same launch", dqr, DJ_DTYPE_BF16, qref, qcount);
+    /* exact: the codes of the bf16 k the GPU wrote */
+    down(kout, dkr, count * 2);
+    for (size_t i = 0; i < count; i++) kgot[i] = dj_bf16_to_f32(kout[i]);
+    for (uint32_t i = 0; i < n; i++)
+        f8_expect(p.want, p.gv.page_bytes, p.table, tpp, nkv, hd, pos0 + i, kgot + (size_t)i * kvd,
+                  vf + (size_t)i * kvd);
+    check_f8_bytes("ROPE+KV", "  f8 pages against the codes of the k it wrote", p.want, p.gseg,
+                   p.gv.page_bytes * p.n_pages);
+    /* bounded: the pages' K values against the CPU's f32 rotation */
+    kv8_to_cpu(&p);
+    float *kdeq = falloc(count);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t pos = pos0 + i;
+        memcpy(kdeq + (size_t)i * kvd,
+               (const float *)(const void *)(p.cv.seg_base + (size_t)p.table[pos / tpp] * p.cv.page_bytes) +
+                   (size_t)(pos % tpp) * kvd,
+               kvd * sizeof(float));
+    }
+    double maxd = 0.0, maxr = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        const double d = fabs((double)kdeq[i] - (double)kref[i]);
+        if (!(d <= maxd)) maxd = d;
+        if (fabs((double)kref[i]) > maxr) maxr = fabs((double)kref[i]);
+    }
+    const double err = maxr > 0.0 ? maxd / maxr : maxd;
+    n_rows++;
+    n_fail += !(err <= TOL_F8);
+    printf("%-10s %-52s %10.3e  %s\n", "ROPE+KV", "  f8 K values against the CPU's f32 rotation", err,
+           err <= TOL_F8 ? "pass" : "FAIL");
+    if (fused != want) {
+        n_rows++;
+        n_fail++;
+        printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "ROPE+KV", shape, "-",
+               (unsigned long long)fused, (unsigned long long)want);
+    }
+    if (!inplace) {
+        dfree(dkr);
+        dfree(dqr);
+    }
+    dfree(dk);
+    dfree(dq);
+    dfree(dv);
+    dfree(dinv);
+    free(kb);
+    free(vb);
+    free(kout);
+    free(qb);
+    free(kf);
+    free(vf);
+    free(kref);
+    free(kgot);
+    free(kdeq);
+    free(inv);
+    free(qf);
+    free(qref);
+    kv8_free(&p);
+}
+
+/* check_rows over f8 pages: B sequences at random positions, ROPE q/k +
+ * KV_WRITE + ATTENTION with row_pos/row_tables in one plan (fused), eager or
+ * recorded and launched twice (positions one further the second time). The
+ * new rows' bytes against the host quantization of the GPU's kout and v;
+ * ATTENTION against the CPU on the pages' exact values. */
+static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp, uint32_t window,
+                          int captured) {
+    const uint32_t kvd = nkv * hd, qd = nh * hd, rounds = captured ? 2 : 1;
+    uint32_t *pos = xmalloc(B * sizeof *pos), *nblk = xmalloc(B * sizeof *nblk), total = 0;
+    for (uint32_t r = 0; r < B; r++) {
+        pos[r] = (uint32_t)(dj_test_rand() % 600);
+        nblk[r] = (pos[r] + rounds + tpp - 1) / tpp;
+        total += nblk[r];
+    }
+    const uint32_t n_pages = total + 2;
+    uint32_t *perm = xmalloc(n_pages * sizeof *perm);
+    for (uint32_t i = 0; i < n_pages; i++) perm[i] = i;
+    for (uint32_t i = n_pages - 1; i > 0; i--) {
+        const uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    const size_t cpage = 2u * tpp * kvd * sizeof(float), gpage = f8_page_bytes(tpp, nkv, hd);
+    uint8_t *cseg = xmalloc(cpage * n_pages), *want = xmalloc(gpage * n_pages);
+    memset(cseg, 0xff, cpage * n_pages);
+    memset(want, 0xff, gpage * n_pages);
+    void *gseg = dalloc(gpage * n_pages);
+    poison(gseg, gpage * n_pages);
+    const uint32_t **ctab = xmalloc(B * sizeof *ctab);
+    uint32_t **gtab_each = xmalloc(B * sizeof *gtab_each);
+    uint32_t off = 0;
+    dj_kv_view cv = {.seg_base = cseg, .page_bytes = cpage, .tokens_per_page = tpp, .kv_dim = kvd,
+                     .dtype = DJ_DTYPE_F32, .n_kv_heads = nkv};
+    dj_kv_view gv = cv;
+    gv.seg_base = gseg;
+    gv.page_bytes = gpage;
+    gv.dtype = DJ_DTYPE_F8_E4M3;
+    for (uint32_t r = 0; r < B; r++) {
+        ctab[r] = perm + off;
+        gtab_each[r] = dcopy(perm + off, nblk[r] * sizeof(uint32_t));
+        off += nblk[r];
+        if (pos[r] == 0) continue;
+        /* history [0, pos) through the plain KV_WRITE */
+        const size_t count = (size_t)pos[r] * kvd;
+        uint16_t *kb = halloc(count), *vb = halloc(count);
+        float *kf = falloc(count), *vf = falloc(count);
+        rand_heads(kb, kf, pos[r], nkv, hd, -3, 2);
+        rand_heads(vb, vf, pos[r], nkv, hd, -4, 4);
+        void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
+        dj_kv_view g1 = gv;
+        g1.block_table = ctab[r];
+        g1.n_blocks = nblk[r];
+        const dj_op_call gc = {.op = DJ_OP_KV_WRITE, .n = pos[r], .x = dk, .x2 = dv, .kv = &g1};
+        if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("kv_write f8 history");
+        for (uint32_t t = 0; t < pos[r]; t++)
+            f8_expect(want, gpage, ctab[r], tpp, nkv, hd, t, kf + (size_t)t * kvd, vf + (size_t)t * kvd);
+        dfree(dk);
+        dfree(dv);
+        free(kb);
+        free(vb);
+        free(kf);
+        free(vf);
+    }
+    cv.block_table = gv.block_table = ctab[0]; /* layout only: rows bring their own tables */
+    cv.n_blocks = gv.n_blocks = nblk[0];
+    void *gtabs = dcopy(gtab_each, B * sizeof(void *));
+    void *gpos = dalloc(B * sizeof(uint32_t));
+    float *inv = falloc(hd / 2);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    void *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    const size_t nq = (size_t)B * qd, nk = (size_t)B * kvd;
+    uint16_t *qb = halloc(nq), *kb = halloc(nk), *vb = halloc(nk), *kout = halloc(nk);
+    float *qf = falloc(nq), *kf = falloc(nk), *vf = falloc(nk), *qr = falloc(nq), *kr = falloc(nk),
+          *kgot = falloc(nk), *ref = falloc(nq);
+    void *dq = dalloc(nq * 2), *dk = dalloc(nk * 2), *dv = dalloc(nk * 2), *dqr = dalloc(nq * 2),
+         *dkr = dalloc(nk * 2), *dout = dalloc(nq * 2);
+    uint8_t *g8 = xmalloc(gpage * n_pages);
+    dj_op_call c_rq = {.op = DJ_OP_ROPE, .n = B, .out = qr, .x = qf, .inv_freq = inv, .row_pos = pos,
+                       .n_heads = nh, .head_dim = hd, .scale = 1.0f};
+    dj_op_call c_rk = c_rq;
+    c_rk.out = kr;
+    c_rk.x = kf;
+    c_rk.n_heads = nkv;
+    dj_op_call c_at = {.op = DJ_OP_ATTENTION, .n = B, .out = ref, .x = qr, .kv = &cv, .row_pos = pos,
+                       .row_tables = ctab, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window,
+                       .scale = 1.0f / sqrtf((float)hd)};
+    dj_op_call g_rq = c_rq, g_rk = c_rk, g_at = c_at;
+    g_rq.out = dqr, g_rq.x = dq, g_rq.inv_freq = dinv, g_rq.row_pos = gpos, g_rq.out_dtype = DJ_DTYPE_BF16;
+    g_rk.out = dkr, g_rk.x = dk, g_rk.inv_freq = dinv, g_rk.row_pos = gpos, g_rk.out_dtype = DJ_DTYPE_BF16;
+    const dj_op_call g_kw = {.op = DJ_OP_KV_WRITE, .n = B, .x = dkr, .x2 = dv, .kv = &gv, .row_pos = gpos,
+                             .row_tables = (const uint32_t *const *)gtabs};
+    g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
+    g_at.row_tables = (const uint32_t *const *)gtabs;
+    const dj_op_call gcalls[4] = {g_rq, g_rk, g_kw, g_at}; /* one plan: the ROPEs fuse with the KV_WRITE */
+    dj_backend_graph_t *graph = NULL;
+    if (captured) {
+        if (gpu->vt->capture_begin(gpu) != DJ_OK) die("capture_begin");
+        if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("recorded compute f8");
+        if (gpu->vt->capture_end(gpu, &graph) != DJ_OK) die("capture_end");
+    }
+    for (uint32_t round = 0; round < rounds; round++) {
+        if (round)
+            for (uint32_t r = 0; r < B; r++) pos[r]++;
+        rand_bf16(qb, qf, nq, -2.0f, 2.0f);
+        rand_heads(kb, kf, B, nkv, hd, -3, 2);
+        rand_heads(vb, vf, B, nkv, hd, -4, 4);
+        up(dq, qb, nq * 2);
+        up(dk, kb, nk * 2);
+        up(dv, vb, nk * 2);
+        up(gpos, pos, B * sizeof(uint32_t));
+        poison(dout, nq * 2);
+        if (captured) {
+            if (gpu->vt->graph_launch(gpu, graph) != DJ_OK) die("graph_launch");
+        } else {
+            if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("row-mode ops f8 (gpu)");
+        }
+        if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
+        /* the new rows: the codes of the k the GPU rotated, and of v */
+        down(kout, dkr, nk * 2);
+        for (size_t i = 0; i < nk; i++) kgot[i] = dj_bf16_to_f32(kout[i]);
+        for (uint32_t r = 0; r < B; r++)
+            f8_expect(want, gpage, ctab[r], tpp, nkv, hd, pos[r], kgot + (size_t)r * kvd, vf + (size_t)r * kvd);
+        /* the CPU reads the values the GPU's pages hold */
+        down(g8, gseg, gpage * n_pages);
+        f8_seg_to_f32(g8, gpage, cseg, cpage, n_pages, tpp, nkv, hd);
+        if (dj_backend_compute(cpu, &c_rq) != DJ_OK || dj_backend_compute(cpu, &c_rk) != DJ_OK ||
+            dj_backend_compute(cpu, &c_at) != DJ_OK)
+            die("row-mode ops f8 (cpu)");
+        char shape[96];
+        snprintf(shape, sizeof shape, "f8 rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
+                 captured ? (round ? " graph, pos+1" : " graph") : "");
+        compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
+        compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
+        check_f8_bytes("KV8/rows", shape, want, gseg, gpage * n_pages);
+        compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
+    }
+    gpu->vt->graph_free(gpu, graph);
+    for (uint32_t r = 0; r < B; r++) dfree(gtab_each[r]);
+    dfree(gtabs);
+    dfree(gpos);
+    dfree(dinv);
+    dfree(dq);
+    dfree(dk);
+    dfree(dv);
+    dfree(dqr);
+    dfree(dkr);
+    dfree(dout);
+    dfree(gseg);
+    free(g8);
+    free(cseg);
+    free(want);
+    free(gtab_each);
+    free(ctab);
+    free(perm);
+    free(pos);
+    free(nblk);
+    free(inv);
+    free(qb);
+    free(kb);
+    free(vb);
+    free(kout);
+    free(qf);
+    free(kf);
+    free(vf);
+    free(qr);
+    free(kr);
+    free(kgot);
+    free(ref);
+}
+
+/* What an f8 backend refuses: bf16 pages, and an f8 view whose heads are not
+ * the call's (its scales are per view head); a bf16 backend refuses f8 pages. */
+static void check_f8_errors(void) {
+    kv8 p;
+    kv8_init(&p, 16, 16, 2, 64);
+    uint16_t *qb = halloc(4 * 64);
+    memset(qb, 0, 4 * 64 * 2);
+    void *dq = dcopy(qb, 4 * 64 * 2), *dout = dalloc(4 * 64 * 2);
+    dj_op_call gc = {.op = DJ_OP_ATTENTION, .n = 1, .out = dout, .x = dq, .kv = &p.gv, .pos0 = 0, .n_heads = 4,
+                     .n_kv_heads = 2, .head_dim = 64, .scale = 0.125f, .out_dtype = DJ_DTYPE_BF16};
+    dj_kv_view bad = p.gv;
+    bad.n_kv_heads = 1;
+    gc.kv = &bad;
+    expect("ATTENTION", "f8 view of 1 head read as 2 kv heads", dj_backend_compute(gpu, &gc), DJ_EINVAL);
+    bad = p.gv;
+    bad.dtype = DJ_DTYPE_BF16;
+    bad.page_bytes = 16u * 2 * 128 * 2;
+    gc.kv = &bad;
+    expect("ATTENTION", "bf16 pages on an f8 backend", dj_backend_compute(gpu, &gc), DJ_EINVAL);
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK) die("kv dtype bf16");
+    gc.kv = &p.gv;
+    expect("ATTENTION", "f8 pages on a bf16 backend", dj_backend_compute(gpu, &gc), DJ_EINVAL);
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK) die("kv dtype f8");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("sync");
+    dfree(dq);
+    dfree(dout);
+    free(qb);
+    kv8_free(&p);
+}
+
+/* Every K/V path over f8 pages (issue 16 item 3): KV_WRITE, the fused
+ * RoPE+KV_WRITE with q, decode (b=1 and batched per-row, eager and
+ * recorded), the f32 tiled prefill and the tensor-core prefill; head_dim
+ * 64/128/256 and odd ones, GQA/MQA, windows, softcap. The backend stores f8
+ * K/V for these checks only. */
+static void check_kv_f8(void) {
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK) die("kv dtype f8");
+    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
+    check_rope_kv_write_f8(1, 700, 8, 128, 16, 0, 1, 0);
+    check_rope_kv_write_f8(37, 5, 2, 64, 7, 1, 1, 0);
+    check_rope_kv_write_f8(300, 0, 8, 128, 16, 0, 1, 32);
+    check_rope_kv_write_f8(3, 40, 4, 80, 5, 0, 0, 12);
+    check_rope_kv_write_f8(5, 9, 2, 256, 16, 1, 1, 8);
+    check_rope_kv_write_f8(4, 3, 2, 256, 16, 0, 0, 4);
+    /* n, pos0, heads, kv heads, head_dim, tokens per page, window, softcap */
+    check_attention_f8(1, 4095, 32, 8, 128, 16, 0, 0.0f);  /* decode, GQA 4:1 (4 heads a block) */
+    check_attention_f8(1, 1000, 8, 1, 64, 7, 0, 0.0f);     /* MQA, odd page size */
+    check_attention_f8(3, 37, 8, 2, 64, 16, 0, 0.0f);
+    check_attention_f8(1, 2000, 8, 2, 128, 16, 256, 0.0f); /* window */
+    check_attention_f8(1, 300, 4, 2, 256, 8, 0, 0.0f);     /* head_dim 256 */
+    check_attention_f8(2, 500, 6, 3, 6, 5, 0, 0.0f);       /* head_dim 6: partial lanes */
+    check_attention_f8(5, 40, 4, 4, 80, 16, 0, 30.0f);     /* softcap */
+    check_attention_f8(7, 9, 8, 8, 192, 3, 5, 0.0f);
+    check_attention_f8(37, 0, 8, 2, 128, 16, 0, 0.0f);     /* prefill */
+    check_attention_f8(37, 100, 8, 2, 64, 5, 50, 0.0f);    /* prefill after context, window */
+    check_attention_f8(37, 10, 4, 2, 256, 8, 0, 0.0f);     /* prefill head_dim 256 (f32 tiles) */
+    check_attention_f8(40, 20, 8, 4, 128, 16, 0, 50.0f);   /* prefill with softcap (f32 tiles) */
+    check_attention_f8(512, 0, 32, 8, 128, 16, 0, 0.0f);   /* tensor cores, Llama-3 shape */
+    check_attention_f8(129, 71, 8, 2, 64, 7, 0, 0.0f);     /* tensor cores, odd pages */
+    check_attention_f8(300, 200, 8, 2, 128, 16, 37, 0.0f); /* tensor cores, window inside a tile */
+    check_attention_f8(65, 3, 4, 1, 64, 32, 0, 0.0f);      /* MQA */
+    /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
+    check_rows_f8(1, 32, 8, 128, 16, 0, 0);
+    check_rows_f8(5, 8, 2, 64, 7, 0, 0);
+    check_rows_f8(8, 12, 4, 96, 16, 0, 0);
+    check_rows_f8(3, 8, 2, 256, 16, 100, 0);
+    check_rows_f8(32, 32, 8, 128, 16, 0, 1);
+    check_f8_errors();
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK) die("kv dtype bf16");
+}
+
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
 static void check_embed_dev(uint32_t n, uint32_t d, uint32_t vocab) {
     void *tab = rand_weight(DJ_DTYPE_BF16, (size_t)vocab * d, -1.0f, 1.0f);
@@ -2410,6 +2979,7 @@ int main(int argc, char **argv) {
     check_fp8();
     check_q4();
     check_decode();
+    check_kv_f8();
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);

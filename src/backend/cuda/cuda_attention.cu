@@ -140,19 +140,6 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
     __syncthreads(); /* the shared arrays are free for the next head */
 }
 
-/* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
- * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
- * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
- * lane l < DEC_POS looks up the page of position b + l, then every lane
- * loads its pairs 2l + 64k of the DEC_POS K and V rows (all loads in flight
- * together), scores them for the G heads (G*DEC_POS warp sums, interleaved)
- * and folds them into each head's online softmax in one update.
- * Row i's positions [t0, p] are cut into `splits` chunks of at least
- * DEC_MIN_CHUNK, computed here from the row's own position, so a recorded
- * launch serves every position.
- * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
- * splits past the row's context are not written (attn_merge_used_kernel
- * does not read them). */
 /* One pair of K/V elements as stored: bf16x2, or two f8 codes (F8). */
 template <bool F8> struct kv_pair_of { typedef __nv_bfloat162 type; };
 template <> struct kv_pair_of<true> { typedef uint16_t type; };
@@ -167,7 +154,20 @@ static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t t
     return dj_pow2f(ex[(size_t)(is_v ? tpp + r : r) * nkv + kvh]);
 }
 
-/* F8: K/V as f8 codes with their exponents (the lanes that look up the
+/* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
+ * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
+ * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
+ * lane l < DEC_POS looks up the page of position b + l, then every lane
+ * loads its pairs 2l + 64k of the DEC_POS K and V rows (all loads in flight
+ * together), scores them for the G heads (G*DEC_POS warp sums, interleaved)
+ * and folds them into each head's online softmax in one update.
+ * Row i's positions [t0, p] are cut into `splits` chunks of at least
+ * DEC_MIN_CHUNK, computed here from the row's own position, so a recorded
+ * launch serves every position.
+ * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
+ * splits past the row's context are not written (attn_merge_used_kernel
+ * does not read them).
+ * F8: K/V as f8 codes with their exponents (the lanes that look up the
  * pages also load the scales of their positions and hand them round). */
 template <int PAIRS, int G, bool F8>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
