@@ -7,14 +7,18 @@
  *   --vmu-gb G --data-gb G --swap-gb G   the daemon's memory (data capped: N agents oversubscribe it)
  *   --prompt 2048 --decode 50 --resume 100 --wait-ms 10000 --rounds 3
  *   --give-up-s 120      an agent waiting this long for a token fails
+ *   --kv-dtype auto|fp8  the daemon's KV dtype
  * Prints one line per (policy, N): agents that finished every round, resume
  * latency (RESUME -> first token of the next answer) p50/p99/max, aggregate
  * generated tok/s over the run's wall time and over its active time (the
  * run less one tool wait per round), swaps and bytes moved, and the bar
  * for p99: 2 x (an agent's KV bytes / the measured host->device rate) +
- * its resume prefill + one step, from the daemon's own figures. */
+ * its resume prefill + one step, from the daemon's own figures; and the most
+ * sessions resident at once (KV mapped, none of it in the swap pool: polled
+ * every 200 ms) with the largest session's KV bytes. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +32,7 @@
 #define MAX_ROUNDS 8
 
 typedef struct cfg {
-    const char *store, *model, *device, *vmu, *data, *swap;
+    const char *store, *model, *device, *vmu, *data, *swap, *kv_dtype;
     int n[16], n_n;
     const char *policies[3];
     int n_pol;
@@ -144,6 +148,37 @@ static int parse_list(const char *s, int *out, int cap) {
     return n;
 }
 
+/* Polls the daemon's stats every 200 ms until stop: the most sessions
+ * resident at once (KV bytes, none pooled) and the largest session's KV. */
+typedef struct monitor {
+    const char *addr;
+    atomic_int stop;
+    int peak_resident;
+    uint64_t max_kv;
+} monitor;
+
+static void *monitor_main(void *p) {
+    monitor *m = p;
+    dj_client_t *cl = NULL;
+    if (dj_client_connect(m->addr, NULL, &cl) != DJ_OK) return NULL;
+    while (!m->stop) {
+        dj_client_stats st;
+        memset(&st, 0, sizeof st);
+        if (dj_client_stats_get(cl, &st) != DJ_OK) break;
+        int resident = 0;
+        for (size_t i = 0; i < st.n_sessions; i++) {
+            const dj_client_session_info *si = &st.sessions[i];
+            resident += si->kv_bytes > 0 && si->pooled_bytes == 0 && strcmp(si->state, "swapped") != 0;
+            if (si->kv_bytes > m->max_kv) m->max_kv = si->kv_bytes;
+        }
+        if (resident > m->peak_resident) m->peak_resident = resident;
+        dj_client_stats_free(&st);
+        usleep(200000);
+    }
+    dj_client_free(cl);
+    return NULL;
+}
+
 /* Loads (and pins) the model, so its load is not in the first agents' times. */
 static int preload(const char *addr, const char *model) {
     dj_client_t *cl = NULL;
@@ -182,6 +217,10 @@ static void run_one(cfg *c, const char *policy, int n, int ni) {
         args[k++] = "--swap-gb";
         args[k++] = c->swap;
     }
+    if (c->kv_dtype) {
+        args[k++] = "--kv-dtype";
+        args[k++] = c->kv_dtype;
+    }
     args[k] = NULL;
     dj_bench_daemon d;
     if (dj_bench_daemon_start(&d, args, 600000) != 0) {
@@ -200,6 +239,9 @@ static void run_one(cfg *c, const char *policy, int n, int ni) {
         memset(&s0, 0, sizeof s0);
         memset(&s1, 0, sizeof s1);
         if (dj_client_connect(d.addr, NULL, &cl) == DJ_OK) dj_client_stats_get(cl, &s0);
+        monitor mon = {.addr = d.addr};
+        pthread_t mon_th;
+        const bool have_mon = pthread_create(&mon_th, NULL, monitor_main, &mon) == 0;
         const double t0 = now_s();
         for (int i = 0; i < n; i++) {
             memset(&ag[i], 0, sizeof ag[i]);
@@ -225,6 +267,8 @@ static void run_one(cfg *c, const char *policy, int n, int ni) {
             th[i] = 0;
         }
         const double wall = now_s() - t0;
+        mon.stop = 1;
+        if (have_mon) pthread_join(mon_th, NULL);
         if (cl) dj_client_stats_get(cl, &s1);
         dj_client_free(cl);
         if (stalled) { /* the daemon goes: the agents still waiting get an error and end */
@@ -264,6 +308,9 @@ static void run_one(cfg *c, const char *policy, int n, int ni) {
                (unsigned long long)(s1.swap.kv_drops - s0.swap.kv_drops),
                (unsigned long long)(s1.swap.prefetches - s0.swap.prefetches), n_pre ? pre[n_pre / 2] : 0,
                n_pre ? dec[n_pre / 2] : 0, kv_bytes / 1048576.0);
+        printf("  KV %s: at most %d sessions resident at once (data segment %.2f GiB, largest session's KV %.1f MiB)\n",
+               c->kv_dtype ? c->kv_dtype : "auto", mon.peak_resident, (double)s1.data.capacity / 1073741824.0,
+               (double)mon.max_kv / 1048576.0);
         if (stalled) printf("  (stalled: the run was stopped %d s after its expected end)\n", c->give_up_s);
         fflush(stdout);
         dj_client_stats_free(&s0);
@@ -280,7 +327,7 @@ int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: bench_agents STORE MODEL DEVICE [--n 8,32,128] [--policies semantic,reactive,recompute]\n"
                         "       [--vmu-gb G] [--data-gb G] [--swap-gb G] [--prompt 2048] [--decode 50] [--resume 100]\n"
-                        "       [--wait-ms 10000] [--rounds 3] [--vocab 128256] [--give-up-s 120]\n");
+                        "       [--wait-ms 10000] [--rounds 3] [--vocab 128256] [--give-up-s 120] [--kv-dtype auto|fp8]\n");
         return 2;
     }
     cfg c = {.store = argv[1], .model = argv[2], .device = argv[3], .prompt = 2048, .decode = 50, .resume = 100,
@@ -296,6 +343,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--vmu-gb")) c.vmu = v;
         else if (!strcmp(a, "--data-gb")) c.data = v;
         else if (!strcmp(a, "--swap-gb")) c.swap = v;
+        else if (!strcmp(a, "--kv-dtype")) c.kv_dtype = v;
         else if (!strcmp(a, "--prompt")) c.prompt = atoi(v);
         else if (!strcmp(a, "--decode")) c.decode = atoi(v);
         else if (!strcmp(a, "--resume")) c.resume = atoi(v);

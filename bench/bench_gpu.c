@@ -19,7 +19,7 @@
 #include "djinn/dj_cuda.h"
 
 typedef struct opts {
-    const char *model, *json;
+    const char *model, *json, *kv_dtype;
     int device;
     uint32_t ctx, steps, batch, prefill;
     uint64_t seed;
@@ -121,7 +121,7 @@ static int cmp_double(const void *a, const void *b) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_gpu MODEL_DIR [--json PATH] [--device N] [--ctx 512] [--steps 64] [--batch 32]\n"
-                    "                 [--prefill 2048] [--seed S] [--deterministic]\n"
+                    "                 [--prefill 2048] [--seed S] [--deterministic] [--kv-dtype auto|fp8]\n"
                     "(--steps >= 8: two are warm-up; --batch >= 2; --ctx and --prefill > 0)\n");
     return 2;
 }
@@ -148,6 +148,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) o.batch = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--prefill")) o.prefill = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--kv-dtype")) o.kv_dtype = v;
         else return usage();
     }
     if (!o.model || o.ctx == 0 || o.steps < 8 || o.batch < 2 || o.prefill == 0) return usage();
@@ -156,13 +157,16 @@ int main(int argc, char **argv) {
     char devname[256] = "?";
     if (dj_cuda_device_count() <= o.device || dj_cuda_device_name(o.device, devname, sizeof devname) != DJ_OK)
         die("no such CUDA device");
-    printf("bench_gpu: %s on cuda:%d (%s), seed %llu\n", o.model, o.device, devname, (unsigned long long)o.seed);
+    printf("bench_gpu: %s on cuda:%d (%s), seed %llu, K/V %s\n", o.model, o.device, devname,
+           (unsigned long long)o.seed, o.kv_dtype ? o.kv_dtype : "auto");
 
     /* ---- sizing: every session this run opens ---- */
     dj_checkpoint_t *ck = NULL;
     if (dj_checkpoint_open(o.model, &ck) != DJ_OK) die("checkpoint");
     dj_model_needs needs;
-    if (dj_model_estimate(ck, DJ_DTYPE_BF16, o.prefill, &needs) != DJ_OK) die("estimate");
+    dj_dtype kvt;
+    if (dj_kv_dtype_parse(o.kv_dtype, true, &kvt) != DJ_OK) die("--kv-dtype");
+    if (dj_model_estimate(ck, kvt, o.prefill, &needs) != DJ_OK) die("estimate");
     const dj_model_config cfg = *dj_checkpoint_config(ck);
     const uint32_t dctx = o.ctx + o.steps + 40; /* decode sessions, with room for the eager run */
     const uint32_t total_ctx =
@@ -174,6 +178,7 @@ int main(int argc, char **argv) {
     ec.device = dev;
     ec.max_step_tokens = o.prefill;
     ec.deterministic = o.deterministic;
+    ec.kv_dtype = o.kv_dtype;
     dj_engine_config_for(&needs, total_ctx, 0, &ec.vmu);
     dj_engine_t *e = NULL;
     if (dj_engine_new(&ec, &e) != DJ_OK) die("engine");
@@ -204,8 +209,9 @@ int main(int argc, char **argv) {
     const double floor_all_ms = (double)needs.text_bytes / (copy_gbps * 1e9) * 1e3; /* every weight byte */
 
     /* ---- prefill ---- */
-    int32_t *prompt = xmalloc((size_t)o.prefill * sizeof *prompt);
-    rand_ids(prompt, o.prefill, V);
+    const uint32_t n_prompt = o.prefill > o.ctx ? o.prefill : o.ctx; /* the decode sessions' context too */
+    int32_t *prompt = xmalloc((size_t)n_prompt * sizeof *prompt);
+    rand_ids(prompt, n_prompt, V);
     dj_session_t *s = new_session(e, m, o.prefill + 1);
     if (dj_session_step(e, s, prompt, o.prefill, NULL) != DJ_OK) die("prefill warm-up");
     dj_session_free(e, s);
@@ -398,6 +404,7 @@ int main(int argc, char **argv) {
         cJSON_AddStringToObject(j, "device", devname);
         cJSON_AddStringToObject(j, "model", o.model);
         cJSON_AddNumberToObject(j, "seed", (double)o.seed);
+        cJSON_AddStringToObject(j, "kv_dtype", dj_dtype_name(kvt));
         cJSON_AddNumberToObject(j, "copy_gbps", copy_gbps);
         cJSON_AddNumberToObject(j, "gemm_tflops", gemm_tflops);
         cJSON_AddNumberToObject(j, "weight_bytes", (double)needs.text_bytes);

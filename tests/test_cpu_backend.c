@@ -407,9 +407,10 @@ typedef struct {
     uint32_t n_pages;  /* pages in the data area (more than mapped) */
 } kv_area;
 
-static void kv_area_init(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t kv_dim) {
+/* Pages of the backend's K/V dtype (f32, or f8 with nkv heads' scales). */
+static void kv_area_init_heads(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t kv_dim, uint32_t nkv) {
     a->n_pages = n_blocks + 3;
-    const size_t page_bytes = 2u * tpp * kv_dim * sizeof(float) + 64; /* slack past the V rows */
+    const size_t page_bytes = tpp * dj_kv_token_bytes(be->kv_dtype, nkv, kv_dim / nkv) + 64; /* slack past the rows */
     void *seg = NULL;
     CHECK_OK(be->vt->alloc(be, page_bytes * a->n_pages, &seg));
     if (!seg) abort();
@@ -423,7 +424,24 @@ static void kv_area_init(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t k
     }
     a->table = perm;
     a->view = (dj_kv_view){.seg_base = seg, .page_bytes = page_bytes, .block_table = perm, .n_blocks = n_blocks,
-                           .tokens_per_page = tpp, .kv_dim = kv_dim, .dtype = DJ_DTYPE_F32};
+                           .tokens_per_page = tpp, .kv_dim = kv_dim, .dtype = be->kv_dtype, .n_kv_heads = nkv};
+}
+
+static void kv_area_init(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t kv_dim) {
+    kv_area_init_heads(a, n_blocks, tpp, kv_dim, 1);
+}
+
+/* f8 pages: the value of head h's element e at position p (code times the
+ * head's power of two), read back independently of the kernels. */
+static double f8_value(const kv_area *a, uint32_t p, uint32_t h, uint32_t e, int is_v, uint8_t *code, int *exp) {
+    const dj_kv_view *kv = &a->view;
+    const uint32_t tpp = kv->tokens_per_page, hd = kv->kv_dim / kv->n_kv_heads, r = p % tpp;
+    const uint8_t *page = kv->seg_base + (size_t)a->table[p / tpp] * kv->page_bytes;
+    const uint8_t c = page[((size_t)(is_v ? tpp : 0) + r) * kv->kv_dim + (size_t)h * hd + e];
+    const int8_t x = (int8_t)page[2 * (size_t)tpp * kv->kv_dim + ((size_t)(is_v ? tpp : 0) + r) * kv->n_kv_heads + h];
+    if (code) *code = c;
+    if (exp) *exp = x;
+    return ldexp((double)dj_f8e4m3_to_f32(c), x);
 }
 
 static void kv_area_free(kv_area *a) {
@@ -474,19 +492,90 @@ static void test_kv_write(void) {
     kv_area_free(&a);
 }
 
+/* f8 K/V pages: each head's exponent is the least s with amax <= 448 * 2^s
+ * (found here by search, not by dj_kv_f8_exp's frexp), and each code is the
+ * nearest f8 value of x * 2^-s (its neighbours are not closer). Heads of
+ * very different scales: large (exponent > 0), tiny, all zero. */
+static void test_kv_write_f8(void) {
+    CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F8_E4M3));
+    const uint32_t tpp = 8, nkv = 4, hd = 16, kv_dim = nkv * hd, n_blocks = 3, pos0 = 3, n = 17;
+    static const float span[4] = {1.0f, 2000.0f, 1e-3f, 0.0f};
+    kv_area a;
+    kv_area_init_heads(&a, n_blocks, tpp, kv_dim, nkv);
+    float *kv[2] = {falloc((size_t)n * kv_dim), falloc((size_t)n * kv_dim)};
+    for (int w = 0; w < 2; w++)
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t h = 0; h < nkv; h++)
+                for (uint32_t e = 0; e < hd; e++)
+                    kv[w][((size_t)i * nkv + h) * hd + e] = dj_test_randf(-span[h], span[h]);
+    dj_op_call c = {.op = DJ_OP_KV_WRITE, .n = n, .x = kv[0], .x2 = kv[1], .kv = &a.view, .pos0 = pos0};
+    CHECK_OK(dj_backend_compute(be, &c));
+    int bad_exp = 0, bad_code = 0;
+    for (int w = 0; w < 2; w++)
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t h = 0; h < nkv; h++) {
+                const float *x = kv[w] + ((size_t)i * nkv + h) * hd;
+                double amax = 0.0;
+                for (uint32_t e = 0; e < hd; e++) amax = fmax(amax, fabs(x[e]));
+                int want = 0;
+                if (amax > 0.0) {
+                    want = -140;
+                    while (amax > ldexp(448.0, want)) want++;
+                }
+                for (uint32_t e = 0; e < hd; e++) {
+                    uint8_t code;
+                    int exp;
+                    const double got = f8_value(&a, pos0 + i, h, e, w, &code, &exp);
+                    if (e == 0) bad_exp += exp != want;
+                    const double err = fabs(got - x[e]);
+                    for (int d = -1; d <= 1; d += 2) {
+                        const int nb = (int)(code & 0x7f) + d; /* the neighbour in magnitude, same sign */
+                        if (nb < 0 || nb > 0x7e) continue;
+                        const double other = ldexp(dj_f8e4m3_to_f32((uint8_t)((code & 0x80) | nb)), exp);
+                        bad_code += fabs(other - x[e]) < err;
+                    }
+                }
+            }
+    CHECK_MSG(bad_exp == 0, "kv_write f8: %d exponents differ from the least s with amax <= 448*2^s", bad_exp);
+    CHECK_MSG(bad_code == 0, "kv_write f8: %d codes are not the nearest f8 value", bad_code);
+    /* a page one byte short of the exponents: refused */
+    a.view.page_bytes = tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) - 1;
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    a.view.page_bytes = tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) + 64;
+    a.view.n_kv_heads = 0; /* f8 needs the head count */
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    a.view.n_kv_heads = nkv;
+    a.view.dtype = DJ_DTYPE_F32; /* not the backend's K/V dtype */
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+    free(kv[0]);
+    free(kv[1]);
+    kv_area_free(&a);
+    CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F32));
+    CHECK_ST(dj_backend_set_kv_dtype(be, DJ_DTYPE_BF16), DJ_EUNSUPPORTED);
+    CHECK(be->kv_dtype == DJ_DTYPE_F32);
+}
+
 /* ---- ATTENTION ---- */
 
 static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos0, uint32_t n, uint32_t window,
                             uint32_t tpp) {
     const uint32_t kv_dim = nkv * hd, total = pos0 + n;
     const uint32_t n_blocks = (total + tpp - 1) / tpp + 1;
+    const bool f8 = be->kv_dtype == DJ_DTYPE_F8_E4M3;
     kv_area a;
-    kv_area_init(&a, n_blocks, tpp, kv_dim);
+    kv_area_init_heads(&a, n_blocks, tpp, kv_dim, nkv);
     float *k = falloc((size_t)total * kv_dim), *v = falloc((size_t)total * kv_dim);
     fill(k, (size_t)total * kv_dim, -1.5f, 1.5f);
     fill(v, (size_t)total * kv_dim, -1.0f, 1.0f);
     dj_op_call w = {.op = DJ_OP_KV_WRITE, .n = total, .x = k, .x2 = v, .kv = &a.view, .pos0 = 0};
     CHECK_OK(dj_backend_compute(be, &w));
+    if (f8) /* the reference attends to the values the pages hold */
+        for (uint32_t t = 0; t < total; t++)
+            for (uint32_t h = 0; h < nkv; h++)
+                for (uint32_t j = 0; j < hd; j++) {
+                    k[(size_t)t * kv_dim + h * hd + j] = (float)f8_value(&a, t, h, j, 0, NULL, NULL);
+                    v[(size_t)t * kv_dim + h * hd + j] = (float)f8_value(&a, t, h, j, 1, NULL, NULL);
+                }
 
     const size_t qcount = (size_t)n * nh * hd;
     float *q = falloc(qcount), *out = falloc(qcount);
@@ -518,8 +607,8 @@ static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos
                     .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = scale};
     CHECK_OK(dj_backend_compute(be, &c));
     double e = norm_err(out, ref, qcount);
-    CHECK_MSG(e < 1e-5, "attention heads %u:%u hd=%u pos0=%u n=%u window=%u tpp=%u: err %g", nh, nkv, hd, pos0, n,
-              window, tpp, e);
+    CHECK_MSG(e < 1e-5, "attention (%s K/V) heads %u:%u hd=%u pos0=%u n=%u window=%u tpp=%u: err %g",
+              dj_dtype_name(be->kv_dtype), nh, nkv, hd, pos0, n, window, tpp, e);
 
     /* positions past the mapped blocks */
     c.pos0 = n_blocks * tpp - n + 1;
@@ -536,16 +625,22 @@ static void check_attention(uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t pos
     kv_area_free(&a);
 }
 
+/* Every shape with f32 pages, then again with f8 pages (the reference then
+ * reads the values the f8 pages hold). */
 static void test_attention(void) {
     static const uint32_t heads[][3] = {{8, 2, 64}, {4, 1, 16}, {4, 4, 16}};
     static const uint32_t spans[][2] = {{0, 1}, {0, 37}, {45, 7}, {100, 1}, {130, 3}};
-    for (int h = 0; h < 3; h++)
-        for (int s = 0; s < 5; s++)
-            for (uint32_t window = 0; window <= 20; window += 20)
-                check_attention(heads[h][0], heads[h][1], heads[h][2], spans[s][0], spans[s][1], window, 16);
-    check_attention(4, 2, 16, 0, 9, 1, 16); /* a window of one attends to itself only */
-    check_attention(4, 2, 16, 190, 5, 0, 80); /* pages longer than one block of scores */
-    check_attention(4, 2, 16, 150, 3, 100, 80);
+    for (int f8 = 0; f8 <= 1; f8++) {
+        CHECK_OK(dj_backend_set_kv_dtype(be, f8 ? DJ_DTYPE_F8_E4M3 : DJ_DTYPE_F32));
+        for (int h = 0; h < 3; h++)
+            for (int s = 0; s < 5; s++)
+                for (uint32_t window = 0; window <= 20; window += 20)
+                    check_attention(heads[h][0], heads[h][1], heads[h][2], spans[s][0], spans[s][1], window, 16);
+        check_attention(4, 2, 16, 0, 9, 1, 16); /* a window of one attends to itself only */
+        check_attention(4, 2, 16, 190, 5, 0, 80); /* pages longer than one block of scores */
+        check_attention(4, 2, 16, 150, 3, 100, 80);
+    }
+    CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F32));
 }
 
 /* ---- SILU_MUL, ADD ---- */
@@ -682,7 +777,7 @@ static void time_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
 static void time_attention(uint32_t ctx) {
     const uint32_t nh = 32, nkv = 4, hd = 64, tpp = 16, kv_dim = nkv * hd;
     kv_area a;
-    kv_area_init(&a, (ctx + tpp - 1) / tpp, tpp, kv_dim);
+    kv_area_init_heads(&a, (ctx + tpp - 1) / tpp, tpp, kv_dim, nkv);
     float *k = falloc((size_t)ctx * kv_dim), *v = falloc((size_t)ctx * kv_dim);
     float *q = falloc((size_t)nh * hd), *out = falloc((size_t)nh * hd);
     fill(k, (size_t)ctx * kv_dim, -1.0f, 1.0f);
@@ -696,7 +791,8 @@ static void time_attention(uint32_t ctx) {
     double t = now_s();
     for (int i = 0; i < iters; i++) CHECK_OK(dj_backend_compute(be, &c));
     t = (now_s() - t) / iters;
-    printf("attention decode heads %u:%u hd=%u ctx=%u: %.3f ms\n", nh, nkv, hd, ctx, t * 1e3);
+    printf("attention decode heads %u:%u hd=%u ctx=%u, %s K/V: %.3f ms\n", nh, nkv, hd, ctx,
+           dj_dtype_name(be->kv_dtype), t * 1e3);
     free(k);
     free(v);
     free(q);
@@ -716,11 +812,14 @@ int main(void) {
     test_matmul_isas();
     test_rope();
     test_kv_write();
+    test_kv_write_f8();
     test_attention();
     test_elementwise();
     test_errors();
     time_matmul(1, 2048, 5632, 10);
     time_matmul(64, 2048, 5632, 2);
+    time_attention(2048);
+    CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F8_E4M3));
     time_attention(2048);
     dj_backend_free(be);
     return dj_test_finish("test_cpu_backend");

@@ -15,9 +15,10 @@
 #include "fixture_ref.h"
 #include "testutil.h"
 
-static dj_engine_t *new_engine(size_t kib, uint32_t max_step) {
+static dj_engine_t *new_engine_kv(size_t kib, uint32_t max_step, const char *kv_dtype) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
+    ec.kv_dtype = kv_dtype;
     dj_vmu_config_default(&ec.vmu, kib << 10);
     ec.vmu.page_bytes = 4096; /* small pages: contexts span many pages */
     ec.max_step_tokens = max_step;
@@ -25,6 +26,64 @@ static dj_engine_t *new_engine(size_t kib, uint32_t max_step) {
     dj_status st = dj_engine_new(&ec, &e);
     CHECK_OK(st);
     return e;
+}
+
+static dj_engine_t *new_engine(size_t kib, uint32_t max_step) { return new_engine_kv(kib, max_step, NULL); }
+
+/* f8 K/V pages (--kv-dtype fp8) against f32 pages: a step's logits within
+ * KV_F8_TOL relative L2 (measured on 2026-11-26: 0.006-0.25 over the tiny
+ * random-weight fixtures' steps, whose logits move ~16x their bf16 yardstick's
+ * 0.01-0.04 - four mantissa bits fewer -, the trained demo model 0.026;
+ * docs/architecture.md, "FP8 K/V"). A wrong exponent or a misplaced row gives
+ * ~1 or NaN. A MoE's routing is discrete: a step whose expert choice flips
+ * departs by O(1) (mixtral: 0.67 once), so for MoE models only the prompt
+ * step is bounded and the rest printed. */
+#define KV_F8_TOL 0.35
+
+/* The fixture on two engines, f32 and f8 K/V, fed the prompt and then the
+ * reference's greedy tokens: every step's logits within KV_F8_TOL of the f32
+ * engine's (which check_model holds to transformers' within 1e-4); prints the
+ * largest error and how many greedy tokens the f8 engine would pick otherwise. */
+static void check_kv_f8(const char *name, const char *dir, const char *ref_path) {
+    ref r;
+    memset(&r, 0, sizeof r);
+    CHECK_MSG(load_ref_file(ref_path, &r) == 0, "%s: cannot read %s", name, ref_path);
+    if (!r.last) return;
+    dj_engine_t *e[2] = {new_engine_kv(64 << 10, 512, NULL), new_engine_kv(64 << 10, 512, "fp8")};
+    dj_model_t *m[2] = {NULL, NULL};
+    dj_session_t *s[2] = {NULL, NULL};
+    float *logits[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(dj_model_load(e[k], dir, &m[k]));
+        if (!m[k]) goto done;
+        logits[k] = malloc(r.vocab * sizeof(float));
+        CHECK_OK(dj_session_new(e[k], m[k], 128, 0, &s[k]));
+        if (!s[k]) goto done;
+    }
+    double worst = 0.0;
+    int differ = 0, bad = 0;
+    for (int i = -1; i < r.n_greedy; i++) {
+        for (int k = 0; k < 2; k++) {
+            const int32_t *ids = i < 0 ? r.prompt : &r.greedy[i];
+            CHECK_OK(dj_session_step(e[k], s[k], ids, i < 0 ? (uint32_t)r.n_prompt : 1, logits[k]));
+        }
+        const double err = rel_l2(logits[1], logits[0], r.vocab);
+        if (i < 0 || dj_model_get_config(m[0])->n_experts == 0) bad += !(err <= KV_F8_TOL);
+        if (err > worst) worst = err;
+        differ += dj_argmax(logits[1], r.vocab) != dj_argmax(logits[0], r.vocab);
+    }
+    CHECK_MSG(bad == 0, "%s, f8 K/V: %d of %d steps' logits beyond %.2g of f32 K/V's (worst %.3g)",
+              name, bad, r.n_greedy + 1, KV_F8_TOL, worst);
+    printf("%s, f8 K/V: logits within %.2e (relative L2) of f32 K/V's over %d steps; %d of %d greedy tokens differ\n", name, worst,
+           r.n_greedy + 1, differ, r.n_greedy + 1);
+done:
+    for (int k = 0; k < 2; k++) {
+        if (s[k]) dj_session_free(e[k], s[k]);
+        if (m[k]) dj_model_release(e[k], m[k]);
+        dj_engine_free(e[k]);
+        free(logits[k]);
+    }
+    ref_free(&r);
 }
 
 static void check_model(const char *name, const char *dir, const char *ref_path) {
@@ -150,6 +209,7 @@ static void check_fixture(const char *name) {
     snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
     snprintf(refp, sizeof refp, "%s/reference.json", dir);
     check_model(name, dir, refp);
+    check_kv_f8(name, dir, refp);
 }
 
 /* A prefill larger than the largest step is split into chunks: same logits. */
@@ -352,6 +412,7 @@ int main(void) {
     check_fp8_refusals();
     /* the trained demo model that ships in models/demo (bf16 weights) */
     check_model("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");
+    check_kv_f8("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");
     check_small_steps();
     check_known_copy("phi3");
     check_too_small();

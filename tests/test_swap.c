@@ -106,11 +106,13 @@ static void make_async(dj_engine_t *e) {
 /* edges() counts free pages exactly: its engine has no prefix cache (the
  * traces run with it, and check its pages too) */
 static bool no_prefix_cache;
+static const char *kv_dtype; /* NULL: f32 pages; "fp8": the traces again on f8 pages */
 
 static dj_engine_t *new_engine(size_t data_pages) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
     ec.no_prefix_cache = no_prefix_cache;
+    ec.kv_dtype = kv_dtype;
     ec.n_threads = 2;
     ec.max_step_tokens = 32;
     const size_t total = (size_t)8 << 20;
@@ -561,5 +563,7 @@ int main(void) {
         trace(MODELS[k], false);
         trace(MODELS[k], true);
     }
+    kv_dtype = "fp8"; /* pages of codes and exponents swap and restore as bytes: the same logits */
+    trace(MODELS[0], true);
     return dj_test_finish("test_swap");
 }

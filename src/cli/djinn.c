@@ -24,7 +24,7 @@
 #define DEFAULT_NEW_TOKENS 64
 
 typedef struct opts {
-    const char *model, *prompt, *tokens, *text, *device, *vmu;
+    const char *model, *prompt, *tokens, *text, *device, *vmu, *kv_dtype;
     long n_new;
     double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, ctx, threads, step;
@@ -39,10 +39,10 @@ static int usage(FILE *f) {
           "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
-          "            [--no-prefetch] [--host-layers auto|none|K]\n"
+          "            [--no-prefetch] [--host-layers auto|none|K] [--kv-dtype auto|fp8]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
-          "  djinn info [--model DIR] [--ctx N]\n"
+          "  djinn info [--model DIR] [--ctx N] [--kv-dtype auto|fp8]\n"
           "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
           "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [--qos Q]\n"
           "            [--stop-ids 1,2] [--token-file F] [run's flags but --model DIR, --device, --vmu-gb,\n"
@@ -52,7 +52,9 @@ static int usage(FILE *f) {
           "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n"
           "Without --model, run and info use $DJINN_MODEL or the demo model in models/demo.\n"
           "--deterministic: on a GPU, a sequence's logits do not depend on what else shares its\n"
-          "steps (slower batched steps: bench/RESULTS.md); the CPU engine is always so.\n",
+          "steps (slower batched steps: bench/RESULTS.md); the CPU engine is always so.\n"
+          "--kv-dtype fp8: the KV cache in float8 e4m3 with a power-of-two scale per position and\n"
+          "head (twice the tokens of bf16 in the same memory; docs/architecture.md, \"FP8 K/V\").\n",
           f);
     return 2;
 }
@@ -150,6 +152,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--text")) { NEEDV; o->text = v; }
         else if (!strcmp(a, "--device")) { NEEDV; o->device = v; }
         else if (!strcmp(a, "--vmu-gb")) { NEEDV; o->vmu = v; }
+        else if (!strcmp(a, "--kv-dtype")) { NEEDV; o->kv_dtype = v; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
             NEEDV;
             if (parse_long(v, 0, 1L << 30, &o->n_new)) return bad_arg("%s: '%s' is not a token count", a, v);
@@ -289,8 +292,8 @@ static const char *pick_device(opts *o) {
 
 static int on_gpu(const opts *o) { return o->device && strncmp(o->device, "cuda", 4) == 0; }
 
-/* K/V element type of the backend the device gets (f32 CPU, bf16 GPU). */
-static dj_dtype kv_dtype_of(const opts *o) { return on_gpu(o) ? DJ_DTYPE_BF16 : DJ_DTYPE_F32; }
+/* K/V element type of the engine the device gets (--kv-dtype; auto: f32 CPU, bf16 GPU). */
+static dj_status kv_dtype_of(const opts *o, dj_dtype *t) { return dj_kv_dtype_parse(o->kv_dtype, on_gpu(o), t); }
 
 static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engine_t **e,
                              dj_model_needs *needs) {
@@ -302,7 +305,10 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     ec.deterministic = o->deterministic != 0;
     ec.no_prefetch = o->no_prefetch != 0;
     ec.host_layers = o->host_layers;
-    dj_status st = dj_model_estimate(ck, kv_dtype_of(o), ec.max_step_tokens, needs);
+    ec.kv_dtype = o->kv_dtype;
+    dj_dtype kvt;
+    dj_status st = kv_dtype_of(o, &kvt);
+    if (st == DJ_OK) st = dj_model_estimate(ck, kvt, ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
     if (o->vmu) {
         size_t bytes;
@@ -403,13 +409,19 @@ static int cmd_info(opts *o) {
     const uint32_t ctx = pick_ctx(o, c);
     dj_model_needs needs;
     pick_device(o);
-    st = dj_model_estimate(ck, kv_dtype_of(o), o->step ? (uint32_t)o->step : 512, &needs);
+    dj_dtype kvt;
+    st = kv_dtype_of(o, &kvt);
+    if (st != DJ_OK) {
+        dj_checkpoint_close(ck);
+        return die("--kv-dtype", st);
+    }
+    st = dj_model_estimate(ck, kvt, o->step ? (uint32_t)o->step : 512, &needs);
     if (st != DJ_OK) {
         dj_checkpoint_close(ck);
         return die("sizing the model", st);
     }
     dj_model_needs decode;
-    dj_model_estimate(ck, kv_dtype_of(o), 1, &decode);
+    dj_model_estimate(ck, kvt, 1, &decode);
     printf("model:          %s\n", o->model);
     print_origin(o->model);
     printf("architecture:   %s\n", c->arch_name);
@@ -433,9 +445,9 @@ static int cmd_info(opts *o) {
         int dev = o->device[4] == ':' ? atoi(o->device + 5) : 0;
         if (dj_cuda_device_name(dev, name, sizeof name) != DJ_OK) snprintf(name, sizeof name, "not available: %s", dj_last_error());
 #endif
-        printf("device:         %s = %s (bf16 activations and KV)\n", o->device, name);
+        printf("device:         %s = %s (bf16 activations, %s KV)\n", o->device, name, dj_dtype_name(kvt));
     } else {
-        printf("device:         cpu (f32 activations and KV)\n");
+        printf("device:         cpu (f32 activations, %s KV)\n", dj_dtype_name(kvt));
     }
     printf("text segment:   %zu bytes (%.1f MiB) of weights\n", needs.text_bytes, needs.text_bytes / 1048576.0);
     printf("data segment:   %zu bytes per token, %zu bytes (%.1f MiB) for a context of %u\n",

@@ -14,7 +14,7 @@ static int usage(FILE *f) {
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
-          "              [--port-file FILE]\n"
+          "              [--kv-dtype auto|fp8] [--port-file FILE]\n"
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
@@ -38,7 +38,9 @@ static int usage(FILE *f) {
           "'short': only prompts with at most 64 tokens left).\n"
           "--host-layers auto (a model larger than its text budget streams layers through a ring; at steps of\n"
           "few rows the host's cores run the FFN of as many streamed layers as the rates measured at load say\n"
-          "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n",
+          "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n"
+          "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
+          "fp8: float8 e4m3 with a power-of-two scale per position and head, twice the tokens of bf16).\n",
           f);
     fputs("Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
@@ -245,6 +247,12 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
                 fprintf(stderr, "djinnd: --host-layers '%s': want auto, none or a layer count 1..65536\n", v);
                 return 2;
             }
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (strcmp(v, "auto") && strcmp(v, "fp8")) {
+                fprintf(stderr, "djinnd: --kv-dtype '%s': want auto or fp8\n", v);
+                return 2;
+            }
+            cfg->kv_dtype = v;
         } else if (!strcmp(a, "--prefix-cache")) {
             if (strcmp(v, "on") && strcmp(v, "off")) {
                 fprintf(stderr, "djinnd: --prefix-cache '%s': want on or off\n", v);

@@ -218,6 +218,7 @@ typedef struct dj__config {
     bool deterministic;     /* --deterministic on: the engine option (a row's logits independent of its batch) */
     int host_layers;        /* --host-layers: the engine option (0 auto, -1 none, K) for streamed models */
     bool no_prefix_cache;   /* --prefix-cache off: the engine's kill switch */
+    const char *kv_dtype;   /* --kv-dtype: the engine option (NULL/"auto" or "fp8"; points into argv) */
     int mixed_steps;        /* prompt chunks share decode steps: 1 on, 0 off, 2 short prompts only, -1 auto (on for the CPU engine, short on a GPU) */
     const char *port_file; /* write the bound TCP port here (tests) */
     /* limits against hostile clients (docs/protocol.md, "Limits") */

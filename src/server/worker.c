@@ -1542,6 +1542,7 @@ dj_status dj__worker_start(dj__server *s) {
     ec.deterministic = s->cfg.deterministic;
     ec.host_layers = s->cfg.host_layers;
     ec.no_prefix_cache = s->cfg.no_prefix_cache;
+    ec.kv_dtype = s->cfg.kv_dtype;
     /* auto: on for the CPU engine (measured, bench/RESULTS.md); a device's
      * mixed rows take the per-row attention kernel instead of the prefill one,
      * not measured yet */

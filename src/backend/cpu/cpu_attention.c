@@ -1,6 +1,6 @@
 /* cpu_attention.c: causal (optionally sliding-window, optionally soft-capped)
- * GQA attention over K/V in data-segment pages, with a streaming softmax: no
- * context-length scratch. */
+ * GQA attention over f32 or f8 K/V in data-segment pages, with a streaming
+ * softmax: no context-length scratch. */
 #include <math.h>
 
 #ifdef __AVX2__
@@ -23,27 +23,77 @@ static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
     for (; i < len; i++) acc[i] += v[i] * b;
 }
 
+/* f8 K/V (backend.h): sum q[i] * f8(code[i]), and acc[i] += f8(code[i]) * b;
+ * the caller applies the head's power of two. Eight codes at a time as f16
+ * (an e4m3 code's bits shifted into f16's places are its value * 2^-8,
+ * subnormals included: the biases differ by 8), the rest through lut, the
+ * 256 codes' values. */
+#if defined(__AVX2__) && defined(__F16C__)
+static inline __m256 f8x8(const uint8_t *code) {
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)code));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x80)), 8),
+                                   _mm_slli_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), 7));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+#endif
+
+static float dot_f8(const float *q, const uint8_t *code, uint32_t len, const float *lut) {
+    uint32_t i = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= len; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), f8x8(code + i), acc);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    sum = _mm_cvtss_f32(h);
+#endif
+    for (; i < len; i++) sum += q[i] * lut[code[i]];
+    return sum;
+}
+
+static void axpy_f8(float *acc, const uint8_t *code, float b, uint32_t len, const float *lut) {
+    uint32_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    const __m256 vb = _mm256_set1_ps(b);
+    for (; i + 8 <= len; i += 8)
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(f8x8(code + i), vb, _mm256_loadu_ps(acc + i)));
+#endif
+    for (; i < len; i++) acc[i] += lut[code[i]] * b;
+}
+
 /* One query row q[hd] against key positions [t0, t1] of kv head `kvh`, pages
  * found through `table` (kv's own or the row's); the output row o[hd] doubles
- * as the accumulator. */
+ * as the accumulator. With f8 pages lut holds the 256 codes' values and each
+ * position's exponents scale its score and its V weight (exact powers of two). */
 static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float *q, float *o, uint32_t kvh,
-                       uint32_t hd, uint32_t t0, uint32_t t1, float scale, float softcap) {
-    const uint32_t tpp = kv->tokens_per_page, kvd = kv->kv_dim;
+                       uint32_t hd, uint32_t t0, uint32_t t1, float scale, float softcap, const float *lut) {
+    const uint32_t tpp = kv->tokens_per_page, kvd = kv->kv_dim, nkv = kv->n_kv_heads;
     float run_max = -INFINITY, run_sum = 0.0f;
-    float s[SCORE_BLOCK];
+    float s[SCORE_BLOCK], vw[SCORE_BLOCK];
     for (uint32_t i = 0; i < hd; i++) o[i] = 0.0f;
     for (uint32_t t = t0; t <= t1;) {
         const uint32_t row = t % tpp;
         uint32_t len = tpp - row;
         if (len > t1 - t + 1) len = t1 - t + 1;
         if (len > SCORE_BLOCK) len = SCORE_BLOCK;
-        const float *page = (const float *)(const void *)(kv->seg_base +
-                                                          (size_t)table[t / tpp] * kv->page_bytes);
-        const float *kb = page + (size_t)row * kvd + (size_t)kvh * hd;
-        const float *vb = page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
+        const uint8_t *page = kv->seg_base + (size_t)table[t / tpp] * kv->page_bytes;
+        const float *kb = NULL, *vb = NULL;
+        const uint8_t *kc = NULL, *vc = NULL;
+        const int8_t *ke = NULL, *ve = NULL;
+        if (lut) {
+            kc = page + (size_t)row * kvd + (size_t)kvh * hd;
+            vc = kc + (size_t)tpp * kvd;
+            ke = (const int8_t *)(page + 2 * (size_t)tpp * kvd) + (size_t)row * nkv + kvh;
+            ve = ke + (size_t)tpp * nkv;
+        } else {
+            kb = (const float *)(const void *)page + (size_t)row * kvd + (size_t)kvh * hd;
+            vb = (const float *)(const void *)page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
+        }
         float bmax = -INFINITY;
         for (uint32_t j = 0; j < len; j++) {
-            s[j] = dj__cpu_dot(q, kb + (size_t)j * kvd, hd) * scale;
+            s[j] = lut ? ldexpf(dot_f8(q, kc + (size_t)j * kvd, hd, lut), ke[(size_t)j * nkv]) * scale
+                       : dj__cpu_dot(q, kb + (size_t)j * kvd, hd) * scale;
             if (softcap != 0.0f) s[j] = tanhf(s[j] / softcap) * softcap; /* Gemma 2 */
             if (s[j] > bmax) bmax = s[j];
         }
@@ -56,7 +106,11 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         for (uint32_t j = 0; j < len; j++) {
             const float e = expf(s[j] - run_max);
             run_sum += e;
-            axpy(o, vb + (size_t)j * kvd, e, hd);
+            vw[j] = e;
+        }
+        for (uint32_t j = 0; j < len; j++) {
+            if (lut) axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
+            else axpy(o, vb + (size_t)j * kvd, vw[j], hd);
         }
         t += len;
     }
@@ -64,10 +118,16 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
     for (uint32_t i = 0; i < hd; i++) o[i] *= inv;
 }
 
+typedef struct attend_ctx {
+    const dj_op_call *c;
+    const float *lut; /* f8 pages: the 256 codes' values; NULL for f32 pages */
+} attend_ctx;
+
 /* One (row, head) pair a task. */
 static void attend_task(void *ctx, size_t lo, size_t hi, int thread) {
     (void)thread;
-    const dj_op_call *c = ctx;
+    const attend_ctx *ac = ctx;
+    const dj_op_call *c = ac->c;
     const uint32_t nh = c->n_heads, hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     for (size_t task = lo; task < hi; task++) {
         const uint32_t i = (uint32_t)(task / nh), h = (uint32_t)(task % nh);
@@ -76,7 +136,7 @@ static void attend_task(void *ctx, size_t lo, size_t hi, int thread) {
         const uint32_t t0 = c->window && p + 1 > c->window ? p + 1 - c->window : 0;
         const size_t off = ((size_t)i * nh + h) * hd;
         attend_one(c->kv, table, (const float *)c->x + off, (float *)c->out + off, h / group, hd, t0, p, c->scale,
-                   c->softcap);
+                   c->softcap, ac->lut);
     }
 }
 
@@ -84,6 +144,12 @@ dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c) {
     /* a short context is not worth a hand-over: key positions per task at least 256 */
     const uint32_t ctx_len = c->row_pos ? 256 : c->pos0 + c->n;
     const size_t grain = ctx_len >= 256 ? 1 : 256 / (ctx_len ? ctx_len : 1);
-    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->n_heads, grain, attend_task, (void *)c);
+    float lut[256];
+    attend_ctx ac = {.c = c, .lut = NULL};
+    if (c->kv->dtype == DJ_DTYPE_F8_E4M3) {
+        for (int v = 0; v < 256; v++) lut[v] = dj_f8e4m3_to_f32((uint8_t)v);
+        ac.lut = lut;
+    }
+    dj__cpu_pool_for(cb->pool, (size_t)c->n * c->n_heads, grain, attend_task, &ac);
     return DJ_OK;
 }

@@ -210,17 +210,40 @@ static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
+/* One f32 row of kv_dim values into f8 codes, a power of two per head
+ * (backend.h: the f8 K/V layout). */
+static void f8_row(const float *x, uint32_t nkv, uint32_t hd, uint8_t *codes, int8_t *exps) {
+    for (uint32_t h = 0; h < nkv; h++) {
+        const float *xh = x + (size_t)h * hd;
+        float amax = 0.0f;
+        for (uint32_t e = 0; e < hd; e++) amax = fmaxf(amax, fabsf(xh[e]));
+        const int s = dj_kv_f8_exp(amax);
+        for (uint32_t e = 0; e < hd; e++) codes[(size_t)h * hd + e] = dj_f32_to_f8e4m3(ldexpf(xh[e], -s));
+        exps[h] = (int8_t)s;
+    }
+}
+
 static dj_status op_kv_write(dj_cpu_backend *cb, const dj_op_call *c) {
     (void)cb;
     const dj_kv_view *kv = c->kv;
-    const size_t row_bytes = (size_t)kv->kv_dim * sizeof(float);
+    const size_t tpp = kv->tokens_per_page, kvd = kv->kv_dim;
+    const bool f8 = kv->dtype == DJ_DTYPE_F8_E4M3;
+    const size_t row_bytes = kvd * (f8 ? 1 : sizeof(float));
     for (uint32_t i = 0; i < c->n; i++) {
         const uint32_t p = c->row_pos ? c->row_pos[i] : c->pos0 + i;
         const uint32_t *table = c->row_tables ? c->row_tables[i] : kv->block_table;
-        uint8_t *page = kv->seg_base + (size_t)table[p / kv->tokens_per_page] * kv->page_bytes;
-        const size_t r = p % kv->tokens_per_page;
-        memcpy(page + r * row_bytes, (const float *)c->x + (size_t)i * kv->kv_dim, row_bytes);
-        memcpy(page + (kv->tokens_per_page + r) * row_bytes, (const float *)c->x2 + (size_t)i * kv->kv_dim, row_bytes);
+        uint8_t *page = kv->seg_base + (size_t)table[p / tpp] * kv->page_bytes;
+        const size_t r = p % tpp;
+        const float *k = (const float *)c->x + (size_t)i * kvd, *v = (const float *)c->x2 + (size_t)i * kvd;
+        if (f8) {
+            const uint32_t nkv = kv->n_kv_heads, hd = (uint32_t)(kvd / nkv);
+            int8_t *exps = (int8_t *)(page + 2 * tpp * kvd) + r * nkv;
+            f8_row(k, nkv, hd, page + r * row_bytes, exps);
+            f8_row(v, nkv, hd, page + (tpp + r) * row_bytes, exps + tpp * nkv);
+            continue;
+        }
+        memcpy(page + r * row_bytes, k, row_bytes);
+        memcpy(page + (tpp + r) * row_bytes, v, row_bytes);
     }
     return DJ_OK;
 }

@@ -26,6 +26,8 @@ static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out
 
 static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
                                        size_t count) {
+    dj_pdl_release();
+    dj_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         const float g = __bfloat162float(gate[i]);
         out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
@@ -35,6 +37,8 @@ static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfl
 /* out[i] = a[i] + b[i]: a and out the residual stream (bf16 or f32), b bf16. */
 template <typename TA, typename TO>
 static __global__ void add_kernel(const TA *a, const __nv_bfloat16 *b, TO *out, size_t count) {
+    dj_pdl_release();
+    dj_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
         dj_st(out, i, dj_ld(a, i) + __bfloat162float(b[i]));
 }
@@ -122,8 +126,8 @@ dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, 
 
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
-    silu_mul_kernel<<<dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, cb->stream>>>(
-        (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
+    dj__launch(cb, silu_mul_kernel, dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, (const __nv_bfloat16 *)c->x,
+               (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -135,10 +139,10 @@ static void launch_add(dj_cuda_backend *cb, const dj_op_call *c) {
     const TA *a = (const TA *)c->x;
     const __nv_bfloat16 *b = (const __nv_bfloat16 *)c->x2;
     if (c->out_dtype == DJ_DTYPE_F32)
-        add_kernel<TA, float><<<dim3(blocks), dim3(EW_THREADS), 0, cb->stream>>>(a, b, (float *)c->out, count);
+        dj__launch(cb, add_kernel<TA, float>, dim3(blocks), dim3(EW_THREADS), 0, a, b, (float *)c->out, count);
     else
-        add_kernel<TA, __nv_bfloat16>
-            <<<dim3(blocks), dim3(EW_THREADS), 0, cb->stream>>>(a, b, (__nv_bfloat16 *)c->out, count);
+        dj__launch(cb, add_kernel<TA, __nv_bfloat16>, dim3(blocks), dim3(EW_THREADS), 0, a, b,
+                   (__nv_bfloat16 *)c->out, count);
 }
 
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c) {

@@ -65,13 +65,23 @@ static __device__ __forceinline__ float norm_in(const fold_in &in, uint32_t j) {
  * outputs equal the unfused launches'. TX: the norm's input type. */
 template <int MODE, typename TX, typename TO>
 static __global__ void __launch_bounds__(FOLD_THREADS, 2)
-    gemv_fold_kernel(fold_segs sg, fold_in in, uint32_t k) {
+    gemv_fold_kernel(fold_segs sg, fold_in in, uint32_t k, uint32_t pf) {
+    dj_pdl_release();
     extern __shared__ uint4 xs_raw[];
     __nv_bfloat16 *xs = (__nv_bfloat16 *)xs_raw;
     __shared__ float part[NORM_PART / 32];
     __shared__ float inv_rms;
     const uint32_t t = threadIdx.x;
     const bool first = blockIdx.x == 0;
+    if (pf) { /* the warp's first row */
+        const uint32_t row = blockIdx.x * FOLD_WARPS + (t >> 5);
+        if (row < sg.first_row[sg.count]) {
+            int si = 0;
+            while (si + 1 < sg.count && row >= sg.first_row[si + 1]) si++;
+            dj_prefetch_l2(sg.w[si] + (size_t)(row - sg.first_row[si]) * k, pf);
+        }
+    }
+    dj_pdl_wait();
     if constexpr (MODE == DJ_FOLD_SILU) {
         const __nv_bfloat16 *gate = (const __nv_bfloat16 *)in.a;
         for (uint32_t j = t; j < k; j += FOLD_THREADS) {
@@ -184,7 +194,8 @@ static void launch_fold(dj_cuda_backend *cb, const fold_segs &sg, const fold_in 
     const uint32_t total = sg.first_row[sg.count];
     uint32_t blocks = (total + FOLD_WARPS - 1) / FOLD_WARPS, cap = (uint32_t)cb->n_sm * 2;
     if (blocks > cap) blocks = cap;
-    gemv_fold_kernel<MODE, TX, TO><<<blocks, FOLD_THREADS, (size_t)k * 2, cb->stream>>>(sg, in, k);
+    dj__launch(cb, gemv_fold_kernel<MODE, TX, TO>, dim3(blocks), dim3(FOLD_THREADS), (size_t)k * 2, sg, in, k,
+               dj__pdl_prefetch(cb));
 }
 
 template <int MODE, typename TX>

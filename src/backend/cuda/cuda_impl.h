@@ -64,7 +64,30 @@ typedef struct dj_cuda_backend {
      * (set there, __atomic); the next sync or streamed step reports host_err. */
     int host_failed;
     char host_err[256];
+    /* Programmatic dependent launch of the decode kernels (dj__launch): 0 off
+     * ($DJINN_PDL=off, the kill switch), 1 on, 2 on with each GEMV warp's
+     * first weight bytes prefetched into L2 before its wait. */
+    int pdl;
 } dj_cuda_backend;
+
+template <typename... P, typename... A>
+static inline cudaError_t dj__launch(const dj_cuda_backend *cb, void (*kernel)(P...), dim3 grid, dim3 block,
+                                     size_t smem, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = cb->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = cb->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* Bytes of each weight row a GEMV warp prefetches before its dj_pdl_wait. */
+static inline uint32_t dj__pdl_prefetch(const dj_cuda_backend *cb) { return cb->pdl == 2 ? 2048u : 0u; }
 
 /* Enqueues host run h of a streamed step on the compute stream: its in
  * copies, its calls on `host` in a host function, its out copies. */
@@ -85,6 +108,38 @@ dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, co
 
 /* Checks the launch just made. */
 #define DJ_CU_LAUNCHED(cb) DJ_CU(cb, cudaGetLastError())
+
+/* ---- programmatic dependent launch (Hopper; docs/architecture.md, "PDL") ----
+ * A kernel launched through dj__launch with cb->pdl set may be scheduled
+ * while the kernel before it on the stream still runs (once every block of
+ * that one has called dj_pdl_release or exited), so its launch and its
+ * weight prefetch overlap the other's tail. Such a kernel calls dj_pdl_wait
+ * before it reads anything an earlier kernel of the step writes, or writes
+ * anything one reads (wait returns once the earlier grids have completed and
+ * their stores are visible; without PDL it returns at once). Weights are
+ * read-only during a step: they may be touched before the wait. */
+static __device__ __forceinline__ void dj_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dj_pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* The first `bytes` of a weight row into L2 (one 128-byte line a lane, so at
+ * most 4 KiB): what a GEMV warp touches before dj_pdl_wait. */
+static __device__ __forceinline__ void dj_prefetch_l2(const void *row, uint32_t bytes) {
+    const uint32_t off = (threadIdx.x & 31u) * 128u;
+    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)row + off));
+}
+
+/* kernel<<<grid, block, smem, cb->stream>>>(args...), with the PDL attribute
+ * when cb->pdl. Returns the launch's error. */
+template <typename... P, typename... A>
+static inline cudaError_t dj__launch(const struct dj_cuda_backend *cb, void (*kernel)(P...), dim3 grid, dim3 block,
+                                     size_t smem, A... args);
 
 /* Checks a cuBLAS call. */
 #define DJ_CUBLAS(cb, call)                                                                      \

@@ -61,7 +61,8 @@ struct f8_segs {
  * 16 weights share one scale). */
 template <typename TO, int NR>
 static __global__ void __launch_bounds__(F8_WARPS * 32)
-    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
+    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec, uint32_t pf) {
+    dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
@@ -69,6 +70,8 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
     const uint32_t j = (blockIdx.x - sg.first_block[si]) * F8_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
     const uint8_t *wr = sg.w[si] + (size_t)j * k;
+    if (pf) dj_prefetch_l2(wr, pf);
+    dj_pdl_wait();
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
     float acc[NR];
@@ -150,8 +153,8 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     }
     sg.count = count;
     vec = vec && align % 16 == 0;
-    gemv_f8_kernel<TO, NR><<<blocks, F8_WARPS * 32, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, sg, c->n, c->k,
-                                                                       vec);
+    dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
+               c->n, c->k, vec, dj__pdl_prefetch(cb));
 }
 
 template <typename TO>

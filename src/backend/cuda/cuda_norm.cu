@@ -10,6 +10,8 @@
 template <typename TX, typename TW>
 static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps,
                                       float w_off) {
+    dj_pdl_release();
+    dj_pdl_wait();
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const TX *xr = x + (size_t)blockIdx.x * d;
@@ -42,16 +44,16 @@ static void launch_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
     const float off = c->w_offset;
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
-        rmsnorm_kernel<TX, __nv_bfloat16>
-            <<<dim3(rows), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __nv_bfloat16 *)c->w, out, c->d, c->eps, off);
+        dj__launch(cb, rmsnorm_kernel<TX, __nv_bfloat16>, dim3(rows), dim3(NORM_THREADS), 0, x,
+                   (const __nv_bfloat16 *)c->w, out, c->d, c->eps, off);
         break;
     case DJ_DTYPE_F16:
-        rmsnorm_kernel<TX, __half>
-            <<<dim3(rows), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const __half *)c->w, out, c->d, c->eps, off);
+        dj__launch(cb, rmsnorm_kernel<TX, __half>, dim3(rows), dim3(NORM_THREADS), 0, x, (const __half *)c->w, out,
+                   c->d, c->eps, off);
         break;
     default:
-        rmsnorm_kernel<TX, float>
-            <<<dim3(rows), dim3(NORM_THREADS), 0, cb->stream>>>(x, (const float *)c->w, out, c->d, c->eps, off);
+        dj__launch(cb, rmsnorm_kernel<TX, float>, dim3(rows), dim3(NORM_THREADS), 0, x, (const float *)c->w, out,
+                   c->d, c->eps, off);
         break;
     }
 }
@@ -88,6 +90,8 @@ template <typename TH, typename TW, int PER>
 static __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
                        uint32_t d, float eps, float w_off) {
+    dj_pdl_release();
+    dj_pdl_wait();
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
     const size_t row = (size_t)blockIdx.x * d;
@@ -131,16 +135,16 @@ static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const
     __nv_bfloat16 *out = (__nv_bfloat16 *)norm->out;
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
-        add_rmsnorm_kernel<TH, __nv_bfloat16, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
-            a, b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset);
+        dj__launch(cb, add_rmsnorm_kernel<TH, __nv_bfloat16, PER>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
+                   (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset);
         break;
     case DJ_DTYPE_F16:
-        add_rmsnorm_kernel<TH, __half, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
-            a, b, h, (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset);
+        dj__launch(cb, add_rmsnorm_kernel<TH, __half, PER>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
+                   (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset);
         break;
     default:
-        add_rmsnorm_kernel<TH, float, PER><<<dim3(norm->n), dim3(NORM_THREADS), 0, cb->stream>>>(
-            a, b, h, (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset);
+        dj__launch(cb, add_rmsnorm_kernel<TH, float, PER>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
+                   (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset);
         break;
     }
 }

@@ -65,7 +65,8 @@ static __device__ __forceinline__ float q4_dot8_128(uint32_t w, const float *xf)
  * 16-byte aligned bytes and a 16-byte aligned x. */
 template <typename TO, int NR, int RW>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
-    gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec) {
+    gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec, uint32_t pf) {
+    dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
@@ -77,6 +78,10 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     const uint8_t *rows[RW];
 #pragma unroll
     for (int w = 0; w < RW; w++) rows[w] = sg.w[si] + (size_t)(j0 + w < m ? j0 + w : m - 1) * rb; /* past m: reread the last */
+    if (pf)
+#pragma unroll
+        for (int w = 0; w < RW; w++) dj_prefetch_l2(rows[w], pf);
+    dj_pdl_wait();
     float acc[NR][RW];
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -210,8 +215,8 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
         align |= (uintptr_t)calls[i].w;
     }
     sg.count = count;
-    gemv_q4_kernel<TO, NR, RW><<<blocks, Q4_WARPS * 32, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, sg, c->n,
-                                                                          c->k, align % 16 == 0);
+    dj__launch(cb, gemv_q4_kernel<TO, NR, RW>, dim3(blocks), dim3(Q4_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
+               c->n, c->k, align % 16 == 0, dj__pdl_prefetch(cb));
 }
 
 template <typename TO, int NR>
