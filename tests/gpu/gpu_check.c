@@ -1365,62 +1365,19 @@ static void check_decode(void) {
 }
 
 /* ---- f8_e4m3 K/V pages (--kv-dtype fp8; backend.h's layout) ----
- * The GPU writes f8 pages from bf16 K/V; the host reference quantizes the
- * same bf16 values by the CPU backend's rule (f8_quant_row), so codes and
+ * Both backends store f8 K/V here (dj_backend_set_kv_dtype). The GPU writes
+ * f8 pages from bf16 K/V; the CPU's KV_WRITE (the reference) writes the same
+ * values (bf16-representable f32) into pages of the same layout, so codes and
  * exponents must match byte for byte (a fused RoPE+KV_WRITE quantizes the
- * bf16 k it wrote to kout: the reference takes those bits; against the CPU's
- * f32 rotation it is bounded by TOL_F8 instead). ATTENTION runs on the GPU
- * over the f8 pages and on the CPU over f32 pages holding their exact values
- * (f8_seg_to_f32), so both read identical K/V: TOL as for bf16. K/V heads get
- * magnitudes 2^-4..2^4 apart (and now and then all zeros), so every position
- * and head has an exponent of its own. */
+ * bf16 k it wrote to kout: the CPU writes those bits; against the CPU's f32
+ * rotation the values are bounded by TOL_F8 instead). ATTENTION: the CPU reads
+ * a copy of the GPU's pages, so both read identical K/V: TOL as for bf16. K/V
+ * heads get magnitudes 2^-4..2^4 apart (and now and then all zeros), so every
+ * position and head has an exponent of its own. */
 
 /* e4m3 rounding: half a step is at most 1/16 of the head's largest value
  * (scaled into (224, 448], steps of 32 above 256), plus bf16's 2^-9 */
 #define TOL_F8 7e-2
-
-/* One row of nkv heads of hd values as f8 codes and exponents, as the CPU's
- * KV_WRITE does it (dj_kv_f8_exp of the head's largest magnitude, then the
- * RNE-saturating code of x * 2^-s). */
-static void f8_quant_row(const float *x, uint32_t nkv, uint32_t hd, uint8_t *codes, int8_t *exps) {
-    for (uint32_t h = 0; h < nkv; h++) {
-        const float *xh = x + (size_t)h * hd;
-        float amax = 0.0f;
-        for (uint32_t e = 0; e < hd; e++) amax = fmaxf(amax, fabsf(xh[e]));
-        const int s = dj_kv_f8_exp(amax);
-        for (uint32_t e = 0; e < hd; e++) codes[(size_t)h * hd + e] = dj_f32_to_f8e4m3(ldexpf(xh[e], -s));
-        exps[h] = (int8_t)s;
-    }
-}
-
-/* The page bytes of position pos (K row k, V row v, each nkv * hd values) in
- * a host mirror of an f8 segment. */
-static void f8_expect(uint8_t *seg, size_t page_bytes, const uint32_t *table, uint32_t tpp, uint32_t nkv, uint32_t hd,
-                      uint32_t pos, const float *k, const float *v) {
-    const size_t kvd = (size_t)nkv * hd, r = pos % tpp;
-    uint8_t *page = seg + (size_t)table[pos / tpp] * page_bytes;
-    int8_t *ex = (int8_t *)(page + 2 * tpp * kvd);
-    f8_quant_row(k, nkv, hd, page + r * kvd, ex + r * nkv);
-    f8_quant_row(v, nkv, hd, page + (tpp + r) * kvd, ex + (tpp + r) * nkv);
-}
-
-/* Every page of an f8 segment as f32 pages ([tpp][kvd] K, then V) holding
- * code * 2^exp (exact; unwritten rows come out as NaN or junk, never read). */
-static void f8_seg_to_f32(const uint8_t *g8, size_t gpage, uint8_t *cseg, size_t cpage, uint32_t n_pages,
-                          uint32_t tpp, uint32_t nkv, uint32_t hd) {
-    const size_t kvd = (size_t)nkv * hd;
-    for (uint32_t pg = 0; pg < n_pages; pg++) {
-        const uint8_t *src = g8 + (size_t)pg * gpage;
-        const int8_t *ex = (const int8_t *)(src + 2 * tpp * kvd);
-        float *dst = (float *)(void *)(cseg + (size_t)pg * cpage);
-        for (size_t row = 0; row < 2u * tpp; row++) /* K rows, then V rows: the exponents' order too */
-            for (uint32_t h = 0; h < nkv; h++)
-                for (uint32_t e = 0; e < hd; e++) {
-                    const size_t i = row * kvd + (size_t)h * hd + e;
-                    dst[i] = ldexpf(dj_f8e4m3_to_f32(src[i]), ex[row * nkv + h]);
-                }
-    }
-}
 
 /* rows x nkv heads of hd random values in [-1, 1) times 2^m, m in [lo, hi]
  * per (row, head), 1 head in 32 all zeros; rounded to bf16 (bits in bf,
@@ -1437,8 +1394,8 @@ static void rand_heads(uint16_t *bf, float *f, size_t rows, uint32_t nkv, uint32
     }
 }
 
-/* The GPU's f8 segment against its host mirror, byte for byte (codes,
- * exponents, and the 0xff poison of rows and pages nothing wrote). */
+/* The GPU's f8 segment against the CPU's, byte for byte (codes, exponents,
+ * and the 0xff poison of rows and pages nothing wrote). */
 static void check_f8_bytes(const char *op, const char *shape, const uint8_t *want, const void *gseg, size_t bytes) {
     uint8_t *g = xmalloc(bytes);
     down(g, gseg, bytes);
@@ -1453,13 +1410,14 @@ static void check_f8_bytes(const char *op, const char *shape, const uint8_t *wan
 }
 
 /* f8 pages for positions [0, ctx) on the GPU (a shuffled block table plus
- * two spare pages), their host mirror, and f32 pages for the CPU. */
+ * two spare pages) and two host segments of the same layout for the CPU. */
 typedef struct kv8 {
-    dj_kv_view gv, cv;  /* GPU f8 pages; CPU f32 pages (their values after kv8_to_cpu) */
+    dj_kv_view gv;      /* GPU pages */
+    dj_kv_view wv;      /* CPU: its own KV_WRITEs (what the GPU pages must hold) */
+    dj_kv_view cv;      /* CPU: a copy of the GPU's pages (kv8_to_cpu), for ATTENTION */
     uint32_t *table;    /* [n_pages], the first n_blocks mapped */
     uint32_t n_pages, nkv, hd;
     void *gseg;         /* device */
-    uint8_t *want;      /* [n_pages * gv.page_bytes]: what the GPU pages must hold */
 } kv8;
 
 /* Bytes of an f8 page of tpp positions, kept a multiple of 16 (the tensor-core kernel's loads). */
@@ -1479,40 +1437,42 @@ static void kv8_init(kv8 *p, uint32_t ctx, uint32_t tpp, uint32_t nkv, uint32_t 
         p->table[i] = p->table[j];
         p->table[j] = t;
     }
-    const size_t cpage = 2u * tpp * kvd * sizeof(float), gpage = f8_page_bytes(tpp, nkv, hd);
-    uint8_t *cseg = xmalloc(cpage * p->n_pages);
-    memset(cseg, 0xff, cpage * p->n_pages);
-    p->want = xmalloc(gpage * p->n_pages);
-    memset(p->want, 0xff, gpage * p->n_pages);
-    p->gseg = dalloc(gpage * p->n_pages);
-    poison(p->gseg, gpage * p->n_pages);
-    p->cv = (dj_kv_view){.seg_base = cseg, .page_bytes = cpage, .block_table = p->table, .n_blocks = n_blocks,
-                         .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_F32, .n_kv_heads = nkv};
-    p->gv = p->cv;
-    p->gv.seg_base = p->gseg;
-    p->gv.page_bytes = gpage;
-    p->gv.dtype = DJ_DTYPE_F8_E4M3;
+    const size_t page = f8_page_bytes(tpp, nkv, hd), bytes = page * p->n_pages;
+    uint8_t *cseg = xmalloc(bytes), *want = xmalloc(bytes);
+    memset(cseg, 0xff, bytes);
+    memset(want, 0xff, bytes);
+    p->gseg = dalloc(bytes);
+    poison(p->gseg, bytes);
+    p->gv = (dj_kv_view){.seg_base = p->gseg, .page_bytes = page, .block_table = p->table, .n_blocks = n_blocks,
+                         .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_F8_E4M3, .n_kv_heads = nkv};
+    p->wv = p->gv;
+    p->wv.seg_base = want;
+    p->cv = p->gv;
+    p->cv.seg_base = cseg;
 }
+
+static size_t kv8_bytes(const kv8 *p) { return p->gv.page_bytes * p->n_pages; }
 
 static void kv8_free(kv8 *p) {
     free(p->cv.seg_base);
-    free(p->want);
+    free(p->wv.seg_base);
     dfree(p->gseg);
     free(p->table);
 }
 
-/* The CPU's f32 pages := the values of the GPU's f8 pages. */
-static void kv8_to_cpu(kv8 *p) {
-    const size_t bytes = p->gv.page_bytes * p->n_pages;
-    uint8_t *g = xmalloc(bytes);
-    down(g, p->gseg, bytes);
-    f8_seg_to_f32(g, p->gv.page_bytes, p->cv.seg_base, p->cv.page_bytes, p->n_pages, p->gv.tokens_per_page, p->nkv,
-                  p->hd);
-    free(g);
+/* The CPU's attention pages := the GPU's bytes. */
+static void kv8_to_cpu(kv8 *p) { down(p->cv.seg_base, p->gseg, kv8_bytes(p)); }
+
+/* Element e of the K row of position pos in host f8 pages, as a value. */
+static float f8_k_value(const dj_kv_view *v, uint32_t pos, uint32_t e) {
+    const size_t tpp = v->tokens_per_page, kvd = v->kv_dim, r = pos % tpp;
+    const uint8_t *page = v->seg_base + (size_t)v->block_table[pos / tpp] * v->page_bytes;
+    const int8_t *ex = (const int8_t *)(page + 2 * tpp * kvd);
+    return ldexpf(dj_f8e4m3_to_f32(page[r * kvd + e]), ex[r * v->n_kv_heads + e / (kvd / v->n_kv_heads)]);
 }
 
-/* GPU KV_WRITE of random K/V rows [from, to) (K heads 2^-3..2^2, V heads
- * 2^-4..2^4), mirrored on the host. */
+/* KV_WRITE of random K/V rows [from, to) (K heads 2^-3..2^2, V heads
+ * 2^-4..2^4) on the GPU and, the same values, on the CPU. */
 static void kv8_fill(kv8 *p, uint32_t from, uint32_t to) {
     const size_t kvd = p->gv.kv_dim, count = (size_t)(to - from) * kvd;
     uint16_t *kb = halloc(count), *vb = halloc(count);
@@ -1520,11 +1480,12 @@ static void kv8_fill(kv8 *p, uint32_t from, uint32_t to) {
     rand_heads(kb, kf, to - from, p->nkv, p->hd, -3, 2);
     rand_heads(vb, vf, to - from, p->nkv, p->hd, -4, 4);
     void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
-    const dj_op_call gc = {.op = DJ_OP_KV_WRITE, .n = to - from, .x = dk, .x2 = dv, .kv = &p->gv, .pos0 = from};
-    if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("kv_write f8");
-    for (uint32_t i = 0; i < to - from; i++)
-        f8_expect(p->want, p->gv.page_bytes, p->table, p->gv.tokens_per_page, p->nkv, p->hd, from + i,
-                  kf + (size_t)i * kvd, vf + (size_t)i * kvd);
+    const dj_op_call cc = {.op = DJ_OP_KV_WRITE, .n = to - from, .x = kf, .x2 = vf, .kv = &p->wv, .pos0 = from};
+    dj_op_call gc = cc;
+    gc.x = dk;
+    gc.x2 = dv;
+    gc.kv = &p->gv;
+    run_both(&cc, &gc, "kv_write f8");
     dfree(dk);
     dfree(dv);
     free(kb);
@@ -1534,7 +1495,7 @@ static void kv8_fill(kv8 *p, uint32_t from, uint32_t to) {
 }
 
 /* ATTENTION over f8 pages written in two KV_WRITE calls, each path in turn
- * (as check_attention_cap), against the CPU on the pages' exact values. */
+ * (as check_attention_cap), against the CPU reading a copy of the pages. */
 static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
                                uint32_t window, float softcap) {
     const uint32_t ctx = pos0 + n;
@@ -1544,7 +1505,7 @@ static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t 
     kv8_fill(&p, pos0, ctx);
     char shape[96];
     snprintf(shape, sizeof shape, "f8 ctx=%u pos0=%u n=%u heads=%u hd=%u tpp=%u", ctx, pos0, n, nkv, hd, tpp);
-    check_f8_bytes("KV_WRITE", shape, p.want, p.gseg, p.gv.page_bytes * p.n_pages);
+    check_f8_bytes("KV_WRITE", shape, p.wv.seg_base, p.gseg, kv8_bytes(&p));
     kv8_to_cpu(&p);
 
     const size_t count = (size_t)n * nh * hd;
@@ -1555,7 +1516,7 @@ static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t 
     dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
                      .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd),
                      .softcap = softcap};
-    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention f8 reference (cpu)");
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention f8 (cpu)");
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dq;
@@ -1591,8 +1552,8 @@ static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t 
 
 /* ROPE of k (and of q with nq > 0) then its KV_WRITE into f8 pages, as
  * check_rope_kv_write: kout and qout against the CPU's rotation (TOL); the
- * pages byte for byte against the host quantization of the bf16 kout the GPU
- * wrote, and their K values against the CPU's f32 rotation within TOL_F8. */
+ * pages byte for byte against the CPU's KV_WRITE of the bf16 k the GPU wrote
+ * (and v), and their K values against the CPU's f32 rotation within TOL_F8. */
 static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
                                    int fuse, uint32_t nq) {
     const uint32_t ctx = pos0 + n, kvd = nkv * hd;
@@ -1634,30 +1595,22 @@ static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint
              tpp, inplace ? " in-place" : "", fuse ? "" : " unfused");
     compare("ROPE+KV", shape, dkr, DJ_DTYPE_BF16, kref, count);
     if (nq) compare("ROPE+KV", "  the q heads of the same launch", dqr, DJ_DTYPE_BF16, qref, qcount);
-    /* exact: the codes of the bf16 k the GPU wrote */
+    /* exact: the CPU's KV_WRITE of the bf16 k the GPU wrote */
     down(kout, dkr, count * 2);
     for (size_t i = 0; i < count; i++) kgot[i] = dj_bf16_to_f32(kout[i]);
-    for (uint32_t i = 0; i < n; i++)
-        f8_expect(p.want, p.gv.page_bytes, p.table, tpp, nkv, hd, pos0 + i, kgot + (size_t)i * kvd,
-                  vf + (size_t)i * kvd);
-    check_f8_bytes("ROPE+KV", "  f8 pages against the codes of the k it wrote", p.want, p.gseg,
-                   p.gv.page_bytes * p.n_pages);
+    const dj_op_call cw = {.op = DJ_OP_KV_WRITE, .n = n, .x = kgot, .x2 = vf, .kv = &p.wv, .pos0 = pos0};
+    if (dj_backend_compute(cpu, &cw) != DJ_OK) die("kv_write f8 (cpu)");
+    check_f8_bytes("ROPE+KV", "  f8 pages against the CPU's KV_WRITE of that k", p.wv.seg_base, p.gseg,
+                   kv8_bytes(&p));
     /* bounded: the pages' K values against the CPU's f32 rotation */
     kv8_to_cpu(&p);
-    float *kdeq = falloc(count);
-    for (uint32_t i = 0; i < n; i++) {
-        const uint32_t pos = pos0 + i;
-        memcpy(kdeq + (size_t)i * kvd,
-               (const float *)(const void *)(p.cv.seg_base + (size_t)p.table[pos / tpp] * p.cv.page_bytes) +
-                   (size_t)(pos % tpp) * kvd,
-               kvd * sizeof(float));
-    }
     double maxd = 0.0, maxr = 0.0;
-    for (size_t i = 0; i < count; i++) {
-        const double d = fabs((double)kdeq[i] - (double)kref[i]);
-        if (!(d <= maxd)) maxd = d;
-        if (fabs((double)kref[i]) > maxr) maxr = fabs((double)kref[i]);
-    }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t e = 0; e < kvd; e++) {
+            const double r = kref[(size_t)i * kvd + e], d = fabs((double)f8_k_value(&p.cv, pos0 + i, e) - r);
+            if (!(d <= maxd)) maxd = d;
+            if (fabs(r) > maxr) maxr = fabs(r);
+        }
     const double err = maxr > 0.0 ? maxd / maxr : maxd;
     n_rows++;
     n_fail += !(err <= TOL_F8);
@@ -1685,7 +1638,6 @@ static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint
     free(vf);
     free(kref);
     free(kgot);
-    free(kdeq);
     free(inv);
     free(qf);
     free(qref);
@@ -1695,8 +1647,8 @@ static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint
 /* check_rows over f8 pages: B sequences at random positions, ROPE q/k +
  * KV_WRITE + ATTENTION with row_pos/row_tables in one plan (fused), eager or
  * recorded and launched twice (positions one further the second time). The
- * new rows' bytes against the host quantization of the GPU's kout and v;
- * ATTENTION against the CPU on the pages' exact values. */
+ * pages byte for byte against the CPU's KV_WRITEs (of the GPU's kout and v);
+ * ATTENTION against the CPU reading a copy of the GPU's pages. */
 static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp, uint32_t window,
                           int captured) {
     const uint32_t kvd = nkv * hd, qd = nh * hd, rounds = captured ? 2 : 1;
@@ -1714,21 +1666,21 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
         perm[i] = perm[j];
         perm[j] = t;
     }
-    const size_t cpage = 2u * tpp * kvd * sizeof(float), gpage = f8_page_bytes(tpp, nkv, hd);
-    uint8_t *cseg = xmalloc(cpage * n_pages), *want = xmalloc(gpage * n_pages);
-    memset(cseg, 0xff, cpage * n_pages);
-    memset(want, 0xff, gpage * n_pages);
-    void *gseg = dalloc(gpage * n_pages);
-    poison(gseg, gpage * n_pages);
+    const size_t page = f8_page_bytes(tpp, nkv, hd), bytes = page * n_pages;
+    uint8_t *cseg = xmalloc(bytes), *want = xmalloc(bytes);
+    memset(cseg, 0xff, bytes);
+    memset(want, 0xff, bytes);
+    void *gseg = dalloc(bytes);
+    poison(gseg, bytes);
     const uint32_t **ctab = xmalloc(B * sizeof *ctab);
     uint32_t **gtab_each = xmalloc(B * sizeof *gtab_each);
     uint32_t off = 0;
-    dj_kv_view cv = {.seg_base = cseg, .page_bytes = cpage, .tokens_per_page = tpp, .kv_dim = kvd,
-                     .dtype = DJ_DTYPE_F32, .n_kv_heads = nkv};
-    dj_kv_view gv = cv;
-    gv.seg_base = gseg;
-    gv.page_bytes = gpage;
-    gv.dtype = DJ_DTYPE_F8_E4M3;
+    /* gv: the GPU's pages; wv: the CPU's KV_WRITEs; cv: a copy of the GPU's pages */
+    dj_kv_view gv = {.seg_base = gseg, .page_bytes = page, .tokens_per_page = tpp, .kv_dim = kvd,
+                     .dtype = DJ_DTYPE_F8_E4M3, .n_kv_heads = nkv};
+    dj_kv_view wv = gv, cv = gv;
+    wv.seg_base = want;
+    cv.seg_base = cseg;
     for (uint32_t r = 0; r < B; r++) {
         ctab[r] = perm + off;
         gtab_each[r] = dcopy(perm + off, nblk[r] * sizeof(uint32_t));
@@ -1741,13 +1693,15 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
         rand_heads(kb, kf, pos[r], nkv, hd, -3, 2);
         rand_heads(vb, vf, pos[r], nkv, hd, -4, 4);
         void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
-        dj_kv_view g1 = gv;
-        g1.block_table = ctab[r];
-        g1.n_blocks = nblk[r];
-        const dj_op_call gc = {.op = DJ_OP_KV_WRITE, .n = pos[r], .x = dk, .x2 = dv, .kv = &g1};
-        if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("kv_write f8 history");
-        for (uint32_t t = 0; t < pos[r]; t++)
-            f8_expect(want, gpage, ctab[r], tpp, nkv, hd, t, kf + (size_t)t * kvd, vf + (size_t)t * kvd);
+        dj_kv_view w1 = wv, g1 = gv;
+        w1.block_table = g1.block_table = ctab[r];
+        w1.n_blocks = g1.n_blocks = nblk[r];
+        const dj_op_call cc = {.op = DJ_OP_KV_WRITE, .n = pos[r], .x = kf, .x2 = vf, .kv = &w1};
+        dj_op_call gc = cc;
+        gc.x = dk;
+        gc.x2 = dv;
+        gc.kv = &g1;
+        run_both(&cc, &gc, "kv_write f8 history");
         dfree(dk);
         dfree(dv);
         free(kb);
@@ -1755,8 +1709,9 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
         free(kf);
         free(vf);
     }
-    cv.block_table = gv.block_table = ctab[0]; /* layout only: rows bring their own tables */
-    cv.n_blocks = gv.n_blocks = nblk[0];
+    /* layout only: rows bring their own tables */
+    wv.block_table = cv.block_table = gv.block_table = ctab[0];
+    wv.n_blocks = cv.n_blocks = gv.n_blocks = nblk[0];
     void *gtabs = dcopy(gtab_each, B * sizeof(void *));
     void *gpos = dalloc(B * sizeof(uint32_t));
     float *inv = falloc(hd / 2);
@@ -1768,13 +1723,14 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
           *kgot = falloc(nk), *ref = falloc(nq);
     void *dq = dalloc(nq * 2), *dk = dalloc(nk * 2), *dv = dalloc(nk * 2), *dqr = dalloc(nq * 2),
          *dkr = dalloc(nk * 2), *dout = dalloc(nq * 2);
-    uint8_t *g8 = xmalloc(gpage * n_pages);
     dj_op_call c_rq = {.op = DJ_OP_ROPE, .n = B, .out = qr, .x = qf, .inv_freq = inv, .row_pos = pos,
                        .n_heads = nh, .head_dim = hd, .scale = 1.0f};
     dj_op_call c_rk = c_rq;
     c_rk.out = kr;
     c_rk.x = kf;
     c_rk.n_heads = nkv;
+    const dj_op_call c_kw = {.op = DJ_OP_KV_WRITE, .n = B, .x = kgot, .x2 = vf, .kv = &wv, .row_pos = pos,
+                             .row_tables = ctab};
     dj_op_call c_at = {.op = DJ_OP_ATTENTION, .n = B, .out = ref, .x = qr, .kv = &cv, .row_pos = pos,
                        .row_tables = ctab, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window,
                        .scale = 1.0f / sqrtf((float)hd)};
@@ -1809,23 +1765,19 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
             if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("row-mode ops f8 (gpu)");
         }
         if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
-        /* the new rows: the codes of the k the GPU rotated, and of v */
+        /* the CPU writes the k the GPU rotated (bf16) and v; it attends over a copy of the GPU's pages */
         down(kout, dkr, nk * 2);
         for (size_t i = 0; i < nk; i++) kgot[i] = dj_bf16_to_f32(kout[i]);
-        for (uint32_t r = 0; r < B; r++)
-            f8_expect(want, gpage, ctab[r], tpp, nkv, hd, pos[r], kgot + (size_t)r * kvd, vf + (size_t)r * kvd);
-        /* the CPU reads the values the GPU's pages hold */
-        down(g8, gseg, gpage * n_pages);
-        f8_seg_to_f32(g8, gpage, cseg, cpage, n_pages, tpp, nkv, hd);
+        down(cseg, gseg, bytes);
         if (dj_backend_compute(cpu, &c_rq) != DJ_OK || dj_backend_compute(cpu, &c_rk) != DJ_OK ||
-            dj_backend_compute(cpu, &c_at) != DJ_OK)
+            dj_backend_compute(cpu, &c_kw) != DJ_OK || dj_backend_compute(cpu, &c_at) != DJ_OK)
             die("row-mode ops f8 (cpu)");
         char shape[96];
         snprintf(shape, sizeof shape, "f8 rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
                  captured ? (round ? " graph, pos+1" : " graph") : "");
         compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
         compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
-        check_f8_bytes("KV8/rows", shape, want, gseg, gpage * n_pages);
+        check_f8_bytes("KV8/rows", shape, want, gseg, bytes);
         compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
     }
     gpu->vt->graph_free(gpu, graph);
@@ -1840,7 +1792,6 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
     dfree(dkr);
     dfree(dout);
     dfree(gseg);
-    free(g8);
     free(cseg);
     free(want);
     free(gtab_each);
@@ -1895,10 +1846,11 @@ static void check_f8_errors(void) {
 /* Every K/V path over f8 pages (issue 16 item 3): KV_WRITE, the fused
  * RoPE+KV_WRITE with q, decode (b=1 and batched per-row, eager and
  * recorded), the f32 tiled prefill and the tensor-core prefill; head_dim
- * 64/128/256 and odd ones, GQA/MQA, windows, softcap. The backend stores f8
- * K/V for these checks only. */
+ * 64/128/256 and odd ones, GQA/MQA, windows, softcap. Both backends store
+ * f8 K/V for these checks only. */
 static void check_kv_f8(void) {
-    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK) die("kv dtype f8");
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F8_E4M3) != DJ_OK)
+        die("kv dtype f8");
     /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
     check_rope_kv_write_f8(1, 700, 8, 128, 16, 0, 1, 0);
     check_rope_kv_write_f8(37, 5, 2, 64, 7, 1, 1, 0);
@@ -1930,7 +1882,8 @@ static void check_kv_f8(void) {
     check_rows_f8(3, 8, 2, 256, 16, 100, 0);
     check_rows_f8(32, 32, 8, 128, 16, 0, 1);
     check_f8_errors();
-    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK) die("kv dtype bf16");
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F32) != DJ_OK)
+        die("kv dtype back");
 }
 
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
