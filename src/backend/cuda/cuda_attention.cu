@@ -140,12 +140,19 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
     __syncthreads(); /* the shared arrays are free for the next head */
 }
 
-/* One pair of K/V elements as stored: bf16x2, or two f8 codes (F8). */
-template <bool F8> struct kv_pair_of { typedef __nv_bfloat162 type; };
-template <> struct kv_pair_of<true> { typedef uint16_t type; };
-
-static __device__ __forceinline__ float2 kv_pair_f2(__nv_bfloat162 p) { return __bfloat1622float2(p); }
-static __device__ __forceinline__ float2 kv_pair_f2(uint16_t p) { return dj_f8x2_to_float2(p); }
+/* A lane's K (or V) pairs of one position in registers: PAIRS bf16x2, or
+ * with F8 two pairs of codes (4 bytes) per 32-bit register - pair k in the
+ * low (k even) or high half of word k/2 - so f8 holds half the registers. */
+template <bool F8, int PAIRS> struct kv_lane {
+    __nv_bfloat162 w[PAIRS];
+    __device__ __forceinline__ float2 pair(int k) const { return __bfloat1622float2(w[k]); }
+};
+template <int PAIRS> struct kv_lane<true, PAIRS> {
+    uint32_t w[(PAIRS + 1) / 2];
+    __device__ __forceinline__ float2 pair(int k) const {
+        return dj_f8x2_to_float2((uint16_t)(w[k >> 1] >> (16 * (k & 1))));
+    }
+};
 
 /* F8 pages: the K (V with is_v) scale 2^exp of kv head kvh at row r of a page. */
 static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t tpp, uint32_t kv_dim, uint32_t nkv,
@@ -167,12 +174,12 @@ static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t t
  * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
  * splits past the row's context are not written (attn_merge_used_kernel
  * does not read them).
- * F8: K/V as f8 codes with their exponents (the lanes that look up the
- * pages also load the scales of their positions and hand them round). */
+ * F8: K/V as f8 codes (two pairs a register: kv_lane) with their exponents
+ * (the lanes that look up the pages also load the scales of their positions
+ * and hand them round); no spills where bf16 has none (ptxas -v, sm_90). */
 template <int PAIRS, int G, bool F8>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
-    typedef typename kv_pair_of<F8>::type pair_t;
     const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const dec_range rg = dec_range_of(a, i, splits);
@@ -209,7 +216,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, t % a.tpp, true);
             }
         }
-        pair_t kb[DEC_POS][PAIRS], vb[DEC_POS][PAIRS];
+        kv_lane<F8, PAIRS> kb[DEC_POS], vb[DEC_POS];
 #pragma unroll
         for (int j = 0; j < DEC_POS; j++) {
             const uint32_t pj = __shfl_sync(0xffffffffu, page, j), t = (uint32_t)(b + j);
@@ -219,10 +226,13 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                                     (size_t)kvh * hd;
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
-                    const uint32_t d = 2 * lane + 64 * k;
+                    const uint32_t d = 2 * lane + 64 * k, sh = 16 * (k & 1);
                     const bool ok = valid && d < hd;
-                    kb[j][k] = ok ? *(const uint16_t *)(kr + d) : (uint16_t)0; /* two codes; 0 is +0 */
-                    vb[j][k] = ok ? *(const uint16_t *)(kr + v_off + d) : (uint16_t)0;
+                    /* two codes each; code 0 is +0 */
+                    const uint32_t kw = ok ? *(const uint16_t *)(kr + d) : 0u;
+                    const uint32_t vw = ok ? *(const uint16_t *)(kr + v_off + d) : 0u;
+                    kb[j].w[k >> 1] = (k & 1) ? kb[j].w[k >> 1] | kw << sh : kw;
+                    vb[j].w[k >> 1] = (k & 1) ? vb[j].w[k >> 1] | vw << sh : vw;
                 }
             } else {
                 const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(a.seg + (size_t)pj * a.page_bytes) +
@@ -231,8 +241,8 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 for (int k = 0; k < PAIRS; k++) {
                     const uint32_t d = 2 * lane + 64 * k;
                     const bool ok = valid && d < hd;
-                    kb[j][k] = ok ? *(const __nv_bfloat162 *)(kr + d) : __floats2bfloat162_rn(0.0f, 0.0f);
-                    vb[j][k] = ok ? *(const __nv_bfloat162 *)(kr + v_off + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+                    kb[j].w[k] = ok ? *(const __nv_bfloat162 *)(kr + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+                    vb[j].w[k] = ok ? *(const __nv_bfloat162 *)(kr + v_off + d) : __floats2bfloat162_rn(0.0f, 0.0f);
                 }
             }
         }
@@ -244,7 +254,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 float dot = 0.0f;
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
-                    const float2 kf = kv_pair_f2(kb[j][k]);
+                    const float2 kf = kb[j].pair(k);
                     dot += qv[g][k].x * kf.x + qv[g][k].y * kf.y;
                 }
                 s[g][j] = dot;
@@ -289,7 +299,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 if constexpr (F8) ew *= vs[j];
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
-                    const float2 vf = kv_pair_f2(vb[j][k]);
+                    const float2 vf = vb[j].pair(k);
                     acc[g][k].x += ew * vf.x;
                     acc[g][k].y += ew * vf.y;
                 }
