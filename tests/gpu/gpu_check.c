@@ -2295,6 +2295,26 @@ static void *dev_random_bf16(size_t count, float scale) {
     return d;
 }
 
+/* K/V dtype of the attention benches: bf16, or f8_e4m3 for their f8 rows
+ * (the backend's kv dtype is switched with it). */
+static dj_dtype bench_kvt = DJ_DTYPE_BF16;
+
+/* n_pages pages of bench_kvt K/V for 64 KiB pages of tpp positions: random
+ * bf16 in [-1, 1), or random finite f8 codes with exponents -6 (values below 7). */
+static void *dev_random_kv(uint32_t n_pages, uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    if (bench_kvt != DJ_DTYPE_F8_E4M3) return dev_random_bf16((size_t)32768 * n_pages, 1.0f);
+    uint8_t *h = xmalloc((size_t)65536 * n_pages);
+    const size_t kvd = (size_t)nkv * hd;
+    for (uint32_t pg = 0; pg < n_pages; pg++) {
+        uint8_t *page = h + (size_t)pg * 65536;
+        for (size_t i = 0; i < 2 * tpp * kvd; i++) page[i] = (uint8_t)(dj_test_rand() % 0x7e) | (uint8_t)(dj_test_rand() & 0x80);
+        memset(page + 2 * tpp * kvd, 0xfa, 2 * (size_t)tpp * nkv); /* (int8)0xfa = -6 */
+    }
+    void *d = dcopy(h, (size_t)65536 * n_pages);
+    free(h);
+    return d;
+}
+
 static void bench_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
     void *x = dev_random_bf16((size_t)n * k, 1.0f), *w = dev_random_bf16((size_t)m * k, 0.02f);
     void *out = dalloc((size_t)n * m * 2);
@@ -2453,22 +2473,24 @@ static void bench_gemv(void) {
 }
 
 static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int iters) {
-    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2)); /* 64 KiB pages */
+    const size_t token = dj_kv_token_bytes(bench_kvt, nkv, hd);
+    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / token); /* 64 KiB pages */
     const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
     const size_t page = 65536;
     uint32_t *table = xmalloc(n_blocks * sizeof *table);
     for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
-    void *seg = dev_random_bf16(page / 2 * n_blocks, 1.0f);
+    void *seg = dev_random_kv(n_blocks, tpp, nkv, hd);
     void *q = dev_random_bf16((size_t)n * nh * hd, 1.0f), *out = dalloc((size_t)n * nh * hd * 2);
     dj_kv_view kv = {.seg_base = seg, .page_bytes = page, .block_table = table, .n_blocks = n_blocks,
-                     .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+                     .tokens_per_page = tpp, .kv_dim = kvd, .dtype = bench_kvt, .n_kv_heads = nkv};
     dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
     const double s = time_call(&c, iters);
     static const char *kernels[] = {"-", "decode", "f32 prefill", "tensor cores"};
     const int ran = dj__cuda_last_attention(gpu);
-    printf("bench attention n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V  (%s)\n", n, ctx, nh, nkv, hd,
-           s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9, kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+    printf("bench attention%s n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V  (%s)\n",
+           bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, s * 1e6, (double)ctx * token / s / 1e9,
+           kernels[ran >= 0 && ran <= 3 ? ran : 0]);
     dfree(seg);
     dfree(q);
     dfree(out);
@@ -2522,19 +2544,21 @@ static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k, int peaked, int
  *   bench decode n=<n> ctx=<ctx> heads=<q>:<kv> hd=<hd> <pos0|row_pos>: <us> us <GB/s> GB/s of K/V */
 static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int rows) {
     enum { ROUNDS = 20 };
-    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2));
+    const size_t token = dj_kv_token_bytes(bench_kvt, nkv, hd);
+    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / token);
     const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
     uint32_t *table = xmalloc(n_blocks * sizeof *table), *pos = xmalloc(n * sizeof *pos);
     for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
     for (uint32_t r = 0; r < n; r++) pos[r] = ctx - 1 - r;
-    void *seg = dev_random_bf16((size_t)32768 * n_blocks, 1.0f), *dtable = dcopy(table, n_blocks * sizeof *table);
+    void *seg = dev_random_kv(n_blocks, tpp, nkv, hd), *dtable = dcopy(table, n_blocks * sizeof *table);
     void *q = dev_random_bf16((size_t)n * nh * hd, 1.0f), *out = dalloc((size_t)n * nh * hd * 2);
     void *dpos = dcopy(pos, n * sizeof *pos);
     const void **tabs = xmalloc(n * sizeof *tabs);
     for (uint32_t r = 0; r < n; r++) tabs[r] = dtable;
     void *dtabs = dcopy(tabs, n * sizeof *tabs);
     dj_kv_view kv = {.seg_base = seg, .page_bytes = 65536, .block_table = table, .block_table_dev = dtable,
-                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = bench_kvt,
+                     .n_kv_heads = nkv};
     dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
     if (rows) {
@@ -2544,8 +2568,9 @@ static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, ui
     dj_op_call calls[ROUNDS];
     for (int i = 0; i < ROUNDS; i++) calls[i] = c;
     const double s = time_graph(calls, 1, ROUNDS, 50);
-    printf("bench decode n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n", n, ctx, nh, nkv, hd,
-           rows ? "row_pos" : "pos0", s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9);
+    printf("bench decode%s n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n",
+           bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, rows ? "row_pos" : "pos0", s * 1e6,
+           (double)ctx * token / s / 1e9);
     dfree(seg);
     dfree(dtable);
     dfree(q);
@@ -2673,6 +2698,19 @@ static void bench(void) {
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 3);
     dj__cuda_set_paths(gpu, 0, 0);
+    /* the same kernels over f8 K/V pages (--kv-dtype fp8): half the bytes */
+    bench_kvt = DJ_DTYPE_F8_E4M3;
+    if (dj_backend_set_kv_dtype(gpu, bench_kvt) != DJ_OK) die("kv dtype f8");
+    bench_decode(1, 512, 32, 8, 128, 1);
+    bench_decode(1, 4096, 32, 8, 128, 1);
+    bench_decode(8, 512, 32, 8, 128, 1);
+    bench_decode(1, 32768, 32, 8, 128, 1);
+    bench_attention(2048, 2048, 32, 8, 128, 10);
+    dj__cuda_set_paths(gpu, 2, 0);
+    bench_attention(2048, 2048, 32, 8, 128, 3);
+    dj__cuda_set_paths(gpu, 0, 0);
+    bench_kvt = DJ_DTYPE_BF16;
+    if (dj_backend_set_kv_dtype(gpu, bench_kvt) != DJ_OK) die("kv dtype bf16");
 }
 
 /* ---- main ---- */
