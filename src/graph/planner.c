@@ -31,10 +31,29 @@ dj_status dj_graph_plan(dj_graph_t *g, size_t *peak) {
     if (!g) return dj_fail(DJ_EINVAL, "plan: no graph");
     int n = g->n;
     dj_node *nodes = g->nodes;
+    /* A buffer stays live FUSE_SLACK nodes past its last reader: a backend
+     * that runs a few consecutive nodes as one kernel (CUDA: ADD + RMSNORM +
+     * up to three GEMVs of a decode step - 4 nodes on; SiLU-mul + its GEMV;
+     * RoPE of q + RoPE of k + KV_WRITE) reads the first node's inputs while
+     * the later nodes' outputs are written, so those must not take the
+     * inputs' memory. Prefill buffers are large: only the RoPE pair's 1. */
+    const int slack = g->phase == DJ_PHASE_DECODE ? 4 : 1;
     for (int i = 0; i < n; i++) nodes[i].last_use = i;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < DJ_GRAPH_MAX_SRC; k++)
             if (nodes[i].src[k] >= 0) nodes[nodes[i].src[k]].last_use = i; /* i grows: the last reader wins */
+    /* ext[j]: the node `slack` compute nodes after node j (weights and inputs
+     * between them do not count), or the last node */
+    int *ext = malloc((n > 0 ? (size_t)n : 1) * sizeof *ext);
+    if (!ext) return dj_fail(DJ_ENOMEM, "plan: out of memory");
+    int near[8] = {0}, seen = 0; /* the compute nodes after j, nearest last (a ring: slack <= 8) */
+    for (int j = n - 1; j >= 0; j--) {
+        ext[j] = seen >= slack ? near[(seen - slack) % 8] : n - 1;
+        if (nodes[j].op < DJ_OP_COUNT) near[seen++ % 8] = j;
+    }
+    for (int i = 0; i < n; i++)
+        if (nodes[i].last_use > i) nodes[i].last_use = ext[nodes[i].last_use];
+    free(ext);
     int nb = 0;
     for (int i = 0; i < n; i++) {
         dj_node *nd = &nodes[i];

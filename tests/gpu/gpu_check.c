@@ -1200,8 +1200,32 @@ static void check_fp8(void) {
  * (reported, not a check: both round the same values, but need not). */
 enum { FOLD_SILU = 1, FOLD_NORM = 2, FOLD_ADD_NORM = 3 };
 
-static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms, dj_dtype rt, dj_dtype ot,
-                            int fits) {
+static uint8_t *rand_q4(uint32_t m, uint32_t k);
+
+/* A random weight [m][k] of wt for the fold checks in host memory, its
+ * bytes (*bytes) and, for f8_e4m3, 128x128-block scales (*scale, f32). */
+static void *fold_weight(dj_dtype wt, uint32_t m, uint32_t k, size_t *bytes, float **scale) {
+    *scale = NULL;
+    if (wt == DJ_DTYPE_Q4) {
+        *bytes = (size_t)m * dj_dtype_row_bytes(DJ_DTYPE_Q4, k);
+        return rand_q4(m, k);
+    }
+    if (wt == DJ_DTYPE_F8_E4M3) {
+        uint8_t *w = xmalloc((size_t)m * k);
+        for (size_t i = 0; i < (size_t)m * k; i++) w[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        const size_t ns = (size_t)((m + 127) / 128) * ((k + 127) / 128);
+        *scale = falloc(ns);
+        for (size_t i = 0; i < ns; i++) (*scale)[i] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        *bytes = (size_t)m * k;
+        return w;
+    }
+    *bytes = (size_t)m * k * 2;
+    return rand_weight(DJ_DTYPE_BF16, (size_t)m * k, -0.05f, 0.05f);
+}
+
+/* wt: the GEMVs' weights (bf16, f8_e4m3 with 128x128 blocks, or q4). */
+static void check_gemv_fold_w(int mode, uint32_t k, int count, const uint32_t *ms, dj_dtype rt, dj_dtype ot,
+                              int fits, dj_dtype wt) {
     uint16_t *hb = halloc(k);
     float *af = falloc(k), *bf = falloc(k), *href = falloc(k), *xref = falloc(k);
     void *ah = rand_act(mode == FOLD_SILU ? DJ_DTYPE_BF16 : rt, af, k, -2.0f, 2.0f); /* gate, x or the residual */
@@ -1221,15 +1245,18 @@ static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms,
     for (int i = 0; i < npre; i++)
         if (dj_backend_compute(cpu, &cpre[i]) != DJ_OK) die("gemv fold prologue (cpu)");
     dj_op_call cc[4], gc[4];
-    void *w[4], *dw[4], *dout[2][4];
-    float *ref[4];
+    void *w[4], *dw[4], *dout[2][4], *dsc[4];
+    float *ref[4], *sc[4];
     const size_t es = dj_dtype_size(ot);
     for (int i = 0; i < count; i++) {
-        w[i] = rand_weight(DJ_DTYPE_BF16, (size_t)ms[i] * k, -0.05f, 0.05f);
-        dw[i] = dcopy(w[i], (size_t)ms[i] * k * 2);
+        size_t wbytes = 0;
+        w[i] = fold_weight(wt, ms[i], k, &wbytes, &sc[i]);
+        dw[i] = dcopy(w[i], wbytes);
+        dsc[i] = sc[i] ? dcopy(sc[i], (size_t)((ms[i] + 127) / 128) * ((k + 127) / 128) * sizeof(float)) : NULL;
         ref[i] = falloc(ms[i]);
-        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = 1, .out = ref[i], .x = xref, .w = w[i],
-                             .w_dtype = DJ_DTYPE_BF16, .k = k, .m = ms[i]};
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = 1, .out = ref[i], .x = xref, .w = w[i], .w_dtype = wt,
+                             .w_scale = sc[i], .w_block_rows = sc[i] ? 128 : 0, .w_block_cols = sc[i] ? 128 : 0,
+                             .k = k, .m = ms[i]};
         if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("gemv fold (cpu)");
     }
     void *da = dcopy(ah, ab), *db = dcopy(hb, (size_t)k * 2), *dnw = dcopy(nw, (size_t)k * 2);
@@ -1258,6 +1285,7 @@ static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms,
             gc[i].out = dout[pass][i];
             gc[i].x = dx[pass];
             gc[i].w = dw[i];
+            gc[i].w_scale = (const float *)dsc[i];
             gc[i].out_dtype = ot;
             plan[npre + i] = gc[i];
         }
@@ -1280,8 +1308,8 @@ static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms,
     }
     int len = snprintf(shape, sizeof shape, "%s k=%u m=%u", names[mode], k, ms[0]);
     for (int i = 1; i < count; i++) len += snprintf(shape + len, sizeof shape - (size_t)len, "+%u", ms[i]);
-    snprintf(shape + len, sizeof shape - (size_t)len, " res=%s out=%s%s", dj_dtype_name(rt), dj_dtype_name(ot),
-             fits ? "" : " (apart)");
+    snprintf(shape + len, sizeof shape - (size_t)len, " w=%s res=%s out=%s%s", dj_dtype_name(wt), dj_dtype_name(rt),
+             dj_dtype_name(ot), fits ? "" : " (apart)");
     for (int i = 0; i < count; i++) compare("GEMV+FOLD", shape, dout[0][i], ot, ref[i], ms[i]);
     compare("GEMV+FOLD", "  the folded op's own output", dx[0], DJ_DTYPE_BF16, xref, k);
     if (mode == FOLD_ADD_NORM) compare("GEMV+FOLD", "  the residual sum", dh[0], rt, href, k);
@@ -1302,7 +1330,9 @@ static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms,
     }
     for (int i = 0; i < count; i++) {
         dfree(dw[i]);
+        dfree(dsc[i]);
         free(w[i]);
+        free(sc[i]);
         free(ref[i]);
     }
     dfree(da);
@@ -1315,6 +1345,11 @@ static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms,
     free(href);
     free(xref);
     free(nw);
+}
+
+static void check_gemv_fold(int mode, uint32_t k, int count, const uint32_t *ms, dj_dtype rt, dj_dtype ot,
+                            int fits) {
+    check_gemv_fold_w(mode, k, count, ms, rt, ot, fits, DJ_DTYPE_BF16);
 }
 
 static void check_gemv_folds(void) {
@@ -1334,6 +1369,19 @@ static void check_gemv_folds(void) {
         check_gemv_fold(FOLD_ADD_NORM, 260, 1, small, rt, DJ_DTYPE_BF16, 0); /* k % 8 != 0: ADD+NORM, then GEMV */
         check_gemv_fold(FOLD_NORM, 260, 1, small, rt, DJ_DTYPE_BF16, 0);
     }
+    /* FP8 (128x128 blocks) and 4-bit weights: each row summed as their own GEMVs sum it */
+    for (int q = 0; q < 2; q++) {
+        const dj_dtype wt = q ? DJ_DTYPE_Q4 : DJ_DTYPE_F8_E4M3;
+        check_gemv_fold_w(FOLD_ADD_NORM, 4096, 3, qkv, DJ_DTYPE_F32, DJ_DTYPE_BF16, 1, wt);
+        check_gemv_fold_w(FOLD_ADD_NORM, 4096, 2, gu, DJ_DTYPE_F32, DJ_DTYPE_BF16, 1, wt);
+        check_gemv_fold_w(FOLD_NORM, 4096, 3, qkv, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1, wt);
+        check_gemv_fold_w(FOLD_SILU, 14336, 1, down_m, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1, wt); /* 4 B of x a column: opted in */
+        check_gemv_fold_w(FOLD_SILU, 1024, 2, odd, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 1, wt);
+        check_gemv_fold_w(FOLD_NORM, 4096, 1, head, DJ_DTYPE_F32, DJ_DTYPE_F32, 1, wt);
+    }
+    /* apart: FP8 with k % 16 != 0, 4-bit with k % 512 != 0 (their GEMVs' 4-byte paths) */
+    check_gemv_fold_w(FOLD_SILU, 1000, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0, DJ_DTYPE_F8_E4M3);
+    check_gemv_fold_w(FOLD_SILU, 640, 1, small, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 0, DJ_DTYPE_Q4);
 }
 
 /* Decode attention: GQA groups of 1, 2,
@@ -2974,6 +3022,8 @@ int main(int argc, char **argv) {
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);
+    check_argmax(3, 20);     /* fewer entries than the first pass's parts: empty parts */
+    check_argmax(2, 100003); /* a last part shorter than the others */
     check_sample_cases();
     check_deterministic(4096, 14336, DJ_DTYPE_BF16);
     check_deterministic(4096, 128256, DJ_DTYPE_F32);

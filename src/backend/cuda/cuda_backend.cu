@@ -501,10 +501,9 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
         const char *fuse = getenv("DJINN_FUSE");
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
-        /* EXPERIMENT (2026-11-26, decided by the H100 A/B, then reduced to a kill switch):
-         * off | on | prefetch (default) */
+        /* on (default) | off */
         const char *pdl = getenv("DJINN_PDL");
-        cb->pdl = pdl && strcmp(pdl, "off") == 0 ? 0 : pdl && strcmp(pdl, "on") == 0 ? 1 : 2;
+        cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;

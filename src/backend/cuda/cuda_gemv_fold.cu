@@ -1,17 +1,26 @@
-/* cuda_gemv_fold.cu: a decode GEMV group (one row, bf16 weights) that computes its own input - SiLU(gate)*up,
- * RMSNorm, or residual ADD + RMSNorm - into shared memory first, saving that op's launch and round trip. */
+/* cuda_gemv_fold.cu: a decode GEMV group (one row; bf16, FP8 or 4-bit weights) that computes its own input -
+ * SiLU(gate)*up, RMSNorm, or residual ADD + RMSNorm - into shared memory first, saving that op's launch and
+ * round trip. Each row is summed as the format's own GEMV sums it (cuda_matmul.cu, cuda_matmul_fp8.cu,
+ * cuda_q4.cu), so a folded row equals the unfolded launches' bit for bit. */
 #include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/cuda_wdecode.h"
 
 #define FOLD_THREADS 512
 #define FOLD_WARPS (FOLD_THREADS / 32)
 #define NORM_PART 256 /* threads that sum squares: rmsnorm_kernel's partition, so the norm is bit-equal */
-#define FOLD_MAX_K 16384 /* x as bf16 (32 KB) beside the static shared memory, inside the 48 KB without opt-in */
+#define FOLD_MAX_K 16384 /* x in shared memory: bf16 32 KB, or f32 64 KB (+ 2 KB of 4-bit chunk sums, opted in) */
+
+/* Weight formats of the group (its w_dtype). FP8 and 4-bit rows read x as f32 from shared memory (the
+ * bf16 value widened once by the prologue); 4-bit ones also the sum of each 32 columns of x. */
+enum { WF_BF16, WF_F8, WF_Q4 };
 
 /* The group's segments: segment i owns rows [first_row[i], first_row[i+1]). */
 struct fold_segs {
-    const __nv_bfloat16 *w[DJ_GEMV_GROUP];
+    const void *w[DJ_GEMV_GROUP];
+    const float *scale[DJ_GEMV_GROUP];   /* WF_F8: w_scale */
+    uint32_t br[DJ_GEMV_GROUP], bc[DJ_GEMV_GROUP]; /* WF_F8: w_block_rows, w_block_cols */
     const void *bias[DJ_GEMV_GROUP];
     void *out[DJ_GEMV_GROUP];
     uint32_t first_row[DJ_GEMV_GROUP + 1];
@@ -59,35 +68,30 @@ static __device__ __forceinline__ float norm_in(const fold_in &in, uint32_t j) {
     }
 }
 
-/* Prologue: x[k] into shared memory (bf16, as the unfused op stores it);
- * then warps stride over the group's rows, each row as gemv_kernel sums it
- * (lane-strided 16-byte loads, 4 in flight, xor-shuffle reduction), so the
- * outputs equal the unfused launches'. TX: the norm's input type. */
-template <int MODE, typename TX, typename TO>
+/* Prologue: x[k] into shared memory (as the unfused op stores it: bf16,
+ * widened to f32 for FP8 and 4-bit rows); then warps stride over the group's
+ * rows, each row as its format's GEMV sums it (lane-strided 16-byte loads,
+ * xor-shuffle reduction), so the outputs equal the unfused launches'. TX: the
+ * norm's input type. */
+template <int MODE, typename TX, typename TO, int WF>
 static __global__ void __launch_bounds__(FOLD_THREADS, 2)
-    gemv_fold_kernel(fold_segs sg, fold_in in, uint32_t k, uint32_t pf) {
+    gemv_fold_kernel(fold_segs sg, fold_in in, uint32_t k) {
     dj_pdl_release();
     extern __shared__ uint4 xs_raw[];
-    __nv_bfloat16 *xs = (__nv_bfloat16 *)xs_raw;
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)xs_raw; /* WF_BF16: [k] */
+    float *xf = (float *)xs_raw;                 /* else: [k], then (WF_Q4) [k / 32] chunk sums */
     __shared__ float part[NORM_PART / 32];
     __shared__ float inv_rms;
     const uint32_t t = threadIdx.x;
     const bool first = blockIdx.x == 0;
-    if (pf) { /* the warp's first row */
-        const uint32_t row = blockIdx.x * FOLD_WARPS + (t >> 5);
-        if (row < sg.first_row[sg.count]) {
-            int si = 0;
-            while (si + 1 < sg.count && row >= sg.first_row[si + 1]) si++;
-            dj_prefetch_l2(sg.w[si] + (size_t)(row - sg.first_row[si]) * k, pf);
-        }
-    }
     dj_pdl_wait();
     if constexpr (MODE == DJ_FOLD_SILU) {
         const __nv_bfloat16 *gate = (const __nv_bfloat16 *)in.a;
         for (uint32_t j = t; j < k; j += FOLD_THREADS) {
             const float g = __bfloat162float(gate[j]);
             const __nv_bfloat16 v = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(in.b[j]));
-            xs[j] = v;
+            if constexpr (WF == WF_BF16) xs[j] = v;
+            else xf[j] = __bfloat162float(v);
             if (first) in.xout[j] = v;
         }
     } else {
@@ -110,7 +114,8 @@ static __global__ void __launch_bounds__(FOLD_THREADS, 2)
         for (uint32_t j = t; j < k; j += FOLD_THREADS) {
             const float h = norm_in<MODE, TX>(in, j);
             const __nv_bfloat16 v = __float2bfloat16(__bfloat162float(in.nw[j]) * (h * r));
-            xs[j] = v;
+            if constexpr (WF == WF_BF16) xs[j] = v;
+            else xf[j] = __bfloat162float(v);
             if (first) {
                 in.xout[j] = v;
                 if constexpr (MODE == DJ_FOLD_ADD_NORM) dj_st((TX *)in.hout, j, h);
@@ -118,34 +123,101 @@ static __global__ void __launch_bounds__(FOLD_THREADS, 2)
         }
     }
     __syncthreads();
+    if constexpr (WF == WF_Q4) { /* each 32 columns' sum of x, added as gemv_q4_kernel adds it */
+        float *sx = xf + k;
+        for (uint32_t c = t; c < k / 32; c += FOLD_THREADS) {
+            const float *x32 = xf + 32 * (size_t)c;
+            float v = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) v += x32[8 * h + 2 * e] + x32[8 * h + 2 * e + 1];
+            sx[c] = v;
+        }
+        __syncthreads();
+    }
     const uint32_t lane = t & 31, total = sg.first_row[sg.count];
     for (uint32_t row = blockIdx.x * FOLD_WARPS + (t >> 5); row < total; row += gridDim.x * FOLD_WARPS) {
         int si = 0;
         while (si + 1 < sg.count && row >= sg.first_row[si + 1]) si++;
         const uint32_t j = row - sg.first_row[si];
-        const __nv_bfloat16 *wr = sg.w[si] + (size_t)j * k;
         float acc = 0.0f;
+        if constexpr (WF == WF_BF16) { /* gemv_kernel's vec loop */
+            const __nv_bfloat16 *wr = (const __nv_bfloat16 *)sg.w[si] + (size_t)j * k;
 #pragma unroll 4
-        for (uint32_t kk = lane * 8; kk < k; kk += 256) {
-            float wf[8], xf[8];
-            widen8_bf16(*(const uint4 *)(wr + kk), wf);
-            widen8_bf16(*(const uint4 *)(xs + kk), xf);
+            for (uint32_t kk = lane * 8; kk < k; kk += 256) {
+                float wf[8], xv[8];
+                widen8_bf16(*(const uint4 *)(wr + kk), wf);
+                widen8_bf16(*(const uint4 *)(xs + kk), xv);
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc += wf[e] * xf[e];
+                for (int e = 0; e < 8; e++) acc += wf[e] * xv[e];
+            }
+        } else if constexpr (WF == WF_F8) { /* gemv_f8_kernel's vec loop */
+            const uint8_t *wr = (const uint8_t *)sg.w[si] + (size_t)j * k;
+            const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
+            const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
+#pragma unroll 4
+            for (uint32_t kk = lane * 16; kk < k; kk += 512) {
+                const float s = sr[kk / bc];
+                float wf[16];
+                dj_f8x16(*(const uint4 *)(wr + kk), wf);
+                const float *xv = xf + kk;
+                float p = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    p += wf[2 * i] * xv[2 * i];
+                    p += wf[2 * i + 1] * xv[2 * i + 1];
+                }
+                acc += s * p;
+            }
+        } else { /* gemv_q4_kernel's vec loop: 32 columns (16 bytes) a lane */
+            const uint32_t ng = k / DJ_Q4_GROUP;
+            const uint8_t *wr = (const uint8_t *)sg.w[si] + (size_t)j * (k / 2 + 4 * (size_t)ng);
+            const __half *sc = (const __half *)(wr + k / 2);
+            const float *sx = xf + k;
+#pragma unroll 2
+            for (uint32_t c = lane; c < k / 32; c += 32) {
+                const uint4 q = *(const uint4 *)(wr + 16 * (size_t)c);
+                const float s = __half2float(sc[c / 4]), z128 = 128.0f + __half2float(sc[ng + c / 4]);
+                const float p = dj_q4_dot32_128(q, xf + 32 * (size_t)c);
+                acc = fmaf(s, fmaf(-z128, sx[c], p), acc);
+            }
         }
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) dj_st((TO *)sg.out[si], j, acc + fold_bias(sg.bias[si], sg.bias_dtype[si], j));
     }
 }
 
-bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f) {
-    (void)cb;
-    const dj_op_call *g = &calls[0], *src = f->norm ? f->norm : f->silu;
-    if (!src || g->n != 1 || g->w_dtype != DJ_DTYPE_BF16 || g->k % 8 != 0 || g->k > FOLD_MAX_K ||
-        (uintptr_t)g->x % 16 != 0 || g->x != src->out || src->n != 1 || src->d != g->k)
+/* Dynamic shared memory of a launch: x, and the 4-bit chunk sums. */
+static size_t fold_smem(dj_dtype w_dtype, uint32_t k) {
+    if (w_dtype == DJ_DTYPE_BF16) return (size_t)k * 2;
+    return (size_t)k * 4 + (w_dtype == DJ_DTYPE_Q4 ? (size_t)k / 32 * 4 : 0);
+}
+
+/* The format's GEMV takes its 16-byte-load loop for these rows (what the
+ * fold reproduces): bf16 k % 8, FP8 k % 16 with 16-column scale blocks,
+ * 4-bit k % 512 (16-byte aligned rows); every w 16-byte aligned. */
+static bool fold_vec(const dj_op_call *calls, int count) {
+    const dj_op_call *g = &calls[0];
+    const uint32_t k = g->k;
+    if (g->w_dtype == DJ_DTYPE_BF16 ? k % 8 != 0 : g->w_dtype == DJ_DTYPE_F8_E4M3 ? k % 16 != 0
+                                                 : g->w_dtype == DJ_DTYPE_Q4 ? k % 512 != 0 : true)
         return false;
-    for (int i = 0; i < count; i++)
-        if ((uintptr_t)calls[i].w % 16 != 0) return false;
+    for (int i = 0; i < count; i++) {
+        const dj_op_call *c = &calls[i];
+        if ((uintptr_t)c->w % 16 != 0) return false;
+        if (c->w_dtype == DJ_DTYPE_F8_E4M3 &&
+            (!c->w_scale || !c->w_block_rows || !c->w_block_cols || (c->w_block_cols % 16 && c->w_block_cols < k)))
+            return false;
+    }
+    return true;
+}
+
+bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f) {
+    const dj_op_call *g = &calls[0], *src = f->norm ? f->norm : f->silu;
+    if (!src || g->n != 1 || g->k > FOLD_MAX_K || !fold_vec(calls, count) || (uintptr_t)g->x % 16 != 0 ||
+        g->x != src->out || src->n != 1 || src->d != g->k || fold_smem(g->w_dtype, g->k) + 1024 > cb->smem_optin)
+        return false;
     const size_t k = g->k;
     /* what the prologue reads and writes, as [ptr, bytes) */
     const void *rd[3] = {NULL, NULL, NULL}, *wr[2] = {src->out, NULL};
@@ -189,21 +261,32 @@ bool dj__cuda_gemv_fold_fits(const dj_cuda_backend *cb, const dj_op_call *calls,
     return true;
 }
 
-template <int MODE, typename TX, typename TO>
-static void launch_fold(dj_cuda_backend *cb, const fold_segs &sg, const fold_in &in, uint32_t k) {
+template <int MODE, typename TX, typename TO, int WF>
+static cudaError_t launch_fold(dj_cuda_backend *cb, const fold_segs &sg, const fold_in &in, uint32_t k, size_t smem) {
     const uint32_t total = sg.first_row[sg.count];
     uint32_t blocks = (total + FOLD_WARPS - 1) / FOLD_WARPS, cap = (uint32_t)cb->n_sm * 2;
     if (blocks > cap) blocks = cap;
-    dj__launch(cb, gemv_fold_kernel<MODE, TX, TO>, dim3(blocks), dim3(FOLD_THREADS), (size_t)k * 2, sg, in, k,
-               dj__pdl_prefetch(cb));
+    if (smem > 48 * 1024) { /* past the default: opted in (fits checked smem_optin) */
+        const cudaError_t e = cudaFuncSetAttribute(gemv_fold_kernel<MODE, TX, TO, WF>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
+    return dj__launch(cb, gemv_fold_kernel<MODE, TX, TO, WF>, dim3(blocks), dim3(FOLD_THREADS), smem, sg, in, k);
+}
+
+template <int MODE, typename TX, typename TO>
+static cudaError_t launch_fold_wf(dj_cuda_backend *cb, const dj_op_call *g, const fold_segs &sg, const fold_in &in) {
+    const size_t smem = fold_smem(g->w_dtype, g->k);
+    if (g->w_dtype == DJ_DTYPE_F8_E4M3) return launch_fold<MODE, TX, TO, WF_F8>(cb, sg, in, g->k, smem);
+    if (g->w_dtype == DJ_DTYPE_Q4) return launch_fold<MODE, TX, TO, WF_Q4>(cb, sg, in, g->k, smem);
+    return launch_fold<MODE, TX, TO, WF_BF16>(cb, sg, in, g->k, smem);
 }
 
 template <int MODE, typename TX>
-static void launch_fold_out(dj_cuda_backend *cb, const dj_op_call *g, const fold_segs &sg, const fold_in &in) {
-    if (g->out_dtype == DJ_DTYPE_F32)
-        launch_fold<MODE, TX, float>(cb, sg, in, g->k);
-    else
-        launch_fold<MODE, TX, __nv_bfloat16>(cb, sg, in, g->k);
+static cudaError_t launch_fold_out(dj_cuda_backend *cb, const dj_op_call *g, const fold_segs &sg,
+                                   const fold_in &in) {
+    if (g->out_dtype == DJ_DTYPE_F32) return launch_fold_wf<MODE, TX, float>(cb, g, sg, in);
+    return launch_fold_wf<MODE, TX, __nv_bfloat16>(cb, g, sg, in);
 }
 
 dj_status dj__cuda_gemv_fold(dj_cuda_backend *cb, const dj_op_call *calls, int count, const dj_gemv_fold *f) {
@@ -211,7 +294,10 @@ dj_status dj__cuda_gemv_fold(dj_cuda_backend *cb, const dj_op_call *calls, int c
     memset(&sg, 0, sizeof sg);
     uint32_t rows = 0;
     for (int i = 0; i < count; i++) {
-        sg.w[i] = (const __nv_bfloat16 *)calls[i].w;
+        sg.w[i] = calls[i].w;
+        sg.scale[i] = calls[i].w_scale;
+        sg.br[i] = calls[i].w_block_rows;
+        sg.bc[i] = calls[i].w_block_cols;
         sg.bias[i] = calls[i].bias;
         sg.bias_dtype[i] = (int)calls[i].bias_dtype;
         sg.out[i] = calls[i].out;
@@ -223,11 +309,12 @@ dj_status dj__cuda_gemv_fold(dj_cuda_backend *cb, const dj_op_call *calls, int c
     fold_in in;
     memset(&in, 0, sizeof in);
     const dj_op_call *g = &calls[0];
+    cudaError_t e = cudaSuccess;
     if (f->silu) {
         in.a = f->silu->x;
         in.b = (const __nv_bfloat16 *)f->silu->x2;
         in.xout = (__nv_bfloat16 *)f->silu->out;
-        launch_fold_out<DJ_FOLD_SILU, __nv_bfloat16>(cb, g, sg, in);
+        e = launch_fold_out<DJ_FOLD_SILU, __nv_bfloat16>(cb, g, sg, in);
     } else {
         in.nw = (const __nv_bfloat16 *)f->norm->w;
         in.xout = (__nv_bfloat16 *)f->norm->out;
@@ -238,16 +325,14 @@ dj_status dj__cuda_gemv_fold(dj_cuda_backend *cb, const dj_op_call *calls, int c
         if (f->add) {
             in.b = (const __nv_bfloat16 *)f->add->x2;
             in.hout = f->add->out;
-            if (f32)
-                launch_fold_out<DJ_FOLD_ADD_NORM, float>(cb, g, sg, in);
-            else
-                launch_fold_out<DJ_FOLD_ADD_NORM, __nv_bfloat16>(cb, g, sg, in);
-        } else if (f32) {
-            launch_fold_out<DJ_FOLD_NORM, float>(cb, g, sg, in);
+            e = f32 ? launch_fold_out<DJ_FOLD_ADD_NORM, float>(cb, g, sg, in)
+                    : launch_fold_out<DJ_FOLD_ADD_NORM, __nv_bfloat16>(cb, g, sg, in);
         } else {
-            launch_fold_out<DJ_FOLD_NORM, __nv_bfloat16>(cb, g, sg, in);
+            e = f32 ? launch_fold_out<DJ_FOLD_NORM, float>(cb, g, sg, in)
+                    : launch_fold_out<DJ_FOLD_NORM, __nv_bfloat16>(cb, g, sg, in);
         }
     }
+    DJ_CU(cb, e);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -64,10 +64,7 @@ typedef struct dj_cuda_backend {
      * (set there, __atomic); the next sync or streamed step reports host_err. */
     int host_failed;
     char host_err[256];
-    /* Programmatic dependent launch of the decode kernels (dj__launch): 0 off
-     * ($DJINN_PDL=off, the kill switch), 1 on, 2 on with each GEMV warp's
-     * first weight bytes prefetched into L2 before its wait. */
-    int pdl;
+    bool pdl; /* programmatic dependent launch of the decode kernels (dj__launch); $DJINN_PDL=off: the kill switch */
 } dj_cuda_backend;
 
 template <typename... P, typename... A>
@@ -85,9 +82,6 @@ static inline cudaError_t dj__launch(const dj_cuda_backend *cb, void (*kernel)(P
     cfg.numAttrs = cb->pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
-
-/* Bytes of each weight row a GEMV warp prefetches before its dj_pdl_wait. */
-static inline uint32_t dj__pdl_prefetch(const dj_cuda_backend *cb) { return cb->pdl == 2 ? 2048u : 0u; }
 
 /* Enqueues host run h of a streamed step on the compute stream: its in
  * copies, its calls on `host` in a host function, its out copies. */
@@ -116,8 +110,10 @@ dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, co
  * weight prefetch overlap the other's tail. Such a kernel calls dj_pdl_wait
  * before it reads anything an earlier kernel of the step writes, or writes
  * anything one reads (wait returns once the earlier grids have completed and
- * their stores are visible; without PDL it returns at once). Weights are
- * read-only during a step: they may be touched before the wait. */
+ * their stores are visible; without PDL it returns at once). On the H100
+ * (bench/RESULTS.md, 2026-11-26) it took 1-2% off a decode step; each GEMV
+ * warp prefetching its first 2 KiB of weights into L2 before the wait made
+ * the step 1.5-4% slower instead (deleted). */
 static __device__ __forceinline__ void dj_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -128,13 +124,6 @@ static __device__ __forceinline__ void dj_pdl_release() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-/* The first `bytes` of a weight row into L2 (one 128-byte line a lane, so at
- * most 4 KiB): what a GEMV warp touches before dj_pdl_wait. */
-static __device__ __forceinline__ void dj_prefetch_l2(const void *row, uint32_t bytes) {
-    const uint32_t off = (threadIdx.x & 31u) * 128u;
-    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)row + off));
-}
-
 /* kernel<<<grid, block, smem, cb->stream>>>(args...), with the PDL attribute
  * when cb->pdl. Returns the launch's error. */
 template <typename... P, typename... A>

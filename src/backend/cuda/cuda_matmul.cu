@@ -75,7 +75,7 @@ struct gemv_segs {
  * and every w. */
 template <typename TW, typename TO, int NR>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_kernel(const __nv_bfloat16 *x, gemv_segs sg, uint32_t n, uint32_t k, bool vec, uint32_t pf) {
+    gemv_kernel(const __nv_bfloat16 *x, gemv_segs sg, uint32_t n, uint32_t k, bool vec) {
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
@@ -84,7 +84,6 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const uint32_t j = (blockIdx.x - sg.first_block[si]) * GEMV_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
     const TW *wr = (const TW *)sg.w[si] + (size_t)j * k;
-    if (pf) dj_prefetch_l2(wr, pf);
     dj_pdl_wait();
     const void *bias = sg.bias[si];
     const int bias_dtype = sg.bias_dtype[si];
@@ -212,8 +211,7 @@ static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && align % 16 == 0;
     gemv_segs sg;
     const unsigned blocks = fill_segs(calls, count, GEMV_WARPS, &sg);
-    dj__launch(cb, gemv_kernel<TW, TO, NR>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, x, sg, c->n, c->k, vec,
-               dj__pdl_prefetch(cb));
+    dj__launch(cb, gemv_kernel<TW, TO, NR>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, x, sg, c->n, c->k, vec);
 }
 
 template <typename TW, typename TO>

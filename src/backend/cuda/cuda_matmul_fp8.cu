@@ -15,10 +15,10 @@
  *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
  *    in the H100's L2 for the GEMM that reads it right after) and multiplied
  *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
-#include <cuda_fp8.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/cuda_wdecode.h"
 
 #define F8_WARPS 8
 #define F8_MAX_ROWS 8
@@ -31,17 +31,6 @@ static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i
     case DJ_DTYPE_F16: return __half2float(((const __half *)p)[i]);
     default: return ((const float *)p)[i];
     }
-}
-
-/* Two e4m3 bytes (the low 16 bits of v) as two floats. */
-static __device__ __forceinline__ float2 f8x2(uint32_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    return __half22float2(*(const __half2 *)&h);
-}
-
-static __device__ __forceinline__ float f8_one(uint8_t v) {
-    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)v, __NV_E4M3);
-    return __half2float(*(const __half *)&h);
 }
 
 struct f8_segs {
@@ -61,7 +50,7 @@ struct f8_segs {
  * 16 weights share one scale). */
 template <typename TO, int NR>
 static __global__ void __launch_bounds__(F8_WARPS * 32)
-    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec, uint32_t pf) {
+    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
@@ -70,7 +59,6 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
     const uint32_t j = (blockIdx.x - sg.first_block[si]) * F8_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
     const uint8_t *wr = sg.w[si] + (size_t)j * k;
-    if (pf) dj_prefetch_l2(wr, pf);
     dj_pdl_wait();
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
@@ -82,16 +70,8 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
         for (uint32_t kk = lane * 16; kk < k; kk += 512) {
             const uint4 u = *(const uint4 *)(wr + kk);
             const float s = sr[kk / bc];
-            const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
             float wf[16];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float2 a = f8x2(wv[i]), b = f8x2(wv[i] >> 16);
-                wf[4 * i] = a.x;
-                wf[4 * i + 1] = a.y;
-                wf[4 * i + 2] = b.x;
-                wf[4 * i + 3] = b.y;
-            }
+            dj_f8x16(u, wf);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 if ((uint32_t)r < n) {
@@ -110,7 +90,7 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
         }
     } else {
         for (uint32_t kk = lane; kk < k; kk += 32) {
-            const float wf = f8_one(wr[kk]) * sr[kk / bc];
+            const float wf = dj_f8_one(wr[kk]) * sr[kk / bc];
 #pragma unroll
             for (int r = 0; r < NR; r++)
                 if ((uint32_t)r < n) acc[r] += wf * __bfloat162float(x[(size_t)r * k + kk]);
@@ -154,7 +134,7 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     sg.count = count;
     vec = vec && align % 16 == 0;
     dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
-               c->n, c->k, vec, dj__pdl_prefetch(cb));
+               c->n, c->k, vec);
 }
 
 template <typename TO>
@@ -190,7 +170,7 @@ static __global__ void dequant_f8_kernel(const uint8_t *w, const float *scale, u
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         const uint32_t r = (uint32_t)(e / k), i = (uint32_t)(e % k), j = j0 + r;
         const float s = scale[(size_t)(j / br) * per_row + i / bc];
-        dst[e] = __float2bfloat16(f8_one(w[(size_t)j * k + i]) * s);
+        dst[e] = __float2bfloat16(dj_f8_one(w[(size_t)j * k + i]) * s);
     }
 }
 

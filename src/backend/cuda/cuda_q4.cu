@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/cuda_wdecode.h"
 
 #define Q4_WARPS 8
 #define Q4_TILE_BYTES ((size_t)16 << 20) /* bf16 bytes of one dequantized tile (H100 L2: 50 MB) */
@@ -39,33 +40,13 @@ static __device__ __forceinline__ float q4_bias(const void *p, int t, uint32_t j
     }
 }
 
-/* code e (0..7) of word w minus the zero, as float: exact. mz = 2^23 + zero. */
-static __device__ __forceinline__ float q4_code(uint32_t w, int e, float mz) {
-    return __uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - mz;
-}
-
-/* sum over the 8 columns of word w of (128 + code) * x, x the 8 floats at xf:
- * two codes a LOP3 - (w >> 4i) & 0x000F000F | 0x43004300 is the bf16 pair
- * (128 + code i, 128 + code i+4), each widened by a shift or a mask - so a
- * code costs 3 instructions where q4_code's float took 4 and its subtract. */
-static __device__ __forceinline__ float q4_dot8_128(uint32_t w, const float *xf) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t pair = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
-        s = fmaf(__uint_as_float(pair << 16), xf[i], s);
-        s = fmaf(__uint_as_float(pair & 0xFFFF0000u), xf[i + 4], s);
-    }
-    return s;
-}
-
 /* Warp per RW consecutive weight rows j0.. of its segment (each x load then
  * serves RW rows: one row a warp read 4 bytes of x per byte of codes, and
  * decoded at 3.5x the step floor); x rows r < n (NR >= n). vec: rows of
  * 16-byte aligned bytes and a 16-byte aligned x. */
 template <typename TO, int NR, int RW>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
-    gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec, uint32_t pf) {
+    gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec) {
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
@@ -78,9 +59,6 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     const uint8_t *rows[RW];
 #pragma unroll
     for (int w = 0; w < RW; w++) rows[w] = sg.w[si] + (size_t)(j0 + w < m ? j0 + w : m - 1) * rb; /* past m: reread the last */
-    if (pf)
-#pragma unroll
-        for (int w = 0; w < RW; w++) dj_prefetch_l2(rows[w], pf);
     dj_pdl_wait();
     float acc[NR][RW];
 #pragma unroll
@@ -119,10 +97,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
                     }
 #pragma unroll
                     for (int w = 0; w < RW; w++) {
-                        float p = q4_dot8_128(q[w].x, xf);
-                        p += q4_dot8_128(q[w].y, xf + 8);
-                        p += q4_dot8_128(q[w].z, xf + 16);
-                        p += q4_dot8_128(q[w].w, xf + 24);
+                        const float p = dj_q4_dot32_128(q[w], xf);
                         acc[r][w] = fmaf(s[w], fmaf(-z128[w], sx, p), acc[r][w]);
                     }
                 }
@@ -141,7 +116,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
                         const __nv_bfloat16 *xr = x + (size_t)r * k + 8 * (size_t)i;
                         float p = 0.0f;
 #pragma unroll
-                        for (int e = 0; e < 8; e++) p = fmaf(q4_code(q, e, mzw), __bfloat162float(xr[e]), p);
+                        for (int e = 0; e < 8; e++) p = fmaf(dj_q4_code(q, e, mzw), __bfloat162float(xr[e]), p);
                         acc[r][w] = fmaf(sw, p, acc[r][w]);
                     }
                 }
@@ -180,8 +155,8 @@ static __global__ void dequant_q4_kernel(const uint8_t *w, uint32_t k, uint32_t 
         uint32_t o[4];
 #pragma unroll
         for (int h = 0; h < 4; h++) {
-            const __nv_bfloat16 a = __float2bfloat16(q4_code(q, 2 * h, mz) * s);
-            const __nv_bfloat16 b = __float2bfloat16(q4_code(q, 2 * h + 1, mz) * s);
+            const __nv_bfloat16 a = __float2bfloat16(dj_q4_code(q, 2 * h, mz) * s);
+            const __nv_bfloat16 b = __float2bfloat16(dj_q4_code(q, 2 * h + 1, mz) * s);
             o[h] = (uint32_t)__bfloat16_as_ushort(a) | (uint32_t)__bfloat16_as_ushort(b) << 16;
         }
         *(uint4 *)(out + r * k + 8 * (size_t)i) = make_uint4(o[0], o[1], o[2], o[3]);
@@ -216,7 +191,7 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     }
     sg.count = count;
     dj__launch(cb, gemv_q4_kernel<TO, NR, RW>, dim3(blocks), dim3(Q4_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
-               c->n, c->k, align % 16 == 0, dj__pdl_prefetch(cb));
+               c->n, c->k, align % 16 == 0);
 }
 
 template <typename TO, int NR>
