@@ -1218,6 +1218,528 @@ static void check_decode(void) {
     check_rows(32, 32, 8, 128, 16, 0, 1);
 }
 
+/* ---- f8_e4m3 K/V pages (--kv-dtype fp8; backend.h's layout) ----
+ * Both backends store f8 K/V here (dj_backend_set_kv_dtype). The GPU writes
+ * f8 pages from bf16 K/V; the CPU's KV_WRITE (the reference) writes the same
+ * values (bf16-representable f32) into pages of the same layout, so codes and
+ * exponents must match byte for byte (a fused RoPE+KV_WRITE quantizes the
+ * bf16 k it wrote to kout: the CPU writes those bits; against the CPU's f32
+ * rotation the values are bounded by TOL_F8 instead). ATTENTION: the CPU reads
+ * a copy of the GPU's pages, so both read identical K/V: TOL as for bf16. K/V
+ * heads get magnitudes 2^-4..2^4 apart (and now and then all zeros), so every
+ * position and head has an exponent of its own. */
+
+/* e4m3 rounding: half a step is at most 1/16 of the head's largest value
+ * (scaled into (224, 448], steps of 32 above 256), plus bf16's 2^-9 */
+#define TOL_F8 7e-2
+
+/* rows x nkv heads of hd random values in [-1, 1) times 2^m, m in [lo, hi]
+ * per (row, head), 1 head in 32 all zeros; rounded to bf16 (bits in bf,
+ * values in f). */
+static void rand_heads(uint16_t *bf, float *f, size_t rows, uint32_t nkv, uint32_t hd, int lo, int hi) {
+    for (size_t rh = 0; rh < rows * nkv; rh++) {
+        const int zero = dj_test_rand() % 32 == 0;
+        const float mag = ldexpf(1.0f, lo + (int)(dj_test_rand() % (uint64_t)(hi - lo + 1)));
+        for (uint32_t e = 0; e < hd; e++) {
+            const size_t i = rh * hd + e;
+            bf[i] = dj_f32_to_bf16(zero ? 0.0f : dj_test_randf(-1.0f, 1.0f) * mag);
+            f[i] = dj_bf16_to_f32(bf[i]);
+        }
+    }
+}
+
+/* The GPU's f8 segment against the CPU's, byte for byte (codes, exponents,
+ * and the 0xff poison of rows and pages nothing wrote). */
+static void check_f8_bytes(const char *op, const char *shape, const uint8_t *want, const void *gseg, size_t bytes) {
+    uint8_t *g = xmalloc(bytes);
+    down(g, gseg, bytes);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < bytes; i++)
+        if (g[i] != want[i] && !bad++) first = i;
+    n_rows++;
+    n_fail += bad != 0;
+    printf("%-10s %-52s %10zu  %s\n", op, shape, bad, bad ? "FAIL" : "pass");
+    if (bad) printf("           bytes differing; first at %zu: got 0x%02x, want 0x%02x\n", first, g[first], want[first]);
+    free(g);
+}
+
+/* f8 pages for positions [0, ctx) on the GPU (a shuffled block table plus
+ * two spare pages) and two host segments of the same layout for the CPU. */
+typedef struct kv8 {
+    dj_kv_view gv;      /* GPU pages */
+    dj_kv_view wv;      /* CPU: its own KV_WRITEs (what the GPU pages must hold) */
+    dj_kv_view cv;      /* CPU: a copy of the GPU's pages (kv8_to_cpu), for ATTENTION */
+    uint32_t *table;    /* [n_pages], the first n_blocks mapped */
+    uint32_t n_pages, nkv, hd;
+    void *gseg;         /* device */
+} kv8;
+
+/* Bytes of an f8 page of tpp positions, kept a multiple of 16 (the tensor-core kernel's loads). */
+static size_t f8_page_bytes(uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    return (tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) + 15) / 16 * 16 + 16;
+}
+
+static void kv8_init(kv8 *p, uint32_t ctx, uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    const uint32_t n_blocks = (ctx + tpp - 1) / tpp, kvd = nkv * hd;
+    p->n_pages = n_blocks + 2;
+    p->nkv = nkv;
+    p->hd = hd;
+    p->table = xmalloc(p->n_pages * sizeof(uint32_t));
+    for (uint32_t i = 0; i < p->n_pages; i++) p->table[i] = i;
+    for (uint32_t i = p->n_pages - 1; i > 0; i--) {
+        const uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = p->table[i];
+        p->table[i] = p->table[j];
+        p->table[j] = t;
+    }
+    const size_t page = f8_page_bytes(tpp, nkv, hd), bytes = page * p->n_pages;
+    uint8_t *cseg = xmalloc(bytes), *want = xmalloc(bytes);
+    memset(cseg, 0xff, bytes);
+    memset(want, 0xff, bytes);
+    p->gseg = dalloc(bytes);
+    poison(p->gseg, bytes);
+    p->gv = (dj_kv_view){.seg_base = p->gseg, .page_bytes = page, .block_table = p->table, .n_blocks = n_blocks,
+                         .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_F8_E4M3, .n_kv_heads = nkv};
+    p->wv = p->gv;
+    p->wv.seg_base = want;
+    p->cv = p->gv;
+    p->cv.seg_base = cseg;
+}
+
+static size_t kv8_bytes(const kv8 *p) { return p->gv.page_bytes * p->n_pages; }
+
+static void kv8_free(kv8 *p) {
+    free(p->cv.seg_base);
+    free(p->wv.seg_base);
+    dfree(p->gseg);
+    free(p->table);
+}
+
+/* The CPU's attention pages := the GPU's bytes. */
+static void kv8_to_cpu(kv8 *p) { down(p->cv.seg_base, p->gseg, kv8_bytes(p)); }
+
+/* Element e of the K row of position pos in host f8 pages, as a value. */
+static float f8_k_value(const dj_kv_view *v, uint32_t pos, uint32_t e) {
+    const size_t tpp = v->tokens_per_page, kvd = v->kv_dim, r = pos % tpp;
+    const uint8_t *page = v->seg_base + (size_t)v->block_table[pos / tpp] * v->page_bytes;
+    const int8_t *ex = (const int8_t *)(page + 2 * tpp * kvd);
+    return ldexpf(dj_f8e4m3_to_f32(page[r * kvd + e]), ex[r * v->n_kv_heads + e / (kvd / v->n_kv_heads)]);
+}
+
+/* KV_WRITE of random K/V rows [from, to) (K heads 2^-3..2^2, V heads
+ * 2^-4..2^4) on the GPU and, the same values, on the CPU. */
+static void kv8_fill(kv8 *p, uint32_t from, uint32_t to) {
+    const size_t kvd = p->gv.kv_dim, count = (size_t)(to - from) * kvd;
+    uint16_t *kb = halloc(count), *vb = halloc(count);
+    float *kf = falloc(count), *vf = falloc(count);
+    rand_heads(kb, kf, to - from, p->nkv, p->hd, -3, 2);
+    rand_heads(vb, vf, to - from, p->nkv, p->hd, -4, 4);
+    void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
+    const dj_op_call cc = {.op = DJ_OP_KV_WRITE, .n = to - from, .x = kf, .x2 = vf, .kv = &p->wv, .pos0 = from};
+    dj_op_call gc = cc;
+    gc.x = dk;
+    gc.x2 = dv;
+    gc.kv = &p->gv;
+    run_both(&cc, &gc, "kv_write f8");
+    dfree(dk);
+    dfree(dv);
+    free(kb);
+    free(vb);
+    free(kf);
+    free(vf);
+}
+
+/* ATTENTION over f8 pages written in two KV_WRITE calls, each path in turn
+ * (as check_attention_cap), against the CPU reading a copy of the pages. */
+static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                               uint32_t window, float softcap) {
+    const uint32_t ctx = pos0 + n;
+    kv8 p;
+    kv8_init(&p, ctx, tpp, nkv, hd);
+    if (pos0) kv8_fill(&p, 0, pos0);
+    kv8_fill(&p, pos0, ctx);
+    char shape[96];
+    snprintf(shape, sizeof shape, "f8 ctx=%u pos0=%u n=%u heads=%u hd=%u tpp=%u", ctx, pos0, n, nkv, hd, tpp);
+    check_f8_bytes("KV_WRITE", shape, p.wv.seg_base, p.gseg, kv8_bytes(&p));
+    kv8_to_cpu(&p);
+
+    const size_t count = (size_t)n * nh * hd;
+    uint16_t *qb = halloc(count);
+    float *qf = falloc(count), *ref = falloc(count);
+    rand_bf16(qb, qf, count, -2.0f, 2.0f);
+    void *dq = dcopy(qb, count * 2), *dout = dalloc(count * 2);
+    dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
+                     .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd),
+                     .softcap = softcap};
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention f8 (cpu)");
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dq;
+    gc.kv = &p.gv;
+    gc.out_dtype = DJ_DTYPE_BF16;
+    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
+    static const char *kernels[] = {"none", "decode", "prefill", "tc"};
+    const int tc_covers = (hd == 64 || hd == 128) && softcap == 0.0f;
+    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
+    for (int path = 0; path < 4; path++) {
+        poison(dout, count * 2);
+        dj__cuda_set_paths(gpu, path, 0);
+        if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention f8 (gpu)");
+        const int ran = dj__cuda_last_attention(gpu);
+        snprintf(shape, sizeof shape, "f8 n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", n, pos0, nh,
+                 nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+        compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
+        if (ran != expect_kernel[path]) {
+            n_rows++;
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (ran %s, expected %s)\n", "ATTENTION", shape, "-",
+                   kernels[ran >= 0 && ran <= 3 ? ran : 0], kernels[expect_kernel[path]]);
+        }
+    }
+    dj__cuda_set_paths(gpu, 0, 0);
+    dfree(dq);
+    dfree(dout);
+    free(qb);
+    free(qf);
+    free(ref);
+    kv8_free(&p);
+}
+
+/* ROPE of k (and of q with nq > 0) then its KV_WRITE into f8 pages, as
+ * check_rope_kv_write: kout and qout against the CPU's rotation (TOL); the
+ * pages byte for byte against the CPU's KV_WRITE of the bf16 k the GPU wrote
+ * (and v), and their K values against the CPU's f32 rotation within TOL_F8. */
+static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
+                                   int fuse, uint32_t nq) {
+    const uint32_t ctx = pos0 + n, kvd = nkv * hd;
+    kv8 p;
+    kv8_init(&p, ctx, tpp, nkv, hd);
+    if (pos0) kv8_fill(&p, 0, pos0);
+    const size_t count = (size_t)n * kvd, qcount = (size_t)n * nq * hd, qalloc = qcount ? qcount : 1;
+    uint16_t *kb = halloc(count), *vb = halloc(count), *kout = halloc(count), *qb = halloc(qalloc);
+    float *kf = falloc(count), *vf = falloc(count), *kref = falloc(count), *kgot = falloc(count),
+          *inv = falloc(hd / 2), *qf = falloc(qalloc), *qref = falloc(qalloc);
+    rand_heads(kb, kf, n, nkv, hd, -3, 3);
+    rand_heads(vb, vf, n, nkv, hd, -4, 4);
+    rand_bf16(qb, qf, qcount, -2.0f, 2.0f);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2), *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    void *dkr = inplace ? dk : dalloc(count * 2);
+    if (!inplace) poison(dkr, count * 2);
+    void *dq = dcopy(qb, qalloc * 2), *dqr = inplace ? dq : dalloc(qalloc * 2);
+    if (!inplace) poison(dqr, qalloc * 2);
+    dj_op_call cr = {.op = DJ_OP_ROPE, .n = n, .out = kref, .x = kf, .inv_freq = inv, .pos0 = pos0, .n_heads = nkv,
+                     .head_dim = hd, .scale = 1.0f};
+    if (dj_backend_compute(cpu, &cr) != DJ_OK) die("rope k (cpu)");
+    dj_op_call cq = cr;
+    cq.out = qref, cq.x = qf, cq.n_heads = nq;
+    if (nq && dj_backend_compute(cpu, &cq) != DJ_OK) die("rope q (cpu)");
+    dj_op_call gr = cr, gq = cr;
+    gr.out = dkr, gr.x = dk, gr.inv_freq = dinv, gr.out_dtype = DJ_DTYPE_BF16;
+    gq.out = dqr, gq.x = dq, gq.inv_freq = dinv, gq.out_dtype = DJ_DTYPE_BF16, gq.n_heads = nq;
+    const dj_op_call gw = {.op = DJ_OP_KV_WRITE, .n = n, .x = dkr, .x2 = dv, .kv = &p.gv, .pos0 = pos0};
+    dj__cuda_set_fuse(gpu, fuse);
+    const uint64_t before = dj__cuda_fusions(gpu);
+    const dj_op_call plan[3] = {gq, gr, gw};
+    if (dj_backend_compute_plan(gpu, nq ? plan : plan + 1, nq ? 3 : 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+        die("rope+kv_write f8 (gpu)");
+    const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
+    dj__cuda_set_fuse(gpu, 1);
+    char shape[96];
+    snprintf(shape, sizeof shape, "f8 n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s", n, pos0, nkv, nq, hd,
+             tpp, inplace ? " in-place" : "", fuse ? "" : " unfused");
+    compare("ROPE+KV", shape, dkr, DJ_DTYPE_BF16, kref, count);
+    if (nq) compare("ROPE+KV", "  the q heads of the same launch", dqr, DJ_DTYPE_BF16, qref, qcount);
+    /* exact: the CPU's KV_WRITE of the bf16 k the GPU wrote */
+    down(kout, dkr, count * 2);
+    for (size_t i = 0; i < count; i++) kgot[i] = dj_bf16_to_f32(kout[i]);
+    const dj_op_call cw = {.op = DJ_OP_KV_WRITE, .n = n, .x = kgot, .x2 = vf, .kv = &p.wv, .pos0 = pos0};
+    if (dj_backend_compute(cpu, &cw) != DJ_OK) die("kv_write f8 (cpu)");
+    check_f8_bytes("ROPE+KV", "  f8 pages against the CPU's KV_WRITE of that k", p.wv.seg_base, p.gseg,
+                   kv8_bytes(&p));
+    /* bounded: the pages' K values against the CPU's f32 rotation */
+    kv8_to_cpu(&p);
+    double maxd = 0.0, maxr = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t e = 0; e < kvd; e++) {
+            const double r = kref[(size_t)i * kvd + e], d = fabs((double)f8_k_value(&p.cv, pos0 + i, e) - r);
+            if (!(d <= maxd)) maxd = d;
+            if (fabs(r) > maxr) maxr = fabs(r);
+        }
+    const double err = maxr > 0.0 ? maxd / maxr : maxd;
+    n_rows++;
+    n_fail += !(err <= TOL_F8);
+    printf("%-10s %-52s %10.3e  %s\n", "ROPE+KV", "  f8 K values against the CPU's f32 rotation", err,
+           err <= TOL_F8 ? "pass" : "FAIL");
+    if (fused != want) {
+        n_rows++;
+        n_fail++;
+        printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "ROPE+KV", shape, "-",
+               (unsigned long long)fused, (unsigned long long)want);
+    }
+    if (!inplace) {
+        dfree(dkr);
+        dfree(dqr);
+    }
+    dfree(dk);
+    dfree(dq);
+    dfree(dv);
+    dfree(dinv);
+    free(kb);
+    free(vb);
+    free(kout);
+    free(qb);
+    free(kf);
+    free(vf);
+    free(kref);
+    free(kgot);
+    free(inv);
+    free(qf);
+    free(qref);
+    kv8_free(&p);
+}
+
+/* check_rows over f8 pages: B sequences at random positions, ROPE q/k +
+ * KV_WRITE + ATTENTION with row_pos/row_tables in one plan (fused), eager or
+ * recorded and launched twice (positions one further the second time). The
+ * pages byte for byte against the CPU's KV_WRITEs (of the GPU's kout and v);
+ * ATTENTION against the CPU reading a copy of the GPU's pages. */
+static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp, uint32_t window,
+                          int captured) {
+    const uint32_t kvd = nkv * hd, qd = nh * hd, rounds = captured ? 2 : 1;
+    uint32_t *pos = xmalloc(B * sizeof *pos), *nblk = xmalloc(B * sizeof *nblk), total = 0;
+    for (uint32_t r = 0; r < B; r++) {
+        pos[r] = (uint32_t)(dj_test_rand() % 600);
+        nblk[r] = (pos[r] + rounds + tpp - 1) / tpp;
+        total += nblk[r];
+    }
+    const uint32_t n_pages = total + 2;
+    uint32_t *perm = xmalloc(n_pages * sizeof *perm);
+    for (uint32_t i = 0; i < n_pages; i++) perm[i] = i;
+    for (uint32_t i = n_pages - 1; i > 0; i--) {
+        const uint32_t j = (uint32_t)(dj_test_rand() % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    const size_t page = f8_page_bytes(tpp, nkv, hd), bytes = page * n_pages;
+    uint8_t *cseg = xmalloc(bytes), *want = xmalloc(bytes);
+    memset(cseg, 0xff, bytes);
+    memset(want, 0xff, bytes);
+    void *gseg = dalloc(bytes);
+    poison(gseg, bytes);
+    const uint32_t **ctab = xmalloc(B * sizeof *ctab);
+    uint32_t **gtab_each = xmalloc(B * sizeof *gtab_each);
+    uint32_t off = 0;
+    /* gv: the GPU's pages; wv: the CPU's KV_WRITEs; cv: a copy of the GPU's pages */
+    dj_kv_view gv = {.seg_base = gseg, .page_bytes = page, .tokens_per_page = tpp, .kv_dim = kvd,
+                     .dtype = DJ_DTYPE_F8_E4M3, .n_kv_heads = nkv};
+    dj_kv_view wv = gv, cv = gv;
+    wv.seg_base = want;
+    cv.seg_base = cseg;
+    for (uint32_t r = 0; r < B; r++) {
+        ctab[r] = perm + off;
+        gtab_each[r] = dcopy(perm + off, nblk[r] * sizeof(uint32_t));
+        off += nblk[r];
+        if (pos[r] == 0) continue;
+        /* history [0, pos) through the plain KV_WRITE */
+        const size_t count = (size_t)pos[r] * kvd;
+        uint16_t *kb = halloc(count), *vb = halloc(count);
+        float *kf = falloc(count), *vf = falloc(count);
+        rand_heads(kb, kf, pos[r], nkv, hd, -3, 2);
+        rand_heads(vb, vf, pos[r], nkv, hd, -4, 4);
+        void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
+        dj_kv_view w1 = wv, g1 = gv;
+        w1.block_table = g1.block_table = ctab[r];
+        w1.n_blocks = g1.n_blocks = nblk[r];
+        const dj_op_call cc = {.op = DJ_OP_KV_WRITE, .n = pos[r], .x = kf, .x2 = vf, .kv = &w1};
+        dj_op_call gc = cc;
+        gc.x = dk;
+        gc.x2 = dv;
+        gc.kv = &g1;
+        run_both(&cc, &gc, "kv_write f8 history");
+        dfree(dk);
+        dfree(dv);
+        free(kb);
+        free(vb);
+        free(kf);
+        free(vf);
+    }
+    /* layout only: rows bring their own tables */
+    wv.block_table = cv.block_table = gv.block_table = ctab[0];
+    wv.n_blocks = cv.n_blocks = gv.n_blocks = nblk[0];
+    void *gtabs = dcopy(gtab_each, B * sizeof(void *));
+    void *gpos = dalloc(B * sizeof(uint32_t));
+    float *inv = falloc(hd / 2);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    void *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    const size_t nq = (size_t)B * qd, nk = (size_t)B * kvd;
+    uint16_t *qb = halloc(nq), *kb = halloc(nk), *vb = halloc(nk), *kout = halloc(nk);
+    float *qf = falloc(nq), *kf = falloc(nk), *vf = falloc(nk), *qr = falloc(nq), *kr = falloc(nk),
+          *kgot = falloc(nk), *ref = falloc(nq);
+    void *dq = dalloc(nq * 2), *dk = dalloc(nk * 2), *dv = dalloc(nk * 2), *dqr = dalloc(nq * 2),
+         *dkr = dalloc(nk * 2), *dout = dalloc(nq * 2);
+    dj_op_call c_rq = {.op = DJ_OP_ROPE, .n = B, .out = qr, .x = qf, .inv_freq = inv, .row_pos = pos,
+                       .n_heads = nh, .head_dim = hd, .scale = 1.0f};
+    dj_op_call c_rk = c_rq;
+    c_rk.out = kr;
+    c_rk.x = kf;
+    c_rk.n_heads = nkv;
+    const dj_op_call c_kw = {.op = DJ_OP_KV_WRITE, .n = B, .x = kgot, .x2 = vf, .kv = &wv, .row_pos = pos,
+                             .row_tables = ctab};
+    dj_op_call c_at = {.op = DJ_OP_ATTENTION, .n = B, .out = ref, .x = qr, .kv = &cv, .row_pos = pos,
+                       .row_tables = ctab, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd, .window = window,
+                       .scale = 1.0f / sqrtf((float)hd)};
+    dj_op_call g_rq = c_rq, g_rk = c_rk, g_at = c_at;
+    g_rq.out = dqr, g_rq.x = dq, g_rq.inv_freq = dinv, g_rq.row_pos = gpos, g_rq.out_dtype = DJ_DTYPE_BF16;
+    g_rk.out = dkr, g_rk.x = dk, g_rk.inv_freq = dinv, g_rk.row_pos = gpos, g_rk.out_dtype = DJ_DTYPE_BF16;
+    const dj_op_call g_kw = {.op = DJ_OP_KV_WRITE, .n = B, .x = dkr, .x2 = dv, .kv = &gv, .row_pos = gpos,
+                             .row_tables = (const uint32_t *const *)gtabs};
+    g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
+    g_at.row_tables = (const uint32_t *const *)gtabs;
+    const dj_op_call gcalls[4] = {g_rq, g_rk, g_kw, g_at}; /* one plan: the ROPEs fuse with the KV_WRITE */
+    dj_backend_graph_t *graph = NULL;
+    if (captured) {
+        if (gpu->vt->capture_begin(gpu) != DJ_OK) die("capture_begin");
+        if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("recorded compute f8");
+        if (gpu->vt->capture_end(gpu, &graph) != DJ_OK) die("capture_end");
+    }
+    for (uint32_t round = 0; round < rounds; round++) {
+        if (round)
+            for (uint32_t r = 0; r < B; r++) pos[r]++;
+        rand_bf16(qb, qf, nq, -2.0f, 2.0f);
+        rand_heads(kb, kf, B, nkv, hd, -3, 2);
+        rand_heads(vb, vf, B, nkv, hd, -4, 4);
+        up(dq, qb, nq * 2);
+        up(dk, kb, nk * 2);
+        up(dv, vb, nk * 2);
+        up(gpos, pos, B * sizeof(uint32_t));
+        poison(dout, nq * 2);
+        if (captured) {
+            if (gpu->vt->graph_launch(gpu, graph) != DJ_OK) die("graph_launch");
+        } else {
+            if (dj_backend_compute_plan(gpu, gcalls, 4, NULL) != DJ_OK) die("row-mode ops f8 (gpu)");
+        }
+        if (gpu->vt->sync(gpu) != DJ_OK) die("row-mode sync");
+        /* the CPU writes the k the GPU rotated (bf16) and v; it attends over a copy of the GPU's pages */
+        down(kout, dkr, nk * 2);
+        for (size_t i = 0; i < nk; i++) kgot[i] = dj_bf16_to_f32(kout[i]);
+        down(cseg, gseg, bytes);
+        if (dj_backend_compute(cpu, &c_rq) != DJ_OK || dj_backend_compute(cpu, &c_rk) != DJ_OK ||
+            dj_backend_compute(cpu, &c_kw) != DJ_OK || dj_backend_compute(cpu, &c_at) != DJ_OK)
+            die("row-mode ops f8 (cpu)");
+        char shape[96];
+        snprintf(shape, sizeof shape, "f8 rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
+                 captured ? (round ? " graph, pos+1" : " graph") : "");
+        compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
+        compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
+        check_f8_bytes("KV8/rows", shape, want, gseg, bytes);
+        compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
+    }
+    gpu->vt->graph_free(gpu, graph);
+    for (uint32_t r = 0; r < B; r++) dfree(gtab_each[r]);
+    dfree(gtabs);
+    dfree(gpos);
+    dfree(dinv);
+    dfree(dq);
+    dfree(dk);
+    dfree(dv);
+    dfree(dqr);
+    dfree(dkr);
+    dfree(dout);
+    dfree(gseg);
+    free(cseg);
+    free(want);
+    free(gtab_each);
+    free(ctab);
+    free(perm);
+    free(pos);
+    free(nblk);
+    free(inv);
+    free(qb);
+    free(kb);
+    free(vb);
+    free(kout);
+    free(qf);
+    free(kf);
+    free(vf);
+    free(qr);
+    free(kr);
+    free(kgot);
+    free(ref);
+}
+
+/* What an f8 backend refuses: bf16 pages, and an f8 view whose heads are not
+ * the call's (its scales are per view head); a bf16 backend refuses f8 pages. */
+static void check_f8_errors(void) {
+    kv8 p;
+    kv8_init(&p, 16, 16, 2, 64);
+    uint16_t *qb = halloc(4 * 64);
+    memset(qb, 0, 4 * 64 * 2);
+    void *dq = dcopy(qb, 4 * 64 * 2), *dout = dalloc(4 * 64 * 2);
+    dj_op_call gc = {.op = DJ_OP_ATTENTION, .n = 1, .out = dout, .x = dq, .kv = &p.gv, .pos0 = 0, .n_heads = 4,
+                     .n_kv_heads = 2, .head_dim = 64, .scale = 0.125f, .out_dtype = DJ_DTYPE_BF16};
+    dj_kv_view bad = p.gv;
+    bad.n_kv_heads = 1;
+    gc.kv = &bad;
+    expect("ATTENTION", "f8 view of 1 head read as 2 kv heads", dj_backend_compute(gpu, &gc), DJ_EINVAL);
+    bad = p.gv;
+    bad.dtype = DJ_DTYPE_BF16;
+    bad.page_bytes = 16u * 2 * 128 * 2;
+    gc.kv = &bad;
+    expect("ATTENTION", "bf16 pages on an f8 backend", dj_backend_compute(gpu, &gc), DJ_EINVAL);
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK) die("kv dtype bf16");
+    gc.kv = &p.gv;
+    expect("ATTENTION", "f8 pages on a bf16 backend", dj_backend_compute(gpu, &gc), DJ_EINVAL);
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK) die("kv dtype f8");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("sync");
+    dfree(dq);
+    dfree(dout);
+    free(qb);
+    kv8_free(&p);
+}
+
+/* Every K/V path over f8 pages (issue 16 item 3): KV_WRITE, the fused
+ * RoPE+KV_WRITE with q, decode (b=1 and batched per-row, eager and
+ * recorded), the f32 tiled prefill and the tensor-core prefill; head_dim
+ * 64/128/256 and odd ones, GQA/MQA, windows, softcap. Both backends store
+ * f8 K/V for these checks only. */
+static void check_kv_f8(void) {
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F8_E4M3) != DJ_OK)
+        die("kv dtype f8");
+    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
+    check_rope_kv_write_f8(1, 700, 8, 128, 16, 0, 1, 0);
+    check_rope_kv_write_f8(37, 5, 2, 64, 7, 1, 1, 0);
+    check_rope_kv_write_f8(300, 0, 8, 128, 16, 0, 1, 32);
+    check_rope_kv_write_f8(3, 40, 4, 80, 5, 0, 0, 12);
+    check_rope_kv_write_f8(5, 9, 2, 256, 16, 1, 1, 8);
+    check_rope_kv_write_f8(4, 3, 2, 256, 16, 0, 0, 4);
+    /* n, pos0, heads, kv heads, head_dim, tokens per page, window, softcap */
+    check_attention_f8(1, 4095, 32, 8, 128, 16, 0, 0.0f);  /* decode, GQA 4:1 (4 heads a block) */
+    check_attention_f8(1, 1000, 8, 1, 64, 7, 0, 0.0f);     /* MQA, odd page size */
+    check_attention_f8(3, 37, 8, 2, 64, 16, 0, 0.0f);
+    check_attention_f8(1, 2000, 8, 2, 128, 16, 256, 0.0f); /* window */
+    check_attention_f8(1, 300, 4, 2, 256, 8, 0, 0.0f);     /* head_dim 256 */
+    check_attention_f8(2, 500, 6, 3, 6, 5, 0, 0.0f);       /* head_dim 6: partial lanes */
+    check_attention_f8(5, 40, 4, 4, 80, 16, 0, 30.0f);     /* softcap */
+    check_attention_f8(7, 9, 8, 8, 192, 3, 5, 0.0f);
+    check_attention_f8(37, 0, 8, 2, 128, 16, 0, 0.0f);     /* prefill */
+    check_attention_f8(37, 100, 8, 2, 64, 5, 50, 0.0f);    /* prefill after context, window */
+    check_attention_f8(37, 10, 4, 2, 256, 8, 0, 0.0f);     /* prefill head_dim 256 (f32 tiles) */
+    check_attention_f8(40, 20, 8, 4, 128, 16, 0, 50.0f);   /* prefill with softcap (f32 tiles) */
+    check_attention_f8(512, 0, 32, 8, 128, 16, 0, 0.0f);   /* tensor cores, Llama-3 shape */
+    check_attention_f8(129, 71, 8, 2, 64, 7, 0, 0.0f);     /* tensor cores, odd pages */
+    check_attention_f8(300, 200, 8, 2, 128, 16, 37, 0.0f); /* tensor cores, window inside a tile */
+    check_attention_f8(65, 3, 4, 1, 64, 32, 0, 0.0f);      /* MQA */
+    /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
+    check_rows_f8(1, 32, 8, 128, 16, 0, 0);
+    check_rows_f8(5, 8, 2, 64, 7, 0, 0);
+    check_rows_f8(8, 12, 4, 96, 16, 0, 0);
+    check_rows_f8(3, 8, 2, 256, 16, 100, 0);
+    check_rows_f8(32, 32, 8, 128, 16, 0, 1);
+    check_f8_errors();
+    if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F32) != DJ_OK)
+        die("kv dtype back");
+}
+
 /* EMBED with ids in device memory (an out-of-range id gives a zero row). */
 static void check_embed_dev(uint32_t n, uint32_t d, uint32_t vocab) {
     void *tab = rand_weight(DJ_DTYPE_BF16, (size_t)vocab * d, -1.0f, 1.0f);
@@ -1627,6 +2149,26 @@ static void *dev_random_bf16(size_t count, float scale) {
     return d;
 }
 
+/* K/V dtype of the attention benches: bf16, or f8_e4m3 for their f8 rows
+ * (the backend's kv dtype is switched with it). */
+static dj_dtype bench_kvt = DJ_DTYPE_BF16;
+
+/* n_pages pages of bench_kvt K/V for 64 KiB pages of tpp positions: random
+ * bf16 in [-1, 1), or random finite f8 codes with exponents -6 (values below 7). */
+static void *dev_random_kv(uint32_t n_pages, uint32_t tpp, uint32_t nkv, uint32_t hd) {
+    if (bench_kvt != DJ_DTYPE_F8_E4M3) return dev_random_bf16((size_t)32768 * n_pages, 1.0f);
+    uint8_t *h = xmalloc((size_t)65536 * n_pages);
+    const size_t kvd = (size_t)nkv * hd;
+    for (uint32_t pg = 0; pg < n_pages; pg++) {
+        uint8_t *page = h + (size_t)pg * 65536;
+        for (size_t i = 0; i < 2 * tpp * kvd; i++) page[i] = (uint8_t)(dj_test_rand() % 0x7e) | (uint8_t)(dj_test_rand() & 0x80);
+        memset(page + 2 * tpp * kvd, 0xfa, 2 * (size_t)tpp * nkv); /* (int8)0xfa = -6 */
+    }
+    void *d = dcopy(h, (size_t)65536 * n_pages);
+    free(h);
+    return d;
+}
+
 static void bench_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
     void *x = dev_random_bf16((size_t)n * k, 1.0f), *w = dev_random_bf16((size_t)m * k, 0.02f);
     void *out = dalloc((size_t)n * m * 2);
@@ -1785,22 +2327,24 @@ static void bench_gemv(void) {
 }
 
 static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int iters) {
-    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2)); /* 64 KiB pages */
+    const size_t token = dj_kv_token_bytes(bench_kvt, nkv, hd);
+    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / token); /* 64 KiB pages */
     const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
     const size_t page = 65536;
     uint32_t *table = xmalloc(n_blocks * sizeof *table);
     for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
-    void *seg = dev_random_bf16(page / 2 * n_blocks, 1.0f);
+    void *seg = dev_random_kv(n_blocks, tpp, nkv, hd);
     void *q = dev_random_bf16((size_t)n * nh * hd, 1.0f), *out = dalloc((size_t)n * nh * hd * 2);
     dj_kv_view kv = {.seg_base = seg, .page_bytes = page, .block_table = table, .n_blocks = n_blocks,
-                     .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+                     .tokens_per_page = tpp, .kv_dim = kvd, .dtype = bench_kvt, .n_kv_heads = nkv};
     dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
     const double s = time_call(&c, iters);
     static const char *kernels[] = {"-", "decode", "f32 prefill", "tensor cores"};
     const int ran = dj__cuda_last_attention(gpu);
-    printf("bench attention n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V  (%s)\n", n, ctx, nh, nkv, hd,
-           s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9, kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+    printf("bench attention%s n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V  (%s)\n",
+           bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, s * 1e6, (double)ctx * token / s / 1e9,
+           kernels[ran >= 0 && ran <= 3 ? ran : 0]);
     dfree(seg);
     dfree(q);
     dfree(out);
@@ -1854,19 +2398,21 @@ static void bench_sample(uint32_t n, uint32_t V, uint32_t top_k, int peaked, int
  *   bench decode n=<n> ctx=<ctx> heads=<q>:<kv> hd=<hd> <pos0|row_pos>: <us> us <GB/s> GB/s of K/V */
 static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int rows) {
     enum { ROUNDS = 20 };
-    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / (2u * kvd * 2));
+    const size_t token = dj_kv_token_bytes(bench_kvt, nkv, hd);
+    const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / token);
     const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
     uint32_t *table = xmalloc(n_blocks * sizeof *table), *pos = xmalloc(n * sizeof *pos);
     for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
     for (uint32_t r = 0; r < n; r++) pos[r] = ctx - 1 - r;
-    void *seg = dev_random_bf16((size_t)32768 * n_blocks, 1.0f), *dtable = dcopy(table, n_blocks * sizeof *table);
+    void *seg = dev_random_kv(n_blocks, tpp, nkv, hd), *dtable = dcopy(table, n_blocks * sizeof *table);
     void *q = dev_random_bf16((size_t)n * nh * hd, 1.0f), *out = dalloc((size_t)n * nh * hd * 2);
     void *dpos = dcopy(pos, n * sizeof *pos);
     const void **tabs = xmalloc(n * sizeof *tabs);
     for (uint32_t r = 0; r < n; r++) tabs[r] = dtable;
     void *dtabs = dcopy(tabs, n * sizeof *tabs);
     dj_kv_view kv = {.seg_base = seg, .page_bytes = 65536, .block_table = table, .block_table_dev = dtable,
-                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = bench_kvt,
+                     .n_kv_heads = nkv};
     dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
     if (rows) {
@@ -1876,8 +2422,9 @@ static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, ui
     dj_op_call calls[ROUNDS];
     for (int i = 0; i < ROUNDS; i++) calls[i] = c;
     const double s = time_graph(calls, 1, ROUNDS, 50);
-    printf("bench decode n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n", n, ctx, nh, nkv, hd,
-           rows ? "row_pos" : "pos0", s * 1e6, 2.0 * ctx * kvd * 2 / s / 1e9);
+    printf("bench decode%s n=%u ctx=%u heads=%u:%u hd=%u %s: %8.2f us %7.1f GB/s of K/V\n",
+           bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, rows ? "row_pos" : "pos0", s * 1e6,
+           (double)ctx * token / s / 1e9);
     dfree(seg);
     dfree(dtable);
     dfree(q);
@@ -2005,6 +2552,19 @@ static void bench(void) {
     bench_attention(512, 512, 32, 8, 128, 10);
     bench_attention(2048, 2048, 32, 8, 128, 3);
     dj__cuda_set_paths(gpu, 0, 0);
+    /* the same kernels over f8 K/V pages (--kv-dtype fp8): half the bytes */
+    bench_kvt = DJ_DTYPE_F8_E4M3;
+    if (dj_backend_set_kv_dtype(gpu, bench_kvt) != DJ_OK) die("kv dtype f8");
+    bench_decode(1, 512, 32, 8, 128, 1);
+    bench_decode(1, 4096, 32, 8, 128, 1);
+    bench_decode(8, 512, 32, 8, 128, 1);
+    bench_decode(1, 32768, 32, 8, 128, 1);
+    bench_attention(2048, 2048, 32, 8, 128, 10);
+    dj__cuda_set_paths(gpu, 2, 0);
+    bench_attention(2048, 2048, 32, 8, 128, 3);
+    dj__cuda_set_paths(gpu, 0, 0);
+    bench_kvt = DJ_DTYPE_BF16;
+    if (dj_backend_set_kv_dtype(gpu, bench_kvt) != DJ_OK) die("kv dtype bf16");
 }
 
 /* ---- main ---- */
@@ -2263,6 +2823,7 @@ int main(int argc, char **argv) {
     check_fp8();
     check_q4();
     check_decode();
+    check_kv_f8();
     check_embed_dev(7, 4096, 1000);
     check_argmax(1, 128256);
     check_argmax(33, 32000);

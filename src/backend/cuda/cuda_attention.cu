@@ -11,7 +11,16 @@
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
  * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
- * tensor cores instead (cuda_attention_tc.cu); this kernel is its fallback. */
+ * tensor cores instead (cuda_attention_tc.cu); this kernel is its fallback.
+ * f8_e4m3 pages (backend.h: codes, then an int8 exponent per position and kv
+ * head) are read directly, each kernel instantiated for them (F8): decode
+ * loads 2 codes per lane and pair (one uint16) where bf16 loads a bf16x2,
+ * converts them exactly (dj_f8x2_to_float2) and folds the scales rather than
+ * scaling every element - score = (q . kcodes) * 2^kexp[t] and V weight
+ * e * 2^vexp[t], the exponents looked up by the lane that looks up the
+ * position's page; prefill dequantizes K/V tiles into its bf16 shared-memory
+ * tiles (code * 2^exp is exact in bf16), so its compute is unchanged. The
+ * bf16 instantiations do exactly what they did before. */
 #include <math.h>
 
 #include "backend/cuda/cuda_impl.h"
@@ -37,7 +46,7 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* K row (V row with is_v) of kv head kvh at position t. */
+/* K row (V row with is_v) of kv head kvh at position t (bf16 pages). */
 static __device__ __forceinline__ const __nv_bfloat16 *kv_row(const uint8_t *seg, size_t page_bytes,
                                                               const uint32_t *table, uint32_t tpp, uint32_t kv_dim,
                                                               uint32_t kvh, uint32_t hd, uint32_t t, bool is_v) {
@@ -54,6 +63,7 @@ struct attn_args {
     const uint32_t *row_pos;             /* [n] or NULL: pos0 + i */
     const uint32_t *const *row_tables;   /* [n] or NULL: table */
     uint32_t tpp, kv_dim, n, nh, group, hd, pos0, window;
+    uint32_t nkv;  /* kv heads (f8 pages: the exponents' row length) */
     float scale;
     float softcap; /* scores s -> softcap * tanh(s / softcap); 0 = none (Gemma 2) */
 };
@@ -130,6 +140,27 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
     __syncthreads(); /* the shared arrays are free for the next head */
 }
 
+/* A lane's K (or V) pairs of one position in registers: PAIRS bf16x2, or
+ * with F8 two pairs of codes (4 bytes) per 32-bit register - pair k in the
+ * low (k even) or high half of word k/2 - so f8 holds half the registers. */
+template <bool F8, int PAIRS> struct kv_lane {
+    __nv_bfloat162 w[PAIRS];
+    __device__ __forceinline__ float2 pair(int k) const { return __bfloat1622float2(w[k]); }
+};
+template <int PAIRS> struct kv_lane<true, PAIRS> {
+    uint32_t w[(PAIRS + 1) / 2];
+    __device__ __forceinline__ float2 pair(int k) const {
+        return dj_f8x2_to_float2((uint16_t)(w[k >> 1] >> (16 * (k & 1))));
+    }
+};
+
+/* F8 pages: the K (V with is_v) scale 2^exp of kv head kvh at row r of a page. */
+static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t tpp, uint32_t kv_dim, uint32_t nkv,
+                                                 uint32_t kvh, uint32_t r, bool is_v) {
+    const int8_t *ex = (const int8_t *)(page + 2 * (size_t)tpp * kv_dim);
+    return dj_pow2f(ex[(size_t)(is_v ? tpp + r : r) * nkv + kvh]);
+}
+
 /* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
  * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
  * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
@@ -142,8 +173,11 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
  * launch serves every position.
  * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
  * splits past the row's context are not written (attn_merge_used_kernel
- * does not read them). */
-template <int PAIRS, int G>
+ * does not read them).
+ * F8: K/V as f8 codes (two pairs a register: kv_lane) with their exponents
+ * (the lanes that look up the pages also load the scales of their positions
+ * and hand them round); no spills where bf16 has none (ptxas -v, sm_90). */
+template <int PAIRS, int G, bool F8>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
     const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
@@ -154,7 +188,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     const uint64_t s1 = s0 + rg.chunk - 1 < rg.p ? s0 + rg.chunk - 1 : rg.p; /* inclusive */
     const uint32_t kvh = h0 / a.group, hd = a.hd;
     const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
-    const size_t v_off = (size_t)a.tpp * a.kv_dim; /* V rows follow the page's K rows */
+    const size_t v_off = (size_t)a.tpp * a.kv_dim; /* elements: V rows follow the page's K rows */
 
     float2 qv[G][PAIRS], acc[G][PAIRS];
     float m[G], l[G];
@@ -172,20 +206,44 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     }
     for (uint64_t b = s0 + (uint64_t)warp * DEC_POS; b <= s1; b += DEC_WARPS * DEC_POS) {
         uint32_t page = 0;
-        if (lane < DEC_POS && b + lane <= s1) page = table[(uint32_t)(b + lane) / a.tpp];
-        __nv_bfloat162 kb[DEC_POS][PAIRS], vb[DEC_POS][PAIRS];
+        float ksc = 1.0f, vsc = 1.0f; /* F8: this lane's position's scales */
+        if (lane < DEC_POS && b + lane <= s1) {
+            const uint32_t t = (uint32_t)(b + lane);
+            page = table[t / a.tpp];
+            if constexpr (F8) {
+                const uint8_t *pg = a.seg + (size_t)page * a.page_bytes;
+                ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, t % a.tpp, false);
+                vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, t % a.tpp, true);
+            }
+        }
+        kv_lane<F8, PAIRS> kb[DEC_POS], vb[DEC_POS];
 #pragma unroll
         for (int j = 0; j < DEC_POS; j++) {
             const uint32_t pj = __shfl_sync(0xffffffffu, page, j), t = (uint32_t)(b + j);
             const bool valid = b + j <= s1; /* warp-uniform */
-            const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(a.seg + (size_t)pj * a.page_bytes) +
-                                      (size_t)(t % a.tpp) * a.kv_dim + (size_t)kvh * hd;
+            if constexpr (F8) {
+                const uint8_t *kr = a.seg + (size_t)pj * a.page_bytes + (size_t)(t % a.tpp) * a.kv_dim +
+                                    (size_t)kvh * hd;
 #pragma unroll
-            for (int k = 0; k < PAIRS; k++) {
-                const uint32_t d = 2 * lane + 64 * k;
-                const bool ok = valid && d < hd;
-                kb[j][k] = ok ? *(const __nv_bfloat162 *)(kr + d) : __floats2bfloat162_rn(0.0f, 0.0f);
-                vb[j][k] = ok ? *(const __nv_bfloat162 *)(kr + v_off + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+                for (int k = 0; k < PAIRS; k++) {
+                    const uint32_t d = 2 * lane + 64 * k, sh = 16 * (k & 1);
+                    const bool ok = valid && d < hd;
+                    /* two codes each; code 0 is +0 */
+                    const uint32_t kw = ok ? *(const uint16_t *)(kr + d) : 0u;
+                    const uint32_t vw = ok ? *(const uint16_t *)(kr + v_off + d) : 0u;
+                    kb[j].w[k >> 1] = (k & 1) ? kb[j].w[k >> 1] | kw << sh : kw;
+                    vb[j].w[k >> 1] = (k & 1) ? vb[j].w[k >> 1] | vw << sh : vw;
+                }
+            } else {
+                const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(a.seg + (size_t)pj * a.page_bytes) +
+                                          (size_t)(t % a.tpp) * a.kv_dim + (size_t)kvh * hd;
+#pragma unroll
+                for (int k = 0; k < PAIRS; k++) {
+                    const uint32_t d = 2 * lane + 64 * k;
+                    const bool ok = valid && d < hd;
+                    kb[j].w[k] = ok ? *(const __nv_bfloat162 *)(kr + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+                    vb[j].w[k] = ok ? *(const __nv_bfloat162 *)(kr + v_off + d) : __floats2bfloat162_rn(0.0f, 0.0f);
+                }
             }
         }
         float s[G][DEC_POS];
@@ -196,7 +254,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 float dot = 0.0f;
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
-                    const float2 kf = __bfloat1622float2(kb[j][k]);
+                    const float2 kf = kb[j].pair(k);
                     dot += qv[g][k].x * kf.x + qv[g][k].y * kf.y;
                 }
                 s[g][j] = dot;
@@ -207,6 +265,16 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
             for (int g = 0; g < G; g++)
 #pragma unroll
                 for (int j = 0; j < DEC_POS; j++) s[g][j] += __shfl_xor_sync(0xffffffffu, s[g][j], o);
+        float vs[DEC_POS]; /* F8: the V scales (1 for bf16: never read) */
+        if constexpr (F8) {
+#pragma unroll
+            for (int j = 0; j < DEC_POS; j++) {
+                const float kj = __shfl_sync(0xffffffffu, ksc, j);
+                vs[j] = __shfl_sync(0xffffffffu, vsc, j);
+#pragma unroll
+                for (int g = 0; g < G; g++) s[g][j] *= kj; /* q . k = (q . codes) * 2^kexp */
+            }
+        }
 #pragma unroll
         for (int g = 0; g < G; g++) {
             float mn = m[g];
@@ -227,11 +295,13 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
             for (int j = 0; j < DEC_POS; j++) {
                 const float e = expf(s[g][j] - mn);
                 l[g] += e;
+                float ew = e; /* the weight of V's stored values: e * 2^vexp for f8 codes */
+                if constexpr (F8) ew *= vs[j];
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
-                    const float2 vf = __bfloat1622float2(vb[j][k]);
-                    acc[g][k].x += e * vf.x;
-                    acc[g][k].y += e * vf.y;
+                    const float2 vf = vb[j].pair(k);
+                    acc[g][k].x += ew * vf.x;
+                    acc[g][k].y += ew * vf.y;
                 }
             }
             m[g] = mn;
@@ -289,8 +359,9 @@ static __global__ void __launch_bounds__(128)
 
 /* Block (row tile, head); warp w owns query rows 4w..4w+3 of the tile, lane l
  * scores position tile+l and accumulates output dims l + 32j. Shared memory:
- * Q [16][hd] bf16, K and V [32][hd+2] bf16 (the pad spreads rows over banks). */
-template <int DPL>
+ * Q [16][hd] bf16, K and V [32][hd+2] bf16 (the pad spreads rows over banks).
+ * F8: the tiles are dequantized from f8 pages (code * 2^exp, exact in bf16). */
+template <int DPL, bool F8>
 static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, __nv_bfloat16 *out) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t hd = a.hd, ks = hd + 2;
@@ -322,10 +393,22 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
             const uint64_t t = tile + j;
             __nv_bfloat162 kv2 = __floats2bfloat162_rn(0.0f, 0.0f), vv2 = kv2;
             if (t <= hi) {
-                kv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
-                                                       (uint32_t)t, false) + d);
-                vv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
-                                                       (uint32_t)t, true) + d);
+                if constexpr (F8) {
+                    const uint32_t tt = (uint32_t)t, r = tt % a.tpp;
+                    const uint8_t *pg = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes;
+                    const uint8_t *kr = pg + (size_t)r * a.kv_dim + (size_t)kvh * hd;
+                    const float ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, r, false);
+                    const float vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, r, true);
+                    const float2 kf = dj_f8x2_to_float2(*(const uint16_t *)(kr + d));
+                    const float2 vf = dj_f8x2_to_float2(*(const uint16_t *)(kr + (size_t)a.tpp * a.kv_dim + d));
+                    kv2 = __floats2bfloat162_rn(kf.x * ksc, kf.y * ksc); /* exact */
+                    vv2 = __floats2bfloat162_rn(vf.x * vsc, vf.y * vsc);
+                } else {
+                    kv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
+                                                           (uint32_t)t, false) + d);
+                    vv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
+                                                           (uint32_t)t, true) + d);
+                }
             }
             *(__nv_bfloat162 *)(Ks + j * ks + d) = kv2;
             *(__nv_bfloat162 *)(Vs + j * ks + d) = vv2;
@@ -386,20 +469,33 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 
 /* ---- launchers ---- */
 
-template <int PAIRS>
+template <int PAIRS, bool F8>
 static void launch_decode_batch(dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
                                 uint32_t splits, float *part) {
     const unsigned threads = DEC_WARPS * 32;
     if constexpr (PAIRS <= 2) { /* 4 heads of head_dim > 128 would not fit the registers */
         if (heads_per_block == 4) {
-            attn_decode_batch_kernel<PAIRS, 4><<<grid, threads, 0, stream>>>(a, splits, part);
+            attn_decode_batch_kernel<PAIRS, 4, F8><<<grid, threads, 0, stream>>>(a, splits, part);
             return;
         }
     }
     if (heads_per_block == 2)
-        attn_decode_batch_kernel<PAIRS, 2><<<grid, threads, 0, stream>>>(a, splits, part);
+        attn_decode_batch_kernel<PAIRS, 2, F8><<<grid, threads, 0, stream>>>(a, splits, part);
     else
-        attn_decode_batch_kernel<PAIRS, 1><<<grid, threads, 0, stream>>>(a, splits, part);
+        attn_decode_batch_kernel<PAIRS, 1, F8><<<grid, threads, 0, stream>>>(a, splits, part);
+}
+
+template <bool F8>
+static void launch_decode(uint32_t hd, dim3 grid, uint32_t hpb, cudaStream_t stream, const attn_args &a,
+                          uint32_t splits, float *part) {
+    if (hd <= 64)
+        launch_decode_batch<1, F8>(grid, hpb, stream, a, splits, part);
+    else if (hd <= 128)
+        launch_decode_batch<2, F8>(grid, hpb, stream, a, splits, part);
+    else if (hd <= 192)
+        launch_decode_batch<3, F8>(grid, hpb, stream, a, splits, part);
+    else
+        launch_decode_batch<4, F8>(grid, hpb, stream, a, splits, part);
 }
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
@@ -427,18 +523,25 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     if (st != DJ_OK) return st;
     const dim3 grid((unsigned)splits, c->n_heads / hpb, c->n);
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
-    if (hd <= 64)
-        launch_decode_batch<1>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
-    else if (hd <= 128)
-        launch_decode_batch<2>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
-    else if (hd <= 192)
-        launch_decode_batch<3>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
+    if (c->kv->dtype == DJ_DTYPE_F8_E4M3)
+        launch_decode<true>(hd, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else
-        launch_decode_batch<4>(grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode<false>(hd, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
     attn_merge_used_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(a, part, out, (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
+}
+
+template <bool F8>
+static void launch_prefill(uint32_t hd, dim3 grid, size_t smem, cudaStream_t stream, const attn_args &a,
+                           __nv_bfloat16 *out) {
+    if (hd <= 64)
+        attn_prefill_kernel<2, F8><<<grid, 128, smem, stream>>>(a, out);
+    else if (hd <= 128)
+        attn_prefill_kernel<4, F8><<<grid, 128, smem, stream>>>(a, out);
+    else
+        attn_prefill_kernel<8, F8><<<grid, 128, smem, stream>>>(a, out);
 }
 
 static dj_status prefill(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
@@ -446,12 +549,10 @@ static dj_status prefill(dj_cuda_backend *cb, const dj_op_call *c, const attn_ar
     const size_t smem = ((size_t)PF_ROWS * hd + 2u * PF_KEYS * (hd + 2)) * sizeof(__nv_bfloat16);
     const dim3 grid((c->n + PF_ROWS - 1) / PF_ROWS, c->n_heads);
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
-    if (hd <= 64)
-        attn_prefill_kernel<2><<<grid, 128, smem, cb->stream>>>(a, out);
-    else if (hd <= 128)
-        attn_prefill_kernel<4><<<grid, 128, smem, cb->stream>>>(a, out);
+    if (c->kv->dtype == DJ_DTYPE_F8_E4M3)
+        launch_prefill<true>(hd, grid, smem, cb->stream, a, out);
     else
-        attn_prefill_kernel<8><<<grid, 128, smem, cb->stream>>>(a, out);
+        launch_prefill<false>(hd, grid, smem, cb->stream, a, out);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -469,6 +570,7 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.nh = c->n_heads;
     a.group = c->n_heads / c->n_kv_heads;
     a.hd = c->head_dim;
+    a.nkv = c->n_kv_heads; /* f8: == kv->n_kv_heads (dj__cuda_check_call) */
     a.row_pos = c->row_pos;
     a.row_tables = c->row_tables;
     a.pos0 = c->pos0;

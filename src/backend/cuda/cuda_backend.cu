@@ -217,8 +217,9 @@ dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out) {
 
 /* ---- argument checks: the shared ones, then what these kernels cover ---- */
 
-dj_status dj__cuda_check_call(const dj_op_call *c) {
-    dj_status st = dj__op_call_check(c, DJ_DTYPE_BF16, DJ_DTYPE_BF16, "cuda");
+dj_status dj__cuda_check_call(const dj_cuda_backend *cb, const dj_op_call *c) {
+    /* K/V pages: bf16, or f8_e4m3 after dj_backend_set_kv_dtype (the kernels read and write both) */
+    dj_status st = dj__op_call_check(c, DJ_DTYPE_BF16, cb->base.kv_dtype, "cuda");
     if (st != DJ_OK) return st;
     const char *op = dj_op_name(c->op);
     if (c->op == DJ_OP_MATMUL && (c->n > INT32_MAX || c->k > INT32_MAX || c->m > INT32_MAX))
@@ -228,6 +229,9 @@ dj_status dj__cuda_check_call(const dj_op_call *c) {
             return dj_fail(DJ_EUNSUPPORTED, "%s: head_dim %u (the CUDA kernels take even head_dim <= 256)", op,
                            c->head_dim);
         if ((uintptr_t)c->x % 4 != 0) return dj_fail(DJ_EINVAL, "%s: q is not 4-byte aligned", op);
+        if (c->kv->dtype == DJ_DTYPE_F8_E4M3 && c->kv->n_kv_heads != c->n_kv_heads)
+            return dj_fail(DJ_EINVAL, "%s: f8 kv view of %u heads read as %u kv heads (its scales are per view head)",
+                           op, c->kv->n_kv_heads, c->n_kv_heads);
     }
     return DJ_OK;
 }
@@ -253,7 +257,7 @@ dj_status dj__cuda_device_table(dj_cuda_backend *cb, const dj_op_call *c, const 
 }
 
 dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
-    dj_status st = dj__cuda_check_call(c);
+    dj_status st = dj__cuda_check_call(cb, c);
     if (st != DJ_OK) return st;
     DJ_CU(cb, cudaSetDevice(cb->device));
     const uint32_t *table = NULL;

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -152,6 +153,17 @@ static __device__ __forceinline__ float dj_ld(const float *p, size_t i) { return
 static __device__ __forceinline__ void dj_st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 static __device__ __forceinline__ void dj_st(float *p, size_t i, float v) { p[i] = v; }
 
+/* f8_e4m3 K/V pages (backend.h's layout). 2^e as a float, exact for every
+ * int8 exponent (subnormal below 2^-126). */
+static __device__ __forceinline__ float dj_pow2f(int e) {
+    return e >= -126 ? __int_as_float((e + 127) << 23) : __int_as_float(1 << (e + 149));
+}
+/* Two e4m3 codes (the lower byte is the lower element) as floats, exactly
+ * (through f16: one cvt.f16x2.e4m3x2 on sm_89+). */
+static __device__ __forceinline__ float2 dj_f8x2_to_float2(uint16_t codes) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3)));
+}
+
 /* Launchers: the call has been validated by the compute switch. */
 dj_status dj__cuda_embed(dj_cuda_backend *cb, const dj_op_call *c, const int32_t *ids_dev);
 dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab, int32_t *out);
@@ -216,8 +228,9 @@ static inline bool dj__bytes_overlap(const void *a, size_t na, const void *b, si
     return pa < pb + nb && pb < pa + na;
 }
 
-/* cuda_backend.cu: the checks of one call, and one call launched alone. */
-dj_status dj__cuda_check_call(const dj_op_call *c);
+/* cuda_backend.cu: the checks of one call (K/V in the backend's kv_dtype), and
+ * one call launched alone. */
+dj_status dj__cuda_check_call(const dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c);
 /* The view's block table on the device (staged when the caller has none). */
 dj_status dj__cuda_device_table(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t **out /* OUT */);

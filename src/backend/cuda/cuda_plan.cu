@@ -61,7 +61,9 @@ static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
     if (rope->op != DJ_OP_ROPE || c->op != DJ_OP_KV_WRITE || c->x != rope->out || c->n != rope->n ||
         rope->rot_dim != 0 || /* the fused kernel rotates whole heads */
         c->pos0 != rope->pos0 || c->row_pos != rope->row_pos ||
-        (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim)
+        (uint64_t)rope->n_heads * rope->head_dim != c->kv->kv_dim ||
+        /* f8 pages: a scale per view head, so k's heads must be the view's */
+        (c->kv->dtype == DJ_DTYPE_F8_E4M3 && c->kv->n_kv_heads != rope->n_heads))
         return false;
     const size_t bytes = (size_t)c->n * c->kv->kv_dim * sizeof(__nv_bfloat16);
     return !overlap(c->x2, bytes, rope->out, bytes) && !overlap(c->x2, bytes, rope->x, bytes);
@@ -234,7 +236,7 @@ dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_
     const plan_step *steps = NULL;
     size_t n_steps = 0;
     dj_status st = DJ_OK;
-    for (size_t i = 0; st == DJ_OK && i < n; i++) st = dj__cuda_check_call(&calls[i]); /* before any launch */
+    for (size_t i = 0; st == DJ_OK && i < n; i++) st = dj__cuda_check_call(cb, &calls[i]); /* before any launch */
     if (st == DJ_OK && stream) st = dj__cuda_host_status(cb);
     if (st == DJ_OK && stream) {
         /* streamed weights: each launch waits for its load, marks it done after. The device calls

@@ -1,10 +1,19 @@
 /* cuda_rope.cu: HF rotate_half RoPE on bf16 rows (in place allowed),
  * KV_WRITE of bf16 K/V rows into data-segment pages, and the two fused (RoPE
  * of k written to its output and to the pages in one pass, v beside it, and
- * optionally the RoPE of q at the same positions in the same launch). */
+ * optionally the RoPE of q at the same positions in the same launch).
+ * f8_e4m3 pages (backend.h's layout: codes, then an int8 exponent per row and
+ * head) take kernels of their own with one warp per (row, head): a head's
+ * exponent needs the largest magnitude of all its values before any code is
+ * stored (warp max, dj_kv_f8_exp), then each lane stores the codes of its
+ * elements (round to nearest even, saturating: __nv_cvt_float_to_fp8) and
+ * lane 0 the exponent byte. The bf16 kernels are untouched. */
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_impl.h"
 
 #define ROPE_THREADS 256
+#define ROPE_WARPS (ROPE_THREADS / 32)
 
 /* One thread per (row, head, pair j): angle inv_freq[j] * p in f32, cos/sin
  * in f32 (accurate, not the fast intrinsics: angles reach 1e5 rad), times
@@ -91,6 +100,114 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
     }
 }
 
+/* ---- f8_e4m3 pages ---- */
+
+static __device__ __forceinline__ float rope_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* The page of position p of a row and its row index in the page. */
+static __device__ __forceinline__ uint8_t *f8_page(uint8_t *seg, size_t page_bytes, const uint32_t *tb, uint32_t p,
+                                                   uint32_t tpp) {
+    return seg + (size_t)tb[p / tpp] * page_bytes;
+}
+
+/* One head of hd bf16 values x as f8 codes and their exponent, by the whole
+ * warp (lane: this thread's; amax: the head's largest magnitude, the same in
+ * every lane): code = RNE-satfinite(x * 2^-s), s = dj_kv_f8_exp(amax), as
+ * the CPU's KV_WRITE (ldexpf is exact here, as there). */
+static __device__ __forceinline__ void f8_head_store(const __nv_bfloat16 *x, float amax, uint32_t hd, uint8_t *codes,
+                                                     int8_t *exp, uint32_t lane) {
+    const int s = dj_kv_f8_exp(amax);
+    for (uint32_t e = lane; e < hd; e += 32)
+        codes[e] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(x[e]), -s), __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0) *exp = (int8_t)s;
+}
+
+/* One warp per (row, head, K or V) of a KV_WRITE into f8 pages: nkv heads of
+ * hd (= kv_dim / nkv); the amax is taken over the bf16 inputs as they are.
+ * row_pos / row_tables as kv_write_kernel. */
+static __global__ void __launch_bounds__(ROPE_THREADS)
+    kv_write_f8_kernel(const __nv_bfloat16 *k, const __nv_bfloat16 *v, uint8_t *seg, size_t page_bytes,
+                       const uint32_t *table, uint32_t tpp, uint32_t nkv, uint32_t hd, uint32_t n, uint32_t pos0,
+                       const uint32_t *row_pos, const uint32_t *const *row_tables) {
+    const uint32_t lane = threadIdx.x & 31, kv_dim = nkv * hd;
+    const size_t count = (size_t)n * nkv * 2, warps = (size_t)gridDim.x * ROPE_WARPS;
+    for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
+        const uint32_t is_v = (uint32_t)(w & 1u);
+        const size_t rh = w >> 1; /* row * nkv + head */
+        const uint32_t i = (uint32_t)(rh / nkv), h = (uint32_t)(rh % nkv);
+        const uint32_t p = row_pos ? row_pos[i] : pos0 + i, r = p % tpp;
+        uint8_t *page = f8_page(seg, page_bytes, row_tables ? row_tables[i] : table, p, tpp);
+        const __nv_bfloat16 *x = (is_v ? v : k) + rh * hd;
+        float amax = 0.0f;
+        for (uint32_t e = lane; e < hd; e += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[e])));
+        amax = rope_warp_max(amax);
+        uint8_t *codes = page + ((size_t)(is_v ? tpp + r : r)) * kv_dim + (size_t)h * hd;
+        int8_t *exp = (int8_t *)(page + 2 * (size_t)tpp * kv_dim) + (size_t)(is_v ? tpp + r : r) * nkv + h;
+        f8_head_store(x, amax, hd, codes, exp, lane);
+    }
+}
+
+/* One warp per (row, head) over nkv heads of k then nq heads of q (nq = 0:
+ * k only), into f8 pages whose heads are k's: each lane rotates the pairs
+ * (j, j + hd/2), j = lane, lane + 32, ..., with rope_kv_write_kernel's
+ * arithmetic (so kout and qout get the same bf16 bits), stores them to kout
+ * (qout) and takes the largest magnitude of the bf16-rounded values it
+ * stored and of v's; the warp's maxima give the exponents, then each lane
+ * re-reads the kout elements it stored itself (no other thread touches them)
+ * and stores their codes and v's. So the K codes quantize exactly the bf16
+ * values kout holds. kout may be k and qout q, as in the bf16 kernel. */
+static __global__ void __launch_bounds__(ROPE_THREADS)
+    rope_kv_write_f8_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
+                            const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq, const float *inv_freq,
+                            uint32_t n, uint32_t nkv, uint32_t hd, uint32_t pos0, const uint32_t *row_pos, float scale,
+                            uint8_t *seg, size_t page_bytes, const uint32_t *table, uint32_t tpp,
+                            const uint32_t *const *row_tables) {
+    const uint32_t lane = threadIdx.x & 31, half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
+    const size_t count = (size_t)n * heads, warps = (size_t)gridDim.x * ROPE_WARPS;
+    for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
+        const uint32_t i = (uint32_t)(w / heads), h = (uint32_t)(w % heads);
+        const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
+        const bool is_k = h < nkv;
+        const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
+        const __nv_bfloat16 *x = is_k ? k : q;
+        __nv_bfloat16 *o = is_k ? kout : qout;
+        float kmax = 0.0f, vmax = 0.0f;
+        for (uint32_t j = lane; j < half; j += 32) {
+            const float theta = inv_freq[j] * (float)p;
+            const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
+            const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
+            const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
+            o[base + j] = o1;
+            o[base + j + half] = o2;
+            if (is_k) {
+                kmax = fmaxf(kmax, fmaxf(fabsf(__bfloat162float(o1)), fabsf(__bfloat162float(o2))));
+                vmax = fmaxf(vmax, fmaxf(fabsf(__bfloat162float(v[base + j])),
+                                         fabsf(__bfloat162float(v[base + j + half]))));
+            }
+        }
+        if (!is_k) continue; /* warp-uniform */
+        kmax = rope_warp_max(kmax);
+        vmax = rope_warp_max(vmax);
+        uint8_t *page = f8_page(seg, page_bytes, row_tables ? row_tables[i] : table, p, tpp);
+        const uint32_t r = p % tpp;
+        uint8_t *kc = page + (size_t)r * kv_dim + (size_t)h * hd, *vc = kc + (size_t)tpp * kv_dim;
+        int8_t *ke = (int8_t *)(page + 2 * (size_t)tpp * kv_dim) + (size_t)r * nkv + h, *ve = ke + (size_t)tpp * nkv;
+        /* lane L re-reads elements j and j + half for its own j: the ones it stored above */
+        const int ks = dj_kv_f8_exp(kmax);
+        for (uint32_t j = lane; j < half; j += 32) {
+            kc[j] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(kout[base + j]), -ks), __NV_SATFINITE,
+                                                   __NV_E4M3);
+            kc[j + half] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(kout[base + j + half]), -ks),
+                                                          __NV_SATFINITE, __NV_E4M3);
+        }
+        if (lane == 0) *ke = (int8_t)ks;
+        f8_head_store(v + base, vmax, hd, vc, ve, lane);
+    }
+}
+
 static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
     size_t b = (count + ROPE_THREADS - 1) / ROPE_THREADS, cap = (size_t)cb->n_sm * 16;
     return (unsigned)(b < cap ? b : cap);
@@ -108,6 +225,15 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
 
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
     const dj_kv_view *kv = c->kv;
+    if (kv->dtype == DJ_DTYPE_F8_E4M3) {
+        const uint32_t nkv = kv->n_kv_heads; /* checked: set, and divides kv_dim */
+        const size_t warps = (size_t)c->n * nkv * 2;
+        kv_write_f8_kernel<<<dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+            (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
+            kv->tokens_per_page, nkv, kv->kv_dim / nkv, c->n, c->pos0, c->row_pos, c->row_tables);
+        DJ_CU_LAUNCHED(cb);
+        return DJ_OK;
+    }
     const size_t count = (size_t)c->n * kv->kv_dim;
     kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
         (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
@@ -120,6 +246,16 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
                                  const dj_op_call *kvw, const uint32_t *table_dev) {
     const dj_kv_view *kv = kvw->kv;
     const uint32_t nq = rope_q ? rope_q->n_heads : 0u;
+    if (kv->dtype == DJ_DTYPE_F8_E4M3) { /* the plan fuses it only where k's heads are the view's */
+        const size_t warps = (size_t)rope->n * (rope->n_heads + nq);
+        rope_kv_write_f8_kernel<<<dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+            (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
+            rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
+            rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
+            kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
+        DJ_CU_LAUNCHED(cb);
+        return DJ_OK;
+    }
     const size_t count = (size_t)rope->n * (rope->n_heads + nq) * (rope->head_dim / 2);
     rope_kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
         (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
