@@ -502,8 +502,6 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         const char *fuse = getenv("DJINN_FUSE");
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
         /* on (default) | off */
-        const char *q4ks = getenv("DJINN_Q4_KS"); /* EXPERIMENT: decided by the H100 A/B */
-        cb->q4_ks_old = q4ks && strcmp(q4ks, "1") == 0;
         const char *pdl = getenv("DJINN_PDL");
         cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
     }

@@ -64,7 +64,6 @@ typedef struct dj_cuda_backend {
      * (set there, __atomic); the next sync or streamed step reports host_err. */
     int host_failed;
     char host_err[256];
-    bool q4_ks_old; /* EXPERIMENT (2026-11-26): $DJINN_Q4_KS=1, the former 4-bit GEMV shapes */
     bool pdl; /* programmatic dependent launch of the decode kernels (dj__launch); $DJINN_PDL=off: the kill switch */
 } dj_cuda_backend;
 

@@ -1,8 +1,9 @@
 /* cuda_q4.cu: out[n,m] = x[n,k] @ w[m,k]^T (+ bias) for 4-bit weights
  * (DJ_DTYPE_Q4, djinn/dtype.h: per row k/2 bytes of codes, then k/128 f16
  * scales, then k/128 f16 zero points), bf16 x, f32 accumulation:
- *  - up to 8 rows (decode): a GEMV dequantizing in registers. One warp per
- *    4 weight rows (1 where that leaves SMs idle), sharing each load of x;
+ *  - up to 8 rows (decode): a GEMV dequantizing in registers. 4 weight rows
+ *    share each load of x; where a warp per 4 rows leaves SMs idle, 2, 4 or
+ *    8 warps split each 4 rows' columns (their sums added in shared memory);
  *    a lane takes 16 bytes of codes a row (32 columns, inside one
  *    group) per load, turns two codes at a time into the exact bf16 pair
  *    (128 + code) with one LOP3, sums (128 + code) * x over its 32 columns,
@@ -217,20 +218,16 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
 }
 
 /* 4 rows a warp group, and the fewest warps a row group (KS) that still give
- * every SM two blocks (from m alone: a row sums alike at every n).
- * EXPERIMENT (2026-11-26, DJINN_Q4_KS=1: the former choice - 4 rows a warp
- * where that gives two blocks an SM, else 1 row a warp): decided on the H100. */
+ * every SM two blocks (from m alone: a row sums alike at every n). Against
+ * the former choice - 1 row a warp where 4 left SMs idle, each lane then
+ * widening 64 bytes of x per 16 bytes of codes - the 8B shape's decode step
+ * took 3.28 instead of 3.45 ms on the H100 (bench/RESULTS.md, 2026-11-26). */
 template <typename TO, int NR>
 static void launch_rw(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     uint32_t groups = 0; /* of 4 rows */
     for (int i = 0; i < count; i++) groups += (calls[i].m + 3) / 4;
     const uint32_t want = 2u * (uint32_t)cb->n_sm;
-    if (cb->q4_ks_old) {
-        if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want)
-            launch_nr<TO, NR, 4, 1>(cb, calls, count);
-        else
-            launch_nr<TO, NR, 1, 1>(cb, calls, count);
-    } else if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want) {
+    if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want) {
         launch_nr<TO, NR, 4, 1>(cb, calls, count);
     } else if ((groups + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) {
         launch_nr<TO, NR, 4, 2>(cb, calls, count);
