@@ -15,10 +15,9 @@
  * f8_e4m3 pages (backend.h: codes, then an int8 exponent per position and kv
  * head) are read directly, each kernel instantiated for them (F8): decode
  * loads 2 codes per lane and pair (one uint16) where bf16 loads a bf16x2,
- * reads them as their values times 2^-120 with integer operations (kv_lane)
- * and folds the scales rather than scaling every element - score =
- * (q . k 2^-120) 2^120 2^kexp[t], V weight e 2^vexp[t] (its sum times 2^120
- * at the end), the exponents looked up by the lane that looks up the
+ * converts them exactly (dj_f8x2_to_float2) and folds the scales rather than
+ * scaling every element - score = (q . kcodes) * 2^kexp[t] and V weight
+ * e * 2^vexp[t], the exponents looked up by the lane that looks up the
  * position's page; prefill dequantizes K/V tiles into its bf16 shared-memory
  * tiles (code * 2^exp is exact in bf16), so its compute is unchanged. The
  * bf16 instantiations do exactly what they did before. */
@@ -143,15 +142,7 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
 
 /* A lane's K (or V) pairs of one position in registers: PAIRS bf16x2, or
  * with F8 two pairs of codes (4 bytes) per 32-bit register - pair k in the
- * low (k even) or high half of word k/2 - so f8 holds half the registers.
- * An f8 pair reads as its values times 2^-120, exactly: a code's 7 bits
- * placed under f32's exponent field (bits 20-26) and its sign at bit 31
- * make the f32 2^(e-127) * 1.m, or 2^-126 * 0.m for e = 0 (f32 subnormals:
- * no flush-to-zero in this build), where e4m3 is 2^(e-7) * 1.m or 2^-6 *
- * 0.m. Four integer operations a pair where the cvt.f16x2.e4m3x2 and two
- * f16 -> f32 conversions (slow-pipe instructions, repeated for each query
- * head of the group) left the f8 kernel 1.5x slower than bf16's on the H100. */
-#define F8_UNBIAS 0x1p120f /* the 2^120 an f8 pair's values lack (a float: exact to multiply by) */
+ * low (k even) or high half of word k/2 - so f8 holds half the registers. */
 template <bool F8, int PAIRS> struct kv_lane {
     __nv_bfloat162 w[PAIRS];
     __device__ __forceinline__ float2 pair(int k) const { return __bfloat1622float2(w[k]); }
@@ -159,9 +150,7 @@ template <bool F8, int PAIRS> struct kv_lane {
 template <int PAIRS> struct kv_lane<true, PAIRS> {
     uint32_t w[(PAIRS + 1) / 2];
     __device__ __forceinline__ float2 pair(int k) const {
-        const uint32_t c = w[k >> 1] >> (16 * (k & 1)); /* the pair's codes in bits 0-15 */
-        return make_float2(__uint_as_float(((c & 0x7fu) << 20) | ((c & 0x80u) << 24)),
-                           __uint_as_float(((c & 0x7f00u) << 12) | ((c & 0x8000u) << 16)));
+        return dj_f8x2_to_float2((uint16_t)(w[k >> 1] >> (16 * (k & 1))));
     }
 };
 
@@ -283,8 +272,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 const float kj = __shfl_sync(0xffffffffu, ksc, j);
                 vs[j] = __shfl_sync(0xffffffffu, vsc, j);
 #pragma unroll
-                for (int g = 0; g < G; g++) /* q . k = (q . codes 2^-120) 2^120 2^kexp: each step exact */
-                    s[g][j] = s[g][j] * F8_UNBIAS * kj;
+                for (int g = 0; g < G; g++) s[g][j] *= kj; /* q . k = (q . codes) * 2^kexp */
             }
         }
 #pragma unroll
@@ -320,16 +308,9 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
         }
     }
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        if constexpr (F8) /* acc summed e 2^vexp times the values 2^-120 */
-#pragma unroll
-            for (int k = 0; k < PAIRS; k++) {
-                acc[g][k].x *= F8_UNBIAS;
-                acc[g][k].y *= F8_UNBIAS;
-            }
+    for (int g = 0; g < G; g++)
         dec_store_partial<PAIRS>(m[g], l[g], acc[g], hd,
                                  part + (((size_t)i * a.nh + h0 + g) * splits + split) * (hd + 2));
-    }
 }
 
 /* Block (head, row): merges the splits attn_decode_batch_kernel wrote -

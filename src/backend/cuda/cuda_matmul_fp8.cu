@@ -71,7 +71,7 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
             const uint4 u = *(const uint4 *)(wr + kk);
             const float s = sr[kk / bc];
             float wf[16];
-            dj_f8x16_m120(u, wf);
+            dj_f8x16(u, wf);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 if ((uint32_t)r < n) {
@@ -84,7 +84,7 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
                         part += wf[2 * i] * __uint_as_float(xv[i] << 16);
                         part += wf[2 * i + 1] * __uint_as_float(xv[i] & 0xffff0000u);
                     }
-                    acc[r] += s * (part * DJ_F8_UNBIAS); /* part: of the weights times 2^-120 */
+                    acc[r] += s * part;
                 }
             }
         }

@@ -9,30 +9,28 @@
 
 #include "backend/cuda/cuda_impl.h"
 
+/* Two e4m3 bytes (the low 16 bits of v) as two floats. */
+static __device__ __forceinline__ float2 dj_f8x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+
 static __device__ __forceinline__ float dj_f8_one(uint8_t v) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)v, __NV_E4M3);
     return __half2float(*(const __half *)&h);
 }
 
-/* The 16 weights of one 16-byte word of e4m3 codes, in column order, each
- * times 2^-120 (exactly): a code's 7 bits under f32's exponent field (bits
- * 20-26) and its sign at bit 31 are the f32 2^(e-127) * 1.m, or 2^-126 * 0.m
- * for e = 0 (an f32 subnormal: this build does not flush them), where e4m3
- * is 2^(e-7) * 1.m or 2^-6 * 0.m. Three integer operations a code: the
- * cvt.f16x2.e4m3x2 and f16 -> f32 conversions run on a pipe an eighth as
- * wide, and a decode GEMV has nothing else to do per byte. The caller
- * multiplies its sums by 2^120 (DJ_F8_UNBIAS; exact). */
-#define DJ_F8_UNBIAS 0x1p120f
-static __device__ __forceinline__ float dj_f8_m120(uint32_t w, int byte) {
-    const uint32_t c = w >> (8 * byte);
-    return __uint_as_float(((c & 0x7fu) << 20) | ((c & 0x80u) << 24));
-}
-static __device__ __forceinline__ void dj_f8x16_m120(uint4 u, float wf[16]) {
+/* The 16 weights of one 16-byte word of e4m3 codes, in column order. */
+static __device__ __forceinline__ void dj_f8x16(uint4 u, float wf[16]) {
     const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int b = 0; b < 4; b++) wf[4 * i + b] = dj_f8_m120(wv[i], b);
+    for (int i = 0; i < 4; i++) {
+        const float2 a = dj_f8x2(wv[i]), b = dj_f8x2(wv[i] >> 16);
+        wf[4 * i] = a.x;
+        wf[4 * i + 1] = a.y;
+        wf[4 * i + 2] = b.x;
+        wf[4 * i + 3] = b.y;
+    }
 }
 
 /* 4-bit code e (0..7) of word w minus the zero, as float: exact. mz = 2^23 + zero. */
