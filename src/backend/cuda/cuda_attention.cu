@@ -100,10 +100,21 @@ static __device__ __forceinline__ dec_range dec_range_of(const attn_args &a, uin
     return r;
 }
 
+/* The first of the two head dims of pair k of a lane in the decode kernel:
+ * bf16 rows interleave the lanes (2l + 64k: a warp's load of pair k is 128
+ * contiguous bytes); an f8 lane takes 2 * PAIRS consecutive codes (2 PAIRS l
+ * + 2k), so one 4- or 8-byte load brings all its pairs of a row (the f8
+ * kernel issued as many 2-byte loads as bf16's 4-byte ones and ran 1.4x
+ * longer than bf16's at ctx 16384 on the H100: ncu, 2026-11-26). */
+template <int PAIRS, bool F8>
+static __device__ __forceinline__ uint32_t dec_dim(uint32_t lane, int k) {
+    return F8 ? 2u * PAIRS * lane + 2u * (uint32_t)k : 2u * lane + 64u * (uint32_t)k;
+}
+
 /* Folds the DEC_WARPS warps' online-softmax states of one head (every
- * thread of the block calls it; lane l holds the pairs 2l + 64k of acc) into
- * dst[hd + 2]: o (unnormalised), then max, then sum. */
-template <int PAIRS>
+ * thread of the block calls it; lane l holds the pairs dec_dim(l, k) of acc)
+ * into dst[hd + 2]: o (unnormalised), then max, then sum. */
+template <int PAIRS, bool F8>
 static __device__ __forceinline__ void dec_store_partial(float m, float l, const float2 (&acc)[PAIRS], uint32_t hd,
                                                          float *dst) {
     __shared__ float s_m[DEC_WARPS], s_l[DEC_WARPS];
@@ -115,7 +126,7 @@ static __device__ __forceinline__ void dec_store_partial(float m, float l, const
     }
 #pragma unroll
     for (int k = 0; k < PAIRS; k++) {
-        const uint32_t d = 2 * lane + 64 * k;
+        const uint32_t d = dec_dim<PAIRS, F8>(lane, k);
         if (d < hd) {
             s_o[warp][d] = acc[k].x;
             s_o[warp][d + 1] = acc[k].y;
@@ -189,6 +200,9 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     const uint32_t kvh = h0 / a.group, hd = a.hd;
     const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
     const size_t v_off = (size_t)a.tpp * a.kv_dim; /* elements: V rows follow the page's K rows */
+    /* F8: a lane's 2 * PAIRS codes of a row in one aligned load (else a load a pair) */
+    const bool wide = F8 && hd % (2u * PAIRS) == 0 && a.kv_dim % (2u * PAIRS) == 0 && a.page_bytes % 8 == 0 &&
+                      ((uintptr_t)a.seg & 7u) == 0;
 
     float2 qv[G][PAIRS], acc[G][PAIRS];
     float m[G], l[G];
@@ -197,7 +211,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
         const __nv_bfloat16 *q = a.q + ((size_t)i * a.nh + h0 + g) * hd;
 #pragma unroll
         for (int k = 0; k < PAIRS; k++) {
-            const uint32_t d = 2 * lane + 64 * k;
+            const uint32_t d = dec_dim<PAIRS, F8>(lane, k);
             qv[g][k] = d < hd ? __bfloat1622float2(*(const __nv_bfloat162 *)(q + d)) : make_float2(0.0f, 0.0f);
             acc[g][k] = make_float2(0.0f, 0.0f);
         }
@@ -223,16 +237,30 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
             const bool valid = b + j <= s1; /* warp-uniform */
             if constexpr (F8) {
                 const uint8_t *kr = a.seg + (size_t)pj * a.page_bytes + (size_t)(t % a.tpp) * a.kv_dim +
-                                    (size_t)kvh * hd;
+                                    (size_t)kvh * hd + 2u * PAIRS * lane; /* this lane's codes */
+                const uint32_t d0 = 2u * PAIRS * lane;
+                if ((PAIRS == 2 || PAIRS == 4) && wide && valid && d0 + 2 * PAIRS <= hd) { /* one load a row */
+                    if constexpr (PAIRS == 2) {
+                        kb[j].w[0] = *(const uint32_t *)kr;
+                        vb[j].w[0] = *(const uint32_t *)(kr + v_off);
+                    } else if constexpr (PAIRS == 4) {
+                        const uint2 kw = *(const uint2 *)kr, vw = *(const uint2 *)(kr + v_off);
+                        kb[j].w[0] = kw.x;
+                        kb[j].w[1] = kw.y;
+                        vb[j].w[0] = vw.x;
+                        vb[j].w[1] = vw.y;
+                    }
+                } else {
 #pragma unroll
-                for (int k = 0; k < PAIRS; k++) {
-                    const uint32_t d = 2 * lane + 64 * k, sh = 16 * (k & 1);
-                    const bool ok = valid && d < hd;
-                    /* two codes each; code 0 is +0 */
-                    const uint32_t kw = ok ? *(const uint16_t *)(kr + d) : 0u;
-                    const uint32_t vw = ok ? *(const uint16_t *)(kr + v_off + d) : 0u;
-                    kb[j].w[k >> 1] = (k & 1) ? kb[j].w[k >> 1] | kw << sh : kw;
-                    vb[j].w[k >> 1] = (k & 1) ? vb[j].w[k >> 1] | vw << sh : vw;
+                    for (int k = 0; k < PAIRS; k++) {
+                        const uint32_t sh = 16 * (k & 1);
+                        const bool ok = valid && d0 + 2 * k < hd;
+                        /* two codes each; code 0 is +0 */
+                        const uint32_t kw = ok ? *(const uint16_t *)(kr + 2 * k) : 0u;
+                        const uint32_t vw = ok ? *(const uint16_t *)(kr + v_off + 2 * k) : 0u;
+                        kb[j].w[k >> 1] = (k & 1) ? kb[j].w[k >> 1] | kw << sh : kw;
+                        vb[j].w[k >> 1] = (k & 1) ? vb[j].w[k >> 1] | vw << sh : vw;
+                    }
                 }
             } else {
                 const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(a.seg + (size_t)pj * a.page_bytes) +
@@ -309,7 +337,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     }
 #pragma unroll
     for (int g = 0; g < G; g++)
-        dec_store_partial<PAIRS>(m[g], l[g], acc[g], hd,
+        dec_store_partial<PAIRS, F8>(m[g], l[g], acc[g], hd,
                                  part + (((size_t)i * a.nh + h0 + g) * splits + split) * (hd + 2));
 }
 
