@@ -138,78 +138,49 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
      * load zeros. The pipeline per tile t: V(t) lands while S = Q K(t)^T is
      * computed, K(t+1) while O += P V(t) is. */
     auto load_tile = [&](__nv_bfloat16 *dst, uint64_t tile, uint32_t kv) {
-        for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
-            const uint32_t j = e / CH, ch = e % CH;
-            const uint64_t t = tile + j;
-            const void *src = a.seg;
-            uint32_t bytes = 0;
-            if (t <= hi) {
-                const uint32_t tt = (uint32_t)t;
-                const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
-                src = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes +
-                      ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
-                bytes = 16;
+        if constexpr (F8) { /* plain loads: 8 codes and their exponent per thread and step */
+            for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
+                const uint32_t j = e / CH, ch = e % CH;
+                const uint64_t t = tile + j;
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (t <= hi) {
+                    const uint32_t tt = (uint32_t)t;
+                    const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u); /* K rows, then V rows */
+                    const uint8_t *pg = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes;
+                    const uint2 c8 = *(const uint2 *)(pg + (size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8);
+                    const int8_t *ex = (const int8_t *)(pg + 2 * (size_t)a.tpp * a.kv_dim);
+                    const float sc = dj_pow2f(ex[(size_t)row * a.nkv + kvh]);
+                    v.x = f8x2_bf16x2(c8.x & 0xffffu, sc);
+                    v.y = f8x2_bf16x2(c8.x >> 16, sc);
+                    v.z = f8x2_bf16x2(c8.y & 0xffffu, sc);
+                    v.w = f8x2_bf16x2(c8.y >> 16, sc);
+                }
+                *(uint4 *)(dst + j * SK + ch * 8) = v;
             }
-            cp_async16(dst + j * SK + ch * 8, src, bytes);
-        }
-        cp_async_commit();
-    };
-    /* F8: a tile goes through registers instead (cp.async cannot convert):
-     * issue_f8 starts the loads of this thread's 8-code chunks and their
-     * exponents, store_f8 converts them into the bf16 tile - the loads of
-     * V(t) are in flight while S = Q K(t)^T is computed, K(t+1)'s while
-     * O += P V(t) is (one synchronous load-convert-store a tile had the f8
-     * kernel at 1.5x bf16's time for 2048 rows, H100). */
-    constexpr int NCH = (TC_BN * CH + TC_THREADS - 1) / TC_THREADS; /* chunks a thread */
-    struct f8_chunks {
-        uint2 c[NCH];
-        float sc[NCH];
-    };
-    auto issue_f8 = [&](f8_chunks &r, uint64_t tile, uint32_t kv) {
-#pragma unroll
-        for (int q = 0; q < NCH; q++) {
-            const uint32_t e = threadIdx.x + (uint32_t)q * TC_THREADS, j = e / CH, ch = e % CH;
-            const uint64_t t = tile + j;
-            r.c[q] = make_uint2(0u, 0u);
-            r.sc[q] = 0.0f;
-            if (e < TC_BN * CH && t <= hi) {
-                const uint32_t tt = (uint32_t)t;
-                const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u); /* K rows, then V rows */
-                const uint8_t *pg = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes;
-                r.c[q] = *(const uint2 *)(pg + (size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8);
-                const int8_t *ex = (const int8_t *)(pg + 2 * (size_t)a.tpp * a.kv_dim);
-                r.sc[q] = dj_pow2f(ex[(size_t)row * a.nkv + kvh]);
+        } else {
+            for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
+                const uint32_t j = e / CH, ch = e % CH;
+                const uint64_t t = tile + j;
+                const void *src = a.seg;
+                uint32_t bytes = 0;
+                if (t <= hi) {
+                    const uint32_t tt = (uint32_t)t;
+                    const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
+                    src = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes +
+                          ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
+                    bytes = 16;
+                }
+                cp_async16(dst + j * SK + ch * 8, src, bytes);
             }
         }
+        cp_async_commit(); /* f8: an empty group, so the waits below stay as they are */
     };
-    auto store_f8 = [&](__nv_bfloat16 *dst, const f8_chunks &r) {
-#pragma unroll
-        for (int q = 0; q < NCH; q++) {
-            const uint32_t e = threadIdx.x + (uint32_t)q * TC_THREADS, j = e / CH, ch = e % CH;
-            if (e >= TC_BN * CH) break;
-            uint4 v; /* positions past hi: codes 0, scale 0 - zeros */
-            v.x = f8x2_bf16x2(r.c[q].x & 0xffffu, r.sc[q]);
-            v.y = f8x2_bf16x2(r.c[q].x >> 16, r.sc[q]);
-            v.z = f8x2_bf16x2(r.c[q].y & 0xffffu, r.sc[q]);
-            v.w = f8x2_bf16x2(r.c[q].y >> 16, r.sc[q]);
-            *(uint4 *)(dst + j * SK + ch * 8) = v;
-        }
-    };
-    f8_chunks rk, rv;
-    if constexpr (F8) {
-        issue_f8(rk, lo, 0);
-        store_f8(Ks, rk);
-    } else {
-        load_tile(Ks, lo, 0);
-    }
+    load_tile(Ks, lo, 0);
     for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
-        if constexpr (F8)
-            issue_f8(rv, tile, 1);
-        else
-            load_tile(Vs, tile, 1);
+        load_tile(Vs, tile, 1);
         const bool active = tile <= whi && tile + TC_BN - 1 >= wlo; /* warp-uniform */
         uint32_t pf[TC_BN / 16][4];                                 /* P as A fragments */
-        if constexpr (!F8) cp_async_wait<1>();
+        cp_async_wait<1>();
         __syncthreads(); /* K landed */
         if (active) {
             float s[NB][4];
@@ -284,16 +255,11 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
         }
         __syncthreads(); /* every warp is done with K(t) */
         const bool more = tile + TC_BN <= hi;
-        if constexpr (F8) {
-            if (more) issue_f8(rk, tile + TC_BN, 0);
-            store_f8(Vs, rv);
-        } else {
-            if (more) load_tile(Ks, tile + TC_BN, 0);
-            if (more)
-                cp_async_wait<1>();
-            else
-                cp_async_wait<0>();
-        }
+        if (more) load_tile(Ks, tile + TC_BN, 0);
+        if (more)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
         __syncthreads(); /* V landed */
         if (active) {
 #pragma unroll
@@ -309,9 +275,7 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
                 }
             }
         }
-        if constexpr (F8)
-            if (more) store_f8(Ks, rk); /* every warp passed "done with K(t)" */
-        __syncthreads(); /* V(t) is consumed before V(t+1) lands (and K(t+1) is stored) */
+        __syncthreads(); /* V(t) is consumed before V(t+1) lands */
     }
 
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
