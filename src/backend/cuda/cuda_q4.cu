@@ -217,24 +217,27 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
                c->n, c->k, align % 16 == 0);
 }
 
-/* 4 rows a warp group, and the fewest warps a row group (KS) that still give
- * every SM two blocks (from m alone: a row sums alike at every n). Against
- * the former choice - 1 row a warp where 4 left SMs idle, each lane then
- * widening 64 bytes of x per 16 bytes of codes - the 8B shape's decode step
- * took 3.28 instead of 3.45 ms on the H100 (bench/RESULTS.md, 2026-11-26). */
+/* RW rows a warp group (4; 2 with 8 rows of x, where 4 spilled) and KS warps
+ * a group: the fewest that still give every SM two blocks at 4 rows a group
+ * - from m alone, so a row's sum (which depends on KS, never on RW) is the
+ * same at every n. Against the former choice - 1 row a warp where 4 left SMs
+ * idle, each lane then widening 64 bytes of x per 16 bytes of codes - the 8B
+ * shape's decode step took 3.28 instead of 3.45 ms on the H100
+ * (bench/RESULTS.md, 2026-11-26). */
 template <typename TO, int NR>
 static void launch_rw(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    constexpr int RW = NR >= 8 ? 2 : 4;
     uint32_t groups = 0; /* of 4 rows */
     for (int i = 0; i < count; i++) groups += (calls[i].m + 3) / 4;
     const uint32_t want = 2u * (uint32_t)cb->n_sm;
     if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want) {
-        launch_nr<TO, NR, 4, 1>(cb, calls, count);
+        launch_nr<TO, NR, RW, 1>(cb, calls, count);
     } else if ((groups + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) {
-        launch_nr<TO, NR, 4, 2>(cb, calls, count);
+        launch_nr<TO, NR, RW, 2>(cb, calls, count);
     } else if ((groups + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want) {
-        launch_nr<TO, NR, 4, 4>(cb, calls, count);
+        launch_nr<TO, NR, RW, 4>(cb, calls, count);
     } else {
-        launch_nr<TO, NR, 4, 8>(cb, calls, count);
+        launch_nr<TO, NR, RW, 8>(cb, calls, count);
     }
 }
 
