@@ -502,8 +502,6 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
         const char *fuse = getenv("DJINN_FUSE");
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
         /* on (default) | off */
-        const char *f8rw = getenv("DJINN_F8_RW"); /* EXPERIMENT: decided by the H100 A/B */
-        cb->f8_rw_old = f8rw && strcmp(f8rw, "1") == 0;
         const char *pdl = getenv("DJINN_PDL");
         cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
     }

@@ -64,7 +64,6 @@ typedef struct dj_cuda_backend {
      * (set there, __atomic); the next sync or streamed step reports host_err. */
     int host_failed;
     char host_err[256];
-    bool f8_rw_old; /* EXPERIMENT (2026-11-26): $DJINN_F8_RW=1, one FP8 weight row a GEMV warp */
     bool pdl; /* programmatic dependent launch of the decode kernels (dj__launch); $DJINN_PDL=off: the kill switch */
 } dj_cuda_backend;
 

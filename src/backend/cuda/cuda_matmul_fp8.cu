@@ -45,119 +45,70 @@ struct f8_segs {
     int count;
 };
 
-/* KS warps per RW consecutive weight rows j0.. of its segment (each load of
- * x serves the RW rows: one row a warp loaded 32 bytes of x for every 16 of
- * weights), rows r < n of x (NR >= n); warp ks of the KS takes every KS-th
- * run of 32 16-byte chunks of the rows, and the KS partial sums add in ks
- * order through shared memory (shapes from m alone: a row sums alike at
- * every n). vec: k % 16 == 0, 16-byte aligned w rows and x, every bc a
- * multiple of 16 (a lane's 16 weights share one scale). */
-template <typename TO, int NR, int RW, int KS>
+/* Warp per weight row j of its segment, rows r < n of x (NR >= n). vec: k %
+ * 16 == 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's
+ * 16 weights share one scale). */
+template <typename TO, int NR>
 static __global__ void __launch_bounds__(F8_WARPS * 32)
     gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
-    static_assert(F8_WARPS % KS == 0, "a block holds whole row groups");
     dj_pdl_release();
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
+    const uint32_t lane = threadIdx.x & 31;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
     const uint32_t m = sg.m[si];
-    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (F8_WARPS / KS) + warp / KS) * RW;
-    if (KS == 1 && j0 >= m) return; /* with KS > 1 every warp reaches the block's barrier */
-    const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
-    const uint8_t *wr[RW];
-    const float *sr[RW];
-#pragma unroll
-    for (int w = 0; w < RW; w++) {
-        const uint32_t j = j0 + w < m ? j0 + w : m - 1; /* past m: reread the last */
-        wr[w] = sg.w[si] + (size_t)j * k;
-        sr[w] = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
-    }
+    const uint32_t j = (blockIdx.x - sg.first_block[si]) * F8_WARPS + (threadIdx.x >> 5);
+    if (j >= m) return;
+    const uint8_t *wr = sg.w[si] + (size_t)j * k;
     dj_pdl_wait();
-    float acc[NR][RW];
+    const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
+    const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
+    float acc[NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int w = 0; w < RW; w++) acc[r][w] = 0.0f;
-    if (j0 >= m) {
-    } else if (vec) {
-#pragma unroll 2
-        for (uint32_t kk = (ks * 32 + lane) * 16; kk < k; kk += 512 * KS) {
-            uint4 u[RW];
-            float s[RW];
-#pragma unroll
-            for (int w = 0; w < RW; w++) {
-                u[w] = *(const uint4 *)(wr[w] + kk);
-                s[w] = sr[w][kk / bc];
-            }
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    if (vec) {
+#pragma unroll 4
+        for (uint32_t kk = lane * 16; kk < k; kk += 512) {
+            const uint4 u = *(const uint4 *)(wr + kk);
+            const float s = sr[kk / bc];
+            float wf[16];
+            dj_f8x16(u, wf);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
                 if ((uint32_t)r < n) {
                     const uint4 *xp = (const uint4 *)(x + (size_t)r * k + kk);
                     const uint4 x0 = xp[0], x1 = xp[1];
                     const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    float part = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < RW; w++) {
-                        float wf[16];
-                        dj_f8x16(u[w], wf);
-                        float part = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < 8; i++) {
-                            part += wf[2 * i] * __uint_as_float(xv[i] << 16);
-                            part += wf[2 * i + 1] * __uint_as_float(xv[i] & 0xffff0000u);
-                        }
-                        acc[r][w] += s[w] * part;
+                    for (int i = 0; i < 8; i++) {
+                        part += wf[2 * i] * __uint_as_float(xv[i] << 16);
+                        part += wf[2 * i + 1] * __uint_as_float(xv[i] & 0xffff0000u);
                     }
+                    acc[r] += s * part;
                 }
             }
         }
     } else {
-        for (uint32_t kk = ks * 32 + lane; kk < k; kk += 32 * KS) {
+        for (uint32_t kk = lane; kk < k; kk += 32) {
+            const float wf = dj_f8_one(wr[kk]) * sr[kk / bc];
 #pragma unroll
-            for (int w = 0; w < RW; w++) {
-                const float wf = dj_f8_one(wr[w][kk]) * sr[w][kk / bc];
-#pragma unroll
-                for (int r = 0; r < NR; r++)
-                    if ((uint32_t)r < n) acc[r][w] += wf * __bfloat162float(x[(size_t)r * k + kk]);
-            }
+            for (int r = 0; r < NR; r++)
+                if ((uint32_t)r < n) acc[r] += wf * __bfloat162float(x[(size_t)r * k + kk]);
         }
     }
 #pragma unroll
     for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int w = 0; w < RW; w++)
-            for (int o = 16; o > 0; o >>= 1) acc[r][w] += __shfl_xor_sync(0xffffffffu, acc[r][w], o);
-    if constexpr (KS > 1) {
-        __shared__ float part[F8_WARPS][NR][RW];
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-                for (int w = 0; w < RW; w++) part[warp][r][w] = acc[r][w];
-        __syncthreads();
-        if (ks != 0 || j0 >= m) return;
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-            for (int w = 0; w < RW; w++) {
-                float t = part[warp][r][w];
-                for (int p = 1; p < KS; p++) t += part[warp + p][r][w];
-                acc[r][w] = t;
-            }
-    }
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
     if (lane == 0) {
+        const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
         TO *out = (TO *)sg.out[si];
 #pragma unroll
-        for (int w = 0; w < RW; w++) {
-            if (j0 + w >= m) break;
-            const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j0 + w) : 0.0f;
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j0 + w, acc[r][w] + b);
-        }
+        for (int r = 0; r < NR; r++)
+            if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j, acc[r] + b);
     }
 }
 
-template <typename TO, int NR, int RW, int KS>
+template <typename TO, int NR>
 static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
     f8_segs sg;
@@ -176,52 +127,27 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
         sg.br[i] = ci->w_block_rows;
         sg.bc[i] = ci->w_block_cols;
         sg.first_block[i] = blocks;
-        blocks += (ci->m + F8_WARPS / KS * RW - 1) / (F8_WARPS / KS * RW);
+        blocks += (ci->m + F8_WARPS - 1) / F8_WARPS;
         align |= (uintptr_t)ci->w;
         if (ci->w_block_cols % 16 && ci->w_block_cols < ci->k) vec = false;
     }
     sg.count = count;
     vec = vec && align % 16 == 0;
-    dj__launch(cb, gemv_f8_kernel<TO, NR, RW, KS>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x,
-               sg, c->n, c->k, vec);
-}
-
-/* RW rows a warp group (4; 2 with 8 rows of x, where 4 spilled) and KS warps
- * a group: the fewest that give every SM two blocks at 4 rows a group - from
- * m alone, so a row's sum (which depends on KS, never on RW) is the same at
- * every n (the deterministic mode's batch rows equal the session alone).
- * EXPERIMENT (2026-11-26; DJINN_F8_RW=1: one row a warp, as before): decided on the H100. */
-template <typename TO, int NR>
-static void launch_gemv_f8_rw(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
-    if (cb->f8_rw_old) {
-        launch_gemv_f8<TO, NR, 1, 1>(cb, calls, count);
-        return;
-    }
-    constexpr int RW = NR >= 8 ? 2 : 4;
-    uint32_t groups = 0; /* of 4 rows */
-    for (int i = 0; i < count; i++) groups += (calls[i].m + 3) / 4;
-    const uint32_t want = 2u * (uint32_t)cb->n_sm;
-    if ((groups + F8_WARPS - 1) / F8_WARPS >= want)
-        launch_gemv_f8<TO, NR, RW, 1>(cb, calls, count);
-    else if ((groups + F8_WARPS / 2 - 1) / (F8_WARPS / 2) >= want)
-        launch_gemv_f8<TO, NR, RW, 2>(cb, calls, count);
-    else if ((groups + F8_WARPS / 4 - 1) / (F8_WARPS / 4) >= want)
-        launch_gemv_f8<TO, NR, RW, 4>(cb, calls, count);
-    else
-        launch_gemv_f8<TO, NR, RW, 8>(cb, calls, count);
+    dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
+               c->n, c->k, vec);
 }
 
 template <typename TO>
 static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const uint32_t n = calls[0].n;
     if (n == 1)
-        launch_gemv_f8_rw<TO, 1>(cb, calls, count);
+        launch_gemv_f8<TO, 1>(cb, calls, count);
     else if (n == 2)
-        launch_gemv_f8_rw<TO, 2>(cb, calls, count);
+        launch_gemv_f8<TO, 2>(cb, calls, count);
     else if (n <= 4)
-        launch_gemv_f8_rw<TO, 4>(cb, calls, count);
+        launch_gemv_f8<TO, 4>(cb, calls, count);
     else
-        launch_gemv_f8_rw<TO, 8>(cb, calls, count);
+        launch_gemv_f8<TO, 8>(cb, calls, count);
 }
 
 dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
