@@ -66,8 +66,6 @@ struct attn_args {
     uint32_t nkv;  /* kv heads (f8 pages: the exponents' row length) */
     float scale;
     float softcap; /* scores s -> softcap * tanh(s / softcap); 0 = none (Gemma 2) */
-    __nv_bfloat16 *out; /* decode: the merged output [n][nh][hd] */
-    uint32_t *cnt;      /* decode: [n][nh / G] finished splits, zero between launches */
 };
 
 static __device__ __forceinline__ float capped(float s, float softcap) {
@@ -174,8 +172,6 @@ static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t t
     return dj_pow2f(ex[(size_t)(is_v ? tpp + r : r) * nkv + kvh]);
 }
 
-static __device__ __forceinline__ void dec_merge_head(const float *src, __nv_bfloat16 *o, uint32_t used, uint32_t hd);
-
 /* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
  * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
  * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
@@ -187,8 +183,8 @@ static __device__ __forceinline__ void dec_merge_head(const float *src, __nv_bfl
  * DEC_MIN_CHUNK, computed here from the row's own position, so a recorded
  * launch serves every position.
  * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
- * splits past the row's context are not written; the last block of a
- * (row, head group) to finish merges the others' (dec_merge_head).
+ * splits past the row's context are not written (attn_merge_used_kernel
+ * does not read them).
  * F8: K/V as f8 codes (two pairs a register: kv_lane) with their exponents
  * (the lanes that look up the pages also load the scales of their positions
  * and hand them round); no spills where bf16 has none (ptxas -v, sm_90). */
@@ -343,42 +339,28 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     for (int g = 0; g < G; g++)
         dec_store_partial<PAIRS, F8>(m[g], l[g], acc[g], hd,
                                  part + (((size_t)i * a.nh + h0 + g) * splits + split) * (hd + 2));
-    /* The last of the row's non-empty splits of this head group to finish
-     * merges them (the merge kernel it replaces was a launch a layer): each
-     * block's partials are visible before its ticket is taken. */
-    __shared__ bool s_last;
-    const uint32_t used = (uint32_t)(((uint64_t)rg.p - rg.t0 + rg.chunk) / rg.chunk); /* <= splits */
-    uint32_t *cnt = a.cnt + (size_t)i * gridDim.y + blockIdx.y;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(cnt, 1u) + 1 == used;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-#pragma unroll 1
-    for (int g = 0; g < G; g++)
-        dec_merge_head(part + ((size_t)i * a.nh + h0 + g) * splits * (hd + 2), a.out + ((size_t)i * a.nh + h0 + g) * hd,
-                       used, hd);
-    if (threadIdx.x == 0) *cnt = 0; /* for the next launch (and a recorded graph's next replay) */
 }
 
-/* Merges the `used` splits of one (row, head) that the decode kernel wrote
- * at src ([splits][hd + 2]: o, max, sum), split 0 first (it holds t0, so the
- * overall max is finite), into o[hd]: warp 0 weighs the splits (two per
- * lane), then every thread sums its dims over them. The caller's block has
- * DEC_WARPS warps; the partials were written by other blocks (ld.global.cg:
- * this SM's L1 may hold a line of them from an earlier step). */
-static __device__ __forceinline__ void dec_merge_head(const float *src, __nv_bfloat16 *o, uint32_t used, uint32_t hd) {
+/* Block (head, row): merges the splits attn_decode_batch_kernel wrote -
+ * those holding some of the row's positions, split 0 first (it holds t0, so
+ * the overall max is finite). Warp 0 weighs the splits (two per lane), then
+ * every thread sums its dims over them. */
+static __global__ void __launch_bounds__(128)
+    attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
     __shared__ float s_w[DEC_MAX_SPLITS];
     __shared__ float s_inv;
-    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t h = blockIdx.x, i = blockIdx.y, hd = a.hd, lane = threadIdx.x & 31;
+    const dec_range rg = dec_range_of(a, i, splits);
+    const uint64_t len = (uint64_t)rg.p - rg.t0 + 1;
+    const uint32_t used = (uint32_t)((len + rg.chunk - 1) / rg.chunk); /* <= splits */
+    const float *src = part + ((size_t)i * a.nh + h) * splits * (hd + 2);
     if (threadIdx.x < 32) {
         float M[2], L[2];
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const uint32_t sp = lane + 32 * u;
-            M[u] = sp < used ? __ldcg(src + (size_t)sp * (hd + 2) + hd) : -INFINITY;
-            L[u] = sp < used ? __ldcg(src + (size_t)sp * (hd + 2) + hd + 1) : 0.0f;
+            M[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd] : -INFINITY;
+            L[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd + 1] : 0.0f;
         }
         const float G = warp_max(fmaxf(M[0], M[1]));
         float wl = 0.0f;
@@ -392,15 +374,14 @@ static __device__ __forceinline__ void dec_merge_head(const float *src, __nv_bfl
         if (lane == 0) s_inv = 1.0f / wl;
     }
     __syncthreads();
+    __nv_bfloat16 *o = out + ((size_t)i * a.nh + h) * hd;
     for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float v = 0.0f;
 #pragma unroll 8
-        for (uint32_t sp = 0; sp < used; sp++) v += __ldcg(src + (size_t)sp * (hd + 2) + d) * s_w[sp];
+        for (uint32_t sp = 0; sp < used; sp++) v += src[(size_t)sp * (hd + 2) + d] * s_w[sp];
         o[d] = __float2bfloat16(v * s_inv);
     }
-    __syncthreads(); /* s_w and s_inv are free for the next head */
 }
-
 
 /* ---- prefill: tiled, online softmax ---- */
 
@@ -569,13 +550,13 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     dj_status st = dj__cuda_scratch(cb, (size_t)c->n * c->n_heads * splits * (hd + 2), &part);
     if (st != DJ_OK) return st;
     const dim3 grid((unsigned)splits, c->n_heads / hpb, c->n);
-    attn_args am = a;
-    am.out = (__nv_bfloat16 *)c->out;
-    if ((st = dj__cuda_counters(cb, (size_t)c->n * grid.y, &am.cnt)) != DJ_OK) return st;
+    __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     if (c->kv->dtype == DJ_DTYPE_F8_E4M3)
-        launch_decode<true>(hd, grid, hpb, cb->stream, am, (uint32_t)splits, part);
+        launch_decode<true>(hd, grid, hpb, cb->stream, a, (uint32_t)splits, part);
     else
-        launch_decode<false>(hd, grid, hpb, cb->stream, am, (uint32_t)splits, part);
+        launch_decode<false>(hd, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+    DJ_CU_LAUNCHED(cb);
+    attn_merge_used_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(a, part, out, (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

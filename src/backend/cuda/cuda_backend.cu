@@ -191,45 +191,20 @@ static dj_status cuda_upload_async(dj_backend_t *be, void *dst_dev, const void *
     return DJ_OK;
 }
 
-/* The old buffer onto the retired list (kernels in flight, or a captured
- * graph, may still use it; freed with the backend). */
-static dj_status retire(dj_cuda_backend *cb, void *p) {
-    if (!p) return DJ_OK;
-    if (cb->n_retired == cb->retired_cap) {
-        size_t rc = cb->retired_cap ? cb->retired_cap * 2 : 8;
-        void **r = (void **)realloc(cb->retired, rc * sizeof *r);
-        if (!r) return dj_fail(DJ_ENOMEM, "cuda scratch: out of host memory");
-        cb->retired = r;
-        cb->retired_cap = rc;
-    }
-    cb->retired[cb->n_retired++] = p;
-    return DJ_OK;
-}
-
-dj_status dj__cuda_counters(dj_cuda_backend *cb, size_t count, uint32_t **out) {
-    *out = NULL;
-    if (count > cb->counters_cap) {
-        const size_t cap = cb->counters_cap * 2 > count ? cb->counters_cap * 2 : count;
-        dj_status st = retire(cb, cb->counters);
-        if (st != DJ_OK) return st;
-        cb->counters = NULL;
-        cb->counters_cap = 0;
-        cudaError_t e = cudaMalloc((void **)&cb->counters, cap * sizeof(uint32_t));
-        if (e != cudaSuccess) return dj__cuda_fail(DJ_ENOMEM, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
-        /* ordered before the kernels that use them (and recorded with them when capturing) */
-        DJ_CU(cb, cudaMemsetAsync(cb->counters, 0, cap * sizeof(uint32_t), cb->stream));
-        cb->counters_cap = cap;
-    }
-    *out = cb->counters;
-    return DJ_OK;
-}
-
 dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out) {
     *out = NULL;
     if (floats > cb->scratch_cap) {
         size_t cap = cb->scratch_cap * 2 > floats ? cb->scratch_cap * 2 : floats;
-        dj_status st = retire(cb, cb->scratch);
-        if (st != DJ_OK) return st;
+        if (cb->scratch) { /* kernels in flight, or a captured graph, may still use it: retire it */
+            if (cb->n_retired == cb->retired_cap) {
+                size_t rc = cb->retired_cap ? cb->retired_cap * 2 : 8;
+                void **r = (void **)realloc(cb->retired, rc * sizeof *r);
+                if (!r) return dj_fail(DJ_ENOMEM, "cuda scratch: out of host memory");
+                cb->retired = r;
+                cb->retired_cap = rc;
+            }
+            cb->retired[cb->n_retired++] = cb->scratch;
+        }
         cb->scratch = NULL;
         cb->scratch_cap = 0;
         cudaError_t e = cudaMalloc((void **)&cb->scratch, cap * sizeof(float));
@@ -446,7 +421,6 @@ static void cuda_destroy(dj_backend_t *be) {
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);
         if (cb->stage_dev) (void)cudaFree(cb->stage_dev);
         if (cb->scratch) (void)cudaFree(cb->scratch);
-        if (cb->counters) (void)cudaFree(cb->counters);
         for (size_t i = 0; i < cb->n_retired; i++) (void)cudaFree(cb->retired[i]);
         if (cb->blas_ws) (void)cudaFree(cb->blas_ws);
         if (cb->stream) (void)cudaStreamDestroy(cb->stream);

@@ -32,8 +32,6 @@ typedef struct dj_cuda_backend {
     uint8_t *stage_dev;       /* [stage_cap] device; owned */
     size_t stage_cap, stage_off;
     float *scratch;           /* [scratch_cap] device f32 (attention partials); owned */
-    uint32_t *counters;       /* [counters_cap] device, zero between kernels (dj__cuda_counters); owned */
-    size_t counters_cap;
     size_t scratch_cap;       /* floats */
     /* Scratch buffers outgrown: a captured graph may still point into them,
      * so they are freed only with the backend. */
@@ -144,11 +142,6 @@ static inline cudaError_t dj__launch(const struct dj_cuda_backend *cb, void (*ke
 /* Copies host bytes to the device through the staging buffers, ordered on
  * the stream; *dev is valid for kernels enqueued before the next sync. */
 dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, const void **dev /* OUT */);
-/* Device counters of at least `count`, zero when the next kernel starts:
- * a kernel that counts in them leaves them zero when it ends (the decode
- * attention's split tickets). Allocated and zeroed on the stream on first
- * use and growth; the old ones stay for graphs that point at them. */
-dj_status dj__cuda_counters(dj_cuda_backend *cb, size_t count, uint32_t **out /* OUT */);
 /* Device f32 scratch of at least `floats`, valid until the next call. */
 dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out /* OUT */);
 
