@@ -7,7 +7,10 @@
  *    update; a second pass merges the non-empty chunks, so one session's
  *    single token still fills the GPU. (The A/B of 2026-11-23 measured the
  *    one-position-at-a-time and one-head-per-block kernels: no faster at
- *    b=1, 7% slower at b=32; deleted.)
+ *    b=1, 7% slower at b=32; deleted. The merge done by the last block of a
+ *    head group to finish - fence, atomic ticket, barrier in every block -
+ *    made the 8B decode step 2-3% slower than the merge launch on the H100,
+ *    2026-11-26; deleted.)
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
  * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
