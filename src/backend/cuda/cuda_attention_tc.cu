@@ -90,7 +90,7 @@ static __device__ __forceinline__ uint32_t f8x2_bf16x2(uint32_t codes, float sc)
 }
 
 template <int HD, int TC_BM, bool F8>
-static __global__ void __launch_bounds__(TC_BM * 2, F8 ? 3 : 1) attn_tc_kernel(tc_args a) {
+static __global__ void __launch_bounds__(TC_BM * 2, 3) attn_tc_kernel(tc_args a) {
     constexpr uint32_t TC_THREADS = TC_BM * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int SK = HD + TC_PAD; /* smem row stride, elements */
