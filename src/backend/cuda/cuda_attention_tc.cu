@@ -90,7 +90,7 @@ static __device__ __forceinline__ uint32_t f8x2_bf16x2(uint32_t codes, float sc)
 }
 
 template <int HD, int TC_BM, bool F8>
-static __global__ void __launch_bounds__(TC_BM * 2, 3) attn_tc_kernel(tc_args a) {
+static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
     constexpr uint32_t TC_THREADS = TC_BM * 2;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int SK = HD + TC_PAD; /* smem row stride, elements */
@@ -175,27 +175,9 @@ static __global__ void __launch_bounds__(TC_BM * 2, 3) attn_tc_kernel(tc_args a)
         }
         cp_async_commit(); /* f8: an empty group, so the waits below stay as they are */
     };
-    /* F8: the tile's lines into L2 ahead (prefetch.global.L2: no registers),
-     * its synchronous load-convert-store later - V(t)'s during S = Q K(t)^T,
-     * K(t+1)'s during O += P V(t) - so those loads mostly hit L2. */
-    auto prefetch_f8 = [&](uint64_t tile, uint32_t kv) {
-        for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
-            const uint32_t j = e / CH, ch = e % CH;
-            const uint64_t t = tile + j;
-            if (t > hi) continue;
-            const uint32_t tt = (uint32_t)t;
-            const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
-            const uint8_t *pg = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(pg + (size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8));
-            if (ch == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(pg + 2 * (size_t)a.tpp * a.kv_dim + (size_t)row * a.nkv));
-        }
-    };
     load_tile(Ks, lo, 0);
     for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
-        if constexpr (F8)
-            prefetch_f8(tile, 1);
-        else
-            load_tile(Vs, tile, 1);
+        load_tile(Vs, tile, 1);
         const bool active = tile <= whi && tile + TC_BN - 1 >= wlo; /* warp-uniform */
         uint32_t pf[TC_BN / 16][4];                                 /* P as A fragments */
         cp_async_wait<1>();
@@ -273,12 +255,7 @@ static __global__ void __launch_bounds__(TC_BM * 2, 3) attn_tc_kernel(tc_args a)
         }
         __syncthreads(); /* every warp is done with K(t) */
         const bool more = tile + TC_BN <= hi;
-        if constexpr (F8) {
-            if (more) prefetch_f8(tile + TC_BN, 0);
-            load_tile(Vs, tile, 1);
-        } else if (more) {
-            load_tile(Ks, tile + TC_BN, 0);
-        }
+        if (more) load_tile(Ks, tile + TC_BN, 0);
         if (more)
             cp_async_wait<1>();
         else
@@ -298,9 +275,7 @@ static __global__ void __launch_bounds__(TC_BM * 2, 3) attn_tc_kernel(tc_args a)
                 }
             }
         }
-        if constexpr (F8)
-            if (more) load_tile(Ks, tile + TC_BN, 0); /* every warp passed "done with K(t)" */
-        __syncthreads(); /* V(t) is consumed before V(t+1) lands (F8: and K(t+1) is stored) */
+        __syncthreads(); /* V(t) is consumed before V(t+1) lands */
     }
 
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
