@@ -214,6 +214,14 @@ b=$("$DJINN" run --model "$FX/models/llama3" --tokens "$prompt" -n 12 --temp 0.9
     --deterministic 2>/dev/null)
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "run --deterministic: '$b' != '$a'"; fi
 expect_error "run: --repeat-penalty -1" "repeat-penalty" "$DJINN" run --tokens 1 --repeat-penalty -1
+# --kv-dtype: fp8 K/V pages generate the asked-for tokens and info says what a token costs; a dtype the CPU
+# engine does not store K/V in is refused naming the ones it does
+got=$("$DJINN" run --model "$FX/models/llama3" --tokens "$prompt" -n 12 --greedy --print-tokens --ignore-eos \
+    --kv-dtype fp8 2>/dev/null | wc -w | tr -d ' ')
+if [ "$got" = 12 ]; then ok; else bad "run --kv-dtype fp8: $got tokens, want 12"; fi
+if "$DJINN" info --model "$FX/models/llama3" --kv-dtype fp8 | grep -q "f8_e4m3 KV"; then ok; else bad "info --kv-dtype fp8"; fi
+expect_error "run: --kv-dtype bf16 on the CPU" "'auto' (f32), 'fp8' or 'f32'" "$DJINN" run --tokens 1 --kv-dtype bf16
+expect_error "serve --kv-dtype bf8" "want auto or fp8" "$DJINN" serve --kv-dtype bf8
 
 # a model larger than its text budget streams some layers through a ring: the
 # same tokens with and without prefetch, the placement printed (weights copied
