@@ -458,8 +458,9 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
     if (st == DJ_OK) st = dj__meta_u64(m, "secret", true, &secret);
     if (st != DJ_OK) return st;
     dj__sess *ss = dj__map_get(&s->sessions, sid);
-    /* the same answer for a wrong id, a wrong secret and a session still attached */
-    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret))
+    /* the same answer for a wrong id, a wrong secret, a session still attached and one whose lease is over
+     * (whether or not the reaper has come round to it yet: the lease decides, not the reaper's tick) */
+    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret) || dj__clock_ms(s) >= ss->lease_deadline_ms)
         return dj_fail(DJ_ENOTFOUND, "no session %016llx to attach (wrong id or secret, or its lease is over)",
                        (unsigned long long)sid);
     if (!(c->qos_mask >> ss->qos & 1))
