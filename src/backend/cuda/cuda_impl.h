@@ -222,11 +222,6 @@ void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count);
 dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c);
 
-static inline bool dj__bytes_overlap(const void *a, size_t na, const void *b, size_t nb) {
-    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + nb && pb < pa + na;
-}
-
 /* cuda_backend.cu: the checks of one call (K/V in the backend's kv_dtype), and
  * one call launched alone. */
 dj_status dj__cuda_check_call(const dj_cuda_backend *cb, const dj_op_call *c);
