@@ -606,49 +606,41 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
     kv_pair_free(&p);
 }
 
-/* n query rows at positions pos0.. over a context written in two KV_WRITE
- * calls ([0, pos0) and [pos0, pos0+n)); each attention path in turn. */
-/* softcap: Gemma 2's score cap (0 = none; the tensor-core kernel takes none). */
-static void check_attention_cap(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
-                                uint32_t window, float softcap) {
-    const uint32_t ctx = pos0 + n, kvd = nkv * hd;
-    kv_pair p;
-    kv_pair_init(&p, ctx, tpp, kvd);
-    if (pos0) kv_fill(&p, 0, pos0);
-    kv_fill(&p, pos0, ctx);
-    char shape[96];
-    snprintf(shape, sizeof shape, "ctx=%u pos0=%u n=%u kv_dim=%u tpp=%u pages=%u", ctx, pos0, n, kvd, tpp,
-             p.n_pages);
-    check_kv_pages(&p, ctx, shape, 0.0);
-
+/* Every attention path in turn over one context's pages (cv: the CPU's
+ * view, gv: the GPU's), n query rows at pos0.., each against the CPU's
+ * output; tag ("" or "f8 ") starts the rows' names. The kernel each path
+ * must have run: auto takes tensor cores for head_dim 64/128/256 from 8 rows
+ * on (every call here is aligned), "tc" falls back to the f32 prefill
+ * elsewhere. */
+static void check_attention_paths(const char *tag, const dj_kv_view *cv, const dj_kv_view *gv, uint32_t n,
+                                  uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                                  uint32_t window, float softcap) {
     const size_t count = (size_t)n * nh * hd;
     uint16_t *qb = halloc(count);
     float *qf = falloc(count), *ref = falloc(count);
     rand_bf16(qb, qf, count, -2.0f, 2.0f);
     void *dq = dcopy(qb, count * 2), *dout = dalloc(count * 2);
-    dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
+    dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = cv, .pos0 = pos0, .n_heads = nh,
                      .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd),
                      .softcap = softcap};
     if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention (cpu)");
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dq;
-    gc.kv = &p.gv;
+    gc.kv = gv;
     gc.out_dtype = DJ_DTYPE_BF16;
-    /* The kernel each path must have run: auto takes tensor cores for
-     * head_dim 64/128 from 8 rows on (every call here is aligned), "tc"
-     * falls back to the f32 prefill elsewhere. */
     static const char *paths[] = {"auto", "decode", "prefill", "tc"};
     static const char *kernels[] = {"none", "decode", "prefill", "tc"};
-    const int tc_covers = (hd == 64 || hd == 128) && softcap == 0.0f;
+    const int tc_covers = hd == 64 || hd == 128 || hd == 256;
     const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
+    char shape[112];
     for (int path = 0; path < 4; path++) {
         poison(dout, count * 2);
         dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
         const int ran = dj__cuda_last_attention(gpu);
-        snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", n, pos0, nh,
-                 nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+        snprintf(shape, sizeof shape, "%sn=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", tag, n, pos0,
+                 nh, nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
         compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
         if (ran != expect_kernel[path]) {
             n_rows++;
@@ -663,6 +655,23 @@ static void check_attention_cap(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t
     free(qb);
     free(qf);
     free(ref);
+}
+
+/* n query rows at positions pos0.. over a context written in two KV_WRITE
+ * calls ([0, pos0) and [pos0, pos0+n)); each attention path in turn.
+ * softcap: Gemma 2's score cap (0 = none). */
+static void check_attention_cap(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
+                                uint32_t window, float softcap) {
+    const uint32_t ctx = pos0 + n, kvd = nkv * hd;
+    kv_pair p;
+    kv_pair_init(&p, ctx, tpp, kvd);
+    if (pos0) kv_fill(&p, 0, pos0);
+    kv_fill(&p, pos0, ctx);
+    char shape[96];
+    snprintf(shape, sizeof shape, "ctx=%u pos0=%u n=%u kv_dim=%u tpp=%u pages=%u", ctx, pos0, n, kvd, tpp,
+             p.n_pages);
+    check_kv_pages(&p, ctx, shape, 0.0);
+    check_attention_paths("", &p.cv, &p.gv, n, pos0, nh, nkv, hd, tpp, window, softcap);
     kv_pair_free(&p);
 }
 
@@ -824,9 +833,13 @@ static void check_arch_ops(void) {
     check_elementwise(DJ_OP_GELU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_softcap(1, 256000, 30.0f, 0);
     check_softcap(7, 1001, 8.0f, 1);
-    /* Gemma 2: attention soft-cap 50 (decode, prefill; never the tensor cores), windows */
+    /* Gemma 2: attention soft-cap 50 (decode, prefill, tensor cores at head_dim 256), windows */
     check_attention_cap(1, 3000, 16, 8, 256, 16, 4096, 50.0f);
     check_attention_cap(37, 10, 16, 8, 256, 16, 0, 50.0f);
+    check_attention_cap(300, 200, 16, 8, 256, 16, 37, 50.0f); /* window inside a tile */
+    check_attention_cap(512, 0, 16, 8, 256, 16, 0, 50.0f);    /* Gemma-2-9B heads */
+    check_attention_cap(129, 0, 8, 4, 256, 7, 0, 0.0f);       /* Gemma 3: head_dim 256, no cap; odd pages */
+    check_attention_cap(65, 3, 4, 1, 256, 32, 0, 30.0f);      /* MQA */
     check_attention_cap(64, 100, 8, 4, 128, 16, 30, 5.0f);
     check_attention_cap(3, 40, 8, 2, 64, 7, 0, 5.0f);
     /* Mixtral: 8 experts, top 2; decode and prefill rows; every weight dtype */
@@ -1361,46 +1374,7 @@ static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t 
     snprintf(shape, sizeof shape, "f8 ctx=%u pos0=%u n=%u heads=%u hd=%u tpp=%u", ctx, pos0, n, nkv, hd, tpp);
     check_f8_bytes("KV_WRITE", shape, p.wv.seg_base, p.gseg, kv8_bytes(&p));
     kv8_to_cpu(&p);
-
-    const size_t count = (size_t)n * nh * hd;
-    uint16_t *qb = halloc(count);
-    float *qf = falloc(count), *ref = falloc(count);
-    rand_bf16(qb, qf, count, -2.0f, 2.0f);
-    void *dq = dcopy(qb, count * 2), *dout = dalloc(count * 2);
-    dj_op_call cc = {.op = DJ_OP_ATTENTION, .n = n, .out = ref, .x = qf, .kv = &p.cv, .pos0 = pos0, .n_heads = nh,
-                     .n_kv_heads = nkv, .head_dim = hd, .window = window, .scale = 1.0f / sqrtf((float)hd),
-                     .softcap = softcap};
-    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention f8 (cpu)");
-    dj_op_call gc = cc;
-    gc.out = dout;
-    gc.x = dq;
-    gc.kv = &p.gv;
-    gc.out_dtype = DJ_DTYPE_BF16;
-    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
-    static const char *kernels[] = {"none", "decode", "prefill", "tc"};
-    const int tc_covers = (hd == 64 || hd == 128) && softcap == 0.0f;
-    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
-    for (int path = 0; path < 4; path++) {
-        poison(dout, count * 2);
-        dj__cuda_set_paths(gpu, path, 0);
-        if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention f8 (gpu)");
-        const int ran = dj__cuda_last_attention(gpu);
-        snprintf(shape, sizeof shape, "f8 n=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", n, pos0, nh,
-                 nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
-        compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
-        if (ran != expect_kernel[path]) {
-            n_rows++;
-            n_fail++;
-            printf("%-10s %-52s %10s  FAIL (ran %s, expected %s)\n", "ATTENTION", shape, "-",
-                   kernels[ran >= 0 && ran <= 3 ? ran : 0], kernels[expect_kernel[path]]);
-        }
-    }
-    dj__cuda_set_paths(gpu, 0, 0);
-    dfree(dq);
-    dfree(dout);
-    free(qb);
-    free(qf);
-    free(ref);
+    check_attention_paths("f8 ", &p.cv, &p.gv, n, pos0, nh, nkv, hd, tpp, window, softcap);
     kv8_free(&p);
 }
 
@@ -1723,8 +1697,9 @@ static void check_kv_f8(void) {
     check_attention_f8(7, 9, 8, 8, 192, 3, 5, 0.0f);
     check_attention_f8(37, 0, 8, 2, 128, 16, 0, 0.0f);     /* prefill */
     check_attention_f8(37, 100, 8, 2, 64, 5, 50, 0.0f);    /* prefill after context, window */
-    check_attention_f8(37, 10, 4, 2, 256, 8, 0, 0.0f);     /* prefill head_dim 256 (f32 tiles) */
-    check_attention_f8(40, 20, 8, 4, 128, 16, 0, 50.0f);   /* prefill with softcap (f32 tiles) */
+    check_attention_f8(37, 10, 4, 2, 256, 8, 0, 0.0f);     /* prefill head_dim 256 */
+    check_attention_f8(40, 20, 8, 4, 128, 16, 0, 50.0f);   /* prefill with softcap */
+    check_attention_f8(300, 200, 16, 8, 256, 16, 37, 50.0f); /* tensor cores, Gemma 2 shape, window */
     check_attention_f8(512, 0, 32, 8, 128, 16, 0, 0.0f);   /* tensor cores, Llama-3 shape */
     check_attention_f8(129, 71, 8, 2, 64, 7, 0, 0.0f);     /* tensor cores, odd pages */
     check_attention_f8(300, 200, 8, 2, 128, 16, 37, 0.0f); /* tensor cores, window inside a tile */
@@ -2326,7 +2301,7 @@ static void bench_gemv(void) {
     free(pat);
 }
 
-static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int iters) {
+static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, uint32_t hd, int iters, float cap) {
     const size_t token = dj_kv_token_bytes(bench_kvt, nkv, hd);
     const uint32_t kvd = nkv * hd, tpp = (uint32_t)(65536 / token); /* 64 KiB pages */
     const uint32_t n_blocks = (ctx + tpp - 1) / tpp;
@@ -2338,13 +2313,14 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
     dj_kv_view kv = {.seg_base = seg, .page_bytes = page, .block_table = table, .n_blocks = n_blocks,
                      .tokens_per_page = tpp, .kv_dim = kvd, .dtype = bench_kvt, .n_kv_heads = nkv};
     dj_op_call c = {.op = DJ_OP_ATTENTION, .n = n, .out = out, .x = q, .kv = &kv, .pos0 = ctx - n, .n_heads = nh,
-                    .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
+                    .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = cap,
+                    .out_dtype = DJ_DTYPE_BF16};
     const double s = time_call(&c, iters);
     static const char *kernels[] = {"-", "decode", "f32 prefill", "tensor cores"};
     const int ran = dj__cuda_last_attention(gpu);
-    printf("bench attention%s n=%u ctx=%u heads=%u:%u hd=%u: %9.1f us  %7.1f GB/s of K/V  (%s)\n",
-           bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, s * 1e6, (double)ctx * token / s / 1e9,
-           kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+    printf("bench attention%s n=%u ctx=%u heads=%u:%u hd=%u cap=%g: %9.1f us  %7.1f GB/s of K/V  (%s)\n",
+           bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, (double)cap, s * 1e6,
+           (double)ctx * token / s / 1e9, kernels[ran >= 0 && ran <= 3 ? ran : 0]);
     dfree(seg);
     dfree(q);
     dfree(out);
@@ -2530,8 +2506,8 @@ static void bench(void) {
         }
     dj__cuda_set_paths(gpu, 0, 0);
     bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
-    bench_attention(1, 512, 32, 8, 128, 200);
-    bench_attention(1, 4096, 32, 8, 128, 200);
+    bench_attention(1, 512, 32, 8, 128, 200, 0.0f);
+    bench_attention(1, 4096, 32, 8, 128, 200, 0.0f);
     bench_decode(1, 512, 32, 8, 128, 0);
     bench_decode(1, 4096, 32, 8, 128, 0);
     bench_decode(1, 512, 32, 8, 128, 1);
@@ -2546,11 +2522,14 @@ static void bench(void) {
     }
     bench_sample(1, 128256, 40, 0, 1);
     bench_sample(32, 128256, 40, 0, 1);
-    bench_attention(512, 512, 32, 8, 128, 10);
-    bench_attention(2048, 2048, 32, 8, 128, 10);
+    bench_attention(512, 512, 32, 8, 128, 10, 0.0f);
+    bench_attention(2048, 2048, 32, 8, 128, 10, 0.0f);
+    bench_attention(2048, 2048, 16, 8, 256, 10, 50.0f); /* Gemma-2-9B: head_dim 256, soft-cap */
+    bench_attention(2048, 2048, 16, 8, 256, 10, 0.0f);
     dj__cuda_set_paths(gpu, 2, 0); /* the f32 prefill kernel, for comparison */
-    bench_attention(512, 512, 32, 8, 128, 10);
-    bench_attention(2048, 2048, 32, 8, 128, 3);
+    bench_attention(512, 512, 32, 8, 128, 10, 0.0f);
+    bench_attention(2048, 2048, 32, 8, 128, 3, 0.0f);
+    bench_attention(2048, 2048, 16, 8, 256, 3, 50.0f);
     dj__cuda_set_paths(gpu, 0, 0);
     /* the same kernels over f8 K/V pages (--kv-dtype fp8): half the bytes */
     bench_kvt = DJ_DTYPE_F8_E4M3;
@@ -2559,9 +2538,9 @@ static void bench(void) {
     bench_decode(1, 4096, 32, 8, 128, 1);
     bench_decode(8, 512, 32, 8, 128, 1);
     bench_decode(1, 32768, 32, 8, 128, 1);
-    bench_attention(2048, 2048, 32, 8, 128, 10);
+    bench_attention(2048, 2048, 32, 8, 128, 10, 0.0f);
     dj__cuda_set_paths(gpu, 2, 0);
-    bench_attention(2048, 2048, 32, 8, 128, 3);
+    bench_attention(2048, 2048, 32, 8, 128, 3, 0.0f);
     dj__cuda_set_paths(gpu, 0, 0);
     bench_kvt = DJ_DTYPE_BF16;
     if (dj_backend_set_kv_dtype(gpu, bench_kvt) != DJ_OK) die("kv dtype bf16");

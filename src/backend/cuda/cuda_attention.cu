@@ -13,7 +13,7 @@
  *    2026-11-26; deleted.)
  *  - prefill: 16 query rows per block, K/V tiles of 32 positions in shared
  *    memory, online softmax; the score matrix is never materialised.
- * Both take even head_dim <= 256. Prefill of head_dim 64/128 normally runs on
+ * Both take even head_dim <= 256. Prefill of head_dim 64/128/256 normally runs on
  * tensor cores instead (cuda_attention_tc.cu); this kernel is its fallback.
  * f8_e4m3 pages (backend.h: codes, then an int8 exponent per position and kv
  * head) are read directly, each kernel instantiated for them (F8): decode
@@ -610,7 +610,7 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.softcap = c->softcap;
     /* The prefill kernels tile consecutive positions of one sequence: rows
      * with their own positions always take the decode kernel. The tensor-core
-     * kernel covers head_dim 64/128 (dj__cuda_attention_tc_covers); any other
+     * kernel covers head_dim 64/128/256 (dj__cuda_attention_tc_covers); any other
      * shape, or DJINN_ATTN=simple, takes the f32 tiled kernel. */
     const bool use_decode = c->row_pos || cb->attention_path == 1 ||
                             (cb->attention_path == 0 && c->n < DEC_PREFILL_ROWS);

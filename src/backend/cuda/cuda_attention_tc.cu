@@ -1,8 +1,12 @@
 /* cuda_attention_tc.cu: prefill attention on tensor cores (flash-attention
  * style): bf16 Q/K/V from the paged KV layout, mma.sync m16n8k16 with f32
  * accumulation, online softmax in registers, causal/sliding-window masking
- * with whole tiles skipped. head_dim 64 or 128, consecutive rows only; the
- * dispatcher (cuda_attention.cu) sends every other shape to the f32 kernels.
+ * with whole tiles skipped, Gemma 2's score soft-cap (the CAP instantiations).
+ * head_dim 64, 128 or 256, consecutive rows only; the dispatcher
+ * (cuda_attention.cu) sends every other shape to the f32 kernels. head_dim
+ * 256 keeps the Q tile in shared memory (QS) and reads each k-step's A
+ * fragment from there: in registers it would take 64 of them beside the
+ * 128 of the output accumulators.
  * f8_e4m3 pages (the F8 instantiation): each thread loads 8 codes (8 bytes)
  * and its position's exponent and stores the 8 dequantized values (code *
  * 2^exp, exact in bf16) into the same bf16 tile, so the mma part is the
@@ -25,6 +29,8 @@ struct tc_args {
     uint32_t tpp, kv_dim, n, nh, group, pos0, window;
     uint32_t nkv;           /* kv heads (f8 pages: the exponents' row length) */
     float scale_log2;       /* scale * log2(e): scores are kept in the exp2 domain */
+    float scale_cap;        /* CAP: scale / softcap */
+    float cap_log2;         /* CAP: softcap * log2(e); score = cap_log2 * tanh(dot * scale_cap) */
 };
 
 static __device__ __forceinline__ uint32_t tc_first_pos(uint32_t p, uint32_t window) {
@@ -89,9 +95,16 @@ static __device__ __forceinline__ uint32_t f8x2_bf16x2(uint32_t codes, float sc)
     return pack_bf16(f.x * sc, f.y * sc);
 }
 
-template <int HD, int TC_BM, bool F8>
+/* Shared memory of one block: K and V tiles, and the Q tile where it stays
+ * there (head_dim 256); otherwise Q passes through the K buffer once. */
+static constexpr size_t tc_smem_bytes(int hd) {
+    return (size_t)(hd > 128 ? 3 : 2) * TC_BN * (hd + TC_PAD) * 2;
+}
+
+template <int HD, int TC_BM, bool F8, bool CAP>
 static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
     constexpr uint32_t TC_THREADS = TC_BM * 2;
+    constexpr bool QS = HD > 128; /* the Q tile stays in shared memory */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int SK = HD + TC_PAD; /* smem row stride, elements */
     constexpr int CH = HD / 8;      /* 16-byte chunks per row */
@@ -100,6 +113,7 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
     constexpr int DB = HD / 8;      /* 8-dim n-blocks of the output */
     __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem_raw;
     __nv_bfloat16 *Vs = Ks + TC_BN * SK;
+    __nv_bfloat16 *Qs = QS ? Vs + TC_BN * SK : Ks;
 
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
     const uint32_t h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * TC_BM, kvh = h / a.group;
@@ -107,19 +121,22 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
     const uint32_t hi = a.pos0 + rows_end - 1;      /* last position any row of the block sees */
     const uint32_t lo = tc_first_pos(a.pos0 + r0, a.window);
 
-    /* Q tile -> K buffer -> A fragments (rows beyond n are zeros). */
+    /* Q tile -> its buffer (rows beyond n are zeros) -> A fragments, here or per k-step (QS). */
     for (uint32_t e = threadIdx.x; e < TC_BM * CH; e += TC_THREADS) {
         const uint32_t r = e / CH, ch = e % CH;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < a.n) v = *(const uint4 *)(a.q + ((size_t)(r0 + r) * a.nh + h) * HD + ch * 8);
-        *(uint4 *)(Ks + r * SK + ch * 8) = v;
+        *(uint4 *)(Qs + r * SK + ch * 8) = v;
     }
     __syncthreads();
-    uint32_t qf[KS][4];
+    /* matrices: (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) */
+    const __nv_bfloat16 *qrow = Qs + (warp * 16 + (lane & 15)) * SK + (lane >> 4) * 8;
+    uint32_t qf[QS ? 1 : KS][4];
+    if constexpr (!QS) {
 #pragma unroll
-    for (int k = 0; k < KS; k++) /* matrices: (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi) */
-        ldsm_x4(qf[k], Ks + (warp * 16 + (lane & 15)) * SK + k * 16 + (lane >> 4) * 8);
-    __syncthreads();
+        for (int k = 0; k < KS; k++) ldsm_x4(qf[k], qrow + k * 16);
+        __syncthreads(); /* the K buffer is free again */
+    }
 
     /* This lane's two rows and what they may see. */
     const uint32_t ia = r0 + warp * 16 + g, ib = ia + 8;
@@ -188,17 +205,19 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
             for (int nb = 0; nb < NB; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
 #pragma unroll
             for (int k = 0; k < KS; k++) {
+                uint32_t *qa = qf[QS ? 0 : k];
+                if constexpr (QS) ldsm_x4(qa, qrow + k * 16);
 #pragma unroll
                 for (int n2 = 0; n2 < NB / 2; n2++) {
                     /* matrices: (keys 0-7, dims lo), (keys 0-7, dims hi), (keys 8-15, dims lo),
                      * (keys 8-15, dims hi): K rows are B columns, so no transpose. */
                     uint32_t b[4];
                     ldsm_x4(b, Ks + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * SK + k * 16 + ((lane >> 3) & 1) * 8);
-                    mma16816(s[2 * n2], qf[k], b[0], b[1]);
-                    mma16816(s[2 * n2 + 1], qf[k], b[2], b[3]);
+                    mma16816(s[2 * n2], qa, b[0], b[1]);
+                    mma16816(s[2 * n2 + 1], qa, b[2], b[3]);
                 }
             }
-            /* Mask and scale; element e of n-block nb is key 8nb + 2c + (e&1), row g (e<2) or g+8. */
+            /* Scale (and cap), then mask; element e of n-block nb is key 8nb + 2c + (e&1), row g (e<2) or g+8. */
             float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
             for (int nb = 0; nb < NB; nb++) {
@@ -207,7 +226,8 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
                     const uint64_t t = tile + nb * 8 + c4 * 2 + (e & 1);
                     const bool rb = e >= 2;
                     const bool ok = t <= hi && t <= (rb ? pb : pa) && t >= (rb ? fb : fa);
-                    const float v = ok ? s[nb][e] * a.scale_log2 : -INFINITY;
+                    const float sv = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e] * a.scale_log2;
+                    const float v = ok ? sv : -INFINITY;
                     s[nb][e] = v;
                     if (rb)
                         mx_b = fmaxf(mx_b, v);
@@ -300,11 +320,37 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 bool dj__cuda_attention_tc_covers(const dj_op_call *c) {
     const dj_kv_view *kv = c->kv;
-    return (c->head_dim == 64 || c->head_dim == 128) && c->softcap == 0.0f && !c->row_pos && !c->row_tables && c->n >= 1 &&
-           (c->n + 63) / 64 <= 65535u && (kv->dtype == DJ_DTYPE_BF16 || kv->dtype == DJ_DTYPE_F8_E4M3) &&
-           aligned16(kv->seg_base) &&
-           kv->page_bytes % 16 == 0 && kv->kv_dim % 8 == 0 && aligned16(c->x) && aligned16(c->out) &&
-           (uint64_t)c->pos0 + c->n <= UINT32_MAX;
+    return (c->head_dim == 64 || c->head_dim == 128 || c->head_dim == 256) && !c->row_pos && !c->row_tables &&
+           c->n >= 1 && (c->n + 63) / 64 <= 65535u && (kv->dtype == DJ_DTYPE_BF16 || kv->dtype == DJ_DTYPE_F8_E4M3) &&
+           aligned16(kv->seg_base) && kv->page_bytes % 16 == 0 && kv->kv_dim % 8 == 0 && aligned16(c->x) &&
+           aligned16(c->out) && (uint64_t)c->pos0 + c->n <= UINT32_MAX;
+}
+
+/* Every instantiation: head_dim x K/V dtype x soft-cap, in one table so
+ * launch and init agree. */
+typedef void (*tc_kernel_fn)(tc_args);
+#define TC_KERNELS(X)                                                                                                  \
+    X(64, false, false) X(64, false, true) X(64, true, false) X(64, true, true) X(128, false, false)                   \
+    X(128, false, true) X(128, true, false) X(128, true, true) X(256, false, false) X(256, false, true)                \
+    X(256, true, false) X(256, true, true)
+
+static tc_kernel_fn tc_kernel(uint32_t hd, bool f8, bool cap) {
+#define TC_PICK(H, F, C)                                                                                               \
+    if (hd == H && f8 == F && cap == C) return attn_tc_kernel<H, 64, F, C>;
+    TC_KERNELS(TC_PICK)
+#undef TC_PICK
+    return NULL;
+}
+
+dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb) {
+    /* head_dim 256's tiles need more than the default 48 KiB of dynamic shared memory. */
+#define TC_ATTR(H, F, C)                                                                                               \
+    if (tc_smem_bytes(H) > 48 * 1024)                                                                                  \
+        DJ_CU(cb, cudaFuncSetAttribute(attn_tc_kernel<H, 64, F, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,      \
+                                       (int)tc_smem_bytes(H)));
+    TC_KERNELS(TC_ATTR)
+#undef TC_ATTR
+    return DJ_OK;
 }
 
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
@@ -324,18 +370,14 @@ dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.pos0 = c->pos0;
     a.window = c->window;
     a.scale_log2 = c->scale * 1.4426950408889634f;
+    const bool cap = c->softcap != 0.0f;
+    a.scale_cap = cap ? c->scale / c->softcap : 0.0f;
+    a.cap_log2 = c->softcap * 1.4426950408889634f;
     const unsigned bm = 64; /* 128-row blocks were 6% slower at 2048 (283.0 against 266.7 us); deleted */
     const dim3 grid(c->n_heads, (c->n + bm - 1) / bm);
-    const size_t smem = 2 * TC_BN * (c->head_dim + TC_PAD) * sizeof(__nv_bfloat16); /* also holds the Q tile */
-    const bool f8 = kv->dtype == DJ_DTYPE_F8_E4M3;
-    if (c->head_dim == 64 && f8)
-        attn_tc_kernel<64, 64, true><<<grid, bm * 2, smem, cb->stream>>>(a);
-    else if (c->head_dim == 64)
-        attn_tc_kernel<64, 64, false><<<grid, bm * 2, smem, cb->stream>>>(a);
-    else if (f8)
-        attn_tc_kernel<128, 64, true><<<grid, bm * 2, smem, cb->stream>>>(a);
-    else
-        attn_tc_kernel<128, 64, false><<<grid, bm * 2, smem, cb->stream>>>(a);
+    const tc_kernel_fn k = tc_kernel(c->head_dim, kv->dtype == DJ_DTYPE_F8_E4M3, cap);
+    if (!k) return dj_fail(DJ_EINVAL, "cuda: no tensor-core attention for head_dim %u", c->head_dim);
+    k<<<grid, bm * 2, tc_smem_bytes((int)c->head_dim), cb->stream>>>(a);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -478,7 +478,7 @@ static dj_status cuda_init(dj_cuda_backend *cb) {
     DJ_CU(cb, cudaMallocHost((void **)&cb->stage_host, STAGE_INITIAL));
     DJ_CU(cb, cudaMalloc((void **)&cb->stage_dev, STAGE_INITIAL));
     cb->stage_cap = STAGE_INITIAL;
-    return DJ_OK;
+    return dj__cuda_attention_tc_init(cb);
 }
 
 extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {

@@ -198,6 +198,8 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* Whether the tensor-core prefill kernel takes this call, and its launcher. */
 bool dj__cuda_attention_tc_covers(const dj_op_call *c);
+/* Once per backend, after cudaSetDevice: the kernels' shared-memory limits. */
+dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb);
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
 /* Whether this (validated) MATMUL runs as one GEMV launch, so that calls of
