@@ -824,6 +824,8 @@ static void check_arch_ops(void) {
     check_rmsnorm_v(37, 3584, DJ_DTYPE_BF16, DJ_DTYPE_F32, 0, 1.0f); /* Gemma: (1 + w) */
     check_rmsnorm_v(37, 128, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 32, 0.0f); /* Qwen3 q_norm: 32 heads */
     check_rmsnorm_v(1, 256, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 8, 1.0f);   /* Gemma 3 k_norm */
+    check_rmsnorm_v(300, 128, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 32, 0.0f); /* prefill rows, a warp a head */
+    check_rmsnorm_v(3, 600, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 2, 0.0f);    /* groups wider than a warp's limit */
     check_add_norm_offset(1, 3584);
     check_add_norm_offset(37, 2304);
     check_rope_rot(37, 8, 128, 3, 10000.0f, 1.0f, 0, 64);    /* partial rotary 0.5 */
@@ -831,6 +833,7 @@ static void check_arch_ops(void) {
     check_rope_rot(5, 4, 128, 100, 10000.0f, 1.0f, 1, 32);
     check_elementwise(DJ_OP_GELU_MUL, 1, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_elementwise(DJ_OP_GELU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_GELU_MUL, 64, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16); /* prefill rows, 8 a thread */
     check_softcap(1, 256000, 30.0f, 0);
     check_softcap(7, 1001, 8.0f, 1);
     /* Gemma 2: attention soft-cap 50 (decode, prefill, tensor cores at head_dim 256), windows */
@@ -2735,7 +2738,8 @@ int main(int argc, char **argv) {
     check_rope(3, 5, 80, 7, 10000.0f, 1.0f, 1);
 
     check_elementwise(DJ_OP_SILU_MUL, 1, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
-    check_elementwise(DJ_OP_SILU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_elementwise(DJ_OP_SILU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16); /* odd count: one a thread */
+    check_elementwise(DJ_OP_SILU_MUL, 64, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_elementwise(DJ_OP_ADD, 1, 4096, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_elementwise(DJ_OP_ADD, 37, 1001, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_elementwise(DJ_OP_ADD, 1, 4096, DJ_DTYPE_F32, DJ_DTYPE_F32);

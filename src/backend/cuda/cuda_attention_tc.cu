@@ -145,6 +145,11 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
     /* The warp's strip: tiles outside [wlo, whi] are fully masked for it. */
     const uint32_t whi = min(a.pos0 + r0 + warp * 16 + 15, hi);
     const uint32_t wlo = tc_first_pos(a.pos0 + r0 + warp * 16, a.window);
+    /* Keys up to wmin and from wfirst are visible to every row of the strip
+     * (its first row's position, within the context, and its last row's
+     * window start): tiles inside need no mask. */
+    const uint32_t wmin = min(a.pos0 + r0 + warp * 16, hi);
+    const uint32_t wfirst = tc_first_pos(a.pos0 + r0 + warp * 16 + 15, a.window);
 
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f; /* l: this lane's columns only */
     float o[DB][4];
@@ -196,6 +201,8 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
     for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
         load_tile(Vs, tile, 1);
         const bool active = tile <= whi && tile + TC_BN - 1 >= wlo; /* warp-uniform */
+        /* Every key of the tile visible to every row of the strip: no mask (warp-uniform). */
+        const bool whole = tile + TC_BN - 1 <= wmin && tile >= wfirst;
         uint32_t pf[TC_BN / 16][4];                                 /* P as A fragments */
         cp_async_wait<1>();
         __syncthreads(); /* K landed */
@@ -217,15 +224,24 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
                     mma16816(s[2 * n2 + 1], qa, b[2], b[3]);
                 }
             }
-            /* Scale (and cap), then mask; element e of n-block nb is key 8nb + 2c + (e&1), row g (e<2) or g+8. */
+            /* Scale (and cap), then mask; element e of n-block nb is key 8nb + 2c + (e&1) of the
+             * tile, row g (e<2) or g+8. Row a sees the tile's keys [fra, lra], row b [frb, lrb]. */
+            int lra = TC_BN - 1, lrb = TC_BN - 1, fra = 0, frb = 0;
+            if (!whole) {
+                const int64_t t0 = (int64_t)tile;
+                lra = (int)max(min((int64_t)min(pa, hi) - t0, (int64_t)TC_BN), (int64_t)-1);
+                lrb = (int)max(min((int64_t)min(pb, hi) - t0, (int64_t)TC_BN), (int64_t)-1);
+                fra = (int)max(min((int64_t)fa - t0, (int64_t)TC_BN), (int64_t)0);
+                frb = (int)max(min((int64_t)fb - t0, (int64_t)TC_BN), (int64_t)0);
+            }
             float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
             for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const uint64_t t = tile + nb * 8 + c4 * 2 + (e & 1);
+                    const int kk = nb * 8 + (int)c4 * 2 + (e & 1);
                     const bool rb = e >= 2;
-                    const bool ok = t <= hi && t <= (rb ? pb : pa) && t >= (rb ? fb : fa);
+                    const bool ok = kk <= (rb ? lrb : lra) && kk >= (rb ? frb : fra);
                     const float sv = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e] * a.scale_log2;
                     const float v = ok ? sv : -INFINITY;
                     s[nb][e] = v;

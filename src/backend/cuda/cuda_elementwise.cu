@@ -24,14 +24,15 @@ static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out
     }
 }
 
+struct silu_fn {
+    __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
+};
+
 static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
-                                       size_t count) {
+                                       size_t count, bool vec) {
     dj_pdl_release();
     dj_pdl_wait();
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        const float g = __bfloat162float(gate[i]);
-        out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
-    }
+    dj_glu(gate, up, out, count, vec, silu_fn());
 }
 
 /* out[i] = a[i] + b[i]: a and out the residual stream (bf16 or f32), b bf16. */
@@ -147,8 +148,9 @@ dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, 
 
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
-    dj__launch(cb, silu_mul_kernel, dim3(ew_blocks(cb, count)), dim3(EW_THREADS), 0, (const __nv_bfloat16 *)c->x,
-               (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count);
+    const bool vec = dj_glu_vec(c->x, c->x2, c->out, count);
+    dj__launch(cb, silu_mul_kernel, dim3(ew_blocks(cb, vec ? count / 8 : count)), dim3(EW_THREADS), 0,
+               (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count, vec);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

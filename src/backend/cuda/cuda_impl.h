@@ -146,6 +146,37 @@ dj_status dj__cuda_stage(dj_cuda_backend *cb, const void *host, size_t bytes, co
 dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out /* OUT */);
 
 /* Element loads and stores in f32. */
+/* out[i] = act(gate[i]) * up[i] over count bf16 values (SwiGLU, GeGLU), by
+ * the whole grid: 8 values a thread per step with 16-byte loads and stores
+ * when vec (count % 8 == 0, every pointer 16-byte aligned: dj_glu_vec),
+ * else one. Each value's arithmetic is the same either way. act: a functor
+ * float -> float. */
+static inline bool dj_glu_vec(const void *gate, const void *up, const void *out, size_t count) {
+    return count % 8 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15u) == 0;
+}
+template <typename Act>
+static __device__ __forceinline__ void dj_glu(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
+                                              size_t count, bool vec, Act act) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x, first = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (!vec) {
+        for (size_t i = first; i < count; i += stride)
+            out[i] = __float2bfloat16(act(__bfloat162float(gate[i])) * __bfloat162float(up[i]));
+        return;
+    }
+    for (size_t v = first; v < count / 8; v += stride) {
+        const uint4 g = ((const uint4 *)gate)[v], u = ((const uint4 *)up)[v];
+        const __nv_bfloat162 *g2 = (const __nv_bfloat162 *)&g, *u2 = (const __nv_bfloat162 *)&u;
+        uint4 o;
+        __nv_bfloat162 *o2 = (__nv_bfloat162 *)&o;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 gf = __bfloat1622float2(g2[e]), uf = __bfloat1622float2(u2[e]);
+            o2[e] = __floats2bfloat162_rn(act(gf.x) * uf.x, act(gf.y) * uf.y);
+        }
+        ((uint4 *)out)[v] = o;
+    }
+}
+
 static __device__ __forceinline__ float dj_ld(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
 static __device__ __forceinline__ float dj_ld(const __half *p, size_t i) { return __half2float(p[i]); }
 static __device__ __forceinline__ float dj_ld(const float *p, size_t i) { return p[i]; }

@@ -50,25 +50,60 @@ static __device__ __forceinline__ float lt_f8(uint8_t v) {
 
 /* x [n][k] bf16 -> q [n][k] e4m3 and one scale per (row, group of g
  * channels): s = amax / 448, q = x / s. Scale of (r, gi) at
- * sc[tok_major ? r * groups + gi : gi * n + r]. Block (r, gi), 128 threads. */
-static __global__ void quant_act_kernel(const __nv_bfloat16 *x, uint32_t n, uint32_t k, uint32_t g, bool tok_major,
-                                        uint8_t *q, float *sc) {
-    __shared__ float red[128];
-    const uint32_t r = blockIdx.x, gi = blockIdx.y, groups = gridDim.y;
+ * sc[tok_major ? r * groups + gi : gi * n + r]. One warp per (row, group),
+ * QA_WARPS a block; VEC (g and k multiples of 4, x 8-byte aligned): 4
+ * channels a lane per load and store. A block of 128 threads per group
+ * with a shared-memory reduction ran at 0.3-0.4 TB/s (ncu: 15 us for
+ * 512 x 4096, 45 us for 512 x 14336). */
+#define QA_WARPS 8
+template <bool VEC>
+static __global__ void __launch_bounds__(QA_WARPS * 32)
+    quant_act_kernel(const __nv_bfloat16 *x, uint32_t n, uint32_t k, uint32_t g, bool tok_major, uint8_t *q,
+                     float *sc) {
+    const uint32_t groups = (k + g - 1) / g, lane = threadIdx.x & 31;
+    const size_t item = (size_t)blockIdx.x * QA_WARPS + threadIdx.x / 32;
+    if (item >= (size_t)n * groups) return;
+    const uint32_t r = (uint32_t)(item / groups), gi = (uint32_t)(item % groups);
     const size_t base = (size_t)r * k + (size_t)gi * g;
     const uint32_t len = k - gi * g < g ? k - gi * g : g;
     float amax = 0.0f;
-    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(x[base + i])));
-    red[threadIdx.x] = amax;
-    __syncthreads();
-    for (unsigned s = 64; s > 0; s >>= 1) {
-        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
-        __syncthreads();
+    if constexpr (VEC) {
+        for (uint32_t i = lane * 4; i < len; i += 128) {
+            const uint2 v = *(const uint2 *)(x + base + i);
+            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x);
+            const float2 hi = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
+        }
+    } else {
+        for (uint32_t i = lane; i < len; i += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[base + i])));
     }
-    const float scale = fmaxf(red[0], 1e-12f) / 448.0f, inv = 1.0f / scale;
-    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x)
-        q[base + i] = __nv_cvt_float_to_fp8(__bfloat162float(x[base + i]) * inv, __NV_SATFINITE, __NV_E4M3);
-    if (threadIdx.x == 0) sc[tok_major ? (size_t)r * groups + gi : (size_t)gi * n + r] = scale;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = fmaxf(amax, 1e-12f) / 448.0f, inv = 1.0f / scale;
+    if constexpr (VEC) {
+        for (uint32_t i = lane * 4; i < len; i += 128) {
+            const uint2 v = *(const uint2 *)(x + base + i);
+            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x);
+            const float2 hi = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+            const uint32_t c01 = __nv_cvt_float2_to_fp8x2(make_float2(lo.x * inv, lo.y * inv), __NV_SATFINITE, __NV_E4M3);
+            const uint32_t c23 = __nv_cvt_float2_to_fp8x2(make_float2(hi.x * inv, hi.y * inv), __NV_SATFINITE, __NV_E4M3);
+            *(uint32_t *)(q + base + i) = c01 | c23 << 16;
+        }
+    } else {
+        for (uint32_t i = lane; i < len; i += 32)
+            q[base + i] = __nv_cvt_float_to_fp8(__bfloat162float(x[base + i]) * inv, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (lane == 0) sc[tok_major ? (size_t)r * groups + gi : (size_t)gi * n + r] = scale;
+}
+
+static void quant_act(dj_cuda_backend *cb, const __nv_bfloat16 *x, uint32_t n, uint32_t k, uint32_t g, bool tok_major,
+                      uint8_t *q, float *sc) {
+    const size_t items = (size_t)n * ((k + g - 1) / g);
+    const unsigned blocks = (unsigned)((items + QA_WARPS - 1) / QA_WARPS);
+    if (g % 4 == 0 && k % 4 == 0 && ((uintptr_t)x & 7) == 0)
+        quant_act_kernel<true><<<blocks, QA_WARPS * 32, 0, cb->stream>>>(x, n, k, g, tok_major, q, sc);
+    else
+        quant_act_kernel<false><<<blocks, QA_WARPS * 32, 0, cb->stream>>>(x, n, k, g, tok_major, q, sc);
 }
 
 /* dst[c][r] = src[r][c] of a rows x cols f32 matrix. */
@@ -202,9 +237,7 @@ static lt_entry *entry_for(dj_cuda_backend *cb, uint32_t n, uint32_t k, uint32_t
 static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
                         uint8_t *q, float *xs) {
     const uint32_t n = c->n, k = c->k, m = c->m, g = mode == MODE_BLOCK ? LT_GROUP : k;
-    const dim3 grid(n, (k + g - 1) / g);
-    quant_act_kernel<<<grid, 128, 0, cb->stream>>>((const __nv_bfloat16 *)c->x, n, k, g,
-                                                   mode != MODE_BLOCK || (layout & 2), q, xs);
+    quant_act(cb, (const __nv_bfloat16 *)c->x, n, k, g, mode != MODE_BLOCK || (layout & 2), q, xs);
     DJ_CU_LAUNCHED(cb);
     lt_entry *e = entry_for(cb, n, k, m, mode, ws_lt, xs);
     if (!e) return DJ_EUNSUPPORTED;
@@ -279,7 +312,7 @@ static int probe(dj_cuda_backend *cb, int mode) {
         if (lt_run(cb, &c, mode, layout, weight_scales(cb, &c, mode, layout, wsx), q, xs) != DJ_OK) break;
         /* the reference reads token-major activation scales: quantize again that way */
         const uint32_t g = mode == MODE_BLOCK ? LT_GROUP : k;
-        quant_act_kernel<<<dim3(n, (k + g - 1) / g), 128, 0, cb->stream>>>(x, n, k, g, true, q, xs);
+        quant_act(cb, x, n, k, g, true, q, xs);
         probe_ref_kernel<<<dim3((m + 127) / 128, n), 128, 0, cb->stream>>>(w, ws, br, bc, q, xs, g, n, k, m, ref);
         if (cudaStreamSynchronize(cb->stream) != cudaSuccess ||
             cudaMemcpy(h_ref, ref, sizeof(float) * n * m, cudaMemcpyDeviceToHost) != cudaSuccess ||

@@ -1,5 +1,6 @@
-/* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row (or per
- * d-wide group of a row: per-head q/k norm), the sum of squares reduced in
+/* cuda_norm.cu: RMSNorm as LlamaRMSNorm in f32 - one block per row, or one
+ * warp per d-wide group of a row (per-head q/k norm, d <= NORM_WARP_D: each
+ * group is a row of its own), the sum of squares reduced in
  * f32, out = (w + w_offset) * (x * rsqrt(mean(x^2) + eps)) in bf16
  * from x in bf16 or f32 (the residual stream); and the residual ADD fused in
  * front of it (one pass over the row). */
@@ -35,25 +36,57 @@ static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *o
         orow[j] = __float2bfloat16((dj_ld(w, j) + w_off) * (dj_ld(xr, j) * r));
 }
 
+/* Per-head groups of at most NORM_WARP_D values, one warp each,
+ * NORM_THREADS / 32 a block: a block per 128-wide head left most of its
+ * threads idle behind two barriers (Qwen3's q_norm over 2048 x 32 heads took
+ * longer than the attention norm of the same rows). Whole rows keep
+ * rmsnorm_kernel, whose order of summation the fused ADD+RMSNORM repeats. */
+#define NORM_WARP_D 512
+template <typename TX, typename TW>
+static __global__ void rmsnorm_warp_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t rows, uint32_t d,
+                                           float eps, float w_off) {
+    dj_pdl_release();
+    dj_pdl_wait();
+    const uint32_t row = blockIdx.x * (NORM_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const TX *xr = x + (size_t)row * d;
+    __nv_bfloat16 *orow = out + (size_t)row * d;
+    float s = 0.0f;
+    for (uint32_t j = lane; j < d; j += 32) {
+        const float v = dj_ld(xr, j);
+        s += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float r = 1.0f / sqrtf(s / (float)d + eps);
+    for (uint32_t j = lane; j < d; j += 32) orow[j] = __float2bfloat16((dj_ld(w, j) + w_off) * (dj_ld(xr, j) * r));
+}
+
+template <typename TX, typename TW>
+static void rmsnorm_rows(dj_cuda_backend *cb, const TX *x, const TW *w, __nv_bfloat16 *out, unsigned rows,
+                         const dj_op_call *c) {
+    if (c->groups > 1 && c->d <= NORM_WARP_D)
+        dj__launch(cb, rmsnorm_warp_kernel<TX, TW>, dim3((rows + NORM_THREADS / 32 - 1) / (NORM_THREADS / 32)),
+                   dim3(NORM_THREADS), 0, x, w, out, (uint32_t)rows, c->d, c->eps, c->w_offset);
+    else
+        dj__launch(cb, rmsnorm_kernel<TX, TW>, dim3(rows), dim3(NORM_THREADS), 0, x, w, out, c->d, c->eps,
+                   c->w_offset);
+}
+
 template <typename TX>
 static void launch_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c) {
     const TX *x = (const TX *)c->x;
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     /* groups (per-head q/k norm): each d-wide piece of a row is a row of its own */
     const unsigned rows = c->n * (c->groups > 1 ? c->groups : 1u);
-    const float off = c->w_offset;
     switch (c->w_dtype) {
     case DJ_DTYPE_BF16:
-        dj__launch(cb, rmsnorm_kernel<TX, __nv_bfloat16>, dim3(rows), dim3(NORM_THREADS), 0, x,
-                   (const __nv_bfloat16 *)c->w, out, c->d, c->eps, off);
+        rmsnorm_rows(cb, x, (const __nv_bfloat16 *)c->w, out, rows, c);
         break;
     case DJ_DTYPE_F16:
-        dj__launch(cb, rmsnorm_kernel<TX, __half>, dim3(rows), dim3(NORM_THREADS), 0, x, (const __half *)c->w, out,
-                   c->d, c->eps, off);
+        rmsnorm_rows(cb, x, (const __half *)c->w, out, rows, c);
         break;
     default:
-        dj__launch(cb, rmsnorm_kernel<TX, float>, dim3(rows), dim3(NORM_THREADS), 0, x, (const float *)c->w, out,
-                   c->d, c->eps, off);
+        rmsnorm_rows(cb, x, (const float *)c->w, out, rows, c);
         break;
     }
 }
