@@ -1,14 +1,43 @@
-/* test_status.c: status names/messages and the dtype conversions. */
+/* test_status.c: status names/messages, the dtype conversions, and the
+ * page divider of the CUDA attention kernels (backend/fastdiv.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/fastdiv.h"
 #include "djinn/dtype.h"
 #include "djinn/status.h"
 #include "testutil.h"
 
+/* dj_fastdiv_q against the divide: every divisor up to 300 (page token
+ * counts), large and power-of-two ones, on every t below 70,000, the edges
+ * of each quotient, and t across the whole 32-bit range. */
+static void test_fastdiv(void) {
+    uint32_t ds[300 + 8];
+    int nd = 0;
+    for (uint32_t d = 1; d <= 300; d++) ds[nd++] = d;
+    const uint32_t big[] = {4096, 65535, 65536, 1000003, 1u << 24, 0x7fffffffu, 0x80000000u, 3000000019u / 2};
+    for (int i = 0; i < 8; i++) ds[nd++] = big[i];
+    long bad = 0;
+    for (int i = 0; i < nd; i++) {
+        const uint32_t d = ds[i];
+        if (d > 0x80000000u) continue; /* the documented range */
+        const dj_fastdiv f = dj_fastdiv_make(d);
+        for (uint32_t t = 0; t < 70000; t++) bad += dj_fastdiv_q(t, f) != t / d;
+        for (uint64_t t = 70000; t <= 0xffffffffull; t += 0x10001ull + d) bad += dj_fastdiv_q((uint32_t)t, f) != (uint32_t)t / d;
+        for (uint64_t q = 1; q * d <= 0xffffffffull; q = q * 3 + 1) { /* quotient edges */
+            const uint32_t t = (uint32_t)(q * d);
+            bad += dj_fastdiv_q(t, f) != t / d;
+            bad += dj_fastdiv_q(t - 1, f) != (t - 1) / d;
+        }
+        bad += dj_fastdiv_q(0xffffffffu, f) != 0xffffffffu / d;
+    }
+    CHECK_MSG(bad == 0, "%ld fast divisions differ from the divide", bad);
+}
+
 int main(void) {
     dj_test_seeds();
+    test_fastdiv();
     CHECK(strcmp(dj_status_name(DJ_ENOSPC), "DJ_ENOSPC") == 0);
     CHECK(strcmp(dj_strerror(DJ_OK), "ok") == 0);
     CHECK(dj_fail(DJ_EFORMAT, "bad %d", 7) == DJ_EFORMAT);

@@ -2768,6 +2768,8 @@ int main(int argc, char **argv) {
     check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 8);
     check_rope_kv_write(300, 0, 8, 128, 16, 1, 1, 32);
     check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 12);
+    check_rope_kv_write(700, 9, 8, 128, 16, 0, 1, 33); /* >= 2^20 pairs: 8 heads a thread, the last group short */
+    check_rope_kv_write(500, 0, 8, 256, 7, 1, 1, 17);
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
     check_attention(1, 4095, 32, 8, 128, 16, 0);   /* decode, long context, GQA 4:1 */
     check_attention(1, 1000, 8, 1, 64, 7, 0);      /* MQA, odd page size */

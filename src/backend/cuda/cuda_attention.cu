@@ -27,6 +27,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/fastdiv.h"
 
 #define DEC_WARPS 4       /* warps per decode block, each its own keys */
 #define DEC_MIN_CHUNK 32  /* fewest positions per decode split */
@@ -51,10 +52,11 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 /* K row (V row with is_v) of kv head kvh at position t (bf16 pages). */
 static __device__ __forceinline__ const __nv_bfloat16 *kv_row(const uint8_t *seg, size_t page_bytes,
-                                                              const uint32_t *table, uint32_t tpp, uint32_t kv_dim,
+                                                              const uint32_t *table, dj_fastdiv tpp, uint32_t kv_dim,
                                                               uint32_t kvh, uint32_t hd, uint32_t t, bool is_v) {
-    const __nv_bfloat16 *page = (const __nv_bfloat16 *)(seg + (size_t)table[t / tpp] * page_bytes);
-    const uint32_t r = t % tpp + (is_v ? tpp : 0u);
+    const uint32_t pi = dj_fastdiv_q(t, tpp);
+    const __nv_bfloat16 *page = (const __nv_bfloat16 *)(seg + (size_t)table[pi] * page_bytes);
+    const uint32_t r = t - pi * tpp.d + (is_v ? tpp.d : 0u);
     return page + (size_t)r * kv_dim + (size_t)kvh * hd;
 }
 
@@ -66,6 +68,7 @@ struct attn_args {
     const uint32_t *row_pos;             /* [n] or NULL: pos0 + i */
     const uint32_t *const *row_tables;   /* [n] or NULL: table */
     uint32_t tpp, kv_dim, n, nh, group, hd, pos0, window;
+    dj_fastdiv tpp_div; /* t / tpp: a position's page (no divide in the kernels) */
     uint32_t nkv;  /* kv heads (f8 pages: the exponents' row length) */
     float scale;
     float softcap; /* scores s -> softcap * tanh(s / softcap); 0 = none (Gemma 2) */
@@ -222,24 +225,25 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
         l[g] = 0.0f;
     }
     for (uint64_t b = s0 + (uint64_t)warp * DEC_POS; b <= s1; b += DEC_WARPS * DEC_POS) {
-        uint32_t page = 0;
+        uint32_t page = 0; /* lane j < DEC_POS: position b + j's page */
         float ksc = 1.0f, vsc = 1.0f; /* F8: this lane's position's scales */
         if (lane < DEC_POS && b + lane <= s1) {
-            const uint32_t t = (uint32_t)(b + lane);
-            page = table[t / a.tpp];
+            const uint32_t t = (uint32_t)(b + lane), pi = dj_fastdiv_q(t, a.tpp_div), prow = t - pi * a.tpp;
+            page = table[pi];
             if constexpr (F8) {
                 const uint8_t *pg = a.seg + (size_t)page * a.page_bytes;
-                ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, t % a.tpp, false);
-                vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, t % a.tpp, true);
+                ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, prow, false);
+                vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, prow, true);
             }
         }
         kv_lane<F8, PAIRS> kb[DEC_POS], vb[DEC_POS];
 #pragma unroll
         for (int j = 0; j < DEC_POS; j++) {
             const uint32_t pj = __shfl_sync(0xffffffffu, page, j), t = (uint32_t)(b + j);
+            const uint32_t rj = t - dj_fastdiv_q(t, a.tpp_div) * a.tpp; /* its row in the page */
             const bool valid = b + j <= s1; /* warp-uniform */
             if constexpr (F8) {
-                const uint8_t *kr = a.seg + (size_t)pj * a.page_bytes + (size_t)(t % a.tpp) * a.kv_dim +
+                const uint8_t *kr = a.seg + (size_t)pj * a.page_bytes + (size_t)rj * a.kv_dim +
                                     (size_t)kvh * hd + 2u * PAIRS * lane; /* this lane's codes */
                 const uint32_t d0 = 2u * PAIRS * lane;
                 if ((PAIRS == 2 || PAIRS == 4) && wide && valid && d0 + 2 * PAIRS <= hd) { /* one load a row */
@@ -267,7 +271,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 }
             } else {
                 const __nv_bfloat16 *kr = (const __nv_bfloat16 *)(a.seg + (size_t)pj * a.page_bytes) +
-                                          (size_t)(t % a.tpp) * a.kv_dim + (size_t)kvh * hd;
+                                          (size_t)rj * a.kv_dim + (size_t)kvh * hd;
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
                     const uint32_t d = 2 * lane + 64 * k;
@@ -425,8 +429,8 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
             __nv_bfloat162 kv2 = __floats2bfloat162_rn(0.0f, 0.0f), vv2 = kv2;
             if (t <= hi) {
                 if constexpr (F8) {
-                    const uint32_t tt = (uint32_t)t, r = tt % a.tpp;
-                    const uint8_t *pg = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes;
+                    const uint32_t tt = (uint32_t)t, pi = dj_fastdiv_q(tt, a.tpp_div), r = tt - pi * a.tpp;
+                    const uint8_t *pg = a.seg + (size_t)a.table[pi] * a.page_bytes;
                     const uint8_t *kr = pg + (size_t)r * a.kv_dim + (size_t)kvh * hd;
                     const float ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, r, false);
                     const float vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, r, true);
@@ -435,9 +439,9 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
                     kv2 = __floats2bfloat162_rn(kf.x * ksc, kf.y * ksc); /* exact */
                     vv2 = __floats2bfloat162_rn(vf.x * vsc, vf.y * vsc);
                 } else {
-                    kv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
+                    kv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp_div, a.kv_dim, kvh, hd,
                                                            (uint32_t)t, false) + d);
-                    vv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp, a.kv_dim, kvh, hd,
+                    vv2 = *(const __nv_bfloat162 *)(kv_row(a.seg, a.page_bytes, a.table, a.tpp_div, a.kv_dim, kvh, hd,
                                                            (uint32_t)t, true) + d);
                 }
             }
@@ -596,6 +600,7 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.page_bytes = kv->page_bytes;
     a.table = table_dev;
     a.tpp = kv->tokens_per_page;
+    a.tpp_div = dj_fastdiv_make(a.tpp);
     a.kv_dim = kv->kv_dim;
     a.n = c->n;
     a.nh = c->n_heads;

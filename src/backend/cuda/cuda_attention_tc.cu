@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/fastdiv.h"
 
 /* Query rows per block: 64, 16 per warp (the kernel's BM parameter). */
 #define TC_BN 64      /* key positions per K/V tile */
@@ -27,6 +28,8 @@ struct tc_args {
     size_t page_bytes;
     const uint32_t *table;  /* device block table */
     uint32_t tpp, kv_dim, n, nh, group, pos0, window;
+    dj_fastdiv tpp_div;     /* t / tpp: a K/V row's page (a divide per loaded chunk was most of the kernel's
+                             * ALU work - ncu: ALU the busiest pipe, issue-bound at 3 warps a scheduler) */
     uint32_t nkv;           /* kv heads (f8 pages: the exponents' row length) */
     float scale_log2;       /* scale * log2(e): scores are kept in the exp2 domain */
     float scale_cap;        /* CAP: scale / softcap */
@@ -167,8 +170,9 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
                 uint4 v = make_uint4(0u, 0u, 0u, 0u);
                 if (t <= hi) {
                     const uint32_t tt = (uint32_t)t;
-                    const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u); /* K rows, then V rows */
-                    const uint8_t *pg = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes;
+                    const uint32_t pi = dj_fastdiv_q(tt, a.tpp_div);
+                    const uint32_t row = tt - pi * a.tpp + (kv ? a.tpp : 0u); /* K rows, then V rows */
+                    const uint8_t *pg = a.seg + (size_t)a.table[pi] * a.page_bytes;
                     const uint2 c8 = *(const uint2 *)(pg + (size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8);
                     const int8_t *ex = (const int8_t *)(pg + 2 * (size_t)a.tpp * a.kv_dim);
                     const float sc = dj_pow2f(ex[(size_t)row * a.nkv + kvh]);
@@ -187,8 +191,9 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
                 uint32_t bytes = 0;
                 if (t <= hi) {
                     const uint32_t tt = (uint32_t)t;
-                    const uint32_t row = tt % a.tpp + (kv ? a.tpp : 0u);
-                    src = a.seg + (size_t)a.table[tt / a.tpp] * a.page_bytes +
+                    const uint32_t pi = dj_fastdiv_q(tt, a.tpp_div);
+                    const uint32_t row = tt - pi * a.tpp + (kv ? a.tpp : 0u);
+                    src = a.seg + (size_t)a.table[pi] * a.page_bytes +
                           ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
                     bytes = 16;
                 }
@@ -378,6 +383,7 @@ dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.page_bytes = kv->page_bytes;
     a.table = table_dev;
     a.tpp = kv->tokens_per_page;
+    a.tpp_div = dj_fastdiv_make(a.tpp);
     a.kv_dim = kv->kv_dim;
     a.n = c->n;
     a.nh = c->n_heads;

@@ -14,6 +14,17 @@
 
 #define ROPE_THREADS 256
 #define ROPE_WARPS (ROPE_THREADS / 32)
+#define ROPE_HEADS_MANY 8 /* heads a thread of rope_kv_write_kernel takes when the rows are many */
+
+/* cos and sin of the angle times attention_scaling, in f32 (accurate, not
+ * the fast intrinsics: angles reach 1e5 rad); every RoPE kernel takes them
+ * from here, so fused and separate launches give the same bits. */
+static __device__ __forceinline__ void rope_cs(float theta, float scale, float *cs, float *sn) {
+    float s, c;
+    sincosf(theta, &s, &c);
+    *cs = c * scale;
+    *sn = s * scale;
+}
 
 /* One thread per (row, head, pair j): angle inv_freq[j] * p in f32, cos/sin
  * in f32 (accurate, not the fast intrinsics: angles reach 1e5 rad), times
@@ -30,7 +41,8 @@ static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, c
         const size_t rh = t / half; /* row * nh + head */
         const uint32_t i = (uint32_t)(rh / nh);
         const float theta = inv_freq[j] * (float)(row_pos ? row_pos[i] : pos0 + i);
-        const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
+        float cs, sn;
+        rope_cs(theta, scale, &cs, &sn);
         const size_t base = rh * hd;
         const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
         out[base + j] = __float2bfloat16(x1 * cs - x2 * sn);
@@ -57,46 +69,53 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
     }
 }
 
-/* One thread per (row, head, pair j) over nkv heads of k then nq heads of q
- * (nq = 0: k only): rope_kernel's arithmetic (so the same bits). k's rotated
- * pairs go to kout and to K rows of the pages, v's elements j and j + hd/2 of
- * that head to V rows; q's to qout only. Inputs are read before any store;
- * kout may be k and qout q (each element is read and written by one thread). */
+/* One thread per (row, pair j, group of hpt heads) over nkv heads of k then
+ * nq heads of q (nq = 0: k only): rope_kernel's arithmetic (so the same
+ * bits), the angle's cos/sin once for the thread's heads (hpt 1 for a few
+ * rows, as decode: one element a thread keeps every lane busy; more for
+ * prefill rows, where a sincos per element was most of the kernel's time).
+ * k's rotated pairs go to kout and to K rows of the pages, v's elements j and
+ * j + hd/2 of that head to V rows; q's to qout only. Each element is read
+ * before it is stored, by one thread, so kout may be k and qout q. */
 static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
                                             const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq,
                                             const float *inv_freq, uint32_t n, uint32_t nkv, uint32_t hd,
                                             uint32_t pos0, const uint32_t *row_pos, float scale, uint8_t *seg,
                                             size_t page_bytes, const uint32_t *table, uint32_t tpp,
-                                            const uint32_t *const *row_tables) {
-    const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
-    const size_t count = (size_t)n * heads * half;
+                                            const uint32_t *const *row_tables, uint32_t hpt) {
+    const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq, groups = (heads + hpt - 1) / hpt;
+    const size_t count = (size_t)n * groups * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t j = (uint32_t)(t % half);
-        const size_t rh = t / half; /* row * heads + head */
-        const uint32_t i = (uint32_t)(rh / heads), h = (uint32_t)(rh % heads);
+        const size_t rg = t / half; /* row * groups + group */
+        const uint32_t i = (uint32_t)(rg / groups), h0 = (uint32_t)(rg % groups) * hpt;
+        const uint32_t h1 = h0 + hpt < heads ? h0 + hpt : heads;
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
-        const float theta = inv_freq[j] * (float)p;
-        const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
-        const bool is_k = h < nkv;
-        const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
-        const __nv_bfloat16 *x = is_k ? k : q;
-        const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
-        const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
-        if (!is_k) {
-            qout[base + j] = o1;
-            qout[base + j + half] = o2;
-            continue;
-        }
-        const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
-        kout[base + j] = o1;
-        kout[base + j + half] = o2;
+        float cs, sn;
+        rope_cs(inv_freq[j] * (float)p, scale, &cs, &sn);
         const uint32_t *tb = row_tables ? row_tables[i] : table;
         __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
-        const size_t kr = (size_t)(p % tpp) * kv_dim + (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
-        page[kr] = o1;
-        page[kr + half] = o2;
-        page[vr] = v1;
-        page[vr + half] = v2;
+        const size_t prow = (size_t)(p % tpp) * kv_dim;
+        for (uint32_t h = h0; h < h1; h++) {
+            const bool is_k = h < nkv;
+            const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
+            const __nv_bfloat16 *x = is_k ? k : q;
+            const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
+            const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
+            if (!is_k) {
+                qout[base + j] = o1;
+                qout[base + j + half] = o2;
+                continue;
+            }
+            const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
+            kout[base + j] = o1;
+            kout[base + j + half] = o2;
+            const size_t kr = prow + (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
+            page[kr] = o1;
+            page[kr + half] = o2;
+            page[vr] = v1;
+            page[vr + half] = v2;
+        }
     }
 }
 
@@ -177,7 +196,8 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
         float kmax = 0.0f, vmax = 0.0f;
         for (uint32_t j = lane; j < half; j += 32) {
             const float theta = inv_freq[j] * (float)p;
-            const float cs = cosf(theta) * scale, sn = sinf(theta) * scale;
+            float cs, sn;
+            rope_cs(theta, scale, &cs, &sn);
             const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
             const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
             o[base + j] = o1;
@@ -256,12 +276,15 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
-    const size_t count = (size_t)rope->n * (rope->n_heads + nq) * (rope->head_dim / 2);
+    const uint32_t heads = rope->n_heads + nq;
+    const size_t elems = (size_t)rope->n * heads * (rope->head_dim / 2);
+    const uint32_t hpt = elems >= ((size_t)1 << 20) ? ROPE_HEADS_MANY : 1u;
+    const size_t count = (size_t)rope->n * ((heads + hpt - 1) / hpt) * (rope->head_dim / 2);
     rope_kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
         (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
         rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
         rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
-        kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
+        kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpt);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
