@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -165,13 +166,13 @@ static cJSON *rand_case(void) {
     return vars;
 }
 
-/* A real model's template on the fixed conversations and random ones. */
-static void test_model(const char *name) {
-    char cfg[512];
-    snprintf(cfg, sizeof cfg, "%s/tokenizers/%s", DJ_THIRD_PARTY, name);
+/* A real model's template (the model directory dir: its chat_template.jinja
+ * or tokenizer_config.json) on the fixed conversations and random ones;
+ * eos_token, where given, stands in for a config the directory lacks. */
+static void test_model(const char *name, const char *dir, const char *eos_token) {
     dj_chat_template_t *t = NULL;
-    dj_status st = dj_chat_template_load(cfg, &t);
-    CHECK_MSG(st == DJ_OK, "%s: %s (run scripts/fetch_tokenizers.sh)", name, dj_last_error());
+    dj_status st = dj_chat_template_load(dir, &t);
+    CHECK_MSG(st == DJ_OK, "%s: %s", name, dj_last_error());
     if (st != DJ_OK) return;
     char *fixed = dj_test_read_file(DJ_FIXTURES "/chat/conversations.json", NULL);
     cJSON *cases = fixed ? cJSON_Parse(fixed) : NULL;
@@ -182,12 +183,13 @@ static void test_model(const char *name) {
         return;
     }
     for (int i = 0; i < 24; i++) cJSON_AddItemToArray(cases, rand_case());
+    for (cJSON *c = cases->child; c && eos_token; c = c->next) cJSON_AddStringToObject(c, "eos_token", eos_token);
     char path[600], args[1400];
-    snprintf(path, sizeof path, "%s/%s.json", tmpdir, name);
+    snprintf(path, sizeof path, "%s/cases.json", tmpdir);
     char *text = cJSON_Print(cases);
     write_file(path, text);
     free(text);
-    snprintf(args, sizeof args, "%s/tokenizer_config.json %s", cfg, path);
+    snprintf(args, sizeof args, "%s %s", dir, path);
     cJSON *ref = reference(args);
     CHECK(ref && cJSON_GetArraySize(ref) == cJSON_GetArraySize(cases));
     int n_text = 0;
@@ -218,6 +220,8 @@ static void test_refusals(void) {
     refused("{{ x is callable }}", DJ_EUNSUPPORTED, "test 'callable'");
     refused("{{ cycler(1) }}", DJ_EUNSUPPORTED, "function 'cycler'");
     refused("line1\n{{ x.append(1) }}", DJ_EUNSUPPORTED, "line 2: method 'append'");
+    refused("{{ xs | select('nope') }}", DJ_EUNSUPPORTED, "test 'nope'");
+    refused("{{ xs | rejectattr('a', 'callable') }}", DJ_EUNSUPPORTED, "test 'callable'");
     refused("{% if x %}", DJ_EFORMAT, "endif");
     refused("{% endfor %}", DJ_EFORMAT, "without its opening");
     refused("{{ 'abc }}", DJ_EFORMAT, "unterminated string");
@@ -251,6 +255,28 @@ static void test_refusals(void) {
         dj_chat_template_free(t);
         t = NULL;
     }
+    /* a generator (select, reject, items): where jinja2 prints its address or
+     * finds it spent on a second pass, we refuse, saying so; a test name that
+     * is not a literal is checked at render */
+    const char *gen[][2] = {{"{{ xs | select }}", "prints its address"},
+                            {"{{ 'x' ~ (xs | select) }}", "prints its address"},
+                            {"{{ [xs | select] }}", "prints its address"},
+                            {"{{ xs | selectattr('a') | string }}", "prints its address"},
+                            {"{% set g = xs | select %}{{ g | list }}{{ g | list }}", "second time"},
+                            {"{% set g = xs | select %}{{ g | first }}{% for x in g %}{% endfor %}", "second time"},
+                            {"{% set g = {'a': 1} | items %}{{ 1 in g }}{{ g | join }}", "second time"},
+                            {"{% set t = 'nope' %}{{ xs | select(t) | list }}", "no test named 'nope'"}};
+    const char *vars = "{\"xs\": [1, 2]}";
+    for (size_t i = 0; i < sizeof gen / sizeof *gen; i++) {
+        CHECK_OK(dj_chat_template_parse(gen[i][0], strlen(gen[i][0]), &t));
+        text = NULL;
+        const dj_status st = t ? dj_chat_template_render(t, vars, strlen(vars), &text, &len) : DJ_EINVAL;
+        CHECK_MSG(st == DJ_EINVAL && strstr(dj_last_error(), gen[i][1]), "%s: %s '%s'", gen[i][0], dj_status_name(st),
+                  st == DJ_OK ? text : dj_last_error());
+        free(text);
+        dj_chat_template_free(t);
+        t = NULL;
+    }
     /* bos/eos from the config, raise_exception's message */
     const char *cfg = "{\"chat_template\": \"{{ bos_token }}{% if messages|length == 0 %}{{ raise_exception('no "
                       "messages') }}{% endif %}{{ eos_token }}\", \"bos_token\": {\"content\": \"<s>\"}, "
@@ -266,6 +292,90 @@ static void test_refusals(void) {
     CHECK_ST(dj_chat_template_load_config("{}", 2, &t), DJ_ENOTFOUND);
 }
 
+/* llama.cpp's copies of Hub templates (where Phi-3.5's comes from) against
+ * the @lenml packages' tokenizer_config.json: Qwen2.5's is the same text; for
+ * Mistral-Nemo the two are different revisions of the Hub's template (see
+ * docs/architecture.md), so llama.cpp's is rendered too, as the
+ * chat_template.jinja of a directory whose tokenizer_config.json (the npm
+ * one) has the other: the file must win, as in transformers. */
+static void test_llama_cpp_copies(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizers/llama.cpp-templates/Qwen-Qwen2.5-7B-Instruct.jinja", DJ_THIRD_PARTY);
+    char *copy = dj_test_read_file(path, NULL);
+    snprintf(path, sizeof path, "%s/tokenizers/qwen2_5/tokenizer_config.json", DJ_THIRD_PARTY);
+    char *cfg_text = dj_test_read_file(path, NULL);
+    cJSON *cfg = cfg_text ? cJSON_Parse(cfg_text) : NULL;
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    CHECK_MSG(copy && cJSON_IsString(ct), "llama.cpp's or npm's Qwen2.5 template missing: run scripts/fetch_tokenizers.sh");
+    if (copy && cJSON_IsString(ct)) {
+        size_t n = strlen(copy);
+        if (n && copy[n - 1] == '\n' && strlen(ct->valuestring) == n - 1) n--; /* a trailing newline is allowed */
+        CHECK_MSG(n == strlen(ct->valuestring) && !memcmp(copy, ct->valuestring, n),
+                  "llama.cpp's Qwen2.5 template differs from the npm package's");
+    }
+    cJSON_Delete(cfg);
+    free(cfg_text);
+    free(copy);
+    /* Mistral-Nemo, llama.cpp's revision */
+    char dir[600], src[600], dst[700];
+    snprintf(dir, sizeof dir, "%s/nemo", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(src, sizeof src, "%s/tokenizers/mistral_nemo/tokenizer_config.json", DJ_THIRD_PARTY);
+    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", dir);
+    CHECK(symlink(src, dst) == 0);
+    snprintf(src, sizeof src, "%s/tokenizers/llama.cpp-templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", DJ_THIRD_PARTY);
+    snprintf(dst, sizeof dst, "%s/chat_template.jinja", dir);
+    CHECK(symlink(src, dst) == 0);
+    test_model("mistral_nemo (llama.cpp's revision)", dir, NULL);
+    unlink(dst);
+    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", dir);
+    unlink(dst);
+    rmdir(dir);
+}
+
+/* A model directory's chat_template.jinja: it wins over the config's
+ * template, takes the config's bos/eos, reads \r\n and \r as \n (Python's
+ * text mode; jinja2 then drops one trailing newline), and needs no config; a directory with neither is refused. */
+static void test_jinja_file(void) {
+    char dir[600], p[700];
+    snprintf(dir, sizeof dir, "%s/jinja", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    write_file(p, "{\"chat_template\": \"from the config\", \"eos_token\": {\"content\": \"</s>\"}}");
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    write_file(p, "a\r\nb\rc{{ eos_token }}\r\n");
+    dj_chat_template_t *t = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(dj_chat_template_load(dir, &t));
+    if (t) CHECK_OK(dj_chat_template_render(t, "{}", 2, &text, &len));
+    CHECK_MSG(text && !strcmp(text, "a\nb\nc</s>"), "got '%s'", text ? text : "(error)");
+    free(text);
+    text = NULL;
+    dj_chat_template_free(t);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    unlink(p);
+    CHECK_OK(dj_chat_template_load(dir, &t));
+    if (t) CHECK_OK(dj_chat_template_render(t, "{}", 2, &text, &len));
+    CHECK_MSG(text && !strcmp(text, "a\nb\nc"), "got '%s'", text ? text : "(error)");
+    free(text);
+    dj_chat_template_free(t);
+    /* a bad config next to the file is still an error, naming the config */
+    write_file(p, "{\"eos_token\": 7}");
+    CHECK_ST(dj_chat_template_load(dir, &t), DJ_EFORMAT);
+    CHECK(strstr(dj_last_error(), "tokenizer_config.json") && strstr(dj_last_error(), "eos_token"));
+    unlink(p);
+    /* a refused construct names the file */
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    write_file(p, "{% macro m() %}{% endmacro %}");
+    CHECK_ST(dj_chat_template_load(dir, &t), DJ_EUNSUPPORTED);
+    CHECK(strstr(dj_last_error(), "chat_template.jinja") && strstr(dj_last_error(), "macro"));
+    unlink(p);
+    CHECK_ST(dj_chat_template_load(dir, &t), DJ_ENOTFOUND);
+    CHECK(strstr(dj_last_error(), "no chat_template.jinja and no tokenizer_config.json") != NULL);
+    rmdir(dir);
+}
+
 int main(void) {
     dj_test_seeds();
     if (access("/usr/bin/python3", X_OK) != 0 || system("/usr/bin/python3 -c 'import jinja2' 2>/dev/null") != 0) {
@@ -276,8 +386,20 @@ int main(void) {
     if (!mkdtemp(tmpdir)) return 1;
     test_refusals();
     test_constructs();
-    static const char *const models[] = {"llama3", "llama3_1", "qwen3", "gemma3"};
-    for (size_t i = 0; i < sizeof models / sizeof *models; i++) test_model(models[i]);
+    test_jinja_file();
+    static const char *const models[] = {"llama3", "llama3_1", "qwen3", "gemma3", "mistral_nemo", "qwen2_5", "phi3_5"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/tokenizers/%s", DJ_THIRD_PARTY, models[i]);
+        if (access(dir, R_OK) != 0) {
+            CHECK_MSG(false, "%s missing: run scripts/fetch_tokenizers.sh", dir);
+            continue;
+        }
+        /* Phi-3.5's directory holds only its chat_template.jinja: a stand-in
+         * eos_token makes the template's eos branch print something */
+        test_model(models[i], dir, strcmp(models[i], "phi3_5") ? NULL : "<|endoftext|>");
+    }
+    test_llama_cpp_copies();
     rmdir(tmpdir);
     return dj_test_finish("test_chat_template");
 }

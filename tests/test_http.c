@@ -31,8 +31,25 @@ static char store[400];
     "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content | trim }}\\n{% endfor %}"                \
     "{% if add_generation_prompt %}assistant:{% endif %}"
 
-/* A model store: demo (no chat template) and demo-chat (the same weights
- * with a tokenizer_config.json that has one). */
+/* Real chat templates on the demo weights: a store directory, the file of
+ * third_party/tokenizers it takes (tokenizer_config.json, or Phi-3.5's
+ * chat_template.jinja alone), and what jinja2 renders for CHAT_MESSAGES
+ * (test_chat_template checks our renderer against jinja2 on these files). */
+static const struct {
+    const char *dir, *src, *file, *prompt;
+} real_chat[] = {
+    {"demo-mistral-nemo", "mistral_nemo/tokenizer_config.json", "tokenizer_config.json",
+     "<s>[INST]Be brief.\n\n Hello there [/INST]"},
+    {"demo-qwen2.5", "qwen2_5/tokenizer_config.json", "tokenizer_config.json",
+     "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hello there <|im_end|>\n<|im_start|>assistant\n"},
+    {"demo-phi3.5", "phi3_5/chat_template.jinja", "chat_template.jinja",
+     "<|system|>\nBe brief.<|end|>\n<|user|>\n Hello there <|end|>\n<|assistant|>\n"},
+};
+#define CHAT_MESSAGES                                                                                          \
+    "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \" Hello there \"}]"
+
+/* A model store: demo (no chat template), demo-chat (the same weights with
+ * a tokenizer_config.json that has one) and the real_chat directories. */
 static bool make_store(void) {
     snprintf(store, sizeof store, "%s/store", tmpdir);
     char p[600], q[600];
@@ -45,6 +62,22 @@ static bool make_store(void) {
     for (int i = 0; i < 4; i++) {
         snprintf(p, sizeof p, "%s/demo-chat/%s", store, files[i]);
         snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
+        if (symlink(q, p)) return false;
+    }
+    for (size_t k = 0; k < sizeof real_chat / sizeof *real_chat; k++) {
+        snprintf(p, sizeof p, "%s/%s", store, real_chat[k].dir);
+        if (mkdir(p, 0700)) return false;
+        for (int i = 0; i < 4; i++) {
+            snprintf(p, sizeof p, "%s/%s/%s", store, real_chat[k].dir, files[i]);
+            snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
+            if (symlink(q, p)) return false;
+        }
+        snprintf(p, sizeof p, "%s/%s/%s", store, real_chat[k].dir, real_chat[k].file);
+        snprintf(q, sizeof q, "%s/tokenizers/%s", DJ_THIRD_PARTY, real_chat[k].src);
+        if (access(q, R_OK)) {
+            fprintf(stderr, "%s missing: run scripts/fetch_tokenizers.sh\n", q);
+            return false;
+        }
         if (symlink(q, p)) return false;
     }
     snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
@@ -230,6 +263,35 @@ static void test_generation(const char *addr, unsigned port) {
     CHECK(r.body && strstr(r.body, "\"delta\":{\"role\":\"assistant\"") != NULL);
     free(text);
     dj_test_resp_free(&r);
+
+    /* real templates (Mistral-Nemo, Qwen2.5, Phi-3.5) on the demo weights:
+     * the answer to jinja2's rendering of the chat */
+    dj_tokenizer_t *demo_tok = NULL;
+    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &demo_tok));
+    for (size_t k = 0; demo_tok && k < sizeof real_chat / sizeof *real_chat; k++) {
+        collect want = reference(addr, real_chat[k].dir, real_chat[k].prompt, false, 16);
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        CHECK_OK(dj_tokenizer_encode(demo_tok, real_chat[k].prompt, strlen(real_chat[k].prompt), false, &ids, &n_ids));
+        free(ids);
+        snprintf(body, sizeof body,
+                 "{\"model\": \"%s\", \"max_tokens\": 16, \"temperature\": 0, \"messages\": " CHAT_MESSAGES "}",
+                 real_chat[k].dir);
+        r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, body);
+        CHECK_MSG(r.status == 200, "%s: chat status %d: %s", real_chat[k].dir, r.status, r.body ? r.body : "");
+        text = answer_text(&r, true, NULL, 0, &ct);
+        CHECK_MSG(want.tokens == 16 && ct == 16 && !strcmp(text, want.text), "%s: chat '%s' vs binary '%s'",
+                  real_chat[k].dir, text, want.text);
+        /* the prompt was as many tokens as jinja2's rendering */
+        cJSON *j = r.body ? cJSON_Parse(r.body) : NULL;
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "usage"), "prompt_tokens");
+        CHECK_MSG(cJSON_IsNumber(pt) && pt->valueint == (int)n_ids, "%s: prompt_tokens %d, jinja2's rendering is %zu",
+                  real_chat[k].dir, cJSON_IsNumber(pt) ? pt->valueint : -1, n_ids);
+        cJSON_Delete(j);
+        free(text);
+        dj_test_resp_free(&r);
+    }
+    dj_tokenizer_free(demo_tok);
 
     /* sampled with a seed: the same twice */
     const char *seeded = "{\"model\": \"demo\", \"prompt\": [\"The\"], \"max_tokens\": 12, \"temperature\": 0.9, "

@@ -1,10 +1,14 @@
 /* test_tokenizer.c: tokenizer.json loading, encoding and decoding - small
  * hand-made tokenizers per feature, bad inputs, the real Llama 2 / Llama 3 /
- * Qwen3 files, and the reference ids of the `tokenizers` library when present. */
+ * Qwen3 files, and the reference ids of the `tokenizers` library when present;
+ * tokenizers read from llama.cpp's GGUF vocabularies (Phi-3, Llama 2) against
+ * the ids of HF's AutoTokenizer that llama.cpp ships with them. */
+#define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "djinn/tokenizer.h"
 #include "testutil.h"
@@ -719,6 +723,110 @@ static void test_demo(void) {
     dj_tokenizer_free(t);
 }
 
+/* llama.cpp's vocabulary files (scripts/fetch_tokenizers.sh): the
+ * tokenizer we build from <name>.gguf (tokenizer.h: as transformers'
+ * LlamaConverter would) against the ids that Hugging Face's AutoTokenizer
+ * gave for its test strings (<name>.gguf.inp: the strings, each followed by
+ * "\n__ggml_vocab_test__\n"; .out: one line of ids per string, encoded
+ * without special tokens). Every string must match; the count is printed. */
+static void test_gguf_vocab(const char *dir, const char *name, size_t want_n) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/tokenizers/%s/%s.gguf", DJ_THIRD_PARTY, dir, name);
+    dj_tokenizer_t *t = NULL;
+    dj_status st = dj_tokenizer_load(path, &t);
+    CHECK_MSG(st == DJ_OK, "%s: %s (run scripts/fetch_tokenizers.sh)", path, dj_last_error());
+    if (st != DJ_OK) return;
+    snprintf(path, sizeof path, "%s/tokenizers/%s/%s.gguf.inp", DJ_THIRD_PARTY, dir, name);
+    char *inp = dj_test_read_file(path, NULL);
+    snprintf(path, sizeof path, "%s/tokenizers/%s/%s.gguf.out", DJ_THIRD_PARTY, dir, name);
+    char *outs = dj_test_read_file(path, NULL);
+    CHECK(inp && outs);
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    size_t n = 0, same = 0;
+    char *text = inp, *line = outs;
+    for (char *end; text && line && (end = strstr(text, sep)); text = end + sizeof sep - 1, n++) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        int32_t want[512];
+        size_t nw = 0;
+        for (char *q = line, *e; nw < 512; q = e) {
+            long v = strtol(q, &e, 10);
+            if (e == q) break;
+            want[nw++] = (int32_t)v;
+        }
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        st = dj_tokenizer_encode(t, text, (size_t)(end - text), false, &ids, &ni);
+        const bool ok = st == DJ_OK && ni == nw && (nw == 0 || !memcmp(ids, want, nw * sizeof *ids));
+        same += ok;
+        CHECK_MSG(ok, "%s string %zu ('%.*s'): %zu ids, want %zu (first %d vs %d)", name, n, (int)(end - text), text,
+                  ni, nw, ni ? ids[0] : -1, nw ? want[0] : -1);
+        free(ids);
+        line = nl ? nl + 1 : NULL;
+    }
+    CHECK_MSG(n == want_n, "%s: %zu test strings, want %zu", name, n, want_n);
+    printf("%s: %zu of %zu of llama.cpp's test strings encode to HF's ids\n", name, same, n);
+    /* the ids decode back (SentencePiece drops the leading space it added) */
+    int32_t *ids = NULL;
+    size_t ni = 0;
+    char *back = NULL;
+    CHECK_OK(dj_tokenizer_encode(t, "Hello world", 11, true, &ids, &ni));
+    CHECK(ni == 3 && ids[0] == dj_tokenizer_bos_id(t));
+    CHECK_OK(dj_tokenizer_decode(t, ids + 1, ni - 1, &back));
+    CHECK_MSG(back && !strcmp(back, "Hello world"), "%s: decodes to '%s'", name, back ? back : "");
+    free(back);
+    free(ids);
+    free(inp);
+    free(outs);
+    dj_tokenizer_free(t);
+}
+
+/* Refusals of GGUF input: not GGUF, truncated, another tokenizer model. */
+static void test_gguf_bad(void) {
+    char path[] = "/tmp/dj_gguf_XXXXXX.gguf";
+    int fd = mkstemps(path, 5);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    dj_tokenizer_t *t = NULL;
+    /* header, 0 tensors, 1 key: tokenizer.ggml.model = "gpt2" */
+    static const char gpt2[] = "GGUF\x03\0\0\0" "\0\0\0\0\0\0\0\0" "\x01\0\0\0\0\0\0\0"
+                               "\x14\0\0\0\0\0\0\0tokenizer.ggml.model" "\x08\0\0\0" "\x04\0\0\0\0\0\0\0gpt2";
+    struct {
+        const char *bytes;
+        size_t n;
+        dj_status st;
+        const char *needle;
+    } cases[] = {{"GGML", 4, DJ_EFORMAT, "not a GGUF file"},
+                 {gpt2, sizeof gpt2 - 1, DJ_EUNSUPPORTED, "'gpt2'"},
+                 {gpt2, sizeof gpt2 - 3, DJ_EFORMAT, "past the end"},
+                 {gpt2, 24, DJ_EFORMAT, "past the end"},
+                 {"GGUF\x01\0\0\0", 8, DJ_EUNSUPPORTED, "version 1"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        CHECK(ftruncate(fd, 0) == 0 && pwrite(fd, cases[i].bytes, cases[i].n, 0) == (ssize_t)cases[i].n);
+        const dj_status st = dj_tokenizer_load(path, &t);
+        CHECK_MSG(st == cases[i].st && strstr(dj_last_error(), cases[i].needle), "case %zu: %s '%s'", i,
+                  dj_status_name(st), dj_last_error());
+        dj_tokenizer_free(t);
+        t = NULL;
+    }
+    close(fd);
+    unlink(path);
+    /* the fuzzer's seed: a hand-made vocabulary of 12 pieces, one of them
+     * llama.cpp's "[PAD11]" filler (left out), a control token in the text */
+    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/fuzz/seeds/fuzz_tok_gguf/tiny.gguf", &t));
+    if (!t) return;
+    CHECK(dj_tokenizer_vocab_size(t) == 11 && dj_tokenizer_token_id(t, "[PAD11]") < 0);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(dj_tokenizer_encode(t, "ab<|end|>\nA", 11, true, &ids, &n));
+    /* <s> ▁ab <|end|> ▁ <0x0A> <0x41>: the text after an added token is
+     * normalized on its own, so it gets its "▁" too (transformers' legacy Llama) */
+    static const int32_t want[] = {1, 9, 10, 5, 3, 4};
+    CHECK_MSG(n == 6 && !memcmp(ids, want, sizeof want), "tiny.gguf: %zu ids, first %d", n, n ? ids[0] : -1);
+    free(ids);
+    dj_tokenizer_free(t);
+}
+
 int main(void) {
     dj_test_seed();
     test_bytelevel_bpe();
@@ -736,5 +844,8 @@ int main(void) {
     dj_tokenizer_free(t);
     test_real();
     test_demo();
+    test_gguf_bad();
+    test_gguf_vocab("phi3", "ggml-vocab-phi-3", 46);
+    test_gguf_vocab("llama2-spm", "ggml-vocab-llama-spm", 46);
     return dj_test_finish("test_tokenizer");
 }

@@ -4,13 +4,14 @@ jinja2, in the environment transformers' apply_chat_template builds
 (trim_blocks, lstrip_blocks, loopcontrols, its tojson, raise_exception,
 strftime_now). tests/test_chat_template.c compares djinn's renderer with it.
 
-usage: chat_template_ref.py TOKENIZER_CONFIG.json CASES.json
+usage: chat_template_ref.py TOKENIZER_CONFIG.json|MODEL_DIR CASES.json
        chat_template_ref.py --templates TEMPLATES.json
 CASES.json: a list of objects, each the variables of one rendering
 ({"messages": [...], "tools": [...], "add_generation_prompt": true, ...}).
 TEMPLATES.json: a list of {"template": SOURCE, "vars": {...}}.
 Prints a JSON list: {"text": ...} or {"error": ...} per case."""
 import json
+import os
 import sys
 from datetime import datetime
 
@@ -45,6 +46,26 @@ def render(tpl, v):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def load(path):
+    """(tokenizer_config, template source) of a tokenizer_config.json or of a
+    model directory, as transformers' from_pretrained reads them: the
+    directory's chat_template.jinja (text mode) takes priority over the
+    config's chat_template; the config may be absent then."""
+    if not os.path.isdir(path):
+        cfg = json.load(open(path, encoding="utf-8"))
+        src = None
+    else:
+        cfg_path = os.path.join(path, "tokenizer_config.json")
+        cfg = json.load(open(cfg_path, encoding="utf-8")) if os.path.exists(cfg_path) else {}
+        tpl_path = os.path.join(path, "chat_template.jinja")
+        src = open(tpl_path, encoding="utf-8").read() if os.path.exists(tpl_path) else None
+    if src is None:
+        src = cfg["chat_template"]
+        if isinstance(src, list):
+            src = next(t["template"] for t in src if t["name"] == "default")
+    return cfg, src
+
+
 def main():
     if sys.argv[1] == "--templates":
         out = []
@@ -57,11 +78,8 @@ def main():
             out.append(render(tpl, case["vars"]))
         json.dump(out, sys.stdout, ensure_ascii=False)
         return
-    cfg = json.load(open(sys.argv[1], encoding="utf-8"))
+    cfg, src = load(sys.argv[1])
     cases = json.load(open(sys.argv[2], encoding="utf-8"))
-    src = cfg["chat_template"]
-    if isinstance(src, list):
-        src = next(t["template"] for t in src if t["name"] == "default")
 
     def special(key):
         v = cfg.get(key)

@@ -1,5 +1,5 @@
-/* chat_template.h: the chat_template of a Hugging Face tokenizer_config.json,
- * rendered by our own interpreter of the Jinja subset real templates use. */
+/* chat_template.h: the chat template of a Hugging Face model directory
+ * (chat_template.jinja or tokenizer_config.json's chat_template), rendered by our own interpreter of the Jinja subset real templates use. */
 #ifndef DJINN_CHAT_TEMPLATE_H
 #define DJINN_CHAT_TEMPLATE_H
 
@@ -20,14 +20,20 @@ typedef struct dj_chat_template dj_chat_template_t;
  * set), break/continue; literals, lists, dicts, attribute/index/slice,
  * calls, filters, tests, arithmetic, ~, comparisons, in, and/or/not,
  * conditional expressions. Globals: raise_exception, namespace, range,
- * strftime_now. The template copies what it needs from src. */
+ * strftime_now. Filters select/reject/selectattr/rejectattr and items
+ * return a generator as jinja2's do (always true, no length, one pass); where
+ * jinja2 would print a generator's address, or find it spent on a second
+ * pass, the render fails with an error saying so.
+ * The template copies what it needs from src. */
 dj_status dj_chat_template_parse(const char *src, size_t len, dj_chat_template_t **out /* OUT */);
 void dj_chat_template_free(dj_chat_template_t *t); /* NULL does nothing */
 
-/* Load the chat template of <model_dir>/tokenizer_config.json (a string, or
- * the list of named templates: "default" is taken) with its bos_token and
- * eos_token (strings or {"content": ...}). DJ_ENOTFOUND when the file or its
- * chat_template is absent. */
+/* Load the chat template of <model_dir> as transformers does: the text of
+ * <model_dir>/chat_template.jinja where that file exists (it takes priority),
+ * else tokenizer_config.json's chat_template (a string, or the list of named
+ * templates: "default" is taken); bos_token and eos_token (strings or
+ * {"content": ...}) from tokenizer_config.json where it exists ("" without).
+ * DJ_ENOTFOUND when there is no template. */
 dj_status dj_chat_template_load(const char *model_dir, dj_chat_template_t **out /* OUT */);
 /* The same from the text of a tokenizer_config.json. */
 dj_status dj_chat_template_load_config(const char *json, size_t len, dj_chat_template_t **out /* OUT */);

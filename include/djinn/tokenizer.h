@@ -22,6 +22,10 @@ typedef struct dj_tokenizer dj_tokenizer_t;
  * post-processors TemplateProcessing, RobertaProcessing, BertProcessing,
  * ByteLevel, Sequence; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip,
  * Metaspace, Sequence. "truncation" and "padding" are ignored. */
+/* A path ending in .gguf is read as a GGUF file's vocabulary instead
+ * (llama.cpp's tokenizer.ggml.* keys; SentencePiece "llama" models only): the
+ * tokenizer transformers' LlamaConverter builds of the same model (merges
+ * from the scores; src/model/tok_gguf.c says how). */
 dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out /* OUT */);
 dj_status dj_tokenizer_load_buffer(const char *json, size_t len, dj_tokenizer_t **out /* OUT */);
 void dj_tokenizer_free(dj_tokenizer_t *tok); /* NULL does nothing */

@@ -81,30 +81,74 @@ done:
     return st;
 }
 
-dj_status dj_chat_template_load(const char *model_dir, dj_chat_template_t **out) {
-    *out = NULL;
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir) >= (int)sizeof path)
-        return dj_fail(DJ_EINVAL, "model path too long");
+/* The bytes of path (NUL-terminated; at most cap): DJ_ENOTFOUND when it
+ * cannot be opened. */
+static dj_status read_file(const char *path, size_t cap, char **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return dj_fail(DJ_ENOTFOUND, "%s: cannot open", path);
-    char *buf = NULL;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
     dj_status st = DJ_OK;
-    if (n < 0 || (size_t)n > 64 * MAX_TEMPLATE) st = dj_fail(DJ_ERANGE, "%s: unreadable or over 64 MiB", path);
-    else if (!(buf = malloc((size_t)n + 1))) st = dj_fail(DJ_ENOMEM, "out of memory");
-    else if (fseek(f, 0, SEEK_SET) != 0 || fread(buf, 1, (size_t)n, f) != (size_t)n) st = dj_fail(DJ_EIO, "%s: read failed", path);
+    if (n < 0 || (size_t)n > cap) st = dj_fail(DJ_ERANGE, "%s: unreadable or over %zu MiB", path, cap >> 20);
+    else if (!(*buf = malloc((size_t)n + 1))) st = dj_fail(DJ_ENOMEM, "out of memory");
+    else if (fseek(f, 0, SEEK_SET) != 0 || fread(*buf, 1, (size_t)n, f) != (size_t)n) st = dj_fail(DJ_EIO, "%s: read failed", path);
     fclose(f);
-    if (st == DJ_OK) {
-        st = dj_chat_template_load_config(buf, (size_t)n, out);
+    if (st != DJ_OK) {
+        free(*buf);
+        *buf = NULL;
+        return st;
+    }
+    (*buf)[n] = '\0';
+    *len = (size_t)n;
+    return DJ_OK;
+}
+
+/* The last error again, prefixed with path. */
+static dj_status naming(dj_status st, const char *path) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", dj_last_error());
+    return dj_fail(st, "%s: %s", path, why);
+}
+
+dj_status dj_chat_template_load(const char *model_dir, dj_chat_template_t **out) {
+    *out = NULL;
+    char cfg_path[4096], tpl_path[4096];
+    if (snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", model_dir) >= (int)sizeof cfg_path ||
+        snprintf(tpl_path, sizeof tpl_path, "%s/chat_template.jinja", model_dir) >= (int)sizeof tpl_path)
+        return dj_fail(DJ_EINVAL, "model path too long");
+    char *cfg = NULL, *tpl = NULL;
+    size_t n_cfg = 0, n_tpl = 0;
+    dj_status st = read_file(tpl_path, MAX_TEMPLATE, &tpl, &n_tpl);
+    const bool have_tpl = st == DJ_OK;
+    if (st != DJ_OK && st != DJ_ENOTFOUND) return st;
+    /* transformers reads the file in Python's text mode: \r\n and \r are \n */
+    size_t w = 0;
+    for (size_t i = 0; i < n_tpl; i++) {
+        if (tpl[i] == '\r' && i + 1 < n_tpl && tpl[i + 1] == '\n') continue;
+        tpl[w++] = tpl[i] == '\r' ? '\n' : tpl[i];
+    }
+    n_tpl = w;
+    st = read_file(cfg_path, 64 * MAX_TEMPLATE, &cfg, &n_cfg);
+    if (st == DJ_ENOTFOUND && !have_tpl) st = dj_fail(DJ_ENOTFOUND, "%s: no chat_template.jinja and no tokenizer_config.json", model_dir);
+    else if (st == DJ_ENOTFOUND) st = DJ_OK; /* a template without a config: no bos/eos */
+    if (st == DJ_OK && !have_tpl) {
+        if ((st = dj_chat_template_load_config(cfg, n_cfg, out)) != DJ_OK) st = naming(st, cfg_path);
+    } else if (st == DJ_OK) {
+        if ((st = dj_chat_template_parse(tpl, n_tpl, out)) != DJ_OK) st = naming(st, tpl_path);
+        cJSON *j = st == DJ_OK && cfg ? cJSON_ParseWithLength(cfg, n_cfg) : NULL;
+        if (st == DJ_OK && cfg && !j) st = dj_fail(DJ_EFORMAT, "%s: not valid JSON", cfg_path);
+        if (j && ((st = special(j, "bos_token", &(*out)->bos)) != DJ_OK || (st = special(j, "eos_token", &(*out)->eos)) != DJ_OK))
+            st = naming(st, cfg_path);
+        cJSON_Delete(j);
         if (st != DJ_OK) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", dj_last_error());
-            st = dj_fail(st, "%s: %s", path, why);
+            dj_chat_template_free(*out);
+            *out = NULL;
         }
     }
-    free(buf);
+    free(cfg);
+    free(tpl);
     return st;
 }
 

@@ -19,10 +19,11 @@
 #define MAX_ARENA ((size_t)256 << 20)
 
 /* ---- names (shared with the parser) ---- */
-static const char *const filters[] = {"abs",   "capitalize", "count",   "d",    "default", "first", "float",
-                                      "int",   "items",      "join",    "last", "length",  "list",  "lower",
-                                      "replace", "reverse",  "safe",    "string", "title", "tojson", "trim",
-                                      "upper", NULL};
+static const char *const filters[] = {"abs",     "capitalize", "count",      "d",          "default", "first",
+                                      "float",   "int",        "items",      "join",       "last",    "length",
+                                      "list",    "lower",      "reject",     "rejectattr", "replace", "reverse",
+                                      "safe",    "select",     "selectattr", "string",     "title",   "tojson",
+                                      "trim",    "upper",      NULL};
 static const char *const tests[] = {"boolean", "defined", "divisibleby", "eq",     "equalto", "even",    "false",
                                     "float",   "integer", "iterable",    "lower",  "mapping", "none",    "number",
                                     "odd",     "sameas",  "sequence",    "string", "true",    "undefined", "upper",
@@ -61,6 +62,7 @@ typedef struct sbuf {
     char *p;
     size_t n, cap;
     bool oom;
+    bool gen; /* a generator was printed: Python would print its address */
 } sbuf;
 
 static void sb_put(sbuf *b, const char *s, size_t n) {
@@ -103,9 +105,14 @@ static dj_status err(int line, const char *fmt, ...) {
     return dj_fail(DJ_EINVAL, "chat template line %d: %s", line, msg);
 }
 static dj_status oom(void) { return dj_fail(DJ_ERANGE, "chat template: render needs more than %zu MiB", MAX_ARENA >> 20); }
+static dj_status gen_printed(void) {
+    return dj_fail(DJ_EINVAL, "chat template: a select/reject result (a generator) is printed - jinja2 prints its "
+                              "address; add '| list'");
+}
 
 static const char *kind_name(dj__jval_kind k) {
-    static const char *const n[] = {"undefined", "none", "bool", "int", "float", "str", "list", "dict", "namespace"};
+    static const char *const n[] = {"undefined", "none", "bool",      "int",      "float",
+                                    "str",       "list", "dict",      "namespace", "generator"};
     return n[k];
 }
 
@@ -121,9 +128,9 @@ static dj__jval mkstr(rctx *r, const char *s, size_t n, bool *ok) {
 
 /* sbuf contents into an arena string; the sbuf is freed. */
 static dj_status sb_val(rctx *r, sbuf *b, dj__jval *out) {
-    if (b->oom) {
+    if (b->oom || b->gen) {
         free(b->p);
-        return oom();
+        return b->oom ? oom() : gen_printed();
     }
     bool ok = true;
     *out = mkstr(r, b->p ? b->p : "", b->n, &ok);
@@ -314,6 +321,7 @@ static void put_repr(sbuf *b, const dj__jval *v) {
         break;
     case JV_NS: sb_str(b, "<Namespace>"); break;
     case JV_UNDEF: sb_str(b, "Undefined"); break;
+    case JV_GEN: b->gen = true; break;
     default: put_str(b, v);
     }
 }
@@ -429,6 +437,7 @@ static bool equal(const dj__jval *a, const dj__jval *b) {
             if (!o || !equal(&a->u.d->v[i], o)) return false;
         }
         return true;
+    case JV_GEN: return a->u.l == b->u.l;
     default: return a->u.d == b->u.d;
     }
 }
@@ -552,6 +561,70 @@ static dj_status arg(rctx *r, const dj__jexpr *e, size_t pos, const char *name, 
 static dj_status want_str(const dj__jexpr *e, const char *what, const dj__jval *v) {
     if (v->k == JV_STR) return DJ_OK;
     return err(e->line, "%s wants a string, got %s", what, kind_name(v->k));
+}
+
+static bool norm_index(int64_t i, size_t n, size_t *out);
+
+/* A generator's one pass: a second is refused (jinja2 would find it spent,
+ * and only part of it where the first pass stopped early). */
+static dj_status use_gen(const dj__jval *v, int line) {
+    if (v->k != JV_GEN) return DJ_OK;
+    if (v->u.l->used)
+        return err(line, "a select/reject result (a generator) is used a second time - jinja2 finds it spent; add "
+                         "'| list' where it is made");
+    v->u.l->used = true;
+    return DJ_OK;
+}
+
+/* What iterating v yields, as a list: a list's items, a dict's keys, a
+ * string's characters, a generator's items (its one pass), nothing for
+ * undefined. */
+static dj_status iter_items(rctx *r, const dj__jval *v, int line, dj__jlist **out) {
+    dj__jlist *items = NULL;
+    dj_status st;
+    if (v->k == JV_LIST) items = v->u.l;
+    else if (v->k == JV_GEN) {
+        if ((st = use_gen(v, line)) != DJ_OK) return st;
+        items = v->u.l;
+    } else if (v->k == JV_UNDEF) items = mklist(r, 0);
+    else if (v->k == JV_DICT) {
+        if (!(items = mklist(r, v->u.d->n))) return oom();
+        for (size_t i = 0; i < v->u.d->n; i++)
+            items->v[i] = (dj__jval){.k = JV_STR, .u.s = {v->u.d->key[i], v->u.d->key_len[i]}};
+    } else if (v->k == JV_STR) {
+        size_t n_cp;
+        size_t *off = utf8_offsets(r, v->u.s.p, v->u.s.n, &n_cp);
+        if (!off || !(items = mklist(r, n_cp))) return oom();
+        for (size_t i = 0; i < n_cp; i++)
+            items->v[i] = (dj__jval){.k = JV_STR, .u.s = {v->u.s.p + off[i], off[i + 1] - off[i]}};
+    } else {
+        return err(line, "cannot iterate over %s%s", v->k == JV_NONE ? "" : "a ", kind_name(v->k));
+    }
+    if (!items) return oom();
+    *out = items;
+    return DJ_OK;
+}
+
+/* a[b] as jinja2's sandbox looks it up: a dict's key, a list's or string's
+ * index, undefined for anything else (a missing key, an index out of range,
+ * any subscript of none or of a generator). */
+static dj_status get_item(rctx *r, const dj__jval *a_, const dj__jval *b_, dj__jval *out) {
+    const dj__jval av = *a_, bv = *b_, *a = &av, *b = &bv; /* out may be either */
+    *out = (dj__jval){.k = JV_UNDEF};
+    if ((a->k == JV_DICT || a->k == JV_NS) && b->k == JV_STR) {
+        const dj__jval *v = dict_get(a->u.d, b->u.s.p, b->u.s.n);
+        if (v) *out = *v;
+    } else if (a->k == JV_LIST && (b->k == JV_INT || b->k == JV_BOOL)) {
+        size_t i;
+        if (norm_index(inum(b), a->u.l->n, &i)) *out = a->u.l->v[i];
+    } else if (a->k == JV_STR && (b->k == JV_INT || b->k == JV_BOOL)) {
+        size_t n_cp, i;
+        size_t *off = utf8_offsets(r, a->u.s.p, a->u.s.n, &n_cp);
+        if (!off) return oom();
+        if (norm_index(inum(b), n_cp, &i))
+            *out = (dj__jval){.k = JV_STR, .u.s = {a->u.s.p + off[i], off[i + 1] - off[i]}};
+    }
+    return DJ_OK;
 }
 
 static dj_status split(rctx *r, const dj__jexpr *e, const dj__jval *s, const dj__jval *sep, int64_t maxsplit,
@@ -795,11 +868,14 @@ static dj_status call_global(rctx *r, const dj__jexpr *e, dj__jval *out) {
     return err(e->line, "unknown function '%s'", f);
 }
 
+static dj_status select_reject(rctx *r, const dj__jexpr *e, const dj__jval *v, dj__jval *out);
+
 static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval *out) {
     const char *f = e->name;
     dj_status st;
     dj__jval a0 = {0}, a1 = {0};
     bool h0, h1;
+    if (!strncmp(f, "select", 6) || !strncmp(f, "reject", 6)) return select_reject(r, e, v, out);
     if (!strcmp(f, "default") || !strcmp(f, "d")) {
         if ((st = arg(r, e, 0, "default_value", &a0, &h0)) != DJ_OK ||
             (st = arg(r, e, 1, "boolean", &a1, &h1)) != DJ_OK)
@@ -840,6 +916,11 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         const bool last = f[0] == 'l';
+        if (v->k == JV_GEN && !last) { /* next(iter(g)): the first of what is left */
+            if ((st = use_gen(v, e->line)) != DJ_OK) return st;
+            *out = v->u.l->n ? v->u.l->v[0] : (dj__jval){.k = JV_UNDEF};
+            return DJ_OK;
+        }
         if (v->k == JV_LIST) {
             *out = v->u.l->n ? v->u.l->v[last ? v->u.l->n - 1 : 0] : (dj__jval){.k = JV_UNDEF};
             return DJ_OK;
@@ -860,7 +941,8 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
     if (!strcmp(f, "join")) {
         if ((st = arg(r, e, 0, "d", &a0, &h0)) != DJ_OK) return st;
         if (h0 && a0.k != JV_STR) return err(e->line, "join: separator wants a string");
-        if (v->k != JV_LIST) return err(e->line, "join of a %s", kind_name(v->k));
+        if (v->k != JV_LIST && v->k != JV_GEN) return err(e->line, "join of a %s", kind_name(v->k));
+        if ((st = use_gen(v, e->line)) != DJ_OK) return st;
         sbuf b = {0};
         for (size_t i = 0; i < v->u.l->n; i++) {
             if (i && h0) sb_put(&b, a0.u.s.p, a0.u.s.n);
@@ -914,9 +996,9 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
         return DJ_OK;
     }
     if (!strcmp(f, "list") || !strcmp(f, "reverse") || !strcmp(f, "items")) {
-        if (!strcmp(f, "items")) {
+        if (!strcmp(f, "items")) { /* a generator of (key, value) tuples in jinja2 */
             if (v->k == JV_UNDEF) {
-                *out = (dj__jval){.k = JV_LIST, .u.l = mklist(r, 0)};
+                *out = (dj__jval){.k = JV_GEN, .u.l = mklist(r, 0)};
                 return out->u.l ? DJ_OK : oom();
             }
             if (v->k != JV_DICT && v->k != JV_NS) return err(e->line, "items of a %s", kind_name(v->k));
@@ -930,7 +1012,7 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
                 pair->v[1] = v->u.d->v[i];
                 l->v[i] = (dj__jval){.k = JV_LIST, .u.l = pair};
             }
-            *out = (dj__jval){.k = JV_LIST, .u.l = l};
+            *out = (dj__jval){.k = JV_GEN, .u.l = l};
             return DJ_OK;
         }
         const bool rev = f[0] == 'r';
@@ -951,14 +1033,15 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
             return DJ_OK;
         }
         size_t n;
-        if (v->k == JV_LIST) n = v->u.l->n;
+        if (v->k == JV_LIST || v->k == JV_GEN) n = v->u.l->n;
         else if (v->k == JV_DICT || v->k == JV_NS) n = v->u.d->n;
         else return err(e->line, "%s of a %s", f, kind_name(v->k));
+        if ((st = use_gen(v, e->line)) != DJ_OK) return st;
         dj__jlist *l = mklist(r, n);
         if (!l) return oom();
         for (size_t i = 0; i < n; i++) {
             size_t j = rev ? n - 1 - i : i;
-            l->v[i] = v->k == JV_LIST ? v->u.l->v[j]
+            l->v[i] = v->k == JV_LIST || v->k == JV_GEN ? v->u.l->v[j]
                                       : (dj__jval){.k = JV_STR, .u.s = {v->u.d->key[j], v->u.d->key_len[j]}};
         }
         *out = (dj__jval){.k = JV_LIST, .u.l = l};
@@ -978,12 +1061,9 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
     return err(e->line, "unknown filter '%s'", f);
 }
 
-static dj_status apply_test(rctx *r, const dj__jexpr *e, const dj__jval *v, bool *out) {
-    const char *t = e->name;
-    dj__jval a0 = {0};
-    bool h0;
-    dj_status st = arg(r, e, 0, NULL, &a0, &h0);
-    if (st != DJ_OK) return st;
+/* Test t of v with its argument a0 (h0: given), on line `line`. */
+static dj_status run_test(int line, const char *t, const dj__jval *v, const dj__jval *a0_, bool h0, bool *out) {
+    const dj__jval a0 = *a0_;
     if (!strcmp(t, "defined")) *out = v->k != JV_UNDEF;
     else if (!strcmp(t, "undefined")) *out = v->k == JV_UNDEF;
     else if (!strcmp(t, "none")) *out = v->k == JV_NONE;
@@ -995,10 +1075,11 @@ static dj_status apply_test(rctx *r, const dj__jexpr *e, const dj__jval *v, bool
     else if (!strcmp(t, "true")) *out = v->k == JV_BOOL && v->u.b;
     else if (!strcmp(t, "false")) *out = v->k == JV_BOOL && !v->u.b;
     else if (!strcmp(t, "mapping")) *out = v->k == JV_DICT;
-    else if (!strcmp(t, "iterable")) *out = v->k == JV_STR || v->k == JV_LIST || v->k == JV_DICT || v->k == JV_UNDEF;
+    else if (!strcmp(t, "iterable"))
+        *out = v->k == JV_STR || v->k == JV_LIST || v->k == JV_DICT || v->k == JV_UNDEF || v->k == JV_GEN;
     else if (!strcmp(t, "sequence")) *out = v->k == JV_STR || v->k == JV_LIST || v->k == JV_DICT;
     else if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
-        if (v->k != JV_STR) return err(e->line, "test %s of a %s", t, kind_name(v->k));
+        if (v->k != JV_STR) return err(line, "test %s of a %s", t, kind_name(v->k));
         bool cased = false, ok = true;
         for (size_t i = 0; i < v->u.s.n; i++) {
             unsigned char c = (unsigned char)v->u.s.p[i];
@@ -1009,23 +1090,93 @@ static dj_status apply_test(rctx *r, const dj__jexpr *e, const dj__jval *v, bool
         }
         *out = cased && ok;
     } else if (!strcmp(t, "odd") || !strcmp(t, "even") || !strcmp(t, "divisibleby")) {
-        if (v->k != JV_INT && v->k != JV_BOOL) return err(e->line, "test %s of a %s", t, kind_name(v->k));
+        if (v->k != JV_INT && v->k != JV_BOOL) return err(line, "test %s of a %s", t, kind_name(v->k));
         int64_t x = inum(v), d = 2;
         if (t[0] == 'd') {
-            if (!h0 || (a0.k != JV_INT) || a0.u.i == 0) return err(e->line, "divisibleby wants a nonzero int");
+            if (!h0 || (a0.k != JV_INT) || a0.u.i == 0) return err(line, "divisibleby wants a nonzero int");
             d = a0.u.i;
         }
         int64_t m = d == -1 ? 0 : x % d;
         *out = t[0] == 'o' ? m != 0 : m == 0;
     } else if (!strcmp(t, "eq") || !strcmp(t, "equalto")) {
-        if (!h0) return err(e->line, "test %s wants an argument", t);
+        if (!h0) return err(line, "test %s wants an argument", t);
         *out = equal(v, &a0);
     } else if (!strcmp(t, "sameas")) {
-        if (!h0) return err(e->line, "test sameas wants an argument");
+        if (!h0) return err(line, "test sameas wants an argument");
         *out = (v->k == JV_NONE || v->k == JV_BOOL) ? equal(v, &a0) && v->k == a0.k
                                                     : v->k == a0.k && v->k >= JV_LIST && v->u.d == a0.u.d;
-    } else return err(e->line, "unknown test '%s'", t);
-    if (e->negate) *out = !*out;
+    } else return err(line, "unknown test '%s'", t);
+    return DJ_OK;
+}
+
+static dj_status apply_test(rctx *r, const dj__jexpr *e, const dj__jval *v, bool *out) {
+    dj__jval a0 = {0};
+    bool h0;
+    dj_status st = arg(r, e, 0, NULL, &a0, &h0);
+    if (st == DJ_OK) st = run_test(e->line, e->name, v, &a0, h0, out);
+    if (st == DJ_OK && e->negate) *out = !*out;
+    return st;
+}
+
+/* select(test, arg), reject(...), selectattr(attr, test, arg), rejectattr(...):
+ * the items whose value (the item, or its attribute - dotted parts, digits
+ * index) passes the test (is true with no test named), or fails it for
+ * reject; a generator, as jinja2 returns. */
+static dj_status select_reject(rctx *r, const dj__jexpr *e, const dj__jval *v, dj__jval *out) {
+    const char *f = e->name;
+    const bool by_attr = strstr(f, "attr") != NULL, reject = f[0] == 'r';
+    if (e->n_kw) return err(e->line, "%s: keyword arguments are not supported", f);
+    size_t at = 0;
+    dj__jval attr = {0}, test = {0}, targ = {0};
+    dj_status st;
+    if (by_attr) {
+        if (e->n_args < 1) return err(e->line, "%s: missing the attribute name", f);
+        if ((st = eval(r, e->args[0], &attr)) != DJ_OK) return st;
+        if (attr.k != JV_STR && attr.k != JV_INT) return err(e->line, "%s: the attribute wants a string", f);
+        at = 1;
+    }
+    char name[32] = "";
+    if (e->n_args > at) {
+        if ((st = eval(r, e->args[at], &test)) != DJ_OK) return st;
+        if (test.k != JV_STR || test.u.s.n >= sizeof name) return err(e->line, "%s: the test wants a name", f);
+        memcpy(name, test.u.s.p, test.u.s.n);
+        name[test.u.s.n] = '\0';
+        if (!dj__jinja_test_known(name)) return err(e->line, "%s: no test named '%s'", f, name);
+    }
+    if (e->n_args > at + 2) return err(e->line, "%s: at most one argument for the test", f);
+    if (e->n_args > at + 1 && (st = eval(r, e->args[at + 1], &targ)) != DJ_OK) return st;
+    dj__jlist *items, none = {0};
+    if (!truthy(v)) items = &none; /* jinja2 looks at a false value no further */
+    else if ((st = iter_items(r, v, e->line, &items)) != DJ_OK) return st;
+    dj__jlist *l = mklist(r, items->n);
+    if (!l) return oom();
+    l->n = 0;
+    for (size_t i = 0; i < items->n; i++) {
+        dj__jval x = items->v[i];
+        if (by_attr && attr.k == JV_INT) {
+            if (x.k == JV_UNDEF) return err(e->line, "%s: an attribute of an undefined value", f);
+            if ((st = get_item(r, &x, &attr, &x)) != DJ_OK) return st;
+        } else if (by_attr) { /* "a.b.0": each part in turn, digits as an index */
+            const char *p = attr.u.s.p, *end = p + attr.u.s.n;
+            for (;;) {
+                const char *dot = memchr(p, '.', (size_t)(end - p));
+                const char *q = dot ? dot : end;
+                dj__jval key = {.k = JV_STR, .u.s = {p, (size_t)(q - p)}};
+                bool digits = q > p && q - p < 19;
+                for (const char *c = p; c < q && digits; c++) digits = *c >= '0' && *c <= '9';
+                if (digits) key = (dj__jval){.k = JV_INT, .u.i = strtoll(p, NULL, 10)};
+                if (x.k == JV_UNDEF) return err(e->line, "%s: an attribute of an undefined value", f);
+                if ((st = get_item(r, &x, &key, &x)) != DJ_OK) return st;
+                if (!dot) break;
+                p = dot + 1;
+            }
+        }
+        bool pass;
+        if (!name[0]) pass = truthy(&x);
+        else if ((st = run_test(e->line, name, &x, &targ, e->n_args > at + 1, &pass)) != DJ_OK) return st;
+        if (pass != reject) l->v[l->n++] = items->v[i];
+    }
+    *out = (dj__jval){.k = JV_GEN, .u.l = l};
     return DJ_OK;
 }
 
@@ -1203,21 +1354,7 @@ static dj_status eval(rctx *r, const dj__jexpr *e, dj__jval *out) {
         }
         if (e->kind == JE_ATTR) b = (dj__jval){.k = JV_STR, .u.s = {e->name, strlen(e->name)}};
         else if ((st = eval(r, e->b, &b)) != DJ_OK) return st;
-        *out = (dj__jval){.k = JV_UNDEF};
-        if ((a.k == JV_DICT || a.k == JV_NS) && b.k == JV_STR) {
-            const dj__jval *v = dict_get(a.u.d, b.u.s.p, b.u.s.n);
-            if (v) *out = *v;
-        } else if (a.k == JV_LIST && (b.k == JV_INT || b.k == JV_BOOL)) {
-            size_t i;
-            if (norm_index(inum(&b), a.u.l->n, &i)) *out = a.u.l->v[i];
-        } else if (a.k == JV_STR && (b.k == JV_INT || b.k == JV_BOOL)) {
-            size_t n_cp, i;
-            size_t *off = utf8_offsets(r, a.u.s.p, a.u.s.n, &n_cp);
-            if (!off) return oom();
-            if (norm_index(inum(&b), n_cp, &i))
-                *out = (dj__jval){.k = JV_STR, .u.s = {a.u.s.p + off[i], off[i + 1] - off[i]}};
-        }
-        return DJ_OK;
+        return get_item(r, &a, &b, out);
     }
     case JE_SLICE:
         if ((st = eval(r, e->a, &a)) != DJ_OK) return st;
@@ -1302,7 +1439,8 @@ static dj_status eval(rctx *r, const dj__jexpr *e, dj__jval *out) {
                 if (a.k != JV_STR) return err(e->line, "'in <string>' wants a string on the left");
                 for (size_t i = 0; i + a.u.s.n <= b.u.s.n && !found; i++)
                     found = !memcmp(b.u.s.p + i, a.u.s.p, a.u.s.n);
-            } else if (b.k == JV_LIST) {
+            } else if (b.k == JV_LIST || b.k == JV_GEN) {
+                if ((st = use_gen(&b, e->line)) != DJ_OK) return st;
                 for (size_t i = 0; i < b.u.l->n && !found; i++) found = equal(&a, &b.u.l->v[i]);
             } else if (b.k == JV_DICT || b.k == JV_NS) {
                 found = a.k == JV_STR && dict_get(b.u.d, a.u.s.p, a.u.s.n) != NULL;
@@ -1361,26 +1499,8 @@ static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
     dj__jval it;
     dj_status st = eval(r, s->e, &it);
     if (st != DJ_OK) return st;
-    /* the items, as a list */
     dj__jlist *items;
-    if (it.k == JV_LIST) items = it.u.l;
-    else if (it.k == JV_UNDEF || it.k == JV_NONE) {
-        if (it.k == JV_NONE) return err(s->line, "cannot iterate over none");
-        items = mklist(r, 0);
-    } else if (it.k == JV_DICT) {
-        if (!(items = mklist(r, it.u.d->n))) return oom();
-        for (size_t i = 0; i < it.u.d->n; i++)
-            items->v[i] = (dj__jval){.k = JV_STR, .u.s = {it.u.d->key[i], it.u.d->key_len[i]}};
-    } else if (it.k == JV_STR) {
-        size_t n_cp;
-        size_t *off = utf8_offsets(r, it.u.s.p, it.u.s.n, &n_cp);
-        if (!off || !(items = mklist(r, n_cp))) return oom();
-        for (size_t i = 0; i < n_cp; i++)
-            items->v[i] = (dj__jval){.k = JV_STR, .u.s = {it.u.s.p + off[i], off[i + 1] - off[i]}};
-    } else {
-        return err(s->line, "cannot iterate over a %s", kind_name(it.k));
-    }
-    if (!items) return oom();
+    if ((st = iter_items(r, &it, s->line, &items)) != DJ_OK) return st;
     scope sc = {.parent = r->sc};
     r->sc = &sc;
     /* with an `if` filter, loop.* counts only the kept items */
@@ -1447,9 +1567,9 @@ static dj_status exec(rctx *r, const dj__jstmt *s, int *flow) {
         if (v.k == JV_STR) return emit(r, v.u.s.p, v.u.s.n);
         sbuf b = {0};
         put_str(&b, &v);
-        if (b.oom) {
+        if (b.oom || b.gen) {
             free(b.p);
-            return oom();
+            return b.oom ? oom() : gen_printed();
         }
         st = emit(r, b.p ? b.p : "", b.n);
         free(b.p);

@@ -44,10 +44,16 @@ typedef enum {
 typedef struct dj__jval dj__jval;
 typedef struct dj__jexpr dj__jexpr;
 
-typedef enum { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS } dj__jval_kind;
+/* JV_GEN: what jinja2's select/reject/selectattr/rejectattr and items
+ * filters return - a generator: its items are computed at once here (u.l),
+ * but it behaves as jinja2's does: always true, no length, an index is
+ * undefined, no slice, not printable (Python prints an address), and spent
+ * after one pass (a second one is refused, see `used`). */
+typedef enum { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_NS, JV_GEN } dj__jval_kind;
 typedef struct dj__jlist {
     size_t n;
     bool tuple;         /* printed as Python prints a tuple */
+    bool used;          /* JV_GEN: iterated once already */
     struct dj__jval *v; /* [n] */
 } dj__jlist;
 typedef struct dj__jdict {
@@ -66,7 +72,7 @@ struct dj__jval {
             const char *p; /* not necessarily NUL-terminated */
             size_t n;
         } s;
-        dj__jlist *l;
+        dj__jlist *l; /* JV_LIST and JV_GEN */
         dj__jdict *d; /* JV_DICT and JV_NS (a namespace: a dict set may change) */
     } u;
 };

@@ -565,6 +565,19 @@ static dj_status parse_postfix(parser *ps, dj__jexpr **io) {
     }
 }
 
+/* select/reject(attr)'s test, where it is a literal name: known, or the
+ * template is refused here rather than at its first render. */
+static dj_status check_test_arg(const dj__jexpr *e) {
+    const bool sel = !strncmp(e->name, "select", 6) || !strncmp(e->name, "reject", 6);
+    const size_t at = strstr(e->name, "attr") ? 1 : 0;
+    if (!sel || e->n_args <= at || e->args[at]->kind != JE_LIT || e->args[at]->lit.k != JV_STR) return DJ_OK;
+    char name[64];
+    const size_t n = e->args[at]->lit.u.s.n < sizeof name - 1 ? e->args[at]->lit.u.s.n : sizeof name - 1;
+    memcpy(name, e->args[at]->lit.u.s.p, n);
+    name[n] = '\0';
+    return dj__jinja_test_known(name) ? DJ_OK : unsupported(e->line, "test", name);
+}
+
 /* | filter(args), is [not] test(args) */
 static dj_status parse_filters(parser *ps, dj__jexpr **io) {
     for (;;) {
@@ -578,6 +591,7 @@ static dj_status parse_filters(parser *ps, dj__jexpr **io) {
             if (!dj__jinja_filter_known(e->name)) return unsupported(n->line, "filter", e->name);
             e->a = *io;
             if (accept_op(ps, "(")) TRY(parse_args(ps, e));
+            TRY(check_test_arg(e));
             *io = e;
             TRY(parse_postfix(ps, io));
         } else if (is_name(t, "is")) {

@@ -175,4 +175,9 @@ bool dj__tok_is_byte_token(const dj_tokenizer_t *tok, int32_t id);
 /* Compile a PCRE2 pattern (UTF, UCP; literal if `literal`), JIT if available. */
 dj_status dj__tok_regex(const char *pat, size_t len, bool literal, pcre2_code **out /* OUT */);
 
+/* tok_gguf.c: the tokenizer.json (a cJSON document, caller deletes) that
+ * transformers would make of the SentencePiece vocabulary in a GGUF file. */
+struct cJSON;
+dj_status dj__tok_gguf_json(const char *path, struct cJSON **out /* OUT */);
+
 #endif

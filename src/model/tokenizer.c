@@ -1037,6 +1037,21 @@ dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out) {
     if (!out) return dj_fail(DJ_EINVAL, "dj_tokenizer_load: out is NULL");
     *out = NULL;
     if (!path) return dj_fail(DJ_EINVAL, "dj_tokenizer_load: path is NULL");
+    const size_t plen = strlen(path);
+    if (plen > 5 && !strcmp(path + plen - 5, ".gguf")) {
+        cJSON *root = NULL;
+        dj_status st = dj__tok_gguf_json(path, &root);
+        dj_tokenizer_t *tok = st == DJ_OK ? calloc(1, sizeof *tok) : NULL;
+        if (st == DJ_OK && !tok) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
+        if (st == DJ_OK) st = load_json(tok, root);
+        cJSON_Delete(root);
+        if (st != DJ_OK) {
+            dj_tokenizer_free(tok);
+            return st;
+        }
+        *out = tok;
+        return DJ_OK;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) return dj_fail(DJ_EIO, "tokenizer: cannot open %s: %s", path, strerror(errno));
     char *buf = NULL;
