@@ -148,11 +148,13 @@ dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out /* OU
 /* Element loads and stores in f32. */
 /* out[i] = act(gate[i]) * up[i] over count bf16 values (SwiGLU, GeGLU), by
  * the whole grid: 8 values a thread per step with 16-byte loads and stores
- * when vec (count % 8 == 0, every pointer 16-byte aligned: dj_glu_vec),
- * else one. Each value's arithmetic is the same either way. act: a functor
- * float -> float. */
+ * when vec (prefill rows: count >= 2^16, count % 8 == 0, every pointer
+ * 16-byte aligned: dj_glu_vec), else one (decode rows keep a thread a value,
+ * so as many SMs share the few bytes). Each value's arithmetic is the same
+ * either way. act: a functor float -> float. */
 static inline bool dj_glu_vec(const void *gate, const void *up, const void *out, size_t count) {
-    return count % 8 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15u) == 0;
+    return count >= ((size_t)1 << 16) && count % 8 == 0 &&
+           (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15u) == 0;
 }
 template <typename Act>
 static __device__ __forceinline__ void dj_glu(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
