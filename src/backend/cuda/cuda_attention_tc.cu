@@ -31,7 +31,7 @@ struct tc_args {
     dj_fastdiv tpp_div;     /* t / tpp: a K/V row's page (a divide per loaded chunk was most of the kernel's
                              * ALU work - ncu: ALU the busiest pipe, issue-bound at 3 warps a scheduler) */
     uint32_t nkv;           /* kv heads (f8 pages: the exponents' row length) */
-    float scale_log2;       /* scale * log2(e): scores are kept in the exp2 domain */
+    float scale_log2;       /* scale * log2(e): p = 2^(dot * scale_log2 - max) */
     float scale_cap;        /* CAP: scale / softcap */
     float cap_log2;         /* CAP: softcap * log2(e); score = cap_log2 * tanh(dot * scale_cap) */
 };
@@ -83,6 +83,14 @@ static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 2^x, flushing subnormal results to 0 (MUFU.EX2 alone; exp2f adds a
+ * subnormal fix-up around it). 2^-inf = 0. */
+static __device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
     return *(uint32_t *)&v;
@@ -100,14 +108,13 @@ static __device__ __forceinline__ uint32_t f8x2_bf16x2(uint32_t codes, float sc)
 
 /* Shared memory of one block: K and V tiles, and the Q tile where it stays
  * there (head_dim 256); otherwise Q passes through the K buffer once. */
-static constexpr size_t tc_smem_bytes(int hd) {
-    return (size_t)(hd > 128 ? 3 : 2) * TC_BN * (hd + TC_PAD) * 2;
+static constexpr size_t tc_smem_bytes(int hd, bool qs) {
+    return (size_t)(qs ? 3 : 2) * TC_BN * (hd + TC_PAD) * 2;
 }
 
-template <int HD, int TC_BM, bool F8, bool CAP>
-static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
+template <int HD, int TC_BM, bool F8, bool CAP, bool QS, int MINB>
+static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args a) {
     constexpr uint32_t TC_THREADS = TC_BM * 2;
-    constexpr bool QS = HD > 128; /* the Q tile stays in shared memory */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int SK = HD + TC_PAD; /* smem row stride, elements */
     constexpr int CH = HD / 8;      /* 16-byte chunks per row */
@@ -247,7 +254,8 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
                     const int kk = nb * 8 + (int)c4 * 2 + (e & 1);
                     const bool rb = e >= 2;
                     const bool ok = kk <= (rb ? lrb : lra) && kk >= (rb ? frb : fra);
-                    const float sv = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e] * a.scale_log2;
+                    /* CAP: the capped score in the exp2 domain; else the raw dot (scaled below) */
+                    const float sv = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e];
                     const float v = ok ? sv : -INFINITY;
                     s[nb][e] = v;
                     if (rb)
@@ -262,19 +270,22 @@ static __global__ void __launch_bounds__(TC_BM * 2) attn_tc_kernel(tc_args a) {
             mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
             mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
             const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            /* A row with nothing visible yet keeps base 0: exp2(-inf - 0) = 0, never NaN. */
-            const float base_a = mn_a == -INFINITY ? 0.0f : mn_a, base_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+            /* The running max stays in the scores' domain (k > 0 keeps the order); a row with
+             * nothing visible yet keeps base 0: 2^(-inf - 0) = 0, never NaN. p = 2^(s k - base k),
+             * one FFMA and one EX2. */
+            const float k2 = CAP ? 1.0f : a.scale_log2;
+            const float nb_a = -(mn_a == -INFINITY ? 0.0f : mn_a) * k2, nb_b = -(mn_b == -INFINITY ? 0.0f : mn_b) * k2;
+            const float corr_a = ex2(fmaf(m_a, k2, nb_a)), corr_b = ex2(fmaf(m_b, k2, nb_b));
             m_a = mn_a;
             m_b = mn_b;
             l_a *= corr_a;
             l_b *= corr_b;
 #pragma unroll
             for (int nb = 0; nb < NB; nb++) {
-                s[nb][0] = exp2f(s[nb][0] - base_a);
-                s[nb][1] = exp2f(s[nb][1] - base_a);
-                s[nb][2] = exp2f(s[nb][2] - base_b);
-                s[nb][3] = exp2f(s[nb][3] - base_b);
+                s[nb][0] = ex2(fmaf(s[nb][0], k2, nb_a));
+                s[nb][1] = ex2(fmaf(s[nb][1], k2, nb_a));
+                s[nb][2] = ex2(fmaf(s[nb][2], k2, nb_b));
+                s[nb][3] = ex2(fmaf(s[nb][3], k2, nb_b));
                 l_a += s[nb][0] + s[nb][1];
                 l_b += s[nb][2] + s[nb][3];
             }
@@ -347,17 +358,28 @@ bool dj__cuda_attention_tc_covers(const dj_op_call *c) {
            aligned16(c->out) && (uint64_t)c->pos0 + c->n <= UINT32_MAX;
 }
 
-/* Every instantiation: head_dim x K/V dtype x soft-cap, in one table so
- * launch and init agree. */
+/* Every instantiation, in one table so launch and init agree: head_dim x
+ * K/V dtype x soft-cap, the Q tile in shared memory (QS) and the blocks an
+ * SM the registers must allow (MINB: 3 at head_dim 128 = 168 registers;
+ * without it ptxas took 199 and 2 blocks). head_dim 128 with Q in shared
+ * memory at 128 registers and 4 blocks an SM (H100, session 10) was 4%
+ * faster at 2048 rows (216 -> 208 us; f8 pages 362 -> 308 us) but 10% slower
+ * at 512 (33 -> 36 us, the step `djinn run` takes) and no faster end to end
+ * (prefill 2048 0.0511 / 0.0524 against 0.0532 / 0.0527 s): not kept. */
 typedef void (*tc_kernel_fn)(tc_args);
 #define TC_KERNELS(X)                                                                                                  \
-    X(64, false, false) X(64, false, true) X(64, true, false) X(64, true, true) X(128, false, false)                   \
-    X(128, false, true) X(128, true, false) X(128, true, true) X(256, false, false) X(256, false, true)                \
-    X(256, true, false) X(256, true, true)
+    X(64, false, false, false, 4) X(64, false, true, false, 4) X(64, true, false, false, 4)                           \
+    X(64, true, true, false, 4) X(128, false, false, false, 3) X(128, false, true, false, 3)                          \
+    X(128, true, false, false, 3) X(128, true, true, false, 3) X(256, false, false, true, 2)                          \
+    X(256, false, true, true, 2) X(256, true, false, true, 2) X(256, true, true, true, 2)
 
-static tc_kernel_fn tc_kernel(uint32_t hd, bool f8, bool cap) {
-#define TC_PICK(H, F, C)                                                                                               \
-    if (hd == H && f8 == F && cap == C) return attn_tc_kernel<H, 64, F, C>;
+static tc_kernel_fn tc_kernel(uint32_t hd, bool f8, bool cap, bool *qs) {
+    const bool want_qs = hd > 128;
+#define TC_PICK(H, F, C, Q, M)                                                                                         \
+    if (hd == H && f8 == F && cap == C && want_qs == Q) {                                                             \
+        *qs = Q;                                                                                                       \
+        return attn_tc_kernel<H, 64, F, C, Q, M>;                                                                      \
+    }
     TC_KERNELS(TC_PICK)
 #undef TC_PICK
     return NULL;
@@ -365,10 +387,10 @@ static tc_kernel_fn tc_kernel(uint32_t hd, bool f8, bool cap) {
 
 dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb) {
     /* head_dim 256's tiles need more than the default 48 KiB of dynamic shared memory. */
-#define TC_ATTR(H, F, C)                                                                                               \
-    if (tc_smem_bytes(H) > 48 * 1024)                                                                                  \
-        DJ_CU(cb, cudaFuncSetAttribute(attn_tc_kernel<H, 64, F, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,      \
-                                       (int)tc_smem_bytes(H)));
+#define TC_ATTR(H, F, C, Q, M)                                                                                         \
+    if (tc_smem_bytes(H, Q) > 48 * 1024)                                                                               \
+        DJ_CU(cb, cudaFuncSetAttribute(attn_tc_kernel<H, 64, F, C, Q, M>,                                              \
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem_bytes(H, Q)));
     TC_KERNELS(TC_ATTR)
 #undef TC_ATTR
     return DJ_OK;
@@ -397,9 +419,10 @@ dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.cap_log2 = c->softcap * 1.4426950408889634f;
     const unsigned bm = 64; /* 128-row blocks were 6% slower at 2048 (283.0 against 266.7 us); deleted */
     const dim3 grid(c->n_heads, (c->n + bm - 1) / bm);
-    const tc_kernel_fn k = tc_kernel(c->head_dim, kv->dtype == DJ_DTYPE_F8_E4M3, cap);
+    bool qs = false;
+    const tc_kernel_fn k = tc_kernel(c->head_dim, kv->dtype == DJ_DTYPE_F8_E4M3, cap, &qs);
     if (!k) return dj_fail(DJ_EINVAL, "cuda: no tensor-core attention for head_dim %u", c->head_dim);
-    k<<<grid, bm * 2, tc_smem_bytes((int)c->head_dim), cb->stream>>>(a);
+    k<<<grid, bm * 2, tc_smem_bytes((int)c->head_dim, qs), cb->stream>>>(a);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
