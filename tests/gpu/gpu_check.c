@@ -1168,6 +1168,90 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     free(b);
 }
 
+/* FP8 GEMMs of one input through compute_plan (q, k, v; gate, up): the
+ * plan quantizes the activations once for the group (the fusion counter
+ * moves by count - 1) and each output is bit for bit the call run alone,
+ * and within the W8A8 bound of the CPU's W8A16 product. */
+static void check_fp8_shared(uint32_t n, uint32_t k, int count, const uint32_t *ms) {
+    tol_now = TOL_W8A8;
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    void *dx = dcopy(xb, (size_t)n * k * 2);
+    dj_op_call cc[4], gc[4];
+    uint8_t *w[4];
+    float *scale[4], *ref[4];
+    void *dw[4], *ds[4], *dout[4], *dalone[4];
+    for (int i = 0; i < count; i++) {
+        const uint32_t m = ms[i], sr = m / 128, sc = k / 128;
+        w[i] = xmalloc((size_t)m * k);
+        for (size_t e = 0; e < (size_t)m * k; e++) w[i][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        scale[i] = falloc((size_t)sr * sc);
+        for (size_t e = 0; e < (size_t)sr * sc; e++) scale[i][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        ref[i] = falloc((size_t)n * m);
+        dw[i] = dcopy(w[i], (size_t)m * k);
+        ds[i] = dcopy(scale[i], (size_t)sr * sc * sizeof(float));
+        dout[i] = dalloc((size_t)n * m * 2);
+        dalone[i] = dalloc((size_t)n * m * 2);
+        poison(dout[i], (size_t)n * m * 2);
+        poison(dalone[i], (size_t)n * m * 2);
+        cc[i] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .out = ref[i], .x = xf, .w = w[i],
+                             .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = scale[i], .w_block_rows = 128,
+                             .w_block_cols = 128, .k = k, .m = m};
+        if (dj_backend_compute(cpu, &cc[i]) != DJ_OK) die("fp8 shared (cpu)");
+        gc[i] = cc[i];
+        gc[i].x = dx;
+        gc[i].w = dw[i];
+        gc[i].w_scale = ds[i];
+        gc[i].out = dalone[i];
+        gc[i].out_dtype = DJ_DTYPE_BF16;
+        if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("fp8 shared (gpu, alone)");
+        gc[i].out = dout[i];
+    }
+    const uint64_t before = dj__cuda_fusions(gpu);
+    if (dj_backend_compute_plan(gpu, gc, (size_t)count, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+        die("fp8 shared (gpu, plan)");
+    const uint64_t saved = dj__cuda_fusions(gpu) - before;
+    for (int i = 0; i < count; i++) {
+        char shape[96];
+        snprintf(shape, sizeof shape, "shared input %d/%d: n=%u k=%u m=%u f8 128x128 [fp8 tc, W8A8]", i + 1, count, n,
+                 k, ms[i]);
+        compare("MATMUL", shape, dout[i], DJ_DTYPE_BF16, ref[i], (size_t)n * ms[i]);
+        const size_t bytes = (size_t)n * ms[i] * 2;
+        uint8_t *a = xmalloc(bytes), *b = xmalloc(bytes);
+        down(a, dout[i], bytes);
+        down(b, dalone[i], bytes);
+        n_rows++;
+        if (memcmp(a, b, bytes) != 0) {
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (differs from the call alone)\n", "MATMUL", shape, "-");
+        } else {
+            printf("%-10s %-52s %10s  pass (= the call alone)\n", "MATMUL", shape, "-");
+        }
+        free(a);
+        free(b);
+        dfree(dw[i]);
+        dfree(ds[i]);
+        dfree(dout[i]);
+        dfree(dalone[i]);
+        free(w[i]);
+        free(scale[i]);
+        free(ref[i]);
+    }
+    n_rows++;
+    if (saved != (uint64_t)(count - 1)) {
+        n_fail++;
+        printf("%-10s %-52s %10s  FAIL (%llu quantizations saved, expected %d)\n", "MATMUL", "shared input group",
+               "-", (unsigned long long)saved, count - 1);
+    } else {
+        printf("%-10s %-52s %10s  pass (%d quantizations saved)\n", "MATMUL", "shared input group", "-", count - 1);
+    }
+    tol_now = TOL;
+    dfree(dx);
+    free(xb);
+    free(xf);
+}
+
 /* FP8 weights (issue 16): the GEMV for 1..8 rows (every scaling, k % 16 != 0
  * and a skewed buffer for the scalar path, bias, f32 logits), then the tiled
  * path (several tiles with a partial last one: k = 14336 makes 1152-row
@@ -1188,6 +1272,11 @@ static void check_fp8(void) {
     check_matmul_fp8(3, 4096, 9001, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(8, 1024, 9001, 9001, 1024, 0, DJ_DTYPE_F32, 1, 0); /* per tensor */
     check_matmul_fp8(2, 1000, 9001, 1, 1000, 1, DJ_DTYPE_BF16, 1, 0);   /* per channel, k % 16 != 0: scalar */
+    {
+        const uint32_t qkv[3] = {1024, 256, 256}, gate_up[2] = {1536, 1536};
+        check_fp8_shared(64, 512, 3, qkv);
+        check_fp8_shared(36, 1024, 2, gate_up);
+    }
     check_matmul_fp8(17, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 2, 0);
     check_matmul_fp8(64, 1024, 3000, 1, 1024, 1, DJ_DTYPE_BF16, 2, 0);
     check_matmul_fp8(33, 14336, 2500, 128, 128, 0, DJ_DTYPE_BF16, 2, 0); /* 3 tiles, the last partial */

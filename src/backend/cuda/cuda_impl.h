@@ -250,6 +250,15 @@ dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
  * or DJ_EUNSUPPORTED when cuBLASLt refuses (the caller falls back; the mode
  * is then off for the backend), or another error. destroy: with the backend. */
 bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c);
+/* Whether dj__cuda_matmul_fp8 tries the tensor cores for c (the automatic
+ * choice, or path 3); and whether dj__cuda_matmul sends c there at all. */
+bool dj__cuda_fp8_lt_wanted(const dj_cuda_backend *cb, const dj_op_call *c);
+bool dj__cuda_fp8_shared_takes(const dj_cuda_backend *cb, const dj_op_call *c);
+/* calls[0..count): MATMULs of one input (same x, n, k, block shape), each
+ * dj__cuda_fp8_shared_takes: the activations quantized once for all (q, k
+ * and v; gate and up). *done: how many ran; the caller runs the rest alone
+ * (cuBLASLt refused one: the tiles from then on). */
+dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *calls, int count, int *done);
 dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
 void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 /* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a

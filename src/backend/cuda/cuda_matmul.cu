@@ -310,6 +310,13 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
     return c->op == DJ_OP_MATMUL && gemv_path(cb, c);
 }
 
+bool dj__cuda_fp8_shared_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
+    /* exactly the calls dj__cuda_matmul below sends to dj__cuda_matmul_fp8's tensor-core path */
+    return c->op == DJ_OP_MATMUL && c->w_dtype == DJ_DTYPE_F8_E4M3 && !gemv_path(cb, c) &&
+           !(cb->base.deterministic && c->n <= DJ_DETERMINISTIC_MAX_ROWS && cb->matmul_path != 2) &&
+           dj__cuda_fp8_lt_wanted(cb, c);
+}
+
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
     if (c->w_dtype == DJ_DTYPE_Q4 && (uintptr_t)c->w % 4 != 0)
         return dj_fail(DJ_EINVAL, "matmul: 4-bit weights at %p are not 4-byte aligned", c->w);

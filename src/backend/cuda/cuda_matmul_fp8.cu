@@ -190,15 +190,19 @@ static uint32_t tile_rows(uint32_t k, uint32_t m) {
     return t > m ? m : (uint32_t)t;
 }
 
-dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
-    /* batched decode and prefill: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the
-     * tiles below. Automatically only for 128x128 block weights (activations quantized per 128
-     * channels); per-channel / per-tensor weights would quantize each activation row whole, which
-     * cost the compressed-tensors fixtures 11-19% of their final logits on the H100 (bench/RESULTS.md):
-     * they take the tiles (W8A16); path 3 (gpu_check) still runs them on the tensor cores. */
+/* batched decode and prefill: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the
+ * tiles below. Automatically only for 128x128 block weights (activations quantized per 128
+ * channels); per-channel / per-tensor weights would quantize each activation row whole, which
+ * cost the compressed-tensors fixtures 11-19% of their final logits on the H100 (bench/RESULTS.md):
+ * they take the tiles (W8A16); path 3 (gpu_check) still runs them on the tensor cores. */
+bool dj__cuda_fp8_lt_wanted(const dj_cuda_backend *cb, const dj_op_call *c) {
     const bool block = c->w_block_rows == 128 && c->w_block_cols == 128;
-    if ((cb->matmul_path == 3 || (cb->matmul_path == 0 && block && c->n >= F8_LT_MIN_ROWS)) &&
-        dj__cuda_fp8_lt_covers(cb, c)) {
+    return (cb->matmul_path == 3 || (cb->matmul_path == 0 && block && c->n >= F8_LT_MIN_ROWS)) &&
+           dj__cuda_fp8_lt_covers(cb, c);
+}
+
+dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
+    if (dj__cuda_fp8_lt_wanted(cb, c)) {
         const dj_status lt = dj__cuda_matmul_fp8_lt(cb, c);
         if (lt != DJ_EUNSUPPORTED) return lt;
     }

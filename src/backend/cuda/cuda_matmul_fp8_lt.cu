@@ -232,13 +232,19 @@ static lt_entry *entry_for(dj_cuda_backend *cb, uint32_t n, uint32_t k, uint32_t
     return e;
 }
 
-/* out = W8A8 product of c (bf16 out, no bias), given the weight scales in
- * cuBLASLt's order (ws_lt) and the scratch for the activations. */
-static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
-                        uint8_t *q, float *xs) {
-    const uint32_t n = c->n, k = c->k, m = c->m, g = mode == MODE_BLOCK ? LT_GROUP : k;
-    quant_act(cb, (const __nv_bfloat16 *)c->x, n, k, g, mode != MODE_BLOCK || (layout & 2), q, xs);
+/* c's activations -> e4m3 codes q and their scales xs, in this mode's layout. */
+static dj_status lt_quantize(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, uint8_t *q, float *xs) {
+    const uint32_t g = mode == MODE_BLOCK ? LT_GROUP : c->k;
+    quant_act(cb, (const __nv_bfloat16 *)c->x, c->n, c->k, g, mode != MODE_BLOCK || (layout & 2), q, xs);
     DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+/* out = W8A8 product of c (bf16 out, no bias) from its quantized
+ * activations (q, xs), given the weight scales in cuBLASLt's order. */
+static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, const float *ws_lt, uint8_t *q,
+                           float *xs) {
+    const uint32_t n = c->n, k = c->k, m = c->m;
     lt_entry *e = entry_for(cb, n, k, m, mode, ws_lt, xs);
     if (!e) return DJ_EUNSUPPORTED;
     if (cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws_lt, sizeof ws_lt) ||
@@ -251,6 +257,12 @@ static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int 
     return s == CUBLAS_STATUS_SUCCESS ? DJ_OK : DJ_EUNSUPPORTED;
 }
 
+static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
+                        uint8_t *q, float *xs) {
+    const dj_status st = lt_quantize(cb, c, mode, layout, q, xs);
+    return st != DJ_OK ? st : lt_matmul(cb, c, mode, ws_lt, q, xs);
+}
+
 static int mode_of(const dj_op_call *c) {
     if (c->w_block_rows == 128 && c->w_block_cols == 128 && c->k % 128 == 0 && c->m % 128 == 0) return MODE_BLOCK;
     if ((c->w_block_rows == 1 || c->w_block_rows == c->m) && c->w_block_cols >= c->k) return MODE_OUTER;
@@ -259,12 +271,17 @@ static int mode_of(const dj_op_call *c) {
 
 /* Scratch: q [n][k] e4m3, then activation scales, then the weight scales in
  * cuBLASLt's order (block mode transposed, or an m-vector). */
-static dj_status carve(dj_cuda_backend *cb, const dj_op_call *c, int mode, uint8_t **q, float **xs, float **wsx) {
-    const size_t qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
-    const size_t xsf = ((size_t)c->n * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
+static size_t carve_floats(const dj_op_call *c, int mode, size_t *qf, size_t *xsf) {
+    *qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
+    *xsf = ((size_t)c->n * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
     const size_t wsf = mode == MODE_BLOCK ? (size_t)(c->m / 128) * (c->k / 128) : c->m;
+    return *qf + *xsf + wsf + 64;
+}
+static dj_status carve(dj_cuda_backend *cb, const dj_op_call *c, int mode, uint8_t **q, float **xs, float **wsx) {
+    size_t qf, xsf;
+    const size_t total = carve_floats(c, mode, &qf, &xsf);
     float *base = NULL;
-    dj_status st = dj__cuda_scratch(cb, qf + xsf + wsf + 64, &base);
+    dj_status st = dj__cuda_scratch(cb, total, &base);
     if (st != DJ_OK) return st;
     *q = (uint8_t *)base;
     *xs = base + qf;
@@ -399,4 +416,41 @@ dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c) {
     st = lt_run(cb, c, mode, L->layout[mode], ws, q, xs);
     if (st == DJ_EUNSUPPORTED) L->state[mode] = -1; /* refused once: the tiles from now on */
     return st;
+}
+
+dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *calls, int count, int *done) {
+    *done = 0;
+    const int mode = mode_of(&calls[0]);
+    if (mode < 0) return DJ_OK;
+    /* q and xs sit at the same place for every call of the group (they depend on n and k only); the
+     * scratch is grown for the largest call first, so no later carve moves them */
+    size_t need = 0, qf, xsf;
+    for (int i = 0; i < count; i++) {
+        if (mode_of(&calls[i]) != mode) return DJ_OK;
+        const size_t f = carve_floats(&calls[i], mode, &qf, &xsf);
+        need = f > need ? f : need;
+    }
+    float *base = NULL;
+    dj_status st = dj__cuda_scratch(cb, need, &base);
+    if (st != DJ_OK) return st;
+    st = dj__cuda_matmul_fp8_lt(cb, &calls[0]); /* probes once, quantizes x, runs the first */
+    if (st == DJ_EUNSUPPORTED) return DJ_OK;
+    if (st != DJ_OK) return st;
+    *done = 1;
+    const int layout = cb->fp8_lt->layout[mode];
+    for (int i = 1; i < count; i++) {
+        uint8_t *q;
+        float *xs, *wsx;
+        if ((st = carve(cb, &calls[i], mode, &q, &xs, &wsx)) != DJ_OK) return st;
+        const float *ws = weight_scales(cb, &calls[i], mode, layout, wsx);
+        DJ_CU_LAUNCHED(cb);
+        st = lt_matmul(cb, &calls[i], mode, ws, q, xs);
+        if (st == DJ_EUNSUPPORTED) {
+            cb->fp8_lt->state[mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on */
+            return DJ_OK;
+        }
+        if (st != DJ_OK) return st;
+        *done = i + 1;
+    }
+    return DJ_OK;
 }

@@ -12,11 +12,14 @@ typedef enum {
     STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch */
     STEP_ADD_NORM, /* ADD calls[first], RMSNORM calls[first+1] of its sum (dj__cuda_add_rmsnorm) */
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
+    STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
 } step_kind;
+
+#define F8_SHARED_GROUP 4 /* q, k, v (and gate, up) */
 
 typedef struct plan_step {
     uint8_t kind;   /* step_kind */
-    uint8_t count;  /* STEP_GEMV: calls in the group */
+    uint8_t count;  /* STEP_GEMV, STEP_F8_SHARED: calls in the group */
     int32_t first;
     int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
 } plan_step;
@@ -98,6 +101,24 @@ static bool joins_gemv(const dj_cuda_backend *cb, const dj_op_call *g, int count
     return true;
 }
 
+/* c may join the group g[0..count) of FP8 tensor-core GEMMs of one input:
+ * the same input, shape and weight blocks; no output overlapping the input
+ * or another's (the input is read, quantized, once, before any of them runs). */
+static bool joins_f8_shared(const dj_cuda_backend *cb, const dj_op_call *g, int count, const dj_op_call *c) {
+    if (count == F8_SHARED_GROUP || !dj__cuda_fp8_shared_takes(cb, c)) return false;
+    if (c->x != g->x || c->n != g->n || c->k != g->k || c->w_block_rows != g->w_block_rows ||
+        c->w_block_cols != g->w_block_cols)
+        return false;
+    const size_t xb = (size_t)c->n * c->k * 2;
+    for (int i = 0; i <= count; i++) {
+        const dj_op_call *a = i < count ? &g[i] : c;
+        if (overlap(a->out, (size_t)a->n * a->m * 2, g->x, xb)) return false;
+        for (int j = 0; j < i; j++)
+            if (overlap(a->out, (size_t)a->n * a->m * 2, g[j].out, (size_t)g[j].n * g[j].m * 2)) return false;
+    }
+    return true;
+}
+
 /* ---- deciding ---- */
 
 /* What the decisions depend on, hashed (FNV-1a): ops, shapes, dtypes,
@@ -132,6 +153,13 @@ static int gemv_run(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n
     return count;
 }
 
+/* The calls from calls[i] on that form one shared-input FP8 group. */
+static int f8_shared_run(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t i) {
+    int count = 1;
+    while (i + (size_t)count < n && joins_f8_shared(cb, &calls[i], count, &calls[i + (size_t)count])) count++;
+    return count;
+}
+
 /* The steps of calls[0..n) into steps (room for n). Returns how many. */
 static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, plan_step *steps) {
     size_t ns = 0;
@@ -148,10 +176,13 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
                 s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1};
             } else if (dj__cuda_gemv_takes(cb, c)) {
                 s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1};
+            } else if (dj__cuda_fp8_shared_takes(cb, c)) {
+                const int cnt = f8_shared_run(cb, calls, n, i);
+                if (cnt > 1) s = (plan_step){STEP_F8_SHARED, (uint8_t)cnt, (int32_t)i, -1};
             }
         }
         steps[ns++] = s;
-        i = (size_t)s.first + (s.kind == STEP_ONE ? 1 : s.kind == STEP_GEMV ? s.count : 2);
+        i = (size_t)s.first + (s.kind == STEP_ONE ? 1 : s.kind == STEP_GEMV || s.kind == STEP_F8_SHARED ? s.count : 2);
     }
     return ns;
 }
@@ -208,6 +239,13 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     case STEP_ADD_NORM:
         cb->fusions++;
         return dj__cuda_add_rmsnorm(cb, &c[0], &c[1]);
+    case STEP_F8_SHARED: {
+        int done = 0;
+        dj_status st = dj__cuda_matmul_fp8_lt_shared(cb, c, s->count, &done);
+        if (done > 1) cb->fusions += (uint64_t)(done - 1); /* quantizations saved */
+        for (int i = done; st == DJ_OK && i < s->count; i++) st = dj__cuda_compute_one(cb, &c[i]);
+        return st;
+    }
     case STEP_ROPE_KV: {
         const uint32_t *table = NULL;
         const dj_status st = dj__cuda_device_table(cb, &c[1], &table);
@@ -223,7 +261,7 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
 /* The calls a launch reads: idx[0..return). */
 static uint32_t step_calls(const plan_step *s, int32_t *idx) {
     uint32_t k = 0;
-    const int count = s->kind == STEP_ONE ? 1 : s->kind == STEP_GEMV ? s->count : 2;
+    const int count = s->kind == STEP_ONE ? 1 : s->kind == STEP_GEMV || s->kind == STEP_F8_SHARED ? s->count : 2;
     for (int i = 0; i < count; i++) idx[k++] = s->first + i;
     if (s->rope_q >= 0) idx[k++] = s->rope_q;
     return k;
