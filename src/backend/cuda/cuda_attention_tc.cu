@@ -11,7 +11,11 @@
  * and its position's exponent and stores the 8 dequantized values (code *
  * 2^exp, exact in bf16) into the same bf16 tile, so the mma part is the
  * same; cp.async cannot convert, so these tile loads are plain loads (their
- * commit groups are empty) and only the bf16 path overlaps loads and math. */
+ * commit groups are empty) and only the bf16 path overlaps loads and math.
+ * Each tile's K/V row addresses (page lookup, row in page) are computed once
+ * per key into shared memory, not once per loaded 16-byte chunk: address
+ * arithmetic was most of the kernel's integer and FMA-pipe instructions
+ * (ncu, session 10; H100 2048 x 2048 rows, 32:8 heads of 128: 216 -> 192 us). */
 #include <math.h>
 
 #include "backend/cuda/cuda_impl.h"
@@ -108,8 +112,12 @@ static __device__ __forceinline__ uint32_t f8x2_bf16x2(uint32_t codes, float sc)
 
 /* Shared memory of one block: K and V tiles, and the Q tile where it stays
  * there (head_dim 256); otherwise Q passes through the K buffer once. */
-static constexpr size_t tc_smem_bytes(int hd, bool qs) {
+static constexpr __host__ __device__ size_t tc_tiles_bytes(int hd, bool qs) {
     return (size_t)(qs ? 3 : 2) * TC_BN * (hd + TC_PAD) * 2;
+}
+/* ... then the K/V rows' addresses of two tiles (tc_rows). */
+static constexpr size_t tc_smem_bytes(int hd, bool qs) {
+    return tc_tiles_bytes(hd, qs) + 2 * 2 * TC_BN * sizeof(uint64_t);
 }
 
 template <int HD, int TC_BM, bool F8, bool CAP, bool QS, int MINB>
@@ -124,12 +132,38 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
     __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem_raw;
     __nv_bfloat16 *Vs = Ks + TC_BN * SK;
     __nv_bfloat16 *Qs = QS ? Vs + TC_BN * SK : Ks;
+    /* Per key of a tile, computed once per tile by TC_BN threads (the page
+     * lookup and its divide once per row, not once per loaded chunk): the
+     * byte offset from seg of its K row's kv head (~0: past the context),
+     * and for f8 pages of its K exponent; V's follow at fixed distances.
+     * Two tiles' worth, [parity][key]: the next tile's are written while
+     * this one's are read. */
+    uint64_t *rowoff = (uint64_t *)(smem_raw + tc_tiles_bytes(HD, QS));
+    uint64_t *expoff = rowoff + 2 * TC_BN;
+    constexpr size_t ES = F8 ? 1 : sizeof(__nv_bfloat16);
+    const size_t v_rows = (size_t)a.tpp * a.kv_dim * ES; /* bytes from a K row to its V row */
 
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c4 = lane & 3;
     const uint32_t h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * TC_BM, kvh = h / a.group;
     const uint32_t rows_end = min(r0 + TC_BM, a.n); /* exclusive */
     const uint32_t hi = a.pos0 + rows_end - 1;      /* last position any row of the block sees */
     const uint32_t lo = tc_first_pos(a.pos0 + r0, a.window);
+
+    auto tc_rows = [&](uint32_t parity, uint64_t tile) {
+        if (threadIdx.x < TC_BN) {
+            const uint64_t t = tile + threadIdx.x;
+            uint64_t ro = ~0ull, eo = 0;
+            if (t <= hi) {
+                const uint32_t tt = (uint32_t)t, pi = dj_fastdiv_q(tt, a.tpp_div), r = tt - pi * a.tpp;
+                const size_t pg = (size_t)a.table[pi] * a.page_bytes;
+                ro = pg + ((size_t)r * a.kv_dim + (size_t)kvh * HD) * ES;
+                eo = pg + 2 * (size_t)a.tpp * a.kv_dim + (size_t)r * a.nkv + kvh; /* f8 only */
+            }
+            rowoff[parity * TC_BN + threadIdx.x] = ro;
+            expoff[parity * TC_BN + threadIdx.x] = eo;
+        }
+    };
+    tc_rows(0, lo); /* published by the barrier below */
 
     /* Q tile -> its buffer (rows beyond n are zeros) -> A fragments, here or per k-step (QS). */
     for (uint32_t e = threadIdx.x; e < TC_BM * CH; e += TC_THREADS) {
@@ -166,23 +200,21 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
 #pragma unroll
     for (int d = 0; d < DB; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
-    /* One K or V tile into its buffer as a commit group; positions past hi
-     * load zeros. The pipeline per tile t: V(t) lands while S = Q K(t)^T is
-     * computed, K(t+1) while O += P V(t) is. */
-    auto load_tile = [&](__nv_bfloat16 *dst, uint64_t tile, uint32_t kv) {
+    /* One K or V tile into its buffer as a commit group, from the row
+     * addresses of its parity; positions past hi load zeros. The pipeline
+     * per tile t: V(t) lands while S = Q K(t)^T is computed, K(t+1) while
+     * O += P V(t) is. */
+    auto load_tile = [&](__nv_bfloat16 *dst, uint32_t parity, uint32_t kv) {
+        const uint64_t *ro = rowoff + parity * TC_BN;
         if constexpr (F8) { /* plain loads: 8 codes and their exponent per thread and step */
+            const uint64_t *eo = expoff + parity * TC_BN;
             for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
                 const uint32_t j = e / CH, ch = e % CH;
-                const uint64_t t = tile + j;
+                const uint64_t off = ro[j];
                 uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (t <= hi) {
-                    const uint32_t tt = (uint32_t)t;
-                    const uint32_t pi = dj_fastdiv_q(tt, a.tpp_div);
-                    const uint32_t row = tt - pi * a.tpp + (kv ? a.tpp : 0u); /* K rows, then V rows */
-                    const uint8_t *pg = a.seg + (size_t)a.table[pi] * a.page_bytes;
-                    const uint2 c8 = *(const uint2 *)(pg + (size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8);
-                    const int8_t *ex = (const int8_t *)(pg + 2 * (size_t)a.tpp * a.kv_dim);
-                    const float sc = dj_pow2f(ex[(size_t)row * a.nkv + kvh]);
+                if (off != ~0ull) {
+                    const uint2 c8 = *(const uint2 *)(a.seg + off + (kv ? v_rows : 0) + ch * 8);
+                    const float sc = dj_pow2f(*(const int8_t *)(a.seg + eo[j] + (kv ? (size_t)a.tpp * a.nkv : 0)));
                     v.x = f8x2_bf16x2(c8.x & 0xffffu, sc);
                     v.y = f8x2_bf16x2(c8.x >> 16, sc);
                     v.z = f8x2_bf16x2(c8.y & 0xffffu, sc);
@@ -193,25 +225,20 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
         } else {
             for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
                 const uint32_t j = e / CH, ch = e % CH;
-                const uint64_t t = tile + j;
-                const void *src = a.seg;
-                uint32_t bytes = 0;
-                if (t <= hi) {
-                    const uint32_t tt = (uint32_t)t;
-                    const uint32_t pi = dj_fastdiv_q(tt, a.tpp_div);
-                    const uint32_t row = tt - pi * a.tpp + (kv ? a.tpp : 0u);
-                    src = a.seg + (size_t)a.table[pi] * a.page_bytes +
-                          ((size_t)row * a.kv_dim + (size_t)kvh * HD + ch * 8) * sizeof(__nv_bfloat16);
-                    bytes = 16;
-                }
-                cp_async16(dst + j * SK + ch * 8, src, bytes);
+                const uint64_t off = ro[j];
+                const bool in = off != ~0ull;
+                cp_async16(dst + j * SK + ch * 8, in ? a.seg + off + (kv ? v_rows : 0) + ch * 16 : a.seg, in ? 16u : 0u);
             }
         }
         cp_async_commit(); /* f8: an empty group, so the waits below stay as they are */
     };
-    load_tile(Ks, lo, 0);
-    for (uint64_t tile = lo; tile <= hi; tile += TC_BN) {
-        load_tile(Vs, tile, 1);
+    load_tile(Ks, 0, 0);
+    uint32_t par = 0; /* this tile's parity */
+    for (uint64_t tile = lo; tile <= hi; tile += TC_BN, par ^= 1u) {
+        load_tile(Vs, par, 1);
+        /* the next tile's rows: its parity's were last read by the V load of the tile before,
+         * and the barrier below publishes them before the K load that reads them */
+        if (tile + TC_BN <= hi) tc_rows(par ^ 1u, tile + TC_BN);
         const bool active = tile <= whi && tile + TC_BN - 1 >= wlo; /* warp-uniform */
         /* Every key of the tile visible to every row of the strip: no mask (warp-uniform). */
         const bool whole = tile + TC_BN - 1 <= wmin && tile >= wfirst;
@@ -307,7 +334,7 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
         }
         __syncthreads(); /* every warp is done with K(t) */
         const bool more = tile + TC_BN <= hi;
-        if (more) load_tile(Ks, tile + TC_BN, 0);
+        if (more) load_tile(Ks, par ^ 1u, 0);
         if (more)
             cp_async_wait<1>();
         else
