@@ -73,6 +73,17 @@ int dj_test_daemon_stop(int slot, int wait_ms) {
     return -1;
 }
 
+int dj_test_free_port(void) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        a.sin_port = 0;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
 pid_t dj_test_daemon_start(int slot, const dj_test_daemon_opts *o, const char *const *extra, char *addr,
                            size_t cap, int *exit_code) {
     char port_file[300], err_file[300];

@@ -37,6 +37,10 @@ typedef struct dj_test_daemon_opts {
  * exited, left 0 when it did not write its port in time (it stays in the slot). */
 pid_t dj_test_daemon_start(int slot, const dj_test_daemon_opts *o, const char *const *extra, char *addr,
                            size_t cap, int *exit_code /* OUT */);
+/* A loopback TCP port nobody listens on now, or 0. Another process (a test
+ * running beside this one) may bind it before the daemon it is meant for
+ * does: callers try a fresh one when that daemon exits at start. */
+int dj_test_free_port(void);
 /* SIGTERM, then wait at most wait_ms (SIGKILL after); empties the slot.
  * Returns the exit status, or -1 (killed, or an empty slot). */
 int dj_test_daemon_stop(int slot, int wait_ms);

@@ -41,10 +41,14 @@ static ref refs[N_MODELS];
 static char tmpdir[256];
 
 /* djinnd on fixture models with extra args; *addr gets where it listens. */
-static pid_t start_daemon(int slot, const char *listen, const char *const *extra, char *addr, size_t cap) {
+static pid_t start_daemon_code(int slot, const char *listen, const char *const *extra, char *addr, size_t cap,
+                               int *exit_code) {
     const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_FIXTURES "/models",
                                    .listen = listen, .wait_ms = 10000};
-    return dj_test_daemon_start(slot, &o, extra, addr, cap, NULL);
+    return dj_test_daemon_start(slot, &o, extra, addr, cap, exit_code);
+}
+static pid_t start_daemon(int slot, const char *listen, const char *const *extra, char *addr, size_t cap) {
+    return start_daemon_code(slot, listen, extra, addr, cap, NULL);
 }
 
 /* SIGTERM, then wait at most 10 s (SIGKILL after); returns the exit status or -1. */
@@ -919,16 +923,6 @@ static void test_unix_token(void) {
     CHECK(stat(sock + 5, &sb) != 0);
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 int main(void) {
     dj_test_seeds();
     signal(SIGPIPE, SIG_IGN);
@@ -938,13 +932,19 @@ int main(void) {
     if (!mkdtemp(tmpdir)) return 1;
     load_refs();
     char addr[128], mport[64], lease_s[16];
-    snprintf(mport, sizeof mport, "127.0.0.1:%d", free_port());
     /* prompts go in 4 tokens per scheduler turn: every test runs chunked prefill.
      * The default lease (10 s): only the lease tests below take a short one,
      * on a daemon of their own, so no other test depends on how promptly a
      * loaded machine runs the client's heartbeat thread. */
     const char *extra[] = {"--metrics", mport, "--prefill-chunk", "4", NULL};
-    pid_t pid = start_daemon(0, "127.0.0.1:0", extra, addr, sizeof addr);
+    pid_t pid = -1;
+    /* the metrics port is picked before the daemon binds it (a test beside this one may take it in
+     * between: the daemon exits); a daemon alive but silent is not retried */
+    for (int attempt = 0, code = 0; attempt < 5 && pid <= 0; attempt++) {
+        snprintf(mport, sizeof mport, "127.0.0.1:%d", dj_test_free_port());
+        pid = start_daemon_code(0, "127.0.0.1:0", extra, addr, sizeof addr, &code);
+        if (pid <= 0 && code == 0) break;
+    }
     CHECK_MSG(pid > 0, "djinnd did not start");
     if (pid > 0) {
         double t = dj_test_now_s();
