@@ -264,6 +264,16 @@ static cJSON *special_token(const char *s, int64_t id) {
     return o;
 }
 
+/* One item of a TemplateProcessing sequence: {kind: {"id": id, "type_id": 0}}
+ * (kind "SpecialToken" or "Sequence"). */
+static cJSON *template_item(const char *kind, const char *id) {
+    cJSON *e = cJSON_CreateObject(), *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "id", id);
+    cJSON_AddNumberToObject(s, "type_id", 0);
+    cJSON_AddItemToObject(e, kind, s);
+    return e;
+}
+
 /* The tokenizer.json of v (see the top of the file). */
 static dj_status build_json(const vocab *v, const char *path, cJSON **out) {
     dj_status st = DJ_OK;
@@ -371,24 +381,12 @@ static dj_status build_json(const vocab *v, const char *path, cJSON **out) {
         cJSON *post = cJSON_CreateObject(), *single = cJSON_CreateArray(), *sp = cJSON_CreateObject();
         cJSON_AddStringToObject(post, "type", "TemplateProcessing");
         if (bos) {
-            cJSON *e = cJSON_CreateObject(), *s = cJSON_CreateObject();
-            cJSON_AddStringToObject(s, "id", v->tok[v->bos]);
-            cJSON_AddNumberToObject(s, "type_id", 0);
-            cJSON_AddItemToObject(e, "SpecialToken", s);
-            cJSON_AddItemToArray(single, e);
+            cJSON_AddItemToArray(single, template_item("SpecialToken", v->tok[v->bos]));
             cJSON_AddItemToObject(sp, v->tok[v->bos], special_token(v->tok[v->bos], v->bos));
         }
-        cJSON *a = cJSON_CreateObject(), *seq = cJSON_CreateObject();
-        cJSON_AddStringToObject(seq, "id", "A");
-        cJSON_AddNumberToObject(seq, "type_id", 0);
-        cJSON_AddItemToObject(a, "Sequence", seq);
-        cJSON_AddItemToArray(single, a);
+        cJSON_AddItemToArray(single, template_item("Sequence", "A"));
         if (eos) {
-            cJSON *e = cJSON_CreateObject(), *s = cJSON_CreateObject();
-            cJSON_AddStringToObject(s, "id", v->tok[v->eos]);
-            cJSON_AddNumberToObject(s, "type_id", 0);
-            cJSON_AddItemToObject(e, "SpecialToken", s);
-            cJSON_AddItemToArray(single, e);
+            cJSON_AddItemToArray(single, template_item("SpecialToken", v->tok[v->eos]));
             if (!cJSON_GetObjectItemCaseSensitive(sp, v->tok[v->eos]))
                 cJSON_AddItemToObject(sp, v->tok[v->eos], special_token(v->tok[v->eos], v->eos));
         }

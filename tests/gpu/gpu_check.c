@@ -524,12 +524,10 @@ static void check_kv_pages(const kv_pair *p, uint32_t ctx, const char *shape, do
 }
 
 /* ROPE of k, then KV_WRITE of the rotated k (and v) at pos0.., as the
- * decoder issues them: the CUDA backend runs the pair as one kernel when
- * fusing. The rotated k and every page row against the CPU, and the fusion
+ * decoder issues them; with nq > 0 a ROPE of q (nq heads, same positions)
+ * comes first. The CUDA backend runs them as one kernel when fusing. The
+ * rotated k (and q) and every page row against the CPU, and the fusion
  * counter must move exactly when fusing. */
-/* ROPE of k then its KV_WRITE, as the decoder issues them; with nq > 0 a
- * ROPE of q (nq heads, same positions) comes first, and the fused kernel
- * takes all three. */
 static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
                                 int fuse, uint32_t nq) {
     const uint32_t ctx = pos0 + n, kvd = nkv * hd;
