@@ -2763,6 +2763,12 @@ static void check_q4(void) {
     check_q4_matmul(33, 384, 77, 1, DJ_DTYPE_F32, 2, 4);      /* skewed, f32 out */
     check_q4_matmul(300, 2048, 512, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic: GEMM */
     check_q4_matmul(2, 2048, 512, 1, DJ_DTYPE_BF16, 0, 0);    /* automatic: GEMV */
+    /* automatic, 9..32 rows: the tensor-core GEMV's 2 and 4 column tiles */
+    check_q4_matmul(9, 4096, 1000, 1, DJ_DTYPE_BF16, 0, 0);
+    check_q4_matmul(16, 512, 77, 0, DJ_DTYPE_F32, 0, 0);
+    check_q4_matmul(23, 14336, 300, 1, DJ_DTYPE_BF16, 0, 0);
+    check_q4_matmul(32, 4096, 14336, 0, DJ_DTYPE_BF16, 0, 0);
+    check_q4_matmul(32, 384, 100, 0, DJ_DTYPE_BF16, 0, 0); /* 4-byte rows: tiles */
     check_q4_group(1, 4096);
     check_q4_group(5, 512);
 }

@@ -197,11 +197,13 @@ static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t t
 template <int PAIRS, int G, bool F8>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
+    dj_pdl_release();
     const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const dec_range rg = dec_range_of(a, i, splits);
+    const dec_range rg = dec_range_of(a, i, splits); /* row_pos: the step's arguments, copied before any kernel */
     const uint64_t s0 = (uint64_t)rg.t0 + (uint64_t)split * rg.chunk;
     if (s0 > rg.p) return; /* block-uniform: an empty split */
+    dj_pdl_wait();
     const uint64_t s1 = s0 + rg.chunk - 1 < rg.p ? s0 + rg.chunk - 1 : rg.p; /* inclusive */
     const uint32_t kvh = h0 / a.group, hd = a.hd;
     const uint32_t *table = a.row_tables ? a.row_tables[i] : a.table;
@@ -356,8 +358,10 @@ static __global__ void __launch_bounds__(128)
     attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
     __shared__ float s_w[DEC_MAX_SPLITS];
     __shared__ float s_inv;
+    dj_pdl_release();
     const uint32_t h = blockIdx.x, i = blockIdx.y, hd = a.hd, lane = threadIdx.x & 31;
     const dec_range rg = dec_range_of(a, i, splits);
+    dj_pdl_wait();
     const uint64_t len = (uint64_t)rg.p - rg.t0 + 1;
     const uint32_t used = (uint32_t)((len + rg.chunk - 1) / rg.chunk); /* <= splits */
     const float *src = part + ((size_t)i * a.nh + h) * splits * (hd + 2);
@@ -505,32 +509,32 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
 /* ---- launchers ---- */
 
 template <int PAIRS, bool F8>
-static void launch_decode_batch(dim3 grid, uint32_t heads_per_block, cudaStream_t stream, const attn_args &a,
+static void launch_decode_batch(const dj_cuda_backend *cb, dim3 grid, uint32_t heads_per_block, const attn_args &a,
                                 uint32_t splits, float *part) {
     const unsigned threads = DEC_WARPS * 32;
     if constexpr (PAIRS <= 2) { /* 4 heads of head_dim > 128 would not fit the registers */
         if (heads_per_block == 4) {
-            attn_decode_batch_kernel<PAIRS, 4, F8><<<grid, threads, 0, stream>>>(a, splits, part);
+            dj__launch(cb, attn_decode_batch_kernel<PAIRS, 4, F8>, grid, dim3(threads), 0, a, splits, part);
             return;
         }
     }
     if (heads_per_block == 2)
-        attn_decode_batch_kernel<PAIRS, 2, F8><<<grid, threads, 0, stream>>>(a, splits, part);
+        dj__launch(cb, attn_decode_batch_kernel<PAIRS, 2, F8>, grid, dim3(threads), 0, a, splits, part);
     else
-        attn_decode_batch_kernel<PAIRS, 1, F8><<<grid, threads, 0, stream>>>(a, splits, part);
+        dj__launch(cb, attn_decode_batch_kernel<PAIRS, 1, F8>, grid, dim3(threads), 0, a, splits, part);
 }
 
 template <bool F8>
-static void launch_decode(uint32_t hd, dim3 grid, uint32_t hpb, cudaStream_t stream, const attn_args &a,
+static void launch_decode(const dj_cuda_backend *cb, uint32_t hd, dim3 grid, uint32_t hpb, const attn_args &a,
                           uint32_t splits, float *part) {
     if (hd <= 64)
-        launch_decode_batch<1, F8>(grid, hpb, stream, a, splits, part);
+        launch_decode_batch<1, F8>(cb, grid, hpb, a, splits, part);
     else if (hd <= 128)
-        launch_decode_batch<2, F8>(grid, hpb, stream, a, splits, part);
+        launch_decode_batch<2, F8>(cb, grid, hpb, a, splits, part);
     else if (hd <= 192)
-        launch_decode_batch<3, F8>(grid, hpb, stream, a, splits, part);
+        launch_decode_batch<3, F8>(cb, grid, hpb, a, splits, part);
     else
-        launch_decode_batch<4, F8>(grid, hpb, stream, a, splits, part);
+        launch_decode_batch<4, F8>(cb, grid, hpb, a, splits, part);
 }
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
@@ -559,11 +563,12 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     const dim3 grid((unsigned)splits, c->n_heads / hpb, c->n);
     __nv_bfloat16 *out = (__nv_bfloat16 *)c->out;
     if (c->kv->dtype == DJ_DTYPE_F8_E4M3)
-        launch_decode<true>(hd, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode<true>(cb, hd, grid, hpb, a, (uint32_t)splits, part);
     else
-        launch_decode<false>(hd, grid, hpb, cb->stream, a, (uint32_t)splits, part);
+        launch_decode<false>(cb, hd, grid, hpb, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
-    attn_merge_used_kernel<<<dim3(c->n_heads, c->n), 128, 0, cb->stream>>>(a, part, out, (uint32_t)splits);
+    dj__launch(cb, attn_merge_used_kernel, dim3(c->n_heads, c->n), dim3(128), 0, a, (const float *)part, out,
+               (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -73,20 +73,6 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
                  : "r"(smem_addr(p)));
 }
 
-/* D = A B + D, m16n8k16, bf16 in, f32 accumulate. With g = lane/4, c = lane%4
- * (PTX ISA, "Matrix Fragments for mma.m16n8k16" for .bf16):
- *   A (16x16, row-major): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
- *   B (16x8, k x n):      b0 = (k 2c..2c+1, n g), b1 = (k 2c+8..2c+9, n g)
- *   C/D (16x8 f32):       d0,d1 = (g, 2c..2c+1), d2,d3 = (g+8, 2c..2c+1)
- * each .b32 register packing two bf16, the lower column (or k) in the low half. */
-static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* 2^x, flushing subnormal results to 0 (MUFU.EX2 alone; exp2f adds a
  * subnormal fix-up around it). 2^-inf = 0. */
 static __device__ __forceinline__ float ex2(float x) {
@@ -259,8 +245,8 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
                      * (keys 8-15, dims hi): K rows are B columns, so no transpose. */
                     uint32_t b[4];
                     ldsm_x4(b, Ks + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * SK + k * 16 + ((lane >> 3) & 1) * 8);
-                    mma16816(s[2 * n2], qa, b[0], b[1]);
-                    mma16816(s[2 * n2 + 1], qa, b[2], b[3]);
+                    dj_mma16816(s[2 * n2], qa, b[0], b[1]);
+                    dj_mma16816(s[2 * n2 + 1], qa, b[2], b[3]);
                 }
             }
             /* Scale (and cap), then mask; element e of n-block nb is key 8nb + 2c + (e&1) of the
@@ -349,8 +335,8 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
                      * (keys 0-7, dims hi), (keys 8-15, dims hi) -> b0, b1 of dim block 2d2, then 2d2+1. */
                     uint32_t b[4];
                     ldsm_x4_t(b, Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SK + d2 * 16 + (lane >> 4) * 8);
-                    mma16816(o[2 * d2], pf[kk], b[0], b[1]);
-                    mma16816(o[2 * d2 + 1], pf[kk], b[2], b[3]);
+                    dj_mma16816(o[2 * d2], pf[kk], b[0], b[1]);
+                    dj_mma16816(o[2 * d2 + 1], pf[kk], b[2], b[3]);
                 }
             }
         }

@@ -179,6 +179,20 @@ static __device__ __forceinline__ void dj_glu(const __nv_bfloat16 *gate, const _
     }
 }
 
+/* D = A B + D on the tensor cores, m16n8k16, bf16 in, f32 accumulate. With g = lane/4, c = lane%4
+ * (PTX ISA, "Matrix Fragments for mma.m16n8k16" for .bf16):
+ *   A (16x16, row-major): a0 = (g, 2c..2c+1), a1 = (g+8, 2c..), a2 = (g, 2c+8..), a3 = (g+8, 2c+8..)
+ *   B (16x8, k x n):      b0 = (k 2c..2c+1, n g), b1 = (k 2c+8..2c+9, n g)
+ *   C/D (16x8 f32):       d0,d1 = (g, 2c..2c+1), d2,d3 = (g+8, 2c..2c+1)
+ * each .b32 register packing two bf16, the lower column (or k) in the low half. */
+static __device__ __forceinline__ void dj_mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 static __device__ __forceinline__ float dj_ld(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
 static __device__ __forceinline__ float dj_ld(const __half *p, size_t i) { return __half2float(p[i]); }
 static __device__ __forceinline__ float dj_ld(const float *p, size_t i) { return p[i]; }
@@ -244,6 +258,10 @@ dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count)
 /* cuda_matmul_fp8.cu: f8_e4m3 weights with their scales - the GEMV of up to
  * 8 rows (as dj__cuda_gemv, which hands them over) and the tiled path. */
 dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+/* cuda_q4.cu: whether the tensor-core 4-bit GEMV takes c (4-byte aligned x
+ * and weights, at most Q4_MMA_ROWS rows of x): dj__cuda_gemv_q4 runs it. */
+#define Q4_MMA_ROWS 32
+bool dj__cuda_q4_mma_takes(const dj_op_call *c);
 dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
 /* cuda_matmul_fp8_lt.cu: the FP8 tensor-core GEMM (W8A8, cuBLASLt). covers:
  * the call's shape and scaling may take it (not yet refused); run: DJ_OK,

@@ -20,7 +20,7 @@
  *    one type, and the activations are bf16).
  * out is bf16 (activations) or f32 (logits); bias of any float dtype.
  * f8_e4m3 weights go to cuda_matmul_fp8.cu (GEMV up to 8 rows, else tiles).
- * 4-bit weights (DJ_DTYPE_Q4): cuda_q4.cu, the GEMV up to 8 rows. */
+ * 4-bit weights (DJ_DTYPE_Q4): cuda_q4.cu, the tensor-core GEMV up to 32 rows. */
 #include <limits.h>
 #include <string.h>
 
@@ -302,6 +302,8 @@ static dj_status gemm_cublas(dj_cuda_backend *cb, const dj_op_call *c) {
 
 /* The GEMV for one row (bf16 weights) or up to 8 (f16/f32), unless a path is forced. */
 static bool gemv_path(const dj_cuda_backend *cb, const dj_op_call *c) {
+    if (c->w_dtype == DJ_DTYPE_Q4) /* the tensor-core GEMV up to Q4_MMA_ROWS, on 4-byte aligned x and rows */
+        return dj__cuda_q4_mma_takes(c) && (cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS : cb->matmul_path != 2);
     const uint32_t gemv_rows = c->w_dtype == DJ_DTYPE_BF16 ? GEMV_BF16_ROWS : GEMV_MAX_ROWS;
     return cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS : cb->matmul_path != 2 && c->n <= gemv_rows;
 }

@@ -124,6 +124,12 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
                        uint32_t d, float eps, float w_off) {
     dj_pdl_release();
+    float wv[PER]; /* the norm's weights: constant, so loaded before the wait */
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const uint32_t j = threadIdx.x + i * NORM_THREADS;
+        wv[i] = j < d ? dj_ld(w, j) + w_off : 0.0f;
+    }
     dj_pdl_wait();
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
@@ -155,7 +161,7 @@ static __global__ void __launch_bounds__(NORM_THREADS)
         const uint32_t j = threadIdx.x + i * NORM_THREADS;
         if (j < d) {
             dj_st(hout, row + j, h[i]);
-            out[row + j] = __float2bfloat16((dj_ld(w, j) + w_off) * (h[i] * r));
+            out[row + j] = __float2bfloat16(wv[i] * (h[i] * r));
         }
     }
 }

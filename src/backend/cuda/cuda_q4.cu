@@ -1,16 +1,11 @@
 /* cuda_q4.cu: out[n,m] = x[n,k] @ w[m,k]^T (+ bias) for 4-bit weights
  * (DJ_DTYPE_Q4, djinn/dtype.h: per row k/2 bytes of codes, then k/128 f16
  * scales, then k/128 f16 zero points), bf16 x, f32 accumulation:
- *  - up to 8 rows (decode): a GEMV dequantizing in registers. 4 weight rows
- *    share each load of x; where a warp per 4 rows leaves SMs idle, 2, 4 or
- *    8 warps split each 4 rows' columns (their sums added in shared memory);
- *    a lane takes 16 bytes of codes a row (32 columns, inside one
- *    group) per load, turns two codes at a time into the exact bf16 pair
- *    (128 + code) with one LOP3, sums (128 + code) * x over its 32 columns,
- *    takes (128 + zero) * sum x off and scales the result once. Rows whose
- *    bytes are not 16-byte aligned (k % 512 != 0) take 4-byte loads (each
- *    code as the float 2^23 + code minus 2^23 + zero: exact). Calls on
- *    one x are grouped into one launch as the 16-bit GEMVs are (cuda_plan.cu).
+ *  - up to Q4_MMA_ROWS rows (decode, batched decode): a GEMV on the tensor
+ *    cores (mma.m16n8k16, bf16 -> f32), the codes turned into the exact bf16
+ *    pairs (128 + code) in registers, two a LOP3; 16-byte loads where x and
+ *    the rows allow, else 4-byte ones. Calls on one x are grouped into one
+ *    launch as the 16-bit GEMVs are (cuda_plan.cu).
  *  - more rows: weight rows dequantized to bf16 in tiles of at most
  *    Q4_TILE_BYTES (small enough to stay in L2 between the write and
  *    cuBLAS's read), each tile multiplied by cublasGemmEx into its columns of
@@ -41,126 +36,143 @@ static __device__ __forceinline__ float q4_bias(const void *p, int t, uint32_t j
     }
 }
 
-/* KS warps per RW consecutive weight rows j0.. of its segment (each x load
- * then serves RW rows: one row a warp read 4 bytes of x per byte of codes,
- * and decoded at 3.5x the step floor); warp ks of the KS takes every KS-th
- * run of 32 chunks of the row (chunk: 32 columns, 16 bytes), and the KS
- * partial sums add in ks order through shared memory - so a row's sum
- * depends on m and k only, never on n. x rows r < n (NR >= n). vec: rows of
- * 16-byte aligned bytes and a 16-byte aligned x. */
-template <typename TO, int NR, int RW, int KS>
+/* 16 bytes at p: one load (V16: p 16-byte aligned) or four (p 4-byte aligned). */
+template <bool V16>
+static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
+    if constexpr (V16) {
+        return *(const uint4 *)p;
+    } else {
+        const uint32_t *q = (const uint32_t *)p;
+        return make_uint4(q[0], q[1], q[2], q[3]);
+    }
+}
+
+/* The tensor-core GEMV (aligned rows, up to 8 * NT rows of x): a warp takes
+ * 16 weight rows (A of mma.m16n8k16) against NT tiles of 8 x rows (B), one
+ * group of 128 columns a step. Lane (g = lane / 4, t = lane % 4) loads 16
+ * bytes of rows g and g + 8: the group's columns 32t..32t+31, word w holding
+ * 32t+8w..32t+8w+7. The MMA's k order is a permutation of the columns that
+ * depends on t alone (A and B use the same one, so the dot products are
+ * unchanged): step (w, h) gives the lane the columns 8w + {2h, 2h+4} (its
+ * k 2t, 2t+1) and 8w + {2h+1, 2h+5} (k 2t+8, 2t+9) - exactly the bf16 pairs
+ * (128 + code) one LOP3 makes of word w (dj_q4_dot8_128's trick), and B's
+ * pairs one PRMT each of the lane's x words. A second MMA against ones gives
+ * each column's sum of x, so a group adds s * (sum (128 + code) x - (128 +
+ * zero) sum x) to its rows. Every x row is its own MMA column: a row's sum
+ * depends on m and k only (KS from m), never on n. Loads for U groups are
+ * issued before any is used. V16: x and every row 16-byte aligned (k a
+ * multiple of 512), else the same bytes in 4-byte loads. Measured against
+ * the CUDA-core GEMV it replaced (4 rows a warp, each lane widening x to
+ * floats and summing (128 + code) x with FMAs) on the 8B shape's AWQ
+ * checkpoint (H200, 2026-11-26, bench/RESULTS.md): decode b=1 the same
+ * within noise, b=2 360 -> 636 tok/s, b=32 2,027 -> 3,191 (those took the
+ * dequantized tiles). */
+template <typename TO, int NT, int KS, bool V16>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
-    gemv_q4_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k, bool vec) {
-    static_assert(Q4_WARPS % KS == 0, "a block holds whole row groups");
+    gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
+    static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
+    constexpr int U = 4;
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
+    const uint32_t g = lane >> 2, t = lane & 3;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
     const uint32_t m = sg.m[si];
-    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (Q4_WARPS / KS) + warp / KS) * RW;
+    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (Q4_WARPS / KS) + warp / KS) * 16;
     if (KS == 1 && j0 >= m) return; /* with KS > 1 every warp reaches the block's barrier */
     const uint32_t ng = k / DJ_Q4_GROUP;
     const size_t rb = k / 2 + 4 * (size_t)ng;
-    const uint8_t *rows[RW];
-#pragma unroll
-    for (int w = 0; w < RW; w++) rows[w] = sg.w[si] + (size_t)(j0 + w < m ? j0 + w : m - 1) * rb; /* past m: reread the last */
+    const uint32_t ra = j0 + g < m ? j0 + g : m - 1, rc = j0 + g + 8 < m ? j0 + g + 8 : m - 1; /* past m: reread */
+    const uint8_t *wa = sg.w[si] + (size_t)ra * rb + 16 * t, *wc = sg.w[si] + (size_t)rc * rb + 16 * t;
+    const __half *sa = (const __half *)(sg.w[si] + (size_t)ra * rb + k / 2);
+    const __half *sc = (const __half *)(sg.w[si] + (size_t)rc * rb + k / 2);
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     dj_pdl_wait();
-    float acc[NR][RW];
+    float tot[NT][4];
 #pragma unroll
-    for (int r = 0; r < NR; r++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int w = 0; w < RW; w++) acc[r][w] = 0.0f;
-    if (j0 >= m) {
-    } else if (vec) { /* 16 bytes a row: 32 columns of group c / 4 */
-#pragma unroll 2
-        for (uint32_t c = ks * 32 + lane; c < k / 32; c += 32 * KS) {
-            uint4 q[RW];
-            float s[RW], z128[RW];
+        for (int i = 0; i < 4; i++) tot[nt][i] = 0.0f;
+    for (uint32_t gb = ks; j0 < m && gb < ng; gb += KS * U) {
+        uint4 qa[U], qc[U];
 #pragma unroll
-            for (int w = 0; w < RW; w++) {
-                const __half *sc = (const __half *)(rows[w] + k / 2);
-                q[w] = *(const uint4 *)(rows[w] + 16 * (size_t)c);
-                s[w] = __half2float(sc[c / 4]);
-                z128[w] = 128.0f + __half2float(sc[ng + c / 4]);
-            }
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if ((uint32_t)r < n) {
-                    /* the 32 x values as floats and their sum: sum (code - zero) x =
-                     * sum (128 + code) x - (128 + zero) sum x */
-                    const uint4 *xr = (const uint4 *)(x + (size_t)r * k + 32 * (size_t)c);
-                    float xf[32], sx = 0.0f;
-#pragma unroll
-                    for (int h = 0; h < 4; h++) {
-                        const uint4 u = xr[h];
-                        const uint32_t xv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            xf[8 * h + 2 * e] = __uint_as_float(xv[e] << 16);
-                            xf[8 * h + 2 * e + 1] = __uint_as_float(xv[e] & 0xFFFF0000u);
-                            sx += xf[8 * h + 2 * e] + xf[8 * h + 2 * e + 1];
-                        }
-                    }
-#pragma unroll
-                    for (int w = 0; w < RW; w++) {
-                        const float p = dj_q4_dot32_128(q[w], xf);
-                        acc[r][w] = fmaf(s[w], fmaf(-z128[w], sx, p), acc[r][w]);
-                    }
-                }
+        for (int u = 0; u < U; u++) {
+            const uint32_t gi = gb + u * KS;
+            if (gi < ng) {
+                qa[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
+                qc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
             }
         }
-    } else { /* 4 bytes: 8 columns of group i / 16 */
-        for (uint32_t i = ks * 32 + lane; i < k / 8; i += 32 * KS) {
 #pragma unroll
-            for (int w = 0; w < RW; w++) {
-                const __half *sc = (const __half *)(rows[w] + k / 2);
-                const uint32_t q = *(const uint32_t *)(rows[w] + 4 * (size_t)i);
-                const float sw = __half2float(sc[i / 16]), mzw = 8388608.0f + __half2float(sc[ng + i / 16]);
+        for (int u = 0; u < U; u++) {
+            const uint32_t gi = gb + u * KS;
+            if (gi >= ng) break;
+            const uint32_t a4[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w}, c4[4] = {qc[u].x, qc[u].y, qc[u].z, qc[u].w};
+            const float s0 = __half2float(sa[gi]), z0 = 128.0f + __half2float(sa[ng + gi]);
+            const float s1 = __half2float(sc[gi]), z1 = 128.0f + __half2float(sc[ng + gi]);
 #pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    if ((uint32_t)r < n) {
-                        const __nv_bfloat16 *xr = x + (size_t)r * k + 8 * (size_t)i;
-                        float p = 0.0f;
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t xw[16];
+                const uint32_t xr = 8 * nt + g;
+                if (xr < n) {
+                    const uint8_t *xp = (const uint8_t *)(x + (size_t)xr * k + 128 * (size_t)gi + 32 * t);
 #pragma unroll
-                        for (int e = 0; e < 8; e++) p = fmaf(dj_q4_code(q, e, mzw), __bfloat162float(xr[e]), p);
-                        acc[r][w] = fmaf(sw, p, acc[r][w]);
+                    for (int i = 0; i < 4; i++) {
+                        const uint4 v = q4_load16<V16>(xp + 16 * i);
+                        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
                     }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 16; i++) xw[i] = 0;
                 }
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int w = 0; w < 4; w++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t a[4] = {((a4[w] >> (8 * h)) & 0x000F000Fu) | 0x43004300u,
+                                               ((c4[w] >> (8 * h)) & 0x000F000Fu) | 0x43004300u,
+                                               ((a4[w] >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u,
+                                               ((c4[w] >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u};
+                        const uint32_t b0 = __byte_perm(xw[4 * w + h], xw[4 * w + h + 2], 0x5410);
+                        const uint32_t b1 = __byte_perm(xw[4 * w + h], xw[4 * w + h + 2], 0x7632);
+                        dj_mma16816(c, a, b0, b1);
+                        dj_mma16816(sx, ones, b0, b1);
+                    }
+                tot[nt][0] = fmaf(s0, fmaf(-z0, sx[0], c[0]), tot[nt][0]);
+                tot[nt][1] = fmaf(s0, fmaf(-z0, sx[1], c[1]), tot[nt][1]);
+                tot[nt][2] = fmaf(s1, fmaf(-z1, sx[0], c[2]), tot[nt][2]);
+                tot[nt][3] = fmaf(s1, fmaf(-z1, sx[1], c[3]), tot[nt][3]);
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int w = 0; w < RW; w++)
-            for (int o = 16; o > 0; o >>= 1) acc[r][w] += __shfl_xor_sync(0xffffffffu, acc[r][w], o);
     if constexpr (KS > 1) {
-        __shared__ float part[Q4_WARPS][NR][RW];
-        if (lane == 0)
+        __shared__ float part[Q4_WARPS][NT][4][32];
 #pragma unroll
-            for (int r = 0; r < NR; r++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int w = 0; w < RW; w++) part[warp][r][w] = acc[r][w];
+            for (int i = 0; i < 4; i++) part[warp][nt][i][lane] = tot[nt][i];
         __syncthreads();
         if (ks != 0 || j0 >= m) return;
 #pragma unroll
-        for (int r = 0; r < NR; r++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int w = 0; w < RW; w++) {
-                float t = part[warp][r][w];
-                for (int p = 1; p < KS; p++) t += part[warp + p][r][w];
-                acc[r][w] = t;
+            for (int i = 0; i < 4; i++) {
+                float v = part[warp][nt][i][lane];
+                for (int p = 1; p < KS; p++) v += part[warp + p][nt][i][lane];
+                tot[nt][i] = v;
             }
     }
-    if (lane == 0) {
-        TO *out = (TO *)sg.out[si];
+    TO *out = (TO *)sg.out[si];
 #pragma unroll
-        for (int w = 0; w < RW; w++) {
-            if (j0 + w >= m) break;
-            const float b = sg.bias[si] ? q4_bias(sg.bias[si], sg.bias_dtype[si], j0 + w) : 0.0f;
+    for (int i = 0; i < 4; i++) {
+        const uint32_t j = j0 + g + (i >= 2 ? 8 : 0);
+        if (j >= m) continue;
+        const float b = sg.bias[si] ? q4_bias(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
 #pragma unroll
-            for (int r = 0; r < NR; r++)
-                if ((uint32_t)r < n) dj_st(out, (size_t)r * m + j0 + w, acc[r][w] + b);
+        for (int nt = 0; nt < NT; nt++) {
+            const uint32_t r = 8 * nt + 2 * t + (i & 1);
+            if (r < n) dj_st(out, (size_t)r * m + j, tot[nt][i] + b);
         }
     }
 }
@@ -195,12 +207,10 @@ static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bi
         dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
 }
 
-template <typename TO, int NR, int RW, int KS>
-static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
-    const dj_op_call *c = &calls[0];
+template <typename TO, int NT, int KS, bool V16>
+static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     q4_segs sg;
     memset(&sg, 0, sizeof sg);
-    uintptr_t align = (uintptr_t)c->x | (uintptr_t)dj_dtype_row_bytes(DJ_DTYPE_Q4, c->k);
     unsigned blocks = 0;
     for (int i = 0; i < count; i++) {
         sg.w[i] = (const uint8_t *)calls[i].w;
@@ -209,56 +219,68 @@ static void launch_nr(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
         sg.out[i] = calls[i].out;
         sg.m[i] = calls[i].m;
         sg.first_block[i] = blocks;
-        blocks += (calls[i].m + Q4_WARPS / KS * RW - 1) / (Q4_WARPS / KS * RW);
-        align |= (uintptr_t)calls[i].w;
+        blocks += (calls[i].m + Q4_WARPS / KS * 16 - 1) / (Q4_WARPS / KS * 16);
     }
     sg.count = count;
-    dj__launch(cb, gemv_q4_kernel<TO, NR, RW, KS>, dim3(blocks), dim3(Q4_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
-               c->n, c->k, align % 16 == 0);
+    dj__launch(cb, gemv_q4_mma_kernel<TO, NT, KS, V16>, dim3(blocks), dim3(Q4_WARPS * 32), 0,
+               (const __nv_bfloat16 *)calls[0].x, sg, calls[0].n, calls[0].k);
 }
 
-/* RW rows a warp group (4; 2 with 8 rows of x, where 4 spilled) and KS warps
- * a group: the fewest that still give every SM two blocks at 4 rows a group
- * - from m alone, so a row's sum (which depends on KS, never on RW) is the
- * same at every n. Against the former choice - 1 row a warp where 4 left SMs
- * idle, each lane then widening 64 bytes of x per 16 bytes of codes - the 8B
- * shape's decode step took 3.28 instead of 3.45 ms on the H100
- * (bench/RESULTS.md, 2026-11-26). */
-template <typename TO, int NR>
-static void launch_rw(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
-    constexpr int RW = NR >= 8 ? 2 : 4;
-    uint32_t groups = 0; /* of 4 rows */
-    for (int i = 0; i < count; i++) groups += (calls[i].m + 3) / 4;
+template <typename TO, int NT, int KS>
+static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    uintptr_t align = (uintptr_t)calls[0].x | (uintptr_t)dj_dtype_row_bytes(DJ_DTYPE_Q4, calls[0].k);
+    for (int i = 0; i < count; i++) align |= (uintptr_t)calls[i].w;
+    if (align % 16 == 0)
+        launch_mma_ks<TO, NT, KS, true>(cb, calls, count);
+    else
+        launch_mma_ks<TO, NT, KS, false>(cb, calls, count);
+}
+
+/* KS: the fewest warps a 16-row tile that still give every SM two blocks -
+ * from m alone, so a row's sum never depends on n. */
+template <typename TO, int NT>
+static void launch_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    uint32_t tiles = 0;
+    for (int i = 0; i < count; i++) tiles += (calls[i].m + 15) / 16;
     const uint32_t want = 2u * (uint32_t)cb->n_sm;
-    if ((groups + Q4_WARPS - 1) / Q4_WARPS >= want) {
-        launch_nr<TO, NR, RW, 1>(cb, calls, count);
-    } else if ((groups + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) {
-        launch_nr<TO, NR, RW, 2>(cb, calls, count);
-    } else if ((groups + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want) {
-        launch_nr<TO, NR, RW, 4>(cb, calls, count);
-    } else {
-        launch_nr<TO, NR, RW, 8>(cb, calls, count);
-    }
+    if ((tiles + Q4_WARPS - 1) / Q4_WARPS >= want)
+        launch_mma_v<TO, NT, 1>(cb, calls, count);
+    else if ((tiles + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want)
+        launch_mma_v<TO, NT, 2>(cb, calls, count);
+    else if ((tiles + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want)
+        launch_mma_v<TO, NT, 4>(cb, calls, count);
+    else
+        launch_mma_v<TO, NT, 8>(cb, calls, count);
+}
+
+bool dj__cuda_q4_mma_takes(const dj_op_call *c) {
+    return c->w_dtype == DJ_DTYPE_Q4 && ((uintptr_t)c->x | (uintptr_t)c->w) % 4 == 0 && c->n <= Q4_MMA_ROWS;
 }
 
 template <typename TO>
-static void launch_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+static void launch_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const uint32_t n = calls[0].n;
-    if (n == 1)
-        launch_rw<TO, 1>(cb, calls, count);
-    else if (n == 2)
-        launch_rw<TO, 2>(cb, calls, count);
-    else if (n <= 4)
-        launch_rw<TO, 4>(cb, calls, count);
+    if (n <= 8)
+        launch_mma<TO, 1>(cb, calls, count);
+    else if (n <= 16)
+        launch_mma<TO, 2>(cb, calls, count);
     else
-        launch_rw<TO, 8>(cb, calls, count);
+        launch_mma<TO, 4>(cb, calls, count);
 }
 
 dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    for (int i = 0; i < count; i++) /* reached only by the deterministic 8-row pieces of unaligned x */
+        if (!dj__cuda_q4_mma_takes(&calls[i])) {
+            for (int j = 0; j < count; j++) {
+                const dj_status st = dj__cuda_gemm_q4(cb, &calls[j]);
+                if (st != DJ_OK) return st;
+            }
+            return DJ_OK;
+        }
     if (calls[0].out_dtype == DJ_DTYPE_F32)
-        launch_rows<float>(cb, calls, count);
+        launch_q4<float>(cb, calls, count);
     else
-        launch_rows<__nv_bfloat16>(cb, calls, count);
+        launch_q4<__nv_bfloat16>(cb, calls, count);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

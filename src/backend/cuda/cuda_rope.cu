@@ -34,6 +34,8 @@ static __device__ __forceinline__ void rope_cs(float theta, float scale, float *
 static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, const float *inv_freq, uint32_t n,
                                    uint32_t nh, uint32_t hd, uint32_t rot, uint32_t pos0, const uint32_t *row_pos,
                                    float scale) {
+    dj_pdl_release();
+    dj_pdl_wait();
     const uint32_t half = rot / 2;
     const size_t count = (size_t)n * nh * half;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
@@ -58,6 +60,8 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
                                        size_t page_bytes, const uint32_t *table, uint32_t tpp, uint32_t kv_dim,
                                        uint32_t n, uint32_t pos0, const uint32_t *row_pos,
                                        const uint32_t *const *row_tables) {
+    dj_pdl_release();
+    dj_pdl_wait();
     const size_t count = (size_t)n * kv_dim;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t i = (uint32_t)(t / kv_dim), e = (uint32_t)(t % kv_dim);
@@ -83,19 +87,27 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
                                             uint32_t pos0, const uint32_t *row_pos, float scale, uint8_t *seg,
                                             size_t page_bytes, const uint32_t *table, uint32_t tpp,
                                             const uint32_t *const *row_tables, uint32_t hpt) {
+    dj_pdl_release();
     const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq, groups = (heads + hpt - 1) / hpt;
     const size_t count = (size_t)n * groups * half;
+    bool waited = false;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t j = (uint32_t)(t % half);
         const size_t rg = t / half; /* row * groups + group */
         const uint32_t i = (uint32_t)(rg / groups), h0 = (uint32_t)(rg % groups) * hpt;
         const uint32_t h1 = h0 + hpt < heads ? h0 + hpt : heads;
+        /* positions, tables and frequencies are the step's arguments (copied before any
+         * kernel) or constant: the angle and the page come before the wait */
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
         float cs, sn;
         rope_cs(inv_freq[j] * (float)p, scale, &cs, &sn);
         const uint32_t *tb = row_tables ? row_tables[i] : table;
         __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
         const size_t prow = (size_t)(p % tpp) * kv_dim;
+        if (!waited) {
+            dj_pdl_wait();
+            waited = true;
+        }
         for (uint32_t h = h0; h < h1; h++) {
             const bool is_k = h < nkv;
             const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
@@ -151,6 +163,8 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     kv_write_f8_kernel(const __nv_bfloat16 *k, const __nv_bfloat16 *v, uint8_t *seg, size_t page_bytes,
                        const uint32_t *table, uint32_t tpp, uint32_t nkv, uint32_t hd, uint32_t n, uint32_t pos0,
                        const uint32_t *row_pos, const uint32_t *const *row_tables) {
+    dj_pdl_release();
+    dj_pdl_wait();
     const uint32_t lane = threadIdx.x & 31, kv_dim = nkv * hd;
     const size_t count = (size_t)n * nkv * 2, warps = (size_t)gridDim.x * ROPE_WARPS;
     for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
@@ -184,6 +198,8 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
                             uint32_t n, uint32_t nkv, uint32_t hd, uint32_t pos0, const uint32_t *row_pos, float scale,
                             uint8_t *seg, size_t page_bytes, const uint32_t *table, uint32_t tpp,
                             const uint32_t *const *row_tables) {
+    dj_pdl_release();
+    dj_pdl_wait();
     const uint32_t lane = threadIdx.x & 31, half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
     const size_t count = (size_t)n * heads, warps = (size_t)gridDim.x * ROPE_WARPS;
     for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
@@ -236,7 +252,7 @@ static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
     const uint32_t rot = c->rot_dim ? c->rot_dim : c->head_dim;
     const size_t count = (size_t)c->n * c->n_heads * (rot / 2);
-    rope_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+    dj__launch(cb, rope_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
         (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim, rot,
         c->pos0, c->row_pos, c->scale);
     DJ_CU_LAUNCHED(cb);
@@ -248,14 +264,14 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
     if (kv->dtype == DJ_DTYPE_F8_E4M3) {
         const uint32_t nkv = kv->n_kv_heads; /* checked: set, and divides kv_dim */
         const size_t warps = (size_t)c->n * nkv * 2;
-        kv_write_f8_kernel<<<dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+        dj__launch(cb, kv_write_f8_kernel, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
             (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
             kv->tokens_per_page, nkv, kv->kv_dim / nkv, c->n, c->pos0, c->row_pos, c->row_tables);
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
     const size_t count = (size_t)c->n * kv->kv_dim;
-    kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+    dj__launch(cb, kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
         (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
         kv->tokens_per_page, kv->kv_dim, c->n, c->pos0, c->row_pos, c->row_tables);
     DJ_CU_LAUNCHED(cb);
@@ -268,7 +284,7 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
     const uint32_t nq = rope_q ? rope_q->n_heads : 0u;
     if (kv->dtype == DJ_DTYPE_F8_E4M3) { /* the plan fuses it only where k's heads are the view's */
         const size_t warps = (size_t)rope->n * (rope->n_heads + nq);
-        rope_kv_write_f8_kernel<<<dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+        dj__launch(cb, rope_kv_write_f8_kernel, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
             (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
             rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
             rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
@@ -280,7 +296,7 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
     const size_t elems = (size_t)rope->n * heads * (rope->head_dim / 2);
     const uint32_t hpt = elems >= ((size_t)1 << 20) ? ROPE_HEADS_MANY : 1u;
     const size_t count = (size_t)rope->n * ((heads + hpt - 1) / hpt) * (rope->head_dim / 2);
-    rope_kv_write_kernel<<<dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, cb->stream>>>(
+    dj__launch(cb, rope_kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
         (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
         rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
         rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
