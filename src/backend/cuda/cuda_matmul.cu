@@ -26,6 +26,7 @@
 
 #include "backend/cuda/cuda_impl.h"
 
+#define GEMV_PRE 4 /* 16-byte weight loads a lane of the 16-bit GEMV issues before the PDL wait */
 #define GEMV_MAX_ROWS 8  /* the kernel's capacity (the f16/f32-weight and deterministic paths) */
 #define GEMV_BF16_ROWS 1 /* bf16 weights: rows the GEMV takes by default (more go to cuBLAS) */
 #define GEMV_WARPS 8
@@ -84,6 +85,13 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const uint32_t j = (blockIdx.x - sg.first_block[si]) * GEMV_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
     const TW *wr = (const TW *)sg.w[si] + (size_t)j * k;
+    /* weights are constant: a 16-bit row's first GEMV_PRE loads go out before the wait */
+    uint4 pre[GEMV_PRE];
+    if constexpr (sizeof(TW) == 2) {
+#pragma unroll
+        for (int p = 0; p < GEMV_PRE; p++)
+            if (vec && lane * 8 + 256u * p < k) pre[p] = *(const uint4 *)(wr + lane * 8 + 256u * p);
+    }
     dj_pdl_wait();
     const void *bias = sg.bias[si];
     const int bias_dtype = sg.bias_dtype[si];
@@ -94,10 +102,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     bool done = false;
     if constexpr (sizeof(TW) == 2) {
         if (vec) {
-#pragma unroll 4
-            for (uint32_t kk = lane * 8; kk < k; kk += 256) {
+            auto step = [&](uint4 u, uint32_t kk) {
                 float wf[8];
-                widen8(*(const uint4 *)(wr + kk), wr, wf);
+                widen8(u, wr, wf);
 #pragma unroll
                 for (int r = 0; r < NR; r++) {
                     if ((uint32_t)r < n) {
@@ -107,7 +114,12 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
                         for (int e = 0; e < 8; e++) acc[r] += wf[e] * xf[e];
                     }
                 }
-            }
+            };
+#pragma unroll
+            for (int p = 0; p < GEMV_PRE; p++)
+                if (lane * 8 + 256u * p < k) step(pre[p], lane * 8 + 256u * p);
+#pragma unroll 4
+            for (uint32_t kk = lane * 8 + 256u * GEMV_PRE; kk < k; kk += 256) step(*(const uint4 *)(wr + kk), kk);
             done = true;
         }
     }

@@ -59,8 +59,8 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * pairs one PRMT each of the lane's x words. A second MMA against ones gives
  * each column's sum of x, so a group adds s * (sum (128 + code) x - (128 +
  * zero) sum x) to its rows. Every x row is its own MMA column: a row's sum
- * depends on m and k only (KS from m), never on n. Loads for U groups are
- * issued before any is used. V16: x and every row 16-byte aligned (k a
+ * depends on m and k only (KS from m), never on n. The loads of the next U
+ * groups are issued before the MMAs of these U. V16: x and every row 16-byte aligned (k a
  * multiple of 512), else the same bytes in 4-byte loads. Measured against
  * the CUDA-core GEMV it replaced (4 rows a warp, each lane widening x to
  * floats and summing (128 + code) x with FMAs) on the 8B shape's AWQ
@@ -71,7 +71,7 @@ template <typename TO, int NT, int KS, bool V16>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
     static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
-    constexpr int U = 4;
+    constexpr int U = 2;
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
     const uint32_t g = lane >> 2, t = lane & 3;
@@ -87,6 +87,17 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     const __half *sa = (const __half *)(sg.w[si] + (size_t)ra * rb + k / 2);
     const __half *sc = (const __half *)(sg.w[si] + (size_t)rc * rb + k / 2);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    /* weights are constant: the first U groups' loads go out before the wait, and each
+     * step's loads of the next U groups before its MMAs */
+    uint4 qa[U], qc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const uint32_t gi = ks + u * KS;
+        if (j0 < m && gi < ng) {
+            qa[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
+            qc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
+        }
+    }
     dj_pdl_wait();
     float tot[NT][4];
 #pragma unroll
@@ -94,13 +105,13 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < 4; i++) tot[nt][i] = 0.0f;
     for (uint32_t gb = ks; j0 < m && gb < ng; gb += KS * U) {
-        uint4 qa[U], qc[U];
+        uint4 na[U], nc[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const uint32_t gi = gb + u * KS;
+            const uint32_t gi = gb + (U + u) * KS;
             if (gi < ng) {
-                qa[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
-                qc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
+                na[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
+                nc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
             }
         }
 #pragma unroll
@@ -145,6 +156,8 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
                 tot[nt][3] = fmaf(s1, fmaf(-z1, sx[1], c[3]), tot[nt][3]);
             }
         }
+#pragma unroll
+        for (int u = 0; u < U; u++) qa[u] = na[u], qc[u] = nc[u];
     }
     if constexpr (KS > 1) {
         __shared__ float part[Q4_WARPS][NT][4][32];
