@@ -779,6 +779,88 @@ static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t t
     free(wd);
 }
 
+/* Gemma's sandwich: RMSNORM of a layer's output (1 + w), the ADD of it to the
+ * residual stream, the RMSNORM of the sum, through compute_plan: the CUDA
+ * backend runs the three as one kernel. The three outputs against the CPU,
+ * fused bit-equal to the launches apart (DJINN_FUSE off), the fusion counter
+ * up by 2 exactly when fused. */
+static void check_norm_add_norm(uint32_t n, uint32_t d, dj_dtype rt) {
+    const size_t count = (size_t)n * d, rb = count * dj_dtype_size(rt);
+    float *af = falloc(count), *bf = falloc(count), *pref = falloc(count), *href = falloc(count);
+    float *nref = falloc(count);
+    uint16_t *bb = halloc(count);
+    void *ab = rand_act(rt, af, count, -2.0f, 2.0f);
+    rand_bf16(bb, bf, count, -3.0f, 3.0f);
+    void *pw = rand_weight(DJ_DTYPE_BF16, d, -0.5f, 0.5f), *w = rand_weight(DJ_DTYPE_BF16, d, -0.5f, 0.5f);
+    dj_op_call cc[3] = {{.op = DJ_OP_RMSNORM, .n = n, .out = pref, .x = bf, .w = pw, .w_dtype = DJ_DTYPE_BF16,
+                         .d = d, .eps = 1e-6f, .w_offset = 1.0f},
+                        {.op = DJ_OP_ADD, .n = n, .out = href, .x = af, .x2 = pref, .d = d},
+                        {.op = DJ_OP_RMSNORM, .n = n, .out = nref, .x = href, .w = w, .w_dtype = DJ_DTYPE_BF16,
+                         .d = d, .eps = 1e-6f, .w_offset = 1.0f}};
+    if (dj_backend_compute_plan(cpu, cc, 3, NULL) != DJ_OK) die("norm + add + norm (cpu)");
+    void *dpw = dcopy(pw, d * 2), *dw = dcopy(w, d * 2);
+    void *outs[2][3]; /* [fused, apart][pre norm, sum, norm] */
+    for (int pass = 0; pass < 2; pass++) {
+        void *da = dcopy(ab, rb), *db = dcopy(bb, count * 2), *dp = dalloc(count * 2), *dh = dalloc(rb);
+        void *dn = dalloc(count * 2);
+        poison(dp, count * 2);
+        poison(dh, rb);
+        poison(dn, count * 2);
+        dj_op_call gc[3] = {cc[0], cc[1], cc[2]};
+        gc[0].x = db, gc[0].out = dp, gc[0].w = dpw, gc[0].x_dtype = gc[0].out_dtype = DJ_DTYPE_BF16;
+        gc[1].x = da, gc[1].x2 = dp, gc[1].out = dh, gc[1].x_dtype = gc[1].out_dtype = rt;
+        gc[2].x = dh, gc[2].out = dn, gc[2].w = dw, gc[2].x_dtype = rt, gc[2].out_dtype = DJ_DTYPE_BF16;
+        dj__cuda_set_fuse(gpu, pass == 0);
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if (dj_backend_compute_plan(gpu, gc, 3, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+            die("norm + add + norm (gpu)");
+        const uint64_t fused = dj__cuda_fusions(gpu) - before, want = pass == 0 ? 2 : 0;
+        if (fused != want) {
+            n_rows++;
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "NORM+ADD", "fusion count", "-",
+                   (unsigned long long)fused, (unsigned long long)want);
+        }
+        outs[pass][0] = dp, outs[pass][1] = dh, outs[pass][2] = dn;
+        dfree(da);
+        dfree(db);
+    }
+    dj__cuda_set_fuse(gpu, 1);
+    char shape[96];
+    static const char *what[3] = {"pre norm", "sum", "norm"};
+    const float *refs[3] = {pref, href, nref};
+    const dj_dtype ts[3] = {DJ_DTYPE_BF16, rt, DJ_DTYPE_BF16};
+    size_t differ = 0;
+    uint8_t *x0 = xmalloc(rb > count * 2 ? rb : count * 2), *x1 = xmalloc(rb > count * 2 ? rb : count * 2);
+    for (int k = 0; k < 3; k++) {
+        snprintf(shape, sizeof shape, "n=%u d=%u res=%s w+1: %s", n, d, dj_dtype_name(rt), what[k]);
+        compare("NORM+ADD", shape, outs[0][k], ts[k], refs[k], count);
+        const size_t bytes = count * dj_dtype_size(ts[k]);
+        down(x0, outs[0][k], bytes);
+        down(x1, outs[1][k], bytes);
+        differ += memcmp(x0, x1, bytes) != 0;
+    }
+    n_rows++;
+    n_fail += differ != 0;
+    snprintf(shape, sizeof shape, "n=%u d=%u res=%s: fused = apart", n, d, dj_dtype_name(rt));
+    printf("%-10s %-52s %10zu  %s\n", "NORM+ADD", shape, differ, differ ? "FAIL" : "pass");
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 3; k++) dfree(outs[pass][k]);
+    dfree(dpw);
+    dfree(dw);
+    free(x0);
+    free(x1);
+    free(af);
+    free(bf);
+    free(pref);
+    free(href);
+    free(nref);
+    free(bb);
+    free(ab);
+    free(pw);
+    free(w);
+}
+
 /* Gemma's residual ADD then its (1 + w) RMSNORM through compute_plan (the
  * CUDA backend fuses the pair, offset included), against the CPU. */
 static void check_add_norm_offset(uint32_t n, uint32_t d) {
@@ -826,6 +908,9 @@ static void check_arch_ops(void) {
     check_rmsnorm_v(3, 600, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 2, 0.0f);    /* groups wider than a warp's limit */
     check_add_norm_offset(1, 3584);
     check_add_norm_offset(37, 2304);
+    check_norm_add_norm(1, 3584, DJ_DTYPE_F32);  /* Gemma-2-9B decode */
+    check_norm_add_norm(37, 2304, DJ_DTYPE_F32);
+    check_norm_add_norm(3, 1000, DJ_DTYPE_BF16);
     check_rope_rot(37, 8, 128, 3, 10000.0f, 1.0f, 0, 64);    /* partial rotary 0.5 */
     check_rope_rot(1, 24, 96, 4000, 10000.0f, 1.19f, 1, 96); /* Phi-3 longrope shape: attention factor */
     check_rope_rot(5, 4, 128, 100, 10000.0f, 1.0f, 1, 32);

@@ -230,9 +230,13 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
 /* add.out = add.x + add.x2 and norm.out = RMSNORM(add.out) in one pass;
  * bit-identical to the two launches. Requires norm.x == add.out, equal n and
  * d <= DJ_FUSE_MAX_D, and norm.out overlapping none of add's buffers except
- * by equality. */
+ * by equality. prenorm (or NULL): an RMSNORM of whole rows whose output is
+ * add.x2 (Gemma's post-attention and post-MLP norms), done first in the same
+ * pass and stored too, bit-identical to its own launch; its weights of
+ * norm's dtype, its output clear of add.x, add.out and norm.out. */
 #define DJ_FUSE_MAX_D 16384 /* the row's sum lives in registers: 64 per thread */
-dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm);
+dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                               const dj_op_call *norm);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* ROPE of k then the KV_WRITE of its output, in one pass (bit-equal to the

@@ -118,34 +118,23 @@ template <>
 __device__ __forceinline__ float residual_sum(const float *a, const __nv_bfloat16 *b, size_t i) {
     return a[i] + __bfloat162float(b[i]);
 }
+/* The same sum of a value a of the stream and a bf16 value b (as a float). */
+template <typename TH>
+static __device__ __forceinline__ float residual_add(float a, float b);
+template <>
+__device__ __forceinline__ float residual_add<__nv_bfloat16>(float a, float b) {
+    return __bfloat162float(__float2bfloat16(a + b));
+}
+template <>
+__device__ __forceinline__ float residual_add<float>(float a, float b) {
+    return a + b;
+}
 
-template <typename TH, typename TW, int PER>
-static __global__ void __launch_bounds__(NORM_THREADS)
-    add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
-                       uint32_t d, float eps, float w_off) {
-    dj_pdl_release();
-    float wv[PER]; /* the norm's weights: constant, so loaded before the wait */
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const uint32_t j = threadIdx.x + i * NORM_THREADS;
-        wv[i] = j < d ? dj_ld(w, j) + w_off : 0.0f;
-    }
-    dj_pdl_wait();
+/* The block's sum of this thread's s, as rmsnorm_kernel adds it (warp
+ * shuffles, then warp 0's lane 0 over the warps in order), and 1 / rms. */
+static __device__ __forceinline__ float block_inv_rms(float s, uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
-    const size_t row = (size_t)blockIdx.x * d;
-    float h[PER]; /* already rounded to TH */
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const uint32_t j = threadIdx.x + i * NORM_THREADS;
-        h[i] = j < d ? residual_sum(a, b, row + j) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const float v = h[i];
-        if (threadIdx.x + i * NORM_THREADS < d) s += v * v;
-    }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
     __syncthreads();
@@ -156,6 +145,70 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
     __syncthreads();
     const float r = inv_rms;
+    __syncthreads(); /* part and inv_rms may be used again */
+    return r;
+}
+
+/* A norm in front (Gemma's sandwich: the attention's or MLP's output b is
+ * normed before it joins the residual): b' = RMSNORM(b) with the weights pw,
+ * stored to pre.out and added in its place; b is then pre.x. PRE false:
+ * pre unused. */
+struct pre_norm {
+    const void *x; /* bf16 rows */
+    const void *w;
+    __nv_bfloat16 *out;
+    float eps, w_off;
+};
+
+template <typename TH, typename TW, int PER, bool PRE>
+static __global__ void __launch_bounds__(NORM_THREADS)
+    add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
+                       uint32_t d, float eps, float w_off, pre_norm pre) {
+    dj_pdl_release();
+    float wv[PER], pwv[PER]; /* the norms' weights: constant, so loaded before the wait */
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const uint32_t j = threadIdx.x + i * NORM_THREADS;
+        wv[i] = j < d ? dj_ld(w, j) + w_off : 0.0f;
+        if constexpr (PRE) pwv[i] = j < d ? dj_ld((const TW *)pre.w, j) + pre.w_off : 0.0f;
+    }
+    dj_pdl_wait();
+    const size_t row = (size_t)blockIdx.x * d;
+    float h[PER]; /* already rounded to TH */
+    float s = 0.0f;
+    if constexpr (PRE) {
+        float av[PER], bv[PER];
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const uint32_t j = threadIdx.x + i * NORM_THREADS;
+            av[i] = j < d ? dj_ld(a, row + j) : 0.0f;
+            bv[i] = j < d ? __bfloat162float(b[row + j]) : 0.0f;
+        }
+        float sb = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (threadIdx.x + i * NORM_THREADS < d) sb += bv[i] * bv[i];
+        const float rb = block_inv_rms(sb, d, pre.eps);
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const uint32_t j = threadIdx.x + i * NORM_THREADS;
+            const __nv_bfloat16 nb = __float2bfloat16(pwv[i] * (bv[i] * rb));
+            if (j < d) pre.out[row + j] = nb;
+            h[i] = j < d ? residual_add<TH>(av[i], __bfloat162float(nb)) : 0.0f;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const uint32_t j = threadIdx.x + i * NORM_THREADS;
+            h[i] = j < d ? residual_sum(a, b, row + j) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const float v = h[i];
+        if (threadIdx.x + i * NORM_THREADS < d) s += v * v;
+    }
+    const float r = block_inv_rms(s, d, eps);
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const uint32_t j = threadIdx.x + i * NORM_THREADS;
@@ -166,46 +219,57 @@ static __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
-template <typename TH, int PER>
-static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+template <typename TH, int PER, bool PRE>
+static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre) {
     const TH *a = (const TH *)add->x;
-    const __nv_bfloat16 *b = (const __nv_bfloat16 *)add->x2;
+    /* with the norm in front, the bf16 rows it norms (their normed values are add.x2) */
+    const __nv_bfloat16 *b = (const __nv_bfloat16 *)(PRE ? pre.x : add->x2);
     TH *h = (TH *)add->out;
     __nv_bfloat16 *out = (__nv_bfloat16 *)norm->out;
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
-        dj__launch(cb, add_rmsnorm_kernel<TH, __nv_bfloat16, PER>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
-                   (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset);
+        dj__launch(cb, add_rmsnorm_kernel<TH, __nv_bfloat16, PER, PRE>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b,
+                   h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre);
         break;
     case DJ_DTYPE_F16:
-        dj__launch(cb, add_rmsnorm_kernel<TH, __half, PER>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
-                   (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset);
+        dj__launch(cb, add_rmsnorm_kernel<TH, __half, PER, PRE>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
+                   (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre);
         break;
     default:
-        dj__launch(cb, add_rmsnorm_kernel<TH, float, PER>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
-                   (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset);
+        dj__launch(cb, add_rmsnorm_kernel<TH, float, PER, PRE>, dim3(norm->n), dim3(NORM_THREADS), 0, a, b, h,
+                   (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre);
         break;
     }
 }
 
-template <typename TH>
-static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
+template <typename TH, bool PRE>
+static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre) {
     const uint32_t d = norm->d;
     if (d <= 4 * NORM_THREADS)
-        launch_add_rmsnorm<TH, 4>(cb, add, norm);
+        launch_add_rmsnorm<TH, 4, PRE>(cb, add, norm, pre);
     else if (d <= 16 * NORM_THREADS)
-        launch_add_rmsnorm<TH, 16>(cb, add, norm);
+        launch_add_rmsnorm<TH, 16, PRE>(cb, add, norm, pre);
     else if (d <= 32 * NORM_THREADS)
-        launch_add_rmsnorm<TH, 32>(cb, add, norm);
+        launch_add_rmsnorm<TH, 32, PRE>(cb, add, norm, pre);
     else
-        launch_add_rmsnorm<TH, 64>(cb, add, norm);
+        launch_add_rmsnorm<TH, 64, PRE>(cb, add, norm, pre);
 }
 
-dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm) {
-    if (add->out_dtype == DJ_DTYPE_F32)
-        launch_add_rmsnorm_d<float>(cb, add, norm);
-    else
-        launch_add_rmsnorm_d<__nv_bfloat16>(cb, add, norm);
+dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                               const dj_op_call *norm) {
+    const pre_norm pre = {prenorm ? prenorm->x : NULL, prenorm ? prenorm->w : NULL, prenorm ? (__nv_bfloat16 *)prenorm->out : NULL,
+                          prenorm ? prenorm->eps : 0.0f, prenorm ? prenorm->w_offset : 0.0f};
+    if (add->out_dtype == DJ_DTYPE_F32) {
+        if (prenorm)
+            launch_add_rmsnorm_d<float, true>(cb, add, norm, pre);
+        else
+            launch_add_rmsnorm_d<float, false>(cb, add, norm, pre);
+    } else {
+        if (prenorm)
+            launch_add_rmsnorm_d<__nv_bfloat16, true>(cb, add, norm, pre);
+        else
+            launch_add_rmsnorm_d<__nv_bfloat16, false>(cb, add, norm, pre);
+    }
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

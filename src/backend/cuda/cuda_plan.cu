@@ -11,6 +11,7 @@ typedef enum {
     STEP_ONE,      /* calls[first] alone */
     STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch */
     STEP_ADD_NORM, /* ADD calls[first], RMSNORM calls[first+1] of its sum (dj__cuda_add_rmsnorm) */
+    STEP_NORM_ADD_NORM, /* RMSNORM calls[first] of what the ADD calls[first+1] adds, RMSNORM calls[first+2] of the sum */
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
     STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
 } step_kind;
@@ -19,7 +20,7 @@ typedef enum {
 
 typedef struct plan_step {
     uint8_t kind;   /* step_kind */
-    uint8_t count;  /* STEP_GEMV, STEP_F8_SHARED: calls in the group */
+    uint8_t count;  /* calls the launch runs from first on */
     int32_t first;
     int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
 } plan_step;
@@ -56,6 +57,18 @@ static bool fuses_with_add(const dj_op_call *add, const dj_op_call *c) {
         if (overlap(c->out, out_bytes, bufs[i], sizes[i])) return false;
     }
     return true;
+}
+
+/* An RMSNORM whose output the ADD add then adds to the residual stream
+ * (Gemma's sandwich norms), before an ADD and RMSNORM that fuse: whole rows
+ * (one block each), bf16 in and out, weights of the second norm's dtype, its
+ * output the ADD's bf16 input and clear of every other buffer of the three. */
+static bool fuses_before_add(const dj_op_call *p, const dj_op_call *add, const dj_op_call *norm) {
+    if (p->op != DJ_OP_RMSNORM || !fuses_with_add(add, norm) || add->x2 != p->out || p->n != add->n ||
+        p->d != add->d || p->groups > 1 || p->x_dtype != DJ_DTYPE_BF16 || p->w_dtype != norm->w_dtype)
+        return false;
+    const size_t row = (size_t)p->n * p->d, bb = row * sizeof(__nv_bfloat16), rb = row * dj_dtype_size(add->out_dtype);
+    return !overlap(p->out, bb, add->x, rb) && !overlap(p->out, bb, add->out, rb) && !overlap(p->out, bb, norm->out, bb);
 }
 
 /* A ROPE (of k) and this KV_WRITE of its output as one kernel: the same rows
@@ -172,6 +185,8 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
                 s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i};
             } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
                 s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1};
+            } else if (i + 2 < n && fuses_before_add(c, &calls[i + 1], &calls[i + 2])) {
+                s = (plan_step){STEP_NORM_ADD_NORM, 3, (int32_t)i, -1};
             } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
                 s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1};
             } else if (dj__cuda_gemv_takes(cb, c)) {
@@ -182,7 +197,7 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
             }
         }
         steps[ns++] = s;
-        i = (size_t)s.first + (s.kind == STEP_ONE ? 1 : s.kind == STEP_GEMV || s.kind == STEP_F8_SHARED ? s.count : 2);
+        i = (size_t)s.first + s.count;
     }
     return ns;
 }
@@ -238,7 +253,10 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
         return dj__cuda_gemv(cb, c, s->count);
     case STEP_ADD_NORM:
         cb->fusions++;
-        return dj__cuda_add_rmsnorm(cb, &c[0], &c[1]);
+        return dj__cuda_add_rmsnorm(cb, NULL, &c[0], &c[1]);
+    case STEP_NORM_ADD_NORM:
+        cb->fusions += 2;
+        return dj__cuda_add_rmsnorm(cb, &c[0], &c[1], &c[2]);
     case STEP_F8_SHARED: {
         int done = 0;
         dj_status st = dj__cuda_matmul_fp8_lt_shared(cb, c, s->count, &done);
@@ -261,8 +279,7 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
 /* The calls a launch reads: idx[0..return). */
 static uint32_t step_calls(const plan_step *s, int32_t *idx) {
     uint32_t k = 0;
-    const int count = s->kind == STEP_ONE ? 1 : s->kind == STEP_GEMV || s->kind == STEP_F8_SHARED ? s->count : 2;
-    for (int i = 0; i < count; i++) idx[k++] = s->first + i;
+    for (int i = 0; i < s->count; i++) idx[k++] = s->first + i;
     if (s->rope_q >= 0) idx[k++] = s->rope_q;
     return k;
 }
