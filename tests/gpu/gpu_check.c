@@ -2829,6 +2829,90 @@ static void check_q4_group(uint32_t n, uint32_t k) {
 /* The 4-bit GEMV (rows 1..8; 16-byte rows at k % 512 == 0, 4-byte loads
  * otherwise and when skewed), the tiled GEMM (several tiles, a partial last
  * one, bias, f32 logits), the automatic choice, and grouped calls. */
+/* gate and up (4-bit, one x) and their SILU_MUL or GELU_MUL through
+ * compute_plan: the CUDA backend runs the three as one kernel up to 32 rows.
+ * Every output against the CPU, the fused ones bit-equal to the unfused
+ * launches (the GEMV group, then the GLU), the fusion counter up by 1
+ * exactly when fused. */
+static void check_q4_glu(uint32_t n, uint32_t k, uint32_t m, dj_op op, int bias) {
+    uint16_t *xb = halloc((size_t)n * k);
+    float *xf = falloc((size_t)n * k), *ref[3];
+    for (int i = 0; i < 3; i++) ref[i] = falloc((size_t)n * m);
+    rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
+    uint8_t *w[2] = {rand_q4(m, k), rand_q4(m, k)};
+    void *b = bias ? rand_weight(DJ_DTYPE_BF16, m, -0.5f, 0.5f) : NULL;
+    const size_t wsz = (size_t)m * dj_dtype_row_bytes(DJ_DTYPE_Q4, k), ob = (size_t)n * m * 2;
+    dj_op_call cc[3] = {{.op = DJ_OP_MATMUL, .n = n, .out = ref[0], .x = xf, .w = w[0], .w_dtype = DJ_DTYPE_Q4,
+                         .bias = b, .bias_dtype = DJ_DTYPE_BF16, .k = k, .m = m},
+                        {.op = DJ_OP_MATMUL, .n = n, .out = ref[1], .x = xf, .w = w[1], .w_dtype = DJ_DTYPE_Q4,
+                         .k = k, .m = m},
+                        {.op = op, .n = n, .out = ref[2], .x = ref[0], .x2 = ref[1], .d = m}};
+    if (dj_backend_compute_plan(cpu, cc, 3, NULL) != DJ_OK) die("q4 glu (cpu)");
+    void *dx = dcopy(xb, (size_t)n * k * 2), *dw0 = dalloc(wsz), *dw1 = dalloc(wsz);
+    void *db = b ? dcopy(b, (size_t)m * 2) : NULL;
+    up(dw0, w[0], wsz);
+    up(dw1, w[1], wsz);
+    void *outs[2][3];
+    for (int pass = 0; pass < 2; pass++) {
+        dj_op_call gc[3] = {cc[0], cc[1], cc[2]};
+        for (int i = 0; i < 3; i++) {
+            outs[pass][i] = dalloc(ob);
+            poison(outs[pass][i], ob);
+            gc[i].out = outs[pass][i];
+            gc[i].out_dtype = DJ_DTYPE_BF16;
+        }
+        gc[0].x = gc[1].x = dx;
+        gc[0].w = dw0, gc[1].w = dw1, gc[0].bias = db;
+        gc[2].x = outs[pass][0], gc[2].x2 = outs[pass][1];
+        /* pass 1 as the backend runs them unfused: gate and up as one GEMV group (their
+         * split of the columns depends on the group's rows), then the GLU alone */
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if ((pass == 0 ? dj_backend_compute_plan(gpu, gc, 3, NULL)
+                       : (dj_backend_compute_plan(gpu, gc, 2, NULL) != DJ_OK
+                              ? DJ_EINTERNAL
+                              : dj_backend_compute_plan(gpu, &gc[2], 1, NULL))) != DJ_OK ||
+            gpu->vt->sync(gpu) != DJ_OK)
+            die("q4 glu (gpu)");
+        const uint64_t fused = dj__cuda_fusions(gpu) - before, want = pass == 0 && n <= 32;
+        if (fused != want) {
+            n_rows++;
+            n_fail++;
+            printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "Q4+GLU", "fusion count", "-",
+                   (unsigned long long)fused, (unsigned long long)want);
+        }
+    }
+    static const char *what[3] = {"gate", "up", "glu"};
+    uint8_t *h0 = xmalloc(ob), *h1 = xmalloc(ob);
+    size_t differ = 0;
+    char shape[96];
+    for (int i = 0; i < 3; i++) {
+        snprintf(shape, sizeof shape, "n=%u k=%u m=%u %s%s: %s", n, k, m, op == DJ_OP_SILU_MUL ? "silu" : "gelu",
+                 bias ? " +bias" : "", what[i]);
+        compare("Q4+GLU", shape, outs[0][i], DJ_DTYPE_BF16, ref[i], (size_t)n * m);
+        down(h0, outs[0][i], ob);
+        down(h1, outs[1][i], ob);
+        differ += memcmp(h0, h1, ob) != 0;
+    }
+    n_rows++;
+    n_fail += differ != 0;
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u: fused = apart", n, k, m);
+    printf("%-10s %-52s %10zu  %s\n", "Q4+GLU", shape, differ, differ ? "FAIL" : "pass");
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 3; i++) dfree(outs[pass][i]);
+    dfree(dx);
+    dfree(dw0);
+    dfree(dw1);
+    dfree(db);
+    free(h0);
+    free(h1);
+    free(xb);
+    free(xf);
+    for (int i = 0; i < 3; i++) free(ref[i]);
+    free(w[0]);
+    free(w[1]);
+    free(b);
+}
+
 static void check_q4(void) {
     for (uint32_t n = 1; n <= 8; n++) check_q4_matmul(n, 512, 37 + 8 * n, n % 3 == 0, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 4096, 1000, 0, DJ_DTYPE_BF16, 1, 0);
@@ -2854,6 +2938,10 @@ static void check_q4(void) {
     check_q4_matmul(23, 14336, 300, 1, DJ_DTYPE_BF16, 0, 0);
     check_q4_matmul(32, 4096, 14336, 0, DJ_DTYPE_BF16, 0, 0);
     check_q4_matmul(32, 384, 100, 0, DJ_DTYPE_BF16, 0, 0); /* 4-byte rows: tiles */
+    check_q4_glu(1, 4096, 14336, DJ_OP_SILU_MUL, 0); /* the 8B shape's gate/up at decode */
+    check_q4_glu(3, 512, 1000, DJ_OP_GELU_MUL, 1);   /* rows past the last full tile, a bias */
+    check_q4_glu(20, 384, 77, DJ_OP_SILU_MUL, 0);    /* 4-byte loads, 4 column tiles */
+    check_q4_glu(40, 512, 256, DJ_OP_SILU_MUL, 0);   /* past 32 rows: launched apart */
     check_q4_group(1, 4096);
     check_q4_group(5, 512);
 }

@@ -18,26 +18,18 @@ static unsigned ao_blocks(const dj_cuda_backend *cb, size_t count) {
     return (unsigned)(b < cap ? b : cap);
 }
 
-/* PyTorch's gelu(approximate="tanh") in f32. */
-static __device__ __forceinline__ float gelu_tanh(float x) {
-    const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(inner));
-}
-
-struct gelu_fn {
-    __device__ float operator()(float g) const { return gelu_tanh(g); }
-};
-
 static __global__ void gelu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
                                        size_t count, bool vec) {
-    dj_glu(gate, up, out, count, vec, gelu_fn());
+    dj_pdl_release();
+    dj_pdl_wait();
+    dj_glu(gate, up, out, count, vec, dj_gelu_fn());
 }
 
 dj_status dj__cuda_gelu_mul(dj_cuda_backend *cb, const dj_op_call *c) {
     const size_t count = (size_t)c->n * c->d;
     const bool vec = dj_glu_vec(c->x, c->x2, c->out, count);
-    gelu_mul_kernel<<<dim3(ao_blocks(cb, vec ? count / 8 : count)), dim3(AO_THREADS), 0, cb->stream>>>(
-        (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count, vec);
+    dj__launch(cb, gelu_mul_kernel, dim3(ao_blocks(cb, vec ? count / 8 : count)), dim3(AO_THREADS), 0,
+               (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, (__nv_bfloat16 *)c->out, count, vec);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

@@ -24,15 +24,11 @@ static __global__ void embed_kernel(const int32_t *ids, const TW *table, TO *out
     }
 }
 
-struct silu_fn {
-    __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
-};
-
 static __global__ void silu_mul_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out,
                                        size_t count, bool vec) {
     dj_pdl_release();
     dj_pdl_wait();
-    dj_glu(gate, up, out, count, vec, silu_fn());
+    dj_glu(gate, up, out, count, vec, dj_silu_fn());
 }
 
 /* out[i] = a[i] + b[i]: a and out the residual stream (bf16 or f32), b bf16. */

@@ -152,6 +152,16 @@ dj_status dj__cuda_scratch(dj_cuda_backend *cb, size_t floats, float **out /* OU
  * 16-byte aligned: dj_glu_vec), else one (decode rows keep a thread a value,
  * so as many SMs share the few bytes). Each value's arithmetic is the same
  * either way. act: a functor float -> float. */
+/* The GLU activations in f32: SiLU, and PyTorch's gelu(approximate="tanh"). */
+struct dj_silu_fn {
+    __device__ float operator()(float g) const { return g / (1.0f + expf(-g)); }
+};
+struct dj_gelu_fn {
+    __device__ float operator()(float x) const {
+        const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        return 0.5f * x * (1.0f + tanhf(inner));
+    }
+};
 static inline bool dj_glu_vec(const void *gate, const void *up, const void *out, size_t count) {
     return count >= ((size_t)1 << 16) && count % 8 == 0 &&
            (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15u) == 0;
@@ -266,6 +276,12 @@ dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int co
  * and weights, at most Q4_MMA_ROWS rows of x): dj__cuda_gemv_q4 runs it. */
 #define Q4_MMA_ROWS 32
 bool dj__cuda_q4_mma_takes(const dj_op_call *c);
+/* gate_up[0..2) (gate and up, a GEMV group of one x) and the SILU_MUL or
+ * GELU_MUL of their outputs as one launch: the three outputs bit-equal to
+ * the launches apart. takes: the shapes and buffers allow it (the caller
+ * checks the outputs apart from each other and from x). */
+bool dj__cuda_q4_glu_takes(const dj_op_call *gate, const dj_op_call *up, const dj_op_call *glu);
+dj_status dj__cuda_gemv_q4_glu(dj_cuda_backend *cb, const dj_op_call *gate_up, const dj_op_call *glu);
 dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
 /* cuda_matmul_fp8_lt.cu: the FP8 tensor-core GEMM (W8A8, cuBLASLt). covers:
  * the call's shape and scaling may take it (not yet refused); run: DJ_OK,

@@ -11,6 +11,7 @@ typedef enum {
     STEP_ONE,      /* calls[first] alone */
     STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch */
     STEP_ADD_NORM, /* ADD calls[first], RMSNORM calls[first+1] of its sum (dj__cuda_add_rmsnorm) */
+    STEP_GEMV_GLU, /* calls[first], [first+1]: gate and up (4-bit), calls[first+2] their GLU (dj__cuda_gemv_q4_glu) */
     STEP_NORM_ADD_NORM, /* RMSNORM calls[first] of what the ADD calls[first+1] adds, RMSNORM calls[first+2] of the sum */
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
     STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
@@ -102,6 +103,19 @@ static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *k, const dj_o
     return !overlap(kvw->x2, vb, q->out, qb);
 }
 
+/* The 4-bit GEMV group gate, up (g[0..2)) and the GLU glu of their outputs
+ * as one kernel: the GLU's output clear of x and each of gate's and up's
+ * outputs or equal to one (each value is written by one lane, the GLU's
+ * last). */
+static bool fuses_glu(const dj_op_call *g, const dj_op_call *glu) {
+    if (!dj__cuda_q4_glu_takes(&g[0], &g[1], glu)) return false;
+    const size_t ob = (size_t)g[0].n * g[0].m * sizeof(__nv_bfloat16), xb = (size_t)g[0].n * g[0].k * 2;
+    if (overlap(glu->out, ob, g[0].x, xb)) return false;
+    for (int i = 0; i < 2; i++)
+        if (glu->out != g[i].out && overlap(glu->out, ob, g[i].out, ob)) return false;
+    return true;
+}
+
 /* c may join the GEMV group g[0..count): same input, shapes and dtypes, its
  * output clear of the group's outputs. */
 static bool joins_gemv(const dj_cuda_backend *cb, const dj_op_call *g, int count, const dj_op_call *c) {
@@ -191,6 +205,8 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
                 s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1};
             } else if (dj__cuda_gemv_takes(cb, c)) {
                 s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1};
+                if (s.count == 2 && i + 2 < n && fuses_glu(c, &calls[i + 2]))
+                    s = (plan_step){STEP_GEMV_GLU, 3, (int32_t)i, -1};
             } else if (dj__cuda_fp8_shared_takes(cb, c)) {
                 const int cnt = f8_shared_run(cb, calls, n, i);
                 if (cnt > 1) s = (plan_step){STEP_F8_SHARED, (uint8_t)cnt, (int32_t)i, -1};
@@ -254,6 +270,9 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     case STEP_ADD_NORM:
         cb->fusions++;
         return dj__cuda_add_rmsnorm(cb, NULL, &c[0], &c[1]);
+    case STEP_GEMV_GLU:
+        cb->fusions++;
+        return dj__cuda_gemv_q4_glu(cb, c, &c[2]);
     case STEP_NORM_ADD_NORM:
         cb->fusions += 2;
         return dj__cuda_add_rmsnorm(cb, &c[0], &c[1], &c[2]);

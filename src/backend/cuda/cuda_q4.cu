@@ -26,6 +26,7 @@ struct q4_segs {
     uint32_t first_block[DJ_GEMV_GROUP];
     int bias_dtype[DJ_GEMV_GROUP];
     int count;
+    __nv_bfloat16 *glu_out; /* GLU kernels: act(gate) * up, [n][m] */
 };
 
 static __device__ __forceinline__ float q4_bias(const void *p, int t, uint32_t j) {
@@ -66,8 +67,14 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * floats and summing (128 + code) x with FMAs) on the 8B shape's AWQ
  * checkpoint (H200, 2026-11-26, bench/RESULTS.md): decode b=1 the same
  * within noise, b=2 360 -> 636 tok/s, b=32 2,027 -> 3,191 (those took the
- * dequantized tiles). */
-template <typename TO, int NT, int KS, bool V16>
+ * dequantized tiles).
+ * GLU (1 SiLU, 2 GELU-tanh): segments 0 and 1 are gate and up of one m; a
+ * tile is rows j0..j0+7 of gate (A rows g) and the same rows of up (A rows
+ * g + 8), so a lane holds gate and up of row j0 + g: it stores both (bf16, as
+ * the GEMV would) and act(gate) * up as the GLU kernel would - every value
+ * bit-equal to the launches apart (each row's sum is the same chain of MMAs,
+ * and KS comes from the same count of tiles). */
+template <typename TO, int NT, int KS, bool V16, int GLU>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
     static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
@@ -76,16 +83,18 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
     const uint32_t g = lane >> 2, t = lane & 3;
     int si = 0;
-    while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
+    while (!GLU && si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
     const uint32_t m = sg.m[si];
-    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (Q4_WARPS / KS) + warp / KS) * 16;
+    const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (Q4_WARPS / KS) + warp / KS) * (GLU ? 8 : 16);
     if (KS == 1 && j0 >= m) return; /* with KS > 1 every warp reaches the block's barrier */
     const uint32_t ng = k / DJ_Q4_GROUP;
     const size_t rb = k / 2 + 4 * (size_t)ng;
-    const uint32_t ra = j0 + g < m ? j0 + g : m - 1, rc = j0 + g + 8 < m ? j0 + g + 8 : m - 1; /* past m: reread */
-    const uint8_t *wa = sg.w[si] + (size_t)ra * rb + 16 * t, *wc = sg.w[si] + (size_t)rc * rb + 16 * t;
-    const __half *sa = (const __half *)(sg.w[si] + (size_t)ra * rb + k / 2);
-    const __half *sc = (const __half *)(sg.w[si] + (size_t)rc * rb + k / 2);
+    const uint32_t ra = j0 + g < m ? j0 + g : m - 1; /* past m: reread */
+    const uint32_t rc = GLU ? ra : j0 + g + 8 < m ? j0 + g + 8 : m - 1;
+    const uint8_t *wlo = sg.w[si], *whi = sg.w[GLU ? 1 : si];
+    const uint8_t *wa = wlo + (size_t)ra * rb + 16 * t, *wc = whi + (size_t)rc * rb + 16 * t;
+    const __half *sa = (const __half *)(wlo + (size_t)ra * rb + k / 2);
+    const __half *sc = (const __half *)(whi + (size_t)rc * rb + k / 2);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     /* weights are constant: the first U groups' loads go out before the wait, and each
      * step's loads of the next U groups before its MMAs */
@@ -176,6 +185,26 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
                 tot[nt][i] = v;
             }
     }
+    if constexpr (GLU != 0) {
+        const uint32_t j = j0 + g;
+        if (j >= m) return;
+        const float bg = sg.bias[0] ? q4_bias(sg.bias[0], sg.bias_dtype[0], j) : 0.0f;
+        const float bu = sg.bias[1] ? q4_bias(sg.bias[1], sg.bias_dtype[1], j) : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint32_t r = 8 * nt + 2 * t + i;
+                if (r >= n) continue;
+                const size_t o = (size_t)r * m + j;
+                const __nv_bfloat16 gv = __float2bfloat16(tot[nt][i] + bg), uv = __float2bfloat16(tot[nt][i + 2] + bu);
+                ((__nv_bfloat16 *)sg.out[0])[o] = gv;
+                ((__nv_bfloat16 *)sg.out[1])[o] = uv;
+                const float a = GLU == 1 ? dj_silu_fn()(__bfloat162float(gv)) : dj_gelu_fn()(__bfloat162float(gv));
+                sg.glu_out[o] = __float2bfloat16(a * __bfloat162float(uv));
+            }
+        return;
+    }
     TO *out = (TO *)sg.out[si];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -220,11 +249,14 @@ static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bi
         dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
 }
 
-template <typename TO, int NT, int KS, bool V16>
-static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+/* KS from the tiles of 16 rows the calls make (a GLU launch too: its sums
+ * must be those of the gate and up launched as a group). */
+template <typename TO, int NT, int KS, bool V16, int GLU>
+static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     q4_segs sg;
     memset(&sg, 0, sizeof sg);
     unsigned blocks = 0;
+    const uint32_t rows = GLU ? 8 : 16; /* of each segment, a warp */
     for (int i = 0; i < count; i++) {
         sg.w[i] = (const uint8_t *)calls[i].w;
         sg.bias[i] = calls[i].bias;
@@ -232,53 +264,70 @@ static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int coun
         sg.out[i] = calls[i].out;
         sg.m[i] = calls[i].m;
         sg.first_block[i] = blocks;
-        blocks += (calls[i].m + Q4_WARPS / KS * 16 - 1) / (Q4_WARPS / KS * 16);
+        if (!GLU || i == 0) blocks += (calls[i].m + Q4_WARPS / KS * rows - 1) / (Q4_WARPS / KS * rows);
     }
     sg.count = count;
-    dj__launch(cb, gemv_q4_mma_kernel<TO, NT, KS, V16>, dim3(blocks), dim3(Q4_WARPS * 32), 0,
+    sg.glu_out = glu_out;
+    dj__launch(cb, gemv_q4_mma_kernel<TO, NT, KS, V16, GLU>, dim3(blocks), dim3(Q4_WARPS * 32), 0,
                (const __nv_bfloat16 *)calls[0].x, sg, calls[0].n, calls[0].k);
 }
 
-template <typename TO, int NT, int KS>
-static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+template <typename TO, int NT, int KS, int GLU>
+static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     uintptr_t align = (uintptr_t)calls[0].x | (uintptr_t)dj_dtype_row_bytes(DJ_DTYPE_Q4, calls[0].k);
     for (int i = 0; i < count; i++) align |= (uintptr_t)calls[i].w;
     if (align % 16 == 0)
-        launch_mma_ks<TO, NT, KS, true>(cb, calls, count);
+        launch_mma_ks<TO, NT, KS, true, GLU>(cb, calls, count, glu_out);
     else
-        launch_mma_ks<TO, NT, KS, false>(cb, calls, count);
+        launch_mma_ks<TO, NT, KS, false, GLU>(cb, calls, count, glu_out);
 }
 
 /* KS: the fewest warps a 16-row tile that still give every SM two blocks -
  * from m alone, so a row's sum never depends on n. */
-template <typename TO, int NT>
-static void launch_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+template <typename TO, int NT, int GLU>
+static void launch_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     uint32_t tiles = 0;
     for (int i = 0; i < count; i++) tiles += (calls[i].m + 15) / 16;
     const uint32_t want = 2u * (uint32_t)cb->n_sm;
     if ((tiles + Q4_WARPS - 1) / Q4_WARPS >= want)
-        launch_mma_v<TO, NT, 1>(cb, calls, count);
+        launch_mma_v<TO, NT, 1, GLU>(cb, calls, count, glu_out);
     else if ((tiles + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want)
-        launch_mma_v<TO, NT, 2>(cb, calls, count);
+        launch_mma_v<TO, NT, 2, GLU>(cb, calls, count, glu_out);
     else if ((tiles + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want)
-        launch_mma_v<TO, NT, 4>(cb, calls, count);
+        launch_mma_v<TO, NT, 4, GLU>(cb, calls, count, glu_out);
     else
-        launch_mma_v<TO, NT, 8>(cb, calls, count);
+        launch_mma_v<TO, NT, 8, GLU>(cb, calls, count, glu_out);
 }
 
 bool dj__cuda_q4_mma_takes(const dj_op_call *c) {
     return c->w_dtype == DJ_DTYPE_Q4 && ((uintptr_t)c->x | (uintptr_t)c->w) % 4 == 0 && c->n <= Q4_MMA_ROWS;
 }
 
-template <typename TO>
-static void launch_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+template <typename TO, int GLU>
+static void launch_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     const uint32_t n = calls[0].n;
     if (n <= 8)
-        launch_mma<TO, 1>(cb, calls, count);
+        launch_mma<TO, 1, GLU>(cb, calls, count, glu_out);
     else if (n <= 16)
-        launch_mma<TO, 2>(cb, calls, count);
+        launch_mma<TO, 2, GLU>(cb, calls, count, glu_out);
     else
-        launch_mma<TO, 4>(cb, calls, count);
+        launch_mma<TO, 4, GLU>(cb, calls, count, glu_out);
+}
+
+bool dj__cuda_q4_glu_takes(const dj_op_call *gate, const dj_op_call *up, const dj_op_call *glu) {
+    return (glu->op == DJ_OP_SILU_MUL || glu->op == DJ_OP_GELU_MUL) && dj__cuda_q4_mma_takes(gate) &&
+           dj__cuda_q4_mma_takes(up) && up->x == gate->x && up->n == gate->n && up->k == gate->k &&
+           up->m == gate->m && gate->out_dtype == DJ_DTYPE_BF16 && up->out_dtype == DJ_DTYPE_BF16 &&
+           glu->x == gate->out && glu->x2 == up->out && (uint64_t)glu->n * glu->d == (uint64_t)gate->n * gate->m;
+}
+
+dj_status dj__cuda_gemv_q4_glu(dj_cuda_backend *cb, const dj_op_call *gate_up, const dj_op_call *glu) {
+    if (glu->op == DJ_OP_SILU_MUL)
+        launch_q4<__nv_bfloat16, 1>(cb, gate_up, 2, (__nv_bfloat16 *)glu->out);
+    else
+        launch_q4<__nv_bfloat16, 2>(cb, gate_up, 2, (__nv_bfloat16 *)glu->out);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
 }
 
 dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
@@ -291,9 +340,9 @@ dj_status dj__cuda_gemv_q4(dj_cuda_backend *cb, const dj_op_call *calls, int cou
             return DJ_OK;
         }
     if (calls[0].out_dtype == DJ_DTYPE_F32)
-        launch_q4<float>(cb, calls, count);
+        launch_q4<float, 0>(cb, calls, count, NULL);
     else
-        launch_q4<__nv_bfloat16>(cb, calls, count);
+        launch_q4<__nv_bfloat16, 0>(cb, calls, count, NULL);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
