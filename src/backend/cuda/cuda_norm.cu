@@ -8,20 +8,12 @@
 
 #define NORM_THREADS 256
 
-template <typename TX, typename TW>
-static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps,
-                                      float w_off) {
-    dj_pdl_release();
-    dj_pdl_wait();
+/* The block's sum of each thread's s (warp shuffles, then thread 0 over the
+ * warps in order) and 1 / rms: every whole-row norm reduces through here,
+ * so fused and separate launches give the same bits. */
+static __device__ __forceinline__ float block_inv_rms(float s, uint32_t d, float eps) {
     __shared__ float part[NORM_THREADS / 32];
     __shared__ float inv_rms;
-    const TX *xr = x + (size_t)blockIdx.x * d;
-    __nv_bfloat16 *orow = out + (size_t)blockIdx.x * d;
-    float s = 0.0f;
-    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = dj_ld(xr, j);
-        s += v * v;
-    }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
     __syncthreads();
@@ -32,6 +24,23 @@ static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *o
     }
     __syncthreads();
     const float r = inv_rms;
+    __syncthreads(); /* part and inv_rms may be used again */
+    return r;
+}
+
+template <typename TX, typename TW>
+static __global__ void rmsnorm_kernel(const TX *x, const TW *w, __nv_bfloat16 *out, uint32_t d, float eps,
+                                      float w_off) {
+    dj_pdl_release();
+    dj_pdl_wait();
+    const TX *xr = x + (size_t)blockIdx.x * d;
+    __nv_bfloat16 *orow = out + (size_t)blockIdx.x * d;
+    float s = 0.0f;
+    for (uint32_t j = threadIdx.x; j < d; j += blockDim.x) {
+        const float v = dj_ld(xr, j);
+        s += v * v;
+    }
+    const float r = block_inv_rms(s, d, eps);
     for (uint32_t j = threadIdx.x; j < d; j += blockDim.x)
         orow[j] = __float2bfloat16((dj_ld(w, j) + w_off) * (dj_ld(xr, j) * r));
 }
@@ -128,25 +137,6 @@ __device__ __forceinline__ float residual_add<__nv_bfloat16>(float a, float b) {
 template <>
 __device__ __forceinline__ float residual_add<float>(float a, float b) {
     return a + b;
-}
-
-/* The block's sum of this thread's s, as rmsnorm_kernel adds it (warp
- * shuffles, then warp 0's lane 0 over the warps in order), and 1 / rms. */
-static __device__ __forceinline__ float block_inv_rms(float s, uint32_t d, float eps) {
-    __shared__ float part[NORM_THREADS / 32];
-    __shared__ float inv_rms;
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.0f;
-        for (unsigned i = 0; i < blockDim.x / 32; i++) t += part[i];
-        inv_rms = 1.0f / sqrtf(t / (float)d + eps);
-    }
-    __syncthreads();
-    const float r = inv_rms;
-    __syncthreads(); /* part and inv_rms may be used again */
-    return r;
 }
 
 /* A norm in front (Gemma's sandwich: the attention's or MLP's output b is
