@@ -911,6 +911,7 @@ static void check_arch_ops(void) {
     check_norm_add_norm(1, 3584, DJ_DTYPE_F32);  /* Gemma-2-9B decode */
     check_norm_add_norm(37, 2304, DJ_DTYPE_F32);
     check_norm_add_norm(3, 1000, DJ_DTYPE_BF16);
+    check_norm_add_norm(300, 3584, DJ_DTYPE_F32); /* past 256 rows: blocks of 256 threads */
     check_rope_rot(37, 8, 128, 3, 10000.0f, 1.0f, 0, 64);    /* partial rotary 0.5 */
     check_rope_rot(1, 24, 96, 4000, 10000.0f, 1.19f, 1, 96); /* Phi-3 longrope shape: attention factor */
     check_rope_rot(5, 4, 128, 100, 10000.0f, 1.0f, 1, 32);

@@ -56,13 +56,14 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * depends on t alone (A and B use the same one, so the dot products are
  * unchanged): step (w, h) gives the lane the columns 8w + {2h, 2h+4} (its
  * k 2t, 2t+1) and 8w + {2h+1, 2h+5} (k 2t+8, 2t+9) - exactly the bf16 pairs
- * (128 + code) one LOP3 makes of word w (dj_q4_dot8_128's trick), and B's
- * pairs one PRMT each of the lane's x words. A second MMA against ones gives
- * each column's sum of x, so a group adds s * (sum (128 + code) x - (128 +
- * zero) sum x) to its rows. Every x row is its own MMA column: a row's sum
- * depends on m and k only (KS from m), never on n. The loads of the next U
- * groups are issued before the MMAs of these U. V16: x and every row 16-byte aligned (k a
- * multiple of 512), else the same bytes in 4-byte loads. Measured against
+ * (128 + code) one LOP3 makes of word w ((w >> 4i) & 0x000F000F |
+ * 0x43004300: codes i and i + 4 as bf16 128 + code), and B's pairs one PRMT
+ * each of the lane's x words. A second MMA against ones gives each column's
+ * sum of x, so a group adds s * (sum (128 + code) x - (128 + zero) sum x) to
+ * its rows. Every x row is its own MMA column, and KS comes from m alone
+ * (q4_ks): a row's sum depends on m and k only. The loads of the next U groups
+ * are issued before the MMAs of these U. V16: x and every row 16-byte
+ * aligned (k a multiple of 512), else the same bytes in 4-byte loads. Measured against
  * the CUDA-core GEMV it replaced (4 rows a warp, each lane widening x to
  * floats and summing (128 + code) x with FMAs) on the 8B shape's AWQ
  * checkpoint (H200, 2026-11-26, bench/RESULTS.md): decode b=1 the same
@@ -73,7 +74,7 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * g + 8), so a lane holds gate and up of row j0 + g: it stores both (bf16, as
  * the GEMV would) and act(gate) * up as the GLU kernel would - every value
  * bit-equal to the launches apart (each row's sum is the same chain of MMAs,
- * and KS comes from the same count of tiles). */
+ * and KS comes from m). */
 template <typename TO, int NT, int KS, bool V16, int GLU>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
@@ -249,8 +250,7 @@ static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bi
         dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
 }
 
-/* KS from the tiles of 16 rows the calls make (a GLU launch too: its sums
- * must be those of the gate and up launched as a group). */
+/* calls of one KS (q4_ks) as one launch; GLU: gate and up of one m. */
 template <typename TO, int NT, int KS, bool V16, int GLU>
 static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     q4_segs sg;
@@ -282,21 +282,33 @@ static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count
         launch_mma_ks<TO, NT, KS, false, GLU>(cb, calls, count, glu_out);
 }
 
-/* KS: the fewest warps a 16-row tile that still give every SM two blocks -
- * from m alone, so a row's sum never depends on n. */
+/* KS for m weight rows: the fewest warps a 16-row tile that still give
+ * every SM two blocks for these rows alone - so a row's sum depends on m and
+ * k only: the same alone, in a GEMV group, fused with its GLU, and at every
+ * n (the deterministic mode's 8-row pieces of a large batch run alone). */
+static int q4_ks(const dj_cuda_backend *cb, uint32_t m) {
+    const uint32_t tiles = (m + 15) / 16, want = 2u * (uint32_t)cb->n_sm;
+    if ((tiles + Q4_WARPS - 1) / Q4_WARPS >= want) return 1;
+    if ((tiles + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) return 2;
+    if ((tiles + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want) return 4;
+    return 8;
+}
+
+/* One launch for calls of one KS, else a launch a call. */
 template <typename TO, int NT, int GLU>
 static void launch_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
-    uint32_t tiles = 0;
-    for (int i = 0; i < count; i++) tiles += (calls[i].m + 15) / 16;
-    const uint32_t want = 2u * (uint32_t)cb->n_sm;
-    if ((tiles + Q4_WARPS - 1) / Q4_WARPS >= want)
-        launch_mma_v<TO, NT, 1, GLU>(cb, calls, count, glu_out);
-    else if ((tiles + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want)
-        launch_mma_v<TO, NT, 2, GLU>(cb, calls, count, glu_out);
-    else if ((tiles + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want)
-        launch_mma_v<TO, NT, 4, GLU>(cb, calls, count, glu_out);
-    else
-        launch_mma_v<TO, NT, 8, GLU>(cb, calls, count, glu_out);
+    const int ks = q4_ks(cb, calls[0].m);
+    for (int i = 1; i < count; i++)
+        if (q4_ks(cb, calls[i].m) != ks) {
+            for (int j = 0; j < count; j++) launch_mma<TO, NT, GLU>(cb, &calls[j], 1, glu_out);
+            return;
+        }
+    switch (ks) {
+    case 1: launch_mma_v<TO, NT, 1, GLU>(cb, calls, count, glu_out); break;
+    case 2: launch_mma_v<TO, NT, 2, GLU>(cb, calls, count, glu_out); break;
+    case 4: launch_mma_v<TO, NT, 4, GLU>(cb, calls, count, glu_out); break;
+    default: launch_mma_v<TO, NT, 8, GLU>(cb, calls, count, glu_out); break;
+    }
 }
 
 bool dj__cuda_q4_mma_takes(const dj_op_call *c) {

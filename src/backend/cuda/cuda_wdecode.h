@@ -38,29 +38,4 @@ static __device__ __forceinline__ float dj_q4_code(uint32_t w, int e, float mz) 
     return __uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - mz;
 }
 
-/* sum over the 8 columns of word w of (128 + code) * x, x the 8 floats at xf:
- * two codes a LOP3 - (w >> 4i) & 0x000F000F | 0x43004300 is the bf16 pair
- * (128 + code i, 128 + code i+4), each widened by a shift or a mask - so a
- * code costs 3 instructions where dj_q4_code's float took 4 and its subtract. */
-static __device__ __forceinline__ float dj_q4_dot8_128(uint32_t w, const float *xf) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t pair = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
-        s = fmaf(__uint_as_float(pair << 16), xf[i], s);
-        s = fmaf(__uint_as_float(pair & 0xFFFF0000u), xf[i + 4], s);
-    }
-    return s;
-}
-
-/* The 32 columns of a 16-byte word q of 4-bit codes against xf[32]:
- * sum (128 + code) * x, word by word (the q4 GEMVs' order). */
-static __device__ __forceinline__ float dj_q4_dot32_128(uint4 q, const float *xf) {
-    float p = dj_q4_dot8_128(q.x, xf);
-    p += dj_q4_dot8_128(q.y, xf + 8);
-    p += dj_q4_dot8_128(q.z, xf + 16);
-    p += dj_q4_dot8_128(q.w, xf + 24);
-    return p;
-}
-
 #endif
