@@ -34,6 +34,14 @@ typedef enum {
     DJ_CPU_ISA_COUNT
 } dj_cpu_isa;
 
+/* Memory a kernel pulls toward the core while it computes (the next weight
+ * tile's source, so that converting it later reads the caches, not DRAM): the
+ * kernel touches the cache line at next once per k step and moves next on by
+ * a line until it reaches end. {NULL, NULL}: nothing to pull. */
+typedef struct dj__cpu_pull {
+    const char *next, *end;
+} dj__cpu_pull;
+
 typedef struct dj__cpu_kernels {
     const char *name;
     uint32_t dot_rows;           /* the largest nr `dot` takes */
@@ -47,9 +55,10 @@ typedef struct dj__cpu_kernels {
                 dj_dtype wt, uint32_t k, float *out, size_t ldo);
     /* The lanes over one k block: acc[(r * nj + c) * 16 + l] goes on with
      * k in [k0, k1) (k1 - k0 a multiple of 16, k0 too) for x rows r < n (ldx
-     * floats apart) and f32 weight rows c < nj (ldw floats apart). */
+     * floats apart) and f32 weight rows c < nj (ldw floats apart); pull
+     * (never NULL) moves on as above (the portable table ignores it). */
     void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                       uint32_t k0, uint32_t k1, float *acc);
+                       uint32_t k0, uint32_t k1, float *acc, dj__cpu_pull *pull);
     /* out[i] = v of the halving tree over the 16 lanes acc[16 i .. 16 i + 16), i < count. */
     void (*reduce)(const float *acc, size_t count, float *out);
     /* dst[0..count) = src (dtype t) as f32. */

@@ -26,7 +26,8 @@ static void dot_portable(const float *x, size_t ldx, uint32_t nr, const void *w,
 }
 
 static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                                uint32_t k0, uint32_t k1, float *acc) {
+                                uint32_t k0, uint32_t k1, float *acc, dj__cpu_pull *pull) {
+    (void)pull;
     for (uint32_t r = 0; r < n; r++)
         for (uint32_t c = 0; c < nj; c++) {
             float *lane = acc + ((size_t)r * nj + c) * DJ_CPU_LANES;

@@ -15,6 +15,11 @@
 #endif
 
 #define VN (DJ_CPU_LANES / VL)
+/* One line of a dj__cpu_pull, toward L2 (a read, moderate locality). */
+#define PULL(p) __builtin_prefetch((p), 0, PULL_LOCALITY)
+#ifndef PULL_LOCALITY
+#define PULL_LOCALITY 1
+#endif
 #define KI static inline __attribute__((always_inline, target(KTGT)))
 #define KF static __attribute__((target(KTGT)))
 
@@ -84,12 +89,15 @@ KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *w, size_t 
 
 /* The lanes of an NR x NC tile over [k0, k1), kept in acc between blocks. */
 KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
-                  const int NC, float *acc, size_t acc_ld) {
+                  const int NC, float *acc, size_t acc_ld, const char **pull, const char *pull_end) {
+    const char *p = *pull;
     V a[GNR][GNC][VN];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
             for (int v = 0; v < VN; v++) a[r][c][v] = v_loadf(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL);
-    for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES)
+    for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES) {
+        PULL(p);
+        p = p < pull_end ? p + 64 : p;
         for (int v = 0; v < VN; v++) {
             V wv[GNC];
             for (int c = 0; c < NC; c++) wv[c] = v_loadf(w + (size_t)c * ldw + kk + v * VL);
@@ -98,6 +106,8 @@ KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32
                 for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
             }
         }
+    }
+    *pull = p;
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
             for (int v = 0; v < VN; v++) v_storef(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL, a[r][c][v]);
@@ -105,12 +115,15 @@ KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32
 
 #define GEMM_SHAPE(R, C)                                                            \
     case (R) * 8 + (C):                                                             \
-        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld); \
+        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld, &p, pend); \
         break
 
 KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                        uint32_t k0, uint32_t k1, float *acc) {
+                        uint32_t k0, uint32_t k1, float *acc, dj__cpu_pull *pull) {
     const size_t acc_ld = (size_t)nj * DJ_CPU_LANES;
+    static const char none = 0;
+    const char *p = pull->next ? pull->next : &none;
+    const char *pend = pull->next && pull->end - pull->next >= 64 ? pull->end - 64 : p;
     for (uint32_t r = 0; r < n; r += GNR) {
         const uint32_t nr = n - r < GNR ? n - r : GNR;
         const float *xr = x + (size_t)r * ldx;
@@ -127,6 +140,7 @@ KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, 
             }
         }
     }
+    if (pull->next) pull->next = p;
 }
 
 KF void kern_reduce(const float *acc, size_t count, float *out) {

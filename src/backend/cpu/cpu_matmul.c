@@ -8,6 +8,7 @@
  * take the tiled path, each tile dequantized (fp8 times its scale, one f32
  * product: exactly the dense weight a reference dequantizer makes). 4-bit
  * weights (DJ_DTYPE_Q4) likewise, dequantized into the tile. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,7 +87,7 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
 /* out[:, j0 .. j0+nj) from f32 weight rows w[nj][k] (the tile), x rows in
  * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets. */
 static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx,
-                           const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc) {
+                           const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc, dj__cpu_pull *pull) {
     const uint32_t n = c->n, k = c->k, k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
     float *out = c->out;
     for (uint32_t r0 = 0; r0 < n; r0 += ROW_CHUNK) {
@@ -94,7 +95,7 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
         memset(acc, 0, (size_t)rn * nj * DJ_CPU_LANES * sizeof *acc);
         for (uint32_t k0 = 0; k0 < k16; k0 += DJ_CPU_KBLOCK) {
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
-            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc);
+            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc, pull);
         }
         for (uint32_t r = 0; r < rn; r++) {
             float *o = out + (size_t)(r0 + r) * c->m + j0;
@@ -138,20 +139,32 @@ typedef struct tiled_job {
     size_t per_thread;
     const float *x;    /* c->x: rows ldx floats apart */
     size_t ldx;
-    uint32_t tile;
+    uint32_t tile, n_tiles;
     bool f32;
+    _Atomic uint32_t next_tile; /* the next unclaimed tile */
 } tiled_job;
 
-static void tiled_task(void *ctx, uint32_t ti, int thread) {
-    const tiled_job *j = ctx;
+static inline uint32_t claim_tile(tiled_job *j) {
+    return atomic_fetch_add_explicit(&j->next_tile, 1, memory_order_relaxed);
+}
+
+/* Tile ti: converted into this thread's scratch (unless f32) and multiplied
+ * by every row of x, pulling the source of the tile this thread does next. */
+static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread) {
     const dj_op_call *c = j->c;
     const uint32_t k = c->k, j0 = ti * j->tile, rows = c->m - j0 < j->tile ? c->m - j0 : j->tile;
     const size_t row_bytes = dj_dtype_row_bytes(c->w_dtype, k);
     const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
+    dj__cpu_pull pull = {NULL, NULL};
+    if (next < j->n_tiles) {
+        const uint32_t n0 = next * j->tile, nrows = c->m - n0 < j->tile ? c->m - n0 : j->tile;
+        pull.next = (const char *)c->w + (size_t)n0 * row_bytes;
+        pull.end = pull.next + (size_t)nrows * row_bytes;
+    }
     float *mine = j->scratch + (size_t)thread * j->per_thread;
     float *acc = j->f32 ? mine : mine + (size_t)j->tile * tile_ld(k);
     if (j->f32) {
-        gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc);
+        gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc, &pull);
         return;
     }
     const size_t ldw = tile_ld(k);
@@ -161,7 +174,21 @@ static void tiled_task(void *ctx, uint32_t ti, int thread) {
         for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
     else
         for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
-    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc);
+    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc, &pull);
+}
+
+/* One task a thread: tiles claimed one ahead, so that the tile a thread does
+ * next is known while it computes this one. A thread the OS runs late finds
+ * the tiles taken (its task then claims none). */
+static void tiled_task(void *ctx, uint32_t task, int thread) {
+    (void)task;
+    tiled_job *j = ctx;
+    uint32_t ti = claim_tile(j);
+    while (ti < j->n_tiles) {
+        const uint32_t next = claim_tile(j);
+        tiled_one(j, ti, next, thread);
+        ti = next;
+    }
 }
 
 /* Larger n: each thread takes a tile of weight rows - converted into its
@@ -183,8 +210,8 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t per_thread = (f32 ? 0 : (size_t)tile * tile_ld(k)) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
     dj_status st = grow_scratch(cb, per_thread * (size_t)cb->n_threads);
     if (st != DJ_OK) return st;
-    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, f32};
-    dj__cpu_pool_run(cb->pool, (m + tile - 1) / tile, tiled_task, &j);
+    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, (m + tile - 1) / tile, f32, 0};
+    dj__cpu_pool_run(cb->pool, j.n_tiles < nt ? j.n_tiles : nt, tiled_task, &j);
     return DJ_OK;
 }
 
