@@ -87,14 +87,36 @@ KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *w, size_t 
     }
 }
 
-/* The lanes of an NR x NC tile over [k0, k1), kept in acc between blocks. */
+/* out[r * ldo + c] = the halving tree of an NR x NC tile's lanes. */
+KI void reduce_tile(V a[GNR][GNC][VN], const int NR, const int NC, float *out, size_t ldo) {
+#ifdef HAVE_V_REDUCE16X4
+    /* four lane sets at a time, row-major over the tile */
+    float res[GNR * GNC + 3];
+    for (int g = 0; g < NR * NC; g += 4) {
+        V q[4];
+        for (int i = 0; i < 4; i++) q[i] = g + i < NR * NC ? a[(g + i) / NC][(g + i) % NC][0] : v_zero();
+        v_reduce16x4(q, res + g);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) out[(size_t)r * ldo + c] = res[r * NC + c];
+#else
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) out[(size_t)r * ldo + c] = v_reduce16(a[r][c]);
+#endif
+}
+
+/* The lanes of an NR x NC tile over [k0, k1): from zero when k0 is 0, else
+ * from acc; then into acc, or (out given: the last block) their halving tree
+ * into out. */
 KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
-                  const int NC, float *acc, size_t acc_ld, const char **pull, const char *pull_end) {
+                  const int NC, float *acc, size_t acc_ld, float *out, size_t ldo, const char **pull,
+                  const char *pull_end) {
     const char *p = *pull;
     V a[GNR][GNC][VN];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
-            for (int v = 0; v < VN; v++) a[r][c][v] = v_loadf(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL);
+            for (int v = 0; v < VN; v++)
+                a[r][c][v] = k0 == 0 ? v_zero() : v_loadf(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL);
     for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES) {
         PULL(p);
         p = p < pull_end ? p + 64 : p;
@@ -108,6 +130,10 @@ KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32
         }
     }
     *pull = p;
+    if (out) {
+        reduce_tile(a, NR, NC, out, ldo);
+        return;
+    }
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
             for (int v = 0; v < VN; v++) v_storef(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL, a[r][c][v]);
@@ -115,11 +141,11 @@ KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32
 
 #define GEMM_SHAPE(R, C)                                                            \
     case (R) * 8 + (C):                                                             \
-        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld, &p, pend); \
+        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld, op, ldo, &p, pend); \
         break
 
 KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                        uint32_t k0, uint32_t k1, float *acc, dj__cpu_pull *pull) {
+                        uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull) {
     const size_t acc_ld = (size_t)nj * DJ_CPU_LANES;
     static const char none = 0;
     const char *p = pull->next ? pull->next : &none;
@@ -131,6 +157,7 @@ KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, 
             const uint32_t nc = nj - c < GNC ? nj - c : GNC;
             const float *wc = w + (size_t)c * ldw;
             float *ap = acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES;
+            float *op = out ? out + (size_t)r * ldo + c : NULL;
             switch (nr * 8 + nc) {
                 GEMM_SHAPE(1, 1); GEMM_SHAPE(1, 2); GEMM_SHAPE(1, 3); GEMM_SHAPE(1, 4); GEMM_SHAPE(1, 5); GEMM_SHAPE(1, 6);
                 GEMM_SHAPE(2, 1); GEMM_SHAPE(2, 2); GEMM_SHAPE(2, 3); GEMM_SHAPE(2, 4); GEMM_SHAPE(2, 5); GEMM_SHAPE(2, 6);
@@ -141,14 +168,6 @@ KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, 
         }
     }
     if (pull->next) pull->next = p;
-}
-
-KF void kern_reduce(const float *acc, size_t count, float *out) {
-    for (size_t i = 0; i < count; i++) {
-        V a[VN];
-        for (int v = 0; v < VN; v++) a[v] = v_loadf(acc + i * DJ_CPU_LANES + v * VL);
-        out[i] = v_reduce16(a);
-    }
 }
 
 KF void kern_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {

@@ -85,21 +85,23 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
 }
 
 /* out[:, j0 .. j0+nj) from f32 weight rows w[nj][k] (the tile), x rows in
- * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets. */
+ * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets between blocks (the
+ * last block writes the halving tree into out). */
 static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx,
                            const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc, dj__cpu_pull *pull) {
     const uint32_t n = c->n, k = c->k, k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
     float *out = c->out;
     for (uint32_t r0 = 0; r0 < n; r0 += ROW_CHUNK) {
         const uint32_t rn = n - r0 < ROW_CHUNK ? n - r0 : ROW_CHUNK;
-        memset(acc, 0, (size_t)rn * nj * DJ_CPU_LANES * sizeof *acc);
+        float *o0 = out + (size_t)r0 * c->m + j0;
+        if (k16 == 0)
+            for (uint32_t r = 0; r < rn; r++) memset(o0 + (size_t)r * c->m, 0, (size_t)nj * sizeof *o0);
         for (uint32_t k0 = 0; k0 < k16; k0 += DJ_CPU_KBLOCK) {
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
-            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc, pull);
+            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc, k1 == k16 ? o0 : NULL, c->m, pull);
         }
         for (uint32_t r = 0; r < rn; r++) {
-            float *o = out + (size_t)(r0 + r) * c->m + j0;
-            K->reduce(acc + (size_t)r * nj * DJ_CPU_LANES, nj, o);
+            float *o = o0 + (size_t)r * c->m;
             if (k16 < k)
                 for (uint32_t j = 0; j < nj; j++)
                     o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * ldx, w + (size_t)j * ldw, DJ_DTYPE_F32, k16, k);
