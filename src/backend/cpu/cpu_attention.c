@@ -12,15 +12,31 @@
 /* Key positions scored at once, within one page. */
 #define SCORE_BLOCK 64
 
-/* acc[i] += v[i] * b */
-static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
+/* o[i] += v_j[i] * w[j] for keys j < n in order: for each element the same
+ * chain of fused multiply-adds as axpy key after key, but o held in
+ * registers 64 floats at a time (one load and store of o a block of keys,
+ * not one a key). v_j = v + j * ldv. */
+static void axpy_keys(float *o, const float *v, size_t ldv, const float *w, uint32_t n, uint32_t hd) {
     uint32_t i = 0;
 #ifdef __AVX2__
-    const __m256 vb = _mm256_set1_ps(b);
-    for (; i + 8 <= len; i += 8)
-        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(v + i), vb, _mm256_loadu_ps(acc + i)));
+    for (; i + 64 <= hd; i += 64) {
+        __m256 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm256_loadu_ps(o + i + 8 * r);
+        for (uint32_t j = 0; j < n; j++) {
+            const __m256 b = _mm256_set1_ps(w[j]);
+            const float *vj = v + (size_t)j * ldv + i;
+            for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(vj + 8 * r), b, a[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + i + 8 * r, a[r]);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 a = _mm256_loadu_ps(o + i);
+        for (uint32_t j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_loadu_ps(v + (size_t)j * ldv + i), _mm256_set1_ps(w[j]), a);
+        _mm256_storeu_ps(o + i, a);
+    }
 #endif
-    for (; i < len; i++) acc[i] += v[i] * b;
+    for (; i < hd; i++)
+        for (uint32_t j = 0; j < n; j++) o[i] += v[(size_t)j * ldv + i] * w[j];
 }
 
 /* f8 K/V (backend.h): sum q[i] * f8(code[i]), and acc[i] += f8(code[i]) * b;
@@ -108,10 +124,10 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
             run_sum += e;
             vw[j] = e;
         }
-        for (uint32_t j = 0; j < len; j++) {
-            if (lut) axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
-            else axpy(o, vb + (size_t)j * kvd, vw[j], hd);
-        }
+        if (lut)
+            for (uint32_t j = 0; j < len; j++) axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
+        else
+            axpy_keys(o, vb, kvd, vw, len, hd);
         t += len;
     }
     const float inv = 1.0f / run_sum;
