@@ -25,7 +25,10 @@
 #include "djinn/dtype.h"
 
 #define DJ_CPU_LANES 16
-#define DJ_CPU_KBLOCK 512u /* k per block of the blocked GEMM (a multiple of 16) */
+/* k per block of the blocked GEMM (a multiple of 16): 2048 (most layers' whole
+ * k: no lanes kept between blocks) measured 4-11% faster than 512 and 1024,
+ * 2-3% faster than 8192 (bench/RESULTS.md). */
+#define DJ_CPU_KBLOCK 2048u
 
 typedef enum {
     DJ_CPU_ISA_PORTABLE, /* plain C: the reference */
