@@ -58,12 +58,13 @@ typedef struct dj__cpu_kernels {
                 dj_dtype wt, uint32_t k, float *out, size_t ldo);
     /* The lanes over one k block: acc[(r * nj + c) * 16 + l] goes on with
      * k in [k0, k1) (k1 - k0 a multiple of 16, k0 too) for x rows r < n (ldx
-     * floats apart) and f32 weight rows c < nj (ldw floats apart) - from zero
-     * when k0 is 0 (acc not read); when out is given (the last block) the
-     * lanes are not stored: out[r * ldo + c] = their halving tree (v of the
-     * order, before the tail). pull (never NULL) moves on as above (the
-     * portable table ignores it). */
-    void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
+     * floats apart) and weight rows c < nj of dtype wt (f32, f16 or bf16: read
+     * as stored, widened in registers; ldw elements apart) - from zero when
+     * k0 is 0 (acc not read); when out is given (the last block) the lanes
+     * are not stored: out[r * ldo + c] = their halving tree (v of the order,
+     * before the tail). pull (never NULL) moves on as above (the portable
+     * table ignores it). */
+    void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw, uint32_t nj,
                        uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull);
     /* dst[0..count) = src (dtype t) as f32. */
     void (*to_f32)(float *dst, const void *src, dj_dtype t, size_t count);

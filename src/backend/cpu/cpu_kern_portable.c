@@ -25,16 +25,18 @@ static void dot_portable(const float *x, size_t ldx, uint32_t nr, const void *w,
         }
 }
 
-static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                                uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull) {
+static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw,
+                                uint32_t nj, uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo,
+                                dj__cpu_pull *pull) {
     (void)pull;
     for (uint32_t r = 0; r < n; r++)
         for (uint32_t c = 0; c < nj; c++) {
             float *kept = acc + ((size_t)r * nj + c) * DJ_CPU_LANES, lane[DJ_CPU_LANES];
             for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = k0 == 0 ? 0.0f : kept[l];
-            const float *xr = x + (size_t)r * ldx, *wr = w + (size_t)c * ldw;
+            const float *xr = x + (size_t)r * ldx;
+            const void *wr = (const char *)w + (size_t)c * ldw * dj_dtype_size(wt);
             for (uint32_t q = k0; q < k1; q += DJ_CPU_LANES)
-                for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = fmaf(wr[q + l], xr[q + l], lane[l]);
+                for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = fmaf(w_at(wr, wt, q + (uint32_t)l), xr[q + l], lane[l]);
             if (out)
                 out[(size_t)r * ldo + c] = dj__cpu_lanes_reduce(lane);
             else

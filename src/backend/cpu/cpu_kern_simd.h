@@ -107,9 +107,10 @@ KI void reduce_tile(V a[GNR][GNC][VN], const int NR, const int NC, float *out, s
 
 /* The lanes of an NR x NC tile over [k0, k1): from zero when k0 is 0, else
  * from acc; then into acc, or (out given: the last block) their halving tree
- * into out. */
-KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
-                  const int NC, float *acc, size_t acc_ld, float *out, size_t ldo, const char **pull,
+ * into out. Weight rows of type WT (f32, bf16, f16) ldw elements apart,
+ * widened in registers as they are loaded. */
+KI void gemm_tile(const float *x, size_t ldx, const void *w, const dj_dtype WT, size_t ldw, uint32_t k0, uint32_t k1,
+                  const int NR, const int NC, float *acc, size_t acc_ld, float *out, size_t ldo, const char **pull,
                   const char *pull_end) {
     const char *p = *pull;
     V a[GNR][GNC][VN];
@@ -122,7 +123,7 @@ KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32
         p = p < pull_end ? p + 64 : p;
         for (int v = 0; v < VN; v++) {
             V wv[GNC];
-            for (int c = 0; c < NC; c++) wv[c] = v_loadf(w + (size_t)c * ldw + kk + v * VL);
+            for (int c = 0; c < NC; c++) wv[c] = v_load_w(w, WT, (size_t)c * ldw + kk + v * VL);
             for (int r = 0; r < NR; r++) {
                 const V xv = v_loadf(x + (size_t)r * ldx + kk + v * VL);
                 for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
@@ -139,14 +140,27 @@ KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32
             for (int v = 0; v < VN; v++) v_storef(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL, a[r][c][v]);
 }
 
-#define GEMM_SHAPE(R, C)                                                            \
-    case (R) * 8 + (C):                                                             \
-        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld, op, ldo, &p, pend); \
+#define GEMM_SHAPE(WT, R, C)                                                                               \
+    case (R) * 8 + (C):                                                                                    \
+        if ((R) <= GNR && (C) <= GNC)                                                                      \
+            gemm_tile(xr, ldx, wc, WT, ldw, k0, k1, R, C, ap, acc_ld, op, ldo, &p, pend);                  \
         break
+#define GEMM_SHAPES(WT)                                                                                    \
+    switch (nr * 8 + nc) {                                                                                 \
+        GEMM_SHAPE(WT, 1, 1); GEMM_SHAPE(WT, 1, 2); GEMM_SHAPE(WT, 1, 3);                                  \
+        GEMM_SHAPE(WT, 1, 4); GEMM_SHAPE(WT, 1, 5); GEMM_SHAPE(WT, 1, 6);                                  \
+        GEMM_SHAPE(WT, 2, 1); GEMM_SHAPE(WT, 2, 2); GEMM_SHAPE(WT, 2, 3);                                  \
+        GEMM_SHAPE(WT, 2, 4); GEMM_SHAPE(WT, 2, 5); GEMM_SHAPE(WT, 2, 6);                                  \
+        GEMM_SHAPE(WT, 3, 1); GEMM_SHAPE(WT, 3, 2); GEMM_SHAPE(WT, 3, 3);                                  \
+        GEMM_SHAPE(WT, 3, 4); GEMM_SHAPE(WT, 3, 5); GEMM_SHAPE(WT, 3, 6);                                  \
+        GEMM_SHAPE(WT, 4, 1); GEMM_SHAPE(WT, 4, 2); GEMM_SHAPE(WT, 4, 3);                                  \
+        GEMM_SHAPE(WT, 4, 4); GEMM_SHAPE(WT, 4, 5); GEMM_SHAPE(WT, 4, 6);                                  \
+    default: break;                                                                                        \
+    }
 
-KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
+KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw, uint32_t nj,
                         uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull) {
-    const size_t acc_ld = (size_t)nj * DJ_CPU_LANES;
+    const size_t acc_ld = (size_t)nj * DJ_CPU_LANES, wsize = dj_dtype_size(wt);
     static const char none = 0;
     const char *p = pull->next ? pull->next : &none;
     const char *pend = pull->next && pull->end - pull->next >= 64 ? pull->end - 64 : p;
@@ -155,15 +169,15 @@ KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, 
         const float *xr = x + (size_t)r * ldx;
         for (uint32_t c = 0; c < nj; c += GNC) {
             const uint32_t nc = nj - c < GNC ? nj - c : GNC;
-            const float *wc = w + (size_t)c * ldw;
+            const void *wc = (const char *)w + (size_t)c * ldw * wsize;
             float *ap = acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES;
             float *op = out ? out + (size_t)r * ldo + c : NULL;
-            switch (nr * 8 + nc) {
-                GEMM_SHAPE(1, 1); GEMM_SHAPE(1, 2); GEMM_SHAPE(1, 3); GEMM_SHAPE(1, 4); GEMM_SHAPE(1, 5); GEMM_SHAPE(1, 6);
-                GEMM_SHAPE(2, 1); GEMM_SHAPE(2, 2); GEMM_SHAPE(2, 3); GEMM_SHAPE(2, 4); GEMM_SHAPE(2, 5); GEMM_SHAPE(2, 6);
-                GEMM_SHAPE(3, 1); GEMM_SHAPE(3, 2); GEMM_SHAPE(3, 3); GEMM_SHAPE(3, 4); GEMM_SHAPE(3, 5); GEMM_SHAPE(3, 6);
-                GEMM_SHAPE(4, 1); GEMM_SHAPE(4, 2); GEMM_SHAPE(4, 3); GEMM_SHAPE(4, 4); GEMM_SHAPE(4, 5); GEMM_SHAPE(4, 6);
-            default: break;
+            if (wt == DJ_DTYPE_BF16) {
+                GEMM_SHAPES(DJ_DTYPE_BF16)
+            } else if (wt == DJ_DTYPE_F16) {
+                GEMM_SHAPES(DJ_DTYPE_F16)
+            } else {
+                GEMM_SHAPES(DJ_DTYPE_F32)
             }
         }
     }

@@ -89,12 +89,13 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
     return DJ_OK;
 }
 
-/* out[:, j0 .. j0+nj) from f32 weight rows w[nj][k] (the tile), x rows in
- * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets between blocks (the
- * last block writes the halving tree into out). */
-static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx,
-                           const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc, dj__cpu_pull *pull) {
+/* out[:, j0 .. j0+nj) from weight rows w[nj] (dtype wt: f32, f16, bf16; ldw
+ * elements apart), x rows in chunks, k in blocks; acc holds ROW_CHUNK * nj
+ * lane sets between blocks (the last block writes the halving tree into out). */
+static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx, const void *w,
+                           dj_dtype wt, size_t ldw, uint32_t j0, uint32_t nj, float *acc, dj__cpu_pull *pull) {
     const uint32_t n = c->n, k = c->k, k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
+    const size_t w_row_bytes = ldw * dj_dtype_size(wt);
     float *out = c->out;
     for (uint32_t r0 = 0; r0 < n; r0 += ROW_CHUNK) {
         const uint32_t rn = n - r0 < ROW_CHUNK ? n - r0 : ROW_CHUNK;
@@ -103,13 +104,15 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
             for (uint32_t r = 0; r < rn; r++) memset(o0 + (size_t)r * c->m, 0, (size_t)nj * sizeof *o0);
         for (uint32_t k0 = 0; k0 < k16; k0 += DJ_CPU_KBLOCK) {
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
-            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc, k1 == k16 ? o0 : NULL, c->m, pull);
+            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, wt, ldw, nj, k0, k1, acc, k1 == k16 ? o0 : NULL, c->m,
+                          pull);
         }
         for (uint32_t r = 0; r < rn; r++) {
             float *o = o0 + (size_t)r * c->m;
             if (k16 < k)
                 for (uint32_t j = 0; j < nj; j++)
-                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * ldx, w + (size_t)j * ldw, DJ_DTYPE_F32, k16, k);
+                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * ldx, (const char *)w + (size_t)j * w_row_bytes,
+                                        wt, k16, k);
             if (c->bias)
                 for (uint32_t j = 0; j < nj; j++) o[j] += bias_at(c, j0 + j);
         }
@@ -147,7 +150,7 @@ typedef struct tiled_job {
     const float *x;    /* c->x: rows ldx floats apart */
     size_t ldx;
     uint32_t tile, n_tiles;
-    bool f32;
+    bool in_place;     /* f32, f16, bf16: read as stored; f8 and 4-bit tiles are dequantized into scratch */
     _Atomic uint32_t next_tile; /* the next unclaimed tile */
 } tiled_job;
 
@@ -169,19 +172,17 @@ static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread
         pull.end = pull.next + (size_t)nrows * row_bytes;
     }
     float *mine = j->scratch + (size_t)thread * j->per_thread;
-    float *acc = j->f32 ? mine : mine + (size_t)j->tile * tile_ld(k);
-    if (j->f32) {
-        gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc, &pull);
+    float *acc = j->in_place ? mine : mine + (size_t)j->tile * tile_ld(k);
+    if (j->in_place) {
+        gemm_tile_rows(j->K, c, j->x, j->ldx, src, c->w_dtype, k, j0, rows, acc, &pull);
         return;
     }
     const size_t ldw = tile_ld(k);
     if (c->w_dtype == DJ_DTYPE_F8_E4M3)
         for (uint32_t r = 0; r < rows; r++) dj__cpu_fp8_row(mine + r * ldw, src + r * row_bytes, c, j0 + r);
-    else if (c->w_dtype == DJ_DTYPE_Q4)
-        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
     else
-        for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
-    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc, &pull);
+        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
+    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, DJ_DTYPE_F32, ldw, j0, rows, acc, &pull);
 }
 
 /* One task a thread: tiles claimed one ahead, so that the tile a thread does
@@ -213,11 +214,11 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
         if (tile > K->gemm_cols) tile = tile / K->gemm_cols * K->gemm_cols; /* whole register tiles */
     }
     if (tile > m) tile = m;
-    const bool f32 = c->w_dtype == DJ_DTYPE_F32;
-    const size_t per_thread = (f32 ? 0 : (size_t)tile * tile_ld(k)) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
+    const bool in_place = c->w_dtype == DJ_DTYPE_F32 || c->w_dtype == DJ_DTYPE_F16 || c->w_dtype == DJ_DTYPE_BF16;
+    const size_t per_thread = (in_place ? 0 : (size_t)tile * tile_ld(k)) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
     dj_status st = grow_scratch(cb, per_thread * (size_t)cb->n_threads);
     if (st != DJ_OK) return st;
-    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, (m + tile - 1) / tile, f32, 0};
+    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, (m + tile - 1) / tile, in_place, 0};
     dj__cpu_pool_run(cb->pool, j.n_tiles < nt ? j.n_tiles : nt, tiled_task, &j);
     return DJ_OK;
 }
