@@ -2,26 +2,24 @@
  * output element is one dot product in cpu_kern.h's order whatever n, the
  * threads or the tiling are, so a row's result is bit-identical alone and in
  * any batch. Decode-size n reads the weights as stored, every thread its own
- * contiguous weight rows (one pass over them); larger n converts tiles of
- * weight rows to f32 per thread (never a full copy) and multiplies them
- * k-blocked. The pool's tasks split the weight rows. f8_e4m3 weights always
- * take the tiled path, each tile dequantized (fp8 times its scale, one f32
+ * contiguous weight rows (one pass over them); larger n splits the weight
+ * rows into tiles, each multiplied by every row of x k-blocked through the
+ * GEMM register tiles - f32/f16/bf16 rows read where they lie (widened in
+ * registers), tiles claimed one ahead so the kernel pulls the next tile
+ * toward L2 while it computes. f8_e4m3 weights always take the tiled path,
+ * each tile dequantized into per-thread scratch (fp8 times its scale, one f32
  * product: exactly the dense weight a reference dequantizer makes). 4-bit
- * weights (DJ_DTYPE_Q4) likewise, dequantized into the tile. */
+ * weights (DJ_DTYPE_Q4) likewise. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 
-/* Each thread's converted f32 weight tile aims at this many bytes: big enough
- * to amortise the conversion, small enough to stay in a core's L2. */
+/* A tile of weight rows aims at this many bytes as f32 (the dequantized f8 and
+ * 4-bit tiles: small enough to stay in a core's L2; f16/bf16 tiles, read in
+ * place, take the same rows: 128 and 512 KiB measured the same). */
 #define TILE_TARGET_BYTES (256u << 10)
-/* ... but never fewer rows than this (4 AVX-512 register tiles): x is read
- * once per tile, and 6-row tiles of a large k (down_proj's 5632, 8192) read
- * all of it from L3 per 6 rows (measured 66-69 vs 78 GFLOP/s at 24 rows, 32
- * rows of x, one thread; at 256 rows 56-68 vs 82-84). */
-#define TILE_MIN_ROWS 24u
 /* x rows per pass over a weight tile: bounds the lane accumulators. */
 #define ROW_CHUNK 32u
 
@@ -210,7 +208,7 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
         size_t t = TILE_TARGET_BYTES / ((size_t)k * sizeof(float));
         const uint32_t fair = (m + 2 * nt - 1) / (2 * nt); /* at least two tiles a thread */
         if (t > fair) t = fair;
-        tile = t < TILE_MIN_ROWS ? TILE_MIN_ROWS : (uint32_t)t;
+        tile = t < 8 ? 8 : (uint32_t)t;
         if (tile > K->gemm_cols) tile = tile / K->gemm_cols * K->gemm_cols; /* whole register tiles */
     }
     if (tile > m) tile = m;
