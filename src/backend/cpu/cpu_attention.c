@@ -36,7 +36,8 @@ static inline __m128 exp4(__m128 x) {
     const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
     const __m256i t = _mm256_add_epi64(_mm256_i64gather_epi64((const long long *)(const void *)exp_tab, idx, 8),
                                        _mm256_slli_epi64(ki, 47)); /* 2^(k/32) */
-    const __m256d z = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.c6af84b912394p-20), _mm256_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
+    const __m256d z = _mm256_fmadd_pd(r, c0, c1);
     const __m256d r2 = _mm256_mul_pd(r, r);
     __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-6), _mm256_set1_pd(1.0));
     y = _mm256_fmadd_pd(z, r2, y);
@@ -122,7 +123,8 @@ static void axpy_keys(float *o, const float *v, size_t ldv, const float *w, uint
     }
     for (; i + 8 <= hd; i += 8) {
         __m256 a = _mm256_loadu_ps(o + i);
-        for (uint32_t j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_loadu_ps(v + (size_t)j * ldv + i), _mm256_set1_ps(w[j]), a);
+        for (uint32_t j = 0; j < n; j++)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(v + (size_t)j * ldv + i), _mm256_set1_ps(w[j]), a);
         _mm256_storeu_ps(o + i, a);
     }
 #endif
@@ -214,7 +216,8 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         dj__cpu_exp_block(vw, vw, len);
         for (uint32_t j = 0; j < len; j++) run_sum += vw[j];
         if (lut)
-            for (uint32_t j = 0; j < len; j++) axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
+            for (uint32_t j = 0; j < len; j++)
+                axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
         else
             axpy_keys(o, vb, kvd, vw, len, hd);
         t += len;

@@ -42,7 +42,8 @@ KV void v_reduce16x4(const V *a, float *r) {
     /* t: + (l+4), four lanes of each a[i] in its 128-bit block */
     const V u = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, _MM_SHUFFLE(1, 0, 3, 2))); /* + (l+2) */
     const V v = _mm512_add_ps(u, _mm512_shuffle_ps(u, u, _MM_SHUFFLE(2, 3, 0, 1))); /* u0 + u1 */
-    _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v)));
+    const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(first, v)));
 }
 
 #include "backend/cpu/cpu_kern_simd.h"
