@@ -48,16 +48,18 @@ static inline __m128 exp4(__m128 x) {
 void dj__cpu_exp_block(const float *x, float *y, uint32_t n) {
     uint32_t j = 0;
 #ifdef __AVX2__
+    /* expf's own ranges: its main path for -0x1.9d1d9ep6 <= x <= 88.72 (here
+     * to 88), +0 below -0x1.9fe368p6; in between, NaN, and from 88 up: expf */
+    const __m128 lo = _mm_set1_ps(-0x1.9d1d9ep6f), hi = _mm_set1_ps(88.0f), zero_below = _mm_set1_ps(-0x1.9fe368p6f);
     for (; j + 4 <= n; j += 4) {
         const __m128 v = _mm_loadu_ps(x + j);
-        /* |x| >= 88, infinities and NaN (the top bits of |x| at least 88's): expf */
-        const __m128i big = _mm_cmpgt_epi32(_mm_and_si128(_mm_castps_si128(v), _mm_set1_epi32(0x7fffffff)),
-                                            _mm_set1_epi32(0x42afffff));
-        if (!_mm_testz_si128(big, big)) {
+        const __m128 on_path = _mm_and_ps(_mm_cmp_ps(v, lo, _CMP_GE_OQ), _mm_cmp_ps(v, hi, _CMP_LT_OQ));
+        const __m128 zero = _mm_cmp_ps(v, zero_below, _CMP_LT_OQ);
+        if (_mm_movemask_ps(_mm_or_ps(on_path, zero)) != 15) {
             for (int u = 0; u < 4; u++) y[j + (uint32_t)u] = expf(x[j + (uint32_t)u]);
             continue;
         }
-        _mm_storeu_ps(y + j, exp4(v));
+        _mm_storeu_ps(y + j, _mm_andnot_ps(zero, exp4(v)));
     }
 #endif
     for (; j < n; j++) y[j] = expf(x[j]);

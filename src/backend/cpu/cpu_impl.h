@@ -39,8 +39,9 @@ float dj__cpu_dot(const float *a, const float *b, uint32_t len);
  * double precision - the algorithm of glibc's expf (2.28 on: k = x * 32 / ln 2
  * rounded, a table of 2^(i/32), a cubic in the rest), each operation and FMA
  * fusion as its FMA build has them, so the same bits as glibc 2.36's expf for
- * every |x| < 88 (checked for all 2.2e9 such floats; bench/RESULTS.md); the
- * rest, and CPUs without AVX2, through expf. */
+ * every x in [-103.28, 88) (all 2.24e9 such floats checked; bench/RESULTS.md),
+ * +0 below -103.97 as expf; the rest, and CPUs without AVX2, through expf.
+ * Attention's softmax and SiLU use it. */
 void dj__cpu_exp_block(const float *x, float *y, uint32_t n);
 void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
 
