@@ -321,7 +321,7 @@ static void test_pool(void) {
 
 static void test_matmul_isas(void) {
     static const uint32_t shapes[][3] = {{1, 1037, 67}, {2, 100, 11}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20},
-                                          {6, 13, 7}, {40, 2064, 25}};
+                                          {6, 13, 7}, {40, 2064, 25}, {6, 8250, 7}};
     dj_backend_t *ref = NULL, *simd = NULL;
     CHECK_OK(dj_backend_cpu_new(2, &ref));
     CHECK_OK(dj_backend_cpu_new(1, &simd));

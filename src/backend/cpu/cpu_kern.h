@@ -25,10 +25,11 @@
 #include "djinn/dtype.h"
 
 #define DJ_CPU_LANES 16
-/* k per block of the blocked GEMM (a multiple of 16): 2048 (most layers' whole
- * k: no lanes kept between blocks) measured 4-11% faster than 512 and 1024,
- * 2-3% faster than 8192 (bench/RESULTS.md). */
-#define DJ_CPU_KBLOCK 2048u
+/* k per block of the blocked GEMM (a multiple of 16): 8192, the whole k of
+ * most layers (no lanes kept between blocks). With f32 tiles 2048 measured
+ * 4-11% faster than 512 and 1024 and 2-3% faster than 8192; with f16/bf16
+ * read in place 8192 measured 1-3% faster than 2048 on k = 8192 (bench/RESULTS.md). */
+#define DJ_CPU_KBLOCK 8192u
 
 typedef enum {
     DJ_CPU_ISA_PORTABLE, /* plain C: the reference */
