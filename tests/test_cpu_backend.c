@@ -320,7 +320,8 @@ static void test_pool(void) {
 }
 
 static void test_matmul_isas(void) {
-    static const uint32_t shapes[][3] = {{1, 1037, 67}, {2, 100, 11}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20}};
+    static const uint32_t shapes[][3] = {{1, 1037, 67}, {2, 100, 11}, {3, 32, 9}, {4, 15, 5}, {37, 1037, 131}, {9, 530, 20},
+                                          {6, 13, 7}, {40, 2064, 25}, {6, 8250, 7}};
     dj_backend_t *ref = NULL, *simd = NULL;
     CHECK_OK(dj_backend_cpu_new(2, &ref));
     CHECK_OK(dj_backend_cpu_new(1, &simd));
@@ -643,6 +644,43 @@ static void test_attention(void) {
     CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F32));
 }
 
+/* The attention's exponentials (dj__cpu_exp_block): glibc's expf bit for bit
+ * where the C library is glibc 2.28 or later (the algorithm it follows), else
+ * within an ulp of exp in double (subnormal results: one subnormal step);
+ * every 4099th float of either sign (four at a time and the odd tails), and
+ * the inputs expf itself takes. */
+static void test_exp_block(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 28))
+    const int exact = 1;
+#else
+    const int exact = 0;
+#endif
+    enum { N = 1031 };
+    float x[N], y[N];
+    uint32_t bits = 0, bad = 0, total = 0;
+    while (bits < 0x7f800000u) {
+        for (uint32_t i = 0; i < N; i++, bits += 4099) {
+            const uint32_t u = (bits < 0x7f800000u ? bits : 0x42b00000u) | (i % 2 ? 0x80000000u : 0);
+            memcpy(&x[i], &u, sizeof u);
+        }
+        dj__cpu_exp_block(x, y, N);
+        for (uint32_t i = 0; i < N; i++, total++) {
+            const float e = expf(x[i]);
+            const double ref = exp((double)x[i]);
+            if (exact ? memcmp(&e, &y[i], sizeof e) != 0 : fabs((double)y[i] - ref) > 1.2e-7 * ref + 1.5e-45) bad++;
+        }
+    }
+    CHECK_MSG(bad == 0, "exp block: %u of %u differ from %s", bad, total, exact ? "expf" : "exp");
+    const float special[] = {-INFINITY, INFINITY, NAN, -88.0f, 88.0f, -87.99f, 88.72f, -104.0f, 0.0f, -0.0f, -1e-30f};
+    float out[11];
+    dj__cpu_exp_block(special, out, 11);
+    for (int i = 0; i < 11; i++) {
+        const float e = expf(special[i]);
+        CHECK_MSG(isnan(e) ? isnan(out[i]) : memcmp(&e, &out[i], sizeof e) == 0, "exp block of %g: %g, expf %g",
+                  (double)special[i], (double)out[i], (double)e);
+    }
+}
+
 /* ---- SILU_MUL, ADD ---- */
 
 static void test_elementwise(void) {
@@ -814,6 +852,7 @@ int main(void) {
     test_kv_write();
     test_kv_write_f8();
     test_attention();
+    test_exp_block();
     test_elementwise();
     test_errors();
     time_matmul(1, 2048, 5632, 10);

@@ -12,15 +12,126 @@
 /* Key positions scored at once, within one page. */
 #define SCORE_BLOCK 64
 
-/* acc[i] += v[i] * b */
-static inline void axpy(float *acc, const float *v, float b, uint32_t len) {
+#ifdef __AVX2__
+/* 2^(i/32) as doubles less i << 47 (adding k << 47 then gives 2^(k/32)). */
+static const uint64_t exp_tab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
+};
+
+/* expf of four floats with |x| < 88 */
+static inline __m128 exp4(__m128 x) {
+    const __m256d xd = _mm256_cvtps_pd(x);
+    const __m256d inv = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52); /* 32 / ln 2 */
+    const __m256d kds = _mm256_fmadd_pd(xd, inv, shift); /* k + 1.5 * 2^52: k = round(x * 32 / ln 2) */
+    const __m256d kd = _mm256_sub_pd(kds, shift);
+    const __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    const __m256i ki = _mm256_castpd_si256(kds);
+    const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    const __m256i t = _mm256_add_epi64(_mm256_i64gather_epi64((const long long *)(const void *)exp_tab, idx, 8),
+                                       _mm256_slli_epi64(ki, 47)); /* 2^(k/32) */
+    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
+    const __m256d z = _mm256_fmadd_pd(r, c0, c1);
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-6), _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(z, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+}
+#endif
+
+void dj__cpu_exp_block(const float *x, float *y, uint32_t n) {
+    uint32_t j = 0;
+#ifdef __AVX2__
+    /* expf's own ranges: its main path for -0x1.9d1d9ep6 <= x <= 88.72 (here
+     * to 88), +0 below -0x1.9fe368p6; in between, NaN, and from 88 up: expf */
+    const __m128 lo = _mm_set1_ps(-0x1.9d1d9ep6f), hi = _mm_set1_ps(88.0f), zero_below = _mm_set1_ps(-0x1.9fe368p6f);
+    for (; j + 4 <= n; j += 4) {
+        const __m128 v = _mm_loadu_ps(x + j);
+        const __m128 on_path = _mm_and_ps(_mm_cmp_ps(v, lo, _CMP_GE_OQ), _mm_cmp_ps(v, hi, _CMP_LT_OQ));
+        const __m128 zero = _mm_cmp_ps(v, zero_below, _CMP_LT_OQ);
+        if (_mm_movemask_ps(_mm_or_ps(on_path, zero)) != 15) {
+            for (int u = 0; u < 4; u++) y[j + (uint32_t)u] = expf(x[j + (uint32_t)u]);
+            continue;
+        }
+        _mm_storeu_ps(y + j, _mm_andnot_ps(zero, exp4(v)));
+    }
+#endif
+    for (; j < n; j++) y[j] = expf(x[j]);
+}
+
+/* d[j] = dj__cpu_dot(q, k + j * ldk, hd) for j < n: for hd a multiple of 16,
+ * four keys at a time with q's loads shared and the four horizontal sums done
+ * side by side - each of dj__cpu_dot's adds on the same operands, so the
+ * same bits. */
+static void dot_keys(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd, float *d) {
+    uint32_t j = 0;
+#ifdef __AVX2__
+    if (hd % 16 == 0)
+        for (; j + 4 <= n; j += 4) {
+            const float *k0 = k + (size_t)j * ldk;
+            __m256 a0[4], a1[4];
+            for (int u = 0; u < 4; u++) a0[u] = a1[u] = _mm256_setzero_ps();
+            for (uint32_t i = 0; i < hd; i += 16) {
+                const __m256 qa = _mm256_loadu_ps(q + i), qb = _mm256_loadu_ps(q + i + 8);
+                for (int u = 0; u < 4; u++) {
+                    a0[u] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + (size_t)u * ldk + i), a0[u]);
+                    a1[u] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + (size_t)u * ldk + i + 8), a1[u]);
+                }
+            }
+            for (int u = 0; u < 4; u++) a0[u] = _mm256_add_ps(a0[u], a1[u]);
+            /* lanes l + (l+4): [key 0 | key 1], [key 2 | key 3] */
+            const __m256 h01 = _mm256_add_ps(_mm256_permute2f128_ps(a0[0], a0[1], 0x20),
+                                             _mm256_permute2f128_ps(a0[0], a0[1], 0x31));
+            const __m256 h23 = _mm256_add_ps(_mm256_permute2f128_ps(a0[2], a0[3], 0x20),
+                                             _mm256_permute2f128_ps(a0[2], a0[3], 0x31));
+            /* + (l+2): [k0 0,1, k2 0,1 | k1 0,1, k3 0,1] */
+            const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                           _mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 2, 3, 2)));
+            /* u0 + u1 in lanes 0 (key 0), 2 (key 2), 4 (key 1), 6 (key 3) */
+            const __m256 v = _mm256_add_ps(z, _mm256_shuffle_ps(z, z, _MM_SHUFFLE(2, 3, 0, 1)));
+            float r[8];
+            _mm256_storeu_ps(r, v);
+            d[j] = r[0];
+            d[j + 1] = r[4];
+            d[j + 2] = r[2];
+            d[j + 3] = r[6];
+        }
+#endif
+    for (; j < n; j++) d[j] = dj__cpu_dot(q, k + (size_t)j * ldk, hd);
+}
+
+/* o[i] += v_j[i] * w[j] for keys j < n in order: for each element the same
+ * chain of fused multiply-adds as axpy key after key, but o held in
+ * registers 64 floats at a time (one load and store of o a block of keys,
+ * not one a key). v_j = v + j * ldv. */
+static void axpy_keys(float *o, const float *v, size_t ldv, const float *w, uint32_t n, uint32_t hd) {
     uint32_t i = 0;
 #ifdef __AVX2__
-    const __m256 vb = _mm256_set1_ps(b);
-    for (; i + 8 <= len; i += 8)
-        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(_mm256_loadu_ps(v + i), vb, _mm256_loadu_ps(acc + i)));
+    for (; i + 64 <= hd; i += 64) {
+        __m256 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm256_loadu_ps(o + i + 8 * r);
+        for (uint32_t j = 0; j < n; j++) {
+            const __m256 b = _mm256_set1_ps(w[j]);
+            const float *vj = v + (size_t)j * ldv + i;
+            for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(vj + 8 * r), b, a[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + i + 8 * r, a[r]);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 a = _mm256_loadu_ps(o + i);
+        for (uint32_t j = 0; j < n; j++)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(v + (size_t)j * ldv + i), _mm256_set1_ps(w[j]), a);
+        _mm256_storeu_ps(o + i, a);
+    }
 #endif
-    for (; i < len; i++) acc[i] += v[i] * b;
+    for (; i < hd; i++)
+        for (uint32_t j = 0; j < n; j++) o[i] += v[(size_t)j * ldv + i] * w[j];
 }
 
 /* f8 K/V (backend.h): sum q[i] * f8(code[i]), and acc[i] += f8(code[i]) * b;
@@ -91,9 +202,9 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
             vb = (const float *)(const void *)page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
         }
         float bmax = -INFINITY;
+        if (!lut) dot_keys(q, kb, kvd, len, hd, s);
         for (uint32_t j = 0; j < len; j++) {
-            s[j] = lut ? ldexpf(dot_f8(q, kc + (size_t)j * kvd, hd, lut), ke[(size_t)j * nkv]) * scale
-                       : dj__cpu_dot(q, kb + (size_t)j * kvd, hd) * scale;
+            s[j] = lut ? ldexpf(dot_f8(q, kc + (size_t)j * kvd, hd, lut), ke[(size_t)j * nkv]) * scale : s[j] * scale;
             if (softcap != 0.0f) s[j] = tanhf(s[j] / softcap) * softcap; /* Gemma 2 */
             if (s[j] > bmax) bmax = s[j];
         }
@@ -103,15 +214,14 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
             for (uint32_t i = 0; i < hd; i++) o[i] *= corr;
             run_max = bmax;
         }
-        for (uint32_t j = 0; j < len; j++) {
-            const float e = expf(s[j] - run_max);
-            run_sum += e;
-            vw[j] = e;
-        }
-        for (uint32_t j = 0; j < len; j++) {
-            if (lut) axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
-            else axpy(o, vb + (size_t)j * kvd, vw[j], hd);
-        }
+        for (uint32_t j = 0; j < len; j++) vw[j] = s[j] - run_max;
+        dj__cpu_exp_block(vw, vw, len);
+        for (uint32_t j = 0; j < len; j++) run_sum += vw[j];
+        if (lut)
+            for (uint32_t j = 0; j < len; j++)
+                axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
+        else
+            axpy_keys(o, vb, kvd, vw, len, hd);
         t += len;
     }
     const float inv = 1.0f / run_sum;

@@ -253,9 +253,12 @@ static void silu_mul_range(void *ctx, size_t lo, size_t hi, int thread) {
     const dj_op_call *c = ctx;
     const float *gate = c->x, *up = c->x2;
     float *out = c->out;
-    for (size_t i = lo; i < hi; i++) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    float e[256];
+    for (size_t i0 = lo; i0 < hi; i0 += 256) {
+        const uint32_t cnt = hi - i0 < 256 ? (uint32_t)(hi - i0) : 256;
+        for (uint32_t i = 0; i < cnt; i++) e[i] = -gate[i0 + i];
+        dj__cpu_exp_block(e, e, cnt); /* expf(-g), four at a time */
+        for (uint32_t i = 0; i < cnt; i++) out[i0 + i] = gate[i0 + i] / (1.0f + e[i]) * up[i0 + i];
     }
 }
 

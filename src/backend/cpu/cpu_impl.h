@@ -35,6 +35,14 @@ dj_status dj__cpu_set_isa(dj_backend_t *be, dj_cpu_isa isa);
 
 /* dst[0..count) = src converted to f32; src of dtype f32/f16/bf16. */
 float dj__cpu_dot(const float *a, const float *b, uint32_t len);
+/* y[j] = expf(x[j]) for j < n (y may be x): with AVX2 four at a time in
+ * double precision - the algorithm of glibc's expf (2.28 on: k = x * 32 / ln 2
+ * rounded, a table of 2^(i/32), a cubic in the rest), each operation and FMA
+ * fusion as its FMA build has them, so the same bits as glibc 2.36's expf for
+ * every x in [-103.28, 88) (all 2.24e9 such floats checked; bench/RESULTS.md),
+ * +0 below -103.97 as expf; the rest, and CPUs without AVX2, through expf.
+ * Attention's softmax and SiLU use it. */
+void dj__cpu_exp_block(const float *x, float *y, uint32_t n);
 void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
 
 /* Kernels; the call has been validated by the compute switch. */

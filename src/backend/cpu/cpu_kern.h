@@ -25,7 +25,11 @@
 #include "djinn/dtype.h"
 
 #define DJ_CPU_LANES 16
-#define DJ_CPU_KBLOCK 512u /* k per block of the blocked GEMM (a multiple of 16) */
+/* k per block of the blocked GEMM (a multiple of 16): 8192, the whole k of
+ * most layers (no lanes kept between blocks). With f32 tiles 2048 measured
+ * 4-11% faster than 512 and 1024 and 2-3% faster than 8192; with f16/bf16
+ * read in place 8192 measured 1-3% faster than 2048 on k = 8192 (bench/RESULTS.md). */
+#define DJ_CPU_KBLOCK 8192u
 
 typedef enum {
     DJ_CPU_ISA_PORTABLE, /* plain C: the reference */
@@ -33,6 +37,14 @@ typedef enum {
     DJ_CPU_ISA_AVX512,   /* AVX-512F */
     DJ_CPU_ISA_COUNT
 } dj_cpu_isa;
+
+/* Memory a kernel pulls toward the core while it computes (the next weight
+ * tile's source, so that converting it later reads the caches, not DRAM): the
+ * kernel touches the cache line at next once per k step and moves next on by
+ * a line until it reaches end. {NULL, NULL}: nothing to pull. */
+typedef struct dj__cpu_pull {
+    const char *next, *end;
+} dj__cpu_pull;
 
 typedef struct dj__cpu_kernels {
     const char *name;
@@ -47,11 +59,14 @@ typedef struct dj__cpu_kernels {
                 dj_dtype wt, uint32_t k, float *out, size_t ldo);
     /* The lanes over one k block: acc[(r * nj + c) * 16 + l] goes on with
      * k in [k0, k1) (k1 - k0 a multiple of 16, k0 too) for x rows r < n (ldx
-     * floats apart) and f32 weight rows c < nj (ldw floats apart). */
-    void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                       uint32_t k0, uint32_t k1, float *acc);
-    /* out[i] = v of the halving tree over the 16 lanes acc[16 i .. 16 i + 16), i < count. */
-    void (*reduce)(const float *acc, size_t count, float *out);
+     * floats apart) and weight rows c < nj of dtype wt (f32, f16 or bf16: read
+     * as stored, widened in registers; ldw elements apart) - from zero when
+     * k0 is 0 (acc not read); when out is given (the last block) the lanes
+     * are not stored: out[r * ldo + c] = their halving tree (v of the order,
+     * before the tail). pull (never NULL) moves on as above (the portable
+     * table ignores it). */
+    void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw, uint32_t nj,
+                       uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull);
     /* dst[0..count) = src (dtype t) as f32. */
     void (*to_f32)(float *dst, const void *src, dj_dtype t, size_t count);
 } dj__cpu_kernels;

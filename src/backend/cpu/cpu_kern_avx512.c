@@ -31,6 +31,20 @@ KV float v_reduce16(const V *a) {
     t = _mm_add_ss(t, _mm_movehdup_ps(t));                                                             /* u0 + u1 */
     return _mm_cvtss_f32(t);
 }
+/* r[i] = v_reduce16(&a[i]) for i < 4, the same tree done for four lane sets
+ * side by side (each add is one of the tree's, lane for lane). */
+#define HAVE_V_REDUCE16X4 1
+KV void v_reduce16x4(const V *a, float *r) {
+    const V s01 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xEE));
+    const V s23 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], 0x44), _mm512_shuffle_f32x4(a[2], a[3], 0xEE));
+    /* s01: l + (l+8) of a[0] in lanes 0..7, of a[1] in 8..15 */
+    const V t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+    /* t: + (l+4), four lanes of each a[i] in its 128-bit block */
+    const V u = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, _MM_SHUFFLE(1, 0, 3, 2))); /* + (l+2) */
+    const V v = _mm512_add_ps(u, _mm512_shuffle_ps(u, u, _MM_SHUFFLE(2, 3, 0, 1))); /* u0 + u1 */
+    const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(first, v)));
+}
 
 #include "backend/cpu/cpu_kern_simd.h"
 
@@ -40,7 +54,6 @@ const dj__cpu_kernels dj__cpu_kernels_avx512 = {
     .dot = kern_dot,
     .gemm_cols = GNC,
     .gemm_block = kern_gemm_block,
-    .reduce = kern_reduce,
     .to_f32 = kern_to_f32,
 };
 #endif

@@ -25,19 +25,23 @@ static void dot_portable(const float *x, size_t ldx, uint32_t nr, const void *w,
         }
 }
 
-static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                                uint32_t k0, uint32_t k1, float *acc) {
+static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw,
+                                uint32_t nj, uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo,
+                                dj__cpu_pull *pull) {
+    (void)pull;
     for (uint32_t r = 0; r < n; r++)
         for (uint32_t c = 0; c < nj; c++) {
-            float *lane = acc + ((size_t)r * nj + c) * DJ_CPU_LANES;
-            const float *xr = x + (size_t)r * ldx, *wr = w + (size_t)c * ldw;
+            float *kept = acc + ((size_t)r * nj + c) * DJ_CPU_LANES, lane[DJ_CPU_LANES];
+            for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = k0 == 0 ? 0.0f : kept[l];
+            const float *xr = x + (size_t)r * ldx;
+            const void *wr = (const char *)w + (size_t)c * ldw * dj_dtype_size(wt);
             for (uint32_t q = k0; q < k1; q += DJ_CPU_LANES)
-                for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = fmaf(wr[q + l], xr[q + l], lane[l]);
+                for (int l = 0; l < DJ_CPU_LANES; l++) lane[l] = fmaf(w_at(wr, wt, q + (uint32_t)l), xr[q + l], lane[l]);
+            if (out)
+                out[(size_t)r * ldo + c] = dj__cpu_lanes_reduce(lane);
+            else
+                for (int l = 0; l < DJ_CPU_LANES; l++) kept[l] = lane[l];
         }
-}
-
-static void reduce_portable(const float *acc, size_t count, float *out) {
-    for (size_t i = 0; i < count; i++) out[i] = dj__cpu_lanes_reduce(acc + i * DJ_CPU_LANES);
 }
 
 static void to_f32_portable(float *dst, const void *src, dj_dtype t, size_t count) {
@@ -50,6 +54,5 @@ const dj__cpu_kernels dj__cpu_kernels_portable = {
     .dot = dot_portable,
     .gemm_cols = 1,
     .gemm_block = gemm_block_portable,
-    .reduce = reduce_portable,
     .to_f32 = to_f32_portable,
 };

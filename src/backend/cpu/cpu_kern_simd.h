@@ -15,6 +15,11 @@
 #endif
 
 #define VN (DJ_CPU_LANES / VL)
+/* One line of a dj__cpu_pull, toward L2 (a read, moderate locality). */
+#define PULL(p) __builtin_prefetch((p), 0, PULL_LOCALITY)
+#ifndef PULL_LOCALITY
+#define PULL_LOCALITY 1
+#endif
 #define KI static inline __attribute__((always_inline, target(KTGT)))
 #define KF static __attribute__((target(KTGT)))
 
@@ -82,59 +87,101 @@ KF void kern_dot(const float *x, size_t ldx, uint32_t nr, const void *w, size_t 
     }
 }
 
-/* The lanes of an NR x NC tile over [k0, k1), kept in acc between blocks. */
-KI void gemm_tile(const float *x, size_t ldx, const float *w, size_t ldw, uint32_t k0, uint32_t k1, const int NR,
-                  const int NC, float *acc, size_t acc_ld) {
+/* out[r * ldo + c] = the halving tree of an NR x NC tile's lanes. */
+KI void reduce_tile(V a[GNR][GNC][VN], const int NR, const int NC, float *out, size_t ldo) {
+#ifdef HAVE_V_REDUCE16X4
+    /* four lane sets at a time, row-major over the tile */
+    float res[GNR * GNC + 3];
+    for (int g = 0; g < NR * NC; g += 4) {
+        V q[4];
+        for (int i = 0; i < 4; i++) q[i] = g + i < NR * NC ? a[(g + i) / NC][(g + i) % NC][0] : v_zero();
+        v_reduce16x4(q, res + g);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) out[(size_t)r * ldo + c] = res[r * NC + c];
+#else
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) out[(size_t)r * ldo + c] = v_reduce16(a[r][c]);
+#endif
+}
+
+/* The lanes of an NR x NC tile over [k0, k1): from zero when k0 is 0, else
+ * from acc; then into acc, or (out given: the last block) their halving tree
+ * into out. Weight rows of type WT (f32, bf16, f16) ldw elements apart,
+ * widened in registers as they are loaded. */
+KI void gemm_tile(const float *x, size_t ldx, const void *w, const dj_dtype WT, size_t ldw, uint32_t k0, uint32_t k1,
+                  const int NR, const int NC, float *acc, size_t acc_ld, float *out, size_t ldo, const char **pull,
+                  const char *pull_end) {
+    const char *p = *pull;
     V a[GNR][GNC][VN];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
-            for (int v = 0; v < VN; v++) a[r][c][v] = v_loadf(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL);
-    for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES)
+            for (int v = 0; v < VN; v++)
+                a[r][c][v] = k0 == 0 ? v_zero() : v_loadf(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL);
+    for (uint32_t kk = k0; kk < k1; kk += DJ_CPU_LANES) {
+        PULL(p);
+        p = p < pull_end ? p + 64 : p;
         for (int v = 0; v < VN; v++) {
             V wv[GNC];
-            for (int c = 0; c < NC; c++) wv[c] = v_loadf(w + (size_t)c * ldw + kk + v * VL);
+            for (int c = 0; c < NC; c++) wv[c] = v_load_w(w, WT, (size_t)c * ldw + kk + v * VL);
             for (int r = 0; r < NR; r++) {
                 const V xv = v_loadf(x + (size_t)r * ldx + kk + v * VL);
                 for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
             }
         }
+    }
+    *pull = p;
+    if (out) {
+        reduce_tile(a, NR, NC, out, ldo);
+        return;
+    }
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++)
             for (int v = 0; v < VN; v++) v_storef(acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES + v * VL, a[r][c][v]);
 }
 
-#define GEMM_SHAPE(R, C)                                                            \
-    case (R) * 8 + (C):                                                             \
-        if ((R) <= GNR && (C) <= GNC) gemm_tile(xr, ldx, wc, ldw, k0, k1, R, C, ap, acc_ld); \
+#define GEMM_SHAPE(WT, R, C)                                                                               \
+    case (R) * 8 + (C):                                                                                    \
+        if ((R) <= GNR && (C) <= GNC)                                                                      \
+            gemm_tile(xr, ldx, wc, WT, ldw, k0, k1, R, C, ap, acc_ld, op, ldo, &p, pend);                  \
         break
+#define GEMM_SHAPES(WT)                                                                                    \
+    switch (nr * 8 + nc) {                                                                                 \
+        GEMM_SHAPE(WT, 1, 1); GEMM_SHAPE(WT, 1, 2); GEMM_SHAPE(WT, 1, 3);                                  \
+        GEMM_SHAPE(WT, 1, 4); GEMM_SHAPE(WT, 1, 5); GEMM_SHAPE(WT, 1, 6);                                  \
+        GEMM_SHAPE(WT, 2, 1); GEMM_SHAPE(WT, 2, 2); GEMM_SHAPE(WT, 2, 3);                                  \
+        GEMM_SHAPE(WT, 2, 4); GEMM_SHAPE(WT, 2, 5); GEMM_SHAPE(WT, 2, 6);                                  \
+        GEMM_SHAPE(WT, 3, 1); GEMM_SHAPE(WT, 3, 2); GEMM_SHAPE(WT, 3, 3);                                  \
+        GEMM_SHAPE(WT, 3, 4); GEMM_SHAPE(WT, 3, 5); GEMM_SHAPE(WT, 3, 6);                                  \
+        GEMM_SHAPE(WT, 4, 1); GEMM_SHAPE(WT, 4, 2); GEMM_SHAPE(WT, 4, 3);                                  \
+        GEMM_SHAPE(WT, 4, 4); GEMM_SHAPE(WT, 4, 5); GEMM_SHAPE(WT, 4, 6);                                  \
+    default: break;                                                                                        \
+    }
 
-KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const float *w, size_t ldw, uint32_t nj,
-                        uint32_t k0, uint32_t k1, float *acc) {
-    const size_t acc_ld = (size_t)nj * DJ_CPU_LANES;
+KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw, uint32_t nj,
+                        uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull) {
+    const size_t acc_ld = (size_t)nj * DJ_CPU_LANES, wsize = dj_dtype_size(wt);
+    static const char none = 0;
+    const char *p = pull->next ? pull->next : &none;
+    const char *pend = pull->next && pull->end - pull->next >= 64 ? pull->end - 64 : p;
     for (uint32_t r = 0; r < n; r += GNR) {
         const uint32_t nr = n - r < GNR ? n - r : GNR;
         const float *xr = x + (size_t)r * ldx;
         for (uint32_t c = 0; c < nj; c += GNC) {
             const uint32_t nc = nj - c < GNC ? nj - c : GNC;
-            const float *wc = w + (size_t)c * ldw;
+            const void *wc = (const char *)w + (size_t)c * ldw * wsize;
             float *ap = acc + (size_t)r * acc_ld + (size_t)c * DJ_CPU_LANES;
-            switch (nr * 8 + nc) {
-                GEMM_SHAPE(1, 1); GEMM_SHAPE(1, 2); GEMM_SHAPE(1, 3); GEMM_SHAPE(1, 4); GEMM_SHAPE(1, 5); GEMM_SHAPE(1, 6);
-                GEMM_SHAPE(2, 1); GEMM_SHAPE(2, 2); GEMM_SHAPE(2, 3); GEMM_SHAPE(2, 4); GEMM_SHAPE(2, 5); GEMM_SHAPE(2, 6);
-                GEMM_SHAPE(3, 1); GEMM_SHAPE(3, 2); GEMM_SHAPE(3, 3); GEMM_SHAPE(3, 4); GEMM_SHAPE(3, 5); GEMM_SHAPE(3, 6);
-                GEMM_SHAPE(4, 1); GEMM_SHAPE(4, 2); GEMM_SHAPE(4, 3); GEMM_SHAPE(4, 4); GEMM_SHAPE(4, 5); GEMM_SHAPE(4, 6);
-            default: break;
+            float *op = out ? out + (size_t)r * ldo + c : NULL;
+            if (wt == DJ_DTYPE_BF16) {
+                GEMM_SHAPES(DJ_DTYPE_BF16)
+            } else if (wt == DJ_DTYPE_F16) {
+                GEMM_SHAPES(DJ_DTYPE_F16)
+            } else {
+                GEMM_SHAPES(DJ_DTYPE_F32)
             }
         }
     }
-}
-
-KF void kern_reduce(const float *acc, size_t count, float *out) {
-    for (size_t i = 0; i < count; i++) {
-        V a[VN];
-        for (int v = 0; v < VN; v++) a[v] = v_loadf(acc + i * DJ_CPU_LANES + v * VL);
-        out[i] = v_reduce16(a);
-    }
+    if (pull->next) pull->next = p;
 }
 
 KF void kern_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {

@@ -2,19 +2,23 @@
  * output element is one dot product in cpu_kern.h's order whatever n, the
  * threads or the tiling are, so a row's result is bit-identical alone and in
  * any batch. Decode-size n reads the weights as stored, every thread its own
- * contiguous weight rows (one pass over them); larger n converts tiles of
- * weight rows to f32 per thread (never a full copy) and multiplies them
- * k-blocked. The pool's tasks split the weight rows. f8_e4m3 weights always
- * take the tiled path, each tile dequantized (fp8 times its scale, one f32
+ * contiguous weight rows (one pass over them); larger n splits the weight
+ * rows into tiles, each multiplied by every row of x k-blocked through the
+ * GEMM register tiles - f32/f16/bf16 rows read where they lie (widened in
+ * registers), tiles claimed one ahead so the kernel pulls the next tile
+ * toward L2 while it computes. f8_e4m3 weights always take the tiled path,
+ * each tile dequantized into per-thread scratch (fp8 times its scale, one f32
  * product: exactly the dense weight a reference dequantizer makes). 4-bit
- * weights (DJ_DTYPE_Q4) likewise, dequantized into the tile. */
+ * weights (DJ_DTYPE_Q4) likewise. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_impl.h"
 
-/* Each thread's converted f32 weight tile aims at this many bytes: big enough
- * to amortise the conversion, small enough to stay in a core's L2. */
+/* A tile of weight rows aims at this many bytes as f32 (the dequantized f8 and
+ * 4-bit tiles: small enough to stay in a core's L2; f16/bf16 tiles, read in
+ * place, take the same rows: 128 and 512 KiB measured the same). */
 #define TILE_TARGET_BYTES (256u << 10)
 /* x rows per pass over a weight tile: bounds the lane accumulators. */
 #define ROW_CHUNK 32u
@@ -83,25 +87,30 @@ static dj_status grow_scratch(dj_cpu_backend *cb, size_t floats) {
     return DJ_OK;
 }
 
-/* out[:, j0 .. j0+nj) from f32 weight rows w[nj][k] (the tile), x rows in
- * chunks, k in blocks; acc holds ROW_CHUNK * nj lane sets. */
-static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx,
-                           const float *w, size_t ldw, uint32_t j0, uint32_t nj, float *acc) {
+/* out[:, j0 .. j0+nj) from weight rows w[nj] (dtype wt: f32, f16, bf16; ldw
+ * elements apart), x rows in chunks, k in blocks; acc holds ROW_CHUNK * nj
+ * lane sets between blocks (the last block writes the halving tree into out). */
+static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const float *x, size_t ldx, const void *w,
+                           dj_dtype wt, size_t ldw, uint32_t j0, uint32_t nj, float *acc, dj__cpu_pull *pull) {
     const uint32_t n = c->n, k = c->k, k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
+    const size_t w_row_bytes = ldw * dj_dtype_size(wt);
     float *out = c->out;
     for (uint32_t r0 = 0; r0 < n; r0 += ROW_CHUNK) {
         const uint32_t rn = n - r0 < ROW_CHUNK ? n - r0 : ROW_CHUNK;
-        memset(acc, 0, (size_t)rn * nj * DJ_CPU_LANES * sizeof *acc);
+        float *o0 = out + (size_t)r0 * c->m + j0;
+        if (k16 == 0)
+            for (uint32_t r = 0; r < rn; r++) memset(o0 + (size_t)r * c->m, 0, (size_t)nj * sizeof *o0);
         for (uint32_t k0 = 0; k0 < k16; k0 += DJ_CPU_KBLOCK) {
             const uint32_t k1 = k16 - k0 < DJ_CPU_KBLOCK ? k16 : k0 + DJ_CPU_KBLOCK;
-            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, ldw, nj, k0, k1, acc);
+            K->gemm_block(x + (size_t)r0 * ldx, ldx, rn, w, wt, ldw, nj, k0, k1, acc, k1 == k16 ? o0 : NULL, c->m,
+                          pull);
         }
         for (uint32_t r = 0; r < rn; r++) {
-            float *o = out + (size_t)(r0 + r) * c->m + j0;
-            K->reduce(acc + (size_t)r * nj * DJ_CPU_LANES, nj, o);
+            float *o = o0 + (size_t)r * c->m;
             if (k16 < k)
                 for (uint32_t j = 0; j < nj; j++)
-                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * ldx, w + (size_t)j * ldw, DJ_DTYPE_F32, k16, k);
+                    o[j] = dj__cpu_tail(o[j], x + (size_t)(r0 + r) * ldx, (const char *)w + (size_t)j * w_row_bytes,
+                                        wt, k16, k);
             if (c->bias)
                 for (uint32_t j = 0; j < nj; j++) o[j] += bias_at(c, j0 + j);
         }
@@ -138,30 +147,54 @@ typedef struct tiled_job {
     size_t per_thread;
     const float *x;    /* c->x: rows ldx floats apart */
     size_t ldx;
-    uint32_t tile;
-    bool f32;
+    uint32_t tile, n_tiles;
+    bool in_place;     /* f32, f16, bf16: read as stored; f8 and 4-bit tiles are dequantized into scratch */
+    _Atomic uint32_t next_tile; /* the next unclaimed tile */
 } tiled_job;
 
-static void tiled_task(void *ctx, uint32_t ti, int thread) {
-    const tiled_job *j = ctx;
+static inline uint32_t claim_tile(tiled_job *j) {
+    return atomic_fetch_add_explicit(&j->next_tile, 1, memory_order_relaxed);
+}
+
+/* Tile ti: converted into this thread's scratch (unless f32) and multiplied
+ * by every row of x, pulling the source of the tile this thread does next. */
+static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread) {
     const dj_op_call *c = j->c;
     const uint32_t k = c->k, j0 = ti * j->tile, rows = c->m - j0 < j->tile ? c->m - j0 : j->tile;
     const size_t row_bytes = dj_dtype_row_bytes(c->w_dtype, k);
     const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
+    dj__cpu_pull pull = {NULL, NULL};
+    if (next < j->n_tiles) {
+        const uint32_t n0 = next * j->tile, nrows = c->m - n0 < j->tile ? c->m - n0 : j->tile;
+        pull.next = (const char *)c->w + (size_t)n0 * row_bytes;
+        pull.end = pull.next + (size_t)nrows * row_bytes;
+    }
     float *mine = j->scratch + (size_t)thread * j->per_thread;
-    float *acc = j->f32 ? mine : mine + (size_t)j->tile * tile_ld(k);
-    if (j->f32) {
-        gemm_tile_rows(j->K, c, j->x, j->ldx, (const float *)(const void *)src, k, j0, rows, acc);
+    float *acc = j->in_place ? mine : mine + (size_t)j->tile * tile_ld(k);
+    if (j->in_place) {
+        gemm_tile_rows(j->K, c, j->x, j->ldx, src, c->w_dtype, k, j0, rows, acc, &pull);
         return;
     }
     const size_t ldw = tile_ld(k);
     if (c->w_dtype == DJ_DTYPE_F8_E4M3)
         for (uint32_t r = 0; r < rows; r++) dj__cpu_fp8_row(mine + r * ldw, src + r * row_bytes, c, j0 + r);
-    else if (c->w_dtype == DJ_DTYPE_Q4)
-        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
     else
-        for (uint32_t r = 0; r < rows; r++) j->K->to_f32(mine + r * ldw, src + r * row_bytes, c->w_dtype, k);
-    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, ldw, j0, rows, acc);
+        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
+    gemm_tile_rows(j->K, c, j->x, j->ldx, mine, DJ_DTYPE_F32, ldw, j0, rows, acc, &pull);
+}
+
+/* One task a thread: tiles claimed one ahead, so that the tile a thread does
+ * next is known while it computes this one. A thread the OS runs late finds
+ * the tiles taken (its task then claims none). */
+static void tiled_task(void *ctx, uint32_t task, int thread) {
+    (void)task;
+    tiled_job *j = ctx;
+    uint32_t ti = claim_tile(j);
+    while (ti < j->n_tiles) {
+        const uint32_t next = claim_tile(j);
+        tiled_one(j, ti, next, thread);
+        ti = next;
+    }
 }
 
 /* Larger n: each thread takes a tile of weight rows - converted into its
@@ -179,12 +212,12 @@ static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
         if (tile > K->gemm_cols) tile = tile / K->gemm_cols * K->gemm_cols; /* whole register tiles */
     }
     if (tile > m) tile = m;
-    const bool f32 = c->w_dtype == DJ_DTYPE_F32;
-    const size_t per_thread = (f32 ? 0 : (size_t)tile * tile_ld(k)) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
+    const bool in_place = c->w_dtype == DJ_DTYPE_F32 || c->w_dtype == DJ_DTYPE_F16 || c->w_dtype == DJ_DTYPE_BF16;
+    const size_t per_thread = (in_place ? 0 : (size_t)tile * tile_ld(k)) + (size_t)ROW_CHUNK * tile * DJ_CPU_LANES;
     dj_status st = grow_scratch(cb, per_thread * (size_t)cb->n_threads);
     if (st != DJ_OK) return st;
-    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, f32};
-    dj__cpu_pool_run(cb->pool, (m + tile - 1) / tile, tiled_task, &j);
+    tiled_job j = {K, c, cb->scratch, per_thread, c->x, k, tile, (m + tile - 1) / tile, in_place, 0};
+    dj__cpu_pool_run(cb->pool, j.n_tiles < nt ? j.n_tiles : nt, tiled_task, &j);
     return DJ_OK;
 }
 
