@@ -79,8 +79,8 @@ static void rmsnorm_rows(dj_cuda_backend *cb, const TX *x, const TW *w, __nv_bfl
         dj__launch(cb, rmsnorm_warp_kernel<TX, TW>, dim3((rows + NORM_THREADS / 32 - 1) / (NORM_THREADS / 32)),
                    dim3(NORM_THREADS), 0, x, w, out, (uint32_t)rows, c->d, c->eps, c->w_offset);
     else
-        dj__launch(cb, rmsnorm_kernel<TX, TW>, dim3(rows), dim3(c->n <= NORM_FEW_ROWS ? NORM_ROW_THREADS : NORM_THREADS),
-                   0, x, w, out, c->d, c->eps,
+        dj__launch(cb, rmsnorm_kernel<TX, TW>, dim3(rows),
+                   dim3(c->n <= NORM_FEW_ROWS ? NORM_ROW_THREADS : NORM_THREADS), 0, x, w, out, c->d, c->eps,
                    c->w_offset);
 }
 
@@ -261,7 +261,8 @@ static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, con
 
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                                const dj_op_call *norm) {
-    const pre_norm pre = {prenorm ? prenorm->x : NULL, prenorm ? prenorm->w : NULL, prenorm ? (__nv_bfloat16 *)prenorm->out : NULL,
+    const pre_norm pre = {prenorm ? prenorm->x : NULL, prenorm ? prenorm->w : NULL,
+                          prenorm ? (__nv_bfloat16 *)prenorm->out : NULL,
                           prenorm ? prenorm->eps : 0.0f, prenorm ? prenorm->w_offset : 0.0f};
     if (add->out_dtype == DJ_DTYPE_F32) {
         if (prenorm)

@@ -12,7 +12,7 @@ typedef enum {
     STEP_GEMV,     /* calls[first .. first+count) as one GEMV launch */
     STEP_ADD_NORM, /* ADD calls[first], RMSNORM calls[first+1] of its sum (dj__cuda_add_rmsnorm) */
     STEP_GEMV_GLU, /* calls[first], [first+1]: gate and up (4-bit), calls[first+2] their GLU (dj__cuda_gemv_q4_glu) */
-    STEP_NORM_ADD_NORM, /* RMSNORM calls[first] of what the ADD calls[first+1] adds, RMSNORM calls[first+2] of the sum */
+    STEP_NORM_ADD_NORM, /* RMSNORM calls[first] of what ADD calls[first+1] adds, RMSNORM calls[first+2] of the sum */
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
     STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
 } step_kind;
@@ -68,7 +68,8 @@ static bool fuses_before_add(const dj_op_call *p, const dj_op_call *add, const d
     if (p->op != DJ_OP_RMSNORM || !fuses_with_add(add, norm) || add->x2 != p->out || p->n != add->n ||
         p->d != add->d || p->groups > 1 || p->x_dtype != DJ_DTYPE_BF16 || p->w_dtype != norm->w_dtype)
         return false;
-    const size_t row = (size_t)p->n * p->d, bb = row * sizeof(__nv_bfloat16), rb = row * dj_dtype_size(add->out_dtype);
+    const size_t row = (size_t)p->n * p->d, bb = row * sizeof(__nv_bfloat16);
+    const size_t rb = row * dj_dtype_size(add->out_dtype);
     return !overlap(p->out, bb, add->x, rb) && !overlap(p->out, bb, add->out, rb) && !overlap(p->out, bb, norm->out, bb);
 }
 
