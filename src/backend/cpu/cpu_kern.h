@@ -67,8 +67,6 @@ typedef struct dj__cpu_kernels {
      * table ignores it). */
     void (*gemm_block)(const float *x, size_t ldx, uint32_t n, const void *w, dj_dtype wt, size_t ldw, uint32_t nj,
                        uint32_t k0, uint32_t k1, float *acc, float *out, size_t ldo, dj__cpu_pull *pull);
-    /* dst[0..count) = src (dtype t) as f32. */
-    void (*to_f32)(float *dst, const void *src, dj_dtype t, size_t count);
 } dj__cpu_kernels;
 
 extern const dj__cpu_kernels dj__cpu_kernels_portable;

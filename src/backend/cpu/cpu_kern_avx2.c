@@ -40,6 +40,5 @@ const dj__cpu_kernels dj__cpu_kernels_avx2 = {
     .dot = kern_dot,
     .gemm_cols = GNC,
     .gemm_block = kern_gemm_block,
-    .to_f32 = kern_to_f32,
 };
 #endif

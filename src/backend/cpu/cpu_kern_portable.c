@@ -44,15 +44,10 @@ static void gemm_block_portable(const float *x, size_t ldx, uint32_t n, const vo
         }
 }
 
-static void to_f32_portable(float *dst, const void *src, dj_dtype t, size_t count) {
-    for (size_t i = 0; i < count; i++) dst[i] = w_at(src, t, i);
-}
-
 const dj__cpu_kernels dj__cpu_kernels_portable = {
     .name = "portable",
     .dot_rows = 4,
     .dot = dot_portable,
     .gemm_cols = 1,
     .gemm_block = gemm_block_portable,
-    .to_f32 = to_f32_portable,
 };

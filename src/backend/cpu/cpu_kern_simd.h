@@ -184,15 +184,3 @@ KF void kern_gemm_block(const float *x, size_t ldx, uint32_t n, const void *w, d
     if (pull->next) pull->next = p;
 }
 
-KF void kern_to_f32(float *dst, const void *src, dj_dtype t, size_t count) {
-    size_t i = 0;
-    if (t == DJ_DTYPE_F32) {
-        for (; i + VL <= count; i += VL) v_storef(dst + i, v_loadf((const float *)src + i));
-    } else {
-        for (; i + VL <= count; i += VL) v_storef(dst + i, v_load_w(src, t, i));
-    }
-    for (; i < count; i++)
-        dst[i] = t == DJ_DTYPE_BF16 ? dj_bf16_to_f32(((const uint16_t *)src)[i])
-                 : t == DJ_DTYPE_F16 ? dj_f16_to_f32(((const uint16_t *)src)[i])
-                                     : ((const float *)src)[i];
-}

@@ -156,7 +156,7 @@ static inline uint32_t claim_tile(tiled_job *j) {
     return atomic_fetch_add_explicit(&j->next_tile, 1, memory_order_relaxed);
 }
 
-/* Tile ti: converted into this thread's scratch (unless f32) and multiplied
+/* Tile ti: dequantized into this thread's scratch (f8, 4-bit) and multiplied
  * by every row of x, pulling the source of the tile this thread does next. */
 static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread) {
     const dj_op_call *c = j->c;
@@ -197,9 +197,9 @@ static void tiled_task(void *ctx, uint32_t task, int thread) {
     }
 }
 
-/* Larger n: each thread takes a tile of weight rows - converted into its
- * slice of the scratch when f16/bf16, read in place when f32 - and
- * multiplies every row of x by it. */
+/* Larger n: each thread takes tiles of weight rows - read in place when
+ * f32/f16/bf16, dequantized into its slice of the scratch when f8 or 4-bit -
+ * and multiplies every row of x by each. */
 static dj_status matmul_tiled(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t k = c->k, m = c->m, nt = (uint32_t)cb->n_threads;
     const dj__cpu_kernels *K = cb->kern;
