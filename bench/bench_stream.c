@@ -4,10 +4,11 @@
  * the same without prefetch, and the tokens and logits against the first
  * budget's run (list "all" first: everything resident).
  *   bench_stream MODEL_DIR [--device cpu|cuda:N] [--text-gb all,12,8,4] [--batch 1,8,32]
- *                [--decode 16] [--prefill 2048] [--no-prefetch-too] [--host auto,none,8]
+ *                [--decode 16] [--prefill 2048] [--no-prefetch-too] [--host auto,none,8,auto:1,16:0.7]
  * --host: each budget once per host-compute setting (engine host_layers: auto
  * = from the rates measured at load, none = everything streams, K = K layers'
- * FFNs on the host); decode logits of one step are compared with the first
+ * FFNs on the host; ":S" sets host_share, the host's share of each such FFN -
+ * 1 the whole FFN, default auto: from the rates with auto, 1 with K); decode logits of one step are compared with the first
  * budget's too (host-computed layers run in f32 on the CPU: close, not equal).
  * On the CPU, DJINN_WEIGHTS_IN_PLACE=0 makes the text budget bind. */
 #include <math.h>
@@ -86,8 +87,8 @@ static double max_diff(const float *a, const float *b, uint32_t n) {
 }
 
 static void run_budget(const char *model, const char *device, double text_gb, const double *batch, int nb,
-                       uint32_t decode, uint32_t prefill, bool prefetch, int host, double pinned, result *res,
-                       const result *ref) {
+                       uint32_t decode, uint32_t prefill, bool prefetch, int host, double share, double pinned,
+                       result *res, const result *ref) {
     dj_checkpoint_t *ck = NULL;
     if (dj_checkpoint_open(model, &ck) != DJ_OK) die("checkpoint");
     const bool gpu = strncmp(device, "cuda", 4) == 0;
@@ -102,7 +103,8 @@ static void run_budget(const char *model, const char *device, double text_gb, co
                         ((size_t)64 << 20);
     const size_t stack = needs.stack_peak * 5 / 4 + ((size_t)64 << 20);
     const size_t total = text + data + stack + ((size_t)1 << 20);
-    dj_engine_config ec = {.device = device, .max_step_tokens = prefill, .no_prefetch = !prefetch, .host_layers = host};
+    dj_engine_config ec = {.device = device, .max_step_tokens = prefill, .no_prefetch = !prefetch, .host_layers = host,
+                           .host_share = share};
     ec.vmu = (dj_vmu_config){.total_bytes = total,
                              .text_frac = (double)text / (double)total,
                              .data_frac = (double)data / (double)total,
@@ -128,9 +130,10 @@ static void run_budget(const char *model, const char *device, double text_gb, co
         printf("placement: all %u layers resident (%.2f GB); load %.1f s\n", pl.n_layers, pl.resident_bytes / 1e9,
                load_s);
     if (pl.n_streamed)
-        printf("host compute (%s): %u layers' FFN on the host at up to %u rows (measured: copies %.1f GB/s, host "
-               "%.1f GB/s)\n", host < 0 ? "none" : host == 0 ? "auto" : "forced", pl.n_host, pl.host_rows,
-               pl.copy_gbps, pl.host_gbps);
+        printf("host compute (%s, share %s): %u layers' FFN (%.0f%% of it) on the host at up to %u rows (measured: "
+               "copies %.1f GB/s, host %.1f GB/s)\n", host < 0 ? "none" : host == 0 ? "auto" : "forced",
+               share > 0 ? "forced" : "auto", pl.n_host, 100.0 * pl.host_share, pl.host_rows, pl.copy_gbps,
+               pl.host_gbps);
     { /* one decode step's logits after a 16-token prompt */
         dj_session_t *s = NULL;
         int32_t p[17], t;
@@ -224,7 +227,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--host")) hosts = argv[++i];
         else {
             fprintf(stderr, "usage: bench_stream MODEL_DIR [--device D] [--text-gb all,12,8] [--batch 1,8,32] "
-                            "[--decode N] [--prefill N] [--no-prefetch-too] [--host auto,none,K]\n");
+                            "[--decode N] [--prefill N] [--no-prefetch-too] [--host auto,none,K[:SHARE]]\n");
             return 2;
         }
     }
@@ -232,16 +235,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_stream: a MODEL_DIR and --decode 1..64 are needed\n");
         return 2;
     }
-    double tl[MAX_LIST], bl[MAX_LIST];
+    double tl[MAX_LIST], bl[MAX_LIST], hs[MAX_LIST];
     int hl[MAX_LIST], nh = 0;
     const int nt = parse_list(texts, tl), nb = parse_list(batches, bl);
     for (const char *p = hosts; *p && nh < MAX_LIST;) {
-        hl[nh++] = !strncmp(p, "auto", 4) ? 0 : !strncmp(p, "none", 4) ? -1 : atoi(p);
-        if (hl[nh - 1] == 0 && strncmp(p, "auto", 4)) {
-            fprintf(stderr, "bench_stream: --host takes auto, none or a count >= 1\n");
+        hl[nh] = !strncmp(p, "auto", 4) ? 0 : !strncmp(p, "none", 4) ? -1 : atoi(p);
+        const char *colon = strchr(p, ':'), *comma = strchr(p, ',');
+        hs[nh] = colon && (!comma || colon < comma) ? strtod(colon + 1, NULL) : 0.0;
+        if ((hl[nh] == 0 && strncmp(p, "auto", 4)) || !(hs[nh] >= 0.0 && hs[nh] <= 1.0)) {
+            fprintf(stderr, "bench_stream: --host takes auto, none or a count >= 1, each with :SHARE in (0, 1]\n");
             return 2;
         }
-        p = strchr(p, ',');
+        nh++;
+        p = comma;
         if (!p) break;
         p++;
     }
@@ -265,10 +271,10 @@ int main(int argc, char **argv) {
     result *r = calloc((size_t)nt * per, sizeof *r);
     for (int i = 0; i < nt; i++) {
         for (int h = 0; h < (tl[i] > 0 ? nh : 1); h++)
-            run_budget(model, device, tl[i], bl, nb, decode, prefill, true, hl[h], pinned, &r[per * i + h],
+            run_budget(model, device, tl[i], bl, nb, decode, prefill, true, hl[h], hs[h], pinned, &r[per * i + h],
                        i || h ? &r[0] : NULL);
         if (no_pf && tl[i] > 0)
-            run_budget(model, device, tl[i], bl, 1, decode, prefill, false, -1, pinned, &r[per * i + nh], &r[0]);
+            run_budget(model, device, tl[i], bl, 1, decode, prefill, false, -1, 0.0, pinned, &r[per * i + nh], &r[0]);
     }
     for (int i = 0; i < nt * per; i++) {
         free(r[i].prefill_logits);

@@ -220,6 +220,47 @@ static void test_matmul(void) {
     dj_backend_free(one);
 }
 
+/* A column slice read in place (ldw > k): the bits of the same columns
+ * packed, for decode (direct) and prefill (tiled) row counts and every float
+ * weight type; ldw below k, or with f8 weights, refused. */
+static void test_matmul_ldw(void) {
+    static const uint32_t rows[] = {1, 3, 37};
+    const uint32_t k = 67, ldw = 131, m = 45;
+    for (int ti = 0; ti < 3; ti++)
+        for (int ri = 0; ri < 3; ri++) {
+            const dj_dtype wt = float_types[ti];
+            const size_t es = dj_dtype_size(wt);
+            const uint32_t n = rows[ri];
+            weights w = make_weights((size_t)m * ldw, wt, -1.0f, 1.0f);
+            uint8_t *packed = malloc((size_t)m * k * es);
+            for (uint32_t j = 0; j < m; j++) memcpy(packed + (size_t)j * k * es, (uint8_t *)w.data + (size_t)j * ldw * es, k * es);
+            float *x = falloc((size_t)n * k), *got = falloc((size_t)n * m), *want = falloc((size_t)n * m);
+            fill(x, (size_t)n * k, -1.0f, 1.0f);
+            poison(got, (size_t)n * m);
+            dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = want, .x = x, .w = packed, .w_dtype = wt, .k = k, .m = m};
+            CHECK_OK(dj_backend_compute(be, &c));
+            c.out = got;
+            c.w = w.data;
+            c.ldw = ldw;
+            CHECK_OK(dj_backend_compute(be, &c));
+            CHECK_MSG(!memcmp(got, want, (size_t)n * m * sizeof *got), "matmul n=%u w=%s: a slice at ldw %u differs from it packed",
+                      n, dj_dtype_name(wt), ldw);
+            c.ldw = k - 1;
+            CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+            CHECK_MSG(strstr(dj_last_error(), "elements apart"), "%s", dj_last_error());
+            free(x);
+            free(got);
+            free(want);
+            free(packed);
+            free_weights(&w);
+        }
+    uint8_t f8[64] = {0};
+    float scale = 1.0f, x[4] = {0}, out[1];
+    const dj_op_call c = {.op = DJ_OP_MATMUL, .n = 1, .out = out, .x = x, .w = f8, .w_dtype = DJ_DTYPE_F8_E4M3,
+                          .w_scale = &scale, .w_block_rows = 128, .w_block_cols = 128, .k = 4, .m = 1, .ldw = 8};
+    CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
+}
+
 /* Every instruction set this CPU runs gives the portable kernels' bits, for
  * decode (direct) and prefill (tiled, k-blocked) shapes, every weight type,
  * k with and without a tail past the 16 lanes, and bias. */
@@ -848,6 +889,7 @@ int main(void) {
     test_rmsnorm();
     test_matmul();
     test_matmul_isas();
+    test_matmul_ldw();
     test_rope();
     test_kv_write();
     test_kv_write_f8();

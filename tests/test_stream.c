@@ -324,9 +324,10 @@ static void check_host_split_once(void) {
 
 /* ---- fixture models: streamed = resident, bit for bit ---- */
 
-static dj_engine_t *engine_host(size_t text, bool prefetch, int host_layers) {
+static dj_engine_t *engine_share(size_t text, bool prefetch, int host_layers, double host_share) {
     const size_t data = 8u << 20, stack = 8u << 20, total = text + data + stack + 4096;
-    dj_engine_config cfg = {.device = "cpu", .n_threads = 2, .no_prefetch = !prefetch, .host_layers = host_layers};
+    dj_engine_config cfg = {.device = "cpu", .n_threads = 2, .no_prefetch = !prefetch, .host_layers = host_layers,
+                            .host_share = host_share};
     cfg.vmu = (dj_vmu_config){.total_bytes = total,
                               .text_frac = (double)text / (double)total,
                               .data_frac = (double)data / (double)total,
@@ -337,22 +338,125 @@ static dj_engine_t *engine_host(size_t text, bool prefetch, int host_layers) {
     return e;
 }
 
+static dj_engine_t *engine_host(size_t text, bool prefetch, int host_layers) {
+    return engine_share(text, prefetch, host_layers, 0.0);
+}
+
 static dj_engine_t *engine_with_text(size_t text, bool prefetch) { return engine_host(text, prefetch, 0); }
 
-/* prompt, then 4 greedy decode steps; logits of every step into out[5][V] */
-static void run_model(dj_engine_t *e, dj_model_t *m, const int32_t *prompt, uint32_t np, float *out) {
+/* prompt, then 4 greedy decode steps - each the argmax of pick's previous
+ * logits (out itself when pick is NULL); logits of every step into out[5][V] */
+static void run_model_picking(dj_engine_t *e, dj_model_t *m, const int32_t *prompt, uint32_t np, const float *pick,
+                              float *out) {
     const uint32_t V = dj_model_get_config(m)->vocab_size;
     dj_session_t *s = NULL;
     CHECK_OK(dj_session_new(e, m, 64, 0, &s));
     if (!s) return;
+    if (!pick) pick = out;
     CHECK_OK(dj_session_step(e, s, prompt, np, out));
     for (int t = 1; t < 5; t++) {
         int32_t best = 0;
         for (uint32_t v = 1; v < V; v++)
-            if (out[(size_t)(t - 1) * V + v] > out[(size_t)(t - 1) * V + best]) best = (int32_t)v;
+            if (pick[(size_t)(t - 1) * V + v] > pick[(size_t)(t - 1) * V + best]) best = (int32_t)v;
         CHECK_OK(dj_session_step(e, s, &best, 1, out + (size_t)t * V));
     }
     dj_session_free(e, s);
+}
+
+static void run_model(dj_engine_t *e, dj_model_t *m, const int32_t *prompt, uint32_t np, float *out) {
+    run_model_picking(e, m, prompt, np, NULL, out);
+}
+
+/* max |got - want| over 5 steps of V logits, relative to each step's max |want|. */
+static double step_err(const float *got, const float *want, uint32_t V) {
+    double worst = 0.0;
+    for (int t = 0; t < 5; t++) {
+        double num = 0.0, den = 1e-30;
+        for (uint32_t v = 0; v < V; v++) {
+            const size_t i = (size_t)t * V + v;
+            const double d = isnan(got[i]) ? INFINITY : fabs((double)got[i] - want[i]);
+            if (d > num) num = d;
+            if (fabs(want[i]) > den) den = fabs(want[i]);
+        }
+        if (num / den > worst) worst = num / den;
+    }
+    return worst;
+}
+
+static size_t load_bytes(const dj_stream_load *L) {
+    size_t b = 0;
+    for (uint32_t i = 0; i < L->n_spans; i++) b += L->spans[i].bytes * (L->spans[i].rows > 1 ? L->spans[i].rows : 1);
+    return b;
+}
+
+/* Bytes a step with host runs for every host layer does not copy: each
+ * one's FFN load, less what a share layer's share load still copies. */
+static size_t host_saved(const dj_model_stream *s) {
+    size_t b = 0;
+    for (uint32_t l = 0; s->host_layer && l < s->pl.n_layers; l++) {
+        if (!s->host_layer[l]) continue;
+        const int32_t k = s->layer_ffn[l];
+        b += load_bytes(&s->loads[k]) - (s->share_layer && s->share_layer[l] ? load_bytes(&s->share_loads[k]) : 0);
+    }
+    return b;
+}
+
+/* Every host layer ran on the host in each of `host` steps (a layer that
+ * fell back to streaming would copy its FFN load), `full` steps streamed all. */
+static void check_copied(const dj_model_t *m, const char *name, uint64_t host, uint64_t full) {
+    dj_model_placement p;
+    dj_model_get_placement(m, &p);
+    const uint64_t want = host * (p.streamed_bytes - host_saved(m->stream)) + full * p.streamed_bytes;
+    CHECK_MSG(p.copied_bytes == want, "%s: %llu bytes copied in %llu host steps and %llu full ones, want %llu", name,
+              (unsigned long long)p.copied_bytes, (unsigned long long)host, (unsigned long long)full,
+              (unsigned long long)want);
+}
+
+/* A share: the host computes the first columns of each streamed layer's FFN
+ * width while the device computes the rest, both from one input, the sum
+ * of their parts as the residual - the down projection's sum in two pieces,
+ * so close to the resident run, not equal (the tokens fed are the resident
+ * run's). A 20-row prefill (whole loads) then share decode over one ring.
+ * Layers whose FFN cannot be split (a norm after down, 4-bit weights) take
+ * the whole FFN instead. */
+static void check_share(dj_checkpoint_t *ck, const char *name, size_t text_bytes, const int32_t *prompt,
+                        const int32_t *long_prompt, const float *want, const float *want20) {
+    const uint32_t V = dj_checkpoint_config(ck)->vocab_size;
+    float *got = malloc((size_t)5 * V * 4);
+    for (int pf = 0; pf < 2; pf++) {
+        dj_engine_t *e = engine_share((size_t)((double)text_bytes * 0.8), pf == 0, 99, 0.5);
+        dj_model_t *m = NULL;
+        CHECK_OK(dj_model_load_checkpoint(e, ck, name, &m));
+        dj_model_placement p;
+        if (m) dj_model_get_placement(m, &p);
+        const bool shares = m && strchr(p.layers, 'h');
+        CHECK_MSG(m && p.n_host > 0 && (!shares || (p.host_share > 0.0 && p.host_share < 1.0)),
+                  "%s: %u host layers, share %g (%s)", name, m ? p.n_host : 0, m ? p.host_share : 0.0,
+                  m ? p.layers : "");
+        const bool must = !strcmp(name, "llama3") || !strcmp(name, "qwen3") || !strcmp(name, "tinyllama");
+        CHECK_MSG(!m || shares || !must, "%s: no layer shares its FFN (%s)", name, p.layers);
+        if (m) {
+            memset(got, 0, (size_t)5 * V * 4);
+            run_model_picking(e, m, prompt, 7, want, got);
+            const double err = step_err(got, want, V);
+            CHECK_MSG(err < 1e-4, "%s: FFN shares (%s prefetch): logits off by %g", name, pf == 0 ? "with" : "without",
+                      err);
+            check_copied(m, name, 5, 0);
+            memset(got, 0, (size_t)5 * V * 4);
+            run_model_picking(e, m, long_prompt, 20, want20, got);
+            const double err20 = step_err(got, want20, V);
+            CHECK_MSG(err20 < 1e-4, "%s: 20-row prefill then share decode: logits off by %g", name, err20);
+            check_copied(m, name, 9, 1);
+            dj_model_get_placement(m, &p);
+            CHECK_MSG(p.host_steps == 9, "%s: %llu of 9 steps ran host runs", name, (unsigned long long)p.host_steps);
+            if (shares)
+                printf("%s: FFN shares of %.0f%% on the host (%s): logits within %.2g, %.2g\n", name,
+                       100.0 * p.host_share, p.layers, err, err20);
+        }
+        dj_model_release(e, m);
+        dj_engine_free(e);
+    }
+    free(got);
 }
 
 /* Host compute: every streamed layer's FFN run by a second CPU backend from
@@ -388,9 +492,11 @@ static void check_host(dj_checkpoint_t *ck, const char *name, size_t text_bytes,
                       pf == 0 ? "with" : "without");
             dj_model_get_placement(m, &p);
             CHECK_MSG(p.host_steps == 5, "%s: %llu of 5 steps ran host runs", name, (unsigned long long)p.host_steps);
+            check_copied(m, name, 5, 0);
             memset(got, 0, (size_t)5 * V * 4);
             run_model(e, m, long_prompt, 20, got);
             CHECK_MSG(memcmp(got, want20, (size_t)5 * V * 4) == 0, "%s: 20-row prefill then host decode differs", name);
+            check_copied(m, name, 9, 1);
             dj_model_get_placement(m, &p);
             CHECK_MSG(p.host_steps == 9, "%s: %llu of 9 steps ran host runs (the 20-row prefill streams)", name,
                       (unsigned long long)p.host_steps);
@@ -398,6 +504,7 @@ static void check_host(dj_checkpoint_t *ck, const char *name, size_t text_bytes,
         dj_model_release(e, m);
         dj_engine_free(e);
     }
+    check_share(ck, name, text_bytes, prompt, long_prompt, want, want20);
     free(got);
     free(want20);
 }
@@ -578,6 +685,11 @@ int main(void) {
     check_placement();
     for (int i = 0; i < LAYOUT_TRIALS; i++) check_driver_once();
     for (int i = 0; i < LAYOUT_TRIALS; i++) check_host_split_once();
+    /* a share's columns: whole grains, at least one on each side, else 0 (the whole FFN) */
+    CHECK(dj_share_cols(0.5, 160) == 80 && dj_share_cols(0.72, 14336) == 645 * DJ_SHARE_GRAIN);
+    CHECK(dj_share_cols(0.001, 160) == DJ_SHARE_GRAIN && dj_share_cols(0.999, 160) == 0);
+    CHECK(dj_share_cols(1.0, 160) == 0 && dj_share_cols(0.0, 160) == 0 && dj_share_cols(0.5, 100) == 0 &&
+          dj_share_cols(0.5, DJ_SHARE_GRAIN) == 0);
     dj_backend_t *be = NULL;
     CHECK_OK(dj_backend_cpu_new(2, &be));
     for (int i = 0; i < CHAIN_TRIALS && be; i++) check_chain_once(be);

@@ -22,11 +22,16 @@ typedef struct dj_backend_graph dj_backend_graph_t;
 typedef struct dj_backend_xfer dj_backend_xfer_t;
 
 /* One copy of a transfer: `bytes` between device memory at dev and host
- * memory at host (the direction is the transfer's). */
+ * memory at host (the direction is the transfer's). rows > 1 (a weight ring
+ * load's copies only; 0 and 1 mean one piece): `rows` pieces of `bytes`, the
+ * host's host_pitch bytes apart, the device's packed (bytes apart) - a column
+ * slice of a row-major matrix. */
 typedef struct dj_copy_span {
     void *dev;
     void *host;
     size_t bytes;
+    uint32_t rows;
+    size_t host_pitch;
 } dj_copy_span;
 
 /* A view of one layer's K/V for one session, as stored in data-segment pages.
@@ -172,6 +177,9 @@ typedef struct dj_op_call {
     uint32_t d;            /* EMBED/RMSNORM/SILU_MUL: row width; ADD: elements per row */
     uint32_t k, m;         /* MATMUL: in features, out features; EMBED: m = vocab rows of
                             * the table (an id outside [0, m) is DJ_ERANGE) */
+    uint32_t ldw;          /* MATMUL: elements from one weight row to the next (>= k; f32, f16
+                            * and bf16 weights on the CPU backend only: a column slice that
+                            * host compute reads in place); 0 = k */
     uint32_t n_heads;      /* ROPE/ATTENTION: query heads (ROPE: heads of x) */
     uint32_t n_kv_heads;   /* ATTENTION */
     uint32_t head_dim;     /* ROPE/ATTENTION */
@@ -214,20 +222,26 @@ typedef struct dj_stream_load {
     uint32_t n_after;
 } dj_stream_load;
 
-/* Host compute beside the ring: calls [first, first + n_calls) of a streamed
- * step - one layer's FFN, whose weights then stay in host memory - run on the
- * host instead of the device, in stream order: the `in` copies (device ->
- * host) once the compute before them has finished, then `calls` on the
- * step's host backend, then the `out` copies (host -> device) before the
- * compute after them. `calls` are those calls rewritten for the host backend:
- * weights at their host addresses (the mapped checkpoint), activations in
- * host scratch that the in/out spans fill and drain (page-locked on a device
- * backend). Every pointer stays valid, and the scratch untouched by anyone
- * else, until the step's compute has finished; the backend copies `calls`
- * themselves before compute_plan returns. The device-side calls of the range
- * are not run, and read no load (call_load -1). */
+/* Host compute beside the ring, one layer's FFN (or a share of it) whose
+ * weights stay in host memory, in stream order: the `in` copies (device ->
+ * host) once the compute before call `first` has finished, then `calls` on
+ * the step's host backend, then the `out` copies (host -> device). Two kinds:
+ *  - join == 0 (the whole FFN): the device calls [first, first + n_calls)
+ *    are not run (they read no load: call_load -1); the out copies land
+ *    before the compute after them.
+ *  - join > first (a share: the host takes the first columns of the FFN's
+ *    width, the device the rest): the device runs calls [first, join) itself
+ *    at the same time as the host, and call `join` - its residual ADD, whose
+ *    x is the host's result - waits for the out copies.
+ * `calls` are rewritten for the host backend: weights at their host addresses
+ * (the mapped checkpoint), activations in host scratch that the in/out spans
+ * fill and drain (page-locked on a device backend). Every pointer stays
+ * valid, and the scratch untouched by anyone else, until the step's compute
+ * has finished; the backend copies `calls` themselves before compute_plan
+ * returns. */
 typedef struct dj_host_run {
     uint32_t first, n_calls;
+    uint32_t join;                    /* 0, or the device call that waits for the out copies */
     const dj_op_call *calls;          /* [n_calls] for the host backend */
     const dj_copy_span *in, *out;     /* [n_in], [n_out] */
     uint32_t n_in, n_out;
@@ -241,7 +255,8 @@ typedef struct dj_stream_step {
     const int32_t *call_load;    /* [n calls] the load whose ring bytes call i reads, -1: none */
     bool prefetch;               /* copies start as soon as the ring has room; false: each only when
                                   * compute reaches it, after all compute before (the ablation) */
-    const dj_host_run *runs;     /* [n_runs] ranges computed on the host, ascending, disjoint; or NULL */
+    const dj_host_run *runs;     /* [n_runs] host runs, ascending: each starts (first) after the
+                                  * previous one's calls (join == 0) or join; or NULL */
     uint32_t n_runs;
     dj_backend_t *host;          /* runs them (a CPU backend); needed when n_runs > 0 */
 } dj_stream_step;

@@ -40,6 +40,11 @@ typedef struct dj_engine_config {
                                * 0: as many as rates measured at load say pay (none where the
                                * device's memory is the host's); -1: none, everything streams;
                                * k > 0: k of them, at steps of up to 16 rows (ablations, tests) */
+    double host_share;        /* of each such layer's FFN width, the share the host computes while
+                               * the device computes the rest from the ring, at the same time.
+                               * 0: from the rates measured at load (the whole FFN when k is
+                               * forced); in (0, 1]: that share, rounded to 16 columns (1: the
+                               * whole FFN on the host, the device waiting for it) */
     bool no_prefix_cache;     /* full KV blocks are not shared between sessions by content
                                * (the kill switch of the prefix cache; results are the same) */
     const char *kv_dtype;     /* K/V pages: NULL or "auto" the backend's activation dtype (f32 on
@@ -131,11 +136,13 @@ typedef struct dj_model_placement {
     uint64_t steps;           /* streamed steps run so far */
     uint32_t n_host;          /* streamed layers whose FFN the host computes at small batches */
     uint32_t host_rows;       /* ... at steps of at most this many rows */
+    double host_share;        /* of each such FFN's width, the host's share (1: all of it) */
     double copy_gbps, host_gbps; /* the rates that decided it, measured at load (0: not measured) */
     uint64_t host_steps;      /* steps that ran FFNs on the host */
     uint64_t copied_bytes;    /* bytes the streamed steps copied into the ring so far */
     char layers[1024];        /* one letter per layer: R resident, S streamed, H streamed with its FFN
-                               * on the host at small batches (truncated past 1023) */
+                               * on the host at small batches, h with a share of it there and the
+                               * rest on the device (truncated past 1023) */
 } dj_model_placement;
 void dj_model_get_placement(const dj_model_t *m, dj_model_placement *out /* OUT */);
 /* The placement a load into `text_room` free text bytes would give the

@@ -115,6 +115,9 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
                 dj_dtype_name(c->w_dtype), c->k, DJ_Q4_GROUP);
         REQUIRE(c->w_dtype != DJ_DTYPE_F8_E4M3 || (c->w_scale && c->w_block_rows && c->w_block_cols),
                 "%s: f8_e4m3 weights without scales", op);
+        REQUIRE(!c->ldw || (c->ldw >= c->k && is_float_dtype(c->w_dtype)),
+                "%s: weight rows %u elements apart for k=%u of %s (want 0, or >= k with f32/f16/bf16)", op, c->ldw,
+                c->k, dj_dtype_name(c->w_dtype));
         REQUIRE(!c->bias || is_float_dtype(c->bias_dtype), "%s: bias dtype %s is not a float type", op,
                 dj_dtype_name(c->bias_dtype));
         REQUIRE(!overlaps(c->out, n * c->m * dj_dtype_size(c->out_dtype), c->x, n * c->k * act),

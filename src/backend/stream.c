@@ -27,15 +27,22 @@ static dj_status issue_ready(dj_stream_run *r) {
     return DJ_OK;
 }
 
-/* NULL when ss's host runs are ascending, disjoint, inside the step, read no
- * load and have a backend to run on; else what is wrong. */
+/* NULL when ss's host runs are ascending, disjoint, inside the step, have a
+ * backend to run on, and the calls a whole-FFN run replaces read no load;
+ * else what is wrong. */
 static const char *check_runs(const dj_stream_step *ss, size_t n_calls) {
     if (ss->n_runs && (!ss->runs || !ss->host)) return "without runs or a host backend";
     size_t end = 0;
     for (uint32_t j = 0; j < ss->n_runs; j++) {
         const dj_host_run *h = &ss->runs[j];
-        if (h->first < end || !h->n_calls || (size_t)h->first + h->n_calls > n_calls) return "out of order or range";
+        if (h->first < end || !h->n_calls) return "out of order or range";
         if (!h->calls || (h->n_in && !h->in) || (h->n_out && !h->out)) return "without calls or spans";
+        if (h->join) { /* beside the device: it runs [first, join) and waits at join */
+            if (h->join <= h->first || h->join >= n_calls) return "out of order or range";
+            end = (size_t)h->join + 1;
+            continue;
+        }
+        if ((size_t)h->first + h->n_calls > n_calls) return "out of order or range";
         for (uint32_t i = h->first; i < h->first + h->n_calls; i++)
             if (ss->call_load[i] >= 0) return "reading a streamed load";
         end = (size_t)h->first + h->n_calls;

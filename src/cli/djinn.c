@@ -31,6 +31,7 @@ typedef struct opts {
     unsigned long long seed;
     int greedy, print_tokens, add_special, ignore_eos, stats, have_temp, have_top_p, have_top_k;
     int deterministic, no_prefetch, host_layers;
+    double host_share;
 } opts;
 
 static int usage(FILE *f) {
@@ -39,7 +40,7 @@ static int usage(FILE *f) {
           "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
-          "            [--no-prefetch] [--host-layers auto|none|K] [--kv-dtype auto|fp8]\n"
+          "            [--no-prefetch] [--host-layers auto|none|K] [--host-share auto|F] [--kv-dtype auto|fp8]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N] [--kv-dtype auto|fp8]\n"
@@ -210,6 +211,11 @@ static int parse_opts(int argc, char **argv, opts *o) {
             else if (!strcmp(v, "none")) o->host_layers = -1;
             else if (!parse_long(v, 1, 1 << 16, &k)) o->host_layers = (int)k;
             else return bad_arg("%s: '%s' is not auto, none or a layer count", a, v);
+        } else if (!strcmp(a, "--host-share")) {
+            NEEDV;
+            if (!strcmp(v, "auto")) o->host_share = 0;
+            else if (parse_double(v, &o->host_share) || !(o->host_share > 0 && o->host_share <= 1))
+                return bad_arg("%s: '%s' is not auto or a share in (0, 1]", a, v);
         }
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
@@ -305,6 +311,7 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     ec.deterministic = o->deterministic != 0;
     ec.no_prefetch = o->no_prefetch != 0;
     ec.host_layers = o->host_layers;
+    ec.host_share = o->host_share;
     ec.kv_dtype = o->kv_dtype;
     dj_dtype kvt;
     dj_status st = kv_dtype_of(o, &kvt);
@@ -383,11 +390,11 @@ static void print_placement_of(FILE *f, const dj_model_placement *p) {
             p->n_streamed, p->n_layers, p->ring_bytes / 1048576.0, p->ring_layers, p->resident_bytes / 1048576.0);
     fprintf(f, "streamed:       %.1f MiB copied per step%s%s\n", p->streamed_bytes / 1048576.0,
             p->source[0] ? ", from " : "", p->source);
-    fprintf(f, "layers:         %s (R resident, S streamed, H streamed, its FFN on the host at small batches)\n",
-            p->layers);
+    fprintf(f, "layers:         %s (R resident, S streamed, H streamed, its FFN on the host at small batches, h a "
+               "share of it)\n", p->layers);
     if (p->n_host)
-        fprintf(f, "host compute:   the FFN of %u layers on the host's cores at steps of up to %u rows%s\n", p->n_host,
-                p->host_rows, p->copy_gbps > 0 ? "" : " (set by --host-layers)");
+        fprintf(f, "host compute:   %.0f%% of the FFN of %u layers on the host's cores at steps of up to %u rows%s\n",
+                100.0 * p->host_share, p->n_host, p->host_rows, p->copy_gbps > 0 ? "" : " (set by --host-layers)");
     if (p->copy_gbps > 0)
         fprintf(f, "rates:          copies %.1f GB/s, host FFN reads %.1f GB/s (measured at load)\n", p->copy_gbps,
                 p->host_gbps);

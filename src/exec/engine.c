@@ -83,6 +83,7 @@ struct dj_engine {
     dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
     bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
     int host_layers;           /* cfg.host_layers: host compute beside the stream */
+    double host_share;         /* cfg.host_share */
     /* traced steps' saved points (dj__engine_trace_area) */
     uint8_t *trace_dev;        /* [trace_cap] backend memory; owned */
     uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
@@ -177,6 +178,12 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     e->max_step = cfg->max_step_tokens ? cfg->max_step_tokens : 512;
     e->prefetch = !cfg->no_prefetch;
     e->host_layers = cfg->host_layers;
+    e->host_share = cfg->host_share;
+    if (!(cfg->host_share >= 0.0 && cfg->host_share <= 1.0)) {
+        st = dj_fail(DJ_EINVAL, "engine: host_share %g (want 0: from measured rates, or a share in (0, 1])",
+                     cfg->host_share);
+        goto fail;
+    }
     if (!cfg->no_prefix_cache && (st = dj__prefix_new(e, &e->prefix)) != DJ_OK) goto fail;
     {
         const char *p = getenv("DJINN_PROFILE");
@@ -637,7 +644,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         if ((st = dj_vmu_model_set_fingerprint(e->vmu, region, fp)) != DJ_OK) goto fail_region;
         m->fingerprint = fp;
     }
-    if (m->stream && (st = dj__stream_host_setup(m, e->host_layers)) != DJ_OK) goto fail_region;
+    if (m->stream && (st = dj__stream_host_setup(m, e->host_layers, e->host_share)) != DJ_OK) goto fail_region;
     if (m->stream && (st = dj__stream_source(m)) != DJ_OK) goto fail_region;
     free(inv_freq);
     free(src);

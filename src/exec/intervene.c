@@ -279,7 +279,7 @@ static dj_status at(void *user, dj_engine_t *e, const dj_graph_t *g, int node, v
     /* A prefill chunk's slot starts down to host memory at once, beside the
      * rest of the step (a decode step's is small, and may be recorded). */
     if (st == DJ_OK && n > 1 && t->pinned && be->vt->xfer_start && be->vt->xfer_free) {
-        const dj_copy_span span = {t->area_dev + sp->off, t->area_host + sp->off, bytes};
+        const dj_copy_span span = {.dev = t->area_dev + sp->off, .host = t->area_host + sp->off, .bytes = bytes};
         st = be->vt->xfer_start(be, true, &span, 1, &sp->x);
     }
     return st;

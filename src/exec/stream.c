@@ -235,7 +235,7 @@ dj_status dj__stream_source(dj_model_t *m) {
     DJ_LOG(INFO, "model %s streams %u of %u layers (%.1f MiB a step) through a ring of %.1f MiB (%u layers deep)",
            m->name, s->pl.n_streamed, m->cfg.n_layers, (double)s->pl.streamed_bytes / 1048576.0,
            (double)s->pl.ring_bytes / 1048576.0, s->pl.ring_layers);
-    return DJ_OK;
+    return s->share_cols ? dj__stream_share_setup(m) : DJ_OK;
 }
 
 void dj__stream_free(dj_model_stream *s) {
@@ -247,6 +247,10 @@ void dj__stream_free(dj_model_stream *s) {
     }
     dj_backend_free(s->host);
     free(s->host_layer);
+    free(s->share_layer);
+    free(s->share_loads);
+    free(s->share_spans);
+    free(s->step_loads);
     free(s->runs);
     free(s->run_calls);
     free(s->run_spans);
@@ -302,7 +306,7 @@ int32_t dj__stream_call_load(const dj_model_stream *s, const dj_op_call *c, int 
 
 void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out) {
     *out = (dj_stream_step){.ring = s->bring,
-                            .loads = s->loads,
+                            .loads = s->n_runs ? s->step_loads : s->loads,
                             .n_loads = s->n_loads,
                             .call_load = s->call_load,
                             .prefetch = prefetch,
@@ -311,7 +315,7 @@ void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out) {
                             .host = s->host};
     s->steps++;
     s->host_steps += s->n_runs > 0;
-    s->bytes += s->pl.streamed_bytes - (s->n_runs ? s->host_ffn_bytes : 0);
+    s->bytes += s->pl.streamed_bytes - (s->n_runs ? s->step_saved : 0);
 }
 
 static void fill_placement(const dj_placement *pl, size_t resident_all, dj_model_placement *out) {
@@ -341,12 +345,13 @@ void dj_model_get_placement(const dj_model_t *m, dj_model_placement *out) {
     out->steps = s->steps;
     out->n_host = s->n_host;
     out->host_rows = s->host_rows;
+    out->host_share = s->n_host ? (s->share_cols ? (double)s->share_cols / m->cfg.intermediate_size : 1.0) : 0.0;
     out->copy_gbps = s->copy_gbps;
     out->host_gbps = s->host_gbps;
     out->host_steps = s->host_steps;
     out->copied_bytes = s->bytes;
     for (uint32_t l = 0; s->host_layer && l < s->pl.n_layers && out->layers[l]; l++)
-        if (s->host_layer[l]) out->layers[l] = 'H';
+        if (s->host_layer[l]) out->layers[l] = s->share_layer && s->share_layer[l] ? 'h' : 'H';
 }
 
 dj_status dj_model_plan_placement(const dj_checkpoint_t *ck, size_t text_room, dj_model_placement *out) {

@@ -114,8 +114,17 @@ typedef struct dj_model_stream {
     uint32_t n_host;           /* such layers */
     uint32_t host_rows;        /* steps of at most this many rows use them; larger ones stream all */
     double copy_gbps, host_gbps; /* the rates measured at load that decided it (0: not measured) */
-    size_t host_ffn_bytes;     /* FFN bytes of the host layers: not copied by a step with host runs */
     dj_backend_t *host;        /* the CPU backend running them; owned */
+    /* A share (host_run.c): the host computes the first share_cols columns of a host layer's FFN
+     * width (gate and up rows, down columns) while the device computes the rest, copied into the
+     * ring by the layer's share load, at the same time; 0: the whole FFN on the host. */
+    uint32_t share_cols;
+    uint8_t *share_layer;      /* [n_layers] 1: a host layer whose FFN takes the share; owned */
+    dj_stream_load *share_loads; /* [n_loads] a share layer's FFN load: the device's columns only
+                                  * (down's as a column slice); the other loads as loads[]; owned */
+    dj_copy_span *share_spans; /* their spans; owned */
+    dj_stream_load *step_loads; /* [n_loads] the step being built: share loads where it has share runs */
+    size_t step_saved;         /* bytes the step being built does not copy (its host runs') */
     dj_host_run *runs;         /* [n_runs] the step being built; owned (capacity n_layers) */
     uint32_t n_runs;
     dj_op_call *run_calls;     /* [call_cap] their calls; owned */
@@ -155,6 +164,8 @@ void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out /* O
 /* ---- host compute beside the ring (host_run.c) ---- */
 
 #define DJ_HOST_ROWS_FORCED 16 /* host_rows when the count of host layers is forced */
+#define DJ_HOST_ROWS_MAX 64    /* the most rows a step with host runs may have */
+#define DJ_SHARE_GRAIN 16      /* a share's columns: a multiple of this (16-byte rows for the device), at least this fewer than the width */
 
 /* Of n_streamed layers of layer_bytes each, ffn_bytes of them the FFN: how
  * many layers' FFNs the host reads (at host_gbps) so that the copies left
@@ -168,15 +179,31 @@ void dj_host_spread(const dj_placement *pl, uint32_t n, uint8_t *host /* OUT */)
  * host_layers < 0: none; 0: from rates measured now (a streamed layer copied
  * from page-locked staging, its FFN run on the host at 1 and 8 rows) - none
  * on a backend whose device memory is the host's; k > 0: k layers (fewer if
- * fewer stream), host_rows DJ_HOST_ROWS_FORCED. (A copy of the host layers'
- * FFN tensors into 2 MiB pages was measured on the H100 machine: no faster
- * than the mapping's pages, so they are read in place.) */
-dj_status dj__stream_host_setup(struct dj_model *m, int host_layers);
+ * fewer stream), host_rows DJ_HOST_ROWS_FORCED. host_share as the engine
+ * option: 0 from the rates (a share that makes the host's part and the
+ * device's copies take the same time; 1 when k is forced), else that share.
+ * (A copy of the host layers' FFN tensors into 2 MiB pages was measured on
+ * the H100 machine: no faster than the mapping's pages, so they are read in
+ * place.) */
+dj_status dj__stream_host_setup(struct dj_model *m, int host_layers, double host_share);
+/* Of an FFN width of `width` columns, the host's share: share * width rounded
+ * to DJ_SHARE_GRAIN; 0 (the whole FFN) when that leaves the device less than
+ * DJ_SHARE_GRAIN, or the width is not a multiple of it; never below the grain. */
+uint32_t dj_share_cols(double share, uint32_t width);
+/* At the end of dj__stream_source (the spans read their final host source):
+ * the share loads of the share layers. */
+dj_status dj__stream_share_setup(struct dj_model *m);
 /* For a step of n_rows rows whose calls[0..n_calls) and s->call_load /
  * s->call_layer are built: when n_rows <= s->host_rows, each host layer's FFN
  * (its calls reading the FFN load, through the residual ADD after them)
- * becomes a host run - rewritten into s->run_calls, its call_load set to -1.
- * A layer whose FFN does not have that shape streams instead. Sets s->n_runs. */
-dj_status dj__stream_host_runs(dj_model_stream *s, const dj_op_call *calls, size_t n_calls, uint32_t n_rows);
+ * becomes a host run - rewritten into s->run_calls. A whole one: its
+ * call_load set to -1. A share (a share layer whose FFN is norm, gate, up,
+ * GLU, down, ADD): the host's calls take the first share_cols columns, the
+ * device's calls in `calls` are narrowed to the rest (read from the share
+ * load) and their ADD reads the host's result where it lies, in the host
+ * scratch (page-locked: the device reads it over the bus, no copy queued
+ * behind the weight copies). A layer whose FFN has neither shape
+ * streams instead. Sets s->n_runs, s->step_loads and s->step_saved. */
+dj_status dj__stream_host_runs(dj_model_stream *s, dj_op_call *calls, size_t n_calls, uint32_t n_rows);
 
 #endif

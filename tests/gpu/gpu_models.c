@@ -107,14 +107,16 @@ static void check(dj_engine_t *e, const char *root, const char *name, const char
 }
 
 /* Every fixture again, streamed with host compute: a text budget of 85% of
- * the model, every streamed layer's FFN on the host (CPU backend, f32) at
- * steps of up to 16 rows, the rest through the ring - the same references
- * and bounds; the prompt (short) runs the host path, teacher forcing (long)
- * streams everything. */
+ * the model, every streamed layer's FFN
+ * on the host (CPU backend, f32) at steps of up to 16 rows - all of it
+ * (share 1), or half of its width beside the device's half (share 0.5) - the
+ * rest through the ring: the same references and bounds; the prompt (short)
+ * runs the host path, teacher forcing (long) streams everything. */
 static void check_host_compute(const char *root) {
-    for (int i = 0; i < DJ_N_FIXTURES; i++) {
+    for (int i = 0; i < 2 * DJ_N_FIXTURES; i++) {
+        const double share = i % 2 ? 0.5 : 1.0;
         char dir[512], refp[600];
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", root, DJ_FIXTURE_NAMES[i]);
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", root, DJ_FIXTURE_NAMES[i / 2]);
         snprintf(refp, sizeof refp, "%s/reference.json", dir);
         dj_checkpoint_t *ck = NULL;
         CHECK_OK(dj_checkpoint_open(dir, &ck));
@@ -128,6 +130,7 @@ static void check_host_compute(const char *root) {
         memset(&ec, 0, sizeof ec);
         ec.device = "cuda:0";
         ec.host_layers = 99;
+        ec.host_share = share;
         ec.vmu = (dj_vmu_config){.total_bytes = total,
                                  .text_frac = (double)text / (double)total,
                                  .data_frac = (double)data / (double)total,
@@ -137,7 +140,7 @@ static void check_host_compute(const char *root) {
         CHECK_OK(dj_engine_new(&ec, &e));
         if (!e) continue;
         char name[96];
-        snprintf(name, sizeof name, "%s+host", DJ_FIXTURE_NAMES[i]);
+        snprintf(name, sizeof name, "%s+%s", DJ_FIXTURE_NAMES[i / 2], i % 2 ? "share" : "host");
         check(e, root, name, dir, refp);
         /* the placement and its use, from a model loaded the same way */
         dj_model_t *m = NULL;
@@ -151,8 +154,8 @@ static void check_host_compute(const char *root) {
             dj_model_get_placement(m, &p);
             CHECK_MSG(p.n_host > 0 && p.host_steps >= 3, "%s: %u host layers, %llu host steps (%s)", name, p.n_host,
                       (unsigned long long)p.host_steps, p.layers);
-            printf("%-16s placement %s: %u streamed, %u with the FFN on the host; %llu steps used it\n", name,
-                   p.layers, p.n_streamed, p.n_host, (unsigned long long)p.host_steps);
+            printf("%-16s placement %s: %u streamed, %u with %.0f%% of the FFN on the host; %llu steps used it\n",
+                   name, p.layers, p.n_streamed, p.n_host, 100.0 * p.host_share, (unsigned long long)p.host_steps);
             dj_session_free(e, s);
             dj_model_release(e, m);
         }

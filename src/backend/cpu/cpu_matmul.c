@@ -33,9 +33,12 @@ static inline float bias_at(const dj_op_call *c, uint32_t j) {
 }
 
 /* Weight rows [j0, j1) for every row of x, read as stored. */
+/* Elements from one weight row to the next (f32/f16/bf16). */
+static inline size_t wld(const dj_op_call *c) { return c->ldw ? c->ldw : c->k; }
+
 static void direct_rows(const dj__cpu_kernels *K, const dj_op_call *c, uint32_t j0, uint32_t j1) {
     const uint32_t n = c->n, k = c->k, m = c->m;
-    const size_t row_bytes = (size_t)k * dj_dtype_size(c->w_dtype);
+    const size_t row_bytes = wld(c) * dj_dtype_size(c->w_dtype);
     const float *x = c->x;
     float *out = c->out;
     for (uint32_t r = 0; r < n; r += K->dot_rows) {
@@ -67,7 +70,7 @@ static void direct_task(void *ctx, size_t j0, size_t j1, int thread) {
 
 static void matmul_direct(dj_cpu_backend *cb, const dj_op_call *c) {
     const uint32_t m = c->m, nt = (uint32_t)cb->n_threads;
-    const size_t row_bytes = (size_t)c->k * dj_dtype_size(c->w_dtype);
+    const size_t row_bytes = wld(c) * dj_dtype_size(c->w_dtype);
     size_t block = (m + DIRECT_TASKS * nt - 1) / (DIRECT_TASKS * nt);
     const size_t min_rows = (DIRECT_MIN_BYTES + row_bytes - 1) / row_bytes;
     if (block < min_rows) block = min_rows;
@@ -161,7 +164,7 @@ static inline uint32_t claim_tile(tiled_job *j) {
 static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread) {
     const dj_op_call *c = j->c;
     const uint32_t k = c->k, j0 = ti * j->tile, rows = c->m - j0 < j->tile ? c->m - j0 : j->tile;
-    const size_t row_bytes = dj_dtype_row_bytes(c->w_dtype, k);
+    const size_t row_bytes = j->in_place ? wld(c) * dj_dtype_size(c->w_dtype) : dj_dtype_row_bytes(c->w_dtype, k);
     const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
     dj__cpu_pull pull = {NULL, NULL};
     if (next < j->n_tiles) {
@@ -172,7 +175,7 @@ static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread
     float *mine = j->scratch + (size_t)thread * j->per_thread;
     float *acc = j->in_place ? mine : mine + (size_t)j->tile * tile_ld(k);
     if (j->in_place) {
-        gemm_tile_rows(j->K, c, j->x, j->ldx, src, c->w_dtype, k, j0, rows, acc, &pull);
+        gemm_tile_rows(j->K, c, j->x, j->ldx, src, c->w_dtype, wld(c), j0, rows, acc, &pull);
         return;
     }
     const size_t ldw = tile_ld(k);

@@ -66,8 +66,13 @@ static void *copy_thread(void *arg) {
         ring_job *j = r->head;
         pthread_mutex_unlock(&r->mu);
         jitter();
-        for (uint32_t s = 0; s < j->load->n_spans; s++)
-            memcpy(j->load->spans[s].dev, j->load->spans[s].host, j->load->spans[s].bytes);
+        for (uint32_t s = 0; s < j->load->n_spans; s++) {
+            const dj_copy_span *sp = &j->load->spans[s];
+            const uint32_t rows = sp->rows > 1 ? sp->rows : 1;
+            for (uint32_t r = 0; r < rows; r++)
+                memcpy((char *)sp->dev + (size_t)r * sp->bytes, (const char *)sp->host + (size_t)r * sp->host_pitch,
+                       sp->bytes);
+        }
         pthread_mutex_lock(&r->mu);
         r->head = j->next;
         if (!r->head) r->tail = NULL;
@@ -196,8 +201,11 @@ dj_status dj__cpu_compute_streamed(dj_backend_t *be, const dj_op_call *calls, si
             for (uint32_t j = 0; j < h->n_in; j++) memcpy(h->in[j].host, h->in[j].dev, h->in[j].bytes);
             st = dj__host_run_compute(ss->host, h->calls, h->n_calls);
             for (uint32_t j = 0; st == DJ_OK && j < h->n_out; j++) memcpy(h->out[j].dev, h->out[j].host, h->out[j].bytes);
-            i += h->n_calls - 1;
-            continue;
+            if (st != DJ_OK) break;
+            if (!h->join) { /* it replaced the device's calls; a share runs beside them (here: before) */
+                i += h->n_calls - 1;
+                continue;
+            }
         }
         const int32_t idx = (int32_t)i;
         st = dj__stream_before(&run, &idx, 1);

@@ -224,6 +224,9 @@ dj_status dj__cuda_check_call(const dj_cuda_backend *cb, const dj_op_call *c) {
     const char *op = dj_op_name(c->op);
     if (c->op == DJ_OP_MATMUL && (c->n > INT32_MAX || c->k > INT32_MAX || c->m > INT32_MAX))
         return dj_fail(DJ_EUNSUPPORTED, "%s: n=%u k=%u m=%u exceeds the cuBLAS index range", op, c->n, c->k, c->m);
+    if (c->op == DJ_OP_MATMUL && c->ldw && c->ldw != c->k)
+        return dj_fail(DJ_EUNSUPPORTED, "%s: weight rows %u elements apart for k=%u (the CUDA kernels read packed rows)",
+                       op, c->ldw, c->k);
     if (c->op == DJ_OP_ATTENTION) {
         if (c->head_dim % 2 != 0 || c->head_dim > 256)
             return dj_fail(DJ_EUNSUPPORTED, "%s: head_dim %u (the CUDA kernels take even head_dim <= 256)", op,
@@ -416,6 +419,7 @@ static void cuda_destroy(dj_backend_t *be) {
         if (cb->stream) (void)cudaStreamSynchronize(cb->stream);
         dj__cuda_swap_destroy(cb);
         dj__cuda_ring_destroy(cb);
+        dj__cuda_host_destroy(cb);
         dj__cuda_fp8_lt_destroy(cb);
         if (cb->blas) (void)cublasDestroy(cb->blas);
         if (cb->stage_host) (void)cudaFreeHost(cb->stage_host);

@@ -64,6 +64,12 @@ typedef struct dj_cuda_backend {
      * (set there, __atomic); the next sync or streamed step reports host_err. */
     int host_failed;
     char host_err[256];
+    /* A host run beside the device (dj_host_run.join): its copies and host function on a stream of
+     * their own after host_mark; host_done[slot] recorded after them, waited on at the join. */
+    cudaStream_t host_stream; /* owned, or NULL */
+    cudaEvent_t host_mark;    /* owned, or NULL */
+    cudaEvent_t *host_done;   /* [n_host_done]; owned */
+    uint32_t n_host_done;
     bool pdl; /* programmatic dependent launch of the decode kernels (dj__launch); $DJINN_PDL=off: the kill switch */
 } dj_cuda_backend;
 
@@ -83,9 +89,15 @@ static inline cudaError_t dj__launch(const dj_cuda_backend *cb, void (*kernel)(P
     return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-/* Enqueues host run h of a streamed step on the compute stream: its in
- * copies, its calls on `host` in a host function, its out copies. */
-dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h);
+/* Enqueues host run h (the slot-th of its step) of a streamed step: its in
+ * copies, its calls on `host` in a host function, its out copies - on the
+ * compute stream (h->join 0), or beside it on the host stream after the
+ * compute enqueued so far, marking host_done[slot] (then the compute waits
+ * at the join: dj__cuda_host_join). */
+dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h, uint32_t slot);
+dj_status dj__cuda_host_join(dj_cuda_backend *cb, uint32_t slot);
+/* Waits for the host stream and releases it and its events (backend free). */
+void dj__cuda_host_destroy(dj_cuda_backend *cb);
 /* DJ_OK, or the failure of a host run since the last call (then cleared). */
 dj_status dj__cuda_host_status(dj_cuda_backend *cb);
 

@@ -304,6 +304,25 @@ static uint32_t step_calls(const plan_step *s, int32_t *idx) {
     return k;
 }
 
+/* A streamed step's calls [a, b) as one planned segment (its decisions kept
+ * under key): each launch waits for its load and marks it done after. */
+static dj_status stream_segment(dj_cuda_backend *cb, dj_stream_run *run, const dj_op_call *calls, size_t a, size_t b,
+                                const void *key) {
+    if (b <= a) return DJ_OK;
+    const plan_step *steps = NULL;
+    size_t n_steps = 0;
+    int32_t idx[DJ_GEMV_GROUP + 4];
+    dj_status st = plan_for(cb, calls + a, b - a, key, &steps, &n_steps);
+    for (size_t i = 0; st == DJ_OK && i < n_steps; i++) {
+        const uint32_t k = step_calls(&steps[i], idx);
+        for (uint32_t t = 0; t < k; t++) idx[t] += (int32_t)a;
+        st = dj__stream_before(run, idx, k);
+        if (st == DJ_OK) st = run_step(cb, calls + a, &steps[i]);
+        if (st == DJ_OK) st = dj__stream_after(run, idx, k);
+    }
+    return st;
+}
+
 dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key,
                                 const dj_stream_step *stream) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
@@ -316,25 +335,23 @@ dj_status dj__cuda_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_
     if (st == DJ_OK && stream) {
         /* streamed weights: each launch waits for its load, marks it done after. The device calls
          * between host runs are planned (fused) as segments of their own, never across a run; a
-         * segment's decisions are kept under its run's address (the last one's under plan_key). */
+         * segment's decisions are kept under its run's address (the last one's under plan_key);
+         * the device's share beside a host run, [first, join), is one more (under &run.join). */
         dj_stream_run run;
         st = dj__cuda_stream_begin(cb, stream, n, &run);
         if (st != DJ_OK) return st;
-        int32_t idx[DJ_GEMV_GROUP + 4];
         size_t a = 0;
         for (uint32_t j = 0; st == DJ_OK && j <= stream->n_runs; j++) {
             const dj_host_run *h = j < stream->n_runs ? &stream->runs[j] : NULL;
-            const size_t b = h ? h->first : n;
-            if (b > a) st = plan_for(cb, calls + a, b - a, h ? (const void *)h : plan_key, &steps, &n_steps);
-            for (size_t i = 0; st == DJ_OK && b > a && i < n_steps; i++) {
-                const uint32_t k = step_calls(&steps[i], idx);
-                for (uint32_t t = 0; t < k; t++) idx[t] += (int32_t)a;
-                st = dj__stream_before(&run, idx, k);
-                if (st == DJ_OK) st = run_step(cb, calls + a, &steps[i]);
-                if (st == DJ_OK) st = dj__stream_after(&run, idx, k);
-            }
-            if (st == DJ_OK && h) {
-                st = dj__cuda_host_run(cb, stream->host, h);
+            st = stream_segment(cb, &run, calls, a, h ? h->first : n, h ? (const void *)h : plan_key);
+            if (st != DJ_OK || !h) break;
+            st = dj__cuda_host_run(cb, stream->host, h, j);
+            if (st == DJ_OK && h->join) { /* the device's share beside the host's, then the join */
+                st = stream_segment(cb, &run, calls, h->first, h->join, (const void *)&h->join);
+                const dj_status jst = dj__cuda_host_join(cb, j);
+                if (st == DJ_OK) st = jst;
+                a = h->join;
+            } else {
                 a = (size_t)h->first + h->n_calls;
             }
         }

@@ -110,9 +110,14 @@ static dj_status ring_copy(void *u, uint32_t k, bool serial) {
         DJ_CU(cb, cudaStreamWaitEvent(cb->weight_stream, cb->weight_mark, 0));
     }
     for (uint32_t i = 0; i < L->n_after; i++) DJ_CU(cb, cudaStreamWaitEvent(cb->weight_stream, r->done[L->after[i]], 0));
-    for (uint32_t s = 0; s < L->n_spans; s++)
-        DJ_CU(cb, cudaMemcpyAsync(L->spans[s].dev, L->spans[s].host, L->spans[s].bytes, cudaMemcpyHostToDevice,
-                                  cb->weight_stream));
+    for (uint32_t s = 0; s < L->n_spans; s++) {
+        const dj_copy_span *sp = &L->spans[s];
+        if (sp->rows > 1) /* a column slice: rows host_pitch apart, packed in the ring */
+            DJ_CU(cb, cudaMemcpy2DAsync(sp->dev, sp->bytes, sp->host, sp->host_pitch, sp->bytes, sp->rows,
+                                        cudaMemcpyHostToDevice, cb->weight_stream));
+        else
+            DJ_CU(cb, cudaMemcpyAsync(sp->dev, sp->host, sp->bytes, cudaMemcpyHostToDevice, cb->weight_stream));
+    }
     DJ_CU(cb, cudaEventRecord(r->ready[k], cb->weight_stream));
     return DJ_OK;
 }
@@ -194,21 +199,63 @@ dj_status dj__cuda_host_status(dj_cuda_backend *cb) {
     return st;
 }
 
-dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h) {
+/* The host stream, its start mark and n done events (a share's host work runs there). */
+static dj_status host_events(dj_cuda_backend *cb, uint32_t n) {
+    if (!cb->host_stream) DJ_CU(cb, cudaStreamCreateWithFlags(&cb->host_stream, cudaStreamNonBlocking));
+    if (!cb->host_mark) DJ_CU(cb, cudaEventCreateWithFlags(&cb->host_mark, cudaEventDisableTiming));
+    if (n <= cb->n_host_done) return DJ_OK;
+    cudaEvent_t *e = (cudaEvent_t *)realloc(cb->host_done, n * sizeof *e);
+    if (!e) return dj_fail(DJ_ENOMEM, "cuda: out of host memory for %u host-run events", n);
+    cb->host_done = e;
+    for (; cb->n_host_done < n; cb->n_host_done++)
+        DJ_CU(cb, cudaEventCreateWithFlags(&cb->host_done[cb->n_host_done], cudaEventDisableTiming));
+    return DJ_OK;
+}
+
+dj_status dj__cuda_host_run(dj_cuda_backend *cb, dj_backend_t *host, const dj_host_run *h, uint32_t slot) {
+    cudaStream_t s = cb->stream;
+    if (h->join) { /* beside the device: on the host stream, after the compute enqueued so far */
+        const dj_status st = host_events(cb, slot + 1);
+        if (st != DJ_OK) return st;
+        DJ_CU(cb, cudaEventRecord(cb->host_mark, cb->stream));
+        DJ_CU(cb, cudaStreamWaitEvent(cb->host_stream, cb->host_mark, 0));
+        s = cb->host_stream;
+    }
     for (uint32_t i = 0; i < h->n_in; i++)
-        DJ_CU(cb, cudaMemcpyAsync(h->in[i].host, h->in[i].dev, h->in[i].bytes, cudaMemcpyDeviceToHost, cb->stream));
+        DJ_CU(cb, cudaMemcpyAsync(h->in[i].host, h->in[i].dev, h->in[i].bytes, cudaMemcpyDeviceToHost, s));
     host_job *j = (host_job *)malloc(sizeof *j + (size_t)h->n_calls * sizeof(dj_op_call));
     if (!j) return dj_fail(DJ_ENOMEM, "cuda: out of host memory for a host run of %u calls", h->n_calls);
     j->cb = cb;
     j->host = host;
     j->n = h->n_calls;
     memcpy(j->calls, h->calls, (size_t)h->n_calls * sizeof(dj_op_call));
-    const cudaError_t e = cudaLaunchHostFunc(cb->stream, host_job_run, j);
+    const cudaError_t e = cudaLaunchHostFunc(s, host_job_run, j);
     if (e != cudaSuccess) {
         free(j);
         return dj__cuda_fail(DJ_EDEVICE, cb->device, __FILE__, __LINE__, cudaGetErrorString(e));
     }
     for (uint32_t i = 0; i < h->n_out; i++)
-        DJ_CU(cb, cudaMemcpyAsync(h->out[i].dev, h->out[i].host, h->out[i].bytes, cudaMemcpyHostToDevice, cb->stream));
+        DJ_CU(cb, cudaMemcpyAsync(h->out[i].dev, h->out[i].host, h->out[i].bytes, cudaMemcpyHostToDevice, s));
+    if (h->join) DJ_CU(cb, cudaEventRecord(cb->host_done[slot], cb->host_stream));
     return DJ_OK;
+}
+
+dj_status dj__cuda_host_join(dj_cuda_backend *cb, uint32_t slot) {
+    if (slot >= cb->n_host_done) return dj_fail(DJ_EINTERNAL, "cuda: a join with host run %u not started", slot);
+    DJ_CU(cb, cudaStreamWaitEvent(cb->stream, cb->host_done[slot], 0));
+    return DJ_OK;
+}
+
+void dj__cuda_host_destroy(dj_cuda_backend *cb) {
+    if (cb->host_stream) {
+        (void)cudaStreamSynchronize(cb->host_stream);
+        (void)cudaStreamDestroy(cb->host_stream);
+        cb->host_stream = NULL;
+    }
+    if (cb->host_mark) (void)cudaEventDestroy(cb->host_mark);
+    cb->host_mark = NULL;
+    for (uint32_t i = 0; i < cb->n_host_done; i++) (void)cudaEventDestroy(cb->host_done[i]);
+    free(cb->host_done);
+    cb->host_done = NULL;
+    cb->n_host_done = 0;
 }
