@@ -31,6 +31,14 @@
  * read in place 8192 measured 1-3% faster than 2048 on k = 8192 (bench/RESULTS.md). */
 #define DJ_CPU_KBLOCK 8192u
 
+/* Bytes ahead of the weights it reads that the decode kernel (dot) asks the
+ * caches for (prefetcht1, once a line): the hardware prefetchers stop at 4 KiB
+ * pages, and a row of 2048 bf16 weights is one page. 8 KiB measured best on
+ * the H100 machine's 16 Intel cores (bench_gemv 84-85 -> 114-116 GB/s, above
+ * its summing-loop read rate; TinyLlama decode 40 -> 48-51 tok/s) and no
+ * slower on the 2-core AMD dev machine (bench/RESULTS.md). */
+#define DJ_CPU_DOT_PREFETCH 8192u
+
 typedef enum {
     DJ_CPU_ISA_PORTABLE, /* plain C: the reference */
     DJ_CPU_ISA_AVX2,     /* AVX2 + FMA + F16C */

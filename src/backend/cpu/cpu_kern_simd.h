@@ -38,7 +38,11 @@ KI void dot_tile(const float *x, size_t ldx, const void *const *w, dj_dtype wt, 
         for (int c = 0; c < NC; c++)
             for (int v = 0; v < VN; v++) a[r][c][v] = v_zero();
     const uint32_t k16 = k / DJ_CPU_LANES * DJ_CPU_LANES;
-    for (uint32_t kk = 0; kk < k16; kk += DJ_CPU_LANES)
+    const size_t es = wt == DJ_DTYPE_F32 ? 4u : 2u;
+    for (uint32_t kk = 0; kk < k16; kk += DJ_CPU_LANES) {
+        if ((kk & 31u) == 0) /* once a cache line (16 bf16 lanes are half of one) */
+            for (int c = 0; c < NC; c++)
+                _mm_prefetch((const char *)w[c] + (size_t)kk * es + DJ_CPU_DOT_PREFETCH, _MM_HINT_T1);
         for (int v = 0; v < VN; v++) {
             V wv[DNC];
             for (int c = 0; c < NC; c++) wv[c] = v_load_w(w[c], wt, kk + (uint32_t)(v * VL));
@@ -47,6 +51,7 @@ KI void dot_tile(const float *x, size_t ldx, const void *const *w, dj_dtype wt, 
                 for (int c = 0; c < NC; c++) a[r][c][v] = v_fma(wv[c], xv, a[r][c][v]);
             }
         }
+    }
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) {
             float v = v_reduce16(a[r][c]);
