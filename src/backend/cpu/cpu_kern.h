@@ -33,10 +33,11 @@
 
 /* Bytes ahead of the weights it reads that the decode kernel (dot) asks the
  * caches for (prefetcht1, once a line): the hardware prefetchers stop at 4 KiB
- * pages, and a row of 2048 bf16 weights is one page. 8 KiB measured best on
- * the H100 machine's 16 Intel cores (bench_gemv 84-85 -> 114-116 GB/s, above
- * its summing-loop read rate; TinyLlama decode 40 -> 48-51 tok/s) and no
- * slower on the 2-core AMD dev machine (bench/RESULTS.md). */
+ * pages, and a row of 2048 bf16 weights is one page. Of 2, 4, 8 and 16 KiB
+ * (t0 and t1), 8 KiB with t1 measured best on the H100 machine's 16 Intel
+ * cores (the GEMV alone 84-85 -> 114-116 GB/s, above that machine's
+ * summing-loop read rate; TinyLlama decode 40 -> 48-52 tok/s), and no slower
+ * on the 2-core AMD dev machine (bench/RESULTS.md, session 12). */
 #define DJ_CPU_DOT_PREFETCH 8192u
 
 typedef enum {
