@@ -479,6 +479,44 @@ static void test_eos(void) {
     CHECK_MSG(stop_daemon(4) == 0, "djinnd (EOS store) did not exit cleanly");
 }
 
+/* ---- a model larger than the text budget: its placement in STATS ---- */
+
+/* The demo model in 0.02 GiB streams (as in cli_test.sh), two of its streamed
+ * layers' FFNs on the host: STATS names the placement while a session holds
+ * the model. */
+static void test_streamed_stats(void) {
+    char store[400], link[450], addr[128];
+    snprintf(store, sizeof store, "%s/stream_store", tmpdir);
+    snprintf(link, sizeof link, "%s/demo", store);
+    const bool made = mkdir(store, 0700) == 0 && symlink(DJ_SOURCE_DIR "/models/demo", link) == 0;
+    CHECK_MSG(made, "cannot make the model store %s", store);
+    if (!made) return;
+    const char *extra[] = {"--models", store, "--vmu-gb", "0.02", "--host-layers", "2", NULL};
+    setenv("DJINN_WEIGHTS_IN_PLACE", "0", 1); /* the weights copied into the text segment: its budget binds */
+    const pid_t pid = start_daemon(5, "127.0.0.1:0", extra, addr, sizeof addr);
+    unsetenv("DJINN_WEIGHTS_IN_PLACE");
+    CHECK_MSG(pid > 0, "djinnd (streamed model) did not start");
+    if (pid <= 0) return;
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    dj_session_opts o = {"demo", DJ_QOS_INTERACTIVE, 0};
+    uint64_t sess = 0;
+    if (c) CHECK_OK(dj_client_session_open(c, &o, &sess));
+    dj_client_stats st;
+    if (c && sess && stats(c, &st)) {
+        const dj_client_model *m = st.n_models == 1 ? &st.models[0] : NULL;
+        CHECK_MSG(m && !strcmp(m->name, "demo") && m->streamed_layers > 0 && m->streamed_layers < m->layers &&
+                      m->host_layers == 2 && m->host_share_pct == 100 && m->ring_bytes > 0 && m->streamed_bytes > 0,
+                  "stats of the streamed model: %zu models, %u of %u layers streamed, %u host layers at %u%%",
+                  st.n_models, m ? m->streamed_layers : 0, m ? m->layers : 0, m ? m->host_layers : 0,
+                  m ? m->host_share_pct : 0);
+        dj_client_stats_free(&st);
+    }
+    if (sess) CHECK_OK(dj_client_session_close(c, sess));
+    dj_client_free(c);
+    CHECK_MSG(stop_daemon(5) == 0, "djinnd (streamed model) did not exit cleanly");
+}
+
 /* ---- stats and memory ---- */
 
 static bool stats(dj_client_t *c, dj_client_stats *st) {
@@ -975,6 +1013,7 @@ int main(void) {
     test_prefill_interleave("short", 60, 12, 15);
     test_prefill_interleave("short", 200, 12, 17);
     test_eos();
+    test_streamed_stats();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -35,6 +35,7 @@ typedef struct dj_client_model {
     /* STATS only: the placement (docs/architecture.md, the weight ring) */
     uint32_t layers, streamed_layers;     /* streamed_layers 0: every layer resident */
     uint32_t host_layers;                 /* streamed layers whose FFN the host computes at small batches */
+    uint32_t host_share_pct;              /* ... this percentage of each one's FFN width (100: all of it) */
     uint64_t resident_bytes, ring_bytes, streamed_bytes; /* streamed_bytes: copied per step */
 } dj_client_model;
 /* *models malloc'd (free()), *n entries. */

@@ -446,6 +446,7 @@ static void read_model(const msgpack_object *o, dj_client_model *cm) {
     if ((v = dj__obj_get(o, "layers")) && dj__obj_u64(v, &x)) cm->layers = (uint32_t)x;
     if ((v = dj__obj_get(o, "streamed_layers")) && dj__obj_u64(v, &x)) cm->streamed_layers = (uint32_t)x;
     if ((v = dj__obj_get(o, "host_layers")) && dj__obj_u64(v, &x)) cm->host_layers = (uint32_t)x;
+    if ((v = dj__obj_get(o, "host_share_pct")) && dj__obj_u64(v, &x) && x <= 100) cm->host_share_pct = (uint32_t)x;
     if ((v = dj__obj_get(o, "resident_bytes"))) (void)dj__obj_u64(v, &cm->resident_bytes);
     if ((v = dj__obj_get(o, "ring_bytes"))) (void)dj__obj_u64(v, &cm->ring_bytes);
     if ((v = dj__obj_get(o, "streamed_bytes"))) (void)dj__obj_u64(v, &cm->streamed_bytes);
@@ -1000,7 +1001,9 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
             fprintf(f, "; %u of %u layers streamed through a %.1f MiB ring (%.1f MiB a step), %.1f MiB resident",
                     m->streamed_layers, m->layers, m->ring_bytes / 1048576.0, m->streamed_bytes / 1048576.0,
                     m->resident_bytes / 1048576.0);
-            if (m->host_layers) fprintf(f, "; the FFN of %u of them on the host's cores", m->host_layers);
+            if (m->host_layers)
+                fprintf(f, "; %u%% of the FFN of %u of them on the host's cores", m->host_share_pct ? m->host_share_pct : 100,
+                        m->host_layers);
         } else if (m->layers)
             fprintf(f, "; all %u layers resident (%.1f MiB)", m->layers, m->resident_bytes / 1048576.0);
         fputc('\n', f);

@@ -976,7 +976,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     for (dj__model_ent *m = s->models; m; m = m->next) {
         dj_model_placement pl;
         dj_model_get_placement(m->m, &pl);
-        msgpack_pack_map(&w->pk, 10);
+        msgpack_pack_map(&w->pk, 11);
         dj__pack_str(&w->pk, "name");
         dj__pack_str(&w->pk, m->name);
         pack_kv_u64(&w->pk, "refs", m->users + (m->pinned ? 1u : 0u));
@@ -989,6 +989,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         pack_kv_u64(&w->pk, "ring_bytes", pl.ring_bytes);
         pack_kv_u64(&w->pk, "streamed_bytes", pl.streamed_bytes);
         pack_kv_u64(&w->pk, "host_layers", pl.n_host); /* streamed layers whose FFN the host computes */
+        pack_kv_u64(&w->pk, "host_share_pct", (uint64_t)(100.0 * pl.host_share + 0.5)); /* of each one's FFN */
     }
     const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
     pthread_mutex_lock(&s->mu);
