@@ -8,7 +8,8 @@
  * --host: each budget once per host-compute setting (engine host_layers: auto
  * = from the rates measured at load, none = everything streams, K = K layers'
  * FFNs on the host; ":S" sets host_share, the host's share of each such FFN -
- * 1 the whole FFN, default auto: from the rates with auto, 1 with K); decode logits of one step are compared with the first
+ * 1 the whole FFN, default auto: from the rates with auto, 1 with K); decode
+ * logits of one step are compared with the first
  * budget's too (host-computed layers run in f32 on the CPU: close, not equal).
  * On the CPU, DJINN_WEIGHTS_IN_PLACE=0 makes the text budget bind. */
 #include <math.h>

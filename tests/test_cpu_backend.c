@@ -233,18 +233,20 @@ static void test_matmul_ldw(void) {
             const uint32_t n = rows[ri];
             weights w = make_weights((size_t)m * ldw, wt, -1.0f, 1.0f);
             uint8_t *packed = malloc((size_t)m * k * es);
-            for (uint32_t j = 0; j < m; j++) memcpy(packed + (size_t)j * k * es, (uint8_t *)w.data + (size_t)j * ldw * es, k * es);
+            for (uint32_t j = 0; j < m; j++)
+                memcpy(packed + (size_t)j * k * es, (uint8_t *)w.data + (size_t)j * ldw * es, k * es);
             float *x = falloc((size_t)n * k), *got = falloc((size_t)n * m), *want = falloc((size_t)n * m);
             fill(x, (size_t)n * k, -1.0f, 1.0f);
             poison(got, (size_t)n * m);
-            dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = want, .x = x, .w = packed, .w_dtype = wt, .k = k, .m = m};
+            dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = want, .x = x, .w = packed, .w_dtype = wt,
+                            .k = k, .m = m};
             CHECK_OK(dj_backend_compute(be, &c));
             c.out = got;
             c.w = w.data;
             c.ldw = ldw;
             CHECK_OK(dj_backend_compute(be, &c));
-            CHECK_MSG(!memcmp(got, want, (size_t)n * m * sizeof *got), "matmul n=%u w=%s: a slice at ldw %u differs from it packed",
-                      n, dj_dtype_name(wt), ldw);
+            CHECK_MSG(!memcmp(got, want, (size_t)n * m * sizeof *got),
+                      "matmul n=%u w=%s: a slice at ldw %u differs from it packed", n, dj_dtype_name(wt), ldw);
             c.ldw = k - 1;
             CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
             CHECK_MSG(strstr(dj_last_error(), "elements apart"), "%s", dj_last_error());

@@ -1002,8 +1002,8 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
                     m->streamed_layers, m->layers, m->ring_bytes / 1048576.0, m->streamed_bytes / 1048576.0,
                     m->resident_bytes / 1048576.0);
             if (m->host_layers)
-                fprintf(f, "; %u%% of the FFN of %u of them on the host's cores", m->host_share_pct ? m->host_share_pct : 100,
-                        m->host_layers);
+                fprintf(f, "; %u%% of the FFN of %u of them on the host's cores",
+                        m->host_share_pct ? m->host_share_pct : 100, m->host_layers);
         } else if (m->layers)
             fprintf(f, "; all %u layers resident (%.1f MiB)", m->layers, m->resident_bytes / 1048576.0);
         fputc('\n', f);

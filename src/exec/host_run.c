@@ -225,7 +225,8 @@ static bool no_bytes(const dj_model_t *m, uint32_t l, int slot) {
  * norm there would not split), no experts. */
 static bool shareable(const dj_model_t *m, uint32_t l, uint32_t width) {
     const dj_model_config *c = &m->cfg;
-    const dj_weight *g = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_GATE)], *u = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_UP)],
+    const dj_weight *g = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_GATE)],
+                    *u = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_UP)],
                     *d = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_DOWN)];
     if (!float_w(g) || !float_w(u) || !float_w(d)) return false;
     const int none[] = {DJ_W_GATEB, DJ_W_UPB, DJ_W_DOWNB, DJ_W_POST_FFN_NORM, DJ_W_ROUTER};
@@ -284,7 +285,8 @@ dj_status dj__stream_host_setup(dj_model_t *m, int host_layers, double host_shar
         const double copy_t = f / (s->copy_gbps * 1e9);
         s->host_rows = 0;
         for (uint32_t r = 1; r <= DJ_HOST_ROWS_MAX; r++) {
-            const double t = r <= 8 ? rt.t1 + (rt.t8 - rt.t1) * (r - 1) / 7.0 : rt.t8 + (rt.t32 - rt.t8) * (r - 8) / 24.0;
+            const double t = r <= 8 ? rt.t1 + (rt.t8 - rt.t1) * (r - 1) / 7.0
+                                    : rt.t8 + (rt.t32 - rt.t8) * (r - 8) / 24.0;
             if (share * t * busy > copy_t) break;
             s->host_rows = r;
         }

@@ -165,7 +165,9 @@ void dj__stream_step(dj_model_stream *s, bool prefetch, dj_stream_step *out /* O
 
 #define DJ_HOST_ROWS_FORCED 16 /* host_rows when the count of host layers is forced */
 #define DJ_HOST_ROWS_MAX 64    /* the most rows a step with host runs may have */
-#define DJ_SHARE_GRAIN 16      /* a share's columns: a multiple of this (16-byte rows for the device), at least this fewer than the width */
+/* A share's columns: a multiple of this (16-byte rows for the device), at
+ * least this many fewer than the width. */
+#define DJ_SHARE_GRAIN 16
 
 /* Of n_streamed layers of layer_bytes each, ffn_bytes of them the FFN: how
  * many layers' FFNs the host reads (at host_gbps) so that the copies left

@@ -225,8 +225,9 @@ dj_status dj__cuda_check_call(const dj_cuda_backend *cb, const dj_op_call *c) {
     if (c->op == DJ_OP_MATMUL && (c->n > INT32_MAX || c->k > INT32_MAX || c->m > INT32_MAX))
         return dj_fail(DJ_EUNSUPPORTED, "%s: n=%u k=%u m=%u exceeds the cuBLAS index range", op, c->n, c->k, c->m);
     if (c->op == DJ_OP_MATMUL && c->ldw && c->ldw != c->k)
-        return dj_fail(DJ_EUNSUPPORTED, "%s: weight rows %u elements apart for k=%u (the CUDA kernels read packed rows)",
-                       op, c->ldw, c->k);
+        return dj_fail(DJ_EUNSUPPORTED,
+                       "%s: weight rows %u elements apart for k=%u (the CUDA kernels read packed rows)", op, c->ldw,
+                       c->k);
     if (c->op == DJ_OP_ATTENTION) {
         if (c->head_dim % 2 != 0 || c->head_dim > 256)
             return dj_fail(DJ_EUNSUPPORTED, "%s: head_dim %u (the CUDA kernels take even head_dim <= 256)", op,
