@@ -1,6 +1,7 @@
 /* host_run.c: host compute beside the weight ring - which streamed layers'
- * FFNs the host's cores run at small batches (from rates measured at load),
- * and each step's host runs: those FFN calls rewritten onto host memory. */
+ * FFNs the host's cores run at small batches, and what share of each (from
+ * rates measured at load), the share loads the ring then copies, and each
+ * step's host runs: those FFN calls rewritten onto host memory. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
