@@ -598,7 +598,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     if ((st = load_scales(e, m, n)) != DJ_OK) goto fail_region;
     for (int i = 0; i < n; i++) {
         dj_weight *w = &m->w[i];
-        if (!w->hf_name && !w->computed) continue;
+        if (!dj__weight_has_bytes(w)) continue;
         if (dj__stream_slot(m, i)) continue; /* in the ring, copied there by every step */
         void *dst = NULL;
         const size_t bytes = weight_bytes(w);

@@ -211,14 +211,11 @@ static dj_status measure(dj_model_t *m, uint32_t layer, rates *out) {
     return st;
 }
 
-static bool float_w(const dj_weight *w) {
-    return (w->hf_name || w->computed) &&
-           (w->dtype == DJ_DTYPE_F32 || w->dtype == DJ_DTYPE_F16 || w->dtype == DJ_DTYPE_BF16);
-}
+/* f32, f16 and bf16: the weights a share reads in place through ldw. */
+static bool dense_dtype(dj_dtype t) { return t == DJ_DTYPE_F32 || t == DJ_DTYPE_F16 || t == DJ_DTYPE_BF16; }
 
 static bool no_bytes(const dj_model_t *m, uint32_t l, int slot) {
-    const dj_weight *w = &m->w[dj__wslot_layer_c(&m->cfg, (int)l, slot)];
-    return !w->hf_name && !w->computed;
+    return !dj__weight_has_bytes(&m->w[dj__wslot_layer_c(&m->cfg, (int)l, slot)]);
 }
 
 /* Whether layer l's FFN can be shared: gate [I][H], up [I][H], down [H][I]
@@ -229,7 +226,9 @@ static bool shareable(const dj_model_t *m, uint32_t l, uint32_t width) {
     const dj_weight *g = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_GATE)],
                     *u = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_UP)],
                     *d = &m->w[dj__wslot_layer_c(c, (int)l, DJ_W_DOWN)];
-    if (!float_w(g) || !float_w(u) || !float_w(d)) return false;
+    const dj_weight *mats[3] = {g, u, d};
+    for (int i = 0; i < 3; i++)
+        if (!dj__weight_has_bytes(mats[i]) || !dense_dtype(mats[i]->dtype)) return false;
     const int none[] = {DJ_W_GATEB, DJ_W_UPB, DJ_W_DOWNB, DJ_W_POST_FFN_NORM, DJ_W_ROUTER};
     for (size_t i = 0; i < sizeof none / sizeof *none; i++)
         if (!no_bytes(m, l, none[i])) return false;
@@ -571,10 +570,6 @@ static bool build_run(dj_model_stream *s, const dj_op_call *run, const int32_t *
     return true;
 }
 
-static bool float_call(const dj_op_call *c) {
-    return c->w_dtype == DJ_DTYPE_F32 || c->w_dtype == DJ_DTYPE_F16 || c->w_dtype == DJ_DTYPE_BF16;
-}
-
 /* A share run of layer l's FFN calls[i, i + 6): norm, gate, up, GLU, down,
  * residual ADD. The host's calls take the first share_cols columns (down
  * reading its weight's rows in place, ldw the width); on success the
@@ -591,7 +586,7 @@ static bool share_run(dj_model_stream *s, dj_op_call *calls, size_t n_calls, siz
         c[4].op != DJ_OP_MATMUL || c[5].op != DJ_OP_ADD)
         return false;
     for (int t = 1; t <= 4; t += 1 + (t == 2)) /* the three matmuls */
-        if (c[t].bias || c[t].ldw || !float_call(&c[t]) || s->call_load[i + t] != kf) return false;
+        if (c[t].bias || c[t].ldw || !dense_dtype(c[t].w_dtype) || s->call_load[i + t] != kf) return false;
     if (c[1].x != c[0].out || c[2].x != c[0].out || c[2].m != I || c[2].k != c[1].k || c[3].x != c[1].out ||
         c[3].x2 != c[2].out || c[3].d != I || c[4].x != c[3].out || c[4].k != I || c[5].x2 != c[4].out ||
         c[5].out_dtype != DJ_DTYPE_F32 || c[5].x_dtype != DJ_DTYPE_F32 || c[5].d != c[4].m || hc >= I ||

@@ -15,8 +15,6 @@ static size_t wbytes(const dj_weight *w) {
            dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] > 0 ? w->shape[1] : 1));
 }
 
-static bool has_bytes(const dj_weight *w) { return w->hf_name || w->computed; }
-
 /* The placement of m (bound) in room text bytes; nothing streams when it fits. */
 static dj_status decide(const dj_model_t *m, size_t room, dj_placement *pl) {
     const dj_model_config *c = &m->cfg;
@@ -27,12 +25,13 @@ static dj_status decide(const dj_model_t *m, size_t room, dj_placement *pl) {
     for (uint32_t l = 0; l < c->n_layers; l++)
         for (int i = 0; i < per; i++) {
             const dj_weight *w = &m->w[dj__wslot_layer_c(c, (int)l, i)];
-            if (!has_bytes(w)) continue;
+            if (!dj__weight_has_bytes(w)) continue;
             layer[l] += dj_vmu_aligned(wbytes(w));
             if (dj_vmu_aligned(wbytes(w)) > max_tensor) max_tensor = dj_vmu_aligned(wbytes(w));
         }
     for (int i = 0; i < DJ_W_GLOBAL; i++)
-        if (has_bytes(&m->w[dj__wslot_global(c, i)])) global += dj_vmu_aligned(wbytes(&m->w[dj__wslot_global(c, i)]));
+        if (dj__weight_has_bytes(&m->w[dj__wslot_global(c, i)]))
+            global += dj_vmu_aligned(wbytes(&m->w[dj__wslot_global(c, i)]));
     const dj_status st = dj_placement_decide(layer, c->n_layers, max_tensor, global, room, pl);
     free(layer);
     if (st != DJ_OK) {
@@ -150,7 +149,7 @@ dj_status dj__stream_setup(dj_model_t *m) {
     for (uint32_t l = 0; l < c->n_layers; l++) {
         bool part[2] = {false, false};
         for (int i = 0; s->pl.streamed[l] && i < per; i++)
-            if (has_bytes(&m->w[dj__wslot_layer_c(c, (int)l, i)])) {
+            if (dj__weight_has_bytes(&m->w[dj__wslot_layer_c(c, (int)l, i)])) {
                 n++;
                 part[ffn_slot(i)] = true;
             }
@@ -177,7 +176,7 @@ dj_status dj__stream_setup(dj_model_t *m) {
             const size_t t0 = t;
             for (int i = 0; i < per; i++) {
                 const int sl = dj__wslot_layer_c(c, (int)l, i);
-                if (!has_bytes(&m->w[sl]) || ffn_slot(i) != (bool)ffn) continue;
+                if (!dj__weight_has_bytes(&m->w[sl]) || ffn_slot(i) != (bool)ffn) continue;
                 bytes[t] = wbytes(&m->w[sl]);
                 load[t] = k;
                 slot[t++] = sl;
@@ -364,7 +363,7 @@ dj_status dj_model_plan_placement(const dj_checkpoint_t *ck, size_t text_room, d
     dj_status st = !names || !m.w ? dj_fail(DJ_ENOMEM, "out of memory") : dj__model_bind(c, ck, m.w, names);
     if (st == DJ_OK) {
         for (int i = 0; i < n; i++)
-            if (has_bytes(&m.w[i])) m.text_bytes += dj_vmu_aligned(wbytes(&m.w[i]));
+            if (dj__weight_has_bytes(&m.w[i])) m.text_bytes += dj_vmu_aligned(wbytes(&m.w[i]));
         dj_placement pl;
         if (m.text_bytes <= text_room) {
             fill_placement(&(dj_placement){.n_layers = c->n_layers}, m.text_bytes, out);

@@ -56,6 +56,9 @@ typedef struct dj_weight {
     size_t scale_row0;     /* the slot's first scale row in scale_src (a fused tensor's part) */
 } dj_weight;
 
+/* Whether slot w holds bytes (bound to a checkpoint tensor, or computed at load). */
+static inline bool dj__weight_has_bytes(const dj_weight *w) { return w->hf_name || w->computed; }
+
 /* Scale values of an f8_e4m3 slot (0 for others), and their bytes as f32. */
 static inline size_t dj__weight_scale_count(const dj_weight *w) {
     if (w->dtype != DJ_DTYPE_F8_E4M3 || !w->block[0] || !w->block[1]) return 0;
