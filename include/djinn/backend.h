@@ -184,6 +184,10 @@ typedef struct dj_op_call {
     uint32_t n_kv_heads;   /* ATTENTION */
     uint32_t head_dim;     /* ROPE/ATTENTION */
     uint32_t window;       /* ATTENTION: sliding window in positions, 0 = none */
+    uint32_t pos_bound;    /* ATTENTION with row_pos: every row's position is below this (the
+                            * backend's short_pos), 0 = unknown. A hint for the launch: the
+                            * result differs at most in the order of its partial sums (not
+                            * at all with deterministic) */
     float eps;             /* RMSNORM */
     float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none);
                             * EMBED: rows times this (0 = 1: no scaling) */
@@ -406,6 +410,10 @@ struct dj_backend {
     bool deterministic;   /* set by the owner before any compute: each row of a MATMUL with
                            * n <= DJ_DETERMINISTIC_MAX_ROWS computed independently of n
                            * (batch-invariant logits); the CPU backend always is */
+    uint32_t short_pos;   /* set by the backend, 0 = none: decode steps whose rows all lie
+                           * below this position are a class of their own (their ATTENTION
+                           * calls carry pos_bound = short_pos, and the executor records
+                           * their graphs apart from longer contexts') */
 };
 
 #define DJ_DETERMINISTIC_MAX_ROWS 256

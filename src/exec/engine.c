@@ -40,6 +40,7 @@ typedef struct step_graph {
     dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
     int out_idx;               /* the plan's output node */
     uint64_t key;              /* a traced step's dj__step_hook.graph_key, 0 for plain steps */
+    uint32_t pos_bound;        /* the step's context class (step_io.pos_bound) */
     uint64_t used;             /* LRU clock */
 } step_graph;
 
@@ -903,6 +904,8 @@ typedef struct step_io {
     const uint32_t *row_pos;            /* device [n] or NULL */
     const uint32_t *const *row_tables;  /* device [n_layers][n] or NULL */
     const dj_session_t *s;              /* K/V layout (and its tables without row_tables) */
+    uint32_t pos_bound;                 /* ATTENTION's pos_bound: the backend's short_pos when every
+                                         * row lies below it, else 0 */
 } step_io;
 
 /* A streaming model's step goes to the backend whole, with its stream: op by
@@ -996,6 +999,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.kv = &io->s->kv[nd->layer];
             call.row_pos = io->row_pos;
             call.row_tables = io->row_tables ? io->row_tables + (size_t)nd->layer * n : NULL;
+            if (nd->op == DJ_OP_ATTENTION) call.pos_bound = io->pos_bound;
             break;
         case DJ_OP_SILU_MUL:
         case DJ_OP_GELU_MUL:
@@ -1267,13 +1271,14 @@ static bool graphs_enabled(const dj_engine_t *e) {
 /* The graph slot of a decode shape; what a recorded graph baked in (weights,
  * stack and step-args addresses, the plan) must match, or it is dropped. */
 static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, const dj_graph_t *plan,
-                              const uint8_t *stack, uint64_t key) {
+                              const uint8_t *stack, uint64_t key, uint32_t pos_bound) {
     const uint8_t *text = dj_vmu_model_base(m->region);
     step_graph *hit = NULL, *victim = &e->graphs[0], *traced = NULL; /* traced: the LRU traced one */
     int n_traced = 0;
     for (int i = 0; i < DJ_STEP_GRAPHS; i++) {
         step_graph *sg = &e->graphs[i];
-        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B && sg->key == key) {
+        if (sg->state != SG_EMPTY && sg->fingerprint == m->fingerprint && sg->rows == B && sg->key == key &&
+            sg->pos_bound == pos_bound) {
             hit = sg;
             break;
         }
@@ -1300,6 +1305,7 @@ static step_graph *graph_slot(dj_engine_t *e, const dj_model_t *m, uint32_t B, c
         victim->plan = plan;
         victim->args = e->args_dev;
         victim->key = key;
+        victim->pos_bound = pos_bound;
         victim->state = SG_NEW;
         hit = victim;
     }
@@ -1365,8 +1371,10 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     uint32_t *h_pos = (uint32_t *)(void *)(e->args_host + e->off_pos);
     const uint32_t **h_tab = (const uint32_t **)(void *)(e->args_host + e->off_tables);
     uint32_t row = 0, off = 0;
+    uint64_t max_end = 0; /* one past the last position of any row: the step's context class */
     for (uint32_t r = 0; r < B; r++) {
         const uint32_t n = n_tok ? n_tok[r] : 1;
+        if ((uint64_t)ss[r]->pos + n > max_end) max_end = (uint64_t)ss[r]->pos + n;
         for (uint32_t t = 0; t < n; t++) {
             const uint32_t at = t + 1 == n ? rows - B + r : row++;
             h_ids[at] = ids[off + t];
@@ -1388,12 +1396,13 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .ids_dev = (const int32_t *)(const void *)e->args_dev,
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
-                        .s = ss[0]};
+                        .s = ss[0],
+                        .pos_bound = rows == B && max_end <= e->be->short_pos ? e->be->short_pos : 0};
     int out_idx = -1;
     bool ran = false;
     const bool graphable = !hook || hook->graph_key;
     if (rows == B && graphable && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
-        step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0);
+        step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0, io.pos_bound);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
             if (st == DJ_OK) {

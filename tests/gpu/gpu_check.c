@@ -947,6 +947,23 @@ static void check_arch_ops(void) {
 
 /* ---- per-row arguments, device ids, argmax, graph capture ---- */
 
+/* Row-mode ATTENTION g_at again as the short-context class (the engine's
+ * pos_bound hint: every row below the backend's short_pos), its own launch,
+ * against the same CPU result; nothing when a row lies past the class. */
+static void check_rows_short(const dj_op_call *g_at, const uint32_t *pos, uint32_t B, const char *shape0, void *dout,
+                             const float *ref, size_t nq) {
+    uint32_t pmax = 0;
+    for (uint32_t r = 0; r < B; r++) pmax = pos[r] > pmax ? pos[r] : pmax;
+    if (!gpu->short_pos || pmax >= gpu->short_pos) return;
+    dj_op_call h_at = *g_at;
+    h_at.pos_bound = gpu->short_pos;
+    poison(dout, nq * 2);
+    if (dj_backend_compute(gpu, &h_at) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("short-context attention");
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s pos_bound %u", shape0, gpu->short_pos);
+    compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
+}
+
 /* B independent sequences in one segment (their own shuffled pages), each at
  * a random position: ROPE, KV_WRITE and ATTENTION with row_pos/row_tables
  * against the CPU. With `captured`, the GPU calls are recorded once and the
@@ -1075,6 +1092,7 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
         compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
         compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
         compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
+        if (!captured) check_rows_short(&g_at, pos, B, shape, dout, ref, nq);
     }
     gpu->vt->graph_free(gpu, graph);
     for (uint32_t r = 0; r < B; r++) dfree(gtab_each[r]);
@@ -1783,6 +1801,7 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
         compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
         check_f8_bytes("KV8/rows", shape, want, gseg, bytes);
         compare("ATTN/rows", shape, dout, DJ_DTYPE_BF16, ref, nq);
+        if (!captured) check_rows_short(&g_at, pos, B, shape, dout, ref, nq);
     }
     gpu->vt->graph_free(gpu, graph);
     for (uint32_t r = 0; r < B; r++) dfree(gtab_each[r]);

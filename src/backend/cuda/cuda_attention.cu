@@ -5,9 +5,10 @@
  *    K/V read once per kv head); a warp loads K and V of DEC_POS positions
  *    at once, scores them together and folds them in one online-softmax
  *    update; a second pass merges the non-empty chunks, so one session's
- *    single token still fills the GPU. (The A/B of 2026-11-23 measured the
- *    one-position-at-a-time and one-head-per-block kernels: no faster at
- *    b=1, 7% slower at b=32; deleted. The merge done by the last block of a
+ *    single token still fills the GPU; a few rows of a short context take
+ *    one head a block (decode() says why). (The A/B of 2026-11-23 measured
+ *    an earlier one-position-at-a-time, one-head-per-block kernel: no faster
+ *    at b=1, 7% slower at b=32; deleted. The merge done by the last block of a
  *    head group to finish - fence, atomic ticket, barrier in every block -
  *    made the 8B decode step 2-3% slower than the merge launch on the H100,
  *    2026-11-26; deleted.)
@@ -36,6 +37,7 @@
                              * positions one dependent load after another, so fewer per warp is faster */
 #define DEC_POS 8          /* positions per warp and step of the decode kernel */
 #define DEC_BATCH_MIN_BLOCKS 4 /* per SM, for the batched kernel: caps its registers at 128 (no spills) */
+#define DEC_SHORT_ROWS 4   /* rows up to which a short context takes a block a head */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -539,8 +541,23 @@ static void launch_decode(const dj_cuda_backend *cb, uint32_t hd, dim3 grid, uin
 
 static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_args &a) {
     const uint32_t hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
-    /* up to 4 query heads of one kv head per block (2 for head_dim > 128) */
-    const uint32_t hpb = group % 4 == 0 && hd <= 128 ? 4 : group % 2 == 0 ? 2 : 1;
+    /* Up to 4 query heads of one kv head per block (2 for head_dim > 128): K/V
+     * read once for them. But a few rows of a short context (every position
+     * below DJ_CUDA_SHORT_POS: the engine's pos_bound in a graph, else pos0 + n)
+     * take a block a head: there a warp makes one or two steps, the kernel's
+     * time is its warps' dependent instructions, and four times the warps
+     * with a quarter of the work each finish sooner. H100, Llama-3-8B shape,
+     * decode b=1 bf16 (bench/RESULTS.md, 2026-11-26): a block a head against
+     * four, 512-token context 5.82 against 5.93 ms, 2,048: 6.11 / 6.21; 4,096:
+     * 6.45 / 6.37 and 8,192: 7.06 / 6.78 (K/V read four times); b=32 3,340
+     * against 3,386 tok/s; as kept (below 2,048 positions, up to 4 rows), 512
+     * tokens: bf16 5.92 -> 5.83 ms, FP8 3.78 -> 3.70, AWQ 3.13 -> 3.01,
+     * Gemma-2-9B 7.86 -> 7.64. A head's arithmetic is the same either way; the
+     * split count below follows the blocks, so the chunks may differ (not
+     * with deterministic: 64 splits always). */
+    const uint64_t end = c->row_pos ? c->pos_bound : (uint64_t)c->pos0 + c->n;
+    const bool short_ctx = end != 0 && end <= DJ_CUDA_SHORT_POS && c->n <= DEC_SHORT_ROWS;
+    const uint32_t hpb = short_ctx ? 1 : group % 4 == 0 && hd <= 128 ? 4 : group % 2 == 0 ? 2 : 1;
     /* Enough splits for ~DEC_BLOCKS_PER_SM blocks per SM; without per-row positions, no more
      * than the longest context fills (with them, the kernel leaves the
      * surplus empty: the count must not depend on positions). */
