@@ -1,7 +1,8 @@
 /* test_batch.c: batched decode on the CPU engine - a step of several sessions
  * at different positions gives bit-identical logits to the same single steps,
  * device-side picks (step_sample, batch `next`) match argmax of the logits,
- * seeded sampling is per session, and bad batches change nothing. */
+ * seeded sampling is per session, bad batches change nothing, and decode
+ * steps carry the short-context class exactly when every row is within it. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,6 +412,110 @@ done:
     dj_engine_free(e);
 }
 
+/* ---- the short-context class (dj_backend.short_pos) ---- */
+
+/* A backend's short_pos set by hand on the CPU backend (which has none and
+ * ignores the hint): every ATTENTION call the engine makes is seen here,
+ * and each step's decode rows must carry pos_bound = short_pos exactly when
+ * all of them lie below it. */
+static dj_backend_vtbl spy_vt;
+static const dj_backend_vtbl *spy_real;
+static uint32_t spy_calls, spy_min_bound, spy_max_bound;
+
+static void spy_note(const dj_op_call *c) {
+    if (c->op != DJ_OP_ATTENTION) return;
+    spy_calls++;
+    if (c->pos_bound < spy_min_bound) spy_min_bound = c->pos_bound;
+    if (c->pos_bound > spy_max_bound) spy_max_bound = c->pos_bound;
+}
+static dj_status spy_compute(dj_backend_t *be, const dj_op_call *c) {
+    spy_note(c);
+    return spy_real->compute(be, c);
+}
+static dj_status spy_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *key,
+                                  const dj_stream_step *ss) {
+    for (size_t i = 0; i < n; i++) spy_note(&calls[i]);
+    return spy_real->compute_plan(be, calls, n, key, ss);
+}
+static void spy_reset(void) {
+    spy_calls = 0;
+    spy_min_bound = UINT32_MAX;
+    spy_max_bound = 0;
+}
+
+static void check_short_class(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/llama3", DJ_FIXTURES);
+    dj_engine_t *e = new_engine();
+    dj_model_t *m = NULL;
+    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
+        CHECK_MSG(0, "engine/model: %s", dj_last_error());
+        dj_engine_free(e);
+        return;
+    }
+    dj_backend_t *be = dj_engine_backend(e);
+    spy_real = be->vt;
+    spy_vt = *be->vt;
+    spy_vt.compute = spy_compute;
+    if (spy_vt.compute_plan) spy_vt.compute_plan = spy_compute_plan;
+    be->vt = &spy_vt;
+    enum { SHORT = 24 };
+    be->short_pos = SHORT;
+    const uint32_t V = dj_model_get_config(m)->vocab_size, L = dj_model_get_config(m)->n_layers;
+    dj_session_t *a = NULL, *b = NULL;
+    CHECK_OK(dj_session_new(e, m, 64, 0, &a));
+    CHECK_OK(dj_session_new(e, m, 64, 0, &b));
+    if (!a || !b) goto done;
+    int32_t prompt[30], next[2];
+    for (int t = 0; t < 30; t++) prompt[t] = rand_id(V);
+    spy_reset();
+    CHECK_OK(dj_session_step(e, a, prompt, 20, NULL)); /* a prompt: no class */
+    CHECK(spy_calls == L && spy_max_bound == 0);
+    CHECK_OK(dj_session_step(e, b, prompt, 30, NULL));
+    /* a alone at positions 20..23: the short class; its step at 24 is past it */
+    for (uint32_t p = 20; p <= 24; p++) {
+        dj_session_t *one[1] = {a};
+        int32_t id = rand_id(V);
+        spy_reset();
+        CHECK_OK(dj_engine_step_batch(e, one, &id, 1, NULL, NULL, next));
+        const uint32_t want = p < SHORT ? SHORT : 0;
+        CHECK_MSG(spy_calls == L && spy_min_bound == want && spy_max_bound == want,
+                  "decode at position %u: pos_bound %u..%u over %u calls, expected %u", p, spy_min_bound,
+                  spy_max_bound, spy_calls, want);
+    }
+    /* a row past the class takes the whole step out of it */
+    {
+        dj_session_t *c = NULL;
+        CHECK_OK(dj_session_new(e, m, 64, 0, &c));
+        if (c) {
+            CHECK_OK(dj_session_step(e, c, prompt, 3, NULL));
+            dj_session_t *two[2] = {c, b};
+            int32_t ids[2] = {rand_id(V), rand_id(V)};
+            spy_reset();
+            CHECK_OK(dj_engine_step_batch(e, two, ids, 2, NULL, NULL, next));
+            CHECK(spy_calls == L && spy_max_bound == 0);
+            /* two rows within it (positions 4 and 5): the class again */
+            dj_session_free(e, b);
+            b = NULL;
+            CHECK_OK(dj_session_new(e, m, 64, 0, &b));
+            if (b) {
+                CHECK_OK(dj_session_step(e, b, prompt, 5, NULL));
+                two[1] = b;
+                spy_reset();
+                CHECK_OK(dj_engine_step_batch(e, two, ids, 2, NULL, NULL, next));
+                CHECK(spy_calls == L && spy_min_bound == SHORT && spy_max_bound == SHORT);
+            }
+            dj_session_free(e, c);
+        }
+    }
+    printf("short-context class: pos_bound %u below it, 0 past it and for prompts\n", (unsigned)SHORT);
+done:
+    dj_session_free(e, a);
+    dj_session_free(e, b);
+    be->vt = spy_real;
+    dj_engine_free(e);
+}
+
 int main(void) {
     dj_test_seeds();
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
@@ -420,5 +525,6 @@ int main(void) {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);
     check_two_models();
     check_sample_hook();
+    check_short_class();
     return dj_test_finish("test_batch");
 }
