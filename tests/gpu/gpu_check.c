@@ -706,11 +706,12 @@ static void check_softcap(uint32_t n, uint32_t d, float cap, int inplace) {
  * the GPU expert reads the CPU's routing so both pick the same rows. sum: an
  * earlier expert's output to add to (else none). An expert no row chose
  * (unrouted: its route column is zeroed) gives the sum unchanged: under 32
- * rows its NaN weights are never read, from 32 to 127 (the dense GEMMs) they
- * are read and weighted out, from 128 (the grouped GEMMs over the routed
- * rows) never read again. */
-static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t top_k, dj_dtype wt, int sum,
-                      int unrouted) {
+ * rows its NaN weights are never read, from 32 (the grouped GEMMs over the
+ * routed rows) neither; with `captured` (32 rows and more) the call runs a
+ * second time in a recorded graph, where the dense GEMMs over every row run
+ * instead and read them and weight them out. */
+static void check_moe_v(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t top_k, dj_dtype wt, int sum,
+                        int unrouted, int captured) {
     uint16_t *lb = halloc((size_t)n * m), *xb = halloc((size_t)n * k), *sb = halloc((size_t)n * k);
     float *lf = falloc((size_t)n * m), *xf = falloc((size_t)n * k), *sf = falloc((size_t)n * k);
     float *route = falloc((size_t)n * m), *ref = falloc((size_t)n * k);
@@ -758,6 +759,18 @@ static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t t
     snprintf(shape, sizeof shape, "n=%u k=%u f=%u expert %u of %u w=%s%s%s", n, k, f, e, m, dj_dtype_name(wt),
              sum ? " +sum" : "", unrouted ? " unrouted" : "");
     compare("MOE_FFN", shape, dout, DJ_DTYPE_BF16, ref, (size_t)n * k);
+    if (captured) { /* recorded: the dense GEMMs (the eager run above sized the scratch) */
+        dj_backend_graph_t *graph = NULL;
+        poison(dout, (size_t)n * k * 2);
+        if (gpu->vt->capture_begin(gpu) != DJ_OK || dj_backend_compute(gpu, &gc) != DJ_OK ||
+            gpu->vt->capture_end(gpu, &graph) != DJ_OK || gpu->vt->graph_launch(gpu, graph) != DJ_OK ||
+            gpu->vt->sync(gpu) != DJ_OK)
+            die("moe_ffn recorded");
+        gpu->vt->graph_free(gpu, graph);
+        char rshape[128];
+        snprintf(rshape, sizeof rshape, "%s recorded", shape);
+        compare("MOE_FFN", rshape, dout, DJ_DTYPE_BF16, ref, (size_t)n * k);
+    }
     dfree(dl);
     dfree(droute);
     dfree(dwg);
@@ -777,6 +790,11 @@ static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t t
     free(wg);
     free(wu);
     free(wd);
+}
+
+static void check_moe(uint32_t n, uint32_t k, uint32_t f, uint32_t m, uint32_t top_k, dj_dtype wt, int sum,
+                      int unrouted) {
+    check_moe_v(n, k, f, m, top_k, wt, sum, unrouted, 0);
 }
 
 /* Gemma's sandwich: RMSNORM of a layer's output (1 + w), the ADD of it to the
@@ -935,7 +953,8 @@ static void check_arch_ops(void) {
     check_moe(37, 512, 320, 8, 2, DJ_DTYPE_BF16, 1, 0);
     check_moe(37, 512, 320, 8, 2, DJ_DTYPE_F16, 0, 0);
     check_moe(5, 256, 96, 16, 4, DJ_DTYPE_F32, 1, 0);
-    check_moe(64, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 1); /* GEMMs over every row: read, weighted out */
+    check_moe_v(64, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 1, 1); /* recorded: GEMMs over every row, weighted out */
+    check_moe_v(37, 512, 320, 8, 2, DJ_DTYPE_BF16, 0, 0, 1);
     check_moe(9, 1024, 512, 8, 2, DJ_DTYPE_BF16, 1, 0);  /* GEMV path: tiles of 4 routed rows */
     check_moe(31, 4096, 1024, 8, 2, DJ_DTYPE_BF16, 0, 0);
     /* grouped: the routed rows gathered (a scan over more rows than one block's 1024), GEMMs over them, scattered */

@@ -248,10 +248,12 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
  * at tensor-core rate and without a sync (batched decode, graph captures) ---- */
 
 #define MOE_DENSE_ROWS 32
-/* From this many rows (prefill chunks) the routed rows alone go through the GEMMs; below it
- * the sync that brings their count to the host would cost more than the rows saved (not
- * measured yet: bench_gpu's Mixtral prefill decides). */
-#define MOE_GROUPED_ROWS 128
+/* From this many rows the routed rows alone go through the GEMMs, except in a graph capture
+ * (the sync that brings their count to the host cannot be recorded), where the dense GEMMs
+ * run. Measured (H100, Mixtral-8x7B shape with 16 layers, bench_gpu --prefill P, 2026-11-26,
+ * bench/RESULTS.md): grouped against dense at P = 32 0.0192 / 0.0202 s, 64 0.0199 / 0.0207,
+ * 128 0.0214 / 0.0224, 512 0.0274 / 0.0430 - grouped from the dense path's first row. */
+#define MOE_GROUPED_ROWS MOE_DENSE_ROWS
 
 static __global__ void silu_mul_inplace_kernel(__nv_bfloat16 *g, const __nv_bfloat16 *u, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
