@@ -29,6 +29,21 @@ static dj_engine_t *new_engine(void) {
 
 static int32_t rand_id(uint32_t vocab) { return (int32_t)(dj_test_rand() % vocab); }
 
+/* A new engine with the fixture model `name` (a directory under models/)
+ * loaded into *m; NULL (a failed check) when either fails. */
+static dj_engine_t *engine_with(const char *name, dj_model_t **m) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
+    dj_engine_t *e = new_engine();
+    *m = NULL;
+    if (!e || dj_model_load(e, dir, m) != DJ_OK) {
+        CHECK_MSG(0, "engine/model for %s: %s", dir, dj_last_error());
+        dj_engine_free(e);
+        return NULL;
+    }
+    return e;
+}
+
 static void check_model(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
@@ -244,15 +259,9 @@ static void check_row_samplers(int device_sampling) {
         setenv("DJINN_DEVICE_SAMPLING", "on", 1);
     else
         unsetenv("DJINN_DEVICE_SAMPLING");
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, "qwen2");
-    dj_engine_t *e = new_engine();
     dj_model_t *m = NULL;
-    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
-        CHECK_MSG(0, "engine/model: %s", dj_last_error());
-        dj_engine_free(e);
-        return;
-    }
+    dj_engine_t *e = engine_with("qwen2", &m);
+    if (!e) return;
     const uint32_t V = dj_model_get_config(m)->vocab_size;
     const dj_sampler_params ps[N_SESS] = {{.temperature = 0.f, .top_p = 1.f},
                                           {.temperature = 0.7f, .top_k = 10, .top_p = 1.f, .seed = 3},
@@ -331,15 +340,9 @@ done:
  * decode steps after them agree too (the chunks' K/V landed at the right
  * positions). */
 static void check_mixed(const char *name) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, name);
-    dj_engine_t *e = new_engine();
     dj_model_t *m = NULL;
-    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
-        CHECK_MSG(0, "engine/model: %s", dj_last_error());
-        dj_engine_free(e);
-        return;
-    }
+    dj_engine_t *e = engine_with(name, &m);
+    if (!e) return;
     enum { S = 4 };
     const uint32_t V = dj_model_get_config(m)->vocab_size;
     dj_session_t *mx[S] = {0}, *one[S] = {0};
@@ -444,15 +447,9 @@ static void spy_reset(void) {
 }
 
 static void check_short_class(void) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/models/llama3", DJ_FIXTURES);
-    dj_engine_t *e = new_engine();
     dj_model_t *m = NULL;
-    if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
-        CHECK_MSG(0, "engine/model: %s", dj_last_error());
-        dj_engine_free(e);
-        return;
-    }
+    dj_engine_t *e = engine_with("llama3", &m);
+    if (!e) return;
     dj_backend_t *be = dj_engine_backend(e);
     spy_real = be->vt;
     spy_vt = *be->vt;
