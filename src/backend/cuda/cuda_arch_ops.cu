@@ -3,11 +3,12 @@
  * router's top-k softmax, and one expert's MLP. Up to 31 rows: GEMV kernels
  * over the rows routed to the expert (16-byte loads of bf16 weights, up to 4
  * rows per pass over a weight row) that read the expert's weights only when
- * some row chose it; 32 to 127 rows, and in a graph capture: cuBLAS GEMMs
- * over every row, weighted by the route (0 for rows that did not choose it);
- * from 128 rows (prefill): the routed rows gathered, cuBLAS GEMMs over them
- * alone, the result scattered back onto the sum (a grouped GEMM, one group
- * per expert call; the row count comes back to the host: one sync). */
+ * some row chose it; from 32 rows: the routed rows gathered, cuBLAS GEMMs
+ * over them alone, the result scattered back onto the sum (a grouped GEMM,
+ * one group per expert call; the row count comes back to the host: one
+ * sync), except in a graph capture, which cannot record that sync: there
+ * cuBLAS GEMMs over every row, weighted by the route (0 for rows that did
+ * not choose it). */
 #include "backend/cuda/cuda_impl.h"
 
 #define AO_THREADS 256
@@ -243,9 +244,9 @@ static __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
 }
 
-/* ---- many rows: dense GEMMs over every row (tensor cores), weighted by route (0 for the rows
- * that did not choose e) - four times the work of the routed rows alone at top-2 of 8, but
- * at tensor-core rate and without a sync (batched decode, graph captures) ---- */
+/* ---- many rows in a graph capture: dense GEMMs over every row (tensor cores), weighted by
+ * route (0 for the rows that did not choose e) - four times the work of the routed rows alone
+ * at top-2 of 8, but at tensor-core rate and without a sync (recorded batched decode) ---- */
 
 #define MOE_DENSE_ROWS 32
 /* From this many rows the routed rows alone go through the GEMMs, except in a graph capture
