@@ -423,11 +423,12 @@ done:
  * all of them lie below it. */
 static dj_backend_vtbl spy_vt;
 static const dj_backend_vtbl *spy_real;
-static uint32_t spy_calls, spy_min_bound, spy_max_bound;
+static uint32_t spy_calls, spy_min_bound, spy_max_bound, spy_decode_only;
 
 static void spy_note(const dj_op_call *c) {
     if (c->op != DJ_OP_ATTENTION) return;
     spy_calls++;
+    spy_decode_only += c->decode_only;
     if (c->pos_bound < spy_min_bound) spy_min_bound = c->pos_bound;
     if (c->pos_bound > spy_max_bound) spy_max_bound = c->pos_bound;
 }
@@ -442,6 +443,7 @@ static dj_status spy_compute_plan(dj_backend_t *be, const dj_op_call *calls, siz
 }
 static void spy_reset(void) {
     spy_calls = 0;
+    spy_decode_only = 0;
     spy_min_bound = UINT32_MAX;
     spy_max_bound = 0;
 }
@@ -467,7 +469,7 @@ static void check_short_class(void) {
     for (int t = 0; t < 30; t++) prompt[t] = rand_id(V);
     spy_reset();
     CHECK_OK(dj_session_step(e, a, prompt, 20, NULL)); /* a prompt: no class */
-    CHECK(spy_calls == L && spy_max_bound == 0);
+    CHECK(spy_calls == L && spy_max_bound == 0 && spy_decode_only == 0);
     CHECK_OK(dj_session_step(e, b, prompt, 30, NULL));
     /* a alone at positions 20..23: the short class; its step at 24 is past it */
     for (uint32_t p = 20; p <= 24; p++) {
@@ -476,7 +478,7 @@ static void check_short_class(void) {
         spy_reset();
         CHECK_OK(dj_engine_step_batch(e, one, &id, 1, NULL, NULL, next));
         const uint32_t want = p < SHORT ? SHORT : 0;
-        CHECK_MSG(spy_calls == L && spy_min_bound == want && spy_max_bound == want,
+        CHECK_MSG(spy_calls == L && spy_min_bound == want && spy_max_bound == want && spy_decode_only == L,
                   "decode at position %u: pos_bound %u..%u over %u calls, expected %u", p, spy_min_bound,
                   spy_max_bound, spy_calls, want);
     }
@@ -500,12 +502,20 @@ static void check_short_class(void) {
                 two[1] = b;
                 spy_reset();
                 CHECK_OK(dj_engine_step_batch(e, two, ids, 2, NULL, NULL, next));
-                CHECK(spy_calls == L && spy_min_bound == SHORT && spy_max_bound == SHORT);
+                CHECK(spy_calls == L && spy_min_bound == SHORT && spy_max_bound == SHORT && spy_decode_only == L);
+                /* a prompt chunk beside a decode row: neither hint */
+                const uint32_t n_tok[2] = {3, 1};
+                int32_t mixed[4] = {rand_id(V), rand_id(V), rand_id(V), rand_id(V)};
+                dj_sampler_t *none[2] = {NULL, NULL};
+                spy_reset();
+                CHECK_OK(dj_engine_step_batch_samplers(e, two, n_tok, mixed, 2, none, next));
+                CHECK(spy_calls == L && spy_max_bound == 0 && spy_decode_only == 0);
             }
             dj_session_free(e, c);
         }
     }
-    printf("short-context class: pos_bound %u below it, 0 past it and for prompts\n", (unsigned)SHORT);
+    printf("short-context class: pos_bound %u below it, 0 past it and for prompts; decode_only on decode steps\n",
+           (unsigned)SHORT);
 done:
     dj_session_free(e, a);
     dj_session_free(e, b);

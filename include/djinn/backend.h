@@ -188,6 +188,10 @@ typedef struct dj_op_call {
                             * backend's short_pos), 0 = unknown. A hint for the launch: the
                             * result differs at most in the order of its partial sums (not
                             * at all with deterministic) */
+    bool decode_only;      /* ATTENTION with row_pos: every row is its sequence's one new
+                            * position of the step, so the K/V before it were written by
+                            * earlier steps (a device backend may read them before the
+                            * step's KV_WRITE has run) */
     float eps;             /* RMSNORM */
     float scale;           /* ATTENTION: softmax scale; ROPE: attention_scaling (1 = none);
                             * EMBED: rows times this (0 = 1: no scaling) */

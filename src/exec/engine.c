@@ -906,6 +906,7 @@ typedef struct step_io {
     const dj_session_t *s;              /* K/V layout (and its tables without row_tables) */
     uint32_t pos_bound;                 /* ATTENTION's pos_bound: the backend's short_pos when every
                                          * row lies below it, else 0 */
+    bool decode_only;                   /* ATTENTION's decode_only: one token a session */
 } step_io;
 
 /* A streaming model's step goes to the backend whole, with its stream: op by
@@ -999,7 +1000,10 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.kv = &io->s->kv[nd->layer];
             call.row_pos = io->row_pos;
             call.row_tables = io->row_tables ? io->row_tables + (size_t)nd->layer * n : NULL;
-            if (nd->op == DJ_OP_ATTENTION) call.pos_bound = io->pos_bound;
+            if (nd->op == DJ_OP_ATTENTION) {
+                call.pos_bound = io->pos_bound;
+                call.decode_only = io->decode_only;
+            }
             break;
         case DJ_OP_SILU_MUL:
         case DJ_OP_GELU_MUL:
@@ -1397,7 +1401,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
                         .s = ss[0],
-                        .pos_bound = rows == B && max_end <= e->be->short_pos ? e->be->short_pos : 0};
+                        .pos_bound = rows == B && max_end <= e->be->short_pos ? e->be->short_pos : 0,
+                        .decode_only = rows == B};
     int out_idx = -1;
     bool ran = false;
     const bool graphable = !hook || hook->graph_key;

@@ -1078,6 +1078,7 @@ static void check_rows(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint3
     g_kw.row_tables = (const uint32_t *const *)gtabs;
     g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
     g_at.row_tables = (const uint32_t *const *)gtabs;
+    g_at.decode_only = true; /* each row's position is this plan's KV_WRITE; the K/V before it are older */
     const dj_op_call gcalls[4] = {g_rq, g_rk, g_kw, g_at}; /* one plan: the ROPEs fuse with the KV_WRITE */
     dj_backend_graph_t *graph = NULL;
     if (captured) {
@@ -1782,6 +1783,7 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
                              .row_tables = (const uint32_t *const *)gtabs};
     g_at.out = dout, g_at.x = dqr, g_at.kv = &gv, g_at.row_pos = gpos, g_at.out_dtype = DJ_DTYPE_BF16;
     g_at.row_tables = (const uint32_t *const *)gtabs;
+    g_at.decode_only = true; /* each row's position is this plan's KV_WRITE; the K/V before it are older */
     const dj_op_call gcalls[4] = {g_rq, g_rk, g_kw, g_at}; /* one plan: the ROPEs fuse with the KV_WRITE */
     dj_backend_graph_t *graph = NULL;
     if (captured) {
