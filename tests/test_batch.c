@@ -460,6 +460,7 @@ static void check_short_class(void) {
     be->vt = &spy_vt;
     enum { SHORT = 24 };
     be->short_pos = SHORT;
+    be->short_rows = 2;
     const uint32_t V = dj_model_get_config(m)->vocab_size, L = dj_model_get_config(m)->n_layers;
     dj_session_t *a = NULL, *b = NULL;
     CHECK_OK(dj_session_new(e, m, 64, 0, &a));
@@ -503,6 +504,18 @@ static void check_short_class(void) {
                 spy_reset();
                 CHECK_OK(dj_engine_step_batch(e, two, ids, 2, NULL, NULL, next));
                 CHECK(spy_calls == L && spy_min_bound == SHORT && spy_max_bound == SHORT && spy_decode_only == L);
+                /* three rows within it, more than short_rows: no class, still decode rows */
+                dj_session_t *d = NULL;
+                CHECK_OK(dj_session_new(e, m, 64, 0, &d));
+                if (d) {
+                    CHECK_OK(dj_session_step(e, d, prompt, 2, NULL));
+                    dj_session_t *three[3] = {c, b, d};
+                    int32_t ids3[3] = {rand_id(V), rand_id(V), rand_id(V)}, next3[3];
+                    spy_reset();
+                    CHECK_OK(dj_engine_step_batch(e, three, ids3, 3, NULL, NULL, next3));
+                    CHECK(spy_calls == L && spy_max_bound == 0 && spy_decode_only == L);
+                    dj_session_free(e, d);
+                }
                 /* a prompt chunk beside a decode row: neither hint */
                 const uint32_t n_tok[2] = {3, 1};
                 int32_t mixed[4] = {rand_id(V), rand_id(V), rand_id(V), rand_id(V)};

@@ -414,10 +414,11 @@ struct dj_backend {
     bool deterministic;   /* set by the owner before any compute: each row of a MATMUL with
                            * n <= DJ_DETERMINISTIC_MAX_ROWS computed independently of n
                            * (batch-invariant logits); the CPU backend always is */
-    uint32_t short_pos;   /* set by the backend, 0 = none: decode steps whose rows all lie
-                           * below this position are a class of their own (their ATTENTION
-                           * calls carry pos_bound = short_pos, and the executor records
-                           * their graphs apart from longer contexts') */
+    /* Set by the backend, 0 = none: decode steps of at most short_rows rows that all lie
+     * below position short_pos are a class of their own (their ATTENTION calls carry
+     * pos_bound = short_pos, and the executor records their graphs apart). */
+    uint32_t short_pos;
+    uint32_t short_rows;
 };
 
 #define DJ_DETERMINISTIC_MAX_ROWS 256

@@ -1401,7 +1401,9 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
                         .s = ss[0],
-                        .pos_bound = rows == B && max_end <= e->be->short_pos ? e->be->short_pos : 0,
+                        .pos_bound = rows == B && B <= e->be->short_rows && max_end <= e->be->short_pos
+                                         ? e->be->short_pos
+                                         : 0,
                         .decode_only = rows == B};
     int out_idx = -1;
     bool ran = false;

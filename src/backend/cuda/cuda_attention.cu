@@ -37,7 +37,6 @@
                              * positions one dependent load after another, so fewer per warp is faster */
 #define DEC_POS 8          /* positions per warp and step of the decode kernel */
 #define DEC_BATCH_MIN_BLOCKS 4 /* per SM, for the batched kernel: caps its registers at 128 (no spills) */
-#define DEC_SHORT_ROWS 4   /* rows up to which a short context takes a block a head */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -577,7 +576,7 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
      * split count below follows the blocks, so the chunks may differ (not
      * with deterministic: 64 splits always). */
     const uint64_t end = c->row_pos ? c->pos_bound : (uint64_t)c->pos0 + c->n;
-    const bool short_ctx = end != 0 && end <= DJ_CUDA_SHORT_POS && c->n <= DEC_SHORT_ROWS;
+    const bool short_ctx = end != 0 && end <= DJ_CUDA_SHORT_POS && c->n <= DJ_CUDA_SHORT_ROWS;
     const uint32_t hpb = short_ctx ? 1 : group % 4 == 0 && hd <= 128 ? 4 : group % 2 == 0 ? 2 : 1;
     /* Enough splits for ~DEC_BLOCKS_PER_SM blocks per SM; without per-row positions, no more
      * than the longest context fills (with them, the kernel leaves the

@@ -499,6 +499,7 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->base.kv_dtype = DJ_DTYPE_BF16;
     cb->base.act_dtype = DJ_DTYPE_BF16;
     cb->base.short_pos = DJ_CUDA_SHORT_POS;
+    cb->base.short_rows = DJ_CUDA_SHORT_ROWS;
     cb->device = device;
     {
         cb->base.res_dtype = DJ_DTYPE_F32; /* the residual stream (the bf16 one was within noise; deleted) */

@@ -273,9 +273,11 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
 bool dj__cuda_attention_tc_covers(const dj_op_call *c);
 /* Once per backend, after cudaSetDevice: the kernels' shared-memory limits. */
 dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb);
-/* Decode contexts below this many positions are a class of their own
- * (dj_backend.short_pos): the decode attention's launch differs there. */
+/* Decode steps of up to DJ_CUDA_SHORT_ROWS rows below DJ_CUDA_SHORT_POS
+ * positions are a class of their own (dj_backend.short_pos, short_rows):
+ * the decode attention's launch differs there (cuda_attention.cu). */
 #define DJ_CUDA_SHORT_POS 2048
+#define DJ_CUDA_SHORT_ROWS 4
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
 /* Whether this (validated) MATMUL runs as one GEMV launch, so that calls of
