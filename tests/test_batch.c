@@ -448,6 +448,15 @@ static void spy_reset(void) {
     spy_max_bound = 0;
 }
 
+/* The last spied step: L ATTENTION calls, every pos_bound `bound`, and
+ * decode_only on `decode_only` of them (-1: not checked). */
+static void spy_expect(const char *what, uint32_t L, uint32_t bound, int decode_only) {
+    CHECK_MSG(spy_calls == L && spy_min_bound == bound && spy_max_bound == bound &&
+                  (decode_only < 0 || spy_decode_only == (uint32_t)decode_only),
+              "%s: %u ATTENTION calls, pos_bound %u..%u, %u decode_only; expected %u calls, pos_bound %u", what,
+              spy_calls, spy_min_bound, spy_max_bound, spy_decode_only, L, bound);
+}
+
 static void check_short_class(void) {
     dj_model_t *m = NULL;
     dj_engine_t *e = engine_with("llama3", &m);
@@ -458,80 +467,55 @@ static void check_short_class(void) {
     spy_vt.compute = spy_compute;
     if (spy_vt.compute_plan) spy_vt.compute_plan = spy_compute_plan;
     be->vt = &spy_vt;
-    enum { SHORT = 24 };
+    enum { SHORT = 24, N = 5 };
     be->short_pos = SHORT;
     be->short_rows = 2;
     const uint32_t V = dj_model_get_config(m)->vocab_size, L = dj_model_get_config(m)->n_layers;
-    dj_session_t *a = NULL, *b = NULL;
-    CHECK_OK(dj_session_new(e, m, 64, 0, &a));
-    CHECK_OK(dj_session_new(e, m, 64, 0, &b));
-    if (!a || !b) goto done;
-    int32_t prompt[30], next[2];
+    /* prompts of 20 (a), 30 (b, past the class), 3 (c), 5 (y) and 2 (d) tokens */
+    const uint32_t len[N] = {20, 30, 3, 5, 2};
+    dj_session_t *ss[N] = {0};
+    int32_t prompt[30], ids[3], next[3];
     for (int t = 0; t < 30; t++) prompt[t] = rand_id(V);
-    spy_reset();
-    CHECK_OK(dj_session_step(e, a, prompt, 20, NULL)); /* a prompt: no class */
-    CHECK(spy_calls == L && spy_max_bound == 0 && spy_decode_only == 0);
-    CHECK_OK(dj_session_step(e, b, prompt, 30, NULL));
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(dj_session_new(e, m, 64, 0, &ss[i]));
+        if (!ss[i]) goto done;
+        spy_reset();
+        CHECK_OK(dj_session_step(e, ss[i], prompt, len[i], NULL));
+        spy_expect("a prompt", L, 0, 0);
+    }
+    dj_session_t *a = ss[0], *b = ss[1], *c = ss[2], *y = ss[3], *d = ss[4];
+    for (int i = 0; i < 3; i++) ids[i] = rand_id(V);
     /* a alone at positions 20..23: the short class; its step at 24 is past it */
     for (uint32_t p = 20; p <= 24; p++) {
-        dj_session_t *one[1] = {a};
-        int32_t id = rand_id(V);
         spy_reset();
-        CHECK_OK(dj_engine_step_batch(e, one, &id, 1, NULL, NULL, next));
-        const uint32_t want = p < SHORT ? SHORT : 0;
-        CHECK_MSG(spy_calls == L && spy_min_bound == want && spy_max_bound == want && spy_decode_only == L,
-                  "decode at position %u: pos_bound %u..%u over %u calls, expected %u", p, spy_min_bound,
-                  spy_max_bound, spy_calls, want);
+        CHECK_OK(dj_engine_step_batch(e, &a, ids, 1, NULL, NULL, next));
+        spy_expect(p < SHORT ? "decode within the class" : "decode past the class", L, p < SHORT ? SHORT : 0,
+                   (int)L);
     }
     /* a row past the class takes the whole step out of it */
-    {
-        dj_session_t *c = NULL;
-        CHECK_OK(dj_session_new(e, m, 64, 0, &c));
-        if (c) {
-            CHECK_OK(dj_session_step(e, c, prompt, 3, NULL));
-            dj_session_t *two[2] = {c, b};
-            int32_t ids[2] = {rand_id(V), rand_id(V)};
-            spy_reset();
-            CHECK_OK(dj_engine_step_batch(e, two, ids, 2, NULL, NULL, next));
-            CHECK(spy_calls == L && spy_max_bound == 0);
-            /* two rows within it (positions 4 and 5): the class again */
-            dj_session_free(e, b);
-            b = NULL;
-            CHECK_OK(dj_session_new(e, m, 64, 0, &b));
-            if (b) {
-                CHECK_OK(dj_session_step(e, b, prompt, 5, NULL));
-                two[1] = b;
-                spy_reset();
-                CHECK_OK(dj_engine_step_batch(e, two, ids, 2, NULL, NULL, next));
-                CHECK(spy_calls == L && spy_min_bound == SHORT && spy_max_bound == SHORT && spy_decode_only == L);
-                /* three rows within it, more than short_rows: no class, still decode rows */
-                dj_session_t *d = NULL;
-                CHECK_OK(dj_session_new(e, m, 64, 0, &d));
-                if (d) {
-                    CHECK_OK(dj_session_step(e, d, prompt, 2, NULL));
-                    dj_session_t *three[3] = {c, b, d};
-                    int32_t ids3[3] = {rand_id(V), rand_id(V), rand_id(V)}, next3[3];
-                    spy_reset();
-                    CHECK_OK(dj_engine_step_batch(e, three, ids3, 3, NULL, NULL, next3));
-                    CHECK(spy_calls == L && spy_max_bound == 0 && spy_decode_only == L);
-                    dj_session_free(e, d);
-                }
-                /* a prompt chunk beside a decode row: neither hint */
-                const uint32_t n_tok[2] = {3, 1};
-                int32_t mixed[4] = {rand_id(V), rand_id(V), rand_id(V), rand_id(V)};
-                dj_sampler_t *none[2] = {NULL, NULL};
-                spy_reset();
-                CHECK_OK(dj_engine_step_batch_samplers(e, two, n_tok, mixed, 2, none, next));
-                CHECK(spy_calls == L && spy_max_bound == 0 && spy_decode_only == 0);
-            }
-            dj_session_free(e, c);
-        }
-    }
+    dj_session_t *cb[2] = {c, b}, *cy[2] = {c, y}, *cyd[3] = {c, y, d};
+    spy_reset();
+    CHECK_OK(dj_engine_step_batch(e, cb, ids, 2, NULL, NULL, next));
+    spy_expect("a row past the class", L, 0, -1);
+    /* two rows within it (positions 4 and 5): the class again */
+    spy_reset();
+    CHECK_OK(dj_engine_step_batch(e, cy, ids, 2, NULL, NULL, next));
+    spy_expect("two rows within the class", L, SHORT, (int)L);
+    /* three rows within it, more than short_rows: no class, still decode rows */
+    spy_reset();
+    CHECK_OK(dj_engine_step_batch(e, cyd, ids, 3, NULL, NULL, next));
+    spy_expect("three rows", L, 0, (int)L);
+    /* a prompt chunk beside a decode row: neither hint */
+    const uint32_t n_tok[2] = {3, 1};
+    int32_t mixed[4] = {rand_id(V), rand_id(V), rand_id(V), rand_id(V)};
+    dj_sampler_t *none[2] = {NULL, NULL};
+    spy_reset();
+    CHECK_OK(dj_engine_step_batch_samplers(e, cy, n_tok, mixed, 2, none, next));
+    spy_expect("a mixed step", L, 0, 0);
     printf("short-context class: pos_bound %u below it, 0 past it and for prompts; decode_only on decode steps\n",
            (unsigned)SHORT);
 done:
-    dj_session_free(e, a);
-    dj_session_free(e, b);
+    for (int i = 0; i < N; i++) dj_session_free(e, ss[i]);
     be->vt = spy_real;
     dj_engine_free(e);
 }
