@@ -62,7 +62,10 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * sum of x, so a group adds s * (sum (128 + code) x - (128 + zero) sum x) to
  * its rows. Every x row is its own MMA column, and KS comes from m alone
  * (q4_ks): a row's sum depends on m and k only. The loads of the next U groups
- * are issued before the MMAs of these U. V16: x and every row 16-byte
+ * - codes, scales and zero points - are issued before the MMAs of these U
+ * (the scales and zeros loaded where they were used put a memory round trip
+ * in every step: AWQ decode b=1 on the H100 2.97 -> 2.89 ms, b=2 618 -> 636
+ * tok/s with them prefetched; bench/RESULTS.md, 2026-11-26). V16: x and every row 16-byte
  * aligned (k a multiple of 512), else the same bytes in 4-byte loads. Measured against
  * the CUDA-core GEMV it replaced (4 rows a warp, each lane widening x to
  * floats and summing (128 + code) x with FMAs) on the 8B shape's AWQ
@@ -100,12 +103,14 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     /* weights are constant: the first U groups' loads go out before the wait, and each
      * step's loads of the next U groups before its MMAs */
     uint4 qa[U], qc[U];
+    __half qs[U][4]; /* the groups' scale and zero of rows ra and rc */
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const uint32_t gi = ks + u * KS;
         if (j0 < m && gi < ng) {
             qa[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
             qc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
+            qs[u][0] = sa[gi], qs[u][1] = sa[ng + gi], qs[u][2] = sc[gi], qs[u][3] = sc[ng + gi];
         }
     }
     dj_pdl_wait();
@@ -116,12 +121,14 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
         for (int i = 0; i < 4; i++) tot[nt][i] = 0.0f;
     for (uint32_t gb = ks; j0 < m && gb < ng; gb += KS * U) {
         uint4 na[U], nc[U];
+        __half ns[U][4];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const uint32_t gi = gb + (U + u) * KS;
             if (gi < ng) {
                 na[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
                 nc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
+                ns[u][0] = sa[gi], ns[u][1] = sa[ng + gi], ns[u][2] = sc[gi], ns[u][3] = sc[ng + gi];
             }
         }
 #pragma unroll
@@ -129,8 +136,10 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
             const uint32_t gi = gb + u * KS;
             if (gi >= ng) break;
             const uint32_t a4[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w}, c4[4] = {qc[u].x, qc[u].y, qc[u].z, qc[u].w};
-            const float s0 = __half2float(sa[gi]), z0 = 128.0f + __half2float(sa[ng + gi]);
-            const float s1 = __half2float(sc[gi]), z1 = 128.0f + __half2float(sc[ng + gi]);
+            const float s0 = __half2float(qs[u][0]);
+            const float z0 = 128.0f + __half2float(qs[u][1]);
+            const float s1 = __half2float(qs[u][2]);
+            const float z1 = 128.0f + __half2float(qs[u][3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint32_t xw[16];
@@ -167,7 +176,11 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
             }
         }
 #pragma unroll
-        for (int u = 0; u < U; u++) qa[u] = na[u], qc[u] = nc[u];
+        for (int u = 0; u < U; u++) {
+            qa[u] = na[u], qc[u] = nc[u];
+#pragma unroll
+            for (int i = 0; i < 4; i++) qs[u][i] = ns[u][i];
+        }
     }
     if constexpr (KS > 1) {
         __shared__ float part[Q4_WARPS][NT][4][32];
