@@ -5,7 +5,12 @@
  * bf16 (W8A16, as the CPU reference):
  *  - up to 8 rows (decode): a GEMV reading each weight byte once, the scale
  *    folded in per 16 weights (one 16-byte load a lane, a warp per weight
- *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes);
+ *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes). Measured
+ *    within noise of it on the H100 (bench/RESULTS.md, 2026-11-26) and not
+ *    kept: a tensor-core GEMV (16 rows a warp, codes to f16 pairs by one
+ *    cvt, x as f16, mma.m16n8k16: a third of the instructions), 4 or 16
+ *    warps a block, 2 or 8 loads a lane in flight - its time is not its
+ *    instructions;
  *  - 16 rows and more (batched decode, prefill) of 128x128-block weights,
  *    where cuBLASLt takes the shape: the FP8 tensor cores, activations quantized per call (W8A8:
  *    cuda_matmul_fp8_lt.cu; docs/quantization.md says what that costs in
@@ -23,7 +28,8 @@
 #define F8_WARPS 8
 #define F8_MAX_ROWS 8
 #define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
-#define F8_LT_MIN_ROWS 16 /* rows from which the automatic path takes the FP8 tensor cores */
+#define F8_LT_MIN_ROWS 16
+#define F8_PRE 4 /* 16-byte weight loads a lane of the one-row GEMV issues before the PDL wait */ /* rows from which the automatic path takes the FP8 tensor cores */
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -59,17 +65,25 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
     const uint32_t j = (blockIdx.x - sg.first_block[si]) * F8_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
     const uint8_t *wr = sg.w[si] + (size_t)j * k;
-    dj_pdl_wait();
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
+    /* weights and scales are constant: one row of x (decode of one session) has a row's first
+     * PRE loads go out before the wait; with more rows that was slower (bench/RESULTS.md) */
+    constexpr int PRE = NR == 1 ? F8_PRE : 0;
+    uint4 pre[PRE > 0 ? PRE : 1];
+    float pres[PRE > 0 ? PRE : 1];
+#pragma unroll
+    for (int p = 0; p < PRE; p++)
+        if (vec && lane * 16 + 512u * p < k) {
+            pre[p] = *(const uint4 *)(wr + lane * 16 + 512u * p);
+            pres[p] = sr[(lane * 16 + 512u * p) / bc];
+        }
+    dj_pdl_wait();
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     if (vec) {
-#pragma unroll 4
-        for (uint32_t kk = lane * 16; kk < k; kk += 512) {
-            const uint4 u = *(const uint4 *)(wr + kk);
-            const float s = sr[kk / bc];
+        auto step = [&](uint4 u, float s, uint32_t kk) {
             float wf[16];
             dj_f8x16(u, wf);
 #pragma unroll
@@ -87,7 +101,12 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
                     acc[r] += s * part;
                 }
             }
-        }
+        };
+#pragma unroll
+        for (int p = 0; p < PRE; p++)
+            if (lane * 16 + 512u * p < k) step(pre[p], pres[p], lane * 16 + 512u * p);
+#pragma unroll 4
+        for (uint32_t kk = lane * 16 + 512u * PRE; kk < k; kk += 512) step(*(const uint4 *)(wr + kk), sr[kk / bc], kk);
     } else {
         for (uint32_t kk = lane; kk < k; kk += 32) {
             const float wf = dj_f8_one(wr[kk]) * sr[kk / bc];
