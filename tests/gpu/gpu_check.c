@@ -1239,6 +1239,8 @@ static void check_gemv(void) {
  * dequantized tiles + cuBLAS); skew: weight bytes into the buffer (odd: the
  * GEMV's scalar fallback). Codes span the whole e4m3 range but NaN; scales
  * vary per block, so a block indexed wrongly shows. */
+static bool fp8_subnormal; /* the next check_matmul_fp8: subnormal codes only (reset by it) */
+
 static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, uint32_t bc, int bias, dj_dtype out_t,
                              int path, uint32_t skew) {
     /* path 3 (FP8 tensor cores) quantizes the activations too: W8A8 against the W8A16 reference */
@@ -1248,6 +1250,11 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
     uint8_t *w = xmalloc((size_t)m * k);
     for (size_t i = 0; i < (size_t)m * k; i++) w[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+    if (fp8_subnormal) /* every code subnormal (exponent field 0, 2^-9 .. 7 * 2^-9), either sign: a flush to 0 shows */
+        for (size_t i = 0; i < (size_t)m * k; i++) {
+            const uint32_t r = (uint32_t)dj_test_rand();
+            w[i] = (uint8_t)((r & 8 ? 0x80 : 0) | (1 + r % 7));
+        }
     const uint32_t sr = (m + br - 1) / br, sc = (k + bc - 1) / bc;
     float *scale = falloc((size_t)sr * sc);
     for (size_t i = 0; i < (size_t)sr * sc; i++) scale[i] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
@@ -1272,9 +1279,10 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     run_both(&cc, &gc, "matmul fp8");
     dj__cuda_set_paths(gpu, 0, 0);
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u k=%u m=%u f8 %ux%u%s out=%s%s%s", n, k, m, br, bc, bias ? "+bias" : "",
-             dj_dtype_name(out_t), skew ? " skewed" : "",
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u f8 %ux%u%s out=%s%s%s%s", n, k, m, br, bc, bias ? "+bias" : "",
+             dj_dtype_name(out_t), skew ? " skewed" : "", fp8_subnormal ? " subnormal" : "",
              path == 1 ? " [gemv]" : path == 2 ? " [tiles]" : path == 3 ? " [fp8 tc, W8A8]" : "");
+    fp8_subnormal = false;
     compare("MATMUL", shape, dout, out_t, ref, (size_t)n * m);
     tol_now = TOL;
     dfree(dx);
@@ -1389,6 +1397,15 @@ static void check_fp8(void) {
     check_matmul_fp8(4, 1024, 129, 128, 128, 0, DJ_DTYPE_BF16, 1, 1); /* misaligned: scalar */
     check_matmul_fp8(2, 1024, 300, 128, 24, 0, DJ_DTYPE_BF16, 1, 0);  /* bc % 16 != 0: scalar */
     check_matmul_fp8(1, 4096, 5003, 128, 128, 0, DJ_DTYPE_F32, 1, 0); /* logits */
+    /* subnormal codes (exponent field 0) on every path: the GEMV, its scalar fallback, the tiles, the tensor cores */
+    fp8_subnormal = true;
+    check_matmul_fp8(2, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
+    fp8_subnormal = true;
+    check_matmul_fp8(2, 1000, 300, 1, 1000, 0, DJ_DTYPE_BF16, 1, 0);
+    fp8_subnormal = true;
+    check_matmul_fp8(33, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 2, 0);
+    fp8_subnormal = true;
+    check_matmul_fp8(64, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
     /* many rows (4 rows a warp was tried here and lost: bench/RESULTS.md), a partial last block */
     check_matmul_fp8(1, 4096, 14336, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(3, 4096, 9001, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
