@@ -28,8 +28,8 @@
 #define F8_WARPS 8
 #define F8_MAX_ROWS 8
 #define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
-#define F8_LT_MIN_ROWS 16
-#define F8_PRE 4 /* 16-byte weight loads a lane of the one-row GEMV issues before the PDL wait */ /* rows from which the automatic path takes the FP8 tensor cores */
+#define F8_LT_MIN_ROWS 16 /* rows from which the automatic path takes the FP8 tensor cores */
+#define F8_PRE 4 /* 16-byte weight loads a lane of the one-row GEMV issues before the PDL wait */
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -67,8 +67,8 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
     const uint8_t *wr = sg.w[si] + (size_t)j * k;
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
-    /* weights and scales are constant: one row of x (decode of one session) has a row's first
-     * PRE loads go out before the wait; with more rows that was slower (bench/RESULTS.md) */
+    /* weights and scales are constant: with one row of x (a session's decode) a weight row's
+     * first PRE loads go out before the wait; with more rows that was slower (bench/RESULTS.md) */
     constexpr int PRE = NR == 1 ? F8_PRE : 0;
     uint4 pre[PRE > 0 ? PRE : 1];
     float pres[PRE > 0 ? PRE : 1];
