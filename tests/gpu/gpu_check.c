@@ -1382,6 +1382,87 @@ static void check_fp8_shared(uint32_t n, uint32_t k, int count, const uint32_t *
     free(xf);
 }
 
+/* A SILU_MUL / GELU_MUL and the FP8 tensor-core GEMM of its output through
+ * compute_plan: one step whose GLU kernel also quantizes (the fusion counter
+ * moves by 1), both outputs bit for bit the calls run alone, the GEMM within
+ * the W8A8 bound of the CPU's W8A16 product of the GLU's bf16 output. */
+static void check_glu_fp8(dj_op op, uint32_t n, uint32_t d, uint32_t m) {
+    tol_now = TOL_W8A8;
+    const size_t nd = (size_t)n * d;
+    uint16_t *gb = halloc(nd), *ub = halloc(nd), *hb = halloc(nd);
+    float *gf = falloc(nd), *uf = falloc(nd), *hf = falloc(nd), *ref = falloc((size_t)n * m);
+    rand_bf16(gb, gf, nd, -3.0f, 3.0f);
+    rand_bf16(ub, uf, nd, -2.0f, 2.0f);
+    uint8_t *w = xmalloc((size_t)m * d);
+    for (size_t e = 0; e < (size_t)m * d; e++) w[e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+    const size_t ns = (size_t)(m / 128) * (d / 128);
+    float *scale = falloc(ns);
+    for (size_t e = 0; e < ns; e++) scale[e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
+    void *dg = dcopy(gb, nd * 2), *du = dcopy(ub, nd * 2), *dw = dcopy(w, (size_t)m * d);
+    void *ds = dcopy(scale, ns * sizeof(float));
+    void *h_alone = dalloc(nd * 2), *h_plan = dalloc(nd * 2), *o_alone = dalloc((size_t)n * m * 2),
+         *o_plan = dalloc((size_t)n * m * 2);
+    poison(h_plan, nd * 2);
+    poison(o_plan, (size_t)n * m * 2);
+    dj_op_call gc[2] = {{.op = op, .n = n, .d = d, .x = dg, .x2 = du, .out = h_alone, .out_dtype = DJ_DTYPE_BF16},
+                        {.op = DJ_OP_MATMUL, .n = n, .x = h_alone, .w = dw, .w_dtype = DJ_DTYPE_F8_E4M3,
+                         .w_scale = ds, .w_block_rows = 128, .w_block_cols = 128, .k = d, .m = m,
+                         .out = o_alone, .out_dtype = DJ_DTYPE_BF16}};
+    for (int i = 0; i < 2; i++)
+        if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("glu fp8 (gpu, alone)");
+    gc[0].out = h_plan;
+    gc[1].x = h_plan;
+    gc[1].out = o_plan;
+    const uint64_t before = dj__cuda_fusions(gpu);
+    if (dj_backend_compute_plan(gpu, gc, 2, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("glu fp8 (gpu, plan)");
+    const uint64_t fused = dj__cuda_fusions(gpu) - before;
+    down(hb, h_plan, nd * 2);
+    for (size_t e = 0; e < nd; e++) hf[e] = dj_bf16_to_f32(hb[e]);
+    dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .x = hf, .w = w, .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = scale,
+                     .w_block_rows = 128, .w_block_cols = 128, .k = d, .m = m, .out = ref};
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("glu fp8 (cpu)");
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s then f8 GEMM: n=%u d=%u m=%u [fp8 tc, W8A8]",
+             op == DJ_OP_SILU_MUL ? "SILU_MUL" : "GELU_MUL", n, d, m);
+    compare("MATMUL", shape, o_plan, DJ_DTYPE_BF16, ref, (size_t)n * m);
+    const void *pairs[2][2] = {{h_plan, h_alone}, {o_plan, o_alone}};
+    const size_t sizes[2] = {nd * 2, (size_t)n * m * 2};
+    for (int i = 0; i < 2; i++) {
+        uint8_t *a = xmalloc(sizes[i]), *b = xmalloc(sizes[i]);
+        down(a, pairs[i][0], sizes[i]);
+        down(b, pairs[i][1], sizes[i]);
+        n_rows++;
+        const int same = memcmp(a, b, sizes[i]) == 0;
+        n_fail += !same;
+        printf("%-10s %-52s %10s  %s\n", i ? "MATMUL" : "GLU", shape, "-",
+               same ? "pass (= the calls alone)" : "FAIL (differs from the calls alone)");
+        free(a);
+        free(b);
+    }
+    n_rows++;
+    n_fail += fused != 1;
+    printf("%-10s %-52s %10s  %s (%llu fused)\n", "MATMUL", shape, "-", fused == 1 ? "pass" : "FAIL",
+           (unsigned long long)fused);
+    tol_now = TOL;
+    dfree(dg);
+    dfree(du);
+    dfree(dw);
+    dfree(ds);
+    dfree(h_alone);
+    dfree(h_plan);
+    dfree(o_alone);
+    dfree(o_plan);
+    free(gb);
+    free(ub);
+    free(hb);
+    free(gf);
+    free(uf);
+    free(hf);
+    free(ref);
+    free(w);
+    free(scale);
+}
+
 /* FP8 weights (issue 16): the GEMV for 1..8 rows (every scaling, k % 16 != 0
  * and a skewed buffer for the scalar path, bias, f32 logits), then the tiled
  * path (several tiles with a partial last one: k = 14336 makes 1152-row
@@ -1415,6 +1496,9 @@ static void check_fp8(void) {
         const uint32_t qkv[3] = {1024, 256, 256}, gate_up[2] = {1536, 1536};
         check_fp8_shared(64, 512, 3, qkv);
         check_fp8_shared(36, 1024, 2, gate_up);
+        check_glu_fp8(DJ_OP_SILU_MUL, 64, 1536, 512);
+        check_glu_fp8(DJ_OP_GELU_MUL, 40, 1024, 384);
+        check_glu_fp8(DJ_OP_SILU_MUL, 20, 512, 256); /* 80 groups: the second block's warps partly idle */
     }
     check_matmul_fp8(17, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 2, 0);
     check_matmul_fp8(64, 1024, 3000, 1, 1024, 1, DJ_DTYPE_BF16, 2, 0);

@@ -314,6 +314,13 @@ bool dj__cuda_fp8_shared_takes(const dj_cuda_backend *cb, const dj_op_call *c);
  * and v; gate and up). *done: how many ran; the caller runs the rest alone
  * (cuBLASLt refused one: the tiles from then on). */
 dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *calls, int count, int *done);
+/* A SILU_MUL / GELU_MUL and the FP8 tensor-core GEMM of its output (128x128
+ * blocks) as one step: the GLU's kernel also quantizes what it writes, so the
+ * GEMM's activations are not read back. takes: shapes, alignment, and the
+ * GEMM one dj__cuda_fp8_shared_takes. *done: the calls run (0 - the path not
+ * verified yet - 1 or 2); the caller runs the rest as usual. */
+bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm);
+dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, int *done);
 dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
 void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 /* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a

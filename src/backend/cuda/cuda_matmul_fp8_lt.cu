@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/fastdiv.h"
 
 #define LT_CACHE 16
 #define LT_GROUP 128 /* activation channels per scale in block mode */
@@ -97,58 +98,136 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
 }
 
 /* The same for groups of 128 channels (block mode; k a multiple of 128, x
- * 16-byte aligned): half a warp a group, a lane's 8 channels one 16-byte
- * load kept in registers (read once), the group's amax over the 16 lanes, 8
- * codes one 8-byte store; each warp takes QA_U pairs of groups, all loads
- * first. The same values as quant_act_kernel, which read x twice (amax, then
- * codes) with a warp a group: H100, Llama-3-8B shape FP8, prefill 2048 (ncu,
- * 130 launches) 4.31 -> 2.39 ms, bench_gpu 0.0402 -> 0.0384 s
- * (bench/RESULTS.md, 2026-11-26). */
+ * 16-byte aligned, fewer than 2^31 groups): half a warp a group, a lane's 8
+ * channels one 16-byte load kept in registers (read once), the group's amax
+ * over the 16 lanes, 8 codes one 8-byte store; each warp takes QA_U pairs of
+ * groups, all loads first, a group's row by a multiply (dj_fastdiv: a 64-bit
+ * divide there cost a third of the kernel). The same values as
+ * quant_act_kernel, which read x twice with a warp a group. H100, Llama-3-8B
+ * shape FP8, prefill 2048 (bench/RESULTS.md, 2026-11-26): ncu 4.31 ms over
+ * the 130 quantizations -> 1.04 ms over the 98 left apart (the down GEMM's is
+ * glu_quant_kernel's), prefill 0.0391 -> 0.0378 s with both. */
 #define QA_U 4
+/* A half warp's group of 128 channels from a lane's 8 values f: the codes
+ * (8 bytes at dst) and, from the group's first lane, its scale (*scale).
+ * valid: the group exists (every lane takes part in the shuffles). */
+static __device__ __forceinline__ void quant_group(const float (&f)[8], bool valid, uint8_t *dst, float *scale,
+                                                   uint32_t sub) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* within the half */
+    if (!valid) return;
+    const float sc = fmaxf(amax, 1e-12f) / 448.0f, inv = 1.0f / sc;
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        c[i] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * i] * inv, f[2 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+    *(uint2 *)dst = make_uint2(c[0] | c[1] << 16, c[2] | c[3] << 16);
+    if (sub == 0) *scale = sc;
+}
+
+/* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^32). */
+struct qa_geom {
+    uint32_t n, k, groups, items;
+    dj_fastdiv gdiv; /* / groups */
+    bool tok_major;
+};
+static __device__ __forceinline__ void qa_at(const qa_geom &g, uint32_t item, size_t *elem, size_t *scale) {
+    const uint32_t r = dj_fastdiv_q(item, g.gdiv), gi = item - r * g.groups;
+    *elem = (size_t)r * g.k + (size_t)gi * LT_GROUP;
+    *scale = g.tok_major ? (size_t)item : (size_t)gi * g.n + r;
+}
+
 static __global__ void __launch_bounds__(QA_WARPS * 32)
-    quant_g128_kernel(const __nv_bfloat16 *x, uint32_t n, uint32_t k, bool tok_major, uint8_t *q, float *sc) {
-    const uint32_t groups = k / LT_GROUP, lane = threadIdx.x & 31, sub = lane & 15;
-    const size_t items = (size_t)n * groups;
-    const size_t first = ((size_t)blockIdx.x * QA_WARPS + threadIdx.x / 32) * QA_U * 2 + (lane >> 4);
+    quant_g128_kernel(const __nv_bfloat16 *x, qa_geom g, uint8_t *q, float *sc) {
+    const uint32_t lane = threadIdx.x & 31, sub = lane & 15;
+    const uint32_t first = (blockIdx.x * QA_WARPS + threadIdx.x / 32) * QA_U * 2 + (lane >> 4);
     uint4 v[QA_U];
+    size_t e[QA_U], s[QA_U];
 #pragma unroll
     for (int u = 0; u < QA_U; u++) {
-        const size_t item = first + 2 * (size_t)u;
+        const uint32_t item = first + 2 * u;
         v[u] = make_uint4(0u, 0u, 0u, 0u);
-        if (item < items) v[u] = *(const uint4 *)(x + (item / groups) * k + (item % groups) * LT_GROUP + sub * 8);
+        e[u] = s[u] = 0;
+        if (item < g.items) {
+            qa_at(g, item, &e[u], &s[u]);
+            v[u] = *(const uint4 *)(x + e[u] + sub * 8);
+        }
     }
 #pragma unroll
     for (int u = 0; u < QA_U; u++) {
-        const size_t item = first + 2 * (size_t)u;
         const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        float f[8], amax = 0.0f;
+        float f[8];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             f[2 * i] = __uint_as_float(w[i] << 16);
             f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-            amax = fmaxf(amax, fmaxf(fabsf(f[2 * i]), fabsf(f[2 * i + 1])));
         }
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* within the half */
-        if (item >= items) continue;
-        const float scale = fmaxf(amax, 1e-12f) / 448.0f, inv = 1.0f / scale;
-        uint32_t c[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            c[i] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * i] * inv, f[2 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-        const size_t r = item / groups, gi = item % groups;
-        *(uint2 *)(q + r * k + gi * LT_GROUP + sub * 8) = make_uint2(c[0] | c[1] << 16, c[2] | c[3] << 16);
-        if (sub == 0) sc[tok_major ? r * groups + gi : gi * n + r] = scale;
+        quant_group(f, first + 2 * u < g.items, q + e[u] + sub * 8, sc + s[u], sub);
     }
+}
+
+/* A GLU (act(gate) * up, bf16 [n][k]) that also quantizes its output as
+ * quant_g128_kernel would: out is written as the GLU kernel writes it, and
+ * the codes and scales come from those bf16 values - bit for bit the two
+ * launches, without reading out back. */
+template <typename Act>
+static __global__ void __launch_bounds__(QA_WARPS * 32)
+    glu_quant_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out, qa_geom g, uint8_t *q,
+                     float *sc) {
+    const uint32_t lane = threadIdx.x & 31, sub = lane & 15;
+    const uint32_t first = (blockIdx.x * QA_WARPS + threadIdx.x / 32) * QA_U * 2 + (lane >> 4);
+    const Act act;
+    uint4 gv[QA_U], uv[QA_U];
+    size_t e[QA_U], s[QA_U];
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        const uint32_t item = first + 2 * u;
+        gv[u] = uv[u] = make_uint4(0u, 0u, 0u, 0u);
+        e[u] = s[u] = 0;
+        if (item < g.items) {
+            qa_at(g, item, &e[u], &s[u]);
+            gv[u] = *(const uint4 *)(gate + e[u] + sub * 8);
+            uv[u] = *(const uint4 *)(up + e[u] + sub * 8);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < QA_U; u++) {
+        const bool valid = first + 2 * u < g.items;
+        const __nv_bfloat162 *g2 = (const __nv_bfloat162 *)&gv[u], *u2 = (const __nv_bfloat162 *)&uv[u];
+        uint4 o;
+        __nv_bfloat162 *o2 = (__nv_bfloat162 *)&o;
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 gf = __bfloat1622float2(g2[i]), uf = __bfloat1622float2(u2[i]);
+            o2[i] = __floats2bfloat162_rn(act(gf.x) * uf.x, act(gf.y) * uf.y);
+            const float2 of = __bfloat1622float2(o2[i]);
+            f[2 * i] = of.x;
+            f[2 * i + 1] = of.y;
+        }
+        if (valid) *(uint4 *)(out + e[u] + sub * 8) = o;
+        quant_group(f, valid, q + e[u] + sub * 8, sc + s[u], sub);
+    }
+}
+
+static qa_geom qa_geom_of(uint32_t n, uint32_t k, bool tok_major) {
+    qa_geom g;
+    g.n = n, g.k = k, g.groups = k / LT_GROUP, g.items = n * g.groups, g.gdiv = dj_fastdiv_make(g.groups);
+    g.tok_major = tok_major;
+    return g;
 }
 
 static void quant_act(dj_cuda_backend *cb, const __nv_bfloat16 *x, uint32_t n, uint32_t k, uint32_t g, bool tok_major,
                       uint8_t *q, float *sc) {
     const size_t items = (size_t)n * ((k + g - 1) / g);
-    if (g == LT_GROUP && k % LT_GROUP == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 7) == 0) {
+    if (g == LT_GROUP && k % LT_GROUP == 0 && items < ((size_t)1 << 31) && ((uintptr_t)x & 15) == 0 &&
+        ((uintptr_t)q & 7) == 0) {
         const size_t per_block = (size_t)QA_WARPS * QA_U * 2;
         quant_g128_kernel<<<(unsigned)((items + per_block - 1) / per_block), QA_WARPS * 32, 0, cb->stream>>>(
-            x, n, k, tok_major, q, sc);
+            x, qa_geom_of(n, k, tok_major), q, sc);
         return;
     }
     const unsigned blocks = (unsigned)((items + QA_WARPS - 1) / QA_WARPS);
@@ -505,4 +584,42 @@ dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *c
         *done = i + 1;
     }
     return DJ_OK;
+}
+
+bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm) {
+    return (glu->op == DJ_OP_SILU_MUL || glu->op == DJ_OP_GELU_MUL) && dj__cuda_fp8_shared_takes(cb, mm) &&
+           mode_of(mm) == MODE_BLOCK && mm->x == glu->out && mm->n == glu->n && mm->k == glu->d &&
+           mm->k % LT_GROUP == 0 && (uint64_t)mm->n * (mm->k / LT_GROUP) < ((uint64_t)1 << 31) &&
+           (((uintptr_t)glu->x | (uintptr_t)glu->x2 | (uintptr_t)glu->out) & 15u) == 0;
+}
+
+dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, int *done) {
+    *done = 0;
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    uint8_t *q;
+    float *xs, *wsx;
+    dj_status st = carve(cb, mm, MODE_BLOCK, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    const int layout = L->layout[MODE_BLOCK];
+    const qa_geom g = qa_geom_of(mm->n, mm->k, (layout & 2) != 0);
+    const size_t per_block = (size_t)QA_WARPS * QA_U * 2;
+    const dim3 grid((unsigned)((g.items + per_block - 1) / per_block)), block(QA_WARPS * 32);
+    const __nv_bfloat16 *gate = (const __nv_bfloat16 *)glu->x, *up = (const __nv_bfloat16 *)glu->x2;
+    __nv_bfloat16 *out = (__nv_bfloat16 *)glu->out;
+    if (glu->op == DJ_OP_SILU_MUL)
+        glu_quant_kernel<dj_silu_fn><<<grid, block, 0, cb->stream>>>(gate, up, out, g, q, xs);
+    else
+        glu_quant_kernel<dj_gelu_fn><<<grid, block, 0, cb->stream>>>(gate, up, out, g, q, xs);
+    DJ_CU_LAUNCHED(cb);
+    *done = 1;
+    const float *ws = weight_scales(cb, mm, MODE_BLOCK, layout, wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_matmul(cb, mm, MODE_BLOCK, ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) {
+        L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
+        return DJ_OK;
+    }
+    if (st == DJ_OK) *done = 2;
+    return st;
 }

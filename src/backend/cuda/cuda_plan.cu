@@ -15,6 +15,7 @@ typedef enum {
     STEP_NORM_ADD_NORM, /* RMSNORM calls[first] of what ADD calls[first+1] adds, RMSNORM calls[first+2] of the sum */
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
     STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
+    STEP_GLU_F8,    /* calls[first]: SILU_MUL / GELU_MUL quantizing its output for calls[first+1], its FP8 GEMM */
 } step_kind;
 
 #define F8_SHARED_GROUP 4 /* q, k, v (and gate, up) */
@@ -204,6 +205,8 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
                 s = (plan_step){STEP_NORM_ADD_NORM, 3, (int32_t)i, -1};
             } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
                 s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1};
+            } else if (i + 1 < n && dj__cuda_glu_fp8_takes(cb, c, &calls[i + 1])) {
+                s = (plan_step){STEP_GLU_F8, 2, (int32_t)i, -1};
             } else if (dj__cuda_gemv_takes(cb, c)) {
                 s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1};
                 if (s.count == 2 && i + 2 < n && fuses_glu(c, &calls[i + 2]))
@@ -282,6 +285,13 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
         dj_status st = dj__cuda_matmul_fp8_lt_shared(cb, c, s->count, &done);
         if (done > 1) cb->fusions += (uint64_t)(done - 1); /* quantizations saved */
         for (int i = done; st == DJ_OK && i < s->count; i++) st = dj__cuda_compute_one(cb, &c[i]);
+        return st;
+    }
+    case STEP_GLU_F8: {
+        int done = 0;
+        dj_status st = dj__cuda_glu_fp8_lt(cb, &c[0], &c[1], &done);
+        if (done == 2) cb->fusions++; /* a quantization pass saved */
+        for (int i = done; st == DJ_OK && i < 2; i++) st = dj__cuda_compute_one(cb, &c[i]);
         return st;
     }
     case STEP_ROPE_KV: {
