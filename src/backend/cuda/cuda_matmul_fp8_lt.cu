@@ -105,8 +105,8 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
  * divide there cost a third of the kernel). The same values as
  * quant_act_kernel, which read x twice with a warp a group. H100, Llama-3-8B
  * shape FP8, prefill 2048 (bench/RESULTS.md, 2026-11-26): ncu 4.31 ms over
- * the 130 quantizations -> 1.04 ms over the 98 left apart (the down GEMM's is
- * glu_quant_kernel's), prefill 0.0391 -> 0.0378 s with both. */
+ * the 130 quantizations -> 1.04 ms over the 98 left apart (the down GEMM's
+ * inside the SwiGLU, below), prefill 0.0391 -> 0.0378 s with both. */
 #define QA_U 4
 /* A half warp's group of 128 channels from a lane's 8 values f: the codes
  * (8 bytes at dst) and, from the group's first lane, its scale (*scale).
@@ -128,7 +128,7 @@ static __device__ __forceinline__ void quant_group(const float (&f)[8], bool val
     if (sub == 0) *scale = sc;
 }
 
-/* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^32). */
+/* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^31: qa_g128_fits). */
 struct qa_geom {
     uint32_t n, k, groups, items;
     dj_fastdiv gdiv; /* / groups */
@@ -140,94 +140,80 @@ static __device__ __forceinline__ void qa_at(const qa_geom &g, uint32_t item, si
     *scale = g.tok_major ? (size_t)item : (size_t)gi * g.n + r;
 }
 
-static __global__ void __launch_bounds__(QA_WARPS * 32)
-    quant_g128_kernel(const __nv_bfloat16 *x, qa_geom g, uint8_t *q, float *sc) {
-    const uint32_t lane = threadIdx.x & 31, sub = lane & 15;
-    const uint32_t first = (blockIdx.x * QA_WARPS + threadIdx.x / 32) * QA_U * 2 + (lane >> 4);
-    uint4 v[QA_U];
-    size_t e[QA_U], s[QA_U];
-#pragma unroll
-    for (int u = 0; u < QA_U; u++) {
-        const uint32_t item = first + 2 * u;
-        v[u] = make_uint4(0u, 0u, 0u, 0u);
-        e[u] = s[u] = 0;
-        if (item < g.items) {
-            qa_at(g, item, &e[u], &s[u]);
-            v[u] = *(const uint4 *)(x + e[u] + sub * 8);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < QA_U; u++) {
-        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        float f[8];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            f[2 * i] = __uint_as_float(w[i] << 16);
-            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
-        quant_group(f, first + 2 * u < g.items, q + e[u] + sub * 8, sc + s[u], sub);
-    }
-}
+/* No GLU: the values are x's own. */
+struct qa_plain {
+    __device__ float operator()(float g) const { return g; }
+};
 
-/* A GLU (act(gate) * up, bf16 [n][k]) that also quantizes its output as
- * quant_g128_kernel would: out is written as the GLU kernel writes it, and
- * the codes and scales come from those bf16 values - bit for bit the two
- * launches, without reading out back. */
-template <typename Act>
+/* Groups of 128 channels of an activation [n][k] to codes and scales. With
+ * GLU the values are act(x) * up rounded to bf16 - what the GLU kernel
+ * writes - and are written to out too, so the GEMM after the GLU needs no
+ * second pass over them: bit for bit the two launches. */
+template <bool GLU, typename Act>
 static __global__ void __launch_bounds__(QA_WARPS * 32)
-    glu_quant_kernel(const __nv_bfloat16 *gate, const __nv_bfloat16 *up, __nv_bfloat16 *out, qa_geom g, uint8_t *q,
-                     float *sc) {
+    quant_g128_kernel(const __nv_bfloat16 *x, const __nv_bfloat16 *up, __nv_bfloat16 *out, qa_geom g, uint8_t *q,
+                      float *sc) {
     const uint32_t lane = threadIdx.x & 31, sub = lane & 15;
     const uint32_t first = (blockIdx.x * QA_WARPS + threadIdx.x / 32) * QA_U * 2 + (lane >> 4);
     const Act act;
-    uint4 gv[QA_U], uv[QA_U];
+    uint4 xv[QA_U], uv[QA_U];
     size_t e[QA_U], s[QA_U];
 #pragma unroll
     for (int u = 0; u < QA_U; u++) {
         const uint32_t item = first + 2 * u;
-        gv[u] = uv[u] = make_uint4(0u, 0u, 0u, 0u);
+        xv[u] = uv[u] = make_uint4(0u, 0u, 0u, 0u);
         e[u] = s[u] = 0;
         if (item < g.items) {
             qa_at(g, item, &e[u], &s[u]);
-            gv[u] = *(const uint4 *)(gate + e[u] + sub * 8);
-            uv[u] = *(const uint4 *)(up + e[u] + sub * 8);
+            xv[u] = *(const uint4 *)(x + e[u] + sub * 8);
+            if (GLU) uv[u] = *(const uint4 *)(up + e[u] + sub * 8);
         }
     }
 #pragma unroll
     for (int u = 0; u < QA_U; u++) {
         const bool valid = first + 2 * u < g.items;
-        const __nv_bfloat162 *g2 = (const __nv_bfloat162 *)&gv[u], *u2 = (const __nv_bfloat162 *)&uv[u];
+        const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv[u], *u2 = (const __nv_bfloat162 *)&uv[u];
         uint4 o;
         __nv_bfloat162 *o2 = (__nv_bfloat162 *)&o;
         float f[8];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float2 gf = __bfloat1622float2(g2[i]), uf = __bfloat1622float2(u2[i]);
-            o2[i] = __floats2bfloat162_rn(act(gf.x) * uf.x, act(gf.y) * uf.y);
+            const float2 xf = __bfloat1622float2(x2[i]), uf = __bfloat1622float2(u2[i]);
+            o2[i] = GLU ? __floats2bfloat162_rn(act(xf.x) * uf.x, act(xf.y) * uf.y) : x2[i];
             const float2 of = __bfloat1622float2(o2[i]);
             f[2 * i] = of.x;
             f[2 * i + 1] = of.y;
         }
-        if (valid) *(uint4 *)(out + e[u] + sub * 8) = o;
+        if (GLU && valid) *(uint4 *)(out + e[u] + sub * 8) = o;
         quant_group(f, valid, q + e[u] + sub * 8, sc + s[u], sub);
     }
 }
 
-static qa_geom qa_geom_of(uint32_t n, uint32_t k, bool tok_major) {
+/* Whether quant_g128_kernel takes an [n][k] activation (its group count fits its 32-bit indices). */
+static bool qa_g128_fits(uint32_t n, uint32_t k) {
+    return k % LT_GROUP == 0 && (uint64_t)n * (k / LT_GROUP) < ((uint64_t)1 << 31);
+}
+
+/* quant_g128_kernel over x [n][k] (op: 0 plain, DJ_OP_SILU_MUL or DJ_OP_GELU_MUL with up and out). */
+static void launch_g128(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, const __nv_bfloat16 *up,
+                        __nv_bfloat16 *out, uint32_t n, uint32_t k, bool tok_major, uint8_t *q, float *sc) {
     qa_geom g;
     g.n = n, g.k = k, g.groups = k / LT_GROUP, g.items = n * g.groups, g.gdiv = dj_fastdiv_make(g.groups);
     g.tok_major = tok_major;
-    return g;
+    const unsigned per_block = QA_WARPS * QA_U * 2, blocks = (g.items + per_block - 1) / per_block;
+    if (op == DJ_OP_SILU_MUL)
+        quant_g128_kernel<true, dj_silu_fn><<<blocks, QA_WARPS * 32, 0, cb->stream>>>(x, up, out, g, q, sc);
+    else if (op == DJ_OP_GELU_MUL)
+        quant_g128_kernel<true, dj_gelu_fn><<<blocks, QA_WARPS * 32, 0, cb->stream>>>(x, up, out, g, q, sc);
+    else
+        quant_g128_kernel<false, qa_plain><<<blocks, QA_WARPS * 32, 0, cb->stream>>>(x, NULL, NULL, g, q, sc);
 }
 
 static void quant_act(dj_cuda_backend *cb, const __nv_bfloat16 *x, uint32_t n, uint32_t k, uint32_t g, bool tok_major,
                       uint8_t *q, float *sc) {
     const size_t items = (size_t)n * ((k + g - 1) / g);
-    if (g == LT_GROUP && k % LT_GROUP == 0 && items < ((size_t)1 << 31) && ((uintptr_t)x & 15) == 0 &&
-        ((uintptr_t)q & 7) == 0) {
-        const size_t per_block = (size_t)QA_WARPS * QA_U * 2;
-        quant_g128_kernel<<<(unsigned)((items + per_block - 1) / per_block), QA_WARPS * 32, 0, cb->stream>>>(
-            x, qa_geom_of(n, k, tok_major), q, sc);
+    if (g == LT_GROUP && qa_g128_fits(n, k) && ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 7) == 0) {
+        launch_g128(cb, 0, x, NULL, NULL, n, k, tok_major, q, sc);
         return;
     }
     const unsigned blocks = (unsigned)((items + QA_WARPS - 1) / QA_WARPS);
@@ -589,7 +575,7 @@ dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *c
 bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm) {
     return (glu->op == DJ_OP_SILU_MUL || glu->op == DJ_OP_GELU_MUL) && dj__cuda_fp8_shared_takes(cb, mm) &&
            mode_of(mm) == MODE_BLOCK && mm->x == glu->out && mm->n == glu->n && mm->k == glu->d &&
-           mm->k % LT_GROUP == 0 && (uint64_t)mm->n * (mm->k / LT_GROUP) < ((uint64_t)1 << 31) &&
+           qa_g128_fits(mm->n, mm->k) &&
            (((uintptr_t)glu->x | (uintptr_t)glu->x2 | (uintptr_t)glu->out) & 15u) == 0;
 }
 
@@ -602,15 +588,8 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
     dj_status st = carve(cb, mm, MODE_BLOCK, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
     const int layout = L->layout[MODE_BLOCK];
-    const qa_geom g = qa_geom_of(mm->n, mm->k, (layout & 2) != 0);
-    const size_t per_block = (size_t)QA_WARPS * QA_U * 2;
-    const dim3 grid((unsigned)((g.items + per_block - 1) / per_block)), block(QA_WARPS * 32);
-    const __nv_bfloat16 *gate = (const __nv_bfloat16 *)glu->x, *up = (const __nv_bfloat16 *)glu->x2;
-    __nv_bfloat16 *out = (__nv_bfloat16 *)glu->out;
-    if (glu->op == DJ_OP_SILU_MUL)
-        glu_quant_kernel<dj_silu_fn><<<grid, block, 0, cb->stream>>>(gate, up, out, g, q, xs);
-    else
-        glu_quant_kernel<dj_gelu_fn><<<grid, block, 0, cb->stream>>>(gate, up, out, g, q, xs);
+    launch_g128(cb, (int)glu->op, (const __nv_bfloat16 *)glu->x, (const __nv_bfloat16 *)glu->x2,
+                (__nv_bfloat16 *)glu->out, mm->n, mm->k, (layout & 2) != 0, q, xs);
     DJ_CU_LAUNCHED(cb);
     *done = 1;
     const float *ws = weight_scales(cb, mm, MODE_BLOCK, layout, wsx);
