@@ -13,7 +13,9 @@
 const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES] = {"llama2", "llama3", "tinyllama", "mistral", "qwen2", "qwen3",
                                                      "gemma2", "gemma3", "phi3", "phi3_longrope", "mixtral",
                                                      /* 4-bit (issue 16): tools/quant_fixtures.py */
-                                                     "llama_awq", "llama_gptq"};
+                                                     "llama_awq", "llama_gptq",
+                                                     /* longrope's long factors (issue 12) */
+                                                     "phi3_longctx"};
 const char *const DJ_FP8_FIXTURE_NAMES[DJ_N_FP8_FIXTURES] = {"llama3_fp8", "llama3_ct_tensor", "llama3_ct_channel"};
 
 static int read_floats(const cJSON *a, float **out) {

@@ -5,7 +5,12 @@
 
 #include <stdint.h>
 
-#define DJ_N_FIXTURES 13
+/* The context every fixture check opens its sessions with: it decides
+ * longrope's factors (dj_session_rope_long), so phi3_longrope (original 64
+ * positions) runs its short factors and phi3_longctx (original 32) its long
+ * ones, as transformers did for their references. */
+#define DJ_FIXTURE_CTX 64
+#define DJ_N_FIXTURES 14
 extern const char *const DJ_FIXTURE_NAMES[DJ_N_FIXTURES]; /* tests/fixtures/models/<name> */
 /* FP8 weights (issue 16): the llama3 fixture in each stored FP8 layout, with
  * references from the dequantized weights (tools/fp8_fixtures.py). */

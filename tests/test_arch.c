@@ -186,6 +186,7 @@ static void check_phi3(void) {
     CHECK(c.arch == DJ_ARCH_PHI3 && c.rope_type == DJ_ROPE_LONGROPE && c.rope_original_max_pos == 4096);
     CHECK(c.rope_dim == 96 && c.sliding_window == 262144 && c.rope_ext_factor[0] == 1.0f);
     CHECK(fabsf(c.rope_ext_factor[47] - 1.47f) < 1e-6f);
+    CHECK(c.rope_long_factor[0] == 1.0f && fabsf(c.rope_long_factor[47] - 3.35f) < 1e-6f);
     /* transformers: sqrt(1 + ln(131072 / 4096) / ln(4096)) */
     CHECK(fabsf(c.rope_attn_factor - (float)sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6f);
     CHECK_OK(parse(PHI4_MINI, &c));
@@ -200,6 +201,7 @@ static void check_phi3(void) {
     CHECK(ropes == 2 * 32);
     dj_graph_free(g);
     check_fail(subst(PHI3_128K, "\"short_factor\": [", "\"short_factor\": [2.0, "), DJ_EFORMAT, "short_factor");
+    check_fail(subst(PHI3_128K, "\"long_factor\": [1.0,", "\"long_factor\": [-1.0,"), DJ_EFORMAT, "long_factor[0]");
     check_fail(subst(PHI4_MINI, "\"partial_rotary_factor\": 0.75", "\"partial_rotary_factor\": 1.5"), DJ_ERANGE,
                "partial_rotary_factor");
 }

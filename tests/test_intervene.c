@@ -92,8 +92,8 @@ static void check_model(const char *name) {
     dj_intervention *iv = calloc(n_pts + 2, sizeof *iv);
 
     dj_session_t *s0 = NULL, *s1 = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s0));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s1));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s0));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s1));
     CHECK_OK(dj_session_step(e, s0, r.prompt, n, plain));
 
     /* every point saved: the same logits, bit for bit */
@@ -135,7 +135,7 @@ static void check_model(const char *name) {
             {.point = p, .op = DJ_IV_SAVE, .out = a + 3 * nd},            /* after the edit */
         };
         dj_session_t *sm = NULL;
-        CHECK_OK(dj_session_new(e, m, 128, 0, &sm));
+        CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &sm));
         CHECK_OK(dj_session_step_trace(e, sm, r.prompt, n, mix, 5, lg));
         CHECK_MSG(same(lg, plain, V), "%s: saves beside a neutral edit changed the logits", name);
         const size_t kq = 4 * (L - 1) + 3, kp = 4 * (L / 2) + 1; /* their slots in `saved` */
@@ -144,7 +144,7 @@ static void check_model(const char *name) {
                   "%s: a save through the host differs from the copied one", name);
         dj_session_free(e, sm);
         mix[2].data = bias; /* a real edit: the save before it sees the value before */
-        CHECK_OK(dj_session_new(e, m, 128, 0, &sm));
+        CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &sm));
         CHECK_OK(dj_session_step_trace(e, sm, r.prompt, n, mix, 5, lg));
         CHECK(same(a + nd, saved + kp * nd, nd));
         bool added = true;
@@ -165,7 +165,7 @@ static void check_model(const char *name) {
     CHECK_OK(dj_session_step_trace(e, s1, &next, 1, &one, 1, lg));
     CHECK_MSG(same(lg, plain, V), "%s: a saving decode step changed the logits", name);
     dj_session_t *s2 = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s2));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s2));
     int32_t ids[65];
     memcpy(ids, r.prompt, n * sizeof *ids);
     ids[n] = next;
@@ -177,7 +177,7 @@ static void check_model(const char *name) {
 
     /* neutral edits are neutral: adding zeros, writing back what was there */
     float *zeros = calloc(d, sizeof(float));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s2));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s2));
     iv[0] = (dj_intervention){.point = {DJ_POINT_LAYER_OUTPUT, 0}, .op = DJ_IV_ADD, .data = zeros, .rows = 1};
     iv[1] = (dj_intervention){.point = {DJ_POINT_MLP_OUTPUT, L - 1},
                               .op = DJ_IV_REPLACE,
@@ -191,8 +191,8 @@ static void check_model(const char *name) {
     float *steer = malloc((size_t)d * sizeof(float));
     for (uint32_t i = 0; i < d; i++) steer[i] = (float)((int)(i % 7) - 3) * 0.5f;
     dj_session_t *a = NULL, *b = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &a));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &b));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &a));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &b));
     iv[0] = (dj_intervention){.point = {DJ_POINT_LAYER_INPUT, 0}, .op = DJ_IV_ADD, .data = steer, .rows = 1};
     CHECK_OK(dj_session_step_trace(e, a, r.prompt, n, iv, 1, lg));
     CHECK_MSG(rel_err(lg, r.last, (int)V) > 1e-3, "%s: steering the embedding changed nothing", name);

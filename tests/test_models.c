@@ -57,7 +57,7 @@ static void check_kv_f8(const char *name, const char *dir, const char *ref_path)
         CHECK_OK(dj_model_load(e[k], dir, &m[k]));
         if (!m[k]) goto done;
         logits[k] = malloc(r.vocab * sizeof(float));
-        CHECK_OK(dj_session_new(e[k], m[k], 128, 0, &s[k]));
+        CHECK_OK(dj_session_new(e[k], m[k], DJ_FIXTURE_CTX, 0, &s[k]));
         if (!s[k]) goto done;
     }
     double worst = 0.0;
@@ -121,7 +121,7 @@ static void check_model(const char *name, const char *dir, const char *ref_path)
     float *logits = malloc(c->vocab_size * sizeof *logits);
     for (uint32_t i = 0; i < c->vocab_size; i++) logits[i] = NAN; /* poisoned */
     dj_session_t *s = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s));
     CHECK_OK(dj_session_step(e, s, r.prompt, (uint32_t)r.n_prompt, logits));
     double err = rel_err(logits, r.last, r.vocab);
     CHECK_MSG(err <= 1e-4, "%s: prompt logits relative error %.3g > 1e-4", name, err);
@@ -142,7 +142,7 @@ static void check_model(const char *name, const char *dir, const char *ref_path)
     /* A second session fed prompt+greedy in chunks of 5 (max_step 8 engine
      * would plan buckets; here: several steps) reaches the same logits. */
     dj_session_t *s2 = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s2));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s2));
     int32_t all[128];
     memcpy(all, r.prompt, (size_t)r.n_prompt * sizeof *all);
     memcpy(all + r.n_prompt, r.greedy, (size_t)r.n_greedy * sizeof *all);
@@ -159,7 +159,7 @@ static void check_model(const char *name, const char *dir, const char *ref_path)
     dj_session_t *s3 = NULL;
     float *every = malloc((size_t)total * c->vocab_size * sizeof *every);
     for (size_t i = 0; i < (size_t)total * c->vocab_size; i++) every[i] = NAN; /* poisoned */
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s3));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s3));
     CHECK_OK(dj_session_step_all(e, s3, all, (uint32_t)total, every));
     err = rel_err(every + (size_t)(r.n_prompt - 1) * c->vocab_size, r.last, r.vocab);
     CHECK_MSG(err <= 1e-4, "%s: all-positions logits, prompt row: rel err %.3g", name, err);
@@ -243,6 +243,69 @@ static void check_small_steps(void) {
         free(logits);
     }
     dj_engine_free(e);
+    ref_free(&r);
+}
+
+/* longrope's factors by session (dj_session_rope_long): phi3_longctx
+ * (original_max_position_embeddings 32) in a session of 64 positions takes the
+ * long ones (its reference, check_fixture), in one of 32 - its default
+ * context - the short ones; the two give other logits; a batched decode step
+ * mixing both (a table per row) gives each session what it gets alone; and
+ * the prefix cache maps a cached block only into a session of the same
+ * factors (keys rotated otherwise are other keys). */
+static void check_longrope_sessions(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/phi3_longctx", DJ_FIXTURES);
+    ref r;
+    memset(&r, 0, sizeof r);
+    CHECK_MSG(load_ref(dir, &r) == 0, "phi3_longctx: no reference");
+    dj_engine_t *e = new_engine(64 << 10, 512);
+    dj_model_t *m = NULL;
+    CHECK_OK(dj_model_load(e, dir, &m));
+    enum { P = 20, STEPS = 4 };
+    dj_session_t *s[4] = {NULL, NULL, NULL, NULL}; /* long, short; then each again, stepped alone */
+    const size_t vr = r.vocab > 0 ? (size_t)r.vocab : 1;
+    float *lg = malloc(4 * vr * sizeof *lg), *batch = malloc(2 * vr * sizeof *batch);
+    if (!m || r.n_prompt < P) goto done;
+    const dj_model_config *c = dj_model_get_config(m);
+    const size_t V = c->vocab_size;
+    CHECK(dj_model_config_default_ctx(c) == 32);
+    for (int k = 0; k < 4; k++) CHECK_OK(dj_session_new(e, m, k % 2 ? 32 : 64, 0, &s[k]));
+    if (!s[0] || !s[1] || !s[2] || !s[3]) goto done;
+    CHECK(dj_session_rope_long(s[0]) && !dj_session_rope_long(s[1]));
+    for (int k = 0; k < 4; k++) {
+        uint32_t mapped = 0;
+        CHECK_OK(dj_session_map_prefix(e, s[k], r.prompt, P, &mapped));
+        /* the first of each kind finds nothing of its own factors cached */
+        CHECK_MSG(k < 2 ? mapped == 0 : mapped > 0, "session %d (%s factors): %u prompt tokens mapped", k,
+                  k % 2 ? "short" : "long", mapped);
+        CHECK_OK(dj_session_step(e, s[k], r.prompt + mapped, P - mapped, lg + (size_t)k * V));
+    }
+    double d = rel_l2(lg, lg + V, (int)V);
+    CHECK_MSG(d > 1e-2, "long and short factors: logits %.3g apart", d);
+    for (int k = 2; k < 4; k++) {
+        d = rel_err(lg + (size_t)k * V, lg + (size_t)(k - 2) * V, (int)V);
+        CHECK_MSG(d <= 1e-5, "session %d from the prefix cache: %.3g from its twin", k, d);
+    }
+    for (int t = 0; t < STEPS; t++) {
+        int32_t ids[2];
+        for (int k = 0; k < 2; k++) ids[k] = dj_argmax(lg + (size_t)k * V, (uint32_t)V);
+        CHECK_OK(dj_engine_step_batch(e, s, ids, 2, batch, NULL, NULL));
+        for (int k = 2; k < 4; k++) CHECK_OK(dj_session_step(e, s[k], &ids[k - 2], 1, lg + (size_t)k * V));
+        for (int k = 0; k < 2; k++) {
+            d = rel_err(batch + (size_t)k * V, lg + (size_t)(k + 2) * V, (int)V);
+            CHECK_MSG(d <= 1e-5, "batched step %d, %s factors: %.3g from the session stepped alone", t,
+                      k ? "short" : "long", d);
+        }
+        memcpy(lg, batch, 2 * V * sizeof *lg);
+    }
+    printf("phi3_longctx: long and short factors by session, batched together as alone\n");
+done:
+    for (int k = 0; k < 4; k++) dj_session_free(e, s[k]);
+    if (m) dj_model_release(e, m);
+    dj_engine_free(e);
+    free(lg);
+    free(batch);
     ref_free(&r);
 }
 
@@ -415,6 +478,7 @@ int main(void) {
     check_kv_f8("demo", DJ_SOURCE_DIR "/models/demo", DJ_FIXTURES "/demo/reference.json");
     check_small_steps();
     check_known_copy("phi3");
+    check_longrope_sessions();
     check_too_small();
     return dj_test_finish("test_models");
 }

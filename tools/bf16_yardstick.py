@@ -33,7 +33,7 @@ def main():
            "device": torch.cuda.get_device_name(0), "cases": {}}
     cases = [(n, f"tests/fixtures/models/{n}", f"tests/fixtures/models/{n}/reference.json")
              for n in ("llama2", "llama3", "tinyllama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
-                       "phi3_longrope", "mixtral")]
+                       "phi3_longrope", "mixtral", "phi3_longctx")]
     cases.append(("demo", "models/demo", "tests/fixtures/demo/reference.json"))
     for name, d, r in cases:
         ref = json.load(open(os.path.join(args.root, r)))

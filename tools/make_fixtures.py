@@ -71,6 +71,10 @@ except ImportError:  # --fp8 needs only numpy and torch
 
 N_PROMPT = 11
 N_GREEDY = 24
+# Fixtures whose prompt is longer: phi3_longctx's exceeds its
+# original_max_position_embeddings (32), so transformers rotates the whole
+# sequence with the long factors (and djinn's session of 64 positions does).
+PROMPT_LEN = {"phi3_longctx": 40}
 
 COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=256, rms_norm_eps=1e-5, hidden_act="silu")
@@ -127,6 +131,14 @@ FIXTURES = [
                                     num_local_experts=8, num_experts_per_tok=2, rope_theta=1000000.0,
                                     sliding_window=None, router_jitter_noise=0.0, tie_word_embeddings=False,
                                     bos_token_id=1, eos_token_id=2), torch.bfloat16, None),
+    # longrope's long factors: a prompt past original_max_position_embeddings (PROMPT_LEN)
+    ("phi3_longctx", Phi3Config, dict(vocab_size=296, num_key_value_heads=2, rope_theta=10000.0,
+                                      original_max_position_embeddings=32,
+                                      rope_scaling=dict(rope_type="longrope",
+                                                        short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.2, 4.0],
+                                                        long_factor=[1.0, 2.0, 3.5, 5.0, 8.0, 12.0, 18.0, 24.0]),
+                                      tie_word_embeddings=False, sliding_window=None, pad_token_id=0,
+                                      bos_token_id=1, eos_token_id=2), torch.bfloat16, None),
 ]
 
 # Gemma stores RMSNorm weights as w in x * (1 + w): their spread is around 0.
@@ -375,7 +387,7 @@ def make_one(args, i, name, cls, over, dtype, shard):
     ref_model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32,
                                                      attn_implementation="eager")
     ref_model.eval()
-    prompt = torch.randint(3, cfg.vocab_size, (N_PROMPT,), generator=gen).tolist()
+    prompt = torch.randint(3, cfg.vocab_size, (PROMPT_LEN.get(name, N_PROMPT),), generator=gen).tolist()
     last, greedy, full, margin, step_logits = reference(ref_model, prompt)
     # The cached decode path and the full recompute must agree.
     drift = float((full - step_logits).abs().max() / full.abs().max())

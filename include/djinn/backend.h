@@ -172,6 +172,9 @@ typedef struct dj_op_call {
     const uint32_t *row_pos;              /* [n] per-row positions (see above) or NULL */
     const uint32_t *const *row_tables;    /* [n] per-row block tables (see above) or NULL */
     const float *inv_freq; /* ROPE: [head_dim/2] inverse frequencies (after scaling) */
+    const float *const *row_freq; /* ROPE: [n] each row's inverse frequencies (device pointers, each
+                                   * [rot_dim/2]) replacing inv_freq, or NULL: sessions of one batch
+                                   * with their own tables (longrope's short and long factors) */
     const dj_kv_view *kv;  /* KV_WRITE / ATTENTION */
     uint32_t pos0;         /* position of row 0 (ROPE, KV_WRITE, ATTENTION) */
     uint32_t d;            /* EMBED/RMSNORM/SILU_MUL: row width; ADD: elements per row */

@@ -104,7 +104,7 @@ typedef struct dj_model_config {
     float rope_factor;            /* linear/llama3; 1 otherwise */
     float rope_low_freq_factor;   /* llama3 */
     float rope_high_freq_factor;  /* llama3 */
-    uint32_t rope_original_max_pos; /* llama3 */
+    uint32_t rope_original_max_pos; /* llama3, longrope (the short factors' range) */
     bool tie_word_embeddings;
     /* Llama: config "attention_bias" (default false), meaning q, k, v AND
      * o_proj biases. Qwen2: always true, meaning q, k, v biases only (its
@@ -137,6 +137,8 @@ typedef struct dj_model_config {
     float rope_attn_factor;       /* cos and sin times this (longrope's attention factor); 1 */
     float rope_local_theta;       /* Gemma 3: base of the sliding layers' default RoPE; 0 = one RoPE */
     float rope_ext_factor[DJ_ROPE_MAX_FACTORS]; /* longrope: the short_factor divisors [rope_dim/2] */
+    float rope_long_factor[DJ_ROPE_MAX_FACTORS]; /* longrope: the long_factor divisors [rope_dim/2], for
+                                                  * sessions longer than rope_original_max_pos */
     uint32_t n_experts;           /* MoE: experts per layer (num_local_experts); 0 = dense MLP */
     uint32_t n_experts_used;      /* MoE: experts per token (num_experts_per_tok) */
     int32_t bos_token_id;         /* -1 if absent */
@@ -161,6 +163,15 @@ typedef struct dj_model_config {
  * method, format or scheme is DJ_EUNSUPPORTED naming it. On error *cfg is
  * zeroed. */
 dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *cfg /* OUT */);
+
+/* The context a session gets when its client names none (the CLI without
+ * --ctx, SESSION_OPEN without expected_tokens): max_position_embeddings
+ * capped at DJ_DEFAULT_CTX_CAP and, with longrope, at its
+ * original_max_position_embeddings (the short factors' range: a longer
+ * session rotates with the long ones, dj_session_rope_long); 4096 when the
+ * config gives none. */
+#define DJ_DEFAULT_CTX_CAP 4096u
+uint32_t dj_model_config_default_ctx(const dj_model_config *cfg);
 
 /* ---- checkpoint directory ---- */
 

@@ -188,6 +188,12 @@ typedef struct dj_prefix_stats {
 } dj_prefix_stats;
 void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st /* OUT */);
 uint32_t dj_session_max_ctx(const dj_session_t *s);
+/* Whether s rotates with longrope's long factors: its model has them and
+ * max_ctx exceeds its original_max_position_embeddings (then from position 0
+ * on, so its cached keys never change rotation; as llama.cpp decides by the
+ * context per sequence). A session within that range uses the short ones, as
+ * transformers does for a sequence that fits it. */
+bool dj_session_rope_long(const dj_session_t *s);
 const dj_model_t *dj_session_model(const dj_session_t *s); /* valid while the session is */
 
 /* Feed n token ids at the session's position (prefill when n > 1, decode when

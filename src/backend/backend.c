@@ -124,7 +124,7 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
                 "%s: out overlaps x", op);
         return DJ_OK;
     case DJ_OP_ROPE: {
-        REQUIRE(c->out && c->x && c->inv_freq, "%s: NULL out, x or inv_freq", op);
+        REQUIRE(c->out && c->x && (c->inv_freq || c->row_freq), "%s: NULL out, x or inv_freq", op);
         REQUIRE(c->n_heads > 0 && c->head_dim > 0 && c->head_dim % 2 == 0,
                 "%s: n_heads=%u head_dim=%u (need heads > 0, even head_dim)", op, c->n_heads, c->head_dim);
         REQUIRE(c->scale > 0.0f && isfinite(c->scale), "%s: scale %g must be positive (1 = no scaling)", op,

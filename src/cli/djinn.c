@@ -50,7 +50,8 @@ static int usage(FILE *f) {
           "            --threads, --step, --deterministic]\n"
           "  djinn stat --server ADDR\n"
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
-          "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096).\n"
+          "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096) (longrope\n"
+          "models: at most original_max_position_embeddings; a longer --ctx takes the long factors).\n"
           "Without --model, run and info use $DJINN_MODEL or the demo model in models/demo.\n"
           "--deterministic: on a GPU, a sequence's logits do not depend on what else shares its\n"
           "steps (slower batched steps: bench/RESULTS.md); the CPU engine is always so.\n"
@@ -279,10 +280,7 @@ static int cmd_detokenize(const opts *o) {
 /* ---- engine setup shared by run and info ---- */
 
 static uint32_t pick_ctx(const opts *o, const dj_model_config *c) {
-    uint32_t ctx = o->ctx ? (uint32_t)o->ctx : c->max_position_embeddings;
-    if (!o->ctx && ctx > 4096) ctx = 4096;
-    if (ctx == 0) ctx = 4096;
-    return ctx;
+    return o->ctx ? (uint32_t)o->ctx : dj_model_config_default_ctx(c);
 }
 
 /* The device a command runs on: --device, else the first GPU of a CUDA build,

@@ -67,12 +67,13 @@ struct dj_engine {
     dj_plan_cache_t *plans;
     uint32_t max_step;
     /* Step args of decode steps (device memory): ids [B] int32 at 0,
-     * positions [B] at off_pos, picked ids [B] at off_next, block tables
+     * positions [B] at off_pos, picked ids [B] at off_next, RoPE tables [B]
+     * device pointers at off_freq (models with longrope's two), block tables
      * [n_layers][B] device pointers at off_tables; one copy per step from
      * args_host. Offsets depend only on B. */
     uint8_t *args_dev;         /* [args_cap] backend memory; owned */
     uint8_t *args_host;        /* [args_cap]; owned */
-    size_t args_cap, off_pos, off_next, off_tables;
+    size_t args_cap, off_pos, off_next, off_freq, off_tables;
     int32_t *args_next;        /* args_dev + off_next */
     step_graph graphs[DJ_STEP_GRAPHS];
     uint64_t graph_clock;
@@ -284,7 +285,7 @@ static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
  * buffer that moves invalidates every recorded graph. */
 static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
     const size_t a4 = align8((size_t)B * sizeof(int32_t));
-    const size_t need = 3 * a4 + (size_t)n_layers * B * sizeof(void *);
+    const size_t need = 3 * a4 + (size_t)(n_layers + 1) * B * sizeof(void *);
     if (need > e->args_cap) {
         size_t cap = e->args_cap * 2 > need ? e->args_cap * 2 : need;
         if (cap < 4096) cap = 4096;
@@ -303,7 +304,8 @@ static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
     }
     e->off_pos = a4;
     e->off_next = 2 * a4;
-    e->off_tables = 3 * a4;
+    e->off_freq = 3 * a4;
+    e->off_tables = 3 * a4 + (size_t)B * sizeof(void *);
     e->args_next = (int32_t *)(void *)(e->args_dev + e->off_next);
     return DJ_OK;
 }
@@ -693,6 +695,7 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
     s->max_ctx = max_ctx;
+    s->rope_long = c->rope_type == DJ_ROPE_LONGROPE && max_ctx > c->rope_original_max_pos;
     s->tokens_per_page = (uint32_t)(page / token);
     s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
     s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
@@ -776,6 +779,7 @@ dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *
     return dj__prefix_map(e, e->prefix, s, ids, n, mapped);
 }
 uint32_t dj_session_max_ctx(const dj_session_t *s) { return s->max_ctx; }
+bool dj_session_rope_long(const dj_session_t *s) { return s->rope_long; }
 
 /* Map pages so that positions [0, upto) are backed in every layer. */
 static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
@@ -873,6 +877,11 @@ static const void *node_ptr(const dj_model_t *m, const dj_graph_t *g, int idx, u
     }
 }
 
+/* longrope's long-factor RoPE table (text segment), NULL for other models. */
+static const float *rope_long_table(const dj_model_t *m) {
+    return m->cfg.rope_type == DJ_ROPE_LONGROPE ? m->w[dj__wslot_global(&m->cfg, DJ_W_INV_FREQ_LONG)].data : NULL;
+}
+
 static dj_dtype node_dtype(const dj_graph_t *g, int idx) {
     return idx < 0 ? DJ_DTYPE_F32 : dj_graph_node_c(g, idx)->dtype;
 }
@@ -903,6 +912,8 @@ typedef struct step_io {
     const int32_t *ids_dev;             /* device [n] when ids is NULL */
     const uint32_t *row_pos;            /* device [n] or NULL */
     const uint32_t *const *row_tables;  /* device [n_layers][n] or NULL */
+    const float *const *row_freq;       /* device [n]: each row's RoPE table (models with longrope's
+                                         * long one), or NULL: s's */
     const dj_session_t *s;              /* K/V layout (and its tables without row_tables) */
     uint32_t pos_bound;                 /* ATTENTION's pos_bound: the backend's short_pos when every
                                          * row lies below it, else 0 */
@@ -992,6 +1003,11 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             call.x = x;
             call.inv_freq = x1;
             call.row_pos = io->row_pos;
+            if (dj_graph_node_c(g, nd->src[1])->weight_slot == dj__wslot_global(&m->cfg, DJ_W_INV_FREQ)) {
+                /* the model's own RoPE (not Gemma 3's local one): longrope's long factors per session */
+                if (io->row_freq) call.row_freq = io->row_freq;
+                else if (io->s->rope_long) call.inv_freq = rope_long_table(m);
+            }
             break;
         case DJ_OP_KV_WRITE:
         case DJ_OP_ATTENTION:
@@ -1374,6 +1390,9 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     int32_t *h_ids = (int32_t *)(void *)e->args_host;
     uint32_t *h_pos = (uint32_t *)(void *)(e->args_host + e->off_pos);
     const uint32_t **h_tab = (const uint32_t **)(void *)(e->args_host + e->off_tables);
+    const float **h_freq = (const float **)(void *)(e->args_host + e->off_freq);
+    const float *long_tab = rope_long_table(m);
+    const float *short_tab = m->w[dj__wslot_global(c, DJ_W_INV_FREQ)].data;
     uint32_t row = 0, off = 0;
     uint64_t max_end = 0; /* one past the last position of any row: the step's context class */
     for (uint32_t r = 0; r < B; r++) {
@@ -1383,6 +1402,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             const uint32_t at = t + 1 == n ? rows - B + r : row++;
             h_ids[at] = ids[off + t];
             h_pos[at] = ss[r]->pos + t;
+            h_freq[at] = ss[r]->rope_long ? long_tab : short_tab;
             for (uint32_t l = 0; l < c->n_layers; l++)
                 h_tab[(size_t)l * rows + at] = ss[r]->table_dev + (size_t)l * ss[r]->max_blocks;
         }
@@ -1400,6 +1420,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .ids_dev = (const int32_t *)(const void *)e->args_dev,
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
+                        .row_freq = long_tab ? (const float *const *)(const void *)(e->args_dev + e->off_freq) : NULL,
                         .s = ss[0],
                         .pos_bound = rows == B && B <= e->be->short_rows && max_end <= e->be->short_pos
                                          ? e->be->short_pos

@@ -17,6 +17,8 @@ struct dj_session {
     dj_vmu_session_t *vs;
     uint32_t pos;             /* tokens in the cache */
     uint32_t max_ctx;
+    bool rope_long;           /* rotates with longrope's long factors (max_ctx > the model's
+                               * rope_original_max_pos), from its first position on */
     uint32_t tokens_per_page;
     uint32_t max_blocks;      /* per layer */
     uint32_t n_blocks;        /* blocks mapped in every layer (kept while swapped) */

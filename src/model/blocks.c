@@ -186,12 +186,14 @@ dj_status dj__model_bind(const dj_model_config *c, const dj_checkpoint_t *ck, dj
     computed(&w[dj__wslot_global(c, DJ_W_INV_FREQ)], DJ_COMPUTED_INV_FREQ, c->rope_dim / 2);
     if (c->rope_local_theta > 0.0f)
         computed(&w[dj__wslot_global(c, DJ_W_INV_FREQ_LOCAL)], DJ_COMPUTED_INV_FREQ_LOCAL, c->rope_dim / 2);
+    if (c->rope_type == DJ_ROPE_LONGROPE)
+        computed(&w[dj__wslot_global(c, DJ_W_INV_FREQ_LONG)], DJ_COMPUTED_INV_FREQ_LONG, c->rope_dim / 2);
     return DJ_OK;
 }
 
 /* ---- RoPE ---- */
 
-void dj__rope_inv_freq(const dj_model_config *c, float theta, float *inv_freq) {
+void dj__rope_inv_freq(const dj_model_config *c, float theta, const float *ext, float *inv_freq) {
     const uint32_t half = c->rope_dim / 2;
     for (uint32_t j = 0; j < half; j++) {
         /* As transformers: exponent 2j/dim in f32, then base ** exponent. */
@@ -213,7 +215,7 @@ void dj__rope_inv_freq(const dj_model_config *c, float theta, float *inv_freq) {
                 f = (1.0f - smooth) * f / c->rope_factor + smooth * f;
             }
         } else if (c->rope_type == DJ_ROPE_LONGROPE) {
-            f = 1.0f / (c->rope_ext_factor[j] * base_pow); /* transformers: 1 / (ext * base ** expo) */
+            f = 1.0f / (ext[j] * base_pow); /* transformers: 1 / (ext * base ** expo) */
         }
         inv_freq[j] = f;
     }
@@ -221,11 +223,13 @@ void dj__rope_inv_freq(const dj_model_config *c, float theta, float *inv_freq) {
 
 void dj__model_fill_computed(const dj_model_config *c, const dj_weight *w, float *out) {
     if (w->computed == DJ_COMPUTED_INV_FREQ) {
-        dj__rope_inv_freq(c, c->rope_theta, out);
+        dj__rope_inv_freq(c, c->rope_theta, c->rope_ext_factor, out);
+    } else if (w->computed == DJ_COMPUTED_INV_FREQ_LONG) {
+        dj__rope_inv_freq(c, c->rope_theta, c->rope_long_factor, out);
     } else if (w->computed == DJ_COMPUTED_INV_FREQ_LOCAL) { /* the sliding layers' plain RoPE */
         dj_model_config local = *c;
         local.rope_type = DJ_ROPE_DEFAULT;
-        dj__rope_inv_freq(&local, c->rope_local_theta, out);
+        dj__rope_inv_freq(&local, c->rope_local_theta, NULL, out);
     }
 }
 

@@ -549,6 +549,8 @@ static void hash_config(XXH3_state_t *h, const dj_model_config *c) {
     hash_f32(h, c->rope_attn_factor);
     hash_f32(h, c->rope_local_theta);
     for (uint32_t i = 0; i < c->rope_dim / 2 && i < DJ_ROPE_MAX_FACTORS; i++) hash_f32(h, c->rope_ext_factor[i]);
+    if (c->rope_type == DJ_ROPE_LONGROPE) /* (only there: the other models' fingerprints stay as they were) */
+        for (uint32_t i = 0; i < c->rope_dim / 2 && i < DJ_ROPE_MAX_FACTORS; i++) hash_f32(h, c->rope_long_factor[i]);
     hash_u64(h, c->n_experts);
     hash_u64(h, c->n_experts_used);
 }

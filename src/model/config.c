@@ -153,9 +153,9 @@ static dj_status factor_list(const cJSON *rs, const char *where, const char *key
     return DJ_OK;
 }
 
-/* Phi-3's longrope: the short factors in use (transformers takes them while
- * the sequence is within original_max_position_embeddings), the long ones
- * checked, and the attention factor (given, or sqrt(1 + ln(s)/ln(orig)) with
+/* Phi-3's longrope: the short and the long factors (a session whose context
+ * exceeds original_max_position_embeddings rotates with the long ones, see
+ * dj_session_new), and the attention factor (given, or sqrt(1 + ln(s)/ln(orig)) with
  * s = max_position_embeddings / orig, as transformers). */
 static dj_status parse_longrope(const cJSON *root, const cJSON *rs, const char *where, dj_model_config *cfg) {
     const uint32_t half = cfg->rope_dim / 2;
@@ -164,7 +164,7 @@ static dj_status parse_longrope(const cJSON *root, const cJSON *rs, const char *
                        (unsigned)cfg->rope_dim, 2u * DJ_ROPE_MAX_FACTORS);
     dj_status st;
     if ((st = factor_list(rs, where, "short_factor", half, cfg->rope_ext_factor))) return st;
-    if ((st = factor_list(rs, where, "long_factor", half, NULL))) return st;
+    if ((st = factor_list(rs, where, "long_factor", half, cfg->rope_long_factor))) return st;
     const char *okey = "original_max_position_embeddings";
     if (member(rs, okey)) st = get_u32(rs, where, okey, true, 0, 1, &cfg->rope_original_max_pos);
     else st = get_u32(root, "", okey, true, 0, 1, &cfg->rope_original_max_pos);
@@ -444,4 +444,11 @@ done:
     cJSON_Delete(root);
     if (st) memset(cfg, 0, sizeof *cfg);
     return st;
+}
+
+uint32_t dj_model_config_default_ctx(const dj_model_config *c) {
+    uint32_t ctx = c->max_position_embeddings ? c->max_position_embeddings : DJ_DEFAULT_CTX_CAP;
+    if (ctx > DJ_DEFAULT_CTX_CAP) ctx = DJ_DEFAULT_CTX_CAP;
+    if (c->rope_type == DJ_ROPE_LONGROPE && ctx > c->rope_original_max_pos) ctx = c->rope_original_max_pos;
+    return ctx;
 }

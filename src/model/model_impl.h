@@ -23,7 +23,9 @@ enum {
 };
 enum { DJ_W_EXPERT_GATE, DJ_W_EXPERT_UP, DJ_W_EXPERT_DOWN };
 #define DJ_W_EXPERT(e, which) (DJ_W_FIXED + 3 * (e) + (which))
-enum { DJ_W_EMBED, DJ_W_NORM, DJ_W_LM_HEAD, DJ_W_INV_FREQ, DJ_W_INV_FREQ_LOCAL, DJ_W_GLOBAL };
+/* INV_FREQ_LONG: longrope's long-factor table, no graph node: a session that
+ * takes it (dj_session_t.rope_long) has it substituted per row at run time. */
+enum { DJ_W_EMBED, DJ_W_NORM, DJ_W_LM_HEAD, DJ_W_INV_FREQ, DJ_W_INV_FREQ_LOCAL, DJ_W_INV_FREQ_LONG, DJ_W_GLOBAL };
 
 static inline int dj__wslot_per_layer(const dj_model_config *c) { return DJ_W_FIXED + 3 * (int)c->n_experts; }
 static inline int dj__wslot_layer_c(const dj_model_config *c, int layer, int w) {
@@ -37,7 +39,7 @@ static inline int dj__wslot_count(const dj_model_config *c) {
 }
 
 /* Weights computed at load instead of read from the checkpoint. */
-enum { DJ_COMPUTED_NONE, DJ_COMPUTED_INV_FREQ, DJ_COMPUTED_INV_FREQ_LOCAL };
+enum { DJ_COMPUTED_NONE, DJ_COMPUTED_INV_FREQ, DJ_COMPUTED_INV_FREQ_LOCAL, DJ_COMPUTED_INV_FREQ_LONG };
 
 typedef struct dj_weight {
     const void *data;      /* text segment (device) pointer; NULL if absent (no bias) */
@@ -97,8 +99,9 @@ dj_status dj__model_bind(const dj_model_config *cfg, const dj_checkpoint_t *ck, 
 void dj__model_fill_computed(const dj_model_config *cfg, const dj_weight *w, float *out /* OUT */);
 
 /* inv_freq[rope_dim/2] of the config's RoPE (default, linear, llama3,
- * longrope) with base theta. */
-void dj__rope_inv_freq(const dj_model_config *cfg, float theta, float *inv_freq /* OUT */);
+ * longrope) with base theta; longrope divides by ext[rope_dim/2] (its short
+ * or long factors; unread for the other types). */
+void dj__rope_inv_freq(const dj_model_config *cfg, float theta, const float *ext, float *inv_freq /* OUT */);
 
 /* The sliding window of layer l in positions, 0 = full attention. */
 uint32_t dj__layer_window(const dj_model_config *c, uint32_t l);

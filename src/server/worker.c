@@ -15,7 +15,6 @@
 #include "server/server_impl.h"
 
 #define DEFAULT_MAX_TOKENS 64
-#define DEFAULT_CTX_CAP 4096
 
 /* ---- queues and the outbox (mu held) ---- */
 
@@ -402,8 +401,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     if (load && (st = model_ref(s, model, &e, &m)) != DJ_OK) return st;
     if (!load) m = e->m; /* held by its other users: the session takes its own reference */
     const dj_model_config *c = dj_model_get_config(m);
-    uint32_t ctx = expect ? expect : c->max_position_embeddings;
-    if (!expect && ctx > DEFAULT_CTX_CAP) ctx = DEFAULT_CTX_CAP;
+    const uint32_t ctx = expect ? expect : dj_model_config_default_ctx(c);
     if (c->max_position_embeddings && ctx > c->max_position_embeddings) {
         if (load) dj_model_release(s->engine, m);
         model_ent_maybe_drop(s, e);

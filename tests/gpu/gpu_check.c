@@ -359,8 +359,42 @@ static void check_matmul(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, int bi
 }
 
 /* rot: dims rotated (partial rotary; 0 = all of the head). */
+/* Per-row RoPE tables (a batch of sessions with longrope's short and long
+ * factors): row i takes a second table (inv over larger divisors) when
+ * (7i + 3) % 5 < 2, else inv; crow: the CPU's [n] pointers, grow: a device
+ * array of the device tables (dinv, dlong). */
+typedef struct row_tabs {
+    float *lng;
+    const float **crow;
+    void *dlong, *grow;
+} row_tabs;
+
+static void row_tabs_init(row_tabs *t, uint32_t n, uint32_t half, const float *inv, void *dinv) {
+    t->lng = falloc(half);
+    for (uint32_t j = 0; j < half; j++) t->lng[j] = inv[j] / (1.0f + 0.75f * (float)j);
+    t->dlong = dcopy(t->lng, half * sizeof(float));
+    t->crow = xmalloc(n * sizeof *t->crow);
+    const void **g = xmalloc(n * sizeof *g);
+    for (uint32_t i = 0; i < n; i++) {
+        const int two = (7 * i + 3) % 5 < 2;
+        t->crow[i] = two ? t->lng : inv;
+        g[i] = two ? t->dlong : dinv;
+    }
+    t->grow = dcopy(g, n * sizeof *g);
+    free(g);
+}
+
+static void row_tabs_free(row_tabs *t) {
+    if (!t->lng) return;
+    dfree(t->dlong);
+    dfree(t->grow);
+    free(t->lng);
+    free(t->crow);
+}
+
+/* tabs: per-row tables (row_tabs) instead of inv_freq alone. */
 static void check_rope_rot(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace,
-                           uint32_t rot) {
+                           uint32_t rot, int tabs) {
     const size_t count = (size_t)n * nh * hd;
     const uint32_t half = (rot ? rot : hd) / 2;
     uint16_t *xb = halloc(count);
@@ -370,18 +404,22 @@ static void check_rope_rot(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, 
     void *dx = dcopy(xb, count * 2), *dinv = dcopy(inv, half * sizeof(float));
     void *dout = inplace ? dx : dalloc(count * 2);
     if (!inplace) poison(dout, count * 2);
+    row_tabs t = {0};
+    if (tabs) row_tabs_init(&t, n, half, inv, dinv);
     dj_op_call cc = {.op = DJ_OP_ROPE, .n = n, .out = ref, .x = xf, .inv_freq = inv, .pos0 = pos0, .n_heads = nh,
-                     .head_dim = hd, .scale = scale, .rot_dim = rot};
+                     .head_dim = hd, .scale = scale, .rot_dim = rot, .row_freq = t.crow};
     dj_op_call gc = cc;
     gc.out = dout;
     gc.x = dx;
     gc.inv_freq = dinv;
+    gc.row_freq = t.grow;
     gc.out_dtype = DJ_DTYPE_BF16;
     run_both(&cc, &gc, "rope");
-    char shape[96];
-    snprintf(shape, sizeof shape, "n=%u heads=%u hd=%u rot=%u pos0=%u theta=%g scale=%g%s", n, nh, hd, rot, pos0,
-             (double)theta, (double)scale, inplace ? " in-place" : "");
+    char shape[128];
+    snprintf(shape, sizeof shape, "n=%u heads=%u hd=%u rot=%u pos0=%u theta=%g scale=%g%s%s", n, nh, hd, rot, pos0,
+             (double)theta, (double)scale, inplace ? " in-place" : "", tabs ? " row tables" : "");
     compare("ROPE", shape, dout, DJ_DTYPE_BF16, ref, count);
+    row_tabs_free(&t);
     dfree(dx);
     if (!inplace) dfree(dout);
     dfree(dinv);
@@ -392,7 +430,7 @@ static void check_rope_rot(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, 
 }
 
 static void check_rope(uint32_t n, uint32_t nh, uint32_t hd, uint32_t pos0, float theta, float scale, int inplace) {
-    check_rope_rot(n, nh, hd, pos0, theta, scale, inplace, 0);
+    check_rope_rot(n, nh, hd, pos0, theta, scale, inplace, 0, 0);
 }
 
 /* xt, ot: dtypes of x and out (ADD may take and give the f32 residual
@@ -529,7 +567,7 @@ static void check_kv_pages(const kv_pair *p, uint32_t ctx, const char *shape, do
  * rotated k (and q) and every page row against the CPU, and the fusion
  * counter must move exactly when fusing. */
 static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
-                                int fuse, uint32_t nq) {
+                                int fuse, uint32_t nq, int tabs) {
     const uint32_t ctx = pos0 + n, kvd = nkv * hd;
     kv_pair p;
     kv_pair_init(&p, ctx, tpp, kvd);
@@ -543,14 +581,17 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
     void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2), *dinv = dcopy(inv, hd / 2 * sizeof(float));
     void *dkr = inplace ? dk : dalloc(count * 2);
     if (!inplace) poison(dkr, count * 2);
+    row_tabs t = {0};
+    if (tabs) row_tabs_init(&t, n, hd / 2, inv, dinv);
     dj_op_call cr = {.op = DJ_OP_ROPE, .n = n, .out = kref, .x = kf, .inv_freq = inv, .pos0 = pos0, .n_heads = nkv,
-                     .head_dim = hd, .scale = 1.0f};
+                     .head_dim = hd, .scale = 1.0f, .row_freq = t.crow};
     dj_op_call cw = {.op = DJ_OP_KV_WRITE, .n = n, .x = kref, .x2 = vf, .kv = &p.cv, .pos0 = pos0};
     if (dj_backend_compute(cpu, &cr) != DJ_OK || dj_backend_compute(cpu, &cw) != DJ_OK) die("rope+kv_write (cpu)");
     dj_op_call gr = cr, gw = cw;
     gr.out = dkr;
     gr.x = dk;
     gr.inv_freq = dinv;
+    gr.row_freq = t.grow;
     gr.out_dtype = DJ_DTYPE_BF16;
     gw.x = dkr;
     gw.x2 = dv;
@@ -574,9 +615,9 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
         die("rope+kv_write (gpu)");
     const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
     dj__cuda_set_fuse(gpu, 1);
-    char shape[96];
-    snprintf(shape, sizeof shape, "n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s", n, pos0, nkv, nq, hd, tpp,
-             inplace ? " in-place" : "", fuse ? "" : " unfused");
+    char shape[128];
+    snprintf(shape, sizeof shape, "n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s%s", n, pos0, nkv, nq, hd, tpp,
+             inplace ? " in-place" : "", fuse ? "" : " unfused", tabs ? " row tables" : "");
     compare("ROPE+KV", shape, dkr, DJ_DTYPE_BF16, kref, count);
     if (nq) compare("ROPE+KV", "  the q heads of the same launch", dqr, DJ_DTYPE_BF16, qref, qcount);
     check_kv_pages(&p, ctx, shape, TOL);
@@ -586,6 +627,7 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
         printf("%-10s %-52s %10s  FAIL (%llu fused, expected %llu)\n", "ROPE+KV", shape, "-",
                (unsigned long long)fused, (unsigned long long)want);
     }
+    row_tabs_free(&t);
     if (!inplace) dfree(dqr);
     dfree(dq);
     free(qb);
@@ -930,9 +972,11 @@ static void check_arch_ops(void) {
     check_norm_add_norm(37, 2304, DJ_DTYPE_F32);
     check_norm_add_norm(3, 1000, DJ_DTYPE_BF16);
     check_norm_add_norm(300, 3584, DJ_DTYPE_F32); /* past 256 rows: blocks of 256 threads */
-    check_rope_rot(37, 8, 128, 3, 10000.0f, 1.0f, 0, 64);    /* partial rotary 0.5 */
-    check_rope_rot(1, 24, 96, 4000, 10000.0f, 1.19f, 1, 96); /* Phi-3 longrope shape: attention factor */
-    check_rope_rot(5, 4, 128, 100, 10000.0f, 1.0f, 1, 32);
+    check_rope_rot(37, 8, 128, 3, 10000.0f, 1.0f, 0, 64, 0);    /* partial rotary 0.5 */
+    check_rope_rot(1, 24, 96, 4000, 10000.0f, 1.19f, 1, 96, 0); /* Phi-3 longrope shape: attention factor */
+    check_rope_rot(5, 4, 128, 100, 10000.0f, 1.0f, 1, 32, 0);
+    check_rope_rot(9, 32, 96, 5000, 10000.0f, 1.19f, 0, 0, 1);  /* longrope, a batch with both tables */
+    check_rope_rot(13, 24, 128, 70, 10000.0f, 1.3f, 1, 96, 1);  /* Phi-4-mini's partial rotary, both tables */
     check_elementwise(DJ_OP_GELU_MUL, 1, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_elementwise(DJ_OP_GELU_MUL, 37, 333, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
     check_elementwise(DJ_OP_GELU_MUL, 64, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16); /* prefill rows, 8 a thread */
@@ -1698,7 +1742,7 @@ static void check_attention_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t 
  * pages byte for byte against the CPU's KV_WRITE of the bf16 k the GPU wrote
  * (and v), and their K values against the CPU's f32 rotation within TOL_F8. */
 static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t hd, uint32_t tpp, int inplace,
-                                   int fuse, uint32_t nq) {
+                                   int fuse, uint32_t nq, int tabs) {
     const uint32_t ctx = pos0 + n, kvd = nkv * hd;
     kv8 p;
     kv8_init(&p, ctx, tpp, nkv, hd);
@@ -1716,15 +1760,17 @@ static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint
     if (!inplace) poison(dkr, count * 2);
     void *dq = dcopy(qb, qalloc * 2), *dqr = inplace ? dq : dalloc(qalloc * 2);
     if (!inplace) poison(dqr, qalloc * 2);
+    row_tabs t = {0};
+    if (tabs) row_tabs_init(&t, n, hd / 2, inv, dinv);
     dj_op_call cr = {.op = DJ_OP_ROPE, .n = n, .out = kref, .x = kf, .inv_freq = inv, .pos0 = pos0, .n_heads = nkv,
-                     .head_dim = hd, .scale = 1.0f};
+                     .head_dim = hd, .scale = 1.0f, .row_freq = t.crow};
     if (dj_backend_compute(cpu, &cr) != DJ_OK) die("rope k (cpu)");
     dj_op_call cq = cr;
     cq.out = qref, cq.x = qf, cq.n_heads = nq;
     if (nq && dj_backend_compute(cpu, &cq) != DJ_OK) die("rope q (cpu)");
     dj_op_call gr = cr, gq = cr;
-    gr.out = dkr, gr.x = dk, gr.inv_freq = dinv, gr.out_dtype = DJ_DTYPE_BF16;
-    gq.out = dqr, gq.x = dq, gq.inv_freq = dinv, gq.out_dtype = DJ_DTYPE_BF16, gq.n_heads = nq;
+    gr.out = dkr, gr.x = dk, gr.inv_freq = dinv, gr.row_freq = t.grow, gr.out_dtype = DJ_DTYPE_BF16;
+    gq.out = dqr, gq.x = dq, gq.inv_freq = dinv, gq.row_freq = t.grow, gq.out_dtype = DJ_DTYPE_BF16, gq.n_heads = nq;
     const dj_op_call gw = {.op = DJ_OP_KV_WRITE, .n = n, .x = dkr, .x2 = dv, .kv = &p.gv, .pos0 = pos0};
     dj__cuda_set_fuse(gpu, fuse);
     const uint64_t before = dj__cuda_fusions(gpu);
@@ -1733,9 +1779,9 @@ static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint
         die("rope+kv_write f8 (gpu)");
     const uint64_t fused = dj__cuda_fusions(gpu) - before, want = fuse ? (nq ? 2u : 1u) : 0u;
     dj__cuda_set_fuse(gpu, 1);
-    char shape[96];
-    snprintf(shape, sizeof shape, "f8 n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s", n, pos0, nkv, nq, hd,
-             tpp, inplace ? " in-place" : "", fuse ? "" : " unfused");
+    char shape[128];
+    snprintf(shape, sizeof shape, "f8 n=%u pos0=%u kv heads=%u q heads=%u hd=%u tpp=%u%s%s%s", n, pos0, nkv, nq, hd,
+             tpp, inplace ? " in-place" : "", fuse ? "" : " unfused", tabs ? " row tables" : "");
     compare("ROPE+KV", shape, dkr, DJ_DTYPE_BF16, kref, count);
     if (nq) compare("ROPE+KV", "  the q heads of the same launch", dqr, DJ_DTYPE_BF16, qref, qcount);
     /* exact: the CPU's KV_WRITE of the bf16 k the GPU wrote */
@@ -1997,12 +2043,14 @@ static void check_kv_f8(void) {
     if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F8_E4M3) != DJ_OK)
         die("kv dtype f8");
     /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
-    check_rope_kv_write_f8(1, 700, 8, 128, 16, 0, 1, 0);
-    check_rope_kv_write_f8(37, 5, 2, 64, 7, 1, 1, 0);
-    check_rope_kv_write_f8(300, 0, 8, 128, 16, 0, 1, 32);
-    check_rope_kv_write_f8(3, 40, 4, 80, 5, 0, 0, 12);
-    check_rope_kv_write_f8(5, 9, 2, 256, 16, 1, 1, 8);
-    check_rope_kv_write_f8(4, 3, 2, 256, 16, 0, 0, 4);
+    check_rope_kv_write_f8(1, 700, 8, 128, 16, 0, 1, 0, 0);
+    check_rope_kv_write_f8(37, 5, 2, 64, 7, 1, 1, 0, 0);
+    check_rope_kv_write_f8(300, 0, 8, 128, 16, 0, 1, 32, 0);
+    check_rope_kv_write_f8(3, 40, 4, 80, 5, 0, 0, 12, 0);
+    check_rope_kv_write_f8(5, 9, 2, 256, 16, 1, 1, 8, 0);
+    check_rope_kv_write_f8(4, 3, 2, 256, 16, 0, 0, 4, 0);
+    check_rope_kv_write_f8(9, 4090, 8, 96, 16, 0, 1, 32, 1); /* longrope: both tables in one batch */
+    check_rope_kv_write_f8(6, 3, 2, 128, 16, 1, 0, 8, 1);
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window, softcap */
     check_attention_f8(1, 4095, 32, 8, 128, 16, 0, 0.0f);  /* decode, GQA 4:1 (4 heads a block) */
     check_attention_f8(1, 1000, 8, 1, 64, 7, 0, 0.0f);     /* MQA, odd page size */
@@ -3199,16 +3247,19 @@ int main(int argc, char **argv) {
     }
 
     /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
-    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 0);
-    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 0);
-    check_rope_kv_write(300, 0, 8, 128, 16, 0, 1, 0);
-    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 0);
-    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 32);
-    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 8);
-    check_rope_kv_write(300, 0, 8, 128, 16, 1, 1, 32);
-    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 12);
-    check_rope_kv_write(700, 9, 8, 128, 16, 0, 1, 33); /* >= 2^20 pairs: 8 heads a thread, the last group short */
-    check_rope_kv_write(500, 0, 8, 256, 7, 1, 1, 17);
+    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 0, 0);
+    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 0, 0);
+    check_rope_kv_write(300, 0, 8, 128, 16, 0, 1, 0, 0);
+    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 0, 0);
+    check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 32, 0);
+    check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 8, 0);
+    check_rope_kv_write(300, 0, 8, 128, 16, 1, 1, 32, 0);
+    check_rope_kv_write(3, 40, 4, 80, 5, 0, 0, 12, 0);
+    check_rope_kv_write(700, 9, 8, 128, 16, 0, 1, 33, 0); /* >= 2^20 pairs: 8 heads a thread, the last group short */
+    check_rope_kv_write(500, 0, 8, 256, 7, 1, 1, 17, 0);
+    check_rope_kv_write(9, 4090, 8, 96, 16, 0, 1, 32, 1); /* longrope: a batch with both tables, fused with q */
+    check_rope_kv_write(700, 9, 8, 128, 16, 1, 1, 33, 1); /* 8 heads a thread */
+    check_rope_kv_write(5, 7, 4, 96, 5, 0, 0, 12, 1);     /* unfused */
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
     check_attention(1, 4095, 32, 8, 128, 16, 0);   /* decode, long context, GQA 4:1 */
     check_attention(1, 1000, 8, 1, 64, 7, 0);      /* MQA, odd page size */

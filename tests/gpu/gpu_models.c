@@ -71,7 +71,7 @@ static void check(dj_engine_t *e, const char *root, const char *name, const char
     float *logits = malloc(V * sizeof *logits);
     for (uint32_t i = 0; i < V; i++) logits[i] = NAN;
     dj_session_t *s = NULL, *tf = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s));
     CHECK_OK(dj_session_step(e, s, r.prompt, (uint32_t)r.n_prompt, logits));
     const double e_last = rel_l2(logits, r.last, r.vocab), m_last = rel_err(logits, r.last, r.vocab);
     CHECK_MSG(e_last <= bound(y.last), "%s: prompt logits relative error %.3g > %.3g (transformers bf16: %.3g)", name,
@@ -88,7 +88,7 @@ static void check(dj_engine_t *e, const char *root, const char *name, const char
     int32_t seq[128];
     memcpy(seq, r.prompt, (size_t)r.n_prompt * sizeof *seq);
     memcpy(seq + r.n_prompt, r.greedy, (size_t)r.n_greedy * sizeof *seq);
-    CHECK_OK(dj_session_new(e, m, 128, 0, &tf));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &tf));
     CHECK_OK(dj_session_step(e, tf, seq, (uint32_t)(r.n_prompt + r.n_greedy), logits));
     const double e_final = rel_l2(logits, r.final, r.vocab), m_final = rel_err(logits, r.final, r.vocab);
     CHECK_MSG(e_final <= bound(y.final), "%s: final logits relative error %.3g > %.3g (transformers bf16: %.3g)",

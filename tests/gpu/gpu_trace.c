@@ -36,9 +36,9 @@ static void graph_saves(dj_engine_t *e, dj_model_t *m, const ref *r, const char 
     const dj_model_config *c = dj_model_get_config(m);
     const uint32_t L = c->n_layers, d = c->hidden_size, V = c->vocab_size, n = (uint32_t)r->n_prompt;
     dj_session_t *g = NULL, *q = NULL, *p = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &g));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &q));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &p));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &g));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &q));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &p));
     if (!g || !q || !p) return;
     CHECK_OK(dj_session_step(e, g, r->prompt, n, NULL));
     CHECK_OK(dj_session_step(e, q, r->prompt, n, NULL));
@@ -104,9 +104,9 @@ static void one_engine(const char *device, const char *dir, const ref *r, const 
         iv[k].out = out->saved + (size_t)k * n * d;
     }
     dj_session_t *s = NULL, *p = NULL, *t = NULL;
-    CHECK_OK(dj_session_new(e, m, 128, 0, &s));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &p));
-    CHECK_OK(dj_session_new(e, m, 128, 0, &t));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &p));
+    CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &t));
     CHECK_OK(dj_session_step(e, p, r->prompt, n, out->plain));
     CHECK_OK(dj_session_step_trace(e, s, r->prompt, n, iv, np, out->logits));
     dj_intervention last = {.point = {DJ_POINT_LAYER_OUTPUT, L - 1}, .op = DJ_IV_SAVE, .out = out->dec};

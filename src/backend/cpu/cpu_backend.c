@@ -177,8 +177,8 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
-/* HF rotate_half: angle = inv_freq[j] * p in f32, cos/sin in f32, both times
- * attention_scaling; pairs (j, j + rot/2) of the first rot dims of each head
+/* HF rotate_half: angle = inv_freq[j] * p in f32 (the row's row_freq table
+ * where given), cos/sin in f32, both times attention_scaling; pairs (j, j + rot/2) of the first rot dims of each head
  * (rot_dim, or all of it), the rest passed through. In place allowed. */
 static void rope_rows(void *ctx, size_t lo, size_t hi, int thread) {
     (void)thread;
@@ -190,8 +190,9 @@ static void rope_rows(void *ctx, size_t lo, size_t hi, int thread) {
         const float p = (float)(c->row_pos ? c->row_pos[i] : c->pos0 + (uint32_t)i);
         const float *x = (const float *)c->x + i * row;
         float *o = (float *)c->out + i * row;
+        const float *freq = c->row_freq ? c->row_freq[i] : c->inv_freq;
         for (uint32_t j = 0; j < half; j++) {
-            const float theta = c->inv_freq[j] * p;
+            const float theta = freq[j] * p;
             const float cs = cosf(theta) * c->scale, sn = sinf(theta) * c->scale;
             for (uint32_t h = 0; h < nh; h++) {
                 const float x1 = x[(size_t)h * hd + j], x2 = x[(size_t)h * hd + j + half];

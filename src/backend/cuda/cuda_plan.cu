@@ -93,7 +93,7 @@ static bool fuses_with_rope(const dj_op_call *rope, const dj_op_call *c) {
  * and v clear of q's output. */
 static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *k, const dj_op_call *kvw) {
     if (q->op != DJ_OP_ROPE || q->rot_dim != 0 || k->n != q->n || k->pos0 != q->pos0 || k->row_pos != q->row_pos ||
-        k->inv_freq != q->inv_freq || k->head_dim != q->head_dim || k->scale != q->scale)
+        k->inv_freq != q->inv_freq || k->row_freq != q->row_freq || k->head_dim != q->head_dim || k->scale != q->scale)
         return false;
     const size_t qb = (size_t)q->n * q->n_heads * q->head_dim * sizeof(__nv_bfloat16);
     const size_t kb = (size_t)k->n * k->n_heads * k->head_dim * sizeof(__nv_bfloat16);
@@ -164,7 +164,7 @@ static uint64_t plan_sig(const dj_op_call *calls, size_t n) {
         const uint64_t v[] = {(uint64_t)c->op, c->n, (uintptr_t)c->out, (uintptr_t)c->x, (uintptr_t)c->x2,
                               (uintptr_t)c->w, (uint64_t)c->w_dtype, (uint64_t)c->out_dtype, (uint64_t)c->x_dtype,
                               c->k, c->m, c->d, (uint64_t)(c->pos0 - pos0), (uintptr_t)c->row_pos,
-                              (uintptr_t)c->inv_freq, c->n_heads, c->head_dim, scale_bits,
+                              (uintptr_t)c->inv_freq, (uintptr_t)c->row_freq, c->n_heads, c->head_dim, scale_bits,
                               c->kv ? c->kv->kv_dim : 0, off_bits, cap_bits, c->groups, c->rot_dim,
                               (uintptr_t)c->route, c->expert, c->top_k};
         for (size_t j = 0; j < sizeof v / sizeof *v; j++) {

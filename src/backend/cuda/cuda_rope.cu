@@ -26,14 +26,15 @@ static __device__ __forceinline__ void rope_cs(float theta, float scale, float *
     *sn = s * scale;
 }
 
-/* One thread per (row, head, pair j): angle inv_freq[j] * p in f32, cos/sin
+/* One thread per (row, head, pair j): angle inv_freq[j] * p in f32 (the row's
+ * row_freq table where given), cos/sin
  * in f32 (accurate, not the fast intrinsics: angles reach 1e5 rad), times
  * attention_scaling; pairs (j, j + rot/2) of the first rot dims (all of the
  * head but with a partial rotary factor); the thread of pair j also copies
  * dims rot + j, rot + j + rot/2, ... when out is not x. */
-static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, const float *inv_freq, uint32_t n,
-                                   uint32_t nh, uint32_t hd, uint32_t rot, uint32_t pos0, const uint32_t *row_pos,
-                                   float scale) {
+static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, const float *inv_freq,
+                                   const float *const *row_freq, uint32_t n, uint32_t nh, uint32_t hd, uint32_t rot,
+                                   uint32_t pos0, const uint32_t *row_pos, float scale) {
     dj_pdl_release();
     dj_pdl_wait();
     const uint32_t half = rot / 2;
@@ -42,7 +43,7 @@ static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, c
         const uint32_t j = (uint32_t)(t % half);
         const size_t rh = t / half; /* row * nh + head */
         const uint32_t i = (uint32_t)(rh / nh);
-        const float theta = inv_freq[j] * (float)(row_pos ? row_pos[i] : pos0 + i);
+        const float theta = (row_freq ? row_freq[i] : inv_freq)[j] * (float)(row_pos ? row_pos[i] : pos0 + i);
         float cs, sn;
         rope_cs(theta, scale, &cs, &sn);
         const size_t base = rh * hd;
@@ -83,8 +84,9 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
  * before it is stored, by one thread, so kout may be k and qout q. */
 static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
                                             const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq,
-                                            const float *inv_freq, uint32_t n, uint32_t nkv, uint32_t hd,
-                                            uint32_t pos0, const uint32_t *row_pos, float scale, uint8_t *seg,
+                                            const float *inv_freq, const float *const *row_freq, uint32_t n,
+                                            uint32_t nkv, uint32_t hd, uint32_t pos0, const uint32_t *row_pos,
+                                            float scale, uint8_t *seg,
                                             size_t page_bytes, const uint32_t *table, uint32_t tpp,
                                             const uint32_t *const *row_tables, uint32_t hpt) {
     dj_pdl_release();
@@ -100,7 +102,7 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
          * kernel) or constant: the angle and the page come before the wait */
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
         float cs, sn;
-        rope_cs(inv_freq[j] * (float)p, scale, &cs, &sn);
+        rope_cs((row_freq ? row_freq[i] : inv_freq)[j] * (float)p, scale, &cs, &sn);
         const uint32_t *tb = row_tables ? row_tables[i] : table;
         __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
         const size_t prow = (size_t)(p % tpp) * kv_dim;
@@ -195,9 +197,9 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
 static __global__ void __launch_bounds__(ROPE_THREADS)
     rope_kv_write_f8_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
                             const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq, const float *inv_freq,
-                            uint32_t n, uint32_t nkv, uint32_t hd, uint32_t pos0, const uint32_t *row_pos, float scale,
-                            uint8_t *seg, size_t page_bytes, const uint32_t *table, uint32_t tpp,
-                            const uint32_t *const *row_tables) {
+                            const float *const *row_freq, uint32_t n, uint32_t nkv, uint32_t hd, uint32_t pos0,
+                            const uint32_t *row_pos, float scale, uint8_t *seg, size_t page_bytes,
+                            const uint32_t *table, uint32_t tpp, const uint32_t *const *row_tables) {
     dj_pdl_release();
     dj_pdl_wait();
     const uint32_t lane = threadIdx.x & 31, half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
@@ -205,13 +207,14 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
         const uint32_t i = (uint32_t)(w / heads), h = (uint32_t)(w % heads);
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
+        const float *freq = row_freq ? row_freq[i] : inv_freq;
         const bool is_k = h < nkv;
         const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
         const __nv_bfloat16 *x = is_k ? k : q;
         __nv_bfloat16 *o = is_k ? kout : qout;
         float kmax = 0.0f, vmax = 0.0f;
         for (uint32_t j = lane; j < half; j += 32) {
-            const float theta = inv_freq[j] * (float)p;
+            const float theta = freq[j] * (float)p;
             float cs, sn;
             rope_cs(theta, scale, &cs, &sn);
             const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
@@ -253,8 +256,8 @@ dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c) {
     const uint32_t rot = c->rot_dim ? c->rot_dim : c->head_dim;
     const size_t count = (size_t)c->n * c->n_heads * (rot / 2);
     dj__launch(cb, rope_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
-        (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->n, c->n_heads, c->head_dim, rot,
-        c->pos0, c->row_pos, c->scale);
+        (const __nv_bfloat16 *)c->x, (__nv_bfloat16 *)c->out, c->inv_freq, c->row_freq, c->n, c->n_heads,
+        c->head_dim, rot, c->pos0, c->row_pos, c->scale);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
@@ -287,8 +290,8 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
         dj__launch(cb, rope_kv_write_f8_kernel, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
             (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
             rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
-            rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
-            kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
+            rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos,
+            rope->scale, kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
@@ -299,7 +302,8 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
     dj__launch(cb, rope_kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
         (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
         rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
-        rope->inv_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale, kv->seg_base,
+        rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
+        kv->seg_base,
         kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpt);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
