@@ -646,6 +646,103 @@ static void check_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_
     kv_pair_free(&p);
 }
 
+/* Per-head RMSNORMs of q and k (Qwen3, Gemma 3: weights of dtype wt, applied
+ * as w + off), the ROPEs of their outputs and k's KV_WRITE at pos0.., as the
+ * decoder issues them: the CUDA backend runs the five as one kernel. Rotated
+ * q and k and every page row against the CPU; the fused launch against the
+ * unfused ones bit for bit (the rotated q and k, the norms' outputs); the
+ * fusion counter moves by 4. inplace: each side in one buffer (norm and
+ * rope in place); tabs: per-row RoPE tables. */
+static void check_norm_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, uint32_t nq, uint32_t hd, uint32_t tpp,
+                                     dj_dtype wt, float off, int inplace, int tabs) {
+    const uint32_t ctx = pos0 + n, kvd = nkv * hd;
+    kv_pair p;
+    kv_pair_init(&p, ctx, tpp, kvd);
+    if (pos0) kv_fill(&p, 0, pos0);
+    const size_t kc = (size_t)n * kvd, qc = (size_t)n * nq * hd;
+    uint16_t *kb = halloc(kc), *vb = halloc(kc), *qb = halloc(qc);
+    float *kf = falloc(kc), *vf = falloc(kc), *qf = falloc(qc), *kn = falloc(kc), *qn = falloc(qc), *kref = falloc(kc),
+          *qref = falloc(qc), *inv = falloc(hd / 2);
+    rand_bf16(kb, kf, kc, -3.0f, 3.0f);
+    rand_bf16(vb, vf, kc, -2.0f, 2.0f);
+    rand_bf16(qb, qf, qc, -3.0f, 3.0f);
+    void *qw = rand_weight(wt, hd, off ? -0.5f : 0.5f, off ? 0.5f : 1.5f), *kw = rand_weight(wt, hd, 0.5f, 1.5f);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(1000000.0, -2.0 * j / hd);
+    void *dinv = dcopy(inv, hd / 2 * sizeof(float)), *dv = dcopy(vb, kc * 2);
+    void *dqw = dcopy(qw, hd * dj_dtype_size(wt)), *dkw = dcopy(kw, hd * dj_dtype_size(wt));
+    /* device buffers: raw q, k; the norms' outputs; the ROPEs' outputs (all one per side when in place) */
+    void *dq = dalloc(qc * 2), *dk = dalloc(kc * 2);
+    void *dqn = inplace ? dq : dalloc(qc * 2), *dkn = inplace ? dk : dalloc(kc * 2);
+    void *dqr = inplace ? dq : dalloc(qc * 2), *dkr = inplace ? dk : dalloc(kc * 2);
+    row_tabs t = {0};
+    if (tabs) row_tabs_init(&t, n, hd / 2, inv, dinv);
+    const float eps = 1e-6f;
+    dj_op_call c[5] = {
+        {.op = DJ_OP_RMSNORM, .n = n, .out = qn, .x = qf, .w = qw, .w_dtype = wt, .d = hd, .eps = eps, .w_offset = off,
+         .groups = nq},
+        {.op = DJ_OP_RMSNORM, .n = n, .out = kn, .x = kf, .w = kw, .w_dtype = wt, .d = hd, .eps = eps, .w_offset = off,
+         .groups = nkv},
+        {.op = DJ_OP_ROPE, .n = n, .out = qref, .x = qn, .inv_freq = inv, .row_freq = t.crow, .pos0 = pos0,
+         .n_heads = nq, .head_dim = hd, .scale = 1.0f},
+        {.op = DJ_OP_ROPE, .n = n, .out = kref, .x = kn, .inv_freq = inv, .row_freq = t.crow, .pos0 = pos0,
+         .n_heads = nkv, .head_dim = hd, .scale = 1.0f},
+        {.op = DJ_OP_KV_WRITE, .n = n, .x = kref, .x2 = vf, .kv = &p.cv, .pos0 = pos0}};
+    for (int i = 0; i < 5; i++)
+        if (dj_backend_compute(cpu, &c[i]) != DJ_OK) die("norm+rope+kv_write (cpu)");
+    dj_op_call g[5];
+    memcpy(g, c, sizeof g);
+    g[0].x = dq, g[0].out = dqn, g[0].w = dqw;
+    g[1].x = dk, g[1].out = dkn, g[1].w = dkw;
+    g[2].x = dqn, g[2].out = dqr, g[2].inv_freq = dinv, g[2].row_freq = t.grow;
+    g[3].x = dkn, g[3].out = dkr, g[3].inv_freq = dinv, g[3].row_freq = t.grow;
+    g[4].x = dkr, g[4].x2 = dv, g[4].kv = &p.gv;
+    for (int i = 0; i < 4; i++) g[i].x_dtype = g[i].out_dtype = DJ_DTYPE_BF16;
+    /* unfused, then fused, each from fresh inputs; outputs poisoned before each */
+    uint16_t *got[2][4]; /* [unfused, fused][q rotated, k rotated, q normed, k normed] */
+    uint64_t fused = 0;
+    for (int f = 0; f < 2; f++) {
+        up(dq, qb, qc * 2);
+        up(dk, kb, kc * 2);
+        if (!inplace) {
+            poison(dqn, qc * 2), poison(dkn, kc * 2), poison(dqr, qc * 2), poison(dkr, kc * 2);
+        }
+        dj__cuda_set_fuse(gpu, f);
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if (dj_backend_compute_plan(gpu, g, 5, NULL) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK)
+            die("norm+rope+kv_write (gpu)");
+        if (f) fused = dj__cuda_fusions(gpu) - before;
+        const void *src[4] = {dqr, dkr, dqn, dkn};
+        const size_t cnt[4] = {qc, kc, qc, kc};
+        for (int b = 0; b < 4; b++) {
+            got[f][b] = halloc(cnt[b]);
+            down(got[f][b], src[b], cnt[b] * 2);
+        }
+    }
+    dj__cuda_set_fuse(gpu, 1);
+    char shape[128];
+    snprintf(shape, sizeof shape, "n=%u pos0=%u heads=%u:%u hd=%u w=%s+%g tpp=%u%s%s", n, pos0, nq, nkv, hd,
+             dj_dtype_name(wt), (double)off, tpp, inplace ? " in-place" : "", tabs ? " row tables" : "");
+    compare("NORM+ROPE", shape, dqr, DJ_DTYPE_BF16, qref, qc);
+    compare("NORM+ROPE", "  the k heads", dkr, DJ_DTYPE_BF16, kref, kc);
+    check_kv_pages(&p, ctx, shape, TOL);
+    int differ = 0;
+    for (int b = 0; b < (inplace ? 2 : 4); b++) differ += memcmp(got[0][b], got[1][b], (b % 2 ? kc : qc) * 2) != 0;
+    n_rows++;
+    n_fail += differ != 0 || fused != 4;
+    printf("%-10s %-52s %10s  %s (%llu fused)\n", "NORM+ROPE", "  one launch against five: the same bits", "-",
+           differ == 0 && fused == 4 ? "pass" : "FAIL", (unsigned long long)fused);
+    for (int f = 0; f < 2; f++)
+        for (int b = 0; b < 4; b++) free(got[f][b]);
+    row_tabs_free(&t);
+    if (!inplace) {
+        dfree(dqn), dfree(dkn), dfree(dqr), dfree(dkr);
+    }
+    dfree(dq), dfree(dk), dfree(dv), dfree(dinv), dfree(dqw), dfree(dkw);
+    free(kb), free(vb), free(qb), free(kf), free(vf), free(qf), free(kn), free(qn), free(kref), free(qref), free(inv);
+    free(qw), free(kw);
+    kv_pair_free(&p);
+}
+
 /* Every attention path in turn over one context's pages (cv: the CPU's
  * view, gv: the GPU's), n query rows at pos0.., each against the CPU's
  * output; tag ("" or "f8 ") starts the rows' names. The kernel each path
@@ -3260,6 +3357,12 @@ int main(int argc, char **argv) {
     check_rope_kv_write(9, 4090, 8, 96, 16, 0, 1, 32, 1); /* longrope: a batch with both tables, fused with q */
     check_rope_kv_write(700, 9, 8, 128, 16, 1, 1, 33, 1); /* 8 heads a thread */
     check_rope_kv_write(5, 7, 4, 96, 5, 0, 0, 12, 1);     /* unfused */
+    /* Qwen3's per-head q/k norms with the RoPEs and the KV_WRITE: decode rows, a prefill's, Gemma 3's (1 + w) */
+    check_norm_rope_kv_write(1, 700, 8, 32, 128, 16, DJ_DTYPE_BF16, 0.0f, 0, 0);
+    check_norm_rope_kv_write(4, 33, 8, 32, 128, 16, DJ_DTYPE_BF16, 0.0f, 1, 1);
+    check_norm_rope_kv_write(420, 0, 8, 32, 128, 16, DJ_DTYPE_F32, 0.0f, 0, 0); /* 8 heads a warp */
+    check_norm_rope_kv_write(37, 5, 4, 8, 256, 7, DJ_DTYPE_BF16, 1.0f, 0, 0);
+    check_norm_rope_kv_write(9, 60, 2, 6, 64, 5, DJ_DTYPE_F16, 1.0f, 1, 1);
     /* n, pos0, heads, kv heads, head_dim, tokens per page, window */
     check_attention(1, 4095, 32, 8, 128, 16, 0);   /* decode, long context, GQA 4:1 */
     check_attention(1, 1000, 8, 1, 64, 7, 0);      /* MQA, odd page size */

@@ -268,6 +268,17 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
  * done in the same launch; its buffers clear of k's and v. */
 dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
                                  const dj_op_call *kvw, const uint32_t *table_dev);
+/* Per-head RMSNORMs of q and k (qn, kn: groups = heads, d = head_dim), the
+ * ROPEs of their outputs (rq, rk) and k's KV_WRITE into bf16 pages, in one
+ * pass (bit-equal to the launches it replaces). _takes: the calls' own
+ * conditions (bf16 pages, head_dim 64, 128 or 256, one eps, offset and weight
+ * dtype, each norm's output its ROPE's input); the caller checks the ROPEs
+ * and KV_WRITE fuse (dj__cuda_rope_kv_write's conditions) and the buffers. */
+bool dj__cuda_norm_rope_takes(const dj_op_call *qn, const dj_op_call *kn, const dj_op_call *rq, const dj_op_call *rk,
+                              const dj_op_call *kvw);
+dj_status dj__cuda_norm_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *qn, const dj_op_call *kn,
+                                      const dj_op_call *rq, const dj_op_call *rk, const dj_op_call *kvw,
+                                      const uint32_t *table_dev);
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* Whether the tensor-core prefill kernel takes this call, and its launcher. */
 bool dj__cuda_attention_tc_covers(const dj_op_call *c);

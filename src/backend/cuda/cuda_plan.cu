@@ -16,6 +16,7 @@ typedef enum {
     STEP_ROPE_KV,  /* [ROPE of q calls[rope_q],] ROPE of k calls[first], its KV_WRITE calls[first+1] */
     STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
     STEP_GLU_F8,    /* calls[first]: SILU_MUL / GELU_MUL quantizing its output for calls[first+1], its FP8 GEMM */
+    STEP_NORM_ROPE_KV, /* calls[first .. first+5): per-head RMSNORMs of q and k, their ROPEs, k's KV_WRITE */
 } step_kind;
 
 #define F8_SHARED_GROUP 4 /* q, k, v (and gate, up) */
@@ -103,6 +104,27 @@ static bool pairs_with_rope(const dj_op_call *q, const dj_op_call *k, const dj_o
             if (overlap(qs[i], qb, ks[j], kb)) return false;
     const size_t vb = (size_t)kvw->n * kvw->kv->kv_dim * sizeof(__nv_bfloat16);
     return !overlap(kvw->x2, vb, q->out, qb);
+}
+
+static bool same_or_apart(const void *a, const void *b, size_t bytes) { return a == b || !overlap(a, bytes, b, bytes); }
+
+/* Per-head q and k norms (Qwen3, Gemma 3), the ROPEs of their outputs and
+ * k's KV_WRITE (c[0..5)) as one kernel (dj__cuda_norm_rope_kv_write): the
+ * ROPEs and KV_WRITE as they fuse, the norms' inputs each clear of the other
+ * side's buffers and of v, and equal to or clear of its own side's outputs
+ * (a lane touches only its own elements of a head). */
+static bool fuses_norm_rope(const dj_op_call *c) {
+    const dj_op_call *qn = &c[0], *kn = &c[1], *rq = &c[2], *rk = &c[3], *kvw = &c[4];
+    if (qn->op != DJ_OP_RMSNORM || rq->op != DJ_OP_ROPE || !fuses_with_rope(rk, kvw) ||
+        !pairs_with_rope(rq, rk, kvw) || !dj__cuda_norm_rope_takes(qn, kn, rq, rk, kvw))
+        return false;
+    const size_t qb = (size_t)rq->n * rq->n_heads * rq->head_dim * sizeof(__nv_bfloat16);
+    const size_t kb = (size_t)rk->n * rk->n_heads * rk->head_dim * sizeof(__nv_bfloat16);
+    return same_or_apart(qn->x, qn->out, qb) && same_or_apart(qn->x, rq->out, qb) &&
+           same_or_apart(kn->x, kn->out, kb) && same_or_apart(kn->x, rk->out, kb) &&
+           !overlap(qn->x, qb, kn->x, kb) && !overlap(qn->x, qb, kn->out, kb) && !overlap(qn->x, qb, rk->out, kb) &&
+           !overlap(kn->x, kb, qn->out, qb) && !overlap(kn->x, kb, rq->out, qb) &&
+           !overlap(kvw->x2, kb, qn->x, qb) && !overlap(kvw->x2, kb, kn->x, kb) && !overlap(kvw->x2, kb, qn->out, qb);
 }
 
 /* The 4-bit GEMV group gate, up (g[0..2)) and the GLU glu of their outputs
@@ -196,7 +218,9 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
         const dj_op_call *c = &calls[i];
         plan_step s = {STEP_ONE, 1, (int32_t)i, -1};
         if (cb->fuse) {
-            if (i + 2 < n && c->op == DJ_OP_ROPE && fuses_with_rope(&calls[i + 1], &calls[i + 2]) &&
+            if (i + 4 < n && c->op == DJ_OP_RMSNORM && c->groups > 1 && fuses_norm_rope(c)) {
+                s = (plan_step){STEP_NORM_ROPE_KV, 5, (int32_t)i, -1};
+            } else if (i + 2 < n && c->op == DJ_OP_ROPE && fuses_with_rope(&calls[i + 1], &calls[i + 2]) &&
                 pairs_with_rope(c, &calls[i + 1], &calls[i + 2])) {
                 s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i};
             } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
@@ -293,6 +317,13 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
         if (done == 2) cb->fusions++; /* a quantization pass saved */
         for (int i = done; st == DJ_OK && i < 2; i++) st = dj__cuda_compute_one(cb, &c[i]);
         return st;
+    }
+    case STEP_NORM_ROPE_KV: {
+        const uint32_t *table = NULL;
+        const dj_status st = dj__cuda_device_table(cb, &c[4], &table);
+        if (st != DJ_OK) return st;
+        cb->fusions += 4;
+        return dj__cuda_norm_rope_kv_write(cb, &c[0], &c[1], &c[2], &c[3], &c[4], table);
     }
     case STEP_ROPE_KV: {
         const uint32_t *table = NULL;

@@ -133,6 +133,88 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
     }
 }
 
+/* Per-head RMSNorm of k and q (Qwen3, Gemma 3) fused with their RoPE and
+ * k's KV_WRITE into bf16 pages: one warp per (row, group of hpw heads) over
+ * nkv heads of k then nq of q, HD / 32 values a lane (element lane + 32 t;
+ * pairs t and t + HD / 64). The sum of squares in rmsnorm_warp_kernel's
+ * order and the normed value rounded as it rounds it, then
+ * rope_kv_write_kernel's rotation of those bf16 values (the angle's cos/sin
+ * once per warp for its heads): the bits of the launches it replaces. The
+ * normed values also go to kn/qn (the norms' outputs) where given, so every
+ * buffer ends as those launches leave it. A lane reads and writes only its
+ * own elements of a head, so any output may be its input. */
+template <typename TW, int HD>
+static __global__ void __launch_bounds__(ROPE_THREADS)
+    norm_rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kn, __nv_bfloat16 *kout, const TW *kw,
+                              const __nv_bfloat16 *q, __nv_bfloat16 *qn, __nv_bfloat16 *qout, const TW *qw,
+                              uint32_t nq, const __nv_bfloat16 *v, float eps, float w_off, const float *inv_freq,
+                              const float *const *row_freq, uint32_t n, uint32_t nkv, uint32_t pos0,
+                              const uint32_t *row_pos, float scale, uint8_t *seg, size_t page_bytes,
+                              const uint32_t *table, uint32_t tpp, const uint32_t *const *row_tables, uint32_t hpw) {
+    constexpr int T = HD / 32, PAIRS = T / 2;
+    dj_pdl_release();
+    const uint32_t lane = threadIdx.x & 31, heads = nkv + nq, groups = (heads + hpw - 1) / hpw, kv_dim = nkv * HD;
+    const size_t count = (size_t)n * groups, warps = (size_t)gridDim.x * ROPE_WARPS;
+    bool waited = false;
+    for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
+        const uint32_t i = (uint32_t)(w / groups), h0 = (uint32_t)(w % groups) * hpw;
+        const uint32_t h1 = h0 + hpw < heads ? h0 + hpw : heads;
+        /* positions, tables and frequencies are the step's arguments or constant: before the wait */
+        const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
+        const float *freq = row_freq ? row_freq[i] : inv_freq;
+        float cs[PAIRS], sn[PAIRS];
+#pragma unroll
+        for (int t = 0; t < PAIRS; t++) rope_cs(freq[lane + 32 * t] * (float)p, scale, &cs[t], &sn[t]);
+        const uint32_t *tb = row_tables ? row_tables[i] : table;
+        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
+        const size_t prow = (size_t)(p % tpp) * kv_dim;
+        if (!waited) {
+            dj_pdl_wait();
+            waited = true;
+        }
+        for (uint32_t h = h0; h < h1; h++) {
+            const bool is_k = h < nkv;
+            const size_t base = is_k ? ((size_t)i * nkv + h) * HD : ((size_t)i * nq + (h - nkv)) * HD;
+            const __nv_bfloat16 *x = (is_k ? k : q) + base;
+            const TW *wt = is_k ? kw : qw;
+            float y[T];
+            float s = 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                y[t] = __bfloat162float(x[lane + 32 * t]);
+                s += y[t] * y[t];
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            const float r = 1.0f / sqrtf(s / (float)HD + eps);
+            __nv_bfloat16 *nout = is_k ? kn : qn;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const uint32_t e = lane + 32 * t;
+                const __nv_bfloat16 b = __float2bfloat16((dj_ld(wt, e) + w_off) * (y[t] * r));
+                if (nout) nout[base + e] = b;
+                y[t] = __bfloat162float(b);
+            }
+            __nv_bfloat16 *o = (is_k ? kout : qout) + base;
+#pragma unroll
+            for (int t = 0; t < PAIRS; t++) {
+                const uint32_t e = lane + 32 * t;
+                const float x1 = y[t], x2 = y[t + PAIRS];
+                const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs[t] - x2 * sn[t]);
+                const __nv_bfloat16 o2 = __float2bfloat16(x2 * cs[t] + x1 * sn[t]);
+                o[e] = o1;
+                o[e + HD / 2] = o2;
+                if (is_k) {
+                    const size_t kr = prow + (size_t)h * HD + e, vr = kr + (size_t)tpp * kv_dim;
+                    page[kr] = o1;
+                    page[kr + HD / 2] = o2;
+                    page[vr] = v[base + e];
+                    page[vr + HD / 2] = v[base + e + HD / 2];
+                }
+            }
+        }
+    }
+}
+
 /* ---- f8_e4m3 pages ---- */
 
 static __device__ __forceinline__ float rope_warp_max(float v) {
@@ -305,6 +387,59 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
         rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
         kv->seg_base,
         kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpt);
+    DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+template <typename TW, int HD>
+static void launch_norm_rope(dj_cuda_backend *cb, const dj_op_call *qn, const dj_op_call *kn, const dj_op_call *rq,
+                             const dj_op_call *rk, const dj_op_call *kvw, const uint32_t *table_dev) {
+    const dj_kv_view *kv = kvw->kv;
+    const uint32_t heads = rk->n_heads + rq->n_heads;
+    const uint32_t hpw = (size_t)rk->n * heads * (HD / 2) >= ((size_t)1 << 20) ? ROPE_HEADS_MANY : 1u;
+    const size_t warps = (size_t)rk->n * ((heads + hpw - 1) / hpw);
+    dj__launch(cb, norm_rope_kv_write_kernel<TW, HD>, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
+        (const __nv_bfloat16 *)kn->x, kn->out == rk->out ? NULL : (__nv_bfloat16 *)kn->out, (__nv_bfloat16 *)rk->out,
+        (const TW *)kn->w, (const __nv_bfloat16 *)qn->x, qn->out == rq->out ? NULL : (__nv_bfloat16 *)qn->out,
+        (__nv_bfloat16 *)rq->out, (const TW *)qn->w, rq->n_heads, (const __nv_bfloat16 *)kvw->x2, qn->eps,
+        qn->w_offset, rk->inv_freq, rk->row_freq, rk->n, rk->n_heads, rk->pos0, rk->row_pos, rk->scale, kv->seg_base,
+        kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpw);
+}
+
+template <typename TW>
+static void norm_rope_hd(dj_cuda_backend *cb, const dj_op_call *qn, const dj_op_call *kn, const dj_op_call *rq,
+                         const dj_op_call *rk, const dj_op_call *kvw, const uint32_t *table_dev) {
+    switch (rk->head_dim) {
+    case 64: launch_norm_rope<TW, 64>(cb, qn, kn, rq, rk, kvw, table_dev); break;
+    case 128: launch_norm_rope<TW, 128>(cb, qn, kn, rq, rk, kvw, table_dev); break;
+    default: launch_norm_rope<TW, 256>(cb, qn, kn, rq, rk, kvw, table_dev); break;
+    }
+}
+
+bool dj__cuda_norm_rope_takes(const dj_op_call *qn, const dj_op_call *kn, const dj_op_call *rq, const dj_op_call *rk,
+                              const dj_op_call *kvw) {
+    const uint32_t hd = rk->head_dim;
+    if (qn->op != DJ_OP_RMSNORM || kn->op != DJ_OP_RMSNORM || kvw->kv->dtype != DJ_DTYPE_BF16 ||
+        !(hd == 64 || hd == 128 || hd == 256) || qn->eps != kn->eps || qn->w_offset != kn->w_offset ||
+        qn->w_dtype != kn->w_dtype ||
+        !(qn->w_dtype == DJ_DTYPE_BF16 || qn->w_dtype == DJ_DTYPE_F16 || qn->w_dtype == DJ_DTYPE_F32))
+        return false;
+    const dj_op_call *nm[2] = {qn, kn}, *r[2] = {rq, rk};
+    for (int j = 0; j < 2; j++)
+        if (nm[j]->x_dtype != DJ_DTYPE_BF16 || nm[j]->d != hd || nm[j]->groups != r[j]->n_heads ||
+            nm[j]->n != r[j]->n || nm[j]->out != r[j]->x)
+            return false;
+    return true;
+}
+
+dj_status dj__cuda_norm_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *qn, const dj_op_call *kn,
+                                      const dj_op_call *rq, const dj_op_call *rk, const dj_op_call *kvw,
+                                      const uint32_t *table_dev) {
+    switch (qn->w_dtype) {
+    case DJ_DTYPE_BF16: norm_rope_hd<__nv_bfloat16>(cb, qn, kn, rq, rk, kvw, table_dev); break;
+    case DJ_DTYPE_F16: norm_rope_hd<__half>(cb, qn, kn, rq, rk, kvw, table_dev); break;
+    default: norm_rope_hd<float>(cb, qn, kn, rq, rk, kvw, table_dev); break;
+    }
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
