@@ -56,8 +56,9 @@ void dj__cuda_set_sample_split(dj_backend_t *be, uint32_t blocks);
  * 2 f32 tiled prefill, 3 tensor-core prefill (0: none yet). */
 int dj__cuda_last_attention(dj_backend_t *be);
 /* Test hooks: backend-internal fusion (on unless $DJINN_FUSE=off) of an ADD
- * with the RMSNORM that reads its sum and of a ROPE with the KV_WRITE of its
- * output, and how many pairs ran fused. */
+ * with the RMSNORM that reads its sum, of a ROPE with the KV_WRITE of its
+ * output (and the per-head norms in front of them), ..., and how many calls
+ * ran fused beyond the first of each launch. */
 void dj__cuda_set_fuse(dj_backend_t *be, int on);
 uint64_t dj__cuda_fusions(dj_backend_t *be);
 
