@@ -192,28 +192,39 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
      * O += P V(t) is. */
     auto load_tile = [&](__nv_bfloat16 *dst, uint32_t parity, uint32_t kv) {
         const uint64_t *ro = rowoff + parity * TC_BN;
+        /* A thread keeps one column ch (16 bytes of the tile row) of rows j0, j0 + RPI, ...:
+         * its source and destination step by constants, one row offset read a chunk (the
+         * index arithmetic of a chunk at a time was most of these loops' instructions:
+         * H100, 2048 x 2048 rows, 32:8 heads of 128, 190.9 -> 176.4 us). */
+        constexpr uint32_t RPI = TC_THREADS / CH;
+        static_assert(TC_THREADS % CH == 0 && TC_BN % RPI == 0, "whole rows per pass");
+        const uint32_t ch = threadIdx.x % CH, j0 = threadIdx.x / CH;
+        __nv_bfloat16 *d = dst + j0 * SK + ch * 8;
         if constexpr (F8) { /* plain loads: 8 codes and their exponent per thread and step */
             const uint64_t *eo = expoff + parity * TC_BN;
-            for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
-                const uint32_t j = e / CH, ch = e % CH;
+            const uint8_t *src = a.seg + (kv ? v_rows : 0) + ch * 8, *esrc = a.seg + (kv ? (size_t)a.tpp * a.nkv : 0);
+#pragma unroll
+            for (uint32_t it = 0; it < TC_BN / RPI; it++) {
+                const uint32_t j = j0 + it * RPI;
                 const uint64_t off = ro[j];
                 uint4 v = make_uint4(0u, 0u, 0u, 0u);
                 if (off != ~0ull) {
-                    const uint2 c8 = *(const uint2 *)(a.seg + off + (kv ? v_rows : 0) + ch * 8);
-                    const float sc = dj_pow2f(*(const int8_t *)(a.seg + eo[j] + (kv ? (size_t)a.tpp * a.nkv : 0)));
+                    const uint2 c8 = *(const uint2 *)(src + off);
+                    const float sc = dj_pow2f(*(const int8_t *)(esrc + eo[j]));
                     v.x = f8x2_bf16x2(c8.x & 0xffffu, sc);
                     v.y = f8x2_bf16x2(c8.x >> 16, sc);
                     v.z = f8x2_bf16x2(c8.y & 0xffffu, sc);
                     v.w = f8x2_bf16x2(c8.y >> 16, sc);
                 }
-                *(uint4 *)(dst + j * SK + ch * 8) = v;
+                *(uint4 *)(d + it * RPI * SK) = v;
             }
         } else {
-            for (uint32_t e = threadIdx.x; e < TC_BN * CH; e += TC_THREADS) {
-                const uint32_t j = e / CH, ch = e % CH;
-                const uint64_t off = ro[j];
+            const uint8_t *src = a.seg + (kv ? v_rows : 0) + ch * 16;
+#pragma unroll
+            for (uint32_t it = 0; it < TC_BN / RPI; it++) {
+                const uint64_t off = ro[j0 + it * RPI];
                 const bool in = off != ~0ull;
-                cp_async16(dst + j * SK + ch * 8, in ? a.seg + off + (kv ? v_rows : 0) + ch * 16 : a.seg, in ? 16u : 0u);
+                cp_async16(d + it * RPI * SK, in ? src + off : a.seg, in ? 16u : 0u);
             }
         }
         cp_async_commit(); /* f8: an empty group, so the waits below stay as they are */
