@@ -271,22 +271,36 @@ static __global__ void __launch_bounds__(TC_BM * 2, MINB) attn_tc_kernel(tc_args
                 frb = (int)max(min((int64_t)fb - t0, (int64_t)TC_BN), (int64_t)0);
             }
             float mx_a = -INFINITY, mx_b = -INFINITY;
+            /* CAP: the capped score in the exp2 domain; else the raw dot (scaled below). A whole
+             * tile (most of them) takes a loop without the mask's compares and selects. */
+            if (whole) {
 #pragma unroll
-            for (int nb = 0; nb < NB; nb++) {
+                for (int nb = 0; nb < NB; nb++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int kk = nb * 8 + (int)c4 * 2 + (e & 1);
-                    const bool rb = e >= 2;
-                    const bool ok = kk <= (rb ? lrb : lra) && kk >= (rb ? frb : fra);
-                    /* CAP: the capped score in the exp2 domain; else the raw dot (scaled below) */
-                    const float sv = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e];
-                    const float v = ok ? sv : -INFINITY;
-                    s[nb][e] = v;
-                    if (rb)
-                        mx_b = fmaxf(mx_b, v);
-                    else
-                        mx_a = fmaxf(mx_a, v);
-                }
+                    for (int e = 0; e < 4; e++) {
+                        const float v = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e];
+                        s[nb][e] = v;
+                        if (e >= 2)
+                            mx_b = fmaxf(mx_b, v);
+                        else
+                            mx_a = fmaxf(mx_a, v);
+                    }
+            } else {
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int kk = nb * 8 + (int)c4 * 2 + (e & 1);
+                        const bool rb = e >= 2;
+                        const bool ok = kk <= (rb ? lrb : lra) && kk >= (rb ? frb : fra);
+                        const float sv = CAP ? a.cap_log2 * tanhf(s[nb][e] * a.scale_cap) : s[nb][e];
+                        const float v = ok ? sv : -INFINITY;
+                        s[nb][e] = v;
+                        if (rb)
+                            mx_b = fmaxf(mx_b, v);
+                        else
+                            mx_a = fmaxf(mx_a, v);
+                    }
             }
             /* The four lanes of a quad share the rows. */
             mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
