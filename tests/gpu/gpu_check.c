@@ -2139,7 +2139,7 @@ static void check_f8_errors(void) {
 static void check_kv_f8(void) {
     if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_F8_E4M3) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F8_E4M3) != DJ_OK)
         die("kv dtype f8");
-    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
+    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads, row tables */
     check_rope_kv_write_f8(1, 700, 8, 128, 16, 0, 1, 0, 0);
     check_rope_kv_write_f8(37, 5, 2, 64, 7, 1, 1, 0, 0);
     check_rope_kv_write_f8(300, 0, 8, 128, 16, 0, 1, 32, 0);
@@ -3343,7 +3343,7 @@ int main(int argc, char **argv) {
         check_add_rmsnorm(2, 20000, DJ_DTYPE_BF16, 0, rt); /* wider than the fused kernel takes: launched apart */
     }
 
-    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads */
+    /* rows, pos0, kv heads, head_dim, tokens per page, in place, fused, q heads, row tables */
     check_rope_kv_write(1, 700, 8, 128, 16, 0, 1, 0, 0);
     check_rope_kv_write(37, 5, 2, 64, 7, 1, 1, 0, 0);
     check_rope_kv_write(300, 0, 8, 128, 16, 0, 1, 0, 0);

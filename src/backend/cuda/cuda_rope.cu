@@ -55,6 +55,15 @@ static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, c
     }
 }
 
+/* The K row of position p in bf16 pages (its V row follows tpp * kv_dim
+ * elements later): row i's own table with row_tables, else table. */
+static __device__ __forceinline__ __nv_bfloat16 *kv_row(uint8_t *seg, size_t page_bytes, const uint32_t *table,
+                                                        const uint32_t *const *row_tables, uint32_t i, uint32_t p,
+                                                        uint32_t tpp, uint32_t kv_dim) {
+    const uint32_t *tb = row_tables ? row_tables[i] : table;
+    return (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes) + (size_t)(p % tpp) * kv_dim;
+}
+
 /* One thread per (row, element) of k and v; with row_tables each row has its
  * own position and table. */
 static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat16 *v, uint8_t *seg,
@@ -66,11 +75,10 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
     const size_t count = (size_t)n * kv_dim;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
         const uint32_t i = (uint32_t)(t / kv_dim), e = (uint32_t)(t % kv_dim);
-        const uint32_t p = row_pos ? row_pos[i] : pos0 + i, r = p % tpp;
-        const uint32_t *tb = row_tables ? row_tables[i] : table;
-        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
-        page[(size_t)r * kv_dim + e] = k[t];
-        page[((size_t)tpp + r) * kv_dim + e] = v[t];
+        const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
+        __nv_bfloat16 *krow = kv_row(seg, page_bytes, table, row_tables, i, p, tpp, kv_dim);
+        krow[e] = k[t];
+        krow[(size_t)tpp * kv_dim + e] = v[t];
     }
 }
 
@@ -103,9 +111,7 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
         float cs, sn;
         rope_cs((row_freq ? row_freq[i] : inv_freq)[j] * (float)p, scale, &cs, &sn);
-        const uint32_t *tb = row_tables ? row_tables[i] : table;
-        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
-        const size_t prow = (size_t)(p % tpp) * kv_dim;
+        __nv_bfloat16 *krow = kv_row(seg, page_bytes, table, row_tables, i, p, tpp, kv_dim);
         if (!waited) {
             dj_pdl_wait();
             waited = true;
@@ -124,11 +130,11 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
             const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
             kout[base + j] = o1;
             kout[base + j + half] = o2;
-            const size_t kr = prow + (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
-            page[kr] = o1;
-            page[kr + half] = o2;
-            page[vr] = v1;
-            page[vr + half] = v2;
+            const size_t kr = (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
+            krow[kr] = o1;
+            krow[kr + half] = o2;
+            krow[vr] = v1;
+            krow[vr + half] = v2;
         }
     }
 }
@@ -165,9 +171,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
         float cs[PAIRS], sn[PAIRS];
 #pragma unroll
         for (int t = 0; t < PAIRS; t++) rope_cs(freq[lane + 32 * t] * (float)p, scale, &cs[t], &sn[t]);
-        const uint32_t *tb = row_tables ? row_tables[i] : table;
-        __nv_bfloat16 *page = (__nv_bfloat16 *)(seg + (size_t)tb[p / tpp] * page_bytes);
-        const size_t prow = (size_t)(p % tpp) * kv_dim;
+        __nv_bfloat16 *krow = kv_row(seg, page_bytes, table, row_tables, i, p, tpp, kv_dim);
         if (!waited) {
             dj_pdl_wait();
             waited = true;
@@ -204,11 +208,11 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
                 o[e] = o1;
                 o[e + HD / 2] = o2;
                 if (is_k) {
-                    const size_t kr = prow + (size_t)h * HD + e, vr = kr + (size_t)tpp * kv_dim;
-                    page[kr] = o1;
-                    page[kr + HD / 2] = o2;
-                    page[vr] = v[base + e];
-                    page[vr + HD / 2] = v[base + e + HD / 2];
+                    const size_t kr = (size_t)h * HD + e, vr = kr + (size_t)tpp * kv_dim;
+                    krow[kr] = o1;
+                    krow[kr + HD / 2] = o2;
+                    krow[vr] = v[base + e];
+                    krow[vr + HD / 2] = v[base + e + HD / 2];
                 }
             }
         }
