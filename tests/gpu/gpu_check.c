@@ -2160,6 +2160,7 @@ static void check_kv_f8(void) {
     check_attention_f8(37, 0, 8, 2, 128, 16, 0, 0.0f);     /* prefill */
     check_attention_f8(37, 100, 8, 2, 64, 5, 50, 0.0f);    /* prefill after context, window */
     check_attention_f8(37, 10, 4, 2, 256, 8, 0, 0.0f);     /* prefill head_dim 256 */
+    check_attention_f8(1100, 30, 32, 8, 128, 16, 0, 0.0f); /* two strips a warp */
     check_attention_f8(40, 20, 8, 4, 128, 16, 0, 50.0f);   /* prefill with softcap */
     check_attention_f8(300, 200, 16, 8, 256, 16, 37, 50.0f); /* tensor cores, Gemma 2 shape, window */
     check_attention_f8(512, 0, 32, 8, 128, 16, 0, 0.0f);   /* tensor cores, Llama-3 shape */
@@ -3382,6 +3383,8 @@ int main(int argc, char **argv) {
     check_attention(129, 71, 8, 2, 64, 7, 0);      /* GQA 8:2, odd pages, after context */
     check_attention(8, 1000, 8, 2, 128, 16, 0);    /* fewest rows on the prefill side, long context */
     check_attention(65, 3, 4, 1, 64, 32, 0);       /* MQA */
+    check_attention(1100, 30, 32, 8, 128, 16, 0);  /* enough row blocks for two strips a warp */
+    check_attention(1100, 0, 32, 8, 128, 16, 300); /* ... with a window */
     check_attention(300, 200, 8, 2, 128, 16, 37);  /* sliding window shorter than a tile */
     check_attention(257, 0, 8, 2, 64, 5, 100);     /* window from empty */
     check_attention(100, 60, 4, 4, 128, 64, 1);    /* window 1: each row sees itself */
