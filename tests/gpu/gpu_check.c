@@ -2987,6 +2987,7 @@ static void bench(void) {
     bench_sample(32, 128256, 40, 0, 1);
     bench_attention(512, 512, 32, 8, 128, 10, 0.0f);
     bench_attention(2048, 2048, 32, 8, 128, 10, 0.0f);
+    bench_attention(2048, 2048, 32, 8, 64, 10, 0.0f);   /* Llama-3.2-1B: head_dim 64 */
     bench_attention(2048, 2048, 16, 8, 256, 10, 50.0f); /* Gemma-2-9B: head_dim 256, soft-cap */
     bench_attention(2048, 2048, 16, 8, 256, 10, 0.0f);
     dj__cuda_set_paths(gpu, 2, 0); /* the f32 prefill kernel, for comparison */
@@ -3385,6 +3386,7 @@ int main(int argc, char **argv) {
     check_attention(65, 3, 4, 1, 64, 32, 0);       /* MQA */
     check_attention(1100, 30, 32, 8, 128, 16, 0);  /* enough row blocks for two strips a warp */
     check_attention(1100, 0, 32, 8, 128, 16, 300); /* ... with a window */
+    check_attention(1100, 7, 32, 8, 64, 16, 0);    /* ... head_dim 64 */
     check_attention(300, 200, 8, 2, 128, 16, 37);  /* sliding window shorter than a tile */
     check_attention(257, 0, 8, 2, 64, 5, 100);     /* window from empty */
     check_attention(100, 60, 4, 4, 128, 64, 1);    /* window 1: each row sees itself */

@@ -457,7 +457,9 @@ bool dj__cuda_attention_tc_covers(const dj_op_call *c) {
  * registers, 2 blocks an SM) read each K and V fragment once for 32 rows:
  * H100, 2048 x 2048, 32:8 heads: 173.5 -> 147.5 us, f8 pages 316 -> 284 us,
  * but 512 x 512 28.9 -> 34.6 us (128 blocks for 132 SMs), so the launch takes
- * them where the grid gives at least 2 blocks an SM. head_dim 128 with Q in shared
+ * them where the grid gives at least 2 blocks an SM. At head_dim 64 two strips
+ * (254 registers; at 168 they spill) ran 88.8 -> 90.9 us at 2048 x 2048, 32:8
+ * heads: not kept. head_dim 128 with Q in shared
  * memory at 128 registers and 4 blocks an SM (H100, session 10) was 4%
  * faster at 2048 rows (216 -> 208 us; f8 pages 362 -> 308 us) but 10% slower
  * at 512 (33 -> 36 us, the step `djinn run` takes) and no faster end to end
