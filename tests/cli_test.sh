@@ -44,6 +44,11 @@ done
 # 2. info
 out=$("$DJINN" info --model "$FX/models/qwen2" --ctx 128)
 if echo "$out" | grep -q "Qwen2ForCausalLM" && echo "$out" | grep -q "stack peak"; then ok; else bad "info: $out"; fi
+# longrope: the default context stays on the short factors, a longer --ctx takes the long ones
+out=$("$DJINN" info --model "$FX/models/phi3_longctx")
+if echo "$out" | grep -q "longrope, short factors for a context of 32 "; then ok; else bad "info longrope default: $out"; fi
+out=$("$DJINN" info --model "$FX/models/phi3_longctx" --ctx 64)
+if echo "$out" | grep -q "longrope, long factors for a context of 64 "; then ok; else bad "info longrope --ctx 64: $out"; fi
 
 # 3. tokenizer commands on a real tokenizer (Llama 3), against tokenizers' ids
 if [ -s "$TP/tokenizers/llama3/tokenizer.json" ]; then

@@ -172,6 +172,10 @@ dj_status dj_model_config_parse(const char *json, size_t len, dj_model_config *c
  * config gives none. */
 #define DJ_DEFAULT_CTX_CAP 4096u
 uint32_t dj_model_config_default_ctx(const dj_model_config *cfg);
+/* Whether a session of ctx positions rotates with longrope's long factors:
+ * the config has them and ctx exceeds original_max_position_embeddings
+ * (dj_session_rope_long). */
+bool dj_model_config_rope_long(const dj_model_config *cfg, uint32_t ctx);
 
 /* ---- checkpoint directory ---- */
 

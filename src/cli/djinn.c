@@ -443,6 +443,9 @@ static int cmd_info(opts *o) {
     }
     printf("shape:          %u layers, hidden %u, ffn %u, heads %u/%u kv, head_dim %u, vocab %u\n", c->n_layers,
            c->hidden_size, c->intermediate_size, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
+    if (c->rope_type == DJ_ROPE_LONGROPE)
+        printf("rope:           longrope, %s factors for a context of %u (short ones up to %u positions)\n",
+               dj_model_config_rope_long(c, ctx) ? "long" : "short", ctx, c->rope_original_max_pos);
     printf("fingerprint:    %016llx\n", (unsigned long long)dj_checkpoint_fingerprint(ck));
     if (on_gpu(o)) {
         char name[256] = "?";

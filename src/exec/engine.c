@@ -695,7 +695,7 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
     s->max_ctx = max_ctx;
-    s->rope_long = c->rope_type == DJ_ROPE_LONGROPE && max_ctx > c->rope_original_max_pos;
+    s->rope_long = dj_model_config_rope_long(c, max_ctx);
     s->tokens_per_page = (uint32_t)(page / token);
     s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
     s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);

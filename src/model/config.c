@@ -452,3 +452,7 @@ uint32_t dj_model_config_default_ctx(const dj_model_config *c) {
     if (c->rope_type == DJ_ROPE_LONGROPE && ctx > c->rope_original_max_pos) ctx = c->rope_original_max_pos;
     return ctx;
 }
+
+bool dj_model_config_rope_long(const dj_model_config *c, uint32_t ctx) {
+    return c->rope_type == DJ_ROPE_LONGROPE && ctx > c->rope_original_max_pos;
+}
