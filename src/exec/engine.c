@@ -1392,7 +1392,6 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     const uint32_t **h_tab = (const uint32_t **)(void *)(e->args_host + e->off_tables);
     const float **h_freq = (const float **)(void *)(e->args_host + e->off_freq);
     const float *long_tab = rope_long_table(m);
-    const float *short_tab = m->w[dj__wslot_global(c, DJ_W_INV_FREQ)].data;
     uint32_t row = 0, off = 0;
     uint64_t max_end = 0; /* one past the last position of any row: the step's context class */
     for (uint32_t r = 0; r < B; r++) {
@@ -1402,7 +1401,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             const uint32_t at = t + 1 == n ? rows - B + r : row++;
             h_ids[at] = ids[off + t];
             h_pos[at] = ss[r]->pos + t;
-            h_freq[at] = ss[r]->rope_long ? long_tab : short_tab;
+            if (long_tab) h_freq[at] = ss[r]->rope_long ? long_tab : m->w[dj__wslot_global(c, DJ_W_INV_FREQ)].data;
             for (uint32_t l = 0; l < c->n_layers; l++)
                 h_tab[(size_t)l * rows + at] = ss[r]->table_dev + (size_t)l * ss[r]->max_blocks;
         }

@@ -178,8 +178,9 @@ static dj_status op_rmsnorm(dj_cpu_backend *cb, const dj_op_call *c) {
 }
 
 /* HF rotate_half: angle = inv_freq[j] * p in f32 (the row's row_freq table
- * where given), cos/sin in f32, both times attention_scaling; pairs (j, j + rot/2) of the first rot dims of each head
- * (rot_dim, or all of it), the rest passed through. In place allowed. */
+ * where given), cos/sin in f32, both times attention_scaling; pairs (j, j +
+ * rot/2) of the first rot dims of each head (rot_dim, or all of it), the rest
+ * passed through. In place allowed. */
 static void rope_rows(void *ctx, size_t lo, size_t hi, int thread) {
     (void)thread;
     const dj_op_call *c = ctx;

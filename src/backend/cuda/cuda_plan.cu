@@ -115,8 +115,7 @@ static bool same_or_apart(const void *a, const void *b, size_t bytes) { return a
  * (a lane touches only its own elements of a head). */
 static bool fuses_norm_rope(const dj_op_call *c) {
     const dj_op_call *qn = &c[0], *kn = &c[1], *rq = &c[2], *rk = &c[3], *kvw = &c[4];
-    if (qn->op != DJ_OP_RMSNORM || rq->op != DJ_OP_ROPE || !fuses_with_rope(rk, kvw) ||
-        !pairs_with_rope(rq, rk, kvw) || !dj__cuda_norm_rope_takes(qn, kn, rq, rk, kvw))
+    if (!fuses_with_rope(rk, kvw) || !pairs_with_rope(rq, rk, kvw) || !dj__cuda_norm_rope_takes(qn, kn, rq, rk, kvw))
         return false;
     const size_t qb = (size_t)rq->n * rq->n_heads * rq->head_dim * sizeof(__nv_bfloat16);
     const size_t kb = (size_t)rk->n * rk->n_heads * rk->head_dim * sizeof(__nv_bfloat16);

@@ -26,9 +26,16 @@ static __device__ __forceinline__ void rope_cs(float theta, float scale, float *
     *sn = s * scale;
 }
 
+/* Row i's inverse frequencies: its own table where the call gives one a row
+ * (row_freq: longrope's short or long factors by session), else the call's. */
+static __device__ __forceinline__ const float *row_inv_freq(const float *inv_freq, const float *const *row_freq,
+                                                            uint32_t i) {
+    return row_freq ? row_freq[i] : inv_freq;
+}
+
 /* One thread per (row, head, pair j): angle inv_freq[j] * p in f32 (the row's
- * row_freq table where given), cos/sin
- * in f32 (accurate, not the fast intrinsics: angles reach 1e5 rad), times
+ * table: row_inv_freq), cos/sin in f32 (accurate, not the fast intrinsics:
+ * angles reach 1e5 rad), times
  * attention_scaling; pairs (j, j + rot/2) of the first rot dims (all of the
  * head but with a partial rotary factor); the thread of pair j also copies
  * dims rot + j, rot + j + rot/2, ... when out is not x. */
@@ -43,7 +50,7 @@ static __global__ void rope_kernel(const __nv_bfloat16 *x, __nv_bfloat16 *out, c
         const uint32_t j = (uint32_t)(t % half);
         const size_t rh = t / half; /* row * nh + head */
         const uint32_t i = (uint32_t)(rh / nh);
-        const float theta = (row_freq ? row_freq[i] : inv_freq)[j] * (float)(row_pos ? row_pos[i] : pos0 + i);
+        const float theta = row_inv_freq(inv_freq, row_freq, i)[j] * (float)(row_pos ? row_pos[i] : pos0 + i);
         float cs, sn;
         rope_cs(theta, scale, &cs, &sn);
         const size_t base = rh * hd;
@@ -94,9 +101,8 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
                                             const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq,
                                             const float *inv_freq, const float *const *row_freq, uint32_t n,
                                             uint32_t nkv, uint32_t hd, uint32_t pos0, const uint32_t *row_pos,
-                                            float scale, uint8_t *seg,
-                                            size_t page_bytes, const uint32_t *table, uint32_t tpp,
-                                            const uint32_t *const *row_tables, uint32_t hpt) {
+                                            float scale, uint8_t *seg, size_t page_bytes, const uint32_t *table,
+                                            uint32_t tpp, const uint32_t *const *row_tables, uint32_t hpt) {
     dj_pdl_release();
     const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq, groups = (heads + hpt - 1) / hpt;
     const size_t count = (size_t)n * groups * half;
@@ -110,7 +116,7 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
          * kernel) or constant: the angle and the page come before the wait */
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
         float cs, sn;
-        rope_cs((row_freq ? row_freq[i] : inv_freq)[j] * (float)p, scale, &cs, &sn);
+        rope_cs(row_inv_freq(inv_freq, row_freq, i)[j] * (float)p, scale, &cs, &sn);
         __nv_bfloat16 *krow = kv_row(seg, page_bytes, table, row_tables, i, p, tpp, kv_dim);
         if (!waited) {
             dj_pdl_wait();
@@ -167,7 +173,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
         const uint32_t h1 = h0 + hpw < heads ? h0 + hpw : heads;
         /* positions, tables and frequencies are the step's arguments or constant: before the wait */
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
-        const float *freq = row_freq ? row_freq[i] : inv_freq;
+        const float *freq = row_inv_freq(inv_freq, row_freq, i);
         float cs[PAIRS], sn[PAIRS];
 #pragma unroll
         for (int t = 0; t < PAIRS; t++) rope_cs(freq[lane + 32 * t] * (float)p, scale, &cs[t], &sn[t]);
@@ -293,7 +299,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
         const uint32_t i = (uint32_t)(w / heads), h = (uint32_t)(w % heads);
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
-        const float *freq = row_freq ? row_freq[i] : inv_freq;
+        const float *freq = row_inv_freq(inv_freq, row_freq, i);
         const bool is_k = h < nkv;
         const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
         const __nv_bfloat16 *x = is_k ? k : q;
