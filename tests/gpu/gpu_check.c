@@ -1,7 +1,8 @@
 /* gpu_check.c: every CUDA backend op against the CPU backend on fresh random
  * inputs (bf16 for the GPU, the same bf16-rounded values as f32 for the CPU),
  * by normalised error max|gpu-cpu|/max|cpu|, including per-row (batched)
- * calls, device argmax and recorded graphs; --bench times the hot kernels.
+ * calls, device argmax and recorded graphs; --bench times the hot kernels
+ * (--bench-only: the timings without the checks, for a profiler).
  * Needs a GPU: built with -DDJ_CUDA=ON, run by scripts/gpu_check.sh, not ctest. */
 #include <math.h>
 #include <stdio.h>
@@ -2697,6 +2698,8 @@ static double time_graph(const dj_op_call *calls, int count, int rounds, int ite
     return s;
 }
 
+static uint8_t *rand_q4(uint32_t m, uint32_t k);
+
 /* A decode GEMV shape: n rows of x against `count` bf16 weights [ms[i], k]
  * that share x (q/k/v: one grouped launch). */
 typedef struct gemv_shape {
@@ -2708,57 +2711,94 @@ typedef struct gemv_shape {
 #define GEMV_BENCH_ROUNDS 16
 #define GEMV_BENCH_SPAN ((size_t)256 << 20) /* bytes of weight copies a graph cycles through: past the 50 MB L2 */
 
-/* Each shape through the GEMV, timed in graphs. Round r reads
- * weight copy r % copies, with copies enough to span GEMV_BENCH_SPAN (at
- * most GEMV_BENCH_ROUNDS: 128 MB for the 8 MB k weights), so no round finds
- * its weights in L2, as in a decode step. One line per shape:
- *   bench gemv n=<n> k=<k> m=<m>[+<m>..]: <us> us <GB/s> GB/s of weights */
-static void bench_gemv(void) {
+/* Each shape through the GEMV with weights of dtype wt (bf16; f8_e4m3 with
+ * 128x128 block scales; Q4), timed in graphs. Round r reads weight copy
+ * r % copies, with copies enough to span GEMV_BENCH_SPAN (at most
+ * GEMV_BENCH_ROUNDS: 128 MB for the 8 MB k weights), so no round finds its
+ * weights in L2, as in a decode step. A "gate/up+glu" shape is the two
+ * matmuls and their SILU_MUL as one plan (fused where the backend fuses it).
+ * One line per shape:
+ *   bench gemv <dtype> n=<n> k=<k> m=<m>[+<m>..]: <us> us <GB/s> GB/s of weights */
+static void bench_gemv(dj_dtype wt) {
     static const gemv_shape shapes[] = {
         {1, 4096, {4096, 1024, 1024}, 3, "q/k/v"}, {1, 4096, {4096}, 1, "o"},
         {1, 4096, {1024}, 1, "k alone"},          {1, 4096, {14336}, 1, "gate"},
-        {1, 14336, {4096}, 1, "down"},             {1, 4096, {128256}, 1, "lm head"},
-        {8, 4096, {14336}, 1, "gate, 8 rows"},
+        {1, 4096, {14336, 14336}, 2, "gate/up+glu"}, {1, 14336, {4096}, 1, "down"},
+        {1, 4096, {128256}, 1, "lm head"},       {8, 4096, {14336}, 1, "gate, 8 rows"},
     };
     const size_t n_shapes = sizeof shapes / sizeof *shapes;
-    /* one host pattern for every upload: 1 MiB of random bf16 repeated */
+    const bool q4 = wt == DJ_DTYPE_Q4, f8 = wt == DJ_DTYPE_F8_E4M3;
+    /* one host pattern for every upload: 1 MiB repeated of bf16 values in
+     * +-0.02 or e4m3 codes; Q4: whole rows of rand_q4, per shape */
     size_t max_bytes = 0;
     for (size_t i = 0; i < n_shapes; i++)
         for (int j = 0; j < shapes[i].count; j++) {
-            const size_t b = (size_t)shapes[i].ms[j] * shapes[i].k * 2;
+            const size_t b = (size_t)shapes[i].ms[j] * dj_dtype_row_bytes(wt, shapes[i].k);
             if (b > max_bytes) max_bytes = b;
         }
-    uint16_t *pat = halloc(max_bytes / 2);
-    const size_t period = (size_t)1 << 19;
-    for (size_t i = 0; i < max_bytes / 2; i++)
-        pat[i] = i < period ? dj_f32_to_bf16(dj_test_randf(-0.02f, 0.02f)) : pat[i % period];
+    uint8_t *pat = xmalloc(max_bytes);
+    const size_t period = (size_t)1 << 20;
+    for (size_t i = 0; i + 2 <= max_bytes && i < period; i += 2) {
+        const uint16_t v = dj_f32_to_bf16(dj_test_randf(-0.02f, 0.02f));
+        memcpy(pat + i, &v, 2);
+    }
+    if (f8)
+        for (size_t i = 0; i < max_bytes && i < period; i++) pat[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+    for (size_t i = period; i < max_bytes; i++) pat[i] = pat[i % period];
     for (size_t si = 0; si < n_shapes; si++) {
         const gemv_shape *sh = &shapes[si];
+        const bool glu = strcmp(sh->what, "gate/up+glu") == 0;
+        const size_t rb = dj_dtype_row_bytes(wt, sh->k);
+        if (q4) { /* whole valid rows: each copy's rows from rand_q4's rows, repeated */
+            enum { QROWS = 64 };
+            uint8_t *rows = rand_q4(QROWS, sh->k);
+            for (size_t r = 0; (r + 1) * rb <= max_bytes; r++) memcpy(pat + r * rb, rows + (r % QROWS) * rb, rb);
+            free(rows);
+        }
         size_t round_bytes = 0;
-        for (int j = 0; j < sh->count; j++) round_bytes += (size_t)sh->ms[j] * sh->k * 2;
+        for (int j = 0; j < sh->count; j++) round_bytes += (size_t)sh->ms[j] * rb;
         int copies = (int)((GEMV_BENCH_SPAN + round_bytes - 1) / round_bytes);
         if (copies > GEMV_BENCH_ROUNDS) copies = GEMV_BENCH_ROUNDS;
         void *x = dev_random_bf16((size_t)sh->n * sh->k, 1.0f);
-        void *w[GEMV_BENCH_ROUNDS][3], *out[3];
-        dj_op_call calls[GEMV_BENCH_ROUNDS * 3];
+        void *w[GEMV_BENCH_ROUNDS][3], *out[3], *act = NULL, *scale[3] = {NULL, NULL, NULL};
+        const int per = sh->count + (glu ? 1 : 0);
+        dj_op_call calls[GEMV_BENCH_ROUNDS * 4];
         for (int j = 0; j < sh->count; j++) out[j] = dalloc((size_t)sh->n * sh->ms[j] * 2);
+        if (glu) act = dalloc((size_t)sh->n * sh->ms[0] * 2);
         for (int c = 0; c < copies; c++)
-            for (int j = 0; j < sh->count; j++) w[c][j] = dcopy(pat, (size_t)sh->ms[j] * sh->k * 2);
-        for (int r = 0; r < GEMV_BENCH_ROUNDS; r++)
+            for (int j = 0; j < sh->count; j++) w[c][j] = dcopy(pat, (size_t)sh->ms[j] * rb);
+        if (f8)
+            for (int j = 0; j < sh->count; j++) {
+                const size_t ns = (size_t)((sh->ms[j] + 127) / 128) * ((sh->k + 127) / 128);
+                float *hs = falloc(ns);
+                for (size_t e = 0; e < ns; e++) hs[e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)sh->k));
+                scale[j] = dcopy(hs, ns * sizeof(float));
+                free(hs);
+            }
+        for (int r = 0; r < GEMV_BENCH_ROUNDS; r++) {
             for (int j = 0; j < sh->count; j++)
-                calls[r * sh->count + j] = (dj_op_call){.op = DJ_OP_MATMUL, .n = sh->n, .out = out[j], .x = x,
-                                                         .w = w[r % copies][j], .w_dtype = DJ_DTYPE_BF16, .k = sh->k,
-                                                         .m = sh->ms[j], .out_dtype = DJ_DTYPE_BF16};
+                calls[r * per + j] = (dj_op_call){.op = DJ_OP_MATMUL, .n = sh->n, .out = out[j], .x = x,
+                                                   .w = w[r % copies][j], .w_dtype = wt, .w_scale = scale[j],
+                                                   .w_block_rows = f8 ? 128 : 0, .w_block_cols = f8 ? 128 : 0,
+                                                   .k = sh->k, .m = sh->ms[j], .out_dtype = DJ_DTYPE_BF16};
+            if (glu)
+                calls[r * per + 2] = (dj_op_call){.op = DJ_OP_SILU_MUL, .n = sh->n, .out = act, .x = out[0],
+                                                   .x2 = out[1], .d = sh->ms[0], .out_dtype = DJ_DTYPE_BF16};
+        }
         char ms[64];
         int len = snprintf(ms, sizeof ms, "%u", sh->ms[0]);
         for (int j = 1; j < sh->count; j++) len += snprintf(ms + len, sizeof ms - (size_t)len, "+%u", sh->ms[j]);
         const int iters = round_bytes > ((size_t)64 << 20) ? 20 : 100;
-        const double t = time_graph(calls, sh->count, GEMV_BENCH_ROUNDS, iters);
-        printf("bench gemv n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n", sh->n, sh->k, ms,
-               t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
+        const double t = time_graph(calls, per, GEMV_BENCH_ROUNDS, iters);
+        printf("bench gemv %s n=%u k=%u m=%s: %8.2f us %7.1f GB/s of weights  (%s, %d copies)\n", dj_dtype_name(wt),
+               sh->n, sh->k, ms, t * 1e6, (double)round_bytes / t / 1e9, sh->what, copies);
         for (int c = 0; c < copies; c++)
             for (int j = 0; j < sh->count; j++) dfree(w[c][j]);
-        for (int j = 0; j < sh->count; j++) dfree(out[j]);
+        for (int j = 0; j < sh->count; j++) {
+            dfree(out[j]);
+            if (scale[j]) dfree(scale[j]);
+        }
+        if (act) dfree(act);
         dfree(x);
     }
     free(pat);
@@ -2954,7 +2994,9 @@ static void bench(void) {
     if (dj_cuda_measure_copy(gpu, (size_t)1 << 30, 20, &copy) != DJ_OK) die("measure copy");
     printf("bench copy 1 GiB: %7.1f GB/s (read + written)\n", copy);
     bench_layer();
-    bench_gemv();
+    bench_gemv(DJ_DTYPE_BF16);
+    bench_gemv(DJ_DTYPE_F8_E4M3);
+    bench_gemv(DJ_DTYPE_Q4);
     bench_deterministic(4096, 14336);
     bench_deterministic(14336, 4096);
     bench_matmul(1, 4096, 14336, 200);  /* decode: weight bandwidth */
@@ -3264,6 +3306,9 @@ static void check_q4(void) {
     check_gemv_glu(5, 1024, 1000, DJ_DTYPE_F8_E4M3, DJ_OP_GELU_MUL, 1, 0);
     check_q4_group(1, 4096);
     check_q4_group(5, 512);
+    /* k split over 2 and 1 warps a tile (q4_ks: m of 20,000 and 40,000 rows) */
+    check_q4_matmul(2, 512, 20000, 1, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(1, 1024, 40000, 0, DJ_DTYPE_F32, 1, 0);
 }
 
 int main(int argc, char **argv) {
@@ -3271,10 +3316,12 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) {
             do_bench = 1;
+        } else if (strcmp(argv[i], "--bench-only") == 0) { /* the timings alone (a profiler's run) */
+            do_bench = 2;
         } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
             device = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: gpu_check [--device N] [--bench]\n");
+            fprintf(stderr, "usage: gpu_check [--device N] [--bench | --bench-only]\n");
             return 2;
         }
     }
@@ -3290,6 +3337,12 @@ int main(int argc, char **argv) {
     if (dj_backend_cpu_new(0, &cpu) != DJ_OK) die("cpu backend");
     if (dj_backend_cuda_new(device, &gpu) != DJ_OK) die("cuda backend");
 
+    if (do_bench == 2) {
+        bench();
+        dj_backend_free(gpu);
+        dj_backend_free(cpu);
+        return 0;
+    }
     printf("%-10s %-52s %10s  %s\n", "op", "shape", "error", "result");
     static const dj_dtype fts[] = {DJ_DTYPE_BF16, DJ_DTYPE_F16, DJ_DTYPE_F32};
     /* residual-stream ops in both of its dtypes (f32 is what the engine uses) */
