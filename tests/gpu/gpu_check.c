@@ -2915,6 +2915,41 @@ static void bench_decode(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv, ui
     free(pos);
 }
 
+/* A prefill's RoPE of q and k with k's KV_WRITE (one fused launch) over n
+ * rows at positions 0..n-1, timed in a graph. One line:
+ *   bench rope+kv n=<n> heads=<q>+<kv> hd=<hd>: <us> us <GB/s> GB/s moved */
+static void bench_rope_kv(uint32_t n, uint32_t nq, uint32_t nkv, uint32_t hd) {
+    enum { ROUNDS = 8 };
+    const uint32_t kvd = nkv * hd, tpp = 65536 / (2u * kvd * 2), n_blocks = (n + tpp - 1) / tpp;
+    uint32_t *table = xmalloc(n_blocks * sizeof *table);
+    for (uint32_t i = 0; i < n_blocks; i++) table[i] = n_blocks - 1 - i;
+    void *seg = dalloc((size_t)65536 * n_blocks), *dtable = dcopy(table, n_blocks * sizeof *table);
+    float *inv = falloc(hd / 2);
+    for (uint32_t j = 0; j < hd / 2; j++) inv[j] = (float)pow(500000.0, -2.0 * j / hd);
+    void *dinv = dcopy(inv, hd / 2 * sizeof(float));
+    void *q = dev_random_bf16((size_t)n * nq * hd, 1.0f), *k = dev_random_bf16((size_t)n * kvd, 1.0f);
+    void *v = dev_random_bf16((size_t)n * kvd, 1.0f);
+    void *qr = dalloc((size_t)n * nq * hd * 2), *kr = dalloc((size_t)n * kvd * 2);
+    dj_kv_view kv = {.seg_base = seg, .page_bytes = 65536, .block_table = table, .block_table_dev = dtable,
+                     .n_blocks = n_blocks, .tokens_per_page = tpp, .kv_dim = kvd, .dtype = DJ_DTYPE_BF16};
+    const dj_op_call step[3] = {
+        {.op = DJ_OP_ROPE, .n = n, .out = qr, .x = q, .inv_freq = dinv, .n_heads = nq, .head_dim = hd,
+         .scale = 1.0f, .out_dtype = DJ_DTYPE_BF16},
+        {.op = DJ_OP_ROPE, .n = n, .out = kr, .x = k, .inv_freq = dinv, .n_heads = nkv, .head_dim = hd,
+         .scale = 1.0f, .out_dtype = DJ_DTYPE_BF16},
+        {.op = DJ_OP_KV_WRITE, .n = n, .x = kr, .x2 = v, .kv = &kv, .out_dtype = DJ_DTYPE_BF16},
+    };
+    dj_op_call calls[ROUNDS * 3];
+    for (int r = 0; r < ROUNDS; r++) memcpy(&calls[r * 3], step, sizeof step);
+    const double s = time_graph(calls, 3, ROUNDS, 20);
+    /* q read and written; k read, written and paged; v read and paged */
+    const double bytes = (double)n * hd * 2.0 * (2.0 * nq + 5.0 * nkv);
+    printf("bench rope+kv n=%u heads=%u+%u hd=%u: %8.2f us %7.1f GB/s moved\n", n, nq, nkv, hd, s * 1e6,
+           bytes / s / 1e9);
+    dfree(seg), dfree(dtable), dfree(dinv), dfree(q), dfree(k), dfree(v), dfree(qr), dfree(kr);
+    free(table), free(inv);
+}
+
 /* One decoder layer of the Llama-3-8B shape at one row (context 512, per-row
  * positions and tables as the recorded decode step has them), as one plan
  * per round in a graph: with fusion (the backend's choice) and with it off
@@ -3011,6 +3046,8 @@ static void bench(void) {
         }
     dj__cuda_set_paths(gpu, 0, 0);
     bench_matmul(2048, 4096, 4096, 20); /* prefill GEMM */
+    bench_rope_kv(2048, 32, 8, 128);
+    bench_rope_kv(2048, 16, 8, 256);
     bench_attention(1, 512, 32, 8, 128, 200, 0.0f);
     bench_attention(1, 4096, 32, 8, 128, 200, 0.0f);
     bench_decode(1, 512, 32, 8, 128, 0);
@@ -3112,6 +3149,47 @@ static void check_q4_matmul(uint32_t n, uint32_t k, uint32_t m, int bias, dj_dty
     free(ref);
     free(w);
     free(b);
+}
+
+/* The same weights and x rows at n rows (up to 8: one 8-row tile of x a
+ * warp) and at n + 8 (two tiles), both through the automatic path (the
+ * tensor-core GEMV up to Q4_MMA_ROWS; a forced GEMV path stops at 8 rows):
+ * the first n rows of both bit-equal - each x row is its own MMA column and
+ * the k split comes from m alone. */
+static void check_q4_rows_agree(uint32_t n, uint32_t k, uint32_t m) {
+    const uint32_t nb = n + 8;
+    uint16_t *xb = halloc((size_t)nb * k);
+    float *xf = falloc((size_t)nb * k);
+    rand_bf16(xb, xf, (size_t)nb * k, -1.0f, 1.0f);
+    uint8_t *w = rand_q4(m, k);
+    void *dx = dcopy(xb, (size_t)nb * k * 2), *dw = dcopy(w, (size_t)m * dj_dtype_row_bytes(DJ_DTYPE_Q4, k));
+    void *o1 = dalloc((size_t)n * m * 2), *o2 = dalloc((size_t)nb * m * 2);
+    poison(o1, (size_t)n * m * 2);
+    poison(o2, (size_t)nb * m * 2);
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = n, .out = o1, .x = dx, .w = dw, .w_dtype = DJ_DTYPE_Q4, .k = k,
+                    .m = m, .out_dtype = DJ_DTYPE_BF16};
+    if (dj_backend_compute(gpu, &c) != DJ_OK) die("q4 rows (n)");
+    c.n = nb;
+    c.out = o2;
+    if (dj_backend_compute(gpu, &c) != DJ_OK) die("q4 rows (n + 8)");
+    if (gpu->vt->sync(gpu) != DJ_OK) die("q4 rows sync");
+    uint16_t *h1 = halloc((size_t)n * m), *h2 = halloc((size_t)nb * m);
+    down(h1, o1, (size_t)n * m * 2);
+    down(h2, o2, (size_t)nb * m * 2);
+    size_t nan = 0, differ = 0;
+    for (size_t i = 0; i < (size_t)n * m; i++) {
+        nan += h1[i] == 0xffffu;
+        differ += h1[i] != h2[i];
+    }
+    const int same = differ == 0 && nan == 0;
+    n_rows++;
+    n_fail += !same;
+    char shape[96];
+    snprintf(shape, sizeof shape, "  n=%u and %u k=%u m=%u q4: the same bits", n, nb, k, m);
+    printf("%-10s %-52s %10s  %s\n", "MATMUL", shape, "-", same ? "pass" : "FAIL");
+    if (!same) printf("           %zu of %zu outputs differ, %zu NaN\n", differ, (size_t)n * m, nan);
+    dfree(dx), dfree(dw), dfree(o1), dfree(o2);
+    free(xb), free(xf), free(w), free(h1), free(h2);
 }
 
 /* q, k, v-shaped 4-bit matmuls on one x in one plan (one grouped GEMV launch). */
@@ -3309,6 +3387,10 @@ static void check_q4(void) {
     /* k split over 2 and 1 warps a tile (q4_ks: m of 20,000 and 40,000 rows) */
     check_q4_matmul(2, 512, 20000, 1, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 1024, 40000, 0, DJ_DTYPE_F32, 1, 0);
+    check_q4_rows_agree(1, 4096, 4096);
+    check_q4_rows_agree(8, 14336, 4096);
+    check_q4_rows_agree(3, 512, 14336);
+    check_q4_rows_agree(9, 4096, 1000); /* two x tiles against four */
 }
 
 int main(int argc, char **argv) {

@@ -89,14 +89,37 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
     }
 }
 
-/* One thread per (row, pair j, group of hpt heads) over nkv heads of k then
- * nq heads of q (nq = 0: k only): rope_kernel's arithmetic (so the same
- * bits), the angle's cos/sin once for the thread's heads (hpt 1 for a few
- * rows, as decode: one element a thread keeps every lane busy; more for
- * prefill rows, where a sincos per element was most of the kernel's time).
- * k's rotated pairs go to kout and to K rows of the pages, v's elements j and
- * j + hd/2 of that head to V rows; q's to qout only. Each element is read
- * before it is stored, by one thread, so kout may be k and qout q. */
+/* VP consecutive bf16 values (VP 1, 2 or 4: 2, 4 or 8 bytes, aligned) as one access. */
+template <int VP> struct bf16_vec;
+template <> struct bf16_vec<1> { typedef __nv_bfloat16 t; };
+template <> struct bf16_vec<2> { typedef uint32_t t; };
+template <> struct bf16_vec<4> { typedef uint2 t; };
+
+template <int VP>
+static __device__ __forceinline__ void ld_vec(const __nv_bfloat16 *p, __nv_bfloat16 (&v)[VP]) {
+    const typename bf16_vec<VP>::t u = *(const typename bf16_vec<VP>::t *)p;
+    memcpy(v, &u, sizeof u);
+}
+
+template <int VP>
+static __device__ __forceinline__ void st_vec(__nv_bfloat16 *p, const __nv_bfloat16 (&v)[VP]) {
+    typename bf16_vec<VP>::t u;
+    memcpy(&u, v, sizeof u);
+    *(typename bf16_vec<VP>::t *)p = u;
+}
+
+/* One thread per (row, VP consecutive pairs j.., group of hpt heads) over
+ * nkv heads of k then nq heads of q (nq = 0: k only): rope_kernel's
+ * arithmetic (so the same bits), the angles' cos/sin once for the thread's
+ * heads (hpt 1 and VP 1 for a few rows, as decode: one element a thread
+ * keeps every lane busy; more for prefill rows, where a sincos per element
+ * was most of the kernel's time, and VP 4 there: 8-byte accesses where
+ * 2-byte ones took twice the time of the bytes). k's rotated pairs go to
+ * kout and to K rows of the pages, v's elements j and j + hd/2 of that head
+ * to V rows; q's to qout only. Each element is read before it is stored, by
+ * one thread, so kout may be k and qout q. VP > 1: hd / 2 a multiple of VP,
+ * every buffer and page row aligned to VP elements. */
+template <int VP>
 static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
                                             const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq,
                                             const float *inv_freq, const float *const *row_freq, uint32_t n,
@@ -105,18 +128,21 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
                                             uint32_t tpp, const uint32_t *const *row_tables, uint32_t hpt) {
     dj_pdl_release();
     const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq, groups = (heads + hpt - 1) / hpt;
-    const size_t count = (size_t)n * groups * half;
+    const uint32_t slots = half / VP; /* a thread's VP pairs of a head */
+    const size_t count = (size_t)n * groups * slots;
     bool waited = false;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < count; t += (size_t)gridDim.x * blockDim.x) {
-        const uint32_t j = (uint32_t)(t % half);
-        const size_t rg = t / half; /* row * groups + group */
+        const uint32_t j = (uint32_t)(t % slots) * VP;
+        const size_t rg = t / slots; /* row * groups + group */
         const uint32_t i = (uint32_t)(rg / groups), h0 = (uint32_t)(rg % groups) * hpt;
         const uint32_t h1 = h0 + hpt < heads ? h0 + hpt : heads;
         /* positions, tables and frequencies are the step's arguments (copied before any
-         * kernel) or constant: the angle and the page come before the wait */
+         * kernel) or constant: the angles and the page come before the wait */
         const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
-        float cs, sn;
-        rope_cs(row_inv_freq(inv_freq, row_freq, i)[j] * (float)p, scale, &cs, &sn);
+        const float *freq = row_inv_freq(inv_freq, row_freq, i);
+        float cs[VP], sn[VP];
+#pragma unroll
+        for (int e = 0; e < VP; e++) rope_cs(freq[j + e] * (float)p, scale, &cs[e], &sn[e]);
         __nv_bfloat16 *krow = kv_row(seg, page_bytes, table, row_tables, i, p, tpp, kv_dim);
         if (!waited) {
             dj_pdl_wait();
@@ -126,21 +152,30 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
             const bool is_k = h < nkv;
             const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
             const __nv_bfloat16 *x = is_k ? k : q;
-            const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
-            const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
+            __nv_bfloat16 a[VP], b[VP], o1[VP], o2[VP];
+            ld_vec<VP>(x + base + j, a);
+            ld_vec<VP>(x + base + j + half, b);
+#pragma unroll
+            for (int e = 0; e < VP; e++) {
+                const float x1 = __bfloat162float(a[e]), x2 = __bfloat162float(b[e]);
+                o1[e] = __float2bfloat16(x1 * cs[e] - x2 * sn[e]);
+                o2[e] = __float2bfloat16(x2 * cs[e] + x1 * sn[e]);
+            }
             if (!is_k) {
-                qout[base + j] = o1;
-                qout[base + j + half] = o2;
+                st_vec<VP>(qout + base + j, o1);
+                st_vec<VP>(qout + base + j + half, o2);
                 continue;
             }
-            const __nv_bfloat16 v1 = v[base + j], v2 = v[base + j + half];
-            kout[base + j] = o1;
-            kout[base + j + half] = o2;
+            __nv_bfloat16 v1[VP], v2[VP];
+            ld_vec<VP>(v + base + j, v1);
+            ld_vec<VP>(v + base + j + half, v2);
+            st_vec<VP>(kout + base + j, o1);
+            st_vec<VP>(kout + base + j + half, o2);
             const size_t kr = (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
-            krow[kr] = o1;
-            krow[kr + half] = o2;
-            krow[vr] = v1;
-            krow[vr + half] = v2;
+            st_vec<VP>(krow + kr, o1);
+            st_vec<VP>(krow + kr + half, o2);
+            st_vec<VP>(krow + vr, v1);
+            st_vec<VP>(krow + vr + half, v2);
         }
     }
 }
@@ -387,16 +422,22 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
-    const uint32_t heads = rope->n_heads + nq;
-    const size_t elems = (size_t)rope->n * heads * (rope->head_dim / 2);
-    const uint32_t hpt = elems >= ((size_t)1 << 20) ? ROPE_HEADS_MANY : 1u;
-    const size_t count = (size_t)rope->n * ((heads + hpt - 1) / hpt) * (rope->head_dim / 2);
-    dj__launch(cb, rope_kv_write_kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0,
-        (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
-        rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
-        rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos, rope->scale,
-        kv->seg_base,
-        kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpt);
+    const uint32_t heads = rope->n_heads + nq, hd = rope->head_dim;
+    const size_t elems = (size_t)rope->n * heads * (hd / 2);
+    const bool many = elems >= ((size_t)1 << 20);
+    const uint32_t hpt = many ? ROPE_HEADS_MANY : 1u;
+    /* prefill rows: 4 pairs a thread where every access is 8-byte aligned */
+    const uintptr_t align = (uintptr_t)rope->x | (uintptr_t)rope->out | (uintptr_t)kvw->x2 |
+                            (uintptr_t)(rope_q ? rope_q->x : NULL) | (uintptr_t)(rope_q ? rope_q->out : NULL) |
+                            (uintptr_t)kv->seg_base | (uintptr_t)kv->page_bytes;
+    const uint32_t vp = many && (hd / 2) % 4 == 0 && align % 8 == 0 ? 4u : 1u;
+    const size_t count = (size_t)rope->n * ((heads + hpt - 1) / hpt) * (hd / 2 / vp);
+    auto kernel = vp == 4 ? rope_kv_write_kernel<4> : rope_kv_write_kernel<1>;
+    dj__launch(cb, kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, (const __nv_bfloat16 *)rope->x,
+               (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
+               rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
+               rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, hd, rope->pos0, rope->row_pos, rope->scale,
+               kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpt);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
