@@ -67,30 +67,51 @@ struct gemv_segs {
     void *out[DJ_GEMV_GROUP];
     uint32_t m[DJ_GEMV_GROUP];
     uint32_t first_block[DJ_GEMV_GROUP];
+    uint32_t split[DJ_GEMV_GROUP]; /* warps a weight row (1 or 2: gemv_split) */
     int bias_dtype[DJ_GEMV_GROUP];
     int count;
 };
 
-/* Warp per weight row j of its segment; rows r < n of x (NR >= n, a
- * compile-time bound). vec: 16-bit weights, k % 8 == 0 and 16-byte aligned x
- * and every w. */
+/* Warps a weight row (16-bit weights, 16-byte loads) for a matmul of m rows
+ * of k: two where one a row would leave the SMs under half the warps they
+ * hold (GEMV_SM_WARPS), so twice the loads are in flight - each warp takes
+ * every other 256 columns of the row and the pair's sums add in a fixed
+ * order. From m, k and the device alone, so a row sums the same alone, in a
+ * group and at every n. H100, Llama-3-8B shape (bench/RESULTS.md,
+ * 2026-11-27): q/k/v 19.6 -> 18.0 us, o 14.1 -> 12.6, down 44.7 -> 41.1
+ * (2.63 -> 2.86 TB/s), a decode layer 173.1 -> 167.0 us, decode b=1 5.76 ->
+ * 5.60 ms. The FP8 GEMV split the same way gained 3 us a layer alone but
+ * nothing end to end (3.63 against 3.63 ms, b=2 448 -> 437 tok/s): not
+ * kept. */
+#define GEMV_SM_WARPS 64
+static uint32_t gemv_split(const dj_cuda_backend *cb, uint32_t m, uint32_t k) {
+    return k >= 2048 && 2ull * m <= (unsigned long long)cb->n_sm * GEMV_SM_WARPS ? 2u : 1u;
+}
+
+/* Warps per weight row j of its segment (sg.split: 1, or 2 taking alternate
+ * 256-column chunks of the row); rows r < n of x (NR >= n, a compile-time
+ * bound). vec: 16-bit weights, k % 8 == 0 and 16-byte aligned x and every w
+ * (split 1 otherwise). */
 template <typename TW, typename TO, int NR>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const __nv_bfloat16 *x, gemv_segs sg, uint32_t n, uint32_t k, bool vec) {
     dj_pdl_release();
-    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
-    const uint32_t m = sg.m[si];
-    const uint32_t j = (blockIdx.x - sg.first_block[si]) * GEMV_WARPS + (threadIdx.x >> 5);
-    if (j >= m) return;
-    const TW *wr = (const TW *)sg.w[si] + (size_t)j * k;
+    const uint32_t m = sg.m[si], S = sg.split[si], part = warp % S; /* S: block-uniform */
+    const uint32_t j = (blockIdx.x - sg.first_block[si]) * (GEMV_WARPS / S) + warp / S;
+    if (S == 1 && j >= m) return;
+    const bool live = j < m; /* S 2: every warp reaches the pair's barrier */
+    const TW *wr = (const TW *)sg.w[si] + (size_t)(live ? j : 0) * k;
+    /* the warp's 256-column chunks: part, part + S, ... (column lane*8 of each) */
+    const uint32_t k0 = lane * 8 + 256u * part, step_k = 256u * S;
     /* weights are constant: a 16-bit row's first GEMV_PRE loads go out before the wait */
     uint4 pre[GEMV_PRE];
     if constexpr (sizeof(TW) == 2) {
 #pragma unroll
         for (int p = 0; p < GEMV_PRE; p++)
-            if (vec && lane * 8 + 256u * p < k) pre[p] = *(const uint4 *)(wr + lane * 8 + 256u * p);
+            if (live && vec && k0 + step_k * p < k) pre[p] = *(const uint4 *)(wr + k0 + step_k * p);
     }
     dj_pdl_wait();
     const void *bias = sg.bias[si];
@@ -99,9 +120,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    bool done = false;
+    bool done = !live;
     if constexpr (sizeof(TW) == 2) {
-        if (vec) {
+        if (vec && live) {
             auto step = [&](uint4 u, uint32_t kk) {
                 float wf[8];
                 widen8(u, wr, wf);
@@ -117,13 +138,13 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
             };
 #pragma unroll
             for (int p = 0; p < GEMV_PRE; p++)
-                if (lane * 8 + 256u * p < k) step(pre[p], lane * 8 + 256u * p);
+                if (k0 + step_k * p < k) step(pre[p], k0 + step_k * p);
 #pragma unroll 4
-            for (uint32_t kk = lane * 8 + 256u * GEMV_PRE; kk < k; kk += 256) step(*(const uint4 *)(wr + kk), kk);
+            for (uint32_t kk = k0 + step_k * GEMV_PRE; kk < k; kk += step_k) step(*(const uint4 *)(wr + kk), kk);
             done = true;
         }
     }
-    for (uint32_t kk = lane; !done && kk < k; kk += 32) {
+    for (uint32_t kk = lane; !done && kk < k; kk += 32) { /* split 1 here */
         const float wf = dj_ld(wr, kk);
 #pragma unroll
         for (int r = 0; r < NR; r++)
@@ -132,6 +153,16 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < NR; r++)
         for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (S == 2) { /* the pair's sums: part 0's, then part 1's */
+        __shared__ float pair_sum[GEMV_WARPS][NR];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < NR; r++) pair_sum[warp][r] = acc[r];
+        __syncthreads();
+        if (part != 0 || !live) return;
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[r] = pair_sum[warp][r] + pair_sum[warp + 1][r];
+    }
     if (lane == 0) {
         const float b = bias ? ld_any(bias, bias_dtype, j) : 0.0f;
 #pragma unroll
@@ -206,6 +237,7 @@ static unsigned fill_segs(const dj_op_call *calls, int count, uint32_t rows_per_
         sg->bias_dtype[i] = (int)calls[i].bias_dtype;
         sg->out[i] = calls[i].out;
         sg->m[i] = calls[i].m;
+        sg->split[i] = 1;
         sg->first_block[i] = blocks;
         blocks += (calls[i].m + rows_per_block - 1) / rows_per_block;
     }
@@ -222,7 +254,16 @@ static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     for (int i = 0; i < count; i++) align |= (uintptr_t)calls[i].w;
     const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && align % 16 == 0;
     gemv_segs sg;
-    const unsigned blocks = fill_segs(calls, count, GEMV_WARPS, &sg);
+    unsigned blocks = fill_segs(calls, count, GEMV_WARPS, &sg);
+    if (vec) { /* warps a row by segment: its blocks hold GEMV_WARPS / split rows */
+        blocks = 0;
+        for (int i = 0; i < count; i++) {
+            sg.split[i] = gemv_split(cb, calls[i].m, c->k);
+            sg.first_block[i] = blocks;
+            const uint32_t rows = GEMV_WARPS / sg.split[i];
+            blocks += (calls[i].m + rows - 1) / rows;
+        }
+    }
     dj__launch(cb, gemv_kernel<TW, TO, NR>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, x, sg, c->n, c->k, vec);
 }
 
