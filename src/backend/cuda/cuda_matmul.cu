@@ -4,8 +4,10 @@
  *    GEMV kernel - bound by reading the weights once;
  *    consecutive calls on the same x (q/k/v, gate/up) in a plan are
  *    launched as one (cuda_plan.cu), which also fills the GPU for the
- *    small k/v weights. One warp per weight row, 16-byte loads, 4 in
- *    flight per lane, any weight dtype. (Two streaming variants - all of a
+ *    small k/v weights. One warp per weight row (two, each taking every
+ *    other 256 columns, where one would leave the SMs half empty:
+ *    gemv_split), 16-byte loads, 4 in flight per lane, any weight dtype.
+ *    (Two streaming variants - all of a
  *    lane's loads issued before any FMA, L1 bypassed, two rows per warp -
  *    were within noise of it on the H100, 6.54 and 6.53 against 6.44
  *    ms/token, and were deleted for it: simpler, and no PTX cache hints.)
