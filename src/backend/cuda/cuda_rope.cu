@@ -89,10 +89,9 @@ static __global__ void kv_write_kernel(const __nv_bfloat16 *k, const __nv_bfloat
     }
 }
 
-/* VP consecutive bf16 values (VP 1, 2 or 4: 2, 4 or 8 bytes, aligned) as one access. */
+/* VP consecutive bf16 values (VP 1 or 4: 2 or 8 bytes, aligned) as one access. */
 template <int VP> struct bf16_vec;
 template <> struct bf16_vec<1> { typedef __nv_bfloat16 t; };
-template <> struct bf16_vec<2> { typedef uint32_t t; };
 template <> struct bf16_vec<4> { typedef uint2 t; };
 
 template <int VP>
@@ -113,8 +112,9 @@ static __device__ __forceinline__ void st_vec(__nv_bfloat16 *p, const __nv_bfloa
  * arithmetic (so the same bits), the angles' cos/sin once for the thread's
  * heads (hpt 1 and VP 1 for a few rows, as decode: one element a thread
  * keeps every lane busy; more for prefill rows, where a sincos per element
- * was most of the kernel's time, and VP 4 there: 8-byte accesses where
- * 2-byte ones took twice the time of the bytes). k's rotated pairs go to
+ * was most of the kernel's time, and VP 4 there: 8-byte accesses - H100,
+ * 2048 rows of 32 + 8 heads of 128, 32.8 -> 22.2 us, bench/RESULTS.md,
+ * 2026-11-27). k's rotated pairs go to
  * kout and to K rows of the pages, v's elements j and j + hd/2 of that head
  * to V rows; q's to qout only. Each element is read before it is stored, by
  * one thread, so kout may be k and qout q. VP > 1: hd / 2 a multiple of VP,
