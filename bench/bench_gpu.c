@@ -217,6 +217,7 @@ int main(int argc, char **argv) {
     dj_session_free(e, s);
     /* the median of PREFILL_RUNS fresh sessions (one run varies by a few %) */
     double pt[PREFILL_RUNS];
+    const dj_chunk_times ct0 = dj_engine_chunk_times(e);
     for (int r = 0; r < PREFILL_RUNS; r++) {
         s = new_session(e, m, o.prefill + 1);
         t0 = now();
@@ -224,6 +225,10 @@ int main(int argc, char **argv) {
         pt[r] = now() - t0;
         dj_session_free(e, s);
     }
+    const dj_chunk_times ct1 = dj_engine_chunk_times(e);
+    const double chunks = (double)(ct1.chunks - ct0.chunks) > 0 ? (double)(ct1.chunks - ct0.chunks) : 1.0;
+    const double pf_prep = (ct1.prepare_s - ct0.prepare_s) / chunks, pf_enq = (ct1.enqueue_s - ct0.enqueue_s) / chunks,
+                 pf_fin = (ct1.finish_s - ct0.finish_s) / chunks;
     qsort(pt, PREFILL_RUNS, sizeof pt[0], cmp_double);
     const double prefill_s = pt[PREFILL_RUNS / 2];
     dj_graph_t *pg = NULL;
@@ -397,6 +402,9 @@ int main(int argc, char **argv) {
            step_bytes * 1e-9, (double)needs.text_bytes * 1e-9, floor_all_ms, dec_ms / floor_all_ms);
     printf("decode b=1 vs floor: %.2fx (bar 1.15x: %s); graphs: %zu recorded, %zu replays, %zu refused\n",
            dec_ms / floor_ms, dec_ms / floor_ms <= 1.15 ? "met" : "NOT met", captures, replays, failures);
+    printf("prefill %u tokens, host time a chunk (mean of %llu): prepare %.3f ms, enqueue %.3f ms, "
+           "wait and finish %.3f ms\n",
+           o.prefill, (unsigned long long)(ct1.chunks - ct0.chunks), pf_prep * 1e3, pf_enq * 1e3, pf_fin * 1e3);
     printf("%d checks, %d failed\n", n_checks, n_failed);
 
     if (o.json) {

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "djinn/engine.h"
 #include "djinn/sampler.h"
@@ -520,6 +521,50 @@ done:
     dj_engine_free(e);
 }
 
+/* Prefill chunks' host times: a prompt of 150 tokens at max_step_tokens 64
+ * is three chunks; each phase's time is non-negative and together they lie
+ * inside the wall time around the call (one monotonic clock); decode steps
+ * add no chunk. */
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void check_chunk_times(void) {
+    dj_model_t *m = NULL;
+    dj_engine_t *e = engine_with("llama3", &m);
+    if (!e) return;
+    const uint32_t V = dj_model_get_config(m)->vocab_size, n = 150;
+    int32_t prompt[150];
+    for (uint32_t i = 0; i < n; i++) prompt[i] = rand_id(V);
+    dj_session_t *s = NULL;
+    CHECK_OK(dj_session_new(e, m, 256, 0, &s));
+    if (!s) {
+        dj_engine_free(e);
+        return;
+    }
+    const dj_chunk_times t0 = dj_engine_chunk_times(e);
+    const double w0 = mono_now();
+    CHECK_OK(dj_session_step(e, s, prompt, n, NULL));
+    const double wall = mono_now() - w0;
+    const dj_chunk_times t1 = dj_engine_chunk_times(e);
+    CHECK_MSG(t1.chunks - t0.chunks == 3, "a 150-token prompt at 64 a step: %llu chunks, want 3",
+              (unsigned long long)(t1.chunks - t0.chunks));
+    const double prep = t1.prepare_s - t0.prepare_s, enq = t1.enqueue_s - t0.enqueue_s,
+                 fin = t1.finish_s - t0.finish_s;
+    CHECK(prep >= 0.0 && enq >= 0.0 && fin >= 0.0);
+    CHECK_MSG(prep + enq + fin <= wall, "chunk phases %.6f + %.6f + %.6f s past the call's %.6f s", prep, enq, fin,
+              wall);
+    int32_t next[1] = {0}, id[1] = {rand_id(V)};
+    CHECK_OK(dj_engine_step_batch(e, &s, id, 1, NULL, NULL, next));
+    CHECK(dj_engine_chunk_times(e).chunks == t1.chunks);
+    printf("chunk times: 3 chunks of a 150-token prompt, prepare %.3f + enqueue %.3f + finish %.3f of %.3f ms\n",
+           prep * 1e3, enq * 1e3, fin * 1e3, wall * 1e3);
+    dj_session_free(e, s);
+    dj_engine_free(e);
+}
+
 int main(void) {
     dj_test_seeds();
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
@@ -530,5 +575,6 @@ int main(void) {
     check_two_models();
     check_sample_hook();
     check_short_class();
+    check_chunk_times();
     return dj_test_finish("test_batch");
 }

@@ -352,6 +352,19 @@ uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures /* OUT */, size_t *replays /* OUT */,
                            size_t *failures /* OUT */);
 
+/* Host time of the prefill chunks (dj_session_step and its kin; decode
+ * steps are not counted) since the engine started, in seconds: preparing
+ * them (swap-in, plan, pages, block tables, the activation stack),
+ * enqueueing their ops (on a GPU this returns before the device is done; on
+ * the CPU it is the compute), and finishing them (the wait for the device,
+ * the logits, the next token). For telling where a step's time goes beside
+ * its kernels (bench_gpu prints it for its prefills). */
+typedef struct dj_chunk_times {
+    uint64_t chunks;
+    double prepare_s, enqueue_s, finish_s;
+} dj_chunk_times;
+dj_chunk_times dj_engine_chunk_times(const dj_engine_t *e);
+
 /* Build the SRG of one step of the model for `bucket` token rows (weights
  * bound when m is not NULL). Exposed for the planner, info and tests. */
 dj_status dj_model_build_graph(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase,

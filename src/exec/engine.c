@@ -78,6 +78,7 @@ struct dj_engine {
     step_graph graphs[DJ_STEP_GRAPHS];
     uint64_t graph_clock;
     size_t graph_captures, graph_replays, graph_failures;
+    dj_chunk_times chunk_times; /* prefill chunks' host time (dj_engine_chunk_times) */
     float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
     size_t host_logits_cap;
     dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
@@ -1238,6 +1239,7 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
                            dj__step_hook *hook) {
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
+    const double t_begin = prof_now();
     dj_status st = dj__swap_before_step(e, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
@@ -1253,7 +1255,9 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     uint8_t *stack = stack_v;
     int out_idx = -1;
     const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
+    const double t_prepared = prof_now();
     st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
+    const double t_enqueued = prof_now();
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
     if (st == DJ_OK && all_rows) {
@@ -1268,7 +1272,14 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     else
         (void)e->be->vt->sync(e->be); /* drain what was enqueued before the failure */
     dj_vmu_stack_reset(e->vmu, mark);
-    if (st == DJ_OK) s->pos += n;
+    if (st == DJ_OK) {
+        s->pos += n;
+        dj_chunk_times *ct = &e->chunk_times;
+        ct->chunks++;
+        ct->prepare_s += t_prepared - t_begin;
+        ct->enqueue_s += t_enqueued - t_prepared;
+        ct->finish_s += prof_now() - t_enqueued;
+    }
     return st;
 }
 
@@ -1603,6 +1614,8 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
 }
 
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e) { return e->max_step; }
+
+dj_chunk_times dj_engine_chunk_times(const dj_engine_t *e) { return e->chunk_times; }
 
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {
     if (captures) *captures = e->graph_captures;
