@@ -2749,10 +2749,12 @@ static void bench_gemv(dj_dtype wt) {
         const gemv_shape *sh = &shapes[si];
         const bool glu = strcmp(sh->what, "gate/up+glu") == 0;
         const size_t rb = dj_dtype_row_bytes(wt, sh->k);
-        if (q4) { /* whole valid rows: each copy's rows from rand_q4's rows, repeated */
+        if (q4) { /* whole valid rows: each copy's rows from rand_q4's rows, repeated, as many as it has */
             enum { QROWS = 64 };
+            uint32_t most = 0;
+            for (int j = 0; j < sh->count; j++) most = sh->ms[j] > most ? sh->ms[j] : most;
             uint8_t *rows = rand_q4(QROWS, sh->k);
-            for (size_t r = 0; (r + 1) * rb <= max_bytes; r++) memcpy(pat + r * rb, rows + (r % QROWS) * rb, rb);
+            for (size_t r = 0; r < most; r++) memcpy(pat + r * rb, rows + (r % QROWS) * rb, rb);
             free(rows);
         }
         size_t round_bytes = 0;

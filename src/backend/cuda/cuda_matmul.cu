@@ -228,9 +228,11 @@ static __global__ void bias_out_kernel(const float *acc, const void *bias, int b
 
 /* ---- launchers ---- */
 
-/* The group's segments, rows_per_block rows per block; returns the blocks
- * of the launch. */
-static unsigned fill_segs(const dj_op_call *calls, int count, uint32_t rows_per_block, gemv_segs *sg /* OUT */) {
+/* The group's segments (vec: each its gemv_split warps a row, so a block
+ * holds GEMV_WARPS / split rows; else one warp a row); returns the blocks of
+ * the launch. */
+static unsigned fill_segs(const dj_cuda_backend *cb, const dj_op_call *calls, int count, bool vec,
+                          gemv_segs *sg /* OUT */) {
     memset(sg, 0, sizeof *sg);
     unsigned blocks = 0;
     for (int i = 0; i < count; i++) {
@@ -239,9 +241,10 @@ static unsigned fill_segs(const dj_op_call *calls, int count, uint32_t rows_per_
         sg->bias_dtype[i] = (int)calls[i].bias_dtype;
         sg->out[i] = calls[i].out;
         sg->m[i] = calls[i].m;
-        sg->split[i] = 1;
+        sg->split[i] = vec ? gemv_split(cb, calls[i].m, calls[i].k) : 1u;
         sg->first_block[i] = blocks;
-        blocks += (calls[i].m + rows_per_block - 1) / rows_per_block;
+        const uint32_t rows = GEMV_WARPS / sg->split[i];
+        blocks += (calls[i].m + rows - 1) / rows;
     }
     sg->count = count;
     return blocks;
@@ -256,16 +259,7 @@ static void launch_gemv_nr(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     for (int i = 0; i < count; i++) align |= (uintptr_t)calls[i].w;
     const bool vec = sizeof(TW) == 2 && c->k % 8 == 0 && align % 16 == 0;
     gemv_segs sg;
-    unsigned blocks = fill_segs(calls, count, GEMV_WARPS, &sg);
-    if (vec) { /* warps a row by segment: its blocks hold GEMV_WARPS / split rows */
-        blocks = 0;
-        for (int i = 0; i < count; i++) {
-            sg.split[i] = gemv_split(cb, calls[i].m, c->k);
-            sg.first_block[i] = blocks;
-            const uint32_t rows = GEMV_WARPS / sg.split[i];
-            blocks += (calls[i].m + rows - 1) / rows;
-        }
-    }
+    const unsigned blocks = fill_segs(cb, calls, count, vec, &sg);
     dj__launch(cb, gemv_kernel<TW, TO, NR>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, x, sg, c->n, c->k, vec);
 }
 
