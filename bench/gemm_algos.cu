@@ -1,0 +1,166 @@
+/* gemm_algos.cu: how much of the prefill's bf16 GEMM time the algorithm
+ * choice holds - for each projection shape of the 8B-class models (tokens
+ * 2048), cublasGemmEx's own pick (what the engine calls) beside every
+ * algorithm cuBLASLt's heuristic offers for the same problem, each timed on
+ * random bf16 data; and the square GEMM the benchmarks' floor is measured on,
+ * with constant data (as cuda_measure.cu fills it) and random data. Prints
+ *   <shape> m n k: default <us> (<TF>) best <us> (<TF>, algo i of N) ...
+ * usage: bench_gemm_algos (needs a GPU; bench/RESULTS.md has its figures) */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CHECK(x)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "bench_gemm_algos: %s: %s\n", #x, cudaGetErrorString(e_));                                 \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+#define CHECKB(x)                                                                                                      \
+    do {                                                                                                               \
+        int s_ = (int)(x);                                                                                             \
+        if (s_ != 0) {                                                                                                 \
+            fprintf(stderr, "bench_gemm_algos: %s: status %d\n", #x, s_);                                              \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+static __global__ void fill_random(__nv_bfloat16 *p, size_t n, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        p[i] = __float2bfloat16(((float)(z >> 40) / (float)(1u << 24) - 0.5f) * 0.1f);
+    }
+}
+
+static const int ITERS = 20;
+static const size_t WS = (size_t)32 << 20;
+
+template <typename F>
+static float time_us(cudaStream_t s, F run) {
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) run();
+    CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < ITERS; i++) run();
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    CHECK(cudaEventDestroy(a));
+    CHECK(cudaEventDestroy(b));
+    return ms * 1e3f / ITERS;
+}
+
+struct shape {
+    const char *name;
+    int m, n, k; /* out features, tokens, in features */
+};
+
+int main(void) {
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    CHECKB(cublasCreate(&blas));
+    CHECKB(cublasLtCreate(&lt));
+    CHECKB(cublasSetStream(blas, s));
+    void *ws;
+    CHECK(cudaMalloc(&ws, WS));
+    CHECKB(cublasSetWorkspace(blas, ws, WS));
+    const size_t cap = (size_t)28672 * 4096 + (size_t)8192 * 8192; /* largest operand */
+    __nv_bfloat16 *w, *x, *y;
+    CHECK(cudaMalloc(&w, cap * 2));
+    CHECK(cudaMalloc(&x, cap * 2));
+    CHECK(cudaMalloc(&y, cap * 2));
+    fill_random<<<1024, 256, 0, s>>>(w, cap, 1);
+    fill_random<<<1024, 256, 0, s>>>(x, cap, 2);
+    CHECK(cudaGetLastError());
+    const float one = 1.0f, zero = 0.0f;
+
+    /* the floor's square GEMM: constant data (cuda_measure.cu) and random data */
+    for (int rnd = 0; rnd < 2; rnd++) {
+        const int n = 8192;
+        __nv_bfloat16 *a = w, *b = x;
+        if (!rnd) {
+            a = y;
+            b = y + (size_t)n * n;
+            CHECK(cudaMemsetAsync(a, 0x3c, (size_t)n * n * 2 * 2, s));
+        }
+        __nv_bfloat16 *c = rnd ? y : y + (size_t)2 * n * n;
+        if (!rnd) CHECK(cudaMalloc(&c, (size_t)n * n * 2));
+        const float us = time_us(s, [&] {
+            CHECKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                                &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        printf("square %d, %s data: %.1f us, %.0f TFLOPS\n", n, rnd ? "random" : "constant", us,
+               2.0 * n * n * (double)n / us * 1e-6);
+        if (!rnd) CHECK(cudaFree(c));
+    }
+    fill_random<<<1024, 256, 0, s>>>(y, cap, 3);
+
+    const shape shapes[] = {
+        {"llama q/o", 4096, 2048, 4096},       {"llama k/v", 1024, 2048, 4096},
+        {"llama gate/up", 14336, 2048, 4096},  {"llama down", 4096, 2048, 14336},
+        {"llama qkv fused", 6144, 2048, 4096}, {"llama gate+up fused", 28672, 2048, 4096},
+        {"qwen3 gate/up", 12288, 2048, 4096},  {"qwen3 down", 4096, 2048, 12288},
+        {"gemma2 q", 4096, 2048, 3584},        {"gemma2 k/v", 2048, 2048, 3584},
+        {"gemma2 o", 3584, 2048, 4096},        {"gemma2 gate/up", 14336, 2048, 3584},
+        {"gemma2 down", 3584, 2048, 14336},    {"gemma2 qkv fused", 8192, 2048, 3584},
+    };
+    for (const shape &sh : shapes) {
+        const int m = sh.m, n = sh.n, k = sh.k;
+        const double flop = 2.0 * m * n * (double)k;
+        const float def = time_us(s, [&] {
+            CHECKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
+                                &zero, y, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        cublasLtMatmulDesc_t op;
+        cublasLtMatrixLayout_t la, lb, lc;
+        CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+        CHECKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k));
+        CHECKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k));
+        CHECKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, m));
+        cublasLtMatmulPreference_t pref;
+        CHECKB(cublasLtMatmulPreferenceCreate(&pref));
+        CHECKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
+        cublasLtMatmulHeuristicResult_t res[32];
+        int found = 0;
+        CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, res, &found));
+        float best = 1e30f, first = 0;
+        int bi = -1;
+        for (int i = 0; i < found; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            const float us = time_us(s, [&] {
+                CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, lc, y, lc, &res[i].algo, ws, WS, s));
+            });
+            if (i == 0) first = us;
+            if (us < best) {
+                best = us;
+                bi = i;
+            }
+        }
+        printf("%-20s m %5d n %d k %5d: default %7.1f us (%4.0f TF)  lt first %7.1f us  best %7.1f us (%4.0f TF, "
+               "algo %d of %d) %+.1f%%\n",
+               sh.name, m, n, k, def, flop / def * 1e-6, first, best, flop / best * 1e-6, bi, found,
+               (best / def - 1) * 100);
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(op);
+    }
+    return 0;
+}
