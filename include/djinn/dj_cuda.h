@@ -36,7 +36,8 @@ dj_status dj_backend_cuda_new(int device, dj_backend_t **out /* OUT */);
  * (one warm-up, then `iters` timed calls by CUDA events). Copy: a
  * device-to-device cudaMemcpy of `bytes`, reported as bytes read + written
  * per second (GB/s = 1e9), the HBM rate a weight-streaming step can reach.
- * GEMM: a bf16 n x n x n cublasGemmEx with f32 accumulation, in TFLOP/s
+ * GEMM: a bf16 n x n x n cublasGemmEx with f32 accumulation on uniform random
+ * operands (constant ones run faster than any weights do), in TFLOP/s
  * (2 n^3 per call). Scratch buffers are allocated and freed inside. */
 dj_status dj_cuda_measure_copy(dj_backend_t *be, size_t bytes, int iters, double *gbps /* OUT */);
 dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *tflops /* OUT */);
