@@ -6,9 +6,13 @@
  * front of it (one pass over the row). */
 #include "backend/cuda/cuda_impl.h"
 
-#define NORM_THREADS 256 /* the per-head (warp a group) kernel, and whole rows past NORM_FEW_ROWS */
-#define NORM_ROW_THREADS 1024 /* whole rows, one block a row, up to NORM_FEW_ROWS rows (decode) */
-#define NORM_FEW_ROWS 256     /* the deterministic mode's batch-invariant rows: one thread count for all */
+#define NORM_THREADS 256 /* the per-head (warp a group) kernel */
+/* Whole rows: one block of 1024 threads a row, whatever the rows (so a row's
+ * bits do not depend on its batch). H100: decode 0.8-1.5% faster than with
+ * 256 (2026-11-26); prefill 2048 rows, in the step (tools/ktrace.c,
+ * 2026-11-27): ADD+RMSNORM 39.5 -> 36.5 us at d 4096, Gemma 2's norm-add-norm
+ * 76.6 -> 53.3 us at d 3584 (512 threads: 39.7 and 49.3; 256 ran before). */
+#define NORM_ROW_THREADS 1024
 
 /* The block's sum of each thread's s (warp shuffles, then thread 0 over the
  * warps in order) and 1 / rms: every whole-row norm reduces through here,
@@ -80,7 +84,7 @@ static void rmsnorm_rows(dj_cuda_backend *cb, const TX *x, const TW *w, __nv_bfl
                    dim3(NORM_THREADS), 0, x, w, out, (uint32_t)rows, c->d, c->eps, c->w_offset);
     else
         dj__launch(cb, rmsnorm_kernel<TX, TW>, dim3(rows),
-                   dim3(c->n <= NORM_FEW_ROWS ? NORM_ROW_THREADS : NORM_THREADS), 0, x, w, out, c->d, c->eps,
+                   dim3(NORM_ROW_THREADS), 0, x, w, out, c->d, c->eps,
                    c->w_offset);
 }
 
@@ -235,28 +239,18 @@ static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const
     }
 }
 
-/* Decode rows (up to NORM_FEW_ROWS) a block of 1024 threads each (H100,
- * 2026-11-26: 8B decode 0.8-1.5% faster than with 256), more rows 256 as
- * before (prefill 2048 single samples varied 5% for one binary in that run,
- * so 1024 there was not decided); per thread PER values of the row. */
+/* NORM_ROW_THREADS threads a row, PER values each (the smallest PER that
+ * covers d). */
 template <typename TH, bool PRE>
 static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre) {
+    static_assert(DJ_FUSE_MAX_D <= 16 * NORM_ROW_THREADS, "rows fit");
     const uint32_t d = norm->d;
-    static_assert(DJ_FUSE_MAX_D <= 16 * NORM_ROW_THREADS && DJ_FUSE_MAX_D <= 64 * NORM_THREADS, "rows fit");
-    if (norm->n <= NORM_FEW_ROWS) {
-        if (d <= 4 * NORM_ROW_THREADS)
-            launch_add_rmsnorm<TH, 4, PRE, NORM_ROW_THREADS>(cb, add, norm, pre);
-        else if (d <= 8 * NORM_ROW_THREADS)
-            launch_add_rmsnorm<TH, 8, PRE, NORM_ROW_THREADS>(cb, add, norm, pre);
-        else
-            launch_add_rmsnorm<TH, 16, PRE, NORM_ROW_THREADS>(cb, add, norm, pre);
-    } else if (d <= 16 * NORM_THREADS) {
-        launch_add_rmsnorm<TH, 16, PRE, NORM_THREADS>(cb, add, norm, pre);
-    } else if (d <= 32 * NORM_THREADS) {
-        launch_add_rmsnorm<TH, 32, PRE, NORM_THREADS>(cb, add, norm, pre);
-    } else {
-        launch_add_rmsnorm<TH, 64, PRE, NORM_THREADS>(cb, add, norm, pre);
-    }
+    if (d <= 4 * NORM_ROW_THREADS)
+        launch_add_rmsnorm<TH, 4, PRE, NORM_ROW_THREADS>(cb, add, norm, pre);
+    else if (d <= 8 * NORM_ROW_THREADS)
+        launch_add_rmsnorm<TH, 8, PRE, NORM_ROW_THREADS>(cb, add, norm, pre);
+    else
+        launch_add_rmsnorm<TH, 16, PRE, NORM_ROW_THREADS>(cb, add, norm, pre);
 }
 
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
