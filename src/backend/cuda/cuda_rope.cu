@@ -189,7 +189,12 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
  * once per warp for its heads): the bits of the launches it replaces. The
  * normed values also go to kn/qn (the norms' outputs) where given, so every
  * buffer ends as those launches leave it. A lane reads and writes only its
- * own elements of a head, so any output may be its input. */
+ * own elements of a head, so any output may be its input: a warp issues
+ * every load of its heads (x, and v for a k head) before its first store, and
+ * the weights before the PDL wait - at decode (one head a warp) the chain of
+ * weight, x and v loads after each other was most of the kernel's time
+ * (tools/ktrace.c, Qwen3-8B shape: 4.2 us a layer against 1.1 for RoPE
+ * alone); hpw <= ROPE_HEADS_MANY. */
 template <typename TW, int HD>
 static __global__ void __launch_bounds__(ROPE_THREADS)
     norm_rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kn, __nv_bfloat16 *kout, const TW *kw,
@@ -201,6 +206,13 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
     constexpr int T = HD / 32, PAIRS = T / 2;
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31, heads = nkv + nq, groups = (heads + hpw - 1) / hpw, kv_dim = nkv * HD;
+    /* the norms' weights (w + w_off) at this lane's elements: constant, so loaded before the wait */
+    float kwv[T], qwv[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        kwv[t] = dj_ld(kw, lane + 32 * t) + w_off;
+        qwv[t] = dj_ld(qw, lane + 32 * t) + w_off;
+    }
     const size_t count = (size_t)n * groups, warps = (size_t)gridDim.x * ROPE_WARPS;
     bool waited = false;
     for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
@@ -217,33 +229,48 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
             dj_pdl_wait();
             waited = true;
         }
-        for (uint32_t h = h0; h < h1; h++) {
+        /* Every head's loads (x, and v for a k head) before any store: a lane's
+         * stores may alias its own loads only, and issuing a head's loads after
+         * the one before it is stored left a DRAM latency per head in a row. */
+        float y[ROPE_HEADS_MANY][T];
+        __nv_bfloat16 vv[ROPE_HEADS_MANY][T];
+#pragma unroll
+        for (uint32_t u = 0; u < ROPE_HEADS_MANY; u++) {
+            const uint32_t h = h0 + u;
+            if (h >= h1) break;
             const bool is_k = h < nkv;
             const size_t base = is_k ? ((size_t)i * nkv + h) * HD : ((size_t)i * nq + (h - nkv)) * HD;
             const __nv_bfloat16 *x = (is_k ? k : q) + base;
-            const TW *wt = is_k ? kw : qw;
-            float y[T];
-            float s = 0.0f;
 #pragma unroll
             for (int t = 0; t < T; t++) {
-                y[t] = __bfloat162float(x[lane + 32 * t]);
-                s += y[t] * y[t];
+                y[u][t] = __bfloat162float(x[lane + 32 * t]);
+                if (is_k) vv[u][t] = v[base + lane + 32 * t];
             }
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < ROPE_HEADS_MANY; u++) {
+            const uint32_t h = h0 + u;
+            if (h >= h1) break;
+            const bool is_k = h < nkv;
+            const size_t base = is_k ? ((size_t)i * nkv + h) * HD : ((size_t)i * nq + (h - nkv)) * HD;
+            float s = 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++) s += y[u][t] * y[u][t];
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             const float r = 1.0f / sqrtf(s / (float)HD + eps);
             __nv_bfloat16 *nout = is_k ? kn : qn;
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 const uint32_t e = lane + 32 * t;
-                const __nv_bfloat16 b = __float2bfloat16((dj_ld(wt, e) + w_off) * (y[t] * r));
+                const __nv_bfloat16 b = __float2bfloat16((is_k ? kwv[t] : qwv[t]) * (y[u][t] * r));
                 if (nout) nout[base + e] = b;
-                y[t] = __bfloat162float(b);
+                y[u][t] = __bfloat162float(b);
             }
             __nv_bfloat16 *o = (is_k ? kout : qout) + base;
 #pragma unroll
             for (int t = 0; t < PAIRS; t++) {
                 const uint32_t e = lane + 32 * t;
-                const float x1 = y[t], x2 = y[t + PAIRS];
+                const float x1 = y[u][t], x2 = y[u][t + PAIRS];
                 const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs[t] - x2 * sn[t]);
                 const __nv_bfloat16 o2 = __float2bfloat16(x2 * cs[t] + x1 * sn[t]);
                 o[e] = o1;
@@ -252,8 +279,8 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
                     const size_t kr = (size_t)h * HD + e, vr = kr + (size_t)tpp * kv_dim;
                     krow[kr] = o1;
                     krow[kr + HD / 2] = o2;
-                    krow[vr] = v[base + e];
-                    krow[vr + HD / 2] = v[base + e + HD / 2];
+                    krow[vr] = vv[u][t];
+                    krow[vr + HD / 2] = vv[u][t + PAIRS];
                 }
             }
         }
