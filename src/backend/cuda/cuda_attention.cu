@@ -37,6 +37,7 @@
                              * positions one dependent load after another, so fewer per warp is faster */
 #define DEC_POS 8          /* positions per warp and step of the decode kernel */
 #define DEC_BATCH_MIN_BLOCKS 4 /* per SM, for the batched kernel: caps its registers at 128 (no spills) */
+#define MERGE_PRE 16       /* splits whose partials a merge thread loads before their weights */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -374,12 +375,14 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
 
 /* Block (head, row): merges the splits attn_decode_batch_kernel wrote -
  * those holding some of the row's positions, split 0 first (it holds t0, so
- * the overall max is finite). Warp 0 weighs the splits (two per lane), then
- * every thread sums its dims over them. */
+ * the overall max is finite). Every warp weighs the splits itself (two per
+ * lane: the same values in each warp, no barrier between), and each thread
+ * sums its dims d = t + 128 j over them, its first MERGE_PRE splits' values
+ * loaded before the weights are known: the kernel is a chain of dependent
+ * loads, and it was three round trips long (weights, barrier, values).
+ * The sums are those of the one-warp weighing it replaced, bit for bit. */
 static __global__ void __launch_bounds__(128)
     attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
-    __shared__ float s_w[DEC_MAX_SPLITS];
-    __shared__ float s_inv;
     dj_pdl_release();
     const uint32_t h = blockIdx.x, i = blockIdx.y, hd = a.hd, lane = threadIdx.x & 31;
     const dec_range rg = dec_range_of(a, i, splits);
@@ -387,32 +390,45 @@ static __global__ void __launch_bounds__(128)
     const uint64_t len = (uint64_t)rg.p - rg.t0 + 1;
     const uint32_t used = (uint32_t)((len + rg.chunk - 1) / rg.chunk); /* <= splits */
     const float *src = part + ((size_t)i * a.nh + h) * splits * (hd + 2);
-    if (threadIdx.x < 32) {
-        float M[2], L[2];
+    constexpr uint32_t DIMS = 256 / 128; /* a thread's dims: head_dim <= 256 (the decode kernel's PAIRS <= 4) */
+    float pre[DIMS][MERGE_PRE];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const uint32_t sp = lane + 32 * u;
-            M[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd] : -INFINITY;
-            L[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd + 1] : 0.0f;
-        }
-        const float G = warp_max(fmaxf(M[0], M[1]));
-        float wl = 0.0f;
+    for (uint32_t j = 0; j < DIMS; j++)
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const float w = M[u] == -INFINITY ? 0.0f : expf(M[u] - G);
-            if (lane + 32 * u < DEC_MAX_SPLITS) s_w[lane + 32 * u] = w;
-            wl += w * L[u];
+        for (uint32_t sp = 0; sp < MERGE_PRE; sp++) {
+            const uint32_t d = threadIdx.x + 128 * j;
+            pre[j][sp] = d < hd && sp < used ? src[(size_t)sp * (hd + 2) + d] : 0.0f;
         }
-        wl = warp_sum(wl);
-        if (lane == 0) s_inv = 1.0f / wl;
+    float M[2], L[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const uint32_t sp = lane + 32 * u;
+        M[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd] : -INFINITY;
+        L[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd + 1] : 0.0f;
     }
-    __syncthreads();
+    const float G = warp_max(fmaxf(M[0], M[1]));
+    __shared__ float s_w[4][DEC_MAX_SPLITS]; /* each warp's own copy of the weights */
+    const uint32_t warp = threadIdx.x >> 5;
+    float wl = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const float w = M[u] == -INFINITY ? 0.0f : expf(M[u] - G);
+        if (lane + 32 * u < DEC_MAX_SPLITS) s_w[warp][lane + 32 * u] = w;
+        wl += w * L[u];
+    }
+    const float inv = 1.0f / warp_sum(wl);
+    __syncwarp();
     __nv_bfloat16 *o = out + ((size_t)i * a.nh + h) * hd;
-    for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+#pragma unroll
+    for (uint32_t j = 0; j < DIMS; j++) {
+        const uint32_t d = threadIdx.x + 128 * j;
+        if (d >= hd) break;
         float v = 0.0f;
-#pragma unroll 8
-        for (uint32_t sp = 0; sp < used; sp++) v += src[(size_t)sp * (hd + 2) + d] * s_w[sp];
-        o[d] = __float2bfloat16(v * s_inv);
+#pragma unroll
+        for (uint32_t sp = 0; sp < MERGE_PRE; sp++)
+            if (sp < used) v += pre[j][sp] * s_w[warp][sp];
+        for (uint32_t sp = MERGE_PRE; sp < used; sp++) v += src[(size_t)sp * (hd + 2) + d] * s_w[warp][sp];
+        o[d] = __float2bfloat16(v * inv);
     }
 }
 
