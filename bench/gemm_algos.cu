@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cuda/fill_uniform.cuh"
+
 #define CHECK(x)                                                                                                       \
     do {                                                                                                               \
         cudaError_t e_ = (x);                                                                                          \
@@ -30,16 +32,6 @@
             exit(1);                                                                                                   \
         }                                                                                                              \
     } while (0)
-
-static __global__ void fill_random(__nv_bfloat16 *p, size_t n, uint64_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        p[i] = __float2bfloat16(((float)(z >> 40) / (float)(1u << 24) - 0.5f) * 0.1f);
-    }
-}
 
 static const int ITERS = 20;
 static const size_t WS = (size_t)32 << 20;
@@ -82,8 +74,8 @@ int main(void) {
     CHECK(cudaMalloc(&w, cap * 2));
     CHECK(cudaMalloc(&x, cap * 2));
     CHECK(cudaMalloc(&y, cap * 2));
-    fill_random<<<1024, 256, 0, s>>>(w, cap, 1);
-    fill_random<<<1024, 256, 0, s>>>(x, cap, 2);
+    dj_fill_uniform_bf16<<<1024, 256, 0, s>>>(w, cap, 1, -0.05f, 0.05f);
+    dj_fill_uniform_bf16<<<1024, 256, 0, s>>>(x, cap, 2, -0.05f, 0.05f);
     CHECK(cudaGetLastError());
     const float one = 1.0f, zero = 0.0f;
 
@@ -106,7 +98,7 @@ int main(void) {
                2.0 * n * n * (double)n / us * 1e-6);
         if (!rnd) CHECK(cudaFree(c));
     }
-    fill_random<<<1024, 256, 0, s>>>(y, cap, 3);
+    dj_fill_uniform_bf16<<<1024, 256, 0, s>>>(y, cap, 3, -0.05f, 0.05f);
 
     const shape shapes[] = {
         {"llama q/o", 4096, 2048, 4096},       {"llama k/v", 1024, 2048, 4096},

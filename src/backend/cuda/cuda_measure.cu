@@ -2,6 +2,7 @@
  * the backend's own GPU and stream: device-to-device copy rate and the bf16
  * cuBLAS GEMM rate. */
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/fill_uniform.cuh"
 
 /* Seconds per call of `run` (after one warm-up), by CUDA events on the stream. */
 template <typename F>
@@ -56,20 +57,6 @@ extern "C" dj_status dj_cuda_measure_copy(dj_backend_t *be, size_t bytes, int it
     return st;
 }
 
-/* Uniform bf16 values in [-1/16, 1/16) from a hash of the index: the GEMM's
- * operands. Constant operands (a memset) ran the 8192^3 GEMM 15% faster than
- * random ones (H100, 895 against 781 TFLOP/s, bench/gemm_algos.cu: fewer bits
- * toggle, less power, higher clocks) - a rate no model's weights reach. */
-static __global__ void fill_uniform(__nv_bfloat16 *p, size_t n, uint64_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        p[i] = __float2bfloat16((float)(z >> 40) * (1.0f / 134217728.0f) - 0.0625f);
-    }
-}
-
 extern "C" dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *tflops) {
     dj_cuda_backend *cb = (dj_cuda_backend *)be;
     *tflops = 0.0;
@@ -81,8 +68,11 @@ extern "C" dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iter
     if (e == cudaSuccess) e = cudaMalloc(&b, elems * 2);
     if (e == cudaSuccess) e = cudaMalloc(&c, elems * 2);
     if (e == cudaSuccess) {
-        fill_uniform<<<cb->n_sm * 8, 256, 0, cb->stream>>>((__nv_bfloat16 *)a, elems, 1);
-        fill_uniform<<<cb->n_sm * 8, 256, 0, cb->stream>>>((__nv_bfloat16 *)b, elems, 2);
+        /* uniform operands: a memset's constant ones ran the 8192^3 GEMM 15% faster (H100,
+         * 895 against 781 TFLOP/s, bench/gemm_algos.cu: fewer bits toggle, less power,
+         * higher clocks) - a rate no model's weights reach */
+        dj_fill_uniform_bf16<<<cb->n_sm * 8, 256, 0, cb->stream>>>((__nv_bfloat16 *)a, elems, 1, -0.0625f, 0.0625f);
+        dj_fill_uniform_bf16<<<cb->n_sm * 8, 256, 0, cb->stream>>>((__nv_bfloat16 *)b, elems, 2, -0.0625f, 0.0625f);
         e = cudaGetLastError();
     }
     dj_status st = DJ_OK;

@@ -234,17 +234,17 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
          * the one before it is stored left a DRAM latency per head in a row. */
         float y[ROPE_HEADS_MANY][T];
         __nv_bfloat16 vv[ROPE_HEADS_MANY][T];
+        /* head h: k's heads first, then q's; its first element in k or q */
+        auto head_base = [&](uint32_t h) -> size_t {
+            return h < nkv ? ((size_t)i * nkv + h) * HD : ((size_t)i * nq + (h - nkv)) * HD;
+        };
 #pragma unroll
-        for (uint32_t u = 0; u < ROPE_HEADS_MANY; u++) {
-            const uint32_t h = h0 + u;
-            if (h >= h1) break;
-            const bool is_k = h < nkv;
-            const size_t base = is_k ? ((size_t)i * nkv + h) * HD : ((size_t)i * nq + (h - nkv)) * HD;
-            const __nv_bfloat16 *x = (is_k ? k : q) + base;
+        for (uint32_t u = 0; u < ROPE_HEADS_MANY && h0 + u < h1; u++) {
+            const size_t base = head_base(h0 + u);
 #pragma unroll
             for (int t = 0; t < T; t++) {
-                y[u][t] = __bfloat162float(x[lane + 32 * t]);
-                if (is_k) vv[u][t] = v[base + lane + 32 * t];
+                y[u][t] = __bfloat162float((h0 + u < nkv ? k : q)[base + lane + 32 * t]);
+                if (h0 + u < nkv) vv[u][t] = v[base + lane + 32 * t];
             }
         }
 #pragma unroll
@@ -252,7 +252,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
             const uint32_t h = h0 + u;
             if (h >= h1) break;
             const bool is_k = h < nkv;
-            const size_t base = is_k ? ((size_t)i * nkv + h) * HD : ((size_t)i * nq + (h - nkv)) * HD;
+            const size_t base = head_base(h);
             float s = 0.0f;
 #pragma unroll
             for (int t = 0; t < T; t++) s += y[u][t] * y[u][t];
