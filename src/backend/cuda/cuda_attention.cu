@@ -407,7 +407,7 @@ static __global__ void __launch_bounds__(128)
         L[u] = sp < used ? src[(size_t)sp * (hd + 2) + hd + 1] : 0.0f;
     }
     const float G = warp_max(fmaxf(M[0], M[1]));
-    __shared__ float s_w[4][DEC_MAX_SPLITS]; /* each warp's own copy of the weights */
+    __shared__ float s_w[128 / 32][DEC_MAX_SPLITS]; /* each warp's own copy of the weights (128 threads) */
     const uint32_t warp = threadIdx.x >> 5;
     float wl = 0.0f;
 #pragma unroll
