@@ -37,11 +37,12 @@ def main():
         elif kind in "RD" and corr:
             api[(kind, corr)] = (s, e, f[5])
     dev.sort()
-    bursts, cur = [], []
+    bursts, cur, cur_end = [], [], 0
     for d in dev:
-        if cur and d[0] - max(x[1] for x in cur[-8:]) > a.split * 1e6:
+        if cur and d[0] - cur_end > a.split * 1e6:
             bursts.append(cur)
             cur = []
+        cur_end = max(cur_end, d[1]) if cur else d[1]  # the burst's latest end so far
         cur.append(d)
     if cur:
         bursts.append(cur)
