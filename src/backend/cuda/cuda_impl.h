@@ -256,7 +256,7 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
  * add.x2 (Gemma's post-attention and post-MLP norms), done first in the same
  * pass and stored too, bit-identical to its own launch; its weights of
  * norm's dtype, its output clear of add.x, add.out and norm.out. */
-#define DJ_FUSE_MAX_D 16384 /* the row's sum lives in registers: 16 per thread */
+#define DJ_FUSE_MAX_D 16384 /* a thread holds its part of the row in registers (cuda_norm.cu) */
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                                const dj_op_call *norm);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
