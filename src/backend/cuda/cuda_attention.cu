@@ -2,7 +2,7 @@
  * bf16 K/V in data-segment pages, f32 softmax and accumulation.
  *  - decode (few query rows): split-K / flash-decoding - each block scores
  *    one chunk of the context for up to 4 query heads of one kv head (GQA:
- *    K/V read once per kv head); a warp loads K and V of DEC_POS positions
+ *    K/V read once per kv head); a warp loads K and V of dec_pos positions
  *    at once, scores them together and folds them in one online-softmax
  *    update; a second pass merges the non-empty chunks, so one session's
  *    single token still fills the GPU; a few rows of a short context take
@@ -31,13 +31,10 @@
 #include "backend/fastdiv.h"
 
 #define DEC_WARPS 4       /* warps per decode block, each its own keys */
-#define DEC_MIN_CHUNK 32  /* fewest positions per decode split */
 #define DEC_MAX_SPLITS 64
 #define DEC_BLOCKS_PER_SM 8 /* splits aim at this many blocks per SM: each warp walks its
                              * positions one dependent load after another, so fewer per warp is faster */
-#define DEC_POS 8          /* positions per warp and step of the decode kernel */
 #define DEC_BATCH_MIN_BLOCKS 4 /* per SM, for the batched kernel: caps its registers at 128 (no spills) */
-#define MERGE_PRE 16       /* splits whose partials a merge thread loads before their weights */
 #define DEC_PREFILL_ROWS 8 /* from this many query rows on, the prefill kernel runs */
 #define PF_ROWS 16         /* query rows per prefill block (4 per warp) */
 #define PF_KEYS 32         /* positions per K/V tile (one per lane) */
@@ -87,11 +84,20 @@ static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window
 
 /* ---- decode: split-K ---- */
 
-static_assert(DEC_MIN_CHUNK == DEC_WARPS * DEC_POS, "a chunk is at least one step of every warp");
+/* Positions per warp and step of the decode kernel: 8, and 4 past head_dim
+ * 128 (the K/V registers of 8 positions of 256 dims held its blocks to 4 an
+ * SM: 128 registers; with 4, 96). H100, decode b=1 at ctx 512
+ * (bench/RESULTS.md, 2026-11-27): Gemma-2-9B 7.148 / 7.086 -> 6.975 / 7.015
+ * ms, at ctx 2,000 7.68 -> 7.63; Llama-3-8B 5.54 -> 5.67 with 4, so 8 stay
+ * there. A split holds at least one step of every warp (dec_min_chunk). */
+static __host__ __device__ constexpr uint32_t dec_pos(uint32_t hd) { return hd > 128 ? 4u : 8u; }
+static __host__ __device__ constexpr uint32_t dec_min_chunk(uint32_t hd) { return DEC_WARPS * dec_pos(hd); }
+/* Splits whose partials a merge thread loads before their weights: the most a 512-token context uses. */
+static __host__ __device__ constexpr uint32_t merge_pre(uint32_t hd) { return 512 / dec_min_chunk(hd); }
 static_assert(DEC_MAX_SPLITS <= 64, "the batched merge holds two splits per lane of one warp");
 
 /* Row i's position p, its first visible position t0 and the chunk of each
- * of the `splits` splits (at least DEC_MIN_CHUNK; trailing splits may be
+ * of the `splits` splits (at least dec_min_chunk; trailing splits may be
  * empty), from the row's own position: a recorded launch serves every
  * position. */
 struct dec_range {
@@ -105,7 +111,7 @@ static __device__ __forceinline__ dec_range dec_range_of(const attn_args &a, uin
     r.t0 = first_pos(r.p, a.window);
     const uint64_t len = (uint64_t)r.p - r.t0 + 1;
     r.chunk = (len + splits - 1) / splits;
-    if (r.chunk < DEC_MIN_CHUNK) r.chunk = DEC_MIN_CHUNK;
+    if (r.chunk < dec_min_chunk(a.hd)) r.chunk = dec_min_chunk(a.hd);
     return r;
 }
 
@@ -183,13 +189,13 @@ static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t t
 
 /* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
  * h0+G-1 share kv head h0 / group (G divides group). Warp w takes the
- * positions [b, b + DEC_POS) of its split, b = s0 + DEC_POS*(w + DEC_WARPS*j):
- * lane l < DEC_POS looks up the page of position b + l, then every lane
- * loads its pairs 2l + 64k of the DEC_POS K and V rows (all loads in flight
- * together), scores them for the G heads (G*DEC_POS warp sums, interleaved)
+ * positions [b, b + POS) of its split, b = s0 + POS*(w + DEC_WARPS*j), POS =
+ * dec_pos(head_dim): lane l < POS looks up the page of position b + l, then every lane
+ * loads its pairs 2l + 64k of the POS K and V rows (all loads in flight
+ * together), scores them for the G heads (G*POS warp sums, interleaved)
  * and folds them into each head's online softmax in one update.
  * Row i's positions [t0, p] are cut into `splits` chunks of at least
- * DEC_MIN_CHUNK, computed here from the row's own position, so a recorded
+ * dec_min_chunk, computed here from the row's own position, so a recorded
  * launch serves every position.
  * part: [n][nh][splits][hd + 2]: o (unnormalised), then max, then sum;
  * splits past the row's context are not written (attn_merge_used_kernel
@@ -200,6 +206,7 @@ static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t t
 template <int PAIRS, int G, bool F8>
 static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     attn_decode_batch_kernel(attn_args a, uint32_t splits, float *part) {
+    constexpr int POS = (int)dec_pos(64 * PAIRS);
     dj_pdl_release();
     const uint32_t split = blockIdx.x, h0 = blockIdx.y * G, i = blockIdx.z;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -214,16 +221,16 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     const bool wide = F8 && hd % (2u * PAIRS) == 0 && a.kv_dim % (2u * PAIRS) == 0 && a.page_bytes % 8 == 0 &&
                       ((uintptr_t)a.seg & 7u) == 0;
 
-    /* The K/V of positions [b, b + DEC_POS) of the split (all of them, or with
-     * only >= 0 position b + only alone) into kb/vb, each lane j < DEC_POS
+    /* The K/V of positions [b, b + POS) of the split (all of them, or with
+     * only >= 0 position b + only alone) into kb/vb, each lane j < POS
      * holding position b + j's page (and with F8 its scales). */
     uint32_t page = 0;
     float ksc = 1.0f, vsc = 1.0f;
-    kv_lane<F8, PAIRS> kb[DEC_POS], vb[DEC_POS];
+    kv_lane<F8, PAIRS> kb[POS], vb[POS];
     auto load_kv = [&](uint64_t b, int only) {
-        page = 0; /* lane j < DEC_POS: position b + j's page */
+        page = 0; /* lane j < POS: position b + j's page */
         ksc = 1.0f, vsc = 1.0f; /* F8: this lane's position's scales */
-        if (lane < DEC_POS && b + lane <= s1) {
+        if (lane < POS && b + lane <= s1) {
             const uint32_t t = (uint32_t)(b + lane), pi = dj_fastdiv_q(t, a.tpp_div), prow = t - pi * a.tpp;
             page = table[pi];
             if constexpr (F8) {
@@ -233,7 +240,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
             }
         }
 #pragma unroll
-        for (int j = 0; j < DEC_POS; j++) {
+        for (int j = 0; j < POS; j++) {
             const uint32_t pj = __shfl_sync(0xffffffffu, page, j), t = (uint32_t)(b + j);
             if (only >= 0 && j != only) continue; /* warp-uniform */
             const uint32_t rj = t - dj_fastdiv_q(t, a.tpp_div) * a.tpp; /* its row in the page */
@@ -286,10 +293,10 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
      * bf16 5.70 -> 5.65 ms, FP8 3.64 -> 3.58, 4-bit 2.99 -> 2.95, Gemma-2-9B
      * shape 7.42 -> 7.23. */
     const bool pre = G == 1 && a.prewait;
-    const uint64_t b0 = s0 + (uint64_t)warp * DEC_POS;
+    const uint64_t b0 = s0 + (uint64_t)warp * POS;
     if (pre && b0 <= s1) load_kv(b0, -1);
     dj_pdl_wait();
-    if (pre && b0 <= s1 && rg.p < b0 + DEC_POS) load_kv(b0, (int)(rg.p - b0));
+    if (pre && b0 <= s1 && rg.p < b0 + POS) load_kv(b0, (int)(rg.p - b0));
     float2 qv[G][PAIRS], acc[G][PAIRS];
     float m[G], l[G];
 #pragma unroll
@@ -304,13 +311,13 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    for (uint64_t b = b0; b <= s1; b += DEC_WARPS * DEC_POS) {
+    for (uint64_t b = b0; b <= s1; b += DEC_WARPS * POS) {
         if (!pre || b != b0) load_kv(b, -1);
-        float s[G][DEC_POS];
+        float s[G][POS];
 #pragma unroll
         for (int g = 0; g < G; g++)
 #pragma unroll
-            for (int j = 0; j < DEC_POS; j++) {
+            for (int j = 0; j < POS; j++) {
                 float dot = 0.0f;
 #pragma unroll
                 for (int k = 0; k < PAIRS; k++) {
@@ -324,11 +331,11 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
 #pragma unroll
             for (int g = 0; g < G; g++)
 #pragma unroll
-                for (int j = 0; j < DEC_POS; j++) s[g][j] += __shfl_xor_sync(0xffffffffu, s[g][j], o);
-        float vs[DEC_POS]; /* F8: the V scales (1 for bf16: never read) */
+                for (int j = 0; j < POS; j++) s[g][j] += __shfl_xor_sync(0xffffffffu, s[g][j], o);
+        float vs[POS]; /* F8: the V scales (1 for bf16: never read) */
         if constexpr (F8) {
 #pragma unroll
-            for (int j = 0; j < DEC_POS; j++) {
+            for (int j = 0; j < POS; j++) {
                 const float kj = __shfl_sync(0xffffffffu, ksc, j);
                 vs[j] = __shfl_sync(0xffffffffu, vsc, j);
 #pragma unroll
@@ -339,7 +346,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
         for (int g = 0; g < G; g++) {
             float mn = m[g];
 #pragma unroll
-            for (int j = 0; j < DEC_POS; j++) {
+            for (int j = 0; j < POS; j++) {
                 s[g][j] = b + j <= s1 ? capped(s[g][j] * a.scale, a.softcap) : -INFINITY;
                 mn = fmaxf(mn, s[g][j]);
             }
@@ -352,7 +359,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
                 acc[g][k].y *= corr;
             }
 #pragma unroll
-            for (int j = 0; j < DEC_POS; j++) {
+            for (int j = 0; j < POS; j++) {
                 const float e = expf(s[g][j] - mn);
                 l[g] += e;
                 float ew = e; /* the weight of V's stored values: e * 2^vexp for f8 codes */
@@ -377,10 +384,11 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
  * those holding some of the row's positions, split 0 first (it holds t0, so
  * the overall max is finite). Every warp weighs the splits itself (two per
  * lane: the same values in each warp, no barrier between), and each thread
- * sums its dims d = t + 128 j over them, its first MERGE_PRE splits' values
+ * sums its dims d = t + 128 j over them, its first MERGE_PRE (merge_pre) splits' values
  * loaded before the weights are known: the kernel is a chain of dependent
  * loads, and it was three round trips long (weights, barrier, values).
  * The sums are those of the one-warp weighing it replaced, bit for bit. */
+template <int MERGE_PRE>
 static __global__ void __launch_bounds__(128)
     attn_merge_used_kernel(attn_args a, const float *part, __nv_bfloat16 *out, uint32_t splits) {
     dj_pdl_release();
@@ -605,7 +613,7 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     else if (!c->row_pos) {
         const uint64_t end = (uint64_t)c->pos0 + c->n;
         const uint64_t longest = c->window && c->window < end ? c->window : end;
-        const uint64_t by_len = (longest + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
+        const uint64_t by_len = (longest + dec_min_chunk(hd) - 1) / dec_min_chunk(hd);
         if (splits > by_len) splits = by_len;
     }
     if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
@@ -620,8 +628,12 @@ static dj_status decode(dj_cuda_backend *cb, const dj_op_call *c, const attn_arg
     else
         launch_decode<false>(cb, hd, grid, hpb, a, (uint32_t)splits, part);
     DJ_CU_LAUNCHED(cb);
-    dj__launch(cb, attn_merge_used_kernel, dim3(c->n_heads, c->n), dim3(128), 0, a, (const float *)part, out,
-               (uint32_t)splits);
+    if (merge_pre(hd) > 16)
+        dj__launch(cb, attn_merge_used_kernel<(int)merge_pre(256)>, dim3(c->n_heads, c->n), dim3(128), 0, a,
+                   (const float *)part, out, (uint32_t)splits);
+    else
+        dj__launch(cb, attn_merge_used_kernel<(int)merge_pre(128)>, dim3(c->n_heads, c->n), dim3(128), 0, a,
+                   (const float *)part, out, (uint32_t)splits);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
