@@ -1605,6 +1605,128 @@ static void check_glu_fp8(dj_op op, uint32_t n, uint32_t d, uint32_t m) {
     free(scale);
 }
 
+/* An ADD+RMSNORM (pre: with Gemma's RMSNORM in front) and the FP8
+ * tensor-core GEMMs of its output (q, k, v; gate, up) through compute_plan:
+ * the norm kernel quantizes its output for them (the fusion counter moves by
+ * the norm's fusions + count), every output - sum, norm, GEMMs - bit for bit
+ * the calls launched apart (fusion off: each GEMM quantizing the norm's bf16
+ * output itself), the GEMMs within the W8A8 bound of the CPU's W8A16 product
+ * of that output. */
+static void check_norm_fp8(uint32_t n, uint32_t d, dj_dtype rt, int pre, int count, const uint32_t *ms) {
+    const size_t nd = (size_t)n * d, rb = nd * dj_dtype_size(rt);
+    const int nn = pre ? 3 : 2, nc = nn + count;
+    float *af = falloc(nd), *bf = falloc(nd), *hf = falloc(nd);
+    uint16_t *bb = halloc(nd), *hb = halloc(nd);
+    void *ab = rand_act(rt, af, nd, -2.0f, 2.0f);
+    rand_bf16(bb, bf, nd, -3.0f, 3.0f);
+    void *pw = rand_weight(DJ_DTYPE_BF16, d, 0.5f, 1.5f), *w = rand_weight(DJ_DTYPE_BF16, d, 0.5f, 1.5f);
+    void *dpw = dcopy(pw, d * 2), *dw = dcopy(w, d * 2);
+    uint8_t *fw[4];
+    float *scale[4];
+    void *dfw[4], *ds[4];
+    for (int i = 0; i < count; i++) {
+        const size_t ns = (size_t)(ms[i] / 128) * (d / 128);
+        fw[i] = xmalloc((size_t)ms[i] * d);
+        for (size_t e = 0; e < (size_t)ms[i] * d; e++) fw[i][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        scale[i] = falloc(ns);
+        for (size_t e = 0; e < ns; e++) scale[i][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
+        dfw[i] = dcopy(fw[i], (size_t)ms[i] * d);
+        ds[i] = dcopy(scale[i], ns * sizeof(float));
+    }
+    void *outs[2][3 + 4]; /* [fused, apart][pre norm, sum, norm, GEMMs] */
+    uint64_t fused = 0;
+    for (int pass = 1; pass >= 0; pass--) { /* apart first: the GEMMs alone probe cuBLASLt */
+        void *da = dcopy(ab, rb), *db = dcopy(bb, nd * 2), *dp = dalloc(nd * 2), *dh = dalloc(rb), *dn = dalloc(nd * 2);
+        poison(dp, nd * 2);
+        poison(dh, rb);
+        poison(dn, nd * 2);
+        dj_op_call gc[7];
+        int k = 0;
+        if (pre)
+            gc[k++] = (dj_op_call){.op = DJ_OP_RMSNORM, .n = n, .out = dp, .x = db, .w = dpw, .w_dtype = DJ_DTYPE_BF16,
+                                   .d = d, .eps = 1e-6f, .w_offset = 1.0f, .x_dtype = DJ_DTYPE_BF16,
+                                   .out_dtype = DJ_DTYPE_BF16};
+        gc[k++] = (dj_op_call){.op = DJ_OP_ADD, .n = n, .out = dh, .x = da, .x2 = pre ? dp : db, .d = d,
+                               .x_dtype = rt, .out_dtype = rt};
+        gc[k++] = (dj_op_call){.op = DJ_OP_RMSNORM, .n = n, .out = dn, .x = dh, .w = dw, .w_dtype = DJ_DTYPE_BF16,
+                               .d = d, .eps = 1e-5f, .x_dtype = rt, .out_dtype = DJ_DTYPE_BF16};
+        for (int i = 0; i < count; i++) {
+            outs[pass][3 + i] = dalloc((size_t)n * ms[i] * 2);
+            poison(outs[pass][3 + i], (size_t)n * ms[i] * 2);
+            gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = dn, .w = dfw[i], .w_dtype = DJ_DTYPE_F8_E4M3,
+                                   .w_scale = ds[i], .w_block_rows = 128, .w_block_cols = 128, .k = d, .m = ms[i],
+                                   .out = outs[pass][3 + i], .out_dtype = DJ_DTYPE_BF16};
+        }
+        const uint64_t before = dj__cuda_fusions(gpu);
+        if (pass == 1) {
+            for (int i = 0; i < nc; i++)
+                if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("norm fp8 (gpu, apart)");
+        } else if (dj_backend_compute_plan(gpu, gc, (size_t)nc, NULL) != DJ_OK) {
+            die("norm fp8 (gpu, plan)");
+        }
+        if (gpu->vt->sync(gpu) != DJ_OK) die("norm fp8 (gpu)");
+        if (pass == 0) fused = dj__cuda_fusions(gpu) - before;
+        outs[pass][0] = dp, outs[pass][1] = dh, outs[pass][2] = dn;
+        dfree(da);
+        dfree(db);
+    }
+    char shape[112];
+    snprintf(shape, sizeof shape, "%sADD+NORM then %d f8 GEMMs: n=%u d=%u res=%s", pre ? "NORM+" : "", count, n, d,
+             dj_dtype_name(rt));
+    /* the GEMMs against the CPU's W8A16 product of the GPU's bf16 norm output */
+    down(hb, outs[0][2], nd * 2);
+    for (size_t e = 0; e < nd; e++) hf[e] = dj_bf16_to_f32(hb[e]);
+    tol_now = TOL_W8A8;
+    for (int i = 0; i < count; i++) {
+        float *ref = falloc((size_t)n * ms[i]);
+        dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .x = hf, .w = fw[i], .w_dtype = DJ_DTYPE_F8_E4M3,
+                         .w_scale = scale[i], .w_block_rows = 128, .w_block_cols = 128, .k = d, .m = ms[i], .out = ref};
+        if (dj_backend_compute(cpu, &cc) != DJ_OK) die("norm fp8 (cpu)");
+        char g[160];
+        snprintf(g, sizeof g, "%s: GEMM %d m=%u [fp8 tc, W8A8]", shape, i + 1, ms[i]);
+        compare("MATMUL", g, outs[0][3 + i], DJ_DTYPE_BF16, ref, (size_t)n * ms[i]);
+        free(ref);
+    }
+    tol_now = TOL;
+    size_t differ = 0;
+    for (int k = pre ? 0 : 1; k < 3 + count; k++) {
+        const size_t bytes = k == 1 ? rb : k < 3 ? nd * 2 : (size_t)n * ms[k - 3] * 2;
+        uint8_t *x0 = xmalloc(bytes), *x1 = xmalloc(bytes);
+        down(x0, outs[0][k], bytes);
+        down(x1, outs[1][k], bytes);
+        differ += memcmp(x0, x1, bytes) != 0;
+        free(x0);
+        free(x1);
+    }
+    n_rows++;
+    n_fail += differ != 0;
+    printf("%-10s %-52s %10zu  %s\n", "NORM+F8", shape, differ,
+           differ ? "FAIL (outputs differ from apart)" : "pass (= apart)");
+    const uint64_t want = (uint64_t)(nn - 1 + count);
+    n_rows++;
+    n_fail += fused != want;
+    printf("%-10s %-52s %10s  %s (%llu fused, expected %llu)\n", "NORM+F8", shape, "-", fused == want ? "pass" : "FAIL",
+           (unsigned long long)fused, (unsigned long long)want);
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 3 + count; k++) dfree(outs[pass][k]);
+    for (int i = 0; i < count; i++) {
+        dfree(dfw[i]);
+        dfree(ds[i]);
+        free(fw[i]);
+        free(scale[i]);
+    }
+    dfree(dpw);
+    dfree(dw);
+    free(pw);
+    free(w);
+    free(ab);
+    free(af);
+    free(bf);
+    free(hf);
+    free(bb);
+    free(hb);
+}
+
 /* FP8 weights (issue 16): the GEMV for 1..8 rows (every scaling, k % 16 != 0
  * and a skewed buffer for the scalar path, bias, f32 logits), then the tiled
  * path (several tiles with a partial last one: k = 14336 makes 1152-row
@@ -1641,6 +1763,10 @@ static void check_fp8(void) {
         check_glu_fp8(DJ_OP_SILU_MUL, 64, 1536, 512);
         check_glu_fp8(DJ_OP_GELU_MUL, 40, 1024, 384);
         check_glu_fp8(DJ_OP_SILU_MUL, 20, 512, 256); /* 80 groups: the second block's warps partly idle */
+        const uint32_t qkv4[3] = {512, 128, 128}, gu4[2] = {1536, 1536}, one[1] = {256};
+        check_norm_fp8(64, 512, DJ_DTYPE_F32, 0, 3, qkv4);   /* q, k, v off an f32 residual stream */
+        check_norm_fp8(36, 1024, DJ_DTYPE_BF16, 0, 2, gu4); /* gate, up */
+        check_norm_fp8(20, 2560, DJ_DTYPE_F32, 1, 1, one);  /* Gemma's norm in front; 2 chunks a thread, one partial */
     }
     check_matmul_fp8(17, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 2, 0);
     check_matmul_fp8(64, 1024, 3000, 1, 1024, 1, DJ_DTYPE_BF16, 2, 0);

@@ -257,8 +257,19 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
  * pass and stored too, bit-identical to its own launch; its weights of
  * norm's dtype, its output clear of add.x, add.out and norm.out. */
 #define DJ_FUSE_MAX_D 16384 /* a thread holds its part of the row in registers (cuda_norm.cu) */
+/* The norm's bf16 output also as e4m3 codes for FP8 GEMMs of 128x128-block
+ * weights (quant_group.cuh: the codes and scales the activation
+ * quantization makes of that output): codes [n][d] at q (8-byte aligned), a
+ * scale per (row r, 128 channels g) at sc[tok_major ? r * d / 128 + g : g * n
+ * + r]. Rows that cannot take it (d % 128, or pointers or d that rule out
+ * 16-byte chunks) get DJ_EUNSUPPORTED, nothing launched. */
+typedef struct dj_norm_q8 {
+    uint8_t *q;
+    float *sc;
+    bool tok_major;
+} dj_norm_q8;
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
-                               const dj_op_call *norm);
+                               const dj_op_call *norm, const dj_norm_q8 *q8 /* or NULL */);
 dj_status dj__cuda_rope(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* ROPE of k then the KV_WRITE of its output, in one pass (bit-equal to the
@@ -332,6 +343,16 @@ dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *c
  * verified yet - 1 or 2); the caller runs the rest as usual. */
 bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm);
 dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, int *done);
+/* An ADD+RMSNORM (prenorm: Gemma's RMSNORM in front, or NULL) whose output
+ * the FP8 tensor-core GEMMs mms[0..count) of 128x128-block weights read
+ * (dj__cuda_norm_fp8_takes of each; one input, as a shared group): the norm
+ * kernel quantizes its output for them, so no GEMM quantizes it again -
+ * every output bit for bit the calls apart. *done: 0 when nothing ran (the
+ * scale layout not probed yet, or rows the norm cannot quantize), else 1 +
+ * the GEMMs run (the rest are the caller's). */
+bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm);
+dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                               const dj_op_call *norm, const dj_op_call *mms, int count, int *done);
 dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
 void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 /* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a

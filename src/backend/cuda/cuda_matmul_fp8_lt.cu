@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/quant_group.cuh"
 #include "backend/fastdiv.h"
 
 #define LT_CACHE 16
@@ -108,25 +109,6 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
  * the 130 quantizations -> 1.04 ms over the 98 left apart (the down GEMM's
  * inside the SwiGLU, below), prefill 0.0391 -> 0.0378 s with both. */
 #define QA_U 4
-/* A half warp's group of 128 channels from a lane's 8 values f: the codes
- * (8 bytes at dst) and, from the group's first lane, its scale (*scale).
- * valid: the group exists (every lane takes part in the shuffles). */
-static __device__ __forceinline__ void quant_group(const float (&f)[8], bool valid, uint8_t *dst, float *scale,
-                                                   uint32_t sub) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* within the half */
-    if (!valid) return;
-    const float sc = fmaxf(amax, 1e-12f) / 448.0f, inv = 1.0f / sc;
-    uint32_t c[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        c[i] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * i] * inv, f[2 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-    *(uint2 *)dst = make_uint2(c[0] | c[1] << 16, c[2] | c[3] << 16);
-    if (sub == 0) *scale = sc;
-}
 
 /* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^31: qa_g128_fits). */
 struct qa_geom {
@@ -601,4 +583,47 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
     }
     if (st == DJ_OK) *done = 2;
     return st;
+}
+
+bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm) {
+    return norm->op == DJ_OP_RMSNORM && dj__cuda_fp8_shared_takes(cb, mm) && mode_of(mm) == MODE_BLOCK &&
+           mm->x == norm->out && mm->n == norm->n && mm->k == norm->d && qa_g128_fits(mm->n, mm->k);
+}
+
+dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                               const dj_op_call *norm, const dj_op_call *mms, int count, int *done) {
+    *done = 0;
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    /* q and xs lie where every GEMM of the group finds them (they depend on n and k only): the
+     * scratch is grown for the largest first, as dj__cuda_matmul_fp8_lt_shared does */
+    size_t need = 0, qf, xsf;
+    for (int i = 0; i < count; i++) {
+        const size_t f = carve_floats(&mms[i], MODE_BLOCK, &qf, &xsf);
+        need = f > need ? f : need;
+    }
+    float *base = NULL, *xs, *wsx;
+    uint8_t *q;
+    dj_status st = dj__cuda_scratch(cb, need, &base);
+    if (st == DJ_OK) st = carve(cb, &mms[0], MODE_BLOCK, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    const int layout = L->layout[MODE_BLOCK];
+    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0};
+    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
+    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
+    if (st != DJ_OK) return st;
+    *done = 1;
+    for (int i = 0; i < count; i++) {
+        if ((st = carve(cb, &mms[i], MODE_BLOCK, &q, &xs, &wsx)) != DJ_OK) return st;
+        const float *ws = weight_scales(cb, &mms[i], MODE_BLOCK, layout, wsx);
+        DJ_CU_LAUNCHED(cb);
+        st = lt_matmul(cb, &mms[i], MODE_BLOCK, ws, q, xs);
+        if (st == DJ_EUNSUPPORTED) {
+            L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on */
+            return DJ_OK;
+        }
+        if (st != DJ_OK) return st;
+        *done = i + 2;
+    }
+    return DJ_OK;
 }

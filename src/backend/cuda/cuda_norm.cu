@@ -5,6 +5,7 @@
  * from x in bf16 or f32 (the residual stream); and the residual ADD fused in
  * front of it (one pass over the row). */
 #include "backend/cuda/cuda_impl.h"
+#include "backend/cuda/quant_group.cuh"
 
 #define NORM_THREADS 256 /* the per-head (warp a group) kernel */
 /* Whole rows: one block of NORM_ROW_THREADS threads a row, whatever the rows
@@ -260,7 +261,7 @@ struct pre_norm {
 template <typename TH, typename TW, int C, bool PRE>
 static __global__ void __launch_bounds__(NORM_ROW_THREADS)
     add_rmsnorm_kernel(const TH *a, const __nv_bfloat16 *b, TH *hout, const TW *__restrict__ w, __nv_bfloat16 *out,
-                       uint32_t d, float eps, float w_off, pre_norm pre, bool vec) {
+                       uint32_t d, float eps, float w_off, pre_norm pre, bool vec, dj_norm_q8 q8) {
     dj_pdl_release();
     raw8<TW> wv[C], pwv[C]; /* the norms' weights: constant, so loaded before the wait */
 #pragma unroll
@@ -320,64 +321,80 @@ static __global__ void __launch_bounds__(NORM_ROW_THREADS)
         for (int v = 0; v < NORM_VEC; v++) o[v] = (raw_get(wv[c], v) + w_off) * (h[c][v] * r);
         st8(hout + row, chunk_at(c), d, vec, h[c]);
         st8(out + row, chunk_at(c), d, vec, o);
+        if (q8.q) { /* the bf16 output's codes: a half warp holds a group of 128 channels (d % 128 == 0, vec) */
+            float f[NORM_VEC];
+#pragma unroll
+            for (int v = 0; v < NORM_VEC; v++) f[v] = __bfloat162float(__float2bfloat16(o[v]));
+            const uint32_t e = chunk_at(c), gi = e / 128;
+            const size_t si = q8.tok_major ? (size_t)blockIdx.x * (d / 128) + gi : (size_t)gi * gridDim.x + blockIdx.x;
+            quant_group(f, e < d, q8.q + row + e, q8.sc + si, threadIdx.x & 15);
+        }
     }
 }
 
 template <typename TH, int C, bool PRE>
-static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre) {
+static void launch_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre,
+                               bool vec, dj_norm_q8 q8) {
     const TH *a = (const TH *)add->x;
     /* with the norm in front, the bf16 rows it norms (their normed values are add.x2) */
     const __nv_bfloat16 *b = (const __nv_bfloat16 *)(PRE ? pre.x : add->x2);
     TH *h = (TH *)add->out;
     __nv_bfloat16 *out = (__nv_bfloat16 *)norm->out;
-    const bool vec = norm_vec(norm->d, a, b, h, out, norm->w) && norm_vec(norm->d, pre.w, pre.out, NULL, NULL, NULL);
     switch (norm->w_dtype) {
     case DJ_DTYPE_BF16:
         dj__launch(cb, add_rmsnorm_kernel<TH, __nv_bfloat16, C, PRE>, dim3(norm->n), dim3(NORM_ROW_THREADS), 0, a,
-                   b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre, vec);
+                   b, h, (const __nv_bfloat16 *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre, vec, q8);
         break;
     case DJ_DTYPE_F16:
         dj__launch(cb, add_rmsnorm_kernel<TH, __half, C, PRE>, dim3(norm->n), dim3(NORM_ROW_THREADS), 0, a, b, h,
-                   (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre, vec);
+                   (const __half *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre, vec, q8);
         break;
     default:
         dj__launch(cb, add_rmsnorm_kernel<TH, float, C, PRE>, dim3(norm->n), dim3(NORM_ROW_THREADS), 0, a, b, h,
-                   (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre, vec);
+                   (const float *)norm->w, out, norm->d, norm->eps, norm->w_offset, pre, vec, q8);
         break;
     }
 }
 
 /* C chunks a thread: the fewest that cover d. */
 template <typename TH, bool PRE>
-static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre) {
+static void launch_add_rmsnorm_d(dj_cuda_backend *cb, const dj_op_call *add, const dj_op_call *norm, pre_norm pre,
+                                 bool vec, dj_norm_q8 q8) {
     constexpr uint32_t row = NORM_ROW_THREADS * NORM_VEC; /* values of one chunk of every thread */
     static_assert(DJ_FUSE_MAX_D <= 8 * row, "rows fit in 8 chunks");
     const uint32_t d = norm->d;
     if (d <= row)
-        launch_add_rmsnorm<TH, 1, PRE>(cb, add, norm, pre);
+        launch_add_rmsnorm<TH, 1, PRE>(cb, add, norm, pre, vec, q8);
     else if (d <= 2 * row)
-        launch_add_rmsnorm<TH, 2, PRE>(cb, add, norm, pre);
+        launch_add_rmsnorm<TH, 2, PRE>(cb, add, norm, pre, vec, q8);
     else if (d <= 4 * row)
-        launch_add_rmsnorm<TH, 4, PRE>(cb, add, norm, pre);
+        launch_add_rmsnorm<TH, 4, PRE>(cb, add, norm, pre, vec, q8);
     else
-        launch_add_rmsnorm<TH, 8, PRE>(cb, add, norm, pre);
+        launch_add_rmsnorm<TH, 8, PRE>(cb, add, norm, pre, vec, q8);
 }
 
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
-                               const dj_op_call *norm) {
+                               const dj_op_call *norm, const dj_norm_q8 *q8) {
     const pre_norm pre = {prenorm ? prenorm->x : NULL, prenorm ? prenorm->w : NULL,
                           prenorm ? (__nv_bfloat16 *)prenorm->out : NULL,
                           prenorm ? prenorm->eps : 0.0f, prenorm ? prenorm->w_offset : 0.0f};
+    const bool vec = norm_vec(norm->d, add->x, prenorm ? pre.x : add->x2, add->out, norm->out, norm->w) &&
+                     norm_vec(norm->d, pre.w, pre.out, NULL, NULL, NULL);
+    dj_norm_q8 q = {NULL, NULL, false};
+    if (q8) { /* whole groups a half warp: 16-byte chunks, 128 channels a group */
+        if (!vec || norm->d % 128 != 0 || ((uintptr_t)q8->q & 7u) != 0) return DJ_EUNSUPPORTED;
+        q = *q8;
+    }
     if (add->out_dtype == DJ_DTYPE_F32) {
         if (prenorm)
-            launch_add_rmsnorm_d<float, true>(cb, add, norm, pre);
+            launch_add_rmsnorm_d<float, true>(cb, add, norm, pre, vec, q);
         else
-            launch_add_rmsnorm_d<float, false>(cb, add, norm, pre);
+            launch_add_rmsnorm_d<float, false>(cb, add, norm, pre, vec, q);
     } else {
         if (prenorm)
-            launch_add_rmsnorm_d<__nv_bfloat16, true>(cb, add, norm, pre);
+            launch_add_rmsnorm_d<__nv_bfloat16, true>(cb, add, norm, pre, vec, q);
         else
-            launch_add_rmsnorm_d<__nv_bfloat16, false>(cb, add, norm, pre);
+            launch_add_rmsnorm_d<__nv_bfloat16, false>(cb, add, norm, pre, vec, q);
     }
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;

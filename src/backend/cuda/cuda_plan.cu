@@ -17,6 +17,8 @@ typedef enum {
     STEP_F8_SHARED, /* calls[first .. first+count): FP8 tensor-core GEMMs of one input, quantized once */
     STEP_GLU_F8,    /* calls[first]: SILU_MUL / GELU_MUL quantizing its output for calls[first+1], its FP8 GEMM */
     STEP_NORM_ROPE_KV, /* calls[first .. first+5): per-head RMSNORMs of q and k, their ROPEs, k's KV_WRITE */
+    STEP_NORM_F8, /* STEP_ADD_NORM or STEP_NORM_ADD_NORM (norms: its calls) quantizing the norm's output for the
+                   * FP8 tensor-core GEMMs of it that follow (dj__cuda_norm_fp8_lt) */
 } step_kind;
 
 #define F8_SHARED_GROUP 4 /* q, k, v (and gate, up) */
@@ -26,6 +28,7 @@ typedef struct plan_step {
     uint8_t count;  /* calls the launch runs from first on */
     int32_t first;
     int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
+    uint8_t norms;  /* STEP_NORM_F8: the calls of its norm step (2 or 3), the GEMMs after them */
 } plan_step;
 
 typedef struct dj_cuda_plan {
@@ -215,30 +218,35 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
     size_t ns = 0;
     for (size_t i = 0; i < n;) {
         const dj_op_call *c = &calls[i];
-        plan_step s = {STEP_ONE, 1, (int32_t)i, -1};
+        plan_step s = {STEP_ONE, 1, (int32_t)i, -1, 0};
         if (cb->fuse) {
             if (i + 4 < n && c->op == DJ_OP_RMSNORM && c->groups > 1 && fuses_norm_rope(c)) {
-                s = (plan_step){STEP_NORM_ROPE_KV, 5, (int32_t)i, -1};
+                s = (plan_step){STEP_NORM_ROPE_KV, 5, (int32_t)i, -1, 0};
             } else if (i + 2 < n && c->op == DJ_OP_ROPE && fuses_with_rope(&calls[i + 1], &calls[i + 2]) &&
                 pairs_with_rope(c, &calls[i + 1], &calls[i + 2])) {
-                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i};
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i, 0};
             } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
-                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1};
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1, 0};
             } else if (i + 2 < n && fuses_before_add(c, &calls[i + 1], &calls[i + 2])) {
-                s = (plan_step){STEP_NORM_ADD_NORM, 3, (int32_t)i, -1};
+                s = (plan_step){STEP_NORM_ADD_NORM, 3, (int32_t)i, -1, 0};
             } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
-                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1};
+                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, 0};
             } else if (i + 1 < n && dj__cuda_glu_fp8_takes(cb, c, &calls[i + 1])) {
-                s = (plan_step){STEP_GLU_F8, 2, (int32_t)i, -1};
+                s = (plan_step){STEP_GLU_F8, 2, (int32_t)i, -1, 0};
             } else if (dj__cuda_gemv_takes(cb, c)) {
-                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1};
+                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1, 0};
                 if (s.count == 2 && i + 2 < n && fuses_glu(c, &calls[i + 2]))
-                    s = (plan_step){STEP_GEMV_GLU, 3, (int32_t)i, -1};
+                    s = (plan_step){STEP_GEMV_GLU, 3, (int32_t)i, -1, 0};
             } else if (dj__cuda_fp8_shared_takes(cb, c)) {
                 const int cnt = f8_shared_run(cb, calls, n, i);
-                if (cnt > 1) s = (plan_step){STEP_F8_SHARED, (uint8_t)cnt, (int32_t)i, -1};
+                if (cnt > 1) s = (plan_step){STEP_F8_SHARED, (uint8_t)cnt, (int32_t)i, -1, 0};
             }
         }
+        const size_t j = i + s.count; /* the FP8 GEMMs reading the norm's output */
+        if ((s.kind == STEP_ADD_NORM || s.kind == STEP_NORM_ADD_NORM) && j < n &&
+            dj__cuda_norm_fp8_takes(cb, &calls[j - 1], &calls[j]))
+            s = (plan_step){STEP_NORM_F8, (uint8_t)(s.count + f8_shared_run(cb, calls, n, j)), (int32_t)i, -1,
+                            s.count};
         steps[ns++] = s;
         i = (size_t)s.first + s.count;
     }
@@ -296,18 +304,38 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
         return dj__cuda_gemv(cb, c, s->count);
     case STEP_ADD_NORM:
         cb->fusions++;
-        return dj__cuda_add_rmsnorm(cb, NULL, &c[0], &c[1]);
+        return dj__cuda_add_rmsnorm(cb, NULL, &c[0], &c[1], NULL);
     case STEP_GEMV_GLU:
         cb->fusions++;
         return dj__cuda_gemv_q4_glu(cb, c, &c[2]);
     case STEP_NORM_ADD_NORM:
         cb->fusions += 2;
-        return dj__cuda_add_rmsnorm(cb, &c[0], &c[1], &c[2]);
+        return dj__cuda_add_rmsnorm(cb, &c[0], &c[1], &c[2], NULL);
     case STEP_F8_SHARED: {
         int done = 0;
         dj_status st = dj__cuda_matmul_fp8_lt_shared(cb, c, s->count, &done);
         if (done > 1) cb->fusions += (uint64_t)(done - 1); /* quantizations saved */
         for (int i = done; st == DJ_OK && i < s->count; i++) st = dj__cuda_compute_one(cb, &c[i]);
+        return st;
+    }
+    case STEP_NORM_F8: {
+        const int nn = s->norms, ng = s->count - nn;
+        const dj_op_call *pre = nn == 3 ? &c[0] : NULL, *g = &c[nn];
+        int done = 0;
+        dj_status st = dj__cuda_norm_fp8_lt(cb, pre, &c[nn - 2], &c[nn - 1], g, ng, &done);
+        if (st != DJ_OK) return st;
+        if (done == 0) { /* not taken (the GEMMs' first run probes cuBLASLt): the two steps apart */
+            if ((st = dj__cuda_add_rmsnorm(cb, pre, &c[nn - 2], &c[nn - 1], NULL)) != DJ_OK) return st;
+            cb->fusions += (uint64_t)(nn - 1);
+            if (ng > 1) {
+                st = dj__cuda_matmul_fp8_lt_shared(cb, g, ng, &done);
+                if (done > 1) cb->fusions += (uint64_t)(done - 1);
+            }
+            for (int i = done; st == DJ_OK && i < ng; i++) st = dj__cuda_compute_one(cb, &g[i]);
+            return st;
+        }
+        cb->fusions += (uint64_t)(nn - 1 + done - 1); /* the norm's, and a quantization saved a GEMM run */
+        for (int i = done - 1; st == DJ_OK && i < ng; i++) st = dj__cuda_compute_one(cb, &g[i]);
         return st;
     }
     case STEP_GLU_F8: {
