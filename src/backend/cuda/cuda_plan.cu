@@ -295,6 +295,16 @@ void dj__cuda_plans_free(dj_cuda_backend *cb) {
 
 /* ---- running ---- */
 
+/* FP8 tensor-core GEMMs of one input g[0..count): the input quantized once for
+ * those cuBLASLt takes (more than one), the rest - or a lone one - alone. */
+static dj_status run_f8_group(dj_cuda_backend *cb, const dj_op_call *g, int count) {
+    int done = 0;
+    dj_status st = count > 1 ? dj__cuda_matmul_fp8_lt_shared(cb, g, count, &done) : DJ_OK;
+    if (done > 1) cb->fusions += (uint64_t)(done - 1); /* quantizations saved */
+    for (int i = done; st == DJ_OK && i < count; i++) st = dj__cuda_compute_one(cb, &g[i]);
+    return st;
+}
+
 static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const plan_step *s) {
     const dj_op_call *c = &calls[s->first];
     if (s->kind == STEP_ONE) return dj__cuda_compute_one(cb, c);
@@ -311,13 +321,8 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     case STEP_NORM_ADD_NORM:
         cb->fusions += 2;
         return dj__cuda_add_rmsnorm(cb, &c[0], &c[1], &c[2], NULL);
-    case STEP_F8_SHARED: {
-        int done = 0;
-        dj_status st = dj__cuda_matmul_fp8_lt_shared(cb, c, s->count, &done);
-        if (done > 1) cb->fusions += (uint64_t)(done - 1); /* quantizations saved */
-        for (int i = done; st == DJ_OK && i < s->count; i++) st = dj__cuda_compute_one(cb, &c[i]);
-        return st;
-    }
+    case STEP_F8_SHARED:
+        return run_f8_group(cb, c, s->count);
     case STEP_NORM_F8: {
         const int nn = s->norms, ng = s->count - nn;
         const dj_op_call *pre = nn == 3 ? &c[0] : NULL, *g = &c[nn];
@@ -327,12 +332,7 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
         if (done == 0) { /* not taken (the GEMMs' first run probes cuBLASLt): the two steps apart */
             if ((st = dj__cuda_add_rmsnorm(cb, pre, &c[nn - 2], &c[nn - 1], NULL)) != DJ_OK) return st;
             cb->fusions += (uint64_t)(nn - 1);
-            if (ng > 1) {
-                st = dj__cuda_matmul_fp8_lt_shared(cb, g, ng, &done);
-                if (done > 1) cb->fusions += (uint64_t)(done - 1);
-            }
-            for (int i = done; st == DJ_OK && i < ng; i++) st = dj__cuda_compute_one(cb, &g[i]);
-            return st;
+            return run_f8_group(cb, g, ng);
         }
         cb->fusions += (uint64_t)(nn - 1 + done - 1); /* the norm's, and a quantization saved a GEMM run */
         for (int i = done - 1; st == DJ_OK && i < ng; i++) st = dj__cuda_compute_one(cb, &g[i]);
