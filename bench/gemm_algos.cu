@@ -58,6 +58,74 @@ struct shape {
     int m, n, k; /* out features, tokens, in features */
 };
 
+/* The FP8 prefill's GEMMs as cuda_matmul_fp8_lt.cu runs them: e4m3 weights
+ * with a scale per 128x128 block, e4m3 activations with a scale per 128
+ * channels of a token, bf16 out - every algorithm cuBLASLt's heuristic
+ * offers, timed (the engine takes its first). */
+static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape *shapes, int count) {
+    const size_t cap = (size_t)28672 * 4096;
+    uint8_t *w, *x;
+    float *wsc, *xsc;
+    __nv_bfloat16 *y;
+    CHECK(cudaMalloc(&w, cap));
+    CHECK(cudaMalloc(&x, cap));
+    CHECK(cudaMalloc(&y, cap * 2));
+    CHECK(cudaMalloc(&wsc, cap / 128 * sizeof(float)));
+    CHECK(cudaMalloc(&xsc, cap / 128 * sizeof(float)));
+    /* codes of small magnitude from random bf16 bits; scales near 1 / 448 */
+    dj_fill_uniform_bf16<<<1024, 256, 0, s>>>((__nv_bfloat16 *)w, cap / 2, 4, -0.05f, 0.05f);
+    dj_fill_uniform_bf16<<<1024, 256, 0, s>>>((__nv_bfloat16 *)x, cap / 2, 5, -0.05f, 0.05f);
+    CHECK(cudaMemsetAsync(wsc, 0x3b, cap / 128 * sizeof(float), s)); /* 0x3b3b3b3b: 2.9e-3 */
+    CHECK(cudaMemsetAsync(xsc, 0x3b, cap / 128 * sizeof(float), s));
+    CHECK(cudaGetLastError());
+    const float one = 1.0f, zero = 0.0f;
+    for (int si = 0; si < count; si++) {
+        const int m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
+        if (m % 128 || k % 128) continue;
+        const double flop = 2.0 * m * n * (double)k;
+        cublasLtMatmulDesc_t op;
+        cublasLtMatrixLayout_t la, lb, ld;
+        CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+        const int32_t amode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof amode));
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode));
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsc, sizeof wsc));
+        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsc, sizeof xsc));
+        CHECKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
+        CHECKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k));
+        CHECKB(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m));
+        cublasLtMatmulPreference_t pref;
+        CHECKB(cublasLtMatmulPreferenceCreate(&pref));
+        CHECKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
+        cublasLtMatmulHeuristicResult_t res[32];
+        int found = 0;
+        CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 32, res, &found));
+        printf("fp8 block %-20s m %5d n %d k %5d: %d algorithms:", shapes[si].name, m, n, k, found);
+        for (int i = 0; i < found; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            const float us = time_us(s, [&] {
+                CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, &res[i].algo, ws, WS, s));
+            });
+            int tile = -1, stages = -1, splitk = -1, cl = -1;
+            size_t got = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &got);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &got);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &got);
+            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl, &got);
+            printf(" [%d] %.1f us %.0f TF (tile %d st %d sk %d cl %d)", i, us, flop / us * 1e-6, tile, stages, splitk, cl);
+        }
+        printf("\n");
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(op);
+    }
+}
+
 int main(void) {
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
@@ -154,5 +222,6 @@ int main(void) {
         cublasLtMatrixLayoutDestroy(lc);
         cublasLtMatmulDescDestroy(op);
     }
+    fp8_block(s, lt, ws, shapes, sizeof shapes / sizeof *shapes);
     return 0;
 }

@@ -62,6 +62,9 @@ int dj__cuda_last_attention(dj_backend_t *be);
  * ran fused beyond the first of each launch. */
 void dj__cuda_set_fuse(dj_backend_t *be, int on);
 uint64_t dj__cuda_fusions(dj_backend_t *be);
+/* Test hook: the bf16 outputs of norms and GLUs in front of FP8 GEMMs left
+ * unstored because nothing in the plan reads them but through the codes. */
+uint64_t dj__cuda_unstored(dj_backend_t *be);
 
 #ifdef __cplusplus
 }

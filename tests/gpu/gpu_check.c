@@ -1731,6 +1731,155 @@ static void check_norm_fp8(uint32_t n, uint32_t d, dj_dtype rt, int pre, int cou
  * and a skewed buffer for the scalar path, bias, f32 logits), then the tiled
  * path (several tiles with a partial last one: k = 14336 makes 1152-row
  * tiles), automatic choice at 1 and 32 rows. */
+/* Two MLP layers of FP8 128x128-block weights through compute_plan, as a
+ * prefill step lays them out: ADD, RMSNORM, gate, up, the GLU, down, the
+ * second layer writing the first's gate, up and GLU buffers again. With
+ * gate's and up's weights (and scales) back to back (pair) the first layer
+ * runs as STEP_F8_MLP - gate and up as one GEMM into scratch, their own
+ * buffers left unwritten since the next layer writes them over - and the
+ * last layer, whose gate and up outputs are still there at the plan's end,
+ * as the norm and GLU steps; apart, no layer does. Every buffer at the end
+ * bit for bit the calls launched one by one, the fusion counter moving by
+ * the steps' counts, the last down against the CPU's W8A16 product of the
+ * GPU's GLU output. */
+static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op glu, int pair) {
+    const size_t nd = (size_t)n * d, nf = (size_t)n * f, rb = nd * dj_dtype_size(rt);
+    const size_t sg = (size_t)(f / 128) * (d / 128), sd = (size_t)(d / 128) * (f / 128);
+    float *af = falloc(nd), *tf = falloc(nd);
+    uint16_t *tb = halloc(nd);
+    void *ab = rand_act(rt, af, nd, -2.0f, 2.0f);
+    rand_bf16(tb, tf, nd, -2.0f, 2.0f);
+    void *g = rand_weight(DJ_DTYPE_BF16, d, 0.5f, 1.5f), *dg = dcopy(g, (size_t)d * 2);
+    /* per layer: gate and up [2][f][d] (one allocation when pair) and their scales, down [d][f] */
+    uint8_t *wgu[2], *wd[2];
+    float *sgu[2], *sdn[2];
+    void *dgu[2][2], *dsgu[2][2], *ddn[2], *dsdn[2];
+    for (int l = 0; l < 2; l++) {
+        wgu[l] = xmalloc(2 * (size_t)f * d);
+        wd[l] = xmalloc((size_t)d * f);
+        sgu[l] = falloc(2 * sg);
+        sdn[l] = falloc(sd);
+        for (size_t e = 0; e < 2 * (size_t)f * d; e++) wgu[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        for (size_t e = 0; e < (size_t)d * f; e++) wd[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        for (size_t e = 0; e < 2 * sg; e++) sgu[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
+        for (size_t e = 0; e < sd; e++) sdn[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)f));
+        if (pair) {
+            uint8_t *w = dcopy(wgu[l], 2 * (size_t)f * d);
+            float *s = dcopy(sgu[l], 2 * sg * sizeof(float));
+            dgu[l][0] = w, dgu[l][1] = w + (size_t)f * d, dsgu[l][0] = s, dsgu[l][1] = s + sg;
+        } else {
+            for (int i = 0; i < 2; i++) {
+                dgu[l][i] = dcopy(wgu[l] + (size_t)i * f * d, (size_t)f * d);
+                dsgu[l][i] = dcopy(sgu[l] + (size_t)i * sg, sg * sizeof(float));
+            }
+        }
+        ddn[l] = dcopy(wd[l], (size_t)d * f);
+        dsdn[l] = dcopy(sdn[l], sd * sizeof(float));
+    }
+    const size_t bytes[6] = {rb, nd * 2, nf * 2, nf * 2, nf * 2, nd * 2}; /* h, xn, G, U, H, T */
+    void *bufs[2][6];
+    uint64_t fused = 0, unstored = 0;
+    for (int pass = 0; pass < 2; pass++) { /* apart first: the GEMMs alone probe cuBLASLt */
+        void **B = bufs[pass];
+        B[0] = dcopy(ab, rb);
+        for (int b = 1; b < 6; b++) {
+            B[b] = dalloc(bytes[b]);
+            poison(B[b], bytes[b]);
+        }
+        void *t0 = dcopy(tb, nd * 2);
+        dj_op_call gc[12];
+        int k = 0;
+        for (int l = 0; l < 2; l++) {
+            gc[k++] = (dj_op_call){.op = DJ_OP_ADD, .n = n, .out = B[0], .x = B[0], .x2 = l ? B[5] : t0, .d = d,
+                                   .x_dtype = rt, .out_dtype = rt};
+            gc[k++] = (dj_op_call){.op = DJ_OP_RMSNORM, .n = n, .out = B[1], .x = B[0], .w = dg,
+                                   .w_dtype = DJ_DTYPE_BF16, .d = d, .eps = 1e-5f, .x_dtype = rt,
+                                   .out_dtype = DJ_DTYPE_BF16};
+            for (int i = 0; i < 2; i++)
+                gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[1], .w = dgu[l][i],
+                                       .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = dsgu[l][i], .w_block_rows = 128,
+                                       .w_block_cols = 128, .k = d, .m = f, .out = B[2 + i],
+                                       .out_dtype = DJ_DTYPE_BF16};
+            gc[k++] = (dj_op_call){.op = glu, .n = n, .out = B[4], .x = B[2], .x2 = B[3], .d = f,
+                                   .out_dtype = DJ_DTYPE_BF16};
+            gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[4], .w = ddn[l], .w_dtype = DJ_DTYPE_F8_E4M3,
+                                   .w_scale = dsdn[l], .w_block_rows = 128, .w_block_cols = 128, .k = f, .m = d,
+                                   .out = B[5], .out_dtype = DJ_DTYPE_BF16};
+        }
+        const uint64_t before = dj__cuda_fusions(gpu), before_u = dj__cuda_unstored(gpu);
+        if (pass == 0) {
+            for (int i = 0; i < k; i++)
+                if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("f8 mlp (gpu, apart)");
+        } else if (dj_backend_compute_plan(gpu, gc, (size_t)k, NULL) != DJ_OK) {
+            die("f8 mlp (gpu, plan)");
+        }
+        if (gpu->vt->sync(gpu) != DJ_OK) die("f8 mlp (gpu)");
+        if (pass == 1) fused = dj__cuda_fusions(gpu) - before, unstored = dj__cuda_unstored(gpu) - before_u;
+        dfree(t0);
+    }
+    char shape[112];
+    snprintf(shape, sizeof shape, "2 layers n=%u d=%u f=%u res=%s %s%s", n, d, f, dj_dtype_name(rt),
+             glu == DJ_OP_SILU_MUL ? "silu" : "gelu", pair ? " pair" : " apart");
+    /* the last down against the CPU's W8A16 product of the GPU's GLU output */
+    uint16_t *hb = halloc(nf);
+    float *hf = falloc(nf), *ref = falloc(nd);
+    down(hb, bufs[1][4], nf * 2);
+    for (size_t e = 0; e < nf; e++) hf[e] = dj_bf16_to_f32(hb[e]);
+    dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .x = hf, .w = wd[1], .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = sdn[1],
+                     .w_block_rows = 128, .w_block_cols = 128, .k = f, .m = d, .out = ref};
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("f8 mlp (cpu)");
+    tol_now = TOL_W8A8;
+    compare("F8 MLP", shape, bufs[1][5], DJ_DTYPE_BF16, ref, nd);
+    tol_now = TOL;
+    size_t differ = 0;
+    for (int b = 0; b < 6; b++) {
+        uint8_t *x0 = xmalloc(bytes[b]), *x1 = xmalloc(bytes[b]);
+        down(x0, bufs[0][b], bytes[b]);
+        down(x1, bufs[1][b], bytes[b]);
+        differ += memcmp(x0, x1, bytes[b]) != 0;
+        free(x0);
+        free(x1);
+    }
+    n_rows++;
+    n_fail += differ != 0;
+    printf("%-10s %-52s %10zu  %s\n", "F8 MLP", shape, differ,
+           differ ? "FAIL (buffers differ from apart)" : "pass (= apart)");
+    /* the norm steps (1 each) quantizing for gate and up (2) and the GLUs for down (1); the pair 1 more;
+     * the first layer's norm and GLU outputs unstored (the second layer writes them over before any read),
+     * the second's stored (the plan ends there) */
+    const uint64_t want = 2 * 4 + (pair ? 1 : 0);
+    n_rows++;
+    n_fail += fused != want || unstored != 2;
+    printf("%-10s %-52s %10s  %s (%llu fused, expected %llu; %llu unstored, expected 2)\n", "F8 MLP", shape, "-",
+           fused == want && unstored == 2 ? "pass" : "FAIL", (unsigned long long)fused, (unsigned long long)want,
+           (unsigned long long)unstored);
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 6; b++) dfree(bufs[pass][b]);
+    for (int l = 0; l < 2; l++) {
+        dfree(dgu[l][0]);
+        dfree(dsgu[l][0]);
+        if (!pair) {
+            dfree(dgu[l][1]);
+            dfree(dsgu[l][1]);
+        }
+        dfree(ddn[l]);
+        dfree(dsdn[l]);
+        free(wgu[l]);
+        free(wd[l]);
+        free(sgu[l]);
+        free(sdn[l]);
+    }
+    dfree(dg);
+    free(g);
+    free(ab);
+    free(af);
+    free(tb);
+    free(tf);
+    free(hb);
+    free(hf);
+    free(ref);
+}
+
 static void check_fp8(void) {
     for (uint32_t n = 1; n <= 8; n++)
         check_matmul_fp8(n, 4096, 1000 + n, 128, 128, n % 3 == 0, DJ_DTYPE_BF16, 1, 0);
@@ -1767,6 +1916,9 @@ static void check_fp8(void) {
         check_norm_fp8(64, 512, DJ_DTYPE_F32, 0, 3, qkv4);   /* q, k, v off an f32 residual stream */
         check_norm_fp8(36, 1024, DJ_DTYPE_BF16, 0, 2, gu4); /* gate, up */
         check_norm_fp8(20, 2560, DJ_DTYPE_F32, 1, 1, one);  /* Gemma's norm in front; 2 chunks a thread, one partial */
+        check_f8_mlp(64, 512, 1024, DJ_DTYPE_F32, DJ_OP_SILU_MUL, 1); /* gate and up one GEMM in layer 1 */
+        check_f8_mlp(36, 1024, 2048, DJ_DTYPE_BF16, DJ_OP_GELU_MUL, 1);
+        check_f8_mlp(64, 512, 1024, DJ_DTYPE_F32, DJ_OP_SILU_MUL, 0); /* weights apart: no pair */
     }
     check_matmul_fp8(17, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 2, 0);
     check_matmul_fp8(64, 1024, 3000, 1, 1024, 1, DJ_DTYPE_BF16, 2, 0);

@@ -539,3 +539,4 @@ extern "C" void dj__cuda_set_fuse(dj_backend_t *be, int on) {
 }
 
 extern "C" uint64_t dj__cuda_fusions(dj_backend_t *be) { return ((dj_cuda_backend *)be)->fusions; }
+extern "C" uint64_t dj__cuda_unstored(dj_backend_t *be) { return ((dj_cuda_backend *)be)->unstored; }

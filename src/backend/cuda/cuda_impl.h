@@ -42,6 +42,7 @@ typedef struct dj_cuda_backend {
     dj_status capture_st;     /* first failure of a call recorded in this capture */
     bool fuse;                /* compute_plan fuses at all ($DJINN_FUSE != off) */
     uint64_t fusions;         /* calls that ran inside another call's kernel */
+    uint64_t unstored;        /* bf16 outputs left unstored: read by nothing but through FP8 codes */
     /* Fusion decisions of recent plans (cuda_plan.cu), replaced round robin. */
     struct dj_cuda_plan *plans; /* [DJ_CUDA_PLANS]; owned */
     unsigned plan_next;
@@ -262,11 +263,13 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
  * quantization makes of that output): codes [n][d] at q (8-byte aligned), a
  * scale per (row r, 128 channels g) at sc[tok_major ? r * d / 128 + g : g * n
  * + r]. Rows that cannot take it (d % 128, or pointers or d that rule out
- * 16-byte chunks) get DJ_EUNSUPPORTED, nothing launched. */
+ * 16-byte chunks) get DJ_EUNSUPPORTED, nothing launched. codes_only: the
+ * bf16 output is not stored (nothing reads it but through the codes). */
 typedef struct dj_norm_q8 {
     uint8_t *q;
     float *sc;
     bool tok_major;
+    bool codes_only;
 } dj_norm_q8;
 dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                                const dj_op_call *norm, const dj_norm_q8 *q8 /* or NULL */);
@@ -342,7 +345,13 @@ dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *c
  * GEMM one dj__cuda_fp8_shared_takes. *done: the calls run (0 - the path not
  * verified yet - 1 or 2); the caller runs the rest as usual. */
 bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm);
-dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, int *done);
+/* dead: DJ_F8_DEAD_* of the calls' outputs nothing reads after the step (the
+ * plan's finding): those are not stored, and a GEMM refused after its input
+ * went unstored is an error, not a fallback. */
+#define DJ_F8_DEAD_NORM 1u /* the norm's bf16 output */
+#define DJ_F8_DEAD_GLU 2u  /* the GLU's bf16 output */
+dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
+                              int *done);
 /* An ADD+RMSNORM (prenorm: Gemma's RMSNORM in front, or NULL) whose output
  * the FP8 tensor-core GEMMs mms[0..count) of 128x128-block weights read
  * (dj__cuda_norm_fp8_takes of each; one input, as a shared group): the norm
@@ -352,7 +361,20 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
  * the GEMMs run (the rest are the caller's). */
 bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm);
 dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
-                               const dj_op_call *norm, const dj_op_call *mms, int count, int *done);
+                               const dj_op_call *norm, const dj_op_call *mms, int count, unsigned dead, int *done);
+/* An MLP of FP8 128x128-block weights after its norm step (prenorm, add, norm
+ * as dj__cuda_norm_fp8_lt takes them): mlp[0..4) gate, up, their GLU, down,
+ * where gate's weights and scales run straight on into up's (_pair_takes:
+ * one matrix of 2f rows, as the loader lays a layer's slots out): the norm
+ * quantizing its output, gate and up as one GEMM into scratch (on the H100
+ * the GEMM of 28,672 rows ran 11% faster than two of 14,336: bench/RESULTS.md),
+ * the GLU reading its halves and quantizing for down, down. gate's and up's
+ * own outputs are not written: the plan runs this only where nothing reads
+ * them. *done: 0 nothing ran; 1 the norm; 3 gate and up too; 4 the GLU too;
+ * 5 all (the caller runs the rest apart; only the norm's failure leaves 0). */
+bool dj__cuda_f8_pair_takes(const dj_op_call *gate, const dj_op_call *up);
+dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                             const dj_op_call *norm, const dj_op_call *mlp, unsigned dead, int *done);
 dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);
 void dj__cuda_fp8_lt_destroy(dj_cuda_backend *cb);
 /* cuda_q4.cu: 4-bit weights (DJ_DTYPE_Q4, 4-byte aligned): the GEMV of a

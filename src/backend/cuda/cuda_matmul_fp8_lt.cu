@@ -110,15 +110,17 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
  * inside the SwiGLU, below), prefill 0.0391 -> 0.0378 s with both. */
 #define QA_U 4
 
-/* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^31: qa_g128_fits). */
+/* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^31: qa_g128_fits); its
+ * inputs' rows lie in_ld values apart (k, or gate and up as one GEMM's halves: 2k). */
 struct qa_geom {
-    uint32_t n, k, groups, items;
+    uint32_t n, k, groups, items, in_ld;
     dj_fastdiv gdiv; /* / groups */
     bool tok_major;
 };
-static __device__ __forceinline__ void qa_at(const qa_geom &g, uint32_t item, size_t *elem, size_t *scale) {
+static __device__ __forceinline__ void qa_at(const qa_geom &g, uint32_t item, size_t *elem, size_t *in, size_t *scale) {
     const uint32_t r = dj_fastdiv_q(item, g.gdiv), gi = item - r * g.groups;
     *elem = (size_t)r * g.k + (size_t)gi * LT_GROUP;
+    *in = (size_t)r * g.in_ld + (size_t)gi * LT_GROUP;
     *scale = g.tok_major ? (size_t)item : (size_t)gi * g.n + r;
 }
 
@@ -146,9 +148,10 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
         xv[u] = uv[u] = make_uint4(0u, 0u, 0u, 0u);
         e[u] = s[u] = 0;
         if (item < g.items) {
-            qa_at(g, item, &e[u], &s[u]);
-            xv[u] = *(const uint4 *)(x + e[u] + sub * 8);
-            if (GLU) uv[u] = *(const uint4 *)(up + e[u] + sub * 8);
+            size_t in = 0;
+            qa_at(g, item, &e[u], &in, &s[u]);
+            xv[u] = *(const uint4 *)(x + in + sub * 8);
+            if (GLU) uv[u] = *(const uint4 *)(up + in + sub * 8);
         }
     }
 #pragma unroll
@@ -166,7 +169,7 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
             f[2 * i] = of.x;
             f[2 * i + 1] = of.y;
         }
-        if (GLU && valid) *(uint4 *)(out + e[u] + sub * 8) = o;
+        if (GLU && valid && out) *(uint4 *)(out + e[u] + sub * 8) = o;
         quant_group(f, valid, q + e[u] + sub * 8, sc + s[u], sub);
     }
 }
@@ -176,11 +179,14 @@ static bool qa_g128_fits(uint32_t n, uint32_t k) {
     return k % LT_GROUP == 0 && (uint64_t)n * (k / LT_GROUP) < ((uint64_t)1 << 31);
 }
 
-/* quant_g128_kernel over x [n][k] (op: 0 plain, DJ_OP_SILU_MUL or DJ_OP_GELU_MUL with up and out). */
+/* quant_g128_kernel over x [n][k] (op: 0 plain, DJ_OP_SILU_MUL or DJ_OP_GELU_MUL with up and out -
+ * NULL: the codes only; x's and up's rows in_ld values apart). */
 static void launch_g128(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, const __nv_bfloat16 *up,
-                        __nv_bfloat16 *out, uint32_t n, uint32_t k, bool tok_major, uint8_t *q, float *sc) {
+                        __nv_bfloat16 *out, uint32_t n, uint32_t k, uint32_t in_ld, bool tok_major, uint8_t *q,
+                        float *sc) {
     qa_geom g;
     g.n = n, g.k = k, g.groups = k / LT_GROUP, g.items = n * g.groups, g.gdiv = dj_fastdiv_make(g.groups);
+    g.in_ld = in_ld;
     g.tok_major = tok_major;
     const unsigned per_block = QA_WARPS * QA_U * 2, blocks = (g.items + per_block - 1) / per_block;
     if (op == DJ_OP_SILU_MUL)
@@ -195,7 +201,7 @@ static void quant_act(dj_cuda_backend *cb, const __nv_bfloat16 *x, uint32_t n, u
                       uint8_t *q, float *sc) {
     const size_t items = (size_t)n * ((k + g - 1) / g);
     if (g == LT_GROUP && qa_g128_fits(n, k) && ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 7) == 0) {
-        launch_g128(cb, 0, x, NULL, NULL, n, k, tok_major, q, sc);
+        launch_g128(cb, 0, x, NULL, NULL, n, k, k, tok_major, q, sc);
         return;
     }
     const unsigned blocks = (unsigned)((items + QA_WARPS - 1) / QA_WARPS);
@@ -561,7 +567,15 @@ bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, co
            (((uintptr_t)glu->x | (uintptr_t)glu->x2 | (uintptr_t)glu->out) & 15u) == 0;
 }
 
-dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, int *done) {
+/* A GEMM refused after the bf16 copy of its input went unstored: nothing to fall back on. */
+static dj_status refused_unstored(dj_cuda_backend *cb, const dj_op_call *mm) {
+    return dj_fail(DJ_EDEVICE, "cuda:%d: FP8 GEMM (%u x %u x %u) refused by cuBLASLt after its input was quantized "
+                   "without a bf16 copy (cublasLtMatmul status %d)", cb->device, mm->n, mm->k, mm->m,
+                   cb->fp8_lt->mm_status);
+}
+
+dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
+                              int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
     if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
@@ -569,17 +583,19 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
     float *xs, *wsx;
     dj_status st = carve(cb, mm, MODE_BLOCK, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
+    const bool unstored = (dead & DJ_F8_DEAD_GLU) && entry_for(cb, mm->n, mm->k, mm->m, MODE_BLOCK, mm->w_scale, xs);
     const int layout = L->layout[MODE_BLOCK];
     launch_g128(cb, (int)glu->op, (const __nv_bfloat16 *)glu->x, (const __nv_bfloat16 *)glu->x2,
-                (__nv_bfloat16 *)glu->out, mm->n, mm->k, (layout & 2) != 0, q, xs);
+                unstored ? NULL : (__nv_bfloat16 *)glu->out, mm->n, mm->k, mm->k, (layout & 2) != 0, q, xs);
     DJ_CU_LAUNCHED(cb);
+    cb->unstored += unstored;
     *done = 1;
     const float *ws = weight_scales(cb, mm, MODE_BLOCK, layout, wsx);
     DJ_CU_LAUNCHED(cb);
     st = lt_matmul(cb, mm, MODE_BLOCK, ws, q, xs);
     if (st == DJ_EUNSUPPORTED) {
         L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
-        return DJ_OK;
+        return unstored ? refused_unstored(cb, mm) : DJ_OK;
     }
     if (st == DJ_OK) *done = 2;
     return st;
@@ -591,7 +607,7 @@ bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, 
 }
 
 dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
-                               const dj_op_call *norm, const dj_op_call *mms, int count, int *done) {
+                               const dj_op_call *norm, const dj_op_call *mms, int count, unsigned dead, int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
     if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
@@ -607,12 +623,16 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
     dj_status st = dj__cuda_scratch(cb, need, &base);
     if (st == DJ_OK) st = carve(cb, &mms[0], MODE_BLOCK, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
+    bool unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* only where every GEMM has its algorithm */
+    for (int i = 0; unstored && i < count; i++)
+        unstored = entry_for(cb, mms[i].n, mms[i].k, mms[i].m, MODE_BLOCK, mms[i].w_scale, xs) != NULL;
     const int layout = L->layout[MODE_BLOCK];
-    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0};
+    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, unstored};
     st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
     if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
     if (st != DJ_OK) return st;
     *done = 1;
+    cb->unstored += unstored;
     for (int i = 0; i < count; i++) {
         if ((st = carve(cb, &mms[i], MODE_BLOCK, &q, &xs, &wsx)) != DJ_OK) return st;
         const float *ws = weight_scales(cb, &mms[i], MODE_BLOCK, layout, wsx);
@@ -620,10 +640,74 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
         st = lt_matmul(cb, &mms[i], MODE_BLOCK, ws, q, xs);
         if (st == DJ_EUNSUPPORTED) {
             L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on */
-            return DJ_OK;
+            return unstored ? refused_unstored(cb, &mms[i]) : DJ_OK;
         }
         if (st != DJ_OK) return st;
         *done = i + 2;
     }
     return DJ_OK;
+}
+
+bool dj__cuda_f8_pair_takes(const dj_op_call *gate, const dj_op_call *up) {
+    return mode_of(gate) == MODE_BLOCK && mode_of(up) == MODE_BLOCK && gate->x == up->x && gate->n == up->n &&
+           gate->k == up->k && gate->m == up->m && (uint64_t)gate->m * 2 <= INT32_MAX &&
+           (const uint8_t *)gate->w + (size_t)gate->m * gate->k == (const uint8_t *)up->w &&
+           gate->w_scale + (size_t)(gate->m / 128) * (gate->k / 128) == up->w_scale;
+}
+
+dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                             const dj_op_call *norm, const dj_op_call *g, unsigned dead, int *done) {
+    *done = 0;
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const dj_op_call *glu = &g[2], *down = &g[3];
+    const uint32_t n = g[0].n, f = g[0].m;
+    dj_op_call pair = g[0]; /* gate and up: one matrix of 2f rows */
+    pair.m = 2 * f;
+    /* scratch: the larger GEMM input's carve (the pair's or down's: q, scales), then the pair's output */
+    size_t qf, xsf;
+    const size_t c1 = carve_floats(&pair, MODE_BLOCK, &qf, &xsf), c2 = carve_floats(down, MODE_BLOCK, &qf, &xsf);
+    const size_t off = ((c1 > c2 ? c1 : c2) + 63) / 64 * 64, out_f = ((size_t)n * pair.m + 1) / 2;
+    float *base = NULL, *xs, *wsx;
+    uint8_t *q;
+    dj_status st = dj__cuda_scratch(cb, off + out_f, &base);
+    if (st == DJ_OK) st = carve(cb, &pair, MODE_BLOCK, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    pair.out = base + off;
+    if (!entry_for(cb, n, pair.k, pair.m, MODE_BLOCK, pair.w_scale, xs)) return DJ_OK; /* no algorithm: apart */
+    /* the bf16 copies nobody reads: unstored where down's GEMM has its algorithm too */
+    const bool down_ok = entry_for(cb, n, down->k, down->m, MODE_BLOCK, down->w_scale, xs) != NULL;
+    const bool norm_unstored = (dead & DJ_F8_DEAD_NORM) && down_ok, glu_unstored = (dead & DJ_F8_DEAD_GLU) && down_ok;
+    const int layout = L->layout[MODE_BLOCK];
+    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, norm_unstored};
+    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
+    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
+    if (st != DJ_OK) return st;
+    *done = 1;
+    cb->unstored += norm_unstored;
+    const float *ws = weight_scales(cb, &pair, MODE_BLOCK, layout, wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_matmul(cb, &pair, MODE_BLOCK, ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) /* the caller runs gate and up from the norm's output, if stored */
+        return norm_unstored ? refused_unstored(cb, &pair) : DJ_OK;
+    if (st != DJ_OK) return st;
+    *done = 3;
+    /* the GLU of the pair's halves, quantized for down (its q and scales where down's carve puts them,
+     * clear of the pair's output) */
+    if ((st = carve(cb, down, MODE_BLOCK, &q, &xs, &wsx)) != DJ_OK) return st;
+    const __nv_bfloat16 *po = (const __nv_bfloat16 *)pair.out;
+    launch_g128(cb, (int)glu->op, po, po + f, glu_unstored ? NULL : (__nv_bfloat16 *)glu->out, n, f, 2 * f,
+                (layout & 2) != 0, q, xs);
+    DJ_CU_LAUNCHED(cb);
+    cb->unstored += glu_unstored;
+    *done = 4;
+    ws = weight_scales(cb, down, MODE_BLOCK, layout, wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_matmul(cb, down, MODE_BLOCK, ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) {
+        L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs down) */
+        return glu_unstored ? refused_unstored(cb, down) : DJ_OK;
+    }
+    if (st == DJ_OK) *done = 5;
+    return st;
 }

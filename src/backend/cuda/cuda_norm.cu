@@ -320,7 +320,7 @@ static __global__ void __launch_bounds__(NORM_ROW_THREADS)
 #pragma unroll
         for (int v = 0; v < NORM_VEC; v++) o[v] = (raw_get(wv[c], v) + w_off) * (h[c][v] * r);
         st8(hout + row, chunk_at(c), d, vec, h[c]);
-        st8(out + row, chunk_at(c), d, vec, o);
+        if (!q8.codes_only) st8(out + row, chunk_at(c), d, vec, o);
         if (q8.q) { /* the bf16 output's codes: a half warp holds a group of 128 channels (d % 128 == 0, vec) */
             float f[NORM_VEC];
 #pragma unroll
@@ -380,7 +380,7 @@ dj_status dj__cuda_add_rmsnorm(dj_cuda_backend *cb, const dj_op_call *prenorm, c
                           prenorm ? prenorm->eps : 0.0f, prenorm ? prenorm->w_offset : 0.0f};
     const bool vec = norm_vec(norm->d, add->x, prenorm ? pre.x : add->x2, add->out, norm->out, norm->w) &&
                      norm_vec(norm->d, pre.w, pre.out, NULL, NULL, NULL);
-    dj_norm_q8 q = {NULL, NULL, false};
+    dj_norm_q8 q = {NULL, NULL, false, false};
     if (q8) { /* whole groups a half warp: 16-byte chunks, 128 channels a group */
         if (!vec || norm->d % 128 != 0 || ((uintptr_t)q8->q & 7u) != 0) return DJ_EUNSUPPORTED;
         q = *q8;

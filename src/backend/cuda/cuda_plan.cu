@@ -19,6 +19,8 @@ typedef enum {
     STEP_NORM_ROPE_KV, /* calls[first .. first+5): per-head RMSNORMs of q and k, their ROPEs, k's KV_WRITE */
     STEP_NORM_F8, /* STEP_ADD_NORM or STEP_NORM_ADD_NORM (norms: its calls) quantizing the norm's output for the
                    * FP8 tensor-core GEMMs of it that follow (dj__cuda_norm_fp8_lt) */
+    STEP_F8_MLP,  /* the norm step (norms: its calls), then gate, up, their GLU and down of FP8 blocks, gate and
+                   * up as one GEMM (dj__cuda_f8_mlp_lt) */
 } step_kind;
 
 #define F8_SHARED_GROUP 4 /* q, k, v (and gate, up) */
@@ -28,7 +30,8 @@ typedef struct plan_step {
     uint8_t count;  /* calls the launch runs from first on */
     int32_t first;
     int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
-    uint8_t norms;  /* STEP_NORM_F8: the calls of its norm step (2 or 3), the GEMMs after them */
+    uint8_t norms;  /* STEP_NORM_F8, STEP_F8_MLP: the calls of its norm step (2 or 3), the GEMMs after them */
+    uint8_t dead;   /* STEP_NORM_F8, STEP_F8_MLP, STEP_GLU_F8: DJ_F8_DEAD_* of outputs nothing reads after */
 } plan_step;
 
 typedef struct dj_cuda_plan {
@@ -213,40 +216,150 @@ static int f8_shared_run(const dj_cuda_backend *cb, const dj_op_call *calls, siz
     return count;
 }
 
+/* ---- what a plan reads after a point ---- */
+
+/* The bytes c reads as activations at x (which 0) or x2 (1): 0 where there
+ * is none, SIZE_MAX where this file does not know them. */
+static size_t in_bytes(const dj_op_call *c, int which) {
+    const void *p = which ? c->x2 : c->x;
+    if (!p) return 0;
+    const size_t n = c->n, bf = sizeof(__nv_bfloat16);
+    switch (c->op) {
+    case DJ_OP_MATMUL: return which ? SIZE_MAX : n * c->k * bf;
+    case DJ_OP_RMSNORM:
+        return which ? SIZE_MAX : n * c->d * (c->groups > 1 ? c->groups : 1) * dj_dtype_size(c->x_dtype);
+    case DJ_OP_ADD: return n * c->d * (which ? bf : dj_dtype_size(c->x_dtype));
+    case DJ_OP_SILU_MUL:
+    case DJ_OP_GELU_MUL: return n * c->d * bf;
+    case DJ_OP_ROPE:
+    case DJ_OP_ATTENTION: return which ? SIZE_MAX : n * c->n_heads * c->head_dim * bf;
+    case DJ_OP_KV_WRITE: return c->kv ? n * c->kv->kv_dim * bf : SIZE_MAX;
+    default: return SIZE_MAX;
+    }
+}
+
+/* The bytes c writes at out (0: none, or not known here). */
+static size_t out_bytes(const dj_op_call *c) {
+    const size_t n = c->n, bf = sizeof(__nv_bfloat16);
+    if (!c->out) return 0;
+    switch (c->op) {
+    case DJ_OP_MATMUL: return n * c->m * dj_dtype_size(c->out_dtype);
+    case DJ_OP_RMSNORM: return n * c->d * (c->groups > 1 ? c->groups : 1) * bf;
+    case DJ_OP_ADD: return n * c->d * dj_dtype_size(c->out_dtype);
+    case DJ_OP_SILU_MUL:
+    case DJ_OP_GELU_MUL: return n * c->d * bf;
+    case DJ_OP_ROPE:
+    case DJ_OP_ATTENTION: return n * c->n_heads * c->head_dim * bf;
+    default: return 0;
+    }
+}
+
+/* Whether no call from calls[from] on reads any of [p, p + bytes) before
+ * calls write all of it over. Bytes still unwritten at the plan's end count
+ * as read (the engine, or a hook at the end of a segment, may read them).
+ * The unwritten bytes are kept as up to DEAD_PIECES intervals; more count
+ * as read. */
+#define DEAD_PIECES 8
+static bool dead_after(const dj_op_call *calls, size_t n, size_t from, const void *p, size_t bytes) {
+    uintptr_t lo[DEAD_PIECES], hi[DEAD_PIECES];
+    int np = 1;
+    lo[0] = (uintptr_t)p, hi[0] = (uintptr_t)p + bytes;
+    for (size_t i = from; i < n; i++) {
+        const dj_op_call *c = &calls[i];
+        for (int w = 0; w < 2; w++) {
+            const size_t nb = in_bytes(c, w);
+            if (!nb) continue;
+            const uintptr_t a = (uintptr_t)(w ? c->x2 : c->x), b = nb == SIZE_MAX ? UINTPTR_MAX : a + nb;
+            for (int k = 0; k < np; k++)
+                if (a < hi[k] && lo[k] < b) return false;
+        }
+        const size_t ob = out_bytes(c);
+        if (!ob) continue;
+        const uintptr_t a = (uintptr_t)c->out, b = a + ob;
+        uintptr_t nlo[2 * DEAD_PIECES], nhi[2 * DEAD_PIECES];
+        int nn = 0;
+        for (int k = 0; k < np; k++) { /* what of piece k the write leaves: up to two pieces */
+            if (b <= lo[k] || hi[k] <= a) {
+                nlo[nn] = lo[k], nhi[nn++] = hi[k];
+                continue;
+            }
+            if (lo[k] < a) nlo[nn] = lo[k], nhi[nn++] = a;
+            if (b < hi[k]) nlo[nn] = b, nhi[nn++] = hi[k];
+        }
+        if (nn == 0) return true;
+        if (nn > DEAD_PIECES) return false;
+        memcpy(lo, nlo, sizeof(uintptr_t) * (size_t)nn);
+        memcpy(hi, nhi, sizeof(uintptr_t) * (size_t)nn);
+        np = nn;
+    }
+    return false;
+}
+
+/* Whether the GLU calls[i]'s output is read by nothing after its GEMM calls[i + 1]. */
+static bool glu_dead(const dj_op_call *calls, size_t n, size_t i) {
+    const dj_op_call *glu = &calls[i];
+    return i + 2 <= n && dead_after(calls, n, i + 2, glu->out, (size_t)glu->n * glu->d * sizeof(__nv_bfloat16));
+}
+
+/* After a norm step quantizing for the FP8 group gate, up at calls[j],
+ * calls[j + 1]: their GLU and down as dj__cuda_f8_mlp_lt runs them - gate's
+ * and up's weights one matrix, the GLU of their outputs quantizing for down,
+ * and nothing after it reading gate's or up's output (the step leaves them
+ * unwritten). */
+static bool f8_mlp_fuses(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, size_t j) {
+    if (j + 3 >= n) return false;
+    const dj_op_call *gate = &calls[j], *up = &calls[j + 1], *glu = &calls[j + 2], *down = &calls[j + 3];
+    if (!dj__cuda_f8_pair_takes(gate, up) || !dj__cuda_glu_fp8_takes(cb, glu, down) || glu->x != gate->out ||
+        glu->x2 != up->out || gate->out_dtype != DJ_DTYPE_BF16 || up->out_dtype != DJ_DTYPE_BF16)
+        return false;
+    const size_t ob = (size_t)gate->n * gate->m * sizeof(__nv_bfloat16);
+    return dead_after(calls, n, j + 3, gate->out, ob) && dead_after(calls, n, j + 3, up->out, ob);
+}
+
 /* The steps of calls[0..n) into steps (room for n). Returns how many. */
 static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, plan_step *steps) {
     size_t ns = 0;
     for (size_t i = 0; i < n;) {
         const dj_op_call *c = &calls[i];
-        plan_step s = {STEP_ONE, 1, (int32_t)i, -1, 0};
+        plan_step s = {STEP_ONE, 1, (int32_t)i, -1, 0, 0};
         if (cb->fuse) {
             if (i + 4 < n && c->op == DJ_OP_RMSNORM && c->groups > 1 && fuses_norm_rope(c)) {
-                s = (plan_step){STEP_NORM_ROPE_KV, 5, (int32_t)i, -1, 0};
+                s = (plan_step){STEP_NORM_ROPE_KV, 5, (int32_t)i, -1, 0, 0};
             } else if (i + 2 < n && c->op == DJ_OP_ROPE && fuses_with_rope(&calls[i + 1], &calls[i + 2]) &&
                 pairs_with_rope(c, &calls[i + 1], &calls[i + 2])) {
-                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i, 0};
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i + 1, (int32_t)i, 0, 0};
             } else if (i + 1 < n && fuses_with_rope(c, &calls[i + 1])) {
-                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1, 0};
+                s = (plan_step){STEP_ROPE_KV, 2, (int32_t)i, -1, 0, 0};
             } else if (i + 2 < n && fuses_before_add(c, &calls[i + 1], &calls[i + 2])) {
-                s = (plan_step){STEP_NORM_ADD_NORM, 3, (int32_t)i, -1, 0};
+                s = (plan_step){STEP_NORM_ADD_NORM, 3, (int32_t)i, -1, 0, 0};
             } else if (i + 1 < n && fuses_with_add(c, &calls[i + 1])) {
-                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, 0};
+                s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, 0, 0};
             } else if (i + 1 < n && dj__cuda_glu_fp8_takes(cb, c, &calls[i + 1])) {
-                s = (plan_step){STEP_GLU_F8, 2, (int32_t)i, -1, 0};
+                s = (plan_step){STEP_GLU_F8, 2, (int32_t)i, -1, 0, 0};
             } else if (dj__cuda_gemv_takes(cb, c)) {
-                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1, 0};
+                s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1, 0, 0};
                 if (s.count == 2 && i + 2 < n && fuses_glu(c, &calls[i + 2]))
-                    s = (plan_step){STEP_GEMV_GLU, 3, (int32_t)i, -1, 0};
+                    s = (plan_step){STEP_GEMV_GLU, 3, (int32_t)i, -1, 0, 0};
             } else if (dj__cuda_fp8_shared_takes(cb, c)) {
                 const int cnt = f8_shared_run(cb, calls, n, i);
-                if (cnt > 1) s = (plan_step){STEP_F8_SHARED, (uint8_t)cnt, (int32_t)i, -1, 0};
+                if (cnt > 1) s = (plan_step){STEP_F8_SHARED, (uint8_t)cnt, (int32_t)i, -1, 0, 0};
             }
         }
         const size_t j = i + s.count; /* the FP8 GEMMs reading the norm's output */
         if ((s.kind == STEP_ADD_NORM || s.kind == STEP_NORM_ADD_NORM) && j < n &&
-            dj__cuda_norm_fp8_takes(cb, &calls[j - 1], &calls[j]))
-            s = (plan_step){STEP_NORM_F8, (uint8_t)(s.count + f8_shared_run(cb, calls, n, j)), (int32_t)i, -1,
-                            s.count};
+            dj__cuda_norm_fp8_takes(cb, &calls[j - 1], &calls[j])) {
+            const uint8_t norms = s.count;
+            const int ng = f8_shared_run(cb, calls, n, j);
+            const bool mlp = ng == 2 && f8_mlp_fuses(cb, calls, n, j);
+            s = (plan_step){(uint8_t)(mlp ? STEP_F8_MLP : STEP_NORM_F8), (uint8_t)(norms + (mlp ? 4 : ng)),
+                            (int32_t)i, -1, norms, 0};
+            /* the norm's bf16 output, read by the GEMMs only through the codes; the GLU's, by down */
+            const dj_op_call *nm = &calls[j - 1];
+            if (dead_after(calls, n, j + (size_t)ng, nm->out, (size_t)nm->n * nm->d * sizeof(__nv_bfloat16)))
+                s.dead |= DJ_F8_DEAD_NORM;
+            if (mlp && glu_dead(calls, n, j + 2)) s.dead |= DJ_F8_DEAD_GLU;
+        }
+        if (s.kind == STEP_GLU_F8 && glu_dead(calls, n, i)) s.dead |= DJ_F8_DEAD_GLU;
         steps[ns++] = s;
         i = (size_t)s.first + s.count;
     }
@@ -305,6 +418,31 @@ static dj_status run_f8_group(dj_cuda_backend *cb, const dj_op_call *g, int coun
     return st;
 }
 
+/* The norm step c[0..nn) quantizing its output for the FP8 GEMMs c[nn .. nn + ng) of it. */
+static dj_status run_norm_f8(dj_cuda_backend *cb, const dj_op_call *c, int nn, int ng, unsigned dead) {
+    const dj_op_call *pre = nn == 3 ? &c[0] : NULL, *g = &c[nn];
+    int done = 0;
+    dj_status st = dj__cuda_norm_fp8_lt(cb, pre, &c[nn - 2], &c[nn - 1], g, ng, dead, &done);
+    if (st != DJ_OK) return st;
+    if (done == 0) { /* not taken (the GEMMs' first run probes cuBLASLt): the two steps apart */
+        if ((st = dj__cuda_add_rmsnorm(cb, pre, &c[nn - 2], &c[nn - 1], NULL)) != DJ_OK) return st;
+        cb->fusions += (uint64_t)(nn - 1);
+        return run_f8_group(cb, g, ng);
+    }
+    cb->fusions += (uint64_t)(nn - 1 + done - 1); /* the norm's, and a quantization saved a GEMM run */
+    for (int i = done - 1; st == DJ_OK && i < ng; i++) st = dj__cuda_compute_one(cb, &g[i]);
+    return st;
+}
+
+/* The GLU c[0] quantizing its output for c[1], its FP8 GEMM. */
+static dj_status run_glu_f8(dj_cuda_backend *cb, const dj_op_call *c, unsigned dead) {
+    int done = 0;
+    dj_status st = dj__cuda_glu_fp8_lt(cb, &c[0], &c[1], dead, &done);
+    if (done == 2) cb->fusions++; /* a quantization pass saved */
+    for (int i = done; st == DJ_OK && i < 2; i++) st = dj__cuda_compute_one(cb, &c[i]);
+    return st;
+}
+
 static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const plan_step *s) {
     const dj_op_call *c = &calls[s->first];
     if (s->kind == STEP_ONE) return dj__cuda_compute_one(cb, c);
@@ -323,28 +461,29 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
         return dj__cuda_add_rmsnorm(cb, &c[0], &c[1], &c[2], NULL);
     case STEP_F8_SHARED:
         return run_f8_group(cb, c, s->count);
-    case STEP_NORM_F8: {
-        const int nn = s->norms, ng = s->count - nn;
+    case STEP_NORM_F8:
+        return run_norm_f8(cb, c, s->norms, s->count - s->norms, s->dead);
+    case STEP_F8_MLP: {
+        const int nn = s->norms;
         const dj_op_call *pre = nn == 3 ? &c[0] : NULL, *g = &c[nn];
         int done = 0;
-        dj_status st = dj__cuda_norm_fp8_lt(cb, pre, &c[nn - 2], &c[nn - 1], g, ng, &done);
+        dj_status st = dj__cuda_f8_mlp_lt(cb, pre, &c[nn - 2], &c[nn - 1], g, s->dead, &done);
         if (st != DJ_OK) return st;
-        if (done == 0) { /* not taken (the GEMMs' first run probes cuBLASLt): the two steps apart */
-            if ((st = dj__cuda_add_rmsnorm(cb, pre, &c[nn - 2], &c[nn - 1], NULL)) != DJ_OK) return st;
-            cb->fusions += (uint64_t)(nn - 1);
-            return run_f8_group(cb, g, ng);
+        if (done == 0) { /* not taken: the norm step with gate and up, then the GLU with down */
+            if ((st = run_norm_f8(cb, c, nn, 2, s->dead & DJ_F8_DEAD_NORM)) != DJ_OK) return st;
+            return run_glu_f8(cb, &g[2], s->dead & DJ_F8_DEAD_GLU);
         }
-        cb->fusions += (uint64_t)(nn - 1 + done - 1); /* the norm's, and a quantization saved a GEMM run */
-        for (int i = done - 1; st == DJ_OK && i < ng; i++) st = dj__cuda_compute_one(cb, &g[i]);
-        return st;
+        /* the norm's fusions; its quantization serving gate and up (2, as STEP_NORM_F8 counts it) and the
+         * pair as one GEMM; the GLU's quantization for down */
+        cb->fusions += (uint64_t)(nn - 1) + (done >= 3 ? 3u : 0u) + (done == 5 ? 1u : 0u);
+        if (done == 1) { /* the pair refused: gate and up from the norm's output, then the GLU with down */
+            for (int i = 0; st == DJ_OK && i < 2; i++) st = dj__cuda_compute_one(cb, &g[i]);
+            return st == DJ_OK ? run_glu_f8(cb, &g[2], s->dead & DJ_F8_DEAD_GLU) : st;
+        }
+        return done < 5 ? dj__cuda_compute_one(cb, &g[3]) : DJ_OK;
     }
-    case STEP_GLU_F8: {
-        int done = 0;
-        dj_status st = dj__cuda_glu_fp8_lt(cb, &c[0], &c[1], &done);
-        if (done == 2) cb->fusions++; /* a quantization pass saved */
-        for (int i = done; st == DJ_OK && i < 2; i++) st = dj__cuda_compute_one(cb, &c[i]);
-        return st;
-    }
+    case STEP_GLU_F8:
+        return run_glu_f8(cb, c, s->dead);
     case STEP_NORM_ROPE_KV: {
         const uint32_t *table = NULL;
         const dj_status st = dj__cuda_device_table(cb, &c[4], &table);
