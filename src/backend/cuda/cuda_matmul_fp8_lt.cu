@@ -574,22 +574,24 @@ static dj_status refused_unstored(dj_cuda_backend *cb, const dj_op_call *mm) {
                    cb->fp8_lt->mm_status);
 }
 
-dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
-                              int *done) {
-    *done = 0;
+/* The GLU of x and up (rows in_ld values apart) quantized for mm, its FP8
+ * GEMM, then the GEMM; its bf16 output stored to out unless unstored is
+ * asked and mm has its algorithm. *ran: 1 the GLU, 2 both (after a refusal
+ * the caller runs mm from out, which an unstored GLU makes an error). */
+static dj_status glu_gemm(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, const __nv_bfloat16 *up,
+                          uint32_t in_ld, __nv_bfloat16 *out, const dj_op_call *mm, bool unstored, int *ran) {
     struct dj_fp8_lt *L = cb->fp8_lt;
-    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
     uint8_t *q;
     float *xs, *wsx;
+    *ran = 0;
     dj_status st = carve(cb, mm, MODE_BLOCK, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
-    const bool unstored = (dead & DJ_F8_DEAD_GLU) && entry_for(cb, mm->n, mm->k, mm->m, MODE_BLOCK, mm->w_scale, xs);
+    unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, MODE_BLOCK, mm->w_scale, xs);
     const int layout = L->layout[MODE_BLOCK];
-    launch_g128(cb, (int)glu->op, (const __nv_bfloat16 *)glu->x, (const __nv_bfloat16 *)glu->x2,
-                unstored ? NULL : (__nv_bfloat16 *)glu->out, mm->n, mm->k, mm->k, (layout & 2) != 0, q, xs);
+    launch_g128(cb, op, x, up, unstored ? NULL : out, mm->n, mm->k, in_ld, (layout & 2) != 0, q, xs);
     DJ_CU_LAUNCHED(cb);
     cb->unstored += unstored;
-    *done = 1;
+    *ran = 1;
     const float *ws = weight_scales(cb, mm, MODE_BLOCK, layout, wsx);
     DJ_CU_LAUNCHED(cb);
     st = lt_matmul(cb, mm, MODE_BLOCK, ws, q, xs);
@@ -597,8 +599,17 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
         L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
         return unstored ? refused_unstored(cb, mm) : DJ_OK;
     }
-    if (st == DJ_OK) *done = 2;
+    if (st == DJ_OK) *ran = 2;
     return st;
+}
+
+dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
+                              int *done) {
+    *done = 0;
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    return glu_gemm(cb, (int)glu->op, (const __nv_bfloat16 *)glu->x, (const __nv_bfloat16 *)glu->x2, mm->k,
+                    (__nv_bfloat16 *)glu->out, mm, (dead & DJ_F8_DEAD_GLU) != 0, done);
 }
 
 bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm) {
@@ -675,9 +686,7 @@ dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
     if (st != DJ_OK) return st;
     pair.out = base + off;
     if (!entry_for(cb, n, pair.k, pair.m, MODE_BLOCK, pair.w_scale, xs)) return DJ_OK; /* no algorithm: apart */
-    /* the bf16 copies nobody reads: unstored where down's GEMM has its algorithm too */
-    const bool down_ok = entry_for(cb, n, down->k, down->m, MODE_BLOCK, down->w_scale, xs) != NULL;
-    const bool norm_unstored = (dead & DJ_F8_DEAD_NORM) && down_ok, glu_unstored = (dead & DJ_F8_DEAD_GLU) && down_ok;
+    const bool norm_unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* the pair has its algorithm (above) */
     const int layout = L->layout[MODE_BLOCK];
     const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, norm_unstored};
     st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
@@ -693,21 +702,11 @@ dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
     if (st != DJ_OK) return st;
     *done = 3;
     /* the GLU of the pair's halves, quantized for down (its q and scales where down's carve puts them,
-     * clear of the pair's output) */
-    if ((st = carve(cb, down, MODE_BLOCK, &q, &xs, &wsx)) != DJ_OK) return st;
+     * clear of the pair's output), then down */
     const __nv_bfloat16 *po = (const __nv_bfloat16 *)pair.out;
-    launch_g128(cb, (int)glu->op, po, po + f, glu_unstored ? NULL : (__nv_bfloat16 *)glu->out, n, f, 2 * f,
-                (layout & 2) != 0, q, xs);
-    DJ_CU_LAUNCHED(cb);
-    cb->unstored += glu_unstored;
-    *done = 4;
-    ws = weight_scales(cb, down, MODE_BLOCK, layout, wsx);
-    DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, down, MODE_BLOCK, ws, q, xs);
-    if (st == DJ_EUNSUPPORTED) {
-        L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs down) */
-        return glu_unstored ? refused_unstored(cb, down) : DJ_OK;
-    }
-    if (st == DJ_OK) *done = 5;
+    int ran = 0;
+    st = glu_gemm(cb, (int)glu->op, po, po + f, 2 * f, (__nv_bfloat16 *)glu->out, down, (dead & DJ_F8_DEAD_GLU) != 0,
+                  &ran);
+    *done = 3 + ran;
     return st;
 }
