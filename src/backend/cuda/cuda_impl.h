@@ -282,6 +282,12 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
  * done in the same launch; its buffers clear of k's and v. */
 dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
                                  const dj_op_call *kvw, const uint32_t *table_dev);
+/* The same reading q, k and v from qkv (or the calls' inputs where NULL):
+ * rows of ld values, q's columns, then k's, then v's (one GEMM of the
+ * three); bf16 pages and rope_q only. */
+dj_status dj__cuda_rope_kv_write_from(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
+                                      const dj_op_call *kvw, const uint32_t *table_dev, const __nv_bfloat16 *qkv,
+                                      uint32_t ld);
 /* Per-head RMSNORMs of q and k (qn, kn: groups = heads, d = head_dim), the
  * ROPEs of their outputs (rq, rk) and k's KV_WRITE into bf16 pages, in one
  * pass (bit-equal to the launches it replaces). _takes: the calls' own
@@ -373,6 +379,16 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
  * them. *done: 0 nothing ran; 1 the norm; 3 gate and up too; 4 the GLU too;
  * 5 all (the caller runs the rest apart; only the norm's failure leaves 0). */
 bool dj__cuda_f8_pair_takes(const dj_op_call *gate, const dj_op_call *up);
+/* Likewise q, k and v (g[0..3)) after their norm step, as one GEMM into
+ * scratch whose rows the ROPEs of q and k and the KV_WRITE (g[3..6): bf16
+ * pages, dj__cuda_rope_kv_write's conditions) then read: q's, k's and v's
+ * own outputs are not written (the plan runs this only where nothing reads
+ * them, or a ROPE writes them in place). *done: 0 nothing ran; 1 the norm;
+ * 4 the GEMM too; 7 all. */
+bool dj__cuda_f8_triple_takes(const dj_op_call *g);
+dj_status dj__cuda_f8_qkv_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                             const dj_op_call *norm, const dj_op_call *g, const uint32_t *table_dev, unsigned dead,
+                             int *done);
 dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                              const dj_op_call *norm, const dj_op_call *mlp, unsigned dead, int *done);
 dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c);

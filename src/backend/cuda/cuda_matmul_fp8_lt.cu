@@ -710,3 +710,54 @@ dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
     *done = 3 + ran;
     return st;
 }
+
+bool dj__cuda_f8_triple_takes(const dj_op_call *g) {
+    uint64_t m = 0;
+    for (int i = 0; i < 3; i++) {
+        if (mode_of(&g[i]) != MODE_BLOCK || g[i].x != g[0].x || g[i].n != g[0].n || g[i].k != g[0].k) return false;
+        m += g[i].m;
+    }
+    for (int i = 0; i < 2; i++)
+        if ((const uint8_t *)g[i].w + (size_t)g[i].m * g[i].k != (const uint8_t *)g[i + 1].w ||
+            g[i].w_scale + (size_t)(g[i].m / 128) * (g[i].k / 128) != g[i + 1].w_scale)
+            return false;
+    return m <= INT32_MAX;
+}
+
+dj_status dj__cuda_f8_qkv_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                             const dj_op_call *norm, const dj_op_call *g, const uint32_t *table_dev, unsigned dead,
+                             int *done) {
+    *done = 0;
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const uint32_t n = g[0].n;
+    dj_op_call all = g[0]; /* q, k and v: one matrix */
+    all.m = g[0].m + g[1].m + g[2].m;
+    size_t qf, xsf;
+    const size_t off = (carve_floats(&all, MODE_BLOCK, &qf, &xsf) + 63) / 64 * 64, out_f = ((size_t)n * all.m + 1) / 2;
+    float *base = NULL, *xs, *wsx;
+    uint8_t *q;
+    dj_status st = dj__cuda_scratch(cb, off + out_f, &base);
+    if (st == DJ_OK) st = carve(cb, &all, MODE_BLOCK, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    all.out = base + off;
+    if (!entry_for(cb, n, all.k, all.m, MODE_BLOCK, all.w_scale, xs)) return DJ_OK; /* no algorithm: apart */
+    const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0;
+    const int layout = L->layout[MODE_BLOCK];
+    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, unstored};
+    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
+    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
+    if (st != DJ_OK) return st;
+    *done = 1;
+    cb->unstored += unstored;
+    const float *ws = weight_scales(cb, &all, MODE_BLOCK, layout, wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_matmul(cb, &all, MODE_BLOCK, ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) /* the caller runs q, k and v from the norm's output, if stored */
+        return unstored ? refused_unstored(cb, &all) : DJ_OK;
+    if (st != DJ_OK) return st;
+    *done = 4;
+    st = dj__cuda_rope_kv_write_from(cb, &g[3], &g[4], &g[5], table_dev, (const __nv_bfloat16 *)all.out, all.m);
+    if (st == DJ_OK) *done = 7;
+    return st;
+}

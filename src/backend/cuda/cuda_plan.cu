@@ -21,6 +21,8 @@ typedef enum {
                    * FP8 tensor-core GEMMs of it that follow (dj__cuda_norm_fp8_lt) */
     STEP_F8_MLP,  /* the norm step (norms: its calls), then gate, up, their GLU and down of FP8 blocks, gate and
                    * up as one GEMM (dj__cuda_f8_mlp_lt) */
+    STEP_F8_QKV,  /* the norm step (norms: its calls), then q, k, v of FP8 blocks as one GEMM, the ROPEs of q and
+                   * k and the KV_WRITE reading its rows (dj__cuda_f8_qkv_lt) */
 } step_kind;
 
 #define F8_SHARED_GROUP 4 /* q, k, v (and gate, up) */
@@ -31,7 +33,7 @@ typedef struct plan_step {
     int32_t first;
     int32_t rope_q; /* STEP_ROPE_KV: the q ROPE's index, or -1 */
     uint8_t norms;  /* STEP_NORM_F8, STEP_F8_MLP: the calls of its norm step (2 or 3), the GEMMs after them */
-    uint8_t dead;   /* STEP_NORM_F8, STEP_F8_MLP, STEP_GLU_F8: DJ_F8_DEAD_* of outputs nothing reads after */
+    uint8_t dead;   /* STEP_NORM_F8, STEP_F8_MLP, STEP_F8_QKV, STEP_GLU_F8: DJ_F8_DEAD_* of outputs nothing reads after */
 } plan_step;
 
 typedef struct dj_cuda_plan {
@@ -316,6 +318,28 @@ static bool f8_mlp_fuses(const dj_cuda_backend *cb, const dj_op_call *calls, siz
     return dead_after(calls, n, j + 3, gate->out, ob) && dead_after(calls, n, j + 3, up->out, ob);
 }
 
+/* After a norm step quantizing for the FP8 group q, k, v at calls[j..j+3):
+ * the ROPEs of q and k and the KV_WRITE as dj__cuda_f8_qkv_lt runs them -
+ * the three weights one matrix, the ROPE step of their outputs on bf16
+ * pages, and each output either written over in place by its ROPE or read
+ * by nothing after the step (v's always: the pages take it). */
+static bool f8_qkv_fuses(const dj_op_call *calls, size_t n, size_t j) {
+    if (j + 5 >= n) return false;
+    const dj_op_call *g = &calls[j], *rq = &calls[j + 3], *rk = &calls[j + 4], *kvw = &calls[j + 5];
+    if (!dj__cuda_f8_triple_takes(g) || rq->op != DJ_OP_ROPE || !fuses_with_rope(rk, kvw) ||
+        !pairs_with_rope(rq, rk, kvw) || kvw->kv->dtype != DJ_DTYPE_BF16 || rq->x != g[0].out || rk->x != g[1].out ||
+        kvw->x2 != g[2].out || (uint64_t)rq->n_heads * rq->head_dim != g[0].m ||
+        (uint64_t)rk->n_heads * rk->head_dim != g[1].m || kvw->kv->kv_dim != g[2].m)
+        return false;
+    for (int i = 0; i < 3; i++) {
+        if (g[i].out_dtype != DJ_DTYPE_BF16) return false;
+        const void *rot = i == 0 ? rq->out : i == 1 ? rk->out : NULL;
+        if (g[i].out != rot && !dead_after(calls, n, j + 6, g[i].out, (size_t)g[i].n * g[i].m * sizeof(__nv_bfloat16)))
+            return false;
+    }
+    return true;
+}
+
 /* The steps of calls[0..n) into steps (room for n). Returns how many. */
 static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t n, plan_step *steps) {
     size_t ns = 0;
@@ -350,9 +374,9 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
             dj__cuda_norm_fp8_takes(cb, &calls[j - 1], &calls[j])) {
             const uint8_t norms = s.count;
             const int ng = f8_shared_run(cb, calls, n, j);
-            const bool mlp = ng == 2 && f8_mlp_fuses(cb, calls, n, j);
-            s = (plan_step){(uint8_t)(mlp ? STEP_F8_MLP : STEP_NORM_F8), (uint8_t)(norms + (mlp ? 4 : ng)),
-                            (int32_t)i, -1, norms, 0};
+            const bool mlp = ng == 2 && f8_mlp_fuses(cb, calls, n, j), qkv = ng == 3 && f8_qkv_fuses(calls, n, j);
+            s = (plan_step){(uint8_t)(mlp ? STEP_F8_MLP : qkv ? STEP_F8_QKV : STEP_NORM_F8),
+                            (uint8_t)(norms + (mlp ? 4 : qkv ? 6 : ng)), (int32_t)i, -1, norms, 0};
             /* the norm's bf16 output, read by the GEMMs only through the codes; the GLU's, by down */
             const dj_op_call *nm = &calls[j - 1];
             if (dead_after(calls, n, j + (size_t)ng, nm->out, (size_t)nm->n * nm->d * sizeof(__nv_bfloat16)))
@@ -484,6 +508,22 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     }
     case STEP_GLU_F8:
         return run_glu_f8(cb, c, s->dead);
+    case STEP_F8_QKV: {
+        const int nn = s->norms;
+        const dj_op_call *pre = nn == 3 ? &c[0] : NULL, *g = &c[nn];
+        const uint32_t *table = NULL;
+        int done = 0;
+        dj_status st = dj__cuda_device_table(cb, &g[5], &table);
+        if (st == DJ_OK) st = dj__cuda_f8_qkv_lt(cb, pre, &c[nn - 2], &c[nn - 1], g, table, s->dead, &done);
+        if (st != DJ_OK) return st;
+        if (done == 0) st = run_norm_f8(cb, c, nn, 3, s->dead); /* not taken: the steps apart */
+        for (int i = 0; done == 1 && st == DJ_OK && i < 3; i++) st = dj__cuda_compute_one(cb, &g[i]);
+        if (st == DJ_OK && done < 7) st = dj__cuda_rope_kv_write(cb, &g[3], &g[4], &g[5], table);
+        /* the norm's fusions and its quantization serving q, k and v (as STEP_NORM_F8 counts them); the three
+         * as one GEMM (2); the ROPEs with the KV_WRITE (2, as STEP_ROPE_KV) */
+        if (st == DJ_OK) cb->fusions += 2u + (done >= 4 ? (uint64_t)(nn - 1) + 5u : 0u) + (done == 1 ? (uint64_t)(nn - 1) : 0u);
+        return st;
+    }
     case STEP_NORM_ROPE_KV: {
         const uint32_t *table = NULL;
         const dj_status st = dj__cuda_device_table(cb, &c[4], &table);

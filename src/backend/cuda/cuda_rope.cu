@@ -118,14 +118,18 @@ static __device__ __forceinline__ void st_vec(__nv_bfloat16 *p, const __nv_bfloa
  * kout and to K rows of the pages, v's elements j and j + hd/2 of that head
  * to V rows; q's to qout only. Each element is read before it is stored, by
  * one thread, so kout may be k and qout q. VP > 1: hd / 2 a multiple of VP,
- * every buffer and page row aligned to VP elements. */
+ * every buffer and page row aligned to VP elements. The inputs' rows lie ldq
+ * (q) and ldk (k, v) elements apart - nq * hd and nkv * hd, or the row of
+ * one GEMM of q, k and v together (dj__cuda_f8_qkv_lt); the outputs' are
+ * packed. */
 template <int VP>
 static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
                                             const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq,
                                             const float *inv_freq, const float *const *row_freq, uint32_t n,
                                             uint32_t nkv, uint32_t hd, uint32_t pos0, const uint32_t *row_pos,
                                             float scale, uint8_t *seg, size_t page_bytes, const uint32_t *table,
-                                            uint32_t tpp, const uint32_t *const *row_tables, uint32_t hpt) {
+                                            uint32_t tpp, const uint32_t *const *row_tables, uint32_t hpt,
+                                            uint32_t ldq, uint32_t ldk) {
     dj_pdl_release();
     const uint32_t half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq, groups = (heads + hpt - 1) / hpt;
     const uint32_t slots = half / VP; /* a thread's VP pairs of a head */
@@ -151,10 +155,11 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
         for (uint32_t h = h0; h < h1; h++) {
             const bool is_k = h < nkv;
             const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
+            const size_t in = is_k ? (size_t)i * ldk + (size_t)h * hd : (size_t)i * ldq + (size_t)(h - nkv) * hd;
             const __nv_bfloat16 *x = is_k ? k : q;
             __nv_bfloat16 a[VP], b[VP], o1[VP], o2[VP];
-            ld_vec<VP>(x + base + j, a);
-            ld_vec<VP>(x + base + j + half, b);
+            ld_vec<VP>(x + in + j, a);
+            ld_vec<VP>(x + in + j + half, b);
 #pragma unroll
             for (int e = 0; e < VP; e++) {
                 const float x1 = __bfloat162float(a[e]), x2 = __bfloat162float(b[e]);
@@ -167,8 +172,8 @@ static __global__ void rope_kv_write_kernel(const __nv_bfloat16 *k, __nv_bfloat1
                 continue;
             }
             __nv_bfloat16 v1[VP], v2[VP];
-            ld_vec<VP>(v + base + j, v1);
-            ld_vec<VP>(v + base + j + half, v2);
+            ld_vec<VP>(v + in + j, v1);
+            ld_vec<VP>(v + in + j + half, v2);
             st_vec<VP>(kout + base + j, o1);
             st_vec<VP>(kout + base + j + half, o2);
             const size_t kr = (size_t)h * hd + j, vr = kr + (size_t)tpp * kv_dim;
@@ -437,8 +442,16 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
 
 dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
                                  const dj_op_call *kvw, const uint32_t *table_dev) {
+    return dj__cuda_rope_kv_write_from(cb, rope_q, rope, kvw, table_dev, NULL, 0);
+}
+
+dj_status dj__cuda_rope_kv_write_from(dj_cuda_backend *cb, const dj_op_call *rope_q, const dj_op_call *rope,
+                                      const dj_op_call *kvw, const uint32_t *table_dev, const __nv_bfloat16 *qkv,
+                                      uint32_t ld) {
     const dj_kv_view *kv = kvw->kv;
     const uint32_t nq = rope_q ? rope_q->n_heads : 0u;
+    if (qkv && (kv->dtype != DJ_DTYPE_BF16 || !rope_q))
+        return dj_fail(DJ_EINTERNAL, "rope+kv_write from one q/k/v row: bf16 pages and q's ROPE only");
     if (kv->dtype == DJ_DTYPE_F8_E4M3) { /* the plan fuses it only where k's heads are the view's */
         const size_t warps = (size_t)rope->n * (rope->n_heads + nq);
         dj__launch(cb, rope_kv_write_f8_kernel, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
@@ -453,18 +466,22 @@ dj_status dj__cuda_rope_kv_write(dj_cuda_backend *cb, const dj_op_call *rope_q, 
     const size_t elems = (size_t)rope->n * heads * (hd / 2);
     const bool many = elems >= ((size_t)1 << 20);
     const uint32_t hpt = many ? ROPE_HEADS_MANY : 1u;
+    /* the inputs: the calls' own, or q, k and v side by side in rows of ld */
+    const uint32_t qd = nq * hd, kd = rope->n_heads * hd;
+    const __nv_bfloat16 *kin = qkv ? qkv + qd : (const __nv_bfloat16 *)rope->x;
+    const __nv_bfloat16 *vin = qkv ? qkv + qd + kd : (const __nv_bfloat16 *)kvw->x2;
+    const __nv_bfloat16 *qin = qkv ? qkv : rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL;
     /* prefill rows: 4 pairs a thread where every access is 8-byte aligned */
-    const uintptr_t align = (uintptr_t)rope->x | (uintptr_t)rope->out | (uintptr_t)kvw->x2 |
-                            (uintptr_t)(rope_q ? rope_q->x : NULL) | (uintptr_t)(rope_q ? rope_q->out : NULL) |
-                            (uintptr_t)kv->seg_base | (uintptr_t)kv->page_bytes;
+    const uintptr_t align = (uintptr_t)kin | (uintptr_t)rope->out | (uintptr_t)vin | (uintptr_t)qin |
+                            (uintptr_t)(rope_q ? rope_q->out : NULL) | (uintptr_t)kv->seg_base |
+                            (uintptr_t)kv->page_bytes | (uintptr_t)(qkv ? ld * 2u : 0u);
     const uint32_t vp = many && (hd / 2) % 4 == 0 && align % 8 == 0 ? 4u : 1u;
     const size_t count = (size_t)rope->n * ((heads + hpt - 1) / hpt) * (hd / 2 / vp);
     auto kernel = vp == 4 ? rope_kv_write_kernel<4> : rope_kv_write_kernel<1>;
-    dj__launch(cb, kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, (const __nv_bfloat16 *)rope->x,
-               (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
-               rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
-               rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, hd, rope->pos0, rope->row_pos, rope->scale,
-               kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables, hpt);
+    dj__launch(cb, kernel, dim3(grid_for(cb, count)), dim3(ROPE_THREADS), 0, kin, (__nv_bfloat16 *)rope->out, vin,
+               qin, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq, rope->inv_freq, rope->row_freq, rope->n,
+               rope->n_heads, hd, rope->pos0, rope->row_pos, rope->scale, kv->seg_base, kv->page_bytes, table_dev,
+               kv->tokens_per_page, kvw->row_tables, hpt, qkv ? ld : qd, qkv ? ld : kd);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }
