@@ -666,45 +666,59 @@ bool dj__cuda_f8_pair_takes(const dj_op_call *gate, const dj_op_call *up) {
            gate->w_scale + (size_t)(gate->m / 128) * (gate->k / 128) == up->w_scale;
 }
 
+/* The norm step quantizing its output for `all` - weights back to back, one
+ * GEMM - then that GEMM into scratch after the first `keep` floats (clear of
+ * every carve of the step), all->out set there; the norm's bf16 output
+ * unstored where dead says so. *ran: 0 nothing ran (no algorithm for the
+ * shape, or rows the norm cannot quantize), 1 the norm (cuBLASLt refused the
+ * GEMM: the caller runs the GEMMs apart from the norm's output), 2 both. */
+static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                                const dj_op_call *norm, dj_op_call *all, size_t keep, unsigned dead, int *ran) {
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    *ran = 0;
+    const size_t off = (keep + 63) / 64 * 64, out_f = ((size_t)all->n * all->m + 1) / 2;
+    float *base = NULL, *xs, *wsx;
+    uint8_t *q;
+    dj_status st = dj__cuda_scratch(cb, off + out_f, &base);
+    if (st == DJ_OK) st = carve(cb, all, MODE_BLOCK, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    all->out = base + off;
+    if (!entry_for(cb, all->n, all->k, all->m, MODE_BLOCK, all->w_scale, xs)) return DJ_OK; /* no algorithm */
+    const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0;
+    const int layout = L->layout[MODE_BLOCK];
+    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, unstored};
+    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
+    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
+    if (st != DJ_OK) return st;
+    *ran = 1;
+    cb->unstored += unstored;
+    const float *ws = weight_scales(cb, all, MODE_BLOCK, layout, wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_matmul(cb, all, MODE_BLOCK, ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) return unstored ? refused_unstored(cb, all) : DJ_OK;
+    if (st == DJ_OK) *ran = 2;
+    return st;
+}
+
 dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                              const dj_op_call *norm, const dj_op_call *g, unsigned dead, int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
     if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
     const dj_op_call *glu = &g[2], *down = &g[3];
-    const uint32_t n = g[0].n, f = g[0].m;
+    const uint32_t f = g[0].m;
     dj_op_call pair = g[0]; /* gate and up: one matrix of 2f rows */
     pair.m = 2 * f;
-    /* scratch: the larger GEMM input's carve (the pair's or down's: q, scales), then the pair's output */
+    /* the pair's output after the larger GEMM input's carve (the pair's or down's: codes, scales) */
     size_t qf, xsf;
     const size_t c1 = carve_floats(&pair, MODE_BLOCK, &qf, &xsf), c2 = carve_floats(down, MODE_BLOCK, &qf, &xsf);
-    const size_t off = ((c1 > c2 ? c1 : c2) + 63) / 64 * 64, out_f = ((size_t)n * pair.m + 1) / 2;
-    float *base = NULL, *xs, *wsx;
-    uint8_t *q;
-    dj_status st = dj__cuda_scratch(cb, off + out_f, &base);
-    if (st == DJ_OK) st = carve(cb, &pair, MODE_BLOCK, &q, &xs, &wsx);
-    if (st != DJ_OK) return st;
-    pair.out = base + off;
-    if (!entry_for(cb, n, pair.k, pair.m, MODE_BLOCK, pair.w_scale, xs)) return DJ_OK; /* no algorithm: apart */
-    const bool norm_unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* the pair has its algorithm (above) */
-    const int layout = L->layout[MODE_BLOCK];
-    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, norm_unstored};
-    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
-    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
-    if (st != DJ_OK) return st;
-    *done = 1;
-    cb->unstored += norm_unstored;
-    const float *ws = weight_scales(cb, &pair, MODE_BLOCK, layout, wsx);
-    DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, &pair, MODE_BLOCK, ws, q, xs);
-    if (st == DJ_EUNSUPPORTED) /* the caller runs gate and up from the norm's output, if stored */
-        return norm_unstored ? refused_unstored(cb, &pair) : DJ_OK;
-    if (st != DJ_OK) return st;
-    *done = 3;
-    /* the GLU of the pair's halves, quantized for down (its q and scales where down's carve puts them,
-     * clear of the pair's output), then down */
-    const __nv_bfloat16 *po = (const __nv_bfloat16 *)pair.out;
     int ran = 0;
+    dj_status st = norm_then_gemm(cb, prenorm, add, norm, &pair, c1 > c2 ? c1 : c2, dead, &ran);
+    *done = ran == 2 ? 3 : ran;
+    if (st != DJ_OK || ran < 2) return st;
+    /* the GLU of the pair's halves, quantized for down (its codes and scales where down's carve puts
+     * them, clear of the pair's output), then down */
+    const __nv_bfloat16 *po = (const __nv_bfloat16 *)pair.out;
     st = glu_gemm(cb, (int)glu->op, po, po + f, 2 * f, (__nv_bfloat16 *)glu->out, down, (dead & DJ_F8_DEAD_GLU) != 0,
                   &ran);
     *done = 3 + ran;
@@ -730,33 +744,13 @@ dj_status dj__cuda_f8_qkv_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
     if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
-    const uint32_t n = g[0].n;
     dj_op_call all = g[0]; /* q, k and v: one matrix */
     all.m = g[0].m + g[1].m + g[2].m;
     size_t qf, xsf;
-    const size_t off = (carve_floats(&all, MODE_BLOCK, &qf, &xsf) + 63) / 64 * 64, out_f = ((size_t)n * all.m + 1) / 2;
-    float *base = NULL, *xs, *wsx;
-    uint8_t *q;
-    dj_status st = dj__cuda_scratch(cb, off + out_f, &base);
-    if (st == DJ_OK) st = carve(cb, &all, MODE_BLOCK, &q, &xs, &wsx);
-    if (st != DJ_OK) return st;
-    all.out = base + off;
-    if (!entry_for(cb, n, all.k, all.m, MODE_BLOCK, all.w_scale, xs)) return DJ_OK; /* no algorithm: apart */
-    const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0;
-    const int layout = L->layout[MODE_BLOCK];
-    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, unstored};
-    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
-    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
-    if (st != DJ_OK) return st;
-    *done = 1;
-    cb->unstored += unstored;
-    const float *ws = weight_scales(cb, &all, MODE_BLOCK, layout, wsx);
-    DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, &all, MODE_BLOCK, ws, q, xs);
-    if (st == DJ_EUNSUPPORTED) /* the caller runs q, k and v from the norm's output, if stored */
-        return unstored ? refused_unstored(cb, &all) : DJ_OK;
-    if (st != DJ_OK) return st;
-    *done = 4;
+    int ran = 0;
+    dj_status st = norm_then_gemm(cb, prenorm, add, norm, &all, carve_floats(&all, MODE_BLOCK, &qf, &xsf), dead, &ran);
+    *done = ran == 2 ? 4 : ran;
+    if (st != DJ_OK || ran < 2) return st;
     st = dj__cuda_rope_kv_write_from(cb, &g[3], &g[4], &g[5], table_dev, (const __nv_bfloat16 *)all.out, all.m);
     if (st == DJ_OK) *done = 7;
     return st;
