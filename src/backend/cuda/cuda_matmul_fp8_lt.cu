@@ -617,6 +617,21 @@ bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, 
            mm->x == norm->out && mm->n == norm->n && mm->k == norm->d && qa_g128_fits(mm->n, mm->k);
 }
 
+/* The norm step with its output's codes and scales at q, xs for the FP8 GEMMs after it (its bf16
+ * output too unless unstored). *ran: 1 it ran, 0 these rows take no codes (nothing ran). */
+static dj_status norm_codes(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+                            const dj_op_call *norm, uint8_t *q, float *xs, bool unstored, int *ran) {
+    const dj_norm_q8 q8 = {q, xs, (cb->fp8_lt->layout[MODE_BLOCK] & 2) != 0, unstored};
+    *ran = 0;
+    const dj_status st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
+    if (st == DJ_EUNSUPPORTED) return DJ_OK;
+    if (st == DJ_OK) {
+        *ran = 1;
+        cb->unstored += unstored;
+    }
+    return st;
+}
+
 dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                                const dj_op_call *norm, const dj_op_call *mms, int count, unsigned dead, int *done) {
     *done = 0;
@@ -637,13 +652,8 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
     bool unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* only where every GEMM has its algorithm */
     for (int i = 0; unstored && i < count; i++)
         unstored = entry_for(cb, mms[i].n, mms[i].k, mms[i].m, MODE_BLOCK, mms[i].w_scale, xs) != NULL;
+    if ((st = norm_codes(cb, prenorm, add, norm, q, xs, unstored, done)) != DJ_OK || !*done) return st;
     const int layout = L->layout[MODE_BLOCK];
-    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, unstored};
-    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
-    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
-    if (st != DJ_OK) return st;
-    *done = 1;
-    cb->unstored += unstored;
     for (int i = 0; i < count; i++) {
         if ((st = carve(cb, &mms[i], MODE_BLOCK, &q, &xs, &wsx)) != DJ_OK) return st;
         const float *ws = weight_scales(cb, &mms[i], MODE_BLOCK, layout, wsx);
@@ -685,13 +695,8 @@ static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, 
     all->out = base + off;
     if (!entry_for(cb, all->n, all->k, all->m, MODE_BLOCK, all->w_scale, xs)) return DJ_OK; /* no algorithm */
     const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0;
+    if ((st = norm_codes(cb, prenorm, add, norm, q, xs, unstored, ran)) != DJ_OK || !*ran) return st;
     const int layout = L->layout[MODE_BLOCK];
-    const dj_norm_q8 q8 = {q, xs, (layout & 2) != 0, unstored};
-    st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
-    if (st == DJ_EUNSUPPORTED) return DJ_OK; /* these rows take no codes: nothing ran */
-    if (st != DJ_OK) return st;
-    *ran = 1;
-    cb->unstored += unstored;
     const float *ws = weight_scales(cb, all, MODE_BLOCK, layout, wsx);
     DJ_CU_LAUNCHED(cb);
     st = lt_matmul(cb, all, MODE_BLOCK, ws, q, xs);
