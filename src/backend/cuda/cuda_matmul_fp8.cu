@@ -55,8 +55,8 @@ struct f8_segs {
  * 16 == 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's
  * 16 weights share one scale). */
 template <typename TO, int NR>
-static __global__ void __launch_bounds__(F8_WARPS * 32)
-    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
+static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, const f8_segs &sg, uint32_t n, uint32_t k,
+                                                    bool vec) {
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31;
     int si = 0;
@@ -128,6 +128,23 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
 }
 
 template <typename TO, int NR>
+static __global__ void __launch_bounds__(F8_WARPS * 32)
+    gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
+    gemv_f8_body<TO, NR>(x, sg, n, k, vec);
+}
+/* One row (a session's decode) at 6 blocks an SM: 40 registers, no spills,
+ * where ptxas left to itself took 43 (5 blocks an SM: the 6,144 warps of
+ * the 8B shape's q/k/v took 1.2 waves). H100, decode b=1 of the 8B shape
+ * (bench/RESULTS.md, 2026-11-27): 3.594 / 3.570 / 3.612 -> 3.573 / 3.577 /
+ * 3.548 ms, and 3.605 / 3.610 / 3.575 -> 3.592 / 3.581 / 3.569 in another
+ * run. More rows keep ptxas's choice (a minimum of blocks changes it). */
+template <typename TO>
+static __global__ void __launch_bounds__(F8_WARPS * 32, 6)
+    gemv_f8_one_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
+    gemv_f8_body<TO, 1>(x, sg, n, k, vec);
+}
+
+template <typename TO, int NR>
 static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
     f8_segs sg;
@@ -152,8 +169,12 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     }
     sg.count = count;
     vec = vec && align % 16 == 0;
-    dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
-               c->n, c->k, vec);
+    if constexpr (NR == 1)
+        dj__launch(cb, gemv_f8_one_kernel<TO>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
+                   c->n, c->k, vec);
+    else
+        dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
+                   c->n, c->k, vec);
 }
 
 template <typename TO>
