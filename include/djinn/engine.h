@@ -364,6 +364,10 @@ typedef struct dj_chunk_times {
     double prepare_s, enqueue_s, finish_s;
 } dj_chunk_times;
 dj_chunk_times dj_engine_chunk_times(const dj_engine_t *e);
+/* The same for decode steps (dj_engine_step_batch, the generation loop's
+ * steps; chunks counts them): enqueueing is a recorded graph's launch where
+ * the step replays one. bench_gpu prints it for its batch-1 decode. */
+dj_chunk_times dj_engine_step_times(const dj_engine_t *e);
 
 /* Build the SRG of one step of the model for `bucket` token rows (weights
  * bound when m is not NULL). Exposed for the planner, info and tests. */

@@ -79,6 +79,7 @@ struct dj_engine {
     uint64_t graph_clock;
     size_t graph_captures, graph_replays, graph_failures;
     dj_chunk_times chunk_times; /* prefill chunks' host time (dj_engine_chunk_times) */
+    dj_chunk_times step_times;  /* decode steps' host time (dj_engine_step_times) */
     float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
     size_t host_logits_cap;
     dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
@@ -1357,6 +1358,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                              int32_t *next, dj__step_hook *hook) {
     if (B == 0) return dj_fail(DJ_EINVAL, "a step needs at least one session");
     if (B > DJ_MAX_BATCH) return dj_fail(DJ_EINVAL, "%u sessions in one step; at most %u", B, DJ_MAX_BATCH);
+    const double t_begin = prof_now();
     const dj_model_t *m = ss[0]->model;
     const dj_model_config *c = &m->cfg;
     dj_status st = check_sampler(sp);
@@ -1438,6 +1440,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                         .decode_only = rows == B};
     int out_idx = -1;
     bool ran = false;
+    const double t_prepared = prof_now();
     const bool graphable = !hook || hook->graph_key;
     if (rows == B && graphable && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
         step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0, io.pos_bound);
@@ -1474,6 +1477,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
         }
     }
     if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
+    const double t_enqueued = prof_now();
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
     if (st == DJ_OK)
@@ -1483,6 +1487,11 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
         (void)e->be->vt->sync(e->be);
     dj_vmu_stack_reset(e->vmu, mark);
     if (st == DJ_OK) {
+        dj_chunk_times *ct = &e->step_times;
+        ct->chunks++;
+        ct->prepare_s += t_prepared - t_begin;
+        ct->enqueue_s += t_enqueued - t_prepared;
+        ct->finish_s += prof_now() - t_enqueued;
         uint32_t at = 0;
         for (uint32_t r = 0; r < B; r++) {
             const uint32_t n = n_tok ? n_tok[r] : 1;
@@ -1616,6 +1625,7 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e) { return e->max_step; }
 
 dj_chunk_times dj_engine_chunk_times(const dj_engine_t *e) { return e->chunk_times; }
+dj_chunk_times dj_engine_step_times(const dj_engine_t *e) { return e->step_times; }
 
 void dj_engine_graph_stats(const dj_engine_t *e, size_t *captures, size_t *replays, size_t *failures) {
     if (captures) *captures = e->graph_captures;
