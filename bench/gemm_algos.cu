@@ -5,7 +5,8 @@
  * random bf16 data; and the square GEMM the benchmarks' floor is measured on,
  * with constant data (as cuda_measure.cu fills it) and random data. Prints
  *   <shape> m n k: default <us> (<TF>) best <us> (<TF>, algo i of N) ...
- * usage: bench_gemm_algos (needs a GPU; bench/RESULTS.md has its figures) */
+ * usage: bench_gemm_algos [fp8] (fp8: the FP8 part only; needs a GPU;
+ * bench/RESULTS.md has its figures) */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/fill_uniform.cuh"
 
@@ -37,20 +39,20 @@ static const int ITERS = 20;
 static const size_t WS = (size_t)32 << 20;
 
 template <typename F>
-static float time_us(cudaStream_t s, F run) {
+static float time_us(cudaStream_t s, F run, int iters = ITERS) {
     cudaEvent_t a, b;
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 3; i++) run();
     CHECK(cudaEventRecord(a, s));
-    for (int i = 0; i < ITERS; i++) run();
+    for (int i = 0; i < iters; i++) run();
     CHECK(cudaEventRecord(b, s));
     CHECK(cudaEventSynchronize(b));
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, a, b));
     CHECK(cudaEventDestroy(a));
     CHECK(cudaEventDestroy(b));
-    return ms * 1e3f / ITERS;
+    return ms * 1e3f / iters;
 }
 
 struct shape {
@@ -58,10 +60,69 @@ struct shape {
     int m, n, k; /* out features, tokens, in features */
 };
 
+/* Every configuration cuBLASLt has for an FP8 problem beyond what its
+ * heuristic offers: each algorithm id of the type combination, each of its
+ * tiles and stage counts that cublasLtMatmulAlgoCheck accepts, timed (5
+ * runs each). Prints how many ran and the fastest three. */
+template <typename F>
+static void fp8_sweep(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                      cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, double flop, F run_algo) {
+    int ids[128], nid = 0;
+    CHECKB(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                                    CUDA_R_16BF, 128, ids, &nid));
+    struct cand {
+        float us;
+        int id, tile, stages;
+    } top[3] = {{1e30f, -1, -1, -1}, {1e30f, -1, -1, -1}, {1e30f, -1, -1, -1}};
+    int checked = 0, ran = 0;
+    for (int i = 0; i < nid; i++) {
+        cublasLtMatmulAlgo_t algo;
+        if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
+                                   CUDA_R_16BF, ids[i], &algo) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        uint32_t tiles[256], stages[256];
+        size_t tb = 0, sb = 0;
+        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sizeof tiles, &tb);
+        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages, sizeof stages, &sb);
+        const int nt = tb ? (int)(tb / 4) : 1, ns = sb ? (int)(sb / 4) : 1;
+        if (!tb) tiles[0] = 0;
+        if (!sb) stages[0] = 0;
+        for (int t = 0; t < nt; t++)
+            for (int st = 0; st < ns; st++) {
+                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[t], sizeof tiles[t]);
+                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[st],
+                                                     sizeof stages[st]);
+                cublasLtMatmulHeuristicResult_t r;
+                checked++;
+                if (cublasLtMatmulAlgoCheck(lt, op, la, lb, ld, ld, &algo, &r) != CUBLAS_STATUS_SUCCESS ||
+                    r.workspaceSize > WS)
+                    continue;
+                ran++;
+                const float us = time_us(s, [&] { run_algo(&algo); }, 5);
+                cand c = {us, ids[i], (int)tiles[t], (int)stages[st]};
+                for (int j = 0; j < 3; j++)
+                    if (c.us < top[j].us) {
+                        const cand tmp = top[j];
+                        top[j] = c;
+                        c = tmp;
+                    }
+            }
+    }
+    printf("  sweep: %d ids, %d configurations checked, %d ran; fastest:", nid, checked, ran);
+    for (int j = 0; j < 3; j++)
+        if (top[j].id >= 0)
+            printf(" %.1f us %.0f TF (id %d tile %d stages %d)", top[j].us, flop / top[j].us * 1e-6, top[j].id,
+                   top[j].tile, top[j].stages);
+    printf("\n");
+}
+
 /* The FP8 prefill's GEMMs as cuda_matmul_fp8_lt.cu runs them: e4m3 weights
  * with a scale per 128x128 block, e4m3 activations with a scale per 128
  * channels of a token, bf16 out - every algorithm cuBLASLt's heuristic
- * offers, timed (the engine takes its first). */
+ * offers, timed (the engine takes its first), and each other configuration
+ * cuBLASLt accepts (fp8_sweep); beside them the same operands with one scale
+ * per tensor (what the FP8 tensor cores give without block scales), with
+ * and without fast accumulation. */
 static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape *shapes, int count) {
     const size_t cap = (size_t)28672 * 4096;
     uint8_t *w, *x;
@@ -79,54 +140,79 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
     CHECK(cudaMemsetAsync(xsc, 0x3b, cap / 128 * sizeof(float), s));
     CHECK(cudaGetLastError());
     const float one = 1.0f, zero = 0.0f;
+    static const char *const kinds[] = {"block", "tensor", "tensor fast-accum"};
     for (int si = 0; si < count; si++) {
         const int m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
         if (m % 128 || k % 128) continue;
         const double flop = 2.0 * m * n * (double)k;
-        cublasLtMatmulDesc_t op;
-        cublasLtMatrixLayout_t la, lb, ld;
-        CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-        const int32_t amode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof amode));
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode));
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsc, sizeof wsc));
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsc, sizeof xsc));
-        CHECKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
-        CHECKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k));
-        CHECKB(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m));
-        cublasLtMatmulPreference_t pref;
-        CHECKB(cublasLtMatmulPreferenceCreate(&pref));
-        CHECKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
-        cublasLtMatmulHeuristicResult_t res[32];
-        int found = 0;
-        CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 32, res, &found));
-        printf("fp8 block %-20s m %5d n %d k %5d: %d algorithms:", shapes[si].name, m, n, k, found);
-        for (int i = 0; i < found; i++) {
-            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            const float us = time_us(s, [&] {
-                CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, &res[i].algo, ws, WS, s));
-            });
-            int tile = -1, stages = -1, splitk = -1, cl = -1;
-            size_t got = 0;
-            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &got);
-            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &got);
-            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &got);
-            cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl, &got);
-            printf(" [%d] %.1f us %.0f TF (tile %d st %d sk %d cl %d)", i, us, flop / us * 1e-6, tile, stages, splitk, cl);
+        for (int kind = 0; kind < 3; kind++) {
+            cublasLtMatmulDesc_t op;
+            cublasLtMatrixLayout_t la, lb, ld;
+            CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+            const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+            if (kind == 0) {
+                const int32_t amode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                              bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+                CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof amode));
+                CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode));
+            }
+            if (kind == 2) {
+                const int8_t fast = 1;
+                CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+            }
+            /* per tensor: the first scale of each array */
+            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsc, sizeof wsc));
+            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsc, sizeof xsc));
+            CHECKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
+            CHECKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k));
+            CHECKB(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m));
+            cublasLtMatmulPreference_t pref;
+            CHECKB(cublasLtMatmulPreferenceCreate(&pref));
+            CHECKB(
+                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
+            cublasLtMatmulHeuristicResult_t res[32];
+            int found = 0;
+            CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 32, res, &found));
+            printf("fp8 %-17s %-20s m %5d n %d k %5d: %d algorithms:", kinds[kind], shapes[si].name, m, n, k, found);
+            float best = 1e30f;
+            for (int i = 0; i < found; i++) {
+                if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+                const float us = time_us(s, [&] {
+                    CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, &res[i].algo, ws, WS, s));
+                });
+                if (us < best) best = us;
+                int tile = -1, stages = -1, splitk = -1, cl = -1;
+                size_t got = 0;
+                cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile,
+                                                     &got);
+                cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                                     sizeof stages, &got);
+                cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                     sizeof splitk, &got);
+                cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl,
+                                                     sizeof cl, &got);
+                if (i < 4)
+                    printf(" [%d] %.1f us %.0f TF (tile %d st %d sk %d cl %d)", i, us, flop / us * 1e-6, tile, stages,
+                           splitk, cl);
+            }
+            printf(" | best %.1f us %.0f TF\n", best, flop / best * 1e-6);
+            if (kind == 0 && !strncmp(shapes[si].name, "llama", 5))
+                fp8_sweep(s, lt, op, la, lb, ld, flop, [&](const cublasLtMatmulAlgo_t *algo) {
+                    CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, algo, ws, WS, s));
+                });
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(la);
+            cublasLtMatrixLayoutDestroy(lb);
+            cublasLtMatrixLayoutDestroy(ld);
+            cublasLtMatmulDescDestroy(op);
         }
-        printf("\n");
-        cublasLtMatmulPreferenceDestroy(pref);
-        cublasLtMatrixLayoutDestroy(la);
-        cublasLtMatrixLayoutDestroy(lb);
-        cublasLtMatrixLayoutDestroy(ld);
-        cublasLtMatmulDescDestroy(op);
     }
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const bool fp8_only = argc > 1 && !strcmp(argv[1], "fp8");
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
     cublasHandle_t blas;
@@ -178,6 +264,7 @@ int main(void) {
         {"gemma2 down", 3584, 2048, 14336},    {"gemma2 qkv fused", 8192, 2048, 3584},
     };
     for (const shape &sh : shapes) {
+        if (fp8_only) break;
         const int m = sh.m, n = sh.n, k = sh.k;
         const double flop = 2.0 * m * n * (double)k;
         const float def = time_us(s, [&] {
