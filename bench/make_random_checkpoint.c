@@ -1,7 +1,7 @@
 /* make_random_checkpoint.c: writes a Hugging Face checkpoint of a named
  * full-size shape (config.json + model.safetensors) with random bf16 weights,
  * for benchmarks: speed does not depend on what the weights mean.
- *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8] [--layers N] [--gguf FILE]
+ *   make_random_checkpoint PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8|fp8-channel] [--layers N] [--gguf FILE]
  *                          [--quant awq|gptq]
  * Presets: tinyllama-1.1b, llama3.2-1b (tied), llama3-8b, llama2-13b, llama3-70b (Llama layout),
  * qwen3-8b, gemma2-9b, mixtral-8x7b (their own layouts and configs). --layers
@@ -12,7 +12,9 @@
  * dense layers' linear weights as the official Qwen3/DeepSeek FP8 releases
  * store them (transformers "fp8": F8_E4M3 with f32 weight_scale_inv per
  * 128x128 block, quantization_config fp8), everything else bf16 - the FP8
- * benchmark (issue 16). --quant awq|gptq writes the dense layers' linear
+ * benchmark (issue 16); --dtype fp8-channel as the RedHat/neuralmagic FP8
+ * releases (compressed-tensors float-quantized: F8_E4M3 with an f32
+ * weight_scale per output channel, dynamic per-token activations). --quant awq|gptq writes the dense layers' linear
  * weights as 4-bit AWQ (gemm) or GPTQ (v1) parts - qweight, qzeros, scales
  * (GPTQ also g_idx): random codes, AWQ's zero points 7 or 8 at random, GPTQ's 8 (sym),
  * scales that give about the bf16 weights' spread - with their
@@ -58,7 +60,7 @@ typedef struct tensor {
     int is_norm;
     int kind; /* 0: the --dtype of dense tensors; 1: F8_E4M3 (its scales follow); 2: f32 scales;
                * 4-bit parts (--quant): 3 qweight, 4 qzeros (i32), 5 scales (f16), 6 g_idx (i32) */
-    int64_t fan_in; /* 4-bit parts: the in features of the matrix */
+    int64_t fan_in; /* 4-bit parts and per-channel FP8 scales: the in features of the matrix */
 } tensor;
 
 /* GGUF names and dims (ne0 = columns first) of tensor i. */
@@ -100,7 +102,7 @@ static uint64_t next(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8] [--quant awq|gptq]\n", argv[0]);
+        fprintf(stderr, "usage: %s PRESET OUT_DIR [--seed S] [--dtype bf16|f16|f32|fp8|fp8-channel] [--quant awq|gptq]\n", argv[0]);
         return 2;
     }
     const preset *p = NULL;
@@ -116,6 +118,7 @@ int main(int argc, char **argv) {
     int layers = p->layers;
     const char *gguf_path = NULL;
     bool fp8 = false; /* --dtype fp8: linear weights F8_E4M3 + block scales, the rest bf16 */
+    bool fp8_channel = false; /* --dtype fp8-channel: F8_E4M3 + a scale per output channel (compressed-tensors) */
     const char *quant = NULL; /* --quant awq|gptq */
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--quant")) quant = argv[i + 1];
@@ -123,7 +126,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gguf")) gguf_path = argv[i + 1];
         else if (!strcmp(argv[i], "--seed")) rng = strtoull(argv[i + 1], NULL, 10) * 2654435761u + 1;
         else if (!strcmp(argv[i], "--dtype")) {
-            fp8 = !strcmp(argv[i + 1], "fp8");
+            fp8_channel = !strcmp(argv[i + 1], "fp8-channel");
+            fp8 = fp8_channel || !strcmp(argv[i + 1], "fp8");
             dt = !strcmp(argv[i + 1], "f32") ? DJ_DTYPE_F32 : !strcmp(argv[i + 1], "f16") ? DJ_DTYPE_F16 : DJ_DTYPE_BF16;
         }
     }
@@ -145,7 +149,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (fp8 && (gguf_path || p->experts)) {
-        fprintf(stderr, "--dtype fp8: dense presets only, without --gguf\n");
+        fprintf(stderr, "--dtype fp8 (or fp8-channel): dense presets only, without --gguf\n");
         return 2;
     }
     if (gguf_path && p->arch != ARCH_LLAMA) {
@@ -177,7 +181,11 @@ int main(int argc, char **argv) {
             char base_[104];                                                                                 \
             t[k - 1].kind = 1;                                                                               \
             snprintf(base_, sizeof base_, "%.100s", t[k - 1].name);                                             \
-            T(((r) + 127) / 128, ((c) + 127) / 128, 0, "%s_scale_inv", base_);                               \
+            if (fp8_channel) {                                                                               \
+                T(r, 1, 0, "%s_scale", base_);                                                               \
+                t[k - 1].fan_in = (c);                                                                       \
+            } else                                                                                           \
+                T(((r) + 127) / 128, ((c) + 127) / 128, 0, "%s_scale_inv", base_);                           \
             t[k - 1].kind = 2;                                                                               \
         }                                                                                                    \
     } while (0)
@@ -286,7 +294,9 @@ int main(int argc, char **argv) {
         double a = t[i].cols ? sqrt(3.0 / (double)t[i].cols) : 0.0;
         /* fp8: codes of v / (a / 448) (the block's largest magnitude is about a); scales a / 448 of the
          * weight before them (its cols are the scales' cols * 128, near enough for the bound) */
-        const double qa = t[i].kind == 2 ? sqrt(3.0 / (double)(t[i].cols * 128)) / 448.0 : a / 448.0;
+        const double qa = t[i].kind == 2 && t[i].fan_in ? sqrt(3.0 / (double)t[i].fan_in) / 448.0
+                          : t[i].kind == 2                ? sqrt(3.0 / (double)(t[i].cols * 128)) / 448.0
+                                                          : a / 448.0;
         for (size_t done = 0; done < n;) {
             size_t m = n - done < chunk ? n - done : chunk;
             if (t[i].kind >= 3) { /* 4-bit parts: codes uniform, scales ~ a / 7.5 */
@@ -364,9 +374,15 @@ int main(int argc, char **argv) {
             "\"bos_token_id\":1,\"eos_token_id\":2,\"torch_dtype\":\"%s\"%s",
             archs[p->arch], types[p->arch], p->hidden, p->ffn, layers, p->heads, p->kv_heads, hd, p->vocab, p->max_pos, p->theta,
             p->tie ? "true" : "false", dt == DJ_DTYPE_F32 ? "float32" : dt == DJ_DTYPE_F16 ? "float16" : "bfloat16",
-            fp8 ? ",\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":\"dynamic\","
-                  "\"fmt\":\"e4m3\",\"weight_block_size\":[128,128]}"
-                : "");
+            fp8_channel
+                ? ",\"quantization_config\":{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\","
+                  "\"config_groups\":{\"group_0\":{\"targets\":[\"Linear\"],\"weights\":{\"num_bits\":8,\"type\":"
+                  "\"float\",\"strategy\":\"channel\",\"symmetric\":true,\"dynamic\":false},"
+                  "\"input_activations\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"token\",\"symmetric\":"
+                  "true,\"dynamic\":true}}},\"ignore\":[\"lm_head\"]}"
+            : fp8 ? ",\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":\"dynamic\","
+                    "\"fmt\":\"e4m3\",\"weight_block_size\":[128,128]}"
+                  : "");
     if (p->arch == ARCH_GEMMA2) /* gemma-2-9b's own settings */
         fprintf(f, ",\"hidden_activation\":\"gelu_pytorch_tanh\",\"query_pre_attn_scalar\":256,"
                    "\"sliding_window\":4096,\"attn_logit_softcapping\":50.0,\"final_logit_softcapping\":30.0");
@@ -382,7 +398,7 @@ int main(int argc, char **argv) {
     fprintf(f, "}\n");
     fclose(f);
     printf("%s: %d tensors, %.2f GB of %s weights in %s\n", p->name, k, (double)off / 1e9,
-           fp8 ? "fp8 (+bf16)" : q_awq ? "awq 4-bit (+bf16)" : q_gptq ? "gptq 4-bit (+bf16)" : dense_name, dir);
+           fp8_channel ? "fp8 per channel (+bf16)" : fp8 ? "fp8 (+bf16)" : q_awq ? "awq 4-bit (+bf16)" : q_gptq ? "gptq 4-bit (+bf16)" : dense_name, dir);
     free(buf);
     free(hdr);
     free(t);
