@@ -1386,7 +1386,9 @@ static bool fp8_subnormal; /* the next check_matmul_fp8: subnormal codes only (r
 static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, uint32_t bc, int bias, dj_dtype out_t,
                              int path, uint32_t skew) {
     /* path 3 (FP8 tensor cores) quantizes the activations too: W8A8 against the W8A16 reference */
-    tol_now = path == 3 || (path == 0 && n >= 16 && br == 128 && bc == 128) ? TOL_W8A8 : TOL; /* F8_LT_MIN_ROWS */
+    /* F8_LT_MIN_ROWS; per channel / per tensor from k % 128 == 0 (VEC128 row scales) */
+    const bool lt_auto = (br == 128 && bc == 128) || ((br == 1 || br == m) && bc >= k && k % 128 == 0);
+    tol_now = path == 3 || (path == 0 && n >= 16 && lt_auto) ? TOL_W8A8 : TOL;
     uint16_t *xb = halloc((size_t)n * k);
     float *xf = falloc((size_t)n * k), *ref = falloc((size_t)n * m);
     rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
@@ -2068,12 +2070,16 @@ static void check_fp8(void) {
     check_matmul_fp8(64, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
     check_matmul_fp8(200, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
     check_matmul_fp8(96, 14336, 512, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
-    check_matmul_fp8(77, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 3, 0);   /* per channel */
+    check_matmul_fp8(77, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 3, 0);   /* per channel, 77 rows: the tiles */
     check_matmul_fp8(128, 1024, 768, 768, 1024, 0, DJ_DTYPE_BF16, 3, 0); /* per tensor */
+    check_matmul_fp8(256, 4096, 1024, 1, 4096, 0, DJ_DTYPE_BF16, 3, 0);  /* per channel */
     check_matmul_fp8(256, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0); /* automatic: tensor cores */
     check_matmul_fp8(32, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic, a decode batch of 32 */
     check_matmul_fp8(18, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 18 rows, not a multiple of 4: tiles */
-    check_matmul_fp8(64, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);    /* automatic, per channel: tiles (W8A16) */
+    /* automatic, per channel / per tensor: tensor cores (their row scales as VEC128 scales) */
+    check_matmul_fp8(64, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(512, 4096, 4096, 1, 4096, 0, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(32, 14336, 4096, 4096, 14336, 0, DJ_DTYPE_BF16, 0, 0);
 }
 
 /* Decode attention: GQA groups of 1, 2,

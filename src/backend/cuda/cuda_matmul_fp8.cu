@@ -230,15 +230,11 @@ static uint32_t tile_rows(uint32_t k, uint32_t m) {
     return t > m ? m : (uint32_t)t;
 }
 
-/* batched decode and prefill: the FP8 tensor cores where cuBLASLt takes the call (W8A8), else the
- * tiles below. Automatically only for 128x128 block weights (activations quantized per 128
- * channels); per-channel / per-tensor weights would quantize each activation row whole, which
- * cost the compressed-tensors fixtures 11-19% of their final logits on the H100 (bench/RESULTS.md):
- * they take the tiles (W8A16); path 3 (gpu_check) still runs them on the tensor cores. */
+/* batched decode and prefill: the FP8 tensor cores where cuBLASLt takes the call (W8A8, the
+ * activations quantized per 128 channels), else the tiles below - 128x128 blocks, and per-channel
+ * / per-tensor weights (their row scales as VEC128 scales; cuda_matmul_fp8_lt.cu). */
 bool dj__cuda_fp8_lt_wanted(const dj_cuda_backend *cb, const dj_op_call *c) {
-    const bool block = c->w_block_rows == 128 && c->w_block_cols == 128;
-    return (cb->matmul_path == 3 || (cb->matmul_path == 0 && block && c->n >= F8_LT_MIN_ROWS)) &&
-           dj__cuda_fp8_lt_covers(cb, c);
+    return (cb->matmul_path == 3 || (cb->matmul_path == 0 && c->n >= F8_LT_MIN_ROWS)) && dj__cuda_fp8_lt_covers(cb, c);
 }
 
 dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
