@@ -11,12 +11,12 @@
  *    cvt, x as f16, mma.m16n8k16: a third of the instructions), 4 or 16
  *    warps a block, 2 or 8 loads a lane in flight - its time is not its
  *    instructions;
- *  - 16 rows and more (batched decode, prefill) of 128x128-block weights,
- *    where cuBLASLt takes the shape: the FP8 tensor cores, activations quantized per call (W8A8:
- *    cuda_matmul_fp8_lt.cu; docs/quantization.md says what that costs in
- *    accuracy);
- *  - otherwise (9..15 rows, per-channel / per-tensor scales, bias, odd
- *    shapes, or cuBLASLt refusing): weight
+ *  - 16 rows and more (batched decode, prefill) of 128x128-block, per-channel
+ *    or per-tensor weights, where cuBLASLt takes the shape: the FP8 tensor
+ *    cores, activations quantized per call (W8A8: cuda_matmul_fp8_lt.cu;
+ *    docs/quantization.md says what that costs in accuracy);
+ *  - otherwise (9..15 rows, other blocks, bias, odd shapes, or cuBLASLt
+ *    refusing): weight
  *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
  *    in the H100's L2 for the GEMM that reads it right after) and multiplied
  *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
