@@ -1744,9 +1744,16 @@ static void check_norm_fp8(uint32_t n, uint32_t d, dj_dtype rt, int pre, int cou
  * bit for bit the calls launched one by one, the fusion counter moving by
  * the steps' counts, the last down against the CPU's W8A16 product of the
  * GPU's GLU output. */
+/* The next check_f8_mlp / check_f8_qkv: per-channel weights (a scale a row,
+ * compressed-tensors) instead of 128x128 blocks (reset by them). */
+static bool f8_chan;
+
 static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op glu, int pair) {
+    const bool chan = f8_chan;
+    f8_chan = false;
     const size_t nd = (size_t)n * d, nf = (size_t)n * f, rb = nd * dj_dtype_size(rt);
-    const size_t sg = (size_t)(f / 128) * (d / 128), sd = (size_t)(d / 128) * (f / 128);
+    const size_t sg = chan ? f : (size_t)(f / 128) * (d / 128), sd = chan ? d : (size_t)(d / 128) * (f / 128);
+    const uint32_t br = chan ? 1 : 128, bcg = chan ? d : 128, bcd = chan ? f : 128; /* gate/up, down */
     float *af = falloc(nd), *tf = falloc(nd);
     uint16_t *tb = halloc(nd);
     void *ab = rand_act(rt, af, nd, -2.0f, 2.0f);
@@ -1769,10 +1776,15 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
             uint8_t *w = dcopy(wgu[l], 2 * (size_t)f * d);
             float *s = dcopy(sgu[l], 2 * sg * sizeof(float));
             dgu[l][0] = w, dgu[l][1] = w + (size_t)f * d, dsgu[l][0] = s, dsgu[l][1] = s + sg;
-        } else {
+        } else { /* apart: 256 bytes between gate's and up's weights and scales (buffers of their own
+                  * may happen to lie back to back, and then they are a pair) */
+            uint8_t *w = dalloc(2 * (size_t)f * d + 256);
+            float *s = dalloc((2 * sg + 64) * sizeof(float));
             for (int i = 0; i < 2; i++) {
-                dgu[l][i] = dcopy(wgu[l] + (size_t)i * f * d, (size_t)f * d);
-                dsgu[l][i] = dcopy(sgu[l] + (size_t)i * sg, sg * sizeof(float));
+                dgu[l][i] = w + (size_t)i * (f * (size_t)d + 256);
+                dsgu[l][i] = s + (size_t)i * (sg + 64);
+                up(dgu[l][i], wgu[l] + (size_t)i * f * d, (size_t)f * d);
+                up(dsgu[l][i], sgu[l] + (size_t)i * sg, sg * sizeof(float));
             }
         }
         ddn[l] = dcopy(wd[l], (size_t)d * f);
@@ -1799,13 +1811,13 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
                                    .out_dtype = DJ_DTYPE_BF16};
             for (int i = 0; i < 2; i++)
                 gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[1], .w = dgu[l][i],
-                                       .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = dsgu[l][i], .w_block_rows = 128,
-                                       .w_block_cols = 128, .k = d, .m = f, .out = B[2 + i],
+                                       .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = dsgu[l][i], .w_block_rows = br,
+                                       .w_block_cols = bcg, .k = d, .m = f, .out = B[2 + i],
                                        .out_dtype = DJ_DTYPE_BF16};
             gc[k++] = (dj_op_call){.op = glu, .n = n, .out = B[4], .x = B[2], .x2 = B[3], .d = f,
                                    .out_dtype = DJ_DTYPE_BF16};
             gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[4], .w = ddn[l], .w_dtype = DJ_DTYPE_F8_E4M3,
-                                   .w_scale = dsdn[l], .w_block_rows = 128, .w_block_cols = 128, .k = f, .m = d,
+                                   .w_scale = dsdn[l], .w_block_rows = br, .w_block_cols = bcd, .k = f, .m = d,
                                    .out = B[5], .out_dtype = DJ_DTYPE_BF16};
         }
         const uint64_t before = dj__cuda_fusions(gpu), before_u = dj__cuda_unstored(gpu);
@@ -1820,15 +1832,15 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
         dfree(t0);
     }
     char shape[112];
-    snprintf(shape, sizeof shape, "2 layers n=%u d=%u f=%u res=%s %s%s", n, d, f, dj_dtype_name(rt),
-             glu == DJ_OP_SILU_MUL ? "silu" : "gelu", pair ? " pair" : " apart");
+    snprintf(shape, sizeof shape, "2 layers n=%u d=%u f=%u res=%s %s%s%s", n, d, f, dj_dtype_name(rt),
+             glu == DJ_OP_SILU_MUL ? "silu" : "gelu", pair ? " pair" : " apart", chan ? " per channel" : "");
     /* the last down against the CPU's W8A16 product of the GPU's GLU output */
     uint16_t *hb = halloc(nf);
     float *hf = falloc(nf), *ref = falloc(nd);
     down(hb, bufs[1][4], nf * 2);
     for (size_t e = 0; e < nf; e++) hf[e] = dj_bf16_to_f32(hb[e]);
     dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .x = hf, .w = wd[1], .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = sdn[1],
-                     .w_block_rows = 128, .w_block_cols = 128, .k = f, .m = d, .out = ref};
+                     .w_block_rows = br, .w_block_cols = bcd, .k = f, .m = d, .out = ref};
     if (dj_backend_compute(cpu, &cc) != DJ_OK) die("f8 mlp (cpu)");
     tol_now = TOL_W8A8;
     compare("F8 MLP", shape, bufs[1][5], DJ_DTYPE_BF16, ref, nd);
@@ -1860,10 +1872,6 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
     for (int l = 0; l < 2; l++) {
         dfree(dgu[l][0]);
         dfree(dsgu[l][0]);
-        if (!pair) {
-            dfree(dgu[l][1]);
-            dfree(dsgu[l][1]);
-        }
         dfree(ddn[l]);
         dfree(dsdn[l]);
         free(wgu[l]);
@@ -1897,8 +1905,10 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
  * pinned down, the 4-pairs-a-thread RoPE kernel against the standalone
  * ROPE the suspect); the fusion and unstored counters of each. */
 static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint32_t tpp, dj_dtype rt, int inplace) {
+    const bool chan = f8_chan;
+    f8_chan = false;
     const uint32_t hd = 128, qd = nh * hd, kvd = nkv * hd, mt = qd + 2 * kvd;
-    const size_t nd = (size_t)n * d, rb = nd * dj_dtype_size(rt), ns = (size_t)(mt / 128) * (d / 128);
+    const size_t nd = (size_t)n * d, rb = nd * dj_dtype_size(rt), ns = chan ? mt : (size_t)(mt / 128) * (d / 128);
     float *af = falloc(nd), *tf = falloc(nd), *inv = falloc(hd / 2);
     uint16_t *tb = halloc(nd);
     void *ab = rand_act(rt, af, nd, -2.0f, 2.0f);
@@ -1920,7 +1930,9 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
     for (int l = 0; l < 2; l++) /* the same weights, each matrix in a buffer of its own */
         for (int i = 0, row0 = 0; i < 3; row0 += (int)ms[i], i++) {
             dws[l][i] = dcopy(w[l] + (size_t)row0 * d, (size_t)ms[i] * d);
-            dss[l][i] = dcopy(sc[l] + (size_t)row0 / 128 * (d / 128), (size_t)(ms[i] / 128) * (d / 128) * sizeof(float));
+            dss[l][i] = chan ? dcopy(sc[l] + row0, (size_t)ms[i] * sizeof(float))
+                             : dcopy(sc[l] + (size_t)row0 / 128 * (d / 128),
+                                     (size_t)(ms[i] / 128) * (d / 128) * sizeof(float));
         }
     const size_t bytes[7] = {rb, nd * 2, (size_t)n * qd * 2, (size_t)n * kvd * 2, (size_t)n * kvd * 2,
                              (size_t)n * qd * 2, (size_t)n * kvd * 2}; /* h, xn, Q, K, V, QR, KR */
@@ -1950,9 +1962,9 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
                 gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[1],
                                        .w = pass ? (void *)(dw[l] + row0 * d) : (void *)dws[l][i],
                                        .w_dtype = DJ_DTYPE_F8_E4M3,
-                                       .w_scale = pass ? dsc[l] + row0 / 128 * (d / 128) : dss[l][i],
-                                       .w_block_rows = 128, .w_block_cols = 128, .k = d, .m = ms[i], .out = B[2 + i],
-                                       .out_dtype = DJ_DTYPE_BF16};
+                                       .w_scale = pass ? dsc[l] + (chan ? row0 : row0 / 128 * (d / 128)) : dss[l][i],
+                                       .w_block_rows = chan ? 1 : 128, .w_block_cols = chan ? d : 128, .k = d,
+                                       .m = ms[i], .out = B[2 + i], .out_dtype = DJ_DTYPE_BF16};
                 row0 += ms[i];
             }
             for (int i = 0; i < 2; i++)
@@ -1967,8 +1979,8 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
         fused[pass] = dj__cuda_fusions(gpu) - before, unstored[pass] = dj__cuda_unstored(gpu) - before_u;
     }
     char shape[112];
-    snprintf(shape, sizeof shape, "2 layers n=%u d=%u heads=%u:%u res=%s%s", n, d, nh, nkv, dj_dtype_name(rt),
-             inplace ? " rope in place" : "");
+    snprintf(shape, sizeof shape, "2 layers n=%u d=%u heads=%u:%u res=%s%s%s", n, d, nh, nkv, dj_dtype_name(rt),
+             inplace ? " rope in place" : "", chan ? " per channel" : "");
     size_t differ = 0;
     for (int b = 0; b < 7 + 2; b++) {
         const size_t pb = kv[0][0].gv.page_bytes * kv[0][0].n_pages;
@@ -2059,6 +2071,13 @@ static void check_fp8(void) {
         check_f8_mlp(64, 512, 1024, DJ_DTYPE_F32, DJ_OP_SILU_MUL, 0); /* weights apart: no pair */
         check_f8_qkv(256, 512, 8, 2, 16, DJ_DTYPE_F32, 0);  /* a few rows: RoPE a pair a thread */
         check_f8_qkv(2048, 512, 8, 2, 64, DJ_DTYPE_BF16, 1); /* prefill rows: 4 pairs a thread, in place */
+        /* per-channel weights (compressed-tensors) take the same steps */
+        f8_chan = true;
+        check_f8_mlp(64, 512, 1024, DJ_DTYPE_F32, DJ_OP_SILU_MUL, 1);
+        f8_chan = true;
+        check_f8_mlp(36, 1024, 2048, DJ_DTYPE_BF16, DJ_OP_GELU_MUL, 0);
+        f8_chan = true;
+        check_f8_qkv(256, 512, 8, 2, 16, DJ_DTYPE_F32, 0);
     }
     check_matmul_fp8(17, 4096, 1000, 128, 128, 0, DJ_DTYPE_BF16, 2, 0);
     check_matmul_fp8(64, 1024, 3000, 1, 1024, 1, DJ_DTYPE_BF16, 2, 0);

@@ -577,7 +577,7 @@ dj_status dj__cuda_matmul_fp8_lt_shared(dj_cuda_backend *cb, const dj_op_call *c
 
 bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm) {
     return (glu->op == DJ_OP_SILU_MUL || glu->op == DJ_OP_GELU_MUL) && dj__cuda_fp8_shared_takes(cb, mm) &&
-           mode_of(mm) == MODE_BLOCK && mm->x == glu->out && mm->n == glu->n && mm->k == glu->d &&
+           mode_of(mm) >= 0 && mm->x == glu->out && mm->n == glu->n && mm->k == glu->d &&
            qa_g128_fits(mm->n, mm->k) &&
            (((uintptr_t)glu->x | (uintptr_t)glu->x2 | (uintptr_t)glu->out) & 15u) == 0;
 }
@@ -596,22 +596,23 @@ static dj_status refused_unstored(dj_cuda_backend *cb, const dj_op_call *mm) {
 static dj_status glu_gemm(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, const __nv_bfloat16 *up,
                           uint32_t in_ld, __nv_bfloat16 *out, const dj_op_call *mm, bool unstored, int *ran) {
     struct dj_fp8_lt *L = cb->fp8_lt;
+    const int mode = mode_of(mm); /* >= 0: dj__cuda_glu_fp8_takes */
     uint8_t *q;
     float *xs, *wsx;
     *ran = 0;
-    dj_status st = carve(cb, mm, MODE_BLOCK, &q, &xs, &wsx);
+    dj_status st = carve(cb, mm, mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
-    unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, MODE_BLOCK, mm->w_scale, xs);
-    const int layout = L->layout[MODE_BLOCK];
+    unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, mode, mm->w_scale, xs);
+    const int layout = L->layout[mode];
     launch_g128(cb, op, x, up, unstored ? NULL : out, mm->n, mm->k, in_ld, (layout & 2) != 0, q, xs);
     DJ_CU_LAUNCHED(cb);
     cb->unstored += unstored;
     *ran = 1;
-    const float *ws = weight_scales(cb, mm, MODE_BLOCK, layout, wsx);
+    const float *ws = weight_scales(cb, mm, mode, layout, wsx);
     DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, mm, MODE_BLOCK, ws, q, xs);
+    st = lt_matmul(cb, mm, mode, ws, q, xs);
     if (st == DJ_EUNSUPPORTED) {
-        L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
+        L->state[mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
         return unstored ? refused_unstored(cb, mm) : DJ_OK;
     }
     if (st == DJ_OK) *ran = 2;
@@ -622,21 +623,22 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
                               int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
-    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const int mode = mode_of(mm);
+    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
     return glu_gemm(cb, (int)glu->op, (const __nv_bfloat16 *)glu->x, (const __nv_bfloat16 *)glu->x2, mm->k,
                     (__nv_bfloat16 *)glu->out, mm, (dead & DJ_F8_DEAD_GLU) != 0, done);
 }
 
 bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm) {
-    return norm->op == DJ_OP_RMSNORM && dj__cuda_fp8_shared_takes(cb, mm) && mode_of(mm) == MODE_BLOCK &&
+    return norm->op == DJ_OP_RMSNORM && dj__cuda_fp8_shared_takes(cb, mm) && mode_of(mm) >= 0 &&
            mm->x == norm->out && mm->n == norm->n && mm->k == norm->d && qa_g128_fits(mm->n, mm->k);
 }
 
 /* The norm step with its output's codes and scales at q, xs for the FP8 GEMMs after it (its bf16
  * output too unless unstored). *ran: 1 it ran, 0 these rows take no codes (nothing ran). */
-static dj_status norm_codes(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
+static dj_status norm_codes(dj_cuda_backend *cb, int mode, const dj_op_call *prenorm, const dj_op_call *add,
                             const dj_op_call *norm, uint8_t *q, float *xs, bool unstored, int *ran) {
-    const dj_norm_q8 q8 = {q, xs, (cb->fp8_lt->layout[MODE_BLOCK] & 2) != 0, unstored};
+    const dj_norm_q8 q8 = {q, xs, (cb->fp8_lt->layout[mode] & 2) != 0, unstored};
     *ran = 0;
     const dj_status st = dj__cuda_add_rmsnorm(cb, prenorm, add, norm, &q8);
     if (st == DJ_EUNSUPPORTED) return DJ_OK;
@@ -651,31 +653,32 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
                                const dj_op_call *norm, const dj_op_call *mms, int count, unsigned dead, int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
-    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const int mode = mode_of(&mms[0]); /* the group's: joins_f8_shared keeps one weight layout */
+    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
     /* q and xs lie where every GEMM of the group finds them (they depend on n and k only): the
      * scratch is grown for the largest first, as dj__cuda_matmul_fp8_lt_shared does */
     size_t need = 0, qf, xsf;
     for (int i = 0; i < count; i++) {
-        const size_t f = carve_floats(&mms[i], MODE_BLOCK, &qf, &xsf);
+        const size_t f = carve_floats(&mms[i], mode, &qf, &xsf);
         need = f > need ? f : need;
     }
     float *base = NULL, *xs, *wsx;
     uint8_t *q;
     dj_status st = dj__cuda_scratch(cb, need, &base);
-    if (st == DJ_OK) st = carve(cb, &mms[0], MODE_BLOCK, &q, &xs, &wsx);
+    if (st == DJ_OK) st = carve(cb, &mms[0], mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
     bool unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* only where every GEMM has its algorithm */
     for (int i = 0; unstored && i < count; i++)
-        unstored = entry_for(cb, mms[i].n, mms[i].k, mms[i].m, MODE_BLOCK, mms[i].w_scale, xs) != NULL;
-    if ((st = norm_codes(cb, prenorm, add, norm, q, xs, unstored, done)) != DJ_OK || !*done) return st;
-    const int layout = L->layout[MODE_BLOCK];
+        unstored = entry_for(cb, mms[i].n, mms[i].k, mms[i].m, mode, mms[i].w_scale, xs) != NULL;
+    if ((st = norm_codes(cb, mode, prenorm, add, norm, q, xs, unstored, done)) != DJ_OK || !*done) return st;
+    const int layout = L->layout[mode];
     for (int i = 0; i < count; i++) {
-        if ((st = carve(cb, &mms[i], MODE_BLOCK, &q, &xs, &wsx)) != DJ_OK) return st;
-        const float *ws = weight_scales(cb, &mms[i], MODE_BLOCK, layout, wsx);
+        if ((st = carve(cb, &mms[i], mode, &q, &xs, &wsx)) != DJ_OK) return st;
+        const float *ws = weight_scales(cb, &mms[i], mode, layout, wsx);
         DJ_CU_LAUNCHED(cb);
-        st = lt_matmul(cb, &mms[i], MODE_BLOCK, ws, q, xs);
+        st = lt_matmul(cb, &mms[i], mode, ws, q, xs);
         if (st == DJ_EUNSUPPORTED) {
-            L->state[MODE_BLOCK] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on */
+            L->state[mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on */
             return unstored ? refused_unstored(cb, &mms[i]) : DJ_OK;
         }
         if (st != DJ_OK) return st;
@@ -684,11 +687,22 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
     return DJ_OK;
 }
 
+/* Whether c's weights can open a matrix that the next call's weights continue
+ * (one GEMM of their rows): 128x128 blocks or per channel (a per-tensor
+ * scale would not hold for the rows after) - and where the next weight and
+ * its scales would then lie. */
+static bool joinable(const dj_op_call *c) {
+    return mode_of(c) >= 0 && (c->w_block_rows == 128 || c->w_block_rows == 1);
+}
+static bool continues(const dj_op_call *c, const dj_op_call *next) {
+    const size_t scales = c->w_block_rows == 1 ? c->m : (size_t)(c->m / 128) * (c->k / 128);
+    return joinable(next) && next->w_block_rows == c->w_block_rows && next->w_block_cols == c->w_block_cols &&
+           (const uint8_t *)c->w + (size_t)c->m * c->k == (const uint8_t *)next->w && c->w_scale + scales == next->w_scale;
+}
+
 bool dj__cuda_f8_pair_takes(const dj_op_call *gate, const dj_op_call *up) {
-    return mode_of(gate) == MODE_BLOCK && mode_of(up) == MODE_BLOCK && gate->x == up->x && gate->n == up->n &&
-           gate->k == up->k && gate->m == up->m && (uint64_t)gate->m * 2 <= INT32_MAX &&
-           (const uint8_t *)gate->w + (size_t)gate->m * gate->k == (const uint8_t *)up->w &&
-           gate->w_scale + (size_t)(gate->m / 128) * (gate->k / 128) == up->w_scale;
+    return joinable(gate) && continues(gate, up) && gate->x == up->x && gate->n == up->n && gate->k == up->k &&
+           gate->m == up->m && (uint64_t)gate->m * 2 <= INT32_MAX;
 }
 
 /* The norm step quantizing its output for `all` - weights back to back, one
@@ -704,17 +718,18 @@ static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, 
     const size_t off = (keep + 63) / 64 * 64, out_f = ((size_t)all->n * all->m + 1) / 2;
     float *base = NULL, *xs, *wsx;
     uint8_t *q;
+    const int mode = mode_of(all); /* the parts': pair_takes, triple_takes */
     dj_status st = dj__cuda_scratch(cb, off + out_f, &base);
-    if (st == DJ_OK) st = carve(cb, all, MODE_BLOCK, &q, &xs, &wsx);
+    if (st == DJ_OK) st = carve(cb, all, mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
     all->out = base + off;
-    if (!entry_for(cb, all->n, all->k, all->m, MODE_BLOCK, all->w_scale, xs)) return DJ_OK; /* no algorithm */
+    if (!entry_for(cb, all->n, all->k, all->m, mode, all->w_scale, xs)) return DJ_OK; /* no algorithm */
     const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0;
-    if ((st = norm_codes(cb, prenorm, add, norm, q, xs, unstored, ran)) != DJ_OK || !*ran) return st;
-    const int layout = L->layout[MODE_BLOCK];
-    const float *ws = weight_scales(cb, all, MODE_BLOCK, layout, wsx);
+    if ((st = norm_codes(cb, mode, prenorm, add, norm, q, xs, unstored, ran)) != DJ_OK || !*ran) return st;
+    const int layout = L->layout[mode];
+    const float *ws = weight_scales(cb, all, mode, layout, wsx);
     DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, all, MODE_BLOCK, ws, q, xs);
+    st = lt_matmul(cb, all, mode, ws, q, xs);
     if (st == DJ_EUNSUPPORTED) return unstored ? refused_unstored(cb, all) : DJ_OK;
     if (st == DJ_OK) *ran = 2;
     return st;
@@ -724,14 +739,16 @@ dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
                              const dj_op_call *norm, const dj_op_call *g, unsigned dead, int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
-    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const int mode = mode_of(&g[0]);
+    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const int dmode = mode_of(&g[3]); /* >= 0: dj__cuda_glu_fp8_takes */
     const dj_op_call *glu = &g[2], *down = &g[3];
     const uint32_t f = g[0].m;
     dj_op_call pair = g[0]; /* gate and up: one matrix of 2f rows */
     pair.m = 2 * f;
     /* the pair's output after the larger GEMM input's carve (the pair's or down's: codes, scales) */
     size_t qf, xsf;
-    const size_t c1 = carve_floats(&pair, MODE_BLOCK, &qf, &xsf), c2 = carve_floats(down, MODE_BLOCK, &qf, &xsf);
+    const size_t c1 = carve_floats(&pair, mode, &qf, &xsf), c2 = carve_floats(down, dmode, &qf, &xsf);
     int ran = 0;
     dj_status st = norm_then_gemm(cb, prenorm, add, norm, &pair, c1 > c2 ? c1 : c2, dead, &ran);
     *done = ran == 2 ? 3 : ran;
@@ -748,13 +765,11 @@ dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
 bool dj__cuda_f8_triple_takes(const dj_op_call *g) {
     uint64_t m = 0;
     for (int i = 0; i < 3; i++) {
-        if (mode_of(&g[i]) != MODE_BLOCK || g[i].x != g[0].x || g[i].n != g[0].n || g[i].k != g[0].k) return false;
+        if (!joinable(&g[i]) || g[i].x != g[0].x || g[i].n != g[0].n || g[i].k != g[0].k) return false;
         m += g[i].m;
     }
     for (int i = 0; i < 2; i++)
-        if ((const uint8_t *)g[i].w + (size_t)g[i].m * g[i].k != (const uint8_t *)g[i + 1].w ||
-            g[i].w_scale + (size_t)(g[i].m / 128) * (g[i].k / 128) != g[i + 1].w_scale)
-            return false;
+        if (!continues(&g[i], &g[i + 1])) return false;
     return m <= INT32_MAX;
 }
 
@@ -763,12 +778,13 @@ dj_status dj__cuda_f8_qkv_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
                              int *done) {
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
-    if (!L || L->state[MODE_BLOCK] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    const int mode = mode_of(&g[0]);
+    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
     dj_op_call all = g[0]; /* q, k and v: one matrix */
     all.m = g[0].m + g[1].m + g[2].m;
     size_t qf, xsf;
     int ran = 0;
-    dj_status st = norm_then_gemm(cb, prenorm, add, norm, &all, carve_floats(&all, MODE_BLOCK, &qf, &xsf), dead, &ran);
+    dj_status st = norm_then_gemm(cb, prenorm, add, norm, &all, carve_floats(&all, mode, &qf, &xsf), dead, &ran);
     *done = ran == 2 ? 4 : ran;
     if (st != DJ_OK || ran < 2) return st;
     st = dj__cuda_rope_kv_write_from(cb, &g[3], &g[4], &g[5], table_dev, (const __nv_bfloat16 *)all.out, all.m);
