@@ -122,7 +122,8 @@ static void fp8_sweep(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t 
  * offers, timed (the engine takes its first), and each other configuration
  * cuBLASLt accepts (fp8_sweep); beside them the same operands with one scale
  * per tensor (what the FP8 tensor cores give without block scales), with
- * and without fast accumulation. */
+ * and without fast accumulation; and per-channel weights as cuda_matmul_fp8_lt.cu
+ * runs them (VEC128 scales on both operands). */
 static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape *shapes, int count) {
     const size_t cap = (size_t)28672 * 4096;
     uint8_t *w, *x;
@@ -140,20 +141,21 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
     CHECK(cudaMemsetAsync(xsc, 0x3b, cap / 128 * sizeof(float), s));
     CHECK(cudaGetLastError());
     const float one = 1.0f, zero = 0.0f;
-    static const char *const kinds[] = {"block", "tensor", "tensor fast-accum"};
+    static const char *const kinds[] = {"block", "tensor", "tensor fast-accum", "channel as VEC128"};
     for (int si = 0; si < count; si++) {
         const int m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
         if (m % 128 || k % 128) continue;
         const double flop = 2.0 * m * n * (double)k;
-        for (int kind = 0; kind < 3; kind++) {
+        for (int kind = 0; kind < 4; kind++) {
             cublasLtMatmulDesc_t op;
             cublasLtMatrixLayout_t la, lb, ld;
             CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
             const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
             CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
             CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
-            if (kind == 0) {
-                const int32_t amode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+            if (kind == 0 || kind == 3) { /* 3: per-channel weights' scales repeated per 128 columns */
+                const int32_t amode = kind == 0 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
                               bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
                 CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof amode));
                 CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode));
