@@ -60,6 +60,41 @@ struct shape {
     int m, n, k; /* out features, tokens, in features */
 };
 
+/* A problem as the engine states it - out [n][m] = x [n][k] w [m][k]^T,
+ * column-major for cuBLASLt: D (m x n) = A^T (A: w, k x m) B (B: x, k x n) -
+ * in operand type `in`, D in bf16; the caller sets the descriptor's scale
+ * attributes, then asks the heuristic (up to 32 algorithms). */
+struct lt_problem {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+};
+static lt_problem problem_make(cudaDataType_t in, int m, int n, int k) {
+    lt_problem p;
+    CHECKB(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    CHECKB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+    CHECKB(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+    CHECKB(cublasLtMatrixLayoutCreate(&p.a, in, k, m, k));
+    CHECKB(cublasLtMatrixLayoutCreate(&p.b, in, k, n, k));
+    CHECKB(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, m, n, m));
+    return p;
+}
+static int problem_heuristic(cublasLtHandle_t lt, const lt_problem &p, cublasLtMatmulHeuristicResult_t res[32]) {
+    cublasLtMatmulPreference_t pref;
+    CHECKB(cublasLtMatmulPreferenceCreate(&pref));
+    CHECKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
+    int found = 0;
+    CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.d, p.d, pref, 32, res, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    return found;
+}
+static void problem_free(lt_problem &p) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.op);
+}
+
 /* Every configuration cuBLASLt has for an FP8 problem beyond what its
  * heuristic offers: each algorithm id of the type combination, each of its
  * tiles and stage counts that cublasLtMatmulAlgoCheck accepts, timed (5
@@ -147,12 +182,9 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
         if (m % 128 || k % 128) continue;
         const double flop = 2.0 * m * n * (double)k;
         for (int kind = 0; kind < 4; kind++) {
-            cublasLtMatmulDesc_t op;
-            cublasLtMatrixLayout_t la, lb, ld;
-            CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-            const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
-            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+            lt_problem pr = problem_make(CUDA_R_8F_E4M3, m, n, k);
+            const cublasLtMatmulDesc_t op = pr.op;
+            const cublasLtMatrixLayout_t la = pr.a, lb = pr.b, ld = pr.d;
             if (kind == 0 || kind == 3) { /* 3: per-channel weights' scales repeated per 128 columns */
                 const int32_t amode = kind == 0 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
@@ -167,16 +199,8 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
             /* per tensor: the first scale of each array */
             CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsc, sizeof wsc));
             CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsc, sizeof xsc));
-            CHECKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
-            CHECKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k));
-            CHECKB(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m));
-            cublasLtMatmulPreference_t pref;
-            CHECKB(cublasLtMatmulPreferenceCreate(&pref));
-            CHECKB(
-                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
             cublasLtMatmulHeuristicResult_t res[32];
-            int found = 0;
-            CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 32, res, &found));
+            const int found = problem_heuristic(lt, pr, res);
             printf("fp8 %-17s %-20s m %5d n %d k %5d: %d algorithms:", kinds[kind], shapes[si].name, m, n, k, found);
             float best = 1e30f;
             for (int i = 0; i < found; i++) {
@@ -204,11 +228,7 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
                 fp8_sweep(s, lt, op, la, lb, ld, flop, [&](const cublasLtMatmulAlgo_t *algo) {
                     CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, algo, ws, WS, s));
                 });
-            cublasLtMatmulPreferenceDestroy(pref);
-            cublasLtMatrixLayoutDestroy(la);
-            cublasLtMatrixLayoutDestroy(lb);
-            cublasLtMatrixLayoutDestroy(ld);
-            cublasLtMatmulDescDestroy(op);
+            problem_free(pr);
         }
     }
 }
@@ -273,21 +293,11 @@ int main(int argc, char **argv) {
             CHECKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
                                 &zero, y, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
-        cublasLtMatmulDesc_t op;
-        cublasLtMatrixLayout_t la, lb, lc;
-        CHECKB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
-        CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
-        CHECKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k));
-        CHECKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k));
-        CHECKB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, m));
-        cublasLtMatmulPreference_t pref;
-        CHECKB(cublasLtMatmulPreferenceCreate(&pref));
-        CHECKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
+        lt_problem pr = problem_make(CUDA_R_16BF, m, n, k);
+        const cublasLtMatmulDesc_t op = pr.op;
+        const cublasLtMatrixLayout_t la = pr.a, lb = pr.b, lc = pr.d;
         cublasLtMatmulHeuristicResult_t res[32];
-        int found = 0;
-        CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, res, &found));
+        const int found = problem_heuristic(lt, pr, res);
         float best = 1e30f, first = 0;
         int bi = -1;
         for (int i = 0; i < found; i++) {
@@ -305,11 +315,7 @@ int main(int argc, char **argv) {
                "algo %d of %d) %+.1f%%\n",
                sh.name, m, n, k, def, flop / def * 1e-6, first, best, flop / best * 1e-6, bi, found,
                (best / def - 1) * 100);
-        cublasLtMatmulPreferenceDestroy(pref);
-        cublasLtMatrixLayoutDestroy(la);
-        cublasLtMatrixLayoutDestroy(lb);
-        cublasLtMatrixLayoutDestroy(lc);
-        cublasLtMatmulDescDestroy(op);
+        problem_free(pr);
     }
     fp8_block(s, lt, ws, shapes, sizeof shapes / sizeof *shapes);
     return 0;
