@@ -556,9 +556,19 @@ static void check_chunk_times(void) {
     CHECK(prep >= 0.0 && enq >= 0.0 && fin >= 0.0);
     CHECK_MSG(prep + enq + fin <= wall, "chunk phases %.6f + %.6f + %.6f s past the call's %.6f s", prep, enq, fin,
               wall);
+    /* a decode step counts in the step times, not the chunk times; the prompt's chunks did not */
+    CHECK(dj_engine_step_times(e).chunks == 0);
     int32_t next[1] = {0}, id[1] = {rand_id(V)};
+    const dj_chunk_times d0 = dj_engine_step_times(e);
+    const double dw0 = mono_now();
     CHECK_OK(dj_engine_step_batch(e, &s, id, 1, NULL, NULL, next));
+    const double dwall = mono_now() - dw0;
+    const dj_chunk_times d1 = dj_engine_step_times(e);
     CHECK(dj_engine_chunk_times(e).chunks == t1.chunks);
+    CHECK_MSG(d1.chunks - d0.chunks == 1, "one decode step: %llu counted", (unsigned long long)(d1.chunks - d0.chunks));
+    const double dp = d1.prepare_s - d0.prepare_s, de = d1.enqueue_s - d0.enqueue_s, df = d1.finish_s - d0.finish_s;
+    CHECK(dp >= 0.0 && de >= 0.0 && df >= 0.0);
+    CHECK_MSG(dp + de + df <= dwall, "step phases %.6f + %.6f + %.6f s past the call's %.6f s", dp, de, df, dwall);
     printf("chunk times: 3 chunks of a 150-token prompt, prepare %.3f + enqueue %.3f + finish %.3f of %.3f ms\n",
            prep * 1e3, enq * 1e3, fin * 1e3, wall * 1e3);
     dj_session_free(e, s);

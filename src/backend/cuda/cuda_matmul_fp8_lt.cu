@@ -22,7 +22,7 @@
 #include "backend/fastdiv.h"
 
 #define LT_CACHE 16
-#define LT_GROUP 128 /* activation channels per scale in block mode */
+#define LT_GROUP 128 /* activation channels per scale (both modes) */
 
 /* MODE_BLOCK: 128x128-block weights (BLK128x128 scales); MODE_CHAN: per-channel or
  * per-tensor weights, each row's scale repeated over its 128-column groups (VEC128
@@ -347,9 +347,8 @@ static lt_entry *entry_for(dj_cuda_backend *cb, uint32_t n, uint32_t k, uint32_t
     return e;
 }
 
-/* c's activations -> e4m3 codes q and their scales xs, in this mode's layout. */
-static dj_status lt_quantize(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, uint8_t *q, float *xs) {
-    (void)mode; /* both modes: groups of 128 channels */
+/* c's activations -> e4m3 codes q and their scales xs, in the probed layout. */
+static dj_status lt_quantize(dj_cuda_backend *cb, const dj_op_call *c, int layout, uint8_t *q, float *xs) {
     quant_act(cb, (const __nv_bfloat16 *)c->x, c->n, c->k, LT_GROUP, (layout & 2) != 0, q, xs);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
@@ -374,7 +373,7 @@ static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, c
 
 static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
                         uint8_t *q, float *xs) {
-    const dj_status st = lt_quantize(cb, c, mode, layout, q, xs);
+    const dj_status st = lt_quantize(cb, c, layout, q, xs);
     return st != DJ_OK ? st : lt_matmul(cb, c, mode, ws_lt, q, xs);
 }
 
@@ -477,15 +476,14 @@ done:
  * multiples of 4 (k blocks of the weight's, tokens of the activations'); the
  * unpadded shapes this path can pass are those where padding is a no-op.
  * (k = 256, two blocks, gave a product 0.92 off on the H200 in every layout.) */
-static bool block_shape_ok(const dj_op_call *c, int mode) {
-    (void)mode; /* VEC128 weight scales (MODE_CHAN) likewise */
+static bool block_shape_ok(const dj_op_call *c) { /* VEC128 weight scales (MODE_CHAN) likewise */
     return (c->k / 128) % 4 == 0 && c->n % 4 == 0;
 }
 
 bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c) {
     const struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(c);
-    return mode >= 0 && block_shape_ok(c, mode) && !c->bias && c->out_dtype == DJ_DTYPE_BF16 && c->k % 16 == 0 && c->m % 16 == 0 &&
+    return mode >= 0 && block_shape_ok(c) && !c->bias && c->out_dtype == DJ_DTYPE_BF16 && c->k % 16 == 0 && c->m % 16 == 0 &&
            ((uintptr_t)c->w | (uintptr_t)c->x | (uintptr_t)c->out) % 16 == 0 && (!L || L->state[mode] >= 0) &&
            (!cb->capturing || (L && L->state[mode] == 1));
 }
