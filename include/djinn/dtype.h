@@ -14,11 +14,22 @@ typedef enum {
     DJ_DTYPE_I32,
     DJ_DTYPE_F8_E4M3, /* float8_e4m3fn (OCP): weights only, with scales beside them (checkpoint.h) */
     /* 4-bit weights with groups of 128 (AWQ and GPTQ as loaded, src/model/quant4.c):
-     * not an element type. A [rows][cols] matrix (cols % 128 == 0) is rows of
-     * dj_dtype_row_bytes(Q4, cols) bytes each: cols/2 bytes of 4-bit codes
-     * (byte j: column 2j in the low nibble, 2j+1 in the high), then cols/128 f16
-     * scales, then cols/128 f16 zero points (integers 0..15); column c's value
-     * is (code - zero[c/128]) * scale[c/128]. */
+     * not an element type. A [rows][cols] matrix (cols % 128 == 0) takes rows *
+     * rb bytes, rb = dj_dtype_row_bytes(Q4, cols); a row's codes for group gi
+     * (columns 128gi..128gi+127) are 64 bytes, byte j holding column 128gi+2j in
+     * the low nibble and 128gi+2j+1 in the high; column c's value is
+     * (code - zero) * scale with the f16 scale and f16 zero point (an integer
+     * 0..16) of its row and group c/128. Where the bytes lie (dj_q4_codes_at,
+     * dj_q4_scale_at, dj_q4_zero_at):
+     *  - rows % 16 != 0: row by row, each rb bytes: its cols/2 code bytes,
+     *    then its cols/128 scales, then its cols/128 zero points;
+     *  - rows % 16 == 0: bands of DJ_Q4_BAND rows, band b at 16 * rb * b:
+     *    cols/128 blocks of 1 KiB (group gi's codes: 64 chunks of 16 bytes,
+     *    chunk 32h + 4r + t = row 8h + r of the band, columns 32t..32t+31 of
+     *    the group), then cols/128 blocks of 64 bytes (group gi's scale and
+     *    zero point of each of the 16 rows, in row order). So a 16-row tile's
+     *    codes for a group are 1 KiB in the order the CUDA GEMV's lanes load
+     *    them (cuda_q4.cu), its scales and zeros 64 bytes. */
     DJ_DTYPE_Q4,
     DJ_DTYPE_COUNT
 } dj_dtype;
@@ -30,6 +41,34 @@ const char *dj_dtype_name(dj_dtype t); /* "f32", "f16", "bf16", "i32", "f8_e4m3"
 /* Bytes of one row of cols elements of t (Q4: cols/2 + 4*cols/128; 0 when
  * cols is not a multiple of 128); 0 for invalid. */
 size_t dj_dtype_row_bytes(dj_dtype t, size_t cols);
+
+#define DJ_Q4_BAND 16 /* rows of a band of DJ_DTYPE_Q4 (a matrix of rows % 16 == 0) */
+
+/* Where DJ_DTYPE_Q4's bytes lie in a matrix of m rows and k columns (k % 128
+ * == 0), as byte offsets from its start; host and device code (CUDA kernels
+ * call them). */
+#ifdef __CUDACC__
+#define DJ_Q4_HD __host__ __device__
+#else
+#define DJ_Q4_HD
+#endif
+static inline DJ_Q4_HD int dj_q4_banded(size_t m) { return m % DJ_Q4_BAND == 0; }
+/* Row j's 64 code bytes of group gi (contiguous in both layouts). */
+static inline DJ_Q4_HD size_t dj_q4_codes_at(size_t m, size_t k, size_t j, size_t gi) {
+    const size_t rb = k / 2 + 4 * (k / DJ_Q4_GROUP), r = j % DJ_Q4_BAND;
+    if (!dj_q4_banded(m)) return j * rb + 64 * gi;
+    return (j - r) * rb + 1024 * gi + 512 * (r / 8) + 64 * (r % 8);
+}
+/* Row j's f16 scale of group gi. */
+static inline DJ_Q4_HD size_t dj_q4_scale_at(size_t m, size_t k, size_t j, size_t gi) {
+    const size_t ng = k / DJ_Q4_GROUP, rb = k / 2 + 4 * ng, r = j % DJ_Q4_BAND;
+    if (!dj_q4_banded(m)) return j * rb + k / 2 + 2 * gi;
+    return (j - r) * rb + 1024 * ng + 64 * gi + 4 * r;
+}
+/* Row j's f16 zero point of group gi (banded: the 2 bytes after its scale). */
+static inline DJ_Q4_HD size_t dj_q4_zero_at(size_t m, size_t k, size_t j, size_t gi) {
+    return dj_q4_scale_at(m, k, j, gi) + (dj_q4_banded(m) ? 2 : 2 * (k / DJ_Q4_GROUP));
+}
 
 static inline float dj_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

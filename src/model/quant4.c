@@ -1,6 +1,7 @@
 /* quant4.c: 4-bit weights as AWQ and GPTQ store them in HF dirs, checked
  * against config.json's quantization_config and repacked at open into
- * DJ_DTYPE_Q4 rows (djinn/dtype.h) that every backend reads.
+ * DJ_DTYPE_Q4 (djinn/dtype.h: rows, or 16-row bands where N % 16 == 0) that
+ * every backend reads.
  *
  * Stored layouts (K in features, N out features, G = 128 the group):
  *  GPTQ (checkpoint_format "gptq", the v1 format every HF release uses):
@@ -181,7 +182,7 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
                                    (long long)(k / DJ_Q4_GROUP), SUPPORTED);
         }
     }
-    const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, (size_t)K), codes = (size_t)K / 2;
+    const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, (size_t)K);
     uint8_t *buf = malloc((size_t)N * rb);
     char *name = malloc(strlen(p) + sizeof ".weight");
     if (!buf || !name) {
@@ -192,7 +193,8 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
     sprintf(name, "%s.weight", p);
     const int64_t nj = N / 8, kw = K / 8;
     /* Out features in blocks of 8 * JB (each thread a block): AWQ's words of
-     * one stored row are then read JB at a time, a cache line. */
+     * one stored row are then read JB at a time, a cache line. A block is
+     * whole bands where N % 16 == 0 (djinn/dtype.h), so threads write apart. */
     enum { JB = 16 };
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t jb = 0; jb < nj; jb += JB) {
@@ -200,13 +202,12 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
         for (int64_t j = jb; j < je; j++)
             for (int c = 0; c < 8; c++) { /* scales and zero points of out feature 8j + c */
                 const int64_t n = 8 * j + c;
-                uint8_t *row = buf + (size_t)n * rb;
                 const int zs = kind == Q4_AWQ ? 4 * AWQ_SLOT[c] : 4 * c;
                 for (int64_t g = 0; g < ng; g++) {
                     const unsigned z = ((rd32(qz->data, (size_t)(g * nj + j)) >> zs) & 15u) + (kind == Q4_GPTQ);
                     const uint16_t sv = rd16(sc->data, (size_t)(g * N + n)), zh = dj_f32_to_f16((float)z);
-                    memcpy(row + codes + 2 * g, &sv, 2);
-                    memcpy(row + codes + 2 * ng + 2 * g, &zh, 2);
+                    memcpy(buf + dj_q4_scale_at((size_t)N, (size_t)K, (size_t)n, (size_t)g), &sv, 2);
+                    memcpy(buf + dj_q4_zero_at((size_t)N, (size_t)K, (size_t)n, (size_t)g), &zh, 2);
                 }
             }
         for (int64_t i = 0; i < kw; i++) { /* columns 8i..8i+7 of every row of the block */
@@ -220,7 +221,10 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
                         for (int c = 0; c < 8; c++) w[c] |= ((v >> (4 * AWQ_SLOT[c])) & 15u) << (4 * t);
                     }
                 }
-                for (int c = 0; c < 8; c++) memcpy(buf + (size_t)(8 * j + c) * rb + 4 * i, &w[c], 4);
+                for (int c = 0; c < 8; c++) /* word i % 16 of the row's group i / 16 */
+                    memcpy(buf + dj_q4_codes_at((size_t)N, (size_t)K, (size_t)(8 * j + c), (size_t)(i / 16)) +
+                               4 * (size_t)(i % 16),
+                           &w[c], 4);
             }
         }
     }

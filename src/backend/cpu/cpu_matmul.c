@@ -126,15 +126,15 @@ static void gemm_tile_rows(const dj__cpu_kernels *K, const dj_op_call *c, const 
  * slower; padding x's rows as well measured no better). */
 static inline size_t tile_ld(uint32_t k) { return ((size_t)k + 15) / 16 * 16 + 16; }
 
-/* One DJ_DTYPE_Q4 row of k values (djinn/dtype.h) as f32: (code - zero) * scale. */
-static void q4_row_to_f32(float *out, const uint8_t *row, uint32_t k) {
-    const uint8_t *meta = row + k / 2;
+/* Row j of k values of the DJ_DTYPE_Q4 matrix w of m rows (djinn/dtype.h: rows
+ * or bands) as f32: (code - zero) * scale. */
+static void q4_row_to_f32(float *out, const uint8_t *w, uint32_t m, uint32_t k, uint32_t j) {
     for (uint32_t g = 0; g < k / DJ_Q4_GROUP; g++) {
         uint16_t sh, zh;
-        memcpy(&sh, meta + 2 * g, 2);
-        memcpy(&zh, meta + 2 * (k / DJ_Q4_GROUP) + 2 * g, 2);
+        memcpy(&sh, w + dj_q4_scale_at(m, k, j, g), 2);
+        memcpy(&zh, w + dj_q4_zero_at(m, k, j, g), 2);
         const float s = dj_f16_to_f32(sh), z = dj_f16_to_f32(zh);
-        const uint8_t *q = row + g * (DJ_Q4_GROUP / 2);
+        const uint8_t *q = w + dj_q4_codes_at(m, k, j, g);
         float *o = out + g * DJ_Q4_GROUP;
         for (uint32_t j = 0; j < DJ_Q4_GROUP / 2; j++) {
             o[2 * j] = ((float)(q[j] & 15u) - z) * s;
@@ -167,7 +167,7 @@ static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread
     const size_t row_bytes = j->in_place ? wld(c) * dj_dtype_size(c->w_dtype) : dj_dtype_row_bytes(c->w_dtype, k);
     const uint8_t *src = (const uint8_t *)c->w + (size_t)j0 * row_bytes;
     dj__cpu_pull pull = {NULL, NULL};
-    if (next < j->n_tiles) {
+    if (next < j->n_tiles) { /* 4-bit bands (djinn/dtype.h): the tile's bytes within a band each end */
         const uint32_t n0 = next * j->tile, nrows = c->m - n0 < j->tile ? c->m - n0 : j->tile;
         pull.next = (const char *)c->w + (size_t)n0 * row_bytes;
         pull.end = pull.next + (size_t)nrows * row_bytes;
@@ -182,7 +182,7 @@ static void tiled_one(const tiled_job *j, uint32_t ti, uint32_t next, int thread
     if (c->w_dtype == DJ_DTYPE_F8_E4M3)
         for (uint32_t r = 0; r < rows; r++) dj__cpu_fp8_row(mine + r * ldw, src + r * row_bytes, c, j0 + r);
     else
-        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, src + r * row_bytes, k);
+        for (uint32_t r = 0; r < rows; r++) q4_row_to_f32(mine + r * ldw, c->w, c->m, k, j0 + r);
     gemm_tile_rows(j->K, c, j->x, j->ldx, mine, DJ_DTYPE_F32, ldw, j0, rows, acc, &pull);
 }
 

@@ -1,11 +1,15 @@
 /* cuda_q4.cu: out[n,m] = x[n,k] @ w[m,k]^T (+ bias) for 4-bit weights
- * (DJ_DTYPE_Q4, djinn/dtype.h: per row k/2 bytes of codes, then k/128 f16
- * scales, then k/128 f16 zero points), bf16 x, f32 accumulation:
+ * (DJ_DTYPE_Q4, djinn/dtype.h: 16-row bands where m % 16 == 0, else rows),
+ * bf16 x, f32 accumulation:
  *  - up to Q4_MMA_ROWS rows (decode, batched decode): a GEMV on the tensor
  *    cores (mma.m16n8k16, bf16 -> f32), the codes turned into the exact bf16
  *    pairs (128 + code) in registers, two a LOP3; 16-byte loads where x and
  *    the rows allow, else 4-byte ones. Calls on one x are grouped into one
- *    launch as the 16-bit GEMVs are (cuda_plan.cu).
+ *    launch as the 16-bit GEMVs are (cuda_plan.cu). Banded, a warp's load of
+ *    a group's codes is 512 contiguous bytes and its tile's scales and zeros
+ *    64 (rows: 64 bytes of each of 8 rows, a row apart, and 2-byte loads from
+ *    8 rows' ends), the pattern that loads alone measured faster
+ *    (bench_q4_loads, bench/RESULTS.md).
  *  - more rows: weight rows dequantized to bf16 in tiles of at most
  *    Q4_TILE_BYTES (small enough to stay in L2 between the write and
  *    cuBLAS's read), each tile multiplied by cublasGemmEx into its columns of
@@ -48,6 +52,26 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
     }
 }
 
+/* Group gi of the lane's two A rows: their 16 bytes of codes at wa and wc
+ * (BAND: 1 KiB a group, else 64 bytes) and their scales and zeros from ma and
+ * mc (BAND: 4 bytes a row, scale then zero, 64 bytes a group; else the row's
+ * f16 scales, its ng zero points after them). */
+template <bool V16, bool BAND>
+static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const uint8_t *wc, const uint8_t *ma,
+                                                     const uint8_t *mc, uint32_t gi, uint32_t ng, uint4 &qa,
+                                                     uint4 &qc, __half (&qs)[4]) {
+    qa = q4_load16<V16>(wa + (BAND ? 1024 : 64) * (size_t)gi);
+    qc = q4_load16<V16>(wc + (BAND ? 1024 : 64) * (size_t)gi);
+    if constexpr (BAND) {
+        const uint32_t a = *(const uint32_t *)(ma + 64 * (size_t)gi), c = *(const uint32_t *)(mc + 64 * (size_t)gi);
+        qs[0] = __ushort_as_half((unsigned short)(a & 0xffffu)), qs[1] = __ushort_as_half((unsigned short)(a >> 16));
+        qs[2] = __ushort_as_half((unsigned short)(c & 0xffffu)), qs[3] = __ushort_as_half((unsigned short)(c >> 16));
+    } else {
+        const __half *sa = (const __half *)ma, *sc = (const __half *)mc;
+        qs[0] = sa[gi], qs[1] = sa[ng + gi], qs[2] = sc[gi], qs[3] = sc[ng + gi];
+    }
+}
+
 /* The tensor-core GEMV (aligned rows, up to 8 * NT rows of x): a warp takes
  * 16 weight rows (A of mma.m16n8k16) against NT tiles of 8 x rows (B), one
  * group of 128 columns a step. Lane (g = lane / 4, t = lane % 4) loads 16
@@ -66,7 +90,12 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * (the scales and zeros loaded where they were used put a memory round trip
  * in every step: AWQ decode b=1 on the H100 2.97 -> 2.89 ms, b=2 618 -> 636
  * tok/s with them prefetched; bench/RESULTS.md, 2026-11-26). V16: x and every row 16-byte
- * aligned (k a multiple of 512), else the same bytes in 4-byte loads. Measured against
+ * aligned (k a multiple of 512), else the same bytes in 4-byte loads. BAND (every
+ * segment's m % 16 == 0, djinn/dtype.h): lane l's 16 bytes of a group are chunk l of
+ * the band's 1 KiB block (rows g of the tile; chunk l + 32 for rows g + 8, and for a
+ * GLU tile at the odd 8 rows of a band), the scale and zero of a row one 4-byte
+ * load; V16 then needs x and the base 16-byte aligned only (a band is 16 * rb
+ * bytes, a multiple of 16); m % 16 == 0 leaves no partial tile. Measured against
  * the CUDA-core GEMV it replaced (4 rows a warp, each lane widening x to
  * floats and summing (128 + code) x with FMAs) on the 8B shape's AWQ
  * checkpoint (H200, 2026-11-26, bench/RESULTS.md): decode b=1 the same
@@ -78,7 +107,7 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
  * the GEMV would) and act(gate) * up as the GLU kernel would - every value
  * bit-equal to the launches apart (each row's sum is the same chain of MMAs,
  * and KS comes from m). */
-template <typename TO, int NT, int KS, bool V16, int GLU>
+template <typename TO, int NT, int KS, bool V16, bool BAND, int GLU>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
     static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
@@ -92,13 +121,12 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     const uint32_t j0 = ((blockIdx.x - sg.first_block[si]) * (Q4_WARPS / KS) + warp / KS) * (GLU ? 8 : 16);
     if (KS == 1 && j0 >= m) return; /* with KS > 1 every warp reaches the block's barrier */
     const uint32_t ng = k / DJ_Q4_GROUP;
-    const size_t rb = k / 2 + 4 * (size_t)ng;
     const uint32_t ra = j0 + g < m ? j0 + g : m - 1; /* past m: reread */
     const uint32_t rc = GLU ? ra : j0 + g + 8 < m ? j0 + g + 8 : m - 1;
     const uint8_t *wlo = sg.w[si], *whi = sg.w[GLU ? 1 : si];
-    const uint8_t *wa = wlo + (size_t)ra * rb + 16 * t, *wc = whi + (size_t)rc * rb + 16 * t;
-    const __half *sa = (const __half *)(wlo + (size_t)ra * rb + k / 2);
-    const __half *sc = (const __half *)(whi + (size_t)rc * rb + k / 2);
+    /* group 0's bytes of rows ra and rc (BAND: ra's chunk is the lane's, rc's 32 on or at the lane's) */
+    const uint8_t *wa = wlo + dj_q4_codes_at(m, k, ra, 0) + 16 * t, *wc = whi + dj_q4_codes_at(m, k, rc, 0) + 16 * t;
+    const uint8_t *ma = wlo + dj_q4_scale_at(m, k, ra, 0), *mc = whi + dj_q4_scale_at(m, k, rc, 0);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     /* weights are constant: the first U groups' loads go out before the wait, and each
      * step's loads of the next U groups before its MMAs */
@@ -107,11 +135,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const uint32_t gi = ks + u * KS;
-        if (j0 < m && gi < ng) {
-            qa[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
-            qc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
-            qs[u][0] = sa[gi], qs[u][1] = sa[ng + gi], qs[u][2] = sc[gi], qs[u][3] = sc[ng + gi];
-        }
+        if (j0 < m && gi < ng) q4_load_group<V16, BAND>(wa, wc, ma, mc, gi, ng, qa[u], qc[u], qs[u]);
     }
     dj_pdl_wait();
     float tot[NT][4];
@@ -125,11 +149,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const uint32_t gi = gb + (U + u) * KS;
-            if (gi < ng) {
-                na[u] = q4_load16<V16>(wa + 64 * (size_t)gi);
-                nc[u] = q4_load16<V16>(wc + 64 * (size_t)gi);
-                ns[u][0] = sa[gi], ns[u][1] = sa[ng + gi], ns[u][2] = sc[gi], ns[u][3] = sc[ng + gi];
-            }
+            if (gi < ng) q4_load_group<V16, BAND>(wa, wc, ma, mc, gi, ng, na[u], nc[u], ns[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -233,17 +253,19 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
     }
 }
 
-/* Rows [0, rows) of a Q4 matrix to bf16 [rows][k]: a thread per 4-byte word. */
-static __global__ void dequant_q4_kernel(const uint8_t *w, uint32_t k, uint32_t rows, __nv_bfloat16 *out) {
-    const uint32_t words = k / 8, ng = k / DJ_Q4_GROUP;
-    const size_t rb = k / 2 + 4 * (size_t)ng, total = (size_t)rows * words;
+/* Rows [j0, j0 + rows) of a Q4 matrix w of m rows (rows or bands) to bf16
+ * [rows][k]: a thread per 4-byte word (word i of a row: word i % 16 of group
+ * i / 16's 64 bytes). */
+static __global__ void dequant_q4_kernel(const uint8_t *w, uint32_t m, uint32_t k, uint32_t j0, uint32_t rows,
+                                         __nv_bfloat16 *out) {
+    const uint32_t words = k / 8;
+    const size_t total = (size_t)rows * words;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = t / words;
-        const uint32_t i = (uint32_t)(t % words);
-        const uint8_t *row = w + r * rb;
-        const __half *sc = (const __half *)(row + k / 2);
-        const uint32_t q = *(const uint32_t *)(row + 4 * (size_t)i);
-        const float s = __half2float(sc[i / 16]), mz = 8388608.0f + __half2float(sc[ng + i / 16]);
+        const size_t r = t / words, j = j0 + r;
+        const uint32_t i = (uint32_t)(t % words), gi = i / 16;
+        const uint32_t q = *(const uint32_t *)(w + dj_q4_codes_at(m, k, j, gi) + 4 * (size_t)(i % 16));
+        const float s = __half2float(*(const __half *)(w + dj_q4_scale_at(m, k, j, gi)));
+        const float mz = 8388608.0f + __half2float(*(const __half *)(w + dj_q4_zero_at(m, k, j, gi)));
         uint32_t o[4];
 #pragma unroll
         for (int h = 0; h < 4; h++) {
@@ -263,8 +285,8 @@ static __global__ void q4_bias_kernel(const float *acc, const void *bias, int bi
         dj_st(out, i, acc[i] + q4_bias(bias, bias_dtype, (uint32_t)(i % m)));
 }
 
-/* calls of one KS (q4_ks) as one launch; GLU: gate and up of one m. */
-template <typename TO, int NT, int KS, bool V16, int GLU>
+/* calls of one KS (q4_ks) and one layout as one launch; GLU: gate and up of one m. */
+template <typename TO, int NT, int KS, bool V16, bool BAND, int GLU>
 static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     q4_segs sg;
     memset(&sg, 0, sizeof sg);
@@ -281,18 +303,22 @@ static void launch_mma_ks(dj_cuda_backend *cb, const dj_op_call *calls, int coun
     }
     sg.count = count;
     sg.glu_out = glu_out;
-    dj__launch(cb, gemv_q4_mma_kernel<TO, NT, KS, V16, GLU>, dim3(blocks), dim3(Q4_WARPS * 32), 0,
+    dj__launch(cb, gemv_q4_mma_kernel<TO, NT, KS, V16, BAND, GLU>, dim3(blocks), dim3(Q4_WARPS * 32), 0,
                (const __nv_bfloat16 *)calls[0].x, sg, calls[0].n, calls[0].k);
 }
 
+/* V16 where x, the weights and (rows) rb are 16-byte aligned: a band's 16 * rb always is. */
 template <typename TO, int NT, int KS, int GLU>
-static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
-    uintptr_t align = (uintptr_t)calls[0].x | (uintptr_t)dj_dtype_row_bytes(DJ_DTYPE_Q4, calls[0].k);
+static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out, bool band) {
+    uintptr_t align = (uintptr_t)calls[0].x | (band ? 0 : (uintptr_t)dj_dtype_row_bytes(DJ_DTYPE_Q4, calls[0].k));
     for (int i = 0; i < count; i++) align |= (uintptr_t)calls[i].w;
-    if (align % 16 == 0)
-        launch_mma_ks<TO, NT, KS, true, GLU>(cb, calls, count, glu_out);
-    else
-        launch_mma_ks<TO, NT, KS, false, GLU>(cb, calls, count, glu_out);
+    if (align % 16 == 0) {
+        if (band) launch_mma_ks<TO, NT, KS, true, true, GLU>(cb, calls, count, glu_out);
+        else launch_mma_ks<TO, NT, KS, true, false, GLU>(cb, calls, count, glu_out);
+    } else {
+        if (band) launch_mma_ks<TO, NT, KS, false, true, GLU>(cb, calls, count, glu_out);
+        else launch_mma_ks<TO, NT, KS, false, false, GLU>(cb, calls, count, glu_out);
+    }
 }
 
 /* KS for m weight rows: the fewest warps a 16-row tile that still give
@@ -307,20 +333,21 @@ static int q4_ks(const dj_cuda_backend *cb, uint32_t m) {
     return 8;
 }
 
-/* One launch for calls of one KS, else a launch a call. */
+/* One launch for calls of one KS and one layout (banded or rows), else a launch a call. */
 template <typename TO, int NT, int GLU>
 static void launch_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count, __nv_bfloat16 *glu_out) {
     const int ks = q4_ks(cb, calls[0].m);
+    const bool band = dj_q4_banded(calls[0].m);
     for (int i = 1; i < count; i++)
-        if (q4_ks(cb, calls[i].m) != ks) {
+        if (q4_ks(cb, calls[i].m) != ks || (bool)dj_q4_banded(calls[i].m) != band) {
             for (int j = 0; j < count; j++) launch_mma<TO, NT, GLU>(cb, &calls[j], 1, glu_out);
             return;
         }
     switch (ks) {
-    case 1: launch_mma_v<TO, NT, 1, GLU>(cb, calls, count, glu_out); break;
-    case 2: launch_mma_v<TO, NT, 2, GLU>(cb, calls, count, glu_out); break;
-    case 4: launch_mma_v<TO, NT, 4, GLU>(cb, calls, count, glu_out); break;
-    default: launch_mma_v<TO, NT, 8, GLU>(cb, calls, count, glu_out); break;
+    case 1: launch_mma_v<TO, NT, 1, GLU>(cb, calls, count, glu_out, band); break;
+    case 2: launch_mma_v<TO, NT, 2, GLU>(cb, calls, count, glu_out, band); break;
+    case 4: launch_mma_v<TO, NT, 4, GLU>(cb, calls, count, glu_out, band); break;
+    default: launch_mma_v<TO, NT, 8, GLU>(cb, calls, count, glu_out, band); break;
     }
 }
 
@@ -385,7 +412,6 @@ dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c) {
     if (st != DJ_OK) return st;
     float *acc = c->bias ? scratch : NULL;
     __nv_bfloat16 *wt = (__nv_bfloat16 *)(void *)(scratch + (acc_floats + 3) / 4 * 4); /* 16-byte aligned */
-    const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, k);
     const cudaDataType_t dt = c->bias || f32_out ? CUDA_R_32F : CUDA_R_16BF;
     const size_t es = c->bias || f32_out ? 4 : 2;
     void *dst = c->bias ? (void *)acc : c->out;
@@ -395,8 +421,7 @@ dj_status dj__cuda_gemm_q4(dj_cuda_backend *cb, const dj_op_call *c) {
         const size_t words = (size_t)rows * (k / 8);
         size_t blocks = (words + 255) / 256, cap = (size_t)cb->n_sm * 16;
         if (blocks > cap) blocks = cap;
-        dequant_q4_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>((const uint8_t *)c->w + (size_t)j0 * rb, k, rows,
-                                                                    wt);
+        dequant_q4_kernel<<<(unsigned)blocks, 256, 0, cb->stream>>>((const uint8_t *)c->w, m, k, j0, rows, wt);
         DJ_CU_LAUNCHED(cb);
         /* column-major: out^T[j0.., n] (leading dimension m) = wt[k, rows]^T x^T[k, n] */
         DJ_CUBLAS(cb, cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)k, &alpha, wt,
