@@ -119,6 +119,13 @@ static dj_status want(const dj_model_config *c, const dj_checkpoint_t *ck, dj_we
     } else if (t->dtype == DJ_DTYPE_Q4) { /* repacked AWQ/GPTQ (src/model/quant4.c) */
         if (!q_ok || !cols)
             return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' is 4-bit, which only dense linear layers may be here", name);
+        /* a part of a fused tensor must be whole bands of it (djinn/dtype.h): as a
+         * matrix of its own it is then banded as well */
+        if (nrows != rows && (rows % DJ_Q4_BAND || row0 % DJ_Q4_BAND || nrows % DJ_Q4_BAND))
+            return dj_fail(DJ_EUNSUPPORTED,
+                           "tensor '%s' is 4-bit with %lld rows: its part of rows %lld..%lld is not whole %d-row "
+                           "bands of it, which a part of a 4-bit tensor must be",
+                           name, (long long)rows, (long long)row0, (long long)(row0 + nrows - 1), DJ_Q4_BAND);
     } else if (t->dtype != DJ_DTYPE_F32 && t->dtype != DJ_DTYPE_F16 && t->dtype != DJ_DTYPE_BF16) {
         return dj_fail(DJ_EUNSUPPORTED, "tensor '%s' has dtype %s; weights must be f32, f16 or bf16", name,
                        dj_dtype_name(t->dtype));
