@@ -3170,7 +3170,8 @@ static void bench_gemv(dj_dtype wt) {
     const size_t n_shapes = sizeof shapes / sizeof *shapes;
     const bool q4 = wt == DJ_DTYPE_Q4, f8 = wt == DJ_DTYPE_F8_E4M3;
     /* one host pattern for every upload: 1 MiB repeated of bf16 values in
-     * +-0.02 or e4m3 codes; Q4: whole rows of rand_q4, per shape */
+     * +-0.02 or e4m3 codes; Q4: rand_q4's 64 rows repeated, per shape (every m
+     * here a multiple of 64: whole bands, so a valid banded matrix) */
     size_t max_bytes = 0;
     for (size_t i = 0; i < n_shapes; i++)
         for (int j = 0; j < shapes[i].count; j++) {
@@ -3190,7 +3191,7 @@ static void bench_gemv(dj_dtype wt) {
         const gemv_shape *sh = &shapes[si];
         const bool glu = strcmp(sh->what, "gate/up+glu") == 0;
         const size_t rb = dj_dtype_row_bytes(wt, sh->k);
-        if (q4) { /* whole valid rows: each copy's rows from rand_q4's rows, repeated, as many as it has */
+        if (q4) { /* the bytes of rand_q4's 64 rows (4 bands), repeated, as many rows as the largest m has */
             enum { QROWS = 64 };
             uint32_t most = 0;
             for (int j = 0; j < sh->count; j++) most = sh->ms[j] > most ? sh->ms[j] : most;
@@ -3536,21 +3537,21 @@ static void bench(void) {
 
 /* ---- 4-bit weights (DJ_DTYPE_Q4, cuda_q4.cu) ---- */
 
-/* A random Q4 matrix [m][k] in host memory: codes and zero points uniform in
- * 0..15, scales in [0.5, 1.5] / (8 sqrt k) (as f16). */
+/* A random Q4 matrix [m][k] in host memory (rows or bands as m gives,
+ * djinn/dtype.h): codes and zero points uniform in 0..15, scales in
+ * [0.5, 1.5] / (8 sqrt k) (as f16). */
 static uint8_t *rand_q4(uint32_t m, uint32_t k) {
-    const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, k), ng = k / DJ_Q4_GROUP;
-    uint8_t *w = xmalloc((size_t)m * rb);
-    for (uint32_t r = 0; r < m; r++) {
-        uint8_t *row = w + (size_t)r * rb;
-        for (size_t j = 0; j < k / 2; j++) row[j] = (uint8_t)(dj_test_rand() & 0xffu);
+    const size_t ng = k / DJ_Q4_GROUP;
+    uint8_t *w = xmalloc((size_t)m * dj_dtype_row_bytes(DJ_DTYPE_Q4, k));
+    for (uint32_t r = 0; r < m; r++)
         for (size_t g = 0; g < ng; g++) {
+            uint8_t *q = w + dj_q4_codes_at(m, k, r, g);
+            for (size_t j = 0; j < DJ_Q4_GROUP / 2; j++) q[j] = (uint8_t)(dj_test_rand() & 0xffu);
             const uint16_t s = dj_f32_to_f16(dj_test_randf(0.5f, 1.5f) / (8.0f * sqrtf((float)k)));
             const uint16_t z = dj_f32_to_f16((float)(dj_test_rand() % 16u));
-            memcpy(row + k / 2 + 2 * g, &s, 2);
-            memcpy(row + k / 2 + 2 * (ng + g), &z, 2);
+            memcpy(w + dj_q4_scale_at(m, k, r, g), &s, 2);
+            memcpy(w + dj_q4_zero_at(m, k, r, g), &z, 2);
         }
-    }
     return w;
 }
 
@@ -3635,9 +3636,11 @@ static void check_q4_rows_agree(uint32_t n, uint32_t k, uint32_t m) {
     free(xb), free(xf), free(w), free(h1), free(h2);
 }
 
-/* q, k, v-shaped 4-bit matmuls on one x in one plan (one grouped GEMV launch). */
-static void check_q4_group(uint32_t n, uint32_t k) {
-    const uint32_t ms[3] = {k, k / 4, k / 4 + 8};
+/* q, k, v-shaped 4-bit matmuls of m0, m1, m2 rows on one x in one plan (one
+ * grouped GEMV launch where all three are banded or none is, else a launch a
+ * call). */
+static void check_q4_group(uint32_t n, uint32_t k, uint32_t m0, uint32_t m1, uint32_t m2) {
+    const uint32_t ms[3] = {m0, m1, m2};
     uint16_t *xb = halloc((size_t)n * k);
     float *xf = falloc((size_t)n * k);
     rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
@@ -3791,8 +3794,18 @@ static void check_gemv_glu(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, dj_o
     free(b);
 }
 
+/* m % 16 == 0 takes the banded layout (djinn/dtype.h), other m the rows: both
+ * through the GEMV (16-byte and 4-byte loads, 1, 2 and 4 x tiles, every KS),
+ * the GLU-fused GEMV, the tiled GEMM's dequantization and grouped calls. */
 static void check_q4(void) {
     for (uint32_t n = 1; n <= 8; n++) check_q4_matmul(n, 512, 37 + 8 * n, n % 3 == 0, DJ_DTYPE_BF16, 1, 0);
+    for (uint32_t n = 1; n <= 8; n += 3) check_q4_matmul(n, 512, 32 + 16 * n, n % 2, DJ_DTYPE_BF16, 1, 0); /* bands */
+    check_q4_matmul(1, 384, 96, 1, DJ_DTYPE_BF16, 1, 0);      /* bands of 204-byte rows: 16-byte loads */
+    check_q4_matmul(3, 4096, 336, 1, DJ_DTYPE_BF16, 1, 4);    /* bands, skewed: 4-byte loads */
+    check_q4_matmul(2, 384, 160, 0, DJ_DTYPE_F32, 1, 12);     /* bands, skewed */
+    check_q4_matmul(1, 4096, 5008, 0, DJ_DTYPE_F32, 1, 0);    /* banded logits */
+    check_q4_matmul(12, 1024, 1024, 1, DJ_DTYPE_BF16, 0, 0);  /* bands, 2 x tiles */
+    check_q4_matmul(33, 384, 80, 1, DJ_DTYPE_F32, 2, 4);      /* bands through the GEMM, skewed */
     check_q4_matmul(1, 4096, 1000, 0, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 14336, 257, 1, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 384, 100, 0, DJ_DTYPE_BF16, 1, 0);     /* rows of 204 bytes: 4-byte loads */
@@ -3821,15 +3834,22 @@ static void check_q4(void) {
     check_gemv_glu(3, 512, 1000, DJ_DTYPE_Q4, DJ_OP_GELU_MUL, 1, 1);   /* rows past the last full tile, a bias */
     check_gemv_glu(20, 384, 77, DJ_DTYPE_Q4, DJ_OP_SILU_MUL, 0, 1);    /* 4-byte loads, 4 column tiles */
     check_gemv_glu(40, 512, 256, DJ_DTYPE_Q4, DJ_OP_SILU_MUL, 0, 0);   /* past 32 rows: launched apart */
+    check_gemv_glu(3, 512, 1008, DJ_DTYPE_Q4, DJ_OP_GELU_MUL, 1, 1);   /* bands: tiles at both halves of one */
+    check_gemv_glu(12, 1024, 512, DJ_DTYPE_Q4, DJ_OP_SILU_MUL, 1, 1);  /* bands, 2 x tiles */
+    check_gemv_glu(20, 384, 80, DJ_DTYPE_Q4, DJ_OP_SILU_MUL, 0, 1);    /* bands of 204-byte rows: 16-byte loads */
     /* bf16 and FP8 GEMVs (a warp a row) are not fused with their GLU: taking gate and up rows in
      * one warp measured no faster for bf16 and slower for FP8 (bench/RESULTS.md, 2026-11-26) */
     check_gemv_glu(1, 4096, 14336, DJ_DTYPE_BF16, DJ_OP_SILU_MUL, 0, 0);
     check_gemv_glu(5, 1024, 1000, DJ_DTYPE_F8_E4M3, DJ_OP_GELU_MUL, 1, 0);
-    check_q4_group(1, 4096);
-    check_q4_group(5, 512);
-    /* k split over 2 and 1 warps a tile (q4_ks: m of 20,000 and 40,000 rows) */
+    check_q4_group(1, 4096, 4096, 1024, 1024); /* bands: one launch */
+    check_q4_group(5, 512, 520, 136, 168);     /* rows: one launch */
+    check_q4_group(1, 4096, 4096, 1024, 1032); /* bands and rows: a launch a call */
+    check_q4_group(5, 512, 512, 128, 136);
+    /* k split over 2 and 1 warps a tile (q4_ks: m of 20,000 and 40,000 rows), bands and rows */
     check_q4_matmul(2, 512, 20000, 1, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 1024, 40000, 0, DJ_DTYPE_F32, 1, 0);
+    check_q4_matmul(2, 512, 20008, 1, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(1, 1024, 40008, 0, DJ_DTYPE_F32, 1, 0);
     check_q4_rows_agree(1, 4096, 4096);
     check_q4_rows_agree(8, 14336, 4096);
     check_q4_rows_agree(3, 512, 14336);
