@@ -89,7 +89,11 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * - codes, scales and zero points - are issued before the MMAs of these U
  * (the scales and zeros loaded where they were used put a memory round trip
  * in every step: AWQ decode b=1 on the H100 2.97 -> 2.89 ms, b=2 618 -> 636
- * tok/s with them prefetched; bench/RESULTS.md, 2026-11-26). V16: x and every row 16-byte
+ * tok/s with them prefetched; bench/RESULTS.md, 2026-11-26). U, the groups a
+ * step: 1 for one tile of x rows without the GLU, else 2 (H100, 2026-11-27:
+ * U = 1 there took the 8B shape's q/k/v 10.5 -> 9.6 us, o 6.2 -> 5.3, down
+ * 15.2 -> 14.3 but gate/up+GLU 31.7 -> 32.4; 3 slower; 3 blocks an SM at 80
+ * registers slower still). V16: x and every row 16-byte
  * aligned (k a multiple of 512), else the same bytes in 4-byte loads. BAND (every
  * segment's m % 16 == 0, djinn/dtype.h): lane l's 16 bytes of a group are chunk l of
  * the band's 1 KiB block (rows g of the tile; chunk l + 32 for rows g + 8, and for a
@@ -111,7 +115,7 @@ template <typename TO, int NT, int KS, bool V16, bool BAND, int GLU>
 static __global__ void __launch_bounds__(Q4_WARPS * 32)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
     static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
-    constexpr int U = 2;
+    constexpr int U = NT == 1 && GLU == 0 ? 1 : 2; /* groups a step (above) */
     dj_pdl_release();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ks = warp % KS;
     const uint32_t g = lane >> 2, t = lane & 3;
@@ -322,11 +326,16 @@ static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count
 }
 
 /* KS for m weight rows: the fewest warps a 16-row tile that still give
- * every SM two blocks for these rows alone - so a row's sum depends on m and
+ * every SM a block for these rows alone - so a row's sum depends on m and
  * k only: the same alone, in a GEMV group, fused with its GLU, and at every
- * n (the deterministic mode's 8-row pieces of a large batch run alone). */
+ * n (the deterministic mode's 8-row pieces of a large batch run alone).
+ * Two blocks an SM (the rule until 2026-11-27) split the 8B shape's gate/up
+ * over 4 warps a tile where 2 now take it: fewer, longer warps (the k split's
+ * prologue and sum are a warp's fixed cost) - AWQ decode b=1 on the H100
+ * 2.80 -> 2.74 ms; at most 4 warps a tile (4,096 rows then take 128 blocks,
+ * under one an SM) left the SMs too few warps: 3.2 ms (bench/RESULTS.md). */
 static int q4_ks(const dj_cuda_backend *cb, uint32_t m) {
-    const uint32_t tiles = (m + 15) / 16, want = 2u * (uint32_t)cb->n_sm;
+    const uint32_t tiles = (m + 15) / 16, want = (uint32_t)cb->n_sm;
     if ((tiles + Q4_WARPS - 1) / Q4_WARPS >= want) return 1;
     if ((tiles + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) return 2;
     if ((tiles + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want) return 4;
