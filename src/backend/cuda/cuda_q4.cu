@@ -33,6 +33,8 @@ struct q4_segs {
     __nv_bfloat16 *glu_out; /* GLU kernels: act(gate) * up, [n][m] */
 };
 
+static __device__ uint4 q4_zero[4]; /* 64 bytes of zeros: the x of rows past n */
+
 static __device__ __forceinline__ float q4_bias(const void *p, int t, uint32_t j) {
     switch (t) {
     case DJ_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[j]);
@@ -92,8 +94,8 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * tok/s with them prefetched; bench/RESULTS.md, 2026-11-26). U, the groups a
  * step: 1 for one tile of x rows without the GLU, else 2 (H100, 2026-11-27:
  * U = 1 there took the 8B shape's q/k/v 10.5 -> 9.6 us, o 6.2 -> 5.3, down
- * 15.2 -> 14.3 but gate/up+GLU 31.7 -> 32.4; 3 slower; 3 blocks an SM at 80
- * registers slower still). V16: x and every row 16-byte
+ * 15.2 -> 14.3 but gate/up+GLU 31.7 -> 32.4; decode with U = 1 or 2 for every
+ * one-tile kernel 2.70-2.75 ms against 2.64-2.66; 3 slower). V16: x and every row 16-byte
  * aligned (k a multiple of 512), else the same bytes in 4-byte loads. BAND (every
  * segment's m % 16 == 0, djinn/dtype.h): lane l's 16 bytes of a group are chunk l of
  * the band's 1 KiB block (rows g of the tile; chunk l + 32 for rows g + 8, and for a
@@ -110,9 +112,12 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * g + 8), so a lane holds gate and up of row j0 + g: it stores both (bf16, as
  * the GEMV would) and act(gate) * up as the GLU kernel would - every value
  * bit-equal to the launches apart (each row's sum is the same chain of MMAs,
- * and KS comes from m). */
+ * and KS comes from m). A minimum of 1 block an SM in the launch bounds: ptxas
+ * then takes 84 registers for one tile of x rows without the GLU (2 blocks an
+ * SM) where left alone it took 76 (3 blocks), which ran slower - AWQ decode
+ * b=1 on the H100 2.72 -> 2.65 ms (bench/RESULTS.md, 2026-11-27). */
 template <typename TO, int NT, int KS, bool V16, bool BAND, int GLU>
-static __global__ void __launch_bounds__(Q4_WARPS * 32)
+static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
     static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
     constexpr int U = NT == 1 && GLU == 0 ? 1 : 2; /* groups a step (above) */
@@ -141,6 +146,17 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
         const uint32_t gi = ks + u * KS;
         if (j0 < m && gi < ng) q4_load_group<V16, BAND>(wa, wc, ma, mc, gi, ng, qa[u], qc[u], qs[u]);
     }
+    /* the lane's x row of each tile (its 64 bytes of a group, 256 bytes a group on), or past n the
+     * zeros of q4_zero (no step): every lane loads, none branches (a branch and 16 zeroed registers
+     * a group and tile before: AWQ decode b=1 2.85 -> 2.72 ms, b=32 2,830 -> 3,210 tok/s) */
+    const uint8_t *xb[NT];
+    uint32_t xs[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const uint32_t xr = 8 * nt + g;
+        xb[nt] = xr < n ? (const uint8_t *)(x + (size_t)xr * k) + 64 * t : (const uint8_t *)q4_zero;
+        xs[nt] = xr < n ? 256u : 0u;
+    }
     dj_pdl_wait();
     float tot[NT][4];
 #pragma unroll
@@ -167,17 +183,11 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint32_t xw[16];
-                const uint32_t xr = 8 * nt + g;
-                if (xr < n) {
-                    const uint8_t *xp = (const uint8_t *)(x + (size_t)xr * k + 128 * (size_t)gi + 32 * t);
+                const uint8_t *xp = xb[nt] + xs[nt] * gi;
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint4 v = q4_load16<V16>(xp + 16 * i);
-                        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 16; i++) xw[i] = 0;
+                for (int i = 0; i < 4; i++) {
+                    const uint4 v = q4_load16<V16>(xp + 16 * i);
+                    xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
                 }
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
