@@ -54,6 +54,17 @@ static __device__ __forceinline__ uint4 q4_load16(const uint8_t *p) {
     }
 }
 
+static __device__ __forceinline__ uint32_t q4_bf16x2(float v) {
+    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16(v));
+    return b | b << 16;
+}
+/* a - b on bf16 pairs (exact here: (128 + code) - (128 + zero), integers -16..15) */
+static __device__ __forceinline__ uint32_t q4_sub2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 /* Group gi of the lane's two A rows: their 16 bytes of codes at wa and wc
  * (BAND: 1 KiB a group, else 64 bytes) and their scales and zeros from ma and
  * mc (BAND: 4 bytes a row, scale then zero, 64 bytes a group; else the row's
@@ -84,9 +95,12 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * k 2t, 2t+1) and 8w + {2h+1, 2h+5} (k 2t+8, 2t+9) - exactly the bf16 pairs
  * (128 + code) one LOP3 makes of word w ((w >> 4i) & 0x000F000F |
  * 0x43004300: codes i and i + 4 as bf16 128 + code), and B's pairs one PRMT
- * each of the lane's x words. A second MMA against ones gives each column's
- * sum of x, so a group adds s * (sum (128 + code) x - (128 + zero) sum x) to
- * its rows. Every x row is its own MMA column, and KS comes from m alone
+ * each of the lane's x words. One bf16x2 subtraction of (128 + zero) pairs
+ * makes them code - zero (exact: integers -16..15), so a group adds
+ * s * sum (code - zero) x to its rows (a second MMA against ones, for sum x
+ * and s * (sum (128 + code) x - (128 + zero) sum x), before 2026-11-27: the
+ * GLU kernel 31.1 -> 29.3 us, AWQ decode b=1 2.63-2.65 -> 2.61-2.64 ms, b=32
+ * 3,313 -> 3,517 tok/s; bench/RESULTS.md). Every x row is its own MMA column, and KS comes from m alone
  * (q4_ks): a row's sum depends on m and k only. The loads of the next U groups
  * - codes, scales and zero points - are issued before the MMAs of these U
  * (the scales and zeros loaded where they were used put a memory round trip
@@ -136,7 +150,6 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
     /* group 0's bytes of rows ra and rc (BAND: ra's chunk is the lane's, rc's 32 on or at the lane's) */
     const uint8_t *wa = wlo + dj_q4_codes_at(m, k, ra, 0) + 16 * t, *wc = whi + dj_q4_codes_at(m, k, rc, 0) + 16 * t;
     const uint8_t *ma = wlo + dj_q4_scale_at(m, k, ra, 0), *mc = whi + dj_q4_scale_at(m, k, rc, 0);
-    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     /* weights are constant: the first U groups' loads go out before the wait, and each
      * step's loads of the next U groups before its MMAs */
     uint4 qa[U], qc[U];
@@ -180,6 +193,8 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
             const float z0 = 128.0f + __half2float(qs[u][1]);
             const float s1 = __half2float(qs[u][2]);
             const float z1 = 128.0f + __half2float(qs[u][3]);
+            /* 128 + zero of rows ra and rc as bf16 pairs (exact: integers to 144) */
+            const uint32_t za = q4_bf16x2(z0), zc = q4_bf16x2(z1);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint32_t xw[16];
@@ -189,7 +204,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
                     const uint4 v = q4_load16<V16>(xp + 16 * i);
                     xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
                 }
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int w = 0; w < 4; w++)
 #pragma unroll
@@ -200,13 +215,14 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
                                                ((c4[w] >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u};
                         const uint32_t b0 = __byte_perm(xw[4 * w + h], xw[4 * w + h + 2], 0x5410);
                         const uint32_t b1 = __byte_perm(xw[4 * w + h], xw[4 * w + h + 2], 0x7632);
-                        dj_mma16816(c, a, b0, b1);
-                        dj_mma16816(sx, ones, b0, b1);
+                        const uint32_t d[4] = {q4_sub2(a[0], za), q4_sub2(a[1], zc), q4_sub2(a[2], za),
+                                               q4_sub2(a[3], zc)};
+                        dj_mma16816(c, d, b0, b1);
                     }
-                tot[nt][0] = fmaf(s0, fmaf(-z0, sx[0], c[0]), tot[nt][0]);
-                tot[nt][1] = fmaf(s0, fmaf(-z0, sx[1], c[1]), tot[nt][1]);
-                tot[nt][2] = fmaf(s1, fmaf(-z1, sx[0], c[2]), tot[nt][2]);
-                tot[nt][3] = fmaf(s1, fmaf(-z1, sx[1], c[3]), tot[nt][3]);
+                tot[nt][0] = fmaf(s0, c[0], tot[nt][0]);
+                tot[nt][1] = fmaf(s0, c[1], tot[nt][1]);
+                tot[nt][2] = fmaf(s1, c[2], tot[nt][2]);
+                tot[nt][3] = fmaf(s1, c[3], tot[nt][3]);
             }
         }
 #pragma unroll
