@@ -3838,17 +3838,19 @@ static void check_q4(void) {
     check_gemv_glu(12, 1024, 512, DJ_DTYPE_Q4, DJ_OP_SILU_MUL, 1, 1);  /* bands, 2 x tiles */
     check_gemv_glu(20, 384, 80, DJ_DTYPE_Q4, DJ_OP_SILU_MUL, 0, 1);    /* bands of 204-byte rows: 16-byte loads */
     /* bf16 and FP8 GEMVs (a warp a row) are not fused with their GLU: taking gate and up rows in
-     * one warp measured no faster for bf16 and slower for FP8 (bench/RESULTS.md, 2026-11-26) */
+     * one warp measured no faster for bf16 and slower for FP8 (bench/RESULTS.md, 2026-11-26; FP8 again
+     * 2026-11-27, a warp taking gate's row and then up's) */
     check_gemv_glu(1, 4096, 14336, DJ_DTYPE_BF16, DJ_OP_SILU_MUL, 0, 0);
     check_gemv_glu(5, 1024, 1000, DJ_DTYPE_F8_E4M3, DJ_OP_GELU_MUL, 1, 0);
     check_q4_group(1, 4096, 4096, 1024, 1024); /* bands: one launch */
     check_q4_group(5, 512, 520, 136, 168);     /* rows: one launch */
     check_q4_group(1, 4096, 4096, 1024, 1032); /* bands and rows: a launch a call */
     check_q4_group(5, 512, 512, 128, 136);
-    /* k split over 2 and 1 warps a tile (q4_ks: m of 20,000 and 40,000 rows), bands and rows */
-    check_q4_matmul(2, 512, 20000, 1, DJ_DTYPE_BF16, 1, 0);
+    /* k split over 2 and 1 warps a tile (q4_ks on the H100's 132 SMs: m of 10,000 and 40,000 rows;
+     * 4 warps: the 5,008 rows above), bands and rows */
+    check_q4_matmul(2, 512, 10000, 1, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 1024, 40000, 0, DJ_DTYPE_F32, 1, 0);
-    check_q4_matmul(2, 512, 20008, 1, DJ_DTYPE_BF16, 1, 0);
+    check_q4_matmul(2, 512, 10008, 1, DJ_DTYPE_BF16, 1, 0);
     check_q4_matmul(1, 1024, 40008, 0, DJ_DTYPE_F32, 1, 0);
     check_q4_rows_agree(1, 4096, 4096);
     check_q4_rows_agree(8, 14336, 4096);
