@@ -126,10 +126,12 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * g + 8), so a lane holds gate and up of row j0 + g: it stores both (bf16, as
  * the GEMV would) and act(gate) * up as the GLU kernel would - every value
  * bit-equal to the launches apart (each row's sum is the same chain of MMAs,
- * and KS comes from m). A minimum of 1 block an SM in the launch bounds: ptxas
- * then takes 84 registers for one tile of x rows without the GLU (2 blocks an
- * SM) where left alone it took 76 (3 blocks), which ran slower - AWQ decode
- * b=1 on the H100 2.72 -> 2.65 ms (bench/RESULTS.md, 2026-11-27). */
+ * and KS comes from m). A minimum of 1 block an SM in the launch bounds
+ * changes what ptxas makes of one tile of x rows without the GLU: 80
+ * registers where left alone it takes 66 (84 and 76 with the second MMA),
+ * and left alone ran slower - AWQ decode b=1 on the H100 2.62-2.64 against
+ * 2.65-2.72 ms, b=32 3,449 against 3,096 tok/s (bench/RESULTS.md,
+ * 2026-11-27). */
 template <typename TO, int NT, int KS, bool V16, bool BAND, int GLU>
 static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
