@@ -153,22 +153,27 @@ static float want(int n, int k) {
  * layout (written out here from the comment, not through its helpers). */
 typedef struct {
     size_t code, scale, zero;
+    int high; /* the code in the byte's high nibble */
 } q4_place;
 static q4_place q4_spec(size_t m, size_t cols, size_t n, size_t k) {
     const size_t rb = dj_dtype_row_bytes(DJ_DTYPE_Q4, cols), ng = cols / DJ_Q4_GROUP, g = k / DJ_Q4_GROUP;
+    /* within a 32-bit word of 8 columns: even columns in nibbles 0..3, odd ones in 4..7 */
+    const size_t cw = k % 8, nib = cw / 2 + 4 * (cw % 2), in_word = nib / 2;
     if (m % 16) {
         const size_t row = n * rb;
-        return (q4_place){row + k / 2, row + cols / 2 + 2 * g, row + cols / 2 + 2 * ng + 2 * g};
+        return (q4_place){row + k / 8 * 4 + in_word, row + cols / 2 + 2 * g, row + cols / 2 + 2 * ng + 2 * g,
+                          (int)(nib % 2)};
     }
     const size_t band = n / 16 * 16 * rb, r = n % 16, h = r / 8, r8 = r % 8, c = k % DJ_Q4_GROUP, t = c / 32;
     const size_t meta = band + 1024 * ng + 64 * g + 4 * r;
-    return (q4_place){band + 1024 * g + 16 * (32 * h + 4 * r8 + t) + (c % 32) / 2, meta, meta + 2};
+    return (q4_place){band + 1024 * g + 16 * (32 * h + 4 * r8 + t) + (c % 32) / 8 * 4 + in_word, meta, meta + 2,
+                      (int)(nib % 2)};
 }
 
 /* Value (n, k) of the DJ_DTYPE_Q4 matrix w of N rows and K columns. */
 static float q4_at(const uint8_t *w, int n, int k) {
     const q4_place p = q4_spec((size_t)N, K, (size_t)n, (size_t)k);
-    const int code = k % 2 ? w[p.code] >> 4 : w[p.code] & 15;
+    const int code = p.high ? w[p.code] >> 4 : w[p.code] & 15;
     uint16_t s, z;
     memcpy(&s, w + p.scale, 2);
     memcpy(&z, w + p.zero, 2);
@@ -193,8 +198,11 @@ static void test_offsets(void) {
             for (size_t j = 0; j < m; j++)
                 for (size_t g = 0; g < cols / DJ_Q4_GROUP; g++) {
                     const size_t at = dj_q4_codes_at(m, cols, j, g);
-                    for (size_t c = 0; c < DJ_Q4_GROUP; c += 2) /* the helper's byte c/2 is q4_spec's */
-                        bad += q4_spec(m, cols, j, DJ_Q4_GROUP * g + c).code != at + c / 2;
+                    for (size_t c = 0; c < DJ_Q4_GROUP; c++) { /* column c's nibble: dj_q4_nibble's in word c/8 */
+                        const q4_place p = q4_spec(m, cols, j, DJ_Q4_GROUP * g + c);
+                        const unsigned nib = dj_q4_nibble((unsigned)c);
+                        bad += p.code != at + c / 8 * 4 + nib / 2 || p.high != (int)(nib % 2);
+                    }
                     const q4_place p = q4_spec(m, cols, j, DJ_Q4_GROUP * g);
                     bad += dj_q4_scale_at(m, cols, j, g) != p.scale || dj_q4_zero_at(m, cols, j, g) != p.zero;
                     mark(seen, bytes, at, 64);

@@ -16,8 +16,11 @@ typedef enum {
     /* 4-bit weights with groups of 128 (AWQ and GPTQ as loaded, src/model/quant4.c):
      * not an element type. A [rows][cols] matrix (cols % 128 == 0) takes rows *
      * rb bytes, rb = dj_dtype_row_bytes(Q4, cols); a row's codes for group gi
-     * (columns 128gi..128gi+127) are 64 bytes, byte j holding column 128gi+2j in
-     * the low nibble and 128gi+2j+1 in the high; column c's value is
+     * (columns 128gi..128gi+127) are 64 bytes, 16 little-endian 32-bit words,
+     * word w holding columns 128gi+8w..128gi+8w+7: column 8w+2i in nibble i
+     * (bits 4i..4i+3) and 8w+2i+1 in nibble i+4 (dj_q4_nibble), so one mask
+     * of a word shifted by 4i gives columns 2i and 2i+1 as a pair of 16-bit
+     * halves - the order of a pair of bf16 activations; column c's value is
      * (code - zero) * scale with the f16 scale and f16 zero point (an integer
      * 0..16) of its row and group c/128. Where the bytes lie (dj_q4_codes_at,
      * dj_q4_scale_at, dj_q4_zero_at):
@@ -53,6 +56,8 @@ size_t dj_dtype_row_bytes(dj_dtype t, size_t cols);
 #define DJ_Q4_HD
 #endif
 static inline DJ_Q4_HD int dj_q4_banded(size_t m) { return m % DJ_Q4_BAND == 0; }
+/* The nibble (0..7) of its 32-bit word that holds column c (c % 8 of the word's 8). */
+static inline DJ_Q4_HD unsigned dj_q4_nibble(unsigned c) { return c % 8 / 2 + 4 * (c % 2); }
 /* Row j's 64 code bytes of group gi (contiguous in both layouts). */
 static inline DJ_Q4_HD size_t dj_q4_codes_at(size_t m, size_t k, size_t j, size_t gi) {
     const size_t rb = k / 2 + 4 * (k / DJ_Q4_GROUP), r = j % DJ_Q4_BAND;

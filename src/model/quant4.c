@@ -213,12 +213,15 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
         for (int64_t i = 0; i < kw; i++) { /* columns 8i..8i+7 of every row of the block */
             for (int64_t j = jb; j < je; j++) {
                 uint32_t w[8] = {0};
-                if (kind == Q4_GPTQ) { /* the stored word (i, n) is already 8 columns of row n */
-                    for (int c = 0; c < 8; c++) w[c] = rd32(qw->data, (size_t)(i * N + 8 * j + c));
+                if (kind == Q4_GPTQ) { /* the stored word (i, n) holds column 8i + t of row n in nibble t */
+                    for (int c = 0; c < 8; c++) {
+                        const uint32_t v = rd32(qw->data, (size_t)(i * N + 8 * j + c));
+                        for (unsigned t = 0; t < 8; t++) w[c] |= ((v >> (4 * t)) & 15u) << (4 * dj_q4_nibble(t));
+                    }
                 } else { /* word (8i + t, j) holds column 8i + t of the 8 rows, row 8j + c in slot AWQ_SLOT[c] */
-                    for (int t = 0; t < 8; t++) {
+                    for (unsigned t = 0; t < 8; t++) {
                         const uint32_t v = rd32(qw->data, (size_t)((8 * i + t) * nj + j));
-                        for (int c = 0; c < 8; c++) w[c] |= ((v >> (4 * AWQ_SLOT[c])) & 15u) << (4 * t);
+                        for (int c = 0; c < 8; c++) w[c] |= ((v >> (4 * AWQ_SLOT[c])) & 15u) << (4 * dj_q4_nibble(t));
                     }
                 }
                 for (int c = 0; c < 8; c++) /* word i % 16 of the row's group i / 16 */

@@ -136,9 +136,10 @@ static void q4_row_to_f32(float *out, const uint8_t *w, uint32_t m, uint32_t k, 
         const float s = dj_f16_to_f32(sh), z = dj_f16_to_f32(zh);
         const uint8_t *q = w + dj_q4_codes_at(m, k, j, g);
         float *o = out + g * DJ_Q4_GROUP;
-        for (uint32_t j = 0; j < DJ_Q4_GROUP / 2; j++) {
-            o[2 * j] = ((float)(q[j] & 15u) - z) * s;
-            o[2 * j + 1] = ((float)(q[j] >> 4) - z) * s;
+        for (uint32_t i = 0; i < DJ_Q4_GROUP / 8; i++) {
+            uint32_t v;
+            memcpy(&v, q + 4 * i, 4);
+            for (unsigned c = 0; c < 8; c++) o[8 * i + c] = ((float)((v >> (4 * dj_q4_nibble(c))) & 15u) - z) * s;
         }
     }
 }

@@ -91,11 +91,13 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * bytes of rows g and g + 8: the group's columns 32t..32t+31, word w holding
  * 32t+8w..32t+8w+7. The MMA's k order is a permutation of the columns that
  * depends on t alone (A and B use the same one, so the dot products are
- * unchanged): step (w, h) gives the lane the columns 8w + {2h, 2h+4} (its
- * k 2t, 2t+1) and 8w + {2h+1, 2h+5} (k 2t+8, 2t+9) - exactly the bf16 pairs
+ * unchanged): step (w, h) gives the lane the columns 8w + {4h, 4h+1} (its
+ * k 2t, 2t+1) and 8w + {4h+2, 4h+3} (k 2t+8, 2t+9) - exactly the bf16 pairs
  * (128 + code) one LOP3 makes of word w ((w >> 4i) & 0x000F000F |
- * 0x43004300: codes i and i + 4 as bf16 128 + code), and B's pairs one PRMT
- * each of the lane's x words. One bf16x2 subtraction of (128 + zero) pairs
+ * 0x43004300: nibbles i and i + 4, columns 2i and 2i + 1 in djinn/dtype.h's
+ * order), and B's pairs two of the lane's x words as loaded (the nibbles in
+ * column order took a PRMT for each B register: AWQ decode b=1 on the H100
+ * 2.63-2.64 -> 2.55-2.57 ms, bench/RESULTS.md 2026-11-27). One bf16x2 subtraction of (128 + zero) pairs
  * makes them code - zero (exact: integers -16..15), so a group adds
  * s * sum (code - zero) x to its rows (a second MMA against ones, for sum x
  * and s * (sum (128 + code) x - (128 + zero) sum x), before 2026-11-27: the
@@ -126,14 +128,16 @@ static __device__ __forceinline__ void q4_load_group(const uint8_t *wa, const ui
  * g + 8), so a lane holds gate and up of row j0 + g: it stores both (bf16, as
  * the GEMV would) and act(gate) * up as the GLU kernel would - every value
  * bit-equal to the launches apart (each row's sum is the same chain of MMAs,
- * and KS comes from m). A minimum of 1 block an SM in the launch bounds
+ * and KS comes from m); with one tile of x rows its launch bounds ask for
+ * 3 blocks an SM (80 registers, no spills, where it takes 95 - q4_ks says
+ * what that gained). Else a minimum of 1 block an SM in the launch bounds
  * changes what ptxas makes of one tile of x rows without the GLU: 80
  * registers where left alone it takes 66 (84 and 76 with the second MMA),
  * and left alone ran slower - AWQ decode b=1 on the H100 2.62-2.64 against
  * 2.65-2.72 ms, b=32 3,449 against 3,096 tok/s (bench/RESULTS.md,
  * 2026-11-27). */
 template <typename TO, int NT, int KS, bool V16, bool BAND, int GLU>
-static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
+static __global__ void __launch_bounds__(Q4_WARPS * 32, NT == 1 && GLU ? 3 : 1)
     gemv_q4_mma_kernel(const __nv_bfloat16 *x, q4_segs sg, uint32_t n, uint32_t k) {
     static_assert(Q4_WARPS % KS == 0, "a block holds whole row tiles");
     constexpr int U = NT == 1 && GLU == 0 ? 1 : 2; /* groups a step (above) */
@@ -215,8 +219,7 @@ static __global__ void __launch_bounds__(Q4_WARPS * 32, 1)
                                                ((c4[w] >> (8 * h)) & 0x000F000Fu) | 0x43004300u,
                                                ((a4[w] >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u,
                                                ((c4[w] >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u};
-                        const uint32_t b0 = __byte_perm(xw[4 * w + h], xw[4 * w + h + 2], 0x5410);
-                        const uint32_t b1 = __byte_perm(xw[4 * w + h], xw[4 * w + h + 2], 0x7632);
+                        const uint32_t b0 = xw[4 * w + 2 * h], b1 = xw[4 * w + 2 * h + 1];
                         const uint32_t d[4] = {q4_sub2(a[0], za), q4_sub2(a[1], zc), q4_sub2(a[2], za),
                                                q4_sub2(a[3], zc)};
                         dj_mma16816(c, d, b0, b1);
@@ -354,16 +357,19 @@ static void launch_mma_v(dj_cuda_backend *cb, const dj_op_call *calls, int count
 }
 
 /* KS for m weight rows: the fewest warps a 16-row tile that still give
- * every SM a block for these rows alone - so a row's sum depends on m and
+ * every SM two blocks for these rows alone - so a row's sum depends on m and
  * k only: the same alone, in a GEMV group, fused with its GLU, and at every
  * n (the deterministic mode's 8-row pieces of a large batch run alone).
- * Two blocks an SM (the rule until 2026-11-27) split the 8B shape's gate/up
- * over 4 warps a tile where 2 now take it: fewer, longer warps (the k split's
- * prologue and sum are a warp's fixed cost) - AWQ decode b=1 on the H100
- * 2.80 -> 2.74 ms; at most 4 warps a tile (4,096 rows then take 128 blocks,
- * under one an SM) left the SMs too few warps: 3.2 ms (bench/RESULTS.md). */
+ * The 8B shape's gate/up+GLU thus splits k over 4 warps (896 blocks) at 80
+ * registers, 3 blocks an SM (its launch bounds' minimum for one tile of x
+ * rows): AWQ decode b=1 on the H100 2.63-2.64 -> 2.57-2.58 ms, where either
+ * change alone was slower (2.66-2.67: 448 blocks over 396 places, or 896 at
+ * 95 registers, 2 an SM; bench/RESULTS.md, 2026-11-27). One block an SM
+ * took 2 warps a tile there while its GLU kernel held 95 registers (2.80 ->
+ * 2.74 ms against two, 2026-11-27); at most 4 warps a tile (4,096 rows then
+ * take 128 blocks) left the SMs too few warps: 3.2 ms. */
 static int q4_ks(const dj_cuda_backend *cb, uint32_t m) {
-    const uint32_t tiles = (m + 15) / 16, want = (uint32_t)cb->n_sm;
+    const uint32_t tiles = (m + 15) / 16, want = 2u * (uint32_t)cb->n_sm;
     if ((tiles + Q4_WARPS - 1) / Q4_WARPS >= want) return 1;
     if ((tiles + Q4_WARPS / 2 - 1) / (Q4_WARPS / 2) >= want) return 2;
     if ((tiles + Q4_WARPS / 4 - 1) / (Q4_WARPS / 4) >= want) return 4;

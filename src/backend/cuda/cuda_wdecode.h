@@ -33,9 +33,10 @@ static __device__ __forceinline__ void dj_f8x16(uint4 u, float wf[16]) {
     }
 }
 
-/* 4-bit code e (0..7) of word w minus the zero, as float: exact. mz = 2^23 + zero. */
-static __device__ __forceinline__ float dj_q4_code(uint32_t w, int e, float mz) {
-    return __uint_as_float(0x4B000000u | ((w >> (4 * e)) & 15u)) - mz;
+/* The code of column c (0..7) of word w (djinn/dtype.h's nibble order) minus the zero, as float: exact.
+ * mz = 2^23 + zero. */
+static __device__ __forceinline__ float dj_q4_code(uint32_t w, unsigned c, float mz) {
+    return __uint_as_float(0x4B000000u | ((w >> (4 * dj_q4_nibble(c))) & 15u)) - mz;
 }
 
 #endif
