@@ -29,7 +29,9 @@
 #define F8_MAX_ROWS 8
 #define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
 #define F8_LT_MIN_ROWS 16 /* rows from which the automatic path takes the FP8 tensor cores */
-#define F8_PRE 4 /* 16-byte weight loads a lane of the one-row GEMV issues before the PDL wait */
+/* 16-byte weight loads a lane of the one-row GEMV issues before the PDL wait:
+ * all of a 4,096-column row (gemv_f8_one_kernel says what that gained) */
+#define F8_PRE 8
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -132,14 +134,17 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
     gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
     gemv_f8_body<TO, NR>(x, sg, n, k, vec);
 }
-/* One row (a session's decode) at 6 blocks an SM: 40 registers, no spills,
- * where ptxas left to itself took 43 (5 blocks an SM: the 6,144 warps of
- * the 8B shape's q/k/v took 1.2 waves). H100, decode b=1 of the 8B shape
- * (bench/RESULTS.md, 2026-11-27): 3.594 / 3.570 / 3.612 -> 3.573 / 3.577 /
- * 3.548 ms, and 3.605 / 3.610 / 3.575 -> 3.592 / 3.581 / 3.569 in another
- * run. More rows keep ptxas's choice (a minimum of blocks changes it). */
+/* One row (a session's decode) at 4 blocks an SM: 61 registers, no spills,
+ * for F8_PRE's 8 loads a lane before the PDL wait - a 4,096-column row's
+ * every byte requested while the kernel before still runs. H100, FP8 decode
+ * b=1 of the 8B shape (bench/RESULTS.md, 2026-11-27): 4 loads at 6 blocks an
+ * SM (40 registers) 3.578 / 3.565 / 3.583 ms, 8 at 4 blocks 3.502 / 3.496 /
+ * 3.500, 6 at 5 blocks 3.581 / 3.565 / 3.605. (4 loads at 6 blocks against
+ * ptxas's own 43 registers, 5 blocks, before: 3.594 / 3.570 / 3.612 ->
+ * 3.573 / 3.577 / 3.548.) More rows keep ptxas's choice and no loads before
+ * the wait. */
 template <typename TO>
-static __global__ void __launch_bounds__(F8_WARPS * 32, 6)
+static __global__ void __launch_bounds__(F8_WARPS * 32, 4)
     gemv_f8_one_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
     gemv_f8_body<TO, 1>(x, sg, n, k, vec);
 }
