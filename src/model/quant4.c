@@ -10,7 +10,7 @@
  *    the zero point is the stored value + 1; scales [K/G][N] f16;
  *    g_idx [K] i32 must be k/G (desc_act false).
  *  AWQ (version "gemm"): qweight [K][N/8] i32 and qzeros [K/G][N/8] i32,
- *    word (r, j) holding out feature 8j + c in bits 4*AWQ_SLOT[c] (AutoAWQ
+ *    word (r, j) holding out feature 8j + c in bits 4*dj_q4_nibble(c) (AutoAWQ
  *    packs columns 0,2,4,6,1,3,5,7 into nibbles 0..7); scales [K/G][N] f16;
  *    the zero point is the stored value.
  *  Both: w[n][k] = (code - zero) * scale. */
@@ -24,8 +24,8 @@
 
 typedef enum { Q4_AWQ, Q4_GPTQ } q4_kind;
 
-/* The nibble of an AWQ word that holds column c of its 8. */
-static const int AWQ_SLOT[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+/* The nibble of an AWQ word that holds column c of its 8 is dj_q4_nibble(c):
+ * AutoAWQ's interleave is the one DJ_DTYPE_Q4 stores its codes in (along k). */
 
 static const char SUPPORTED[] =
     "Djinn reads quant_method awq (bits 4, group_size 128, zero_point true, version gemm) and gptq (bits 4, "
@@ -202,7 +202,7 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
         for (int64_t j = jb; j < je; j++)
             for (int c = 0; c < 8; c++) { /* scales and zero points of out feature 8j + c */
                 const int64_t n = 8 * j + c;
-                const int zs = kind == Q4_AWQ ? 4 * AWQ_SLOT[c] : 4 * c;
+                const int zs = kind == Q4_AWQ ? 4 * (int)dj_q4_nibble((unsigned)c) : 4 * c;
                 for (int64_t g = 0; g < ng; g++) {
                     const unsigned z = ((rd32(qz->data, (size_t)(g * nj + j)) >> zs) & 15u) + (kind == Q4_GPTQ);
                     const uint16_t sv = rd16(sc->data, (size_t)(g * N + n)), zh = dj_f32_to_f16((float)z);
@@ -218,10 +218,11 @@ static dj_status repack(const dj_checkpoint_t *ck, const char *dir, q4_kind kind
                         const uint32_t v = rd32(qw->data, (size_t)(i * N + 8 * j + c));
                         for (unsigned t = 0; t < 8; t++) w[c] |= ((v >> (4 * t)) & 15u) << (4 * dj_q4_nibble(t));
                     }
-                } else { /* word (8i + t, j) holds column 8i + t of the 8 rows, row 8j + c in slot AWQ_SLOT[c] */
+                } else { /* word (8i + t, j) holds column 8i + t of the 8 rows, row 8j + c in nibble dj_q4_nibble(c) */
                     for (unsigned t = 0; t < 8; t++) {
                         const uint32_t v = rd32(qw->data, (size_t)((8 * i + t) * nj + j));
-                        for (int c = 0; c < 8; c++) w[c] |= ((v >> (4 * AWQ_SLOT[c])) & 15u) << (4 * dj_q4_nibble(t));
+                        for (unsigned c = 0; c < 8; c++)
+                            w[c] |= ((v >> (4 * dj_q4_nibble(c))) & 15u) << (4 * dj_q4_nibble(t));
                     }
                 }
                 for (int c = 0; c < 8; c++) /* word i % 16 of the row's group i / 16 */
