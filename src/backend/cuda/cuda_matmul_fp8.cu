@@ -29,9 +29,14 @@
 #define F8_MAX_ROWS 8
 #define F8_TILE_BYTES (32u << 20) /* bf16 bytes of one dequantized weight tile */
 #define F8_LT_MIN_ROWS 16 /* rows from which the automatic path takes the FP8 tensor cores */
-/* 16-byte weight loads a lane of the one-row GEMV issues before the PDL wait:
- * all of a 4,096-column row (gemv_f8_one_kernel says what that gained) */
+/* The one-row GEMV's 16-byte weight loads a lane before the PDL wait and
+ * its blocks an SM (gemv_f8_one_kernel says why): F8_PRE at F8_PRE_BLOCKS,
+ * or F8_WAVE_PRE at F8_WAVE_BLOCKS for a launch that fits one wave there and
+ * not at F8_PRE_BLOCKS. */
 #define F8_PRE 8
+#define F8_PRE_BLOCKS 4
+#define F8_WAVE_PRE 4
+#define F8_WAVE_BLOCKS 6
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -56,7 +61,7 @@ struct f8_segs {
 /* Warp per weight row j of its segment, rows r < n of x (NR >= n). vec: k %
  * 16 == 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's
  * 16 weights share one scale). */
-template <typename TO, int NR>
+template <typename TO, int NR, int PRE1 = 0>
 static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, const f8_segs &sg, uint32_t n, uint32_t k,
                                                     bool vec) {
     dj_pdl_release();
@@ -70,8 +75,8 @@ static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, cons
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
     /* weights and scales are constant: with one row of x (a session's decode) a weight row's
-     * first PRE loads go out before the wait; with more rows that was slower (bench/RESULTS.md) */
-    constexpr int PRE = NR == 1 ? F8_PRE : 0;
+     * first PRE1 loads go out before the wait; with more rows that was slower (bench/RESULTS.md) */
+    constexpr int PRE = NR == 1 ? PRE1 : 0;
     uint4 pre[PRE > 0 ? PRE : 1];
     float pres[PRE > 0 ? PRE : 1];
 #pragma unroll
@@ -134,19 +139,22 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
     gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
     gemv_f8_body<TO, NR>(x, sg, n, k, vec);
 }
-/* One row (a session's decode) at 4 blocks an SM: 61 registers, no spills,
- * for F8_PRE's 8 loads a lane before the PDL wait - a 4,096-column row's
- * every byte requested while the kernel before still runs. H100, FP8 decode
- * b=1 of the 8B shape (bench/RESULTS.md, 2026-11-27): 4 loads at 6 blocks an
- * SM (40 registers) 3.578 / 3.565 / 3.583 ms, 8 at 4 blocks 3.502 / 3.496 /
- * 3.500, 6 at 5 blocks 3.581 / 3.565 / 3.605. (4 loads at 6 blocks against
- * ptxas's own 43 registers, 5 blocks, before: 3.594 / 3.570 / 3.612 ->
- * 3.573 / 3.577 / 3.548.) More rows keep ptxas's choice and no loads before
- * the wait. */
-template <typename TO>
-static __global__ void __launch_bounds__(F8_WARPS * 32, 4)
+/* One row (a session's decode): PRE of each lane's loads before the PDL
+ * wait at MINB blocks an SM. F8_PRE's 8 (a 4,096-column row whole, requested
+ * while the kernel before still runs) take 61 registers, no spills, at 4
+ * blocks; 4 loads at 6 blocks take 40. H100, FP8 decode b=1 of the 8B shape
+ * (bench/RESULTS.md, 2026-11-27): 4 loads at 6 blocks for every launch 3.578
+ * / 3.565 / 3.583 ms, 8 at 4 blocks 3.502 / 3.496 / 3.500, 6 at 5 blocks
+ * 3.581 / 3.565 / 3.605; in another run 8 at 4 blocks 3.514 / 3.531 / 3.484
+ * and with q/k/v's 768 blocks (1.45 waves at 4 blocks an SM, one at 6) at 4
+ * loads and 6 blocks 3.470 / 3.473 / 3.482 - launch_gemv_f8's choice. (4
+ * loads at 6 blocks against ptxas's own 43 registers, 5 blocks, before: 3.594
+ * / 3.570 / 3.612 -> 3.573 / 3.577 / 3.548.) More rows keep ptxas's choice
+ * and no loads before the wait. */
+template <typename TO, int PRE, int MINB>
+static __global__ void __launch_bounds__(F8_WARPS * 32, MINB)
     gemv_f8_one_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
-    gemv_f8_body<TO, 1>(x, sg, n, k, vec);
+    gemv_f8_body<TO, 1, PRE>(x, sg, n, k, vec);
 }
 
 template <typename TO, int NR>
@@ -174,10 +182,15 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     }
     sg.count = count;
     vec = vec && align % 16 == 0;
-    if constexpr (NR == 1)
-        dj__launch(cb, gemv_f8_one_kernel<TO>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
-                   c->n, c->k, vec);
-    else
+    if constexpr (NR == 1) {
+        const unsigned n_sm = (unsigned)cb->n_sm;
+        if (blocks > F8_PRE_BLOCKS * n_sm && blocks <= F8_WAVE_BLOCKS * n_sm) /* one wave only at the lighter kernel */
+            dj__launch(cb, gemv_f8_one_kernel<TO, F8_WAVE_PRE, F8_WAVE_BLOCKS>, dim3(blocks), dim3(F8_WARPS * 32), 0,
+                       (const __nv_bfloat16 *)c->x, sg, c->n, c->k, vec);
+        else
+            dj__launch(cb, gemv_f8_one_kernel<TO, F8_PRE, F8_PRE_BLOCKS>, dim3(blocks), dim3(F8_WARPS * 32), 0,
+                       (const __nv_bfloat16 *)c->x, sg, c->n, c->k, vec);
+    } else
         dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
                    c->n, c->k, vec);
 }
