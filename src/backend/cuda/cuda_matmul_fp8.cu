@@ -61,7 +61,7 @@ struct f8_segs {
 /* Warp per weight row j of its segment, rows r < n of x (NR >= n). vec: k %
  * 16 == 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's
  * 16 weights share one scale). */
-template <typename TO, int NR, int PRE1 = 0>
+template <typename TO, int NR, int PRE = 0>
 static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, const f8_segs &sg, uint32_t n, uint32_t k,
                                                     bool vec) {
     dj_pdl_release();
@@ -75,8 +75,8 @@ static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, cons
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
     /* weights and scales are constant: with one row of x (a session's decode) a weight row's
-     * first PRE1 loads go out before the wait; with more rows that was slower (bench/RESULTS.md) */
-    constexpr int PRE = NR == 1 ? PRE1 : 0;
+     * first PRE loads go out before the wait (gemv_f8_one_kernel's PRE); with more rows that was
+     * slower (bench/RESULTS.md) */
     uint4 pre[PRE > 0 ? PRE : 1];
     float pres[PRE > 0 ? PRE : 1];
 #pragma unroll
