@@ -467,7 +467,8 @@ typedef struct {
 /* Pages of the backend's K/V dtype (f32, or f8 with nkv heads' scales). */
 static void kv_area_init_heads(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t kv_dim, uint32_t nkv) {
     a->n_pages = n_blocks + 3;
-    const size_t page_bytes = tpp * dj_kv_token_bytes(be->kv_dtype, nkv, kv_dim / nkv) + 64; /* slack past the rows */
+    /* slack past the rows; a multiple of 16 bytes (the backends' loads) */
+    const size_t page_bytes = (dj_kv_page_need(be->kv_dtype, nkv, kv_dim / nkv, tpp) + 15) / 16 * 16 + 64;
     void *seg = NULL;
     CHECK_OK(be->vt->alloc(be, page_bytes * a->n_pages, &seg));
     if (!seg) abort();
@@ -489,13 +490,13 @@ static void kv_area_init(kv_area *a, uint32_t n_blocks, uint32_t tpp, uint32_t k
 }
 
 /* f8 pages: the value of head h's element e at position p (code times the
- * head's power of two), read back independently of the kernels. */
+ * page's power of two of the head), read back independently of the kernels. */
 static double f8_value(const kv_area *a, uint32_t p, uint32_t h, uint32_t e, int is_v, uint8_t *code, int *exp) {
     const dj_kv_view *kv = &a->view;
     const uint32_t tpp = kv->tokens_per_page, hd = kv->kv_dim / kv->n_kv_heads, r = p % tpp;
     const uint8_t *page = kv->seg_base + (size_t)a->table[p / tpp] * kv->page_bytes;
     const uint8_t c = page[((size_t)(is_v ? tpp : 0) + r) * kv->kv_dim + (size_t)h * hd + e];
-    const int8_t x = (int8_t)page[2 * (size_t)tpp * kv->kv_dim + ((size_t)(is_v ? tpp : 0) + r) * kv->n_kv_heads + h];
+    const int8_t x = (int8_t)page[2 * (size_t)tpp * kv->kv_dim + (is_v ? kv->n_kv_heads : 0) + h];
     if (code) *code = c;
     if (exp) *exp = x;
     return ldexp((double)dj_f8e4m3_to_f32(c), x);
@@ -549,56 +550,102 @@ static void test_kv_write(void) {
     kv_area_free(&a);
 }
 
-/* f8 K/V pages: each head's exponent is the least s with amax <= 448 * 2^s
- * (found here by search, not by dj_kv_f8_exp's frexp), and each code is the
- * nearest f8 value of x * 2^-s (its neighbours are not closer). Heads of
- * very different scales: large (exponent > 0), tiny, all zero. */
+/* The least s with amax <= 448 * 2^s, found by search (not by
+ * dj_kv_f8_exp's frexp); DJ_KV_F8_EXP_MIN for amax 0. */
+static int f8_least_exp(double amax) {
+    if (!(amax > 0.0)) return DJ_KV_F8_EXP_MIN;
+    int s = -140;
+    while (amax > ldexp(448.0, s)) s++;
+    return s < DJ_KV_F8_EXP_MIN ? DJ_KV_F8_EXP_MIN : s;
+}
+
+/* Counts the codes of f8 pages at positions [from, to) that are not the
+ * nearest f8 value of x[p - from] (rows of kv_dim, K or V) at their page's
+ * exponent (its neighbours in magnitude are not closer). */
+static int f8_not_nearest(const kv_area *a, const float *x, uint32_t from, uint32_t to, int is_v) {
+    const uint32_t kvd = a->view.kv_dim, hd = kvd / a->view.n_kv_heads;
+    int bad = 0;
+    for (uint32_t p = from; p < to; p++)
+        for (uint32_t e = 0; e < kvd; e++) {
+            uint8_t code;
+            int exp;
+            const double want = x[(size_t)(p - from) * kvd + e];
+            const double err = fabs(f8_value(a, p, e / hd, e % hd, is_v, &code, &exp) - want);
+            for (int d = -1; d <= 1; d += 2) {
+                const int nb = (int)(code & 0x7f) + d; /* the neighbour in magnitude, same sign */
+                if (nb < 0 || nb > 0x7e) continue;
+                bad += fabs(ldexp(dj_f8e4m3_to_f32((uint8_t)((code & 0x80) | nb)), exp) - want) < err;
+            }
+        }
+    return bad;
+}
+
+/* f8 K/V pages (backend.h's layout): a page's exponent of a head is the
+ * least s with amax <= 448 * 2^s over every row written to the page, and
+ * each code the nearest f8 value of x * 2^-s; a page whose exponent a later
+ * call raises has its earlier rows' codes re-encoded (exactly
+ * dj_f32_to_f8e4m3(f8(code) * 2^(old - new))). Heads of very different
+ * scales: large (exponent > 0), tiny, all zero; the second call's rows 16x
+ * the first's, so the page both calls write grows. */
 static void test_kv_write_f8(void) {
     CHECK_OK(dj_backend_set_kv_dtype(be, DJ_DTYPE_F8_E4M3));
     const uint32_t tpp = 8, nkv = 4, hd = 16, kv_dim = nkv * hd, n_blocks = 3, pos0 = 3, n = 17;
     static const float span[4] = {1.0f, 2000.0f, 1e-3f, 0.0f};
     kv_area a;
     kv_area_init_heads(&a, n_blocks, tpp, kv_dim, nkv);
-    float *kv[2] = {falloc((size_t)n * kv_dim), falloc((size_t)n * kv_dim)};
+    float *kv[2] = {falloc((size_t)(pos0 + n) * kv_dim), falloc((size_t)(pos0 + n) * kv_dim)};
     for (int w = 0; w < 2; w++)
-        for (uint32_t i = 0; i < n; i++)
+        for (uint32_t i = 0; i < pos0 + n; i++)
             for (uint32_t h = 0; h < nkv; h++)
                 for (uint32_t e = 0; e < hd; e++)
-                    kv[w][((size_t)i * nkv + h) * hd + e] = dj_test_randf(-span[h], span[h]);
-    dj_op_call c = {.op = DJ_OP_KV_WRITE, .n = n, .x = kv[0], .x2 = kv[1], .kv = &a.view, .pos0 = pos0};
+                    kv[w][((size_t)i * nkv + h) * hd + e] = dj_test_randf(-span[h], span[h]) / (i < pos0 ? 16.0f : 1.0f);
+    /* rows [0, pos0) first: what the page held before */
+    dj_op_call c = {.op = DJ_OP_KV_WRITE, .n = pos0, .x = kv[0], .x2 = kv[1], .kv = &a.view, .pos0 = 0};
     CHECK_OK(dj_backend_compute(be, &c));
-    int bad_exp = 0, bad_code = 0;
+    int bad_code = f8_not_nearest(&a, kv[0], 0, pos0, 0) + f8_not_nearest(&a, kv[1], 0, pos0, 1);
+    uint8_t before[2][3 * 64];
+    int before_exp[2][4];
     for (int w = 0; w < 2; w++)
-        for (uint32_t i = 0; i < n; i++)
+        for (uint32_t e = 0; e < pos0 * kv_dim; e++) {
+            before[w][e] = 0;
+            int x;
+            f8_value(&a, e / kv_dim, (e % kv_dim) / hd, e % hd, w, &before[w][e], &x);
+            before_exp[w][(e % kv_dim) / hd] = x;
+        }
+    c.n = n;
+    c.pos0 = pos0;
+    c.x = kv[0] + (size_t)pos0 * kv_dim;
+    c.x2 = kv[1] + (size_t)pos0 * kv_dim;
+    CHECK_OK(dj_backend_compute(be, &c));
+    int bad_exp = 0, bad_rescaled = 0, raised = 0;
+    for (int w = 0; w < 2; w++) {
+        for (uint32_t b = 0; b < n_blocks; b++)
             for (uint32_t h = 0; h < nkv; h++) {
-                const float *x = kv[w] + ((size_t)i * nkv + h) * hd;
                 double amax = 0.0;
-                for (uint32_t e = 0; e < hd; e++) amax = fmax(amax, fabs(x[e]));
-                int want = 0;
-                if (amax > 0.0) {
-                    want = -140;
-                    while (amax > ldexp(448.0, want)) want++;
-                }
-                for (uint32_t e = 0; e < hd; e++) {
-                    uint8_t code;
-                    int exp;
-                    const double got = f8_value(&a, pos0 + i, h, e, w, &code, &exp);
-                    if (e == 0) bad_exp += exp != want;
-                    const double err = fabs(got - x[e]);
-                    for (int d = -1; d <= 1; d += 2) {
-                        const int nb = (int)(code & 0x7f) + d; /* the neighbour in magnitude, same sign */
-                        if (nb < 0 || nb > 0x7e) continue;
-                        const double other = ldexp(dj_f8e4m3_to_f32((uint8_t)((code & 0x80) | nb)), exp);
-                        bad_code += fabs(other - x[e]) < err;
-                    }
-                }
+                for (uint32_t p = b * tpp; p < (b + 1) * tpp && p < pos0 + n; p++)
+                    for (uint32_t e = 0; e < hd; e++) amax = fmax(amax, fabs(kv[w][((size_t)p * nkv + h) * hd + e]));
+                int exp;
+                f8_value(&a, b * tpp, h, 0, w, NULL, &exp);
+                bad_exp += exp != f8_least_exp(amax);
             }
-    CHECK_MSG(bad_exp == 0, "kv_write f8: %d exponents differ from the least s with amax <= 448*2^s", bad_exp);
+        bad_code += f8_not_nearest(&a, kv[w] + (size_t)pos0 * kv_dim, pos0, pos0 + n, w);
+        for (uint32_t e = 0; e < pos0 * kv_dim; e++) {
+            uint8_t code;
+            int exp;
+            f8_value(&a, e / kv_dim, (e % kv_dim) / hd, e % hd, w, &code, &exp);
+            const int old = before_exp[w][(e % kv_dim) / hd];
+            raised += exp > old;
+            bad_rescaled += code != dj_f32_to_f8e4m3(ldexpf(dj_f8e4m3_to_f32(before[w][e]), old - exp));
+        }
+    }
+    CHECK_MSG(bad_exp == 0, "kv_write f8: %d page exponents differ from the least s with amax <= 448*2^s", bad_exp);
     CHECK_MSG(bad_code == 0, "kv_write f8: %d codes are not the nearest f8 value", bad_code);
-    /* a page one byte short of the exponents: refused */
-    a.view.page_bytes = tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) - 1;
+    CHECK_MSG(raised > 0 && bad_rescaled == 0, "kv_write f8: %d codes of a raised page (%d) not re-encoded",
+              bad_rescaled, raised);
+    /* a page short of the exponents: refused */
+    a.view.page_bytes = dj_kv_page_need(DJ_DTYPE_F8_E4M3, nkv, hd, tpp) - 4; /* a multiple of 4, too short */
     CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
-    a.view.page_bytes = tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) + 64;
+    a.view.page_bytes = (dj_kv_page_need(DJ_DTYPE_F8_E4M3, nkv, hd, tpp) + 15) / 16 * 16 + 64;
     a.view.n_kv_heads = 0; /* f8 needs the head count */
     CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
     a.view.n_kv_heads = nkv;

@@ -120,9 +120,12 @@ static dj_engine_t *new_engine(size_t data_pages) {
     ec.vmu.page_bytes = PAGE;
     ec.vmu.text_frac = 0.5;
     ec.vmu.stack_frac = 0.3;
-    ec.vmu.data_frac = ((double)data_pages + 0.5) * PAGE / (double)total;
+    /* f8 K/V: the engine grows a power-of-two page for the exponents */
+    const size_t page = PAGE + (kv_dtype && strcmp(kv_dtype, "fp8") == 0 ? DJ_KV_F8_PAGE_EXTRA : 0);
+    ec.vmu.data_frac = ((double)data_pages + 0.5) * page / (double)total;
     dj_engine_t *e = NULL;
     CHECK_OK(dj_engine_new(&ec, &e));
+    CHECK(dj_vmu_page_bytes(dj_engine_vmu(e)) == page);
     return e;
 }
 
@@ -155,25 +158,26 @@ static void check_world(world *w, const char *what) {
     dj_swap_stats ss;
     dj_engine_swap_stats(w->e, &ss);
     size_t data = 0, pool = 0;
+    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(w->e)); /* PAGE, or more for f8 K/V */
     for (int i = 0; i < N_SESS + N_FILL; i++) {
         const dj_session_t *s = i < N_SESS ? w->s[i] : w->fill[i - N_SESS];
         if (!s) continue;
         const dj_kv_residency r = dj_session_residency(s);
         const size_t kv = dj_session_kv_bytes(s);
-        CHECK(kv == (size_t)dj_session_kv_pages(s) * PAGE);
-        const size_t held = dj_vmu_session_pages(s->vs) * PAGE;
+        CHECK(kv == (size_t)dj_session_kv_pages(s) * page);
+        const size_t held = dj_vmu_session_pages(s->vs) * page;
         /* full blocks published to the prefix cache are the cache's pages */
-        const size_t shared = (size_t)s->model->cfg.n_layers * dj__prefix_shared_blocks(s) * PAGE;
+        const size_t shared = (size_t)s->model->cfg.n_layers * dj__prefix_shared_blocks(s) * page;
         CHECK_MSG(r == DJ_KV_SWAPPED ? held == 0 && shared == 0 : held + shared == kv, "%s: session %d is %s with "
                   "%zu bytes of pages and %zu shared for %zu of KV", what, i, dj_kv_residency_name(r), held, shared, kv);
         data += held;
-        if (r != DJ_KV_RESIDENT) pool += (size_t)s->n_slots * PAGE;
+        if (r != DJ_KV_RESIDENT) pool += (size_t)s->n_slots * page;
         if (!w->async) CHECK(r == DJ_KV_RESIDENT || r == DJ_KV_SWAPPED);
     }
     dj_prefix_stats ps;
     dj_engine_prefix_stats(w->e, &ps);
-    CHECK_MSG(data + ps.pages * PAGE == vs.data.used, "%s: sessions hold %zu bytes of pages, the prefix cache %zu, "
-              "the VMU says %zu", what, data, ps.pages * PAGE, vs.data.used);
+    CHECK_MSG(data + ps.pages * page == vs.data.used, "%s: sessions hold %zu bytes of pages, the prefix cache %zu, "
+              "the VMU says %zu", what, data, ps.pages * page, vs.data.used);
     dj_session_t *all[N_SESS + N_FILL];
     size_t n_all = 0;
     for (int i = 0; i < N_SESS + N_FILL; i++) {
@@ -330,7 +334,8 @@ static void trace(const char *name, bool async) {
     w.ref = new_engine(200);
     if (!w.e || !w.ref) goto done;
     if (async) make_async(w.e);
-    CHECK_OK(dj_engine_swap_init(w.e, (size_t)20 * PAGE + 100)); /* room for one full session and a bit */
+    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(w.e)); /* PAGE, or more for f8 K/V */
+    CHECK_OK(dj_engine_swap_init(w.e, (size_t)20 * page + 100)); /* room for one full session and a bit */
     w.m = load(w.e, name);
     w.mref = load(w.ref, name);
     if (!w.m || !w.mref) goto done;
@@ -341,6 +346,12 @@ static void trace(const char *name, bool async) {
         CHECK_OK(dj_session_new(w.e, w.m, CTX, 0, &w.s[i]));
         CHECK_OK(dj_session_new(w.ref, w.mref, CTX, 0, &w.twin[i]));
         if (!w.s[i] || !w.twin[i]) goto done;
+    }
+    if (page != PAGE) { /* f8: at least the positions of PAGE bytes of codes, the exponents past them */
+        const dj_model_config *c = dj_model_get_config(w.m);
+        const uint32_t want = PAGE / (2 * c->n_kv_heads * c->head_dim);
+        CHECK_MSG(w.s[0]->tokens_per_page >= want, "f8 pages of %zu bytes: %u positions of %u kv heads of %u, not %u",
+                  page, w.s[0]->tokens_per_page, c->n_kv_heads, c->head_dim, want);
     }
     /* a page the swapping engine's sessions held before being swapped, to see restores move */
     uint32_t before[N_SESS][16];
@@ -399,8 +410,8 @@ static void trace(const char *name, bool async) {
     if (async) CHECK(w.cancels > 0);
     dj_swap_stats ss;
     dj_engine_swap_stats(w.e, &ss);
-    CHECK(ss.swaps_out > 0 && ss.bytes_out >= ss.swaps_out * PAGE && ss.page_bytes == PAGE);
-    CHECK(ss.capacity == (size_t)20 * PAGE);
+    CHECK(ss.swaps_out > 0 && ss.bytes_out >= ss.swaps_out * page && ss.page_bytes == page);
+    CHECK(ss.capacity == (size_t)20 * page);
 done:
     for (int i = 0; i < N_SESS; i++) {
         dj_session_free(w.e, w.s[i]);

@@ -39,14 +39,24 @@ typedef struct dj_copy_span {
  *   K rows: [tokens_per_page][kv_dim] of dtype, then
  *   V rows: [tokens_per_page][kv_dim] of dtype,
  * and with dtype f8_e4m3 (either backend, `--kv-dtype fp8`: one byte an
- * element) the scales after them, one power of two per position and head:
- *   K exponents: [tokens_per_page][n_kv_heads] int8, then
- *   V exponents: [tokens_per_page][n_kv_heads] int8;
- * element e of head h at row r is f8(code) * 2^exp[r][h]. KV_WRITE picks
- * each (row, head)'s exponent from the largest magnitude of its head_dim
- * values (dj_kv_f8_exp) and rounds value * 2^-exp to nearest even, saturating
- * at +-448 (dj_f32_to_f8e4m3); the dequantized values are exact in bf16 and f32.
- * dj_kv_token_bytes gives one position's bytes (K, V and scales).
+ * element) one power of two per page and head after them:
+ *   K exponents: [n_kv_heads] int8, then V exponents: [n_kv_heads] int8;
+ * element e of head h at row r is f8(code) * 2^exp[h]. A page's exponent of
+ * a head is the largest that any row written to the page since its row 0
+ * needs (dj_kv_f8_exp of the row's largest magnitude in that head); codes
+ * are value * 2^-exp rounded to nearest even, saturating at +-448
+ * (dj_f32_to_f8e4m3), and the dequantized values are exact in bf16 and f32.
+ * KV_WRITE takes the rows of one page in one call as a group (consecutive
+ * rows of the call with the same block table, the same block and consecutive
+ * positions; rows of one page must not appear in two groups of a call):
+ *   old = the page's exponent if rows [0, r0) are held (r0 = the group's
+ *         first row in the page > 0), else none;
+ *   exp = max(old, dj_kv_f8_exp(largest magnitude of the group's rows));
+ *   if exp > old, every code of rows [0, r0) becomes
+ *         dj_f32_to_f8e4m3(f8(code) * 2^(old - exp)) (exact unless it falls
+ *         into the subnormals), then the group's rows are written at exp.
+ * So an f8 position costs 2 * kv_dim bytes and a page 2 * n_kv_heads more:
+ * dj_kv_page_tokens gives a page's positions, dj_kv_page_need the bytes.
  * Token position p lives in page block_table[p / tokens_per_page], row
  * p % tokens_per_page.
  * Block tables: block_table (host memory) is always set and authoritative.
@@ -69,24 +79,44 @@ typedef struct dj_kv_view {
 } dj_kv_view;
 
 /* Bytes of one position of one layer in a page: K and V rows of n_kv_heads *
- * head_dim elements of t, plus the two exponent bytes per head with f8_e4m3;
+ * head_dim elements of t (f8_e4m3's exponents are the page's: dj_kv_page_need);
  * 0 for a dtype no backend stores K/V in. */
 size_t dj_kv_token_bytes(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim);
+/* Bytes a page of `tokens` positions needs: their rows, and with f8_e4m3 the
+ * page's 2 * n_kv_heads exponents. */
+size_t dj_kv_page_need(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim, uint32_t tokens);
+/* Positions a page of page_bytes holds (0: not even one, or a dtype no
+ * backend stores K/V in). */
+uint32_t dj_kv_page_tokens(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim, size_t page_bytes);
 
-/* The f8 K/V exponent of a head whose largest magnitude is amax: the least s
- * with amax <= 448 * 2^s (so no element saturates), 0 for amax 0 or not finite.
- * amax = m * 2^E with m in [0.5, 1) (frexpf): s = E - 9, or E - 8 when
- * m > 0.875 (448 = 0.875 * 2^9). Host and device code (CUDA kernels call it). */
+/* An f8 engine's page of a power-of-two size grows by this much, so that it
+ * holds every position the power of two of codes holds (twice bf16's) and
+ * the exponents of up to 128 kv heads beside them (dj_engine_new; a multiple
+ * of DJ_VMU_ALIGN; the rest, where a position is smaller than it, holds more). */
+#define DJ_KV_F8_PAGE_EXTRA 256
+
+/* f8 K/V exponents lie in [DJ_KV_F8_EXP_MIN, 127]: the least one is what a
+ * head of zeros takes (any later row raises it), and 2^-120 keeps every
+ * code's value a normal or subnormal bf16. */
+#define DJ_KV_F8_EXP_MIN (-120)
+
+/* The f8 K/V exponent of values whose largest magnitude is amax: the least s
+ * with amax <= 448 * 2^s (so no element saturates), DJ_KV_F8_EXP_MIN at
+ * least; DJ_KV_F8_EXP_MIN for amax 0 or not finite (such a row does not
+ * raise a page's exponent; infinities saturate). amax = m * 2^E with m in
+ * [0.5, 1) (frexpf): s = E - 9, or E - 8 when m > 0.875 (448 = 0.875 * 2^9).
+ * Host and device code (CUDA kernels call it). */
 #ifdef __CUDACC__
 #define DJ_KV_HD __host__ __device__
 #else
 #define DJ_KV_HD
 #endif
 static inline DJ_KV_HD int dj_kv_f8_exp(float amax) {
-    if (!(amax > 0.0f) || amax == INFINITY) return 0;
+    if (!(amax > 0.0f) || amax == INFINITY) return DJ_KV_F8_EXP_MIN;
     int E = 0;
     const float m = frexpf(amax, &E);
-    return E - 9 + (m > 0.875f ? 1 : 0);
+    const int s = E - 9 + (m > 0.875f ? 1 : 0);
+    return s > DJ_KV_F8_EXP_MIN ? s : DJ_KV_F8_EXP_MIN;
 }
 
 /* Every op once: X(NAME, "name"). Generates dj_op and dj_op_name(). The

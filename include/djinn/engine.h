@@ -26,7 +26,9 @@ typedef struct dj_engine_config {
     int n_threads;            /* CPU threads, 0 = every core */
     dj_vmu_config vmu;        /* budget and segment ratios. total_bytes 0: sized from the
                                * machine (dj_engine_vmu_auto_bytes); fractions all 0 then
-                               * take dj_vmu_config_default's (page_bytes 0: 64 KiB) */
+                               * take dj_vmu_config_default's (page_bytes 0: 64 KiB). With
+                               * f8 K/V a power-of-two page_bytes grows by
+                               * DJ_KV_F8_PAGE_EXTRA (backend.h) for the pages' exponents */
     uint32_t max_step_tokens; /* largest prefill chunk (shape bucket cap); 0 = 512 */
     bool deterministic;       /* a row's logits bit-identical alone and in any decode batch
                                * (steps of up to DJ_DETERMINISTIC_MAX_ROWS rows). The CPU is

@@ -16,9 +16,21 @@ size_t dj_kv_token_bytes(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim) {
     case DJ_DTYPE_F32:
     case DJ_DTYPE_BF16:
     case DJ_DTYPE_F16: return 2 * kv_dim * dj_dtype_size(t);
-    case DJ_DTYPE_F8_E4M3: return 2 * kv_dim + 2 * (size_t)n_kv_heads;
+    case DJ_DTYPE_F8_E4M3: return 2 * kv_dim;
     default: return 0;
     }
+}
+
+size_t dj_kv_page_need(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim, uint32_t tokens) {
+    return (size_t)tokens * dj_kv_token_bytes(t, n_kv_heads, head_dim) +
+           (t == DJ_DTYPE_F8_E4M3 ? 2 * (size_t)n_kv_heads : 0);
+}
+
+uint32_t dj_kv_page_tokens(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim, size_t page_bytes) {
+    const size_t token = dj_kv_token_bytes(t, n_kv_heads, head_dim), fixed = dj_kv_page_need(t, n_kv_heads, head_dim, 0);
+    if (token == 0 || page_bytes < fixed + token) return 0;
+    const size_t n = (page_bytes - fixed) / token;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
 dj_status dj_backend_set_kv_dtype(dj_backend_t *be, dj_dtype t) {
@@ -58,9 +70,10 @@ static dj_status check_kv(const dj_op_call *c, const char *op, dj_dtype kvt, con
     REQUIRE(kv->kv_dim % heads == 0 && (kvt != DJ_DTYPE_F8_E4M3 || kv->n_kv_heads),
             "%s: kv view of %u dims has %u heads (f8 K/V needs their count for its scales)", op, kv->kv_dim,
             kv->n_kv_heads);
-    const uint64_t need = (uint64_t)kv->tokens_per_page * dj_kv_token_bytes(kvt, heads, kv->kv_dim / heads);
-    REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u %s", op,
-            kv->page_bytes, kv->tokens_per_page, kv->kv_dim, dj_dtype_name(kvt));
+    const uint64_t need = dj_kv_page_need(kvt, heads, kv->kv_dim / heads, kv->tokens_per_page);
+    REQUIRE(kv->page_bytes >= need, "%s: page of %zu bytes cannot hold %u K and V rows of %u %s%s", op,
+            kv->page_bytes, kv->tokens_per_page, kv->kv_dim, dj_dtype_name(kvt),
+            kvt == DJ_DTYPE_F8_E4M3 ? " and their exponents" : "");
     REQUIRE(kv->page_bytes % 4 == 0 && (uintptr_t)kv->seg_base % 4 == 0,
             "%s: page size %zu and segment base must be multiples of 4 bytes", op, kv->page_bytes);
     REQUIRE(!c->row_tables || c->row_pos, "%s: per-row block tables need per-row positions", op);

@@ -174,6 +174,9 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     {
         dj_vmu_config vc = cfg->vmu;
         if (vc.total_bytes == 0 && (st = vmu_auto(e->be, &vc)) != DJ_OK) goto fail;
+        /* f8 K/V: a power-of-two page keeps every position its codes hold, the exponents past them */
+        if (e->be->kv_dtype == DJ_DTYPE_F8_E4M3 && vc.page_bytes && !(vc.page_bytes & (vc.page_bytes - 1)))
+            vc.page_bytes += DJ_KV_F8_PAGE_EXTRA;
         st = dj_vmu_new(e->be, &vc, &e->vmu);
     }
     if (st != DJ_OK) goto fail;
@@ -688,17 +691,17 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     if (max_ctx == 0) max_ctx = c->max_position_embeddings;
     if (max_ctx == 0) return dj_fail(DJ_EINVAL, "session context length is 0");
     const size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t token = dj_kv_token_bytes(e->be->kv_dtype, c->n_kv_heads, c->head_dim);
     const size_t page = dj_vmu_page_bytes(e->vmu);
-    if (page < token)
+    const uint32_t tpp = dj_kv_page_tokens(e->be->kv_dtype, c->n_kv_heads, c->head_dim, page);
+    if (tpp == 0)
         return dj_fail(DJ_EINVAL, "KV page of %zu bytes cannot hold one position of K and V (%zu bytes)", page,
-                       token);
+                       dj_kv_page_need(e->be->kv_dtype, c->n_kv_heads, c->head_dim, 1));
     dj_session_t *s = calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
     s->max_ctx = max_ctx;
     s->rope_long = dj_model_config_rope_long(c, max_ctx);
-    s->tokens_per_page = (uint32_t)(page / token);
+    s->tokens_per_page = tpp;
     s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
     s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
     s->kv = calloc(c->n_layers, sizeof *s->kv);

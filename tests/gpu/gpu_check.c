@@ -2138,8 +2138,9 @@ static void check_decode(void) {
  * bf16 k it wrote to kout: the CPU writes those bits; against the CPU's f32
  * rotation the values are bounded by TOL_F8 instead). ATTENTION: the CPU reads
  * a copy of the GPU's pages, so both read identical K/V: TOL as for bf16. K/V
- * heads get magnitudes 2^-4..2^4 apart (and now and then all zeros), so every
- * position and head has an exponent of its own. */
+ * heads get magnitudes 2^-4..2^4 apart (and now and then all zeros), so the
+ * pages' exponents differ by head, and a page a second KV_WRITE continues
+ * often has its exponent raised and its earlier rows re-encoded. */
 
 /* e4m3 rounding: half a step is at most 1/16 of the head's largest value
  * (scaled into (224, 448], steps of 32 above 256), plus bf16's 2^-9 */
@@ -2188,7 +2189,7 @@ typedef struct kv8 {
 
 /* Bytes of an f8 page of tpp positions, kept a multiple of 16 (the tensor-core kernel's loads). */
 static size_t f8_page_bytes(uint32_t tpp, uint32_t nkv, uint32_t hd) {
-    return (tpp * dj_kv_token_bytes(DJ_DTYPE_F8_E4M3, nkv, hd) + 15) / 16 * 16 + 16;
+    return (dj_kv_page_need(DJ_DTYPE_F8_E4M3, nkv, hd, tpp) + 15) / 16 * 16 + 16;
 }
 
 static void kv8_init(kv8 *p, uint32_t ctx, uint32_t tpp, uint32_t nkv, uint32_t hd) {
@@ -2234,7 +2235,7 @@ static float f8_k_value(const dj_kv_view *v, uint32_t pos, uint32_t e) {
     const size_t tpp = v->tokens_per_page, kvd = v->kv_dim, r = pos % tpp;
     const uint8_t *page = v->seg_base + (size_t)v->block_table[pos / tpp] * v->page_bytes;
     const int8_t *ex = (const int8_t *)(page + 2 * tpp * kvd);
-    return ldexpf(dj_f8e4m3_to_f32(page[r * kvd + e]), ex[r * v->n_kv_heads + e / (kvd / v->n_kv_heads)]);
+    return ldexpf(dj_f8e4m3_to_f32(page[r * kvd + e]), ex[e / (kvd / v->n_kv_heads)]);
 }
 
 /* KV_WRITE of random K/V rows [from, to) (K heads 2^-3..2^2, V heads

@@ -122,11 +122,13 @@ static void axpy_f8(float *acc, const uint8_t *code, float b, uint32_t len, cons
 
 /* One query row q[hd] against key positions [t0, t1] of kv head `kvh`, pages
  * found through `table` (kv's own or the row's); the output row o[hd] doubles
- * as the accumulator. With f8 pages lut holds the 256 codes' values and each
- * position's exponents scale its score and its V weight (exact powers of two). */
+ * as the accumulator. With f8 pages lut holds the 256 codes' values and the
+ * page's exponents of the head scale its scores and V weights (exact powers
+ * of two). */
 static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float *q, float *o, uint32_t kvh,
                        uint32_t hd, uint32_t t0, uint32_t t1, float scale, float softcap, const float *lut) {
     const uint32_t tpp = kv->tokens_per_page, kvd = kv->kv_dim, nkv = kv->n_kv_heads;
+    int kexp = 0, vexp = 0;
     float run_max = -INFINITY, run_sum = 0.0f;
     float s[SCORE_BLOCK], vw[SCORE_BLOCK];
     for (uint32_t i = 0; i < hd; i++) o[i] = 0.0f;
@@ -138,12 +140,12 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         const uint8_t *page = kv->seg_base + (size_t)table[t / tpp] * kv->page_bytes;
         const float *kb = NULL, *vb = NULL;
         const uint8_t *kc = NULL, *vc = NULL;
-        const int8_t *ke = NULL, *ve = NULL;
         if (lut) {
             kc = page + (size_t)row * kvd + (size_t)kvh * hd;
             vc = kc + (size_t)tpp * kvd;
-            ke = (const int8_t *)(page + 2 * (size_t)tpp * kvd) + (size_t)row * nkv + kvh;
-            ve = ke + (size_t)tpp * nkv;
+            const int8_t *ex = (const int8_t *)(page + 2 * (size_t)tpp * kvd);
+            kexp = ex[kvh];
+            vexp = ex[nkv + kvh];
         } else {
             kb = (const float *)(const void *)page + (size_t)row * kvd + (size_t)kvh * hd;
             vb = (const float *)(const void *)page + ((size_t)tpp + row) * kvd + (size_t)kvh * hd;
@@ -151,7 +153,7 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         float bmax = -INFINITY;
         if (!lut) dot_keys(q, kb, kvd, len, hd, s);
         for (uint32_t j = 0; j < len; j++) {
-            s[j] = lut ? ldexpf(dot_f8(q, kc + (size_t)j * kvd, hd, lut), ke[(size_t)j * nkv]) * scale : s[j] * scale;
+            s[j] = lut ? ldexpf(dot_f8(q, kc + (size_t)j * kvd, hd, lut), kexp) * scale : s[j] * scale;
             if (softcap != 0.0f) s[j] = tanhf(s[j] / softcap) * softcap; /* Gemma 2 */
             if (s[j] > bmax) bmax = s[j];
         }
@@ -166,7 +168,7 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         for (uint32_t j = 0; j < len; j++) run_sum += vw[j];
         if (lut)
             for (uint32_t j = 0; j < len; j++)
-                axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], ve[(size_t)j * nkv]), hd, lut);
+                axpy_f8(o, vc + (size_t)j * kvd, ldexpf(vw[j], vexp), hd, lut);
         else
             axpy_keys(o, vb, kvd, vw, len, hd);
         t += len;

@@ -212,15 +212,48 @@ static dj_status op_rope(dj_cpu_backend *cb, const dj_op_call *c) {
     return DJ_OK;
 }
 
-/* One f32 row of kv_dim values into f8 codes, a power of two per head
- * (backend.h: the f8 K/V layout). */
-static void f8_row(const float *x, uint32_t nkv, uint32_t hd, uint8_t *codes, int8_t *exps) {
+/* A KV_WRITE row's position and block table. */
+static uint32_t kvw_pos(const dj_op_call *c, uint32_t i) { return c->row_pos ? c->row_pos[i] : c->pos0 + i; }
+static const uint32_t *kvw_table(const dj_op_call *c, uint32_t i) {
+    return c->row_tables ? c->row_tables[i] : c->kv->block_table;
+}
+
+/* The end of the group of rows from i (backend.h: the rows of one page in
+ * one call - same table, same block, consecutive positions). */
+static uint32_t kvw_group_end(const dj_op_call *c, uint32_t tpp, uint32_t i) {
+    const uint32_t p = kvw_pos(c, i);
+    const uint32_t *t = kvw_table(c, i);
+    uint32_t j = i + 1;
+    while (j < c->n && kvw_table(c, j) == t && kvw_pos(c, j) == p + (j - i) && kvw_pos(c, j) / tpp == p / tpp) j++;
+    return j;
+}
+
+/* Rows [i, end) of one page into its f8 codes, K (is_v 0) or V: per head,
+ * the page's exponent raised to what the rows need, the rows it held before
+ * (r0 of them) re-encoded at a raised one (backend.h: the f8 K/V layout). */
+static void f8_group(const float *x, uint32_t rows, uint32_t r0, uint32_t nkv, uint32_t hd, size_t tpp, int is_v,
+                     uint8_t *page) {
+    const size_t kvd = (size_t)nkv * hd;
+    uint8_t *codes = page + (is_v ? tpp : 0) * kvd;
+    int8_t *exps = (int8_t *)(page + 2 * tpp * kvd) + (is_v ? nkv : 0);
     for (uint32_t h = 0; h < nkv; h++) {
-        const float *xh = x + (size_t)h * hd;
         float amax = 0.0f;
-        for (uint32_t e = 0; e < hd; e++) amax = fmaxf(amax, fabsf(xh[e]));
-        const int s = dj_kv_f8_exp(amax);
-        for (uint32_t e = 0; e < hd; e++) codes[(size_t)h * hd + e] = dj_f32_to_f8e4m3(ldexpf(xh[e], -s));
+        for (uint32_t i = 0; i < rows; i++)
+            for (uint32_t e = 0; e < hd; e++) amax = fmaxf(amax, fabsf(x[i * kvd + (size_t)h * hd + e]));
+        int s = dj_kv_f8_exp(amax);
+        if (r0 > 0) {
+            const int old = exps[h];
+            if (old >= s) s = old;
+            else
+                for (uint32_t r = 0; r < r0; r++)
+                    for (uint32_t e = 0; e < hd; e++) {
+                        uint8_t *cd = codes + r * kvd + (size_t)h * hd + e;
+                        *cd = dj_f32_to_f8e4m3(ldexpf(dj_f8e4m3_to_f32(*cd), old - s));
+                    }
+        }
+        for (uint32_t i = 0; i < rows; i++)
+            for (uint32_t e = 0; e < hd; e++)
+                codes[(r0 + i) * kvd + (size_t)h * hd + e] = dj_f32_to_f8e4m3(ldexpf(x[i * kvd + (size_t)h * hd + e], -s));
         exps[h] = (int8_t)s;
     }
 }
@@ -231,21 +264,20 @@ static dj_status op_kv_write(dj_cpu_backend *cb, const dj_op_call *c) {
     const size_t tpp = kv->tokens_per_page, kvd = kv->kv_dim;
     const bool f8 = kv->dtype == DJ_DTYPE_F8_E4M3;
     const size_t row_bytes = kvd * (f8 ? 1 : sizeof(float));
-    for (uint32_t i = 0; i < c->n; i++) {
-        const uint32_t p = c->row_pos ? c->row_pos[i] : c->pos0 + i;
-        const uint32_t *table = c->row_tables ? c->row_tables[i] : kv->block_table;
-        uint8_t *page = kv->seg_base + (size_t)table[p / tpp] * kv->page_bytes;
+    for (uint32_t i = 0; i < c->n;) {
+        const uint32_t p = kvw_pos(c, i), end = f8 ? kvw_group_end(c, (uint32_t)tpp, i) : i + 1;
+        uint8_t *page = kv->seg_base + (size_t)kvw_table(c, i)[p / tpp] * kv->page_bytes;
         const size_t r = p % tpp;
         const float *k = (const float *)c->x + (size_t)i * kvd, *v = (const float *)c->x2 + (size_t)i * kvd;
         if (f8) {
             const uint32_t nkv = kv->n_kv_heads, hd = (uint32_t)(kvd / nkv);
-            int8_t *exps = (int8_t *)(page + 2 * tpp * kvd) + r * nkv;
-            f8_row(k, nkv, hd, page + r * row_bytes, exps);
-            f8_row(v, nkv, hd, page + (tpp + r) * row_bytes, exps + tpp * nkv);
-            continue;
+            f8_group(k, end - i, (uint32_t)r, nkv, hd, tpp, 0, page);
+            f8_group(v, end - i, (uint32_t)r, nkv, hd, tpp, 1, page);
+        } else {
+            memcpy(page + r * row_bytes, k, row_bytes);
+            memcpy(page + (tpp + r) * row_bytes, v, row_bytes);
         }
-        memcpy(page + r * row_bytes, k, row_bytes);
-        memcpy(page + (tpp + r) * row_bytes, v, row_bytes);
+        i = end;
     }
     return DJ_OK;
 }

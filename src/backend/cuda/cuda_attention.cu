@@ -16,13 +16,13 @@
  *    memory, online softmax; the score matrix is never materialised.
  * Both take even head_dim <= 256. Prefill of head_dim 64/128/256 normally runs on
  * tensor cores instead (cuda_attention_tc.cu); this kernel is its fallback.
- * f8_e4m3 pages (backend.h: codes, then an int8 exponent per position and kv
+ * f8_e4m3 pages (backend.h: codes, then an int8 exponent per page and kv
  * head) are read directly, each kernel instantiated for them (F8): decode
  * loads 2 codes per lane and pair (one uint16) where bf16 loads a bf16x2,
  * converts them exactly (dj_f8x2_to_float2) and folds the scales rather than
- * scaling every element - score = (q . kcodes) * 2^kexp[t] and V weight
- * e * 2^vexp[t], the exponents looked up by the lane that looks up the
- * position's page; prefill dequantizes K/V tiles into its bf16 shared-memory
+ * scaling every element - score = (q . kcodes) * 2^kexp and V weight
+ * e * 2^vexp, the exponents of position t's page looked up by the lane that
+ * looks up that page; prefill dequantizes K/V tiles into its bf16 shared-memory
  * tiles (code * 2^exp is exact in bf16), so its compute is unchanged. The
  * bf16 instantiations do exactly what they did before. */
 #include <math.h>
@@ -180,11 +180,11 @@ template <int PAIRS> struct kv_lane<true, PAIRS> {
     }
 };
 
-/* F8 pages: the K (V with is_v) scale 2^exp of kv head kvh at row r of a page. */
+/* F8 pages: the K (V with is_v) scale 2^exp of kv head kvh in a page (every row's). */
 static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t tpp, uint32_t kv_dim, uint32_t nkv,
-                                                 uint32_t kvh, uint32_t r, bool is_v) {
+                                                 uint32_t kvh, bool is_v) {
     const int8_t *ex = (const int8_t *)(page + 2 * (size_t)tpp * kv_dim);
-    return dj_pow2f(ex[(size_t)(is_v ? tpp + r : r) * nkv + kvh]);
+    return dj_pow2f(ex[(is_v ? nkv : 0u) + kvh]);
 }
 
 /* Block (split, head group, row): the G query heads h0 = G*blockIdx.y ..
@@ -231,12 +231,12 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
         page = 0; /* lane j < POS: position b + j's page */
         ksc = 1.0f, vsc = 1.0f; /* F8: this lane's position's scales */
         if (lane < POS && b + lane <= s1) {
-            const uint32_t t = (uint32_t)(b + lane), pi = dj_fastdiv_q(t, a.tpp_div), prow = t - pi * a.tpp;
+            const uint32_t t = (uint32_t)(b + lane), pi = dj_fastdiv_q(t, a.tpp_div);
             page = table[pi];
             if constexpr (F8) {
                 const uint8_t *pg = a.seg + (size_t)page * a.page_bytes;
-                ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, prow, false);
-                vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, prow, true);
+                ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, false);
+                vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, true);
             }
         }
 #pragma unroll
@@ -482,8 +482,8 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
                     const uint32_t tt = (uint32_t)t, pi = dj_fastdiv_q(tt, a.tpp_div), r = tt - pi * a.tpp;
                     const uint8_t *pg = a.seg + (size_t)a.table[pi] * a.page_bytes;
                     const uint8_t *kr = pg + (size_t)r * a.kv_dim + (size_t)kvh * hd;
-                    const float ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, r, false);
-                    const float vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, r, true);
+                    const float ksc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, false);
+                    const float vsc = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, true);
                     const float2 kf = dj_f8x2_to_float2(*(const uint16_t *)(kr + d));
                     const float2 vf = dj_f8x2_to_float2(*(const uint16_t *)(kr + (size_t)a.tpp * a.kv_dim + d));
                     kv2 = __floats2bfloat162_rn(kf.x * ksc, kf.y * ksc); /* exact */

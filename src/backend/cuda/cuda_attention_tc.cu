@@ -9,7 +9,7 @@
  * fragment from there: in registers it would take 64 of them beside the
  * 128 of the output accumulators.
  * f8_e4m3 pages (the F8 instantiation): each thread loads 8 codes (8 bytes)
- * and its position's exponent and stores the 8 dequantized values (code *
+ * and their page's exponent of the head and stores the 8 dequantized values (code *
  * 2^exp, exact in bf16) into the same bf16 tile, so the mma part is the
  * same; cp.async cannot convert, so these tile loads are plain loads (their
  * commit groups are empty) and only the bf16 path overlaps loads and math.
@@ -160,7 +160,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
                 const uint32_t tt = (uint32_t)t, pi = dj_fastdiv_q(tt, a.tpp_div), r = tt - pi * a.tpp;
                 const size_t pg = (size_t)a.table[pi] * a.page_bytes;
                 ro = pg + ((size_t)r * a.kv_dim + (size_t)kvh * HD) * ES;
-                eo = pg + 2 * (size_t)a.tpp * a.kv_dim + (size_t)r * a.nkv + kvh; /* f8 only */
+                eo = pg + 2 * (size_t)a.tpp * a.kv_dim + kvh; /* f8 only: the page's K exponent of the head */
             }
             rowoff[parity * TC_BN + threadIdx.x] = ro;
             expoff[parity * TC_BN + threadIdx.x] = eo;
@@ -231,9 +231,9 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
         static_assert(TC_THREADS % CH == 0 && TC_BN % RPI == 0, "whole rows per pass");
         const uint32_t ch = threadIdx.x % CH, j0 = threadIdx.x / CH;
         __nv_bfloat16 *d = dst + j0 * SK + ch * 8;
-        if constexpr (F8) { /* plain loads: 8 codes and their exponent per thread and step */
+        if constexpr (F8) { /* plain loads: 8 codes and their page's exponent per thread and step */
             const uint64_t *eo = expoff + parity * TC_BN;
-            const uint8_t *src = a.seg + (kv ? v_rows : 0) + ch * 8, *esrc = a.seg + (kv ? (size_t)a.tpp * a.nkv : 0);
+            const uint8_t *src = a.seg + (kv ? v_rows : 0) + ch * 8, *esrc = a.seg + (kv ? a.nkv : 0);
 #pragma unroll
             for (uint32_t it = 0; it < TC_BN / RPI; it++) {
                 const uint32_t j = j0 + it * RPI;

@@ -2,12 +2,12 @@
  * KV_WRITE of bf16 K/V rows into data-segment pages, and the two fused (RoPE
  * of k written to its output and to the pages in one pass, v beside it, and
  * optionally the RoPE of q at the same positions in the same launch).
- * f8_e4m3 pages (backend.h's layout: codes, then an int8 exponent per row and
- * head) take kernels of their own with one warp per (row, head): a head's
- * exponent needs the largest magnitude of all its values before any code is
- * stored (warp max, dj_kv_f8_exp), then each lane stores the codes of its
- * elements (round to nearest even, saturating: __nv_cvt_float_to_fp8) and
- * lane 0 the exponent byte. The bf16 kernels are untouched. */
+ * f8_e4m3 pages (backend.h's layout: codes, then an int8 exponent per page and
+ * head) take a kernel of their own with a block per (page, head) of the rows
+ * written: the exponent needs the largest magnitude of all the page's new
+ * values before any code is stored (and may re-encode the rows already
+ * there), then each warp stores the codes of its rows (round to nearest
+ * even, saturating: __nv_cvt_float_to_fp8). The bf16 kernels are untouched. */
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_impl.h"
@@ -299,111 +299,175 @@ static __device__ __forceinline__ float rope_warp_max(float v) {
     return v;
 }
 
-/* The page of position p of a row and its row index in the page. */
-static __device__ __forceinline__ uint8_t *f8_page(uint8_t *seg, size_t page_bytes, const uint32_t *tb, uint32_t p,
-                                                   uint32_t tpp) {
-    return seg + (size_t)tb[p / tpp] * page_bytes;
-}
-
-/* One head of hd bf16 values x as f8 codes and their exponent, by the whole
- * warp (lane: this thread's; amax: the head's largest magnitude, the same in
- * every lane): code = RNE-satfinite(x * 2^-s), s = dj_kv_f8_exp(amax), as
- * the CPU's KV_WRITE (ldexpf is exact here, as there). */
-static __device__ __forceinline__ void f8_head_store(const __nv_bfloat16 *x, float amax, uint32_t hd, uint8_t *codes,
-                                                     int8_t *exp, uint32_t lane) {
-    const int s = dj_kv_f8_exp(amax);
-    for (uint32_t e = lane; e < hd; e += 32)
-        codes[e] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(x[e]), -s), __NV_SATFINITE, __NV_E4M3);
-    if (lane == 0) *exp = (int8_t)s;
-}
-
-/* One warp per (row, head, K or V) of a KV_WRITE into f8 pages: nkv heads of
- * hd (= kv_dim / nkv); the amax is taken over the bf16 inputs as they are.
- * row_pos / row_tables as kv_write_kernel. */
-static __global__ void __launch_bounds__(ROPE_THREADS)
-    kv_write_f8_kernel(const __nv_bfloat16 *k, const __nv_bfloat16 *v, uint8_t *seg, size_t page_bytes,
-                       const uint32_t *table, uint32_t tpp, uint32_t nkv, uint32_t hd, uint32_t n, uint32_t pos0,
-                       const uint32_t *row_pos, const uint32_t *const *row_tables) {
-    dj_pdl_release();
-    dj_pdl_wait();
-    const uint32_t lane = threadIdx.x & 31, kv_dim = nkv * hd;
-    const size_t count = (size_t)n * nkv * 2, warps = (size_t)gridDim.x * ROPE_WARPS;
-    for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
-        const uint32_t is_v = (uint32_t)(w & 1u);
-        const size_t rh = w >> 1; /* row * nkv + head */
-        const uint32_t i = (uint32_t)(rh / nkv), h = (uint32_t)(rh % nkv);
-        const uint32_t p = row_pos ? row_pos[i] : pos0 + i, r = p % tpp;
-        uint8_t *page = f8_page(seg, page_bytes, row_tables ? row_tables[i] : table, p, tpp);
-        const __nv_bfloat16 *x = (is_v ? v : k) + rh * hd;
-        float amax = 0.0f;
-        for (uint32_t e = lane; e < hd; e += 32) amax = fmaxf(amax, fabsf(__bfloat162float(x[e])));
-        amax = rope_warp_max(amax);
-        uint8_t *codes = page + ((size_t)(is_v ? tpp + r : r)) * kv_dim + (size_t)h * hd;
-        int8_t *exp = (int8_t *)(page + 2 * (size_t)tpp * kv_dim) + (size_t)(is_v ? tpp + r : r) * nkv + h;
-        f8_head_store(x, amax, hd, codes, exp, lane);
+/* The RoPE of one head of hd values at x + base (position p, inverse
+ * frequencies freq) into o + base by the whole warp, with
+ * rope_kv_write_kernel's arithmetic (so the bits are the bf16 kernel's):
+ * lane L takes the pairs (j, j + hd/2), j = L, L + 32, ...; returns the
+ * lane's largest magnitude of the bf16 values it stored. */
+static __device__ __forceinline__ float rope_head_warp(const __nv_bfloat16 *x, __nv_bfloat16 *o, size_t base,
+                                                       const float *freq, uint32_t p, uint32_t hd, float scale,
+                                                       uint32_t lane) {
+    const uint32_t half = hd / 2;
+    float m = 0.0f;
+    for (uint32_t j = lane; j < half; j += 32) {
+        const float theta = freq[j] * (float)p;
+        float cs, sn;
+        rope_cs(theta, scale, &cs, &sn);
+        const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
+        const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
+        o[base + j] = o1;
+        o[base + j + half] = o2;
+        m = fmaxf(m, fmaxf(fabsf(__bfloat162float(o1)), fabsf(__bfloat162float(o2))));
     }
+    return m;
 }
 
-/* One warp per (row, head) over nkv heads of k then nq heads of q (nq = 0:
- * k only), into f8 pages whose heads are k's: each lane rotates the pairs
- * (j, j + hd/2), j = lane, lane + 32, ..., with rope_kv_write_kernel's
- * arithmetic (so kout and qout get the same bf16 bits), stores them to kout
- * (qout) and takes the largest magnitude of the bf16-rounded values it
- * stored and of v's; the warp's maxima give the exponents, then each lane
- * re-reads the kout elements it stored itself (no other thread touches them)
- * and stores their codes and v's. So the K codes quantize exactly the bf16
- * values kout holds. kout may be k and qout q, as in the bf16 kernel. */
-static __global__ void __launch_bounds__(ROPE_THREADS)
-    rope_kv_write_f8_kernel(const __nv_bfloat16 *k, __nv_bfloat16 *kout, const __nv_bfloat16 *v,
-                            const __nv_bfloat16 *q, __nv_bfloat16 *qout, uint32_t nq, const float *inv_freq,
-                            const float *const *row_freq, uint32_t n, uint32_t nkv, uint32_t hd, uint32_t pos0,
-                            const uint32_t *row_pos, float scale, uint8_t *seg, size_t page_bytes,
-                            const uint32_t *table, uint32_t tpp, const uint32_t *const *row_tables) {
+/* A KV_WRITE into f8 pages, and with rope the RoPE of k (and of nq q heads)
+ * before it. */
+struct f8w_args {
+    const __nv_bfloat16 *k;   /* [n][nkv * hd]: K rows (with rope: before the rotation) */
+    __nv_bfloat16 *kout;      /* rope: the rotated k (may be k) */
+    const __nv_bfloat16 *v;   /* [n][nkv * hd] */
+    const __nv_bfloat16 *q;   /* rope: [n][nq * hd] (nq 0: none) */
+    __nv_bfloat16 *qout;      /* rope: the rotated q (may be q) */
+    uint32_t nq;
+    const float *inv_freq;    /* rope */
+    const float *const *row_freq;
+    float scale;
+    uint32_t n, nkv, hd, pos0;
+    const uint32_t *row_pos;  /* NULL: rows at pos0 + i, one table */
+    uint8_t *seg;
+    size_t page_bytes;
+    const uint32_t *table;
+    uint32_t tpp;
+    const uint32_t *const *row_tables;
+    uint32_t kv_blocks;       /* blocks [0, kv_blocks): a (group, head) each; the rest take q */
+};
+
+static __device__ __forceinline__ uint32_t f8w_pos(const f8w_args &a, uint32_t i) {
+    return a.row_pos ? a.row_pos[i] : a.pos0 + i;
+}
+static __device__ __forceinline__ const uint32_t *f8w_table(const f8w_args &a, uint32_t i) {
+    return a.row_tables ? a.row_tables[i] : a.table;
+}
+/* Row j continues row j - 1's group: the same table and block, the next position. */
+static __device__ __forceinline__ bool f8w_continues(const f8w_args &a, uint32_t j) {
+    const uint32_t p = f8w_pos(a, j - 1), q = f8w_pos(a, j);
+    return f8w_table(a, j) == f8w_table(a, j - 1) && q == p + 1 && q / a.tpp == p / a.tpp;
+}
+
+/* The rows [i0, i1) of one page (backend.h's group) and one kv head, by one
+ * block, as the CPU's KV_WRITE: their largest magnitudes (K after its
+ * rotation, as stored to kout) give the head's exponents with the page's
+ * old ones (read by thread 0 before anything is written), the rows held
+ * before them are re-encoded where an exponent rises, then each warp stores
+ * the codes of the rows it rotated (re-reading the kout elements each lane
+ * stored itself) and thread 0 the exponents. Blocks past kv_blocks rotate q:
+ * a warp per (row, q head). */
+template <bool ROPE>
+static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const f8w_args a) {
     dj_pdl_release();
     dj_pdl_wait();
-    const uint32_t lane = threadIdx.x & 31, half = hd / 2, kv_dim = nkv * hd, heads = nkv + nq;
-    const size_t count = (size_t)n * heads, warps = (size_t)gridDim.x * ROPE_WARPS;
-    for (size_t w = (size_t)blockIdx.x * ROPE_WARPS + (threadIdx.x >> 5); w < count; w += warps) { /* warp-uniform */
-        const uint32_t i = (uint32_t)(w / heads), h = (uint32_t)(w % heads);
-        const uint32_t p = row_pos ? row_pos[i] : pos0 + i;
-        const float *freq = row_inv_freq(inv_freq, row_freq, i);
-        const bool is_k = h < nkv;
-        const size_t base = is_k ? ((size_t)i * nkv + h) * hd : ((size_t)i * nq + (h - nkv)) * hd;
-        const __nv_bfloat16 *x = is_k ? k : q;
-        __nv_bfloat16 *o = is_k ? kout : qout;
-        float kmax = 0.0f, vmax = 0.0f;
-        for (uint32_t j = lane; j < half; j += 32) {
-            const float theta = freq[j] * (float)p;
-            float cs, sn;
-            rope_cs(theta, scale, &cs, &sn);
-            const float x1 = __bfloat162float(x[base + j]), x2 = __bfloat162float(x[base + j + half]);
-            const __nv_bfloat16 o1 = __float2bfloat16(x1 * cs - x2 * sn), o2 = __float2bfloat16(x2 * cs + x1 * sn);
-            o[base + j] = o1;
-            o[base + j + half] = o2;
-            if (is_k) {
-                kmax = fmaxf(kmax, fmaxf(fabsf(__bfloat162float(o1)), fabsf(__bfloat162float(o2))));
-                vmax = fmaxf(vmax, fmaxf(fabsf(__bfloat162float(v[base + j])),
-                                         fabsf(__bfloat162float(v[base + j + half]))));
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = a.hd, kvd = a.nkv * hd;
+    if (blockIdx.x >= a.kv_blocks) { /* q heads (ROPE only) */
+        const size_t count = (size_t)a.n * a.nq, warps = (size_t)(gridDim.x - a.kv_blocks) * ROPE_WARPS;
+        for (size_t w = (size_t)(blockIdx.x - a.kv_blocks) * ROPE_WARPS + warp; w < count; w += warps) {
+            const uint32_t i = (uint32_t)(w / a.nq);
+            rope_head_warp(a.q, a.qout, w * hd, row_inv_freq(a.inv_freq, a.row_freq, i), f8w_pos(a, i), hd, a.scale,
+                           lane);
+        }
+        return;
+    }
+    const uint32_t gi = blockIdx.x / a.nkv, h = blockIdx.x % a.nkv;
+    uint32_t i0, i1;
+    if (!a.row_pos) { /* consecutive positions: group gi is page (pos0 / tpp) + gi */
+        const uint32_t off = a.pos0 % a.tpp;
+        i0 = gi == 0 ? 0u : gi * a.tpp - off;
+        i1 = min(a.n, (gi + 1) * a.tpp - off);
+    } else { /* a block per row: the group's first row takes it, the others leave */
+        i0 = gi;
+        if (i0 > 0 && f8w_continues(a, i0)) return; /* block-uniform */
+        i1 = i0 + 1;
+        while (i1 < a.n && f8w_continues(a, i1)) i1++;
+    }
+    const uint32_t p0 = f8w_pos(a, i0), r0 = p0 % a.tpp;
+    uint8_t *page = a.seg + (size_t)f8w_table(a, i0)[p0 / a.tpp] * a.page_bytes;
+    int8_t *ex = (int8_t *)(page + 2 * (size_t)a.tpp * kvd);
+    __shared__ unsigned kbits, vbits; /* the rows' largest magnitudes (>= 0: ordered as their bits) */
+    __shared__ int kold, vold;
+    if (threadIdx.x == 0) {
+        kbits = vbits = 0u;
+        kold = r0 ? ex[h] : DJ_KV_F8_EXP_MIN;
+        vold = r0 ? ex[a.nkv + h] : DJ_KV_F8_EXP_MIN;
+    }
+    __syncthreads();
+    for (uint32_t i = i0 + warp; i < i1; i += ROPE_WARPS) {
+        const size_t base = ((size_t)i * a.nkv + h) * hd;
+        float km = 0.0f, vm = 0.0f;
+        if constexpr (ROPE) {
+            km = rope_head_warp(a.k, a.kout, base, row_inv_freq(a.inv_freq, a.row_freq, i), f8w_pos(a, i), hd, a.scale,
+                                lane);
+        } else {
+            for (uint32_t e = lane; e < hd; e += 32) km = fmaxf(km, fabsf(__bfloat162float(a.k[base + e])));
+        }
+        for (uint32_t e = lane; e < hd; e += 32) vm = fmaxf(vm, fabsf(__bfloat162float(a.v[base + e])));
+        km = rope_warp_max(km);
+        vm = rope_warp_max(vm);
+        if (lane == 0) {
+            atomicMax(&kbits, __float_as_uint(km));
+            atomicMax(&vbits, __float_as_uint(vm));
+        }
+    }
+    __syncthreads();
+    const int ks = max(kold, dj_kv_f8_exp(__uint_as_float(kbits)));
+    const int vs = max(vold, dj_kv_f8_exp(__uint_as_float(vbits)));
+    /* rows [0, r0) re-encoded at a raised exponent (never when r0 is 0: old is then the least) */
+    for (int w = 0; w < 2; w++) {
+        const int old = w ? vold : kold, now = w ? vs : ks;
+        if (now == old) continue; /* block-uniform */
+        uint8_t *codes = page + (w ? (size_t)a.tpp * kvd : 0) + (size_t)h * hd;
+        for (uint32_t t = threadIdx.x; t < r0 * hd; t += ROPE_THREADS) {
+            uint8_t *c = codes + (size_t)(t / hd) * kvd + t % hd;
+            const float x = __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)*c, __NV_E4M3)));
+            *c = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(x, old - now), __NV_SATFINITE, __NV_E4M3);
+        }
+    }
+    for (uint32_t i = i0 + warp; i < i1; i += ROPE_WARPS) {
+        const size_t base = ((size_t)i * a.nkv + h) * hd;
+        uint8_t *kc = page + (size_t)(r0 + i - i0) * kvd + (size_t)h * hd, *vc = kc + (size_t)a.tpp * kvd;
+        if constexpr (ROPE) { /* lane L re-reads the elements j, j + hd/2 it stored */
+            const uint32_t half = hd / 2;
+            for (uint32_t j = lane; j < half; j += 32) {
+                kc[j] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(a.kout[base + j]), -ks),
+                                                       __NV_SATFINITE, __NV_E4M3);
+                kc[j + half] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(a.kout[base + j + half]), -ks),
+                                                              __NV_SATFINITE, __NV_E4M3);
             }
+        } else {
+            for (uint32_t e = lane; e < hd; e += 32)
+                kc[e] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(a.k[base + e]), -ks), __NV_SATFINITE,
+                                                       __NV_E4M3);
         }
-        if (!is_k) continue; /* warp-uniform */
-        kmax = rope_warp_max(kmax);
-        vmax = rope_warp_max(vmax);
-        uint8_t *page = f8_page(seg, page_bytes, row_tables ? row_tables[i] : table, p, tpp);
-        const uint32_t r = p % tpp;
-        uint8_t *kc = page + (size_t)r * kv_dim + (size_t)h * hd, *vc = kc + (size_t)tpp * kv_dim;
-        int8_t *ke = (int8_t *)(page + 2 * (size_t)tpp * kv_dim) + (size_t)r * nkv + h, *ve = ke + (size_t)tpp * nkv;
-        /* lane L re-reads elements j and j + half for its own j: the ones it stored above */
-        const int ks = dj_kv_f8_exp(kmax);
-        for (uint32_t j = lane; j < half; j += 32) {
-            kc[j] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(kout[base + j]), -ks), __NV_SATFINITE,
+        for (uint32_t e = lane; e < hd; e += 32)
+            vc[e] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(a.v[base + e]), -vs), __NV_SATFINITE,
                                                    __NV_E4M3);
-            kc[j + half] = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(__bfloat162float(kout[base + j + half]), -ks),
-                                                          __NV_SATFINITE, __NV_E4M3);
-        }
-        if (lane == 0) *ke = (int8_t)ks;
-        f8_head_store(v + base, vmax, hd, vc, ve, lane);
     }
+    if (threadIdx.x == 0) {
+        ex[h] = (int8_t)ks;
+        ex[a.nkv + h] = (int8_t)vs;
+    }
+}
+
+/* Launches kv_write_f8_kernel: a block per (group, kv head) - per page the
+ * rows span with consecutive positions, else per row - and with q heads
+ * blocks for them after. */
+template <bool ROPE>
+static void launch_kv_write_f8(dj_cuda_backend *cb, f8w_args a) {
+    const uint32_t groups = a.row_pos ? a.n : (a.pos0 % a.tpp + a.n + a.tpp - 1) / a.tpp;
+    a.kv_blocks = groups * a.nkv;
+    const size_t qwarps = (size_t)a.n * a.nq, qb = (qwarps + ROPE_WARPS - 1) / ROPE_WARPS, cap = (size_t)cb->n_sm * 16;
+    const unsigned blocks = a.kv_blocks + (unsigned)(qb < cap ? qb : cap);
+    dj__launch(cb, kv_write_f8_kernel<ROPE>, dim3(blocks), dim3(ROPE_THREADS), 0, a);
 }
 
 static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
@@ -425,10 +489,13 @@ dj_status dj__cuda_kv_write(dj_cuda_backend *cb, const dj_op_call *c, const uint
     const dj_kv_view *kv = c->kv;
     if (kv->dtype == DJ_DTYPE_F8_E4M3) {
         const uint32_t nkv = kv->n_kv_heads; /* checked: set, and divides kv_dim */
-        const size_t warps = (size_t)c->n * nkv * 2;
-        dj__launch(cb, kv_write_f8_kernel, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
-            (const __nv_bfloat16 *)c->x, (const __nv_bfloat16 *)c->x2, kv->seg_base, kv->page_bytes, table_dev,
-            kv->tokens_per_page, nkv, kv->kv_dim / nkv, c->n, c->pos0, c->row_pos, c->row_tables);
+        f8w_args a = {};
+        a.k = (const __nv_bfloat16 *)c->x;
+        a.v = (const __nv_bfloat16 *)c->x2;
+        a.n = c->n, a.nkv = nkv, a.hd = kv->kv_dim / nkv, a.pos0 = c->pos0, a.row_pos = c->row_pos;
+        a.seg = kv->seg_base, a.page_bytes = kv->page_bytes, a.table = table_dev, a.tpp = kv->tokens_per_page;
+        a.row_tables = c->row_tables;
+        launch_kv_write_f8<false>(cb, a);
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
@@ -453,12 +520,17 @@ dj_status dj__cuda_rope_kv_write_from(dj_cuda_backend *cb, const dj_op_call *rop
     if (qkv && (kv->dtype != DJ_DTYPE_BF16 || !rope_q))
         return dj_fail(DJ_EINTERNAL, "rope+kv_write from one q/k/v row: bf16 pages and q's ROPE only");
     if (kv->dtype == DJ_DTYPE_F8_E4M3) { /* the plan fuses it only where k's heads are the view's */
-        const size_t warps = (size_t)rope->n * (rope->n_heads + nq);
-        dj__launch(cb, rope_kv_write_f8_kernel, dim3(grid_for(cb, warps * 32)), dim3(ROPE_THREADS), 0,
-            (const __nv_bfloat16 *)rope->x, (__nv_bfloat16 *)rope->out, (const __nv_bfloat16 *)kvw->x2,
-            rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL, rope_q ? (__nv_bfloat16 *)rope_q->out : NULL, nq,
-            rope->inv_freq, rope->row_freq, rope->n, rope->n_heads, rope->head_dim, rope->pos0, rope->row_pos,
-            rope->scale, kv->seg_base, kv->page_bytes, table_dev, kv->tokens_per_page, kvw->row_tables);
+        f8w_args a = {};
+        a.k = (const __nv_bfloat16 *)rope->x;
+        a.kout = (__nv_bfloat16 *)rope->out;
+        a.v = (const __nv_bfloat16 *)kvw->x2;
+        a.q = rope_q ? (const __nv_bfloat16 *)rope_q->x : NULL;
+        a.qout = rope_q ? (__nv_bfloat16 *)rope_q->out : NULL;
+        a.nq = nq, a.inv_freq = rope->inv_freq, a.row_freq = rope->row_freq, a.scale = rope->scale;
+        a.n = rope->n, a.nkv = rope->n_heads, a.hd = rope->head_dim, a.pos0 = rope->pos0, a.row_pos = rope->row_pos;
+        a.seg = kv->seg_base, a.page_bytes = kv->page_bytes, a.table = table_dev, a.tpp = kv->tokens_per_page;
+        a.row_tables = kvw->row_tables;
+        launch_kv_write_f8<true>(cb, a);
         DJ_CU_LAUNCHED(cb);
         return DJ_OK;
     }
