@@ -100,7 +100,19 @@ static void test_config(void) {
     CHECK_ST(dj_vmu_new(&tb.base, &b, &vmu), DJ_EINVAL);
     b = c; b.page_bytes = 1000;
     CHECK_ST(dj_vmu_new(&tb.base, &b, &vmu), DJ_EINVAL);
-    CHECK(msg_has("1000") && msg_has("256"));
+    CHECK(msg_has("1000") && msg_has("64"));
+    b = c; b.page_bytes = 4096 + DJ_VMU_PAGE_ALIGN; /* not a multiple of 256: the stack still starts aligned */
+    CHECK_OK(dj_vmu_new(&tb.base, &b, &vmu));
+    if (vmu) {
+        dj_vmu_stats st;
+        dj_vmu_get_stats(vmu, &st);
+        CHECK(st.pages_total > 1 && st.data.capacity == st.pages_total * b.page_bytes);
+        CHECK(dj_vmu_data_base(vmu) + st.data.capacity <= dj_vmu_stack_base(vmu) &&
+              (uintptr_t)dj_vmu_stack_base(vmu) % DJ_VMU_ALIGN == 0);
+        CHECK(st.text.capacity + st.data.capacity + st.stack.capacity <= b.total_bytes);
+        dj_vmu_free(vmu);
+        vmu = NULL;
+    }
     b = c; b.page_bytes = 1 << 20; /* 30% of 1 MiB holds no page */
     CHECK_ST(dj_vmu_new(&tb.base, &b, &vmu), DJ_EINVAL);
     CHECK(msg_has("page") && msg_has("1048576"));

@@ -91,9 +91,9 @@ uint32_t dj_kv_page_tokens(dj_dtype t, uint32_t n_kv_heads, uint32_t head_dim, s
 
 /* An f8 engine's page of a power-of-two size grows by this much, so that it
  * holds every position the power of two of codes holds (twice bf16's) and
- * the exponents of up to 128 kv heads beside them (dj_engine_new; a multiple
- * of DJ_VMU_ALIGN; the rest, where a position is smaller than it, holds more). */
-#define DJ_KV_F8_PAGE_EXTRA 256
+ * the exponents of up to 32 kv heads beside them (dj_engine_new; a multiple
+ * of DJ_VMU_PAGE_ALIGN; where a position is smaller, the rest holds more). */
+#define DJ_KV_F8_PAGE_EXTRA 64
 
 /* f8 K/V exponents lie in [DJ_KV_F8_EXP_MIN, 127]: the least one is what a
  * head of zeros takes (any later row raises it), and 2^-120 keeps every

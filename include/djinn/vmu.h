@@ -20,6 +20,7 @@
 #include "djinn/status.h"
 
 #define DJ_VMU_ALIGN 256
+#define DJ_VMU_PAGE_ALIGN 64 /* data pages: a multiple of it (an f8 K/V page is 64 KiB + 64) */
 
 typedef struct dj_vmu dj_vmu_t;
 typedef struct dj_vmu_model dj_vmu_model_t;     /* a model's text region */
@@ -30,7 +31,7 @@ typedef struct dj_vmu_config {
     double text_frac;     /* fractions of total_bytes; must sum to <= 1 */
     double data_frac;     /* (the rest, if any, is left unused) */
     double stack_frac;
-    size_t page_bytes;    /* data segment page size (multiple of 256) */
+    size_t page_bytes;    /* data segment page size (a multiple of DJ_VMU_PAGE_ALIGN) */
 } dj_vmu_config;
 
 /* Defaults: 60% text, 30% data, 10% stack, 64 KiB pages. */

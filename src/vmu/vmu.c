@@ -110,13 +110,13 @@ static dj_status vmu_layout_compute(const dj_vmu_config *cfg, size_t usable, vmu
     if (sum > 1.0 + 1e-9)
         return dj_fail(DJ_EINVAL, "VMU: segment fractions sum to %.9g (text %g + data %g + stack %g); must be <= 1",
                        sum, cfg->text_frac, cfg->data_frac, cfg->stack_frac);
-    if (cfg->page_bytes == 0 || cfg->page_bytes % DJ_VMU_ALIGN != 0)
+    if (cfg->page_bytes == 0 || cfg->page_bytes % DJ_VMU_PAGE_ALIGN != 0)
         return dj_fail(DJ_EINVAL, "VMU: page size %zu bytes must be a positive multiple of %d", cfg->page_bytes,
-                       DJ_VMU_ALIGN);
+                       DJ_VMU_PAGE_ALIGN);
     size_t total = cfg->total_bytes;
     L->text_cap = align_down(frac_of(total, cfg->text_frac));
     L->n_pages = frac_of(total, cfg->data_frac) / cfg->page_bytes;
-    L->data_cap = L->n_pages * cfg->page_bytes;
+    L->data_cap = dj_vmu_aligned(L->n_pages * cfg->page_bytes); /* the stack starts aligned after it */
     L->stack_cap = align_down(frac_of(total, cfg->stack_frac));
     /* the 1e-9 slack or the alignment loss may push the three past usable: the stack gives way */
     size_t sum_caps = L->text_cap + L->data_cap; /* <= total (1 + 1e-9): no overflow */

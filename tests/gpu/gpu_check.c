@@ -2380,7 +2380,7 @@ static void check_rope_kv_write_f8(uint32_t n, uint32_t pos0, uint32_t nkv, uint
  * pages byte for byte against the CPU's KV_WRITEs (of the GPU's kout and v);
  * ATTENTION against the CPU reading a copy of the GPU's pages. */
 static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp, uint32_t window,
-                          int captured) {
+                          int captured, int grow) {
     const uint32_t kvd = nkv * hd, qd = nh * hd, rounds = captured ? 2 : 1;
     uint32_t *pos = xmalloc(B * sizeof *pos), *nblk = xmalloc(B * sizeof *nblk), total = 0;
     for (uint32_t r = 0; r < B; r++) {
@@ -2420,8 +2420,8 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
         const size_t count = (size_t)pos[r] * kvd;
         uint16_t *kb = halloc(count), *vb = halloc(count);
         float *kf = falloc(count), *vf = falloc(count);
-        rand_heads(kb, kf, pos[r], nkv, hd, -3, 2);
-        rand_heads(vb, vf, pos[r], nkv, hd, -4, 4);
+        rand_heads(kb, kf, pos[r], nkv, hd, grow ? -9 : -3, grow ? -6 : 2);
+        rand_heads(vb, vf, pos[r], nkv, hd, grow ? -10 : -4, grow ? -6 : 4);
         void *dk = dcopy(kb, count * 2), *dv = dcopy(vb, count * 2);
         dj_kv_view w1 = wv, g1 = gv;
         w1.block_table = g1.block_table = ctab[r];
@@ -2483,8 +2483,11 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
         if (round)
             for (uint32_t r = 0; r < B; r++) pos[r]++;
         rand_bf16(qb, qf, nq, -2.0f, 2.0f);
-        rand_heads(kb, kf, B, nkv, hd, -3, 2);
-        rand_heads(vb, vf, B, nkv, hd, -4, 4);
+        /* grow: the new rows larger than any before (the history 2^-10..2^-6), so each raises its
+         * page's exponents (and the attention's loads before the PDL wait must not keep the page's
+         * re-encoded rows); moderate, so the scores stay too */
+        rand_heads(kb, kf, B, nkv, hd, grow ? -3 + 2 * (int)round : -3, grow ? -1 + 2 * (int)round : 2);
+        rand_heads(vb, vf, B, nkv, hd, grow ? -4 + 2 * (int)round : -4, grow ? -2 + 2 * (int)round : 4);
         up(dq, qb, nq * 2);
         up(dk, kb, nk * 2);
         up(dv, vb, nk * 2);
@@ -2504,8 +2507,8 @@ static void check_rows_f8(uint32_t B, uint32_t nh, uint32_t nkv, uint32_t hd, ui
             dj_backend_compute(cpu, &c_kw) != DJ_OK || dj_backend_compute(cpu, &c_at) != DJ_OK)
             die("row-mode ops f8 (cpu)");
         char shape[96];
-        snprintf(shape, sizeof shape, "f8 rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s", B, nh, nkv, hd, tpp, window,
-                 captured ? (round ? " graph, pos+1" : " graph") : "");
+        snprintf(shape, sizeof shape, "f8 rows=%u heads=%u:%u hd=%u tpp=%u win=%u%s%s", B, nh, nkv, hd, tpp, window,
+                 captured ? (round ? " graph, pos+1" : " graph") : "", grow ? " growing" : "");
         compare("ROPE/rows", shape, dqr, DJ_DTYPE_BF16, qr, nq);
         compare("ROPE k/rows", shape, dkr, DJ_DTYPE_BF16, kr, nk); /* fused with KV_WRITE */
         check_f8_bytes("KV8/rows", shape, want, gseg, bytes);
@@ -2612,11 +2615,13 @@ static void check_kv_f8(void) {
     check_attention_f8(300, 200, 8, 2, 128, 16, 37, 0.0f); /* tensor cores, window inside a tile */
     check_attention_f8(65, 3, 4, 1, 64, 32, 0, 0.0f);      /* MQA */
     /* rows, heads, kv heads, head_dim, tokens per page, window, recorded */
-    check_rows_f8(1, 32, 8, 128, 16, 0, 0);
-    check_rows_f8(5, 8, 2, 64, 7, 0, 0);
-    check_rows_f8(8, 12, 4, 96, 16, 0, 0);
-    check_rows_f8(3, 8, 2, 256, 16, 100, 0);
-    check_rows_f8(32, 32, 8, 128, 16, 0, 1);
+    check_rows_f8(1, 32, 8, 128, 16, 0, 0, 0);
+    check_rows_f8(5, 8, 2, 64, 7, 0, 0, 0);
+    check_rows_f8(8, 12, 4, 96, 16, 0, 0, 0);
+    check_rows_f8(3, 8, 2, 256, 16, 100, 0, 0);
+    check_rows_f8(32, 32, 8, 128, 16, 0, 1, 0);
+    check_rows_f8(1, 32, 8, 128, 32, 0, 0, 1);
+    check_rows_f8(4, 32, 8, 128, 32, 0, 1, 1);
     check_f8_errors();
     if (dj_backend_set_kv_dtype(gpu, DJ_DTYPE_BF16) != DJ_OK || dj_backend_set_kv_dtype(cpu, DJ_DTYPE_F32) != DJ_OK)
         die("kv dtype back");

@@ -289,6 +289,11 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
      * more heads would spill): every position before a row's own was written
      * by earlier steps, so the warp's first K/V loads go out before the PDL
      * wait, and the row's own position - this step's KV_WRITE - again after it.
+     * With F8 this step's KV_WRITE may raise the exponents of the row's page
+     * and re-encode the page's earlier rows (backend.h): a warp reads its
+     * positions' exponents again after the wait and, where any differs from
+     * the one it loaded before (only then were codes re-encoded), loads all
+     * its positions again.
      * H100, 8B shape, decode b=1 at ctx 512 (bench/RESULTS.md, 2026-11-26):
      * bf16 5.70 -> 5.65 ms, FP8 3.64 -> 3.58, 4-bit 2.99 -> 2.95, Gemma-2-9B
      * shape 7.42 -> 7.23. */
@@ -296,7 +301,19 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     const uint64_t b0 = s0 + (uint64_t)warp * POS;
     if (pre && b0 <= s1) load_kv(b0, -1);
     dj_pdl_wait();
-    if (pre && b0 <= s1 && rg.p < b0 + POS) load_kv(b0, (int)(rg.p - b0));
+    if (pre && b0 <= s1) {
+        bool again = false;
+        if constexpr (F8) {
+            if (lane < POS && b0 + lane <= s1) {
+                const uint8_t *pg = a.seg + (size_t)page * a.page_bytes;
+                again = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, false) != ksc ||
+                        f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, true) != vsc;
+            }
+            again = __any_sync(0xffffffffu, again);
+        }
+        if (again) load_kv(b0, -1);
+        else if (rg.p < b0 + POS) load_kv(b0, (int)(rg.p - b0));
+    }
     float2 qv[G][PAIRS], acc[G][PAIRS];
     float m[G], l[G];
 #pragma unroll

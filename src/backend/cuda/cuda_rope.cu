@@ -368,10 +368,11 @@ template <bool ROPE>
 static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const f8w_args a) {
     dj_pdl_release();
     dj_pdl_wait();
-    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = a.hd, kvd = a.nkv * hd;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, hd = a.hd;
+    const uint32_t kvd = a.nkv * hd;
     if (blockIdx.x >= a.kv_blocks) { /* q heads (ROPE only) */
-        const size_t count = (size_t)a.n * a.nq, warps = (size_t)(gridDim.x - a.kv_blocks) * ROPE_WARPS;
-        for (size_t w = (size_t)(blockIdx.x - a.kv_blocks) * ROPE_WARPS + warp; w < count; w += warps) {
+        const size_t count = (size_t)a.n * a.nq, warps = (size_t)(gridDim.x - a.kv_blocks) * nw;
+        for (size_t w = (size_t)(blockIdx.x - a.kv_blocks) * nw + warp; w < count; w += warps) {
             const uint32_t i = (uint32_t)(w / a.nq);
             rope_head_warp(a.q, a.qout, w * hd, row_inv_freq(a.inv_freq, a.row_freq, i), f8w_pos(a, i), hd, a.scale,
                            lane);
@@ -401,7 +402,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const 
         vold = r0 ? ex[a.nkv + h] : DJ_KV_F8_EXP_MIN;
     }
     __syncthreads();
-    for (uint32_t i = i0 + warp; i < i1; i += ROPE_WARPS) {
+    for (uint32_t i = i0 + warp; i < i1; i += nw) {
         const size_t base = ((size_t)i * a.nkv + h) * hd;
         float km = 0.0f, vm = 0.0f;
         if constexpr (ROPE) {
@@ -426,13 +427,13 @@ static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const 
         const int old = w ? vold : kold, now = w ? vs : ks;
         if (now == old) continue; /* block-uniform */
         uint8_t *codes = page + (w ? (size_t)a.tpp * kvd : 0) + (size_t)h * hd;
-        for (uint32_t t = threadIdx.x; t < r0 * hd; t += ROPE_THREADS) {
+        for (uint32_t t = threadIdx.x; t < r0 * hd; t += blockDim.x) {
             uint8_t *c = codes + (size_t)(t / hd) * kvd + t % hd;
             const float x = __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)*c, __NV_E4M3)));
             *c = (uint8_t)__nv_cvt_float_to_fp8(ldexpf(x, old - now), __NV_SATFINITE, __NV_E4M3);
         }
     }
-    for (uint32_t i = i0 + warp; i < i1; i += ROPE_WARPS) {
+    for (uint32_t i = i0 + warp; i < i1; i += nw) {
         const size_t base = ((size_t)i * a.nkv + h) * hd;
         uint8_t *kc = page + (size_t)(r0 + i - i0) * kvd + (size_t)h * hd, *vc = kc + (size_t)a.tpp * kvd;
         if constexpr (ROPE) { /* lane L re-reads the elements j, j + hd/2 it stored */
@@ -460,14 +461,17 @@ static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const 
 
 /* Launches kv_write_f8_kernel: a block per (group, kv head) - per page the
  * rows span with consecutive positions, else per row - and with q heads
- * blocks for them after. */
+ * blocks for them after. Decode rows (per-row positions, few rows: a row a
+ * group) take blocks of one warp, the rest of ROPE_WARPS warps (a page's
+ * rows spread over them). */
 template <bool ROPE>
 static void launch_kv_write_f8(dj_cuda_backend *cb, f8w_args a) {
     const uint32_t groups = a.row_pos ? a.n : (a.pos0 % a.tpp + a.n + a.tpp - 1) / a.tpp;
+    const uint32_t threads = a.row_pos && a.n <= 256 ? 32u : ROPE_THREADS, nw = threads / 32;
     a.kv_blocks = groups * a.nkv;
-    const size_t qwarps = (size_t)a.n * a.nq, qb = (qwarps + ROPE_WARPS - 1) / ROPE_WARPS, cap = (size_t)cb->n_sm * 16;
+    const size_t qwarps = (size_t)a.n * a.nq, qb = (qwarps + nw - 1) / nw, cap = (size_t)cb->n_sm * 16 * (ROPE_WARPS / nw);
     const unsigned blocks = a.kv_blocks + (unsigned)(qb < cap ? qb : cap);
-    dj__launch(cb, kv_write_f8_kernel<ROPE>, dim3(blocks), dim3(ROPE_THREADS), 0, a);
+    dj__launch(cb, kv_write_f8_kernel<ROPE>, dim3(blocks), dim3(threads), 0, a);
 }
 
 static unsigned grid_for(const dj_cuda_backend *cb, size_t count) {
