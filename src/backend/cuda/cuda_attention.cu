@@ -242,7 +242,7 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
 #pragma unroll
         for (int j = 0; j < POS; j++) {
             const uint32_t pj = __shfl_sync(0xffffffffu, page, j), t = (uint32_t)(b + j);
-            if (only >= 0 && j != only) continue; /* warp-uniform */
+            if (only != -1 && j != only) continue; /* warp-uniform; -2: pages and scales only */
             const uint32_t rj = t - dj_fastdiv_q(t, a.tpp_div) * a.tpp; /* its row in the page */
             const bool valid = b + j <= s1; /* warp-uniform */
             if constexpr (F8) {
@@ -290,8 +290,9 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
      * by earlier steps, so the warp's first K/V loads go out before the PDL
      * wait, and the row's own position - this step's KV_WRITE - again after it.
      * With F8 this step's KV_WRITE may raise the exponents of the row's page
-     * and re-encode the page's earlier rows (backend.h): a warp reads its
-     * positions' exponents again after the wait and, where any differs from
+     * and re-encode the page's earlier rows (backend.h): a warp whose
+     * positions reach into the row's page reads their exponents again after
+     * the wait (beside the row's own position) and, where any differs from
      * the one it loaded before (only then were codes re-encoded), loads all
      * its positions again.
      * H100, 8B shape, decode b=1 at ctx 512 (bench/RESULTS.md, 2026-11-26):
@@ -301,18 +302,15 @@ static __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BATCH_MIN_BLOCKS)
     const uint64_t b0 = s0 + (uint64_t)warp * POS;
     if (pre && b0 <= s1) load_kv(b0, -1);
     dj_pdl_wait();
-    if (pre && b0 <= s1) {
-        bool again = false;
-        if constexpr (F8) {
-            if (lane < POS && b0 + lane <= s1) {
-                const uint8_t *pg = a.seg + (size_t)page * a.page_bytes;
-                again = f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, false) != ksc ||
-                        f8_scale(pg, a.tpp, a.kv_dim, a.nkv, kvh, true) != vsc;
-            }
-            again = __any_sync(0xffffffffu, again);
+    if constexpr (F8) {
+        const uint64_t page0 = (uint64_t)dj_fastdiv_q(rg.p, a.tpp_div) * a.tpp; /* the row's page's first position */
+        if (pre && b0 <= s1 && page0 < b0 + POS) {
+            const float k0 = ksc, v0 = vsc;
+            load_kv(b0, rg.p < b0 + POS ? (int)(rg.p - b0) : -2);
+            if (__any_sync(0xffffffffu, ksc != k0 || vsc != v0)) load_kv(b0, -1);
         }
-        if (again) load_kv(b0, -1);
-        else if (rg.p < b0 + POS) load_kv(b0, (int)(rg.p - b0));
+    } else {
+        if (pre && b0 <= s1 && rg.p < b0 + POS) load_kv(b0, (int)(rg.p - b0));
     }
     float2 qv[G][PAIRS], acc[G][PAIRS];
     float m[G], l[G];

@@ -396,11 +396,10 @@ static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const 
     int8_t *ex = (int8_t *)(page + 2 * (size_t)a.tpp * kvd);
     __shared__ unsigned kbits, vbits; /* the rows' largest magnitudes (>= 0: ordered as their bits) */
     __shared__ int kold, vold;
-    if (threadIdx.x == 0) {
-        kbits = vbits = 0u;
-        kold = r0 ? ex[h] : DJ_KV_F8_EXP_MIN;
-        vold = r0 ? ex[a.nkv + h] : DJ_KV_F8_EXP_MIN;
-    }
+    /* the page's exponents, requested now and published after the rows' maxima (their load overlaps) */
+    const int ko = threadIdx.x == 0 && r0 ? ex[h] : DJ_KV_F8_EXP_MIN;
+    const int vo = threadIdx.x == 0 && r0 ? ex[a.nkv + h] : DJ_KV_F8_EXP_MIN;
+    if (threadIdx.x == 0) kbits = vbits = 0u;
     __syncthreads();
     for (uint32_t i = i0 + warp; i < i1; i += nw) {
         const size_t base = ((size_t)i * a.nkv + h) * hd;
@@ -418,6 +417,10 @@ static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const 
             atomicMax(&kbits, __float_as_uint(km));
             atomicMax(&vbits, __float_as_uint(vm));
         }
+    }
+    if (threadIdx.x == 0) {
+        kold = ko;
+        vold = vo;
     }
     __syncthreads();
     const int ks = max(kold, dj_kv_f8_exp(__uint_as_float(kbits)));
