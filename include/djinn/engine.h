@@ -51,7 +51,7 @@ typedef struct dj_engine_config {
                                * (the kill switch of the prefix cache; results are the same) */
     const char *kv_dtype;     /* K/V pages: NULL or "auto" the backend's activation dtype (f32 on
                                * the CPU, bf16 on CUDA); "fp8" f8_e4m3 with a power-of-two scale
-                               * per position and head (backend.h): twice the tokens of bf16 */
+                               * per page and head (backend.h): twice the tokens of bf16 */
 } dj_engine_config;
 
 /* The K/V dtype an engine_config's kv_dtype names on a GPU (gpu) or the CPU;

@@ -55,7 +55,7 @@ static int usage(FILE *f) {
           "Without --model, run and info use $DJINN_MODEL or the demo model in models/demo.\n"
           "--deterministic: on a GPU, a sequence's logits do not depend on what else shares its\n"
           "steps (slower batched steps: bench/RESULTS.md); the CPU engine is always so.\n"
-          "--kv-dtype fp8: the KV cache in float8 e4m3 with a power-of-two scale per position and\n"
+          "--kv-dtype fp8: the KV cache in float8 e4m3 with a power-of-two scale per page and\n"
           "head (twice the tokens of bf16 in the same memory; docs/architecture.md, \"FP8 K/V\").\n",
           f);
     return 2;

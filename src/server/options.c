@@ -40,7 +40,7 @@ static int usage(FILE *f) {
           "few rows the host's cores run the FFN of as many streamed layers as the rates measured at load say\n"
           "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n"
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
-          "fp8: float8 e4m3 with a power-of-two scale per position and head, twice the tokens of bf16).\n",
+          "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
           f);
     fputs("Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
