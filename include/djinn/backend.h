@@ -119,6 +119,13 @@ static inline DJ_KV_HD int dj_kv_f8_exp(float amax) {
     return s > DJ_KV_F8_EXP_MIN ? s : DJ_KV_F8_EXP_MIN;
 }
 
+/* Bytes from an f8 page's start to its exponents (K's [n_kv_heads], then
+ * V's): past its tokens_per_page K and V rows of kv_dim codes. Host and
+ * device code. */
+static inline DJ_KV_HD size_t dj_kv_f8_exps_at(uint32_t tokens_per_page, uint32_t kv_dim) {
+    return 2 * (size_t)tokens_per_page * kv_dim;
+}
+
 /* Every op once: X(NAME, "name"). Generates dj_op and dj_op_name(). The
  * comment of each op is its contract:
  *  EMBED      out[n,d] f32 = table[ids[i], :] (* scale when scale != 0)

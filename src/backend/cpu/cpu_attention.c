@@ -143,7 +143,7 @@ static void attend_one(const dj_kv_view *kv, const uint32_t *table, const float 
         if (lut) {
             kc = page + (size_t)row * kvd + (size_t)kvh * hd;
             vc = kc + (size_t)tpp * kvd;
-            const int8_t *ex = (const int8_t *)(page + 2 * (size_t)tpp * kvd);
+            const int8_t *ex = (const int8_t *)(page + dj_kv_f8_exps_at(tpp, kvd));
             kexp = ex[kvh];
             vexp = ex[nkv + kvh];
         } else {

@@ -235,7 +235,7 @@ static void f8_group(const float *x, uint32_t rows, uint32_t r0, uint32_t nkv, u
                      uint8_t *page) {
     const size_t kvd = (size_t)nkv * hd;
     uint8_t *codes = page + (is_v ? tpp : 0) * kvd;
-    int8_t *exps = (int8_t *)(page + 2 * tpp * kvd) + (is_v ? nkv : 0);
+    int8_t *exps = (int8_t *)(page + dj_kv_f8_exps_at((uint32_t)tpp, (uint32_t)kvd)) + (is_v ? nkv : 0);
     for (uint32_t h = 0; h < nkv; h++) {
         float amax = 0.0f;
         for (uint32_t i = 0; i < rows; i++)

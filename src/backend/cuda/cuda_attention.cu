@@ -183,7 +183,7 @@ template <int PAIRS> struct kv_lane<true, PAIRS> {
 /* F8 pages: the K (V with is_v) scale 2^exp of kv head kvh in a page (every row's). */
 static __device__ __forceinline__ float f8_scale(const uint8_t *page, uint32_t tpp, uint32_t kv_dim, uint32_t nkv,
                                                  uint32_t kvh, bool is_v) {
-    const int8_t *ex = (const int8_t *)(page + 2 * (size_t)tpp * kv_dim);
+    const int8_t *ex = (const int8_t *)(page + dj_kv_f8_exps_at(tpp, kv_dim));
     return dj_pow2f(ex[(is_v ? nkv : 0u) + kvh]);
 }
 

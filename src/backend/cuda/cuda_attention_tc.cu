@@ -160,7 +160,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
                 const uint32_t tt = (uint32_t)t, pi = dj_fastdiv_q(tt, a.tpp_div), r = tt - pi * a.tpp;
                 const size_t pg = (size_t)a.table[pi] * a.page_bytes;
                 ro = pg + ((size_t)r * a.kv_dim + (size_t)kvh * HD) * ES;
-                eo = pg + 2 * (size_t)a.tpp * a.kv_dim + kvh; /* f8 only: the page's K exponent of the head */
+                eo = pg + dj_kv_f8_exps_at(a.tpp, a.kv_dim) + kvh; /* f8 only: the page's K exponent of the head */
             }
             rowoff[parity * TC_BN + threadIdx.x] = ro;
             expoff[parity * TC_BN + threadIdx.x] = eo;

@@ -393,7 +393,7 @@ static __global__ void __launch_bounds__(ROPE_THREADS) kv_write_f8_kernel(const 
     }
     const uint32_t p0 = f8w_pos(a, i0), r0 = p0 % a.tpp;
     uint8_t *page = a.seg + (size_t)f8w_table(a, i0)[p0 / a.tpp] * a.page_bytes;
-    int8_t *ex = (int8_t *)(page + 2 * (size_t)a.tpp * kvd);
+    int8_t *ex = (int8_t *)(page + dj_kv_f8_exps_at(a.tpp, kvd));
     __shared__ unsigned kbits, vbits; /* the rows' largest magnitudes (>= 0: ordered as their bits) */
     __shared__ int kold, vold;
     /* the page's exponents, requested now and published after the rows' maxima (their load overlaps) */
