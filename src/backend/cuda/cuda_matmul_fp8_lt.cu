@@ -112,8 +112,12 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
  * quant_act_kernel, which read x twice with a warp a group. H100, Llama-3-8B
  * shape FP8, prefill 2048 (bench/RESULTS.md, 2026-11-26): ncu 4.31 ms over
  * the 130 quantizations -> 1.04 ms over the 98 left apart (the down GEMM's
- * inside the SwiGLU, below), prefill 0.0391 -> 0.0378 s with both. */
-#define QA_U 4
+ * inside the SwiGLU, below), prefill 0.0391 -> 0.0378 s with both. Two
+ * pairs a warp rather than four (69 -> 48 registers, more warps an SM):
+ * the SwiGLU's quantization of an 8B FP8 prefill 2048 61.8-63.2 -> 54.4-56.1
+ * us a call (one pair 58.7-59.2; two with 4 warps a block 53.5-55.1) - H100,
+ * 2026-11-27, session 24 (bench/RESULTS.md). */
+#define QA_U 2
 
 /* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^31: qa_g128_fits); its
  * inputs' rows lie in_ld values apart (k, or gate and up as one GEMM's halves: 2k). */
