@@ -826,9 +826,10 @@ const dj_model_t *dj_session_model(const dj_session_t *s) { return s->model; }
  * from layer 0's first to the last layer's last where that span is at most
  * TABLE_SPAN_MAX - the entries between them are ones the mirror already
  * holds (the host table is the source: below dev_blocks they are equal) or
- * ones no kernel reads (past n_blocks) - else as one copy a layer. One copy
- * instead of 32 took about 0.15 ms off the start of an 8B prefill (H100,
- * bench/RESULTS.md 2026-11-27, session 24). */
+ * ones no kernel reads (past n_blocks) - else as one copy a layer. An 8B
+ * prefill 2048 on the H100: one 16.5 KiB copy instead of 32 of 512 bytes
+ * (the device idled before most of them, waiting for the next), the step's
+ * host prepare 0.15-0.25 -> 0.04-0.08 ms (bench/RESULTS.md, 2026-11-27). */
 static dj_status sync_tables(dj_engine_t *e, dj_session_t *s) {
     if (e->be->host_memory || s->dev_blocks == s->n_blocks) {
         s->dev_blocks = s->n_blocks;
