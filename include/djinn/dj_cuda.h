@@ -46,7 +46,9 @@ dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *
  * few query rows or per-row positions; otherwise tensor-core prefill where
  * it covers the shape, unless $DJINN_ATTN=simple, else the f32 tiled
  * prefill), 1 = always decode, 2 = always the f32 tiled prefill, 3 = the
- * tensor-core prefill where it covers the call (else the f32 prefill). Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
+ * mma.sync tensor-core prefill where it covers the call (else the f32 prefill),
+ * 4 = the wgmma prefill where it covers the call (else as 3), 5 = as 4 without
+ * overlapping a tile's softmax with the MMAs. Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
  * always the GEMM path (f8_e4m3 weights: dequantized tiles, W8A16), 3 = as 2 but f8_e4m3 weights on the FP8
  * tensor cores (W8A8) wherever cuBLASLt takes them (automatic: from 64 rows). */
 void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);
@@ -54,7 +56,8 @@ void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);
  * row count and vocabulary), for gpu_check's block-edge cases. */
 void dj__cuda_set_sample_split(dj_backend_t *be, uint32_t blocks);
 /* Test hook: which kernel ran the latest ATTENTION call: 1 split-K decode,
- * 2 f32 tiled prefill, 3 tensor-core prefill (0: none yet). */
+ * 2 f32 tiled prefill, 3 mma.sync tensor-core prefill, 4 wgmma prefill
+ * (0: none yet). */
 int dj__cuda_last_attention(dj_backend_t *be);
 /* Test hooks: backend-internal fusion (on unless $DJINN_FUSE=off) of an ADD
  * with the RMSNORM that reads its sum, of a ROPE with the KV_WRITE of its

@@ -747,9 +747,10 @@ static void check_norm_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, ui
 /* Every attention path in turn over one context's pages (cv: the CPU's
  * view, gv: the GPU's), n query rows at pos0.., each against the CPU's
  * output; tag ("" or "f8 ") starts the rows' names. The kernel each path
- * must have run: auto takes tensor cores for head_dim 64/128/256 from 8 rows
- * on (every call here is aligned), "tc" falls back to the f32 prefill
- * elsewhere. */
+ * must have run: auto takes the wgmma kernel where it covers the call, else
+ * tensor cores (mma.sync) for head_dim 64/128/256 from 8 rows on (every call
+ * here is aligned); "tc" falls back to the f32 prefill elsewhere, "wg" and
+ * "wg-serial" to what auto takes. */
 static void check_attention_paths(const char *tag, const dj_kv_view *cv, const dj_kv_view *gv, uint32_t n,
                                   uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
                                   uint32_t window, float softcap) {
@@ -767,24 +768,27 @@ static void check_attention_paths(const char *tag, const dj_kv_view *cv, const d
     gc.x = dq;
     gc.kv = gv;
     gc.out_dtype = DJ_DTYPE_BF16;
-    static const char *paths[] = {"auto", "decode", "prefill", "tc"};
-    static const char *kernels[] = {"none", "decode", "prefill", "tc"};
+    static const char *paths[] = {"auto", "decode", "prefill", "tc", "wg", "wg-serial"};
+    static const char *kernels[] = {"none", "decode", "prefill", "tc", "wg"};
     const int tc_covers = hd == 64 || hd == 128 || hd == 256;
-    const int expect_kernel[] = {n < 8 ? 1 : tc_covers ? 3 : 2, 1, 2, tc_covers ? 3 : 2};
+    /* the wgmma kernel: bf16 pages, head_dim 128, no cap, pages of a power of two from 8 positions */
+    const int wg_covers = gv->dtype == DJ_DTYPE_BF16 && hd == 128 && softcap == 0.0f && tpp >= 8 && !(tpp & (tpp - 1));
+    const int pf = wg_covers ? 4 : tc_covers ? 3 : 2;
+    const int expect_kernel[] = {n < 8 ? 1 : pf, 1, 2, tc_covers ? 3 : 2, pf, pf};
     char shape[112];
-    for (int path = 0; path < 4; path++) {
+    for (int path = 0; path < 6; path++) {
         poison(dout, count * 2);
         dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
         const int ran = dj__cuda_last_attention(gpu);
         snprintf(shape, sizeof shape, "%sn=%u pos0=%u heads=%u:%u hd=%u tpp=%u win=%u cap=%g [%s:%s]", tag, n, pos0,
-                 nh, nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+                 nh, nkv, hd, tpp, window, (double)softcap, paths[path], kernels[ran >= 0 && ran <= 4 ? ran : 0]);
         compare("ATTENTION", shape, dout, DJ_DTYPE_BF16, ref, count);
         if (ran != expect_kernel[path]) {
             n_rows++;
             n_fail++;
             printf("%-10s %-52s %10s  FAIL (ran %s, expected %s)\n", "ATTENTION", shape, "-",
-                   kernels[ran >= 0 && ran <= 3 ? ran : 0], kernels[expect_kernel[path]]);
+                   kernels[ran >= 0 && ran <= 4 ? ran : 0], kernels[expect_kernel[path]]);
         }
     }
     dj__cuda_set_paths(gpu, 0, 0);
@@ -3270,11 +3274,13 @@ static void bench_attention(uint32_t n, uint32_t ctx, uint32_t nh, uint32_t nkv,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = cap,
                     .out_dtype = DJ_DTYPE_BF16};
     const double s = time_call(&c, iters);
-    static const char *kernels[] = {"-", "decode", "f32 prefill", "tensor cores"};
+    static const char *kernels[] = {"-", "decode", "f32 prefill", "tensor cores", "wgmma"};
     const int ran = dj__cuda_last_attention(gpu);
-    printf("bench attention%s n=%u ctx=%u heads=%u:%u hd=%u cap=%g: %9.1f us  %7.1f GB/s of K/V  (%s)\n",
+    /* causal: row i sees ctx - n + i + 1 keys; 4 hd FLOPs a key (two GEMMs) */
+    const double flops = 4.0 * hd * nh * ((double)n * (ctx - n) + (double)n * (n + 1) / 2);
+    printf("bench attention%s n=%u ctx=%u heads=%u:%u hd=%u cap=%g: %9.1f us  %7.1f GB/s of K/V  %6.1f TFLOP/s  (%s)\n",
            bench_kvt == DJ_DTYPE_F8_E4M3 ? " f8" : "", n, ctx, nh, nkv, hd, (double)cap, s * 1e6,
-           (double)ctx * token / s / 1e9, kernels[ran >= 0 && ran <= 3 ? ran : 0]);
+           (double)ctx * token / s / 1e9, flops / s / 1e12, kernels[ran >= 0 && ran <= 4 ? ran : 0]);
     dfree(seg);
     dfree(q);
     dfree(out);
@@ -3538,6 +3544,21 @@ static void bench(void) {
     dj__cuda_set_paths(gpu, 0, 0);
     bench_kvt = DJ_DTYPE_BF16;
     if (dj_backend_set_kv_dtype(gpu, bench_kvt) != DJ_OK) die("kv dtype bf16");
+}
+
+/* The prefill attention kernels side by side at Llama-3-8B's heads (32:8 of
+ * 128, pages of 16): the mma.sync kernel, the wgmma one and its variant
+ * without overlap (--bench-attn). */
+static void bench_attention_kernels(void) {
+    static const uint32_t shapes[][2] = {{2048, 2048}, {512, 512}, {300, 500}}; /* n, ctx: pos0 = ctx - n */
+    static const int paths[] = {3, 4, 5};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (size_t p = 0; p < sizeof paths / sizeof *paths; p++) {
+            dj__cuda_set_paths(gpu, paths[p], 0);
+            printf("path %d: ", paths[p]);
+            bench_attention(shapes[i][0], shapes[i][1], 32, 8, 128, 50, 0.0f);
+        }
+    dj__cuda_set_paths(gpu, 0, 0);
 }
 
 /* ---- main ---- */
@@ -3872,10 +3893,12 @@ int main(int argc, char **argv) {
             do_bench = 1;
         } else if (strcmp(argv[i], "--bench-only") == 0) { /* the timings alone (a profiler's run) */
             do_bench = 2;
+        } else if (strcmp(argv[i], "--bench-attn") == 0) { /* the prefill attention kernels alone */
+            do_bench = 3;
         } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
             device = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: gpu_check [--device N] [--bench | --bench-only]\n");
+            fprintf(stderr, "usage: gpu_check [--device N] [--bench | --bench-only | --bench-attn]\n");
             return 2;
         }
     }
@@ -3891,6 +3914,12 @@ int main(int argc, char **argv) {
     if (dj_backend_cpu_new(0, &cpu) != DJ_OK) die("cpu backend");
     if (dj_backend_cuda_new(device, &gpu) != DJ_OK) die("cuda backend");
 
+    if (do_bench == 3) {
+        bench_attention_kernels();
+        dj_backend_free(gpu);
+        dj_backend_free(cpu);
+        return 0;
+    }
     if (do_bench == 2) {
         bench();
         dj_backend_free(gpu);
@@ -3997,6 +4026,18 @@ int main(int argc, char **argv) {
     check_attention(300, 200, 8, 2, 128, 16, 37);  /* sliding window shorter than a tile */
     check_attention(257, 0, 8, 2, 64, 5, 100);     /* window from empty */
     check_attention(100, 60, 4, 4, 128, 64, 1);    /* window 1: each row sees itself */
+    /* the wgmma kernel (head_dim 128, bf16 pages of a power of two from 8) */
+    check_attention(2048, 0, 32, 8, 128, 16, 0);   /* Llama-3-8B prefill */
+    check_attention(1000, 0, 32, 8, 128, 16, 0);   /* a partial last block */
+    check_attention(77, 0, 8, 2, 128, 16, 0);      /* one block, its second warpgroup past n */
+    check_attention(129, 0, 8, 2, 128, 16, 0);     /* one row in the last block */
+    check_attention(300, 200, 32, 8, 128, 16, 0);  /* after a prefix not a multiple of the tile */
+    check_attention(1000, 1500, 8, 2, 128, 16, 0); /* a long prefix */
+    check_attention(500, 700, 8, 2, 128, 16, 200); /* window, tiles before it skipped */
+    check_attention(200, 77, 8, 2, 128, 8, 0);     /* pages of 8: 16 boxes a tile */
+    check_attention(150, 300, 8, 1, 128, 256, 0);  /* pages of 256: a box is part of a page; MQA */
+    check_attention(130, 70, 8, 4, 128, 32, 0);    /* pages of 32 */
+    check_attention(129, 71, 8, 2, 128, 7, 0);     /* pages of 7: the mma.sync kernel */
     check_errors();
     check_arch_ops();
 

@@ -700,16 +700,23 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     a.scale = c->scale;
     a.softcap = c->softcap;
     /* The prefill kernels tile consecutive positions of one sequence: rows
-     * with their own positions always take the decode kernel. The tensor-core
-     * kernel covers head_dim 64/128/256 (dj__cuda_attention_tc_covers); any other
-     * shape, or DJINN_ATTN=simple, takes the f32 tiled kernel. */
+     * with their own positions always take the decode kernel. The wgmma
+     * kernel takes what dj__cuda_attention_wg_covers says (Hopper, bf16 pages,
+     * head_dim 128, no soft-cap), the mma.sync tensor-core kernel head_dim
+     * 64/128/256 (dj__cuda_attention_tc_covers); any other shape, or
+     * DJINN_ATTN=simple, takes the f32 tiled kernel. */
     const bool use_decode = c->row_pos || cb->attention_path == 1 ||
                             (cb->attention_path == 0 && c->n < DEC_PREFILL_ROWS);
     if (use_decode) {
         cb->last_attention = 1;
         return decode(cb, c, a);
     }
-    const bool want_tc = cb->attention_path == 3 || (cb->attention_path == 0 && cb->attn_tc);
+    const bool want_wg = cb->attention_path >= 4 || (cb->attention_path == 0 && cb->attn_wg);
+    if (want_wg && dj__cuda_attention_wg_covers(cb, c)) {
+        cb->last_attention = 4;
+        return dj__cuda_attention_wg(cb, c, table_dev, cb->attention_path != 5);
+    }
+    const bool want_tc = cb->attention_path >= 3 || (cb->attention_path == 0 && cb->attn_tc);
     if (want_tc && dj__cuda_attention_tc_covers(c)) {
         cb->last_attention = 3;
         return dj__cuda_attention_tc(cb, c, table_dev);

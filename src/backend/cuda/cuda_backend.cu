@@ -483,7 +483,8 @@ static dj_status cuda_init(dj_cuda_backend *cb) {
     DJ_CU(cb, cudaMallocHost((void **)&cb->stage_host, STAGE_INITIAL));
     DJ_CU(cb, cudaMalloc((void **)&cb->stage_dev, STAGE_INITIAL));
     cb->stage_cap = STAGE_INITIAL;
-    return dj__cuda_attention_tc_init(cb);
+    const dj_status st = dj__cuda_attention_tc_init(cb);
+    return st != DJ_OK ? st : dj__cuda_attention_wg_init(cb);
 }
 
 extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
@@ -503,9 +504,10 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->device = device;
     {
         cb->base.res_dtype = DJ_DTYPE_F32; /* the residual stream (the bf16 one was within noise; deleted) */
-        /* kill switches: tc (default) | simple; on (default) | off */
+        /* kill switches: wg (default) | tc (the mma.sync prefill) | simple; on (default) | off */
         const char *attn = getenv("DJINN_ATTN");
         cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
+        cb->attn_wg = cb->attn_tc && !(attn && strcmp(attn, "tc") == 0);
         const char *fuse = getenv("DJINN_FUSE");
         cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
         /* on (default) | off */

@@ -48,7 +48,10 @@ typedef struct dj_cuda_backend {
     unsigned plan_next;
     int attention_path;       /* dj__cuda_set_paths */
     bool attn_tc;             /* automatic prefill may use tensor cores ($DJINN_ATTN != simple) */
-    int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores */
+    bool attn_wg;             /* ... and the wgmma kernel ($DJINN_ATTN != simple, tc) */
+    void *tmap_encode;        /* cuTensorMapEncodeTiled (Hopper only), or NULL: no wgmma attention */
+    int last_attention;       /* kernel of the latest ATTENTION call: 1 decode, 2 f32 prefill, 3 tensor cores
+                               * (mma.sync), 4 wgmma */
     int matmul_path;
     struct dj_fp8_lt *fp8_lt; /* cuBLASLt FP8 state (cuda_matmul_fp8_lt.cu), made at first use; owned */
     uint32_t sample_split; /* blocks per sampled row forced by a test; 0 = chosen by rows and vocab */
@@ -310,6 +313,12 @@ dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb);
 #define DJ_CUDA_SHORT_POS 2048
 #define DJ_CUDA_SHORT_ROWS 4
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+/* The wgmma prefill kernel (Hopper; cuda_attention_wg.cu): whether it takes the call, its setup
+ * (after cudaSetDevice; no encoder or no Hopper leaves cb->tmap_encode NULL, not an error), and its
+ * launcher (overlap: the next tile's Q K^T issued before this one's P V). */
+bool dj__cuda_attention_wg_covers(const dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_attention_wg_init(dj_cuda_backend *cb);
+dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, bool overlap);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
 /* Whether this (validated) MATMUL runs as one GEMV launch, so that calls of
  * the same x, n, k and dtypes may share the launch (q/k/v, gate/up). */
