@@ -3548,7 +3548,7 @@ static void bench(void) {
 
 /* The prefill attention kernels side by side at Llama-3-8B's heads (32:8 of
  * 128, pages of 16): the mma.sync kernel, the wgmma one and its variant
- * without overlap (--bench-attn). */
+ * without turns (--bench-attn). */
 static void bench_attention_kernels(void) {
     static const uint32_t shapes[][2] = {{2048, 2048}, {512, 512}, {300, 500}}; /* n, ctx: pos0 = ctx - n */
     static const int paths[] = {3, 4, 5};

@@ -18,8 +18,8 @@
  *   swizzled tiles), mask and online softmax in registers (the C fragment
  *   layout is mma.sync's, so P becomes the A operand from registers
  *   without moving), O += P V as 8 wgmma with V transposed (MN-major: V is
- *   [key][dim] in the pages). OVERLAP issues the next tile's S before the
- *   P V of this one and does the softmax while P V runs.
+ *   [key][dim] in the pages). PING: the two consumers take turns at the
+ *   tensor cores (below).
  * Key tiles start at multiples of 128 (page-aligned); the masks take care of
  * the window's start and the causal edge. Keys past the context's last
  * position are read from valid pages anyway (fewer branches in the byte
@@ -179,7 +179,7 @@ static __device__ __forceinline__ uint32_t wg_pack(float lo, float hi) {
 
 /* ---- the kernel ---- */
 
-template <bool OVERLAP>
+template <bool PING>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     attn_wg_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kvmap, wg_args a) {
     extern __shared__ __align__(1024) unsigned char wg_raw[];
@@ -382,54 +382,41 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         }
     };
 
+    /* PING: the two warpgroups take turns at issuing their MMAs (named barrier 3 + c is "c's
+     * turn": c waits there for the other's arrival), so that one's softmax runs while the
+     * other's MMAs do; without it both wait for the same K tile and then compute their
+     * softmax at the same time, the tensor cores idle. Warpgroup 0 starts: 1 arrives once
+     * up front and skips its last arrival, so every arrival meets a wait. */
+    auto turn_wait = [&]() {
+        if constexpr (PING) asm volatile("bar.sync %0, 256;" ::"r"(3 + c) : "memory");
+    };
+    auto turn_pass = [&](bool last) {
+        if constexpr (PING)
+            if (!(last && c == 1)) asm volatile("bar.arrive %0, 256;" ::"r"(4 - c) : "memory");
+    };
+    if (PING && c == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");
+
     mbar_wait(qfull, 0);
     float corr_a, corr_b;
-    if constexpr (OVERLAP) {
-        mbar_wait(kfull(0), 0);
-        issue_qk(0);
+    for (uint32_t i = 0; i < tiles; i++) {
+        const uint32_t st = i & 1, ph = (i >> 1) & 1, t = tlo + i * WG_BN;
+        mbar_wait(kfull(st), ph);
+        turn_wait();
+        issue_qk(st);
+        turn_pass(false);
         wgmma_wait<0>(s);
-        if (lane == 0) mbar_arrive(kempty(0));
-        softmax(tlo, corr_a, corr_b); /* O is still 0: nothing to correct */
+        if (lane == 0) mbar_arrive(kempty(st));
+        softmax(t, corr_a, corr_b);
+        rescale(corr_a, corr_b);
         pack();
-        for (uint32_t i = 1; i < tiles; i++) {
-            const uint32_t st = i & 1, pst = st ^ 1;
-            mbar_wait(kfull(st), (i >> 1) & 1);
-            issue_qk(st);
-            mbar_wait(vfull(pst), ((i - 1) >> 1) & 1);
-            issue_pv(pst); /* tile i-1 is not the last: no rows past hi */
-            wgmma_wait<1>(s);
-            if (lane == 0) mbar_arrive(kempty(st));
-            softmax(tlo + i * WG_BN, corr_a, corr_b);
-            wgmma_wait<0>(o);
-            wg_keep(pf);
-            if (lane == 0) mbar_arrive(vempty(pst));
-            rescale(corr_a, corr_b);
-            pack();
-        }
-        const uint32_t st = (tiles - 1) & 1;
-        mbar_wait(vfull(st), ((tiles - 1) >> 1) & 1);
-        v_ready(tlo + (tiles - 1) * WG_BN, st);
+        mbar_wait(vfull(st), ph);
+        v_ready(t, st);
+        turn_wait();
         issue_pv(st);
+        turn_pass(i + 1 == tiles);
         wgmma_wait<0>(o);
         wg_keep(pf);
         if (lane == 0) mbar_arrive(vempty(st));
-    } else {
-        for (uint32_t i = 0; i < tiles; i++) {
-            const uint32_t st = i & 1, ph = (i >> 1) & 1, t = tlo + i * WG_BN;
-            mbar_wait(kfull(st), ph);
-            issue_qk(st);
-            wgmma_wait<0>(s);
-            if (lane == 0) mbar_arrive(kempty(st));
-            softmax(t, corr_a, corr_b);
-            rescale(corr_a, corr_b);
-            pack();
-            mbar_wait(vfull(st), ph);
-            v_ready(t, st);
-            issue_pv(st);
-            wgmma_wait<0>(o);
-            wg_keep(pf);
-            if (lane == 0) mbar_arrive(vempty(st));
-        }
     }
 
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
@@ -488,7 +475,7 @@ dj_status dj__cuda_attention_wg_init(dj_cuda_backend *cb) {
     return DJ_OK;
 }
 
-dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, bool overlap) {
+dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, bool ping) {
     const dj_kv_view *kv = c->kv;
     const wg_encode_fn encode = (wg_encode_fn)cb->tmap_encode;
     const uint32_t tpp = kv->tokens_per_page, nkv = kv->kv_dim / WG_HD;
@@ -526,7 +513,7 @@ dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.box = box;
     a.scale_log2 = c->scale * 1.4426950408889634f;
     const dim3 grid(c->n_heads, (c->n + WG_BM - 1) / WG_BM);
-    if (overlap)
+    if (ping)
         attn_wg_kernel<true><<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
     else
         attn_wg_kernel<false><<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
