@@ -5,7 +5,7 @@
  * - warpgroup 0 is the producer; one warp of it issues every load as TMA
  *   (cp.async.bulk.tensor): the block's Q tile once (a 3D map over
  *   [n][nh][128], rows past n read as zeros) and, per 128-key tile, K and V
- *   into a ring of WG_STAGES stages each. The K/V map is 5D over the paged layout,
+ *   into a ring of two stages each. The K/V map is 5D over the paged layout,
  *   {dim, kv head, row in page, K or V, page}, so one box is up to 128 rows
  *   of one page (tpp a power of two from 8: a tile is whole boxes, each box
  *   starts on a 1024-byte swizzle atom); lane l loads box l/2, half l%2 of
@@ -40,9 +40,8 @@
 #define WG_HALF_BYTES (WG_TILE_BYTES / 2)
 #define WG_Q_BYTES (WG_BM * WG_HD * 2)     /* [warpgroup][half][64 rows][64 dims] */
 /* Q, two K stages, two V stages, then the mbarriers; 1024 of slack to align the base to a swizzle atom */
-#define WG_STAGES 3   /* K and V stages of the ring: 3 fill the 227 KiB of shared memory an H100 block may have */
-#define WG_BARS (WG_Q_BYTES + 2 * WG_STAGES * WG_TILE_BYTES)
-#define WG_SMEM (WG_BARS + (1 + 4 * WG_STAGES) * 8 + 1024)
+#define WG_BARS (WG_Q_BYTES + 4 * WG_TILE_BYTES)
+#define WG_SMEM (WG_BARS + 9 * 8 + 1024)
 
 struct wg_args {
     __nv_bfloat16 *out;    /* [n][nh][128] */
@@ -185,12 +184,12 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     attn_wg_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kvmap, wg_args a) {
     extern __shared__ __align__(1024) unsigned char wg_raw[];
     const uint32_t base = (wg_smem(wg_raw) + 1023) & ~1023u;
-    const uint32_t qs = base, ks = base + WG_Q_BYTES, vs = ks + WG_STAGES * WG_TILE_BYTES, bars = base + WG_BARS;
+    const uint32_t qs = base, ks = base + WG_Q_BYTES, vs = ks + 2 * WG_TILE_BYTES, bars = base + WG_BARS;
     const uint32_t qfull = bars;
     auto kfull = [&](uint32_t s) { return bars + 8 + 8 * s; };
-    auto vfull = [&](uint32_t s) { return bars + 8 + 8 * (WG_STAGES + s); };
-    auto kempty = [&](uint32_t s) { return bars + 8 + 8 * (2 * WG_STAGES + s); };
-    auto vempty = [&](uint32_t s) { return bars + 8 + 8 * (3 * WG_STAGES + s); };
+    auto vfull = [&](uint32_t s) { return bars + 24 + 8 * s; };
+    auto kempty = [&](uint32_t s) { return bars + 40 + 8 * s; };
+    auto vempty = [&](uint32_t s) { return bars + 56 + 8 * s; };
 
     const uint32_t h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * WG_BM, kvh = h / a.group;
     const uint32_t rows_end = min(r0 + WG_BM, a.n);
@@ -201,7 +200,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
 
     if (threadIdx.x == 0) {
         mbar_init(qfull, 1);
-        for (uint32_t s = 0; s < WG_STAGES; s++) {
+        for (uint32_t s = 0; s < 2; s++) {
             mbar_init(kfull(s), 1); /* the producer's expect_tx (+ the TMA bytes) */
             mbar_init(vfull(s), 1);
             mbar_init(kempty(s), 8); /* one arrival a consumer warp */
@@ -229,24 +228,20 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         /* lane l: box l/2 of the tile, dims (l%2)*64..; boxes past the tile's 128 keys idle */
         const uint32_t bx = lane / 2, half = lane % 2, mine = bx * a.box < WG_BN;
         const uint32_t last_box = hi & ~(a.box - 1); /* first key of the box holding hi */
-        /* the first key of this lane's box in tile i; boxes past hi read the last one again */
-        auto box_key = [&](uint32_t i) { return min(tlo + i * WG_BN + bx * a.box, last_box); };
-        const uint32_t off = half * WG_HALF_BYTES + bx * a.box * 128;
-        uint32_t page = mine ? a.table[box_key(0) >> a.tpp_log2] : 0;
         for (uint32_t i = 0; i < tiles; i++) {
-            const uint32_t s = i % WG_STAGES, ph = (i / WG_STAGES) & 1;
-            const int row = (int)(box_key(i) & ((1u << a.tpp_log2) - 1));
+            const uint32_t s = i & 1, ph = (i >> 1) & 1, t = tlo + i * WG_BN;
+            const uint32_t key = min(t + bx * a.box, last_box); /* boxes past hi: read the last one again */
+            const uint32_t page = mine ? a.table[key >> a.tpp_log2] : 0;
+            const int row = (int)(key & ((1u << a.tpp_log2) - 1));
+            const uint32_t off = half * WG_HALF_BYTES + bx * a.box * 128;
             mbar_wait(kempty(s), ph ^ 1);
             if (lane == 0) mbar_expect(kfull(s), WG_TILE_BYTES);
             __syncwarp();
             if (mine) tma_load_5d(ks + s * WG_TILE_BYTES + off, &kvmap, (int)half * 64, (int)kvh, row, 0, (int)page, kfull(s));
-            /* the next tile's page, its load in flight while the V stage frees */
-            const uint32_t next = mine && i + 1 < tiles ? a.table[box_key(i + 1) >> a.tpp_log2] : 0;
             mbar_wait(vempty(s), ph ^ 1);
             if (lane == 0) mbar_expect(vfull(s), WG_TILE_BYTES);
             __syncwarp();
             if (mine) tma_load_5d(vs + s * WG_TILE_BYTES + off, &kvmap, (int)half * 64, (int)kvh, row, 1, (int)page, vfull(s));
-            page = next;
         }
         return;
     }
@@ -404,7 +399,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     mbar_wait(qfull, 0);
     float corr_a, corr_b;
     for (uint32_t i = 0; i < tiles; i++) {
-        const uint32_t st = i % WG_STAGES, ph = (i / WG_STAGES) & 1, t = tlo + i * WG_BN;
+        const uint32_t st = i & 1, ph = (i >> 1) & 1, t = tlo + i * WG_BN;
         mbar_wait(kfull(st), ph);
         turn_wait();
         issue_qk(st);
