@@ -47,8 +47,7 @@ dj_status dj_cuda_measure_gemm(dj_backend_t *be, uint32_t n, int iters, double *
  * it covers the shape, unless $DJINN_ATTN=simple, else the f32 tiled
  * prefill), 1 = always decode, 2 = always the f32 tiled prefill, 3 = the
  * mma.sync tensor-core prefill where it covers the call (else the f32 prefill),
- * 4 = the wgmma prefill where it covers the call (else as 3), 5 = as 4 without
- * its warpgroups taking turns. Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
+ * 4 = the wgmma prefill where it covers the call (else as 3). Matmul: 0 = automatic, 1 = always the GEMV kernel (n <= 8), 2 =
  * always the GEMM path (f8_e4m3 weights: dequantized tiles, W8A16), 3 = as 2 but f8_e4m3 weights on the FP8
  * tensor cores (W8A8) wherever cuBLASLt takes them (automatic: from 64 rows). */
 void dj__cuda_set_paths(dj_backend_t *be, int attention, int matmul);

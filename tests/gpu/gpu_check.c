@@ -749,8 +749,8 @@ static void check_norm_rope_kv_write(uint32_t n, uint32_t pos0, uint32_t nkv, ui
  * output; tag ("" or "f8 ") starts the rows' names. The kernel each path
  * must have run: auto takes the wgmma kernel where it covers the call, else
  * tensor cores (mma.sync) for head_dim 64/128/256 from 8 rows on (every call
- * here is aligned); "tc" falls back to the f32 prefill elsewhere, "wg" and
- * "wg-serial" to what auto takes. */
+ * here is aligned); "tc" falls back to the f32 prefill elsewhere, "wg" to
+ * what auto takes. */
 static void check_attention_paths(const char *tag, const dj_kv_view *cv, const dj_kv_view *gv, uint32_t n,
                                   uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t hd, uint32_t tpp,
                                   uint32_t window, float softcap) {
@@ -768,15 +768,15 @@ static void check_attention_paths(const char *tag, const dj_kv_view *cv, const d
     gc.x = dq;
     gc.kv = gv;
     gc.out_dtype = DJ_DTYPE_BF16;
-    static const char *paths[] = {"auto", "decode", "prefill", "tc", "wg", "wg-serial"};
+    static const char *paths[] = {"auto", "decode", "prefill", "tc", "wg"};
     static const char *kernels[] = {"none", "decode", "prefill", "tc", "wg"};
     const int tc_covers = hd == 64 || hd == 128 || hd == 256;
     /* the wgmma kernel: bf16 pages, head_dim 128, no cap, pages of a power of two from 8 positions */
     const int wg_covers = gv->dtype == DJ_DTYPE_BF16 && hd == 128 && softcap == 0.0f && tpp >= 8 && !(tpp & (tpp - 1));
     const int pf = wg_covers ? 4 : tc_covers ? 3 : 2;
-    const int expect_kernel[] = {n < 8 ? 1 : pf, 1, 2, tc_covers ? 3 : 2, pf, pf};
+    const int expect_kernel[] = {n < 8 ? 1 : pf, 1, 2, tc_covers ? 3 : 2, pf};
     char shape[112];
-    for (int path = 0; path < 6; path++) {
+    for (int path = 0; path < 5; path++) {
         poison(dout, count * 2);
         dj__cuda_set_paths(gpu, path, 0);
         if (dj_backend_compute(gpu, &gc) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("attention (gpu)");
@@ -3547,11 +3547,10 @@ static void bench(void) {
 }
 
 /* The prefill attention kernels side by side at Llama-3-8B's heads (32:8 of
- * 128, pages of 16): the mma.sync kernel, the wgmma one and its variant
- * without turns (--bench-attn). */
+ * 128, pages of 16): the mma.sync kernel and the wgmma one (--bench-attn). */
 static void bench_attention_kernels(void) {
     static const uint32_t shapes[][2] = {{2048, 2048}, {512, 512}, {300, 500}}; /* n, ctx: pos0 = ctx - n */
-    static const int paths[] = {3, 4, 5};
+    static const int paths[] = {3, 4};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t p = 0; p < sizeof paths / sizeof *paths; p++) {
             dj__cuda_set_paths(gpu, paths[p], 0);

@@ -714,7 +714,7 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
     const bool want_wg = cb->attention_path >= 4 || (cb->attention_path == 0 && cb->attn_wg);
     if (want_wg && dj__cuda_attention_wg_covers(cb, c)) {
         cb->last_attention = 4;
-        return dj__cuda_attention_wg(cb, c, table_dev, cb->attention_path != 5);
+        return dj__cuda_attention_wg(cb, c, table_dev);
     }
     const bool want_tc = cb->attention_path >= 3 || (cb->attention_path == 0 && cb->attn_tc);
     if (want_tc && dj__cuda_attention_tc_covers(c)) {

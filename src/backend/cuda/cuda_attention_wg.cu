@@ -12,14 +12,21 @@
  *   the head_dim (64 dims = 128 bytes, the 128-byte swizzle's span), the
  *   page taken from the block table. mbarriers hand stages over: "full"
  *   (expect_tx + the TMA bytes), "empty" (every consumer warp done reading).
- *   It gives registers up (setmaxnreg 40) to the consumers (232).
  * - warpgroups 1 and 2 are consumers, 64 query rows each. Per tile:
  *   S = Q K^T as 8 wgmma m64n128k16 (both operands K-major from the
  *   swizzled tiles), mask and online softmax in registers (the C fragment
  *   layout is mma.sync's, so P becomes the A operand from registers
  *   without moving), O += P V as 8 wgmma with V transposed (MN-major: V is
- *   [key][dim] in the pages). PING: the two consumers take turns at the
- *   tensor cores (below).
+ *   [key][dim] in the pages). The two consumers drift apart, so one's
+ *   softmax runs beside the other's MMAs.
+ * Tried and not kept (H100, 2048 rows, 32:8 heads; this kernel 86.5-87.0 us):
+ * issuing the next tile's S before this one's P V, the softmax beside it
+ * (FA3's intra-warpgroup overlap) needs S, P and O live at once, more than
+ * the 168 registers ptxas gives a thread of 384 here, setmaxnreg 40/232 for
+ * the producer/consumers or not (it spilled and serialized the wgmmas:
+ * 103.9 us); the consumers taking turns at the MMAs
+ * through named barriers (FA3's ping-pong): 86.0-86.9 us, no gain; three
+ * K/V stages with the pages read a tile ahead: 88.1-88.8 us.
  * Key tiles start at multiples of 128 (page-aligned); the masks take care of
  * the window's start and the causal edge. Keys past the context's last
  * position are read from valid pages anyway (fewer branches in the byte
@@ -155,10 +162,10 @@ static __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (
 /* Orders this thread's earlier register accesses before the next wgmmas. */
 static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-/* Until at most N committed groups are pending. The accumulator in flight is
- * an in-out operand, so the compiler cannot move its reads above the wait. */
-template <int N> static __device__ __forceinline__ void wgmma_wait(float (&d)[64]) {
-    asm volatile("wgmma.wait_group.sync.aligned %64;" : F64(d) : "n"(N) : "memory");
+/* Until every committed group is done. The accumulator in flight is an
+ * in-out operand, so the compiler cannot move its reads above the wait. */
+static __device__ __forceinline__ void wgmma_wait(float (&d)[64]) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" : F64(d) : : "memory");
 }
 /* Keeps registers a pending wgmma reads (P) alive and unmoved up to here. */
 static __device__ __forceinline__ void wg_keep(uint32_t (&p)[8][4]) {
@@ -179,7 +186,6 @@ static __device__ __forceinline__ uint32_t wg_pack(float lo, float hi) {
 
 /* ---- the kernel ---- */
 
-template <bool PING>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     attn_wg_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kvmap, wg_args a) {
     extern __shared__ __align__(1024) unsigned char wg_raw[];
@@ -213,7 +219,6 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     __syncthreads();
 
     if (wg == 0) { /* producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (warp != 0) return;
         if (lane == 0) {
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&qmap) : "memory");
@@ -247,7 +252,6 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     }
 
     /* consumers */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const uint32_t c = wg - 1, tid = threadIdx.x - 128 * wg, g = lane / 4, c4 = lane % 4;
     /* this thread's rows in every fragment: a = 16 warp + g of the warpgroup's 64, b = a + 8 */
     const uint32_t pa = a.pos0 + r0 + 64 * c + 16 * warp + g, pb = pa + 8;
@@ -382,39 +386,21 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         }
     };
 
-    /* PING: the two warpgroups take turns at issuing their MMAs (named barrier 3 + c is "c's
-     * turn": c waits there for the other's arrival), so that one's softmax runs while the
-     * other's MMAs do; without it both wait for the same K tile and then compute their
-     * softmax at the same time, the tensor cores idle. Warpgroup 0 starts: 1 arrives once
-     * up front and skips its last arrival, so every arrival meets a wait. */
-    auto turn_wait = [&]() {
-        if constexpr (PING) asm volatile("bar.sync %0, 256;" ::"r"(3 + c) : "memory");
-    };
-    auto turn_pass = [&](bool last) {
-        if constexpr (PING)
-            if (!(last && c == 1)) asm volatile("bar.arrive %0, 256;" ::"r"(4 - c) : "memory");
-    };
-    if (PING && c == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");
-
     mbar_wait(qfull, 0);
     float corr_a, corr_b;
     for (uint32_t i = 0; i < tiles; i++) {
         const uint32_t st = i & 1, ph = (i >> 1) & 1, t = tlo + i * WG_BN;
         mbar_wait(kfull(st), ph);
-        turn_wait();
         issue_qk(st);
-        turn_pass(false);
-        wgmma_wait<0>(s);
+        wgmma_wait(s);
         if (lane == 0) mbar_arrive(kempty(st));
         softmax(t, corr_a, corr_b);
         rescale(corr_a, corr_b);
         pack();
         mbar_wait(vfull(st), ph);
         v_ready(t, st);
-        turn_wait();
         issue_pv(st);
-        turn_pass(i + 1 == tiles);
-        wgmma_wait<0>(o);
+        wgmma_wait(o);
         wg_keep(pf);
         if (lane == 0) mbar_arrive(vempty(st));
     }
@@ -469,13 +455,12 @@ dj_status dj__cuda_attention_wg_init(dj_cuda_backend *cb) {
         (void)cudaGetLastError(); /* no encoder: the mma.sync kernel takes every call */
         return DJ_OK;
     }
-    DJ_CU(cb, cudaFuncSetAttribute(attn_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-    DJ_CU(cb, cudaFuncSetAttribute(attn_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
+    DJ_CU(cb, cudaFuncSetAttribute(attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
     cb->tmap_encode = fn;
     return DJ_OK;
 }
 
-dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, bool ping) {
+dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
     const dj_kv_view *kv = c->kv;
     const wg_encode_fn encode = (wg_encode_fn)cb->tmap_encode;
     const uint32_t tpp = kv->tokens_per_page, nkv = kv->kv_dim / WG_HD;
@@ -513,10 +498,7 @@ dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.box = box;
     a.scale_log2 = c->scale * 1.4426950408889634f;
     const dim3 grid(c->n_heads, (c->n + WG_BM - 1) / WG_BM);
-    if (ping)
-        attn_wg_kernel<true><<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
-    else
-        attn_wg_kernel<false><<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
+    attn_wg_kernel<<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

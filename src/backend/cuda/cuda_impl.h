@@ -315,10 +315,10 @@ dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb);
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* The wgmma prefill kernel (Hopper; cuda_attention_wg.cu): whether it takes the call, its setup
  * (after cudaSetDevice; no encoder or no Hopper leaves cb->tmap_encode NULL, not an error), and its
- * launcher (ping: the two consumer warpgroups take turns at issuing their MMAs). */
+ * launcher. */
 bool dj__cuda_attention_wg_covers(const dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_attention_wg_init(dj_cuda_backend *cb);
-dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, bool ping);
+dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
 /* Whether this (validated) MATMUL runs as one GEMV launch, so that calls of
  * the same x, n, k and dtypes may share the launch (q/k/v, gate/up). */
