@@ -19,7 +19,8 @@
  *   without moving), O += P V as 8 wgmma with V transposed (MN-major: V is
  *   [key][dim] in the pages). The two consumers drift apart, so one's
  *   softmax runs beside the other's MMAs.
- * Tried and not kept (H100, 2048 rows, 32:8 heads; this kernel 86.5-87.0 us):
+ * Tried and not kept (H100, 2048 rows, 32:8 heads; this kernel 86.5-89.4 us
+ * over four runs):
  * issuing the next tile's S before this one's P V, the softmax beside it
  * (FA3's intra-warpgroup overlap) needs S, P and O live at once, more than
  * the 168 registers ptxas gives a thread of 384 here, setmaxnreg 40/232 for
