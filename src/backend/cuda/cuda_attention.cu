@@ -27,6 +27,7 @@
  * bf16 instantiations do exactly what they did before. */
 #include <math.h>
 
+#include "backend/cuda/attn_rows.cuh"
 #include "backend/cuda/cuda_impl.h"
 #include "backend/fastdiv.h"
 
@@ -78,10 +79,6 @@ static __device__ __forceinline__ float capped(float s, float softcap) {
     return softcap != 0.0f ? tanhf(s / softcap) * softcap : s;
 }
 
-static __device__ __forceinline__ uint32_t first_pos(uint32_t p, uint32_t window) {
-    return window && p + 1 > window ? p + 1 - window : 0u;
-}
-
 /* ---- decode: split-K ---- */
 
 /* Positions per warp and step of the decode kernel: 8, and 4 past head_dim
@@ -108,7 +105,7 @@ struct dec_range {
 static __device__ __forceinline__ dec_range dec_range_of(const attn_args &a, uint32_t i, uint32_t splits) {
     dec_range r;
     r.p = a.row_pos ? a.row_pos[i] : a.pos0 + i;
-    r.t0 = first_pos(r.p, a.window);
+    r.t0 = attn_first_pos(r.p, a.window);
     const uint64_t len = (uint64_t)r.p - r.t0 + 1;
     r.chunk = (len + splits - 1) / splits;
     if (r.chunk < dec_min_chunk(a.hd)) r.chunk = dec_min_chunk(a.hd);
@@ -471,7 +468,7 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
     const uint32_t h = blockIdx.y, r0 = blockIdx.x * PF_ROWS, kvh = h / a.group;
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t last = min(r0 + PF_ROWS, a.n) - 1;
-    const uint32_t lo = first_pos(a.pos0 + r0, a.window), hi = a.pos0 + last;
+    const uint32_t lo = attn_first_pos(a.pos0 + r0, a.window), hi = a.pos0 + last;
 
     for (uint32_t e = threadIdx.x; e < PF_ROWS * hd; e += blockDim.x) {
         const uint32_t rr = e / hd, d = e % hd;
@@ -518,7 +515,7 @@ static __global__ void __launch_bounds__(128) attn_prefill_kernel(attn_args a, _
         for (int k = 0; k < 4; k++) {
             const uint32_t rr = warp * 4 + k, i = r0 + rr;
             if (i >= a.n) continue; /* warp-uniform */
-            const uint32_t p = a.pos0 + i, t0 = first_pos(p, a.window);
+            const uint32_t p = a.pos0 + i, t0 = attn_first_pos(p, a.window);
             const uint64_t t = tile + lane;
             const bool valid = t >= t0 && t <= p;
             float s = -INFINITY;

@@ -19,6 +19,7 @@
  * (ncu, session 10; H100 2048 x 2048 rows, 32:8 heads of 128: 216 -> 192 us). */
 #include <math.h>
 
+#include "backend/cuda/attn_rows.cuh"
 #include "backend/cuda/cuda_impl.h"
 #include "backend/fastdiv.h"
 
@@ -42,10 +43,6 @@ struct tc_args {
     float scale_cap;        /* CAP: scale / softcap */
     float cap_log2;         /* CAP: softcap * log2(e); score = cap_log2 * tanh(dot * scale_cap) */
 };
-
-static __device__ __forceinline__ uint32_t tc_first_pos(uint32_t p, uint32_t window) {
-    return window && p + 1 > window ? p + 1 - window : 0u;
-}
 
 static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -150,7 +147,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
     const uint32_t h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * TC_BM, kvh = h / a.group;
     const uint32_t rows_end = min(r0 + TC_BM, a.n); /* exclusive */
     const uint32_t hi = a.pos0 + rows_end - 1;      /* last position any row of the block sees */
-    const uint32_t lo = tc_first_pos(a.pos0 + r0, a.window);
+    const uint32_t lo = attn_first_pos(a.pos0 + r0, a.window);
 
     auto tc_rows = [&](uint32_t parity, uint64_t tile) {
         if (threadIdx.x < TC_BN) {
@@ -194,18 +191,18 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
     for (int st = 0; st < ST; st++) {
         pa[st] = a.pos0 + r0 + warp * 16 * ST + st * 16 + g;
         pb[st] = pa[st] + 8;
-        fa[st] = tc_first_pos(pa[st], a.window);
-        fb[st] = tc_first_pos(pb[st], a.window);
+        fa[st] = attn_first_pos(pa[st], a.window);
+        fb[st] = attn_first_pos(pb[st], a.window);
     }
     /* The warp's rows: tiles outside [wlo, whi] are fully masked for them. */
     const uint32_t w0 = a.pos0 + r0 + warp * 16 * ST; /* its first row's position */
     const uint32_t whi = min(w0 + 16 * ST - 1, hi);
-    const uint32_t wlo = tc_first_pos(w0, a.window);
+    const uint32_t wlo = attn_first_pos(w0, a.window);
     /* Keys up to wmin and from wfirst are visible to every row of the warp
      * (its first row's position, within the context, and its last row's
      * window start): tiles inside need no mask. */
     const uint32_t wmin = min(w0, hi);
-    const uint32_t wfirst = tc_first_pos(w0 + 16 * ST - 1, a.window);
+    const uint32_t wfirst = attn_first_pos(w0 + 16 * ST - 1, a.window);
 
     float m_a[ST], m_b[ST], l_a[ST], l_b[ST]; /* l: this lane's columns only */
     float o[ST][DB][4];
@@ -346,10 +343,7 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
                         }
                 }
                 /* The four lanes of a quad share the rows. */
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+                attn_quad_max(mx_a, mx_b);
                 const float mn_a = fmaxf(m_a[st], mx_a), mn_b = fmaxf(m_b[st], mx_b);
                 /* The running max stays in the scores' domain (k > 0 keeps the order); a row with
                  * nothing visible yet keeps base 0: 2^(-inf - 0) = 0, never NaN. p = 2^(s k - base

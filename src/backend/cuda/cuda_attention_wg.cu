@@ -38,6 +38,7 @@
 #include <cuda.h> /* CUtensorMap and its enums only: the encoder comes through the runtime */
 #include <math.h>
 
+#include "backend/cuda/attn_rows.cuh"
 #include "backend/cuda/cuda_impl.h"
 
 #define WG_HD 128     /* head_dim */
@@ -59,10 +60,6 @@ struct wg_args {
     uint32_t box;          /* keys a TMA box: min(tpp, 128) */
     float scale_log2;      /* scale * log2(e): p = 2^(dot * scale_log2 - max) */
 };
-
-static __device__ __forceinline__ uint32_t wg_first_pos(uint32_t p, uint32_t window) {
-    return window && p + 1 > window ? p + 1 - window : 0u;
-}
 
 /* ---- PTX wrappers (mbarriers, TMA, wgmma) ---- */
 
@@ -201,7 +198,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * WG_BM, kvh = h / a.group;
     const uint32_t rows_end = min(r0 + WG_BM, a.n);
     const uint32_t hi = a.pos0 + rows_end - 1; /* last position any row of the block sees */
-    const uint32_t tlo = wg_first_pos(a.pos0 + r0, a.window) & ~(uint32_t)(WG_BN - 1);
+    const uint32_t tlo = attn_first_pos(a.pos0 + r0, a.window) & ~(uint32_t)(WG_BN - 1);
     const uint32_t tiles = (hi - tlo) / WG_BN + 1;
     const uint32_t wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 
@@ -256,9 +253,9 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t c = wg - 1, tid = threadIdx.x - 128 * wg, g = lane / 4, c4 = lane % 4;
     /* this thread's rows in every fragment: a = 16 warp + g of the warpgroup's 64, b = a + 8 */
     const uint32_t pa = a.pos0 + r0 + 64 * c + 16 * warp + g, pb = pa + 8;
-    const uint32_t fa = wg_first_pos(pa, a.window), fb = wg_first_pos(pb, a.window);
+    const uint32_t fa = attn_first_pos(pa, a.window), fb = attn_first_pos(pb, a.window);
     /* keys up to wmin and from wfirst are visible to every row of the warpgroup: tiles inside need no mask */
-    const uint32_t w0 = a.pos0 + r0 + 64 * c, wmin = min(w0, hi), wfirst = wg_first_pos(w0 + 63, a.window);
+    const uint32_t w0 = a.pos0 + r0 + 64 * c, wmin = min(w0, hi), wfirst = attn_first_pos(w0 + 63, a.window);
     const uint32_t qc = qs + c * (WG_Q_BYTES / 2);
 
     float o[64], s[64];
@@ -324,10 +321,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
             }
         }
         /* the four lanes of a quad share the rows */
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+        attn_quad_max(mx_a, mx_b);
         const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
         /* the max stays in the scores' domain; a row with nothing visible yet keeps base 0:
          * 2^(-inf - 0) = 0, never NaN. A row whose max held keeps corr exactly 1. */
