@@ -73,14 +73,6 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
                  : "r"(smem_addr(p)));
 }
 
-/* 2^x, flushing subnormal results to 0 (MUFU.EX2 alone; exp2f adds a
- * subnormal fix-up around it). 2^-inf = 0. */
-static __device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /* tanh for the soft-cap: MUFU.TANH (tanh.approx.f32, relative error about
  * 2^-11, below the bf16 rounding of the probabilities it feeds). H100,
  * Gemma-2-9B prefill 2048 (tools/ktrace.c, 2026-11-27): 222 -> 205 us a
@@ -89,11 +81,6 @@ static __device__ __forceinline__ float cap_tanh(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
-
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
-    return *(uint32_t *)&v;
 }
 
 /* Block (head, row tile); heavy (late) row tiles are launched first. Warp w
@@ -105,7 +92,7 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 /* Two f8 codes (lower byte first) times 2^e as a packed bf16x2 (exact). */
 static __device__ __forceinline__ uint32_t f8x2_bf16x2(uint32_t codes, float sc) {
     const float2 f = dj_f8x2_to_float2((uint16_t)codes);
-    return pack_bf16(f.x * sc, f.y * sc);
+    return attn_pack_bf16(f.x * sc, f.y * sc);
 }
 
 /* Shared memory of a block of bm query rows: K and V tiles, and the Q tile
@@ -357,8 +344,8 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
                  * 32:8 heads of 128 175.7 -> 172.1 us; at 256 the vote cost more than it saved,
                  * 189.3 -> 191.1 us, so those kernels rescale every tile). */
                 const bool held_a = mn_a == m_a[st], held_b = mn_b == m_b[st];
-                const float corr_a = held_a ? 1.0f : ex2(fmaf(m_a[st], k2, nb_a));
-                const float corr_b = held_b ? 1.0f : ex2(fmaf(m_b[st], k2, nb_b));
+                const float corr_a = held_a ? 1.0f : attn_ex2(fmaf(m_a[st], k2, nb_a));
+                const float corr_b = held_b ? 1.0f : attn_ex2(fmaf(m_b[st], k2, nb_b));
                 const bool rescale = HD > 128 || __any_sync(0xffffffffu, !(held_a && held_b));
                 m_a[st] = mn_a;
                 m_b[st] = mn_b;
@@ -366,10 +353,10 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
                 l_b[st] *= corr_b;
 #pragma unroll
                 for (int nb = 0; nb < NB; nb++) {
-                    s[st][nb][0] = ex2(fmaf(s[st][nb][0], k2, nb_a));
-                    s[st][nb][1] = ex2(fmaf(s[st][nb][1], k2, nb_a));
-                    s[st][nb][2] = ex2(fmaf(s[st][nb][2], k2, nb_b));
-                    s[st][nb][3] = ex2(fmaf(s[st][nb][3], k2, nb_b));
+                    s[st][nb][0] = attn_ex2(fmaf(s[st][nb][0], k2, nb_a));
+                    s[st][nb][1] = attn_ex2(fmaf(s[st][nb][1], k2, nb_a));
+                    s[st][nb][2] = attn_ex2(fmaf(s[st][nb][2], k2, nb_b));
+                    s[st][nb][3] = attn_ex2(fmaf(s[st][nb][3], k2, nb_b));
                     l_a[st] += s[st][nb][0] + s[st][nb][1];
                     l_b[st] += s[st][nb][2] + s[st][nb][3];
                 }
@@ -384,10 +371,10 @@ static __global__ void __launch_bounds__(TC_THREADS, MINB) attn_tc_kernel(tc_arg
                 /* C fragments of n-blocks 2kk, 2kk+1 are exactly the A fragment of keys 16kk..16kk+15. */
 #pragma unroll
                 for (int kk = 0; kk < TC_BN / 16; kk++) {
-                    pf[st][kk][0] = pack_bf16(s[st][2 * kk][0], s[st][2 * kk][1]);
-                    pf[st][kk][1] = pack_bf16(s[st][2 * kk][2], s[st][2 * kk][3]);
-                    pf[st][kk][2] = pack_bf16(s[st][2 * kk + 1][0], s[st][2 * kk + 1][1]);
-                    pf[st][kk][3] = pack_bf16(s[st][2 * kk + 1][2], s[st][2 * kk + 1][3]);
+                    pf[st][kk][0] = attn_pack_bf16(s[st][2 * kk][0], s[st][2 * kk][1]);
+                    pf[st][kk][1] = attn_pack_bf16(s[st][2 * kk][2], s[st][2 * kk][3]);
+                    pf[st][kk][2] = attn_pack_bf16(s[st][2 * kk + 1][0], s[st][2 * kk + 1][1]);
+                    pf[st][kk][3] = attn_pack_bf16(s[st][2 * kk + 1][2], s[st][2 * kk + 1][3]);
                 }
             }
         }

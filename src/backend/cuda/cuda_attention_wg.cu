@@ -172,15 +172,6 @@ static __device__ __forceinline__ void wg_keep(uint32_t (&p)[8][4]) {
         asm volatile("" : "+r"(p[i][0]), "+r"(p[i][1]), "+r"(p[i][2]), "+r"(p[i][3])::"memory");
 }
 
-static __device__ __forceinline__ float wg_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-static __device__ __forceinline__ uint32_t wg_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
-    return *(uint32_t *)&v;
-}
 
 /* ---- the kernel ---- */
 
@@ -328,17 +319,17 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
         const float k2 = a.scale_log2;
         const float nb_a = -(mn_a == -INFINITY ? 0.0f : mn_a) * k2;
         const float nb_b = -(mn_b == -INFINITY ? 0.0f : mn_b) * k2;
-        corr_a = mn_a == m_a ? 1.0f : wg_ex2(fmaf(m_a, k2, nb_a));
-        corr_b = mn_b == m_b ? 1.0f : wg_ex2(fmaf(m_b, k2, nb_b));
+        corr_a = mn_a == m_a ? 1.0f : attn_ex2(fmaf(m_a, k2, nb_a));
+        corr_b = mn_b == m_b ? 1.0f : attn_ex2(fmaf(m_b, k2, nb_b));
         m_a = mn_a;
         m_b = mn_b;
         float sa = 0.0f, sb = 0.0f;
 #pragma unroll
         for (int i = 0; i < 64; i += 4) {
-            s[i] = wg_ex2(fmaf(s[i], k2, nb_a));
-            s[i + 1] = wg_ex2(fmaf(s[i + 1], k2, nb_a));
-            s[i + 2] = wg_ex2(fmaf(s[i + 2], k2, nb_b));
-            s[i + 3] = wg_ex2(fmaf(s[i + 3], k2, nb_b));
+            s[i] = attn_ex2(fmaf(s[i], k2, nb_a));
+            s[i + 1] = attn_ex2(fmaf(s[i + 1], k2, nb_a));
+            s[i + 2] = attn_ex2(fmaf(s[i + 2], k2, nb_b));
+            s[i + 3] = attn_ex2(fmaf(s[i + 3], k2, nb_b));
             sa += s[i] + s[i + 1];
             sb += s[i + 2] + s[i + 3];
         }
@@ -359,10 +350,10 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     auto pack = [&]() {
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
-            pf[kk][0] = wg_pack(s[8 * kk], s[8 * kk + 1]);
-            pf[kk][1] = wg_pack(s[8 * kk + 2], s[8 * kk + 3]);
-            pf[kk][2] = wg_pack(s[8 * kk + 4], s[8 * kk + 5]);
-            pf[kk][3] = wg_pack(s[8 * kk + 6], s[8 * kk + 7]);
+            pf[kk][0] = attn_pack_bf16(s[8 * kk], s[8 * kk + 1]);
+            pf[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+            pf[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+            pf[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
         }
     };
     /* The V tile at key t in stage st: rows past hi zeroed (the last tile only), visible to this
