@@ -1894,6 +1894,111 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
     free(ref);
 }
 
+/* Two layers' ATTENTION (the wgmma kernel: bf16 pages, head_dim 128) each
+ * followed by the FP8 128x128-block GEMM of its output (o's projection),
+ * through compute_plan as STEP_ATTN_F8: the attention's epilogue writes the
+ * GEMM's codes and scales. The second layer's attention writes the first's
+ * output buffer over, so the first's bf16 output goes unstored. Every
+ * buffer at the end bit for bit the calls launched one by one (whose
+ * quantization kernel reads the bf16 output back), the counters moving by
+ * 2 fused and 1 unstored, the last GEMM against the CPU's W8A16 product of
+ * the GPU's attention output. */
+static void check_attn_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, uint32_t tpp, uint32_t m) {
+    const uint32_t hd = 128, k = nh * hd, ctx = pos0 + n;
+    const size_t qc = (size_t)n * k, oc = (size_t)n * m, sw = (size_t)(m / 128) * (k / 128);
+    kv_pair p;
+    kv_pair_init(&p, ctx, tpp, nkv * hd);
+    if (pos0) kv_fill(&p, 0, pos0);
+    kv_fill(&p, pos0, ctx);
+    uint16_t *qb[2];
+    float *qf = falloc(qc);
+    void *dq[2], *dw[2], *dsw[2];
+    uint8_t *w[2];
+    float *sc[2];
+    for (int l = 0; l < 2; l++) {
+        qb[l] = halloc(qc);
+        rand_bf16(qb[l], qf, qc, -2.0f, 2.0f);
+        dq[l] = dcopy(qb[l], qc * 2);
+        w[l] = xmalloc((size_t)m * k);
+        sc[l] = falloc(sw);
+        for (size_t e = 0; e < (size_t)m * k; e++) w[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        for (size_t e = 0; e < sw; e++) sc[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        dw[l] = dcopy(w[l], (size_t)m * k);
+        dsw[l] = dcopy(sc[l], sw * sizeof(float));
+    }
+    void *bufs[2][3]; /* [apart, plan][the attention's output, o of layer 1, o of layer 2] */
+    const size_t bytes[3] = {qc * 2, oc * 2, oc * 2};
+    uint64_t fused = 0, unstored = 0;
+    int ran = 0;
+    for (int pass = 0; pass < 2; pass++) { /* apart first: the GEMMs alone probe cuBLASLt */
+        void **B = bufs[pass];
+        for (int b = 0; b < 3; b++) {
+            B[b] = dalloc(bytes[b]);
+            poison(B[b], bytes[b]);
+        }
+        dj_op_call gc[4];
+        for (int l = 0; l < 2; l++) {
+            gc[2 * l] = (dj_op_call){.op = DJ_OP_ATTENTION, .n = n, .out = B[0], .x = dq[l], .kv = &p.gv,
+                                     .pos0 = pos0, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                                     .scale = 1.0f / sqrtf((float)hd), .out_dtype = DJ_DTYPE_BF16};
+            gc[2 * l + 1] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[0], .w = dw[l],
+                                         .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = dsw[l], .w_block_rows = 128,
+                                         .w_block_cols = 128, .k = k, .m = m, .out = B[1 + l],
+                                         .out_dtype = DJ_DTYPE_BF16};
+        }
+        const uint64_t before = dj__cuda_fusions(gpu), before_u = dj__cuda_unstored(gpu);
+        if (pass == 0) {
+            for (int i = 0; i < 4; i++)
+                if (dj_backend_compute(gpu, &gc[i]) != DJ_OK) die("attention + f8 gemm (gpu, apart)");
+        } else if (dj_backend_compute_plan(gpu, gc, 4, NULL) != DJ_OK) {
+            die("attention + f8 gemm (gpu, plan)");
+        }
+        if (gpu->vt->sync(gpu) != DJ_OK) die("attention + f8 gemm (gpu)");
+        if (pass == 1) {
+            fused = dj__cuda_fusions(gpu) - before, unstored = dj__cuda_unstored(gpu) - before_u;
+            ran = dj__cuda_last_attention(gpu);
+        }
+    }
+    char shape[112];
+    snprintf(shape, sizeof shape, "2 layers n=%u pos0=%u heads=%u:%u tpp=%u m=%u", n, pos0, nh, nkv, tpp, m);
+    /* the last GEMM against the CPU's W8A16 product of the GPU's attention output */
+    uint16_t *hb = halloc(qc);
+    float *hf = falloc(qc), *ref = falloc(oc);
+    down(hb, bufs[1][0], qc * 2);
+    for (size_t e = 0; e < qc; e++) hf[e] = dj_bf16_to_f32(hb[e]);
+    dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .x = hf, .w = w[1], .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = sc[1],
+                     .w_block_rows = 128, .w_block_cols = 128, .k = k, .m = m, .out = ref};
+    if (dj_backend_compute(cpu, &cc) != DJ_OK) die("attention + f8 gemm (cpu)");
+    tol_now = TOL_W8A8;
+    compare("ATTN+F8", shape, bufs[1][2], DJ_DTYPE_BF16, ref, oc);
+    tol_now = TOL;
+    size_t differ = 0;
+    for (int b = 0; b < 3; b++) {
+        uint8_t *x0 = xmalloc(bytes[b]), *x1 = xmalloc(bytes[b]);
+        down(x0, bufs[0][b], bytes[b]);
+        down(x1, bufs[1][b], bytes[b]);
+        differ += memcmp(x0, x1, bytes[b]) != 0;
+        free(x0);
+        free(x1);
+    }
+    n_rows++;
+    n_fail += differ != 0;
+    printf("%-10s %-52s %10zu  %s\n", "ATTN+F8", shape, differ, differ ? "FAIL (buffers differ from apart)" : "pass (= apart)");
+    const int ok = fused == 2 && unstored == 1 && ran == 4;
+    n_rows++;
+    n_fail += !ok;
+    printf("%-10s %-52s %10s  %s (%llu fused, expected 2; %llu unstored, expected 1; kernel %d, expected 4 wg)\n",
+           "ATTN+F8", shape, "-", ok ? "pass" : "FAIL", (unsigned long long)fused, (unsigned long long)unstored, ran);
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 3; b++) dfree(bufs[pass][b]);
+    for (int l = 0; l < 2; l++) {
+        dfree(dq[l]), dfree(dw[l]), dfree(dsw[l]);
+        free(qb[l]), free(w[l]), free(sc[l]);
+    }
+    free(qf), free(hb), free(hf), free(ref);
+    kv_pair_free(&p);
+}
+
 /* Two attention inputs of FP8 128x128-block weights through compute_plan,
  * as a prefill step lays them out: ADD, RMSNORM, q, k, v, the ROPEs of q
  * and k (in place or into buffers of their own) and the KV_WRITE into bf16
@@ -2076,6 +2181,8 @@ static void check_fp8(void) {
         check_f8_mlp(64, 512, 1024, DJ_DTYPE_F32, DJ_OP_SILU_MUL, 0); /* weights apart: no pair */
         check_f8_qkv(256, 512, 8, 2, 16, DJ_DTYPE_F32, 0);  /* a few rows: RoPE a pair a thread */
         check_f8_qkv(2048, 512, 8, 2, 64, DJ_DTYPE_BF16, 1); /* prefill rows: 4 pairs a thread, in place */
+        check_attn_f8(300, 200, 8, 2, 16, 512);   /* after a prefix: partial tiles, rows past n in the last block */
+        check_attn_f8(2048, 0, 32, 8, 16, 512);   /* the 8B prefill's heads */
         /* per-channel weights (compressed-tensors) take the same steps */
         f8_chan = true;
         check_f8_mlp(64, 512, 1024, DJ_DTYPE_F32, DJ_OP_SILU_MUL, 1);

@@ -674,6 +674,15 @@ static dj_status prefill(dj_cuda_backend *cb, const dj_op_call *c, const attn_ar
     return DJ_OK;
 }
 
+static bool uses_decode(const dj_cuda_backend *cb, const dj_op_call *c) {
+    return c->row_pos || cb->attention_path == 1 || (cb->attention_path == 0 && c->n < DEC_PREFILL_ROWS);
+}
+
+bool dj__cuda_attention_takes_wg(const dj_cuda_backend *cb, const dj_op_call *c) {
+    return !uses_decode(cb, c) && (cb->attention_path >= 4 || (cb->attention_path == 0 && cb->attn_wg)) &&
+           dj__cuda_attention_wg_covers(cb, c);
+}
+
 dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
     const dj_kv_view *kv = c->kv;
     attn_args a;
@@ -702,16 +711,13 @@ dj_status dj__cuda_attention(dj_cuda_backend *cb, const dj_op_call *c, const uin
      * head_dim 128, no soft-cap), the mma.sync tensor-core kernel head_dim
      * 64/128/256 (dj__cuda_attention_tc_covers); any other shape, or
      * DJINN_ATTN=simple, takes the f32 tiled kernel. */
-    const bool use_decode = c->row_pos || cb->attention_path == 1 ||
-                            (cb->attention_path == 0 && c->n < DEC_PREFILL_ROWS);
-    if (use_decode) {
+    if (uses_decode(cb, c)) {
         cb->last_attention = 1;
         return decode(cb, c, a);
     }
-    const bool want_wg = cb->attention_path >= 4 || (cb->attention_path == 0 && cb->attn_wg);
-    if (want_wg && dj__cuda_attention_wg_covers(cb, c)) {
+    if (dj__cuda_attention_takes_wg(cb, c)) {
         cb->last_attention = 4;
-        return dj__cuda_attention_wg(cb, c, table_dev);
+        return dj__cuda_attention_wg(cb, c, table_dev, NULL, NULL, false, true);
     }
     const bool want_tc = cb->attention_path >= 3 || (cb->attention_path == 0 && cb->attn_tc);
     if (want_tc && dj__cuda_attention_tc_covers(c)) {

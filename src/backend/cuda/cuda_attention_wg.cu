@@ -33,6 +33,12 @@
  * position are read from valid pages anyway (fewer branches in the byte
  * count) and their V rows are zeroed in shared memory before the last P V:
  * P is 0 there, but a page's unwritten rows may hold NaNs and 0 * NaN = NaN.
+ * The Q8 instantiation also writes the output as the FP8 block GEMM's
+ * activations (e4m3 codes and a scale per row and head - a head is one
+ * group of 128 channels - with quant_group's arithmetic, bit for bit the
+ * quantization kernel's), for the plan step that runs o's FP8 GEMM after it
+ * (cuda_matmul_fp8_lt.cu); the bf16 output then only where something
+ * else reads it.
  * The dispatcher (cuda_attention.cu) sends every other shape to the
  * mma.sync kernel (cuda_attention_tc.cu). */
 #include <cuda.h> /* CUtensorMap and its enums only: the encoder comes through the runtime */
@@ -53,7 +59,10 @@
 #define WG_SMEM (WG_BARS + 9 * 8 + 1024)
 
 struct wg_args {
-    __nv_bfloat16 *out;    /* [n][nh][128] */
+    __nv_bfloat16 *out;    /* [n][nh][128]; NULL (Q8 only): not stored */
+    uint8_t *codes;        /* Q8: the output's e4m3 codes [n][nh * 128], a head one group of 128 channels */
+    float *scales;         /* Q8: a group's scale at [row * nh + head] (tok_major) or [head * n + row] */
+    bool tok_major;
     const uint32_t *table; /* device block table */
     uint32_t n, nh, group, pos0, window;
     uint32_t tpp_log2;     /* tokens per page = 1 << tpp_log2 */
@@ -175,6 +184,7 @@ static __device__ __forceinline__ void wg_keep(uint32_t (&p)[8][4]) {
 
 /* ---- the kernel ---- */
 
+template <bool Q8>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     attn_wg_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kvmap, wg_args a) {
     extern __shared__ __align__(1024) unsigned char wg_raw[];
@@ -398,15 +408,61 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     /* every real row sees at least its own position, so l > 0 there */
     const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
     const uint32_t ia = pa - a.pos0, ib = ia + 8;
+    if constexpr (Q8) {
+        /* The rows as bf16 (what the plain kernel stores), then each row's head - one group of 128
+         * channels, over the quad's four lanes - to e4m3 codes and its scale with quant_group's
+         * arithmetic (quant_group.cuh), so the codes are the quantization kernel's bit for bit. */
+        float am_a = 0.0f, am_b = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const uint32_t col = j * 8 + c4 * 2;
-        if (ia < a.n)
-            *(__nv_bfloat162 *)(a.out + ((size_t)ia * a.nh + h) * WG_HD + col) =
-                __floats2bfloat162_rn(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
-        if (ib < a.n)
-            *(__nv_bfloat162 *)(a.out + ((size_t)ib * a.nh + h) * WG_HD + col) =
-                __floats2bfloat162_rn(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+        for (int i = 0; i < 64; i += 4) {
+            o[i] = __bfloat162float(__float2bfloat16_rn(o[i] * inv_a));
+            o[i + 1] = __bfloat162float(__float2bfloat16_rn(o[i + 1] * inv_a));
+            o[i + 2] = __bfloat162float(__float2bfloat16_rn(o[i + 2] * inv_b));
+            o[i + 3] = __bfloat162float(__float2bfloat16_rn(o[i + 3] * inv_b));
+            am_a = fmaxf(am_a, fmaxf(fabsf(o[i]), fabsf(o[i + 1])));
+            am_b = fmaxf(am_b, fmaxf(fabsf(o[i + 2]), fabsf(o[i + 3])));
+        }
+        attn_quad_max(am_a, am_b);
+        const float sc_a = fmaxf(am_a, 1e-12f) / 448.0f, sc_b = fmaxf(am_b, 1e-12f) / 448.0f;
+        const float q_a = 1.0f / sc_a, q_b = 1.0f / sc_b;
+        /* codes: lanes c4 and c4 ^ 1 trade a pair so that each stores 4 bytes - the even lane row a's,
+         * the odd one row b's, columns (c4 & 2) * 2 .. + 3 of each 8 */
+        const size_t ld = (size_t)a.nh * WG_HD;
+        const bool odd = c4 & 1;
+        const uint32_t row = odd ? ib : ia;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t col = j * 8 + c4 * 2;
+            if (a.out && ia < a.n)
+                *(__nv_bfloat162 *)(a.out + ((size_t)ia * a.nh + h) * WG_HD + col) =
+                    __floats2bfloat162_rn(o[4 * j], o[4 * j + 1]);
+            if (a.out && ib < a.n)
+                *(__nv_bfloat162 *)(a.out + ((size_t)ib * a.nh + h) * WG_HD + col) =
+                    __floats2bfloat162_rn(o[4 * j + 2], o[4 * j + 3]);
+            const uint32_t ca = __nv_cvt_float2_to_fp8x2(make_float2(o[4 * j] * q_a, o[4 * j + 1] * q_a),
+                                                         __NV_SATFINITE, __NV_E4M3);
+            const uint32_t cb = __nv_cvt_float2_to_fp8x2(make_float2(o[4 * j + 2] * q_b, o[4 * j + 3] * q_b),
+                                                         __NV_SATFINITE, __NV_E4M3);
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? ca : cb, 1);
+            if (row < a.n)
+                *(uint32_t *)(a.codes + row * ld + h * WG_HD + j * 8 + (c4 & 2) * 2) =
+                    odd ? got | cb << 16 : ca | got << 16;
+        }
+        if (c4 == 0) {
+            if (ia < a.n) a.scales[a.tok_major ? (size_t)ia * a.nh + h : (size_t)h * a.n + ia] = sc_a;
+            if (ib < a.n) a.scales[a.tok_major ? (size_t)ib * a.nh + h : (size_t)h * a.n + ib] = sc_b;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t col = j * 8 + c4 * 2;
+            if (ia < a.n)
+                *(__nv_bfloat162 *)(a.out + ((size_t)ia * a.nh + h) * WG_HD + col) =
+                    __floats2bfloat162_rn(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
+            if (ib < a.n)
+                *(__nv_bfloat162 *)(a.out + ((size_t)ib * a.nh + h) * WG_HD + col) =
+                    __floats2bfloat162_rn(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+        }
     }
 }
 
@@ -441,12 +497,14 @@ dj_status dj__cuda_attention_wg_init(dj_cuda_backend *cb) {
         (void)cudaGetLastError(); /* no encoder: the mma.sync kernel takes every call */
         return DJ_OK;
     }
-    DJ_CU(cb, cudaFuncSetAttribute(attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
+    DJ_CU(cb, cudaFuncSetAttribute(attn_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
+    DJ_CU(cb, cudaFuncSetAttribute(attn_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
     cb->tmap_encode = fn;
     return DJ_OK;
 }
 
-dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev) {
+dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, uint8_t *codes,
+                                float *scales, bool tok_major, bool store) {
     const dj_kv_view *kv = c->kv;
     const wg_encode_fn encode = (wg_encode_fn)cb->tmap_encode;
     const uint32_t tpp = kv->tokens_per_page, nkv = kv->kv_dim / WG_HD;
@@ -473,7 +531,10 @@ dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const 
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return dj_fail(DJ_EDEVICE, "cuda:%d %s: K/V tensor map: error %d", cb->device, __func__, (int)r);
     wg_args a;
-    a.out = (__nv_bfloat16 *)c->out;
+    a.out = codes && !store ? NULL : (__nv_bfloat16 *)c->out;
+    a.codes = codes;
+    a.scales = scales;
+    a.tok_major = tok_major;
     a.table = table_dev;
     a.n = c->n;
     a.nh = c->n_heads;
@@ -484,7 +545,10 @@ dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const 
     a.box = box;
     a.scale_log2 = c->scale * 1.4426950408889634f;
     const dim3 grid(c->n_heads, (c->n + WG_BM - 1) / WG_BM);
-    attn_wg_kernel<<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
+    if (codes)
+        attn_wg_kernel<true><<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
+    else
+        attn_wg_kernel<false><<<grid, WG_THREADS, WG_SMEM, cb->stream>>>(qmap, kvmap, a);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

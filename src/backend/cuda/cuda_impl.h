@@ -315,10 +315,15 @@ dj_status dj__cuda_attention_tc_init(dj_cuda_backend *cb);
 dj_status dj__cuda_attention_tc(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
 /* The wgmma prefill kernel (Hopper; cuda_attention_wg.cu): whether it takes the call, its setup
  * (after cudaSetDevice; no encoder or no Hopper leaves cb->tmap_encode NULL, not an error), and its
- * launcher. */
+ * launcher: with codes, also the output's e4m3 codes [n][nh * 128] and a scale per row and head
+ * (a head one group of 128 channels: the FP8 block GEMM's activation layout, tok_major as its
+ * probe chose), the bf16 output stored only where store is set. */
 bool dj__cuda_attention_wg_covers(const dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_attention_wg_init(dj_cuda_backend *cb);
-dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev);
+dj_status dj__cuda_attention_wg(dj_cuda_backend *cb, const dj_op_call *c, const uint32_t *table_dev, uint8_t *codes,
+                                float *scales, bool tok_major, bool store);
+/* Whether dj__cuda_attention runs c on the wgmma kernel (cuda_attention.cu). */
+bool dj__cuda_attention_takes_wg(const dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c);
 /* Whether this (validated) MATMUL runs as one GEMV launch, so that calls of
  * the same x, n, k and dtypes may share the launch (q/k/v, gate/up). */
@@ -365,8 +370,18 @@ bool dj__cuda_glu_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *glu, co
  * went unstored is an error, not a fallback. */
 #define DJ_F8_DEAD_NORM 1u /* the norm's bf16 output */
 #define DJ_F8_DEAD_GLU 2u  /* the GLU's bf16 output */
+#define DJ_F8_DEAD_ATTN 4u /* the attention's bf16 output */
 dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
                               int *done);
+/* An ATTENTION the wgmma kernel runs and the FP8 tensor-core GEMM of its
+ * output (o's projection) as one step: the attention's epilogue writes the
+ * GEMM's codes and scales (a head one group of 128 channels), so no
+ * quantization pass reads its output back; its bf16 output stored unless
+ * unstored. takes: the kernel, shapes and the GEMM one
+ * dj__cuda_fp8_shared_takes. *done as dj__cuda_glu_fp8_lt's. */
+bool dj__cuda_attn_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *attn, const dj_op_call *mm);
+dj_status dj__cuda_attn_fp8_lt(dj_cuda_backend *cb, const dj_op_call *attn, const dj_op_call *mm,
+                               const uint32_t *table_dev, bool unstored, int *done);
 /* An ADD+RMSNORM (prenorm: Gemma's RMSNORM in front, or NULL) whose output
  * the FP8 tensor-core GEMMs mms[0..count) of 128x128-block weights read
  * (dj__cuda_norm_fp8_takes of each; one input, as a shared group): the norm

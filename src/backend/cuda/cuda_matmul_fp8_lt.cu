@@ -631,6 +631,40 @@ dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const 
                     (__nv_bfloat16 *)glu->out, mm, (dead & DJ_F8_DEAD_GLU) != 0, done);
 }
 
+bool dj__cuda_attn_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *attn, const dj_op_call *mm) {
+    return attn->op == DJ_OP_ATTENTION && attn->head_dim == LT_GROUP && dj__cuda_attention_takes_wg(cb, attn) &&
+           dj__cuda_fp8_shared_takes(cb, mm) && mode_of(mm) >= 0 && mm->x == attn->out && mm->n == attn->n &&
+           mm->k == attn->n_heads * LT_GROUP && qa_g128_fits(mm->n, mm->k);
+}
+
+dj_status dj__cuda_attn_fp8_lt(dj_cuda_backend *cb, const dj_op_call *attn, const dj_op_call *mm,
+                               const uint32_t *table_dev, bool unstored, int *done) {
+    *done = 0;
+    struct dj_fp8_lt *L = cb->fp8_lt;
+    const int mode = mode_of(mm);
+    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    uint8_t *q;
+    float *xs, *wsx;
+    dj_status st = carve(cb, mm, mode, &q, &xs, &wsx);
+    if (st != DJ_OK) return st;
+    unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, mode, mm->w_scale, xs);
+    const int layout = L->layout[mode];
+    st = dj__cuda_attention_wg(cb, attn, table_dev, q, xs, (layout & 2) != 0, !unstored);
+    if (st != DJ_OK) return st;
+    cb->last_attention = 4;
+    cb->unstored += unstored;
+    *done = 1;
+    const float *ws = weight_scales(cb, mm, mode, layout, wsx);
+    DJ_CU_LAUNCHED(cb);
+    st = lt_matmul(cb, mm, mode, ws, q, xs);
+    if (st == DJ_EUNSUPPORTED) {
+        L->state[mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
+        return unstored ? refused_unstored(cb, mm) : DJ_OK;
+    }
+    if (st == DJ_OK) *done = 2;
+    return st;
+}
+
 bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm) {
     return norm->op == DJ_OP_RMSNORM && dj__cuda_fp8_shared_takes(cb, mm) && mode_of(mm) >= 0 &&
            mm->x == norm->out && mm->n == norm->n && mm->k == norm->d && qa_g128_fits(mm->n, mm->k);

@@ -21,6 +21,7 @@ typedef enum {
                    * FP8 tensor-core GEMMs of it that follow (dj__cuda_norm_fp8_lt) */
     STEP_F8_MLP,  /* the norm step (norms: its calls), then gate, up, their GLU and down of FP8 blocks, gate and
                    * up as one GEMM (dj__cuda_f8_mlp_lt) */
+    STEP_ATTN_F8, /* calls[first]: ATTENTION on the wgmma kernel writing codes for calls[first+1], its FP8 GEMM */
     STEP_F8_QKV,  /* the norm step (norms: its calls), then q, k, v of FP8 blocks as one GEMM, the ROPEs of q and
                    * k and the KV_WRITE reading its rows (dj__cuda_f8_qkv_lt) */
 } step_kind;
@@ -360,6 +361,10 @@ static size_t decide(const dj_cuda_backend *cb, const dj_op_call *calls, size_t 
                 s = (plan_step){STEP_ADD_NORM, 2, (int32_t)i, -1, 0, 0};
             } else if (i + 1 < n && dj__cuda_glu_fp8_takes(cb, c, &calls[i + 1])) {
                 s = (plan_step){STEP_GLU_F8, 2, (int32_t)i, -1, 0, 0};
+            } else if (i + 1 < n && dj__cuda_attn_fp8_takes(cb, c, &calls[i + 1])) {
+                s = (plan_step){STEP_ATTN_F8, 2, (int32_t)i, -1, 0, 0};
+                if (dead_after(calls, n, i + 2, c->out, (size_t)c->n * c->n_heads * c->head_dim * sizeof(__nv_bfloat16)))
+                    s.dead |= DJ_F8_DEAD_ATTN;
             } else if (dj__cuda_gemv_takes(cb, c)) {
                 s = (plan_step){STEP_GEMV, (uint8_t)gemv_run(cb, calls, n, i), (int32_t)i, -1, 0, 0};
                 if (s.count == 2 && i + 2 < n && fuses_glu(c, &calls[i + 2]))
@@ -508,6 +513,15 @@ static dj_status run_step(dj_cuda_backend *cb, const dj_op_call *calls, const pl
     }
     case STEP_GLU_F8:
         return run_glu_f8(cb, c, s->dead);
+    case STEP_ATTN_F8: {
+        const uint32_t *table = NULL;
+        int done = 0;
+        dj_status st = dj__cuda_device_table(cb, &c[0], &table);
+        if (st == DJ_OK) st = dj__cuda_attn_fp8_lt(cb, &c[0], &c[1], table, (s->dead & DJ_F8_DEAD_ATTN) != 0, &done);
+        if (done == 2) cb->fusions++; /* a quantization pass saved */
+        for (int i = done; st == DJ_OK && i < 2; i++) st = dj__cuda_compute_one(cb, &c[i]);
+        return st;
+    }
     case STEP_F8_QKV: {
         const int nn = s->norms;
         const dj_op_call *pre = nn == 3 ? &c[0] : NULL, *g = &c[nn];
