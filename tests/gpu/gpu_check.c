@@ -1733,6 +1733,27 @@ static void check_norm_fp8(uint32_t n, uint32_t d, dj_dtype rt, int pre, int cou
     free(hb);
 }
 
+/* How many of the device buffers a[i], b[i] (bytes[i] each, i < count) differ. */
+static size_t buffers_differ(void *const *a, void *const *b, const size_t *bytes, int count) {
+    size_t differ = 0;
+    for (int i = 0; i < count; i++) {
+        uint8_t *x0 = xmalloc(bytes[i]), *x1 = xmalloc(bytes[i]);
+        down(x0, a[i], bytes[i]);
+        down(x1, b[i], bytes[i]);
+        differ += memcmp(x0, x1, bytes[i]) != 0;
+        free(x0);
+        free(x1);
+    }
+    return differ;
+}
+
+/* A row saying whether a plan's buffers came out as the calls launched apart left them. */
+static void report_apart(const char *op, const char *shape, size_t differ) {
+    n_rows++;
+    n_fail += differ != 0;
+    printf("%-10s %-52s %10zu  %s\n", op, shape, differ, differ ? "FAIL (buffers differ from apart)" : "pass (= apart)");
+}
+
 /* FP8 weights (issue 16): the GEMV for 1..8 rows (every scaling, k % 16 != 0
  * and a skewed buffer for the scalar path, bias, f32 logits), then the tiled
  * path (several tiles with a partial last one: k = 14336 makes 1152-row
@@ -1849,19 +1870,7 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
     tol_now = TOL_W8A8;
     compare("F8 MLP", shape, bufs[1][5], DJ_DTYPE_BF16, ref, nd);
     tol_now = TOL;
-    size_t differ = 0;
-    for (int b = 0; b < 6; b++) {
-        uint8_t *x0 = xmalloc(bytes[b]), *x1 = xmalloc(bytes[b]);
-        down(x0, bufs[0][b], bytes[b]);
-        down(x1, bufs[1][b], bytes[b]);
-        differ += memcmp(x0, x1, bytes[b]) != 0;
-        free(x0);
-        free(x1);
-    }
-    n_rows++;
-    n_fail += differ != 0;
-    printf("%-10s %-52s %10zu  %s\n", "F8 MLP", shape, differ,
-           differ ? "FAIL (buffers differ from apart)" : "pass (= apart)");
+    report_apart("F8 MLP", shape, buffers_differ(bufs[0], bufs[1], bytes, 6));
     /* the norm steps (1 each) quantizing for gate and up (2) and the GLUs for down (1); the pair 1 more;
      * the first layer's norm and GLU outputs unstored (the second layer writes them over before any read),
      * the second's stored (the plan ends there) */
@@ -1972,18 +1981,7 @@ static void check_attn_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, 
     tol_now = TOL_W8A8;
     compare("ATTN+F8", shape, bufs[1][2], DJ_DTYPE_BF16, ref, oc);
     tol_now = TOL;
-    size_t differ = 0;
-    for (int b = 0; b < 3; b++) {
-        uint8_t *x0 = xmalloc(bytes[b]), *x1 = xmalloc(bytes[b]);
-        down(x0, bufs[0][b], bytes[b]);
-        down(x1, bufs[1][b], bytes[b]);
-        differ += memcmp(x0, x1, bytes[b]) != 0;
-        free(x0);
-        free(x1);
-    }
-    n_rows++;
-    n_fail += differ != 0;
-    printf("%-10s %-52s %10zu  %s\n", "ATTN+F8", shape, differ, differ ? "FAIL (buffers differ from apart)" : "pass (= apart)");
+    report_apart("ATTN+F8", shape, buffers_differ(bufs[0], bufs[1], bytes, 3));
     const int ok = fused == 2 && unstored == 1 && ran == 4;
     n_rows++;
     n_fail += !ok;

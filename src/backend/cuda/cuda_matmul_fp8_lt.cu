@@ -591,34 +591,55 @@ static dj_status refused_unstored(dj_cuda_backend *cb, const dj_op_call *mm) {
                    cb->fp8_lt->mm_status);
 }
 
+/* Where a step's first kernel writes mm's activations: codes q and scales xs carved from scratch
+ * (wsx: room for reordered weight scales), in the probed layout; unstored: the producer's bf16
+ * output may go unstored (asked for, and mm has its algorithm). */
+typedef struct codes_dst {
+    int mode, layout;
+    uint8_t *q;
+    float *xs, *wsx;
+    bool unstored;
+} codes_dst;
+
+static dj_status codes_for(dj_cuda_backend *cb, const dj_op_call *mm, bool unstored, codes_dst *d) {
+    d->mode = mode_of(mm);
+    const dj_status st = carve(cb, mm, d->mode, &d->q, &d->xs, &d->wsx);
+    if (st != DJ_OK) return st;
+    d->unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, d->mode, mm->w_scale, d->xs);
+    d->layout = cb->fp8_lt->layout[d->mode];
+    return DJ_OK;
+}
+
+/* mm from the codes its producer - the step's first kernel - just wrote at d: *ran 1, then 2
+ * once the GEMM ran. Refused with the producer's bf16 output unstored: an error; else the caller
+ * runs mm from that output. */
+static dj_status gemm_of_codes(dj_cuda_backend *cb, const dj_op_call *mm, const codes_dst *d, int *ran) {
+    cb->unstored += d->unstored;
+    *ran = 1;
+    const float *ws = weight_scales(cb, mm, d->mode, d->layout, d->wsx);
+    DJ_CU_LAUNCHED(cb);
+    const dj_status st = lt_matmul(cb, mm, d->mode, ws, d->q, d->xs);
+    if (st == DJ_EUNSUPPORTED) {
+        cb->fp8_lt->state[d->mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
+        return d->unstored ? refused_unstored(cb, mm) : DJ_OK;
+    }
+    if (st == DJ_OK) *ran = 2;
+    return st;
+}
+
 /* The GLU of x and up (rows in_ld values apart) quantized for mm, its FP8
  * GEMM, then the GEMM; its bf16 output stored to out unless unstored is
  * asked and mm has its algorithm. *ran: 1 the GLU, 2 both (after a refusal
  * the caller runs mm from out, which an unstored GLU makes an error). */
 static dj_status glu_gemm(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, const __nv_bfloat16 *up,
                           uint32_t in_ld, __nv_bfloat16 *out, const dj_op_call *mm, bool unstored, int *ran) {
-    struct dj_fp8_lt *L = cb->fp8_lt;
-    const int mode = mode_of(mm); /* >= 0: dj__cuda_glu_fp8_takes */
-    uint8_t *q;
-    float *xs, *wsx;
+    codes_dst d; /* mode >= 0: dj__cuda_glu_fp8_takes */
     *ran = 0;
-    dj_status st = carve(cb, mm, mode, &q, &xs, &wsx);
+    const dj_status st = codes_for(cb, mm, unstored, &d);
     if (st != DJ_OK) return st;
-    unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, mode, mm->w_scale, xs);
-    const int layout = L->layout[mode];
-    launch_g128(cb, op, x, up, unstored ? NULL : out, mm->n, mm->k, in_ld, (layout & 2) != 0, q, xs);
+    launch_g128(cb, op, x, up, d.unstored ? NULL : out, mm->n, mm->k, in_ld, (d.layout & 2) != 0, d.q, d.xs);
     DJ_CU_LAUNCHED(cb);
-    cb->unstored += unstored;
-    *ran = 1;
-    const float *ws = weight_scales(cb, mm, mode, layout, wsx);
-    DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, mm, mode, ws, q, xs);
-    if (st == DJ_EUNSUPPORTED) {
-        L->state[mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
-        return unstored ? refused_unstored(cb, mm) : DJ_OK;
-    }
-    if (st == DJ_OK) *ran = 2;
-    return st;
+    return gemm_of_codes(cb, mm, &d, ran);
 }
 
 dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
@@ -643,26 +664,12 @@ dj_status dj__cuda_attn_fp8_lt(dj_cuda_backend *cb, const dj_op_call *attn, cons
     struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(mm);
     if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
-    uint8_t *q;
-    float *xs, *wsx;
-    dj_status st = carve(cb, mm, mode, &q, &xs, &wsx);
-    if (st != DJ_OK) return st;
-    unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, mode, mm->w_scale, xs);
-    const int layout = L->layout[mode];
-    st = dj__cuda_attention_wg(cb, attn, table_dev, q, xs, (layout & 2) != 0, !unstored);
+    codes_dst d;
+    dj_status st = codes_for(cb, mm, unstored, &d);
+    if (st == DJ_OK) st = dj__cuda_attention_wg(cb, attn, table_dev, d.q, d.xs, (d.layout & 2) != 0, !d.unstored);
     if (st != DJ_OK) return st;
     cb->last_attention = 4;
-    cb->unstored += unstored;
-    *done = 1;
-    const float *ws = weight_scales(cb, mm, mode, layout, wsx);
-    DJ_CU_LAUNCHED(cb);
-    st = lt_matmul(cb, mm, mode, ws, q, xs);
-    if (st == DJ_EUNSUPPORTED) {
-        L->state[mode] = -1; /* as dj__cuda_matmul_fp8_lt: the tiles from now on (the caller runs mm) */
-        return unstored ? refused_unstored(cb, mm) : DJ_OK;
-    }
-    if (st == DJ_OK) *done = 2;
-    return st;
+    return gemm_of_codes(cb, mm, &d, done);
 }
 
 bool dj__cuda_norm_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *norm, const dj_op_call *mm) {
