@@ -591,6 +591,12 @@ static dj_status refused_unstored(dj_cuda_backend *cb, const dj_op_call *mm) {
                    cb->fp8_lt->mm_status);
 }
 
+/* Whether cuBLASLt's FP8 path of this mode is verified: not yet where no GEMM has probed it (the
+ * first GEMM does), never after a refusal. The fused steps run only then. */
+static bool lt_verified(const dj_cuda_backend *cb, int mode) {
+    return cb->fp8_lt && mode >= 0 && cb->fp8_lt->state[mode] == 1;
+}
+
 /* Where a step's first kernel writes mm's activations: codes q and scales xs carved from scratch
  * (wsx: room for reordered weight scales), in the probed layout; unstored: the producer's bf16
  * output may go unstored (asked for, and mm has its algorithm). */
@@ -645,9 +651,8 @@ static dj_status glu_gemm(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, c
 dj_status dj__cuda_glu_fp8_lt(dj_cuda_backend *cb, const dj_op_call *glu, const dj_op_call *mm, unsigned dead,
                               int *done) {
     *done = 0;
-    struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(mm);
-    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    if (!lt_verified(cb, mode)) return DJ_OK;
     return glu_gemm(cb, (int)glu->op, (const __nv_bfloat16 *)glu->x, (const __nv_bfloat16 *)glu->x2, mm->k,
                     (__nv_bfloat16 *)glu->out, mm, (dead & DJ_F8_DEAD_GLU) != 0, done);
 }
@@ -661,9 +666,8 @@ bool dj__cuda_attn_fp8_takes(const dj_cuda_backend *cb, const dj_op_call *attn, 
 dj_status dj__cuda_attn_fp8_lt(dj_cuda_backend *cb, const dj_op_call *attn, const dj_op_call *mm,
                                const uint32_t *table_dev, bool unstored, int *done) {
     *done = 0;
-    struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(mm);
-    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    if (!lt_verified(cb, mode)) return DJ_OK;
     codes_dst d;
     dj_status st = codes_for(cb, mm, unstored, &d);
     if (st == DJ_OK) st = dj__cuda_attention_wg(cb, attn, table_dev, d.q, d.xs, (d.layout & 2) != 0, !d.unstored);
@@ -697,7 +701,7 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
     *done = 0;
     struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(&mms[0]); /* the group's: joins_f8_shared keeps one weight layout */
-    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    if (!lt_verified(cb, mode)) return DJ_OK;
     /* q and xs lie where every GEMM of the group finds them (they depend on n and k only): the
      * scratch is grown for the largest first, as dj__cuda_matmul_fp8_lt_shared does */
     size_t need = 0, qf, xsf;
@@ -781,9 +785,8 @@ static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, 
 dj_status dj__cuda_f8_mlp_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, const dj_op_call *add,
                              const dj_op_call *norm, const dj_op_call *g, unsigned dead, int *done) {
     *done = 0;
-    struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(&g[0]);
-    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    if (!lt_verified(cb, mode)) return DJ_OK;
     const int dmode = mode_of(&g[3]); /* >= 0: dj__cuda_glu_fp8_takes */
     const dj_op_call *glu = &g[2], *down = &g[3];
     const uint32_t f = g[0].m;
@@ -820,9 +823,8 @@ dj_status dj__cuda_f8_qkv_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, con
                              const dj_op_call *norm, const dj_op_call *g, const uint32_t *table_dev, unsigned dead,
                              int *done) {
     *done = 0;
-    struct dj_fp8_lt *L = cb->fp8_lt;
     const int mode = mode_of(&g[0]);
-    if (!L || mode < 0 || L->state[mode] != 1) return DJ_OK; /* not probed yet (the first GEMM probes), or refused */
+    if (!lt_verified(cb, mode)) return DJ_OK;
     dj_op_call all = g[0]; /* q, k and v: one matrix */
     all.m = g[0].m + g[1].m + g[2].m;
     size_t qf, xsf;
