@@ -84,8 +84,11 @@ static int problem_heuristic(cublasLtHandle_t lt, const lt_problem &p, cublasLtM
     CHECKB(cublasLtMatmulPreferenceCreate(&pref));
     CHECKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS, sizeof WS));
     int found = 0;
-    CHECKB(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.d, p.d, pref, 32, res, &found));
+    /* a problem cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) has no algorithm: 0, said by the caller */
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.d, p.d, pref, 32, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return 0;
+    CHECKB(st);
     return found;
 }
 static void problem_free(lt_problem &p) {
@@ -157,8 +160,9 @@ static void fp8_sweep(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t 
  * offers, timed (the engine takes its first), and each other configuration
  * cuBLASLt accepts (fp8_sweep); beside them the same operands with one scale
  * per tensor (what the FP8 tensor cores give without block scales), with
- * and without fast accumulation; and per-channel weights as cuda_matmul_fp8_lt.cu
- * runs them (VEC128 scales on both operands). */
+ * and without fast accumulation; per-channel weights as cuda_matmul_fp8_lt.cu
+ * runs them (VEC128 scales on both operands); and the block-scaled problem
+ * asking for fast accumulation (whether cuBLASLt has another kernel for it). */
 static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape *shapes, int count) {
     const size_t cap = (size_t)28672 * 4096;
     uint8_t *w, *x;
@@ -176,23 +180,24 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
     CHECK(cudaMemsetAsync(xsc, 0x3b, cap / 128 * sizeof(float), s));
     CHECK(cudaGetLastError());
     const float one = 1.0f, zero = 0.0f;
-    static const char *const kinds[] = {"block", "tensor", "tensor fast-accum", "channel as VEC128"};
+    static const char *const kinds[] = {"block", "tensor", "tensor fast-accum", "channel as VEC128",
+                                        "block fast-accum"};
     for (int si = 0; si < count; si++) {
         const int m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
         if (m % 128 || k % 128) continue;
         const double flop = 2.0 * m * n * (double)k;
-        for (int kind = 0; kind < 4; kind++) {
+        for (int kind = 0; kind < 5; kind++) {
             lt_problem pr = problem_make(CUDA_R_8F_E4M3, m, n, k);
             const cublasLtMatmulDesc_t op = pr.op;
             const cublasLtMatrixLayout_t la = pr.a, lb = pr.b, ld = pr.d;
-            if (kind == 0 || kind == 3) { /* 3: per-channel weights' scales repeated per 128 columns */
-                const int32_t amode = kind == 0 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+            if (kind == 0 || kind == 3 || kind == 4) { /* 3: per-channel weights' scales repeated per 128 columns */
+                const int32_t amode = kind != 3 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
                               bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
                 CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof amode));
                 CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode));
             }
-            if (kind == 2) {
+            if (kind == 2 || kind == 4) {
                 const int8_t fast = 1;
                 CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
             }
@@ -223,7 +228,10 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
                     printf(" [%d] %.1f us %.0f TF (tile %d st %d sk %d cl %d)", i, us, flop / us * 1e-6, tile, stages,
                            splitk, cl);
             }
-            printf(" | best %.1f us %.0f TF\n", best, flop / best * 1e-6);
+            if (best < 1e30f)
+                printf(" | best %.1f us %.0f TF\n", best, flop / best * 1e-6);
+            else
+                printf(" none runs (refused by the heuristic)\n");
             if (kind == 0 && !strncmp(shapes[si].name, "llama", 5))
                 fp8_sweep(s, lt, op, la, lb, ld, flop, [&](const cublasLtMatmulAlgo_t *algo) {
                     CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, algo, ws, WS, s));
