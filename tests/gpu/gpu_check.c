@@ -2160,6 +2160,12 @@ static void check_fp8(void) {
     /* many rows (4 rows a warp was tried here and lost: bench/RESULTS.md), a partial last block */
     check_matmul_fp8(1, 4096, 14336, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(1, 4096, 6144, 128, 128, 0, DJ_DTYPE_BF16, 1, 0); /* 768 blocks: the 4-load kernel on 132 SMs */
+    /* a row over two warps (f8_split: o and down of the 8B shape), alone and in a few rows, a partial last block */
+    check_matmul_fp8(1, 14336, 4096, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
+    check_matmul_fp8(5, 14336, 4096, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
+    check_matmul_fp8(1, 4096, 4096, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
+    check_matmul_fp8(2, 4096, 1001, 1, 4096, 0, DJ_DTYPE_F32, 1, 0);
+    check_matmul_fp8(1, 2048, 771, 1, 2048, 0, DJ_DTYPE_BF16, 1, 1); /* misaligned: the scalar loop, split */
     check_matmul_fp8(3, 4096, 9001, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(8, 1024, 9001, 9001, 1024, 0, DJ_DTYPE_F32, 1, 0); /* per tensor */
     check_matmul_fp8(2, 1000, 9001, 1, 1000, 1, DJ_DTYPE_BF16, 1, 0);   /* per channel, k % 16 != 0: scalar */
@@ -3182,23 +3188,39 @@ static void bench_matmul(uint32_t n, uint32_t k, uint32_t m, int iters) {
 /* --deterministic (be->deterministic): every row of a MATMUL of up to
  * DJ_DETERMINISTIC_MAX_ROWS rows equals, bit for bit, the same row computed
  * alone and in batches of 7 and 32 (bf16 and f32 out: activations and
- * logits). Also reports whether the default path differs (it may). */
-static void check_deterministic(uint32_t k, uint32_t m, dj_dtype out_t) {
+ * logits; bf16 or FP8 weights of 128x128 blocks - w_t). Also reports whether
+ * the default path differs (it may). */
+static void check_deterministic(uint32_t k, uint32_t m, dj_dtype out_t, dj_dtype w_t) {
     const uint32_t N = 32, sizes[3] = {1, 7, 32};
     const size_t os = dj_dtype_size(out_t);
-    void *x = dev_random_bf16((size_t)N * k, 1.0f), *w = dev_random_bf16((size_t)m * k, 0.02f);
+    const bool f8 = w_t == DJ_DTYPE_F8_E4M3;
+    void *x = dev_random_bf16((size_t)N * k, 1.0f), *w = NULL, *ws = NULL;
+    if (f8) {
+        uint8_t *hw = xmalloc((size_t)m * k);
+        for (size_t i = 0; i < (size_t)m * k; i++) hw[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        const size_t nsc = (size_t)((m + 127) / 128) * ((k + 127) / 128);
+        float *hs = falloc(nsc);
+        for (size_t i = 0; i < nsc; i++) hs[i] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        w = dcopy(hw, (size_t)m * k);
+        ws = dcopy(hs, nsc * sizeof(float));
+        free(hw);
+        free(hs);
+    } else
+        w = dev_random_bf16((size_t)m * k, 0.02f);
     void *out = dalloc((size_t)N * m * os);
     uint8_t *rows[3], *plain = xmalloc((size_t)N * m * os);
     gpu->deterministic = true;
     for (int i = 0; i < 3; i++) {
-        dj_op_call c = {.op = DJ_OP_MATMUL, .n = sizes[i], .out = out, .x = x, .w = w, .w_dtype = DJ_DTYPE_BF16,
+        dj_op_call c = {.op = DJ_OP_MATMUL, .n = sizes[i], .out = out, .x = x, .w = w, .w_dtype = w_t,
+                        .w_scale = ws, .w_block_rows = f8 ? 128 : 0, .w_block_cols = f8 ? 128 : 0,
                         .k = k, .m = m, .out_dtype = out_t};
         if (dj_backend_compute(gpu, &c) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("deterministic matmul");
         rows[i] = xmalloc((size_t)sizes[i] * m * os);
         down(rows[i], out, (size_t)sizes[i] * m * os);
     }
     gpu->deterministic = false;
-    dj_op_call c = {.op = DJ_OP_MATMUL, .n = N, .out = out, .x = x, .w = w, .w_dtype = DJ_DTYPE_BF16,
+    dj_op_call c = {.op = DJ_OP_MATMUL, .n = N, .out = out, .x = x, .w = w, .w_dtype = w_t,
+                    .w_scale = ws, .w_block_rows = f8 ? 128 : 0, .w_block_cols = f8 ? 128 : 0,
                     .k = k, .m = m, .out_dtype = out_t};
     if (dj_backend_compute(gpu, &c) != DJ_OK || gpu->vt->sync(gpu) != DJ_OK) die("matmul");
     down(plain, out, (size_t)N * m * os);
@@ -3210,13 +3232,14 @@ static void check_deterministic(uint32_t k, uint32_t m, dj_dtype out_t) {
     n_rows++;
     n_fail += wrong != 0;
     char shape[96];
-    snprintf(shape, sizeof shape, "deterministic %ux%u %s: rows of 1/7/32 (default %s)", k, m,
+    snprintf(shape, sizeof shape, "deterministic %ux%u%s %s: rows of 1/7/32 (default %s)", k, m, f8 ? " f8" : "",
              out_t == DJ_DTYPE_F32 ? "f32" : "bf16", plain_differs ? "differs" : "equal");
     printf("%-10s %-52s %10d  %s\n", "MATMUL", shape, wrong, wrong ? "FAIL" : "pass");
     for (int i = 0; i < 3; i++) free(rows[i]);
     free(plain);
     dfree(x);
     dfree(w);
+    if (ws) dfree(ws);
     dfree(out);
 }
 
@@ -4165,8 +4188,11 @@ int main(int argc, char **argv) {
     check_argmax(3, 20);     /* fewer entries than the first pass's parts: empty parts */
     check_argmax(2, 100003); /* a last part shorter than the others */
     check_sample_cases();
-    check_deterministic(4096, 14336, DJ_DTYPE_BF16);
-    check_deterministic(4096, 128256, DJ_DTYPE_F32);
+    check_deterministic(4096, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16);
+    check_deterministic(4096, 128256, DJ_DTYPE_F32, DJ_DTYPE_BF16);
+    /* FP8 rows, a row over one warp (q/k/v-sized) and over two (down: f8_split) */
+    check_deterministic(4096, 6144, DJ_DTYPE_BF16, DJ_DTYPE_F8_E4M3);
+    check_deterministic(14336, 4096, DJ_DTYPE_BF16, DJ_DTYPE_F8_E4M3);
     check_sample(40, 7, 0);
     check_sample(40, 1000, 0);
     check_sample(8, 128256, 0);

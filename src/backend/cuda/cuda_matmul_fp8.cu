@@ -5,7 +5,10 @@
  * bf16 (W8A16, as the CPU reference):
  *  - up to 8 rows (decode): a GEMV reading each weight byte once, the scale
  *    folded in per 16 weights (one 16-byte load a lane, a warp per weight
- *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes). Measured
+ *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes; for one row
+ *    of x two warps a row, each half of its loads, twice the warps in flight
+ *    at 32 registers - f8_split: every GEMV of the 8B shape, decode b=1
+ *    3.45-3.49 -> 3.30-3.33 ms on the H100, bench/RESULTS.md 2026-11-28). Measured
  *    within noise of it on the H100 (bench/RESULTS.md, 2026-11-26) and not
  *    kept: a tensor-core GEMV (16 rows a warp, codes to f16 pairs by one
  *    cvt, x as f16, mma.m16n8k16: a third of the instructions), 4 or 16
@@ -37,6 +40,18 @@
 #define F8_PRE_BLOCKS 4
 #define F8_WAVE_PRE 4
 #define F8_WAVE_BLOCKS 6
+/* A row over two warps (f8_split) unless its launch would hold more than
+ * F8_SPLIT_SM_WARPS warps an SM; its one-row kernel takes F8_SPLIT_PRE loads
+ * before the wait at F8_SPLIT_BLOCKS blocks an SM */
+#ifndef F8_SPLIT_SM_WARPS
+#define F8_SPLIT_SM_WARPS 512
+#endif
+#ifndef F8_SPLIT_PRE
+#define F8_SPLIT_PRE 2
+#endif
+#ifndef F8_SPLIT_BLOCKS
+#define F8_SPLIT_BLOCKS 8
+#endif
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -58,22 +73,27 @@ struct f8_segs {
     int count;
 };
 
-/* Warp per weight row j of its segment, rows r < n of x (NR >= n). vec: k %
- * 16 == 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's
- * 16 weights share one scale). */
-template <typename TO, int NR, int PRE = 0>
+/* S warps per weight row j of its segment (warp h of them takes the row's
+ * 512-column chunks h, h + S, ...), rows r < n of x (NR >= n). vec: k % 16 ==
+ * 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's 16
+ * weights share one scale). S is decided from m and k alone (f8_split), so a
+ * row is summed the same way whatever n: the deterministic mode's rows are
+ * bit-identical alone and in a batch. */
+template <typename TO, int NR, int PRE = 0, int S = 1>
 static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, const f8_segs &sg, uint32_t n, uint32_t k,
                                                     bool vec) {
     dj_pdl_release();
-    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = warp % S;
     int si = 0;
     while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
     const uint32_t m = sg.m[si];
-    const uint32_t j = (blockIdx.x - sg.first_block[si]) * F8_WARPS + (threadIdx.x >> 5);
-    if (j >= m) return;
-    const uint8_t *wr = sg.w[si] + (size_t)j * k;
+    const uint32_t j = (blockIdx.x - sg.first_block[si]) * (F8_WARPS / S) + warp / S;
+    if (S == 1 && j >= m) return;
+    /* S > 1: the block meets at a barrier below, so a warp past the segment sums its last row and stores nothing */
+    const uint32_t jr = j < m ? j : m - 1;
+    const uint8_t *wr = sg.w[si] + (size_t)jr * k;
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
-    const float *sr = sg.scale[si] + (size_t)(j / sg.br[si]) * per_row;
+    const float *sr = sg.scale[si] + (size_t)(jr / sg.br[si]) * per_row;
     /* weights and scales are constant: with one row of x (a session's decode) a weight row's
      * first PRE loads go out before the wait (gemv_f8_one_kernel's PRE); with more rows that was
      * slower (bench/RESULTS.md) */
@@ -81,9 +101,9 @@ static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, cons
     float pres[PRE > 0 ? PRE : 1];
 #pragma unroll
     for (int p = 0; p < PRE; p++)
-        if (vec && lane * 16 + 512u * p < k) {
-            pre[p] = *(const uint4 *)(wr + lane * 16 + 512u * p);
-            pres[p] = sr[(lane * 16 + 512u * p) / bc];
+        if (vec && lane * 16 + 512u * (h + S * p) < k) {
+            pre[p] = *(const uint4 *)(wr + lane * 16 + 512u * (h + S * p));
+            pres[p] = sr[(lane * 16 + 512u * (h + S * p)) / bc];
         }
     dj_pdl_wait();
     float acc[NR];
@@ -111,11 +131,12 @@ static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, cons
         };
 #pragma unroll
         for (int p = 0; p < PRE; p++)
-            if (lane * 16 + 512u * p < k) step(pre[p], pres[p], lane * 16 + 512u * p);
+            if (lane * 16 + 512u * (h + S * p) < k) step(pre[p], pres[p], lane * 16 + 512u * (h + S * p));
 #pragma unroll 4
-        for (uint32_t kk = lane * 16 + 512u * PRE; kk < k; kk += 512) step(*(const uint4 *)(wr + kk), sr[kk / bc], kk);
+        for (uint32_t kk = lane * 16 + 512u * (h + S * PRE); kk < k; kk += 512u * S)
+            step(*(const uint4 *)(wr + kk), sr[kk / bc], kk);
     } else {
-        for (uint32_t kk = lane; kk < k; kk += 32) {
+        for (uint32_t kk = lane + 32u * h; kk < k; kk += 32u * S) {
             const float wf = dj_f8_one(wr[kk]) * sr[kk / bc];
 #pragma unroll
             for (int r = 0; r < NR; r++)
@@ -125,6 +146,21 @@ static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, cons
 #pragma unroll
     for (int r = 0; r < NR; r++)
         for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if constexpr (S > 1) { /* the first of a row's warps adds their sums in warp order */
+        __shared__ float part[F8_WARPS][NR];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < NR; r++) part[warp][r] = acc[r];
+        __syncthreads();
+        if (h != 0 || j >= m) return;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            float t = part[warp][r];
+#pragma unroll
+            for (int i = 1; i < S; i++) t += part[warp + i][r];
+            acc[r] = t;
+        }
+    }
     if (lane == 0) {
         const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
         TO *out = (TO *)sg.out[si];
@@ -134,10 +170,10 @@ static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, cons
     }
 }
 
-template <typename TO, int NR>
+template <typename TO, int NR, int S>
 static __global__ void __launch_bounds__(F8_WARPS * 32)
     gemv_f8_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
-    gemv_f8_body<TO, NR>(x, sg, n, k, vec);
+    gemv_f8_body<TO, NR, 0, S>(x, sg, n, k, vec);
 }
 /* One row (a session's decode): PRE of each lane's loads before the PDL
  * wait at MINB blocks an SM. F8_PRE's 8 (a 4,096-column row whole, requested
@@ -149,12 +185,31 @@ static __global__ void __launch_bounds__(F8_WARPS * 32)
  * and with q/k/v's 768 blocks (1.45 waves at 4 blocks an SM, one at 6) at 4
  * loads and 6 blocks 3.470 / 3.473 / 3.482 - launch_gemv_f8's choice. (4
  * loads at 6 blocks against ptxas's own 43 registers, 5 blocks, before: 3.594
- * / 3.570 / 3.612 -> 3.573 / 3.577 / 3.548.) More rows keep ptxas's choice
- * and no loads before the wait. */
-template <typename TO, int PRE, int MINB>
+ * / 3.570 / 3.612 -> 3.573 / 3.577 / 3.548.) A row over two warps (S 2,
+ * f8_split) takes 2 loads at 8 blocks (32 registers, 64 warps an SM): with
+ * o and down split decode went 3.456-3.464 -> 3.393-3.405 ms (down alone
+ * 25.7 -> 21.1 us; 4 loads at 6 blocks 3.537-3.566, 4 at 8 spilled), with
+ * q/k/v too 3.340-3.383, with gate/up too 3.303-3.331 (gate alone 22.9 ->
+ * 21.5 us). More rows keep ptxas's choice and no loads before the wait. */
+template <typename TO, int PRE, int MINB, int S>
 static __global__ void __launch_bounds__(F8_WARPS * 32, MINB)
     gemv_f8_one_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k, bool vec) {
-    gemv_f8_body<TO, 1, PRE>(x, sg, n, k, vec);
+    gemv_f8_body<TO, 1, PRE, S>(x, sg, n, k, vec);
+}
+
+/* Warps a weight row (gemv_f8_body's S) for a launch of nr rows of x: 2
+ * where a warp's half row still holds a few of its loads (k >= 2048) and the
+ * launch is not so long that its waves hide their tails anyway (an FP8
+ * matrix of the lm head's shape, 128,256 rows: 167.5 us a warp a row, 170.0
+ * split) - for one row of x, and under dj_backend.deterministic for any (the
+ * choice then follows the shape alone, so a row's bits do not depend on its
+ * batch); batched rows otherwise keep a warp a row (2 rows split were no
+ * faster: bench/RESULTS.md). */
+static int f8_split(const dj_cuda_backend *cb, const dj_op_call *calls, int count, int nr) {
+    if (nr > 1 && !cb->base.deterministic) return 1;
+    uint64_t m = 0;
+    for (int i = 0; i < count; i++) m += calls[i].m;
+    return calls[0].k >= 2048 && 2 * m <= (uint64_t)cb->n_sm * F8_SPLIT_SM_WARPS ? 2 : 1;
 }
 
 template <typename TO, int NR>
@@ -165,6 +220,8 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     uintptr_t align = (uintptr_t)c->x;
     bool vec = c->k % 16 == 0;
     unsigned blocks = 0;
+    const int S = f8_split(cb, calls, count, NR);
+    const uint32_t rows_per_block = F8_WARPS / (uint32_t)S;
     for (int i = 0; i < count; i++) {
         const dj_op_call *ci = &calls[i];
         sg.w[i] = (const uint8_t *)ci->w;
@@ -176,7 +233,7 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
         sg.br[i] = ci->w_block_rows;
         sg.bc[i] = ci->w_block_cols;
         sg.first_block[i] = blocks;
-        blocks += (ci->m + F8_WARPS - 1) / F8_WARPS;
+        blocks += (ci->m + rows_per_block - 1) / rows_per_block;
         align |= (uintptr_t)ci->w;
         if (ci->w_block_cols % 16 && ci->w_block_cols < ci->k) vec = false;
     }
@@ -184,15 +241,21 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
     vec = vec && align % 16 == 0;
     if constexpr (NR == 1) {
         const unsigned n_sm = (unsigned)cb->n_sm;
-        if (blocks > F8_PRE_BLOCKS * n_sm && blocks <= F8_WAVE_BLOCKS * n_sm) /* one wave only at the lighter kernel */
-            dj__launch(cb, gemv_f8_one_kernel<TO, F8_WAVE_PRE, F8_WAVE_BLOCKS>, dim3(blocks), dim3(F8_WARPS * 32), 0,
-                       (const __nv_bfloat16 *)c->x, sg, c->n, c->k, vec);
+        if (S == 2)
+            dj__launch(cb, gemv_f8_one_kernel<TO, F8_SPLIT_PRE, F8_SPLIT_BLOCKS, 2>, dim3(blocks),
+                       dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg, c->n, c->k, vec);
+        else if (blocks > F8_PRE_BLOCKS * n_sm && blocks <= F8_WAVE_BLOCKS * n_sm) /* one wave only at the lighter kernel */
+            dj__launch(cb, gemv_f8_one_kernel<TO, F8_WAVE_PRE, F8_WAVE_BLOCKS, 1>, dim3(blocks), dim3(F8_WARPS * 32),
+                       0, (const __nv_bfloat16 *)c->x, sg, c->n, c->k, vec);
         else
-            dj__launch(cb, gemv_f8_one_kernel<TO, F8_PRE, F8_PRE_BLOCKS>, dim3(blocks), dim3(F8_WARPS * 32), 0,
+            dj__launch(cb, gemv_f8_one_kernel<TO, F8_PRE, F8_PRE_BLOCKS, 1>, dim3(blocks), dim3(F8_WARPS * 32), 0,
                        (const __nv_bfloat16 *)c->x, sg, c->n, c->k, vec);
-    } else
-        dj__launch(cb, gemv_f8_kernel<TO, NR>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x, sg,
-                   c->n, c->k, vec);
+    } else if (S == 2)
+        dj__launch(cb, gemv_f8_kernel<TO, NR, 2>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x,
+                   sg, c->n, c->k, vec);
+    else
+        dj__launch(cb, gemv_f8_kernel<TO, NR, 1>, dim3(blocks), dim3(F8_WARPS * 32), 0, (const __nv_bfloat16 *)c->x,
+                   sg, c->n, c->k, vec);
 }
 
 template <typename TO>
