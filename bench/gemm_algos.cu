@@ -162,7 +162,9 @@ static void fp8_sweep(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t 
  * per tensor (what the FP8 tensor cores give without block scales), with
  * and without fast accumulation; per-channel weights as cuda_matmul_fp8_lt.cu
  * runs them (VEC128 scales on both operands); and the block-scaled problem
- * asking for fast accumulation (whether cuBLASLt has another kernel for it). */
+ * asking for fast accumulation (whether cuBLASLt has another kernel for it),
+ * and writing f32 added to the output's contents (beta 1: what adding into
+ * the f32 residual stream in the GEMM would cost it). */
 static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape *shapes, int count) {
     const size_t cap = (size_t)28672 * 4096;
     uint8_t *w, *x;
@@ -181,16 +183,22 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
     CHECK(cudaGetLastError());
     const float one = 1.0f, zero = 0.0f;
     static const char *const kinds[] = {"block", "tensor", "tensor fast-accum", "channel as VEC128",
-                                        "block fast-accum"};
+                                        "block fast-accum", "block f32 += C"};
     for (int si = 0; si < count; si++) {
         const int m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
         if (m % 128 || k % 128) continue;
         const double flop = 2.0 * m * n * (double)k;
-        for (int kind = 0; kind < 5; kind++) {
+        for (int kind = 0; kind < 6; kind++) {
             lt_problem pr = problem_make(CUDA_R_8F_E4M3, m, n, k);
+            if (kind == 5) { /* f32 out added to what it holds (beta 1): a residual stream updated in place */
+                cublasLtMatrixLayoutDestroy(pr.d);
+                CHECKB(cublasLtMatrixLayoutCreate(&pr.d, CUDA_R_32F, m, n, m));
+                CHECK(cudaMemsetAsync(y, 0, (size_t)m * n * sizeof(float), s));
+            }
             const cublasLtMatmulDesc_t op = pr.op;
             const cublasLtMatrixLayout_t la = pr.a, lb = pr.b, ld = pr.d;
-            if (kind == 0 || kind == 3 || kind == 4) { /* 3: per-channel weights' scales repeated per 128 columns */
+            const float *beta = kind == 5 ? &one : &zero;
+            if (kind != 1 && kind != 2) { /* 3: per-channel weights' scales repeated per 128 columns */
                 const int32_t amode = kind != 3 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
                               bmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -211,7 +219,7 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
             for (int i = 0; i < found; i++) {
                 if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
                 const float us = time_us(s, [&] {
-                    CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, &res[i].algo, ws, WS, s));
+                    CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, beta, y, ld, y, ld, &res[i].algo, ws, WS, s));
                 });
                 if (us < best) best = us;
                 int tile = -1, stages = -1, splitk = -1, cl = -1;
