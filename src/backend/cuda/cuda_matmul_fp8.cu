@@ -8,7 +8,7 @@
  *    row, like the bf16 GEMV of cuda_matmul.cu: half its bytes; for one row
  *    of x two warps a row, each half of its loads, twice the warps in flight
  *    at 32 registers - f8_split: every GEMV of the 8B shape, decode b=1
- *    3.45-3.49 -> 3.30-3.33 ms on the H100, bench/RESULTS.md 2026-11-28). Measured
+ *    3.45-3.49 -> 3.30-3.34 ms on the H100, bench/RESULTS.md 2026-11-28). Measured
  *    within noise of it on the H100 (bench/RESULTS.md, 2026-11-26) and not
  *    kept: a tensor-core GEMV (16 rows a warp, codes to f16 pairs by one
  *    cvt, x as f16, mma.m16n8k16: a third of the instructions), 4 or 16
@@ -76,9 +76,9 @@ struct f8_segs {
 /* S warps per weight row j of its segment (warp h of them takes the row's
  * 512-column chunks h, h + S, ...), rows r < n of x (NR >= n). vec: k % 16 ==
  * 0, 16-byte aligned w rows and x, every bc a multiple of 16 (a lane's 16
- * weights share one scale). S is decided from m and k alone (f8_split), so a
- * row is summed the same way whatever n: the deterministic mode's rows are
- * bit-identical alone and in a batch. */
+ * weights share one scale). Under dj_backend.deterministic S follows m and
+ * k alone (f8_split), so a row is summed the same way whatever n: the rows
+ * are bit-identical alone and in a batch. */
 template <typename TO, int NR, int PRE = 0, int S = 1>
 static __device__ __forceinline__ void gemv_f8_body(const __nv_bfloat16 *x, const f8_segs &sg, uint32_t n, uint32_t k,
                                                     bool vec) {
