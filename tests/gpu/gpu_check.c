@@ -2167,6 +2167,16 @@ static void check_fp8(void) {
     check_matmul_fp8(1, 4096, 4096, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(2, 4096, 1001, 1, 4096, 0, DJ_DTYPE_F32, 1, 0);
     check_matmul_fp8(1, 2048, 771, 1, 2048, 0, DJ_DTYPE_BF16, 1, 1); /* misaligned: the scalar loop, split */
+    /* 2..8 rows of x on the tensor cores (gemv_f8_mma_kernel: 16-row bands, 64-column chunks): blocks, per channel
+     * with a bias, per tensor into f32, logits, long rows, subnormal codes */
+    check_matmul_fp8(2, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
+    check_matmul_fp8(3, 4096, 1024, 1, 4096, 1, DJ_DTYPE_BF16, 1, 0);
+    check_matmul_fp8(4, 4096, 512, 512, 4096, 0, DJ_DTYPE_F32, 1, 0);
+    check_matmul_fp8(7, 4096, 5008, 128, 128, 0, DJ_DTYPE_F32, 1, 0);
+    check_matmul_fp8(8, 4096, 14336, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
+    check_matmul_fp8(6, 14336, 4096, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
+    fp8_subnormal = true;
+    check_matmul_fp8(2, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(3, 4096, 9001, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(8, 1024, 9001, 9001, 1024, 0, DJ_DTYPE_F32, 1, 0); /* per tensor */
     check_matmul_fp8(2, 1000, 9001, 1, 1000, 1, DJ_DTYPE_BF16, 1, 0);   /* per channel, k % 16 != 0: scalar */

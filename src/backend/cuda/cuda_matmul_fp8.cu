@@ -13,7 +13,13 @@
  *    kept: a tensor-core GEMV (16 rows a warp, codes to f16 pairs by one
  *    cvt, x as f16, mma.m16n8k16: a third of the instructions), 4 or 16
  *    warps a block, 2 or 8 loads a lane in flight - its time is not its
- *    instructions;
+ *    instructions. From 2 rows of x (not under --deterministic) whole 16-row
+ *    bands go to the tensor cores instead (gemv_f8_mma_kernel: the codes
+ *    widened to exact bf16 pairs in registers, mma.m16n8k16 with x's rows as
+ *    B, still W8A16): the CUDA-core kernel reads x once per 16 weight bytes
+ *    per row, and at 8 rows it streamed weights at 775 GB/s (the mma one
+ *    2,000; the 8B FP8 decode at b=8 705 -> 1,530 tok/s, b=4 587 -> 863,
+ *    bench/RESULTS.md 2026-11-28);
  *  - 16 rows and more (batched decode, prefill) of 128x128-block, per-channel
  *    or per-tensor weights, where cuBLASLt takes the shape: the FP8 tensor
  *    cores, activations quantized per call (W8A8: cuda_matmul_fp8_lt.cu;
@@ -51,6 +57,9 @@
 #endif
 #ifndef F8_SPLIT_BLOCKS
 #define F8_SPLIT_BLOCKS 8
+#endif
+#ifndef F8M_OFF
+#define F8M_OFF 0 /* 1: 2..8 rows of x keep the CUDA-core kernel (the A/B's base) */
 #endif
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
@@ -258,10 +267,129 @@ static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int cou
                    sg, c->n, c->k, vec);
 }
 
+/* ---- 2..8 rows of x on the tensor cores (W8A16) ---- */
+
+/* e4m3 codes in bytes 0 and 1 (b23: 2 and 3) of w -> a bf16 pair, the lower byte in the low half (exact). */
+static __device__ __forceinline__ uint32_t f8m_pair(uint32_t w) {
+    const float2 f = dj_f8x2(w);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *(const uint32_t *)&b;
+}
+
+/* A block of F8M_WARPS warps takes a band of 16 weight rows of its segment
+ * (m % 16 == 0), each warp every F8M_WARPS'th 64-column chunk of k; the
+ * sums meet in shared memory and warp 0 adds them in warp order. In a chunk
+ * lane (g, t) loads 16 bytes of rows g and g + 8 at column 16t and the 16 x
+ * values there of x row g (n <= 8); MMA step s takes bytes 4s..4s+3 as the
+ * fragment's columns 2t, 2t + 1, 2t + 8, 2t + 9 and the x pairs at 4s, 4s + 2
+ * as its k rows - one permutation of the chunk's columns for A and B, so the
+ * product is the chunk's. The chunk's sums are scaled by their rows' block
+ * scales (bc % 64 == 0: a chunk lies in one block) into f32 accumulators. */
+#define F8M_WARPS 8
+template <typename TO>
+static __global__ void __launch_bounds__(F8M_WARPS * 32)
+    gemv_f8_mma_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k) {
+    dj_pdl_release();
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int si = 0;
+    while (si + 1 < sg.count && blockIdx.x >= sg.first_block[si + 1]) si++;
+    const uint32_t m = sg.m[si], j0 = (blockIdx.x - sg.first_block[si]) * 16;
+    const uint8_t *wa = sg.w[si] + (size_t)(j0 + g) * k + 16 * t, *wc = wa + (size_t)8 * k;
+    const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
+    const float *sa = sg.scale[si] + (size_t)((j0 + g) / sg.br[si]) * per_row;
+    const float *sc = sg.scale[si] + (size_t)((j0 + g + 8) / sg.br[si]) * per_row;
+    const bool xrow = g < n;
+    const __nv_bfloat16 *xr = x + (size_t)(xrow ? g : 0) * k + 16 * t;
+    const uint32_t chunks = k / 64;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    dj_pdl_wait();
+#pragma unroll 2
+    for (uint32_t ch = warp; ch < chunks; ch += F8M_WARPS) {
+        const uint4 qa = *(const uint4 *)(wa + 64 * (size_t)ch), qc = *(const uint4 *)(wc + 64 * (size_t)ch);
+        uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+        if (xrow) {
+            x0 = *(const uint4 *)(xr + 64 * (size_t)ch);
+            x1 = *(const uint4 *)(xr + 64 * (size_t)ch + 8);
+        }
+        const float s_a = sa[64 * ch / bc], s_c = sc[64 * ch / bc];
+        const uint32_t wA[4] = {qa.x, qa.y, qa.z, qa.w}, wC[4] = {qc.x, qc.y, qc.z, qc.w};
+        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+            const uint32_t a[4] = {f8m_pair(wA[st]), f8m_pair(wC[st]), f8m_pair(wA[st] >> 16), f8m_pair(wC[st] >> 16)};
+            dj_mma16816(d, a, xb[2 * st], xb[2 * st + 1]);
+        }
+        acc[0] += s_a * d[0];
+        acc[1] += s_a * d[1];
+        acc[2] += s_c * d[2];
+        acc[3] += s_c * d[3];
+    }
+    __shared__ float part[F8M_WARPS][4][32];
+#pragma unroll
+    for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = part[0][i][lane];
+#pragma unroll
+        for (int w = 1; w < F8M_WARPS; w++) v += part[w][i][lane];
+        acc[i] = v;
+    }
+    TO *out = (TO *)sg.out[si];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t j = j0 + g + (i >= 2 ? 8u : 0u), r = 2 * t + (i & 1); /* d's row and its x row (n) */
+        if (r < n && j < m) {
+            const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
+            dj_st(out, (size_t)r * m + j, acc[i] + b);
+        }
+    }
+}
+
+/* Whether the tensor-core kernel takes these calls: 2..8 rows of x outside the deterministic mode (its rows
+ * must sum as the one-row kernel does), every segment of whole 16-row bands, k of whole 64-column chunks,
+ * 16-byte aligned weights and x, blocks a multiple of 64 columns wide (or the whole row). */
+static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const dj_op_call *c = &calls[0];
+    if (c->n < 2 || c->n > 8 || cb->base.deterministic || c->k % 64 || (uintptr_t)c->x % 16) return false;
+    for (int i = 0; i < count; i++) {
+        const dj_op_call *ci = &calls[i];
+        if (ci->m % 16 || (uintptr_t)ci->w % 16 || (ci->w_block_cols % 64 && ci->w_block_cols < ci->k)) return false;
+    }
+    return true;
+}
+
+template <typename TO>
+static void launch_gemv_f8_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    f8_segs sg;
+    memset(&sg, 0, sizeof sg);
+    unsigned blocks = 0;
+    for (int i = 0; i < count; i++) {
+        const dj_op_call *ci = &calls[i];
+        sg.w[i] = (const uint8_t *)ci->w;
+        sg.scale[i] = ci->w_scale;
+        sg.bias[i] = ci->bias;
+        sg.bias_dtype[i] = (int)ci->bias_dtype;
+        sg.out[i] = ci->out;
+        sg.m[i] = ci->m;
+        sg.br[i] = ci->w_block_rows;
+        sg.bc[i] = ci->w_block_cols < ci->k ? ci->w_block_cols : ci->k;
+        sg.first_block[i] = blocks;
+        blocks += ci->m / 16;
+    }
+    sg.count = count;
+    dj__launch(cb, gemv_f8_mma_kernel<TO>, dim3(blocks), dim3(F8M_WARPS * 32), 0, (const __nv_bfloat16 *)calls[0].x,
+               sg, calls[0].n, calls[0].k);
+}
+
 template <typename TO>
 static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const uint32_t n = calls[0].n;
-    if (n == 1)
+    if (!F8M_OFF && f8_mma_takes(cb, calls, count))
+        launch_gemv_f8_mma<TO>(cb, calls, count);
+    else if (n == 1)
         launch_gemv_f8<TO, 1>(cb, calls, count);
     else if (n == 2)
         launch_gemv_f8<TO, 2>(cb, calls, count);
