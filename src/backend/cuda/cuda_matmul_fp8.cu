@@ -221,32 +221,41 @@ static int f8_split(const dj_cuda_backend *cb, const dj_op_call *calls, int coun
     return calls[0].k >= 2048 && 2 * m <= (uint64_t)cb->n_sm * F8_SPLIT_SM_WARPS ? 2 : 1;
 }
 
+/* The segments of a launch of calls on one x, rows_per_block weight rows a
+ * block (a block width past k taken as k: the same one block a row); returns
+ * the blocks. */
+static unsigned f8_segs_of(const dj_op_call *calls, int count, uint32_t rows_per_block, f8_segs *sg) {
+    memset(sg, 0, sizeof *sg);
+    unsigned blocks = 0;
+    for (int i = 0; i < count; i++) {
+        const dj_op_call *ci = &calls[i];
+        sg->w[i] = (const uint8_t *)ci->w;
+        sg->scale[i] = ci->w_scale;
+        sg->bias[i] = ci->bias;
+        sg->bias_dtype[i] = (int)ci->bias_dtype;
+        sg->out[i] = ci->out;
+        sg->m[i] = ci->m;
+        sg->br[i] = ci->w_block_rows;
+        sg->bc[i] = ci->w_block_cols < ci->k ? ci->w_block_cols : ci->k;
+        sg->first_block[i] = blocks;
+        blocks += (ci->m + rows_per_block - 1) / rows_per_block;
+    }
+    sg->count = count;
+    return blocks;
+}
+
 template <typename TO, int NR>
 static void launch_gemv_f8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
+    const int S = f8_split(cb, calls, count, NR);
     f8_segs sg;
-    memset(&sg, 0, sizeof sg);
+    const unsigned blocks = f8_segs_of(calls, count, F8_WARPS / (uint32_t)S, &sg);
     uintptr_t align = (uintptr_t)c->x;
     bool vec = c->k % 16 == 0;
-    unsigned blocks = 0;
-    const int S = f8_split(cb, calls, count, NR);
-    const uint32_t rows_per_block = F8_WARPS / (uint32_t)S;
     for (int i = 0; i < count; i++) {
-        const dj_op_call *ci = &calls[i];
-        sg.w[i] = (const uint8_t *)ci->w;
-        sg.scale[i] = ci->w_scale;
-        sg.bias[i] = ci->bias;
-        sg.bias_dtype[i] = (int)ci->bias_dtype;
-        sg.out[i] = ci->out;
-        sg.m[i] = ci->m;
-        sg.br[i] = ci->w_block_rows;
-        sg.bc[i] = ci->w_block_cols;
-        sg.first_block[i] = blocks;
-        blocks += (ci->m + rows_per_block - 1) / rows_per_block;
-        align |= (uintptr_t)ci->w;
-        if (ci->w_block_cols % 16 && ci->w_block_cols < ci->k) vec = false;
+        align |= (uintptr_t)calls[i].w;
+        if (calls[i].w_block_cols % 16 && calls[i].w_block_cols < calls[i].k) vec = false;
     }
-    sg.count = count;
     vec = vec && align % 16 == 0;
     if constexpr (NR == 1) {
         const unsigned n_sm = (unsigned)cb->n_sm;
@@ -364,22 +373,7 @@ static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int
 template <typename TO>
 static void launch_gemv_f8_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     f8_segs sg;
-    memset(&sg, 0, sizeof sg);
-    unsigned blocks = 0;
-    for (int i = 0; i < count; i++) {
-        const dj_op_call *ci = &calls[i];
-        sg.w[i] = (const uint8_t *)ci->w;
-        sg.scale[i] = ci->w_scale;
-        sg.bias[i] = ci->bias;
-        sg.bias_dtype[i] = (int)ci->bias_dtype;
-        sg.out[i] = ci->out;
-        sg.m[i] = ci->m;
-        sg.br[i] = ci->w_block_rows;
-        sg.bc[i] = ci->w_block_cols < ci->k ? ci->w_block_cols : ci->k;
-        sg.first_block[i] = blocks;
-        blocks += ci->m / 16;
-    }
-    sg.count = count;
+    const unsigned blocks = f8_segs_of(calls, count, 16, &sg);
     dj__launch(cb, gemv_f8_mma_kernel<TO>, dim3(blocks), dim3(F8M_WARPS * 32), 0, (const __nv_bfloat16 *)calls[0].x,
                sg, calls[0].n, calls[0].k);
 }
