@@ -1387,6 +1387,15 @@ static void check_gemv(void) {
  * vary per block, so a block indexed wrongly shows. */
 static bool fp8_subnormal; /* the next check_matmul_fp8: subnormal codes only (reset by it) */
 
+/* Random e4m3 codes over the format's whole range, and block scales near
+ * 1 / (448 sqrt(k)) (outputs of order 1), drawn in order from the test RNG. */
+static void rand_f8_codes(uint8_t *w, size_t count) {
+    for (size_t i = 0; i < count; i++) w[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+}
+static void rand_f8_scales(float *s, size_t count, uint32_t k) {
+    for (size_t i = 0; i < count; i++) s[i] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+}
+
 static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, uint32_t bc, int bias, dj_dtype out_t,
                              int path, uint32_t skew) {
     /* path 3 (FP8 tensor cores) quantizes the activations too: W8A8 against the W8A16 reference */
@@ -1397,7 +1406,7 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     float *xf = falloc((size_t)n * k), *ref = falloc((size_t)n * m);
     rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
     uint8_t *w = xmalloc((size_t)m * k);
-    for (size_t i = 0; i < (size_t)m * k; i++) w[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+    rand_f8_codes(w, (size_t)m * k);
     if (fp8_subnormal) /* every code subnormal (exponent field 0, 2^-9 .. 7 * 2^-9), either sign: a flush to 0 shows */
         for (size_t i = 0; i < (size_t)m * k; i++) {
             const uint32_t r = (uint32_t)dj_test_rand();
@@ -1405,7 +1414,7 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
         }
     const uint32_t sr = (m + br - 1) / br, sc = (k + bc - 1) / bc;
     float *scale = falloc((size_t)sr * sc);
-    for (size_t i = 0; i < (size_t)sr * sc; i++) scale[i] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+    rand_f8_scales(scale, (size_t)sr * sc, k);
     void *b = bias ? rand_weight(DJ_DTYPE_BF16, m, -0.5f, 0.5f) : NULL;
     const size_t osz = (size_t)n * m * dj_dtype_size(out_t);
     void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dalloc((size_t)m * k + skew), *dout = dalloc(osz);
@@ -1463,9 +1472,9 @@ static void check_fp8_shared(uint32_t n, uint32_t k, int count, const uint32_t *
     for (int i = 0; i < count; i++) {
         const uint32_t m = ms[i], sr = m / 128, sc = k / 128;
         w[i] = xmalloc((size_t)m * k);
-        for (size_t e = 0; e < (size_t)m * k; e++) w[i][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        rand_f8_codes(w[i], (size_t)m * k);
         scale[i] = falloc((size_t)sr * sc);
-        for (size_t e = 0; e < (size_t)sr * sc; e++) scale[i][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        rand_f8_scales(scale[i], (size_t)sr * sc, k);
         ref[i] = falloc((size_t)n * m);
         dw[i] = dcopy(w[i], (size_t)m * k);
         ds[i] = dcopy(scale[i], (size_t)sr * sc * sizeof(float));
@@ -1542,10 +1551,10 @@ static void check_glu_fp8(dj_op op, uint32_t n, uint32_t d, uint32_t m) {
     rand_bf16(gb, gf, nd, -3.0f, 3.0f);
     rand_bf16(ub, uf, nd, -2.0f, 2.0f);
     uint8_t *w = xmalloc((size_t)m * d);
-    for (size_t e = 0; e < (size_t)m * d; e++) w[e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+    rand_f8_codes(w, (size_t)m * d);
     const size_t ns = (size_t)(m / 128) * (d / 128);
     float *scale = falloc(ns);
-    for (size_t e = 0; e < ns; e++) scale[e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
+    rand_f8_scales(scale, ns, d);
     void *dg = dcopy(gb, nd * 2), *du = dcopy(ub, nd * 2), *dw = dcopy(w, (size_t)m * d);
     void *ds = dcopy(scale, ns * sizeof(float));
     void *h_alone = dalloc(nd * 2), *h_plan = dalloc(nd * 2), *o_alone = dalloc((size_t)n * m * 2),
@@ -1633,9 +1642,9 @@ static void check_norm_fp8(uint32_t n, uint32_t d, dj_dtype rt, int pre, int cou
     for (int i = 0; i < count; i++) {
         const size_t ns = (size_t)(ms[i] / 128) * (d / 128);
         fw[i] = xmalloc((size_t)ms[i] * d);
-        for (size_t e = 0; e < (size_t)ms[i] * d; e++) fw[i][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        rand_f8_codes(fw[i], (size_t)ms[i] * d);
         scale[i] = falloc(ns);
-        for (size_t e = 0; e < ns; e++) scale[i][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
+        rand_f8_scales(scale[i], ns, d);
         dfw[i] = dcopy(fw[i], (size_t)ms[i] * d);
         ds[i] = dcopy(scale[i], ns * sizeof(float));
     }
@@ -1793,10 +1802,10 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
         wd[l] = xmalloc((size_t)d * f);
         sgu[l] = falloc(2 * sg);
         sdn[l] = falloc(sd);
-        for (size_t e = 0; e < 2 * (size_t)f * d; e++) wgu[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
-        for (size_t e = 0; e < (size_t)d * f; e++) wd[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
-        for (size_t e = 0; e < 2 * sg; e++) sgu[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
-        for (size_t e = 0; e < sd; e++) sdn[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)f));
+        rand_f8_codes(wgu[l], 2 * (size_t)f * d);
+        rand_f8_codes(wd[l], (size_t)d * f);
+        rand_f8_scales(sgu[l], 2 * sg, d);
+        rand_f8_scales(sdn[l], sd, f);
         if (pair) {
             uint8_t *w = dcopy(wgu[l], 2 * (size_t)f * d);
             float *s = dcopy(sgu[l], 2 * sg * sizeof(float));
@@ -1930,8 +1939,8 @@ static void check_attn_f8(uint32_t n, uint32_t pos0, uint32_t nh, uint32_t nkv, 
         dq[l] = dcopy(qb[l], qc * 2);
         w[l] = xmalloc((size_t)m * k);
         sc[l] = falloc(sw);
-        for (size_t e = 0; e < (size_t)m * k; e++) w[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
-        for (size_t e = 0; e < sw; e++) sc[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        rand_f8_codes(w[l], (size_t)m * k);
+        rand_f8_scales(sc[l], sw, k);
         dw[l] = dcopy(w[l], (size_t)m * k);
         dsw[l] = dcopy(sc[l], sw * sizeof(float));
     }
@@ -2028,8 +2037,8 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
     for (int l = 0; l < 2; l++) {
         w[l] = xmalloc((size_t)mt * d);
         sc[l] = falloc(ns);
-        for (size_t e = 0; e < (size_t)mt * d; e++) w[l][e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
-        for (size_t e = 0; e < ns; e++) sc[l][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)d));
+        rand_f8_codes(w[l], (size_t)mt * d);
+        rand_f8_scales(sc[l], ns, d);
         dw[l] = dcopy(w[l], (size_t)mt * d);
         dsc[l] = dcopy(sc[l], ns * sizeof(float));
     }
@@ -3208,10 +3217,10 @@ static void check_deterministic(uint32_t k, uint32_t m, dj_dtype out_t, dj_dtype
     void *x = dev_random_bf16((size_t)N * k, 1.0f), *w = NULL, *ws = NULL;
     if (f8) {
         uint8_t *hw = xmalloc((size_t)m * k);
-        for (size_t i = 0; i < (size_t)m * k; i++) hw[i] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+        rand_f8_codes(hw, (size_t)m * k);
         const size_t nsc = (size_t)((m + 127) / 128) * ((k + 127) / 128);
         float *hs = falloc(nsc);
-        for (size_t i = 0; i < nsc; i++) hs[i] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+        rand_f8_scales(hs, nsc, k);
         w = dcopy(hw, (size_t)m * k);
         ws = dcopy(hs, nsc * sizeof(float));
         free(hw);
@@ -3365,7 +3374,7 @@ static void bench_gemv(dj_dtype wt) {
             for (int j = 0; j < sh->count; j++) {
                 const size_t ns = (size_t)((sh->ms[j] + 127) / 128) * ((sh->k + 127) / 128);
                 float *hs = falloc(ns);
-                for (size_t e = 0; e < ns; e++) hs[e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)sh->k));
+                rand_f8_scales(hs, ns, sh->k);
                 scale[j] = dcopy(hs, ns * sizeof(float));
                 free(hs);
             }
@@ -3870,11 +3879,11 @@ static void check_gemv_glu(uint32_t n, uint32_t k, uint32_t m, dj_dtype wt, dj_o
             wsz = (size_t)m * dj_dtype_row_bytes(DJ_DTYPE_Q4, k);
         } else if (wt == DJ_DTYPE_F8_E4M3) {
             uint8_t *c = xmalloc((size_t)m * k);
-            for (size_t e = 0; e < (size_t)m * k; e++) c[e] = dj_f32_to_f8e4m3(dj_test_randf(-448.0f, 448.0f));
+            rand_f8_codes(c, (size_t)m * k);
             w[i] = c;
             wsz = (size_t)m * k;
             scale[i] = falloc((size_t)sr * sc);
-            for (size_t e = 0; e < (size_t)sr * sc; e++) scale[i][e] = dj_test_randf(0.5f, 1.5f) / (448.0f * sqrtf((float)k));
+            rand_f8_scales(scale[i], (size_t)sr * sc, k);
         } else {
             w[i] = rand_weight(wt, (size_t)m * k, -1.0f / sqrtf((float)k), 1.0f / sqrtf((float)k));
             wsz = (size_t)m * k * dj_dtype_size(wt);
