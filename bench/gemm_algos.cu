@@ -2,7 +2,8 @@
  * choice holds - for each projection shape of the 8B-class models (tokens
  * 2048), cublasGemmEx's own pick (what the engine calls) beside every
  * algorithm cuBLASLt's heuristic offers for the same problem, each timed on
- * random bf16 data; and the square GEMM the benchmarks' floor is measured on,
+ * random bf16 data, and cublasGemmEx writing f32 added to its output (beta
+ * 1: adding into the f32 residual stream in the GEMM); and the square GEMM the benchmarks' floor is measured on,
  * with constant data (as cuda_measure.cu fills it) and random data. Prints
  *   <shape> m n k: default <us> (<TF>) best <us> (<TF>, algo i of N) ...
  * usage: bench_gemm_algos [fp8] (fp8: the FP8 part only; needs a GPU;
@@ -98,67 +99,123 @@ static void problem_free(lt_problem &p) {
     cublasLtMatmulDescDestroy(p.op);
 }
 
-/* Every configuration cuBLASLt has for an FP8 problem beyond what its
- * heuristic offers: each algorithm id of the type combination, each of its
- * tiles and stage counts that cublasLtMatmulAlgoCheck accepts, timed (5
- * runs each). Prints how many ran and the fastest three. */
+/* Every configuration of the heuristic's own algorithm for an FP8 problem:
+ * from its algorithm (root), each tile and stage count it lists, each
+ * cluster shape, custom option and CTA swizzle that cublasLtMatmulAlgoCheck
+ * accepts, timed (5 runs each); the fastest six and the root timed again
+ * (40 runs each, twice in turn). (An earlier sweep started from each
+ * algorithm id's default configuration - no cluster shape or option set -
+ * and cuBLASLt refused every one of those for block scales.) Prints the
+ * counts, the root and the fastest six with their settings and workspace. */
+struct tune_cfg {
+    uint32_t tile, stages, custom, swz;
+    uint16_t cluster;
+    size_t ws;
+    float us;
+};
+static void tune_set(cublasLtMatmulAlgo_t *a, const tune_cfg &c) {
+    cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile);
+    cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages);
+    cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &c.custom, sizeof c.custom);
+    cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &c.swz, sizeof c.swz);
+    cublasLtMatmulAlgoConfigSetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c.cluster, sizeof c.cluster);
+}
+static void tune_print(const char *what, const tune_cfg &c, double flop) {
+    printf("    %s %.1f us %.0f TF (tile %u stages %u cluster %u custom %u swizzle %u, workspace %zu)\n", what, c.us,
+           flop / c.us * 1e-6, c.tile, c.stages, c.cluster, c.custom, c.swz, c.ws);
+}
 template <typename F>
-static void fp8_sweep(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                      cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, double flop, F run_algo) {
-    int ids[128], nid = 0;
-    CHECKB(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
-                                    CUDA_R_16BF, 128, ids, &nid));
-    struct cand {
-        float us;
-        int id, tile, stages;
-    } top[3] = {{1e30f, -1, -1, -1}, {1e30f, -1, -1, -1}, {1e30f, -1, -1, -1}};
-    int checked = 0, ran = 0;
-    for (int i = 0; i < nid; i++) {
-        cublasLtMatmulAlgo_t algo;
-        if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
-                                   CUDA_R_16BF, ids[i], &algo) != CUBLAS_STATUS_SUCCESS)
-            continue;
-        uint32_t tiles[256], stages[256];
-        size_t tb = 0, sb = 0;
-        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sizeof tiles, &tb);
-        cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages, sizeof stages, &sb);
-        const int nt = tb ? (int)(tb / 4) : 1, ns = sb ? (int)(sb / 4) : 1;
-        if (!tb) tiles[0] = 0;
-        if (!sb) stages[0] = 0;
-        for (int t = 0; t < nt; t++)
-            for (int st = 0; st < ns; st++) {
-                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[t], sizeof tiles[t]);
-                cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[st],
-                                                     sizeof stages[st]);
-                cublasLtMatmulHeuristicResult_t r;
-                checked++;
-                if (cublasLtMatmulAlgoCheck(lt, op, la, lb, ld, ld, &algo, &r) != CUBLAS_STATUS_SUCCESS ||
-                    r.workspaceSize > WS)
-                    continue;
-                ran++;
-                const float us = time_us(s, [&] { run_algo(&algo); }, 5);
-                cand c = {us, ids[i], (int)tiles[t], (int)stages[st]};
-                for (int j = 0; j < 3; j++)
-                    if (c.us < top[j].us) {
-                        const cand tmp = top[j];
-                        top[j] = c;
-                        c = tmp;
-                    }
+static void fp8_tune(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                     cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, double flop,
+                     const cublasLtMatmulHeuristicResult_t &root, F run_algo) {
+    cublasLtMatmulAlgo_t algo = root.algo;
+    tune_cfg rc = {0, 0, 0, 0, 0, root.workspaceSize, 0.0f};
+    size_t got = 0;
+    int32_t id = -1;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &rc.tile, sizeof rc.tile, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &rc.stages, sizeof rc.stages, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &rc.custom, sizeof rc.custom, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &rc.swz, sizeof rc.swz, &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &rc.cluster, sizeof rc.cluster,
+                                         &got);
+    uint32_t tiles[256], stages[256], cmax = 0;
+    int32_t swz_ok = 0;
+    size_t tb = 0, sb = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sizeof tiles, &tb);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages, sizeof stages, &sb);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &cmax, sizeof cmax, &got);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz_ok, sizeof swz_ok, &got);
+    int nt = (int)(tb / 4), ns = (int)(sb / 4);
+    if (!nt) tiles[nt++] = rc.tile;
+    if (!ns) stages[ns++] = rc.stages;
+    if (cmax > 15) cmax = 15;
+    static tune_cfg all[16384];
+    int checked = 0, ok = 0;
+    auto try_cfg = [&](tune_cfg c) {
+        cublasLtMatmulAlgo_t a = root.algo;
+        tune_set(&a, c);
+        cublasLtMatmulHeuristicResult_t r;
+        checked++;
+        if (cublasLtMatmulAlgoCheck(lt, op, la, lb, ld, ld, &a, &r) != CUBLAS_STATUS_SUCCESS ||
+            r.workspaceSize > WS || ok == (int)(sizeof all / sizeof *all))
+            return;
+        c.ws = r.workspaceSize;
+        if (run_algo(&a) != CUBLAS_STATUS_SUCCESS || cudaStreamSynchronize(s) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return; /* accepted by the check, refused at the launch: not a candidate */
+        }
+        c.us = time_us(s, [&] { run_algo(&a); }, 5);
+        all[ok++] = c;
+    };
+    /* each tile, cluster shape, option and swizzle at the root's stage count; then each stage count of the
+     * three fastest of those */
+    for (int t = 0; t < nt; t++)
+        for (uint16_t cl = 0; cl < CUBLASLT_CLUSTER_SHAPE_END; cl++)
+            for (uint32_t cu = 0; cu <= cmax; cu++)
+                for (uint32_t sw = 0; sw <= (swz_ok ? 1u : 0u); sw++)
+                    if (cl != 1) try_cfg({tiles[t], rc.stages, cu, sw, cl, 0, 0.0f}); /* no shape has id 1 */
+    auto sort_all = [&] { /* insertion sort by time */
+        for (int i = 1; i < ok; i++)
+            for (int j = i; j > 0 && all[j].us < all[j - 1].us; j--) {
+                const tune_cfg tmp = all[j];
+                all[j] = all[j - 1];
+                all[j - 1] = tmp;
             }
+    };
+    sort_all();
+    const int nb = ok < 3 ? ok : 3;
+    tune_cfg best3[3];
+    for (int j = 0; j < nb; j++) best3[j] = all[j];
+    for (int j = 0; j < nb; j++)
+        for (int st = 0; st < ns; st++)
+            if (stages[st] != rc.stages)
+                try_cfg({best3[j].tile, stages[st], best3[j].custom, best3[j].swz, best3[j].cluster, 0, 0.0f});
+    sort_all();
+    const int top = ok < 6 ? ok : 6;
+    float sum[7] = {0};
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i <= top; i++) {
+            cublasLtMatmulAlgo_t a = root.algo;
+            if (i < top) tune_set(&a, all[i]);
+            sum[i] += time_us(s, [&] { run_algo(i < top ? &a : &root.algo); }, 40) / 2;
+        }
+    printf("  tune of algorithm %d: %d tiles, %d stage counts, custom options 0-%u, swizzle %s: %d configurations "
+           "checked, %d accepted\n",
+           id, nt, ns, cmax, swz_ok ? "0-1" : "0", checked, ok);
+    rc.us = sum[top];
+    tune_print("root", rc, flop);
+    for (int i = 0; i < top; i++) {
+        all[i].us = sum[i];
+        tune_print("    ", all[i], flop);
     }
-    printf("  sweep: %d ids, %d configurations checked, %d ran; fastest:", nid, checked, ran);
-    for (int j = 0; j < 3; j++)
-        if (top[j].id >= 0)
-            printf(" %.1f us %.0f TF (id %d tile %d stages %d)", top[j].us, flop / top[j].us * 1e-6, top[j].id,
-                   top[j].tile, top[j].stages);
-    printf("\n");
 }
 
 /* The FP8 prefill's GEMMs as cuda_matmul_fp8_lt.cu runs them: e4m3 weights
  * with a scale per 128x128 block, e4m3 activations with a scale per 128
  * channels of a token, bf16 out - every algorithm cuBLASLt's heuristic
  * offers, timed (the engine takes its first), and each other configuration
- * cuBLASLt accepts (fp8_sweep); beside them the same operands with one scale
+ * cuBLASLt accepts of the heuristic's algorithm (fp8_tune); beside them the same operands with one scale
  * per tensor (what the FP8 tensor cores give without block scales), with
  * and without fast accumulation; per-channel weights as cuda_matmul_fp8_lt.cu
  * runs them (VEC128 scales on both operands); and the block-scaled problem
@@ -240,9 +297,9 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
                 printf(" | best %.1f us %.0f TF\n", best, flop / best * 1e-6);
             else
                 printf(" none runs (refused by the heuristic)\n");
-            if (kind == 0 && !strncmp(shapes[si].name, "llama", 5))
-                fp8_sweep(s, lt, op, la, lb, ld, flop, [&](const cublasLtMatmulAlgo_t *algo) {
-                    CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, algo, ws, WS, s));
+            if (kind == 0 && !strncmp(shapes[si].name, "llama", 5) && found > 0)
+                fp8_tune(s, lt, op, la, lb, ld, flop, res[0], [&](const cublasLtMatmulAlgo_t *algo) {
+                    return cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, algo, ws, WS, s);
                 });
             problem_free(pr);
         }
@@ -309,6 +366,11 @@ int main(int argc, char **argv) {
             CHECKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
                                 &zero, y, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
+        /* f32 out added to what it holds (beta 1): the o or down GEMM adding into the f32 residual stream */
+        const float acc = time_us(s, [&] {
+            CHECKB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k,
+                                &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
         lt_problem pr = problem_make(CUDA_R_16BF, m, n, k);
         const cublasLtMatmulDesc_t op = pr.op;
         const cublasLtMatrixLayout_t la = pr.a, lb = pr.b, lc = pr.d;
@@ -328,9 +390,9 @@ int main(int argc, char **argv) {
             }
         }
         printf("%-20s m %5d n %d k %5d: default %7.1f us (%4.0f TF)  lt first %7.1f us  best %7.1f us (%4.0f TF, "
-               "algo %d of %d) %+.1f%%\n",
+               "algo %d of %d) %+.1f%%  f32 += C %7.1f us\n",
                sh.name, m, n, k, def, flop / def * 1e-6, first, best, flop / best * 1e-6, bi, found,
-               (best / def - 1) * 100);
+               (best / def - 1) * 100, acc);
         problem_free(pr);
     }
     fp8_block(s, lt, ws, shapes, sizeof shapes / sizeof *shapes);
