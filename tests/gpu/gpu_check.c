@@ -1399,9 +1399,13 @@ static void rand_f8_scales(float *s, size_t count, uint32_t k) {
 static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, uint32_t bc, int bias, dj_dtype out_t,
                              int path, uint32_t skew) {
     /* path 3 (FP8 tensor cores) quantizes the activations too: W8A8 against the W8A16 reference */
-    /* F8_LT_MIN_ROWS; per channel / per tensor from k % 128 == 0 (VEC128 row scales) */
+    /* F8_LT_MIN_ROWS; per channel / per tensor from k % 128 == 0 (VEC128 row scales); the tensor-core GEMV
+     * (W8A16) where it takes the shape (f8_mma_takes) up to 16 rows, and up to 32 where cuBLASLt would not */
     const bool lt_auto = (br == 128 && bc == 128) || ((br == 1 || br == m) && bc >= k && k % 128 == 0);
-    tol_now = path == 3 || (path == 0 && n >= 16 && lt_auto) ? TOL_W8A8 : TOL;
+    const bool lt_takes = lt_auto && n % 4 == 0 && !bias && out_t == DJ_DTYPE_BF16;
+    const bool mma = n >= 2 && n <= 32 && k % 64 == 0 && m % 16 == 0 && (bc % 64 == 0 || bc >= k) && !skew &&
+                     (n <= 16 || !lt_takes);
+    tol_now = path == 3 || (path == 0 && n >= 16 && lt_auto && !mma) ? TOL_W8A8 : TOL;
     uint16_t *xb = halloc((size_t)n * k);
     float *xf = falloc((size_t)n * k), *ref = falloc((size_t)n * m);
     rand_bf16(xb, xf, (size_t)n * k, -1.0f, 1.0f);
@@ -2189,6 +2193,18 @@ static void check_fp8(void) {
     check_matmul_fp8(3, 4096, 9001, 128, 128, 1, DJ_DTYPE_BF16, 1, 0);
     check_matmul_fp8(8, 1024, 9001, 9001, 1024, 0, DJ_DTYPE_F32, 1, 0); /* per tensor */
     check_matmul_fp8(2, 1000, 9001, 1, 1000, 1, DJ_DTYPE_BF16, 1, 0);   /* per channel, k % 16 != 0: scalar */
+    /* 9..16 rows, and up to 32 that cuBLASLt would not take, on the tensor-core GEMV (2, 3 and 4 tiles of x; the
+     * rows of a tile past n): blocks, a bias, long rows, logits into f32, per channel, per tensor, subnormal codes */
+    check_matmul_fp8(9, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(12, 4096, 14336, 128, 128, 1, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(16, 14336, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(17, 4096, 5008, 128, 128, 0, DJ_DTYPE_F32, 0, 0);
+    check_matmul_fp8(24, 4096, 1024, 1, 4096, 1, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(31, 4096, 512, 512, 4096, 0, DJ_DTYPE_F32, 0, 0);
+    check_matmul_fp8(13, 1024, 1008, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);
+    fp8_subnormal = true;
+    check_matmul_fp8(14, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);
+    check_matmul_fp8(26, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0); /* 26 rows, not a multiple of 4 */
     {
         const uint32_t qkv[3] = {1024, 256, 256}, gate_up[2] = {1536, 1536};
         check_fp8_shared(64, 512, 3, qkv);
@@ -2230,7 +2246,8 @@ static void check_fp8(void) {
     check_matmul_fp8(256, 4096, 1024, 1, 4096, 0, DJ_DTYPE_BF16, 3, 0);  /* per channel */
     check_matmul_fp8(256, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0); /* automatic: tensor cores */
     check_matmul_fp8(32, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic, a decode batch of 32 */
-    check_matmul_fp8(18, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 18 rows, not a multiple of 4: tiles */
+    check_matmul_fp8(20, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic, 20 rows */
+    check_matmul_fp8(38, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 38 rows, not a multiple of 4: tiles */
     /* automatic, per channel / per tensor: tensor cores (their row scales as VEC128 scales) */
     check_matmul_fp8(64, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);
     check_matmul_fp8(512, 4096, 4096, 1, 4096, 0, DJ_DTYPE_BF16, 0, 0);
@@ -3325,6 +3342,7 @@ static void bench_gemv(dj_dtype wt) {
         {1, 4096, {1024}, 1, "k alone"},          {1, 4096, {14336}, 1, "gate"},
         {1, 4096, {14336, 14336}, 2, "gate/up+glu"}, {1, 14336, {4096}, 1, "down"},
         {1, 4096, {128256}, 1, "lm head"},       {8, 4096, {14336}, 1, "gate, 8 rows"},
+        {16, 4096, {14336}, 1, "gate, 16 rows"},  {32, 4096, {14336}, 1, "gate, 32 rows"},
     };
     const size_t n_shapes = sizeof shapes / sizeof *shapes;
     const bool q4 = wt == DJ_DTYPE_Q4, f8 = wt == DJ_DTYPE_F8_E4M3;

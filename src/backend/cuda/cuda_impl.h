@@ -332,8 +332,10 @@ bool dj__cuda_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
  * same x, n, k, weight and output dtypes, outputs apart) as one launch. */
 dj_status dj__cuda_gemv(dj_cuda_backend *cb, const dj_op_call *calls, int count);
 /* cuda_matmul_fp8.cu: f8_e4m3 weights with their scales - the GEMV of up to
- * 8 rows (as dj__cuda_gemv, which hands them over) and the tiled path. */
+ * 8 rows, or up to 32 on the tensor cores (as dj__cuda_gemv, which hands them over), and the tiled path.
+ * dj__cuda_f8_gemv_takes: whether the GEMV takes c's 9 or more rows (gemv_path asks it). */
 dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count);
+bool dj__cuda_f8_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c);
 /* cuda_q4.cu: whether the tensor-core 4-bit GEMV takes c (4-byte aligned x
  * and weights, at most Q4_MMA_ROWS rows of x): dj__cuda_gemv_q4 runs it. */
 #define Q4_MMA_ROWS 32

@@ -354,6 +354,8 @@ static bool gemv_path(const dj_cuda_backend *cb, const dj_op_call *c) {
     if (c->w_dtype == DJ_DTYPE_Q4) /* the tensor-core GEMV up to Q4_MMA_ROWS, on 4-byte aligned x and rows */
         return dj__cuda_q4_mma_takes(c) && (cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS : cb->matmul_path != 2);
     const uint32_t gemv_rows = c->w_dtype == DJ_DTYPE_BF16 ? GEMV_BF16_ROWS : GEMV_MAX_ROWS;
+    if (cb->matmul_path == 0 && c->n > gemv_rows && dj__cuda_f8_gemv_takes(cb, c))
+        return true; /* FP8: the tensor-core GEMV where it is the faster (dj__cuda_f8_gemv_takes) */
     return cb->matmul_path == 1 ? c->n <= GEMV_MAX_ROWS : cb->matmul_path != 2 && c->n <= gemv_rows;
 }
 

@@ -13,19 +13,21 @@
  *    kept: a tensor-core GEMV (16 rows a warp, codes to f16 pairs by one
  *    cvt, x as f16, mma.m16n8k16: a third of the instructions), 4 or 16
  *    warps a block, 2 or 8 loads a lane in flight - its time is not its
- *    instructions. From 2 rows of x (not under --deterministic) whole 16-row
- *    bands go to the tensor cores instead (gemv_f8_mma_kernel: the codes
- *    widened to exact bf16 pairs in registers, mma.m16n8k16 with x's rows as
- *    B, still W8A16): the CUDA-core kernel reads x once per 16 weight bytes
- *    per row, and at 8 rows it streamed weights at 775 GB/s (the mma one
- *    2,000; the 8B FP8 decode at b=8 705 -> 1,530 tok/s, b=4 587 -> 863,
- *    bench/RESULTS.md 2026-11-28);
- *  - 16 rows and more (batched decode, prefill) of 128x128-block, per-channel
+ *    instructions. From 2 to 32 rows of x (not under --deterministic) whole
+ *    16-row bands go to the tensor cores instead (gemv_f8_mma_kernel: the
+ *    codes widened to exact bf16 pairs in registers, mma.m16n8k16 with up to
+ *    4 tiles of 8 x rows as B, still W8A16): the CUDA-core kernel reads x
+ *    once per 16 weight bytes per row, and at 8 rows it streamed weights at
+ *    775 GB/s (the mma one 2,000; the 8B FP8 decode at b=8 705 -> 1,530
+ *    tok/s, b=4 587 -> 863, bench/RESULTS.md 2026-11-28). It takes 9..16 rows,
+ *    and up to 32 where cuBLASLt would not (dj__cuda_f8_gemv_takes): b=12
+ *    345 -> 2,280 tok/s, where 9..15 rows went to the dequantized tiles;
+ *  - more rows (batched decode, prefill) of 128x128-block, per-channel
  *    or per-tensor weights, where cuBLASLt takes the shape: the FP8 tensor
  *    cores, activations quantized per call (W8A8: cuda_matmul_fp8_lt.cu;
  *    docs/quantization.md says what that costs in accuracy);
- *  - otherwise (9..15 rows, other blocks, bias, odd shapes, or cuBLASLt
- *    refusing): weight
+ *  - otherwise (other blocks, bias, rows past 32 not a multiple of 4, odd
+ *    shapes, --deterministic, or cuBLASLt refusing): weight
  *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
  *    in the H100's L2 for the GEMM that reads it right after) and multiplied
  *    by cuBLAS (cublasGemmEx, tensor cores, f32 compute): W8A16. */
@@ -286,16 +288,23 @@ static __device__ __forceinline__ uint32_t f8m_pair(uint32_t w) {
 }
 
 /* A block of F8M_WARPS warps takes a band of 16 weight rows of its segment
- * (m % 16 == 0), each warp every F8M_WARPS'th 64-column chunk of k; the
- * sums meet in shared memory and warp 0 adds them in warp order. In a chunk
- * lane (g, t) loads 16 bytes of rows g and g + 8 at column 16t and the 16 x
- * values there of x row g (n <= 8); MMA step s takes bytes 4s..4s+3 as the
- * fragment's columns 2t, 2t + 1, 2t + 8, 2t + 9 and the x pairs at 4s, 4s + 2
- * as its k rows - one permutation of the chunk's columns for A and B, so the
- * product is the chunk's. The chunk's sums are scaled by their rows' block
- * scales (bc % 64 == 0: a chunk lies in one block) into f32 accumulators. */
+ * (m % 16 == 0), each warp every F8M_WARPS'th 64-column chunk of k; the sums
+ * meet in shared memory and warp 0 adds them in warp order. In a chunk lane
+ * (g, t) loads 16 bytes of rows g and g + 8 at column 16t and, for each of
+ * the NT 8-row tiles q of x (n <= 8 NT), the 16 x values there of x row
+ * 8q + g; MMA step s takes bytes 4s..4s+3 as the fragment's columns 2t,
+ * 2t + 1, 2t + 8, 2t + 9 and the x pairs at 4s, 4s + 2 as its k rows - one
+ * permutation of the chunk's columns for A and B, so the product is the
+ * chunk's; the widened codes serve the NT tiles. The chunk's sums are
+ * scaled by their rows' block scales (bc % 64 == 0: a chunk lies in one
+ * block) into f32 accumulators. An output is its x row's own sum whatever
+ * the other rows (the tensor cores add a column's products apart from the
+ * others'). Two bands a block, each tile of x loaded once for both, lost at
+ * every row count (bench/RESULTS.md, 2026-11-28: b=12 1,742 against 2,280
+ * tok/s). */
 #define F8M_WARPS 8
-template <typename TO>
+#define F8M_MAX_ROWS 32 /* 4 tiles of x */
+template <typename TO, int NT>
 static __global__ void __launch_bounds__(F8M_WARPS * 32)
     gemv_f8_mma_kernel(const __nv_bfloat16 *x, f8_segs sg, uint32_t n, uint32_t k) {
     dj_pdl_release();
@@ -307,62 +316,82 @@ static __global__ void __launch_bounds__(F8M_WARPS * 32)
     const uint32_t bc = sg.bc[si], per_row = (k + bc - 1) / bc;
     const float *sa = sg.scale[si] + (size_t)((j0 + g) / sg.br[si]) * per_row;
     const float *sc = sg.scale[si] + (size_t)((j0 + g + 8) / sg.br[si]) * per_row;
-    const bool xrow = g < n;
-    const __nv_bfloat16 *xr = x + (size_t)(xrow ? g : 0) * k + 16 * t;
+    bool xrow[NT];
+    const __nv_bfloat16 *xr[NT];
+#pragma unroll
+    for (int q = 0; q < NT; q++) {
+        xrow[q] = 8 * q + g < n;
+        xr[q] = x + (size_t)(xrow[q] ? 8 * q + g : 0) * k + 16 * t;
+    }
     const uint32_t chunks = k / 64;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NT][4];
+#pragma unroll
+    for (int q = 0; q < NT; q++) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
     dj_pdl_wait();
-#pragma unroll 2
+#pragma unroll(NT <= 2 ? 2 : 1)
     for (uint32_t ch = warp; ch < chunks; ch += F8M_WARPS) {
         const uint4 qa = *(const uint4 *)(wa + 64 * (size_t)ch), qc = *(const uint4 *)(wc + 64 * (size_t)ch);
-        uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-        if (xrow) {
-            x0 = *(const uint4 *)(xr + 64 * (size_t)ch);
-            x1 = *(const uint4 *)(xr + 64 * (size_t)ch + 8);
+        uint32_t xb[NT][8];
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+            if (xrow[q]) {
+                x0 = *(const uint4 *)(xr[q] + 64 * (size_t)ch);
+                x1 = *(const uint4 *)(xr[q] + 64 * (size_t)ch + 8);
+            }
+            xb[q][0] = x0.x, xb[q][1] = x0.y, xb[q][2] = x0.z, xb[q][3] = x0.w;
+            xb[q][4] = x1.x, xb[q][5] = x1.y, xb[q][6] = x1.z, xb[q][7] = x1.w;
         }
         const float s_a = sa[64 * ch / bc], s_c = sc[64 * ch / bc];
         const uint32_t wA[4] = {qa.x, qa.y, qa.z, qa.w}, wC[4] = {qc.x, qc.y, qc.z, qc.w};
-        const uint32_t xb[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float d[NT][4];
+#pragma unroll
+        for (int q = 0; q < NT; q++) d[q][0] = d[q][1] = d[q][2] = d[q][3] = 0.0f;
 #pragma unroll
         for (int st = 0; st < 4; st++) {
             const uint32_t a[4] = {f8m_pair(wA[st]), f8m_pair(wC[st]), f8m_pair(wA[st] >> 16), f8m_pair(wC[st] >> 16)};
-            dj_mma16816(d, a, xb[2 * st], xb[2 * st + 1]);
-        }
-        acc[0] += s_a * d[0];
-        acc[1] += s_a * d[1];
-        acc[2] += s_c * d[2];
-        acc[3] += s_c * d[3];
-    }
-    __shared__ float part[F8M_WARPS][4][32];
 #pragma unroll
-    for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+            for (int q = 0; q < NT; q++) dj_mma16816(d[q], a, xb[q][2 * st], xb[q][2 * st + 1]);
+        }
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            acc[q][0] += s_a * d[q][0];
+            acc[q][1] += s_a * d[q][1];
+            acc[q][2] += s_c * d[q][2];
+            acc[q][3] += s_c * d[q][3];
+        }
+    }
+    __shared__ float part[F8M_WARPS][NT * 4][32];
+#pragma unroll
+    for (int q = 0; q < NT; q++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) part[warp][q * 4 + i][lane] = acc[q][i];
     __syncthreads();
     if (warp != 0) return;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float v = part[0][i][lane];
-#pragma unroll
-        for (int w = 1; w < F8M_WARPS; w++) v += part[w][i][lane];
-        acc[i] = v;
-    }
     TO *out = (TO *)sg.out[si];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t j = j0 + g + (i >= 2 ? 8u : 0u), r = 2 * t + (i & 1); /* d's row and its x row (n) */
-        if (r < n && j < m) {
-            const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
-            dj_st(out, (size_t)r * m + j, acc[i] + b);
+    for (int q = 0; q < NT; q++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = part[0][q * 4 + i][lane];
+#pragma unroll
+            for (int w = 1; w < F8M_WARPS; w++) v += part[w][q * 4 + i][lane];
+            /* d's weight row and its x row */
+            const uint32_t j = j0 + g + (i >= 2 ? 8u : 0u), r = 8 * q + 2 * t + (i & 1);
+            if (r < n && j < m) {
+                const float b = sg.bias[si] ? f8_ld_any(sg.bias[si], sg.bias_dtype[si], j) : 0.0f;
+                dj_st(out, (size_t)r * m + j, v + b);
+            }
         }
-    }
 }
 
-/* Whether the tensor-core kernel takes these calls: 2..8 rows of x outside the deterministic mode (its rows
- * must sum as the one-row kernel does), every segment of whole 16-row bands, k of whole 64-column chunks,
- * 16-byte aligned weights and x, blocks a multiple of 64 columns wide (or the whole row). */
+/* Whether the tensor-core kernel takes these calls: 2..F8M_MAX_ROWS rows of x outside the deterministic mode
+ * (its rows must sum as the one-row kernel does), every segment of whole 16-row bands, k of whole 64-column
+ * chunks, 16-byte aligned weights and x, blocks a multiple of 64 columns wide (or the whole row). */
 static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
-    if (c->n < 2 || c->n > 8 || cb->base.deterministic || c->k % 64 || (uintptr_t)c->x % 16) return false;
+    if (F8M_OFF || c->n < 2 || c->n > F8M_MAX_ROWS || cb->base.deterministic || c->k % 64 || (uintptr_t)c->x % 16)
+        return false;
     for (int i = 0; i < count; i++) {
         const dj_op_call *ci = &calls[i];
         if (ci->m % 16 || (uintptr_t)ci->w % 16 || (ci->w_block_cols % 64 && ci->w_block_cols < ci->k)) return false;
@@ -370,18 +399,42 @@ static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int
     return true;
 }
 
-template <typename TO>
-static void launch_gemv_f8_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+/* From 9 rows: the tensor-core GEMV up to F8M_PREFER_ROWS rows, and up to F8M_MAX_ROWS where cuBLASLt would not
+ * take the call (rows not a multiple of 4, a bias, f32 out: else dequantized tiles). From 20 rows cuBLASLt's W8A8
+ * GEMM was the faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 / 4,550 against the GEMV's
+ * 2,885 / 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
+#define F8M_PREFER_ROWS 16
+bool dj__cuda_f8_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
+    return c->w_dtype == DJ_DTYPE_F8_E4M3 && f8_mma_takes(cb, c, 1) &&
+           (c->n <= F8M_PREFER_ROWS || !dj__cuda_fp8_lt_wanted(cb, c));
+}
+
+template <typename TO, int NT>
+static void launch_gemv_f8_mma_nt(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     f8_segs sg;
     const unsigned blocks = f8_segs_of(calls, count, 16, &sg);
-    dj__launch(cb, gemv_f8_mma_kernel<TO>, dim3(blocks), dim3(F8M_WARPS * 32), 0, (const __nv_bfloat16 *)calls[0].x,
-               sg, calls[0].n, calls[0].k);
+    dj__launch(cb, gemv_f8_mma_kernel<TO, NT>, dim3(blocks), dim3(F8M_WARPS * 32), 0,
+               (const __nv_bfloat16 *)calls[0].x, sg, calls[0].n, calls[0].k);
+}
+
+/* One tile of x a MMA's 8 rows: n <= 8, 16, 24 or 32. */
+template <typename TO>
+static void launch_gemv_f8_mma(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+    const uint32_t n = calls[0].n;
+    if (n <= 8)
+        launch_gemv_f8_mma_nt<TO, 1>(cb, calls, count);
+    else if (n <= 16)
+        launch_gemv_f8_mma_nt<TO, 2>(cb, calls, count);
+    else if (n <= 24)
+        launch_gemv_f8_mma_nt<TO, 3>(cb, calls, count);
+    else
+        launch_gemv_f8_mma_nt<TO, 4>(cb, calls, count);
 }
 
 template <typename TO>
 static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const uint32_t n = calls[0].n;
-    if (!F8M_OFF && f8_mma_takes(cb, calls, count))
+    if (f8_mma_takes(cb, calls, count))
         launch_gemv_f8_mma<TO>(cb, calls, count);
     else if (n == 1)
         launch_gemv_f8<TO, 1>(cb, calls, count);
@@ -394,7 +447,9 @@ static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, in
 }
 
 dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
-    if (calls[0].n > F8_MAX_ROWS) return dj_fail(DJ_EINTERNAL, "fp8 GEMV of %u rows (at most %d)", calls[0].n, F8_MAX_ROWS);
+    if (calls[0].n > F8_MAX_ROWS && !f8_mma_takes(cb, calls, count))
+        return dj_fail(DJ_EINTERNAL, "fp8 GEMV of %u rows (at most %d, or %d on the tensor cores)", calls[0].n,
+                       F8_MAX_ROWS, F8M_MAX_ROWS);
     if (calls[0].out_dtype == DJ_DTYPE_F32)
         launch_gemv_f8_rows<float>(cb, calls, count);
     else
