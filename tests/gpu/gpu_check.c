@@ -2204,7 +2204,6 @@ static void check_fp8(void) {
     check_matmul_fp8(13, 1024, 1008, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);
     fp8_subnormal = true;
     check_matmul_fp8(14, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);
-    check_matmul_fp8(26, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0); /* 26 rows, not a multiple of 4 */
     {
         const uint32_t qkv[3] = {1024, 256, 256}, gate_up[2] = {1536, 1536};
         check_fp8_shared(64, 512, 3, qkv);
@@ -2241,13 +2240,16 @@ static void check_fp8(void) {
     check_matmul_fp8(64, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
     check_matmul_fp8(200, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
     check_matmul_fp8(96, 14336, 512, 128, 128, 0, DJ_DTYPE_BF16, 3, 0);
-    check_matmul_fp8(77, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 3, 0);   /* per channel, 77 rows: the tiles */
+    check_matmul_fp8(77, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 3, 0);   /* per channel, 77 rows: 76 + the GEMV's 1 */
+    check_matmul_fp8(2047, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0); /* a prompt of 2,047: 2,044 + 3 */
     check_matmul_fp8(128, 1024, 768, 768, 1024, 0, DJ_DTYPE_BF16, 3, 0); /* per tensor */
     check_matmul_fp8(256, 4096, 1024, 1, 4096, 0, DJ_DTYPE_BF16, 3, 0);  /* per channel */
     check_matmul_fp8(256, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0); /* automatic: tensor cores */
     check_matmul_fp8(32, 4096, 4096, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic, a decode batch of 32 */
     check_matmul_fp8(20, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* automatic, 20 rows */
-    check_matmul_fp8(38, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 38 rows, not a multiple of 4: tiles */
+    check_matmul_fp8(38, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 38 rows: 36 on cuBLASLt, 2 the GEMV's */
+    check_matmul_fp8(33, 14336, 4096, 1, 14336, 0, DJ_DTYPE_BF16, 0, 0); /* per channel: 32 + 1 */
+    check_matmul_fp8(30, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 30: the tensor-core GEMV */
     /* automatic, per channel / per tensor: tensor cores (their row scales as VEC128 scales) */
     check_matmul_fp8(64, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);
     check_matmul_fp8(512, 4096, 4096, 1, 4096, 0, DJ_DTYPE_BF16, 0, 0);
