@@ -401,10 +401,9 @@ static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int
 }
 
 /* From 9 rows: the tensor-core GEMV up to F8M_PREFER_ROWS rows, and up to F8M_MAX_ROWS where cuBLASLt would not
- * take the call (a bias, f32 out, rows not a multiple of 4 where its probe missed padded scales: else
- * dequantized tiles). From 20 rows cuBLASLt's W8A8
- * GEMM was the faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 / 4,550 against the GEMV's
- * 2,885 / 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
+ * take the call (a bias, f32 out, rows not a multiple of 4: else dequantized tiles). From 20 rows cuBLASLt's
+ * W8A8 GEMM was the faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 / 4,550 against the
+ * GEMV's 2,885 / 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
 #define F8M_PREFER_ROWS 16
 bool dj__cuda_f8_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
     return c->w_dtype == DJ_DTYPE_F8_E4M3 && f8_mma_takes(cb, c, 1) &&
@@ -501,7 +500,7 @@ bool dj__cuda_fp8_lt_wanted(const dj_cuda_backend *cb, const dj_op_call *c) {
  * scales' rows come in 4s; scales written with their rows padded to 4 computed a wrong product on
  * the H100, bench/RESULTS.md 2026-11-28): the rows of 4 on it, the last 1..3 on the GEMV, which
  * reads the weights once more (a prompt of 2,047 tokens went to the tiles: 2.4x the time of 2,048).
- * DJ_EUNSUPPORTED, nothing launched, where the rows of 4 are not cuBLASLt's either. */
+ * DJ_EUNSUPPORTED where the rows of 4 are not cuBLASLt's either (the caller takes the tiles). */
 static dj_status lt_rows_of_4(dj_cuda_backend *cb, const dj_op_call *c) {
     dj_op_call head = *c, tail = *c;
     head.n = c->n / 4 * 4;
