@@ -26,7 +26,7 @@
  *    or per-tensor weights, where cuBLASLt takes the shape: the FP8 tensor
  *    cores, activations quantized per call (W8A8: cuda_matmul_fp8_lt.cu;
  *    docs/quantization.md says what that costs in accuracy); rows not a
- *    multiple of 4 there, the last 1..3 on the GEMV (lt_rows_of_4);
+ *    multiple of 4 there, the last 1..3 on the GEMV (its lt_matmul);
  *  - otherwise (other blocks, bias, odd shapes, --deterministic, or
  *    cuBLASLt refusing): weight
  *    rows dequantized tile by tile into bf16 scratch (a tile of ~32 MiB stays
@@ -401,13 +401,14 @@ static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int
 }
 
 /* From 9 rows: the tensor-core GEMV up to F8M_PREFER_ROWS rows, and up to F8M_MAX_ROWS where cuBLASLt would not
- * take the call (a bias, f32 out, rows not a multiple of 4: else dequantized tiles). From 20 rows cuBLASLt's
- * W8A8 GEMM was the faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 / 4,550 against the
- * GEMV's 2,885 / 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
+ * take the call (a bias, f32 out: else dequantized tiles) or would leave rows to a second pass over the weights
+ * (rows not a multiple of 4: cuda_matmul_fp8_lt.cu's lt_matmul). From 20 rows cuBLASLt's W8A8 GEMM was the
+ * faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 / 4,550 against the GEMV's 2,885 /
+ * 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
 #define F8M_PREFER_ROWS 16
 bool dj__cuda_f8_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
     return c->w_dtype == DJ_DTYPE_F8_E4M3 && f8_mma_takes(cb, c, 1) &&
-           (c->n <= F8M_PREFER_ROWS || !dj__cuda_fp8_lt_wanted(cb, c));
+           (c->n <= F8M_PREFER_ROWS || c->n % 4 || !dj__cuda_fp8_lt_wanted(cb, c));
 }
 
 template <typename TO, int NT>
@@ -496,29 +497,9 @@ bool dj__cuda_fp8_lt_wanted(const dj_cuda_backend *cb, const dj_op_call *c) {
     return (cb->matmul_path == 3 || (cb->matmul_path == 0 && c->n >= F8_LT_MIN_ROWS)) && dj__cuda_fp8_lt_covers(cb, c);
 }
 
-/* Rows not a multiple of 4, which cuBLASLt's block-scaled GEMM does not take (its activation
- * scales' rows come in 4s; scales written with their rows padded to 4 computed a wrong product on
- * the H100, bench/RESULTS.md 2026-11-28): the rows of 4 on it, the last 1..3 on the GEMV, which
- * reads the weights once more (a prompt of 2,047 tokens went to the tiles: 2.4x the time of 2,048).
- * DJ_EUNSUPPORTED where the rows of 4 are not cuBLASLt's either (the caller takes the tiles). */
-static dj_status lt_rows_of_4(dj_cuda_backend *cb, const dj_op_call *c) {
-    dj_op_call head = *c, tail = *c;
-    head.n = c->n / 4 * 4;
-    tail.n = c->n - head.n;
-    if (!tail.n || tail.n > F8_MAX_ROWS || !dj__cuda_fp8_lt_wanted(cb, &head)) return DJ_EUNSUPPORTED;
-    const size_t os = dj_dtype_size(c->out_dtype);
-    tail.x = (const uint8_t *)c->x + (size_t)head.n * c->k * sizeof(__nv_bfloat16);
-    tail.out = (uint8_t *)c->out + (size_t)head.n * c->m * os;
-    const dj_status st = dj__cuda_matmul_fp8_lt(cb, &head);
-    return st != DJ_OK ? st : dj__cuda_gemv_fp8(cb, &tail, 1);
-}
-
 dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c) {
     if (dj__cuda_fp8_lt_wanted(cb, c)) {
         const dj_status lt = dj__cuda_matmul_fp8_lt(cb, c);
-        if (lt != DJ_EUNSUPPORTED) return lt;
-    } else if (c->n % 4) {
-        const dj_status lt = lt_rows_of_4(cb, c);
         if (lt != DJ_EUNSUPPORTED) return lt;
     }
     const uint32_t n = c->n, k = c->k, m = c->m, tr = tile_rows(k, m);

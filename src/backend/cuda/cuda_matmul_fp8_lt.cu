@@ -358,10 +358,23 @@ static dj_status lt_quantize(dj_cuda_backend *cb, const dj_op_call *c, int layou
     return DJ_OK;
 }
 
+/* Scratch: q [n][k] e4m3, then activation scales, then (rows not a multiple
+ * of 4) the first rows-of-4's scales apart (head_scales), then the weight
+ * scales in cuBLASLt's order (block mode transposed, or an m-vector). */
+static size_t head_floats(const dj_op_call *c) {
+    return c->n % 4 ? ((size_t)c->n / 4 * 4 * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64 : 0;
+}
+static size_t carve_floats(const dj_op_call *c, int mode, size_t *qf, size_t *xsf) {
+    *qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
+    *xsf = ((size_t)c->n * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
+    const size_t wsf = mode == MODE_BLOCK ? (size_t)(c->m / 128) * (c->k / 128) : (size_t)c->m * (c->k / 128);
+    return *qf + *xsf + head_floats(c) + wsf + 64;
+}
 /* out = W8A8 product of c (bf16 out, no bias) from its quantized
- * activations (q, xs), given the weight scales in cuBLASLt's order. */
-static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, const float *ws_lt, uint8_t *q,
-                           float *xs) {
+ * activations (q, xs), given the weight scales in cuBLASLt's order; n a
+ * multiple of 4 (lt_matmul). */
+static dj_status lt_gemm(dj_cuda_backend *cb, const dj_op_call *c, int mode, const float *ws_lt, uint8_t *q,
+                         float *xs) {
     const uint32_t n = c->n, k = c->k, m = c->m;
     lt_entry *e = entry_for(cb, n, k, m, mode, ws_lt, xs);
     if (!e) return DJ_EUNSUPPORTED;
@@ -374,6 +387,49 @@ static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, c
     cb->fp8_lt->mm_status = (int)s;
     return s == CUBLAS_STATUS_SUCCESS ? DJ_OK : DJ_EUNSUPPORTED;
 }
+
+/* dst[g][r] = xs[g][r] for the first n4 of n rows: group-major activation scales of the rows of 4. */
+static __global__ void head_scales_kernel(const float *xs, uint32_t n, uint32_t n4, uint32_t groups, float *dst) {
+    const size_t total = (size_t)n4 * groups;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
+        dst[e] = xs[(e / n4) * n + e % n4];
+}
+
+/* lt_gemm for any rows: cuBLASLt's block-scale tensors come in rows of 4
+ * (activation scales written with their rows padded to 4 gave a wrong
+ * product, bench/RESULTS.md 2026-11-28), so the rows of 4 take it - their
+ * group-major scales copied apart first (the space carve leaves after xs) -
+ * and the last 1..3 the GEMV from c's bf16 input, which the caller keeps
+ * stored for them (f8_keeps_input): it reads the weights once more. */
+static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, const float *ws_lt, uint8_t *q,
+                           float *xs) {
+    const uint32_t n4 = c->n / 4 * 4;
+    if (n4 == c->n) return lt_gemm(cb, c, mode, ws_lt, q, xs);
+    if (!n4) return DJ_EUNSUPPORTED;
+    dj_op_call head = *c, tail = *c;
+    head.n = n4;
+    tail.n = c->n - n4;
+    float *hs = xs;
+    if (!(cb->fp8_lt->layout[mode] & 2)) { /* group-major: the rows of 4 apart (token-major: a prefix already) */
+        size_t qf, xsf;
+        (void)carve_floats(c, mode, &qf, &xsf);
+        hs = xs + xsf;
+        const uint32_t groups = (c->k + LT_GROUP - 1) / LT_GROUP;
+        const size_t total = (size_t)n4 * groups;
+        head_scales_kernel<<<(unsigned)((total + 255) / 256 < 1024 ? (total + 255) / 256 : 1024), 256, 0,
+                             cb->stream>>>(xs, c->n, n4, groups, hs);
+        DJ_CU_LAUNCHED(cb);
+    }
+    const dj_status st = lt_gemm(cb, &head, mode, ws_lt, q, hs);
+    if (st != DJ_OK) return st;
+    tail.x = (const uint8_t *)c->x + (size_t)n4 * c->k * sizeof(__nv_bfloat16);
+    tail.out = (uint8_t *)c->out + (size_t)n4 * c->m * sizeof(__nv_bfloat16);
+    return dj__cuda_gemv_fp8(cb, &tail, 1);
+}
+
+/* Whether a producer of c's codes must keep its bf16 output: rows not a multiple of 4 (lt_matmul's last
+ * rows take the GEMV from it). */
+static bool f8_keeps_input(const dj_op_call *c) { return c->n % 4 != 0; }
 
 static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
                         uint8_t *q, float *xs) {
@@ -388,14 +444,6 @@ static int mode_of(const dj_op_call *c) {
     return -1;
 }
 
-/* Scratch: q [n][k] e4m3, then activation scales, then the weight scales in
- * cuBLASLt's order (block mode transposed, or an m-vector). */
-static size_t carve_floats(const dj_op_call *c, int mode, size_t *qf, size_t *xsf) {
-    *qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
-    *xsf = ((size_t)c->n * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
-    const size_t wsf = mode == MODE_BLOCK ? (size_t)(c->m / 128) * (c->k / 128) : (size_t)c->m * (c->k / 128);
-    return *qf + *xsf + wsf + 64;
-}
 static dj_status carve(dj_cuda_backend *cb, const dj_op_call *c, int mode, uint8_t **q, float **xs, float **wsx) {
     size_t qf, xsf;
     const size_t total = carve_floats(c, mode, &qf, &xsf);
@@ -404,7 +452,7 @@ static dj_status carve(dj_cuda_backend *cb, const dj_op_call *c, int mode, uint8
     if (st != DJ_OK) return st;
     *q = (uint8_t *)base;
     *xs = base + qf;
-    *wsx = base + qf + xsf;
+    *wsx = base + qf + xsf + head_floats(c);
     return DJ_OK;
 }
 
@@ -478,10 +526,11 @@ done:
 
 /* Block scales: Transformer Engine pads cuBLASLt's block-scale tensors to
  * multiples of 4 (k blocks of the weight's, tokens of the activations'); the
- * unpadded shapes this path can pass are those where padding is a no-op.
- * (k = 256, two blocks, gave a product 0.92 off on the H200 in every layout.) */
+ * unpadded shapes this path can pass are those where padding is a no-op
+ * (k = 256, two blocks, gave a product 0.92 off on the H200 in every layout),
+ * rows past the last 4 aside (lt_matmul). */
 static bool block_shape_ok(const dj_op_call *c) { /* VEC128 weight scales (MODE_CHAN) likewise */
-    return (c->k / 128) % 4 == 0 && c->n % 4 == 0;
+    return (c->k / 128) % 4 == 0 && c->n >= 4;
 }
 
 bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c) {
@@ -611,7 +660,7 @@ static dj_status codes_for(dj_cuda_backend *cb, const dj_op_call *mm, bool unsto
     d->mode = mode_of(mm);
     const dj_status st = carve(cb, mm, d->mode, &d->q, &d->xs, &d->wsx);
     if (st != DJ_OK) return st;
-    d->unstored = unstored && entry_for(cb, mm->n, mm->k, mm->m, d->mode, mm->w_scale, d->xs);
+    d->unstored = unstored && !f8_keeps_input(mm) && entry_for(cb, mm->n, mm->k, mm->m, d->mode, mm->w_scale, d->xs);
     d->layout = cb->fp8_lt->layout[d->mode];
     return DJ_OK;
 }
@@ -714,7 +763,7 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
     dj_status st = dj__cuda_scratch(cb, need, &base);
     if (st == DJ_OK) st = carve(cb, &mms[0], mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
-    bool unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* only where every GEMM has its algorithm */
+    bool unstored = (dead & DJ_F8_DEAD_NORM) != 0 && !f8_keeps_input(&mms[0]); /* only where every GEMM has its algorithm */
     for (int i = 0; unstored && i < count; i++)
         unstored = entry_for(cb, mms[i].n, mms[i].k, mms[i].m, mode, mms[i].w_scale, xs) != NULL;
     if ((st = norm_codes(cb, mode, prenorm, add, norm, q, xs, unstored, done)) != DJ_OK || !*done) return st;
@@ -770,8 +819,8 @@ static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, 
     if (st == DJ_OK) st = carve(cb, all, mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
     all->out = base + off;
-    if (!entry_for(cb, all->n, all->k, all->m, mode, all->w_scale, xs)) return DJ_OK; /* no algorithm */
-    const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0;
+    if (!entry_for(cb, all->n / 4 * 4, all->k, all->m, mode, all->w_scale, xs)) return DJ_OK; /* no algorithm */
+    const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0 && !f8_keeps_input(all);
     if ((st = norm_codes(cb, mode, prenorm, add, norm, q, xs, unstored, ran)) != DJ_OK || !*ran) return st;
     const int layout = L->layout[mode];
     const float *ws = weight_scales(cb, all, mode, layout, wsx);
