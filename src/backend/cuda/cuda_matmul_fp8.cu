@@ -52,18 +52,9 @@
 /* A row over two warps (f8_split) unless its launch would hold more than
  * F8_SPLIT_SM_WARPS warps an SM; its one-row kernel takes F8_SPLIT_PRE loads
  * before the wait at F8_SPLIT_BLOCKS blocks an SM */
-#ifndef F8_SPLIT_SM_WARPS
 #define F8_SPLIT_SM_WARPS 512
-#endif
-#ifndef F8_SPLIT_PRE
 #define F8_SPLIT_PRE 2
-#endif
-#ifndef F8_SPLIT_BLOCKS
 #define F8_SPLIT_BLOCKS 8
-#endif
-#ifndef F8M_OFF
-#define F8M_OFF 0 /* 1: 2..8 rows of x keep the CUDA-core kernel (the A/B's base) */
-#endif
 
 static __device__ __forceinline__ float f8_ld_any(const void *p, int t, size_t i) {
     switch (t) {
@@ -391,7 +382,7 @@ static __global__ void __launch_bounds__(F8M_WARPS * 32)
  * chunks, 16-byte aligned weights and x, blocks a multiple of 64 columns wide (or the whole row). */
 static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int count) {
     const dj_op_call *c = &calls[0];
-    if (F8M_OFF || c->n < 2 || c->n > F8M_MAX_ROWS || cb->base.deterministic || c->k % 64 || (uintptr_t)c->x % 16)
+    if (c->n < 2 || c->n > F8M_MAX_ROWS || cb->base.deterministic || c->k % 64 || (uintptr_t)c->x % 16)
         return false;
     for (int i = 0; i < count; i++) {
         const dj_op_call *ci = &calls[i];
@@ -434,9 +425,9 @@ static void launch_gemv_f8_mma(dj_cuda_backend *cb, const dj_op_call *calls, int
 }
 
 template <typename TO>
-static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
+static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, int count, bool mma) {
     const uint32_t n = calls[0].n;
-    if (f8_mma_takes(cb, calls, count))
+    if (mma)
         launch_gemv_f8_mma<TO>(cb, calls, count);
     else if (n == 1)
         launch_gemv_f8<TO, 1>(cb, calls, count);
@@ -449,13 +440,14 @@ static void launch_gemv_f8_rows(dj_cuda_backend *cb, const dj_op_call *calls, in
 }
 
 dj_status dj__cuda_gemv_fp8(dj_cuda_backend *cb, const dj_op_call *calls, int count) {
-    if (calls[0].n > F8_MAX_ROWS && !f8_mma_takes(cb, calls, count))
+    const bool mma = f8_mma_takes(cb, calls, count);
+    if (calls[0].n > F8_MAX_ROWS && !mma)
         return dj_fail(DJ_EINTERNAL, "fp8 GEMV of %u rows (at most %d, or %d on the tensor cores)", calls[0].n,
                        F8_MAX_ROWS, F8M_MAX_ROWS);
     if (calls[0].out_dtype == DJ_DTYPE_F32)
-        launch_gemv_f8_rows<float>(cb, calls, count);
+        launch_gemv_f8_rows<float>(cb, calls, count, mma);
     else
-        launch_gemv_f8_rows<__nv_bfloat16>(cb, calls, count);
+        launch_gemv_f8_rows<__nv_bfloat16>(cb, calls, count, mma);
     DJ_CU_LAUNCHED(cb);
     return DJ_OK;
 }

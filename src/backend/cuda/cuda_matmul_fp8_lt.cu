@@ -361,12 +361,13 @@ static dj_status lt_quantize(dj_cuda_backend *cb, const dj_op_call *c, int layou
 /* Scratch: q [n][k] e4m3, then activation scales, then (rows not a multiple
  * of 4) the first rows-of-4's scales apart (head_scales), then the weight
  * scales in cuBLASLt's order (block mode transposed, or an m-vector). */
-static size_t head_floats(const dj_op_call *c) {
-    return c->n % 4 ? ((size_t)c->n / 4 * 4 * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64 : 0;
+static size_t scale_floats(uint32_t rows, uint32_t k) { /* activation scales of rows x k, 256-byte aligned */
+    return ((size_t)rows * ((k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
 }
+static size_t head_floats(const dj_op_call *c) { return c->n % 4 ? scale_floats(c->n / 4 * 4, c->k) : 0; }
 static size_t carve_floats(const dj_op_call *c, int mode, size_t *qf, size_t *xsf) {
     *qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
-    *xsf = ((size_t)c->n * ((c->k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
+    *xsf = scale_floats(c->n, c->k);
     const size_t wsf = mode == MODE_BLOCK ? (size_t)(c->m / 128) * (c->k / 128) : (size_t)c->m * (c->k / 128);
     return *qf + *xsf + head_floats(c) + wsf + 64;
 }
@@ -411,9 +412,7 @@ static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, c
     tail.n = c->n - n4;
     float *hs = xs;
     if (!(cb->fp8_lt->layout[mode] & 2)) { /* group-major: the rows of 4 apart (token-major: a prefix already) */
-        size_t qf, xsf;
-        (void)carve_floats(c, mode, &qf, &xsf);
-        hs = xs + xsf;
+        hs = xs + scale_floats(c->n, c->k); /* carve's room after xs */
         const uint32_t groups = (c->k + LT_GROUP - 1) / LT_GROUP;
         const size_t total = (size_t)n4 * groups;
         head_scales_kernel<<<(unsigned)((total + 255) / 256 < 1024 ? (total + 255) / 256 : 1024), 256, 0,
