@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "djinn/engine.h"
+#include "djinn/graph.h" /* dj_shape_bucket */
 #include "djinn/sampler.h"
 #include "fixture_ref.h" /* rel_err */
 #include "testutil.h"
@@ -575,6 +576,76 @@ static void check_chunk_times(void) {
     dj_engine_free(e);
 }
 
+/* The rows past n a MATMUL's call says its output has room for
+ * (dj_op_call.out_rows; CUDA's FP8 GEMMs write them as scratch) are the
+ * call's own: on the CPU (f32 activations, as the graph sizes them) exactly
+ * the prompt's bucket rows, none at decode; and a backend that fills them
+ * with NaN after every MATMUL gives bit for bit the logits of one that leaves
+ * them, over prompts of several lengths and decode steps after them. */
+static uint32_t scrawl_on, scrawl_calls, scrawl_rows, scrawl_bad, scrawl_want;
+static dj_status scrawl_one(dj_backend_t *be, const dj_op_call *c) {
+    dj_status st = spy_real->compute(be, c);
+    if (st != DJ_OK || c->op != DJ_OP_MATMUL || !c->out_rows) return st;
+    scrawl_bad += c->out_rows != scrawl_want || c->out_rows <= c->n;
+    scrawl_calls++;
+    scrawl_rows += c->out_rows - c->n;
+    if (scrawl_on && c->out_dtype == DJ_DTYPE_F32) /* the CPU backend's activations */
+        for (size_t i = (size_t)c->n * c->m; i < (size_t)c->out_rows * c->m; i++) ((float *)c->out)[i] = NAN;
+    return st;
+}
+static dj_status scrawl_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *key,
+                             const dj_stream_step *ss) {
+    (void)key;
+    (void)ss;
+    dj_status st = DJ_OK;
+    for (size_t i = 0; i < n && st == DJ_OK; i++) st = scrawl_one(be, &calls[i]);
+    return st;
+}
+
+static void check_out_rows(void) {
+    dj_model_t *m = NULL;
+    dj_engine_t *e = engine_with("llama3", &m);
+    if (!e) return;
+    dj_backend_t *be = dj_engine_backend(e);
+    spy_real = be->vt;
+    spy_vt = *be->vt;
+    spy_vt.compute = scrawl_one;
+    if (spy_vt.compute_plan) spy_vt.compute_plan = scrawl_plan;
+    be->vt = &spy_vt;
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    const uint32_t lens[4] = {5, 17, 30, 3}; /* buckets 16, 32, 32, 16 */
+    float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    int32_t prompt[30];
+    for (int t = 0; t < 30; t++) prompt[t] = rand_id(V);
+    uint32_t differ = 0;
+    for (int li = 0; li < 4 && want && got; li++) {
+        dj_session_t *s[2] = {NULL, NULL};
+        for (int pass = 0; pass < 2; pass++) {
+            scrawl_on = (uint32_t)pass;
+            CHECK_OK(dj_session_new(e, m, 64, 0, &s[pass]));
+            if (!s[pass]) break;
+            float *l = pass ? got : want;
+            scrawl_want = dj_shape_bucket(DJ_PHASE_PREFILL, lens[li], 64); /* new_engine: max_step_tokens 64 */
+            CHECK_OK(dj_session_step(e, s[pass], prompt, lens[li], l));
+            int32_t tok = (int32_t)(lens[li] % V);
+            scrawl_want = 0;
+            for (int step = 0; step < 3; step++) CHECK_OK(dj_session_step(e, s[pass], &tok, 1, l));
+        }
+        differ += memcmp(want, got, sizeof(float) * V) != 0;
+        for (int pass = 0; pass < 2; pass++) dj_session_free(e, s[pass]);
+    }
+    CHECK_MSG(differ == 0, "%u of 4 prompts gave other logits with their MATMULs' spare rows filled", differ);
+    CHECK_MSG(scrawl_calls > 0 && scrawl_bad == 0,
+              "%u MATMUL calls claimed spare rows, %u of them other than their step's bucket", scrawl_calls,
+              scrawl_bad);
+    printf("MATMUL spare rows: %u calls claimed %u rows past their own (%u not the bucket's), filled with NaN: "
+           "logits %s\n", scrawl_calls, scrawl_rows, scrawl_bad, differ ? "CHANGED" : "unchanged");
+    be->vt = spy_real;
+    free(want);
+    free(got);
+    dj_engine_free(e);
+}
+
 int main(void) {
     dj_test_seeds();
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
@@ -586,5 +657,6 @@ int main(void) {
     check_sample_hook();
     check_short_class();
     check_chunk_times();
+    check_out_rows();
     return dj_test_finish("test_batch");
 }

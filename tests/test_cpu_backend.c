@@ -263,6 +263,10 @@ static void test_matmul_ldw(void) {
             c.ldw = k - 1;
             CHECK_ST(dj_backend_compute(be, &c), DJ_EINVAL);
             CHECK_MSG(strstr(dj_last_error(), "elements apart"), "%s", dj_last_error());
+            c.ldw = 0;
+            c.out_rows = n - 1; /* room for fewer rows than its own */
+            CHECK_ST(dj_backend_compute(be, &c), n > 1 ? DJ_EINVAL : DJ_OK);
+            if (n > 1) CHECK_MSG(strstr(dj_last_error(), "has room for"), "%s", dj_last_error());
             free(x);
             free(got);
             free(want);

@@ -183,6 +183,10 @@ typedef struct dj_op_call {
     dj_op op;
     uint32_t n;            /* token rows */
     void *out;             /* activation output, [n][width] of out_dtype; NULL for KV_WRITE */
+    uint32_t out_rows;     /* MATMUL: rows of m values that out has room for (>= n); 0 = n. A
+                            * backend may write rows [n, out_rows) as scratch: CUDA's FP8 GEMMs
+                            * run n rows not a multiple of 4 as n rounded up to 4 (the engine
+                            * gives each MATMUL its node's whole buffer) */
     const void *x;         /* main activation input (q for ATTENTION/ROPE, k for KV_WRITE) */
     const void *x2;        /* second input: b for ADD, up for SILU_MUL, v for KV_WRITE */
     dj_dtype out_dtype;    /* element type of out: always the real one. Must equal the

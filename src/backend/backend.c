@@ -122,6 +122,8 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
     case DJ_OP_MATMUL:
         REQUIRE(c->out && c->x && c->w, "%s: NULL out, x or weight", op);
         REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
+        REQUIRE(!c->out_rows || c->out_rows >= c->n, "%s: out has room for %u rows, fewer than its n=%u", op,
+                c->out_rows, c->n);
         REQUIRE(is_float_dtype(c->w_dtype) || c->w_dtype == DJ_DTYPE_F8_E4M3 ||
                     (c->w_dtype == DJ_DTYPE_Q4 && c->k % DJ_Q4_GROUP == 0),
                 "%s: weight dtype %s is not a float type (or q4 with k=%u a multiple of %d)", op,

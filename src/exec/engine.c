@@ -951,6 +951,17 @@ static dj_status stream_refuse(const dj_model_t *m, bool profile) {
                    m->name, m->stream->pl.n_streamed);
 }
 
+/* dj_op_call.out_rows of a MATMUL node's call of n rows: the rows of m
+ * values of out_dtype its buffer holds - the graph sizes activations as f32,
+ * so a bf16 backend's buffer holds twice its rows, and a prefill bucket more
+ * rows than its step's - or 0 (n) where that is not more than n. */
+static uint32_t out_rows_of(const dj_node *nd, uint32_t m, dj_dtype out_dtype, uint32_t n) {
+    const size_t row = (size_t)m * dj_dtype_size(out_dtype);
+    if ((nd->res != DJ_RES_ACTIVATION && nd->res != DJ_RES_OUTPUT) || !row) return 0;
+    const size_t rows = nd->size / row;
+    return rows <= n ? 0 : rows > UINT32_MAX ? UINT32_MAX : (uint32_t)rows;
+}
+
 /* Enqueue every node of the plan; *out_idx receives the output node. With
  * a hook (intervene.c; NULL on every ordinary step) the plan goes to the
  * backend in segments ending at the hook's stops, the hook running after
@@ -1020,6 +1031,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
                 call.x = (const uint8_t *)x + (size_t)(n - rows) * call.k * dj_dtype_size(e->be->act_dtype);
                 call.n = rows;
             }
+            if (nd->op == DJ_OP_MATMUL) call.out_rows = out_rows_of(nd, call.m, call.out_dtype, call.n);
             break;
         case DJ_OP_ROPE:
             call.x = x;

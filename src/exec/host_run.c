@@ -531,6 +531,7 @@ static bool build_run(dj_model_stream *s, const dj_op_call *run, const int32_t *
         if (!b->ok) return false;
         if (!add(b, c->out, out_elems(c), c->out_dtype, true)) return false;
         hc.out = (void *)(uintptr_t)(b->r[b->n - 1].off + 1);
+        hc.out_rows = 0; /* the scratch holds the call's own rows */
         hc.out_dtype = DJ_DTYPE_F32;
         hc.x_dtype = DJ_DTYPE_F32;
         /* weights: at their host addresses (a resident tensor is not in this layer's loads) */

@@ -1386,6 +1386,9 @@ static void check_gemv(void) {
  * GEMV's scalar fallback). Codes span the whole e4m3 range but NaN; scales
  * vary per block, so a block indexed wrongly shows. */
 static bool fp8_subnormal; /* the next check_matmul_fp8: subnormal codes only (reset by it) */
+/* the next check_matmul_fp8: out has room for n rounded up to 4 (out_rows, as the engine gives it), and 4
+ * rows more that must keep their poison - rows not a multiple of 4 then take cuBLASLt whole (reset by it) */
+static bool fp8_room;
 
 /* Random e4m3 codes over the format's whole range, and block scales near
  * 1 / (448 sqrt(k)) (outputs of order 1), drawn in order from the test RNG. */
@@ -1402,7 +1405,8 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     /* F8_LT_MIN_ROWS; per channel / per tensor from k % 128 == 0 (VEC128 row scales); the tensor-core GEMV
      * (W8A16) where it takes the shape (f8_mma_takes) up to 16 rows, and up to 32 where cuBLASLt would not */
     const bool lt_auto = (br == 128 && bc == 128) || ((br == 1 || br == m) && bc >= k && k % 128 == 0);
-    const bool lt_takes = lt_auto && n % 4 == 0 && !bias && out_t == DJ_DTYPE_BF16;
+    const uint32_t n4 = (n + 3) / 4 * 4, room = fp8_room ? n4 : n; /* rows out holds (past them: 4 poisoned) */
+    const bool lt_takes = lt_auto && (n % 4 == 0 || fp8_room) && !bias && out_t == DJ_DTYPE_BF16;
     const bool mma = n >= 2 && n <= 32 && k % 64 == 0 && m % 16 == 0 && (bc % 64 == 0 || bc >= k) && !skew &&
                      (n <= 16 || !lt_takes);
     tol_now = path == 3 || (path == 0 && n >= 16 && lt_auto && !mma) ? TOL_W8A8 : TOL;
@@ -1420,12 +1424,13 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     float *scale = falloc((size_t)sr * sc);
     rand_f8_scales(scale, (size_t)sr * sc, k);
     void *b = bias ? rand_weight(DJ_DTYPE_BF16, m, -0.5f, 0.5f) : NULL;
-    const size_t osz = (size_t)n * m * dj_dtype_size(out_t);
-    void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dalloc((size_t)m * k + skew), *dout = dalloc(osz);
+    const size_t rsz = (size_t)room * m * dj_dtype_size(out_t);
+    const size_t tail = fp8_room ? (size_t)4 * m * dj_dtype_size(out_t) : 0;
+    void *dx = dcopy(xb, (size_t)n * k * 2), *dw = dalloc((size_t)m * k + skew), *dout = dalloc(rsz + tail);
     up((char *)dw + skew, w, (size_t)m * k);
     void *ds = dcopy(scale, (size_t)sr * sc * sizeof(float));
     void *db = b ? dcopy(b, m * 2) : NULL;
-    poison(dout, osz);
+    poison(dout, rsz + tail);
     dj_op_call cc = {.op = DJ_OP_MATMUL, .n = n, .out = ref, .x = xf, .w = w, .w_dtype = DJ_DTYPE_F8_E4M3,
                      .w_scale = scale, .w_block_rows = br, .w_block_cols = bc, .bias = b,
                      .bias_dtype = DJ_DTYPE_BF16, .k = k, .m = m};
@@ -1436,15 +1441,29 @@ static void check_matmul_fp8(uint32_t n, uint32_t k, uint32_t m, uint32_t br, ui
     gc.w_scale = ds;
     gc.bias = db;
     gc.out_dtype = out_t;
+    gc.out_rows = fp8_room ? room : 0;
     dj__cuda_set_paths(gpu, 0, path);
     run_both(&cc, &gc, "matmul fp8");
     dj__cuda_set_paths(gpu, 0, 0);
     char shape[96];
-    snprintf(shape, sizeof shape, "n=%u k=%u m=%u f8 %ux%u%s out=%s%s%s%s", n, k, m, br, bc, bias ? "+bias" : "",
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u f8 %ux%u%s out=%s%s%s%s%s", n, k, m, br, bc, bias ? "+bias" : "",
              dj_dtype_name(out_t), skew ? " skewed" : "", fp8_subnormal ? " subnormal" : "",
+             fp8_room ? " room" : "",
              path == 1 ? " [gemv]" : path == 2 ? " [tiles]" : path == 3 ? " [fp8 tc, W8A8]" : "");
     fp8_subnormal = false;
     compare("MATMUL", shape, dout, out_t, ref, (size_t)n * m);
+    if (fp8_room) { /* the 4 rows past the room keep their poison: no write past out_rows */
+        uint8_t *h = xmalloc(tail);
+        down(h, (uint8_t *)dout + rsz, tail);
+        size_t kept = 0;
+        for (size_t i = 0; i < tail; i++) kept += h[i] == 0xff;
+        n_rows++;
+        n_fail += kept != tail;
+        printf("%-10s %-52s %10zu  %s\n", "MATMUL", shape, tail - kept,
+               kept == tail ? "pass (nothing written past out_rows)" : "FAIL (bytes written past out_rows)");
+        free(h);
+        fp8_room = false;
+    }
     tol_now = TOL;
     dfree(dx);
     dfree(dw);
@@ -1829,14 +1848,17 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
         dsdn[l] = dcopy(sdn[l], sd * sizeof(float));
     }
     const size_t bytes[6] = {rb, nd * 2, nf * 2, nf * 2, nf * 2, nd * 2}; /* h, xn, G, U, H, T */
+    /* the GEMMs' outputs (G, U, T) have room for n rounded up to 4, as the engine's buffers (out_rows) */
+    const uint32_t n4 = (n + 3) / 4 * 4;
+    const size_t room[6] = {rb, nd * 2, (size_t)n4 * f * 2, (size_t)n4 * f * 2, nf * 2, (size_t)n4 * d * 2};
     void *bufs[2][6];
     uint64_t fused = 0, unstored = 0;
     for (int pass = 0; pass < 2; pass++) { /* apart first: the GEMMs alone probe cuBLASLt */
         void **B = bufs[pass];
         B[0] = dcopy(ab, rb);
         for (int b = 1; b < 6; b++) {
-            B[b] = dalloc(bytes[b]);
-            poison(B[b], bytes[b]);
+            B[b] = dalloc(room[b]);
+            poison(B[b], room[b]);
         }
         void *t0 = dcopy(tb, nd * 2);
         dj_op_call gc[12];
@@ -1850,13 +1872,13 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
             for (int i = 0; i < 2; i++)
                 gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[1], .w = dgu[l][i],
                                        .w_dtype = DJ_DTYPE_F8_E4M3, .w_scale = dsgu[l][i], .w_block_rows = br,
-                                       .w_block_cols = bcg, .k = d, .m = f, .out = B[2 + i],
+                                       .w_block_cols = bcg, .k = d, .m = f, .out = B[2 + i], .out_rows = n4,
                                        .out_dtype = DJ_DTYPE_BF16};
             gc[k++] = (dj_op_call){.op = glu, .n = n, .out = B[4], .x = B[2], .x2 = B[3], .d = f,
                                    .out_dtype = DJ_DTYPE_BF16};
             gc[k++] = (dj_op_call){.op = DJ_OP_MATMUL, .n = n, .x = B[4], .w = ddn[l], .w_dtype = DJ_DTYPE_F8_E4M3,
                                    .w_scale = dsdn[l], .w_block_rows = br, .w_block_cols = bcd, .k = f, .m = d,
-                                   .out = B[5], .out_dtype = DJ_DTYPE_BF16};
+                                   .out = B[5], .out_rows = n4, .out_dtype = DJ_DTYPE_BF16};
         }
         const uint64_t before = dj__cuda_fusions(gpu), before_u = dj__cuda_unstored(gpu);
         if (pass == 0) {
@@ -1886,9 +1908,9 @@ static void check_f8_mlp(uint32_t n, uint32_t d, uint32_t f, dj_dtype rt, dj_op 
     report_apart("F8 MLP", shape, buffers_differ(bufs[0], bufs[1], bytes, 6));
     /* the norm steps (1 each) quantizing for gate and up (2) and the GLUs for down (1); the pair 1 more;
      * the first layer's norm and GLU outputs unstored (the second layer writes them over before any read),
-     * the second's stored (the plan ends there); rows not a multiple of 4 keep every output (their last rows
-     * take the GEMV from it) */
-    const uint64_t want = 2 * 4 + (pair ? 1 : 0), want_u = n % 4 ? 0 : 2;
+     * the second's stored (the plan ends there) - rows not a multiple of 4 too, their GEMMs' outputs having
+     * room for them rounded up (check_norm_fp8, check_glu_fp8: without it) */
+    const uint64_t want = 2 * 4 + (pair ? 1 : 0), want_u = 2;
     n_rows++;
     n_fail += fused != want || unstored != want_u;
     printf("%-10s %-52s %10s  %s (%llu fused, expected %llu; %llu unstored, expected %llu)\n", "F8 MLP", shape, "-",
@@ -2059,6 +2081,10 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
         }
     const size_t bytes[7] = {rb, nd * 2, (size_t)n * qd * 2, (size_t)n * kvd * 2, (size_t)n * kvd * 2,
                              (size_t)n * qd * 2, (size_t)n * kvd * 2}; /* h, xn, Q, K, V, QR, KR */
+    /* Q, K, V (the GEMMs' outputs) with room for n rounded up to 4, as the engine's buffers (out_rows) */
+    const uint32_t n4 = (n + 3) / 4 * 4;
+    const size_t room[7] = {rb, nd * 2, (size_t)n4 * qd * 2, (size_t)n4 * kvd * 2, (size_t)n4 * kvd * 2,
+                            (size_t)n * qd * 2, (size_t)n * kvd * 2};
     void *bufs[2][7];
     kv_pair kv[2][2]; /* [pass][layer] */
     uint64_t fused[2] = {0, 0}, unstored[2] = {0, 0};
@@ -2066,8 +2092,8 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
         void **B = bufs[pass];
         B[0] = dcopy(ab, rb);
         for (int b = 1; b < 7; b++) {
-            B[b] = b >= 5 && inplace ? B[b - 3] : dalloc(bytes[b]);
-            if (!(b >= 5 && inplace)) poison(B[b], bytes[b]);
+            B[b] = b >= 5 && inplace ? B[b - 3] : dalloc(room[b]);
+            if (!(b >= 5 && inplace)) poison(B[b], room[b]);
         }
         dj_op_call gc[16];
         int k = 0;
@@ -2087,7 +2113,7 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
                                        .w_dtype = DJ_DTYPE_F8_E4M3,
                                        .w_scale = pass ? dsc[l] + (chan ? row0 : row0 / 128 * (d / 128)) : dss[l][i],
                                        .w_block_rows = chan ? 1 : 128, .w_block_cols = chan ? d : 128, .k = d,
-                                       .m = ms[i], .out = B[2 + i], .out_dtype = DJ_DTYPE_BF16};
+                                       .m = ms[i], .out = B[2 + i], .out_rows = n4, .out_dtype = DJ_DTYPE_BF16};
                 row0 += ms[i];
             }
             for (int i = 0; i < 2; i++)
@@ -2120,9 +2146,9 @@ static void check_f8_qkv(uint32_t n, uint32_t d, uint32_t nh, uint32_t nkv, uint
     printf("%-10s %-52s %10zu  %s\n", "F8 QKV", shape, differ,
            differ ? "FAIL (buffers or pages differ between the plans)" : "pass (= weights apart)");
     /* a layer: the norm (1) quantizing for q, k, v (3), the ROPEs with the KV_WRITE (2); back to back the first
-     * layer's three GEMMs as one (2 more); the first norm's output unstored in both (kept where the rows are
-     * not a multiple of 4) */
-    const uint64_t want_u = n % 4 ? 0 : 1;
+     * layer's three GEMMs as one (2 more); the first norm's output unstored in both - rows not a multiple of
+     * 4 too, the GEMMs' outputs having room for them rounded up (check_norm_fp8: without it) */
+    const uint64_t want_u = 1;
     const int ok = fused[0] == 12 && fused[1] == 14 && unstored[0] == want_u && unstored[1] == want_u;
     n_rows++;
     n_fail += !ok;
@@ -2227,7 +2253,8 @@ static void check_fp8(void) {
         check_f8_qkv(2048, 512, 8, 2, 64, DJ_DTYPE_BF16, 1); /* prefill rows: 4 pairs a thread, in place */
         check_attn_f8(300, 200, 8, 2, 16, 512);   /* after a prefix: partial tiles, rows past n in the last block */
         check_attn_f8(2048, 0, 32, 8, 16, 512);   /* the 8B prefill's heads */
-        /* rows not a multiple of 4 through every fused step (the rows of 4 on cuBLASLt, the rest the GEMV's) */
+        /* rows not a multiple of 4 through every fused step (the rows of 4 on cuBLASLt, the rest the GEMV's;
+         * F8 MLP and F8 QKV give their GEMMs' outputs room for the rows rounded up: cuBLASLt on all) */
         check_fp8_shared(63, 512, 3, qkv);
         check_glu_fp8(DJ_OP_SILU_MUL, 38, 512, 256);
         check_norm_fp8(41, 512, DJ_DTYPE_F32, 0, 3, qkv4);
@@ -2262,6 +2289,15 @@ static void check_fp8(void) {
     check_matmul_fp8(38, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 38 rows: 36 on cuBLASLt, 2 the GEMV's */
     check_matmul_fp8(33, 14336, 4096, 1, 14336, 0, DJ_DTYPE_BF16, 0, 0); /* per channel: 32 + 1 */
     check_matmul_fp8(30, 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);  /* 30: the tensor-core GEMV */
+    /* rows not a multiple of 4 whose output has room for them rounded up: cuBLASLt on the whole 4s */
+    const uint32_t room_rows[5] = {2047, 38, 30, 17, 77};
+    for (int i = 0; i < 5; i++) {
+        fp8_room = true;
+        if (room_rows[i] == 77) /* per channel, forced onto the tensor cores */
+            check_matmul_fp8(77, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 3, 0);
+        else
+            check_matmul_fp8(room_rows[i], 4096, 1024, 128, 128, 0, DJ_DTYPE_BF16, 0, 0);
+    }
     /* automatic, per channel / per tensor: tensor cores (their row scales as VEC128 scales) */
     check_matmul_fp8(64, 1024, 512, 1, 1024, 0, DJ_DTYPE_BF16, 0, 0);
     check_matmul_fp8(512, 4096, 4096, 1, 4096, 0, DJ_DTYPE_BF16, 0, 0);

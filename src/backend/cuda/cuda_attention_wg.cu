@@ -61,7 +61,8 @@
 struct wg_args {
     __nv_bfloat16 *out;    /* [n][nh][128]; NULL (Q8 only): not stored */
     uint8_t *codes;        /* Q8: the output's e4m3 codes [n][nh * 128], a head one group of 128 channels */
-    float *scales;         /* Q8: a group's scale at [row * nh + head] (tok_major) or [head * n + row] */
+    float *scales;         /* Q8: a group's scale at [row * nh + head] (tok_major) or [head * ld + row], ld
+                            * dj__f8_scale_ld(n) */
     bool tok_major;
     const uint32_t *table; /* device block table */
     uint32_t n, nh, group, pos0, window;
@@ -449,8 +450,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                     odd ? got | cb << 16 : ca | got << 16;
         }
         if (c4 == 0) {
-            if (ia < a.n) a.scales[a.tok_major ? (size_t)ia * a.nh + h : (size_t)h * a.n + ia] = sc_a;
-            if (ib < a.n) a.scales[a.tok_major ? (size_t)ib * a.nh + h : (size_t)h * a.n + ib] = sc_b;
+            if (ia < a.n) a.scales[a.tok_major ? (size_t)ia * a.nh + h : (size_t)h * dj__f8_scale_ld(a.n) + ia] = sc_a;
+            if (ib < a.n) a.scales[a.tok_major ? (size_t)ib * a.nh + h : (size_t)h * dj__f8_scale_ld(a.n) + ib] = sc_b;
         }
     } else {
 #pragma unroll

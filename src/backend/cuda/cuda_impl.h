@@ -268,9 +268,14 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
  * + r]. Rows that cannot take it (d % 128, or pointers or d that rule out
  * 16-byte chunks) get DJ_EUNSUPPORTED, nothing launched. codes_only: the
  * bf16 output is not stored (nothing reads it but through the codes). */
+/* FP8 activation scales, group-major (not tok_major): group g's scale of row r at [g * ld + r], ld this of the
+ * n rows - n rounded up to 4, cuBLASLt's block-scale rows coming in 4s, so that a GEMM can run on whole 4s
+ * where its output has room (dj_op_call.out_rows; cuda_matmul_fp8_lt.cu's lt_matmul). */
+static inline __host__ __device__ uint32_t dj__f8_scale_ld(uint32_t n) { return (n + 3u) / 4u * 4u; }
+
 typedef struct dj_norm_q8 {
     uint8_t *q;
-    float *sc;
+    float *sc; /* tok_major, or group-major dj__f8_scale_ld(n) rows apart */
     bool tok_major;
     bool codes_only;
 } dj_norm_q8;
@@ -352,6 +357,9 @@ dj_status dj__cuda_matmul_fp8(dj_cuda_backend *cb, const dj_op_call *c);
  * or DJ_EUNSUPPORTED when cuBLASLt refuses (the caller falls back; the mode
  * is then off for the backend), or another error. destroy: with the backend. */
 bool dj__cuda_fp8_lt_covers(const dj_cuda_backend *cb, const dj_op_call *c);
+/* Whether cuBLASLt's GEMM would run all of c's rows in one pass over the weights: rows of 4, or out with
+ * room for n rounded up to 4 (dj_op_call.out_rows) - else its last 1..3 rows take the GEMV too. */
+bool dj__cuda_fp8_lt_one_pass(const dj_op_call *c);
 /* Whether dj__cuda_matmul_fp8 tries the tensor cores for c (the automatic
  * choice, or path 3); and whether dj__cuda_matmul sends c there at all. */
 bool dj__cuda_fp8_lt_wanted(const dj_cuda_backend *cb, const dj_op_call *c);

@@ -384,6 +384,7 @@ dj_status dj__cuda_matmul(dj_cuda_backend *cb, const dj_op_call *c) {
             part.n = c->n - r0 < GEMV_MAX_ROWS ? c->n - r0 : GEMV_MAX_ROWS;
             part.x = (const uint8_t *)c->x + (size_t)r0 * c->k * xs;
             part.out = (uint8_t *)c->out + (size_t)r0 * c->m * os;
+            part.out_rows = 0;
             st = dj__cuda_gemv(cb, &part, 1);
         }
         return st;

@@ -393,13 +393,13 @@ static bool f8_mma_takes(const dj_cuda_backend *cb, const dj_op_call *calls, int
 
 /* From 9 rows: the tensor-core GEMV up to F8M_PREFER_ROWS rows, and up to F8M_MAX_ROWS where cuBLASLt would not
  * take the call (a bias, f32 out: else dequantized tiles) or would leave rows to a second pass over the weights
- * (rows not a multiple of 4: cuda_matmul_fp8_lt.cu's lt_matmul). From 20 rows cuBLASLt's W8A8 GEMM was the
- * faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 / 4,550 against the GEMV's 2,885 /
- * 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
+ * (rows not a multiple of 4 whose output has no room for them rounded up: dj__cuda_fp8_lt_one_pass). From 20
+ * rows cuBLASLt's W8A8 GEMM was the faster one (8B FP8 decode on the H100, b=20 / 24 / 32: 3,223 / 3,769 /
+ * 4,550 against the GEMV's 2,885 / 3,347 / 3,838 tok/s; b=16 2,768 / 2,799, bench/RESULTS.md 2026-11-28). */
 #define F8M_PREFER_ROWS 16
 bool dj__cuda_f8_gemv_takes(const dj_cuda_backend *cb, const dj_op_call *c) {
     return c->w_dtype == DJ_DTYPE_F8_E4M3 && f8_mma_takes(cb, c, 1) &&
-           (c->n <= F8M_PREFER_ROWS || c->n % 4 || !dj__cuda_fp8_lt_wanted(cb, c));
+           (c->n <= F8M_PREFER_ROWS || !dj__cuda_fp8_lt_one_pass(c) || !dj__cuda_fp8_lt_wanted(cb, c));
 }
 
 template <typename TO, int NT>

@@ -57,7 +57,7 @@ static __device__ __forceinline__ float lt_f8(uint8_t v) {
 
 /* x [n][k] bf16 -> q [n][k] e4m3 and one scale per (row, group of g
  * channels): s = amax / 448, q = x / s. Scale of (r, gi) at
- * sc[tok_major ? r * groups + gi : gi * n + r]. One warp per (row, group),
+ * sc[tok_major ? r * groups + gi : gi * dj__f8_scale_ld(n) + r]. One warp per (row, group),
  * QA_WARPS a block; VEC (g and k multiples of 4, x 8-byte aligned): 4
  * channels a lane per load and store. A block of 128 threads per group
  * with a shared-memory reduction ran at 0.3-0.4 TB/s (ncu: 15 us for
@@ -100,7 +100,7 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
         for (uint32_t i = lane; i < len; i += 32)
             q[base + i] = __nv_cvt_float_to_fp8(__bfloat162float(x[base + i]) * inv, __NV_SATFINITE, __NV_E4M3);
     }
-    if (lane == 0) sc[tok_major ? (size_t)r * groups + gi : (size_t)gi * n + r] = scale;
+    if (lane == 0) sc[tok_major ? (size_t)r * groups + gi : (size_t)gi * dj__f8_scale_ld(n) + r] = scale;
 }
 
 /* The same for groups of 128 channels (block mode; k a multiple of 128, x
@@ -122,7 +122,7 @@ static __global__ void __launch_bounds__(QA_WARPS * 32)
 /* Where group item of a [n][k] activation lies (items = n * k / 128 < 2^31: qa_g128_fits); its
  * inputs' rows lie in_ld values apart (k, or gate and up as one GEMM's halves: 2k). */
 struct qa_geom {
-    uint32_t n, k, groups, items, in_ld;
+    uint32_t n, k, groups, items, in_ld, sc_ld; /* sc_ld: dj__f8_scale_ld(n) */
     dj_fastdiv gdiv; /* / groups */
     bool tok_major;
 };
@@ -130,7 +130,7 @@ static __device__ __forceinline__ void qa_at(const qa_geom &g, uint32_t item, si
     const uint32_t r = dj_fastdiv_q(item, g.gdiv), gi = item - r * g.groups;
     *elem = (size_t)r * g.k + (size_t)gi * LT_GROUP;
     *in = (size_t)r * g.in_ld + (size_t)gi * LT_GROUP;
-    *scale = g.tok_major ? (size_t)item : (size_t)gi * g.n + r;
+    *scale = g.tok_major ? (size_t)item : (size_t)gi * g.sc_ld + r;
 }
 
 /* No GLU: the values are x's own. */
@@ -196,6 +196,7 @@ static void launch_g128(dj_cuda_backend *cb, int op, const __nv_bfloat16 *x, con
     qa_geom g;
     g.n = n, g.k = k, g.groups = k / LT_GROUP, g.items = n * g.groups, g.gdiv = dj_fastdiv_make(g.groups);
     g.in_ld = in_ld;
+    g.sc_ld = dj__f8_scale_ld(n);
     g.tok_major = tok_major;
     const unsigned per_block = QA_WARPS * QA_U * 2, blocks = (g.items + per_block - 1) / per_block;
     if (op == DJ_OP_SILU_MUL)
@@ -358,16 +359,20 @@ static dj_status lt_quantize(dj_cuda_backend *cb, const dj_op_call *c, int layou
     return DJ_OK;
 }
 
-/* Scratch: q [n][k] e4m3, then activation scales, then (rows not a multiple
- * of 4) the first rows-of-4's scales apart (head_scales), then the weight
- * scales in cuBLASLt's order (block mode transposed, or an m-vector). */
+/* Scratch: q [n4][k] e4m3 (n4: n rounded up to 4, dj__f8_scale_ld), then
+ * the activation scales of n4 rows, then (rows not a multiple of 4) the first
+ * rows-of-4's scales apart (head_scales), then the weight scales in
+ * cuBLASLt's order (block mode transposed, or an m-vector). Codes and scales
+ * of rows n..n4 are whatever the scratch held: only a GEMM's rows past n,
+ * which nothing reads, come of them. */
 static size_t scale_floats(uint32_t rows, uint32_t k) { /* activation scales of rows x k, 256-byte aligned */
     return ((size_t)rows * ((k + LT_GROUP - 1) / LT_GROUP) + 63) / 64 * 64;
 }
 static size_t head_floats(const dj_op_call *c) { return c->n % 4 ? scale_floats(c->n / 4 * 4, c->k) : 0; }
 static size_t carve_floats(const dj_op_call *c, int mode, size_t *qf, size_t *xsf) {
-    *qf = ((size_t)c->n * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
-    *xsf = scale_floats(c->n, c->k);
+    const uint32_t n4 = dj__f8_scale_ld(c->n);
+    *qf = ((size_t)n4 * c->k + 255) / 256 * 64; /* floats holding q, 256-byte aligned */
+    *xsf = scale_floats(n4, c->k);
     const size_t wsf = mode == MODE_BLOCK ? (size_t)(c->m / 128) * (c->k / 128) : (size_t)c->m * (c->k / 128);
     return *qf + *xsf + head_floats(c) + wsf + 64;
 }
@@ -391,14 +396,23 @@ static dj_status lt_gemm(dj_cuda_backend *cb, const dj_op_call *c, int mode, con
 
 /* dst[g][r] = xs[g][r] for the first n4 of n rows: group-major activation scales of the rows of 4. */
 static __global__ void head_scales_kernel(const float *xs, uint32_t n, uint32_t n4, uint32_t groups, float *dst) {
-    const size_t total = (size_t)n4 * groups;
+    const size_t total = (size_t)n4 * groups, ld = dj__f8_scale_ld(n);
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
-        dst[e] = xs[(e / n4) * n + e % n4];
+        dst[e] = xs[(e / n4) * ld + e % n4];
 }
 
+/* Whether c's GEMM runs on its n rows rounded up to 4 (not a multiple of 4, and out has room for
+ * the rows past n: dj_op_call.out_rows) - one pass over the weights, the extra rows scratch. */
+static bool lt_rounds_up(const dj_op_call *c) { return c->n % 4 && c->out_rows >= dj__f8_scale_ld(c->n); }
+bool dj__cuda_fp8_lt_one_pass(const dj_op_call *c) { return c->n % 4 == 0 || lt_rounds_up(c); }
+/* The rows cuBLASLt's GEMM of an unstored producer's codes runs on (f8_keeps_input false). */
+static uint32_t lt_rows(const dj_op_call *c) { return lt_rounds_up(c) ? dj__f8_scale_ld(c->n) : c->n; }
+
 /* lt_gemm for any rows: cuBLASLt's block-scale tensors come in rows of 4
- * (activation scales written with their rows padded to 4 gave a wrong
- * product, bench/RESULTS.md 2026-11-28), so the rows of 4 take it - their
+ * (a GEMM of n rows with scales laid out for n rounded up gave a wrong
+ * product, bench/RESULTS.md 2026-11-28). Where out has room (lt_rounds_up)
+ * the GEMM runs on n rounded up to 4 - its last rows' codes and scales, and
+ * so its output rows past n, are scratch. Else the rows of 4 take it - their
  * group-major scales copied apart first (the space carve leaves after xs) -
  * and the last 1..3 the GEMV from c's bf16 input, which the caller keeps
  * stored for them (f8_keeps_input): it reads the weights once more. */
@@ -406,6 +420,11 @@ static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, c
                            float *xs) {
     const uint32_t n4 = c->n / 4 * 4;
     if (n4 == c->n) return lt_gemm(cb, c, mode, ws_lt, q, xs);
+    if (lt_rounds_up(c)) {
+        dj_op_call whole = *c;
+        whole.n = dj__f8_scale_ld(c->n);
+        return lt_gemm(cb, &whole, mode, ws_lt, q, xs);
+    }
     if (!n4) return DJ_EUNSUPPORTED;
     dj_op_call head = *c, tail = *c;
     head.n = n4;
@@ -423,12 +442,13 @@ static dj_status lt_matmul(dj_cuda_backend *cb, const dj_op_call *c, int mode, c
     if (st != DJ_OK) return st;
     tail.x = (const uint8_t *)c->x + (size_t)n4 * c->k * sizeof(__nv_bfloat16);
     tail.out = (uint8_t *)c->out + (size_t)n4 * c->m * sizeof(__nv_bfloat16);
+    tail.out_rows = 0;
     return dj__cuda_gemv_fp8(cb, &tail, 1);
 }
 
-/* Whether a producer of c's codes must keep its bf16 output: rows not a multiple of 4 (lt_matmul's last
- * rows take the GEMV from it). */
-static bool f8_keeps_input(const dj_op_call *c) { return c->n % 4 != 0; }
+/* Whether a producer of c's codes must keep its bf16 output: rows not a multiple of 4 that out has no room
+ * to round up (lt_matmul's last rows take the GEMV from it). */
+static bool f8_keeps_input(const dj_op_call *c) { return c->n % 4 != 0 && !lt_rounds_up(c); }
 
 static dj_status lt_run(dj_cuda_backend *cb, const dj_op_call *c, int mode, int layout, const float *ws_lt,
                         uint8_t *q, float *xs) {
@@ -659,7 +679,8 @@ static dj_status codes_for(dj_cuda_backend *cb, const dj_op_call *mm, bool unsto
     d->mode = mode_of(mm);
     const dj_status st = carve(cb, mm, d->mode, &d->q, &d->xs, &d->wsx);
     if (st != DJ_OK) return st;
-    d->unstored = unstored && !f8_keeps_input(mm) && entry_for(cb, mm->n, mm->k, mm->m, d->mode, mm->w_scale, d->xs);
+    d->unstored = unstored && !f8_keeps_input(mm) &&
+                  entry_for(cb, lt_rows(mm), mm->k, mm->m, d->mode, mm->w_scale, d->xs);
     d->layout = cb->fp8_lt->layout[d->mode];
     return DJ_OK;
 }
@@ -762,9 +783,10 @@ dj_status dj__cuda_norm_fp8_lt(dj_cuda_backend *cb, const dj_op_call *prenorm, c
     dj_status st = dj__cuda_scratch(cb, need, &base);
     if (st == DJ_OK) st = carve(cb, &mms[0], mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
-    bool unstored = (dead & DJ_F8_DEAD_NORM) != 0 && !f8_keeps_input(&mms[0]); /* only where every GEMM has its algorithm */
+    bool unstored = (dead & DJ_F8_DEAD_NORM) != 0; /* only where every GEMM has its algorithm and all its rows */
     for (int i = 0; unstored && i < count; i++)
-        unstored = entry_for(cb, mms[i].n, mms[i].k, mms[i].m, mode, mms[i].w_scale, xs) != NULL;
+        unstored = !f8_keeps_input(&mms[i]) &&
+                   entry_for(cb, lt_rows(&mms[i]), mms[i].k, mms[i].m, mode, mms[i].w_scale, xs) != NULL;
     if ((st = norm_codes(cb, mode, prenorm, add, norm, q, xs, unstored, done)) != DJ_OK || !*done) return st;
     const int layout = L->layout[mode];
     for (int i = 0; i < count; i++) {
@@ -810,7 +832,8 @@ static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, 
                                 const dj_op_call *norm, dj_op_call *all, size_t keep, unsigned dead, int *ran) {
     struct dj_fp8_lt *L = cb->fp8_lt;
     *ran = 0;
-    const size_t off = (keep + 63) / 64 * 64, out_f = ((size_t)all->n * all->m + 1) / 2;
+    const uint32_t n4 = dj__f8_scale_ld(all->n); /* the output's room: the GEMM runs on whole 4s (lt_rounds_up) */
+    const size_t off = (keep + 63) / 64 * 64, out_f = ((size_t)n4 * all->m + 1) / 2;
     float *base = NULL, *xs, *wsx;
     uint8_t *q;
     const int mode = mode_of(all); /* the parts': pair_takes, triple_takes */
@@ -818,7 +841,8 @@ static dj_status norm_then_gemm(dj_cuda_backend *cb, const dj_op_call *prenorm, 
     if (st == DJ_OK) st = carve(cb, all, mode, &q, &xs, &wsx);
     if (st != DJ_OK) return st;
     all->out = base + off;
-    if (!entry_for(cb, all->n / 4 * 4, all->k, all->m, mode, all->w_scale, xs)) return DJ_OK; /* no algorithm */
+    all->out_rows = n4;
+    if (!entry_for(cb, n4, all->k, all->m, mode, all->w_scale, xs)) return DJ_OK; /* no algorithm */
     const bool unstored = (dead & DJ_F8_DEAD_NORM) != 0 && !f8_keeps_input(all);
     if ((st = norm_codes(cb, mode, prenorm, add, norm, q, xs, unstored, ran)) != DJ_OK || !*ran) return st;
     const int layout = L->layout[mode];

@@ -326,7 +326,8 @@ static __global__ void __launch_bounds__(NORM_ROW_THREADS)
 #pragma unroll
             for (int v = 0; v < NORM_VEC; v++) f[v] = __bfloat162float(__float2bfloat16(o[v]));
             const uint32_t e = chunk_at(c), gi = e / 128;
-            const size_t si = q8.tok_major ? (size_t)blockIdx.x * (d / 128) + gi : (size_t)gi * gridDim.x + blockIdx.x;
+            const size_t si = q8.tok_major ? (size_t)blockIdx.x * (d / 128) + gi
+                                           : (size_t)gi * dj__f8_scale_ld(gridDim.x) + blockIdx.x;
             quant_group(f, e < d, q8.q + row + e, q8.sc + si, threadIdx.x & 15);
         }
     }
