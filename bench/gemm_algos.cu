@@ -6,12 +6,14 @@
  * 1: adding into the f32 residual stream in the GEMM); and the square GEMM the benchmarks' floor is measured on,
  * with constant data (as cuda_measure.cu fills it) and random data. Prints
  *   <shape> m n k: default <us> (<TF>) best <us> (<TF>, algo i of N) ...
- * usage: bench_gemm_algos [fp8] (fp8: the FP8 part only; needs a GPU;
+ * usage: bench_gemm_algos [fp8 [--no-sweep]] (fp8: the FP8 part only, --no-sweep without the
+ * configuration sweep; needs a GPU;
  * bench/RESULTS.md has its figures) */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +224,14 @@ static void fp8_tune(cudaStream_t s, cublasLtHandle_t lt, cublasLtMatmulDesc_t o
  * asking for fast accumulation (whether cuBLASLt has another kernel for it),
  * and writing f32 added to the output's contents (beta 1: what adding into
  * the f32 residual stream in the GEMM would cost it). */
+/* v[i] = a + b * (i % 7) for i < count. */
+static __global__ void fill_steps_kernel(float *v, size_t count, float a, float b) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        v[i] = a + b * (float)(i % 7);
+}
+
+static bool fp8_sweep = true; /* the configuration sweep of kind 0 (fp8_tune); `fp8 --no-sweep`: off */
+
 static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape *shapes, int count) {
     const size_t cap = (size_t)28672 * 4096;
     uint8_t *w, *x;
@@ -232,20 +242,32 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
     CHECK(cudaMalloc(&y, cap * 2));
     CHECK(cudaMalloc(&wsc, cap / 128 * sizeof(float)));
     CHECK(cudaMalloc(&xsc, cap / 128 * sizeof(float)));
+    /* kind 6: unit block scales, and a scale per weight row as cuBLASLt's alpha vector (per-channel weights
+     * on the block kernel); checked against kind 0's product (every block scale s0) times alpha / s0 */
+    const float s0 = 2.9e-3f; /* 0x3b3b3b3b, the block scales below: 2.8592e-3 */
+    float *ones, *av;
+    __nv_bfloat16 *y0;
+    CHECK(cudaMalloc(&ones, cap / 128 * sizeof(float)));
+    CHECK(cudaMalloc(&av, 28672 * sizeof(float)));
+    CHECK(cudaMalloc(&y0, cap * 2));
     /* codes of small magnitude from random bf16 bits; scales near 1 / 448 */
     dj_fill_uniform_bf16<<<1024, 256, 0, s>>>((__nv_bfloat16 *)w, cap / 2, 4, -0.05f, 0.05f);
     dj_fill_uniform_bf16<<<1024, 256, 0, s>>>((__nv_bfloat16 *)x, cap / 2, 5, -0.05f, 0.05f);
     CHECK(cudaMemsetAsync(wsc, 0x3b, cap / 128 * sizeof(float), s)); /* 0x3b3b3b3b: 2.9e-3 */
     CHECK(cudaMemsetAsync(xsc, 0x3b, cap / 128 * sizeof(float), s));
+    fill_steps_kernel<<<256, 256, 0, s>>>(ones, cap / 128, 1.0f, 0.0f);
+    fill_steps_kernel<<<64, 256, 0, s>>>(av, 28672, 0.5f * s0, s0 / 7.0f);
     CHECK(cudaGetLastError());
+    float s0_exact = 0.0f;
+    CHECK(cudaMemcpy(&s0_exact, wsc, sizeof s0_exact, cudaMemcpyDeviceToHost));
     const float one = 1.0f, zero = 0.0f;
     static const char *const kinds[] = {"block", "tensor", "tensor fast-accum", "channel as VEC128",
-                                        "block fast-accum", "block f32 += C"};
+                                        "block fast-accum", "block f32 += C", "chan: unit blocks+alpha"};
     for (int si = 0; si < count; si++) {
         const int m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
         if (m % 128 || k % 128) continue;
         const double flop = 2.0 * m * n * (double)k;
-        for (int kind = 0; kind < 6; kind++) {
+        for (int kind = 0; kind < 7; kind++) {
             lt_problem pr = problem_make(CUDA_R_8F_E4M3, m, n, k);
             if (kind == 5) { /* f32 out added to what it holds (beta 1): a residual stream updated in place */
                 cublasLtMatrixLayoutDestroy(pr.d);
@@ -266,18 +288,27 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
                 const int8_t fast = 1;
                 CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
             }
+            const float *alpha = &one;
+            if (kind == 6) {
+                const int32_t pm = CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO;
+                CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm));
+                alpha = av;
+            }
             /* per tensor: the first scale of each array */
-            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsc, sizeof wsc));
+            float *const asc = kind == 6 ? ones : wsc;
+            CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &asc, sizeof asc));
             CHECKB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsc, sizeof xsc));
             cublasLtMatmulHeuristicResult_t res[32];
             const int found = problem_heuristic(lt, pr, res);
             printf("fp8 %-17s %-20s m %5d n %d k %5d: %d algorithms:", kinds[kind], shapes[si].name, m, n, k, found);
+            bool ran = false;
             float best = 1e30f;
             for (int i = 0; i < found; i++) {
                 if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
                 const float us = time_us(s, [&] {
-                    CHECKB(cublasLtMatmul(lt, op, &one, w, la, x, lb, beta, y, ld, y, ld, &res[i].algo, ws, WS, s));
+                    CHECKB(cublasLtMatmul(lt, op, alpha, w, la, x, lb, beta, y, ld, y, ld, &res[i].algo, ws, WS, s));
                 });
+                ran = true;
                 if (us < best) best = us;
                 int tile = -1, stages = -1, splitk = -1, cl = -1;
                 size_t got = 0;
@@ -297,7 +328,35 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
                 printf(" | best %.1f us %.0f TF\n", best, flop / best * 1e-6);
             else
                 printf(" none runs (refused by the heuristic)\n");
-            if (kind == 0 && !strncmp(shapes[si].name, "llama", 5) && found > 0)
+            if (kind == 0 && ran) CHECK(cudaMemcpyAsync(y0, y, (size_t)m * n * 2, cudaMemcpyDeviceToDevice, s));
+            if (kind == 6 && ran) { /* y[t][j] against y0[t][j] * alpha[j] / s0 (column-major m x n: j fastest) */
+                const size_t cnt = (size_t)m * n;
+                uint16_t *h = (uint16_t *)malloc(cnt * 2), *h0 = (uint16_t *)malloc(cnt * 2);
+                CHECK(cudaStreamSynchronize(s));
+                CHECK(cudaMemcpy(h, y, cnt * 2, cudaMemcpyDeviceToHost));
+                CHECK(cudaMemcpy(h0, y0, cnt * 2, cudaMemcpyDeviceToHost));
+                double maxd = 0.0, maxr = 0.0;
+                size_t skipped = 0;
+                for (size_t e = 0; e < cnt; e++) {
+                    uint32_t b = (uint32_t)h[e] << 16, b0 = (uint32_t)h0[e] << 16;
+                    float f, f0;
+                    memcpy(&f, &b, 4);
+                    memcpy(&f0, &b0, 4);
+                    const size_t j = e % (size_t)m;
+                    const double want = (double)f0 * (0.5 * s0 + s0 / 7.0 * (double)(j % 7)) / s0_exact;
+                    if (!isfinite(want) || !isfinite(f)) {
+                        skipped++;
+                        continue;
+                    }
+                    if (fabs(f - want) > maxd) maxd = fabs(f - want);
+                    if (fabs(want) > maxr) maxr = fabs(want);
+                }
+                printf("    alpha-vector product against the block product times alpha / s0: max err %.3g of the "
+                       "largest %.3g (%zu non-finite skipped)\n", maxd, maxr, skipped);
+                free(h);
+                free(h0);
+            }
+            if (kind == 0 && fp8_sweep && !strncmp(shapes[si].name, "llama", 5) && found > 0)
                 fp8_tune(s, lt, op, la, lb, ld, flop, res[0], [&](const cublasLtMatmulAlgo_t *algo) {
                     return cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, y, ld, y, ld, algo, ws, WS, s);
                 });
@@ -308,6 +367,7 @@ static void fp8_block(cudaStream_t s, cublasLtHandle_t lt, void *ws, const shape
 
 int main(int argc, char **argv) {
     const bool fp8_only = argc > 1 && !strcmp(argv[1], "fp8");
+    fp8_sweep = !(argc > 2 && !strcmp(argv[2], "--no-sweep"));
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
     cublasHandle_t blas;
