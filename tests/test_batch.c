@@ -443,6 +443,18 @@ static dj_status spy_compute_plan(dj_backend_t *be, const dj_op_call *calls, siz
     for (size_t i = 0; i < n; i++) spy_note(&calls[i]);
     return spy_real->compute_plan(be, calls, n, key, ss);
 }
+/* compute and compute_plan put in front of e's backend's (spy_real: its own; the caller puts it back). */
+typedef dj_status (*spy_plan_fn)(dj_backend_t *, const dj_op_call *, size_t, const void *, const dj_stream_step *);
+static dj_backend_t *spy_install(dj_engine_t *e, dj_status (*compute)(dj_backend_t *, const dj_op_call *),
+                                 spy_plan_fn plan) {
+    dj_backend_t *be = dj_engine_backend(e);
+    spy_real = be->vt;
+    spy_vt = *be->vt;
+    spy_vt.compute = compute;
+    if (spy_vt.compute_plan) spy_vt.compute_plan = plan;
+    be->vt = &spy_vt;
+    return be;
+}
 static void spy_reset(void) {
     spy_calls = 0;
     spy_decode_only = 0;
@@ -463,12 +475,7 @@ static void check_short_class(void) {
     dj_model_t *m = NULL;
     dj_engine_t *e = engine_with("llama3", &m);
     if (!e) return;
-    dj_backend_t *be = dj_engine_backend(e);
-    spy_real = be->vt;
-    spy_vt = *be->vt;
-    spy_vt.compute = spy_compute;
-    if (spy_vt.compute_plan) spy_vt.compute_plan = spy_compute_plan;
-    be->vt = &spy_vt;
+    dj_backend_t *be = spy_install(e, spy_compute, spy_compute_plan);
     enum { SHORT = 24, N = 5 };
     be->short_pos = SHORT;
     be->short_rows = 2;
@@ -606,12 +613,7 @@ static void check_out_rows(void) {
     dj_model_t *m = NULL;
     dj_engine_t *e = engine_with("llama3", &m);
     if (!e) return;
-    dj_backend_t *be = dj_engine_backend(e);
-    spy_real = be->vt;
-    spy_vt = *be->vt;
-    spy_vt.compute = scrawl_one;
-    if (spy_vt.compute_plan) spy_vt.compute_plan = scrawl_plan;
-    be->vt = &spy_vt;
+    dj_backend_t *be = spy_install(e, scrawl_one, scrawl_plan);
     const uint32_t V = dj_model_get_config(m)->vocab_size;
     const uint32_t lens[4] = {5, 17, 30, 3}; /* buckets 16, 32, 32, 16 */
     float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
