@@ -261,21 +261,21 @@ dj_status dj__cuda_rmsnorm(dj_cuda_backend *cb, const dj_op_call *c);
  * pass and stored too, bit-identical to its own launch; its weights of
  * norm's dtype, its output clear of add.x, add.out and norm.out. */
 #define DJ_FUSE_MAX_D 16384 /* a thread holds its part of the row in registers (cuda_norm.cu) */
-/* The norm's bf16 output also as e4m3 codes for FP8 GEMMs of 128x128-block
- * weights (quant_group.cuh: the codes and scales the activation
- * quantization makes of that output): codes [n][d] at q (8-byte aligned), a
- * scale per (row r, 128 channels g) at sc[tok_major ? r * d / 128 + g : g * n
- * + r]. Rows that cannot take it (d % 128, or pointers or d that rule out
- * 16-byte chunks) get DJ_EUNSUPPORTED, nothing launched. codes_only: the
- * bf16 output is not stored (nothing reads it but through the codes). */
 /* FP8 activation scales, group-major (not tok_major): group g's scale of row r at [g * ld + r], ld this of the
  * n rows - n rounded up to 4, cuBLASLt's block-scale rows coming in 4s, so that a GEMM can run on whole 4s
  * where its output has room (dj_op_call.out_rows; cuda_matmul_fp8_lt.cu's lt_matmul). */
 static inline __host__ __device__ uint32_t dj__f8_scale_ld(uint32_t n) { return (n + 3u) / 4u * 4u; }
 
+/* The norm's bf16 output also as e4m3 codes for FP8 GEMMs of 128x128-block
+ * weights (quant_group.cuh: the codes and scales the activation
+ * quantization makes of that output): codes [n][d] at q (8-byte aligned), a
+ * scale per (row r, 128 channels g) at sc[tok_major ? r * d / 128 + g : g *
+ * dj__f8_scale_ld(n) + r]. Rows that cannot take it (d % 128, or pointers or d that rule out
+ * 16-byte chunks) get DJ_EUNSUPPORTED, nothing launched. codes_only: the
+ * bf16 output is not stored (nothing reads it but through the codes). */
 typedef struct dj_norm_q8 {
     uint8_t *q;
-    float *sc; /* tok_major, or group-major dj__f8_scale_ld(n) rows apart */
+    float *sc;
     bool tok_major;
     bool codes_only;
 } dj_norm_q8;
