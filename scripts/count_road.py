@@ -1,5 +1,5 @@
-# Counts the road of one request from a callgrind dump: functions of src/ entered, their files,
-# and the calls that climb back up the layers (docs/architecture.md, "The road of a request").
+# count_road.py: counts the road of one request in a callgrind dump - functions of src/ entered,
+# their files, calls across layers (docs/architecture.md, "How these were counted").
 """usage: count_road.py CALLGRIND_OUT [--list]
 
 Reads a dump written with --compress-strings=no --compress-pos=no while one

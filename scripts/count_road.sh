@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Measures the road of one binary GENERATE and one HTTP chat completion through djinnd on the CPU:
-# callgrind records the calls of each request, scripts/count_road.py counts functions, files, climbs.
-# usage: [LIST=1] [KEEP=DIR] scripts/count_road.sh [BUILD_DIR]  (LIST: name every function and climb;
-#   KEEP: copy the two callgrind dumps there)   (BUILD_DIR: a -O0 -fno-inline build, default build-trace:
-#   cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-O0 -fno-inline"
-#   cmake --build build-trace --target djinnd)   needs valgrind, curl and /usr/bin/python3 with msgpack.
+# count_road.sh: the road of one binary GENERATE and one HTTP chat completion through djinnd on
+# the CPU, recorded by callgrind and counted by scripts/count_road.py (functions, files, layers).
+# usage: [LIST=1] [KEEP=DIR] scripts/count_road.sh [BUILD_DIR]
+#   LIST: name every function and every call up a layer; KEEP: copy the two callgrind dumps there;
+#   BUILD_DIR: a -O0 -fno-inline build (default build-trace), made by
+#     cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="-O0 -fno-inline"
+#     cmake --build build-trace --target djinnd
+# Needs valgrind, curl and /usr/bin/python3 with msgpack.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 B=${1:-$ROOT/build-trace}
