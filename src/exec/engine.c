@@ -13,6 +13,7 @@
 
 #include "djinn/op_table.h"
 #include "djinn/sampler.h"
+#include "core/switches.h"
 #include "exec/engine_impl.h"
 #include "exec/stream_impl.h"
 
@@ -58,8 +59,10 @@ typedef struct prof_entry {
 
 struct dj_engine {
     dj_backend_t *be;
-    bool profile;              /* $DJINN_PROFILE set (and not "0") */
+    bool profile;              /* $DJINN_PROFILE=1 */
     bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=off: on the host) */
+    bool weights_in_place;     /* $DJINN_WEIGHTS_IN_PLACE not 0 (weights_in_place) */
+    bool no_graphs;            /* $DJINN_NO_GRAPHS=1: decode steps run eagerly (dj__engine_set_graphs) */
     dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
     uint32_t sample_rows_cap;
     prof_entry prof[DJ_PROF_NAMES];
@@ -194,11 +197,11 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     }
     if (!cfg->no_prefix_cache && (st = dj__prefix_new(e, &e->prefix)) != DJ_OK) goto fail;
     {
-        const char *p = getenv("DJINN_PROFILE");
-        e->profile = p && *p && strcmp(p, "0") != 0;
-        /* on (default) | off: the kill switch of the backend's sample hook */
-        const char *ds = getenv("DJINN_DEVICE_SAMPLING");
-        e->device_sampling = !(ds && strcmp(ds, "off") == 0);
+        /* the engine's switches (src/core/switches.h), read once, here */
+        e->profile = dj_switch_read(DJ_SW_PROFILE) == 1;
+        e->device_sampling = dj_switch_read(DJ_SW_DEVICE_SAMPLING) == 1;
+        e->weights_in_place = dj_switch_read(DJ_SW_WEIGHTS_IN_PLACE) == 1;
+        e->no_graphs = dj_switch_read(DJ_SW_NO_GRAPHS) == 1;
     }
     *out = e;
     return DJ_OK;
@@ -487,8 +490,7 @@ static dj_status load_visit(void *user, size_t tensor, size_t off, const void *b
  * the mapped checkpoint (no copy; the page cache holds them once for every
  * process); $DJINN_WEIGHTS_IN_PLACE=0 copies them into the text segment. */
 static bool weights_in_place(const dj_engine_t *e) {
-    const char *env = getenv("DJINN_WEIGHTS_IN_PLACE");
-    return e->be->host_memory && !(env && !strcmp(env, "0"));
+    return e->be->host_memory && e->weights_in_place;
 }
 
 /* The f32 scales of every f8_e4m3 slot into the text segment, converted
@@ -1321,10 +1323,11 @@ static dj_status check_ids(const dj_model_config *c, const int32_t *ids, uint32_
 /* ---- decode steps: one token for each of B sessions, graphs on a device ---- */
 
 static bool graphs_enabled(const dj_engine_t *e) {
-    const char *off = getenv("DJINN_NO_GRAPHS");
     return e->be->vt->capture_begin && e->be->vt->capture_end && e->be->vt->graph_launch && e->be->vt->graph_free &&
-           !(off && off[0] && strcmp(off, "0") != 0);
+           !e->no_graphs;
 }
+
+void dj__engine_set_graphs(dj_engine_t *e, bool on) { e->no_graphs = !on; }
 
 /* The graph slot of a decode shape; what a recorded graph baked in (weights,
  * stack and step-args addresses, the plan) must match, or it is dropped. */
