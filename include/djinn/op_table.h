@@ -5,9 +5,15 @@
  * of repeating per-op knowledge; what an op computes stays code (the kernel
  * dispatch switches, each checked at build time by -Werror=switch).
  *
- * Adding an op: a DJ_OP_DESC_<NAME> row below (the table in
- * src/backend/op_table.c is generated from DJ_OP_LIST, so a missing row does
- * not compile), then the cases the compiler asks for. */
+ * Adding an op: its X entry and contract line in DJ_OP_LIST (backend.h, with
+ * any dj_op_call field it needs) and a DJ_OP_DESC_<NAME> row below; the build
+ * then fails (op_table.c is generated from DJ_OP_LIST, the switches are built
+ * with -Werror=switch) until it has its case in dj__op_call_check
+ * (src/backend/backend.c), cpu_compute (src/backend/cpu/cpu_backend.c, with
+ * its kernel), dj__cuda_compute_one (src/backend/cuda/cuda_backend.cu, with a
+ * kernel .cu) and in_bytes / out_bytes (src/backend/cuda/cuda_plan.cu). The
+ * graph builder (src/model/blocks.c) emits it; engine.c's resolve_call needs
+ * a line only for what no column here says. */
 #ifndef DJINN_OP_TABLE_H
 #define DJINN_OP_TABLE_H
 
