@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/switches.h"
 #include "djinn/checkpoint.h"
 #include "djinn/engine.h"
 #include "djinn/generate.h"
@@ -334,8 +335,8 @@ static double now_s(void) {
 
 /* Without --model: $DJINN_MODEL, else the demo model that ships with Djinn. */
 static const char *default_model(void) {
-    const char *env = getenv("DJINN_MODEL");
-    if (env && env[0]) return env;
+    const char *env = dj_switch_read_str(DJ_SW_MODEL);
+    if (env) return env;
 #ifdef DJ_DEFAULT_MODEL
     return DJ_DEFAULT_MODEL;
 #else

@@ -135,6 +135,11 @@ typedef struct dj__step_hook {
 dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                   float *logits /* OUT, [vocab] or NULL */, dj__step_hook *hook);
 
+/* engine.c: decode steps recorded as graphs where the backend can (on, the
+ * default unless $DJINN_NO_GRAPHS=1 when the engine was made) or run eagerly
+ * (off): tests compare the two on one engine. */
+void dj__engine_set_graphs(dj_engine_t *e, bool on);
+
 /* engine.c: the element type node i of g has on the engine's backend (what
  * `at` receives as dtype). */
 dj_dtype dj__engine_node_dtype(const dj_engine_t *e, const dj_graph_t *g, int i);
