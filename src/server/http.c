@@ -609,7 +609,12 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
     /* the parse is bounded before it runs: no more JSON values (nodes) than
      * the model's context could use, and room for the rest of a request */
     char name[128];
-    const size_t values = dj__oai_json_values(q->body.p ? q->body.p : "", q->body.n, name, sizeof name);
+    bool nul = false;
+    const size_t values = dj__oai_json_values(q->body.p ? q->body.p : "", q->body.n, name, sizeof name, &nul);
+    if (nul) {
+        gen_free(g);
+        return reply_error(q, c, 400, "a string of the body holds \\u0000 (NUL): djinnd takes text without it");
+    }
     const dj__http_model *m = name[0] ? model_get(h, name) : NULL;
     const size_t most = (m ? m->max_pos : 0) + (size_t)JSON_VALUES_SPARE;
     if (values > most) {

@@ -110,8 +110,9 @@ typedef struct dj__oai {
 
 /* JSON values in body[n] at most (each a cJSON node when parsed: ~100
  * bytes), counted without building anything; model[cap] gets the top-level
- * "model" string when it is plain (no escapes), else "". */
-size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap);
+ * "model" string when it is plain (no escapes), else ""; *nul whether a
+ * string holds \u0000 (C strings would end there: refused, not cut). */
+size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap, bool *nul /* OUT */);
 /* The longest token text of tok, in bytes. */
 size_t dj__oai_max_token_bytes(const dj_tokenizer_t *tok);
 

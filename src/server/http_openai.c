@@ -39,7 +39,7 @@ void dj__buf_free(dj__buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap) {
+size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap, bool *nul) {
     /* every value starts the document or follows '[', ',' or ':' (a member
      * is one node, after '{' or ','): one per '[' '{' ',' ':' outside
      * strings, plus one, bounds them */
@@ -47,13 +47,18 @@ size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap) 
     long depth = 0;
     bool key = false, model_key = false; /* the next top-level string is a key; the last key was "model" */
     if (cap) model[0] = '\0';
+    *nul = false;
     for (size_t i = 0; i < n; i++) {
         const char ch = body[i];
         if (ch == '"') {
             const size_t start = ++i;
             bool plain = true;
             while (i < n && body[i] != '"') {
-                if (body[i] == '\\') plain = false, i++;
+                if (body[i] == '\\') {
+                    plain = false;
+                    if (i + 5 < n && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4)) *nul = true;
+                    i++;
+                }
                 i++;
             }
             const size_t len = i < n ? i - start : 0;
