@@ -53,7 +53,7 @@ typedef enum hconn_state {
 } hconn_state;
 
 /* One HTTP connection, on dj__http.conns from MHD's NOTIFY_STARTED to its
- * NOTIFY_CLOSED (MHD's socket_context; under dj__http.mu): the watchdog
+ * NOTIFY_CLOSED (MHD's socket_context; under dj__http.cmu): the watchdog
  * shuts its socket down when it passes its deadline (MHD, seeing the end,
  * closes it: MHD closes the fd only after NOTIFY_CLOSED, so fd stays valid
  * while it is listed). */
@@ -89,7 +89,9 @@ typedef struct idle_sess {
 struct dj__http {
     dj__http_cfg cfg;
     struct MHD_Daemon *mhd;
-    pthread_mutex_t mu; /* models, peers, active, conns, body_bytes */
+    pthread_mutex_t mu; /* models, peers, idle */
+    pthread_mutex_t cmu; /* active, conns, body_bytes (never held for I/O: the accept thread and the
+                            watchdog take it) */
     dj__http_model *models;
     dj__map peers;      /* failed bearer tokens per peer (guard.c's rule) */
     uint32_t active;    /* requests being served */
@@ -802,9 +804,9 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
 
 /* The request's body bytes leave the count of those in flight. */
 static void body_release(hreq *q) {
-    pthread_mutex_lock(&q->h->mu);
+    pthread_mutex_lock(&q->h->cmu);
     q->h->body_bytes -= q->held;
-    pthread_mutex_unlock(&q->h->mu);
+    pthread_mutex_unlock(&q->h->cmu);
     q->held = 0;
     dj__buf_free(&q->body);
 }
@@ -825,11 +827,11 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         hconn *k = *socket_context;
         if (!k) return;
-        pthread_mutex_lock(&h->mu);
+        pthread_mutex_lock(&h->cmu);
         if (k->prev) k->prev->next = k->next;
         else h->conns = k->next;
         if (k->next) k->next->prev = k->prev;
-        pthread_mutex_unlock(&h->mu);
+        pthread_mutex_unlock(&h->cmu);
         free(k);
         *socket_context = NULL;
         return;
@@ -844,7 +846,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     k->state = HCONN_HEADERS;
     k->since = dj__now();
     k->deadline = k->since + h->cfg.header_s;
-    pthread_mutex_lock(&h->mu);
+    pthread_mutex_lock(&h->cmu);
     uint32_t same = 0, waiting = 0;
     hconn *oldest = NULL;
     for (hconn *o = h->conns; o; o = o->next) {
@@ -865,7 +867,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     k->next = h->conns;
     if (h->conns) h->conns->prev = k;
     h->conns = k;
-    pthread_mutex_unlock(&h->mu);
+    pthread_mutex_unlock(&h->cmu);
 }
 
 /* The deadlines: every POLL_MS, connections past theirs are shut down. */
@@ -876,7 +878,7 @@ static void *watchdog_main(void *arg) {
         nanosleep(&ts, NULL);
         const double now = dj__now();
         uint32_t waiting = 0;
-        pthread_mutex_lock(&h->mu);
+        pthread_mutex_lock(&h->cmu);
         for (hconn *k = h->conns; k; k = k->next) {
             if (k->deadline > 0 && now >= k->deadline) {
                 DJ_LOG(INFO, "http: a connection passed its %s deadline: closed",
@@ -893,19 +895,19 @@ static void *watchdog_main(void *arg) {
             if (!oldest || now - oldest->since < EVICT_AFTER_S) break;
             conn_cut_locked(oldest);
         }
-        pthread_mutex_unlock(&h->mu);
+        pthread_mutex_unlock(&h->cmu);
     }
     return NULL;
 }
 
 static void conn_state(dj__http *h, hconn *k, hconn_state st) {
     if (!k) return;
-    pthread_mutex_lock(&h->mu);
+    pthread_mutex_lock(&h->cmu);
     k->state = st;
     k->since = dj__now();
     if (!k->cut)
         k->deadline = st == HCONN_SERVING ? 0 : k->since + (st == HCONN_HEADERS ? h->cfg.header_s : h->cfg.body_s);
-    pthread_mutex_unlock(&h->mu);
+    pthread_mutex_unlock(&h->cmu);
 }
 
 /* Header fields named name. */
@@ -980,11 +982,11 @@ static int request_begin(hreq *q, struct MHD_Connection *c, const char *url, con
     dj__http *h = q->h;
     const bool post = !strcmp(method, "POST");
     conn_state(h, q->hc, post ? HCONN_BODY : HCONN_SERVING);
-    pthread_mutex_lock(&h->mu);
+    pthread_mutex_lock(&h->cmu);
     const bool over_addr = q->hc && q->hc->over_addr;
     const bool full = h->active >= h->cfg.max_conns;
     if (!full && !over_addr) h->active++;
-    pthread_mutex_unlock(&h->mu);
+    pthread_mutex_unlock(&h->cmu);
     q->counted = !full && !over_addr;
     if (over_addr) {
         *ret = reply_error(q, c, 429, "djinnd's HTTP front end takes %u connections at once from one address: "
@@ -1040,13 +1042,13 @@ static int request_begin(hreq *q, struct MHD_Connection *c, const char *url, con
     if (q->tk && q->hc) {
         const uint32_t most = h->cfg.per_token ? h->cfg.per_token : (h->cfg.max_conns + 1) / 2;
         uint32_t n = 0;
-        pthread_mutex_lock(&h->mu);
+        pthread_mutex_lock(&h->cmu);
         for (hconn *k = h->conns; k; k = k->next) n += k->tenant && !strcmp(k->token, q->token);
         if (n < most) {
             q->hc->tenant = true;
             snprintf(q->hc->token, sizeof q->hc->token, "%s", q->token);
         }
-        pthread_mutex_unlock(&h->mu);
+        pthread_mutex_unlock(&h->cmu);
         if (n >= most) {
             *ret = reply_error(q, c, 429, "this token has %u requests at once (--http-max-per-token): retry later",
                                most);
@@ -1073,10 +1075,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         if (!q->responded && !q->too_big && !q->busy) {
             const size_t k = *upload_size;
-            pthread_mutex_lock(&h->mu);
+            pthread_mutex_lock(&h->cmu);
             const bool busy = h->body_bytes + k > BODIES_IN_FLIGHT * h->cfg.max_body;
             if (!busy) h->body_bytes += k, q->held += k;
-            pthread_mutex_unlock(&h->mu);
+            pthread_mutex_unlock(&h->cmu);
             if (q->body.n + k > h->cfg.max_body || busy) {
                 q->too_big = !busy;
                 q->busy = busy;
@@ -1130,10 +1132,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     dj__http *h = cls;
     hreq *q = *ctx;
     if (!q) return;
-    pthread_mutex_lock(&h->mu);
+    pthread_mutex_lock(&h->cmu);
     if (q->counted) h->active--;
     if (q->hc) q->hc->tenant = false;
-    pthread_mutex_unlock(&h->mu);
+    pthread_mutex_unlock(&h->cmu);
     conn_state(h, q->hc, HCONN_HEADERS); /* kept alive: the next request's headers are due */
     body_release(q);
     free(q);
@@ -1151,6 +1153,7 @@ dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out) {
     if (!h) return dj_fail(DJ_ENOMEM, "out of memory");
     h->cfg = *cfg;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->cmu, NULL);
     if ((st = dj__map_init(&h->peers, 64)) != DJ_OK) {
         dj__http_stop(h);
         return st;
@@ -1204,5 +1207,6 @@ void dj__http_stop(dj__http *h) {
         for (dj__ment *e = h->peers.b[b]; e; e = e->next) free(e->val);
     dj__map_destroy(&h->peers);
     pthread_mutex_destroy(&h->mu);
+    pthread_mutex_destroy(&h->cmu);
     free(h);
 }
