@@ -66,7 +66,8 @@ static int usage(FILE *f) {
           "                             opened or its last answer (an absolute deadline, not an idle timer)\n"
           "  --http-body-timeout-s 60   ... and its body this long after its headers; else the connection closes\n"
           "  --http-max-per-address 32  connections at once from one address (an IPv6 /64); more get 429\n"
-          "  --http-max-unauth 32       connections still sending their headers: past this the oldest is closed\n"
+          "  --http-max-unauth 32       connections still sending their headers: past this the oldest (if\n"
+          "                             waiting over 1 s) is closed\n"
           "  --http-max-per-token 0     requests at once (event streams too) per --token-file token; more get\n"
           "                             429 (0: half of --http-max-connections)\n"
           "  --http-allowed-hosts H,... Host header names accepted besides localhost, IP literals and --http's\n"
@@ -76,7 +77,7 @@ static int usage(FILE *f) {
           "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin]\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
           "A wrong token slows that address's next HELLO (100 ms doubling to 2 s); /metrics then wants\n"
-          "'Authorization: Bearer TOKEN'.\n",
+          "'Authorization: Bearer TOKEN' of an admin token.\n",
           f);
     return 2;
 }
