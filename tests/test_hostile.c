@@ -374,11 +374,13 @@ static void test_tokens(void) {
     CHECK_OK(dj_client_model_unload(u, "llama2"));
     CHECK_OK(dj_client_model_load(u, "llama2"));
     CHECK_OK(dj_client_model_unload(adm, "llama2"));
-    /* /metrics wants a token, and has its own connection limit */
+    /* /metrics wants an admin token (its counters are every tenant's), and
+     * has its own connection limit */
     static char body[1 << 16];
     CHECK(http_get(maddr, NULL, body, sizeof body) == 401);
     CHECK(http_get(maddr, "guess", body, sizeof body) == 401);
-    CHECK(http_get(maddr, "user-token-aaaa", body, sizeof body) == 200 && strstr(body, "djinn_requests_total"));
+    CHECK(http_get(maddr, "user-token-aaaa", body, sizeof body) == 401);
+    CHECK(http_get(maddr, "admin-token-cccc", body, sizeof body) == 200 && strstr(body, "djinn_requests_total"));
     int idle[2];
     for (int i = 0; i < 2; i++) idle[i] = dj_test_raw_connect(maddr, NULL, RAW_TIMEOUT_S, 0);
     int extra_fd = -1;

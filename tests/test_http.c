@@ -895,7 +895,8 @@ static void test_disconnect(const char *addr, unsigned port) {
 /* --http-max-connections 2: two requests holding (their bodies unsent), the
  * third gets 503 */
 static void test_busy(unsigned port) {
-    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n";
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 100\r\n\r\n";
     int a = -1, b = -1, status = 0;
     /* A request of an earlier test may still hold a slot for a moment (its
      * client left; the server notices at its next write): then one of the two
@@ -933,7 +934,7 @@ static void test_busy(unsigned port) {
  * client stays: two streams, a third request gets 503; both clients gone,
  * their slots (and daemon connections) are freed. */
 static void test_events_busy(unsigned port) {
-    const char *get = "GET /v1/djinn/events HTTP/1.1\r\nHost: x\r\n\r\n";
+    const char *get = "GET /v1/djinn/events HTTP/1.1\r\nHost: localhost\r\n\r\n";
     int fd[2] = {-1, -1}, status = 0;
     for (int attempt = 0; attempt < 20 && status != 503; attempt++) { /* as test_busy: a slot may be held a moment */
         for (int i = 0; i < 2; i++) {
@@ -991,7 +992,16 @@ static void test_tokens(void) {
     dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer good-token\r\n", body);
     CHECK_MSG(r.status == 200, "good token: %d %s", r.status, r.body ? r.body : "");
     dj_test_resp_free(&r);
-    expect_error(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\n", body, 400, "qos");
+    /* a token that may not use the default class (interactive) gets its own, named or not */
+    r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\n", body);
+    CHECK_MSG(r.status == 200, "batch token, no class named: %d %s", r.status, r.body ? r.body : "");
+    dj_test_resp_free(&r);
+    expect_error(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\nX-Djinn-QoS: interactive\r\n",
+                 body, 400, "qos");
+    /* the scheme is case-insensitive (RFC 9110 11.1) */
+    r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: bearer good-token\r\n", body);
+    CHECK_MSG(r.status == 200, "'bearer' in lower case: %d %s", r.status, r.body ? r.body : "");
+    dj_test_resp_free(&r);
     r = dj_test_http_request(port, "POST", "/v1/completions", "Authorization: Bearer batch-only\r\nX-Djinn-QoS: batch\r\n", body);
     CHECK_MSG(r.status == 200, "batch token, batch class: %d %s", r.status, r.body ? r.body : "");
     dj_test_resp_free(&r);

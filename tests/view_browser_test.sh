@@ -65,7 +65,7 @@ load() {
     local w=$1 r
     for r in $(seq 50); do
         [ "$r" -gt 1 ] && [ -f "$TMP/shot-done" ] && break
-        curl -sN --max-time 120 "$base/v1/completions" -H "$auth" -H "X-Djinn-QoS: $2" \
+        curl -sN --max-time 120 "$base/v1/completions" -H "$auth" -H "X-Djinn-QoS: $2" -H "Content-Type: application/json" \
             -d "{\"model\": \"demo\", \"prompt\": \"Client $w, round $r: once upon a time\", \"max_tokens\": 200, \"stream\": true, \"seed\": $w$r}" \
             >"$TMP/load.$w.$r" || return 1
     done

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -30,6 +32,43 @@
 #define EVENTS_MAX_COUNT 1000000
 /* An idle session kept for reuse goes after this long unused. */
 #define IDLE_TTL_S 600.0
+/* A connection over --http-max-per-address has this long to send its
+ * headers (and be answered 429) before it is closed. */
+#define OVER_ADDR_GRACE_S 2.0
+/* A connection waiting for its headers this long is closed when a new one
+ * finds --http-max-unauth waiting. */
+#define EVICT_AFTER_S 1.0
+/* Bodies being received at once hold at most this many times --http-max-body
+ * in all; a body past that gets 503. */
+#define BODIES_IN_FLIGHT 8
+/* A request body's JSON may hold the model's positions plus this many values
+ * (each a parsed node of ~100 bytes); more get 413 before it is parsed. */
+#define JSON_VALUES_SPARE 65536
+
+/* Where a connection is (hconn.state). */
+typedef enum hconn_state {
+    HCONN_HEADERS, /* waiting for a request's headers: --http-header-timeout-s from when it began waiting */
+    HCONN_BODY,    /* its headers came: --http-body-timeout-s for the body */
+    HCONN_SERVING  /* answering: no deadline (a token's share of requests bounds these) */
+} hconn_state;
+
+/* One HTTP connection, on dj__http.conns from MHD's NOTIFY_STARTED to its
+ * NOTIFY_CLOSED (MHD's socket_context; under dj__http.cmu): the watchdog
+ * shuts its socket down when it passes its deadline (MHD, seeing the end,
+ * closes it: MHD closes the fd only after NOTIFY_CLOSED, so fd stays valid
+ * while it is listed). */
+typedef struct hconn {
+    struct hconn *prev, *next;
+    int fd;
+    uint64_t peer;       /* peer_key */
+    hconn_state state;
+    double since;        /* when the state began (monotonic s): the oldest waiting one goes first */
+    double deadline;     /* monotonic s; 0: none */
+    bool over_addr;      /* its address had --http-max-per-address already: answered 429 */
+    bool cut;            /* shut down by the watchdog or the pool */
+    bool tenant;         /* a request of token[] is running on it (--http-max-per-token counts these) */
+    char token[DJ__TOKEN_MAX + 1];
+} hconn;
 
 /* A finished generation's session, kept with its connection so that a later
  * request whose prompt starts with its tokens feeds only the rest
@@ -50,10 +89,16 @@ typedef struct idle_sess {
 struct dj__http {
     dj__http_cfg cfg;
     struct MHD_Daemon *mhd;
-    pthread_mutex_t mu; /* models, peers, active */
+    pthread_mutex_t mu; /* models, peers, idle */
+    pthread_mutex_t cmu; /* active, conns, body_bytes (never held for I/O: the accept thread and the
+                            watchdog take it) */
     dj__http_model *models;
     dj__map peers;      /* failed bearer tokens per peer (guard.c's rule) */
     uint32_t active;    /* requests being served */
+    hconn *conns;       /* every open connection, newest first */
+    uint64_t body_bytes; /* request body bytes buffered now (all requests) */
+    pthread_t watchdog; /* the deadlines (watchdog_main) */
+    bool watchdog_on;
     idle_sess *idle;    /* [n_idle] newest first, at most cfg.reuse */
     uint32_t n_idle;
     int stopping;       /* set by dj__http_stop (__atomic): event streams end */
@@ -62,9 +107,12 @@ struct dj__http {
 /* Per request (MHD's *req_cls). */
 typedef struct hreq {
     dj__http *h;
+    hconn *hc;      /* its connection (NULL: MHD gave none) */
     dj__buf body;
-    bool too_big, responded, counted;
+    bool too_big, busy, responded, counted;
+    size_t held;    /* body bytes counted in dj__http.body_bytes */
     char token[DJ__TOKEN_MAX + 1]; /* the bearer token ("" without --token-file) */
+    const dj__token *tk;           /* its entry of the token file (NULL without one) */
 } hreq;
 
 /* A server-sent event stream (text/event-stream), both kinds: MHD's reader
@@ -185,7 +233,7 @@ static unsigned authorize(hreq *q, struct MHD_Connection *c, bool query) {
     const uint64_t key = peer_key(c, &local);
     if (!h->cfg.n_auth) return local ? 0 : 403;
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    const char *tok = v && !strncmp(v, "Bearer ", 7) ? v + 7 : NULL;
+    const char *tok = dj__bearer_of(v);
     if (!v && query) tok = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
     /* a peer's wrong tokens slow its next ones down, as HELLO's do */
     pthread_mutex_lock(&h->mu);
@@ -196,12 +244,15 @@ static unsigned authorize(hreq *q, struct MHD_Connection *c, bool query) {
         struct timespec ts = {(time_t)((at - now) / 1000), (long)((at - now) % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    const bool ok = tok && strlen(tok) <= DJ__TOKEN_MAX && dj__token_find(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok));
+    const dj__token *tk = tok && strlen(tok) <= DJ__TOKEN_MAX ? dj__token_find(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok))
+                                                              : NULL;
+    const bool ok = tk != NULL;
     pthread_mutex_lock(&h->mu);
     dj__peer_hello_result(&h->peers, key, dj__now_ms(), ok);
     pthread_mutex_unlock(&h->mu);
     if (!ok) return 401;
     snprintf(q->token, sizeof q->token, "%s", tok);
+    q->tk = tk;
     return 0;
 }
 
@@ -253,6 +304,7 @@ static const dj__http_model *model_get(dj__http *h, const char *name) {
         DJ_LOG(INFO, "http: model %s: no tokenizer: %s", name, dj_last_error());
         m->tok = NULL;
     }
+    m->max_tok_bytes = dj__oai_max_token_bytes(m->tok);
     snprintf(path, sizeof path, "%s/%s", h->cfg.models, name);
     if (dj_chat_template_load(path, &m->tpl) != DJ_OK) {
         snprintf(m->tpl_why, sizeof m->tpl_why, "%s", dj_last_error());
@@ -556,8 +608,33 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
     g->conn = c;
     char err[768];
     const char *qos = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Djinn-QoS");
+    /* the parse is bounded before it runs: no more JSON values (nodes) than
+     * the model's context could use, and room for the rest of a request */
+    char name[128];
+    bool nul = false;
+    const size_t values = dj__oai_json_values(q->body.p ? q->body.p : "", q->body.n, name, sizeof name, &nul);
+    if (nul) {
+        gen_free(g);
+        return reply_error(q, c, 400, "a string of the body holds \\u0000 (NUL): djinnd takes text without it");
+    }
+    const dj__http_model *m = name[0] ? model_get(h, name) : NULL;
+    const size_t most = (m ? m->max_pos : 0) + (size_t)JSON_VALUES_SPARE;
+    if (values > most) {
+        gen_free(g);
+        return reply_error(q, c, 413, "the body holds up to %zu JSON values: at most %zu here (model '%s' has %u "
+                                      "positions)", values, most, name, m ? m->max_pos : 0);
+    }
     int rc = dj__oai_parse(&g->o, q->body.p ? q->body.p : "", q->body.n, chat, qos, err, sizeof err);
-    const dj__http_model *m = NULL;
+    /* a token that may not use the default class gets the first it may */
+    if (!rc && !g->o.qos_given && q->tk && !(q->tk->qos_mask & 1u << g->o.qos))
+        for (int k = 0; k < DJ_QOS_COUNT; k++) {
+            static const dj_qos order[] = {DJ_QOS_INTERACTIVE, DJ_QOS_BATCH, DJ_QOS_REALTIME};
+            if (k < (int)(sizeof order / sizeof *order) && q->tk->qos_mask & 1u << order[k]) {
+                g->o.qos = order[k];
+                break;
+            }
+        }
+    m = NULL;
     if (!rc && !(m = model_get(h, g->o.model))) {
         snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", g->o.model);
         rc = 404;
@@ -638,7 +715,7 @@ static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
     dj_client_free(cl);
     if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
     size_t len = 0;
-    char *body = dj__http_stats_json(&s, dj__now(), &len);
+    char *body = (q->tk && !q->tk->admin ? dj__http_stats_json_own : dj__http_stats_json)(&s, dj__now(), &len);
     dj_client_stats_free(&s);
     if (!body) return reply_error(q, c, 503, "out of memory");
     q->responded = true;
@@ -655,6 +732,7 @@ typedef struct hevents {
     uint64_t count;   /* the events to send (0: until the client goes) */
     uint64_t sent;
     double next_at;   /* when the next one is due (monotonic s) */
+    bool own;         /* a token without the admin role: its own counters only */
 } hevents;
 
 static int events_fill(hstream *s) {
@@ -681,7 +759,7 @@ static int events_fill(hstream *s) {
         return 1;
     }
     size_t len = 0;
-    char *body = dj__http_stats_json(&st, now, &len);
+    char *body = (e->own ? dj__http_stats_json_own : dj__http_stats_json)(&st, now, &len);
     dj_client_stats_free(&st);
     if (!body) return -1;
     dj__sse_put(&s->out, NULL, body, len);
@@ -712,6 +790,7 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
     e->h = q->h;
     e->conn = c;
     e->count = count;
+    e->own = q->tk && !q->tk->admin;
     e->s.fill = events_fill;
     e->s.done = events_done;
     const dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &e->cl);
@@ -723,6 +802,262 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
     return stream_respond(c, &e->s);
 }
 
+/* The request's body bytes leave the count of those in flight. */
+static void body_release(hreq *q) {
+    pthread_mutex_lock(&q->h->cmu);
+    q->h->body_bytes -= q->held;
+    pthread_mutex_unlock(&q->h->cmu);
+    q->held = 0;
+    dj__buf_free(&q->body);
+}
+
+/* ---- connections: deadlines, addresses, the waiting pool ---- */
+static void conn_cut_locked(hconn *k) {
+    if (k->cut) return;
+    k->cut = true;
+    k->deadline = 0;
+    shutdown(k->fd, SHUT_RDWR); /* MHD's thread sees the end and closes */
+}
+
+/* MHD's NOTIFY_CONNECTION: a connection opens (listed, its address counted,
+ * the oldest waiting one closed when too many wait) or closes. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    dj__http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        hconn *k = *socket_context;
+        if (!k) return;
+        pthread_mutex_lock(&h->cmu);
+        if (k->prev) k->prev->next = k->next;
+        else h->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&h->cmu);
+        free(k);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    hconn *k = ci ? calloc(1, sizeof *k) : NULL;
+    *socket_context = k;
+    if (!k) return; /* untracked: MHD's own limits still hold it */
+    bool local;
+    k->fd = ci->connect_fd;
+    k->peer = peer_key(c, &local);
+    k->state = HCONN_HEADERS;
+    k->since = dj__now();
+    k->deadline = k->since + h->cfg.header_s;
+    pthread_mutex_lock(&h->cmu);
+    uint32_t same = 0, waiting = 0;
+    hconn *oldest = NULL;
+    for (hconn *o = h->conns; o; o = o->next) {
+        if (o->cut) continue;
+        same += o->peer == k->peer;
+        if (o->state == HCONN_HEADERS) {
+            waiting++;
+            if (!oldest || o->since < oldest->since) oldest = o;
+        }
+    }
+    if (same >= h->cfg.per_addr) { /* answered 429 when its headers come, closed if they do not soon */
+        k->over_addr = true;
+        if (k->deadline > k->since + OVER_ADDR_GRACE_S) k->deadline = k->since + OVER_ADDR_GRACE_S;
+    }
+    /* a burst of honest clients waits milliseconds: only one that has
+     * waited EVICT_AFTER_S goes (past MHD's own cap, new ones are refused) */
+    if (waiting >= h->cfg.unauth && oldest && k->since - oldest->since >= EVICT_AFTER_S) conn_cut_locked(oldest);
+    k->next = h->conns;
+    if (h->conns) h->conns->prev = k;
+    h->conns = k;
+    pthread_mutex_unlock(&h->cmu);
+}
+
+/* The deadlines: every POLL_MS, connections past theirs are shut down. */
+static void *watchdog_main(void *arg) {
+    dj__http *h = arg;
+    while (!__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = {0, POLL_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        const double now = dj__now();
+        uint32_t waiting = 0;
+        pthread_mutex_lock(&h->cmu);
+        for (hconn *k = h->conns; k; k = k->next) {
+            if (k->deadline > 0 && now >= k->deadline) {
+                DJ_LOG(INFO, "http: a connection passed its %s deadline: closed",
+                       k->state == HCONN_HEADERS ? "headers'" : "body's");
+                conn_cut_locked(k);
+            }
+            waiting += !k->cut && k->state == HCONN_HEADERS;
+        }
+        /* more waiting than the pool holds: those waiting longest go */
+        for (; waiting > h->cfg.unauth; waiting--) {
+            hconn *oldest = NULL;
+            for (hconn *k = h->conns; k; k = k->next)
+                if (!k->cut && k->state == HCONN_HEADERS && (!oldest || k->since < oldest->since)) oldest = k;
+            if (!oldest || now - oldest->since < EVICT_AFTER_S) break;
+            conn_cut_locked(oldest);
+        }
+        pthread_mutex_unlock(&h->cmu);
+    }
+    return NULL;
+}
+
+static void conn_state(dj__http *h, hconn *k, hconn_state st) {
+    if (!k) return;
+    pthread_mutex_lock(&h->cmu);
+    k->state = st;
+    k->since = dj__now();
+    if (!k->cut)
+        k->deadline = st == HCONN_SERVING ? 0 : k->since + (st == HCONN_HEADERS ? h->cfg.header_s : h->cfg.body_s);
+    pthread_mutex_unlock(&h->cmu);
+}
+
+/* Header fields named name. */
+typedef struct hcount {
+    const char *name;
+    int n;
+} hcount;
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    (void)value;
+    hcount *hc = cls;
+    if (key && !strcasecmp(key, hc->name)) hc->n++;
+    return MHD_YES;
+}
+static int header_count(struct MHD_Connection *c, const char *name) {
+    hcount hc = {name, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &hc);
+    return hc.n;
+}
+
+/* The Host header names this server: localhost, an IP literal (no DNS name
+ * a page could rebind), --http's own host or one of --http-allowed-hosts. */
+static bool host_ok(const dj__http *h, const char *host) {
+    if (!host) return true; /* HTTP/1.0 without one: no browser sends that */
+    char name[256];
+    size_t n = 0;
+    if (host[0] == '[') { /* [v6]:port */
+        const char *e = strchr(host, ']');
+        if (!e || (e[1] && e[1] != ':')) return false;
+        n = (size_t)(e - host - 1);
+        if (n >= sizeof name) return false;
+        memcpy(name, host + 1, n);
+        name[n] = '\0';
+        struct in6_addr a6;
+        return inet_pton(AF_INET6, name, &a6) == 1;
+    }
+    const char *colon = strchr(host, ':');
+    n = colon ? (size_t)(colon - host) : strlen(host);
+    if (n == 0 || n >= sizeof name) return false;
+    memcpy(name, host, n);
+    name[n] = '\0';
+    if (n && name[n - 1] == '.') name[--n] = '\0'; /* "localhost." */
+    struct in_addr a4;
+    if (!strcasecmp(name, "localhost") || inet_pton(AF_INET, name, &a4) == 1) return true;
+    const char *lc = strrchr(h->cfg.addr, ':');
+    if (lc && (size_t)(lc - h->cfg.addr) == n && !strncasecmp(h->cfg.addr, name, n)) return true;
+    for (const char *p = h->cfg.hosts; p && *p;) {
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncasecmp(p, name, n)) return true;
+        p = e ? e + 1 : p + len;
+    }
+    return false;
+}
+
+/* A POST's body is JSON: "application/json", parameters allowed (what the
+ * OpenAI SDKs send; a browser's form or text/plain, which it may send to any
+ * site without asking, is refused). */
+static bool json_type(const char *ct) {
+    if (!ct) return false;
+    while (*ct == ' ') ct++;
+    if (strncasecmp(ct, "application/json", 16)) return false;
+    ct += 16;
+    while (*ct == ' ') ct++;
+    return !*ct || *ct == ';';
+}
+
+/* The first call of a request (its headers are in): 0 to go on, else the
+ * answer queued (or MHD_NO). */
+static int request_begin(hreq *q, struct MHD_Connection *c, const char *url, const char *method,
+                         enum MHD_Result *ret) {
+    dj__http *h = q->h;
+    const bool post = !strcmp(method, "POST");
+    conn_state(h, q->hc, post ? HCONN_BODY : HCONN_SERVING);
+    pthread_mutex_lock(&h->cmu);
+    const bool over_addr = q->hc && q->hc->over_addr;
+    const bool full = h->active >= h->cfg.max_conns;
+    if (!full && !over_addr) h->active++;
+    pthread_mutex_unlock(&h->cmu);
+    q->counted = !full && !over_addr;
+    if (over_addr) {
+        *ret = reply_error(q, c, 429, "djinnd's HTTP front end takes %u connections at once from one address: "
+                                      "retry later", h->cfg.per_addr);
+        return 1;
+    }
+    if (full) {
+        *ret = reply_error(q, c, 503, "djinnd's HTTP front end serves %u requests at once: retry later",
+                           h->cfg.max_conns);
+        return 1;
+    }
+    /* request smuggling behind a proxy: one length, or one framing, only */
+    const int n_cl = header_count(c, "Content-Length"), n_te = header_count(c, "Transfer-Encoding");
+    if (n_cl > 1 || (n_cl && n_te)) {
+        *ret = reply_error(q, c, 400, "%s", n_cl > 1 ? "more than one Content-Length header"
+                                                      : "both Content-Length and Transfer-Encoding");
+        return 1;
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body) {
+        *ret = reply_error(q, c, 413, "the body has %s bytes: at most %llu", cl, (unsigned long long)h->cfg.max_body);
+        return 1;
+    }
+    /* DNS rebinding: a page of another site whose name now points here */
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if ((!h->cfg.n_auth || h->cfg.hosts) && !host_ok(h, host)) {
+        *ret = reply_error(q, c, 403, "Host '%.100s' is not a name of this server (localhost, an IP address, "
+                                      "or one of --http-allowed-hosts)", host);
+        return 1;
+    }
+    if (post && !json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"))) {
+        *ret = reply_error(q, c, 415, "send the body as 'Content-Type: application/json'");
+        return 1;
+    }
+    /* the page holds no data (its script asks for the stats with the token of its #token=...):
+     * with --token-file it is served without one */
+    const bool page = !strcmp(url, "/") && !strcmp(method, "GET");
+    const unsigned st = page && h->cfg.n_auth ? 0 : authorize(q, c, !strcmp(url, "/v1/djinn/events"));
+    if (st == 401) {
+        *ret = reply_error(q, c, 401, "send 'Authorization: Bearer TOKEN' with a token of djinnd's --token-file%s",
+                           strcmp(url, "/v1/djinn/events") ? "" : " (or ?access_token=TOKEN)");
+        return 1;
+    }
+    if (st == 403) {
+        *ret = reply_error(q, c, 403, "djinnd has no --token-file: only loopback clients are served");
+        return 1;
+    }
+    if (st) {
+        *ret = reply_error(q, c, st, "too many wrong tokens from this address: retry later");
+        return 1;
+    }
+    /* a token's share: its requests (event streams, bodies on their way) at once */
+    if (q->tk && q->hc) {
+        const uint32_t most = h->cfg.per_token ? h->cfg.per_token : (h->cfg.max_conns + 1) / 2;
+        uint32_t n = 0;
+        pthread_mutex_lock(&h->cmu);
+        for (hconn *k = h->conns; k; k = k->next) n += k->tenant && !strcmp(k->token, q->token);
+        if (n < most) {
+            q->hc->tenant = true;
+            snprintf(q->hc->token, sizeof q->hc->token, "%s", q->token);
+        }
+        pthread_mutex_unlock(&h->cmu);
+        if (n >= most) {
+            *ret = reply_error(q, c, 429, "this token has %u requests at once (--http-max-per-token): retry later",
+                               most);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **ctx) {
     (void)version;
@@ -731,43 +1066,36 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!q) {
         if (!(q = calloc(1, sizeof *q))) return MHD_NO;
         q->h = h;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        q->hc = ci ? ci->socket_context : NULL;
         *ctx = q;
-        pthread_mutex_lock(&h->mu);
-        const bool full = h->active >= h->cfg.max_conns;
-        if (!full) h->active++;
-        pthread_mutex_unlock(&h->mu);
-        q->counted = !full;
-        if (full) return reply_error(q, c, 503, "djinnd's HTTP front end serves %u requests at once: retry later",
-                                     h->cfg.max_conns);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body)
-            return reply_error(q, c, 413, "the body has %s bytes: at most %llu", cl, (unsigned long long)h->cfg.max_body);
-        /* the page holds no data (its script asks for the stats with the token of its #token=...):
-         * with --token-file it is served without one */
-        const bool page = !strcmp(url, "/") && !strcmp(method, "GET");
-        const unsigned st = page && h->cfg.n_auth ? 0 : authorize(q, c, !strcmp(url, "/v1/djinn/events"));
-        if (st == 401)
-            return reply_error(q, c, 401, "send 'Authorization: Bearer TOKEN' with a token of djinnd's --token-file%s",
-                               strcmp(url, "/v1/djinn/events") ? "" : " (or ?access_token=TOKEN)");
-        if (st == 403)
-            return reply_error(q, c, 403, "djinnd has no --token-file: only loopback clients are served");
-        if (st) return reply_error(q, c, st, "too many wrong tokens from this address: retry later");
-        return MHD_YES;
+        enum MHD_Result ret = MHD_YES;
+        return request_begin(q, c, url, method, &ret) ? ret : MHD_YES;
     }
     if (*upload_size) {
-        if (!q->responded && !q->too_big) {
-            if (q->body.n + *upload_size > q->h->cfg.max_body) {
-                q->too_big = true;
-                dj__buf_free(&q->body);
+        if (!q->responded && !q->too_big && !q->busy) {
+            const size_t k = *upload_size;
+            pthread_mutex_lock(&h->cmu);
+            const bool busy = h->body_bytes + k > BODIES_IN_FLIGHT * h->cfg.max_body;
+            if (!busy) h->body_bytes += k, q->held += k;
+            pthread_mutex_unlock(&h->cmu);
+            if (q->body.n + k > h->cfg.max_body || busy) {
+                q->too_big = !busy;
+                q->busy = busy;
+                body_release(q);
             } else {
-                dj__buf_put(&q->body, upload, *upload_size);
+                dj__buf_put(&q->body, upload, k);
             }
         }
         *upload_size = 0;
         return MHD_YES;
     }
+    conn_state(h, q->hc, HCONN_SERVING);
     if (q->responded) return MHD_YES;
     if (q->too_big) return reply_error(q, c, 413, "the body is over %llu bytes", (unsigned long long)h->cfg.max_body);
+    if (q->busy)
+        return reply_error(q, c, 503, "djinnd's HTTP front end holds %u bodies' worth of bytes at once: retry later",
+                           BODIES_IN_FLIGHT);
     if (q->body.oom) return reply_error(q, c, 503, "out of memory");
     const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/v1/models")) {
@@ -804,12 +1132,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     dj__http *h = cls;
     hreq *q = *ctx;
     if (!q) return;
-    if (q->counted) {
-        pthread_mutex_lock(&h->mu);
-        h->active--;
-        pthread_mutex_unlock(&h->mu);
-    }
-    dj__buf_free(&q->body);
+    pthread_mutex_lock(&h->cmu);
+    if (q->counted) h->active--;
+    if (q->hc) q->hc->tenant = false;
+    pthread_mutex_unlock(&h->cmu);
+    conn_state(h, q->hc, HCONN_HEADERS); /* kept alive: the next request's headers are due */
+    body_release(q);
     free(q);
     *ctx = NULL;
 }
@@ -825,18 +1153,28 @@ dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out) {
     if (!h) return dj_fail(DJ_ENOMEM, "out of memory");
     h->cfg = *cfg;
     pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->cmu, NULL);
     if ((st = dj__map_init(&h->peers, 64)) != DJ_OK) {
         dj__http_stop(h);
         return st;
     }
     const unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                            (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    /* MHD's own cap sits above ours so the requests over it get a 503 */
+    if (pthread_create(&h->watchdog, NULL, watchdog_main, h)) {
+        dj__http_stop(h);
+        return dj_fail(DJ_EIO, "--http %s: cannot start the deadline thread", cfg->addr);
+    }
+    h->watchdog_on = true;
+    /* MHD's own cap sits above ours (requests, and the connections waiting
+     * for their headers, which go oldest first past theirs) so that those
+     * over ours get an answer: 503, or 429 over an address's share */
     h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_conns + 16),
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_conns + cfg->unauth + 16),
+                              /* twice an address's share: past it, closed unanswered at once */
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(2 * cfg->per_addr),
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
                               MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
-                              on_completed, h, MHD_OPTION_END);
+                              on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     if (!h->mhd) {
         dj__http_stop(h);
         return dj_fail(DJ_EIO, "--http %s: cannot start the HTTP listener: %s", cfg->addr, strerror(errno));
@@ -853,6 +1191,7 @@ uint16_t dj__http_port(const dj__http *h) {
 void dj__http_stop(dj__http *h) {
     if (!h) return;
     __atomic_store_n(&h->stopping, 1, __ATOMIC_RELEASE); /* event streams end within POLL_MS */
+    if (h->watchdog_on) pthread_join(h->watchdog, NULL);
     if (h->mhd) MHD_stop_daemon(h->mhd);
     for (idle_sess *e = h->idle, *n; e; e = n) {
         n = e->next;
@@ -868,5 +1207,6 @@ void dj__http_stop(dj__http *h) {
         for (dj__ment *e = h->peers.b[b]; e; e = e->next) free(e->val);
     dj__map_destroy(&h->peers);
     pthread_mutex_destroy(&h->mu);
+    pthread_mutex_destroy(&h->cmu);
     free(h);
 }

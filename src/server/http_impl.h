@@ -24,6 +24,12 @@ typedef struct dj__http_cfg {
     uint64_t max_body;       /* --http-max-body: bytes; more get 413 */
     uint32_t timeout_s;      /* --http-timeout-s: idle connection (headers, body) */
     uint32_t reuse;          /* --http-reuse: idle sessions kept for prefix reuse (0: none) */
+    uint32_t header_s;       /* --http-header-timeout-s: absolute deadline for a request's headers */
+    uint32_t body_s;         /* --http-body-timeout-s: ... for its body, from its headers */
+    uint32_t per_addr;       /* --http-max-per-address: connections at once per address; more get 429 */
+    uint32_t unauth;         /* --http-max-unauth: connections waiting for headers; the oldest goes beyond */
+    uint32_t per_token;      /* --http-max-per-token: requests at once per token (0: max_conns / 2) */
+    const char *hosts;       /* --http-allowed-hosts: "a,b" (NULL: none besides the defaults) */
 } dj__http_cfg;
 typedef struct dj__http dj__http;
 dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
@@ -36,6 +42,10 @@ uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0)
  * seconds when it was taken: rates between two of them) as "at_s" (malloc'd,
  * *len bytes; NULL when out of memory). */
 char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len /* OUT */);
+/* ... as a token without the admin role sees it: the daemon-wide counters
+ * (memory used, pages free, the prefix cache, queues, swap traffic, steps,
+ * models' references) zeroed and "scope": "own" - its own sessions only. */
+char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len /* OUT */);
 extern const char dj__http_view_html[]; /* GET /: the page, drawing the events above */
 
 /* What the front end keeps of a model of the store (loaded on first use). */
@@ -45,6 +55,8 @@ typedef struct dj__http_model {
     dj_chat_template_t *tpl;  /* NULL: no chat template (tpl_why says why) */
     char tpl_why[384];
     uint32_t max_pos;         /* config.json's max_position_embeddings */
+    size_t max_tok_bytes;     /* the longest token's text (0: no tokenizer): prompts past max_pos times
+                                 this many bytes are refused before they are tokenized */
     struct dj__http_model *next;
 } dj__http_model;
 
@@ -68,6 +80,7 @@ typedef struct dj__oai {
     char id[48];             /* chatcmpl-... / cmpl-... */
     int64_t created;         /* unix seconds */
     dj_qos qos;
+    bool qos_given;          /* the body's qos or X-Djinn-QoS named it */
     bool max_given;
     uint32_t max_tokens;
     dj_sampler_params sampling;
@@ -94,6 +107,14 @@ typedef struct dj__oai {
     } *lps;                  /* [n_lps] one per generated token kept (malloc'd) */
     size_t n_lps, cap_lps, lps_sent;
 } dj__oai;
+
+/* JSON values in body[n] at most (each a cJSON node when parsed: ~100
+ * bytes), counted without building anything; model[cap] gets the top-level
+ * "model" string when it is plain (no escapes), else ""; *nul whether a
+ * string holds \u0000 (C strings would end there: refused, not cut). */
+size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap, bool *nul /* OUT */);
+/* The longest token text of tok, in bytes. */
+size_t dj__oai_max_token_bytes(const dj_tokenizer_t *tok);
 
 /* The request body (JSON) into o. Returns 0, or the HTTP status to answer
  * with err (a message for the client). qos_header: X-Djinn-QoS or NULL. */

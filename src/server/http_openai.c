@@ -39,6 +39,61 @@ void dj__buf_free(dj__buf *b) {
     memset(b, 0, sizeof *b);
 }
 
+size_t dj__oai_json_values(const char *body, size_t n, char *model, size_t cap, bool *nul) {
+    /* every value starts the document or follows '[', ',' or ':' (a member
+     * is one node, after '{' or ','): one per '[' '{' ',' ':' outside
+     * strings, plus one, bounds them */
+    size_t values = 1;
+    long depth = 0;
+    bool key = false, model_key = false; /* the next top-level string is a key; the last key was "model" */
+    if (cap) model[0] = '\0';
+    *nul = false;
+    for (size_t i = 0; i < n; i++) {
+        const char ch = body[i];
+        if (ch == '"') {
+            const size_t start = ++i;
+            bool plain = true;
+            while (i < n && body[i] != '"') {
+                if (body[i] == '\\') {
+                    plain = false;
+                    if (i + 5 < n && body[i + 1] == 'u' && !memcmp(body + i + 2, "0000", 4)) *nul = true;
+                    i++;
+                }
+                i++;
+            }
+            const size_t len = i < n ? i - start : 0;
+            if (depth == 1 && key) {
+                model_key = len == 5 && !memcmp(body + start, "model", 5);
+                key = false;
+            } else if (depth == 1 && model_key) {
+                if (plain && len < cap) {
+                    memcpy(model, body + start, len);
+                    model[len] = '\0';
+                }
+                model_key = false;
+            }
+            continue;
+        }
+        if (ch == '{' || ch == '[') {
+            values++;
+            if (++depth == 1) key = ch == '{';
+        } else if (ch == '}' || ch == ']') {
+            depth--;
+        } else if (ch == ',' || ch == ':') {
+            values++;
+            if (ch == ',' && depth == 1) key = true, model_key = false;
+        }
+    }
+    return values;
+}
+
+size_t dj__oai_max_token_bytes(const dj_tokenizer_t *tok) {
+    size_t m = 0;
+    for (uint32_t id = 0; tok && id < tok->n_ids; id++)
+        if (tok->id_off[id] != DJ__TOK_NO_STR && tok->id_len[id] > m) m = tok->id_len[id];
+    return m;
+}
+
 static int bad(char *err, size_t cap, const char *fmt, const char *field) {
     snprintf(err, cap, fmt, field);
     return 400;
@@ -233,6 +288,7 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     }
     if ((rc = parse_stop(o, cJSON_GetObjectItemCaseSensitive(req, "stop"), err, cap))) goto done;
     v = cJSON_GetObjectItemCaseSensitive(req, "qos");
+    o->qos_given = (v && !cJSON_IsNull(v)) || qos_header;
     if (v && !cJSON_IsNull(v)) {
         if (!cJSON_IsString(v)) {
             rc = bad(err, cap, "'%s' must be a string", "qos");
@@ -310,6 +366,15 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
             snprintf(err, cap, "the chat template of '%s' refused these messages: %s", m->name, dj_last_error());
             return 400;
         }
+    }
+    /* no tokenizer run (nor the memory it takes) for a text the model's
+     * context cannot hold: each token covers at most max_tok_bytes of it */
+    const uint64_t most = (uint64_t)m->max_pos * (m->max_tok_bytes > 16 ? m->max_tok_bytes : 16);
+    if (len > most) {
+        if (o->chat) free(text);
+        snprintf(err, cap, "the prompt has %zu bytes: model '%s' has %u positions of at most %zu bytes (%llu)", len,
+                 m->name, m->max_pos, m->max_tok_bytes, (unsigned long long)most);
+        return 400;
     }
     dj_status st = dj_tokenizer_encode(m->tok, text, len, !o->chat, &o->ids, &o->n_ids);
     if (o->chat) free(text);

@@ -3,6 +3,7 @@
  * the same pushed as server-sent events by GET /v1/djinn/events. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -93,6 +94,44 @@ char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
     cJSON_AddNumberToObject(sp, "step_ms", st->step_ms);
     char *body = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
+    if (body) *len = strlen(body);
+    return body;
+}
+
+char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len) {
+    dj_client_stats o = *st; /* shallow: models and sessions stay st's */
+    dj_client_model *ms = st->n_models ? calloc(st->n_models, sizeof *ms) : NULL;
+    if (st->n_models && !ms) return NULL;
+    for (size_t i = 0; i < st->n_models; i++) {
+        ms[i] = st->models[i];
+        ms[i].refs = 0; /* how many sessions use it: others' */
+    }
+    o.models = ms;
+    o.text.used = o.text.peak = o.data.used = o.data.peak = o.stack.used = o.stack.peak = 0;
+    o.pages_free = 0;
+    o.evictions = o.vmu_sessions = o.handles = o.connections = 0;
+    o.batched_steps = o.batched_rows = o.mixed_steps = o.gen_steps = 0;
+    o.step_ms = o.step_engine_ms = 0;
+    o.graph_captures = o.graph_replays = o.graph_failures = 0;
+    memset(o.waiting, 0, sizeof o.waiting);
+    memset(o.running, 0, sizeof o.running);
+    memset(&o.swap, 0, sizeof o.swap);
+    memcpy(o.swap.policy, st->swap.policy, sizeof o.swap.policy);
+    o.swap.pool_bytes = st->swap.pool_bytes;
+    const bool on = o.prefix.enabled;
+    memset(&o.prefix, 0, sizeof o.prefix);
+    o.prefix.enabled = on;
+    o.map = NULL;
+    char *body = NULL;
+    cJSON *r = NULL;
+    char *all = dj__http_stats_json(&o, at, len);
+    free(ms);
+    if (all && (r = cJSON_Parse(all))) {
+        cJSON_AddStringToObject(r, "scope", "own");
+        body = cJSON_PrintUnformatted(r);
+        cJSON_Delete(r);
+    }
+    free(all);
     if (body) *len = strlen(body);
     return body;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <microhttpd.h>
 
@@ -103,12 +104,20 @@ static char *render(dj__metrics *m, size_t *len) {
     return buf;
 }
 
-/* The request carries "Authorization: Bearer T" with T a token of the file. */
-static bool bearer_ok(const dj__metrics *m, struct MHD_Connection *conn) {
-    const char *v = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!v || strncmp(v, "Bearer ", 7) != 0) return false;
+const char *dj__bearer_of(const char *v) {
+    if (!v || strncasecmp(v, "Bearer", 6) || v[6] != ' ') return NULL;
     v += 7;
-    return dj__token_find(m->auth, m->n_auth, v, strlen(v)) != NULL;
+    while (*v == ' ') v++;
+    return *v ? v : NULL;
+}
+
+/* The request carries "Authorization: Bearer T" with T a token of the file
+ * with the admin role: the counters are the whole daemon's (every tenant's
+ * requests, memory, swap), so a tenant's token does not read them. */
+static bool bearer_ok(const dj__metrics *m, struct MHD_Connection *conn) {
+    const char *v = dj__bearer_of(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"));
+    const dj__token *t = v ? dj__token_find(m->auth, m->n_auth, v, strlen(v)) : NULL;
+    return t && t->admin;
 }
 
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -121,7 +130,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     struct MHD_Response *r;
     unsigned code = MHD_HTTP_OK;
     if (m->n_auth && !bearer_ok(m, conn)) {
-        static const char na[] = "unauthorized: send 'Authorization: Bearer TOKEN' (a token of --token-file)\n";
+        static const char na[] = "unauthorized: send 'Authorization: Bearer TOKEN' (an admin token of --token-file)\n";
         r = MHD_create_response_from_buffer(sizeof na - 1, (void *)na, MHD_RESPMEM_PERSISTENT);
         if (!r) return MHD_NO;
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"djinnd\"");

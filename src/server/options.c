@@ -21,7 +21,9 @@ static int usage(FILE *f) {
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
-          "              [--http-reuse N]\n"
+          "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
+          "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
+          "              [--http-allowed-hosts HOST,...]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --device cpu, --lease-ms 10000,\n"
           "--vmu-gb auto (the device's free memory less max(1 GiB, 5%); the CPU: half the available RAM),\n"
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
@@ -60,11 +62,22 @@ static int usage(FILE *f) {
           "  --http-timeout-s 30        an HTTP connection idle this long (headers, body) is closed\n"
           "  --http-reuse 16            finished sessions kept (10 min at most) so that a request whose prompt\n"
           "                             extends one's tokens prefills only the rest; 0 = off\n"
+          "  --http-header-timeout-s 10 a request's headers must all have come this long after the connection\n"
+          "                             opened or its last answer (an absolute deadline, not an idle timer)\n"
+          "  --http-body-timeout-s 60   ... and its body this long after its headers; else the connection closes\n"
+          "  --http-max-per-address 32  connections at once from one address (an IPv6 /64); more get 429\n"
+          "  --http-max-unauth 32       connections still sending their headers: past this the oldest (if\n"
+          "                             waiting over 1 s) is closed\n"
+          "  --http-max-per-token 0     requests at once (event streams too) per --token-file token; more get\n"
+          "                             429 (0: half of --http-max-connections)\n"
+          "  --http-allowed-hosts H,... Host header names accepted besides localhost, IP literals and --http's\n"
+          "                             host (checked without --token-file, or whenever given)\n"
+          "POST bodies must be Content-Type: application/json (else 415).\n"
           "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
           "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin]\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
           "A wrong token slows that address's next HELLO (100 ms doubling to 2 s); /metrics then wants\n"
-          "'Authorization: Bearer TOKEN'.\n",
+          "'Authorization: Bearer TOKEN' of an admin token.\n",
           f);
     return 2;
 }
@@ -119,6 +132,11 @@ static const count_opt counts[] = {
     {"--http-max-connections", offsetof(dj__config, http_conns), false, false},
     {"--http-timeout-s", offsetof(dj__config, http_timeout_s), false, false},
     {"--http-reuse", offsetof(dj__config, http_reuse), true, false},
+    {"--http-header-timeout-s", offsetof(dj__config, http_header_s), false, false},
+    {"--http-body-timeout-s", offsetof(dj__config, http_body_s), false, false},
+    {"--http-max-per-address", offsetof(dj__config, http_per_addr), false, false},
+    {"--http-max-unauth", offsetof(dj__config, http_unauth), false, false},
+    {"--http-max-per-token", offsetof(dj__config, http_per_token), true, false},
     {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
     {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
 };
@@ -161,6 +179,10 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->http_max_body = (uint64_t)4 << 20;
     cfg->http_timeout_s = 30;
     cfg->http_reuse = 16;
+    cfg->http_header_s = 10;
+    cfg->http_body_s = 60;
+    cfg->http_per_addr = 32;
+    cfg->http_unauth = 32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
@@ -213,6 +235,8 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             cfg->metrics = v;
         } else if (!strcmp(a, "--http")) {
             cfg->http = v;
+        } else if (!strcmp(a, "--http-allowed-hosts")) {
+            cfg->http_hosts = v;
         } else if (!strcmp(a, "--http-max-body")) {
             if (!parse_bytes(v, &cfg->http_max_body) || cfg->http_max_body < 1024) {
                 fprintf(stderr, "djinnd: --http-max-body '%s': want a size of at least 1k (suffixes k, m, g)\n", v);

@@ -1124,7 +1124,7 @@ static dj_status fit_fd_limit(dj__config *cfg) {
     /* an HTTP request holds its own socket and its libdjinn one (the daemon's
      * end of that is one of the connections) */
     const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0) +
-                           (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16 + cfg->http_reuse) : 0);
+                           (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16 + cfg->http_reuse) + cfg->http_unauth : 0);
     const uint64_t avail = rl.rlim_cur > spare ? rl.rlim_cur - spare : 0;
     if (avail < 1)
         return dj_fail(DJ_EINVAL, "the fd limit (%llu) leaves no room for connections (%llu kept spare)",
@@ -1189,7 +1189,10 @@ static dj_status listen_on(dj__server *s) {
     if (s->cfg.http) {
         dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
                            .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
-                           .timeout_s = s->cfg.http_timeout_s, .reuse = s->cfg.http_reuse};
+                           .timeout_s = s->cfg.http_timeout_s, .reuse = s->cfg.http_reuse,
+                           .header_s = s->cfg.http_header_s, .body_s = s->cfg.http_body_s,
+                           .per_addr = s->cfg.http_per_addr, .unauth = s->cfg.http_unauth,
+                           .per_token = s->cfg.http_per_token, .hosts = s->cfg.http_hosts};
         snprintf(hc.daemon, sizeof hc.daemon, "%s", daemon_addr);
         if ((st = dj__http_start(&hc, &s->http)) != DJ_OK) return st;
         http_port = dj__http_port(s->http);

@@ -93,6 +93,9 @@ void dj__metrics_observe_locked(dj__metrics *m, dj__hist *h, double seconds); /*
 dj_status dj__metrics_start(dj__metrics *m, const char *addr, uint32_t max_conns);
 /* The token whose secret is tok[0..n), compared in constant time; NULL if none. */
 const dj__token *dj__token_find(const dj__token *t, size_t n_tokens, const char *tok, size_t n);
+/* metrics.c: the token of an Authorization header's value "Bearer TOKEN"
+ * (the scheme in any case, RFC 9110 11.1), or NULL. */
+const char *dj__bearer_of(const char *authorization);
 void dj__metrics_stop(dj__metrics *m);
 
 /* ---- sessions and handles (shared under srv->mu unless marked) ---- */
@@ -242,6 +245,11 @@ typedef struct dj__config {
     uint64_t http_max_body;    /* request body bytes; more get 413 */
     uint32_t http_timeout_s;   /* an idle HTTP connection is closed after this */
     uint32_t http_reuse;       /* idle sessions kept for prompt-prefix reuse; 0 = off */
+    uint32_t http_header_s, http_body_s; /* absolute deadlines: a request's headers, its body */
+    uint32_t http_per_addr;    /* connections at once from one address */
+    uint32_t http_unauth;      /* connections waiting for their headers (the oldest goes beyond) */
+    uint32_t http_per_token;   /* requests at once per token (0: half of http_conns) */
+    const char *http_hosts;    /* --http-allowed-hosts: Host names besides localhost and IP literals */
 } dj__config;
 #define DJ__SIZE_AUTO SIZE_MAX
 
