@@ -150,6 +150,11 @@ static void unary(const run *r, const dj__cnode *n, float *out) {
     case DJ_COP_EXP:
         for (uint64_t e = 0; e < cnt; e++) out[e] = expf(x[e]);
         break;
+    case DJ_COP_HARDTANH: {
+        const float lo = (float)n->args[1].f, hi = (float)n->args[2].f;
+        for (uint64_t e = 0; e < cnt; e++) out[e] = x[e] < lo ? lo : x[e] > hi ? hi : x[e]; /* NaN stays NaN */
+        break;
+    }
     default: break;
     }
 }
@@ -492,7 +497,7 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     case DJ_COP_GE_S: binary(r, n, BIN_GE, out); break;
     case DJ_COP_LE_S: binary(r, n, BIN_LE, out); break;
     case DJ_COP_RELU: case DJ_COP_GELU: case DJ_COP_SILU: case DJ_COP_SIGMOID: case DJ_COP_TANH: case DJ_COP_NEG:
-    case DJ_COP_EXP: unary(r, n, out); break;
+    case DJ_COP_EXP: case DJ_COP_HARDTANH: unary(r, n, out); break;
     case DJ_COP_CONV: return conv(r, n, out, scratch);
     case DJ_COP_MAXPOOL_IDX: pool(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset)); break;
     case DJ_COP_MAXPOOL: case DJ_COP_AVGPOOL: pool(r, n, out, NULL); break;

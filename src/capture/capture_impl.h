@@ -36,6 +36,7 @@
     X(TANH, "aten.tanh.default", 1, 1)                                        \
     X(NEG, "aten.neg.default", 1, 1)                                          \
     X(EXP, "aten.exp.default", 1, 1)                                          \
+    X(HARDTANH, "aten.hardtanh.default", 3, 1)                                \
     X(CONV, "aten.convolution.default", 9, 1)                                 \
     X(MAXPOOL_IDX, "aten.max_pool2d_with_indices.default", 6, 2)              \
     X(MAXPOOL, "aten.max_pool2d.default", 6, 1)                               \
