@@ -91,8 +91,8 @@ static void fill(float *x, uint64_t n) {
     for (uint64_t i = 0; i < n; i++) x[i] = dj_test_randf(-2.0f, 2.0f);
 }
 
-static float max_rel(const float *a, const float *b, uint64_t n) {
-    float worst = 0.0f, scale = 1e-6f;
+static float max_rel_floor(const float *a, const float *b, uint64_t n, float floor) {
+    float worst = 0.0f, scale = floor;
     for (uint64_t i = 0; i < n; i++) scale = fabsf(b[i]) > scale ? fabsf(b[i]) : scale;
     for (uint64_t i = 0; i < n; i++) {
         const float d = fabsf(a[i] - b[i]) / scale;
@@ -100,6 +100,7 @@ static float max_rel(const float *a, const float *b, uint64_t n) {
     }
     return worst;
 }
+static float max_rel(const float *a, const float *b, uint64_t n) { return max_rel_floor(a, b, n, 1e-6f); }
 
 /* ---- the validator's refusals ---- */
 
@@ -556,7 +557,9 @@ static void test_chain(void) {
             for (int d = 0; d < D; d++) s += x[a * D + d] + 0.5 * y[b];
         ref[i] = (float)(0.5 * s * (1 + erf(s / sqrt(2.0))));
     }
-    CHECK_MSG(max_rel(out, ref, 2 * A) < 1e-5f, "chain rel %g", max_rel(out, ref, 2 * A));
+    /* relative to the size of the summed terms (12 of up to 3): a sum that cancels to near 0 has f32 rounding
+     * of the terms' size, not of its own */
+    CHECK_MSG(max_rel_floor(out, ref, 2 * A, 10.0f) < 1e-5f, "chain rel %g", max_rel_floor(out, ref, 2 * A, 10.0f));
     free(w);
 }
 

@@ -492,13 +492,15 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CG_MAX_OUTS]) 
         o[0].dtype = n->op >= DJ_COP_GT_T ? DJ_CDTYPE_BOOL : DJ_CDTYPE_F32;
         return DJ_OK;
     }
-    case DJ_COP_GELU:
-        if (n->args[1].kind != DJ_CARG_STR || (strcmp(n->args[1].str, "none") && strcmp(n->args[1].str, "tanh")))
-            return fail(d, DJ_CGRAPH_ERR_ARG, "gelu's approximate is not 'none' or 'tanh'");
-        /* fall through */
     case DJ_COP_HARDTANH:
         TRY(arg_num(d, n, 1, &f0));
         TRY(arg_num(d, n, 2, &f0));
+        TRY(arg_f32(d, n, 0, &x));
+        o[0] = *x;
+        return DJ_OK;
+    case DJ_COP_GELU:
+        if (n->args[1].kind != DJ_CARG_STR || (strcmp(n->args[1].str, "none") && strcmp(n->args[1].str, "tanh")))
+            return fail(d, DJ_CGRAPH_ERR_ARG, "gelu's approximate is not 'none' or 'tanh'");
         /* fall through */
     case DJ_COP_RELU: case DJ_COP_SILU: case DJ_COP_SIGMOID: case DJ_COP_TANH: case DJ_COP_NEG: case DJ_COP_EXP:
         TRY(arg_f32(d, n, 0, &x));
