@@ -153,6 +153,11 @@ static void test_refusals(void) {
     CHECK_REFUSED(w, &lim, DJ_CGRAPH_ERR_LIMIT, DJ_ERANGE, -1);
     lim = (dj_cgraph_limits){.max_stack_bytes = 128};
     CHECK_REFUSED(w, &lim, DJ_CGRAPH_ERR_NONE, DJ_OK, -1);
+    /* the work limit: each relu of 8 elements reads 8 and writes 8 */
+    lim = (dj_cgraph_limits){.max_ops = 20};
+    CHECK_REFUSED(w, &lim, DJ_CGRAPH_ERR_LIMIT, DJ_ERANGE, 1);
+    lim = (dj_cgraph_limits){.max_ops = 32};
+    CHECK_REFUSED(w, &lim, DJ_CGRAPH_ERR_NONE, DJ_OK, -1);
 
     /* unknown op, named */
     w_head(w, 1, &x, 1);
@@ -584,6 +589,30 @@ static void test_plan_reuse(void) {
     free(w);
 }
 
+/* A cat of 100 values, each made by its own node: every one stays live until the cat reads it. */
+static void test_long_cat(void) {
+    wb *w = malloc(sizeof *w);
+    enum { K = 100 };
+    const tspec x = {1, {3}};
+    const int64_t s3[] = {3}, sk[] = {3 * K};
+    w_head(w, 1, &x, K + 1);
+    for (int j = 0; j < K; j++) {
+        w_node(w, "aten.mul.Scalar", 2), w_in(w, 0), w_int(w, j), w_outs(w, 1), w_spec(w, 1, s3, "f32");
+    }
+    w_node(w, "aten.cat.default", 2), w_arr(w, K);
+    for (int j = 0; j < K; j++) w_node_ref(w, j, 0);
+    w_int(w, 0), w_outs(w, 1), w_spec(w, 1, sk, "f32");
+    w_tail_out(w, K);
+    float in0[3] = {1.0f, -2.0f, 0.5f}, out[3 * K];
+    const float *in[1] = {in0};
+    CHECK_OK(run_graph(cpu, w, in, out, 3 * K));
+    int bad = 0;
+    for (int j = 0; j < K; j++)
+        for (int i = 0; i < 3; i++) bad += out[j * 3 + i] != in0[i] * (float)j;
+    CHECK_MSG(bad == 0, "%d values of the cat wrong", bad);
+    free(w);
+}
+
 int main(void) {
     dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(1, &cpu));
@@ -594,6 +623,7 @@ int main(void) {
     test_norms_softmax();
     test_chain();
     test_plan_reuse();
+    test_long_cat();
     dj_backend_free(cpu);
     return dj_test_finish("test_graph_exec");
 }

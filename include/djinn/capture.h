@@ -36,7 +36,7 @@
     X(CYCLE, DJ_EFORMAT)          /* a node reading itself or a later node */                         \
     X(SHAPE, DJ_EINVAL)           /* declared shape or dtype differs from the inferred one */        \
     X(OVERFLOW, DJ_ERANGE)        /* a size that overflows, a negative dimension */                   \
-    X(LIMIT, DJ_ERANGE)           /* more nodes, rank, elements or stack bytes than allowed */        \
+    X(LIMIT, DJ_ERANGE)           /* more nodes, rank, stack bytes or work than allowed */        \
     X(UNSUPPORTED, DJ_EUNSUPPORTED) /* a known op in a variant not built (training batch norm...) */
 
 typedef enum {
@@ -56,8 +56,10 @@ typedef struct dj_cgraph_error {
 
 typedef struct dj_cgraph_limits {
     uint32_t max_nodes;        /* 0 = 65536 */
-    uint64_t max_elems;        /* elements of any one value; 0 = 2^31 */
+    uint64_t max_elems;        /* elements of any one value; 0 (and anything larger) = 2^31 */
     uint64_t max_stack_bytes;  /* the planned stack; 0 = 4 GiB */
+    uint64_t max_ops;          /* the work of a run, estimated per node (multiply-adds x 2, window taps,
+                                * elements touched); 0 = 2^44 */
 } dj_cgraph_limits;
 
 typedef enum { DJ_CDTYPE_F32, DJ_CDTYPE_I64, DJ_CDTYPE_BOOL } dj_cdtype;

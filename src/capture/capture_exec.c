@@ -288,12 +288,14 @@ static void pool(const run *r, const dj__cnode *n, float *out, float *idx_out) {
                 } else {
                     float best = -INFINITY;
                     int64_t at = -1;
-                    for (int64_t i = 0; i < kh; i++) {
-                        const int64_t ih = oh * sh - ph + i * dh;
-                        if (ih < 0 || ih >= H) continue;
-                        for (int64_t j = 0; j < kw; j++) {
-                            const int64_t iw = ow * sw - pw + j * dw;
-                            if (iw < 0 || iw >= W) continue;
+                    /* only the window's taps inside the image: a huge padded window costs its overlap */
+                    const int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+                    const int64_t i0 = h0 >= 0 ? 0 : (-h0 + dh - 1) / dh, j0 = w0 >= 0 ? 0 : (-w0 + dw - 1) / dw;
+                    const int64_t i1 = h0 > H - 1 ? 0 : (H - 1 - h0) / dh + 1, j1 = w0 > W - 1 ? 0 : (W - 1 - w0) / dw + 1;
+                    for (int64_t i = i0; i < (i1 < kh ? i1 : kh); i++) {
+                        const int64_t ih = h0 + i * dh;
+                        for (int64_t j = j0; j < (j1 < kw ? j1 : kw); j++) {
+                            const int64_t iw = w0 + j * dw;
                             const float v = img[ih * W + iw];
                             if (v > best || at < 0 || v != v) {
                                 best = v;

@@ -68,6 +68,7 @@ typedef struct dec {
     const char *path;      /* the module path it was recorded in, or NULL */
     uint32_t path_len;
     uint32_t *node_base;   /* [n_nodes] value id of each node's output 0 */
+    double ops;            /* the work of the nodes read so far (dj_cgraph_limits.max_ops) */
     int32_t *producer;     /* [n_vals] the node making each value, -1 for inputs and weights */
 } dec;
 
@@ -451,8 +452,9 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CG_MAX_OUTS]) 
         TRY(arg_f32(d, n, a, &x));
         TRY(arg_f32(d, n, a + 1, &y));
         if (x->rank != 2 || y->rank != 2 || x->shape[1] != y->shape[0])
-            return fail(d, DJ_CGRAPH_ERR_ARG, "matrices of shapes %s and %s do not multiply (rank %u, %u)",
-                        "[a,b]", "[b,c]", x->rank, y->rank);
+            return fail(d, DJ_CGRAPH_ERR_ARG, "matrices of shapes [%lld,%lld] and [%lld,%lld] do not multiply (rank %u, %u)",
+                        (long long)x->shape[0], (long long)(x->rank > 1 ? x->shape[1] : 0), (long long)y->shape[0],
+                        (long long)(y->rank > 1 ? y->shape[1] : 0), x->rank, y->rank);
         o[0].rank = 2;
         o[0].shape[0] = x->shape[0];
         o[0].shape[1] = y->shape[1];
@@ -807,6 +809,47 @@ static void shape_str(const dj_ctensor_info *t, char *buf, size_t cap) {
     if (k < cap) snprintf(buf + k, cap - k, "] %s", dj_cdtype_name(t->dtype));
 }
 
+/* The work of a node, as a double (no overflow): GEMMs and convolutions 2 x multiply-adds, pooling
+ * its window taps, everything else the elements it reads and writes. */
+static double node_ops(const dec *d, const dj__cnode *n) {
+    const dj_cgraph_t *g = d->g;
+    const dj_ctensor_info *o = &g->vals[n->out[0]].t;
+    const double out = (double)o->numel;
+    const dj__carg *a = n->args;
+    switch (n->op) {
+    case DJ_COP_ADDMM: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
+    case DJ_COP_MM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[1];
+    case DJ_COP_LINEAR: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
+    case DJ_COP_CONV: {
+        const dj_ctensor_info *w = &g->vals[a[1].v].t;
+        return 2.0 * out * (double)w->shape[1] * (double)w->shape[2] * (double)w->shape[3];
+    }
+    case DJ_COP_MAXPOOL_IDX: case DJ_COP_MAXPOOL: case DJ_COP_AVGPOOL: case DJ_COP_ADAPTIVE_AVG: case DJ_COP_ADAPTIVE_AVG2: {
+        const dj_ctensor_info *x = &g->vals[a[0].v].t;
+        const uint32_t h = x->rank - 2;
+        /* taps inside the image: at most the window, at most the image (adaptive: H/OH + 1) */
+        double th = (double)x->shape[h], tw = (double)x->shape[h + 1];
+        if (n->op == DJ_COP_ADAPTIVE_AVG || n->op == DJ_COP_ADAPTIVE_AVG2) {
+            th = o->shape[h] ? th / (double)o->shape[h] + 1.0 : 0.0;
+            tw = o->shape[h + 1] ? tw / (double)o->shape[h + 1] + 1.0 : 0.0;
+        } else {
+            const double kh = (double)(a[1].n == 1 ? a[1].ints[0] : a[1].ints[0]), kw = (double)(a[1].n == 1 ? a[1].ints[0] : a[1].ints[1]);
+            th = kh < th ? kh : th;
+            tw = kw < tw ? kw : tw;
+        }
+        return out * (th > 1.0 ? th : 1.0) * (tw > 1.0 ? tw : 1.0);
+    }
+    default: break;
+    }
+    double r = out;
+    for (uint32_t i = 0; i < n->n_args; i++) {
+        if (a[i].kind == DJ_CARG_TENSOR) r += (double)g->vals[a[i].v].t.numel;
+        else if (a[i].kind == DJ_CARG_TENSORS)
+            for (uint32_t k = 0; k < a[i].n; k++) r += (double)g->vals[a[i].vals[k]].t.numel;
+    }
+    return r;
+}
+
 /* {"op": str, "args": [...], "out": [spec...], "path": str} */
 static dj_status read_node(dec *d, uint32_t idx, uint32_t *next_val) {
     dj_cgraph_t *g = d->g;
@@ -872,6 +915,10 @@ static dj_status read_node(dec *d, uint32_t idx, uint32_t *next_val) {
         g->vals[*next_val].last_use = -1;
         n->out[k] = (*next_val)++;
     }
+    d->ops += node_ops(d, n);
+    if (d->ops > (double)d->lim.max_ops)
+        return fail(d, DJ_CGRAPH_ERR_LIMIT, "the graph's work reaches %.3g operations here, above the limit of %llu",
+                    d->ops, (unsigned long long)d->lim.max_ops);
     d->m.p = after;
     d->node = -1;
     return DJ_OK;
@@ -954,7 +1001,15 @@ static uint64_t val_bytes(const dj__cval *v) { return v->t.numel * sizeof(float)
 static dj_status plan(dec *d) {
     dj_cgraph_t *g = d->g;
     const uint32_t first_node_val = g->n_inputs + g->n_weights;
-    uint32_t reads[64];
+    uint32_t cap = 1; /* the most tensors one node reads (a cat's list may be long) */
+    for (uint32_t j = 0; j < g->n_nodes; j++) {
+        uint32_t c = g->nodes[j].n_args;
+        for (uint32_t i = 0; i < g->nodes[j].n_args; i++)
+            if (g->nodes[j].args[i].kind == DJ_CARG_TENSORS) c += g->nodes[j].args[i].n;
+        cap = c > cap ? c : cap;
+    }
+    uint32_t *reads = malloc(sizeof *reads * cap);
+    if (!reads) return dj_fail(DJ_ENOMEM, "out of memory planning a captured graph");
     /* liveness backwards from the outputs */
     for (uint32_t i = 0; i < g->n_outputs; i++) {
         g->vals[g->outputs[i]].last_use = INT32_MAX;
@@ -964,7 +1019,7 @@ static dj_status plan(dec *d) {
     for (int32_t j = (int32_t)g->n_nodes - 1; j >= 0; j--) {
         dj__cnode *n = &g->nodes[j];
         if (!n->live) continue;
-        const uint32_t c = node_reads(g, n, reads, 64, d->producer);
+        const uint32_t c = node_reads(g, n, reads, cap, d->producer);
         for (uint32_t k = 0; k < c; k++) {
             dj__cval *v = &g->vals[reads[k]];
             if (v->last_use < j) v->last_use = j;
@@ -987,7 +1042,7 @@ static dj_status plan(dec *d) {
             st = arena_alloc(&a, n->scratch_bytes, &n->scratch_off);
             arena_free(&a, n->scratch_off, n->scratch_bytes);
         }
-        const uint32_t c = node_reads(g, n, reads, 64, d->producer);
+        const uint32_t c = node_reads(g, n, reads, cap, d->producer);
         for (uint32_t k = 0; k < c; k++) {
             dj__cval *v = &g->vals[reads[k]];
             if (reads[k] >= first_node_val && v->last_use == (int32_t)j) {
@@ -1004,6 +1059,7 @@ static dj_status plan(dec *d) {
         }
     }
     free(a.b);
+    free(reads);
     if (st != DJ_OK) return st;
     if (a.peak > d->lim.max_stack_bytes)
         return fail(d, DJ_CGRAPH_ERR_LIMIT, "the planned stack of %llu bytes is above the limit of %llu",
@@ -1110,7 +1166,8 @@ dj_status dj_cgraph_decode(const uint8_t *bytes, size_t len, const dj_cgraph_lim
     if (err) memset(err, 0, sizeof *err);
     dec d = {.err = err, .node = -1};
     d.lim.max_nodes = lim && lim->max_nodes ? lim->max_nodes : 65536;
-    d.lim.max_elems = lim && lim->max_elems ? lim->max_elems : (uint64_t)1 << 31;
+    d.lim.max_elems = lim && lim->max_elems && lim->max_elems < ((uint64_t)1 << 31) ? lim->max_elems : (uint64_t)1 << 31;
+    d.lim.max_ops = lim && lim->max_ops ? lim->max_ops : (uint64_t)1 << 44;
     d.lim.max_stack_bytes = lim && lim->max_stack_bytes ? lim->max_stack_bytes : (uint64_t)4 << 30;
     if (!bytes && len) return fail(&d, DJ_CGRAPH_ERR_FORMAT, "no bytes");
     if (!(d.g = calloc(1, sizeof *d.g))) return dj_fail(DJ_ENOMEM, "out of memory");
