@@ -215,6 +215,9 @@ class _Recorder:
 
     def materialize(self, t):
         """The value of t now: the graph recorded so far runs with t as its one output."""
+        if getattr(self.owner._executor, "records_only", False):
+            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
+                                          "(bool()/item()): capture_graph cannot give it")
         return self.owner._run(self.graph, [self.ref_of(t)])[0]
 
 
@@ -314,18 +317,24 @@ def _functional_call(module, state, args, kwargs):
     return func(module, state, args, kwargs)
 
 
+class _Recorded(Exception):
+    pass
+
+
 def capture_graph(module, *args, **kwargs):
-    """The graph bytes of module(*args, **kwargs) without running it (outputs must not need
-    materialization)."""
+    """The graph bytes of module(*args, **kwargs), recorded and not run. A forward that needs a
+    value while it is recorded (bool(t), t.item()) raises UnsupportedError."""
 
-    class _NoRun:
+    class _RecordOnly:
+        records_only = True
+
         def run(self, data, inputs, weights):
-            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "capture_graph cannot materialize values")
+            raise _Recorded()
 
-    cm = CapturedModule(module, _NoRun())
+    cm = CapturedModule(module, _RecordOnly())
     try:
         cm(*args, **kwargs)
-    except errors.UnsupportedError:
+    except _Recorded:
         pass
     return cm.last_graph
 

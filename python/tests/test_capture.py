@@ -236,6 +236,16 @@ def test_graph_form_and_weight_identity(ex):
     assert changed == ["2.weight"]
 
 
+def test_capture_graph_refuses_a_forward_needing_a_value():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(errors.UnsupportedError) as e:
+        capture_graph(Branchy(), torch.randn(3))
+    assert "needs a value" in str(e.value)
+
+
 def test_hostile_graph_refused(ex):
     seeded(8)
     m = nn.Sequential(nn.Linear(3, 3), nn.ReLU()).eval()
