@@ -32,7 +32,7 @@ static void w_bin(const void *p, size_t n) {
     fwrite(p, 1, n, stdout);
 }
 
-static int reply_error(dj_status st, const dj_cgraph_error *e, const char *msg) {
+static void reply_error(dj_status st, const dj_cgraph_error *e, const char *msg) {
     w_map(7);
     w_str("ok"), w_bool(0);
     w_str("status"), w_int(st);
@@ -41,7 +41,6 @@ static int reply_error(dj_status st, const dj_cgraph_error *e, const char *msg) 
     w_str("node"), w_int(e ? e->node : -1);
     w_str("op"), w_str(e ? e->op : "");
     w_str("message"), w_str(msg);
-    return 0;
 }
 
 /* A list of f32 buffers: want[i] elements each. */
@@ -70,36 +69,54 @@ int main(void) {
     uint8_t *buf = malloc(cap);
     for (size_t r; buf && (r = fread(buf + len, 1, cap - len, stdin)) > 0;) {
         len += r;
-        if (len == cap) buf = realloc(buf, cap *= 2);
+        if (len == cap) {
+            uint8_t *nb = realloc(buf, cap *= 2);
+            if (!nb) free(buf);
+            buf = nb;
+        }
     }
     if (!buf) return 2;
+    dj_cgraph_t *g = NULL;
+    const float **in = NULL, **wt = NULL, **outs = NULL;
+    uint32_t ni = 0, nw = 0, no = 0;
+    void *stack = NULL;
+    dj_backend_t *cpu = NULL;
+    dj_cgraph_error err;
     dj__mp m = {buf, buf + len};
     uint32_t nk;
     const uint8_t *graph = NULL, *inputs_at = NULL, *weights_at = NULL;
     uint32_t graph_len = 0;
-    if (!dj__mp_map(&m, &nk)) return reply_error(DJ_EFORMAT, NULL, "the bundle is not a map");
-    for (uint32_t i = 0; i < nk; i++) {
+    dj_status st = dj__mp_map(&m, &nk) ? DJ_OK : dj_fail(DJ_EFORMAT, "the bundle is not a map");
+    for (uint32_t i = 0; st == DJ_OK && i < nk; i++) {
         const char *k;
         uint32_t kn;
-        if (!dj__mp_str(&m, &k, &kn)) return reply_error(DJ_EFORMAT, NULL, "a bundle key is not a string");
-        if (kn == 5 && !memcmp(k, "graph", 5)) {
-            if (!dj__mp_bin(&m, &graph, &graph_len)) return reply_error(DJ_EFORMAT, NULL, "graph is not bin");
-            continue;
+        if (!dj__mp_str(&m, &k, &kn)) {
+            st = dj_fail(DJ_EFORMAT, "a bundle key is not a string");
+        } else if (kn == 5 && !memcmp(k, "graph", 5)) {
+            if (!dj__mp_bin(&m, &graph, &graph_len)) st = dj_fail(DJ_EFORMAT, "graph is not bin");
+        } else {
+            if (kn == 6 && !memcmp(k, "inputs", 6)) inputs_at = m.p;
+            if (kn == 7 && !memcmp(k, "weights", 7)) weights_at = m.p;
+            if (!dj__mp_skip(&m, 4)) st = dj_fail(DJ_EFORMAT, "a bundle value is malformed");
         }
-        if (kn == 6 && !memcmp(k, "inputs", 6)) inputs_at = m.p;
-        if (kn == 7 && !memcmp(k, "weights", 7)) weights_at = m.p;
-        if (!dj__mp_skip(&m, 4)) return reply_error(DJ_EFORMAT, NULL, "a bundle value is malformed");
     }
-    if (!graph || !inputs_at || !weights_at) return reply_error(DJ_EFORMAT, NULL, "the bundle needs graph, inputs, weights");
-    dj_cgraph_t *g = NULL;
-    dj_cgraph_error err;
-    dj_status st = dj_cgraph_decode(graph, graph_len, NULL, &g, &err);
-    if (st != DJ_OK) return reply_error(st, &err, err.msg);
-    const uint32_t ni = dj_cgraph_n_inputs(g), nw = dj_cgraph_n_weights(g), no = dj_cgraph_n_outputs(g);
-    const float **in = calloc(ni + 1, sizeof *in), **wt = calloc(nw + 1, sizeof *wt), **outs = calloc(no + 1, sizeof *outs);
-    void *stack = NULL;
-    dj_backend_t *cpu = NULL;
-    if (!in || !wt || !outs) return 2;
+    if (st == DJ_OK && (!graph || !inputs_at || !weights_at))
+        st = dj_fail(DJ_EFORMAT, "the bundle needs graph, inputs, weights");
+    if (st != DJ_OK) {
+        reply_error(st, NULL, dj_last_error());
+        goto out;
+    }
+    st = dj_cgraph_decode(graph, graph_len, NULL, &g, &err);
+    if (st != DJ_OK) {
+        reply_error(st, &err, err.msg);
+        goto out;
+    }
+    ni = dj_cgraph_n_inputs(g), nw = dj_cgraph_n_weights(g), no = dj_cgraph_n_outputs(g);
+    in = calloc(ni + 1, sizeof *in), wt = calloc(nw + 1, sizeof *wt), outs = calloc(no + 1, sizeof *outs);
+    if (!in || !wt || !outs) {
+        reply_error(DJ_ENOMEM, NULL, "out of memory");
+        goto out;
+    }
     m.p = inputs_at;
     st = read_bufs(&m, ni, dj_cgraph_input, g, in, "inputs");
     if (st == DJ_OK) {
@@ -127,8 +144,9 @@ int main(void) {
             w_str("data"), w_bin(outs[i], t->numel * 4);
         }
     }
-    for (uint32_t i = 0; i < ni; i++) free((void *)in[i]);
-    for (uint32_t i = 0; i < nw; i++) free((void *)wt[i]);
+out:
+    for (uint32_t i = 0; in && i < ni; i++) free((void *)in[i]);
+    for (uint32_t i = 0; wt && i < nw; i++) free((void *)wt[i]);
     free(in), free(wt), free(outs), free(stack), free(buf);
     dj_backend_free(cpu);
     dj_cgraph_free(g);
