@@ -589,6 +589,47 @@ static void test_plan_reuse(void) {
     free(w);
 }
 
+/* bmm against a naive loop; slice with a negative start and a step; select with a negative index. */
+static void test_bmm_slice_select(void) {
+    wb *w = malloc(sizeof *w);
+    enum { B = 3, N = 4, K = 21, M = 5 };
+    float a[B * N * K], b[B * K * M], out[B * N * M], ref[B * N * M];
+    fill(a, sizeof a / 4), fill(b, sizeof b / 4);
+    for (int i = 0; i < B; i++)
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < M; c++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) s += (double)a[(i * N + r) * K + k] * b[(i * K + k) * M + c];
+                ref[(i * N + r) * M + c] = (float)s;
+            }
+    const tspec ins[2] = {{3, {B, N, K}}, {3, {B, K, M}}};
+    const int64_t os[] = {B, N, M};
+    w_head(w, 2, ins, 1);
+    w_node(w, "aten.bmm.default", 2), w_in(w, 0), w_in(w, 1), w_outs(w, 1), w_spec(w, 3, os, "f32");
+    w_tail_out(w, 0);
+    const float *in[2] = {a, b};
+    CHECK_OK(run_graph(cpu, w, in, out, B * N * M));
+    CHECK_MSG(max_rel(out, ref, B * N * M) < 1e-5f, "bmm rel %g", max_rel(out, ref, B * N * M));
+    /* a[:, -3::2, :] -> [B, 2, K] (rows 1 and 3), then select(-1, -2) -> [B, 2] (column K-2) */
+    const int64_t s1[] = {B, 2, K}, s2[] = {B, 2};
+    w_head(w, 1, ins, 2);
+    w_node(w, "aten.slice.Tensor", 5), w_in(w, 0), w_int(w, 1), w_int(w, -3), w_nil(w), w_int(w, 2);
+    w_outs(w, 1), w_spec(w, 3, s1, "f32");
+    w_node(w, "aten.select.int", 3), w_node_ref(w, 0, 0), w_int(w, -1), w_int(w, -2), w_outs(w, 1), w_spec(w, 2, s2, "f32");
+    w_tail_out(w, 1);
+    CHECK_OK(run_graph(cpu, w, in, out, B * 2));
+    int bad = 0;
+    for (int i = 0; i < B; i++)
+        for (int j = 0; j < 2; j++) bad += out[i * 2 + j] != a[(i * N + 1 + 2 * j) * K + K - 2];
+    CHECK_MSG(bad == 0, "%d sliced values wrong", bad);
+    /* an index past the dim is refused */
+    w_head(w, 1, ins, 1);
+    w_node(w, "aten.select.int", 3), w_in(w, 0), w_int(w, 0), w_int(w, B), w_outs(w, 1), w_spec(w, 2, s2, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+    free(w);
+}
+
 /* A cat of 100 values, each made by its own node: every one stays live until the cat reads it. */
 static void test_long_cat(void) {
     wb *w = malloc(sizeof *w);
@@ -624,6 +665,7 @@ int main(void) {
     test_chain();
     test_plan_reuse();
     test_long_cat();
+    test_bmm_slice_select();
     dj_backend_free(cpu);
     return dj_test_finish("test_graph_exec");
 }

@@ -274,3 +274,41 @@ def test_torchvision_models_match_eager(ex, name):
     with torch.no_grad():
         want = m(x)
     close(CapturedModule(m, ex)(x), want)
+
+
+class Attention(nn.Module):
+    """A hand-written attention block: matmuls of 3-d tensors (bmm), slices, selects."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):                       # x [B, T, dim]
+        b, t, d = x.shape
+        qkv = self.qkv(self.norm(x))
+        q, k, v = qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:]
+        hd = d // self.heads
+
+        def split(z):
+            return z.reshape(b, t, self.heads, hd).transpose(1, 2).reshape(b * self.heads, t, hd)
+        att = torch.softmax(split(q) @ split(k).transpose(1, 2) / hd ** 0.5, dim=-1)
+        y = (att @ split(v)).reshape(b, self.heads, t, hd).transpose(1, 2).reshape(b, t, d)
+        y = x + self.proj(y)
+        return y, y[:, 0], y[:, -1, 1:8:2]     # the first token, a strided slice of the last
+
+
+def test_attention_block_matches_eager(ex):
+    seeded(10)
+    m = Attention().eval()
+    x = torch.randn(2, 5, 16)
+    got = CapturedModule(m, ex)(x)
+    with torch.no_grad():
+        want = m(x)
+    g = msgpack.unpackb(capture_graph(m, x), raw=False)
+    ops = {n["op"] for n in g["nodes"]}
+    assert {"aten.bmm.default", "aten.slice.Tensor", "aten.select.int"} <= ops, ops
+    for a, b in zip(got, want):
+        close(a, b)

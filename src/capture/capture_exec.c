@@ -204,6 +204,41 @@ static dj_status mm(const run *r, const dj__cnode *n, float *out, float *scratch
     return DJ_OK;
 }
 
+static dj_status bmm(const run *r, const dj__cnode *n, float *out, float *scratch) {
+    const dj_ctensor_info *a = vi(r, n->args[0].v), *b = vi(r, n->args[1].v);
+    const int64_t B = a->shape[0], N = a->shape[1], K = a->shape[2], M = b->shape[2];
+    const float *ap = vp(r, n->args[0].v), *bp = vp(r, n->args[1].v);
+    for (int64_t i = 0; i < B; i++) {
+        transpose2(scratch, bp + i * K * M, K, M); /* [M, K]: GEMM rows */
+        const dj_status st = gemm(r, (uint32_t)N, (uint32_t)M, (uint32_t)K, ap + i * N * K, scratch, NULL, out + i * N * M);
+        if (st != DJ_OK) return st;
+    }
+    return DJ_OK;
+}
+
+/* slice (step > 0) and select: a strided view of x copied out */
+static void take(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *o = vi(r, n->out[0]);
+    int64_t xs[DJ_CGRAPH_MAX_RANK], is[DJ_CGRAPH_MAX_RANK];
+    contig_strides(x, xs);
+    const int64_t dim = n->args[1].i < 0 ? n->args[1].i + x->rank : n->args[1].i;
+    const float *src = vp(r, n->args[0].v);
+    if (n->op == DJ_COP_SELECT) {
+        const int64_t idx = n->args[2].i < 0 ? n->args[2].i + x->shape[dim] : n->args[2].i;
+        src += idx * xs[dim];
+        for (uint32_t k = 0, j = 0; k < x->rank; k++)
+            if ((int64_t)k != dim) is[j++] = xs[k];
+    } else {
+        int64_t first, len;
+        const int64_t start = n->args[2].kind == DJ_CARG_INT ? n->args[2].i : 0;
+        const int64_t end = n->args[3].kind == DJ_CARG_INT ? n->args[3].i : INT64_MAX;
+        dj__slice_bounds(x->shape[dim], start, end, n->args[4].i, &first, &len);
+        src += first * xs[dim];
+        for (uint32_t k = 0; k < x->rank; k++) is[k] = xs[k] * ((int64_t)k == dim ? n->args[4].i : 1);
+    }
+    strided_copy(out, src, o->rank, o->shape, is, o->numel);
+}
+
 static dj_status linear(const run *r, const dj__cnode *n, float *out) {
     const dj_ctensor_info *x = vi(r, n->args[0].v), *w = vi(r, n->args[1].v);
     const uint64_t k = (uint64_t)w->shape[1], rows = k ? x->numel / k : 0;
@@ -490,6 +525,8 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     switch (n->op) {
     case DJ_COP_ADDMM: case DJ_COP_MM: return mm(r, n, out, scratch);
     case DJ_COP_LINEAR: return linear(r, n, out);
+    case DJ_COP_BMM: return bmm(r, n, out, scratch);
+    case DJ_COP_SLICE: case DJ_COP_SELECT: take(r, n, out); break;
     case DJ_COP_ADD_T: case DJ_COP_ADD_S: binary(r, n, BIN_ADD, out); break;
     case DJ_COP_SUB_T: case DJ_COP_SUB_S: binary(r, n, BIN_SUB, out); break;
     case DJ_COP_MUL_T: case DJ_COP_MUL_S: binary(r, n, BIN_MUL, out); break;

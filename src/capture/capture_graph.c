@@ -469,6 +469,51 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CG_MAX_OUTS]) 
         }
         return DJ_OK;
     }
+    case DJ_COP_BMM:
+        TRY(arg_f32(d, n, 0, &x));
+        TRY(arg_f32(d, n, 1, &y));
+        if (x->rank != 3 || y->rank != 3 || x->shape[0] != y->shape[0] || x->shape[2] != y->shape[1])
+            return fail(d, DJ_CGRAPH_ERR_ARG, "bmm of [%lld,%lld,%lld] and [%lld,%lld,%lld] (rank %u, %u)",
+                        (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2], (long long)y->shape[0],
+                        (long long)y->shape[1], (long long)y->shape[2], x->rank, y->rank);
+        o[0].rank = 3;
+        o[0].shape[0] = x->shape[0];
+        o[0].shape[1] = x->shape[1];
+        o[0].shape[2] = y->shape[2];
+        n->scratch_bytes = (uint64_t)y->shape[1] * (uint64_t)y->shape[2] * sizeof(float); /* one mat2 transposed */
+        return DJ_OK;
+    case DJ_COP_SLICE: {
+        TRY(arg_t(d, n, 0, &x));
+        uint32_t dd = 0;
+        TRY(arg_int(d, n, 1, &i0));
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        if (!x->rank) return fail(d, DJ_CGRAPH_ERR_ARG, "slice of a 0-d tensor");
+        int64_t start = 0, end = INT64_MAX, step = 1;
+        if (n->args[2].kind != DJ_CARG_NONE) TRY(arg_int(d, n, 2, &start));
+        if (n->args[3].kind != DJ_CARG_NONE) TRY(arg_int(d, n, 3, &end));
+        TRY(arg_int(d, n, 4, &step));
+        if (step < 1) return fail(d, DJ_CGRAPH_ERR_ARG, "slice step %lld (positive steps only)", (long long)step);
+        int64_t first, len;
+        dj__slice_bounds(x->shape[dd], start, end, step, &first, &len);
+        o[0] = *x;
+        o[0].shape[dd] = len;
+        return DJ_OK;
+    }
+    case DJ_COP_SELECT: {
+        TRY(arg_t(d, n, 0, &x));
+        uint32_t dd = 0;
+        TRY(arg_int(d, n, 1, &i0));
+        TRY(arg_int(d, n, 2, &i1));
+        if (!x->rank) return fail(d, DJ_CGRAPH_ERR_ARG, "select of a 0-d tensor");
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        if (i1 < -x->shape[dd] || i1 >= x->shape[dd])
+            return fail(d, DJ_CGRAPH_ERR_ARG, "index %lld out of range for dim %u of size %lld", (long long)i1, dd,
+                        (long long)x->shape[dd]);
+        o[0].dtype = x->dtype;
+        for (uint32_t k = 0; k < x->rank; k++)
+            if (k != dd) o[0].shape[o[0].rank++] = x->shape[k];
+        return DJ_OK;
+    }
     case DJ_COP_LINEAR:
         TRY(arg_f32(d, n, 0, &x));
         TRY(arg_f32(d, n, 1, &y));
@@ -819,6 +864,7 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     switch (n->op) {
     case DJ_COP_ADDMM: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
     case DJ_COP_MM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[1];
+    case DJ_COP_BMM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[2];
     case DJ_COP_LINEAR: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
     case DJ_COP_CONV: {
         const dj_ctensor_info *w = &g->vals[a[1].v].t;

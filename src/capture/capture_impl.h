@@ -14,6 +14,7 @@
 #define DJ_COP_LIST(X)                                                        \
     X(ADDMM, "aten.addmm.default", 5, 1)                                      \
     X(MM, "aten.mm.default", 2, 1)                                            \
+    X(BMM, "aten.bmm.default", 2, 1)                                          \
     X(LINEAR, "aten.linear.default", 3, 1)                                    \
     X(ADD_T, "aten.add.Tensor", 3, 1)                                         \
     X(ADD_S, "aten.add.Scalar", 3, 1)                                         \
@@ -58,6 +59,8 @@
     X(PERMUTE, "aten.permute.default", 2, 1)                                  \
     X(TRANSPOSE, "aten.transpose.int", 3, 1)                                  \
     X(T, "aten.t.default", 1, 1)                                              \
+    X(SLICE, "aten.slice.Tensor", 5, 1)                                       \
+    X(SELECT, "aten.select.int", 3, 1)                                        \
     X(EXPAND, "aten.expand.default", 3, 1)                                    \
     X(CLONE, "aten.clone.default", 2, 1)                                      \
     X(DETACH, "aten.detach.default", 1, 1)                                    \
@@ -125,6 +128,18 @@ struct dj_cgraph {
 };
 
 extern const char *const dj__cop_names[DJ_COP_COUNT];
+
+/* aten.slice's bounds on a dim of `size`: start and end (INT64_MAX when none) wrapped when
+ * negative and clamped to [0, size]; *len the elements taken with step (> 0). */
+static inline void dj__slice_bounds(int64_t size, int64_t start, int64_t end, int64_t step, int64_t *first,
+                                    int64_t *len) {
+    if (start < 0) start += size;
+    if (end < 0) end += size;
+    start = start < 0 ? 0 : start > size ? size : start;
+    end = end < start ? start : end > size ? size : end;
+    *first = start;
+    *len = (end - start + step - 1) / step;
+}
 
 /* ---- the msgpack reader: never reads past end, never trusts a count ---- */
 typedef struct dj__mp {
