@@ -593,7 +593,7 @@ static void test_plan_reuse(void) {
 static void test_bmm_slice_select(void) {
     wb *w = malloc(sizeof *w);
     enum { B = 3, N = 4, K = 21, M = 5 };
-    float a[B * N * K], b[B * K * M], out[B * N * M], ref[B * N * M];
+    float a[B * N * K], b[B * K * M], out[B * N * K], ref[B * N * M]; /* out: room for the largest result */
     fill(a, sizeof a / 4), fill(b, sizeof b / 4);
     for (int i = 0; i < B; i++)
         for (int r = 0; r < N; r++)
@@ -622,7 +622,15 @@ static void test_bmm_slice_select(void) {
     for (int i = 0; i < B; i++)
         for (int j = 0; j < 2; j++) bad += out[i * 2 + j] != a[(i * N + 1 + 2 * j) * K + K - 2];
     CHECK_MSG(bad == 0, "%d sliced values wrong", bad);
-    /* an index past the dim is refused */
+    /* a step of INT64_MAX takes the first element only (no overflow) */
+    const int64_t s3[] = {B, 1, K};
+    w_head(w, 1, ins, 1);
+    w_node(w, "aten.slice.Tensor", 5), w_in(w, 0), w_int(w, 1), w_int(w, 2), w_nil(w), w_int(w, INT64_MAX);
+    w_outs(w, 1), w_spec(w, 3, s3, "f32");
+    w_tail_out(w, 0);
+    CHECK_OK(run_graph(cpu, w, in, out, B * K));
+    CHECK(out[0] == a[2 * K] && out[K] == a[(N + 2) * K]);
+        /* an index past the dim is refused */
     w_head(w, 1, ins, 1);
     w_node(w, "aten.select.int", 3), w_in(w, 0), w_int(w, 0), w_int(w, B), w_outs(w, 1), w_spec(w, 2, s2, "f32");
     w_tail_out(w, 0);

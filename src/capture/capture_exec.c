@@ -234,7 +234,8 @@ static void take(const run *r, const dj__cnode *n, float *out) {
         const int64_t end = n->args[3].kind == DJ_CARG_INT ? n->args[3].i : INT64_MAX;
         dj__slice_bounds(x->shape[dim], start, end, n->args[4].i, &first, &len);
         src += first * xs[dim];
-        for (uint32_t k = 0; k < x->rank; k++) is[k] = xs[k] * ((int64_t)k == dim ? n->args[4].i : 1);
+        for (uint32_t k = 0; k < x->rank; k++) is[k] = xs[k];
+        is[dim] = len > 1 ? xs[dim] * n->args[4].i : 0; /* len > 1: step < size, no overflow */
     }
     strided_copy(out, src, o->rank, o->shape, is, o->numel);
 }

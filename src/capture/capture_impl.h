@@ -138,7 +138,7 @@ static inline void dj__slice_bounds(int64_t size, int64_t start, int64_t end, in
     start = start < 0 ? 0 : start > size ? size : start;
     end = end < start ? start : end > size ? size : end;
     *first = start;
-    *len = (end - start + step - 1) / step;
+    *len = end > start ? (end - start - 1) / step + 1 : 0; /* no overflow for any step from the wire */
 }
 
 /* ---- the msgpack reader: never reads past end, never trusts a count ---- */
