@@ -28,6 +28,9 @@ $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
 # python3-torch: only djinn.hf (the transformers-shaped facade) and
 # RemoteTensor.torch() use it; the tests of those skip without it.
 $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+# python3-torchvision: module capture (python/djinn/capture.py, issue 44) is checked
+# against torchvision's models in eager mode (python/tests/test_capture.py).
+$SUDO apt-get install -y -qq --no-install-recommends python3-torchvision >/dev/null
 
 # The Python package: a .pth file in the system python3's site directory points
 # at this checkout's python/ (no pip: Debian's python3 is externally managed,

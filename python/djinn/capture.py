@@ -1,0 +1,368 @@
+"""capture.py: a PyTorch module's forward recorded as ATen ops (a __torch_dispatch__ LazyTensor)
+into the captured-graph form djinnd's executor reads (docs/capture.md, docs/protocol.md).
+
+    from djinn.capture import CapturedModule, ToolExecutor
+    rm = CapturedModule(net.eval(), ToolExecutor(path))   # module-like: rm(x), rm.net_attr ...
+    y = rm(x)              # recorded (shapes from meta tensors), sent, run, result in y's structure
+
+Weights are identified by content (BLAKE2b-128 of dtype, shape and bytes; cached per tensor
+version). Plain Python control flow is followed: where the forward needs a value (bool(t),
+t.item()), the graph recorded so far runs through the executor, the value comes back and
+capture goes on. The executor is what runs graphs: `ToolExecutor` runs the server's C executor
+(src/capture) in a child process on this machine - a test harness, NOT remote execution; the
+daemon's GRAPH_RUN message is the next step of issue 44.
+"""
+
+import contextlib
+import hashlib
+import os
+import subprocess
+
+import msgpack
+import numpy as np
+
+from . import errors
+
+try:
+    import torch
+    from torch.utils import _pytree as pytree
+except ImportError:  # the package works without torch; capture needs it
+    torch = None
+
+__all__ = ["CapturedModule", "ToolExecutor", "Graph", "capture_graph"]
+
+GRAPH_VERSION = 1
+
+if torch is not None:
+    _DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.bool: "bool", torch.float16: "f16",
+               torch.bfloat16: "bf16", torch.int32: "i32", torch.float64: "f64", torch.uint8: "u8"}
+    _NP = {"f32": np.float32, "i64": np.int64, "bool": np.bool_}
+
+
+def _dtype_name(dt):
+    return _DTYPES.get(dt, str(dt).replace("torch.", ""))
+
+
+def _spec(t):
+    return {"shape": [int(d) for d in t.shape], "dtype": _dtype_name(t.dtype)}
+
+
+class Graph:
+    """A graph being recorded: inputs, weights (by content), nodes in order."""
+
+    def __init__(self):
+        self.inputs = []         # [tensor spec]
+        self.weights = []        # [{"name", "hash", "shape", "dtype"}]
+        self.weight_data = []    # [contiguous CPU tensor] beside each weight
+        self._weight_at = {}     # hash -> index
+        self.nodes = []          # [{"op", "args", "out", "path"}]
+        self.path = []           # the module path being run (forward hooks keep it)
+
+    def add_weight(self, t, name, digest):
+        i = self._weight_at.get(digest)
+        if i is None:
+            i = len(self.weights)
+            self._weight_at[digest] = i
+            self.weights.append({"name": name, "hash": digest, "shape": [int(d) for d in t.shape],
+                                 "dtype": _dtype_name(t.dtype)})
+            self.weight_data.append(t.detach().contiguous())
+        return {"w": i}
+
+    def encode(self, outputs):
+        """The msgpack bytes of the graph with these output references."""
+        return msgpack.packb({"v": GRAPH_VERSION, "inputs": self.inputs, "weights": self.weights,
+                              "nodes": self.nodes, "outputs": list(outputs)}, use_bin_type=True)
+
+
+if torch is not None:
+
+    class LazyTensor(torch.Tensor):
+        """A tensor of the graph being recorded: shape and dtype are real, the values are not
+        here. Every ATen op on it is recorded; bool()/item() run the graph so far."""
+
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @staticmethod
+        def __new__(cls, rec, ref, shape, dtype):
+            t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu", requires_grad=False)
+            t._rec = rec
+            t._ref = ref
+            t._weight = None  # (name, tensor) for a parameter or buffer
+            return t
+
+        def __repr__(self):
+            return "LazyTensor(%s, %s, %s)" % (list(self.shape), _dtype_name(self.dtype), self._ref)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            rec = None
+            for a in pytree.tree_flatten((args, kwargs or {}))[0]:
+                if isinstance(a, LazyTensor):
+                    rec = a._rec
+                    break
+            return rec.dispatch(func, args, kwargs or {})
+
+
+def _meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+    return x
+
+
+def _plain_value(v):
+    """A schema argument that is not a tensor, as msgpack carries it."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple, torch.Size)):
+        return [_plain_value(x) for x in v]
+    return str(v).replace("torch.", "")  # dtype, memory_format, layout, device: by name
+
+
+class _Recorder:
+    """One forward's recording: turns dispatched ATen calls into nodes."""
+
+    MATERIALIZE = ("aten._local_scalar_dense.default", "aten.is_nonzero.default")
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.graph = Graph()
+
+    def lazy(self, ref, t):
+        return LazyTensor(self, ref, tuple(t.shape), t.dtype)
+
+    def lazy_weight(self, name, t):
+        """A parameter or buffer seen as a LazyTensor: it joins the graph's weights (by
+        content) when an op first reads it, so weights the forward never reads are not sent."""
+        lt = LazyTensor(self, None, tuple(t.shape), t.dtype)
+        lt._weight = (name, t)
+        return lt
+
+    def ref_of(self, v):
+        if v._rec is not self:
+            raise ValueError("a LazyTensor of another capture was passed in")
+        if v._ref is None:
+            name, t = v._weight
+            v._ref = self.graph.add_weight(t, name, self.owner._hash_of(t))
+        return v._ref
+
+    def encode_arg(self, v):
+        if isinstance(v, LazyTensor):
+            return self.ref_of(v)
+        if isinstance(v, torch.Tensor):  # a weight, a buffer or a constant made in forward: by content
+            return self.graph.add_weight(v, self.owner._name_of(v), self.owner._hash_of(v))
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return [self.encode_arg(x) for x in v]
+        return _plain_value(v)
+
+    def dispatch(self, func, args, kwargs):
+        name = str(func)
+        if name in self.MATERIALIZE:
+            value = self.materialize(args[0])
+            if name == "aten.is_nonzero.default":
+                return bool(value.reshape(-1)[0])
+            return value.reshape(-1)[0].item()
+        schema = func._schema
+        inplace = schema.name.endswith("_") or (
+            schema.arguments and schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write)
+        if inplace:
+            target = args[0]
+            if not isinstance(target, LazyTensor):
+                raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED",
+                                              "%s writes into a tensor that is not captured" % name)
+            if getattr(target, "_weight", None) is not None:  # parameters and buffers are read-only
+                raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "%s writes into %s (module state: training "
+                                              "mode? call module.eval())" % (name, target._weight[0]))
+            base = schema.name.split("::")[-1][:-1] if schema.name.endswith("_") else None
+            packet = getattr(torch.ops.aten, base, None) if base else None
+            overload = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+            if overload is None:
+                raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "in-place op %s has no functional form" % name)
+            out = self.dispatch(overload, args, kwargs)
+            target._ref = out._ref  # the in-place result replaces the tensor (functionalization)
+            return target
+        # the schema's arguments in order, defaults filled (docs/protocol.md)
+        full = []
+        for i, a in enumerate(schema.arguments):
+            if i < len(args) and not a.kwarg_only:
+                full.append(args[i])
+            elif a.name in kwargs:
+                full.append(kwargs[a.name])
+            elif a.has_default_value():
+                full.append(a.default_value)
+            else:
+                raise TypeError("%s: argument %s missing" % (name, a.name))
+        try:
+            meta_out = func(*pytree.tree_map(_meta, tuple(args)), **pytree.tree_map(_meta, dict(kwargs)))
+        except (NotImplementedError, RuntimeError) as e:
+            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED",
+                                          "%s: no shape rule in this torch (%s)" % (name, str(e).splitlines()[0]))
+        flat, spec = pytree.tree_flatten(meta_out)
+        j = len(self.graph.nodes)
+        node = {"op": name, "args": [self.encode_arg(v) for v in full],
+                "out": [_spec(t) for t in flat if isinstance(t, torch.Tensor)]}
+        if self.graph.path:
+            node["path"] = self.graph.path[-1]
+        self.graph.nodes.append(node)
+        k = 0
+        outs = []
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                outs.append(self.lazy({"n": [j, k]}, t))
+                k += 1
+            else:
+                outs.append(t)
+        return pytree.tree_unflatten(outs, spec)
+
+    def materialize(self, t):
+        """The value of t now: the graph recorded so far runs with t as its one output."""
+        if getattr(self.owner._executor, "records_only", False):
+            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
+                                          "(bool()/item()): capture_graph cannot give it")
+        return self.owner._run(self.graph, [self.ref_of(t)])[0]
+
+
+class CapturedModule:
+    """A module whose forward is captured and run by an executor. Calling it records the
+    forward as ATen ops with the call's inputs, runs the graph, and returns the forward's
+    own structure (tuple, list, dict, namedtuple) with torch tensors where it had tensors.
+    Other attributes are the module's."""
+
+    def __init__(self, module, executor):
+        if torch is None:
+            raise ImportError("djinn.capture needs PyTorch")
+        self._module = module
+        self._executor = executor
+        self._hashes = {}  # id(tensor) -> (tensor version, data_ptr, digest)
+        self._names = {}
+        self.last_graph = None  # the bytes of the last graph run (for inspection and tests)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def _hash_of(self, t):
+        key = id(t)
+        ver = (t._version, t.data_ptr(), tuple(t.shape), t.dtype)
+        hit = self._hashes.get(key)
+        if hit is not None and hit[0] == ver:
+            return hit[1]
+        h = hashlib.blake2b(digest_size=16)
+        h.update(("%s%s" % (_dtype_name(t.dtype), list(t.shape))).encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+        d = h.digest()
+        self._hashes[key] = (ver, d)
+        return d
+
+    def _name_of(self, t):
+        return self._names.get(id(t), "const")
+
+    def _run(self, graph, out_refs):
+        data = graph.encode(out_refs)
+        self.last_graph = data
+        inputs = [np.ascontiguousarray(x.numpy()) for x in self._inputs]
+        weights = [np.ascontiguousarray(w.numpy()) for w in graph.weight_data]
+        return self._executor.run(data, inputs, weights)
+
+    @contextlib.contextmanager
+    def _paths(self, graph):
+        hooks = []
+        for name, m in self._module.named_modules():
+            def pre(mod, inp, name=name):
+                graph.path.append(name or type(mod).__name__)
+
+            def post(mod, inp, out):
+                graph.path.pop()
+            hooks.append(m.register_forward_pre_hook(pre))
+            hooks.append(m.register_forward_hook(post))
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def __call__(self, *args, **kwargs):
+        rec = _Recorder(self)
+        g = rec.graph
+        self._names = {}
+        state = {}
+        for n, p in list(self._module.named_parameters()) + list(self._module.named_buffers()):
+            self._names[id(p)] = n
+            state[n] = rec.lazy_weight(n, p)  # the forward runs on these (functional_call)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        self._inputs = []
+        lazy_in = []
+        for x in flat:
+            if isinstance(x, torch.Tensor):
+                g.inputs.append(_spec(x))
+                self._inputs.append(x.detach().contiguous())
+                lazy_in.append(rec.lazy({"i": len(g.inputs) - 1}, x))
+            else:
+                lazy_in.append(x)
+        largs, lkwargs = pytree.tree_unflatten(lazy_in, spec)
+        with torch.no_grad(), self._paths(g):
+            out = _functional_call(self._module, state, tuple(largs), dict(lkwargs))
+        oflat, ospec = pytree.tree_flatten(out)
+        refs = [rec.ref_of(x) for x in oflat if isinstance(x, LazyTensor)]
+        values = iter(self._run(g, refs) if refs else [])
+        result = [torch.from_numpy(np.array(next(values))) if isinstance(x, LazyTensor) else x for x in oflat]
+        return pytree.tree_unflatten(result, ospec)
+
+
+def _functional_call(module, state, args, kwargs):
+    """module(*args, **kwargs) with its parameters and buffers replaced by state's tensors
+    (torch.func in torch 2.x, torch.nn.utils.stateless in 1.13)."""
+    func = getattr(getattr(torch, "func", None), "functional_call", None)
+    if func is None:
+        from torch.nn.utils import stateless
+        func = stateless.functional_call
+    return func(module, state, args, kwargs)
+
+
+class _Recorded(Exception):
+    pass
+
+
+def capture_graph(module, *args, **kwargs):
+    """The graph bytes of module(*args, **kwargs), recorded and not run. A forward that needs a
+    value while it is recorded (bool(t), t.item()) raises UnsupportedError."""
+
+    class _RecordOnly:
+        records_only = True
+
+        def run(self, data, inputs, weights):
+            raise _Recorded()
+
+    cm = CapturedModule(module, _RecordOnly())
+    try:
+        cm(*args, **kwargs)
+    except _Recorded:
+        pass
+    return cm.last_graph
+
+
+class ToolExecutor:
+    """Runs graphs through the server's C executor in a child process (tests/graph_run_tool.c):
+    the same decoder, validator, planner and CPU kernels djinnd will use - a harness for tests
+    while the daemon has no GRAPH_RUN message, not remote execution."""
+
+    def __init__(self, path=None):
+        self.path = path or os.environ.get("DJ_GRAPH_RUN")
+        if not self.path or not os.access(self.path, os.X_OK):
+            raise FileNotFoundError("graph_run_tool not found (set DJ_GRAPH_RUN)")
+
+    def run(self, graph, inputs, weights):
+        bundle = msgpack.packb({"graph": graph,
+                                "inputs": [np.asarray(x, dtype="<f4").tobytes() for x in inputs],
+                                "weights": [np.asarray(w, dtype="<f4").tobytes() for w in weights]},
+                               use_bin_type=True)
+        p = subprocess.run([self.path], input=bundle, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+        if p.returncode != 0 and not p.stdout:
+            raise errors.InternalError(-12, "DJ_EINTERNAL", "graph_run_tool failed: %s" % p.stderr.decode(errors="replace"))
+        reply = msgpack.unpackb(p.stdout, raw=False)
+        if not reply.get("ok"):
+            raise errors.from_meta(reply)
+        out = []
+        for o in reply["outputs"]:
+            dt = _NP[o["dtype"]]
+            raw = np.frombuffer(o["data"], dtype="<f4")
+            out.append(raw.astype(dt).reshape(o["shape"]))
+        return out

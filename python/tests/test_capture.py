@@ -1,0 +1,314 @@
+"""test_capture.py: djinn.capture - modules recorded as ATen graphs and run by the server's C
+executor (src/capture, through tests/graph_run_tool.c: the harness until djinnd runs graphs),
+checked against PyTorch eager: MLPs, CNNs, a data-dependent branch, output structures,
+refusals."""
+
+import collections
+import os
+
+import msgpack
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from djinn import errors  # noqa: E402
+from djinn.capture import CapturedModule, ToolExecutor, capture_graph  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TOOL = os.environ.get("DJ_GRAPH_RUN") or os.path.join(ROOT, "build", "graph_run_tool")
+RTOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ex():
+    if not os.access(TOOL, os.X_OK):
+        pytest.fail("graph_run_tool not built (%s): build the tree or set DJ_GRAPH_RUN" % TOOL)
+    return ToolExecutor(TOOL)
+
+
+def close(got, want):
+    got = torch.as_tensor(got)
+    scale = max(float(want.abs().max()), 1e-6)
+    err = float((got - want).abs().max()) / scale
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert err < RTOL, "max error %g of the largest magnitude" % err
+
+
+def seeded(seed):
+    torch.manual_seed(seed)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(20, 64)
+        self.fc2 = nn.Linear(64, 32, bias=False)
+        self.fc3 = nn.Linear(32, 10)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        h = torch.sigmoid(self.fc2(h)) * torch.tanh(self.fc2(h)) + F.silu(self.fc2(h))
+        h = self.norm(h - h.mean(-1, keepdim=True) / 2)
+        return F.log_softmax(self.fc3(F.relu(h)), dim=-1)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, stride=2, padding=2, dilation=2, groups=4)
+        self.b2 = nn.BatchNorm2d(16)
+        self.c3 = nn.Conv2d(16, 24, 1, bias=False)
+        self.pool = nn.AdaptiveAvgPool2d((2, 3))
+        self.fc = nn.Linear(24 * 6, 7)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.b1(self.c1(x)), inplace=True), 2, ceil_mode=True)
+        y = F.relu(self.b2(self.c2(x)))
+        y = F.avg_pool2d(y, 3, stride=1, padding=1, count_include_pad=False) + y
+        z = self.c3(y)
+        z = self.pool(z)
+        return torch.softmax(self.fc(torch.flatten(z, 1)), dim=1)
+
+
+def randomize_bn(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            mod.weight.data.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            mod.bias.data.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
+    return m
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mlp_matches_eager(ex, seed):
+    seeded(seed)
+    m = MLP().eval()
+    x = torch.randn(6, 20)
+    close(CapturedModule(m, ex)(x), m(x).detach())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cnn_matches_eager(ex, seed):
+    seeded(seed)
+    m = randomize_bn(CNN(), seed).eval()
+    x = torch.randn(2, 3, 17, 15)
+    with torch.no_grad():
+        want = m(x)
+    close(CapturedModule(m, ex)(x), want)
+
+
+def test_sequential_cnn_with_every_layer_kind(ex):
+    seeded(3)
+    m = randomize_bn(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, stride=2, groups=2), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.LayerNorm(8), nn.Linear(8, 4), nn.GELU(approximate="tanh"), nn.SiLU(), nn.Sigmoid(), nn.Tanh(),
+        nn.Softmax(-1)), 3).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        want = m(x)
+    close(CapturedModule(m, ex)(x), want)
+
+
+def test_layout_ops(ex):
+    class Layout(nn.Module):
+        def forward(self, x, y):
+            a = x.permute(2, 0, 1).contiguous().view(4, -1)           # permute, clone, view
+            b = a.t().reshape(3, 2, 4).transpose(0, 2)                 # t, reshape, transpose
+            c = torch.cat([b, b * 2, b / 3 - 1], dim=1)                # cat, broadcasting scalars
+            d = c.sum(dim=(0, 2), keepdim=True) + y.unsqueeze(0).expand(1, 6, 1)
+            return d.squeeze(0).flatten(), c.mean()
+
+    seeded(4)
+    x, y = torch.randn(2, 3, 4), torch.randn(6, 1)
+    got = CapturedModule(Layout(), ex)(x, y)
+    want = Layout()(x, y)
+    close(got[0], want[0])
+    close(got[1], want[1])
+
+
+def test_data_dependent_branch_both_ways(ex):
+    class Branch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.a = nn.Linear(8, 3)
+            self.b = nn.Linear(8, 5)
+
+        def forward(self, x):
+            h = self.fc(x)
+            if h.sum() > 0:      # bool(): the prefix runs, the value comes back, capture goes on
+                return self.a(h)
+            return F.relu(self.b(h)) * h.mean().item()  # item() likewise
+
+    seeded(5)
+    m = Branch().eval()
+    rm = CapturedModule(m, ex)
+    seen = set()
+    for sign in (1.0, -1.0):
+        with torch.no_grad():
+            m.fc.bias.fill_(0.0)
+            m.fc.bias.add_(sign * 10.0)  # decides the branch
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            want = m(x)
+        got = rm(x)
+        close(got, want)
+        seen.add(tuple(want.shape))
+    assert seen == {(4, 3), (4, 5)}  # both branches taken
+
+
+def test_output_structures(ex):
+    Pair = collections.namedtuple("Pair", "left right")
+
+    class Multi(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 6)
+
+        def forward(self, x, scale=1.0, extra=None):
+            h = self.fc(x) * scale
+            return {"h": h, "parts": (F.relu(h), [torch.tanh(h), "label", 7]),
+                    "pair": Pair(h.sum(1), extra + h.mean() if extra is not None else None)}
+
+    seeded(6)
+    m = Multi().eval()
+    x, e = torch.randn(3, 4), torch.randn(1)
+    got = CapturedModule(m, ex)(x, scale=0.5, extra=e)
+    with torch.no_grad():
+        want = m(x, scale=0.5, extra=e)
+    assert set(got) == {"h", "parts", "pair"}
+    assert isinstance(got["parts"], tuple) and isinstance(got["parts"][1], list)
+    assert got["parts"][1][1:] == ["label", 7]
+    assert isinstance(got["pair"], Pair)
+    close(got["h"], want["h"])
+    close(got["parts"][0], want["parts"][0])
+    close(got["parts"][1][0], want["parts"][1][0])
+    close(got["pair"].left, want["pair"].left)
+    close(got["pair"].right, want["pair"].right)
+
+
+def test_unsupported_op_refused_by_name(ex):
+    class Cum(nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x * 2, dim=0)
+
+    with pytest.raises(errors.UnsupportedError) as e:
+        CapturedModule(Cum(), ex)(torch.randn(3, 3))
+    assert "aten.cumsum.default" in str(e.value)
+
+
+def test_training_batch_norm_refused(ex):
+    m = nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2)).train()
+    with pytest.raises(errors.UnsupportedError) as e:
+        CapturedModule(m, ex)(torch.randn(2, 1, 3, 3))
+    assert "aten.add_.Tensor" in str(e.value) and "1.num_batches_tracked" in str(e.value)  # a buffer written
+
+
+def test_graph_form_and_weight_identity(ex):
+    seeded(7)
+    m = nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 2)).eval()
+    x = torch.randn(2, 5)
+    g = msgpack.unpackb(capture_graph(m, x), raw=False)
+    assert g["v"] == 1 and len(g["inputs"]) == 1 and g["inputs"][0] == {"shape": [2, 5], "dtype": "f32"}
+    names = [w["name"] for w in g["weights"]]
+    assert sorted(names) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert all(len(w["hash"]) == 16 for w in g["weights"])
+    ops = [n["op"] for n in g["nodes"]]
+    assert "aten.addmm.default" in ops and "aten.relu.default" in ops
+    assert all(n.get("path") for n in g["nodes"])  # the module path each op was recorded in
+    # the same content hashes to the same identity; a changed layer changes only its own
+    g2 = msgpack.unpackb(capture_graph(m, x), raw=False)
+    assert [w["hash"] for w in g2["weights"]] == [w["hash"] for w in g["weights"]]
+    with torch.no_grad():
+        m[2].weight.add_(1.0)
+    g3 = msgpack.unpackb(capture_graph(m, x), raw=False)
+    changed = [a["name"] for a, b in zip(g["weights"], g3["weights"]) if a["hash"] != b["hash"]]
+    assert changed == ["2.weight"]
+
+
+def test_capture_graph_refuses_a_forward_needing_a_value():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    with pytest.raises(errors.UnsupportedError) as e:
+        capture_graph(Branchy(), torch.randn(3))
+    assert "needs a value" in str(e.value)
+
+
+def test_hostile_graph_refused(ex):
+    seeded(8)
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3)
+    g = msgpack.unpackb(capture_graph(m, x), raw=False)
+    last = len(g["nodes"]) - 1
+    assert g["nodes"][last]["op"] == "aten.relu.default"
+    g["nodes"][last]["args"][0] = {"n": [last, 0]}  # relu reading itself: a cycle
+    w = [np.zeros(s["shape"], np.float32) for s in g["weights"]]
+    with pytest.raises(errors.FormatError) as e:
+        ex.run(msgpack.packb(g, use_bin_type=True), [x.numpy()], w)
+    assert "node %d (aten.relu.default" % last in str(e.value)
+    g = msgpack.unpackb(capture_graph(m, x), raw=False)
+    g["nodes"][-1]["out"][0]["shape"] = [1, 4]  # a shape the op does not give
+    with pytest.raises(errors.InvalidError) as e:
+        ex.run(msgpack.packb(g, use_bin_type=True), [x.numpy()], w)
+    assert "aten.relu.default" in str(e.value) and "[1,4]" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_torchvision_models_match_eager(ex, name):
+    tv = pytest.importorskip("torchvision")
+    seeded(9)
+    m = getattr(tv.models, name)().eval()  # random weights
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        want = m(x)
+    close(CapturedModule(m, ex)(x), want)
+
+
+class Attention(nn.Module):
+    """A hand-written attention block: matmuls of 3-d tensors (bmm), slices, selects."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):                       # x [B, T, dim]
+        b, t, d = x.shape
+        qkv = self.qkv(self.norm(x))
+        q, k, v = qkv[:, :, :d], qkv[:, :, d:2 * d], qkv[:, :, 2 * d:]
+        hd = d // self.heads
+
+        def split(z):
+            return z.reshape(b, t, self.heads, hd).transpose(1, 2).reshape(b * self.heads, t, hd)
+        att = torch.softmax(split(q) @ split(k).transpose(1, 2) / hd ** 0.5, dim=-1)
+        y = (att @ split(v)).reshape(b, self.heads, t, hd).transpose(1, 2).reshape(b, t, d)
+        y = x + self.proj(y)
+        return y, y[:, 0], y[:, -1, 1:8:2]     # the first token, a strided slice of the last
+
+
+def test_attention_block_matches_eager(ex):
+    seeded(10)
+    m = Attention().eval()
+    x = torch.randn(2, 5, 16)
+    got = CapturedModule(m, ex)(x)
+    with torch.no_grad():
+        want = m(x)
+    g = msgpack.unpackb(capture_graph(m, x), raw=False)
+    ops = {n["op"] for n in g["nodes"]}
+    assert {"aten.bmm.default", "aten.slice.Tensor", "aten.select.int"} <= ops, ops
+    for a, b in zip(got, want):
+        close(a, b)
