@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "djinn/sampler.h"
 #include "exec/engine_impl.h"
@@ -24,6 +25,8 @@
 #define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
                             * these, so clients' sets of points never push out the plain steps) */
 #define DJ_MAX_BATCH 1024  /* sessions in one decode step */
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
 
 /* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
  * failed: always eager). */
@@ -84,7 +87,6 @@ struct dj_engine {
     size_t host_logits_cap;
     dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
     size_t calls_cap;
-    dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
     bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
     int host_layers;           /* cfg.host_layers: host compute beside the stream */
     double host_share;         /* cfg.host_share */
@@ -93,10 +95,56 @@ struct dj_engine {
     uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
     bool trace_pinned;
     size_t trace_cap;
-    dj__prefix *prefix;        /* full KV blocks shared by content (prefix.c), NULL with cfg.no_prefix_cache; owned */
+    dj__kv *kv;                /* the KV store: pages, block tables, prefix cache, swap pool (kv_impl.h); owned */
 };
 
 /* ---- engine ---- */
+
+/* ---- memory sized from the machine ---- */
+
+dj_status dj_host_mem_available(size_t *bytes) {
+    *bytes = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb = 0;
+        bool found = false;
+        while (!found && fgets(line, sizeof line, f))
+            found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+        fclose(f);
+        if (found && kb > 0 && kb <= SIZE_MAX / 1024) {
+            *bytes = (size_t)kb * 1024;
+            return DJ_OK;
+        }
+    }
+#ifdef _SC_AVPHYS_PAGES
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && (unsigned long)pages <= SIZE_MAX / (unsigned long)page) {
+        *bytes = (size_t)pages * (size_t)page;
+        return DJ_OK;
+    }
+#endif
+    return dj_fail(DJ_EUNSUPPORTED, "available host memory unknown: no MemAvailable in /proc/meminfo and no "
+                                    "sysconf(_SC_AVPHYS_PAGES)");
+}
+
+size_t dj_engine_vmu_auto_bytes(size_t dev_free, size_t dev_total, size_t host_avail) {
+    size_t v;
+    if (dev_total) {
+        const size_t margin = dev_total / 20 > GIB ? dev_total / 20 : GIB;
+        v = dev_free > margin ? dev_free - margin : 0;
+    } else {
+        v = host_avail / 2;
+    }
+    return v / MIB * MIB;
+}
+
+size_t dj_engine_swap_default_bytes(const dj_engine_t *e) {
+    size_t host = 0;
+    if (dj_host_mem_available(&host) != DJ_OK) return 0;
+    const size_t v = e->be->host_memory ? host / 4 : host / 2;
+    return v / MIB * MIB;
+}
 
 /* cfg->total_bytes 0: the VMU sized from the machine (dj_engine_vmu_auto_bytes). */
 static dj_status vmu_auto(dj_backend_t *be, dj_vmu_config *cfg) {
@@ -191,7 +239,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
                      cfg->host_share);
         goto fail;
     }
-    if (!cfg->no_prefix_cache && (st = dj__prefix_new(e, &e->prefix)) != DJ_OK) goto fail;
+    if ((st = dj__kv_new(e->be, e->vmu, cfg->no_prefix_cache, &e->kv)) != DJ_OK) goto fail;
     {
         const char *p = getenv("DJINN_PROFILE");
         e->profile = p && *p && strcmp(p, "0") != 0;
@@ -269,8 +317,7 @@ void dj_engine_free(dj_engine_t *e) {
     free(e->host_logits);
     free(e->calls);
     free(e->sample_rows);
-    dj__swap_pool_free(e); /* waits for transfers still in flight */
-    dj__prefix_free(e, e->prefix);
+    dj__kv_free(e->kv); /* waits for swap transfers still in flight */
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
     dj_backend_free(e->be);
@@ -352,7 +399,6 @@ dj_status dj__engine_trace_area(dj_engine_t *e, size_t bytes, uint8_t **dev, uin
 }
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e) { return e->vmu; }
-dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e) { return &e->swap; }
 dj_backend_t *dj_engine_backend(dj_engine_t *e) { return e->be; }
 dj_plan_cache_t *dj_engine_plans(dj_engine_t *e) { return e->plans; }
 
@@ -690,55 +736,16 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     const dj_model_config *c = &m->cfg;
     if (max_ctx == 0) max_ctx = c->max_position_embeddings;
     if (max_ctx == 0) return dj_fail(DJ_EINVAL, "session context length is 0");
-    const size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t page = dj_vmu_page_bytes(e->vmu);
-    const uint32_t tpp = dj_kv_page_tokens(e->be->kv_dtype, c->n_kv_heads, c->head_dim, page);
-    if (tpp == 0)
-        return dj_fail(DJ_EINVAL, "KV page of %zu bytes cannot hold one position of K and V (%zu bytes)", page,
-                       dj_kv_page_need(e->be->kv_dtype, c->n_kv_heads, c->head_dim, 1));
     dj_session_t *s = calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
+    s->model_fp = m->fingerprint;
     s->max_ctx = max_ctx;
     s->rope_long = dj_model_config_rope_long(c, max_ctx);
-    s->tokens_per_page = tpp;
-    s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
-    s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
-    s->kv = calloc(c->n_layers, sizeof *s->kv);
-    s->pfx = calloc(s->max_blocks, sizeof *s->pfx);
-    s->pfx_ids = calloc(s->tokens_per_page, sizeof *s->pfx_ids);
-    s->quota_pages = quota_pages;
-    dj_status st = DJ_OK;
-    if (!s->block_table || !s->kv || !s->pfx || !s->pfx_ids) {
-        st = dj_fail(DJ_ENOMEM, "out of memory");
-        goto fail;
-    }
     char name[300];
     snprintf(name, sizeof name, "%s#%p", m->name, (void *)s);
-    st = dj_vmu_session_new(e->vmu, name, quota_pages, &s->vs);
+    dj_status st = dj__kv_session_init(e->kv, s, name, c->n_layers, c->n_kv_heads, c->head_dim, quota_pages);
     if (st != DJ_OK) goto fail;
-    if (e->be->host_memory) {
-        s->table_dev = s->block_table;
-    } else {
-        void *td = NULL;
-        st = e->be->vt->alloc(e->be, (size_t)c->n_layers * s->max_blocks * sizeof(uint32_t), &td);
-        if (st != DJ_OK) goto fail;
-        s->table_dev = td;
-    }
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        dj_kv_view *v = &s->kv[l];
-        v->seg_base = dj_vmu_data_base(e->vmu);
-        v->page_bytes = page;
-        v->block_table = s->block_table + (size_t)l * s->max_blocks;
-        v->block_table_dev = e->be->host_memory ? NULL : s->table_dev + (size_t)l * s->max_blocks;
-        v->n_blocks = 0;
-        v->tokens_per_page = s->tokens_per_page;
-        v->kv_dim = (uint32_t)kv_dim;
-        v->dtype = e->be->kv_dtype;
-        v->n_kv_heads = c->n_kv_heads;
-    }
-    dj__prefix_root(s, s->pfx_key);
-    s->pfx_off = !e->prefix;
     /* The session holds its own model reference. */
     dj_vmu_model_t *again = NULL;
     st = dj_vmu_model_lookup(e->vmu, m->fingerprint, &again);
@@ -746,110 +753,55 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     *out = s;
     return DJ_OK;
 fail:
-    if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
-    dj_vmu_session_free(e->vmu, s->vs);
-    free(s->block_table);
-    free(s->kv);
-    free(s->pfx);
-    free(s->pfx_ids);
+    dj__kv_session_release(e->kv, s);
     free(s);
     return st;
 }
 
 void dj_session_free(dj_engine_t *e, dj_session_t *s) {
     if (!s) return;
-    dj__swap_session_release(e, s); /* waits for its copies, frees its pool slots */
-    dj__prefix_session_release(e->prefix, s);
-    dj_vmu_session_free(e->vmu, s->vs);
+    dj__kv_session_release(e->kv, s); /* waits for its copies; its pool slots, pages and tables */
     dj_vmu_model_release(e->vmu, s->model->region);
-    if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
     dj_sampler_free(s->sampler);
-    free(s->block_table);
-    free(s->kv);
-    free(s->pfx);
-    free(s->pfx_ids);
     free(s);
 }
 
 uint32_t dj_session_pos(const dj_session_t *s) { return s->pos; }
 
-dj__prefix *dj__engine_prefix(dj_engine_t *e) { return e->prefix; }
+dj__prefix *dj__engine_prefix(dj_engine_t *e) { return e->kv->prefix; }
 
-void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st) { dj__prefix_stats(e->prefix, st); }
+void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st) { dj__prefix_stats(e->kv->prefix, st); }
 
 dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, uint32_t *mapped) {
     if (!mapped) return dj_fail(DJ_EINVAL, "dj_session_map_prefix: NULL output");
     *mapped = 0;
     if (!e || !s || (!ids && n)) return dj_fail(DJ_EINVAL, "dj_session_map_prefix: NULL engine, session or ids");
-    return dj__prefix_map(e, e->prefix, s, ids, n, mapped);
+    return dj__prefix_map(e->kv, s, ids, n, mapped);
 }
+
+/* ---- KV swap (swap.c, on the engine's store) ---- */
+
+dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes) { return dj__swap_pool_init(e->kv, pool_bytes); }
+void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st) { dj__swap_pool_stats(e->kv, st); }
+void dj_engine_swap_poll(dj_engine_t *e) { dj__swap_poll(e->kv); }
+dj_status dj__swap_check(const dj_engine_t *e) { return dj__swap_pool_check(e->kv); }
+
+dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s) {
+    if (!e || !s) return dj_fail(DJ_EINVAL, "swap out: NULL engine or session");
+    return dj__swap_out(e->kv, s);
+}
+
+dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
+    if (!e || !s) return dj_fail(DJ_EINVAL, "swap in: NULL engine or session");
+    return dj__swap_in(e->kv, s);
+}
+
 uint32_t dj_session_max_ctx(const dj_session_t *s) { return s->max_ctx; }
 bool dj_session_rope_long(const dj_session_t *s) { return s->rope_long; }
 
-/* Map pages so that positions [0, upto) are backed in every layer. */
-static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
-    const uint32_t need = (upto + s->tokens_per_page - 1) / s->tokens_per_page;
-    const dj_model_config *c = &s->model->cfg;
-    while (s->n_blocks < need) {
-        const uint32_t b = s->n_blocks;
-        if (s->quota_pages && (size_t)(b + 1) * c->n_layers > s->quota_pages)
-            return dj_fail(DJ_EQUOTA, "session of %s maps %zu KV pages (%zu bytes), its quota", s->model->name,
-                           (size_t)b * c->n_layers, (size_t)b * c->n_layers * dj_vmu_page_bytes(e->vmu));
-        for (uint32_t l = 0; l < c->n_layers; l++) {
-            uint32_t page;
-            dj_status st = dj_vmu_page_alloc(e->vmu, s->vs, &page);
-            while (st == DJ_ENOSPC && dj__prefix_evict(e, e->prefix)) /* unreferenced cached blocks go first */
-                st = dj_vmu_page_alloc(e->vmu, s->vs, &page);
-            if (st != DJ_OK) {
-                for (uint32_t j = 0; j < l; j++) /* undo this block's partial mapping */
-                    dj_vmu_page_free(e->vmu, s->vs, s->block_table[(size_t)j * s->max_blocks + b]);
-                return st;
-            }
-            s->block_table[(size_t)l * s->max_blocks + b] = page;
-        }
-        s->n_blocks++;
-        for (uint32_t l = 0; l < c->n_layers; l++) s->kv[l].n_blocks = s->n_blocks;
-    }
-    return DJ_OK;
-}
 const dj_model_t *dj_session_model(const dj_session_t *s) { return s->model; }
 
 /* ---- execution ---- */
-
-/* The most bytes of block table sync_tables sends as one copy (a 2,048-token
- * prefill of an 8B shape: 32 layers x 129 blocks = 16.5 KiB). */
-#define TABLE_SPAN_MAX ((size_t)64 << 10)
-
-/* Sessions' device block tables: the blocks mapped since the last call are
- * copied into the session's device mirror, so steps never copy a whole
- * table. Every layer's new entries go up as one ordered copy of the span
- * from layer 0's first to the last layer's last where that span is at most
- * TABLE_SPAN_MAX - the entries between them are ones the mirror already
- * holds (the host table is the source: below dev_blocks they are equal) or
- * ones no kernel reads (past n_blocks) - else as one copy a layer. An 8B
- * prefill 2048 on the H100: one 16.5 KiB copy instead of 32 of 512 bytes
- * (the device idled before most of them, waiting for the next), the step's
- * host prepare 0.15-0.25 -> 0.04-0.08 ms (bench/RESULTS.md, 2026-11-27). */
-static dj_status sync_tables(dj_engine_t *e, dj_session_t *s) {
-    if (e->be->host_memory || s->dev_blocks == s->n_blocks) {
-        s->dev_blocks = s->n_blocks;
-        return DJ_OK;
-    }
-    const uint32_t from = s->dev_blocks, count = s->n_blocks - s->dev_blocks, L = s->model->cfg.n_layers;
-    const size_t span = ((size_t)(L - 1) * s->max_blocks + count) * sizeof(uint32_t);
-    if (span <= TABLE_SPAN_MAX) {
-        dj_status st = upload_now(e, s->table_dev + from, s->block_table + from, span);
-        if (st != DJ_OK) return st;
-    } else {
-        for (uint32_t l = 0; l < L; l++) {
-            const size_t off = (size_t)l * s->max_blocks + from;
-            dj_status st = upload_now(e, s->table_dev + off, s->block_table + off, count * sizeof(uint32_t));
-            if (st != DJ_OK) return st;
-        }
-    }
-    s->dev_blocks = s->n_blocks;
-    return DJ_OK;
-}
 
 /* Decode plans (one token per row, every row its own sequence, logits of
  * every row) and prefill plans share the cache: decode keys carry the top bit. */
@@ -1273,12 +1225,12 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
     const double t_begin = prof_now();
-    dj_status st = dj__swap_before_step(e, s);
+    dj_status st = dj__swap_before_step(e->kv, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
     if (st == DJ_OK && hook) st = hook->prepare(hook, e, g);
-    if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
-    if (st == DJ_OK) st = sync_tables(e, s);
+    if (st == DJ_OK) st = dj__kv_map_pages(e->kv, s, s->pos + n);
+    if (st == DJ_OK) st = dj__kv_sync_tables(e->kv, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
     if (st != DJ_OK) return st;
     const size_t mark = dj_vmu_stack_mark(e->vmu);
@@ -1404,7 +1356,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             if (ss[q] == ss[r]) return dj_fail(DJ_EINVAL, "session %u appears twice in one batch (also %u)", r, q);
         if (n == 0)
             return dj_fail(DJ_EINVAL, "session %u is fed no token", r);
-        if ((st = dj__swap_before_step(e, ss[r])) != DJ_OK)
+        if ((st = dj__swap_before_step(e->kv, ss[r])) != DJ_OK)
             return st;
         if ((uint64_t)ss[r]->pos + n > ss[r]->max_ctx)
             return dj_fail(DJ_ERANGE, "session %u: %u more tokens would exceed its context of %u", r, n,
@@ -1423,8 +1375,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     if (hook && (st = hook->prepare(hook, e, g)) != DJ_OK)
         return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
-        st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
-        if (st == DJ_OK) st = sync_tables(e, ss[r]);
+        st = dj__kv_map_pages(e->kv, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
+        if (st == DJ_OK) st = dj__kv_sync_tables(e->kv, ss[r]);
     }
     if (st == DJ_OK)
         st = ensure_args(e, rows, c->n_layers);
@@ -1529,7 +1481,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             const uint32_t n = n_tok ? n_tok[r] : 1;
             ss[r]->pos += n;
             if (hook) ss[r]->pfx_off = true; /* a traced step's KV is not the ids' alone */
-            else dj__prefix_fed(e, e->prefix, ss[r], ids + at, n);
+            else dj__prefix_fed(e->kv, ss[r], ids + at, n);
             at += n;
         }
     }
@@ -1561,7 +1513,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
         }
         off += chunk;
     }
-    dj__prefix_fed(e, e->prefix, s, ids, n); /* after the whole step: a failed one published nothing */
+    dj__prefix_fed(e->kv, s, ids, n); /* after the whole step: a failed one published nothing */
     return DJ_OK;
 }
 
@@ -1605,7 +1557,7 @@ dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *id
         }
         off += chunk;
     }
-    dj__prefix_fed(e, e->prefix, s, ids, n);
+    dj__prefix_fed(e->kv, s, ids, n);
     return DJ_OK;
 }
 
@@ -1648,7 +1600,7 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
         if ((uint64_t)s->pos + n > s->max_ctx)
             return dj_fail(DJ_ERANGE, "session 0: %u more tokens would exceed its context of %u", n, s->max_ctx);
         st = run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false, NULL);
-        if (st == DJ_OK) dj__prefix_fed(e, e->prefix, s, ids, n);
+        if (st == DJ_OK) dj__prefix_fed(e->kv, s, ids, n);
         return st;
     }
     return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next, NULL);

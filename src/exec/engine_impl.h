@@ -1,103 +1,19 @@
-/* engine_impl.h: the engine's private session structure and the hooks
- * between the executor (engine.c) and the KV swap (swap.c). Private to
+/* engine_impl.h: the engine's private hooks - a step paused at chosen nodes
+ * (intervene.c), traced steps' buffers, the KV store for tests. Private to
  * src/exec/. */
 #ifndef DJ_ENGINE_IMPL_H
 #define DJ_ENGINE_IMPL_H
 
 #include "djinn/engine.h"
+#include "exec/kv_impl.h"
 #include "model/model_impl.h"
 
-typedef struct dj_swap_pool dj_swap_pool;
-typedef struct dj__swap_op dj__swap_op;
-typedef struct dj__prefix dj__prefix;
-typedef struct dj__pblock dj__pblock;
-
-struct dj_session {
-    dj_model_t *model;        /* holds one model reference */
-    dj_vmu_session_t *vs;
-    uint32_t pos;             /* tokens in the cache */
-    uint32_t max_ctx;
-    bool rope_long;           /* rotates with longrope's long factors (max_ctx > the model's
-                               * rope_original_max_pos), from its first position on */
-    uint32_t tokens_per_page;
-    uint32_t max_blocks;      /* per layer */
-    uint32_t n_blocks;        /* blocks mapped in every layer (kept while swapped) */
-    uint32_t *block_table;    /* [n_layers][max_blocks] page ids (DJ__NO_PAGE while swapped) */
-    dj_kv_view *kv;           /* [n_layers] */
-    uint32_t *table_dev;      /* [n_layers][max_blocks] device mirror of block_table (owned), or
-                               * block_table itself where device memory is host memory */
-    uint32_t dev_blocks;      /* blocks of every layer copied to table_dev (0 after a restore:
-                               * the whole table goes up again before the next step) */
-    dj_sampler_t *sampler;    /* host sampler for non-greedy picks, made for `sp`; owned */
-    dj_sampler_params sp;
-    /* KV swap (swap.c) */
-    dj_kv_residency residency;
-    uint32_t *slots;          /* [n_slots] pool slot of KV page i = l * swap_blocks + b; owned;
-                               * set while SWAPPING_OUT, SWAPPED and RESTORING */
-    uint32_t n_slots;         /* n_layers * swap_blocks */
-    uint32_t swap_blocks;     /* n_blocks when it was swapped out */
-    dj__swap_op *op;          /* its transfer in flight, or NULL */
-    bool ordered;             /* RESTORING: later compute already waits for the copies */
-    dj_session_t *pool_prev, *pool_next; /* sessions holding pool slots */
-    size_t quota_pages;       /* 0 = none: KV pages mapped, private and shared (the VMU counts private ones) */
-    /* prefix cache (prefix.c): full blocks of known tokens are published and
-     * shared; the block being filled is private, so no shared page is written */
-    dj__pblock **pfx;         /* [max_blocks] the cached block mapped at b (one reference), or NULL: private */
-    int32_t *pfx_ids;         /* [tokens_per_page] ids of the block being filled */
-    uint32_t pfx_n;           /* of them */
-    uint32_t pfx_full;        /* full blocks the chain covers: pfx_full * tokens_per_page + pfx_n == pos */
-    uint64_t pfx_key[2];      /* chain key after pfx_full blocks (the root: model and KV layout) */
-    bool pfx_off;             /* not tracked: no cache, or a traced step made KV that is not the ids' alone */
-};
-
-/* engine.c: the engine's swap pool pointer (NULL: none). */
-dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e);
-
-/* swap.c, for engine.c: */
-/* Before a step of s: DJ_EBUSY while SWAPPING_OUT or SWAPPED; a RESTORING
- * session's later compute is made to wait for its copies. */
-dj_status dj__swap_before_step(dj_engine_t *e, dj_session_t *s);
-/* dj_session_free's first part: waits for s's transfer and releases its
- * pool slots (its pages are the VMU's to free). */
-void dj__swap_session_release(dj_engine_t *e, dj_session_t *s);
-/* dj_engine_free's: waits for every transfer, frees the pool. */
-void dj__swap_pool_free(dj_engine_t *e);
-/* Checks the pool's invariants: every slot free xor held by exactly one
- * holder (a session on the holder list or a cancelled transfer), counts
- * consistent, each holder's residency and VMU pages matching. DJ_EINTERNAL
- * with the first broken one. For tests. */
-dj_status dj__swap_check(const dj_engine_t *e);
-
-/* ---- prefix cache (prefix.c) ---- */
-
-/* engine.c: the engine's cache, NULL when off. */
+/* The engine's KV store (kv_impl.h), for tests: its prefix cache, NULL
+ * when off. */
 dj__prefix *dj__engine_prefix(dj_engine_t *e);
-dj_status dj__prefix_new(dj_engine_t *e, dj__prefix **out /* OUT */);
-/* Frees every block (sessions must have released theirs) and its pages. */
-void dj__prefix_free(dj_engine_t *e, dj__prefix *c);
-/* The chain's root key of s: model fingerprint and KV layout. */
-void dj__prefix_root(const dj_session_t *s, uint64_t key[2] /* OUT */);
-/* After s's position went up by n (ids fed, a step done): blocks filled are
- * published (s keeps a reference) unless cached already. c may be NULL. */
-void dj__prefix_fed(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_t *ids, uint32_t n);
-/* Maps the cached full blocks that ids[0..n) (to be fed at s's position,
- * a block boundary) start with, leaving at least one id; *mapped: ids
- * skipped (s's position went up by as many). */
-dj_status dj__prefix_map(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_t *ids, uint32_t n,
-                         uint32_t *mapped /* OUT */);
-/* s stops mapping block b (its page entries are the caller's to reset). */
-void dj__prefix_unshare(dj__prefix *c, dj_session_t *s, uint32_t b);
-/* Drops every reference of s. */
-void dj__prefix_session_release(dj__prefix *c, dj_session_t *s);
-/* Blocks of s mapped from the cache (their pages are not in s->vs). */
-uint32_t dj__prefix_shared_blocks(const dj_session_t *s);
-/* Frees the least recently used unreferenced block: false if there is none. */
-bool dj__prefix_evict(dj_engine_t *e, dj__prefix *c);
-void dj__prefix_stats(const dj__prefix *c, dj_prefix_stats *st /* OUT */);
-/* Invariants against the live sessions given (all of them): references
- * counted = recorded, LRU = unreferenced blocks, pages held = the VMU's,
- * sessions' tables pointing at their blocks' pages. For tests. */
-dj_status dj__prefix_check(const dj__prefix *c, dj_session_t *const *sessions, size_t n_sessions);
+/* The swap pool's invariants (dj__swap_pool_check) on the engine's store.
+ * For tests. */
+dj_status dj__swap_check(const dj_engine_t *e);
 
 /* ---- a step paused at chosen nodes (intervene.c) ---- */
 
