@@ -23,6 +23,9 @@ const char *dj__json_type_name(const cJSON *item);
  * failure. */
 dj_status dj__json_find_duplicate_key(const cJSON *obj, const char **dup /* OUT */);
 
+/* A member of obj, with JSON null treated as absent. */
+const cJSON *dj__json_member(const cJSON *obj, const char *key);
+
 /* True when item is a number holding an integer in [0, 2^53). */
 bool dj__json_get_uint(const cJSON *item, uint64_t *out /* OUT */);
 
