@@ -43,11 +43,4 @@ struct dj_checkpoint;
  * quantization config: DJ_EUNSUPPORTED naming it. Errors name dir. */
 dj_status dj__quant_open(const char *dir, const char *text, size_t len, struct dj_checkpoint *ck);
 
-/* Drops every tensor for which drop(name) is true, then adds add[0..n_add)
- * (names and data malloc'd; taken by ck whatever the outcome: freed at close
- * or on failure) and sorts the table again. A name added twice, or added
- * while a stored tensor keeps it, is DJ_EFORMAT. */
-dj_status dj__checkpoint_edit(struct dj_checkpoint *ck, dj_tensor_info *add, size_t n_add,
-                              bool (*drop)(const char *name));
-
 #endif
