@@ -92,7 +92,6 @@ size_t dj_engine_swap_default_bytes(const dj_engine_t *e);
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e);
 dj_backend_t *dj_engine_backend(dj_engine_t *e);
-dj_plan_cache_t *dj_engine_plans(dj_engine_t *e);
 
 /* What a model needs, from its checkpoint alone (no weights copied):
  * text bytes (weights as stored, aligned), KV bytes per token (all layers,

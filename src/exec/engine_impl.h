@@ -1,12 +1,90 @@
-/* engine_impl.h: the engine's private hooks - a step paused at chosen nodes
- * (intervene.c), traced steps' buffers, the KV store for tests. Private to
- * src/exec/. */
+/* engine_impl.h: the engine's private structure (engine.c, engine_load.c,
+ * session.c) and hooks - a step paused at chosen nodes (intervene.c), traced
+ * steps' buffers, the KV store for tests. Private to src/exec/. */
 #ifndef DJ_ENGINE_IMPL_H
 #define DJ_ENGINE_IMPL_H
 
 #include "djinn/engine.h"
 #include "exec/kv_impl.h"
 #include "model/model_impl.h"
+
+/* ---- the engine (engine.c; loading in engine_load.c, sessions in session.c) ---- */
+
+#define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
+#define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
+                            * these, so clients' sets of points never push out the plain steps) */
+
+/* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
+ * failed: always eager). */
+enum { SG_EMPTY, SG_NEW, SG_SEEN_ONCE, SG_RECORDED, SG_FAILED };
+
+typedef struct step_graph {
+    int state;                 /* SG_* */
+    uint64_t fingerprint;      /* model */
+    uint32_t rows;             /* sessions per step */
+    const uint8_t *text;       /* what the recording baked in: the model's text region, */
+    const uint8_t *stack;      /* the step's stack base, */
+    const dj_graph_t *plan;    /* the plan and */
+    const uint8_t *args;       /* the step-args buffer */
+    dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
+    int out_idx;               /* the plan's output node */
+    uint64_t key;              /* a traced step's dj__step_hook.graph_key, 0 for plain steps */
+    uint32_t pos_bound;        /* the step's context class (step_io.pos_bound) */
+    uint64_t used;             /* LRU clock */
+} step_graph;
+
+/* $DJINN_PROFILE: per op name (the node's name without its layer), the
+ * calls and wall time of eagerly run steps, each op followed by a sync - so
+ * the backend's fusions (held ADD/ROPE, grouped GEMVs) do not happen and each
+ * figure is the op alone. Printed to stderr when the engine is freed. */
+#define DJ_PROF_NAMES 48
+typedef struct prof_entry {
+    char name[64]; /* phase and a node name */
+    uint64_t calls;
+    double sec;
+} prof_entry;
+
+/* The engine: it owns the backend, the VMU, the plan cache and the KV store
+ * (which borrows the first two), and every buffer below. */
+struct dj_engine {
+    dj_backend_t *be;
+    bool profile;              /* $DJINN_PROFILE set (and not "0") */
+    bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=off: on the host) */
+    dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
+    uint32_t sample_rows_cap;
+    prof_entry prof[DJ_PROF_NAMES];
+    int n_prof;
+    dj_vmu_t *vmu;
+    dj_plan_cache_t *plans;
+    uint32_t max_step;
+    /* Step args of decode steps (device memory): ids [B] int32 at 0,
+     * positions [B] at off_pos, picked ids [B] at off_next, RoPE tables [B]
+     * device pointers at off_freq (models with longrope's two), block tables
+     * [n_layers][B] device pointers at off_tables; one copy per step from
+     * args_host. Offsets depend only on B. */
+    uint8_t *args_dev;         /* [args_cap] backend memory; owned */
+    uint8_t *args_host;        /* [args_cap]; owned */
+    size_t args_cap, off_pos, off_next, off_freq, off_tables;
+    int32_t *args_next;        /* args_dev + off_next */
+    step_graph graphs[DJ_STEP_GRAPHS];
+    uint64_t graph_clock;
+    size_t graph_captures, graph_replays, graph_failures;
+    dj_chunk_times chunk_times; /* prefill chunks' host time (dj_engine_chunk_times) */
+    dj_chunk_times step_times;  /* decode steps' host time (dj_engine_step_times) */
+    float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
+    size_t host_logits_cap;
+    dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
+    size_t calls_cap;
+    bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
+    int host_layers;           /* cfg.host_layers: host compute beside the stream */
+    double host_share;         /* cfg.host_share */
+    /* traced steps' saved points (dj__engine_trace_area) */
+    uint8_t *trace_dev;        /* [trace_cap] backend memory; owned */
+    uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
+    bool trace_pinned;
+    size_t trace_cap;
+    dj__kv *kv;                /* the KV store: pages, block tables, prefix cache, swap pool (kv_impl.h); owned */
+};
 
 /* The engine's KV store (kv_impl.h), for tests: its prefix cache, NULL
  * when off. */
