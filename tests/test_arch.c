@@ -10,6 +10,7 @@
 #include "djinn/checkpoint.h"
 #include "djinn/engine.h"
 #include "djinn/graph.h"
+#include "djinn/op_table.h"
 #include "testutil.h"
 
 static const char *QWEN3_8B =
@@ -91,12 +92,31 @@ static void check_fail(const char *json, dj_status want, const char *needle) {
 /* ops of a graph, counted */
 typedef struct { int n[DJ_OP_COUNT + 1]; } op_count;
 
+/* An op node's sources as the op table says: none past its arity, and every
+ * source the call reads as a required pointer present (bias and MOE_FFN's
+ * sum so far may be absent). */
+static void check_arity(const dj_node *nd) {
+    const dj_op_desc *d = dj_op_desc_of(nd->op);
+    if (!d) return; /* an input or weight */
+    for (int s = 0; s < DJ_GRAPH_MAX_SRC; s++) {
+        const bool need = s < d->n_src && d->src[s] != DJ_OPD_SRC_BIAS && d->src[s] != DJ_OPD_SRC_NONE &&
+                          !(d->src[s] == DJ_OPD_SRC_X2 && nd->op == DJ_OP_MOE_FFN);
+        CHECK_MSG(s < d->n_src || nd->src[s] == -1, "%s (%s): source %d past its arity %u", nd->name, d->name, s,
+                  d->n_src);
+        CHECK_MSG(!need || nd->src[s] >= 0, "%s (%s): source %d absent", nd->name, d->name, s);
+    }
+}
+
 static op_count count_ops(const dj_model_config *c, dj_graph_t **keep) {
     op_count k;
     memset(&k, 0, sizeof k);
     dj_graph_t *g = NULL;
     CHECK_OK(dj_model_build_graph(c, NULL, DJ_PHASE_DECODE, 1, &g));
-    for (int i = 0; g && i < dj_graph_count(g); i++) k.n[dj_graph_node_c(g, i)->op]++;
+    for (int i = 0; g && i < dj_graph_count(g); i++) {
+        const dj_node *nd = dj_graph_node_c(g, i);
+        k.n[nd->op]++;
+        check_arity(nd);
+    }
     if (keep) *keep = g;
     else dj_graph_free(g);
     return k;

@@ -295,8 +295,8 @@ static void test_refusals(void) {
 /* llama.cpp's copies of Hub templates (where Phi-3.5's comes from) against
  * the @lenml packages' tokenizer_config.json: Qwen2.5's is the same text; for
  * Mistral-Nemo the two are different revisions of the Hub's template (see
- * docs/architecture.md), so llama.cpp's is rendered too, as the
- * chat_template.jinja of a directory whose tokenizer_config.json (the npm
+ * docs/internals.md, "The HTTP front door"), so llama.cpp's is rendered too,
+ * as the chat_template.jinja of a directory whose tokenizer_config.json (the npm
  * one) has the other: the file must win, as in transformers. */
 static void test_llama_cpp_copies(void) {
     char path[512];

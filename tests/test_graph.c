@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "djinn/graph.h"
+#include "djinn/op_table.h"
 #include "djinn/vmu.h"
 #include "testutil.h"
 
@@ -116,6 +117,10 @@ static void test_names_buckets(void) {
         for (int j = 0; j < i; j++) CHECK(strcmp(dj_op_name((dj_op)i), dj_op_name((dj_op)j)) != 0);
     }
     CHECK(strcmp(dj_op_name(DJ_OP_MATMUL), "matmul") == 0);
+    for (int i = 0; i < DJ_OP_COUNT; i++) /* the op table's rows in dj_op order */
+        CHECK_MSG(strcmp(dj_op_descs[i].name, dj_op_name((dj_op)i)) == 0, "op %d: table row %s", i,
+                  dj_op_descs[i].name);
+    CHECK(dj_op_desc_of(DJ_OP_COUNT) == NULL && dj_op_desc_of(DJ_OP_ATTENTION) == &dj_op_descs[DJ_OP_ATTENTION]);
     CHECK(strcmp(dj_op_name(DJ_OP_ATTENTION), "attention") == 0);
 
     CHECK(dj_shape_bucket(DJ_PHASE_DECODE, 1, 4096) == 1);

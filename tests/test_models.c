@@ -34,7 +34,7 @@ static dj_engine_t *new_engine(size_t kib, uint32_t max_step) { return new_engin
  * KV_F8_TOL relative L2 (measured on 2026-11-26: 0.006-0.25 over the tiny
  * random-weight fixtures' steps, whose logits move ~16x their bf16 yardstick's
  * 0.01-0.04 - four mantissa bits fewer -, the trained demo model 0.026;
- * docs/architecture.md, "FP8 K/V"). A wrong exponent or a misplaced row gives
+ * docs/internals.md, "FP8 K/V"). A wrong exponent or a misplaced row gives
  * ~1 or NaN. A MoE's routing is discrete: a step whose expert choice flips
  * departs by O(1) (mixtral: 0.67 once), so for MoE models only the prompt
  * step is bounded and the rest printed. */

@@ -255,7 +255,7 @@ typedef struct dj_op_call {
                             * d the expert width, m the experts (route's row width) */
 } dj_op_call;
 
-/* ---- weight streaming (docs/architecture.md, "Models larger than the GPU") ----
+/* ---- weight streaming (docs/internals.md, "Models larger than the GPU") ----
  * A model whose layers do not all fit its text budget streams some of them
  * through a ring in the text segment: each step copies every streamed layer
  * (a "load") from host memory into the ring's fixed offsets, in order, while
@@ -373,7 +373,7 @@ typedef struct dj_backend_vtbl {
     /* Runs a planned step: calls[0..n) (host memory, read before it returns)
      * with the effect of calling compute on each in order, but the backend may
      * run several as one kernel (fusion: the CUDA backend's list is in
-     * docs/architecture.md). Every call is enqueued when it returns: nothing
+     * docs/internals.md). Every call is enqueued when it returns: nothing
      * is held back for a later call. plan_key names the plan (the engine
      * passes its dj_graph_t): the backend may keep its decisions under it,
      * checked against the calls, so a changed plan under an old key is

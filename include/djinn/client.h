@@ -32,7 +32,7 @@ typedef struct dj_client_model {
     char name[128];
     bool loaded;   /* the server holds it (pinned or in use) */
     uint32_t refs; /* sessions + pin */
-    /* STATS only: the placement (docs/architecture.md, the weight ring) */
+    /* STATS only: the placement (docs/internals.md, the weight ring) */
     uint32_t layers, streamed_layers;     /* streamed_layers 0: every layer resident */
     uint32_t host_layers;                 /* streamed layers whose FFN the host computes at small batches */
     uint32_t host_share_pct;              /* ... this percentage of each one's FFN width (100: all of it) */

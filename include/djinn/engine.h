@@ -123,7 +123,7 @@ const dj_model_config *dj_model_get_config(const dj_model_t *m);
 uint64_t dj_model_fingerprint(const dj_model_t *m);
 uint64_t dj_model_param_count(const dj_model_t *m);
 
-/* Where a model's weights live (docs/architecture.md, "Models larger than
+/* Where a model's weights live (docs/internals.md, "Models larger than
  * the GPU"): all resident in the text segment, or some layers streamed
  * through a ring there from host memory on every step. */
 typedef struct dj_model_placement {

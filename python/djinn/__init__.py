@@ -22,8 +22,7 @@ from .errors import (BusyError, ConnectionLost, DeviceError, DjinnError, FormatE
 from .model import Generation, Model, Session, Token, TokenStream
 from .tensor import RemoteTensor
 from .trace import Point, Saved, Trace
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "connect", "Client", "ModelListing", "Model", "Session", "Token", "TokenStream", "Generation", "RemoteTensor",

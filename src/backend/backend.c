@@ -1,6 +1,8 @@
 /* backend.c: what every backend shares - releasing one through its vtable
- * and the argument checks of a call. (Op names live in src/graph/graph.c.) */
+ * and the argument checks of a call (element types from the op table,
+ * op_table.c). (Op names live in src/graph/graph.c.) */
 #include "backend/backend_impl.h"
+#include "djinn/op_table.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -90,18 +92,31 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
     const char *op = dj_op_name(c->op);
     const size_t n = c->n, act = dj_dtype_size(act_t);
     REQUIRE(n > 0, "%s: zero token rows", op);
-    if (c->op != DJ_OP_KV_WRITE && c->op < DJ_OP_COUNT)
-        REQUIRE(c->op == DJ_OP_SOFTCAP || c->op == DJ_OP_MOE_ROUTE
-                     ? c->out_dtype == DJ_DTYPE_F32
-                     : c->out_dtype == act_t || (c->out_dtype == DJ_DTYPE_F32 && (c->op == DJ_OP_MATMUL ||
-                                                                                 c->op == DJ_OP_EMBED ||
-                                                                                 c->op == DJ_OP_ADD)),
-                "%s: out dtype %s, the %s backend writes %s activations (or f32 from MATMUL, EMBED, ADD; "
-                "SOFTCAP and MOE_ROUTE write f32)", op, dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
-    if (c->op == DJ_OP_RMSNORM || c->op == DJ_OP_ADD)
+    const dj_op_desc *d = dj_op_desc_of(c->op);
+    if (!d) return dj_fail(DJ_EUNSUPPORTED, "%s backend: unknown op %d", backend, (int)c->op);
+    /* element types, as the op table says */
+    switch ((dj_opd_out)d->out) {
+    case DJ_OPD_OUT_NONE: break;
+    case DJ_OPD_OUT_ACT:
+        REQUIRE(c->out_dtype == act_t, "%s: out dtype %s, the %s backend writes %s activations", op,
+                dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
+        break;
+    case DJ_OPD_OUT_ACT_OR_F32:
+    case DJ_OPD_OUT_RES:
+        REQUIRE(c->out_dtype == act_t || c->out_dtype == DJ_DTYPE_F32,
+                "%s: out dtype %s, the %s backend writes %s activations (or f32 from this op)", op,
+                dj_dtype_name(c->out_dtype), backend, dj_dtype_name(act_t));
+        break;
+    case DJ_OPD_OUT_F32:
+        REQUIRE(c->out_dtype == DJ_DTYPE_F32, "%s: out dtype %s, this op writes f32", op,
+                dj_dtype_name(c->out_dtype));
+        break;
+    }
+    if (d->x == DJ_OPD_X_RES)
         REQUIRE(c->x_dtype == act_t || c->x_dtype == DJ_DTYPE_F32,
                 "%s: x dtype %s, the %s backend reads %s activations or an f32 residual stream", op,
                 dj_dtype_name(c->x_dtype), backend, dj_dtype_name(act_t));
+    /* what each op's shapes and pointers must satisfy (code: one case an op) */
     switch (c->op) {
     case DJ_OP_EMBED:
         REQUIRE(c->out && c->w && (c->ids || c->ids_dev), "%s: NULL out, table or ids", op);
@@ -199,7 +214,7 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
         REQUIRE(!c->x2 || c->x2 == c->out || !overlaps(c->out, n * c->k * act, c->x2, n * c->k * act),
                 "%s: out partly overlaps the sum so far", op);
         return DJ_OK;
-    case DJ_OP_COUNT: break;
+    case DJ_OP_COUNT: break; /* refused above */
     }
     return dj_fail(DJ_EUNSUPPORTED, "%s backend: unknown op %d", backend, (int)c->op);
 }

@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/switches.h"
 #include "djinn/checkpoint.h"
 #include "djinn/engine.h"
 #include "djinn/generate.h"
@@ -56,7 +57,7 @@ static int usage(FILE *f) {
           "--deterministic: on a GPU, a sequence's logits do not depend on what else shares its\n"
           "steps (slower batched steps: bench/RESULTS.md); the CPU engine is always so.\n"
           "--kv-dtype fp8: the KV cache in float8 e4m3 with a power-of-two scale per page and\n"
-          "head (twice the tokens of bf16 in the same memory; docs/architecture.md, \"FP8 K/V\").\n",
+          "head (twice the tokens of bf16 in the same memory; docs/internals.md, \"FP8 K/V\").\n",
           f);
     return 2;
 }
@@ -334,8 +335,8 @@ static double now_s(void) {
 
 /* Without --model: $DJINN_MODEL, else the demo model that ships with Djinn. */
 static const char *default_model(void) {
-    const char *env = getenv("DJINN_MODEL");
-    if (env && env[0]) return env;
+    const char *env = dj_switch_read_str(DJ_SW_MODEL);
+    if (env) return env;
 #ifdef DJ_DEFAULT_MODEL
     return DJ_DEFAULT_MODEL;
 #else
@@ -432,7 +433,7 @@ static int cmd_info(opts *o) {
     printf("architecture:   %s\n", c->arch_name);
     printf("parameters:     %llu (%.3f B)\n", (unsigned long long)needs.n_params, (double)needs.n_params / 1e9);
     printf("weights dtype:  %s\n", c->torch_dtype[0] ? c->torch_dtype : "?");
-    if (c->quant == DJ_QUANT_AWQ || c->quant == DJ_QUANT_GPTQ) { /* docs/architecture.md, "4-bit weights" */
+    if (c->quant == DJ_QUANT_AWQ || c->quant == DJ_QUANT_GPTQ) { /* docs/internals.md, "4-bit weights" */
         printf("quantized:      %s: 4-bit linear weights, groups of 128 with zero points (repacked at load)\n",
                c->quant == DJ_QUANT_AWQ ? "awq gemm" : "gptq");
     } else if (c->quant != DJ_QUANT_NONE) { /* docs/quantization.md */

@@ -2,6 +2,8 @@
  * and the logger. */
 #include "djinn/status.h"
 
+#include "core/switches.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,13 +47,7 @@ void dj_clear_error(void) { last_error[0] = '\0'; }
 static int log_threshold(void) {
     static int level = -1;
     if (level < 0) {
-        const char *e = getenv("DJINN_LOG");
-        level = DJ_LOG_WARN;
-        if (e) {
-            if (!strcmp(e, "debug")) level = DJ_LOG_DEBUG;
-            else if (!strcmp(e, "info")) level = DJ_LOG_INFO;
-            else if (!strcmp(e, "error")) level = DJ_LOG_ERROR;
-        }
+        level = dj_switch_read(DJ_SW_LOG); /* debug|info|warn|error: dj_log_level's order */
     }
     return level;
 }

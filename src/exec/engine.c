@@ -10,7 +10,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "djinn/op_table.h"
 #include "djinn/sampler.h"
+#include "core/switches.h"
 #include "exec/engine_impl.h"
 #include "exec/stream_impl.h"
 
@@ -166,11 +168,11 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
     }
     if ((st = dj__kv_new(e->be, e->vmu, cfg->no_prefix_cache, &e->kv)) != DJ_OK) goto fail;
     {
-        const char *p = getenv("DJINN_PROFILE");
-        e->profile = p && *p && strcmp(p, "0") != 0;
-        /* on (default) | off: the kill switch of the backend's sample hook */
-        const char *ds = getenv("DJINN_DEVICE_SAMPLING");
-        e->device_sampling = !(ds && strcmp(ds, "off") == 0);
+        /* the engine's switches (src/core/switches.h), read once, here */
+        e->profile = dj_switch_read(DJ_SW_PROFILE) == 1;
+        e->device_sampling = dj_switch_read(DJ_SW_DEVICE_SAMPLING) == 1;
+        e->weights_in_place = dj_switch_read(DJ_SW_WEIGHTS_IN_PLACE) == 1;
+        e->no_graphs = dj_switch_read(DJ_SW_NO_GRAPHS) == 1;
     }
     *out = e;
     return DJ_OK;
@@ -385,13 +387,15 @@ static dj_dtype node_dtype(const dj_graph_t *g, int idx) {
     return idx < 0 ? DJ_DTYPE_F32 : dj_graph_node_c(g, idx)->dtype;
 }
 
-/* The element type an op node's output has on this backend: f32 logits, the
- * residual stream (EMBED, ADD) in res_dtype, every other activation in
- * act_dtype. The plan sized every activation for f32, so all of them fit. */
+/* The element type an op node's output has on this backend (the op table's
+ * out): f32 logits and router weights, the residual stream (EMBED, ADD) in
+ * res_dtype, every other activation in act_dtype. The plan sized every activation for f32, so all of them fit. */
 static dj_dtype exec_dtype(const dj_backend_t *be, const dj_node *nd) {
-    if (nd->res == DJ_RES_OUTPUT || nd->op == DJ_OP_MOE_ROUTE) return DJ_DTYPE_F32;
-    return nd->op == DJ_OP_EMBED || nd->op == DJ_OP_ADD ? be->res_dtype : be->act_dtype;
+    const dj_op_desc *d = dj_op_desc_of(nd->op); /* NULL: an input or weight */
+    if (nd->res == DJ_RES_OUTPUT || (d && d->out == DJ_OPD_OUT_F32)) return DJ_DTYPE_F32;
+    return d && d->out == DJ_OPD_OUT_RES ? be->res_dtype : be->act_dtype;
 }
+_Static_assert(DJ_OPD_MAX_SRC == DJ_GRAPH_MAX_SRC, "the op table maps every node source");
 
 static dj_dtype src_dtype(const dj_backend_t *be, const dj_graph_t *g, int idx) {
     return idx < 0 ? be->act_dtype : exec_dtype(be, dj_graph_node_c(g, idx));
@@ -439,6 +443,84 @@ static uint32_t out_rows_of(const dj_node *nd, uint32_t m, dj_dtype out_dtype, u
     return rows <= n ? 0 : rows > UINT32_MAX ? UINT32_MAX : (uint32_t)rows;
 }
 
+/* Fills the call of op node i (its params, with op, n, pos0, out, out_dtype
+ * and x_dtype set): the node's sources become call fields as the op table
+ * says (include/djinn/op_table.h), then the step's per-row arguments, then
+ * what is one op's own. DJ_EINTERNAL where a source has an element type the
+ * op does not read. */
+static dj_status resolve_call(const dj_engine_t *e, const dj_model_t *m, const dj_graph_t *g, const step_io *io,
+                              uint8_t *stack, int i, dj_op_call *call) {
+    const dj_node *nd = dj_graph_node_c(g, i);
+    const dj_op_desc *d = dj_op_desc_of(nd->op);
+    const dj_dtype act = e->be->act_dtype;
+    /* x: act_dtype, except the residual stream's readers (either) and the logits' (f32); x2: act_dtype */
+    bool types_ok = d->x == DJ_OPD_X_NONE || d->x == DJ_OPD_X_RES ||
+                    call->x_dtype == (d->x == DJ_OPD_X_F32 ? DJ_DTYPE_F32 : act);
+    for (int k = 0; k < d->n_src; k++)
+        if (d->src[k] == DJ_OPD_SRC_X2) types_ok &= src_dtype(e->be, g, nd->src[k]) == act;
+    if (!types_ok)
+        return dj_fail(DJ_EINTERNAL, "node %d (%s) reads the residual stream where the backend takes only %s", i,
+                       nd->name, dj_dtype_name(act));
+    for (int k = 0; k < d->n_src; k++) {
+        const int s = nd->src[k];
+        const void *p = node_ptr(m, g, s, stack);
+        switch ((dj_opd_src)d->src[k]) {
+        case DJ_OPD_SRC_NONE:
+        case DJ_OPD_SRC_AFTER: break;
+        case DJ_OPD_SRC_IDS:
+            call->ids = io->ids;
+            call->ids_dev = io->ids_dev;
+            break;
+        case DJ_OPD_SRC_X: call->x = p; break;
+        case DJ_OPD_SRC_X2: call->x2 = p; break;
+        case DJ_OPD_SRC_W:
+            call->w = p;
+            call->w_dtype = node_dtype(g, s);
+            if (call->w_dtype == DJ_DTYPE_F8_E4M3) { /* its scales, beside it in the slot */
+                const dj_weight *ws = &m->w[dj_graph_node_c(g, s)->weight_slot];
+                call->w_scale = ws->scale;
+                call->w_block_rows = ws->block[0];
+                call->w_block_cols = ws->block[1];
+            }
+            break;
+        case DJ_OPD_SRC_BIAS:
+            call->bias = p;
+            call->bias_dtype = node_dtype(g, s);
+            break;
+        case DJ_OPD_SRC_INV_FREQ: call->inv_freq = p; break;
+        case DJ_OPD_SRC_ROUTE: call->route = p; break;
+        }
+    }
+    if (d->flags & DJ_OPD_ROW_POS) call->row_pos = io->row_pos;
+    if (d->flags & DJ_OPD_KV) {
+        call->kv = &io->s->kv[nd->layer];
+        call->row_tables = io->row_tables ? io->row_tables + (size_t)nd->layer * io->n : NULL;
+    }
+    if ((d->flags & DJ_OPD_LAST_ROW) && (nd->flags & DJ_NODE_LAST_ROW)) { /* the last shape[0] rows */
+        const uint32_t rows = (uint32_t)nd->shape[0];
+        if (nd->op == DJ_OP_MATMUL) /* of its x; SOFTCAP's x (the logits) holds only those */
+            call->x = (const uint8_t *)call->x + (size_t)(io->n - rows) * call->k * dj_dtype_size(act);
+        call->n = rows;
+    }
+    /* what is one op's own */
+    if (nd->op == DJ_OP_MATMUL) call->out_rows = out_rows_of(nd, call->m, call->out_dtype, call->n);
+    if (nd->op == DJ_OP_ROPE &&
+        dj_graph_node_c(g, nd->src[1])->weight_slot == dj__wslot_global(&m->cfg, DJ_W_INV_FREQ)) {
+        /* the model's own RoPE (not Gemma 3's local one): longrope's long factors per session */
+        if (io->row_freq) call->row_freq = io->row_freq;
+        else if (io->s->rope_long) call->inv_freq = rope_long_table(m);
+    }
+    if (nd->op == DJ_OP_ATTENTION) {
+        call->pos_bound = io->pos_bound;
+        call->decode_only = io->decode_only;
+    }
+    if (nd->op == DJ_OP_MOE_FFN) { /* up and down: the two slots after the gate's */
+        call->w_up = m->w[nd->weight_slot + DJ_W_EXPERT_UP].data;
+        call->w_down = m->w[nd->weight_slot + DJ_W_EXPERT_DOWN].data;
+    }
+    return DJ_OK;
+}
+
 /* Enqueue every node of the plan; *out_idx receives the output node. With
  * a hook (intervene.c; NULL on every ordinary step) the plan goes to the
  * backend in segments ending at the hook's stops, the hook running after
@@ -469,95 +551,8 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         call.out = nd->res == DJ_RES_KV ? NULL : stack + nd->offset;
         call.out_dtype = exec_dtype(e->be, nd);
         call.x_dtype = src_dtype(e->be, g, nd->src[0]);
-        /* Every op but RMSNORM and ADD (and ADD's second input) reads act_dtype;
-         * SOFTCAP reads the f32 logits. */
-        const bool any_x = nd->op == DJ_OP_RMSNORM || nd->op == DJ_OP_ADD;
-        const bool two_act = nd->op == DJ_OP_ADD || nd->op == DJ_OP_SILU_MUL || nd->op == DJ_OP_GELU_MUL ||
-                             nd->op == DJ_OP_MOE_FFN;
-        if ((!any_x && nd->op != DJ_OP_EMBED && nd->op != DJ_OP_SOFTCAP && call.x_dtype != e->be->act_dtype) ||
-            (nd->op == DJ_OP_SOFTCAP && call.x_dtype != DJ_DTYPE_F32) ||
-            (two_act && src_dtype(e->be, g, nd->src[1]) != e->be->act_dtype)) {
-            st = dj_fail(DJ_EINTERNAL, "node %d (%s) reads the residual stream where the backend takes only %s", i,
-                         nd->name, dj_dtype_name(e->be->act_dtype));
-            continue;
-        }
-        const void *x = node_ptr(m, g, nd->src[0], stack);
-        const void *x1 = node_ptr(m, g, nd->src[1], stack);
-        switch (nd->op) {
-        case DJ_OP_EMBED:
-            call.ids = io->ids;
-            call.ids_dev = io->ids_dev;
-            call.w = x1;
-            call.w_dtype = node_dtype(g, nd->src[1]);
-            break;
-        case DJ_OP_RMSNORM:
-        case DJ_OP_MATMUL:
-            call.x = x;
-            call.w = x1;
-            call.w_dtype = node_dtype(g, nd->src[1]);
-            if (call.w_dtype == DJ_DTYPE_F8_E4M3) { /* its scales, beside it in the slot */
-                const dj_weight *ws = &m->w[dj_graph_node_c(g, nd->src[1])->weight_slot];
-                call.w_scale = ws->scale;
-                call.w_block_rows = ws->block[0];
-                call.w_block_cols = ws->block[1];
-            }
-            call.bias = node_ptr(m, g, nd->src[2], stack);
-            call.bias_dtype = node_dtype(g, nd->src[2]);
-            if (nd->flags & DJ_NODE_LAST_ROW) { /* the last shape[0] rows of x */
-                const uint32_t rows = (uint32_t)nd->shape[0];
-                call.x = (const uint8_t *)x + (size_t)(n - rows) * call.k * dj_dtype_size(e->be->act_dtype);
-                call.n = rows;
-            }
-            if (nd->op == DJ_OP_MATMUL) call.out_rows = out_rows_of(nd, call.m, call.out_dtype, call.n);
-            break;
-        case DJ_OP_ROPE:
-            call.x = x;
-            call.inv_freq = x1;
-            call.row_pos = io->row_pos;
-            if (dj_graph_node_c(g, nd->src[1])->weight_slot == dj__wslot_global(&m->cfg, DJ_W_INV_FREQ)) {
-                /* the model's own RoPE (not Gemma 3's local one): longrope's long factors per session */
-                if (io->row_freq) call.row_freq = io->row_freq;
-                else if (io->s->rope_long) call.inv_freq = rope_long_table(m);
-            }
-            break;
-        case DJ_OP_KV_WRITE:
-        case DJ_OP_ATTENTION:
-            call.x = x;
-            if (nd->op == DJ_OP_KV_WRITE) call.x2 = x1;
-            call.kv = &io->s->kv[nd->layer];
-            call.row_pos = io->row_pos;
-            call.row_tables = io->row_tables ? io->row_tables + (size_t)nd->layer * n : NULL;
-            if (nd->op == DJ_OP_ATTENTION) {
-                call.pos_bound = io->pos_bound;
-                call.decode_only = io->decode_only;
-            }
-            break;
-        case DJ_OP_SILU_MUL:
-        case DJ_OP_GELU_MUL:
-        case DJ_OP_ADD:
-            call.x = x;
-            call.x2 = x1;
-            break;
-        case DJ_OP_SOFTCAP: /* over the logits, which are already only the rows wanted */
-            call.x = x;
-            if (nd->flags & DJ_NODE_LAST_ROW) call.n = (uint32_t)nd->shape[0];
-            break;
-        case DJ_OP_MOE_ROUTE:
-            call.x = x;
-            break;
-        case DJ_OP_MOE_FFN: /* src: x, the sum so far (or none), route, the gate; up and down follow it */
-            call.x = x;
-            call.x2 = x1;
-            call.route = node_ptr(m, g, nd->src[2], stack);
-            call.w = node_ptr(m, g, nd->src[3], stack);
-            call.w_dtype = node_dtype(g, nd->src[3]);
-            call.w_up = m->w[nd->weight_slot + DJ_W_EXPERT_UP].data;
-            call.w_down = m->w[nd->weight_slot + DJ_W_EXPERT_DOWN].data;
-            break;
-        default:
-            st = dj_fail(DJ_EINTERNAL, "node %d has op %d the executor does not know", i, (int)nd->op);
-            continue;
-        }
+        st = resolve_call(e, m, g, io, stack, i, &call);
+        if (st != DJ_OK) continue;
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
         if (!profile) { /* the whole step goes to the backend at once, below */
             if (ms) {
@@ -804,10 +799,11 @@ static dj_status check_ids(const dj_model_config *c, const int32_t *ids, uint32_
 /* ---- decode steps: one token for each of B sessions, graphs on a device ---- */
 
 static bool graphs_enabled(const dj_engine_t *e) {
-    const char *off = getenv("DJINN_NO_GRAPHS");
     return e->be->vt->capture_begin && e->be->vt->capture_end && e->be->vt->graph_launch && e->be->vt->graph_free &&
-           !(off && off[0] && strcmp(off, "0") != 0);
+           !e->no_graphs;
 }
+
+void dj__engine_set_graphs(dj_engine_t *e, bool on) { e->no_graphs = !on; }
 
 /* The graph slot of a decode shape; what a recorded graph baked in (weights,
  * stack and step-args addresses, the plan) must match, or it is dropped. */

@@ -48,8 +48,10 @@ typedef struct prof_entry {
  * (which borrows the first two), and every buffer below. */
 struct dj_engine {
     dj_backend_t *be;
-    bool profile;              /* $DJINN_PROFILE set (and not "0") */
+    bool profile;              /* $DJINN_PROFILE=1 */
     bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=off: on the host) */
+    bool weights_in_place;     /* $DJINN_WEIGHTS_IN_PLACE not 0 (weights_in_place) */
+    bool no_graphs;            /* $DJINN_NO_GRAPHS=1: decode steps run eagerly (dj__engine_set_graphs) */
     dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
     uint32_t sample_rows_cap;
     prof_entry prof[DJ_PROF_NAMES];
@@ -128,6 +130,11 @@ typedef struct dj__step_hook {
  * position's [vocab]. All or nothing as dj_session_step. */
 dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                   float *logits /* OUT, [vocab] or NULL */, dj__step_hook *hook);
+
+/* engine.c: decode steps recorded as graphs where the backend can (on, the
+ * default unless $DJINN_NO_GRAPHS=1 when the engine was made) or run eagerly
+ * (off): tests compare the two on one engine. */
+void dj__engine_set_graphs(dj_engine_t *e, bool on);
 
 /* engine.c: the element type node i of g has on the engine's backend (what
  * `at` receives as dtype). */

@@ -138,8 +138,7 @@ static dj_status load_visit(void *user, size_t tensor, size_t off, const void *b
  * the mapped checkpoint (no copy; the page cache holds them once for every
  * process); $DJINN_WEIGHTS_IN_PLACE=0 copies them into the text segment. */
 static bool weights_in_place(const dj_engine_t *e) {
-    const char *env = getenv("DJINN_WEIGHTS_IN_PLACE");
-    return e->be->host_memory && !(env && !strcmp(env, "0"));
+    return e->be->host_memory && e->weights_in_place;
 }
 
 /* The f32 scales of every f8_e4m3 slot into the text segment, converted

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "djinn/op_table.h"
 #include "exec/stream_impl.h"
 #include "model/model_impl.h"
 
@@ -362,30 +363,19 @@ dj_status dj__stream_share_setup(dj_model_t *m) {
 
 /* ---- a step's host runs ---- */
 
-/* Elements of a call's output, and of its inputs x / x2 / route (every op:
- * a write missed here would hide a later read of a run's bytes). */
+/* Elements of a call's output, and of its inputs x / x2 / route (which 0, 1,
+ * 2), from the op table's widths (every op: a write missed here would hide a
+ * later read of a run's bytes). KV_WRITE writes pages, not activations;
+ * EMBED reads ids. */
 static size_t out_elems(const dj_op_call *c) {
-    const size_t n = c->n;
-    switch (c->op) {
-    case DJ_OP_RMSNORM: return n * (c->groups ? c->groups : 1) * c->d;
-    case DJ_OP_MATMUL: case DJ_OP_MOE_ROUTE: return n * c->m;
-    case DJ_OP_SILU_MUL: case DJ_OP_GELU_MUL: case DJ_OP_ADD: case DJ_OP_EMBED: case DJ_OP_SOFTCAP: return n * c->d;
-    case DJ_OP_MOE_FFN: return n * c->k;
-    case DJ_OP_ROPE: case DJ_OP_ATTENTION: return n * c->n_heads * c->head_dim;
-    case DJ_OP_KV_WRITE: case DJ_OP_COUNT: break; /* KV_WRITE writes pages, not activations */
-    }
-    return 0;
+    const dj_op_desc *d = dj_op_desc_of(c->op);
+    return d ? c->n * dj_op_width(c, (dj_opd_width)d->out_width) : 0;
 }
 
 static size_t in_elems(const dj_op_call *c, int which) {
-    const size_t n = c->n;
-    switch (c->op) {
-    case DJ_OP_MATMUL: return n * c->k;
-    case DJ_OP_MOE_FFN: return which == 2 ? n * c->m : n * c->k;
-    case DJ_OP_KV_WRITE: return c->kv ? n * c->kv->kv_dim : 0; /* k and v */
-    case DJ_OP_EMBED: return 0;                                 /* ids */
-    default: return out_elems(c); /* as wide as out: RMSNORM, GLUs, ADD, SOFTCAP, MOE_ROUTE, ROPE, ATTENTION (q) */
-    }
+    const dj_op_desc *d = dj_op_desc_of(c->op);
+    if (!d) return 0;
+    return c->n * dj_op_width(c, which == 2 ? DJ_OPD_WIDTH_M : (dj_opd_width)d->x_width); /* route: [n][m] */
 }
 
 /* The activations of one run: device ranges and their host copies (f32). */
@@ -468,9 +458,7 @@ static bool read_later(const dj_op_call *calls, size_t from, size_t n, const uin
     for (size_t j = from; j < n && nl > 0; j++) {
         const dj_op_call *c = &calls[j];
         const void *in[3] = {c->x, c->x2, c->route};
-        const dj_dtype xd = c->op == DJ_OP_RMSNORM || c->op == DJ_OP_ADD ? c->x_dtype
-                            : c->op == DJ_OP_SOFTCAP                   ? DJ_DTYPE_F32
-                                                                       : act;
+        const dj_dtype xd = dj_op_x_dtype(c, act);
         const dj_dtype dt[3] = {xd, act, DJ_DTYPE_F32};
         for (int t = 0; t < 3; t++) {
             const uint8_t *q = in[t];
@@ -501,8 +489,8 @@ static bool read_later(const dj_op_call *calls, size_t from, size_t n, const uin
 }
 
 static bool host_op(dj_op op) {
-    return op == DJ_OP_RMSNORM || op == DJ_OP_MATMUL || op == DJ_OP_SILU_MUL || op == DJ_OP_GELU_MUL ||
-           op == DJ_OP_ADD || op == DJ_OP_MOE_ROUTE || op == DJ_OP_MOE_FFN;
+    const dj_op_desc *d = dj_op_desc_of(op);
+    return d && (d->flags & DJ_OPD_HOST);
 }
 
 /* A layer's run: the device calls run[0, count) (call_load load[]) rewritten
@@ -520,9 +508,9 @@ static bool build_run(dj_model_stream *s, const dj_op_call *run, const int32_t *
         const dj_op_call *c = &run[i];
         dj_op_call hc = *c;
         if (!host_op(c->op) || (load[i] >= 0 && load[i] != kf)) return false;
-        /* device-side dtypes of the inputs: RMSNORM's and ADD's x are x_dtype, the rest act */
+        /* device-side dtypes of the inputs: x as the op table says (RMSNORM's and ADD's x_dtype), the rest act */
         const dj_dtype act = s->be->act_dtype;
-        const dj_dtype xd = c->op == DJ_OP_RMSNORM || c->op == DJ_OP_ADD ? c->x_dtype : act;
+        const dj_dtype xd = dj_op_x_dtype(c, act);
         /* pointers into the scratch are fixed once it exists: scratch offset + 1 until then. A
          * device element becomes an f32 one on the host: offsets scale with the element size. */
         hc.x = c->x ? (const void *)input(b, c->x, in_elems(c, 0), xd) : NULL;

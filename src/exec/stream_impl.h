@@ -1,7 +1,7 @@
 /* stream_impl.h: weight streaming for models larger than their text budget -
  * the placement (which layers stay resident, which stream), the skip-end ring
  * layout with each load's dependencies, and a streaming model's state.
- * docs/architecture.md ("Models larger than the GPU") has the picture.
+ * docs/internals.md ("Models larger than the GPU") has the picture.
  * Private to src/exec/ (and the tests). */
 #ifndef DJ_STREAM_IMPL_H
 #define DJ_STREAM_IMPL_H

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/switches.h"
 #include "djinn/status.h"
 #include "model/file_pages.h"
 
@@ -61,8 +62,7 @@ size_t dj__file_pages_huge(int fd, void *map, size_t size) {
     touch(a, b);
     long long pmd = pmd_mapped(map);
     if (pmd < 0 || (uintptr_t)pmd >= b - a) return pmd < 0 ? 0 : (size_t)pmd;
-    const char *env = getenv("DJINN_HUGE_REREAD");
-    if (env && !strcmp(env, "0")) return (size_t)pmd;
+    if (dj_switch_read(DJ_SW_HUGE_REREAD) == 0) return (size_t)pmd; /* the kill switch */
     fdatasync(fd); /* dirty pages (a file just written) cannot be dropped */
     if (pmd == 0) { /* can this file system hold 2 MiB folios at all? one block tells */
         reread(fd, m, a, a + HUGE_BYTES);

@@ -15,6 +15,7 @@
 #include "djinn/dj_cuda.h"
 #include "djinn/engine.h"
 #include "djinn/intervene.h"
+#include "exec/engine_impl.h"
 #include "fixture_ref.h"
 #include "testutil.h"
 
@@ -57,9 +58,9 @@ static void graph_saves(dj_engine_t *e, dj_model_t *m, const ref *r, const char 
         CHECK_OK(dj_session_step_trace(e, g, &tok, 1, ig, 2, lg));
         dj_engine_graph_stats(e, NULL, &r1, NULL);
         replays += r1 - r0;
-        setenv("DJINN_NO_GRAPHS", "1", 1);
+        dj__engine_set_graphs(e, false); /* as $DJINN_NO_GRAPHS=1, which the engine reads when made */
         CHECK_OK(dj_session_step_trace(e, q, &tok, 1, iq, 2, lg + V));
-        unsetenv("DJINN_NO_GRAPHS");
+        dj__engine_set_graphs(e, true);
         CHECK_OK(dj_session_step(e, p, &tok, 1, lg + 2 * V));
         same_saves &= memcmp(sv, sv + 2 * d, (size_t)2 * d * sizeof(float)) == 0;
         same_logits &= memcmp(lg, lg + V, (size_t)V * sizeof(float)) == 0;

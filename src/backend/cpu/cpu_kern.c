@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_kern.h"
+#include "core/switches.h"
 
 int dj__cpu_isa_supported(dj_cpu_isa isa) {
     switch (isa) {
@@ -33,10 +34,8 @@ const dj__cpu_kernels *dj__cpu_kernels_for(dj_cpu_isa isa) {
 }
 
 dj_cpu_isa dj__cpu_isa_best(void) {
-    dj_cpu_isa cap = DJ_CPU_ISA_COUNT - 1;
-    const char *env = getenv("DJINN_CPU_ISA");
-    if (env && !strcmp(env, "portable")) cap = DJ_CPU_ISA_PORTABLE;
-    else if (env && !strcmp(env, "avx2")) cap = DJ_CPU_ISA_AVX2;
+    /* $DJINN_CPU_ISA's values are the dj_cpu_isa names in order: portable|avx2|avx512 */
+    const dj_cpu_isa cap = (dj_cpu_isa)dj_switch_read(DJ_SW_CPU_ISA);
     for (int i = (int)cap; i > 0; i--)
         if (dj__cpu_kernels_for((dj_cpu_isa)i)) return (dj_cpu_isa)i;
     return DJ_CPU_ISA_PORTABLE;

@@ -8,6 +8,7 @@
 
 #include "backend/backend_impl.h"
 #include "backend/cuda/cuda_impl.h"
+#include "core/switches.h"
 
 /* Initial staging capacity (ids and block tables of many calls between syncs). */
 #define STAGE_INITIAL (1u << 20)
@@ -504,15 +505,12 @@ extern "C" dj_status dj_backend_cuda_new(int device, dj_backend_t **out) {
     cb->device = device;
     {
         cb->base.res_dtype = DJ_DTYPE_F32; /* the residual stream (the bf16 one was within noise; deleted) */
-        /* kill switches: wg (default) | tc (the mma.sync prefill) | simple; on (default) | off */
-        const char *attn = getenv("DJINN_ATTN");
-        cb->attn_tc = !(attn && strcmp(attn, "simple") == 0);
-        cb->attn_wg = cb->attn_tc && !(attn && strcmp(attn, "tc") == 0);
-        const char *fuse = getenv("DJINN_FUSE");
-        cb->fuse = !(fuse && strcmp(fuse, "off") == 0);
-        /* on (default) | off */
-        const char *pdl = getenv("DJINN_PDL");
-        cb->pdl = !(pdl && strcmp(pdl, "off") == 0);
+        /* kill switches (src/core/switches.h): wg (default) | tc (the mma.sync prefill) | simple */
+        const int attn = dj_switch_read(DJ_SW_ATTN);
+        cb->attn_tc = attn != 2;
+        cb->attn_wg = attn == 0;
+        cb->fuse = dj_switch_read(DJ_SW_FUSE) == 1;
+        cb->pdl = dj_switch_read(DJ_SW_PDL) == 1;
     }
     dj_status st = cuda_init(cb);
     if (st != DJ_OK) goto fail;

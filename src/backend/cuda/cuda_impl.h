@@ -119,7 +119,7 @@ dj_status dj__cuda_fail(dj_status st, int device, const char *file, int line, co
 /* Checks the launch just made. */
 #define DJ_CU_LAUNCHED(cb) DJ_CU(cb, cudaGetLastError())
 
-/* ---- programmatic dependent launch (Hopper; docs/architecture.md, "PDL") ----
+/* ---- programmatic dependent launch (Hopper; docs/internals.md, the CUDA backend) ----
  * A kernel launched through dj__launch with cb->pdl set may be scheduled
  * while the kernel before it on the stream still runs (once every block of
  * that one has called dj_pdl_release or exited), so its launch and its

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
+#include "core/switches.h"
 #include "backend/cuda/quant_group.cuh"
 #include "backend/fastdiv.h"
 
@@ -570,8 +571,8 @@ dj_status dj__cuda_matmul_fp8_lt(dj_cuda_backend *cb, const dj_op_call *c) {
             free(L);
             return DJ_EUNSUPPORTED;
         }
-        const char *env = getenv("DJINN_FP8_TC"); /* kill switch: W8A16 tiles for every size */
-        if (env && !strcmp(env, "off")) L->state[MODE_BLOCK] = L->state[MODE_CHAN] = -1;
+        /* kill switch, read once a backend (here, as its FP8 state is made): W8A16 tiles for every size */
+        if (dj_switch_read(DJ_SW_FP8_TC) == 0) L->state[MODE_BLOCK] = L->state[MODE_CHAN] = -1;
         cb->fp8_lt = L;
     }
     struct dj_fp8_lt *L = cb->fp8_lt;

@@ -237,8 +237,13 @@ static size_t in_bytes(const dj_op_call *c, int which) {
     case DJ_OP_ROPE:
     case DJ_OP_ATTENTION: return which ? SIZE_MAX : n * c->n_heads * c->head_dim * bf;
     case DJ_OP_KV_WRITE: return c->kv ? n * c->kv->kv_dim * bf : SIZE_MAX;
-    default: return SIZE_MAX;
+    case DJ_OP_EMBED:
+    case DJ_OP_SOFTCAP:
+    case DJ_OP_MOE_ROUTE:
+    case DJ_OP_MOE_FFN:
+    case DJ_OP_COUNT: break; /* not known here: counts as reading everything */
     }
+    return SIZE_MAX;
 }
 
 /* The bytes c writes at out (0: none, or not known here). */
@@ -253,8 +258,14 @@ static size_t out_bytes(const dj_op_call *c) {
     case DJ_OP_GELU_MUL: return n * c->d * bf;
     case DJ_OP_ROPE:
     case DJ_OP_ATTENTION: return n * c->n_heads * c->head_dim * bf;
-    default: return 0;
+    case DJ_OP_EMBED:
+    case DJ_OP_KV_WRITE:
+    case DJ_OP_SOFTCAP:
+    case DJ_OP_MOE_ROUTE:
+    case DJ_OP_MOE_FFN:
+    case DJ_OP_COUNT: break; /* not known here: counts as writing nothing */
     }
+    return 0;
 }
 
 /* Whether no call from calls[from] on reads any of [p, p + bytes) before
