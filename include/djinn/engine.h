@@ -13,13 +13,13 @@
 #include "djinn/backend.h"
 #include "djinn/checkpoint.h"
 #include "djinn/graph.h"
+#include "djinn/kv.h"
 #include "djinn/sampler.h"
 #include "djinn/status.h"
 #include "djinn/vmu.h"
 
 typedef struct dj_engine dj_engine_t;
 typedef struct dj_model dj_model_t;
-typedef struct dj_session dj_session_t;
 
 typedef struct dj_engine_config {
     const char *device;       /* "cpu" (default when NULL) */
@@ -92,7 +92,6 @@ size_t dj_engine_swap_default_bytes(const dj_engine_t *e);
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e);
 dj_backend_t *dj_engine_backend(dj_engine_t *e);
-dj_plan_cache_t *dj_engine_plans(dj_engine_t *e);
 
 /* What a model needs, from its checkpoint alone (no weights copied):
  * text bytes (weights as stored, aligned), KV bytes per token (all layers,
@@ -180,14 +179,6 @@ uint32_t dj_session_pos(const dj_session_t *s);         /* tokens in the KV cach
  * boundary, or nothing is cached. */
 dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                 uint32_t *mapped /* OUT */);
-typedef struct dj_prefix_stats {
-    bool enabled;
-    size_t blocks, blocks_unreferenced;  /* cached now; unreferenced: evictable */
-    size_t pages, pages_unreferenced;    /* data-segment pages they hold */
-    uint64_t published, duplicates;      /* blocks cached; blocks found cached already when filled */
-    uint64_t hits, tokens_mapped;        /* blocks mapped into sessions, and their tokens */
-    uint64_t evictions;                  /* blocks freed to make room */
-} dj_prefix_stats;
 void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st /* OUT */);
 uint32_t dj_session_max_ctx(const dj_session_t *s);
 /* Whether s rotates with longrope's long factors: its model has them and
@@ -248,51 +239,8 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
                                         uint32_t n_sessions, dj_sampler_t *const *samplers,
                                         int32_t *next /* OUT, [n_sessions] */);
 
-/* ---- KV swap: a session's pages to a host pool and back ----
- *
- * The data segment is virtual memory: a session's KV pages can be copied to
- * a host swap pool (page-granular, pinned on CUDA) and their pages returned
- * to the segment, then brought back into any free pages later (the page
- * tables, host and device mirror, are rewritten) - the same bytes, so the
- * logits afterwards are those of a session never swapped, bit for bit.
- *
- * Residency of a session:
- *   RESIDENT     pages in the data segment (a new session).
- *   SWAPPING_OUT D2H copies in flight; the pages are still held. Stepping
- *                it is DJ_EBUSY.
- *   SWAPPED      the bytes are only in the pool; no pages held. Stepping it
- *                is DJ_EBUSY.
- *   RESTORING    pages taken again, H2D copies in flight; it may be stepped
- *                at once (its compute waits for the copies on the device,
- *                the host does not block). Its pool slots are released when
- *                the copies are done.
- * Transfers complete in dj_engine_swap_poll (non-blocking; the caller's loop
- * calls it every turn). On a backend without copy hooks (the CPU) copies are
- * memcpys done inside the call, so swap_out/in leave SWAPPED/RESIDENT at once.
- * Every byte is counted: a session holds n pages in the data segment
- * (dj_vmu_session_pages) or in the pool (dj_swap_stats.used) or, while
- * copies are in flight, in both. */
-typedef enum dj_kv_residency {
-    DJ_KV_RESIDENT = 0,
-    DJ_KV_SWAPPING_OUT,
-    DJ_KV_SWAPPED,
-    DJ_KV_RESTORING
-} dj_kv_residency;
-/* "resident", "swapping_out", "swapped", "restoring" ("?" for others). */
-const char *dj_kv_residency_name(dj_kv_residency r);
-
-typedef struct dj_swap_stats {
-    size_t capacity, used, peak;  /* pool bytes (whole pages); used counts slots held by
-                                   * sessions and by cancelled swap-outs still in flight */
-    size_t page_bytes;            /* one slot (the data segment's page size) */
-    uint64_t swaps_out, swaps_in; /* completed transfers */
-    uint64_t bytes_out, bytes_in; /* bytes of the completed transfers */
-    double out_s, in_s;           /* summed copy times of the completed transfers: the device's
-                                   * time from the copies' start to their end (CUDA events), or
-                                   * the memcpy's on the CPU; bytes / time = the link's rate */
-    uint64_t cancels;             /* swap-outs cancelled by a swap_in before they completed */
-    uint32_t in_flight;           /* transfers not yet completed */
-} dj_swap_stats;
+/* ---- KV swap: a session's pages to a host pool and back (residency and
+ * the pool's counters: kv.h) ---- */
 
 /* A host swap pool of pool_bytes (rounded down to whole data-segment pages):
  * pinned through the backend's host_alloc where it has one (CUDA:
@@ -302,12 +250,6 @@ typedef struct dj_swap_stats {
  * be had. */
 dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes);
 void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st /* OUT */);
-
-dj_kv_residency dj_session_residency(const dj_session_t *s);
-/* KV pages of the session (n_layers x blocks mapped): held in the data
- * segment, or in the pool when SWAPPED (both while copies are in flight). */
-uint32_t dj_session_kv_pages(const dj_session_t *s);
-size_t dj_session_kv_bytes(const dj_session_t *s); /* the same in bytes */
 
 /* Start copying every page of a RESIDENT session to pool slots, ordered
  * after all compute issued so far (CUDA: on the copy stream, overlapping
@@ -336,12 +278,6 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s);
  * device failure is logged and the transfer left in flight. Nothing to do
  * without a pool. */
 void dj_engine_swap_poll(dj_engine_t *e);
-
-/* Data-segment pages the session needs beyond what it holds now to have
- * `positions` tokens mapped (capped at its context): for admission. For a
- * SWAPPED session that is every page it had (or more, to grow); for a
- * resident one only the growth. */
-uint32_t dj_session_pages_for(const dj_session_t *s, uint32_t positions);
 
 /* The largest number of tokens one step takes (dj_engine_config.max_step_tokens). */
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);

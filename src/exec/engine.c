@@ -1,15 +1,14 @@
-/* engine.c: the embedded engine - loading models into the text segment,
- * sessions with paged KV in the data segment, and executing planned steps
- * with every activation on the stack segment. */
+/* engine.c: the embedded engine - made over a backend, its VMU and KV store,
+ * and executing planned steps with every activation on the stack segment
+ * (models are loaded in engine_load.c, sessions made in session.c). */
 #include "djinn/engine.h"
 
 #include <limits.h>
-#include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "djinn/op_table.h"
 #include "djinn/sampler.h"
@@ -22,85 +21,57 @@
 #endif
 
 #define DJ_PLAN_CACHE_ENTRIES 64
-#define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
-#define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
-                            * these, so clients' sets of points never push out the plain steps) */
 #define DJ_MAX_BATCH 1024  /* sessions in one decode step */
-
-/* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
- * failed: always eager). */
-enum { SG_EMPTY, SG_NEW, SG_SEEN_ONCE, SG_RECORDED, SG_FAILED };
-
-typedef struct step_graph {
-    int state;                 /* SG_* */
-    uint64_t fingerprint;      /* model */
-    uint32_t rows;             /* sessions per step */
-    const uint8_t *text;       /* what the recording baked in: the model's text region, */
-    const uint8_t *stack;      /* the step's stack base, */
-    const dj_graph_t *plan;    /* the plan and */
-    const uint8_t *args;       /* the step-args buffer */
-    dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
-    int out_idx;               /* the plan's output node */
-    uint64_t key;              /* a traced step's dj__step_hook.graph_key, 0 for plain steps */
-    uint32_t pos_bound;        /* the step's context class (step_io.pos_bound) */
-    uint64_t used;             /* LRU clock */
-} step_graph;
-
-/* $DJINN_PROFILE: per op name (the node's name without its layer), the
- * calls and wall time of eagerly run steps, each op followed by a sync - so
- * the backend's fusions (held ADD/ROPE, grouped GEMVs) do not happen and each
- * figure is the op alone. Printed to stderr when the engine is freed. */
-#define DJ_PROF_NAMES 48
-typedef struct prof_entry {
-    char name[64]; /* phase and a node name */
-    uint64_t calls;
-    double sec;
-} prof_entry;
-
-struct dj_engine {
-    dj_backend_t *be;
-    bool profile;              /* $DJINN_PROFILE=1 */
-    bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=off: on the host) */
-    bool weights_in_place;     /* $DJINN_WEIGHTS_IN_PLACE not 0 (weights_in_place) */
-    bool no_graphs;            /* $DJINN_NO_GRAPHS=1: decode steps run eagerly (dj__engine_set_graphs) */
-    dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
-    uint32_t sample_rows_cap;
-    prof_entry prof[DJ_PROF_NAMES];
-    int n_prof;
-    dj_vmu_t *vmu;
-    dj_plan_cache_t *plans;
-    uint32_t max_step;
-    /* Step args of decode steps (device memory): ids [B] int32 at 0,
-     * positions [B] at off_pos, picked ids [B] at off_next, RoPE tables [B]
-     * device pointers at off_freq (models with longrope's two), block tables
-     * [n_layers][B] device pointers at off_tables; one copy per step from
-     * args_host. Offsets depend only on B. */
-    uint8_t *args_dev;         /* [args_cap] backend memory; owned */
-    uint8_t *args_host;        /* [args_cap]; owned */
-    size_t args_cap, off_pos, off_next, off_freq, off_tables;
-    int32_t *args_next;        /* args_dev + off_next */
-    step_graph graphs[DJ_STEP_GRAPHS];
-    uint64_t graph_clock;
-    size_t graph_captures, graph_replays, graph_failures;
-    dj_chunk_times chunk_times; /* prefill chunks' host time (dj_engine_chunk_times) */
-    dj_chunk_times step_times;  /* decode steps' host time (dj_engine_step_times) */
-    float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
-    size_t host_logits_cap;
-    dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
-    size_t calls_cap;
-    dj_swap_pool *swap;        /* host swap pool (swap.c), or NULL; owned */
-    bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
-    int host_layers;           /* cfg.host_layers: host compute beside the stream */
-    double host_share;         /* cfg.host_share */
-    /* traced steps' saved points (dj__engine_trace_area) */
-    uint8_t *trace_dev;        /* [trace_cap] backend memory; owned */
-    uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
-    bool trace_pinned;
-    size_t trace_cap;
-    dj__prefix *prefix;        /* full KV blocks shared by content (prefix.c), NULL with cfg.no_prefix_cache; owned */
-};
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
 
 /* ---- engine ---- */
+
+/* ---- memory sized from the machine ---- */
+
+dj_status dj_host_mem_available(size_t *bytes) {
+    *bytes = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb = 0;
+        bool found = false;
+        while (!found && fgets(line, sizeof line, f))
+            found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+        fclose(f);
+        if (found && kb > 0 && kb <= SIZE_MAX / 1024) {
+            *bytes = (size_t)kb * 1024;
+            return DJ_OK;
+        }
+    }
+#ifdef _SC_AVPHYS_PAGES
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && (unsigned long)pages <= SIZE_MAX / (unsigned long)page) {
+        *bytes = (size_t)pages * (size_t)page;
+        return DJ_OK;
+    }
+#endif
+    return dj_fail(DJ_EUNSUPPORTED, "available host memory unknown: no MemAvailable in /proc/meminfo and no "
+                                    "sysconf(_SC_AVPHYS_PAGES)");
+}
+
+size_t dj_engine_vmu_auto_bytes(size_t dev_free, size_t dev_total, size_t host_avail) {
+    size_t v;
+    if (dev_total) {
+        const size_t margin = dev_total / 20 > GIB ? dev_total / 20 : GIB;
+        v = dev_free > margin ? dev_free - margin : 0;
+    } else {
+        v = host_avail / 2;
+    }
+    return v / MIB * MIB;
+}
+
+size_t dj_engine_swap_default_bytes(const dj_engine_t *e) {
+    size_t host = 0;
+    if (dj_host_mem_available(&host) != DJ_OK) return 0;
+    const size_t v = e->be->host_memory ? host / 4 : host / 2;
+    return v / MIB * MIB;
+}
 
 /* cfg->total_bytes 0: the VMU sized from the machine (dj_engine_vmu_auto_bytes). */
 static dj_status vmu_auto(dj_backend_t *be, dj_vmu_config *cfg) {
@@ -195,7 +166,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
                      cfg->host_share);
         goto fail;
     }
-    if (!cfg->no_prefix_cache && (st = dj__prefix_new(e, &e->prefix)) != DJ_OK) goto fail;
+    if ((st = dj__kv_new(e->be, e->vmu, cfg->no_prefix_cache, &e->kv)) != DJ_OK) goto fail;
     {
         /* the engine's switches (src/core/switches.h), read once, here */
         e->profile = dj_switch_read(DJ_SW_PROFILE) == 1;
@@ -273,8 +244,7 @@ void dj_engine_free(dj_engine_t *e) {
     free(e->host_logits);
     free(e->calls);
     free(e->sample_rows);
-    dj__swap_pool_free(e); /* waits for transfers still in flight */
-    dj__prefix_free(e, e->prefix);
+    dj__kv_free(e->kv); /* waits for swap transfers still in flight */
     dj_plan_cache_free(e->plans);
     dj_vmu_free(e->vmu); /* evicts cached models: their dtors free the host structs */
     dj_backend_free(e->be);
@@ -356,503 +326,9 @@ dj_status dj__engine_trace_area(dj_engine_t *e, size_t bytes, uint8_t **dev, uin
 }
 
 dj_vmu_t *dj_engine_vmu(dj_engine_t *e) { return e->vmu; }
-dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e) { return &e->swap; }
 dj_backend_t *dj_engine_backend(dj_engine_t *e) { return e->be; }
-dj_plan_cache_t *dj_engine_plans(dj_engine_t *e) { return e->plans; }
-
-/* ---- sizing ---- */
-
-static size_t weight_bytes(const dj_weight *w) {
-    return (size_t)w->shape[0] * dj_dtype_row_bytes(w->dtype, (size_t)(w->shape[1] ? w->shape[1] : 1));
-}
-
-/* Text-segment bytes of a slot: its weight (unless used in place) and the
- * f32 scales of an f8_e4m3 weight, always copied (converted) there. */
-static size_t scale_bytes(const dj_weight *w) { return dj__weight_scale_count(w) * sizeof(float); }
-
-static void free_names(char **names, int n) {
-    if (!names) return;
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
-}
-
-dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32_t step_tokens,
-                            dj_model_needs *needs) {
-    memset(needs, 0, sizeof *needs);
-    const dj_model_config *c = dj_checkpoint_config(ck);
-    const int n = dj__wslot_count(c);
-    dj_weight *w = calloc((size_t)n, sizeof *w);
-    char **names = calloc((size_t)n, sizeof *names);
-    dj_graph_t *g = NULL;
-    dj_status st = DJ_OK;
-    if (!w || !names) {
-        st = dj_fail(DJ_ENOMEM, "out of memory");
-        goto done;
-    }
-    st = dj__model_bind(c, ck, w, names);
-    if (st != DJ_OK) goto done;
-    for (int i = 0; i < n; i++) {
-        if (!names[i] && !w[i].computed) continue;
-        needs->text_bytes += dj_vmu_aligned(weight_bytes(&w[i]));
-        if (scale_bytes(&w[i])) needs->text_bytes += dj_vmu_aligned(scale_bytes(&w[i]));
-        if (names[i]) needs->n_params += (uint64_t)w[i].shape[0] * (uint64_t)(w[i].shape[1] ? w[i].shape[1] : 1);
-    }
-    needs->kv_bytes_per_token = (size_t)c->n_layers * dj_kv_token_bytes(kv_dtype, c->n_kv_heads, c->head_dim);
-    st = dj_model_build_graph(c, NULL, DJ_PHASE_PREFILL, dj_shape_bucket(DJ_PHASE_PREFILL, step_tokens, step_tokens),
-                              &g);
-    if (st != DJ_OK) goto done;
-    st = dj_graph_plan(g, &needs->stack_peak);
-done:
-    dj_graph_free(g);
-    free_names(names, n);
-    free(w);
-    return st;
-}
-
-void dj_engine_config_for(const dj_model_needs *needs, uint32_t ctx, size_t page_bytes, dj_vmu_config *cfg) {
-    const size_t page = page_bytes ? page_bytes : 64 * 1024;
-    /* KV pages: whole pages per layer, so round each layer's share up. */
-    size_t kv = needs->kv_bytes_per_token * (size_t)ctx;
-    size_t data = kv + kv / 4 + 64 * page;
-    size_t stack = needs->stack_peak + needs->stack_peak / 4 + 4096;
-    size_t text = needs->text_bytes + 4096;
-    size_t total = text + data + stack + 3 * DJ_VMU_ALIGN;
-    cfg->total_bytes = total;
-    cfg->text_frac = (double)text / (double)total;
-    cfg->data_frac = (double)data / (double)total;
-    cfg->stack_frac = (double)stack / (double)total;
-    cfg->page_bytes = page;
-}
-
-/* ---- models ---- */
-
-static void model_dtor(void *p) {
-    dj_model_t *m = p;
-    if (!m) return;
-    dj__stream_free(m->stream); /* waits for its copies before the ring's bytes go */
-    int n = dj__wslot_count(&m->cfg);
-    for (int i = 0; i < n; i++) free((char *)m->w[i].hf_name);
-    free(m->w);
-    dj_checkpoint_close(m->ck);
-    free(m);
-}
-
-dj_status dj_model_load(dj_engine_t *e, const char *dir, dj_model_t **out) {
-    *out = NULL;
-    dj_checkpoint_t *ck = NULL;
-    dj_status st = dj_checkpoint_open(dir, &ck);
-    if (st != DJ_OK) return st;
-    const char *base = strrchr(dir, '/');
-    base = base && base[1] ? base + 1 : dir;
-    st = dj_model_load_checkpoint(e, ck, base, out);
-    dj_checkpoint_close(ck);
-    return st;
-}
-
-/* A first load: weight bytes go from the checkpoint to the slots that use
- * them, in the same pass that fingerprints them (dj_checkpoint_read). */
-typedef struct load_ctx {
-    dj_engine_t *e;
-    const dj_checkpoint_t *ck;
-    dj_weight *w;                /* [n] slots, data already placed */
-    const dj_tensor_info **src;  /* [n] the tensor each slot copies; NULL: none */
-    int n;
-    pthread_mutex_t *mu;         /* serialises upload where the backend has no upload_weights */
-} load_ctx;
-
-static dj_status load_visit(void *user, size_t tensor, size_t off, const void *bytes, size_t n) {
-    const load_ctx *L = user;
-    const dj_tensor_info *t = dj_checkpoint_tensor(L->ck, tensor);
-    for (int i = 0; i < L->n; i++) {
-        if (L->src[i] != t) continue;
-        /* the slot holds bytes [lo, lo + want) of the tensor (a part of a fused one) */
-        const size_t lo = L->w[i].src_offset, want = weight_bytes(&L->w[i]);
-        if (off >= lo + want || off + n <= lo) continue;
-        const size_t a = off > lo ? off : lo, z = off + n < lo + want ? off + n : lo + want;
-        const size_t k = z - a;
-        dj_backend_t *be = L->e->be;
-        void *dst = (uint8_t *)L->w[i].data + (a - lo);
-        const uint8_t *from = (const uint8_t *)bytes + (a - off);
-        dj_status st;
-        if (be->vt->upload_weights) {
-            st = be->vt->upload_weights(be, dst, from, k);
-        } else { /* the visitor runs on several threads at once */
-            pthread_mutex_lock(L->mu);
-            st = be->vt->upload(be, dst, from, k);
-            pthread_mutex_unlock(L->mu);
-        }
-        if (st != DJ_OK) return st;
-    }
-    return DJ_OK;
-}
-
-/* Where device memory is host memory, weights are read where they lie in
- * the mapped checkpoint (no copy; the page cache holds them once for every
- * process); $DJINN_WEIGHTS_IN_PLACE=0 copies them into the text segment. */
-static bool weights_in_place(const dj_engine_t *e) {
-    return e->be->host_memory && e->weights_in_place;
-}
-
-/* The f32 scales of every f8_e4m3 slot into the text segment, converted
- * from the checkpoint's dtype (the slot's rows of a fused tensor). */
-static dj_status load_scales(dj_engine_t *e, dj_model_t *m, int n) {
-    float *buf = NULL;
-    size_t cap = 0;
-    dj_status st = DJ_OK;
-    for (int i = 0; i < n && st == DJ_OK; i++) {
-        dj_weight *w = &m->w[i];
-        const size_t count = dj__weight_scale_count(w);
-        if (!count) continue;
-        const dj_tensor_info *s = w->scale_src;
-        const size_t per_row = (size_t)((w->shape[1] + w->block[1] - 1) / w->block[1]);
-        const size_t first = w->scale_row0 * per_row, esz = dj_dtype_size(s->dtype);
-        if ((first + count) * esz > s->nbytes) {
-            st = dj_fail(DJ_EFORMAT, "scales of '%s': %zu values from %zu exceed the tensor", w->hf_name, count, first);
-            break;
-        }
-        if (count > cap) {
-            free(buf);
-            cap = count;
-            if (!(buf = malloc(cap * sizeof *buf))) {
-                st = dj_fail(DJ_ENOMEM, "out of memory for %zu scales", count);
-                break;
-            }
-        }
-        const uint8_t *src = (const uint8_t *)s->data + first * esz;
-        for (size_t j = 0; j < count; j++) {
-            uint16_t h;
-            switch (s->dtype) {
-            case DJ_DTYPE_BF16: memcpy(&h, src + 2 * j, 2); buf[j] = dj_bf16_to_f32(h); break;
-            case DJ_DTYPE_F16: memcpy(&h, src + 2 * j, 2); buf[j] = dj_f16_to_f32(h); break;
-            default: memcpy(&buf[j], src + 4 * j, 4); break;
-            }
-        }
-        void *dst = NULL;
-        if ((st = dj_vmu_model_alloc(m->region, count * sizeof *buf, &dst)) != DJ_OK) break;
-        if ((st = e->be->vt->upload(e->be, dst, buf, count * sizeof *buf)) != DJ_OK) break;
-        w->scale = dst;
-    }
-    free(buf);
-    return st;
-}
-
-dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const char *name, dj_model_t **out) {
-    *out = NULL;
-    uint64_t fp = 0;
-    const bool in_place = weights_in_place(e);
-    /* In place, decode reads every weight byte a token from the mapped files:
-     * 2 MiB pages first (one TLB entry each; 4 KiB ones cost decode a third
-     * of its rate here), before the fingerprint pass reads them. */
-    if (in_place && !dj_checkpoint_huge_pages_done(ck)) dj_checkpoint_huge_pages(ck);
-    /* No byte read when the files are known; in place, a hash-only pass. */
-    const bool known = dj_checkpoint_fingerprint_known(ck, &fp) || (in_place && (fp = dj_checkpoint_fingerprint(ck), 1));
-    dj_vmu_model_t *region = NULL;
-    dj_status st = known ? dj_vmu_model_lookup(e->vmu, fp, &region) : DJ_ENOTFOUND;
-    if (st == DJ_OK) { /* shared: already in the text segment */
-        *out = dj_vmu_model_user(region);
-        return DJ_OK;
-    }
-    if (st != DJ_ENOTFOUND) return st;
-
-    const dj_model_config *c = dj_checkpoint_config(ck);
-    if (c->head_dim % 2 != 0 || c->head_dim == 0)
-        return dj_fail(DJ_EUNSUPPORTED, "head_dim %u: RoPE needs an even head dimension", c->head_dim);
-    const int n = dj__wslot_count(c);
-    dj_model_t *m = calloc(1, sizeof *m);
-    char **names = calloc((size_t)n, sizeof *names);
-    const dj_tensor_info **src = calloc((size_t)n, sizeof *src);
-    float *inv_freq = NULL;
-    if (!m || !names || !src || !(m->w = calloc((size_t)n, sizeof *m->w))) {
-        st = dj_fail(DJ_ENOMEM, "out of memory");
-        goto fail;
-    }
-    m->cfg = *c;
-    int n_scaled = 0; /* f8_e4m3 slots */
-    snprintf(m->name, sizeof m->name, "%s", name ? name : "model");
-    st = dj__model_bind(c, ck, m->w, names);
-    if (st != DJ_OK) goto fail;
-    for (int i = 0; i < n; i++) {
-        if (!names[i] && !m->w[i].computed) continue;
-        if (in_place && names[i]) m->mapped_bytes += weight_bytes(&m->w[i]);
-        else m->text_bytes += dj_vmu_aligned(weight_bytes(&m->w[i]));
-        if (scale_bytes(&m->w[i])) {
-            m->text_bytes += dj_vmu_aligned(scale_bytes(&m->w[i]));
-            n_scaled++;
-        }
-        if (names[i]) m->n_params += (uint64_t)m->w[i].shape[0] * (uint64_t)(m->w[i].shape[1] ? m->w[i].shape[1] : 1);
-    }
-    /* Too large for the text segment's room: some layers stream (stream.c). */
-    if (!in_place && (st = dj__stream_plan(e->be, m, dj_vmu_text_room(e->vmu), &m->stream)) != DJ_OK) goto fail;
-    if (m->stream && n_scaled) {
-        st = dj_fail(DJ_EUNSUPPORTED, "model %s: f8_e4m3 weights do not stream yet, and %zu bytes exceed the text "
-                     "segment's room", m->name, m->text_bytes);
-        goto fail;
-    }
-    /* Files not seen before: the region gets a provisional key until its bytes are hashed. */
-    m->fingerprint = known ? fp : (uint64_t)(uintptr_t)m | 1ull << 63;
-    st = dj_vmu_model_create(e->vmu, m->fingerprint, m->name, m->text_bytes, &region);
-    if (st != DJ_OK) goto fail;
-    /* The region owns m from here: on any later failure it is released and
-     * evicted, which frees m through model_dtor. */
-    m->region = region;
-    dj_vmu_model_set_user(region, m, model_dtor);
-    if (in_place) {
-        m->ck = dj_checkpoint_retain(ck);
-        dj_vmu_model_set_mapped(region, m->mapped_bytes);
-    }
-    free(names); /* the strings now belong to m->w[i].hf_name */
-    names = NULL;
-    if (m->stream) { /* the ring, and the streamed weights' host source (read from ck each step) */
-        m->ck = dj_checkpoint_retain(ck);
-        if ((st = dj__stream_setup(m)) != DJ_OK) goto fail_region;
-    }
-    if ((st = load_scales(e, m, n)) != DJ_OK) goto fail_region;
-    for (int i = 0; i < n; i++) {
-        dj_weight *w = &m->w[i];
-        if (!dj__weight_has_bytes(w)) continue;
-        if (dj__stream_slot(m, i)) continue; /* in the ring, copied there by every step */
-        void *dst = NULL;
-        const size_t bytes = weight_bytes(w);
-        if (in_place && !w->computed) { /* bound with the tensor's dtype and shape: its bytes as they lie
-                                          * (a fused tensor's slot: its rows of the tensor) */
-            w->data = (void *)((uintptr_t)dj_checkpoint_find(ck, w->hf_name)->data + w->src_offset);
-            continue;
-        }
-        st = dj_vmu_model_alloc(region, bytes, &dst);
-        if (st != DJ_OK) goto fail_region;
-        w->data = dst;
-        if (w->computed) {
-            free(inv_freq);
-            inv_freq = malloc(bytes);
-            if (!inv_freq) {
-                st = dj_fail(DJ_ENOMEM, "out of memory");
-                goto fail_region;
-            }
-            dj__model_fill_computed(c, w, inv_freq);
-            if ((st = e->be->vt->upload(e->be, dst, inv_freq, bytes)) != DJ_OK) goto fail_region;
-        } else if (known) { /* the fingerprint needs no pass: copy (from the slot's rows of the tensor) */
-            const dj_tensor_info *t = dj_checkpoint_find(ck, w->hf_name);
-            if ((st = e->be->vt->upload(e->be, dst, (const uint8_t *)t->data + w->src_offset, bytes)) != DJ_OK)
-                goto fail_region;
-        } else {
-            src[i] = dj_checkpoint_find(ck, w->hf_name);
-        }
-    }
-    if (!known) { /* one pass over the bytes: hash and copy */
-        pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-        const load_ctx L = {.e = e, .ck = ck, .w = m->w, .src = src, .n = n, .mu = &mu};
-        if ((st = dj_checkpoint_read(ck, 0, load_visit, (void *)&L)) != DJ_OK) goto fail_region;
-        fp = dj_checkpoint_fingerprint(ck); /* known now */
-        dj_vmu_model_t *twin = NULL;
-        if (dj_vmu_model_lookup(e->vmu, fp, &twin) == DJ_OK) { /* the same weights under another path */
-            dj_vmu_model_release(e->vmu, region);
-            dj_vmu_model_evict(e->vmu, region);
-            free(inv_freq);
-            free(src);
-            *out = dj_vmu_model_user(twin);
-            return DJ_OK;
-        }
-        if ((st = dj_vmu_model_set_fingerprint(e->vmu, region, fp)) != DJ_OK) goto fail_region;
-        m->fingerprint = fp;
-    }
-    if (m->stream && (st = dj__stream_host_setup(m, e->host_layers, e->host_share)) != DJ_OK) goto fail_region;
-    if (m->stream && (st = dj__stream_source(m)) != DJ_OK) goto fail_region;
-    free(inv_freq);
-    free(src);
-    *out = m;
-    return DJ_OK;
-fail_region:
-    free(inv_freq);
-    free(src);
-    dj_vmu_model_release(e->vmu, region); /* cached with half its weights: make it unfindable */
-    dj_vmu_model_evict(e->vmu, region);
-    return st;
-fail:
-    free_names(names, n);
-    free(src);
-    if (m) {
-        free(m->w);
-        free(m);
-    }
-    return st;
-}
-
-void dj_model_release(dj_engine_t *e, dj_model_t *m) {
-    if (m) dj_vmu_model_release(e->vmu, m->region);
-}
-
-const dj_model_config *dj_model_get_config(const dj_model_t *m) { return &m->cfg; }
-uint64_t dj_model_fingerprint(const dj_model_t *m) { return m->fingerprint; }
-uint64_t dj_model_param_count(const dj_model_t *m) { return m->n_params; }
-
-/* ---- sessions ---- */
-
-dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t quota_pages,
-                         dj_session_t **out) {
-    *out = NULL;
-    const dj_model_config *c = &m->cfg;
-    if (max_ctx == 0) max_ctx = c->max_position_embeddings;
-    if (max_ctx == 0) return dj_fail(DJ_EINVAL, "session context length is 0");
-    const size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t page = dj_vmu_page_bytes(e->vmu);
-    const uint32_t tpp = dj_kv_page_tokens(e->be->kv_dtype, c->n_kv_heads, c->head_dim, page);
-    if (tpp == 0)
-        return dj_fail(DJ_EINVAL, "KV page of %zu bytes cannot hold one position of K and V (%zu bytes)", page,
-                       dj_kv_page_need(e->be->kv_dtype, c->n_kv_heads, c->head_dim, 1));
-    dj_session_t *s = calloc(1, sizeof *s);
-    if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
-    s->model = m;
-    s->max_ctx = max_ctx;
-    s->rope_long = dj_model_config_rope_long(c, max_ctx);
-    s->tokens_per_page = tpp;
-    s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
-    s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
-    s->kv = calloc(c->n_layers, sizeof *s->kv);
-    s->pfx = calloc(s->max_blocks, sizeof *s->pfx);
-    s->pfx_ids = calloc(s->tokens_per_page, sizeof *s->pfx_ids);
-    s->quota_pages = quota_pages;
-    dj_status st = DJ_OK;
-    if (!s->block_table || !s->kv || !s->pfx || !s->pfx_ids) {
-        st = dj_fail(DJ_ENOMEM, "out of memory");
-        goto fail;
-    }
-    char name[300];
-    snprintf(name, sizeof name, "%s#%p", m->name, (void *)s);
-    st = dj_vmu_session_new(e->vmu, name, quota_pages, &s->vs);
-    if (st != DJ_OK) goto fail;
-    if (e->be->host_memory) {
-        s->table_dev = s->block_table;
-    } else {
-        void *td = NULL;
-        st = e->be->vt->alloc(e->be, (size_t)c->n_layers * s->max_blocks * sizeof(uint32_t), &td);
-        if (st != DJ_OK) goto fail;
-        s->table_dev = td;
-    }
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        dj_kv_view *v = &s->kv[l];
-        v->seg_base = dj_vmu_data_base(e->vmu);
-        v->page_bytes = page;
-        v->block_table = s->block_table + (size_t)l * s->max_blocks;
-        v->block_table_dev = e->be->host_memory ? NULL : s->table_dev + (size_t)l * s->max_blocks;
-        v->n_blocks = 0;
-        v->tokens_per_page = s->tokens_per_page;
-        v->kv_dim = (uint32_t)kv_dim;
-        v->dtype = e->be->kv_dtype;
-        v->n_kv_heads = c->n_kv_heads;
-    }
-    dj__prefix_root(s, s->pfx_key);
-    s->pfx_off = !e->prefix;
-    /* The session holds its own model reference. */
-    dj_vmu_model_t *again = NULL;
-    st = dj_vmu_model_lookup(e->vmu, m->fingerprint, &again);
-    if (st != DJ_OK) goto fail;
-    *out = s;
-    return DJ_OK;
-fail:
-    if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
-    dj_vmu_session_free(e->vmu, s->vs);
-    free(s->block_table);
-    free(s->kv);
-    free(s->pfx);
-    free(s->pfx_ids);
-    free(s);
-    return st;
-}
-
-void dj_session_free(dj_engine_t *e, dj_session_t *s) {
-    if (!s) return;
-    dj__swap_session_release(e, s); /* waits for its copies, frees its pool slots */
-    dj__prefix_session_release(e->prefix, s);
-    dj_vmu_session_free(e->vmu, s->vs);
-    dj_vmu_model_release(e->vmu, s->model->region);
-    if (s->table_dev && s->table_dev != s->block_table) e->be->vt->free(e->be, s->table_dev);
-    dj_sampler_free(s->sampler);
-    free(s->block_table);
-    free(s->kv);
-    free(s->pfx);
-    free(s->pfx_ids);
-    free(s);
-}
-
-uint32_t dj_session_pos(const dj_session_t *s) { return s->pos; }
-
-dj__prefix *dj__engine_prefix(dj_engine_t *e) { return e->prefix; }
-
-void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st) { dj__prefix_stats(e->prefix, st); }
-
-dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, uint32_t *mapped) {
-    if (!mapped) return dj_fail(DJ_EINVAL, "dj_session_map_prefix: NULL output");
-    *mapped = 0;
-    if (!e || !s || (!ids && n)) return dj_fail(DJ_EINVAL, "dj_session_map_prefix: NULL engine, session or ids");
-    return dj__prefix_map(e, e->prefix, s, ids, n, mapped);
-}
-uint32_t dj_session_max_ctx(const dj_session_t *s) { return s->max_ctx; }
-bool dj_session_rope_long(const dj_session_t *s) { return s->rope_long; }
-
-/* Map pages so that positions [0, upto) are backed in every layer. */
-static dj_status ensure_pages(dj_engine_t *e, dj_session_t *s, uint32_t upto) {
-    const uint32_t need = (upto + s->tokens_per_page - 1) / s->tokens_per_page;
-    const dj_model_config *c = &s->model->cfg;
-    while (s->n_blocks < need) {
-        const uint32_t b = s->n_blocks;
-        if (s->quota_pages && (size_t)(b + 1) * c->n_layers > s->quota_pages)
-            return dj_fail(DJ_EQUOTA, "session of %s maps %zu KV pages (%zu bytes), its quota", s->model->name,
-                           (size_t)b * c->n_layers, (size_t)b * c->n_layers * dj_vmu_page_bytes(e->vmu));
-        for (uint32_t l = 0; l < c->n_layers; l++) {
-            uint32_t page;
-            dj_status st = dj_vmu_page_alloc(e->vmu, s->vs, &page);
-            while (st == DJ_ENOSPC && dj__prefix_evict(e, e->prefix)) /* unreferenced cached blocks go first */
-                st = dj_vmu_page_alloc(e->vmu, s->vs, &page);
-            if (st != DJ_OK) {
-                for (uint32_t j = 0; j < l; j++) /* undo this block's partial mapping */
-                    dj_vmu_page_free(e->vmu, s->vs, s->block_table[(size_t)j * s->max_blocks + b]);
-                return st;
-            }
-            s->block_table[(size_t)l * s->max_blocks + b] = page;
-        }
-        s->n_blocks++;
-        for (uint32_t l = 0; l < c->n_layers; l++) s->kv[l].n_blocks = s->n_blocks;
-    }
-    return DJ_OK;
-}
-const dj_model_t *dj_session_model(const dj_session_t *s) { return s->model; }
 
 /* ---- execution ---- */
-
-/* The most bytes of block table sync_tables sends as one copy (a 2,048-token
- * prefill of an 8B shape: 32 layers x 129 blocks = 16.5 KiB). */
-#define TABLE_SPAN_MAX ((size_t)64 << 10)
-
-/* Sessions' device block tables: the blocks mapped since the last call are
- * copied into the session's device mirror, so steps never copy a whole
- * table. Every layer's new entries go up as one ordered copy of the span
- * from layer 0's first to the last layer's last where that span is at most
- * TABLE_SPAN_MAX - the entries between them are ones the mirror already
- * holds (the host table is the source: below dev_blocks they are equal) or
- * ones no kernel reads (past n_blocks) - else as one copy a layer. An 8B
- * prefill 2048 on the H100: one 16.5 KiB copy instead of 32 of 512 bytes
- * (the device idled before most of them, waiting for the next), the step's
- * host prepare 0.15-0.25 -> 0.04-0.08 ms (bench/RESULTS.md, 2026-11-27). */
-static dj_status sync_tables(dj_engine_t *e, dj_session_t *s) {
-    if (e->be->host_memory || s->dev_blocks == s->n_blocks) {
-        s->dev_blocks = s->n_blocks;
-        return DJ_OK;
-    }
-    const uint32_t from = s->dev_blocks, count = s->n_blocks - s->dev_blocks, L = s->model->cfg.n_layers;
-    const size_t span = ((size_t)(L - 1) * s->max_blocks + count) * sizeof(uint32_t);
-    if (span <= TABLE_SPAN_MAX) {
-        dj_status st = upload_now(e, s->table_dev + from, s->block_table + from, span);
-        if (st != DJ_OK) return st;
-    } else {
-        for (uint32_t l = 0; l < L; l++) {
-            const size_t off = (size_t)l * s->max_blocks + from;
-            dj_status st = upload_now(e, s->table_dev + off, s->block_table + off, count * sizeof(uint32_t));
-            if (st != DJ_OK) return st;
-        }
-    }
-    s->dev_blocks = s->n_blocks;
-    return DJ_OK;
-}
 
 /* Decode plans (one token per row, every row its own sequence, logits of
  * every row) and prefill plans share the cache: decode keys carry the top bit. */
@@ -1269,12 +745,12 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
     const double t_begin = prof_now();
-    dj_status st = dj__swap_before_step(e, s);
+    dj_status st = dj__swap_before_step(e->kv, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
     if (st == DJ_OK && hook) st = hook->prepare(hook, e, g);
-    if (st == DJ_OK) st = ensure_pages(e, s, s->pos + n);
-    if (st == DJ_OK) st = sync_tables(e, s);
+    if (st == DJ_OK) st = dj__kv_map_pages(e->kv, s, s->pos + n);
+    if (st == DJ_OK) st = dj__kv_sync_tables(e->kv, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
     if (st != DJ_OK) return st;
     const size_t mark = dj_vmu_stack_mark(e->vmu);
@@ -1401,7 +877,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             if (ss[q] == ss[r]) return dj_fail(DJ_EINVAL, "session %u appears twice in one batch (also %u)", r, q);
         if (n == 0)
             return dj_fail(DJ_EINVAL, "session %u is fed no token", r);
-        if ((st = dj__swap_before_step(e, ss[r])) != DJ_OK)
+        if ((st = dj__swap_before_step(e->kv, ss[r])) != DJ_OK)
             return st;
         if ((uint64_t)ss[r]->pos + n > ss[r]->max_ctx)
             return dj_fail(DJ_ERANGE, "session %u: %u more tokens would exceed its context of %u", r, n,
@@ -1420,8 +896,8 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     if (hook && (st = hook->prepare(hook, e, g)) != DJ_OK)
         return st;
     for (uint32_t r = 0; r < B && st == DJ_OK; r++) {
-        st = ensure_pages(e, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
-        if (st == DJ_OK) st = sync_tables(e, ss[r]);
+        st = dj__kv_map_pages(e->kv, ss[r], ss[r]->pos + (n_tok ? n_tok[r] : 1));
+        if (st == DJ_OK) st = dj__kv_sync_tables(e->kv, ss[r]);
     }
     if (st == DJ_OK)
         st = ensure_args(e, rows, c->n_layers);
@@ -1526,7 +1002,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             const uint32_t n = n_tok ? n_tok[r] : 1;
             ss[r]->pos += n;
             if (hook) ss[r]->pfx_off = true; /* a traced step's KV is not the ids' alone */
-            else dj__prefix_fed(e, e->prefix, ss[r], ids + at, n);
+            else dj__prefix_fed(e->kv, ss[r], ids + at, n);
             at += n;
         }
     }
@@ -1558,7 +1034,7 @@ static dj_status session_step(dj_engine_t *e, dj_session_t *s, const int32_t *id
         }
         off += chunk;
     }
-    dj__prefix_fed(e, e->prefix, s, ids, n); /* after the whole step: a failed one published nothing */
+    dj__prefix_fed(e->kv, s, ids, n); /* after the whole step: a failed one published nothing */
     return DJ_OK;
 }
 
@@ -1602,7 +1078,7 @@ dj_status dj_session_step_all(dj_engine_t *e, dj_session_t *s, const int32_t *id
         }
         off += chunk;
     }
-    dj__prefix_fed(e, e->prefix, s, ids, n);
+    dj__prefix_fed(e->kv, s, ids, n);
     return DJ_OK;
 }
 
@@ -1645,7 +1121,7 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
         if ((uint64_t)s->pos + n > s->max_ctx)
             return dj_fail(DJ_ERANGE, "session 0: %u more tokens would exceed its context of %u", n, s->max_ctx);
         st = run_chunk(e, s, ids, n, NULL, NULL, samplers, next, false, NULL);
-        if (st == DJ_OK) dj__prefix_fed(e, e->prefix, s, ids, n);
+        if (st == DJ_OK) dj__prefix_fed(e->kv, s, ids, n);
         return st;
     }
     return decode_rows(e, sessions, n_tokens, ids, n_sessions, NULL, NULL, samplers, next, NULL);

@@ -1,103 +1,99 @@
-/* engine_impl.h: the engine's private session structure and the hooks
- * between the executor (engine.c) and the KV swap (swap.c). Private to
- * src/exec/. */
+/* engine_impl.h: the engine's private structure (engine.c, engine_load.c,
+ * session.c) and hooks - a step paused at chosen nodes (intervene.c), traced
+ * steps' buffers, the KV store for tests. Private to src/exec/. */
 #ifndef DJ_ENGINE_IMPL_H
 #define DJ_ENGINE_IMPL_H
 
 #include "djinn/engine.h"
+#include "exec/kv_impl.h"
 #include "model/model_impl.h"
 
-typedef struct dj_swap_pool dj_swap_pool;
-typedef struct dj__swap_op dj__swap_op;
-typedef struct dj__prefix dj__prefix;
-typedef struct dj__pblock dj__pblock;
+/* ---- the engine (engine.c; loading in engine_load.c, sessions in session.c) ---- */
 
-struct dj_session {
-    dj_model_t *model;        /* holds one model reference */
-    dj_vmu_session_t *vs;
-    uint32_t pos;             /* tokens in the cache */
-    uint32_t max_ctx;
-    bool rope_long;           /* rotates with longrope's long factors (max_ctx > the model's
-                               * rope_original_max_pos), from its first position on */
-    uint32_t tokens_per_page;
-    uint32_t max_blocks;      /* per layer */
-    uint32_t n_blocks;        /* blocks mapped in every layer (kept while swapped) */
-    uint32_t *block_table;    /* [n_layers][max_blocks] page ids (DJ__NO_PAGE while swapped) */
-    dj_kv_view *kv;           /* [n_layers] */
-    uint32_t *table_dev;      /* [n_layers][max_blocks] device mirror of block_table (owned), or
-                               * block_table itself where device memory is host memory */
-    uint32_t dev_blocks;      /* blocks of every layer copied to table_dev (0 after a restore:
-                               * the whole table goes up again before the next step) */
-    dj_sampler_t *sampler;    /* host sampler for non-greedy picks, made for `sp`; owned */
-    dj_sampler_params sp;
-    /* KV swap (swap.c) */
-    dj_kv_residency residency;
-    uint32_t *slots;          /* [n_slots] pool slot of KV page i = l * swap_blocks + b; owned;
-                               * set while SWAPPING_OUT, SWAPPED and RESTORING */
-    uint32_t n_slots;         /* n_layers * swap_blocks */
-    uint32_t swap_blocks;     /* n_blocks when it was swapped out */
-    dj__swap_op *op;          /* its transfer in flight, or NULL */
-    bool ordered;             /* RESTORING: later compute already waits for the copies */
-    dj_session_t *pool_prev, *pool_next; /* sessions holding pool slots */
-    size_t quota_pages;       /* 0 = none: KV pages mapped, private and shared (the VMU counts private ones) */
-    /* prefix cache (prefix.c): full blocks of known tokens are published and
-     * shared; the block being filled is private, so no shared page is written */
-    dj__pblock **pfx;         /* [max_blocks] the cached block mapped at b (one reference), or NULL: private */
-    int32_t *pfx_ids;         /* [tokens_per_page] ids of the block being filled */
-    uint32_t pfx_n;           /* of them */
-    uint32_t pfx_full;        /* full blocks the chain covers: pfx_full * tokens_per_page + pfx_n == pos */
-    uint64_t pfx_key[2];      /* chain key after pfx_full blocks (the root: model and KV layout) */
-    bool pfx_off;             /* not tracked: no cache, or a traced step made KV that is not the ids' alone */
+#define DJ_STEP_GRAPHS 16  /* recorded decode steps kept (least recently used replaced) */
+#define DJ_TRACE_GRAPHS 4  /* of them, traced steps' (a new one replaces the least recently used of
+                            * these, so clients' sets of points never push out the plain steps) */
+
+/* A decode shape's recorded graph: new -> run eagerly once -> recorded (or
+ * failed: always eager). */
+enum { SG_EMPTY, SG_NEW, SG_SEEN_ONCE, SG_RECORDED, SG_FAILED };
+
+typedef struct step_graph {
+    int state;                 /* SG_* */
+    uint64_t fingerprint;      /* model */
+    uint32_t rows;             /* sessions per step */
+    const uint8_t *text;       /* what the recording baked in: the model's text region, */
+    const uint8_t *stack;      /* the step's stack base, */
+    const dj_graph_t *plan;    /* the plan and */
+    const uint8_t *args;       /* the step-args buffer */
+    dj_backend_graph_t *graph; /* owned (SG_RECORDED) */
+    int out_idx;               /* the plan's output node */
+    uint64_t key;              /* a traced step's dj__step_hook.graph_key, 0 for plain steps */
+    uint32_t pos_bound;        /* the step's context class (step_io.pos_bound) */
+    uint64_t used;             /* LRU clock */
+} step_graph;
+
+/* $DJINN_PROFILE: per op name (the node's name without its layer), the
+ * calls and wall time of eagerly run steps, each op followed by a sync - so
+ * the backend's fusions (held ADD/ROPE, grouped GEMVs) do not happen and each
+ * figure is the op alone. Printed to stderr when the engine is freed. */
+#define DJ_PROF_NAMES 48
+typedef struct prof_entry {
+    char name[64]; /* phase and a node name */
+    uint64_t calls;
+    double sec;
+} prof_entry;
+
+/* The engine: it owns the backend, the VMU, the plan cache and the KV store
+ * (which borrows the first two), and every buffer below. */
+struct dj_engine {
+    dj_backend_t *be;
+    bool profile;              /* $DJINN_PROFILE=1 */
+    bool device_sampling;      /* non-greedy picks by the backend's sample hook ($DJINN_DEVICE_SAMPLING=off: on the host) */
+    bool weights_in_place;     /* $DJINN_WEIGHTS_IN_PLACE not 0 (weights_in_place) */
+    bool no_graphs;            /* $DJINN_NO_GRAPHS=1: decode steps run eagerly (dj__engine_set_graphs) */
+    dj_sample_row *sample_rows; /* [sample_rows_cap] host rows for the sample hook; owned */
+    uint32_t sample_rows_cap;
+    prof_entry prof[DJ_PROF_NAMES];
+    int n_prof;
+    dj_vmu_t *vmu;
+    dj_plan_cache_t *plans;
+    uint32_t max_step;
+    /* Step args of decode steps (device memory): ids [B] int32 at 0,
+     * positions [B] at off_pos, picked ids [B] at off_next, RoPE tables [B]
+     * device pointers at off_freq (models with longrope's two), block tables
+     * [n_layers][B] device pointers at off_tables; one copy per step from
+     * args_host. Offsets depend only on B. */
+    uint8_t *args_dev;         /* [args_cap] backend memory; owned */
+    uint8_t *args_host;        /* [args_cap]; owned */
+    size_t args_cap, off_pos, off_next, off_freq, off_tables;
+    int32_t *args_next;        /* args_dev + off_next */
+    step_graph graphs[DJ_STEP_GRAPHS];
+    uint64_t graph_clock;
+    size_t graph_captures, graph_replays, graph_failures;
+    dj_chunk_times chunk_times; /* prefill chunks' host time (dj_engine_chunk_times) */
+    dj_chunk_times step_times;  /* decode steps' host time (dj_engine_step_times) */
+    float *host_logits;        /* [host_logits_cap] for host-side sampling; owned */
+    size_t host_logits_cap;
+    dj_op_call *calls;         /* [calls_cap] the step's resolved calls for compute_plan; owned */
+    size_t calls_cap;
+    bool prefetch;             /* streamed weights copied ahead as the ring allows (!cfg.no_prefetch) */
+    int host_layers;           /* cfg.host_layers: host compute beside the stream */
+    double host_share;         /* cfg.host_share */
+    /* traced steps' saved points (dj__engine_trace_area) */
+    uint8_t *trace_dev;        /* [trace_cap] backend memory; owned */
+    uint8_t *trace_host;       /* [trace_cap] host_alloc'd (trace_pinned) or malloc'd; owned */
+    bool trace_pinned;
+    size_t trace_cap;
+    dj__kv *kv;                /* the KV store: pages, block tables, prefix cache, swap pool (kv_impl.h); owned */
 };
 
-/* engine.c: the engine's swap pool pointer (NULL: none). */
-dj_swap_pool **dj__engine_swap_pool(dj_engine_t *e);
-
-/* swap.c, for engine.c: */
-/* Before a step of s: DJ_EBUSY while SWAPPING_OUT or SWAPPED; a RESTORING
- * session's later compute is made to wait for its copies. */
-dj_status dj__swap_before_step(dj_engine_t *e, dj_session_t *s);
-/* dj_session_free's first part: waits for s's transfer and releases its
- * pool slots (its pages are the VMU's to free). */
-void dj__swap_session_release(dj_engine_t *e, dj_session_t *s);
-/* dj_engine_free's: waits for every transfer, frees the pool. */
-void dj__swap_pool_free(dj_engine_t *e);
-/* Checks the pool's invariants: every slot free xor held by exactly one
- * holder (a session on the holder list or a cancelled transfer), counts
- * consistent, each holder's residency and VMU pages matching. DJ_EINTERNAL
- * with the first broken one. For tests. */
-dj_status dj__swap_check(const dj_engine_t *e);
-
-/* ---- prefix cache (prefix.c) ---- */
-
-/* engine.c: the engine's cache, NULL when off. */
+/* The engine's KV store (kv_impl.h), for tests: its prefix cache, NULL
+ * when off. */
 dj__prefix *dj__engine_prefix(dj_engine_t *e);
-dj_status dj__prefix_new(dj_engine_t *e, dj__prefix **out /* OUT */);
-/* Frees every block (sessions must have released theirs) and its pages. */
-void dj__prefix_free(dj_engine_t *e, dj__prefix *c);
-/* The chain's root key of s: model fingerprint and KV layout. */
-void dj__prefix_root(const dj_session_t *s, uint64_t key[2] /* OUT */);
-/* After s's position went up by n (ids fed, a step done): blocks filled are
- * published (s keeps a reference) unless cached already. c may be NULL. */
-void dj__prefix_fed(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_t *ids, uint32_t n);
-/* Maps the cached full blocks that ids[0..n) (to be fed at s's position,
- * a block boundary) start with, leaving at least one id; *mapped: ids
- * skipped (s's position went up by as many). */
-dj_status dj__prefix_map(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_t *ids, uint32_t n,
-                         uint32_t *mapped /* OUT */);
-/* s stops mapping block b (its page entries are the caller's to reset). */
-void dj__prefix_unshare(dj__prefix *c, dj_session_t *s, uint32_t b);
-/* Drops every reference of s. */
-void dj__prefix_session_release(dj__prefix *c, dj_session_t *s);
-/* Blocks of s mapped from the cache (their pages are not in s->vs). */
-uint32_t dj__prefix_shared_blocks(const dj_session_t *s);
-/* Frees the least recently used unreferenced block: false if there is none. */
-bool dj__prefix_evict(dj_engine_t *e, dj__prefix *c);
-void dj__prefix_stats(const dj__prefix *c, dj_prefix_stats *st /* OUT */);
-/* Invariants against the live sessions given (all of them): references
- * counted = recorded, LRU = unreferenced blocks, pages held = the VMU's,
- * sessions' tables pointing at their blocks' pages. For tests. */
-dj_status dj__prefix_check(const dj__prefix *c, dj_session_t *const *sessions, size_t n_sessions);
+/* The swap pool's invariants (dj__swap_pool_check) on the engine's store.
+ * For tests. */
+dj_status dj__swap_check(const dj_engine_t *e);
 
 /* ---- a step paused at chosen nodes (intervene.c) ---- */
 

@@ -5,7 +5,7 @@
 
 #include <xxhash.h>
 
-#include "exec/engine_impl.h"
+#include "exec/kv_impl.h"
 #include "vmu/vmu_impl.h"
 
 /* One cached block: the KV of tokens_per_page positions in every layer of
@@ -31,8 +31,7 @@ struct dj__prefix {
     dj_prefix_stats st;
 };
 
-dj_status dj__prefix_new(dj_engine_t *e, dj__prefix **out) {
-    *out = NULL;
+dj_status dj__prefix_new(dj__kv *kv) {
     dj__prefix *c = calloc(1, sizeof *c);
     if (!c) return dj_fail(DJ_ENOMEM, "prefix cache: out of host memory");
     c->n_buckets = 256;
@@ -40,14 +39,14 @@ dj_status dj__prefix_new(dj_engine_t *e, dj__prefix **out) {
     c->h = XXH3_createState();
     dj_status st = DJ_OK;
     if (!c->buckets || !c->h) st = dj_fail(DJ_ENOMEM, "prefix cache: out of host memory");
-    if (st == DJ_OK) st = dj_vmu_session_new(dj_engine_vmu(e), "prefix-cache", 0, &c->vs);
+    if (st == DJ_OK) st = dj_vmu_session_new(kv->vmu, "prefix-cache", 0, &c->vs);
     if (st != DJ_OK) {
         free(c->buckets);
         if (c->h) XXH3_freeState(c->h);
         free(c);
         return st;
     }
-    *out = c;
+    kv->prefix = c;
     return DJ_OK;
 }
 
@@ -71,32 +70,34 @@ static void lru_push(dj__prefix *c, dj__pblock *b) {
     c->n_unref++;
 }
 
-static void block_drop(dj_engine_t *e, dj__prefix *c, dj__pblock *b) {
+static void block_drop(dj__kv *kv, dj__prefix *c, dj__pblock *b) {
     dj__pblock **pp = &c->buckets[bucket_of(c, b->key)];
     while (*pp != b) pp = &(*pp)->hnext;
     *pp = b->hnext;
     for (uint32_t l = 0; l < b->n_layers; l++)
-        if (dj_vmu_page_free(dj_engine_vmu(e), c->vs, b->pages[l]) != DJ_OK)
+        if (dj_vmu_page_free(kv->vmu, c->vs, b->pages[l]) != DJ_OK)
             DJ_LOG(ERROR, "prefix cache: %s", dj_last_error());
     c->pages -= b->n_layers;
     c->n_blocks--;
     free(b);
 }
 
-bool dj__prefix_evict(dj_engine_t *e, dj__prefix *c) {
+bool dj__prefix_evict(dj__kv *kv) {
+    dj__prefix *c = kv->prefix;
     if (!c || !c->lru_head) return false;
     dj__pblock *b = c->lru_head;
     lru_unlink(c, b);
-    block_drop(e, c, b);
+    block_drop(kv, c, b);
     c->st.evictions++;
     return true;
 }
 
-void dj__prefix_free(dj_engine_t *e, dj__prefix *c) {
+void dj__prefix_free(dj__kv *kv) {
+    dj__prefix *c = kv->prefix;
     if (!c) return;
-    while (dj__prefix_evict(e, c)) {}
+    while (dj__prefix_evict(kv)) {}
     if (c->n_blocks) DJ_LOG(ERROR, "prefix cache freed with %zu blocks still mapped by sessions", c->n_blocks);
-    dj_vmu_session_free(dj_engine_vmu(e), c->vs); /* their pages too */
+    dj_vmu_session_free(kv->vmu, c->vs); /* their pages too */
     for (size_t i = 0; i < c->n_buckets; i++)
         for (dj__pblock *b = c->buckets[i], *nx; b; b = nx) {
             nx = b->hnext;
@@ -105,6 +106,7 @@ void dj__prefix_free(dj_engine_t *e, dj__prefix *c) {
     free(c->buckets);
     XXH3_freeState(c->h);
     free(c);
+    kv->prefix = NULL;
 }
 
 /* key = H(parent, ids): equal keys mean equal token prefixes from the root
@@ -119,9 +121,8 @@ static void chain(dj__prefix *c, const uint64_t parent[2], const int32_t *ids, u
 }
 
 void dj__prefix_root(const dj_session_t *s, uint64_t key[2]) {
-    const dj_model_config *cfg = &s->model->cfg;
     /* rope_long: keys rotated with longrope's other factors are other keys */
-    const uint64_t v[6] = {s->model->fingerprint, s->tokens_per_page, cfg->n_layers, s->kv[0].kv_dim,
+    const uint64_t v[6] = {s->model_fp, s->tokens_per_page, s->n_layers, s->kv[0].kv_dim,
                            (uint64_t)s->kv[0].dtype, (uint64_t)s->rope_long};
     const XXH128_hash_t k = XXH3_128bits(v, sizeof v);
     key[0] = k.low64;
@@ -155,8 +156,8 @@ static void grow(dj__prefix *c) {
 
 /* Block b of s (full, private, resident) goes into the cache under key;
  * s keeps a reference. A block already cached stays private to s. */
-static void publish(dj_engine_t *e, dj__prefix *c, dj_session_t *s, uint32_t b, const uint64_t key[2]) {
-    const uint32_t L = s->model->cfg.n_layers, T = s->tokens_per_page;
+static void publish(dj__kv *kv, dj__prefix *c, dj_session_t *s, uint32_t b, const uint64_t key[2]) {
+    const uint32_t L = s->n_layers, T = s->tokens_per_page;
     if (find(c, s->pfx_key, key, s->pfx_ids, T)) {
         c->st.duplicates++;
         return;
@@ -172,7 +173,7 @@ static void publish(dj_engine_t *e, dj__prefix *c, dj_session_t *s, uint32_t b, 
     blk->n_layers = L;
     blk->n_ids = T;
     blk->refs = 1;
-    dj_vmu_t *vmu = dj_engine_vmu(e);
+    dj_vmu_t *vmu = kv->vmu;
     for (uint32_t l = 0; l < L; l++) {
         const uint32_t p = s->block_table[(size_t)l * s->max_blocks + b];
         if (dj_vmu_page_give(vmu, s->vs, c->vs, p) != DJ_OK) { /* cannot happen: give back what moved */
@@ -193,7 +194,8 @@ static void publish(dj_engine_t *e, dj__prefix *c, dj_session_t *s, uint32_t b, 
     s->pfx[b] = blk;
 }
 
-void dj__prefix_fed(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_t *ids, uint32_t n) {
+void dj__prefix_fed(dj__kv *kv, dj_session_t *s, const int32_t *ids, uint32_t n) {
+    dj__prefix *c = kv->prefix;
     if (!c || s->pfx_off) return;
     const uint32_t T = s->tokens_per_page;
     for (uint32_t i = 0; i < n; i++) {
@@ -203,7 +205,7 @@ void dj__prefix_fed(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_
         chain(c, s->pfx_key, s->pfx_ids, T, key);
         const uint32_t b = s->pfx_full;
         if (b < s->n_blocks && !s->pfx[b] && s->residency != DJ_KV_SWAPPED && s->residency != DJ_KV_SWAPPING_OUT)
-            publish(e, c, s, b, key);
+            publish(kv, c, s, b, key);
         memcpy(s->pfx_key, key, sizeof key);
         s->pfx_full++;
         s->pfx_n = 0;
@@ -234,11 +236,10 @@ uint32_t dj__prefix_shared_blocks(const dj_session_t *s) {
     return k;
 }
 
-dj_status dj__prefix_map(dj_engine_t *e, dj__prefix *c, dj_session_t *s, const int32_t *ids, uint32_t n,
-                         uint32_t *mapped) {
-    (void)e;
+dj_status dj__prefix_map(dj__kv *kv, dj_session_t *s, const int32_t *ids, uint32_t n, uint32_t *mapped) {
+    dj__prefix *c = kv->prefix;
     *mapped = 0;
-    const uint32_t T = s->tokens_per_page, L = s->model->cfg.n_layers;
+    const uint32_t T = s->tokens_per_page, L = s->n_layers;
     if (!c || s->pfx_off || s->residency != DJ_KV_RESIDENT || s->pfx_n != 0 || s->pos % T != 0 ||
         s->n_blocks != s->pos / T || s->pfx_full != s->n_blocks)
         return DJ_OK;
@@ -300,7 +301,7 @@ dj_status dj__prefix_check(const dj__prefix *c, dj_session_t *const *sessions, s
         for (uint32_t j = 0; j < s->n_blocks; j++) {
             const dj__pblock *b = s->pfx[j];
             if (!b) continue;
-            if (b->n_layers != s->model->cfg.n_layers)
+            if (b->n_layers != s->n_layers)
                 return dj_fail(DJ_EINTERNAL, "session maps a prefix block of another layout at %u", j);
             for (uint32_t l = 0; l < b->n_layers; l++)
                 if (s->block_table[(size_t)l * s->max_blocks + j] != b->pages[l])

@@ -1,17 +1,14 @@
 /* swap.c: semantic KV swap - a session's data-segment pages copied to a
- * page-granular host pool and back (any free pages, tables rewritten), on the
- * backend's copy stream where it has one - and memory sized from the machine. */
+ * page-granular host pool of the KV store and back (any free pages, tables
+ * rewritten), on the backend's copy stream where it has one. */
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "exec/engine_impl.h"
+#include "exec/kv_impl.h"
 #include "vmu/vmu_impl.h"
 
-#define MIB ((size_t)1 << 20)
 #define GIB ((size_t)1 << 30)
 
 /* A transfer in flight (or, without backend copy hooks, done at once and
@@ -53,53 +50,6 @@ const char *dj_kv_residency_name(dj_kv_residency r) {
     case DJ_KV_RESTORING: return "restoring";
     }
     return "?";
-}
-
-/* ---- memory sized from the machine ---- */
-
-dj_status dj_host_mem_available(size_t *bytes) {
-    *bytes = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        unsigned long long kb = 0;
-        bool found = false;
-        while (!found && fgets(line, sizeof line, f))
-            found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
-        fclose(f);
-        if (found && kb > 0 && kb <= SIZE_MAX / 1024) {
-            *bytes = (size_t)kb * 1024;
-            return DJ_OK;
-        }
-    }
-#ifdef _SC_AVPHYS_PAGES
-    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0 && (unsigned long)pages <= SIZE_MAX / (unsigned long)page) {
-        *bytes = (size_t)pages * (size_t)page;
-        return DJ_OK;
-    }
-#endif
-    return dj_fail(DJ_EUNSUPPORTED, "available host memory unknown: no MemAvailable in /proc/meminfo and no "
-                                    "sysconf(_SC_AVPHYS_PAGES)");
-}
-
-size_t dj_engine_vmu_auto_bytes(size_t dev_free, size_t dev_total, size_t host_avail) {
-    size_t v;
-    if (dev_total) {
-        const size_t margin = dev_total / 20 > GIB ? dev_total / 20 : GIB;
-        v = dev_free > margin ? dev_free - margin : 0;
-    } else {
-        v = host_avail / 2;
-    }
-    return v / MIB * MIB;
-}
-
-size_t dj_engine_swap_default_bytes(const dj_engine_t *e) {
-    size_t host = 0;
-    if (dj_host_mem_available(&host) != DJ_OK) return 0;
-    const dj_backend_t *be = dj_engine_backend((dj_engine_t *)e);
-    const size_t v = be->host_memory ? host / 4 : host / 2;
-    return v / MIB * MIB;
 }
 
 /* ---- the pool ---- */
@@ -164,13 +114,13 @@ static void pool_destroy(dj_backend_t *be, dj_swap_pool *p) {
     free(p);
 }
 
-dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes) {
-    dj_swap_pool **pp = dj__engine_swap_pool(e);
-    dj_backend_t *be = dj_engine_backend(e);
+dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
+    dj_swap_pool **pp = &kv->swap;
+    dj_backend_t *be = kv->be;
     if (*pp && ((*pp)->n_used || (*pp)->ops || (*pp)->holders))
         return dj_fail(DJ_EBUSY, "swap pool: %u of its slots are in use; it can be replaced only while empty",
                        (*pp)->n_used);
-    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(e));
+    const size_t page = dj_vmu_page_bytes(kv->vmu);
     const size_t n = pool_bytes / page;
     if (pool_bytes && n == 0)
         return dj_fail(DJ_EINVAL, "swap pool of %zu bytes holds no page of %zu bytes", pool_bytes, page);
@@ -209,10 +159,10 @@ dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes) {
     return DJ_OK;
 }
 
-void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st) {
+void dj__swap_pool_stats(const dj__kv *kv, dj_swap_stats *st) {
     memset(st, 0, sizeof *st);
-    const dj_swap_pool *p = *dj__engine_swap_pool((dj_engine_t *)e);
-    st->page_bytes = dj_vmu_page_bytes(dj_engine_vmu((dj_engine_t *)e));
+    const dj_swap_pool *p = kv->swap;
+    st->page_bytes = dj_vmu_page_bytes(kv->vmu);
     if (!p) return;
     *st = p->st;
     st->page_bytes = p->page_bytes;
@@ -221,11 +171,11 @@ void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st) {
     st->peak = (size_t)p->peak * p->page_bytes;
 }
 
-void dj__swap_pool_free(dj_engine_t *e) {
-    dj_swap_pool **pp = dj__engine_swap_pool(e);
+void dj__swap_pool_free(dj__kv *kv) {
+    dj_swap_pool **pp = &kv->swap;
     dj_swap_pool *p = *pp;
     if (!p) return;
-    dj_backend_t *be = dj_engine_backend(e);
+    dj_backend_t *be = kv->be;
     while (p->ops) { /* only detached ones remain once every session is freed */
         dj__swap_op *op = p->ops;
         p->ops = op->next;
@@ -241,7 +191,7 @@ void dj__swap_pool_free(dj_engine_t *e) {
 /* ---- sessions ---- */
 
 static const char *session_name(const dj_session_t *s) { return s->vs->name; }
-static uint32_t n_layers(const dj_session_t *s) { return s->model->cfg.n_layers; }
+static uint32_t n_layers(const dj_session_t *s) { return s->n_layers; }
 static uint32_t *table_at(dj_session_t *s, uint32_t i) {
     return &s->block_table[(size_t)(i / s->swap_blocks) * s->max_blocks + i % s->swap_blocks];
 }
@@ -276,9 +226,9 @@ static void sort_by(const uint32_t *key, uint32_t n, uint64_t *tmp, uint32_t *or
 
 /* Copy spans of the pairs (page[order[k]], slot[order[k]]), k ascending:
  * runs where both the page and the slot go up by one become one span. */
-static size_t make_spans(dj_engine_t *e, dj_swap_pool *p, const uint32_t *page, const uint32_t *slot,
+static size_t make_spans(dj__kv *kv, dj_swap_pool *p, const uint32_t *page, const uint32_t *slot,
                          const uint32_t *order, uint32_t n, dj_copy_span *spans) {
-    uint8_t *seg = dj_vmu_data_base(dj_engine_vmu(e));
+    uint8_t *seg = dj_vmu_data_base(kv->vmu);
     size_t count = 0;
     for (uint32_t k = 0; k < n; k++) {
         const uint32_t i = order[k];
@@ -295,9 +245,9 @@ static size_t make_spans(dj_engine_t *e, dj_swap_pool *p, const uint32_t *page, 
 
 /* Starts (or, without copy hooks, does) the copies; *op receives the listed
  * transfer, or NULL when done at once (*seconds then the copy time). */
-static dj_status transfer(dj_engine_t *e, dj_swap_pool *p, bool to_host, const dj_copy_span *spans, size_t n,
+static dj_status transfer(dj__kv *kv, dj_swap_pool *p, bool to_host, const dj_copy_span *spans, size_t n,
                           dj_session_t *s, dj__swap_op **op, double *seconds) {
-    dj_backend_t *be = dj_engine_backend(e);
+    dj_backend_t *be = kv->be;
     *op = NULL;
     *seconds = 0.0;
     if (be->vt->xfer_start && be->vt->xfer_query && be->vt->xfer_order && be->vt->xfer_free) {
@@ -329,8 +279,8 @@ static dj_status transfer(dj_engine_t *e, dj_swap_pool *p, bool to_host, const d
 }
 
 /* The copies of a swap-out are done: the pages go back to the segment. */
-static void out_done(dj_engine_t *e, dj_swap_pool *p, dj_session_t *s, double seconds) {
-    dj_vmu_t *vmu = dj_engine_vmu(e);
+static void out_done(dj__kv *kv, dj_swap_pool *p, dj_session_t *s, double seconds) {
+    dj_vmu_t *vmu = kv->vmu;
     for (uint32_t i = 0; i < s->n_slots; i++) {
         uint32_t *t = table_at(s, i);
         /* a block shared from the prefix cache stays there: s only lets go of it */
@@ -338,7 +288,7 @@ static void out_done(dj_engine_t *e, dj_swap_pool *p, dj_session_t *s, double se
             DJ_LOG(ERROR, "swap-out of session %s: %s", session_name(s), dj_last_error());
         *t = DJ__NO_PAGE;
     }
-    for (uint32_t b = 0; b < s->swap_blocks; b++) dj__prefix_unshare(dj__engine_prefix(e), s, b); /* back private */
+    for (uint32_t b = 0; b < s->swap_blocks; b++) dj__prefix_unshare(kv->prefix, s, b); /* back private */
     s->dev_blocks = 0;
     s->residency = DJ_KV_SWAPPED;
     s->op = NULL;
@@ -362,19 +312,18 @@ static void in_done(dj_swap_pool *p, dj_session_t *s, double seconds) {
     s->residency = DJ_KV_RESIDENT;
 }
 
-dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s) {
-    if (!e || !s) return dj_fail(DJ_EINVAL, "swap out: NULL engine or session");
+dj_status dj__swap_out(dj__kv *kv, dj_session_t *s) {
     if (s->residency == DJ_KV_SWAPPED || s->residency == DJ_KV_SWAPPING_OUT) return DJ_OK;
     if (s->residency == DJ_KV_RESTORING)
         return dj_fail(DJ_EBUSY, "session %s is being restored; it can be swapped out once resident "
                                  "(dj_engine_swap_poll)", session_name(s));
-    dj_swap_pool *p = *dj__engine_swap_pool(e);
+    dj_swap_pool *p = kv->swap;
     const uint32_t n = n_layers(s) * s->n_blocks;
     if (n == 0) { /* nothing to copy */
         s->residency = DJ_KV_SWAPPED;
         return DJ_OK;
     }
-    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(e));
+    const size_t page = dj_vmu_page_bytes(kv->vmu);
     if (!p)
         return dj_fail(DJ_ENOSPC, "session %s: no swap pool to take its %u pages (%zu bytes); "
                                   "dj_engine_swap_init makes one", session_name(s), n, (size_t)n * page);
@@ -398,12 +347,12 @@ dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s) {
     sort_by(page_of, n, tmp, order);
     slots_take(p, n, taken);
     for (uint32_t k = 0; k < n; k++) slots[order[k]] = taken[k];
-    const size_t n_spans = make_spans(e, p, page_of, slots, order, n, spans);
+    const size_t n_spans = make_spans(kv, p, page_of, slots, order, n, spans);
     s->slots = slots;
     s->n_slots = n;
     double sec = 0.0;
     dj__swap_op *op = NULL;
-    st = transfer(e, p, true, spans, n_spans, s, &op, &sec);
+    st = transfer(kv, p, true, spans, n_spans, s, &op, &sec);
     if (st != DJ_OK) { /* nothing changed */
         slots_release(p, slots, n);
         s->slots = NULL;
@@ -414,7 +363,7 @@ dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s) {
     holder_add(p, s);
     s->op = op;
     s->residency = DJ_KV_SWAPPING_OUT;
-    if (!op) out_done(e, p, s, sec);
+    if (!op) out_done(kv, p, s, sec);
 done:
     free(slots);
     free(page_of);
@@ -440,10 +389,9 @@ static void cancel_out(dj_swap_pool *p, dj_session_t *s) {
     p->st.cancels++;
 }
 
-dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
-    if (!e || !s) return dj_fail(DJ_EINVAL, "swap in: NULL engine or session");
+dj_status dj__swap_in(dj__kv *kv, dj_session_t *s) {
     if (s->residency == DJ_KV_RESIDENT || s->residency == DJ_KV_RESTORING) return DJ_OK;
-    dj_swap_pool *p = *dj__engine_swap_pool(e);
+    dj_swap_pool *p = kv->swap;
     if (s->residency == DJ_KV_SWAPPING_OUT) {
         cancel_out(p, s);
         return DJ_OK;
@@ -453,13 +401,13 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
         s->residency = DJ_KV_RESIDENT;
         return DJ_OK;
     }
-    dj_vmu_t *vmu = dj_engine_vmu(e);
+    dj_vmu_t *vmu = kv->vmu;
     dj_vmu_stats vs;
     dj_vmu_get_stats(vmu, &vs);
     dj_prefix_stats ps;
-    dj__prefix_stats(dj__engine_prefix(e), &ps);
+    dj__prefix_stats(kv->prefix, &ps);
     if (vs.pages_free < n && vs.pages_free + ps.pages_unreferenced >= n) /* unreferenced cached blocks go first */
-        while (vs.pages_free < n && dj__prefix_evict(e, dj__engine_prefix(e))) dj_vmu_get_stats(vmu, &vs);
+        while (vs.pages_free < n && dj__prefix_evict(kv)) dj_vmu_get_stats(vmu, &vs);
     if (vs.pages_free < n)
         return dj_fail(DJ_ENOSPC, "data segment full: restoring session %s needs %u pages (%zu bytes); %zu of %zu "
                                   "are free", session_name(s), n, (size_t)n * p->page_bytes, vs.pages_free,
@@ -485,10 +433,10 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
     memcpy(pages, page_of, (size_t)n * sizeof *pages);
     sort_by(s->slots, n, tmp, order);
     for (uint32_t k = 0; k < n; k++) page_of[order[k]] = pages[k];
-    const size_t n_spans = make_spans(e, p, page_of, s->slots, order, n, spans);
+    const size_t n_spans = make_spans(kv, p, page_of, s->slots, order, n, spans);
     double sec = 0.0;
     dj__swap_op *op = NULL;
-    if ((st = transfer(e, p, false, spans, n_spans, s, &op, &sec)) != DJ_OK) goto done;
+    if ((st = transfer(kv, p, false, spans, n_spans, s, &op, &sec)) != DJ_OK) goto done;
     for (uint32_t i = 0; i < n; i++) *table_at(s, i) = page_of[i];
     got = 0; /* the session's now */
     s->dev_blocks = 0; /* the whole device table goes up again before the next step */
@@ -506,10 +454,10 @@ done:
     return st;
 }
 
-void dj_engine_swap_poll(dj_engine_t *e) {
-    dj_swap_pool *p = *dj__engine_swap_pool(e);
+void dj__swap_poll(dj__kv *kv) {
+    dj_swap_pool *p = kv->swap;
     if (!p) return;
-    dj_backend_t *be = dj_engine_backend(e);
+    dj_backend_t *be = kv->be;
     for (dj__swap_op *op = p->ops, *next; op; op = next) {
         next = op->next;
         double sec = 0.0;
@@ -526,7 +474,7 @@ void dj_engine_swap_poll(dj_engine_t *e) {
             slots_release(p, op->slots, op->n_slots);
             free(op->slots);
         } else if (op->to_host) {
-            out_done(e, p, op->s, sec);
+            out_done(kv, p, op->s, sec);
         } else {
             in_done(p, op->s, sec);
         }
@@ -534,12 +482,12 @@ void dj_engine_swap_poll(dj_engine_t *e) {
     }
 }
 
-dj_status dj__swap_before_step(dj_engine_t *e, dj_session_t *s) {
+dj_status dj__swap_before_step(dj__kv *kv, dj_session_t *s) {
     if (s->residency == DJ_KV_SWAPPING_OUT || s->residency == DJ_KV_SWAPPED)
         return dj_fail(DJ_EBUSY, "session %s is swapped out (%s); swap it in before stepping it", session_name(s),
                        dj_kv_residency_name(s->residency));
     if (s->residency == DJ_KV_RESTORING && s->op && !s->ordered) {
-        dj_backend_t *be = dj_engine_backend(e);
+        dj_backend_t *be = kv->be;
         dj_status st = be->vt->xfer_order(be, s->op->xfer);
         if (st != DJ_OK) return st;
         s->ordered = true;
@@ -547,11 +495,11 @@ dj_status dj__swap_before_step(dj_engine_t *e, dj_session_t *s) {
     return DJ_OK;
 }
 
-void dj__swap_session_release(dj_engine_t *e, dj_session_t *s) {
-    dj_swap_pool *p = *dj__engine_swap_pool(e);
+void dj__swap_session_release(dj__kv *kv, dj_session_t *s) {
+    dj_swap_pool *p = kv->swap;
     if (!p) return;
     if (s->op) {
-        dj_backend_t *be = dj_engine_backend(e);
+        dj_backend_t *be = kv->be;
         op_unlink(p, s->op);
         be->vt->xfer_free(be, s->op->xfer); /* waits: the pages are about to be freed */
         free(s->op);
@@ -568,8 +516,8 @@ void dj__swap_session_release(dj_engine_t *e, dj_session_t *s) {
 
 /* ---- invariants ---- */
 
-dj_status dj__swap_check(const dj_engine_t *e) {
-    const dj_swap_pool *p = *dj__engine_swap_pool((dj_engine_t *)e);
+dj_status dj__swap_pool_check(const dj__kv *kv) {
+    const dj_swap_pool *p = kv->swap;
     if (!p) return DJ_OK;
     uint8_t *seen = calloc(p->n_slots, 1);
     if (!seen) return dj_fail(DJ_ENOMEM, "swap check: out of host memory");

@@ -16,40 +16,13 @@
 
 #include "djinn/checkpoint.h"
 #include "model/checkpoint_impl.h"
+#include "model/checkpoint_table.h"
 #include "model/file_pages.h"
 
 /* Same bound as the reference safetensors reader. */
 #define CK_MAX_HEADER_LEN 100000000ull
 #define CK_MAX_CONFIG_LEN (16u << 20)
 #define CK_MAX_INDEX_LEN (256u << 20)
-
-typedef struct {
-    char *file;  /* name inside the directory, owned */
-    void *map;   /* the whole file, PROT_READ; NULL until mapped */
-    size_t size; /* bytes mapped */
-    int fd;      /* the file, open while mapped (dj_checkpoint_huge_pages drops its cached pages) */
-    uint64_t dev, ino, mtime_ns; /* the file's identity when mapped (fstat) */
-} ck_shard;
-
-typedef struct {
-    dj_tensor_info info; /* name owned; data inside shards[shard].map, or owned (malloc'd) when
-                          * shard == CK_OWNED: a tensor made at open (repacked 4-bit weights) */
-    size_t shard;
-} ck_tensor;
-#define CK_OWNED SIZE_MAX
-
-struct dj_checkpoint {
-    dj_model_config cfg;
-    ck_shard *shards; /* [n_shards] */
-    size_t n_shards;
-    ck_tensor *tensors; /* [n_tensors], sorted by name */
-    size_t n_tensors;
-    XXH3_state_t *hash;
-    bool have_fingerprint;
-    bool huge_done; /* dj_checkpoint_huge_pages ran */
-    uint64_t fingerprint;
-    unsigned refs; /* the opener's reference plus dj_checkpoint_retain's; unmapped at 0 */
-};
 
 /* Re-records the thread's error detail with `who: ` in front. */
 static dj_status prefix_error(dj_status st, const char *who) {
@@ -206,10 +179,6 @@ done:
     return st;
 }
 
-static int cmp_tensor(const void *a, const void *b) {
-    return strcmp(((const ck_tensor *)a)->info.name, ((const ck_tensor *)b)->info.name);
-}
-
 static int cmp_info_key(const void *key, const void *elem) {
     return strcmp((const char *)key, ((const dj_tensor_info *)elem)->name);
 }
@@ -344,7 +313,7 @@ static dj_status load_shards(const char *dir, dj_checkpoint_t *ck, const cJSON *
         per[s] = NULL;
         per_n[s] = 0;
     }
-    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor);
+    dj__checkpoint_sort(ck);
     for (size_t i = 1; i < ck->n_tensors; i++) {
         const ck_tensor *a = &ck->tensors[i - 1], *b = &ck->tensors[i];
         if (!strcmp(a->info.name, b->info.name)) {
@@ -426,35 +395,6 @@ fail:
     return st;
 }
 
-dj_status dj__checkpoint_edit(dj_checkpoint_t *ck, dj_tensor_info *add, size_t n_add,
-                              bool (*drop)(const char *name)) {
-    ck_tensor *t = realloc(ck->tensors, (ck->n_tensors + n_add + 1) * sizeof *t);
-    if (!t) {
-        for (size_t i = 0; i < n_add; i++) {
-            free((char *)add[i].name);
-            free((void *)add[i].data);
-        }
-        return dj_fail(DJ_ENOMEM, "no memory for %zu tensors", ck->n_tensors + n_add);
-    }
-    ck->tensors = t;
-    size_t n = 0;
-    for (size_t i = 0; i < ck->n_tensors; i++) {
-        if (drop(t[i].info.name)) {
-            free((char *)t[i].info.name);
-            if (t[i].shard == CK_OWNED) free((void *)t[i].info.data);
-        } else {
-            t[n++] = t[i];
-        }
-    }
-    for (size_t i = 0; i < n_add; i++) t[n++] = (ck_tensor){.info = add[i], .shard = CK_OWNED};
-    ck->n_tensors = n;
-    qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor);
-    for (size_t i = 1; i < ck->n_tensors; i++)
-        if (!strcmp(t[i - 1].info.name, t[i].info.name))
-            return dj_fail(DJ_EFORMAT, "tensor \"%.200s\" is stored and also made from 4-bit parts", t[i].info.name);
-    return DJ_OK;
-}
-
 dj_checkpoint_t *dj_checkpoint_retain(dj_checkpoint_t *ck) {
     if (ck) __atomic_add_fetch(&ck->refs, 1, __ATOMIC_RELAXED);
     return ck;
@@ -477,24 +417,6 @@ void dj_checkpoint_close(dj_checkpoint_t *ck) {
     free(ck->shards);
     XXH3_freeState(ck->hash);
     free(ck);
-}
-
-const dj_model_config *dj_checkpoint_config(const dj_checkpoint_t *ck) { return ck ? &ck->cfg : NULL; }
-
-size_t dj_checkpoint_tensor_count(const dj_checkpoint_t *ck) { return ck ? ck->n_tensors : 0; }
-
-const dj_tensor_info *dj_checkpoint_tensor(const dj_checkpoint_t *ck, size_t i) {
-    return ck && i < ck->n_tensors ? &ck->tensors[i].info : NULL;
-}
-
-static int cmp_tensor_key(const void *key, const void *elem) {
-    return strcmp((const char *)key, ((const ck_tensor *)elem)->info.name);
-}
-
-const dj_tensor_info *dj_checkpoint_find(const dj_checkpoint_t *ck, const char *name) {
-    if (!ck || !name) return NULL;
-    const ck_tensor *t = bsearch(name, ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor_key);
-    return t ? &t->info : NULL;
 }
 
 /* Fixed-width little-endian encoding, so the fingerprint does not depend on

@@ -23,6 +23,9 @@ const char *dj__json_type_name(const cJSON *item);
  * failure. */
 dj_status dj__json_find_duplicate_key(const cJSON *obj, const char **dup /* OUT */);
 
+/* A member of obj, with JSON null treated as absent. */
+const cJSON *dj__json_member(const cJSON *obj, const char *key);
+
 /* True when item is a number holding an integer in [0, 2^53). */
 bool dj__json_get_uint(const cJSON *item, uint64_t *out /* OUT */);
 
@@ -39,12 +42,5 @@ struct dj_checkpoint;
  * (repacked, owned by ck) and the parts leave the table. Any other
  * quantization config: DJ_EUNSUPPORTED naming it. Errors name dir. */
 dj_status dj__quant_open(const char *dir, const char *text, size_t len, struct dj_checkpoint *ck);
-
-/* Drops every tensor for which drop(name) is true, then adds add[0..n_add)
- * (names and data malloc'd; taken by ck whatever the outcome: freed at close
- * or on failure) and sorts the table again. A name added twice, or added
- * while a stored tensor keeps it, is DJ_EFORMAT. */
-dj_status dj__checkpoint_edit(struct dj_checkpoint *ck, dj_tensor_info *add, size_t n_add,
-                              bool (*drop)(const char *name));
 
 #endif

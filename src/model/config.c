@@ -10,16 +10,10 @@
 #include "model/model_impl.h"
 
 #define CFG DJ_CFG
-#define member dj__cfg_member
+#define member dj__json_member
 #define get_u32 dj__cfg_u32
 #define get_pos_float dj__cfg_pos_float
 #define get_bool dj__cfg_bool
-
-/* A member of obj, with JSON null treated as absent. */
-const cJSON *dj__cfg_member(const cJSON *obj, const char *key) {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsNull(it) ? NULL : it;
-}
 
 static dj_status missing(const cJSON *obj, const char *where, const char *key) {
     if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(obj, key)))

@@ -9,8 +9,8 @@
 
 #define DJ_CFG "config.json: "
 
-/* A member of obj, with JSON null treated as absent. */
-const cJSON *dj__cfg_member(const cJSON *obj, const char *key);
+/* (A member of obj with JSON null treated as absent: dj__json_member,
+ * checkpoint_impl.h.) */
 /* obj[key] as an integer in [min, UINT32_MAX]; dflt when absent or null
  * unless required. `where` prefixes messages ("" at the top level). */
 dj_status dj__cfg_u32(const cJSON *obj, const char *where, const char *key, bool required, uint32_t dflt,

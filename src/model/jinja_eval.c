@@ -18,31 +18,6 @@
 #define MAX_STEPS 10000000ull
 #define MAX_ARENA ((size_t)256 << 20)
 
-/* ---- names (shared with the parser) ---- */
-static const char *const filters[] = {"abs",     "capitalize", "count",      "d",          "default", "first",
-                                      "float",   "int",        "items",      "join",       "last",    "length",
-                                      "list",    "lower",      "reject",     "rejectattr", "replace", "reverse",
-                                      "safe",    "select",     "selectattr", "string",     "title",   "tojson",
-                                      "trim",    "upper",      NULL};
-static const char *const tests[] = {"boolean", "defined", "divisibleby", "eq",     "equalto", "even",    "false",
-                                    "float",   "integer", "iterable",    "lower",  "mapping", "none",    "number",
-                                    "odd",     "sameas",  "sequence",    "string", "true",    "undefined", "upper",
-                                    NULL};
-static const char *const globals[] = {"namespace", "raise_exception", "range", "strftime_now", NULL};
-static const char *const methods[] = {"capitalize", "endswith", "find",  "get",   "items",   "join",
-                                      "keys",       "lower",    "lstrip", "replace", "rstrip", "split",
-                                      "startswith", "strip",    "title", "upper", "values",  NULL};
-
-static bool in_list(const char *const *l, const char *name) {
-    for (int i = 0; l[i]; i++)
-        if (!strcmp(l[i], name)) return true;
-    return false;
-}
-bool dj__jinja_filter_known(const char *name) { return in_list(filters, name); }
-bool dj__jinja_test_known(const char *name) { return in_list(tests, name); }
-bool dj__jinja_global_known(const char *name) { return in_list(globals, name); }
-bool dj__jinja_method_known(const char *name) { return in_list(methods, name); }
-
 /* ---- render state ---- */
 typedef struct scope {
     struct scope *parent;

@@ -45,6 +45,31 @@ void dj__arena_free(dj__arena *a) {
     a->used = 0;
 }
 
+/* ---- names: what the parser accepts and the renderer implements ---- */
+static const char *const filters[] = {"abs",     "capitalize", "count",      "d",          "default", "first",
+                                      "float",   "int",        "items",      "join",       "last",    "length",
+                                      "list",    "lower",      "reject",     "rejectattr", "replace", "reverse",
+                                      "safe",    "select",     "selectattr", "string",     "title",   "tojson",
+                                      "trim",    "upper",      NULL};
+static const char *const tests[] = {"boolean", "defined", "divisibleby", "eq",     "equalto", "even",    "false",
+                                    "float",   "integer", "iterable",    "lower",  "mapping", "none",    "number",
+                                    "odd",     "sameas",  "sequence",    "string", "true",    "undefined", "upper",
+                                    NULL};
+static const char *const globals[] = {"namespace", "raise_exception", "range", "strftime_now", NULL};
+static const char *const methods[] = {"capitalize", "endswith", "find",  "get",   "items",   "join",
+                                      "keys",       "lower",    "lstrip", "replace", "rstrip", "split",
+                                      "startswith", "strip",    "title", "upper", "values",  NULL};
+
+static bool in_list(const char *const *l, const char *name) {
+    for (int i = 0; l[i]; i++)
+        if (!strcmp(l[i], name)) return true;
+    return false;
+}
+bool dj__jinja_filter_known(const char *name) { return in_list(filters, name); }
+bool dj__jinja_test_known(const char *name) { return in_list(tests, name); }
+bool dj__jinja_global_known(const char *name) { return in_list(globals, name); }
+bool dj__jinja_method_known(const char *name) { return in_list(methods, name); }
+
 /* ---- tokens ---- */
 typedef enum { T_TEXT, T_VAR_BEGIN, T_BLOCK_BEGIN, T_VAR_END, T_BLOCK_END, T_NAME, T_INT, T_FLOAT, T_STR, T_OP, T_EOF } tkind;
 typedef struct tok {

@@ -11,7 +11,7 @@
 /* obj[key] as a string, or NULL (absent/null); a non-string is an error. */
 static dj_status get_str(const cJSON *obj, const char *where, const char *key, const char **out) {
     *out = NULL;
-    const cJSON *it = dj__cfg_member(obj, key);
+    const cJSON *it = dj__json_member(obj, key);
     if (!it) return DJ_OK;
     if (!cJSON_IsString(it))
         return dj_fail(DJ_EFORMAT, QC "%s\"%s\" is a JSON %s, expected a string", where, key,
@@ -43,7 +43,7 @@ static dj_status parse_fp8(const cJSON *q, dj_model_config *cfg) {
         return dj_fail(DJ_EUNSUPPORTED, QC "fp8 fmt \"%.32s\" is not supported (e4m3 only)", fmt);
     const char *act = NULL;
     if ((st = get_str(q, "", "activation_scheme", &act))) return st;
-    const cJSON *b = dj__cfg_member(q, "weight_block_size");
+    const cJSON *b = dj__json_member(q, "weight_block_size");
     cfg->quant = DJ_QUANT_FP8;
     cfg->quant_block[0] = cfg->quant_block[1] = 128; /* transformers' default */
     return b ? get_block(b, "weight_block_size", cfg->quant_block) : DJ_OK;
@@ -51,7 +51,7 @@ static dj_status parse_fp8(const cJSON *q, dj_model_config *cfg) {
 
 /* One config group's "weights": 8-bit float, strategy tensor, channel or block. */
 static dj_status parse_ct_weights(const cJSON *g, const char *gname, dj_model_config *cfg) {
-    const cJSON *w = dj__cfg_member(g, "weights");
+    const cJSON *w = dj__json_member(g, "weights");
     if (!w) return dj_fail(DJ_EUNSUPPORTED, QC "config group \"%.64s\" quantizes no weights", gname);
     if (!cJSON_IsObject(w)) return dj_fail(DJ_EFORMAT, QC "config group \"%.64s\": weights is not an object", gname);
     const char *type = NULL, *strategy = NULL;
@@ -59,7 +59,7 @@ static dj_status parse_ct_weights(const cJSON *g, const char *gname, dj_model_co
     if ((st = get_str(w, "weights ", "type", &type)) || (st = get_str(w, "weights ", "strategy", &strategy)))
         return st;
     uint64_t bits = 0;
-    if (!dj__json_get_uint(dj__cfg_member(w, "num_bits"), &bits))
+    if (!dj__json_get_uint(dj__json_member(w, "num_bits"), &bits))
         return dj_fail(DJ_EFORMAT, QC "config group \"%.64s\": weights.num_bits is not an integer", gname);
     if (!type || strcmp(type, "float") || bits != 8)
         return dj_fail(DJ_EUNSUPPORTED,
@@ -72,7 +72,7 @@ static dj_status parse_ct_weights(const cJSON *g, const char *gname, dj_model_co
                           "(tensor, channel, block)",
                        gname, strategy ? strategy : "(none)");
     if (!strcmp(strategy, "block")) {
-        const cJSON *b = dj__cfg_member(w, "block_structure");
+        const cJSON *b = dj__json_member(w, "block_structure");
         if (!b) return dj_fail(DJ_EFORMAT, QC "config group \"%.64s\": block strategy without block_structure", gname);
         uint32_t blk[2];
         if ((st = get_block(b, "weights.block_structure", blk))) return st;
@@ -91,10 +91,10 @@ static dj_status parse_ct(const cJSON *q, dj_model_config *cfg) {
     if (fmt && strcmp(fmt, "float-quantized") && strcmp(fmt, "naive-quantized"))
         return dj_fail(DJ_EUNSUPPORTED,
                        QC "compressed-tensors format \"%.48s\" is not supported (float-quantized only)", fmt);
-    const cJSON *sp = dj__cfg_member(q, "sparsity_config");
+    const cJSON *sp = dj__json_member(q, "sparsity_config");
     if (sp && !(cJSON_IsObject(sp) && !sp->child))
         return dj_fail(DJ_EUNSUPPORTED, QC "compressed-tensors sparsity_config is not supported");
-    const cJSON *groups = dj__cfg_member(q, "config_groups");
+    const cJSON *groups = dj__json_member(q, "config_groups");
     if (!groups || !cJSON_IsObject(groups) || !groups->child)
         return dj_fail(DJ_EFORMAT, QC "compressed-tensors without config_groups");
     for (const cJSON *g = groups->child; g; g = g->next) {
@@ -109,7 +109,7 @@ static dj_status parse_ct(const cJSON *q, dj_model_config *cfg) {
 dj_status dj__cfg_quant(const cJSON *root, dj_model_config *cfg) {
     cfg->quant = DJ_QUANT_NONE;
     cfg->quant_block[0] = cfg->quant_block[1] = 0;
-    const cJSON *q = dj__cfg_member(root, "quantization_config");
+    const cJSON *q = dj__json_member(root, "quantization_config");
     if (!q) return DJ_OK;
     if (!cJSON_IsObject(q))
         return dj_fail(DJ_EFORMAT, DJ_CFG "quantization_config is a JSON %s, expected an object",

@@ -21,6 +21,7 @@
 #include <strings.h>
 
 #include "model/checkpoint_impl.h"
+#include "model/checkpoint_table.h"
 
 typedef enum { Q4_AWQ, Q4_GPTQ } q4_kind;
 

@@ -24,6 +24,11 @@ const char *dj__json_type_name(const cJSON *item) {
     }
 }
 
+const cJSON *dj__json_member(const cJSON *obj, const char *key) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNull(it) ? NULL : it;
+}
+
 static int cmp_str_ptr(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }

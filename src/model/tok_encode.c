@@ -7,9 +7,6 @@
 
 #include "model/tok_impl.h"
 
-int32_t dj__tok_vocab_find(const dj_tokenizer_t *tok, const char *s, size_t n);
-const dj__merge_slot *dj__tok_merge_find(const dj_tokenizer_t *tok, int32_t a, int32_t b);
-
 /* A span of a string: [start, end); is_match says whether a pattern matched it. */
 typedef struct {
     size_t start, end;

@@ -175,6 +175,15 @@ bool dj__tok_is_byte_token(const dj_tokenizer_t *tok, int32_t id);
 /* Compile a PCRE2 pattern (UTF, UCP; literal if `literal`), JIT if available. */
 dj_status dj__tok_regex(const char *pat, size_t len, bool literal, pcre2_code **out /* OUT */);
 
+/* tok_text.c: the vocabulary map (string -> id; -1 when absent) and the merge
+ * map ((a, b) -> rank and merged id; NULL when absent). Inserting into maps
+ * sized by the loader (vocab_map.cap, merge_cap: powers of two above twice
+ * the entries); a later duplicate string or pair replaces the earlier one. */
+int32_t dj__tok_vocab_find(const dj_tokenizer_t *tok, const char *s, size_t n);
+void dj__tok_vocab_insert(dj_tokenizer_t *tok, uint32_t i);
+const dj__merge_slot *dj__tok_merge_find(const dj_tokenizer_t *tok, int32_t a, int32_t b);
+void dj__tok_merge_insert(dj_tokenizer_t *tok, int32_t a, int32_t b, uint32_t rank, int32_t new_id);
+
 /* tok_gguf.c: the tokenizer.json (a cJSON document, caller deletes) that
  * transformers would make of the SentencePiece vocabulary in a GGUF file. */
 struct cJSON;

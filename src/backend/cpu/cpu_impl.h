@@ -33,6 +33,7 @@ void dj__cpu_set_tile_rows(dj_backend_t *be, uint32_t rows);
  * when this build or CPU has none). */
 dj_status dj__cpu_set_isa(dj_backend_t *be, dj_cpu_isa isa);
 
+/* cpu_vec.c: sum of a[i]*b[i], 8-wide FMA lanes where AVX2 is there. */
 float dj__cpu_dot(const float *a, const float *b, uint32_t len);
 /* y[j] = expf(x[j]) for j < n (y may be x): with AVX2 four at a time in
  * double precision - the algorithm of glibc's expf (2.28 on: k = x * 32 / ln 2
@@ -42,7 +43,7 @@ float dj__cpu_dot(const float *a, const float *b, uint32_t len);
  * +0 below -103.97 as expf; the rest, and CPUs without AVX2, through expf.
  * Attention's softmax and SiLU use it. */
 void dj__cpu_exp_block(const float *x, float *y, uint32_t n);
-/* dst[0..count) = src converted to f32; src of dtype f32/f16/bf16. */
+/* cpu_vec.c: dst[0..count) = src converted to f32; src of dtype f32/f16/bf16. */
 void dj__cpu_to_f32(float *dst, const void *src, dj_dtype t, size_t count);
 
 /* Kernels; the call has been validated by the compute switch. */

@@ -8,12 +8,12 @@
 
 /* v5: rope_parameters = {"full_attention": {...}, "sliding_attention": {...}}. */
 static dj_status parse_rope_by_type(const cJSON *root, const cJSON *params, dj_model_config *c) {
-    const cJSON *full = dj__cfg_member(params, "full_attention");
-    const cJSON *slide = dj__cfg_member(params, "sliding_attention");
+    const cJSON *full = dj__json_member(params, "full_attention");
+    const cJSON *slide = dj__json_member(params, "sliding_attention");
     if (!full || !slide)
         return dj_fail(DJ_EFORMAT, DJ_CFG "rope_parameters: needs both \"full_attention\" and \"sliding_attention\"");
     dj_status st;
-    if (!dj__cfg_member(full, "rope_theta") || !dj__cfg_member(slide, "rope_theta"))
+    if (!dj__json_member(full, "rope_theta") || !dj__json_member(slide, "rope_theta"))
         return dj_fail(DJ_EFORMAT, DJ_CFG "rope_parameters: missing key \"rope_theta\" of a layer type");
     if ((st = dj__cfg_rope_object(root, full, "rope_parameters.full_attention", c))) return st;
     dj_model_config local = *c;
@@ -31,16 +31,16 @@ static dj_status parse(const void *root_, dj_model_config *c) {
     dj_status st;
     if ((st = dj__gemma_parse_common(root, c, 0.0f, 0.0f))) return st;
     c->qk_norm = true;
-    const cJSON *params = dj__cfg_member(root, "rope_parameters");
+    const cJSON *params = dj__json_member(root, "rope_parameters");
     if (params && cJSON_IsObject(params) &&
-        (dj__cfg_member(params, "full_attention") || dj__cfg_member(params, "sliding_attention"))) {
+        (dj__json_member(params, "full_attention") || dj__json_member(params, "sliding_attention"))) {
         if ((st = parse_rope_by_type(root, params, c))) return st;
     } else {
         /* transformers 4: rope_theta (default 1e6) and rope_scaling for the global
          * layers, rope_local_base_freq for the sliding ones. */
-        const cJSON *rs = dj__cfg_member(root, "rope_scaling");
+        const cJSON *rs = dj__json_member(root, "rope_scaling");
         c->rope_theta = 1000000.0f;
-        if (dj__cfg_member(root, "rope_theta") || params) st = dj__cfg_rope(root, c);
+        if (dj__json_member(root, "rope_theta") || params) st = dj__cfg_rope(root, c);
         else if (rs) st = dj__cfg_rope_object(root, rs, "rope_scaling", c);
         if (st) return st;
         if ((st = dj__cfg_pos_float(root, "", "rope_local_base_freq", false, 10000.0f, &c->rope_local_theta)))

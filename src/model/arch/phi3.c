@@ -9,8 +9,8 @@ static dj_status parse(const void *root_, dj_model_config *c) {
     const cJSON *root = root_;
     dj_status st;
     if ((st = dj__cfg_act(root, "hidden_act", DJ_ACT_SILU, false, &c->hidden_act))) return st;
-    const cJSON *params = dj__cfg_member(root, "rope_parameters");
-    const cJSON *where = dj__cfg_member(root, "partial_rotary_factor") || !cJSON_IsObject(params) ? root : params;
+    const cJSON *params = dj__json_member(root, "rope_parameters");
+    const cJSON *where = dj__json_member(root, "partial_rotary_factor") || !cJSON_IsObject(params) ? root : params;
     float prf = 1.0f;
     if ((st = dj__cfg_pos_float(where, where == root ? "" : "rope_parameters: ", "partial_rotary_factor", false,
                                 1.0f, &prf)))
