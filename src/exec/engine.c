@@ -2,6 +2,7 @@
  * sessions with paged KV in the data segment, and executing planned steps
  * with every activation on the stack segment. */
 #include "djinn/engine.h"
+#include "djinn/alloc.h"
 
 #include <limits.h>
 #include <math.h>
@@ -160,7 +161,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
                        "only 'cpu'"
 #endif
         );
-    dj_engine_t *e = calloc(1, sizeof *e);
+    dj_engine_t *e = dj_calloc(1, sizeof *e);
     if (!e) return dj_fail(DJ_ENOMEM, "out of memory");
     dj_status st = DJ_OK;
 #ifdef DJ_HAVE_CUDA
@@ -303,7 +304,7 @@ static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
         dj_status st = e->be->vt->alloc(e->be, cap, &d);
         if (st != DJ_OK) return st;
         e->args_dev = d;
-        e->args_host = malloc(cap);
+        e->args_host = dj_malloc(cap);
         if (!e->args_host) return dj_fail(DJ_ENOMEM, "out of memory for %zu bytes of step arguments", cap);
         e->args_cap = cap;
     }
@@ -338,7 +339,7 @@ dj_status dj__engine_trace_area(dj_engine_t *e, size_t bytes, uint8_t **dev, uin
         e->trace_dev = d;
         if (e->be->vt->host_alloc && e->be->vt->host_free && e->be->vt->host_alloc(e->be, cap, &h) == DJ_OK) {
             e->trace_pinned = true;
-        } else if (!(h = malloc(cap))) {
+        } else if (!(h = dj_malloc(cap))) {
             trace_area_free(e);
             return dj_fail(DJ_ENOMEM, "out of host memory for %zu bytes of saved activations", cap);
         }
@@ -377,8 +378,8 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
     memset(needs, 0, sizeof *needs);
     const dj_model_config *c = dj_checkpoint_config(ck);
     const int n = dj__wslot_count(c);
-    dj_weight *w = calloc((size_t)n, sizeof *w);
-    char **names = calloc((size_t)n, sizeof *names);
+    dj_weight *w = dj_calloc((size_t)n, sizeof *w);
+    char **names = dj_calloc((size_t)n, sizeof *names);
     dj_graph_t *g = NULL;
     dj_status st = DJ_OK;
     if (!w || !names) {
@@ -510,7 +511,7 @@ static dj_status load_scales(dj_engine_t *e, dj_model_t *m, int n) {
         if (count > cap) {
             free(buf);
             cap = count;
-            if (!(buf = malloc(cap * sizeof *buf))) {
+            if (!(buf = dj_malloc(cap * sizeof *buf))) {
                 st = dj_fail(DJ_ENOMEM, "out of memory for %zu scales", count);
                 break;
             }
@@ -555,11 +556,11 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     if (c->head_dim % 2 != 0 || c->head_dim == 0)
         return dj_fail(DJ_EUNSUPPORTED, "head_dim %u: RoPE needs an even head dimension", c->head_dim);
     const int n = dj__wslot_count(c);
-    dj_model_t *m = calloc(1, sizeof *m);
-    char **names = calloc((size_t)n, sizeof *names);
-    const dj_tensor_info **src = calloc((size_t)n, sizeof *src);
+    dj_model_t *m = dj_calloc(1, sizeof *m);
+    char **names = dj_calloc((size_t)n, sizeof *names);
+    const dj_tensor_info **src = dj_calloc((size_t)n, sizeof *src);
     float *inv_freq = NULL;
-    if (!m || !names || !src || !(m->w = calloc((size_t)n, sizeof *m->w))) {
+    if (!m || !names || !src || !(m->w = dj_calloc((size_t)n, sizeof *m->w))) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
         goto fail;
     }
@@ -620,7 +621,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         w->data = dst;
         if (w->computed) {
             free(inv_freq);
-            inv_freq = malloc(bytes);
+            inv_freq = dj_malloc(bytes);
             if (!inv_freq) {
                 st = dj_fail(DJ_ENOMEM, "out of memory");
                 goto fail_region;
@@ -696,17 +697,17 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     if (tpp == 0)
         return dj_fail(DJ_EINVAL, "KV page of %zu bytes cannot hold one position of K and V (%zu bytes)", page,
                        dj_kv_page_need(e->be->kv_dtype, c->n_kv_heads, c->head_dim, 1));
-    dj_session_t *s = calloc(1, sizeof *s);
+    dj_session_t *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
     s->max_ctx = max_ctx;
     s->rope_long = dj_model_config_rope_long(c, max_ctx);
     s->tokens_per_page = tpp;
     s->max_blocks = (max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
-    s->block_table = calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
-    s->kv = calloc(c->n_layers, sizeof *s->kv);
-    s->pfx = calloc(s->max_blocks, sizeof *s->pfx);
-    s->pfx_ids = calloc(s->tokens_per_page, sizeof *s->pfx_ids);
+    s->block_table = dj_calloc((size_t)c->n_layers * s->max_blocks, sizeof *s->block_table);
+    s->kv = dj_calloc(c->n_layers, sizeof *s->kv);
+    s->pfx = dj_calloc(s->max_blocks, sizeof *s->pfx);
+    s->pfx_ids = dj_calloc(s->tokens_per_page, sizeof *s->pfx_ids);
     s->quota_pages = quota_pages;
     dj_status st = DJ_OK;
     if (!s->block_table || !s->kv || !s->pfx || !s->pfx_ids) {
@@ -973,7 +974,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
     if ((size_t)count > e->calls_cap) {
-        dj_op_call *p = realloc(e->calls, (size_t)count * sizeof *p);
+        dj_op_call *p = dj_realloc(e->calls, (size_t)count * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step of %d calls", count);
         e->calls = p;
         e->calls_cap = (size_t)count;
@@ -1126,7 +1127,7 @@ static dj_status check_sampler(const dj_sampler_params *sp) { return sp ? dj_sam
 
 static dj_status host_logits(dj_engine_t *e, size_t floats, float **out) {
     if (floats > e->host_logits_cap) {
-        float *p = realloc(e->host_logits, floats * sizeof *p);
+        float *p = dj_realloc(e->host_logits, floats * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for %zu logits", floats);
         e->host_logits = p;
         e->host_logits_cap = floats;
@@ -1206,7 +1207,7 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     }
     if (device_sample) {
         if (B > e->sample_rows_cap) {
-            dj_sample_row *r = realloc(e->sample_rows, B * sizeof *r);
+            dj_sample_row *r = dj_realloc(e->sample_rows, B * sizeof *r);
             if (!r) return dj_fail(DJ_ENOMEM, "out of memory for %u sampling rows", B);
             e->sample_rows = r;
             e->sample_rows_cap = B;

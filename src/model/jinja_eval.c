@@ -3,6 +3,7 @@
  * (a for loop's sets stay in the loop; namespace() crosses it), filters,
  * tests, methods and globals, all bounded by output, step and memory limits. */
 #include <ctype.h>
+#include "djinn/alloc.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -74,7 +75,7 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
             b->oom = true;
             return;
         }
-        char *p = realloc(b->p, cap);
+        char *p = dj_realloc(b->p, cap);
         if (!p) {
             b->oom = true;
             return;
@@ -1464,7 +1465,7 @@ static dj_status emit(rctx *r, const char *s, size_t n) {
     if (r->n + n + 1 > r->cap) {
         size_t cap = r->cap ? r->cap : 4096;
         while (cap < r->n + n + 1) cap *= 2;
-        char *p = realloc(r->out, cap);
+        char *p = dj_realloc(r->out, cap);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory rendering a chat template");
         r->out = p;
         r->cap = cap;

@@ -1,6 +1,7 @@
 /* protocol.c: frame header encode/decode with validation, a msgpack
  * structure check that runs before any allocation, and the metadata codec. */
 #include "server/proto_impl.h"
+#include "djinn/alloc.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -308,7 +309,7 @@ dj_status dj__meta_parse(dj__meta *m, const uint8_t *bytes, size_t len) {
     if (len == 0) return DJ_OK;
     dj_status st = dj_meta_validate(bytes, len);
     if (st != DJ_OK) return st;
-    if (!(m->bytes = malloc(len))) return dj_fail(DJ_ENOMEM, "out of memory");
+    if (!(m->bytes = dj_malloc(len))) return dj_fail(DJ_ENOMEM, "out of memory");
     memcpy(m->bytes, bytes, len);
     if (!msgpack_zone_init(&m->zone, 4096)) {
         free(m->bytes);
@@ -442,7 +443,7 @@ dj_status dj__meta_ids(const dj__meta *m, const char *key, bool required, int32_
     if (o->type != MSGPACK_OBJECT_ARRAY) return wrong(key, "an array of token ids");
     const uint32_t k = o->via.array.size;
     if (k == 0) return DJ_OK;
-    int32_t *v = malloc((size_t)k * sizeof *v);
+    int32_t *v = dj_malloc((size_t)k * sizeof *v);
     if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < k; i++) {
         uint64_t x;

@@ -3,6 +3,7 @@
  * worker, writes replies with scatter-gather writes, and shuts down cleanly. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include "djinn/alloc.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -103,7 +104,7 @@ static void on_clock(uv_check_t *h) {
 }
 
 dj_status dj__map_init(dj__map *m, size_t n_buckets) {
-    m->b = calloc(n_buckets, sizeof *m->b);
+    m->b = dj_calloc(n_buckets, sizeof *m->b);
     m->n_buckets = n_buckets;
     m->n = 0;
     return m->b ? DJ_OK : dj_fail(DJ_ENOMEM, "out of memory");
@@ -131,7 +132,7 @@ void *dj__map_get(const dj__map *m, uint64_t key) {
 }
 
 dj_status dj__map_put(dj__map *m, uint64_t key, void *val) {
-    dj__ment *e = malloc(sizeof *e);
+    dj__ment *e = dj_malloc(sizeof *e);
     if (!e) return dj_fail(DJ_ENOMEM, "out of memory");
     size_t b = bucket(m, key);
     e->key = key;
@@ -170,7 +171,7 @@ size_t dj__conn_handles(dj__server *s, uint64_t conn) {
 }
 
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w) {
-    dj__out *o = calloc(1, sizeof *o);
+    dj__out *o = dj_calloc(1, sizeof *o);
     if (!o) {
         dj__mw_destroy(w);
         return NULL;
@@ -260,7 +261,7 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
         if (over) conn_close(c);
         return;
     }
-    wreq *r = calloc(1, sizeof *r);
+    wreq *r = dj_calloc(1, sizeof *r);
     if (!r) {
         free(meta);
         conn_close(c);
@@ -813,7 +814,7 @@ static void handle_frame(dj__conn *c) {
     default:
         break;
     }
-    dj__job *j = calloc(1, sizeof *j);
+    dj__job *j = dj_calloc(1, sizeof *j);
     if (!j) {
         dj__meta_destroy(&m);
         free(body);
@@ -868,7 +869,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->payload_checked = false;
             /* Grow with what arrives, not with what the header claims. */
             c->body_cap = c->body_len < READ_CHUNK ? c->body_len : READ_CHUNK;
-            c->body = malloc(c->body_cap ? c->body_cap : 1);
+            c->body = dj_malloc(c->body_cap ? c->body_cap : 1);
             if (!c->body) {
                 send_error(c, c->h.request_id, 0, dj_fail(DJ_ENOMEM, "out of memory"), true);
                 return;
@@ -882,7 +883,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             uint64_t cap = c->body_cap * 2;
             if (cap < c->body_got + k) cap = c->body_got + k;
             if (cap > c->body_len) cap = c->body_len;
-            uint8_t *nb = realloc(c->body, cap);
+            uint8_t *nb = dj_realloc(c->body, cap);
             if (!nb) {
                 send_error(c, c->h.request_id, 0, dj_fail(DJ_ENOMEM, "out of memory"), true);
                 return;
@@ -902,7 +903,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->hdr_got = 0;
             handle_frame(c);
             if (n && !c->closing && !may_read(c)) {
-                uint8_t *r = malloc(n);
+                uint8_t *r = dj_malloc(n);
                 if (!r) {
                     conn_close(c);
                     return;
@@ -984,7 +985,7 @@ static uint64_t peer_key(dj__conn *c, bool *local) {
 static void on_connection(uv_stream_t *server, int status) {
     dj__server *s = server->data;
     if (status < 0 || s->stopping) return;
-    dj__conn *c = calloc(1, sizeof *c);
+    dj__conn *c = dj_calloc(1, sizeof *c);
     if (!c) return;
     c->srv = s;
     c->id = ++s->next_conn;
@@ -1210,7 +1211,7 @@ static dj_status listen_on(dj__server *s) {
 }
 
 int dj__serve_main(int argc, char **argv) {
-    dj__server *s = calloc(1, sizeof *s);
+    dj__server *s = dj_calloc(1, sizeof *s);
     if (!s) return 1;
     int r = dj__parse_args(argc, argv, &s->cfg);
     if (r) {

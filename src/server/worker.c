@@ -4,6 +4,7 @@
  * leases, models shared by fingerprint, result handles, stats. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include "djinn/alloc.h"
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -186,7 +187,7 @@ static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out,
     if (st != DJ_OK) return st;
     dj__model_ent *e = model_find(s, name);
     if (!e) {
-        e = calloc(1, sizeof *e);
+        e = dj_calloc(1, sizeof *e);
         if (!e) {
             dj_model_release(s->engine, *m);
             *m = NULL;
@@ -368,7 +369,7 @@ static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_
     if (ss->n_hist + n > ss->cap_hist) {
         size_t cap = ss->cap_hist ? ss->cap_hist : 256;
         while (cap < ss->n_hist + n) cap *= 2;
-        int32_t *h = realloc(ss->hist, cap * sizeof *h);
+        int32_t *h = dj_realloc(ss->hist, cap * sizeof *h);
         if (!h) return dj_fail(DJ_ENOMEM, "out of memory for the session's history");
         ss->hist = h;
         ss->cap_hist = (uint32_t)cap;
@@ -408,7 +409,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         return dj_fail(DJ_ERANGE, "expected_tokens %u exceeds the model's %u positions", ctx,
                        c->max_position_embeddings);
     }
-    dj__sess *ss = calloc(1, sizeof *ss);
+    dj__sess *ss = dj_calloc(1, sizeof *ss);
     if (!ss) st = dj_fail(DJ_ENOMEM, "out of memory");
     if (st == DJ_OK) st = dj_session_new(s->engine, m, ctx, 0, &ss->es);
     if (load) dj_model_release(s->engine, m); /* the session holds its own reference */
@@ -476,7 +477,7 @@ static dj_status do_close(dj__server *s, dj__job *j, bool *foreign) {
  * session's pending token, then the request's. *n_new: without the history. */
 static dj_status feed_ids(dj__sess *ss, const int32_t *ids, size_t n, int32_t **out, size_t *n_out) {
     const size_t h = ss->dropped ? ss->n_hist : 0, extra = ss->pending >= 0 ? 1 : 0;
-    int32_t *v = malloc((h + n + extra + 1) * sizeof *v);
+    int32_t *v = dj_malloc((h + n + extra + 1) * sizeof *v);
     if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
     if (h) memcpy(v, ss->hist, h * sizeof *v);
     if (extra) v[h] = ss->pending;
@@ -505,7 +506,7 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
                                                (unsigned long long)j->payload_len);
         if (dj__meta_get(&j->meta, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
         n = j->payload_len / 4;
-        ids = malloc(n * sizeof *ids);
+        ids = dj_malloc(n * sizeof *ids);
         if (!ids) return dj_fail(DJ_ENOMEM, "out of memory");
         for (size_t i = 0; i < n; i++) {
             const uint8_t *p = j->payload + 4 * i;
@@ -563,8 +564,8 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         }
     }
     if (want_logits) {
-        h = calloc(1, sizeof *h);
-        if (!h || !(h->bytes = malloc((size_t)rows * vocab * sizeof(float)))) {
+        h = dj_calloc(1, sizeof *h);
+        if (!h || !(h->bytes = dj_malloc((size_t)rows * vocab * sizeof(float)))) {
             free(h);
             st = dj_fail(DJ_ENOMEM, "out of host memory for a %llu x %u logits handle", (unsigned long long)rows,
                          vocab);
@@ -711,7 +712,7 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__meta *m = &j->meta;
     const char *prompt = NULL;
     size_t plen = 0;
-    dj__gen *g = calloc(1, sizeof *g);
+    dj__gen *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
     g->max_tokens = DEFAULT_MAX_TOKENS;
@@ -1059,7 +1060,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     if (f) {
         dj_vmu_print_stats(vmu, f);
         fclose(f);
-        char *clean = malloc(map_len + 1);
+        char *clean = dj_malloc(map_len + 1);
         if (clean) {
             dj__scrub_message(map, clean, map_len + 1);
             dj__mw_str(w, "map", clean);
