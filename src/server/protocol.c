@@ -243,11 +243,37 @@ dj_status dj_meta_validate(const uint8_t *meta, uint64_t len) {
 
 /* ---- writer ---- */
 
+/* msgpack_sbuffer_write's work through dj_realloc (the sbuffer's own is inline
+ * realloc, out of the fault hook's reach); a failed write empties the buffer
+ * for good, so no frame is ever sent with a value missing from its middle. */
+static int mw_write(void *data, const char *buf, size_t len) {
+    dj__mw *w = data;
+    msgpack_sbuffer *sb = &w->sb;
+    if (w->oom) return -1;
+    if (sb->alloc - sb->size < len) {
+        size_t cap = sb->alloc ? sb->alloc : 256;
+        while (cap - sb->size < len) cap *= 2;
+        char *p = dj_realloc(sb->data, cap);
+        if (!p) {
+            msgpack_sbuffer_destroy(sb);
+            msgpack_sbuffer_init(sb);
+            w->oom = true;
+            return -1;
+        }
+        sb->data = p;
+        sb->alloc = cap;
+    }
+    memcpy(sb->data + sb->size, buf, len);
+    sb->size += len;
+    return 0;
+}
+
 void dj__mw_init(dj__mw *w) {
     msgpack_sbuffer_init(&w->sb);
-    msgpack_packer_init(&w->pk, &w->sb, msgpack_sbuffer_write);
+    msgpack_packer_init(&w->pk, w, mw_write);
+    w->oom = false;
     static const char map32[5] = {(char)0xdf, 0, 0, 0, 0};
-    msgpack_sbuffer_write(&w->sb, map32, sizeof map32);
+    mw_write(w, map32, sizeof map32);
     w->n_keys = 0;
 }
 

@@ -171,12 +171,12 @@ size_t dj__conn_handles(dj__server *s, uint64_t conn) {
 }
 
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w) {
-    dj__out *o = dj_calloc(1, sizeof *o);
+    dj__mw_finish(w);
+    dj__out *o = w->sb.data ? dj_calloc(1, sizeof *o) : NULL; /* no data: the writer found no memory */
     if (!o) {
         dj__mw_destroy(w);
         return NULL;
     }
-    dj__mw_finish(w);
     o->conn = conn;
     o->h.magic = DJ_PROTO_MAGIC;
     o->h.version = DJ_PROTO_VERSION;
