@@ -1210,7 +1210,15 @@ static dj_status listen_on(dj__server *s) {
     return DJ_OK;
 }
 
+/* libuv's own allocations (its handles' queues, uv_write's buffer lists,
+ * its thread pool) through alloc.h, so the fault hook reaches them too. */
+static void *uv_malloc_fn(size_t n) { return dj_malloc(n); }
+static void *uv_realloc_fn(void *p, size_t n) { return dj_realloc(p, n); }
+static void *uv_calloc_fn(size_t n, size_t size) { return dj_calloc(n, size); }
+static void uv_free_fn(void *p) { dj_free(p); }
+
 int dj__serve_main(int argc, char **argv) {
+    uv_replace_allocator(uv_malloc_fn, uv_realloc_fn, uv_calloc_fn, uv_free_fn); /* before any other uv call */
     dj__server *s = dj_calloc(1, sizeof *s);
     if (!s) return 1;
     int r = dj__parse_args(argc, argv, &s->cfg);
