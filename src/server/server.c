@@ -982,21 +982,53 @@ static uint64_t peer_key(dj__conn *c, bool *local) {
     return 0;
 }
 
+static void on_connection(uv_stream_t *server, int status);
+
+static void on_refuse_closed(uv_handle_t *h) {
+    dj__server *s = h->data;
+    s->refuse_busy = false;
+    if (s->accept_stalled && !s->stopping) {
+        s->accept_stalled = false;
+        on_connection((uv_stream_t *)&s->listener, 0);
+    }
+}
+
+/* The pending connection accepted and closed at once, with no memory of its
+ * own (see dj__server.refuse); while refuse is still closing, once it closed. */
+static void refuse_pending(dj__server *s, uv_stream_t *server) {
+    DJ_LOG(WARN, "a connection refused: out of memory");
+    if (s->refuse_busy) {
+        s->accept_stalled = true;
+        return;
+    }
+    int rc = s->is_unix ? uv_pipe_init(&s->loop, &s->refuse.pipe, 0) : uv_tcp_init(&s->loop, &s->refuse.tcp);
+    if (rc < 0) return; /* no handle to accept into: libuv keeps the connection pending */
+    s->refuse.handle.data = s;
+    s->refuse_busy = true;
+    uv_accept(server, (uv_stream_t *)&s->refuse);
+    uv_close(&s->refuse.handle, on_refuse_closed);
+}
+
 static void on_connection(uv_stream_t *server, int status) {
     dj__server *s = server->data;
     if (status < 0 || s->stopping) return;
     dj__conn *c = dj_calloc(1, sizeof *c);
-    if (!c) return;
+    if (!c) {
+        refuse_pending(s, server);
+        return;
+    }
     c->srv = s;
     c->id = ++s->next_conn;
     int rc = s->is_unix ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
     if (rc < 0) {
         free(c);
+        refuse_pending(s, server);
         return;
     }
     c->u.handle.data = c;
     if (dj__map_put(&s->conns, c->id, c) != DJ_OK) {
         uv_close(&c->u.handle, free_on_close);
+        refuse_pending(s, server);
         return;
     }
     s->n_conns++;
@@ -1004,7 +1036,12 @@ static void on_connection(uv_stream_t *server, int status) {
     dj_status st = dj__map_put(&s->live_conns, c->id, (void *)1);
     if (st == DJ_OK) s->metrics.connections++;
     pthread_mutex_unlock(&s->mu);
-    if (st != DJ_OK || uv_accept(server, &c->u.stream) < 0) {
+    if (st != DJ_OK) {
+        conn_close(c);
+        refuse_pending(s, server);
+        return;
+    }
+    if (uv_accept(server, &c->u.stream) < 0) {
         conn_close(c);
         return;
     }

@@ -274,6 +274,16 @@ typedef struct dj__server {
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } listener;
+    /* A connection the loop has no memory for is accepted into this handle and
+     * closed at once: libuv takes no new connection until the pending one is
+     * accepted, so leaving it would stop the listener for good. */
+    union {
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+        uv_handle_t handle;
+    } refuse;
+    bool refuse_busy;    /* refuse is open or closing */
+    bool accept_stalled; /* a connection waits for refuse's close to be accepted */
     bool is_unix;
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
