@@ -1104,6 +1104,40 @@ static void on_tick(uv_timer_t *t) {
 
 /* ---- worker -> loop ---- */
 
+/* The answers the worker lost for want of memory (dj__server.lost), after
+ * the frames it posted before them. */
+static void answer_lost(dj__server *s) {
+    pthread_mutex_lock(&s->mu);
+    const uint32_t n = s->n_lost;
+    const bool overflow = s->lost_overflow;
+    uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+        conn[i] = s->lost[i].conn;
+        req[i] = s->lost[i].req;
+    }
+    s->n_lost = 0;
+    s->lost_overflow = false;
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        dj__conn *c = dj__map_get(&s->conns, conn[i]);
+        if (!c || c->closing || uv_is_closing(&c->u.handle)) continue;
+        if (c->inflight) c->inflight--;
+        dj__out *o = dj__out_error(c->id, req[i], DJ_ENOMEM, "out of memory building the answer", false);
+        if (!o) {
+            conn_close(c);
+            continue;
+        }
+        send_out(c, o);
+        conn_pump(c);
+    }
+    if (overflow)
+        for (size_t b = 0; b < s->conns.n_buckets; b++)
+            for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+                dj__conn *c = e->val;
+                if (c->inflight && !c->closing && !uv_is_closing(&c->u.handle)) conn_close(c);
+            }
+}
+
 static void on_wake(uv_async_t *a) {
     dj__server *s = a->data;
     pthread_mutex_lock(&s->mu);
@@ -1124,6 +1158,7 @@ static void on_wake(uv_async_t *a) {
         }
         o = next;
     }
+    answer_lost(s);
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {

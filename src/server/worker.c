@@ -59,9 +59,33 @@ static void post_locked(dj__server *s, dj__out *o) {
     if (!s->stopping) uv_async_send(&s->wake); /* when stopping, the loop drains the list itself */
 }
 
-static void post(dj__server *s, dj__out *o) {
+/* A frame of j's answer; NULL when it could not be built (no memory): the
+ * loop then answers j with an ENOMEM ERROR (on_wake), and j's later frames
+ * are dropped, so the client never waits for a frame that will not come. */
+static void post_job_locked(dj__server *s, dj__job *j, dj__out *o) {
+    if (j->lost) {
+        if (o) free(o->meta);
+        free(o);
+        return;
+    }
+    if (o) {
+        post_locked(s, o);
+        return;
+    }
+    j->lost = true;
+    if (s->n_lost < DJ__LOST_MAX) {
+        s->lost[s->n_lost].conn = j->conn;
+        s->lost[s->n_lost].req = j->req;
+        s->n_lost++;
+    } else {
+        s->lost_overflow = true;
+    }
+    if (!s->stopping) uv_async_send(&s->wake);
+}
+
+static void post_job(dj__server *s, dj__job *j, dj__out *o) {
     pthread_mutex_lock(&s->mu);
-    post_locked(s, o);
+    post_job_locked(s, j, o);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -148,7 +172,7 @@ void dj__enqueue(dj__server *s, dj__job *j) {
 
 static void reply(dj__server *s, dj__job *j, dj__mw *w) {
     dj__metrics_count(&s->metrics, j->type, DJ_OK);
-    post(s, dj__out_meta(j->conn, DJ_MSG_REPLY, j->req, w));
+    post_job(s, j, dj__out_meta(j->conn, DJ_MSG_REPLY, j->req, w));
 }
 
 static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_after) {
@@ -156,7 +180,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
     DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
-    post(s, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
+    post_job(s, j, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
 }
 
 /* ---- models ---- */
@@ -256,7 +280,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         if (dj__map_get(&s->live_conns, j->conn)) {
             dj__metrics_count(&s->metrics, j->type, why);
-            post_locked(s, dj__out_error(j->conn, j->req, why, msg, false));
+            post_job_locked(s, j, dj__out_error(j->conn, j->req, why, msg, false));
         }
         dj__job_free(j);
     }
@@ -659,7 +683,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     size_t n = 0;
     if (dj_gen_text_rest(g->g, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
-    post(s, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
+    post_job(s, j, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
 }
 
 /* What a step did to one generation: timings, its TOKEN, its DONE. True
@@ -696,7 +720,7 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
             msgpack_pack_array(&w.pk, lp->n_top);
             for (uint32_t k = 0; k < lp->n_top; k++) msgpack_pack_double(&w.pk, lp->top_logprob[k]);
         }
-        post(s, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
+        post_job(s, j, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
         pthread_mutex_lock(&s->metrics.mu);
         s->metrics.tokens++;
         pthread_mutex_unlock(&s->metrics.mu);
