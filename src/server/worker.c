@@ -237,18 +237,27 @@ static void model_ent_maybe_drop(dj__server *s, dj__model_ent *e) {
     free(e);
 }
 
+/* The model's tokenizer (NULL: it has none, or, with e->tok_tried still
+ * false, there was no memory to read it: tried again at the next use) and
+ * its EOS ids, read at first use. */
 static const dj_tokenizer_t *model_tokenizer(dj__server *s, dj__model_ent *e) {
     if (!e->tok_tried) {
-        e->tok_tried = true;
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s/tokenizer.json", s->cfg.models, e->name);
         struct stat sb;
-        if (stat(path, &sb) == 0 && dj_tokenizer_load(path, &e->tok) != DJ_OK)
+        dj_status st = DJ_OK, st_eos;
+        if (stat(path, &sb) == 0 && (st = dj_tokenizer_load(path, &e->tok)) != DJ_OK)
             DJ_LOG(WARN, "model %s: tokenizer: %s", e->name, dj_last_error());
         snprintf(path, sizeof path, "%s/%s", s->cfg.models, e->name);
-        if (dj_gen_eos_ids(path, dj_model_get_config(e->m), e->eos, sizeof e->eos / sizeof *e->eos, &e->n_eos) !=
-            DJ_OK)
+        if ((st_eos = dj_gen_eos_ids(path, dj_model_get_config(e->m), e->eos, sizeof e->eos / sizeof *e->eos,
+                                     &e->n_eos)) != DJ_OK)
             DJ_LOG(WARN, "model %s: no EOS ids: %s", e->name, dj_last_error());
+        e->tok_tried = st != DJ_ENOMEM && st_eos != DJ_ENOMEM;
+        if (!e->tok_tried) {
+            dj_tokenizer_free(e->tok);
+            e->tok = NULL;
+            e->n_eos = 0;
+        }
     }
     return e->tok;
 }
@@ -749,6 +758,8 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (prompt) {
         const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
+        if (!tok && !ss->ment->tok_tried)
+            return dj_fail(DJ_ENOMEM, "model %s: no memory to read its tokenizer", ss->ment->name);
         if (!tok) return dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
         const bool first = sess_pos(ss) == 0 && ss->pending < 0;
         if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &g->ids, &g->n_ids)) != DJ_OK) return st;
