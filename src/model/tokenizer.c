@@ -185,7 +185,10 @@ dj_status dj__tok_regex(const char *pat, size_t len, bool literal, pcre2_code **
     *out = NULL;
     dj__sbuf b = {0};
     dj_status st = literal ? dj__sbuf_put(&b, pat, len) : rewrite_ws(pat, len, &b);
-    if (st) return st;
+    if (st) {
+        dj__sbuf_free(&b);
+        return st;
+    }
     int err = 0;
     PCRE2_SIZE off = 0;
     uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
