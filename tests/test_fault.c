@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "djinn/alloc.h"
+#include "djinn/tokenizer.h"
 #include "server/proto_impl.h"
 #include "server/serve.h"
 #include "daemon_util.h"
@@ -102,6 +103,19 @@ static outcome frame_outcome(const dj_test_frame *f, int want, char *why, size_t
     return OUT_BAD;
 }
 
+/* One send for header and metadata: two small sends in a row wait out the
+ * peer's delayed ACK (Nagle), 40 ms a request. */
+static bool send_frame(int fd, uint16_t type, uint64_t req, const void *meta, size_t mlen) {
+    dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = DJ_PROTO_VERSION, .type = type,
+                         .meta_len = (uint32_t)mlen, .request_id = req};
+    uint8_t b[DJ_FRAME_HEADER_BYTES + 512];
+    if (mlen > sizeof b - DJ_FRAME_HEADER_BYTES) return false;
+    dj_frame_header_encode(&h, b);
+    if (mlen) memcpy(b + DJ_FRAME_HEADER_BYTES, meta, mlen);
+    const size_t n = DJ_FRAME_HEADER_BYTES + mlen;
+    return send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n;
+}
+
 /* errno tells a timeout (EAGAIN) from EOF */
 static dj_test_frame read_frame(int fd, const char *key) {
     errno = 0;
@@ -125,7 +139,7 @@ static uint64_t open_session(int fd) {
     dj__mw_str(&w, "model", "demo");
     dj__mw_u64(&w, "expected_tokens", 32);
     const size_t n = dj_test_meta_of(&w, m);
-    if (!dj_test_raw_send(fd, DJ_MSG_SESSION_OPEN, 2, m, n, 0)) return 0;
+    if (!send_frame(fd, DJ_MSG_SESSION_OPEN, 2, m, n)) return 0;
     dj_test_frame f = read_frame(fd, "session");
     return f.type == DJ_MSG_REPLY ? f.val : 0;
 }
@@ -148,7 +162,7 @@ static outcome run_stats(void (*arm_fn)(void), char *why, size_t cap) {
     if (fd < 0) return snprintf(why, cap, "setup: HELLO failed"), OUT_BAD;
     arm_fn();
     outcome o = OUT_BAD;
-    if (dj_test_raw_send(fd, DJ_MSG_STATS, 3, NULL, 0, 0)) {
+    if (send_frame(fd, DJ_MSG_STATS, 3, NULL, 0)) {
         dj_test_frame f = read_frame(fd, NULL);
         o = frame_outcome(&f, DJ_MSG_REPLY, why, cap);
     }
@@ -167,7 +181,7 @@ static outcome run_open(void (*arm_fn)(void), char *why, size_t cap) {
     const size_t n = dj_test_meta_of(&w, m);
     arm_fn();
     outcome o = OUT_BAD;
-    if (dj_test_raw_send(fd, DJ_MSG_SESSION_OPEN, 2, m, n, 0)) {
+    if (send_frame(fd, DJ_MSG_SESSION_OPEN, 2, m, n)) {
         dj_test_frame f = read_frame(fd, "session");
         o = frame_outcome(&f, DJ_MSG_REPLY, why, cap);
     }
@@ -194,7 +208,7 @@ static outcome run_generate(void (*arm_fn)(void), char *why, size_t cap) {
     const size_t n = dj_test_meta_of(&w, m);
     arm_fn();
     outcome o = OUT_BAD;
-    if (dj_test_raw_send(fd, DJ_MSG_GENERATE, 4, m, n, 0)) {
+    if (send_frame(fd, DJ_MSG_GENERATE, 4, m, n)) {
         dj_test_frame f;
         do f = read_frame(fd, NULL);
         while (f.type == DJ_MSG_TOKEN);
@@ -228,6 +242,31 @@ static outcome run_http(void (*arm_fn)(void), char *why, size_t cap) {
     return o;
 }
 
+/* The tokenizer's load itself, on this thread (counted for the call). The
+ * daemon reads a model's tokenizer.json at the first text GENERATE after the
+ * model was loaded: the demo model is unloaded with its last session, so every
+ * GENERATE above reads it again, inside the daemon. */
+static outcome run_tokenizer(void (*arm_fn)(void), char *why, size_t cap) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/models/demo/tokenizer.json", DJ_SOURCE_DIR);
+    dj_tokenizer_t *tok = NULL;
+    dj_alloc_thread_exempt(false);
+    arm_fn();
+    dj_status st = dj_tokenizer_load(path, &tok);
+    dj_alloc_thread_exempt(true);
+    if (st != DJ_OK) {
+        snprintf(why, cap, "%s: %s", dj_status_name(st), dj_last_error());
+        return st == DJ_ENOMEM && !tok ? OUT_ERROR : OUT_BAD;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    st = dj_tokenizer_encode(tok, "Once upon", 9, true, &ids, &n);
+    free(ids);
+    dj_tokenizer_free(tok);
+    if (st != DJ_OK || n < 2) return snprintf(why, cap, "the tokenizer loaded does not encode"), OUT_BAD;
+    return OUT_OK;
+}
+
 /* ---- the fault loop ---- */
 
 static void leak_check(const char *name) {
@@ -243,6 +282,7 @@ static void leak_check(const char *name) {
  * hang or a wrong frame) and the same request served again unfaulted. */
 static void fault_all(const request *rq, uint64_t max_n) {
     char why[512];
+    const double t0 = dj_test_now_s(); /* printed, never judged */
     armed_n = 0;
     outcome o = rq->run(arm, why, sizeof why);
     const uint64_t count = dj_alloc_counted();
@@ -275,9 +315,10 @@ static void fault_all(const request *rq, uint64_t max_n) {
         if (again != OUT_OK || o == OUT_BAD) break; /* what follows would only repeat it */
     }
     CHECK_MSG(n <= max_n, "%s: still faulting past %llu allocations", rq->name, (unsigned long long)max_n);
-    printf("%-16s %4llu allocations unfaulted; n = 1..%llu failed: %d answered ok, %d errors, %d closed, %d bad\n",
+    printf("%-16s %4llu allocations unfaulted; n = 1..%llu failed: %d answered ok, %d errors, %d closed, %d bad "
+           "(%.1f s)\n",
            rq->name, (unsigned long long)count, (unsigned long long)(n - 1), seen[OUT_OK], seen[OUT_ERROR],
-           seen[OUT_CLOSED], seen[OUT_BAD]);
+           seen[OUT_CLOSED], seen[OUT_BAD], dj_test_now_s() - t0);
     fflush(stdout);
     leak_check(rq->name);
 }
@@ -303,6 +344,7 @@ int main(void) {
             {"SESSION_OPEN", run_open},
             {"GENERATE", run_generate},
             {"HTTP completions", run_http},
+            {"tokenizer load", run_tokenizer},
         };
         const char *only = getenv("DJ_FAULT_ONLY"); /* one request by name, to chase a failure */
         for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++)
