@@ -24,7 +24,10 @@ void *dj__arena_alloc(dj__arena *a, size_t n) {
     if (!c || c->size - c->used < n) {
         size_t size = n > 65536 ? n : 65536;
         c = dj_malloc(sizeof *c + size);
-        if (!c) return NULL;
+        if (!c) {
+            a->nomem = true;
+            return NULL;
+        }
         c->next = a->head;
         c->used = 0;
         c->size = size;

@@ -307,6 +307,10 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
         if (!vj) return 500;
         dj_status st = dj_chat_template_render(m->tpl, vj, strlen(vj), &text, &len);
         free(vj);
+        if (st == DJ_ENOMEM) {
+            snprintf(err, cap, "out of memory rendering the chat template of '%s'", m->name);
+            return 503;
+        }
         if (st != DJ_OK) {
             snprintf(err, cap, "the chat template of '%s' refused these messages: %s", m->name, dj_last_error());
             return 400;
@@ -314,6 +318,10 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
     }
     dj_status st = dj_tokenizer_encode(m->tok, text, len, !o->chat, &o->ids, &o->n_ids);
     if (o->chat) free(text);
+    if (st == DJ_ENOMEM) {
+        snprintf(err, cap, "out of memory tokenizing the prompt");
+        return 503;
+    }
     if (st != DJ_OK) {
         snprintf(err, cap, "the prompt cannot be tokenized: %s", dj_last_error());
         return 400;
