@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "djinn/alloc.h"
@@ -45,10 +46,34 @@ static void *daemon_main(void *arg) {
     return NULL;
 }
 
+/* A model store in tmpdir: demo, and demo-chat (its files, and a chat template
+ * for /v1/chat/completions). */
+static bool make_store(char *store, size_t cap) {
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"};
+    char p[600], q[600];
+    snprintf(store, cap, "%s/store", tmpdir);
+    snprintf(p, sizeof p, "%s/demo", store);
+    if (mkdir(store, 0700) || symlink(DJ_SOURCE_DIR "/models/demo", p)) return false;
+    snprintf(p, sizeof p, "%s/demo-chat", store);
+    if (mkdir(p, 0700)) return false;
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/demo-chat/%s", store, files[i]);
+        snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
+        if (symlink(q, p)) return false;
+    }
+    snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
+    FILE *f = fopen(p, "w");
+    if (!f) return false;
+    fprintf(f, "{\"bos_token\": \"<|bos|>\", \"eos_token\": \"<|eos|>\", \"chat_template\": \"{{ bos_token }}"
+               "{%% for m in messages %%}{{ m.role }}: {{ m.content | trim }}\\n{%% endfor %%}"
+               "{%% if add_generation_prompt %%}assistant:{%% endif %%}\"}\n");
+    return fclose(f) == 0;
+}
+
 static bool start_daemon(pthread_t *th) {
     static char port_file[300], models[300];
     snprintf(port_file, sizeof port_file, "%s/port", tmpdir);
-    snprintf(models, sizeof models, "%s/models", DJ_SOURCE_DIR);
+    if (!make_store(models, sizeof models)) return false;
     const char *args[] = {"djinnd", "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", models,
                           "--vmu-gb", "256m", "--threads", "1", "--http", "127.0.0.1:0", "--http-reuse", "0", NULL};
     for (daemon_argc = 0; args[daemon_argc]; daemon_argc++) daemon_argv[daemon_argc] = (char *)args[daemon_argc];
@@ -228,7 +253,31 @@ static outcome run_http(void (*arm_fn)(void), char *why, size_t cap) {
     outcome o;
     if (r.status == 200 && r.body && strstr(r.body, "\"text_completion\"")) {
         o = OUT_OK;
-    } else if (r.status >= 400 && r.body && strstr(r.body, "\"error\"")) {
+    } else if (r.status >= 500 && r.body && strstr(r.body, "\"error\"")) { /* 4xx: the client's fault, not this */
+        snprintf(why, cap, "HTTP %d %.200s", r.status, r.body);
+        o = OUT_ERROR;
+    } else if (r.status == 0) {
+        snprintf(why, cap, "connection closed with no answer");
+        o = OUT_CLOSED;
+    } else {
+        snprintf(why, cap, "HTTP %d %.200s", r.status, r.body ? r.body : "");
+        o = OUT_BAD;
+    }
+    dj_test_resp_free(&r);
+    return o;
+}
+
+/* POST /v1/chat/completions on demo-chat: its chat template rendered. */
+static outcome run_chat(void (*arm_fn)(void), char *why, size_t cap) {
+    arm_fn();
+    dj_test_resp r = dj_test_http_request(http_port, "POST", "/v1/chat/completions", NULL,
+                                          "{\"model\": \"demo-chat\", \"max_completion_tokens\": 2, "
+                                          "\"temperature\": 0, \"messages\": [{\"role\": \"user\", "
+                                          "\"content\": \" Hi \"}]}");
+    outcome o;
+    if (r.status == 200 && r.body && strstr(r.body, "\"chat.completion\"")) {
+        o = OUT_OK;
+    } else if (r.status >= 500 && r.body && strstr(r.body, "\"error\"")) { /* 4xx: the client's fault, not this */
         snprintf(why, cap, "HTTP %d %.200s", r.status, r.body);
         o = OUT_ERROR;
     } else if (r.status == 0) {
@@ -344,6 +393,7 @@ int main(void) {
             {"SESSION_OPEN", run_open},
             {"GENERATE", run_generate},
             {"HTTP completions", run_http},
+            {"HTTP chat", run_chat},
             {"tokenizer load", run_tokenizer},
         };
         const char *only = getenv("DJ_FAULT_ONLY"); /* one request by name, to chase a failure */
