@@ -139,7 +139,7 @@ static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     if (lp && lp->id == id) ev->logprobs = lp;
     if (g->ds) {
         size_t n = 0;
-        if (dj_detok_stream_push(g->ds, id, g->text, sizeof g->text, &n) == DJ_OK) {
+        if ((ev->text_st = dj_detok_stream_push(g->ds, id, g->text, sizeof g->text, &n)) == DJ_OK) {
             ev->text = g->text;
             ev->text_len = n;
         }

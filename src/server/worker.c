@@ -716,6 +716,10 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
             dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
         }
         g->t_last = now;
+        if (ev->text_st != DJ_OK && !j->lost) { /* a token without its text: the answer ends here, an error */
+            post_job(s, j, dj__out_error(j->conn, j->req, ev->text_st, dj_last_error(), false));
+            j->lost = true; /* its later frames are dropped */
+        }
         dj__mw w;
         dj__mw_init(&w);
         dj__mw_i64(&w, "id", ev->id);
