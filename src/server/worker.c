@@ -817,6 +817,10 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         goto done;
     }
     const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment); /* also reads the model's EOS ids */
+    if (!tok && !ss->ment->tok_tried) { /* no text and no EOS ids: not a generation to run */
+        st = dj_fail(DJ_ENOMEM, "model %s: no memory to read its tokenizer", ss->ment->name);
+        goto done;
+    }
     const uint32_t pos0 = dj_session_pos(ss->es), ctx = dj_session_max_ctx(ss->es);
     if (n_feed > ctx - pos0) { /* refused before any chunk runs */
         st = dj_fail(DJ_ERANGE, "prompt of %zu tokens does not fit: the session has %u of its %u positions left",
