@@ -495,6 +495,7 @@ static char *print(cJSON *r, size_t *len) {
 }
 
 char *dj__oai_response(const dj__oai *o, size_t *len) {
+    if (o->text.oom) return NULL; /* text (or logprobs) lost for want of memory: answered 503, never a hole */
     cJSON *r = head(o, o->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
@@ -572,6 +573,10 @@ static size_t holdback(const dj__oai *o) {
 }
 
 void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
+    if (o->text.oom) { /* text (or logprobs) lost for want of memory: the stream ends with an error */
+        out->oom = true;
+        return;
+    }
     if (o->chat && !o->role_sent) {
         chunk(o, "", 0, true, NULL, 0, 0, out);
         o->role_sent = true;
