@@ -108,6 +108,9 @@ typedef struct request {
 } request;
 
 static uint64_t armed_n; /* the allocation to fail; 0: count only */
+/* What an answered request said (token ids and text): a faulted run that
+ * answers ok must say what the unfaulted one did. Set by the run functions. */
+static char answer[1024];
 
 static void arm(void) {
     if (armed_n) dj_alloc_fail_nth(armed_n);
@@ -145,6 +148,32 @@ static bool send_frame(int fd, uint16_t type, uint64_t req, const void *meta, si
 static dj_test_frame read_frame(int fd, const char *key) {
     errno = 0;
     return dj_test_raw_frame(fd, key);
+}
+
+/* A frame, with a TOKEN's id in val and its text in text[cap]. */
+static dj_test_frame token_frame(int fd, char *text, size_t cap) {
+    dj_test_frame f = {.type = -1};
+    uint8_t b[DJ_FRAME_HEADER_BYTES], m[4096];
+    dj_frame_header h;
+    if (dj_test_raw_recv(fd, b, sizeof b) || dj_frame_header_decode(b, DJ_PROTO_MAX_REPLY_PAYLOAD, &h) != DJ_OK ||
+        h.meta_len + h.payload_len > sizeof m || dj_test_raw_recv(fd, m, h.meta_len + h.payload_len))
+        return f;
+    f.type = h.type;
+    dj__meta meta;
+    if (dj__meta_parse(&meta, m, h.meta_len) != DJ_OK) return f;
+    const char *t = NULL;
+    size_t n = 0;
+    dj__meta_i64(&meta, "status", false, &f.st);
+    dj__meta_u64(&meta, "id", false, &f.val);
+    if (dj__meta_str(&meta, f.type == DJ_MSG_ERROR ? "message" : "text", false, &t, &n) == DJ_OK && t) {
+        char *dst = f.type == DJ_MSG_ERROR ? f.msg : text;
+        const size_t c = f.type == DJ_MSG_ERROR ? sizeof f.msg : cap;
+        if (n >= c) n = c - 1;
+        memcpy(dst, t, n);
+        dst[n] = 0;
+    }
+    dj__meta_destroy(&meta);
+    return f;
 }
 
 static int connect_hello(void) {
@@ -235,36 +264,52 @@ static outcome run_generate(void (*arm_fn)(void), char *why, size_t cap) {
     outcome o = OUT_BAD;
     if (send_frame(fd, DJ_MSG_GENERATE, 4, m, n)) {
         dj_test_frame f;
-        do f = read_frame(fd, NULL);
-        while (f.type == DJ_MSG_TOKEN);
+        size_t at = 0;
+        for (;;) {
+            char text[64] = "";
+            errno = 0;
+            f = token_frame(fd, text, sizeof text);
+            if (f.type != DJ_MSG_TOKEN) break;
+            at += (size_t)snprintf(answer + at, at < sizeof answer ? sizeof answer - at : 0, "%llu '%s' ",
+                                   (unsigned long long)f.val, text);
+        }
         o = frame_outcome(&f, DJ_MSG_DONE, why, cap);
     }
     close(fd);
     return o;
 }
 
-/* POST /v1/completions through the OpenAI front door: 200, or an error status
- * with a JSON error body. */
+/* An OpenAI answer: 200 with mark in its body (its "key": string kept as the
+ * answer), or 5xx with a JSON error (4xx blames the client: not this). */
+static outcome http_outcome(dj_test_resp *r, const char *mark, const char *key, char *why, size_t cap) {
+    outcome o;
+    const char *k = r->body ? strstr(r->body, key) : NULL;
+    if (r->status == 200 && r->body && strstr(r->body, mark) && k) {
+        k += strlen(key);
+        const char *e = strchr(k, '"');
+        snprintf(answer, sizeof answer, "%.*s", e ? (int)(e - k) : 0, k);
+        o = OUT_OK;
+    } else if (r->status >= 500 && r->body && strstr(r->body, "\"error\"")) {
+        snprintf(why, cap, "HTTP %d %.200s", r->status, r->body);
+        o = OUT_ERROR;
+    } else if (r->status == 0) {
+        snprintf(why, cap, "connection closed with no answer");
+        o = OUT_CLOSED;
+    } else {
+        snprintf(why, cap, "HTTP %d %.200s", r->status, r->body ? r->body : "");
+        o = OUT_BAD;
+    }
+    dj_test_resp_free(r);
+    return o;
+}
+
+/* POST /v1/completions through the OpenAI front door. */
 static outcome run_http(void (*arm_fn)(void), char *why, size_t cap) {
     arm_fn();
     dj_test_resp r = dj_test_http_request(http_port, "POST", "/v1/completions", NULL,
                                           "{\"model\": \"demo\", \"prompt\": \"Once upon\", \"max_tokens\": 2, "
                                           "\"temperature\": 0}");
-    outcome o;
-    if (r.status == 200 && r.body && strstr(r.body, "\"text_completion\"")) {
-        o = OUT_OK;
-    } else if (r.status >= 500 && r.body && strstr(r.body, "\"error\"")) { /* 4xx: the client's fault, not this */
-        snprintf(why, cap, "HTTP %d %.200s", r.status, r.body);
-        o = OUT_ERROR;
-    } else if (r.status == 0) {
-        snprintf(why, cap, "connection closed with no answer");
-        o = OUT_CLOSED;
-    } else {
-        snprintf(why, cap, "HTTP %d %.200s", r.status, r.body ? r.body : "");
-        o = OUT_BAD;
-    }
-    dj_test_resp_free(&r);
-    return o;
+    return http_outcome(&r, "\"text_completion\"", "\"text\":\"", why, cap);
 }
 
 /* POST /v1/chat/completions on demo-chat: its chat template rendered. */
@@ -274,21 +319,7 @@ static outcome run_chat(void (*arm_fn)(void), char *why, size_t cap) {
                                           "{\"model\": \"demo-chat\", \"max_completion_tokens\": 2, "
                                           "\"temperature\": 0, \"messages\": [{\"role\": \"user\", "
                                           "\"content\": \" Hi \"}]}");
-    outcome o;
-    if (r.status == 200 && r.body && strstr(r.body, "\"chat.completion\"")) {
-        o = OUT_OK;
-    } else if (r.status >= 500 && r.body && strstr(r.body, "\"error\"")) { /* 4xx: the client's fault, not this */
-        snprintf(why, cap, "HTTP %d %.200s", r.status, r.body);
-        o = OUT_ERROR;
-    } else if (r.status == 0) {
-        snprintf(why, cap, "connection closed with no answer");
-        o = OUT_CLOSED;
-    } else {
-        snprintf(why, cap, "HTTP %d %.200s", r.status, r.body ? r.body : "");
-        o = OUT_BAD;
-    }
-    dj_test_resp_free(&r);
-    return o;
+    return http_outcome(&r, "\"chat.completion\"", "\"content\":\"", why, cap);
 }
 
 /* The tokenizer's load itself, on this thread (counted for the call). The
@@ -330,21 +361,27 @@ static void leak_check(const char *name) {
  * an answer (its reply, an error, or at worst a closed connection - never a
  * hang or a wrong frame) and the same request served again unfaulted. */
 static void fault_all(const request *rq, uint64_t max_n) {
-    char why[512];
+    char why[512], want[sizeof answer];
     const double t0 = dj_test_now_s(); /* printed, never judged */
     armed_n = 0;
+    answer[0] = 0;
     outcome o = rq->run(arm, why, sizeof why);
     const uint64_t count = dj_alloc_counted();
     dj_alloc_fail_nth(0);
+    memcpy(want, answer, sizeof want);
     CHECK_MSG(o == OUT_OK, "%s: unfaulted run: %s (%s)", rq->name, outcome_name[o], why);
     int seen[4] = {0};
     uint64_t n = 1;
     for (; n <= max_n; n++) {
-        why[0] = 0;
+        why[0] = answer[0] = 0;
         armed_n = n;
         o = rq->run(arm, why, sizeof why);
         const bool fired = dj_alloc_fault_fired();
         dj_alloc_fail_nth(0);
+        if (o == OUT_OK && strcmp(answer, want)) { /* absorbed, but not correctly */
+            snprintf(why, sizeof why, "answered '%s', unfaulted '%s'", answer, want);
+            o = OUT_BAD;
+        }
         if (!fired) {
             CHECK_MSG(o == OUT_OK, "%s: n=%llu, fault unfired: %s (%s)", rq->name, (unsigned long long)n,
                       outcome_name[o], why);
@@ -357,8 +394,13 @@ static void fault_all(const request *rq, uint64_t max_n) {
             printf("  %s n=%llu: %s %s\n", rq->name, (unsigned long long)n, outcome_name[o], why);
         char why2[512] = "";
         armed_n = 0;
-        const outcome again = rq->run(arm, why2, sizeof why2);
+        answer[0] = 0;
+        outcome again = rq->run(arm, why2, sizeof why2);
         dj_alloc_fail_nth(0);
+        if (again == OUT_OK && strcmp(answer, want)) {
+            snprintf(why2, sizeof why2, "answered '%s', before '%s'", answer, want);
+            again = OUT_BAD;
+        }
         CHECK_MSG(again == OUT_OK, "%s: after allocation %llu failed, not served again: %s (%s)", rq->name,
                   (unsigned long long)n, outcome_name[again], why2);
         if (again != OUT_OK || o == OUT_BAD) break; /* what follows would only repeat it */
