@@ -35,6 +35,9 @@ function(dj__server_link_late)
   if(TARGET test_hostile)
     target_link_libraries(test_hostile PRIVATE djinn_server) # the error-text scrubber is checked directly
   endif()
+  if(TARGET test_fault)
+    target_link_libraries(test_fault PRIVATE djinn_server) # the daemon runs in the test's process
+  endif()
   foreach(t bench_remote bench_serve bench_agents)
     if(TARGET ${t})
       # bench/support/ is outside the bench/*.c glob: not a program of its own
@@ -63,7 +66,7 @@ function(dj__server_link_late)
   endforeach()
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
        ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c
-       ${CMAKE_SOURCE_DIR}/tests/test_http_limits.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_http_limits.c ${CMAKE_SOURCE_DIR}/tests/test_fault.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

@@ -57,6 +57,7 @@ typedef struct dj_gen_event {
     size_t text_len;
     dj_gen_finish finish; /* != DJ_GEN_RUNNING: it ended at this step */
     const dj_token_logprobs *logprobs; /* with params' logprobs and id >= 0: id's; valid until the next step; else NULL */
+    dj_status text_st;  /* DJ_OK, or why id's text could not be made (no memory): the text has a hole from here on */
 } dj_gen_event;
 
 /* Token rows g adds to its next step: its next prompt chunk, or 1 (0 once ended). */

@@ -3,6 +3,7 @@
  * that keeps the connection's session leases alive. */
 #define _GNU_SOURCE
 #include "djinn/client.h"
+#include "djinn/alloc.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -151,7 +152,7 @@ static void *reader_main(void *arg) {
             mark_dead(c, "connection closed by djinnd");
             return NULL;
         }
-        frame *f = calloc(1, sizeof *f);
+        frame *f = dj_calloc(1, sizeof *f);
         if (!f) {
             mark_dead(c, "out of memory");
             return NULL;
@@ -170,7 +171,7 @@ static void *reader_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
         /* The waiting caller is blocked until `final`, so its sink stays valid. */
         const uint64_t keep = f->h.meta_len + (to_sink ? 0 : f->h.payload_len);
-        f->body = malloc(keep ? (size_t)keep : 1);
+        f->body = dj_malloc(keep ? (size_t)keep : 1);
         if (!f->body || read_full(c->fd, f->body, (size_t)f->h.meta_len) ||
             (to_sink ? read_full(c->fd, sink, (size_t)f->h.payload_len)
                      : read_full(c->fd, f->body + f->h.meta_len, (size_t)f->h.payload_len))) {
@@ -219,7 +220,7 @@ static dj_status begin(dj_client_t *c, uint16_t type, dj__mw *w, const void *pay
         dj__mw_destroy(w);
         return dj_fail(DJ_ENOMEM, "out of memory");
     }
-    pending *p = calloc(1, sizeof *p);
+    pending *p = dj_calloc(1, sizeof *p);
     if (!p) {
         dj__mw_destroy(w);
         return dj_fail(DJ_ENOMEM, "out of memory");
@@ -359,7 +360,7 @@ dj_status dj_client_connect(const char *addr, const char *token, dj_client_t **o
     socklen_t len;
     dj_status st = dj__addr_parse(addr, &ss, &len);
     if (st != DJ_OK) return st;
-    dj_client_t *c = calloc(1, sizeof *c);
+    dj_client_t *c = dj_calloc(1, sizeof *c);
     if (!c) return dj_fail(DJ_ENOMEM, "out of memory");
     c->fd = -1;
     pthread_mutex_init(&c->mu, NULL);
@@ -458,7 +459,7 @@ static dj_status read_models(const dj__meta *m, dj_client_model **models, size_t
     const msgpack_object *a = dj__meta_get(m, "models");
     if (!a || a->type != MSGPACK_OBJECT_ARRAY) return dj_fail(DJ_EFORMAT, "reply has no 'models' array");
     if (a->via.array.size == 0) return DJ_OK;
-    dj_client_model *v = calloc(a->via.array.size, sizeof *v);
+    dj_client_model *v = dj_calloc(a->via.array.size, sizeof *v);
     if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < a->via.array.size; i++) read_model(&a->via.array.ptr[i], &v[i]);
     *models = v;
@@ -583,7 +584,7 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
                                    dj_client_gen_t **out) {
     *out = NULL;
     if (!!p->prompt == !!p->ids) return dj_fail(DJ_EINVAL, "generate needs exactly one of prompt or ids");
-    dj_client_gen_t *g = calloc(1, sizeof *g);
+    dj_client_gen_t *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     dj__mw w;
     dj__mw_init(&w);
@@ -898,7 +899,7 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     st = read_models(&m, &out->models, &out->n_models);
     const msgpack_object *ss = dj__meta_get(&m, "sessions");
     if (st == DJ_OK && ss && ss->type == MSGPACK_OBJECT_ARRAY && ss->via.array.size) {
-        out->sessions = calloc(ss->via.array.size, sizeof *out->sessions);
+        out->sessions = dj_calloc(ss->via.array.size, sizeof *out->sessions);
         if (!out->sessions) st = dj_fail(DJ_ENOMEM, "out of memory");
         for (uint32_t i = 0; st == DJ_OK && i < ss->via.array.size; i++) {
             const msgpack_object *o = &ss->via.array.ptr[i];
@@ -948,7 +949,7 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     const char *map = NULL;
     size_t mn = 0;
     if (st == DJ_OK && dj__meta_str(&m, "map", false, &map, &mn) == DJ_OK && map) {
-        out->map = malloc(mn + 1);
+        out->map = dj_malloc(mn + 1);
         if (out->map) {
             memcpy(out->map, map, mn);
             out->map[mn] = '\0';

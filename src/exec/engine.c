@@ -2,6 +2,7 @@
  * and executing planned steps with every activation on the stack segment
  * (models are loaded in engine_load.c, sessions made in session.c). */
 #include "djinn/engine.h"
+#include "djinn/alloc.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -135,7 +136,7 @@ dj_status dj_engine_new(const dj_engine_config *cfg, dj_engine_t **out) {
                        "only 'cpu'"
 #endif
         );
-    dj_engine_t *e = calloc(1, sizeof *e);
+    dj_engine_t *e = dj_calloc(1, sizeof *e);
     if (!e) return dj_fail(DJ_ENOMEM, "out of memory");
     dj_status st = DJ_OK;
 #ifdef DJ_HAVE_CUDA
@@ -277,7 +278,7 @@ static dj_status ensure_args(dj_engine_t *e, uint32_t B, uint32_t n_layers) {
         dj_status st = e->be->vt->alloc(e->be, cap, &d);
         if (st != DJ_OK) return st;
         e->args_dev = d;
-        e->args_host = malloc(cap);
+        e->args_host = dj_malloc(cap);
         if (!e->args_host) return dj_fail(DJ_ENOMEM, "out of memory for %zu bytes of step arguments", cap);
         e->args_cap = cap;
     }
@@ -312,7 +313,7 @@ dj_status dj__engine_trace_area(dj_engine_t *e, size_t bytes, uint8_t **dev, uin
         e->trace_dev = d;
         if (e->be->vt->host_alloc && e->be->vt->host_free && e->be->vt->host_alloc(e->be, cap, &h) == DJ_OK) {
             e->trace_pinned = true;
-        } else if (!(h = malloc(cap))) {
+        } else if (!(h = dj_malloc(cap))) {
             trace_area_free(e);
             return dj_fail(DJ_ENOMEM, "out of host memory for %zu bytes of saved activations", cap);
         }
@@ -532,7 +533,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
     if ((size_t)count > e->calls_cap) {
-        dj_op_call *p = realloc(e->calls, (size_t)count * sizeof *p);
+        dj_op_call *p = dj_realloc(e->calls, (size_t)count * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step of %d calls", count);
         e->calls = p;
         e->calls_cap = (size_t)count;
@@ -598,7 +599,7 @@ static dj_status check_sampler(const dj_sampler_params *sp) { return sp ? dj_sam
 
 static dj_status host_logits(dj_engine_t *e, size_t floats, float **out) {
     if (floats > e->host_logits_cap) {
-        float *p = realloc(e->host_logits, floats * sizeof *p);
+        float *p = dj_realloc(e->host_logits, floats * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for %zu logits", floats);
         e->host_logits = p;
         e->host_logits_cap = floats;
@@ -678,7 +679,7 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     }
     if (device_sample) {
         if (B > e->sample_rows_cap) {
-            dj_sample_row *r = realloc(e->sample_rows, B * sizeof *r);
+            dj_sample_row *r = dj_realloc(e->sample_rows, B * sizeof *r);
             if (!r) return dj_fail(DJ_ENOMEM, "out of memory for %u sampling rows", B);
             e->sample_rows = r;
             e->sample_rows_cap = B;

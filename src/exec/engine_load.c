@@ -1,6 +1,7 @@
 /* engine_load.c: models into the engine's text segment - what a checkpoint
  * needs, loading (hashing threads, resident or streamed placement), release. */
 #include <pthread.h>
+#include "djinn/alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +30,8 @@ dj_status dj_model_estimate(const dj_checkpoint_t *ck, dj_dtype kv_dtype, uint32
     memset(needs, 0, sizeof *needs);
     const dj_model_config *c = dj_checkpoint_config(ck);
     const int n = dj__wslot_count(c);
-    dj_weight *w = calloc((size_t)n, sizeof *w);
-    char **names = calloc((size_t)n, sizeof *names);
+    dj_weight *w = dj_calloc((size_t)n, sizeof *w);
+    char **names = dj_calloc((size_t)n, sizeof *names);
     dj_graph_t *g = NULL;
     dj_status st = DJ_OK;
     if (!w || !names) {
@@ -161,7 +162,7 @@ static dj_status load_scales(dj_engine_t *e, dj_model_t *m, int n) {
         if (count > cap) {
             free(buf);
             cap = count;
-            if (!(buf = malloc(cap * sizeof *buf))) {
+            if (!(buf = dj_malloc(cap * sizeof *buf))) {
                 st = dj_fail(DJ_ENOMEM, "out of memory for %zu scales", count);
                 break;
             }
@@ -206,11 +207,11 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
     if (c->head_dim % 2 != 0 || c->head_dim == 0)
         return dj_fail(DJ_EUNSUPPORTED, "head_dim %u: RoPE needs an even head dimension", c->head_dim);
     const int n = dj__wslot_count(c);
-    dj_model_t *m = calloc(1, sizeof *m);
-    char **names = calloc((size_t)n, sizeof *names);
-    const dj_tensor_info **src = calloc((size_t)n, sizeof *src);
+    dj_model_t *m = dj_calloc(1, sizeof *m);
+    char **names = dj_calloc((size_t)n, sizeof *names);
+    const dj_tensor_info **src = dj_calloc((size_t)n, sizeof *src);
     float *inv_freq = NULL;
-    if (!m || !names || !src || !(m->w = calloc((size_t)n, sizeof *m->w))) {
+    if (!m || !names || !src || !(m->w = dj_calloc((size_t)n, sizeof *m->w))) {
         st = dj_fail(DJ_ENOMEM, "out of memory");
         goto fail;
     }
@@ -271,7 +272,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
         w->data = dst;
         if (w->computed) {
             free(inv_freq);
-            inv_freq = malloc(bytes);
+            inv_freq = dj_malloc(bytes);
             if (!inv_freq) {
                 st = dj_fail(DJ_ENOMEM, "out of memory");
                 goto fail_region;

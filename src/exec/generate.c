@@ -1,6 +1,7 @@
 /* generate.c: the one generation loop (generate.h) - prompt chunks and decode
  * rows of several generations in one engine step, stop rules, streaming text. */
 #include "djinn/generate.h"
+#include "djinn/alloc.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -51,13 +52,13 @@ dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, siz
     if ((p->n_stop && !p->stop_ids) || (p->n_eos && !p->eos_ids))
         return dj_fail(DJ_EINVAL, "dj_gen_new: NULL stop or EOS ids");
     const dj_model_config *c = dj_model_get_config(dj_session_model(s));
-    dj_gen_t *g = calloc(1, sizeof *g);
+    dj_gen_t *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     dj_status st = dj_sampler_new(&p->sampling, c->vocab_size, &g->smp);
     if (st != DJ_OK) goto fail;
     if (p->logprobs && (st = dj_sampler_set_logprobs(g->smp, p->top_logprobs)) != DJ_OK) goto fail;
     if (p->tok && (st = dj_detok_stream_new(p->tok, &g->ds)) != DJ_OK) goto fail;
-    if (!(g->feed = malloc(n_prompt * sizeof *g->feed))) {
+    if (!(g->feed = dj_malloc(n_prompt * sizeof *g->feed))) {
         st = dj_fail(DJ_ENOMEM, "out of memory for a prompt of %zu tokens", n_prompt);
         goto fail;
     }
@@ -125,7 +126,7 @@ static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     }
     if (g->n_gen == g->cap_ids) { /* kept for dj_gen_ids; a failed growth drops nothing else */
         const uint32_t cap = g->cap_ids ? 2 * g->cap_ids : 64;
-        int32_t *v = realloc(g->ids, (size_t)cap * sizeof *v);
+        int32_t *v = dj_realloc(g->ids, (size_t)cap * sizeof *v);
         if (v) {
             g->ids = v;
             g->cap_ids = cap;
@@ -138,7 +139,7 @@ static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     if (lp && lp->id == id) ev->logprobs = lp;
     if (g->ds) {
         size_t n = 0;
-        if (dj_detok_stream_push(g->ds, id, g->text, sizeof g->text, &n) == DJ_OK) {
+        if ((ev->text_st = dj_detok_stream_push(g->ds, id, g->text, sizeof g->text, &n)) == DJ_OK) {
             ev->text = g->text;
             ev->text_len = n;
         }
@@ -165,7 +166,7 @@ dj_status dj_gen_step(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_
             return dj_fail(DJ_EINTERNAL, "dj_gen_step: generation %u has nothing to feed", i);
         rows += dj_gen_rows(g);
     }
-    int32_t *ids = malloc(rows * sizeof *ids);
+    int32_t *ids = dj_malloc(rows * sizeof *ids);
     if (!ids) return dj_fail(DJ_ENOMEM, "out of memory for %zu step rows", rows);
     rows = 0;
     for (uint32_t i = 0; i < n; i++) {

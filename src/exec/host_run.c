@@ -3,6 +3,7 @@
  * rates measured at load), the share loads the ring then copies, and each
  * step's host runs: those FFN calls rewritten onto host memory. */
 #include <pthread.h>
+#include "djinn/alloc.h"
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -176,7 +177,7 @@ static dj_status measure(dj_model_t *m, uint32_t layer, rates *out) {
     out->copy_gbps = st == DJ_OK ? (double)bytes / best * 1e-9 : 0.0;
     /* the FFN's matmuls on the host: gate and up read the width, down the FFN width */
     const size_t widest = c->hidden_size > c->intermediate_size ? c->hidden_size : c->intermediate_size;
-    float *x = calloc(32 * widest, sizeof *x), *y = calloc(32 * widest, sizeof *y);
+    float *x = dj_calloc(32 * widest, sizeof *x), *y = dj_calloc(32 * widest, sizeof *y);
     if (st == DJ_OK && (!x || !y)) st = dj_fail(DJ_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < 32 * widest && x; i++) x[i] = (float)((i * 37u) % 17u) * 0.01f;
     out->mm_bytes = 0;
@@ -248,7 +249,7 @@ dj_status dj__stream_host_setup(dj_model_t *m, int host_layers, double host_shar
     for (uint32_t l = 0; l < pl->n_layers && first == pl->n_layers; l++)
         if (pl->streamed[l] && s->layer_ffn[l] >= 0) first = l;
     if (first == pl->n_layers) return DJ_OK; /* nothing to compute on the host */
-    s->host_layer = calloc(pl->n_layers, 1);
+    s->host_layer = dj_calloc(pl->n_layers, 1);
     if (!s->host_layer) return dj_fail(DJ_ENOMEM, "out of memory");
     /* every core but one: the thread that enqueues the device's work (and waits on it, spinning)
      * keeps its own, so no pool worker is descheduled mid-op */
@@ -302,12 +303,12 @@ dj_status dj__stream_host_setup(dj_model_t *m, int host_layers, double host_shar
         s->host = NULL;
         return DJ_OK;
     }
-    s->runs = calloc(pl->n_layers, sizeof *s->runs);
-    s->step_loads = calloc(s->n_loads, sizeof *s->step_loads);
+    s->runs = dj_calloc(pl->n_layers, sizeof *s->runs);
+    s->step_loads = dj_calloc(s->n_loads, sizeof *s->step_loads);
     if (!s->runs || !s->step_loads) return dj_fail(DJ_ENOMEM, "out of memory");
     s->share_cols = dj_share_cols(share, width);
     if (s->share_cols) {
-        if (!(s->share_layer = calloc(pl->n_layers, 1))) return dj_fail(DJ_ENOMEM, "out of memory");
+        if (!(s->share_layer = dj_calloc(pl->n_layers, 1))) return dj_fail(DJ_ENOMEM, "out of memory");
         uint32_t k = 0;
         for (uint32_t l = 0; l < pl->n_layers; l++)
             k += s->share_layer[l] = s->host_layer[l] && shareable(m, l, width);
@@ -327,8 +328,8 @@ dj_status dj__stream_share_setup(dj_model_t *m) {
     size_t n_spans = 0;
     for (uint32_t l = 0; l < s->pl.n_layers; l++)
         if (s->share_layer[l]) n_spans += s->loads[s->layer_ffn[l]].n_spans;
-    s->share_loads = malloc(s->n_loads * sizeof *s->share_loads);
-    s->share_spans = malloc((n_spans ? n_spans : 1) * sizeof *s->share_spans);
+    s->share_loads = dj_malloc(s->n_loads * sizeof *s->share_loads);
+    s->share_spans = dj_malloc((n_spans ? n_spans : 1) * sizeof *s->share_spans);
     if (!s->share_loads || !s->share_spans) return dj_fail(DJ_ENOMEM, "out of memory");
     memcpy(s->share_loads, s->loads, s->n_loads * sizeof *s->loads);
     const size_t h = s->share_cols;
@@ -403,7 +404,7 @@ static region *find(run_build *b, const void *p) {
 static region *add(run_build *b, const void *p, size_t elems, dj_dtype dev_dtype, bool made) {
     if (b->n == b->cap) {
         const size_t cap = b->cap ? 2 * b->cap : 16;
-        region *r = realloc(b->r, cap * sizeof *r);
+        region *r = dj_realloc(b->r, cap * sizeof *r);
         if (!r) {
             b->ok = false;
             return NULL;

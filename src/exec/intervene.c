@@ -2,6 +2,7 @@
  * resolved to the plan's tagged nodes, saved or edited between the plan's
  * segments through the executor's step hook (engine_impl.h). */
 #include <stdio.h>
+#include "djinn/alloc.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -230,8 +231,8 @@ static void deliver(trace *t, trace_stop *sp, const uint8_t *src) {
 /* A point with edits: through the host. */
 static dj_status at_host(trace *t, dj_backend_t *be, int node, void *buf, dj_dtype dtype, uint32_t n) {
     const size_t k = (size_t)n * t->d, bytes = k * dj_dtype_size(dtype);
-    if (!t->f32) t->f32 = malloc(k * sizeof(float));
-    if (!t->raw) t->raw = malloc(k * sizeof(float)); /* the widest element type */
+    if (!t->f32) t->f32 = dj_malloc(k * sizeof(float));
+    if (!t->raw) t->raw = dj_malloc(k * sizeof(float)); /* the widest element type */
     if (!t->f32 || !t->raw)
         return dj_fail(DJ_ENOMEM, "out of host memory for a traced step of %u x %u", n, t->d);
     dj_status st = be->vt->sync(be);

@@ -1,6 +1,7 @@
 /* kv_store.c: the engine's KV store - its prefix cache and swap pool made
  * and freed, sessions' KV set up and let go, pages mapped, tables synced. */
 #include "exec/kv_impl.h"
+#include "djinn/alloc.h"
 
 #include <stdlib.h>
 
@@ -10,7 +11,7 @@
 
 dj_status dj__kv_new(dj_backend_t *be, dj_vmu_t *vmu, bool no_prefix_cache, dj__kv **out) {
     *out = NULL;
-    dj__kv *kv = calloc(1, sizeof *kv);
+    dj__kv *kv = dj_calloc(1, sizeof *kv);
     if (!kv) return dj_fail(DJ_ENOMEM, "KV store: out of host memory");
     kv->be = be;
     kv->vmu = vmu;
@@ -46,10 +47,10 @@ dj_status dj__kv_session_init(dj__kv *kv, dj_session_t *s, const char *name, uin
     s->n_layers = n_layers;
     s->tokens_per_page = tpp;
     s->max_blocks = (s->max_ctx + s->tokens_per_page - 1) / s->tokens_per_page;
-    s->block_table = calloc((size_t)n_layers * s->max_blocks, sizeof *s->block_table);
-    s->kv = calloc(n_layers, sizeof *s->kv);
-    s->pfx = calloc(s->max_blocks, sizeof *s->pfx);
-    s->pfx_ids = calloc(s->tokens_per_page, sizeof *s->pfx_ids);
+    s->block_table = dj_calloc((size_t)n_layers * s->max_blocks, sizeof *s->block_table);
+    s->kv = dj_calloc(n_layers, sizeof *s->kv);
+    s->pfx = dj_calloc(s->max_blocks, sizeof *s->pfx);
+    s->pfx_ids = dj_calloc(s->tokens_per_page, sizeof *s->pfx_ids);
     s->quota_pages = quota_pages;
     if (!s->block_table || !s->kv || !s->pfx || !s->pfx_ids) return dj_fail(DJ_ENOMEM, "out of memory");
     dj_status st = dj_vmu_session_new(kv->vmu, name, quota_pages, &s->vs);

@@ -1,6 +1,7 @@
 /* prefix.c: the prefix cache - full KV blocks shared by content between
  * sessions (a hash chain over token blocks, refcounted, LRU-evicted). */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 
 #include <xxhash.h>
@@ -32,10 +33,10 @@ struct dj__prefix {
 };
 
 dj_status dj__prefix_new(dj__kv *kv) {
-    dj__prefix *c = calloc(1, sizeof *c);
+    dj__prefix *c = dj_calloc(1, sizeof *c);
     if (!c) return dj_fail(DJ_ENOMEM, "prefix cache: out of host memory");
     c->n_buckets = 256;
-    c->buckets = calloc(c->n_buckets, sizeof *c->buckets);
+    c->buckets = dj_calloc(c->n_buckets, sizeof *c->buckets);
     c->h = XXH3_createState();
     dj_status st = DJ_OK;
     if (!c->buckets || !c->h) st = dj_fail(DJ_ENOMEM, "prefix cache: out of host memory");
@@ -140,7 +141,7 @@ static dj__pblock *find(const dj__prefix *c, const uint64_t parent[2], const uin
 
 static void grow(dj__prefix *c) {
     const size_t nb = c->n_buckets * 2;
-    dj__pblock **t = calloc(nb, sizeof *t);
+    dj__pblock **t = dj_calloc(nb, sizeof *t);
     if (!t) return; /* longer chains, still correct */
     for (size_t i = 0; i < c->n_buckets; i++)
         for (dj__pblock *b = c->buckets[i], *nx; b; b = nx) {
@@ -162,7 +163,7 @@ static void publish(dj__kv *kv, dj__prefix *c, dj_session_t *s, uint32_t b, cons
         c->st.duplicates++;
         return;
     }
-    dj__pblock *blk = malloc(sizeof *blk + (size_t)L * sizeof(uint32_t) + (size_t)T * sizeof(int32_t));
+    dj__pblock *blk = dj_malloc(sizeof *blk + (size_t)L * sizeof(uint32_t) + (size_t)T * sizeof(int32_t));
     if (!blk) return; /* stays private */
     memset(blk, 0, sizeof *blk);
     blk->pages = (uint32_t *)(void *)(blk + 1);

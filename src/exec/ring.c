@@ -1,6 +1,7 @@
 /* ring.c: the skip-end ring's layout (offsets and each load's dependencies)
  * and the placement of a model's layers between resident and streamed. */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 
 #include "exec/stream_impl.h"
@@ -44,11 +45,11 @@ dj_status dj_ring_layout_make(size_t ring_bytes, size_t align, const size_t *byt
     if (load[n - 1] != n_loads - 1)
         return dj_fail(DJ_EINVAL, "ring layout: the tensors cover loads 0..%u of %u", load[n - 1], n_loads);
     dj_ring_layout r = {.ring_bytes = ring_bytes, .n_loads = n_loads, .n_tensors = n};
-    r.off = malloc(n * sizeof *r.off);
-    r.lo = calloc(2 * (size_t)n_loads, sizeof *r.lo);
-    r.hi = calloc(2 * (size_t)n_loads, sizeof *r.hi);
-    r.after_at = calloc((size_t)n_loads + 1, sizeof *r.after_at);
-    r.after = malloc((size_t)n_loads * n_loads * sizeof *r.after);
+    r.off = dj_malloc(n * sizeof *r.off);
+    r.lo = dj_calloc(2 * (size_t)n_loads, sizeof *r.lo);
+    r.hi = dj_calloc(2 * (size_t)n_loads, sizeof *r.hi);
+    r.after_at = dj_calloc((size_t)n_loads + 1, sizeof *r.after_at);
+    r.after = dj_malloc((size_t)n_loads * n_loads * sizeof *r.after);
     if (!r.off || !r.lo || !r.hi || !r.after_at || !r.after) {
         dj_ring_layout_free(&r);
         return dj_fail(DJ_ENOMEM, "ring layout: out of memory for %u loads", n_loads);
@@ -111,7 +112,7 @@ dj_status dj_placement_decide(const size_t *layer_bytes, uint32_t n_layers, size
                               size_t room, dj_placement *out) {
     memset(out, 0, sizeof *out);
     if (!layer_bytes || n_layers == 0) return dj_fail(DJ_EINVAL, "placement: no layers");
-    out->streamed = calloc(n_layers, 1);
+    out->streamed = dj_calloc(n_layers, 1);
     if (!out->streamed) return dj_fail(DJ_ENOMEM, "placement: out of memory");
     out->n_layers = n_layers;
     size_t all = global_bytes, max_layer = 0;

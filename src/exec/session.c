@@ -1,6 +1,7 @@
 /* session.c: the engine's sessions - made and freed over its KV store
  * (kv_store.c), prefix-cache mapping, and the public swap calls. */
 #include <stdio.h>
+#include "djinn/alloc.h"
 #include <stdlib.h>
 
 #include "exec/engine_impl.h"
@@ -11,7 +12,7 @@ dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t
     const dj_model_config *c = &m->cfg;
     if (max_ctx == 0) max_ctx = c->max_position_embeddings;
     if (max_ctx == 0) return dj_fail(DJ_EINVAL, "session context length is 0");
-    dj_session_t *s = calloc(1, sizeof *s);
+    dj_session_t *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->model = m;
     s->model_fp = m->fingerprint;

@@ -2,6 +2,7 @@
  * text region, the host source of the streamed weights (page-locked), and the
  * per-step stream argument the executor hands the backend. */
 #include <stdint.h>
+#include "djinn/alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,7 @@ static size_t wbytes(const dj_weight *w) {
 static dj_status decide(const dj_model_t *m, size_t room, dj_placement *pl) {
     const dj_model_config *c = &m->cfg;
     const int per = dj__wslot_per_layer(c);
-    size_t *layer = calloc(c->n_layers, sizeof *layer);
+    size_t *layer = dj_calloc(c->n_layers, sizeof *layer);
     if (!layer) return dj_fail(DJ_ENOMEM, "out of memory");
     size_t global = 0, max_tensor = 0;
     for (uint32_t l = 0; l < c->n_layers; l++)
@@ -48,7 +49,7 @@ dj_status dj__stream_plan(dj_backend_t *be, dj_model_t *m, size_t room, dj_model
     if (!be->vt->ring_new || !be->vt->ring_free || !be->vt->compute_plan)
         return dj_fail(DJ_EUNSUPPORTED, "model %s needs %zu text bytes, %zu are free, and the %s backend cannot stream",
                        m->name, m->text_bytes, room, be->vt->name);
-    dj_model_stream *s = calloc(1, sizeof *s);
+    dj_model_stream *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     const dj_status st = decide(m, room, &s->pl);
     if (st != DJ_OK) {
@@ -87,8 +88,8 @@ static void unregister_all(dj_model_stream *s) {
 
 static dj_status register_source(dj_model_stream *s, size_t n_spans) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    range *r = malloc(n_spans * sizeof *r);
-    s->registered = calloc(n_spans, sizeof *s->registered);
+    range *r = dj_malloc(n_spans * sizeof *r);
+    s->registered = dj_calloc(n_spans, sizeof *s->registered);
     if (!r || !s->registered) {
         free(r);
         return dj_fail(DJ_ENOMEM, "out of memory");
@@ -155,13 +156,13 @@ dj_status dj__stream_setup(dj_model_t *m) {
             }
         S += part[0] + part[1];
     }
-    size_t *bytes = malloc((n ? n : 1) * sizeof *bytes);
-    uint32_t *load = malloc((n ? n : 1) * sizeof *load);
-    int *slot = malloc((n ? n : 1) * sizeof *slot);
-    s->layer_load = malloc(c->n_layers * sizeof *s->layer_load);
-    s->layer_ffn = malloc(c->n_layers * sizeof *s->layer_ffn);
-    s->loads = calloc(S ? S : 1, sizeof *s->loads);
-    s->spans = calloc(n ? n : 1, sizeof *s->spans);
+    size_t *bytes = dj_malloc((n ? n : 1) * sizeof *bytes);
+    uint32_t *load = dj_malloc((n ? n : 1) * sizeof *load);
+    int *slot = dj_malloc((n ? n : 1) * sizeof *slot);
+    s->layer_load = dj_malloc(c->n_layers * sizeof *s->layer_load);
+    s->layer_ffn = dj_malloc(c->n_layers * sizeof *s->layer_ffn);
+    s->loads = dj_calloc(S ? S : 1, sizeof *s->loads);
+    s->spans = dj_calloc(n ? n : 1, sizeof *s->spans);
     s->n_loads = S;
     dj_status st = DJ_OK;
     if (!bytes || !load || !slot || !s->layer_load || !s->layer_ffn || !s->loads || !s->spans) {
@@ -269,13 +270,13 @@ void dj__stream_free(dj_model_stream *s) {
 
 dj_status dj__stream_reserve(dj_model_stream *s, size_t n) {
     if (n <= s->call_cap) return DJ_OK;
-    int32_t *p = realloc(s->call_load, n * sizeof *p);
+    int32_t *p = dj_realloc(s->call_load, n * sizeof *p);
     if (p) s->call_load = p;
-    int32_t *q = p ? realloc(s->call_layer, n * sizeof *q) : NULL;
+    int32_t *q = p ? dj_realloc(s->call_layer, n * sizeof *q) : NULL;
     if (q) s->call_layer = q;
-    dj_op_call *c = q && s->n_host ? realloc(s->run_calls, n * sizeof *c) : NULL;
+    dj_op_call *c = q && s->n_host ? dj_realloc(s->run_calls, n * sizeof *c) : NULL;
     if (c) s->run_calls = c;
-    dj_copy_span *sp = c ? realloc(s->run_spans, 2 * n * sizeof *sp) : NULL;
+    dj_copy_span *sp = c ? dj_realloc(s->run_spans, 2 * n * sizeof *sp) : NULL;
     if (sp) s->run_spans = sp;
     if (!p || !q || (s->n_host && (!c || !sp)))
         return dj_fail(DJ_ENOMEM, "out of memory for a streamed step of %zu calls", n);
@@ -358,8 +359,8 @@ dj_status dj_model_plan_placement(const dj_checkpoint_t *ck, size_t text_room, d
     const int n = dj__wslot_count(c);
     dj_model_t m = {.cfg = *c};
     snprintf(m.name, sizeof m.name, "%s", "model");
-    char **names = calloc((size_t)n, sizeof *names);
-    m.w = calloc((size_t)n, sizeof *m.w);
+    char **names = dj_calloc((size_t)n, sizeof *names);
+    m.w = dj_calloc((size_t)n, sizeof *m.w);
     dj_status st = !names || !m.w ? dj_fail(DJ_ENOMEM, "out of memory") : dj__model_bind(c, ck, m.w, names);
     if (st == DJ_OK) {
         for (int i = 0; i < n; i++)

@@ -2,6 +2,7 @@
  * page-granular host pool of the KV store and back (any free pages, tables
  * rewritten), on the backend's copy stream where it has one. */
 #include <inttypes.h>
+#include "djinn/alloc.h"
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -129,11 +130,11 @@ dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
                        UINT32_MAX - 1);
     dj_swap_pool *p = NULL;
     if (n) {
-        p = calloc(1, sizeof *p);
+        p = dj_calloc(1, sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "swap pool: out of host memory");
         p->page_bytes = page;
         p->n_slots = (uint32_t)n;
-        p->bits = calloc((n + 63) / 64, sizeof *p->bits);
+        p->bits = dj_calloc((n + 63) / 64, sizeof *p->bits);
         dj_status st = DJ_OK;
         if (!p->bits) st = dj_fail(DJ_ENOMEM, "swap pool: out of host memory for %zu slot bits", n);
         else if (be->vt->host_alloc && be->vt->host_free) {
@@ -141,7 +142,7 @@ dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
             st = be->vt->host_alloc(be, n * page, &b);
             p->base = b;
             p->pinned = st == DJ_OK;
-        } else if (!(p->base = malloc(n * page))) {
+        } else if (!(p->base = dj_malloc(n * page))) {
             st = dj_fail(DJ_ENOMEM, "swap pool: cannot allocate %zu bytes (%.2f GiB) of host memory", n * page,
                          (double)(n * page) / (double)GIB);
         }
@@ -251,7 +252,7 @@ static dj_status transfer(dj__kv *kv, dj_swap_pool *p, bool to_host, const dj_co
     *op = NULL;
     *seconds = 0.0;
     if (be->vt->xfer_start && be->vt->xfer_query && be->vt->xfer_order && be->vt->xfer_free) {
-        dj__swap_op *o = calloc(1, sizeof *o);
+        dj__swap_op *o = dj_calloc(1, sizeof *o);
         if (!o) return dj_fail(DJ_ENOMEM, "swap: out of host memory");
         dj_status st = be->vt->xfer_start(be, to_host, spans, n, &o->xfer);
         if (st != DJ_OK) {
@@ -332,10 +333,10 @@ dj_status dj__swap_out(dj__kv *kv, dj_session_t *s) {
                                   "(%zu of %zu bytes)", session_name(s), n, (size_t)n * page,
                        p->n_slots - p->n_used, p->n_slots, (size_t)(p->n_slots - p->n_used) * page,
                        (size_t)p->n_slots * page);
-    uint32_t *slots = malloc((size_t)n * sizeof *slots), *page_of = malloc((size_t)n * sizeof *page_of);
-    uint32_t *order = malloc((size_t)n * sizeof *order), *taken = malloc((size_t)n * sizeof *taken);
-    dj_copy_span *spans = malloc((size_t)n * sizeof *spans);
-    uint64_t *tmp = malloc((size_t)n * sizeof *tmp);
+    uint32_t *slots = dj_malloc((size_t)n * sizeof *slots), *page_of = dj_malloc((size_t)n * sizeof *page_of);
+    uint32_t *order = dj_malloc((size_t)n * sizeof *order), *taken = dj_malloc((size_t)n * sizeof *taken);
+    dj_copy_span *spans = dj_malloc((size_t)n * sizeof *spans);
+    uint64_t *tmp = dj_malloc((size_t)n * sizeof *tmp);
     dj_status st = DJ_OK;
     if (!slots || !page_of || !order || !taken || !spans || !tmp) {
         st = dj_fail(DJ_ENOMEM, "swap out: out of host memory for %u pages", n);
@@ -415,10 +416,10 @@ dj_status dj__swap_in(dj__kv *kv, dj_session_t *s) {
     if (s->vs->quota_pages && dj_vmu_session_pages(s->vs) + n > s->vs->quota_pages)
         return dj_fail(DJ_EQUOTA, "session %s: restoring %u pages would pass its quota of %zu", session_name(s), n,
                        s->vs->quota_pages);
-    uint32_t *pages = malloc((size_t)n * sizeof *pages), *page_of = malloc((size_t)n * sizeof *page_of);
-    uint32_t *order = malloc((size_t)n * sizeof *order);
-    dj_copy_span *spans = malloc((size_t)n * sizeof *spans);
-    uint64_t *tmp = malloc((size_t)n * sizeof *tmp);
+    uint32_t *pages = dj_malloc((size_t)n * sizeof *pages), *page_of = dj_malloc((size_t)n * sizeof *page_of);
+    uint32_t *order = dj_malloc((size_t)n * sizeof *order);
+    dj_copy_span *spans = dj_malloc((size_t)n * sizeof *spans);
+    uint64_t *tmp = dj_malloc((size_t)n * sizeof *tmp);
     dj_status st = DJ_OK;
     uint32_t got = 0;
     if (!pages || !page_of || !order || !spans || !tmp) {
@@ -519,7 +520,7 @@ void dj__swap_session_release(dj__kv *kv, dj_session_t *s) {
 dj_status dj__swap_pool_check(const dj__kv *kv) {
     const dj_swap_pool *p = kv->swap;
     if (!p) return DJ_OK;
-    uint8_t *seen = calloc(p->n_slots, 1);
+    uint8_t *seen = dj_calloc(p->n_slots, 1);
     if (!seen) return dj_fail(DJ_ENOMEM, "swap check: out of host memory");
     dj_status st = DJ_OK;
     uint32_t held = 0, ops = 0;

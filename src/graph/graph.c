@@ -1,6 +1,7 @@
 /* graph.c: building the SRG - appending validated nodes, their buffer sizes,
  * accessors - plus the op names and the shape buckets of the plan cache. */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 
 #include "graph/graph_impl.h"
@@ -32,7 +33,7 @@ dj_status dj_graph_new(dj_phase phase, uint32_t n_tokens, dj_graph_t **out) {
     if (phase != DJ_PHASE_PREFILL && phase != DJ_PHASE_DECODE)
         return dj_fail(DJ_EINVAL, "graph: unknown phase %d", (int)phase);
     if (n_tokens == 0) return dj_fail(DJ_EINVAL, "graph: a step needs at least one token row");
-    dj_graph_t *g = calloc(1, sizeof *g);
+    dj_graph_t *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "graph: out of host memory");
     g->phase = phase;
     g->n_tokens = n_tokens;
@@ -52,13 +53,13 @@ static dj_status graph_grow(dj_graph_t *g) {
     if (g->cap >= (1 << 24)) return dj_fail(DJ_ERANGE, "graph: more than %d nodes", 1 << 24);
     int cap = g->cap ? g->cap * 2 : 64;
     /* each realloc stands on its own: a failure leaves larger arrays and the old cap */
-    dj_node *nodes = realloc(g->nodes, (size_t)cap * sizeof *nodes);
+    dj_node *nodes = dj_realloc(g->nodes, (size_t)cap * sizeof *nodes);
     if (!nodes) goto fail;
     g->nodes = nodes;
-    dj__plan_buf *bufs = realloc(g->bufs, (size_t)cap * sizeof *bufs);
+    dj__plan_buf *bufs = dj_realloc(g->bufs, (size_t)cap * sizeof *bufs);
     if (!bufs) goto fail;
     g->bufs = bufs;
-    int *placed = realloc(g->placed, (size_t)cap * sizeof *placed);
+    int *placed = dj_realloc(g->placed, (size_t)cap * sizeof *placed);
     if (!placed) goto fail;
     g->placed = placed;
     g->cap = cap;

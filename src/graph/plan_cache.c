@@ -2,6 +2,7 @@
  * fixed table of `capacity` entries, hashed with xxHash, least recently used
  * dropped first. */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 #include <xxhash.h>
 
@@ -39,13 +40,13 @@ dj_status dj_plan_cache_new(size_t capacity, dj_plan_cache_t **out) {
     *out = NULL;
     if (capacity == 0 || capacity > (1u << 20))
         return dj_fail(DJ_EINVAL, "plan cache: capacity %zu; must be 1..%u", capacity, 1u << 20);
-    dj_plan_cache_t *pc = calloc(1, sizeof *pc);
+    dj_plan_cache_t *pc = dj_calloc(1, sizeof *pc);
     if (!pc) goto fail;
     pc->capacity = capacity;
     pc->n_slots = 2;
     while (pc->n_slots < 2 * capacity) pc->n_slots *= 2;
-    pc->entries = calloc(capacity, sizeof *pc->entries);
-    pc->slots = malloc(pc->n_slots * sizeof *pc->slots);
+    pc->entries = dj_calloc(capacity, sizeof *pc->entries);
+    pc->slots = dj_malloc(pc->n_slots * sizeof *pc->slots);
     if (!pc->entries || !pc->slots) goto fail;
     for (size_t i = 0; i < pc->n_slots; i++) pc->slots[i] = NONE;
     pc->newest = pc->oldest = NONE;

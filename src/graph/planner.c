@@ -2,6 +2,7 @@
  * size: the largest buffers first, each at the lowest offset free of every
  * already placed buffer whose live range meets its own. */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 
 #include "djinn/vmu.h"
@@ -44,7 +45,7 @@ dj_status dj_graph_plan(dj_graph_t *g, size_t *peak) {
             if (nodes[i].src[k] >= 0) nodes[nodes[i].src[k]].last_use = i; /* i grows: the last reader wins */
     /* ext[j]: the node `slack` compute nodes after node j (weights and inputs
      * between them do not count), or the last node */
-    int *ext = malloc((n > 0 ? (size_t)n : 1) * sizeof *ext);
+    int *ext = dj_malloc((n > 0 ? (size_t)n : 1) * sizeof *ext);
     if (!ext) return dj_fail(DJ_ENOMEM, "plan: out of memory");
     int near[8] = {0}, seen = 0; /* the compute nodes after j, nearest last (a ring: slack <= 8) */
     for (int j = n - 1; j >= 0; j--) {

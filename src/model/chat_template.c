@@ -1,6 +1,7 @@
 /* chat_template.c: the chat template of a model - tokenizer_config.json's
  * chat_template with its bos/eos tokens, parsed once, rendered per request. */
 #include <stdio.h>
+#include "djinn/alloc.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,11 +15,11 @@
 dj_status dj_chat_template_parse(const char *src, size_t len, dj_chat_template_t **out) {
     *out = NULL;
     if (len > MAX_TEMPLATE) return dj_fail(DJ_ERANGE, "chat template of %zu bytes (at most %zu)", len, MAX_TEMPLATE);
-    dj_chat_template_t *t = calloc(1, sizeof *t);
+    dj_chat_template_t *t = dj_calloc(1, sizeof *t);
     if (!t) return dj_fail(DJ_ENOMEM, "out of memory");
     t->arena.cap = 64 * MAX_TEMPLATE;
-    t->bos = strdup("");
-    t->eos = strdup("");
+    t->bos = dj_strdup("");
+    t->eos = dj_strdup("");
     dj_status st = t->bos && t->eos ? dj__jinja_parse(t, src, len) : dj_fail(DJ_ENOMEM, "out of memory");
     if (st != DJ_OK) {
         dj_chat_template_free(t);
@@ -45,7 +46,7 @@ static dj_status special(const cJSON *cfg, const char *key, char **out) {
     if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
     if (!v || cJSON_IsNull(v)) return DJ_OK;
     if (!cJSON_IsString(v)) return dj_fail(DJ_EFORMAT, "tokenizer_config.json: %s is not a string", key);
-    char *s = strdup(v->valuestring);
+    char *s = dj_strdup(v->valuestring);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     free(*out);
     *out = s;
@@ -92,7 +93,7 @@ static dj_status read_file(const char *path, size_t cap, char **buf, size_t *len
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
     dj_status st = DJ_OK;
     if (n < 0 || (size_t)n > cap) st = dj_fail(DJ_ERANGE, "%s: unreadable or over %zu MiB", path, cap >> 20);
-    else if (!(*buf = malloc((size_t)n + 1))) st = dj_fail(DJ_ENOMEM, "out of memory");
+    else if (!(*buf = dj_malloc((size_t)n + 1))) st = dj_fail(DJ_ENOMEM, "out of memory");
     else if (fseek(f, 0, SEEK_SET) != 0 || fread(*buf, 1, (size_t)n, f) != (size_t)n) st = dj_fail(DJ_EIO, "%s: read failed", path);
     fclose(f);
     if (st != DJ_OK) {

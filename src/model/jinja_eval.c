@@ -3,6 +3,7 @@
  * (a for loop's sets stay in the loop; namespace() crosses it), filters,
  * tests, methods and globals, all bounded by output, step and memory limits. */
 #include <ctype.h>
+#include "djinn/alloc.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,7 +37,8 @@ typedef struct rctx {
 typedef struct sbuf {
     char *p;
     size_t n, cap;
-    bool oom;
+    bool oom;   /* past MAX_ARENA, or nomem */
+    bool nomem; /* a realloc failed */
     bool gen; /* a generator was printed: Python would print its address */
 } sbuf;
 
@@ -49,9 +51,9 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
             b->oom = true;
             return;
         }
-        char *p = realloc(b->p, cap);
+        char *p = dj_realloc(b->p, cap);
         if (!p) {
-            b->oom = true;
+            b->oom = b->nomem = true;
             return;
         }
         b->p = p;
@@ -79,7 +81,12 @@ static dj_status err(int line, const char *fmt, ...) {
     va_end(ap);
     return dj_fail(DJ_EINVAL, "chat template line %d: %s", line, msg);
 }
-static dj_status oom(void) { return dj_fail(DJ_ERANGE, "chat template: render needs more than %zu MiB", MAX_ARENA >> 20); }
+/* An allocation refused: past the render's budget (the template's doing), or
+ * no memory to be had (the machine's: r->a.nomem). */
+static dj_status oom(const rctx *r) {
+    if (r->a.nomem) return dj_fail(DJ_ENOMEM, "out of memory rendering a chat template");
+    return dj_fail(DJ_ERANGE, "chat template: render needs more than %zu MiB", MAX_ARENA >> 20);
+}
 static dj_status gen_printed(void) {
     return dj_fail(DJ_EINVAL, "chat template: a select/reject result (a generator) is printed - jinja2 prints its "
                               "address; add '| list'");
@@ -105,12 +112,13 @@ static dj__jval mkstr(rctx *r, const char *s, size_t n, bool *ok) {
 static dj_status sb_val(rctx *r, sbuf *b, dj__jval *out) {
     if (b->oom || b->gen) {
         free(b->p);
-        return b->oom ? oom() : gen_printed();
+        if (b->nomem) return dj_fail(DJ_ENOMEM, "out of memory rendering a chat template");
+        return b->oom ? oom(r) : gen_printed();
     }
     bool ok = true;
     *out = mkstr(r, b->p ? b->p : "", b->n, &ok);
     free(b->p);
-    return ok ? DJ_OK : oom();
+    return ok ? DJ_OK : oom(r);
 }
 
 static dj__jlist *mklist(rctx *r, size_t n) {
@@ -171,10 +179,10 @@ static dj_status from_json(rctx *r, const cJSON *j, dj__jval *out) {
     } else if (cJSON_IsString(j)) {
         bool ok = true;
         *out = mkstr(r, j->valuestring, strlen(j->valuestring), &ok);
-        if (!ok) return oom();
+        if (!ok) return oom(r);
     } else if (cJSON_IsArray(j)) {
         dj__jlist *l = mklist(r, (size_t)cJSON_GetArraySize(j));
-        if (!l) return oom();
+        if (!l) return oom(r);
         size_t i = 0;
         for (const cJSON *c = j->child; c; c = c->next) {
             dj_status st = from_json(r, c, &l->v[i++]);
@@ -183,12 +191,12 @@ static dj_status from_json(rctx *r, const cJSON *j, dj__jval *out) {
         *out = (dj__jval){.k = JV_LIST, .u.l = l};
     } else if (cJSON_IsObject(j)) {
         dj__jdict *d = dj__arena_alloc(&r->a, sizeof *d);
-        if (!d) return oom();
+        if (!d) return oom(r);
         for (const cJSON *c = j->child; c; c = c->next) {
             dj__jval v;
             dj_status st = from_json(r, c, &v);
             if (st != DJ_OK) return st;
-            if (!dict_set(&r->a, d, c->string, strlen(c->string), v)) return oom();
+            if (!dict_set(&r->a, d, c->string, strlen(c->string), v)) return oom(r);
         }
         *out = (dj__jval){.k = JV_DICT, .u.d = d};
     } else {
@@ -490,7 +498,7 @@ static dj_status change_case(rctx *r, const dj__jval *s, int mode /* 0 upper 1 l
                              dj__jval *out) {
     bool ok = true;
     *out = mkstr(r, s->u.s.p, s->u.s.n, &ok);
-    if (!ok) return oom();
+    if (!ok) return oom(r);
     char *p = (char *)out->u.s.p;
     bool prev_cased = false;
     for (size_t i = 0; i < s->u.s.n; i++) {
@@ -563,19 +571,19 @@ static dj_status iter_items(rctx *r, const dj__jval *v, int line, dj__jlist **ou
         items = v->u.l;
     } else if (v->k == JV_UNDEF) items = mklist(r, 0);
     else if (v->k == JV_DICT) {
-        if (!(items = mklist(r, v->u.d->n))) return oom();
+        if (!(items = mklist(r, v->u.d->n))) return oom(r);
         for (size_t i = 0; i < v->u.d->n; i++)
             items->v[i] = (dj__jval){.k = JV_STR, .u.s = {v->u.d->key[i], v->u.d->key_len[i]}};
     } else if (v->k == JV_STR) {
         size_t n_cp;
         size_t *off = utf8_offsets(r, v->u.s.p, v->u.s.n, &n_cp);
-        if (!off || !(items = mklist(r, n_cp))) return oom();
+        if (!off || !(items = mklist(r, n_cp))) return oom(r);
         for (size_t i = 0; i < n_cp; i++)
             items->v[i] = (dj__jval){.k = JV_STR, .u.s = {v->u.s.p + off[i], off[i + 1] - off[i]}};
     } else {
         return err(line, "cannot iterate over %s%s", v->k == JV_NONE ? "" : "a ", kind_name(v->k));
     }
-    if (!items) return oom();
+    if (!items) return oom(r);
     *out = items;
     return DJ_OK;
 }
@@ -595,7 +603,7 @@ static dj_status get_item(rctx *r, const dj__jval *a_, const dj__jval *b_, dj__j
     } else if (a->k == JV_STR && (b->k == JV_INT || b->k == JV_BOOL)) {
         size_t n_cp, i;
         size_t *off = utf8_offsets(r, a->u.s.p, a->u.s.n, &n_cp);
-        if (!off) return oom();
+        if (!off) return oom(r);
         if (norm_index(inum(b), n_cp, &i))
             *out = (dj__jval){.k = JV_STR, .u.s = {a->u.s.p + off[i], off[i + 1] - off[i]}};
     }
@@ -607,7 +615,7 @@ static dj_status split(rctx *r, const dj__jexpr *e, const dj__jval *s, const dj_
     /* count, then fill */
     size_t cap = s->u.s.n + 2;
     dj__jlist *l = mklist(r, cap);
-    if (!l) return oom();
+    if (!l) return oom(r);
     size_t n = 0;
     const char *p = s->u.s.p, *end = p + s->u.s.n;
     if (!sep) {
@@ -690,12 +698,12 @@ static dj_status call_method(rctx *r, const dj__jexpr *e, dj__jval *out) {
         const int which = !strcmp(m, "items") ? 0 : !strcmp(m, "keys") ? 1 : !strcmp(m, "values") ? 2 : -1;
         if (which >= 0) {
             dj__jlist *l = mklist(r, d->n);
-            if (!l) return oom();
+            if (!l) return oom(r);
             for (size_t i = 0; i < d->n; i++) {
                 dj__jval k = {.k = JV_STR, .u.s = {d->key[i], d->key_len[i]}};
                 if (which == 0) {
                     dj__jlist *pair = mklist(r, 2);
-                    if (!pair) return oom();
+                    if (!pair) return oom(r);
                     pair->tuple = true;
                     pair->v[0] = k;
                     pair->v[1] = d->v[i];
@@ -785,18 +793,18 @@ static dj_status call_global(rctx *r, const dj__jexpr *e, dj__jval *out) {
     }
     if (!strcmp(f, "namespace")) {
         dj__jdict *d = dj__arena_alloc(&r->a, sizeof *d);
-        if (!d) return oom();
+        if (!d) return oom(r);
         for (size_t i = 0; i < e->n_args; i++) {
             dj__jval v;
             if ((st = eval(r, e->args[i], &v)) != DJ_OK) return st;
             if (v.k != JV_DICT) return err(e->line, "namespace() takes keyword arguments or a dict");
             for (size_t k = 0; k < v.u.d->n; k++)
-                if (!dict_set(&r->a, d, v.u.d->key[k], v.u.d->key_len[k], v.u.d->v[k])) return oom();
+                if (!dict_set(&r->a, d, v.u.d->key[k], v.u.d->key_len[k], v.u.d->v[k])) return oom(r);
         }
         for (size_t i = 0; i < e->n_kw; i++) {
             dj__jval v;
             if ((st = eval(r, e->kw[i], &v)) != DJ_OK) return st;
-            if (!dict_set(&r->a, d, e->kw_names[i], strlen(e->kw_names[i]), v)) return oom();
+            if (!dict_set(&r->a, d, e->kw_names[i], strlen(e->kw_names[i]), v)) return oom(r);
         }
         *out = (dj__jval){.k = JV_NS, .u.d = d};
         return DJ_OK;
@@ -819,7 +827,7 @@ static dj_status call_global(rctx *r, const dj__jexpr *e, dj__jval *out) {
         if (n < 0) n = 0;
         if (n > 1000000) return dj_fail(DJ_ERANGE, "chat template line %d: range of %lld items", e->line, (long long)n);
         dj__jlist *l = mklist(r, (size_t)n);
-        if (!l) return oom();
+        if (!l) return oom(r);
         for (int64_t i = 0; i < n; i++) l->v[i] = (dj__jval){.k = JV_INT, .u.i = start + i * step};
         *out = (dj__jval){.k = JV_LIST, .u.l = l};
         return DJ_OK;
@@ -838,7 +846,7 @@ static dj_status call_global(rctx *r, const dj__jexpr *e, dj__jval *out) {
         size_t n = strftime(buf, sizeof buf, fbuf, &tm);
         bool ok = true;
         *out = mkstr(r, buf, n, &ok);
-        return ok ? DJ_OK : oom();
+        return ok ? DJ_OK : oom(r);
     }
     return err(e->line, "unknown function '%s'", f);
 }
@@ -903,7 +911,7 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
         if (v->k == JV_STR) {
             size_t n_cp;
             size_t *off = utf8_offsets(r, v->u.s.p, v->u.s.n, &n_cp);
-            if (!off) return oom();
+            if (!off) return oom(r);
             if (!n_cp) *out = (dj__jval){.k = JV_UNDEF};
             else {
                 size_t i = last ? n_cp - 1 : 0;
@@ -974,14 +982,14 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
         if (!strcmp(f, "items")) { /* a generator of (key, value) tuples in jinja2 */
             if (v->k == JV_UNDEF) {
                 *out = (dj__jval){.k = JV_GEN, .u.l = mklist(r, 0)};
-                return out->u.l ? DJ_OK : oom();
+                return out->u.l ? DJ_OK : oom(r);
             }
             if (v->k != JV_DICT && v->k != JV_NS) return err(e->line, "items of a %s", kind_name(v->k));
             dj__jlist *l = mklist(r, v->u.d->n);
-            if (!l) return oom();
+            if (!l) return oom(r);
             for (size_t i = 0; i < v->u.d->n; i++) {
                 dj__jlist *pair = mklist(r, 2);
-                if (!pair) return oom();
+                if (!pair) return oom(r);
                 pair->tuple = true;
                 pair->v[0] = (dj__jval){.k = JV_STR, .u.s = {v->u.d->key[i], v->u.d->key_len[i]}};
                 pair->v[1] = v->u.d->v[i];
@@ -994,14 +1002,14 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
         if (v->k == JV_STR) {
             size_t n_cp;
             size_t *off = utf8_offsets(r, v->u.s.p, v->u.s.n, &n_cp);
-            if (!off) return oom();
+            if (!off) return oom(r);
             if (rev) {
                 sbuf b = {0};
                 for (size_t i = n_cp; i-- > 0;) sb_put(&b, v->u.s.p + off[i], off[i + 1] - off[i]);
                 return sb_val(r, &b, out);
             }
             dj__jlist *l = mklist(r, n_cp);
-            if (!l) return oom();
+            if (!l) return oom(r);
             for (size_t i = 0; i < n_cp; i++)
                 l->v[i] = (dj__jval){.k = JV_STR, .u.s = {v->u.s.p + off[i], off[i + 1] - off[i]}};
             *out = (dj__jval){.k = JV_LIST, .u.l = l};
@@ -1013,7 +1021,7 @@ static dj_status apply_filter(rctx *r, const dj__jexpr *e, dj__jval *v, dj__jval
         else return err(e->line, "%s of a %s", f, kind_name(v->k));
         if ((st = use_gen(v, e->line)) != DJ_OK) return st;
         dj__jlist *l = mklist(r, n);
-        if (!l) return oom();
+        if (!l) return oom(r);
         for (size_t i = 0; i < n; i++) {
             size_t j = rev ? n - 1 - i : i;
             l->v[i] = v->k == JV_LIST || v->k == JV_GEN ? v->u.l->v[j]
@@ -1124,7 +1132,7 @@ static dj_status select_reject(rctx *r, const dj__jexpr *e, const dj__jval *v, d
     if (!truthy(v)) items = &none; /* jinja2 looks at a false value no further */
     else if ((st = iter_items(r, v, e->line, &items)) != DJ_OK) return st;
     dj__jlist *l = mklist(r, items->n);
-    if (!l) return oom();
+    if (!l) return oom(r);
     l->n = 0;
     for (size_t i = 0; i < items->n; i++) {
         dj__jval x = items->v[i];
@@ -1188,7 +1196,7 @@ static dj_status do_slice(rctx *r, const dj__jexpr *e, const dj__jval *a, dj__jv
     size_t *off = NULL;
     if (a->k == JV_LIST) n = a->u.l->n;
     else if (a->k == JV_STR) {
-        if (!(off = utf8_offsets(r, a->u.s.p, a->u.s.n, &n))) return oom();
+        if (!(off = utf8_offsets(r, a->u.s.p, a->u.s.n, &n))) return oom(r);
     } else return err(e->line, "cannot slice a %s", kind_name(a->k));
     const int64_t len = (int64_t)n;
     /* CPython's PySlice_AdjustIndices */
@@ -1203,7 +1211,7 @@ static dj_status do_slice(rctx *r, const dj__jexpr *e, const dj__jval *a, dj__jv
     else count = s < en ? (en - s - 1) / step + 1 : 0;
     if (a->k == JV_LIST) {
         dj__jlist *l = mklist(r, (size_t)count);
-        if (!l) return oom();
+        if (!l) return oom(r);
         for (int64_t i = 0; i < count; i++) l->v[i] = a->u.l->v[s + i * step];
         *out = (dj__jval){.k = JV_LIST, .u.l = l};
         return DJ_OK;
@@ -1289,7 +1297,7 @@ static dj_status arith(rctx *r, const dj__jexpr *e, const dj__jval *a, const dj_
     }
     if (op == JOP_ADD && a->k == JV_LIST && b->k == JV_LIST) {
         dj__jlist *l = mklist(r, a->u.l->n + b->u.l->n);
-        if (!l) return oom();
+        if (!l) return oom(r);
         if (a->u.l->n) memcpy(l->v, a->u.l->v, a->u.l->n * sizeof *l->v);
         if (b->u.l->n) memcpy(l->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof *l->v);
         *out = (dj__jval){.k = JV_LIST, .u.l = l};
@@ -1374,7 +1382,7 @@ static dj_status eval(rctx *r, const dj__jexpr *e, dj__jval *out) {
         return DJ_OK;
     case JE_LIST: {
         dj__jlist *l = mklist(r, e->n_args);
-        if (!l) return oom();
+        if (!l) return oom(r);
         l->tuple = e->negate; /* the parser marks tuples so */
         for (size_t i = 0; i < e->n_args; i++)
             if ((st = eval(r, e->args[i], &l->v[i])) != DJ_OK) return st;
@@ -1383,11 +1391,11 @@ static dj_status eval(rctx *r, const dj__jexpr *e, dj__jval *out) {
     }
     case JE_DICT: {
         dj__jdict *d = dj__arena_alloc(&r->a, sizeof *d);
-        if (!d) return oom();
+        if (!d) return oom(r);
         for (size_t i = 0; i + 1 < e->n_args; i += 2) {
             if ((st = eval(r, e->args[i], &a)) != DJ_OK || (st = eval(r, e->args[i + 1], &b)) != DJ_OK) return st;
             if (a.k != JV_STR) return err(e->line, "dict keys must be strings here");
-            if (!dict_set(&r->a, d, a.u.s.p, a.u.s.n, b)) return oom();
+            if (!dict_set(&r->a, d, a.u.s.p, a.u.s.n, b)) return oom(r);
         }
         *out = (dj__jval){.k = JV_DICT, .u.d = d};
         return DJ_OK;
@@ -1439,7 +1447,7 @@ static dj_status emit(rctx *r, const char *s, size_t n) {
     if (r->n + n + 1 > r->cap) {
         size_t cap = r->cap ? r->cap : 4096;
         while (cap < r->n + n + 1) cap *= 2;
-        char *p = realloc(r->out, cap);
+        char *p = dj_realloc(r->out, cap);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory rendering a chat template");
         r->out = p;
         r->cap = cap;
@@ -1454,7 +1462,7 @@ static dj_status exec(rctx *r, const dj__jstmt *s, int *flow);
 
 static dj_status set_var(rctx *r, const char *name, dj__jval v) {
     dj__jdict *d = r->sc ? &r->sc->vars : NULL;
-    if (!d || !dict_set(&r->a, d, name, strlen(name), v)) return oom();
+    if (!d || !dict_set(&r->a, d, name, strlen(name), v)) return oom(r);
     return DJ_OK;
 }
 
@@ -1480,7 +1488,7 @@ static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
     r->sc = &sc;
     /* with an `if` filter, loop.* counts only the kept items */
     size_t *keep = dj__arena_alloc(&r->a, (items->n + 1) * sizeof *keep), n_keep = 0;
-    if (!keep) st = oom();
+    if (!keep) st = oom(r);
     for (size_t i = 0; st == DJ_OK && i < items->n; i++) {
         if (!s->filter) {
             keep[n_keep++] = i;
@@ -1501,7 +1509,7 @@ static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
         sc.vars = (dj__jdict){0};
         st = bind_targets(r, s, &items->v[keep[j]]);
         dj__jdict *loop = dj__arena_alloc(&r->a, sizeof *loop);
-        if (st == DJ_OK && !loop) st = oom();
+        if (st == DJ_OK && !loop) st = oom(r);
         if (st != DJ_OK) break;
         const int64_t n = (int64_t)n_keep, i = (int64_t)j;
         bool ok = dict_set(&r->a, loop, "index0", 6, (dj__jval){.k = JV_INT, .u.i = i}) &&
@@ -1515,7 +1523,7 @@ static dj_status exec_for(rctx *r, const dj__jstmt *s, int *flow) {
                   (j + 1 == n_keep || dict_set(&r->a, loop, "nextitem", 8, items->v[keep[j + 1]])) &&
                   dict_set(&r->a, &sc.vars, "loop", 4, (dj__jval){.k = JV_DICT, .u.d = loop});
         if (!ok) {
-            st = oom();
+            st = oom(r);
             break;
         }
         int f = FLOW_NONE;
@@ -1544,7 +1552,8 @@ static dj_status exec(rctx *r, const dj__jstmt *s, int *flow) {
         put_str(&b, &v);
         if (b.oom || b.gen) {
             free(b.p);
-            return b.oom ? oom() : gen_printed();
+            if (b.nomem) return dj_fail(DJ_ENOMEM, "out of memory rendering a chat template");
+            return b.oom ? oom(r) : gen_printed();
         }
         st = emit(r, b.p ? b.p : "", b.n);
         free(b.p);
@@ -1561,7 +1570,7 @@ static dj_status exec(rctx *r, const dj__jstmt *s, int *flow) {
         if (s->attr) {
             dj__jval *ns = lookup(r, s->targets[0]);
             if (!ns || ns->k != JV_NS) return err(s->line, "'%s' is not a namespace: cannot set its attributes", s->targets[0]);
-            if (!dict_set(&r->a, ns->u.d, s->attr, strlen(s->attr), v)) return oom();
+            if (!dict_set(&r->a, ns->u.d, s->attr, strlen(s->attr), v)) return oom(r);
             return DJ_OK;
         }
         return set_var(r, s->targets[0], v);
@@ -1583,7 +1592,7 @@ static dj_status exec(rctx *r, const dj__jstmt *s, int *flow) {
         if (st == DJ_OK) v = mkstr(r, body ? body : "", body_n, &ok);
         free(body);
         if (st != DJ_OK) return st;
-        if (!ok) return oom();
+        if (!ok) return oom(r);
         return set_var(r, s->targets[0], v);
     }
     case JS_BREAK: *flow = FLOW_BREAK; return DJ_OK;
@@ -1606,12 +1615,12 @@ dj_status dj__jinja_render(const dj_chat_template_t *t, const void *vars, char *
         if (!dict_get(g.u.d, "bos_token", 9)) {
             bool ok = true;
             dj__jval b = mkstr(&r, t->bos, strlen(t->bos), &ok);
-            if (!ok || !dict_set(&r.a, g.u.d, "bos_token", 9, b)) st = oom();
+            if (!ok || !dict_set(&r.a, g.u.d, "bos_token", 9, b)) st = oom(&r);
         }
         if (st == DJ_OK && !dict_get(g.u.d, "eos_token", 9)) {
             bool ok = true;
             dj__jval b = mkstr(&r, t->eos, strlen(t->eos), &ok);
-            if (!ok || !dict_set(&r.a, g.u.d, "eos_token", 9, b)) st = oom();
+            if (!ok || !dict_set(&r.a, g.u.d, "eos_token", 9, b)) st = oom(&r);
         }
     }
     r.sc = &root;

@@ -15,6 +15,7 @@ typedef struct dj__arena_chunk dj__arena_chunk;
 typedef struct dj__arena {
     dj__arena_chunk *head;
     size_t used, cap; /* bytes handed out in all, and the most allowed */
+    bool nomem;       /* an allocation failed for want of memory, not for cap */
 } dj__arena;
 void *dj__arena_alloc(dj__arena *a, size_t n); /* zeroed; NULL past cap or out of memory */
 void dj__arena_free(dj__arena *a);

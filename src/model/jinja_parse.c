@@ -2,6 +2,7 @@
  * transformers' trim_blocks and lstrip_blocks) and recursive-descent parser
  * into the tree of jinja_impl.h; anything outside the subset is refused. */
 #include <ctype.h>
+#include "djinn/alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,11 @@ void *dj__arena_alloc(dj__arena *a, size_t n) {
     dj__arena_chunk *c = a->head;
     if (!c || c->size - c->used < n) {
         size_t size = n > 65536 ? n : 65536;
-        c = malloc(sizeof *c + size);
-        if (!c) return NULL;
+        c = dj_malloc(sizeof *c + size);
+        if (!c) {
+            a->nomem = true;
+            return NULL;
+        }
         c->next = a->head;
         c->used = 0;
         c->size = size;
@@ -101,7 +105,7 @@ static dj_status syntax(int line, const char *what) {
 static dj_status push(parser *ps, tok t) {
     if (ps->n_toks == ps->cap_toks) {
         size_t cap = ps->cap_toks ? ps->cap_toks * 2 : 256;
-        tok *n = realloc(ps->toks, cap * sizeof *n);
+        tok *n = dj_realloc(ps->toks, cap * sizeof *n);
         if (!n) return dj_fail(DJ_ENOMEM, "out of memory lexing a chat template");
         ps->toks = n;
         ps->cap_toks = cap;

@@ -1,6 +1,7 @@
 /* sampler.c: greedy / temperature / top-k / top-p / min-p token choice with
  * penalties and a seeded generator, so that a seed reproduces a generation. */
 #include "djinn/sampler.h"
+#include "djinn/alloc.h"
 
 #include "model/sample_rule.h"
 
@@ -70,15 +71,15 @@ dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_
     dj_status st = dj_sampler_params_check(p);
     if (st != DJ_OK) return st;
     if (vocab == 0) return dj_fail(DJ_EINVAL, "empty vocabulary");
-    dj_sampler_t *s = calloc(1, sizeof *s);
+    dj_sampler_t *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->p = *p;
     s->vocab = vocab;
     s->penalised = rep_on(p->repetition_penalty) || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
-    s->pl = malloc(vocab * sizeof *s->pl);
-    s->w = malloc(vocab * sizeof *s->w);
-    s->order = malloc(vocab * sizeof *s->order);
-    if (s->penalised) s->slot = calloc(vocab, sizeof *s->slot);
+    s->pl = dj_malloc(vocab * sizeof *s->pl);
+    s->w = dj_malloc(vocab * sizeof *s->w);
+    s->order = dj_malloc(vocab * sizeof *s->order);
+    if (s->penalised) s->slot = dj_calloc(vocab, sizeof *s->slot);
     if (!s->pl || !s->w || !s->order || (s->penalised && !s->slot)) {
         dj_sampler_free(s);
         return dj_fail(DJ_ENOMEM, "out of memory");
@@ -108,9 +109,9 @@ void dj_sampler_observe(dj_sampler_t *s, const int32_t *ids, size_t n, bool prom
         if (e == 0) {
             if (s->n_pen == s->pen_cap) { /* at most vocab entries, so this stops growing */
                 const uint32_t cap = s->pen_cap ? s->pen_cap * 2 : 64;
-                dj_sampler_penalty *pn = realloc(s->pen, cap * sizeof *pn);
+                dj_sampler_penalty *pn = dj_realloc(s->pen, cap * sizeof *pn);
                 if (pn) s->pen = pn;
-                uint32_t *c = pn ? realloc(s->count, cap * sizeof *c) : NULL;
+                uint32_t *c = pn ? dj_realloc(s->count, cap * sizeof *c) : NULL;
                 if (c) s->count = c;
                 if (!pn || !c) {
                     DJ_LOG(WARN, "sampler: out of memory; id %d is not penalised", (int)ids[k]);

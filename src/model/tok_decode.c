@@ -2,6 +2,7 @@
  * (ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace), one-shot and
  * streaming (only complete UTF-8 leaves the streamer). */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 
 #include "model/tok_impl.h"
@@ -18,10 +19,10 @@ static dj_status oom(void) { return dj_fail(DJ_ENOMEM, "tokenizer: out of memory
 static dj_status tl_begin(tlist *l) { /* opens a new, empty token */
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 16;
-        size_t *o = realloc(l->off, nc * sizeof *o);
+        size_t *o = dj_realloc(l->off, nc * sizeof *o);
         if (!o) return oom();
         l->off = o;
-        size_t *q = realloc(l->len, nc * sizeof *q);
+        size_t *q = dj_realloc(l->len, nc * sizeof *q);
         if (!q) return oom();
         l->len = q;
         l->cap = nc;
@@ -319,7 +320,7 @@ dj_status dj_detok_stream_new(const dj_tokenizer_t *tok, dj_detok_stream_t **out
     if (!out) return dj_fail(DJ_EINVAL, "dj_detok_stream_new: out is NULL");
     *out = NULL;
     if (!tok) return dj_fail(DJ_EINVAL, "dj_detok_stream_new: tok is NULL");
-    dj_detok_stream_t *s = calloc(1, sizeof *s);
+    dj_detok_stream_t *s = dj_calloc(1, sizeof *s);
     if (!s) return oom();
     s->tok = tok;
     s->first = true;
@@ -373,7 +374,7 @@ dj_status dj_detok_stream_push(dj_detok_stream_t *s, int32_t id, char *out, size
         return dj_fail(DJ_ERANGE, "tokenizer: token id %d is out of range (vocab size %u)", (int)id, tok->n_ids);
     if (s->n == s->cap) {
         size_t nc = s->cap ? s->cap * 2 : 16;
-        int32_t *w = realloc(s->win, nc * sizeof *w);
+        int32_t *w = dj_realloc(s->win, nc * sizeof *w);
         if (!w) return oom();
         s->win = w;
         s->cap = nc;

@@ -2,6 +2,7 @@
  * tokens split out of the raw text, normalizers, pre-tokenizers, BPE merges
  * (priority queue per word), then the post-processor's special tokens. */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 #include <utf8proc.h>
 
@@ -62,7 +63,7 @@ static dj_status grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return DJ_OK;
     size_t nc = *cap ? *cap : 16;
     while (nc < need) nc *= 2;
-    void *q = realloc(*p, nc * elem);
+    void *q = dj_realloc(*p, nc * elem);
     if (!q) return oom();
     *p = q;
     *cap = nc;
@@ -711,7 +712,7 @@ dj_status dj_tokenizer_encode(const dj_tokenizer_t *tok, const char *text, size_
         return st;
     }
     if (!c.ids) { /* an empty result is still a malloc'd array */
-        c.ids = malloc(sizeof *c.ids);
+        c.ids = dj_malloc(sizeof *c.ids);
         if (!c.ids) return oom();
     }
     *ids = c.ids;

@@ -15,6 +15,7 @@
  * vocabulary to the model's embedding rows with "[PAD<id>]" tokens that the
  * Hugging Face tokenizer does not have: those ids are left out. */
 #include <math.h>
+#include "djinn/alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +70,7 @@ static dj_status rd_str(reader *r, uint64_t cap, char **out, uint32_t *len) {
     if (st) return st;
     if (n > r->left) return rd(r, NULL, n); /* the error */
     if (n > cap) return dj_fail(DJ_EFORMAT, "tokenizer: %s: a GGUF string of %llu bytes", r->path, (unsigned long long)n);
-    char *s = malloc((size_t)n + 1);
+    char *s = dj_malloc((size_t)n + 1);
     if (!s) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     if ((st = rd(r, s, n))) {
         free(s);
@@ -168,17 +169,17 @@ static dj_status read_vocab(reader *r, vocab *v) {
             else st = skip_value(r, t, 0);
         } else if (!strcmp(key, "tokenizer.ggml.tokens") && !v->tok) {
             if ((st = rd_arr(r, t, key, GG_STR, &v->n))) goto next;
-            v->tok = calloc(v->n ? v->n : 1, sizeof *v->tok);
-            v->tok_len = calloc(v->n ? v->n : 1, sizeof *v->tok_len);
+            v->tok = dj_calloc(v->n ? v->n : 1, sizeof *v->tok);
+            v->tok_len = dj_calloc(v->n ? v->n : 1, sizeof *v->tok_len);
             if (!v->tok || !v->tok_len) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
             for (uint64_t i = 0; !st && i < v->n; i++) st = rd_str(r, MAX_KEY, &v->tok[i], &v->tok_len[i]);
         } else if (!strcmp(key, "tokenizer.ggml.scores") && !v->score) {
             if ((st = rd_arr(r, t, key, GG_F32, &v->n_score))) goto next;
-            if (!(v->score = malloc((v->n_score ? v->n_score : 1) * sizeof *v->score))) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
+            if (!(v->score = dj_malloc((v->n_score ? v->n_score : 1) * sizeof *v->score))) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
             else st = rd(r, v->score, v->n_score * 4);
         } else if (!strcmp(key, "tokenizer.ggml.token_type") && !v->type) {
             if ((st = rd_arr(r, t, key, GG_I32, &v->n_type))) goto next;
-            if (!(v->type = malloc((v->n_type ? v->n_type : 1) * sizeof *v->type))) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
+            if (!(v->type = dj_malloc((v->n_type ? v->n_type : 1) * sizeof *v->type))) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
             else st = rd(r, v->type, v->n_type * 4);
         } else if (!strcmp(key, "tokenizer.ggml.add_bos_token")) {
             if (!(st = rd_int(r, t, key, &iv))) v->add_bos = iv != 0;
@@ -281,7 +282,7 @@ static dj_status build_json(const vocab *v, const char *path, cJSON **out) {
     merge *mg = NULL;
     size_t n_mg = 0, cap_mg = 0;
     for (m.cap = 16; m.cap < 2 * v->n + 2; m.cap *= 2) {}
-    if (!(m.slot = calloc(m.cap, sizeof *m.slot))) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
+    if (!(m.slot = dj_calloc(m.cap, sizeof *m.slot))) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     for (uint64_t i = 0; i < v->n; i++) {
         if (is_pad(v, i)) continue;
         if (!dj__utf8_valid(v->tok[i], v->tok_len[i])) {
@@ -310,7 +311,7 @@ static dj_status build_json(const vocab *v, const char *path, cJSON **out) {
             const int32_t l = idmap_get(&m, v, p, k), r = l < 0 ? -1 : idmap_get(&m, v, p + k, n - k);
             if (r < 0) continue;
             if (n_mg == cap_mg) {
-                merge *g = realloc(mg, (cap_mg = cap_mg ? 2 * cap_mg : 1024) * sizeof *mg);
+                merge *g = dj_realloc(mg, (cap_mg = cap_mg ? 2 * cap_mg : 1024) * sizeof *mg);
                 if (!g) {
                     st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
                     goto done;

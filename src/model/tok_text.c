@@ -1,6 +1,7 @@
 /* tok_text.c: the tokenizer's shared low-level pieces - byte buffers, UTF-8,
  * regexes, and the vocabulary and merge hash maps - below its loader and coders. */
 #include <stdlib.h>
+#include "djinn/alloc.h"
 #include <string.h>
 #include <xxhash.h>
 
@@ -12,7 +13,7 @@ dj_status dj__sbuf_put(dj__sbuf *b, const void *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
+        char *p = dj_realloc(b->p, cap);
         if (!p) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory (%zu bytes)", cap);
         b->p = p;
         b->cap = cap;
@@ -181,7 +182,10 @@ dj_status dj__tok_regex(const char *pat, size_t len, bool literal, pcre2_code **
     *out = NULL;
     dj__sbuf b = {0};
     dj_status st = literal ? dj__sbuf_put(&b, pat, len) : rewrite_ws(pat, len, &b);
-    if (st) return st;
+    if (st) {
+        dj__sbuf_free(&b);
+        return st;
+    }
     int err = 0;
     PCRE2_SIZE off = 0;
     uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);

@@ -1,6 +1,7 @@
 /* tokenizer.c: loading a Hugging Face tokenizer.json (BPE model, normalizers,
  * pre-tokenizers, added tokens, post-processor, decoders) into dj_tokenizer_t. */
 #include <cjson/cJSON.h>
+#include "djinn/alloc.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,7 +134,7 @@ static dj_status add_normalizer(dj_tokenizer_t *tok, const cJSON *o, size_t *cap
     }
     if (tok->n_norms == *cap) {
         size_t nc = *cap ? *cap * 2 : 4;
-        dj__norm *p = realloc(tok->norms, nc * sizeof *p);
+        dj__norm *p = dj_realloc(tok->norms, nc * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
         tok->norms = p;
         *cap = nc;
@@ -197,7 +198,7 @@ static dj_status add_pretok(dj_tokenizer_t *tok, const cJSON *o, size_t *cap, in
     }
     if (tok->n_pretoks == *cap) {
         size_t nc = *cap ? *cap * 2 : 4;
-        dj__pretok *p = realloc(tok->pretoks, nc * sizeof *p);
+        dj__pretok *p = dj_realloc(tok->pretoks, nc * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
         tok->pretoks = p;
         *cap = nc;
@@ -269,7 +270,7 @@ static dj_status add_decoder(dj_tokenizer_t *tok, const cJSON *o, size_t *cap, i
     }
     if (tok->n_decs == *cap) {
         size_t nc = *cap ? *cap * 2 : 4;
-        dj__dec *p = realloc(tok->decs, nc * sizeof *p);
+        dj__dec *p = dj_realloc(tok->decs, nc * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
         tok->decs = p;
         *cap = nc;
@@ -323,7 +324,7 @@ static dj_status add_decoder(dj_tokenizer_t *tok, const cJSON *o, size_t *cap, i
 /* ---- post-processors ---- */
 
 static dj_status push_template(dj_tokenizer_t *tok, dj__template *t) {
-    dj__template *p = realloc(tok->templates, (tok->n_templates + 1) * sizeof *p);
+    dj__template *p = dj_realloc(tok->templates, (tok->n_templates + 1) * sizeof *p);
     if (!p) {
         free(t->ids);
         return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
@@ -381,7 +382,7 @@ static dj_status add_template(dj_tokenizer_t *tok, const cJSON *o) {
         }
         if (t.n_ids + n > cap) {
             cap = (t.n_ids + n) * 2;
-            int32_t *p = realloc(t.ids, cap * sizeof *p);
+            int32_t *p = dj_realloc(t.ids, cap * sizeof *p);
             if (!p) {
                 free(t.ids);
                 return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
@@ -421,7 +422,7 @@ static dj_status add_cls_sep(dj_tokenizer_t *tok, const cJSON *o, const char *ty
     if ((st = jint(cJSON_GetArrayItem(cls, 1), 0, (long)tok->n_ids - 1, "cls id", &a))) return st;
     if ((st = jint(cJSON_GetArrayItem(sep, 1), 0, (long)tok->n_ids - 1, "sep id", &b))) return st;
     dj__template t = {0};
-    t.ids = malloc(2 * sizeof *t.ids);
+    t.ids = dj_malloc(2 * sizeof *t.ids);
     if (!t.ids) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     t.ids[0] = (int32_t)a;
     t.ids[1] = (int32_t)b;
@@ -517,7 +518,7 @@ static dj_status load_model(dj_tokenizer_t *tok, const cJSON *model, const cJSON
     /* vocab: strings into the arena, ids checked */
     int nv = cJSON_GetArraySize(vocab);
     if (nv <= 0) return dj_fail(DJ_EFORMAT, "tokenizer: BPE vocab is empty");
-    tok->vocab = malloc((size_t)nv * sizeof *tok->vocab);
+    tok->vocab = dj_malloc((size_t)nv * sizeof *tok->vocab);
     if (!tok->vocab) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     long max_id = -1;
     const cJSON *it;
@@ -544,9 +545,9 @@ static dj_status load_model(dj_tokenizer_t *tok, const cJSON *model, const cJSON
         }
     }
     tok->n_ids = (uint32_t)max_id + 1;
-    tok->id_off = malloc(tok->n_ids * sizeof *tok->id_off);
-    tok->id_len = calloc(tok->n_ids, sizeof *tok->id_len);
-    tok->id_added = calloc(tok->n_ids, 1);
+    tok->id_off = dj_malloc(tok->n_ids * sizeof *tok->id_off);
+    tok->id_len = dj_calloc(tok->n_ids, sizeof *tok->id_len);
+    tok->id_added = dj_calloc(tok->n_ids, 1);
     if (!tok->id_off || !tok->id_len || !tok->id_added) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     for (uint32_t i = 0; i < tok->n_ids; i++) tok->id_off[i] = DJ__TOK_NO_STR;
     for (uint32_t i = 0; i < tok->n_vocab; i++) {
@@ -559,7 +560,7 @@ static dj_status load_model(dj_tokenizer_t *tok, const cJSON *model, const cJSON
 /* After the arena is final: the vocab map, merges, byte ids. */
 static dj_status build_model_maps(dj_tokenizer_t *tok, const cJSON *model) {
     tok->vocab_map.cap = pow2_above(tok->n_vocab);
-    tok->vocab_map.slots = calloc(tok->vocab_map.cap, sizeof *tok->vocab_map.slots);
+    tok->vocab_map.slots = dj_calloc(tok->vocab_map.cap, sizeof *tok->vocab_map.slots);
     if (!tok->vocab_map.slots) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     for (uint32_t i = 0; i < tok->n_vocab; i++) dj__tok_vocab_insert(tok, i);
 
@@ -577,7 +578,7 @@ static dj_status build_model_maps(dj_tokenizer_t *tok, const cJSON *model) {
     const cJSON *merges = jget(model, "merges");
     int nm = cJSON_IsArray(merges) ? cJSON_GetArraySize(merges) : 0;
     tok->merge_cap = pow2_above((uint32_t)nm);
-    tok->merges = malloc(tok->merge_cap * sizeof *tok->merges);
+    tok->merges = dj_malloc(tok->merge_cap * sizeof *tok->merges);
     if (!tok->merges) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     for (uint32_t i = 0; i < tok->merge_cap; i++) tok->merges[i].key = UINT64_MAX;
     if (!nm) return DJ_OK;
@@ -617,7 +618,7 @@ static dj_status build_model_maps(dj_tokenizer_t *tok, const cJSON *model) {
 static dj_status load_added(dj_tokenizer_t *tok, const cJSON *added, dj__sbuf *arena) {
     int na = cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0;
     if (na <= 0) return DJ_OK;
-    tok->added = calloc((size_t)na, sizeof *tok->added);
+    tok->added = dj_calloc((size_t)na, sizeof *tok->added);
     if (!tok->added) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     const cJSON *it;
     dj_status st;
@@ -669,7 +670,7 @@ static dj_status finish_added(dj_tokenizer_t *tok, dj__sbuf *arena) {
 static dj_status build_added_sets(dj_tokenizer_t *tok) {
     for (int pass = 0; pass < 2; pass++) {
         dj__added_set *set = pass ? &tok->added_norm : &tok->added_raw;
-        set->idx = malloc((tok->n_added + 1) * sizeof *set->idx);
+        set->idx = dj_malloc((tok->n_added + 1) * sizeof *set->idx);
         if (!set->idx) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
         uint32_t count[257] = {0};
         for (uint32_t i = 0; i < tok->n_added; i++) {
@@ -737,7 +738,7 @@ dj_status dj_tokenizer_load_buffer(const char *json, size_t len, dj_tokenizer_t 
     *out = NULL;
     if (!json) return dj_fail(DJ_EINVAL, "dj_tokenizer_load_buffer: json is NULL");
     dj_status st;
-    dj_tokenizer_t *tok = calloc(1, sizeof *tok);
+    dj_tokenizer_t *tok = dj_calloc(1, sizeof *tok);
     if (!tok) return dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
     if (!dj__utf8_valid(json, len)) { /* then every string cJSON hands us is valid too */
         st = dj_fail(DJ_EFORMAT, "tokenizer: the JSON is not valid UTF-8");
@@ -775,7 +776,7 @@ dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out) {
     if (plen > 5 && !strcmp(path + plen - 5, ".gguf")) {
         cJSON *root = NULL;
         dj_status st = dj__tok_gguf_json(path, &root);
-        dj_tokenizer_t *tok = st == DJ_OK ? calloc(1, sizeof *tok) : NULL;
+        dj_tokenizer_t *tok = st == DJ_OK ? dj_calloc(1, sizeof *tok) : NULL;
         if (st == DJ_OK && !tok) st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory");
         if (st == DJ_OK) st = load_json(tok, root);
         cJSON_Delete(root);
@@ -796,7 +797,7 @@ dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out) {
         st = dj_fail(DJ_EIO, "tokenizer: cannot size %s", path);
         goto done;
     }
-    buf = malloc((size_t)n + 1);
+    buf = dj_malloc((size_t)n + 1);
     if (!buf) {
         st = dj_fail(DJ_ENOMEM, "tokenizer: out of memory reading %s (%ld bytes)", path, n);
         goto done;

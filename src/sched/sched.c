@@ -1,6 +1,7 @@
 /* sched.c: the scheduling policy (sched.h) - requests and sessions in hash
  * tables and intrusive lists, decisions recomputed from them on every call. */
 #include "sched/sched.h"
+#include "djinn/alloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@ static void *map_get(const umap *m, uint64_t k) {
 static dj_status map_put(umap *m, uint64_t k, void *v) {
     if (m->n >= m->nb) {
         const size_t nb = m->nb ? m->nb * 2 : 64;
-        ment **b = calloc(nb, sizeof *b);
+        ment **b = dj_calloc(nb, sizeof *b);
         if (!b) return dj_fail(DJ_ENOMEM, "scheduler: out of memory");
         umap g = {b, nb, m->n};
         for (size_t i = 0; i < m->nb; i++)
@@ -48,7 +49,7 @@ static dj_status map_put(umap *m, uint64_t k, void *v) {
         free(m->b);
         *m = g;
     }
-    ment *e = malloc(sizeof *e);
+    ment *e = dj_malloc(sizeof *e);
     if (!e) return dj_fail(DJ_ENOMEM, "scheduler: out of memory");
     e->key = k;
     e->val = v;
@@ -176,7 +177,7 @@ dj_status dj_sched_new(const dj_sched_config *cfg, dj_sched_t **out) {
         return dj_fail(DJ_EINVAL, "scheduler: max_running %u, max_rows %u and pages_total %u must be >= 1",
                        cfg->max_running, cfg->max_rows, cfg->pages_total);
     if ((unsigned)cfg->policy > DJ_SWAP_RECOMPUTE) return dj_fail(DJ_EINVAL, "scheduler: unknown swap policy");
-    dj_sched_t *s = calloc(1, sizeof *s);
+    dj_sched_t *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "scheduler: out of memory");
     s->cfg = *cfg;
     if (s->cfg.page_in_ms <= 0) s->cfg.page_in_ms = 0.01;
@@ -256,7 +257,7 @@ dj_status dj_sched_session_open(dj_sched_t *s, uint64_t sess, const dj_sched_ses
     if (!info->block_tokens || !info->block_pages || !info->max_ctx)
         return dj_fail(DJ_EINVAL, "scheduler: session with block_tokens %u, block_pages %u, max_ctx %u",
                        info->block_tokens, info->block_pages, info->max_ctx);
-    ssess *x = calloc(1, sizeof *x);
+    ssess *x = dj_calloc(1, sizeof *x);
     if (!x) return dj_fail(DJ_ENOMEM, "scheduler: out of memory");
     x->id = sess;
     x->conn = info->conn;
@@ -317,7 +318,7 @@ dj_status dj_sched_arrive(dj_sched_t *s, uint64_t req, uint64_t sess, uint32_t q
     ssess *x = sess ? map_get(&s->sessions, sess) : NULL;
     if (kind != DJ_REQ_CTRL && !x)
         return dj_fail(DJ_ENOTFOUND, "scheduler: no session %016llx", (unsigned long long)sess);
-    sreq *r = calloc(1, sizeof *r);
+    sreq *r = dj_calloc(1, sizeof *r);
     if (!r) return dj_fail(DJ_ENOMEM, "scheduler: out of memory");
     r->id = req;
     r->sess = x ? sess : 0;

@@ -3,6 +3,7 @@
  * the per-peer failed-HELLO schedule and the scrubbing of error text. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include "djinn/alloc.h"
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,8 +83,8 @@ dj_status dj__tokens_load(const char *path, dj__token **out, size_t *n_out) {
     *n_out = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return dj_fail(DJ_EIO, "--token-file %s: %s", path, strerror(errno));
-    char *buf = malloc(TOKEN_FILE_MAX + 1);
-    dj__token *toks = calloc(DJ__TOKENS_MAX, sizeof *toks);
+    char *buf = dj_malloc(TOKEN_FILE_MAX + 1);
+    dj__token *toks = dj_calloc(DJ__TOKENS_MAX, sizeof *toks);
     size_t len = buf ? fread(buf, 1, TOKEN_FILE_MAX + 1, f) : 0;
     const bool read_err = ferror(f) != 0;
     fclose(f);
@@ -191,7 +192,7 @@ void dj__peer_hello_result(dj__map *peers, uint64_t key, uint64_t now, bool ok) 
         if (peers->n >= DJ__PEERS_MAX) key = 0; /* full: the overflow shares one record */
         p = dj__map_get(peers, key);
         if (!p) {
-            p = calloc(1, sizeof *p);
+            p = dj_calloc(1, sizeof *p);
             if (!p || dj__map_put(peers, key, p) != DJ_OK) {
                 free(p);
                 return;

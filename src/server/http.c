@@ -6,6 +6,7 @@
  * (http_view.c draws them). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include "djinn/alloc.h"
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -291,7 +292,7 @@ static const dj__http_model *model_get(dj__http *h, const char *name) {
         len = b.n;
     }
     dj_model_config mc;
-    if (!cfg_text || dj_model_config_parse(cfg_text, len, &mc) != DJ_OK || !(m = calloc(1, sizeof *m))) {
+    if (!cfg_text || dj_model_config_parse(cfg_text, len, &mc) != DJ_OK || !(m = dj_calloc(1, sizeof *m))) {
         free(cfg_text);
         pthread_mutex_unlock(&h->mu);
         return NULL;
@@ -401,7 +402,7 @@ static void gen_close(hgen *g) {
     const size_t n = o->n_ids + g->n_gen + (g->res.stop_id >= 0 ? 1 : 0);
     idle_sess *e = NULL;
     if (g->h->cfg.reuse && g->done && strcmp(g->res.reason, "context") && g->n_gen == g->res.n_generated &&
-        (size_t)g->res.pos + 1 == n && (e = calloc(1, sizeof *e)) && (e->ids = malloc(n * sizeof *e->ids))) {
+        (size_t)g->res.pos + 1 == n && (e = dj_calloc(1, sizeof *e)) && (e->ids = dj_malloc(n * sizeof *e->ids))) {
         memcpy(e->ids, o->ids, o->n_ids * sizeof *e->ids);
         if (g->n_gen) memcpy(e->ids + o->n_ids, g->gen_ids, g->n_gen * sizeof *e->ids);
         if (g->res.stop_id >= 0) e->ids[n - 1] = g->res.stop_id;
@@ -514,7 +515,7 @@ static int gen_step(hgen *g, char *err, size_t cap) {
         g->o.n_generated++;
         if (g->n_gen == g->cap_gen) { /* for reuse; a failed growth only spoils that (gen_close checks) */
             const size_t c = g->cap_gen ? 2 * g->cap_gen : 64;
-            int32_t *v = realloc(g->gen_ids, c * sizeof *v);
+            int32_t *v = dj_realloc(g->gen_ids, c * sizeof *v);
             if (v) g->gen_ids = v, g->cap_gen = c;
         }
         if (g->n_gen < g->cap_gen) g->gen_ids[g->n_gen++] = ev.id;
@@ -602,7 +603,7 @@ static void gen_done(hstream *s) { gen_free((hgen *)s); }
 
 static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool chat) {
     dj__http *h = q->h;
-    hgen *g = calloc(1, sizeof *g);
+    hgen *g = dj_calloc(1, sizeof *g);
     if (!g) return reply_error(q, c, 503, "out of memory");
     g->h = h;
     g->conn = c;
@@ -785,7 +786,7 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
             return reply_error(q, c, 400, "count=%.40s: want a number of events from 1 to %u", cs, EVENTS_MAX_COUNT);
         count = v;
     }
-    hevents *e = calloc(1, sizeof *e);
+    hevents *e = dj_calloc(1, sizeof *e);
     if (!e) return reply_error(q, c, 503, "out of memory");
     e->h = q->h;
     e->conn = c;
@@ -837,7 +838,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         return;
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    hconn *k = ci ? calloc(1, sizeof *k) : NULL;
+    hconn *k = ci ? dj_calloc(1, sizeof *k) : NULL;
     *socket_context = k;
     if (!k) return; /* untracked: MHD's own limits still hold it */
     bool local;
@@ -1064,7 +1065,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     dj__http *h = cls;
     hreq *q = *ctx;
     if (!q) {
-        if (!(q = calloc(1, sizeof *q))) return MHD_NO;
+        if (!(q = dj_calloc(1, sizeof *q))) return MHD_NO;
         q->h = h;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         q->hc = ci ? ci->socket_context : NULL;
@@ -1149,7 +1150,7 @@ dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out) {
     dj_status st = dj__addr_parse(cfg->addr, &ss, &len);
     if (st != DJ_OK) return st;
     if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return dj_fail(DJ_EINVAL, "--http %s: want HOST:PORT", cfg->addr);
-    dj__http *h = calloc(1, sizeof *h);
+    dj__http *h = dj_calloc(1, sizeof *h);
     if (!h) return dj_fail(DJ_ENOMEM, "out of memory");
     h->cfg = *cfg;
     pthread_mutex_init(&h->mu, NULL);

@@ -3,6 +3,7 @@
  * chat template and tokenizer, stop strings, answers and streamed chunks. */
 #define _GNU_SOURCE
 #include <math.h>
+#include "djinn/alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@ void dj__buf_put(dj__buf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
+        char *p = dj_realloc(b->p, cap);
         if (!p) {
             b->oom = true;
             return;
@@ -131,7 +132,7 @@ static int parse_stop(dj__oai *o, const cJSON *v, char *err, size_t cap) {
             snprintf(err, cap, "a 'stop' string has %zu bytes: at most %d", n, MAX_STOP_BYTES);
             return 400;
         }
-        if (!(o->stop[o->n_stop] = strdup(s->valuestring))) return 500;
+        if (!(o->stop[o->n_stop] = dj_strdup(s->valuestring))) return 500;
         o->stop_len[o->n_stop++] = n;
         if (n > o->max_stop_len) o->max_stop_len = n;
     }
@@ -315,10 +316,10 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
         /* a string, [string] or [int, ...] (token ids) */
         if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child)) v = v->child;
         if (cJSON_IsString(v)) {
-            if (!(o->prompt = strdup(v->valuestring))) rc = 500;
+            if (!(o->prompt = dj_strdup(v->valuestring))) rc = 500;
         } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
             const int n_ids = cJSON_GetArraySize(v);
-            if (!(o->ids = malloc((size_t)n_ids * sizeof *o->ids))) {
+            if (!(o->ids = dj_malloc((size_t)n_ids * sizeof *o->ids))) {
                 rc = 500;
                 goto done;
             }
@@ -362,6 +363,10 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
         if (!vj) return 500;
         dj_status st = dj_chat_template_render(m->tpl, vj, strlen(vj), &text, &len);
         free(vj);
+        if (st == DJ_ENOMEM) {
+            snprintf(err, cap, "out of memory rendering the chat template of '%s'", m->name);
+            return 503;
+        }
         if (st != DJ_OK) {
             snprintf(err, cap, "the chat template of '%s' refused these messages: %s", m->name, dj_last_error());
             return 400;
@@ -378,6 +383,10 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
     }
     dj_status st = dj_tokenizer_encode(m->tok, text, len, !o->chat, &o->ids, &o->n_ids);
     if (o->chat) free(text);
+    if (st == DJ_ENOMEM) {
+        snprintf(err, cap, "out of memory tokenizing the prompt");
+        return 503;
+    }
     if (st != DJ_OK) {
         snprintf(err, cap, "the prompt cannot be tokenized: %s", dj_last_error());
         return 400;
@@ -393,7 +402,7 @@ void dj__oai_logprobs(dj__oai *o, const dj_token_logprobs *lp) {
     if (o->finished || !o->logprobs) return;
     if (o->n_lps == o->cap_lps) {
         const size_t cap = o->cap_lps ? 2 * o->cap_lps : 32;
-        struct dj__oai_lp *p = realloc(o->lps, cap * sizeof *p);
+        struct dj__oai_lp *p = dj_realloc(o->lps, cap * sizeof *p);
         if (!p) {
             o->text.oom = true; /* answered as out of memory */
             return;
@@ -452,9 +461,9 @@ static char *token_text(const dj__oai *o, int32_t id, char **raw, size_t *n_raw)
         *raw = NULL;
         *n_raw = 0;
     }
-    if (!*raw) return strdup("");
-    if (dj__utf8_valid(*raw, *n_raw) && !memchr(*raw, '\0', *n_raw)) return strdup(*raw);
-    char *s = malloc(6 + 4 * *n_raw + 1);
+    if (!*raw) return dj_strdup("");
+    if (dj__utf8_valid(*raw, *n_raw) && !memchr(*raw, '\0', *n_raw)) return dj_strdup(*raw);
+    char *s = dj_malloc(6 + 4 * *n_raw + 1);
     if (!s) return NULL;
     size_t k = (size_t)sprintf(s, "bytes:");
     for (size_t i = 0; i < *n_raw; i++) k += (size_t)sprintf(s + k, "\\x%02x", (unsigned char)(*raw)[i]);
@@ -551,6 +560,7 @@ static char *print(cJSON *r, size_t *len) {
 }
 
 char *dj__oai_response(const dj__oai *o, size_t *len) {
+    if (o->text.oom) return NULL; /* text (or logprobs) lost for want of memory: answered 503, never a hole */
     cJSON *r = head(o, o->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
@@ -598,7 +608,7 @@ static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const
     cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
-    char *t = strndup(text ? text : "", n);
+    char *t = dj_strndup(text ? text : "", n);
     if (o->chat) {
         cJSON *d = cJSON_AddObjectToObject(c, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
@@ -628,6 +638,10 @@ static size_t holdback(const dj__oai *o) {
 }
 
 void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
+    if (o->text.oom) { /* text (or logprobs) lost for want of memory: the stream ends with an error */
+        out->oom = true;
+        return;
+    }
     if (o->chat && !o->role_sent) {
         chunk(o, "", 0, true, NULL, 0, 0, out);
         o->role_sent = true;

@@ -2,6 +2,7 @@
  * assets), the JSON of the daemon's STATS it draws: GET /v1/djinn/stats, and
  * the same pushed as server-sent events by GET /v1/djinn/events. */
 #include <inttypes.h>
+#include "djinn/alloc.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +101,7 @@ char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
 
 char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len) {
     dj_client_stats o = *st; /* shallow: models and sessions stay st's */
-    dj_client_model *ms = st->n_models ? calloc(st->n_models, sizeof *ms) : NULL;
+    dj_client_model *ms = st->n_models ? dj_calloc(st->n_models, sizeof *ms) : NULL;
     if (st->n_models && !ms) return NULL;
     for (size_t i = 0; i < st->n_models; i++) {
         ms[i] = st->models[i];

@@ -3,6 +3,7 @@
  * model store's folder without loading a single weight. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include "djinn/alloc.h"
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,7 @@ static dj_status read_small(const char *dir, const char *name, char **out /* OUT
     if (k < 0 || (size_t)k >= sizeof path) return dj_fail(DJ_ERANGE, "model path too long");
     FILE *f = fopen(path, "rb");
     if (!f) return dj_fail(errno == ENOENT ? DJ_ENOTFOUND : DJ_EIO, "%s: %s", path, strerror(errno));
-    char *buf = malloc(INFO_MAX_FILE + 1);
+    char *buf = dj_malloc(INFO_MAX_FILE + 1);
     if (!buf) {
         fclose(f);
         return dj_fail(DJ_ENOMEM, "out of memory");

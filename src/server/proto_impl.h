@@ -15,13 +15,14 @@
 
 /* ---- writer: one top-level map; values written with the packer ---- */
 typedef struct dj__mw {
-    msgpack_sbuffer sb;  /* owns the bytes */
-    msgpack_packer pk;
+    msgpack_sbuffer sb;  /* owns the bytes (dj_realloc'd); data NULL once a write found no memory */
+    msgpack_packer pk;   /* writes to this dj__mw: the struct must not move after dj__mw_init */
     uint32_t n_keys;     /* top-level keys written so far */
+    bool oom;            /* a write found no memory: sb is empty and takes nothing more */
 } dj__mw;
 
 void dj__mw_init(dj__mw *w);        /* starts a map32 whose count is patched by dj__mw_finish */
-void dj__mw_finish(dj__mw *w);      /* patch the key count; bytes in w->sb.data, w->sb.size */
+void dj__mw_finish(dj__mw *w);      /* patch the key count; bytes in w->sb.data, w->sb.size (data NULL: out of memory) */
 void dj__mw_destroy(dj__mw *w);
 void dj__mw_key(dj__mw *w, const char *key); /* then exactly one value with w->pk */
 void dj__mw_u64(dj__mw *w, const char *key, uint64_t v);

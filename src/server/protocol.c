@@ -1,6 +1,7 @@
 /* protocol.c: frame header encode/decode with validation, a msgpack
  * structure check that runs before any allocation, and the metadata codec. */
 #include "server/proto_impl.h"
+#include "djinn/alloc.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -242,11 +243,37 @@ dj_status dj_meta_validate(const uint8_t *meta, uint64_t len) {
 
 /* ---- writer ---- */
 
+/* msgpack_sbuffer_write's work through dj_realloc (the sbuffer's own is inline
+ * realloc, out of the fault hook's reach); a failed write empties the buffer
+ * for good, so no frame is ever sent with a value missing from its middle. */
+static int mw_write(void *data, const char *buf, size_t len) {
+    dj__mw *w = data;
+    msgpack_sbuffer *sb = &w->sb;
+    if (w->oom) return -1;
+    if (sb->alloc - sb->size < len) {
+        size_t cap = sb->alloc ? sb->alloc : 256;
+        while (cap - sb->size < len) cap *= 2;
+        char *p = dj_realloc(sb->data, cap);
+        if (!p) {
+            msgpack_sbuffer_destroy(sb);
+            msgpack_sbuffer_init(sb);
+            w->oom = true;
+            return -1;
+        }
+        sb->data = p;
+        sb->alloc = cap;
+    }
+    memcpy(sb->data + sb->size, buf, len);
+    sb->size += len;
+    return 0;
+}
+
 void dj__mw_init(dj__mw *w) {
     msgpack_sbuffer_init(&w->sb);
-    msgpack_packer_init(&w->pk, &w->sb, msgpack_sbuffer_write);
+    msgpack_packer_init(&w->pk, w, mw_write);
+    w->oom = false;
     static const char map32[5] = {(char)0xdf, 0, 0, 0, 0};
-    msgpack_sbuffer_write(&w->sb, map32, sizeof map32);
+    mw_write(w, map32, sizeof map32);
     w->n_keys = 0;
 }
 
@@ -308,7 +335,7 @@ dj_status dj__meta_parse(dj__meta *m, const uint8_t *bytes, size_t len) {
     if (len == 0) return DJ_OK;
     dj_status st = dj_meta_validate(bytes, len);
     if (st != DJ_OK) return st;
-    if (!(m->bytes = malloc(len))) return dj_fail(DJ_ENOMEM, "out of memory");
+    if (!(m->bytes = dj_malloc(len))) return dj_fail(DJ_ENOMEM, "out of memory");
     memcpy(m->bytes, bytes, len);
     if (!msgpack_zone_init(&m->zone, 4096)) {
         free(m->bytes);
@@ -442,7 +469,7 @@ dj_status dj__meta_ids(const dj__meta *m, const char *key, bool required, int32_
     if (o->type != MSGPACK_OBJECT_ARRAY) return wrong(key, "an array of token ids");
     const uint32_t k = o->via.array.size;
     if (k == 0) return DJ_OK;
-    int32_t *v = malloc((size_t)k * sizeof *v);
+    int32_t *v = dj_malloc((size_t)k * sizeof *v);
     if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < k; i++) {
         uint64_t x;

@@ -3,6 +3,7 @@
  * worker, writes replies with scatter-gather writes, and shuts down cleanly. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include "djinn/alloc.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -103,7 +104,7 @@ static void on_clock(uv_check_t *h) {
 }
 
 dj_status dj__map_init(dj__map *m, size_t n_buckets) {
-    m->b = calloc(n_buckets, sizeof *m->b);
+    m->b = dj_calloc(n_buckets, sizeof *m->b);
     m->n_buckets = n_buckets;
     m->n = 0;
     return m->b ? DJ_OK : dj_fail(DJ_ENOMEM, "out of memory");
@@ -131,7 +132,7 @@ void *dj__map_get(const dj__map *m, uint64_t key) {
 }
 
 dj_status dj__map_put(dj__map *m, uint64_t key, void *val) {
-    dj__ment *e = malloc(sizeof *e);
+    dj__ment *e = dj_malloc(sizeof *e);
     if (!e) return dj_fail(DJ_ENOMEM, "out of memory");
     size_t b = bucket(m, key);
     e->key = key;
@@ -170,12 +171,12 @@ size_t dj__conn_handles(dj__server *s, uint64_t conn) {
 }
 
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w) {
-    dj__out *o = calloc(1, sizeof *o);
+    dj__mw_finish(w);
+    dj__out *o = w->sb.data ? dj_calloc(1, sizeof *o) : NULL; /* no data: the writer found no memory */
     if (!o) {
         dj__mw_destroy(w);
         return NULL;
     }
-    dj__mw_finish(w);
     o->conn = conn;
     o->h.magic = DJ_PROTO_MAGIC;
     o->h.version = DJ_PROTO_VERSION;
@@ -260,7 +261,7 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
         if (over) conn_close(c);
         return;
     }
-    wreq *r = calloc(1, sizeof *r);
+    wreq *r = dj_calloc(1, sizeof *r);
     if (!r) {
         free(meta);
         conn_close(c);
@@ -813,7 +814,7 @@ static void handle_frame(dj__conn *c) {
     default:
         break;
     }
-    dj__job *j = calloc(1, sizeof *j);
+    dj__job *j = dj_calloc(1, sizeof *j);
     if (!j) {
         dj__meta_destroy(&m);
         free(body);
@@ -868,7 +869,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->payload_checked = false;
             /* Grow with what arrives, not with what the header claims. */
             c->body_cap = c->body_len < READ_CHUNK ? c->body_len : READ_CHUNK;
-            c->body = malloc(c->body_cap ? c->body_cap : 1);
+            c->body = dj_malloc(c->body_cap ? c->body_cap : 1);
             if (!c->body) {
                 send_error(c, c->h.request_id, 0, dj_fail(DJ_ENOMEM, "out of memory"), true);
                 return;
@@ -882,7 +883,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             uint64_t cap = c->body_cap * 2;
             if (cap < c->body_got + k) cap = c->body_got + k;
             if (cap > c->body_len) cap = c->body_len;
-            uint8_t *nb = realloc(c->body, cap);
+            uint8_t *nb = dj_realloc(c->body, cap);
             if (!nb) {
                 send_error(c, c->h.request_id, 0, dj_fail(DJ_ENOMEM, "out of memory"), true);
                 return;
@@ -902,7 +903,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->hdr_got = 0;
             handle_frame(c);
             if (n && !c->closing && !may_read(c)) {
-                uint8_t *r = malloc(n);
+                uint8_t *r = dj_malloc(n);
                 if (!r) {
                     conn_close(c);
                     return;
@@ -981,21 +982,53 @@ static uint64_t peer_key(dj__conn *c, bool *local) {
     return 0;
 }
 
+static void on_connection(uv_stream_t *server, int status);
+
+static void on_refuse_closed(uv_handle_t *h) {
+    dj__server *s = h->data;
+    s->refuse_busy = false;
+    if (s->accept_stalled && !s->stopping) {
+        s->accept_stalled = false;
+        on_connection((uv_stream_t *)&s->listener, 0);
+    }
+}
+
+/* The pending connection accepted and closed at once, with no memory of its
+ * own (see dj__server.refuse); while refuse is still closing, once it closed. */
+static void refuse_pending(dj__server *s, uv_stream_t *server) {
+    DJ_LOG(WARN, "a connection refused: out of memory");
+    if (s->refuse_busy) {
+        s->accept_stalled = true;
+        return;
+    }
+    int rc = s->is_unix ? uv_pipe_init(&s->loop, &s->refuse.pipe, 0) : uv_tcp_init(&s->loop, &s->refuse.tcp);
+    if (rc < 0) return; /* no handle to accept into: libuv keeps the connection pending */
+    s->refuse.handle.data = s;
+    s->refuse_busy = true;
+    uv_accept(server, (uv_stream_t *)&s->refuse);
+    uv_close(&s->refuse.handle, on_refuse_closed);
+}
+
 static void on_connection(uv_stream_t *server, int status) {
     dj__server *s = server->data;
     if (status < 0 || s->stopping) return;
-    dj__conn *c = calloc(1, sizeof *c);
-    if (!c) return;
+    dj__conn *c = dj_calloc(1, sizeof *c);
+    if (!c) {
+        refuse_pending(s, server);
+        return;
+    }
     c->srv = s;
     c->id = ++s->next_conn;
     int rc = s->is_unix ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
     if (rc < 0) {
         free(c);
+        refuse_pending(s, server);
         return;
     }
     c->u.handle.data = c;
     if (dj__map_put(&s->conns, c->id, c) != DJ_OK) {
         uv_close(&c->u.handle, free_on_close);
+        refuse_pending(s, server);
         return;
     }
     s->n_conns++;
@@ -1003,7 +1036,12 @@ static void on_connection(uv_stream_t *server, int status) {
     dj_status st = dj__map_put(&s->live_conns, c->id, (void *)1);
     if (st == DJ_OK) s->metrics.connections++;
     pthread_mutex_unlock(&s->mu);
-    if (st != DJ_OK || uv_accept(server, &c->u.stream) < 0) {
+    if (st != DJ_OK) {
+        conn_close(c);
+        refuse_pending(s, server);
+        return;
+    }
+    if (uv_accept(server, &c->u.stream) < 0) {
         conn_close(c);
         return;
     }
@@ -1066,6 +1104,40 @@ static void on_tick(uv_timer_t *t) {
 
 /* ---- worker -> loop ---- */
 
+/* The answers the worker lost for want of memory (dj__server.lost), after
+ * the frames it posted before them. */
+static void answer_lost(dj__server *s) {
+    pthread_mutex_lock(&s->mu);
+    const uint32_t n = s->n_lost;
+    const bool overflow = s->lost_overflow;
+    uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX];
+    for (uint32_t i = 0; i < n; i++) {
+        conn[i] = s->lost[i].conn;
+        req[i] = s->lost[i].req;
+    }
+    s->n_lost = 0;
+    s->lost_overflow = false;
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        dj__conn *c = dj__map_get(&s->conns, conn[i]);
+        if (!c || c->closing || uv_is_closing(&c->u.handle)) continue;
+        if (c->inflight) c->inflight--;
+        dj__out *o = dj__out_error(c->id, req[i], DJ_ENOMEM, "out of memory building the answer", false);
+        if (!o) {
+            conn_close(c);
+            continue;
+        }
+        send_out(c, o);
+        conn_pump(c);
+    }
+    if (overflow)
+        for (size_t b = 0; b < s->conns.n_buckets; b++)
+            for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+                dj__conn *c = e->val;
+                if (c->inflight && !c->closing && !uv_is_closing(&c->u.handle)) conn_close(c);
+            }
+}
+
 static void on_wake(uv_async_t *a) {
     dj__server *s = a->data;
     pthread_mutex_lock(&s->mu);
@@ -1086,6 +1158,7 @@ static void on_wake(uv_async_t *a) {
         }
         o = next;
     }
+    answer_lost(s);
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {
@@ -1212,8 +1285,16 @@ static dj_status listen_on(dj__server *s) {
     return DJ_OK;
 }
 
+/* libuv's own allocations (its handles' queues, uv_write's buffer lists,
+ * its thread pool) through alloc.h, so the fault hook reaches them too. */
+static void *uv_malloc_fn(size_t n) { return dj_malloc(n); }
+static void *uv_realloc_fn(void *p, size_t n) { return dj_realloc(p, n); }
+static void *uv_calloc_fn(size_t n, size_t size) { return dj_calloc(n, size); }
+static void uv_free_fn(void *p) { dj_free(p); }
+
 int dj__serve_main(int argc, char **argv) {
-    dj__server *s = calloc(1, sizeof *s);
+    uv_replace_allocator(uv_malloc_fn, uv_realloc_fn, uv_calloc_fn, uv_free_fn); /* before any other uv call */
+    dj__server *s = dj_calloc(1, sizeof *s);
     if (!s) return 1;
     int r = dj__parse_args(argc, argv, &s->cfg);
     if (r) {

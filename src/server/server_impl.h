@@ -102,6 +102,9 @@ void dj__metrics_stop(dj__metrics *m);
 typedef struct dj__model_ent dj__model_ent;
 typedef struct dj__job dj__job;
 
+/* Answers lost for want of memory the loop is told of at once (dj__server.lost). */
+#define DJ__LOST_MAX 256
+
 /* Most running generations one batched decode step carries. */
 #define DJ__MAX_BATCH 64
 
@@ -177,6 +180,8 @@ struct dj__job {
     uint64_t payload_len;
     double t_enqueue;
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
+    bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
+                               * (dj__server.lost), its later frames are dropped */
     dj__job *hprev, *hnext;   /* worker: jobs the scheduler holds */
 };
 
@@ -282,6 +287,16 @@ typedef struct dj__server {
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } listener;
+    /* A connection the loop has no memory for is accepted into this handle and
+     * closed at once: libuv takes no new connection until the pending one is
+     * accepted, so leaving it would stop the listener for good. */
+    union {
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+        uv_handle_t handle;
+    } refuse;
+    bool refuse_busy;    /* refuse is open or closing */
+    bool accept_stalled; /* a connection waits for refuse's close to be accepted */
     bool is_unix;
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
@@ -307,6 +322,15 @@ typedef struct dj__server {
     dj__map live_conns;  /* id -> (void *)1 */
     dj__jobq newq[DJ_QOS_COUNT]; /* arrived, not yet handed to the scheduler */
     dj__out *out_head, *out_tail;
+    /* Answers the worker could not build for want of memory (mu): the loop
+     * answers each with an ENOMEM ERROR of its own, or closes its connection.
+     * Past DJ__LOST_MAX, lost_overflow: every connection with a request in
+     * flight is closed (no client waits for an answer that will never come). */
+    struct {
+        uint64_t conn, req;
+    } lost[DJ__LOST_MAX];
+    uint32_t n_lost;
+    bool lost_overflow;
     bool stop_worker, reap;
 
     /* worker only */

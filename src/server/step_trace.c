@@ -2,6 +2,7 @@
  * into engine interventions, run, and the saved activations published as
  * result handles. Worker thread only. */
 #include <stdio.h>
+#include "djinn/alloc.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,7 +43,7 @@ dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t
     if (np > DJ_IV_MAX)
         return dj_fail(DJ_EINVAL, "STEP names %u points; at most %u in one step", np, (unsigned)DJ_IV_MAX);
     if (n == 0) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
-    dj__trace_req *t = calloc(1, sizeof *t);
+    dj__trace_req *t = dj_calloc(1, sizeof *t);
     if (!t) return dj_fail(DJ_ENOMEM, "out of memory");
     t->n = n;
     t->d = c->hidden_size;
@@ -102,7 +103,7 @@ dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t
     if (st == DJ_OK && payload_len != floats * 4)
         st = dj_fail(DJ_EINVAL, "STEP payload holds %llu bytes; its points' tensors take %llu (f32)",
                      (unsigned long long)payload_len, (unsigned long long)(floats * 4));
-    if (st == DJ_OK && floats && !(t->data = malloc((size_t)floats * sizeof(float))))
+    if (st == DJ_OK && floats && !(t->data = dj_malloc((size_t)floats * sizeof(float))))
         st = dj_fail(DJ_ENOMEM, "out of memory for %llu bytes of intervention tensors",
                      (unsigned long long)payload_len);
     if (st == DJ_OK && floats) {
@@ -121,7 +122,7 @@ dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t
     }
     for (uint32_t k = 0; st == DJ_OK && k < t->n_iv; k++) {
         if (t->iv[k].op != DJ_IV_SAVE) continue;
-        if (!(t->iv[k].out = malloc((size_t)n * t->d * sizeof(float))))
+        if (!(t->iv[k].out = dj_malloc((size_t)n * t->d * sizeof(float))))
             st = dj_fail(DJ_ENOMEM, "out of host memory for a saved [%u, %u] activation", n, t->d);
     }
     if (st != DJ_OK) {
@@ -145,7 +146,7 @@ dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint
     for (uint32_t k = 0; k < t->n_iv; k++) {
         dj_intervention *v = &t->iv[k];
         if (v->op != DJ_IV_SAVE) continue;
-        dj__handle *h = calloc(1, sizeof *h);
+        dj__handle *h = dj_calloc(1, sizeof *h);
         uint64_t id = 0;
         if (!h && st == DJ_OK) st = dj_fail(DJ_ENOMEM, "out of memory");
         if (h && st == DJ_OK) {

@@ -4,6 +4,7 @@
  * leases, models shared by fingerprint, result handles, stats. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include "djinn/alloc.h"
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -58,9 +59,33 @@ static void post_locked(dj__server *s, dj__out *o) {
     if (!s->stopping) uv_async_send(&s->wake); /* when stopping, the loop drains the list itself */
 }
 
-static void post(dj__server *s, dj__out *o) {
+/* A frame of j's answer; NULL when it could not be built (no memory): the
+ * loop then answers j with an ENOMEM ERROR (on_wake), and j's later frames
+ * are dropped, so the client never waits for a frame that will not come. */
+static void post_job_locked(dj__server *s, dj__job *j, dj__out *o) {
+    if (j->lost) {
+        if (o) free(o->meta);
+        free(o);
+        return;
+    }
+    if (o) {
+        post_locked(s, o);
+        return;
+    }
+    j->lost = true;
+    if (s->n_lost < DJ__LOST_MAX) {
+        s->lost[s->n_lost].conn = j->conn;
+        s->lost[s->n_lost].req = j->req;
+        s->n_lost++;
+    } else {
+        s->lost_overflow = true;
+    }
+    if (!s->stopping) uv_async_send(&s->wake);
+}
+
+static void post_job(dj__server *s, dj__job *j, dj__out *o) {
     pthread_mutex_lock(&s->mu);
-    post_locked(s, o);
+    post_job_locked(s, j, o);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -147,7 +172,7 @@ void dj__enqueue(dj__server *s, dj__job *j) {
 
 static void reply(dj__server *s, dj__job *j, dj__mw *w) {
     dj__metrics_count(&s->metrics, j->type, DJ_OK);
-    post(s, dj__out_meta(j->conn, DJ_MSG_REPLY, j->req, w));
+    post_job(s, j, dj__out_meta(j->conn, DJ_MSG_REPLY, j->req, w));
 }
 
 static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_after) {
@@ -155,7 +180,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
     DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
-    post(s, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
+    post_job(s, j, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
 }
 
 /* ---- models ---- */
@@ -186,7 +211,7 @@ static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out,
     if (st != DJ_OK) return st;
     dj__model_ent *e = model_find(s, name);
     if (!e) {
-        e = calloc(1, sizeof *e);
+        e = dj_calloc(1, sizeof *e);
         if (!e) {
             dj_model_release(s->engine, *m);
             *m = NULL;
@@ -212,18 +237,27 @@ static void model_ent_maybe_drop(dj__server *s, dj__model_ent *e) {
     free(e);
 }
 
+/* The model's tokenizer (NULL: it has none, or, with e->tok_tried still
+ * false, there was no memory to read it: tried again at the next use) and
+ * its EOS ids, read at first use. */
 static const dj_tokenizer_t *model_tokenizer(dj__server *s, dj__model_ent *e) {
     if (!e->tok_tried) {
-        e->tok_tried = true;
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s/tokenizer.json", s->cfg.models, e->name);
         struct stat sb;
-        if (stat(path, &sb) == 0 && dj_tokenizer_load(path, &e->tok) != DJ_OK)
+        dj_status st = DJ_OK, st_eos;
+        if (stat(path, &sb) == 0 && (st = dj_tokenizer_load(path, &e->tok)) != DJ_OK)
             DJ_LOG(WARN, "model %s: tokenizer: %s", e->name, dj_last_error());
         snprintf(path, sizeof path, "%s/%s", s->cfg.models, e->name);
-        if (dj_gen_eos_ids(path, dj_model_get_config(e->m), e->eos, sizeof e->eos / sizeof *e->eos, &e->n_eos) !=
-            DJ_OK)
+        if ((st_eos = dj_gen_eos_ids(path, dj_model_get_config(e->m), e->eos, sizeof e->eos / sizeof *e->eos,
+                                     &e->n_eos)) != DJ_OK)
             DJ_LOG(WARN, "model %s: no EOS ids: %s", e->name, dj_last_error());
+        e->tok_tried = st != DJ_ENOMEM && st_eos != DJ_ENOMEM;
+        if (!e->tok_tried) {
+            dj_tokenizer_free(e->tok);
+            e->tok = NULL;
+            e->n_eos = 0;
+        }
     }
     return e->tok;
 }
@@ -255,7 +289,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         if (dj__map_get(&s->live_conns, j->conn)) {
             dj__metrics_count(&s->metrics, j->type, why);
-            post_locked(s, dj__out_error(j->conn, j->req, why, msg, false));
+            post_job_locked(s, j, dj__out_error(j->conn, j->req, why, msg, false));
         }
         dj__job_free(j);
     }
@@ -368,7 +402,7 @@ static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_
     if (ss->n_hist + n > ss->cap_hist) {
         size_t cap = ss->cap_hist ? ss->cap_hist : 256;
         while (cap < ss->n_hist + n) cap *= 2;
-        int32_t *h = realloc(ss->hist, cap * sizeof *h);
+        int32_t *h = dj_realloc(ss->hist, cap * sizeof *h);
         if (!h) return dj_fail(DJ_ENOMEM, "out of memory for the session's history");
         ss->hist = h;
         ss->cap_hist = (uint32_t)cap;
@@ -408,7 +442,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         return dj_fail(DJ_ERANGE, "expected_tokens %u exceeds the model's %u positions", ctx,
                        c->max_position_embeddings);
     }
-    dj__sess *ss = calloc(1, sizeof *ss);
+    dj__sess *ss = dj_calloc(1, sizeof *ss);
     if (!ss) st = dj_fail(DJ_ENOMEM, "out of memory");
     if (st == DJ_OK) st = dj_session_new(s->engine, m, ctx, 0, &ss->es);
     if (load) dj_model_release(s->engine, m); /* the session holds its own reference */
@@ -476,7 +510,7 @@ static dj_status do_close(dj__server *s, dj__job *j, bool *foreign) {
  * session's pending token, then the request's. *n_new: without the history. */
 static dj_status feed_ids(dj__sess *ss, const int32_t *ids, size_t n, int32_t **out, size_t *n_out) {
     const size_t h = ss->dropped ? ss->n_hist : 0, extra = ss->pending >= 0 ? 1 : 0;
-    int32_t *v = malloc((h + n + extra + 1) * sizeof *v);
+    int32_t *v = dj_malloc((h + n + extra + 1) * sizeof *v);
     if (!v) return dj_fail(DJ_ENOMEM, "out of memory");
     if (h) memcpy(v, ss->hist, h * sizeof *v);
     if (extra) v[h] = ss->pending;
@@ -505,7 +539,7 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
                                                (unsigned long long)j->payload_len);
         if (dj__meta_get(&j->meta, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
         n = j->payload_len / 4;
-        ids = malloc(n * sizeof *ids);
+        ids = dj_malloc(n * sizeof *ids);
         if (!ids) return dj_fail(DJ_ENOMEM, "out of memory");
         for (size_t i = 0; i < n; i++) {
             const uint8_t *p = j->payload + 4 * i;
@@ -563,8 +597,8 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
         }
     }
     if (want_logits) {
-        h = calloc(1, sizeof *h);
-        if (!h || !(h->bytes = malloc((size_t)rows * vocab * sizeof(float)))) {
+        h = dj_calloc(1, sizeof *h);
+        if (!h || !(h->bytes = dj_malloc((size_t)rows * vocab * sizeof(float)))) {
             free(h);
             st = dj_fail(DJ_ENOMEM, "out of host memory for a %llu x %u logits handle", (unsigned long long)rows,
                          vocab);
@@ -658,7 +692,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     size_t n = 0;
     if (dj_gen_text_rest(g->g, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
-    post(s, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
+    post_job(s, j, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
 }
 
 /* What a step did to one generation: timings, its TOKEN, its DONE. True
@@ -682,6 +716,10 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
             dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
         }
         g->t_last = now;
+        if (ev->text_st != DJ_OK && !j->lost) { /* a token without its text: the answer ends here, an error */
+            post_job(s, j, dj__out_error(j->conn, j->req, ev->text_st, dj_last_error(), false));
+            j->lost = true; /* its later frames are dropped */
+        }
         dj__mw w;
         dj__mw_init(&w);
         dj__mw_i64(&w, "id", ev->id);
@@ -695,7 +733,7 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
             msgpack_pack_array(&w.pk, lp->n_top);
             for (uint32_t k = 0; k < lp->n_top; k++) msgpack_pack_double(&w.pk, lp->top_logprob[k]);
         }
-        post(s, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
+        post_job(s, j, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
         pthread_mutex_lock(&s->metrics.mu);
         s->metrics.tokens++;
         pthread_mutex_unlock(&s->metrics.mu);
@@ -711,7 +749,7 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__meta *m = &j->meta;
     const char *prompt = NULL;
     size_t plen = 0;
-    dj__gen *g = calloc(1, sizeof *g);
+    dj__gen *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
     g->max_tokens = DEFAULT_MAX_TOKENS;
@@ -724,6 +762,8 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (prompt) {
         const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
+        if (!tok && !ss->ment->tok_tried)
+            return dj_fail(DJ_ENOMEM, "model %s: no memory to read its tokenizer", ss->ment->name);
         if (!tok) return dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
         const bool first = sess_pos(ss) == 0 && ss->pending < 0;
         if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &g->ids, &g->n_ids)) != DJ_OK) return st;
@@ -777,6 +817,10 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         goto done;
     }
     const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment); /* also reads the model's EOS ids */
+    if (!tok && !ss->ment->tok_tried) { /* no text and no EOS ids: not a generation to run */
+        st = dj_fail(DJ_ENOMEM, "model %s: no memory to read its tokenizer", ss->ment->name);
+        goto done;
+    }
     const uint32_t pos0 = dj_session_pos(ss->es), ctx = dj_session_max_ctx(ss->es);
     if (n_feed > ctx - pos0) { /* refused before any chunk runs */
         st = dj_fail(DJ_ERANGE, "prompt of %zu tokens does not fit: the session has %u of its %u positions left",
@@ -1059,7 +1103,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     if (f) {
         dj_vmu_print_stats(vmu, f);
         fclose(f);
-        char *clean = malloc(map_len + 1);
+        char *clean = dj_malloc(map_len + 1);
         if (clean) {
             dj__scrub_message(map, clean, map_len + 1);
             dj__mw_str(w, "map", clean);
