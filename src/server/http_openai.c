@@ -242,6 +242,17 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     } else if (qos_header && (rc = parse_qos(o, qos_header, err, cap))) {
         goto done;
     }
+    v = cJSON_GetObjectItemCaseSensitive(req, "cache_salt"); /* vLLM's name */
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) > DJ__SALT_BYTES_MAX) {
+            rc = bad(err, cap, "'%s' must be a string of 1 to 256 bytes", "cache_salt"); /* DJ__SALT_BYTES_MAX */
+            goto done;
+        }
+        if (!(o->cache_salt = strdup(v->valuestring))) {
+            rc = 500;
+            goto done;
+        }
+    }
     if (chat) {
         cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if ((rc = check_messages(msgs, err, cap))) goto done;
@@ -592,6 +603,7 @@ void dj__oai_free(dj__oai *o) {
     cJSON_Delete(o->messages);
     cJSON_Delete(o->tools);
     free(o->prompt);
+    free(o->cache_salt);
     free(o->ids);
     free(o->lps);
     dj__buf_free(&o->text);
