@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/file.h"
 #include "model/jinja_impl.h"
 
 /* Cap on a template's source: real ones are a few KiB. */
@@ -86,11 +87,11 @@ done:
 static dj_status read_file(const char *path, size_t cap, char **buf, size_t *len) {
     *buf = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(DJ_ENOTFOUND, "%s: cannot open", path);
+    FILE *f;
+    dj_status st = dj__file_fopen(path, &f); /* never blocks on a FIFO; regular files only */
+    if (st != DJ_OK) return st;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    dj_status st = DJ_OK;
     if (n < 0 || (size_t)n > cap) st = dj_fail(DJ_ERANGE, "%s: unreadable or over %zu MiB", path, cap >> 20);
     else if (!(*buf = malloc((size_t)n + 1))) st = dj_fail(DJ_ENOMEM, "out of memory");
     else if (fseek(f, 0, SEEK_SET) != 0 || fread(*buf, 1, (size_t)n, f) != (size_t)n) st = dj_fail(DJ_EIO, "%s: read failed", path);

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "server/http_impl.h"
 
@@ -230,7 +231,8 @@ static const dj__http_model *model_get(dj__http *h, const char *name) {
     snprintf(path, sizeof path, "%s/%s/config.json", h->cfg.models, name);
     size_t len = 0;
     char *cfg_text = NULL;
-    FILE *f = fopen(path, "rb");
+    FILE *f = NULL;
+    (void)dj__file_fopen(path, &f); /* never blocks on a FIFO; regular files only (else: no such model) */
     if (f) {
         dj__buf b = {0};
         char chunk[8192];
