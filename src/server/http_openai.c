@@ -2,6 +2,7 @@
  * /v1/chat/completions checked field by field, the prompt through the model's
  * chat template and tokenizer, stop strings, answers and streamed chunks. */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/jinja_impl.h"
 #include "model/tok_impl.h"
 #include "server/http_impl.h"
 
@@ -138,6 +140,16 @@ static int check_messages(const cJSON *msgs, char *err, size_t cap) {
             snprintf(err, cap, "messages[%d] must be an object with a string 'role'", i);
             return 400;
         }
+        /* a role is a name (user, assistant, tool...): templates write it beside their own special
+         * tokens ('<|' + role + '|>'), so its characters could complete one */
+        size_t rl = 0;
+        while (role->valuestring[rl] && rl <= 32 && (isalnum((unsigned char)role->valuestring[rl]) ||
+                                                     role->valuestring[rl] == '_' || role->valuestring[rl] == '-'))
+            rl++;
+        if (rl == 0 || rl > 32 || role->valuestring[rl]) {
+            snprintf(err, cap, "messages[%d].role must be 1 to 32 letters, digits, '_' or '-'", i);
+            return 400;
+        }
         if (content && !cJSON_IsString(content) && !cJSON_IsNull(content) && !cJSON_IsArray(content)) {
             snprintf(err, cap, "messages[%d].content must be a string, an array of parts or null", i);
             return 400;
@@ -155,6 +167,8 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) memset(rnd, 0, sizeof rnd);
     int k = snprintf(o->id, sizeof o->id, "%s", chat ? "chatcmpl-" : "cmpl-");
     for (size_t i = 0; i < sizeof rnd; i++) k += snprintf(o->id + k, sizeof o->id - (size_t)k, "%02x", rnd[i]);
+    /* cJSON would cut a string at \u0000 without a word: a prompt, message or model name so cut is refused */
+    if (dj__json_has_nul_escape(body, n)) return bad(err, cap, "%s", "a string of the body holds \\u0000 (NUL)");
     cJSON *req = cJSON_ParseWithLength(body, n);
     if (!req) return bad(err, cap, "%s", "the body is not valid JSON");
     int rc = 0;
@@ -315,15 +329,16 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
         char *vj = cJSON_PrintUnformatted(vars);
         cJSON_Delete(vars);
         if (!vj) return 500;
-        dj_status st = dj_chat_template_render(m->tpl, vj, strlen(vj), &text, &len);
+        /* message content is text: special tokens written in it are not control tokens */
+        dj_status st = dj_chat_template_encode(m->tpl, m->tok, vj, strlen(vj), false, &o->ids, &o->n_ids);
         free(vj);
-        if (st != DJ_OK) {
+        if (st != DJ_OK && st != DJ_ENOMEM) {
             snprintf(err, cap, "the chat template of '%s' refused these messages: %s", m->name, dj_last_error());
             return 400;
         }
+        if (st != DJ_OK) return 500;
     }
-    dj_status st = dj_tokenizer_encode(m->tok, text, len, !o->chat, &o->ids, &o->n_ids);
-    if (o->chat) free(text);
+    dj_status st = o->chat ? DJ_OK : dj_tokenizer_encode(m->tok, text, len, true, &o->ids, &o->n_ids);
     if (st != DJ_OK) {
         snprintf(err, cap, "the prompt cannot be tokenized: %s", dj_last_error());
         return 400;
