@@ -61,8 +61,9 @@ static int usage(FILE *f) {
           "  --http-reuse 16            finished sessions kept (10 min at most) so that a request whose prompt\n"
           "                             extends one's tokens prefills only the rest; 0 = off\n"
           "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
-          "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin]\n"
+          "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin] [shared]\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
+          "Each token has a prefix cache of its own; tokens marked 'shared' share one.\n"
           "A wrong token slows that address's next HELLO (100 ms doubling to 2 s); /metrics then wants\n"
           "'Authorization: Bearer TOKEN'.\n",
           f);
