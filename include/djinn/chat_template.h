@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "djinn/status.h"
+#include "djinn/tokenizer.h"
 
 typedef struct dj_chat_template dj_chat_template_t;
 
@@ -51,5 +52,16 @@ const char *dj_chat_template_eos(const dj_chat_template_t *t);
  * 10 million evaluation steps, nesting 64) with DJ_ERANGE. */
 dj_status dj_chat_template_render(const dj_chat_template_t *t, const char *vars_json, size_t vars_len,
                                   char **text /* OUT */, size_t *len /* OUT */);
+
+/* Render and encode for a model: every string of vars_json (message content,
+ * roles, tools: what a client sent) is text - a special token written in it
+ * is encoded as its plain text (as transformers' split_special_tokens does),
+ * never as a control token - while the template's own special tokens (its
+ * text, bos_token, eos_token) stay special. With content free of special
+ * tokens the ids are dj_tokenizer_encode's of dj_chat_template_render's text.
+ * add_special as dj_tokenizer_encode's (templates write BOS themselves:
+ * false). *ids malloc'd. */
+dj_status dj_chat_template_encode(const dj_chat_template_t *t, const dj_tokenizer_t *tok, const char *vars_json,
+                                  size_t vars_len, bool add_special, int32_t **ids /* OUT */, size_t *n_ids /* OUT */);
 
 #endif

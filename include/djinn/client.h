@@ -75,6 +75,9 @@ typedef struct dj_generate_params {
     bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
     bool logprobs;           /* each TOKEN carries its logprob (sampler.h's dj_token_logprobs) */
     uint32_t top_logprobs;   /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
+    const char *cache_salt;  /* NULL, or 1-256 bytes: the session shares prefix-cache blocks only with sessions
+                              * of the same token (or of `shared` tokens) and the same cache_salt; set by the
+                              * session's first GENERATE, later ones repeat it (docs/prefix-cache.md) */
 } dj_generate_params;
 
 typedef struct dj_generate_result {

@@ -179,6 +179,13 @@ uint32_t dj_session_pos(const dj_session_t *s);         /* tokens in the KV cach
  * boundary, or nothing is cached. */
 dj_status dj_session_map_prefix(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                 uint32_t *mapped /* OUT */);
+/* The session's cache salt: its chain of block keys starts from the model's
+ * root mixed with salt, so only sessions of equal salts share blocks
+ * ({0, 0}, a new session's: every session of the engine shares). The server
+ * salts per tenant (docs/prefix-cache.md). Set before anything is fed:
+ * DJ_EBUSY once the session has a position. */
+dj_status dj_session_set_cache_salt(dj_session_t *s, const uint64_t salt[2]);
+void dj_session_cache_salt(const dj_session_t *s, uint64_t salt[2] /* OUT */);
 void dj_engine_prefix_stats(const dj_engine_t *e, dj_prefix_stats *st /* OUT */);
 uint32_t dj_session_max_ctx(const dj_session_t *s);
 /* Whether s rotates with longrope's long factors: its model has them and

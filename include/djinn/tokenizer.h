@@ -30,6 +30,19 @@ dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out /* OUT */);
 dj_status dj_tokenizer_load_buffer(const char *json, size_t len, dj_tokenizer_t **out /* OUT */);
 void dj_tokenizer_free(dj_tokenizer_t *tok); /* NULL does nothing */
 
+/* A byte range [start, end) of a text. */
+typedef struct dj_text_span {
+    size_t start, end;
+} dj_text_span;
+/* dj_tokenizer_encode where the bytes of plain[n_plain] (sorted, disjoint)
+ * are plain text: no special token that overlaps one of them is matched
+ * (added tokens that are not special still are), as transformers'
+ * split_special_tokens does for untrusted text; special tokens elsewhere
+ * are matched as usual. The chat path marks message content so
+ * (dj_chat_template_encode). */
+dj_status dj_tokenizer_encode_plain(const dj_tokenizer_t *tok, const char *text, size_t len, bool add_special,
+                                    const dj_text_span *plain, size_t n_plain, int32_t **ids /* OUT */,
+                                    size_t *n_ids /* OUT */);
 /* Encode `len` bytes of UTF-8 text. add_special: add what the post-processor
  * adds (BOS for Llama). Special/added tokens written in the text are always
  * recognised. *ids is malloc'd, caller frees. Invalid UTF-8 -> DJ_EFORMAT. */

@@ -417,11 +417,11 @@ class Client:
         meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
         return Model(self, meta)
 
-    def session(self, model, qos="interactive", expected_tokens=None):
+    def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None):
         """Opens a session on `model` (a name or a Model)."""
         from .model import Model
         m = model if isinstance(model, Model) else self.model(model)
-        return m.session(qos=qos, expected_tokens=expected_tokens)
+        return m.session(qos=qos, expected_tokens=expected_tokens, cache_salt=cache_salt)
 
 
 class _Answers:

@@ -99,9 +99,11 @@ class Model:
             self.name, self.arch, self.num_layers, self.hidden_size, self.vocab_size, self.max_ctx,
             ", tokenizer" if self.has_tokenizer else "")
 
-    def session(self, qos="interactive", expected_tokens=None):
+    def session(self, qos="interactive", expected_tokens=None, cache_salt=None):
         """Opens a session (its own KV cache on the server); use it as a
-        context manager or close() it."""
+        context manager or close() it. cache_salt (a str of 1-256 bytes): its
+        prefix-cache blocks are shared only with sessions of the same token
+        and the same cache_salt (docs/prefix-cache.md)."""
         if qos not in _QOS:
             raise ValueError("qos must be one of %s, got %r" % (", ".join(_QOS), qos))
         meta = {"model": self.name, "qos": qos}
@@ -110,6 +112,10 @@ class Model:
         if expected_tokens is not None:
             meta["expected_tokens"] = _number("expected_tokens", expected_tokens, 1, self.max_ctx or None,
                                               integer=True)
+        if cache_salt is not None:
+            if not isinstance(cache_salt, str) or not 1 <= len(cache_salt.encode()) <= 256:
+                raise ValueError("cache_salt must be a str of 1 to 256 bytes, got %r" % (cache_salt,))
+            meta["cache_salt"] = cache_salt
         reply, _ = self._client._call(_wire.SESSION_OPEN, meta)
         return Session(self, reply)
 

@@ -129,6 +129,17 @@ def test_server_errors_are_exceptions(client):
     assert client.heartbeat()["lease_ms"] == LEASE_MS
 
 
+def test_session_cache_salt(client):
+    m = client.model("llama2")
+    with m.session(expected_tokens=16, cache_salt="tenant-a") as s:
+        s.step([1, 2, 3])
+    with client.session("llama2", expected_tokens=16, cache_salt="tenant-b") as s:
+        s.step([1, 2, 3])
+    for bad in ("", "x" * 257, 7):
+        with pytest.raises(ValueError, match="cache_salt"):
+            m.session(cache_salt=bad)
+
+
 def test_model_info_refusals(client, daemon):
     with pytest.raises(djinn.UnsupportedError):
         client.model("alien")

@@ -10,6 +10,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/file.h"
+
 #define TEXT_CAP 512 /* one token's text per step; longer text comes out over the next steps */
 #define MAX_BATCH 1024 /* as the engine's batched step */
 
@@ -233,7 +235,9 @@ dj_status dj_gen_eos_ids(const char *model_dir, const dj_model_config *cfg, int3
     if (model_dir) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
-        FILE *f = fopen(path, "rb");
+        FILE *f = NULL;
+        const dj_status ost = dj__file_fopen(path, &f); /* never blocks on a FIFO; regular files only */
+        if (ost != DJ_OK && ost != DJ_ENOTFOUND) return ost;
         if (f) {
             char buf[65536];
             const size_t len = fread(buf, 1, sizeof buf - 1, f);

@@ -60,7 +60,8 @@ struct dj_session {
     int32_t *pfx_ids;         /* [tokens_per_page] ids of the block being filled */
     uint32_t pfx_n;           /* of them */
     uint32_t pfx_full;        /* full blocks the chain covers: pfx_full * tokens_per_page + pfx_n == pos */
-    uint64_t pfx_key[2];      /* chain key after pfx_full blocks (the root: model and KV layout) */
+    uint64_t pfx_key[2];      /* chain key after pfx_full blocks (the root: model, KV layout and pfx_salt) */
+    uint64_t pfx_salt[2];     /* the tenant's cache salt (dj_session_set_cache_salt; {0, 0}: none) */
     bool pfx_off;             /* not tracked: no cache, or a traced step made KV that is not the ids' alone */
 };
 

@@ -123,8 +123,9 @@ static void chain(dj__prefix *c, const uint64_t parent[2], const int32_t *ids, u
 
 void dj__prefix_root(const dj_session_t *s, uint64_t key[2]) {
     /* rope_long: keys rotated with longrope's other factors are other keys */
-    const uint64_t v[6] = {s->model_fp, s->tokens_per_page, s->n_layers, s->kv[0].kv_dim,
-                           (uint64_t)s->kv[0].dtype, (uint64_t)s->rope_long};
+    /* pfx_salt: sessions of other tenants start other chains (no key of one is a key of another) */
+    const uint64_t v[8] = {s->model_fp, s->tokens_per_page, s->n_layers, s->kv[0].kv_dim,
+                           (uint64_t)s->kv[0].dtype, (uint64_t)s->rope_long, s->pfx_salt[0], s->pfx_salt[1]};
     const XXH128_hash_t k = XXH3_128bits(v, sizeof v);
     key[0] = k.low64;
     key[1] = k.high64;

@@ -72,6 +72,17 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
     return dj__swap_in(e->kv, s);
 }
 
+dj_status dj_session_set_cache_salt(dj_session_t *s, const uint64_t salt[2]) {
+    if (!s || !salt) return dj_fail(DJ_EINVAL, "dj_session_set_cache_salt: NULL session or salt");
+    if (s->pos || s->pfx_full || s->pfx_n)
+        return dj_fail(DJ_EBUSY, "a session's cache salt is set before it holds tokens (it is at position %u)", s->pos);
+    memcpy(s->pfx_salt, salt, sizeof s->pfx_salt);
+    dj__prefix_root(s, s->pfx_key);
+    return DJ_OK;
+}
+
+void dj_session_cache_salt(const dj_session_t *s, uint64_t salt[2]) { memcpy(salt, s->pfx_salt, sizeof s->pfx_salt); }
+
 uint32_t dj_session_max_ctx(const dj_session_t *s) { return s->max_ctx; }
 bool dj_session_rope_long(const dj_session_t *s) { return s->rope_long; }
 

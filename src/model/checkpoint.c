@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "model/checkpoint_impl.h"
 #include "model/checkpoint_table.h"
@@ -38,27 +39,15 @@ static char *join_path(const char *dir, const char *file) {
     return p;
 }
 
-static dj_status open_error(const char *path, int err) {
-    return dj_fail(err == ENOENT ? DJ_ENOTFOUND : DJ_EIO, "%s: cannot open: %s", path, strerror(err));
-}
-
 /* Reads a whole small file (at most max bytes) into a malloc'd buffer. */
 static dj_status read_file(const char *path, size_t max, char **out /* OUT */, size_t *len /* OUT */) {
     *out = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return open_error(path, errno);
-    dj_status st = DJ_OK;
-    char *buf = NULL;
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = dj_fail(DJ_EIO, "%s: cannot stat: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = dj_fail(DJ_EFORMAT, "%s: not a regular file", path);
-        goto fail;
-    }
+    dj_status st = dj__file_open(path, &fd, &sb); /* never blocks on a FIFO; regular files only */
+    if (st != DJ_OK) return st;
+    char *buf = NULL;
     if ((uint64_t)sb.st_size > max) {
         st = dj_fail(DJ_ERANGE, "%s: %lld bytes exceeds the limit of %zu", path, (long long)sb.st_size, max);
         goto fail;
@@ -108,20 +97,9 @@ static dj_status open_shard(const char *dir, ck_shard *sh, dj_tensor_info **info
     char *path = join_path(dir, sh->file);
     if (!path) return dj_fail(DJ_ENOMEM, "no memory for a path");
     dj_status st = DJ_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = open_error(path, errno);
-        goto done;
-    }
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = dj_fail(DJ_EIO, "%s: cannot stat: %s", path, strerror(errno));
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = dj_fail(DJ_EFORMAT, "%s: not a regular file", path);
-        goto done;
-    }
+    if ((st = dj__file_open(path, &fd, &sb)) != DJ_OK) goto done; /* regular files only, never blocks */
     uint64_t size = (uint64_t)sb.st_size;
     if (size < 8) {
         st = dj_fail(DJ_EFORMAT, "%s: file is %llu bytes, too short for a safetensors header length", path,

@@ -121,6 +121,11 @@ dj_status dj__jinja_parse(dj_chat_template_t *t, const char *src, size_t len);
 /* jinja_eval.c: render t with vars (a cJSON object, void * to keep cJSON out of this header). */
 dj_status dj__jinja_render(const dj_chat_template_t *t, const void *vars, char **text, size_t *len);
 
+/* Whether JSON text s[0..n) holds a NUL byte or the escape \u0000: cJSON
+ * keeps strings NUL-terminated, so such a string would be cut there
+ * silently; callers refuse it instead. */
+bool dj__json_has_nul_escape(const char *s, size_t n);
+
 /* Known names, shared by the parser (refuses others) and the renderer. */
 bool dj__jinja_filter_known(const char *name);
 bool dj__jinja_test_known(const char *name);

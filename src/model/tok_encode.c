@@ -55,7 +55,20 @@ typedef struct {
     size_t heap_n, heap_cap;
     dj__sbuf key;
     spans sp;
+    const dj_text_span *plain; /* [n_plain] sorted, disjoint: raw bytes where no special token may match */
+    size_t n_plain;
 } ectx;
+
+/* Whether [a, b) overlaps one of the plain spans (binary search). */
+static bool in_plain(const ectx *c, size_t a, size_t b) {
+    size_t lo = 0, hi = c->n_plain;
+    while (lo < hi) { /* the first span ending after a */
+        const size_t mid = lo + (hi - lo) / 2;
+        if (c->plain[mid].end <= a) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < c->n_plain && c->plain[lo].start < b;
+}
 
 static dj_status oom(void) { return dj_fail(DJ_ENOMEM, "tokenizer: out of memory"); }
 
@@ -337,8 +350,10 @@ static int32_t last_cp(const char *s, size_t end) {
     return cp;
 }
 
+/* no_special: special tokens are not matched at all; c (may be NULL): nor
+ * where they overlap c's plain spans (s is then the raw text from byte 0). */
 static dj_status split_added(const dj_tokenizer_t *tok, const dj__added_set *set, bool norm, const char *s, size_t n,
-                             segs *out) {
+                             const ectx *c, bool no_special, segs *out) {
     out->n = 0;
     size_t start_off = 0, pos = 0;
     dj_status st;
@@ -352,6 +367,7 @@ static dj_status split_added(const dj_tokenizer_t *tok, const dj__added_set *set
                 const dj__added *a = &tok->added[set->idx[k]];
                 size_t l = norm ? a->nlen : a->len;
                 const char *t = tok->arena + (norm ? a->noff : a->off);
+                if (a->special && (no_special || (c && c->n_plain && in_plain(c, i, i + l)))) continue;
                 if (l > best && i + l <= n && !memcmp(s + i, t, l)) {
                     best = l;
                     hit = a;
@@ -622,11 +638,11 @@ static dj_status bpe_word(ectx *c, const char *w, size_t n) {
 /* ---- the pipeline ---- */
 
 /* Normalized text of one raw segment -> normalized added tokens, pre-tokenizers, BPE. */
-static dj_status encode_normalized(ectx *c, const char *s, size_t n, bool first) {
+static dj_status encode_normalized(ectx *c, const char *s, size_t n, bool first, bool no_special) {
     const dj_tokenizer_t *tok = c->tok;
     segs sg = {0};
     plist a = {0}, b = {0};
-    dj_status st = split_added(tok, &tok->added_norm, true, s, n, &sg);
+    dj_status st = split_added(tok, &tok->added_norm, true, s, n, NULL, no_special, &sg);
     for (size_t i = 0; i < sg.n && !st; i++) {
         if (sg.v[i].id >= 0) {
             st = emit(c, sg.v[i].id);
@@ -655,7 +671,7 @@ static dj_status encode(ectx *c, const char *text, size_t len, bool add_special)
     const dj_tokenizer_t *tok = c->tok;
     segs sg = {0};
     dj__sbuf norm = {0};
-    dj_status st = split_added(tok, &tok->added_raw, false, text, len, &sg);
+    dj_status st = split_added(tok, &tok->added_raw, false, text, len, c, false, &sg);
     for (size_t i = 0; i < sg.n && !st; i++) {
         if (sg.v[i].id >= 0) {
             st = emit(c, sg.v[i].id);
@@ -663,7 +679,10 @@ static dj_status encode(ectx *c, const char *text, size_t len, bool add_special)
         }
         norm.n = 0;
         if ((st = normalize(tok, c, text + sg.v[i].start, sg.v[i].end - sg.v[i].start, &norm))) break;
-        if (norm.n) st = encode_normalized(c, norm.p, norm.n, sg.v[i].start == 0);
+        /* a segment holding plain bytes matches no special token after normalizing either */
+        if (norm.n)
+            st = encode_normalized(c, norm.p, norm.n, sg.v[i].start == 0,
+                                   c->n_plain && in_plain(c, sg.v[i].start, sg.v[i].end));
     }
     free(sg.v);
     dj__sbuf_free(&norm);
@@ -682,6 +701,11 @@ static dj_status encode(ectx *c, const char *text, size_t len, bool add_special)
 
 dj_status dj_tokenizer_encode(const dj_tokenizer_t *tok, const char *text, size_t len, bool add_special, int32_t **ids,
                               size_t *n_ids) {
+    return dj_tokenizer_encode_plain(tok, text, len, add_special, NULL, 0, ids, n_ids);
+}
+
+dj_status dj_tokenizer_encode_plain(const dj_tokenizer_t *tok, const char *text, size_t len, bool add_special,
+                                    const dj_text_span *plain, size_t n_plain, int32_t **ids, size_t *n_ids) {
     if (!ids || !n_ids) return dj_fail(DJ_EINVAL, "dj_tokenizer_encode: NULL output");
     *ids = NULL;
     *n_ids = 0;
@@ -698,8 +722,15 @@ dj_status dj_tokenizer_encode(const dj_tokenizer_t *tok, const char *text, size_
         }
         return dj_fail(DJ_EFORMAT, "tokenizer: input text is not valid UTF-8 (byte %zu)", i);
     }
+    if (n_plain && !plain) return dj_fail(DJ_EINVAL, "dj_tokenizer_encode_plain: NULL spans");
+    for (size_t i = 0; i < n_plain; i++)
+        if (plain[i].start > plain[i].end || plain[i].end > len || (i && plain[i].start < plain[i - 1].end))
+            return dj_fail(DJ_EINVAL, "dj_tokenizer_encode_plain: span %zu [%zu, %zu) is not sorted, disjoint and "
+                           "within the %zu bytes", i, plain[i].start, plain[i].end, len);
     ectx c = {0};
     c.tok = tok;
+    c.plain = plain;
+    c.n_plain = n_plain;
     c.md = pcre2_match_data_create(1, NULL);
     dj_status st = c.md ? encode(&c, text, len, add_special) : oom();
     pcre2_match_data_free(c.md);

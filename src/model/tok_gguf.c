@@ -22,6 +22,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/file.h"
 #include "model/tok_impl.h"
 
 enum { GG_U8, GG_I8, GG_U16, GG_I16, GG_U32, GG_I32, GG_F32, GG_BOOL, GG_STR, GG_ARR, GG_U64, GG_I64, GG_F64 };
@@ -412,7 +413,13 @@ done:
 dj_status dj__tok_gguf_json(const char *path, struct cJSON **out) {
     *out = NULL;
     reader r = {.path = path};
-    if (!(r.f = fopen(path, "rb"))) return dj_fail(DJ_EIO, "tokenizer: cannot open %s", path);
+    dj_status ost = dj__file_fopen(path, &r.f); /* never blocks on a FIFO; regular files only */
+    if (ost == DJ_ENOTFOUND) { /* DJ_EIO, as before */
+        char why[512];
+        snprintf(why, sizeof why, "%s", dj_last_error());
+        return dj_fail(DJ_EIO, "tokenizer: %s", why);
+    }
+    if (ost != DJ_OK) return ost;
     long size = -1;
     if (fseek(r.f, 0, SEEK_END) == 0) size = ftell(r.f);
     if (size < 0 || fseek(r.f, 0, SEEK_SET) != 0) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "model/tok_impl.h"
 
 /* ---- maps (their entries: tok_text.c) ---- */
@@ -787,10 +788,15 @@ dj_status dj_tokenizer_load(const char *path, dj_tokenizer_t **out) {
         *out = tok;
         return DJ_OK;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(DJ_EIO, "tokenizer: cannot open %s: %s", path, strerror(errno));
+    FILE *f;
+    dj_status st = dj__file_fopen(path, &f); /* never blocks on a FIFO; regular files only */
+    if (st == DJ_ENOTFOUND) { /* DJ_EIO, as before */
+        char why[512];
+        snprintf(why, sizeof why, "%s", dj_last_error());
+        return dj_fail(DJ_EIO, "tokenizer: %s", why);
+    }
+    if (st != DJ_OK) return st;
     char *buf = NULL;
-    dj_status st = DJ_OK;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
     if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {

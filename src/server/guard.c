@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "server/server_impl.h"
 
 /* A token file bigger than this is not a token file. */
@@ -42,7 +44,7 @@ static dj_status parse_qos_list(const char *path, int line, const char *v, size_
     return DJ_OK;
 }
 
-/* One line "TOKEN [qos=a,b] [admin]" (bytes [p, p+n), no newline). */
+/* One line "TOKEN [qos=a,b] [admin] [shared]" (bytes [p, p+n), no newline). */
 static dj_status parse_line(const char *path, int line, const char *p, size_t n, dj__token *t, bool *blank) {
     size_t i = 0, field = 0;
     *blank = true;
@@ -65,11 +67,13 @@ static dj_status parse_line(const char *path, int line, const char *p, size_t n,
             *blank = false;
         } else if (wn == 5 && !memcmp(w, "admin", 5)) {
             t->admin = true;
+        } else if (wn == 6 && !memcmp(w, "shared", 6)) {
+            t->shared = true;
         } else if (wn > 4 && !memcmp(w, "qos=", 4)) {
             dj_status st = parse_qos_list(path, line, w + 4, wn - 4, &t->qos_mask);
             if (st != DJ_OK) return st;
         } else {
-            return dj_fail(DJ_EINVAL, "--token-file %s line %d: unknown attribute '%.*s' (want qos=CLASS,... or admin)",
+            return dj_fail(DJ_EINVAL, "--token-file %s line %d: unknown attribute '%.*s' (want qos=CLASS,..., admin or shared)",
                            path, line, (int)(wn > 32 ? 32 : wn), w);
         }
         field++;
@@ -129,6 +133,7 @@ dj_status dj__tokens_load(const char *path, dj__token **out, size_t *n_out) {
                 st = dj_fail(DJ_EINVAL, "--token-file %s: more than %d tokens", path, DJ__TOKENS_MAX);
                 goto fail;
             }
+            if (!t.shared) dj__cache_salt_of(NULL, t.secret, t.len, t.cache_salt);
             toks[n++] = t;
         }
         i = e + 1;
@@ -304,4 +309,24 @@ void dj__scrub_message(const char *msg, char *out, size_t cap) {
     }
 #undef PUT
     out[o] = '\0';
+}
+
+/* ---- the prefix cache's salts ---- */
+
+void dj__cache_salt_of(const uint64_t base[2], const char *bytes, size_t n, uint64_t out[2]) {
+    if (!base && !n) {
+        out[0] = out[1] = 0;
+        return;
+    }
+    /* a 128-bit hash of (base, n, bytes): a token's salt never holds its secret in clear, no
+     * (base, cache_salt) pair gives another's, and a NULL base (a token's own salt) is not {0, 0} */
+    uint8_t buf[4 * sizeof(uint64_t) + DJ__SALT_BYTES_MAX];
+    const uint64_t head[4] = {0x646a2d73616c7400ull /* "dj-salt" */, base ? base[0] : 1, base ? base[1] : 1,
+                              (uint64_t)n};
+    if (n > DJ__SALT_BYTES_MAX) n = DJ__SALT_BYTES_MAX; /* callers refuse longer ones */
+    memcpy(buf, head, sizeof head);
+    if (n) memcpy(buf + sizeof head, bytes, n);
+    const XXH128_hash_t k = XXH3_128bits(buf, sizeof head + n);
+    out[0] = k.low64;
+    out[1] = k.high64;
 }

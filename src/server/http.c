@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "server/http_impl.h"
 
@@ -80,6 +81,7 @@ typedef struct idle_sess {
     char model[128];
     dj_qos qos;
     char token[DJ__TOKEN_MAX + 1]; /* only a request with the same bearer token takes it */
+    char salt[DJ__SALT_BYTES_MAX + 1]; /* and the same cache_salt ("": none) */
     int32_t *ids;            /* [n] the tokens the session holds: its KV, then its pending token; owned */
     size_t n;
     uint32_t ctx;            /* its context (positions) */
@@ -281,7 +283,8 @@ static const dj__http_model *model_get(dj__http *h, const char *name) {
     snprintf(path, sizeof path, "%s/%s/config.json", h->cfg.models, name);
     size_t len = 0;
     char *cfg_text = NULL;
-    FILE *f = fopen(path, "rb");
+    FILE *f = NULL;
+    (void)dj__file_fopen(path, &f); /* never blocks on a FIFO; regular files only (else: no such model) */
     if (f) {
         dj__buf b = {0};
         char chunk[8192];
@@ -350,7 +353,8 @@ static idle_sess *idle_take(dj__http *h, const dj__oai *o, const char *token, ui
             h->n_idle--;
             continue;
         }
-        if (!strcmp(e->model, o->model) && e->qos == o->qos && !strcmp(e->token, token) && e->n < o->n_ids &&
+        if (!strcmp(e->model, o->model) && e->qos == o->qos && !strcmp(e->token, token) &&
+            !strcmp(e->salt, o->cache_salt ? o->cache_salt : "") && e->n < o->n_ids &&
             e->ctx >= need && (!best || e->n > best->n) && !memcmp(e->ids, o->ids, e->n * sizeof *e->ids)) {
             best = e;
             best_at = p;
@@ -413,6 +417,7 @@ static void gen_close(hgen *g) {
         e->qos = o->qos;
         snprintf(e->model, sizeof e->model, "%s", o->model);
         snprintf(e->token, sizeof e->token, "%s", g->token);
+        snprintf(e->salt, sizeof e->salt, "%s", o->cache_salt ? o->cache_salt : "");
         g->cl = NULL;
         idle_put(g->h, e);
         return;
@@ -484,7 +489,7 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
     const uint64_t session = g->session;
     dj_generate_params gp = {.ids = o->ids + o->cached, .n_ids = o->n_ids - o->cached, .sampling = o->sampling,
                              .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
-                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs};
+                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs, .cache_salt = o->cache_salt};
     if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);

@@ -87,6 +87,7 @@ typedef struct dj__oai {
     char *stop[DJ__OAI_MAX_STOP]; /* malloc'd */
     size_t stop_len[DJ__OAI_MAX_STOP], n_stop, max_stop_len;
     void *messages, *tools;  /* cJSON * (chat), owned */
+    char *cache_salt;        /* the request's cache_salt (malloc'd), or NULL */
     char *prompt;            /* completions: text (malloc'd), or */
     int32_t *ids;            /* the prompt's token ids (malloc'd, n_ids) */
     size_t n_ids;

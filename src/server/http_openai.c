@@ -2,6 +2,7 @@
  * /v1/chat/completions checked field by field, the prompt through the model's
  * chat template and tokenizer, stop strings, answers and streamed chunks. */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <math.h>
 #include "djinn/alloc.h"
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "model/jinja_impl.h"
 #include "model/tok_impl.h"
 #include "server/http_impl.h"
 
@@ -194,6 +196,16 @@ static int check_messages(const cJSON *msgs, char *err, size_t cap) {
             snprintf(err, cap, "messages[%d] must be an object with a string 'role'", i);
             return 400;
         }
+        /* a role is a name (user, assistant, tool...): templates write it beside their own special
+         * tokens ('<|' + role + '|>'), so its characters could complete one */
+        size_t rl = 0;
+        while (role->valuestring[rl] && rl <= 32 && (isalnum((unsigned char)role->valuestring[rl]) ||
+                                                     role->valuestring[rl] == '_' || role->valuestring[rl] == '-'))
+            rl++;
+        if (rl == 0 || rl > 32 || role->valuestring[rl]) {
+            snprintf(err, cap, "messages[%d].role must be 1 to 32 letters, digits, '_' or '-'", i);
+            return 400;
+        }
         if (content && !cJSON_IsString(content) && !cJSON_IsNull(content) && !cJSON_IsArray(content)) {
             snprintf(err, cap, "messages[%d].content must be a string, an array of parts or null", i);
             return 400;
@@ -211,6 +223,8 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) memset(rnd, 0, sizeof rnd);
     int k = snprintf(o->id, sizeof o->id, "%s", chat ? "chatcmpl-" : "cmpl-");
     for (size_t i = 0; i < sizeof rnd; i++) k += snprintf(o->id + k, sizeof o->id - (size_t)k, "%02x", rnd[i]);
+    /* cJSON would cut a string at \u0000 without a word: a prompt, message or model name so cut is refused */
+    if (dj__json_has_nul_escape(body, n)) return bad(err, cap, "%s", "a string of the body holds \\u0000 (NUL)");
     cJSON *req = cJSON_ParseWithLength(body, n);
     if (!req) return bad(err, cap, "%s", "the body is not valid JSON");
     int rc = 0;
@@ -299,6 +313,17 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     } else if (qos_header && (rc = parse_qos(o, qos_header, err, cap))) {
         goto done;
     }
+    v = cJSON_GetObjectItemCaseSensitive(req, "cache_salt"); /* vLLM's name */
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) > DJ__SALT_BYTES_MAX) {
+            rc = bad(err, cap, "'%s' must be a string of 1 to 256 bytes", "cache_salt"); /* DJ__SALT_BYTES_MAX */
+            goto done;
+        }
+        if (!(o->cache_salt = dj_strdup(v->valuestring))) {
+            rc = 500;
+            goto done;
+        }
+    }
     if (chat) {
         cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if ((rc = check_messages(msgs, err, cap))) goto done;
@@ -361,7 +386,8 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
         char *vj = cJSON_PrintUnformatted(vars);
         cJSON_Delete(vars);
         if (!vj) return 500;
-        dj_status st = dj_chat_template_render(m->tpl, vj, strlen(vj), &text, &len);
+        /* message content is text: special tokens written in it are not control tokens */
+        dj_status st = dj_chat_template_encode(m->tpl, m->tok, vj, strlen(vj), false, &o->ids, &o->n_ids);
         free(vj);
         if (st == DJ_ENOMEM) {
             snprintf(err, cap, "out of memory rendering the chat template of '%s'", m->name);
@@ -371,25 +397,24 @@ int dj__oai_prompt(dj__oai *o, const dj__http_model *m, char *err, size_t cap) {
             snprintf(err, cap, "the chat template of '%s' refused these messages: %s", m->name, dj_last_error());
             return 400;
         }
-    }
-    /* no tokenizer run (nor the memory it takes) for a text the model's
-     * context cannot hold: each token covers at most max_tok_bytes of it */
-    const uint64_t most = (uint64_t)m->max_pos * (m->max_tok_bytes > 16 ? m->max_tok_bytes : 16);
-    if (len > most) {
-        if (o->chat) free(text);
-        snprintf(err, cap, "the prompt has %zu bytes: model '%s' has %u positions of at most %zu bytes (%llu)", len,
-                 m->name, m->max_pos, m->max_tok_bytes, (unsigned long long)most);
-        return 400;
-    }
-    dj_status st = dj_tokenizer_encode(m->tok, text, len, !o->chat, &o->ids, &o->n_ids);
-    if (o->chat) free(text);
-    if (st == DJ_ENOMEM) {
-        snprintf(err, cap, "out of memory tokenizing the prompt");
-        return 503;
-    }
-    if (st != DJ_OK) {
-        snprintf(err, cap, "the prompt cannot be tokenized: %s", dj_last_error());
-        return 400;
+    } else {
+        /* no tokenizer run (nor the memory it takes) for a text the model's
+         * context cannot hold: each token covers at most max_tok_bytes of it */
+        const uint64_t most = (uint64_t)m->max_pos * (m->max_tok_bytes > 16 ? m->max_tok_bytes : 16);
+        if (len > most) {
+            snprintf(err, cap, "the prompt has %zu bytes: model '%s' has %u positions of at most %zu bytes (%llu)",
+                     len, m->name, m->max_pos, m->max_tok_bytes, (unsigned long long)most);
+            return 400;
+        }
+        dj_status st = dj_tokenizer_encode(m->tok, text, len, true, &o->ids, &o->n_ids);
+        if (st == DJ_ENOMEM) {
+            snprintf(err, cap, "out of memory tokenizing the prompt");
+            return 503;
+        }
+        if (st != DJ_OK) {
+            snprintf(err, cap, "the prompt cannot be tokenized: %s", dj_last_error());
+            return 400;
+        }
     }
     if (o->n_ids == 0) {
         snprintf(err, cap, "the prompt has no tokens");
@@ -671,6 +696,7 @@ void dj__oai_free(dj__oai *o) {
     cJSON_Delete(o->messages);
     cJSON_Delete(o->tools);
     free(o->prompt);
+    free(o->cache_salt);
     free(o->ids);
     free(o->lps);
     dj__buf_free(&o->text);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "djinn/generate.h"
 #include "server/server_impl.h"
@@ -24,8 +25,9 @@ static dj_status read_small(const char *dir, const char *name, char **out /* OUT
     char path[PATH_MAX];
     const int k = snprintf(path, sizeof path, "%s/%s", dir, name);
     if (k < 0 || (size_t)k >= sizeof path) return dj_fail(DJ_ERANGE, "model path too long");
-    FILE *f = fopen(path, "rb");
-    if (!f) return dj_fail(errno == ENOENT ? DJ_ENOTFOUND : DJ_EIO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    dj_status st = dj__file_fopen(path, &f); /* never blocks on a FIFO; regular files only */
+    if (st != DJ_OK) return st;
     char *buf = dj_malloc(INFO_MAX_FILE + 1);
     if (!buf) {
         fclose(f);

@@ -45,6 +45,7 @@ typedef struct dj__conn {
     uint64_t peer;         /* failed-HELLO key (dj__peer_hello_at) */
     bool admin;            /* set by HELLO: the token's roles */
     uint32_t qos_mask;
+    uint64_t cache_salt[2]; /* set by HELLO: the token's prefix-cache salt ({0, 0}: shared, or no token file) */
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
     uint64_t out_bytes;    /* unsent reply bytes (header, metadata, payload) */
     uint64_t out_owned;    /* of those, bytes held for this connection alone (header, metadata) */
@@ -410,6 +411,7 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         }
         c->admin = t->admin;
         c->qos_mask = t->qos_mask;
+        memcpy(c->cache_salt, t->cache_salt, sizeof c->cache_salt);
     } else {
         c->admin = true; /* loopback or unix-socket peers only (on_connection) */
         c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
@@ -831,6 +833,7 @@ static void handle_frame(dj__conn *c) {
     j->qos = DJ_QOS_INTERACTIVE;
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;
+    memcpy(j->cache_salt, c->cache_salt, sizeof j->cache_salt);
     j->t_enqueue = dj__now();
     c->inflight++;
     dj__enqueue(s, j);

@@ -44,11 +44,19 @@ typedef struct dj__token {
     size_t len;
     uint32_t qos_mask; /* 1 << class for each granted class */
     bool admin;
+    bool shared;           /* `shared`: it shares the prefix cache with every other shared token */
+    uint64_t cache_salt[2]; /* its tenant's prefix-cache salt: a hash of the secret; {0, 0} when shared */
 } dj__token;
 
 /* guard.c: the token file, refused with a clear message when empty, holding
  * a NUL or a non-printable byte, or a token over DJ__TOKEN_MAX bytes. */
 dj_status dj__tokens_load(const char *path, dj__token **out /* OUT, malloc'd */, size_t *n /* OUT */);
+
+/* out = the prefix-cache salt of (base, bytes[0..n)): {0, 0} for no base and
+ * no bytes; base NULL and a token's secret: the token's salt; a tenant's
+ * salt and a request's cache_salt: that request's (docs/prefix-cache.md). */
+#define DJ__SALT_BYTES_MAX 256 /* a cache_salt's most bytes (a token's secret: DJ__TOKEN_MAX) */
+void dj__cache_salt_of(const uint64_t base[2], const char *bytes, size_t n, uint64_t out[2] /* OUT */);
 
 /* Failed HELLOs per peer (key: IPv4 address, IPv6 /64, or 1 for unix
  * sockets): after each failure the peer's next HELLO waits 100 ms doubling to
@@ -173,6 +181,7 @@ struct dj__job {
     dj_qos qos;
     uint32_t qos_mask;        /* 1 << class for each class the caller's token grants */
     bool admin;               /* the caller's token has the admin role */
+    uint64_t cache_salt[2];   /* the caller's token's prefix-cache salt (dj__token) */
     bool counted;             /* sess->queued was raised for it (dj__enqueue) */
     uint8_t *body;            /* meta then payload, owned */
     dj__meta meta;

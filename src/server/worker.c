@@ -412,6 +412,21 @@ static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_
     return DJ_OK;
 }
 
+/* The prefix-cache salt a request asks for: its token's, mixed with its
+ * `cache_salt` string when given (*given). */
+static dj_status request_salt(const dj__job *j, uint64_t salt[2] /* OUT */, bool *given /* OUT */) {
+    const char *cs = NULL;
+    size_t n = 0;
+    dj_status st = dj__meta_str(&j->meta, "cache_salt", false, &cs, &n);
+    if (st != DJ_OK) return st;
+    *given = cs != NULL;
+    if (cs && (n == 0 || n > DJ__SALT_BYTES_MAX))
+        return dj_fail(DJ_EINVAL, "cache_salt of %zu bytes (1 to %d)", n, DJ__SALT_BYTES_MAX);
+    if (cs) dj__cache_salt_of(j->cache_salt, cs, n, salt);
+    else memcpy(salt, j->cache_salt, 2 * sizeof *salt);
+    return DJ_OK;
+}
+
 static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     char model[128], qos_name[16] = "interactive";
     uint32_t expect = 0;
@@ -426,6 +441,9 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
     if (st == DJ_OK) st = dj__meta_bool(&j->meta, "reattach", false, &reattach);
     if (st == DJ_OK) st = dj__meta_u32(&j->meta, "expected_tokens", false, &expect);
+    uint64_t salt[2];
+    bool salted;
+    if (st == DJ_OK) st = request_salt(j, salt, &salted);
     if (st != DJ_OK) return st;
     dj_qos qos;
     if ((st = dj_qos_parse(qos_name, &qos)) != DJ_OK) return st;
@@ -445,6 +463,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     dj__sess *ss = dj_calloc(1, sizeof *ss);
     if (!ss) st = dj_fail(DJ_ENOMEM, "out of memory");
     if (st == DJ_OK) st = dj_session_new(s->engine, m, ctx, 0, &ss->es);
+    if (st == DJ_OK) st = dj_session_set_cache_salt(ss->es, salt);
     if (load) dj_model_release(s->engine, m); /* the session holds its own reference */
     if (st == DJ_OK) st = dj__random_id(&ss->id);
     if (st != DJ_OK) {
@@ -771,6 +790,21 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     return DJ_OK;
 }
 
+/* A GENERATE's cache_salt: the session's already, or set on a session that
+ * holds nothing yet; any other is refused (its chain started under another). */
+static dj_status gen_salt(const dj__job *j, dj__sess *ss) {
+    uint64_t want[2], have[2];
+    bool given;
+    dj_status st = request_salt(j, want, &given);
+    if (st != DJ_OK || !given) return st;
+    dj_session_cache_salt(ss->es, have);
+    if (want[0] == have[0] && want[1] == have[1]) return DJ_OK;
+    if (sess_pos(ss) == 0 && ss->pending < 0 && !ss->dropped && ss->n_hist == 0)
+        return dj_session_set_cache_salt(ss->es, want);
+    return dj_fail(DJ_EINVAL, "cache_salt differs from the salt session %016llx started with (give it at "
+                   "SESSION_OPEN or the session's first GENERATE)", (unsigned long long)ss->id);
+}
+
 /* A GENERATE's turn to start: its sampling fields, the session's pending
  * token and (recompute policy) history before the prompt, a dj_gen_t. */
 static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
@@ -811,6 +845,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
     }
+    if ((st = gen_salt(j, ss)) != DJ_OK) goto done;
     if ((st = feed_ids(ss, g->ids, g->n_ids, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
@@ -1360,6 +1395,9 @@ static void drop_kv(dj__server *s, uint64_t sid) {
     if (!ss) return;
     dj_session_t *fresh = NULL;
     dj_status st = dj_session_new(s->engine, ss->ment->m, dj_session_max_ctx(ss->es), 0, &fresh);
+    uint64_t salt[2];
+    dj_session_cache_salt(ss->es, salt);
+    if (st == DJ_OK) st = dj_session_set_cache_salt(fresh, salt); /* its history keys as before */
     if (st == DJ_OK && s->cfg.swap_policy == DJ_SWAP_RECOMPUTE && ss->n_hist == dj_session_pos(ss->es)) {
         dj_session_free(s->engine, ss->es);
         ss->es = fresh;
