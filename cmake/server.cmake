@@ -62,7 +62,8 @@ function(dj__server_link_late)
     endif()
   endforeach()
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
-       ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c
+       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

@@ -18,6 +18,7 @@ static int usage(FILE *f) {
           "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
+          "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
@@ -51,6 +52,9 @@ static int usage(FILE *f) {
           "  --max-inflight 64          requests queued or running per connection before it is not read\n"
           "  --max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
           "  --metrics-max-connections 16   /metrics connections at once (each closed after 10 s)\n"
+          "  --max-prompt-bytes 1m      a GENERATE's text prompt: more bytes get DJ_ERANGE before tokenizing\n"
+          "  --max-prompt-inflight 4m   text prompt bytes of one connection awaiting the tokenizer thread before\n"
+          "                             the connection is not read\n"
           "--http ADDR:PORT serves the OpenAI API (GET /v1/models, POST /v1/completions and\n"
           "/v1/chat/completions, streaming too) through this daemon's own listener, and the live view of\n"
           "the VMU: GET / (a page), GET /v1/djinn/stats (its JSON), GET /v1/djinn/events (the same pushed\n"
@@ -157,6 +161,8 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->max_sessions = 64;
     cfg->max_handles = 256;
     cfg->metrics_conns = 16;
+    cfg->max_prompt_bytes = (uint64_t)1 << 20;
+    cfg->prompt_inflight = (uint64_t)4 << 20;
     cfg->http_conns = 64;
     cfg->http_max_body = (uint64_t)4 << 20;
     cfg->http_timeout_s = 30;
@@ -216,6 +222,12 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
         } else if (!strcmp(a, "--http-max-body")) {
             if (!parse_bytes(v, &cfg->http_max_body) || cfg->http_max_body < 1024) {
                 fprintf(stderr, "djinnd: --http-max-body '%s': want a size of at least 1k (suffixes k, m, g)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-prompt-bytes") || !strcmp(a, "--max-prompt-inflight")) {
+            uint64_t *dst = !strcmp(a, "--max-prompt-bytes") ? &cfg->max_prompt_bytes : &cfg->prompt_inflight;
+            if (!parse_bytes(v, dst) || *dst < 1024) {
+                fprintf(stderr, "djinnd: %s '%s': want a size of at least 1k (suffixes k, m, g)\n", a, v);
                 return 2;
             }
         } else if (!strcmp(a, "--token-file")) {

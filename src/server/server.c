@@ -45,6 +45,7 @@ typedef struct dj__conn {
     bool admin;            /* set by HELLO: the token's roles */
     uint32_t qos_mask;
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
+    uint64_t prompt_bytes; /* text prompt bytes handed to the worker, not tokenized yet (--max-prompt-inflight) */
     uint64_t out_bytes;    /* unsent reply bytes (header, metadata, payload) */
     uint64_t out_owned;    /* of those, bytes held for this connection alone (header, metadata) */
     bool over_soft;        /* out_bytes passed --max-reply-buffer's soft limit, not yet under half of it */
@@ -213,7 +214,7 @@ static bool may_read(dj__conn *c) {
     if (c->out_bytes > cfg->out_soft) c->over_soft = true;
     else if (c->out_bytes <= cfg->out_soft / 2) c->over_soft = false;
     return !c->closing && !uv_is_closing(&c->u.handle) && !c->deferred && !c->over_soft &&
-           c->inflight < cfg->max_inflight;
+           c->inflight < cfg->max_inflight && c->prompt_bytes < cfg->prompt_inflight;
 }
 
 static void on_write(uv_write_t *w, int status) {
@@ -635,6 +636,26 @@ static dj_status check_qos(dj__conn *c, const dj__meta *m) {
     return DJ_OK;
 }
 
+/* A GENERATE's text prompt before anything tokenizes it: at most
+ * --max-prompt-bytes, and no U+0000 (refused rather than cut anywhere).
+ * *credit: its bytes, which count against the connection's
+ * --max-prompt-inflight until the tokenizer thread is done with them. */
+static dj_status check_prompt(dj__conn *c, const dj__meta *m, uint64_t *credit) {
+    const char *p = NULL;
+    size_t n = 0;
+    *credit = 0;
+    if (dj__meta_str(m, "prompt", false, &p, &n) != DJ_OK || !p) return DJ_OK; /* the worker answers the rest */
+    const uint64_t max = c->srv->cfg.max_prompt_bytes;
+    if (n > max)
+        return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu (send fewer bytes or "
+                       "token ids)", n, (unsigned long long)max);
+    if (memchr(p, 0, n))
+        return dj_fail(DJ_EINVAL, "prompt holds U+0000 at byte %zu: refused (a NUL would cut it)",
+                       (size_t)((const char *)memchr(p, 0, n) - p));
+    *credit = n ? n : 1;
+    return DJ_OK;
+}
+
 /* A STEP's payload, once its metadata is in: at most one int32 per position
  * its session has left - or, with `points`, at most one f32 [n, hidden]
  * tensor per point (at most DJ_IV_MAX of them) for its n ids (in the
@@ -731,6 +752,7 @@ static void handle_frame(dj__conn *c) {
         return;
     }
     bool close_conn = false;
+    uint64_t credit = 0;
     dj__mw w;
     if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->hello_due) {
         /* a peer that failed HELLOs waits its turn, one HELLO at a time */
@@ -802,6 +824,14 @@ static void handle_frame(dj__conn *c) {
         free(body);
         if (st != DJ_OK) send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         return;
+    case DJ_MSG_GENERATE:
+        if ((st = check_prompt(c, &m, &credit)) != DJ_OK) {
+            dj__meta_destroy(&m);
+            free(body);
+            send_error(c, h->request_id, h->type, st, false);
+            return;
+        }
+        break;
     case DJ_MSG_SESSION_OPEN:
         if ((st = check_qos(c, &m)) != DJ_OK) {
             dj__meta_destroy(&m);
@@ -831,6 +861,8 @@ static void handle_frame(dj__conn *c) {
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;
     j->t_enqueue = dj__now();
+    j->prompt_credit = credit;
+    c->prompt_bytes += credit;
     c->inflight++;
     dj__enqueue(s, j);
 }
@@ -1075,7 +1107,13 @@ static void on_wake(uv_async_t *a) {
     while (o) {
         dj__out *next = o->next;
         dj__conn *c = dj__map_get(&s->conns, o->conn);
-        if (c && !uv_is_closing(&c->u.handle)) {
+        if (o->credit) { /* no frame: prompt bytes tokenized */
+            if (c) {
+                c->prompt_bytes -= o->credit < c->prompt_bytes ? o->credit : c->prompt_bytes;
+                conn_pump(c);
+            }
+            free(o);
+        } else if (c && !uv_is_closing(&c->u.handle)) {
             const uint16_t t = o->h.type;
             if ((t == DJ_MSG_REPLY || t == DJ_MSG_ERROR || t == DJ_MSG_DONE) && c->inflight) c->inflight--;
             send_out(c, o);

@@ -152,8 +152,18 @@ typedef struct dj__handle {
 /* ---- work for the engine thread ---- */
 typedef struct dj__gen {
     dj_gen_t *g;       /* the generation loop's state (generate.h); owned; NULL until it starts */
-    int32_t *ids;      /* the prompt, tokenized when the request arrived (owned) */
+    int32_t *ids;      /* the prompt, tokenized by the tokenizer thread (owned) */
     size_t n_ids;
+    /* a text prompt on its way through the tokenizer thread (worker.c, "the
+     * tokenizer thread"): it holds tok_ment (tok_jobs) until the worker sees it back */
+    dj__model_ent *tok_ment;   /* worker only */
+    const dj_tokenizer_t *tok; /* tok_ment's, read by the tokenizer thread */
+    const char *prompt;        /* [plen], inside the job's meta */
+    size_t plen;
+    bool add_special;          /* the session's first tokens: BOS and the like */
+    bool tokenized;            /* the tokenizer thread is done with it: tok_st, tok_err */
+    dj_status tok_st;
+    char tok_err[256];
     uint32_t max_tokens;
     uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
@@ -174,6 +184,8 @@ struct dj__job {
     uint64_t payload_len;
     double t_enqueue;
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
+    uint64_t prompt_credit;   /* prompt bytes counted in its connection's prompt_bytes (server.c),
+                               * given back (dj__out.credit) once it is tokenized or refused */
     dj__job *hprev, *hnext;   /* worker: jobs the scheduler holds */
 };
 
@@ -189,6 +201,7 @@ typedef struct dj__out {
     dj_frame_header h;
     char *meta; /* malloc'd msgpack bytes (h.meta_len) */
     bool close_after;
+    uint64_t credit; /* no frame: prompt bytes of the connection's that are tokenized (or refused) */
 } dj__out;
 
 struct dj__model_ent {
@@ -199,6 +212,7 @@ struct dj__model_ent {
     uint64_t pin_conn;  /* the connection that pinned it: only it (or an admin) unloads */
     dj_tokenizer_t *tok;
     bool tok_tried;
+    uint32_t tok_jobs;  /* prompts the tokenizer thread holds that use tok: the entry stays */
     int32_t eos[16];    /* the model's EOS ids (dj_gen_eos_ids), read with the tokenizer */
     size_t n_eos;
     dj__model_ent *next;
@@ -230,6 +244,8 @@ typedef struct dj__config {
     uint32_t max_sessions;     /* sessions per connection */
     uint32_t max_handles;      /* result handles per connection */
     uint32_t metrics_conns;    /* /metrics connections at once */
+    uint64_t max_prompt_bytes; /* a GENERATE's text prompt: more bytes are refused before tokenizing */
+    uint64_t prompt_inflight;  /* prompt bytes of one connection not yet tokenized before it stops being read */
     /* memory and the scheduler (src/sched/) */
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
@@ -301,8 +317,13 @@ typedef struct dj__server {
     dj__out *out_head, *out_tail;
     bool stop_worker, reap;
 
+    dj__jobq tokq;       /* GENERATEs whose text prompt waits for the tokenizer thread */
+    pthread_cond_t tok_cv;
+    bool stop_tok;
+
     /* worker only */
-    pthread_t worker;
+    pthread_t worker, tokenizer;
+    bool tok_started;
     bool worker_started;
     dj_engine_t *engine;
     dj_sched_t *sched;       /* the policy (src/sched/): decides what the worker does next */

@@ -202,7 +202,7 @@ static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out,
 }
 
 static void model_ent_maybe_drop(dj__server *s, dj__model_ent *e) {
-    if (e->users || e->pinned) return;
+    if (e->users || e->pinned || e->tok_jobs) return;
     for (dj__model_ent **p = &s->models; *p; p = &(*p)->next)
         if (*p == e) {
             *p = e->next;
@@ -705,12 +705,17 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
     return true;
 }
 
-/* A GENERATE as it arrives: its fields checked and its prompt tokenized, so
- * the scheduler knows the positions it will take (prompt + max_tokens). */
-static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
+/* A GENERATE as it arrives: its fields checked; a text prompt goes to the
+ * tokenizer thread (*deferred set), which hands the job back to the worker's
+ * queue once it is tokenized, so the scheduler learns the positions it will
+ * take (prompt + max_tokens) without a tokenization ever running on this
+ * thread. The prompt's bytes were bounded by the I/O thread
+ * (--max-prompt-bytes). */
+static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *deferred) {
     const dj__meta *m = &j->meta;
     const char *prompt = NULL;
     size_t plen = 0;
+    *deferred = false;
     dj__gen *g = calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
@@ -723,12 +728,91 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (prompt) {
+        if (plen > s->cfg.max_prompt_bytes) /* the I/O thread refuses these; a bound for any other path */
+            return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", plen,
+                           (unsigned long long)s->cfg.max_prompt_bytes);
         const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
         if (!tok) return dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
-        const bool first = sess_pos(ss) == 0 && ss->pending < 0;
-        if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &g->ids, &g->n_ids)) != DJ_OK) return st;
+        g->tok = tok;
+        g->tok_ment = ss->ment;
+        g->prompt = prompt;
+        g->plen = plen;
+        g->add_special = sess_pos(ss) == 0 && ss->pending < 0;
+        ss->ment->tok_jobs++;
+        pthread_mutex_lock(&s->mu);
+        q_push(&s->tokq, j);
+        pthread_cond_signal(&s->tok_cv);
+        pthread_mutex_unlock(&s->mu);
+        *deferred = true;
     }
     return DJ_OK;
+}
+
+/* A job the tokenizer thread handed back: its model entry let go, its
+ * tokenization's outcome. Worker only. */
+static dj_status gen_tokenized(dj__server *s, dj__job *j) {
+    dj__gen *g = j->gen;
+    if (g->tok_ment) {
+        g->tok_ment->tok_jobs--;
+        model_ent_maybe_drop(s, g->tok_ment);
+        g->tok_ment = NULL;
+        g->tok = NULL;
+    }
+    if (g->tok_st != DJ_OK) return dj_fail(g->tok_st, "%s", g->tok_err);
+    return DJ_OK;
+}
+
+/* The connection's prompt bytes this job counted are free again: its
+ * connection may be read (server.c, may_read). mu not held. */
+static void prompt_credit(dj__server *s, dj__job *j) {
+    if (!j->prompt_credit) return;
+    dj__out *o = calloc(1, sizeof *o);
+    if (o) {
+        o->conn = j->conn;
+        o->credit = j->prompt_credit;
+        post(s, o);
+    } else {
+        DJ_LOG(WARN, "conn=%llu: out of memory for a prompt credit", (unsigned long long)j->conn);
+    }
+    j->prompt_credit = 0;
+}
+
+/* ---- the tokenizer thread ----
+ * One thread, apart from the engine worker, turns text prompts into ids in
+ * the order they arrived: a tokenization (bounded by --max-prompt-bytes, and
+ * per connection by --max-prompt-inflight, which stops reading the
+ * connection) never delays a running generation's step, which the worker
+ * keeps taking meanwhile. It touches only the job (the prompt inside its
+ * meta, the ids it writes) and the tokenizer, which stays loaded while
+ * tok_jobs counts the job. */
+static void *tokenizer_main(void *arg) {
+    dj__server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop_tok) {
+        dj__job *j = q_pop_head(&s->tokq);
+        if (!j) {
+            pthread_cond_wait(&s->tok_cv, &s->mu);
+            continue;
+        }
+        const bool alive = dj__map_get(&s->live_conns, j->conn) != NULL;
+        pthread_mutex_unlock(&s->mu);
+        dj__gen *g = j->gen;
+        dj_clear_error();
+        if (!alive) { /* its connection went: nobody waits for it */
+            g->tok_st = DJ_ENOTFOUND;
+            snprintf(g->tok_err, sizeof g->tok_err, "connection closed before the prompt was tokenized");
+        } else if ((g->tok_st = dj_tokenizer_encode(g->tok, g->prompt, g->plen, g->add_special, &g->ids,
+                                                    &g->n_ids)) != DJ_OK) {
+            snprintf(g->tok_err, sizeof g->tok_err, "%s", dj_last_error());
+        }
+        g->tokenized = true;
+        prompt_credit(s, j);
+        pthread_mutex_lock(&s->mu);
+        q_push(&s->newq[j->qos], j); /* back to the worker's intake (its lease still counts it) */
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* A GENERATE's turn to start: its sampling fields, the session's pending
@@ -1181,7 +1265,8 @@ static void arrive(dj__server *s, dj__job *j) {
     bool foreign = false;
     dj_status st = DJ_OK;
     dj_clear_error();
-    if (j->type == DJ_MSG_STEP || j->type == DJ_MSG_GENERATE) {
+    if (j->gen && j->gen->tokenized) st = gen_tokenized(s, j); /* back from the tokenizer thread */
+    if (st == DJ_OK && (j->type == DJ_MSG_STEP || j->type == DJ_MSG_GENERATE)) {
         dj__sess *ss = NULL;
         st = job_session(s, j, &ss, &foreign);
         if (st == DJ_OK && j->type == DJ_MSG_STEP) {
@@ -1193,7 +1278,9 @@ static void arrive(dj__server *s, dj__job *j) {
             else if (ss->paused) st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         } else if (st == DJ_OK) {
             kind = DJ_REQ_GEN;
-            st = gen_prepare(s, j, ss);
+            bool deferred = false;
+            st = j->gen && j->gen->tokenized ? DJ_OK : gen_prepare(s, j, ss, &deferred);
+            if (deferred) return; /* the tokenizer thread hands it back */
             if (st == DJ_OK) tokens = (uint64_t)j->gen->n_ids + 1 + j->gen->max_tokens;
         }
         if (st == DJ_OK) {
@@ -1201,6 +1288,7 @@ static void arrive(dj__server *s, dj__job *j) {
             model = (uint64_t)(uintptr_t)ss->ment;
         }
     }
+    prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
     if (st == DJ_OK)
         st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
@@ -1461,6 +1549,7 @@ static void *worker_main(void *arg) {
         if (m->pinned) dj_model_release(s->engine, m->m);
         m->pinned = false;
         m->users = 0;
+        m->tok_jobs = 0; /* the tokenizer thread was stopped first (dj__worker_stop) */
         model_ent_maybe_drop(s, m);
     }
     return NULL;
@@ -1524,6 +1613,21 @@ static dj_status sched_open(dj__server *s) {
     return dj_sched_new(&sc, &s->sched);
 }
 
+/* Stops and joins the tokenizer thread; the prompts it had not reached are
+ * dropped (the daemon is stopping). */
+static void tokenizer_stop(dj__server *s) {
+    if (!s->tok_started) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop_tok = true;
+    pthread_cond_signal(&s->tok_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->tokenizer, NULL);
+    s->tok_started = false;
+    pthread_cond_destroy(&s->tok_cv);
+    dj__job *j;
+    while ((j = q_pop_head(&s->tokq))) dj__job_free(j);
+}
+
 dj_status dj__worker_start(dj__server *s) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
@@ -1550,9 +1654,20 @@ dj_status dj__worker_start(dj__server *s) {
     s->ride_rows = s->cfg.mixed_steps == 2 || (s->cfg.mixed_steps < 0 && !cpu) ? RIDE_ROWS : 0;
     dj_status st = engine_open(s, &ec);
     if (st == DJ_OK) st = sched_open(s);
+    if (st == DJ_OK && pthread_cond_init(&s->tok_cv, NULL) != 0)
+        st = dj_fail(DJ_EINTERNAL, "cannot create the tokenizer thread's condition");
+    if (st == DJ_OK) {
+        if (pthread_create(&s->tokenizer, NULL, tokenizer_main, s) != 0) {
+            pthread_cond_destroy(&s->tok_cv);
+            st = dj_fail(DJ_EINTERNAL, "cannot start the tokenizer thread");
+        } else {
+            s->tok_started = true;
+        }
+    }
     if (st == DJ_OK && pthread_create(&s->worker, NULL, worker_main, s) != 0)
         st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
     if (st != DJ_OK) {
+        tokenizer_stop(s);
         dj_sched_free(s->sched);
         s->sched = NULL;
         dj_engine_free(s->engine);
@@ -1564,6 +1679,7 @@ dj_status dj__worker_start(dj__server *s) {
 }
 
 void dj__worker_stop(dj__server *s) {
+    tokenizer_stop(s); /* first: it may be using a model entry's tokenizer */
     if (!s->worker_started) {
         dj_sched_free(s->sched);
         s->sched = NULL;

@@ -1,0 +1,200 @@
+/* test_tenants.c: a real djinnd shared by hostile tenants (issue 43) - one
+ * tenant must not stall, starve, outgrow or lock out another. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "djinn/client.h"
+#include "server/proto_impl.h"
+#include "daemon_util.h"
+#include "testutil.h"
+
+static char tmpdir[256], models[300];
+/* the daemon under test; DJ_TEST_DJINND names another build (an older one,
+ * to see each check fail before its fix) */
+static const char *djinnd = DJ_DJINND;
+#define RAW_TIMEOUT_S 20
+
+static pid_t start_daemon(int slot, const char *const *extra, rlim_t nofile, char *addr, size_t cap) {
+    const dj_test_daemon_opts o = {.djinnd = djinnd, .dir = tmpdir, .models = models, .listen = "127.0.0.1:0",
+                                   .save_stderr = true, .small_asan_quarantine = true, .nofile = nofile,
+                                   .wait_ms = 30000};
+    int code = 0;
+    pid_t pid = dj_test_daemon_start(slot, &o, extra, addr, cap, &code);
+    CHECK_MSG(pid > 0, "daemon %d did not start (%d)", slot, code);
+    return pid;
+}
+
+static int stop_daemon(int slot) { return dj_test_daemon_stop(slot, 20000); }
+
+static long rss_kb(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Sends w's bytes as one frame (w is destroyed). */
+static bool send_meta(int fd, uint16_t type, uint64_t req, dj__mw *w) {
+    dj__mw_finish(w);
+    const bool ok = dj_test_raw_send(fd, type, req, w->sb.data, w->sb.size, 0);
+    dj__mw_destroy(w);
+    return ok;
+}
+
+/* SESSION_OPEN of the demo model; its id, 0 on failure (f: the answer). */
+static uint64_t open_session(int fd, uint64_t req, dj_test_frame *f) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_str(&w, "model", "demo");
+    send_meta(fd, DJ_MSG_SESSION_OPEN, req, &w);
+    *f = dj_test_raw_frame(fd, "session");
+    return f->type == DJ_MSG_REPLY ? f->val : 0;
+}
+
+/* GENERATE on sid: a text prompt[plen] if prompt, else ids 1 2 3. */
+static bool send_generate(int fd, uint64_t req, uint64_t sid, const char *prompt, size_t plen, uint32_t max_tokens) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", sid);
+    if (prompt) {
+        dj__mw_strn(&w, "prompt", prompt, plen);
+    } else {
+        const int32_t ids[3] = {1, 2, 3};
+        dj__mw_ids(&w, "ids", ids, 3);
+    }
+    dj__mw_u64(&w, "max_tokens", max_tokens);
+    dj__mw_bool(&w, "ignore_eos", true);
+    return send_meta(fd, DJ_MSG_GENERATE, req, &w);
+}
+
+/* ---- finding 1: a flood of large prompts freezes nobody ---- */
+
+typedef struct flood_arg {
+    int fd;
+    uint64_t sid;
+    int n;
+    size_t plen;
+} flood_arg;
+
+static void *flood_prompts(void *p) {
+    flood_arg *a = p;
+    char *text = malloc(a->plen);
+    for (size_t i = 0; i < a->plen; i++) text[i] = "hello world, "[i % 13];
+    for (int i = 0; i < a->n; i++)
+        if (!send_generate(a->fd, 100 + (uint64_t)i, a->sid, text, a->plen, 4)) break;
+    free(text);
+    return NULL;
+}
+
+static void test_prompt_flood(void) {
+    char addr[64];
+    /* prompts of 200 KiB: each far more tokens than the demo model's 512 positions */
+    const char *extra[] = {"--max-prompt-bytes", "256k", "--max-prompt-inflight", "512k", NULL};
+    pid_t pid = start_daemon(0, extra, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    dj_test_frame f;
+    int a = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f), b = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
+    const uint64_t sa = open_session(a, 1, &f), sb = open_session(b, 1, &f);
+    CHECK(a >= 0 && b >= 0 && sa && sb);
+    /* over the limit: a typed error that names it, before any tokenization; the connection stays */
+    char *big = malloc(300 * 1024);
+    memset(big, 'x', 300 * 1024);
+    send_generate(b, 2, sb, big, 300 * 1024, 4);
+    f = dj_test_raw_frame(b, NULL);
+    CHECK_MSG(f.type == DJ_MSG_ERROR && f.st == DJ_ERANGE && strstr(f.msg, "--max-prompt-bytes 262144"),
+              "a 300 KiB prompt: %d %lld %s", f.type, (long long)f.st, f.msg);
+    /* U+0000 inside a prompt: refused, not cut */
+    send_generate(b, 3, sb, "ab\0cd", 5, 4);
+    f = dj_test_raw_frame(b, NULL);
+    CHECK_MSG(f.type == DJ_MSG_ERROR && strstr(f.msg, "U+0000"), "a prompt with a NUL: %d %s", f.type, f.msg);
+    free(big);
+    /* A streams; B floods 16 prompts of 200 KiB */
+    const uint32_t max_tokens = 500;
+    send_generate(a, 2, sa, NULL, 0, max_tokens);
+    f = dj_test_raw_frame(a, NULL);
+    CHECK_MSG(f.type == DJ_MSG_TOKEN, "A's first answer: %d %s", f.type, f.msg);
+    const int n_flood = 16;
+    flood_arg fa = {.fd = b, .sid = sb, .n = n_flood, .plen = 200 * 1024};
+    pthread_t th;
+    pthread_create(&th, NULL, flood_prompts, &fa);
+    /* A's tokens while B's prompts are taken in: each token is one step of A's */
+    int b_answers = 0, a_tokens = 1, a_during = 0, b_range = 0;
+    bool a_done = false;
+    double last = dj_test_now_s(), max_gap = 0;
+    while (b_answers < n_flood) {
+        struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+        if (poll(p, a_done ? 1 : 2, 60000) <= 0) break;
+        if (!a_done && (p[0].revents & POLLIN)) {
+            f = dj_test_raw_frame(a, NULL);
+            if (f.type == DJ_MSG_TOKEN) {
+                a_tokens++;
+                a_during++;
+                const double t = dj_test_now_s();
+                if (t - last > max_gap) max_gap = t - last;
+                last = t;
+            } else {
+                a_done = true;
+                CHECK_MSG(f.type == DJ_MSG_DONE, "A's stream: %d %s", f.type, f.msg);
+            }
+        }
+        if (p[1].revents & POLLIN) {
+            f = dj_test_raw_frame(b, NULL);
+            if (f.type < 0) break;
+            b_answers++;
+            b_range += f.type == DJ_MSG_ERROR && f.st == DJ_ERANGE && strstr(f.msg, "does not fit");
+        }
+        if (a_done && b_answers < n_flood) { /* only B's answers are left to wait for */
+            struct pollfd q = {b, POLLIN, 0};
+            if (poll(&q, 1, 60000) <= 0) break;
+        }
+    }
+    pthread_join(th, NULL);
+    printf("prompt flood: B's %d prompts of 200 KiB answered (%d too long for the session); A got %d tokens "
+           "meanwhile (%s), longest gap between two of A's tokens %.0f ms\n",
+           b_answers, b_range, a_during, a_done ? "finished" : "still going", max_gap * 1e3);
+    CHECK(b_answers == n_flood && b_range == n_flood);
+    /* every tokenization of B's takes many of A's steps; on the engine
+     * worker A got one token per intake at most (none for the whole burst) */
+    CHECK_MSG(a_done || a_during >= 4 * n_flood, "A's stream made %d steps while %d prompts were tokenized",
+              a_during, n_flood);
+    close(a);
+    close(b);
+    CHECK(stop_daemon(0) == 0);
+    (void)rss_kb;
+}
+
+int main(void) {
+    dj_test_seed();
+    signal(SIGPIPE, SIG_IGN);
+    dj_test_daemon_guard();
+    setvbuf(stdout, NULL, _IONBF, 0);
+    if (getenv("DJ_TEST_DJINND")) djinnd = getenv("DJ_TEST_DJINND");
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/djinn_test_tenants_XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    snprintf(models, sizeof models, "%s/models", tmpdir);
+    mkdir(models, 0700);
+    char link[400];
+    snprintf(link, sizeof link, "%s/demo", models);
+    CHECK(symlink(DJ_SOURCE_DIR "/models/demo", link) == 0);
+    const double t = dj_test_now_s();
+    test_prompt_flood();
+    printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return dj_test_finish("test_tenants");
+}
