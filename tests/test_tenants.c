@@ -174,7 +174,60 @@ static void test_prompt_flood(void) {
     close(a);
     close(b);
     CHECK(stop_daemon(0) == 0);
-    (void)rss_kb;
+}
+
+/* ---- finding 5: what unread replies hold is what the cap counts ---- */
+
+/* Sends copies of frame[len] without reading until total bytes went or the
+ * daemon took none for 1 s. Returns the bytes sent. */
+static size_t flood(int fd, const uint8_t *frame, size_t len, size_t total) {
+    static uint8_t buf[64 * 1024];
+    const size_t per = sizeof buf / len, blen = per * len;
+    for (size_t i = 0; i < per; i++) memcpy(buf + i * len, frame, len);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    size_t sent = 0, off = 0;
+    while (sent < total) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        if (poll(&p, 1, 1000) <= 0 || (p.revents & (POLLERR | POLLHUP))) break;
+        const ssize_t k = send(fd, buf + off, blen - off, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EAGAIN) continue;
+            break;
+        }
+        sent += (size_t)k;
+        off = (off + (size_t)k) % blen;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return sent;
+}
+
+static void test_reply_memory(void) {
+    char addr[64];
+    const char *extra[] = {"--max-reply-buffer", "2m,4m", NULL};
+    pid_t pid = start_daemon(1, extra, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    dj_test_frame f;
+    int fds[4];
+    for (int i = 0; i < 4; i++) fds[i] = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
+    const long rss0 = rss_kb(pid);
+    uint8_t hb[DJ_FRAME_HEADER_BYTES];
+    const dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = 1, .type = DJ_MSG_HEARTBEAT, .request_id = 7};
+    dj_frame_header_encode(&h, hb);
+    size_t sent = 0;
+    for (int i = 0; i < 4; i++) sent += flood(fds[i], hb, sizeof hb, (size_t)32 << 20);
+    long peak = 0;
+    for (int i = 0; i < 20; i++) {
+        const long r = rss_kb(pid);
+        if (r > peak) peak = r;
+        dj_test_sleep_ms(50);
+    }
+    /* 4 connections that never read, each stopped past 2 MiB of replies held: about 8 MiB */
+    printf("heartbeats never read: 4 connections sent %zu KiB, daemon RSS %ld -> %ld KiB (+%ld; cap 2m each)\n",
+           sent >> 10, rss0, peak, peak - rss0);
+    CHECK_MSG(peak - rss0 < 16 * 1024, "RSS grew by %ld KiB for 4 connections capped at 2 MiB of replies",
+              peak - rss0);
+    for (int i = 0; i < 4; i++) close(fds[i]);
+    CHECK(stop_daemon(1) == 0);
 }
 
 int main(void) {
@@ -192,6 +245,7 @@ int main(void) {
     CHECK(symlink(DJ_SOURCE_DIR "/models/demo", link) == 0);
     const double t = dj_test_now_s();
     test_prompt_flood();
+    test_reply_memory();
     printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

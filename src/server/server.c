@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,8 +47,8 @@ typedef struct dj__conn {
     uint32_t qos_mask;
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
     uint64_t prompt_bytes; /* text prompt bytes handed to the worker, not tokenized yet (--max-prompt-inflight) */
-    uint64_t out_bytes;    /* unsent reply bytes (header, metadata, payload) */
-    uint64_t out_owned;    /* of those, bytes held for this connection alone (header, metadata) */
+    uint64_t out_bytes;    /* what unsent replies hold (reply_owned) plus their payload bytes */
+    uint64_t out_owned;    /* of those, memory held for this connection alone (reply_owned) */
     bool over_soft;        /* out_bytes passed --max-reply-buffer's soft limit, not yet under half of it */
     bool reading;          /* uv_read_start in effect */
     /* a HELLO held back by the peer's failed-HELLO schedule, and the bytes
@@ -185,6 +186,9 @@ dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w) {
     o->h.meta_len = (uint32_t)w->sb.size;
     o->meta = msgpack_sbuffer_release(&w->sb);
     dj__mw_destroy(w);
+    /* the buffer grew by doubling from 8 KiB: a queued reply keeps only its bytes */
+    char *fit = o->meta ? realloc(o->meta, o->h.meta_len ? o->h.meta_len : 1) : NULL;
+    if (fit) o->meta = fit;
     return o;
 }
 
@@ -242,11 +246,19 @@ static void on_write(uv_write_t *w, int status) {
     }
 }
 
+/* What a queued reply holds in memory for its connection alone: the write
+ * request (header inside) and the metadata's allocation, each with malloc's
+ * own overhead - not just the bytes it will send. */
+#define ALLOC_OVERHEAD 16
+static uint64_t reply_owned(const char *meta) {
+    return sizeof(wreq) + ALLOC_OVERHEAD + (meta ? malloc_usable_size((void *)meta) + ALLOC_OVERHEAD : 0);
+}
+
 /* Send header + meta (owned, freed after the write) + optional payload taken
  * from a handle (one reference held until the write completes). Past the
- * hard limit on unsent bytes the connection is dropped instead. */
+ * hard limit on what unsent replies hold the connection is dropped instead. */
 static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__handle *hd, const uint8_t *payload) {
-    const uint64_t owned = DJ_FRAME_HEADER_BYTES + (uint64_t)h->meta_len;
+    const uint64_t owned = reply_owned(meta);
     const bool over = c->out_owned + owned > c->srv->cfg.out_hard;
     if (uv_is_closing(&c->u.handle) || over) {
         if (over && !uv_is_closing(&c->u.handle))
@@ -271,7 +283,7 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
     r->meta = meta;
     r->handle = hd;
     r->owned = owned;
-    r->bytes = DJ_FRAME_HEADER_BYTES + (uint64_t)h->meta_len + h->payload_len;
+    r->bytes = owned + h->payload_len;
     dj_frame_header_encode(h, r->hdr);
     uv_buf_t bufs[3];
     unsigned n = 0;
