@@ -230,6 +230,39 @@ static void test_reply_memory(void) {
     CHECK(stop_daemon(1) == 0);
 }
 
+/* ---- finding 6: silent sockets take no authenticated client's slot ---- */
+
+static void test_silent_connections(void) {
+    char addr[64];
+    const char *extra[] = {"--max-connections", "12", "--max-pending-connections", "3", NULL};
+    pid_t pid = start_daemon(2, extra, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    enum { N_SILENT = 40, N_HELLO = 10 };
+    int silent[N_SILENT], ok[N_HELLO], n_ok = 0;
+    for (int i = 0; i < N_SILENT; i++) silent[i] = dj_test_raw_connect(addr, NULL, 2, 0);
+    dj_test_sleep_ms(300); /* lets the daemon accept them all (a test of its state, not of time) */
+    for (int i = 0; i < N_HELLO; i++) {
+        dj_test_frame f;
+        ok[i] = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
+        n_ok += f.type == DJ_MSG_REPLY;
+        if (f.type != DJ_MSG_REPLY) printf("HELLO %d beside silent sockets: %d %s\n", i, f.type, f.msg);
+    }
+    int n_closed = 0;
+    for (int i = 0; i < N_SILENT; i++) {
+        char c;
+        n_closed += silent[i] < 0 || recv(silent[i], &c, 1, 0) >= 0 || errno == ECONNRESET;
+    }
+    printf("%d silent connections, then %d HELLOs: %d served; %d silent ones closed\n", N_SILENT, N_HELLO, n_ok,
+           n_closed);
+    CHECK_MSG(n_ok == N_HELLO, "%d of %d valid HELLOs served beside %d silent connections", n_ok, N_HELLO,
+              N_SILENT);
+    for (int i = 0; i < N_SILENT; i++)
+        if (silent[i] >= 0) close(silent[i]);
+    for (int i = 0; i < N_HELLO; i++)
+        if (ok[i] >= 0) close(ok[i]);
+    CHECK(stop_daemon(2) == 0);
+}
+
 int main(void) {
     dj_test_seed();
     signal(SIGPIPE, SIG_IGN);
@@ -246,6 +279,7 @@ int main(void) {
     const double t = dj_test_now_s();
     test_prompt_flood();
     test_reply_memory();
+    test_silent_connections();
     printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -15,7 +15,8 @@ static int usage(FILE *f) {
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
           "              [--kv-dtype auto|fp8] [--port-file FILE]\n"
-          "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
+          "              [--max-connections N] [--max-pending-connections N] [--hello-timeout-ms MS]\n"
+          "              [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
           "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
@@ -45,6 +46,8 @@ static int usage(FILE *f) {
           f);
     fputs("Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
+          "  --max-pending-connections 64   of those, connections without a completed HELLO (at most a quarter\n"
+          "                             of --max-connections): a new one past it closes the oldest silent one\n"
           "  --hello-timeout-ms 10000   a connection that has not completed HELLO by then is closed\n"
           "  --idle-timeout-ms 300000   a connection with no byte either way and nothing pending is closed (0: never)\n"
           "  --max-reply-buffer 4m,64m  unsent reply bytes: past SOFT the connection is not read, past HARD\n"
@@ -114,6 +117,7 @@ static const count_opt counts[] = {
     {"--max-running", offsetof(dj__config, max_running), false, false},
     {"--prefill-chunk", offsetof(dj__config, prefill_chunk), true, false},
     {"--max-connections", offsetof(dj__config, max_conns), false, false},
+    {"--max-pending-connections", offsetof(dj__config, max_pending), false, false},
     {"--hello-timeout-ms", offsetof(dj__config, hello_timeout_ms), false, false},
     {"--idle-timeout-ms", offsetof(dj__config, idle_timeout_ms), true, false},
     {"--max-inflight", offsetof(dj__config, max_inflight), false, false},
@@ -153,6 +157,7 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->prefill_chunk = 256;
     cfg->mixed_steps = -1;
     cfg->max_conns = 1024;
+    cfg->max_pending = 64;
     cfg->hello_timeout_ms = 10000;
     cfg->idle_timeout_ms = 300000;
     cfg->out_soft = (uint64_t)4 << 20;

@@ -33,6 +33,7 @@ typedef struct dj__conn {
     dj__server *srv;
     uint64_t id;
     bool hello, closing;
+    bool pending;          /* counted in srv->n_pending: accepted, no HELLO completed yet */
     uint8_t hdr[DJ_FRAME_HEADER_BYTES];
     size_t hdr_got;
     dj_frame_header h;
@@ -390,6 +391,7 @@ static void on_closed(uv_handle_t *h) {
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
     s->n_conns--;
+    if (c->pending) s->n_pending--;
     free(c->body);
     free(c->defer_body);
     free(c->rest);
@@ -427,6 +429,10 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
     }
     c->hello = true;
+    if (c->pending) {
+        c->pending = false;
+        s->n_pending--;
+    }
     dj__mw_u64(w, "version", DJ_PROTO_VERSION);
     dj__mw_str(w, "server", "djinnd 0.1");
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
@@ -1025,6 +1031,26 @@ static uint64_t peer_key(dj__conn *c, bool *local) {
     return 0;
 }
 
+/* Closes the connection that has waited longest for its HELLO, with an
+ * EBUSY error. */
+static void evict_pending(dj__server *s) {
+    dj__conn *old = NULL;
+    for (size_t b = 0; b < s->conns.n_buckets; b++)
+        for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+            dj__conn *c = e->val;
+            if (c->pending && !c->closing && !uv_is_closing(&c->u.handle) && (!old || c->id < old->id)) old = c;
+        }
+    if (!old) return;
+    DJ_LOG(INFO, "conn=%llu closed: %u connections without HELLO (--max-pending-connections)",
+           (unsigned long long)old->id, s->n_pending);
+    old->pending = false; /* its slot is the new one's now */
+    s->n_pending--;
+    send_error(old, 0, 0,
+               dj_fail(DJ_EBUSY, "closed without HELLO to make room (--max-pending-connections %u)",
+                       s->cfg.max_pending),
+               true);
+}
+
 static void on_connection(uv_stream_t *server, int status) {
     dj__server *s = server->data;
     if (status < 0 || s->stopping) return;
@@ -1060,7 +1086,9 @@ static void on_connection(uv_stream_t *server, int status) {
         conn_close(c);
         return;
     }
-    if (s->n_conns > s->cfg.max_conns) {
+    if (s->n_conns > s->cfg.max_conns && s->n_conns <= s->cfg.max_conns + DJ__REFUSE_SLACK && s->n_pending > 0) {
+        evict_pending(s); /* a silent socket makes room: it holds no authenticated client's slot */
+    } else if (s->n_conns > s->cfg.max_conns) {
         /* over the cap: a typed answer while a few fds of slack last, else just closed */
         DJ_LOG(WARN, "conn=%llu refused: %u connections open (--max-connections %u)", (unsigned long long)c->id,
                s->n_conns - 1, s->cfg.max_conns);
@@ -1072,6 +1100,13 @@ static void on_connection(uv_stream_t *server, int status) {
                    true);
         return;
     }
+    /* Connections that have not said HELLO take at most max_pending of the
+     * slots, so silent sockets never hold the ones of authenticated clients;
+     * past it the oldest silent one makes room (a client that says HELLO at
+     * once gets in however many silent sockets arrive). */
+    if (s->n_pending >= s->cfg.max_pending) evict_pending(s);
+    c->pending = true; /* not yet counted by the over-the-cap eviction above */
+    s->n_pending++;
     DJ_LOG(INFO, "conn=%llu accepted", (unsigned long long)c->id);
     conn_pump(c);
 }
@@ -1185,6 +1220,12 @@ static dj_status fit_fd_limit(dj__config *cfg) {
         fprintf(stderr, "djinnd: --max-connections %u lowered to %llu by the fd limit %llu\n", cfg->max_conns,
                 (unsigned long long)avail, (unsigned long long)rl.rlim_cur);
         cfg->max_conns = (uint32_t)avail;
+    }
+    if (cfg->max_pending > cfg->max_conns / 4) {
+        const uint32_t p = cfg->max_conns / 4 ? cfg->max_conns / 4 : 1;
+        DJ_LOG(INFO, "--max-pending-connections %u lowered to %u (a quarter of --max-connections %u)",
+               cfg->max_pending, p, cfg->max_conns);
+        cfg->max_pending = p;
     }
     return DJ_OK;
 }

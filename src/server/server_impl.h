@@ -237,6 +237,7 @@ typedef struct dj__config {
     const char *port_file; /* write the bound TCP port here (tests) */
     /* limits against hostile clients (docs/protocol.md, "Limits") */
     uint32_t max_conns;        /* connections at once; clamped to the fd limit less DJ__FD_RESERVE */
+    uint32_t max_pending;      /* of those, connections that have not completed HELLO (fewer than max_conns) */
     uint32_t hello_timeout_ms; /* a connection must complete HELLO within this */
     uint32_t idle_timeout_ms;  /* closed after this long without a byte either way (0: never) */
     uint64_t out_soft, out_hard; /* unsent reply bytes: stop reading past soft, disconnect past hard */
@@ -285,6 +286,7 @@ typedef struct dj__server {
     uv_timer_t tick;   /* HELLO and idle timeouts, deferred HELLOs */
     dj__map peers;     /* loop only: peer key -> failed-HELLO record */
     uint32_t n_conns;  /* loop only: open connections */
+    uint32_t n_pending; /* loop only: of those, accepted ones without a completed HELLO */
     uv_loop_t loop;
     union {
         uv_tcp_t tcp;
