@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,7 +56,9 @@ typedef struct dj__conn {
     /* a HELLO held back by the peer's failed-HELLO schedule, and the bytes
      * that came after it (or after any frame once reading had to stop) */
     bool deferred;
-    bool hello_due;        /* the held-back HELLO's turn came: answer it now */
+    bool waiting;          /* counted in its peer record's `waiting` (dj__peer_wait) */
+    bool unix_sock;        /* accepted on a unix socket (u.pipe), else TCP (u.tcp) */
+    bool door;             /* accepted on the HTTP door's private socket: not a peer of its own */
     uint64_t defer_until;
     dj_frame_header defer_h;
     uint8_t *defer_body;
@@ -392,6 +395,7 @@ static void on_closed(uv_handle_t *h) {
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
     s->n_conns--;
     if (c->pending) s->n_pending--;
+    if (c->waiting) dj__peer_unwait(&s->peers, c->peer);
     free(c->body);
     free(c->defer_body);
     free(c->rest);
@@ -772,23 +776,31 @@ static void handle_frame(dj__conn *c) {
     bool close_conn = false;
     uint64_t credit = 0;
     dj__mw w;
-    if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->hello_due) {
-        /* a peer that failed HELLOs waits its turn, one HELLO at a time */
-        const uint64_t now = dj__now_ms(), at = dj__peer_hello_at(&s->peers, c->peer, now);
-        if (at > now + 10000) {
-            dj__meta_destroy(&m);
-            free(body);
-            send_error(c, h->request_id, h->type,
-                       dj_fail(DJ_EBUSY, "too many failed HELLOs from this address: retry later"), true);
-            return;
-        }
+    if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->door) {
+        /* a peer that failed HELLOs has its next one checked only after a
+         * pause since its last checked one; a few wait their turn, more are
+         * refused unchecked (and uncharged) */
+        const uint64_t now = dj__now_ms(), at = dj__peer_check_at(&s->peers, c->peer, now);
         if (at > now) {
             dj__meta_destroy(&m);
+            if (!c->waiting && !dj__peer_wait(&s->peers, c->peer)) {
+                free(body);
+                send_error(c, h->request_id, h->type,
+                           dj_fail(DJ_EBUSY, "%d HELLOs from this address already wait their turn after failed ones: "
+                                   "retry later", DJ__PEER_WAITING),
+                           true);
+                return;
+            }
+            c->waiting = true;
             c->deferred = true;
             c->defer_until = at;
             c->defer_h = *h;
             c->defer_body = body;
             return;
+        }
+        if (c->waiting) {
+            dj__peer_unwait(&s->peers, c->peer);
+            c->waiting = false;
         }
     }
     switch (h->type) {
@@ -798,7 +810,7 @@ static void handle_frame(dj__conn *c) {
         st = c->hello ? dj_fail(DJ_EINVAL, "HELLO was already sent") : do_hello(c, &m, &w, &wrong);
         dj__meta_destroy(&m);
         free(body);
-        if (s->have_token && (st == DJ_OK || wrong))
+        if (s->have_token && !c->door && (st == DJ_OK || wrong))
             dj__peer_hello_result(&s->peers, c->peer, dj__now_ms(), st == DJ_OK);
         if (st == DJ_OK) {
             send_reply(c, h->type, h->request_id, &w);
@@ -1005,8 +1017,8 @@ static void free_on_close(uv_handle_t *h) { free(h->data); }
 /* The failed-HELLO key of a peer: its IPv4 address, its IPv6 /64, 1 for a
  * unix socket; *local says whether it is a loopback (or unix) peer. */
 static uint64_t peer_key(dj__conn *c, bool *local) {
-    *local = c->srv->is_unix;
-    if (c->srv->is_unix) return 1;
+    *local = c->unix_sock;
+    if (c->unix_sock) return 1;
     struct sockaddr_storage ss;
     int len = sizeof ss;
     if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) != 0) return 0;
@@ -1058,7 +1070,9 @@ static void on_connection(uv_stream_t *server, int status) {
     if (!c) return;
     c->srv = s;
     c->id = ++s->next_conn;
-    int rc = s->is_unix ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
+    c->door = server == (uv_stream_t *)&s->door;
+    c->unix_sock = c->door || s->is_unix;
+    int rc = c->unix_sock ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
     if (rc < 0) {
         free(c);
         return;
@@ -1080,7 +1094,7 @@ static void on_connection(uv_stream_t *server, int status) {
     c->t_open_ms = c->t_active_ms = dj__clock_ms(s);
     bool local = false;
     c->peer = peer_key(c, &local);
-    if (!s->is_unix) uv_tcp_nodelay(&c->u.tcp, 1);
+    if (!c->unix_sock) uv_tcp_nodelay(&c->u.tcp, 1);
     if (!s->have_token && !local) {
         DJ_LOG(WARN, "conn=%llu refused: not a loopback peer and no --token-file", (unsigned long long)c->id);
         conn_close(c);
@@ -1104,11 +1118,23 @@ static void on_connection(uv_stream_t *server, int status) {
      * slots, so silent sockets never hold the ones of authenticated clients;
      * past it the oldest silent one makes room (a client that says HELLO at
      * once gets in however many silent sockets arrive). */
-    if (s->n_pending >= s->cfg.max_pending) evict_pending(s);
-    c->pending = true; /* not yet counted by the over-the-cap eviction above */
-    s->n_pending++;
+    if (!c->door) { /* the door says HELLO at once */
+        if (s->n_pending >= s->cfg.max_pending) evict_pending(s);
+        c->pending = true; /* not yet counted by the over-the-cap eviction above */
+        s->n_pending++;
+    }
     DJ_LOG(INFO, "conn=%llu accepted", (unsigned long long)c->id);
     conn_pump(c);
+}
+
+/* Whether the peer of a connection that is not being read (a held-back
+ * HELLO) has closed it. */
+static bool peer_gone(dj__conn *c) {
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->u.handle, &fd) != 0) return false;
+    char b;
+    const ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /* Every 100 ms: HELLO and idle timeouts, HELLOs whose turn came, and old
@@ -1121,9 +1147,10 @@ static void on_tick(uv_timer_t *t) {
         for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
             dj__conn *c = e->val;
             if (c->closing || uv_is_closing(&c->u.handle)) continue;
-            if (c->deferred && now >= c->defer_until) {
+            if (c->deferred && peer_gone(c)) { /* it holds a waiting turn of its address: give it back */
+                conn_close(c);
+            } else if (c->deferred && now >= c->defer_until) {
                 c->deferred = false;
-                c->hello_due = true;
                 c->h = c->defer_h;
                 c->body = c->defer_body;
                 c->defer_body = NULL;
@@ -1176,7 +1203,8 @@ static void on_wake(uv_async_t *a) {
 static void close_walk(uv_handle_t *h, void *arg) {
     dj__server *s = arg;
     if (uv_is_closing(h)) return;
-    if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && (void *)h != (void *)&s->listener) {
+    if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && (void *)h != (void *)&s->listener &&
+        (void *)h != (void *)&s->door) {
         conn_close(h->data);
         return;
     }
@@ -1230,6 +1258,29 @@ static dj_status fit_fd_limit(dj__config *cfg) {
     return DJ_OK;
 }
 
+/* The HTTP door dials the daemon through a unix socket of its own, in a
+ * fresh 0700 directory: its connections are told apart from other local
+ * peers (a local process's wrong tokens do not slow the door's HELLOs; the
+ * door slows its own clients per address). addr gets "unix:PATH". */
+static dj_status door_listen(dj__server *s, char *addr, size_t cap) {
+    snprintf(s->door_dir, sizeof s->door_dir, "/tmp/djinnd-door-XXXXXX");
+    if (!mkdtemp(s->door_dir)) {
+        s->door_dir[0] = '\0';
+        return dj_fail(DJ_EIO, "a directory for the HTTP door's socket: %s", strerror(errno));
+    }
+    char path[96];
+    snprintf(path, sizeof path, "%s/sock", s->door_dir);
+    int rc = uv_pipe_init(&s->loop, &s->door, 0);
+    if (rc == 0) {
+        s->door.data = s;
+        rc = uv_pipe_bind(&s->door, path);
+        if (rc == 0) rc = uv_listen((uv_stream_t *)&s->door, 128, on_connection);
+    }
+    if (rc < 0) return dj_fail(DJ_EIO, "the HTTP door's socket %s: %s", path, uv_strerror(rc));
+    snprintf(addr, cap, "unix:%s", path);
+    return DJ_OK;
+}
+
 static dj_status listen_on(dj__server *s) {
     struct sockaddr_storage ss;
     socklen_t len;
@@ -1277,6 +1328,7 @@ static dj_status listen_on(dj__server *s) {
         snprintf(daemon_addr, sizeof daemon_addr, "%s", s->cfg.listen);
     }
     unsigned http_port = 0;
+    if (s->cfg.http && (st = door_listen(s, daemon_addr, sizeof daemon_addr)) != DJ_OK) return st;
     if (s->cfg.http) {
         dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
                            .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
@@ -1384,6 +1436,12 @@ done:
         uv_loop_close(&s->loop);
     }
     if (s->is_unix) unlink(s->cfg.listen + 5);
+    if (s->door_dir[0]) {
+        char path[96];
+        snprintf(path, sizeof path, "%s/sock", s->door_dir);
+        unlink(path);
+        rmdir(s->door_dir);
+    }
     for (dj__out *o = s->out_head, *n; o; o = n) {
         n = o->next;
         free(o->meta);

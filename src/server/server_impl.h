@@ -51,17 +51,36 @@ typedef struct dj__token {
 dj_status dj__tokens_load(const char *path, dj__token **out /* OUT, malloc'd */, size_t *n /* OUT */);
 
 /* Failed HELLOs per peer (key: IPv4 address, IPv6 /64, or 1 for unix
- * sockets): after each failure the peer's next HELLO waits 100 ms doubling to
- * 2 s, one at a time; a success forgets the peer. Loop thread only. */
+ * sockets): after a failure the peer's next HELLO is checked no sooner than
+ * 100 ms (doubling to 2 s with each failure) after its last checked one;
+ * HELLOs that come sooner wait (at most DJ__PEER_WAITING of them, more get
+ * DJ_EBUSY unchecked and uncharged). Only checked HELLOs count; a success
+ * forgets the peer; a record is forgotten DJ__PEER_FORGET_MS after its last
+ * failure. Past DJ__PEERS_MAX records new peers share one overflow record
+ * (they are slowed together, never not at all). The HTTP door's own
+ * connections (a private unix socket) are not peers: the door checks its
+ * clients' tokens and slows them per address itself. Loop thread only. */
 typedef struct dj__peer {
     uint32_t fails;
-    uint64_t next_ms;      /* monotonic: the earliest its next HELLO is answered */
+    uint32_t waiting;      /* HELLOs held back now (dj__peer_wait) */
+    uint64_t checked_ms;   /* monotonic: when its last failed HELLO was checked */
+    uint64_t next_ms;      /* dj__peer_hello_at's reservations: the earliest its next request is checked */
     uint64_t last_fail_ms;
 } dj__peer;
 #define DJ__PEERS_MAX 4096
+#define DJ__PEER_WAITING 8
 #define DJ__PEER_FORGET_MS (10u * 60u * 1000u)
-/* When a HELLO arriving now may be answered (reserves that slot). */
+#define DJ__PEER_MAX_WAIT_MS 10000
+/* When a HELLO arriving now may be checked (reserves nothing: the daemon's HELLOs). */
+uint64_t dj__peer_check_at(dj__map *peers, uint64_t key, uint64_t now);
+/* The same for callers that wait in place (the HTTP door): reserves that
+ * slot, unless it is over DJ__PEER_MAX_WAIT_MS away (then the caller refuses
+ * it, and nothing is charged). */
 uint64_t dj__peer_hello_at(dj__map *peers, uint64_t key, uint64_t now);
+/* A HELLO starts or stops waiting its turn; false: DJ__PEER_WAITING already wait. */
+bool dj__peer_wait(dj__map *peers, uint64_t key);
+void dj__peer_unwait(dj__map *peers, uint64_t key);
+/* A HELLO was checked: ok or a wrong token. */
 void dj__peer_hello_result(dj__map *peers, uint64_t key, uint64_t now, bool ok);
 void dj__peers_sweep(dj__map *peers, uint64_t now);
 
@@ -293,6 +312,8 @@ typedef struct dj__server {
         uv_pipe_t pipe;
     } listener;
     bool is_unix;
+    uv_pipe_t door;      /* --http: the door's own way in, a unix socket in a 0700 directory of its own */
+    char door_dir[64];   /* "" when none */
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
     uv_check_t clock_check; /* after each poll's callbacks: advances clock_ms */
