@@ -55,15 +55,24 @@ static bool send_meta(int fd, uint16_t type, uint64_t req, dj__mw *w) {
     return ok;
 }
 
-/* SESSION_OPEN of the demo model; its id, 0 on failure (f: the answer). */
-static uint64_t open_session(int fd, uint64_t req, dj_test_frame *f) {
+/* SESSION_OPEN of a model; its id, 0 on failure (f: the answer). */
+static uint64_t open_session_qos(int fd, const char *model, const char *qos, dj_test_frame *f) {
     dj__mw w;
     dj__mw_init(&w);
-    dj__mw_str(&w, "model", "demo");
-    send_meta(fd, DJ_MSG_SESSION_OPEN, req, &w);
+    dj__mw_str(&w, "model", model);
+    if (qos) dj__mw_str(&w, "qos", qos);
+    send_meta(fd, DJ_MSG_SESSION_OPEN, 1, &w);
     *f = dj_test_raw_frame(fd, "session");
     return f->type == DJ_MSG_REPLY ? f->val : 0;
 }
+
+static uint64_t open_session(int fd, uint64_t req, dj_test_frame *f) {
+    (void)req;
+    return open_session_qos(fd, "demo", NULL, f);
+}
+
+/* bob's token grants the batch class only */
+static uint64_t open_batch(int fd, const char *model, dj_test_frame *f) { return open_session_qos(fd, model, "batch", f); }
 
 /* GENERATE on sid: a text prompt[plen] if prompt, else ids 1 2 3. */
 static bool send_generate(int fd, uint64_t req, uint64_t sid, const char *prompt, size_t plen, uint32_t max_tokens) {
@@ -367,6 +376,155 @@ static void test_wrong_tokens(void) {
     CHECK(stop_daemon(3) == 0);
 }
 
+/* ---- findings 7 and 12: quotas per token, STATS per token, a bad checkpoint ---- */
+
+/* The next answer on fd, its metadata parsed into *m (the caller destroys
+ * it and frees *buf); its type, -1 on EOF. */
+static int read_answer(int fd, dj__meta *m, uint8_t **buf) {
+    uint8_t b[DJ_FRAME_HEADER_BYTES];
+    dj_frame_header h;
+    *buf = NULL;
+    if (dj_test_raw_recv(fd, b, sizeof b) || dj_frame_header_decode(b, DJ_PROTO_MAX_REPLY_PAYLOAD, &h) != DJ_OK)
+        return -1;
+    *buf = malloc(h.meta_len + h.payload_len + 1);
+    if (!*buf || dj_test_raw_recv(fd, *buf, h.meta_len + h.payload_len) ||
+        dj__meta_parse(m, *buf, h.meta_len) != DJ_OK) {
+        free(*buf);
+        *buf = NULL;
+        return -1;
+    }
+    return h.type;
+}
+
+static uint64_t obj_u64(const msgpack_object *o, const char *key) {
+    uint64_t v = 0;
+    const msgpack_object *f = dj__obj_get(o, key);
+    if (f) dj__obj_u64(f, &v);
+    return v;
+}
+
+/* STATS on fd: the resident KV bytes of the listed sessions among ids[n]
+ * (all of them listed when n is 0: *n_listed), whether `key` is in the reply. */
+static uint64_t stats_resident(int fd, const uint64_t *ids, size_t n, size_t *n_listed, const char *key, bool *has_key) {
+    dj_test_raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
+    dj__meta m;
+    uint8_t *buf;
+    uint64_t resident = 0;
+    *n_listed = 0;
+    if (read_answer(fd, &m, &buf) != DJ_MSG_REPLY) {
+        CHECK_MSG(0, "STATS was not answered");
+        return 0;
+    }
+    if (has_key) *has_key = dj__meta_get(&m, key) != NULL;
+    const msgpack_object *ss = dj__meta_get(&m, "sessions");
+    for (uint32_t i = 0; ss && ss->type == MSGPACK_OBJECT_ARRAY && i < ss->via.array.size; i++) {
+        const msgpack_object *o = &ss->via.array.ptr[i];
+        const uint64_t id = obj_u64(o, "id");
+        bool mine = n == 0;
+        for (size_t k = 0; k < n; k++) mine |= ids[k] == id;
+        if (!mine) continue;
+        (*n_listed)++;
+        resident += obj_u64(o, "kv_bytes") - obj_u64(o, "pooled_bytes");
+    }
+    dj__meta_destroy(&m);
+    free(buf);
+    return resident;
+}
+
+/* STEP of 128 ids on sid (no logits); the answer's type. */
+static int step128(int fd, uint64_t sid, dj_test_frame *f) {
+    int32_t ids[128];
+    for (int i = 0; i < 128; i++) ids[i] = 3 + i;
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", sid);
+    dj__mw_ids(&w, "ids", ids, 128);
+    dj__mw_str(&w, "logits", "none");
+    send_meta(fd, DJ_MSG_STEP, 4, &w);
+    *f = dj_test_raw_frame(fd, NULL);
+    return f->type;
+}
+
+static int hello_as(const char *addr, const char *token, dj_test_frame *f) {
+    return dj_test_raw_hello(addr, RAW_TIMEOUT_S, token, f);
+}
+
+static void test_token_quotas(void) {
+    char addr[64];
+    dj_test_frame f;
+    /* what one session of 128 positions holds */
+    const char *pilot[] = {"--token-file", token_file, NULL};
+    pid_t pid = start_daemon(4, pilot, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    int fd = hello_as(addr, "alice-token", &f);
+    uint64_t sid = open_session(fd, 1, &f);
+    CHECK(step128(fd, sid, &f) == DJ_MSG_REPLY);
+    size_t n_listed = 0;
+    const uint64_t one = stats_resident(fd, &sid, 1, &n_listed, NULL, NULL);
+    close(fd);
+    CHECK(stop_daemon(4) == 0);
+    CHECK(one > 0 && n_listed == 1);
+    if (!one) return;
+    /* a quota of two and a half such sessions per token */
+    char quota[32];
+    snprintf(quota, sizeof quota, "%llub", (unsigned long long)(one * 5 / 2));
+    const char *extra[] = {"--token-file", token_file, "--quota-gb", quota, "--idle-ms", "0",
+                           "--max-sessions-per-token", "5", "--max-connections-per-token", "5", NULL};
+    pid = start_daemon(4, extra, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    int bob[6], n_steps = 0;
+    uint64_t bs[6] = {0};
+    for (int i = 0; i < 4; i++) { /* bob: 4 connections, a session each, 128 positions each */
+        bob[i] = hello_as(addr, "bob-token", &f);
+        bs[i] = open_batch(bob[i], "demo", &f);
+        const int t = step128(bob[i], bs[i], &f);
+        n_steps += t == DJ_MSG_REPLY;
+        if (t != DJ_MSG_REPLY) printf("bob's STEP %d: %d %s\n", i, t, f.msg);
+    }
+    int root = hello_as(addr, "root-token", &f);
+    const uint64_t bob_resident = stats_resident(root, bs, 4, &n_listed, NULL, NULL);
+    printf("bob's 4 connections (a quota of %s per token, one session %llu bytes): %d STEPs served, %llu bytes "
+           "resident\n", quota, (unsigned long long)one, n_steps, (unsigned long long)bob_resident);
+    CHECK_MSG(bob_resident <= one * 5 / 2, "bob's 4 connections hold %llu bytes against a quota of %llu",
+              (unsigned long long)bob_resident, (unsigned long long)(one * 5 / 2));
+    /* alice is unaffected */
+    int al = hello_as(addr, "alice-token", &f);
+    uint64_t as = open_session(al, 1, &f);
+    CHECK_MSG(step128(al, as, &f) == DJ_MSG_REPLY, "alice's STEP beside bob: %d %s", f.type, f.msg);
+    CHECK(stats_resident(root, &as, 1, &n_listed, NULL, NULL) == one);
+    /* sessions per token: bob's fifth connection opens his fifth session, not a sixth */
+    bob[4] = hello_as(addr, "bob-token", &f);
+    CHECK(f.type == DJ_MSG_REPLY);
+    bs[4] = open_batch(bob[4], "demo", &f);
+    CHECK(bs[4] != 0);
+    open_batch(bob[4], "demo", &f);
+    CHECK_MSG(f.type == DJ_MSG_ERROR && f.st == DJ_EQUOTA && strstr(f.msg, "per-token"), "bob's sixth session: %d %s",
+              f.type, f.msg);
+    CHECK(open_session(al, 2, &f) != 0); /* alice still can */
+    /* connections per token: a sixth connection of bob's is refused */
+    bob[5] = hello_as(addr, "bob-token", &f);
+    CHECK_MSG(f.type == DJ_MSG_ERROR && f.st == DJ_EQUOTA, "bob's sixth connection: %d %s", f.type, f.msg);
+    close(bob[5]);
+    /* STATS: bob sees his token's sessions, over his connections, and no global counter */
+    bool has_prefix = true, has_queues = true;
+    stats_resident(bob[0], NULL, 0, &n_listed, "prefix", &has_prefix);
+    CHECK_MSG(n_listed == 5, "bob's STATS lists %zu sessions", n_listed);
+    stats_resident(bob[0], NULL, 0, &n_listed, "queues", &has_queues);
+    CHECK_MSG(!has_prefix && !has_queues, "a non-admin token's STATS shows global counters");
+    stats_resident(root, NULL, 0, &n_listed, "prefix", &has_prefix);
+    CHECK(has_prefix && n_listed == 7);
+    /* a malformed checkpoint fails its request, not the connection */
+    open_batch(bob[4], "badckpt", &f);
+    CHECK_MSG(f.type == DJ_MSG_ERROR, "SESSION_OPEN of a malformed checkpoint: %d %s", f.type, f.msg);
+    dj_test_raw_send(bob[4], DJ_MSG_HEARTBEAT, 5, NULL, 0, 0);
+    f = dj_test_raw_frame(bob[4], "renewed");
+    CHECK_MSG(f.type == DJ_MSG_REPLY && f.val == 1, "the connection after a bad checkpoint: %d %s", f.type, f.msg);
+    for (int i = 0; i < 5; i++) close(bob[i]);
+    close(al);
+    close(root);
+    CHECK(stop_daemon(4) == 0);
+}
+
 int main(void) {
     dj_test_seed();
     signal(SIGPIPE, SIG_IGN);
@@ -380,6 +538,13 @@ int main(void) {
     char link[400];
     snprintf(link, sizeof link, "%s/demo", models);
     CHECK(symlink(DJ_SOURCE_DIR "/models/demo", link) == 0);
+    /* a model folder whose checkpoint is malformed: the demo's config, 16 bytes of weights */
+    snprintf(link, sizeof link, "%s/badckpt", models);
+    mkdir(link, 0700);
+    char cmd0[1200];
+    snprintf(cmd0, sizeof cmd0, "cp '%s/models/demo/config.json' '%s/' && printf 'AAAAAAAAAAAAAAAA' > '%s/model.safetensors'",
+             DJ_SOURCE_DIR, link, link);
+    CHECK(system(cmd0) == 0);
     snprintf(token_file, sizeof token_file, "%s/tokens", tmpdir);
     FILE *tf = fopen(token_file, "w");
     CHECK(tf != NULL);
@@ -392,6 +557,7 @@ int main(void) {
     test_reply_memory();
     test_silent_connections();
     test_wrong_tokens();
+    test_token_quotas();
     printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -20,6 +20,7 @@ static int usage(FILE *f) {
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
           "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
+          "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
@@ -29,7 +30,8 @@ static int usage(FILE *f) {
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
           "available RAM with a GPU, a quarter without), --data-gb: the data segment (KV) of the VMU\n"
           "(default 30% of it), --swap-policy semantic, --idle-ms 1000 (a session with no request for this\n"
-          "long may be swapped out), --quota-gb: KV one connection's sessions may hold (default none),\n"
+          "long may be swapped out), --quota-gb: KV one token's sessions may hold, all its connections together\n"
+          "(one connection's without --token-file; default none),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
@@ -54,6 +56,8 @@ static int usage(FILE *f) {
           "                             (header and metadata bytes) it is dropped (suffixes k, m, g)\n"
           "  --max-inflight 64          requests queued or running per connection before it is not read\n"
           "  --max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
+          "  --max-sessions-per-token 256  sessions of one token's connections together; more get DJ_EQUOTA\n"
+          "  --max-connections-per-token 256  connections of one token at once; HELLO past it gets DJ_EQUOTA\n"
           "  --metrics-max-connections 16   /metrics connections at once (each closed after 10 s)\n"
           "  --max-prompt-bytes 1m      a GENERATE's text prompt: more bytes get DJ_ERANGE before tokenizing\n"
           "  --max-prompt-inflight 4m   text prompt bytes of one connection awaiting the tokenizer thread before\n"
@@ -122,6 +126,8 @@ static const count_opt counts[] = {
     {"--idle-timeout-ms", offsetof(dj__config, idle_timeout_ms), true, false},
     {"--max-inflight", offsetof(dj__config, max_inflight), false, false},
     {"--max-sessions-per-conn", offsetof(dj__config, max_sessions), false, false},
+    {"--max-sessions-per-token", offsetof(dj__config, max_sessions_token), false, false},
+    {"--max-connections-per-token", offsetof(dj__config, max_conns_token), false, false},
     {"--max-handles-per-conn", offsetof(dj__config, max_handles), false, false},
     {"--metrics-max-connections", offsetof(dj__config, metrics_conns), false, false},
     {"--http-max-connections", offsetof(dj__config, http_conns), false, false},
@@ -164,6 +170,8 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->out_hard = (uint64_t)64 << 20;
     cfg->max_inflight = 64;
     cfg->max_sessions = 64;
+    cfg->max_sessions_token = 256;
+    cfg->max_conns_token = 256;
     cfg->max_handles = 256;
     cfg->metrics_conns = 16;
     cfg->max_prompt_bytes = (uint64_t)1 << 20;

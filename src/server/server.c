@@ -46,6 +46,7 @@ typedef struct dj__conn {
     uint64_t t_open_ms, t_active_ms; /* the daemon's clock: accepted, last byte either way */
     uint64_t peer;         /* failed-HELLO key (dj__peer_hello_at) */
     bool admin;            /* set by HELLO: the token's roles */
+    uint64_t tenant;       /* set by HELLO: whose quotas its requests count against (DJ__TENANT_CONN) */
     uint32_t qos_mask;
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
     uint64_t prompt_bytes; /* text prompt bytes handed to the worker, not tokenized yet (--max-prompt-inflight) */
@@ -165,6 +166,16 @@ size_t dj__conn_sessions(dj__server *s, uint64_t conn) {
     size_t n = 0;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next) n += ((dj__sess *)e->val)->conn == conn;
+    return n;
+}
+
+size_t dj__tenant_sessions(dj__server *s, uint64_t tenant) {
+    size_t n = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            const dj__sess *ss = e->val;
+            n += ss->tenant == tenant && !ss->dead;
+        }
     return n;
 }
 
@@ -426,9 +437,21 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
             *wrong_token = true;
             return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
         }
+        const uint64_t tenant = (uint64_t)(t - s->tokens) + 1;
+        uint32_t n_same = 0;
+        for (size_t b = 0; b < s->conns.n_buckets; b++)
+            for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+                const dj__conn *o = e->val;
+                n_same += o->hello && !o->closing && o->tenant == tenant;
+            }
+        if (n_same >= s->cfg.max_conns_token)
+            return dj_fail(DJ_EQUOTA, "this token has %u connections open (--max-connections-per-token %u)", n_same,
+                           s->cfg.max_conns_token);
+        c->tenant = tenant;
         c->admin = t->admin;
         c->qos_mask = t->qos_mask;
     } else {
+        c->tenant = DJ__TENANT_CONN(c->id);
         c->admin = true; /* loopback or unix-socket peers only (on_connection) */
         c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
     }
@@ -483,7 +506,8 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
     dj__sess *ss = dj__map_get(&s->sessions, sid);
     /* the same answer for a wrong id, a wrong secret, a session still attached and one whose lease is over
      * (whether or not the reaper has come round to it yet: the lease decides, not the reaper's tick) */
-    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret) || dj__clock_ms(s) >= ss->lease_deadline_ms)
+    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret) || dj__clock_ms(s) >= ss->lease_deadline_ms ||
+        (s->have_token && ss->tenant != c->tenant)) /* only its own token reattaches it */
         return dj_fail(DJ_ENOTFOUND, "no session %016llx to attach (wrong id or secret, or its lease is over)",
                        (unsigned long long)sid);
     if (!(c->qos_mask >> ss->qos & 1))
@@ -843,9 +867,9 @@ static void handle_frame(dj__conn *c) {
         free(body);
         if (st == DJ_OK) {
             send_reply(c, h->type, h->request_id, &w);
-        } else {
+        } else { /* a model folder's malformed file fails this request, not the connection */
             dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
+            send_error(c, h->request_id, h->type, st, false);
         }
         return;
     case DJ_MSG_FETCH:
@@ -890,6 +914,7 @@ static void handle_frame(dj__conn *c) {
     j->qos = DJ_QOS_INTERACTIVE;
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;
+    j->tenant = c->tenant;
     j->t_enqueue = dj__now();
     j->prompt_credit = credit;
     c->prompt_bytes += credit;

@@ -123,6 +123,7 @@ typedef struct dj__job dj__job;
 
 typedef struct dj__sess {
     uint64_t id, conn;
+    uint64_t tenant;            /* its opener's token (dj__tenant): quotas are per token */
     dj_qos qos;
     uint64_t lease_deadline_ms; /* on the daemon's clock (dj__clock_ms); renewed by heartbeats and
                                  * by requests naming it, as they arrive and as they end */
@@ -193,10 +194,12 @@ struct dj__job {
     dj__job *next;
     uint16_t type;
     uint64_t req, conn, sess; /* sess 0 for connection-level requests */
+    uint64_t tenant;          /* the caller's token (dj__tenant) */
     dj_qos qos;
     uint32_t qos_mask;        /* 1 << class for each class the caller's token grants */
     bool admin;               /* the caller's token has the admin role */
     bool counted;             /* sess->queued was raised for it (dj__enqueue) */
+    bool model_error;         /* its error came from a model's files (not the request): the connection stays */
     uint8_t *body;            /* meta then payload, owned */
     dj__meta meta;
     const uint8_t *payload;
@@ -262,6 +265,8 @@ typedef struct dj__config {
     uint64_t out_soft, out_hard; /* unsent reply bytes: stop reading past soft, disconnect past hard */
     uint32_t max_inflight;     /* requests of one connection queued or running before it stops being read */
     uint32_t max_sessions;     /* sessions per connection */
+    uint32_t max_sessions_token; /* sessions of all the connections of one token */
+    uint32_t max_conns_token;  /* connections of one token at once (HELLO refused past it) */
     uint32_t max_handles;      /* result handles per connection */
     uint32_t metrics_conns;    /* /metrics connections at once */
     uint64_t max_prompt_bytes; /* a GENERATE's text prompt: more bytes are refused before tokenizing */
@@ -269,7 +274,7 @@ typedef struct dj__config {
     /* memory and the scheduler (src/sched/) */
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
-    size_t quota_bytes;        /* KV bytes per connection; 0: none */
+    size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
@@ -373,8 +378,13 @@ uint64_t dj__clock_ms(dj__server *s);
 
 /* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
 int dj__parse_args(int argc, char **argv, dj__config *cfg);
+/* The tenant a connection's requests count for: its token (index + 1 in
+ * the token file) or, without --token-file, the connection itself (bit 63
+ * set). Quotas of sessions, connections and KV pages are per tenant. */
+#define DJ__TENANT_CONN(conn) ((conn) | (uint64_t)1 << 63)
 /* server.c: what a connection holds (mu held). */
 size_t dj__conn_sessions(dj__server *s, uint64_t conn);
+size_t dj__tenant_sessions(dj__server *s, uint64_t tenant);
 size_t dj__conn_handles(dj__server *s, uint64_t conn);
 
 /* worker.c */

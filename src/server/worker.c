@@ -382,11 +382,14 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     char model[128], qos_name[16] = "interactive";
     uint32_t expect = 0;
     pthread_mutex_lock(&s->mu);
-    const size_t n_open = dj__conn_sessions(s, j->conn);
+    const size_t n_open = dj__conn_sessions(s, j->conn), n_tenant = dj__tenant_sessions(s, j->tenant);
     pthread_mutex_unlock(&s->mu);
     if (n_open >= s->cfg.max_sessions)
         return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
                        s->cfg.max_sessions);
+    if (n_tenant >= s->cfg.max_sessions_token)
+        return dj_fail(DJ_EQUOTA, "this token has %zu sessions open (--max-sessions-per-token %u)", n_tenant,
+                       s->cfg.max_sessions_token);
     bool reattach = false;
     dj_status st = dj__meta_strcpy(&j->meta, "model", true, model, sizeof model);
     if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
@@ -398,7 +401,10 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     dj__model_ent *e = model_find(s, model);
     dj_model_t *m = NULL;
     const bool load = !e || (!e->users && !e->pinned);
-    if (load && (st = model_ref(s, model, &e, &m)) != DJ_OK) return st;
+    if (load && (st = model_ref(s, model, &e, &m)) != DJ_OK) {
+        j->model_error = true; /* the model's files: this request fails, the connection stays */
+        return st;
+    }
     if (!load) m = e->m; /* held by its other users: the session takes its own reference */
     const dj_model_config *c = dj_model_get_config(m);
     const uint32_t ctx = expect ? expect : dj_model_config_default_ctx(c);
@@ -420,6 +426,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         return st;
     }
     ss->conn = j->conn;
+    ss->tenant = j->tenant;
     ss->qos = qos;
     ss->reattach = reattach;
     ss->max_ctx = ctx;
@@ -440,7 +447,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         pthread_mutex_unlock(&s->mu);
         return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
     }
-    dj_sched_session_info si = {.conn = j->conn, .qos = (uint32_t)qos, .max_ctx = ctx};
+    dj_sched_session_info si = {.conn = j->tenant, .qos = (uint32_t)qos, .max_ctx = ctx}; /* the quota's group */
     block_shape(ss->es, &si.block_tokens, &si.block_pages);
     if (st == DJ_OK) st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms());
     if (st == DJ_OK) st = dj__random_id(&ss->secret);
@@ -1005,10 +1012,60 @@ static void pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
 /* Sessions a STATS reply lists at most (an admin's sees every connection's). */
 #define STATS_MAX_SESSIONS 2048
 
+/* STATS' session list: the caller's own sessions, or every one for an admin. */
+static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__mw *w) {
+    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
+    pthread_mutex_lock(&s->mu);
+    /* a client sees its token's own sessions; a token with the admin role, all */
+    size_t n_shown = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next)
+            n_shown += j->admin || ((dj__sess *)e->val)->tenant == j->tenant;
+    if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
+    if (j->admin) dj__mw_u64(w, "sessions_total", s->sessions.n);
+    dj__mw_key(w, "sessions");
+    msgpack_pack_array(&w->pk, n_shown);
+    size_t n_packed = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e && n_packed < n_shown; e = e->next) {
+            dj__sess *ss = e->val;
+            if (!j->admin && ss->tenant != j->tenant) continue;
+            n_packed++;
+            msgpack_pack_map(&w->pk, 11);
+            pack_kv_u64(&w->pk, "id", ss->id);
+            dj__pack_str(&w->pk, "state");
+            dj__pack_str(&w->pk, dj_sched_state_name(dj_sched_session_state(s->sched, ss->id, now)));
+            pack_kv_u64(&w->pk, "kv_bytes", dj_session_kv_bytes(ss->es));
+            pack_kv_u64(&w->pk, "pooled_bytes", dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0
+                                                                                                : dj_session_kv_bytes(ss->es));
+            pack_kv_u64(&w->pk, "swaps", ss->swaps);
+            dj__pack_str(&w->pk, "model");
+            dj__pack_str(&w->pk, ss->model);
+            dj__pack_str(&w->pk, "qos");
+            dj__pack_str(&w->pk, dj_qos_name(ss->qos));
+            pack_kv_u64(&w->pk, "pos", ss->pos);
+            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
+            pack_kv_bool(&w->pk, "paused", ss->paused);
+            pack_kv_bool(&w->pk, "generating", ss->busy);
+        }
+    pthread_mutex_unlock(&s->mu);
+    return DJ_OK;
+}
+
 static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj_vmu_t *vmu = dj_engine_vmu(s->engine);
     dj_vmu_stats vs;
     dj_vmu_get_stats(vmu, &vs);
+    /* a token without the admin role sees its own sessions and nothing of
+     * the daemon's that others' work moves (memory, steps, the prefix cache,
+     * queues, swap, models, counts): issue 43 */
+    dj__mw_str(w, "scope", j->admin ? "all" : "own");
+    dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
+    if (!j->admin) {
+        dj__mw_key(w, "models"); /* the field clients expect, empty: which models others load is theirs */
+        msgpack_pack_array(&w->pk, 0);
+        return stats_sessions(s, j, w);
+    }
     const dj_vmu_seg_stats *seg[3] = {&vs.text, &vs.data, &vs.stack};
     static const char *seg_name[3] = {"text", "data", "stack"};
     dj__mw_key(w, "segments");
@@ -1024,7 +1081,6 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_u64(w, "vmu_sessions", vs.n_sessions);
     dj__mw_u64(w, "pages_total", vs.pages_total);
     dj__mw_u64(w, "pages_free", vs.pages_free);
-    dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
     dj__mw_u64(w, "evictions", vs.evictions);
     dj__mw_u64(w, "text_pinned", vs.text_pinned);
     dj__mw_u64(w, "text_mapped", vs.text_mapped);
@@ -1073,40 +1129,9 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         pack_kv_u64(&w->pk, "host_layers", pl.n_host); /* streamed layers whose FFN the host computes */
         pack_kv_u64(&w->pk, "host_share_pct", (uint64_t)(100.0 * pl.host_share + 0.5)); /* of each one's FFN */
     }
-    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
+    stats_sessions(s, j, w);
+    const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
-    /* a client sees its own sessions; a token with the admin role, all */
-    size_t n_shown = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next)
-            n_shown += j->admin || ((dj__sess *)e->val)->conn == j->conn;
-    if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
-    dj__mw_u64(w, "sessions_total", s->sessions.n);
-    dj__mw_key(w, "sessions");
-    msgpack_pack_array(&w->pk, n_shown);
-    size_t n_packed = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e && n_packed < n_shown; e = e->next) {
-            dj__sess *ss = e->val;
-            if (!j->admin && ss->conn != j->conn) continue;
-            n_packed++;
-            msgpack_pack_map(&w->pk, 11);
-            pack_kv_u64(&w->pk, "id", ss->id);
-            dj__pack_str(&w->pk, "state");
-            dj__pack_str(&w->pk, dj_sched_state_name(dj_sched_session_state(s->sched, ss->id, now)));
-            pack_kv_u64(&w->pk, "kv_bytes", dj_session_kv_bytes(ss->es));
-            pack_kv_u64(&w->pk, "pooled_bytes", dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0
-                                                                                                : dj_session_kv_bytes(ss->es));
-            pack_kv_u64(&w->pk, "swaps", ss->swaps);
-            dj__pack_str(&w->pk, "model");
-            dj__pack_str(&w->pk, ss->model);
-            dj__pack_str(&w->pk, "qos");
-            dj__pack_str(&w->pk, dj_qos_name(ss->qos));
-            pack_kv_u64(&w->pk, "pos", ss->pos);
-            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
-            pack_kv_bool(&w->pk, "paused", ss->paused);
-            pack_kv_bool(&w->pk, "generating", ss->busy);
-        }
     dj_sched_stats sst;
     dj_sched_get_stats(s->sched, now, &sst);
     dj__mw_key(w, "queues");
@@ -1192,7 +1217,10 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
     if (load) {
         if (!e || !e->pinned) {
             dj_model_t *m = NULL;
-            if ((st = model_ref(s, name, &e, &m)) != DJ_OK) return st;
+            if ((st = model_ref(s, name, &e, &m)) != DJ_OK) {
+                j->model_error = true;
+                return st;
+            }
             e->pinned = true;
             e->pin_conn = j->conn;
         }
@@ -1240,7 +1268,7 @@ static void run_job(dj__server *s, dj__job *j) {
         reply(s, j, &w);
     } else {
         dj__mw_destroy(&w);
-        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+        reply_error(s, j, st, foreign || (st == DJ_EFORMAT && !j->model_error));
     }
     dj__job_free(j);
 }
