@@ -172,9 +172,10 @@ static void test_prompt_flood(void) {
            "meanwhile (%s), longest gap between two of A's tokens %.0f ms\n",
            b_answers, b_range, a_during, a_done ? "finished" : "still going", max_gap * 1e3);
     CHECK(b_answers == n_flood && b_range == n_flood);
-    /* every tokenization of B's takes many of A's steps; on the engine
-     * worker A got one token per intake at most (none for the whole burst) */
-    CHECK_MSG(a_done || a_during >= 4 * n_flood, "A's stream made %d steps while %d prompts were tokenized",
+    /* every tokenization of B's takes many of A's steps (300 of them in all
+     * on a release build, 57 under ASan); on the engine worker A got one
+     * token per intake at most (20 in all) */
+    CHECK_MSG(a_done || a_during >= 2 * n_flood, "A's stream made %d steps while %d prompts were tokenized",
               a_during, n_flood);
     close(a);
     close(b);
@@ -229,7 +230,14 @@ static void test_reply_memory(void) {
     /* 4 connections that never read, each stopped past 2 MiB of replies held: about 8 MiB */
     printf("heartbeats never read: 4 connections sent %zu KiB, daemon RSS %ld -> %ld KiB (+%ld; cap 2m each)\n",
            sent >> 10, rss0, peak, peak - rss0);
-    CHECK_MSG(peak - rss0 < 16 * 1024, "RSS grew by %ld KiB for 4 connections capped at 2 MiB of replies",
+    /* ASan's allocator adds redzones to every block and keeps 8 MiB of freed
+     * ones (daemon_util.c), which malloc_usable_size does not count */
+#if defined(__SANITIZE_ADDRESS__)
+    const long bound_kb = 32 * 1024;
+#else
+    const long bound_kb = 16 * 1024;
+#endif
+    CHECK_MSG(peak - rss0 < bound_kb, "RSS grew by %ld KiB for 4 connections capped at 2 MiB of replies",
               peak - rss0);
     for (int i = 0; i < 4; i++) close(fds[i]);
     CHECK(stop_daemon(1) == 0);
@@ -468,7 +476,8 @@ static void test_token_quotas(void) {
     /* a quota of two and a half such sessions per token */
     char quota[32];
     snprintf(quota, sizeof quota, "%llub", (unsigned long long)(one * 5 / 2));
-    const char *extra[] = {"--token-file", token_file, "--quota-gb", quota, "--idle-ms", "0",
+    /* raw connections send no heartbeats: leases that outlast a slow (ASan) run */
+    const char *extra[] = {"--token-file", token_file, "--quota-gb", quota, "--idle-ms", "0", "--lease-ms", "600000",
                            "--max-sessions-per-token", "5", "--max-connections-per-token", "5", NULL};
     pid = start_daemon(4, extra, 0, addr, sizeof addr);
     if (pid <= 0) return;

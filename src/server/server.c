@@ -1353,7 +1353,9 @@ static dj_status listen_on(dj__server *s) {
         snprintf(daemon_addr, sizeof daemon_addr, "%s", s->cfg.listen);
     }
     unsigned http_port = 0;
-    if (s->cfg.http && (st = door_listen(s, daemon_addr, sizeof daemon_addr)) != DJ_OK) return st;
+    if (s->cfg.http && door_listen(s, daemon_addr, sizeof daemon_addr) != DJ_OK) /* daemon_addr unchanged */
+        DJ_LOG(WARN, "%s: the HTTP door dials the listener instead (its HELLOs share 127.0.0.1's slowdown)",
+               dj_last_error());
     if (s->cfg.http) {
         dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
                            .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
