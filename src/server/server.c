@@ -860,18 +860,21 @@ static void handle_frame(dj__conn *c) {
             send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         }
         return;
-    case DJ_MSG_MODEL_INFO: /* small JSON files only: no weights, no engine */
+    case DJ_MSG_MODEL_INFO: { /* small JSON files only: no weights, no engine */
+        char probe[256]; /* a malformed request closes the connection; a model folder's malformed file does not */
+        const dj_status req_st = dj__meta_strcpy(&m, "model", true, probe, sizeof probe);
         dj__mw_init(&w);
         st = dj__model_info(s->cfg.models, &m, &w);
         dj__meta_destroy(&m);
         free(body);
         if (st == DJ_OK) {
             send_reply(c, h->type, h->request_id, &w);
-        } else { /* a model folder's malformed file fails this request, not the connection */
+        } else {
             dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st, false);
+            send_error(c, h->request_id, h->type, st, req_st == DJ_EFORMAT);
         }
         return;
+    }
     case DJ_MSG_FETCH:
         st = do_fetch(c, h->request_id, &m, &close_conn);
         dj__meta_destroy(&m);
