@@ -534,6 +534,57 @@ static void test_token_quotas(void) {
     CHECK(stop_daemon(4) == 0);
 }
 
+/* ---- finding 1: one token's queued prompts do not hold another's ---- */
+
+static void test_tokenizer_turns(void) {
+    char addr[64];
+    const char *extra[] = {"--token-file", token_file, "--lease-ms", "600000", NULL};
+    pid_t pid = start_daemon(5, extra, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    enum { N_BOB = 8, PER = 2 };
+    const size_t plen = 200 * 1024;
+    char *text = malloc(plen);
+    for (size_t i = 0; i < plen; i++) text[i] = "hello world, "[i % 13];
+    dj_test_frame f;
+    struct pollfd p[N_BOB + 1];
+    uint64_t sid[N_BOB + 1];
+    for (int i = 0; i <= N_BOB; i++) {
+        p[i].fd = hello_as(addr, i < N_BOB ? "bob-token" : "alice-token", &f);
+        p[i].events = POLLIN;
+        sid[i] = open_batch(p[i].fd, "demo", &f); /* one class: the intake orders classes first */
+        CHECK(sid[i] != 0);
+    }
+    /* bob queues 16 prompts over 8 connections, then alice sends one */
+    for (int k = 0; k < PER; k++)
+        for (int i = 0; i < N_BOB; i++) send_generate(p[i].fd, 10 + (uint64_t)k, sid[i], text, plen, 4);
+    send_generate(p[N_BOB].fd, 10, sid[N_BOB], text, plen, 4);
+    int bob_before = 0, answered = 0;
+    bool alice = false;
+    while (answered < N_BOB * PER + 1) {
+        if (poll(p, N_BOB + 1, 60000) <= 0) break;
+        for (int i = 0; i <= N_BOB; i++)
+            if (p[i].revents & POLLIN) {
+                f = dj_test_raw_frame(p[i].fd, NULL);
+                if (f.type < 0) {
+                    p[i].fd = -1;
+                    continue;
+                }
+                answered++;
+                if (i == N_BOB) alice = true;
+                else if (!alice) bob_before++;
+            }
+    }
+    printf("tokenizer turns: bob's %d prompts over %d connections queued first; %d of them answered before "
+           "alice's one\n", N_BOB * PER, N_BOB, bob_before);
+    CHECK(alice && answered == N_BOB * PER + 1);
+    /* in arrival order alice would wait for all of bob's; taking turns, for
+     * the few tokenized before hers arrived and one more */
+    CHECK_MSG(bob_before <= N_BOB * PER / 2, "alice's prompt waited for %d of bob's", bob_before);
+    for (int i = 0; i <= N_BOB; i++) close(p[i].fd);
+    free(text);
+    CHECK(stop_daemon(5) == 0);
+}
+
 int main(void) {
     dj_test_seed();
     signal(SIGPIPE, SIG_IGN);
@@ -567,6 +618,7 @@ int main(void) {
     test_silent_connections();
     test_wrong_tokens();
     test_token_quotas();
+    test_tokenizer_turns();
     printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -348,6 +348,7 @@ typedef struct dj__server {
     dj__jobq tokq;       /* GENERATEs whose text prompt waits for the tokenizer thread */
     pthread_cond_t tok_cv;
     bool stop_tok;
+    uint64_t tok_last_tenant; /* tokenizer thread: whose prompt it took last (tokq_take) */
 
     /* worker only */
     pthread_t worker, tokenizer;

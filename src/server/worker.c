@@ -792,11 +792,33 @@ static void prompt_credit(dj__server *s, dj__job *j) {
  * keeps taking meanwhile. It touches only the job (the prompt inside its
  * meta, the ids it writes) and the tokenizer, which stays loaded while
  * tok_jobs counts the job. */
+/* The next prompt to tokenize: the oldest of a tenant other than the one
+ * served last, if any waits - a token with many connections' prompts queued
+ * makes another's wait for one prompt, not for all of them. mu held. */
+static dj__job *tokq_take(dj__server *s) {
+    dj__jobq *q = &s->tokq;
+    dj__job *prev = NULL, *j = q->head;
+    for (dj__job *p = NULL, *x = q->head; x; p = x, x = x->next)
+        if (x->tenant != s->tok_last_tenant) {
+            prev = p;
+            j = x;
+            break;
+        }
+    if (!j) return NULL;
+    if (prev) prev->next = j->next;
+    else q->head = j->next;
+    if (q->tail == j) q->tail = prev;
+    q->n--;
+    j->next = NULL;
+    s->tok_last_tenant = j->tenant;
+    return j;
+}
+
 static void *tokenizer_main(void *arg) {
     dj__server *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->stop_tok) {
-        dj__job *j = q_pop_head(&s->tokq);
+        dj__job *j = tokq_take(s);
         if (!j) {
             pthread_cond_wait(&s->tok_cv, &s->mu);
             continue;
