@@ -245,11 +245,15 @@ static void test_full(void) {
     int silent[8];
     for (int i = 0; i < 8; i++) silent[i] = dj_test_raw_connect(daddr, NULL, 0, 0);
     dj_test_sleep_ms(300);
+    /* silent sockets take no capacity of the HTTP door: it dials the daemon through
+     * its own socket, and connections without HELLO are evicted oldest first
+     * (--max-pending-connections), so both requests are served */
     dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL, BODY);
-    expect_json_error(&r, 503, "djinnd", "a request while silent binary connections fill the daemon");
+    CHECK_MSG(r.status == 200, "a request while silent binary connections fill the daemon: %d %.200s", r.status,
+              r.body ? r.body : "");
     dj_test_resp_free(&r);
     r = dj_test_http_request(port, "GET", "/v1/models", NULL, NULL);
-    expect_json_error(&r, 503, "djinnd", "GET /v1/models, the daemon full");
+    CHECK_MSG(r.status == 200, "GET /v1/models while silent binary connections fill the daemon: %d", r.status);
     dj_test_resp_free(&r);
     for (int i = 0; i < 8; i++)
         if (silent[i] >= 0) close(silent[i]);

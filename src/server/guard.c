@@ -179,18 +179,51 @@ static uint64_t penalty_ms(uint32_t fails) {
     return d > 2000 ? 2000 : d;
 }
 
-uint64_t dj__peer_hello_at(dj__map *peers, uint64_t key, uint64_t now) {
+/* The record a peer's HELLOs answer to: its own, or once the table is full
+ * the shared overflow record (key 0), so that new addresses past
+ * DJ__PEERS_MAX are slowed together rather than not at all. */
+static dj__peer *peer_of(dj__map *peers, uint64_t key) {
     dj__peer *p = dj__map_get(peers, key);
+    if (!p && peers->n >= DJ__PEERS_MAX) p = dj__map_get(peers, 0);
+    return p;
+}
+
+uint64_t dj__peer_check_at(dj__map *peers, uint64_t key, uint64_t now) {
+    const dj__peer *p = peer_of(peers, key);
+    if (!p || !p->fails) return now;
+    const uint64_t at = p->checked_ms + penalty_ms(p->fails);
+    return at > now ? at : now;
+}
+
+uint64_t dj__peer_hello_at(dj__map *peers, uint64_t key, uint64_t now) {
+    dj__peer *p = peer_of(peers, key);
     if (!p || !p->fails) return now;
     const uint64_t at = p->next_ms > now ? p->next_ms : now;
+    if (at > now + DJ__PEER_MAX_WAIT_MS) return at; /* refused by the caller: no slot taken */
     p->next_ms = at + penalty_ms(p->fails); /* the slot after this one */
     return at;
+}
+
+bool dj__peer_wait(dj__map *peers, uint64_t key) {
+    dj__peer *p = peer_of(peers, key);
+    if (!p) return true; /* nothing to wait for */
+    if (p->waiting >= DJ__PEER_WAITING) return false;
+    p->waiting++;
+    return true;
+}
+
+void dj__peer_unwait(dj__map *peers, uint64_t key) {
+    dj__peer *p = peer_of(peers, key);
+    if (p && p->waiting) p->waiting--;
 }
 
 void dj__peer_hello_result(dj__map *peers, uint64_t key, uint64_t now, bool ok) {
     dj__peer *p = dj__map_get(peers, key);
     if (ok) {
-        free(dj__map_del(peers, key));
+        /* a valid token clears its own address (never the shared overflow
+         * record); HELLOs still held back go at once */
+        if (p && p->waiting) p->fails = 0;
+        else if (p) free(dj__map_del(peers, key));
         return;
     }
     if (!p) {
@@ -205,7 +238,7 @@ void dj__peer_hello_result(dj__map *peers, uint64_t key, uint64_t now, bool ok) 
         }
     }
     p->fails++;
-    p->last_fail_ms = now;
+    p->last_fail_ms = p->checked_ms = now;
     if (p->next_ms < now + penalty_ms(p->fails)) p->next_ms = now + penalty_ms(p->fails);
 }
 
@@ -214,7 +247,8 @@ void dj__peers_sweep(dj__map *peers, uint64_t now) {
         for (dj__ment *e = peers->b[b], *nx; e; e = nx) {
             nx = e->next;
             dj__peer *p = e->val;
-            if (now > p->next_ms && now - p->last_fail_ms > DJ__PEER_FORGET_MS) free(dj__map_del(peers, e->key));
+            if (!p->waiting && now > p->next_ms && now - p->last_fail_ms > DJ__PEER_FORGET_MS)
+                free(dj__map_del(peers, e->key));
         }
 }
 

@@ -15,9 +15,12 @@ static int usage(FILE *f) {
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
           "              [--kv-dtype auto|fp8] [--port-file FILE]\n"
-          "              [--max-connections N] [--hello-timeout-ms MS] [--idle-timeout-ms MS]\n"
+          "              [--max-connections N] [--max-pending-connections N] [--hello-timeout-ms MS]\n"
+          "              [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
           "              [--max-handles-per-conn N] [--metrics-max-connections N]\n"
+          "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
+          "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
@@ -29,7 +32,8 @@ static int usage(FILE *f) {
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
           "available RAM with a GPU, a quarter without), --data-gb: the data segment (KV) of the VMU\n"
           "(default 30% of it), --swap-policy semantic, --idle-ms 1000 (a session with no request for this\n"
-          "long may be swapped out), --quota-gb: KV one connection's sessions may hold (default none),\n"
+          "long may be swapped out), --quota-gb: KV one token's sessions may hold, all its connections together\n"
+          "(one connection's without --token-file; default none),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
@@ -46,13 +50,20 @@ static int usage(FILE *f) {
           f);
     fputs("Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
+          "  --max-pending-connections 64   of those, connections without a completed HELLO (at most a quarter\n"
+          "                             of --max-connections): a new one past it closes the oldest silent one\n"
           "  --hello-timeout-ms 10000   a connection that has not completed HELLO by then is closed\n"
           "  --idle-timeout-ms 300000   a connection with no byte either way and nothing pending is closed (0: never)\n"
           "  --max-reply-buffer 4m,64m  unsent reply bytes: past SOFT the connection is not read, past HARD\n"
           "                             (header and metadata bytes) it is dropped (suffixes k, m, g)\n"
           "  --max-inflight 64          requests queued or running per connection before it is not read\n"
           "  --max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
+          "  --max-sessions-per-token 256  sessions of one token's connections together; more get DJ_EQUOTA\n"
+          "  --max-connections-per-token 256  connections of one token at once; HELLO past it gets DJ_EQUOTA\n"
           "  --metrics-max-connections 16   /metrics connections at once (each closed after 10 s)\n"
+          "  --max-prompt-bytes 1m      a GENERATE's text prompt: more bytes get DJ_ERANGE before tokenizing\n"
+          "  --max-prompt-inflight 4m   text prompt bytes of one connection awaiting the tokenizer thread before\n"
+          "                             the connection is not read\n"
           "--http ADDR:PORT serves the OpenAI API (GET /v1/models, POST /v1/completions and\n"
           "/v1/chat/completions, streaming too) through this daemon's own listener, and the live view of\n"
           "the VMU: GET / (a page), GET /v1/djinn/stats (its JSON), GET /v1/djinn/events (the same pushed\n"
@@ -124,10 +135,13 @@ static const count_opt counts[] = {
     {"--max-running", offsetof(dj__config, max_running), false, false},
     {"--prefill-chunk", offsetof(dj__config, prefill_chunk), true, false},
     {"--max-connections", offsetof(dj__config, max_conns), false, false},
+    {"--max-pending-connections", offsetof(dj__config, max_pending), false, false},
     {"--hello-timeout-ms", offsetof(dj__config, hello_timeout_ms), false, false},
     {"--idle-timeout-ms", offsetof(dj__config, idle_timeout_ms), true, false},
     {"--max-inflight", offsetof(dj__config, max_inflight), false, false},
     {"--max-sessions-per-conn", offsetof(dj__config, max_sessions), false, false},
+    {"--max-sessions-per-token", offsetof(dj__config, max_sessions_token), false, false},
+    {"--max-connections-per-token", offsetof(dj__config, max_conns_token), false, false},
     {"--max-handles-per-conn", offsetof(dj__config, max_handles), false, false},
     {"--metrics-max-connections", offsetof(dj__config, metrics_conns), false, false},
     {"--http-max-connections", offsetof(dj__config, http_conns), false, false},
@@ -168,14 +182,19 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->prefill_chunk = 256;
     cfg->mixed_steps = -1;
     cfg->max_conns = 1024;
+    cfg->max_pending = 64;
     cfg->hello_timeout_ms = 10000;
     cfg->idle_timeout_ms = 300000;
     cfg->out_soft = (uint64_t)4 << 20;
     cfg->out_hard = (uint64_t)64 << 20;
     cfg->max_inflight = 64;
     cfg->max_sessions = 64;
+    cfg->max_sessions_token = 256;
+    cfg->max_conns_token = 256;
     cfg->max_handles = 256;
     cfg->metrics_conns = 16;
+    cfg->max_prompt_bytes = (uint64_t)1 << 20;
+    cfg->prompt_inflight = (uint64_t)4 << 20;
     cfg->http_conns = 64;
     cfg->http_max_body = (uint64_t)4 << 20;
     cfg->http_timeout_s = 30;
@@ -241,6 +260,12 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
         } else if (!strcmp(a, "--http-max-body")) {
             if (!parse_bytes(v, &cfg->http_max_body) || cfg->http_max_body < 1024) {
                 fprintf(stderr, "djinnd: --http-max-body '%s': want a size of at least 1k (suffixes k, m, g)\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-prompt-bytes") || !strcmp(a, "--max-prompt-inflight")) {
+            uint64_t *dst = !strcmp(a, "--max-prompt-bytes") ? &cfg->max_prompt_bytes : &cfg->prompt_inflight;
+            if (!parse_bytes(v, dst) || *dst < 1024) {
+                fprintf(stderr, "djinnd: %s '%s': want a size of at least 1k (suffixes k, m, g)\n", a, v);
                 return 2;
             }
         } else if (!strcmp(a, "--token-file")) {

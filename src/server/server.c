@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +35,7 @@ typedef struct dj__conn {
     dj__server *srv;
     uint64_t id;
     bool hello, closing;
+    bool pending;          /* counted in srv->n_pending: accepted, no HELLO completed yet */
     uint8_t hdr[DJ_FRAME_HEADER_BYTES];
     size_t hdr_got;
     dj_frame_header h;
@@ -44,17 +47,21 @@ typedef struct dj__conn {
     uint64_t t_open_ms, t_active_ms; /* the daemon's clock: accepted, last byte either way */
     uint64_t peer;         /* failed-HELLO key (dj__peer_hello_at) */
     bool admin;            /* set by HELLO: the token's roles */
+    uint64_t tenant;       /* set by HELLO: whose quotas its requests count against (DJ__TENANT_CONN) */
     uint32_t qos_mask;
     uint64_t cache_salt[2]; /* set by HELLO: the token's prefix-cache salt ({0, 0}: shared, or no token file) */
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
-    uint64_t out_bytes;    /* unsent reply bytes (header, metadata, payload) */
-    uint64_t out_owned;    /* of those, bytes held for this connection alone (header, metadata) */
+    uint64_t prompt_bytes; /* text prompt bytes handed to the worker, not tokenized yet (--max-prompt-inflight) */
+    uint64_t out_bytes;    /* what unsent replies hold (reply_owned) plus their payload bytes */
+    uint64_t out_owned;    /* of those, memory held for this connection alone (reply_owned) */
     bool over_soft;        /* out_bytes passed --max-reply-buffer's soft limit, not yet under half of it */
     bool reading;          /* uv_read_start in effect */
     /* a HELLO held back by the peer's failed-HELLO schedule, and the bytes
      * that came after it (or after any frame once reading had to stop) */
     bool deferred;
-    bool hello_due;        /* the held-back HELLO's turn came: answer it now */
+    bool waiting;          /* counted in its peer record's `waiting` (dj__peer_wait) */
+    bool unix_sock;        /* accepted on a unix socket (u.pipe), else TCP (u.tcp) */
+    bool door;             /* accepted on the HTTP door's private socket: not a peer of its own */
     uint64_t defer_until;
     dj_frame_header defer_h;
     uint8_t *defer_body;
@@ -164,6 +171,16 @@ size_t dj__conn_sessions(dj__server *s, uint64_t conn) {
     return n;
 }
 
+size_t dj__tenant_sessions(dj__server *s, uint64_t tenant) {
+    size_t n = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            const dj__sess *ss = e->val;
+            n += ss->tenant == tenant && !ss->dead;
+        }
+    return n;
+}
+
 size_t dj__conn_handles(dj__server *s, uint64_t conn) {
     size_t n = 0;
     for (size_t b = 0; b < s->handles.n_buckets; b++)
@@ -186,6 +203,9 @@ dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w) {
     o->h.meta_len = (uint32_t)w->sb.size;
     o->meta = msgpack_sbuffer_release(&w->sb);
     dj__mw_destroy(w);
+    /* the buffer grew by doubling from 8 KiB: a queued reply keeps only its bytes */
+    char *fit = o->meta ? dj_realloc(o->meta, o->h.meta_len ? o->h.meta_len : 1) : NULL;
+    if (fit) o->meta = fit;
     return o;
 }
 
@@ -215,7 +235,7 @@ static bool may_read(dj__conn *c) {
     if (c->out_bytes > cfg->out_soft) c->over_soft = true;
     else if (c->out_bytes <= cfg->out_soft / 2) c->over_soft = false;
     return !c->closing && !uv_is_closing(&c->u.handle) && !c->deferred && !c->over_soft &&
-           c->inflight < cfg->max_inflight;
+           c->inflight < cfg->max_inflight && c->prompt_bytes < cfg->prompt_inflight;
 }
 
 static void on_write(uv_write_t *w, int status) {
@@ -243,11 +263,19 @@ static void on_write(uv_write_t *w, int status) {
     }
 }
 
+/* What a queued reply holds in memory for its connection alone: the write
+ * request (header inside) and the metadata's allocation, each with malloc's
+ * own overhead - not just the bytes it will send. */
+#define ALLOC_OVERHEAD 16
+static uint64_t reply_owned(const char *meta) {
+    return sizeof(wreq) + ALLOC_OVERHEAD + (meta ? malloc_usable_size((void *)meta) + ALLOC_OVERHEAD : 0);
+}
+
 /* Send header + meta (owned, freed after the write) + optional payload taken
  * from a handle (one reference held until the write completes). Past the
- * hard limit on unsent bytes the connection is dropped instead. */
+ * hard limit on what unsent replies hold the connection is dropped instead. */
 static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__handle *hd, const uint8_t *payload) {
-    const uint64_t owned = DJ_FRAME_HEADER_BYTES + (uint64_t)h->meta_len;
+    const uint64_t owned = reply_owned(meta);
     const bool over = c->out_owned + owned > c->srv->cfg.out_hard;
     if (uv_is_closing(&c->u.handle) || over) {
         if (over && !uv_is_closing(&c->u.handle))
@@ -272,7 +300,7 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
     r->meta = meta;
     r->handle = hd;
     r->owned = owned;
-    r->bytes = DJ_FRAME_HEADER_BYTES + (uint64_t)h->meta_len + h->payload_len;
+    r->bytes = owned + h->payload_len;
     dj_frame_header_encode(h, r->hdr);
     uv_buf_t bufs[3];
     unsigned n = 0;
@@ -379,6 +407,8 @@ static void on_closed(uv_handle_t *h) {
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
     s->n_conns--;
+    if (c->pending) s->n_pending--;
+    if (c->waiting) dj__peer_unwait(&s->peers, c->peer);
     free(c->body);
     free(c->defer_body);
     free(c->rest);
@@ -409,14 +439,30 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
             *wrong_token = true;
             return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
         }
+        const uint64_t tenant = (uint64_t)(t - s->tokens) + 1;
+        uint32_t n_same = 0;
+        for (size_t b = 0; b < s->conns.n_buckets; b++)
+            for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+                const dj__conn *o = e->val;
+                n_same += o->hello && !o->closing && o->tenant == tenant;
+            }
+        if (n_same >= s->cfg.max_conns_token)
+            return dj_fail(DJ_EQUOTA, "this token has %u connections open (--max-connections-per-token %u)", n_same,
+                           s->cfg.max_conns_token);
+        c->tenant = tenant;
         c->admin = t->admin;
         c->qos_mask = t->qos_mask;
         memcpy(c->cache_salt, t->cache_salt, sizeof c->cache_salt);
     } else {
+        c->tenant = DJ__TENANT_CONN(c->id);
         c->admin = true; /* loopback or unix-socket peers only (on_connection) */
         c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
     }
     c->hello = true;
+    if (c->pending) {
+        c->pending = false;
+        s->n_pending--;
+    }
     dj__mw_u64(w, "version", DJ_PROTO_VERSION);
     dj__mw_str(w, "server", "djinnd 0.1");
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
@@ -463,7 +509,8 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
     dj__sess *ss = dj__map_get(&s->sessions, sid);
     /* the same answer for a wrong id, a wrong secret, a session still attached and one whose lease is over
      * (whether or not the reaper has come round to it yet: the lease decides, not the reaper's tick) */
-    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret) || dj__clock_ms(s) >= ss->lease_deadline_ms)
+    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret) || dj__clock_ms(s) >= ss->lease_deadline_ms ||
+        (s->have_token && ss->tenant != c->tenant)) /* only its own token reattaches it */
         return dj_fail(DJ_ENOTFOUND, "no session %016llx to attach (wrong id or secret, or its lease is over)",
                        (unsigned long long)sid);
     if (!(c->qos_mask >> ss->qos & 1))
@@ -638,6 +685,26 @@ static dj_status check_qos(dj__conn *c, const dj__meta *m) {
     return DJ_OK;
 }
 
+/* A GENERATE's text prompt before anything tokenizes it: at most
+ * --max-prompt-bytes, and no U+0000 (refused rather than cut anywhere).
+ * *credit: its bytes, which count against the connection's
+ * --max-prompt-inflight until the tokenizer thread is done with them. */
+static dj_status check_prompt(dj__conn *c, const dj__meta *m, uint64_t *credit) {
+    const char *p = NULL;
+    size_t n = 0;
+    *credit = 0;
+    if (dj__meta_str(m, "prompt", false, &p, &n) != DJ_OK || !p) return DJ_OK; /* the worker answers the rest */
+    const uint64_t max = c->srv->cfg.max_prompt_bytes;
+    if (n > max)
+        return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu (send fewer bytes or "
+                       "token ids)", n, (unsigned long long)max);
+    if (memchr(p, 0, n))
+        return dj_fail(DJ_EINVAL, "prompt holds U+0000 at byte %zu: refused (a NUL would cut it)",
+                       (size_t)((const char *)memchr(p, 0, n) - p));
+    *credit = n ? n : 1;
+    return DJ_OK;
+}
+
 /* A STEP's payload, once its metadata is in: at most one int32 per position
  * its session has left - or, with `points`, at most one f32 [n, hidden]
  * tensor per point (at most DJ_IV_MAX of them) for its n ids (in the
@@ -734,24 +801,33 @@ static void handle_frame(dj__conn *c) {
         return;
     }
     bool close_conn = false;
+    uint64_t credit = 0;
     dj__mw w;
-    if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->hello_due) {
-        /* a peer that failed HELLOs waits its turn, one HELLO at a time */
-        const uint64_t now = dj__now_ms(), at = dj__peer_hello_at(&s->peers, c->peer, now);
-        if (at > now + 10000) {
-            dj__meta_destroy(&m);
-            free(body);
-            send_error(c, h->request_id, h->type,
-                       dj_fail(DJ_EBUSY, "too many failed HELLOs from this address: retry later"), true);
-            return;
-        }
+    if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->door) {
+        /* a peer that failed HELLOs has its next one checked only after a
+         * pause since its last checked one; a few wait their turn, more are
+         * refused unchecked (and uncharged) */
+        const uint64_t now = dj__now_ms(), at = dj__peer_check_at(&s->peers, c->peer, now);
         if (at > now) {
             dj__meta_destroy(&m);
+            if (!c->waiting && !dj__peer_wait(&s->peers, c->peer)) {
+                free(body);
+                send_error(c, h->request_id, h->type,
+                           dj_fail(DJ_EBUSY, "%d HELLOs from this address already wait their turn after failed ones: "
+                                   "retry later", DJ__PEER_WAITING),
+                           true);
+                return;
+            }
+            c->waiting = true;
             c->deferred = true;
             c->defer_until = at;
             c->defer_h = *h;
             c->defer_body = body;
             return;
+        }
+        if (c->waiting) {
+            dj__peer_unwait(&s->peers, c->peer);
+            c->waiting = false;
         }
     }
     switch (h->type) {
@@ -761,7 +837,7 @@ static void handle_frame(dj__conn *c) {
         st = c->hello ? dj_fail(DJ_EINVAL, "HELLO was already sent") : do_hello(c, &m, &w, &wrong);
         dj__meta_destroy(&m);
         free(body);
-        if (s->have_token && (st == DJ_OK || wrong))
+        if (s->have_token && !c->door && (st == DJ_OK || wrong))
             dj__peer_hello_result(&s->peers, c->peer, dj__now_ms(), st == DJ_OK);
         if (st == DJ_OK) {
             send_reply(c, h->type, h->request_id, &w);
@@ -787,7 +863,9 @@ static void handle_frame(dj__conn *c) {
             send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         }
         return;
-    case DJ_MSG_MODEL_INFO: /* small JSON files only: no weights, no engine */
+    case DJ_MSG_MODEL_INFO: { /* small JSON files only: no weights, no engine */
+        char probe[256]; /* a malformed request closes the connection; a model folder's malformed file does not */
+        const dj_status req_st = dj__meta_strcpy(&m, "model", true, probe, sizeof probe);
         dj__mw_init(&w);
         st = dj__model_info(s->cfg.models, &m, &w);
         dj__meta_destroy(&m);
@@ -796,15 +874,24 @@ static void handle_frame(dj__conn *c) {
             send_reply(c, h->type, h->request_id, &w);
         } else {
             dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
+            send_error(c, h->request_id, h->type, st, req_st == DJ_EFORMAT);
         }
         return;
+    }
     case DJ_MSG_FETCH:
         st = do_fetch(c, h->request_id, &m, &close_conn);
         dj__meta_destroy(&m);
         free(body);
         if (st != DJ_OK) send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
         return;
+    case DJ_MSG_GENERATE:
+        if ((st = check_prompt(c, &m, &credit)) != DJ_OK) {
+            dj__meta_destroy(&m);
+            free(body);
+            send_error(c, h->request_id, h->type, st, false);
+            return;
+        }
+        break;
     case DJ_MSG_SESSION_OPEN:
         if ((st = check_qos(c, &m)) != DJ_OK) {
             dj__meta_destroy(&m);
@@ -823,6 +910,13 @@ static void handle_frame(dj__conn *c) {
         send_error(c, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), true);
         return;
     }
+    if (credit && !(j->credit_out = dj_calloc(1, sizeof *j->credit_out))) {
+        free(j);
+        dj__meta_destroy(&m);
+        free(body);
+        send_error(c, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), false);
+        return;
+    }
     j->type = h->type;
     j->req = h->request_id;
     j->conn = c->id;
@@ -834,7 +928,10 @@ static void handle_frame(dj__conn *c) {
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;
     memcpy(j->cache_salt, c->cache_salt, sizeof j->cache_salt);
+    j->tenant = c->tenant;
     j->t_enqueue = dj__now();
+    j->prompt_credit = credit;
+    c->prompt_bytes += credit;
     c->inflight++;
     dj__enqueue(s, j);
 }
@@ -959,8 +1056,8 @@ static void free_on_close(uv_handle_t *h) { free(h->data); }
 /* The failed-HELLO key of a peer: its IPv4 address, its IPv6 /64, 1 for a
  * unix socket; *local says whether it is a loopback (or unix) peer. */
 static uint64_t peer_key(dj__conn *c, bool *local) {
-    *local = c->srv->is_unix;
-    if (c->srv->is_unix) return 1;
+    *local = c->unix_sock;
+    if (c->unix_sock) return 1;
     struct sockaddr_storage ss;
     int len = sizeof ss;
     if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) != 0) return 0;
@@ -1012,6 +1109,26 @@ static void refuse_pending(dj__server *s, uv_stream_t *server) {
     uv_close(&s->refuse.handle, on_refuse_closed);
 }
 
+/* Closes the connection that has waited longest for its HELLO, with an
+ * EBUSY error. */
+static void evict_pending(dj__server *s) {
+    dj__conn *old = NULL;
+    for (size_t b = 0; b < s->conns.n_buckets; b++)
+        for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+            dj__conn *c = e->val;
+            if (c->pending && !c->closing && !uv_is_closing(&c->u.handle) && (!old || c->id < old->id)) old = c;
+        }
+    if (!old) return;
+    DJ_LOG(INFO, "conn=%llu closed: %u connections without HELLO (--max-pending-connections)",
+           (unsigned long long)old->id, s->n_pending);
+    old->pending = false; /* its slot is the new one's now */
+    s->n_pending--;
+    send_error(old, 0, 0,
+               dj_fail(DJ_EBUSY, "closed without HELLO to make room (--max-pending-connections %u)",
+                       s->cfg.max_pending),
+               true);
+}
+
 static void on_connection(uv_stream_t *server, int status) {
     dj__server *s = server->data;
     if (status < 0 || s->stopping) return;
@@ -1022,7 +1139,9 @@ static void on_connection(uv_stream_t *server, int status) {
     }
     c->srv = s;
     c->id = ++s->next_conn;
-    int rc = s->is_unix ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
+    c->door = server == (uv_stream_t *)&s->door;
+    c->unix_sock = c->door || s->is_unix;
+    int rc = c->unix_sock ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
     if (rc < 0) {
         free(c);
         refuse_pending(s, server);
@@ -1051,13 +1170,15 @@ static void on_connection(uv_stream_t *server, int status) {
     c->t_open_ms = c->t_active_ms = dj__clock_ms(s);
     bool local = false;
     c->peer = peer_key(c, &local);
-    if (!s->is_unix) uv_tcp_nodelay(&c->u.tcp, 1);
+    if (!c->unix_sock) uv_tcp_nodelay(&c->u.tcp, 1);
     if (!s->have_token && !local) {
         DJ_LOG(WARN, "conn=%llu refused: not a loopback peer and no --token-file", (unsigned long long)c->id);
         conn_close(c);
         return;
     }
-    if (s->n_conns > s->cfg.max_conns) {
+    if (s->n_conns > s->cfg.max_conns && s->n_conns <= s->cfg.max_conns + DJ__REFUSE_SLACK && s->n_pending > 0) {
+        evict_pending(s); /* a silent socket makes room: it holds no authenticated client's slot */
+    } else if (s->n_conns > s->cfg.max_conns) {
         /* over the cap: a typed answer while a few fds of slack last, else just closed */
         DJ_LOG(WARN, "conn=%llu refused: %u connections open (--max-connections %u)", (unsigned long long)c->id,
                s->n_conns - 1, s->cfg.max_conns);
@@ -1069,8 +1190,27 @@ static void on_connection(uv_stream_t *server, int status) {
                    true);
         return;
     }
+    /* Connections that have not said HELLO take at most max_pending of the
+     * slots, so silent sockets never hold the ones of authenticated clients;
+     * past it the oldest silent one makes room (a client that says HELLO at
+     * once gets in however many silent sockets arrive). */
+    if (!c->door) { /* the door says HELLO at once */
+        if (s->n_pending >= s->cfg.max_pending) evict_pending(s);
+        c->pending = true; /* not yet counted by the over-the-cap eviction above */
+        s->n_pending++;
+    }
     DJ_LOG(INFO, "conn=%llu accepted", (unsigned long long)c->id);
     conn_pump(c);
+}
+
+/* Whether the peer of a connection that is not being read (a held-back
+ * HELLO) has closed it. */
+static bool peer_gone(dj__conn *c) {
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->u.handle, &fd) != 0) return false;
+    char b;
+    const ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /* Every 100 ms: HELLO and idle timeouts, HELLOs whose turn came, and old
@@ -1083,9 +1223,10 @@ static void on_tick(uv_timer_t *t) {
         for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
             dj__conn *c = e->val;
             if (c->closing || uv_is_closing(&c->u.handle)) continue;
-            if (c->deferred && now >= c->defer_until) {
+            if (c->deferred && peer_gone(c)) { /* it holds a waiting turn of its address: give it back */
+                conn_close(c);
+            } else if (c->deferred && now >= c->defer_until) {
                 c->deferred = false;
-                c->hello_due = true;
                 c->h = c->defer_h;
                 c->body = c->defer_body;
                 c->defer_body = NULL;
@@ -1150,7 +1291,13 @@ static void on_wake(uv_async_t *a) {
     while (o) {
         dj__out *next = o->next;
         dj__conn *c = dj__map_get(&s->conns, o->conn);
-        if (c && !uv_is_closing(&c->u.handle)) {
+        if (o->credit) { /* no frame: prompt bytes tokenized */
+            if (c) {
+                c->prompt_bytes -= o->credit < c->prompt_bytes ? o->credit : c->prompt_bytes;
+                conn_pump(c);
+            }
+            free(o);
+        } else if (c && !uv_is_closing(&c->u.handle)) {
             const uint16_t t = o->h.type;
             if ((t == DJ_MSG_REPLY || t == DJ_MSG_ERROR || t == DJ_MSG_DONE) && c->inflight) c->inflight--;
             send_out(c, o);
@@ -1167,7 +1314,8 @@ static void on_wake(uv_async_t *a) {
 static void close_walk(uv_handle_t *h, void *arg) {
     dj__server *s = arg;
     if (uv_is_closing(h)) return;
-    if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && (void *)h != (void *)&s->listener) {
+    if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && (void *)h != (void *)&s->listener &&
+        (void *)h != (void *)&s->door) {
         conn_close(h->data);
         return;
     }
@@ -1212,6 +1360,35 @@ static dj_status fit_fd_limit(dj__config *cfg) {
                 (unsigned long long)avail, (unsigned long long)rl.rlim_cur);
         cfg->max_conns = (uint32_t)avail;
     }
+    if (cfg->max_pending > cfg->max_conns / 4) {
+        const uint32_t p = cfg->max_conns / 4 ? cfg->max_conns / 4 : 1;
+        DJ_LOG(INFO, "--max-pending-connections %u lowered to %u (a quarter of --max-connections %u)",
+               cfg->max_pending, p, cfg->max_conns);
+        cfg->max_pending = p;
+    }
+    return DJ_OK;
+}
+
+/* The HTTP door dials the daemon through a unix socket of its own, in a
+ * fresh 0700 directory: its connections are told apart from other local
+ * peers (a local process's wrong tokens do not slow the door's HELLOs; the
+ * door slows its own clients per address). addr gets "unix:PATH". */
+static dj_status door_listen(dj__server *s, char *addr, size_t cap) {
+    snprintf(s->door_dir, sizeof s->door_dir, "/tmp/djinnd-door-XXXXXX");
+    if (!mkdtemp(s->door_dir)) {
+        s->door_dir[0] = '\0';
+        return dj_fail(DJ_EIO, "a directory for the HTTP door's socket: %s", strerror(errno));
+    }
+    char path[96];
+    snprintf(path, sizeof path, "%s/sock", s->door_dir);
+    int rc = uv_pipe_init(&s->loop, &s->door, 0);
+    if (rc == 0) {
+        s->door.data = s;
+        rc = uv_pipe_bind(&s->door, path);
+        if (rc == 0) rc = uv_listen((uv_stream_t *)&s->door, 128, on_connection);
+    }
+    if (rc < 0) return dj_fail(DJ_EIO, "the HTTP door's socket %s: %s", path, uv_strerror(rc));
+    snprintf(addr, cap, "unix:%s", path);
     return DJ_OK;
 }
 
@@ -1262,6 +1439,9 @@ static dj_status listen_on(dj__server *s) {
         snprintf(daemon_addr, sizeof daemon_addr, "%s", s->cfg.listen);
     }
     unsigned http_port = 0;
+    if (s->cfg.http && door_listen(s, daemon_addr, sizeof daemon_addr) != DJ_OK) /* daemon_addr unchanged */
+        DJ_LOG(WARN, "%s: the HTTP door dials the listener instead (its HELLOs share 127.0.0.1's slowdown)",
+               dj_last_error());
     if (s->cfg.http) {
         dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
                            .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
@@ -1380,6 +1560,12 @@ done:
         uv_loop_close(&s->loop);
     }
     if (s->is_unix) unlink(s->cfg.listen + 5);
+    if (s->door_dir[0]) {
+        char path[96];
+        snprintf(path, sizeof path, "%s/sock", s->door_dir);
+        unlink(path);
+        rmdir(s->door_dir);
+    }
     for (dj__out *o = s->out_head, *n; o; o = n) {
         n = o->next;
         free(o->meta);

@@ -59,17 +59,36 @@ dj_status dj__tokens_load(const char *path, dj__token **out /* OUT, malloc'd */,
 void dj__cache_salt_of(const uint64_t base[2], const char *bytes, size_t n, uint64_t out[2] /* OUT */);
 
 /* Failed HELLOs per peer (key: IPv4 address, IPv6 /64, or 1 for unix
- * sockets): after each failure the peer's next HELLO waits 100 ms doubling to
- * 2 s, one at a time; a success forgets the peer. Loop thread only. */
+ * sockets): after a failure the peer's next HELLO is checked no sooner than
+ * 100 ms (doubling to 2 s with each failure) after its last checked one;
+ * HELLOs that come sooner wait (at most DJ__PEER_WAITING of them, more get
+ * DJ_EBUSY unchecked and uncharged). Only checked HELLOs count; a success
+ * forgets the peer; a record is forgotten DJ__PEER_FORGET_MS after its last
+ * failure. Past DJ__PEERS_MAX records new peers share one overflow record
+ * (they are slowed together, never not at all). The HTTP door's own
+ * connections (a private unix socket) are not peers: the door checks its
+ * clients' tokens and slows them per address itself. Loop thread only. */
 typedef struct dj__peer {
     uint32_t fails;
-    uint64_t next_ms;      /* monotonic: the earliest its next HELLO is answered */
+    uint32_t waiting;      /* HELLOs held back now (dj__peer_wait) */
+    uint64_t checked_ms;   /* monotonic: when its last failed HELLO was checked */
+    uint64_t next_ms;      /* dj__peer_hello_at's reservations: the earliest its next request is checked */
     uint64_t last_fail_ms;
 } dj__peer;
 #define DJ__PEERS_MAX 4096
+#define DJ__PEER_WAITING 8
 #define DJ__PEER_FORGET_MS (10u * 60u * 1000u)
-/* When a HELLO arriving now may be answered (reserves that slot). */
+#define DJ__PEER_MAX_WAIT_MS 10000
+/* When a HELLO arriving now may be checked (reserves nothing: the daemon's HELLOs). */
+uint64_t dj__peer_check_at(dj__map *peers, uint64_t key, uint64_t now);
+/* The same for callers that wait in place (the HTTP door): reserves that
+ * slot, unless it is over DJ__PEER_MAX_WAIT_MS away (then the caller refuses
+ * it, and nothing is charged). */
 uint64_t dj__peer_hello_at(dj__map *peers, uint64_t key, uint64_t now);
+/* A HELLO starts or stops waiting its turn; false: DJ__PEER_WAITING already wait. */
+bool dj__peer_wait(dj__map *peers, uint64_t key);
+void dj__peer_unwait(dj__map *peers, uint64_t key);
+/* A HELLO was checked: ok or a wrong token. */
 void dj__peer_hello_result(dj__map *peers, uint64_t key, uint64_t now, bool ok);
 void dj__peers_sweep(dj__map *peers, uint64_t now);
 
@@ -118,6 +137,7 @@ typedef struct dj__job dj__job;
 
 typedef struct dj__sess {
     uint64_t id, conn;
+    uint64_t tenant;            /* its opener's token (dj__tenant): quotas are per token */
     dj_qos qos;
     uint64_t lease_deadline_ms; /* on the daemon's clock (dj__clock_ms); renewed by heartbeats and
                                  * by requests naming it, as they arrive and as they end */
@@ -166,8 +186,18 @@ typedef struct dj__handle {
 /* ---- work for the engine thread ---- */
 typedef struct dj__gen {
     dj_gen_t *g;       /* the generation loop's state (generate.h); owned; NULL until it starts */
-    int32_t *ids;      /* the prompt, tokenized when the request arrived (owned) */
+    int32_t *ids;      /* the prompt, tokenized by the tokenizer thread (owned) */
     size_t n_ids;
+    /* a text prompt on its way through the tokenizer thread (worker.c, "the
+     * tokenizer thread"): it holds tok_ment (tok_jobs) until the worker sees it back */
+    dj__model_ent *tok_ment;   /* worker only */
+    const dj_tokenizer_t *tok; /* tok_ment's, read by the tokenizer thread */
+    const char *prompt;        /* [plen], inside the job's meta */
+    size_t plen;
+    bool add_special;          /* the session's first tokens: BOS and the like */
+    bool tokenized;            /* the tokenizer thread is done with it: tok_st, tok_err */
+    dj_status tok_st;
+    char tok_err[256];
     uint32_t max_tokens;
     uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
@@ -178,11 +208,13 @@ struct dj__job {
     dj__job *next;
     uint16_t type;
     uint64_t req, conn, sess; /* sess 0 for connection-level requests */
+    uint64_t tenant;          /* the caller's token (dj__tenant) */
     dj_qos qos;
     uint32_t qos_mask;        /* 1 << class for each class the caller's token grants */
     bool admin;               /* the caller's token has the admin role */
     uint64_t cache_salt[2];   /* the caller's token's prefix-cache salt (dj__token) */
     bool counted;             /* sess->queued was raised for it (dj__enqueue) */
+    bool model_error;         /* its error came from a model's files (not the request): the connection stays */
     uint8_t *body;            /* meta then payload, owned */
     dj__meta meta;
     const uint8_t *payload;
@@ -191,6 +223,10 @@ struct dj__job {
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
                                * (dj__server.lost), its later frames are dropped */
+    uint64_t prompt_credit;   /* prompt bytes counted in its connection's prompt_bytes (server.c),
+                               * given back (dj__out.credit) once it is tokenized or refused */
+    struct dj__out *credit_out; /* the frame-less dj__out that gives prompt_credit back, made with the
+                                 * job so that giving it back allocates nothing; owned until posted */
     dj__job *hprev, *hnext;   /* worker: jobs the scheduler holds */
 };
 
@@ -206,6 +242,7 @@ typedef struct dj__out {
     dj_frame_header h;
     char *meta; /* malloc'd msgpack bytes (h.meta_len) */
     bool close_after;
+    uint64_t credit; /* no frame: prompt bytes of the connection's that are tokenized (or refused) */
 } dj__out;
 
 struct dj__model_ent {
@@ -216,6 +253,7 @@ struct dj__model_ent {
     uint64_t pin_conn;  /* the connection that pinned it: only it (or an admin) unloads */
     dj_tokenizer_t *tok;
     bool tok_tried;
+    uint32_t tok_jobs;  /* prompts the tokenizer thread holds that use tok: the entry stays */
     int32_t eos[16];    /* the model's EOS ids (dj_gen_eos_ids), read with the tokenizer */
     size_t n_eos;
     dj__model_ent *next;
@@ -240,17 +278,22 @@ typedef struct dj__config {
     const char *port_file; /* write the bound TCP port here (tests) */
     /* limits against hostile clients (docs/protocol.md, "Limits") */
     uint32_t max_conns;        /* connections at once; clamped to the fd limit less DJ__FD_RESERVE */
+    uint32_t max_pending;      /* of those, connections that have not completed HELLO (fewer than max_conns) */
     uint32_t hello_timeout_ms; /* a connection must complete HELLO within this */
     uint32_t idle_timeout_ms;  /* closed after this long without a byte either way (0: never) */
     uint64_t out_soft, out_hard; /* unsent reply bytes: stop reading past soft, disconnect past hard */
     uint32_t max_inflight;     /* requests of one connection queued or running before it stops being read */
     uint32_t max_sessions;     /* sessions per connection */
+    uint32_t max_sessions_token; /* sessions of all the connections of one token */
+    uint32_t max_conns_token;  /* connections of one token at once (HELLO refused past it) */
     uint32_t max_handles;      /* result handles per connection */
     uint32_t metrics_conns;    /* /metrics connections at once */
+    uint64_t max_prompt_bytes; /* a GENERATE's text prompt: more bytes are refused before tokenizing */
+    uint64_t prompt_inflight;  /* prompt bytes of one connection not yet tokenized before it stops being read */
     /* memory and the scheduler (src/sched/) */
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
-    size_t quota_bytes;        /* KV bytes per connection; 0: none */
+    size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
@@ -291,6 +334,7 @@ typedef struct dj__server {
     uv_timer_t tick;   /* HELLO and idle timeouts, deferred HELLOs */
     dj__map peers;     /* loop only: peer key -> failed-HELLO record */
     uint32_t n_conns;  /* loop only: open connections */
+    uint32_t n_pending; /* loop only: of those, accepted ones without a completed HELLO */
     uv_loop_t loop;
     union {
         uv_tcp_t tcp;
@@ -307,6 +351,8 @@ typedef struct dj__server {
     bool refuse_busy;    /* refuse is open or closing */
     bool accept_stalled; /* a connection waits for refuse's close to be accepted */
     bool is_unix;
+    uv_pipe_t door;      /* --http: the door's own way in, a unix socket in a 0700 directory of its own */
+    char door_dir[64];   /* "" when none */
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
     uv_check_t clock_check; /* after each poll's callbacks: advances clock_ms */
@@ -342,8 +388,14 @@ typedef struct dj__server {
     bool lost_overflow;
     bool stop_worker, reap;
 
+    dj__jobq tokq;       /* GENERATEs whose text prompt waits for the tokenizer thread */
+    pthread_cond_t tok_cv;
+    bool stop_tok;
+    uint64_t tok_last_tenant; /* tokenizer thread: whose prompt it took last (tokq_take) */
+
     /* worker only */
-    pthread_t worker;
+    pthread_t worker, tokenizer;
+    bool tok_started;
     bool worker_started;
     dj_engine_t *engine;
     dj_sched_t *sched;       /* the policy (src/sched/): decides what the worker does next */
@@ -370,8 +422,13 @@ uint64_t dj__clock_ms(dj__server *s);
 
 /* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
 int dj__parse_args(int argc, char **argv, dj__config *cfg);
+/* The tenant a connection's requests count for: its token (index + 1 in
+ * the token file) or, without --token-file, the connection itself (bit 63
+ * set). Quotas of sessions, connections and KV pages are per tenant. */
+#define DJ__TENANT_CONN(conn) ((conn) | (uint64_t)1 << 63)
 /* server.c: what a connection holds (mu held). */
 size_t dj__conn_sessions(dj__server *s, uint64_t conn);
+size_t dj__tenant_sessions(dj__server *s, uint64_t tenant);
 size_t dj__conn_handles(dj__server *s, uint64_t conn);
 
 /* worker.c */

@@ -137,6 +137,7 @@ void dj__job_free(dj__job *j) {
     dj__meta_destroy(&j->meta);
     free(j->body);
     gen_free(j->gen);
+    free(j->credit_out);
     free(j);
 }
 
@@ -227,7 +228,7 @@ static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out,
 }
 
 static void model_ent_maybe_drop(dj__server *s, dj__model_ent *e) {
-    if (e->users || e->pinned) return;
+    if (e->users || e->pinned || e->tok_jobs) return;
     for (dj__model_ent **p = &s->models; *p; p = &(*p)->next)
         if (*p == e) {
             *p = e->next;
@@ -431,11 +432,14 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     char model[128], qos_name[16] = "interactive";
     uint32_t expect = 0;
     pthread_mutex_lock(&s->mu);
-    const size_t n_open = dj__conn_sessions(s, j->conn);
+    const size_t n_open = dj__conn_sessions(s, j->conn), n_tenant = dj__tenant_sessions(s, j->tenant);
     pthread_mutex_unlock(&s->mu);
     if (n_open >= s->cfg.max_sessions)
         return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
                        s->cfg.max_sessions);
+    if (n_tenant >= s->cfg.max_sessions_token)
+        return dj_fail(DJ_EQUOTA, "this token has %zu sessions open (--max-sessions-per-token %u)", n_tenant,
+                       s->cfg.max_sessions_token);
     bool reattach = false;
     dj_status st = dj__meta_strcpy(&j->meta, "model", true, model, sizeof model);
     if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
@@ -450,7 +454,10 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     dj__model_ent *e = model_find(s, model);
     dj_model_t *m = NULL;
     const bool load = !e || (!e->users && !e->pinned);
-    if (load && (st = model_ref(s, model, &e, &m)) != DJ_OK) return st;
+    if (load && (st = model_ref(s, model, &e, &m)) != DJ_OK) {
+        j->model_error = true; /* the model's files: this request fails, the connection stays */
+        return st;
+    }
     if (!load) m = e->m; /* held by its other users: the session takes its own reference */
     const dj_model_config *c = dj_model_get_config(m);
     const uint32_t ctx = expect ? expect : dj_model_config_default_ctx(c);
@@ -473,6 +480,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         return st;
     }
     ss->conn = j->conn;
+    ss->tenant = j->tenant;
     ss->qos = qos;
     ss->reattach = reattach;
     ss->max_ctx = ctx;
@@ -493,7 +501,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         pthread_mutex_unlock(&s->mu);
         return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
     }
-    dj_sched_session_info si = {.conn = j->conn, .qos = (uint32_t)qos, .max_ctx = ctx};
+    dj_sched_session_info si = {.conn = j->tenant, .qos = (uint32_t)qos, .max_ctx = ctx}; /* the quota's group */
     block_shape(ss->es, &si.block_tokens, &si.block_pages);
     if (st == DJ_OK) st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms());
     if (st == DJ_OK) st = dj__random_id(&ss->secret);
@@ -762,12 +770,17 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
     return true;
 }
 
-/* A GENERATE as it arrives: its fields checked and its prompt tokenized, so
- * the scheduler knows the positions it will take (prompt + max_tokens). */
-static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
+/* A GENERATE as it arrives: its fields checked; a text prompt goes to the
+ * tokenizer thread (*deferred set), which hands the job back to the worker's
+ * queue once it is tokenized, so the scheduler learns the positions it will
+ * take (prompt + max_tokens) without a tokenization ever running on this
+ * thread. The prompt's bytes were bounded by the I/O thread
+ * (--max-prompt-bytes). */
+static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *deferred) {
     const dj__meta *m = &j->meta;
     const char *prompt = NULL;
     size_t plen = 0;
+    *deferred = false;
     dj__gen *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
@@ -780,12 +793,24 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss) {
     if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (prompt) {
+        if (plen > s->cfg.max_prompt_bytes) /* the I/O thread refuses these; a bound for any other path */
+            return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", plen,
+                           (unsigned long long)s->cfg.max_prompt_bytes);
         const dj_tokenizer_t *tok = model_tokenizer(s, ss->ment);
         if (!tok && !ss->ment->tok_tried)
             return dj_fail(DJ_ENOMEM, "model %s: no memory to read its tokenizer", ss->ment->name);
         if (!tok) return dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", ss->ment->name);
-        const bool first = sess_pos(ss) == 0 && ss->pending < 0;
-        if ((st = dj_tokenizer_encode(tok, prompt, plen, first, &g->ids, &g->n_ids)) != DJ_OK) return st;
+        g->tok = tok;
+        g->tok_ment = ss->ment;
+        g->prompt = prompt;
+        g->plen = plen;
+        g->add_special = sess_pos(ss) == 0 && ss->pending < 0;
+        ss->ment->tok_jobs++;
+        pthread_mutex_lock(&s->mu);
+        q_push(&s->tokq, j);
+        pthread_cond_signal(&s->tok_cv);
+        pthread_mutex_unlock(&s->mu);
+        *deferred = true;
     }
     return DJ_OK;
 }
@@ -803,6 +828,94 @@ static dj_status gen_salt(const dj__job *j, dj__sess *ss) {
         return dj_session_set_cache_salt(ss->es, want);
     return dj_fail(DJ_EINVAL, "cache_salt differs from the salt session %016llx started with (give it at "
                    "SESSION_OPEN or the session's first GENERATE)", (unsigned long long)ss->id);
+}
+
+/* A job the tokenizer thread handed back: its model entry let go, its
+ * tokenization's outcome. Worker only. */
+static dj_status gen_tokenized(dj__server *s, dj__job *j) {
+    dj__gen *g = j->gen;
+    if (g->tok_ment) {
+        g->tok_ment->tok_jobs--;
+        model_ent_maybe_drop(s, g->tok_ment);
+        g->tok_ment = NULL;
+        g->tok = NULL;
+    }
+    if (g->tok_st != DJ_OK) return dj_fail(g->tok_st, "%s", g->tok_err);
+    return DJ_OK;
+}
+
+/* The connection's prompt bytes this job counted are free again: its
+ * connection may be read (server.c, may_read). mu not held. */
+static void prompt_credit(dj__server *s, dj__job *j) {
+    if (!j->prompt_credit || !j->credit_out) return;
+    dj__out *o = j->credit_out;
+    j->credit_out = NULL;
+    o->conn = j->conn;
+    o->credit = j->prompt_credit;
+    pthread_mutex_lock(&s->mu);
+    post_locked(s, o);
+    pthread_mutex_unlock(&s->mu);
+    j->prompt_credit = 0;
+}
+
+/* ---- the tokenizer thread ----
+ * One thread, apart from the engine worker, turns text prompts into ids in
+ * the order they arrived: a tokenization (bounded by --max-prompt-bytes, and
+ * per connection by --max-prompt-inflight, which stops reading the
+ * connection) never delays a running generation's step, which the worker
+ * keeps taking meanwhile. It touches only the job (the prompt inside its
+ * meta, the ids it writes) and the tokenizer, which stays loaded while
+ * tok_jobs counts the job. */
+/* The next prompt to tokenize: the oldest of a tenant other than the one
+ * served last, if any waits - a token with many connections' prompts queued
+ * makes another's wait for one prompt, not for all of them. mu held. */
+static dj__job *tokq_take(dj__server *s) {
+    dj__jobq *q = &s->tokq;
+    dj__job *prev = NULL, *j = q->head;
+    for (dj__job *p = NULL, *x = q->head; x; p = x, x = x->next)
+        if (x->tenant != s->tok_last_tenant) {
+            prev = p;
+            j = x;
+            break;
+        }
+    if (!j) return NULL;
+    if (prev) prev->next = j->next;
+    else q->head = j->next;
+    if (q->tail == j) q->tail = prev;
+    q->n--;
+    j->next = NULL;
+    s->tok_last_tenant = j->tenant;
+    return j;
+}
+
+static void *tokenizer_main(void *arg) {
+    dj__server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop_tok) {
+        dj__job *j = tokq_take(s);
+        if (!j) {
+            pthread_cond_wait(&s->tok_cv, &s->mu);
+            continue;
+        }
+        const bool alive = dj__map_get(&s->live_conns, j->conn) != NULL;
+        pthread_mutex_unlock(&s->mu);
+        dj__gen *g = j->gen;
+        dj_clear_error();
+        if (!alive) { /* its connection went: nobody waits for it */
+            g->tok_st = DJ_ENOTFOUND;
+            snprintf(g->tok_err, sizeof g->tok_err, "connection closed before the prompt was tokenized");
+        } else if ((g->tok_st = dj_tokenizer_encode(g->tok, g->prompt, g->plen, g->add_special, &g->ids,
+                                                    &g->n_ids)) != DJ_OK) {
+            snprintf(g->tok_err, sizeof g->tok_err, "%s", dj_last_error());
+        }
+        g->tokenized = true;
+        prompt_credit(s, j);
+        pthread_mutex_lock(&s->mu);
+        q_push(&s->newq[j->qos], j); /* back to the worker's intake (its lease still counts it) */
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* A GENERATE's turn to start: its sampling fields, the session's pending
@@ -1000,10 +1113,60 @@ static void pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
 /* Sessions a STATS reply lists at most (an admin's sees every connection's). */
 #define STATS_MAX_SESSIONS 2048
 
+/* STATS' session list: the caller's own sessions, or every one for an admin. */
+static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__mw *w) {
+    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
+    pthread_mutex_lock(&s->mu);
+    /* a client sees its token's own sessions; a token with the admin role, all */
+    size_t n_shown = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next)
+            n_shown += j->admin || ((dj__sess *)e->val)->tenant == j->tenant;
+    if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
+    if (j->admin) dj__mw_u64(w, "sessions_total", s->sessions.n);
+    dj__mw_key(w, "sessions");
+    msgpack_pack_array(&w->pk, n_shown);
+    size_t n_packed = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e && n_packed < n_shown; e = e->next) {
+            dj__sess *ss = e->val;
+            if (!j->admin && ss->tenant != j->tenant) continue;
+            n_packed++;
+            msgpack_pack_map(&w->pk, 11);
+            pack_kv_u64(&w->pk, "id", ss->id);
+            dj__pack_str(&w->pk, "state");
+            dj__pack_str(&w->pk, dj_sched_state_name(dj_sched_session_state(s->sched, ss->id, now)));
+            pack_kv_u64(&w->pk, "kv_bytes", dj_session_kv_bytes(ss->es));
+            pack_kv_u64(&w->pk, "pooled_bytes", dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0
+                                                                                                : dj_session_kv_bytes(ss->es));
+            pack_kv_u64(&w->pk, "swaps", ss->swaps);
+            dj__pack_str(&w->pk, "model");
+            dj__pack_str(&w->pk, ss->model);
+            dj__pack_str(&w->pk, "qos");
+            dj__pack_str(&w->pk, dj_qos_name(ss->qos));
+            pack_kv_u64(&w->pk, "pos", ss->pos);
+            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
+            pack_kv_bool(&w->pk, "paused", ss->paused);
+            pack_kv_bool(&w->pk, "generating", ss->busy);
+        }
+    pthread_mutex_unlock(&s->mu);
+    return DJ_OK;
+}
+
 static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj_vmu_t *vmu = dj_engine_vmu(s->engine);
     dj_vmu_stats vs;
     dj_vmu_get_stats(vmu, &vs);
+    /* a token without the admin role sees its own sessions and nothing of
+     * the daemon's that others' work moves (memory, steps, the prefix cache,
+     * queues, swap, models, counts): issue 43 */
+    dj__mw_str(w, "scope", j->admin ? "all" : "own");
+    dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
+    if (!j->admin) {
+        dj__mw_key(w, "models"); /* the field clients expect, empty: which models others load is theirs */
+        msgpack_pack_array(&w->pk, 0);
+        return stats_sessions(s, j, w);
+    }
     const dj_vmu_seg_stats *seg[3] = {&vs.text, &vs.data, &vs.stack};
     static const char *seg_name[3] = {"text", "data", "stack"};
     dj__mw_key(w, "segments");
@@ -1019,7 +1182,6 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_u64(w, "vmu_sessions", vs.n_sessions);
     dj__mw_u64(w, "pages_total", vs.pages_total);
     dj__mw_u64(w, "pages_free", vs.pages_free);
-    dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
     dj__mw_u64(w, "evictions", vs.evictions);
     dj__mw_u64(w, "text_pinned", vs.text_pinned);
     dj__mw_u64(w, "text_mapped", vs.text_mapped);
@@ -1068,40 +1230,9 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
         pack_kv_u64(&w->pk, "host_layers", pl.n_host); /* streamed layers whose FFN the host computes */
         pack_kv_u64(&w->pk, "host_share_pct", (uint64_t)(100.0 * pl.host_share + 0.5)); /* of each one's FFN */
     }
-    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
+    stats_sessions(s, j, w);
+    const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
-    /* a client sees its own sessions; a token with the admin role, all */
-    size_t n_shown = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next)
-            n_shown += j->admin || ((dj__sess *)e->val)->conn == j->conn;
-    if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
-    dj__mw_u64(w, "sessions_total", s->sessions.n);
-    dj__mw_key(w, "sessions");
-    msgpack_pack_array(&w->pk, n_shown);
-    size_t n_packed = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e && n_packed < n_shown; e = e->next) {
-            dj__sess *ss = e->val;
-            if (!j->admin && ss->conn != j->conn) continue;
-            n_packed++;
-            msgpack_pack_map(&w->pk, 11);
-            pack_kv_u64(&w->pk, "id", ss->id);
-            dj__pack_str(&w->pk, "state");
-            dj__pack_str(&w->pk, dj_sched_state_name(dj_sched_session_state(s->sched, ss->id, now)));
-            pack_kv_u64(&w->pk, "kv_bytes", dj_session_kv_bytes(ss->es));
-            pack_kv_u64(&w->pk, "pooled_bytes", dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0
-                                                                                                : dj_session_kv_bytes(ss->es));
-            pack_kv_u64(&w->pk, "swaps", ss->swaps);
-            dj__pack_str(&w->pk, "model");
-            dj__pack_str(&w->pk, ss->model);
-            dj__pack_str(&w->pk, "qos");
-            dj__pack_str(&w->pk, dj_qos_name(ss->qos));
-            pack_kv_u64(&w->pk, "pos", ss->pos);
-            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
-            pack_kv_bool(&w->pk, "paused", ss->paused);
-            pack_kv_bool(&w->pk, "generating", ss->busy);
-        }
     dj_sched_stats sst;
     dj_sched_get_stats(s->sched, now, &sst);
     dj__mw_key(w, "queues");
@@ -1187,7 +1318,10 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
     if (load) {
         if (!e || !e->pinned) {
             dj_model_t *m = NULL;
-            if ((st = model_ref(s, name, &e, &m)) != DJ_OK) return st;
+            if ((st = model_ref(s, name, &e, &m)) != DJ_OK) {
+                j->model_error = true;
+                return st;
+            }
             e->pinned = true;
             e->pin_conn = j->conn;
         }
@@ -1235,7 +1369,7 @@ static void run_job(dj__server *s, dj__job *j) {
         reply(s, j, &w);
     } else {
         dj__mw_destroy(&w);
-        reply_error(s, j, st, foreign || st == DJ_EFORMAT);
+        reply_error(s, j, st, foreign || (st == DJ_EFORMAT && !j->model_error));
     }
     dj__job_free(j);
 }
@@ -1260,7 +1394,8 @@ static void arrive(dj__server *s, dj__job *j) {
     bool foreign = false;
     dj_status st = DJ_OK;
     dj_clear_error();
-    if (j->type == DJ_MSG_STEP || j->type == DJ_MSG_GENERATE) {
+    if (j->gen && j->gen->tokenized) st = gen_tokenized(s, j); /* back from the tokenizer thread */
+    if (st == DJ_OK && (j->type == DJ_MSG_STEP || j->type == DJ_MSG_GENERATE)) {
         dj__sess *ss = NULL;
         st = job_session(s, j, &ss, &foreign);
         if (st == DJ_OK && j->type == DJ_MSG_STEP) {
@@ -1272,7 +1407,9 @@ static void arrive(dj__server *s, dj__job *j) {
             else if (ss->paused) st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         } else if (st == DJ_OK) {
             kind = DJ_REQ_GEN;
-            st = gen_prepare(s, j, ss);
+            bool deferred = false;
+            st = j->gen && j->gen->tokenized ? DJ_OK : gen_prepare(s, j, ss, &deferred);
+            if (deferred) return; /* the tokenizer thread hands it back */
             if (st == DJ_OK) tokens = (uint64_t)j->gen->n_ids + 1 + j->gen->max_tokens;
         }
         if (st == DJ_OK) {
@@ -1280,6 +1417,7 @@ static void arrive(dj__server *s, dj__job *j) {
             model = (uint64_t)(uintptr_t)ss->ment;
         }
     }
+    prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
     if (st == DJ_OK)
         st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
@@ -1543,6 +1681,7 @@ static void *worker_main(void *arg) {
         if (m->pinned) dj_model_release(s->engine, m->m);
         m->pinned = false;
         m->users = 0;
+        m->tok_jobs = 0; /* the tokenizer thread was stopped first (dj__worker_stop) */
         model_ent_maybe_drop(s, m);
     }
     return NULL;
@@ -1606,6 +1745,21 @@ static dj_status sched_open(dj__server *s) {
     return dj_sched_new(&sc, &s->sched);
 }
 
+/* Stops and joins the tokenizer thread; the prompts it had not reached are
+ * dropped (the daemon is stopping). */
+static void tokenizer_stop(dj__server *s) {
+    if (!s->tok_started) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop_tok = true;
+    pthread_cond_signal(&s->tok_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->tokenizer, NULL);
+    s->tok_started = false;
+    pthread_cond_destroy(&s->tok_cv);
+    dj__job *j;
+    while ((j = q_pop_head(&s->tokq))) dj__job_free(j);
+}
+
 dj_status dj__worker_start(dj__server *s) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
@@ -1632,9 +1786,20 @@ dj_status dj__worker_start(dj__server *s) {
     s->ride_rows = s->cfg.mixed_steps == 2 || (s->cfg.mixed_steps < 0 && !cpu) ? RIDE_ROWS : 0;
     dj_status st = engine_open(s, &ec);
     if (st == DJ_OK) st = sched_open(s);
+    if (st == DJ_OK && pthread_cond_init(&s->tok_cv, NULL) != 0)
+        st = dj_fail(DJ_EINTERNAL, "cannot create the tokenizer thread's condition");
+    if (st == DJ_OK) {
+        if (pthread_create(&s->tokenizer, NULL, tokenizer_main, s) != 0) {
+            pthread_cond_destroy(&s->tok_cv);
+            st = dj_fail(DJ_EINTERNAL, "cannot start the tokenizer thread");
+        } else {
+            s->tok_started = true;
+        }
+    }
     if (st == DJ_OK && pthread_create(&s->worker, NULL, worker_main, s) != 0)
         st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
     if (st != DJ_OK) {
+        tokenizer_stop(s);
         dj_sched_free(s->sched);
         s->sched = NULL;
         dj_engine_free(s->engine);
@@ -1646,6 +1811,7 @@ dj_status dj__worker_start(dj__server *s) {
 }
 
 void dj__worker_stop(dj__server *s) {
+    tokenizer_stop(s); /* first: it may be using a model entry's tokenizer */
     if (!s->worker_started) {
         dj_sched_free(s->sched);
         s->sched = NULL;
