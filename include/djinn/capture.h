@@ -24,6 +24,7 @@
 #include "djinn/status.h"
 
 #define DJ_CGRAPH_MAX_RANK 8
+#define DJ_CGRAPH_MAX_OUTS 256 /* outputs of one node (split, chunk, unbind give a list) */
 
 /* Every kind of refusal: X(NAME, status). */
 #define DJ_CGRAPH_ERR_MAP(X)                                                                          \

@@ -312,3 +312,59 @@ def test_attention_block_matches_eager(ex):
     assert {"aten.bmm.default", "aten.slice.Tensor", "aten.select.int"} <= ops, ops
     for a, b in zip(got, want):
         close(a, b)
+
+
+# ---- second increment: the ops ViT, BERT-like blocks and small UNets need ----
+
+class OpsZoo(nn.Module):
+    """Every op of the second increment once, against eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.gn = nn.GroupNorm(2, 4)
+
+    def forward(self, ids, x, img):
+        e = self.emb(ids)                                           # [2,5,8]
+        mask = ids == 0
+        e = e.masked_fill(mask.unsqueeze(-1), -2.5)
+        e = torch.where(e > 0, e, e * 0.1)
+        s = torch.baddbmm(e[:, :, :5], e, e.transpose(1, 2), beta=0.5, alpha=0.25)
+        g = self.gn(img)
+        up1 = F.interpolate(g, scale_factor=2, mode="nearest")
+        up2 = F.interpolate(g, size=(5, 7), mode="bilinear", align_corners=False)
+        up3 = F.interpolate(g, scale_factor=2, mode="bilinear", align_corners=True)
+        red = torch.stack([x.var(-1), x.var(-1, unbiased=False), x.amax(-1), torch.logsumexp(x, -1),
+                           x.norm(dim=-1), torch.linalg.vector_norm(x, 3, -1), x.amin(-1)], 0)
+        am = x.argmax(-1)
+        gat = torch.gather(x, 1, am.unsqueeze(1).expand(-1, 2).contiguous())
+        sel = torch.index_select(x, 1, torch.tensor([3, 0, 3]))
+        a, b, c = x.split(3, -1)
+        parts = x.chunk(2, 0)
+        rows = x.unbind(0)
+        tv, ti = x.topk(3, -1)
+        casts = (x > 0).float() + x.long().float() + (x != 0).long().float() + torch.zeros_like(x) + torch.full_like(x, 2.0)
+        math = x.abs().sqrt() + x.abs().add(1).rsqrt() + x.pow(2) + x.abs().add(1).log() + torch.erf(x) + x.abs().pow(x)
+        cmp = (x >= x.mean()).float() + (x <= 0.1).float() + (x == x).float()
+        return {"e": e, "s": s, "up": (up1, up2, up3), "red": red, "am": am, "gat": gat, "sel": sel,
+                "split": [a, b, c, parts[1], rows[2]], "topk": (tv, ti), "casts": casts, "math": math, "cmp": cmp}
+
+
+def test_ops_zoo_matches_eager(ex):
+    seeded(11)
+    m = OpsZoo().eval()
+    ids = torch.tensor([[1, 0, 3, 10, 0], [2, 2, 0, 7, 9]])
+    x = torch.randn(4, 7)
+    img = torch.randn(2, 4, 3, 4)
+    with torch.no_grad():
+        want = m(ids, x, img)
+    got = CapturedModule(m, ex)(ids, x, img)
+    wf, _ = torch.utils._pytree.tree_flatten(want)
+    gf, _ = torch.utils._pytree.tree_flatten(got)
+    assert len(wf) == len(gf)
+    for g, w in zip(gf, wf):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        if w.dtype == torch.int64:
+            assert torch.equal(g, w)
+        else:
+            close(g, w)
