@@ -80,7 +80,14 @@ if torch is not None:
         """A tensor of the graph being recorded: shape and dtype are real, the values are not
         here. Every ATen op on it is recorded; bool()/item() run the graph so far."""
 
-        __torch_function__ = torch._C._disabled_torch_function_impl
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            # A real override (not the disabled one): modules with a fused fast path that has no
+            # meta kernel in 1.13 (nn.MultiheadAttention's _native_multi_head_attention,
+            # TransformerEncoderLayer) see a tensor with a torch function and take their
+            # composite path, whose ATen ops the executor has. Everything runs unchanged.
+            with torch._C.DisableTorchFunction():
+                return func(*args, **(kwargs or {}))
 
         @staticmethod
         def __new__(cls, rec, ref, shape, dtype):

@@ -368,3 +368,107 @@ def test_ops_zoo_matches_eager(ex):
             assert torch.equal(g, w)
         else:
             close(g, w)
+
+
+def test_vit_b_16_matches_eager(ex):
+    """vit_b_16 in eval: nn.MultiheadAttention's fused path has no meta kernel in 1.13; the
+    LazyTensor's __torch_function__ makes it take the composite path."""
+    tv = pytest.importorskip("torchvision")
+    seeded(12)
+    m = tv.models.vit_b_16(image_size=32).eval()          # random weights, 4 patches + the class token
+    nn.init.normal_(m.heads.head.weight, std=0.02)        # torchvision zeroes the head: the output would be 0
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        want = m(x)
+    assert float(want.abs().max()) > 1e-3
+    close(CapturedModule(m, ex)(x), want)
+
+
+class BertLike(nn.Module):
+    """A BERT-like layer: token + position embeddings, layer norm, masked multi-head attention
+    (baddbmm scores, masked_fill on padding, split into q/k/v), GELU MLP, a pooled output."""
+
+    def __init__(self, vocab=50, dim=32, heads=4, seq=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim, padding_idx=0)
+        self.pos = nn.Embedding(seq, dim)
+        self.ln0 = nn.LayerNorm(dim, eps=1e-12)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.ln1 = nn.LayerNorm(dim, eps=1e-12)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.ln2 = nn.LayerNorm(dim, eps=1e-12)
+        self.heads = heads
+
+    def forward(self, ids):
+        b, t = ids.shape
+        pos = torch.arange(t).unsqueeze(0).expand(b, t)
+        h = self.ln0(self.tok(ids) + self.pos(pos))
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        hd = h.shape[-1] // self.heads
+
+        def heads(z):
+            return z.reshape(b, t, self.heads, hd).transpose(1, 2).reshape(b * self.heads, t, hd)
+        mask = (ids == 0).unsqueeze(1).unsqueeze(1).expand(b, self.heads, t, t).reshape(b * self.heads, t, t)
+        scores = torch.baddbmm(torch.zeros(b * self.heads, t, t), heads(q), heads(k).transpose(1, 2),
+                               beta=0.0, alpha=hd ** -0.5)
+        att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        y = torch.bmm(att, heads(v)).reshape(b, self.heads, t, hd).transpose(1, 2).reshape(b, t, -1)
+        h = self.ln1(h + self.out(y))
+        h = self.ln2(h + self.ff(h))
+        pooled = torch.tanh(h[:, 0])
+        return {"hidden": h, "pooled": pooled, "best": pooled.argmax(-1)}
+
+
+def test_bert_like_block_matches_eager(ex):
+    seeded(13)
+    m = BertLike().eval()
+    ids = torch.tensor([[5, 17, 3, 9, 0, 0], [8, 1, 44, 2, 31, 7]])
+    with torch.no_grad():
+        want = m(ids)
+    got = CapturedModule(m, ex)(ids)
+    close(got["hidden"], want["hidden"])
+    close(got["pooled"], want["pooled"])
+    assert torch.equal(got["best"], want["best"])
+
+
+def test_multihead_attention_with_padding_mask(ex):
+    seeded(14)
+    m = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 6, 16)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    with torch.no_grad():
+        want, wts = m(x, x, x, key_padding_mask=pad)
+    got, gw = CapturedModule(m, ex)(x, x, x, key_padding_mask=pad)
+    close(got, want)
+    close(gw, wts)
+
+
+class TinyUNet(nn.Module):
+    """A small UNet: group norm, SiLU, strided convolution down, nearest and bilinear upsampling,
+    concatenation of the skip connection."""
+
+    def __init__(self):
+        super().__init__()
+        self.inc = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn1 = nn.GroupNorm(4, 8)
+        self.down = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.gn2 = nn.GroupNorm(8, 16)
+        self.up = nn.Conv2d(16, 8, 3, padding=1)
+        self.outc = nn.Conv2d(16, 2, 1)
+
+    def forward(self, x):
+        a = F.silu(self.gn1(self.inc(x)))
+        b = F.silu(self.gn2(self.down(a)))
+        u = self.up(F.interpolate(b, scale_factor=2, mode="nearest"))
+        y = self.outc(torch.cat([a, u], dim=1))
+        return F.interpolate(y, size=(11, 13), mode="bilinear", align_corners=False)
+
+
+def test_tiny_unet_matches_eager(ex):
+    seeded(15)
+    m = TinyUNet().eval()
+    x = torch.randn(2, 3, 8, 10)
+    with torch.no_grad():
+        want = m(x)
+    close(CapturedModule(m, ex)(x), want)
