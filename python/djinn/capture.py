@@ -15,6 +15,7 @@ daemon's GRAPH_RUN message is the next step of issue 44.
 
 import contextlib
 import hashlib
+import math
 import os
 import subprocess
 
@@ -29,7 +30,35 @@ try:
 except ImportError:  # the package works without torch; capture needs it
     torch = None
 
-__all__ = ["CapturedModule", "ToolExecutor", "Graph", "capture_graph"]
+__all__ = ["CapturedModule", "ToolExecutor", "Graph", "capture_graph", "ResourceError"]
+
+# fallback="local" runs a module here only when MemAvailable holds this much more than it needs.
+LOCAL_HEADROOM = 1.5
+
+
+class ResourceError(MemoryError):
+    """fallback="local" found too little memory on this host to run the module itself:
+    needed_bytes (1.5x the module's parameters, buffers and activation bound), available_bytes
+    (MemAvailable of /proc/meminfo). The error that sent it to fallback is its __cause__."""
+
+    def __init__(self, needed_bytes, available_bytes, why):
+        self.needed_bytes = int(needed_bytes)
+        self.available_bytes = int(available_bytes)
+        super().__init__("running the module locally (fallback after: %s) needs %d bytes (1.5 x its parameters, "
+                         "buffers and activations), this host has %d available"
+                         % (why, self.needed_bytes, self.available_bytes))
+
+
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes (0 where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 GRAPH_VERSION = 1
 
@@ -37,6 +66,7 @@ if torch is not None:
     _DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.bool: "bool", torch.float16: "f16",
                torch.bfloat16: "bf16", torch.int32: "i32", torch.float64: "f64", torch.uint8: "u8"}
     _NP = {"f32": np.float32, "i64": np.int64, "bool": np.bool_}
+_ITEMSIZE = {"f32": 4, "i64": 8, "bool": 1, "f16": 2, "bf16": 2, "i32": 4, "f64": 8, "u8": 1}
 
 
 def _dtype_name(dt):
@@ -234,11 +264,16 @@ class CapturedModule:
     own structure (tuple, list, dict, namedtuple) with torch tensors where it had tensors.
     Other attributes are the module's."""
 
-    def __init__(self, module, executor):
+    def __init__(self, module, executor, fallback=None):
         if torch is None:
             raise ImportError("djinn.capture needs PyTorch")
+        if fallback not in (None, "local"):
+            raise ValueError("fallback is None or 'local', not %r" % (fallback,))
         self._module = module
         self._executor = executor
+        self._fallback = fallback
+        self._graph = None        # the graph being (or last) recorded
+        self.ran_locally = False  # the last call ran on this host (fallback="local")
         self._hashes = {}  # id(tensor) -> (tensor version, data_ptr, digest)
         self._names = {}
         self.last_graph = None  # the bytes of the last graph run (for inspection and tests)
@@ -287,7 +322,45 @@ class CapturedModule:
                 h.remove()
 
     def __call__(self, *args, **kwargs):
+        self.ran_locally = False
+        self._graph = None
+        try:
+            return self._call(*args, **kwargs)
+        except errors.UnsupportedError as e:
+            if self._fallback != "local" or getattr(self._executor, "records_only", False):
+                raise
+            why = str(e)
+        need = int(math.ceil(self.local_bytes(args, kwargs) * LOCAL_HEADROOM))
+        have = mem_available()
+        if need > have:
+            raise ResourceError(need, have, why)
+        self.ran_locally = True
+        with torch.no_grad():
+            return self._module(*args, **kwargs)
+
+    def local_bytes(self, args, kwargs):
+        """What running the module here takes at most: its parameters and buffers, the call's
+        tensors, and every value of the graph recorded until the refusal (eager frees some of them
+        as it goes; none is counted twice). Where capture stopped before the forward's end, the
+        rest is not in the graph: the bound covers the recorded part."""
+        state = sum(t.numel() * t.element_size() for t in
+                    list(self._module.parameters()) + list(self._module.buffers()))
+        inputs = sum(x.numel() * x.element_size() for x in pytree.tree_flatten((args, kwargs))[0]
+                     if isinstance(x, torch.Tensor))
+        acts = 0
+        g = self._graph
+        if g is not None:
+            for n in g.nodes:
+                for o in n["out"]:
+                    k = 1
+                    for d in o["shape"]:
+                        k *= d
+                    acts += k * _ITEMSIZE.get(o["dtype"], 8)
+        return state + inputs + acts
+
+    def _call(self, *args, **kwargs):
         rec = _Recorder(self)
+        self._graph = rec.graph
         g = rec.graph
         self._names = {}
         state = {}

@@ -472,3 +472,60 @@ def test_tiny_unet_matches_eager(ex):
     with torch.no_grad():
         want = m(x)
     close(CapturedModule(m, ex)(x), want)
+
+
+# ---- fallback="local": a module the executor cannot run runs here, after a memory check ----
+
+class CumsumNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cumsum(self.fc(x), dim=-1)   # aten.cumsum: not an op of the executor
+
+
+def test_unsupported_op_without_fallback_names_it(ex):
+    seeded(16)
+    m = CumsumNet().eval()
+    cm = CapturedModule(m, ex)
+    with pytest.raises(errors.UnsupportedError) as e:
+        cm(torch.randn(3, 8))
+    assert "aten.cumsum.default" in str(e.value)
+    assert not cm.ran_locally
+
+
+def test_fallback_local_runs_here(ex):
+    seeded(17)
+    m = CumsumNet().eval()
+    x = torch.randn(3, 8)
+    cm = CapturedModule(m, ex, fallback="local")
+    got = cm(x)
+    assert cm.ran_locally
+    with torch.no_grad():
+        assert torch.equal(got, m(x))
+    # a module the executor can run does not fall back
+    cm2 = CapturedModule(MLP().eval(), ex, fallback="local")
+    cm2(torch.randn(2, 20))
+    assert not cm2.ran_locally
+
+
+def test_fallback_local_refused_without_memory(ex, monkeypatch):
+    import djinn.capture as capture
+    seeded(18)
+    m = CumsumNet().eval()
+    x = torch.randn(3, 8)
+    cm = CapturedModule(m, ex, fallback="local")
+    params = sum(p.numel() * 4 for p in m.parameters())
+    need = cm.local_bytes((x,), {})
+    assert need >= params + x.numel() * 4
+    monkeypatch.setattr(capture, "mem_available", lambda: int(need * 1.5) - 1)
+    with pytest.raises(capture.ResourceError) as e:
+        cm(x)
+    assert e.value.available_bytes == int(need * 1.5) - 1
+    assert e.value.needed_bytes >= int(1.5 * (params + x.numel() * 4))
+    assert "aten.cumsum.default" in str(e.value) and str(e.value.needed_bytes) in str(e.value)
+    assert not cm.ran_locally
+    monkeypatch.setattr(capture, "mem_available", lambda: int(e.value.needed_bytes))  # exactly 1.5x: runs
+    cm(x)
+    assert cm.ran_locally
