@@ -116,6 +116,11 @@ if torch is not None:
             # meta kernel in 1.13 (nn.MultiheadAttention's _native_multi_head_attention,
             # TransformerEncoderLayer) see a tensor with a torch function and take their
             # composite path, whose ATen ops the executor has. Everything runs unchanged.
+            # .tolist() / .numpy() / .cpu() need the value: the graph so far runs, the real
+            # tensor comes back, and recording goes on with it as a constant.
+            if func in _VALUE_METHODS and args and isinstance(args[0], LazyTensor):
+                real = args[0]._rec.materialize_tensors([args[0]])[0]
+                return func(real, *args[1:], **(kwargs or {}))
             with torch._C.DisableTorchFunction():
                 return func(*args, **(kwargs or {}))
 
@@ -140,6 +145,10 @@ if torch is not None:
             return rec.dispatch(func, args, kwargs or {})
 
 
+if torch is not None:
+    _VALUE_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}
+
+
 def _meta(x):
     if isinstance(x, torch.Tensor):
         return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
@@ -159,6 +168,11 @@ class _Recorder:
     """One forward's recording: turns dispatched ATen calls into nodes."""
 
     MATERIALIZE = ("aten._local_scalar_dense.default", "aten.is_nonzero.default")
+    # ops whose output shape depends on values (no meta kernel can give it): their tensor
+    # arguments are materialized and the op runs here, on the real values
+    DATA_DEPENDENT = ("aten.nonzero.default", "aten.masked_select.default", "aten.index.Tensor",
+                      "aten.argwhere.default", "aten._unique2.default", "aten.unique_dim.default",
+                      "aten.unique_consecutive.default", "aten.repeat_interleave.Tensor")
 
     def __init__(self, owner):
         self.owner = owner
@@ -231,6 +245,8 @@ class _Recorder:
         try:
             meta_out = func(*pytree.tree_map(_meta, tuple(args)), **pytree.tree_map(_meta, dict(kwargs)))
         except (NotImplementedError, RuntimeError) as e:
+            if name in self.DATA_DEPENDENT:
+                return self.run_here(func, args, kwargs)
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED",
                                           "%s: no shape rule in this torch (%s)" % (name, str(e).splitlines()[0]))
         flat, spec = pytree.tree_flatten(meta_out)
@@ -249,6 +265,23 @@ class _Recorder:
             else:
                 outs.append(t)
         return pytree.tree_unflatten(outs, spec)
+
+    def materialize_tensors(self, ts):
+        """The values of these LazyTensors now, as torch tensors (one run of the graph so far)."""
+        if getattr(self.owner._executor, "records_only", False):
+            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
+                                          "(.tolist()/.cpu()/nonzero): capture_graph cannot give it")
+        values = self.owner._run(self.graph, [self.ref_of(t) for t in ts])
+        return [torch.from_numpy(np.array(v)).to(t.dtype) for v, t in zip(values, ts)]
+
+    def run_here(self, func, args, kwargs):
+        """func on the real values of its LazyTensor arguments (data-dependent shapes)."""
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        lazy = [x for x in flat if isinstance(x, LazyTensor)]
+        real = iter(self.materialize_tensors(lazy))
+        flat = [next(real) if isinstance(x, LazyTensor) else x for x in flat]
+        a, k = pytree.tree_unflatten(flat, spec)
+        return func(*a, **k)
 
     def materialize(self, t):
         """The value of t now: the graph recorded so far runs with t as its one output."""

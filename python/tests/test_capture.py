@@ -529,3 +529,49 @@ def test_fallback_local_refused_without_memory(ex, monkeypatch):
     monkeypatch.setattr(capture, "mem_available", lambda: int(e.value.needed_bytes))  # exactly 1.5x: runs
     cm(x)
     assert cm.ran_locally
+
+
+# ---- materialization: .tolist(), .cpu(), .numpy(), nonzero run the graph so far ----
+
+class ValueNeeds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        scores = h.sum(-1).tolist()                     # a Python list of floats
+        best = max(range(len(scores)), key=lambda i: scores[i])
+        keep = torch.nonzero(h[:, 0] > 0).squeeze(1)     # which rows: a data-dependent shape
+        host = h.cpu()                                   # a real tensor comes back
+        rows = h[h[:, 1] > 0]                            # boolean indexing (aten.index with a mask)
+        y = self.fc2(h * float(host.abs().max()))       # recording goes on after the values
+        return y[best], keep, rows.sum(0), y.numpy().shape
+
+
+def test_materialization_triggers(ex):
+    seeded(19)
+    m = ValueNeeds().eval()
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        want = m(x)
+    runs = []
+
+    class Counting:
+        def run(self, graph, inputs, weights):
+            runs.append(len(graph))
+            return ex.run(graph, inputs, weights)
+    got = CapturedModule(m, Counting())(x)
+    assert len(runs) >= 4                               # tolist, nonzero, cpu, index, numpy, the end
+    close(got[0], want[0])
+    assert torch.equal(got[1], want[1]) and got[1].dtype == torch.int64
+    close(got[2], want[2])
+    assert got[3] == want[3] == (5, 3)
+
+
+def test_capture_graph_refuses_tolist():
+    m = ValueNeeds().eval()
+    with pytest.raises(errors.UnsupportedError) as e:
+        capture_graph(m, torch.randn(5, 6))
+    assert "tolist" in str(e.value)
