@@ -307,7 +307,7 @@ class CapturedModule:
         self._fallback = fallback
         self._graph = None        # the graph being (or last) recorded
         self.ran_locally = False  # the last call ran on this host (fallback="local")
-        self._hashes = {}  # id(tensor) -> (tensor version, data_ptr, digest)
+        self._hashes = {}  # id(parameter or buffer) -> ((version, data_ptr, shape, dtype), digest, the tensor)
         self._names = {}
         self.last_graph = None  # the bytes of the last graph run (for inspection and tests)
 
@@ -318,13 +318,14 @@ class CapturedModule:
         key = id(t)
         ver = (t._version, t.data_ptr(), tuple(t.shape), t.dtype)
         hit = self._hashes.get(key)
-        if hit is not None and hit[0] == ver:
+        if hit is not None and hit[0] == ver and hit[2] is t:
             return hit[1]
         h = hashlib.blake2b(digest_size=16)
         h.update(("%s%s" % (_dtype_name(t.dtype), list(t.shape))).encode())
         h.update(t.detach().contiguous().numpy().tobytes())
         d = h.digest()
-        self._hashes[key] = (ver, d)
+        if key in self._names:  # parameters and buffers only: a constant made in forward dies with the
+            self._hashes[key] = (ver, d, t)  # call, and a later one could reuse its id, pointer and version 0
         return d
 
     def _name_of(self, t):
