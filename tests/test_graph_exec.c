@@ -768,6 +768,13 @@ static void test_multi_output_and_indices(void) {
         bad += out[i * 2] != a || out[i * 2 + 1] != b;
     }
     CHECK_MSG(bad == 0, "%d topk rows wrong", bad);
+
+    /* an empty tensor whose other dims multiply past the limit: refused, though its numel is 0 */
+    const tspec huge_empty = {3, {0, (int64_t)1 << 40, (int64_t)1 << 40}};
+    w_head(w, 1, &huge_empty, 1);
+    w_node(w, "aten.relu.default", 1), w_in(w, 0), w_outs(w, 1), w_spec(w, 3, huge_empty.shape, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_OVERFLOW, DJ_ERANGE, -1);
     free(w);
 }
 

@@ -107,20 +107,28 @@ static dj_status fail(dec *d, dj_cgraph_err kind, const char *fmt, ...) {
 
 /* ---- sizes ---- */
 
+/* numel, with the product of the non-zero dims bounded by max_elems too: an empty tensor of
+ * shape [2^40, 2^40, 0] would pass a bound on numel alone, and then the kernels' products of
+ * its leading dims overflow. */
 static dj_status info_finish(dec *d, dj_ctensor_info *t) {
     uint64_t n = 1;
+    bool empty = false;
     for (uint32_t i = 0; i < t->rank; i++) {
         if (t->shape[i] < 0) return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "negative dimension %lld", (long long)t->shape[i]);
         const uint64_t s = (uint64_t)t->shape[i];
-        if (s && n > d->lim.max_elems / s)
-            return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "a tensor of more than %llu elements",
+        if (!s) {
+            empty = true;
+            continue;
+        }
+        if (n > d->lim.max_elems / s)
+            return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "a tensor of more than %llu elements (its non-zero dims)",
                         (unsigned long long)d->lim.max_elems);
         n *= s;
     }
     if (n > d->lim.max_elems)
         return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "a tensor of more than %llu elements",
                     (unsigned long long)d->lim.max_elems);
-    t->numel = n;
+    t->numel = empty ? 0 : n;
     return DJ_OK;
 }
 
@@ -761,6 +769,8 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
             if (n->args[1].kind != DJ_CARG_NONE) TRY(arg_num(d, n, 1, &f0));
             if (n->op == DJ_COP_VNORM) TRY(arg_none(d, n, 4, "dtype"));
         }
+        if ((n->op == DJ_COP_AMAX || n->op == DJ_COP_AMIN) && !x->numel)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "amax/amin of an empty tensor");
         TRY(arg_bool(d, n, keep_at, &b0));
         TRY(reduce_dims(d, n, x, dim_at, b0, &o[0]));
         o[0].dtype = x->dtype;
