@@ -198,13 +198,13 @@ def test_output_structures(ex):
 
 
 def test_unsupported_op_refused_by_name(ex):
-    class Cum(nn.Module):
+    class Flip(nn.Module):
         def forward(self, x):
-            return torch.cumsum(x * 2, dim=0)
+            return torch.flip(x * 2, [0])          # cumsum, used here before, is an op now
 
     with pytest.raises(errors.UnsupportedError) as e:
-        CapturedModule(Cum(), ex)(torch.randn(3, 3))
-    assert "aten.cumsum.default" in str(e.value)
+        CapturedModule(Flip(), ex)(torch.randn(3, 3))
+    assert "aten.flip.default" in str(e.value)
 
 
 def test_training_batch_norm_refused(ex):
@@ -478,28 +478,28 @@ def test_tiny_unet_matches_eager(ex):
 
 # ---- fallback="local": a module the executor cannot run runs here, after a memory check ----
 
-class CumsumNet(nn.Module):
+class FlipNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
 
     def forward(self, x):
-        return torch.cumsum(self.fc(x), dim=-1)   # aten.cumsum: not an op of the executor
+        return torch.flip(self.fc(x), [-1])       # aten.flip: not an op of the executor
 
 
 def test_unsupported_op_without_fallback_names_it(ex):
     seeded(16)
-    m = CumsumNet().eval()
+    m = FlipNet().eval()
     cm = CapturedModule(m, ex)
     with pytest.raises(errors.UnsupportedError) as e:
         cm(torch.randn(3, 8))
-    assert "aten.cumsum.default" in str(e.value)
+    assert "aten.flip.default" in str(e.value)
     assert not cm.ran_locally
 
 
 def test_fallback_local_runs_here(ex):
     seeded(17)
-    m = CumsumNet().eval()
+    m = FlipNet().eval()
     x = torch.randn(3, 8)
     cm = CapturedModule(m, ex, fallback="local")
     got = cm(x)
@@ -515,7 +515,7 @@ def test_fallback_local_runs_here(ex):
 def test_fallback_local_refused_without_memory(ex, monkeypatch):
     import djinn.capture as capture
     seeded(18)
-    m = CumsumNet().eval()
+    m = FlipNet().eval()
     x = torch.randn(3, 8)
     cm = CapturedModule(m, ex, fallback="local")
     params = sum(p.numel() * 4 for p in m.parameters())
@@ -526,7 +526,7 @@ def test_fallback_local_refused_without_memory(ex, monkeypatch):
         cm(x)
     assert e.value.available_bytes == int(need * 1.5) - 1
     assert e.value.needed_bytes >= int(1.5 * (params + x.numel() * 4))
-    assert "aten.cumsum.default" in str(e.value) and str(e.value.needed_bytes) in str(e.value)
+    assert "aten.flip.default" in str(e.value) and str(e.value.needed_bytes) in str(e.value)
     assert not cm.ran_locally
     monkeypatch.setattr(capture, "mem_available", lambda: int(e.value.needed_bytes))  # exactly 1.5x: runs
     cm(x)
@@ -577,3 +577,36 @@ def test_capture_graph_refuses_tolist():
     with pytest.raises(errors.UnsupportedError) as e:
         capture_graph(m, torch.randn(5, 6))
     assert "tolist" in str(e.value)
+
+
+class MaskOps(nn.Module):
+    """GPT-2 / HF BERT style mask arithmetic: a causal tril, 1.0 - mask (rsub), cumsum positions,
+    max/min over a dim."""
+
+    def forward(self, x, mask):                    # x [B, T, T], mask [B, T] of 0/1 floats
+        t = x.shape[-1]
+        causal = torch.tril(torch.ones(t, t)).bool()
+        ext = (1.0 - mask)[:, None, :] * -10000.0  # aten.rsub.Scalar
+        pos = torch.cumsum(mask, dim=-1) * mask - 1
+        s = torch.where(causal, x, torch.full_like(x, -1e4)) + ext
+        vmax, imax = s.max(-1)
+        vmin, imin = x.min(1, keepdim=True)
+        return s.softmax(-1), pos, vmax, imax, vmin, imin, torch.triu(x, 1), torch.cumsum(x, 1)
+
+
+def test_mask_ops_match_eager(ex):
+    seeded(20)
+    x = torch.randn(2, 5, 5)
+    mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    m = MaskOps()
+    want = m(x, mask)
+    got = CapturedModule(m, ex)(x, mask)
+    g = msgpack.unpackb(capture_graph(m, x, mask), raw=False)
+    ops = {n["op"] for n in g["nodes"]}
+    assert {"aten.rsub.Scalar", "aten.cumsum.default", "aten.max.dim", "aten.min.dim", "aten.triu.default"} <= ops, ops
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        if b.dtype == torch.int64:
+            assert torch.equal(a, b)
+        else:
+            close(a, b)

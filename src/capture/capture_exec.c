@@ -62,7 +62,7 @@ static void contig_strides(const dj_ctensor_info *t, int64_t *st) {
 
 /* ---- elementwise ---- */
 
-typedef enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_GT, BIN_LT, BIN_GE, BIN_LE, BIN_EQ, BIN_NE, BIN_POW } binop;
+typedef enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_GT, BIN_LT, BIN_GE, BIN_LE, BIN_EQ, BIN_NE, BIN_POW, BIN_RSUB } binop;
 
 static inline float bin1(binop op, float a, float b, float alpha) {
     switch (op) {
@@ -76,6 +76,7 @@ static inline float bin1(binop op, float a, float b, float alpha) {
     case BIN_LE: return a <= b ? 1.0f : 0.0f;
     case BIN_EQ: return a == b ? 1.0f : 0.0f;
     case BIN_NE: return a != b ? 1.0f : 0.0f;
+    case BIN_RSUB: return b - alpha * a;
     case BIN_POW: return b == 2.0f ? a * a : b == 0.5f ? sqrtf(a) : powf(a, b);
     }
     return 0.0f;
@@ -85,7 +86,7 @@ static void binary(const run *r, const dj__cnode *n, binop op, float *out) {
     const dj_ctensor_info *o = vi(r, n->out[0]);
     const dj_ctensor_info *x = vi(r, n->args[0].v);
     const float *a = vp(r, n->args[0].v);
-    const float alpha = (op == BIN_ADD || op == BIN_SUB) ? (float)n->args[2].f : 1.0f;
+    const float alpha = (op == BIN_ADD || op == BIN_SUB || op == BIN_RSUB) ? (float)n->args[2].f : 1.0f;
     if (n->args[1].kind != DJ_CARG_TENSOR) {
         const float b = (float)n->args[1].f;
         for (uint64_t e = 0; e < o->numel; e++) out[e] = bin1(op, a[e], b, alpha);
@@ -441,6 +442,53 @@ static void topk(const run *r, const dj__cnode *n, float *vals, float *idxs, flo
                 idxs[(o * k + t) * inner + i] = scratch[t];
             }
         }
+}
+
+/* max.dim / min.dim (values and first index), cumsum (accumulated in double), along one dim */
+static void along_dim(const run *r, const dj__cnode *n, float *out, float *idx_out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t dim = x->rank ? (n->args[1].i < 0 ? n->args[1].i + x->rank : n->args[1].i) : 0;
+    const int64_t len = x->rank ? x->shape[dim] : 1;
+    int64_t inner = 1;
+    for (uint32_t j = (uint32_t)dim + 1; j < x->rank; j++) inner *= x->shape[j];
+    const int64_t outer = (len * inner) != 0 ? (int64_t)(x->numel / (uint64_t)(len * inner)) : 0;
+    const bool mx = n->op == DJ_COP_MAX_DIM;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *src = xp + o * len * inner + i;
+            if (n->op == DJ_COP_CUMSUM) {
+                double s = 0.0;
+                for (int64_t j = 0; j < len; j++) {
+                    s += src[j * inner];
+                    out[o * len * inner + i + j * inner] = (float)s;
+                }
+                continue;
+            }
+            int64_t at = 0;
+            for (int64_t j = 1; j < len; j++) {
+                const float v = src[j * inner], b = src[at * inner];
+                if (b != b) break; /* NaN wins, first one */
+                if (v != v || (mx ? v > b : v < b)) at = j;
+            }
+            out[o * inner + i] = src[at * inner];
+            idx_out[o * inner + i] = (float)at;
+        }
+}
+
+static void tri(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t R = x->shape[x->rank - 2], C = x->shape[x->rank - 1], diag = n->args[1].i;
+    const int64_t mats = (R * C) != 0 ? (int64_t)(x->numel / (uint64_t)(R * C)) : 0;
+    const bool lower = n->op == DJ_COP_TRIL;
+    for (int64_t m = 0; m < mats; m++)
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+                const int64_t e = (m * R + i) * C + j;
+                const bool keep = lower ? j - i <= diag : j - i >= diag; /* |diag| from the wire: no overflow, i, j < 2^31 */
+                out[e] = keep ? xp[e] : 0.0f;
+            }
 }
 
 /* amax, amin, var, logsumexp, norm, argmax: for each output, its reduced elements walked twice at most */
@@ -975,6 +1023,10 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     case DJ_COP_STACK: stack(r, n, out); break;
     case DJ_COP_GATHER: case DJ_COP_INDEX_SELECT: return gather(r, n, out);
     case DJ_COP_SPLIT: case DJ_COP_SPLIT_SIZES: case DJ_COP_UNBIND: split(r, n); break;
+    case DJ_COP_RSUB_S: binary(r, n, BIN_RSUB, out); break;
+    case DJ_COP_MAX_DIM: case DJ_COP_MIN_DIM: along_dim(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset)); break;
+    case DJ_COP_CUMSUM: along_dim(r, n, out, NULL); break;
+    case DJ_COP_TRIL: case DJ_COP_TRIU: tri(r, n, out); break;
     case DJ_COP_TOPK: topk(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset), scratch); break;
     case DJ_COP_COUNT: return dj_fail(DJ_EINTERNAL, "captured graph: no such op");
     }

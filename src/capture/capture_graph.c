@@ -575,7 +575,7 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
     case DJ_COP_ADD_T: case DJ_COP_ADD_S: case DJ_COP_SUB_T: case DJ_COP_SUB_S: case DJ_COP_MUL_T: case DJ_COP_MUL_S:
     case DJ_COP_DIV_T: case DJ_COP_DIV_S: case DJ_COP_GT_T: case DJ_COP_GT_S: case DJ_COP_LT_T: case DJ_COP_LT_S:
     case DJ_COP_GE_S: case DJ_COP_LE_S: case DJ_COP_EQ_T: case DJ_COP_EQ_S: case DJ_COP_NE_T: case DJ_COP_NE_S:
-    case DJ_COP_GE_T: case DJ_COP_LE_T: case DJ_COP_POW_TS: case DJ_COP_POW_TT: {
+    case DJ_COP_GE_T: case DJ_COP_LE_T: case DJ_COP_POW_TS: case DJ_COP_POW_TT: case DJ_COP_RSUB_S: {
         TRY(arg_t(d, n, 0, &x));
         dj_cdtype dt;
         if (n->args[1].kind == DJ_CARG_TENSOR) {
@@ -587,11 +587,12 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
             o[0] = *x;
             dt = promote_scalar(x->dtype, n->args[1].kind);
         }
-        if (n->op == DJ_COP_ADD_T || n->op == DJ_COP_ADD_S || n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S)
+        if (n->op == DJ_COP_ADD_T || n->op == DJ_COP_ADD_S || n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S ||
+            n->op == DJ_COP_RSUB_S)
             TRY(arg_num(d, n, 2, &f0));
         const bool cmp = (n->op >= DJ_COP_GT_T && n->op <= DJ_COP_LE_S) || (n->op >= DJ_COP_EQ_T && n->op <= DJ_COP_LE_T);
         if (n->op == DJ_COP_DIV_T || n->op == DJ_COP_DIV_S) dt = DJ_CDTYPE_F32; /* true division */
-        if ((n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S) && dt == DJ_CDTYPE_BOOL)
+        if ((n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S || n->op == DJ_COP_RSUB_S) && dt == DJ_CDTYPE_BOOL)
             return fail(d, DJ_CGRAPH_ERR_ARG, "subtraction of bools");
         if (!cmp && dt == DJ_CDTYPE_BOOL && n->op != DJ_COP_MUL_T && n->op != DJ_COP_MUL_S)
             return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "arithmetic on bools other than mul");
@@ -879,6 +880,36 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         *n_out = cnt;
         return DJ_OK;
     }
+    case DJ_COP_MAX_DIM: case DJ_COP_MIN_DIM: case DJ_COP_CUMSUM: {
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_int(d, n, 1, &i0));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        o[0] = *x;
+        if (n->op == DJ_COP_CUMSUM) {
+            TRY(arg_dtype(d, n, 2, x->dtype == DJ_CDTYPE_BOOL ? DJ_CDTYPE_I64 : x->dtype, &o[0].dtype));
+            return DJ_OK;
+        }
+        TRY(arg_bool(d, n, 2, &b0));
+        if (x->rank && !x->shape[dd]) return fail(d, DJ_CGRAPH_ERR_ARG, "max/min over an empty dim");
+        if (x->rank) {
+            o[0].shape[dd] = 1;
+            if (!b0) {
+                o[0].rank = 0;
+                for (uint32_t k = 0; k < x->rank; k++)
+                    if (k != dd) o[0].shape[o[0].rank++] = x->shape[k];
+            }
+        }
+        o[1] = o[0];
+        o[1].dtype = DJ_CDTYPE_I64;
+        return DJ_OK;
+    }
+    case DJ_COP_TRIL: case DJ_COP_TRIU:
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_int(d, n, 1, &i0));
+        if (x->rank < 2) return fail(d, DJ_CGRAPH_ERR_ARG, "tril/triu of rank %u (2 or more)", x->rank);
+        o[0] = *x;
+        return DJ_OK;
     case DJ_COP_TOPK: {
         TRY(arg_f32(d, n, 0, &x));
         TRY(arg_int(d, n, 1, &i0));

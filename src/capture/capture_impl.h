@@ -115,7 +115,13 @@
     X(SPLIT, "aten.split.Tensor", 3, 0)                                       \
     X(SPLIT_SIZES, "aten.split_with_sizes.default", 3, 0)                     \
     X(UNBIND, "aten.unbind.int", 2, 0)                                        \
-    X(TOPK, "aten.topk.default", 5, 2)
+    X(TOPK, "aten.topk.default", 5, 2)                                        \
+    X(RSUB_S, "aten.rsub.Scalar", 3, 1)                                       \
+    X(MAX_DIM, "aten.max.dim", 3, 2)                                          \
+    X(MIN_DIM, "aten.min.dim", 3, 2)                                          \
+    X(CUMSUM, "aten.cumsum.default", 3, 1)                                    \
+    X(TRIL, "aten.tril.default", 2, 1)                                        \
+    X(TRIU, "aten.triu.default", 2, 1)
 
 typedef enum {
 #define DJ__COP_ENUM(e, name, na, no) DJ_COP_##e,
