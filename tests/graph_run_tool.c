@@ -126,6 +126,7 @@ int main(void) {
     if (st == DJ_OK) {
         const size_t sb = dj_cgraph_stack_bytes(g);
         stack = aligned_alloc(64, sb ? sb : 64);
+        if (stack) memset(stack, 0xff, sb); /* NaN everywhere: a kernel reading what nothing wrote shows in the outputs */
         st = stack ? dj_backend_cpu_new(1, &cpu) : dj_fail(DJ_ENOMEM, "no memory for a stack of %zu bytes", sb);
     }
     if (st == DJ_OK) st = dj_cgraph_run(g, cpu, in, wt, stack, outs);

@@ -161,14 +161,14 @@ static void test_refusals(void) {
 
     /* unknown op, named */
     w_head(w, 1, &x, 1);
-    w_node(w, "aten.cumsum.default", 3), w_in(w, 0), w_int(w, 0), w_nil(w), w_outs(w, 1), w_spec(w, 2, s24, "f32");
+    w_node(w, "aten.flip.default", 2), w_in(w, 0), w_ints(w, 1, (const int64_t[]){0}), w_outs(w, 1), w_spec(w, 2, s24, "f32");
     w_tail_out(w, 0);
     {
         dj_status st;
         dj_cgraph_error e;
         CHECK(decode_kind(w, NULL, &st, &e) == DJ_CGRAPH_ERR_UNKNOWN_OP && st == DJ_EUNSUPPORTED && e.node == 0);
-        CHECK(strstr(e.msg, "aten.cumsum.default") && !strcmp(e.op, "aten.cumsum.default"));
-        CHECK(strstr(dj_last_error(), "aten.cumsum.default") != NULL);
+        CHECK(strstr(e.msg, "aten.flip.default") && !strcmp(e.op, "aten.flip.default"));
+        CHECK(strstr(dj_last_error(), "aten.flip.default") != NULL);
     }
     /* wrong arity */
     w_head(w, 1, &x, 1);
@@ -662,6 +662,122 @@ static void test_long_cat(void) {
     free(w);
 }
 
+/* Lists of outputs (unbind, split), bounded by DJ_CGRAPH_MAX_OUTS; indices read at run time are
+ * checked (embedding, gather); topk against a naive pick. */
+static void test_multi_output_and_indices(void) {
+    wb *w = malloc(sizeof *w);
+    enum { R = 5, C = 3 };
+    float x[R * C], out[600];
+    fill(x, R * C);
+    const tspec xs = {2, {R, C}};
+    const int64_t row[] = {C};
+    const float *in[1] = {x};
+    /* unbind(x, 0): 5 outputs; the graph returns output 4 (the last row) */
+    w_head(w, 1, &xs, 1);
+    w_node(w, "aten.unbind.int", 2), w_in(w, 0), w_int(w, 0), w_outs(w, R);
+    for (int k = 0; k < R; k++) w_spec(w, 1, row, "f32");
+    w_str(w, "outputs"), w_arr(w, 1);
+    const size_t ref_at = w->n;
+    w_node_ref(w, 0, R - 1);
+    CHECK_OK(run_graph(cpu, w, in, out, C));
+    CHECK(out[0] == x[(R - 1) * C] && out[2] == x[(R - 1) * C + 2]);
+    /* output 5 of a node of 5 outputs is a bad reference */
+    w->n = ref_at;
+    w_node_ref(w, 0, R);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_REF, DJ_ERANGE, -1);
+    /* declaring 4 outputs where the arguments give 5 */
+    w_head(w, 1, &xs, 1);
+    w_node(w, "aten.unbind.int", 2), w_in(w, 0), w_int(w, 0), w_outs(w, R - 1);
+    for (int k = 0; k < R - 1; k++) w_spec(w, 1, row, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARITY, DJ_EFORMAT, 0);
+    /* split of [1, 600] by 2: 300 outputs, above the limit of 256 */
+    const tspec wide = {2, {1, 600}};
+    const int64_t two[] = {1, 2};
+    w_head(w, 1, &wide, 1);
+    w_node(w, "aten.split.Tensor", 3), w_in(w, 0), w_int(w, 2), w_int(w, 1), w_outs(w, 300);
+    for (int k = 0; k < 300; k++) w_spec(w, 2, two, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_LIMIT, DJ_ERANGE, 0);
+    /* split of [1, 600] by 3 along 1: 200 outputs of [1, 3]; output 199 holds the last three */
+    float wv[600];
+    fill(wv, 600);
+    const int64_t three[] = {1, 3};
+    w_head(w, 1, &wide, 1);
+    w_node(w, "aten.split.Tensor", 3), w_in(w, 0), w_int(w, 3), w_int(w, 1), w_outs(w, 200);
+    for (int k = 0; k < 200; k++) w_spec(w, 2, three, "f32");
+    w_str(w, "outputs"), w_arr(w, 1), w_node_ref(w, 0, 199);
+    const float *inw[1] = {wv};
+    CHECK_OK(run_graph(cpu, w, inw, out, 3));
+    CHECK(out[0] == wv[597] && out[2] == wv[599]);
+
+    /* embedding of a [R, C] table by i64 indices from an input: a bad index is refused when it runs */
+    const int64_t ishape[] = {4}, eshape[] = {4, C};
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 2, xs.shape, "f32"), w_spec(w, 1, ishape, "i64");
+    w_str(w, "weights"), w_arr(w, 0);
+    w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.embedding.default", 5), w_in(w, 0), w_in(w, 1), w_int(w, -1), w_bool(w, 0), w_bool(w, 0);
+    w_outs(w, 1), w_spec(w, 2, eshape, "f32");
+    w_tail_out(w, 0);
+    float idx[4] = {4, 0, 2, 4};
+    const float *in2[2] = {x, idx};
+    CHECK_OK(run_graph(cpu, w, in2, out, 4 * C));
+    CHECK(out[0] == x[4 * C] && out[C] == x[0] && out[2 * C + 1] == x[2 * C + 1]);
+    idx[2] = (float)R; /* one past the table */
+    CHECK(run_graph(cpu, w, in2, out, 4 * C) == DJ_ERANGE);
+    idx[2] = -1.0f;    /* embedding does not wrap */
+    CHECK(run_graph(cpu, w, in2, out, 4 * C) == DJ_ERANGE);
+
+    /* gather(x, 1, index [R, 2]): -1 wraps, C is out of range */
+    const int64_t gshape[] = {R, 2};
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 2, xs.shape, "f32"), w_spec(w, 2, gshape, "i64");
+    w_str(w, "weights"), w_arr(w, 0);
+    w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.gather.default", 4), w_in(w, 0), w_int(w, 1), w_in(w, 1), w_bool(w, 0);
+    w_outs(w, 1), w_spec(w, 2, gshape, "f32");
+    w_tail_out(w, 0);
+    float gi[R * 2];
+    for (int i = 0; i < R; i++) gi[i * 2] = (float)(i % C), gi[i * 2 + 1] = -1.0f;
+    const float *in3[2] = {x, gi};
+    CHECK_OK(run_graph(cpu, w, in3, out, R * 2));
+    int bad = 0;
+    for (int i = 0; i < R; i++) bad += out[i * 2] != x[i * C + i % C] || out[i * 2 + 1] != x[i * C + C - 1];
+    CHECK_MSG(bad == 0, "%d gathered values wrong", bad);
+    gi[3] = (float)C;
+    CHECK(run_graph(cpu, w, in3, out, R * 2) == DJ_ERANGE);
+
+    /* topk(x, 2, -1) values: the two largest of each row, in order */
+    const int64_t tshape[] = {R, 2};
+    w_head(w, 1, &xs, 1);
+    w_node(w, "aten.topk.default", 5), w_in(w, 0), w_int(w, 2), w_int(w, -1), w_bool(w, 1), w_bool(w, 1);
+    w_outs(w, 2), w_spec(w, 2, tshape, "f32"), w_spec(w, 2, tshape, "i64");
+    w_tail_out(w, 0);
+    CHECK_OK(run_graph(cpu, w, in, out, R * 2));
+    bad = 0;
+    for (int i = 0; i < R; i++) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int j = 0; j < C; j++) {
+            const float v = x[i * C + j];
+            if (v > a) b = a, a = v;
+            else if (v > b) b = v;
+        }
+        bad += out[i * 2] != a || out[i * 2 + 1] != b;
+    }
+    CHECK_MSG(bad == 0, "%d topk rows wrong", bad);
+
+    /* an empty tensor whose other dims multiply past the limit: refused, though its numel is 0 */
+    const tspec huge_empty = {3, {0, (int64_t)1 << 40, (int64_t)1 << 40}};
+    w_head(w, 1, &huge_empty, 1);
+    w_node(w, "aten.relu.default", 1), w_in(w, 0), w_outs(w, 1), w_spec(w, 3, huge_empty.shape, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_OVERFLOW, DJ_ERANGE, -1);
+    free(w);
+}
+
 int main(void) {
     dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(1, &cpu));
@@ -674,6 +790,7 @@ int main(void) {
     test_plan_reuse();
     test_long_cat();
     test_bmm_slice_select();
+    test_multi_output_and_indices();
     dj_backend_free(cpu);
     return dj_test_finish("test_graph_exec");
 }

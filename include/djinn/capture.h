@@ -24,6 +24,7 @@
 #include "djinn/status.h"
 
 #define DJ_CGRAPH_MAX_RANK 8
+#define DJ_CGRAPH_MAX_OUTS 256 /* outputs of one node (split, chunk, unbind give a list) */
 
 /* Every kind of refusal: X(NAME, status). */
 #define DJ_CGRAPH_ERR_MAP(X)                                                                          \
@@ -94,10 +95,12 @@ const char *dj_cgraph_weight_name(const dj_cgraph_t *g, uint32_t i);
 size_t dj_cgraph_stack_bytes(const dj_cgraph_t *g);
 
 /* Runs the graph on a CPU backend (its MATMUL does the GEMMs): inputs[i] and weights[i] are
- * f32 arrays of each one's numel (read only), stack has dj_cgraph_stack_bytes (aligned to 64).
- * outs[i] (OUT) then points at output i's f32 values: inside stack, or an input or a weight
- * when the graph returns one as it is; valid until the next run on the stack. A run fails only
- * on a backend error. Not reentrant for one stack. */
+ * f32 arrays of each one's numel (read only; an i64 or bool tensor as its values in f32), stack
+ * has dj_cgraph_stack_bytes (aligned to 64). outs[i] (OUT) then points at output i's f32 values:
+ * inside stack, or an input or a weight when the graph returns one as it is; valid until the
+ * next run on the stack. A run fails only on a backend error or, with DJ_ERANGE, on an index
+ * read from a value (embedding, gather, index_select) outside its dimension. Not reentrant for
+ * one stack. */
 dj_status dj_cgraph_run(const dj_cgraph_t *g, dj_backend_t *cpu, const float *const *inputs,
                         const float *const *weights, void *stack, const float **outs /* OUT [n_outputs] */);
 

@@ -15,6 +15,7 @@ daemon's GRAPH_RUN message is the next step of issue 44.
 
 import contextlib
 import hashlib
+import math
 import os
 import subprocess
 
@@ -29,7 +30,35 @@ try:
 except ImportError:  # the package works without torch; capture needs it
     torch = None
 
-__all__ = ["CapturedModule", "ToolExecutor", "Graph", "capture_graph"]
+__all__ = ["CapturedModule", "ToolExecutor", "Graph", "capture_graph", "ResourceError"]
+
+# fallback="local" runs a module here only when MemAvailable holds this much more than it needs.
+LOCAL_HEADROOM = 1.5
+
+
+class ResourceError(MemoryError):
+    """fallback="local" found too little memory on this host to run the module itself:
+    needed_bytes (1.5x the module's parameters, buffers and activation bound), available_bytes
+    (MemAvailable of /proc/meminfo). The error that sent it to fallback is its __cause__."""
+
+    def __init__(self, needed_bytes, available_bytes, why):
+        self.needed_bytes = int(needed_bytes)
+        self.available_bytes = int(available_bytes)
+        super().__init__("running the module locally (fallback after: %s) needs %d bytes (1.5 x its parameters, "
+                         "buffers and activations), this host has %d available"
+                         % (why, self.needed_bytes, self.available_bytes))
+
+
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes (0 where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 GRAPH_VERSION = 1
 
@@ -37,6 +66,7 @@ if torch is not None:
     _DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.bool: "bool", torch.float16: "f16",
                torch.bfloat16: "bf16", torch.int32: "i32", torch.float64: "f64", torch.uint8: "u8"}
     _NP = {"f32": np.float32, "i64": np.int64, "bool": np.bool_}
+_ITEMSIZE = {"f32": 4, "i64": 8, "bool": 1, "f16": 2, "bf16": 2, "i32": 4, "f64": 8, "u8": 1}
 
 
 def _dtype_name(dt):
@@ -80,7 +110,19 @@ if torch is not None:
         """A tensor of the graph being recorded: shape and dtype are real, the values are not
         here. Every ATen op on it is recorded; bool()/item() run the graph so far."""
 
-        __torch_function__ = torch._C._disabled_torch_function_impl
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            # A real override (not the disabled one): modules with a fused fast path that has no
+            # meta kernel in 1.13 (nn.MultiheadAttention's _native_multi_head_attention,
+            # TransformerEncoderLayer) see a tensor with a torch function and take their
+            # composite path, whose ATen ops the executor has. Everything runs unchanged.
+            # .tolist() / .numpy() / .cpu() need the value: the graph so far runs, the real
+            # tensor comes back, and recording goes on with it as a constant.
+            if func in _VALUE_METHODS and args and isinstance(args[0], LazyTensor):
+                real = args[0]._rec.materialize_tensors([args[0]])[0]
+                return func(real, *args[1:], **(kwargs or {}))
+            with torch._C.DisableTorchFunction():
+                return func(*args, **(kwargs or {}))
 
         @staticmethod
         def __new__(cls, rec, ref, shape, dtype):
@@ -103,6 +145,10 @@ if torch is not None:
             return rec.dispatch(func, args, kwargs or {})
 
 
+if torch is not None:
+    _VALUE_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}
+
+
 def _meta(x):
     if isinstance(x, torch.Tensor):
         return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
@@ -122,6 +168,11 @@ class _Recorder:
     """One forward's recording: turns dispatched ATen calls into nodes."""
 
     MATERIALIZE = ("aten._local_scalar_dense.default", "aten.is_nonzero.default")
+    # ops whose output shape depends on values (no meta kernel can give it): their tensor
+    # arguments are materialized and the op runs here, on the real values
+    DATA_DEPENDENT = ("aten.nonzero.default", "aten.masked_select.default", "aten.index.Tensor",
+                      "aten.argwhere.default", "aten._unique2.default", "aten.unique_dim.default",
+                      "aten.unique_consecutive.default", "aten.repeat_interleave.Tensor")
 
     def __init__(self, owner):
         self.owner = owner
@@ -194,6 +245,8 @@ class _Recorder:
         try:
             meta_out = func(*pytree.tree_map(_meta, tuple(args)), **pytree.tree_map(_meta, dict(kwargs)))
         except (NotImplementedError, RuntimeError) as e:
+            if name in self.DATA_DEPENDENT:
+                return self.run_here(func, args, kwargs)
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED",
                                           "%s: no shape rule in this torch (%s)" % (name, str(e).splitlines()[0]))
         flat, spec = pytree.tree_flatten(meta_out)
@@ -213,6 +266,23 @@ class _Recorder:
                 outs.append(t)
         return pytree.tree_unflatten(outs, spec)
 
+    def materialize_tensors(self, ts):
+        """The values of these LazyTensors now, as torch tensors (one run of the graph so far)."""
+        if getattr(self.owner._executor, "records_only", False):
+            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
+                                          "(.tolist()/.cpu()/nonzero): capture_graph cannot give it")
+        values = self.owner._run(self.graph, [self.ref_of(t) for t in ts])
+        return [torch.from_numpy(np.array(v)).to(t.dtype) for v, t in zip(values, ts)]
+
+    def run_here(self, func, args, kwargs):
+        """func on the real values of its LazyTensor arguments (data-dependent shapes)."""
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        lazy = [x for x in flat if isinstance(x, LazyTensor)]
+        real = iter(self.materialize_tensors(lazy))
+        flat = [next(real) if isinstance(x, LazyTensor) else x for x in flat]
+        a, k = pytree.tree_unflatten(flat, spec)
+        return func(*a, **k)
+
     def materialize(self, t):
         """The value of t now: the graph recorded so far runs with t as its one output."""
         if getattr(self.owner._executor, "records_only", False):
@@ -227,12 +297,17 @@ class CapturedModule:
     own structure (tuple, list, dict, namedtuple) with torch tensors where it had tensors.
     Other attributes are the module's."""
 
-    def __init__(self, module, executor):
+    def __init__(self, module, executor, fallback=None):
         if torch is None:
             raise ImportError("djinn.capture needs PyTorch")
+        if fallback not in (None, "local"):
+            raise ValueError("fallback is None or 'local', not %r" % (fallback,))
         self._module = module
         self._executor = executor
-        self._hashes = {}  # id(tensor) -> (tensor version, data_ptr, digest)
+        self._fallback = fallback
+        self._graph = None        # the graph being (or last) recorded
+        self.ran_locally = False  # the last call ran on this host (fallback="local")
+        self._hashes = {}  # id(parameter or buffer) -> ((version, data_ptr, shape, dtype), digest, the tensor)
         self._names = {}
         self.last_graph = None  # the bytes of the last graph run (for inspection and tests)
 
@@ -243,13 +318,14 @@ class CapturedModule:
         key = id(t)
         ver = (t._version, t.data_ptr(), tuple(t.shape), t.dtype)
         hit = self._hashes.get(key)
-        if hit is not None and hit[0] == ver:
+        if hit is not None and hit[0] == ver and hit[2] is t:
             return hit[1]
         h = hashlib.blake2b(digest_size=16)
         h.update(("%s%s" % (_dtype_name(t.dtype), list(t.shape))).encode())
         h.update(t.detach().contiguous().numpy().tobytes())
         d = h.digest()
-        self._hashes[key] = (ver, d)
+        if key in self._names:  # parameters and buffers only: a constant made in forward dies with the
+            self._hashes[key] = (ver, d, t)  # call, and a later one could reuse its id, pointer and version 0
         return d
 
     def _name_of(self, t):
@@ -280,7 +356,45 @@ class CapturedModule:
                 h.remove()
 
     def __call__(self, *args, **kwargs):
+        self.ran_locally = False
+        self._graph = None
+        try:
+            return self._call(*args, **kwargs)
+        except errors.UnsupportedError as e:
+            if self._fallback != "local" or getattr(self._executor, "records_only", False):
+                raise
+            why = str(e)
+        need = int(math.ceil(self.local_bytes(args, kwargs) * LOCAL_HEADROOM))
+        have = mem_available()
+        if need > have:
+            raise ResourceError(need, have, why)
+        self.ran_locally = True
+        with torch.no_grad():
+            return self._module(*args, **kwargs)
+
+    def local_bytes(self, args, kwargs):
+        """What running the module here takes at most: its parameters and buffers, the call's
+        tensors, and every value of the graph recorded until the refusal (eager frees some of them
+        as it goes; none is counted twice). Where capture stopped before the forward's end, the
+        rest is not in the graph: the bound covers the recorded part."""
+        state = sum(t.numel() * t.element_size() for t in
+                    list(self._module.parameters()) + list(self._module.buffers()))
+        inputs = sum(x.numel() * x.element_size() for x in pytree.tree_flatten((args, kwargs))[0]
+                     if isinstance(x, torch.Tensor))
+        acts = 0
+        g = self._graph
+        if g is not None:
+            for n in g.nodes:
+                for o in n["out"]:
+                    k = 1
+                    for d in o["shape"]:
+                        k *= d
+                    acts += k * _ITEMSIZE.get(o["dtype"], 8)
+        return state + inputs + acts
+
+    def _call(self, *args, **kwargs):
         rec = _Recorder(self)
+        self._graph = rec.graph
         g = rec.graph
         self._names = {}
         state = {}

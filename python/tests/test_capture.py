@@ -198,13 +198,13 @@ def test_output_structures(ex):
 
 
 def test_unsupported_op_refused_by_name(ex):
-    class Cum(nn.Module):
+    class Flip(nn.Module):
         def forward(self, x):
-            return torch.cumsum(x * 2, dim=0)
+            return torch.flip(x * 2, [0])          # cumsum, used here before, is an op now
 
     with pytest.raises(errors.UnsupportedError) as e:
-        CapturedModule(Cum(), ex)(torch.randn(3, 3))
-    assert "aten.cumsum.default" in str(e.value)
+        CapturedModule(Flip(), ex)(torch.randn(3, 3))
+    assert "aten.flip.default" in str(e.value)
 
 
 def test_training_batch_norm_refused(ex):
@@ -312,3 +312,301 @@ def test_attention_block_matches_eager(ex):
     assert {"aten.bmm.default", "aten.slice.Tensor", "aten.select.int"} <= ops, ops
     for a, b in zip(got, want):
         close(a, b)
+
+
+# ---- second increment: the ops ViT, BERT-like blocks and small UNets need ----
+
+class OpsZoo(nn.Module):
+    """Every op of the second increment once, against eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.gn = nn.GroupNorm(2, 4)
+
+    def forward(self, ids, x, img):
+        e = self.emb(ids)                                           # [2,5,8]
+        mask = ids == 0
+        e = e.masked_fill(mask.unsqueeze(-1), -2.5)
+        e = torch.where(e > 0, e, e * 0.1)
+        s = torch.baddbmm(e[:, :, :5], e, e.transpose(1, 2), beta=0.5, alpha=0.25)
+        g = self.gn(img)
+        up1 = F.interpolate(g, scale_factor=2, mode="nearest")
+        up2 = F.interpolate(g, size=(5, 7), mode="bilinear", align_corners=False)
+        up3 = F.interpolate(g, scale_factor=2, mode="bilinear", align_corners=True)
+        red = torch.stack([x.var(-1), x.var(-1, unbiased=False), x.amax(-1), torch.logsumexp(x, -1),
+                           x.norm(dim=-1), torch.linalg.vector_norm(x, 3, -1), x.amin(-1)], 0)
+        am = x.argmax(-1)
+        gat = torch.gather(x, 1, am.unsqueeze(1).expand(-1, 2).contiguous())
+        sel = torch.index_select(x, 1, torch.tensor([3, 0, 3]))
+        a, b, c = x.split(3, -1)
+        parts = x.chunk(2, 0)
+        rows = x.unbind(0)
+        tv, ti = x.topk(3, -1)
+        casts = (x > 0).float() + x.long().float() + (x != 0).long().float() + torch.zeros_like(x) + torch.full_like(x, 2.0)
+        math = x.abs().sqrt() + x.abs().add(1).rsqrt() + x.pow(2) + x.abs().add(1).log() + torch.erf(x) + x.abs().pow(x)
+        cmp = (x >= x.mean()).float() + (x <= 0.1).float() + (x == x).float()
+        return {"e": e, "s": s, "up": (up1, up2, up3), "red": red, "am": am, "gat": gat, "sel": sel,
+                "split": [a, b, c, parts[1], rows[2]], "topk": (tv, ti), "casts": casts, "math": math, "cmp": cmp}
+
+
+def test_ops_zoo_matches_eager(ex):
+    seeded(11)
+    m = OpsZoo().eval()
+    ids = torch.tensor([[1, 0, 3, 10, 0], [2, 2, 0, 7, 9]])
+    x = torch.randn(4, 7)
+    img = torch.randn(2, 4, 3, 4)
+    with torch.no_grad():
+        want = m(ids, x, img)
+    got = CapturedModule(m, ex)(ids, x, img)
+    wf, _ = torch.utils._pytree.tree_flatten(want)
+    gf, _ = torch.utils._pytree.tree_flatten(got)
+    assert len(wf) == len(gf)
+    for g, w in zip(gf, wf):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        if w.dtype == torch.int64:
+            assert torch.equal(g, w)
+        else:
+            close(g, w)
+
+
+def test_vit_b_16_matches_eager(ex):
+    """vit_b_16 in eval: nn.MultiheadAttention's fused path has no meta kernel in 1.13; the
+    LazyTensor's __torch_function__ makes it take the composite path."""
+    tv = pytest.importorskip("torchvision")
+    seeded(12)
+    m = tv.models.vit_b_16(image_size=32).eval()          # random weights, 4 patches + the class token
+    nn.init.normal_(m.heads.head.weight, std=0.02)        # torchvision zeroes the head: the output would be 0
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        want = m(x)
+    assert float(want.abs().max()) > 1e-3
+    close(CapturedModule(m, ex)(x), want)
+
+
+class BertLike(nn.Module):
+    """A BERT-like layer: token + position embeddings, layer norm, masked multi-head attention
+    (baddbmm scores, masked_fill on padding, split into q/k/v), GELU MLP, a pooled output."""
+
+    def __init__(self, vocab=50, dim=32, heads=4, seq=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim, padding_idx=0)
+        self.pos = nn.Embedding(seq, dim)
+        self.ln0 = nn.LayerNorm(dim, eps=1e-12)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.ln1 = nn.LayerNorm(dim, eps=1e-12)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.ln2 = nn.LayerNorm(dim, eps=1e-12)
+        self.heads = heads
+        self.rel = nn.Parameter(torch.randn(1, seq, seq) * 0.1)   # a relative-position bias
+
+    def forward(self, ids):
+        b, t = ids.shape
+        pos = torch.arange(t).unsqueeze(0).expand(b, t)
+        h = self.ln0(self.tok(ids) + self.pos(pos))
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        hd = h.shape[-1] // self.heads
+
+        def heads(z):
+            return z.reshape(b, t, self.heads, hd).transpose(1, 2).reshape(b * self.heads, t, hd)
+        mask = (ids == 0).unsqueeze(1).unsqueeze(1).expand(b, self.heads, t, t).reshape(b * self.heads, t, t)
+        # beta != 0: torch 1.13's eager baddbmm with beta=0 now and then returns NaN (it reads
+        # uninitialized memory; 1 run in 300 here), so the reference itself would be flaky
+        scores = torch.baddbmm(self.rel[:, :t, :t], heads(q), heads(k).transpose(1, 2), beta=0.5, alpha=hd ** -0.5)
+        att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        y = torch.bmm(att, heads(v)).reshape(b, self.heads, t, hd).transpose(1, 2).reshape(b, t, -1)
+        h = self.ln1(h + self.out(y))
+        h = self.ln2(h + self.ff(h))
+        pooled = torch.tanh(h[:, 0])
+        return {"hidden": h, "pooled": pooled, "best": pooled.argmax(-1)}
+
+
+def test_bert_like_block_matches_eager(ex):
+    seeded(13)
+    m = BertLike().eval()
+    ids = torch.tensor([[5, 17, 3, 9, 0, 0], [8, 1, 44, 2, 31, 7]])
+    with torch.no_grad():
+        want = m(ids)
+    got = CapturedModule(m, ex)(ids)
+    close(got["hidden"], want["hidden"])
+    close(got["pooled"], want["pooled"])
+    assert torch.equal(got["best"], want["best"])
+
+
+def test_multihead_attention_with_padding_mask(ex):
+    seeded(14)
+    m = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 6, 16)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    with torch.no_grad():
+        want, wts = m(x, x, x, key_padding_mask=pad)
+    got, gw = CapturedModule(m, ex)(x, x, x, key_padding_mask=pad)
+    close(got, want)
+    close(gw, wts)
+
+
+class TinyUNet(nn.Module):
+    """A small UNet: group norm, SiLU, strided convolution down, nearest and bilinear upsampling,
+    concatenation of the skip connection."""
+
+    def __init__(self):
+        super().__init__()
+        self.inc = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn1 = nn.GroupNorm(4, 8)
+        self.down = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.gn2 = nn.GroupNorm(8, 16)
+        self.up = nn.Conv2d(16, 8, 3, padding=1)
+        self.outc = nn.Conv2d(16, 2, 1)
+
+    def forward(self, x):
+        a = F.silu(self.gn1(self.inc(x)))
+        b = F.silu(self.gn2(self.down(a)))
+        u = self.up(F.interpolate(b, scale_factor=2, mode="nearest"))
+        y = self.outc(torch.cat([a, u], dim=1))
+        return F.interpolate(y, size=(11, 13), mode="bilinear", align_corners=False)
+
+
+def test_tiny_unet_matches_eager(ex):
+    seeded(15)
+    m = TinyUNet().eval()
+    x = torch.randn(2, 3, 8, 10)
+    with torch.no_grad():
+        want = m(x)
+    close(CapturedModule(m, ex)(x), want)
+
+
+# ---- fallback="local": a module the executor cannot run runs here, after a memory check ----
+
+class FlipNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.flip(self.fc(x), [-1])       # aten.flip: not an op of the executor
+
+
+def test_unsupported_op_without_fallback_names_it(ex):
+    seeded(16)
+    m = FlipNet().eval()
+    cm = CapturedModule(m, ex)
+    with pytest.raises(errors.UnsupportedError) as e:
+        cm(torch.randn(3, 8))
+    assert "aten.flip.default" in str(e.value)
+    assert not cm.ran_locally
+
+
+def test_fallback_local_runs_here(ex):
+    seeded(17)
+    m = FlipNet().eval()
+    x = torch.randn(3, 8)
+    cm = CapturedModule(m, ex, fallback="local")
+    got = cm(x)
+    assert cm.ran_locally
+    with torch.no_grad():
+        assert torch.equal(got, m(x))
+    # a module the executor can run does not fall back
+    cm2 = CapturedModule(MLP().eval(), ex, fallback="local")
+    cm2(torch.randn(2, 20))
+    assert not cm2.ran_locally
+
+
+def test_fallback_local_refused_without_memory(ex, monkeypatch):
+    import djinn.capture as capture
+    seeded(18)
+    m = FlipNet().eval()
+    x = torch.randn(3, 8)
+    cm = CapturedModule(m, ex, fallback="local")
+    params = sum(p.numel() * 4 for p in m.parameters())
+    need = cm.local_bytes((x,), {})
+    assert need >= params + x.numel() * 4
+    monkeypatch.setattr(capture, "mem_available", lambda: int(need * 1.5) - 1)
+    with pytest.raises(capture.ResourceError) as e:
+        cm(x)
+    assert e.value.available_bytes == int(need * 1.5) - 1
+    assert e.value.needed_bytes >= int(1.5 * (params + x.numel() * 4))
+    assert "aten.flip.default" in str(e.value) and str(e.value.needed_bytes) in str(e.value)
+    assert not cm.ran_locally
+    monkeypatch.setattr(capture, "mem_available", lambda: int(e.value.needed_bytes))  # exactly 1.5x: runs
+    cm(x)
+    assert cm.ran_locally
+
+
+# ---- materialization: .tolist(), .cpu(), .numpy(), nonzero run the graph so far ----
+
+class ValueNeeds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.fc2 = nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        scores = h.sum(-1).tolist()                     # a Python list of floats
+        best = max(range(len(scores)), key=lambda i: scores[i])
+        keep = torch.nonzero(h[:, 0] > 0).squeeze(1)     # which rows: a data-dependent shape
+        host = h.cpu()                                   # a real tensor comes back
+        rows = h[h[:, 1] > 0]                            # boolean indexing (aten.index with a mask)
+        y = self.fc2(h * float(host.abs().max()))       # recording goes on after the values
+        return y[best], keep, rows.sum(0), y.numpy().shape
+
+
+def test_materialization_triggers(ex):
+    seeded(19)
+    m = ValueNeeds().eval()
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        want = m(x)
+    runs = []
+
+    class Counting:
+        def run(self, graph, inputs, weights):
+            runs.append(len(graph))
+            return ex.run(graph, inputs, weights)
+    got = CapturedModule(m, Counting())(x)
+    assert len(runs) >= 4                               # tolist, nonzero, cpu, index, numpy, the end
+    close(got[0], want[0])
+    assert torch.equal(got[1], want[1]) and got[1].dtype == torch.int64
+    close(got[2], want[2])
+    assert got[3] == want[3] == (5, 3)
+
+
+def test_capture_graph_refuses_tolist():
+    m = ValueNeeds().eval()
+    with pytest.raises(errors.UnsupportedError) as e:
+        capture_graph(m, torch.randn(5, 6))
+    assert "tolist" in str(e.value)
+
+
+class MaskOps(nn.Module):
+    """GPT-2 / HF BERT style mask arithmetic: a causal tril, 1.0 - mask (rsub), cumsum positions,
+    max/min over a dim."""
+
+    def forward(self, x, mask):                    # x [B, T, T], mask [B, T] of 0/1 floats
+        t = x.shape[-1]
+        causal = torch.tril(torch.ones(t, t)).bool()
+        ext = (1.0 - mask)[:, None, :] * -10000.0  # aten.rsub.Scalar
+        pos = torch.cumsum(mask, dim=-1) * mask - 1
+        s = torch.where(causal, x, torch.full_like(x, -1e4)) + ext
+        vmax, imax = s.max(-1)
+        vmin, imin = x.min(1, keepdim=True)
+        return s.softmax(-1), pos, vmax, imax, vmin, imin, torch.triu(x, 1), torch.cumsum(x, 1)
+
+
+def test_mask_ops_match_eager(ex):
+    seeded(20)
+    x = torch.randn(2, 5, 5)
+    mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    m = MaskOps()
+    want = m(x, mask)
+    got = CapturedModule(m, ex)(x, mask)
+    g = msgpack.unpackb(capture_graph(m, x, mask), raw=False)
+    ops = {n["op"] for n in g["nodes"]}
+    assert {"aten.rsub.Scalar", "aten.cumsum.default", "aten.max.dim", "aten.min.dim", "aten.triu.default"} <= ops, ops
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        if b.dtype == torch.int64:
+            assert torch.equal(a, b)
+        else:
+            close(a, b)

@@ -62,7 +62,7 @@ static void contig_strides(const dj_ctensor_info *t, int64_t *st) {
 
 /* ---- elementwise ---- */
 
-typedef enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_GT, BIN_LT, BIN_GE, BIN_LE } binop;
+typedef enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_GT, BIN_LT, BIN_GE, BIN_LE, BIN_EQ, BIN_NE, BIN_POW, BIN_RSUB } binop;
 
 static inline float bin1(binop op, float a, float b, float alpha) {
     switch (op) {
@@ -74,6 +74,10 @@ static inline float bin1(binop op, float a, float b, float alpha) {
     case BIN_LT: return a < b ? 1.0f : 0.0f;
     case BIN_GE: return a >= b ? 1.0f : 0.0f;
     case BIN_LE: return a <= b ? 1.0f : 0.0f;
+    case BIN_EQ: return a == b ? 1.0f : 0.0f;
+    case BIN_NE: return a != b ? 1.0f : 0.0f;
+    case BIN_RSUB: return b - alpha * a;
+    case BIN_POW: return b == 2.0f ? a * a : b == 0.5f ? sqrtf(a) : powf(a, b);
     }
     return 0.0f;
 }
@@ -82,7 +86,7 @@ static void binary(const run *r, const dj__cnode *n, binop op, float *out) {
     const dj_ctensor_info *o = vi(r, n->out[0]);
     const dj_ctensor_info *x = vi(r, n->args[0].v);
     const float *a = vp(r, n->args[0].v);
-    const float alpha = (op == BIN_ADD || op == BIN_SUB) ? (float)n->args[2].f : 1.0f;
+    const float alpha = (op == BIN_ADD || op == BIN_SUB || op == BIN_RSUB) ? (float)n->args[2].f : 1.0f;
     if (n->args[1].kind != DJ_CARG_TENSOR) {
         const float b = (float)n->args[1].f;
         for (uint64_t e = 0; e < o->numel; e++) out[e] = bin1(op, a[e], b, alpha);
@@ -159,6 +163,83 @@ static void unary(const run *r, const dj__cnode *n, float *out) {
     }
 }
 
+/* sqrt, rsqrt, abs, log, erf */
+static void unary2(const run *r, const dj__cnode *n, float *out) {
+    const float *x = vp(r, n->args[0].v);
+    const uint64_t cnt = vi(r, n->out[0])->numel;
+    for (uint64_t e = 0; e < cnt; e++) {
+        const float v = x[e];
+        switch (n->op) {
+        case DJ_COP_SQRT: out[e] = sqrtf(v); break;
+        case DJ_COP_RSQRT: out[e] = 1.0f / sqrtf(v); break;
+        case DJ_COP_ABS: out[e] = fabsf(v); break;
+        case DJ_COP_LOG: out[e] = logf(v); break;
+        case DJ_COP_ERF: out[e] = erff(v); break;
+        default: break;
+        }
+    }
+}
+
+/* where(cond, a, b) and masked_fill(a, cond, value): three operands broadcast to out */
+static void select3(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *o = vi(r, n->out[0]);
+    const bool where = n->op == DJ_COP_WHERE;
+    const uint32_t cv = n->args[where ? 0 : 1].v, av = n->args[where ? 1 : 0].v;
+    const float *c = vp(r, cv), *a = vp(r, av);
+    float fill = 0.0f;
+    const float *b = &fill;
+    int64_t sc[DJ_CGRAPH_MAX_RANK], sa[DJ_CGRAPH_MAX_RANK], sb[DJ_CGRAPH_MAX_RANK] = {0}, idx[DJ_CGRAPH_MAX_RANK] = {0};
+    bcast_strides(vi(r, cv), o->rank, o->shape, sc);
+    bcast_strides(vi(r, av), o->rank, o->shape, sa);
+    if (where) {
+        b = vp(r, n->args[2].v);
+        bcast_strides(vi(r, n->args[2].v), o->rank, o->shape, sb);
+    } else if (n->op == DJ_COP_MASKED_FILL_T) {
+        b = vp(r, n->args[2].v); /* 0-d: strides 0 */
+    } else {
+        fill = (float)n->args[2].f;
+        if (vi(r, av)->dtype == DJ_CDTYPE_I64) fill = truncf(fill);
+        else if (vi(r, av)->dtype == DJ_CDTYPE_BOOL) fill = fill != 0.0f;
+    }
+    int64_t oc = 0, oa = 0, ob = 0;
+    for (uint64_t e = 0; e < o->numel; e++) {
+        out[e] = c[oc] != 0.0f ? (where ? a[oa] : b[ob]) : (where ? b[ob] : a[oa]);
+        for (int k = (int)o->rank - 1; k >= 0; k--) {
+            if (++idx[k] < o->shape[k]) {
+                oc += sc[k], oa += sa[k], ob += sb[k];
+                break;
+            }
+            oc -= sc[k] * (o->shape[k] - 1), oa -= sa[k] * (o->shape[k] - 1), ob -= sb[k] * (o->shape[k] - 1);
+            idx[k] = 0;
+        }
+    }
+}
+
+/* A value converted to dtype t as PyTorch stores it (i64 truncates, bool is != 0). */
+static float as_dtype(double v, dj_cdtype t) {
+    return t == DJ_CDTYPE_I64 ? (float)trunc(v) : t == DJ_CDTYPE_BOOL ? (v != 0.0 ? 1.0f : 0.0f) : (float)v;
+}
+
+static void fill_like(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *o = vi(r, n->out[0]);
+    if (n->op == DJ_COP_TO_COPY) {
+        const float *x = vp(r, n->args[0].v);
+        for (uint64_t e = 0; e < o->numel; e++) out[e] = as_dtype(x[e], o->dtype);
+        return;
+    }
+    if (n->op == DJ_COP_ARANGE || n->op == DJ_COP_ARANGE_START || n->op == DJ_COP_ARANGE_STEP) {
+        const double start = n->op == DJ_COP_ARANGE ? 0.0 : n->args[0].f;
+        const double step = n->op == DJ_COP_ARANGE_STEP ? n->args[2].f : 1.0;
+        for (uint64_t e = 0; e < o->numel; e++) out[e] = as_dtype(start + (double)e * step, o->dtype);
+        return;
+    }
+    double v = 0.0;
+    if (n->op == DJ_COP_ONES || n->op == DJ_COP_ONES_LIKE) v = 1.0;
+    else if (n->op == DJ_COP_FULL || n->op == DJ_COP_FULL_LIKE) v = n->args[1].f;
+    const float f = as_dtype(v, o->dtype);
+    for (uint64_t e = 0; e < o->numel; e++) out[e] = f;
+}
+
 /* ---- GEMMs: out[n,m] = x[n,k] @ w[m,k]^T (+ bias[m]) on the backend ---- */
 
 static dj_status gemm(const run *r, uint32_t n, uint32_t m, uint32_t k, const float *x, const float *w, const float *bias,
@@ -214,6 +295,364 @@ static dj_status bmm(const run *r, const dj__cnode *n, float *out, float *scratc
         if (st != DJ_OK) return st;
     }
     return DJ_OK;
+}
+
+static dj_status baddbmm(const run *r, const dj__cnode *n, float *out, float *scratch) {
+    const dj_ctensor_info *a = vi(r, n->args[1].v), *b = vi(r, n->args[2].v), *o = vi(r, n->out[0]);
+    const int64_t B = a->shape[0], N = a->shape[1], K = a->shape[2], M = b->shape[2];
+    const float *ap = vp(r, n->args[1].v), *bp = vp(r, n->args[2].v);
+    for (int64_t i = 0; i < B; i++) {
+        transpose2(scratch, bp + i * K * M, K, M);
+        const dj_status st = gemm(r, (uint32_t)N, (uint32_t)M, (uint32_t)K, ap + i * N * K, scratch, NULL, out + i * N * M);
+        if (st != DJ_OK) return st;
+    }
+    const float beta = (float)n->args[3].f, alpha = (float)n->args[4].f;
+    int64_t sb[DJ_CGRAPH_MAX_RANK], idx[3] = {0}, off = 0;
+    bcast_strides(vi(r, n->args[0].v), 3, o->shape, sb);
+    const float *c = vp(r, n->args[0].v);
+    for (uint64_t e = 0; e < o->numel; e++) {
+        out[e] = alpha * out[e] + (beta == 0.0f ? 0.0f : beta * c[off]); /* beta 0: the input is ignored, NaN too */
+        for (int k = 2; k >= 0; k--) {
+            if (++idx[k] < o->shape[k]) {
+                off += sb[k];
+                break;
+            }
+            off -= sb[k] * (o->shape[k] - 1);
+            idx[k] = 0;
+        }
+    }
+    return DJ_OK;
+}
+
+/* An index read at run time: it comes from the inputs, so it is checked (and wrapped if negative). */
+static dj_status index_at(float v, int64_t size, const char *what, int64_t *out) {
+    int64_t i = (int64_t)v;
+    if (i < 0) i += size;
+    if (!(v == v) || i < 0 || i >= size)
+        return dj_fail(DJ_ERANGE, "captured graph: %s index %.0f out of range for size %lld", what, (double)v, (long long)size);
+    *out = i;
+    return DJ_OK;
+}
+
+static dj_status embedding(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *w = vi(r, n->args[0].v), *ix = vi(r, n->args[1].v);
+    const float *wp = vp(r, n->args[0].v), *ip = vp(r, n->args[1].v);
+    const int64_t D = w->shape[1];
+    for (uint64_t e = 0; e < ix->numel; e++) {
+        int64_t row;
+        const float v = ip[e];
+        if (v < 0 || v >= (float)w->shape[0] || v != v) /* embedding does not wrap negatives */
+            return dj_fail(DJ_ERANGE, "captured graph: embedding index %.0f out of range for %lld rows", (double)v, (long long)w->shape[0]);
+        row = (int64_t)v;
+        memcpy(out + e * (uint64_t)D, wp + row * D, sizeof(float) * (size_t)D);
+    }
+    return DJ_OK;
+}
+
+/* gather and index_select */
+static dj_status gather(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *o = vi(r, n->out[0]);
+    const float *xp = vp(r, n->args[0].v), *ip = vp(r, n->args[2].v);
+    if (!x->rank) { /* a 0-d tensor: index 0 (or -1) only */
+        for (uint64_t e = 0; e < o->numel; e++) {
+            int64_t i = 0;
+            const dj_status st = index_at(ip[e], 1, n->op == DJ_COP_GATHER ? "gather" : "index_select", &i);
+            if (st != DJ_OK) return st;
+            out[e] = xp[0];
+        }
+        return DJ_OK;
+    }
+    const int64_t dim = n->args[1].i < 0 ? n->args[1].i + x->rank : n->args[1].i;
+    int64_t xs[DJ_CGRAPH_MAX_RANK], idx[DJ_CGRAPH_MAX_RANK] = {0};
+    contig_strides(x, xs);
+    for (uint64_t e = 0; e < o->numel; e++) {
+        int64_t i = 0;
+        const float iv = n->op == DJ_COP_GATHER ? ip[e] : ip[idx[dim]];
+        const dj_status st = index_at(iv, x->shape[dim], n->op == DJ_COP_GATHER ? "gather" : "index_select", &i);
+        if (st != DJ_OK) return st;
+        int64_t off = 0;
+        for (uint32_t k = 0; k < o->rank; k++) off += ((int64_t)k == dim ? i : idx[k]) * xs[k];
+        out[e] = xp[off];
+        for (int k = (int)o->rank - 1; k >= 0; k--) {
+            if (++idx[k] < o->shape[k]) break;
+            idx[k] = 0;
+        }
+    }
+    return DJ_OK;
+}
+
+/* split, split_with_sizes, unbind: each output a slab of x along dim */
+static void split(const run *r, const dj__cnode *n) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t i = n->args[n->op == DJ_COP_UNBIND ? 1 : 2].i, dim = i < 0 ? i + x->rank : i;
+    int64_t inner = 1, outer = 1;
+    for (uint32_t k = (uint32_t)dim + 1; k < x->rank; k++) inner *= x->shape[k];
+    for (uint32_t k = 0; k < (uint32_t)dim; k++) outer *= x->shape[k];
+    int64_t at = 0;
+    for (uint32_t t = 0; t < n->n_out; t++) {
+        float *out = (float *)(r->stack + r->g->vals[n->out[t]].offset);
+        const dj_ctensor_info *o = vi(r, n->out[t]);
+        const int64_t len = n->op == DJ_COP_UNBIND ? 1 : o->shape[dim];
+        const int64_t chunk = len * inner;
+        if (chunk)
+            for (int64_t b = 0; b < outer; b++) memcpy(out + b * chunk, xp + (b * x->shape[dim] + at) * inner, sizeof(float) * (size_t)chunk);
+        at += len;
+    }
+}
+
+static void stack(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *o = vi(r, n->out[0]);
+    const int64_t dim = n->args[1].i < 0 ? n->args[1].i + o->rank : n->args[1].i;
+    int64_t chunk = 1, outer = 1;
+    for (uint32_t k = (uint32_t)dim + 1; k < o->rank; k++) chunk *= o->shape[k];
+    for (uint32_t k = 0; k < (uint32_t)dim; k++) outer *= o->shape[k];
+    const uint32_t T = n->args[0].n;
+    if (chunk)
+        for (int64_t b = 0; b < outer; b++)
+            for (uint32_t t = 0; t < T; t++) memcpy(out + (b * T + t) * chunk, vp(r, n->args[0].vals[t]) + b * chunk, sizeof(float) * (size_t)chunk);
+}
+
+/* topk by k rounds of selection over a copy of each row's indices in scratch: O(k * len). NaN
+ * counts as the largest, as in PyTorch. */
+static void topk(const run *r, const dj__cnode *n, float *vals, float *idxs, float *scratch) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t k = n->args[1].i;
+    const int64_t dim = x->rank ? (n->args[2].i < 0 ? n->args[2].i + x->rank : n->args[2].i) : 0;
+    const bool largest = n->args[3].i != 0;
+    const int64_t len = x->rank ? x->shape[dim] : 1;
+    int64_t inner = 1;
+    for (uint32_t j = (uint32_t)dim + 1; j < x->rank; j++) inner *= x->shape[j];
+    const int64_t outer = (len * inner) != 0 ? (int64_t)(x->numel / (uint64_t)(len * inner)) : 0;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *src = xp + o * len * inner + i;
+            for (int64_t j = 0; j < len; j++) scratch[j] = (float)j;
+            for (int64_t t = 0; t < k; t++) {
+                int64_t best = t;
+                for (int64_t j = t + 1; j < len; j++) {
+                    const float v = src[(int64_t)scratch[j] * inner], b = src[(int64_t)scratch[best] * inner];
+                    if (largest ? (v > b || (v != v && b == b)) : (v < b || (v != v && b == b))) best = j;
+                }
+                const float tmp = scratch[t];
+                scratch[t] = scratch[best];
+                scratch[best] = tmp;
+                vals[(o * k + t) * inner + i] = src[(int64_t)scratch[t] * inner];
+                idxs[(o * k + t) * inner + i] = scratch[t];
+            }
+        }
+}
+
+/* max.dim / min.dim (values and first index), cumsum (accumulated in double), along one dim */
+static void along_dim(const run *r, const dj__cnode *n, float *out, float *idx_out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t dim = x->rank ? (n->args[1].i < 0 ? n->args[1].i + x->rank : n->args[1].i) : 0;
+    const int64_t len = x->rank ? x->shape[dim] : 1;
+    int64_t inner = 1;
+    for (uint32_t j = (uint32_t)dim + 1; j < x->rank; j++) inner *= x->shape[j];
+    const int64_t outer = (len * inner) != 0 ? (int64_t)(x->numel / (uint64_t)(len * inner)) : 0;
+    const bool mx = n->op == DJ_COP_MAX_DIM;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *src = xp + o * len * inner + i;
+            if (n->op == DJ_COP_CUMSUM) {
+                double s = 0.0;
+                for (int64_t j = 0; j < len; j++) {
+                    s += src[j * inner];
+                    out[o * len * inner + i + j * inner] = (float)s;
+                }
+                continue;
+            }
+            int64_t at = 0;
+            for (int64_t j = 1; j < len; j++) {
+                const float v = src[j * inner], b = src[at * inner];
+                if (b != b) break; /* NaN wins, first one */
+                if (v != v || (mx ? v > b : v < b)) at = j;
+            }
+            out[o * inner + i] = src[at * inner];
+            idx_out[o * inner + i] = (float)at;
+        }
+}
+
+static void tri(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t R = x->shape[x->rank - 2], C = x->shape[x->rank - 1], diag = n->args[1].i;
+    const int64_t mats = (R * C) != 0 ? (int64_t)(x->numel / (uint64_t)(R * C)) : 0;
+    const bool lower = n->op == DJ_COP_TRIL;
+    for (int64_t m = 0; m < mats; m++)
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < C; j++) {
+                const int64_t e = (m * R + i) * C + j;
+                const bool keep = lower ? j - i <= diag : j - i >= diag; /* |diag| from the wire: no overflow, i, j < 2^31 */
+                out[e] = keep ? xp[e] : 0.0f;
+            }
+}
+
+/* amax, amin, var, logsumexp, norm, argmax: for each output, its reduced elements walked twice at most */
+static void reduce2(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *o = vi(r, n->out[0]);
+    const float *xp = vp(r, n->args[0].v);
+    bool red[DJ_CGRAPH_MAX_RANK] = {0};
+    const uint32_t dim_at = (n->op == DJ_COP_NORM || n->op == DJ_COP_VNORM) ? 2 : 1;
+    const dj__carg *da = &n->args[dim_at];
+    if (n->op == DJ_COP_ARGMAX && da->kind == DJ_CARG_INT) {
+        if (x->rank) red[da->i < 0 ? da->i + x->rank : da->i] = true;
+    } else if (da->kind != DJ_CARG_INTS || da->n == 0) {
+        for (uint32_t k = 0; k < x->rank; k++) red[k] = true;
+    } else if (x->rank) {
+        for (uint32_t k = 0; k < da->n; k++) red[da->ints[k] < 0 ? da->ints[k] + x->rank : da->ints[k]] = true;
+    }
+    int64_t xs[DJ_CGRAPH_MAX_RANK], ks[DJ_CGRAPH_MAX_RANK], kd[DJ_CGRAPH_MAX_RANK], rs[DJ_CGRAPH_MAX_RANK], rd[DJ_CGRAPH_MAX_RANK];
+    uint32_t nk = 0, nr = 0;
+    uint64_t cnt = 1;
+    contig_strides(x, xs);
+    for (uint32_t k = 0; k < x->rank; k++) {
+        if (red[k]) rs[nr] = xs[k], rd[nr++] = x->shape[k], cnt *= (uint64_t)x->shape[k];
+        else ks[nk] = xs[k], kd[nk++] = x->shape[k];
+    }
+    double p = 2.0;
+    if (n->op == DJ_COP_NORM || n->op == DJ_COP_VNORM) p = n->args[1].kind == DJ_CARG_NONE ? 2.0 : n->args[1].f;
+    const double corr = n->op == DJ_COP_VAR ? (n->args[2].kind == DJ_CARG_NONE ? 1.0 : n->args[2].f) : 0.0;
+    int64_t ki[DJ_CGRAPH_MAX_RANK] = {0}, base = 0;
+    for (uint64_t e = 0; e < o->numel; e++) {
+        double acc = 0.0, acc2 = 0.0;
+        float best = 0.0f;
+        int64_t at = -1;
+        for (int pass = 0; pass < (n->op == DJ_COP_VAR || n->op == DJ_COP_LOGSUMEXP ? 2 : 1); pass++) {
+            int64_t ri[DJ_CGRAPH_MAX_RANK] = {0}, off = base;
+            for (uint64_t j = 0; j < cnt; j++) {
+                const float v = xp[off];
+                switch (n->op) {
+                case DJ_COP_AMAX: case DJ_COP_ARGMAX:
+                    if (at < 0 || v > best || (v != v && best == best)) best = v, at = (int64_t)j;
+                    break;
+                case DJ_COP_AMIN:
+                    if (at < 0 || v < best || (v != v && best == best)) best = v, at = (int64_t)j;
+                    break;
+                case DJ_COP_VAR:
+                    if (pass == 0) acc += v;
+                    else acc2 += ((double)v - acc) * ((double)v - acc);
+                    break;
+                case DJ_COP_LOGSUMEXP:
+                    if (pass == 0) {
+                        if (at < 0 || v > best) best = v, at = 0;
+                    } else {
+                        acc += exp((double)v - (isinf(best) ? 0.0 : best));
+                    }
+                    break;
+                default: { /* norms */
+                    const double a = fabs((double)v);
+                    if (isinf(p)) acc = p > 0 ? (a > acc || j == 0 ? a : acc) : (a < acc || j == 0 ? a : acc);
+                    else if (p == 0.0) acc += a != 0.0;
+                    else if (p == 1.0) acc += a;
+                    else if (p == 2.0) acc += a * a;
+                    else acc += pow(a, p);
+                }
+                }
+                for (int k = (int)nr - 1; k >= 0; k--) {
+                    if (++ri[k] < rd[k]) {
+                        off += rs[k];
+                        break;
+                    }
+                    off -= rs[k] * (rd[k] - 1);
+                    ri[k] = 0;
+                }
+            }
+            if (n->op == DJ_COP_VAR && pass == 0) acc = cnt ? acc / (double)cnt : NAN;
+        }
+        switch (n->op) {
+        case DJ_COP_AMAX: case DJ_COP_AMIN: out[e] = best; break;
+        case DJ_COP_ARGMAX: out[e] = (float)at; break;
+        case DJ_COP_VAR: out[e] = (float)(acc2 / ((double)cnt - corr > 0 ? (double)cnt - corr : 0.0)); break;
+        case DJ_COP_LOGSUMEXP: out[e] = cnt ? (float)(log(acc) + (isinf(best) ? 0.0 : best)) : -INFINITY; break;
+        default:
+            out[e] = (float)(isinf(p) || p == 0.0 || p == 1.0 ? acc : p == 2.0 ? sqrt(acc) : pow(acc, 1.0 / p));
+        }
+        for (int k = (int)nk - 1; k >= 0; k--) {
+            if (++ki[k] < kd[k]) {
+                base += ks[k];
+                break;
+            }
+            base -= ks[k] * (kd[k] - 1);
+            ki[k] = 0;
+        }
+    }
+}
+
+static void group_norm(const run *r, const dj__cnode *n, float *out, float *mean_out, float *rstd_out) {
+    const float *xp = vp(r, n->args[0].v);
+    const float *w = n->args[1].kind == DJ_CARG_TENSOR ? vp(r, n->args[1].v) : NULL;
+    const float *b = n->args[2].kind == DJ_CARG_TENSOR ? vp(r, n->args[2].v) : NULL;
+    const int64_t N = n->args[3].i, C = n->args[4].i, HW = n->args[5].i, G = n->args[6].i, Cg = C / G;
+    const double eps = n->args[7].f;
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t g = 0; g < G; g++) {
+            const float *src = xp + (i * C + g * Cg) * HW;
+            const int64_t m = Cg * HW;
+            double s = 0.0, q = 0.0;
+            for (int64_t j = 0; j < m; j++) s += src[j];
+            const double mu = m ? s / (double)m : 0.0;
+            for (int64_t j = 0; j < m; j++) q += (src[j] - mu) * (src[j] - mu);
+            const float rstd = (float)(1.0 / sqrt((m ? q / (double)m : 0.0) + eps));
+            for (int64_t c = 0; c < Cg; c++) {
+                const int64_t ch = g * Cg + c;
+                const float sc = rstd * (w ? w[ch] : 1.0f), sh = b ? b[ch] : 0.0f;
+                float *dst = out + (i * C + ch) * HW;
+                for (int64_t j = 0; j < HW; j++) dst[j] = (src[c * HW + j] - (float)mu) * sc + sh;
+            }
+            mean_out[i * G + g] = (float)mu;
+            rstd_out[i * G + g] = rstd;
+        }
+}
+
+/* The source coordinate of output index i (PyTorch's area_pixel_compute_source_index). */
+static double up_scale(int64_t in, int64_t out, bool align, const dj__carg *sc, int k) {
+    if (align) return out > 1 ? (double)(in - 1) / (double)(out - 1) : 0.0;
+    if (sc->kind == DJ_CARG_FLOATS && sc->fls[k] > 0) return 1.0 / sc->fls[k];
+    return (double)in / (double)out;
+}
+
+static void upsample(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *o = vi(r, n->out[0]);
+    const float *xp = vp(r, n->args[0].v);
+    const int64_t H = x->shape[2], W = x->shape[3], OH = o->shape[2], OW = o->shape[3];
+    const int64_t planes = x->shape[0] * x->shape[1];
+    if (n->op == DJ_COP_UP_NEAREST) {
+        const float sh = (float)up_scale(H, OH, false, &n->args[2], 0), sw = (float)up_scale(W, OW, false, &n->args[2], 1);
+        for (int64_t p = 0; p < planes; p++)
+            for (int64_t i = 0; i < OH; i++) {
+                int64_t si = (int64_t)floorf((float)i * sh);
+                si = si < H - 1 ? si : H - 1;
+                for (int64_t j = 0; j < OW; j++) {
+                    int64_t sj = (int64_t)floorf((float)j * sw);
+                    sj = sj < W - 1 ? sj : W - 1;
+                    out[(p * OH + i) * OW + j] = xp[(p * H + si) * W + sj];
+                }
+            }
+        return;
+    }
+    const bool align = n->args[2].i != 0;
+    const float sh = (float)up_scale(H, OH, align, &n->args[3], 0), sw = (float)up_scale(W, OW, align, &n->args[3], 1);
+    for (int64_t i = 0; i < OH; i++) {
+        float fy = align ? sh * (float)i : sh * ((float)i + 0.5f) - 0.5f;
+        fy = fy < 0 ? 0 : fy;
+        const int64_t y0 = (int64_t)fy, y1 = y0 + (y0 < H - 1);
+        const float ly = fy - (float)y0;
+        for (int64_t j = 0; j < OW; j++) {
+            float fx = align ? sw * (float)j : sw * ((float)j + 0.5f) - 0.5f;
+            fx = fx < 0 ? 0 : fx;
+            const int64_t x0 = (int64_t)fx, x1 = x0 + (x0 < W - 1);
+            const float lx = fx - (float)x0;
+            for (int64_t p = 0; p < planes; p++) {
+                const float *img = xp + p * H * W;
+                out[(p * OH + i) * OW + j] = (1 - ly) * ((1 - lx) * img[y0 * W + x0] + lx * img[y0 * W + x1]) +
+                                             ly * ((1 - lx) * img[y1 * W + x0] + lx * img[y1 * W + x1]);
+            }
+        }
+    }
 }
 
 /* slice (step > 0) and select: a strided view of x copied out */
@@ -562,6 +1001,33 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     case DJ_COP_EXPAND: expand(r, n, out); break;
     case DJ_COP_MEAN_DIM: case DJ_COP_SUM_DIM: case DJ_COP_MEAN: case DJ_COP_SUM: reduce(r, n, out); break;
     case DJ_COP_CAT: cat(r, n, out); break;
+    case DJ_COP_EQ_T: case DJ_COP_EQ_S: binary(r, n, BIN_EQ, out); break;
+    case DJ_COP_NE_T: case DJ_COP_NE_S: binary(r, n, BIN_NE, out); break;
+    case DJ_COP_GE_T: binary(r, n, BIN_GE, out); break;
+    case DJ_COP_LE_T: binary(r, n, BIN_LE, out); break;
+    case DJ_COP_POW_TS: case DJ_COP_POW_TT: binary(r, n, BIN_POW, out); break;
+    case DJ_COP_SQRT: case DJ_COP_RSQRT: case DJ_COP_ABS: case DJ_COP_LOG: case DJ_COP_ERF: unary2(r, n, out); break;
+    case DJ_COP_WHERE: case DJ_COP_MASKED_FILL_S: case DJ_COP_MASKED_FILL_T: select3(r, n, out); break;
+    case DJ_COP_TO_COPY: case DJ_COP_ZEROS_LIKE: case DJ_COP_ONES_LIKE: case DJ_COP_FULL_LIKE: case DJ_COP_ARANGE:
+    case DJ_COP_ARANGE_START: case DJ_COP_ARANGE_STEP: case DJ_COP_ZEROS: case DJ_COP_ONES: case DJ_COP_FULL:
+        fill_like(r, n, out);
+        break;
+    case DJ_COP_EMBEDDING: return embedding(r, n, out);
+    case DJ_COP_BADDBMM: return baddbmm(r, n, out, scratch);
+    case DJ_COP_GROUP_NORM:
+        group_norm(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset), (float *)(r->stack + r->g->vals[n->out[2]].offset));
+        break;
+    case DJ_COP_UP_NEAREST: case DJ_COP_UP_BILINEAR: upsample(r, n, out); break;
+    case DJ_COP_VAR: case DJ_COP_AMAX: case DJ_COP_AMIN: case DJ_COP_ARGMAX: case DJ_COP_LOGSUMEXP: case DJ_COP_NORM:
+    case DJ_COP_VNORM: reduce2(r, n, out); break;
+    case DJ_COP_STACK: stack(r, n, out); break;
+    case DJ_COP_GATHER: case DJ_COP_INDEX_SELECT: return gather(r, n, out);
+    case DJ_COP_SPLIT: case DJ_COP_SPLIT_SIZES: case DJ_COP_UNBIND: split(r, n); break;
+    case DJ_COP_RSUB_S: binary(r, n, BIN_RSUB, out); break;
+    case DJ_COP_MAX_DIM: case DJ_COP_MIN_DIM: along_dim(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset)); break;
+    case DJ_COP_CUMSUM: along_dim(r, n, out, NULL); break;
+    case DJ_COP_TRIL: case DJ_COP_TRIU: tri(r, n, out); break;
+    case DJ_COP_TOPK: topk(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset), scratch); break;
     case DJ_COP_COUNT: return dj_fail(DJ_EINTERNAL, "captured graph: no such op");
     }
     return DJ_OK;

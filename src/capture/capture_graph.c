@@ -1,6 +1,7 @@
 /* capture_graph.c: captured graphs from msgpack - decoding, the validator (refs, arity, the
  * shapes and dtypes each op gives, sizes, limits) and the plan of every value on one stack. */
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,20 +107,28 @@ static dj_status fail(dec *d, dj_cgraph_err kind, const char *fmt, ...) {
 
 /* ---- sizes ---- */
 
+/* numel, with the product of the non-zero dims bounded by max_elems too: an empty tensor of
+ * shape [2^40, 2^40, 0] would pass a bound on numel alone, and then the kernels' products of
+ * its leading dims overflow. */
 static dj_status info_finish(dec *d, dj_ctensor_info *t) {
     uint64_t n = 1;
+    bool empty = false;
     for (uint32_t i = 0; i < t->rank; i++) {
         if (t->shape[i] < 0) return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "negative dimension %lld", (long long)t->shape[i]);
         const uint64_t s = (uint64_t)t->shape[i];
-        if (s && n > d->lim.max_elems / s)
-            return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "a tensor of more than %llu elements",
+        if (!s) {
+            empty = true;
+            continue;
+        }
+        if (n > d->lim.max_elems / s)
+            return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "a tensor of more than %llu elements (its non-zero dims)",
                         (unsigned long long)d->lim.max_elems);
         n *= s;
     }
     if (n > d->lim.max_elems)
         return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "a tensor of more than %llu elements",
                     (unsigned long long)d->lim.max_elems);
-    t->numel = n;
+    t->numel = empty ? 0 : n;
     return DJ_OK;
 }
 
@@ -271,7 +280,15 @@ static dj_status read_arg(dec *d, dj__carg *a) {
             }
             return DJ_OK;
         }
-        if (n > DJ_CGRAPH_MAX_RANK * 2) return fail(d, DJ_CGRAPH_ERR_LIMIT, "an int list of %u (at most %d)", n, DJ_CGRAPH_MAX_RANK * 2);
+        if (n > DJ_CGRAPH_MAX_OUTS) return fail(d, DJ_CGRAPH_ERR_LIMIT, "a list of %u (at most %d)", n, DJ_CGRAPH_MAX_OUTS);
+        if (first == DJ_MP_FLOAT) {
+            a->kind = DJ_CARG_FLOATS;
+            if (!(a->fls = malloc(sizeof *a->fls * n))) return fail(d, DJ_CGRAPH_ERR_LIMIT, "out of memory");
+            a->n = n;
+            for (uint32_t i = 0; i < n; i++)
+                if (!dj__mp_float(&d->m, &a->fls[i])) return fail(d, DJ_CGRAPH_ERR_ARG, "a float list holding a non-float");
+            return DJ_OK;
+        }
         a->kind = DJ_CARG_INTS;
         if (!(a->ints = malloc(sizeof *a->ints * (n ? n : 1)))) return fail(d, DJ_CGRAPH_ERR_LIMIT, "out of memory");
         a->n = n;
@@ -437,10 +454,42 @@ static dj_status reduce_dims(dec *d, const dj__cnode *n, const dj_ctensor_info *
     return DJ_OK;
 }
 
+static bool same_shape(const dj_ctensor_info *a, const dj_ctensor_info *b) {
+    if (a->rank != b->rank) return false;
+    for (uint32_t i = 0; i < a->rank; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+/* PyTorch's result type for our three dtypes (bool < i64 < f32); a 0-d tensor counts only when
+ * it is of a higher category than the other operand, as a Python scalar would. */
+static dj_cdtype promote(const dj_ctensor_info *a, const dj_ctensor_info *b) {
+    if ((a->rank == 0) == (b->rank == 0)) return a->dtype > b->dtype ? a->dtype : b->dtype;
+    const dj_ctensor_info *t = a->rank ? a : b, *s = a->rank ? b : a;
+    return s->dtype > t->dtype ? s->dtype : t->dtype; /* categories equal our order here */
+}
+static dj_cdtype promote_scalar(dj_cdtype t, dj__carg_kind k) {
+    if (k == DJ_CARG_FLOAT) return DJ_CDTYPE_F32;
+    if (k == DJ_CARG_INT && t == DJ_CDTYPE_BOOL) return DJ_CDTYPE_I64;
+    return t;
+}
+
+/* A ScalarType argument (the client sends its name: "float32", "int64", "bool") or None. */
+static dj_status arg_dtype(dec *d, const dj__cnode *n, uint32_t i, dj_cdtype dflt, dj_cdtype *out) {
+    const dj__carg *a = &n->args[i];
+    if (a->kind == DJ_CARG_NONE) *out = dflt;
+    else if (a->kind == DJ_CARG_STR && !strcmp(a->str, "float32")) *out = DJ_CDTYPE_F32;
+    else if (a->kind == DJ_CARG_STR && !strcmp(a->str, "int64")) *out = DJ_CDTYPE_I64;
+    else if (a->kind == DJ_CARG_STR && !strcmp(a->str, "bool")) *out = DJ_CDTYPE_BOOL;
+    else if (a->kind == DJ_CARG_STR) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "dtype %s (float32, int64 and bool are built)", a->str);
+    else return fail(d, DJ_CGRAPH_ERR_ARG, "argument %u is not a dtype name", i);
+    return DJ_OK;
+}
+
 /* The outputs node n gives (dtype and shape; numel filled by the caller). */
-static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CG_MAX_OUTS]) {
+static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUTS], uint32_t *n_out /* table's count; OUT for lists */) {
     const dj_ctensor_info *x = NULL, *y = NULL, *z = NULL;
-    memset(o, 0, sizeof *o * DJ_CG_MAX_OUTS);
+    memset(o, 0, sizeof *o * 3);
     o[0].dtype = DJ_CDTYPE_F32;
     int64_t i0 = 0, i1 = 0;
     double f0 = 0;
@@ -525,18 +574,357 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CG_MAX_OUTS]) 
         return DJ_OK;
     case DJ_COP_ADD_T: case DJ_COP_ADD_S: case DJ_COP_SUB_T: case DJ_COP_SUB_S: case DJ_COP_MUL_T: case DJ_COP_MUL_S:
     case DJ_COP_DIV_T: case DJ_COP_DIV_S: case DJ_COP_GT_T: case DJ_COP_GT_S: case DJ_COP_LT_T: case DJ_COP_LT_S:
-    case DJ_COP_GE_S: case DJ_COP_LE_S: {
-        TRY(arg_f32(d, n, 0, &x));
+    case DJ_COP_GE_S: case DJ_COP_LE_S: case DJ_COP_EQ_T: case DJ_COP_EQ_S: case DJ_COP_NE_T: case DJ_COP_NE_S:
+    case DJ_COP_GE_T: case DJ_COP_LE_T: case DJ_COP_POW_TS: case DJ_COP_POW_TT: case DJ_COP_RSUB_S: {
+        TRY(arg_t(d, n, 0, &x));
+        dj_cdtype dt;
         if (n->args[1].kind == DJ_CARG_TENSOR) {
-            TRY(arg_f32(d, n, 1, &y));
+            TRY(arg_t(d, n, 1, &y));
             TRY(broadcast(d, x, y, &o[0]));
+            dt = promote(x, y);
         } else {
             TRY(arg_num(d, n, 1, &f0));
             o[0] = *x;
+            dt = promote_scalar(x->dtype, n->args[1].kind);
         }
-        if (n->op == DJ_COP_ADD_T || n->op == DJ_COP_ADD_S || n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S)
+        if (n->op == DJ_COP_ADD_T || n->op == DJ_COP_ADD_S || n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S ||
+            n->op == DJ_COP_RSUB_S)
             TRY(arg_num(d, n, 2, &f0));
-        o[0].dtype = n->op >= DJ_COP_GT_T ? DJ_CDTYPE_BOOL : DJ_CDTYPE_F32;
+        const bool cmp = (n->op >= DJ_COP_GT_T && n->op <= DJ_COP_LE_S) || (n->op >= DJ_COP_EQ_T && n->op <= DJ_COP_LE_T);
+        if (n->op == DJ_COP_DIV_T || n->op == DJ_COP_DIV_S) dt = DJ_CDTYPE_F32; /* true division */
+        if ((n->op == DJ_COP_SUB_T || n->op == DJ_COP_SUB_S || n->op == DJ_COP_RSUB_S) && dt == DJ_CDTYPE_BOOL)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "subtraction of bools");
+        if (!cmp && dt == DJ_CDTYPE_BOOL && n->op != DJ_COP_MUL_T && n->op != DJ_COP_MUL_S)
+            return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "arithmetic on bools other than mul");
+        o[0].dtype = cmp ? DJ_CDTYPE_BOOL : dt;
+        return DJ_OK;
+    }
+    case DJ_COP_WHERE: case DJ_COP_MASKED_FILL_S: case DJ_COP_MASKED_FILL_T: {
+        const bool where = n->op == DJ_COP_WHERE;
+        const dj_ctensor_info *c = NULL;
+        TRY(arg_t(d, n, where ? 0 : 1, &c));
+        TRY(arg_t(d, n, where ? 1 : 0, &x));
+        if (c->dtype != DJ_CDTYPE_BOOL) return fail(d, DJ_CGRAPH_ERR_ARG, "the condition is %s, not bool", dj_cdtype_name(c->dtype));
+        if (where) {
+            dj_ctensor_info t;
+            TRY(arg_t(d, n, 2, &y));
+            TRY(broadcast(d, c, x, &t));
+            TRY(broadcast(d, &t, y, &o[0]));
+            o[0].dtype = promote(x, y);
+            return DJ_OK;
+        }
+        dj_ctensor_info t;
+        TRY(broadcast(d, x, c, &t));
+        if (!same_shape(&t, x)) return fail(d, DJ_CGRAPH_ERR_ARG, "the mask does not broadcast to the tensor");
+        if (n->op == DJ_COP_MASKED_FILL_T) {
+            TRY(arg_t(d, n, 2, &y));
+            if (y->rank) return fail(d, DJ_CGRAPH_ERR_ARG, "masked_fill's value is a tensor of rank %u (0 only)", y->rank);
+        } else {
+            TRY(arg_num(d, n, 2, &f0));
+        }
+        o[0] = *x;
+        return DJ_OK;
+    }
+    case DJ_COP_SQRT: case DJ_COP_RSQRT: case DJ_COP_ABS: case DJ_COP_LOG: case DJ_COP_ERF:
+        TRY(arg_t(d, n, 0, &x));
+        if (x->dtype == DJ_CDTYPE_BOOL) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "a bool argument");
+        o[0] = *x;
+        if (n->op != DJ_COP_ABS) o[0].dtype = DJ_CDTYPE_F32;
+        return DJ_OK;
+    case DJ_COP_TO_COPY: case DJ_COP_ZEROS_LIKE: case DJ_COP_ONES_LIKE: case DJ_COP_FULL_LIKE: {
+        TRY(arg_t(d, n, 0, &x));
+        const uint32_t dt_at = n->op == DJ_COP_FULL_LIKE ? 2 : 1;
+        o[0] = *x;
+        TRY(arg_dtype(d, n, dt_at, x->dtype, &o[0].dtype));
+        if (n->op == DJ_COP_FULL_LIKE) TRY(arg_num(d, n, 1, &f0));
+        return DJ_OK;
+    }
+    case DJ_COP_ZEROS: case DJ_COP_ONES: case DJ_COP_FULL: {
+        uint32_t c = 0;
+        const int64_t *v = NULL;
+        TRY(arg_ints(d, n, 0, &c, &v));
+        if (c > DJ_CGRAPH_MAX_RANK) return fail(d, DJ_CGRAPH_ERR_LIMIT, "rank %u above %d", c, DJ_CGRAPH_MAX_RANK);
+        o[0].rank = c;
+        for (uint32_t k = 0; k < c; k++) o[0].shape[k] = v[k]; /* negatives: info_finish refuses */
+        dj_cdtype dflt = DJ_CDTYPE_F32;
+        if (n->op == DJ_COP_FULL) {
+            TRY(arg_num(d, n, 1, &f0));
+            dflt = n->args[1].kind == DJ_CARG_BOOL ? DJ_CDTYPE_BOOL : n->args[1].kind == DJ_CARG_INT ? DJ_CDTYPE_I64 : DJ_CDTYPE_F32;
+        }
+        return arg_dtype(d, n, n->op == DJ_COP_FULL ? 2 : 1, dflt, &o[0].dtype);
+    }
+    case DJ_COP_ARANGE: case DJ_COP_ARANGE_START: case DJ_COP_ARANGE_STEP: {
+        double start = 0, end = 0, step = 1;
+        const uint32_t e_at = n->op == DJ_COP_ARANGE ? 0 : 1;
+        bool ints = n->args[e_at].kind == DJ_CARG_INT;
+        TRY(arg_num(d, n, e_at, &end));
+        if (e_at) {
+            TRY(arg_num(d, n, 0, &start));
+            ints = ints && n->args[0].kind == DJ_CARG_INT;
+        }
+        if (n->op == DJ_COP_ARANGE_STEP) {
+            TRY(arg_num(d, n, 2, &step));
+            ints = ints && n->args[2].kind == DJ_CARG_INT;
+        }
+        if (!(step != 0) || !isfinite(start) || !isfinite(end) || !isfinite(step) || (end - start) / step < 0)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "arange from %g to %g by %g", start, end, step);
+        const double len = ceil((end - start) / step);
+        if (!(len < (double)d->lim.max_elems + 1)) return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "arange of %g elements", len);
+        o[0].rank = 1;
+        o[0].shape[0] = (int64_t)len;
+        return arg_dtype(d, n, n->op == DJ_COP_ARANGE ? 1 : n->op == DJ_COP_ARANGE_START ? 2 : 3,
+                         ints ? DJ_CDTYPE_I64 : DJ_CDTYPE_F32, &o[0].dtype);
+    }
+    case DJ_COP_EMBEDDING: {
+        TRY(arg_f32(d, n, 0, &x));
+        TRY(arg_t(d, n, 1, &y));
+        if (x->rank != 2 || y->dtype != DJ_CDTYPE_I64 || y->rank + 1 > DJ_CGRAPH_MAX_RANK)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "embedding of a rank-%u table by %s indices", x->rank, dj_cdtype_name(y->dtype));
+        TRY(arg_int(d, n, 2, &i0));
+        o[0] = *y;
+        o[0].dtype = DJ_CDTYPE_F32;
+        o[0].shape[o[0].rank++] = x->shape[1];
+        return DJ_OK;
+    }
+    case DJ_COP_BADDBMM: {
+        TRY(arg_f32(d, n, 0, &z));
+        TRY(arg_f32(d, n, 1, &x));
+        TRY(arg_f32(d, n, 2, &y));
+        if (x->rank != 3 || y->rank != 3 || x->shape[0] != y->shape[0] || x->shape[2] != y->shape[1])
+            return fail(d, DJ_CGRAPH_ERR_ARG, "baddbmm of batches that do not multiply");
+        o[0].rank = 3;
+        o[0].shape[0] = x->shape[0];
+        o[0].shape[1] = x->shape[1];
+        o[0].shape[2] = y->shape[2];
+        dj_ctensor_info bc;
+        TRY(broadcast(d, z, &o[0], &bc));
+        if (!same_shape(&bc, &o[0])) return fail(d, DJ_CGRAPH_ERR_ARG, "baddbmm's input does not broadcast to the product");
+        TRY(arg_num(d, n, 3, &f0));
+        TRY(arg_num(d, n, 4, &f0));
+        n->scratch_bytes = (uint64_t)y->shape[1] * (uint64_t)y->shape[2] * sizeof(float);
+        return DJ_OK;
+    }
+    case DJ_COP_GROUP_NORM: {
+        TRY(arg_f32(d, n, 0, &x));
+        int64_t N = 0, C = 0, HW = 0, G = 0;
+        TRY(arg_int(d, n, 3, &N));
+        TRY(arg_int(d, n, 4, &C));
+        TRY(arg_int(d, n, 5, &HW));
+        TRY(arg_int(d, n, 6, &G));
+        TRY(arg_num(d, n, 7, &f0));
+        if (x->rank < 2 || N != x->shape[0] || C != x->shape[1] || G < 1 || C % G || !(f0 >= 0))
+            return fail(d, DJ_CGRAPH_ERR_ARG, "group norm of N %lld, C %lld, %lld groups", (long long)N, (long long)C, (long long)G);
+        int64_t hw = 1;
+        for (uint32_t k = 2; k < x->rank; k++) hw *= x->shape[k];
+        if (hw != HW) return fail(d, DJ_CGRAPH_ERR_ARG, "group norm's HxW %lld is not the input's %lld", (long long)HW, (long long)hw);
+        for (uint32_t i = 1; i <= 2; i++) {
+            const dj_ctensor_info *w = NULL;
+            TRY(arg_opt_t(d, n, i, &w));
+            if (w && (w->dtype != DJ_CDTYPE_F32 || w->rank != 1 || w->shape[0] != C))
+                return fail(d, DJ_CGRAPH_ERR_ARG, "group norm argument %u is not f32 [%lld]", i, (long long)C);
+        }
+        o[0] = *x;
+        o[1].rank = o[2].rank = 2;
+        o[1].shape[0] = o[2].shape[0] = N;
+        o[1].shape[1] = o[2].shape[1] = G;
+        o[1].dtype = o[2].dtype = DJ_CDTYPE_F32;
+        return DJ_OK;
+    }
+    case DJ_COP_UP_NEAREST: case DJ_COP_UP_BILINEAR: {
+        TRY(arg_f32(d, n, 0, &x));
+        if (x->rank != 4) return fail(d, DJ_CGRAPH_ERR_ARG, "upsample of rank %u (4)", x->rank);
+        const uint32_t sc_at = n->op == DJ_COP_UP_NEAREST ? 2 : 3;
+        if (n->op == DJ_COP_UP_BILINEAR) TRY(arg_bool(d, n, 2, &b0));
+        o[0] = *x;
+        if (n->args[1].kind == DJ_CARG_INTS) {
+            if (n->args[1].n != 2 || n->args[sc_at].kind != DJ_CARG_NONE)
+                return fail(d, DJ_CGRAPH_ERR_ARG, "upsample wants 2 output sizes and no scales, or scales");
+            for (int k = 0; k < 2; k++) {
+                if (n->args[1].ints[k] < 1 || n->args[1].ints[k] > (1 << 20)) return fail(d, DJ_CGRAPH_ERR_ARG, "upsample to size %lld", (long long)n->args[1].ints[k]);
+                o[0].shape[2 + k] = n->args[1].ints[k];
+            }
+        } else {
+            TRY(arg_none(d, n, 1, "output_size beside scales"));
+            if (n->args[sc_at].kind != DJ_CARG_FLOATS || n->args[sc_at].n != 2)
+                return fail(d, DJ_CGRAPH_ERR_ARG, "upsample wants 2 scale factors");
+            for (int k = 0; k < 2; k++) {
+                const double sc = n->args[sc_at].fls[k], len = floor((double)x->shape[2 + k] * sc);
+                if (!(sc > 0) || !(len >= 1 && len <= (1 << 20))) return fail(d, DJ_CGRAPH_ERR_ARG, "upsample by %g", sc);
+                o[0].shape[2 + k] = (int64_t)len;
+            }
+        }
+        if (!x->shape[2] || !x->shape[3]) return fail(d, DJ_CGRAPH_ERR_ARG, "upsample of an empty image");
+        return DJ_OK;
+    }
+    case DJ_COP_VAR: case DJ_COP_AMAX: case DJ_COP_AMIN: case DJ_COP_LOGSUMEXP: case DJ_COP_NORM: case DJ_COP_VNORM: {
+        TRY(arg_t(d, n, 0, &x));
+        if (x->dtype != DJ_CDTYPE_F32 && n->op != DJ_COP_AMAX && n->op != DJ_COP_AMIN)
+            return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "argument 0 is %s (this op is built for f32)", dj_cdtype_name(x->dtype));
+        uint32_t dim_at = 1, keep_at = 2;
+        if (n->op == DJ_COP_VAR) {
+            keep_at = 3;
+            if (n->args[2].kind != DJ_CARG_NONE) TRY(arg_num(d, n, 2, &f0));
+        } else if (n->op == DJ_COP_NORM || n->op == DJ_COP_VNORM) {
+            dim_at = 2;
+            keep_at = 3;
+            if (n->args[1].kind != DJ_CARG_NONE) TRY(arg_num(d, n, 1, &f0));
+            if (n->op == DJ_COP_VNORM) TRY(arg_none(d, n, 4, "dtype"));
+        }
+        if ((n->op == DJ_COP_AMAX || n->op == DJ_COP_AMIN) && !x->numel)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "amax/amin of an empty tensor");
+        TRY(arg_bool(d, n, keep_at, &b0));
+        TRY(reduce_dims(d, n, x, dim_at, b0, &o[0]));
+        o[0].dtype = x->dtype;
+        return DJ_OK;
+    }
+    case DJ_COP_ARGMAX: {
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_bool(d, n, 2, &b0));
+        if (!x->numel) return fail(d, DJ_CGRAPH_ERR_ARG, "argmax of an empty tensor");
+        if (n->args[1].kind == DJ_CARG_NONE) {
+            o[0].rank = b0 ? x->rank : 0;
+            for (uint32_t k = 0; k < o[0].rank; k++) o[0].shape[k] = 1;
+        } else {
+            uint32_t dd = 0;
+            TRY(arg_int(d, n, 1, &i0));
+            TRY(wrap_dim(d, i0, x->rank, &dd));
+            o[0] = *x;
+            if (x->rank) o[0].shape[dd] = 1;
+            if (x->rank && !b0) {
+                o[0].rank = 0;
+                for (uint32_t k = 0; k < x->rank; k++)
+                    if (k != dd) o[0].shape[o[0].rank++] = x->shape[k];
+            }
+        }
+        o[0].dtype = DJ_CDTYPE_I64;
+        return DJ_OK;
+    }
+    case DJ_COP_STACK: {
+        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0) return fail(d, DJ_CGRAPH_ERR_ARG, "stack of no tensors");
+        TRY(arg_int(d, n, 1, &i0));
+        const dj_ctensor_info *first = vinfo(d, n->args[0].vals[0]);
+        if (first->rank + 1 > DJ_CGRAPH_MAX_RANK) return fail(d, DJ_CGRAPH_ERR_LIMIT, "rank above %d", DJ_CGRAPH_MAX_RANK);
+        for (uint32_t k = 1; k < n->args[0].n; k++) {
+            const dj_ctensor_info *t = vinfo(d, n->args[0].vals[k]);
+            if (!same_shape(t, first) || t->dtype != first->dtype) return fail(d, DJ_CGRAPH_ERR_ARG, "stack of tensors of different shapes");
+        }
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, first->rank + 1, &dd));
+        o[0].dtype = first->dtype;
+        o[0].rank = first->rank + 1;
+        for (uint32_t k = 0, j = 0; k < o[0].rank; k++) o[0].shape[k] = k == dd ? (int64_t)n->args[0].n : first->shape[j++];
+        return DJ_OK;
+    }
+    case DJ_COP_GATHER: case DJ_COP_INDEX_SELECT: {
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_int(d, n, 1, &i0));
+        TRY(arg_t(d, n, 2, &y));
+        if (y->dtype != DJ_CDTYPE_I64) return fail(d, DJ_CGRAPH_ERR_ARG, "the index is %s, not i64", dj_cdtype_name(y->dtype));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        if (n->op == DJ_COP_GATHER) {
+            TRY(arg_bool(d, n, 3, &b0));
+            if (y->rank != x->rank) return fail(d, DJ_CGRAPH_ERR_ARG, "gather's index of rank %u for rank %u", y->rank, x->rank);
+            for (uint32_t k = 0; k < x->rank; k++)
+                if (k != dd && y->shape[k] > x->shape[k]) return fail(d, DJ_CGRAPH_ERR_ARG, "gather's index larger than the input in dim %u", k);
+            o[0] = *y;
+        } else {
+            if (y->rank > 1) return fail(d, DJ_CGRAPH_ERR_ARG, "index_select's index of rank %u", y->rank);
+            o[0] = *x;
+            if (x->rank) o[0].shape[dd] = (int64_t)y->numel;
+        }
+        o[0].dtype = x->dtype;
+        return DJ_OK;
+    }
+    case DJ_COP_SPLIT: case DJ_COP_SPLIT_SIZES: case DJ_COP_UNBIND: {
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_int(d, n, n->op == DJ_COP_UNBIND ? 1 : 2, &i0));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        if (!x->rank) return fail(d, DJ_CGRAPH_ERR_ARG, "split of a 0-d tensor");
+        const int64_t size = x->shape[dd];
+        uint32_t cnt = 0;
+        if (n->op == DJ_COP_UNBIND) {
+            if (size > DJ_CGRAPH_MAX_OUTS) return fail(d, DJ_CGRAPH_ERR_LIMIT, "unbind into %lld (at most %d)", (long long)size, DJ_CGRAPH_MAX_OUTS);
+            cnt = (uint32_t)size;
+            for (uint32_t k = 0; k < cnt; k++) {
+                o[k].dtype = x->dtype;
+                o[k].rank = 0;
+                for (uint32_t j = 0; j < x->rank; j++)
+                    if (j != dd) o[k].shape[o[k].rank++] = x->shape[j];
+            }
+        } else if (n->op == DJ_COP_SPLIT) {
+            TRY(arg_int(d, n, 1, &i1));
+            if (i1 < 1) return fail(d, DJ_CGRAPH_ERR_ARG, "split size %lld", (long long)i1);
+            const int64_t parts = size ? (size - 1) / i1 + 1 : 1;
+            if (parts > DJ_CGRAPH_MAX_OUTS) return fail(d, DJ_CGRAPH_ERR_LIMIT, "split into %lld (at most %d)", (long long)parts, DJ_CGRAPH_MAX_OUTS);
+            cnt = (uint32_t)parts;
+            for (uint32_t k = 0; k < cnt; k++) {
+                o[k] = *x;
+                o[k].shape[dd] = size - (int64_t)k * i1 < i1 ? size - (int64_t)k * i1 : i1;
+            }
+        } else {
+            uint32_t c = 0;
+            const int64_t *v = NULL;
+            TRY(arg_ints(d, n, 1, &c, &v));
+            int64_t sum = 0;
+            for (uint32_t k = 0; k < c; k++) {
+                if (v[k] < 0 || v[k] > size - sum) return fail(d, DJ_CGRAPH_ERR_ARG, "split sizes do not add up to %lld", (long long)size);
+                sum += v[k];
+                o[k] = *x;
+                o[k].shape[dd] = v[k];
+            }
+            if (sum != size || !c) return fail(d, DJ_CGRAPH_ERR_ARG, "split sizes do not add up to %lld", (long long)size);
+            cnt = c;
+        }
+        *n_out = cnt;
+        return DJ_OK;
+    }
+    case DJ_COP_MAX_DIM: case DJ_COP_MIN_DIM: case DJ_COP_CUMSUM: {
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_int(d, n, 1, &i0));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        o[0] = *x;
+        if (n->op == DJ_COP_CUMSUM) {
+            TRY(arg_dtype(d, n, 2, x->dtype == DJ_CDTYPE_BOOL ? DJ_CDTYPE_I64 : x->dtype, &o[0].dtype));
+            return DJ_OK;
+        }
+        TRY(arg_bool(d, n, 2, &b0));
+        if (x->rank && !x->shape[dd]) return fail(d, DJ_CGRAPH_ERR_ARG, "max/min over an empty dim");
+        if (x->rank) {
+            o[0].shape[dd] = 1;
+            if (!b0) {
+                o[0].rank = 0;
+                for (uint32_t k = 0; k < x->rank; k++)
+                    if (k != dd) o[0].shape[o[0].rank++] = x->shape[k];
+            }
+        }
+        o[1] = o[0];
+        o[1].dtype = DJ_CDTYPE_I64;
+        return DJ_OK;
+    }
+    case DJ_COP_TRIL: case DJ_COP_TRIU:
+        TRY(arg_t(d, n, 0, &x));
+        TRY(arg_int(d, n, 1, &i0));
+        if (x->rank < 2) return fail(d, DJ_CGRAPH_ERR_ARG, "tril/triu of rank %u (2 or more)", x->rank);
+        o[0] = *x;
+        return DJ_OK;
+    case DJ_COP_TOPK: {
+        TRY(arg_f32(d, n, 0, &x));
+        TRY(arg_int(d, n, 1, &i0));
+        TRY(arg_int(d, n, 2, &i1));
+        TRY(arg_bool(d, n, 3, &b0));
+        TRY(arg_bool(d, n, 4, &b0));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i1, x->rank, &dd));
+        const int64_t size = x->rank ? x->shape[dd] : 1;
+        if (i0 < 0 || i0 > size) return fail(d, DJ_CGRAPH_ERR_ARG, "topk of %lld from %lld", (long long)i0, (long long)size);
+        o[0] = *x;
+        if (x->rank) o[0].shape[dd] = i0;
+        o[1] = o[0];
+        o[1].dtype = DJ_CDTYPE_I64;
+        n->scratch_bytes = (uint64_t)size * sizeof(float); /* one row's indices */
         return DJ_OK;
     }
     case DJ_COP_HARDTANH:
@@ -865,6 +1253,12 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     case DJ_COP_ADDMM: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
     case DJ_COP_MM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[1];
     case DJ_COP_BMM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[2];
+    case DJ_COP_BADDBMM: return 2.0 * out * (double)g->vals[a[1].v].t.shape[2];
+    case DJ_COP_TOPK: { /* k rounds of selection over each row */
+        const dj_ctensor_info *x = &g->vals[a[0].v].t;
+        const int64_t dim = a[2].i < 0 ? a[2].i + x->rank : a[2].i;
+        return out * (double)(x->rank ? x->shape[dim] : 1) + (double)x->numel;
+    }
     case DJ_COP_LINEAR: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
     case DJ_COP_CONV: {
         const dj_ctensor_info *w = &g->vals[a[1].v].t;
@@ -894,6 +1288,27 @@ static double node_ops(const dec *d, const dj__cnode *n) {
             for (uint32_t k = 0; k < a[i].n; k++) r += (double)g->vals[a[i].vals[k]].t.numel;
     }
     return r;
+}
+
+/* Room for value ids below need (vals and producer grow together while nodes are read). */
+static dj_status ensure_vals(dec *d, uint64_t need) {
+    dj_cgraph_t *g = d->g;
+    if (need <= g->cap_vals) return DJ_OK;
+    if (need > (1u << 28)) return fail(d, DJ_CGRAPH_ERR_LIMIT, "more than 2^28 values");
+    uint64_t cap = (uint64_t)g->cap_vals * 2;
+    cap = cap < need ? need : cap;
+    dj__cval *v = realloc(g->vals, sizeof *v * (cap + 1));
+    if (!v) return dj_fail(DJ_ENOMEM, "out of memory decoding a captured graph");
+    g->vals = v;
+    int32_t *p = realloc(d->producer, sizeof *p * (cap + 1));
+    if (!p) return dj_fail(DJ_ENOMEM, "out of memory decoding a captured graph");
+    d->producer = p;
+    for (uint64_t i = g->cap_vals; i <= cap; i++) {
+        memset(&g->vals[i], 0, sizeof g->vals[i]);
+        p[i] = -1;
+    }
+    g->cap_vals = (uint32_t)cap;
+    return DJ_OK;
 }
 
 /* {"op": str, "args": [...], "out": [spec...], "path": str} */
@@ -940,10 +1355,16 @@ static dj_status read_node(dec *d, uint32_t idx, uint32_t *next_val) {
     d->m.p = out_at;
     uint32_t no;
     if (!dj__mp_array(&d->m, &no)) return fail(d, DJ_CGRAPH_ERR_FORMAT, "out is not an array");
-    if (no != cop_nout[op]) return fail(d, DJ_CGRAPH_ERR_ARITY, "%u outputs (its schema has %u)", no, cop_nout[op]);
+    if (cop_nout[op] && no != cop_nout[op]) return fail(d, DJ_CGRAPH_ERR_ARITY, "%u outputs (its schema has %u)", no, cop_nout[op]);
+    if (no > DJ_CGRAPH_MAX_OUTS) return fail(d, DJ_CGRAPH_ERR_LIMIT, "%u outputs (at most %d)", no, DJ_CGRAPH_MAX_OUTS);
+    if (!no) return fail(d, DJ_CGRAPH_ERR_ARITY, "a node without outputs");
     n->n_out = no;
-    dj_ctensor_info want[DJ_CG_MAX_OUTS];
-    TRY(infer(d, n, want));
+    if (!(n->out = calloc(no, sizeof *n->out))) return fail(d, DJ_CGRAPH_ERR_LIMIT, "out of memory");
+    TRY(ensure_vals(d, *next_val + no));
+    dj_ctensor_info want[DJ_CGRAPH_MAX_OUTS];
+    uint32_t n_want = cop_nout[op];
+    TRY(infer(d, n, want, &n_want));
+    if (n_want != no) return fail(d, DJ_CGRAPH_ERR_ARITY, "%u outputs (its arguments give %u)", no, n_want);
     for (uint32_t k = 0; k < no; k++) {
         dj_ctensor_info got;
         TRY(read_spec(d, &got, UINT32_MAX));
@@ -1122,7 +1543,9 @@ void dj_cgraph_free(dj_cgraph_t *g) {
         for (uint32_t i = 0; i < DJ_CG_MAX_ARGS; i++) {
             free(g->nodes[j].args[i].ints);
             free(g->nodes[j].args[i].vals);
+            free(g->nodes[j].args[i].fls);
         }
+    for (uint32_t j = 0; g->nodes && j < g->n_nodes; j++) free(g->nodes[j].out);
     free(g->nodes);
     free(g->vals);
     free(g->outputs);
@@ -1169,7 +1592,8 @@ static dj_status decode(dec *d, const uint8_t *bytes, size_t len) {
     g->n_weights = cnt[1];
     g->n_nodes = cnt[2];
     g->n_outputs = cnt[3];
-    g->n_vals = cnt[0] + cnt[1] + DJ_CG_MAX_OUTS * cnt[2];
+    g->cap_vals = cnt[0] + cnt[1] + 3 * (cnt[2] < 4096 ? cnt[2] : 4096); /* grows by ensure_vals */
+    g->n_vals = g->cap_vals;
     if (!(g->vals = calloc(g->n_vals + 1, sizeof *g->vals)) || !(g->nodes = calloc(cnt[2] + 1, sizeof *g->nodes)) ||
         !(g->outputs = calloc(cnt[3] + 1, sizeof *g->outputs)) || !(g->hashes = calloc(cnt[1] + 1, sizeof *g->hashes)) ||
         !(g->hash_len = calloc(cnt[1] + 1, 1)) || !(g->names = calloc(cnt[1] + 1, sizeof *g->names)) ||
@@ -1178,15 +1602,10 @@ static dj_status decode(dec *d, const uint8_t *bytes, size_t len) {
     d->m.p = at[0];
     for (uint32_t i = 0; i < cnt[0]; i++) {
         TRY(read_spec(d, &g->vals[i].t, UINT32_MAX));
-        if (g->vals[i].t.dtype != DJ_CDTYPE_F32)
-            return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "input %u is %s (f32 inputs are built)", i, dj_cdtype_name(g->vals[i].t.dtype));
     }
     d->m.p = at[1];
     for (uint32_t i = 0; i < cnt[1]; i++) {
         TRY(read_spec(d, &g->vals[cnt[0] + i].t, i));
-        if (g->vals[cnt[0] + i].t.dtype != DJ_CDTYPE_F32)
-            return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "weight %u is %s (f32 weights are built)", i,
-                        dj_cdtype_name(g->vals[cnt[0] + i].t.dtype));
     }
     for (uint32_t v = 0; v <= g->n_vals; v++) d->producer[v] = -1;
     for (uint32_t v = 0; v < cnt[0] + cnt[1]; v++) g->vals[v].last_use = -1;

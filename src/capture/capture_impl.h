@@ -9,8 +9,9 @@
 
 #include "djinn/capture.h"
 
-/* Every op: X(ENUM, "aten overload", number of schema arguments, number of outputs). The
- * arguments are the schema's, in order, defaults filled in by the client (docs/protocol.md). */
+/* Every op: X(ENUM, "aten overload", number of schema arguments, number of outputs; 0 = a list
+ * whose length the op's arguments give, at most DJ_CGRAPH_MAX_OUTS). The arguments are the
+ * schema's, in order, defaults filled in by the client (docs/protocol.md). */
 #define DJ_COP_LIST(X)                                                        \
     X(ADDMM, "aten.addmm.default", 5, 1)                                      \
     X(MM, "aten.mm.default", 2, 1)                                            \
@@ -69,7 +70,58 @@
     X(SUM_DIM, "aten.sum.dim_IntList", 4, 1)                                  \
     X(MEAN, "aten.mean.default", 2, 1)                                        \
     X(SUM, "aten.sum.default", 2, 1)                                          \
-    X(CAT, "aten.cat.default", 2, 1)
+    X(CAT, "aten.cat.default", 2, 1)                                          \
+    X(EQ_T, "aten.eq.Tensor", 2, 1)                                           \
+    X(EQ_S, "aten.eq.Scalar", 2, 1)                                           \
+    X(NE_T, "aten.ne.Tensor", 2, 1)                                           \
+    X(NE_S, "aten.ne.Scalar", 2, 1)                                           \
+    X(GE_T, "aten.ge.Tensor", 2, 1)                                           \
+    X(LE_T, "aten.le.Tensor", 2, 1)                                           \
+    X(POW_TS, "aten.pow.Tensor_Scalar", 2, 1)                                 \
+    X(POW_TT, "aten.pow.Tensor_Tensor", 2, 1)                                 \
+    X(SQRT, "aten.sqrt.default", 1, 1)                                        \
+    X(RSQRT, "aten.rsqrt.default", 1, 1)                                      \
+    X(ABS, "aten.abs.default", 1, 1)                                          \
+    X(LOG, "aten.log.default", 1, 1)                                          \
+    X(ERF, "aten.erf.default", 1, 1)                                          \
+    X(WHERE, "aten.where.self", 3, 1)                                         \
+    X(MASKED_FILL_S, "aten.masked_fill.Scalar", 3, 1)                         \
+    X(MASKED_FILL_T, "aten.masked_fill.Tensor", 3, 1)                         \
+    X(TO_COPY, "aten._to_copy.default", 7, 1)                                 \
+    X(ZEROS_LIKE, "aten.zeros_like.default", 6, 1)                            \
+    X(ONES_LIKE, "aten.ones_like.default", 6, 1)                              \
+    X(FULL_LIKE, "aten.full_like.default", 7, 1)                              \
+    X(ARANGE, "aten.arange.default", 5, 1)                                    \
+    X(ARANGE_START, "aten.arange.start", 6, 1)                                \
+    X(ARANGE_STEP, "aten.arange.start_step", 7, 1)                            \
+    X(ZEROS, "aten.zeros.default", 5, 1)                                      \
+    X(ONES, "aten.ones.default", 5, 1)                                        \
+    X(FULL, "aten.full.default", 6, 1)                                        \
+    X(EMBEDDING, "aten.embedding.default", 5, 1)                              \
+    X(BADDBMM, "aten.baddbmm.default", 5, 1)                                  \
+    X(GROUP_NORM, "aten.native_group_norm.default", 8, 3)                     \
+    X(UP_NEAREST, "aten.upsample_nearest2d.vec", 3, 1)                        \
+    X(UP_BILINEAR, "aten.upsample_bilinear2d.vec", 4, 1)                      \
+    X(VAR, "aten.var.correction", 4, 1)                                       \
+    X(AMAX, "aten.amax.default", 3, 1)                                        \
+    X(AMIN, "aten.amin.default", 3, 1)                                        \
+    X(ARGMAX, "aten.argmax.default", 3, 1)                                    \
+    X(LOGSUMEXP, "aten.logsumexp.default", 3, 1)                              \
+    X(NORM, "aten.norm.ScalarOpt_dim", 4, 1)                                  \
+    X(VNORM, "aten.linalg_vector_norm.default", 5, 1)                         \
+    X(STACK, "aten.stack.default", 2, 1)                                      \
+    X(GATHER, "aten.gather.default", 4, 1)                                    \
+    X(INDEX_SELECT, "aten.index_select.default", 3, 1)                        \
+    X(SPLIT, "aten.split.Tensor", 3, 0)                                       \
+    X(SPLIT_SIZES, "aten.split_with_sizes.default", 3, 0)                     \
+    X(UNBIND, "aten.unbind.int", 2, 0)                                        \
+    X(TOPK, "aten.topk.default", 5, 2)                                        \
+    X(RSUB_S, "aten.rsub.Scalar", 3, 1)                                       \
+    X(MAX_DIM, "aten.max.dim", 3, 2)                                          \
+    X(MIN_DIM, "aten.min.dim", 3, 2)                                          \
+    X(CUMSUM, "aten.cumsum.default", 3, 1)                                    \
+    X(TRIL, "aten.tril.default", 2, 1)                                        \
+    X(TRIU, "aten.triu.default", 2, 1)
 
 typedef enum {
 #define DJ__COP_ENUM(e, name, na, no) DJ_COP_##e,
@@ -79,7 +131,6 @@ typedef enum {
 } dj__cop;
 
 #define DJ_CG_MAX_ARGS 9
-#define DJ_CG_MAX_OUTS 3
 
 /* A value: an input, a weight or one output of a node. */
 typedef struct dj__cval {
@@ -89,7 +140,7 @@ typedef struct dj__cval {
 } dj__cval;
 
 typedef enum { DJ_CARG_NONE, DJ_CARG_BOOL, DJ_CARG_INT, DJ_CARG_FLOAT, DJ_CARG_STR, DJ_CARG_INTS,
-               DJ_CARG_TENSOR, DJ_CARG_TENSORS } dj__carg_kind;
+               DJ_CARG_TENSOR, DJ_CARG_TENSORS, DJ_CARG_FLOATS } dj__carg_kind;
 
 typedef struct dj__carg {
     dj__carg_kind kind;
@@ -99,14 +150,15 @@ typedef struct dj__carg {
     uint32_t n;       /* INTS, TENSORS: count */
     int64_t *ints;    /* [n] INTS */
     uint32_t *vals;   /* [n] TENSORS: value ids */
-    char str[24];     /* STR (truncated; only short enums are read: gelu's "tanh"/"none") */
+    double *fls;      /* [n] FLOATS (upsample's scale factors) */
+    char str[24];     /* STR (truncated; only short enums are read: gelu's "tanh"/"none", dtype names) */
 } dj__carg;
 
 typedef struct dj__cnode {
     dj__cop op;
     uint32_t n_args;
     dj__carg args[DJ_CG_MAX_ARGS];
-    uint32_t out[DJ_CG_MAX_OUTS]; /* value ids of the outputs */
+    uint32_t *out;                /* [n_out] value ids of the outputs (consecutive) */
     uint32_t n_out;
     bool live;                    /* some graph output depends on it */
     uint64_t scratch_off;         /* bytes into the stack of its scratch (conv columns) */
@@ -118,6 +170,7 @@ typedef struct dj__cnode {
 struct dj_cgraph {
     uint32_t n_inputs, n_weights, n_nodes, n_outputs;
     uint32_t n_vals;              /* inputs, then weights, then node outputs */
+    uint32_t cap_vals;            /* vals allocated (grows while nodes are read) */
     dj__cval *vals;               /* [n_vals] */
     dj__cnode *nodes;             /* [n_nodes] */
     uint32_t *outputs;            /* [n_outputs] value ids */
