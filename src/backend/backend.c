@@ -1,12 +1,23 @@
-/* backend.c: what every backend shares - releasing one through its vtable
- * and the argument checks of a call (element types from the op table,
- * op_table.c). (Op names live in src/graph/graph.c.) */
+/* backend.c: what every backend shares - the op names, releasing a backend
+ * through its vtable and the argument checks of a call (element types from
+ * the op table, op_table.c). */
 #include "backend/backend_impl.h"
 #include "djinn/op_table.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+const char *dj_op_name(dj_op op) {
+    switch (op) {
+#define DJ_OP_NAME_(e, name) \
+    case DJ_OP_##e: return name;
+        DJ_OP_LIST(DJ_OP_NAME_)
+#undef DJ_OP_NAME_
+    case DJ_OP_COUNT: return "none";
+    }
+    return "unknown";
+}
 
 void dj_backend_free(dj_backend_t *be) {
     if (be) be->vt->destroy(be);

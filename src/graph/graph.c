@@ -1,22 +1,11 @@
 /* graph.c: building the SRG - appending validated nodes, their buffer sizes,
- * accessors - plus the op names and the shape buckets of the plan cache. */
+ * accessors - plus the shape buckets of the plan cache. */
 #include <stdlib.h>
 #include "djinn/alloc.h"
 #include <string.h>
 
 #include "graph/graph_impl.h"
 #include "djinn/vmu.h"
-
-const char *dj_op_name(dj_op op) {
-    switch (op) {
-#define DJ_OP_NAME_(e, name) \
-    case DJ_OP_##e: return name;
-        DJ_OP_LIST(DJ_OP_NAME_)
-#undef DJ_OP_NAME_
-    case DJ_OP_COUNT: return "none";
-    }
-    return "unknown";
-}
 
 uint32_t dj_shape_bucket(dj_phase phase, uint32_t n_tokens, uint32_t max_tokens) {
     if (phase == DJ_PHASE_DECODE) return 1;
