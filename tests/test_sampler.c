@@ -23,7 +23,7 @@ static void softmax(const float *l, float t, double *p) {
  * their definitions. dj_sampler_pick must agree with it exactly (masses are
  * integers, so there is no rounding to forgive). ---- */
 
-#include "model/sample_rule.h"
+#include "sample/sample_rule.h"
 
 typedef struct ref_c {
     float w;

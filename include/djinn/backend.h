@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "djinn/dtype.h"
-#include "djinn/sampler.h"
+#include "djinn/sample_params.h"
 #include "djinn/status.h"
 
 typedef struct dj_backend dj_backend_t;
@@ -313,8 +313,9 @@ typedef struct dj_stream_step {
     dj_backend_t *host;          /* runs them (a CPU backend); needed when n_runs > 0 */
 } dj_stream_step;
 
-/* One row's sampling parameters for the sample hook (as dj_sampler_params),
- * its penalty entries and the uniform draw u in [0, 1) its pick uses. */
+/* One row's pick description for the sample hook: the rule's parameters (as
+ * pick.h's dj_pick_rule), its penalty entries and the uniform draw u in
+ * [0, 1) its pick uses. */
 typedef struct dj_sample_row {
     float temperature;        /* 0 = greedy (the argmax of the penalised logits) */
     uint32_t top_k;           /* 0 = off */
@@ -363,7 +364,7 @@ typedef struct dj_backend_vtbl {
     dj_status (*capture_end)(dj_backend_t *be, dj_backend_graph_t **out /* OUT */);
     dj_status (*graph_launch)(dj_backend_t *be, dj_backend_graph_t *g);
     void (*graph_free)(dj_backend_t *be, dj_backend_graph_t *g);
-    /* out_dev[i] = the token dj_sampler_pick's rule picks from logits row i
+    /* out_dev[i] = the token dj_pick's rule (pick.h) picks from logits row i
      * (device memory, [n][vocab] f32) with rows[i]'s parameters and penalty
      * entries, drawing with rows[i].u (rows: host memory, read before it
      * returns); temperature 0 is the argmax of the penalised logits. Ordered

@@ -3,20 +3,15 @@
 #include "djinn/sampler.h"
 #include "djinn/alloc.h"
 
-#include "model/sample_rule.h"
-
-#include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 struct dj_sampler {
     dj_sampler_params p;
+    dj_pick_rule rule;   /* p's part that the pick rule reads */
     uint32_t vocab;
     bool penalised;      /* some penalty is on: observe keeps counts */
     uint64_t rng[4];     /* xoshiro256** state */
-    float *pl;           /* [vocab] scratch: penalised logits */
-    float *w;            /* [vocab] scratch: weights */
-    struct cand { float p; uint32_t id; } *order; /* [vocab] scratch: candidates */
+    dj_pick_scratch scr; /* for vocab ids */
     uint32_t *slot;      /* [vocab] 1 + the penalty entry of each id, 0 = none; NULL when !penalised */
     uint32_t *count;     /* [pen_cap] generated occurrences of each entry's id */
     dj_sampler_penalty *pen; /* [n_pen] */
@@ -46,17 +41,16 @@ static uint64_t next_u64(uint64_t *s) {
     return r;
 }
 
+static dj_pick_rule rule_of(const dj_sampler_params *p) {
+    return (dj_pick_rule){.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p, .min_p = p->min_p,
+                          .repetition_penalty = p->repetition_penalty};
+}
+
 dj_status dj_sampler_params_check(const dj_sampler_params *p) {
     if (!p) return dj_fail(DJ_EINVAL, "sampler: NULL params");
-    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
-        return dj_fail(DJ_EINVAL, "temperature must be a finite number >= 0 (got %g)", (double)p->temperature);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return dj_fail(DJ_EINVAL, "top-p must be in (0, 1] (got %g)", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return dj_fail(DJ_EINVAL, "min-p must be in [0, 1] (got %g)", (double)p->min_p);
-    if (!(p->repetition_penalty >= 0.0f) || !isfinite(p->repetition_penalty))
-        return dj_fail(DJ_EINVAL, "repetition penalty must be finite and > 0 (0 or 1: off; got %g)",
-                       (double)p->repetition_penalty);
+    const dj_pick_rule r = rule_of(p);
+    const dj_status st = dj_pick_rule_check(&r);
+    if (st != DJ_OK) return st;
     if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
         return dj_fail(DJ_EINVAL, "frequency penalty must be in [-2, 2] (got %g)", (double)p->frequency_penalty);
     if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
@@ -74,13 +68,12 @@ dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_
     dj_sampler_t *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->p = *p;
+    s->rule = rule_of(p);
     s->vocab = vocab;
     s->penalised = rep_on(p->repetition_penalty) || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
-    s->pl = dj_malloc(vocab * sizeof *s->pl);
-    s->w = dj_malloc(vocab * sizeof *s->w);
-    s->order = dj_malloc(vocab * sizeof *s->order);
+    const dj_status scr = dj_pick_scratch_reserve(&s->scr, vocab);
     if (s->penalised) s->slot = dj_calloc(vocab, sizeof *s->slot);
-    if (!s->pl || !s->w || !s->order || (s->penalised && !s->slot)) {
+    if (scr != DJ_OK || (s->penalised && !s->slot)) {
         dj_sampler_free(s);
         return dj_fail(DJ_ENOMEM, "out of memory");
     }
@@ -92,9 +85,7 @@ dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_
 
 void dj_sampler_free(dj_sampler_t *s) {
     if (!s) return;
-    free(s->pl);
-    free(s->w);
-    free(s->order);
+    dj_pick_scratch_free(&s->scr);
     free(s->slot);
     free(s->count);
     free(s->pen);
@@ -138,137 +129,13 @@ uint32_t dj_sampler_penalties(const dj_sampler_t *s, const dj_sampler_penalty **
     return s->n_pen;
 }
 
-int32_t dj_argmax(const float *logits, uint32_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++) /* NaN never wins; a NaN at 0 gives way to any number */
-        if (logits[i] > logits[best] || (logits[best] != logits[best] && logits[i] == logits[i]))
-            best = i;
-    return (int32_t)best;
-}
-
-/* Candidates by weight, descending; ties by id ascending. */
-static int by_weight_desc(const void *a, const void *b) {
-    const struct cand *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id < y->id ? -1 : (x->id > y->id);
-}
-
-static int before(const struct cand *x, const struct cand *y) {
-    return x->p > y->p || (x->p == y->p && x->id < y->id);
-}
-
-/* Rearrange c[0, n) so that c[0, m) holds the first m of the weight order
- * (in any order): quickselect with a median-of-three pivot. */
-static void select_head(struct cand *c, uint32_t n, uint32_t m) {
-    uint32_t lo = 0, hi = n; /* the m-th boundary lies in [lo, hi) */
-    while (hi - lo > 1 && m > lo && m < hi) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        struct cand a = c[lo], b = c[mid], d = c[hi - 1], piv;
-        if (before(&a, &b)) /* median of a, b, d */
-            piv = before(&b, &d) ? b : before(&a, &d) ? d : a;
-        else
-            piv = before(&a, &d) ? a : before(&b, &d) ? d : b;
-        uint32_t i = lo, j = hi; /* c[lo, i) before piv, c[j, hi) not before piv */
-        for (uint32_t k = lo; k < j;) {
-            if (before(&c[k], &piv)) {
-                const struct cand t = c[k];
-                c[k++] = c[i];
-                c[i++] = t;
-            } else if (before(&piv, &c[k])) {
-                const struct cand t = c[k];
-                c[k] = c[--j];
-                c[j] = t;
-            } else {
-                k++; /* the pivot itself (keys are unique) */
-            }
-        }
-        /* c[lo, i) < piv, c[i, j) == piv (one element), c[j, hi) > piv */
-        if (m <= i)
-            hi = i;
-        else if (m >= j)
-            lo = j;
-        else
-            return; /* unreachable: keys are unique, so j = i + 1 */
-    }
-}
-
 double dj_sampler_uniform(dj_sampler_t *s) {
     return (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0); /* 53 bits: [0, 1) */
 }
 
-/* The rule of sampler.h (the CUDA sample kernel follows it too). */
 int32_t dj_sampler_pick_with(dj_sampler_t *s, const float *logits, double u, const dj_sampler_penalty *pen,
                              uint32_t n_pen) {
-    const uint32_t V = s->vocab;
-    const float *l = logits;
-    if (n_pen) {
-        memcpy(s->pl, logits, V * sizeof *s->pl);
-        for (uint32_t k = 0; k < n_pen; k++)
-            if (pen[k].id >= 0 && (uint32_t)pen[k].id < V)
-                s->pl[pen[k].id] = dj__sample_penalize(s->pl[pen[k].id], s->p.repetition_penalty, pen[k].sub);
-        l = s->pl;
-    }
-    if (s->p.temperature == 0.0f) return dj_argmax(l, V);
-    float mx = -INFINITY;
-    for (uint32_t i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx; /* NaN never wins */
-    if (!(mx > -INFINITY)) return 0; /* nothing to choose from */
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < V; i++) {
-        s->w[i] = dj__sample_weight(l[i], mx, s->p.temperature);
-        total += dj__sample_q(s->w[i]);
-    }
-    /* The kept set: every id (no truncation), or the first `keep` of the
-     * candidate order order[0, keep). */
-    const uint32_t K = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : V;
-    const bool cut = K < V || s->p.top_p < 1.0f || s->p.min_p > 0.0f;
-    uint32_t keep = V;
-    if (cut) {
-        for (uint32_t i = 0; i < V; i++) {
-            s->order[i].p = s->w[i];
-            s->order[i].id = i;
-        }
-        uint32_t sorted = 0; /* order[0, sorted) is in candidate order */
-        uint64_t kept = total;
-        if (K < V) {
-            select_head(s->order, V, K);
-            qsort(s->order, K, sizeof *s->order, by_weight_desc);
-            sorted = K;
-            kept = 0;
-            for (uint32_t i = 0; i < K; i++) kept += dj__sample_q(s->order[i].p);
-        }
-        keep = K;
-        if (s->p.top_p < 1.0f) { /* the shortest prefix reaching top_p of the kept mass */
-            const double goal = (double)s->p.top_p * (double)kept;
-            for (uint32_t m = K < 256 ? K : 256;; m = m > K / 4 ? K : m * 4) {
-                if (m > sorted) { /* widen the sorted head to m */
-                    select_head(s->order, K, m);
-                    qsort(s->order, m, sizeof *s->order, by_weight_desc);
-                    sorted = m;
-                }
-                uint64_t acc = 0;
-                uint32_t k = 0;
-                while (k < m && !((double)acc >= goal)) acc += dj__sample_q(s->order[k++].p);
-                if ((double)acc >= goal || m == K) {
-                    keep = k;
-                    break;
-                }
-            }
-        }
-        for (uint32_t i = 0; i < V; i++) s->w[i] = -1.0f; /* -1 marks ids outside the kept set */
-        for (uint32_t i = 0; i < keep; i++) /* order[0, keep): the right set, in any order */
-            if (s->order[i].p >= s->p.min_p) s->w[s->order[i].id] = s->order[i].p; /* min-p: a prefix too */
-    }
-    uint64_t mass = 0;
-    for (uint32_t i = 0; i < V; i++)
-        if (s->w[i] > 0.0f) mass += dj__sample_q(s->w[i]);
-    const uint64_t target = dj__sample_target(u, mass);
-    uint64_t acc = 0;
-    for (uint32_t i = 0; i < V; i++) {
-        if (!(s->w[i] > 0.0f)) continue;
-        acc += dj__sample_q(s->w[i]);
-        if (acc > target) return (int32_t)i;
-    }
-    return 0; /* unreachable: the max weighs 2^36 and is kept */
+    return dj_pick(&s->rule, logits, s->vocab, u, pen, n_pen, &s->scr);
 }
 
 int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u) {

@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 
 #include "backend/backend_impl.h"
-#include "djinn/sampler.h"
+#include "djinn/pick.h"
 #include "backend/cpu/cpu_impl.h"
 
 #define CPU_ALIGN 4096
@@ -306,15 +306,17 @@ static void cpu_destroy(dj_backend_t *be) {
     dj_cpu_backend *cb = (dj_cpu_backend *)be;
     dj__cpu_pool_free(cb->pool);
     free(cb->scratch);
+    dj_pick_scratch_free(&cb->pick);
     free(cb);
 }
 
-/* out[i] = dj_sampler_pick_with of row i with rows[i]'s params, penalties and draw: the host
+/* out[i] = dj_pick of row i with rows[i]'s rule, penalties and draw: the host
  * rule itself, so an engine picking through this hook chooses exactly what
- * its host samplers would. */
+ * its host samplers would. The scratch is the backend's, grown to the
+ * largest vocabulary seen. */
 static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, uint32_t vocab,
                             const dj_sample_row *rows, int32_t *out) {
-    (void)be;
+    dj_cpu_backend *cb = (dj_cpu_backend *)be;
     if (!logits || !rows || !out || vocab == 0) return dj_fail(DJ_EINVAL, "cpu sample: NULL pointer or empty rows");
     for (uint32_t i = 0; i < n; i++) {
         if (!(rows[i].u >= 0.0 && rows[i].u < 1.0))
@@ -322,14 +324,13 @@ static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, u
         for (uint32_t k = 0; k < rows[i].n_pen; k++)
             if (!rows[i].pen || rows[i].pen[k].id < 0 || (uint32_t)rows[i].pen[k].id >= vocab)
                 return dj_fail(DJ_EINVAL, "cpu sample: row %u penalises an id outside [0, %u)", i, vocab);
-        const dj_sampler_params p = {.temperature = rows[i].temperature, .top_k = rows[i].top_k,
-                                     .top_p = rows[i].top_p, .min_p = rows[i].min_p,
-                                     .repetition_penalty = rows[i].repetition_penalty};
-        dj_sampler_t *s = NULL;
-        dj_status st = dj_sampler_new(&p, vocab, &s); /* validates the params */
+        const dj_pick_rule r = {.temperature = rows[i].temperature, .top_k = rows[i].top_k,
+                                .top_p = rows[i].top_p, .min_p = rows[i].min_p,
+                                .repetition_penalty = rows[i].repetition_penalty};
+        dj_status st = dj_pick_rule_check(&r);
+        if (st == DJ_OK) st = dj_pick_scratch_reserve(&cb->pick, vocab);
         if (st != DJ_OK) return st;
-        out[i] = dj_sampler_pick_with(s, logits + (size_t)i * vocab, rows[i].u, rows[i].pen, rows[i].n_pen);
-        dj_sampler_free(s);
+        out[i] = dj_pick(&r, logits + (size_t)i * vocab, vocab, rows[i].u, rows[i].pen, rows[i].n_pen, &cb->pick);
     }
     return DJ_OK;
 }

@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_kern.h"
 #include "backend/cpu/cpu_pool.h"
 #include "djinn/backend.h"
+#include "djinn/pick.h"
 
 /* Decode-size matmuls (n <= this) read the weights as stored (one pass,
  * every thread on its own weight rows); larger n convert weight tiles to f32
@@ -24,6 +25,7 @@ typedef struct dj_cpu_backend {
     const dj__cpu_kernels *kern; /* its table */
     float *scratch;       /* [scratch_cap] per-thread f32 tiles of converted weight rows; owned */
     size_t scratch_cap;   /* floats */
+    dj_pick_scratch pick; /* the sample hook's, for the largest vocabulary seen; owned */
 } dj_cpu_backend;
 
 /* Test hook: weight rows per converted tile of the large-n matmul path

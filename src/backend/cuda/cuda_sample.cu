@@ -1,8 +1,8 @@
 /* cuda_sample.cu: the sample hook on the device - penalties, temperature,
- * top-k, top-p, min-p and the draw of dj_sampler_pick's rule (sampler.h), so
+ * top-k, top-p, min-p and the draw of dj_pick's rule (pick.h), so
  * that only the picked ids cross PCIe. The caller's seeded host generator
  * supplies one uniform u in [0, 1) per row, and the kernels pick the same id
- * as the host: the weight and mass arithmetic is shared (model/sample_rule.h)
+ * as the host: the weight and mass arithmetic is shared (sample/sample_rule.h)
  * and every mass is an exact 64-bit integer, so no sum depends on its order.
  *
  * Each row is split over B blocks of 1024 threads (B ~ 264 / rows, at most
@@ -32,7 +32,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_impl.h"
-#include "model/sample_rule.h"
+#include "sample/sample_rule.h"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)

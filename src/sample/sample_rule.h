@@ -1,5 +1,5 @@
-/* sample_rule.h: the arithmetic of the sampling rule that the host sampler
- * (sampler.c) and the CUDA sample kernel share, so that both pick the same id. */
+/* sample_rule.h: the arithmetic of the sampling rule that the host pick
+ * (pick.c) and the CUDA sample kernel share, so that both pick the same id. */
 #ifndef DJ_SAMPLE_RULE_H
 #define DJ_SAMPLE_RULE_H
 
