@@ -14,6 +14,7 @@
 #include "djinn/engine.h"
 #include "djinn/generate.h"
 #include "djinn/sampler.h"
+#include "model/model_graph.h"
 
 #ifdef DJ_HAVE_CUDA
 #include "djinn/dj_cuda.h"

@@ -9,6 +9,7 @@
 
 #include "djinn/engine.h"
 #include "djinn/graph.h"
+#include "model/model_graph.h"
 
 static double now_s(void) {
     struct timespec ts;

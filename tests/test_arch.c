@@ -11,6 +11,7 @@
 #include "djinn/engine.h"
 #include "djinn/graph.h"
 #include "djinn/op_table.h"
+#include "model/model_graph.h"
 #include "testutil.h"
 
 static const char *QWEN3_8B =

@@ -4,14 +4,18 @@
 #define DJINN_DJ_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* The C headers below carry no C++ guards of their own. */
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#include "djinn/backend.h"
 #include "djinn/status.h"
+
+/* backend.h's handle, named here without the backend interface itself
+ * (include djinn/backend.h to use one). */
+typedef struct dj_backend dj_backend_t;
 
 /* Number of usable CUDA devices; 0 when there is no driver, no GPU or any
  * error (never aborts, records no error). */

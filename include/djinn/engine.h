@@ -314,16 +314,6 @@ dj_chunk_times dj_engine_chunk_times(const dj_engine_t *e);
  * the step replays one. bench_gpu prints it for its batch-1 decode. */
 dj_chunk_times dj_engine_step_times(const dj_engine_t *e);
 
-/* Build the SRG of one step of the model for `bucket` token rows (weights
- * bound when m is not NULL). Exposed for the planner, info and tests. */
-dj_status dj_model_build_graph(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase,
-                               uint32_t bucket, dj_graph_t **out /* OUT */);
-/* The same with flags: DJ_GRAPH_ALL_LOGITS makes a prefill graph output the
- * logits of every row ([bucket][vocab] f32) instead of the last row's. */
-#define DJ_GRAPH_ALL_LOGITS 1u
-dj_status dj_model_build_graph_opts(const dj_model_config *cfg, const dj_model_t *m, dj_phase phase,
-                                    uint32_t bucket, unsigned flags, dj_graph_t **out /* OUT */);
-
 /* Like dj_session_step, but logits receives the logits of every one of the n
  * positions, [n][vocab] f32 (row i = the prediction after ids[i]). The stack
  * must hold a chunk's [max_step_tokens][vocab] logits. */

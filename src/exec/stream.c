@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "djinn/engine.h"
 #include "exec/stream_impl.h"
 #include "model/model_impl.h"
 

@@ -7,9 +7,9 @@
 #define DJ_MODEL_IMPL_H
 
 #include "djinn/checkpoint.h"
-#include "djinn/engine.h"
 #include "djinn/graph.h"
 #include "djinn/vmu.h"
+#include "model/model_graph.h"
 
 /* Weight slots of one layer; then 3 per expert (MoE); global slots follow the
  * layers. A slot an architecture does not use stays empty (no name, no bytes). */

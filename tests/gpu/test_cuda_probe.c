@@ -3,6 +3,7 @@
  * where a GPU is present, a memory round trip. */
 #include <string.h>
 
+#include "djinn/backend.h"
 #include "djinn/dj_cuda.h"
 #include "testutil.h"
 
