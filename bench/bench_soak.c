@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "djinn/client.h"
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 #include "daemon_util.h"
 
 #define MAX_LAT 200000

@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include "djinn/dtype.h"
+#include "djinn/intervene.h"
 
 static double now(void) {
     struct timespec ts;

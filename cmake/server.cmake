@@ -1,8 +1,5 @@
-# server.cmake: the wire protocol (djinn_proto), the daemon library and
-# executable (djinn_server, djinnd) and the client library (djinn_client).
-add_library(djinn_proto STATIC src/server/protocol.c)
-target_include_directories(djinn_proto PUBLIC include PRIVATE src)
-target_link_libraries(djinn_proto PUBLIC djinn_engine PkgConfig::MSGPACK)
+# server.cmake: the daemon library and executable (djinn_server, djinnd);
+# the wire protocol and the client library they link: cmake/client.cmake.
 
 # http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
@@ -10,16 +7,12 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
             src/server/http_openai.c src/server/http_view.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
-target_link_libraries(djinn_server PUBLIC djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD Threads::Threads)
+target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD
+                      Threads::Threads)
 
 add_executable(djinnd src/server/djinnd.c)
 target_include_directories(djinnd PRIVATE src)
 target_link_libraries(djinnd PRIVATE djinn_server)
-
-file(GLOB DJ_CLIENT_SOURCES CONFIGURE_DEPENDS src/client/*.c)
-add_library(djinn_client STATIC ${DJ_CLIENT_SOURCES})
-target_include_directories(djinn_client PUBLIC include PRIVATE src)
-target_link_libraries(djinn_client PUBLIC djinn_proto Threads::Threads)
 
 # Targets made later by the top-level file (the CLI, tests, fuzzers, benches)
 # get the libraries they need once they exist.

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

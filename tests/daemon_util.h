@@ -9,7 +9,7 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 
 double dj_test_now_s(void); /* CLOCK_MONOTONIC, seconds */
 void dj_test_sleep_ms(int ms);

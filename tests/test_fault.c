@@ -13,7 +13,7 @@
 
 #include "djinn/alloc.h"
 #include "djinn/tokenizer.h"
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 #include "server/serve.h"
 #include "daemon_util.h"
 #include "testutil.h"

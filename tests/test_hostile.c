@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "djinn/client.h"
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 #include "server/server_impl.h"
 #include "daemon_util.h"
 #include "testutil.h"

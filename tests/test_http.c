@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "djinn/client.h"
+#include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
 #include "daemon_util.h"
 #include "testutil.h"

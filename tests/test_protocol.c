@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 #include "testutil.h"
 
 static dj_frame_header rand_header(void) {

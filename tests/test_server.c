@@ -24,7 +24,8 @@
 #include <cjson/cJSON.h>
 
 #include "djinn/client.h"
-#include "server/proto_impl.h"
+#include "djinn/sampler.h"
+#include "proto/proto_impl.h"
 #include "daemon_util.h"
 #include "testutil.h"
 

@@ -6,6 +6,7 @@
 
 #include "backend/fastdiv.h"
 #include "djinn/dtype.h"
+#include "djinn/intervene.h"
 #include "djinn/status.h"
 #include "testutil.h"
 

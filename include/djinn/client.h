@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "djinn/protocol.h"
-#include "djinn/sampler.h"
+#include "djinn/sample_params.h"
 #include "djinn/status.h"
 
 typedef struct dj_client dj_client_t;
@@ -73,7 +73,7 @@ typedef struct dj_generate_params {
     const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
     size_t n_stop;
     bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
-    bool logprobs;           /* each TOKEN carries its logprob (sampler.h's dj_token_logprobs) */
+    bool logprobs;           /* each TOKEN carries its logprob (sample_params.h's dj_token_logprobs) */
     uint32_t top_logprobs;   /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
     const char *cache_salt;  /* NULL, or 1-256 bytes: the session shares prefix-cache blocks only with sessions
                               * of the same token (or of `shared` tokens) and the same cache_salt; set by the

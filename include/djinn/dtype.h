@@ -112,9 +112,4 @@ uint8_t dj_f32_to_f8e4m3(float f);
 float dj_f16_to_f32(uint16_t h);
 uint16_t dj_f32_to_f16(float f);
 
-/* dst[0..k) = src's k elements of type t (f32, f16 or bf16) as f32, exactly;
- * large arrays (1M elements and more) on every core (OpenMP): a saved
- * activation of a 512-token step widened on the critical path. */
-void dj_dtype_widen_f32(dj_dtype t, const void *src, float *dst, size_t k);
-
 #endif

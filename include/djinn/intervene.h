@@ -82,4 +82,9 @@ typedef struct dj_intervention {
 dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                 const dj_intervention *iv, uint32_t n_iv, float *logits /* OUT, [vocab] or NULL */);
 
+/* dst[0..k) = src's k elements of type t (f32, f16 or bf16) as f32, exactly;
+ * large arrays (1M elements and more) on every core (OpenMP): a saved
+ * activation of a 512-token step widened on the critical path (widen.c). */
+void dj_dtype_widen_f32(dj_dtype t, const void *src, float *dst, size_t k);
+
 #endif

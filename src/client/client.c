@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 
 typedef struct frame {
     struct frame *next;

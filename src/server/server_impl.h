@@ -16,7 +16,7 @@
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
 #include "sched/sched.h"
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 
 /* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
 typedef struct dj__ment {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "djinn/intervene.h"
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 #include "server/server_impl.h"
 
 struct dj__trace_req {

@@ -1,6 +1,6 @@
 /* protocol.c: frame header encode/decode with validation, a msgpack
  * structure check that runs before any allocation, and the metadata codec. */
-#include "server/proto_impl.h"
+#include "proto/proto_impl.h"
 #include "djinn/alloc.h"
 
 #include <errno.h>
