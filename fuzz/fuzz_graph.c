@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "djinn/backend.h"
 #include "djinn/capture.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

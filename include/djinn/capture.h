@@ -20,8 +20,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "djinn/backend.h"
 #include "djinn/status.h"
+
+/* backend.h's handle (a CPU backend runs a graph), named without the backend
+ * interface itself. */
+typedef struct dj_backend dj_backend_t;
 
 #define DJ_CGRAPH_MAX_RANK 8
 #define DJ_CGRAPH_MAX_OUTS 256 /* outputs of one node (split, chunk, unbind give a list) */

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "djinn/backend.h"
 #include "djinn/capture.h"
 
 /* Every op: X(ENUM, "aten overload", number of schema arguments, number of outputs; 0 = a list
