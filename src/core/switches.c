@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "djinn/status.h"
-
 static const dj_switch_desc table[DJ_SW_COUNT] = {
 #define DJ_SW_ROW_(id, var, values, dflt, other, doc) [DJ_SW_##id] = {var, values, dflt, other, doc},
     DJ_SWITCH_LIST(DJ_SW_ROW_)
@@ -38,12 +36,10 @@ int dj_switch_read(dj_switch s) {
     if (!v || !*v) return value_index(d->values, d->dflt);
     const int i = value_index(d->values, v);
     if (i >= 0) return i;
-    char msg[256];
-    snprintf(msg, sizeof msg, "$%s=%s is not one of %s: taken as %s", d->var, v, d->values, d->other);
-    if (s == DJ_SW_LOG) /* the logger is deciding its level: straight to stderr, as dj_log writes */
-        fprintf(stderr, "djinn warn %s: %s\n", __func__, msg);
-    else
-        dj_log(DJ_LOG_WARN, __func__, "%s", msg);
+    /* straight to stderr in dj_log's format: the switches sit below the logger,
+     * which reads its own level here */
+    fprintf(stderr, "djinn warn %s: $%s=%s is not one of %s: taken as %s\n", __func__, d->var, v, d->values,
+            d->other);
     return value_index(d->values, d->other);
 }
 
