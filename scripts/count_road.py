@@ -17,15 +17,18 @@ import sys
 
 # lowest first; a file's layer is the first prefix that matches
 LAYERS = [
-    ("core", ("src/core/", "src/server/protocol.c")),  # protocol.c: the wire codec both sides link
+    ("core", ("src/core/",)),
+    ("sample", ("src/sample/",)),
+    ("proto", ("src/proto/", "src/server/protocol.c")),  # the wire codec both sides link (src/server/ before)
     ("backend", ("src/backend/",)),
+    ("client", ("src/client/",)),
     ("vmu", ("src/vmu/",)),
+    ("capture", ("src/capture/",)),
     ("graph", ("src/graph/",)),
     ("model", ("src/model/",)),
     ("exec", ("src/exec/",)),
     ("sched", ("src/sched/",)),
     ("server", ("src/server/",)),
-    ("client", ("src/client/",)),
     ("cli", ("src/cli/",)),
 ]
 # periodic work of the daemon, not of a request: timers, the clock, the reaper
