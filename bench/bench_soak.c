@@ -142,17 +142,6 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static long rss_kb(const char *pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%s/status", pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return kb;
-}
-
 int main(int argc, char **argv) {
     if (argc < 7) {
         fprintf(stderr, "usage: bench_soak ADDR TOKEN DJINND_PID SECONDS HONEST HOSTILE [MODEL]\n");
@@ -182,7 +171,7 @@ int main(int argc, char **argv) {
         n_lat = n_err = n_attacks = 0;
         pthread_mutex_unlock(&mu);
         qsort(copy, n, sizeof *copy, cmp);
-        const long rss = rss_kb(argv[3]);
+        const long rss = dj_test_rss_kb((pid_t)atoi(argv[3])); /* PID: soak.sh's daemon */
         if (rss > rss_max) rss_max = rss;
         printf("| %d | %.1f | %zu | %zu | %.2f | %.2f | %zu |\n", t, rss / 1024.0, n, e,
                n ? copy[n / 2] * 1e3 : 0.0, n ? copy[(size_t)(n * 0.99)] * 1e3 : 0.0, a);

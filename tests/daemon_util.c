@@ -7,11 +7,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -332,4 +334,98 @@ dj_test_resp dj_test_http_request(unsigned port, const char *method, const char 
 void dj_test_resp_free(dj_test_resp *r) {
     free(r->body);
     r->body = NULL;
+}
+
+int dj_test_http_text(unsigned port, const char *method, const char *path, const char *body, char *out, size_t cap) {
+    dj_test_resp r = dj_test_http_request(port, method, path, NULL, body);
+    const int st = r.status;
+    snprintf(out, cap, "%s", r.body ? r.body : "");
+    dj_test_resp_free(&r);
+    return st;
+}
+
+unsigned dj_test_http_port(const char *dir, int slot) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/port%d", dir, slot);
+    unsigned a = 0, b = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    if (fscanf(f, "%u %u", &a, &b) != 2) b = 0;
+    fclose(f);
+    return b;
+}
+
+#ifdef DJ_DJINND /* the server tests' build of djinnd */
+pid_t dj_test_http_daemon_start(int slot, const char *dir, const char *store, const char *const *extra, char *addr,
+                                size_t cap, unsigned *http_port) {
+    const char *args[16] = {"--models", store, "--http", "127.0.0.1:0"};
+    int n = 4;
+    for (int i = 0; extra && extra[i] && n < 15; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = dir, .models = store, .listen = "127.0.0.1:0",
+                                   .wait_ms = 10000};
+    const pid_t pid = dj_test_daemon_start(slot, &o, args, addr, cap, NULL);
+    *http_port = dj_test_http_port(dir, slot);
+    return pid;
+}
+#endif
+
+/* ---- model stores and probes ---- */
+
+#ifdef DJ_SOURCE_DIR /* the tests' source tree */
+bool dj_test_link_demo_files(const char *dir) {
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"};
+    char p[700], q[600];
+    if (mkdir(dir, 0700)) return false;
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
+        if (symlink(q, p)) return false;
+    }
+    return true;
+}
+
+bool dj_test_make_demo_chat(const char *store) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/demo-chat", store);
+    if (!dj_test_link_demo_files(p)) return false;
+    snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
+    FILE *f = fopen(p, "w");
+    if (!f) return false;
+    fprintf(f, "{\"bos_token\": \"<|bos|>\", \"eos_token\": \"<|eos|>\", \"chat_template\": \"%s\"}\n",
+            DJ_TEST_CHAT_TEMPLATE);
+    return fclose(f) == 0;
+}
+#endif
+
+long dj_test_rss_kb(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb;
+}
+
+size_t dj_test_flood(int fd, const uint8_t *frame, size_t len, size_t total) {
+    static uint8_t buf[64 * 1024];
+    const size_t per = sizeof buf / len, blen = per * len;
+    for (size_t i = 0; i < per; i++) memcpy(buf + i * len, frame, len);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    size_t sent = 0, off = 0;
+    while (sent < total) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        if (poll(&p, 1, 1000) <= 0 || (p.revents & (POLLERR | POLLHUP))) break;
+        const ssize_t k = send(fd, buf + off, blen - off, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EAGAIN) continue;
+            break;
+        }
+        sent += (size_t)k;
+        off = (off + (size_t)k) % blen;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return sent;
 }

@@ -93,5 +93,33 @@ dj_test_resp dj_test_http_read(int fd);
 dj_test_resp dj_test_http_request(unsigned port, const char *method, const char *path, const char *headers,
                                   const char *body);
 void dj_test_resp_free(dj_test_resp *r);
+/* dj_test_http_request with no extra headers: the status, the body copied into
+ * out[cap] ("" when none). */
+int dj_test_http_text(unsigned port, const char *method, const char *path, const char *body, char *out, size_t cap);
+/* The HTTP port djinnd wrote into DIR/portSLOT (its second number), or 0. */
+unsigned dj_test_http_port(const char *dir, int slot);
+/* djinnd on the model store in slot with --models STORE --http 127.0.0.1:0 and
+ * extra (may be NULL; 11 at most), its port files in dir, a 10 s start: *addr
+ * its listener, *http_port the API's port (0 if none). Returns its pid, or -1. */
+pid_t dj_test_http_daemon_start(int slot, const char *dir, const char *store, const char *const *extra, char *addr,
+                                size_t cap, unsigned *http_port);
+
+/* ---- model stores and probes ---- */
+
+/* The chat template demo-chat carries (in JSON string form). */
+#define DJ_TEST_CHAT_TEMPLATE                                                                                  \
+    "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content | trim }}\\n{% endfor %}"              \
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+/* Makes the directory dir holding links to the demo model's weights, config,
+ * tokenizer and generation config. */
+bool dj_test_link_demo_files(const char *dir);
+/* STORE/demo-chat: the demo model's files and a tokenizer_config.json with
+ * DJ_TEST_CHAT_TEMPLATE (STORE must exist). */
+bool dj_test_make_demo_chat(const char *store);
+/* The VmRSS of pid in KiB, or -1. */
+long dj_test_rss_kb(pid_t pid);
+/* Sends copies of frame[len] without reading until total bytes went or the
+ * peer took none for 1 s. Returns the bytes sent. */
+size_t dj_test_flood(int fd, const uint8_t *frame, size_t len, size_t total);
 
 #endif

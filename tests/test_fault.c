@@ -49,25 +49,11 @@ static void *daemon_main(void *arg) {
 /* A model store in tmpdir: demo, and demo-chat (its files, and a chat template
  * for /v1/chat/completions). */
 static bool make_store(char *store, size_t cap) {
-    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"};
-    char p[600], q[600];
+    char p[600];
     snprintf(store, cap, "%s/store", tmpdir);
     snprintf(p, sizeof p, "%s/demo", store);
     if (mkdir(store, 0700) || symlink(DJ_SOURCE_DIR "/models/demo", p)) return false;
-    snprintf(p, sizeof p, "%s/demo-chat", store);
-    if (mkdir(p, 0700)) return false;
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/demo-chat/%s", store, files[i]);
-        snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
-        if (symlink(q, p)) return false;
-    }
-    snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
-    FILE *f = fopen(p, "w");
-    if (!f) return false;
-    fprintf(f, "{\"bos_token\": \"<|bos|>\", \"eos_token\": \"<|eos|>\", \"chat_template\": \"{{ bos_token }}"
-               "{%% for m in messages %%}{{ m.role }}: {{ m.content | trim }}\\n{%% endfor %%}"
-               "{%% if add_generation_prompt %%}assistant:{%% endif %%}\"}\n");
-    return fclose(f) == 0;
+    return dj_test_make_demo_chat(store);
 }
 
 static bool start_daemon(pthread_t *th) {

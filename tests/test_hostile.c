@@ -50,17 +50,6 @@ static bool file_has(const char *path, const char *needle) {
     return r;
 }
 
-static long rss_kb(pid_t pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return kb;
-}
-
 /* ---- raw frames (see daemon_util.h) ---- */
 
 static bool raw_eof(int fd) {
@@ -102,30 +91,6 @@ static bool utf8_ok(const char *s) {
 
 /* ---- 1: unread replies ---- */
 
-/* Send frames (copies of one) without reading until `total` bytes went or
- * the daemon stopped taking them for 1 s. Returns the bytes sent. */
-static size_t flood(int fd, const uint8_t *frame_bytes, size_t frame_len, size_t total) {
-    static uint8_t buf[64 * 1024];
-    size_t per = sizeof buf / frame_len, sent = 0;
-    for (size_t i = 0; i < per; i++) memcpy(buf + i * frame_len, frame_bytes, frame_len);
-    const size_t blen = per * frame_len;
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    size_t off = 0;
-    while (sent < total) {
-        struct pollfd p = {fd, POLLOUT, 0};
-        if (poll(&p, 1, 1000) <= 0 || (p.revents & (POLLERR | POLLHUP))) break;
-        ssize_t k = send(fd, buf + off, blen - off, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EAGAIN) continue;
-            break;
-        }
-        sent += (size_t)k;
-        off = (off + (size_t)k) % blen;
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return sent;
-}
-
 static void test_reply_buffer(void) {
     char addr[64];
     int code;
@@ -137,14 +102,14 @@ static void test_reply_buffer(void) {
     dj_test_frame a;
     int fd = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &a);
     CHECK(a.type == DJ_MSG_REPLY);
-    const long rss0 = rss_kb(pid);
+    const long rss0 = dj_test_rss_kb(pid);
     uint8_t hb[DJ_FRAME_HEADER_BYTES];
     dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = 1, .type = DJ_MSG_HEARTBEAT, .request_id = 7};
     dj_frame_header_encode(&h, hb);
-    const size_t sent = flood(fd, hb, sizeof hb, (size_t)4 << 20);
+    const size_t sent = dj_test_flood(fd, hb, sizeof hb, (size_t)4 << 20);
     long peak = 0;
     for (int i = 0; i < 20; i++) { /* let it work through what it took */
-        const long r = rss_kb(pid);
+        const long r = dj_test_rss_kb(pid);
         if (r > peak) peak = r;
         dj_test_sleep_ms(50);
     }
@@ -169,7 +134,7 @@ static void test_reply_buffer(void) {
     dj_frame_header hs = {.magic = DJ_PROTO_MAGIC, .version = 1, .type = DJ_MSG_STATS, .request_id = 8};
     uint8_t sb[DJ_FRAME_HEADER_BYTES];
     dj_frame_header_encode(&hs, sb);
-    flood(fd, sb, sizeof sb, (size_t)8 << 20); /* answers well past what loopback's socket buffers hold */
+    dj_test_flood(fd, sb, sizeof sb, (size_t)8 << 20); /* answers well past what loopback's socket buffers hold */
     CHECK_MSG(raw_eof(fd), "a connection that never reads its STATS answers was not dropped");
     close(fd);
     CHECK(stop_daemon(0) == 0);
@@ -461,7 +426,7 @@ static void test_limits(void) {
     dj__mw w;
     /* 4: a STEP claiming 1 GiB of ids for a 64-position session is refused once its metadata is in */
     const uint64_t s64 = raw_open(fd, "tinyllama", 64);
-    const long rss0 = rss_kb(pid);
+    const long rss0 = dj_test_rss_kb(pid);
     dj__mw_init(&w);
     dj__mw_u64(&w, "session", s64);
     size_t n = dj_test_meta_of(&w, m);
@@ -471,7 +436,7 @@ static void test_limits(void) {
     f = dj_test_raw_frame(fd, NULL);
     CHECK_MSG(f.type == DJ_MSG_ERROR && f.st == DJ_ERANGE, "1 GiB STEP: %d %lld %s", f.type, (long long)f.st, f.msg);
     CHECK(raw_eof(fd));
-    CHECK_MSG(rss_kb(pid) - rss0 < 16 * 1024, "RSS %ld -> %ld KiB", rss0, rss_kb(pid));
+    CHECK_MSG(dj_test_rss_kb(pid) - rss0 < 16 * 1024, "RSS %ld -> %ld KiB", rss0, dj_test_rss_kb(pid));
     close(fd);
 
     /* 6: sessions and handles per connection */

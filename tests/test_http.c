@@ -28,10 +28,6 @@
 static char tmpdir[] = "/tmp/dj_http_XXXXXX";
 static char store[400];
 
-#define CHAT_TEMPLATE                                                                                          \
-    "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content | trim }}\\n{% endfor %}"                \
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-
 /* Real chat templates on the demo weights: a store directory, the file of
  * third_party/tokenizers it takes (tokenizer_config.json, or Phi-3.5's
  * chat_template.jinja alone), and what jinja2 renders for CHAT_MESSAGES
@@ -57,22 +53,10 @@ static bool make_store(void) {
     if (mkdir(store, 0700)) return false;
     snprintf(p, sizeof p, "%s/demo", store);
     if (symlink(DJ_SOURCE_DIR "/models/demo", p)) return false;
-    snprintf(p, sizeof p, "%s/demo-chat", store);
-    if (mkdir(p, 0700)) return false;
-    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/demo-chat/%s", store, files[i]);
-        snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
-        if (symlink(q, p)) return false;
-    }
+    if (!dj_test_make_demo_chat(store)) return false;
     for (size_t k = 0; k < sizeof real_chat / sizeof *real_chat; k++) {
         snprintf(p, sizeof p, "%s/%s", store, real_chat[k].dir);
-        if (mkdir(p, 0700)) return false;
-        for (int i = 0; i < 4; i++) {
-            snprintf(p, sizeof p, "%s/%s/%s", store, real_chat[k].dir, files[i]);
-            snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
-            if (symlink(q, p)) return false;
-        }
+        if (!dj_test_link_demo_files(p)) return false;
         snprintf(p, sizeof p, "%s/%s/%s", store, real_chat[k].dir, real_chat[k].file);
         snprintf(q, sizeof q, "%s/tokenizers/%s", DJ_THIRD_PARTY, real_chat[k].src);
         if (access(q, R_OK)) {
@@ -81,33 +65,12 @@ static bool make_store(void) {
         }
         if (symlink(q, p)) return false;
     }
-    snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
-    FILE *f = fopen(p, "w");
-    if (!f) return false;
-    fprintf(f, "{\"bos_token\": \"<|bos|>\", \"eos_token\": \"<|eos|>\", \"chat_template\": \"%s\"}\n", CHAT_TEMPLATE);
-    fclose(f);
     return true;
 }
 
 /* djinnd with --http on the store: *addr its listener, *http_port the API's port. */
 static pid_t start(int slot, const char *const *extra, char *addr, size_t cap, unsigned *http_port) {
-    const char *args[16] = {"--models", store, "--http", "127.0.0.1:0"};
-    int n = 4;
-    for (int i = 0; extra && extra[i] && n < 15; i++) args[n++] = extra[i];
-    args[n] = NULL;
-    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
-                                   .wait_ms = 10000};
-    pid_t pid = dj_test_daemon_start(slot, &o, args, addr, cap, NULL);
-    *http_port = 0;
-    char path[600];
-    snprintf(path, sizeof path, "%s/port%d", tmpdir, slot);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        unsigned a = 0, b = 0;
-        if (fscanf(f, "%u %u", &a, &b) == 2) *http_port = b;
-        fclose(f);
-    }
-    return pid;
+    return dj_test_http_daemon_start(slot, tmpdir, store, extra, addr, cap, http_port);
 }
 
 /* The text of a non-streamed answer ("" on failure). */

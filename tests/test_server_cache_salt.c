@@ -20,23 +20,11 @@ static char store[400];
 static int32_t prompt[N_IDS];
 
 static pid_t start(int slot, const char *const *extra, char *addr, size_t cap, unsigned *http_port) {
-    const char *args[16] = {"--models", store, "--http", "127.0.0.1:0", "--http-reuse", "0"};
-    int n = 6;
-    for (int i = 0; extra && extra[i] && n < 15; i++) args[n++] = extra[i];
+    const char *args[12] = {"--http-reuse", "0"};
+    int n = 2;
+    for (int i = 0; extra && extra[i] && n < 11; i++) args[n++] = extra[i];
     args[n] = NULL;
-    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
-                                   .wait_ms = 10000};
-    pid_t pid = dj_test_daemon_start(slot, &o, args, addr, cap, NULL);
-    *http_port = 0;
-    char path[600];
-    snprintf(path, sizeof path, "%s/port%d", tmpdir, slot);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        unsigned a = 0, b = 0;
-        if (fscanf(f, "%u %u", &a, &b) == 2) *http_port = b;
-        fclose(f);
-    }
-    return pid;
+    return dj_test_http_daemon_start(slot, tmpdir, store, args, addr, cap, http_port);
 }
 
 /* The prompt's cached ids for token tok with cache_salt (NULL: none) on a fresh session; -1 on error. */

@@ -15,38 +15,17 @@
 static char tmpdir[] = "/tmp/dj_chattext_XXXXXX";
 static char store[400];
 
-#define CHAT_TEMPLATE                                                                                          \
-    "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content | trim }}\\n{% endfor %}"                \
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-
 static bool make_store(void) {
     snprintf(store, sizeof store, "%s/store", tmpdir);
-    char p[600], q[600];
     if (mkdir(store, 0700)) return false;
-    snprintf(p, sizeof p, "%s/demo-chat", store);
-    if (mkdir(p, 0700)) return false;
-    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/demo-chat/%s", store, files[i]);
-        snprintf(q, sizeof q, DJ_SOURCE_DIR "/models/demo/%s", files[i]);
-        if (symlink(q, p)) return false;
-    }
-    snprintf(p, sizeof p, "%s/demo-chat/tokenizer_config.json", store);
-    FILE *f = fopen(p, "w");
-    if (!f) return false;
-    fprintf(f, "{\"bos_token\": \"<|bos|>\", \"eos_token\": \"<|eos|>\", \"chat_template\": \"%s\"}\n", CHAT_TEMPLATE);
-    fclose(f);
-    return true;
+    return dj_test_make_demo_chat(store);
 }
 
 /* POST path body: the status, usage.prompt_tokens in *n_prompt (-1 if none), the body in out. */
 static int post(unsigned port, const char *path, const char *body, int *n_prompt, char *out, size_t cap) {
-    dj_test_resp r = dj_test_http_request(port, "POST", path, NULL, body);
-    const char *u = r.body ? strstr(r.body, "\"prompt_tokens\":") : NULL;
+    const int st = dj_test_http_text(port, "POST", path, body, out, cap);
+    const char *u = strstr(out, "\"prompt_tokens\":");
     *n_prompt = u ? atoi(u + 16) : -1;
-    snprintf(out, cap, "%s", r.body ? r.body : "");
-    const int st = r.status;
-    dj_test_resp_free(&r);
     return st;
 }
 
@@ -56,20 +35,10 @@ int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0);
     if (!mkdtemp(tmpdir)) return 1;
     CHECK_MSG(make_store(), "could not build the store in %s", tmpdir);
-    const char *args[] = {"--models", store, "--http", "127.0.0.1:0", NULL};
-    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
-                                   .wait_ms = 10000};
-    char addr[128], path[600], body[4096];
-    pid_t pid = dj_test_daemon_start(0, &o, args, addr, sizeof addr, NULL);
-    CHECK_MSG(pid > 0, "djinnd did not start");
+    char addr[128], body[4096];
     unsigned port = 0;
-    snprintf(path, sizeof path, "%s/port0", tmpdir);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        unsigned a = 0;
-        if (fscanf(f, "%u %u", &a, &port) != 2) port = 0;
-        fclose(f);
-    }
+    pid_t pid = dj_test_http_daemon_start(0, tmpdir, store, NULL, addr, sizeof addr, &port);
+    CHECK_MSG(pid > 0, "djinnd did not start");
     CHECK(port > 0);
     dj_tokenizer_t *tok = NULL;
     CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));

@@ -98,29 +98,15 @@ static void test_loaders(void) {
 }
 
 static int http_status(unsigned port, const char *path, const char *body, char *out, size_t cap) {
-    dj_test_resp r = dj_test_http_request(port, body ? "POST" : "GET", path, NULL, body);
-    const int st = r.status;
-    snprintf(out, cap, "%s", r.body ? r.body : "");
-    dj_test_resp_free(&r);
-    return st;
+    return dj_test_http_text(port, body ? "POST" : "GET", path, body, out, cap);
 }
 
 static void test_daemon(void) {
-    const char *args[] = {"--models", store, "--http", "127.0.0.1:0", NULL};
-    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
-                                   .wait_ms = 10000};
-    char addr[128], path[600], body[4096];
-    pid_t pid = dj_test_daemon_start(0, &o, args, addr, sizeof addr, NULL);
+    char addr[128], body[4096];
+    unsigned port = 0;
+    pid_t pid = dj_test_http_daemon_start(0, tmpdir, store, NULL, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0, "djinnd did not start");
     if (pid <= 0) return;
-    unsigned port = 0;
-    snprintf(path, sizeof path, "%s/port0", tmpdir);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        unsigned a = 0;
-        if (fscanf(f, "%u %u", &a, &port) != 2) port = 0;
-        fclose(f);
-    }
     CHECK(port > 0);
     const double t0 = dj_test_now_s();
 

@@ -36,17 +36,6 @@ static pid_t start_daemon(int slot, const char *const *extra, rlim_t nofile, cha
 
 static int stop_daemon(int slot) { return dj_test_daemon_stop(slot, 20000); }
 
-static long rss_kb(pid_t pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return kb;
-}
-
 /* Sends w's bytes as one frame (w is destroyed). */
 static bool send_meta(int fd, uint16_t type, uint64_t req, dj__mw *w) {
     dj__mw_finish(w);
@@ -184,29 +173,6 @@ static void test_prompt_flood(void) {
 
 /* ---- finding 5: what unread replies hold is what the cap counts ---- */
 
-/* Sends copies of frame[len] without reading until total bytes went or the
- * daemon took none for 1 s. Returns the bytes sent. */
-static size_t flood(int fd, const uint8_t *frame, size_t len, size_t total) {
-    static uint8_t buf[64 * 1024];
-    const size_t per = sizeof buf / len, blen = per * len;
-    for (size_t i = 0; i < per; i++) memcpy(buf + i * len, frame, len);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    size_t sent = 0, off = 0;
-    while (sent < total) {
-        struct pollfd p = {fd, POLLOUT, 0};
-        if (poll(&p, 1, 1000) <= 0 || (p.revents & (POLLERR | POLLHUP))) break;
-        const ssize_t k = send(fd, buf + off, blen - off, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EAGAIN) continue;
-            break;
-        }
-        sent += (size_t)k;
-        off = (off + (size_t)k) % blen;
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    return sent;
-}
-
 static void test_reply_memory(void) {
     char addr[64];
     const char *extra[] = {"--max-reply-buffer", "2m,4m", NULL};
@@ -215,15 +181,15 @@ static void test_reply_memory(void) {
     dj_test_frame f;
     int fds[4];
     for (int i = 0; i < 4; i++) fds[i] = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
-    const long rss0 = rss_kb(pid);
+    const long rss0 = dj_test_rss_kb(pid);
     uint8_t hb[DJ_FRAME_HEADER_BYTES];
     const dj_frame_header h = {.magic = DJ_PROTO_MAGIC, .version = 1, .type = DJ_MSG_HEARTBEAT, .request_id = 7};
     dj_frame_header_encode(&h, hb);
     size_t sent = 0;
-    for (int i = 0; i < 4; i++) sent += flood(fds[i], hb, sizeof hb, (size_t)32 << 20);
+    for (int i = 0; i < 4; i++) sent += dj_test_flood(fds[i], hb, sizeof hb, (size_t)32 << 20);
     long peak = 0;
     for (int i = 0; i < 20; i++) {
-        const long r = rss_kb(pid);
+        const long r = dj_test_rss_kb(pid);
         if (r > peak) peak = r;
         dj_test_sleep_ms(50);
     }
