@@ -423,14 +423,11 @@ static void conn_close(dj__conn *c) {
 /* ---- inline requests (never touch the engine) ---- */
 
 /* *wrong_token is set when the failure is the token (the peer is slowed). */
-static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong_token) {
+static dj_status do_hello(dj__conn *c, const dj__req_hello *m, dj__mw *w, bool *wrong_token) {
     dj__server *s = c->srv;
-    uint32_t ver = DJ_PROTO_VERSION;
-    dj_status st = dj__meta_u32(m, "version", false, &ver);
-    if (st != DJ_OK) return st;
-    const char *tok = NULL;
-    size_t tn = 0;
-    if ((st = dj__meta_str(m, "token", false, &tok, &tn)) != DJ_OK) return st;
+    const uint32_t ver = m->version;
+    const char *tok = m->token;
+    const size_t tn = m->token_len;
     if (ver != DJ_PROTO_VERSION)
         return dj_fail(DJ_EUNSUPPORTED, "client speaks protocol %u, server %u", ver, DJ_PROTO_VERSION);
     if (s->have_token) {
@@ -500,12 +497,9 @@ static dj__sess *own_session(dj__server *s, uint64_t conn, uint64_t id, bool *fo
 /* SESSION_ATTACH: an orphaned session (its connection closed, its lease not
  * over) moves to this connection, given the secret SESSION_OPEN answered.
  * mu held. */
-static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
+static dj_status do_attach(dj__conn *c, const dj__request *r, dj__mw *w) {
     dj__server *s = c->srv;
-    uint64_t sid = 0, secret = 0;
-    dj_status st = dj__meta_u64(m, "session", true, &sid);
-    if (st == DJ_OK) st = dj__meta_u64(m, "secret", true, &secret);
-    if (st != DJ_OK) return st;
+    const uint64_t sid = r->session, secret = r->u.attach.secret;
     dj__sess *ss = dj__map_get(&s->sessions, sid);
     /* the same answer for a wrong id, a wrong secret, a session still attached and one whose lease is over
      * (whether or not the reaper has come round to it yet: the lease decides, not the reaper's tick) */
@@ -536,21 +530,17 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
 
 /* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH: mu taken here.
  * close_conn set for requests naming another connection's objects. */
-static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw *w, bool *close_conn) {
+static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *close_conn) {
     dj__server *s = c->srv;
-    uint64_t sid = 0, hid = 0, expect = 0;
+    const uint16_t type = r->type;
+    const uint64_t sid = r->session, hid = type == DJ_MSG_RELEASE ? r->u.handle : 0;
+    const uint64_t expect = type == DJ_MSG_PAUSE ? r->u.expected_ms : 0;
     dj_status st = DJ_OK;
-    if (type == DJ_MSG_RELEASE) st = dj__meta_u64(m, "handle", true, &hid);
-    else if (type == DJ_MSG_SESSION_ATTACH) st = DJ_OK; /* do_attach reads its fields */
-    else if (type != DJ_MSG_HEARTBEAT) st = dj__meta_u64(m, "session", true, &sid);
-    else st = dj__meta_u64(m, "session", false, &sid);
-    if (st == DJ_OK && type == DJ_MSG_PAUSE) st = dj__meta_u64(m, "expected_ms", false, &expect);
-    if (st != DJ_OK) return st;
     const uint64_t now = dj__clock_ms(s);
     bool foreign = false;
     pthread_mutex_lock(&s->mu);
     if (type == DJ_MSG_SESSION_ATTACH) {
-        st = do_attach(c, m, w);
+        st = do_attach(c, r, w);
         pthread_mutex_unlock(&s->mu);
         return st;
     }
@@ -610,16 +600,12 @@ static dj_status do_inline(dj__conn *c, uint16_t type, const dj__meta *m, dj__mw
     return DJ_OK;
 }
 
-static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__meta *m, bool *close_conn) {
+static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, bool *close_conn) {
     dj__server *s = c->srv;
-    uint64_t hid = 0, off = 0, len = UINT64_MAX, start = 0, count = UINT64_MAX;
-    dj_status st = dj__meta_u64(m, "handle", true, &hid);
-    if (st == DJ_OK) st = dj__meta_u64(m, "offset", false, &off);
-    if (st == DJ_OK) st = dj__meta_u64(m, "length", false, &len);
-    if (st == DJ_OK) st = dj__meta_u64(m, "start", false, &start);
-    if (st == DJ_OK) st = dj__meta_u64(m, "count", false, &count);
-    if (st != DJ_OK) return st;
-    const bool by_elem = dj__meta_get(m, "start") || dj__meta_get(m, "count");
+    const uint64_t hid = f->handle;
+    uint64_t off = f->offset, len = f->length, count = f->count;
+    const uint64_t start = f->start;
+    const bool by_elem = f->by_elem;
     pthread_mutex_lock(&s->mu);
     dj__handle *h = dj__map_get(&s->handles, hid);
     if (h && h->conn != c->id) {
@@ -674,26 +660,28 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__meta *m, bool *cl
 
 /* ---- one complete request frame ---- */
 
-/* SESSION_OPEN may ask only for a class its token grants. */
-static dj_status check_qos(dj__conn *c, const dj__meta *m) {
-    char name[16] = "interactive";
-    dj_qos q;
-    dj_status st = dj__meta_strcpy(m, "qos", false, name, sizeof name);
-    if (st != DJ_OK || (st = dj_qos_parse(name, &q)) != DJ_OK) return st;
-    if (!(c->qos_mask >> q & 1))
-        return dj_fail(DJ_EINVAL, "qos %s is not granted to this connection's token (see --token-file)", name);
-    return DJ_OK;
+/* The one way a request frame is refused on the I/O side: counted, logged,
+ * answered with an ERROR (closing the connection when close_after), and
+ * what it holds freed (r may be NULL: nothing decoded yet). */
+static void refuse(dj__conn *c, dj__request *r, uint64_t req, uint16_t type, dj_status st, bool close_after) {
+    dj__request_free(r);
+    send_error(c, req, type, st, close_after);
 }
 
-/* A GENERATE's text prompt before anything tokenizes it: at most
- * --max-prompt-bytes, and no U+0000 (refused rather than cut anywhere).
- * *credit: its bytes, which count against the connection's
- * --max-prompt-inflight until the tokenizer thread is done with them. */
-static dj_status check_prompt(dj__conn *c, const dj__meta *m, uint64_t *credit) {
-    const char *p = NULL;
-    size_t n = 0;
+/* The I/O side's limits of a decoded request (the message table's limits
+ * column): SESSION_OPEN asks only for a class its token grants; a
+ * GENERATE's text prompt is at most --max-prompt-bytes and holds no U+0000
+ * (refused rather than cut anywhere), and *credit gets its bytes, which
+ * count against the connection's --max-prompt-inflight until the tokenizer
+ * thread is done with them. */
+static dj_status request_limits(dj__conn *c, const dj__request *r, uint64_t *credit) {
     *credit = 0;
-    if (dj__meta_str(m, "prompt", false, &p, &n) != DJ_OK || !p) return DJ_OK; /* the worker answers the rest */
+    if (r->type == DJ_MSG_SESSION_OPEN && !(c->qos_mask >> r->u.open.qos & 1))
+        return dj_fail(DJ_EINVAL, "qos %s is not granted to this connection's token (see --token-file)",
+                       dj_qos_name(r->u.open.qos));
+    if (r->type != DJ_MSG_GENERATE || !r->u.gen.prompt) return DJ_OK;
+    const char *p = r->u.gen.prompt;
+    const size_t n = r->u.gen.plen;
     const uint64_t max = c->srv->cfg.max_prompt_bytes;
     if (n > max)
         return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu (send fewer bytes or "
@@ -714,7 +702,7 @@ static bool step_payload_ok(dj__conn *c) {
     dj__server *s = c->srv;
     const dj_frame_header *h = &c->h;
     if (!c->hello) {
-        send_error(c, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
+        refuse(c, NULL, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
         return false;
     }
     dj__meta m;
@@ -728,7 +716,7 @@ static bool step_payload_ok(dj__conn *c) {
         dj__meta_destroy(&m);
     }
     if (st != DJ_OK) {
-        send_error(c, h->request_id, h->type, st, true);
+        refuse(c, NULL, h->request_id, h->type, st, true);
         return false;
     }
     bool foreign;
@@ -738,7 +726,7 @@ static bool step_payload_ok(dj__conn *c) {
     const uint64_t hidden = ss ? ss->hidden : 0;
     pthread_mutex_unlock(&s->mu);
     if (!ss) {
-        send_error(c, h->request_id, h->type,
+        refuse(c, NULL, h->request_id, h->type,
                    dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
         return false;
     }
@@ -746,7 +734,7 @@ static bool step_payload_ok(dj__conn *c) {
         const uint64_t rows = n_ids < room ? n_ids : room;
         const uint64_t cap = (n_points < DJ_IV_MAX ? n_points : DJ_IV_MAX) * rows * hidden * 4;
         if (h->payload_len > cap) {
-            send_error(c, h->request_id, h->type,
+            refuse(c, NULL, h->request_id, h->type,
                        dj_fail(DJ_ERANGE,
                                "STEP payload of %llu bytes: %llu points of [%llu, %llu] f32 take at most %llu",
                                (unsigned long long)h->payload_len, (unsigned long long)n_points,
@@ -757,7 +745,7 @@ static bool step_payload_ok(dj__conn *c) {
         return true;
     }
     if (h->payload_len > 4 * room) {
-        send_error(c, h->request_id, h->type,
+        refuse(c, NULL, h->request_id, h->type,
                    dj_fail(DJ_ERANGE, "STEP payload of %llu bytes: session %016llx has room for %llu more ids",
                            (unsigned long long)h->payload_len, (unsigned long long)sid, (unsigned long long)room),
                    true);
@@ -766,43 +754,85 @@ static bool step_payload_ok(dj__conn *c) {
     return true;
 }
 
+/* A request the I/O thread answers itself (the table's DJ__AT_IO rows);
+ * the metadata is there for MODEL_INFO (model_info.c reads its own field). */
+static void answer_inline(dj__conn *c, dj__request *r, const dj__meta *m) {
+    dj__server *s = c->srv;
+    const uint16_t type = r->type;
+    const uint64_t req = r->id;
+    bool close_conn = false, wrong = false;
+    dj_status st;
+    dj__mw w;
+    dj__mw_init(&w);
+    switch (type) {
+    case DJ_MSG_HELLO:
+        st = c->hello ? dj_fail(DJ_EINVAL, "HELLO was already sent") : do_hello(c, &r->u.hello, &w, &wrong);
+        if (s->have_token && !c->door && (st == DJ_OK || wrong))
+            dj__peer_hello_result(&s->peers, c->peer, dj__now_ms(), st == DJ_OK);
+        close_conn = true; /* a failed HELLO closes */
+        break;
+    case DJ_MSG_MODEL_INFO: { /* small JSON files only: no weights, no engine */
+        char probe[256]; /* a malformed request closes the connection; a model folder's malformed file does not */
+        const dj_status req_st = dj__meta_strcpy(m, "model", true, probe, sizeof probe);
+        st = dj__model_info(s->cfg.models, m, &w);
+        close_conn = req_st == DJ_EFORMAT;
+        break;
+    }
+    case DJ_MSG_FETCH:
+        dj__mw_destroy(&w);
+        st = do_fetch(c, req, &r->u.fetch, &close_conn);
+        if (st == DJ_OK) {
+            dj__request_free(r);
+            return;
+        }
+        refuse(c, r, req, type, st, close_conn || st == DJ_EFORMAT);
+        return;
+    default: /* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH */
+        st = do_inline(c, r, &w, &close_conn);
+        close_conn = close_conn || st == DJ_EFORMAT;
+        break;
+    }
+    if (st == DJ_OK) {
+        dj__request_free(r);
+        send_reply(c, type, req, &w);
+        return;
+    }
+    dj__mw_destroy(&w);
+    refuse(c, r, req, type, st, close_conn);
+}
+
+/* One complete request frame: checked against the message table, decoded
+ * into a typed request (request.h), its limits checked, then answered here
+ * (the table's DJ__AT_IO rows) or posted to the worker. Every refusal goes
+ * through refuse(). */
 static void handle_frame(dj__conn *c) {
     dj__server *s = c->srv;
     const dj_frame_header *h = &c->h;
-    uint8_t *body = c->body;
+    dj__request r = {.type = h->type, .id = h->request_id, .body = c->body};
     c->body = NULL;
     c->body_cap = c->body_got = c->body_len = 0;
-    if (!dj_msg_type_is_request(h->type)) {
-        free(body);
+    const dj__msg_row *row = dj__msg_row_of(h->type);
+    if (!row) {
         dj_fail(DJ_EFORMAT, "message type %s is not a request", dj_msg_type_name(h->type));
-        send_error(c, h->request_id, 0, DJ_EFORMAT, true);
+        r.type = 0;
+        refuse(c, &r, h->request_id, 0, DJ_EFORMAT, true);
         return;
     }
     dj__meta m;
-    dj_status st = dj__meta_parse(&m, body, h->meta_len);
+    dj_status st = dj__meta_parse(&m, r.body, h->meta_len);
     if (st != DJ_OK) {
-        free(body);
-        send_error(c, h->request_id, h->type, st, true);
+        refuse(c, &r, h->request_id, h->type, st, true);
         return;
     }
-    if (!c->hello && h->type != DJ_MSG_HELLO) {
+    if (!c->hello && h->type != DJ_MSG_HELLO) st = dj_fail(DJ_EINVAL, "the first request must be HELLO");
+    else if (h->payload_len && !row->payload)
+        st = dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(h->type),
+                     (unsigned long long)h->payload_len);
+    if (st != DJ_OK) {
         dj__meta_destroy(&m);
-        free(body);
-        dj_fail(DJ_EINVAL, "the first request must be HELLO");
-        send_error(c, h->request_id, h->type, DJ_EINVAL, true);
+        refuse(c, &r, h->request_id, h->type, st, true);
         return;
     }
-    if (h->payload_len && h->type != DJ_MSG_STEP) {
-        dj__meta_destroy(&m);
-        free(body);
-        dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(h->type),
-                (unsigned long long)h->payload_len);
-        send_error(c, h->request_id, h->type, DJ_EFORMAT, true);
-        return;
-    }
-    bool close_conn = false;
-    uint64_t credit = 0;
-    dj__mw w;
     if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->door) {
         /* a peer that failed HELLOs has its next one checked only after a
          * pause since its last checked one; a few wait their turn, more are
@@ -811,18 +841,17 @@ static void handle_frame(dj__conn *c) {
         if (at > now) {
             dj__meta_destroy(&m);
             if (!c->waiting && !dj__peer_wait(&s->peers, c->peer)) {
-                free(body);
-                send_error(c, h->request_id, h->type,
-                           dj_fail(DJ_EBUSY, "%d HELLOs from this address already wait their turn after failed ones: "
-                                   "retry later", DJ__PEER_WAITING),
-                           true);
+                refuse(c, &r, h->request_id, h->type,
+                       dj_fail(DJ_EBUSY, "%d HELLOs from this address already wait their turn after failed ones: "
+                               "retry later", DJ__PEER_WAITING),
+                       true);
                 return;
             }
             c->waiting = true;
             c->deferred = true;
             c->defer_until = at;
             c->defer_h = *h;
-            c->defer_body = body;
+            c->defer_body = r.body;
             return;
         }
         if (c->waiting) {
@@ -830,100 +859,34 @@ static void handle_frame(dj__conn *c) {
             c->waiting = false;
         }
     }
-    switch (h->type) {
-    case DJ_MSG_HELLO: {
-        bool wrong = false;
-        dj__mw_init(&w);
-        st = c->hello ? dj_fail(DJ_EINVAL, "HELLO was already sent") : do_hello(c, &m, &w, &wrong);
+    if (h->type == DJ_MSG_STEP) {
+        r.u.step.payload = r.body + h->meta_len;
+        r.u.step.payload_len = h->payload_len;
+    }
+    uint64_t credit = 0;
+    st = dj__request_decode(&m, &r);
+    if (st == DJ_OK) st = request_limits(c, &r, &credit);
+    if (st != DJ_OK) {
         dj__meta_destroy(&m);
-        free(body);
-        if (s->have_token && !c->door && (st == DJ_OK || wrong))
-            dj__peer_hello_result(&s->peers, c->peer, dj__now_ms(), st == DJ_OK);
-        if (st == DJ_OK) {
-            send_reply(c, h->type, h->request_id, &w);
-        } else {
-            dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st, true);
-        }
+        refuse(c, &r, h->request_id, h->type, st, st == DJ_EFORMAT || h->type == DJ_MSG_HELLO);
         return;
     }
-    case DJ_MSG_HEARTBEAT:
-    case DJ_MSG_PAUSE:
-    case DJ_MSG_RESUME:
-    case DJ_MSG_RELEASE:
-    case DJ_MSG_SESSION_ATTACH:
-        dj__mw_init(&w);
-        st = do_inline(c, h->type, &m, &w, &close_conn);
+    if (row->at == DJ__AT_IO) {
+        answer_inline(c, &r, &m);
         dj__meta_destroy(&m);
-        free(body);
-        if (st == DJ_OK) {
-            send_reply(c, h->type, h->request_id, &w);
-        } else {
-            dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
-        }
-        return;
-    case DJ_MSG_MODEL_INFO: { /* small JSON files only: no weights, no engine */
-        char probe[256]; /* a malformed request closes the connection; a model folder's malformed file does not */
-        const dj_status req_st = dj__meta_strcpy(&m, "model", true, probe, sizeof probe);
-        dj__mw_init(&w);
-        st = dj__model_info(s->cfg.models, &m, &w);
-        dj__meta_destroy(&m);
-        free(body);
-        if (st == DJ_OK) {
-            send_reply(c, h->type, h->request_id, &w);
-        } else {
-            dj__mw_destroy(&w);
-            send_error(c, h->request_id, h->type, st, req_st == DJ_EFORMAT);
-        }
         return;
     }
-    case DJ_MSG_FETCH:
-        st = do_fetch(c, h->request_id, &m, &close_conn);
-        dj__meta_destroy(&m);
-        free(body);
-        if (st != DJ_OK) send_error(c, h->request_id, h->type, st, close_conn || st == DJ_EFORMAT);
-        return;
-    case DJ_MSG_GENERATE:
-        if ((st = check_prompt(c, &m, &credit)) != DJ_OK) {
-            dj__meta_destroy(&m);
-            free(body);
-            send_error(c, h->request_id, h->type, st, false);
-            return;
-        }
-        break;
-    case DJ_MSG_SESSION_OPEN:
-        if ((st = check_qos(c, &m)) != DJ_OK) {
-            dj__meta_destroy(&m);
-            free(body);
-            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
-            return;
-        }
-        break;
-    default:
-        break;
-    }
+    dj__meta_destroy(&m);
     dj__job *j = dj_calloc(1, sizeof *j);
-    if (!j) {
-        dj__meta_destroy(&m);
-        free(body);
-        send_error(c, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), true);
-        return;
-    }
-    if (credit && !(j->credit_out = dj_calloc(1, sizeof *j->credit_out))) {
+    if (!j || (credit && !(j->credit_out = dj_calloc(1, sizeof *j->credit_out)))) {
         free(j);
-        dj__meta_destroy(&m);
-        free(body);
-        send_error(c, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), false);
+        refuse(c, &r, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), !credit);
         return;
     }
     j->type = h->type;
     j->req = h->request_id;
     j->conn = c->id;
-    j->body = body;
-    j->meta = m;
-    j->payload = body + h->meta_len;
-    j->payload_len = h->payload_len;
+    j->r = r;
     j->qos = DJ_QOS_INTERACTIVE;
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;

@@ -17,6 +17,7 @@
 #include "djinn/tokenizer.h"
 #include "sched/sched.h"
 #include "proto/proto_impl.h"
+#include "server/request.h"
 
 /* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
 typedef struct dj__ment {
@@ -215,10 +216,7 @@ struct dj__job {
     uint64_t cache_salt[2];   /* the caller's token's prefix-cache salt (dj__token) */
     bool counted;             /* sess->queued was raised for it (dj__enqueue) */
     bool model_error;         /* its error came from a model's files (not the request): the connection stays */
-    uint8_t *body;            /* meta then payload, owned */
-    dj__meta meta;
-    const uint8_t *payload;
-    uint64_t payload_len;
+    dj__request r;            /* the request, decoded by the I/O thread (request.h); owned */
     double t_enqueue;
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
@@ -457,11 +455,11 @@ dj_status dj__model_info(const char *models_dir, const dj__meta *m, dj__mw *w);
 typedef struct dj__trace_req dj__trace_req;
 struct dj__meta;
 struct dj__mw;
-/* Parses meta's `points` for a step of n ids of a model with config c, with
- * the payload holding their tensors (f32 LE, in order); validates every
- * name, op, shape and the payload's size, and allocates the saves' buffers. */
-dj_status dj__trace_parse(const struct dj__meta *meta, const uint8_t *payload, uint64_t payload_len, uint32_t n,
-                          const dj_model_config *c, dj__trace_req **out /* OUT */);
+/* A STEP's decoded `points` for a step of n ids of a model with config c,
+ * with its payload holding their tensors (f32 LE, in order); validates every
+ * name and shape against the model and the payload's size, and allocates the
+ * saves' buffers. */
+dj_status dj__trace_parse(const dj__req_step *rq, uint32_t n, const dj_model_config *c, dj__trace_req **out /* OUT */);
 uint32_t dj__trace_saves(const dj__trace_req *t); /* handles the trace will publish */
 /* dj_session_step_trace with the parsed points. */
 dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,

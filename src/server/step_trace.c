@@ -18,11 +18,6 @@ struct dj__trace_req {
     float *data;              /* the payload's tensors as f32 (owned) */
 };
 
-static bool str_is(const msgpack_object *o, const char *s) {
-    const size_t k = strlen(s);
-    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == k && !memcmp(o->via.str.ptr, s, k);
-}
-
 void dj__trace_free(dj__trace_req *t) {
     if (!t) return;
     for (uint32_t k = 0; k < t->n_iv; k++) free(t->iv[k].out);
@@ -32,16 +27,10 @@ void dj__trace_free(dj__trace_req *t) {
 
 uint32_t dj__trace_saves(const dj__trace_req *t) { return t ? t->n_saves : 0; }
 
-dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t payload_len, uint32_t n,
-                          const dj_model_config *c, dj__trace_req **out) {
+dj_status dj__trace_parse(const dj__req_step *rq, uint32_t n, const dj_model_config *c, dj__trace_req **out) {
     *out = NULL;
-    const msgpack_object *pts = dj__meta_get(meta, "points");
-    if (!pts || pts->type != MSGPACK_OBJECT_ARRAY)
-        return dj_fail(DJ_EFORMAT, "STEP field 'points' must be an array of {point, op[, shape]} maps");
-    const uint32_t np = pts->via.array.size;
-    if (np == 0) return dj_fail(DJ_EINVAL, "STEP 'points' is empty");
-    if (np > DJ_IV_MAX)
-        return dj_fail(DJ_EINVAL, "STEP names %u points; at most %u in one step", np, (unsigned)DJ_IV_MAX);
+    const uint32_t np = rq->n_points;
+    if (np == 0 || np > DJ_IV_MAX) return dj_fail(DJ_EINTERNAL, "a STEP of %u points reached the trace", np);
     if (n == 0) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
     dj__trace_req *t = dj_calloc(1, sizeof *t);
     if (!t) return dj_fail(DJ_ENOMEM, "out of memory");
@@ -51,42 +40,18 @@ dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t
     uint64_t floats = 0; /* payload floats the edits take */
     uint32_t rows[DJ_IV_MAX];
     for (uint32_t k = 0; k < np && st == DJ_OK; k++) {
-        const msgpack_object *e = &pts->via.array.ptr[k];
-        const msgpack_object *po = dj__obj_get(e, "point"), *op = dj__obj_get(e, "op");
-        if (!po || po->type != MSGPACK_OBJECT_STR || !op || op->type != MSGPACK_OBJECT_STR) {
-            st = dj_fail(DJ_EFORMAT, "STEP points[%u] must be a map with string 'point' and 'op'", k);
-            break;
-        }
+        const dj__req_point *p = &rq->points[k];
         dj_intervention *v = &t->iv[k];
-        if ((st = dj_point_parse(po->via.str.ptr, po->via.str.size, c->n_layers, &v->point)) != DJ_OK) break;
+        if ((st = dj_point_parse(p->point, p->point_len, c->n_layers, &v->point)) != DJ_OK) break;
         dj_point_name(v->point, t->name[k], sizeof t->name[k]);
         t->n_iv = k + 1;
-        if (str_is(op, "save")) {
-            v->op = DJ_IV_SAVE;
+        v->op = p->op;
+        if (p->op == DJ_IV_SAVE) {
             t->n_saves++;
             continue;
         }
-        if (str_is(op, "add")) v->op = DJ_IV_ADD;
-        else if (str_is(op, "replace")) v->op = DJ_IV_REPLACE;
-        else {
-            st = dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add' or 'replace'", k, t->name[k]);
-            break;
-        }
-        const msgpack_object *dt = dj__obj_get(e, "dtype");
-        if (dt && !str_is(dt, "f32")) {
-            st = dj_fail(DJ_EUNSUPPORTED, "STEP points[%u] (%s): tensors travel as dtype 'f32'", k, t->name[k]);
-            break;
-        }
-        const msgpack_object *sh = dj__obj_get(e, "shape");
-        uint64_t dims[2] = {0, 0};
-        const uint32_t nd = sh && sh->type == MSGPACK_OBJECT_ARRAY ? sh->via.array.size : 0;
-        bool ok = nd == 1 || nd == 2;
-        for (uint32_t i = 0; ok && i < nd; i++) ok = dj__obj_u64(&sh->via.array.ptr[i], &dims[i]);
-        if (!ok) {
-            st = dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): 'shape' must be [hidden] or [n, hidden]", k, t->name[k]);
-            break;
-        }
-        const uint64_t r = nd == 1 ? 1 : dims[0], w = nd == 1 ? dims[0] : dims[1];
+        const uint32_t nd = p->nd;
+        const uint64_t r = nd == 1 ? 1 : p->dims[0], w = nd == 1 ? p->dims[0] : p->dims[1];
         if (w != t->d || (nd == 2 && r != n && r != 1)) {
             char got[48];
             if (nd == 1) snprintf(got, sizeof got, "[%llu]", (unsigned long long)w);
@@ -100,6 +65,8 @@ dj_status dj__trace_parse(const dj__meta *meta, const uint8_t *payload, uint64_t
         rows[k] = (uint32_t)r;
         floats += r * w;
     }
+    const uint8_t *payload = rq->payload;
+    const uint64_t payload_len = rq->payload_len;
     if (st == DJ_OK && payload_len != floats * 4)
         st = dj_fail(DJ_EINVAL, "STEP payload holds %llu bytes; its points' tensors take %llu (f32)",
                      (unsigned long long)payload_len, (unsigned long long)(floats * 4));

@@ -15,8 +15,6 @@
 
 #include "server/server_impl.h"
 
-#define DEFAULT_MAX_TOKENS 64
-
 /* ---- queues and the outbox (mu held) ---- */
 
 /* Most token rows of one mixed step: the engine's max_step_tokens (set so
@@ -134,17 +132,14 @@ static void held_del(dj__server *s, dj__job *j) {
 
 void dj__job_free(dj__job *j) {
     if (!j) return;
-    dj__meta_destroy(&j->meta);
-    free(j->body);
+    dj__request_free(&j->r);
     gen_free(j->gen);
     free(j->credit_out);
     free(j);
 }
 
 void dj__enqueue(dj__server *s, dj__job *j) {
-    uint64_t sid = 0;
-    const msgpack_object *o = dj__meta_get(&j->meta, "session");
-    if (o) dj__obj_u64(o, &sid);
+    const uint64_t sid = j->r.session;
     pthread_mutex_lock(&s->mu);
     dj__sess *ss = sid ? dj__map_get(&s->sessions, sid) : NULL;
     if (ss && ss->conn == j->conn && !ss->dead) {
@@ -154,16 +149,7 @@ void dj__enqueue(dj__server *s, dj__job *j) {
         j->counted = true;
         j->sess = sid;
     }
-    if (j->type == DJ_MSG_SESSION_OPEN) {
-        const msgpack_object *q = dj__meta_get(&j->meta, "qos");
-        dj_qos qq;
-        char name[16];
-        if (q && q->type == MSGPACK_OBJECT_STR && q->via.str.size < sizeof name) {
-            memcpy(name, q->via.str.ptr, q->via.str.size);
-            name[q->via.str.size] = '\0';
-            if (dj_qos_parse(name, &qq) == DJ_OK && (j->qos_mask >> qq & 1)) j->qos = qq;
-        }
-    }
+    if (j->type == DJ_MSG_SESSION_OPEN && (j->qos_mask >> j->r.u.open.qos & 1)) j->qos = j->r.u.open.qos;
     q_push(&s->newq[j->qos], j);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -351,9 +337,7 @@ static void lease_renew(dj__server *s, dj__sess *ss) { ss->lease_deadline_ms = d
 
 /* The session a job names, owned by its connection (mu taken here). */
 static dj_status job_session(dj__server *s, dj__job *j, dj__sess **out, bool *foreign) {
-    uint64_t sid;
-    dj_status st = dj__meta_u64(&j->meta, "session", true, &sid);
-    if (st != DJ_OK) return st;
+    const uint64_t sid = j->r.session;
     j->sess = sid;
     pthread_mutex_lock(&s->mu);
     dj__sess *ss = dj__map_get(&s->sessions, sid);
@@ -414,23 +398,15 @@ static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_
 }
 
 /* The prefix-cache salt a request asks for: its token's, mixed with its
- * `cache_salt` string when given (*given). */
-static dj_status request_salt(const dj__job *j, uint64_t salt[2] /* OUT */, bool *given /* OUT */) {
-    const char *cs = NULL;
-    size_t n = 0;
-    dj_status st = dj__meta_str(&j->meta, "cache_salt", false, &cs, &n);
-    if (st != DJ_OK) return st;
-    *given = cs != NULL;
-    if (cs && (n == 0 || n > DJ__SALT_BYTES_MAX))
-        return dj_fail(DJ_EINVAL, "cache_salt of %zu bytes (1 to %d)", n, DJ__SALT_BYTES_MAX);
+ * `cache_salt` string cs[n] when given (cs not NULL; bounded by its decoder). */
+static void request_salt(const dj__job *j, const char *cs, size_t n, uint64_t salt[2] /* OUT */) {
     if (cs) dj__cache_salt_of(j->cache_salt, cs, n, salt);
     else memcpy(salt, j->cache_salt, 2 * sizeof *salt);
-    return DJ_OK;
 }
 
 static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
-    char model[128], qos_name[16] = "interactive";
-    uint32_t expect = 0;
+    const dj__req_open *rq = &j->r.u.open;
+    const char *model = rq->model;
     pthread_mutex_lock(&s->mu);
     const size_t n_open = dj__conn_sessions(s, j->conn), n_tenant = dj__tenant_sessions(s, j->tenant);
     pthread_mutex_unlock(&s->mu);
@@ -440,17 +416,12 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     if (n_tenant >= s->cfg.max_sessions_token)
         return dj_fail(DJ_EQUOTA, "this token has %zu sessions open (--max-sessions-per-token %u)", n_tenant,
                        s->cfg.max_sessions_token);
-    bool reattach = false;
-    dj_status st = dj__meta_strcpy(&j->meta, "model", true, model, sizeof model);
-    if (st == DJ_OK) st = dj__meta_strcpy(&j->meta, "qos", false, qos_name, sizeof qos_name);
-    if (st == DJ_OK) st = dj__meta_bool(&j->meta, "reattach", false, &reattach);
-    if (st == DJ_OK) st = dj__meta_u32(&j->meta, "expected_tokens", false, &expect);
+    const bool reattach = rq->reattach;
+    const uint32_t expect = rq->expected_tokens;
+    const dj_qos qos = rq->qos;
     uint64_t salt[2];
-    bool salted;
-    if (st == DJ_OK) st = request_salt(j, salt, &salted);
-    if (st != DJ_OK) return st;
-    dj_qos qos;
-    if ((st = dj_qos_parse(qos_name, &qos)) != DJ_OK) return st;
+    request_salt(j, rq->cache_salt, rq->salt_len, salt);
+    dj_status st = DJ_OK;
     dj__model_ent *e = model_find(s, model);
     dj_model_t *m = NULL;
     const bool load = !e || (!e->users && !e->pinned);
@@ -523,7 +494,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
 }
 
 static dj_status do_close(dj__server *s, dj__job *j, bool *foreign) {
-    dj__sess *ss;
+    dj__sess *ss = NULL;
     dj_status st = job_session(s, j, &ss, foreign);
     if (st != DJ_OK) return st;
     pthread_mutex_lock(&s->mu);
@@ -557,40 +528,14 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     dj__sess *ss = NULL;
     dj_status st = job_session(s, j, &ss, foreign);
     if (st != DJ_OK) return st;
-    int32_t *ids = NULL, *feed = NULL;
-    size_t n = 0, n_feed = 0;
+    const dj__req_step *rq = &j->r.u.step;
+    const int32_t *ids = rq->ids;
+    const size_t n = rq->n_ids;
+    int32_t *feed = NULL;
+    size_t n_feed = 0;
     dj__trace_req *tr = NULL; /* with `points` (step_trace.c): the payload holds their tensors */
-    const bool traced = dj__meta_get(&j->meta, "points") != NULL;
-    if (j->payload_len && !traced) {
-        if (j->payload_len % 4) return dj_fail(DJ_EFORMAT, "STEP payload of %llu bytes is not int32 ids",
-                                               (unsigned long long)j->payload_len);
-        if (dj__meta_get(&j->meta, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
-        n = j->payload_len / 4;
-        ids = dj_malloc(n * sizeof *ids);
-        if (!ids) return dj_fail(DJ_ENOMEM, "out of memory");
-        for (size_t i = 0; i < n; i++) {
-            const uint8_t *p = j->payload + 4 * i;
-            uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-            ids[i] = (int32_t)u;
-        }
-    } else if ((st = dj__meta_ids(&j->meta, "ids", true, &ids, &n)) != DJ_OK) {
-        return st;
-    }
-    bool want_logits = true, all_rows = false;
-    const char *lg = NULL;
-    size_t lgn = 0;
-    if ((st = dj__meta_str(&j->meta, "logits", false, &lg, &lgn)) != DJ_OK) goto done;
-    if (lg && lgn == 4 && !memcmp(lg, "none", 4)) want_logits = false;
-    else if (lg && lgn == 3 && !memcmp(lg, "all", 3)) all_rows = true;
-    else if (lg && !(lgn == 4 && !memcmp(lg, "last", 4))) {
-        st = dj_fail(DJ_EUNSUPPORTED, "logits '%.*s': ask for 'last' (default), 'all' or 'none'",
-                     (int)(lgn > 32 ? 32 : lgn), lg);
-        goto done;
-    }
-    if (traced && all_rows) {
-        st = dj_fail(DJ_EINVAL, "a STEP with points takes logits 'last' or 'none', not 'all'");
-        goto done;
-    }
+    const bool traced = rq->n_points > 0;
+    const bool want_logits = rq->logits != DJ__LOGITS_NONE, all_rows = rq->logits == DJ__LOGITS_ALL;
     if (ss->busy) {
         st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
         goto done;
@@ -607,8 +552,7 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
     const uint64_t rows = all_rows ? n_feed : 1;
     dj__handle *h = NULL;
-    if (traced && (st = dj__trace_parse(&j->meta, j->payload, j->payload_len, (uint32_t)n,
-                                        dj_model_get_config(ss->ment->m), &tr)) != DJ_OK)
+    if (traced && (st = dj__trace_parse(rq, (uint32_t)n, dj_model_get_config(ss->ment->m), &tr)) != DJ_OK)
         goto done;
     if (want_logits || dj__trace_saves(tr)) {
         pthread_mutex_lock(&s->mu);
@@ -692,7 +636,6 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     if (tr) st = dj__trace_publish(s, tr, j->conn, ss->id, w);
 done:
     dj__trace_free(tr);
-    free(ids);
     free(feed);
     return st;
 }
@@ -777,19 +720,18 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
  * thread. The prompt's bytes were bounded by the I/O thread
  * (--max-prompt-bytes). */
 static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *deferred) {
-    const dj__meta *m = &j->meta;
-    const char *prompt = NULL;
-    size_t plen = 0;
+    dj__req_generate *rq = &j->r.u.gen;
+    const char *prompt = rq->prompt;
+    const size_t plen = rq->plen;
     *deferred = false;
     dj__gen *g = dj_calloc(1, sizeof *g);
     if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
     j->gen = g;
-    g->max_tokens = DEFAULT_MAX_TOKENS;
-    dj_status st = dj__meta_str(m, "prompt", false, &prompt, &plen);
-    if (st == DJ_OK) st = dj__meta_ids(m, "ids", false, &g->ids, &g->n_ids);
-    if (st == DJ_OK) st = dj__meta_u32(m, "max_tokens", false, &g->max_tokens);
-    if (st != DJ_OK) return st;
-    if (!!prompt == !!dj__meta_get(m, "ids")) return dj_fail(DJ_EFORMAT, "GENERATE needs exactly one of 'prompt' or 'ids'");
+    g->max_tokens = rq->max_tokens;
+    g->ids = rq->ids; /* the generation's now */
+    g->n_ids = rq->n_ids;
+    rq->ids = NULL;
+    rq->n_ids = 0;
     if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
     if (prompt) {
@@ -819,9 +761,9 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *defe
  * holds nothing yet; any other is refused (its chain started under another). */
 static dj_status gen_salt(const dj__job *j, dj__sess *ss) {
     uint64_t want[2], have[2];
-    bool given;
-    dj_status st = request_salt(j, want, &given);
-    if (st != DJ_OK || !given) return st;
+    const dj__req_generate *rq = &j->r.u.gen;
+    if (!rq->cache_salt) return DJ_OK;
+    request_salt(j, rq->cache_salt, rq->salt_len, want);
     dj_session_cache_salt(ss->es, have);
     if (want[0] == have[0] && want[1] == have[1]) return DJ_OK;
     if (sess_pos(ss) == 0 && ss->pending < 0 && !ss->dropped && ss->n_hist == 0)
@@ -921,39 +863,11 @@ static void *tokenizer_main(void *arg) {
 /* A GENERATE's turn to start: its sampling fields, the session's pending
  * token and (recompute policy) history before the prompt, a dj_gen_t. */
 static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
-    const dj__meta *m = &j->meta;
     dj__gen *g = j->gen;
-    int32_t *feed = NULL, *stop = NULL;
-    size_t n_feed = 0, n_stop = 0;
-    double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
-    uint64_t top_k = 0, seed = 0;
-    bool ignore_eos = false, logprobs = false;
-    uint32_t top_logprobs = 0;
-    dj_status st = dj__meta_f64(m, "temperature", false, &temp);
-    if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
-    if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
-    if (st == DJ_OK) st = dj__meta_u64(m, "seed", false, &seed);
-    if (st == DJ_OK) st = dj__meta_f64(m, "min_p", false, &min_p);
-    if (st == DJ_OK) st = dj__meta_f64(m, "repetition_penalty", false, &rep);
-    if (st == DJ_OK) st = dj__meta_f64(m, "frequency_penalty", false, &freq);
-    if (st == DJ_OK) st = dj__meta_f64(m, "presence_penalty", false, &pres);
-    if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &ignore_eos);
-    if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &stop, &n_stop);
-    if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &logprobs);
-    if (st == DJ_OK) st = dj__meta_u32(m, "top_logprobs", false, &top_logprobs);
-    if (st != DJ_OK) goto done;
-    if (top_logprobs > DJ_MAX_TOP_LOGPROBS || (top_logprobs && !logprobs)) {
-        st = dj_fail(DJ_EINVAL, "top_logprobs %u: it needs logprobs true and must be in [0, %d]", top_logprobs,
-                     DJ_MAX_TOP_LOGPROBS);
-        goto done;
-    }
-    if (!(min_p >= 0 && min_p <= 1) || !(rep >= 0 && rep <= 100) || !(freq >= -2 && freq <= 2) ||
-        !(pres >= -2 && pres <= 2)) {
-        st = dj_fail(DJ_EINVAL, "min_p %g must be in [0, 1], repetition_penalty %g in [0, 100], frequency_penalty %g "
-                     "and presence_penalty %g in [-2, 2]", min_p, rep, freq, pres);
-        goto done;
-    }
-    if (top_k > UINT32_MAX) top_k = UINT32_MAX;
+    const dj__gen_sampling *sp = &j->r.u.gen.s;
+    int32_t *feed = NULL;
+    size_t n_feed = 0;
+    dj_status st = DJ_OK;
     if (ss->paused) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
@@ -975,20 +889,17 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                      n_feed, ctx - pos0, ctx);
         goto done;
     }
-    const dj_gen_params gp = {.sampling = {.temperature = (float)temp, .top_k = (uint32_t)top_k,
-                                           .top_p = (float)top_p, .seed = seed, .min_p = (float)min_p,
-                                           .repetition_penalty = (float)rep, .frequency_penalty = (float)freq,
-                                           .presence_penalty = (float)pres},
+    const dj_gen_params gp = {.sampling = sp->sampling,
                               .max_tokens = g->max_tokens,
-                              .stop_ids = stop,
-                              .n_stop = n_stop,
+                              .stop_ids = sp->stop_ids,
+                              .n_stop = sp->n_stop,
                               .eos_ids = ss->ment->eos,
                               .n_eos = ss->ment->n_eos,
-                              .ignore_eos = ignore_eos,
+                              .ignore_eos = sp->ignore_eos,
                               .prefill_chunk = s->cfg.prefill_chunk,
                               .tok = tok,
-                              .logprobs = logprobs,
-                              .top_logprobs = top_logprobs};
+                              .logprobs = sp->logprobs,
+                              .top_logprobs = sp->top_logprobs};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
@@ -998,7 +909,6 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     dj__metrics_observe(&s->metrics, &s->metrics.queue_s, g->t_start - j->t_enqueue);
 done:
     free(feed);
-    free(stop);
     return st;
 }
 static bool job_rides(const dj__server *s, const dj__job *j);
@@ -1311,9 +1221,8 @@ static dj_status do_model_list(dj__server *s, dj__mw *w) {
 }
 
 static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) {
-    char name[128];
-    dj_status st = dj__meta_strcpy(&j->meta, "model", true, name, sizeof name);
-    if (st != DJ_OK) return st;
+    const char *name = j->r.u.model;
+    dj_status st;
     dj__model_ent *e = model_find(s, name);
     if (load) {
         if (!e || !e->pinned) {
@@ -1400,9 +1309,7 @@ static void arrive(dj__server *s, dj__job *j) {
         st = job_session(s, j, &ss, &foreign);
         if (st == DJ_OK && j->type == DJ_MSG_STEP) {
             kind = DJ_REQ_STEP;
-            const msgpack_object *o = dj__meta_get(&j->meta, "ids");
-            tokens = j->payload_len ? j->payload_len / 4 : o && o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
-            tokens += 1; /* a pending token goes first */
+            tokens = (uint64_t)j->r.u.step.n_ids + 1; /* a pending token goes first */
             if (ss->busy) st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
             else if (ss->paused) st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         } else if (st == DJ_OK) {
