@@ -878,7 +878,7 @@ static void handle_frame(dj__conn *c) {
     }
     dj__meta_destroy(&m);
     dj__job *j = dj_calloc(1, sizeof *j);
-    if (!j || (credit && !(j->credit_out = dj_calloc(1, sizeof *j->credit_out)))) {
+    if (!j || (credit && !(j->credit_ev = dj__event_new(DJ__EV_CREDIT, c->id, h->type, h->request_id, 0)))) {
         free(j);
         refuse(c, &r, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), !credit);
         return;
@@ -1245,31 +1245,32 @@ static void answer_lost(dj__server *s) {
             }
 }
 
+/* The worker's mailbox to the I/O side: its typed events, encoded into
+ * frames here (encode.c) and sent. */
 static void on_wake(uv_async_t *a) {
     dj__server *s = a->data;
     pthread_mutex_lock(&s->mu);
-    dj__out *o = s->out_head;
-    s->out_head = s->out_tail = NULL;
+    dj__event *e = s->ev_head;
+    s->ev_head = s->ev_tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    while (o) {
-        dj__out *next = o->next;
-        dj__conn *c = dj__map_get(&s->conns, o->conn);
-        if (o->credit) { /* no frame: prompt bytes tokenized */
+    while (e) {
+        dj__event *next = e->next;
+        dj__conn *c = dj__map_get(&s->conns, e->conn);
+        if (e->kind == DJ__EV_CREDIT) { /* no frame: prompt bytes tokenized */
             if (c) {
-                c->prompt_bytes -= o->credit < c->prompt_bytes ? o->credit : c->prompt_bytes;
+                c->prompt_bytes -= e->credit < c->prompt_bytes ? e->credit : c->prompt_bytes;
                 conn_pump(c);
             }
-            free(o);
         } else if (c && !uv_is_closing(&c->u.handle)) {
-            const uint16_t t = o->h.type;
-            if ((t == DJ_MSG_REPLY || t == DJ_MSG_ERROR || t == DJ_MSG_DONE) && c->inflight) c->inflight--;
-            send_out(c, o);
+            if (e->kind != DJ__EV_TOKEN && c->inflight) c->inflight--;
+            dj__out *o = dj__event_encode(e);
+            if (!o) o = dj__out_error(c->id, e->req, DJ_ENOMEM, "out of memory building the answer", false);
+            if (o) send_out(c, o);
+            else conn_close(c);
             conn_pump(c);
-        } else {
-            free(o->meta);
-            free(o);
         }
-        o = next;
+        dj__event_free(e);
+        e = next;
     }
     answer_lost(s);
 }
@@ -1529,10 +1530,9 @@ done:
         unlink(path);
         rmdir(s->door_dir);
     }
-    for (dj__out *o = s->out_head, *n; o; o = n) {
-        n = o->next;
-        free(o->meta);
-        free(o);
+    for (dj__event *e = s->ev_head, *n; e; e = n) {
+        n = e->next;
+        dj__event_free(e);
     }
     dj__map_destroy(&s->conns);
     dj__map_destroy(&s->sessions);

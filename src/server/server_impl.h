@@ -17,6 +17,7 @@
 #include "djinn/tokenizer.h"
 #include "sched/sched.h"
 #include "proto/proto_impl.h"
+#include "server/event.h"
 #include "server/request.h"
 
 /* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
@@ -223,8 +224,8 @@ struct dj__job {
                                * (dj__server.lost), its later frames are dropped */
     uint64_t prompt_credit;   /* prompt bytes counted in its connection's prompt_bytes (server.c),
                                * given back (dj__out.credit) once it is tokenized or refused */
-    struct dj__out *credit_out; /* the frame-less dj__out that gives prompt_credit back, made with the
-                                 * job so that giving it back allocates nothing; owned until posted */
+    dj__event *credit_ev;     /* the DJ__EV_CREDIT event that gives prompt_credit back, made with the
+                               * job so that giving it back allocates nothing; owned until posted */
     dj__job *hprev, *hnext;   /* worker: jobs the scheduler holds */
 };
 
@@ -233,14 +234,13 @@ typedef struct dj__jobq {
     size_t n;
 } dj__jobq;
 
-/* A frame for the I/O thread to send (worker -> loop). */
+/* A frame for the I/O thread to send (encode.c makes them of the worker's events). */
 typedef struct dj__out {
     struct dj__out *next;
     uint64_t conn;
     dj_frame_header h;
     char *meta; /* malloc'd msgpack bytes (h.meta_len) */
     bool close_after;
-    uint64_t credit; /* no frame: prompt bytes of the connection's that are tokenized (or refused) */
 } dj__out;
 
 struct dj__model_ent {
@@ -374,7 +374,7 @@ typedef struct dj__server {
     dj__map handles;     /* id -> dj__handle */
     dj__map live_conns;  /* id -> (void *)1 */
     dj__jobq newq[DJ_QOS_COUNT]; /* arrived, not yet handed to the scheduler */
-    dj__out *out_head, *out_tail;
+    dj__event *ev_head, *ev_tail; /* the I/O side's mailbox: the worker's typed answers (event.h) */
     /* Answers the worker could not build for want of memory (mu): the loop
      * answers each with an ENOMEM ERROR of its own, or closes its connection.
      * Past DJ__LOST_MAX, lost_overflow: every connection with a request in
@@ -441,6 +441,9 @@ dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *ms
 void dj__scrub_message(const char *msg, char *out, size_t cap);
 void dj__scrub_set_models(const char *dir);
 dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w); /* takes w's bytes */
+/* encode.c: the frame of a worker's event (NULL: out of memory, or a
+ * DJ__EV_CREDIT, which has none). I/O thread. */
+dj__out *dj__event_encode(const dj__event *e);
 void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
 /* Files h (filled in, refs set) in the handle store under a fresh random id
  * (h->id); takes and drops mu. On failure h is not filed. */
@@ -464,8 +467,8 @@ uint32_t dj__trace_saves(const dj__trace_req *t); /* handles the trace will publ
 /* dj_session_step_trace with the parsed points. */
 dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
                         float *logits /* OUT, [vocab] or NULL */);
-/* Saved activations become handles of (conn, sess); writes `saved` into w. */
-dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, struct dj__mw *w);
+/* Saved activations become handles of (conn, sess), listed in out->saved. */
+dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, dj__rep_step *out);
 void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
 
 #endif

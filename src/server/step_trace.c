@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "djinn/intervene.h"
-#include "proto/proto_impl.h"
 #include "server/server_impl.h"
 
 struct dj__trace_req {
@@ -106,9 +105,10 @@ dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, ui
     return dj_session_step_trace(e, es, ids, n, t->iv, t->n_iv, logits);
 }
 
-dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, dj__mw *w) {
-    dj__mw_key(w, "saved");
-    msgpack_pack_array(&w->pk, t->n_saves);
+dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, dj__rep_step *out) {
+    out->traced = true;
+    if (t->n_saves && !(out->saved = dj_calloc(t->n_saves, sizeof *out->saved)))
+        return dj_fail(DJ_ENOMEM, "out of memory");
     dj_status st = DJ_OK;
     for (uint32_t k = 0; k < t->n_iv; k++) {
         dj_intervention *v = &t->iv[k];
@@ -136,23 +136,12 @@ dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint
         } else {
             free(h);
         }
-        /* the array was announced: every entry is written, a failed one without a handle */
-        msgpack_pack_map(&w->pk, id ? 6 : 1);
-        dj__pack_str(&w->pk, "point");
-        dj__pack_str(&w->pk, t->name[k]);
-        if (!id) continue;
-        dj__pack_str(&w->pk, "handle");
-        msgpack_pack_uint64(&w->pk, id);
-        dj__pack_str(&w->pk, "op");
-        dj__pack_str(&w->pk, "save");
-        dj__pack_str(&w->pk, "dtype");
-        dj__pack_str(&w->pk, "f32");
-        dj__pack_str(&w->pk, "shape");
-        msgpack_pack_array(&w->pk, 2);
-        msgpack_pack_uint64(&w->pk, t->n);
-        msgpack_pack_uint64(&w->pk, t->d);
-        dj__pack_str(&w->pk, "nbytes");
-        msgpack_pack_uint64(&w->pk, (uint64_t)t->n * t->d * sizeof(float));
+        /* every save is listed, a failed one without a handle */
+        dj__rep_saved *o = &out->saved[out->n_saved++];
+        snprintf(o->point, sizeof o->point, "%s", t->name[k]);
+        o->handle = id;
+        o->n = t->n;
+        o->d = t->d;
     }
     return st;
 }

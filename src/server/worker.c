@@ -48,26 +48,26 @@ static dj__job *q_pop_head(dj__jobq *q) {
     return j;
 }
 
-static void post_locked(dj__server *s, dj__out *o) {
-    if (!o) return;
-    o->next = NULL;
-    if (s->out_tail) s->out_tail->next = o;
-    else s->out_head = o;
-    s->out_tail = o;
+/* Into the I/O side's mailbox (dj__server.ev_head). */
+static void post_locked(dj__server *s, dj__event *e) {
+    if (!e) return;
+    e->next = NULL;
+    if (s->ev_tail) s->ev_tail->next = e;
+    else s->ev_head = e;
+    s->ev_tail = e;
     if (!s->stopping) uv_async_send(&s->wake); /* when stopping, the loop drains the list itself */
 }
 
-/* A frame of j's answer; NULL when it could not be built (no memory): the
- * loop then answers j with an ENOMEM ERROR (on_wake), and j's later frames
+/* An event of j's answer; NULL when it could not be made (no memory): the
+ * loop then answers j with an ENOMEM ERROR (on_wake), and j's later events
  * are dropped, so the client never waits for a frame that will not come. */
-static void post_job_locked(dj__server *s, dj__job *j, dj__out *o) {
+static void post_job_locked(dj__server *s, dj__job *j, dj__event *e) {
     if (j->lost) {
-        if (o) free(o->meta);
-        free(o);
+        dj__event_free(e);
         return;
     }
-    if (o) {
-        post_locked(s, o);
+    if (e) {
+        post_locked(s, e);
         return;
     }
     j->lost = true;
@@ -81,9 +81,9 @@ static void post_job_locked(dj__server *s, dj__job *j, dj__out *o) {
     if (!s->stopping) uv_async_send(&s->wake);
 }
 
-static void post_job(dj__server *s, dj__job *j, dj__out *o) {
+static void post_job(dj__server *s, dj__job *j, dj__event *e) {
     pthread_mutex_lock(&s->mu);
-    post_job_locked(s, j, o);
+    post_job_locked(s, j, e);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -134,7 +134,7 @@ void dj__job_free(dj__job *j) {
     if (!j) return;
     dj__request_free(&j->r);
     gen_free(j->gen);
-    free(j->credit_out);
+    dj__event_free(j->credit_ev);
     free(j);
 }
 
@@ -157,9 +157,13 @@ void dj__enqueue(dj__server *s, dj__job *j) {
 
 /* ---- replies ---- */
 
-static void reply(dj__server *s, dj__job *j, dj__mw *w) {
+/* j's REPLY: rep (filled by its do_*) moves into a posted event. */
+static void reply(dj__server *s, dj__job *j, dj__event *rep) {
     dj__metrics_count(&s->metrics, j->type, DJ_OK);
-    post_job(s, j, dj__out_meta(j->conn, DJ_MSG_REPLY, j->req, w));
+    dj__event *e = dj_malloc(sizeof *e);
+    if (e) *e = *rep;
+    else dj__event_clear(rep);
+    post_job(s, j, e);
 }
 
 static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_after) {
@@ -167,7 +171,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
     DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
-    post_job(s, j, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
+    post_job(s, j, dj__event_error(j->conn, j->type, j->req, st, dj_last_error(), close_after));
 }
 
 /* ---- models ---- */
@@ -276,7 +280,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         if (dj__map_get(&s->live_conns, j->conn)) {
             dj__metrics_count(&s->metrics, j->type, why);
-            post_job_locked(s, j, dj__out_error(j->conn, j->req, why, msg, false));
+            post_job_locked(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false));
         }
         dj__job_free(j);
     }
@@ -404,7 +408,7 @@ static void request_salt(const dj__job *j, const char *cs, size_t n, uint64_t sa
     else memcpy(salt, j->cache_salt, 2 * sizeof *salt);
 }
 
-static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
+static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     const dj__req_open *rq = &j->r.u.open;
     const char *model = rq->model;
     pthread_mutex_lock(&s->mu);
@@ -485,11 +489,8 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
            (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
-    dj__mw_u64(w, "session", ss->id);
-    if (reattach) dj__mw_u64(w, "secret", ss->secret);
-    dj__mw_u64(w, "max_ctx", ctx);
-    dj__mw_u64(w, "vocab", c->vocab_size);
-    dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
+    *out = (dj__rep_open){.session = ss->id, .secret = reattach ? ss->secret : 0, .has_secret = reattach,
+                          .max_ctx = ctx, .vocab = c->vocab_size, .lease_ms = s->cfg.lease_ms};
     return DJ_OK;
 }
 
@@ -524,7 +525,7 @@ static void undrop(dj__sess *ss) {
     ss->dropped = false;
 }
 
-static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
+static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *foreign) {
     dj__sess *ss = NULL;
     dj_status st = job_session(s, j, &ss, foreign);
     if (st != DJ_OK) return st;
@@ -610,7 +611,7 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
     if ((st = hist_add(s, ss, feed, n_feed)) != DJ_OK) goto done;
     ss->pending = -1;
     snapshot(s, ss);
-    dj__mw_u64(w, "pos", dj_session_pos(ss->es));
+    out->pos = dj_session_pos(ss->es);
     if (h) {
         h->conn = j->conn;
         h->sess = ss->id;
@@ -626,14 +627,13 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__mw *w, bool *foreign) {
             free(h);
             goto done;
         }
-        dj__mw_u64(w, "handle", h->id);
-        dj__mw_str(w, "dtype", "f32");
-        dj__mw_key(w, "shape");
-        msgpack_pack_array(&w->pk, h->ndim);
-        for (uint32_t d = 0; d < h->ndim; d++) msgpack_pack_uint64(&w->pk, h->shape[d]);
-        dj__mw_u64(w, "nbytes", h->nbytes);
+        out->handle = h->id;
+        out->ndim = h->ndim;
+        out->shape[0] = h->shape[0];
+        out->shape[1] = h->shape[1];
+        out->nbytes = h->nbytes;
     }
-    if (tr) st = dj__trace_publish(s, tr, j->conn, ss->id, w);
+    if (tr) st = dj__trace_publish(s, tr, j->conn, ss->id, out);
 done:
     dj__trace_free(tr);
     free(feed);
@@ -646,23 +646,25 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     dj__gen *g = j->gen;
     const double now = dj__now();
     const uint32_t n_gen = dj_gen_n_generated(g->g);
-    dj__mw w;
-    dj__mw_init(&w);
-    dj__mw_u64(&w, "n_prompt", g->n_prompt);
-    dj__mw_u64(&w, "n_generated", n_gen);
-    dj__mw_str(&w, "reason", dj_gen_finish_name(dj_gen_finished(g->g)));
-    if (dj_gen_finished(g->g) == DJ_GEN_STOP) dj__mw_i64(&w, "stop_id", dj_gen_pending(g->g)); /* not emitted */
-    dj__mw_u64(&w, "pos", dj_session_pos(ss->es));
-    dj__mw_u64(&w, "cached", dj_gen_cached(g->g)); /* prompt ids mapped from the prefix cache */
-    dj__mw_f64(&w, "queue_ms", (g->t_start - j->t_enqueue) * 1e3);
-    dj__mw_f64(&w, "prefill_ms", g->prefill_s * 1e3);
-    dj__mw_f64(&w, "ttft_ms", n_gen ? (g->t_first - j->t_enqueue) * 1e3 : 0.0);
-    dj__mw_f64(&w, "decode_ms", n_gen ? (now - g->t_first) * 1e3 : 0.0);
-    char rest[256];
-    size_t n = 0;
-    if (dj_gen_text_rest(g->g, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
+    dj__event *e = dj__event_new(DJ__EV_DONE, j->conn, j->type, j->req, 0);
+    if (e) {
+        dj__ev_done *d = &e->u.done;
+        d->n_prompt = g->n_prompt;
+        d->n_generated = n_gen;
+        d->reason = dj_gen_finish_name(dj_gen_finished(g->g));
+        d->has_stop_id = dj_gen_finished(g->g) == DJ_GEN_STOP;
+        d->stop_id = d->has_stop_id ? dj_gen_pending(g->g) : 0; /* not emitted */
+        d->pos = dj_session_pos(ss->es);
+        d->cached = dj_gen_cached(g->g); /* prompt ids mapped from the prefix cache */
+        d->queue_ms = (g->t_start - j->t_enqueue) * 1e3;
+        d->prefill_ms = g->prefill_s * 1e3;
+        d->ttft_ms = n_gen ? (g->t_first - j->t_enqueue) * 1e3 : 0.0;
+        d->decode_ms = n_gen ? (now - g->t_first) * 1e3 : 0.0;
+        size_t n = 0;
+        if (dj_gen_text_rest(g->g, d->text, sizeof d->text, &n) == DJ_OK) d->text_len = n;
+    }
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
-    post_job(s, j, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
+    post_job(s, j, e);
 }
 
 /* What a step did to one generation: timings, its TOKEN, its DONE. True
@@ -687,23 +689,25 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
         }
         g->t_last = now;
         if (ev->text_st != DJ_OK && !j->lost) { /* a token without its text: the answer ends here, an error */
-            post_job(s, j, dj__out_error(j->conn, j->req, ev->text_st, dj_last_error(), false));
+            post_job(s, j, dj__event_error(j->conn, j->type, j->req, ev->text_st, dj_last_error(), false));
             j->lost = true; /* its later frames are dropped */
         }
-        dj__mw w;
-        dj__mw_init(&w);
-        dj__mw_i64(&w, "id", ev->id);
-        dj__mw_u64(&w, "index", dj_gen_n_generated(g->g) - 1);
-        if (model_tokenizer(s, ss->ment)) dj__mw_strn(&w, "text", ev->text, ev->text_len);
-        if (ev->logprobs) {
-            const dj_token_logprobs *lp = ev->logprobs;
-            dj__mw_f64(&w, "logprob", lp->logprob);
-            dj__mw_ids(&w, "top_ids", lp->top_id, lp->n_top);
-            dj__mw_key(&w, "top_logprobs");
-            msgpack_pack_array(&w.pk, lp->n_top);
-            for (uint32_t k = 0; k < lp->n_top; k++) msgpack_pack_double(&w.pk, lp->top_logprob[k]);
+        const bool has_text = model_tokenizer(s, ss->ment) != NULL;
+        dj__event *e = dj__event_new(DJ__EV_TOKEN, j->conn, j->type, j->req, has_text ? ev->text_len : 0);
+        if (e) {
+            dj__ev_token *t = &e->u.token;
+            t->id = ev->id;
+            t->index = dj_gen_n_generated(g->g) - 1;
+            t->has_text = has_text;
+            t->text = (char *)(e + 1);
+            if (has_text) {
+                t->text_len = ev->text_len;
+                if (ev->text_len) memcpy(t->text, ev->text, ev->text_len);
+            }
+            t->has_logprobs = ev->logprobs != NULL;
+            if (ev->logprobs) t->lp = *ev->logprobs;
         }
-        post_job(s, j, dj__out_meta(j->conn, DJ_MSG_TOKEN, j->req, &w));
+        post_job(s, j, e);
         pthread_mutex_lock(&s->metrics.mu);
         s->metrics.tokens++;
         pthread_mutex_unlock(&s->metrics.mu);
@@ -789,13 +793,12 @@ static dj_status gen_tokenized(dj__server *s, dj__job *j) {
 /* The connection's prompt bytes this job counted are free again: its
  * connection may be read (server.c, may_read). mu not held. */
 static void prompt_credit(dj__server *s, dj__job *j) {
-    if (!j->prompt_credit || !j->credit_out) return;
-    dj__out *o = j->credit_out;
-    j->credit_out = NULL;
-    o->conn = j->conn;
-    o->credit = j->prompt_credit;
+    if (!j->prompt_credit || !j->credit_ev) return;
+    dj__event *e = j->credit_ev;
+    j->credit_ev = NULL;
+    e->credit = j->prompt_credit;
     pthread_mutex_lock(&s->mu);
-    post_locked(s, o);
+    post_locked(s, e);
     pthread_mutex_unlock(&s->mu);
     j->prompt_credit = 0;
 }
@@ -1009,22 +1012,11 @@ static void run_generate(dj__server *s, dj__job *j) {
 
 /* ---- stats and model list ---- */
 
-static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v) {
-    dj__pack_str(pk, k);
-    msgpack_pack_uint64(pk, v);
-}
-
-static void pack_kv_bool(msgpack_packer *pk, const char *k, bool v) {
-    dj__pack_str(pk, k);
-    if (v) msgpack_pack_true(pk);
-    else msgpack_pack_false(pk);
-}
-
 /* Sessions a STATS reply lists at most (an admin's sees every connection's). */
 #define STATS_MAX_SESSIONS 2048
 
 /* STATS' session list: the caller's own sessions, or every one for an admin. */
-static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__mw *w) {
+static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap *out) {
     const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
     pthread_mutex_lock(&s->mu);
     /* a client sees its token's own sessions; a token with the admin role, all */
@@ -1033,194 +1025,113 @@ static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__mw *w) {
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next)
             n_shown += j->admin || ((dj__sess *)e->val)->tenant == j->tenant;
     if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
-    if (j->admin) dj__mw_u64(w, "sessions_total", s->sessions.n);
-    dj__mw_key(w, "sessions");
-    msgpack_pack_array(&w->pk, n_shown);
-    size_t n_packed = 0;
+    out->sessions_total = s->sessions.n;
+    if (n_shown && !(out->sessions = dj_calloc(n_shown, sizeof *out->sessions))) {
+        pthread_mutex_unlock(&s->mu);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    size_t n = 0;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e && n_packed < n_shown; e = e->next) {
+        for (dj__ment *e = s->sessions.b[b]; e && n < n_shown; e = e->next) {
             dj__sess *ss = e->val;
             if (!j->admin && ss->tenant != j->tenant) continue;
-            n_packed++;
-            msgpack_pack_map(&w->pk, 11);
-            pack_kv_u64(&w->pk, "id", ss->id);
-            dj__pack_str(&w->pk, "state");
-            dj__pack_str(&w->pk, dj_sched_state_name(dj_sched_session_state(s->sched, ss->id, now)));
-            pack_kv_u64(&w->pk, "kv_bytes", dj_session_kv_bytes(ss->es));
-            pack_kv_u64(&w->pk, "pooled_bytes", dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0
-                                                                                                : dj_session_kv_bytes(ss->es));
-            pack_kv_u64(&w->pk, "swaps", ss->swaps);
-            dj__pack_str(&w->pk, "model");
-            dj__pack_str(&w->pk, ss->model);
-            dj__pack_str(&w->pk, "qos");
-            dj__pack_str(&w->pk, dj_qos_name(ss->qos));
-            pack_kv_u64(&w->pk, "pos", ss->pos);
-            pack_kv_u64(&w->pk, "lease_left_ms", ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0);
-            pack_kv_bool(&w->pk, "paused", ss->paused);
-            pack_kv_bool(&w->pk, "generating", ss->busy);
+            dj__stats_sess *o = &out->sessions[n++];
+            o->id = ss->id;
+            o->state = dj_sched_session_state(s->sched, ss->id, now);
+            o->kv_bytes = dj_session_kv_bytes(ss->es);
+            o->pooled_bytes = dj_session_residency(ss->es) == DJ_KV_RESIDENT ? 0 : o->kv_bytes;
+            o->swaps = ss->swaps;
+            snprintf(o->model, sizeof o->model, "%s", ss->model);
+            o->qos = ss->qos;
+            o->pos = ss->pos;
+            o->lease_left_ms = ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0;
+            o->paused = ss->paused;
+            o->generating = ss->busy != NULL;
         }
+    out->n_sessions = n;
     pthread_mutex_unlock(&s->mu);
     return DJ_OK;
 }
 
-static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
+/* STATS: a snapshot (event.h) the I/O side packs. */
+static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) {
     dj_vmu_t *vmu = dj_engine_vmu(s->engine);
-    dj_vmu_stats vs;
-    dj_vmu_get_stats(vmu, &vs);
-    /* a token without the admin role sees its own sessions and nothing of
-     * the daemon's that others' work moves (memory, steps, the prefix cache,
-     * queues, swap, models, counts): issue 43 */
-    dj__mw_str(w, "scope", j->admin ? "all" : "own");
-    dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
-    if (!j->admin) {
-        dj__mw_key(w, "models"); /* the field clients expect, empty: which models others load is theirs */
-        msgpack_pack_array(&w->pk, 0);
-        return stats_sessions(s, j, w);
-    }
-    const dj_vmu_seg_stats *seg[3] = {&vs.text, &vs.data, &vs.stack};
-    static const char *seg_name[3] = {"text", "data", "stack"};
-    dj__mw_key(w, "segments");
-    msgpack_pack_map(&w->pk, 3);
-    for (int i = 0; i < 3; i++) {
-        dj__pack_str(&w->pk, seg_name[i]);
-        msgpack_pack_map(&w->pk, 3);
-        pack_kv_u64(&w->pk, "capacity", seg[i]->capacity);
-        pack_kv_u64(&w->pk, "used", seg[i]->used);
-        pack_kv_u64(&w->pk, "peak", seg[i]->peak);
-    }
-    dj__mw_u64(w, "vmu_models", vs.n_models);
-    dj__mw_u64(w, "vmu_sessions", vs.n_sessions);
-    dj__mw_u64(w, "pages_total", vs.pages_total);
-    dj__mw_u64(w, "pages_free", vs.pages_free);
-    dj__mw_u64(w, "evictions", vs.evictions);
-    dj__mw_u64(w, "text_pinned", vs.text_pinned);
-    dj__mw_u64(w, "text_mapped", vs.text_mapped);
-    dj__mw_u64(w, "batched_steps", s->batched_steps);
-    dj__mw_u64(w, "mixed_steps", s->mixed_steps);
-    dj__mw_u64(w, "batched_rows", s->batched_rows);
-    dj__mw_u64(w, "gen_steps", s->gen_steps);
-    dj__mw_f64(w, "step_ms", s->gen_steps ? s->gen_step_s * 1e3 / (double)s->gen_steps : 0.0);
-    dj__mw_f64(w, "step_engine_ms", s->gen_steps ? s->gen_engine_s * 1e3 / (double)s->gen_steps : 0.0);
-    size_t caps = 0, replays = 0, fails = 0;
-    dj_engine_graph_stats(s->engine, &caps, &replays, &fails);
-    dj__mw_u64(w, "graph_captures", caps);
-    dj__mw_u64(w, "graph_replays", replays);
-    dj__mw_u64(w, "graph_failures", fails);
-    dj_prefix_stats ps;
-    dj_engine_prefix_stats(s->engine, &ps);
-    dj__mw_key(w, "prefix");
-    msgpack_pack_map(&w->pk, 8);
-    pack_kv_bool(&w->pk, "enabled", ps.enabled);
-    pack_kv_u64(&w->pk, "blocks", ps.blocks);
-    pack_kv_u64(&w->pk, "blocks_unreferenced", ps.blocks_unreferenced);
-    pack_kv_u64(&w->pk, "pages", ps.pages);
-    pack_kv_u64(&w->pk, "pages_unreferenced", ps.pages_unreferenced);
-    pack_kv_u64(&w->pk, "hits", ps.hits);
-    pack_kv_u64(&w->pk, "tokens_mapped", ps.tokens_mapped);
-    pack_kv_u64(&w->pk, "evictions", ps.evictions);
+    out->admin = j->admin;
+    out->page_bytes = dj_vmu_page_bytes(vmu);
+    if (!j->admin) return stats_sessions(s, j, out);
+    dj_vmu_get_stats(vmu, &out->vs);
+    out->batched_steps = s->batched_steps;
+    out->mixed_steps = s->mixed_steps;
+    out->batched_rows = s->batched_rows;
+    out->gen_steps = s->gen_steps;
+    out->step_ms = s->gen_steps ? s->gen_step_s * 1e3 / (double)s->gen_steps : 0.0;
+    out->step_engine_ms = s->gen_steps ? s->gen_engine_s * 1e3 / (double)s->gen_steps : 0.0;
+    dj_engine_graph_stats(s->engine, &out->graph_captures, &out->graph_replays, &out->graph_failures);
+    dj_engine_prefix_stats(s->engine, &out->prefix);
     size_t n_models = 0;
     for (dj__model_ent *m = s->models; m; m = m->next) n_models++;
-    dj__mw_key(w, "models");
-    msgpack_pack_array(&w->pk, n_models);
+    if (n_models && !(out->models = dj_calloc(n_models, sizeof *out->models)))
+        return dj_fail(DJ_ENOMEM, "out of memory");
     for (dj__model_ent *m = s->models; m; m = m->next) {
-        dj_model_placement pl;
-        dj_model_get_placement(m->m, &pl);
-        msgpack_pack_map(&w->pk, 11);
-        dj__pack_str(&w->pk, "name");
-        dj__pack_str(&w->pk, m->name);
-        pack_kv_u64(&w->pk, "refs", m->users + (m->pinned ? 1u : 0u));
-        pack_kv_u64(&w->pk, "sessions", m->users);
-        pack_kv_bool(&w->pk, "pinned", m->pinned);
-        /* the placement: layers streamed through a ring (0: all resident) */
-        pack_kv_u64(&w->pk, "layers", pl.n_layers);
-        pack_kv_u64(&w->pk, "streamed_layers", pl.n_streamed);
-        pack_kv_u64(&w->pk, "resident_bytes", pl.resident_bytes);
-        pack_kv_u64(&w->pk, "ring_bytes", pl.ring_bytes);
-        pack_kv_u64(&w->pk, "streamed_bytes", pl.streamed_bytes);
-        pack_kv_u64(&w->pk, "host_layers", pl.n_host); /* streamed layers whose FFN the host computes */
-        pack_kv_u64(&w->pk, "host_share_pct", (uint64_t)(100.0 * pl.host_share + 0.5)); /* of each one's FFN */
+        dj__stats_model *o = &out->models[out->n_models++];
+        snprintf(o->name, sizeof o->name, "%s", m->name);
+        o->refs = m->users + (m->pinned ? 1u : 0u);
+        o->sessions = m->users;
+        o->pinned = m->pinned;
+        dj_model_get_placement(m->m, &o->pl);
     }
-    stats_sessions(s, j, w);
+    dj_status st = stats_sessions(s, j, out);
+    if (st != DJ_OK) return st;
     const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
-    dj_sched_stats sst;
-    dj_sched_get_stats(s->sched, now, &sst);
-    dj__mw_key(w, "queues");
-    msgpack_pack_map(&w->pk, DJ_QOS_COUNT);
+    dj_sched_get_stats(s->sched, now, &out->sched);
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
-        dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
-        msgpack_pack_map(&w->pk, 2);
-        pack_kv_u64(&w->pk, "waiting", s->newq[q].n + sst.waiting[q]);
-        pack_kv_u64(&w->pk, "running", sst.running[q]);
+        out->waiting[q] = s->newq[q].n + out->sched.waiting[q];
+        out->running[q] = out->sched.running[q];
     }
-    dj_swap_stats sw;
-    dj_engine_swap_stats(s->engine, &sw);
-    dj__mw_key(w, "swap");
-    msgpack_pack_map(&w->pk, 12);
-    dj__pack_str(&w->pk, "policy");
-    dj__pack_str(&w->pk, dj_swap_policy_name(s->cfg.swap_policy));
-    pack_kv_u64(&w->pk, "pool_bytes", sw.capacity);
-    pack_kv_u64(&w->pk, "pool_used", sw.used);
-    pack_kv_u64(&w->pk, "pool_peak", sw.peak);
-    pack_kv_u64(&w->pk, "swaps_out", sw.swaps_out);
-    pack_kv_u64(&w->pk, "swaps_in", sw.swaps_in);
-    pack_kv_u64(&w->pk, "bytes_out", sw.bytes_out);
-    pack_kv_u64(&w->pk, "bytes_in", sw.bytes_in);
-    pack_kv_u64(&w->pk, "pages_reserved", sst.pages_reserved);
-    pack_kv_u64(&w->pk, "preemptions", sst.preemptions);
-    pack_kv_u64(&w->pk, "prefetches", sst.prefetches);
-    pack_kv_u64(&w->pk, "drops", sst.drops);
-    dj__mw_u64(w, "handles", s->handles.n);
-    dj__mw_u64(w, "connections", s->live_conns.n);
+    dj_engine_swap_stats(s->engine, &out->swap);
+    out->policy = s->cfg.swap_policy;
+    out->handles = s->handles.n;
+    out->connections = s->live_conns.n;
     pthread_mutex_unlock(&s->mu);
     char *map = NULL;
     size_t map_len = 0;
-    FILE *f = j->admin ? open_memstream(&map, &map_len) : NULL; /* the map names every session */
+    FILE *f = open_memstream(&map, &map_len); /* the map names every session: admins only */
     if (f) {
         dj_vmu_print_stats(vmu, f);
         fclose(f);
-        char *clean = dj_malloc(map_len + 1);
-        if (clean) {
-            dj__scrub_message(map, clean, map_len + 1);
-            dj__mw_str(w, "map", clean);
-        }
-        free(clean);
+        if ((out->map = dj_malloc(map_len + 1))) dj__scrub_message(map, out->map, map_len + 1);
     }
     free(map);
     return DJ_OK;
 }
 
-static dj_status do_model_list(dj__server *s, dj__mw *w) {
+static dj_status do_model_list(dj__server *s, dj__rep_model_list *out) {
     DIR *d = opendir(s->cfg.models);
     if (!d) return dj_fail(DJ_EIO, "model store %s: %s", s->cfg.models, strerror(errno));
-    char names[256][128];
-    size_t n = 0;
+    enum { MAX_LISTED = 256 };
+    if (!(out->models = dj_calloc(MAX_LISTED, sizeof *out->models))) {
+        closedir(d);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
     struct dirent *de;
-    while ((de = readdir(d)) && n < 256) {
-        if (!valid_model_name(de->d_name) || strlen(de->d_name) >= 128) continue;
+    while ((de = readdir(d)) && out->n < MAX_LISTED) {
+        if (!valid_model_name(de->d_name) || strlen(de->d_name) >= sizeof out->models->name) continue;
         char path[PATH_MAX];
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s/config.json", s->cfg.models, de->d_name);
         if (stat(path, &sb) != 0) continue;
-        const size_t len = strlen(de->d_name); /* < 128, checked above */
-        memcpy(names[n], de->d_name, len + 1);
-        n++;
+        struct dj__rep_listed *o = &out->models[out->n++];
+        snprintf(o->name, sizeof o->name, "%s", de->d_name);
+        const dj__model_ent *m = model_find(s, o->name);
+        o->loaded = m != NULL;
+        o->refs = m ? m->users + (m->pinned ? 1u : 0u) : 0;
     }
     closedir(d);
-    dj__mw_key(w, "models");
-    msgpack_pack_array(&w->pk, n);
-    for (size_t i = 0; i < n; i++) {
-        dj__model_ent *m = model_find(s, names[i]);
-        msgpack_pack_map(&w->pk, 3);
-        dj__pack_str(&w->pk, "name");
-        dj__pack_str(&w->pk, names[i]);
-        pack_kv_bool(&w->pk, "loaded", m != NULL);
-        pack_kv_u64(&w->pk, "refs", m ? m->users + (m->pinned ? 1u : 0u) : 0);
-    }
     return DJ_OK;
 }
 
-static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) {
+static dj_status do_model_load(dj__server *s, dj__job *j, dj__rep_model *out, bool load) {
     const char *name = j->r.u.model;
     dj_status st;
     dj__model_ent *e = model_find(s, name);
@@ -1235,10 +1146,10 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
             e->pin_conn = j->conn;
         }
         const dj_model_config *c = dj_model_get_config(e->m);
-        dj__mw_u64(w, "fingerprint", dj_model_fingerprint(e->m));
-        dj__mw_u64(w, "params", dj_model_param_count(e->m));
-        dj__mw_u64(w, "vocab", c->vocab_size);
-        dj__mw_u64(w, "max_ctx", c->max_position_embeddings);
+        out->fingerprint = dj_model_fingerprint(e->m);
+        out->params = dj_model_param_count(e->m);
+        out->vocab = c->vocab_size;
+        out->max_ctx = c->max_position_embeddings;
         DJ_LOG(INFO, "model=%s loaded (pinned)", name);
         return DJ_OK;
     }
@@ -1246,7 +1157,8 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
         return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection", name);
     e->pinned = false;
     dj_model_release(s->engine, e->m); /* stays cached in the text segment until space is needed */
-    dj__mw_u64(w, "sessions", e->users);
+    out->unload = true;
+    out->sessions = e->users;
     model_ent_maybe_drop(s, e);
     DJ_LOG(INFO, "model=%s unloaded", name);
     return DJ_OK;
@@ -1260,24 +1172,28 @@ static void run_job(dj__server *s, dj__job *j) {
         return;
     }
     if (!j->gen) dj__metrics_observe(&s->metrics, &s->metrics.queue_s, dj__now() - j->t_enqueue);
-    dj__mw w;
-    dj__mw_init(&w);
+    dj__event rep;
+    memset(&rep, 0, sizeof rep);
+    rep.kind = DJ__EV_REPLY;
+    rep.req_type = j->type;
+    rep.conn = j->conn;
+    rep.req = j->req;
     bool foreign = false;
     dj_status st;
     switch (j->type) {
-    case DJ_MSG_STATS: st = do_stats(s, j, &w); break;
-    case DJ_MSG_MODEL_LIST: st = do_model_list(s, &w); break;
-    case DJ_MSG_MODEL_LOAD: st = do_model_load(s, j, &w, true); break;
-    case DJ_MSG_MODEL_UNLOAD: st = do_model_load(s, j, &w, false); break;
-    case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &w); break;
+    case DJ_MSG_STATS: st = do_stats(s, j, &rep.u.stats); break;
+    case DJ_MSG_MODEL_LIST: st = do_model_list(s, &rep.u.list); break;
+    case DJ_MSG_MODEL_LOAD: st = do_model_load(s, j, &rep.u.model, true); break;
+    case DJ_MSG_MODEL_UNLOAD: st = do_model_load(s, j, &rep.u.model, false); break;
+    case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &rep.u.open); break;
     case DJ_MSG_SESSION_CLOSE: st = do_close(s, j, &foreign); break;
-    case DJ_MSG_STEP: st = do_step(s, j, &w, &foreign); break;
+    case DJ_MSG_STEP: st = do_step(s, j, &rep.u.step, &foreign); break;
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
     if (st == DJ_OK) {
-        reply(s, j, &w);
+        reply(s, j, &rep);
     } else {
-        dj__mw_destroy(&w);
+        dj__event_clear(&rep);
         reply_error(s, j, st, foreign || (st == DJ_EFORMAT && !j->model_error));
     }
     dj__job_free(j);

@@ -1,0 +1,160 @@
+/* event.h: what djinnd's worker answers, as typed structs (replies, TOKEN,
+ * DONE, ERROR, prompt credit) posted to the I/O side, which encodes them (encode.c). */
+#ifndef DJ_SERVER_EVENT_H
+#define DJ_SERVER_EVENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "djinn/engine.h"
+#include "djinn/kv.h"
+#include "djinn/protocol.h"
+#include "djinn/sample_params.h"
+#include "sched/sched.h"
+
+/* ---- replies, one struct per request type that answers more than {} ---- */
+typedef struct dj__rep_open {
+    uint64_t session, secret; /* secret: only with reattach (has_secret) */
+    bool has_secret;
+    uint32_t max_ctx, vocab, lease_ms;
+} dj__rep_open;
+
+/* One saved activation of a STEP with points: its handle (0: none could be
+ * made: only the point is written), shape [n, d] f32. */
+typedef struct dj__rep_saved {
+    char point[48];
+    uint64_t handle;
+    uint32_t n, d;
+} dj__rep_saved;
+
+typedef struct dj__rep_step {
+    uint32_t pos;
+    uint64_t handle;          /* the logits' handle, 0: none asked */
+    uint32_t ndim;
+    uint64_t shape[2];
+    uint64_t nbytes;
+    bool traced;              /* points were given: `saved` is written */
+    uint32_t n_saved;
+    dj__rep_saved *saved;     /* [n_saved] (malloc'd) */
+} dj__rep_step;
+
+typedef struct dj__rep_model {
+    bool unload;              /* MODEL_UNLOAD: only `sessions` */
+    uint64_t fingerprint, params;
+    uint32_t vocab, max_ctx;
+    uint32_t sessions;
+} dj__rep_model;
+
+typedef struct dj__rep_model_list {
+    size_t n;
+    struct dj__rep_listed {
+        char name[128];
+        bool loaded;
+        uint32_t refs;
+    } *models;                /* [n] (malloc'd) */
+} dj__rep_model_list;
+
+/* STATS: a snapshot the worker takes and the I/O side packs. */
+typedef struct dj__stats_sess {
+    uint64_t id;
+    dj_sched_state state;
+    uint64_t kv_bytes, pooled_bytes, swaps, lease_left_ms;
+    char model[128];
+    dj_qos qos;
+    uint32_t pos;
+    bool paused, generating;
+} dj__stats_sess;
+
+typedef struct dj__stats_model {
+    char name[128];
+    uint32_t refs, sessions;
+    bool pinned;
+    dj_model_placement pl;
+} dj__stats_model;
+
+typedef struct dj__stats_snap {
+    bool admin;               /* scope "all"; else "own": page_bytes, an empty model list and its sessions */
+    uint64_t page_bytes;
+    dj__stats_sess *sessions; /* [n_sessions] (malloc'd) */
+    size_t n_sessions;
+    uint64_t sessions_total;
+    /* admin only */
+    dj_vmu_stats vs;
+    uint64_t batched_steps, mixed_steps, batched_rows, gen_steps;
+    double step_ms, step_engine_ms;
+    size_t graph_captures, graph_replays, graph_failures;
+    dj_prefix_stats prefix;
+    dj__stats_model *models;  /* [n_models] (malloc'd) */
+    size_t n_models;
+    uint64_t waiting[DJ_QOS_COUNT], running[DJ_QOS_COUNT];
+    dj_swap_policy policy;
+    dj_swap_stats swap;
+    dj_sched_stats sched;
+    uint64_t handles, connections;
+    char *map;                /* the VMU's map, scrubbed (malloc'd) or NULL */
+} dj__stats_snap;
+
+/* ---- streamed events ---- */
+typedef struct dj__ev_token {
+    int32_t id;
+    uint32_t index;
+    bool has_text, has_logprobs;
+    dj_token_logprobs lp;
+    size_t text_len;
+    char *text;               /* [text_len] (inside the event's allocation) */
+} dj__ev_token;
+
+typedef struct dj__ev_done {
+    uint32_t n_prompt, n_generated, pos;
+    const char *reason;       /* a static string (dj_gen_finish_name) */
+    bool has_stop_id;
+    int64_t stop_id;
+    uint64_t cached;
+    double queue_ms, prefill_ms, ttft_ms, decode_ms;
+    size_t text_len;
+    char text[256];           /* the text held back at the end (text_len 0: none) */
+} dj__ev_done;
+
+typedef struct dj__ev_error {
+    dj_status st;
+    bool close_after;
+    char msg[1024];           /* raw: scrubbed when encoded */
+} dj__ev_error;
+
+typedef enum dj__ev_kind {
+    DJ__EV_REPLY,  /* a REPLY frame: u by req_type */
+    DJ__EV_TOKEN,
+    DJ__EV_DONE,
+    DJ__EV_ERROR,
+    DJ__EV_CREDIT  /* no frame: prompt bytes of the connection tokenized (or refused) */
+} dj__ev_kind;
+
+/* One message of the worker's to the I/O side (its mailbox: dj__server.events). */
+typedef struct dj__event {
+    struct dj__event *next;
+    dj__ev_kind kind;
+    uint16_t req_type;        /* the request it answers */
+    uint64_t conn, req;
+    uint64_t credit;          /* DJ__EV_CREDIT */
+    union {
+        dj__rep_open open;
+        dj__rep_step step;
+        dj__rep_model model;
+        dj__rep_model_list list;
+        dj__stats_snap stats;
+        dj__ev_token token;
+        dj__ev_done done;
+        dj__ev_error error;
+    } u;
+} dj__event;
+
+/* A zeroed event (extra bytes after it, for a token's text); NULL when out of memory. */
+dj__event *dj__event_new(dj__ev_kind kind, uint64_t conn, uint16_t req_type, uint64_t req, size_t extra);
+/* An ERROR event: msg (NULL or "": dj_strerror(st)) copied. */
+dj__event *dj__event_error(uint64_t conn, uint16_t req_type, uint64_t req, dj_status st, const char *msg,
+                           bool close_after);
+void dj__event_clear(dj__event *e); /* frees what its members hold (the struct stays) */
+void dj__event_free(dj__event *e);  /* NULL does nothing */
+
+#endif
