@@ -30,6 +30,10 @@ dj__event *dj__event_error(uint64_t conn, uint16_t req_type, uint64_t req, dj_st
 void dj__event_clear(dj__event *e) {
     if (e->kind == DJ__EV_REPLY) switch (e->req_type) {
         case DJ_MSG_STEP: free(e->u.step.saved); break;
+        case DJ_MSG_SESSION_OPEN:
+            dj__job_free(e->u.open.drop_msg);
+            dj__job_free(e->u.open.orphan_msg);
+            break;
         case DJ_MSG_MODEL_LIST: free(e->u.list.models); break;
         case DJ_MSG_STATS:
             free(e->u.stats.sessions);
@@ -299,7 +303,7 @@ dj__out *dj__event_encode(const dj__event *e) {
         if (d->text_len) dj__mw_strn(&w, "text", d->text, d->text_len);
         break;
     }
-    default: dj__mw_destroy(&w); return NULL; /* DJ__EV_CREDIT has no frame */
+    default: dj__mw_destroy(&w); return NULL; /* DJ__EV_CREDIT and DJ__EV_STATE have no frame */
     }
     return dj__out_meta(e->conn, type, e->req, &w);
 }

@@ -14,10 +14,19 @@
 #include "sched/sched.h"
 
 /* ---- replies, one struct per request type that answers more than {} ---- */
+struct dj__job;
+
+/* SESSION_OPEN: what the client is told, and what the I/O side's record of
+ * the session (dj__lease) is made of. */
 typedef struct dj__rep_open {
-    uint64_t session, secret; /* secret: only with reattach (has_secret) */
+    uint64_t session, secret; /* secret: sent only with reattach (has_secret) */
     bool has_secret;
     uint32_t max_ctx, vocab, lease_ms;
+    dj_qos qos;
+    char model[128];
+    uint32_t hidden;
+    struct dj__job *drop_msg, *orphan_msg; /* the session's DJ__CTL_DROP and (reattach) DJ__CTL_ORPHAN
+                                            * messages, made by the worker; owned until the lease takes them */
 } dj__rep_open;
 
 /* One saved activation of a STEP with points: its handle (0: none could be
@@ -127,7 +136,8 @@ typedef enum dj__ev_kind {
     DJ__EV_TOKEN,
     DJ__EV_DONE,
     DJ__EV_ERROR,
-    DJ__EV_CREDIT  /* no frame: prompt bytes of the connection tokenized (or refused) */
+    DJ__EV_CREDIT, /* no frame: prompt bytes of the connection tokenized (or refused) */
+    DJ__EV_STATE   /* no frame: the session's state (a swap ended) */
 } dj__ev_kind;
 
 /* One message of the worker's to the I/O side (its mailbox: dj__server.events). */
@@ -137,6 +147,11 @@ typedef struct dj__event {
     uint16_t req_type;        /* the request it answers */
     uint64_t conn, req;
     uint64_t credit;          /* DJ__EV_CREDIT */
+    uint64_t session;         /* the session its request named (0: none) */
+    bool counted;             /* its request was counted in the session's lease (REPLY, ERROR, DONE end it) */
+    bool has_state;           /* pos and swapped are the session's as the event was made */
+    uint32_t pos;
+    bool swapped;
     union {
         dj__rep_open open;
         dj__rep_step step;

@@ -51,6 +51,7 @@ typedef struct dj__conn {
     uint32_t qos_mask;
     uint64_t cache_salt[2]; /* set by HELLO: the token's prefix-cache salt ({0, 0}: shared, or no token file) */
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
+    uint32_t opening;      /* of those, SESSION_OPENs: they count against the session quotas */
     uint64_t prompt_bytes; /* text prompt bytes handed to the worker, not tokenized yet (--max-prompt-inflight) */
     uint64_t out_bytes;    /* what unsent replies hold (reply_owned) plus their payload bytes */
     uint64_t out_owned;    /* of those, memory held for this connection alone (reply_owned) */
@@ -164,21 +165,46 @@ void *dj__map_del(dj__map *m, uint64_t key) {
     return NULL;
 }
 
-size_t dj__conn_sessions(dj__server *s, uint64_t conn) {
-    size_t n = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) n += ((dj__sess *)e->val)->conn == conn;
+/* ---- the I/O side's session records (dj__lease; loop only) ---- */
+
+/* Sessions a connection holds, with the SESSION_OPENs it has in flight. */
+static size_t conn_sessions(dj__server *s, const dj__conn *c) {
+    size_t n = c->opening;
+    for (size_t b = 0; b < s->leases.n_buckets; b++)
+        for (dj__ment *e = s->leases.b[b]; e; e = e->next) n += ((dj__lease *)e->val)->conn == c->id;
     return n;
 }
 
-size_t dj__tenant_sessions(dj__server *s, uint64_t tenant) {
+/* ... and a token's, over all its connections (orphans included). */
+static size_t tenant_sessions(dj__server *s, uint64_t tenant) {
     size_t n = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
-            const dj__sess *ss = e->val;
-            n += ss->tenant == tenant && !ss->dead;
+    for (size_t b = 0; b < s->leases.n_buckets; b++)
+        for (dj__ment *e = s->leases.b[b]; e; e = e->next) n += ((dj__lease *)e->val)->tenant == tenant;
+    for (size_t b = 0; b < s->conns.n_buckets; b++)
+        for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+            const dj__conn *o = e->val;
+            if (o->tenant == tenant) n += o->opening;
         }
     return n;
+}
+
+/* The lease goes (its connection closed, its lease ended): the worker is
+ * told to release the session (the message made at open: nothing to
+ * allocate). */
+static void lease_drop(dj__server *s, dj__lease *l, dj_status why, const char *msg) {
+    dj__map_del(&s->leases, l->id);
+    dj__job *m = l->drop_msg;
+    m->ctl.why = why;
+    m->ctl.why_msg = msg;
+    dj__enqueue(s, m);
+    dj__job_free(l->orphan_msg);
+    free(l);
+}
+
+static void lease_free(dj__lease *l) {
+    dj__job_free(l->drop_msg);
+    dj__job_free(l->orphan_msg);
+    free(l);
 }
 
 size_t dj__conn_handles(dj__server *s, uint64_t conn) {
@@ -366,44 +392,48 @@ static void on_closed(uv_handle_t *h) {
     dj__conn *c = h->data;
     dj__server *s = c->srv;
     dj__map_del(&s->conns, c->id);
-    pthread_mutex_lock(&s->mu);
-    dj__map_del(&s->live_conns, c->id);
     /* Its sessions die, except those opened with `reattach`: they wait out
      * their leases for a SESSION_ATTACH (an agent process that restarts keeps
-     * its KV); their requests are cancelled by the worker. Past
-     * DJ__MAX_ORPHANS orphans, they die at once too. */
+     * its KV); the worker cancels their requests. Past DJ__MAX_ORPHANS
+     * orphans, they die at once too. */
     size_t orphans = 0;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) orphans += ((dj__sess *)e->val)->orphan;
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
-            dj__sess *ss = e->val;
-            if (ss->conn == c->id && !ss->dead) {
-                if (ss->reattach && orphans < DJ__MAX_ORPHANS) {
-                    ss->orphan = true;
-                    ss->cancel_old = true;
-                    ss->conn = 0;
-                    orphans++;
-                    /* its result handles were this connection's: they go now */
-                    for (size_t hb = 0; hb < s->handles.n_buckets; hb++) {
-                        dj__ment *he = s->handles.b[hb];
-                        while (he) {
-                            dj__handle *h = he->val;
-                            he = he->next;
-                            if (h->sess == ss->id) {
-                                dj__map_del(&s->handles, h->id);
-                                dj__handle_unref(s, h);
-                            }
-                        }
-                    }
-                } else {
-                    ss->dead = true;
-                }
-                s->reap = true;
+    for (size_t b = 0; b < s->leases.n_buckets; b++)
+        for (dj__ment *e = s->leases.b[b]; e; e = e->next) orphans += ((dj__lease *)e->val)->orphan;
+    for (size_t b = 0; b < s->leases.n_buckets; b++) {
+        dj__ment *e = s->leases.b[b];
+        while (e) {
+            dj__lease *l = e->val;
+            e = e->next;
+            if (l->conn != c->id) continue;
+            if (!l->orphan_msg || orphans >= DJ__MAX_ORPHANS) {
+                lease_drop(s, l, DJ_ENOTFOUND, "connection closed");
+                continue;
             }
+            l->orphan = true;
+            l->conn = 0;
+            l->inflight = 0; /* the worker drops its requests: their answers will not come */
+            orphans++;
+            dj__enqueue(s, l->orphan_msg);
+            l->orphan_msg = NULL;
+            /* its result handles were this connection's: they go now */
+            pthread_mutex_lock(&s->mu);
+            for (size_t hb = 0; hb < s->handles.n_buckets; hb++) {
+                dj__ment *he = s->handles.b[hb];
+                while (he) {
+                    dj__handle *h = he->val;
+                    he = he->next;
+                    if (h->sess == l->id) {
+                        dj__map_del(&s->handles, h->id);
+                        dj__handle_unref(s, h);
+                    }
+                }
+            }
+            pthread_mutex_unlock(&s->mu);
         }
+    }
+    pthread_mutex_lock(&s->mu);
+    dj__map_del(&s->live_conns, c->id);
     if (s->metrics.connections) s->metrics.connections--;
-    pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
     s->n_conns--;
@@ -482,84 +512,92 @@ static dj_status do_hello(dj__conn *c, const dj__req_hello *m, dj__mw *w, bool *
     return DJ_OK;
 }
 
-/* Session lookup for this connection; mu held. *foreign is set when the id
- * exists but belongs to another connection. */
-static dj__sess *own_session(dj__server *s, uint64_t conn, uint64_t id, bool *foreign) {
-    dj__sess *ss = dj__map_get(&s->sessions, id);
-    *foreign = false;
-    if (ss && ss->conn != conn) {
-        *foreign = true;
-        return NULL;
-    }
-    return ss && !ss->dead ? ss : NULL;
+/* The lease of session id if this connection holds it; *foreign is set
+ * when it exists but another connection holds it. */
+static dj__lease *own_lease(dj__server *s, uint64_t conn, uint64_t id, bool *foreign) {
+    dj__lease *l = dj__map_get(&s->leases, id);
+    *foreign = l && l->conn != conn;
+    return l && !*foreign ? l : NULL;
+}
+
+/* A message for the worker about session l (a DJ__CTL_ type); NULL when out of memory. */
+static dj__job *ctl_new(const dj__lease *l, uint16_t type, uint64_t conn) {
+    dj__job *j = dj_calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->type = type;
+    j->sess = l->id;
+    j->conn = conn;
+    j->qos = l->qos; /* the session's queue: after the requests on it that came before */
+    return j;
 }
 
 /* SESSION_ATTACH: an orphaned session (its connection closed, its lease not
- * over) moves to this connection, given the secret SESSION_OPEN answered.
- * mu held. */
+ * over) moves to this connection, given the secret SESSION_OPEN answered. */
 static dj_status do_attach(dj__conn *c, const dj__request *r, dj__mw *w) {
     dj__server *s = c->srv;
     const uint64_t sid = r->session, secret = r->u.attach.secret;
-    dj__sess *ss = dj__map_get(&s->sessions, sid);
+    dj__lease *l = dj__map_get(&s->leases, sid);
     /* the same answer for a wrong id, a wrong secret, a session still attached and one whose lease is over
-     * (whether or not the reaper has come round to it yet: the lease decides, not the reaper's tick) */
-    if (!ss || ss->dead || !ss->orphan || (ss->secret ^ secret) || dj__clock_ms(s) >= ss->lease_deadline_ms ||
-        (s->have_token && ss->tenant != c->tenant)) /* only its own token reattaches it */
+     * (whether or not the tick has come round to it yet: the lease decides, not the tick) */
+    if (!l || !l->orphan || (l->secret ^ secret) || dj__clock_ms(s) >= l->lease_deadline_ms ||
+        (s->have_token && l->tenant != c->tenant)) /* only its own token reattaches it */
         return dj_fail(DJ_ENOTFOUND, "no session %016llx to attach (wrong id or secret, or its lease is over)",
                        (unsigned long long)sid);
-    if (!(c->qos_mask >> ss->qos & 1))
+    if (!(c->qos_mask >> l->qos & 1))
         return dj_fail(DJ_EINVAL, "session %016llx is of class %s, which this token does not grant",
-                       (unsigned long long)sid, dj_qos_name(ss->qos));
-    const size_t n_open = dj__conn_sessions(s, c->id);
+                       (unsigned long long)sid, dj_qos_name(l->qos));
+    const size_t n_open = conn_sessions(s, c);
     if (n_open >= s->cfg.max_sessions)
         return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
                        s->cfg.max_sessions);
-    ss->conn = c->id;
-    ss->orphan = false;
-    ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
+    dj__job *attach = ctl_new(l, DJ__CTL_ATTACH, c->id), *orphan = ctl_new(l, DJ__CTL_ORPHAN, 0);
+    if (!attach || !orphan) {
+        free(attach);
+        free(orphan);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    dj__enqueue(s, attach);
+    l->orphan_msg = orphan;
+    l->conn = c->id;
+    l->orphan = false;
+    l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     DJ_LOG(INFO, "session=%016llx attached to conn=%llu", (unsigned long long)sid, (unsigned long long)c->id);
     dj__mw_u64(w, "session", sid);
-    dj__mw_str(w, "model", ss->model);
-    dj__mw_str(w, "qos", dj_qos_name(ss->qos));
-    dj__mw_u64(w, "pos", ss->pos);
-    dj__mw_u64(w, "max_ctx", ss->max_ctx);
+    dj__mw_str(w, "model", l->model);
+    dj__mw_str(w, "qos", dj_qos_name(l->qos));
+    dj__mw_u64(w, "pos", l->pos);
+    dj__mw_u64(w, "max_ctx", l->max_ctx);
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
-    dj__mw_bool(w, "paused", ss->paused);
+    dj__mw_bool(w, "paused", l->paused);
     return DJ_OK;
 }
 
-/* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH: mu taken here.
- * close_conn set for requests naming another connection's objects. */
+/* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH. close_conn set for
+ * requests naming another connection's objects. */
 static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *close_conn) {
     dj__server *s = c->srv;
     const uint16_t type = r->type;
     const uint64_t sid = r->session, hid = type == DJ_MSG_RELEASE ? r->u.handle : 0;
     const uint64_t expect = type == DJ_MSG_PAUSE ? r->u.expected_ms : 0;
-    dj_status st = DJ_OK;
     const uint64_t now = dj__clock_ms(s);
     bool foreign = false;
-    pthread_mutex_lock(&s->mu);
-    if (type == DJ_MSG_SESSION_ATTACH) {
-        st = do_attach(c, r, w);
-        pthread_mutex_unlock(&s->mu);
-        return st;
-    }
+    if (type == DJ_MSG_SESSION_ATTACH) return do_attach(c, r, w);
     if (type == DJ_MSG_HEARTBEAT) {
         size_t renewed = 0;
-        for (size_t b = 0; b < s->sessions.n_buckets; b++)
-            for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
-                dj__sess *ss = e->val;
-                if (ss->conn == c->id && !ss->dead && (!sid || ss->id == sid)) {
-                    ss->lease_deadline_ms = now + s->cfg.lease_ms;
+        for (size_t b = 0; b < s->leases.n_buckets; b++)
+            for (dj__ment *e = s->leases.b[b]; e; e = e->next) {
+                dj__lease *l = e->val;
+                if (l->conn == c->id && (!sid || l->id == sid)) {
+                    l->lease_deadline_ms = now + s->cfg.lease_ms;
                     renewed++;
                 }
             }
-        pthread_mutex_unlock(&s->mu);
         dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
         dj__mw_u64(w, "renewed", renewed);
         return DJ_OK;
     }
     if (type == DJ_MSG_RELEASE) {
+        pthread_mutex_lock(&s->mu);
         dj__handle *h = dj__map_get(&s->handles, hid);
         if (h && h->conn != c->id) {
             foreign = true;
@@ -576,27 +614,24 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
         }
         return DJ_OK;
     }
-    dj__sess *ss = own_session(s, c->id, sid, &foreign);
-    bool swapped = false;
-    if (ss) {
-        ss->lease_deadline_ms = now + s->cfg.lease_ms;
-        ss->paused = type == DJ_MSG_PAUSE;
-        ss->paused_expect_ms = type == DJ_MSG_PAUSE ? expect : 0;
-        if (type == DJ_MSG_RESUME) ss->resume_at = dj__now();
-        ss->pause_seq++; /* the worker tells the scheduler, which may swap it out and back */
-        s->pause_dirty = true;
-        swapped = ss->pooled_bytes > 0;
-        pthread_cond_signal(&s->cv);
-        DJ_LOG(INFO, "session=%016llx %s (expected %llu ms)", (unsigned long long)sid,
-               type == DJ_MSG_PAUSE ? "paused" : "resumed", (unsigned long long)expect);
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (!ss) {
+    dj__lease *l = own_lease(s, c->id, sid, &foreign);
+    if (!l) {
         *close_conn = foreign;
         return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
     }
+    /* the worker tells the scheduler, which may swap it out and back */
+    dj__job *m = ctl_new(l, DJ__CTL_PAUSE, c->id);
+    if (!m) return dj_fail(DJ_ENOMEM, "out of memory");
+    m->ctl.paused = type == DJ_MSG_PAUSE;
+    m->ctl.expect_ms = expect;
+    m->ctl.resume_at = type == DJ_MSG_RESUME ? dj__now() : 0;
+    dj__enqueue(s, m);
+    l->lease_deadline_ms = now + s->cfg.lease_ms;
+    l->paused = type == DJ_MSG_PAUSE;
+    DJ_LOG(INFO, "session=%016llx %s (expected %llu ms)", (unsigned long long)sid,
+           type == DJ_MSG_PAUSE ? "paused" : "resumed", (unsigned long long)expect);
     dj__mw_bool(w, "paused", type == DJ_MSG_PAUSE);
-    dj__mw_bool(w, "swapped", swapped); /* whether its KV is in the host pool now */
+    dj__mw_bool(w, "swapped", l->swapped); /* whether its KV is in the host pool now */
     return DJ_OK;
 }
 
@@ -720,11 +755,9 @@ static bool step_payload_ok(dj__conn *c) {
         return false;
     }
     bool foreign;
-    pthread_mutex_lock(&s->mu);
-    const dj__sess *ss = own_session(s, c->id, sid, &foreign);
+    const dj__lease *ss = own_lease(s, c->id, sid, &foreign);
     const uint64_t room = ss && ss->max_ctx > ss->pos ? ss->max_ctx - ss->pos : 0;
     const uint64_t hidden = ss ? ss->hidden : 0;
-    pthread_mutex_unlock(&s->mu);
     if (!ss) {
         refuse(c, NULL, h->request_id, h->type,
                    dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
@@ -877,17 +910,48 @@ static void handle_frame(dj__conn *c) {
         return;
     }
     dj__meta_destroy(&m);
+    /* what the connection holds: the session a request names, the session quotas */
+    bool foreign = false;
+    dj__lease *l = NULL;
+    if (row->session == DJ__SESS_REQUIRED && !(l = own_lease(s, c->id, r.session, &foreign))) {
+        refuse(c, &r, h->request_id, h->type,
+               dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)r.session),
+               foreign);
+        return;
+    }
+    if (h->type == DJ_MSG_SESSION_OPEN) {
+        const size_t n_open = conn_sessions(s, c), n_tenant = tenant_sessions(s, c->tenant);
+        if (n_open >= s->cfg.max_sessions)
+            st = dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
+                         s->cfg.max_sessions);
+        else if (n_tenant >= s->cfg.max_sessions_token)
+            st = dj_fail(DJ_EQUOTA, "this token has %zu sessions open (--max-sessions-per-token %u)", n_tenant,
+                         s->cfg.max_sessions_token);
+        if (st != DJ_OK) {
+            refuse(c, &r, h->request_id, h->type, st, false);
+            return;
+        }
+    }
     dj__job *j = dj_calloc(1, sizeof *j);
     if (!j || (credit && !(j->credit_ev = dj__event_new(DJ__EV_CREDIT, c->id, h->type, h->request_id, 0)))) {
         free(j);
         refuse(c, &r, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), !credit);
         return;
     }
+    if (l) { /* its lease holds while the request is in flight (on_wake: its answer's end) */
+        j->qos = l->qos;
+        j->sess = l->id;
+        j->counted = true;
+        l->inflight++;
+        l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
+    } else {
+        j->qos = h->type == DJ_MSG_SESSION_OPEN ? r.u.open.qos : DJ_QOS_INTERACTIVE;
+    }
+    c->opening += h->type == DJ_MSG_SESSION_OPEN;
     j->type = h->type;
     j->req = h->request_id;
     j->conn = c->id;
     j->r = r;
-    j->qos = DJ_QOS_INTERACTIVE;
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;
     memcpy(j->cache_salt, c->cache_salt, sizeof j->cache_salt);
@@ -1202,6 +1266,20 @@ static void on_tick(uv_timer_t *t) {
                 send_error(c, 0, 0, dj_fail(DJ_EINVAL, "idle for %u ms: closing", cfg->idle_timeout_ms), true);
             }
         }
+    /* leases over: sessions with no request in flight and no word from
+     * their client for --lease-ms (orphans included) go */
+    for (size_t b = 0; b < s->leases.n_buckets; b++) {
+        dj__ment *e = s->leases.b[b];
+        while (e) {
+            dj__lease *l = e->val;
+            e = e->next;
+            if (l->inflight || clk <= l->lease_deadline_ms) continue;
+            pthread_mutex_lock(&s->metrics.mu);
+            s->metrics.lease_expiries++;
+            pthread_mutex_unlock(&s->metrics.mu);
+            lease_drop(s, l, DJ_ENOTFOUND, "session lease expired");
+        }
+    }
     static uint64_t last_sweep;
     if (now - last_sweep > 10000) {
         dj__peers_sweep(&s->peers, now);
@@ -1211,22 +1289,85 @@ static void on_tick(uv_timer_t *t) {
 
 /* ---- worker -> loop ---- */
 
+/* A request on a session was answered (its last frame): its lease runs
+ * again from now, however long the request took. */
+static void lease_answered(dj__server *s, uint64_t conn, uint64_t sess, bool counted) {
+    dj__lease *l = counted ? dj__map_get(&s->leases, sess) : NULL;
+    if (!l || l->conn != conn) return; /* gone, or orphaned since (its count was reset) */
+    if (l->inflight) l->inflight--;
+    l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
+}
+
+/* A SESSION_OPEN's reply: the I/O side's record of the session. False when
+ * there is none (the connection went, or no memory): the worker was told to
+ * release the session again. */
+static bool session_opened(dj__server *s, dj__conn *c, dj__event *e) {
+    dj__rep_open *o = &e->u.open;
+    dj__lease *l = c ? dj_calloc(1, sizeof *l) : NULL;
+    if (l) {
+        l->id = o->session;
+        l->conn = c->id;
+        l->tenant = c->tenant;
+        l->qos = o->qos;
+        l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
+        l->reattach = o->has_secret;
+        l->secret = o->secret;
+        snprintf(l->model, sizeof l->model, "%s", o->model);
+        l->max_ctx = o->max_ctx;
+        l->hidden = o->hidden;
+        l->drop_msg = o->drop_msg;
+        l->orphan_msg = o->orphan_msg;
+        if (dj__map_put(&s->leases, l->id, l) == DJ_OK) {
+            o->drop_msg = o->orphan_msg = NULL; /* the lease's now */
+            return true;
+        }
+        free(l);
+    }
+    dj__job *m = o->drop_msg;
+    o->drop_msg = NULL;
+    m->ctl.why = DJ_ENOTFOUND;
+    m->ctl.why_msg = c ? "out of memory for the session's record" : "connection closed before the session opened";
+    dj__enqueue(s, m);
+    return false;
+}
+
+/* STATS: what of the snapshot the I/O side keeps (leases, handles, connections). */
+static void stats_fill(dj__server *s, dj__stats_snap *st) {
+    const uint64_t clk = dj__clock_ms(s);
+    for (size_t i = 0; i < st->n_sessions; i++) {
+        dj__stats_sess *ss = &st->sessions[i];
+        const dj__lease *l = dj__map_get(&s->leases, ss->id);
+        ss->lease_left_ms = l && l->lease_deadline_ms > clk ? l->lease_deadline_ms - clk : 0;
+        if (l) ss->paused = l->paused;
+    }
+    pthread_mutex_lock(&s->mu);
+    st->handles = s->handles.n;
+    st->connections = s->live_conns.n;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* The answers the worker lost for want of memory (dj__server.lost), after
  * the frames it posted before them. */
 static void answer_lost(dj__server *s) {
     pthread_mutex_lock(&s->mu);
     const uint32_t n = s->n_lost;
     const bool overflow = s->lost_overflow;
-    uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX];
+    uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX], sess[DJ__LOST_MAX];
+    bool counted[DJ__LOST_MAX], opening[DJ__LOST_MAX];
     for (uint32_t i = 0; i < n; i++) {
         conn[i] = s->lost[i].conn;
         req[i] = s->lost[i].req;
+        sess[i] = s->lost[i].sess;
+        counted[i] = s->lost[i].counted;
+        opening[i] = s->lost[i].type == DJ_MSG_SESSION_OPEN;
     }
     s->n_lost = 0;
     s->lost_overflow = false;
     pthread_mutex_unlock(&s->mu);
     for (uint32_t i = 0; i < n; i++) {
         dj__conn *c = dj__map_get(&s->conns, conn[i]);
+        lease_answered(s, conn[i], sess[i], counted[i]);
+        if (c && opening[i] && c->opening) c->opening--;
         if (!c || c->closing || uv_is_closing(&c->u.handle)) continue;
         if (c->inflight) c->inflight--;
         dj__out *o = dj__out_error(c->id, req[i], DJ_ENOMEM, "out of memory building the answer", false);
@@ -1256,7 +1397,35 @@ static void on_wake(uv_async_t *a) {
     while (e) {
         dj__event *next = e->next;
         dj__conn *c = dj__map_get(&s->conns, e->conn);
-        if (e->kind == DJ__EV_CREDIT) { /* no frame: prompt bytes tokenized */
+        dj__lease *l = e->session ? dj__map_get(&s->leases, e->session) : NULL;
+        if (l && e->has_state) {
+            l->pos = e->pos;
+            l->swapped = e->swapped;
+        }
+        const bool last = e->kind == DJ__EV_REPLY || e->kind == DJ__EV_ERROR || e->kind == DJ__EV_DONE;
+        if (last) lease_answered(s, e->conn, e->session, e->counted);
+        if (last && e->req_type == DJ_MSG_SESSION_OPEN && c && c->opening) c->opening--;
+        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_OPEN && !session_opened(s, c, e) && c) {
+            dj__event *err = dj__event_error(e->conn, e->req_type, e->req, DJ_ENOMEM,
+                                             "out of memory for the session's record", false);
+            if (err) err->next = e->next;
+            dj__event_free(e);
+            e = err;
+            if (!e) { /* not even that: the client would wait for ever */
+                if (c->inflight) c->inflight--;
+                conn_close(c);
+                e = next;
+                continue;
+            }
+        }
+        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_CLOSE && l && l->conn == e->conn) {
+            dj__map_del(&s->leases, l->id); /* the worker released it */
+            lease_free(l);
+        }
+        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_STATS) stats_fill(s, &e->u.stats);
+        if (e->kind == DJ__EV_STATE) {
+            /* no frame: the session's state only */
+        } else if (e->kind == DJ__EV_CREDIT) { /* no frame: prompt bytes tokenized */
             if (c) {
                 c->prompt_bytes -= e->credit < c->prompt_bytes ? e->credit : c->prompt_bytes;
                 conn_pump(c);
@@ -1460,6 +1629,7 @@ int dj__serve_main(int argc, char **argv) {
     }
     mu_ok = true;
     if ((st = dj__map_init(&s->conns, 256)) != DJ_OK || (st = dj__map_init(&s->sessions, 1024)) != DJ_OK ||
+        (st = dj__map_init(&s->leases, 1024)) != DJ_OK ||
         (st = dj__map_init(&s->handles, 1024)) != DJ_OK || (st = dj__map_init(&s->live_conns, 256)) != DJ_OK ||
         (st = dj__map_init(&s->peers, 256)) != DJ_OK)
         goto fail;
@@ -1530,12 +1700,20 @@ done:
         unlink(path);
         rmdir(s->door_dir);
     }
+    for (int q = 0; q < DJ_QOS_COUNT; q++) /* messages posted after the worker stopped (connections' closes) */
+        for (dj__job *j = s->newq[q].head, *n; j; j = n) {
+            n = j->next;
+            dj__job_free(j);
+        }
     for (dj__event *e = s->ev_head, *n; e; e = n) {
         n = e->next;
         dj__event_free(e);
     }
     dj__map_destroy(&s->conns);
     dj__map_destroy(&s->sessions);
+    for (size_t b = 0; s->leases.b && b < s->leases.n_buckets; b++)
+        for (dj__ment *e = s->leases.b[b]; e; e = e->next) lease_free(e->val);
+    dj__map_destroy(&s->leases);
     dj__map_destroy(&s->handles);
     dj__map_destroy(&s->live_conns);
     for (size_t b = 0; s->peers.b && b < s->peers.n_buckets; b++)

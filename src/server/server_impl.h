@@ -127,7 +127,7 @@ const dj__token *dj__token_find(const dj__token *t, size_t n_tokens, const char 
 const char *dj__bearer_of(const char *authorization);
 void dj__metrics_stop(dj__metrics *m);
 
-/* ---- sessions and handles (shared under srv->mu unless marked) ---- */
+/* ---- sessions (one record per owner) and handles (shared under srv->mu) ---- */
 typedef struct dj__model_ent dj__model_ent;
 typedef struct dj__job dj__job;
 
@@ -137,39 +137,57 @@ typedef struct dj__job dj__job;
 /* Most running generations one batched decode step carries. */
 #define DJ__MAX_BATCH 64
 
-typedef struct dj__sess {
-    uint64_t id, conn;
+/* A session has two records, one per owner, kept in step by messages:
+ * the I/O side's dj__lease (who holds it, its lease, what a request on it
+ * may send) and the worker's dj__sess (the engine's session and what runs on
+ * it). The I/O side tells the worker through its mailbox (dj__job with a
+ * DJ__CTL_ type: PAUSE, DROP, ORPHAN, ATTACH); the worker tells the I/O side
+ * through events (event.h: the SESSION_OPEN reply makes the lease, every
+ * event of a request on it carries its position, DJ__EV_STATE a swap's end). */
+
+/* Control messages of the I/O side to the worker (dj__job.type; never on the wire). */
+#define DJ__CTL_PAUSE 0x100   /* ctl.paused, ctl.expect_ms, ctl.resume_at: PAUSE or RESUME */
+#define DJ__CTL_DROP 0x101    /* the session goes: ctl.why (its lease ended, or its connection closed) */
+#define DJ__CTL_ORPHAN 0x102  /* its connection closed: its requests are cancelled, it waits for an attach */
+#define DJ__CTL_ATTACH 0x103  /* ctl.conn holds it now */
+
+/* The I/O side's record (dj__server.leases; loop only). */
+typedef struct dj__lease {
+    uint64_t id, conn;          /* conn 0: orphaned */
     uint64_t tenant;            /* its opener's token (dj__tenant): quotas are per token */
     dj_qos qos;
     uint64_t lease_deadline_ms; /* on the daemon's clock (dj__clock_ms); renewed by heartbeats and
                                  * by requests naming it, as they arrive and as they end */
-    bool paused, dead;          /* dead: closed, or its lease over; the worker reaps it */
-    bool reattach;              /* opened with `reattach`: it outlives its connection (until its lease ends) */
-    bool orphan;                /* its connection closed: it waits out its lease for a SESSION_ATTACH
-                                 * (the worker cancels the old connection's requests on it) */
-    bool cancel_old;            /* orphaned since the worker last reaped: its old connection's requests
-                                 * are still to be cancelled, even if it was reattached meanwhile */
-    uint64_t paused_expect_ms;
-    uint32_t pos, pages;        /* snapshot for stats, written by the worker */
-    uint32_t max_ctx;           /* positions the session allows (set at open) */
-    uint32_t hidden;            /* its model's hidden size (set at open: bounds a STEP's point tensors) */
-    uint32_t queued;            /* requests naming it still in a waiting queue: its lease holds */
-    uint32_t pause_seq;         /* bumped by every PAUSE/RESUME (the worker tells the scheduler) */
+    uint32_t inflight;          /* requests naming it posted to the worker, not answered: its lease holds */
+    bool paused, reattach, orphan;
     uint64_t secret;            /* given at open: a new connection reattaches with it (SESSION_ATTACH) */
     char model[128];
-    /* snapshots for stats, written by the worker */
-    dj_sched_state state;
+    uint32_t max_ctx;           /* positions the session allows */
+    uint32_t hidden;            /* its model's hidden size (bounds a STEP's point tensors) */
+    uint32_t pos;               /* its position, as the worker's last event said */
+    bool swapped;               /* its KV in the host pool, as the worker's last event said */
+    dj__job *drop_msg;          /* the DJ__CTL_DROP that ends it, made by the worker at open (posting
+                                 * it allocates nothing); owned */
+    dj__job *orphan_msg;        /* the DJ__CTL_ORPHAN for its connection's close (reattach only); owned */
+} dj__lease;
+
+/* The worker's record (dj__server.sessions; worker only). */
+typedef struct dj__sess {
+    uint64_t id, conn;          /* conn: the connection whose requests run on it (0: orphaned) */
+    uint64_t tenant;
+    dj_qos qos;
+    char model[128];
+    bool paused;                /* the I/O side's last PAUSE/RESUME */
+    uint32_t pos;               /* its position as its client sees it (snapshot) */
     uint64_t kv_bytes, pooled_bytes, swaps;
-    /* worker only */
     dj_session_t *es;
     dj__model_ent *ment;
     int32_t pending;            /* sampled but not yet fed token, -1 if none */
     dj__job *busy;              /* the generation running on it, if any */
-    uint32_t pause_seen;        /* pause_seq last told to the scheduler */
     uint8_t xfer;               /* 1: swap-out in flight, 2: swap-in in flight */
     uint64_t xfer_bytes;
     double xfer_t0;             /* when it started (swap latency) */
-    double resume_at;           /* when a RESUME came (I/O thread; the worker measures to the next first token) */
+    double resume_at;           /* when a RESUME came (the worker measures to the next first token) */
     bool dropped;               /* recompute policy: KV freed, hist re-fed on the next request */
     int32_t *hist;              /* recompute policy: every token fed, in order */
     uint32_t n_hist, cap_hist;
@@ -215,7 +233,14 @@ struct dj__job {
     uint32_t qos_mask;        /* 1 << class for each class the caller's token grants */
     bool admin;               /* the caller's token has the admin role */
     uint64_t cache_salt[2];   /* the caller's token's prefix-cache salt (dj__token) */
-    bool counted;             /* sess->queued was raised for it (dj__enqueue) */
+    bool counted;             /* its lease's inflight was raised for it (the I/O side): its events say so */
+    struct {                  /* DJ__CTL_ messages */
+        bool paused;
+        uint64_t expect_ms;
+        double resume_at;
+        dj_status why;
+        const char *why_msg;  /* a static string */
+    } ctl;
     bool model_error;         /* its error came from a model's files (not the request): the connection stays */
     dj__request r;            /* the request, decoded by the I/O thread (request.h); owned */
     double t_enqueue;
@@ -356,6 +381,7 @@ typedef struct dj__server {
     uv_check_t clock_check; /* after each poll's callbacks: advances clock_ms */
     uint64_t clock_seen_ms;  /* loop only: the monotonic time clock_ms last caught up with */
     dj__map conns;       /* loop only: id -> dj__conn */
+    dj__map leases;      /* loop only: session id -> dj__lease */
     uint64_t next_conn;
     bool stopping;
 
@@ -368,9 +394,10 @@ typedef struct dj__server {
      * its poll's callbacks ran, read by both threads. */
     _Atomic uint64_t clock_ms;
 
-    pthread_mutex_t mu;  /* guards everything below */
+    dj__map sessions;    /* worker only: session id -> dj__sess */
+
+    pthread_mutex_t mu;  /* guards everything below: the two mailboxes, handles, live_conns */
     pthread_cond_t cv;
-    dj__map sessions;    /* id -> dj__sess */
     dj__map handles;     /* id -> dj__handle */
     dj__map live_conns;  /* id -> (void *)1 */
     dj__jobq newq[DJ_QOS_COUNT]; /* arrived, not yet handed to the scheduler */
@@ -380,11 +407,13 @@ typedef struct dj__server {
      * Past DJ__LOST_MAX, lost_overflow: every connection with a request in
      * flight is closed (no client waits for an answer that will never come). */
     struct {
-        uint64_t conn, req;
+        uint64_t conn, req, sess;
+        uint16_t type;
+        bool counted;
     } lost[DJ__LOST_MAX];
     uint32_t n_lost;
     bool lost_overflow;
-    bool stop_worker, reap;
+    bool stop_worker;
 
     dj__jobq tokq;       /* GENERATEs whose text prompt waits for the tokenizer thread */
     pthread_cond_t tok_cv;
@@ -399,7 +428,6 @@ typedef struct dj__server {
     dj_sched_t *sched;       /* the policy (src/sched/): decides what the worker does next */
     dj__job *held;           /* jobs the scheduler holds (waiting, admitted or running) */
     uint32_t n_xfer;         /* sessions with a swap in flight */
-    bool pause_dirty;        /* a PAUSE/RESUME came (I/O thread sets it, the worker clears it) */
     uint64_t batched_steps, batched_rows; /* worker: decode steps that carried >1 session */
     uint64_t mixed_steps;                 /* worker: of those, steps that also carried a prompt chunk */
     uint64_t gen_steps;                   /* worker: generation steps (any batch size, prompt chunks too) */
@@ -424,15 +452,13 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg);
  * the token file) or, without --token-file, the connection itself (bit 63
  * set). Quotas of sessions, connections and KV pages are per tenant. */
 #define DJ__TENANT_CONN(conn) ((conn) | (uint64_t)1 << 63)
-/* server.c: what a connection holds (mu held). */
-size_t dj__conn_sessions(dj__server *s, uint64_t conn);
-size_t dj__tenant_sessions(dj__server *s, uint64_t tenant);
+/* server.c: the handles a connection holds (mu held). */
 size_t dj__conn_handles(dj__server *s, uint64_t conn);
 
 /* worker.c */
 dj_status dj__worker_start(dj__server *s);
 void dj__worker_stop(dj__server *s);
-void dj__enqueue(dj__server *s, dj__job *j); /* takes ownership; locks mu */
+void dj__enqueue(dj__server *s, dj__job *j); /* into the worker's mailbox; takes ownership; locks mu */
 void dj__job_free(dj__job *j);
 /* Build an ERROR frame (st, message) for the outbox (call with mu held or not: it only allocates). */
 dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *msg, bool close_after);

@@ -67,6 +67,14 @@ static void post_job_locked(dj__server *s, dj__job *j, dj__event *e) {
         return;
     }
     if (e) {
+        e->session = j->sess;
+        e->counted = j->counted;
+        const dj__sess *ss = j->sess ? dj__map_get(&s->sessions, j->sess) : NULL; /* the worker's own map */
+        if (ss) {
+            e->has_state = true;
+            e->pos = ss->pos;
+            e->swapped = ss->pooled_bytes > 0;
+        }
         post_locked(s, e);
         return;
     }
@@ -74,6 +82,9 @@ static void post_job_locked(dj__server *s, dj__job *j, dj__event *e) {
     if (s->n_lost < DJ__LOST_MAX) {
         s->lost[s->n_lost].conn = j->conn;
         s->lost[s->n_lost].req = j->req;
+        s->lost[s->n_lost].sess = j->sess;
+        s->lost[s->n_lost].counted = j->counted;
+        s->lost[s->n_lost].type = j->type;
         s->n_lost++;
     } else {
         s->lost_overflow = true;
@@ -138,18 +149,10 @@ void dj__job_free(dj__job *j) {
     free(j);
 }
 
+/* The worker's mailbox: requests (and DJ__CTL_ messages) of the I/O side,
+ * each in its class's queue (j->qos: the session's, set by the I/O side). */
 void dj__enqueue(dj__server *s, dj__job *j) {
-    const uint64_t sid = j->r.session;
     pthread_mutex_lock(&s->mu);
-    dj__sess *ss = sid ? dj__map_get(&s->sessions, sid) : NULL;
-    if (ss && ss->conn == j->conn && !ss->dead) {
-        j->qos = ss->qos;
-        ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
-        ss->queued++; /* its lease holds while the request waits (lease_unqueue) */
-        j->counted = true;
-        j->sess = sid;
-    }
-    if (j->type == DJ_MSG_SESSION_OPEN && (j->qos_mask >> j->r.u.open.qos & 1)) j->qos = j->r.u.open.qos;
     q_push(&s->newq[j->qos], j);
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -158,12 +161,13 @@ void dj__enqueue(dj__server *s, dj__job *j) {
 /* ---- replies ---- */
 
 /* j's REPLY: rep (filled by its do_*) moves into a posted event. */
-static void reply(dj__server *s, dj__job *j, dj__event *rep) {
+static bool reply(dj__server *s, dj__job *j, dj__event *rep) {
     dj__metrics_count(&s->metrics, j->type, DJ_OK);
     dj__event *e = dj_malloc(sizeof *e);
     if (e) *e = *rep;
     else dj__event_clear(rep);
     post_job(s, j, e);
+    return e != NULL;
 }
 
 static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_after) {
@@ -269,24 +273,24 @@ static void free_handles_of(dj__server *s, uint64_t sid) { /* mu held */
     }
 }
 
-/* Release everything a session holds: its generation (answered with `why`
- * if the connection is still there), handles, pages, model reference. mu held;
- * the session is already out of the table. */
+/* Release everything a session holds: its requests the scheduler holds
+ * (answered with `why`), handles, pages, model reference. The session is
+ * already out of the worker's table. */
 static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const char *msg) {
     /* its requests the scheduler holds (the running generation among them) are answered */
     for (dj__job *j = s->held, *nx; j; j = nx) {
         nx = j->hnext;
         if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
         held_del(s, j);
-        if (dj__map_get(&s->live_conns, j->conn)) {
-            dj__metrics_count(&s->metrics, j->type, why);
-            post_job_locked(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false));
-        }
+        dj__metrics_count(&s->metrics, j->type, why);
+        post_job(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false)); /* dropped if its connection went */
         dj__job_free(j);
     }
     ss->busy = NULL;
     dj_sched_session_close(s->sched, ss->id);
+    pthread_mutex_lock(&s->mu);
     free_handles_of(s, ss->id);
+    pthread_mutex_unlock(&s->mu);
     dj_session_free(s->engine, ss->es);
     free(ss->hist);
     if (ss->ment) {
@@ -298,57 +302,54 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
     free(ss);
 }
 
-/* A session's requests from a connection that is gone are dropped (a
- * running generation stops; what it fed stays in the KV). mu held. */
+/* DJ__CTL_ORPHAN: the session's connection closed; its requests are dropped
+ * (a running generation stops; what it fed stays in the KV) and it waits
+ * for a SESSION_ATTACH. */
 static void cancel_orphaned(dj__server *s, dj__sess *ss) {
+    ss->conn = 0;
     for (dj__job *j = s->held, *nx; j; j = nx) {
         nx = j->hnext;
-        if (j->sess != ss->id || j->conn == ss->conn || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE))
-            continue;
+        if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
         if (ss->busy == j) {
             ss->busy = NULL;
             if (j->gen && j->gen->g) ss->pending = dj_gen_pending(j->gen->g);
         }
-        if (j->counted && ss->queued) ss->queued--;
         held_del(s, j);
         dj_sched_done(s->sched, job_id(j), dj__now_ms());
         dj__job_free(j);
     }
 }
 
-static void reap(dj__server *s) { /* mu held */
-    const uint64_t now = dj__clock_ms(s);
-    for (size_t b = 0; b < s->sessions.n_buckets; b++) {
-        dj__ment *e = s->sessions.b[b];
-        while (e) {
-            dj__sess *ss = e->val;
-            e = e->next;
-            if ((ss->orphan || ss->cancel_old) && !ss->dead) cancel_orphaned(s, ss);
-            ss->cancel_old = false;
-            const bool expired = !ss->dead && !ss->busy && !ss->queued && now > ss->lease_deadline_ms;
-            if (!ss->dead && !expired) continue;
-            dj__map_del(&s->sessions, ss->id);
-            if (expired) s->metrics.lease_expiries++;
-            session_destroy(s, ss, DJ_ENOTFOUND, expired ? "session lease expired" : "connection closed");
+/* A message of the I/O side's about a session (DJ__CTL_ types); frees it. */
+static void control(dj__server *s, dj__job *j) {
+    dj__sess *ss = dj__map_get(&s->sessions, j->sess);
+    if (ss) switch (j->type) {
+        case DJ__CTL_PAUSE: {
+            const uint64_t now = dj__now_ms();
+            ss->paused = j->ctl.paused;
+            if (j->ctl.resume_at > 0) ss->resume_at = j->ctl.resume_at;
+            if (ss->paused) dj_sched_pause(s->sched, ss->id, j->ctl.expect_ms, now);
+            else dj_sched_resume(s->sched, ss->id, now);
+            break;
         }
-    }
-    s->reap = false;
+        case DJ__CTL_DROP:
+            dj__map_del(&s->sessions, ss->id);
+            session_destroy(s, ss, j->ctl.why, j->ctl.why_msg);
+            break;
+        case DJ__CTL_ORPHAN: cancel_orphaned(s, ss); break;
+        case DJ__CTL_ATTACH: ss->conn = j->conn; break;
+        default: break;
+        }
+    dj__job_free(j);
 }
 
-/* A request on the session ended (a STEP, a generation): its lease runs
- * again from now, however long the request took (mu held). */
-static void lease_renew(dj__server *s, dj__sess *ss) { ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms; }
-
-/* The session a job names, owned by its connection (mu taken here). */
+/* The session a job names, held by its connection. */
 static dj_status job_session(dj__server *s, dj__job *j, dj__sess **out, bool *foreign) {
     const uint64_t sid = j->r.session;
     j->sess = sid;
-    pthread_mutex_lock(&s->mu);
     dj__sess *ss = dj__map_get(&s->sessions, sid);
     *foreign = ss && ss->conn != j->conn;
-    if (*foreign || (ss && ss->dead)) ss = NULL;
-    if (ss) ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
-    pthread_mutex_unlock(&s->mu);
+    if (*foreign) ss = NULL;
     if (!ss) return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
     *out = ss;
     return DJ_OK;
@@ -363,10 +364,8 @@ static void snapshot(dj__server *s, dj__sess *ss) {
     const dj_kv_residency r = dj_session_residency(ss->es);
     const uint32_t held = r == DJ_KV_SWAPPED ? 0 : dj_session_kv_pages(ss->es);
     dj_sched_pages(s->sched, ss->id, held, pos);
-    pthread_mutex_lock(&s->mu);
     ss->pos = pos;
     ss->kv_bytes = dj_session_kv_bytes(ss->es);
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* Pages per block of positions of a session (all layers), from the engine's
@@ -410,16 +409,7 @@ static void request_salt(const dj__job *j, const char *cs, size_t n, uint64_t sa
 
 static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     const dj__req_open *rq = &j->r.u.open;
-    const char *model = rq->model;
-    pthread_mutex_lock(&s->mu);
-    const size_t n_open = dj__conn_sessions(s, j->conn), n_tenant = dj__tenant_sessions(s, j->tenant);
-    pthread_mutex_unlock(&s->mu);
-    if (n_open >= s->cfg.max_sessions)
-        return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
-                       s->cfg.max_sessions);
-    if (n_tenant >= s->cfg.max_sessions_token)
-        return dj_fail(DJ_EQUOTA, "this token has %zu sessions open (--max-sessions-per-token %u)", n_tenant,
-                       s->cfg.max_sessions_token);
+    const char *model = rq->model; /* the I/O side counted it against the session quotas */
     const bool reattach = rq->reattach;
     const uint32_t expect = rq->expected_tokens;
     const dj_qos qos = rq->qos;
@@ -443,54 +433,61 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
                        c->max_position_embeddings);
     }
     dj__sess *ss = dj_calloc(1, sizeof *ss);
-    if (!ss) st = dj_fail(DJ_ENOMEM, "out of memory");
+    /* the messages that will end it (and orphan it), made now so that posting them allocates nothing */
+    dj__job *drop = dj_calloc(1, sizeof *drop), *orphan = reattach ? dj_calloc(1, sizeof *orphan) : NULL;
+    if (!ss || !drop || (reattach && !orphan)) st = dj_fail(DJ_ENOMEM, "out of memory");
     if (st == DJ_OK) st = dj_session_new(s->engine, m, ctx, 0, &ss->es);
     if (st == DJ_OK) st = dj_session_set_cache_salt(ss->es, salt);
     if (load) dj_model_release(s->engine, m); /* the session holds its own reference */
     if (st == DJ_OK) st = dj__random_id(&ss->id);
+    uint64_t secret = 0;
+    if (st == DJ_OK && reattach) st = dj__random_id(&secret);
     if (st != DJ_OK) {
         if (ss) dj_session_free(s->engine, ss->es);
         free(ss);
+        free(drop);
+        free(orphan);
         model_ent_maybe_drop(s, e);
         return st;
     }
     ss->conn = j->conn;
     ss->tenant = j->tenant;
     ss->qos = qos;
-    ss->reattach = reattach;
-    ss->max_ctx = ctx;
-    ss->hidden = c->hidden_size;
     ss->pending = -1;
     ss->ment = e;
     e->users++;
     snprintf(ss->model, sizeof ss->model, "%s", model);
-    pthread_mutex_lock(&s->mu);
-    bool alive = dj__map_get(&s->live_conns, j->conn) != NULL;
-    if (alive) {
-        while (dj__map_get(&s->sessions, ss->id)) dj__random_id(&ss->id);
-        ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
-        st = dj__map_put(&s->sessions, ss->id, ss);
-    }
-    if (!alive || st != DJ_OK) {
-        session_destroy(s, ss, DJ_ENOTFOUND, "connection closed before the session opened");
-        pthread_mutex_unlock(&s->mu);
-        return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
+    while (dj__map_get(&s->sessions, ss->id)) dj__random_id(&ss->id);
+    st = dj__map_put(&s->sessions, ss->id, ss);
+    if (st != DJ_OK) {
+        free(drop);
+        free(orphan);
+        session_destroy(s, ss, DJ_ENOTFOUND, "session could not open");
+        return st;
     }
     dj_sched_session_info si = {.conn = j->tenant, .qos = (uint32_t)qos, .max_ctx = ctx}; /* the quota's group */
     block_shape(ss->es, &si.block_tokens, &si.block_pages);
-    if (st == DJ_OK) st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms());
-    if (st == DJ_OK) st = dj__random_id(&ss->secret);
-    if (st != DJ_OK) {
+    if ((st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms())) != DJ_OK) {
+        free(drop);
+        free(orphan);
         dj__map_del(&s->sessions, ss->id);
         session_destroy(s, ss, DJ_ENOTFOUND, "session could not open");
-        pthread_mutex_unlock(&s->mu);
         return st;
     }
-    pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
            (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
-    *out = (dj__rep_open){.session = ss->id, .secret = reattach ? ss->secret : 0, .has_secret = reattach,
-                          .max_ctx = ctx, .vocab = c->vocab_size, .lease_ms = s->cfg.lease_ms};
+    drop->type = DJ__CTL_DROP;
+    drop->sess = ss->id;
+    drop->qos = qos;
+    if (orphan) {
+        orphan->type = DJ__CTL_ORPHAN;
+        orphan->sess = ss->id;
+        orphan->qos = qos;
+    }
+    *out = (dj__rep_open){.session = ss->id, .secret = secret, .has_secret = reattach, .max_ctx = ctx,
+                          .vocab = c->vocab_size, .lease_ms = s->cfg.lease_ms, .qos = qos,
+                          .hidden = c->hidden_size, .drop_msg = drop, .orphan_msg = orphan};
+    snprintf(out->model, sizeof out->model, "%s", model);
     return DJ_OK;
 }
 
@@ -498,10 +495,8 @@ static dj_status do_close(dj__server *s, dj__job *j, bool *foreign) {
     dj__sess *ss = NULL;
     dj_status st = job_session(s, j, &ss, foreign);
     if (st != DJ_OK) return st;
-    pthread_mutex_lock(&s->mu);
     dj__map_del(&s->sessions, ss->id);
     session_destroy(s, ss, DJ_ENOTFOUND, "session closed");
-    pthread_mutex_unlock(&s->mu);
     return DJ_OK;
 }
 
@@ -598,9 +593,6 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
                                                  (float *)h->bytes) /* "all" wants logits */
                            : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
     }
-    pthread_mutex_lock(&s->mu);
-    lease_renew(s, ss);
-    pthread_mutex_unlock(&s->mu);
     if (st != DJ_OK) {
         if (h) free(h->bytes);
         free(h);
@@ -679,10 +671,8 @@ static bool gen_event(dj__server *s, dj__job *j, dj__sess *ss, const dj_gen_even
         if (dj_gen_n_generated(g->g) == 1) {
             g->t_first = now;
             dj__metrics_observe(&s->metrics, &s->metrics.ttft_s, now - j->t_enqueue);
-            pthread_mutex_lock(&s->mu);
             const double resumed = ss->resume_at;
             ss->resume_at = 0;
-            pthread_mutex_unlock(&s->mu);
             if (resumed > 0) dj__metrics_observe(&s->metrics, &s->metrics.resume_s, now - resumed);
         } else {
             dj__metrics_observe(&s->metrics, &s->metrics.token_s, now - g->t_last);
@@ -933,18 +923,13 @@ static void gen_after(dj__server *s, dj__job *j, dj__sess *ss, dj_status st, boo
     if (st != DJ_OK || finished) {
         if (st != DJ_OK) reply_error(s, j, st, foreign || st == DJ_EFORMAT);
         if (ss) gen_hist(s, j, ss);
-        pthread_mutex_lock(&s->mu);
         if (ss && ss->busy == j) ss->busy = NULL;
-        if (ss) lease_renew(s, ss);
-        pthread_mutex_unlock(&s->mu);
         held_del(s, j);
         dj_sched_done(s->sched, job_id(j), dj__now_ms());
         dj__job_free(j);
         return;
     }
-    pthread_mutex_lock(&s->mu);
     ss->busy = j;
-    pthread_mutex_unlock(&s->mu);
     dj_sched_gen_rows(s->sched, job_id(j), dj_gen_rows(j->gen->g), job_rides(s, j));
 }
 
@@ -967,9 +952,7 @@ static void run_decode_batch(dj__server *s, dj__job **jobs, size_t n) {
     dj_gen_t *gs[DJ__MAX_BATCH];
     dj_gen_event ev[DJ__MAX_BATCH];
     const double t0 = dj__now();
-    pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n; i++) ss[i] = dj__map_get(&s->sessions, jobs[i]->sess);
-    pthread_mutex_unlock(&s->mu);
     size_t rows = 0;
     for (size_t i = 0; i < n; i++) {
         gs[i] = jobs[i]->gen->g;
@@ -1017,8 +1000,7 @@ static void run_generate(dj__server *s, dj__job *j) {
 
 /* STATS' session list: the caller's own sessions, or every one for an admin. */
 static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap *out) {
-    const uint64_t now = dj__now_ms(), clk = dj__clock_ms(s);
-    pthread_mutex_lock(&s->mu);
+    const uint64_t now = dj__now_ms();
     /* a client sees its token's own sessions; a token with the admin role, all */
     size_t n_shown = 0;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
@@ -1026,10 +1008,8 @@ static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap 
             n_shown += j->admin || ((dj__sess *)e->val)->tenant == j->tenant;
     if (n_shown > STATS_MAX_SESSIONS) n_shown = STATS_MAX_SESSIONS;
     out->sessions_total = s->sessions.n;
-    if (n_shown && !(out->sessions = dj_calloc(n_shown, sizeof *out->sessions))) {
-        pthread_mutex_unlock(&s->mu);
+    if (n_shown && !(out->sessions = dj_calloc(n_shown, sizeof *out->sessions)))
         return dj_fail(DJ_ENOMEM, "out of memory");
-    }
     size_t n = 0;
     for (size_t b = 0; b < s->sessions.n_buckets; b++)
         for (dj__ment *e = s->sessions.b[b]; e && n < n_shown; e = e->next) {
@@ -1044,12 +1024,10 @@ static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap 
             snprintf(o->model, sizeof o->model, "%s", ss->model);
             o->qos = ss->qos;
             o->pos = ss->pos;
-            o->lease_left_ms = ss->lease_deadline_ms > clk ? ss->lease_deadline_ms - clk : 0;
-            o->paused = ss->paused;
+            o->paused = ss->paused; /* lease_left_ms: the I/O side's to fill (its leases) */
             o->generating = ss->busy != NULL;
         }
     out->n_sessions = n;
-    pthread_mutex_unlock(&s->mu);
     return DJ_OK;
 }
 
@@ -1091,9 +1069,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     }
     dj_engine_swap_stats(s->engine, &out->swap);
     out->policy = s->cfg.swap_policy;
-    out->handles = s->handles.n;
-    out->connections = s->live_conns.n;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->mu); /* handles, connections: the I/O side's to fill */
     char *map = NULL;
     size_t map_len = 0;
     FILE *f = open_memstream(&map, &map_len); /* the map names every session: admins only */
@@ -1191,23 +1167,18 @@ static void run_job(dj__server *s, dj__job *j) {
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
     if (st == DJ_OK) {
-        reply(s, j, &rep);
+        const uint64_t opened = j->type == DJ_MSG_SESSION_OPEN ? rep.u.open.session : 0;
+        dj__sess *ss = opened && !reply(s, j, &rep) ? dj__map_get(&s->sessions, opened) : NULL;
+        if (ss) { /* its answer was lost: the I/O side will never hold it */
+            dj__map_del(&s->sessions, ss->id);
+            session_destroy(s, ss, DJ_ENOMEM, "its SESSION_OPEN's answer was lost");
+        }
+        if (!opened) reply(s, j, &rep);
     } else {
         dj__event_clear(&rep);
         reply_error(s, j, st, foreign || (st == DJ_EFORMAT && !j->model_error));
     }
     dj__job_free(j);
-}
-
-/* A request leaves its waiting queue: its session's lease runs from now. */
-static dj__job *lease_unqueue(dj__server *s, dj__job *j) {
-    dj__sess *ss = j->counted ? dj__map_get(&s->sessions, j->sess) : NULL;
-    if (ss && ss->queued) {
-        ss->queued--;
-        ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
-    }
-    j->counted = false;
-    return j;
 }
 
 /* A request that arrived: STEP and GENERATE checked against their session
@@ -1245,9 +1216,6 @@ static void arrive(dj__server *s, dj__job *j) {
     if (st == DJ_OK)
         st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
-        pthread_mutex_lock(&s->mu);
-        lease_unqueue(s, j);
-        pthread_mutex_unlock(&s->mu);
         reply_error(s, j, st, foreign || st == DJ_EFORMAT);
         dj__job_free(j);
         return;
@@ -1265,37 +1233,33 @@ static void intake(dj__server *s) {
     if (!in.n) return;
     pthread_mutex_unlock(&s->mu);
     dj__job *j;
-    while ((j = q_pop_head(&in))) arrive(s, j);
+    while ((j = q_pop_head(&in))) {
+        if (j->type >= DJ__CTL_PAUSE) control(s, j);
+        else arrive(s, j);
+    }
     pthread_mutex_lock(&s->mu);
 }
 
-/* PAUSE and RESUME the I/O thread recorded go to the scheduler (mu held). */
-static void pauses(dj__server *s) {
-    if (!s->pause_dirty) return;
-    s->pause_dirty = false;
-    const uint64_t now = dj__now_ms();
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
-            dj__sess *ss = e->val;
-            if (ss->pause_seen == ss->pause_seq) continue;
-            ss->pause_seen = ss->pause_seq;
-            if (ss->paused) dj_sched_pause(s->sched, ss->id, ss->paused_expect_ms, now);
-            else dj_sched_resume(s->sched, ss->id, now);
-        }
-}
+static dj__sess *sess_get(dj__server *s, uint64_t id) { return dj__map_get(&s->sessions, id); }
 
-static dj__sess *sess_get(dj__server *s, uint64_t id) {
+/* A session's state the I/O side keeps (a swap ended: PAUSE answers whether
+ * its KV is in the host pool); no memory: it learns at the next event. */
+static void post_state(dj__server *s, const dj__sess *ss) {
+    dj__event *e = dj__event_new(DJ__EV_STATE, ss->conn, 0, 0, 0);
+    if (!e) return;
+    e->session = ss->id;
+    e->has_state = true;
+    e->pos = ss->pos;
+    e->swapped = ss->pooled_bytes > 0;
     pthread_mutex_lock(&s->mu);
-    dj__sess *ss = dj__map_get(&s->sessions, id);
+    post_locked(s, e);
     pthread_mutex_unlock(&s->mu);
-    return ss;
 }
 
 /* Swaps in flight that completed: the scheduler and the metrics learn it. */
 static void poll_swaps(dj__server *s) {
     if (!s->n_xfer) return;
     dj_engine_swap_poll(s->engine);
-    pthread_mutex_lock(&s->mu);
     for (size_t b = 0; b < s->sessions.n_buckets && s->n_xfer; b++)
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
             dj__sess *ss = e->val;
@@ -1310,6 +1274,7 @@ static void poll_swaps(dj__server *s) {
             ss->swaps += out_done;
             ss->xfer = 0;
             s->n_xfer--;
+            post_state(s, ss);
             pthread_mutex_lock(&s->metrics.mu);
             dj__metrics_observe_locked(&s->metrics, out_done ? &s->metrics.swap_out_s : &s->metrics.swap_in_s, dt);
             if (out_done) {
@@ -1321,7 +1286,6 @@ static void poll_swaps(dj__server *s) {
             }
             pthread_mutex_unlock(&s->metrics.mu);
         }
-    pthread_mutex_unlock(&s->mu);
     dj_swap_stats sw;
     dj_engine_swap_stats(s->engine, &sw);
     if (sw.bytes_in && sw.in_s > 0) dj_sched_rate(s->sched, sw.in_s * 1e3 * (double)sw.page_bytes / (double)sw.bytes_in);
@@ -1338,12 +1302,10 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
                dj_last_error());
         return;
     }
-    pthread_mutex_lock(&s->mu);
     ss->xfer = out ? 1 : 2;
     ss->xfer_t0 = dj__now();
     ss->xfer_bytes = dj_session_kv_bytes(ss->es);
     s->n_xfer++;
-    pthread_mutex_unlock(&s->mu);
     DJ_LOG(DEBUG, "session=%016llx swap %s started (%llu bytes)", (unsigned long long)sid, out ? "out" : "in",
            (unsigned long long)ss->xfer_bytes);
     poll_swaps(s); /* the CPU engine copies at once */
@@ -1379,9 +1341,6 @@ static void carry_out(dj__server *s, const dj_sched_decision *d) {
     switch (d->op) {
     case DJ_SCHED_RUN: {
         dj__job *j = (dj__job *)(uintptr_t)d->req;
-        pthread_mutex_lock(&s->mu);
-        lease_unqueue(s, j);
-        pthread_mutex_unlock(&s->mu);
         if (j->type == DJ_MSG_GENERATE) {
             run_generate(s, j);
             return;
@@ -1402,9 +1361,6 @@ static void carry_out(dj__server *s, const dj_sched_decision *d) {
     case DJ_SCHED_DROP: drop_kv(s, d->sess); return;
     case DJ_SCHED_REFUSE: {
         dj__job *j = (dj__job *)(uintptr_t)d->req;
-        pthread_mutex_lock(&s->mu);
-        lease_unqueue(s, j);
-        pthread_mutex_unlock(&s->mu);
         held_del(s, j);
         dj_fail(DJ_ENOSPC, "%s", dj_sched_refuse_reason(s->sched));
         reply_error(s, j, DJ_ENOSPC, false);
@@ -1423,9 +1379,7 @@ static void publish_metrics(dj__server *s) {
     dj_engine_swap_stats(s->engine, &sw);
     dj_sched_stats ss;
     dj_sched_get_stats(s->sched, dj__now_ms(), &ss);
-    pthread_mutex_lock(&s->mu);
     const size_t n_sess = s->sessions.n;
-    pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.vmu = vs;
     s->metrics.sessions = n_sess;
@@ -1437,7 +1391,7 @@ static void publish_metrics(dj__server *s) {
 }
 
 static bool work_arrived(const dj__server *s) { /* mu held */
-    if (s->stop_worker || s->reap || s->pause_dirty) return true;
+    if (s->stop_worker) return true;
     for (int q = 0; q < DJ_QOS_COUNT; q++)
         if (s->newq[q].n) return true;
     return false;
@@ -1445,16 +1399,9 @@ static bool work_arrived(const dj__server *s) { /* mu held */
 
 static void *worker_main(void *arg) {
     dj__server *s = arg;
-    uint64_t last_reap = 0;
     pthread_mutex_lock(&s->mu);
     while (!s->stop_worker) {
-        const uint64_t now = dj__now_ms();
-        if (s->reap || now - last_reap >= 50) {
-            reap(s);
-            last_reap = now;
-        }
         intake(s);
-        pauses(s);
         pthread_mutex_unlock(&s->mu);
         poll_swaps(s);
         dj_sched_decision d;
@@ -1469,7 +1416,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         if (work_arrived(s)) continue;
         /* sleep until something arrives, the scheduler's next due time, a
-         * transfer's likely end (polled every ms), or the reaper's turn */
+         * transfer's likely end (polled every ms), or 50 ms */
         uint64_t wait_ms = 50;
         const uint64_t t = dj__now_ms();
         if (d.wake_ms != UINT64_MAX) wait_ms = d.wake_ms > t ? d.wake_ms - t : 0;
@@ -1486,9 +1433,17 @@ static void *worker_main(void *arg) {
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     /* shutdown: every session, job and model goes */
-    for (size_t b = 0; b < s->sessions.n_buckets; b++)
-        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) ((dj__sess *)e->val)->dead = true;
-    reap(s);
+    pthread_mutex_unlock(&s->mu);
+    for (size_t b = 0; b < s->sessions.n_buckets; b++) {
+        dj__ment *e = s->sessions.b[b];
+        while (e) {
+            dj__sess *ss = e->val;
+            e = e->next;
+            dj__map_del(&s->sessions, ss->id);
+            session_destroy(s, ss, DJ_ENOTFOUND, "djinnd is stopping");
+        }
+    }
+    pthread_mutex_lock(&s->mu);
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
         dj__job *j;
         while ((j = q_pop_head(&s->newq[q]))) dj__job_free(j);
