@@ -29,7 +29,11 @@ dj__event *dj__event_error(uint64_t conn, uint16_t req_type, uint64_t req, dj_st
 
 void dj__event_clear(dj__event *e) {
     if (e->kind == DJ__EV_REPLY) switch (e->req_type) {
-        case DJ_MSG_STEP: free(e->u.step.saved); break;
+        case DJ_MSG_STEP:
+            free(e->u.step.logits);
+            for (uint32_t k = 0; k < e->u.step.n_saved; k++) free(e->u.step.saved[k].bytes);
+            free(e->u.step.saved);
+            break;
         case DJ_MSG_SESSION_OPEN:
             dj__job_free(e->u.open.drop_msg);
             dj__job_free(e->u.open.orphan_msg);

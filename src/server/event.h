@@ -29,17 +29,20 @@ typedef struct dj__rep_open {
                                             * messages, made by the worker; owned until the lease takes them */
 } dj__rep_open;
 
-/* One saved activation of a STEP with points: its handle (0: none could be
- * made: only the point is written), shape [n, d] f32. */
+/* One saved activation of a STEP with points, [n, d] f32: bytes (malloc'd;
+ * NULL: none could be made, only the point is written) become a result
+ * handle on the I/O side, which sets handle. */
 typedef struct dj__rep_saved {
     char point[48];
+    float *bytes;
     uint64_t handle;
     uint32_t n, d;
 } dj__rep_saved;
 
 typedef struct dj__rep_step {
     uint32_t pos;
-    uint64_t handle;          /* the logits' handle, 0: none asked */
+    float *logits;            /* [nbytes / 4] (malloc'd) or NULL: none asked; the I/O side files it */
+    uint64_t handle;          /* the logits' handle (the I/O side's id) */
     uint32_t ndim;
     uint64_t shape[2];
     uint64_t nbytes;
@@ -149,6 +152,7 @@ typedef struct dj__event {
     uint64_t credit;          /* DJ__EV_CREDIT */
     uint64_t session;         /* the session its request named (0: none) */
     bool counted;             /* its request was counted in the session's lease (REPLY, ERROR, DONE end it) */
+    uint32_t handle_quota;    /* STEP: result handles its connection reserved for it (its end gives them back) */
     bool has_state;           /* pos and swapped are the session's as the event was made */
     uint32_t pos;
     bool swapped;

@@ -52,6 +52,7 @@ typedef struct dj__conn {
     uint64_t cache_salt[2]; /* set by HELLO: the token's prefix-cache salt ({0, 0}: shared, or no token file) */
     uint32_t inflight;     /* requests handed to the worker, not answered yet */
     uint32_t opening;      /* of those, SESSION_OPENs: they count against the session quotas */
+    uint32_t handles_due;  /* result handles the STEPs in flight will make (--max-handles-per-conn) */
     uint64_t prompt_bytes; /* text prompt bytes handed to the worker, not tokenized yet (--max-prompt-inflight) */
     uint64_t out_bytes;    /* what unsent replies hold (reply_owned) plus their payload bytes */
     uint64_t out_owned;    /* of those, memory held for this connection alone (reply_owned) */
@@ -167,6 +168,8 @@ void *dj__map_del(dj__map *m, uint64_t key) {
 
 /* ---- the I/O side's session records (dj__lease; loop only) ---- */
 
+static void handles_drop_session(dj__server *s, uint64_t sid);
+
 /* Sessions a connection holds, with the SESSION_OPENs it has in flight. */
 static size_t conn_sessions(dj__server *s, const dj__conn *c) {
     size_t n = c->opening;
@@ -193,6 +196,7 @@ static size_t tenant_sessions(dj__server *s, uint64_t tenant) {
  * allocate). */
 static void lease_drop(dj__server *s, dj__lease *l, dj_status why, const char *msg) {
     dj__map_del(&s->leases, l->id);
+    handles_drop_session(s, l->id);
     dj__job *m = l->drop_msg;
     m->ctl.why = why;
     m->ctl.why_msg = msg;
@@ -205,6 +209,74 @@ static void lease_free(dj__lease *l) {
     dj__job_free(l->drop_msg);
     dj__job_free(l->orphan_msg);
     free(l);
+}
+
+void dj__handle_unref(dj__server *s, dj__handle *h) {
+    (void)s;
+    if (--h->refs > 0) return;
+    free(h->bytes);
+    free(h);
+}
+
+/* A session's result handles go (it closed, its lease ended, its connection went). */
+static void handles_drop_session(dj__server *s, uint64_t sid) {
+    for (size_t b = 0; b < s->handles.n_buckets; b++) {
+        dj__ment *e = s->handles.b[b];
+        while (e) {
+            dj__handle *h = e->val;
+            e = e->next;
+            if (h->sess == sid) {
+                dj__map_del(&s->handles, h->id);
+                dj__handle_unref(s, h);
+            }
+        }
+    }
+}
+
+/* bytes[nbytes] (f32, shape[0..ndim)) filed as a result handle of (conn,
+ * sess) under a fresh random id (*id); bytes are the handle's once filed. */
+static dj_status handle_file(dj__server *s, uint64_t conn, uint64_t sess, float *bytes, uint32_t ndim,
+                             const uint64_t *shape, uint64_t nbytes, uint64_t *id) {
+    dj__handle *h = dj_calloc(1, sizeof *h);
+    if (!h) return dj_fail(DJ_ENOMEM, "out of memory");
+    dj_status st;
+    do st = dj__random_id(&h->id);
+    while (st == DJ_OK && dj__map_get(&s->handles, h->id));
+    if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
+    if (st != DJ_OK) {
+        free(h);
+        return st;
+    }
+    h->conn = conn;
+    h->sess = sess;
+    h->ndim = ndim;
+    for (uint32_t d = 0; d < ndim && d < 4; d++) h->shape[d] = shape[d];
+    h->nbytes = nbytes;
+    h->refs = 1;
+    h->bytes = (uint8_t *)bytes;
+    snprintf(h->dtype, sizeof h->dtype, "f32");
+    *id = h->id;
+    return DJ_OK;
+}
+
+/* A STEP's reply: its logits and saved activations become result handles
+ * (their ids written into the reply); a failure answers the STEP with it. */
+static dj_status step_file(dj__server *s, dj__event *e) {
+    dj__rep_step *r = &e->u.step;
+    dj_status st = DJ_OK;
+    if (r->logits) {
+        st = handle_file(s, e->conn, e->session, r->logits, r->ndim, r->shape, r->nbytes, &r->handle);
+        if (st == DJ_OK) r->logits = NULL;
+    }
+    for (uint32_t k = 0; k < r->n_saved; k++) { /* every save is listed, a failed one without a handle */
+        dj__rep_saved *v = &r->saved[k];
+        const uint64_t shape[2] = {v->n, v->d};
+        if (st == DJ_OK && v->bytes &&
+            (st = handle_file(s, e->conn, e->session, v->bytes, 2, shape, (uint64_t)v->n * v->d * sizeof(float),
+                              &v->handle)) == DJ_OK)
+            v->bytes = NULL;
+    }
+    return st;
 }
 
 size_t dj__conn_handles(dj__server *s, uint64_t conn) {
@@ -269,11 +341,7 @@ static void on_write(uv_write_t *w, int status) {
     dj__conn *c = r->c;
     dj__server *s = c->srv;
     free(r->meta);
-    if (r->handle) {
-        pthread_mutex_lock(&s->mu);
-        dj__handle_unref(s, r->handle);
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (r->handle) dj__handle_unref(s, r->handle);
     c->out_bytes -= r->bytes;
     c->out_owned -= r->owned;
     free(r);
@@ -308,11 +376,7 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
             DJ_LOG(WARN, "conn=%llu dropped: %llu reply bytes unsent (hard limit %llu)", (unsigned long long)c->id,
                    (unsigned long long)c->out_owned, (unsigned long long)c->srv->cfg.out_hard);
         free(meta);
-        if (hd) {
-            pthread_mutex_lock(&c->srv->mu);
-            dj__handle_unref(c->srv, hd);
-            pthread_mutex_unlock(&c->srv->mu);
-        }
+        if (hd) dj__handle_unref(c->srv, hd);
         if (over) conn_close(c);
         return;
     }
@@ -342,11 +406,7 @@ static void conn_send(dj__conn *c, const dj_frame_header *h, char *meta, dj__han
         c->out_bytes -= r->bytes;
         c->out_owned -= r->owned;
         free(meta);
-        if (hd) {
-            pthread_mutex_lock(&c->srv->mu);
-            dj__handle_unref(c->srv, hd);
-            pthread_mutex_unlock(&c->srv->mu);
-        }
+        if (hd) dj__handle_unref(c->srv, hd);
         free(r);
         conn_close(c);
     }
@@ -415,20 +475,7 @@ static void on_closed(uv_handle_t *h) {
             orphans++;
             dj__enqueue(s, l->orphan_msg);
             l->orphan_msg = NULL;
-            /* its result handles were this connection's: they go now */
-            pthread_mutex_lock(&s->mu);
-            for (size_t hb = 0; hb < s->handles.n_buckets; hb++) {
-                dj__ment *he = s->handles.b[hb];
-                while (he) {
-                    dj__handle *h = he->val;
-                    he = he->next;
-                    if (h->sess == l->id) {
-                        dj__map_del(&s->handles, h->id);
-                        dj__handle_unref(s, h);
-                    }
-                }
-            }
-            pthread_mutex_unlock(&s->mu);
+            handles_drop_session(s, l->id); /* its result handles were this connection's: they go now */
         }
     }
     pthread_mutex_lock(&s->mu);
@@ -597,7 +644,6 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
         return DJ_OK;
     }
     if (type == DJ_MSG_RELEASE) {
-        pthread_mutex_lock(&s->mu);
         dj__handle *h = dj__map_get(&s->handles, hid);
         if (h && h->conn != c->id) {
             foreign = true;
@@ -607,7 +653,6 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
             dj__map_del(&s->handles, hid);
             dj__handle_unref(s, h);
         }
-        pthread_mutex_unlock(&s->mu);
         if (!h) {
             *close_conn = foreign;
             return dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid);
@@ -641,21 +686,18 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
     uint64_t off = f->offset, len = f->length, count = f->count;
     const uint64_t start = f->start;
     const bool by_elem = f->by_elem;
-    pthread_mutex_lock(&s->mu);
     dj__handle *h = dj__map_get(&s->handles, hid);
     if (h && h->conn != c->id) {
         *close_conn = true;
         h = NULL;
     }
     if (!h) {
-        pthread_mutex_unlock(&s->mu);
         return dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid);
     }
     const uint64_t esz = 4; /* every handle is f32 for now */
     if (by_elem) {
         const uint64_t n_el = h->nbytes / esz;
         if (start > n_el) {
-            pthread_mutex_unlock(&s->mu);
             return dj_fail(DJ_ERANGE, "start %llu past the %llu elements of the handle", (unsigned long long)start,
                            (unsigned long long)n_el);
         }
@@ -664,7 +706,6 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
         len = count * esz;
     } else {
         if (off > h->nbytes) {
-            pthread_mutex_unlock(&s->mu);
             return dj_fail(DJ_ERANGE, "offset %llu past the %llu bytes of the handle", (unsigned long long)off,
                            (unsigned long long)h->nbytes);
         }
@@ -672,7 +713,6 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
     }
     if (len > UINT32_MAX) len = UINT32_MAX & ~(uint64_t)3; /* one uv_buf_t; clients page larger fetches */
     h->refs++;
-    pthread_mutex_unlock(&s->mu);
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "offset", off);
@@ -681,9 +721,7 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
     dj__mw_str(&w, "dtype", h->dtype);
     dj__out *o = dj__out_meta(c->id, DJ_MSG_REPLY, req, &w);
     if (!o) {
-        pthread_mutex_lock(&s->mu);
         dj__handle_unref(s, h);
-        pthread_mutex_unlock(&s->mu);
         return dj_fail(DJ_ENOMEM, "out of memory");
     }
     o->h.payload_len = len;
@@ -919,6 +957,19 @@ static void handle_frame(dj__conn *c) {
                foreign);
         return;
     }
+    uint32_t handle_quota = 0;
+    if (h->type == DJ_MSG_STEP) { /* the result handles it will make: counted now, against what it holds */
+        handle_quota = r.u.step.logits != DJ__LOGITS_NONE;
+        for (uint32_t k = 0; k < r.u.step.n_points; k++) handle_quota += r.u.step.points[k].op == DJ_IV_SAVE;
+        const size_t n_held = dj__conn_handles(s, c->id) + c->handles_due;
+        if (handle_quota && n_held + handle_quota > s->cfg.max_handles) {
+            refuse(c, &r, h->request_id, h->type,
+                   dj_fail(DJ_EQUOTA, "this connection holds %zu handles and the step makes %u "
+                           "(--max-handles-per-conn %u): RELEASE some", n_held, handle_quota, s->cfg.max_handles),
+                   false);
+            return;
+        }
+    }
     if (h->type == DJ_MSG_SESSION_OPEN) {
         const size_t n_open = conn_sessions(s, c), n_tenant = tenant_sessions(s, c->tenant);
         if (n_open >= s->cfg.max_sessions)
@@ -948,6 +999,8 @@ static void handle_frame(dj__conn *c) {
         j->qos = h->type == DJ_MSG_SESSION_OPEN ? r.u.open.qos : DJ_QOS_INTERACTIVE;
     }
     c->opening += h->type == DJ_MSG_SESSION_OPEN;
+    c->handles_due += handle_quota;
+    j->handle_quota = handle_quota;
     j->type = h->type;
     j->req = h->request_id;
     j->conn = c->id;
@@ -1340,8 +1393,8 @@ static void stats_fill(dj__server *s, dj__stats_snap *st) {
         ss->lease_left_ms = l && l->lease_deadline_ms > clk ? l->lease_deadline_ms - clk : 0;
         if (l) ss->paused = l->paused;
     }
-    pthread_mutex_lock(&s->mu);
     st->handles = s->handles.n;
+    pthread_mutex_lock(&s->mu);
     st->connections = s->live_conns.n;
     pthread_mutex_unlock(&s->mu);
 }
@@ -1354,12 +1407,14 @@ static void answer_lost(dj__server *s) {
     const bool overflow = s->lost_overflow;
     uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX], sess[DJ__LOST_MAX];
     bool counted[DJ__LOST_MAX], opening[DJ__LOST_MAX];
+    uint32_t quota[DJ__LOST_MAX];
     for (uint32_t i = 0; i < n; i++) {
         conn[i] = s->lost[i].conn;
         req[i] = s->lost[i].req;
         sess[i] = s->lost[i].sess;
         counted[i] = s->lost[i].counted;
         opening[i] = s->lost[i].type == DJ_MSG_SESSION_OPEN;
+        quota[i] = s->lost[i].handle_quota;
     }
     s->n_lost = 0;
     s->lost_overflow = false;
@@ -1368,6 +1423,7 @@ static void answer_lost(dj__server *s) {
         dj__conn *c = dj__map_get(&s->conns, conn[i]);
         lease_answered(s, conn[i], sess[i], counted[i]);
         if (c && opening[i] && c->opening) c->opening--;
+        if (c) c->handles_due -= quota[i] < c->handles_due ? quota[i] : c->handles_due;
         if (!c || c->closing || uv_is_closing(&c->u.handle)) continue;
         if (c->inflight) c->inflight--;
         dj__out *o = dj__out_error(c->id, req[i], DJ_ENOMEM, "out of memory building the answer", false);
@@ -1405,6 +1461,22 @@ static void on_wake(uv_async_t *a) {
         const bool last = e->kind == DJ__EV_REPLY || e->kind == DJ__EV_ERROR || e->kind == DJ__EV_DONE;
         if (last) lease_answered(s, e->conn, e->session, e->counted);
         if (last && e->req_type == DJ_MSG_SESSION_OPEN && c && c->opening) c->opening--;
+        if (last && c) c->handles_due -= e->handle_quota < c->handles_due ? e->handle_quota : c->handles_due;
+        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_STEP && c) {
+            const dj_status st = step_file(s, e);
+            if (st != DJ_OK) { /* the step ran; its handles could not be kept */
+                dj__event *err = dj__event_error(e->conn, e->req_type, e->req, st, dj_last_error(), false);
+                if (!err) {
+                    if (c->inflight) c->inflight--;
+                    conn_close(c);
+                    dj__event_free(e);
+                    e = next;
+                    continue;
+                }
+                dj__event_free(e);
+                e = err;
+            }
+        }
         if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_OPEN && !session_opened(s, c, e) && c) {
             dj__event *err = dj__event_error(e->conn, e->req_type, e->req, DJ_ENOMEM,
                                              "out of memory for the session's record", false);
@@ -1420,6 +1492,7 @@ static void on_wake(uv_async_t *a) {
         }
         if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_CLOSE && l && l->conn == e->conn) {
             dj__map_del(&s->leases, l->id); /* the worker released it */
+            handles_drop_session(s, l->id);
             lease_free(l);
         }
         if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_STATS) stats_fill(s, &e->u.stats);
@@ -1714,6 +1787,8 @@ done:
     for (size_t b = 0; s->leases.b && b < s->leases.n_buckets; b++)
         for (dj__ment *e = s->leases.b[b]; e; e = e->next) lease_free(e->val);
     dj__map_destroy(&s->leases);
+    for (size_t b = 0; s->handles.b && b < s->handles.n_buckets; b++)
+        for (dj__ment *e = s->handles.b[b]; e; e = e->next) dj__handle_unref(s, e->val);
     dj__map_destroy(&s->handles);
     dj__map_destroy(&s->live_conns);
     for (size_t b = 0; s->peers.b && b < s->peers.n_buckets; b++)

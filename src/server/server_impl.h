@@ -127,7 +127,7 @@ const dj__token *dj__token_find(const dj__token *t, size_t n_tokens, const char 
 const char *dj__bearer_of(const char *authorization);
 void dj__metrics_stop(dj__metrics *m);
 
-/* ---- sessions (one record per owner) and handles (shared under srv->mu) ---- */
+/* ---- sessions (one record per owner) and result handles (the I/O side's) ---- */
 typedef struct dj__model_ent dj__model_ent;
 typedef struct dj__job dj__job;
 
@@ -234,6 +234,7 @@ struct dj__job {
     bool admin;               /* the caller's token has the admin role */
     uint64_t cache_salt[2];   /* the caller's token's prefix-cache salt (dj__token) */
     bool counted;             /* its lease's inflight was raised for it (the I/O side): its events say so */
+    uint32_t handle_quota;    /* STEP: handles the I/O side reserved for it (--max-handles-per-conn) */
     struct {                  /* DJ__CTL_ messages */
         bool paused;
         uint64_t expect_ms;
@@ -382,6 +383,7 @@ typedef struct dj__server {
     uint64_t clock_seen_ms;  /* loop only: the monotonic time clock_ms last caught up with */
     dj__map conns;       /* loop only: id -> dj__conn */
     dj__map leases;      /* loop only: session id -> dj__lease */
+    dj__map handles;     /* loop only: id -> dj__handle (the worker's results arrive in its events) */
     uint64_t next_conn;
     bool stopping;
 
@@ -396,9 +398,8 @@ typedef struct dj__server {
 
     dj__map sessions;    /* worker only: session id -> dj__sess */
 
-    pthread_mutex_t mu;  /* guards everything below: the two mailboxes, handles, live_conns */
+    pthread_mutex_t mu;  /* guards everything below: the two mailboxes, live_conns */
     pthread_cond_t cv;
-    dj__map handles;     /* id -> dj__handle */
     dj__map live_conns;  /* id -> (void *)1 */
     dj__jobq newq[DJ_QOS_COUNT]; /* arrived, not yet handed to the scheduler */
     dj__event *ev_head, *ev_tail; /* the I/O side's mailbox: the worker's typed answers (event.h) */
@@ -410,6 +411,7 @@ typedef struct dj__server {
         uint64_t conn, req, sess;
         uint16_t type;
         bool counted;
+        uint32_t handle_quota;
     } lost[DJ__LOST_MAX];
     uint32_t n_lost;
     bool lost_overflow;
@@ -452,7 +454,7 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg);
  * the token file) or, without --token-file, the connection itself (bit 63
  * set). Quotas of sessions, connections and KV pages are per tenant. */
 #define DJ__TENANT_CONN(conn) ((conn) | (uint64_t)1 << 63)
-/* server.c: the handles a connection holds (mu held). */
+/* server.c: the handles a connection holds (loop only). */
 size_t dj__conn_handles(dj__server *s, uint64_t conn);
 
 /* worker.c */
@@ -470,10 +472,7 @@ dj__out *dj__out_meta(uint64_t conn, uint16_t type, uint64_t req, dj__mw *w); /*
 /* encode.c: the frame of a worker's event (NULL: out of memory, or a
  * DJ__EV_CREDIT, which has none). I/O thread. */
 dj__out *dj__event_encode(const dj__event *e);
-void dj__handle_unref(dj__server *s, dj__handle *h); /* mu held */
-/* Files h (filled in, refs set) in the handle store under a fresh random id
- * (h->id); takes and drops mu. On failure h is not filed. */
-dj_status dj__handle_add(dj__server *s, dj__handle *h);
+void dj__handle_unref(dj__server *s, dj__handle *h); /* loop only */
 
 /* model_info.c: MODEL_INFO's reply into w for the request's `model` (a folder
  * of models_dir): config texts, EOS ids, tokenizer presence. Reads only small
@@ -493,8 +492,8 @@ uint32_t dj__trace_saves(const dj__trace_req *t); /* handles the trace will publ
 /* dj_session_step_trace with the parsed points. */
 dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
                         float *logits /* OUT, [vocab] or NULL */);
-/* Saved activations become handles of (conn, sess), listed in out->saved. */
-dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, dj__rep_step *out);
+/* The saved activations move into out->saved (the I/O side makes them handles). */
+dj_status dj__trace_publish(dj__trace_req *t, dj__rep_step *out);
 void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
 
 #endif

@@ -1,6 +1,6 @@
 /* step_trace.c: a STEP's `points` (docs/protocol.md) - parsed and bounded
  * into engine interventions, run, and the saved activations published as
- * result handles. Worker thread only. */
+ * result handles (by the I/O side, from the STEP's reply). Worker thread only. */
 #include <stdio.h>
 #include "djinn/alloc.h"
 #include <stdlib.h>
@@ -105,43 +105,19 @@ dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, ui
     return dj_session_step_trace(e, es, ids, n, t->iv, t->n_iv, logits);
 }
 
-dj_status dj__trace_publish(dj__server *s, dj__trace_req *t, uint64_t conn, uint64_t sess, dj__rep_step *out) {
+dj_status dj__trace_publish(dj__trace_req *t, dj__rep_step *out) {
     out->traced = true;
     if (t->n_saves && !(out->saved = dj_calloc(t->n_saves, sizeof *out->saved)))
         return dj_fail(DJ_ENOMEM, "out of memory");
-    dj_status st = DJ_OK;
     for (uint32_t k = 0; k < t->n_iv; k++) {
         dj_intervention *v = &t->iv[k];
         if (v->op != DJ_IV_SAVE) continue;
-        dj__handle *h = dj_calloc(1, sizeof *h);
-        uint64_t id = 0;
-        if (!h && st == DJ_OK) st = dj_fail(DJ_ENOMEM, "out of memory");
-        if (h && st == DJ_OK) {
-            h->conn = conn;
-            h->sess = sess;
-            h->ndim = 2;
-            h->shape[0] = t->n;
-            h->shape[1] = t->d;
-            h->nbytes = (uint64_t)t->n * t->d * sizeof(float);
-            h->refs = 1;
-            h->bytes = (uint8_t *)v->out;
-            snprintf(h->dtype, sizeof h->dtype, "f32");
-            st = dj__handle_add(s, h);
-            if (st == DJ_OK) {
-                v->out = NULL; /* the handle's now */
-                id = h->id;
-            } else {
-                free(h);
-            }
-        } else {
-            free(h);
-        }
-        /* every save is listed, a failed one without a handle */
         dj__rep_saved *o = &out->saved[out->n_saved++];
         snprintf(o->point, sizeof o->point, "%s", t->name[k]);
-        o->handle = id;
+        o->bytes = v->out; /* the event's now */
+        v->out = NULL;
         o->n = t->n;
         o->d = t->d;
     }
-    return st;
+    return DJ_OK;
 }

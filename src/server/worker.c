@@ -1,7 +1,7 @@
 /* worker.c: djinnd's engine thread - the only thread that touches the
  * engine. It hands requests to the scheduler (src/sched/) and carries out its
  * decisions: requests, batched generation steps, KV swaps; sessions with
- * leases, models shared by fingerprint, result handles, stats. */
+ * the engine sessions, models shared by fingerprint, stats; it answers with typed events (event.h). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include "djinn/alloc.h"
@@ -69,6 +69,7 @@ static void post_job_locked(dj__server *s, dj__job *j, dj__event *e) {
     if (e) {
         e->session = j->sess;
         e->counted = j->counted;
+        e->handle_quota = j->handle_quota;
         const dj__sess *ss = j->sess ? dj__map_get(&s->sessions, j->sess) : NULL; /* the worker's own map */
         if (ss) {
             e->has_state = true;
@@ -85,6 +86,7 @@ static void post_job_locked(dj__server *s, dj__job *j, dj__event *e) {
         s->lost[s->n_lost].sess = j->sess;
         s->lost[s->n_lost].counted = j->counted;
         s->lost[s->n_lost].type = j->type;
+        s->lost[s->n_lost].handle_quota = j->handle_quota;
         s->n_lost++;
     } else {
         s->lost_overflow = true;
@@ -96,23 +98,6 @@ static void post_job(dj__server *s, dj__job *j, dj__event *e) {
     pthread_mutex_lock(&s->mu);
     post_job_locked(s, j, e);
     pthread_mutex_unlock(&s->mu);
-}
-
-dj_status dj__handle_add(dj__server *s, dj__handle *h) {
-    pthread_mutex_lock(&s->mu);
-    dj_status st;
-    do st = dj__random_id(&h->id);
-    while (st == DJ_OK && dj__map_get(&s->handles, h->id));
-    if (st == DJ_OK) st = dj__map_put(&s->handles, h->id, h);
-    pthread_mutex_unlock(&s->mu);
-    return st;
-}
-
-void dj__handle_unref(dj__server *s, dj__handle *h) {
-    (void)s;
-    if (--h->refs > 0) return;
-    free(h->bytes);
-    free(h);
 }
 
 static void gen_free(dj__gen *g) {
@@ -259,22 +244,8 @@ static const dj_tokenizer_t *model_tokenizer(dj__server *s, dj__model_ent *e) {
 
 /* ---- sessions ---- */
 
-static void free_handles_of(dj__server *s, uint64_t sid) { /* mu held */
-    for (size_t b = 0; b < s->handles.n_buckets; b++) {
-        dj__ment *e = s->handles.b[b];
-        while (e) {
-            dj__handle *h = e->val;
-            e = e->next;
-            if (h->sess == sid) {
-                dj__map_del(&s->handles, h->id);
-                dj__handle_unref(s, h);
-            }
-        }
-    }
-}
-
 /* Release everything a session holds: its requests the scheduler holds
- * (answered with `why`), handles, pages, model reference. The session is
+ * (answered with `why`), pages, model reference. The session is
  * already out of the worker's table. */
 static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const char *msg) {
     /* its requests the scheduler holds (the running generation among them) are answered */
@@ -287,10 +258,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__job_free(j);
     }
     ss->busy = NULL;
-    dj_sched_session_close(s->sched, ss->id);
-    pthread_mutex_lock(&s->mu);
-    free_handles_of(s, ss->id);
-    pthread_mutex_unlock(&s->mu);
+    dj_sched_session_close(s->sched, ss->id); /* its result handles: the I/O side's (lease_drop) */
     dj_session_free(s->engine, ss->es);
     free(ss->hist);
     if (ss->ment) {
@@ -529,6 +497,7 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     const size_t n = rq->n_ids;
     int32_t *feed = NULL;
     size_t n_feed = 0;
+    float *lg = NULL; /* the logits: a result handle once the I/O side files the reply */
     dj__trace_req *tr = NULL; /* with `points` (step_trace.c): the payload holds their tensors */
     const bool traced = rq->n_points > 0;
     const bool want_logits = rq->logits != DJ__LOGITS_NONE, all_rows = rq->logits == DJ__LOGITS_ALL;
@@ -547,30 +516,12 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     }
     const uint32_t vocab = dj_model_get_config(ss->ment->m)->vocab_size;
     const uint64_t rows = all_rows ? n_feed : 1;
-    dj__handle *h = NULL;
     if (traced && (st = dj__trace_parse(rq, (uint32_t)n, dj_model_get_config(ss->ment->m), &tr)) != DJ_OK)
         goto done;
-    if (want_logits || dj__trace_saves(tr)) {
-        pthread_mutex_lock(&s->mu);
-        const size_t n_held = dj__conn_handles(s, j->conn);
-        pthread_mutex_unlock(&s->mu);
-        const size_t n_new = (want_logits ? 1u : 0u) + dj__trace_saves(tr);
-        if (n_held + n_new > s->cfg.max_handles) {
-            st = dj_fail(DJ_EQUOTA,
-                         "this connection holds %zu handles and the step makes %zu (--max-handles-per-conn %u): "
-                         "RELEASE some",
-                         n_held, n_new, s->cfg.max_handles);
-            goto done;
-        }
-    }
-    if (want_logits) {
-        h = dj_calloc(1, sizeof *h);
-        if (!h || !(h->bytes = dj_malloc((size_t)rows * vocab * sizeof(float)))) {
-            free(h);
-            st = dj_fail(DJ_ENOMEM, "out of host memory for a %llu x %u logits handle", (unsigned long long)rows,
-                         vocab);
-            goto done;
-        }
+    /* the handles it makes were counted against --max-handles-per-conn by the I/O side */
+    if (want_logits && !(lg = dj_malloc((size_t)rows * vocab * sizeof(float)))) {
+        st = dj_fail(DJ_ENOMEM, "out of host memory for a %llu x %u logits handle", (unsigned long long)rows, vocab);
+        goto done;
     }
     if (tr) {
         /* a pending token (or a dropped history) first, as a plain step: the
@@ -583,19 +534,16 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
             st = hist_add(s, ss, feed, pre);
         }
         if (st == DJ_OK)
-            st = dj__trace_run(s->engine, ss->es, feed + pre, (uint32_t)n, tr, h ? (float *)h->bytes : NULL);
+            st = dj__trace_run(s->engine, ss->es, feed + pre, (uint32_t)n, tr, lg);
         if (st == DJ_OK) {
             memmove(feed, feed + pre, n * sizeof *feed);
             n_feed = n;
         }
     } else {
-        st = all_rows && h ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed,
-                                                 (float *)h->bytes) /* "all" wants logits */
-                           : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, h ? (float *)h->bytes : NULL);
+        st = all_rows && lg ? dj_session_step_all(s->engine, ss->es, feed, (uint32_t)n_feed, lg) /* "all" wants logits */
+                            : dj_session_step(s->engine, ss->es, feed, (uint32_t)n_feed, lg);
     }
     if (st != DJ_OK) {
-        if (h) free(h->bytes);
-        free(h);
         if (tr) snapshot(s, ss);
         goto done;
     }
@@ -604,29 +552,17 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     ss->pending = -1;
     snapshot(s, ss);
     out->pos = dj_session_pos(ss->es);
-    if (h) {
-        h->conn = j->conn;
-        h->sess = ss->id;
-        h->ndim = all_rows ? 2 : 1;
-        h->shape[0] = all_rows ? rows : vocab;
-        h->shape[1] = all_rows ? vocab : 0;
-        h->nbytes = rows * vocab * sizeof(float);
-        h->refs = 1;
-        snprintf(h->dtype, sizeof h->dtype, "f32");
-        st = dj__handle_add(s, h);
-        if (st != DJ_OK) {
-            free(h->bytes);
-            free(h);
-            goto done;
-        }
-        out->handle = h->id;
-        out->ndim = h->ndim;
-        out->shape[0] = h->shape[0];
-        out->shape[1] = h->shape[1];
-        out->nbytes = h->nbytes;
+    if (lg) {
+        out->logits = lg; /* the reply's now */
+        lg = NULL;
+        out->ndim = all_rows ? 2 : 1;
+        out->shape[0] = all_rows ? rows : vocab;
+        out->shape[1] = all_rows ? vocab : 0;
+        out->nbytes = rows * vocab * sizeof(float);
     }
-    if (tr) st = dj__trace_publish(s, tr, j->conn, ss->id, out);
+    if (tr) st = dj__trace_publish(tr, out);
 done:
+    free(lg);
     dj__trace_free(tr);
     free(feed);
     return st;
