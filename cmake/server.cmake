@@ -32,6 +32,9 @@ function(dj__server_link_late)
   if(TARGET test_fault)
     target_link_libraries(test_fault PRIVATE djinn_server) # the daemon runs in the test's process
   endif()
+  if(TARGET test_request)
+    target_link_libraries(test_request PRIVATE djinn_server) # the message table and the event encoder, no daemon
+  endif()
   foreach(t bench_remote bench_serve bench_agents)
     if(TARGET ${t})
       # bench/support/ is outside the bench/*.c glob: not a program of its own
