@@ -1402,7 +1402,7 @@ static void stats_fill(dj__server *s, dj__stats_snap *st) {
 /* The answers the worker lost for want of memory (dj__server.lost), after
  * the frames it posted before them. */
 static void answer_lost(dj__server *s) {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu);
     const uint32_t n = s->n_lost;
     const bool overflow = s->lost_overflow;
     uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX], sess[DJ__LOST_MAX];
@@ -1418,7 +1418,7 @@ static void answer_lost(dj__server *s) {
     }
     s->n_lost = 0;
     s->lost_overflow = false;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->out_mu);
     for (uint32_t i = 0; i < n; i++) {
         dj__conn *c = dj__map_get(&s->conns, conn[i]);
         lease_answered(s, conn[i], sess[i], counted[i]);
@@ -1446,10 +1446,10 @@ static void answer_lost(dj__server *s) {
  * frames here (encode.c) and sent. */
 static void on_wake(uv_async_t *a) {
     dj__server *s = a->data;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu);
     dj__event *e = s->ev_head;
     s->ev_head = s->ev_tail = NULL;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->out_mu);
     while (e) {
         dj__event *next = e->next;
         dj__conn *c = dj__map_get(&s->conns, e->conn);
@@ -1532,7 +1532,9 @@ static void on_signal(uv_signal_t *sig, int signum) {
     dj__server *s = sig->data;
     DJ_LOG(WARN, "djinnd: signal %d, shutting down", signum);
     pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
     s->stopping = true;
+    pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
     dj__worker_stop(s); /* joins: no uv_async_send after this */
     on_wake(&s->wake);  /* flush what the worker produced */
@@ -1694,7 +1696,7 @@ int dj__serve_main(int argc, char **argv) {
     bool loop_ok = false, mu_ok = false;
     dj_status st;
     signal(SIGPIPE, SIG_IGN);
-    if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, NULL) ||
+    if (pthread_mutex_init(&s->mu, NULL) || pthread_mutex_init(&s->out_mu, NULL) || pthread_cond_init(&s->cv, NULL) ||
         pthread_mutex_init(&s->metrics.mu, NULL)) {
         fprintf(stderr, "djinnd: cannot create locks\n");
         free(s);
@@ -1746,7 +1748,9 @@ int dj__serve_main(int argc, char **argv) {
 fail_loop:
     fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
     pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
     s->stopping = true;
+    pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
     uv_walk(&s->loop, close_walk, s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
@@ -1755,7 +1759,9 @@ fail:
     fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
 done:
     pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
     s->stopping = true;
+    pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
     dj__metrics_stop(&s->metrics);
     dj__http_stop(s->http); /* its requests see their daemon connections closed */
@@ -1797,6 +1803,7 @@ done:
     free(s->tokens);
     if (mu_ok) {
         pthread_mutex_destroy(&s->mu);
+        pthread_mutex_destroy(&s->out_mu);
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->metrics.mu);
     }

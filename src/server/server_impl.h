@@ -398,12 +398,17 @@ typedef struct dj__server {
 
     dj__map sessions;    /* worker only: session id -> dj__sess */
 
-    pthread_mutex_t mu;  /* guards everything below: the two mailboxes, live_conns */
+    /* The worker's mailbox (I/O side -> worker): newq, under mu with cv;
+     * also the tokenizer thread's queue (tokq) and live_conns. */
+    pthread_mutex_t mu;
     pthread_cond_t cv;
     dj__map live_conns;  /* id -> (void *)1 */
     dj__jobq newq[DJ_QOS_COUNT]; /* arrived, not yet handed to the scheduler */
-    dj__event *ev_head, *ev_tail; /* the I/O side's mailbox: the worker's typed answers (event.h) */
-    /* Answers the worker could not build for want of memory (mu): the loop
+    /* The I/O side's mailbox (worker -> I/O side), under out_mu, woken by
+     * uv_async_send(wake): the worker's typed answers (event.h), and lost. */
+    pthread_mutex_t out_mu;
+    dj__event *ev_head, *ev_tail;
+    /* Answers the worker could not build for want of memory (out_mu): the loop
      * answers each with an ENOMEM ERROR of its own, or closes its connection.
      * Past DJ__LOST_MAX, lost_overflow: every connection with a request in
      * flight is closed (no client waits for an answer that will never come). */
@@ -415,7 +420,7 @@ typedef struct dj__server {
     } lost[DJ__LOST_MAX];
     uint32_t n_lost;
     bool lost_overflow;
-    bool stop_worker;
+    bool stop_worker;    /* mu */
 
     dj__jobq tokq;       /* GENERATEs whose text prompt waits for the tokenizer thread */
     pthread_cond_t tok_cv;

@@ -48,7 +48,7 @@ static dj__job *q_pop_head(dj__jobq *q) {
     return j;
 }
 
-/* Into the I/O side's mailbox (dj__server.ev_head). */
+/* Into the I/O side's mailbox (dj__server.ev_head; out_mu held). */
 static void post_locked(dj__server *s, dj__event *e) {
     if (!e) return;
     e->next = NULL;
@@ -95,9 +95,9 @@ static void post_job_locked(dj__server *s, dj__job *j, dj__event *e) {
 }
 
 static void post_job(dj__server *s, dj__job *j, dj__event *e) {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu);
     post_job_locked(s, j, e);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->out_mu);
 }
 
 static void gen_free(dj__gen *g) {
@@ -723,9 +723,9 @@ static void prompt_credit(dj__server *s, dj__job *j) {
     dj__event *e = j->credit_ev;
     j->credit_ev = NULL;
     e->credit = j->prompt_credit;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu);
     post_locked(s, e);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->out_mu);
     j->prompt_credit = 0;
 }
 
@@ -1187,9 +1187,9 @@ static void post_state(dj__server *s, const dj__sess *ss) {
     e->has_state = true;
     e->pos = ss->pos;
     e->swapped = ss->pooled_bytes > 0;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&s->out_mu);
     post_locked(s, e);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->out_mu);
 }
 
 /* Swaps in flight that completed: the scheduler and the metrics learn it. */
