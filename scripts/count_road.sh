@@ -25,7 +25,7 @@ JSON
 PORT=$((20000 + RANDOM % 20000)) HPORT=$((40000 + RANDOM % 20000))
 valgrind --tool=callgrind --instr-atstart=no --compress-strings=no --compress-pos=no \
     --callgrind-out-file="$TMP/cg.out" "$B/djinnd" --listen "127.0.0.1:$PORT" --http "127.0.0.1:$HPORT" \
-    --models "$TMP/store" --threads 1 --vmu-gb 0.1 --swap-gb 0.01 --http-header-timeout-s 600 --http-body-timeout-s 600 \
+    --models "$TMP/store" --threads 1 --vmu-gb 0.1 --swap-gb 0.01 --http-header-timeout-s 600 --http-body-timeout-s 600 --http-timeout-s 600 \
     2>"$TMP/log" &
 PID=$!
 for _ in $(seq 600); do

@@ -1034,7 +1034,7 @@ static dj_status do_model_list(dj__server *s, dj__rep_model_list *out) {
         snprintf(path, sizeof path, "%s/%s/config.json", s->cfg.models, de->d_name);
         if (stat(path, &sb) != 0) continue;
         struct dj__rep_listed *o = &out->models[out->n++];
-        snprintf(o->name, sizeof o->name, "%s", de->d_name);
+        memcpy(o->name, de->d_name, strlen(de->d_name) + 1); /* < sizeof o->name, checked above */
         const dj__model_ent *m = model_find(s, o->name);
         o->loaded = m != NULL;
         o->refs = m ? m->users + (m->pinned ? 1u : 0u) : 0;
