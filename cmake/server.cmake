@@ -29,9 +29,6 @@ function(dj__server_link_late)
   if(TARGET fuzz_graph_msgs)
     target_link_libraries(fuzz_graph_msgs PRIVATE djinn_server) # graph_serve.c's message decoders
   endif()
-  if(TARGET fuzz_graph_msgs)
-    target_link_libraries(fuzz_graph_msgs PRIVATE djinn_server) # graph_serve.c's message decoders
-  endif()
   if(TARGET test_hostile)
     target_link_libraries(test_hostile PRIVATE djinn_server) # the error-text scrubber is checked directly
   endif()
