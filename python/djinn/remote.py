@@ -77,6 +77,9 @@ class RemoteExecutor:
 
     def run_graph(self, graph, data, inputs):
         c = self.client
+        if "graph-run" not in c.capabilities:  # an older djinnd: fallback="local" runs the module here
+            raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "djinnd at %s does not run captured modules "
+                                          "(no graph-run capability)" % c.addr)
         self._sync_weights(graph)
         refs, payload = [], [data]
         for x in inputs:

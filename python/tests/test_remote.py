@@ -281,3 +281,23 @@ def test_same_bytes_different_shapes_stored_once(client):
     assert client.weight_bytes_uploaded - up <= 8 * 8 * 4 + 8 * 4  # the zeros went once (if at all)
     with torch.no_grad():
         close(got, m(x))
+
+
+def test_server_without_graph_run_falls_back(client):
+    assert "graph-run" in client.capabilities
+    torch.manual_seed(12)
+    m = nn.Linear(5, 2).eval()
+    x = torch.randn(2, 5)
+    saved = client.capabilities
+    client.capabilities = [c for c in saved if c != "graph-run"]  # as an older djinnd says HELLO
+    try:
+        with pytest.raises(errors.UnsupportedError) as e:
+            client.remote(m)(x)
+        assert "graph-run" in str(e.value)
+        rl = client.remote(m, fallback="local")
+        got = rl(x)
+        assert rl.ran_locally
+        with torch.no_grad():
+            assert torch.equal(got, m(x))
+    finally:
+        client.capabilities = saved

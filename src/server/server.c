@@ -480,7 +480,8 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         if (c->qos_mask >> q & 1) dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
     dj__mw_u64(w, "max_sessions", s->cfg.max_sessions);
     dj__mw_u64(w, "max_handles", s->cfg.max_handles);
-    static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models"};
+    static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models",
+                                 "graph-run"}; /* graph-run: WEIGHT_* and GRAPH_RUN (graph_serve.c) */
     dj__mw_key(w, "capabilities");
     msgpack_pack_array(&w->pk, sizeof caps / sizeof *caps);
     for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) dj__pack_str(&w->pk, caps[i]);
