@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "djinn/version.h"
 #include "server/server_impl.h"
 
 static int usage(FILE *f) {
-    fputs("usage: djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
+    fputs("usage: djinnd --version | --help\n"
+          "       djinnd [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
@@ -206,6 +208,10 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
+        if (!strcmp(a, "--version")) {
+            printf("djinnd %s (protocol %u)\n", DJ_VERSION_STRING, (unsigned)DJ_PROTO_VERSION);
+            return 3;
+        }
         if (!strcmp(a, "serve") && i == 1) continue; /* `djinn serve ...` passes its argv through */
         if (!v) {
             fprintf(stderr, "djinnd: unknown option or missing value: '%s'\n", a);

@@ -20,8 +20,10 @@
 
 #include "server/http_impl.h"
 #include "djinn/intervene.h"
+#include "djinn/version.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
+#include "server/wrong_door.h"
 
 #define READ_CHUNK (64 * 1024)
 
@@ -464,7 +466,7 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         s->n_pending--;
     }
     dj__mw_u64(w, "version", DJ_PROTO_VERSION);
-    dj__mw_str(w, "server", "djinnd 0.1");
+    dj__mw_str(w, "server", "djinnd " DJ_VERSION_STRING);
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
     dj__mw_u64(w, "max_meta", DJ_PROTO_MAX_META);
     dj__mw_u64(w, "max_payload", DJ_PROTO_MAX_REQ_PAYLOAD);
@@ -955,6 +957,14 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->hdr_got += k;
             p += k;
             n -= k;
+            if (!c->hello && dj__wrong_door_http(c->hdr, c->hdr_got)) { /* HTTP at this port: say where it is */
+                char text[512];
+                const unsigned hp = c->srv->http ? dj__http_port(c->srv->http) : 0;
+                uv_buf_t b = uv_buf_init(text, (unsigned)dj__wrong_door_answer(c->srv->cfg.http, hp, text, sizeof text));
+                uv_try_write(&c->u.stream, &b, 1);
+                conn_close(c);
+                return;
+            }
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
             if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP)

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "djinn/version.h"
 #include "server/server_impl.h"
 
 #define DEFAULT_MAX_TOKENS 64
@@ -501,7 +502,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         pthread_mutex_unlock(&s->mu);
         return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
     }
-    dj_sched_session_info si = {.conn = j->tenant, .qos = (uint32_t)qos, .max_ctx = ctx}; /* the quota's group */
+    dj_sched_session_info si = {.conn = j->tenant, .qos = dj_qos_rank(qos), .max_ctx = ctx}; /* the quota's group */
     block_shape(ss->es, &si.block_tokens, &si.block_pages);
     if (st == DJ_OK) st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms());
     if (st == DJ_OK) st = dj__random_id(&ss->secret);
@@ -1161,6 +1162,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
      * the daemon's that others' work moves (memory, steps, the prefix cache,
      * queues, swap, models, counts): issue 43 */
     dj__mw_str(w, "scope", j->admin ? "all" : "own");
+    dj__mw_str(w, "version", DJ_VERSION_STRING);
     dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
     if (!j->admin) {
         dj__mw_key(w, "models"); /* the field clients expect, empty: which models others load is theirs */
@@ -1240,8 +1242,8 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
         dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
         msgpack_pack_map(&w->pk, 2);
-        pack_kv_u64(&w->pk, "waiting", s->newq[q].n + sst.waiting[q]);
-        pack_kv_u64(&w->pk, "running", sst.running[q]);
+        pack_kv_u64(&w->pk, "waiting", s->newq[q].n + sst.waiting[dj_qos_rank((dj_qos)q)]);
+        pack_kv_u64(&w->pk, "running", sst.running[dj_qos_rank((dj_qos)q)]);
     }
     dj_swap_stats sw;
     dj_engine_swap_stats(s->engine, &sw);
@@ -1420,7 +1422,7 @@ static void arrive(dj__server *s, dj__job *j) {
     prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
     if (st == DJ_OK)
-        st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
+        st = dj_sched_arrive(s->sched, job_id(j), sess, dj_qos_rank(j->qos), kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
         pthread_mutex_lock(&s->mu);
         lease_unqueue(s, j);
