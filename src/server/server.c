@@ -23,6 +23,7 @@
 #include "djinn/version.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
+#include "server/sd_notify.h"
 #include "server/wrong_door.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -1543,7 +1544,9 @@ int dj__serve_main(int argc, char **argv) {
     fprintf(stderr, "djinnd: serving models from %s on %s (lease %u ms)\n", s->cfg.models, s->cfg.listen,
             s->cfg.lease_ms);
     s->clock_seen_ms = dj__now_ms(); /* the start-up was no stall */
+    dj__sd_notify("READY=1\nSTATUS=serving"); /* systemd's Type=notify */
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    dj__sd_notify("STOPPING=1");
     rc = 0;
     goto done;
 fail_loop:
