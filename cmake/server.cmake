@@ -10,6 +10,10 @@ target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (
 target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the binary port is answered in HTTP
 # Type=notify readiness (sd_notify.c): libsystemd where found, else its datagram written by hand
 target_sources(djinn_server PRIVATE src/server/sd_notify.c)
+# --config FILE (INI through libinih, a Debian package: libinih-dev) and SIGHUP's reload
+target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c)
+pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
+target_link_libraries(djinn_server PRIVATE PkgConfig::INIH)
 pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
 if(SYSTEMD_FOUND)
   target_compile_definitions(djinn_server PRIVATE DJ_HAVE_SYSTEMD=1)

@@ -49,7 +49,7 @@ cc -std=c11 $extra -o "$dir/cgs" "$src/examples/client_generate.c" $(pkg-config 
     "$P/lib/libdjinn.a" $(pkg-config --static --libs-only-l djinn | sed 's/-ldjinn//') ||
     fail "client_generate on libdjinn.a"
 
-# The prefix's djinnd, with $NOTIFY_SOCKET bound by a Python listener that writes what it hears.
+# The prefix's djinnd, as the unit starts it, with $NOTIFY_SOCKET bound by a Python listener that writes what it hears.
 /usr/bin/python3 - "$dir/notify" "$dir/heard" <<'PY' &
 import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -64,8 +64,10 @@ with open(sys.argv[2], "ab", buffering=0) as f:
 PY
 lpid=$!
 for _ in $(seq 1 100); do [ -e "$dir/notify.up" ] && break; sleep 0.1; done
-NOTIFY_SOCKET=$dir/notify "$P/bin/djinnd" --listen "unix:$dir/sock" --port-file "$dir/port" --models "$src/models" \
-    --vmu-gb 256m --threads 1 2>"$dir/err" &
+# The unit's own command line (its config, the example) with flags overriding what a test cannot use.
+exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
+NOTIFY_SOCKET=$dir/notify $exec_start --listen "unix:$dir/sock" --port-file "$dir/port" --models "$src/models" \
+    --http 127.0.0.1:0 --vmu-gb 256m --threads 1 2>"$dir/err" &
 pid=$!
 for _ in $(seq 1 600); do
     [ -e "$dir/port" ] && break
@@ -79,8 +81,12 @@ ldd "$dir/cg" | grep -q "$P/lib/libdjinn.so" || LD_LIBRARY_PATH=$P/lib ldd "$dir
     fail "client_generate does not load the prefix's libdjinn.so"
 "$dir/cgs" "unix:$dir/sock" demo "Once upon a time" 8 >"$dir/out2" || fail "client_generate (static)"
 cmp -s "$dir/out1" "$dir/out2" || fail "the shared and static builds generate differently"
+kill -HUP "$pid" # a reload says RELOADING=1, then READY=1 again
+for _ in $(seq 1 100); do [ "$(grep -c '^READY=1' "$dir/heard")" -ge 2 ] && break; sleep 0.1; done
+grep -q '^RELOADING=1' "$dir/heard" || { cat "$dir/heard"; fail "no RELOADING=1 after SIGHUP"; }
+[ "$(grep -c '^READY=1' "$dir/heard")" -ge 2 ] || { cat "$dir/heard"; fail "no READY=1 after the reload"; }
 kill "$pid"
-wait "$pid"
+wait "$pid" || { cat "$dir/err"; fail "djinnd exited with an error"; }
 pid=
 wait "$lpid"
 grep -q '^READY=1' "$dir/heard" || { cat "$dir/heard"; fail "no READY=1 on NOTIFY_SOCKET"; }

@@ -54,5 +54,7 @@ void dj_log(dj_log_level lvl, const char *func, const char *fmt, ...)
 #endif
     ;
 #define DJ_LOG(lvl, ...) dj_log(DJ_LOG_##lvl, __func__, __VA_ARGS__)
+/* Sets the threshold (over $DJINN_LOG); any thread, any time. */
+void dj_log_set_level(dj_log_level lvl);
 
 #endif

@@ -5,6 +5,7 @@
 #include "core/switches.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,13 +45,21 @@ dj_status dj_fail(dj_status st, const char *fmt, ...) {
 const char *dj_last_error(void) { return last_error; }
 void dj_clear_error(void) { last_error[0] = '\0'; }
 
+/* -1 until read from $DJINN_LOG or set (djinnd --log-level, a SIGHUP's
+ * reload on the daemon's loop while other threads log: hence atomic). */
+static _Atomic int log_level = -1;
+
 static int log_threshold(void) {
-    static int level = -1;
+    int level = atomic_load_explicit(&log_level, memory_order_relaxed);
     if (level < 0) {
         level = dj_switch_read(DJ_SW_LOG); /* debug|info|warn|error: dj_log_level's order */
+        int unset = -1;
+        atomic_compare_exchange_strong(&log_level, &unset, level);
     }
     return level;
 }
+
+void dj_log_set_level(dj_log_level lvl) { atomic_store(&log_level, (int)lvl); }
 
 void dj_log(dj_log_level lvl, const char *func, const char *fmt, ...) {
     static const char *names[] = {"debug", "info", "warn", "error"};

@@ -442,7 +442,7 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
             *wrong_token = true;
             return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
         }
-        const uint64_t tenant = (uint64_t)(t - s->tokens) + 1;
+        const uint64_t tenant = t->tenant; /* kept across SIGHUP reloads (reload.c) */
         uint32_t n_same = 0;
         for (size_t b = 0; b < s->conns.n_buckets; b++)
             for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
@@ -1530,6 +1530,7 @@ int dj__serve_main(int argc, char **argv) {
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    if ((st = dj__reload_init(s, argc, argv)) != DJ_OK) goto fail_loop; /* SIGHUP; the store and log level */
     s->clock_seen_ms = dj__now_ms();
     atomic_init(&s->clock_ms, s->clock_seen_ms);
     uv_check_init(&s->loop, &s->clock_check);
@@ -1572,6 +1573,8 @@ done:
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
+    dj__reload_fini(s);
+    dj__config_free(&s->cfg);
     if (s->is_unix) unlink(s->cfg.listen + 5);
     if (s->door_dir[0]) {
         char path[96];

@@ -46,6 +46,8 @@ typedef struct dj__token {
     bool admin;
     bool shared;           /* `shared`: it shares the prefix cache with every other shared token */
     uint64_t cache_salt[2]; /* its tenant's prefix-cache salt: a hash of the secret; {0, 0} when shared */
+    uint64_t tenant;        /* its quotas' key, kept by a SIGHUP reload for the same secret (reload.c) */
+    char name[64];          /* `name=NAME`, or "line<N>": what logs show, never the secret */
 } dj__token;
 
 /* guard.c: the token file, refused with a clear message when empty, holding
@@ -307,7 +309,13 @@ typedef struct dj__config {
     uint32_t http_unauth;      /* connections waiting for their headers (the oldest goes beyond) */
     uint32_t http_per_token;   /* requests at once per token (0: half of http_conns) */
     const char *http_hosts;    /* --http-allowed-hosts: Host names besides localhost and IP literals */
+    /* the config file, the store check and the log (config_file.c, reload.c) */
+    const char *config;        /* --config FILE or NULL */
+    struct dj__conf *conf;     /* its entries, which string options point into (dj__config_free) */
+    bool allow_empty;          /* --allow-empty: a missing model is a warning, not an error at start */
+    int log_level;             /* --log-level: dj_log_level, or -1 ($DJINN_LOG, default warn) */
 } dj__config;
+void dj__config_free(dj__config *cfg); /* what parsing --config allocated */
 #define DJ__SIZE_AUTO SIZE_MAX
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
@@ -410,6 +418,7 @@ typedef struct dj__server {
 
     dj__metrics metrics;
     struct dj__http *http; /* --http: the front end, a client of the listener above */
+    struct dj__reload *reload; /* reload.c: SIGHUP's state (loop only) */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */
@@ -422,6 +431,10 @@ uint64_t dj__clock_ms(dj__server *s);
 
 /* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
 int dj__parse_args(int argc, char **argv, dj__config *cfg);
+/* reload.c: SIGHUP on the loop re-reads --config and the token file (the
+ * tokens, the loop's own limits, the log level); started after the loop. */
+dj_status dj__reload_init(struct dj__server *s, int argc, char **argv);
+void dj__reload_fini(struct dj__server *s); /* after the loop closed */
 /* The tenant a connection's requests count for: its token (index + 1 in
  * the token file) or, without --token-file, the connection itself (bit 63
  * set). Quotas of sessions, connections and KV pages are per tenant. */
