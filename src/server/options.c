@@ -14,7 +14,7 @@
 
 static int usage(FILE *f) {
     fputs("usage: djinnd --version | --help\n"
-          "       djinnd [--config FILE] [--allow-empty] [--log-level debug|info|warn|error]\n"
+          "       djinnd [--config FILE] [--allow-empty] [--log-level debug|info|warn|error] [--log-format text|json]\n"
           "              [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
@@ -58,7 +58,9 @@ static int usage(FILE *f) {
           "SIGHUP re-reads it with the token file: the tokens, the log level and the limits marked (R) below\n"
           "change for what comes next; sessions and connections stay. A --models store without a model\n"
           "(a folder holding config.json) stops the start unless --allow-empty (allow-empty = on in a file).\n"
-          "--log-level (default warn, or $DJINN_LOG): what goes to stderr.\n",
+          "--log-level (default warn, or $DJINN_LOG): what goes to stderr; info adds an access line per request\n"
+          "(GENERATE on the binary port, every HTTP request). --log-format text (default) or json: one JSON\n"
+          "object a line. Every line starts with (or holds, \"ts\") an RFC 3339 UTC time.\n",
           f);
     fputs("Limits per connection and of the daemon (against hostile clients):\n"
           "  --max-connections 1024     connections at once (lowered to fit the fd limit); more get DJ_EBUSY\n"
@@ -250,6 +252,10 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
             snprintf(err, cap, "%s '%s': want a size of at least 1k (suffixes k, m, g)", a, v);
             return 2;
         }
+    } else if (!strcmp(a, "--log-format")) {
+        if (!strcmp(v, "text")) cfg->log_format = DJ_LOG_TEXT;
+        else if (!strcmp(v, "json")) cfg->log_format = DJ_LOG_JSON;
+        else return snprintf(err, cap, "--log-format '%s': want text or json", v), 2;
     } else if (!strcmp(a, "--log-level")) {
         static const char *const levels[] = {"debug", "info", "warn", "error"};
         cfg->log_level = -2;
@@ -320,6 +326,7 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
 static void set_defaults(dj__config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->log_level = -1;
+    cfg->log_format = -1;
     cfg->listen = "127.0.0.1:7070";
     cfg->models = ".";
     cfg->vmu_bytes = 0;              /* auto */

@@ -43,8 +43,8 @@ static void on_sighup(uv_signal_t *h, int signum) {
     dj__sd_notify("RELOADING=1");
     dj__config nc;
     if (dj__parse_args(rl->argc, rl->argv, &nc) != 0) { /* it said why on stderr */
-        DJ_LOG(ERROR, "SIGHUP: the configuration does not parse: the running one stays");
-        fprintf(stderr, "djinnd: SIGHUP: the configuration does not parse: the running one stays\n");
+        dj__log_line(DJ_LOG_ERROR, __func__, "djinnd: SIGHUP: the configuration does not parse: the running one stays",
+                     NULL);
         dj__sd_notify("READY=1");
         return;
     }
@@ -84,15 +84,19 @@ static void on_sighup(uv_signal_t *h, int signum) {
     c->max_conns_token = nc.max_conns_token;
     c->prompt_inflight = nc.prompt_inflight;
     if (nc.log_level >= 0) dj_log_set_level((dj_log_level)nc.log_level);
+    if (nc.log_format >= 0) dj_log_set_format((dj_log_format)nc.log_format);
     rl->n_reloads++;
-    fprintf(stderr, "djinnd: SIGHUP: reloaded (%s; log level %s)\n", tokens_said,
-            nc.log_level >= 0 ? (const char *[]){"debug", "info", "warn", "error"}[nc.log_level] : "unchanged");
+    char said[320];
+    snprintf(said, sizeof said, "djinnd: SIGHUP: reloaded (%s; log level %s)", tokens_said,
+             nc.log_level >= 0 ? (const char *[]){"debug", "info", "warn", "error"}[nc.log_level] : "unchanged");
+    dj__log_line(DJ_LOG_WARN, __func__, said, NULL); /* whatever the level: an operator's act answered */
     dj__config_free(&nc);
     dj__sd_notify("READY=1");
 }
 
 dj_status dj__reload_init(dj__server *s, int argc, char **argv) {
     if (s->cfg.log_level >= 0) dj_log_set_level((dj_log_level)s->cfg.log_level);
+    if (s->cfg.log_format >= 0) dj_log_set_format((dj_log_format)s->cfg.log_format);
     dj_status st = dj__models_check(s->cfg.models, s->cfg.allow_empty);
     if (st != DJ_OK) return st;
     dj__reload *rl = dj_calloc(1, sizeof *rl);

@@ -23,6 +23,7 @@
 #include "djinn/version.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
+#include "server/access.h"
 #include "server/sd_notify.h"
 #include "server/wrong_door.h"
 
@@ -932,6 +933,7 @@ static void handle_frame(dj__conn *c) {
     j->admin = c->admin;
     memcpy(j->cache_salt, c->cache_salt, sizeof j->cache_salt);
     j->tenant = c->tenant;
+    dj__access_who(s, &c->u.stream, c->unix_sock, c->door, c->tenant, j->peer, j->token_name);
     j->t_enqueue = dj__now();
     j->prompt_credit = credit;
     c->prompt_bytes += credit;
@@ -1542,8 +1544,8 @@ int dj__serve_main(int argc, char **argv) {
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
-    fprintf(stderr, "djinnd: serving models from %s on %s (lease %u ms)\n", s->cfg.models, s->cfg.listen,
-            s->cfg.lease_ms);
+    dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,
+                   s->cfg.listen, s->cfg.lease_ms);
     s->clock_seen_ms = dj__now_ms(); /* the start-up was no stall */
     dj__sd_notify("READY=1\nSTATUS=serving"); /* systemd's Type=notify */
     uv_run(&s->loop, UV_RUN_DEFAULT);
@@ -1551,7 +1553,7 @@ int dj__serve_main(int argc, char **argv) {
     rc = 0;
     goto done;
 fail_loop:
-    fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
+    dj__log_always(DJ_LOG_ERROR, __func__, "djinnd: %s: %s", dj_strerror(st), dj_last_error());
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);
@@ -1559,7 +1561,7 @@ fail_loop:
     uv_run(&s->loop, UV_RUN_DEFAULT);
     goto done;
 fail:
-    fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
+    dj__log_always(DJ_LOG_ERROR, __func__, "djinnd: %s: %s", dj_strerror(st), dj_last_error());
 done:
     pthread_mutex_lock(&s->mu);
     s->stopping = true;

@@ -222,6 +222,7 @@ struct dj__job {
     const uint8_t *payload;
     uint64_t payload_len;
     double t_enqueue;
+    char peer[64], token_name[64]; /* who sent it, for its access line (access.c) */
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
                                * (dj__server.lost), its later frames are dropped */
@@ -314,6 +315,7 @@ typedef struct dj__config {
     struct dj__conf *conf;     /* its entries, which string options point into (dj__config_free) */
     bool allow_empty;          /* --allow-empty: a missing model is a warning, not an error at start */
     int log_level;             /* --log-level: dj_log_level, or -1 ($DJINN_LOG, default warn) */
+    int log_format;            /* --log-format: dj_log_format, or -1 (text) */
 } dj__config;
 void dj__config_free(dj__config *cfg); /* what parsing --config allocated */
 #define DJ__SIZE_AUTO SIZE_MAX

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "djinn/version.h"
+#include "server/access.h"
 #include "server/server_impl.h"
 
 #define DEFAULT_MAX_TOKENS 64
@@ -182,6 +183,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
     DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
+    if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, NULL, st);
     post_job(s, j, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
 }
 
@@ -291,6 +293,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         if (dj__map_get(&s->live_conns, j->conn)) {
             dj__metrics_count(&s->metrics, j->type, why);
+            if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, ss, why);
             post_job_locked(s, j, dj__out_error(j->conn, j->req, why, msg, false));
         }
         dj__job_free(j);
@@ -720,6 +723,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     size_t n = 0;
     if (dj_gen_text_rest(g->g, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
+    dj__access_generate(j, ss, DJ_OK);
     post_job(s, j, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
 }
 
