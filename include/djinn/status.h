@@ -64,9 +64,9 @@ void dj_log_set_format(dj_log_format f);
 bool dj_log_enabled(dj_log_level lvl);
 /* Internal: one line of msg at lvl, whatever the threshold; json_fields
  * (may be NULL): more members for the JSON object, written as given.
- * dj__json_escape writes in as a JSON string's body into out[cap]. */
+ * dj__log_escape writes in as a JSON string's body into out[cap]. */
 void dj__log_line(dj_log_level lvl, const char *func, const char *msg, const char *json_fields);
-size_t dj__json_escape(const char *in, char *out, size_t cap);
+size_t dj__log_escape(const char *in, char *out, size_t cap);
 /* dj_log whatever the threshold: what an operator must always see (the
  * daemon's start and its fatal errors). */
 void dj__log_always(dj_log_level lvl, const char *func, const char *fmt, ...)

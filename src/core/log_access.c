@@ -16,7 +16,7 @@ static size_t text_val(char *out, size_t cap, const char *v) {
     for (const char *p = v; *p; p++) bare &= *p != ' ' && *p != '"' && (unsigned char)*p >= 0x21 && *p != 0x7f;
     if (bare) return (size_t)snprintf(out, cap, "%s", v);
     char esc[512];
-    dj__json_escape(v, esc, sizeof esc);
+    dj__log_escape(v, esc, sizeof esc);
     return (size_t)snprintf(out, cap, "\"%s\"", esc);
 }
 
@@ -46,7 +46,7 @@ void dj_log_access(const dj_access_rec *r) {
         n += (size_t)snprintf(text + n, sizeof text - n, "%s%s=", i ? " " : "", names[i]);
         if (n < sizeof text) n += text_val(text + n, sizeof text - n, vals[i]);
         char esc[512];
-        dj__json_escape(or_dash(vals[i]), esc, sizeof esc);
+        dj__log_escape(or_dash(vals[i]), esc, sizeof esc);
         if (m < sizeof json)
             m += (size_t)snprintf(json + m, sizeof json - m, "%s\"%s\":\"%s\"", i ? "," : "", names[i], esc);
     }

@@ -78,7 +78,7 @@ static void rfc3339_now(char out[32]) {
     snprintf(out + n, 32 - n, ".%03uZ", (unsigned)(ts.tv_nsec / 1000000) % 1000u);
 }
 
-size_t dj__json_escape(const char *in, char *out, size_t cap) {
+size_t dj__log_escape(const char *in, char *out, size_t cap) {
     size_t n = 0;
     if (!cap) return 0;
     for (const unsigned char *p = (const unsigned char *)in; *p && n + 7 < cap; p++) {
@@ -101,7 +101,7 @@ void dj__log_line(dj_log_level lvl, const char *func, const char *msg, const cha
     rfc3339_now(ts);
     if (atomic_load_explicit(&log_json, memory_order_relaxed)) {
         char m[4096];
-        dj__json_escape(msg, m, sizeof m);
+        dj__log_escape(msg, m, sizeof m);
         fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"func\":\"%s\",\"msg\":\"%s\"%s%s}\n", ts, names[lvl], func,
                 m, json_fields ? "," : "", json_fields ? json_fields : "");
     } else {
