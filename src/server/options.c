@@ -100,6 +100,7 @@ static int usage(FILE *f) {
           "POST bodies must be Content-Type: application/json (else 415).\n"
           "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
           "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin] [shared]\n"
+          "[name=NAME] (NAME: what logs show for it, never the token; default lineN)\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
           "Each token has a prefix cache of its own; tokens marked 'shared' share one.\n"
           "A wrong token slows that address's next HELLO (100 ms doubling to 2 s); /metrics then wants\n"
