@@ -133,6 +133,16 @@ static bool accepted(const char *addr, const char *tok) {
     return st == DJ_OK;
 }
 
+/* GET /v1/models at the HTTP door with tok: the status. */
+static int http_status(unsigned port, const char *tok) {
+    char hdr[128];
+    snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", tok);
+    dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", hdr, NULL);
+    const int st = r.status;
+    dj_test_resp_free(&r);
+    return st;
+}
+
 static bool generate(dj_client_t *c, uint64_t sess, int32_t first) {
     const int32_t ids[2] = {first, first + 1};
     dj_generate_params gp = {.ids = ids, .n_ids = 2, .max_tokens = 3, .ignore_eos = true};
@@ -148,15 +158,19 @@ static void test_sighup(void) {
     write_file("tokens", "alice-secret-1 name=alice\n", toks, sizeof toks);
     snprintf(text, sizeof text, "[djinnd]\ntoken-file = %s\nmax-inflight = 64\n", toks);
     write_file("djinnd.conf", text, conf, sizeof conf);
-    const char *args[] = {"--config", conf, NULL};
+    const char *args[] = {"--config", conf, "--http", "127.0.0.1:0", NULL};
     dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
                              .wait_ms = 60000, .save_stderr = true};
     char addr[128];
     const pid_t pid = dj_test_daemon_start(2, &o, args, addr, sizeof addr, NULL);
     CHECK(pid > 0);
     if (pid <= 0) return;
+    const unsigned http = dj_test_http_port(tmpdir, 2);
+    CHECK(http != 0);
     CHECK(accepted(addr, "alice-secret-1"));
     CHECK(!accepted(addr, "bob-secret-2"));
+    CHECK(http_status(http, "bob-secret-2") == 401);
+    CHECK(http_status(http, "alice-secret-1") == 200);
     /* alice's open session, before and after each reload */
     dj_client_t *a = NULL;
     uint64_t sess = 0;
@@ -173,6 +187,7 @@ static void test_sighup(void) {
     for (int i = 0; i < 200 && !(bob = accepted(addr, "bob-secret-2")); i++) dj_test_sleep_ms(50);
     CHECK_MSG(bob, "the new token was not accepted after SIGHUP");
     CHECK(accepted(addr, "alice-secret-1"));
+    CHECK_MSG(http_status(http, "bob-secret-2") == 200, "the HTTP door refused the new token");
     CHECK_MSG(generate(a, sess, 20), "alice's session after the first reload");
 
     /* a token file that does not parse: the running tokens stay, the daemon too */
@@ -188,6 +203,8 @@ static void test_sighup(void) {
     bool gone = false;
     for (int i = 0; i < 200 && !(gone = !accepted(addr, "alice-secret-1")); i++) dj_test_sleep_ms(50);
     CHECK_MSG(gone, "the removed token was still accepted");
+    CHECK_MSG(http_status(http, "alice-secret-1") == 401, "the HTTP door took the removed token");
+    CHECK(http_status(http, "bob-secret-2") == 200);
     CHECK_MSG(generate(a, sess, 30), "alice's session after her token was removed");
     CHECK(accepted(addr, "bob-secret-2"));
     dj_client_free(a);

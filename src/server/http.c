@@ -251,8 +251,9 @@ static unsigned authorize(hreq *q, struct MHD_Connection *c, bool query) {
         struct timespec ts = {(time_t)((at - now) / 1000), (long)((at - now) % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    const dj__token *tk = tok && strlen(tok) <= DJ__TOKEN_MAX ? dj__token_find(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok))
-                                                              : NULL;
+    const dj__token *tk = tok && strlen(tok) <= DJ__TOKEN_MAX /* the last SIGHUP's tokens (reload.c) */
+                              ? dj__token_find_live(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok))
+                              : NULL;
     const bool ok = tk != NULL;
     pthread_mutex_lock(&h->mu);
     dj__peer_hello_result(&h->peers, key, dj__now_ms(), ok);

@@ -1,6 +1,7 @@
 /* reload.c: djinnd's SIGHUP - the I/O loop, which owns what changes, re-reads
  * --config and the token file and applies the tokens, its own limits and the
  * log level; sessions and connections stay. Also the start's checks of them. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,8 +16,24 @@
  * is kept until exit (each costs its tokens' bytes, ~400 B a token). */
 typedef struct retired {
     dj__token *t;
+    struct live_tokens *live; /* its publication (below), or NULL */
     struct retired *next;
 } retired;
+
+/* The table a reload made, for the threads that do not own the loop's (the
+ * HTTP door's and /metrics' MHD threads): published whole through an atomic
+ * pointer, never changed after, freed at exit (dj__reload_fini). NULL until
+ * the first reload: they look in the start's table, which they were given. */
+typedef struct live_tokens {
+    const dj__token *t;
+    size_t n;
+} live_tokens;
+static _Atomic(live_tokens *) g_live;
+
+const dj__token *dj__token_find_live(const dj__token *t, size_t n_tokens, const char *tok, size_t n) {
+    const live_tokens *l = atomic_load_explicit(&g_live, memory_order_acquire);
+    return l ? dj__token_find(l->t, l->n, tok, n) : dj__token_find(t, n_tokens, tok, n);
+}
 
 typedef struct dj__reload {
     uv_signal_t sighup;
@@ -56,18 +73,24 @@ static void on_sighup(uv_signal_t *h, int signum) {
         dj__token *t = NULL;
         size_t n = 0;
         retired *r = dj_calloc(1, sizeof *r);
-        dj_status st = r ? dj__tokens_load(nc.token_file, &t, &n) : dj_fail(DJ_ENOMEM, "out of memory");
+        live_tokens *live = dj_calloc(1, sizeof *live);
+        dj_status st = r && live ? dj__tokens_load(nc.token_file, &t, &n) : dj_fail(DJ_ENOMEM, "out of memory");
         if (st != DJ_OK) {
             free(r);
+            free(live);
             snprintf(tokens_said, sizeof tokens_said, "tokens kept (%.120s)", dj_last_error());
             DJ_LOG(ERROR, "SIGHUP: %s: the running tokens stay", dj_last_error());
         } else {
             carry_tenants(rl, s->tokens, s->n_tokens, t, n);
             r->t = s->tokens;
+            r->live = atomic_load_explicit(&g_live, memory_order_relaxed); /* the table's, if it was published */
             r->next = rl->old;
             rl->old = r;
             s->tokens = t; /* the loop's own: HELLO reads it on this thread */
             s->n_tokens = n;
+            live->t = t;
+            live->n = n;
+            atomic_store_explicit(&g_live, live, memory_order_release); /* the door's and /metrics' */
             snprintf(tokens_said, sizeof tokens_said, "%zu tokens from %.100s", n, nc.token_file);
         }
     } else if (nc.token_file) {
@@ -114,9 +137,12 @@ dj_status dj__reload_init(dj__server *s, int argc, char **argv) {
 void dj__reload_fini(dj__server *s) {
     dj__reload *rl = s->reload;
     if (!rl) return;
+    /* the door and /metrics have stopped: nobody reads the published table */
+    free(atomic_exchange(&g_live, NULL));
     for (retired *r = rl->old, *n; r; r = n) {
         n = r->next;
         free(r->t);
+        free(r->live);
         free(r);
     }
     free(rl);

@@ -437,6 +437,9 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg);
  * tokens, the loop's own limits, the log level); started after the loop. */
 dj_status dj__reload_init(struct dj__server *s, int argc, char **argv);
 void dj__reload_fini(struct dj__server *s); /* after the loop closed */
+/* Any thread: dj__token_find in the table the last SIGHUP published, or in
+ * t[n_tokens] (the start's, which the caller was given) before any. */
+const dj__token *dj__token_find_live(const dj__token *t, size_t n_tokens, const char *tok, size_t n);
 /* The tenant a connection's requests count for: its token (index + 1 in
  * the token file) or, without --token-file, the connection itself (bit 63
  * set). Quotas of sessions, connections and KV pages are per tenant. */
