@@ -81,7 +81,18 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION misc)
-set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON) # the run-time libraries, from what the binaries link
+if(DJ_CUDA)
+  # CUDA's libraries come from NVIDIA's packages, which dpkg-shlibdeps knows nothing of: the Debian
+  # ones are listed as dpkg-shlibdeps finds them in the CPU build.
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS OFF)
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6 (>= 2.34), libcjson1, libgomp1, libinih1, libmicrohttpd12, libmsgpackc2, \
+libpcre2-8-0, libutf8proc2, libuv1, libxxhash0")
+  if(SYSTEMD_FOUND)
+    string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libsystemd0")
+  endif()
+else()
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON) # the run-time libraries, from what the binaries link
+endif()
 set(CPACK_DEBIAN_COMPRESSION_TYPE gzip) # fast: tests/install_test.sh builds it
 file(WRITE ${CMAKE_BINARY_DIR}/deb/conffiles "/etc/djinn/djinnd.conf\n")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${CMAKE_BINARY_DIR}/deb/conffiles)
