@@ -8,6 +8,19 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/graph_serve.c) # captured modules: weights by content, GRAPH_RUN
+target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the binary port is answered in HTTP
+# Type=notify readiness (sd_notify.c): libsystemd where found, else its datagram written by hand
+target_sources(djinn_server PRIVATE src/server/sd_notify.c)
+# --config FILE (INI through libinih, a Debian package: libinih-dev) and SIGHUP's reload
+target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c)
+target_sources(djinn_server PRIVATE src/server/access.c) # access lines (src/core/log_access.c formats them)
+pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
+target_link_libraries(djinn_server PRIVATE PkgConfig::INIH)
+pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
+if(SYSTEMD_FOUND)
+  target_compile_definitions(djinn_server PRIVATE DJ_HAVE_SYSTEMD=1)
+  target_link_libraries(djinn_server PRIVATE PkgConfig::SYSTEMD)
+endif()
 target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD
                       Threads::Threads)
 

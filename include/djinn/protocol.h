@@ -53,8 +53,16 @@ typedef enum {
 
 #define DJ_MSG_REQUEST_LAST DJ_MSG_GRAPH_RUN /* requests are 1..DJ_MSG_REQUEST_LAST */
 
-/* QoS classes of a session, most urgent first. */
-typedef enum { DJ_QOS_REALTIME = 0, DJ_QOS_INTERACTIVE = 1, DJ_QOS_BATCH = 2, DJ_QOS_COUNT = 3 } dj_qos;
+/* QoS classes of a session. The zero value is interactive, so a zeroed
+ * dj_session_opts asks for the ordinary class, never one that pre-empts
+ * everyone; the order of urgency is dj_qos_rank's, not the values'. On the
+ * wire a class is its name (dj_qos_name). */
+typedef enum { DJ_QOS_INTERACTIVE = 0, DJ_QOS_REALTIME = 1, DJ_QOS_BATCH = 2, DJ_QOS_COUNT = 3 } dj_qos;
+/* Urgency, 0 most urgent: realtime 0, interactive 1, batch 2 (the
+ * scheduler's class numbers, src/sched/sched.h). */
+static inline uint32_t dj_qos_rank(dj_qos q) {
+    return q == DJ_QOS_REALTIME ? 0u : q == DJ_QOS_INTERACTIVE ? 1u : 2u;
+}
 
 /* The header as decoded. On the wire (little-endian, no padding):
  * magic u32 | version u16 | type u16 | flags u32 | meta_len u32 |

@@ -3,6 +3,7 @@
  * that keeps the connection's session leases alive. */
 #define _GNU_SOURCE
 #include "djinn/client.h"
+#include "djinn/version.h"
 #include "djinn/alloc.h"
 
 #include <errno.h>
@@ -159,7 +160,11 @@ static void *reader_main(void *arg) {
         }
         if (dj_frame_header_decode(hb, DJ_PROTO_MAX_REPLY_PAYLOAD, &f->h) != DJ_OK) {
             char msg[256];
-            snprintf(msg, sizeof msg, "bad frame from djinnd: %s", dj_last_error());
+            if (!memcmp(hb, "HTTP/", 5)) /* an HTTP server answered HELLO's line end (its `probe`) */
+                snprintf(msg, sizeof msg, "this is an HTTP port (djinnd's --http?), not djinnd's binary protocol: "
+                                          "connect to the port of djinnd's --listen");
+            else
+                snprintf(msg, sizeof msg, "bad frame from djinnd: %s", dj_last_error());
             free(f);
             mark_dead(c, msg);
             return NULL;
@@ -383,7 +388,11 @@ dj_status dj_client_connect(const char *addr, const char *token, dj_client_t **o
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "version", DJ_PROTO_VERSION);
-    dj__mw_str(&w, "client", "libdjinn 0.1");
+    dj__mw_str(&w, "client", "libdjinn " DJ_VERSION_STRING);
+    /* A line end: an HTTP server reading this HELLO sees its request line end
+     * and answers at once (400), which the reader names, instead of waiting
+     * out its header deadline (docs/protocol.md, HELLO). */
+    dj__mw_str(&w, "probe", "\r\n");
     if (token) dj__mw_str(&w, "token", token);
     dj__meta m;
     if ((st = call(c, DJ_MSG_HELLO, &w, &m, NULL)) != DJ_OK) goto fail;
@@ -880,6 +889,7 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
         dst[i]->used = u64_of(sg, "used");
         dst[i]->peak = u64_of(sg, "peak");
     }
+    str_of(root, "version", out->version, sizeof out->version);
     out->pages_total = u64_of(root, "pages_total");
     out->pages_free = u64_of(root, "pages_free");
     out->page_bytes = u64_of(root, "page_bytes");
@@ -971,6 +981,7 @@ void dj_client_stats_free(dj_client_stats *st) {
 
 void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     const double mib = 1048576.0;
+    if (st->version[0]) fprintf(f, "djinnd %s\n", st->version);
     fprintf(f, "segments:\n");
     const dj_client_seg *seg[3] = {&st->text, &st->data, &st->stack};
     static const char *names[3] = {"text", "data", "stack"};

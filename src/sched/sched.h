@@ -26,7 +26,7 @@
 
 #include "djinn/status.h"
 
-#define DJ_SCHED_CLASSES 3     /* 0 realtime, 1 interactive, 2 batch (dj_qos) */
+#define DJ_SCHED_CLASSES 3     /* 0 realtime, 1 interactive, 2 batch (dj_qos_rank of a dj_qos) */
 #define DJ_SCHED_MAX_BATCH 64  /* generations in one step */
 
 typedef enum dj_swap_policy {

@@ -116,7 +116,7 @@ const char *dj__bearer_of(const char *v) {
  * requests, memory, swap), so a tenant's token does not read them. */
 static bool bearer_ok(const dj__metrics *m, struct MHD_Connection *conn) {
     const char *v = dj__bearer_of(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"));
-    const dj__token *t = v ? dj__token_find(m->auth, m->n_auth, v, strlen(v)) : NULL;
+    const dj__token *t = v ? dj__token_find_live(m->auth, m->n_auth, v, strlen(v)) : NULL;
     return t && t->admin;
 }
 

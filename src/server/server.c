@@ -21,8 +21,12 @@
 #include "server/http_impl.h"
 #include "djinn/intervene.h"
 #include "server/graph_serve.h"
+#include "djinn/version.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
+#include "server/access.h"
+#include "server/sd_notify.h"
+#include "server/wrong_door.h"
 
 #define READ_CHUNK (64 * 1024)
 
@@ -441,7 +445,7 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
             *wrong_token = true;
             return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
         }
-        const uint64_t tenant = (uint64_t)(t - s->tokens) + 1;
+        const uint64_t tenant = t->tenant; /* kept across SIGHUP reloads (reload.c) */
         uint32_t n_same = 0;
         for (size_t b = 0; b < s->conns.n_buckets; b++)
             for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
@@ -466,7 +470,7 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         s->n_pending--;
     }
     dj__mw_u64(w, "version", DJ_PROTO_VERSION);
-    dj__mw_str(w, "server", "djinnd 0.1");
+    dj__mw_str(w, "server", "djinnd " DJ_VERSION_STRING);
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
     dj__mw_u64(w, "max_meta", DJ_PROTO_MAX_META);
     dj__mw_u64(w, "max_payload", DJ_PROTO_MAX_REQ_PAYLOAD);
@@ -963,6 +967,7 @@ static void handle_frame(dj__conn *c) {
     j->admin = c->admin;
     memcpy(j->cache_salt, c->cache_salt, sizeof j->cache_salt);
     j->tenant = c->tenant;
+    dj__access_who(s, &c->u.stream, c->unix_sock, c->door, c->tenant, j->peer, j->token_name);
     j->t_enqueue = dj__now();
     j->prompt_credit = credit;
     c->prompt_bytes += credit;
@@ -989,6 +994,14 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->hdr_got += k;
             p += k;
             n -= k;
+            if (!c->hello && dj__wrong_door_http(c->hdr, c->hdr_got)) { /* HTTP at this port: say where it is */
+                char text[512];
+                const unsigned hp = c->srv->http ? dj__http_port(c->srv->http) : 0;
+                uv_buf_t b = uv_buf_init(text, (unsigned)dj__wrong_door_answer(c->srv->cfg.http, hp, text, sizeof text));
+                uv_try_write(&c->u.stream, &b, 1);
+                conn_close(c);
+                return;
+            }
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
             if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && !dj__capture_takes_payload(c->h.type))
@@ -1555,6 +1568,7 @@ int dj__serve_main(int argc, char **argv) {
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    if ((st = dj__reload_init(s, argc, argv)) != DJ_OK) goto fail_loop; /* SIGHUP; the store and log level */
     s->clock_seen_ms = dj__now_ms();
     atomic_init(&s->clock_ms, s->clock_seen_ms);
     uv_check_init(&s->loop, &s->clock_check);
@@ -1566,14 +1580,16 @@ int dj__serve_main(int argc, char **argv) {
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
-    fprintf(stderr, "djinnd: serving models from %s on %s (lease %u ms)\n", s->cfg.models, s->cfg.listen,
-            s->cfg.lease_ms);
+    dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,
+                   s->cfg.listen, s->cfg.lease_ms);
     s->clock_seen_ms = dj__now_ms(); /* the start-up was no stall */
+    dj__sd_notify("READY=1\nSTATUS=serving"); /* systemd's Type=notify */
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    dj__sd_notify("STOPPING=1");
     rc = 0;
     goto done;
 fail_loop:
-    fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
+    dj__log_always(DJ_LOG_ERROR, __func__, "djinnd: %s: %s", dj_strerror(st), dj_last_error());
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);
@@ -1581,7 +1597,7 @@ fail_loop:
     uv_run(&s->loop, UV_RUN_DEFAULT);
     goto done;
 fail:
-    fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
+    dj__log_always(DJ_LOG_ERROR, __func__, "djinnd: %s: %s", dj_strerror(st), dj_last_error());
 done:
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
@@ -1595,6 +1611,8 @@ done:
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
+    dj__reload_fini(s);
+    dj__config_free(&s->cfg);
     if (s->is_unix) unlink(s->cfg.listen + 5);
     if (s->door_dir[0]) {
         char path[96];

@@ -46,6 +46,8 @@ typedef struct dj__token {
     bool admin;
     bool shared;           /* `shared`: it shares the prefix cache with every other shared token */
     uint64_t cache_salt[2]; /* its tenant's prefix-cache salt: a hash of the secret; {0, 0} when shared */
+    uint64_t tenant;        /* its quotas' key, kept by a SIGHUP reload for the same secret (reload.c) */
+    char name[64];          /* `name=NAME`, or "line<N>": what logs show, never the secret */
 } dj__token;
 
 /* guard.c: the token file, refused with a clear message when empty, holding
@@ -220,6 +222,7 @@ struct dj__job {
     const uint8_t *payload;
     uint64_t payload_len;
     double t_enqueue;
+    char peer[64], token_name[64]; /* who sent it, for its access line (access.c) */
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
     struct dj__graph_req *graph; /* a GRAPH_RUN as typed values (graph_serve.h), owned */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
@@ -309,7 +312,14 @@ typedef struct dj__config {
     uint32_t http_unauth;      /* connections waiting for their headers (the oldest goes beyond) */
     uint32_t http_per_token;   /* requests at once per token (0: half of http_conns) */
     const char *http_hosts;    /* --http-allowed-hosts: Host names besides localhost and IP literals */
+    /* the config file, the store check and the log (config_file.c, reload.c) */
+    const char *config;        /* --config FILE or NULL */
+    struct dj__conf *conf;     /* its entries, which string options point into (dj__config_free) */
+    bool allow_empty;          /* --allow-empty: a missing model is a warning, not an error at start */
+    int log_level;             /* --log-level: dj_log_level, or -1 ($DJINN_LOG, default warn) */
+    int log_format;            /* --log-format: dj_log_format, or -1 (text) */
 } dj__config;
+void dj__config_free(dj__config *cfg); /* what parsing --config allocated */
 #define DJ__SIZE_AUTO SIZE_MAX
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
@@ -413,6 +423,7 @@ typedef struct dj__server {
     dj__metrics metrics;
     struct dj__http *http; /* --http: the front end, a client of the listener above */
     struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
+    struct dj__reload *reload; /* reload.c: SIGHUP's state (loop only) */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */
@@ -425,6 +436,13 @@ uint64_t dj__clock_ms(dj__server *s);
 
 /* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
 int dj__parse_args(int argc, char **argv, dj__config *cfg);
+/* reload.c: SIGHUP on the loop re-reads --config and the token file (the
+ * tokens, the loop's own limits, the log level); started after the loop. */
+dj_status dj__reload_init(struct dj__server *s, int argc, char **argv);
+void dj__reload_fini(struct dj__server *s); /* after the loop closed */
+/* Any thread: dj__token_find in the table the last SIGHUP published, or in
+ * t[n_tokens] (the start's, which the caller was given) before any. */
+const dj__token *dj__token_find_live(const dj__token *t, size_t n_tokens, const char *tok, size_t n);
 /* The tenant a connection's requests count for: its token (index + 1 in
  * the token file) or, without --token-file, the connection itself (bit 63
  * set). Quotas of sessions, connections and KV pages are per tenant. */

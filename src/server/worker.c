@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 
 #include "server/graph_serve.h"
+#include "djinn/version.h"
+#include "server/access.h"
 #include "server/server_impl.h"
 
 #define DEFAULT_MAX_TOKENS 64
@@ -183,6 +185,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
     DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
+    if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, NULL, st);
     post_job(s, j, dj__out_error(j->conn, j->req, st, dj_last_error(), close_after));
 }
 
@@ -292,6 +295,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         if (dj__map_get(&s->live_conns, j->conn)) {
             dj__metrics_count(&s->metrics, j->type, why);
+            if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, ss, why);
             post_job_locked(s, j, dj__out_error(j->conn, j->req, why, msg, false));
         }
         dj__job_free(j);
@@ -503,7 +507,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__mw *w) {
         pthread_mutex_unlock(&s->mu);
         return alive ? st : dj_fail(DJ_ENOTFOUND, "connection gone");
     }
-    dj_sched_session_info si = {.conn = j->tenant, .qos = (uint32_t)qos, .max_ctx = ctx}; /* the quota's group */
+    dj_sched_session_info si = {.conn = j->tenant, .qos = dj_qos_rank(qos), .max_ctx = ctx}; /* the quota's group */
     block_shape(ss->es, &si.block_tokens, &si.block_pages);
     if (st == DJ_OK) st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms());
     if (st == DJ_OK) st = dj__random_id(&ss->secret);
@@ -721,6 +725,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     size_t n = 0;
     if (dj_gen_text_rest(g->g, rest, sizeof rest, &n) == DJ_OK && n) dj__mw_strn(&w, "text", rest, n);
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
+    dj__access_generate(j, ss, DJ_OK);
     post_job(s, j, dj__out_meta(j->conn, DJ_MSG_DONE, j->req, &w));
 }
 
@@ -1163,6 +1168,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
      * the daemon's that others' work moves (memory, steps, the prefix cache,
      * queues, swap, models, counts): issue 43 */
     dj__mw_str(w, "scope", j->admin ? "all" : "own");
+    dj__mw_str(w, "version", DJ_VERSION_STRING);
     dj__mw_u64(w, "page_bytes", dj_vmu_page_bytes(vmu));
     if (!j->admin) {
         dj__mw_key(w, "models"); /* the field clients expect, empty: which models others load is theirs */
@@ -1242,8 +1248,8 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
         dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
         msgpack_pack_map(&w->pk, 2);
-        pack_kv_u64(&w->pk, "waiting", s->newq[q].n + sst.waiting[q]);
-        pack_kv_u64(&w->pk, "running", sst.running[q]);
+        pack_kv_u64(&w->pk, "waiting", s->newq[q].n + sst.waiting[dj_qos_rank((dj_qos)q)]);
+        pack_kv_u64(&w->pk, "running", sst.running[dj_qos_rank((dj_qos)q)]);
     }
     dj_swap_stats sw;
     dj_engine_swap_stats(s->engine, &sw);
@@ -1424,7 +1430,7 @@ static void arrive(dj__server *s, dj__job *j) {
     prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
     if (st == DJ_OK)
-        st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
+        st = dj_sched_arrive(s->sched, job_id(j), sess, dj_qos_rank(j->qos), kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
         pthread_mutex_lock(&s->mu);
         lease_unqueue(s, j);
