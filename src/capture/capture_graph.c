@@ -1665,3 +1665,19 @@ const uint8_t *dj_cgraph_weight_hash(const dj_cgraph_t *g, uint32_t i, size_t *h
 }
 const char *dj_cgraph_weight_name(const dj_cgraph_t *g, uint32_t i) { return i < g->n_weights ? g->names[i] : NULL; }
 size_t dj_cgraph_stack_bytes(const dj_cgraph_t *g) { return g->stack_bytes; }
+
+size_t dj_cgraph_mem_bytes(const dj_cgraph_t *g) {
+    size_t n = sizeof *g + sizeof *g->vals * (g->cap_vals + 1) + sizeof *g->nodes * (g->n_nodes + 1) +
+               sizeof *g->outputs * (g->n_outputs + 1) + (sizeof *g->hashes + 1 + sizeof *g->names) * (g->n_weights + 1);
+    for (uint32_t j = 0; j < g->n_nodes; j++) {
+        const dj__cnode *nd = &g->nodes[j];
+        n += sizeof *nd->out * nd->n_out;
+        for (uint32_t i = 0; i < DJ_CG_MAX_ARGS; i++) {
+            const dj__carg *a = &nd->args[i];
+            if (a->ints) n += sizeof *a->ints * (a->n ? a->n : 1);
+            if (a->vals) n += sizeof *a->vals * (a->n ? a->n : 1);
+            if (a->fls) n += sizeof *a->fls * a->n;
+        }
+    }
+    return n;
+}
