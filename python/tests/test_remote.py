@@ -67,13 +67,13 @@ def randomize_bn(m, seed):
     return m
 
 
-class FlipNet(nn.Module):
+class RollNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
 
     def forward(self, x):
-        return torch.flip(self.fc(x), [0])  # aten.flip: not an op of the executor
+        return torch.roll(self.fc(x), 1, 0)  # aten.roll: not an op of the executor
 
 
 def weights_stats(c):
@@ -185,12 +185,12 @@ def test_output_structure_and_branches(client):
 
 def test_unsupported_op_refused_by_name_and_runs_locally_with_fallback(client):
     torch.manual_seed(8)
-    m = FlipNet().eval()
+    m = RollNet().eval()
     x = torch.randn(3, 8)
     rm = client.remote(m)
     with pytest.raises(errors.UnsupportedError) as e:
         rm(x)
-    assert "aten.flip.default" in str(e.value) and not rm.ran_locally
+    assert "aten.roll.default" in str(e.value) and not rm.ran_locally
     rl = client.remote(m, fallback="local")
     got = rl(x)
     assert rl.ran_locally and isinstance(got, torch.Tensor)
@@ -410,3 +410,26 @@ def test_graph_id_needs_the_bytes_sent_on_this_connection(daemon):
     finally:
         a.close()
         b.close()
+
+
+def test_flip_sort_transposed_conv_on_the_server(client):
+    torch.manual_seed(22)
+    up = nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1), nn.ReLU()).eval()
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = up
+
+        def forward(self, x):
+            h = torch.flip(self.up(x), [2])
+            v, i = torch.sort(h.mean((2, 3)), dim=1, stable=True)
+            return v, i
+
+    m = M().eval()
+    x = torch.randn(2, 3, 4, 4)
+    v, i = client.remote(m)(x)
+    with torch.no_grad():
+        wv, wi = m(x)
+    close(v, wv)
+    assert i.torch().dtype == torch.int64 and torch.equal(i.torch(), wi)

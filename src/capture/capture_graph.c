@@ -910,6 +910,37 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         if (x->rank < 2) return fail(d, DJ_CGRAPH_ERR_ARG, "tril/triu of rank %u (2 or more)", x->rank);
         o[0] = *x;
         return DJ_OK;
+    case DJ_COP_FLIP: {
+        TRY(arg_t(d, n, 0, &x));
+        uint32_t c = 0;
+        const int64_t *v = NULL;
+        TRY(arg_ints(d, n, 1, &c, &v));
+        bool seen[DJ_CGRAPH_MAX_RANK + 1] = {0};
+        for (uint32_t k = 0; k < c; k++) {
+            uint32_t dd = 0;
+            TRY(wrap_dim(d, v[k], x->rank, &dd));
+            if (seen[dd]) return fail(d, DJ_CGRAPH_ERR_ARG, "flip repeats dim %u", dd);
+            seen[dd] = true;
+        }
+        o[0] = *x;
+        return DJ_OK;
+    }
+    case DJ_COP_SORT: case DJ_COP_SORT_STABLE: {
+        const uint32_t a = n->op == DJ_COP_SORT_STABLE; /* sort.stable: (self, stable, dim, descending) */
+        TRY(arg_t(d, n, 0, &x));
+        if (x->dtype == DJ_CDTYPE_BOOL) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "sort of a bool tensor");
+        if (a && n->args[1].kind != DJ_CARG_NONE) TRY(arg_bool(d, n, 1, &b0)); /* always stable here */
+        TRY(arg_int(d, n, 1 + a, &i0));
+        TRY(arg_bool(d, n, 2 + a, &b0));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        o[0] = *x;
+        o[1] = *x;
+        o[1].dtype = DJ_CDTYPE_I64;
+        const uint64_t len = x->rank ? (uint64_t)x->shape[dd] : 1;
+        n->scratch_bytes = 2 * len * sizeof(int64_t); /* one row's indices and the merge's buffer */
+        return DJ_OK;
+    }
     case DJ_COP_TOPK: {
         TRY(arg_f32(d, n, 0, &x));
         TRY(arg_int(d, n, 1, &i0));
@@ -946,7 +977,6 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         TRY(arg_f32(d, n, 1, &y));
         TRY(arg_opt_t(d, n, 2, &z));
         TRY(arg_bool(d, n, 6, &b0));
-        if (b0) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "transposed convolution is not built");
         if (x->rank != 4 || y->rank != 4)
             return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "convolution of rank %u (2-d convolutions are built)", x->rank);
         int64_t s[2], p[2], dl[2];
@@ -954,6 +984,35 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         TRY(pair(d, n, 4, -1, 0, p));
         TRY(pair(d, n, 5, -1, 1, dl));
         TRY(arg_int(d, n, 8, &i0));
+        if (b0) { /* transposed: weight [C_in, C_out/groups, KH, KW] */
+            int64_t op[2];
+            TRY(pair(d, n, 7, -1, 0, op));
+            for (int k = 0; k < 2; k++) {
+                if (s[k] > (1 << 20) || dl[k] > (1 << 20) || p[k] > (1 << 20))
+                    return fail(d, DJ_CGRAPH_ERR_ARG, "transposed convolution: stride, dilation or padding above 2^20");
+                if (op[k] >= (s[k] > dl[k] ? s[k] : dl[k]))
+                    return fail(d, DJ_CGRAPH_ERR_ARG, "output_padding %lld not below stride %lld or dilation %lld",
+                                (long long)op[k], (long long)s[k], (long long)dl[k]);
+            }
+            if (i0 < 1 || x->shape[1] != y->shape[0] || y->shape[0] % i0)
+                return fail(d, DJ_CGRAPH_ERR_ARG, "transposed convolution: groups %lld, %lld input channels, weight [%lld, %lld, ...]",
+                            (long long)i0, (long long)x->shape[1], (long long)y->shape[0], (long long)y->shape[1]);
+            if ((uint64_t)y->shape[1] > d->lim.max_elems / (uint64_t)i0)
+                return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "transposed convolution: output channels overflow");
+            const int64_t oc = y->shape[1] * i0;
+            if (z && (z->rank != 1 || z->shape[0] != oc)) return fail(d, DJ_CGRAPH_ERR_ARG, "bias is not [out channels]");
+            o[0].rank = 4;
+            o[0].shape[0] = x->shape[0];
+            o[0].shape[1] = oc;
+            for (int k = 0; k < 2; k++) {
+                const int64_t in = x->shape[2 + k], kern = y->shape[2 + k];
+                const int64_t len = (in - 1) * s[k] - 2 * p[k] + dl[k] * (kern - 1) + op[k] + 1;
+                if (!in || !kern || len < 1)
+                    return fail(d, DJ_CGRAPH_ERR_ARG, "transposed convolution gives an output of %lld in dim %d", (long long)len, 2 + k);
+                o[0].shape[2 + k] = len;
+            }
+            return DJ_OK;
+        }
         if (i0 < 1 || x->shape[1] % i0 || y->shape[0] % i0 || y->shape[1] * i0 != x->shape[1])
             return fail(d, DJ_CGRAPH_ERR_ARG, "groups %lld with %lld input and %lld output channels, weight [%lld, %lld, ...]",
                         (long long)i0, (long long)x->shape[1], (long long)y->shape[0], (long long)y->shape[0], (long long)y->shape[1]);
@@ -1262,7 +1321,17 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     case DJ_COP_LINEAR: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
     case DJ_COP_CONV: {
         const dj_ctensor_info *w = &g->vals[a[1].v].t;
-        return 2.0 * out * (double)w->shape[1] * (double)w->shape[2] * (double)w->shape[3];
+        const double each = (double)w->shape[1] * (double)w->shape[2] * (double)w->shape[3];
+        if (a[6].i) return 2.0 * (double)g->vals[a[0].v].t.numel * each; /* transposed: each input scatters */
+        return 2.0 * out * each;
+    }
+    case DJ_COP_SORT: case DJ_COP_SORT_STABLE: { /* a merge sort of each row: len log2(len) */
+        const dj_ctensor_info *x = &g->vals[a[0].v].t;
+        const int64_t dim = a[n->op == DJ_COP_SORT_STABLE ? 2 : 1].i;
+        const double len = (double)(x->rank ? x->shape[dim < 0 ? dim + x->rank : dim] : 1);
+        double lg = 1.0;
+        for (double l = len; l > 1.0; l /= 2.0) lg += 1.0;
+        return 2.0 * out * lg + (double)x->numel;
     }
     case DJ_COP_MAXPOOL_IDX: case DJ_COP_MAXPOOL: case DJ_COP_AVGPOOL: case DJ_COP_ADAPTIVE_AVG: case DJ_COP_ADAPTIVE_AVG2: {
         const dj_ctensor_info *x = &g->vals[a[0].v].t;

@@ -122,7 +122,10 @@
     X(MIN_DIM, "aten.min.dim", 3, 2)                                          \
     X(CUMSUM, "aten.cumsum.default", 3, 1)                                    \
     X(TRIL, "aten.tril.default", 2, 1)                                        \
-    X(TRIU, "aten.triu.default", 2, 1)
+    X(TRIU, "aten.triu.default", 2, 1)                                        \
+    X(FLIP, "aten.flip.default", 2, 1)                                        \
+    X(SORT, "aten.sort.default", 3, 2)                                        \
+    X(SORT_STABLE, "aten.sort.stable", 4, 2)
 
 typedef enum {
 #define DJ__COP_ENUM(e, name, na, no) DJ_COP_##e,
