@@ -897,6 +897,81 @@ static void test_flip_sort_conv_transposed(void) {
     free(co), free(ref), free(w);
 }
 
+/* index.Tensor with integer indices: adjacent (x[:, i, j]: the broadcast dims in place) and apart
+ * (x[i, :, j]: first), negative indices, one out of range; None in a cat list refused. */
+static void test_index_tensor(void) {
+    wb *w = malloc(sizeof *w);
+    enum { A = 4, B = 5, C = 6 };
+    float x[A * B * C], out[64];
+    fill(x, A * B * C);
+    const float iv[3] = {3, 0, -1}, jv[6] = {1, 2, 0, 3, 5, -2}; /* i [3] (into B or A), j [2, 3] (into C) */
+    const tspec ins[3] = {{3, {A, B, C}}, {1, {3}}, {2, {2, 3}}};
+    for (int apart = 0; apart < 2; apart++) {
+        w->n = 0;
+        w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+        w_str(w, "inputs"), w_arr(w, 3);
+        w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64"), w_spec(w, 2, ins[2].shape, "i64");
+        w_str(w, "weights"), w_arr(w, 0);
+        w_str(w, "nodes"), w_arr(w, 1);
+        w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 3);
+        if (apart) w_in(w, 1), w_nil(w), w_in(w, 2); /* x[i, :, j] -> [2, 3, B] */
+        else w_nil(w), w_in(w, 1), w_in(w, 2);       /* x[:, i, j] -> [A, 2, 3] */
+        const int64_t os_apart[] = {2, 3, B}, os_adj[] = {A, 2, 3};
+        w_outs(w, 1), w_spec(w, 3, apart ? os_apart : os_adj, "f32");
+        w_tail_out(w, 0);
+        const float *in[3] = {x, iv, jv};
+        CHECK_OK(run_graph(cpu, w, in, out, apart ? 2 * 3 * B : A * 6));
+        int bad = 0;
+        for (int p = 0; p < 2; p++)
+            for (int q = 0; q < 3; q++) {
+                const int ii = (int)iv[q] < 0 ? (int)iv[q] + (apart ? A : B) : (int)iv[q];
+                const int jj = (int)jv[p * 3 + q] < 0 ? (int)jv[p * 3 + q] + C : (int)jv[p * 3 + q];
+                if (apart) {
+                    for (int b = 0; b < B; b++) bad += out[(p * 3 + q) * B + b] != x[(ii * B + b) * C + jj];
+                } else {
+                    for (int a = 0; a < A; a++) bad += out[(a * 2 + p) * 3 + q] != x[(a * B + ii) * C + jj];
+                }
+            }
+        CHECK_MSG(bad == 0, "index.Tensor (%s): %d values wrong", apart ? "apart" : "adjacent", bad);
+        const float ibad[3] = {3, 0, (float)(apart ? A : B)}; /* past the dim: a run-time DJ_ERANGE */
+        const float *in_bad[3] = {x, ibad, jv};
+        CHECK(run_graph(cpu, w, in_bad, out, apart ? 2 * 3 * B : A * 6) == DJ_ERANGE);
+    }
+    /* a wrong declared shape, a bool index, more indices than dims: refused */
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "bool");
+    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 1), w_in(w, 1);
+    w_outs(w, 1), w_spec(w, 3, (const int64_t[]){3, B, C}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_UNSUPPORTED, DJ_EUNSUPPORTED, 0);
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64");
+    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 1), w_in(w, 1);
+    w_outs(w, 1), w_spec(w, 3, (const int64_t[]){3, B, C + 1}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_SHAPE, DJ_EINVAL, 0);
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64");
+    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 4), w_in(w, 1), w_nil(w), w_nil(w), w_in(w, 1);
+    w_outs(w, 1), w_spec(w, 1, (const int64_t[]){3}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+    /* None in cat's list */
+    const tspec two[2] = {{1, {3}}, {1, {3}}};
+    w_head(w, 2, two, 1);
+    w_node(w, "aten.cat.default", 2), w_arr(w, 2), w_in(w, 0), w_nil(w), w_int(w, 0);
+    w_outs(w, 1), w_spec(w, 1, (const int64_t[]){6}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+    free(w);
+}
+
 int main(void) {
     dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(1, &cpu));
@@ -911,6 +986,7 @@ int main(void) {
     test_bmm_slice_select();
     test_multi_output_and_indices();
     test_flip_sort_conv_transposed();
+    test_index_tensor();
     dj_backend_free(cpu);
     return dj_test_finish("test_graph_exec");
 }

@@ -646,3 +646,32 @@ def test_flip_sort_transposed_conv_match_eager(ex):
     assert torch.equal(torch.as_tensor(got[2]), want[2])
     assert torch.equal(torch.as_tensor(got[3]), want[3])
     assert torch.equal(torch.as_tensor(got[4]), want[4])
+
+
+class Indexing(nn.Module):
+    """aten.index.Tensor with integer indices: leading, inner, adjacent, apart, broadcast, after None."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Linear(6, 6)
+
+    def forward(self, x, i, j):
+        x = self.table(x)
+        return (x[i], x[:, i], x[i, j], x[i, :, j], x[:, :, j.view(6, 1)], x[None, i][..., -1], x[:, j][i],
+                x[:, i, j[0]])
+
+
+def test_integer_indexing_matches_eager(ex):
+    torch.manual_seed(23)
+    m = Indexing().eval()
+    x = torch.randn(4, 5, 6)
+    i, j = torch.tensor([3, 0, -1]), torch.tensor([[1, 2, 0], [3, 3, -2]])
+    got = CapturedModule(m, ex)(x, i, j)
+    with torch.no_grad():
+        want = m(x, i, j)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        close(g, w)
+    # an index past its dim is the server's range error, not a wrong answer
+    with pytest.raises(errors.RangeError):
+        CapturedModule(m, ex)(x, torch.tensor([9, 0, 0]), j)

@@ -1062,6 +1062,67 @@ static void conv_transposed(const run *r, const dj__cnode *n, float *out) {
             }
 }
 
+/* index.Tensor with integer indices: out[...b...] = x[i0[b], :, i2[b], ...] (None keeps a dim whole);
+ * the broadcast index dims stand where the indices were when they are adjacent, else first */
+static dj_status index_tensor(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *o = vi(r, n->out[0]);
+    const float *xp = vp(r, n->args[0].v);
+    const dj__carg *L = &n->args[1];
+    int first = -1, last = -1;
+    bool gap = false;
+    uint32_t indexed = 0;
+    for (uint32_t k = 0; k < L->n; k++) {
+        if (L->vals[k] == DJ_CARG_HOLE) continue;
+        if (last >= 0 && (int)k != last + 1) gap = true;
+        if (first < 0) first = (int)k;
+        last = (int)k;
+        indexed++;
+    }
+    const uint32_t nb = o->rank - (x->rank - indexed); /* the broadcast dims */
+    const uint32_t bpos = gap ? 0 : (uint32_t)first;   /* where they start in the output */
+    int64_t xs[DJ_CGRAPH_MAX_RANK], od[DJ_CGRAPH_MAX_RANK]; /* od: the output dim of each whole x dim */
+    contig_strides(x, xs);
+    for (uint32_t k = 0, at = nb; k < x->rank; k++) {
+        if (k < L->n && L->vals[k] != DJ_CARG_HOLE) od[k] = -1;
+        else if (gap) od[k] = at++;                        /* [broadcast dims, whole dims in order] */
+        else od[k] = (int)k < first ? (int64_t)k : (int64_t)(k - indexed + nb); /* in place */
+    }
+    /* each index tensor's strides over the broadcast dims (0 where it broadcasts) */
+    int64_t is[DJ_CGRAPH_MAX_RANK][DJ_CGRAPH_MAX_RANK] = {{0}};
+    for (uint32_t k = 0; k < L->n && k < x->rank; k++) {
+        if (L->vals[k] == DJ_CARG_HOLE) continue;
+        const dj_ctensor_info *t = vi(r, L->vals[k]);
+        int64_t st = 1;
+        for (int j = (int)t->rank - 1; j >= 0; j--) {
+            const uint32_t bj = nb - t->rank + (uint32_t)j;
+            is[k][bj] = t->shape[j] == 1 ? 0 : st;
+            st *= t->shape[j];
+        }
+    }
+    int64_t idx[DJ_CGRAPH_MAX_RANK] = {0};
+    for (uint64_t e = 0; e < o->numel; e++) {
+        int64_t off = 0;
+        for (uint32_t k = 0; k < x->rank; k++) {
+            if (od[k] >= 0) {
+                off += idx[od[k]] * xs[k];
+                continue;
+            }
+            int64_t at = 0;
+            for (uint32_t j = 0; j < nb; j++) at += idx[bpos + j] * is[k][j];
+            int64_t i = 0;
+            const dj_status st = index_at(vp(r, L->vals[k])[at], x->shape[k], "index.Tensor", &i);
+            if (st != DJ_OK) return st;
+            off += i * xs[k];
+        }
+        out[e] = xp[off];
+        for (int k = (int)o->rank - 1; k >= 0; k--) {
+            if (++idx[k] < o->shape[k]) break;
+            idx[k] = 0;
+        }
+    }
+    return DJ_OK;
+}
+
 static dj_status exec_node(const run *r, const dj__cnode *n) {
     float *out = (float *)(r->stack + r->g->vals[n->out[0]].offset);
     float *scratch = (float *)(r->stack + n->scratch_off);
@@ -1087,6 +1148,7 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
         }
         return conv(r, n, out, scratch);
     case DJ_COP_FLIP: flip(r, n, out); break;
+    case DJ_COP_INDEX: return index_tensor(r, n, out);
     case DJ_COP_SORT: case DJ_COP_SORT_STABLE:
         sort_rows(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset), (int64_t *)(void *)scratch);
         break;

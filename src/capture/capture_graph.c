@@ -269,11 +269,17 @@ static dj_status read_arg(dec *d, dj__carg *a) {
     case DJ_MP_ARRAY: {
         if (!dj__mp_array(&d->m, &n)) return fail(d, DJ_CGRAPH_ERR_FORMAT, "a malformed list argument");
         const dj__mp_type first = n ? dj__mp_peek(&d->m) : DJ_MP_INT;
-        if (first == DJ_MP_MAP) {
+        if (first == DJ_MP_MAP || first == DJ_MP_NIL) { /* tensors, None among them for a Tensor?[] */
             a->kind = DJ_CARG_TENSORS;
             if (!(a->vals = malloc(sizeof *a->vals * (n ? n : 1)))) return fail(d, DJ_CGRAPH_ERR_LIMIT, "out of memory");
             a->n = n;
             for (uint32_t i = 0; i < n; i++) {
+                if (dj__mp_peek(&d->m) == DJ_MP_NIL) {
+                    dj__mp_nil(&d->m);
+                    a->vals[i] = DJ_CARG_HOLE;
+                    a->holes = true;
+                    continue;
+                }
                 if (dj__mp_peek(&d->m) != DJ_MP_MAP) return fail(d, DJ_CGRAPH_ERR_ARG, "a list mixing tensors and others");
                 dj_status st = read_ref(d, &a->vals[i]);
                 if (st != DJ_OK) return st;
@@ -800,7 +806,8 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         return DJ_OK;
     }
     case DJ_COP_STACK: {
-        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0) return fail(d, DJ_CGRAPH_ERR_ARG, "stack of no tensors");
+        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0 || n->args[0].holes)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "stack of no tensors (or a None among them)");
         TRY(arg_int(d, n, 1, &i0));
         const dj_ctensor_info *first = vinfo(d, n->args[0].vals[0]);
         if (first->rank + 1 > DJ_CGRAPH_MAX_RANK) return fail(d, DJ_CGRAPH_ERR_LIMIT, "rank above %d", DJ_CGRAPH_MAX_RANK);
@@ -910,6 +917,48 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         if (x->rank < 2) return fail(d, DJ_CGRAPH_ERR_ARG, "tril/triu of rank %u (2 or more)", x->rank);
         o[0] = *x;
         return DJ_OK;
+    case DJ_COP_INDEX: { /* x[i0, i1, ...]: integer index tensors (None: the whole dim), broadcast together */
+        TRY(arg_t(d, n, 0, &x));
+        const dj__carg *L = &n->args[1];
+        if (L->kind != DJ_CARG_TENSORS || L->n == 0 || L->n > x->rank)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "index of a rank-%u tensor needs 1 to %u indices (tensors or None)", x->rank, x->rank);
+        dj_ctensor_info bc = {.rank = 0, .numel = 1, .dtype = DJ_CDTYPE_I64};
+        int first = -1, last = -1;
+        bool gap = false;
+        for (uint32_t k = 0; k < L->n; k++) {
+            if (L->vals[k] == DJ_CARG_HOLE) continue;
+            const dj_ctensor_info *t = vinfo(d, L->vals[k]);
+            if (t->dtype != DJ_CDTYPE_I64)
+                return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "index %u is %s (integer indices only; a bool mask runs on the client)",
+                            k, dj_cdtype_name(t->dtype));
+            dj_ctensor_info nb;
+            TRY(broadcast(d, &bc, t, &nb));
+            bc = nb;
+            if (last >= 0 && (int)k != last + 1) gap = true;
+            if (first < 0) first = (int)k;
+            last = (int)k;
+        }
+        if (first < 0) return fail(d, DJ_CGRAPH_ERR_ARG, "index with no index tensor");
+        uint32_t indexed = 0;
+        for (uint32_t k = 0; k < L->n; k++) indexed += L->vals[k] != DJ_CARG_HOLE;
+        if (x->rank - indexed + bc.rank > DJ_CGRAPH_MAX_RANK)
+            return fail(d, DJ_CGRAPH_ERR_LIMIT, "index gives rank %u (at most %d)", x->rank - indexed + bc.rank, DJ_CGRAPH_MAX_RANK);
+        for (uint32_t k = 0; k < L->n; k++)
+            if (L->vals[k] != DJ_CARG_HOLE && !x->shape[k] && bc.numel)
+                return fail(d, DJ_CGRAPH_ERR_ARG, "index into an empty dim %u", k);
+        /* adjacent indices: the broadcast dims replace them in place; else they go first */
+        o[0].dtype = x->dtype;
+        o[0].rank = 0;
+        if (!gap)
+            for (int k = 0; k < first; k++) o[0].shape[o[0].rank++] = x->shape[k];
+        for (uint32_t k = 0; k < bc.rank; k++) o[0].shape[o[0].rank++] = bc.shape[k];
+        for (uint32_t k = 0; k < x->rank; k++) {
+            const bool idx = k < L->n && L->vals[k] != DJ_CARG_HOLE;
+            if (idx || (!gap && (int)k < first)) continue;
+            o[0].shape[o[0].rank++] = x->shape[k];
+        }
+        return DJ_OK;
+    }
     case DJ_COP_FLIP: {
         TRY(arg_t(d, n, 0, &x));
         uint32_t c = 0;
@@ -1256,8 +1305,8 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         o[0].rank = 0;
         return DJ_OK;
     case DJ_COP_CAT: {
-        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0)
-            return fail(d, DJ_CGRAPH_ERR_ARG, "cat of no tensors");
+        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0 || n->args[0].holes)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "cat of no tensors (or a None among them)");
         TRY(arg_int(d, n, 1, &i0));
         const dj_ctensor_info *first = NULL;
         for (uint32_t k = 0; k < n->args[0].n; k++) {
@@ -1354,7 +1403,8 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     for (uint32_t i = 0; i < n->n_args; i++) {
         if (a[i].kind == DJ_CARG_TENSOR) r += (double)g->vals[a[i].v].t.numel;
         else if (a[i].kind == DJ_CARG_TENSORS)
-            for (uint32_t k = 0; k < a[i].n; k++) r += (double)g->vals[a[i].vals[k]].t.numel;
+            for (uint32_t k = 0; k < a[i].n; k++)
+                if (a[i].vals[k] != DJ_CARG_HOLE) r += (double)g->vals[a[i].vals[k]].t.numel;
     }
     return r;
 }
@@ -1479,7 +1529,8 @@ static uint32_t node_reads(const dj_cgraph_t *g, dj__cnode *n, uint32_t *v, uint
             }
             v[c++] = id;
         } else if (a->kind == DJ_CARG_TENSORS) {
-            for (uint32_t k = 0; k < a->n && c < cap; k++) v[c++] = a->vals[k];
+            for (uint32_t k = 0; k < a->n && c < cap; k++)
+                if (a->vals[k] != DJ_CARG_HOLE) v[c++] = a->vals[k];
         }
     }
     return c;
