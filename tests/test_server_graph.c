@@ -146,6 +146,25 @@ static reply run_graph(int fd, const wb *g, const float *x, uint64_t hin) {
     return call(fd, DJ_MSG_GRAPH_RUN, &w, payload, n);
 }
 
+/* GRAPH_RUN naming the graph by id only (no graph bytes), x in the payload. */
+static reply run_graph_id(int fd, const uint8_t id[16], const float *x) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "graph_bytes", 0);
+    dj__mw_key(&w, "graph_id");
+    msgpack_pack_bin(&w.pk, 16);
+    msgpack_pack_bin_body(&w.pk, id, 16);
+    dj__mw_key(&w, "inputs");
+    msgpack_pack_array(&w.pk, 1);
+    msgpack_pack_nil(&w.pk);
+    return call(fd, DJ_MSG_GRAPH_RUN, &w, x, 6 * sizeof(float));
+}
+
+static bool reply_bool(const reply *r, const char *key) {
+    const msgpack_object *o = dj__meta_get(&r->meta, key);
+    return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
+}
+
 static uint64_t output_handle(const reply *r, uint32_t *rank) {
     const msgpack_object *o = dj__meta_get(&r->meta, "outputs");
     uint64_t h = 0;
@@ -316,15 +335,73 @@ static void test_daemon(void) {
     reply_free(&r);
     r = run_graph(b, &g, x, 0);
     CHECK_MSG(r.type == DJ_MSG_REPLY, "%s", r.msg);
+    /* the plan cache: a ran these bytes before, so b's run found the plan decoded; the reply names
+     * the graph's id (the XXH3-128 of its bytes), and b may now run it by id alone */
+    CHECK(reply_bool(&r, "plan_cached"));
+    uint8_t gid[16] = {0};
+    {
+        const msgpack_object *o = dj__meta_get(&r.meta, "graph_id");
+        CHECK(o && o->type == MSGPACK_OBJECT_BIN && o->via.bin.size == 16);
+        if (o && o->type == MSGPACK_OBJECT_BIN && o->via.bin.size == 16) memcpy(gid, o->via.bin.ptr, 16);
+        dj_whash gh;
+        dj_whash_of(g.b, g.n, &gh);
+        CHECK(!memcmp(gid, gh.b, 16));
+    }
     reply_free(&r);
+    {
+        const uint64_t hits = stats_u64(b, "graph_plans", "hits");
+        r = run_graph_id(b, gid, x);
+        CHECK_MSG(r.type == DJ_MSG_REPLY, "%s", r.msg);
+        CHECK(reply_bool(&r, "plan_cached"));
+        uint32_t rank = 0;
+        const uint64_t ho = output_handle(&r, &rank);
+        float y[6] = {0};
+        CHECK(rank == 2 && fetch(b, ho, y, 6));
+        for (int i = 0; i < 6; i++) {
+            const float v = x[i] * scale[i % 3];
+            CHECK(y[i] == (v > 0 ? v : 0));
+        }
+        reply_free(&r);
+        CHECK(stats_u64(b, "graph_plans", "hits") == hits + 1);
+        /* a connection that never sent the bytes cannot name them; an id that is not the bytes' hash is
+         * refused; neither graph bytes nor an id is malformed */
+        int e = dj_test_raw_hello(addr, 30, NULL, &hello);
+        r = run_graph_id(e, gid, x);
+        CHECK_ERR(r, DJ_ENOTFOUND);
+        CHECK(strstr(r.msg, "send the graph's bytes") != NULL);
+        reply_free(&r);
+        close(e);
+        uint8_t p[4096 + 64];
+        memcpy(p, g.b, g.n);
+        memcpy(p + g.n, x, sizeof x);
+        dj__mw_init(&w);
+        dj__mw_u64(&w, "graph_bytes", g.n);
+        dj__mw_key(&w, "graph_id");
+        msgpack_pack_bin(&w.pk, 16);
+        msgpack_pack_bin_body(&w.pk, "0123456789abcdef", 16);
+        dj__mw_key(&w, "inputs");
+        msgpack_pack_array(&w.pk, 1);
+        msgpack_pack_nil(&w.pk);
+        r = call(b, DJ_MSG_GRAPH_RUN, &w, p, g.n + sizeof x);
+        CHECK_ERR(r, DJ_EINVAL);
+        CHECK(strstr(r.msg, "graph_id") != NULL);
+        reply_free(&r);
+        e = dj_test_raw_hello(addr, 30, NULL, &hello);
+        dj__mw_init(&w);
+        dj__mw_u64(&w, "graph_bytes", 0);
+        r = call(e, DJ_MSG_GRAPH_RUN, &w, x, sizeof x);
+        CHECK_ERR(r, DJ_EFORMAT);
+        reply_free(&r);
+        close(e);
+    }
     CHECK(stats_u64(b, "weights", "count") == 1 && stats_u64(b, "weights", "challenges_passed") == 1 &&
           stats_u64(b, "weights", "challenges_failed") == 1);
 
     /* an op the server lacks is refused naming it (the connection stays) */
-    graph_mul_relu(&g, &hw, "aten.flip.default");
+    graph_mul_relu(&g, &hw, "aten.roll.default");
     r = run_graph(a, &g, x, 0);
     CHECK_ERR(r, DJ_EUNSUPPORTED);
-    CHECK(strstr(r.msg, "aten.flip.default") != NULL);
+    CHECK(strstr(r.msg, "aten.roll.default") != NULL);
     reply_free(&r);
     /* bytes that hash to another name are refused */
     float other[3] = {1, 2, 3};

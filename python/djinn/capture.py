@@ -12,6 +12,7 @@ executor is what runs graphs: `djinn.remote.RemoteExecutor` on djinnd (GRAPH_RUN
 test harness for the executor alone, not remote execution.
 """
 
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -308,8 +309,9 @@ class _Recorder:
         if getattr(self.owner._executor, "records_only", False):
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
                                           "(.tolist()/.cpu()/nonzero): capture_graph cannot give it")
-        values = self.owner._run(self.graph, [self.ref_of(t) for t in ts])
-        return [torch.from_numpy(np.array(_value(v))).to(t.dtype) for v, t in zip(values, ts)]
+        values = [np.array(_value(v)) for v in self.owner._run(self.graph, [self.ref_of(t) for t in ts])]
+        self.owner._guard(values)
+        return [torch.from_numpy(v).to(t.dtype) for v, t in zip(values, ts)]
 
     def run_here(self, func, args, kwargs):
         """func on the real values of its LazyTensor arguments (data-dependent shapes)."""
@@ -325,7 +327,36 @@ class _Recorder:
         if getattr(self.owner._executor, "records_only", False):
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
                                           "(bool()/item()): capture_graph cannot give it")
-        return _value(self.owner._run(self.graph, [self.ref_of(t)])[0])
+        value = np.array(_value(self.owner._run(self.graph, [self.ref_of(t)])[0]))
+        self.owner._guard([value])
+        return value
+
+
+class _GraphView:
+    """The weights of a graph as they were when one of its runs was sent (a prefix of the final lists)."""
+
+    def __init__(self, graph, n_weights):
+        self.weights = graph.weights[:n_weights]
+        self.weight_data = graph.weight_data[:n_weights]
+
+
+class _Plan:
+    """One recorded call, kept for replay: the runs it made in order (graph bytes, how many weights
+    each had), the values each materializing run returned (the guards), and how the result is built."""
+
+    def __init__(self, graph, state):
+        self.graph = graph
+        self.state = state    # the module's parameters/buffers (identity, version) and plain attributes
+        self.guards = []      # [(graph bytes, n weights, [numpy value])]: the path's materializations
+        self.final = None     # (graph bytes, n weights) of the last run
+        self.ospec = None
+        self.leaves = None    # the output leaves: _OUT where a run's output goes, else the constant
+
+
+_OUT = object()
+
+# A call's non-tensor arguments are part of its signature by value: these types only.
+_PLAIN = (bool, int, float, str, bytes, type(None))
 
 
 class CapturedModule:
@@ -334,11 +365,18 @@ class CapturedModule:
     own structure (tuple, list, dict, namedtuple) with torch tensors where it had tensors.
     Other attributes are the module's."""
 
-    def __init__(self, module, executor, fallback=None):
+    PLAN_CACHE = 32  # signatures kept per module (least recently used out)
+
+    def __init__(self, module, executor, fallback=None, cache=True):
         if torch is None:
             raise ImportError("djinn.capture needs PyTorch")
         if fallback not in (None, "local"):
             raise ValueError("fallback is None or 'local', not %r" % (fallback,))
+        self._cache = bool(cache)
+        self._plans = collections.OrderedDict()  # signature -> _Plan (docs/capture.md, "The plan cache")
+        self._plan = None       # the plan being recorded
+        self.replayed = False   # the last call replayed a recorded plan (no forward ran here)
+        self.plan_stats = {"hits": 0, "misses": 0, "guard_misses": 0, "state_misses": 0}
         self._module = module
         self._executor = executor
         self._fallback = fallback
@@ -369,6 +407,10 @@ class CapturedModule:
         """Runs the graph so far with these outputs: the executor's results (numpy arrays, or
         RemoteTensors for a remote executor)."""
         data = graph.encode(out_refs)
+        self._last_run = (data, len(graph.weights))
+        return self._send(graph, data)
+
+    def _send(self, graph, data):
         self.last_graph = data
         run_graph = getattr(self._executor, "run_graph", None)
         if run_graph is None:  # an executor of arrays only: run(graph bytes, inputs, weights)
@@ -393,8 +435,63 @@ class CapturedModule:
             for h in hooks:
                 h.remove()
 
+    def _guard(self, values):
+        """A run of the graph so far gave these values to the forward (a materialization)."""
+        if self._plan is not None:
+            self._plan.guards.append(self._last_run + (values,))
+
+    def _signature(self, args, kwargs):
+        """What a recorded call is kept under: the structure of the arguments, each tensor's kind,
+        shape and dtype, each other leaf by type and value; None when a leaf is none of these."""
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = [str(spec)]
+        for x in flat:
+            if isinstance(x, torch.Tensor):
+                key.append(("t", tuple(x.shape), x.dtype))
+            elif isinstance(x, RemoteTensor):
+                key.append(("r", tuple(x.shape), x.dtype.name))
+            elif isinstance(x, _PLAIN) or isinstance(x, torch.dtype):
+                key.append((type(x), x))
+            else:
+                return None
+        return tuple(key)
+
+    def _state(self):
+        """The module state a recorded call depends on besides its arguments: every parameter and
+        buffer (which tensor, its version, where its data is) and every module's plain public
+        attributes (training, eps, a flag)."""
+        tensors = tuple((n, id(t), t._version, t.data_ptr()) for n, t in
+                        list(self._module.named_parameters()) + list(self._module.named_buffers()))
+        attrs = tuple((name, tuple((k, v) for k, v in vars(m).items() if k[0] != "_" and isinstance(v, _PLAIN)))
+                      for name, m in self._module.named_modules())
+        return tensors, attrs
+
+    def _replay(self, plan, args, kwargs):
+        """The recorded call again with new values: each guard's run first (its values must equal the
+        recorded ones, else None: record again), then the last run. The forward does not run."""
+        self._inputs = [x.detach().contiguous() if isinstance(x, torch.Tensor) else x
+                        for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, (torch.Tensor, RemoteTensor))]
+        self._graph = plan.graph
+        for data, nw, want in plan.guards:
+            got = self._send(_GraphView(plan.graph, nw), data)
+            for g, w in zip(got, want):
+                g = np.array(_value(g))
+                if g.shape != w.shape or not np.array_equal(g, w):
+                    return None
+        data, nw = plan.final
+        values = iter(self._send(_GraphView(plan.graph, nw), data) if data is not None else [])
+        result = []
+        for x in plan.leaves:
+            if x is _OUT:
+                v = next(values)
+                result.append(v if isinstance(v, RemoteTensor) else torch.from_numpy(np.array(v)))
+            else:
+                result.append(x)
+        return pytree.tree_unflatten(result, plan.ospec)
+
     def __call__(self, *args, **kwargs):
         self.ran_locally = False
+        self.replayed = False
         self._graph = None
         try:
             return self._call(*args, **kwargs)
@@ -434,7 +531,38 @@ class CapturedModule:
         return state + inputs + acts
 
     def _call(self, *args, **kwargs):
+        key = self._signature(args, kwargs) if self._cache and not getattr(self._executor, "records_only", False) \
+            else None
+        state = self._state() if key is not None else None
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None:
+            if plan.state != state:
+                self.plan_stats["state_misses"] += 1
+            else:
+                out = self._replay(plan, args, kwargs)
+                if out is not None:
+                    self._plans.move_to_end(key)
+                    self.plan_stats["hits"] += 1
+                    self.replayed = True
+                    return out
+                self.plan_stats["guard_misses"] += 1
+            del self._plans[key]
+        elif key is not None:
+            self.plan_stats["misses"] += 1
         rec = _Recorder(self)
+        self._plan = _Plan(rec.graph, state) if key is not None else None
+        try:
+            out = self._record(rec, args, kwargs)
+            plan, self._plan = self._plan, None
+        finally:
+            self._plan = None
+        if plan is not None and plan.final is not None:
+            self._plans[key] = plan
+            while len(self._plans) > self.PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return out
+
+    def _record(self, rec, args, kwargs):
         self._graph = rec.graph
         g = rec.graph
         self._names = {}
@@ -466,6 +594,12 @@ class CapturedModule:
         oflat, ospec = pytree.tree_flatten(out)
         refs = [rec.ref_of(x) for x in oflat if isinstance(x, LazyTensor)]
         values = iter(self._run(g, refs) if refs else [])
+        if self._plan is not None:
+            self._plan.final = self._last_run if refs else (None, 0)
+            self._plan.ospec = ospec
+            self._plan.leaves = [_OUT if isinstance(x, LazyTensor) else x for x in oflat]
+            if any(isinstance(x, torch.Tensor) and not isinstance(x, LazyTensor) for x in oflat):
+                self._plan.final = None  # a real tensor in the result (made here): not replayed
         result = []
         for x in oflat:
             if isinstance(x, LazyTensor):

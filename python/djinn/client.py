@@ -69,6 +69,8 @@ class Client:
         self.weights_uploaded = 0  # weights uploaded whole
         self.weights_proven = 0  # weights the server held, proven by a challenge instead
         self.graph_input_bytes = 0  # GRAPH_RUN inputs sent as bytes (not as handles)
+        self.graph_bytes_sent = 0  # GRAPH_RUN graph bytes sent (a graph the server has is named by id)
+        self.graph_plans_cached = False  # the last GRAPH_RUN found its plan in the server's cache
         self._mu = threading.Lock()  # _pending, _next_id, _dead
         self._wmu = threading.Lock()  # one frame at a time on the socket
         self._pending = {}  # request id -> queue of (type, meta, payload)
@@ -421,15 +423,16 @@ class Client:
         meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
         return Model(self, meta)
 
-    def remote(self, module, fallback=None):
+    def remote(self, module, fallback=None, cache=True):
         """A proxy of the PyTorch module whose calls run on the server: each call records the
         forward as ATen ops (djinn.capture), uploads only the weights the server lacks, runs the
         graph there and returns the forward's own structure with RemoteTensor leaves (shape and
         dtype here; .numpy()/.torch() fetch). A RemoteTensor passed to the next call stays on the
         server. fallback="local": what the server cannot run (an unsupported op), a busy or
-        unreachable server, runs here instead, given 1.5x its memory (docs/capture.md)."""
+        unreachable server, runs here instead, given 1.5x its memory. cache=False: record every
+        call (no plan cache; docs/capture.md says when replaying a recorded call is sound)."""
         from .remote import remote
-        return remote(self, module, fallback=fallback)
+        return remote(self, module, fallback=fallback, cache=cache)
 
     def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None):
         """Opens a session on `model` (a name or a Model)."""

@@ -21,6 +21,7 @@ class RemoteExecutor:
     def __init__(self, client):
         self.client = client
         self._usable = set()  # (epoch, hash) this connection has proven: the server keeps them while it lives
+        self._sent = set()    # (epoch, graph id) whose bytes this connection has sent: named by id alone after
 
     def _sync_weights(self, graph):
         c = self.client
@@ -81,7 +82,8 @@ class RemoteExecutor:
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "djinnd at %s does not run captured modules "
                                           "(no graph-run capability)" % c.addr)
         self._sync_weights(graph)
-        refs, payload = [], [data]
+        gid = xxh3_128(data)  # the server's plan cache names a graph by the XXH3-128 of its bytes
+        refs, payload = [], []
         for x in inputs:
             if isinstance(x, RemoteTensor) and x._client is c and x._epoch == c.epoch and not x.released:
                 refs.append(x.handle)  # stays on the server
@@ -90,8 +92,23 @@ class RemoteExecutor:
             arr = x.numpy() if isinstance(x, RemoteTensor) else x.numpy()
             payload.append(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).tobytes())
         body = b"".join(payload)
-        c.graph_input_bytes += len(body) - len(data)
-        meta, _ = c._call(_wire.GRAPH_RUN, {"graph_bytes": len(data), "inputs": refs}, body)
+        c.graph_input_bytes += len(body)
+        meta = None
+        if (c.epoch, gid) in self._sent:  # the server has its plan from our bytes: no bytes, no decode
+            try:
+                meta, _ = c._call(_wire.GRAPH_RUN, {"graph_bytes": 0, "graph_id": gid, "inputs": refs}, body)
+            except errors.NotFoundError as e:
+                if "graph_id" not in str(e):  # a handle input gone, not the plan: that is the caller's error
+                    raise
+                self._sent.discard((c.epoch, gid))  # evicted from the server's plan cache: send the bytes
+        if meta is None:
+            meta, _ = c._call(_wire.GRAPH_RUN, {"graph_bytes": len(data), "graph_id": gid, "inputs": refs},
+                              data + body)
+            c.graph_bytes_sent += len(data)
+            if "graph_id" in meta:  # a djinnd with a plan cache (an older one ignores graph_id and keeps none)
+                self._sent.add((c.epoch, gid))
+        c.graph_plans_cached = bool(meta.get("plan_cached", False))
+        self.last_reply = meta  # run_s, plan_s, plan_cached, graph_id (docs/protocol.md)
         out = []
         for o in meta.get("outputs", []):
             shape = [int(d) for d in o["shape"]]
@@ -103,6 +120,6 @@ class RemoteExecutor:
         return out
 
 
-def remote(client, module, fallback=None):
+def remote(client, module, fallback=None, cache=True):
     """module as a proxy whose calls run on djinnd (Client.remote)."""
-    return CapturedModule(module, RemoteExecutor(client), fallback=fallback)
+    return CapturedModule(module, RemoteExecutor(client), fallback=fallback, cache=cache)

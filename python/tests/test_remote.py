@@ -67,13 +67,13 @@ def randomize_bn(m, seed):
     return m
 
 
-class FlipNet(nn.Module):
+class RollNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
 
     def forward(self, x):
-        return torch.flip(self.fc(x), [0])  # aten.flip: not an op of the executor
+        return torch.roll(self.fc(x), 1, 0)  # aten.roll: not an op of the executor
 
 
 def weights_stats(c):
@@ -185,12 +185,12 @@ def test_output_structure_and_branches(client):
 
 def test_unsupported_op_refused_by_name_and_runs_locally_with_fallback(client):
     torch.manual_seed(8)
-    m = FlipNet().eval()
+    m = RollNet().eval()
     x = torch.randn(3, 8)
     rm = client.remote(m)
     with pytest.raises(errors.UnsupportedError) as e:
         rm(x)
-    assert "aten.flip.default" in str(e.value) and not rm.ran_locally
+    assert "aten.roll.default" in str(e.value) and not rm.ran_locally
     rl = client.remote(m, fallback="local")
     got = rl(x)
     assert rl.ran_locally and isinstance(got, torch.Tensor)
@@ -301,3 +301,135 @@ def test_server_without_graph_run_falls_back(client):
             assert torch.equal(got, m(x))
     finally:
         client.capabilities = saved
+
+
+# ---- the plan cache (docs/capture.md, "The plan cache") ----
+
+class Branchy(nn.Module):
+    """A forward whose path depends on values: bool() of a comparison, and .item()."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.scale = 2.0  # a plain attribute the forward reads
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # bool(t): a materialization, its value a guard
+            h = F.relu(h) * self.scale
+        else:
+            h = -h
+        k = int(x[0, 0].item() > 0)  # .item(): the value itself is the guard
+        return {"y": h + k, "k": k}
+
+
+def test_plan_cache_replays_without_recording_or_resending(client):
+    torch.manual_seed(11)
+    m = MLP().eval()
+    rm = client.remote(m)
+    x1, x2 = torch.randn(4, 20), torch.randn(4, 20)
+    y1 = rm(x1)
+    assert not rm.replayed and rm.plan_stats["misses"] == 1
+    sent = client.graph_bytes_sent
+    assert sent > 0
+    hits0 = client.stats()["graph_plans"]["hits"]
+    y2 = rm(x2)
+    assert rm.replayed and rm.plan_stats["hits"] == 1
+    assert client.graph_bytes_sent == sent  # named by id: no graph bytes sent
+    assert client.graph_plans_cached and client.stats()["graph_plans"]["hits"] == hits0 + 1
+    with torch.no_grad():
+        close(y1, m(x1))
+        close(y2, m(x2))
+    # another shape is another signature: recorded, its bytes sent
+    x3 = torch.randn(2, 20)
+    y3 = rm(x3)
+    assert not rm.replayed and client.graph_bytes_sent > sent
+    with torch.no_grad():
+        close(y3, m(x3))
+    # cache=False records every call
+    rn = client.remote(m, cache=False)
+    rn(x1)
+    rn(x2)
+    assert not rn.replayed and rn.plan_stats["hits"] == 0
+
+
+def test_plan_cache_guards_values_and_module_state(client):
+    torch.manual_seed(12)
+    m = Branchy().eval()
+    rm = client.remote(m)
+
+    def check(x, replayed):
+        got = rm(x)
+        with torch.no_grad():
+            want = m(x)
+        assert rm.replayed == replayed
+        assert got["k"] == want["k"]
+        close(got["y"], want["y"])
+
+    pos = torch.ones(2, 6)
+    # find inputs taking each branch of h.sum() > 0
+    with torch.no_grad():
+        w_pos = m.fc(pos).sum() > 0
+    a = pos if w_pos else -pos
+    check(a, False)
+    check(a.clone(), True)     # the same guard values: replayed
+    check(a * 1.0001, False)   # x[0, 0].item() differs: a guard fails, recorded again
+    check(-a, False)           # the other branch (and the other item): recorded
+    assert rm.plan_stats["guard_misses"] == 2
+    check(-a, True)
+    # module state: a plain attribute, then a parameter changed in place
+    m.scale = 3.0
+    check(-a, False)
+    with torch.no_grad():
+        m.fc.bias.add_(0.5)
+    check(-a, False)
+    assert rm.plan_stats["state_misses"] == 2
+    check(-a, True)
+
+
+def test_graph_id_needs_the_bytes_sent_on_this_connection(daemon):
+    torch.manual_seed(13)
+    m = MLP().eval()
+    x = torch.randn(3, 20)
+    a, b = djinn.connect(daemon.addr), djinn.connect(daemon.addr)
+    try:
+        ra = a.remote(m)
+        ra(x)
+        gid = xxh3_128(ra.last_graph)
+        rb = b.remote(m)
+        # b claims to have sent the graph: the server refuses the id, b sends the bytes and runs
+        rb._executor._sent.add((b.epoch, gid))
+        before = b.graph_bytes_sent
+        refused = b.stats()["graph_plans"]["refused_id"]
+        y = rb(x)
+        assert b.graph_bytes_sent - before == len(ra.last_graph)
+        assert b.stats()["graph_plans"]["refused_id"] == refused + 1
+        assert b.graph_plans_cached  # a's bytes were decoded already
+        with torch.no_grad():
+            close(y, m(x))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_flip_sort_transposed_conv_on_the_server(client):
+    torch.manual_seed(22)
+    up = nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1), nn.ReLU()).eval()
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = up
+
+        def forward(self, x):
+            h = torch.flip(self.up(x), [2])
+            v, i = torch.sort(h.mean((2, 3)), dim=1, stable=True)
+            return v, i
+
+    m = M().eval()
+    x = torch.randn(2, 3, 4, 4)
+    v, i = client.remote(m)(x)
+    with torch.no_grad():
+        wv, wi = m(x)
+    close(v, wv)
+    assert i.torch().dtype == torch.int64 and torch.equal(i.torch(), wi)

@@ -8,12 +8,14 @@
 
 #include "djinn/alloc.h"
 #include "djinn/backend.h"
+#include "capture/gplan_cache.h"
 #include "djinn/capture.h"
 #include "server/graph_serve.h"
 #include "server/server_impl.h"
 
 struct dj__capture {
     dj_wstore_t *store;
+    dj_gplan_cache *plans; /* decoded, validated, planned graphs by the hash of their bytes */
     int threads;
     dj_backend_t *cpu; /* worker only: made by the first run */
     _Atomic uint64_t runs, run_errors;
@@ -29,6 +31,11 @@ dj_status dj__capture_open(uint64_t store_bytes, uint64_t quota_bytes, int threa
         free(c);
         return st;
     }
+    if ((st = dj_gplan_cache_new(0, &c->plans)) != DJ_OK) {
+        dj_wstore_free(c->store);
+        free(c);
+        return st;
+    }
     c->threads = threads > 0 ? threads : 1;
     *out = c;
     return DJ_OK;
@@ -37,6 +44,7 @@ dj_status dj__capture_open(uint64_t store_bytes, uint64_t quota_bytes, int threa
 void dj__capture_close(dj__capture *c) {
     if (!c) return;
     dj_backend_free(c->cpu);
+    dj_gplan_cache_free(c->plans);
     dj_wstore_free(c->store);
     free(c);
 }
@@ -173,10 +181,18 @@ dj_status dj__graph_req_parse(const dj__meta *m, const uint8_t *payload, uint64_
     if (a && a->type != MSGPACK_OBJECT_ARRAY) return dj_fail(DJ_EFORMAT, "GRAPH_RUN `inputs` must be an array");
     const uint32_t n = a ? a->via.array.size : 0;
     if (n > DJ__GRAPH_MAX_INPUTS) return dj_fail(DJ_ERANGE, "GRAPH_RUN of %u inputs: at most %d", n, DJ__GRAPH_MAX_INPUTS);
+    const msgpack_object *id = dj__meta_get(m, "graph_id");
+    if (id && (id->type != MSGPACK_OBJECT_BIN || id->via.bin.size != 16))
+        return dj_fail(DJ_EFORMAT, "GRAPH_RUN `graph_id` must be bin of 16 bytes (the XXH3-128 of the graph's bytes)");
+    if (!id && !gb) return dj_fail(DJ_EFORMAT, "GRAPH_RUN needs the graph's bytes (graph_bytes > 0) or its graph_id");
     dj__graph_req *r = dj_calloc(1, sizeof *r);
     if (!r || (n && !(r->handles = dj_calloc(n, sizeof *r->handles)))) {
         free(r);
         return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    if (id) {
+        r->has_id = true;
+        memcpy(r->graph_id, id->via.bin.ptr, 16);
     }
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *o = &a->via.array.ptr[i];
@@ -219,7 +235,8 @@ static void to_f32(dj_cdtype t, const uint8_t *raw, uint64_t n, float *out) {
 }
 
 typedef struct run_ctx {
-    dj_cgraph_t *g;
+    const dj_cgraph_t *g;
+    dj_gplan *plan;         /* the plan cache's reference on g */
     dj_weight **wref;      /* [n_weights] */
     const float **weights; /* [n_weights] */
     float **wconv;         /* [n_weights]: converted copies (non-f32 weights), else NULL */
@@ -245,7 +262,7 @@ static void ctx_free(dj__server *s, run_ctx *x) {
     for (uint32_t i = 0; x->iconv && i < ni; i++) free(x->iconv[i]);
     free(x->wref), free(x->weights), free(x->wconv), free(x->href), free(x->inputs), free(x->iconv), free(x->outs);
     free(x->stack);
-    dj_cgraph_free(x->g);
+    dj_gplan_cache_release(s->capture->plans, x->plan);
 }
 
 static dj_status gather_weights(dj__server *s, run_ctx *x, uint64_t conn) {
@@ -398,11 +415,28 @@ dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, 
     run_ctx x = {0};
     dj_cgraph_error err;
     const double t0 = dj__now();
-    dj_status st = dj_cgraph_decode(r->graph, (size_t)r->graph_len, NULL, &x.g, &err);
-    if (st != DJ_OK) {
-        atomic_fetch_add(&c->run_errors, 1);
-        return dj_fail(st, "%s (%s)", err.msg, dj_cgraph_err_name(err.kind));
+    uint8_t id[DJ_GPLAN_ID_BYTES];
+    bool hit = true;
+    dj_status st;
+    if (r->graph_len) {
+        st = dj_gplan_cache_put(c->plans, conn, r->graph, (size_t)r->graph_len, NULL, &x.g, &x.plan, id, &hit, &err);
+        if (st != DJ_OK) {
+            atomic_fetch_add(&c->run_errors, 1);
+            return dj_fail(st, "%s (%s)", err.msg, dj_cgraph_err_name(err.kind));
+        }
+        if (r->has_id && memcmp(id, r->graph_id, DJ_GPLAN_ID_BYTES)) {
+            atomic_fetch_add(&c->run_errors, 1);
+            dj_gplan_cache_release(c->plans, x.plan);
+            return dj_fail(DJ_EINVAL, "GRAPH_RUN: graph_id is not the XXH3-128 of the graph's bytes");
+        }
+    } else {
+        memcpy(id, r->graph_id, DJ_GPLAN_ID_BYTES);
+        if ((st = dj_gplan_cache_get(c->plans, conn, id, &x.g, &x.plan)) != DJ_OK) {
+            atomic_fetch_add(&c->run_errors, 1);
+            return st;
+        }
     }
+    const double t_plan = dj__now() - t0;
     const uint32_t nw = dj_cgraph_n_weights(x.g), ni = dj_cgraph_n_inputs(x.g), no = dj_cgraph_n_outputs(x.g);
     x.wref = dj_calloc(nw + 1, sizeof *x.wref);
     x.weights = dj_calloc(nw + 1, sizeof *x.weights);
@@ -425,6 +459,11 @@ dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, 
         dj__mw_u64(w, "nodes", dj_cgraph_n_nodes(x.g));
         dj__mw_u64(w, "stack_bytes", sb);
         dj__mw_f64(w, "run_s", dj__now() - t0);
+        dj__mw_f64(w, "plan_s", t_plan); /* the plan: a cache lookup, or a decode, validation and plan */
+        dj__mw_bool(w, "plan_cached", hit);
+        dj__mw_key(w, "graph_id");
+        msgpack_pack_bin(&w->pk, DJ_GPLAN_ID_BYTES);
+        msgpack_pack_bin_body(&w->pk, id, DJ_GPLAN_ID_BYTES);
         atomic_fetch_add(&c->runs, 1);
     } else {
         atomic_fetch_add(&c->run_errors, 1);
@@ -436,6 +475,7 @@ dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, 
 void dj__capture_conn_closed(dj__server *s, uint64_t conn) {
     if (!s->capture) return;
     dj_wstore_conn_closed(s->capture->store, conn);
+    dj_gplan_cache_conn_closed(s->capture->plans, conn);
     pthread_mutex_lock(&s->mu);
     for (size_t b = 0; b < s->handles.n_buckets; b++) {
         dj__ment *e = s->handles.b[b];
@@ -471,6 +511,17 @@ void dj__capture_stats(dj__capture *c, dj__mw *w) {
     KV("challenges_passed", st.challenges_passed);
     KV("challenges_failed", st.challenges_failed);
     KV("evictions", st.evictions);
+    dj_gplan_cache_stats ps;
+    dj_gplan_cache_get_stats(c->plans, &ps);
+    dj__mw_key(w, "graph_plans");
+    msgpack_pack_map(&w->pk, 7);
+    KV("entries", ps.entries);
+    KV("bytes", ps.bytes);
+    KV("capacity", ps.capacity);
+    KV("hits", ps.hits);
+    KV("misses", ps.misses);
+    KV("evictions", ps.evictions);
+    KV("refused_id", ps.refused_id);
 #undef KV
     dj__mw_u64(w, "graph_runs", atomic_load(&c->runs));
     dj__mw_u64(w, "graph_run_errors", atomic_load(&c->run_errors));

@@ -36,8 +36,10 @@ dj_status dj__capture_inline(dj__capture *c, uint64_t conn, uint64_t tenant, uin
 /* A GRAPH_RUN as typed values: the graph's bytes and the inputs, each from the payload or a result
  * handle. Points into the request's body (the job owns it). */
 typedef struct dj__graph_req {
-    const uint8_t *graph; /* [graph_len] */
+    const uint8_t *graph; /* [graph_len]; graph_len 0: the graph is named by graph_id (the plan cache) */
     uint64_t graph_len;
+    bool has_id;          /* graph_id given: the XXH3-128 of the graph's bytes (checked when they are sent too) */
+    uint8_t graph_id[16];
     const uint8_t *data;  /* [data_len]: the payload's inputs, in order */
     uint64_t data_len;
     uint32_t n_inputs;
@@ -49,7 +51,8 @@ dj_status dj__graph_req_parse(const dj__meta *m, const uint8_t *payload, uint64_
                               dj__graph_req **out /* OUT */);
 void dj__graph_req_free(dj__graph_req *r); /* NULL does nothing */
 
-/* Worker: runs r for conn - the graph decoded and validated, its weights acquired (proven by conn),
+/* Worker: runs r for conn - the graph's plan from the plan cache (src/capture/ggplan_cache.h: by id
+ * when conn has sent those bytes before, else decoded, validated, planned and cached), its weights acquired (proven by conn),
  * its inputs gathered, run on the CPU executor; outputs become result handles of conn (FETCH reads
  * them, RELEASE frees them, they go when conn closes), their ids, shapes and dtypes into w. */
 dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, dj__mw *w);
