@@ -22,7 +22,7 @@ static int usage(FILE *f) {
           "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
           "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
-          "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
+          "              [--idle-ms MS] [--quota-gb G] [--swap-quota-gb G] [--max-wait-ms MS]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
@@ -33,7 +33,8 @@ static int usage(FILE *f) {
           "available RAM with a GPU, a quarter without), --data-gb: the data segment (KV) of the VMU\n"
           "(default 30% of it), --swap-policy semantic, --idle-ms 1000 (a session with no request for this\n"
           "long may be swapped out), --quota-gb: KV one token's sessions may hold, all its connections together\n"
-          "(one connection's without --token-file; default none),\n"
+          "(one connection's without --token-file; default none), --swap-quota-gb: the swap pool one token's\n"
+          "sessions may hold (default: as --quota-gb; 0: none) - past it its own work waits, not others',\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
@@ -167,6 +168,7 @@ static const size_opt sizes[] = {
     {"--swap-gb", offsetof(dj__config, swap_bytes)},
     {"--data-gb", offsetof(dj__config, data_bytes)},
     {"--quota-gb", offsetof(dj__config, quota_bytes)},
+    {"--swap-quota-gb", offsetof(dj__config, swap_quota_bytes)},
 };
 
 int dj__parse_args(int argc, char **argv, dj__config *cfg) {
@@ -175,6 +177,7 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
     cfg->models = ".";
     cfg->vmu_bytes = 0;              /* auto */
     cfg->swap_bytes = DJ__SIZE_AUTO;
+    cfg->swap_quota_bytes = DJ__SIZE_AUTO;
     cfg->idle_ms = 1000;
     cfg->max_wait_ms = 10000;
     cfg->lease_ms = 10000;
@@ -226,7 +229,8 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             } else if (dj_vmu_parse_size(v, dst) != DJ_OK) {
                 fprintf(stderr, "djinnd: %s '%s': %s\n", a, v, dj_last_error());
                 return 2;
-            } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes)) {
+            } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes) &&
+                       so->off != offsetof(dj__config, swap_quota_bytes)) {
                 fprintf(stderr, "djinnd: %s '%s': must be more than 0\n", a, v);
                 return 2;
             }

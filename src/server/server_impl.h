@@ -294,6 +294,7 @@ typedef struct dj__config {
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
     size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
+    size_t swap_quota_bytes;   /* swap pool bytes per token; DJ__SIZE_AUTO: quota_bytes; 0: none */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */

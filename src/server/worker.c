@@ -1735,6 +1735,8 @@ static dj_status sched_open(dj__server *s) {
         .idle_ms = s->cfg.idle_ms,
         .lifo_age_ms = s->cfg.max_wait_ms,
         .quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0,
+        .pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
+                             page - 1) / page,
         /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
         .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
         .policy = s->cfg.swap_policy,
