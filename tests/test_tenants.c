@@ -587,6 +587,92 @@ static void test_pool_share(void) {
     CHECK(stop_daemon(5) == 0);
 }
 
+/* ---- finding 10: without a token file nobody is admin (unless --local-admin) ---- */
+
+/* STATS on fd: its `scope` is `want`, and how many sessions it lists. */
+static size_t stats_scope(int fd, const char *want) {
+    dj_test_raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
+    dj__meta m;
+    uint8_t *buf;
+    if (read_answer(fd, &m, &buf) != DJ_MSG_REPLY) {
+        CHECK_MSG(0, "STATS was not answered");
+        return 0;
+    }
+    const msgpack_object *sc = dj__meta_get(&m, "scope"), *ss = dj__meta_get(&m, "sessions");
+    CHECK_MSG(sc && sc->type == MSGPACK_OBJECT_STR && sc->via.str.size == strlen(want) &&
+                  !memcmp(sc->via.str.ptr, want, sc->via.str.size),
+              "STATS scope is not %s", want);
+    const size_t n = ss && ss->type == MSGPACK_OBJECT_ARRAY ? ss->via.array.size : 0;
+    dj__meta_destroy(&m);
+    free(buf);
+    return n;
+}
+
+/* Two loopback clients of a daemon without --token-file: the second sees
+ * only its own sessions in STATS, may not drop the first one's pin, and the
+ * HTTP door's stats and events and /metrics answer 403 saying what to do;
+ * with --local-admin all of it works as before (a single-user machine). */
+static void test_admin_needs_token(void) {
+    for (int local_admin = 0; local_admin < 2; local_admin++) {
+        char addr[128], mport[64] = "", body[2048];
+        unsigned port = 0;
+        pid_t pid = -1;
+        for (int attempt = 0; attempt < 5 && pid <= 0; attempt++) { /* a test beside this one may take the port */
+            snprintf(mport, sizeof mport, "127.0.0.1:%d", dj_test_free_port());
+            const char *extra[] = {"--metrics", mport, local_admin ? "--local-admin" : NULL, NULL};
+            pid = dj_test_http_daemon_start(6, tmpdir, models, extra, addr, sizeof addr, &port);
+        }
+        CHECK_MSG(pid > 0 && port > 0, "djinnd%s did not start", local_admin ? " --local-admin" : "");
+        if (pid <= 0 || !port) continue;
+        dj_test_frame f;
+        int a = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f), b = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
+        CHECK(open_session(a, 1, &f) != 0);
+        dj__mw w;
+        dj__mw_init(&w);
+        dj__mw_str(&w, "model", "demo");
+        send_meta(a, DJ_MSG_MODEL_LOAD, 2, &w);
+        f = dj_test_raw_frame(a, NULL);
+        CHECK_MSG(f.type == DJ_MSG_REPLY, "MODEL_LOAD: %d %s", f.type, f.msg);
+        const size_t listed = stats_scope(b, local_admin ? "all" : "own");
+        CHECK_MSG(listed == (local_admin ? 1u : 0u), "the other client's STATS lists %zu sessions", listed);
+        dj__mw_init(&w);
+        dj__mw_str(&w, "model", "demo");
+        send_meta(b, DJ_MSG_MODEL_UNLOAD, 3, &w);
+        f = dj_test_raw_frame(b, NULL);
+        if (local_admin)
+            CHECK_MSG(f.type == DJ_MSG_REPLY, "an admin's MODEL_UNLOAD of another's pin: %d %s", f.type, f.msg);
+        else
+            CHECK_MSG(f.type == DJ_MSG_ERROR && strstr(f.msg, "--token-file") && strstr(f.msg, "--local-admin"),
+                      "MODEL_UNLOAD of another's pin without the admin role: %d %s", f.type, f.msg);
+        static const char *const paths[] = {"/v1/djinn/stats", "/v1/djinn/events?count=1"};
+        for (int i = 0; i < 2; i++) {
+            const int code = dj_test_http_text(port, "GET", paths[i], NULL, body, sizeof body);
+            if (local_admin) CHECK_MSG(code == 200, "GET %s with --local-admin: %d %s", paths[i], code, body);
+            else
+                CHECK_MSG(code == 403 && strstr(body, "--token-file") && strstr(body, "admin"),
+                          "GET %s without a token file: %d %s", paths[i], code, body);
+        }
+        unsigned mp = 0;
+        sscanf(mport, "127.0.0.1:%u", &mp);
+        dj_test_resp r = dj_test_http_request(mp, "GET", "/metrics", NULL, NULL);
+        if (local_admin) CHECK_MSG(r.status == 200, "/metrics with --local-admin: %d", r.status);
+        else
+            CHECK_MSG(r.status == 403 && r.body && strstr(r.body, "--token-file"), "/metrics without a token file: %d %s",
+                      r.status, r.body ? r.body : "");
+        dj_test_resp_free(&r);
+        close(a);
+        close(b);
+        CHECK(dj_test_daemon_stop(6, 20000) == 0);
+    }
+    /* the flag beside a token file: refused at start, naming both */
+    const char *both[] = {"--token-file", token_file, "--local-admin", NULL};
+    char addr[128];
+    int code = 0;
+    const dj_test_daemon_opts o = {.djinnd = djinnd, .dir = tmpdir, .models = models, .listen = "127.0.0.1:0",
+                                   .wait_ms = 10000};
+    CHECK(dj_test_daemon_start(7, &o, both, addr, sizeof addr, &code) < 0 && code == 2);
+}
+
 /* ---- finding 1: one token's queued prompts do not hold another's ---- */
 
 static void test_tokenizer_turns(void) {
@@ -672,6 +758,7 @@ int main(void) {
     test_wrong_tokens();
     test_token_quotas();
     test_pool_share();
+    test_admin_needs_token();
     test_tokenizer_turns();
     printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];

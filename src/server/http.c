@@ -713,6 +713,7 @@ static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c) {
 }
 
 static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
+    if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
     dj_client_t *cl = NULL;
     dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
     dj_client_stats s;
@@ -791,6 +792,7 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
             return reply_error(q, c, 400, "count=%.40s: want a number of events from 1 to %u", cs, EVENTS_MAX_COUNT);
         count = v;
     }
+    if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
     hevents *e = dj_calloc(1, sizeof *e);
     if (!e) return reply_error(q, c, 503, "out of memory");
     e->h = q->h;

@@ -30,6 +30,7 @@ typedef struct dj__http_cfg {
     uint32_t unauth;         /* --http-max-unauth: connections waiting for headers; the oldest goes beyond */
     uint32_t per_token;      /* --http-max-per-token: requests at once per token (0: max_conns / 2) */
     const char *hosts;       /* --http-allowed-hosts: "a,b" (NULL: none besides the defaults) */
+    bool local_admin;        /* --local-admin: without n_auth, /v1/djinn/stats and events answer (else 403) */
 } dj__http_cfg;
 typedef struct dj__http dj__http;
 dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);

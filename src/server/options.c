@@ -26,7 +26,7 @@ static int usage(FILE *f) {
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
-          "              [--http-allowed-hosts HOST,...]\n"
+          "              [--http-allowed-hosts HOST,...] [--local-admin]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --device cpu, --lease-ms 10000,\n"
           "--vmu-gb auto (the device's free memory less max(1 GiB, 5%); the CPU: half the available RAM),\n"
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
@@ -85,8 +85,9 @@ static int usage(FILE *f) {
           "  --http-allowed-hosts H,... Host header names accepted besides localhost, IP literals and --http's\n"
           "                             host (checked without --token-file, or whenever given)\n"
           "POST bodies must be Content-Type: application/json (else 415).\n"
-          "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
-          "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin] [shared]\n"
+          "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class; none\n"
+          "has the admin role (every session in STATS, another connection's MODEL_UNLOAD, /v1/djinn/stats\n"
+          "and /v1/djinn/events, /metrics: 403) unless --local-admin is given (a single-user machine). The token file holds one token per line: TOKEN [qos=CLASS,...] [admin] [shared]\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
           "Each token has a prefix cache of its own; tokens marked 'shared' share one.\n"
           "A wrong token slows that address's next HELLO (100 ms doubling to 2 s); /metrics then wants\n"
@@ -210,6 +211,10 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 3;
         if (!strcmp(a, "serve") && i == 1) continue; /* `djinn serve ...` passes its argv through */
+        if (!strcmp(a, "--local-admin")) { /* a flag: no value */
+            cfg->local_admin = true;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "djinnd: unknown option or missing value: '%s'\n", a);
             return usage(stderr);
@@ -330,6 +335,11 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             fprintf(stderr, "djinnd: unknown option '%s'\n", a);
             return usage(stderr);
         }
+    }
+    if (cfg->local_admin && cfg->token_file) {
+        fprintf(stderr, "djinnd: --local-admin with --token-file: the token file says who is admin (mark a token "
+                        "'admin'); drop one of them\n");
+        return 2;
     }
     return 0;
 }

@@ -1334,7 +1334,8 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
         return DJ_OK;
     }
     if (!e || !e->pinned || (e->pin_conn != j->conn && !j->admin))
-        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection", name);
+        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection%s", name,
+                       e && e->pinned && !s->have_token ? " (another's pin: " DJ__ADMIN_NEEDED ")" : "");
     e->pinned = false;
     dj_model_release(s->engine, e->m); /* stays cached in the text segment until space is needed */
     dj__mw_u64(w, "sessions", e->users);
