@@ -6,6 +6,7 @@
  * client speaks HTTP, and the hostile ones add issue 43's attacks. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,6 +334,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_soak ADDR TOKEN DJINND_PID SECONDS HONEST HOSTILE [MODEL [HTTP_PORT BATCH_TOKEN]]\n");
         return 2;
     }
+    signal(SIGPIPE, SIG_IGN); /* a write to a socket the daemon closed is an error, not the end of the run */
     addr = argv[1];
     token = argv[2];
     const int secs = atoi(argv[4]), n_honest = atoi(argv[5]), n_hostile = atoi(argv[6]);

@@ -43,8 +43,8 @@ run() {
     return "$rc"
 }
 
-run quiet 0 || exit 1
-run hostile "$hostile" || exit 1
+run quiet 0 || { echo "soak.sh: the quiet run failed ($?)" >&2; exit 1; }
+run hostile "$hostile" || { echo "soak.sh: the hostile run failed ($?)" >&2; exit 1; }
 q99=$(sed -E 's/^summary: honest [^;]* p99 ([0-9.]+) ms;.*/\1/' "$dir/quiet.sum")
 h99=$(sed -E 's/^summary: honest [^;]* p99 ([0-9.]+) ms;.*/\1/' "$dir/hostile.sum")
 qh99=$(sed -E 's/.*HTTP [^;]* p99 ([0-9.]+) ms;.*/\1/' "$dir/quiet.sum")
