@@ -158,10 +158,8 @@ static void drain(int fd, int ms) {
 /* Issue 43: 4 GENERATEs with 1 MB text prompts from a batch-only token
  * (refused or tokenized off the engine worker; the session's context ends
  * each one) on one connection. */
+static char text[1000000]; /* filled by main before the threads start */
 static void attack_prompts(int fd) {
-    static char text[1000000];
-    if (!text[0])
-        for (size_t i = 0; i < sizeof text; i++) text[i] = "hello world, "[i % 13];
     raw_hello(fd, batch_token);
     dj__mw w;
     dj__mw_init(&w);
@@ -214,7 +212,8 @@ static void attack_silent(void) {
  * (--max-connections-per-token, --max-sessions-per-token), held 2 s. */
 static void attack_token_flood(void) {
     enum { N = 300 };
-    static dj_client_t *cs[N];
+    dj_client_t **cs = calloc(N, sizeof *cs); /* per call: hostile threads run this at once */
+    if (!cs) return;
     int n = 0;
     for (; n < N && !stop; n++) {
         if (dj_client_connect(addr, batch_token, &cs[n]) != DJ_OK) break;
@@ -225,19 +224,22 @@ static void attack_token_flood(void) {
     }
     dj_test_sleep_ms(2000);
     for (int i = 0; i < n; i++) dj_client_free(cs[i]);
+    free(cs);
 }
 
 /* Issue 43: oversized JSON bodies on the HTTP port - 5 MB (over
  * --http-max-body: 413) and 3.9 MB of small numbers (too many JSON values
  * for the model's context: 413 before it is parsed). */
 static void attack_bodies(void) {
-    static char big[5 << 20];
+    enum { CAP = (5 << 20) + 64 };
+    char *big = malloc(CAP); /* per call: hostile threads run this at once */
+    if (!big) return;
     const size_t sizes[2] = {5u << 20, 3900000};
     for (int k = 0; k < 2 && !stop; k++) {
         const size_t n = sizes[k];
-        int o = snprintf(big, sizeof big, "{\"model\": \"%s\", \"max_tokens\": 1, \"prompt\": [", model);
-        while ((size_t)o < n - 8) o += snprintf(big + o, sizeof big - (size_t)o, "7,");
-        snprintf(big + o, sizeof big - (size_t)o, "7]}");
+        int o = snprintf(big, CAP, "{\"model\": \"%s\", \"max_tokens\": 1, \"prompt\": [", model);
+        while ((size_t)o < n - 8) o += snprintf(big + o, CAP - (size_t)o, "7,");
+        snprintf(big + o, CAP - (size_t)o, "7]}");
         const size_t len = strlen(big);
         int fd = http_raw_connect();
         if (fd < 0) continue;
@@ -250,6 +252,7 @@ static void attack_bodies(void) {
         dj_test_resp_free(&r);
         close(fd);
     }
+    free(big);
 }
 
 /* A hostile client: one attack per round, in turn - issue 9's six, then
@@ -349,6 +352,7 @@ int main(int argc, char **argv) {
     }
     for (int k = 0; k < 2; k++)
         if (!(all[k] = malloc(MAX_ALL * sizeof *all[k]))) return 1;
+    for (size_t i = 0; i < sizeof text; i++) text[i] = "hello world, "[i % 13];
     pthread_t th[MAX_TH];
     int n_th = 0;
     for (int i = 0; i < n_honest; i++, n_th++) pthread_create(&th[n_th], NULL, honest, (void *)(uintptr_t)n_th);
