@@ -182,7 +182,7 @@ typedef struct dj__sess {
 typedef struct dj__handle {
     uint64_t id, conn, sess;
     uint32_t ndim;
-    uint64_t shape[4];
+    uint64_t shape[8]; /* [ndim]: a captured graph's outputs have rank <= 8 (DJ_CGRAPH_MAX_RANK) */
     char dtype[8];
     uint8_t *bytes; /* [nbytes], immutable once published */
     uint64_t nbytes;
@@ -227,6 +227,7 @@ struct dj__job {
     uint64_t payload_len;
     double t_enqueue;
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
+    struct dj__graph_req *graph; /* a GRAPH_RUN as typed values (graph_serve.h), owned */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
                                * (dj__server.lost), its later frames are dropped */
     uint64_t prompt_credit;   /* prompt bytes counted in its connection's prompt_bytes (server.c),
@@ -302,6 +303,7 @@ typedef struct dj__config {
     size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
     size_t swap_quota_bytes;   /* swap pool bytes per token; DJ__SIZE_AUTO: quota_bytes; 0: none */
     bool local_admin;          /* --local-admin: without --token-file every (loopback) peer has the admin role */
+    size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
@@ -418,6 +420,7 @@ typedef struct dj__server {
 
     dj__metrics metrics;
     struct dj__http *http; /* --http: the front end, a client of the listener above */
+    struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */
