@@ -48,6 +48,10 @@ function(dj__server_link_late)
   if(TARGET test_fault)
     target_link_libraries(test_fault PRIVATE djinn_server) # the daemon runs in the test's process
   endif()
+  if(TARGET test_http_records)
+    target_sources(test_http_records PRIVATE ${CMAKE_SOURCE_DIR}/tests/daemon_util.c) # its HTTP client
+    target_link_libraries(test_http_records PRIVATE djinn_server) # the HTTP door runs in the test's process
+  endif()
   foreach(t bench_remote bench_serve bench_agents)
     if(TARGET ${t})
       # bench/support/ is outside the bench/*.c glob: not a program of its own

@@ -244,6 +244,13 @@ static void consistent(world *w) {
     for (uint32_t q = 0; q < DJ_SCHED_CLASSES; q++)
         CHECK_MSG(ss.waiting[q] + ss.running[q] == alive[q], "class %u: %u waiting + %u running, %u requests alive", q,
                   ss.waiting[q], ss.running[q], alive[q]);
+    if (w->cfg.pool_quota_pages) /* sessions i % 3 == c are group c's (as for quota_pages) */
+        for (int c = 0; c < 3; c++) {
+            uint64_t pooled = 0;
+            for (int k = c; k < MAX_S; k += 3) pooled += w->ss[k].pooled;
+            CHECK_MSG(pooled <= w->cfg.pool_quota_pages, "group %d holds %llu pool pages, its share %llu", c,
+                      (unsigned long long)pooled, (unsigned long long)w->cfg.pool_quota_pages);
+        }
 }
 
 static int rnd(int n) { return (int)(dj_test_rand() % (uint64_t)n); }
@@ -263,8 +270,10 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
     uint64_t stall_since = 0;
     /* a per-connection quota in one trace of three (sessions belong to 3 connections) */
     const uint64_t quota = rnd(3) == 0 ? 12 + (uint64_t)rnd(20) : 0;
+    /* and a share of a small pool per connection in one of those of two (stalls are given up on there) */
+    const uint64_t pool_quota = quota && !ample && rnd(2) == 0 ? 4 + (uint64_t)rnd(20) : 0;
     w.cfg = (dj_sched_config){.max_running = 1 + (uint32_t)rnd(4), .max_rows = 16 + (uint32_t)rnd(32),
-                              .quota_pages = quota,
+                              .quota_pages = quota, .pool_quota_pages = pool_quota,
                               .pages_total = 24 + (uint32_t)rnd(40), .pool_pages = pool,
                               .idle_ms = (uint32_t)rnd(20), .lifo_age_ms = 50, .page_in_ms = 0.1, .policy = pol};
     CHECK_OK(dj_sched_new(&w.cfg, &w.s));
@@ -598,6 +607,74 @@ static void continuing_first(void) {
     world_end(&w);
 }
 
+/* Decisions until the scheduler waits with no copy in flight (virtual time
+ * moves on while copies are). */
+static void settle(world *w) {
+    for (int k = 0; k < 400; k++) {
+        dj_sched_decision d;
+        dj_sched_next(w->s, w->now, &d);
+        if (act(w, &d)) {
+            consistent(w);
+            continue;
+        }
+        bool xfer = false;
+        for (int i = 0; i < MAX_S; i++) xfer |= w->ss[i].xfer != 0;
+        if (!xfer) return;
+        w->now++;
+        transfers(w);
+    }
+    CHECK_MSG(false, "the scheduler did not settle");
+}
+
+/* Tenants share the pool by their quota: group 0 (sessions 0, 3, .. 15)
+ * pauses six sessions of 4 pages under a segment quota of 8: four go as far
+ * as its pool share of 8 lets them (its fifth and sixth requests wait on its
+ * own share), and group 1 - same class, queued behind those - still gets its
+ * idle session swapped out and its third request served. Without the share
+ * group 0 fills the 16-page pool and group 1 waits for it; without the
+ * quota-only rule group 1 waits behind group 0's requests. */
+static void pool_share(void) {
+    world w;
+    if (!world_start(&w, (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 100, .pool_pages = 16,
+                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0, .quota_pages = 8,
+                              .pool_quota_pages = 8})) return;
+    for (int i = 0; i < 16; i += 3) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 0, 2);
+    }
+    for (int i = 1; i < 8; i += 3) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 2);
+    }
+    int served = 0;
+    for (int i = 0; i < 16; i += 3) { /* group 0: a 16-token STEP each, then paused */
+        arrive(&w, i, DJ_REQ_STEP, 2, 16, 0);
+        settle(&w);
+        served += !w.rr[w.n_req - 1].alive;
+        w.ss[i].paused = true;
+        dj_sched_pause(w.s, sid(i), 0, w.now);
+        w.now += 10;
+    }
+    uint64_t pooled0 = 0;
+    for (int i = 0; i < 16; i += 3) pooled0 += w.ss[i].pooled;
+    CHECK_MSG(served == 4 && pooled0 == 8, "group 0: %d of 6 STEPs served, %llu pool pages (share 8)", served,
+              (unsigned long long)pooled0);
+    for (int i = 1; i < 8; i += 3) { /* group 1: the same, left idle */
+        arrive(&w, i, DJ_REQ_STEP, 2, 16, 0);
+        settle(&w);
+        CHECK_MSG(!w.rr[w.n_req - 1].alive, "group 1's STEP on session %d waits (group 0 holds %llu pool pages)", i,
+                  (unsigned long long)pooled0);
+        w.now += 10;
+    }
+    CHECK(w.ss[1].pooled == 4 && w.ss[4].held == 4 && w.ss[7].held == 4);
+    /* group 0's waiting requests are still there: its own share holds them */
+    CHECK(w.rr[4].alive && w.rr[5].alive);
+    dj_sched_stats st;
+    dj_sched_get_stats(w.s, w.now, &st);
+    CHECK(st.pool_used == 12 && st.waiting[2] == 2);
+    world_end(&w);
+}
+
 /* Batch-class overload serves newest first, but not past the age limit. */
 static void lifo_with_age(void) {
     world w;
@@ -636,6 +713,7 @@ int main(void) {
     lifo_with_age();
     exchange();
     continuing_first();
+    pool_share();
     for (int pol = 0; pol < 3; pol++)
         for (int t = 0; t < TRACES; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
     dj_sched_config bad = {.max_running = 0, .max_rows = 1, .pages_total = 1};

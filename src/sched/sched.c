@@ -230,6 +230,14 @@ static uint64_t used_pages(const dj_sched_t *s, uint64_t conn, bool by_conn) {
     return u;
 }
 
+/* Pool pages a group's sessions hold (swapping, swapped or restoring). */
+static uint64_t pooled_pages(const dj_sched_t *s, uint64_t conn) {
+    uint64_t u = 0;
+    for (const ssess *x = s->all; x; x = x->next)
+        if (x->conn == conn) u += x->pooled;
+    return u;
+}
+
 static void set_reserve(dj_sched_t *s, ssess *x) {
     uint32_t r = 0;
     list *ls[2] = {&s->admitted, &s->gens};
@@ -476,6 +484,10 @@ static ssess *pick_victim(const dj_sched_t *s, uint64_t now, const ssess *self, 
         const int rank = victim_rank(s, x, self, now);
         if (!rank || (before && (rank != 2 || next_use(x) <= before))) continue;
         if (s->cfg.policy == DJ_SWAP_SEMANTIC && s->pool_used + x->held > s->cfg.pool_pages) continue;
+        /* a group at its share of the pool sends no more there: it waits on itself, not on others */
+        if (s->cfg.policy == DJ_SWAP_SEMANTIC && s->cfg.pool_quota_pages &&
+            pooled_pages(s, x->conn) + x->held > s->cfg.pool_quota_pages)
+            continue;
         bool better = !best || rank > best_rank;
         if (!better && rank == best_rank) {
             if (rank == 2 && next_use(x) != next_use(best)) better = next_use(x) > next_use(best);
@@ -613,10 +625,11 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 continue;
             }
             if (!fit) {
-                mem_blocked = mem_stop = true;
+                const bool quota = s->cfg.quota_pages && used_pages(s, x->conn, true) + extra > s->cfg.quota_pages;
+                /* one that waits only for its own group's quota holds back no other group's requests */
+                if (!quota || used_pages(s, 0, false) + extra > s->cfg.pages_total) mem_blocked = mem_stop = true;
                 /* make room: paused/idle sessions out, least recently used first */
                 if (s->cfg.policy == DJ_SWAP_REACTIVE) continue;
-                const bool quota = s->cfg.quota_pages && used_pages(s, x->conn, true) + extra > s->cfg.quota_pages;
                 /* enough already on its way out: wait for those copies */
                 if (quota ? used_pages(s, x->conn, true) - outgoing_pages(s, x->conn, true) + extra <= s->cfg.quota_pages
                           : used_pages(s, 0, false) - outgoing_pages(s, 0, false) + extra <= s->cfg.pages_total)

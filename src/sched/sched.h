@@ -16,7 +16,11 @@
  * never runs out of pages. When one does not fit, paused and idle sessions
  * are swapped out (least recently stepped first) while the pool has room;
  * else the request waits in its queue. Only a request larger than the whole
- * data segment is refused. */
+ * data segment is refused.
+ *
+ * Groups (a session's `conn`: djinnd's token) have quotas: quota_pages of
+ * the data segment and pool_quota_pages of the pool. A request that waits
+ * only for its own group's quota holds back no other group's requests. */
 #ifndef DJINN_SCHED_H
 #define DJINN_SCHED_H
 
@@ -48,6 +52,9 @@ typedef struct dj_sched_config {
     uint64_t quota_pages;  /* pages one connection's sessions may hold or reserve (0: none) */
     double page_in_ms;     /* estimated ms to bring one page back (prefetch lead); updated by dj_sched_rate */
     dj_swap_policy policy;
+    uint64_t pool_quota_pages; /* host swap pool pages one connection group's (token's) sessions may hold
+                                * (0: none): past it its sessions are not swapped out, so its own work
+                                * waits (or its KV is dropped, recompute) and other groups keep the rest */
 } dj_sched_config;
 
 typedef struct dj_sched dj_sched_t;

@@ -718,6 +718,7 @@ static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c) {
 }
 
 static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
+    if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
     dj_client_t *cl = NULL;
     dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
     dj_client_stats s;
@@ -796,6 +797,7 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
             return reply_error(q, c, 400, "count=%.40s: want a number of events from 1 to %u", cs, EVENTS_MAX_COUNT);
         count = v;
     }
+    if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
     hevents *e = dj_calloc(1, sizeof *e);
     if (!e) return reply_error(q, c, 503, "out of memory");
     e->h = q->h;
@@ -884,7 +886,9 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 /* The deadlines: every POLL_MS, connections past theirs are shut down. */
 static void *watchdog_main(void *arg) {
     dj__http *h = arg;
+    uint64_t swept_ms = dj__now_ms();
     while (!__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE)) {
+        if (dj__now_ms() - swept_ms >= DJ__HTTP_SWEEP_MS) dj__http_sweep(h, swept_ms = dj__now_ms()); /* issue 43 */
         struct timespec ts = {0, POLL_MS * 1000000L};
         nanosleep(&ts, NULL);
         const double now = dj__now();
@@ -1223,4 +1227,14 @@ void dj__http_stop(dj__http *h) {
     pthread_mutex_destroy(&h->mu);
     pthread_mutex_destroy(&h->cmu);
     free(h);
+}
+
+/* ---- the door's own records, swept (issue 43) ---- */
+
+size_t dj__http_sweep(dj__http *h, uint64_t now_ms) {
+    pthread_mutex_lock(&h->mu);
+    if (now_ms) dj__peers_sweep(&h->peers, now_ms);
+    const size_t n = h->peers.n;
+    pthread_mutex_unlock(&h->mu);
+    return n;
 }

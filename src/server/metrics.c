@@ -129,6 +129,14 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     dj__metrics *m = cls;
     struct MHD_Response *r;
     unsigned code = MHD_HTTP_OK;
+    if (!m->n_auth && !m->local_admin) {
+        static const char fb[] = "forbidden: " DJ__ADMIN_NEEDED "\n";
+        r = MHD_create_response_from_buffer(sizeof fb - 1, (void *)fb, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_FORBIDDEN, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (m->n_auth && !bearer_ok(m, conn)) {
         static const char na[] = "unauthorized: send 'Authorization: Bearer TOKEN' (an admin token of --token-file)\n";
         r = MHD_create_response_from_buffer(sizeof na - 1, (void *)na, MHD_RESPMEM_PERSISTENT);

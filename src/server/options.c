@@ -27,19 +27,20 @@ static int usage(FILE *f) {
           "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
           "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
-          "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
+          "              [--idle-ms MS] [--quota-gb G] [--swap-quota-gb G] [--max-wait-ms MS]\n"
           "              [--weights-gb G] [--weight-quota-gb G]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
-          "              [--http-allowed-hosts HOST,...]\n"
+          "              [--http-allowed-hosts HOST,...] [--local-admin]\n"
           "Defaults: --listen 127.0.0.1:7070, --models ., --device cpu, --lease-ms 10000,\n"
           "--vmu-gb auto (the device's free memory less max(1 GiB, 5%); the CPU: half the available RAM),\n"
           "--swap-gb auto (host swap pool for paused and idle sessions' KV, pinned on a GPU: half the\n"
           "available RAM with a GPU, a quarter without), --data-gb: the data segment (KV) of the VMU\n"
           "(default 30% of it), --swap-policy semantic, --idle-ms 1000 (a session with no request for this\n"
           "long may be swapped out), --quota-gb: KV one token's sessions may hold, all its connections together\n"
-          "(one connection's without --token-file; default none),\n"
+          "(one connection's without --token-file; default none), --swap-quota-gb: the swap pool one token's\n"
+          "sessions may hold (default: as --quota-gb; 0: none) - past it its own work waits, not others',\n"
           "--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
           "oldest first), --weight-quota-gb (bytes one token's weight uploads may hold; default: all of it),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
@@ -101,8 +102,10 @@ static int usage(FILE *f) {
           "  --http-allowed-hosts H,... Host header names accepted besides localhost, IP literals and --http's\n"
           "                             host (checked without --token-file, or whenever given)\n"
           "POST bodies must be Content-Type: application/json (else 415).\n"
-          "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class and\n"
-          "the admin role. The token file holds one token per line: TOKEN [qos=CLASS,...] [admin] [shared]\n"
+          "Without --token-file only loopback (and unix socket) peers are accepted, with every QoS class; none\n"
+          "has the admin role (every session in STATS, another connection's MODEL_UNLOAD, /v1/djinn/stats\n"
+          "and /v1/djinn/events, /metrics: 403) unless --local-admin is given (a single-user machine).\n"
+          "The token file holds one token per line: TOKEN [qos=CLASS,...] [admin] [shared]\n"
           "[name=NAME] (NAME: what logs show for it, never the token; default lineN)\n"
           "(printable ASCII, at most 256 bytes; classes default to interactive,batch; '#' starts a comment).\n"
           "Each token has a prefix cache of its own; tokens marked 'shared' share one.\n"
@@ -185,20 +188,25 @@ static const size_opt sizes[] = {
     {"--swap-gb", offsetof(dj__config, swap_bytes)},
     {"--data-gb", offsetof(dj__config, data_bytes)},
     {"--quota-gb", offsetof(dj__config, quota_bytes)},
+    {"--swap-quota-gb", offsetof(dj__config, swap_quota_bytes)},
     {"--weights-gb", offsetof(dj__config, weights_bytes)},
     {"--weight-quota-gb", offsetof(dj__config, weight_quota_bytes)},
 };
 
+/* Options that are flags: no value on the command line. */
+static bool is_flag(const char *a) { return !strcmp(a, "--allow-empty") || !strcmp(a, "--local-admin"); }
+
 /* One option: a ("--name") set to v on cfg. Returns 0, 1 for an unknown
  * option or 2 for a bad value, with the reason in err[cap]. */
 static int set_option(dj__config *cfg, const char *a, const char *v, char *err, size_t cap) {
-    if (!strcmp(a, "--allow-empty")) { /* the one flag without a value on the command line */
+    if (is_flag(a)) { /* flags take no value on the command line; on/off in a config file */
+        bool *dst = !strcmp(a, "--allow-empty") ? &cfg->allow_empty : &cfg->local_admin;
         if (!v || !strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "yes"))
-            cfg->allow_empty = true;
+            *dst = true;
         else if (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "no"))
-            cfg->allow_empty = false;
+            *dst = false;
         else
-            return snprintf(err, cap, "--allow-empty '%s': want on or off", v), 2;
+            return snprintf(err, cap, "%s '%s': want on or off", a, v), 2;
         return 0;
     }
     if (!v) return snprintf(err, cap, "unknown option or missing value: '%s'", a), 1;
@@ -216,7 +224,8 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         } else if (dj_vmu_parse_size(v, dst) != DJ_OK) {
             snprintf(err, cap, "%s '%s': %s", a, v, dj_last_error());
             return 2;
-        } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes)) {
+        } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes) &&
+                   so->off != offsetof(dj__config, swap_quota_bytes)) {
             snprintf(err, cap, "%s '%s': must be more than 0", a, v);
             return 2;
         }
@@ -337,6 +346,7 @@ static void set_defaults(dj__config *cfg) {
     cfg->models = ".";
     cfg->vmu_bytes = 0;              /* auto */
     cfg->swap_bytes = DJ__SIZE_AUTO;
+    cfg->swap_quota_bytes = DJ__SIZE_AUTO;
     cfg->idle_ms = 1000;
     cfg->max_wait_ms = 10000;
     cfg->lease_ms = 10000;
@@ -427,7 +437,7 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             i++;
             continue;
         }
-        if (!strcmp(a, "--allow-empty")) v = NULL; /* a flag: no value follows */
+        if (is_flag(a)) v = NULL; /* a flag: no value follows */
         else i++;
         const int r = set_option(cfg, a, v, err, sizeof err);
         if (r) {
@@ -435,6 +445,12 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             dj__config_free(cfg);
             return r == 1 ? usage(stderr) : 2;
         }
+    }
+    if (cfg->local_admin && cfg->token_file) {
+        fprintf(stderr, "djinnd: --local-admin with --token-file: the token file says who is admin (mark a token "
+                        "'admin'); drop one of them\n");
+        dj__config_free(cfg);
+        return 2;
     }
     return 0;
 }

@@ -461,7 +461,7 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         memcpy(c->cache_salt, t->cache_salt, sizeof c->cache_salt);
     } else {
         c->tenant = DJ__TENANT_CONN(c->id);
-        c->admin = true; /* loopback or unix-socket peers only (on_connection) */
+        c->admin = s->cfg.local_admin; /* loopback or unix-socket peers only (on_connection) */
         c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
     }
     c->hello = true;
@@ -528,6 +528,7 @@ static dj_status do_attach(dj__conn *c, const dj__meta *m, dj__mw *w) {
         return dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
                        s->cfg.max_sessions);
     ss->conn = c->id;
+    ss->tenant = c->tenant; /* without --token-file each connection is its own tenant (with one: the same) */
     ss->orphan = false;
     ss->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     DJ_LOG(INFO, "session=%016llx attached to conn=%llu", (unsigned long long)sid, (unsigned long long)c->id);
@@ -1495,7 +1496,8 @@ static dj_status listen_on(dj__server *s) {
                            .timeout_s = s->cfg.http_timeout_s, .reuse = s->cfg.http_reuse,
                            .header_s = s->cfg.http_header_s, .body_s = s->cfg.http_body_s,
                            .per_addr = s->cfg.http_per_addr, .unauth = s->cfg.http_unauth,
-                           .per_token = s->cfg.http_per_token, .hosts = s->cfg.http_hosts};
+                           .per_token = s->cfg.http_per_token, .hosts = s->cfg.http_hosts,
+                           .local_admin = s->cfg.local_admin};
         snprintf(hc.daemon, sizeof hc.daemon, "%s", daemon_addr);
         if ((st = dj__http_start(&hc, &s->http)) != DJ_OK) return st;
         http_port = dj__http_port(s->http);
@@ -1552,6 +1554,7 @@ int dj__serve_main(int argc, char **argv) {
         s->metrics.auth = s->tokens;
         s->metrics.n_auth = s->n_tokens;
     }
+    s->metrics.local_admin = s->cfg.local_admin;
     if ((st = fit_fd_limit(&s->cfg)) != DJ_OK) goto fail;
     if ((st = dj__capture_open(s->cfg.weights_bytes, s->cfg.weight_quota_bytes, s->cfg.threads, &s->capture)) != DJ_OK)
         goto fail;

@@ -49,6 +49,11 @@ typedef struct dj__token {
     uint64_t tenant;        /* its quotas' key, kept by a SIGHUP reload for the same secret (reload.c) */
     char name[64];          /* `name=NAME`, or "line<N>": what logs show, never the secret */
 } dj__token;
+/* What a request that needs the admin role (the daemon-wide view, another
+ * connection's pin) is told when nobody has it: no --token-file, no --local-admin. */
+#define DJ__ADMIN_NEEDED                                                                                        \
+    "the daemon-wide view needs the admin role: start djinnd with --token-file and use a token marked "       \
+    "'admin' (or with --local-admin, which makes every local client admin when there is no token file)"
 
 /* guard.c: the token file, refused with a clear message when empty, holding
  * a NUL or a non-printable byte, or a token over DJ__TOKEN_MAX bytes. */
@@ -114,6 +119,7 @@ typedef struct dj__metrics {
     void *mhd;                     /* struct MHD_Daemon * */
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
     size_t n_auth;
+    bool local_admin;              /* --local-admin: without a token file, /metrics answers anyone it serves */
 } dj__metrics;
 extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
 void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);
@@ -298,6 +304,8 @@ typedef struct dj__config {
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
     size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
+    size_t swap_quota_bytes;   /* swap pool bytes per token; DJ__SIZE_AUTO: quota_bytes; 0: none */
+    bool local_admin;          /* --local-admin: without --token-file every (loopback) peer has the admin role */
     size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;

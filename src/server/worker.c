@@ -1343,7 +1343,8 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__mw *w, bool load) 
         return DJ_OK;
     }
     if (!e || !e->pinned || (e->pin_conn != j->conn && !j->admin))
-        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection", name);
+        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection%s", name,
+                       e && e->pinned && !s->have_token ? " (another's pin: " DJ__ADMIN_NEEDED ")" : "");
     e->pinned = false;
     dj_model_release(s->engine, e->m); /* stays cached in the text segment until space is needed */
     dj__mw_u64(w, "sessions", e->users);
@@ -1745,6 +1746,8 @@ static dj_status sched_open(dj__server *s) {
         .idle_ms = s->cfg.idle_ms,
         .lifo_age_ms = s->cfg.max_wait_ms,
         .quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0,
+        .pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
+                             page - 1) / page,
         /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
         .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
         .policy = s->cfg.swap_policy,
