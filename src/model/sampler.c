@@ -2,6 +2,7 @@
  * penalties and a seeded generator, so that a seed reproduces a generation. */
 #include "djinn/sampler.h"
 #include "djinn/alloc.h"
+#include "djinn/sample_schema.h"
 
 #include <stdlib.h>
 
@@ -51,11 +52,7 @@ dj_status dj_sampler_params_check(const dj_sampler_params *p) {
     const dj_pick_rule r = rule_of(p);
     const dj_status st = dj_pick_rule_check(&r);
     if (st != DJ_OK) return st;
-    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return dj_fail(DJ_EINVAL, "frequency penalty must be in [-2, 2] (got %g)", (double)p->frequency_penalty);
-    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return dj_fail(DJ_EINVAL, "presence penalty must be in [-2, 2] (got %g)", (double)p->presence_penalty);
-    return DJ_OK;
+    return dj_sample_schema_check(p); /* every field's bounds, from the one table */
 }
 
 static bool rep_on(float rep) { return rep != 0.0f && rep != 1.0f; }
