@@ -1,6 +1,8 @@
 """_wire.py: the djinnd frame format (docs/protocol.md) - the 32-byte header,
 message type codes and the msgpack metadata codec. No sockets here."""
 
+import math
+import numbers
 import struct
 
 import msgpack
@@ -75,6 +77,29 @@ SAMPLING = {
 # --- end of the generated block ---
 
 FINAL = (REPLY, DONE, ERROR)  # each request gets exactly one of these
+
+
+def sampling_value(name, v):
+    """v as GENERATE's sampling field `name` (a key of SAMPLING) sends it,
+    checked against the C table's bounds: TypeError for a value of the wrong
+    type, ValueError naming the field and its range, as djinnd words it."""
+    kind, lo, lo_open, hi, _default, _what = SAMPLING[name]
+    integer = kind != "f32"
+    if isinstance(v, bool) or type(v).__name__ == "bool_" or \
+            not isinstance(v, numbers.Integral if integer else numbers.Real):
+        raise TypeError("%s must be %s, not %r" % (name, "an int" if integer else "a number", v))
+    if integer:
+        v = int(v)
+        if not 0 <= v < 1 << 64:
+            raise ValueError("%s %d is out of range: must be an integer in [0, 2^64)" % (name, v))
+        return v
+    v = float(v)
+    if not (v > lo if lo_open else v >= lo) or not v <= hi or not math.isfinite(v):
+        if math.isinf(hi):
+            raise ValueError("%s %r is out of range: must be a finite number %s %g"
+                             % (name, v, ">" if lo_open else ">=", lo))
+        raise ValueError("%s %r is out of range: must be in %s%g, %g]" % (name, v, "(" if lo_open else "[", lo, hi))
+    return v
 
 
 def encode_header(msg_type, request_id, meta_len, payload_len):
