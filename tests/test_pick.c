@@ -100,10 +100,21 @@ static void check_scratch(void) {
     dj_pick_scratch_free(&s); /* twice is fine */
 }
 
+/* A rule of today's fields fits a dj_sample_row (the engine then may pick
+ * it through the backend's sample hook). */
+static void check_carries(void) {
+    const dj_sampler_params p = {.temperature = 0.7f, .top_k = 3, .top_p = 0.9f, .seed = 5, .min_p = 0.1f,
+                                 .repetition_penalty = 1.1f, .frequency_penalty = 0.5f, .presence_penalty = -0.5f};
+    CHECK(dj_sample_row_carries(&p));
+    const dj_sampler_params greedy = {.top_p = 1.0f};
+    CHECK(dj_sample_row_carries(&greedy));
+}
+
 int main(void) {
     dj_test_seeds();
     check_hook_matches_sampler();
     check_rule_errors();
     check_scratch();
+    check_carries();
     return dj_test_finish("test_pick");
 }
