@@ -65,6 +65,12 @@ static void test_fields(const char *addr) {
         CHECK_MSG(st == DJ_EINVAL && strstr(err, f->name) && strstr(err, "out of range"),
                   "%s = %g: status %d, '%s' (want DJ_EINVAL naming the field)", f->name, out, (int)st, err);
     }
+    /* top_a by name (issue 42: the field added to prove the schema) */
+    dj_sampler_params a = {.temperature = 0.8f, .top_p = 1.0f, .seed = 3, .top_a = 0.3f};
+    CHECK_MSG(generate(c, &a, &n, err, sizeof err) == DJ_OK && n == 4, "top_a 0.3 refused: %s", err);
+    a.top_a = 1.5f;
+    CHECK_ST(generate(c, &a, &n, err, sizeof err), DJ_EINVAL);
+    CHECK_MSG(strstr(err, "top_a 1.5 is out of range: must be in [0, 1]") != NULL, "top_a 1.5: '%s'", err);
     CHECK_OK(dj_client_heartbeat(c)); /* the refusals left the connection serving */
     dj_client_free(c);
 }

@@ -41,7 +41,8 @@ typedef enum dj_sample_type { DJ_SAMPLE_F32, DJ_SAMPLE_U32, DJ_SAMPLE_U64 } dj_s
     X(repetition_penalty, DJ_SAMPLE_F32, 0, false, 100, 0,                                                          \
       "0 or 1 = off; over prompt and generated ids, positive logits divided by it, negative multiplied")            \
     X(frequency_penalty, DJ_SAMPLE_F32, -2, false, 2, 0, "0 = off; logit -= count x it, over the generated ids")    \
-    X(presence_penalty, DJ_SAMPLE_F32, -2, false, 2, 0, "0 = off; logit -= it for each id generated at least once")
+    X(presence_penalty, DJ_SAMPLE_F32, -2, false, 2, 0, "0 = off; logit -= it for each id generated at least once") \
+    X(top_a, DJ_SAMPLE_F32, 0, false, 1, 0, "0 = off; keep ids whose probability >= top_a x (the largest one)^2")
 
 /* One row of the table. */
 typedef struct dj_sample_field {

@@ -73,6 +73,8 @@ SAMPLING = {
         "0 = off; logit -= count x it, over the generated ids"),
     "presence_penalty": ("f32", -2.0, False, 2.0, 0.0,
         "0 = off; logit -= it for each id generated at least once"),
+    "top_a": ("f32", 0.0, False, 1.0, 0.0,
+        "0 = off; keep ids whose probability >= top_a x (the largest one)^2"),
 }
 # --- end of the generated block ---
 
