@@ -126,7 +126,8 @@ class Model:
         stream=True: an iterator of Token(id, text, index) (close it early and
         the generation stops); stream=False: a Generation with .text, .ids.
         temperature 0 is greedy; seed None draws a fresh one. Other sampling
-        options: min_p, repetition_penalty, frequency_penalty, presence_penalty."""
+        options: every other field of GENERATE's sampling table (_wire.SAMPLING,
+        docs/protocol.md): min_p, repetition_penalty, frequency_penalty, ..."""
         req = _generate_meta(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
                              ignore_eos, sampling)
         sess = self.session(qos=qos)
@@ -162,23 +163,21 @@ def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, see
     else:
         meta["ids"] = _ids_list(prompt, model.vocab_size, "prompt")
     meta["max_tokens"] = _number("max_new_tokens", max_new_tokens, 0, integer=True)
-    meta["temperature"] = _number("temperature", temperature, 0.0)
-    meta["top_p"] = _number("top_p", top_p, 0.0, 1.0, lo_open=True)
-    meta["top_k"] = _number("top_k", top_k, 0, integer=True)
     if seed is None:
         seed = random.SystemRandom().getrandbits(63)
-    meta["seed"] = _number("seed", seed, 0, _U64, integer=True)
+    for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed)):
+        meta[k] = _wire.sampling_value(k, v)
     if stop_ids is not None:
         meta["stop_ids"] = _ids_list(stop_ids, model.vocab_size, "stop_ids")
     if not isinstance(ignore_eos, (bool, np.bool_)):
         raise TypeError("ignore_eos must be a bool, not %r" % (ignore_eos,))
     if ignore_eos:
         meta["ignore_eos"] = True
-    for k, v in sampling.items():
-        if k not in ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+    for k, v in sampling.items():  # the other sampling fields, by the C table (docs/protocol.md)
+        if k not in _wire.SAMPLING or k in meta:
             raise TypeError("generate() got an unexpected keyword argument %r" % k)
         if v is not None:
-            meta[k] = _number(k, v, None if k.endswith("_penalty") and k != "repetition_penalty" else 0.0)
+            meta[k] = _wire.sampling_value(k, v)
     return meta
 
 

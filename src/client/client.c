@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "proto/proto_impl.h"
+#include "proto/sample_wire.h"
 
 typedef struct frame {
     struct frame *next;
@@ -601,16 +602,9 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     if (p->prompt) dj__mw_str(&w, "prompt", p->prompt);
     else dj__mw_ids(&w, "ids", p->ids, p->n_ids);
     dj__mw_u64(&w, "max_tokens", p->max_tokens);
-    dj__mw_f64(&w, "temperature", p->sampling.temperature);
-    dj__mw_u64(&w, "top_k", p->sampling.top_k);
-    dj__mw_f64(&w, "top_p", p->sampling.top_p > 0 ? p->sampling.top_p : 1.0);
-    dj__mw_u64(&w, "seed", p->sampling.seed);
+    dj__sample_encode(&w, &p->sampling);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
     if (p->cache_salt) dj__mw_str(&w, "cache_salt", p->cache_salt);
-    if (p->sampling.min_p != 0.0f) dj__mw_f64(&w, "min_p", p->sampling.min_p);
-    if (p->sampling.repetition_penalty != 0.0f) dj__mw_f64(&w, "repetition_penalty", p->sampling.repetition_penalty);
-    if (p->sampling.frequency_penalty != 0.0f) dj__mw_f64(&w, "frequency_penalty", p->sampling.frequency_penalty);
-    if (p->sampling.presence_penalty != 0.0f) dj__mw_f64(&w, "presence_penalty", p->sampling.presence_penalty);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
     if (p->logprobs) dj__mw_bool(&w, "logprobs", true);
     if (p->top_logprobs) dj__mw_u64(&w, "top_logprobs", p->top_logprobs);

@@ -17,6 +17,7 @@
 #include "djinn/version.h"
 #include "server/access.h"
 #include "server/server_impl.h"
+#include "proto/sample_wire.h"
 
 #define DEFAULT_MAX_TOKENS 64
 
@@ -932,18 +933,10 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     dj__gen *g = j->gen;
     int32_t *feed = NULL, *stop = NULL;
     size_t n_feed = 0, n_stop = 0;
-    double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
-    uint64_t top_k = 0, seed = 0;
+    dj_sampler_params sampling;
     bool ignore_eos = false, logprobs = false;
     uint32_t top_logprobs = 0;
-    dj_status st = dj__meta_f64(m, "temperature", false, &temp);
-    if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
-    if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
-    if (st == DJ_OK) st = dj__meta_u64(m, "seed", false, &seed);
-    if (st == DJ_OK) st = dj__meta_f64(m, "min_p", false, &min_p);
-    if (st == DJ_OK) st = dj__meta_f64(m, "repetition_penalty", false, &rep);
-    if (st == DJ_OK) st = dj__meta_f64(m, "frequency_penalty", false, &freq);
-    if (st == DJ_OK) st = dj__meta_f64(m, "presence_penalty", false, &pres);
+    dj_status st = dj__sample_decode(m, &sampling);
     if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &ignore_eos);
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &stop, &n_stop);
     if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &logprobs);
@@ -954,13 +947,6 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                      DJ_MAX_TOP_LOGPROBS);
         goto done;
     }
-    if (!(min_p >= 0 && min_p <= 1) || !(rep >= 0 && rep <= 100) || !(freq >= -2 && freq <= 2) ||
-        !(pres >= -2 && pres <= 2)) {
-        st = dj_fail(DJ_EINVAL, "min_p %g must be in [0, 1], repetition_penalty %g in [0, 100], frequency_penalty %g "
-                     "and presence_penalty %g in [-2, 2]", min_p, rep, freq, pres);
-        goto done;
-    }
-    if (top_k > UINT32_MAX) top_k = UINT32_MAX;
     if (ss->paused) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
@@ -982,10 +968,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                      n_feed, ctx - pos0, ctx);
         goto done;
     }
-    const dj_gen_params gp = {.sampling = {.temperature = (float)temp, .top_k = (uint32_t)top_k,
-                                           .top_p = (float)top_p, .seed = seed, .min_p = (float)min_p,
-                                           .repetition_penalty = (float)rep, .frequency_penalty = (float)freq,
-                                           .presence_penalty = (float)pres},
+    const dj_gen_params gp = {.sampling = sampling,
                               .max_tokens = g->max_tokens,
                               .stop_ids = stop,
                               .n_stop = n_stop,
