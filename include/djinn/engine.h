@@ -286,6 +286,26 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s);
  * without a pool. */
 void dj_engine_swap_poll(dj_engine_t *e);
 
+/* The disk tier (kv.h says what it is): a page file of `bytes` (rounded
+ * down to whole pages) in the directory `dir`, written and read by `threads`
+ * I/O threads (0: 4). The file is kv-pages.djinn; made (and its space
+ * reserved) if absent, taken over if it is a page file of this version and
+ * page size that no other process holds (flock). Clear errors, nothing
+ * written: DJ_ENOTFOUND `dir` missing or not a directory, DJ_EIO not
+ * writable or the file not reservable (a full disk says how much is free),
+ * DJ_EFORMAT the file is not a Djinn page file or of another version or page
+ * size, DJ_EBUSY another daemon holds it or sessions are on disk now. 0 bytes
+ * closes the tier (only while no session is on disk). */
+dj_status dj_engine_disk_init(dj_engine_t *e, const char *dir, size_t bytes, uint32_t threads);
+void dj_engine_disk_stats(const dj_engine_t *e, dj_disk_stats *st /* OUT */);
+
+/* Moves a SWAPPED session's pool copy to the disk tier (blocking: the I/O
+ * threads write it and the calling thread waits), then frees its pool
+ * slots. A session already on disk: DJ_OK. Not SWAPPED (or still in
+ * flight): DJ_EBUSY. No tier or too few free disk slots: DJ_ENOSPC; a write
+ * that fails: DJ_EIO. Nothing changes on failure (it stays in the pool). */
+dj_status dj_session_swap_spill(dj_engine_t *e, dj_session_t *s);
+
 /* The largest number of tokens one step takes (dj_engine_config.max_step_tokens). */
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);
 
