@@ -7,6 +7,7 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
             src/server/http_openai.c src/server/http_view.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
+target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)
 target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD
                       Threads::Threads)
 

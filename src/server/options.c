@@ -22,7 +22,7 @@ static int usage(FILE *f) {
           "              [--max-prompt-bytes BYTES] [--max-prompt-inflight BYTES]\n"
           "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
-          "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS]\n"
+          "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS] [--state-dir DIR --disk-swap-gb G]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
@@ -34,6 +34,10 @@ static int usage(FILE *f) {
           "(default 30% of it), --swap-policy semantic, --idle-ms 1000 (a session with no request for this\n"
           "long may be swapped out), --quota-gb: KV one token's sessions may hold, all its connections together\n"
           "(one connection's without --token-file; default none),\n"
+          "--state-dir DIR --disk-swap-gb G: a disk tier of G GiB below the swap pool, the page file\n"
+          "DIR/kv-pages.djinn (made and reserved at start; DIR must exist): when the pool is full the swapped\n"
+          "sessions wanted furthest ahead go on to disk, checksummed, and are read back before they resume\n"
+          "(semantic policy only; docs/swap.md),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
@@ -167,6 +171,7 @@ static const size_opt sizes[] = {
     {"--swap-gb", offsetof(dj__config, swap_bytes)},
     {"--data-gb", offsetof(dj__config, data_bytes)},
     {"--quota-gb", offsetof(dj__config, quota_bytes)},
+    {"--disk-swap-gb", offsetof(dj__config, disk_bytes)},
 };
 
 int dj__parse_args(int argc, char **argv, dj__config *cfg) {
@@ -245,6 +250,8 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             }
             if (co->is_int) *(int *)((char *)cfg + co->off) = (int)x;
             else *(uint32_t *)((char *)cfg + co->off) = (uint32_t)x;
+        } else if (!strcmp(a, "--state-dir")) {
+            cfg->state_dir = v;
         } else if (!strcmp(a, "--listen")) {
             cfg->listen = v;
         } else if (!strcmp(a, "--models")) {
@@ -326,6 +333,15 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             fprintf(stderr, "djinnd: unknown option '%s'\n", a);
             return usage(stderr);
         }
+    }
+    if (!!cfg->state_dir != !!cfg->disk_bytes) {
+        fprintf(stderr, "djinnd: --state-dir DIR and --disk-swap-gb G go together (the disk tier's place and size)\n");
+        return 2;
+    }
+    if (cfg->state_dir && cfg->swap_policy != DJ_SWAP_SEMANTIC) {
+        fprintf(stderr, "djinnd: the disk tier (--state-dir) takes sessions the swap pool cannot hold: it needs "
+                        "--swap-policy semantic, not %s\n", dj_swap_policy_name(cfg->swap_policy));
+        return 2;
     }
     return 0;
 }
