@@ -147,6 +147,9 @@ static void round_trip(bool bounce) {
     check_store(e, "freed on disk");
     dj_engine_disk_stats(e, &ds);
     CHECK(ds.sessions == 0 && ds.used == 0);
+    /* the pool cannot be swapped from under the tier */
+    CHECK_ST(dj_engine_swap_init(e, 90 * PAGE), DJ_EBUSY);
+    CHECK(strstr(dj_last_error(), "disk tier") != NULL);
     for (int i = 0; i < 3; i++) {
         dj_session_free(e, s[i]);
         dj_session_free(er, t[i]);

@@ -252,9 +252,9 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
 /* A host swap pool of pool_bytes (rounded down to whole data-segment pages):
  * pinned through the backend's host_alloc where it has one (CUDA:
  * cudaHostAlloc), else plain memory. 0 = no pool (swap_out then fails
- * DJ_ENOSPC). May be called again only while the pool holds nothing
- * (DJ_EBUSY otherwise); DJ_ENOMEM (nothing changed) if the memory cannot
- * be had. */
+ * DJ_ENOSPC). May be called again only while the pool holds nothing and no
+ * disk tier sits below it (DJ_EBUSY otherwise); DJ_ENOMEM (nothing changed)
+ * if the memory cannot be had. */
 dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes);
 void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st /* OUT */);
 
@@ -276,7 +276,9 @@ dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s);
  * its pages never left, so it is RESIDENT at once with no copy; the copies in
  * flight finish into pool slots that are released when poll sees them done
  * (counted in used until then). RESIDENT or RESTORING: DJ_OK, nothing to
- * do. */
+ * do. A session on the disk tier is read back here, blocking, every page
+ * checked: RESIDENT at once, or DJ_EIO (a page failed its checksum or could
+ * not be read; it stays on disk, its KV lost - kv.h). */
 dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s);
 
 /* Non-blocking: completes the transfers that have finished - frees the pages

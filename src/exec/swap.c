@@ -43,6 +43,7 @@ struct dj_swap_pool {
     uint64_t disk_serial;   /* spills so far (seeds their checksums) */
     uint8_t *bounce;        /* [dj__disk_bounce_pages * page_bytes], aligned: read-backs where device memory
                              * is not host memory; owned */
+    bool bounce_pinned;     /* from the backend's host_alloc (else posix_memalign) */
 };
 
 static double now_s(void) {
@@ -123,7 +124,8 @@ static void pool_destroy(dj_backend_t *be, dj_swap_pool *p) {
         else free(p->base);
     }
     free(p->bits);
-    free(p->bounce);
+    if (p->bounce_pinned) be->vt->host_free(be, p->bounce);
+    else free(p->bounce);
     free(p);
 }
 
@@ -133,7 +135,7 @@ dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
     if (*pp && ((*pp)->n_used || (*pp)->ops || (*pp)->holders || (*pp)->disk_holders))
         return dj_fail(DJ_EBUSY, "swap pool: %u of its slots are in use (%u sessions on disk); it can be replaced "
                        "only while empty", (*pp)->n_used, (*pp)->dst.sessions);
-    if (!pool_bytes && kv->disk)
+    if (*pp && kv->disk)
         return dj_fail(DJ_EBUSY, "swap pool: the disk tier sits below it; close the tier first");
     const size_t page = dj_vmu_page_bytes(kv->vmu);
     const size_t n = pool_bytes / page;
@@ -168,17 +170,12 @@ dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
     if (*pp) {
         dj_swap_stats keep = (*pp)->st; /* counters survive a resize */
         dj_disk_stats dkeep = (*pp)->dst;
-        uint8_t *bounce = (*pp)->bounce;
         const uint64_t serial = (*pp)->disk_serial;
-        (*pp)->bounce = NULL;
-        pool_destroy(be, *pp);
+        pool_destroy(be, *pp); /* its bounce buffer too: the disk tier makes one for the new pool */
         if (p) {
             p->st = keep;
             p->dst = dkeep;
-            p->bounce = bounce;
             p->disk_serial = serial;
-        } else {
-            free(bounce);
         }
     }
     *pp = p;
@@ -469,7 +466,17 @@ dj_status dj__swap_disk_init(dj__kv *kv, const char *dir, size_t bytes, uint32_t
     if (bytes) {
         dj_status st = dj__disk_open(dir, bytes, dj_vmu_page_bytes(kv->vmu), threads, &d);
         if (st != DJ_OK) return st;
-        if (!p->bounce && posix_memalign((void **)&p->bounce, 4096, dj__disk_bounce_pages(d) * p->page_bytes)) {
+        /* read-backs to a device whose memory is not host memory go through it: pinned where the backend can */
+        const size_t bb = dj__disk_bounce_pages(d) * p->page_bytes;
+        dj_backend_t *be = kv->be;
+        if (!p->bounce && !be->host_memory && be->vt->host_alloc && be->vt->host_free) {
+            void *b = NULL;
+            if (be->vt->host_alloc(be, bb, &b) == DJ_OK) {
+                p->bounce = b;
+                p->bounce_pinned = true;
+            }
+        }
+        if (!p->bounce && posix_memalign((void **)&p->bounce, 4096, bb)) {
             p->bounce = NULL;
             dj__disk_close(d);
             return dj_fail(DJ_ENOMEM, "disk tier: out of host memory for its bounce buffer");
