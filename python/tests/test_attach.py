@@ -41,7 +41,7 @@ def test_attach_from_another_process(daemon):
     assert pos == 5
     with djinn.connect(daemon.addr) as c:
         with pytest.raises(djinn.NotFoundError):
-            c.attach(sid, secret ^ 1)  # a wrong secret
+            c.attach(sid, secret ^ 1, wait_s=0)  # a wrong secret
         s = c.attach(sid, secret)
         assert (s.id, s.secret, s.pos, s.model.name) == (sid, secret, 5, "tinyllama")
         # the KV the other process fed is here: the rest of the prompt continues it
@@ -56,7 +56,7 @@ def test_attach_from_another_process(daemon):
         s.close()
     with djinn.connect(daemon.addr) as c:  # closed for good now
         with pytest.raises(djinn.NotFoundError):
-            c.attach(sid, secret)
+            c.attach(sid, secret, wait_s=0)
 
 
 def test_attach_bad_arguments(client):
@@ -96,3 +96,32 @@ def test_cli_generate_in_an_attached_session(daemon):
     out = subprocess.run([daemon.cli, "generate", "--server", daemon.addr, "--session", "12x", "--secret", "1",
                           "--tokens", "1"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--session" in out.stderr
+
+
+def test_cli_session_file(daemon, tmp_path):
+    """`djinn generate --session-file F` twice: the first opens a session and
+    writes F, the second continues it - the tokens of both generations in one
+    session."""
+    ids1, ids2 = [7, 8, 9, 10, 11], [12, 13]
+    with djinn.connect(daemon.addr) as c:
+        with c.model("demo").session() as s:
+            want1 = s.generate(ids1, max_new_tokens=5, ignore_eos=True, stream=False).ids
+            want2 = s.generate(ids2, max_new_tokens=5, ignore_eos=True, stream=False).ids
+    f = str(tmp_path / "sess")
+    got = []
+    for ids in (ids1, ids2):
+        out = subprocess.run([daemon.cli, "generate", "--server", daemon.addr, "--model", "demo", "--session-file", f,
+                              "--tokens", ",".join(map(str, ids)), "-n", "5", "--greedy", "--ignore-eos",
+                              "--print-tokens"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        got.append([int(x) for x in out.stdout.split()])
+    assert got == [want1, want2]
+    assert oct(os.stat(f).st_mode & 0o777) == "0o600"
+    sid, secret = (int(x) for x in open(f).read().split())
+    with djinn.connect(daemon.addr) as c:
+        c.attach(sid, secret).close()
+    with open(f, "w") as fh:
+        fh.write("garbage\n")
+    out = subprocess.run([daemon.cli, "generate", "--server", daemon.addr, "--session-file", f, "--tokens", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "ID SECRET" in out.stderr

@@ -48,6 +48,7 @@ static int usage(FILE *f) {
           "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
           "  djinn generate --server ADDR (--model NAME | --session ID --secret S) (--prompt TEXT | --tokens 1,2,3)\n"
           "            [--qos Q] [--keep: the session outlives the command; its id and secret are printed]\n"
+          "            [--session-file F: the session F names, else a new one written to F; kept]\n"
           "            [--stop-ids 1,2] [--token-file F] [run's flags but --model DIR, --device, --vmu-gb,\n"
           "            --threads, --step, --deterministic]\n"
           "  djinn stat --server ADDR\n"
