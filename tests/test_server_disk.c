@@ -18,7 +18,7 @@
 /* Under ASan (a Debug build, several times slower) fewer agents: the same
  * oversubscription of the segment and the pool. */
 #if defined(__SANITIZE_ADDRESS__)
-#define N_AGENTS 8
+#define N_AGENTS 6
 #else
 #define N_AGENTS 32
 #endif
