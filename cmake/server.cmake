@@ -8,6 +8,7 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)
+target_sources(djinn_server PRIVATE src/server/graph_serve.c) # captured modules: weights by content, GRAPH_RUN
 target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD
                       Threads::Threads)
 
@@ -26,6 +27,9 @@ function(dj__server_link_late)
       target_link_libraries(${t} PRIVATE djinn_proto)
     endif()
   endforeach()
+  if(TARGET fuzz_graph_msgs)
+    target_link_libraries(fuzz_graph_msgs PRIVATE djinn_server) # graph_serve.c's message decoders
+  endif()
   if(TARGET test_hostile)
     target_link_libraries(test_hostile PRIVATE djinn_server) # the error-text scrubber is checked directly
   endif()

@@ -35,6 +35,11 @@
     X(RESUME, 0x0e)               \
     X(MODEL_INFO, 0x0f)           \
     X(SESSION_ATTACH, 0x10)       \
+    X(WEIGHT_HAS, 0x11)           \
+    X(WEIGHT_UPLOAD, 0x12)        \
+    X(WEIGHT_CHALLENGE, 0x13)     \
+    X(WEIGHT_PROVE, 0x14)         \
+    X(GRAPH_RUN, 0x15)            \
     X(REPLY, 0x80)                \
     X(TOKEN, 0x81)                \
     X(DONE, 0x82)                 \
@@ -46,7 +51,7 @@ typedef enum {
 #undef DJ__MSG_ENUM
 } dj_msg_type;
 
-#define DJ_MSG_REQUEST_LAST DJ_MSG_SESSION_ATTACH /* requests are 1..DJ_MSG_REQUEST_LAST */
+#define DJ_MSG_REQUEST_LAST DJ_MSG_GRAPH_RUN /* requests are 1..DJ_MSG_REQUEST_LAST */
 
 /* QoS classes of a session, most urgent first. */
 typedef enum { DJ_QOS_REALTIME = 0, DJ_QOS_INTERACTIVE = 1, DJ_QOS_BATCH = 2, DJ_QOS_COUNT = 3 } dj_qos;

@@ -65,6 +65,10 @@ class Client:
         self._conn_mu = threading.Lock()  # one reconnect at a time
         self._connecting = False  # a reconnect is under way: requests wait for it (and its reattaches)
         self.fetched_bytes = 0  # tensor bytes FETCH brought here (RemoteTensor reads)
+        self.weight_bytes_uploaded = 0  # captured modules' weight bytes sent (WEIGHT_UPLOAD)
+        self.weights_uploaded = 0  # weights uploaded whole
+        self.weights_proven = 0  # weights the server held, proven by a challenge instead
+        self.graph_input_bytes = 0  # GRAPH_RUN inputs sent as bytes (not as handles)
         self._mu = threading.Lock()  # _pending, _next_id, _dead
         self._wmu = threading.Lock()  # one frame at a time on the socket
         self._pending = {}  # request id -> queue of (type, meta, payload)
@@ -416,6 +420,16 @@ class Client:
             raise ValueError("model name is empty")
         meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
         return Model(self, meta)
+
+    def remote(self, module, fallback=None):
+        """A proxy of the PyTorch module whose calls run on the server: each call records the
+        forward as ATen ops (djinn.capture), uploads only the weights the server lacks, runs the
+        graph there and returns the forward's own structure with RemoteTensor leaves (shape and
+        dtype here; .numpy()/.torch() fetch). A RemoteTensor passed to the next call stays on the
+        server. fallback="local": what the server cannot run (an unsupported op), a busy or
+        unreachable server, runs here instead, given 1.5x its memory (docs/capture.md)."""
+        from .remote import remote
+        return remote(self, module, fallback=fallback)
 
     def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None, reattach=False):
         """Opens a session on `model` (a name or a Model); see Model.session."""

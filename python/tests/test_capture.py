@@ -1,5 +1,5 @@
 """test_capture.py: djinn.capture - modules recorded as ATen graphs and run by the server's C
-executor (src/capture, through tests/graph_run_tool.c: the harness until djinnd runs graphs),
+executor alone (src/capture, through tests/graph_run_tool.c; test_remote.py runs them on djinnd),
 checked against PyTorch eager: MLPs, CNNs, a data-dependent branch, output structures,
 refusals."""
 

@@ -23,6 +23,7 @@ static int usage(FILE *f) {
           "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--max-wait-ms MS] [--state-dir DIR --disk-swap-gb G]\n"
+          "              [--weights-gb G] [--weight-quota-gb G]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
@@ -38,6 +39,8 @@ static int usage(FILE *f) {
           "DIR/kv-pages.djinn (made and reserved at start; DIR must exist): when the pool is full the swapped\n"
           "sessions wanted furthest ahead go on to disk, checksummed, and are read back before they resume\n"
           "(semantic policy only; docs/swap.md),\n"
+          "--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
+          "oldest first), --weight-quota-gb (bytes one token's weight uploads may hold; default: all of it),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
           "--deterministic off (on: a generation's tokens do not depend on what shares its steps; on a GPU\n"
@@ -172,6 +175,8 @@ static const size_opt sizes[] = {
     {"--data-gb", offsetof(dj__config, data_bytes)},
     {"--quota-gb", offsetof(dj__config, quota_bytes)},
     {"--disk-swap-gb", offsetof(dj__config, disk_bytes)},
+    {"--weights-gb", offsetof(dj__config, weights_bytes)},
+    {"--weight-quota-gb", offsetof(dj__config, weight_quota_bytes)},
 };
 
 int dj__parse_args(int argc, char **argv, dj__config *cfg) {

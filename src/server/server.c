@@ -20,6 +20,7 @@
 
 #include "server/http_impl.h"
 #include "djinn/intervene.h"
+#include "server/graph_serve.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
 
@@ -406,6 +407,7 @@ static void on_closed(uv_handle_t *h) {
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
+    dj__capture_conn_closed(s, c->id);
     s->n_conns--;
     if (c->pending) s->n_pending--;
     if (c->waiting) dj__peer_unwait(&s->peers, c->peer);
@@ -478,7 +480,8 @@ static dj_status do_hello(dj__conn *c, const dj__meta *m, dj__mw *w, bool *wrong
         if (c->qos_mask >> q & 1) dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
     dj__mw_u64(w, "max_sessions", s->cfg.max_sessions);
     dj__mw_u64(w, "max_handles", s->cfg.max_handles);
-    static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models"};
+    static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models",
+                                 "graph-run"}; /* graph-run: WEIGHT_* and GRAPH_RUN (graph_serve.c) */
     dj__mw_key(w, "capabilities");
     msgpack_pack_array(&w->pk, sizeof caps / sizeof *caps);
     for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) dj__pack_str(&w->pk, caps[i]);
@@ -717,6 +720,11 @@ static bool step_payload_ok(dj__conn *c) {
         send_error(c, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
         return false;
     }
+    if (h->type != DJ_MSG_STEP) { /* WEIGHT_UPLOAD, GRAPH_RUN (graph_serve.c) */
+        const dj_status cst = dj__capture_payload_check(h->type, c->body, h->meta_len, h->payload_len);
+        if (cst != DJ_OK) send_error(c, h->request_id, h->type, cst, true);
+        return cst == DJ_OK;
+    }
     dj__meta m;
     uint64_t sid = 0, n_points = 0, n_ids = 0;
     dj_status st = dj__meta_parse(&m, c->body, h->meta_len);
@@ -792,7 +800,7 @@ static void handle_frame(dj__conn *c) {
         send_error(c, h->request_id, h->type, DJ_EINVAL, true);
         return;
     }
-    if (h->payload_len && h->type != DJ_MSG_STEP) {
+    if (h->payload_len && h->type != DJ_MSG_STEP && !dj__capture_takes_payload(h->type)) {
         dj__meta_destroy(&m);
         free(body);
         dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(h->type),
@@ -803,6 +811,7 @@ static void handle_frame(dj__conn *c) {
     bool close_conn = false;
     uint64_t credit = 0;
     dj__mw w;
+    struct dj__graph_req *graph = NULL; /* GRAPH_RUN's typed request */
     if (h->type == DJ_MSG_HELLO && s->have_token && !c->hello && !c->door) {
         /* a peer that failed HELLOs has its next one checked only after a
          * pause since its last checked one; a few wait their turn, more are
@@ -878,6 +887,29 @@ static void handle_frame(dj__conn *c) {
         }
         return;
     }
+    case DJ_MSG_WEIGHT_HAS: /* graph_serve.c: the weight store has its own lock */
+    case DJ_MSG_WEIGHT_UPLOAD:
+    case DJ_MSG_WEIGHT_CHALLENGE:
+    case DJ_MSG_WEIGHT_PROVE:
+        dj__mw_init(&w);
+        st = dj__capture_inline(s->capture, c->id, c->tenant, h->type, &m, body + h->meta_len, h->payload_len, &w);
+        dj__meta_destroy(&m);
+        free(body);
+        if (st == DJ_OK) {
+            send_reply(c, h->type, h->request_id, &w);
+        } else {
+            dj__mw_destroy(&w);
+            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
+        }
+        return;
+    case DJ_MSG_GRAPH_RUN: /* typed here, run by the worker (graph_serve.c) */
+        if ((st = dj__graph_req_parse(&m, body + h->meta_len, h->payload_len, &graph)) != DJ_OK) {
+            dj__meta_destroy(&m);
+            free(body);
+            send_error(c, h->request_id, h->type, st, st == DJ_EFORMAT);
+            return;
+        }
+        break;
     case DJ_MSG_FETCH:
         st = do_fetch(c, h->request_id, &m, &close_conn);
         dj__meta_destroy(&m);
@@ -904,6 +936,8 @@ static void handle_frame(dj__conn *c) {
         break;
     }
     dj__job *j = dj_calloc(1, sizeof *j);
+    if (j) j->graph = graph;
+    else dj__graph_req_free(graph);
     if (!j) {
         dj__meta_destroy(&m);
         free(body);
@@ -957,7 +991,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             n -= k;
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
-            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP)
+            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && !dj__capture_takes_payload(c->h.type))
                 hs = dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(c->h.type),
                              (unsigned long long)c->h.payload_len);
             if (hs != DJ_OK) {
@@ -1506,6 +1540,8 @@ int dj__serve_main(int argc, char **argv) {
         s->metrics.n_auth = s->n_tokens;
     }
     if ((st = fit_fd_limit(&s->cfg)) != DJ_OK) goto fail;
+    if ((st = dj__capture_open(s->cfg.weights_bytes, s->cfg.weight_quota_bytes, s->cfg.threads, &s->capture)) != DJ_OK)
+        goto fail;
     dj__scrub_set_models(s->cfg.models);
     if (uv_loop_init(&s->loop) < 0) {
         st = dj_fail(DJ_EIO, "uv_loop_init failed");
@@ -1579,6 +1615,7 @@ done:
         for (dj__ment *e = s->peers.b[b]; e; e = e->next) free(e->val);
     dj__map_destroy(&s->peers);
     free(s->tokens);
+    dj__capture_close(s->capture);
     if (mu_ok) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);

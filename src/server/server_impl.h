@@ -176,7 +176,7 @@ typedef struct dj__sess {
 typedef struct dj__handle {
     uint64_t id, conn, sess;
     uint32_t ndim;
-    uint64_t shape[4];
+    uint64_t shape[8]; /* [ndim]: a captured graph's outputs have rank <= 8 (DJ_CGRAPH_MAX_RANK) */
     char dtype[8];
     uint8_t *bytes; /* [nbytes], immutable once published */
     uint64_t nbytes;
@@ -221,6 +221,7 @@ struct dj__job {
     uint64_t payload_len;
     double t_enqueue;
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
+    struct dj__graph_req *graph; /* a GRAPH_RUN as typed values (graph_serve.h), owned */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
                                * (dj__server.lost), its later frames are dropped */
     uint64_t prompt_credit;   /* prompt bytes counted in its connection's prompt_bytes (server.c),
@@ -294,6 +295,7 @@ typedef struct dj__config {
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
     size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
+    size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
@@ -412,6 +414,7 @@ typedef struct dj__server {
 
     dj__metrics metrics;
     struct dj__http *http; /* --http: the front end, a client of the listener above */
+    struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "server/graph_serve.h"
 #include "server/server_impl.h"
 #include "server/disk_tier.h"
 
@@ -138,6 +139,7 @@ void dj__job_free(dj__job *j) {
     dj__meta_destroy(&j->meta);
     free(j->body);
     gen_free(j->gen);
+    dj__graph_req_free(j->graph);
     free(j->credit_out);
     free(j);
 }
@@ -1267,6 +1269,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     dj__mw_u64(w, "handles", s->handles.n);
     dj__mw_u64(w, "connections", s->live_conns.n);
     pthread_mutex_unlock(&s->mu);
+    dj__capture_stats(s->capture, w);
     char *map = NULL;
     size_t map_len = 0;
     FILE *f = j->admin ? open_memstream(&map, &map_len) : NULL; /* the map names every session */
@@ -1367,6 +1370,7 @@ static void run_job(dj__server *s, dj__job *j) {
     case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &w); break;
     case DJ_MSG_SESSION_CLOSE: st = do_close(s, j, &foreign); break;
     case DJ_MSG_STEP: st = do_step(s, j, &w, &foreign); break;
+    case DJ_MSG_GRAPH_RUN: st = dj__graph_serve(s, j->graph, j->conn, &w); break;
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
     if (st == DJ_OK) {
