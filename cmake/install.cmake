@@ -5,7 +5,7 @@ include(GNUInstallDirs)
 
 # libdjinn as installed: one shared object and one archive, each holding the client, the wire and the
 # core (the build's own djinn_client is one archive of three; examples link that).
-add_library(djinn_lib_objects OBJECT ${DJ_CLIENT_SOURCES} src/proto/protocol.c ${DJ_CORE_SOURCES})
+add_library(djinn_lib_objects OBJECT ${DJ_CLIENT_SOURCES} ${DJ_PROTO_SOURCES} ${DJ_CORE_SOURCES})
 set_target_properties(djinn_lib_objects PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(djinn_lib_objects PRIVATE include ${CMAKE_BINARY_DIR}/include src)
 target_link_libraries(djinn_lib_objects PRIVATE PkgConfig::MSGPACK)

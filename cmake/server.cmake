@@ -7,6 +7,7 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
             src/server/http_openai.c src/server/http_view.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
+target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)
 target_sources(djinn_server PRIVATE src/server/graph_serve.c) # captured modules: weights by content, GRAPH_RUN
 target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the binary port is answered in HTTP
 # Type=notify readiness (sd_notify.c): libsystemd where found, else its datagram written by hand

@@ -191,6 +191,13 @@ typedef struct dj_client_stats {
         bool enabled;
         uint64_t blocks, blocks_unreferenced, pages, pages_unreferenced, hits, tokens_mapped, evictions;
     } prefix;
+    struct {                            /* the KV disk tier below the swap pool (STATS `disk`) */
+        bool enabled, direct;
+        uint64_t capacity, used, peak, sessions, spills, reads, bytes_written, bytes_read;
+        uint64_t bad_pages, failed_reads, recoveries; /* pages failing their checksum; read-backs refused;
+                                                       * sessions recomputed from their history after one */
+        double write_s, read_s;
+    } disk;
 } dj_client_stats;
 dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *st /* OUT */);
 void dj_client_stats_free(dj_client_stats *st);

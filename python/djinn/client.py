@@ -177,7 +177,7 @@ class Client:
         Calling it again does nothing."""
         if not self._closing and self._dead is None:
             for sess in list(self._sessions.values()):  # reattachable ones would wait out their lease
-                if not sess.closed and sess._secret is not None:
+                if not sess.closed and sess._secret is not None and not sess._keep:
                     try:
                         sess.close()
                     except errors.DjinnError:
@@ -434,11 +434,38 @@ class Client:
         from .remote import remote
         return remote(self, module, fallback=fallback, cache=cache)
 
-    def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None):
-        """Opens a session on `model` (a name or a Model)."""
+    def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None, reattach=False):
+        """Opens a session on `model` (a name or a Model); see Model.session."""
         from .model import Model
         m = model if isinstance(model, Model) else self.model(model)
-        return m.session(qos=qos, expected_tokens=expected_tokens, cache_salt=cache_salt)
+        return m.session(qos=qos, expected_tokens=expected_tokens, cache_salt=cache_salt, reattach=reattach)
+
+    def attach(self, session_id, secret, wait_s=2.0):
+        """Takes over a session opened with reattach=True (by this process or
+        another) whose client closed or dropped, within its lease
+        (SESSION_ATTACH): returns it as a Session with its KV cache and
+        position. Like the one opened, it outlives this client until close().
+        NotFoundError for a wrong id or secret, a session still attached
+        elsewhere, or one whose lease ended - after retrying for wait_s
+        seconds, as the server may not yet have seen its old client go."""
+        from .model import Session
+        for name, v in (("session_id", session_id), ("secret", secret)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError("%s must be an int, not %r" % (name, v))
+            if not 0 <= v < 1 << 64:
+                raise ValueError("%s must be a u64, got %d" % (name, v))
+        wait_s = float(wait_s)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                reply, _ = self._call(_wire.SESSION_ATTACH, {"session": session_id, "secret": secret})
+                break
+            except errors.NotFoundError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        m = self.model(reply.get("model", ""))
+        return Session(m, reply, keep=True, secret=secret)
 
 
 class _Answers:

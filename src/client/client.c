@@ -942,6 +942,22 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->swap.preemptions = u64_of(sw, "preemptions");
     out->swap.prefetches = u64_of(sw, "prefetches");
     out->swap.kv_drops = u64_of(sw, "drops");
+    const msgpack_object *dk = dj__meta_get(&m, "disk");
+    out->disk.enabled = bool_of(dk, "enabled");
+    out->disk.direct = bool_of(dk, "direct");
+    out->disk.capacity = u64_of(dk, "capacity");
+    out->disk.used = u64_of(dk, "used");
+    out->disk.peak = u64_of(dk, "peak");
+    out->disk.sessions = u64_of(dk, "sessions");
+    out->disk.spills = u64_of(dk, "spills");
+    out->disk.reads = u64_of(dk, "reads");
+    out->disk.bytes_written = u64_of(dk, "bytes_written");
+    out->disk.bytes_read = u64_of(dk, "bytes_read");
+    out->disk.bad_pages = u64_of(dk, "bad_pages");
+    out->disk.failed_reads = u64_of(dk, "failed_reads");
+    out->disk.recoveries = u64_of(dk, "recoveries");
+    out->disk.write_s = f64_of(dk, "write_s");
+    out->disk.read_s = f64_of(dk, "read_s");
     const msgpack_object *px = dj__meta_get(&m, "prefix");
     out->prefix.enabled = bool_of(px, "enabled");
     out->prefix.blocks = u64_of(px, "blocks");
@@ -1000,6 +1016,14 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
                 (unsigned long long)st->prefix.evictions);
     else
         fprintf(f, "  prefix cache: off\n");
+    if (st->disk.enabled)
+        fprintf(f, "  disk tier: %.1f of %.1f MiB (%llu sessions), %llu spills (%.1f MiB in %.3f s), %llu reads back "
+                   "(%.1f MiB in %.3f s), %s I/O; %llu bad pages, %llu sessions recomputed\n",
+                (double)st->disk.used / 1048576.0, (double)st->disk.capacity / 1048576.0,
+                (unsigned long long)st->disk.sessions, (unsigned long long)st->disk.spills,
+                (double)st->disk.bytes_written / 1048576.0, st->disk.write_s, (unsigned long long)st->disk.reads,
+                (double)st->disk.bytes_read / 1048576.0, st->disk.read_s, st->disk.direct ? "direct" : "buffered",
+                (unsigned long long)st->disk.bad_pages, (unsigned long long)st->disk.recoveries);
     fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
     for (size_t i = 0; i < st->n_models; i++) {
         const dj_client_model *m = &st->models[i];

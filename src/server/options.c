@@ -28,6 +28,7 @@ static int usage(FILE *f) {
           "              [--max-sessions-per-token N] [--max-connections-per-token N]\n"
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--swap-quota-gb G] [--max-wait-ms MS]\n"
+          "              [--state-dir DIR --disk-swap-gb G]\n"
           "              [--weights-gb G] [--weight-quota-gb G]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
@@ -41,6 +42,10 @@ static int usage(FILE *f) {
           "long may be swapped out), --quota-gb: KV one token's sessions may hold, all its connections together\n"
           "(one connection's without --token-file; default none), --swap-quota-gb: the swap pool one token's\n"
           "sessions may hold (default: as --quota-gb; 0: none) - past it its own work waits, not others',\n"
+          "--state-dir DIR --disk-swap-gb G: a disk tier of G GiB below the swap pool, the page file\n"
+          "DIR/kv-pages.djinn (made and reserved at start; DIR must exist): when the pool is full the swapped\n"
+          "sessions wanted furthest ahead go on to disk, checksummed, and are read back before they resume\n"
+          "(semantic policy only; docs/swap.md),\n"
           "--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
           "oldest first), --weight-quota-gb (bytes one token's weight uploads may hold; default: all of it),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
@@ -189,6 +194,7 @@ static const size_opt sizes[] = {
     {"--data-gb", offsetof(dj__config, data_bytes)},
     {"--quota-gb", offsetof(dj__config, quota_bytes)},
     {"--swap-quota-gb", offsetof(dj__config, swap_quota_bytes)},
+    {"--disk-swap-gb", offsetof(dj__config, disk_bytes)},
     {"--weights-gb", offsetof(dj__config, weights_bytes)},
     {"--weight-quota-gb", offsetof(dj__config, weight_quota_bytes)},
 };
@@ -277,6 +283,8 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         for (int k = 0; k < 4; k++)
             if (!strcmp(v, levels[k])) cfg->log_level = k;
         if (cfg->log_level == -2) return snprintf(err, cap, "--log-level '%s': want debug, info, warn or error", v), 2;
+    } else if (!strcmp(a, "--state-dir")) {
+        cfg->state_dir = v;
     } else if (!strcmp(a, "--token-file")) {
         cfg->token_file = v;
     } else if (!strcmp(a, "--port-file")) {
@@ -445,6 +453,17 @@ int dj__parse_args(int argc, char **argv, dj__config *cfg) {
             dj__config_free(cfg);
             return r == 1 ? usage(stderr) : 2;
         }
+    }
+    if (!!cfg->state_dir != !!cfg->disk_bytes) {
+        fprintf(stderr, "djinnd: --state-dir DIR and --disk-swap-gb G go together (the disk tier's place and size)\n");
+        dj__config_free(cfg);
+        return 2;
+    }
+    if (cfg->state_dir && cfg->swap_policy != DJ_SWAP_SEMANTIC) {
+        fprintf(stderr, "djinnd: the disk tier (--state-dir) takes sessions the swap pool cannot hold: it needs "
+                        "--swap-policy semantic, not %s\n", dj_swap_policy_name(cfg->swap_policy));
+        dj__config_free(cfg);
+        return 2;
     }
     if (cfg->local_admin && cfg->token_file) {
         fprintf(stderr, "djinnd: --local-admin with --token-file: the token file says who is admin (mark a token "

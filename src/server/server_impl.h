@@ -309,6 +309,8 @@ typedef struct dj__config {
     size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
+    const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
+    size_t disk_bytes;         /* --disk-swap-gb: its size */
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
     const char *http;          /* --http ADDR:PORT or NULL */
     uint32_t http_conns;       /* requests at once; more get 503 */

@@ -18,6 +18,7 @@
 #include "server/access.h"
 #include "server/server_impl.h"
 #include "proto/sample_wire.h"
+#include "server/disk_tier.h"
 
 #define DEFAULT_MAX_TOKENS 64
 
@@ -406,7 +407,7 @@ static void block_shape(const dj_session_t *es, uint32_t *tokens, uint32_t *page
 
 /* Recompute policy: what the session was fed, to feed again after a drop. */
 static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_t n) {
-    if (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE || !n) return DJ_OK;
+    if ((s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir) || !n) return DJ_OK; /* disk: recovery */
     if (ss->n_hist + n > ss->cap_hist) {
         size_t cap = ss->cap_hist ? ss->cap_hist : 256;
         while (cap < ss->n_hist + n) cap *= 2;
@@ -996,7 +997,7 @@ static bool job_rides(const dj__server *s, const dj__job *j);
 /* Recompute policy: the generated tokens the session was fed. */
 static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__gen *g = j->gen;
-    if (!g || !g->g || s->cfg.swap_policy != DJ_SWAP_RECOMPUTE) return;
+    if (!g || !g->g || (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir)) return;
     const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
     uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
     if (fed > n_ids) fed = n_ids;
@@ -1251,6 +1252,9 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__mw *w) {
     pack_kv_u64(&w->pk, "preemptions", sst.preemptions);
     pack_kv_u64(&w->pk, "prefetches", sst.prefetches);
     pack_kv_u64(&w->pk, "drops", sst.drops);
+    dj_disk_stats ds;
+    dj_engine_disk_stats(s->engine, &ds);
+    dj__tier_pack_stats(w, &ds, &sst);
     dj__mw_u64(w, "handles", s->handles.n);
     dj__mw_u64(w, "connections", s->live_conns.n);
     pthread_mutex_unlock(&s->mu);
@@ -1498,6 +1502,8 @@ static void poll_swaps(dj__server *s) {
     if (sw.bytes_in && sw.in_s > 0) dj_sched_rate(s->sched, sw.in_s * 1e3 * (double)sw.page_bytes / (double)sw.bytes_in);
 }
 
+static void drop_kv(dj__server *s, uint64_t sid, bool lost);
+
 /* Start a swap the scheduler decided. */
 static void start_swap(dj__server *s, uint64_t sid, bool out) {
     dj__sess *ss = sess_get(s, sid);
@@ -1507,6 +1513,7 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
     if (st != DJ_OK) {
         DJ_LOG(WARN, "session=%016llx: swap %s did not start: %s", (unsigned long long)sid, out ? "out" : "in",
                dj_last_error());
+        if (!out && st == DJ_EIO && ss && dj_session_on_disk(ss->es)) drop_kv(s, sid, true); /* its KV is lost */
         return;
     }
     pthread_mutex_lock(&s->mu);
@@ -1521,8 +1528,10 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
 }
 
 /* Recompute policy: the session's KV is freed (a fresh engine session takes
- * its place); its history is fed again before its next request. */
-static void drop_kv(dj__server *s, uint64_t sid) {
+ * its place); its history is fed again before its next request. lost: its
+ * KV on disk cannot be read back - recomputed so, or, without its whole
+ * history, the session is closed with the reason. */
+static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
     dj__sess *ss = sess_get(s, sid);
     if (!ss) return;
     dj_session_t *fresh = NULL;
@@ -1530,15 +1539,26 @@ static void drop_kv(dj__server *s, uint64_t sid) {
     uint64_t salt[2];
     dj_session_cache_salt(ss->es, salt);
     if (st == DJ_OK) st = dj_session_set_cache_salt(fresh, salt); /* its history keys as before */
-    if (st == DJ_OK && s->cfg.swap_policy == DJ_SWAP_RECOMPUTE && ss->n_hist == dj_session_pos(ss->es)) {
+    if (st == DJ_OK && (s->cfg.swap_policy == DJ_SWAP_RECOMPUTE || lost) && ss->n_hist == dj_session_pos(ss->es)) {
         dj_session_free(s->engine, ss->es);
         ss->es = fresh;
         ss->dropped = true;
+        if (lost) dj_sched_kv_lost(s->sched, sid);
         pthread_mutex_lock(&s->metrics.mu);
         s->metrics.drops++;
         pthread_mutex_unlock(&s->metrics.mu);
     } else {
         dj_session_free(s->engine, fresh);
+        if (lost) {
+            DJ_LOG(ERROR, "session=%016llx: its KV on disk is lost and its history cannot be replayed: closed",
+                   (unsigned long long)sid);
+            pthread_mutex_lock(&s->mu);
+            dj__map_del(&s->sessions, ss->id);
+            session_destroy(s, ss, DJ_EIO, "the session's KV on disk failed its checksum and its history cannot be "
+                                           "replayed: the session is closed");
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
         DJ_LOG(WARN, "session=%016llx: KV not dropped (%s)", (unsigned long long)sid,
                st != DJ_OK ? dj_last_error() : "its history is not complete");
     }
@@ -1570,7 +1590,12 @@ static void carry_out(dj__server *s, const dj_sched_decision *d) {
     }
     case DJ_SCHED_SWAP_OUT:
     case DJ_SCHED_SWAP_IN: start_swap(s, d->sess, d->op == DJ_SCHED_SWAP_OUT); return;
-    case DJ_SCHED_DROP: drop_kv(s, d->sess); return;
+    case DJ_SCHED_DROP: drop_kv(s, d->sess, false); return;
+    case DJ_SCHED_SPILL: {
+        dj__sess *ss = sess_get(s, d->sess);
+        dj__tier_spill(s->engine, s->sched, d->sess, ss ? ss->es : NULL);
+        return;
+    }
     case DJ_SCHED_REFUSE: {
         dj__job *j = (dj__job *)(uintptr_t)d->req;
         pthread_mutex_lock(&s->mu);
@@ -1720,6 +1745,11 @@ static dj_status sched_open(dj__server *s) {
     if (st != DJ_OK) pool = 0;
     dj_swap_stats sw;
     dj_engine_swap_stats(s->engine, &sw);
+    uint64_t disk_pages = 0;
+    double disk_page_ms = 0;
+    if (s->cfg.state_dir &&
+        (st = dj__tier_open(s->engine, s->cfg.state_dir, s->cfg.disk_bytes, &disk_pages, &disk_page_ms)) != DJ_OK)
+        return st;
     const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
     const dj_sched_config sc = {
         .max_running = s->cfg.max_running,
@@ -1734,6 +1764,8 @@ static dj_status sched_open(dj__server *s) {
         /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
         .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
         .policy = s->cfg.swap_policy,
+        .disk_pages = disk_pages,
+        .disk_page_ms = disk_page_ms,
     };
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
