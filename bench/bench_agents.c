@@ -205,6 +205,7 @@ static void run_one(cfg *c, const char *policy, int n, int ni) {
     args[k++] = "600000";
     args[k++] = "--max-sessions-per-conn";
     args[k++] = "4";
+    args[k++] = "--local-admin"; /* its STATS are the daemon-wide ones */
     if (c->vmu) {
         args[k++] = "--vmu-gb";
         args[k++] = c->vmu;

@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
     char threads_s[16];
     snprintf(threads_s, sizeof threads_s, "%d", threads);
     const char *args[] = {"--models", store, "--vmu-gb", vmu_gb, "--device", device, "--threads", threads_s,
-                          "--max-running", "64", "--mixed-steps", mixed, NULL};
+                          "--max-running", "64", "--mixed-steps", mixed, "--local-admin", NULL}; /* STATS */
     dj_bench_daemon d;
     if (dj_bench_daemon_start(&d, args, 30000) != 0) { /* a large model loads first: up to 30 s */
         fprintf(stderr, "bench_serve: the daemon did not start\n");

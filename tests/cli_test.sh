@@ -210,6 +210,9 @@ kill "$serve_pid"; wait "$serve_pid" 2>/dev/null
 expect_error "generate: --device is the server's" "server" "$DJINN" generate --server unix:/nonexistent --device cpu
 expect_error "generate: --min-p 2" "min-p" "$DJINN" generate --server unix:/nonexistent --min-p 2
 expect_error "generate: --deterministic is the server's" "server" "$DJINN" generate --server unix:/nonexistent --deterministic
+expect_error "generate: --session without --secret" "go together" "$DJINN" generate --server unix:/nonexistent --session 5 --tokens 1
+expect_error "generate: --secret -1" "not a session secret" "$DJINN" generate --server unix:/nonexistent --session 5 --secret -1 --tokens 1
+expect_error "generate: neither --model nor --session" "--session ID" "$DJINN" generate --server unix:/nonexistent --tokens 1
 expect_error "serve --deterministic maybe" "want on or off" "$DJINN" serve --deterministic maybe
 # the CPU engine is batch-invariant anyway: --deterministic picks the same tokens
 ref="$FX/models/llama3/reference.json"

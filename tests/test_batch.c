@@ -199,10 +199,7 @@ static void check_two_models(void) {
  * on the CPU the hook is the host rule itself) picks exactly what the host
  * samplers pick: the same draws, single steps and batched steps alike. */
 static void generate(const char *dir, int device_sampling, int32_t out[N_SESS][12]) {
-    if (device_sampling)
-        setenv("DJINN_DEVICE_SAMPLING", "on", 1);
-    else
-        unsetenv("DJINN_DEVICE_SAMPLING");
+    setenv("DJINN_DEVICE_SAMPLING", device_sampling ? "on" : "off", 1); /* unset is the default, on */
     dj_engine_t *e = new_engine();
     dj_model_t *m = NULL;
     if (!e || dj_model_load(e, dir, &m) != DJ_OK) {
@@ -252,15 +249,54 @@ static void check_sample_hook(void) {
     CHECK(varied);
 }
 
+/* A rule with a field a dj_sample_row has no place for (top_a) is picked on
+ * the host even with the sample hook on (dj_sample_row_carries): the same
+ * tokens as without the hook, which would drop top_a; and top_a changes them. */
+static void gen_rule(const char *dir, int device_sampling, const dj_sampler_params *sp, int32_t out[12]) {
+    setenv("DJINN_DEVICE_SAMPLING", device_sampling ? "on" : "off", 1); /* unset is the default, on */
+    dj_engine_t *e = new_engine();
+    dj_model_t *m = NULL;
+    dj_session_t *s = NULL;
+    if (!e || dj_model_load(e, dir, &m) != DJ_OK || dj_session_new(e, m, 64, 0, &s) != DJ_OK) {
+        CHECK_MSG(0, "engine/model/session for %s: %s", dir, dj_last_error());
+    } else {
+        const int32_t prompt[3] = {4, 2, 3};
+        int32_t id = -1;
+        CHECK_OK(dj_session_step_sample(e, s, prompt, 3, sp, &id));
+        out[0] = id;
+        for (int t = 1; t < 12; t++) {
+            CHECK_OK(dj_session_step_sample(e, s, &id, 1, sp, &id));
+            out[t] = id;
+        }
+    }
+    dj_session_free(e, s);
+    dj_engine_free(e);
+    unsetenv("DJINN_DEVICE_SAMPLING");
+}
+
+static void check_hook_gate(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", DJ_FIXTURES, "llama3");
+    const dj_sampler_params plain = {.temperature = 1.0f, .top_p = 1.f, .seed = 9};
+    dj_sampler_params with_a = plain;
+    with_a.top_a = 1.0f;
+    int32_t host[12], hook[12], none[12];
+    memset(host, 0xff, sizeof host);
+    memset(hook, 0xfe, sizeof hook);
+    memset(none, 0xfd, sizeof none);
+    gen_rule(dir, 0, &with_a, host);
+    gen_rule(dir, 1, &with_a, hook);
+    gen_rule(dir, 0, &plain, none);
+    CHECK_MSG(memcmp(host, hook, sizeof host) == 0, "top_a with the sample hook on picks differently from the host");
+    CHECK_MSG(memcmp(host, none, sizeof host) != 0, "top_a 1 changed no pick of 12: the check above proves nothing");
+}
+
 /* dj_engine_step_batch_samplers: each row by the caller's own sampler (here
  * one greedy, two seeded with different params), with and without the
  * sample hook - against twin sessions stepped with logits and twin samplers
  * picking on the host. Bad samplers are refused and change nothing. */
 static void check_row_samplers(int device_sampling) {
-    if (device_sampling)
-        setenv("DJINN_DEVICE_SAMPLING", "on", 1);
-    else
-        unsetenv("DJINN_DEVICE_SAMPLING");
+    setenv("DJINN_DEVICE_SAMPLING", device_sampling ? "on" : "off", 1); /* unset is the default, on */
     dj_model_t *m = NULL;
     dj_engine_t *e = engine_with("qwen2", &m);
     if (!e) return;
@@ -657,6 +693,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);
     check_two_models();
     check_sample_hook();
+    check_hook_gate();
     check_short_class();
     check_chunk_times();
     check_out_rows();

@@ -162,14 +162,15 @@ static void test_refusals(void) {
 
     /* unknown op, named */
     w_head(w, 1, &x, 1);
-    w_node(w, "aten.flip.default", 2), w_in(w, 0), w_ints(w, 1, (const int64_t[]){0}), w_outs(w, 1), w_spec(w, 2, s24, "f32");
+    w_node(w, "aten.roll.default", 3), w_in(w, 0), w_ints(w, 1, (const int64_t[]){1}), w_ints(w, 1, (const int64_t[]){0}),
+        w_outs(w, 1), w_spec(w, 2, s24, "f32");
     w_tail_out(w, 0);
     {
         dj_status st;
         dj_cgraph_error e;
         CHECK(decode_kind(w, NULL, &st, &e) == DJ_CGRAPH_ERR_UNKNOWN_OP && st == DJ_EUNSUPPORTED && e.node == 0);
-        CHECK(strstr(e.msg, "aten.flip.default") && !strcmp(e.op, "aten.flip.default"));
-        CHECK(strstr(dj_last_error(), "aten.flip.default") != NULL);
+        CHECK(strstr(e.msg, "aten.roll.default") && !strcmp(e.op, "aten.roll.default"));
+        CHECK(strstr(dj_last_error(), "aten.roll.default") != NULL);
     }
     /* wrong arity */
     w_head(w, 1, &x, 1);
@@ -779,6 +780,198 @@ static void test_multi_output_and_indices(void) {
     free(w);
 }
 
+/* flip, sort (stable, both orders, ties and indices) and transposed convolution against naive loops. */
+static void test_flip_sort_conv_transposed(void) {
+    wb *w = malloc(sizeof *w);
+    /* flip(x, [0, -1]) of [3, 4, 5] */
+    enum { A = 3, Bd = 4, Cd = 5 };
+    float x[A * Bd * Cd], out[A * Bd * Cd];
+    fill(x, A * Bd * Cd);
+    const tspec xs = {3, {A, Bd, Cd}};
+    w_head(w, 1, &xs, 1);
+    w_node(w, "aten.flip.default", 2), w_in(w, 0), w_ints(w, 2, (const int64_t[]){0, -1});
+    w_outs(w, 1), w_spec(w, 3, xs.shape, "f32");
+    w_tail_out(w, 0);
+    const float *in[1] = {x};
+    CHECK_OK(run_graph(cpu, w, in, out, A * Bd * Cd));
+    int bad = 0;
+    for (int i = 0; i < A; i++)
+        for (int j = 0; j < Bd; j++)
+            for (int k = 0; k < Cd; k++) bad += out[(i * Bd + j) * Cd + k] != x[((A - 1 - i) * Bd + j) * Cd + (Cd - 1 - k)];
+    CHECK_MSG(bad == 0, "%d flipped values wrong", bad);
+    /* a repeated dim is refused */
+    w_head(w, 1, &xs, 1);
+    w_node(w, "aten.flip.default", 2), w_in(w, 0), w_ints(w, 2, (const int64_t[]){1, -2});
+    w_outs(w, 1), w_spec(w, 3, xs.shape, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+
+    /* sort of [R, C] with many ties: along dim 1 ascending (sort.default) and along dim 0 descending
+     * (sort.stable); values and indices against a stable insertion sort */
+    enum { R = 6, C = 9 };
+    float y[R * C], vals[R * C], idx[R * C];
+    for (int i = 0; i < R * C; i++) y[i] = floorf(dj_test_randf(0.0f, 3.0f));
+    y[4] = NAN; /* NaN sorts last ascending, first descending */
+    const tspec ys = {2, {R, C}};
+    for (int variant = 0; variant < 2; variant++) {
+        const bool desc = variant == 1;
+        const int dim = variant == 0 ? 1 : 0, len = dim ? C : R, rows = dim ? R : C;
+        for (int want_out = 0; want_out < 2; want_out++) {
+            w_head(w, 1, &ys, 1);
+            if (variant == 0) {
+                w_node(w, "aten.sort.default", 3), w_in(w, 0), w_int(w, 1), w_bool(w, 0);
+            } else {
+                w_node(w, "aten.sort.stable", 4), w_in(w, 0), w_bool(w, 1), w_int(w, 0), w_bool(w, 1);
+            }
+            w_outs(w, 2), w_spec(w, 2, ys.shape, "f32"), w_spec(w, 2, ys.shape, "i64");
+            w_str(w, "outputs"), w_arr(w, 1), w_node_ref(w, 0, want_out);
+            const float *iny[1] = {y};
+            CHECK_OK(run_graph(cpu, w, iny, want_out ? idx : vals, R * C));
+        }
+        bad = 0;
+        for (int r = 0; r < rows; r++) {
+            int order[C > R ? C : R];
+            for (int k = 0; k < len; k++) order[k] = k;
+            for (int k = 1; k < len; k++) /* insertion sort: stable */
+                for (int m = k; m > 0; m--) {
+                    const float a = y[dim ? r * C + order[m] : order[m] * C + r];
+                    const float b = y[dim ? r * C + order[m - 1] : order[m - 1] * C + r];
+                    const bool before = desc ? (a > b || (isnan(a) && !isnan(b))) : (a < b || (isnan(b) && !isnan(a)));
+                    if (!before) break;
+                    const int t = order[m];
+                    order[m] = order[m - 1];
+                    order[m - 1] = t;
+                }
+            for (int k = 0; k < len; k++) {
+                const int at = dim ? r * C + k : k * C + r;
+                const float want = y[dim ? r * C + order[k] : order[k] * C + r];
+                bad += idx[at] != (float)order[k] || !(vals[at] == want || (isnan(vals[at]) && isnan(want)));
+            }
+        }
+        CHECK_MSG(bad == 0, "sort variant %d: %d values or indices wrong", variant, bad);
+    }
+
+    /* transposed convolution: groups 2, stride (2, 1), padding (1, 0), dilation (1, 2), output_padding (1, 0) */
+    enum { N = 2, IC = 4, H = 5, W = 4, G = 2, OCg = 3, OC = OCg * G, KH = 3, KW = 2, SH = 2, SW = 1, PH = 1, PW = 0,
+           DH = 1, DW = 2, OPH = 1, OPW = 0 };
+    const int OH = (H - 1) * SH - 2 * PH + DH * (KH - 1) + OPH + 1, OW = (W - 1) * SW - 2 * PW + DW * (KW - 1) + OPW + 1;
+    float cx[N * IC * H * W], wt[IC * OCg * KH * KW], bias[OC];
+    fill(cx, sizeof cx / 4), fill(wt, sizeof wt / 4), fill(bias, OC);
+    const uint64_t no = (uint64_t)N * OC * OH * OW;
+    float *co = malloc(sizeof(float) * no), *ref = malloc(sizeof(float) * no);
+    for (int b = 0; b < N; b++)
+        for (int oc = 0; oc < OC; oc++)
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    const int g = oc / OCg;
+                    double sum = bias[oc];
+                    for (int c = 0; c < IC / G; c++)
+                        for (int i = 0; i < KH; i++)
+                            for (int j = 0; j < KW; j++) {
+                                const int th = oh + PH - i * DH, tw = ow + PW - j * DW;
+                                if (th < 0 || tw < 0 || th % SH || tw % SW || th / SH >= H || tw / SW >= W) continue;
+                                const int ci = g * (IC / G) + c;
+                                sum += (double)cx[((b * IC + ci) * H + th / SH) * W + tw / SW] *
+                                       wt[((ci * OCg + oc % OCg) * KH + i) * KW + j];
+                            }
+                    ref[((b * OC + oc) * OH + oh) * OW + ow] = (float)sum;
+                }
+    const tspec cins[3] = {{4, {N, IC, H, W}}, {4, {IC, OCg, KH, KW}}, {1, {OC}}};
+    const int64_t os[] = {N, OC, OH, OW}, st[] = {SH, SW}, pd[] = {PH, PW}, dl[] = {DH, DW}, op[] = {OPH, OPW};
+    w_head(w, 3, cins, 1);
+    w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_ints(w, 2, st), w_ints(w, 2, pd),
+        w_ints(w, 2, dl), w_bool(w, 1), w_ints(w, 2, op), w_int(w, G);
+    w_outs(w, 1), w_spec(w, 4, os, "f32");
+    w_tail_out(w, 0);
+    const float *cin[3] = {cx, wt, bias};
+    CHECK_OK(run_graph(cpu, w, cin, co, no));
+    CHECK_MSG(max_rel(co, ref, no) < 1e-5f, "transposed conv rel %g", max_rel(co, ref, no));
+    /* output_padding not below the stride or the dilation is refused */
+    const int64_t op_bad[] = {2, 0};
+    w_head(w, 3, cins, 1);
+    w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_ints(w, 2, st), w_ints(w, 2, pd),
+        w_ints(w, 2, dl), w_bool(w, 1), w_ints(w, 2, op_bad), w_int(w, G);
+    w_outs(w, 1), w_spec(w, 4, os, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+    free(co), free(ref), free(w);
+}
+
+/* index.Tensor with integer indices: adjacent (x[:, i, j]: the broadcast dims in place) and apart
+ * (x[i, :, j]: first), negative indices, one out of range; None in a cat list refused. */
+static void test_index_tensor(void) {
+    wb *w = malloc(sizeof *w);
+    enum { A = 4, B = 5, C = 6 };
+    float x[A * B * C], out[64];
+    fill(x, A * B * C);
+    const float iv[3] = {3, 0, -1}, jv[6] = {1, 2, 0, 3, 5, -2}; /* i [3] (into B or A), j [2, 3] (into C) */
+    const tspec ins[3] = {{3, {A, B, C}}, {1, {3}}, {2, {2, 3}}};
+    for (int apart = 0; apart < 2; apart++) {
+        w->n = 0;
+        w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+        w_str(w, "inputs"), w_arr(w, 3);
+        w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64"), w_spec(w, 2, ins[2].shape, "i64");
+        w_str(w, "weights"), w_arr(w, 0);
+        w_str(w, "nodes"), w_arr(w, 1);
+        w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 3);
+        if (apart) w_in(w, 1), w_nil(w), w_in(w, 2); /* x[i, :, j] -> [2, 3, B] */
+        else w_nil(w), w_in(w, 1), w_in(w, 2);       /* x[:, i, j] -> [A, 2, 3] */
+        const int64_t os_apart[] = {2, 3, B}, os_adj[] = {A, 2, 3};
+        w_outs(w, 1), w_spec(w, 3, apart ? os_apart : os_adj, "f32");
+        w_tail_out(w, 0);
+        const float *in[3] = {x, iv, jv};
+        CHECK_OK(run_graph(cpu, w, in, out, apart ? 2 * 3 * B : A * 6));
+        int bad = 0;
+        for (int p = 0; p < 2; p++)
+            for (int q = 0; q < 3; q++) {
+                const int ii = (int)iv[q] < 0 ? (int)iv[q] + (apart ? A : B) : (int)iv[q];
+                const int jj = (int)jv[p * 3 + q] < 0 ? (int)jv[p * 3 + q] + C : (int)jv[p * 3 + q];
+                if (apart) {
+                    for (int b = 0; b < B; b++) bad += out[(p * 3 + q) * B + b] != x[(ii * B + b) * C + jj];
+                } else {
+                    for (int a = 0; a < A; a++) bad += out[(a * 2 + p) * 3 + q] != x[(a * B + ii) * C + jj];
+                }
+            }
+        CHECK_MSG(bad == 0, "index.Tensor (%s): %d values wrong", apart ? "apart" : "adjacent", bad);
+        const float ibad[3] = {3, 0, (float)(apart ? A : B)}; /* past the dim: a run-time DJ_ERANGE */
+        const float *in_bad[3] = {x, ibad, jv};
+        CHECK(run_graph(cpu, w, in_bad, out, apart ? 2 * 3 * B : A * 6) == DJ_ERANGE);
+    }
+    /* a wrong declared shape, a bool index, more indices than dims: refused */
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "bool");
+    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 1), w_in(w, 1);
+    w_outs(w, 1), w_spec(w, 3, (const int64_t[]){3, B, C}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_UNSUPPORTED, DJ_EUNSUPPORTED, 0);
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64");
+    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 1), w_in(w, 1);
+    w_outs(w, 1), w_spec(w, 3, (const int64_t[]){3, B, C + 1}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_SHAPE, DJ_EINVAL, 0);
+    w->n = 0;
+    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
+    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64");
+    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 4), w_in(w, 1), w_nil(w), w_nil(w), w_in(w, 1);
+    w_outs(w, 1), w_spec(w, 1, (const int64_t[]){3}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+    /* None in cat's list */
+    const tspec two[2] = {{1, {3}}, {1, {3}}};
+    w_head(w, 2, two, 1);
+    w_node(w, "aten.cat.default", 2), w_arr(w, 2), w_in(w, 0), w_nil(w), w_int(w, 0);
+    w_outs(w, 1), w_spec(w, 1, (const int64_t[]){6}, "f32");
+    w_tail_out(w, 0);
+    CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
+    free(w);
+}
+
 int main(void) {
     dj_test_seeds();
     CHECK_OK(dj_backend_cpu_new(1, &cpu));
@@ -792,6 +985,8 @@ int main(void) {
     test_long_cat();
     test_bmm_slice_select();
     test_multi_output_and_indices();
+    test_flip_sort_conv_transposed();
+    test_index_tensor();
     dj_backend_free(cpu);
     return dj_test_finish("test_graph_exec");
 }

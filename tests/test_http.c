@@ -550,7 +550,7 @@ static size_t idle_sessions(const char *addr) {
 static void test_reuse(const char *ref_addr, unsigned ref_port) {
     char addr[128];
     unsigned port = 0;
-    const char *extra[] = {"--http-reuse", "2", "--prefix-cache", "off", NULL};
+    const char *extra[] = {"--http-reuse", "2", "--prefix-cache", "off", "--local-admin", NULL}; /* every session */
     pid_t pid = start(2, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd --http-reuse 2 did not start");
     if (pid <= 0 || !port) return;
@@ -648,7 +648,7 @@ static void test_prefix_cache(const char *ref_addr, unsigned ref_port) {
     (void)ref_addr;
     char addr[128];
     unsigned port = 0;
-    const char *extra[] = {"--http-reuse", "0", NULL};
+    const char *extra[] = {"--http-reuse", "0", "--local-admin", NULL}; /* the daemon-wide view */
     pid_t pid = start(3, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd with the prefix cache did not start");
     if (pid <= 0 || !port) return;
@@ -1000,7 +1000,7 @@ int main(void) {
     unsigned port;
     /* the reference daemon: no reuse of any kind */
     const char *extra[] = {"--http-max-body", "64k", "--http-max-connections", "2", "--http-reuse", "0",
-                           "--prefix-cache", "off", NULL};
+                           "--prefix-cache", "off", "--local-admin", NULL}; /* its stats and events are read */
     pid_t pid = start(0, extra, addr, sizeof addr, &port);
     CHECK_MSG(pid > 0 && port > 0, "djinnd --http did not start");
     if (pid > 0 && port > 0) {

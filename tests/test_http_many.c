@@ -116,7 +116,7 @@ int main(void) {
     snprintf(link, sizeof link, "%s/demo", store);
     if (mkdir(store, 0700) || symlink(DJ_SOURCE_DIR "/models/demo", link)) return 1;
     const char *args[] = {"--http", "127.0.0.1:0", "--http-max-connections", "80", "--http-max-per-address", "80", "--max-running", "64",
-                          "--threads", "2", "--http-reuse", "0", NULL};
+                          "--threads", "2", "--http-reuse", "0", "--local-admin", NULL}; /* the daemon-wide STATS */
     const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
                                    .wait_ms = 10000};
     char addr[128];

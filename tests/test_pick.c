@@ -100,10 +100,64 @@ static void check_scratch(void) {
     dj_pick_scratch_free(&s); /* twice is fine */
 }
 
+/* A rule of today's fields fits a dj_sample_row (the engine then may pick
+ * it through the backend's sample hook). */
+static void check_carries(void) {
+    const dj_sampler_params p = {.temperature = 0.7f, .top_k = 3, .top_p = 0.9f, .seed = 5, .min_p = 0.1f,
+                                 .repetition_penalty = 1.1f, .frequency_penalty = 0.5f, .presence_penalty = -0.5f};
+    CHECK(dj_sample_row_carries(&p));
+    const dj_sampler_params greedy = {.top_p = 1.0f};
+    CHECK(dj_sample_row_carries(&greedy));
+}
+
+/* top_a on hand-made logits: weights 1, 0.5, 0.2, 0.05 at T 1 (probabilities
+ * 0.571, 0.286, 0.114, 0.029). top_a 0.5 keeps p >= 0.5 * 0.571^2 = 0.163:
+ * ids 0 and 1; top_a 1 keeps id 0 alone; 0 keeps all four. Over a grid of
+ * draws, through dj_pick and through a dj_sampler (whose check takes the
+ * schema's bounds); a rule with top_a is not one a dj_sample_row carries. */
+static void check_top_a(void) {
+    const float l[4] = {0.0f, logf(0.5f), logf(0.2f), logf(0.05f)};
+    const float top_as[] = {0.0f, 0.5f, 1.0f};
+    const int want_kinds[] = {4, 2, 1}; /* distinct ids drawn */
+    dj_pick_scratch s = {0};
+    CHECK_OK(dj_pick_scratch_reserve(&s, 4));
+    for (size_t k = 0; k < sizeof top_as / sizeof *top_as; k++) {
+        const dj_sampler_params p = {.temperature = 1.0f, .top_p = 1.0f, .top_a = top_as[k]};
+        dj_sampler_t *smp = NULL;
+        CHECK_OK(dj_sampler_new(&p, 4, &smp));
+        int seen[4] = {0};
+        for (int i = 0; i < 1000; i++) {
+            const double u = (i + 0.5) / 1000.0;
+            const int32_t id = dj_pick(&p, l, 4, u, NULL, 0, &s);
+            CHECK(id >= 0 && id < 4);
+            if (id >= 0 && id < 4) seen[id]++;
+            if (smp) CHECK(dj_sampler_pick_with(smp, l, u, NULL, 0) == id);
+        }
+        int kinds = 0;
+        for (int i = 0; i < 4; i++) kinds += seen[i] > 0;
+        CHECK_MSG(kinds == want_kinds[k] && seen[0] > 0, "top_a %g: drew %d distinct ids (%d %d %d %d), want %d",
+                  (double)top_as[k], kinds, seen[0], seen[1], seen[2], seen[3], want_kinds[k]);
+        if (k == 1) /* ids 0, 1 renormalised: 1 / 1.5 of the draws */
+            CHECK_MSG(abs(seen[0] - 667) <= 2, "top_a 0.5: id 0 drawn %d times of 1000, want ~667", seen[0]);
+        CHECK(dj_sample_row_carries(&p) == (top_as[k] == 0.0f));
+        dj_sampler_free(smp);
+    }
+    /* min_p and top_a together: the higher floor wins (min_p 0.3 drops 0.2; top_a's 0.29 floor too) */
+    const dj_sampler_params both = {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.6f, .top_a = 0.5f};
+    for (int i = 0; i < 100; i++) CHECK(dj_pick(&both, l, 4, (i + 0.5) / 100.0, NULL, 0, &s) == 0);
+    /* out of its bounds: refused by the sampler's check, naming it */
+    const dj_sampler_params bad = {.temperature = 1.0f, .top_p = 1.0f, .top_a = 1.5f};
+    CHECK_ST(dj_sampler_params_check(&bad), DJ_EINVAL);
+    CHECK_MSG(strstr(dj_last_error(), "top_a") != NULL, "'%s' does not name top_a", dj_last_error());
+    dj_pick_scratch_free(&s);
+}
+
 int main(void) {
     dj_test_seeds();
     check_hook_matches_sampler();
     check_rule_errors();
     check_scratch();
+    check_carries();
+    check_top_a();
     return dj_test_finish("test_pick");
 }

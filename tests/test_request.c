@@ -146,7 +146,8 @@ static void test_table(void) {
         const dj__msg_row *row = dj__msg_row_of(t);
         CHECK_MSG(row && row->type == t && row->decode, "type 0x%02x", t);
         if (row) CHECK(!strcmp(row->name, dj_msg_type_name(t)));
-        if (row) CHECK(row->payload == (t == DJ_MSG_STEP)); /* only STEP carries one */
+        /* STEP, WEIGHT_UPLOAD and GRAPH_RUN carry one */
+        if (row) CHECK(row->payload == (t == DJ_MSG_STEP || t == DJ_MSG_WEIGHT_UPLOAD || t == DJ_MSG_GRAPH_RUN));
     }
     CHECK(dj__msg_row_of(0) == NULL);
     CHECK(dj__msg_row_of(DJ_MSG_REPLY) == NULL);
@@ -158,6 +159,8 @@ static void test_table(void) {
     CHECK(dj__msg_row_of(DJ_MSG_GENERATE)->at == DJ__AT_WORKER);
     CHECK(dj__msg_row_of(DJ_MSG_FETCH)->at == DJ__AT_IO);
     CHECK(dj__msg_row_of(DJ_MSG_HELLO)->at == DJ__AT_IO);
+    CHECK(dj__msg_row_of(DJ_MSG_WEIGHT_HAS)->at == DJ__AT_IO); /* the weight store has its own lock */
+    CHECK(dj__msg_row_of(DJ_MSG_GRAPH_RUN)->at == DJ__AT_WORKER);
 }
 
 static void test_generate(void) {

@@ -1,7 +1,10 @@
 /* test_sched.c: the scheduler alone on a virtual clock - thousands of random
  * event traces against a model engine (sessions with positions and pages, a
  * swap pool, transfers that take virtual time): no request lost, no KV lost,
- * never more pages than the segment, QoS and LIFO rules, refusals. */
+ * never more pages than the segment, QoS and LIFO rules, refusals; with a
+ * disk tier below the pool, spills (some failing) and read-backs (some
+ * finding their pages corrupt: the history is fed again). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +27,7 @@ typedef struct fsess {
     bool open, paused;
     uint32_t pos, held, pooled; /* tokens; pages in the segment; pages in the pool */
     int xfer;                   /* 0 none, 1 out, 2 in */
+    bool on_disk;               /* pooled pages are on the disk tier */
     uint64_t xfer_done;         /* virtual ms */
     uint32_t dropped_pos;       /* recompute: tokens to re-feed */
     int busy;                   /* requests of it alive */
@@ -46,9 +50,22 @@ typedef struct world {
     freq rr[MAX_R];
     uint32_t n_req;
     uint64_t now, next_id;
-    uint64_t pool_used;
+    uint64_t pool_used, disk_used;
     uint32_t refused, done, lost;
+    uint32_t spills, kv_lost;   /* disk tier: spills done, read-backs that found corrupt pages */
 } world;
+
+/* A session's pooled pages go (closed, or back in the segment). */
+static void unpool(world *w, fsess *f) {
+    *(f->on_disk ? &w->disk_used : &w->pool_used) -= f->pooled;
+    f->pooled = 0;
+    f->on_disk = false;
+}
+
+static int rnd(int n);
+static bool disk_traces; /* the random traces with a disk tier below a small pool: some spills fail, some
+                          * read-backs find corrupt pages */
+static uint64_t disk_spills, disk_lost; /* over every trace */
 
 static uint32_t seg_held(const world *w) {
     uint32_t h = 0;
@@ -137,9 +154,34 @@ static bool act(world *w, const dj_sched_decision *d) {
         dj_sched_swap_started(w->s, d->sess, true);
         return true;
     }
+    case DJ_SCHED_SPILL: {
+        fsess *f = &w->ss[sidx(d->sess)];
+        CHECK(w->cfg.disk_pages && f->open && f->xfer == 0 && f->held == 0 && f->pooled > 0 && !f->on_disk);
+        CHECK(w->disk_used + f->pooled <= w->cfg.disk_pages);
+        if (disk_traces && rnd(8) == 0) { /* a write fails: it stays in the pool */
+            dj_sched_spilled(w->s, d->sess, false);
+            return true;
+        }
+        w->pool_used -= f->pooled;
+        w->disk_used += f->pooled;
+        f->on_disk = true;
+        w->spills++;
+        dj_sched_spilled(w->s, d->sess, true);
+        return true;
+    }
     case DJ_SCHED_SWAP_IN: {
         fsess *f = &w->ss[sidx(d->sess)];
         CHECK(f->open && f->xfer == 0 && f->held == 0 && f->pooled > 0);
+        if (f->on_disk && disk_traces && rnd(8) == 0) { /* a page fails its checksum: KV lost, its history fed again */
+            dj_sched_swap_started(w->s, d->sess, false);
+            dj_sched_kv_lost(w->s, d->sess);
+            unpool(w, f);
+            f->dropped_pos += f->pos;
+            f->pos = 0;
+            dj_sched_pages(w->s, d->sess, 0, f->dropped_pos);
+            w->kv_lost++;
+            return true;
+        }
         f->held = f->pooled; /* pages taken now; bytes arrive later */
         CHECK_MSG(seg_held(w) <= w->cfg.pages_total, "restore over: %u of %u", seg_held(w), w->cfg.pages_total);
         f->xfer = 2;
@@ -221,8 +263,7 @@ static void transfers(world *w) {
             f->held = 0;
             dj_sched_swapped(w->s, sid(i), 0);
         } else {
-            w->pool_used -= f->pooled;
-            f->pooled = 0;
+            unpool(w, f);
             dj_sched_swapped(w->s, sid(i), f->held);
         }
         f->xfer = 0;
@@ -237,6 +278,9 @@ static void consistent(world *w) {
     CHECK_MSG(ss.pages_held == seg_held(w), "sched sees %u pages held, the engine %u", ss.pages_held, seg_held(w));
     CHECK_MSG(ss.pool_used == w->pool_used, "sched sees %llu pooled, the engine %llu",
               (unsigned long long)ss.pool_used, (unsigned long long)w->pool_used);
+    CHECK_MSG(ss.disk_used == w->disk_used && w->disk_used <= w->cfg.disk_pages,
+              "sched sees %llu pages on disk, the engine %llu (tier %llu)", (unsigned long long)ss.disk_used,
+              (unsigned long long)w->disk_used, (unsigned long long)w->cfg.disk_pages);
     /* the queues' counts hold every live request once, each in its class */
     uint32_t alive[DJ_SCHED_CLASSES] = {0};
     for (uint32_t i = 0; i < w->n_req; i++)
@@ -244,9 +288,17 @@ static void consistent(world *w) {
     for (uint32_t q = 0; q < DJ_SCHED_CLASSES; q++)
         CHECK_MSG(ss.waiting[q] + ss.running[q] == alive[q], "class %u: %u waiting + %u running, %u requests alive", q,
                   ss.waiting[q], ss.running[q], alive[q]);
+    if (w->cfg.pool_quota_pages) /* sessions i % 3 == c are group c's (as for quota_pages) */
+        for (int c = 0; c < 3; c++) {
+            uint64_t pooled = 0;
+            for (int k = c; k < MAX_S; k += 3) pooled += w->ss[k].pooled;
+            CHECK_MSG(pooled <= w->cfg.pool_quota_pages, "group %d holds %llu pool pages, its share %llu", c,
+                      (unsigned long long)pooled, (unsigned long long)w->cfg.pool_quota_pages);
+        }
 }
 
 static int rnd(int n) { return (int)(dj_test_rand() % (uint64_t)n); }
+
 
 /* One random trace: sessions open, ask, pause, resume, close; then the
  * arrivals stop and everything must finish. With an ample pool (every
@@ -263,10 +315,17 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
     uint64_t stall_since = 0;
     /* a per-connection quota in one trace of three (sessions belong to 3 connections) */
     const uint64_t quota = rnd(3) == 0 ? 12 + (uint64_t)rnd(20) : 0;
+    /* and a share of a small pool per connection in one of those of two (stalls are given up on there) */
+    const uint64_t pool_quota = quota && !ample && rnd(2) == 0 ? 4 + (uint64_t)rnd(20) : 0;
     w.cfg = (dj_sched_config){.max_running = 1 + (uint32_t)rnd(4), .max_rows = 16 + (uint32_t)rnd(32),
-                              .quota_pages = quota,
+                              .quota_pages = quota, .pool_quota_pages = pool_quota,
                               .pages_total = 24 + (uint32_t)rnd(40), .pool_pages = pool,
                               .idle_ms = (uint32_t)rnd(20), .lifo_age_ms = 50, .page_in_ms = 0.1, .policy = pol};
+    if (disk_traces) {
+        w.cfg.pool_pages = (uint64_t)rnd(30);
+        w.cfg.disk_pages = 20 + (uint64_t)rnd(200);
+        w.cfg.disk_page_ms = 0.4;
+    }
     CHECK_OK(dj_sched_new(&w.cfg, &w.s));
     if (!w.s) return;
     uint64_t steps = 0;
@@ -305,7 +364,7 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
                         w.done++;
                     }
                 dj_sched_session_close(w.s, sid(i));
-                w.pool_used -= f->pooled;
+                unpool(&w, f);
                 memset(f, 0, sizeof *f);
             }
         } else {
@@ -319,7 +378,7 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
                 }
                 if (f->open && !f->busy && !f->paused && !f->xfer && rnd(50) == 0) {
                     dj_sched_session_close(w.s, sid(i));
-                    w.pool_used -= f->pooled;
+                    unpool(&w, f);
                     memset(f, 0, sizeof *f);
                 }
             }
@@ -348,7 +407,7 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
                         w.done++;
                     }
                 dj_sched_session_close(w.s, sid(i));
-                w.pool_used -= f->pooled;
+                unpool(&w, f);
                 memset(f, 0, sizeof *f);
                 break;
             }
@@ -369,6 +428,8 @@ static void trace(dj_swap_policy pol, int n_events, bool ample) {
         CHECK_MSG(w.ss[i].pos + w.ss[i].dropped_pos <= CTX, "positions past the context");
     }
     (void)steps;
+    disk_spills += w.spills;
+    disk_lost += w.kv_lost;
     dj_sched_free(w.s);
 }
 
@@ -598,6 +659,74 @@ static void continuing_first(void) {
     world_end(&w);
 }
 
+/* Decisions until the scheduler waits with no copy in flight (virtual time
+ * moves on while copies are). */
+static void settle(world *w) {
+    for (int k = 0; k < 400; k++) {
+        dj_sched_decision d;
+        dj_sched_next(w->s, w->now, &d);
+        if (act(w, &d)) {
+            consistent(w);
+            continue;
+        }
+        bool xfer = false;
+        for (int i = 0; i < MAX_S; i++) xfer |= w->ss[i].xfer != 0;
+        if (!xfer) return;
+        w->now++;
+        transfers(w);
+    }
+    CHECK_MSG(false, "the scheduler did not settle");
+}
+
+/* Tenants share the pool by their quota: group 0 (sessions 0, 3, .. 15)
+ * pauses six sessions of 4 pages under a segment quota of 8: four go as far
+ * as its pool share of 8 lets them (its fifth and sixth requests wait on its
+ * own share), and group 1 - same class, queued behind those - still gets its
+ * idle session swapped out and its third request served. Without the share
+ * group 0 fills the 16-page pool and group 1 waits for it; without the
+ * quota-only rule group 1 waits behind group 0's requests. */
+static void pool_share(void) {
+    world w;
+    if (!world_start(&w, (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 100, .pool_pages = 16,
+                              .idle_ms = 5, .lifo_age_ms = 1000, .page_in_ms = 1.0, .quota_pages = 8,
+                              .pool_quota_pages = 8})) return;
+    for (int i = 0; i < 16; i += 3) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 0, 2);
+    }
+    for (int i = 1; i < 8; i += 3) {
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 2);
+    }
+    int served = 0;
+    for (int i = 0; i < 16; i += 3) { /* group 0: a 16-token STEP each, then paused */
+        arrive(&w, i, DJ_REQ_STEP, 2, 16, 0);
+        settle(&w);
+        served += !w.rr[w.n_req - 1].alive;
+        w.ss[i].paused = true;
+        dj_sched_pause(w.s, sid(i), 0, w.now);
+        w.now += 10;
+    }
+    uint64_t pooled0 = 0;
+    for (int i = 0; i < 16; i += 3) pooled0 += w.ss[i].pooled;
+    CHECK_MSG(served == 4 && pooled0 == 8, "group 0: %d of 6 STEPs served, %llu pool pages (share 8)", served,
+              (unsigned long long)pooled0);
+    for (int i = 1; i < 8; i += 3) { /* group 1: the same, left idle */
+        arrive(&w, i, DJ_REQ_STEP, 2, 16, 0);
+        settle(&w);
+        CHECK_MSG(!w.rr[w.n_req - 1].alive, "group 1's STEP on session %d waits (group 0 holds %llu pool pages)", i,
+                  (unsigned long long)pooled0);
+        w.now += 10;
+    }
+    CHECK(w.ss[1].pooled == 4 && w.ss[4].held == 4 && w.ss[7].held == 4);
+    /* group 0's waiting requests are still there: its own share holds them */
+    CHECK(w.rr[4].alive && w.rr[5].alive);
+    dj_sched_stats st;
+    dj_sched_get_stats(w.s, w.now, &st);
+    CHECK(st.pool_used == 12 && st.waiting[2] == 2);
+    world_end(&w);
+}
+
 /* Batch-class overload serves newest first, but not past the age limit. */
 static void lifo_with_age(void) {
     world w;
@@ -629,15 +758,119 @@ static void lifo_with_age(void) {
     dj_sched_free(w.s);
 }
 
+/* Session i fed `tokens` in one STEP (run at once), then paused for expect ms. */
+static void fill_and_pause(world *w, int i, uint32_t tokens, uint64_t expect) {
+    dj_sched_decision d;
+    w->ss[i].open = true;
+    open_sess(w, i, 1, 1);
+    arrive(w, i, DJ_REQ_STEP, 1, tokens, 0);
+    dj_sched_next(w->s, w->now, &d);
+    CHECK(d.op == DJ_SCHED_RUN);
+    act(w, &d);
+    w->ss[i].paused = true;
+    dj_sched_pause(w->s, sid(i), expect, w->now);
+}
+
+/* Decisions until a RUN of session i's request (done at once); every
+ * SWAP_OUT/SPILL on the way appended to ops as "o<i>"/"s<i>". */
+static void run_through(world *w, int i, char *ops, size_t cap) {
+    for (int k = 0; k < 20; k++) {
+        dj_sched_decision d;
+        dj_sched_next(w->s, w->now, &d);
+        if (d.op == DJ_SCHED_WAIT) {
+            w->now += 10;
+            transfers(w);
+            continue;
+        }
+        if (d.op == DJ_SCHED_SWAP_OUT || d.op == DJ_SCHED_SPILL)
+            snprintf(ops + strlen(ops), cap - strlen(ops), "%c%d ", d.op == DJ_SCHED_SPILL ? 's' : 'o', sidx(d.sess));
+        act(w, &d);
+        if (d.op == DJ_SCHED_RUN && d.sess == sid(i)) return;
+    }
+    CHECK_MSG(false, "session %d's request did not run: %s", i, ops);
+}
+
+/* The disk tier: when the pool is full, the pooled session wanted furthest
+ * ahead goes on to disk, then the next victim into the pool; a session on
+ * disk is prefetched earlier than one in the pool by the disk's rate. */
+static void disk_spill_order(void) {
+    world w;
+    if (!world_start(&w, (dj_sched_config){.max_running = 4, .max_rows = 64, .pages_total = 12, .pool_pages = 8,
+                              .idle_ms = 1000000, .lifo_age_ms = 1000, .page_in_ms = 1.0, .disk_pages = 8,
+                              .disk_page_ms = 10.0})) return;
+    /* A, B, C: 4 pages each, paused: expected back in 1000, 100000 and 5000 ms */
+    fill_and_pause(&w, 0, 16, 1000);
+    fill_and_pause(&w, 1, 16, 100000);
+    fill_and_pause(&w, 2, 16, 5000);
+    char ops[128] = "";
+    for (int i = 3; i < 6; i++) { /* D, E, F want 4 pages each (and stay: not idle): B, C, A go out */
+        w.ss[i].open = true;
+        open_sess(&w, i, 1, 1);
+        arrive(&w, i, DJ_REQ_STEP, 1, 16, 0);
+        run_through(&w, i, ops, sizeof ops);
+    }
+    /* B (furthest) and C into the pool; then A's turn finds it full: B, wanted furthest ahead, goes on to disk */
+    CHECK_MSG(strcmp(ops, "o1 o2 s1 o0 ") == 0, "the moves: %s", ops);
+    consistent(&w);
+    CHECK(w.ss[1].on_disk && !w.ss[2].on_disk && w.pool_used == 8 && w.disk_used == 4);
+    dj_sched_stats st;
+    dj_sched_get_stats(w.s, w.now, &st);
+    CHECK(st.spills == 1 && st.on_disk == 1 && st.disk_pages == 8 && st.disk_used == 4);
+    /* prefetch lead: A (pool, 4 pages x 1 ms x 1.5 + 1) is due 7 ms before its end; B (disk, 4 x 10 x 1.5 + 1)
+     * 61 ms before */
+    dj_sched_decision d;
+    dj_sched_next(w.s, w.now, &d);
+    CHECK(d.op == DJ_SCHED_WAIT);
+    const uint64_t a_at = 1000 - 7, b_at = 100000 - 61;
+    CHECK_MSG(d.wake_ms == a_at, "next wake %llu, want A's %llu", (unsigned long long)d.wake_ms,
+              (unsigned long long)a_at);
+    /* the segment frees up (D, E, F close): B comes back from disk ahead of its end, by the disk's lead */
+    for (int i = 3; i < 6; i++) {
+        dj_sched_session_close(w.s, sid(i));
+        w.ss[i].held = 0;
+        w.ss[i].open = false;
+    }
+    w.now = b_at + 1; /* before the pool's lead (7 ms), after the disk's (61 ms) */
+    bool b_back = false;
+    for (int k = 0; k < 10 && !b_back; k++) {
+        dj_sched_next(w.s, w.now, &d);
+        if (d.op == DJ_SCHED_WAIT) break;
+        b_back = d.op == DJ_SCHED_SWAP_IN && d.sess == sid(1);
+        if (d.op == DJ_SCHED_SWAP_IN && w.ss[sidx(d.sess)].on_disk) CHECK(d.sess == sid(1));
+        if (d.op == DJ_SCHED_SWAP_IN) {
+            fsess *f = &w.ss[sidx(d.sess)];
+            f->held = f->pooled;
+            f->xfer = 2;
+            f->xfer_done = w.now;
+            dj_sched_swap_started(w.s, d.sess, true);
+            transfers(&w);
+        } else {
+            act(&w, &d);
+        }
+    }
+    CHECK_MSG(b_back, "B did not come back from disk %llu ms before its expected end", 100000 - (unsigned long long)w.now);
+    CHECK(w.disk_used == 0);
+    world_end(&w);
+}
+
 int main(void) {
     dj_test_seeds();
+    disk_spill_order();
     realtime_within_a_step();
     swap_and_prefetch();
     lifo_with_age();
     exchange();
     continuing_first();
+    pool_share();
     for (int pol = 0; pol < 3; pol++)
         for (int t = 0; t < TRACES; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
+    disk_traces = true;
+    for (int t = 0; t < TRACES; t++) trace(DJ_SWAP_SEMANTIC, 200, false);
+    disk_traces = false;
+    CHECK_MSG(disk_spills > (uint64_t)TRACES && disk_lost > 0, "the disk traces spilled %llu times, lost %llu",
+              (unsigned long long)disk_spills, (unsigned long long)disk_lost);
+    fprintf(stderr, "disk traces: %llu spills, %llu read-backs lost\n", (unsigned long long)disk_spills,
+            (unsigned long long)disk_lost);
     dj_sched_config bad = {.max_running = 0, .max_rows = 1, .pages_total = 1};
     dj_sched_t *s = NULL;
     CHECK_ST(dj_sched_new(&bad, &s), DJ_EINVAL);

@@ -317,7 +317,7 @@ static void test_prefill_interleave(const char *mode, int n_prompt, long want_mi
         CHECK_MSG(0, "cannot make %s: %s", store, strerror(errno));
         return;
     }
-    const char *extra[] = {"--models", store, "--prefill-chunk", "4", "--mixed-steps", mode, NULL};
+    const char *extra[] = {"--models", store, "--prefill-chunk", "4", "--mixed-steps", mode, "--local-admin", NULL};
     const pid_t pid = start_daemon(2, "127.0.0.1:0", extra, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd (demo store) did not start");
     if (pid <= 0)
@@ -437,7 +437,7 @@ static void test_eos(void) {
     }
     CHECK_MSG(f, "cannot make the model store %s", store);
     if (!f) return;
-    const char *extra[] = {"--models", store, NULL};
+    const char *extra[] = {"--models", store, "--local-admin", NULL}; /* STATS' step counters */
     const pid_t pid = start_daemon(4, "127.0.0.1:0", extra, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd (EOS store) did not start");
     if (pid <= 0) return;
@@ -492,7 +492,7 @@ static void test_streamed_stats(void) {
     const bool made = mkdir(store, 0700) == 0 && symlink(DJ_SOURCE_DIR "/models/demo", link) == 0;
     CHECK_MSG(made, "cannot make the model store %s", store);
     if (!made) return;
-    const char *extra[] = {"--models", store, "--vmu-gb", "0.02", "--host-layers", "2", NULL};
+    const char *extra[] = {"--models", store, "--vmu-gb", "0.02", "--host-layers", "2", "--local-admin", NULL};
     setenv("DJINN_WEIGHTS_IN_PLACE", "0", 1); /* the weights copied into the text segment: its budget binds */
     const pid_t pid = start_daemon(5, "127.0.0.1:0", extra, addr, sizeof addr);
     unsetenv("DJINN_WEIGHTS_IN_PLACE");
@@ -975,7 +975,7 @@ int main(void) {
      * The default lease (10 s): only the lease tests below take a short one,
      * on a daemon of their own, so no other test depends on how promptly a
      * loaded machine runs the client's heartbeat thread. */
-    const char *extra[] = {"--metrics", mport, "--prefill-chunk", "4", NULL};
+    const char *extra[] = {"--metrics", mport, "--prefill-chunk", "4", "--local-admin", NULL}; /* STATS, /metrics */
     pid_t pid = -1;
     /* the metrics port is picked before the daemon binds it (a test beside this one may take it in
      * between: the daemon exits); a daemon alive but silent is not retried */
@@ -1001,7 +1001,7 @@ int main(void) {
     /* leases: 1500 ms, renewed every 500 ms by libdjinn's heartbeats */
     const uint32_t lease = 1500;
     snprintf(lease_s, sizeof lease_s, "%u", lease);
-    const char *lease_args[] = {"--lease-ms", lease_s, NULL};
+    const char *lease_args[] = {"--lease-ms", lease_s, "--local-admin", NULL}; /* STATS: every session */
     pid = start_daemon(3, "127.0.0.1:0", lease_args, addr, sizeof addr);
     CHECK_MSG(pid > 0, "djinnd (short lease) did not start");
     if (pid > 0) {

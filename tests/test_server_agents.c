@@ -133,7 +133,7 @@ static void agents(const char *policy, int slot) {
     /* 8 layers x 64 positions a page: an agent's ~95 positions take 16 pages (1 MiB); DATA_FOR MiB hold HOLDS */
     const char *roomy[] = {"--vmu-gb", "64m", "--swap-policy", policy, NULL};
     const char *tight[] = {"--vmu-gb", "64m", "--data-gb", DATA_FOR, "--swap-gb", "64m", "--swap-policy", policy,
-                           "--idle-ms", "20", "--threads", "1", NULL};
+                           "--idle-ms", "20", "--threads", "1", "--local-admin", NULL}; /* STATS' swap counters */
     if (start(slot, roomy, addr, sizeof addr) <= 0) return;
     for (int i = 0; i < N_AGENTS; i++) {
         make_agent(&alone[i], i, base_seed);

@@ -377,9 +377,11 @@ static uint64_t obj_u64(const msgpack_object *o, const char *key) {
     return v;
 }
 
-/* STATS on fd: the resident KV bytes of the listed sessions among ids[n]
- * (all of them listed when n is 0: *n_listed), whether `key` is in the reply. */
-static uint64_t stats_resident(int fd, const uint64_t *ids, size_t n, size_t *n_listed, const char *key, bool *has_key) {
+/* STATS on fd: the resident KV bytes (pooled: those in the swap pool) of the
+ * listed sessions among ids[n] (all of them listed when n is 0: *n_listed),
+ * whether `key` is in the reply. */
+static uint64_t stats_kv(int fd, const uint64_t *ids, size_t n, size_t *n_listed, const char *key, bool *has_key,
+                         bool pooled) {
     dj_test_raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
     dj__meta m;
     uint8_t *buf;
@@ -398,11 +400,15 @@ static uint64_t stats_resident(int fd, const uint64_t *ids, size_t n, size_t *n_
         for (size_t k = 0; k < n; k++) mine |= ids[k] == id;
         if (!mine) continue;
         (*n_listed)++;
-        resident += obj_u64(o, "kv_bytes") - obj_u64(o, "pooled_bytes");
+        resident += pooled ? obj_u64(o, "pooled_bytes") : obj_u64(o, "kv_bytes") - obj_u64(o, "pooled_bytes");
     }
     dj__meta_destroy(&m);
     free(buf);
     return resident;
+}
+
+static uint64_t stats_resident(int fd, const uint64_t *ids, size_t n, size_t *n_listed, const char *key, bool *has_key) {
+    return stats_kv(fd, ids, n, n_listed, key, has_key, false);
 }
 
 /* STEP of 128 ids on sid (no logits); the answer's type. */
@@ -423,6 +429,8 @@ static int hello_as(const char *addr, const char *token, dj_test_frame *f) {
     return dj_test_raw_hello(addr, RAW_TIMEOUT_S, token, f);
 }
 
+static uint64_t one_session_bytes; /* KV of one session of 128 positions (test_token_quotas measures it) */
+
 static void test_token_quotas(void) {
     char addr[64];
     dj_test_frame f;
@@ -439,6 +447,7 @@ static void test_token_quotas(void) {
     CHECK(stop_daemon(4) == 0);
     CHECK(one > 0 && n_listed == 1);
     if (!one) return;
+    one_session_bytes = one;
     /* a quota of two and a half such sessions per token */
     char quota[32];
     snprintf(quota, sizeof quota, "%llub", (unsigned long long)(one * 5 / 2));
@@ -498,6 +507,170 @@ static void test_token_quotas(void) {
     close(al);
     close(root);
     CHECK(stop_daemon(4) == 0);
+}
+
+/* ---- finding 7: the swap pool is shared per token too ---- */
+
+static bool send_pause(int fd, uint64_t req, uint64_t sid) {
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", sid);
+    return send_meta(fd, DJ_MSG_PAUSE, req, &w);
+}
+
+/* Bob (batch) fills his KV quota of 2.5 sessions and pauses 6 sessions: the
+ * pool takes 4, but his share of it (as his quota) only 2, so his fifth and
+ * sixth STEPs wait on his own share; alice's third session still finds room
+ * in the pool for her idle first one and is served. Before the share, bob's
+ * sessions filled the pool and alice's STEP waited until he left. */
+static void test_pool_share(void) {
+    const uint64_t one = one_session_bytes;
+    CHECK_MSG(one > 0, "no session size measured");
+    if (!one) return;
+    char addr[64], quota[32], pool[32];
+    dj_test_frame f;
+    snprintf(quota, sizeof quota, "%llub", (unsigned long long)(one * 5 / 2));
+    snprintf(pool, sizeof pool, "%llub", (unsigned long long)(one * 9 / 2));
+    const char *extra[] = {"--token-file", token_file, "--quota-gb", quota, "--swap-gb", pool, "--idle-ms", "0",
+                           "--lease-ms", "600000", NULL};
+    pid_t pid = start_daemon(5, extra, 0, addr, sizeof addr);
+    if (pid <= 0) return;
+    int bob[6], n_served = 0;
+    uint64_t bs[6] = {0};
+    for (int i = 0; i < 6; i++) { /* a connection and a session each: 128 positions, then PAUSE */
+        bob[i] = hello_as(addr, "bob-token", &f);
+        bs[i] = open_batch(bob[i], "demo", &f);
+        if (i < 4) {
+            const int t = step128(bob[i], bs[i], &f);
+            n_served += t == DJ_MSG_REPLY;
+            if (t != DJ_MSG_REPLY) printf("bob's STEP %d: %d %s\n", i, t, f.msg);
+            send_pause(bob[i], 6, bs[i]);
+            f = dj_test_raw_frame(bob[i], NULL);
+            CHECK_MSG(f.type == DJ_MSG_REPLY, "bob's PAUSE %d: %d %s", i, f.type, f.msg);
+        } else { /* these may wait: not read */
+            int32_t ids[128];
+            for (int k = 0; k < 128; k++) ids[k] = 3 + k;
+            dj__mw w;
+            dj__mw_init(&w);
+            dj__mw_u64(&w, "session", bs[i]);
+            dj__mw_ids(&w, "ids", ids, 128);
+            dj__mw_str(&w, "logits", "none");
+            send_meta(bob[i], DJ_MSG_STEP, 4, &w);
+        }
+    }
+    int root = hello_as(addr, "root-token", &f);
+    size_t n_listed = 0;
+    /* alice: three sessions of 128 positions; the third needs her idle first one in the pool */
+    int al = hello_as(addr, "alice-token", &f);
+    uint64_t as[3];
+    int alice_ok = 0;
+    for (int i = 0; i < 3; i++) {
+        as[i] = open_session(al, 10 + (uint64_t)i, &f);
+        const int t = step128(al, as[i], &f);
+        alice_ok += t == DJ_MSG_REPLY;
+        if (t != DJ_MSG_REPLY) printf("alice's STEP %d: %d %s\n", i, t, f.msg);
+    }
+    const uint64_t bob_pooled = stats_kv(root, bs, 6, &n_listed, NULL, NULL, true);
+    const uint64_t alice_pooled = stats_kv(root, as, 3, &n_listed, NULL, NULL, true);
+    printf("pool of %s, a share of %s per token (one session %llu bytes): bob's STEPs served %d of the first 4, "
+           "%llu bytes of his in the pool; alice's STEPs served %d of 3, %llu bytes of hers in the pool\n", pool,
+           quota, (unsigned long long)one, n_served, (unsigned long long)bob_pooled, alice_ok,
+           (unsigned long long)alice_pooled);
+    CHECK(n_served == 4);
+    CHECK_MSG(bob_pooled <= one * 5 / 2, "bob holds %llu pool bytes, his share %llu", (unsigned long long)bob_pooled,
+              (unsigned long long)(one * 5 / 2));
+    CHECK_MSG(alice_ok == 3 && alice_pooled >= one, "alice: %d of 3 STEPs served, %llu bytes pooled", alice_ok,
+              (unsigned long long)alice_pooled);
+    for (int i = 0; i < 6; i++) close(bob[i]);
+    close(al);
+    close(root);
+    CHECK(stop_daemon(5) == 0);
+}
+
+/* ---- finding 10: without a token file nobody is admin (unless --local-admin) ---- */
+
+/* STATS on fd: its `scope` is `want`, and how many sessions it lists. */
+static size_t stats_scope(int fd, const char *want) {
+    dj_test_raw_send(fd, DJ_MSG_STATS, 9, NULL, 0, 0);
+    dj__meta m;
+    uint8_t *buf;
+    if (read_answer(fd, &m, &buf) != DJ_MSG_REPLY) {
+        CHECK_MSG(0, "STATS was not answered");
+        return 0;
+    }
+    const msgpack_object *sc = dj__meta_get(&m, "scope"), *ss = dj__meta_get(&m, "sessions");
+    CHECK_MSG(sc && sc->type == MSGPACK_OBJECT_STR && sc->via.str.size == strlen(want) &&
+                  !memcmp(sc->via.str.ptr, want, sc->via.str.size),
+              "STATS scope is not %s", want);
+    const size_t n = ss && ss->type == MSGPACK_OBJECT_ARRAY ? ss->via.array.size : 0;
+    dj__meta_destroy(&m);
+    free(buf);
+    return n;
+}
+
+/* Two loopback clients of a daemon without --token-file: the second sees
+ * only its own sessions in STATS, may not drop the first one's pin, and the
+ * HTTP door's stats and events and /metrics answer 403 saying what to do;
+ * with --local-admin all of it works as before (a single-user machine). */
+static void test_admin_needs_token(void) {
+    for (int local_admin = 0; local_admin < 2; local_admin++) {
+        char addr[128], mport[64] = "", body[2048];
+        unsigned port = 0;
+        pid_t pid = -1;
+        for (int attempt = 0; attempt < 5 && pid <= 0; attempt++) { /* a test beside this one may take the port */
+            snprintf(mport, sizeof mport, "127.0.0.1:%d", dj_test_free_port());
+            const char *extra[] = {"--metrics", mport, local_admin ? "--local-admin" : NULL, NULL};
+            pid = dj_test_http_daemon_start(6, tmpdir, models, extra, addr, sizeof addr, &port);
+        }
+        CHECK_MSG(pid > 0 && port > 0, "djinnd%s did not start", local_admin ? " --local-admin" : "");
+        if (pid <= 0 || !port) continue;
+        dj_test_frame f;
+        int a = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f), b = dj_test_raw_hello(addr, RAW_TIMEOUT_S, NULL, &f);
+        CHECK(open_session(a, 1, &f) != 0);
+        dj__mw w;
+        dj__mw_init(&w);
+        dj__mw_str(&w, "model", "demo");
+        send_meta(a, DJ_MSG_MODEL_LOAD, 2, &w);
+        f = dj_test_raw_frame(a, NULL);
+        CHECK_MSG(f.type == DJ_MSG_REPLY, "MODEL_LOAD: %d %s", f.type, f.msg);
+        const size_t listed = stats_scope(b, local_admin ? "all" : "own");
+        CHECK_MSG(listed == (local_admin ? 1u : 0u), "the other client's STATS lists %zu sessions", listed);
+        dj__mw_init(&w);
+        dj__mw_str(&w, "model", "demo");
+        send_meta(b, DJ_MSG_MODEL_UNLOAD, 3, &w);
+        f = dj_test_raw_frame(b, NULL);
+        if (local_admin)
+            CHECK_MSG(f.type == DJ_MSG_REPLY, "an admin's MODEL_UNLOAD of another's pin: %d %s", f.type, f.msg);
+        else
+            CHECK_MSG(f.type == DJ_MSG_ERROR && strstr(f.msg, "--token-file") && strstr(f.msg, "--local-admin"),
+                      "MODEL_UNLOAD of another's pin without the admin role: %d %s", f.type, f.msg);
+        static const char *const paths[] = {"/v1/djinn/stats", "/v1/djinn/events?count=1"};
+        for (int i = 0; i < 2; i++) {
+            const int code = dj_test_http_text(port, "GET", paths[i], NULL, body, sizeof body);
+            if (local_admin) CHECK_MSG(code == 200, "GET %s with --local-admin: %d %s", paths[i], code, body);
+            else
+                CHECK_MSG(code == 403 && strstr(body, "--token-file") && strstr(body, "admin"),
+                          "GET %s without a token file: %d %s", paths[i], code, body);
+        }
+        unsigned mp = 0;
+        sscanf(mport, "127.0.0.1:%u", &mp);
+        dj_test_resp r = dj_test_http_request(mp, "GET", "/metrics", NULL, NULL);
+        if (local_admin) CHECK_MSG(r.status == 200, "/metrics with --local-admin: %d", r.status);
+        else
+            CHECK_MSG(r.status == 403 && r.body && strstr(r.body, "--token-file"), "/metrics without a token file: %d %s",
+                      r.status, r.body ? r.body : "");
+        dj_test_resp_free(&r);
+        close(a);
+        close(b);
+        CHECK(dj_test_daemon_stop(6, 20000) == 0);
+    }
+    /* the flag beside a token file: refused at start, naming both */
+    const char *both[] = {"--token-file", token_file, "--local-admin", NULL};
+    char addr[128];
+    int code = 0;
+    const dj_test_daemon_opts o = {.djinnd = djinnd, .dir = tmpdir, .models = models, .listen = "127.0.0.1:0",
+                                   .wait_ms = 10000};
+    CHECK(dj_test_daemon_start(7, &o, both, addr, sizeof addr, &code) < 0 && code == 2);
 }
 
 /* ---- finding 1: one token's queued prompts do not hold another's ---- */
@@ -584,6 +757,8 @@ int main(void) {
     test_silent_connections();
     test_wrong_tokens();
     test_token_quotas();
+    test_pool_share();
+    test_admin_needs_token();
     test_tokenizer_turns();
     printf("tenant tests in %.2f s\n", dj_test_now_s() - t);
     char cmd[400];

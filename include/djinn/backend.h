@@ -328,6 +328,13 @@ typedef struct dj_sample_row {
     double u;                 /* in [0, 1) */
 } dj_sample_row;
 
+/* Whether a dj_sample_row carries all of p: every sampling field (the table
+ * of djinn/sample_schema.h) that the row has no place for is at its default.
+ * The engine picks a row through the sample hook only then, else on the host
+ * (dj_pick), so a field added to the table works on every backend before the
+ * row and the CUDA kernel learn it. */
+bool dj_sample_row_carries(const dj_sampler_params *p);
+
 typedef struct dj_backend_vtbl {
     const char *name; /* "cpu", "cuda" */
     /* Device memory. alloc returns DJ_ENOMEM with a message on failure. */

@@ -96,6 +96,8 @@ const uint8_t *dj_cgraph_weight_hash(const dj_cgraph_t *g, uint32_t i, size_t *h
 const char *dj_cgraph_weight_name(const dj_cgraph_t *g, uint32_t i);
 /* Bytes of the stack buffer dj_cgraph_run needs (the plan's peak; a multiple of 64). */
 size_t dj_cgraph_stack_bytes(const dj_cgraph_t *g);
+/* Bytes the decoded graph holds in host memory (what a plan cache counts for it). */
+size_t dj_cgraph_mem_bytes(const dj_cgraph_t *g);
 
 /* Runs the graph on a CPU backend (its MATMUL does the GEMMs): inputs[i] and weights[i] are
  * f32 arrays of each one's numel (read only; an i64 or bool tensor as its values in f32), stack

@@ -46,7 +46,7 @@ dj_status dj_client_model_unload(dj_client_t *c, const char *name);
 /* ---- sessions ---- */
 typedef struct dj_session_opts {
     const char *model;        /* a folder name in the server's model store */
-    dj_qos qos;               /* DJ_QOS_REALTIME (0), DJ_QOS_INTERACTIVE or DJ_QOS_BATCH */
+    dj_qos qos;               /* DJ_QOS_INTERACTIVE (0, the default), DJ_QOS_REALTIME or DJ_QOS_BATCH */
     uint32_t expected_tokens; /* context to reserve; 0 = the model's (capped at 4096) */
 } dj_session_opts;
 dj_status dj_client_session_open(dj_client_t *c, const dj_session_opts *o, uint64_t *session /* OUT */);
@@ -172,6 +172,7 @@ typedef struct dj_client_swap {
     uint64_t pages_reserved, preemptions, prefetches, kv_drops;
 } dj_client_swap;
 typedef struct dj_client_stats {
+    char version[32];                     /* the daemon's version ("0.1.0"; "" from one older than 0.1.0) */
     dj_client_seg text, data, stack;
     uint64_t pages_total, pages_free, page_bytes, evictions, vmu_models, vmu_sessions, handles, connections;
     uint64_t batched_steps, batched_rows; /* decode steps that carried several sessions, and their rows */
@@ -190,6 +191,13 @@ typedef struct dj_client_stats {
         bool enabled;
         uint64_t blocks, blocks_unreferenced, pages, pages_unreferenced, hits, tokens_mapped, evictions;
     } prefix;
+    struct {                            /* the KV disk tier below the swap pool (STATS `disk`) */
+        bool enabled, direct;
+        uint64_t capacity, used, peak, sessions, spills, reads, bytes_written, bytes_read;
+        uint64_t bad_pages, failed_reads, recoveries; /* pages failing their checksum; read-backs refused;
+                                                       * sessions recomputed from their history after one */
+        double write_s, read_s;
+    } disk;
 } dj_client_stats;
 dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *st /* OUT */);
 void dj_client_stats_free(dj_client_stats *st);

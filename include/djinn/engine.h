@@ -252,9 +252,9 @@ dj_status dj_engine_step_batch_samplers(dj_engine_t *e, dj_session_t *const *ses
 /* A host swap pool of pool_bytes (rounded down to whole data-segment pages):
  * pinned through the backend's host_alloc where it has one (CUDA:
  * cudaHostAlloc), else plain memory. 0 = no pool (swap_out then fails
- * DJ_ENOSPC). May be called again only while the pool holds nothing
- * (DJ_EBUSY otherwise); DJ_ENOMEM (nothing changed) if the memory cannot
- * be had. */
+ * DJ_ENOSPC). May be called again only while the pool holds nothing and no
+ * disk tier sits below it (DJ_EBUSY otherwise); DJ_ENOMEM (nothing changed)
+ * if the memory cannot be had. */
 dj_status dj_engine_swap_init(dj_engine_t *e, size_t pool_bytes);
 void dj_engine_swap_stats(const dj_engine_t *e, dj_swap_stats *st /* OUT */);
 
@@ -276,7 +276,9 @@ dj_status dj_session_swap_out(dj_engine_t *e, dj_session_t *s);
  * its pages never left, so it is RESIDENT at once with no copy; the copies in
  * flight finish into pool slots that are released when poll sees them done
  * (counted in used until then). RESIDENT or RESTORING: DJ_OK, nothing to
- * do. */
+ * do. A session on the disk tier is read back here, blocking, every page
+ * checked: RESIDENT at once, or DJ_EIO (a page failed its checksum or could
+ * not be read; it stays on disk, its KV lost - kv.h). */
 dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s);
 
 /* Non-blocking: completes the transfers that have finished - frees the pages
@@ -285,6 +287,26 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s);
  * device failure is logged and the transfer left in flight. Nothing to do
  * without a pool. */
 void dj_engine_swap_poll(dj_engine_t *e);
+
+/* The disk tier (kv.h says what it is): a page file of `bytes` (rounded
+ * down to whole pages) in the directory `dir`, written and read by `threads`
+ * I/O threads (0: 4). The file is kv-pages.djinn; made (and its space
+ * reserved) if absent, taken over if it is a page file of this version and
+ * page size that no other process holds (flock). Clear errors, nothing
+ * written: DJ_ENOTFOUND `dir` missing or not a directory, DJ_EIO not
+ * writable or the file not reservable (a full disk says how much is free),
+ * DJ_EFORMAT the file is not a Djinn page file or of another version or page
+ * size, DJ_EBUSY another daemon holds it or sessions are on disk now. 0 bytes
+ * closes the tier (only while no session is on disk). */
+dj_status dj_engine_disk_init(dj_engine_t *e, const char *dir, size_t bytes, uint32_t threads);
+void dj_engine_disk_stats(const dj_engine_t *e, dj_disk_stats *st /* OUT */);
+
+/* Moves a SWAPPED session's pool copy to the disk tier (blocking: the I/O
+ * threads write it and the calling thread waits), then frees its pool
+ * slots. A session already on disk: DJ_OK. Not SWAPPED (or still in
+ * flight): DJ_EBUSY. No tier or too few free disk slots: DJ_ENOSPC; a write
+ * that fails: DJ_EIO. Nothing changes on failure (it stays in the pool). */
+dj_status dj_session_swap_spill(dj_engine_t *e, dj_session_t *s);
 
 /* The largest number of tokens one step takes (dj_engine_config.max_step_tokens). */
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);

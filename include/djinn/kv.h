@@ -55,6 +55,37 @@ typedef struct dj_swap_stats {
     uint32_t in_flight;           /* transfers not yet completed */
 } dj_swap_stats;
 
+/* ---- the disk tier: below the pool, a page file in a state directory ----
+ *
+ * A SWAPPED session whose bytes sit in the pool can be spilled to disk
+ * (dj_session_swap_spill): every page is written to a slot of the page file
+ * with an XXH3 checksum (seeded with the model's fingerprint, the spill's
+ * serial number and the page's index, so a page of another session, another
+ * model or an older spill does not verify), then its pool slots are free. It
+ * stays DJ_KV_SWAPPED (dj_session_on_disk tells where); dj_session_swap_in
+ * reads it back into data-segment pages (straight into them where device
+ * memory is host memory, else through a pinned bounce buffer) and checks
+ * every page: a page that fails its checksum or cannot be read is DJ_EIO
+ * naming it, and the session stays on disk untouched (its KV is lost: the
+ * caller recomputes it from its history or closes it). docs/swap.md has the
+ * file's format. */
+typedef struct dj_disk_stats {
+    bool enabled;
+    bool direct;                   /* O_DIRECT is used for aligned pages (else buffered I/O only) */
+    uint32_t threads;              /* I/O threads (pread/pwrite) */
+    size_t capacity, used, peak;   /* bytes of KV pages (whole pages) */
+    size_t page_bytes;
+    uint32_t sessions;             /* on disk now */
+    uint64_t spills, reads;        /* sessions written to disk, read back (completed) */
+    uint64_t bytes_written, bytes_read;
+    double write_s, read_s;        /* summed wall time of those writes and reads */
+    uint64_t bad_pages;            /* pages that failed their checksum or could not be read */
+    uint64_t failed_reads;         /* read-backs refused (DJ_EIO) */
+} dj_disk_stats;
+
+/* True while a SWAPPED session's bytes are in the page file (not the pool). */
+bool dj_session_on_disk(const dj_session_t *s);
+
 dj_kv_residency dj_session_residency(const dj_session_t *s);
 /* KV pages of the session (n_layers x blocks mapped): held in the data
  * segment, or in the pool when SWAPPED (both while copies are in flight). */

@@ -9,15 +9,11 @@
 #include "djinn/sample_params.h"
 #include "djinn/status.h"
 
-/* The rule's parameters (dj_sampler_params without the seed and the
- * penalties' weights, which the penalty entries carry). */
-typedef struct dj_pick_rule {
-    float temperature;        /* 0 = greedy (the argmax of the penalised logits) */
-    uint32_t top_k;           /* 0 = off */
-    float top_p;              /* 1 = off; in (0, 1] */
-    float min_p;              /* 0 = off; in [0, 1] */
-    float repetition_penalty; /* 0 or 1 = off; else > 0 and finite */
-} dj_pick_rule;
+/* The rule's parameters: a request's dj_sampler_params whole, so a field
+ * added there reaches the rule with no copy to extend (the rule reads neither
+ * the seed nor the frequency/presence weights: the draw u and the penalty
+ * entries carry them). */
+typedef dj_sampler_params dj_pick_rule;
 
 /* A candidate of the top-k/top-p order: its weight and id. */
 typedef struct dj_pick_cand {
@@ -53,7 +49,8 @@ dj_status dj_pick_rule_check(const dj_pick_rule *r);
  *    masses q = floor(w * 2^36), summed exactly in 64-bit integers;
  *  - the candidate order: descending w, ties by ascending id; top-k keeps
  *    its first top_k; top-p the shortest prefix of those whose mass, as a
- *    double, reaches top_p * (their mass); min-p then drops w < min_p;
+ *    double, reaches top_p * (their mass); then the weights below the
+ *    rule's floor go (dj__sample_floor: min_p, and any rule of that kind);
  *  - the draw, in id order over the kept ids: the first whose cumulative
  *    mass exceeds floor(u * kept mass).
  * Temperature 0 is the argmax of the penalised logits; logits all -inf or

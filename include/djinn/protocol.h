@@ -35,6 +35,11 @@
     X(RESUME, 0x0e)               \
     X(MODEL_INFO, 0x0f)           \
     X(SESSION_ATTACH, 0x10)       \
+    X(WEIGHT_HAS, 0x11)           \
+    X(WEIGHT_UPLOAD, 0x12)        \
+    X(WEIGHT_CHALLENGE, 0x13)     \
+    X(WEIGHT_PROVE, 0x14)         \
+    X(GRAPH_RUN, 0x15)            \
     X(REPLY, 0x80)                \
     X(TOKEN, 0x81)                \
     X(DONE, 0x82)                 \
@@ -46,10 +51,18 @@ typedef enum {
 #undef DJ__MSG_ENUM
 } dj_msg_type;
 
-#define DJ_MSG_REQUEST_LAST DJ_MSG_SESSION_ATTACH /* requests are 1..DJ_MSG_REQUEST_LAST */
+#define DJ_MSG_REQUEST_LAST DJ_MSG_GRAPH_RUN /* requests are 1..DJ_MSG_REQUEST_LAST */
 
-/* QoS classes of a session, most urgent first. */
-typedef enum { DJ_QOS_REALTIME = 0, DJ_QOS_INTERACTIVE = 1, DJ_QOS_BATCH = 2, DJ_QOS_COUNT = 3 } dj_qos;
+/* QoS classes of a session. The zero value is interactive, so a zeroed
+ * dj_session_opts asks for the ordinary class, never one that pre-empts
+ * everyone; the order of urgency is dj_qos_rank's, not the values'. On the
+ * wire a class is its name (dj_qos_name). */
+typedef enum { DJ_QOS_INTERACTIVE = 0, DJ_QOS_REALTIME = 1, DJ_QOS_BATCH = 2, DJ_QOS_COUNT = 3 } dj_qos;
+/* Urgency, 0 most urgent: realtime 0, interactive 1, batch 2 (the
+ * scheduler's class numbers, src/sched/sched.h). */
+static inline uint32_t dj_qos_rank(dj_qos q) {
+    return q == DJ_QOS_REALTIME ? 0u : q == DJ_QOS_INTERACTIVE ? 1u : 2u;
+}
 
 /* The header as decoded. On the wire (little-endian, no padding):
  * magic u32 | version u16 | type u16 | flags u32 | meta_len u32 |

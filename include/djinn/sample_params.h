@@ -18,6 +18,8 @@ typedef struct dj_sampler_params {
                                * divided by it, negative ones multiplied */
     float frequency_penalty;  /* 0 = off; in [-2, 2]. OpenAI rule, over the generated */
     float presence_penalty;   /* ids: logit -= count * frequency + (count > 0) * presence */
+    float top_a;              /* 0 = off; in [0, 1]: keep probabilities >= top_a * (the largest)^2
+                               * (after penalties and temperature, over the whole row) */
 } dj_sampler_params;
 
 /* One observed id's penalty (sampler.c keeps one per distinct id): its logit

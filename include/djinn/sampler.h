@@ -14,7 +14,8 @@
 
 typedef struct dj_sampler dj_sampler_t;
 
-/* Checks params; DJ_EINVAL with a message naming the bad field. */
+/* Checks params (the pick rule's check, then every field's bounds in
+ * djinn/sample_schema.h); DJ_EINVAL with a message naming the bad field. */
 dj_status dj_sampler_params_check(const dj_sampler_params *p);
 /* Validates params (dj_sampler_params_check) and vocab > 0. */
 dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_t **out /* OUT */);

@@ -3,6 +3,7 @@
 #ifndef DJINN_STATUS_H
 #define DJINN_STATUS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* X(NAME, code, message). Codes are stable: they travel on the wire later. */
@@ -54,5 +55,24 @@ void dj_log(dj_log_level lvl, const char *func, const char *fmt, ...)
 #endif
     ;
 #define DJ_LOG(lvl, ...) dj_log(DJ_LOG_##lvl, __func__, __VA_ARGS__)
+/* Sets the threshold (over $DJINN_LOG); any thread, any time. */
+void dj_log_set_level(dj_log_level lvl);
+/* Every line starts with an RFC 3339 UTC timestamp: text "TS djinn LEVEL
+ * FUNC: MESSAGE", or one JSON object {"ts","level","func","msg"} a line. */
+typedef enum { DJ_LOG_TEXT, DJ_LOG_JSON } dj_log_format;
+void dj_log_set_format(dj_log_format f);
+bool dj_log_enabled(dj_log_level lvl);
+/* Internal: one line of msg at lvl, whatever the threshold; json_fields
+ * (may be NULL): more members for the JSON object, written as given.
+ * dj__log_escape writes in as a JSON string's body into out[cap]. */
+void dj__log_line(dj_log_level lvl, const char *func, const char *msg, const char *json_fields);
+size_t dj__log_escape(const char *in, char *out, size_t cap);
+/* dj_log whatever the threshold: what an operator must always see (the
+ * daemon's start and its fatal errors). */
+void dj__log_always(dj_log_level lvl, const char *func, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 #endif

@@ -1,20 +1,21 @@
 """capture.py: a PyTorch module's forward recorded as ATen ops (a __torch_dispatch__ LazyTensor)
 into the captured-graph form djinnd's executor reads (docs/capture.md, docs/protocol.md).
 
-    from djinn.capture import CapturedModule, ToolExecutor
-    rm = CapturedModule(net.eval(), ToolExecutor(path))   # module-like: rm(x), rm.net_attr ...
-    y = rm(x)              # recorded (shapes from meta tensors), sent, run, result in y's structure
+    rm = client.remote(net.eval())   # module-like: rm(x), rm.net_attr ... (djinn.remote)
+    y = rm(x)              # recorded (shapes from meta tensors), run on djinnd, RemoteTensor leaves
 
-Weights are identified by content (BLAKE2b-128 of dtype, shape and bytes; cached per tensor
-version). Plain Python control flow is followed: where the forward needs a value (bool(t),
-t.item()), the graph recorded so far runs through the executor, the value comes back and
-capture goes on. The executor is what runs graphs: `ToolExecutor` runs the server's C executor
-(src/capture) in a child process on this machine - a test harness, NOT remote execution; the
-daemon's GRAPH_RUN message is the next step of issue 44.
+Weights are identified by content (XXH3-128 of their bytes, cached per tensor version). Plain
+Python control flow is followed: where the forward needs a value (bool(t), t.item()), the graph
+recorded so far runs through the executor, the value comes back and capture goes on. The
+executor is what runs graphs: `djinn.remote.RemoteExecutor` on djinnd (GRAPH_RUN), or
+`ToolExecutor`, the server's C executor (src/capture) in a child process on this machine - a
+test harness for the executor alone, not remote execution.
 """
 
+import collections
 import contextlib
-import hashlib
+import ctypes
+import ctypes.util
 import math
 import os
 import subprocess
@@ -23,6 +24,7 @@ import msgpack
 import numpy as np
 
 from . import errors
+from .tensor import RemoteTensor
 
 try:
     import torch
@@ -62,10 +64,43 @@ def mem_available():
 
 GRAPH_VERSION = 1
 
+
+class _XXH128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+_xxh = None
+
+
+def _libxxhash():
+    """libxxhash (the C library djinnd links; Debian: libxxhash0), through ctypes."""
+    global _xxh
+    if _xxh is None:
+        name = ctypes.util.find_library("xxhash") or "libxxhash.so.0"
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            raise ImportError("weights are named by XXH3-128: this needs libxxhash (Debian: apt install "
+                              "libxxhash0)") from None
+        lib.XXH3_128bits_withSeed.restype = _XXH128
+        lib.XXH3_128bits_withSeed.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64]
+        _xxh = lib
+    return _xxh
+
+
+def xxh3_128(data, seed=0):
+    """The canonical XXH3-128 of data (bytes-like): 16 bytes, the high half first - a weight's
+    name on the wire (docs/protocol.md, "Captured modules")."""
+    mv = memoryview(data).cast("B")
+    buf = (ctypes.c_char * len(mv)).from_buffer_copy(mv) if mv.readonly else (ctypes.c_char * len(mv)).from_buffer(mv)
+    h = _libxxhash().XXH3_128bits_withSeed(buf, len(mv), seed)
+    return h.high64.to_bytes(8, "big") + h.low64.to_bytes(8, "big")
+
 if torch is not None:
     _DTYPES = {torch.float32: "f32", torch.int64: "i64", torch.bool: "bool", torch.float16: "f16",
                torch.bfloat16: "bf16", torch.int32: "i32", torch.float64: "f64", torch.uint8: "u8"}
     _NP = {"f32": np.float32, "i64": np.int64, "bool": np.bool_}
+    _TORCH_OF = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
 _ITEMSIZE = {"f32": 4, "i64": 8, "bool": 1, "f16": 2, "bf16": 2, "i32": 4, "f64": 8, "u8": 1}
 
 
@@ -84,15 +119,18 @@ class Graph:
         self.inputs = []         # [tensor spec]
         self.weights = []        # [{"name", "hash", "shape", "dtype"}]
         self.weight_data = []    # [contiguous CPU tensor] beside each weight
-        self._weight_at = {}     # hash -> index
+        self._weight_at = {}     # (hash, dtype, shape) -> index
         self.nodes = []          # [{"op", "args", "out", "path"}]
         self.path = []           # the module path being run (forward hooks keep it)
 
     def add_weight(self, t, name, digest):
-        i = self._weight_at.get(digest)
+        # one entry per content, dtype and shape: zeros(768) and zeros(1, 1, 768) share their bytes
+        # (one copy on the server) but not their shape
+        key = (digest, t.dtype, tuple(t.shape))
+        i = self._weight_at.get(key)
         if i is None:
             i = len(self.weights)
-            self._weight_at[digest] = i
+            self._weight_at[key] = i
             self.weights.append({"name": name, "hash": digest, "shape": [int(d) for d in t.shape],
                                  "dtype": _dtype_name(t.dtype)})
             self.weight_data.append(t.detach().contiguous())
@@ -271,8 +309,9 @@ class _Recorder:
         if getattr(self.owner._executor, "records_only", False):
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
                                           "(.tolist()/.cpu()/nonzero): capture_graph cannot give it")
-        values = self.owner._run(self.graph, [self.ref_of(t) for t in ts])
-        return [torch.from_numpy(np.array(v)).to(t.dtype) for v, t in zip(values, ts)]
+        values = [np.array(_value(v)) for v in self.owner._run(self.graph, [self.ref_of(t) for t in ts])]
+        self.owner._guard(values)
+        return [torch.from_numpy(v).to(t.dtype) for v, t in zip(values, ts)]
 
     def run_here(self, func, args, kwargs):
         """func on the real values of its LazyTensor arguments (data-dependent shapes)."""
@@ -288,7 +327,36 @@ class _Recorder:
         if getattr(self.owner._executor, "records_only", False):
             raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "this forward needs a value while it is recorded "
                                           "(bool()/item()): capture_graph cannot give it")
-        return self.owner._run(self.graph, [self.ref_of(t)])[0]
+        value = np.array(_value(self.owner._run(self.graph, [self.ref_of(t)])[0]))
+        self.owner._guard([value])
+        return value
+
+
+class _GraphView:
+    """The weights of a graph as they were when one of its runs was sent (a prefix of the final lists)."""
+
+    def __init__(self, graph, n_weights):
+        self.weights = graph.weights[:n_weights]
+        self.weight_data = graph.weight_data[:n_weights]
+
+
+class _Plan:
+    """One recorded call, kept for replay: the runs it made in order (graph bytes, how many weights
+    each had), the values each materializing run returned (the guards), and how the result is built."""
+
+    def __init__(self, graph, state):
+        self.graph = graph
+        self.state = state    # the module's parameters/buffers (identity, version) and plain attributes
+        self.guards = []      # [(graph bytes, n weights, [numpy value])]: the path's materializations
+        self.final = None     # (graph bytes, n weights) of the last run
+        self.ospec = None
+        self.leaves = None    # the output leaves: _OUT where a run's output goes, else the constant
+
+
+_OUT = object()
+
+# A call's non-tensor arguments are part of its signature by value: these types only.
+_PLAIN = (bool, int, float, str, bytes, type(None))
 
 
 class CapturedModule:
@@ -297,11 +365,18 @@ class CapturedModule:
     own structure (tuple, list, dict, namedtuple) with torch tensors where it had tensors.
     Other attributes are the module's."""
 
-    def __init__(self, module, executor, fallback=None):
+    PLAN_CACHE = 32  # signatures kept per module (least recently used out)
+
+    def __init__(self, module, executor, fallback=None, cache=True):
         if torch is None:
             raise ImportError("djinn.capture needs PyTorch")
         if fallback not in (None, "local"):
             raise ValueError("fallback is None or 'local', not %r" % (fallback,))
+        self._cache = bool(cache)
+        self._plans = collections.OrderedDict()  # signature -> _Plan (docs/capture.md, "The plan cache")
+        self._plan = None       # the plan being recorded
+        self.replayed = False   # the last call replayed a recorded plan (no forward ran here)
+        self.plan_stats = {"hits": 0, "misses": 0, "guard_misses": 0, "state_misses": 0}
         self._module = module
         self._executor = executor
         self._fallback = fallback
@@ -320,10 +395,7 @@ class CapturedModule:
         hit = self._hashes.get(key)
         if hit is not None and hit[0] == ver and hit[2] is t:
             return hit[1]
-        h = hashlib.blake2b(digest_size=16)
-        h.update(("%s%s" % (_dtype_name(t.dtype), list(t.shape))).encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
-        d = h.digest()
+        d = xxh3_128(_tensor_bytes(t))
         if key in self._names:  # parameters and buffers only: a constant made in forward dies with the
             self._hashes[key] = (ver, d, t)  # call, and a later one could reuse its id, pointer and version 0
         return d
@@ -332,11 +404,19 @@ class CapturedModule:
         return self._names.get(id(t), "const")
 
     def _run(self, graph, out_refs):
+        """Runs the graph so far with these outputs: the executor's results (numpy arrays, or
+        RemoteTensors for a remote executor)."""
         data = graph.encode(out_refs)
+        self._last_run = (data, len(graph.weights))
+        return self._send(graph, data)
+
+    def _send(self, graph, data):
         self.last_graph = data
-        inputs = [np.ascontiguousarray(x.numpy()) for x in self._inputs]
-        weights = [np.ascontiguousarray(w.numpy()) for w in graph.weight_data]
-        return self._executor.run(data, inputs, weights)
+        run_graph = getattr(self._executor, "run_graph", None)
+        if run_graph is None:  # an executor of arrays only: run(graph bytes, inputs, weights)
+            return self._executor.run(data, [np.ascontiguousarray(_input_array(x)) for x in self._inputs],
+                                      [np.ascontiguousarray(w.numpy()) for w in graph.weight_data])
+        return run_graph(graph, data, self._inputs)
 
     @contextlib.contextmanager
     def _paths(self, graph):
@@ -355,12 +435,69 @@ class CapturedModule:
             for h in hooks:
                 h.remove()
 
+    def _guard(self, values):
+        """A run of the graph so far gave these values to the forward (a materialization)."""
+        if self._plan is not None:
+            self._plan.guards.append(self._last_run + (values,))
+
+    def _signature(self, args, kwargs):
+        """What a recorded call is kept under: the structure of the arguments, each tensor's kind,
+        shape and dtype, each other leaf by type and value; None when a leaf is none of these."""
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        key = [str(spec)]
+        for x in flat:
+            if isinstance(x, torch.Tensor):
+                key.append(("t", tuple(x.shape), x.dtype))
+            elif isinstance(x, RemoteTensor):
+                key.append(("r", tuple(x.shape), x.dtype.name))
+            elif isinstance(x, _PLAIN) or isinstance(x, torch.dtype):
+                key.append((type(x), x))
+            else:
+                return None
+        return tuple(key)
+
+    def _state(self):
+        """The module state a recorded call depends on besides its arguments: every parameter and
+        buffer (which tensor, its version, where its data is) and every module's plain public
+        attributes (training, eps, a flag)."""
+        tensors = tuple((n, id(t), t._version, t.data_ptr()) for n, t in
+                        list(self._module.named_parameters()) + list(self._module.named_buffers()))
+        attrs = tuple((name, tuple((k, v) for k, v in vars(m).items() if k[0] != "_" and isinstance(v, _PLAIN)))
+                      for name, m in self._module.named_modules())
+        return tensors, attrs
+
+    def _replay(self, plan, args, kwargs):
+        """The recorded call again with new values: each guard's run first (its values must equal the
+        recorded ones, else None: record again), then the last run. The forward does not run."""
+        self._inputs = [x.detach().contiguous() if isinstance(x, torch.Tensor) else x
+                        for x in pytree.tree_flatten((args, kwargs))[0] if isinstance(x, (torch.Tensor, RemoteTensor))]
+        self._graph = plan.graph
+        for data, nw, want in plan.guards:
+            got = self._send(_GraphView(plan.graph, nw), data)
+            for g, w in zip(got, want):
+                g = np.array(_value(g))
+                if g.shape != w.shape or not np.array_equal(g, w):
+                    return None
+        data, nw = plan.final
+        values = iter(self._send(_GraphView(plan.graph, nw), data) if data is not None else [])
+        result = []
+        for x in plan.leaves:
+            if x is _OUT:
+                v = next(values)
+                result.append(v if isinstance(v, RemoteTensor) else torch.from_numpy(np.array(v)))
+            else:
+                result.append(x)
+        return pytree.tree_unflatten(result, plan.ospec)
+
     def __call__(self, *args, **kwargs):
         self.ran_locally = False
+        self.replayed = False
         self._graph = None
         try:
             return self._call(*args, **kwargs)
-        except errors.UnsupportedError as e:
+        except (errors.UnsupportedError, errors.BusyError, errors.ConnectionLost) as e:
+            # what the server cannot run, a server too busy, or no server: with fallback="local",
+            # this host runs the module (when it has the memory)
             if self._fallback != "local" or getattr(self._executor, "records_only", False):
                 raise
             why = str(e)
@@ -369,6 +506,7 @@ class CapturedModule:
         if need > have:
             raise ResourceError(need, have, why)
         self.ran_locally = True
+        args, kwargs = pytree.tree_map(lambda x: x.torch() if isinstance(x, RemoteTensor) else x, (args, kwargs))
         with torch.no_grad():
             return self._module(*args, **kwargs)
 
@@ -393,7 +531,38 @@ class CapturedModule:
         return state + inputs + acts
 
     def _call(self, *args, **kwargs):
+        key = self._signature(args, kwargs) if self._cache and not getattr(self._executor, "records_only", False) \
+            else None
+        state = self._state() if key is not None else None
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None:
+            if plan.state != state:
+                self.plan_stats["state_misses"] += 1
+            else:
+                out = self._replay(plan, args, kwargs)
+                if out is not None:
+                    self._plans.move_to_end(key)
+                    self.plan_stats["hits"] += 1
+                    self.replayed = True
+                    return out
+                self.plan_stats["guard_misses"] += 1
+            del self._plans[key]
+        elif key is not None:
+            self.plan_stats["misses"] += 1
         rec = _Recorder(self)
+        self._plan = _Plan(rec.graph, state) if key is not None else None
+        try:
+            out = self._record(rec, args, kwargs)
+            plan, self._plan = self._plan, None
+        finally:
+            self._plan = None
+        if plan is not None and plan.final is not None:
+            self._plans[key] = plan
+            while len(self._plans) > self.PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return out
+
+    def _record(self, rec, args, kwargs):
         self._graph = rec.graph
         g = rec.graph
         self._names = {}
@@ -409,6 +578,14 @@ class CapturedModule:
                 g.inputs.append(_spec(x))
                 self._inputs.append(x.detach().contiguous())
                 lazy_in.append(rec.lazy({"i": len(g.inputs) - 1}, x))
+            elif isinstance(x, RemoteTensor):  # a result of an earlier remote call: it stays on the server
+                if x.dtype.name not in _TORCH_OF:
+                    raise errors.UnsupportedError(-5, "DJ_EUNSUPPORTED", "a RemoteTensor of dtype %s as the input of a "
+                                                  "captured module (f32, int64, bool are)" % x.dtype.name)
+                meta = torch.empty(x.shape, dtype=_TORCH_OF[x.dtype.name], device="meta")
+                g.inputs.append(_spec(meta))
+                self._inputs.append(x)
+                lazy_in.append(rec.lazy({"i": len(g.inputs) - 1}, meta))
             else:
                 lazy_in.append(x)
         largs, lkwargs = pytree.tree_unflatten(lazy_in, spec)
@@ -417,8 +594,35 @@ class CapturedModule:
         oflat, ospec = pytree.tree_flatten(out)
         refs = [rec.ref_of(x) for x in oflat if isinstance(x, LazyTensor)]
         values = iter(self._run(g, refs) if refs else [])
-        result = [torch.from_numpy(np.array(next(values))) if isinstance(x, LazyTensor) else x for x in oflat]
+        if self._plan is not None:
+            self._plan.final = self._last_run if refs else (None, 0)
+            self._plan.ospec = ospec
+            self._plan.leaves = [_OUT if isinstance(x, LazyTensor) else x for x in oflat]
+            if any(isinstance(x, torch.Tensor) and not isinstance(x, LazyTensor) for x in oflat):
+                self._plan.final = None  # a real tensor in the result (made here): not replayed
+        result = []
+        for x in oflat:
+            if isinstance(x, LazyTensor):
+                v = next(values)
+                result.append(v if isinstance(v, RemoteTensor) else torch.from_numpy(np.array(v)))
+            else:
+                result.append(x)
         return pytree.tree_unflatten(result, ospec)
+
+
+def _tensor_bytes(t):
+    """A tensor's bytes as the wire carries them: contiguous, little-endian, in its own dtype."""
+    return np.ascontiguousarray(t.detach().contiguous().numpy()).view(np.uint8).reshape(-1)
+
+
+def _value(v):
+    """An executor's result as a numpy array (a RemoteTensor is fetched)."""
+    return v.numpy() if isinstance(v, RemoteTensor) else v
+
+
+def _input_array(x):
+    """A call's input as numpy (a RemoteTensor fetched)."""
+    return x.numpy() if isinstance(x, RemoteTensor) else x.numpy()
 
 
 def _functional_call(module, state, args, kwargs):
@@ -442,7 +646,7 @@ def capture_graph(module, *args, **kwargs):
     class _RecordOnly:
         records_only = True
 
-        def run(self, data, inputs, weights):
+        def run_graph(self, graph, data, inputs):
             raise _Recorded()
 
     cm = CapturedModule(module, _RecordOnly())
@@ -462,6 +666,10 @@ class ToolExecutor:
         self.path = path or os.environ.get("DJ_GRAPH_RUN")
         if not self.path or not os.access(self.path, os.X_OK):
             raise FileNotFoundError("graph_run_tool not found (set DJ_GRAPH_RUN)")
+
+    def run_graph(self, graph, data, inputs):
+        return self.run(data, [np.ascontiguousarray(_input_array(x)) for x in inputs],
+                        [np.ascontiguousarray(w.numpy()) for w in graph.weight_data])
 
     def run(self, graph, inputs, weights):
         bundle = msgpack.packb({"graph": graph,

@@ -65,6 +65,12 @@ class Client:
         self._conn_mu = threading.Lock()  # one reconnect at a time
         self._connecting = False  # a reconnect is under way: requests wait for it (and its reattaches)
         self.fetched_bytes = 0  # tensor bytes FETCH brought here (RemoteTensor reads)
+        self.weight_bytes_uploaded = 0  # captured modules' weight bytes sent (WEIGHT_UPLOAD)
+        self.weights_uploaded = 0  # weights uploaded whole
+        self.weights_proven = 0  # weights the server held, proven by a challenge instead
+        self.graph_input_bytes = 0  # GRAPH_RUN inputs sent as bytes (not as handles)
+        self.graph_bytes_sent = 0  # GRAPH_RUN graph bytes sent (a graph the server has is named by id)
+        self.graph_plans_cached = False  # the last GRAPH_RUN found its plan in the server's cache
         self._mu = threading.Lock()  # _pending, _next_id, _dead
         self._wmu = threading.Lock()  # one frame at a time on the socket
         self._pending = {}  # request id -> queue of (type, meta, payload)
@@ -171,7 +177,7 @@ class Client:
         Calling it again does nothing."""
         if not self._closing and self._dead is None:
             for sess in list(self._sessions.values()):  # reattachable ones would wait out their lease
-                if not sess.closed and sess._secret is not None:
+                if not sess.closed and sess._secret is not None and not sess._keep:
                     try:
                         sess.close()
                     except errors.DjinnError:
@@ -417,11 +423,49 @@ class Client:
         meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
         return Model(self, meta)
 
-    def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None):
-        """Opens a session on `model` (a name or a Model)."""
+    def remote(self, module, fallback=None, cache=True):
+        """A proxy of the PyTorch module whose calls run on the server: each call records the
+        forward as ATen ops (djinn.capture), uploads only the weights the server lacks, runs the
+        graph there and returns the forward's own structure with RemoteTensor leaves (shape and
+        dtype here; .numpy()/.torch() fetch). A RemoteTensor passed to the next call stays on the
+        server. fallback="local": what the server cannot run (an unsupported op), a busy or
+        unreachable server, runs here instead, given 1.5x its memory. cache=False: record every
+        call (no plan cache; docs/capture.md says when replaying a recorded call is sound)."""
+        from .remote import remote
+        return remote(self, module, fallback=fallback, cache=cache)
+
+    def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None, reattach=False):
+        """Opens a session on `model` (a name or a Model); see Model.session."""
         from .model import Model
         m = model if isinstance(model, Model) else self.model(model)
-        return m.session(qos=qos, expected_tokens=expected_tokens, cache_salt=cache_salt)
+        return m.session(qos=qos, expected_tokens=expected_tokens, cache_salt=cache_salt, reattach=reattach)
+
+    def attach(self, session_id, secret, wait_s=2.0):
+        """Takes over a session opened with reattach=True (by this process or
+        another) whose client closed or dropped, within its lease
+        (SESSION_ATTACH): returns it as a Session with its KV cache and
+        position. Like the one opened, it outlives this client until close().
+        NotFoundError for a wrong id or secret, a session still attached
+        elsewhere, or one whose lease ended - after retrying for wait_s
+        seconds, as the server may not yet have seen its old client go."""
+        from .model import Session
+        for name, v in (("session_id", session_id), ("secret", secret)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError("%s must be an int, not %r" % (name, v))
+            if not 0 <= v < 1 << 64:
+                raise ValueError("%s must be a u64, got %d" % (name, v))
+        wait_s = float(wait_s)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                reply, _ = self._call(_wire.SESSION_ATTACH, {"session": session_id, "secret": secret})
+                break
+            except errors.NotFoundError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+        m = self.model(reply.get("model", ""))
+        return Session(m, reply, keep=True, secret=secret)
 
 
 class _Answers:

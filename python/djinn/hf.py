@@ -171,11 +171,10 @@ class DjinnForCausalLM:
         if max_new_tokens is None:
             max_new_tokens = max(int(max_length) - in_len, 0)
         max_new_tokens = _number("max_new_tokens", max_new_tokens, 0, integer=True)
-        _number("temperature", temperature, 0.0)
-        _number("top_p", top_p, 0.0, 1.0, lo_open=True)
-        _number("top_k", top_k, 0, integer=True)
-        if seed is not None:
-            _number("seed", seed, 0, (1 << 64) - 1, integer=True)
+        for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed),
+                     ("repetition_penalty", rep)):
+            if v is not None:
+                _wire.sampling_value(k, v)  # the C table's bounds (docs/protocol.md)
         if do_sample and temperature <= 0:
             raise ValueError("do_sample=True needs temperature > 0, got %r" % temperature)
         if seed is None and do_sample:

@@ -99,15 +99,22 @@ class Model:
             self.name, self.arch, self.num_layers, self.hidden_size, self.vocab_size, self.max_ctx,
             ", tokenizer" if self.has_tokenizer else "")
 
-    def session(self, qos="interactive", expected_tokens=None, cache_salt=None):
+    def session(self, qos="interactive", expected_tokens=None, cache_salt=None, reattach=False):
         """Opens a session (its own KV cache on the server); use it as a
         context manager or close() it. cache_salt (a str of 1-256 bytes): its
         prefix-cache blocks are shared only with sessions of the same token
-        and the same cache_salt (docs/prefix-cache.md)."""
+        and the same cache_salt (docs/prefix-cache.md).
+
+        reattach=True: the session outlives its client - closing the Client
+        (or the process ending) leaves it on the server for its lease, and
+        client.attach(s.id, s.secret) takes it over from any process (only
+        s.close() ends it)."""
         if qos not in _QOS:
             raise ValueError("qos must be one of %s, got %r" % (", ".join(_QOS), qos))
+        if not isinstance(reattach, (bool, np.bool_)):
+            raise TypeError("reattach must be a bool, not %r" % (reattach,))
         meta = {"model": self.name, "qos": qos}
-        if self._client.reconnect:
+        if self._client.reconnect or reattach:
             meta["reattach"] = True  # it survives a dropped connection (Client reattaches it)
         if expected_tokens is not None:
             meta["expected_tokens"] = _number("expected_tokens", expected_tokens, 1, self.max_ctx or None,
@@ -117,7 +124,7 @@ class Model:
                 raise ValueError("cache_salt must be a str of 1 to 256 bytes, got %r" % (cache_salt,))
             meta["cache_salt"] = cache_salt
         reply, _ = self._client._call(_wire.SESSION_OPEN, meta)
-        return Session(self, reply)
+        return Session(self, reply, keep=bool(reattach))
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  stop_ids=None, ignore_eos=False, stream=True, qos="interactive", **sampling):
@@ -126,7 +133,8 @@ class Model:
         stream=True: an iterator of Token(id, text, index) (close it early and
         the generation stops); stream=False: a Generation with .text, .ids.
         temperature 0 is greedy; seed None draws a fresh one. Other sampling
-        options: min_p, repetition_penalty, frequency_penalty, presence_penalty."""
+        options: every other field of GENERATE's sampling table (_wire.SAMPLING,
+        docs/protocol.md): min_p, repetition_penalty, frequency_penalty, ..."""
         req = _generate_meta(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
                              ignore_eos, sampling)
         sess = self.session(qos=qos)
@@ -162,40 +170,41 @@ def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, see
     else:
         meta["ids"] = _ids_list(prompt, model.vocab_size, "prompt")
     meta["max_tokens"] = _number("max_new_tokens", max_new_tokens, 0, integer=True)
-    meta["temperature"] = _number("temperature", temperature, 0.0)
-    meta["top_p"] = _number("top_p", top_p, 0.0, 1.0, lo_open=True)
-    meta["top_k"] = _number("top_k", top_k, 0, integer=True)
     if seed is None:
         seed = random.SystemRandom().getrandbits(63)
-    meta["seed"] = _number("seed", seed, 0, _U64, integer=True)
+    for k, v in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k), ("seed", seed)):
+        meta[k] = _wire.sampling_value(k, v)
     if stop_ids is not None:
         meta["stop_ids"] = _ids_list(stop_ids, model.vocab_size, "stop_ids")
     if not isinstance(ignore_eos, (bool, np.bool_)):
         raise TypeError("ignore_eos must be a bool, not %r" % (ignore_eos,))
     if ignore_eos:
         meta["ignore_eos"] = True
-    for k, v in sampling.items():
-        if k not in ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+    for k, v in sampling.items():  # the other sampling fields, by the C table (docs/protocol.md)
+        if k not in _wire.SAMPLING or k in meta:
             raise TypeError("generate() got an unexpected keyword argument %r" % k)
         if v is not None:
-            meta[k] = _number(k, v, None if k.endswith("_penalty") and k != "repetition_penalty" else 0.0)
+            meta[k] = _wire.sampling_value(k, v)
     return meta
 
 
 class Session:
     """A session on the server: its own KV cache, position and lease (kept
-    alive by the client's heartbeats). A context manager; close() ends it."""
+    alive by the client's heartbeats). A context manager; close() ends it.
+    id and secret (None unless opened to reattach) are what client.attach
+    takes in another process."""
 
-    def __init__(self, model, reply):
+    def __init__(self, model, reply, keep=False, secret=None):
         self.model = model
         self._client = model._client
         self.id = int(reply["session"])
         self.max_ctx = int(reply.get("max_ctx", 0))
         self.vocab_size = int(reply.get("vocab", model.vocab_size))
-        self.pos = 0
-        self.paused = False
         self.closed = False
-        self._secret = int(reply["secret"]) if "secret" in reply else None  # SESSION_ATTACH wants it
+        self._secret = int(reply["secret"]) if "secret" in reply else secret  # SESSION_ATTACH wants it
+        self._keep = keep  # outlives its client: Client.close() leaves it for a later attach
+        self.paused = bool(reply.get("paused", False))
+        self.pos = int(reply.get("pos", 0))
         self._lost = None  # why a reconnect could not bring it back
         self._client._sessions[self.id] = self
 
@@ -203,6 +212,12 @@ class Session:
         return "<djinn.Session %016x on %r pos %d/%d%s>" % (
             self.id, self.model.name, self.pos, self.max_ctx,
             " closed" if self.closed else " paused" if self.paused else "")
+
+    @property
+    def secret(self):
+        """The secret client.attach(self.id, secret) wants (a u64), or None
+        for a session not opened to reattach."""
+        return self._secret
 
     def __enter__(self):
         return self

@@ -25,7 +25,7 @@ class RemoteTensor:
     t.release()    frees it on the server now (else when t is collected)
     """
 
-    def __init__(self, client, handle, shape, dtype, nbytes):
+    def __init__(self, client, handle, shape, dtype, nbytes, declared=None):
         self._client = client
         self.handle = handle
         # The finalizer only queues a RELEASE (no lock, no I/O here); at
@@ -36,12 +36,15 @@ class RemoteTensor:
         if dtype not in _DTYPES:
             raise ValueError("djinnd sent a tensor of dtype %r, which this package does not read" % (dtype,))
         self.shape = tuple(int(d) for d in shape)
-        self.dtype = _DTYPES[dtype]
+        # _store: what the server holds (FETCH's bytes); dtype: what reads give. A captured
+        # graph's outputs are stored as f32 and read as the module's dtype (int64, bool).
+        self._store = _DTYPES[dtype]
+        self.dtype = np.dtype(declared) if declared is not None else self._store
         self.nbytes = int(nbytes)
         self._cache = None
-        if self.size * self.dtype.itemsize != self.nbytes:
+        if self.size * self._store.itemsize != self.nbytes:
             raise ValueError("djinnd sent shape %s of %s (%d bytes) but nbytes %d"
-                             % (self.shape, dtype, self.size * self.dtype.itemsize, self.nbytes))
+                             % (self.shape, dtype, self.size * self._store.itemsize, self.nbytes))
 
     # ---- what is known locally ----
 
@@ -101,8 +104,10 @@ class RemoteTensor:
         calls return the same array)."""
         if self._cache is None:
             (b,) = self._fetch([(0, self.nbytes)]) if self.nbytes else [b""]
-            self._cache = np.frombuffer(b, dtype=self.dtype).reshape(self.shape) if self.nbytes \
+            self._cache = np.frombuffer(b, dtype=self._store).reshape(self.shape) if self.nbytes \
                 else np.zeros(self.shape, self.dtype)
+            if self._cache.dtype != self.dtype:
+                self._cache = self._cache.astype(self.dtype)
             if not self._cache.flags.writeable:
                 self._cache = self._cache.copy()
         return self._cache
@@ -136,7 +141,7 @@ class RemoteTensor:
         full_shape = tuple(len(i) for i in idx)
         if 0 in full_shape:
             return np.zeros(out_shape, self.dtype)
-        esz = self.dtype.itemsize
+        esz = self._store.itemsize
         strides = [1] * self.ndim
         for d in range(self.ndim - 2, -1, -1):
             strides[d] = strides[d + 1] * self.shape[d + 1]
@@ -159,8 +164,8 @@ class RemoteTensor:
             if consecutive:
                 starts = starts + int(idx[j][0]) * strides[j]
             parts = self._fetch([(int(s) * esz, run_el * esz) for s in starts])
-            flat = np.frombuffer(b"".join(parts) if len(parts) > 1 else parts[0], dtype=self.dtype)
-            return flat.reshape(full_shape).reshape(out_shape).copy()
+            flat = np.frombuffer(b"".join(parts) if len(parts) > 1 else parts[0], dtype=self._store)
+            return flat.reshape(full_shape).reshape(out_shape).astype(self.dtype)
         # many small pieces: one bounding range, then index here
         flat_idx = np.zeros((), dtype=np.int64)
         for d in range(self.ndim):
@@ -169,8 +174,8 @@ class RemoteTensor:
             flat_idx = flat_idx + idx[d].reshape(shape) * strides[d]
         lo, hi = int(flat_idx.min()), int(flat_idx.max()) + 1
         (b,) = self._fetch([(lo * esz, (hi - lo) * esz)])
-        chunk = np.frombuffer(b, dtype=self.dtype)
-        return chunk[flat_idx - lo].reshape(out_shape)
+        chunk = np.frombuffer(b, dtype=self._store)
+        return chunk[flat_idx - lo].reshape(out_shape).astype(self.dtype)
 
     def __repr__(self):
         head = "RemoteTensor(shape=%s, dtype=%s, handle=%016x" % (self.shape, self.dtype.name, self.handle)

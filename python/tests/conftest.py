@@ -54,6 +54,8 @@ class Daemon:
                 f.write(text)
         self.djinnd = _exe("DJINND", "djinnd")
         self.cli = _exe("DJINN_CLI", "djinn")
+        if "--token-file" not in extra:  # the tests read the daemon-wide stats: the admin role without tokens
+            extra = ("--local-admin",) + tuple(extra)
         port_file = os.path.join(tmp, "port")
         self.err_path = os.path.join(tmp, "djinnd.err")
         self.err = open(self.err_path, "wb")

@@ -1,5 +1,5 @@
 """test_capture.py: djinn.capture - modules recorded as ATen graphs and run by the server's C
-executor (src/capture, through tests/graph_run_tool.c: the harness until djinnd runs graphs),
+executor alone (src/capture, through tests/graph_run_tool.c; test_remote.py runs them on djinnd),
 checked against PyTorch eager: MLPs, CNNs, a data-dependent branch, output structures,
 refusals."""
 
@@ -198,13 +198,13 @@ def test_output_structures(ex):
 
 
 def test_unsupported_op_refused_by_name(ex):
-    class Flip(nn.Module):
+    class Roll(nn.Module):
         def forward(self, x):
-            return torch.flip(x * 2, [0])          # cumsum, used here before, is an op now
+            return torch.roll(x * 2, 1, 0)         # flip and cumsum, used here before, are ops now
 
     with pytest.raises(errors.UnsupportedError) as e:
-        CapturedModule(Flip(), ex)(torch.randn(3, 3))
-    assert "aten.flip.default" in str(e.value)
+        CapturedModule(Roll(), ex)(torch.randn(3, 3))
+    assert "aten.roll.default" in str(e.value)
 
 
 def test_training_batch_norm_refused(ex):
@@ -478,28 +478,28 @@ def test_tiny_unet_matches_eager(ex):
 
 # ---- fallback="local": a module the executor cannot run runs here, after a memory check ----
 
-class FlipNet(nn.Module):
+class RollNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
 
     def forward(self, x):
-        return torch.flip(self.fc(x), [-1])       # aten.flip: not an op of the executor
+        return torch.roll(self.fc(x), 1, -1)      # aten.roll: not an op of the executor
 
 
 def test_unsupported_op_without_fallback_names_it(ex):
     seeded(16)
-    m = FlipNet().eval()
+    m = RollNet().eval()
     cm = CapturedModule(m, ex)
     with pytest.raises(errors.UnsupportedError) as e:
         cm(torch.randn(3, 8))
-    assert "aten.flip.default" in str(e.value)
+    assert "aten.roll.default" in str(e.value)
     assert not cm.ran_locally
 
 
 def test_fallback_local_runs_here(ex):
     seeded(17)
-    m = FlipNet().eval()
+    m = RollNet().eval()
     x = torch.randn(3, 8)
     cm = CapturedModule(m, ex, fallback="local")
     got = cm(x)
@@ -515,7 +515,7 @@ def test_fallback_local_runs_here(ex):
 def test_fallback_local_refused_without_memory(ex, monkeypatch):
     import djinn.capture as capture
     seeded(18)
-    m = FlipNet().eval()
+    m = RollNet().eval()
     x = torch.randn(3, 8)
     cm = CapturedModule(m, ex, fallback="local")
     params = sum(p.numel() * 4 for p in m.parameters())
@@ -526,7 +526,7 @@ def test_fallback_local_refused_without_memory(ex, monkeypatch):
         cm(x)
     assert e.value.available_bytes == int(need * 1.5) - 1
     assert e.value.needed_bytes >= int(1.5 * (params + x.numel() * 4))
-    assert "aten.flip.default" in str(e.value) and str(e.value.needed_bytes) in str(e.value)
+    assert "aten.roll.default" in str(e.value) and str(e.value.needed_bytes) in str(e.value)
     assert not cm.ran_locally
     monkeypatch.setattr(capture, "mem_available", lambda: int(e.value.needed_bytes))  # exactly 1.5x: runs
     cm(x)
@@ -610,3 +610,68 @@ def test_mask_ops_match_eager(ex):
             assert torch.equal(a, b)
         else:
             close(a, b)
+
+
+# ---- flip, sort, transposed convolution (issue 44's missing ops) ----
+
+class FlipSortUp(nn.Module):
+    """A decoder-like block: transposed convolutions up, flip, and sorts feeding the output."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up2 = nn.ConvTranspose2d(6, 3, (2, 3), stride=(1, 2), dilation=(2, 1), bias=False)
+
+    def forward(self, x, ties):
+        h = self.up2(F.relu(self.up(x)))
+        h = torch.flip(h, [1, -1]) * 0.5 + h
+        v, i = torch.sort(h.flatten(2), dim=-1, descending=True)       # aten.sort.default (no ties in random data)
+        tv, ti = torch.sort(ties, dim=0, stable=True)                   # aten.sort.stable: ties keep their order
+        return v[..., :5] * 2, i, tv, ti, torch.flip(ties, [0]), h
+
+
+def test_flip_sort_transposed_conv_match_eager(ex):
+    torch.manual_seed(21)
+    m = FlipSortUp().eval()
+    x = torch.randn(2, 4, 5, 5)
+    ties = torch.randint(0, 3, (7, 4)).float()
+    got = CapturedModule(m, ex)(x, ties)
+    with torch.no_grad():
+        want = m(x, ties)
+    close(got[0], want[0])
+    close(got[5], want[5])
+    # the indices pick eager's values in sorted order (values a rounding apart may swap places)
+    close(want[5].flatten(2).gather(-1, torch.as_tensor(got[1])), want[5].flatten(2).sort(-1, descending=True)[0])
+    assert torch.as_tensor(got[1]).dtype == torch.int64
+    assert torch.equal(torch.as_tensor(got[2]), want[2])
+    assert torch.equal(torch.as_tensor(got[3]), want[3])
+    assert torch.equal(torch.as_tensor(got[4]), want[4])
+
+
+class Indexing(nn.Module):
+    """aten.index.Tensor with integer indices: leading, inner, adjacent, apart, broadcast, after None."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Linear(6, 6)
+
+    def forward(self, x, i, j):
+        x = self.table(x)
+        return (x[i], x[:, i], x[i, j], x[i, :, j], x[:, :, j.view(6, 1)], x[None, i][..., -1], x[:, j][i],
+                x[:, i, j[0]])
+
+
+def test_integer_indexing_matches_eager(ex):
+    torch.manual_seed(23)
+    m = Indexing().eval()
+    x = torch.randn(4, 5, 6)
+    i, j = torch.tensor([3, 0, -1]), torch.tensor([[1, 2, 0], [3, 3, -2]])
+    got = CapturedModule(m, ex)(x, i, j)
+    with torch.no_grad():
+        want = m(x, i, j)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        close(g, w)
+    # an index past its dim is the server's range error, not a wrong answer
+    with pytest.raises(errors.RangeError):
+        CapturedModule(m, ex)(x, torch.tensor([9, 0, 0]), j)

@@ -171,6 +171,10 @@ def test_bad_arguments_raise_before_sending(client):
         (lambda: m.generate([1, 2], max_new_tokens="5"), TypeError),
         (lambda: m.generate([1, 2], seed=-3), ValueError),
         (lambda: m.generate([1, 2], bogus=1), TypeError),
+        (lambda: m.generate([1, 2], min_p=1.5), ValueError),
+        (lambda: m.generate([1, 2], presence_penalty=-3), ValueError),
+        (lambda: m.generate([1, 2], repetition_penalty="1"), TypeError),
+        (lambda: m.generate([1, 2], top_a=1.5), ValueError),
         (lambda: m.generate("text", max_new_tokens=2), ValueError),  # llama2 fixture has no tokenizer
         (lambda: m.generate("", max_new_tokens=2), ValueError),
         (lambda: m.session(qos="urgent"), ValueError),
@@ -314,3 +318,42 @@ def test_token(tmp_path):
                 assert s.step([1, 2]).shape == (m.vocab_size,)
     finally:
         assert d.stop() == 0, d.stderr()
+
+
+def test_sampling_fields_follow_the_c_table():
+    """_wire.sampling_value checks each field of the generated SAMPLING table
+    (test_sample_schema keeps it equal to include/djinn/sample_schema.h)."""
+    from djinn import _wire
+    assert {"temperature", "top_k", "top_p", "seed", "min_p"} <= set(_wire.SAMPLING)
+    for name, (kind, lo, lo_open, hi, default, _what) in _wire.SAMPLING.items():
+        assert _wire.sampling_value(name, default) == default
+        if kind != "f32":
+            with pytest.raises(ValueError, match=name):
+                _wire.sampling_value(name, -1)
+            with pytest.raises(TypeError, match=name):
+                _wire.sampling_value(name, 0.5)
+            continue
+        with pytest.raises(ValueError, match=name):
+            _wire.sampling_value(name, lo if lo_open else lo - 0.5)
+        with pytest.raises(ValueError, match=name):
+            _wire.sampling_value(name, float("nan"))
+        if hi != float("inf"):
+            with pytest.raises(ValueError, match=r"%s .*\[|%s .*\(" % (name, name)):
+                _wire.sampling_value(name, hi + 0.5)
+        with pytest.raises(TypeError, match=name):
+            _wire.sampling_value(name, "0.5")
+
+
+def test_generate_with_top_a(client):
+    """top_a (added to include/djinn/sample_schema.h alone) goes through
+    generate's keywords to djinnd, which runs it; djinnd refuses one out of
+    range naming it (sent raw, past the package's own check)."""
+    m = client.model("llama2")
+    g = m.generate([1, 15, 27], max_new_tokens=4, temperature=0.9, seed=5, top_a=0.3, stream=False)
+    assert len(g.ids) == 4
+    s = m.session()
+    try:
+        with pytest.raises(djinn.InvalidError, match=r"top_a 1\.5 is out of range"):
+            list(s._start_generate({"ids": [1, 2], "max_tokens": 2, "top_a": 1.5}, own_session=False))
+    finally:
+        s.close()

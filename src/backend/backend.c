@@ -3,9 +3,11 @@
  * the op table, op_table.c). */
 #include "backend/backend_impl.h"
 #include "djinn/op_table.h"
+#include "djinn/sample_schema.h"
 
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 const char *dj_op_name(dj_op op) {
@@ -17,6 +19,24 @@ const char *dj_op_name(dj_op op) {
     case DJ_OP_COUNT: return "none";
     }
     return "unknown";
+}
+
+bool dj_sample_row_carries(const dj_sampler_params *p) {
+    /* the fields with a place in dj_sample_row: seed through the draw u, the
+     * frequency and presence weights through the penalty entries */
+#define DJ__AT(m) offsetof(dj_sampler_params, m)
+    static const size_t carried[] = {DJ__AT(temperature),       DJ__AT(top_k),
+                                     DJ__AT(top_p),             DJ__AT(seed),
+                                     DJ__AT(min_p),             DJ__AT(repetition_penalty),
+                                     DJ__AT(frequency_penalty), DJ__AT(presence_penalty)};
+#undef DJ__AT
+    for (size_t i = 0; i < dj_sample_n_fields; i++) {
+        const dj_sample_field *f = &dj_sample_fields[i];
+        bool known = false;
+        for (size_t k = 0; k < sizeof carried / sizeof *carried && !known; k++) known = f->offset == carried[k];
+        if (!known && dj_sample_field_f64(p, f) != f->def) return false;
+    }
+    return true;
 }
 
 void dj_backend_free(dj_backend_t *be) {

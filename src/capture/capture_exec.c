@@ -959,6 +959,170 @@ static void cat(const run *r, const dj__cnode *n, float *out) {
     }
 }
 
+/* flip: every element read from the mirrored position on the flipped dims */
+static void flip(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    bool fl[DJ_CGRAPH_MAX_RANK] = {0};
+    for (uint32_t k = 0; k < n->args[1].n && x->rank; k++) {
+        const int64_t dd = n->args[1].ints[k];
+        fl[dd < 0 ? dd + x->rank : dd] = true;
+    }
+    int64_t xs[DJ_CGRAPH_MAX_RANK], idx[DJ_CGRAPH_MAX_RANK] = {0};
+    contig_strides(x, xs);
+    for (uint64_t e = 0; e < x->numel; e++) {
+        int64_t off = 0;
+        for (uint32_t k = 0; k < x->rank; k++) off += (fl[k] ? x->shape[k] - 1 - idx[k] : idx[k]) * xs[k];
+        out[e] = xp[off];
+        for (int k = (int)x->rank - 1; k >= 0; k--) {
+            if (++idx[k] < x->shape[k]) break;
+            idx[k] = 0;
+        }
+    }
+}
+
+/* a before b in sort's order: NaN is the largest value, as in PyTorch */
+static bool sort_before(float a, float b, bool descending) {
+    if (descending) return a > b || (a != a && b == b);
+    return a < b || (b != b && a == a);
+}
+
+/* sort along a dim: a stable merge sort of each row's indices (equal values keep their order) */
+static void sort_rows(const run *r, const dj__cnode *n, float *vals, float *idxs, int64_t *scratch) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v);
+    const float *xp = vp(r, n->args[0].v);
+    const uint32_t a = n->op == DJ_COP_SORT_STABLE;
+    const int64_t dim = x->rank ? (n->args[1 + a].i < 0 ? n->args[1 + a].i + x->rank : n->args[1 + a].i) : 0;
+    const bool desc = n->args[2 + a].i != 0;
+    const int64_t len = x->rank ? x->shape[dim] : 1;
+    int64_t inner = 1;
+    for (uint32_t j = (uint32_t)dim + 1; j < x->rank; j++) inner *= x->shape[j];
+    const int64_t outer = (len * inner) != 0 ? (int64_t)(x->numel / (uint64_t)(len * inner)) : 0;
+    int64_t *ix = scratch, *tmp = scratch + len;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *src = xp + o * len * inner + i;
+            for (int64_t j = 0; j < len; j++) ix[j] = j;
+            for (int64_t w = 1; w < len; w *= 2) {
+                for (int64_t lo = 0; lo < len; lo += 2 * w) {
+                    const int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;
+                    int64_t p = lo, q = mid, t = lo;
+                    while (p < mid && q < hi) /* the right one first only when strictly before: stable */
+                        tmp[t++] = sort_before(src[ix[q] * inner], src[ix[p] * inner], desc) ? ix[q++] : ix[p++];
+                    while (p < mid) tmp[t++] = ix[p++];
+                    while (q < hi) tmp[t++] = ix[q++];
+                }
+                int64_t *sw = ix;
+                ix = tmp;
+                tmp = sw;
+            }
+            for (int64_t j = 0; j < len; j++) {
+                vals[(o * len + j) * inner + i] = src[ix[j] * inner];
+                idxs[(o * len + j) * inner + i] = (float)ix[j];
+            }
+            ix = scratch, tmp = scratch + len;
+        }
+}
+
+/* transposed 2-d convolution: each input element scattered through the kernel (the reference loop) */
+static void conv_transposed(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *w = vi(r, n->args[1].v), *o = vi(r, n->out[0]);
+    const float *xp = vp(r, n->args[0].v), *wp = vp(r, n->args[1].v);
+    const float *bias = n->args[2].kind == DJ_CARG_TENSOR ? vp(r, n->args[2].v) : NULL;
+    const int64_t sh = arg_pair(&n->args[3], 0), sw = arg_pair(&n->args[3], 1);
+    const int64_t ph = arg_pair(&n->args[4], 0), pw = arg_pair(&n->args[4], 1);
+    const int64_t dh = arg_pair(&n->args[5], 0), dw = arg_pair(&n->args[5], 1);
+    const int64_t groups = n->args[8].i;
+    const int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+    const int64_t Cg = C / groups, OCg = w->shape[1], KH = w->shape[2], KW = w->shape[3];
+    const int64_t OC = o->shape[1], OH = o->shape[2], OW = o->shape[3];
+    for (int64_t b = 0; b < N; b++)
+        for (int64_t c = 0; c < OC; c++)
+            for (int64_t p = 0; p < OH * OW; p++) out[(b * OC + c) * OH * OW + p] = bias ? bias[c] : 0.0f;
+    for (int64_t b = 0; b < N; b++)
+        for (int64_t gi = 0; gi < groups; gi++)
+            for (int64_t ci = 0; ci < Cg; ci++) {
+                const float *img = xp + (b * C + gi * Cg + ci) * H * W;
+                const float *wk = wp + (gi * Cg + ci) * OCg * KH * KW;
+                for (int64_t ih = 0; ih < H; ih++)
+                    for (int64_t iw = 0; iw < W; iw++) {
+                        const float v = img[ih * W + iw];
+                        for (int64_t oc = 0; oc < OCg; oc++) {
+                            float *dst = out + (b * OC + gi * OCg + oc) * OH * OW;
+                            for (int64_t i = 0; i < KH; i++) {
+                                const int64_t oh = ih * sh - ph + i * dh;
+                                if (oh < 0 || oh >= OH) continue;
+                                for (int64_t j = 0; j < KW; j++) {
+                                    const int64_t ow = iw * sw - pw + j * dw;
+                                    if (ow >= 0 && ow < OW) dst[oh * OW + ow] += v * wk[(oc * KH + i) * KW + j];
+                                }
+                            }
+                        }
+                    }
+            }
+}
+
+/* index.Tensor with integer indices: out[...b...] = x[i0[b], :, i2[b], ...] (None keeps a dim whole);
+ * the broadcast index dims stand where the indices were when they are adjacent, else first */
+static dj_status index_tensor(const run *r, const dj__cnode *n, float *out) {
+    const dj_ctensor_info *x = vi(r, n->args[0].v), *o = vi(r, n->out[0]);
+    const float *xp = vp(r, n->args[0].v);
+    const dj__carg *L = &n->args[1];
+    int first = -1, last = -1;
+    bool gap = false;
+    uint32_t indexed = 0;
+    for (uint32_t k = 0; k < L->n; k++) {
+        if (L->vals[k] == DJ_CARG_HOLE) continue;
+        if (last >= 0 && (int)k != last + 1) gap = true;
+        if (first < 0) first = (int)k;
+        last = (int)k;
+        indexed++;
+    }
+    const uint32_t nb = o->rank - (x->rank - indexed); /* the broadcast dims */
+    const uint32_t bpos = gap ? 0 : (uint32_t)first;   /* where they start in the output */
+    int64_t xs[DJ_CGRAPH_MAX_RANK], od[DJ_CGRAPH_MAX_RANK]; /* od: the output dim of each whole x dim */
+    contig_strides(x, xs);
+    for (uint32_t k = 0, at = nb; k < x->rank; k++) {
+        if (k < L->n && L->vals[k] != DJ_CARG_HOLE) od[k] = -1;
+        else if (gap) od[k] = at++;                        /* [broadcast dims, whole dims in order] */
+        else od[k] = (int)k < first ? (int64_t)k : (int64_t)(k - indexed + nb); /* in place */
+    }
+    /* each index tensor's strides over the broadcast dims (0 where it broadcasts) */
+    int64_t is[DJ_CGRAPH_MAX_RANK][DJ_CGRAPH_MAX_RANK] = {{0}};
+    for (uint32_t k = 0; k < L->n && k < x->rank; k++) {
+        if (L->vals[k] == DJ_CARG_HOLE) continue;
+        const dj_ctensor_info *t = vi(r, L->vals[k]);
+        int64_t st = 1;
+        for (int j = (int)t->rank - 1; j >= 0; j--) {
+            const uint32_t bj = nb - t->rank + (uint32_t)j;
+            is[k][bj] = t->shape[j] == 1 ? 0 : st;
+            st *= t->shape[j];
+        }
+    }
+    int64_t idx[DJ_CGRAPH_MAX_RANK] = {0};
+    for (uint64_t e = 0; e < o->numel; e++) {
+        int64_t off = 0;
+        for (uint32_t k = 0; k < x->rank; k++) {
+            if (od[k] >= 0) {
+                off += idx[od[k]] * xs[k];
+                continue;
+            }
+            int64_t at = 0;
+            for (uint32_t j = 0; j < nb; j++) at += idx[bpos + j] * is[k][j];
+            int64_t i = 0;
+            const dj_status st = index_at(vp(r, L->vals[k])[at], x->shape[k], "index.Tensor", &i);
+            if (st != DJ_OK) return st;
+            off += i * xs[k];
+        }
+        out[e] = xp[off];
+        for (int k = (int)o->rank - 1; k >= 0; k--) {
+            if (++idx[k] < o->shape[k]) break;
+            idx[k] = 0;
+        }
+    }
+    return DJ_OK;
+}
+
 static dj_status exec_node(const run *r, const dj__cnode *n) {
     float *out = (float *)(r->stack + r->g->vals[n->out[0]].offset);
     float *scratch = (float *)(r->stack + n->scratch_off);
@@ -977,7 +1141,17 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     case DJ_COP_LE_S: binary(r, n, BIN_LE, out); break;
     case DJ_COP_RELU: case DJ_COP_GELU: case DJ_COP_SILU: case DJ_COP_SIGMOID: case DJ_COP_TANH: case DJ_COP_NEG:
     case DJ_COP_EXP: case DJ_COP_HARDTANH: unary(r, n, out); break;
-    case DJ_COP_CONV: return conv(r, n, out, scratch);
+    case DJ_COP_CONV:
+        if (n->args[6].i) {
+            conv_transposed(r, n, out);
+            break;
+        }
+        return conv(r, n, out, scratch);
+    case DJ_COP_FLIP: flip(r, n, out); break;
+    case DJ_COP_INDEX: return index_tensor(r, n, out);
+    case DJ_COP_SORT: case DJ_COP_SORT_STABLE:
+        sort_rows(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset), (int64_t *)(void *)scratch);
+        break;
     case DJ_COP_MAXPOOL_IDX: pool(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset)); break;
     case DJ_COP_MAXPOOL: case DJ_COP_AVGPOOL: pool(r, n, out, NULL); break;
     case DJ_COP_ADAPTIVE_AVG: case DJ_COP_ADAPTIVE_AVG2: adaptive_avg(r, n, out); break;

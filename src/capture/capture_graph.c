@@ -269,11 +269,17 @@ static dj_status read_arg(dec *d, dj__carg *a) {
     case DJ_MP_ARRAY: {
         if (!dj__mp_array(&d->m, &n)) return fail(d, DJ_CGRAPH_ERR_FORMAT, "a malformed list argument");
         const dj__mp_type first = n ? dj__mp_peek(&d->m) : DJ_MP_INT;
-        if (first == DJ_MP_MAP) {
+        if (first == DJ_MP_MAP || first == DJ_MP_NIL) { /* tensors, None among them for a Tensor?[] */
             a->kind = DJ_CARG_TENSORS;
             if (!(a->vals = malloc(sizeof *a->vals * (n ? n : 1)))) return fail(d, DJ_CGRAPH_ERR_LIMIT, "out of memory");
             a->n = n;
             for (uint32_t i = 0; i < n; i++) {
+                if (dj__mp_peek(&d->m) == DJ_MP_NIL) {
+                    dj__mp_nil(&d->m);
+                    a->vals[i] = DJ_CARG_HOLE;
+                    a->holes = true;
+                    continue;
+                }
                 if (dj__mp_peek(&d->m) != DJ_MP_MAP) return fail(d, DJ_CGRAPH_ERR_ARG, "a list mixing tensors and others");
                 dj_status st = read_ref(d, &a->vals[i]);
                 if (st != DJ_OK) return st;
@@ -800,7 +806,8 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         return DJ_OK;
     }
     case DJ_COP_STACK: {
-        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0) return fail(d, DJ_CGRAPH_ERR_ARG, "stack of no tensors");
+        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0 || n->args[0].holes)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "stack of no tensors (or a None among them)");
         TRY(arg_int(d, n, 1, &i0));
         const dj_ctensor_info *first = vinfo(d, n->args[0].vals[0]);
         if (first->rank + 1 > DJ_CGRAPH_MAX_RANK) return fail(d, DJ_CGRAPH_ERR_LIMIT, "rank above %d", DJ_CGRAPH_MAX_RANK);
@@ -910,6 +917,79 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         if (x->rank < 2) return fail(d, DJ_CGRAPH_ERR_ARG, "tril/triu of rank %u (2 or more)", x->rank);
         o[0] = *x;
         return DJ_OK;
+    case DJ_COP_INDEX: { /* x[i0, i1, ...]: integer index tensors (None: the whole dim), broadcast together */
+        TRY(arg_t(d, n, 0, &x));
+        const dj__carg *L = &n->args[1];
+        if (L->kind != DJ_CARG_TENSORS || L->n == 0 || L->n > x->rank)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "index of a rank-%u tensor needs 1 to %u indices (tensors or None)", x->rank, x->rank);
+        dj_ctensor_info bc = {.rank = 0, .numel = 1, .dtype = DJ_CDTYPE_I64};
+        int first = -1, last = -1;
+        bool gap = false;
+        for (uint32_t k = 0; k < L->n; k++) {
+            if (L->vals[k] == DJ_CARG_HOLE) continue;
+            const dj_ctensor_info *t = vinfo(d, L->vals[k]);
+            if (t->dtype != DJ_CDTYPE_I64)
+                return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "index %u is %s (integer indices only; a bool mask runs on the client)",
+                            k, dj_cdtype_name(t->dtype));
+            dj_ctensor_info nb;
+            TRY(broadcast(d, &bc, t, &nb));
+            bc = nb;
+            if (last >= 0 && (int)k != last + 1) gap = true;
+            if (first < 0) first = (int)k;
+            last = (int)k;
+        }
+        if (first < 0) return fail(d, DJ_CGRAPH_ERR_ARG, "index with no index tensor");
+        uint32_t indexed = 0;
+        for (uint32_t k = 0; k < L->n; k++) indexed += L->vals[k] != DJ_CARG_HOLE;
+        if (x->rank - indexed + bc.rank > DJ_CGRAPH_MAX_RANK)
+            return fail(d, DJ_CGRAPH_ERR_LIMIT, "index gives rank %u (at most %d)", x->rank - indexed + bc.rank, DJ_CGRAPH_MAX_RANK);
+        for (uint32_t k = 0; k < L->n; k++)
+            if (L->vals[k] != DJ_CARG_HOLE && !x->shape[k] && bc.numel)
+                return fail(d, DJ_CGRAPH_ERR_ARG, "index into an empty dim %u", k);
+        /* adjacent indices: the broadcast dims replace them in place; else they go first */
+        o[0].dtype = x->dtype;
+        o[0].rank = 0;
+        if (!gap)
+            for (int k = 0; k < first; k++) o[0].shape[o[0].rank++] = x->shape[k];
+        for (uint32_t k = 0; k < bc.rank; k++) o[0].shape[o[0].rank++] = bc.shape[k];
+        for (uint32_t k = 0; k < x->rank; k++) {
+            const bool idx = k < L->n && L->vals[k] != DJ_CARG_HOLE;
+            if (idx || (!gap && (int)k < first)) continue;
+            o[0].shape[o[0].rank++] = x->shape[k];
+        }
+        return DJ_OK;
+    }
+    case DJ_COP_FLIP: {
+        TRY(arg_t(d, n, 0, &x));
+        uint32_t c = 0;
+        const int64_t *v = NULL;
+        TRY(arg_ints(d, n, 1, &c, &v));
+        bool seen[DJ_CGRAPH_MAX_RANK + 1] = {0};
+        for (uint32_t k = 0; k < c; k++) {
+            uint32_t dd = 0;
+            TRY(wrap_dim(d, v[k], x->rank, &dd));
+            if (seen[dd]) return fail(d, DJ_CGRAPH_ERR_ARG, "flip repeats dim %u", dd);
+            seen[dd] = true;
+        }
+        o[0] = *x;
+        return DJ_OK;
+    }
+    case DJ_COP_SORT: case DJ_COP_SORT_STABLE: {
+        const uint32_t a = n->op == DJ_COP_SORT_STABLE; /* sort.stable: (self, stable, dim, descending) */
+        TRY(arg_t(d, n, 0, &x));
+        if (x->dtype == DJ_CDTYPE_BOOL) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "sort of a bool tensor");
+        if (a && n->args[1].kind != DJ_CARG_NONE) TRY(arg_bool(d, n, 1, &b0)); /* always stable here */
+        TRY(arg_int(d, n, 1 + a, &i0));
+        TRY(arg_bool(d, n, 2 + a, &b0));
+        uint32_t dd = 0;
+        TRY(wrap_dim(d, i0, x->rank, &dd));
+        o[0] = *x;
+        o[1] = *x;
+        o[1].dtype = DJ_CDTYPE_I64;
+        const uint64_t len = x->rank ? (uint64_t)x->shape[dd] : 1;
+        n->scratch_bytes = 2 * len * sizeof(int64_t); /* one row's indices and the merge's buffer */
+        return DJ_OK;
+    }
     case DJ_COP_TOPK: {
         TRY(arg_f32(d, n, 0, &x));
         TRY(arg_int(d, n, 1, &i0));
@@ -946,7 +1026,6 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         TRY(arg_f32(d, n, 1, &y));
         TRY(arg_opt_t(d, n, 2, &z));
         TRY(arg_bool(d, n, 6, &b0));
-        if (b0) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "transposed convolution is not built");
         if (x->rank != 4 || y->rank != 4)
             return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "convolution of rank %u (2-d convolutions are built)", x->rank);
         int64_t s[2], p[2], dl[2];
@@ -954,6 +1033,35 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         TRY(pair(d, n, 4, -1, 0, p));
         TRY(pair(d, n, 5, -1, 1, dl));
         TRY(arg_int(d, n, 8, &i0));
+        if (b0) { /* transposed: weight [C_in, C_out/groups, KH, KW] */
+            int64_t op[2];
+            TRY(pair(d, n, 7, -1, 0, op));
+            for (int k = 0; k < 2; k++) {
+                if (s[k] > (1 << 20) || dl[k] > (1 << 20) || p[k] > (1 << 20))
+                    return fail(d, DJ_CGRAPH_ERR_ARG, "transposed convolution: stride, dilation or padding above 2^20");
+                if (op[k] >= (s[k] > dl[k] ? s[k] : dl[k]))
+                    return fail(d, DJ_CGRAPH_ERR_ARG, "output_padding %lld not below stride %lld or dilation %lld",
+                                (long long)op[k], (long long)s[k], (long long)dl[k]);
+            }
+            if (i0 < 1 || x->shape[1] != y->shape[0] || y->shape[0] % i0)
+                return fail(d, DJ_CGRAPH_ERR_ARG, "transposed convolution: groups %lld, %lld input channels, weight [%lld, %lld, ...]",
+                            (long long)i0, (long long)x->shape[1], (long long)y->shape[0], (long long)y->shape[1]);
+            if ((uint64_t)y->shape[1] > d->lim.max_elems / (uint64_t)i0)
+                return fail(d, DJ_CGRAPH_ERR_OVERFLOW, "transposed convolution: output channels overflow");
+            const int64_t oc = y->shape[1] * i0;
+            if (z && (z->rank != 1 || z->shape[0] != oc)) return fail(d, DJ_CGRAPH_ERR_ARG, "bias is not [out channels]");
+            o[0].rank = 4;
+            o[0].shape[0] = x->shape[0];
+            o[0].shape[1] = oc;
+            for (int k = 0; k < 2; k++) {
+                const int64_t in = x->shape[2 + k], kern = y->shape[2 + k];
+                const int64_t len = (in - 1) * s[k] - 2 * p[k] + dl[k] * (kern - 1) + op[k] + 1;
+                if (!in || !kern || len < 1)
+                    return fail(d, DJ_CGRAPH_ERR_ARG, "transposed convolution gives an output of %lld in dim %d", (long long)len, 2 + k);
+                o[0].shape[2 + k] = len;
+            }
+            return DJ_OK;
+        }
         if (i0 < 1 || x->shape[1] % i0 || y->shape[0] % i0 || y->shape[1] * i0 != x->shape[1])
             return fail(d, DJ_CGRAPH_ERR_ARG, "groups %lld with %lld input and %lld output channels, weight [%lld, %lld, ...]",
                         (long long)i0, (long long)x->shape[1], (long long)y->shape[0], (long long)y->shape[0], (long long)y->shape[1]);
@@ -1197,8 +1305,8 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         o[0].rank = 0;
         return DJ_OK;
     case DJ_COP_CAT: {
-        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0)
-            return fail(d, DJ_CGRAPH_ERR_ARG, "cat of no tensors");
+        if (n->args[0].kind != DJ_CARG_TENSORS || n->args[0].n == 0 || n->args[0].holes)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "cat of no tensors (or a None among them)");
         TRY(arg_int(d, n, 1, &i0));
         const dj_ctensor_info *first = NULL;
         for (uint32_t k = 0; k < n->args[0].n; k++) {
@@ -1262,7 +1370,17 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     case DJ_COP_LINEAR: return 2.0 * out * (double)g->vals[a[1].v].t.shape[1];
     case DJ_COP_CONV: {
         const dj_ctensor_info *w = &g->vals[a[1].v].t;
-        return 2.0 * out * (double)w->shape[1] * (double)w->shape[2] * (double)w->shape[3];
+        const double each = (double)w->shape[1] * (double)w->shape[2] * (double)w->shape[3];
+        if (a[6].i) return 2.0 * (double)g->vals[a[0].v].t.numel * each; /* transposed: each input scatters */
+        return 2.0 * out * each;
+    }
+    case DJ_COP_SORT: case DJ_COP_SORT_STABLE: { /* a merge sort of each row: len log2(len) */
+        const dj_ctensor_info *x = &g->vals[a[0].v].t;
+        const int64_t dim = a[n->op == DJ_COP_SORT_STABLE ? 2 : 1].i;
+        const double len = (double)(x->rank ? x->shape[dim < 0 ? dim + x->rank : dim] : 1);
+        double lg = 1.0;
+        for (double l = len; l > 1.0; l /= 2.0) lg += 1.0;
+        return 2.0 * out * lg + (double)x->numel;
     }
     case DJ_COP_MAXPOOL_IDX: case DJ_COP_MAXPOOL: case DJ_COP_AVGPOOL: case DJ_COP_ADAPTIVE_AVG: case DJ_COP_ADAPTIVE_AVG2: {
         const dj_ctensor_info *x = &g->vals[a[0].v].t;
@@ -1285,7 +1403,8 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     for (uint32_t i = 0; i < n->n_args; i++) {
         if (a[i].kind == DJ_CARG_TENSOR) r += (double)g->vals[a[i].v].t.numel;
         else if (a[i].kind == DJ_CARG_TENSORS)
-            for (uint32_t k = 0; k < a[i].n; k++) r += (double)g->vals[a[i].vals[k]].t.numel;
+            for (uint32_t k = 0; k < a[i].n; k++)
+                if (a[i].vals[k] != DJ_CARG_HOLE) r += (double)g->vals[a[i].vals[k]].t.numel;
     }
     return r;
 }
@@ -1410,7 +1529,8 @@ static uint32_t node_reads(const dj_cgraph_t *g, dj__cnode *n, uint32_t *v, uint
             }
             v[c++] = id;
         } else if (a->kind == DJ_CARG_TENSORS) {
-            for (uint32_t k = 0; k < a->n && c < cap; k++) v[c++] = a->vals[k];
+            for (uint32_t k = 0; k < a->n && c < cap; k++)
+                if (a->vals[k] != DJ_CARG_HOLE) v[c++] = a->vals[k];
         }
     }
     return c;
@@ -1665,3 +1785,19 @@ const uint8_t *dj_cgraph_weight_hash(const dj_cgraph_t *g, uint32_t i, size_t *h
 }
 const char *dj_cgraph_weight_name(const dj_cgraph_t *g, uint32_t i) { return i < g->n_weights ? g->names[i] : NULL; }
 size_t dj_cgraph_stack_bytes(const dj_cgraph_t *g) { return g->stack_bytes; }
+
+size_t dj_cgraph_mem_bytes(const dj_cgraph_t *g) {
+    size_t n = sizeof *g + sizeof *g->vals * (g->cap_vals + 1) + sizeof *g->nodes * (g->n_nodes + 1) +
+               sizeof *g->outputs * (g->n_outputs + 1) + (sizeof *g->hashes + 1 + sizeof *g->names) * (g->n_weights + 1);
+    for (uint32_t j = 0; j < g->n_nodes; j++) {
+        const dj__cnode *nd = &g->nodes[j];
+        n += sizeof *nd->out * nd->n_out;
+        for (uint32_t i = 0; i < DJ_CG_MAX_ARGS; i++) {
+            const dj__carg *a = &nd->args[i];
+            if (a->ints) n += sizeof *a->ints * (a->n ? a->n : 1);
+            if (a->vals) n += sizeof *a->vals * (a->n ? a->n : 1);
+            if (a->fls) n += sizeof *a->fls * a->n;
+        }
+    }
+    return n;
+}

@@ -122,7 +122,11 @@
     X(MIN_DIM, "aten.min.dim", 3, 2)                                          \
     X(CUMSUM, "aten.cumsum.default", 3, 1)                                    \
     X(TRIL, "aten.tril.default", 2, 1)                                        \
-    X(TRIU, "aten.triu.default", 2, 1)
+    X(TRIU, "aten.triu.default", 2, 1)                                        \
+    X(FLIP, "aten.flip.default", 2, 1)                                        \
+    X(SORT, "aten.sort.default", 3, 2)                                        \
+    X(SORT_STABLE, "aten.sort.stable", 4, 2)                                  \
+    X(INDEX, "aten.index.Tensor", 2, 1)
 
 typedef enum {
 #define DJ__COP_ENUM(e, name, na, no) DJ_COP_##e,
@@ -143,6 +147,8 @@ typedef struct dj__cval {
 typedef enum { DJ_CARG_NONE, DJ_CARG_BOOL, DJ_CARG_INT, DJ_CARG_FLOAT, DJ_CARG_STR, DJ_CARG_INTS,
                DJ_CARG_TENSOR, DJ_CARG_TENSORS, DJ_CARG_FLOATS } dj__carg_kind;
 
+#define DJ_CARG_HOLE UINT32_MAX
+
 typedef struct dj__carg {
     dj__carg_kind kind;
     int64_t i;        /* INT, BOOL (0/1) */
@@ -150,7 +156,8 @@ typedef struct dj__carg {
     uint32_t v;       /* TENSOR: the value id */
     uint32_t n;       /* INTS, TENSORS: count */
     int64_t *ints;    /* [n] INTS */
-    uint32_t *vals;   /* [n] TENSORS: value ids */
+    uint32_t *vals;   /* [n] TENSORS: value ids; DJ_CARG_HOLE for a None (index.Tensor's Tensor?[]) */
+    bool holes;       /* TENSORS: some entry is DJ_CARG_HOLE (only index.Tensor takes such a list) */
     double *fls;      /* [n] FLOATS (upsample's scale factors) */
     char str[24];     /* STR (truncated; only short enums are read: gelu's "tanh"/"none", dtype names) */
 } dj__carg;

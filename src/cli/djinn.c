@@ -16,6 +16,8 @@
 #include "djinn/generate.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
+#include "djinn/protocol.h"
+#include "djinn/version.h"
 #ifdef DJ_HAVE_CUDA
 #include "djinn/dj_cuda.h"
 #endif
@@ -37,6 +39,7 @@ typedef struct opts {
 
 static int usage(FILE *f) {
     fputs("usage:\n"
+          "  djinn --version\n"
           "  djinn run [--model DIR] (--prompt TEXT | --tokens 1,2,3) [-n N] [--greedy]\n"
           "            [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--print-tokens]\n"
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
@@ -46,7 +49,9 @@ static int usage(FILE *f) {
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N] [--kv-dtype auto|fp8]\n"
           "  djinn serve [djinnd options]            (the daemon; see djinnd --help)\n"
-          "  djinn generate --server ADDR --model NAME (--prompt TEXT | --tokens 1,2,3) [--qos Q]\n"
+          "  djinn generate --server ADDR (--model NAME | --session ID --secret S) (--prompt TEXT | --tokens 1,2,3)\n"
+          "            [--qos Q] [--keep: the session outlives the command; its id and secret are printed]\n"
+          "            [--session-file F: the session F names, else a new one written to F; kept]\n"
           "            [--stop-ids 1,2] [--token-file F] [run's flags but --model DIR, --device, --vmu-gb,\n"
           "            --threads, --step, --deterministic]\n"
           "  djinn stat --server ADDR\n"
@@ -662,6 +667,10 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help"))
         return argc < 2 ? usage(stderr) : (usage(stdout), 0);
     /* Commands with their own option parsers. */
+    if (!strcmp(argv[1], "--version")) {
+        printf("djinn %s (protocol %u)\n", DJ_VERSION_STRING, (unsigned)DJ_PROTO_VERSION);
+        return 0;
+    }
     if (!strcmp(argv[1], "serve")) return dj__serve_main(argc, argv);
     if (!strcmp(argv[1], "generate")) return dj__cli_generate(argc, argv);
     if (!strcmp(argv[1], "stat")) return dj__cli_stat(argc, argv);

@@ -3,20 +3,23 @@
 #include "cli/remote.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "djinn/client.h"
 
 typedef struct ropts {
-    const char *server, *model, *prompt, *tokens, *token_file, *qos, *stop;
+    const char *server, *model, *prompt, *tokens, *token_file, *qos, *stop, *session, *secret, *session_file;
     long n_new, ctx;
     double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k;
     unsigned long long seed;
-    int greedy, print_tokens, have_temp, ignore_eos, stats;
+    int greedy, print_tokens, have_temp, ignore_eos, stats, keep;
 } ropts;
 
 static int rbad(const char *fmt, const char *a) {
@@ -53,6 +56,7 @@ static int parse(int argc, char **argv, ropts *o) {
         if (!strcmp(a, "--print-tokens")) { o->print_tokens = 1; continue; }
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
         if (!strcmp(a, "--stats")) { o->stats = 1; continue; }
+        if (!strcmp(a, "--keep")) { o->keep = 1; continue; }
         if (!strcmp(a, "--device") || !strcmp(a, "--vmu-gb") || !strcmp(a, "--threads") || !strcmp(a, "--step") ||
             !strcmp(a, "--deterministic"))
             return rbad("%s is the server's to choose (see djinnd --help), not a request's", a);
@@ -65,6 +69,9 @@ static int parse(int argc, char **argv, ropts *o) {
         else if (!strcmp(a, "--token-file")) o->token_file = v;
         else if (!strcmp(a, "--qos")) o->qos = v;
         else if (!strcmp(a, "--stop-ids")) o->stop = v;
+        else if (!strcmp(a, "--session")) o->session = v;
+        else if (!strcmp(a, "--secret")) o->secret = v;
+        else if (!strcmp(a, "--session-file")) o->session_file = v;
         else if (!strcmp(a, "--ctx")) {
             if (num(v, &x) || x < 1 || x > INT32_MAX || x != (long)x) return rbad("--ctx: '%s' is not a context length", v);
             o->ctx = (long)x;
@@ -99,6 +106,38 @@ static int parse(int argc, char **argv, ropts *o) {
     }
     if (!o->server) return rbad("%s needs --server ADDR:PORT (or unix:/path)", argv[1]);
     return 0;
+}
+
+/* A u64 in decimal (or 0x hex), as `--session`/`--secret` take it. */
+static int parse_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || s[0] == '-' || s[0] == '+') return -1;
+    *out = v;
+    return 0;
+}
+
+/* --session-file: "ID SECRET\n". 1: read; 0: no such file; -1: not such a file. */
+static int read_session_file(const char *path, uint64_t *sess, uint64_t *secret) {
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? 0 : -1;
+    unsigned long long a = 0, b = 0;
+    const int n = fscanf(f, "%llu %llu", &a, &b);
+    fclose(f);
+    if (n != 2) return -1;
+    *sess = a;
+    *secret = b;
+    return 1;
+}
+
+static int write_session_file(const char *path, uint64_t sess, uint64_t secret) {
+    const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) return -1;
+    char line[64];
+    const int n = snprintf(line, sizeof line, "%llu %llu\n", (unsigned long long)sess, (unsigned long long)secret);
+    const bool ok = write(fd, line, (size_t)n) == n;
+    return close(fd) == 0 && ok ? 0 : -1;
 }
 
 static char *read_token(const char *path) {
@@ -178,7 +217,19 @@ int dj__cli_generate(int argc, char **argv) {
     ropts o;
     int r = parse(argc, argv, &o);
     if (r) return r;
-    if (!o.model) return rbad("generate needs --model NAME (a model in the server's store)%s", "");
+    uint64_t sess = 0, secret = 0;
+    if (!!o.session != !!o.secret) return rbad("--session ID and --secret S go together (SESSION_ATTACH wants both)%s", "");
+    if (o.session && parse_u64(o.session, &sess)) return rbad("--session: '%s' is not a session id (a u64)", o.session);
+    if (o.secret && parse_u64(o.secret, &secret)) return rbad("--secret: '%s' is not a session secret (a u64)", o.secret);
+    if (o.session_file) { /* the session it names, or a new one it will name; kept either way */
+        if (o.session) return rbad("--session-file names the session itself (drop --session/--secret)%s", "");
+        const int got = read_session_file(o.session_file, &sess, &secret);
+        if (got < 0) return rbad("--session-file %s: want \"ID SECRET\" (as djinn wrote it)", o.session_file);
+        if (got) o.session = o.session_file;
+        o.keep = 1;
+    }
+    if (!o.model && !o.session)
+        return rbad("generate needs --model NAME (a model in the server's store) or --session ID --secret S%s", "");
     if (!!o.prompt == !!o.tokens) return rbad("generate needs exactly one of --prompt TEXT or --tokens 1,2,3%s", "");
     if (o.greedy && o.have_temp && o.temp > 0) return rbad("--greedy contradicts --temp %s (use one of them)", "> 0");
     dj_qos qos;
@@ -197,13 +248,23 @@ int dj__cli_generate(int argc, char **argv) {
         free(stop);
         return r;
     }
-    uint64_t sess = 0;
     dj_session_opts so = {o.model, qos, (uint32_t)o.ctx};
-    dj_status st = dj_client_session_open(c, &so, &sess);
+    /* --session: a session left by another process (SESSION_ATTACH); --keep:
+     * the session outlives this command (opened with reattach, not closed) */
+    dj_status st = o.session ? dj_client_session_attach(c, sess, secret, NULL)
+                   : o.keep  ? dj_client_session_open_secret(c, &so, &sess, &secret)
+                             : dj_client_session_open(c, &so, &sess);
+    /* the command before may have closed its connection a moment ago: the
+     * daemon lets the session go to a new one once it has seen that (2 s) */
+    for (int k = 0; o.session && st == DJ_ENOTFOUND && k < 200; k++) {
+        const struct timespec ms10 = {0, 10 * 1000 * 1000};
+        nanosleep(&ms10, NULL);
+        st = dj_client_session_attach(c, sess, secret, NULL);
+    }
     out_state os = {o.print_tokens, NULL, 0, 0};
     dj_generate_result res;
     if (st != DJ_OK) {
-        r = rdie("opening a session", st);
+        r = rdie(o.session ? "attaching the session" : "opening a session", st);
     } else {
         dj_generate_params p;
         memset(&p, 0, sizeof p);
@@ -243,7 +304,14 @@ int dj__cli_generate(int argc, char **argv) {
                 dj_client_stats_free(&sst);
             }
         }
-        dj_client_session_close(c, sess);
+        if (o.session_file && write_session_file(o.session_file, sess, secret) != 0)
+            r = rbad("--session-file %s: cannot write it", o.session_file);
+        if (o.keep)
+            fprintf(stderr, "djinn: session %llu secret %llu kept (djinn generate --session %llu --secret %llu "
+                            "within its lease continues it)\n", (unsigned long long)sess, (unsigned long long)secret,
+                    (unsigned long long)sess, (unsigned long long)secret);
+        else
+            dj_client_session_close(c, sess);
     }
     free(os.ids);
     free(stop);

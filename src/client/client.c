@@ -3,6 +3,7 @@
  * that keeps the connection's session leases alive. */
 #define _GNU_SOURCE
 #include "djinn/client.h"
+#include "djinn/version.h"
 #include "djinn/alloc.h"
 
 #include <errno.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "proto/proto_impl.h"
+#include "proto/sample_wire.h"
 
 typedef struct frame {
     struct frame *next;
@@ -159,7 +161,11 @@ static void *reader_main(void *arg) {
         }
         if (dj_frame_header_decode(hb, DJ_PROTO_MAX_REPLY_PAYLOAD, &f->h) != DJ_OK) {
             char msg[256];
-            snprintf(msg, sizeof msg, "bad frame from djinnd: %s", dj_last_error());
+            if (!memcmp(hb, "HTTP/", 5)) /* an HTTP server answered HELLO's line end (its `probe`) */
+                snprintf(msg, sizeof msg, "this is an HTTP port (djinnd's --http?), not djinnd's binary protocol: "
+                                          "connect to the port of djinnd's --listen");
+            else
+                snprintf(msg, sizeof msg, "bad frame from djinnd: %s", dj_last_error());
             free(f);
             mark_dead(c, msg);
             return NULL;
@@ -383,7 +389,11 @@ dj_status dj_client_connect(const char *addr, const char *token, dj_client_t **o
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "version", DJ_PROTO_VERSION);
-    dj__mw_str(&w, "client", "libdjinn 0.1");
+    dj__mw_str(&w, "client", "libdjinn " DJ_VERSION_STRING);
+    /* A line end: an HTTP server reading this HELLO sees its request line end
+     * and answers at once (400), which the reader names, instead of waiting
+     * out its header deadline (docs/protocol.md, HELLO). */
+    dj__mw_str(&w, "probe", "\r\n");
     if (token) dj__mw_str(&w, "token", token);
     dj__meta m;
     if ((st = call(c, DJ_MSG_HELLO, &w, &m, NULL)) != DJ_OK) goto fail;
@@ -592,16 +602,9 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     if (p->prompt) dj__mw_str(&w, "prompt", p->prompt);
     else dj__mw_ids(&w, "ids", p->ids, p->n_ids);
     dj__mw_u64(&w, "max_tokens", p->max_tokens);
-    dj__mw_f64(&w, "temperature", p->sampling.temperature);
-    dj__mw_u64(&w, "top_k", p->sampling.top_k);
-    dj__mw_f64(&w, "top_p", p->sampling.top_p > 0 ? p->sampling.top_p : 1.0);
-    dj__mw_u64(&w, "seed", p->sampling.seed);
+    dj__sample_encode(&w, &p->sampling);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
     if (p->cache_salt) dj__mw_str(&w, "cache_salt", p->cache_salt);
-    if (p->sampling.min_p != 0.0f) dj__mw_f64(&w, "min_p", p->sampling.min_p);
-    if (p->sampling.repetition_penalty != 0.0f) dj__mw_f64(&w, "repetition_penalty", p->sampling.repetition_penalty);
-    if (p->sampling.frequency_penalty != 0.0f) dj__mw_f64(&w, "frequency_penalty", p->sampling.frequency_penalty);
-    if (p->sampling.presence_penalty != 0.0f) dj__mw_f64(&w, "presence_penalty", p->sampling.presence_penalty);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
     if (p->logprobs) dj__mw_bool(&w, "logprobs", true);
     if (p->top_logprobs) dj__mw_u64(&w, "top_logprobs", p->top_logprobs);
@@ -880,6 +883,7 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
         dst[i]->used = u64_of(sg, "used");
         dst[i]->peak = u64_of(sg, "peak");
     }
+    str_of(root, "version", out->version, sizeof out->version);
     out->pages_total = u64_of(root, "pages_total");
     out->pages_free = u64_of(root, "pages_free");
     out->page_bytes = u64_of(root, "page_bytes");
@@ -938,6 +942,22 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->swap.preemptions = u64_of(sw, "preemptions");
     out->swap.prefetches = u64_of(sw, "prefetches");
     out->swap.kv_drops = u64_of(sw, "drops");
+    const msgpack_object *dk = dj__meta_get(&m, "disk");
+    out->disk.enabled = bool_of(dk, "enabled");
+    out->disk.direct = bool_of(dk, "direct");
+    out->disk.capacity = u64_of(dk, "capacity");
+    out->disk.used = u64_of(dk, "used");
+    out->disk.peak = u64_of(dk, "peak");
+    out->disk.sessions = u64_of(dk, "sessions");
+    out->disk.spills = u64_of(dk, "spills");
+    out->disk.reads = u64_of(dk, "reads");
+    out->disk.bytes_written = u64_of(dk, "bytes_written");
+    out->disk.bytes_read = u64_of(dk, "bytes_read");
+    out->disk.bad_pages = u64_of(dk, "bad_pages");
+    out->disk.failed_reads = u64_of(dk, "failed_reads");
+    out->disk.recoveries = u64_of(dk, "recoveries");
+    out->disk.write_s = f64_of(dk, "write_s");
+    out->disk.read_s = f64_of(dk, "read_s");
     const msgpack_object *px = dj__meta_get(&m, "prefix");
     out->prefix.enabled = bool_of(px, "enabled");
     out->prefix.blocks = u64_of(px, "blocks");
@@ -971,6 +991,7 @@ void dj_client_stats_free(dj_client_stats *st) {
 
 void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     const double mib = 1048576.0;
+    if (st->version[0]) fprintf(f, "djinnd %s\n", st->version);
     fprintf(f, "segments:\n");
     const dj_client_seg *seg[3] = {&st->text, &st->data, &st->stack};
     static const char *names[3] = {"text", "data", "stack"};
@@ -995,6 +1016,14 @@ void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
                 (unsigned long long)st->prefix.evictions);
     else
         fprintf(f, "  prefix cache: off\n");
+    if (st->disk.enabled)
+        fprintf(f, "  disk tier: %.1f of %.1f MiB (%llu sessions), %llu spills (%.1f MiB in %.3f s), %llu reads back "
+                   "(%.1f MiB in %.3f s), %s I/O; %llu bad pages, %llu sessions recomputed\n",
+                (double)st->disk.used / 1048576.0, (double)st->disk.capacity / 1048576.0,
+                (unsigned long long)st->disk.sessions, (unsigned long long)st->disk.spills,
+                (double)st->disk.bytes_written / 1048576.0, st->disk.write_s, (unsigned long long)st->disk.reads,
+                (double)st->disk.bytes_read / 1048576.0, st->disk.read_s, st->disk.direct ? "direct" : "buffered",
+                (unsigned long long)st->disk.bad_pages, (unsigned long long)st->disk.recoveries);
     fprintf(f, "models (%zu served, %llu in the text segment):\n", st->n_models, (unsigned long long)st->vmu_models);
     for (size_t i = 0; i < st->n_models; i++) {
         const dj_client_model *m = &st->models[i];

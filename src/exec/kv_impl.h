@@ -11,6 +11,7 @@ typedef struct dj_swap_pool dj_swap_pool;
 typedef struct dj__swap_op dj__swap_op;
 typedef struct dj__prefix dj__prefix;
 typedef struct dj__pblock dj__pblock;
+typedef struct dj__disk dj__disk;
 
 /* The KV store. The engine makes one (dj__kv_new) and owns it; swap.c and
  * prefix.c take it, never the engine. Its sessions' KV (block tables, pool
@@ -20,6 +21,7 @@ typedef struct dj__kv {
     dj_vmu_t *vmu;            /* borrowed: the engine's; KV pages are its data segment's */
     dj__prefix *prefix;       /* full KV blocks shared by content (prefix.c), or NULL: off; owned */
     dj_swap_pool *swap;       /* host swap pool (swap.c), or NULL: none; owned */
+    dj__disk *disk;           /* the disk tier below the pool (disk.c), or NULL: none; owned */
 } dj__kv;
 
 /* A session: its KV (pages, block tables, residency, prefix chain) and what
@@ -52,7 +54,10 @@ struct dj_session {
     uint32_t swap_blocks;     /* n_blocks when it was swapped out */
     dj__swap_op *op;          /* its transfer in flight, or NULL */
     bool ordered;             /* RESTORING: later compute already waits for the copies */
-    dj_session_t *pool_prev, *pool_next; /* sessions holding pool slots */
+    dj_session_t *pool_prev, *pool_next; /* sessions holding pool slots, or (on disk) disk slots */
+    uint32_t *dslots;         /* [n_slots] page file slot of KV page i while on disk (slots NULL); owned */
+    uint64_t *dsums;          /* [n_slots] their XXH3 checksums; owned */
+    uint64_t disk_serial;     /* the spill's serial number (seeds the checksums) */
     size_t quota_pages;       /* 0 = none: KV pages mapped, private and shared (the VMU counts private ones) */
     /* prefix cache (prefix.c): full blocks of known tokens are published and
      * shared; the block being filled is private, so no shared page is written */
@@ -113,6 +118,47 @@ void dj__swap_pool_free(dj__kv *kv);
  * consistent, each holder's residency and VMU pages matching. DJ_EINTERNAL
  * with the first broken one. For tests. */
 dj_status dj__swap_pool_check(const dj__kv *kv);
+
+/* ---- the disk tier (disk.c: the page file and its I/O threads; swap.c
+ * moves sessions through it) ---- */
+
+/* One page's transfer: buf[0..page_bytes) <-> the page file's slot. */
+typedef struct dj__disk_io {
+    uint8_t *buf;
+    uint32_t slot;
+    uint64_t seed;            /* the checksum's seed */
+    uint64_t sum;             /* write: OUT, the page's checksum; read: the one it must have */
+} dj__disk_io;
+
+dj_status dj__disk_open(const char *dir, size_t bytes, size_t page_bytes, uint32_t threads, dj__disk **out /* OUT */);
+/* Joins the I/O threads and closes the file (every slot must be free). NULL does nothing. */
+void dj__disk_close(dj__disk *d);
+/* n free slots (ascending), or DJ_ENOSPC with nothing taken. */
+dj_status dj__disk_take(dj__disk *d, uint32_t n, uint32_t *slots /* OUT, [n] */);
+void dj__disk_release(dj__disk *d, const uint32_t *slots, uint32_t n);
+/* Writes (checksumming each page first) or reads (checking each page after)
+ * the n pages through the I/O threads; the caller waits. A read whose page
+ * fails its checksum or cannot be read: DJ_EIO naming the first such page
+ * (*bad: how many failed); a failed write: DJ_EIO. */
+dj_status dj__disk_write(dj__disk *d, dj__disk_io *io, uint32_t n);
+dj_status dj__disk_read(dj__disk *d, dj__disk_io *io, uint32_t n, uint32_t *bad /* OUT */);
+/* The counters (st->sessions, spills, reads: the caller's). */
+void dj__disk_stats(const dj__disk *d, dj_disk_stats *st /* OUT */);
+uint32_t dj__disk_free_slots(const dj__disk *d);
+bool dj__disk_slot_used(const dj__disk *d, uint32_t i);
+/* Pages the bounce buffer of a read-back holds (16 MiB of them, at least one). */
+size_t dj__disk_bounce_pages(const dj__disk *d);
+/* Test hook: a backend whose device memory is host memory still reads
+ * through the bounce buffer (the GPU's path). */
+extern bool dj__disk_force_bounce;
+/* Test hook: the tier opened from now on uses buffered I/O only, as where
+ * the filesystem refuses O_DIRECT. */
+extern bool dj__disk_no_direct;
+
+/* The engine's calls (engine.h), on the store (swap.c). */
+dj_status dj__swap_disk_init(dj__kv *kv, const char *dir, size_t bytes, uint32_t threads);
+void dj__swap_disk_stats(const dj__kv *kv, dj_disk_stats *st /* OUT */);
+dj_status dj__swap_spill(dj__kv *kv, dj_session_t *s);
 
 /* ---- prefix cache (prefix.c) ---- */
 

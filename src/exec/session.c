@@ -72,6 +72,18 @@ dj_status dj_session_swap_in(dj_engine_t *e, dj_session_t *s) {
     return dj__swap_in(e->kv, s);
 }
 
+dj_status dj_engine_disk_init(dj_engine_t *e, const char *dir, size_t bytes, uint32_t threads) {
+    if (!e || (bytes && !dir)) return dj_fail(DJ_EINVAL, "dj_engine_disk_init: NULL engine or directory");
+    return dj__swap_disk_init(e->kv, dir, bytes, threads);
+}
+
+void dj_engine_disk_stats(const dj_engine_t *e, dj_disk_stats *st) { dj__swap_disk_stats(e->kv, st); }
+
+dj_status dj_session_swap_spill(dj_engine_t *e, dj_session_t *s) {
+    if (!e || !s) return dj_fail(DJ_EINVAL, "spill: NULL engine or session");
+    return dj__swap_spill(e->kv, s);
+}
+
 dj_status dj_session_set_cache_salt(dj_session_t *s, const uint64_t salt[2]) {
     if (!s || !salt) return dj_fail(DJ_EINVAL, "dj_session_set_cache_salt: NULL session or salt");
     if (s->pos || s->pfx_full || s->pfx_n)

@@ -1,7 +1,9 @@
 /* swap.c: semantic KV swap - a session's data-segment pages copied to a
  * page-granular host pool of the KV store and back (any free pages, tables
- * rewritten), on the backend's copy stream where it has one. */
+ * rewritten), on the backend's copy stream where it has one; and below the
+ * pool, sessions spilled to the disk tier's page file (disk.c) and read back. */
 #include <inttypes.h>
+#include <xxhash.h>
 #include "djinn/alloc.h"
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,13 @@ struct dj_swap_pool {
     dj_session_t *holders;  /* sessions holding slots (pool_next list) */
     dj_swap_stats st;       /* counters (capacity/used/peak filled on demand) */
     bool poll_failed;       /* a device failure was logged */
+    /* the disk tier (kv->disk) */
+    dj_session_t *disk_holders; /* sessions on disk (the same pool_next links) */
+    dj_disk_stats dst;      /* its counters kept here: sessions, spills, reads, bytes, times, failed_reads */
+    uint64_t disk_serial;   /* spills so far (seeds their checksums) */
+    uint8_t *bounce;        /* [dj__disk_bounce_pages * page_bytes], aligned: read-backs where device memory
+                             * is not host memory; owned */
+    bool bounce_pinned;     /* from the backend's host_alloc (else posix_memalign) */
 };
 
 static double now_s(void) {
@@ -84,19 +93,22 @@ static void slots_release(dj_swap_pool *p, const uint32_t *slots, uint32_t n) {
     p->n_used -= n;
 }
 
-static void holder_add(dj_swap_pool *p, dj_session_t *s) {
+static void holder_add_to(dj_session_t **head, dj_session_t *s) {
     s->pool_prev = NULL;
-    s->pool_next = p->holders;
-    if (p->holders) p->holders->pool_prev = s;
-    p->holders = s;
+    s->pool_next = *head;
+    if (*head) (*head)->pool_prev = s;
+    *head = s;
 }
 
-static void holder_remove(dj_swap_pool *p, dj_session_t *s) {
+static void holder_remove_from(dj_session_t **head, dj_session_t *s) {
     if (s->pool_prev) s->pool_prev->pool_next = s->pool_next;
-    else p->holders = s->pool_next;
+    else *head = s->pool_next;
     if (s->pool_next) s->pool_next->pool_prev = s->pool_prev;
     s->pool_prev = s->pool_next = NULL;
 }
+
+static void holder_add(dj_swap_pool *p, dj_session_t *s) { holder_add_to(&p->holders, s); }
+static void holder_remove(dj_swap_pool *p, dj_session_t *s) { holder_remove_from(&p->holders, s); }
 
 static void op_unlink(dj_swap_pool *p, dj__swap_op *op) {
     dj__swap_op **pp = &p->ops;
@@ -112,15 +124,19 @@ static void pool_destroy(dj_backend_t *be, dj_swap_pool *p) {
         else free(p->base);
     }
     free(p->bits);
+    if (p->bounce_pinned) be->vt->host_free(be, p->bounce);
+    else free(p->bounce);
     free(p);
 }
 
 dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
     dj_swap_pool **pp = &kv->swap;
     dj_backend_t *be = kv->be;
-    if (*pp && ((*pp)->n_used || (*pp)->ops || (*pp)->holders))
-        return dj_fail(DJ_EBUSY, "swap pool: %u of its slots are in use; it can be replaced only while empty",
-                       (*pp)->n_used);
+    if (*pp && ((*pp)->n_used || (*pp)->ops || (*pp)->holders || (*pp)->disk_holders))
+        return dj_fail(DJ_EBUSY, "swap pool: %u of its slots are in use (%u sessions on disk); it can be replaced "
+                       "only while empty", (*pp)->n_used, (*pp)->dst.sessions);
+    if (*pp && kv->disk)
+        return dj_fail(DJ_EBUSY, "swap pool: the disk tier sits below it; close the tier first");
     const size_t page = dj_vmu_page_bytes(kv->vmu);
     const size_t n = pool_bytes / page;
     if (pool_bytes && n == 0)
@@ -153,8 +169,14 @@ dj_status dj__swap_pool_init(dj__kv *kv, size_t pool_bytes) {
     }
     if (*pp) {
         dj_swap_stats keep = (*pp)->st; /* counters survive a resize */
-        pool_destroy(be, *pp);
-        if (p) p->st = keep;
+        dj_disk_stats dkeep = (*pp)->dst;
+        const uint64_t serial = (*pp)->disk_serial;
+        pool_destroy(be, *pp); /* its bounce buffer too: the disk tier makes one for the new pool */
+        if (p) {
+            p->st = keep;
+            p->dst = dkeep;
+            p->disk_serial = serial;
+        }
     }
     *pp = p;
     return DJ_OK;
@@ -185,6 +207,8 @@ void dj__swap_pool_free(dj__kv *kv) {
         else op->s->op = NULL;
         free(op);
     }
+    dj__disk_close(kv->disk); /* every session is released: no slot is held */
+    kv->disk = NULL;
     pool_destroy(be, p);
     *pp = NULL;
 }
@@ -390,6 +414,200 @@ static void cancel_out(dj_swap_pool *p, dj_session_t *s) {
     p->st.cancels++;
 }
 
+/* Whether n pages can be taken for s now (unreferenced cached blocks are
+ * evicted for them): DJ_ENOSPC or DJ_EQUOTA, nothing changed, if not. */
+static dj_status room_for(dj__kv *kv, dj_session_t *s, uint32_t n) {
+    dj_vmu_t *vmu = kv->vmu;
+    dj_vmu_stats vs;
+    dj_vmu_get_stats(vmu, &vs);
+    dj_prefix_stats ps;
+    dj__prefix_stats(kv->prefix, &ps);
+    if (vs.pages_free < n && vs.pages_free + ps.pages_unreferenced >= n) /* unreferenced cached blocks go first */
+        while (vs.pages_free < n && dj__prefix_evict(kv)) dj_vmu_get_stats(vmu, &vs);
+    if (vs.pages_free < n)
+        return dj_fail(DJ_ENOSPC, "data segment full: restoring session %s needs %u pages (%zu bytes); %zu of %zu "
+                                  "are free", session_name(s), n, (size_t)n * dj_vmu_page_bytes(vmu), vs.pages_free,
+                       vs.pages_total);
+    if (s->vs->quota_pages && dj_vmu_session_pages(s->vs) + n > s->vs->quota_pages)
+        return dj_fail(DJ_EQUOTA, "session %s: restoring %u pages would pass its quota of %zu", session_name(s), n,
+                       s->vs->quota_pages);
+    return DJ_OK;
+}
+
+/* ---- the disk tier ---- */
+
+bool dj_session_on_disk(const dj_session_t *s) { return s && s->dslots != NULL; }
+
+/* Page i's checksum seed: the model, the spill and the page's place in it. */
+static uint64_t disk_seed(const dj_session_t *s, uint64_t serial, uint32_t i) {
+    const uint64_t v[3] = {s->model_fp, serial, i};
+    return XXH3_64bits(v, sizeof v);
+}
+
+static void disk_forget(dj__kv *kv, dj_swap_pool *p, dj_session_t *s) {
+    dj__disk_release(kv->disk, s->dslots, s->n_slots);
+    holder_remove_from(&p->disk_holders, s);
+    free(s->dslots);
+    free(s->dsums);
+    s->dslots = NULL;
+    s->dsums = NULL;
+    p->dst.sessions--;
+}
+
+dj_status dj__swap_disk_init(dj__kv *kv, const char *dir, size_t bytes, uint32_t threads) {
+    dj_swap_pool *p = kv->swap;
+    if (p && p->disk_holders)
+        return dj_fail(DJ_EBUSY, "disk tier: %u sessions are on it; it can be replaced only while empty",
+                       p->dst.sessions);
+    if (bytes && !p)
+        return dj_fail(DJ_EINVAL, "disk tier: it sits below the host swap pool, and there is none "
+                                  "(dj_engine_swap_init first)");
+    dj__disk *d = NULL;
+    if (bytes) {
+        dj_status st = dj__disk_open(dir, bytes, dj_vmu_page_bytes(kv->vmu), threads, &d);
+        if (st != DJ_OK) return st;
+        /* read-backs to a device whose memory is not host memory go through it: pinned where the backend can */
+        const size_t bb = dj__disk_bounce_pages(d) * p->page_bytes;
+        dj_backend_t *be = kv->be;
+        if (!p->bounce && !be->host_memory && be->vt->host_alloc && be->vt->host_free) {
+            void *b = NULL;
+            if (be->vt->host_alloc(be, bb, &b) == DJ_OK) {
+                p->bounce = b;
+                p->bounce_pinned = true;
+            }
+        }
+        if (!p->bounce && posix_memalign((void **)&p->bounce, 4096, bb)) {
+            p->bounce = NULL;
+            dj__disk_close(d);
+            return dj_fail(DJ_ENOMEM, "disk tier: out of host memory for its bounce buffer");
+        }
+    }
+    dj__disk_close(kv->disk);
+    kv->disk = d;
+    return DJ_OK;
+}
+
+void dj__swap_disk_stats(const dj__kv *kv, dj_disk_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (kv->swap) *st = kv->swap->dst;
+    st->page_bytes = dj_vmu_page_bytes(kv->vmu);
+    if (!kv->disk) {
+        st->enabled = false;
+        return;
+    }
+    dj__disk_stats(kv->disk, st);
+}
+
+dj_status dj__swap_spill(dj__kv *kv, dj_session_t *s) {
+    if (s->dslots) return DJ_OK;
+    dj_swap_pool *p = kv->swap;
+    if (!kv->disk || !p) return dj_fail(DJ_ENOSPC, "session %s: no disk tier to spill to", session_name(s));
+    if (s->residency != DJ_KV_SWAPPED || s->op)
+        return dj_fail(DJ_EBUSY, "session %s is %s: only a swapped-out session goes on to disk", session_name(s),
+                       dj_kv_residency_name(s->residency));
+    const uint32_t n = s->n_slots;
+    if (!n) return DJ_OK; /* nothing held anywhere */
+    uint32_t *dslots = dj_malloc((size_t)n * sizeof *dslots);
+    uint64_t *sums = dj_malloc((size_t)n * sizeof *sums);
+    dj__disk_io *io = dj_malloc((size_t)n * sizeof *io);
+    dj_status st = DJ_OK;
+    if (!dslots || !sums || !io) {
+        st = dj_fail(DJ_ENOMEM, "spill: out of host memory for %u pages", n);
+        goto done;
+    }
+    if ((st = dj__disk_take(kv->disk, n, dslots)) != DJ_OK) {
+        dj_fail(st, "session %s: %s", session_name(s), dj_last_error());
+        goto done;
+    }
+    const uint64_t serial = ++p->disk_serial;
+    for (uint32_t i = 0; i < n; i++)
+        io[i] = (dj__disk_io){.buf = p->base + (size_t)s->slots[i] * p->page_bytes, .slot = dslots[i],
+                              .seed = disk_seed(s, serial, i)};
+    const double t0 = now_s();
+    if ((st = dj__disk_write(kv->disk, io, n)) != DJ_OK) {
+        dj__disk_release(kv->disk, dslots, n);
+        goto done;
+    }
+    for (uint32_t i = 0; i < n; i++) sums[i] = io[i].sum;
+    p->dst.write_s += now_s() - t0;
+    p->dst.spills++;
+    p->dst.bytes_written += (uint64_t)n * p->page_bytes;
+    p->dst.sessions++;
+    /* the pool's copy goes; the disk's is the session's */
+    slots_release(p, s->slots, n);
+    holder_remove(p, s);
+    free(s->slots);
+    s->slots = NULL;
+    s->dslots = dslots;
+    s->dsums = sums;
+    s->disk_serial = serial;
+    holder_add_to(&p->disk_holders, s);
+    dslots = NULL;
+    sums = NULL;
+done:
+    free(dslots);
+    free(sums);
+    free(io);
+    return st;
+}
+
+/* dj__swap_in of a session on disk (room_for said yes): pages taken, the
+ * page file read into them (directly where device memory is host memory,
+ * else through the bounce buffer and an upload), every page checked. Any
+ * failure gives the pages back and leaves the session on disk. */
+static dj_status fill_from_disk(dj__kv *kv, dj_swap_pool *p, dj_session_t *s) {
+    dj_backend_t *be = kv->be;
+    dj_vmu_t *vmu = kv->vmu;
+    const uint32_t n = s->n_slots;
+    const size_t pb = p->page_bytes;
+    uint8_t *seg = dj_vmu_data_base(vmu);
+    const bool direct = be->host_memory && !dj__disk_force_bounce;
+    const size_t chunk = direct ? n : dj__disk_bounce_pages(kv->disk);
+    uint32_t *pages = dj_malloc((size_t)n * sizeof *pages);
+    dj__disk_io *io = dj_malloc((chunk < n ? chunk : n) * sizeof *io);
+    dj_status st = DJ_OK;
+    uint32_t got = 0;
+    if (!pages || !io) {
+        st = dj_fail(DJ_ENOMEM, "swap in from disk: out of host memory for %u pages", n);
+        goto done;
+    }
+    for (; got < n; got++)
+        if ((st = dj_vmu_page_alloc(vmu, s->vs, &pages[got])) != DJ_OK) goto done;
+    if (!direct && (st = be->vt->sync(be)) != DJ_OK) goto done;
+    const double t0 = now_s();
+    for (uint32_t i0 = 0; i0 < n && st == DJ_OK; i0 += (uint32_t)chunk) {
+        const uint32_t k = n - i0 < chunk ? n - i0 : (uint32_t)chunk;
+        for (uint32_t j = 0; j < k; j++) {
+            const uint32_t i = i0 + j;
+            io[j] = (dj__disk_io){.buf = direct ? seg + (size_t)pages[i] * pb : p->bounce + (size_t)j * pb,
+                                  .slot = s->dslots[i], .seed = disk_seed(s, s->disk_serial, i), .sum = s->dsums[i]};
+        }
+        uint32_t bad = 0;
+        if ((st = dj__disk_read(kv->disk, io, k, &bad)) != DJ_OK) {
+            p->dst.failed_reads++;
+            dj_fail(st, "session %s: its KV on disk cannot be used: %s", session_name(s), dj_last_error());
+            break;
+        }
+        for (uint32_t j = 0; j < k && !direct && st == DJ_OK; j++)
+            st = be->vt->upload(be, seg + (size_t)pages[i0 + j] * pb, io[j].buf, pb);
+    }
+    if (st != DJ_OK) goto done;
+    p->dst.read_s += now_s() - t0;
+    p->dst.reads++;
+    p->dst.bytes_read += (uint64_t)n * pb;
+    for (uint32_t i = 0; i < n; i++) *table_at(s, i) = pages[i];
+    got = 0; /* the session's now */
+    disk_forget(kv, p, s);
+    s->n_slots = s->swap_blocks = 0;
+    s->dev_blocks = 0; /* the whole device table goes up again before the next step */
+    s->residency = DJ_KV_RESIDENT;
+done:
+    for (uint32_t k = 0; k < got; k++) (void)dj_vmu_page_free(vmu, s->vs, pages[k]);
+    free(pages);
+    free(io);
+    return st;
+}
+
 dj_status dj__swap_in(dj__kv *kv, dj_session_t *s) {
     if (s->residency == DJ_KV_RESIDENT || s->residency == DJ_KV_RESTORING) return DJ_OK;
     dj_swap_pool *p = kv->swap;
@@ -403,24 +621,13 @@ dj_status dj__swap_in(dj__kv *kv, dj_session_t *s) {
         return DJ_OK;
     }
     dj_vmu_t *vmu = kv->vmu;
-    dj_vmu_stats vs;
-    dj_vmu_get_stats(vmu, &vs);
-    dj_prefix_stats ps;
-    dj__prefix_stats(kv->prefix, &ps);
-    if (vs.pages_free < n && vs.pages_free + ps.pages_unreferenced >= n) /* unreferenced cached blocks go first */
-        while (vs.pages_free < n && dj__prefix_evict(kv)) dj_vmu_get_stats(vmu, &vs);
-    if (vs.pages_free < n)
-        return dj_fail(DJ_ENOSPC, "data segment full: restoring session %s needs %u pages (%zu bytes); %zu of %zu "
-                                  "are free", session_name(s), n, (size_t)n * p->page_bytes, vs.pages_free,
-                       vs.pages_total);
-    if (s->vs->quota_pages && dj_vmu_session_pages(s->vs) + n > s->vs->quota_pages)
-        return dj_fail(DJ_EQUOTA, "session %s: restoring %u pages would pass its quota of %zu", session_name(s), n,
-                       s->vs->quota_pages);
+    dj_status st = room_for(kv, s, n);
+    if (st != DJ_OK) return st;
+    if (s->dslots) return fill_from_disk(kv, p, s);
     uint32_t *pages = dj_malloc((size_t)n * sizeof *pages), *page_of = dj_malloc((size_t)n * sizeof *page_of);
     uint32_t *order = dj_malloc((size_t)n * sizeof *order);
     dj_copy_span *spans = dj_malloc((size_t)n * sizeof *spans);
     uint64_t *tmp = dj_malloc((size_t)n * sizeof *tmp);
-    dj_status st = DJ_OK;
     uint32_t got = 0;
     if (!pages || !page_of || !order || !spans || !tmp) {
         st = dj_fail(DJ_ENOMEM, "swap in: out of host memory for %u pages", n);
@@ -499,6 +706,10 @@ dj_status dj__swap_before_step(dj__kv *kv, dj_session_t *s) {
 void dj__swap_session_release(dj__kv *kv, dj_session_t *s) {
     dj_swap_pool *p = kv->swap;
     if (!p) return;
+    if (s->dslots) { /* on disk: its slots are free again (what they hold is garbage now) */
+        disk_forget(kv, p, s);
+        s->n_slots = 0;
+    }
     if (s->op) {
         dj_backend_t *be = kv->be;
         op_unlink(p, s->op);
@@ -575,6 +786,35 @@ dj_status dj__swap_pool_check(const dj__kv *kv) {
             p->n_slots);
     for (uint32_t i = 0; i < p->scan_from && i < p->n_slots; i++)
         if (!slot_used(p, i)) BAD("swap: slot %u is free below the scan start %u", i, p->scan_from);
+    /* the disk tier: its sessions swapped, holding no pool slot and no page, their disk slots each theirs */
+    if (p->disk_holders && !kv->disk) BAD("swap: sessions on disk without a disk tier");
+    if (kv->disk) {
+        const dj_disk_stats *ds = &p->dst;
+        dj_disk_stats now;
+        dj__disk_stats(kv->disk, &now);
+        const uint32_t d_slots = (uint32_t)(now.capacity / now.page_bytes);
+        free(seen);
+        if (!(seen = dj_calloc(d_slots ? d_slots : 1, 1))) return dj_fail(DJ_ENOMEM, "swap check: out of memory");
+        uint32_t d_held = 0, d_sess = 0;
+        prev = NULL;
+        for (const dj_session_t *s = p->disk_holders; s; prev = s, s = s->pool_next, d_sess++) {
+            if (s->pool_prev != prev) BAD("swap: disk holder %s has a broken back link", session_name(s));
+            if (s->residency != DJ_KV_SWAPPED || s->op || s->slots || !s->dslots || !s->dsums ||
+                dj_vmu_session_pages(s->vs) || s->n_slots != n_layers(s) * s->swap_blocks)
+                BAD("swap: session %s on disk is %s with %u slots, %zu data pages, pool slots %s", session_name(s),
+                    dj_kv_residency_name(s->residency), s->n_slots, dj_vmu_session_pages(s->vs),
+                    s->slots ? "held" : "none");
+            for (uint32_t k = 0; k < s->n_slots; k++) {
+                const uint32_t i = s->dslots[k];
+                if (i >= d_slots || seen[i]++ || !dj__disk_slot_used(kv->disk, i))
+                    BAD("swap: session %s disk slot %u is out of range, held twice or marked free", session_name(s), i);
+            }
+            d_held += s->n_slots;
+        }
+        if (d_sess != ds->sessions || (size_t)d_held * now.page_bytes != now.used)
+            BAD("swap: %u sessions with %u pages on disk; counted %u sessions, %zu bytes", d_sess, d_held,
+                ds->sessions, now.used);
+    }
 #undef BAD
 done:
     free(seen);

@@ -2,12 +2,12 @@
  * penalties and a seeded generator, so that a seed reproduces a generation. */
 #include "djinn/sampler.h"
 #include "djinn/alloc.h"
+#include "djinn/sample_schema.h"
 
 #include <stdlib.h>
 
 struct dj_sampler {
     dj_sampler_params p;
-    dj_pick_rule rule;   /* p's part that the pick rule reads */
     uint32_t vocab;
     bool penalised;      /* some penalty is on: observe keeps counts */
     uint64_t rng[4];     /* xoshiro256** state */
@@ -41,21 +41,11 @@ static uint64_t next_u64(uint64_t *s) {
     return r;
 }
 
-static dj_pick_rule rule_of(const dj_sampler_params *p) {
-    return (dj_pick_rule){.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p, .min_p = p->min_p,
-                          .repetition_penalty = p->repetition_penalty};
-}
-
 dj_status dj_sampler_params_check(const dj_sampler_params *p) {
     if (!p) return dj_fail(DJ_EINVAL, "sampler: NULL params");
-    const dj_pick_rule r = rule_of(p);
-    const dj_status st = dj_pick_rule_check(&r);
+    const dj_status st = dj_pick_rule_check(p);
     if (st != DJ_OK) return st;
-    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return dj_fail(DJ_EINVAL, "frequency penalty must be in [-2, 2] (got %g)", (double)p->frequency_penalty);
-    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return dj_fail(DJ_EINVAL, "presence penalty must be in [-2, 2] (got %g)", (double)p->presence_penalty);
-    return DJ_OK;
+    return dj_sample_schema_check(p); /* every field's bounds, from the one table */
 }
 
 static bool rep_on(float rep) { return rep != 0.0f && rep != 1.0f; }
@@ -68,7 +58,6 @@ dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_
     dj_sampler_t *s = dj_calloc(1, sizeof *s);
     if (!s) return dj_fail(DJ_ENOMEM, "out of memory");
     s->p = *p;
-    s->rule = rule_of(p);
     s->vocab = vocab;
     s->penalised = rep_on(p->repetition_penalty) || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     const dj_status scr = dj_pick_scratch_reserve(&s->scr, vocab);
@@ -135,7 +124,7 @@ double dj_sampler_uniform(dj_sampler_t *s) {
 
 int32_t dj_sampler_pick_with(dj_sampler_t *s, const float *logits, double u, const dj_sampler_penalty *pen,
                              uint32_t n_pen) {
-    return dj_pick(&s->rule, logits, s->vocab, u, pen, n_pen, &s->scr);
+    return dj_pick(&s->p, logits, s->vocab, u, pen, n_pen, &s->scr);
 }
 
 int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u) {

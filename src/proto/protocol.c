@@ -99,7 +99,8 @@ const char *dj_msg_type_name(uint32_t type) {
     }
 }
 
-static const char *qos_names[DJ_QOS_COUNT] = {"realtime", "interactive", "batch"};
+static const char *qos_names[DJ_QOS_COUNT] = {[DJ_QOS_INTERACTIVE] = "interactive", [DJ_QOS_REALTIME] = "realtime",
+                                               [DJ_QOS_BATCH] = "batch"};
 
 const char *dj_qos_name(dj_qos q) { return (unsigned)q < DJ_QOS_COUNT ? qos_names[q] : "?"; }
 

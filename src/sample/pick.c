@@ -123,7 +123,8 @@ int32_t dj_pick(const dj_pick_rule *r, const float *logits, uint32_t vocab, doub
     /* The kept set: every id (no truncation), or the first `keep` of the
      * candidate order order[0, keep). */
     const uint32_t K = r->top_k > 0 && r->top_k < V ? r->top_k : V;
-    const bool cut = K < V || r->top_p < 1.0f || r->min_p > 0.0f;
+    const float floor_w = dj__sample_floor(r, total);
+    const bool cut = K < V || r->top_p < 1.0f || floor_w > 0.0f;
     uint32_t keep = V;
     if (cut) {
         for (uint32_t i = 0; i < V; i++) {
@@ -159,7 +160,7 @@ int32_t dj_pick(const dj_pick_rule *r, const float *logits, uint32_t vocab, doub
         }
         for (uint32_t i = 0; i < V; i++) s->w[i] = -1.0f; /* -1 marks ids outside the kept set */
         for (uint32_t i = 0; i < keep; i++) /* order[0, keep): the right set, in any order */
-            if (s->order[i].p >= r->min_p) s->w[s->order[i].id] = s->order[i].p; /* min-p: a prefix too */
+            if (s->order[i].p >= floor_w) s->w[s->order[i].id] = s->order[i].p; /* the floor: a prefix too */
     }
     uint64_t mass = 0;
     for (uint32_t i = 0; i < V; i++)

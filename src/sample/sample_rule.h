@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "djinn/sample_params.h"
+
 #ifdef __CUDACC__
 #define DJ_HD __host__ __device__ __forceinline__
 #else
@@ -66,6 +68,23 @@ DJ_HD uint32_t dj__sample_ties_for(uint64_t above, uint64_t q, uint32_t avail, d
     while (j > 1 && (double)(above + (uint64_t)(j - 1) * q) >= goal) j--;
     while (j < avail && (double)(above + (uint64_t)j * q) < goal) j++;
     return j;
+}
+
+/* The rule's floor: after top-k and top-p, the weights below it are dropped
+ * (min-p, top-a: rules of that kind), from the row's parameters and `total`,
+ * the mass of every id of the row after penalties and temperature (>= 2^36:
+ * the largest weight is 1). 0 keeps every weight; it never exceeds 1, so the
+ * largest weight always stays. The host pick (pick.c) applies it whole; the
+ * CUDA kernel applies min_p, and the engine sends a row with a field that a
+ * dj_sample_row does not carry to the host (dj_sample_row_carries). */
+DJ_HD float dj__sample_floor(const dj_sampler_params *p, uint64_t total) {
+    float f = p->min_p > 0.0f ? p->min_p : 0.0f;
+    if (p->top_a > 0.0f) { /* prob >= top_a * pmax^2, pmax = 2^36 / total: w >= top_a * 2^36 / total */
+        const double a = (double)p->top_a * DJ_SAMPLE_Q_SCALE / (double)total;
+        const float fa = a < 1.0 ? (float)a : 1.0f;
+        f = fa > f ? fa : f;
+    }
+    return f;
 }
 
 /* The draw's target in [0, mass): floor(u * mass). */

@@ -114,6 +114,8 @@ typedef struct ssess {
     residency res;
     bool paused, prefetched, swap_pending; /* swap_pending: decided, not yet reported started */
     bool want_back;   /* resumed while out: brought back when it fits */
+    bool on_disk;     /* SWAPPED (or RESTORING) from the disk tier: `pooled` counts against disk_used */
+    bool no_spill;    /* a spill of it failed: not picked again */
     uint64_t pause_at, expect_ms;
     uint64_t last_ms; /* last request arrival or end */
     uint32_t n_req;   /* its requests the scheduler holds (waiting, admitted or running) */
@@ -129,6 +131,7 @@ struct dj_sched {
     ssess *all;    /* every session */
     uint32_t held, n_running;
     uint64_t pool_used;
+    uint64_t disk_used;
     bool turn, burst;
     sreq *refuse;
     char reason[256];
@@ -181,6 +184,7 @@ dj_status dj_sched_new(const dj_sched_config *cfg, dj_sched_t **out) {
     if (!s) return dj_fail(DJ_ENOMEM, "scheduler: out of memory");
     s->cfg = *cfg;
     if (s->cfg.page_in_ms <= 0) s->cfg.page_in_ms = 0.01;
+    if (s->cfg.disk_page_ms <= 0) s->cfg.disk_page_ms = 4 * s->cfg.page_in_ms;
     *out = s;
     return DJ_OK;
 }
@@ -230,6 +234,14 @@ static uint64_t used_pages(const dj_sched_t *s, uint64_t conn, bool by_conn) {
     return u;
 }
 
+/* Pool pages a group's sessions hold (swapping, swapped or restoring). */
+static uint64_t pooled_pages(const dj_sched_t *s, uint64_t conn) {
+    uint64_t u = 0;
+    for (const ssess *x = s->all; x; x = x->next)
+        if (x->conn == conn) u += x->pooled;
+    return u;
+}
+
 static void set_reserve(dj_sched_t *s, ssess *x) {
     uint32_t r = 0;
     list *ls[2] = {&s->admitted, &s->gens};
@@ -245,8 +257,10 @@ static void set_held(dj_sched_t *s, ssess *x, uint32_t held) {
 }
 
 static void set_pooled(dj_sched_t *s, ssess *x, uint32_t pooled) {
-    s->pool_used = s->pool_used - x->pooled + pooled;
+    uint64_t *used = x->on_disk ? &s->disk_used : &s->pool_used;
+    *used = *used - x->pooled + pooled;
     x->pooled = pooled;
+    if (!pooled) x->on_disk = false;
 }
 
 /* ---- events ---- */
@@ -434,6 +448,36 @@ void dj_sched_rate(dj_sched_t *s, double page_in_ms) {
     if (page_in_ms > 0) s->cfg.page_in_ms = page_in_ms;
 }
 
+void dj_sched_disk_rate(dj_sched_t *s, double page_ms) {
+    if (page_ms > 0) s->cfg.disk_page_ms = page_ms;
+}
+
+void dj_sched_spilled(dj_sched_t *s, uint64_t sess, bool ok) {
+    ssess *x = map_get(&s->sessions, sess);
+    if (!x || !x->swap_pending) return;
+    x->swap_pending = false;
+    if (!ok) {
+        x->no_spill = true;
+        return;
+    }
+    if (x->res != RES_SWAPPED || x->on_disk) return;
+    s->pool_used -= x->pooled;
+    s->disk_used += x->pooled;
+    x->on_disk = true;
+    s->counts.spills++;
+}
+
+void dj_sched_kv_lost(dj_sched_t *s, uint64_t sess) {
+    ssess *x = map_get(&s->sessions, sess);
+    if (!x) return;
+    set_held(s, x, 0);
+    set_pooled(s, x, 0);
+    x->res = RES_DROPPED;
+    x->swap_pending = false;
+    x->want_back = false;
+    s->counts.recoveries++;
+}
+
 /* ---- decisions ---- */
 
 static bool idle(const dj_sched_t *s, const ssess *x, uint64_t now) {
@@ -442,7 +486,8 @@ static bool idle(const dj_sched_t *s, const ssess *x, uint64_t now) {
 
 /* When a paused, swapped session should start coming back. */
 static uint64_t prefetch_at(const dj_sched_t *s, const ssess *x) {
-    const uint64_t lead = (uint64_t)(x->pooled * s->cfg.page_in_ms * 1.5) + 1;
+    const double per_page = x->on_disk ? s->cfg.disk_page_ms : s->cfg.page_in_ms;
+    const uint64_t lead = (uint64_t)(x->pooled * per_page * 1.5) + 1;
     const uint64_t end = x->pause_at + x->expect_ms;
     return end > lead ? end - lead : 0;
 }
@@ -463,6 +508,44 @@ static uint64_t next_use(const ssess *x) {
     return x->paused && x->expect_ms ? x->pause_at + x->expect_ms : UINT64_MAX;
 }
 
+/* A swapped session in the pool that may go on to disk. */
+static bool spillable(const dj_sched_t *s, const ssess *x) {
+    return x->res == RES_SWAPPED && !x->on_disk && !x->swap_pending && !x->no_spill && x->pooled &&
+           s->disk_used + x->pooled <= s->cfg.disk_pages;
+}
+
+/* Whether n pages can go out to the pool: into its free slots, or (disk
+ * tier) into slots that spilling pooled sessions to disk frees. */
+static bool out_room(const dj_sched_t *s, uint64_t n) {
+    if (s->pool_used + n <= s->cfg.pool_pages) return true;
+    if (!s->cfg.disk_pages || n > s->cfg.pool_pages) return false;
+    const uint64_t need = s->pool_used + n - s->cfg.pool_pages;
+    uint64_t can = 0;
+    for (const ssess *x = s->all; x && can < need; x = x->next)
+        if (spillable(s, x)) can += x->pooled;
+    return can >= need && s->disk_used + need <= s->cfg.disk_pages;
+}
+
+/* The pooled session to spill: the one wanted furthest ahead (nothing
+ * waiting for it first; then the latest expected end; ties: the lowest
+ * class, then the least recently used). */
+static ssess *pick_spill(const dj_sched_t *s) {
+    ssess *best = NULL;
+    for (ssess *x = s->all; x; x = x->next) {
+        if (!spillable(s, x)) continue;
+        bool better = !best;
+        if (!better) {
+            const bool xw = x->n_req || x->want_back, bw = best->n_req || best->want_back;
+            if (xw != bw) better = bw;
+            else if (next_use(x) != next_use(best)) better = next_use(x) > next_use(best);
+            else if (x->qos != best->qos) better = x->qos > best->qos;
+            else better = x->last_ms < best->last_ms;
+        }
+        if (better) best = x;
+    }
+    return best;
+}
+
 /* The session to move out: of the paused and idle ones, the one wanted
  * furthest ahead (no expectation first, then the latest expected end; ties:
  * least recently used), then those whose requests wait (lowest class, least
@@ -475,7 +558,11 @@ static ssess *pick_victim(const dj_sched_t *s, uint64_t now, const ssess *self, 
         if (by_conn && x->conn != self->conn) continue;
         const int rank = victim_rank(s, x, self, now);
         if (!rank || (before && (rank != 2 || next_use(x) <= before))) continue;
-        if (s->cfg.policy == DJ_SWAP_SEMANTIC && s->pool_used + x->held > s->cfg.pool_pages) continue;
+        if (s->cfg.policy == DJ_SWAP_SEMANTIC && !out_room(s, x->held)) continue;
+        /* a group at its share of the pool sends no more there: it waits on itself, not on others */
+        if (s->cfg.policy == DJ_SWAP_SEMANTIC && s->cfg.pool_quota_pages &&
+            pooled_pages(s, x->conn) + x->held > s->cfg.pool_quota_pages)
+            continue;
         bool better = !best || rank > best_rank;
         if (!better && rank == best_rank) {
             if (rank == 2 && next_use(x) != next_use(best)) better = next_use(x) > next_use(best);
@@ -496,6 +583,21 @@ static void swap_out(dj_sched_t *s, ssess *v, dj_sched_decision *d) {
     set_pooled(s, v, v->held);
     d->op = DJ_SCHED_SWAP_OUT;
     d->sess = v->id;
+}
+
+/* v out to the pool, or first (the pool full) a pooled session on to disk
+ * to make room: false if neither can be done now. */
+static bool swap_out_or_spill(dj_sched_t *s, ssess *v, dj_sched_decision *d) {
+    if (s->pool_used + v->held <= s->cfg.pool_pages) {
+        swap_out(s, v, d);
+        return true;
+    }
+    ssess *c = s->cfg.disk_pages ? pick_spill(s) : NULL;
+    if (!c) return false;
+    c->swap_pending = true;
+    d->op = DJ_SCHED_SPILL;
+    d->sess = c->id;
+    return true;
 }
 
 /* Pages admitting r would add, and whether they fit (segment and quota). */
@@ -613,10 +715,11 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                 continue;
             }
             if (!fit) {
-                mem_blocked = mem_stop = true;
+                const bool quota = s->cfg.quota_pages && used_pages(s, x->conn, true) + extra > s->cfg.quota_pages;
+                /* one that waits only for its own group's quota holds back no other group's requests */
+                if (!quota || used_pages(s, 0, false) + extra > s->cfg.pages_total) mem_blocked = mem_stop = true;
                 /* make room: paused/idle sessions out, least recently used first */
                 if (s->cfg.policy == DJ_SWAP_REACTIVE) continue;
-                const bool quota = s->cfg.quota_pages && used_pages(s, x->conn, true) + extra > s->cfg.quota_pages;
                 /* enough already on its way out: wait for those copies */
                 if (quota ? used_pages(s, x->conn, true) - outgoing_pages(s, x->conn, true) + extra <= s->cfg.quota_pages
                           : used_pages(s, 0, false) - outgoing_pages(s, 0, false) + extra <= s->cfg.pages_total)
@@ -629,8 +732,8 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
                     s->counts.drops++;
                     d->op = DJ_SCHED_DROP;
                     d->sess = v->id;
-                } else {
-                    swap_out(s, v, d);
+                } else if (!swap_out_or_spill(s, v, d)) {
+                    continue;
                 }
                 return true;
             }
@@ -717,10 +820,7 @@ static bool prefetch(dj_sched_t *s, uint64_t now, dj_sched_decision *d, uint64_t
             /* room from a session wanted later than this one (an exchange: its copies out first) */
             if (used_pages(s, 0, false) - outgoing_pages(s, 0, false) + x->pooled <= s->cfg.pages_total) continue;
             ssess *v = x->paused ? pick_victim(s, now, x, false, next_use(x)) : NULL;
-            if (v) {
-                swap_out(s, v, d);
-                return true;
-            }
+            if (v && swap_out_or_spill(s, v, d)) return true;
             continue;
         }
         x->prefetched = x->paused;
@@ -806,6 +906,10 @@ void dj_sched_get_stats(const dj_sched_t *s, uint64_t now, dj_sched_stats *st) {
     st->pages_reserved = (uint32_t)(used > s->held ? used - s->held : 0);
     st->pool_pages = s->cfg.pool_pages;
     st->pool_used = s->pool_used;
+    st->disk_pages = s->cfg.disk_pages;
+    st->disk_used = s->disk_used;
+    st->on_disk = 0;
+    for (const ssess *x = s->all; x; x = x->next) st->on_disk += x->on_disk && x->res == RES_SWAPPED;
     memset(st->sessions, 0, sizeof st->sessions);
     for (const ssess *x = s->all; x; x = x->next) st->sessions[dj_sched_session_state(s, x->id, now)]++;
     /* every request held counts once: running (a generation stepping) or
@@ -823,11 +927,14 @@ void dj_sched_get_stats(const dj_sched_t *s, uint64_t now, dj_sched_stats *st) {
 }
 
 dj_status dj_sched_check(const dj_sched_t *s) {
-    uint64_t held = 0, pooled = 0, nreq = 0, n_sess = 0;
+    uint64_t held = 0, pooled = 0, on_disk = 0, nreq = 0, n_sess = 0;
     for (const ssess *x = s->all; x; x = x->next) {
         n_sess++;
         held += x->held;
-        pooled += x->pooled;
+        *(x->on_disk ? &on_disk : &pooled) += x->pooled;
+        if (x->on_disk && x->res != RES_SWAPPED && x->res != RES_RESTORING)
+            return dj_fail(DJ_EINTERNAL, "sched: session %llx is on disk but %s", (unsigned long long)x->id,
+                           x->res == RES_RESIDENT ? "resident" : "not swapped");
         if ((x->res == RES_SWAPPED || x->res == RES_DROPPED) && x->held)
             return dj_fail(DJ_EINTERNAL, "sched: session %llx is out but holds %u pages", (unsigned long long)x->id,
                            x->held);
@@ -840,6 +947,9 @@ dj_status dj_sched_check(const dj_sched_t *s) {
     if (held != s->held || pooled != s->pool_used)
         return dj_fail(DJ_EINTERNAL, "sched: page sums %llu/%llu, counters %u/%llu", (unsigned long long)held,
                        (unsigned long long)pooled, s->held, (unsigned long long)s->pool_used);
+    if (on_disk != s->disk_used || s->disk_used > s->cfg.disk_pages)
+        return dj_fail(DJ_EINTERNAL, "sched: disk pages %llu, counter %llu, tier %llu", (unsigned long long)on_disk,
+                       (unsigned long long)s->disk_used, (unsigned long long)s->cfg.disk_pages);
     if (s->cfg.pool_pages && s->pool_used > s->cfg.pool_pages)
         return dj_fail(DJ_EINTERNAL, "sched: pool holds %llu of %llu pages", (unsigned long long)s->pool_used,
                        (unsigned long long)s->cfg.pool_pages);

@@ -16,7 +16,18 @@
  * never runs out of pages. When one does not fit, paused and idle sessions
  * are swapped out (least recently stepped first) while the pool has room;
  * else the request waits in its queue. Only a request larger than the whole
- * data segment is refused. */
+ * data segment is refused.
+ *
+ * Groups (a session's `conn`: djinnd's token) have quotas: quota_pages of
+ * the data segment and pool_quota_pages of the pool. A request that waits
+ * only for its own group's quota holds back no other group's requests.
+ *
+ * Disk tier (disk_pages > 0, semantic policy): when the pool has no room for
+ * a session to swap out, the swapped session in the pool wanted furthest
+ * ahead (a paused one's expected end; none expected counts as never) is
+ * spilled to disk first (DJ_SCHED_SPILL); a session on disk comes back with a
+ * plain SWAP_IN (the caller reads it back), prefetched ahead of its expected
+ * end by its pages times disk_page_ms. */
 #ifndef DJINN_SCHED_H
 #define DJINN_SCHED_H
 
@@ -26,7 +37,7 @@
 
 #include "djinn/status.h"
 
-#define DJ_SCHED_CLASSES 3     /* 0 realtime, 1 interactive, 2 batch (dj_qos) */
+#define DJ_SCHED_CLASSES 3     /* 0 realtime, 1 interactive, 2 batch (dj_qos_rank of a dj_qos) */
 #define DJ_SCHED_MAX_BATCH 64  /* generations in one step */
 
 typedef enum dj_swap_policy {
@@ -48,6 +59,11 @@ typedef struct dj_sched_config {
     uint64_t quota_pages;  /* pages one connection's sessions may hold or reserve (0: none) */
     double page_in_ms;     /* estimated ms to bring one page back (prefetch lead); updated by dj_sched_rate */
     dj_swap_policy policy;
+    uint64_t pool_quota_pages; /* host swap pool pages one connection group's (token's) sessions may hold
+                                * (0: none): past it its sessions are not swapped out, so its own work
+                                * waits (or its KV is dropped, recompute) and other groups keep the rest */
+    uint64_t disk_pages;   /* the disk tier below the pool, in pages (0: none) */
+    double disk_page_ms;   /* estimated ms to read one page back from disk (0: 4 x page_in_ms); dj_sched_disk_rate */
 } dj_sched_config;
 
 typedef struct dj_sched dj_sched_t;
@@ -78,7 +94,8 @@ typedef enum dj_sched_op {
     DJ_SCHED_SWAP_OUT, /* start copying session `sess` to the pool (report dj_sched_swapped) */
     DJ_SCHED_SWAP_IN,  /* bring session `sess` back (report dj_sched_swapped) */
     DJ_SCHED_DROP,     /* recompute policy: free session `sess`'s KV (report dj_sched_pages 0) */
-    DJ_SCHED_REFUSE    /* request `req` can never fit: answer it with dj_sched_refuse_reason, then forget it */
+    DJ_SCHED_REFUSE,   /* request `req` can never fit: answer it with dj_sched_refuse_reason, then forget it */
+    DJ_SCHED_SPILL     /* move swapped session `sess` from the pool to the disk tier (report dj_sched_spilled) */
 } dj_sched_op;
 
 typedef struct dj_sched_decision {
@@ -131,6 +148,15 @@ void dj_sched_swap_started(dj_sched_t *s, uint64_t sess, bool ok);
 void dj_sched_swapped(dj_sched_t *s, uint64_t sess, uint32_t held);
 /* A measured host->device rate: ms per page (for prefetch timing). */
 void dj_sched_rate(dj_sched_t *s, double page_in_ms);
+/* A SPILL the scheduler asked for is done (ok) or failed (the session stays
+ * in the pool and is not picked to spill again). */
+void dj_sched_spilled(dj_sched_t *s, uint64_t sess, bool ok);
+/* A swapped session's KV could not be brought back (its pages on disk are
+ * corrupt): it is DROPPED - its next request is admitted and the caller
+ * feeds its history again first (the recompute policy's path). */
+void dj_sched_kv_lost(dj_sched_t *s, uint64_t sess);
+/* A measured disk read rate: ms per page. */
+void dj_sched_disk_rate(dj_sched_t *s, double page_ms);
 
 /* ---- decisions ---- */
 
@@ -149,6 +175,9 @@ typedef struct dj_sched_stats {
      * admitted while its session is restored, or preempted - preempted counts those of all classes) */
     uint32_t waiting[DJ_SCHED_CLASSES], running[DJ_SCHED_CLASSES], preempted;
     uint64_t swaps_out, swaps_in, drops, prefetches, preemptions, refused;
+    uint64_t disk_pages, disk_used;                   /* the disk tier's pages, and those sessions hold */
+    uint32_t on_disk;                                 /* swapped sessions whose KV is on disk (of sessions[SWAPPED]) */
+    uint64_t spills, recoveries;                      /* sessions moved pool -> disk; KV lost and recomputed */
 } dj_sched_stats;
 void dj_sched_get_stats(const dj_sched_t *s, uint64_t now, dj_sched_stats *st /* OUT */);
 dj_sched_state dj_sched_session_state(const dj_sched_t *s, uint64_t sess, uint64_t now);

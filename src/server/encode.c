@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include "djinn/alloc.h"
+#include "djinn/version.h"
+#include "server/disk_tier.h"
+#include "server/graph_serve.h"
 #include "server/server_impl.h"
 
 dj__event *dj__event_new(dj__ev_kind kind, uint64_t conn, uint16_t req_type, uint64_t req, size_t extra) {
@@ -39,6 +42,10 @@ void dj__event_clear(dj__event *e) {
             dj__job_free(e->u.open.orphan_msg);
             break;
         case DJ_MSG_MODEL_LIST: free(e->u.list.models); break;
+        case DJ_MSG_GRAPH_RUN:
+            for (uint32_t k = 0; k < e->u.graph.n_outs; k++) free(e->u.graph.outs[k].bytes);
+            free(e->u.graph.outs);
+            break;
         case DJ_MSG_STATS:
             free(e->u.stats.sessions);
             free(e->u.stats.models);
@@ -95,6 +102,7 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
      * the daemon's that others' work moves (memory, steps, the prefix cache,
      * queues, swap, models, counts): issue 43 */
     dj__mw_str(w, "scope", st->admin ? "all" : "own");
+    dj__mw_str(w, "version", DJ_VERSION_STRING);
     dj__mw_u64(w, "page_bytes", st->page_bytes);
     if (!st->admin) {
         dj__mw_key(w, "models"); /* the field clients expect, empty: which models others load is theirs */
@@ -186,8 +194,10 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
     kv_u64(&w->pk, "preemptions", st->sched.preemptions);
     kv_u64(&w->pk, "prefetches", st->sched.prefetches);
     kv_u64(&w->pk, "drops", st->sched.drops);
+    dj__tier_pack_stats(w, &st->disk, &st->sched);
     dj__mw_u64(w, "handles", st->handles);
     dj__mw_u64(w, "connections", st->connections);
+    if (st->capture) dj__capture_stats(st->capture, w);
     if (st->map) dj__mw_str(w, "map", st->map);
 }
 
@@ -222,6 +232,32 @@ static void pack_step(const dj__rep_step *r, dj__mw *w) {
         msgpack_pack_uint64(&w->pk, v->d);
         kv_u64(&w->pk, "nbytes", (uint64_t)v->n * v->d * sizeof(float));
     }
+}
+
+static void pack_graph(const dj__rep_graph *r, dj__mw *w) {
+    dj__mw_key(w, "outputs");
+    msgpack_pack_array(&w->pk, r->n_outs);
+    for (uint32_t i = 0; i < r->n_outs; i++) {
+        const dj__graph_out *o = &r->outs[i];
+        msgpack_pack_map(&w->pk, 4);
+        dj__pack_str(&w->pk, "handle");
+        msgpack_pack_uint64(&w->pk, o->handle);
+        dj__pack_str(&w->pk, "shape");
+        msgpack_pack_array(&w->pk, o->rank);
+        for (uint32_t d = 0; d < o->rank; d++) msgpack_pack_int64(&w->pk, o->shape[d]);
+        dj__pack_str(&w->pk, "dtype");
+        dj__pack_str(&w->pk, o->dtype);
+        dj__pack_str(&w->pk, "stored");
+        dj__pack_str(&w->pk, "f32");
+    }
+    dj__mw_u64(w, "nodes", r->nodes);
+    dj__mw_u64(w, "stack_bytes", r->stack_bytes);
+    dj__mw_f64(w, "run_s", r->run_s);
+    dj__mw_f64(w, "plan_s", r->plan_s); /* the plan: a cache lookup, or a decode, validation and plan */
+    dj__mw_bool(w, "plan_cached", r->plan_cached);
+    dj__mw_key(w, "graph_id");
+    msgpack_pack_bin(&w->pk, sizeof r->graph_id);
+    msgpack_pack_bin_body(&w->pk, r->graph_id, sizeof r->graph_id);
 }
 
 static void pack_reply(const dj__event *e, dj__mw *w) {
@@ -263,6 +299,7 @@ static void pack_reply(const dj__event *e, dj__mw *w) {
         return;
     }
     case DJ_MSG_STATS: pack_stats(&e->u.stats, w); return;
+    case DJ_MSG_GRAPH_RUN: pack_graph(&e->u.graph, w); return;
     default: return; /* SESSION_CLOSE: {} */
     }
 }

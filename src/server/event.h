@@ -103,9 +103,30 @@ typedef struct dj__stats_snap {
     dj_swap_policy policy;
     dj_swap_stats swap;
     dj_sched_stats sched;
+    dj_disk_stats disk;       /* --state-dir's tier (all zero without one) */
     uint64_t handles, connections;
+    struct dj__capture *capture; /* the weight store and graph runs: the I/O side packs their counts */
     char *map;                /* the VMU's map, scrubbed (malloc'd) or NULL */
 } dj__stats_snap;
+
+/* GRAPH_RUN: its outputs, each [nbytes] of f32 (malloc'd) that the I/O
+ * side files as a result handle (its id into handle), and how it ran. */
+typedef struct dj__graph_out {
+    float *bytes;
+    uint64_t nbytes, handle;
+    uint32_t rank;
+    int64_t shape[8];
+    const char *dtype;        /* the graph's declared dtype (a static string); stored as f32 */
+} dj__graph_out;
+
+typedef struct dj__rep_graph {
+    dj__graph_out *outs;      /* [n_outs] (malloc'd) */
+    uint32_t n_outs;
+    uint64_t nodes, stack_bytes;
+    double run_s, plan_s;
+    bool plan_cached;
+    uint8_t graph_id[16];
+} dj__rep_graph;
 
 /* ---- streamed events ---- */
 typedef struct dj__ev_token {
@@ -162,6 +183,7 @@ typedef struct dj__event {
         dj__rep_model model;
         dj__rep_model_list list;
         dj__stats_snap stats;
+        dj__rep_graph graph;
         dj__ev_token token;
         dj__ev_done done;
         dj__ev_error error;

@@ -44,7 +44,7 @@ static dj_status parse_qos_list(const char *path, int line, const char *v, size_
     return DJ_OK;
 }
 
-/* One line "TOKEN [qos=a,b] [admin] [shared]" (bytes [p, p+n), no newline). */
+/* One line "TOKEN [qos=a,b] [admin] [shared] [name=NAME]" (bytes [p, p+n), no newline). */
 static dj_status parse_line(const char *path, int line, const char *p, size_t n, dj__token *t, bool *blank) {
     size_t i = 0, field = 0;
     *blank = true;
@@ -69,11 +69,17 @@ static dj_status parse_line(const char *path, int line, const char *p, size_t n,
             t->admin = true;
         } else if (wn == 6 && !memcmp(w, "shared", 6)) {
             t->shared = true;
+        } else if (wn > 5 && !memcmp(w, "name=", 5)) {
+            if (wn - 5 >= sizeof t->name)
+                return dj_fail(DJ_EINVAL, "--token-file %s line %d: name= of %zu bytes (at most %zu)", path, line,
+                               wn - 5, sizeof t->name - 1);
+            memcpy(t->name, w + 5, wn - 5);
+            t->name[wn - 5] = '\0';
         } else if (wn > 4 && !memcmp(w, "qos=", 4)) {
             dj_status st = parse_qos_list(path, line, w + 4, wn - 4, &t->qos_mask);
             if (st != DJ_OK) return st;
         } else {
-            return dj_fail(DJ_EINVAL, "--token-file %s line %d: unknown attribute '%.*s' (want qos=CLASS,..., admin or shared)",
+            return dj_fail(DJ_EINVAL, "--token-file %s line %d: unknown attribute '%.*s' (want qos=CLASS,..., admin, shared or name=NAME)",
                            path, line, (int)(wn > 32 ? 32 : wn), w);
         }
         field++;
@@ -134,6 +140,8 @@ dj_status dj__tokens_load(const char *path, dj__token **out, size_t *n_out) {
                 goto fail;
             }
             if (!t.shared) dj__cache_salt_of(NULL, t.secret, t.len, t.cache_salt);
+            if (!t.name[0]) snprintf(t.name, sizeof t.name, "line%d", line);
+            t.tenant = n + 1;
             toks[n++] = t;
         }
         i = e + 1;

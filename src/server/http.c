@@ -24,6 +24,7 @@
 
 #include "core/file.h"
 #include "djinn/checkpoint.h"
+#include "server/access.h"
 #include "server/http_impl.h"
 
 /* How often a waiting request looks whether its client is still there. */
@@ -116,6 +117,9 @@ typedef struct hreq {
     size_t held;    /* body bytes counted in dj__http.body_bytes */
     char token[DJ__TOKEN_MAX + 1]; /* the bearer token ("" without --token-file) */
     const dj__token *tk;           /* its entry of the token file (NULL without one) */
+    char access[160];              /* "METHOD URL", its start and answer's status: its access line */
+    double access_t0;
+    unsigned status;
 } hreq;
 
 /* A server-sent event stream (text/event-stream), both kinds: MHD's reader
@@ -178,7 +182,7 @@ static enum MHD_Result reply_error(hreq *q, struct MHD_Connection *c, unsigned s
     dj__scrub_message(raw, msg, sizeof msg); /* no heap addresses or store paths leave */
     size_t len;
     char *body = dj__oai_error((int)status, msg, &len);
-    if (q) q->responded = true;
+    if (q) q->responded = true, q->status = status;
     return reply(c, status, body, len, "application/json");
 }
 
@@ -247,8 +251,9 @@ static unsigned authorize(hreq *q, struct MHD_Connection *c, bool query) {
         struct timespec ts = {(time_t)((at - now) / 1000), (long)((at - now) % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    const dj__token *tk = tok && strlen(tok) <= DJ__TOKEN_MAX ? dj__token_find(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok))
-                                                              : NULL;
+    const dj__token *tk = tok && strlen(tok) <= DJ__TOKEN_MAX /* the last SIGHUP's tokens (reload.c) */
+                              ? dj__token_find_live(h->cfg.auth, h->cfg.n_auth, tok, strlen(tok))
+                              : NULL;
     const bool ok = tk != NULL;
     pthread_mutex_lock(&h->mu);
     dj__peer_hello_result(&h->peers, key, dj__now_ms(), ok);
@@ -713,6 +718,7 @@ static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c) {
 }
 
 static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
+    if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
     dj_client_t *cl = NULL;
     dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
     dj_client_stats s;
@@ -791,6 +797,7 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
             return reply_error(q, c, 400, "count=%.40s: want a number of events from 1 to %u", cs, EVENTS_MAX_COUNT);
         count = v;
     }
+    if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
     hevents *e = dj_calloc(1, sizeof *e);
     if (!e) return reply_error(q, c, 503, "out of memory");
     e->h = q->h;
@@ -879,7 +886,9 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 /* The deadlines: every POLL_MS, connections past theirs are shut down. */
 static void *watchdog_main(void *arg) {
     dj__http *h = arg;
+    uint64_t swept_ms = dj__now_ms();
     while (!__atomic_load_n(&h->stopping, __ATOMIC_ACQUIRE)) {
+        if (dj__now_ms() - swept_ms >= DJ__HTTP_SWEEP_MS) dj__http_sweep(h, swept_ms = dj__now_ms()); /* issue 43 */
         struct timespec ts = {0, POLL_MS * 1000000L};
         nanosleep(&ts, NULL);
         const double now = dj__now();
@@ -1075,6 +1084,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         q->hc = ci ? ci->socket_context : NULL;
         *ctx = q;
+        dj__access_http_begin(q->access, sizeof q->access, &q->access_t0, method, url);
         enum MHD_Result ret = MHD_YES;
         return request_begin(q, c, url, method, &ret) ? ret : MHD_YES;
     }
@@ -1138,6 +1148,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     dj__http *h = cls;
     hreq *q = *ctx;
     if (!q) return;
+    dj__access_http_done(c, q->access, q->access_t0, q->tk ? q->tk->name : NULL,
+                         q->status ? q->status : q->responded ? 200u : 0u, (int)why);
     pthread_mutex_lock(&h->cmu);
     if (q->counted) h->active--;
     if (q->hc) q->hc->tenant = false;
@@ -1215,4 +1227,14 @@ void dj__http_stop(dj__http *h) {
     pthread_mutex_destroy(&h->mu);
     pthread_mutex_destroy(&h->cmu);
     free(h);
+}
+
+/* ---- the door's own records, swept (issue 43) ---- */
+
+size_t dj__http_sweep(dj__http *h, uint64_t now_ms) {
+    pthread_mutex_lock(&h->mu);
+    if (now_ms) dj__peers_sweep(&h->peers, now_ms);
+    const size_t n = h->peers.n;
+    pthread_mutex_unlock(&h->mu);
+    return n;
 }

@@ -30,11 +30,18 @@ typedef struct dj__http_cfg {
     uint32_t unauth;         /* --http-max-unauth: connections waiting for headers; the oldest goes beyond */
     uint32_t per_token;      /* --http-max-per-token: requests at once per token (0: max_conns / 2) */
     const char *hosts;       /* --http-allowed-hosts: "a,b" (NULL: none besides the defaults) */
+    bool local_admin;        /* --local-admin: without n_auth, /v1/djinn/stats and events answer (else 403) */
 } dj__http_cfg;
 typedef struct dj__http dj__http;
 dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
 void dj__http_stop(dj__http *h); /* NULL does nothing */
 uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0) */
+/* The door's own records - failed bearer tokens per address (its slowdown,
+ * guard.c's rule) - older than DJ__PEER_FORGET_MS go, as the daemon's do
+ * (dj__peers_sweep); its watchdog calls this every DJ__HTTP_SWEEP_MS with
+ * dj__now_ms(). Returns the records left (now_ms 0: counts, sweeps nothing). */
+#define DJ__HTTP_SWEEP_MS 10000u
+size_t dj__http_sweep(dj__http *h, uint64_t now_ms);
 
 /* ---- the live view (http_view.c) ---- */
 /* GET /v1/djinn/stats's body, and each event's data of GET

@@ -88,6 +88,14 @@ char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
     add_u64(sw, "swaps_in", st->swap.swaps_in);
     add_u64(sw, "bytes_out", st->swap.bytes_out);
     add_u64(sw, "bytes_in", st->swap.bytes_in);
+    cJSON *dk = cJSON_AddObjectToObject(r, "disk"); /* the KV disk tier below the pool */
+    cJSON_AddBoolToObject(dk, "enabled", st->disk.enabled);
+    add_u64(dk, "capacity", st->disk.capacity);
+    add_u64(dk, "used", st->disk.used);
+    add_u64(dk, "sessions", st->disk.sessions);
+    add_u64(dk, "bytes_written", st->disk.bytes_written);
+    add_u64(dk, "bytes_read", st->disk.bytes_read);
+    add_u64(dk, "recoveries", st->disk.recoveries);
     cJSON *sp = cJSON_AddObjectToObject(r, "steps");
     add_u64(sp, "gen_steps", st->gen_steps);
     add_u64(sp, "batched_steps", st->batched_steps);

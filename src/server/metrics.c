@@ -116,7 +116,7 @@ const char *dj__bearer_of(const char *v) {
  * requests, memory, swap), so a tenant's token does not read them. */
 static bool bearer_ok(const dj__metrics *m, struct MHD_Connection *conn) {
     const char *v = dj__bearer_of(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"));
-    const dj__token *t = v ? dj__token_find(m->auth, m->n_auth, v, strlen(v)) : NULL;
+    const dj__token *t = v ? dj__token_find_live(m->auth, m->n_auth, v, strlen(v)) : NULL;
     return t && t->admin;
 }
 
@@ -129,6 +129,14 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     dj__metrics *m = cls;
     struct MHD_Response *r;
     unsigned code = MHD_HTTP_OK;
+    if (!m->n_auth && !m->local_admin) {
+        static const char fb[] = "forbidden: " DJ__ADMIN_NEEDED "\n";
+        r = MHD_create_response_from_buffer(sizeof fb - 1, (void *)fb, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_FORBIDDEN, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (m->n_auth && !bearer_ok(m, conn)) {
         static const char na[] = "unauthorized: send 'Authorization: Bearer TOKEN' (an admin token of --token-file)\n";
         r = MHD_create_response_from_buffer(sizeof na - 1, (void *)na, MHD_RESPMEM_PERSISTENT);

@@ -6,6 +6,7 @@
 
 #include "djinn/alloc.h"
 #include "proto/proto_impl.h"
+#include "proto/sample_wire.h"
 #include "server/request.h"
 
 #define DEFAULT_MAX_TOKENS 64
@@ -70,17 +71,8 @@ static dj_status dec_open(const dj__meta *m, dj__request *r) {
 }
 
 dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out) {
-    double temp = 0, top_p = 1, min_p = 0, rep = 0, freq = 0, pres = 0;
-    uint64_t top_k = 0, seed = 0;
     memset(out, 0, sizeof *out);
-    dj_status st = dj__meta_f64(m, "temperature", false, &temp);
-    if (st == DJ_OK) st = dj__meta_f64(m, "top_p", false, &top_p);
-    if (st == DJ_OK) st = dj__meta_u64(m, "top_k", false, &top_k);
-    if (st == DJ_OK) st = dj__meta_u64(m, "seed", false, &seed);
-    if (st == DJ_OK) st = dj__meta_f64(m, "min_p", false, &min_p);
-    if (st == DJ_OK) st = dj__meta_f64(m, "repetition_penalty", false, &rep);
-    if (st == DJ_OK) st = dj__meta_f64(m, "frequency_penalty", false, &freq);
-    if (st == DJ_OK) st = dj__meta_f64(m, "presence_penalty", false, &pres);
+    dj_status st = dj__sample_decode(m, &out->sampling); /* the table's fields, bounded (sample_schema.h) */
     if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &out->ignore_eos);
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &out->stop_ids, &out->n_stop);
     if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &out->logprobs);
@@ -88,22 +80,12 @@ dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out)
     if (st == DJ_OK && (out->top_logprobs > DJ_MAX_TOP_LOGPROBS || (out->top_logprobs && !out->logprobs)))
         st = dj_fail(DJ_EINVAL, "top_logprobs %u: it needs logprobs true and must be in [0, %d]", out->top_logprobs,
                      DJ_MAX_TOP_LOGPROBS);
-    if (st == DJ_OK && (!(min_p >= 0 && min_p <= 1) || !(rep >= 0 && rep <= 100) || !(freq >= -2 && freq <= 2) ||
-                        !(pres >= -2 && pres <= 2)))
-        st = dj_fail(DJ_EINVAL, "min_p %g must be in [0, 1], repetition_penalty %g in [0, 100], frequency_penalty %g "
-                     "and presence_penalty %g in [-2, 2]", min_p, rep, freq, pres);
     if (st != DJ_OK) {
         free(out->stop_ids);
         out->stop_ids = NULL;
         out->n_stop = 0;
-        return st;
     }
-    out->sampling = (dj_sampler_params){.temperature = (float)temp, .top_k = top_k > UINT32_MAX ? UINT32_MAX
-                                                                                                : (uint32_t)top_k,
-                                        .top_p = (float)top_p, .seed = seed, .min_p = (float)min_p,
-                                        .repetition_penalty = (float)rep, .frequency_penalty = (float)freq,
-                                        .presence_penalty = (float)pres};
-    return DJ_OK;
+    return st;
 }
 
 static dj_status dec_generate(const dj__meta *m, dj__request *r) {

@@ -47,7 +47,12 @@ typedef enum dj__req_at {
     X(PAUSE, false, DJ__SESS_REQUIRED, DJ__AT_IO, pause)                        \
     X(RESUME, false, DJ__SESS_REQUIRED, DJ__AT_IO, session_only)                \
     X(MODEL_INFO, false, DJ__SESS_NONE, DJ__AT_IO, nothing)                     \
-    X(SESSION_ATTACH, false, DJ__SESS_REQUIRED, DJ__AT_IO, attach)
+    X(SESSION_ATTACH, false, DJ__SESS_REQUIRED, DJ__AT_IO, attach)              \
+    X(WEIGHT_HAS, false, DJ__SESS_NONE, DJ__AT_IO, nothing)                     \
+    X(WEIGHT_UPLOAD, true, DJ__SESS_NONE, DJ__AT_IO, nothing)                   \
+    X(WEIGHT_CHALLENGE, false, DJ__SESS_NONE, DJ__AT_IO, nothing)               \
+    X(WEIGHT_PROVE, false, DJ__SESS_NONE, DJ__AT_IO, nothing)                   \
+    X(GRAPH_RUN, true, DJ__SESS_NONE, DJ__AT_WORKER, nothing)
 
 /* ---- the typed requests ---- */
 typedef struct dj__req_hello {

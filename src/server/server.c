@@ -20,8 +20,13 @@
 
 #include "server/http_impl.h"
 #include "djinn/intervene.h"
+#include "server/graph_serve.h"
+#include "djinn/version.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
+#include "server/access.h"
+#include "server/sd_notify.h"
+#include "server/wrong_door.h"
 
 #define READ_CHUNK (64 * 1024)
 
@@ -250,7 +255,7 @@ static dj_status handle_file(dj__server *s, uint64_t conn, uint64_t sess, float 
     h->conn = conn;
     h->sess = sess;
     h->ndim = ndim;
-    for (uint32_t d = 0; d < ndim && d < 4; d++) h->shape[d] = shape[d];
+    for (uint32_t d = 0; d < ndim && d < 8; d++) h->shape[d] = shape[d];
     h->nbytes = nbytes;
     h->refs = 1;
     h->bytes = (uint8_t *)bytes;
@@ -276,6 +281,33 @@ static dj_status step_file(dj__server *s, dj__event *e) {
                               &v->handle)) == DJ_OK)
             v->bytes = NULL;
     }
+    return st;
+}
+
+/* A GRAPH_RUN's reply: its outputs become result handles of its connection
+ * (no session: they go when it closes), all or none, within
+ * --max-handles-per-conn; a failure answers the GRAPH_RUN with it. */
+static dj_status graph_file(dj__server *s, dj__event *e) {
+    dj__rep_graph *r = &e->u.graph;
+    const size_t held = dj__conn_handles(s, e->conn);
+    if (held + r->n_outs > s->cfg.max_handles)
+        return dj_fail(DJ_EQUOTA, "this connection holds %zu handles and the graph has %u outputs "
+                       "(--max-handles-per-conn %u): release some", held, r->n_outs, s->cfg.max_handles);
+    dj_status st = DJ_OK;
+    uint32_t filed = 0;
+    for (; filed < r->n_outs; filed++) {
+        dj__graph_out *o = &r->outs[filed];
+        uint64_t shape[8];
+        for (uint32_t d = 0; d < o->rank && d < 8; d++) shape[d] = (uint64_t)o->shape[d];
+        if ((st = handle_file(s, e->conn, 0, o->bytes, o->rank, shape, o->nbytes, &o->handle)) != DJ_OK) break;
+        o->bytes = NULL;
+    }
+    if (st != DJ_OK)
+        for (uint32_t i = 0; i < filed; i++) {
+            dj__handle *h = dj__map_get(&s->handles, r->outs[i].handle);
+            dj__map_del(&s->handles, r->outs[i].handle);
+            if (h) dj__handle_unref(s, h);
+        }
     return st;
 }
 
@@ -483,6 +515,7 @@ static void on_closed(uv_handle_t *h) {
     if (s->metrics.connections) s->metrics.connections--;
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
+    dj__capture_conn_closed(s, c->id);
     s->n_conns--;
     if (c->pending) s->n_pending--;
     if (c->waiting) dj__peer_unwait(&s->peers, c->peer);
@@ -513,7 +546,7 @@ static dj_status do_hello(dj__conn *c, const dj__req_hello *m, dj__mw *w, bool *
             *wrong_token = true;
             return dj_fail(DJ_EINVAL, "HELLO: missing or wrong token");
         }
-        const uint64_t tenant = (uint64_t)(t - s->tokens) + 1;
+        const uint64_t tenant = t->tenant; /* kept across SIGHUP reloads (reload.c) */
         uint32_t n_same = 0;
         for (size_t b = 0; b < s->conns.n_buckets; b++)
             for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
@@ -529,7 +562,7 @@ static dj_status do_hello(dj__conn *c, const dj__req_hello *m, dj__mw *w, bool *
         memcpy(c->cache_salt, t->cache_salt, sizeof c->cache_salt);
     } else {
         c->tenant = DJ__TENANT_CONN(c->id);
-        c->admin = true; /* loopback or unix-socket peers only (on_connection) */
+        c->admin = s->cfg.local_admin; /* loopback or unix-socket peers only (on_connection) */
         c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
     }
     c->hello = true;
@@ -538,7 +571,7 @@ static dj_status do_hello(dj__conn *c, const dj__req_hello *m, dj__mw *w, bool *
         s->n_pending--;
     }
     dj__mw_u64(w, "version", DJ_PROTO_VERSION);
-    dj__mw_str(w, "server", "djinnd 0.1");
+    dj__mw_str(w, "server", "djinnd " DJ_VERSION_STRING);
     dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
     dj__mw_u64(w, "max_meta", DJ_PROTO_MAX_META);
     dj__mw_u64(w, "max_payload", DJ_PROTO_MAX_REQ_PAYLOAD);
@@ -552,7 +585,8 @@ static dj_status do_hello(dj__conn *c, const dj__req_hello *m, dj__mw *w, bool *
         if (c->qos_mask >> q & 1) dj__pack_str(&w->pk, dj_qos_name((dj_qos)q));
     dj__mw_u64(w, "max_sessions", s->cfg.max_sessions);
     dj__mw_u64(w, "max_handles", s->cfg.max_handles);
-    static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models"};
+    static const char *caps[] = {"generate", "step", "fetch", "handles", "pause-state", "stats", "qos", "models",
+                                 "graph-run"}; /* graph-run: WEIGHT_* and GRAPH_RUN (graph_serve.c) */
     dj__mw_key(w, "capabilities");
     msgpack_pack_array(&w->pk, sizeof caps / sizeof *caps);
     for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) dj__pack_str(&w->pk, caps[i]);
@@ -603,7 +637,9 @@ static dj_status do_attach(dj__conn *c, const dj__request *r, dj__mw *w) {
         free(orphan);
         return dj_fail(DJ_ENOMEM, "out of memory");
     }
+    attach->tenant = c->tenant; /* without --token-file each connection is its own tenant (with one: the same) */
     dj__enqueue(s, attach);
+    l->tenant = c->tenant;
     l->orphan_msg = orphan;
     l->conn = c->id;
     l->orphan = false;
@@ -778,6 +814,11 @@ static bool step_payload_ok(dj__conn *c) {
         refuse(c, NULL, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
         return false;
     }
+    if (h->type != DJ_MSG_STEP) { /* WEIGHT_UPLOAD, GRAPH_RUN (graph_serve.c) */
+        const dj_status cst = dj__capture_payload_check(h->type, c->body, h->meta_len, h->payload_len);
+        if (cst != DJ_OK) send_error(c, h->request_id, h->type, cst, true);
+        return cst == DJ_OK;
+    }
     dj__meta m;
     uint64_t sid = 0, n_points = 0, n_ids = 0;
     dj_status st = dj__meta_parse(&m, c->body, h->meta_len);
@@ -858,6 +899,13 @@ static void answer_inline(dj__conn *c, dj__request *r, const dj__meta *m) {
         }
         refuse(c, r, req, type, st, close_conn || st == DJ_EFORMAT);
         return;
+    case DJ_MSG_WEIGHT_HAS: /* graph_serve.c: the weight store has its own lock */
+    case DJ_MSG_WEIGHT_UPLOAD:
+    case DJ_MSG_WEIGHT_CHALLENGE:
+    case DJ_MSG_WEIGHT_PROVE:
+        st = dj__capture_inline(s->capture, c->id, c->tenant, type, m, r->body + c->h.meta_len, c->h.payload_len, &w);
+        close_conn = st == DJ_EFORMAT;
+        break;
     default: /* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH */
         st = do_inline(c, r, &w, &close_conn);
         close_conn = close_conn || st == DJ_EFORMAT;
@@ -942,6 +990,17 @@ static void handle_frame(dj__conn *c) {
         refuse(c, &r, h->request_id, h->type, st, st == DJ_EFORMAT || h->type == DJ_MSG_HELLO);
         return;
     }
+    struct dj__graph_req *graph = NULL; /* GRAPH_RUN: typed here, its handle inputs copied (graph_serve.c) */
+    if (h->type == DJ_MSG_GRAPH_RUN) {
+        st = dj__graph_req_parse(&m, r.body + h->meta_len, h->payload_len, &graph);
+        if (st == DJ_OK) st = dj__graph_req_bind(s, graph, c->id);
+        if (st != DJ_OK) {
+            dj__graph_req_free(graph);
+            dj__meta_destroy(&m);
+            refuse(c, &r, h->request_id, h->type, st, st == DJ_EFORMAT);
+            return;
+        }
+    }
     if (row->at == DJ__AT_IO) {
         answer_inline(c, &r, &m);
         dj__meta_destroy(&m);
@@ -986,6 +1045,7 @@ static void handle_frame(dj__conn *c) {
     dj__job *j = dj_calloc(1, sizeof *j);
     if (!j || (credit && !(j->credit_ev = dj__event_new(DJ__EV_CREDIT, c->id, h->type, h->request_id, 0)))) {
         free(j);
+        dj__graph_req_free(graph);
         refuse(c, &r, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), !credit);
         return;
     }
@@ -1005,10 +1065,12 @@ static void handle_frame(dj__conn *c) {
     j->req = h->request_id;
     j->conn = c->id;
     j->r = r;
+    j->graph = graph;
     j->qos_mask = c->qos_mask;
     j->admin = c->admin;
     memcpy(j->cache_salt, c->cache_salt, sizeof j->cache_salt);
     j->tenant = c->tenant;
+    dj__access_who(s, &c->u.stream, c->unix_sock, c->door, c->tenant, j->peer, j->token_name);
     j->t_enqueue = dj__now();
     j->prompt_credit = credit;
     c->prompt_bytes += credit;
@@ -1035,9 +1097,17 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             c->hdr_got += k;
             p += k;
             n -= k;
+            if (!c->hello && dj__wrong_door_http(c->hdr, c->hdr_got)) { /* HTTP at this port: say where it is */
+                char text[512];
+                const unsigned hp = c->srv->http ? dj__http_port(c->srv->http) : 0;
+                uv_buf_t b = uv_buf_init(text, (unsigned)dj__wrong_door_answer(c->srv->cfg.http, hp, text, sizeof text));
+                uv_try_write(&c->u.stream, &b, 1);
+                conn_close(c);
+                return;
+            }
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
-            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP)
+            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && !dj__capture_takes_payload(c->h.type))
                 hs = dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(c->h.type),
                              (unsigned long long)c->h.payload_len);
             if (hs != DJ_OK) {
@@ -1394,6 +1464,7 @@ static void stats_fill(dj__server *s, dj__stats_snap *st) {
         if (l) ss->paused = l->paused;
     }
     st->handles = s->handles.n;
+    if (st->admin) st->capture = s->capture;
     pthread_mutex_lock(&s->mu);
     st->connections = s->live_conns.n;
     pthread_mutex_unlock(&s->mu);
@@ -1462,8 +1533,8 @@ static void on_wake(uv_async_t *a) {
         if (last) lease_answered(s, e->conn, e->session, e->counted);
         if (last && e->req_type == DJ_MSG_SESSION_OPEN && c && c->opening) c->opening--;
         if (last && c) c->handles_due -= e->handle_quota < c->handles_due ? e->handle_quota : c->handles_due;
-        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_STEP && c) {
-            const dj_status st = step_file(s, e);
+        if (e->kind == DJ__EV_REPLY && (e->req_type == DJ_MSG_STEP || e->req_type == DJ_MSG_GRAPH_RUN) && c) {
+            const dj_status st = e->req_type == DJ_MSG_STEP ? step_file(s, e) : graph_file(s, e);
             if (st != DJ_OK) { /* the step ran; its handles could not be kept */
                 dj__event *err = dj__event_error(e->conn, e->req_type, e->req, st, dj_last_error(), false);
                 if (!err) {
@@ -1656,7 +1727,8 @@ static dj_status listen_on(dj__server *s) {
                            .timeout_s = s->cfg.http_timeout_s, .reuse = s->cfg.http_reuse,
                            .header_s = s->cfg.http_header_s, .body_s = s->cfg.http_body_s,
                            .per_addr = s->cfg.http_per_addr, .unauth = s->cfg.http_unauth,
-                           .per_token = s->cfg.http_per_token, .hosts = s->cfg.http_hosts};
+                           .per_token = s->cfg.http_per_token, .hosts = s->cfg.http_hosts,
+                           .local_admin = s->cfg.local_admin};
         snprintf(hc.daemon, sizeof hc.daemon, "%s", daemon_addr);
         if ((st = dj__http_start(&hc, &s->http)) != DJ_OK) return st;
         http_port = dj__http_port(s->http);
@@ -1714,7 +1786,10 @@ int dj__serve_main(int argc, char **argv) {
         s->metrics.auth = s->tokens;
         s->metrics.n_auth = s->n_tokens;
     }
+    s->metrics.local_admin = s->cfg.local_admin;
     if ((st = fit_fd_limit(&s->cfg)) != DJ_OK) goto fail;
+    if ((st = dj__capture_open(s->cfg.weights_bytes, s->cfg.weight_quota_bytes, s->cfg.threads, &s->capture)) != DJ_OK)
+        goto fail;
     dj__scrub_set_models(s->cfg.models);
     if (uv_loop_init(&s->loop) < 0) {
         st = dj_fail(DJ_EIO, "uv_loop_init failed");
@@ -1728,6 +1803,7 @@ int dj__serve_main(int argc, char **argv) {
     s->sigint.data = s->sigterm.data = s;
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    if ((st = dj__reload_init(s, argc, argv)) != DJ_OK) goto fail_loop; /* SIGHUP; the store and log level */
     s->clock_seen_ms = dj__now_ms();
     atomic_init(&s->clock_ms, s->clock_seen_ms);
     uv_check_init(&s->loop, &s->clock_check);
@@ -1739,14 +1815,16 @@ int dj__serve_main(int argc, char **argv) {
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
-    fprintf(stderr, "djinnd: serving models from %s on %s (lease %u ms)\n", s->cfg.models, s->cfg.listen,
-            s->cfg.lease_ms);
+    dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,
+                   s->cfg.listen, s->cfg.lease_ms);
     s->clock_seen_ms = dj__now_ms(); /* the start-up was no stall */
+    dj__sd_notify("READY=1\nSTATUS=serving"); /* systemd's Type=notify */
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    dj__sd_notify("STOPPING=1");
     rc = 0;
     goto done;
 fail_loop:
-    fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
+    dj__log_always(DJ_LOG_ERROR, __func__, "djinnd: %s: %s", dj_strerror(st), dj_last_error());
     pthread_mutex_lock(&s->mu);
     pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
     s->stopping = true;
@@ -1756,7 +1834,7 @@ fail_loop:
     uv_run(&s->loop, UV_RUN_DEFAULT);
     goto done;
 fail:
-    fprintf(stderr, "djinnd: %s: %s\n", dj_strerror(st), dj_last_error());
+    dj__log_always(DJ_LOG_ERROR, __func__, "djinnd: %s: %s", dj_strerror(st), dj_last_error());
 done:
     pthread_mutex_lock(&s->mu);
     pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
@@ -1772,6 +1850,8 @@ done:
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
+    dj__reload_fini(s);
+    dj__config_free(&s->cfg);
     if (s->is_unix) unlink(s->cfg.listen + 5);
     if (s->door_dir[0]) {
         char path[96];
@@ -1801,6 +1881,7 @@ done:
         for (dj__ment *e = s->peers.b[b]; e; e = e->next) free(e->val);
     dj__map_destroy(&s->peers);
     free(s->tokens);
+    dj__capture_close(s->capture);
     if (mu_ok) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->out_mu);

@@ -48,7 +48,14 @@ typedef struct dj__token {
     bool admin;
     bool shared;           /* `shared`: it shares the prefix cache with every other shared token */
     uint64_t cache_salt[2]; /* its tenant's prefix-cache salt: a hash of the secret; {0, 0} when shared */
+    uint64_t tenant;        /* its quotas' key, kept by a SIGHUP reload for the same secret (reload.c) */
+    char name[64];          /* `name=NAME`, or "line<N>": what logs show, never the secret */
 } dj__token;
+/* What a request that needs the admin role (the daemon-wide view, another
+ * connection's pin) is told when nobody has it: no --token-file, no --local-admin. */
+#define DJ__ADMIN_NEEDED                                                                                        \
+    "the daemon-wide view needs the admin role: start djinnd with --token-file and use a token marked "       \
+    "'admin' (or with --local-admin, which makes every local client admin when there is no token file)"
 
 /* guard.c: the token file, refused with a clear message when empty, holding
  * a NUL or a non-printable byte, or a token over DJ__TOKEN_MAX bytes. */
@@ -114,6 +121,7 @@ typedef struct dj__metrics {
     void *mhd;                     /* struct MHD_Daemon * */
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
     size_t n_auth;
+    bool local_admin;              /* --local-admin: without a token file, /metrics answers anyone it serves */
 } dj__metrics;
 extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
 void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);
@@ -196,7 +204,7 @@ typedef struct dj__sess {
 typedef struct dj__handle {
     uint64_t id, conn, sess;
     uint32_t ndim;
-    uint64_t shape[4];
+    uint64_t shape[8]; /* [ndim]: a captured graph's outputs have rank <= 8 (DJ_CGRAPH_MAX_RANK) */
     char dtype[8];
     uint8_t *bytes; /* [nbytes], immutable once published */
     uint64_t nbytes;
@@ -245,7 +253,9 @@ struct dj__job {
     bool model_error;         /* its error came from a model's files (not the request): the connection stays */
     dj__request r;            /* the request, decoded by the I/O thread (request.h); owned */
     double t_enqueue;
+    char peer[64], token_name[64]; /* who sent it, for its access line (access.c) */
     dj__gen *gen;             /* a GENERATE's prompt and, once started, its loop */
+    struct dj__graph_req *graph; /* a GRAPH_RUN as typed values (graph_serve.h), owned */
     bool lost;                /* a frame of its answer could not be built: the loop answered it ENOMEM
                                * (dj__server.lost), its later frames are dropped */
     uint64_t prompt_credit;   /* prompt bytes counted in its connection's prompt_bytes (server.c),
@@ -318,8 +328,13 @@ typedef struct dj__config {
     size_t swap_bytes;         /* host swap pool; DJ__SIZE_AUTO: the engine's default */
     size_t data_bytes;         /* data segment (KV) bytes; 0: the VMU's default share */
     size_t quota_bytes;        /* KV bytes per token (per connection without --token-file); 0: none */
+    size_t swap_quota_bytes;   /* swap pool bytes per token; DJ__SIZE_AUTO: quota_bytes; 0: none */
+    bool local_admin;          /* --local-admin: without --token-file every (loopback) peer has the admin role */
+    size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
+    const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
+    size_t disk_bytes;         /* --disk-swap-gb: its size */
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
     const char *http;          /* --http ADDR:PORT or NULL */
     uint32_t http_conns;       /* requests at once; more get 503 */
@@ -331,7 +346,14 @@ typedef struct dj__config {
     uint32_t http_unauth;      /* connections waiting for their headers (the oldest goes beyond) */
     uint32_t http_per_token;   /* requests at once per token (0: half of http_conns) */
     const char *http_hosts;    /* --http-allowed-hosts: Host names besides localhost and IP literals */
+    /* the config file, the store check and the log (config_file.c, reload.c) */
+    const char *config;        /* --config FILE or NULL */
+    struct dj__conf *conf;     /* its entries, which string options point into (dj__config_free) */
+    bool allow_empty;          /* --allow-empty: a missing model is a warning, not an error at start */
+    int log_level;             /* --log-level: dj_log_level, or -1 ($DJINN_LOG, default warn) */
+    int log_format;            /* --log-format: dj_log_format, or -1 (text) */
 } dj__config;
+void dj__config_free(dj__config *cfg); /* what parsing --config allocated */
 #define DJ__SIZE_AUTO SIZE_MAX
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
@@ -443,6 +465,8 @@ typedef struct dj__server {
 
     dj__metrics metrics;
     struct dj__http *http; /* --http: the front end, a client of the listener above */
+    struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
+    struct dj__reload *reload; /* reload.c: SIGHUP's state (loop only) */
 } dj__server;
 
 double dj__now(void);          /* monotonic seconds */
@@ -455,6 +479,13 @@ uint64_t dj__clock_ms(dj__server *s);
 
 /* options.c: djinnd's command line; 0 to run, 3 after --help, else an exit code. */
 int dj__parse_args(int argc, char **argv, dj__config *cfg);
+/* reload.c: SIGHUP on the loop re-reads --config and the token file (the
+ * tokens, the loop's own limits, the log level); started after the loop. */
+dj_status dj__reload_init(struct dj__server *s, int argc, char **argv);
+void dj__reload_fini(struct dj__server *s); /* after the loop closed */
+/* Any thread: dj__token_find in the table the last SIGHUP published, or in
+ * t[n_tokens] (the start's, which the caller was given) before any. */
+const dj__token *dj__token_find_live(const dj__token *t, size_t n_tokens, const char *tok, size_t n);
 /* The tenant a connection's requests count for: its token (index + 1 in
  * the token file) or, without --token-file, the connection itself (bit 63
  * set). Quotas of sessions, connections and KV pages are per tenant. */

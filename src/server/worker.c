@@ -13,7 +13,10 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "server/graph_serve.h"
+#include "server/access.h"
 #include "server/server_impl.h"
+#include "server/disk_tier.h"
 
 /* ---- queues and the outbox (mu held) ---- */
 
@@ -131,6 +134,7 @@ void dj__job_free(dj__job *j) {
     dj__request_free(&j->r);
     gen_free(j->gen);
     dj__event_free(j->credit_ev);
+    dj__graph_req_free(j->graph);
     free(j);
 }
 
@@ -160,6 +164,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
     DJ_LOG(INFO, "conn=%llu req=%llu session=%016llx type=%s error=%s: %s", (unsigned long long)j->conn,
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
+    if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, NULL, st);
     post_job(s, j, dj__event_error(j->conn, j->type, j->req, st, dj_last_error(), close_after));
 }
 
@@ -254,6 +259,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
         held_del(s, j);
         dj__metrics_count(&s->metrics, j->type, why);
+        if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, ss, why);
         post_job(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false)); /* dropped if its connection went */
         dj__job_free(j);
     }
@@ -305,7 +311,7 @@ static void control(dj__server *s, dj__job *j) {
             session_destroy(s, ss, j->ctl.why, j->ctl.why_msg);
             break;
         case DJ__CTL_ORPHAN: cancel_orphaned(s, ss); break;
-        case DJ__CTL_ATTACH: ss->conn = j->conn; break;
+        case DJ__CTL_ATTACH: ss->conn = j->conn; ss->tenant = j->tenant; break;
         default: break;
         }
     dj__job_free(j);
@@ -354,7 +360,7 @@ static void block_shape(const dj_session_t *es, uint32_t *tokens, uint32_t *page
 
 /* Recompute policy: what the session was fed, to feed again after a drop. */
 static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_t n) {
-    if (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE || !n) return DJ_OK;
+    if ((s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir) || !n) return DJ_OK; /* disk: recovery */
     if (ss->n_hist + n > ss->cap_hist) {
         size_t cap = ss->cap_hist ? ss->cap_hist : 256;
         while (cap < ss->n_hist + n) cap *= 2;
@@ -433,7 +439,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
         session_destroy(s, ss, DJ_ENOTFOUND, "session could not open");
         return st;
     }
-    dj_sched_session_info si = {.conn = j->tenant, .qos = (uint32_t)qos, .max_ctx = ctx}; /* the quota's group */
+    dj_sched_session_info si = {.conn = j->tenant, .qos = dj_qos_rank(qos), .max_ctx = ctx}; /* the quota's group */
     block_shape(ss->es, &si.block_tokens, &si.block_pages);
     if ((st = dj_sched_session_open(s->sched, ss->id, &si, dj__now_ms())) != DJ_OK) {
         free(drop);
@@ -592,6 +598,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
         if (dj_gen_text_rest(g->g, d->text, sizeof d->text, &n) == DJ_OK) d->text_len = n;
     }
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
+    dj__access_generate(j, ss, DJ_OK);
     post_job(s, j, e);
 }
 
@@ -845,7 +852,7 @@ static bool job_rides(const dj__server *s, const dj__job *j);
 /* Recompute policy: the generated tokens the session was fed. */
 static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__gen *g = j->gen;
-    if (!g || !g->g || s->cfg.swap_policy != DJ_SWAP_RECOMPUTE) return;
+    if (!g || !g->g || (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir)) return;
     const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
     uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
     if (fed > n_ids) fed = n_ids;
@@ -1000,12 +1007,13 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     pthread_mutex_lock(&s->mu);
     dj_sched_get_stats(s->sched, now, &out->sched);
     for (int q = 0; q < DJ_QOS_COUNT; q++) {
-        out->waiting[q] = s->newq[q].n + out->sched.waiting[q];
-        out->running[q] = out->sched.running[q];
+        out->waiting[q] = s->newq[q].n + out->sched.waiting[dj_qos_rank((dj_qos)q)];
+        out->running[q] = out->sched.running[dj_qos_rank((dj_qos)q)];
     }
     dj_engine_swap_stats(s->engine, &out->swap);
     out->policy = s->cfg.swap_policy;
     pthread_mutex_unlock(&s->mu); /* handles, connections: the I/O side's to fill */
+    dj_engine_disk_stats(s->engine, &out->disk); /* --state-dir's tier (disk_tier.c packs it) */
     char *map = NULL;
     size_t map_len = 0;
     FILE *f = open_memstream(&map, &map_len); /* the map names every session: admins only */
@@ -1066,7 +1074,8 @@ static dj_status do_model_load(dj__server *s, dj__job *j, dj__rep_model *out, bo
         return DJ_OK;
     }
     if (!e || !e->pinned || (e->pin_conn != j->conn && !j->admin))
-        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection", name);
+        return dj_fail(DJ_ENOTFOUND, "model %s is not pinned by this connection%s", name,
+                       e && e->pinned && !s->have_token ? " (another's pin: " DJ__ADMIN_NEEDED ")" : "");
     e->pinned = false;
     dj_model_release(s->engine, e->m); /* stays cached in the text segment until space is needed */
     out->unload = true;
@@ -1100,6 +1109,7 @@ static void run_job(dj__server *s, dj__job *j) {
     case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &rep.u.open); break;
     case DJ_MSG_SESSION_CLOSE: st = do_close(s, j, &foreign); break;
     case DJ_MSG_STEP: st = do_step(s, j, &rep.u.step, &foreign); break;
+    case DJ_MSG_GRAPH_RUN: st = dj__graph_serve(s, j->graph, j->conn, &rep.u.graph); break;
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
     if (st == DJ_OK) {
@@ -1150,7 +1160,7 @@ static void arrive(dj__server *s, dj__job *j) {
     prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
     if (st == DJ_OK)
-        st = dj_sched_arrive(s->sched, job_id(j), sess, j->qos, kind, model, (uint32_t)tokens, dj__now_ms());
+        st = dj_sched_arrive(s->sched, job_id(j), sess, dj_qos_rank(j->qos), kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
         reply_error(s, j, st, foreign || st == DJ_EFORMAT);
         dj__job_free(j);
@@ -1227,6 +1237,8 @@ static void poll_swaps(dj__server *s) {
     if (sw.bytes_in && sw.in_s > 0) dj_sched_rate(s->sched, sw.in_s * 1e3 * (double)sw.page_bytes / (double)sw.bytes_in);
 }
 
+static void drop_kv(dj__server *s, uint64_t sid, bool lost);
+
 /* Start a swap the scheduler decided. */
 static void start_swap(dj__server *s, uint64_t sid, bool out) {
     dj__sess *ss = sess_get(s, sid);
@@ -1236,6 +1248,7 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
     if (st != DJ_OK) {
         DJ_LOG(WARN, "session=%016llx: swap %s did not start: %s", (unsigned long long)sid, out ? "out" : "in",
                dj_last_error());
+        if (!out && st == DJ_EIO && ss && dj_session_on_disk(ss->es)) drop_kv(s, sid, true); /* its KV is lost */
         return;
     }
     ss->xfer = out ? 1 : 2;
@@ -1248,8 +1261,10 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
 }
 
 /* Recompute policy: the session's KV is freed (a fresh engine session takes
- * its place); its history is fed again before its next request. */
-static void drop_kv(dj__server *s, uint64_t sid) {
+ * its place); its history is fed again before its next request. lost: its
+ * KV on disk cannot be read back - recomputed so, or, without its whole
+ * history, the session is closed with the reason. */
+static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
     dj__sess *ss = sess_get(s, sid);
     if (!ss) return;
     dj_session_t *fresh = NULL;
@@ -1257,15 +1272,26 @@ static void drop_kv(dj__server *s, uint64_t sid) {
     uint64_t salt[2];
     dj_session_cache_salt(ss->es, salt);
     if (st == DJ_OK) st = dj_session_set_cache_salt(fresh, salt); /* its history keys as before */
-    if (st == DJ_OK && s->cfg.swap_policy == DJ_SWAP_RECOMPUTE && ss->n_hist == dj_session_pos(ss->es)) {
+    if (st == DJ_OK && (s->cfg.swap_policy == DJ_SWAP_RECOMPUTE || lost) && ss->n_hist == dj_session_pos(ss->es)) {
         dj_session_free(s->engine, ss->es);
         ss->es = fresh;
         ss->dropped = true;
+        if (lost) dj_sched_kv_lost(s->sched, sid);
         pthread_mutex_lock(&s->metrics.mu);
         s->metrics.drops++;
         pthread_mutex_unlock(&s->metrics.mu);
     } else {
         dj_session_free(s->engine, fresh);
+        if (lost) {
+            DJ_LOG(ERROR, "session=%016llx: its KV on disk is lost and its history cannot be replayed: closed",
+                   (unsigned long long)sid);
+            pthread_mutex_lock(&s->mu);
+            dj__map_del(&s->sessions, ss->id);
+            session_destroy(s, ss, DJ_EIO, "the session's KV on disk failed its checksum and its history cannot be "
+                                           "replayed: the session is closed");
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
         DJ_LOG(WARN, "session=%016llx: KV not dropped (%s)", (unsigned long long)sid,
                st != DJ_OK ? dj_last_error() : "its history is not complete");
     }
@@ -1294,7 +1320,12 @@ static void carry_out(dj__server *s, const dj_sched_decision *d) {
     }
     case DJ_SCHED_SWAP_OUT:
     case DJ_SCHED_SWAP_IN: start_swap(s, d->sess, d->op == DJ_SCHED_SWAP_OUT); return;
-    case DJ_SCHED_DROP: drop_kv(s, d->sess); return;
+    case DJ_SCHED_DROP: drop_kv(s, d->sess, false); return;
+    case DJ_SCHED_SPILL: {
+        dj__sess *ss = sess_get(s, d->sess);
+        dj__tier_spill(s->engine, s->sched, d->sess, ss ? ss->es : NULL);
+        return;
+    }
     case DJ_SCHED_REFUSE: {
         dj__job *j = (dj__job *)(uintptr_t)d->req;
         held_del(s, j);
@@ -1440,6 +1471,11 @@ static dj_status sched_open(dj__server *s) {
     if (st != DJ_OK) pool = 0;
     dj_swap_stats sw;
     dj_engine_swap_stats(s->engine, &sw);
+    uint64_t disk_pages = 0;
+    double disk_page_ms = 0;
+    if (s->cfg.state_dir &&
+        (st = dj__tier_open(s->engine, s->cfg.state_dir, s->cfg.disk_bytes, &disk_pages, &disk_page_ms)) != DJ_OK)
+        return st;
     const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
     const dj_sched_config sc = {
         .max_running = s->cfg.max_running,
@@ -1449,9 +1485,13 @@ static dj_status sched_open(dj__server *s) {
         .idle_ms = s->cfg.idle_ms,
         .lifo_age_ms = s->cfg.max_wait_ms,
         .quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0,
+        .pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
+                             page - 1) / page,
         /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
         .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
         .policy = s->cfg.swap_policy,
+        .disk_pages = disk_pages,
+        .disk_page_ms = disk_page_ms,
     };
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
