@@ -177,6 +177,7 @@ typedef struct dj__event {
     bool has_state;           /* pos and swapped are the session's as the event was made */
     uint32_t pos;
     bool swapped;
+    bool gone;                /* DJ__EV_STATE: the worker closed the session itself (its KV on disk was lost) */
     union {
         dj__rep_open open;
         dj__rep_step step;

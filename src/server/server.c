@@ -1568,7 +1568,8 @@ static void on_wake(uv_async_t *a) {
         }
         if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_STATS) stats_fill(s, &e->u.stats);
         if (e->kind == DJ__EV_STATE) {
-            /* no frame: the session's state only */
+            /* no frame: the session's state only, or its end (the worker closed it) */
+            if (e->gone && l) lease_drop(s, l, DJ_EIO, "the session's KV on disk was lost");
         } else if (e->kind == DJ__EV_CREDIT) { /* no frame: prompt bytes tokenized */
             if (c) {
                 c->prompt_bytes -= e->credit < c->prompt_bytes ? e->credit : c->prompt_bytes;

@@ -1285,11 +1285,17 @@ static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
         if (lost) {
             DJ_LOG(ERROR, "session=%016llx: its KV on disk is lost and its history cannot be replayed: closed",
                    (unsigned long long)sid);
-            pthread_mutex_lock(&s->mu);
+            dj__event *e = dj__event_new(DJ__EV_STATE, ss->conn, 0, 0, 0); /* the I/O side drops its lease */
+            if (e) {
+                e->session = ss->id;
+                e->gone = true;
+                pthread_mutex_lock(&s->out_mu);
+                post_locked(s, e);
+                pthread_mutex_unlock(&s->out_mu);
+            }
             dj__map_del(&s->sessions, ss->id);
             session_destroy(s, ss, DJ_EIO, "the session's KV on disk failed its checksum and its history cannot be "
                                            "replayed: the session is closed");
-            pthread_mutex_unlock(&s->mu);
             return;
         }
         DJ_LOG(WARN, "session=%016llx: KV not dropped (%s)", (unsigned long long)sid,
