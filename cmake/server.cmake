@@ -60,7 +60,7 @@ function(dj__server_link_late)
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
        ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c
        ${CMAKE_SOURCE_DIR}/tests/test_http_limits.c ${CMAKE_SOURCE_DIR}/tests/test_fault.c
-       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c ${CMAKE_SOURCE_DIR}/tests/test_http_openai.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

@@ -83,7 +83,8 @@ typedef struct dj__oai {
     bool qos_given;          /* the body's qos or X-Djinn-QoS named it */
     bool max_given;
     uint32_t max_tokens;
-    dj_sampler_params sampling;
+    dj_sampler_params sampling; /* seed: the request's, else a fresh one below 2^53 (answers say which) */
+    bool seed_given;
     char *stop[DJ__OAI_MAX_STOP]; /* malloc'd */
     size_t stop_len[DJ__OAI_MAX_STOP], n_stop, max_stop_len;
     void *messages, *tools;  /* cJSON * (chat), owned */
