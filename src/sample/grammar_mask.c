@@ -1,0 +1,247 @@
+/* grammar_mask.c: a model's token texts as a trie, and one generation's
+ * constraint - the grammar state walked down the trie for each step's mask of allowed ids. */
+#include "sample/grammar_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "djinn/alloc.h"
+#include "model/tok_impl.h"
+
+#define MAX_TOKEN_BYTES 256 /* longer token texts are never allowed (the walk keeps a state per byte) */
+
+typedef struct tnode {
+    uint32_t child;   /* first child (0: none; the root is 0 and never a child) */
+    uint32_t sibling; /* next child of the same parent (0: none) */
+    uint32_t ids_off, n_ids; /* ids ending here: ids[ids_off, +n_ids) */
+    uint32_t below;   /* bytes of the longest path under this node */
+    uint8_t byte;
+} tnode;
+
+struct dj_grammar_vocab {
+    uint32_t n_vocab;
+    tnode *t; /* [n_t]; t[0] the root */
+    uint32_t n_t;
+    int32_t *ids;      /* [n_ids] in trie order */
+    uint32_t n_ids;
+    char *bytes;       /* every allowed id's text */
+    uint32_t *off, *len; /* [n_vocab] each id's text in bytes (len 0: never allowed) */
+    uint32_t max_len;
+};
+
+typedef struct tok_text {
+    int32_t id;
+    uint32_t off, len;
+    const char *p; /* the text (set once the bytes stop moving) */
+} tok_text;
+
+static int cmp_text(const void *pa, const void *pb) {
+    const tok_text *a = pa, *b = pb;
+    const int c = memcmp(a->p, b->p, a->len < b->len ? a->len : b->len);
+    if (c) return c;
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+void dj_grammar_vocab_free(dj_grammar_vocab_t *v) {
+    if (!v) return;
+    free(v->t);
+    free(v->ids);
+    free(v->bytes);
+    free(v->off);
+    free(v->len);
+    free(v);
+}
+
+uint32_t dj_grammar_vocab_size(const dj_grammar_vocab_t *v) { return v->n_vocab; }
+
+static uint32_t fill_below(tnode *t, uint32_t k, int depth) {
+    uint32_t m = 0;
+    for (uint32_t c = t[k].child; c; c = t[c].sibling) {
+        const uint32_t b = depth < MAX_TOKEN_BYTES + 2 ? 1 + fill_below(t, c, depth + 1) : 1;
+        if (b > m) m = b;
+    }
+    return t[k].below = m;
+}
+
+dj_status dj_grammar_vocab_new(const dj_tokenizer_t *tok, uint32_t n_vocab, dj_grammar_vocab_t **out) {
+    *out = NULL;
+    if (!tok || n_vocab == 0) return dj_fail(DJ_EINVAL, "grammar vocabulary: no tokenizer or an empty vocabulary");
+    dj_grammar_vocab_t *v = dj_calloc(1, sizeof *v);
+    tok_text *tt = dj_calloc(n_vocab, sizeof *tt);
+    dj__sbuf all = {0};
+    dj_status st = DJ_OK;
+    if (!v || !tt || !(v->off = dj_calloc(n_vocab, sizeof *v->off)) || !(v->len = dj_calloc(n_vocab, sizeof *v->len))) {
+        st = dj_fail(DJ_ENOMEM, "out of memory");
+        goto fail;
+    }
+    v->n_vocab = n_vocab;
+    uint32_t n = 0;
+    for (uint32_t id = 0; id < n_vocab && id < tok->n_ids; id++) {
+        if (tok->id_off[id] == DJ__TOK_NO_STR) continue;
+        bool special = false;
+        for (uint32_t a = 0; tok->id_added[id] && a < tok->n_added; a++)
+            if (tok->added[a].id == (int32_t)id) special = tok->added[a].special;
+        if (special) continue;
+        dj__sbuf one = {0};
+        const int32_t i = (int32_t)id;
+        /* the text it adds mid-way (not first: no decoder's start rule) */
+        st = dj__tok_decode_raw(tok, &i, 1, false, false, &one);
+        if (st == DJ_OK && one.n && one.n <= MAX_TOKEN_BYTES) {
+            tt[n] = (tok_text){.id = i, .off = (uint32_t)all.n, .len = (uint32_t)one.n};
+            st = dj__sbuf_put(&all, one.p, one.n);
+            n++;
+        }
+        dj__sbuf_free(&one);
+        if (st != DJ_OK) goto fail;
+    }
+    v->bytes = all.p;
+    all.p = NULL;
+    for (uint32_t k = 0; k < n; k++) tt[k].p = v->bytes + tt[k].off;
+    qsort(tt, n, sizeof *tt, cmp_text);
+    /* the trie: sorted texts share their prefixes with the texts just before */
+    v->t = dj_calloc((size_t)(all.n ? all.n : 0) + n + 1, sizeof *v->t);
+    v->ids = dj_calloc(n ? n : 1, sizeof *v->ids);
+    if (!v->t || !v->ids) {
+        st = dj_fail(DJ_ENOMEM, "out of memory");
+        goto fail;
+    }
+    v->n_t = 1;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint8_t *s = (const uint8_t *)v->bytes + tt[k].off;
+        uint32_t at = 0;
+        for (uint32_t b = 0; b < tt[k].len; b++) {
+            const uint32_t c = v->t[at].child;
+            if (c && v->t[c].byte == s[b]) { /* the newest child is the one a sorted text continues */
+                at = c;
+                continue;
+            }
+            const uint32_t fresh = v->n_t++;
+            v->t[fresh] = (tnode){.byte = s[b], .sibling = c};
+            v->t[at].child = fresh;
+            at = fresh;
+        }
+        if (v->t[at].n_ids == 0) v->t[at].ids_off = v->n_ids;
+        v->t[at].n_ids++;
+        v->ids[v->n_ids++] = tt[k].id;
+        v->off[tt[k].id] = tt[k].off;
+        v->len[tt[k].id] = tt[k].len;
+        if (tt[k].len > v->max_len) v->max_len = tt[k].len;
+    }
+    fill_below(v->t, 0, 0);
+    free(tt);
+    *out = v;
+    return DJ_OK;
+fail:
+    dj__sbuf_free(&all);
+    free(tt);
+    dj_grammar_vocab_free(v);
+    return st;
+}
+
+/* ---- the constraint ---- */
+
+struct dj_constraint {
+    dj_grammar_t *g;                 /* owned */
+    const dj_grammar_vocab_t *v;     /* borrowed */
+    int32_t *eos;                    /* [n_eos] */
+    size_t n_eos;
+    dj_grammar_state_t *levels;      /* [max_len + 1]: the state down the trie; levels[0] the text's */
+    dj__g_stack *tmp;                /* [DJ__G_TMP] */
+};
+
+void dj_constraint_free(dj_constraint_t *c) {
+    if (!c) return;
+    dj_grammar_free(c->g);
+    free(c->eos);
+    free(c->levels);
+    free(c->tmp);
+    free(c);
+}
+
+dj_status dj_constraint_new(dj_grammar_t *g, const dj_grammar_vocab_t *v, const int32_t *eos, size_t n_eos,
+                            dj_constraint_t **out) {
+    *out = NULL;
+    if (!g || !v || (n_eos && !eos)) {
+        dj_grammar_free(g);
+        return dj_fail(DJ_EINVAL, "dj_constraint_new: NULL grammar, vocabulary or EOS ids");
+    }
+    dj_constraint_t *c = dj_calloc(1, sizeof *c);
+    if (!c) {
+        dj_grammar_free(g);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    c->g = g;
+    c->v = v;
+    c->levels = dj_malloc(((size_t)v->max_len + 1) * sizeof *c->levels);
+    c->tmp = dj_malloc(DJ__G_TMP * sizeof *c->tmp);
+    c->eos = dj_malloc((n_eos ? n_eos : 1) * sizeof *c->eos);
+    if (!c->levels || !c->tmp || !c->eos) {
+        dj_constraint_free(c);
+        return dj_fail(DJ_ENOMEM, "out of memory for a grammar's states");
+    }
+    if (n_eos) memcpy(c->eos, eos, n_eos * sizeof *eos);
+    c->n_eos = n_eos;
+    dj__grammar_state_init(&c->levels[0], g);
+    *out = c;
+    return DJ_OK;
+}
+
+typedef struct walk {
+    dj_constraint_t *c;
+    uint8_t *allowed;
+    uint32_t budget; /* the cost a token may leave */
+    uint32_t count;
+} walk;
+
+static void walk_down(walk *w, uint32_t node, uint32_t depth) {
+    const dj_grammar_vocab_t *v = w->c->v;
+    for (uint32_t ch = v->t[node].child; ch; ch = v->t[ch].sibling) {
+        dj_grammar_state_t *st = &w->c->levels[depth + 1];
+        dj__grammar_state_copy(st, &w->c->levels[depth]);
+        if (!dj__grammar_feed_byte(st, v->t[ch].byte, w->c->tmp)) continue;
+        const uint32_t cost = dj_grammar_cost(st);
+        /* each byte lowers the cost by at most 1: past this, nothing below fits */
+        if (cost > w->budget && cost - w->budget > v->t[ch].below) continue;
+        if (cost <= w->budget)
+            for (uint32_t k = 0; k < v->t[ch].n_ids; k++) {
+                w->allowed[v->ids[v->t[ch].ids_off + k]] = 1;
+                w->count++;
+            }
+        walk_down(w, ch, depth + 1);
+    }
+}
+
+uint32_t dj_constraint_mask(dj_constraint_t *c, uint32_t tokens_left, uint8_t *allowed) {
+    memset(allowed, 0, c->v->n_vocab);
+    const dj_grammar_state_t *st = &c->levels[0];
+    if (!st->n) return 0;
+    walk w = {.c = c, .allowed = allowed, .budget = tokens_left ? tokens_left - 1 : 0};
+    if (tokens_left && !dj_grammar_finished(st)) walk_down(&w, 0, 0);
+    if (dj_grammar_complete(st))
+        for (size_t k = 0; k < c->n_eos; k++)
+            if (c->eos[k] >= 0 && (uint32_t)c->eos[k] < c->v->n_vocab && !allowed[c->eos[k]]) {
+                allowed[c->eos[k]] = 1;
+                w.count++;
+            }
+    return w.count;
+}
+
+bool dj_constraint_accept(dj_constraint_t *c, int32_t id) {
+    dj_grammar_state_t *st = &c->levels[0];
+    for (size_t k = 0; k < c->n_eos; k++)
+        if (c->eos[k] == id) return dj_grammar_complete(st);
+    if (id < 0 || (uint32_t)id >= c->v->n_vocab || c->v->len[id] == 0) {
+        st->n = 0;
+        return false;
+    }
+    const uint8_t *s = (const uint8_t *)c->v->bytes + c->v->off[id];
+    for (uint32_t i = 0; i < c->v->len[id] && st->n; i++) dj__grammar_feed_byte(st, s[i], c->tmp);
+    return st->n > 0;
+}
+
+bool dj_constraint_finished(const dj_constraint_t *c) { return dj_grammar_finished(&c->levels[0]); }
+
+const dj_grammar_state_t *dj_constraint_state(const dj_constraint_t *c) { return &c->levels[0]; }
+
+uint32_t dj_constraint_vocab_size(const dj_constraint_t *c) { return c->v->n_vocab; }
