@@ -78,6 +78,26 @@ const joined = await client.chat.completions.create({ model: 'demo-chat', max_co
     messages: [{ role: 'user', content: 'Hello\nthere' }] });
 check(parts.choices[0].message.content === joined.choices[0].message.content, `parts vs joined`);
 
+// structured output, parsed by the client's own parser (chat.completions.parse)
+const person = { type: 'object', properties: { name: { type: 'string' }, age: { type: 'integer' },
+                 tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 3 } },
+                 required: ['name', 'age', 'tags'], additionalProperties: false };
+for (let i = 0; i < 5; i++) {
+    const p = await client.chat.completions.parse({ model: 'demo-chat', messages, max_completion_tokens: 120,
+        temperature: 1, seed: 20 + i, response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: person } } });
+    const v = p.choices[0].message.parsed;
+    check(v && typeof v.name === 'string' && Number.isInteger(v.age) && Array.isArray(v.tags) && v.tags.length <= 3 &&
+          v.tags.every(t => t === 'a' || t === 'b') && Object.keys(v).length === 3, `parsed: ${JSON.stringify(v)}`);
+}
+const jo = await client.chat.completions.create({ model: 'demo-chat', messages, max_completion_tokens: 80, temperature: 0,
+                                                  response_format: { type: 'json_object' } });
+let joValue = null;
+try { joValue = JSON.parse(jo.choices[0].message.content); } catch { /* checked below */ }
+check(joValue !== null && typeof joValue === 'object' && !Array.isArray(joValue), `json_object: '${jo.choices[0].message.content}'`);
+await expectError(OpenAI.BadRequestError, 400, "'format'", 'a schema keyword outside the subset',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, response_format: { type: 'json_schema',
+                      json_schema: { name: 'd', schema: { type: 'string', format: 'date' } } } }));
+
 // errors, as the SDK's typed exceptions
 await expectError(OpenAI.BadRequestError, 400, '[0, 2]', 'temperature 5',
                   () => client.completions.create({ model: 'demo', prompt, temperature: 5 }));

@@ -230,6 +230,15 @@ static const field_case field_cases[] = {
     {true, "\"prompt_cache_key\": \"k\"", 200, NULL},
     {true, "\"response_format\": {\"type\": \"text\"}", 200, NULL},
     {true, "\"response_format\": {\"type\": \"yaml\"}", 400, "'response_format'"},
+    {true, "\"response_format\": {\"type\": \"json_object\"}", 200, NULL},
+    {true, "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"strict\": true, "
+           "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}}}}", 200, NULL},
+    {true, "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", "
+           "\"schema\": {\"type\": \"string\", \"pattern\": \"a+\"}}}", 400, "'pattern'"},
+    {true, "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {}}}", 400,
+     "response_format.json_schema.name"},
+    {true, "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"schema\": {}, "
+           "\"mode\": 1}}", 400, "'response_format.json_schema.mode'"},
     {true, "\"tools\": []", 200, NULL},
     {true, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 400, "'tools'"},
     {true, "\"tool_choice\": \"none\"", 200, NULL},
@@ -334,6 +343,56 @@ static void test_content_parts(unsigned port) {
     free(joined);
 }
 
+/* response_format: the answer parses (streamed too, the same text), a
+ * required key is there, and finish_reason is "stop" (EOS after the value) */
+static void test_response_format(unsigned port) {
+    const char *body = "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                       "\"max_tokens\": 120, \"temperature\": 1, \"seed\": 5%s, \"response_format\": {\"type\": "
+                       "\"json_schema\", \"json_schema\": {\"name\": \"p\", \"schema\": {\"type\": \"object\", "
+                       "\"properties\": {\"name\": {\"type\": \"string\"}, \"n\": {\"type\": \"integer\"}}, "
+                       "\"required\": [\"name\", \"n\"], \"additionalProperties\": false}}}}";
+    char req[1024];
+    snprintf(req, sizeof req, body, "");
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+    char *text = answer(&r, true, NULL);
+    cJSON *v = cJSON_Parse(text);
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(v, "n");
+    CHECK_MSG(r.status == 200 && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(v, "name")) && cJSON_IsNumber(n) &&
+                  n->valuedouble == (double)(long long)n->valuedouble && cJSON_GetArraySize(v) == 2,
+              "json_schema answer: '%s'", text);
+    CHECK_MSG(r.body && strstr(r.body, "\"finish_reason\":\"stop\""), "finish: %.300s", r.body ? r.body : "");
+    cJSON_Delete(v);
+    dj_test_resp_free(&r);
+    snprintf(req, sizeof req, body, ", \"stream\": true");
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+    /* the deltas joined */
+    char joined[8192] = "";
+    size_t k = 0;
+    for (char *line = r.body; line && (line = strstr(line, "data: {")); line += 6) {
+        cJSON *j = cJSON_ParseWithOpts(line + 6, NULL, 0);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "delta"), "content");
+        if (cJSON_IsString(t) && k + strlen(t->valuestring) < sizeof joined) {
+            memcpy(joined + k, t->valuestring, strlen(t->valuestring) + 1);
+            k += strlen(t->valuestring);
+        }
+        cJSON_Delete(j);
+    }
+    CHECK_MSG(r.status == 200 && !strcmp(joined, text), "streamed '%s' vs '%s'", joined, text);
+    free(text);
+    dj_test_resp_free(&r);
+    /* json_object: any object */
+    r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL,
+                             "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                             "\"max_tokens\": 100, \"temperature\": 0, \"response_format\": {\"type\": \"json_object\"}}");
+    text = answer(&r, true, NULL);
+    v = cJSON_Parse(text);
+    CHECK_MSG(r.status == 200 && cJSON_IsObject(v), "json_object answer: '%s'", text);
+    cJSON_Delete(v);
+    free(text);
+    dj_test_resp_free(&r);
+}
+
 int main(void) {
     dj_test_daemon_guard();
     if (!mkdtemp(tmpdir) || !make_store()) {
@@ -349,6 +408,7 @@ int main(void) {
         test_sampling_fields(addr, port);
         test_fields(port);
         test_content_parts(port);
+        test_response_format(port);
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
     char cmd[700];

@@ -85,6 +85,11 @@ void dj_constraint_free(dj_constraint_t *c); /* NULL does nothing */
  * complete. Returns how many are allowed (0: stuck - the vocabulary cannot
  * continue the text). */
 uint32_t dj_constraint_mask(dj_constraint_t *c, uint32_t tokens_left, uint8_t *allowed /* OUT */);
+/* The whole road from a request: schema[len] compiled, the vocabulary of
+ * tok over n_vocab ids built (owned by the constraint), the EOS ids copied.
+ * DJ_EINVAL naming what is wrong (the keyword, a missing tokenizer). */
+dj_status dj_constraint_from_schema(const char *schema, size_t len, const dj_tokenizer_t *tok, uint32_t n_vocab,
+                                    const int32_t *eos, size_t n_eos, dj_constraint_t **out /* OUT */);
 /* The picked id: its text fed to the state (an EOS id feeds nothing).
  * False when the grammar does not take it (the state is then dead). */
 bool dj_constraint_accept(dj_constraint_t *c, int32_t id);

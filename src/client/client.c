@@ -598,6 +598,7 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     dj__mw_u64(&w, "seed", p->sampling.seed);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
     if (p->cache_salt) dj__mw_str(&w, "cache_salt", p->cache_salt);
+    if (p->json_schema) dj__mw_str(&w, "json_schema", p->json_schema);
     if (p->sampling.min_p != 0.0f) dj__mw_f64(&w, "min_p", p->sampling.min_p);
     if (p->sampling.repetition_penalty != 0.0f) dj__mw_f64(&w, "repetition_penalty", p->sampling.repetition_penalty);
     if (p->sampling.frequency_penalty != 0.0f) dj__mw_f64(&w, "frequency_penalty", p->sampling.frequency_penalty);

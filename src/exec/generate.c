@@ -186,6 +186,7 @@ static dj_status constrain(dj_gen_t *g, uint32_t rows) {
     const uint32_t pos = dj_session_pos(g->s) + rows, ctx = dj_session_max_ctx(g->s);
     uint32_t left = g->max_tokens - g->n_gen;
     if (ctx > pos && ctx - pos < left) left = ctx - pos;
+    if (left > 1) left--; /* the value whole one token early: room for EOS, so it ends as "stop", not "length" */
     if (left == 0) left = 1;
     g->stuck = dj_constraint_mask(g->con, left, g->allowed) == 0;
     if (g->stuck) DJ_LOG(WARN, "structured output: no token may continue the text; the generation ends");

@@ -262,7 +262,7 @@ static dj_status compile_object(compiler *cp, const cJSON *js, const char *path,
     const uint32_t count = n->n_props;
     for (uint32_t i = 0; i < count; i++) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%.300s/properties/%.64s", path, cp->g->n[k].names[i]);
+        snprintf(sub, sizeof sub, "%.300s.properties.%.64s", path, cp->g->n[k].names[i]);
         int32_t child;
         if ((st = compile(cp, schemas[i], sub, depth + 1, -1, &child)) != DJ_OK) goto done;
         cp->g->n[k].prop[i] = child;
@@ -287,7 +287,7 @@ static dj_status compile_array(compiler *cp, const cJSON *js, const char *path, 
         return dj_fail(DJ_EINVAL, "JSON schema at %s: 'items' as a list (a tuple) is not supported", path);
     if (!items) return DJ_OK;
     char sub[512];
-    snprintf(sub, sizeof sub, "%.400s/items", path);
+    snprintf(sub, sizeof sub, "%.400s.items", path);
     int32_t child;
     if ((st = compile(cp, items, sub, depth + 1, -1, &child)) != DJ_OK) return st;
     cp->g->n[k].items = child;
@@ -337,7 +337,7 @@ static dj_status resolve_ref(compiler *cp, const cJSON *ref, const char *path, i
     if (st != DJ_OK) return st;
     cp->slots[cp->n_slots++] = (struct def_slot){.schema = d, .node = k};
     char sub[512];
-    snprintf(sub, sizeof sub, "%.400s", r + 1);
+    snprintf(sub, sizeof sub, "#.%s.%.64s", defs == cp->defs[0] ? "$defs" : "definitions", name);
     if ((st = compile(cp, d, sub, depth + 1, k, out)) != DJ_OK) return st;
     *out = k;
     return DJ_OK;
@@ -399,7 +399,7 @@ static dj_status compile(compiler *cp, const cJSON *js, const char *path, int de
         int i = 0;
         for (const cJSON *a = any->child; a; a = a->next, i++) {
             char sub[512];
-            snprintf(sub, sizeof sub, "%.400s/anyOf/%d", path, i);
+            snprintf(sub, sizeof sub, "%.400s.anyOf[%d]", path, i);
             int32_t child;
             if ((st = compile(cp, a, sub, depth + 1, -1, &child)) != DJ_OK) return st;
             cp->g->n[k].alts[i] = child;
@@ -525,7 +525,7 @@ dj_status dj_grammar_from_json_schema(const char *schema, size_t len, dj_grammar
             if (cp.defs[i] && !cJSON_IsObject(cp.defs[i]))
                 st = dj_fail(DJ_EINVAL, "JSON schema: '%s' must be an object", i ? "definitions" : "$defs");
     }
-    if (st == DJ_OK) st = compile(&cp, js, "/", 0, DJ__G_N_ROOT, &k);
+    if (st == DJ_OK) st = compile(&cp, js, "#", 0, DJ__G_N_ROOT, &k); /* paths: #.properties.a.items ... */
     /* unreachable definitions are not compiled: what is never used is not checked */
     if (st == DJ_OK) {
         for (uint32_t i = 0; i < g->n_nodes; i++) g->n[i].minlen = DJ__G_INF;

@@ -143,7 +143,8 @@ fail:
 
 struct dj_constraint {
     dj_grammar_t *g;                 /* owned */
-    const dj_grammar_vocab_t *v;     /* borrowed */
+    const dj_grammar_vocab_t *v;     /* borrowed, or own_v */
+    dj_grammar_vocab_t *own_v;
     int32_t *eos;                    /* [n_eos] */
     size_t n_eos;
     dj_grammar_state_t *levels;      /* [max_len + 1]: the state down the trie; levels[0] the text's */
@@ -153,6 +154,7 @@ struct dj_constraint {
 void dj_constraint_free(dj_constraint_t *c) {
     if (!c) return;
     dj_grammar_free(c->g);
+    dj_grammar_vocab_free(c->own_v);
     free(c->eos);
     free(c->levels);
     free(c->tmp);
@@ -184,6 +186,26 @@ dj_status dj_constraint_new(dj_grammar_t *g, const dj_grammar_vocab_t *v, const 
     c->n_eos = n_eos;
     dj__grammar_state_init(&c->levels[0], g);
     *out = c;
+    return DJ_OK;
+}
+
+dj_status dj_constraint_from_schema(const char *schema, size_t len, const dj_tokenizer_t *tok, uint32_t n_vocab,
+                                    const int32_t *eos, size_t n_eos, dj_constraint_t **out) {
+    *out = NULL;
+    if (!tok) return dj_fail(DJ_EINVAL, "structured output needs the model's tokenizer.json: this model has none");
+    dj_grammar_t *g = NULL;
+    dj_grammar_vocab_t *v = NULL;
+    dj_status st = dj_grammar_from_json_schema(schema, len, &g);
+    if (st == DJ_OK) st = dj_grammar_vocab_new(tok, n_vocab, &v);
+    if (st != DJ_OK) {
+        dj_grammar_free(g);
+        return st;
+    }
+    if ((st = dj_constraint_new(g, v, eos, n_eos, out)) != DJ_OK) {
+        dj_grammar_vocab_free(v);
+        return st;
+    }
+    (*out)->own_v = v;
     return DJ_OK;
 }
 

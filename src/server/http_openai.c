@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "djinn/grammar.h"
 #include "model/jinja_impl.h"
 #include "model/tok_impl.h"
 #include "server/http_impl.h"
@@ -364,15 +365,52 @@ static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
         v = cJSON_GetObjectItemCaseSensitive(req, strings[k]);
         if (!absent(v) && !cJSON_IsString(v)) return bad(err, cap, "'%s' must be a string", strings[k]);
     }
-    v = cJSON_GetObjectItemCaseSensitive(req, "response_format");
-    if (!absent(v)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
-        if (!cJSON_IsObject(v) || !cJSON_IsString(t))
-            return bad(err, cap, "'%s' must be an object with a string 'type'", "response_format");
-        if (strcmp(t->valuestring, "text")) {
-            snprintf(err, cap, "'response_format' of type '%.32s' is not supported yet by djinnd", t->valuestring);
+    return 0;
+}
+
+/* response_format: text (nothing to do), json_object (any JSON object) or
+ * json_schema {name, schema, strict, description}: the schema, checked
+ * here (a 400 naming what the subset lacks), as text for the daemon. */
+static int parse_response_format(dj__oai *o, const cJSON *v, char *err, size_t cap) {
+    if (absent(v)) return 0;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (!cJSON_IsObject(v) || !cJSON_IsString(t))
+        return bad(err, cap, "'%s' must be an object with a string 'type'", "response_format");
+    for (const cJSON *f = v->child; f; f = f->next)
+        if (strcmp(f->string, "type") && strcmp(f->string, "json_schema")) {
+            snprintf(err, cap, "unknown field 'response_format.%.64s'", f->string);
             return 400;
         }
+    if (!strcmp(t->valuestring, "text")) return 0;
+    if (!strcmp(t->valuestring, "json_object")) return (o->json_schema = dj_strdup("{\"type\":\"object\"}")) ? 0 : 503;
+    if (strcmp(t->valuestring, "json_schema")) {
+        snprintf(err, cap, "'response_format' of type '%.32s' is not supported: text, json_object or json_schema",
+                 t->valuestring);
+        return 400;
+    }
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+    if (!cJSON_IsObject(js)) return bad(err, cap, "'%s' must be an object", "response_format.json_schema");
+    for (const cJSON *f = js->child; f; f = f->next)
+        if (strcmp(f->string, "name") && strcmp(f->string, "schema") && strcmp(f->string, "strict") &&
+            strcmp(f->string, "description")) {
+            snprintf(err, cap, "unknown field 'response_format.json_schema.%.64s'", f->string);
+            return 400;
+        }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name"), *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return bad(err, cap, "'%s' must be a non-empty string", "response_format.json_schema.name");
+    if (!absent(strict) && !cJSON_IsBool(strict))
+        return bad(err, cap, "'%s' must be true or false", "response_format.json_schema.strict");
+    if (!cJSON_IsObject(schema)) return bad(err, cap, "'%s' must be an object", "response_format.json_schema.schema");
+    if (!(o->json_schema = cJSON_PrintUnformatted(schema))) return 503;
+    dj_grammar_t *g = NULL;
+    const dj_status st = dj_grammar_from_json_schema(o->json_schema, strlen(o->json_schema), &g);
+    dj_grammar_free(g);
+    if (st == DJ_ENOMEM) return 503;
+    if (st != DJ_OK) {
+        snprintf(err, cap, "'response_format.json_schema.schema': %s", dj_last_error());
+        return 400;
     }
     return 0;
 }
@@ -396,6 +434,7 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
         goto done;
     }
     if ((rc = check_fields(req, chat, err, cap))) goto done;
+    if ((rc = parse_response_format(o, cJSON_GetObjectItemCaseSensitive(req, "response_format"), err, cap))) goto done;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "model");
     if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) >= sizeof o->model) {
         rc = bad(err, cap, "'%s' must be a model name (a folder of the server's model store)", "model");
@@ -782,7 +821,9 @@ static cJSON *head(const dj__oai *o, const char *object) {
     cJSON_AddStringToObject(r, "model", o->model);
     /* the seed sampled with (the request's, or the fresh one drawn for it):
      * sent back as "seed", it repeats the answer */
-    cJSON_AddNumberToObject(r, "seed", (double)(int64_t)o->sampling.seed);
+    char seed[24]; /* as an integer: cJSON's doubles print 16-digit numbers only nearly */
+    snprintf(seed, sizeof seed, "%lld", (long long)(int64_t)o->sampling.seed);
+    cJSON_AddRawToObject(r, "seed", seed);
     return r;
 }
 
@@ -906,6 +947,7 @@ void dj__oai_free(dj__oai *o) {
     cJSON_Delete(o->tools);
     free(o->prompt);
     free(o->cache_salt);
+    free(o->json_schema);
     free(o->ids);
     free(o->lps);
     dj__buf_free(&o->text);
