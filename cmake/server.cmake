@@ -4,7 +4,7 @@
 # http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
             src/server/guard.c src/server/options.c src/server/model_info.c src/server/http.c
-            src/server/http_openai.c src/server/http_view.c)
+            src/server/http_openai.c src/server/http_view.c src/server/http_routes.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD

@@ -98,6 +98,11 @@ await expectError(OpenAI.BadRequestError, 400, "'format'", 'a schema keyword out
                   () => client.chat.completions.create({ model: 'demo-chat', messages, response_format: { type: 'json_schema',
                       json_schema: { name: 'd', schema: { type: 'string', format: 'date' } } } }));
 
+// a model by id, with what djinnd knows of it
+const dm = await client.models.retrieve('demo-chat');
+check(dm.id === 'demo-chat' && dm.owned_by === 'djinnd' && dm.max_model_len === 512, `models.retrieve: ${JSON.stringify(dm)}`);
+await expectError(OpenAI.NotFoundError, 404, "'nope'", 'models.retrieve of an unknown model', () => client.models.retrieve('nope'));
+
 // errors, as the SDK's typed exceptions
 await expectError(OpenAI.BadRequestError, 400, '[0, 2]', 'temperature 5',
                   () => client.completions.create({ model: 'demo', prompt, temperature: 5 }));

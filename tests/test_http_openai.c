@@ -393,6 +393,66 @@ static void test_response_format(unsigned port) {
     dj_test_resp_free(&r);
 }
 
+/* /health, /v1/models[/{id}], /tokenize, /detokenize */
+static void test_endpoints(unsigned port) {
+    char out[8192];
+    CHECK(dj_test_http_text(port, "GET", "/health", NULL, out, sizeof out) == 200 && strstr(out, "\"status\":\"ok\""));
+    CHECK(dj_test_http_text(port, "GET", "/v1/models", NULL, out, sizeof out) == 200 &&
+          strstr(out, "{\"id\":\"demo-chat\",\"object\":\"model\",\"created\":0,\"owned_by\":\"djinnd\",\"loaded\":") &&
+          strstr(out, "\"max_model_len\":512,\"chat_template\":true,\"tokenizer\":true}"));
+    CHECK_MSG(dj_test_http_text(port, "GET", "/v1/models/demo", NULL, out, sizeof out) == 200 &&
+                  !strncmp(out, "{\"id\":\"demo\",", 13) && strstr(out, "\"chat_template\":false"), "%s", out);
+    CHECK(dj_test_http_text(port, "GET", "/v1/models/nope", NULL, out, sizeof out) == 404 && strstr(out, "'nope'"));
+    CHECK(dj_test_http_text(port, "POST", "/health", NULL, out, sizeof out) == 405);
+    /* tokenize: the tokenizer's ids (BOS added unless asked not to) */
+    dj_tokenizer_t *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));
+    if (tok) CHECK_OK(dj_tokenizer_encode(tok, "Once upon a time", 16, true, &ids, &n));
+    char want[512] = "{\"tokens\":[";
+    for (size_t i = 0; i < n; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", ids[i]);
+    snprintf(want + strlen(want), sizeof want - strlen(want), "],\"count\":%zu,\"max_model_len\":512}", n);
+    CHECK_MSG(dj_test_http_text(port, "POST", "/tokenize", "{\"model\": \"demo\", \"prompt\": \"Once upon a time\"}", out,
+                                sizeof out) == 200 && !strcmp(out, want), "%s vs %s", out, want);
+    free(ids);
+    dj_tokenizer_free(tok);
+    CHECK(dj_test_http_text(port, "POST", "/tokenize", "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", "
+                            "\"add_special_tokens\": false}", out, sizeof out) == 200 &&
+          strstr(out, "\"count\":") && !strstr(out, "[0,"));
+    /* a chat: as many tokens as the completion's prompt_tokens */
+    const char *chat = "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello there\"}]";
+    char body[512];
+    snprintf(body, sizeof body, "%s}", chat);
+    CHECK(dj_test_http_text(port, "POST", "/tokenize", body, out, sizeof out) == 200);
+    cJSON *j = cJSON_Parse(out);
+    const int count = cJSON_GetObjectItemCaseSensitive(j, "count") ? cJSON_GetObjectItemCaseSensitive(j, "count")->valueint : -1;
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, "%s, \"max_tokens\": 1}", chat);
+    CHECK(dj_test_http_text(port, "POST", "/v1/chat/completions", body, out, sizeof out) == 200);
+    char pt[64];
+    snprintf(pt, sizeof pt, "\"prompt_tokens\":%d,", count);
+    CHECK_MSG(count > 0 && strstr(out, pt), "tokenize count %d; completion %s", count, out);
+    /* detokenize */
+    CHECK_MSG(dj_test_http_text(port, "POST", "/detokenize", "{\"model\": \"demo\", \"tokens\": [41, 444, 338, 987]}", out,
+                                sizeof out) == 200 && !strcmp(out, "{\"prompt\":\"Hello there\"}"), "%s", out);
+    static const struct {
+        const char *path, *body, *needle;
+        int status;
+    } bad[] = {
+        {"/tokenize", "{\"model\": \"demo\"}", "one of 'prompt'", 400},
+        {"/tokenize", "{\"model\": \"demo\", \"prompt\": \"x\", \"extra\": 1}", "'extra'", 400},
+        {"/tokenize", "{\"model\": \"nope\", \"prompt\": \"x\"}", "'nope'", 404},
+        {"/tokenize", "[", "not valid JSON", 400},
+        {"/detokenize", "{\"model\": \"demo\", \"tokens\": [5000]}", "tokens[0]", 400},
+        {"/detokenize", "{\"model\": \"demo\", \"tokens\": \"x\"}", "'tokens'", 400},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        const int st = dj_test_http_text(port, "POST", bad[k].path, bad[k].body, out, sizeof out);
+        CHECK_MSG(st == bad[k].status && strstr(out, bad[k].needle), "%s %s: %d %s", bad[k].path, bad[k].body, st, out);
+    }
+}
+
 int main(void) {
     dj_test_daemon_guard();
     if (!mkdtemp(tmpdir) || !make_store()) {
@@ -409,6 +469,7 @@ int main(void) {
         test_fields(port);
         test_content_parts(port);
         test_response_format(port);
+        test_endpoints(port);
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
     char cmd[700];

@@ -143,4 +143,26 @@ void dj__oai_free(dj__oai *o);
 /* OpenAI's error JSON for an HTTP status, malloc'd. */
 char *dj__oai_error(int status, const char *message, size_t *len /* OUT */);
 
+/* ---- the endpoints beside the generation (http_routes.c) ----
+ * Each returns the HTTP status: 200 with *out (malloc'd JSON, *len bytes),
+ * or another with err (a message for the client; *out is then set only for
+ * /health's 503 body). A model comes from get(ctx, name): the front end's
+ * entry (NULL: not in the store). */
+typedef const dj__http_model *(*dj__http_model_fn)(void *ctx, const char *name);
+/* GET /health: 200 {"status": "ok"} when the daemon answers a HELLO and a
+ * heartbeat (with token), else 503 {"status": "unavailable", "reason"}. */
+int dj__http_health(const char *daemon, const char *token, char **out, size_t *len, char *err, size_t cap);
+/* GET /v1/models (id NULL) and /v1/models/{id} from MODEL_LIST's entries:
+ * id, object, created (0), owned_by, loaded, and where the front end can
+ * read the folder max_model_len, chat_template, tokenizer. */
+int dj__http_models(const dj_client_model *ms, size_t n, const char *id, dj__http_model_fn get, void *ctx, char **out,
+                    size_t *len, char *err, size_t cap);
+/* POST /tokenize {model, prompt[, add_special_tokens]} or {model, messages}
+ * (rendered as /v1/chat/completions renders them) -> {tokens, count,
+ * max_model_len}; POST /detokenize {model, tokens} -> {prompt}. */
+int dj__http_tokenize(const char *body, size_t n, dj__http_model_fn get, void *ctx, char **out, size_t *len, char *err,
+                      size_t cap);
+int dj__http_detokenize(const char *body, size_t n, dj__http_model_fn get, void *ctx, char **out, size_t *len,
+                        char *err, size_t cap);
+
 #endif
