@@ -15,7 +15,9 @@ typedef struct tnode {
     uint32_t sibling; /* next child of the same parent (0: none) */
     uint32_t ids_off, n_ids; /* ids ending here: ids[ids_off, +n_ids) */
     uint32_t below;   /* bytes of the longest path under this node */
+    uint32_t sub_lo, sub_hi; /* the ids of this node and all below it: ids[sub_lo, sub_hi) (sorted texts: one run) */
     uint8_t byte;
+    bool plain;       /* this byte and every byte below are plain string characters (' '..'~' but '"', '\\') */
 } tnode;
 
 struct dj_grammar_vocab {
@@ -55,12 +57,23 @@ void dj_grammar_vocab_free(dj_grammar_vocab_t *v) {
 
 uint32_t dj_grammar_vocab_size(const dj_grammar_vocab_t *v) { return v->n_vocab; }
 
+static bool plain_byte(uint8_t b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
+
+/* below, plain and the id runs of node k's subtree. */
 static uint32_t fill_below(tnode *t, uint32_t k, int depth) {
     uint32_t m = 0;
+    bool plain = k == 0 || plain_byte(t[k].byte);
+    uint32_t lo = t[k].n_ids ? t[k].ids_off : UINT32_MAX, hi = t[k].n_ids ? t[k].ids_off + t[k].n_ids : 0;
     for (uint32_t c = t[k].child; c; c = t[c].sibling) {
         const uint32_t b = depth < MAX_TOKEN_BYTES + 2 ? 1 + fill_below(t, c, depth + 1) : 1;
         if (b > m) m = b;
+        plain = plain && t[c].plain;
+        if (t[c].sub_lo < lo) lo = t[c].sub_lo;
+        if (t[c].sub_hi > hi) hi = t[c].sub_hi;
     }
+    t[k].plain = plain;
+    t[k].sub_lo = lo == UINT32_MAX ? 0 : lo;
+    t[k].sub_hi = lo == UINT32_MAX ? 0 : hi;
     return t[k].below = m;
 }
 
@@ -216,9 +229,27 @@ typedef struct walk {
     uint32_t count;
 } walk;
 
+/* Inside a string, between characters: a plain character leaves the state as it is. */
+static bool in_plain_string(const dj_grammar_state_t *s) {
+    if (s->n != 1 || !s->s[0].depth) return false;
+    const dj__g_frame *f = &s->s[0].f[s->s[0].depth - 1];
+    return f->type == DJ__F_STR && f->phase == 0 /* S_BODY */ && f->a == 0;
+}
+
 static void walk_down(walk *w, uint32_t node, uint32_t depth) {
     const dj_grammar_vocab_t *v = w->c->v;
+    const dj_grammar_state_t *here = &w->c->levels[depth];
+    /* a run of plain characters in a string: every id below keeps the state (and its cost) */
+    const bool plain_here = in_plain_string(here);
+    const bool fits = plain_here && dj_grammar_cost(here) <= w->budget;
     for (uint32_t ch = v->t[node].child; ch; ch = v->t[ch].sibling) {
+        if (plain_here && v->t[ch].plain) {
+            for (uint32_t k = v->t[ch].sub_lo; fits && k < v->t[ch].sub_hi; k++) {
+                w->allowed[v->ids[k]] = 1;
+                w->count++;
+            }
+            continue;
+        }
         dj_grammar_state_t *st = &w->c->levels[depth + 1];
         dj__grammar_state_copy(st, &w->c->levels[depth]);
         if (!dj__grammar_feed_byte(st, v->t[ch].byte, w->c->tmp)) continue;
