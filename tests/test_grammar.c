@@ -14,6 +14,14 @@
 #include "djinn/tokenizer.h"
 #include "testutil.h"
 
+#if defined(__SANITIZE_ADDRESS__) /* the same checks, fewer of them: ASan runs each walk ~20x slower */
+#define WALKS 80
+#define GEN_ROUNDS 2
+#else
+#define WALKS 300
+#define GEN_ROUNDS 6
+#endif
+
 /* ---- refusals name the keyword ---- */
 
 static void test_refusals(void) {
@@ -275,7 +283,7 @@ static cJSON *random_root(void) {
     const int n_defs = (int)rnd(3);
     cJSON *defs = cJSON_CreateObject();
     for (int i = 0; i < n_defs; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "d%d", i);
         cJSON_AddItemToObject(defs, name, random_schema(2, 0));
     }
@@ -301,7 +309,7 @@ static void test_walks(void) {
     uint8_t *allowed = malloc(4096);
     const int32_t eos = 1;
     int whole = 0, walks = 0, with_eos = 0;
-    for (int w = 0; w < 300; w++) {
+    for (int w = 0; w < WALKS; w++) {
         cJSON *root = random_root();
         char *text = cJSON_PrintUnformatted(root);
         dj_grammar_t *g = NULL;
@@ -377,7 +385,7 @@ static void test_generation(void) {
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     CHECK_OK(dj_tokenizer_encode(demo_tok, "Once upon a time", 16, true, &prompt, &n_prompt));
-    for (int round = 0; round < 6; round++) {
+    for (int round = 0; round < GEN_ROUNDS; round++) {
         cJSON *root = random_root();
         char *schema = cJSON_PrintUnformatted(root);
         dj_grammar_t *g = NULL;

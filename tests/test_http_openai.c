@@ -2,7 +2,8 @@
  * fresh seeds reported and repeatable, vLLM's sampling fields passed through
  * (equal to libdjinn with the same params), every documented field of the chat
  * and completions requests honoured or refused with a 400 naming it, unknown
- * fields refused, and content given as a list of text parts. */
+ * fields refused, content as a list of text parts, response_format (json_schema,
+ * streamed, json_object), and /health, /v1/models/{id}, /tokenize, /detokenize. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
