@@ -433,6 +433,28 @@ static void test_generation(void) {
     dj_engine_free(e);
 }
 
+/* dj_constraint_from_schema: one trie per tokenizer's texts, whichever object holds them */
+static void test_vocab_cache(void) {
+    dj_tokenizer_t *again = NULL;
+    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &again));
+    const char *schema = "{\"type\": \"object\"}";
+    const int32_t eos = 1;
+    dj_constraint_t *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(dj_constraint_from_schema(schema, strlen(schema), demo_tok, 4096, &eos, 1, &a));
+    CHECK_OK(dj_constraint_from_schema(schema, strlen(schema), again, 4096, &eos, 1, &b));
+    CHECK_OK(dj_constraint_from_schema(schema, strlen(schema), again, 4000, &eos, 1, &c)); /* another length: another */
+    CHECK(a && b && c && dj_constraint_vocab(a) == dj_constraint_vocab(b) && dj_constraint_vocab(c) != dj_constraint_vocab(a));
+    uint8_t *ma = malloc(4096), *mb = malloc(4096);
+    if (a && b) CHECK(dj_constraint_mask(a, 50, ma) == dj_constraint_mask(b, 50, mb) && !memcmp(ma, mb, 4096));
+    free(ma);
+    free(mb);
+    dj_constraint_free(a);
+    dj_constraint_free(b);
+    dj_constraint_free(c);
+    dj_tokenizer_free(again);
+    CHECK_ST(dj_constraint_from_schema(schema, strlen(schema), NULL, 4096, &eos, 1, &a), DJ_EINVAL);
+}
+
 int main(void) {
     dj_test_seeds();
     CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &demo_tok));
@@ -441,6 +463,7 @@ int main(void) {
     test_texts();
     if (demo_vocab) {
         test_walks();
+        test_vocab_cache();
         test_generation();
     }
     dj_grammar_vocab_free(demo_vocab);

@@ -86,7 +86,8 @@ void dj_constraint_free(dj_constraint_t *c); /* NULL does nothing */
  * continue the text). */
 uint32_t dj_constraint_mask(dj_constraint_t *c, uint32_t tokens_left, uint8_t *allowed /* OUT */);
 /* The whole road from a request: schema[len] compiled, the vocabulary of
- * tok over n_vocab ids built (owned by the constraint), the EOS ids copied.
+ * tok over n_vocab ids (from a process-wide cache of four, keyed by a hash
+ * of the token texts: built once per tokenizer; thread-safe), the EOS ids copied.
  * DJ_EINVAL naming what is wrong (the keyword, a missing tokenizer). */
 dj_status dj_constraint_from_schema(const char *schema, size_t len, const dj_tokenizer_t *tok, uint32_t n_vocab,
                                     const int32_t *eos, size_t n_eos, dj_constraint_t **out /* OUT */);
@@ -97,5 +98,6 @@ bool dj_constraint_accept(dj_constraint_t *c, int32_t id);
 bool dj_constraint_finished(const dj_constraint_t *c);
 const dj_grammar_state_t *dj_constraint_state(const dj_constraint_t *c);
 uint32_t dj_constraint_vocab_size(const dj_constraint_t *c); /* the mask's length */
+const dj_grammar_vocab_t *dj_constraint_vocab(const dj_constraint_t *c);
 
 #endif

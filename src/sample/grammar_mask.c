@@ -2,8 +2,11 @@
  * constraint - the grammar state walked down the trie for each step's mask of allowed ids. */
 #include "sample/grammar_impl.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "djinn/alloc.h"
 #include "model/tok_impl.h"
@@ -154,10 +157,13 @@ fail:
 
 /* ---- the constraint ---- */
 
+static void vocab_release(dj_grammar_vocab_t *v, bool alone);
+
 struct dj_constraint {
     dj_grammar_t *g;                 /* owned */
     const dj_grammar_vocab_t *v;     /* borrowed, or own_v */
-    dj_grammar_vocab_t *own_v;
+    dj_grammar_vocab_t *own_v;       /* from the cache (released), or own_free: built for this one (freed) */
+    bool own_free;
     int32_t *eos;                    /* [n_eos] */
     size_t n_eos;
     dj_grammar_state_t *levels;      /* [max_len + 1]: the state down the trie; levels[0] the text's */
@@ -167,7 +173,7 @@ struct dj_constraint {
 void dj_constraint_free(dj_constraint_t *c) {
     if (!c) return;
     dj_grammar_free(c->g);
-    dj_grammar_vocab_free(c->own_v);
+    vocab_release(c->own_v, c->own_free);
     free(c->eos);
     free(c->levels);
     free(c->tmp);
@@ -202,23 +208,98 @@ dj_status dj_constraint_new(dj_grammar_t *g, const dj_grammar_vocab_t *v, const 
     return DJ_OK;
 }
 
+/* ---- the vocabularies of the tokenizers in use, built once ----
+ * Keyed by a hash of the token texts themselves (not the tokenizer's
+ * address, which a reloaded model may reuse for another): a hit is the same
+ * trie. Entries in use are never evicted; a full cache of busy entries
+ * builds one for the caller alone. */
+#define VCACHE 4
+static struct vcache {
+    uint64_t key;
+    uint32_t n_vocab, refs;
+    uint64_t used;
+    dj_grammar_vocab_t *v;
+} vcache[VCACHE];
+static uint64_t vcache_clock;
+static pthread_mutex_t vcache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t vocab_key(const dj_tokenizer_t *tok) {
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) return 0;
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, &tok->n_ids, sizeof tok->n_ids);
+    XXH3_64bits_update(h, tok->arena, tok->arena_len);
+    XXH3_64bits_update(h, tok->id_off, (size_t)tok->n_ids * sizeof *tok->id_off);
+    XXH3_64bits_update(h, tok->id_len, (size_t)tok->n_ids * sizeof *tok->id_len);
+    XXH3_64bits_update(h, tok->id_added, tok->n_ids);
+    for (uint32_t a = 0; a < tok->n_added; a++) XXH3_64bits_update(h, &tok->added[a].special, sizeof(bool));
+    const uint64_t k = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return k;
+}
+
+/* The vocabulary of tok over n_vocab ids; *alone: not cached (the caller frees it). */
+static dj_status vocab_acquire(const dj_tokenizer_t *tok, uint32_t n_vocab, dj_grammar_vocab_t **out, bool *alone) {
+    const uint64_t key = vocab_key(tok);
+    *alone = false;
+    pthread_mutex_lock(&vcache_mu);
+    for (int i = 0; i < VCACHE; i++)
+        if (vcache[i].v && vcache[i].key == key && vcache[i].n_vocab == n_vocab) {
+            vcache[i].refs++;
+            vcache[i].used = ++vcache_clock;
+            *out = vcache[i].v;
+            pthread_mutex_unlock(&vcache_mu);
+            return DJ_OK;
+        }
+    /* built under the lock: one build per tokenizer, however many requests wait */
+    dj_status st = dj_grammar_vocab_new(tok, n_vocab, out);
+    if (st == DJ_OK) {
+        int slot = -1;
+        for (int i = 0; i < VCACHE; i++)
+            if (!vcache[i].refs && (slot < 0 || !vcache[i].v || (vcache[slot].v && vcache[i].used < vcache[slot].used)))
+                slot = i;
+        if (slot < 0) {
+            *alone = true;
+        } else {
+            dj_grammar_vocab_free(vcache[slot].v);
+            vcache[slot] = (struct vcache){.key = key, .n_vocab = n_vocab, .refs = 1, .used = ++vcache_clock, .v = *out};
+        }
+    }
+    pthread_mutex_unlock(&vcache_mu);
+    return st;
+}
+
+static void vocab_release(dj_grammar_vocab_t *v, bool alone) {
+    if (!v) return;
+    if (alone) {
+        dj_grammar_vocab_free(v);
+        return;
+    }
+    pthread_mutex_lock(&vcache_mu);
+    for (int i = 0; i < VCACHE; i++)
+        if (vcache[i].v == v && vcache[i].refs) vcache[i].refs--;
+    pthread_mutex_unlock(&vcache_mu);
+}
+
 dj_status dj_constraint_from_schema(const char *schema, size_t len, const dj_tokenizer_t *tok, uint32_t n_vocab,
                                     const int32_t *eos, size_t n_eos, dj_constraint_t **out) {
     *out = NULL;
     if (!tok) return dj_fail(DJ_EINVAL, "structured output needs the model's tokenizer.json: this model has none");
     dj_grammar_t *g = NULL;
     dj_grammar_vocab_t *v = NULL;
+    bool alone = false;
     dj_status st = dj_grammar_from_json_schema(schema, len, &g);
-    if (st == DJ_OK) st = dj_grammar_vocab_new(tok, n_vocab, &v);
+    if (st == DJ_OK) st = vocab_acquire(tok, n_vocab, &v, &alone);
     if (st != DJ_OK) {
         dj_grammar_free(g);
         return st;
     }
     if ((st = dj_constraint_new(g, v, eos, n_eos, out)) != DJ_OK) {
-        dj_grammar_vocab_free(v);
+        vocab_release(v, alone);
         return st;
     }
     (*out)->own_v = v;
+    (*out)->own_free = alone;
     return DJ_OK;
 }
 
@@ -298,3 +379,5 @@ bool dj_constraint_finished(const dj_constraint_t *c) { return dj_grammar_finish
 const dj_grammar_state_t *dj_constraint_state(const dj_constraint_t *c) { return &c->levels[0]; }
 
 uint32_t dj_constraint_vocab_size(const dj_constraint_t *c) { return c->v->n_vocab; }
+
+const dj_grammar_vocab_t *dj_constraint_vocab(const dj_constraint_t *c) { return c->v; }
