@@ -942,6 +942,10 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &stop, &n_stop);
     if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &logprobs);
     if (st == DJ_OK) st = dj__meta_u32(m, "top_logprobs", false, &top_logprobs);
+    const char *schema = NULL; /* structured output (grammar.h) */
+    size_t n_schema = 0;
+    dj_constraint_t *con = NULL;
+    if (st == DJ_OK) st = dj__meta_str(m, "json_schema", false, &schema, &n_schema);
     if (st != DJ_OK) goto done;
     if (top_logprobs > DJ_MAX_TOP_LOGPROBS || (top_logprobs && !logprobs)) {
         st = dj_fail(DJ_EINVAL, "top_logprobs %u: it needs logprobs true and must be in [0, %d]", top_logprobs,
@@ -969,6 +973,10 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                      n_feed, ctx - pos0, ctx);
         goto done;
     }
+    const uint32_t vocab = dj_model_get_config(dj_session_model(ss->es))->vocab_size;
+    if (schema && (st = dj_constraint_from_schema(schema, n_schema, tok, vocab, ss->ment->eos,
+                                                  ignore_eos ? 0 : ss->ment->n_eos, &con)) != DJ_OK)
+        goto done;
     const dj_gen_params gp = {.sampling = sampling,
                               .max_tokens = g->max_tokens,
                               .stop_ids = stop,
@@ -979,7 +987,8 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .prefill_chunk = s->cfg.prefill_chunk,
                               .tok = tok,
                               .logprobs = logprobs,
-                              .top_logprobs = top_logprobs};
+                              .top_logprobs = top_logprobs,
+                              .constraint = con}; /* the generation's from here */
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
