@@ -227,17 +227,21 @@ def main():
         port = int(open(ports).read().split()[1])
         total_ok = total_bad = total_refused = 0
         t0 = time.time()
-        for seed in ([int(os.environ["STRUCTURED_SEED"])] if "STRUCTURED_SEED" in os.environ else FIXED_SEEDS):
+        # STRUCTURED_SEEDS: a shorter fixed list (the sanitizer build runs one seed: 50 requests, not 200)
+        fixed = [int(x) for x in os.environ["STRUCTURED_SEEDS"].split(",")] if "STRUCTURED_SEEDS" in os.environ \
+            else FIXED_SEEDS
+        for seed in ([int(os.environ["STRUCTURED_SEED"])] if "STRUCTURED_SEED" in os.environ else fixed):
             ok, bad, refused = run_seed(port, seed)
             total_ok, total_bad, total_refused = total_ok + ok, total_bad + bad, total_refused + refused
         print(f"structured_output: {total_ok} valid, {total_bad} invalid, {total_refused} schemas refused "
               f"(admit no value) of {total_ok + total_bad + total_refused}, {time.time() - t0:.1f} s")
-        if "STRUCTURED_SEED" not in os.environ:
+        if "STRUCTURED_SEED" not in os.environ and "STRUCTURED_SEEDS" not in os.environ:
             fresh = random.SystemRandom().randrange(1 << 30)
             ok, bad, refused = run_seed(port, fresh)
             print(f"structured_output: fresh seed {fresh} (not counted; STRUCTURED_SEED={fresh} replays it): "
                   f"{ok} valid, {bad} invalid, {refused} refused")
-        return 1 if total_bad or total_ok < 190 else 0
+        asked = total_ok + total_bad + total_refused
+        return 1 if total_bad or total_ok < 0.95 * asked else 0
     finally:
         d.terminate()
         d.wait(timeout=20)
