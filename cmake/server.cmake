@@ -4,7 +4,7 @@
 # http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
             src/server/guard.c src/server/options.c src/server/model_info.c src/server/http.c
-            src/server/http_openai.c src/server/http_view.c)
+            src/server/http_openai.c src/server/http_view.c src/server/http_routes.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/request.c src/server/encode.c) # typed requests (request.h) and events (event.h)
@@ -86,7 +86,7 @@ function(dj__server_link_late)
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
        ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c
        ${CMAKE_SOURCE_DIR}/tests/test_http_limits.c ${CMAKE_SOURCE_DIR}/tests/test_fault.c
-       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c ${CMAKE_SOURCE_DIR}/tests/test_http_openai.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

@@ -1,6 +1,7 @@
 // openai_client.mjs: the official `openai` npm package (a client nobody here
 // wrote) against djinnd --http on the demo model: models, completions and chat,
-// streamed and not, logprobs, and its typed errors (400, 401, 404).
+// streamed and not, logprobs, fresh and given seeds, vLLM's top_k, text parts,
+// and its typed errors (400 naming refused and unknown fields, 401, 404).
 // usage: node openai_client.mjs OPENAI_PACKAGE_DIR BASE_URL TOKEN
 import { pathToFileURL } from 'node:url';
 
@@ -58,6 +59,50 @@ for await (const ch of stream) {
 check(chatStreamed === content, `chat stream '${chatStreamed}' vs '${content}'`);
 check(usage && usage.completion_tokens === r.usage.completion_tokens && finish !== null, `chat stream usage ${JSON.stringify(usage)}`);
 
+// sampling: no seed draws a fresh one, reported as "seed", which repeats the answer
+const sampled = [];
+for (let i = 0; i < 6; i++)
+    sampled.push(await client.completions.create({ model: 'demo', prompt, max_tokens: 12, temperature: 1 }));
+check(sampled.every(s => Number.isSafeInteger(s.seed)) && new Set(sampled.map(s => s.seed)).size === 6,
+      `fresh seeds: ${sampled.map(s => s.seed)}`);
+check(new Set(sampled.map(s => s.choices[0].text)).size >= 4, `unseeded texts: ${JSON.stringify(sampled.map(s => s.choices[0].text))}`);
+const again = await client.completions.create({ model: 'demo', prompt, max_tokens: 12, temperature: 1, seed: sampled[0].seed });
+check(again.choices[0].text === sampled[0].choices[0].text, `seed ${sampled[0].seed} again: '${again.choices[0].text}'`);
+// vLLM's fields: top_k 1 at temperature 1.5 is the greedy answer
+const topk = await client.completions.create({ model: 'demo', prompt, max_tokens: 8, temperature: 1.5, top_k: 1 });
+check(topk.choices[0].text === text, `top_k 1: '${topk.choices[0].text}' vs greedy '${text}'`);
+// content as text parts, joined by "\n"
+const parts = await client.chat.completions.create({ model: 'demo-chat', max_completion_tokens: 10, temperature: 0,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Hello' }, { type: 'text', text: 'there' }] }] });
+const joined = await client.chat.completions.create({ model: 'demo-chat', max_completion_tokens: 10, temperature: 0,
+    messages: [{ role: 'user', content: 'Hello\nthere' }] });
+check(parts.choices[0].message.content === joined.choices[0].message.content, `parts vs joined`);
+
+// structured output, parsed by the client's own parser (chat.completions.parse)
+const person = { type: 'object', properties: { name: { type: 'string' }, age: { type: 'integer' },
+                 tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 3 } },
+                 required: ['name', 'age', 'tags'], additionalProperties: false };
+for (let i = 0; i < 5; i++) {
+    const p = await client.chat.completions.parse({ model: 'demo-chat', messages, max_completion_tokens: 120,
+        temperature: 1, seed: 20 + i, response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: person } } });
+    const v = p.choices[0].message.parsed;
+    check(v && typeof v.name === 'string' && Number.isInteger(v.age) && Array.isArray(v.tags) && v.tags.length <= 3 &&
+          v.tags.every(t => t === 'a' || t === 'b') && Object.keys(v).length === 3, `parsed: ${JSON.stringify(v)}`);
+}
+const jo = await client.chat.completions.create({ model: 'demo-chat', messages, max_completion_tokens: 80, temperature: 0,
+                                                  response_format: { type: 'json_object' } });
+let joValue = null;
+try { joValue = JSON.parse(jo.choices[0].message.content); } catch { /* checked below */ }
+check(joValue !== null && typeof joValue === 'object' && !Array.isArray(joValue), `json_object: '${jo.choices[0].message.content}'`);
+await expectError(OpenAI.BadRequestError, 400, "'format'", 'a schema keyword outside the subset',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, response_format: { type: 'json_schema',
+                      json_schema: { name: 'd', schema: { type: 'string', format: 'date' } } } }));
+
+// a model by id, with what djinnd knows of it
+const dm = await client.models.retrieve('demo-chat');
+check(dm.id === 'demo-chat' && dm.owned_by === 'djinnd' && dm.max_model_len === 512, `models.retrieve: ${JSON.stringify(dm)}`);
+await expectError(OpenAI.NotFoundError, 404, "'nope'", 'models.retrieve of an unknown model', () => client.models.retrieve('nope'));
+
 // errors, as the SDK's typed exceptions
 await expectError(OpenAI.BadRequestError, 400, '[0, 2]', 'temperature 5',
                   () => client.completions.create({ model: 'demo', prompt, temperature: 5 }));
@@ -65,6 +110,15 @@ await expectError(OpenAI.BadRequestError, 400, 'top_logprobs', 'top_logprobs 21'
                   () => client.chat.completions.create({ model: 'demo-chat', messages, logprobs: true, top_logprobs: 21 }));
 await expectError(OpenAI.NotFoundError, 404, 'model store', 'unknown model',
                   () => client.chat.completions.create({ model: 'no-such-model', messages }));
+await expectError(OpenAI.BadRequestError, 400, "'logit_bias'", 'logit_bias',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, logit_bias: { '5': 10 } }));
+await expectError(OpenAI.BadRequestError, 400, "'n'", 'n 2',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, n: 2 }));
+await expectError(OpenAI.BadRequestError, 400, "'frobnicate'", 'an unknown field',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, frobnicate: true }));
+await expectError(OpenAI.BadRequestError, 400, "'image_url'", 'an image part',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages: [{ role: 'user',
+                      content: [{ type: 'image_url', image_url: { url: 'https://example.com/a.png' } }] }] }));
 const stranger = new OpenAI({ baseURL, apiKey: 'wrong-token', maxRetries: 0 });
 await expectError(OpenAI.AuthenticationError, 401, 'Bearer', 'wrong token',
                   () => stranger.completions.create({ model: 'demo', prompt }));

@@ -78,6 +78,8 @@ typedef struct dj_generate_params {
     const char *cache_salt;  /* NULL, or 1-256 bytes: the session shares prefix-cache blocks only with sessions
                               * of the same token (or of `shared` tokens) and the same cache_salt; set by the
                               * session's first GENERATE, later ones repeat it (docs/prefix-cache.md) */
+    const char *json_schema; /* NULL, or structured output: the generated text is a JSON value of this JSON schema
+                              * (the subset of grammar.h; "{\"type\": \"object\"}": any object) */
 } dj_generate_params;
 
 typedef struct dj_generate_result {

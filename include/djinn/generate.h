@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "djinn/engine.h"
+#include "djinn/grammar.h"
 #include "djinn/sampler.h"
 #include "djinn/status.h"
 #include "djinn/tokenizer.h"
@@ -37,6 +38,11 @@ typedef struct dj_gen_params {
     const dj_tokenizer_t *tok;  /* optional: each token's text as complete UTF-8; borrowed for the gen's life */
     bool logprobs;              /* each emitted token's dj_token_logprobs (raw logits' log_softmax) */
     uint32_t top_logprobs;      /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
+    dj_constraint_t *constraint; /* NULL, or structured output (grammar.h): each pick masked to the ids that keep
+                                  * the text inside its grammar and completable in the tokens left (max_tokens,
+                                  * the context), then only EOS once it is whole. Owned by the generation from
+                                  * dj_gen_new on (freed with it, or by dj_gen_new when that fails). A step with
+                                  * no id allowed picks unmasked and ends as DJ_GEN_STOP (that id not emitted). */
 } dj_gen_params;
 
 typedef struct dj_gen dj_gen_t;

@@ -664,7 +664,7 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
                         const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next) {
     const uint32_t V = ss[0]->model->cfg.vocab_size;
     dj_status st = DJ_OK;
-    bool all_greedy = !samplers && is_greedy(sp);
+    bool all_greedy = !samplers && is_greedy(sp), masked = false;
     bool carried = !sp || dj_sample_row_carries(sp); /* every row's rule fits a dj_sample_row */
     if (samplers) { /* a NULL sampler: that row picks nothing (next -1) */
         all_greedy = true;
@@ -672,10 +672,11 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
         for (uint32_t r = 0; r < B; r++) {
             all_greedy = all_greedy && (!samplers[r] || dj_sampler_is_greedy(samplers[r]));
             carried = carried && (!samplers[r] || dj_sample_row_carries(dj_sampler_params_of(samplers[r])));
+            masked = masked || (samplers[r] && dj_sampler_masked(samplers[r])); /* no device mask yet: host picks */
         }
     }
     const bool device_greedy = next && all_greedy && e->be->vt->argmax;
-    const bool device_sample = next && !all_greedy && carried && e->be->vt->sample && e->device_sampling;
+    const bool device_sample = next && !all_greedy && carried && !masked && e->be->vt->sample && e->device_sampling;
     const bool device_pick = device_greedy || device_sample;
     if (device_greedy) {
         st = e->be->vt->argmax(e->be, out_dev, B, V, e->args_next);

@@ -31,6 +31,9 @@ struct dj_gen {
     uint32_t n_gen, cap_ids;
     dj_gen_finish finish;
     char text[TEXT_CAP];
+    dj_constraint_t *con;       /* owned; NULL: no structured output */
+    uint8_t *allowed;           /* [vocab] the constraint's mask for this step's pick */
+    bool stuck;                 /* the mask allowed nothing: this pick ends the generation */
 };
 
 const char *dj_gen_finish_name(dj_gen_finish f) {
@@ -45,19 +48,42 @@ const char *dj_gen_finish_name(dj_gen_finish f) {
 dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, size_t n_prompt, const dj_gen_params *p,
                      dj_gen_t **out) {
     *out = NULL;
-    if (!e || !s || !p || (!prompt && n_prompt))
+    dj_constraint_t *con = p ? p->constraint : NULL; /* ours from here, whatever happens */
+    if (!e || !s || !p || (!prompt && n_prompt)) {
+        dj_constraint_free(con);
         return dj_fail(DJ_EINVAL, "dj_gen_new: NULL engine, session, params or prompt");
-    if (n_prompt == 0) return dj_fail(DJ_EINVAL, "a generation needs at least one prompt token");
+    }
+    if (n_prompt == 0) {
+        dj_constraint_free(con);
+        return dj_fail(DJ_EINVAL, "a generation needs at least one prompt token");
+    }
     const size_t n_stop = p->n_stop + (p->ignore_eos ? 0 : p->n_eos);
-    if (n_stop > DJ_GEN_MAX_STOP)
-        return dj_fail(DJ_EINVAL, "%zu stop ids (with the model's EOS ids); at most %d", n_stop, DJ_GEN_MAX_STOP);
-    if ((p->n_stop && !p->stop_ids) || (p->n_eos && !p->eos_ids))
-        return dj_fail(DJ_EINVAL, "dj_gen_new: NULL stop or EOS ids");
     const dj_model_config *c = dj_model_get_config(dj_session_model(s));
     dj_gen_t *g = dj_calloc(1, sizeof *g);
-    if (!g) return dj_fail(DJ_ENOMEM, "out of memory");
-    dj_status st = dj_sampler_new(&p->sampling, c->vocab_size, &g->smp);
-    if (st != DJ_OK) goto fail;
+    if (!g) {
+        dj_constraint_free(con);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    g->con = con;
+    dj_status st = DJ_OK;
+    if (n_stop > DJ_GEN_MAX_STOP) {
+        st = dj_fail(DJ_EINVAL, "%zu stop ids (with the model's EOS ids); at most %d", n_stop, DJ_GEN_MAX_STOP);
+        goto fail;
+    }
+    if ((p->n_stop && !p->stop_ids) || (p->n_eos && !p->eos_ids)) {
+        st = dj_fail(DJ_EINVAL, "dj_gen_new: NULL stop or EOS ids");
+        goto fail;
+    }
+    if (con && dj_constraint_vocab_size(con) != c->vocab_size) {
+        st = dj_fail(DJ_EINVAL, "a constraint over %u ids for a model of %u", dj_constraint_vocab_size(con),
+                     c->vocab_size);
+        goto fail;
+    }
+    if ((st = dj_sampler_new(&p->sampling, c->vocab_size, &g->smp)) != DJ_OK) goto fail;
+    if (con && !(g->allowed = dj_malloc(c->vocab_size))) {
+        st = dj_fail(DJ_ENOMEM, "out of memory for a mask of %u ids", c->vocab_size);
+        goto fail;
+    }
     if (p->logprobs && (st = dj_sampler_set_logprobs(g->smp, p->top_logprobs)) != DJ_OK) goto fail;
     if (p->tok && (st = dj_detok_stream_new(p->tok, &g->ds)) != DJ_OK) goto fail;
     if (!(g->feed = dj_malloc(n_prompt * sizeof *g->feed))) {
@@ -88,6 +114,8 @@ fail:
 void dj_gen_free(dj_gen_t *g) {
     if (!g) return;
     dj_sampler_free(g->smp);
+    dj_constraint_free(g->con);
+    free(g->allowed);
     dj_detok_stream_free(g->ds);
     free(g->feed);
     free(g->ids);
@@ -121,7 +149,8 @@ static bool is_stop(const dj_gen_t *g, int32_t id) {
 static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     g->pending = id;
     dj_sampler_observe(g->smp, &id, 1, false);
-    if (is_stop(g, id)) {
+    if (g->con && !g->stuck && !is_stop(g, id)) dj_constraint_accept(g->con, id); /* the mask allowed it */
+    if (is_stop(g, id) || g->stuck) {
         g->finish = DJ_GEN_STOP;
         ev->finish = g->finish;
         return;
@@ -149,6 +178,19 @@ static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     if (g->n_gen >= g->max_tokens) g->finish = DJ_GEN_LENGTH;
     else if (dj_session_pos(g->s) + 1 > dj_session_max_ctx(g->s)) g->finish = DJ_GEN_CONTEXT;
     ev->finish = g->finish;
+}
+
+/* The mask of g's pick after a step of `rows` rows: the ids that keep its
+ * text completable in the tokens it may still emit. */
+static dj_status constrain(dj_gen_t *g, uint32_t rows) {
+    const uint32_t pos = dj_session_pos(g->s) + rows, ctx = dj_session_max_ctx(g->s);
+    uint32_t left = g->max_tokens - g->n_gen;
+    if (ctx > pos && ctx - pos < left) left = ctx - pos;
+    if (left > 1) left--; /* the value whole one token early: room for EOS, so it ends as "stop", not "length" */
+    if (left == 0) left = 1;
+    g->stuck = dj_constraint_mask(g->con, left, g->allowed) == 0;
+    if (g->stuck) DJ_LOG(WARN, "structured output: no token may continue the text; the generation ends");
+    return dj_sampler_set_allowed(g->smp, g->stuck ? NULL : g->allowed);
 }
 
 dj_status dj_gen_step(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_event *ev) {
@@ -186,7 +228,10 @@ dj_status dj_gen_step(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_
         }
         rows += n_tok[i];
     }
-    dj_status st = dj_engine_step_batch_samplers(e, ss, n_tok, ids, n, smp, next);
+    dj_status st = DJ_OK;
+    for (uint32_t i = 0; i < n && st == DJ_OK; i++) /* structured output: this pick's mask */
+        if (smp[i] && gens[i]->con) st = constrain(gens[i], n_tok[i]);
+    if (st == DJ_OK) st = dj_engine_step_batch_samplers(e, ss, n_tok, ids, n, smp, next);
     free(ids);
     if (st != DJ_OK) return st;
     for (uint32_t i = 0; i < n; i++) {

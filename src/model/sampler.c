@@ -4,6 +4,7 @@
 #include "djinn/alloc.h"
 #include "djinn/sample_schema.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 struct dj_sampler {
@@ -19,6 +20,8 @@ struct dj_sampler {
     bool lp_on, lp_have; /* logprobs asked for; lp holds a record */
     uint32_t lp_top;
     dj_token_logprobs lp;
+    const uint8_t *allowed; /* [vocab] the mask (borrowed), or NULL */
+    float *masked;          /* [vocab] the logits under it */
 };
 
 static uint64_t splitmix(uint64_t *x) {
@@ -75,6 +78,7 @@ dj_status dj_sampler_new(const dj_sampler_params *p, uint32_t vocab, dj_sampler_
 void dj_sampler_free(dj_sampler_t *s) {
     if (!s) return;
     dj_pick_scratch_free(&s->scr);
+    free(s->masked);
     free(s->slot);
     free(s->count);
     free(s->pen);
@@ -111,7 +115,16 @@ void dj_sampler_observe(dj_sampler_t *s, const int32_t *ids, size_t n, bool prom
     }
 }
 
-bool dj_sampler_is_greedy(const dj_sampler_t *s) { return s->p.temperature == 0.0f && !s->penalised; }
+bool dj_sampler_is_greedy(const dj_sampler_t *s) { return s->p.temperature == 0.0f && !s->penalised && !s->allowed; }
+
+dj_status dj_sampler_set_allowed(dj_sampler_t *s, const uint8_t *allowed) {
+    if (allowed && !s->masked && !(s->masked = dj_malloc((size_t)s->vocab * sizeof *s->masked)))
+        return dj_fail(DJ_ENOMEM, "out of memory for a mask of %u ids", s->vocab);
+    s->allowed = allowed;
+    return DJ_OK;
+}
+
+bool dj_sampler_masked(const dj_sampler_t *s) { return s->allowed != NULL; }
 
 uint32_t dj_sampler_penalties(const dj_sampler_t *s, const dj_sampler_penalty **out) {
     *out = s->pen;
@@ -124,6 +137,10 @@ double dj_sampler_uniform(dj_sampler_t *s) {
 
 int32_t dj_sampler_pick_with(dj_sampler_t *s, const float *logits, double u, const dj_sampler_penalty *pen,
                              uint32_t n_pen) {
+    if (s->allowed) {
+        for (uint32_t i = 0; i < s->vocab; i++) s->masked[i] = s->allowed[i] ? logits[i] : -INFINITY;
+        logits = s->masked;
+    }
     return dj_pick(&s->p, logits, s->vocab, u, pen, n_pen, &s->scr);
 }
 

@@ -494,7 +494,8 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
     const uint64_t session = g->session;
     dj_generate_params gp = {.ids = o->ids + o->cached, .n_ids = o->n_ids - o->cached, .sampling = o->sampling,
                              .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
-                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs, .cache_salt = o->cache_salt};
+                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs, .cache_salt = o->cache_salt,
+                             .json_schema = o->json_schema};
     if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);
@@ -690,31 +691,29 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
     return reply(c, 200, body, len, "application/json");
 }
 
-static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c) {
+/* An answer of http_routes.c: 200 with body, else err (body: /health's 503). */
+static enum MHD_Result serve_route(hreq *q, struct MHD_Connection *c, int status, char *body, size_t len,
+                                   const char *err) {
+    if (status != 200 && !body) return reply_error(q, c, (unsigned)status, "%s", err);
+    q->responded = true;
+    return reply(c, (unsigned)status, body, len, "application/json");
+}
+
+static const dj__http_model *model_of(void *h, const char *name) { return model_get(h, name); }
+
+/* GET /v1/models (id NULL) and /v1/models/{id}. */
+static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c, const char *id) {
     dj_client_t *cl = NULL;
     dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
     dj_client_model *ms = NULL;
-    size_t n = 0;
+    size_t n = 0, len = 0;
     if (st == DJ_OK) st = dj_client_model_list(cl, &ms, &n);
     dj_client_free(cl);
     if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(r, "data");
-    for (size_t i = 0; i < n; i++) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "id", ms[i].name);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", 0);
-        cJSON_AddStringToObject(m, "owned_by", "djinnd");
-        cJSON_AddItemToArray(data, m);
-    }
+    char err[512], *body = NULL;
+    const int rc = dj__http_models(ms, n, id, model_of, q->h, &body, &len, err, sizeof err);
     free(ms);
-    char *body = cJSON_PrintUnformatted(r);
-    cJSON_Delete(r);
-    if (!body) return reply_error(q, c, 503, "out of memory");
-    q->responded = true;
-    return reply(c, 200, body, strlen(body), "application/json");
+    return serve_route(q, c, rc, body, len, err);
 }
 
 static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
@@ -1114,8 +1113,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                            BODIES_IN_FLIGHT);
     if (q->body.oom) return reply_error(q, c, 503, "out of memory");
     const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    char err[512], *body = NULL; /* http_routes.c's answers */
+    size_t len = 0;
     if (!strcmp(url, "/v1/models")) {
-        if (get) return serve_models(q, c);
+        if (get) return serve_models(q, c, NULL);
+    } else if (!strncmp(url, "/v1/models/", 11)) {
+        if (get) return serve_models(q, c, url + 11);
+    } else if (!strcmp(url, "/health")) {
+        const int rc = get ? dj__http_health(h->cfg.daemon, h->cfg.n_auth ? q->token : NULL, &body, &len, err,
+                                             sizeof err) : 0;
+        if (get) return serve_route(q, c, rc, body, len, err);
+    } else if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
+        const int rc = post ? (url[1] == 't' ? dj__http_tokenize : dj__http_detokenize)(
+                                  q->body.p ? q->body.p : "", q->body.n, model_of, h, &body, &len, err, sizeof err)
+                            : 0;
+        if (post) return serve_route(q, c, rc, body, len, err);
     } else if (!strcmp(url, "/v1/djinn/stats")) {
         if (get) return serve_stats(q, c);
     } else if (!strcmp(url, "/v1/djinn/events")) {
@@ -1136,8 +1148,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     } else if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
         if (post) return serve_generate(q, c, url[4] == 'c' && url[5] == 'h');
     } else {
-        return reply_error(q, c, 404, "no such endpoint: %s %.200s (djinnd serves GET /, GET /v1/models, GET "
-                                      "/v1/djinn/stats, GET /v1/djinn/events, POST /v1/completions and POST /v1/chat/completions)", method, url);
+        return reply_error(q, c, 404, "no such endpoint: %s %.200s (djinnd serves GET /, GET /health, GET /v1/models, GET "
+                                      "/v1/models/{id}, GET /v1/djinn/stats, GET /v1/djinn/events, POST /v1/completions, "
+                                      "POST /v1/chat/completions, POST /tokenize and POST /detokenize)", method, url);
     }
     return reply_error(q, c, 405, "%s %.200s: method not allowed", method, url);
 }

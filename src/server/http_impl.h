@@ -90,11 +90,13 @@ typedef struct dj__oai {
     bool qos_given;          /* the body's qos or X-Djinn-QoS named it */
     bool max_given;
     uint32_t max_tokens;
-    dj_sampler_params sampling;
+    dj_sampler_params sampling; /* seed: the request's, else a fresh one below 2^53 (answers say which) */
+    bool seed_given;
     char *stop[DJ__OAI_MAX_STOP]; /* malloc'd */
     size_t stop_len[DJ__OAI_MAX_STOP], n_stop, max_stop_len;
     void *messages, *tools;  /* cJSON * (chat), owned */
     char *cache_salt;        /* the request's cache_salt (malloc'd), or NULL */
+    char *json_schema;       /* response_format's JSON schema as text (malloc'd; json_object: any object), or NULL */
     char *prompt;            /* completions: text (malloc'd), or */
     int32_t *ids;            /* the prompt's token ids (malloc'd, n_ids) */
     size_t n_ids;
@@ -147,5 +149,27 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out);
 void dj__oai_free(dj__oai *o);
 /* OpenAI's error JSON for an HTTP status, malloc'd. */
 char *dj__oai_error(int status, const char *message, size_t *len /* OUT */);
+
+/* ---- the endpoints beside the generation (http_routes.c) ----
+ * Each returns the HTTP status: 200 with *out (malloc'd JSON, *len bytes),
+ * or another with err (a message for the client; *out is then set only for
+ * /health's 503 body). A model comes from get(ctx, name): the front end's
+ * entry (NULL: not in the store). */
+typedef const dj__http_model *(*dj__http_model_fn)(void *ctx, const char *name);
+/* GET /health: 200 {"status": "ok"} when the daemon answers a HELLO and a
+ * heartbeat (with token), else 503 {"status": "unavailable", "reason"}. */
+int dj__http_health(const char *daemon, const char *token, char **out, size_t *len, char *err, size_t cap);
+/* GET /v1/models (id NULL) and /v1/models/{id} from MODEL_LIST's entries:
+ * id, object, created (0), owned_by, loaded, and where the front end can
+ * read the folder max_model_len, chat_template, tokenizer. */
+int dj__http_models(const dj_client_model *ms, size_t n, const char *id, dj__http_model_fn get, void *ctx, char **out,
+                    size_t *len, char *err, size_t cap);
+/* POST /tokenize {model, prompt[, add_special_tokens]} or {model, messages}
+ * (rendered as /v1/chat/completions renders them) -> {tokens, count,
+ * max_model_len}; POST /detokenize {model, tokens} -> {prompt}. */
+int dj__http_tokenize(const char *body, size_t n, dj__http_model_fn get, void *ctx, char **out, size_t *len, char *err,
+                      size_t cap);
+int dj__http_detokenize(const char *body, size_t n, dj__http_model_fn get, void *ctx, char **out, size_t *len,
+                        char *err, size_t cap);
 
 #endif

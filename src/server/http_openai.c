@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "djinn/grammar.h"
 #include "model/jinja_impl.h"
 #include "model/tok_impl.h"
 #include "server/http_impl.h"
@@ -210,6 +211,206 @@ static int check_messages(const cJSON *msgs, char *err, size_t cap) {
             snprintf(err, cap, "messages[%d].content must be a string, an array of parts or null", i);
             return 400;
         }
+        /* what the templates may read of a message; the rest is refused */
+        static const char *const keys[] = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"};
+        for (const cJSON *f = m->child; f; f = f->next) {
+            size_t k = 0;
+            while (k < sizeof keys / sizeof *keys && strcmp(keys[k], f->string)) k++;
+            if (k == sizeof keys / sizeof *keys && !cJSON_IsNull(f)) {
+                snprintf(err, cap, "unknown field 'messages[%d].%.64s': djinnd refuses what it would not honour", i,
+                         f->string);
+                return 400;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Content given as a list of parts becomes one string: the text parts
+ * joined by "\n" (as vLLM does); a part of another type (an image, audio, a
+ * file) is refused naming it. */
+static int join_parts(cJSON *msgs, char *err, size_t cap) {
+    int i = 0;
+    for (cJSON *m = msgs->child; m; m = m->next, i++) {
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsArray(content)) continue;
+        dj__buf b = {0};
+        int k = 0;
+        for (const cJSON *part = content->child; part; part = part->next, k++) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsObject(part) || !cJSON_IsString(type)) {
+                snprintf(err, cap, "messages[%d].content[%d] must be an object with a string 'type'", i, k);
+                dj__buf_free(&b);
+                return 400;
+            }
+            if (strcmp(type->valuestring, "text")) {
+                snprintf(err, cap, "messages[%d].content[%d] is of type '%.32s': djinnd takes text parts only", i, k,
+                         type->valuestring);
+                dj__buf_free(&b);
+                return 400;
+            }
+            if (!cJSON_IsString(text)) {
+                snprintf(err, cap, "messages[%d].content[%d].text must be a string", i, k);
+                dj__buf_free(&b);
+                return 400;
+            }
+            if (k) dj__buf_put(&b, "\n", 1);
+            dj__buf_put(&b, text->valuestring, strlen(text->valuestring));
+        }
+        cJSON *joined = b.oom ? NULL : cJSON_CreateString(b.p ? b.p : "");
+        dj__buf_free(&b);
+        if (!joined || !cJSON_ReplaceItemInObjectCaseSensitive(m, "content", joined)) {
+            cJSON_Delete(joined);
+            snprintf(err, cap, "out of memory");
+            return 503;
+        }
+    }
+    return 0;
+}
+
+/* Every request field djinnd knows, by endpoint (C chat, P completions):
+ * each is honoured below, or refused with a 400 naming it unless it asks for
+ * nothing (null, false, an empty list, the default). A field not listed is
+ * refused as unknown, as OpenAI's own API does. */
+#define F_CHAT 1
+#define F_COMPL 2
+static const struct {
+    const char *name;
+    unsigned where;
+} known_fields[] = {
+    {"model", F_CHAT | F_COMPL}, {"messages", F_CHAT}, {"prompt", F_COMPL},
+    {"stream", F_CHAT | F_COMPL}, {"stream_options", F_CHAT | F_COMPL},
+    {"max_tokens", F_CHAT | F_COMPL}, {"max_completion_tokens", F_CHAT},
+    {"temperature", F_CHAT | F_COMPL}, {"top_p", F_CHAT | F_COMPL}, {"seed", F_CHAT | F_COMPL},
+    {"frequency_penalty", F_CHAT | F_COMPL}, {"presence_penalty", F_CHAT | F_COMPL},
+    {"top_k", F_CHAT | F_COMPL}, {"min_p", F_CHAT | F_COMPL}, {"repetition_penalty", F_CHAT | F_COMPL}, /* vLLM's */
+    {"stop", F_CHAT | F_COMPL}, {"n", F_CHAT | F_COMPL}, {"best_of", F_COMPL},
+    {"logprobs", F_CHAT | F_COMPL}, {"top_logprobs", F_CHAT | F_COMPL}, /* completions: refused, naming chat's */
+    {"echo", F_COMPL}, {"suffix", F_COMPL}, {"logit_bias", F_CHAT | F_COMPL},
+    {"user", F_CHAT | F_COMPL}, {"safety_identifier", F_CHAT}, {"prompt_cache_key", F_CHAT},
+    {"response_format", F_CHAT}, {"tools", F_CHAT}, {"tool_choice", F_CHAT}, {"parallel_tool_calls", F_CHAT},
+    {"functions", F_CHAT}, {"function_call", F_CHAT}, {"audio", F_CHAT}, {"modalities", F_CHAT},
+    {"store", F_CHAT}, {"metadata", F_CHAT}, {"prediction", F_CHAT}, {"reasoning_effort", F_CHAT},
+    {"verbosity", F_CHAT}, {"service_tier", F_CHAT}, {"web_search_options", F_CHAT},
+    {"qos", F_CHAT | F_COMPL}, {"cache_salt", F_CHAT | F_COMPL}, /* djinnd's, vLLM's */
+};
+
+static bool absent(const cJSON *v) { return !v || cJSON_IsNull(v); }
+
+/* A field that asks for nothing: null, false, "", [], {}. */
+static bool empty(const cJSON *v) {
+    return absent(v) || cJSON_IsFalse(v) || (cJSON_IsString(v) && !v->valuestring[0]) ||
+           ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child);
+}
+
+/* Unknown fields, and known ones djinnd does not do, with a request that
+ * asks for them: a 400 naming the field. */
+static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
+    const unsigned where = chat ? F_CHAT : F_COMPL;
+    for (const cJSON *f = req->child; f; f = f->next) {
+        size_t k = 0;
+        const size_t nk = sizeof known_fields / sizeof *known_fields;
+        while (k < nk && strcmp(known_fields[k].name, f->string)) k++;
+        if (k == nk || !(known_fields[k].where & where)) {
+            snprintf(err, cap, "unknown field '%.64s' for %s: djinnd refuses what it would not honour", f->string,
+                     chat ? "/v1/chat/completions" : "/v1/completions");
+            return 400;
+        }
+    }
+    static const struct {
+        const char *name, *why;
+    } refused[] = {
+        {"logit_bias", "is not supported yet by djinnd"},
+        {"tools", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
+        {"functions", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
+        {"audio", "is not supported by djinnd: it answers text only"},
+        {"prediction", "is not supported by djinnd"},
+        {"reasoning_effort", "is not supported by djinnd"},
+        {"verbosity", "is not supported by djinnd"},
+        {"web_search_options", "is not supported by djinnd: it searches nothing"},
+        {"metadata", "tags stored completions: djinnd stores none"},
+        {"store", "is not supported by djinnd: it stores no completions"},
+        {"suffix", "is not supported by djinnd"},
+        {"echo", "is not supported yet by djinnd"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, refused[k].name);
+        if (!empty(v)) {
+            snprintf(err, cap, "'%s' %s", refused[k].name, refused[k].why);
+            return 400;
+        }
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+    if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return bad(err, cap, "'%s' other than \"none\" or \"auto\" is not supported yet by djinnd (no tools)",
+                   "tool_choice");
+    v = cJSON_GetObjectItemCaseSensitive(req, "function_call");
+    if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return bad(err, cap, "'%s' other than \"none\" or \"auto\" is not supported yet by djinnd (no tools)",
+                   "function_call");
+    v = cJSON_GetObjectItemCaseSensitive(req, "parallel_tool_calls");
+    if (!absent(v) && !cJSON_IsBool(v)) return bad(err, cap, "'%s' must be true or false", "parallel_tool_calls");
+    v = cJSON_GetObjectItemCaseSensitive(req, "modalities");
+    if (!absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child) &&
+                        !strcmp(v->child->valuestring, "text")))
+        return bad(err, cap, "'%s' other than [\"text\"] is not supported by djinnd: it answers text only",
+                   "modalities");
+    v = cJSON_GetObjectItemCaseSensitive(req, "service_tier");
+    if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "auto") || !strcmp(v->valuestring, "default"))))
+        return bad(err, cap, "'%s' other than \"auto\" or \"default\" is not supported by djinnd: use 'qos'",
+                   "service_tier");
+    static const char *const strings[] = {"user", "safety_identifier", "prompt_cache_key"};
+    for (size_t k = 0; k < sizeof strings / sizeof *strings; k++) {
+        v = cJSON_GetObjectItemCaseSensitive(req, strings[k]);
+        if (!absent(v) && !cJSON_IsString(v)) return bad(err, cap, "'%s' must be a string", strings[k]);
+    }
+    return 0;
+}
+
+/* response_format: text (nothing to do), json_object (any JSON object) or
+ * json_schema {name, schema, strict, description}: the schema, checked
+ * here (a 400 naming what the subset lacks), as text for the daemon. */
+static int parse_response_format(dj__oai *o, const cJSON *v, char *err, size_t cap) {
+    if (absent(v)) return 0;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+    if (!cJSON_IsObject(v) || !cJSON_IsString(t))
+        return bad(err, cap, "'%s' must be an object with a string 'type'", "response_format");
+    for (const cJSON *f = v->child; f; f = f->next)
+        if (strcmp(f->string, "type") && strcmp(f->string, "json_schema")) {
+            snprintf(err, cap, "unknown field 'response_format.%.64s'", f->string);
+            return 400;
+        }
+    if (!strcmp(t->valuestring, "text")) return 0;
+    if (!strcmp(t->valuestring, "json_object")) return (o->json_schema = dj_strdup("{\"type\":\"object\"}")) ? 0 : 503;
+    if (strcmp(t->valuestring, "json_schema")) {
+        snprintf(err, cap, "'response_format' of type '%.32s' is not supported: text, json_object or json_schema",
+                 t->valuestring);
+        return 400;
+    }
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+    if (!cJSON_IsObject(js)) return bad(err, cap, "'%s' must be an object", "response_format.json_schema");
+    for (const cJSON *f = js->child; f; f = f->next)
+        if (strcmp(f->string, "name") && strcmp(f->string, "schema") && strcmp(f->string, "strict") &&
+            strcmp(f->string, "description")) {
+            snprintf(err, cap, "unknown field 'response_format.json_schema.%.64s'", f->string);
+            return 400;
+        }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name"), *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return bad(err, cap, "'%s' must be a non-empty string", "response_format.json_schema.name");
+    if (!absent(strict) && !cJSON_IsBool(strict))
+        return bad(err, cap, "'%s' must be true or false", "response_format.json_schema.strict");
+    if (!cJSON_IsObject(schema)) return bad(err, cap, "'%s' must be an object", "response_format.json_schema.schema");
+    if (!(o->json_schema = cJSON_PrintUnformatted(schema))) return 503;
+    dj_grammar_t *g = NULL;
+    const dj_status st = dj_grammar_from_json_schema(o->json_schema, strlen(o->json_schema), &g);
+    dj_grammar_free(g);
+    if (st == DJ_ENOMEM) return 503;
+    if (st != DJ_OK) {
+        snprintf(err, cap, "'response_format.json_schema.schema': %s", dj_last_error());
+        return 400;
     }
     return 0;
 }
@@ -232,6 +433,8 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
         rc = bad(err, cap, "%s", "the body must be a JSON object");
         goto done;
     }
+    if ((rc = check_fields(req, chat, err, cap))) goto done;
+    if ((rc = parse_response_format(o, cJSON_GetObjectItemCaseSensitive(req, "response_format"), err, cap))) goto done;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "model");
     if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) >= sizeof o->model) {
         rc = bad(err, cap, "'%s' must be a model name (a folder of the server's model store)", "model");
@@ -250,7 +453,19 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
             rc = bad(err, cap, "'%s' must be an object", "stream_options");
             goto done;
         }
-        o->include_usage = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "include_usage"));
+        for (const cJSON *f = v->child; f; f = f->next)
+            if (strcmp(f->string, "include_usage")) {
+                snprintf(err, cap, "unknown field 'stream_options.%.64s': djinnd honours 'include_usage' only",
+                         f->string);
+                rc = 400;
+                goto done;
+            }
+        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(v, "include_usage");
+        if (!absent(iu) && !cJSON_IsBool(iu)) {
+            rc = bad(err, cap, "'%s' must be true or false", "stream_options.include_usage");
+            goto done;
+        }
+        o->include_usage = cJSON_IsTrue(iu);
     }
     /* max_completion_tokens (chat's newer name) wins over max_tokens */
     double x = 0;
@@ -280,27 +495,56 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     x = 0;
     if ((rc = number(req, "frequency_penalty", -2, 2, &x, NULL, err, cap))) goto done;
     o->sampling.frequency_penalty = (float)x;
+    /* vLLM's: top_k -1 or 0 is off */
+    x = 0;
+    if ((rc = number(req, "top_k", -1, UINT32_MAX, &x, &given, err, cap))) goto done;
+    if (given && x != floor(x)) {
+        rc = bad(err, cap, "'%s' must be an integer", "top_k");
+        goto done;
+    }
+    o->sampling.top_k = x > 0 ? (uint32_t)x : 0;
+    x = 0;
+    if ((rc = number(req, "min_p", 0, 1, &x, NULL, err, cap))) goto done;
+    o->sampling.min_p = (float)x;
+    x = 1;
+    if ((rc = number(req, "repetition_penalty", 0, 100, &x, &given, err, cap))) goto done;
+    if (given && x <= 0) {
+        rc = bad(err, cap, "'%s' must be greater than 0 (1 is off)", "repetition_penalty");
+        goto done;
+    }
+    o->sampling.repetition_penalty = (float)x;
+    /* no seed: a fresh one, below 2^53 so that it reads back exactly from
+     * the answer's "seed" (JSON numbers are doubles) */
     x = 0;
     if ((rc = number(req, "seed", -9.2e18, 9.2e18, &x, &given, err, cap))) goto done;
-    o->sampling.seed = given ? (uint64_t)(int64_t)x : 0;
     if (given && x != floor(x)) {
         rc = bad(err, cap, "'%s' must be an integer", "seed");
         goto done;
     }
-    x = 1;
-    if ((rc = number(req, "n", 1, 1, &x, NULL, err, cap))) goto done;
+    o->seed_given = given;
+    if (given) {
+        o->sampling.seed = (uint64_t)(int64_t)x;
+    } else {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
+            snprintf(err, cap, "no random seed to be had (getrandom failed): send a 'seed'");
+            rc = 503;
+            goto done;
+        }
+        o->sampling.seed = r & ((1ull << 53) - 1);
+    }
+    static const char *const counts[] = {"n", "best_of"};
+    for (int k = 0; k < 2; k++) {
+        x = 1;
+        if ((rc = number(req, counts[k], 1, 128, &x, &given, err, cap))) goto done;
+        if (x != 1) {
+            snprintf(err, cap, "'%s' above 1 is not supported yet by djinnd: send the request again for another choice",
+                     counts[k]);
+            rc = 400;
+            goto done;
+        }
+    }
     if ((rc = parse_logprobs(o, req, err, cap))) goto done;
-    /* what we do not do yet is refused, not ignored */
-    v = cJSON_GetObjectItemCaseSensitive(req, "echo");
-    if (cJSON_IsTrue(v)) {
-        rc = bad(err, cap, "%s", "'echo' is not supported yet by djinnd");
-        goto done;
-    }
-    v = cJSON_GetObjectItemCaseSensitive(req, "suffix");
-    if (v && !cJSON_IsNull(v)) {
-        rc = bad(err, cap, "%s", "'suffix' is not supported by djinnd");
-        goto done;
-    }
     if ((rc = parse_stop(o, cJSON_GetObjectItemCaseSensitive(req, "stop"), err, cap))) goto done;
     v = cJSON_GetObjectItemCaseSensitive(req, "qos");
     o->qos_given = (v && !cJSON_IsNull(v)) || qos_header;
@@ -327,6 +571,7 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     if (chat) {
         cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if ((rc = check_messages(msgs, err, cap))) goto done;
+        if ((rc = join_parts(msgs, err, cap))) goto done;
         o->messages = cJSON_DetachItemViaPointer(req, msgs);
         cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
         if (tools && !cJSON_IsNull(tools)) {
@@ -574,6 +819,11 @@ static cJSON *head(const dj__oai *o, const char *object) {
     cJSON_AddStringToObject(r, "object", object);
     cJSON_AddNumberToObject(r, "created", (double)o->created);
     cJSON_AddStringToObject(r, "model", o->model);
+    /* the seed sampled with (the request's, or the fresh one drawn for it):
+     * sent back as "seed", it repeats the answer */
+    char seed[24]; /* as an integer: cJSON's doubles print 16-digit numbers only nearly */
+    snprintf(seed, sizeof seed, "%lld", (long long)(int64_t)o->sampling.seed);
+    cJSON_AddRawToObject(r, "seed", seed);
     return r;
 }
 
@@ -697,6 +947,7 @@ void dj__oai_free(dj__oai *o) {
     cJSON_Delete(o->tools);
     free(o->prompt);
     free(o->cache_salt);
+    free(o->json_schema);
     free(o->ids);
     free(o->lps);
     dj__buf_free(&o->text);

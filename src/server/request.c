@@ -98,6 +98,7 @@ static dj_status dec_generate(const dj__meta *m, dj__request *r) {
         st = dj_fail(DJ_EFORMAT, "GENERATE needs exactly one of 'prompt' or 'ids'");
     if (st == DJ_OK) st = dj__generate_sampling_decode(m, &g->s);
     if (st == DJ_OK) st = salt_dup(m, &g->cache_salt, &g->salt_len);
+    if (st == DJ_OK) st = str_dup(m, "json_schema", &g->json_schema, &g->schema_len);
     return st;
 }
 
@@ -222,6 +223,7 @@ void dj__request_free(dj__request *r) {
         free(r->u.gen.prompt);
         free(r->u.gen.ids);
         free(r->u.gen.cache_salt);
+        free(r->u.gen.json_schema);
         free(r->u.gen.s.stop_ids);
         break;
     case DJ_MSG_STEP:

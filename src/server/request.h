@@ -88,6 +88,8 @@ typedef struct dj__req_generate {
     uint32_t max_tokens;   /* default 64 */
     char *cache_salt;      /* as dj__req_open's */
     size_t salt_len;
+    char *json_schema;     /* [schema_len] structured output (grammar.h; malloc'd) or NULL */
+    size_t schema_len;
     dj__gen_sampling s;
 } dj__req_generate;
 

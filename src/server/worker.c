@@ -804,6 +804,7 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
     int32_t *feed = NULL;
     size_t n_feed = 0;
     dj_status st = DJ_OK;
+    dj_constraint_t *con = NULL; /* structured output (grammar.h): the generation's once dj_gen_new takes it */
     if (ss->paused) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
@@ -825,6 +826,11 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                      n_feed, ctx - pos0, ctx);
         goto done;
     }
+    const uint32_t vocab = dj_model_get_config(dj_session_model(ss->es))->vocab_size;
+    if (j->r.u.gen.json_schema &&
+        (st = dj_constraint_from_schema(j->r.u.gen.json_schema, j->r.u.gen.schema_len, tok, vocab, ss->ment->eos,
+                                        sp->ignore_eos ? 0 : ss->ment->n_eos, &con)) != DJ_OK)
+        goto done;
     const dj_gen_params gp = {.sampling = sp->sampling,
                               .max_tokens = g->max_tokens,
                               .stop_ids = sp->stop_ids,
@@ -835,7 +841,8 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .prefill_chunk = s->cfg.prefill_chunk,
                               .tok = tok,
                               .logprobs = sp->logprobs,
-                              .top_logprobs = sp->top_logprobs};
+                              .top_logprobs = sp->top_logprobs,
+                              .constraint = con}; /* the generation's from here */
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
