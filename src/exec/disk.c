@@ -294,12 +294,19 @@ dj_status dj__disk_open(const char *dir, size_t bytes, size_t page_bytes, uint32
     }
     if (!created && sb.st_size > 0 && (st = check_header(d, dir, sb.st_size)) != DJ_OK) goto fail;
     const off_t want = (off_t)DISK_HEADER + (off_t)n * (off_t)slot_bytes;
-    const int fe = posix_fallocate(d->fd, 0, want);
+    /* Free space is checked first: a filesystem's fallocate may take every free block before it
+     * fails, and until the file is gone every other writer on that disk would fail too. */
+    struct statvfs vs;
+    const bool have_vs = fstatvfs(d->fd, &vs) == 0;
+    const double free_b = have_vs ? (double)vs.f_bavail * (double)vs.f_frsize : -1;
+    const double held_b = (double)sb.st_blocks * 512.0; /* what the file already holds counts as room */
+    const int fe = have_vs && (double)want > free_b + held_b ? ENOSPC : posix_fallocate(d->fd, 0, want);
     if (fe) {
-        struct statvfs vs;
-        const double free_gib = statvfs(dir, &vs) == 0 ? (double)vs.f_bavail * (double)vs.f_frsize / (1u << 30) : -1;
+        if (!created && ftruncate(d->fd, sb.st_size) != 0) /* give back what a failed fallocate took */
+            DJ_LOG(WARN, "disk tier: %s: could not truncate back to %lld bytes: %s", d->path, (long long)sb.st_size,
+                   strerror(errno));
         st = dj_fail(DJ_EIO, "--state-dir %s: cannot reserve %.3f GiB for the disk tier: %s (%.3f GiB free there)",
-                     dir, (double)want / (1u << 30), strerror(fe), free_gib);
+                     dir, (double)want / (1u << 30), strerror(fe), free_b / (1u << 30));
         goto fail;
     }
     if (sb.st_size > want && ftruncate(d->fd, want) != 0) {
