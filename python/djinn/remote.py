@@ -25,13 +25,13 @@ class RemoteExecutor:
 
     def _sync_weights(self, graph):
         c = self.client
-        todo, seen = [], set()
+        to_ask, seen = [], set()
         for i, w in enumerate(graph.weights):  # one per hash: entries of one content differ in shape only
             if (c.epoch, w["hash"]) not in self._usable and w["hash"] not in seen:
                 seen.add(w["hash"])
-                todo.append(i)
-        for start in range(0, len(todo), _HAS_BATCH):
-            part = todo[start:start + _HAS_BATCH]
+                to_ask.append(i)
+        for start in range(0, len(to_ask), _HAS_BATCH):
+            part = to_ask[start:start + _HAS_BATCH]
             meta, _ = c._call(_wire.WEIGHT_HAS, {"hashes": [graph.weights[i]["hash"] for i in part]})
             states = meta.get("state", [])
             if len(states) != len(part):
