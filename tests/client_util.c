@@ -2,6 +2,7 @@
  * through libdjinn (see client_util.h). */
 #include "client_util.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,33 @@ bool dj_test_agent_same(const dj_test_agent *x, const dj_test_agent *y, int roun
         same &= !d;
     }
     return same;
+}
+
+int dj_test_agents_crowd(dj_test_agent *crowd, const dj_test_agent *alone, int n, const char *addr, const char *what,
+                         int *differ) {
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    bool *started = calloc((size_t)n, sizeof *started);
+    CHECK(th && started);
+    for (int i = 0; th && started && i < n; i++) {
+        crowd[i].addr = addr;
+        started[i] = pthread_create(&th[i], NULL, dj_test_agent_thread, &crowd[i]) == 0;
+        CHECK(started[i]);
+    }
+    for (int i = 0; th && started && i < n; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    int failed = 0;
+    *differ = 0;
+    for (int i = 0; i < n; i++) {
+        if (!started || !started[i] || crowd[i].st != DJ_OK) {
+            failed++;
+            fprintf(stderr, "agent %d (%s): %s: %s\n", i, what, dj_status_name(crowd[i].st), crowd[i].err);
+            continue;
+        }
+        *differ += !dj_test_agent_same(&alone[i], &crowd[i], DJ_TEST_AGENT_ROUNDS, what);
+    }
+    free(th);
+    free(started);
+    return failed;
 }
 
 static void on_text(int32_t id, const char *text, size_t len, void *user) {

@@ -45,6 +45,11 @@ dj_status dj_test_agent_generate(dj_client_t *c, uint64_t sid, dj_test_agent *a,
 void dj_test_agent_run(dj_test_agent *a, bool pause);
 /* dj_test_agent_run(p, true), for pthread_create. */
 void *dj_test_agent_thread(void *p);
+/* Runs crowd[0..n) at once on addr (a thread each, with pauses), then holds
+ * each against alone[i]: a failed agent is printed (tagged with what) and
+ * counted in the result; *differ counts the others whose tokens differ. */
+int dj_test_agents_crowd(dj_test_agent *crowd, const dj_test_agent *alone, int n, const char *addr, const char *what,
+                         int *differ /* OUT */);
 /* Whether y's first `rounds` rounds have x's tokens (all DJ_TEST_AGENT_GEN);
  * each round that differs is printed to stderr, tagged with what. */
 bool dj_test_agent_same(const dj_test_agent *x, const dj_test_agent *y, int rounds, const char *what);

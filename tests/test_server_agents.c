@@ -4,7 +4,6 @@
  * alone, no failure; the same under the recompute policy; a session
  * reattached from a new connection keeps its KV; a request larger than the
  * whole data segment is refused with the sizes. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,22 +76,9 @@ static void agents(const char *policy, int slot) {
     }
     dj_test_daemon_stop(slot, 10000);
     if (start(slot, tight, addr, sizeof addr) <= 0) return;
-    pthread_t th[N_AGENTS];
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&crowd[i], i, base_seed);
-        crowd[i].addr = addr;
-        CHECK(pthread_create(&th[i], NULL, dj_test_agent_thread, &crowd[i]) == 0);
-    }
-    for (int i = 0; i < N_AGENTS; i++) pthread_join(th[i], NULL);
-    int failed = 0, differ = 0;
-    for (int i = 0; i < N_AGENTS; i++) {
-        if (crowd[i].st != DJ_OK) {
-            failed++;
-            fprintf(stderr, "agent %d (%s): %s: %s\n", i, policy, dj_status_name(crowd[i].st), crowd[i].err);
-            continue;
-        }
-        differ += !dj_test_agent_same(&alone[i], &crowd[i], ROUNDS, policy);
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&crowd[i], i, base_seed);
+    int differ = 0;
+    const int failed = dj_test_agents_crowd(crowd, alone, N_AGENTS, addr, policy, &differ);
     printf("%d agents, policy %s, data segment for %d: %d failed, %d differ from the agent alone\n", N_AGENTS,
            policy, HOLDS, failed, differ);
     CHECK(failed == 0);

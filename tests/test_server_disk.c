@@ -4,7 +4,6 @@
  * corrupted under a session on disk: it is recomputed from its history, the
  * same tokens; bad --state-dir arguments refused at start. */
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,22 +97,9 @@ static void crowd(int slot) {
         CHECK_MSG(false, "djinnd did not start (exit %d): %s", code, daemon_err(slot, e, sizeof e));
         return;
     }
-    pthread_t th[N_AGENTS];
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&crowd[i], i, base_seed);
-        crowd[i].addr = addr;
-        CHECK(pthread_create(&th[i], NULL, dj_test_agent_thread, &crowd[i]) == 0);
-    }
-    for (int i = 0; i < N_AGENTS; i++) pthread_join(th[i], NULL);
-    int failed = 0, differ = 0;
-    for (int i = 0; i < N_AGENTS; i++) {
-        if (crowd[i].st != DJ_OK) {
-            failed++;
-            fprintf(stderr, "agent %d: %s: %s\n", i, dj_status_name(crowd[i].st), crowd[i].err);
-            continue;
-        }
-        differ += !dj_test_agent_same(&alone[i], &crowd[i], ROUNDS, "crowd");
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&crowd[i], i, base_seed);
+    int differ = 0;
+    const int failed = dj_test_agents_crowd(crowd, alone, N_AGENTS, addr, "crowd", &differ);
     dj_client_stats st;
     memset(&st, 0, sizeof st);
     CHECK(stats(addr, &st));
