@@ -86,6 +86,14 @@ bool dj_test_agent_same(const dj_test_agent *x, const dj_test_agent *y, int roun
     return same;
 }
 
+void dj_test_agents_alone(dj_test_agent *alone, int n, const char *addr) {
+    for (int i = 0; i < n; i++) {
+        alone[i].addr = addr;
+        dj_test_agent_run(&alone[i], false);
+        CHECK_MSG(alone[i].st == DJ_OK, "agent %d alone: %s", i, alone[i].err);
+    }
+}
+
 int dj_test_agents_crowd(dj_test_agent *crowd, const dj_test_agent *alone, int n, const char *addr, const char *what,
                          int *differ) {
     pthread_t *th = calloc((size_t)n, sizeof *th);

@@ -45,6 +45,9 @@ dj_status dj_test_agent_generate(dj_client_t *c, uint64_t sid, dj_test_agent *a,
 void dj_test_agent_run(dj_test_agent *a, bool pause);
 /* dj_test_agent_run(p, true), for pthread_create. */
 void *dj_test_agent_thread(void *p);
+/* Runs alone[0..n) one after another on addr, without pauses: the tokens a
+ * crowd must match. Each must succeed (a failed check otherwise). */
+void dj_test_agents_alone(dj_test_agent *alone, int n, const char *addr);
 /* Runs crowd[0..n) at once on addr (a thread each, with pauses), then holds
  * each against alone[i]: a failed agent is printed (tagged with what) and
  * counted in the result; *differ counts the others whose tokens differ. */

@@ -68,12 +68,8 @@ static void agents(const char *policy, int slot) {
     const char *tight[] = {"--vmu-gb", "64m", "--data-gb", DATA_FOR, "--swap-gb", "64m", "--swap-policy", policy,
                            "--idle-ms", "20", "--threads", "1", "--local-admin", NULL}; /* STATS' swap counters */
     if (start(slot, roomy, addr, sizeof addr) <= 0) return;
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&alone[i], i, base_seed);
-        alone[i].addr = addr;
-        dj_test_agent_run(&alone[i], false);
-        CHECK_MSG(alone[i].st == DJ_OK, "agent %d alone: %s", i, alone[i].err);
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&alone[i], i, base_seed);
+    dj_test_agents_alone(alone, N_AGENTS, addr);
     dj_test_daemon_stop(slot, 10000);
     if (start(slot, tight, addr, sizeof addr) <= 0) return;
     for (int i = 0; i < N_AGENTS; i++) make_agent(&crowd[i], i, base_seed);

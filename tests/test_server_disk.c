@@ -74,12 +74,8 @@ static void references(int slot) {
         CHECK_MSG(false, "djinnd did not start (exit %d)", code);
         return;
     }
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&alone[i], i, base_seed);
-        alone[i].addr = addr;
-        dj_test_agent_run(&alone[i], false);
-        CHECK_MSG(alone[i].st == DJ_OK, "agent %d alone: %s", i, alone[i].err);
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&alone[i], i, base_seed);
+    dj_test_agents_alone(alone, N_AGENTS, addr);
     dj_test_daemon_stop(slot, 10000);
 }
 
