@@ -385,6 +385,14 @@ bool dj_test_link_demo_files(const char *dir) {
     return true;
 }
 
+bool dj_test_demo_store(const char *dir, char *store, size_t cap) {
+    char p[700];
+    snprintf(store, cap, "%s/store", dir);
+    if (mkdir(store, 0700)) return false;
+    snprintf(p, sizeof p, "%s/demo", store);
+    return symlink(DJ_SOURCE_DIR "/models/demo", p) == 0;
+}
+
 bool dj_test_make_demo_chat(const char *store) {
     char p[600];
     snprintf(p, sizeof p, "%s/demo-chat", store);

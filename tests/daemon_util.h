@@ -116,6 +116,9 @@ bool dj_test_link_demo_files(const char *dir);
 /* STORE/demo-chat: the demo model's files and a tokenizer_config.json with
  * DJ_TEST_CHAT_TEMPLATE (STORE must exist). */
 bool dj_test_make_demo_chat(const char *store);
+/* DIR/store (written into store[cap]) made, holding a link "demo" to the
+ * demo model. */
+bool dj_test_demo_store(const char *dir, char *store, size_t cap);
 /* The VmRSS of pid in KiB, or -1. */
 long dj_test_rss_kb(pid_t pid);
 /* Sends copies of frame[len] without reading until total bytes went or the

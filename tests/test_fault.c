@@ -455,8 +455,6 @@ int main(void) {
     kill(getpid(), SIGTERM); /* the daemon's own signal watcher stops it */
     pthread_join(th, NULL);
     CHECK_MSG(daemon_rc == 0, "djinnd returned %d", daemon_rc);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_fault");
 }

@@ -7,42 +7,31 @@
 #include "capture/gplan_cache.h"
 #include "testutil.h"
 
-typedef struct wb {
-    uint8_t b[1 << 15];
-    size_t n;
-} wb;
-
-static void put(wb *w, uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; i--) w->b[w->n++] = (uint8_t)(v >> (8 * i));
-}
-static void w_map(wb *w, uint32_t n) { w->b[w->n++] = 0xdf, put(w, n, 4); }
-static void w_arr(wb *w, uint32_t n) { w->b[w->n++] = 0xdd, put(w, n, 4); }
-static void w_str(wb *w, const char *s) {
-    const size_t n = strlen(s);
-    w->b[w->n++] = 0xdb, put(w, n, 4);
-    memcpy(w->b + w->n, s, n);
-    w->n += n;
-}
-static void w_int(wb *w, int64_t v) { w->b[w->n++] = 0xd3, put(w, (uint64_t)v, 8); }
+typedef dj_test_wb wb; /* testutil.h */
 static void w_spec(wb *w, int64_t len) {
-    w_map(w, 2), w_str(w, "shape"), w_arr(w, 1), w_int(w, len), w_str(w, "dtype"), w_str(w, "f32");
+    dj_test_w_map(w, 2), dj_test_w_str(w, "shape"), dj_test_w_arr(w, 1), dj_test_w_int(w, len),
+        dj_test_w_str(w, "dtype"), dj_test_w_str(w, "f32");
 }
 
 /* relu applied `depth` times to an input of len values */
 static void relu_chain(wb *w, int64_t len, int depth) {
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 1), w_spec(w, len);
-    w_str(w, "weights"), w_arr(w, 0);
-    w_str(w, "nodes"), w_arr(w, (uint32_t)depth);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 1), w_spec(w, len);
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0);
+    dj_test_w_str(w, "nodes"), dj_test_w_arr(w, (uint32_t)depth);
     for (int j = 0; j < depth; j++) {
-        w_map(w, 3), w_str(w, "op"), w_str(w, "aten.relu.default"), w_str(w, "args"), w_arr(w, 1);
-        if (j == 0) w_map(w, 1), w_str(w, "i"), w_int(w, 0);
-        else w_map(w, 1), w_str(w, "n"), w_arr(w, 2), w_int(w, j - 1), w_int(w, 0);
-        w_str(w, "out"), w_arr(w, 1), w_spec(w, len);
+        dj_test_w_map(w, 3), dj_test_w_str(w, "op"), dj_test_w_str(w, "aten.relu.default"), dj_test_w_str(w, "args"),
+            dj_test_w_arr(w, 1);
+        if (j == 0)
+            dj_test_w_map(w, 1), dj_test_w_str(w, "i"), dj_test_w_int(w, 0);
+        else
+            dj_test_w_map(w, 1), dj_test_w_str(w, "n"), dj_test_w_arr(w, 2), dj_test_w_int(w, j - 1),
+                dj_test_w_int(w, 0);
+        dj_test_w_str(w, "out"), dj_test_w_arr(w, 1), w_spec(w, len);
     }
-    w_str(w, "outputs"), w_arr(w, 1);
-    w_map(w, 1), w_str(w, "n"), w_arr(w, 2), w_int(w, depth - 1), w_int(w, 0);
+    dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 1);
+    dj_test_w_map(w, 1), dj_test_w_str(w, "n"), dj_test_w_arr(w, 2), dj_test_w_int(w, depth - 1), dj_test_w_int(w, 0);
 }
 
 static double now_s(void) {

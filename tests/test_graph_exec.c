@@ -9,47 +9,26 @@
 #include "testutil.h"
 
 /* ---- a msgpack writer for building graphs ---- */
-typedef struct wb {
-    uint8_t b[1 << 16];
-    size_t n;
-} wb;
-
-static void put(wb *w, uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; i--) w->b[w->n++] = (uint8_t)(v >> (8 * i));
-}
-static void w_map(wb *w, uint32_t n) { w->b[w->n++] = 0xdf, put(w, n, 4); }
-static void w_arr(wb *w, uint32_t n) { w->b[w->n++] = 0xdd, put(w, n, 4); }
-static void w_str(wb *w, const char *s) {
-    const size_t n = strlen(s);
-    w->b[w->n++] = 0xdb, put(w, n, 4);
-    memcpy(w->b + w->n, s, n);
-    w->n += n;
-}
-static void w_int(wb *w, int64_t v) { w->b[w->n++] = 0xd3, put(w, (uint64_t)v, 8); }
-static void w_f64(wb *w, double v) {
-    uint64_t u;
-    memcpy(&u, &v, 8);
-    w->b[w->n++] = 0xcb, put(w, u, 8);
-}
-static void w_nil(wb *w) { w->b[w->n++] = 0xc0; }
-static void w_bool(wb *w, int v) { w->b[w->n++] = v ? 0xc3 : 0xc2; }
+typedef dj_test_wb wb; /* testutil.h */
 static void w_ints(wb *w, int n, const int64_t *v) {
-    w_arr(w, (uint32_t)n);
-    for (int i = 0; i < n; i++) w_int(w, v[i]);
+    dj_test_w_arr(w, (uint32_t)n);
+    for (int i = 0; i < n; i++) dj_test_w_int(w, v[i]);
 }
 static void w_node_ref(wb *w, int64_t j, int64_t k) {
-    w_map(w, 1), w_str(w, "n"), w_arr(w, 2), w_int(w, j), w_int(w, k);
+    dj_test_w_map(w, 1), dj_test_w_str(w, "n"), dj_test_w_arr(w, 2), dj_test_w_int(w, j), dj_test_w_int(w, k);
 }
-static void w_in(wb *w, int64_t i) { w_map(w, 1), w_str(w, "i"), w_int(w, i); }
-static void w_wt(wb *w, int64_t i) { w_map(w, 1), w_str(w, "w"), w_int(w, i); }
+static void w_in(wb *w, int64_t i) { dj_test_w_map(w, 1), dj_test_w_str(w, "i"), dj_test_w_int(w, i); }
+static void w_wt(wb *w, int64_t i) { dj_test_w_map(w, 1), dj_test_w_str(w, "w"), dj_test_w_int(w, i); }
 static void w_spec(wb *w, int rank, const int64_t *shape, const char *dtype) {
-    w_map(w, 2), w_str(w, "shape"), w_ints(w, rank, shape), w_str(w, "dtype"), w_str(w, dtype);
+    dj_test_w_map(w, 2), dj_test_w_str(w, "shape"), w_ints(w, rank, shape), dj_test_w_str(w, "dtype"),
+        dj_test_w_str(w, dtype);
 }
 /* starts a node: the caller writes n_args arguments, then calls w_outs */
 static void w_node(wb *w, const char *op, uint32_t n_args) {
-    w_map(w, 3), w_str(w, "op"), w_str(w, op), w_str(w, "args"), w_arr(w, n_args);
+    dj_test_w_map(w, 3), dj_test_w_str(w, "op"), dj_test_w_str(w, op), dj_test_w_str(w, "args"),
+        dj_test_w_arr(w, n_args);
 }
-static void w_outs(wb *w, uint32_t n) { w_str(w, "out"), w_arr(w, n); }
+static void w_outs(wb *w, uint32_t n) { dj_test_w_str(w, "out"), dj_test_w_arr(w, n); }
 
 /* ---- single-op graphs: inputs i0..i(ni-1), one node, output (0, 0) ---- */
 typedef struct tspec {
@@ -59,13 +38,15 @@ typedef struct tspec {
 
 static void w_head(wb *w, int ni, const tspec *ins, uint32_t n_nodes) {
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, (uint32_t)ni);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, (uint32_t)ni);
     for (int i = 0; i < ni; i++) w_spec(w, ins[i].rank, ins[i].shape, "f32");
-    w_str(w, "weights"), w_arr(w, 0);
-    w_str(w, "nodes"), w_arr(w, n_nodes);
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0);
+    dj_test_w_str(w, "nodes"), dj_test_w_arr(w, n_nodes);
 }
-static void w_tail_out(wb *w, int64_t node) { w_str(w, "outputs"), w_arr(w, 1), w_node_ref(w, node, 0); }
+static void w_tail_out(wb *w, int64_t node) {
+    dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 1), w_node_ref(w, node, 0);
+}
 
 /* Decode + run w with inputs; the output copied into out (numel of the declared output). */
 static dj_status run_graph(dj_backend_t *cpu, const wb *w, const float *const *in, float *out, uint64_t want_numel) {
@@ -242,15 +223,15 @@ static void test_refusals(void) {
     {
         const tspec huge = {2, {1 << 20, 1 << 20}};
         w_head(w, 1, &huge, 0);
-        w_str(w, "outputs"), w_arr(w, 0);
+        dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 0);
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_OVERFLOW, DJ_ERANGE, -1);
         const tspec over = {3, {INT64_C(1) << 40, INT64_C(1) << 40, INT64_C(1) << 40}};
         w_head(w, 1, &over, 0);
-        w_str(w, "outputs"), w_arr(w, 0);
+        dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 0);
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_OVERFLOW, DJ_ERANGE, -1);
         const tspec neg = {2, {-2, -4}};
         w_head(w, 1, &neg, 0);
-        w_str(w, "outputs"), w_arr(w, 0);
+        dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 0);
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_OVERFLOW, DJ_ERANGE, -1);
         const int64_t big[] = {INT64_C(1) << 62, INT64_C(1) << 62, 0};
         w_head(w, 1, &x, 1);
@@ -261,8 +242,8 @@ static void test_refusals(void) {
         const tspec ci[2] = {{4, {1, 1 << 10, 1, 1 << 20}}, {4, {1, 1 << 10, 1, 1 << 20}}};
         const int64_t o1[] = {1, 1, 1, 1}, one[] = {1, 1}, zero[] = {0, 0};
         w_head(w, 2, ci, 1);
-        w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_nil(w), w_ints(w, 2, one), w_ints(w, 2, zero),
-            w_ints(w, 2, one), w_bool(w, 0), w_ints(w, 2, zero), w_int(w, 1);
+        w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), dj_test_w_nil(w), w_ints(w, 2, one),
+            w_ints(w, 2, zero), w_ints(w, 2, one), dj_test_w_bool(w, 0), w_ints(w, 2, zero), dj_test_w_int(w, 1);
         w_outs(w, 1), w_spec(w, 4, o1, "f32");
         w_tail_out(w, 0);
         dj_cgraph_limits small = {.max_elems = 1 << 24};
@@ -275,7 +256,7 @@ static void test_refusals(void) {
         w_head(w, 5, bi, 1);
         w_node(w, "aten.native_batch_norm.default", 8);
         for (int i = 0; i < 5; i++) w_in(w, i);
-        w_bool(w, 1), w_f64(w, 0.1), w_f64(w, 1e-5);
+        dj_test_w_bool(w, 1), dj_test_w_f64(w, 0.1), dj_test_w_f64(w, 1e-5);
         w_outs(w, 3), w_spec(w, 4, s, "f32"), w_spec(w, 1, c3, "f32"), w_spec(w, 1, c3, "f32");
         w_tail_out(w, 0);
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_UNSUPPORTED, DJ_EUNSUPPORTED, 0);
@@ -288,16 +269,16 @@ static void test_refusals(void) {
         CHECK(dj_cgraph_decode(junk, sizeof junk, NULL, &g, &e) == DJ_EFORMAT && e.kind == DJ_CGRAPH_ERR_FORMAT && !g);
         CHECK(dj_cgraph_decode(NULL, 0, NULL, &g, &e) == DJ_EFORMAT && !g);
         w_head(w, 1, &x, 0);
-        w_str(w, "outputs"), w_arr(w, 0);
+        dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 0);
         w->b[5 + 6 + 8] = 2; /* "v": 2 - the int64's last byte, after map32 (5 bytes), str "v" (6) and 0xd3 */
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_FORMAT, DJ_EFORMAT, -1);
         w_head(w, 1, &x, 0);
-        w_str(w, "outputs"), w_arr(w, 0);
+        dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 0);
         w->b[w->n++] = 0xc0;
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_FORMAT, DJ_EFORMAT, -1);
         /* a count that the bytes cannot hold: array32 of 2^32-1 nodes */
         w->n = 0;
-        w_map(w, 1), w_str(w, "nodes"), w->b[w->n++] = 0xdd, put(w, 0xffffffffu, 4);
+        dj_test_w_map(w, 1), dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 0xffffffffu);
         CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_FORMAT, DJ_EFORMAT, -1);
     }
     free(w);
@@ -323,7 +304,8 @@ static void test_addmm(void) {
     const int64_t km[] = {K, M}, nm[] = {N, M};
     w_head(w, 3, ins, 2);
     w_node(w, "aten.t.default", 1), w_in(w, 2), w_outs(w, 1), w_spec(w, 2, km, "f32");
-    w_node(w, "aten.addmm.default", 5), w_in(w, 0), w_in(w, 1), w_node_ref(w, 0, 0), w_int(w, 1), w_int(w, 1);
+    w_node(w, "aten.addmm.default", 5), w_in(w, 0), w_in(w, 1), w_node_ref(w, 0, 0), dj_test_w_int(w, 1),
+        dj_test_w_int(w, 1);
     w_outs(w, 1), w_spec(w, 2, nm, "f32");
     w_tail_out(w, 1);
     const float *in[3] = {b, x, wt};
@@ -335,7 +317,8 @@ static void test_addmm(void) {
         for (int j = 0; j < M; j++) km_mat[k * M + j] = wt[j * K + k];
     const tspec ins2[3] = {{2, {1, M}}, {2, {N, K}}, {2, {K, M}}};
     w_head(w, 3, ins2, 1);
-    w_node(w, "aten.addmm.default", 5), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_f64(w, 0.5), w_f64(w, 2.0);
+    w_node(w, "aten.addmm.default", 5), w_in(w, 0), w_in(w, 1), w_in(w, 2), dj_test_w_f64(w, 0.5),
+        dj_test_w_f64(w, 2.0);
     w_outs(w, 1), w_spec(w, 2, nm, "f32");
     w_tail_out(w, 0);
     const float *in2[3] = {b, x, km_mat};
@@ -373,7 +356,7 @@ static void test_conv(void) {
     const int64_t os[] = {B, OC, OH, OW}, st[] = {SH, SW}, pd[] = {PH, PW}, dl[] = {DH, DW}, z[] = {0, 0};
     w_head(w, 3, ins, 1);
     w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_ints(w, 2, st), w_ints(w, 2, pd),
-        w_ints(w, 2, dl), w_bool(w, 0), w_ints(w, 2, z), w_int(w, G);
+        w_ints(w, 2, dl), dj_test_w_bool(w, 0), w_ints(w, 2, z), dj_test_w_int(w, G);
     w_outs(w, 1), w_spec(w, 4, os, "f32");
     w_tail_out(w, 0);
     const float *in[3] = {x, wt, bias};
@@ -384,7 +367,7 @@ static void test_conv(void) {
     const int64_t bad[] = {B, OC, OH + 1, OW};
     w_head(w, 3, ins, 1);
     w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_ints(w, 2, st), w_ints(w, 2, pd),
-        w_ints(w, 2, dl), w_bool(w, 0), w_ints(w, 2, z), w_int(w, G);
+        w_ints(w, 2, dl), dj_test_w_bool(w, 0), w_ints(w, 2, z), dj_test_w_int(w, G);
     w_outs(w, 1), w_spec(w, 4, bad, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_SHAPE, DJ_EINVAL, 0);
@@ -403,7 +386,7 @@ static void test_pool(void) {
         const int64_t k[] = {3, 2}, s[] = {2, 2}, p[] = {1, 1}, d[] = {1, 1}, os[] = {P, 4, 4};
         w_head(w, 1, &in1, 1);
         w_node(w, "aten.max_pool2d_with_indices.default", 6), w_in(w, 0), w_ints(w, 2, k), w_ints(w, 2, s),
-            w_ints(w, 2, p), w_ints(w, 2, d), w_bool(w, 1);
+            w_ints(w, 2, p), w_ints(w, 2, d), dj_test_w_bool(w, 1);
         w_outs(w, 2), w_spec(w, 3, os, "f32"), w_spec(w, 3, os, "i64");
         w_tail_out(w, 0);
         CHECK_OK(run_graph(cpu, w, in, out, P * 16));
@@ -425,7 +408,7 @@ static void test_pool(void) {
         const int64_t k[] = {3, 3}, s[] = {2, 2}, p[] = {1, 1}, os[] = {P, 4, 3};
         w_head(w, 1, &in1, 1);
         w_node(w, "aten.avg_pool2d.default", 7), w_in(w, 0), w_ints(w, 2, k), w_ints(w, 2, s), w_ints(w, 2, p),
-            w_bool(w, 0), w_bool(w, cip), w_nil(w);
+            dj_test_w_bool(w, 0), dj_test_w_bool(w, cip), dj_test_w_nil(w);
         w_outs(w, 1), w_spec(w, 3, os, "f32");
         w_tail_out(w, 0);
         CHECK_OK(run_graph(cpu, w, in, out, P * 12));
@@ -475,7 +458,8 @@ static void test_norms_softmax(void) {
     {
         const tspec ins[3] = {{3, {A, B, D}}, {1, {D}}, {1, {D}}};
         w_head(w, 3, ins, 1);
-        w_node(w, "aten.native_layer_norm.default", 5), w_in(w, 0), w_ints(w, 1, nd), w_in(w, 1), w_in(w, 2), w_f64(w, 1e-5);
+        w_node(w, "aten.native_layer_norm.default", 5), w_in(w, 0), w_ints(w, 1, nd), w_in(w, 1), w_in(w, 2),
+            dj_test_w_f64(w, 1e-5);
         w_outs(w, 3), w_spec(w, 3, xs, "f32"), w_spec(w, 3, ms, "f32"), w_spec(w, 3, ms, "f32");
         w_tail_out(w, 0);
         const float *in[3] = {x, g, bb};
@@ -500,7 +484,7 @@ static void test_norms_softmax(void) {
         w_head(w, 5, ins, 1);
         w_node(w, "aten._native_batch_norm_legit_no_training.default", 7);
         for (int i = 0; i < 5; i++) w_in(w, i);
-        w_f64(w, 0.1), w_f64(w, 1e-5);
+        dj_test_w_f64(w, 0.1), dj_test_w_f64(w, 1e-5);
         w_outs(w, 3), w_spec(w, 3, xs, "f32"), w_spec(w, 1, c0, "f32"), w_spec(w, 1, c0, "f32");
         w_tail_out(w, 0);
         const float *in[5] = {x, wt, bias, mean, var};
@@ -517,7 +501,8 @@ static void test_norms_softmax(void) {
     for (int lg = 0; lg < 2; lg++) {
         const tspec ins[1] = {{3, {A, B, D}}};
         w_head(w, 1, ins, 1);
-        w_node(w, lg ? "aten._log_softmax.default" : "aten._softmax.default", 3), w_in(w, 0), w_int(w, 1), w_bool(w, 0);
+        w_node(w, lg ? "aten._log_softmax.default" : "aten._softmax.default", 3), w_in(w, 0), dj_test_w_int(w, 1),
+            dj_test_w_bool(w, 0);
         w_outs(w, 1), w_spec(w, 3, xs, "f32");
         w_tail_out(w, 0);
         const float *in[1] = {x};
@@ -547,13 +532,17 @@ static void test_chain(void) {
     const int64_t s_add[] = {A, B, D}, s_perm[] = {D, A, B}, s_cat[] = {D, 2 * A, B}, s_sum[] = {1, 2 * A, 1}, perm[] = {2, 0, 1},
                   dims[] = {0, -1};
     w_head(w, 2, ins, 5);
-    w_node(w, "aten.add.Tensor", 3), w_in(w, 0), w_in(w, 1), w_f64(w, 0.5), w_outs(w, 1), w_spec(w, 3, s_add, "f32");
+    w_node(w, "aten.add.Tensor", 3), w_in(w, 0), w_in(w, 1), dj_test_w_f64(w, 0.5), w_outs(w, 1),
+        w_spec(w, 3, s_add, "f32");
     w_node(w, "aten.permute.default", 2), w_node_ref(w, 0, 0), w_ints(w, 3, perm), w_outs(w, 1), w_spec(w, 3, s_perm, "f32");
-    w_node(w, "aten.cat.default", 2), w_arr(w, 2), w_node_ref(w, 1, 0), w_node_ref(w, 1, 0), w_int(w, 1);
+    w_node(w, "aten.cat.default", 2), dj_test_w_arr(w, 2), w_node_ref(w, 1, 0), w_node_ref(w, 1, 0),
+        dj_test_w_int(w, 1);
     w_outs(w, 1), w_spec(w, 3, s_cat, "f32");
-    w_node(w, "aten.sum.dim_IntList", 4), w_node_ref(w, 2, 0), w_ints(w, 2, dims), w_bool(w, 1), w_nil(w);
+    w_node(w, "aten.sum.dim_IntList", 4), w_node_ref(w, 2, 0), w_ints(w, 2, dims), dj_test_w_bool(w, 1),
+        dj_test_w_nil(w);
     w_outs(w, 1), w_spec(w, 3, s_sum, "f32");
-    w_node(w, "aten.gelu.default", 2), w_node_ref(w, 3, 0), w_str(w, "none"), w_outs(w, 1), w_spec(w, 3, s_sum, "f32");
+    w_node(w, "aten.gelu.default", 2), w_node_ref(w, 3, 0), dj_test_w_str(w, "none"), w_outs(w, 1),
+        w_spec(w, 3, s_sum, "f32");
     w_tail_out(w, 4);
     const float *in[2] = {x, y};
     CHECK_OK(run_graph(cpu, w, in, out, 2 * A));
@@ -615,9 +604,11 @@ static void test_bmm_slice_select(void) {
     /* a[:, -3::2, :] -> [B, 2, K] (rows 1 and 3), then select(-1, -2) -> [B, 2] (column K-2) */
     const int64_t s1[] = {B, 2, K}, s2[] = {B, 2};
     w_head(w, 1, ins, 2);
-    w_node(w, "aten.slice.Tensor", 5), w_in(w, 0), w_int(w, 1), w_int(w, -3), w_nil(w), w_int(w, 2);
+    w_node(w, "aten.slice.Tensor", 5), w_in(w, 0), dj_test_w_int(w, 1), dj_test_w_int(w, -3), dj_test_w_nil(w),
+        dj_test_w_int(w, 2);
     w_outs(w, 1), w_spec(w, 3, s1, "f32");
-    w_node(w, "aten.select.int", 3), w_node_ref(w, 0, 0), w_int(w, -1), w_int(w, -2), w_outs(w, 1), w_spec(w, 2, s2, "f32");
+    w_node(w, "aten.select.int", 3), w_node_ref(w, 0, 0), dj_test_w_int(w, -1), dj_test_w_int(w, -2), w_outs(w, 1),
+        w_spec(w, 2, s2, "f32");
     w_tail_out(w, 1);
     CHECK_OK(run_graph(cpu, w, in, out, B * 2));
     int bad = 0;
@@ -627,14 +618,16 @@ static void test_bmm_slice_select(void) {
     /* a step of INT64_MAX takes the first element only (no overflow) */
     const int64_t s3[] = {B, 1, K};
     w_head(w, 1, ins, 1);
-    w_node(w, "aten.slice.Tensor", 5), w_in(w, 0), w_int(w, 1), w_int(w, 2), w_nil(w), w_int(w, INT64_MAX);
+    w_node(w, "aten.slice.Tensor", 5), w_in(w, 0), dj_test_w_int(w, 1), dj_test_w_int(w, 2), dj_test_w_nil(w),
+        dj_test_w_int(w, INT64_MAX);
     w_outs(w, 1), w_spec(w, 3, s3, "f32");
     w_tail_out(w, 0);
     CHECK_OK(run_graph(cpu, w, in, out, B * K));
     CHECK(out[0] == a[2 * K] && out[K] == a[(N + 2) * K]);
         /* an index past the dim is refused */
     w_head(w, 1, ins, 1);
-    w_node(w, "aten.select.int", 3), w_in(w, 0), w_int(w, 0), w_int(w, B), w_outs(w, 1), w_spec(w, 2, s2, "f32");
+    w_node(w, "aten.select.int", 3), w_in(w, 0), dj_test_w_int(w, 0), dj_test_w_int(w, B), w_outs(w, 1),
+        w_spec(w, 2, s2, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
     free(w);
@@ -648,11 +641,11 @@ static void test_long_cat(void) {
     const int64_t s3[] = {3}, sk[] = {3 * K};
     w_head(w, 1, &x, K + 1);
     for (int j = 0; j < K; j++) {
-        w_node(w, "aten.mul.Scalar", 2), w_in(w, 0), w_int(w, j), w_outs(w, 1), w_spec(w, 1, s3, "f32");
+        w_node(w, "aten.mul.Scalar", 2), w_in(w, 0), dj_test_w_int(w, j), w_outs(w, 1), w_spec(w, 1, s3, "f32");
     }
-    w_node(w, "aten.cat.default", 2), w_arr(w, K);
+    w_node(w, "aten.cat.default", 2), dj_test_w_arr(w, K);
     for (int j = 0; j < K; j++) w_node_ref(w, j, 0);
-    w_int(w, 0), w_outs(w, 1), w_spec(w, 1, sk, "f32");
+    dj_test_w_int(w, 0), w_outs(w, 1), w_spec(w, 1, sk, "f32");
     w_tail_out(w, K);
     float in0[3] = {1.0f, -2.0f, 0.5f}, out[3 * K];
     const float *in[1] = {in0};
@@ -676,9 +669,9 @@ static void test_multi_output_and_indices(void) {
     const float *in[1] = {x};
     /* unbind(x, 0): 5 outputs; the graph returns output 4 (the last row) */
     w_head(w, 1, &xs, 1);
-    w_node(w, "aten.unbind.int", 2), w_in(w, 0), w_int(w, 0), w_outs(w, R);
+    w_node(w, "aten.unbind.int", 2), w_in(w, 0), dj_test_w_int(w, 0), w_outs(w, R);
     for (int k = 0; k < R; k++) w_spec(w, 1, row, "f32");
-    w_str(w, "outputs"), w_arr(w, 1);
+    dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 1);
     const size_t ref_at = w->n;
     w_node_ref(w, 0, R - 1);
     CHECK_OK(run_graph(cpu, w, in, out, C));
@@ -689,7 +682,7 @@ static void test_multi_output_and_indices(void) {
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_REF, DJ_ERANGE, -1);
     /* declaring 4 outputs where the arguments give 5 */
     w_head(w, 1, &xs, 1);
-    w_node(w, "aten.unbind.int", 2), w_in(w, 0), w_int(w, 0), w_outs(w, R - 1);
+    w_node(w, "aten.unbind.int", 2), w_in(w, 0), dj_test_w_int(w, 0), w_outs(w, R - 1);
     for (int k = 0; k < R - 1; k++) w_spec(w, 1, row, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARITY, DJ_EFORMAT, 0);
@@ -697,7 +690,7 @@ static void test_multi_output_and_indices(void) {
     const tspec wide = {2, {1, 600}};
     const int64_t two[] = {1, 2};
     w_head(w, 1, &wide, 1);
-    w_node(w, "aten.split.Tensor", 3), w_in(w, 0), w_int(w, 2), w_int(w, 1), w_outs(w, 300);
+    w_node(w, "aten.split.Tensor", 3), w_in(w, 0), dj_test_w_int(w, 2), dj_test_w_int(w, 1), w_outs(w, 300);
     for (int k = 0; k < 300; k++) w_spec(w, 2, two, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_LIMIT, DJ_ERANGE, 0);
@@ -706,9 +699,9 @@ static void test_multi_output_and_indices(void) {
     fill(wv, 600);
     const int64_t three[] = {1, 3};
     w_head(w, 1, &wide, 1);
-    w_node(w, "aten.split.Tensor", 3), w_in(w, 0), w_int(w, 3), w_int(w, 1), w_outs(w, 200);
+    w_node(w, "aten.split.Tensor", 3), w_in(w, 0), dj_test_w_int(w, 3), dj_test_w_int(w, 1), w_outs(w, 200);
     for (int k = 0; k < 200; k++) w_spec(w, 2, three, "f32");
-    w_str(w, "outputs"), w_arr(w, 1), w_node_ref(w, 0, 199);
+    dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 1), w_node_ref(w, 0, 199);
     const float *inw[1] = {wv};
     CHECK_OK(run_graph(cpu, w, inw, out, 3));
     CHECK(out[0] == wv[597] && out[2] == wv[599]);
@@ -716,11 +709,12 @@ static void test_multi_output_and_indices(void) {
     /* embedding of a [R, C] table by i64 indices from an input: a bad index is refused when it runs */
     const int64_t ishape[] = {4}, eshape[] = {4, C};
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 2, xs.shape, "f32"), w_spec(w, 1, ishape, "i64");
-    w_str(w, "weights"), w_arr(w, 0);
-    w_str(w, "nodes"), w_arr(w, 1);
-    w_node(w, "aten.embedding.default", 5), w_in(w, 0), w_in(w, 1), w_int(w, -1), w_bool(w, 0), w_bool(w, 0);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 2), w_spec(w, 2, xs.shape, "f32"), w_spec(w, 1, ishape, "i64");
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0);
+    dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 1);
+    w_node(w, "aten.embedding.default", 5), w_in(w, 0), w_in(w, 1), dj_test_w_int(w, -1), dj_test_w_bool(w, 0),
+        dj_test_w_bool(w, 0);
     w_outs(w, 1), w_spec(w, 2, eshape, "f32");
     w_tail_out(w, 0);
     float idx[4] = {4, 0, 2, 4};
@@ -735,11 +729,11 @@ static void test_multi_output_and_indices(void) {
     /* gather(x, 1, index [R, 2]): -1 wraps, C is out of range */
     const int64_t gshape[] = {R, 2};
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 2, xs.shape, "f32"), w_spec(w, 2, gshape, "i64");
-    w_str(w, "weights"), w_arr(w, 0);
-    w_str(w, "nodes"), w_arr(w, 1);
-    w_node(w, "aten.gather.default", 4), w_in(w, 0), w_int(w, 1), w_in(w, 1), w_bool(w, 0);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 2), w_spec(w, 2, xs.shape, "f32"), w_spec(w, 2, gshape, "i64");
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0);
+    dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 1);
+    w_node(w, "aten.gather.default", 4), w_in(w, 0), dj_test_w_int(w, 1), w_in(w, 1), dj_test_w_bool(w, 0);
     w_outs(w, 1), w_spec(w, 2, gshape, "f32");
     w_tail_out(w, 0);
     float gi[R * 2];
@@ -755,7 +749,8 @@ static void test_multi_output_and_indices(void) {
     /* topk(x, 2, -1) values: the two largest of each row, in order */
     const int64_t tshape[] = {R, 2};
     w_head(w, 1, &xs, 1);
-    w_node(w, "aten.topk.default", 5), w_in(w, 0), w_int(w, 2), w_int(w, -1), w_bool(w, 1), w_bool(w, 1);
+    w_node(w, "aten.topk.default", 5), w_in(w, 0), dj_test_w_int(w, 2), dj_test_w_int(w, -1), dj_test_w_bool(w, 1),
+        dj_test_w_bool(w, 1);
     w_outs(w, 2), w_spec(w, 2, tshape, "f32"), w_spec(w, 2, tshape, "i64");
     w_tail_out(w, 0);
     CHECK_OK(run_graph(cpu, w, in, out, R * 2));
@@ -819,12 +814,13 @@ static void test_flip_sort_conv_transposed(void) {
         for (int want_out = 0; want_out < 2; want_out++) {
             w_head(w, 1, &ys, 1);
             if (variant == 0) {
-                w_node(w, "aten.sort.default", 3), w_in(w, 0), w_int(w, 1), w_bool(w, 0);
+                w_node(w, "aten.sort.default", 3), w_in(w, 0), dj_test_w_int(w, 1), dj_test_w_bool(w, 0);
             } else {
-                w_node(w, "aten.sort.stable", 4), w_in(w, 0), w_bool(w, 1), w_int(w, 0), w_bool(w, 1);
+                w_node(w, "aten.sort.stable", 4), w_in(w, 0), dj_test_w_bool(w, 1), dj_test_w_int(w, 0),
+                    dj_test_w_bool(w, 1);
             }
             w_outs(w, 2), w_spec(w, 2, ys.shape, "f32"), w_spec(w, 2, ys.shape, "i64");
-            w_str(w, "outputs"), w_arr(w, 1), w_node_ref(w, 0, want_out);
+            dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 1), w_node_ref(w, 0, want_out);
             const float *iny[1] = {y};
             CHECK_OK(run_graph(cpu, w, iny, want_out ? idx : vals, R * C));
         }
@@ -880,7 +876,7 @@ static void test_flip_sort_conv_transposed(void) {
     const int64_t os[] = {N, OC, OH, OW}, st[] = {SH, SW}, pd[] = {PH, PW}, dl[] = {DH, DW}, op[] = {OPH, OPW};
     w_head(w, 3, cins, 1);
     w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_ints(w, 2, st), w_ints(w, 2, pd),
-        w_ints(w, 2, dl), w_bool(w, 1), w_ints(w, 2, op), w_int(w, G);
+        w_ints(w, 2, dl), dj_test_w_bool(w, 1), w_ints(w, 2, op), dj_test_w_int(w, G);
     w_outs(w, 1), w_spec(w, 4, os, "f32");
     w_tail_out(w, 0);
     const float *cin[3] = {cx, wt, bias};
@@ -890,7 +886,7 @@ static void test_flip_sort_conv_transposed(void) {
     const int64_t op_bad[] = {2, 0};
     w_head(w, 3, cins, 1);
     w_node(w, "aten.convolution.default", 9), w_in(w, 0), w_in(w, 1), w_in(w, 2), w_ints(w, 2, st), w_ints(w, 2, pd),
-        w_ints(w, 2, dl), w_bool(w, 1), w_ints(w, 2, op_bad), w_int(w, G);
+        w_ints(w, 2, dl), dj_test_w_bool(w, 1), w_ints(w, 2, op_bad), dj_test_w_int(w, G);
     w_outs(w, 1), w_spec(w, 4, os, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
@@ -908,14 +904,16 @@ static void test_index_tensor(void) {
     const tspec ins[3] = {{3, {A, B, C}}, {1, {3}}, {2, {2, 3}}};
     for (int apart = 0; apart < 2; apart++) {
         w->n = 0;
-        w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-        w_str(w, "inputs"), w_arr(w, 3);
+        dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+        dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 3);
         w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64"), w_spec(w, 2, ins[2].shape, "i64");
-        w_str(w, "weights"), w_arr(w, 0);
-        w_str(w, "nodes"), w_arr(w, 1);
-        w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 3);
-        if (apart) w_in(w, 1), w_nil(w), w_in(w, 2); /* x[i, :, j] -> [2, 3, B] */
-        else w_nil(w), w_in(w, 1), w_in(w, 2);       /* x[:, i, j] -> [A, 2, 3] */
+        dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0);
+        dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 1);
+        w_node(w, "aten.index.Tensor", 2), w_in(w, 0), dj_test_w_arr(w, 3);
+        if (apart)
+            w_in(w, 1), dj_test_w_nil(w), w_in(w, 2); /* x[i, :, j] -> [2, 3, B] */
+        else
+            dj_test_w_nil(w), w_in(w, 1), w_in(w, 2); /* x[:, i, j] -> [A, 2, 3] */
         const int64_t os_apart[] = {2, 3, B}, os_adj[] = {A, 2, 3};
         w_outs(w, 1), w_spec(w, 3, apart ? os_apart : os_adj, "f32");
         w_tail_out(w, 0);
@@ -939,33 +937,37 @@ static void test_index_tensor(void) {
     }
     /* a wrong declared shape, a bool index, more indices than dims: refused */
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "bool");
-    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
-    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 1), w_in(w, 1);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"),
+        w_spec(w, 1, ins[1].shape, "bool");
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0), dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), dj_test_w_arr(w, 1), w_in(w, 1);
     w_outs(w, 1), w_spec(w, 3, (const int64_t[]){3, B, C}, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_UNSUPPORTED, DJ_EUNSUPPORTED, 0);
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64");
-    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
-    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 1), w_in(w, 1);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"),
+        w_spec(w, 1, ins[1].shape, "i64");
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0), dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), dj_test_w_arr(w, 1), w_in(w, 1);
     w_outs(w, 1), w_spec(w, 3, (const int64_t[]){3, B, C + 1}, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_SHAPE, DJ_EINVAL, 0);
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"), w_spec(w, 1, ins[1].shape, "i64");
-    w_str(w, "weights"), w_arr(w, 0), w_str(w, "nodes"), w_arr(w, 1);
-    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), w_arr(w, 4), w_in(w, 1), w_nil(w), w_nil(w), w_in(w, 1);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 2), w_spec(w, 3, ins[0].shape, "f32"),
+        w_spec(w, 1, ins[1].shape, "i64");
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 0), dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 1);
+    w_node(w, "aten.index.Tensor", 2), w_in(w, 0), dj_test_w_arr(w, 4), w_in(w, 1), dj_test_w_nil(w), dj_test_w_nil(w),
+        w_in(w, 1);
     w_outs(w, 1), w_spec(w, 1, (const int64_t[]){3}, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);
     /* None in cat's list */
     const tspec two[2] = {{1, {3}}, {1, {3}}};
     w_head(w, 2, two, 1);
-    w_node(w, "aten.cat.default", 2), w_arr(w, 2), w_in(w, 0), w_nil(w), w_int(w, 0);
+    w_node(w, "aten.cat.default", 2), dj_test_w_arr(w, 2), w_in(w, 0), dj_test_w_nil(w), dj_test_w_int(w, 0);
     w_outs(w, 1), w_spec(w, 1, (const int64_t[]){6}, "f32");
     w_tail_out(w, 0);
     CHECK_REFUSED(w, NULL, DJ_CGRAPH_ERR_ARG, DJ_EINVAL, 0);

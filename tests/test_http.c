@@ -22,6 +22,7 @@
 #include "djinn/client.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
+#include "client_util.h"
 #include "daemon_util.h"
 #include "testutil.h"
 
@@ -123,39 +124,10 @@ static char *stream_text(const dj_test_resp *r, bool chat, char *finish, size_t 
 }
 
 /* ---- the binary protocol's answer for the same ids ---- */
-typedef struct collect {
-    char text[8192];
-    size_t n;
-    int tokens;
-} collect;
-static void on_token(int32_t id, const char *text, size_t len, void *user) {
-    collect *c = user;
-    if (id >= 0) c->tokens++;
-    if (c->n + len < sizeof c->text) {
-        memcpy(c->text + c->n, text, len);
-        c->n += len;
-        c->text[c->n] = '\0';
-    }
-}
-
+typedef dj_test_text collect; /* client_util.h */
 static collect reference(const char *addr, const char *model, const char *text, bool add_bos, uint32_t max_tokens) {
-    collect c = {0};
-    dj_tokenizer_t *tok = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    dj_client_t *cl = NULL;
-    uint64_t sess = 0;
-    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));
-    if (tok) CHECK_OK(dj_tokenizer_encode(tok, text, strlen(text), add_bos, &ids, &n_ids));
-    CHECK_OK(dj_client_connect(addr, NULL, &cl));
-    dj_session_opts so = {model, DJ_QOS_INTERACTIVE, 0};
-    if (cl) CHECK_OK(dj_client_session_open(cl, &so, &sess));
-    dj_generate_params gp = {.ids = ids, .n_ids = n_ids, .max_tokens = max_tokens, .sampling = {.top_p = 1.0f}};
-    if (sess) CHECK_OK(dj_client_generate(cl, sess, &gp, on_token, &c, NULL));
-    dj_client_free(cl);
-    free(ids);
-    dj_tokenizer_free(tok);
-    return c;
+    const dj_sampler_params greedy = {.top_p = 1.0f};
+    return dj_test_reference(addr, model, text, add_bos, &greedy, max_tokens);
 }
 
 static void test_generation(const char *addr, unsigned port) {
@@ -1016,8 +988,6 @@ int main(void) {
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
     test_tokens();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_http");
 }

@@ -448,8 +448,6 @@ int main(void) {
     test_big_bodies();
     test_slowloris();
     test_tenants();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_http_limits");
 }

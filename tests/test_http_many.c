@@ -181,8 +181,6 @@ int main(void) {
         dj_client_stats_free(&after);
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_http_many");
 }

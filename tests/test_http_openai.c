@@ -15,6 +15,7 @@
 
 #include "djinn/client.h"
 #include "djinn/tokenizer.h"
+#include "client_util.h"
 #include "daemon_util.h"
 #include "testutil.h"
 
@@ -121,39 +122,10 @@ static void test_seeds(unsigned port) {
 
 /* ---- vLLM's sampling fields, passed through ---- */
 
-typedef struct collect {
-    char text[8192];
-    size_t n;
-} collect;
-static void on_token(int32_t id, const char *text, size_t len, void *user) {
-    (void)id;
-    collect *c = user;
-    if (c->n + len < sizeof c->text) {
-        memcpy(c->text + c->n, text, len);
-        c->n += len;
-        c->text[c->n] = '\0';
-    }
-}
-
+typedef dj_test_text collect; /* client_util.h */
 /* libdjinn's generation of "Once upon a time" (with BOS) with sp. */
 static collect reference(const char *addr, const dj_sampler_params *sp, uint32_t max_tokens) {
-    collect c = {0};
-    dj_tokenizer_t *tok = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    dj_client_t *cl = NULL;
-    uint64_t sess = 0;
-    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));
-    if (tok) CHECK_OK(dj_tokenizer_encode(tok, "Once upon a time", 16, true, &ids, &n_ids));
-    CHECK_OK(dj_client_connect(addr, NULL, &cl));
-    dj_session_opts so = {"demo", DJ_QOS_INTERACTIVE, 0};
-    if (cl) CHECK_OK(dj_client_session_open(cl, &so, &sess));
-    dj_generate_params gp = {.ids = ids, .n_ids = n_ids, .max_tokens = max_tokens, .sampling = *sp};
-    if (sess) CHECK_OK(dj_client_generate(cl, sess, &gp, on_token, &c, NULL));
-    dj_client_free(cl);
-    free(ids);
-    dj_tokenizer_free(tok);
-    return c;
+    return dj_test_reference(addr, "demo", "Once upon a time", true, sp, max_tokens);
 }
 
 static void test_sampling_fields(const char *addr, unsigned port) {
@@ -473,8 +445,6 @@ int main(void) {
         test_endpoints(port);
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_http_openai");
 }

@@ -150,11 +150,7 @@ int main(void) {
     dj_test_daemon_guard();
     setvbuf(stdout, NULL, _IONBF, 0);
     if (!mkdtemp(tmpdir)) return 1;
-    snprintf(store, sizeof store, "%s/store", tmpdir);
-    char p[600];
-    if (mkdir(store, 0700)) return 1;
-    snprintf(p, sizeof p, "%s/demo", store);
-    if (symlink(DJ_SOURCE_DIR "/models/demo", p)) return 1;
+    if (!dj_test_demo_store(tmpdir, store, sizeof store)) return 1;
     snprintf(tokens, sizeof tokens, "%s/tokens", tmpdir);
     FILE *f = fopen(tokens, "w");
     if (!f) return 1;
@@ -162,8 +158,6 @@ int main(void) {
     fclose(f);
     test_text();
     test_json();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_access");
 }

@@ -4,12 +4,12 @@
  * alone, no failure; the same under the recompute policy; a session
  * reattached from a new connection keeps its KV; a request larger than the
  * whole data segment is refused with the sizes. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "client_util.h"
 #include "daemon_util.h"
 #include "djinn/client.h"
 #include "testutil.h"
@@ -26,84 +26,17 @@
 #define DATA_FOR "3m"
 #define HOLDS 3
 #endif
-#define ROUNDS 3
-#define GEN 10
+#define ROUNDS DJ_TEST_AGENT_ROUNDS
+#define GEN DJ_TEST_AGENT_GEN
 #define VOCAB 4096
 
 static char tmpdir[256];
 static uint64_t base_seed;
 
-typedef struct agent {
-    int idx;
-    const char *addr;
-    int32_t prompt[ROUNDS][48];
-    size_t n_prompt[ROUNDS];
-    int32_t out[ROUNDS][GEN];
-    uint32_t n_out[ROUNDS];
-    int pause_ms[ROUNDS];
-    dj_status st;
-    char err[256];
-} agent;
-
-typedef struct collect {
-    int32_t *ids;
-    uint32_t n, cap;
-} collect;
-
-static void on_token(int32_t id, const char *text, size_t len, void *user) {
-    (void)text;
-    (void)len;
-    collect *c = user;
-    if (id < 0) return; /* the text held back, flushed at the end */
-    if (c->n < c->cap) c->ids[c->n] = id;
-    c->n++;
-}
+typedef dj_test_agent agent; /* client_util.h */
 
 /* Deterministic per-agent prompts (from the run's seed, not the clock). */
-static void make_agent(agent *a, int idx, uint64_t seed) {
-    memset(a, 0, sizeof *a);
-    a->idx = idx;
-    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)idx * 0xbf58476d1ce4e5b9ULL + 1;
-    for (int r = 0; r < ROUNDS; r++) {
-        a->n_prompt[r] = r == 0 ? 40 : 12;
-        for (size_t i = 0; i < a->n_prompt[r]; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            a->prompt[r][i] = (int32_t)(2 + x % (VOCAB - 2));
-        }
-        a->pause_ms[r] = (int)(x % 40);
-    }
-}
-
-/* One agent: a session, ROUNDS x (generate, pause, wait, resume). */
-static void run_agent(agent *a, bool pause) {
-    dj_client_t *c = NULL;
-    a->st = dj_client_connect(a->addr, NULL, &c);
-    uint64_t sid = 0;
-    const dj_session_opts so = {.model = "demo", .qos = DJ_QOS_INTERACTIVE, .expected_tokens = 256};
-    if (a->st == DJ_OK) a->st = dj_client_session_open(c, &so, &sid);
-    for (int r = 0; r < ROUNDS && a->st == DJ_OK; r++) {
-        collect col = {a->out[r], 0, GEN};
-        const dj_generate_params gp = {.ids = a->prompt[r], .n_ids = a->n_prompt[r], .max_tokens = GEN,
-                                       .ignore_eos = true};
-        a->st = dj_client_generate(c, sid, &gp, on_token, &col, NULL);
-        a->n_out[r] = col.n;
-        if (a->st != DJ_OK) break;
-        if (!pause) continue;
-        a->st = dj_client_session_pause(c, sid, (uint64_t)a->pause_ms[r] + 5);
-        if (a->st == DJ_OK) dj_test_sleep_ms(a->pause_ms[r]);
-        if (a->st == DJ_OK) a->st = dj_client_session_resume(c, sid);
-    }
-    if (a->st != DJ_OK) snprintf(a->err, sizeof a->err, "%s", dj_last_error());
-    if (sid && a->st == DJ_OK) a->st = dj_client_session_close(c, sid);
-    dj_client_free(c);
-}
-
-static void *agent_thread(void *p) {
-    run_agent(p, true);
-    return NULL;
-}
+static void make_agent(agent *a, int idx, uint64_t seed) { dj_test_agent_make(a, idx, seed, 40, 12, VOCAB, 40); }
 
 static pid_t start(int slot, const char *const *extra, char *addr, size_t cap) {
     const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_SOURCE_DIR "/models",
@@ -135,42 +68,14 @@ static void agents(const char *policy, int slot) {
     const char *tight[] = {"--vmu-gb", "64m", "--data-gb", DATA_FOR, "--swap-gb", "64m", "--swap-policy", policy,
                            "--idle-ms", "20", "--threads", "1", "--local-admin", NULL}; /* STATS' swap counters */
     if (start(slot, roomy, addr, sizeof addr) <= 0) return;
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&alone[i], i, base_seed);
-        alone[i].addr = addr;
-        run_agent(&alone[i], false);
-        CHECK_MSG(alone[i].st == DJ_OK, "agent %d alone: %s", i, alone[i].err);
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&alone[i], i, base_seed);
+    dj_test_agents_alone(alone, N_AGENTS, addr);
     dj_test_daemon_stop(slot, 10000);
     if (start(slot, tight, addr, sizeof addr) <= 0) return;
-    pthread_t th[N_AGENTS];
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&crowd[i], i, base_seed);
-        crowd[i].addr = addr;
-        CHECK(pthread_create(&th[i], NULL, agent_thread, &crowd[i]) == 0);
-    }
-    for (int i = 0; i < N_AGENTS; i++) pthread_join(th[i], NULL);
-    int failed = 0, differ = 0;
-    for (int i = 0; i < N_AGENTS; i++) {
-        if (crowd[i].st != DJ_OK) {
-            failed++;
-            fprintf(stderr, "agent %d (%s): %s: %s\n", i, policy, dj_status_name(crowd[i].st), crowd[i].err);
-            continue;
-        }
-        for (int r = 0; r < ROUNDS; r++) {
-            const bool d = crowd[i].n_out[r] != GEN || alone[i].n_out[r] != GEN ||
-                           memcmp(crowd[i].out[r], alone[i].out[r], sizeof crowd[i].out[r]) != 0;
-            if (d) {
-                fprintf(stderr, "agent %d round %d (%s): alone", i, r, policy);
-                for (uint32_t k = 0; k < alone[i].n_out[r] && k < GEN; k++) fprintf(stderr, " %d", alone[i].out[r][k]);
-                fprintf(stderr, "; crowd");
-                for (uint32_t k = 0; k < crowd[i].n_out[r] && k < GEN; k++) fprintf(stderr, " %d", crowd[i].out[r][k]);
-                fputc('\n', stderr);
-            }
-            differ += d;
-        }
-    }
-    printf("%d agents, policy %s, data segment for %d: %d failed, %d rounds differ from the agent alone\n", N_AGENTS,
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&crowd[i], i, base_seed);
+    int differ = 0;
+    const int failed = dj_test_agents_crowd(crowd, alone, N_AGENTS, addr, policy, &differ);
+    printf("%d agents, policy %s, data segment for %d: %d failed, %d differ from the agent alone\n", N_AGENTS,
            policy, HOLDS, failed, differ);
     CHECK(failed == 0);
     CHECK(differ == 0);
@@ -203,7 +108,7 @@ static void reattach(int slot) {
     agent a;
     make_agent(&a, 99, base_seed);
     int32_t whole[2 * GEN], split[2 * GEN];
-    collect cw = {whole, 0, 2 * GEN}, cs = {split, 0, 2 * GEN};
+    dj_test_ids cw = {whole, 0, 2 * GEN}, cs = {split, 0, 2 * GEN};
     dj_client_t *c = NULL;
     uint64_t sid = 0, secret = 0;
     const dj_session_opts so = {.model = "demo", .qos = DJ_QOS_INTERACTIVE, .expected_tokens = 256};
@@ -211,17 +116,17 @@ static void reattach(int slot) {
     CHECK_OK(dj_client_connect(addr, NULL, &c));
     CHECK_OK(dj_client_session_open(c, &so, &sid));
     dj_generate_params gp = {.ids = a.prompt[0], .n_ids = a.n_prompt[0], .max_tokens = GEN, .ignore_eos = true};
-    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cw, NULL));
+    CHECK_OK(dj_client_generate(c, sid, &gp, dj_test_on_ids, &cw, NULL));
     gp.ids = a.prompt[1];
     gp.n_ids = a.n_prompt[1];
-    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cw, NULL));
+    CHECK_OK(dj_client_generate(c, sid, &gp, dj_test_on_ids, &cw, NULL));
     dj_client_free(c);
     /* the same with the connection closed in between */
     CHECK_OK(dj_client_connect(addr, NULL, &c));
     CHECK_OK(dj_client_session_open_secret(c, &so, &sid, &secret));
     gp.ids = a.prompt[0];
     gp.n_ids = a.n_prompt[0];
-    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cs, NULL));
+    CHECK_OK(dj_client_generate(c, sid, &gp, dj_test_on_ids, &cs, NULL));
     dj_client_free(c);
     CHECK_OK(dj_client_connect(addr, NULL, &c));
     uint32_t pos = 0;
@@ -238,7 +143,7 @@ static void reattach(int slot) {
     CHECK_MSG(pos == a.n_prompt[0] + GEN - 1, "attached at position %u", pos);
     gp.ids = a.prompt[1];
     gp.n_ids = a.n_prompt[1];
-    CHECK_OK(dj_client_generate(c, sid, &gp, on_token, &cs, NULL));
+    CHECK_OK(dj_client_generate(c, sid, &gp, dj_test_on_ids, &cs, NULL));
     CHECK(cw.n == 2 * GEN && cs.n == 2 * GEN);
     CHECK_MSG(memcmp(whole, split, sizeof whole) == 0, "a reattached session's tokens differ");
     dj_client_free(c);

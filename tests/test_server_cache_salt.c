@@ -167,15 +167,9 @@ int main(void) {
     dj_test_daemon_guard();
     setvbuf(stdout, NULL, _IONBF, 0);
     if (!mkdtemp(tmpdir)) return 1;
-    snprintf(store, sizeof store, "%s/store", tmpdir);
-    char p[600];
-    if (mkdir(store, 0700)) return 1;
-    snprintf(p, sizeof p, "%s/demo", store);
-    if (symlink(DJ_SOURCE_DIR "/models/demo", p)) return 1;
+    if (!dj_test_demo_store(tmpdir, store, sizeof store)) return 1;
     test_tenants();
     test_single_tenant();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_cache_salt");
 }

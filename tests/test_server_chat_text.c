@@ -83,8 +83,6 @@ int main(void) {
     }
     dj_tokenizer_free(tok);
     if (pid > 0) CHECK_MSG(dj_test_daemon_stop(0, 10000) == 0, "djinnd did not exit cleanly");
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_chat_text");
 }

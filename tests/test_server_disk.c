@@ -4,13 +4,13 @@
  * corrupted under a session on disk: it is recomputed from its history, the
  * same tokens; bad --state-dir arguments refused at start. */
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client_util.h"
 #include "daemon_util.h"
 #include "djinn/client.h"
 #include "testutil.h"
@@ -22,88 +22,18 @@
 #else
 #define N_AGENTS 32
 #endif
-#define ROUNDS 3
+#define ROUNDS DJ_TEST_AGENT_ROUNDS
 #define PROMPT0 100 /* + GEN: 110 positions, 2 pages of 64 positions in each of 8 layers: 1 MiB */
-#define GEN 10
+#define GEN DJ_TEST_AGENT_GEN
 #define VOCAB 4096
 
 static char tmpdir[256];
 static uint64_t base_seed;
 
-typedef struct agent {
-    int idx;
-    const char *addr;
-    int32_t prompt[ROUNDS][PROMPT0];
-    size_t n_prompt[ROUNDS];
-    int32_t out[ROUNDS][GEN];
-    uint32_t n_out[ROUNDS];
-    int pause_ms[ROUNDS];
-    dj_status st;
-    char err[256];
-} agent;
-
-typedef struct collect {
-    int32_t *ids;
-    uint32_t n, cap;
-} collect;
-
-static void on_token(int32_t id, const char *text, size_t len, void *user) {
-    (void)text;
-    (void)len;
-    collect *c = user;
-    if (id < 0) return;
-    if (c->n < c->cap) c->ids[c->n] = id;
-    c->n++;
-}
+typedef dj_test_agent agent; /* client_util.h */
 
 /* Deterministic per-agent prompts and pauses (from the run's seed). */
-static void make_agent(agent *a, int idx, uint64_t seed) {
-    memset(a, 0, sizeof *a);
-    a->idx = idx;
-    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)idx * 0xbf58476d1ce4e5b9ULL + 1;
-    for (int r = 0; r < ROUNDS; r++) {
-        a->n_prompt[r] = r == 0 ? PROMPT0 : 6;
-        for (size_t i = 0; i < a->n_prompt[r]; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            a->prompt[r][i] = (int32_t)(2 + x % (VOCAB - 2));
-        }
-        a->pause_ms[r] = (int)(x % 60);
-    }
-}
-
-static dj_status generate(dj_client_t *c, uint64_t sid, agent *a, int r) {
-    collect col = {a->out[r], 0, GEN};
-    const dj_generate_params gp = {.ids = a->prompt[r], .n_ids = a->n_prompt[r], .max_tokens = GEN,
-                                   .ignore_eos = true};
-    const dj_status st = dj_client_generate(c, sid, &gp, on_token, &col, NULL);
-    a->n_out[r] = col.n;
-    return st;
-}
-
-/* One agent: a session, ROUNDS x (generate, pause, wait, resume). */
-static void run_agent(agent *a, bool pause) {
-    dj_client_t *c = NULL;
-    a->st = dj_client_connect(a->addr, NULL, &c);
-    uint64_t sid = 0;
-    const dj_session_opts so = {.model = "demo", .qos = DJ_QOS_INTERACTIVE, .expected_tokens = 256};
-    if (a->st == DJ_OK) a->st = dj_client_session_open(c, &so, &sid);
-    for (int r = 0; r < ROUNDS && a->st == DJ_OK; r++) {
-        if ((a->st = generate(c, sid, a, r)) != DJ_OK || !pause) continue;
-        a->st = dj_client_session_pause(c, sid, (uint64_t)a->pause_ms[r] + 5);
-        if (a->st == DJ_OK) dj_test_sleep_ms(a->pause_ms[r]);
-        if (a->st == DJ_OK) a->st = dj_client_session_resume(c, sid);
-    }
-    if (a->st != DJ_OK) snprintf(a->err, sizeof a->err, "%s", dj_last_error());
-    if (sid && a->st == DJ_OK) a->st = dj_client_session_close(c, sid);
-    dj_client_free(c);
-}
-
-static void *agent_thread(void *p) {
-    run_agent(p, true);
-    return NULL;
-}
+static void make_agent(agent *a, int idx, uint64_t seed) { dj_test_agent_make(a, idx, seed, PROMPT0, 6, VOCAB, 60); }
 
 static pid_t start(int slot, const char *const *extra, char *addr, size_t cap, int *code) {
     const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_SOURCE_DIR "/models",
@@ -133,22 +63,6 @@ static bool stats(const char *addr, dj_client_stats *st) {
     return ok;
 }
 
-static bool same_tokens(const agent *x, const agent *y, int rounds, const char *what) {
-    bool same = true;
-    for (int r = 0; r < rounds; r++) {
-        const bool d = x->n_out[r] != GEN || y->n_out[r] != GEN || memcmp(x->out[r], y->out[r], sizeof x->out[r]);
-        if (d) {
-            fprintf(stderr, "agent %d round %d (%s): alone", x->idx, r, what);
-            for (uint32_t k = 0; k < x->n_out[r] && k < GEN; k++) fprintf(stderr, " %d", x->out[r][k]);
-            fprintf(stderr, "; here");
-            for (uint32_t k = 0; k < y->n_out[r] && k < GEN; k++) fprintf(stderr, " %d", y->out[r][k]);
-            fputc('\n', stderr);
-        }
-        same &= !d;
-    }
-    return same;
-}
-
 static agent alone[N_AGENTS];
 
 /* Every agent alone on a roomy daemon: the tokens to match. */
@@ -160,12 +74,8 @@ static void references(int slot) {
         CHECK_MSG(false, "djinnd did not start (exit %d)", code);
         return;
     }
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&alone[i], i, base_seed);
-        alone[i].addr = addr;
-        run_agent(&alone[i], false);
-        CHECK_MSG(alone[i].st == DJ_OK, "agent %d alone: %s", i, alone[i].err);
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&alone[i], i, base_seed);
+    dj_test_agents_alone(alone, N_AGENTS, addr);
     dj_test_daemon_stop(slot, 10000);
 }
 
@@ -183,22 +93,9 @@ static void crowd(int slot) {
         CHECK_MSG(false, "djinnd did not start (exit %d): %s", code, daemon_err(slot, e, sizeof e));
         return;
     }
-    pthread_t th[N_AGENTS];
-    for (int i = 0; i < N_AGENTS; i++) {
-        make_agent(&crowd[i], i, base_seed);
-        crowd[i].addr = addr;
-        CHECK(pthread_create(&th[i], NULL, agent_thread, &crowd[i]) == 0);
-    }
-    for (int i = 0; i < N_AGENTS; i++) pthread_join(th[i], NULL);
-    int failed = 0, differ = 0;
-    for (int i = 0; i < N_AGENTS; i++) {
-        if (crowd[i].st != DJ_OK) {
-            failed++;
-            fprintf(stderr, "agent %d: %s: %s\n", i, dj_status_name(crowd[i].st), crowd[i].err);
-            continue;
-        }
-        differ += !same_tokens(&alone[i], &crowd[i], ROUNDS, "crowd");
-    }
+    for (int i = 0; i < N_AGENTS; i++) make_agent(&crowd[i], i, base_seed);
+    int differ = 0;
+    const int failed = dj_test_agents_crowd(crowd, alone, N_AGENTS, addr, "crowd", &differ);
     dj_client_stats st;
     memset(&st, 0, sizeof st);
     CHECK(stats(addr, &st));
@@ -243,7 +140,7 @@ static void corrupted(int slot) {
     for (int i = 0; i < 5; i++) {
         make_agent(&a[i], i, base_seed); /* agents 0-4: their references are alone[0-4] */
         CHECK_OK(dj_client_session_open(c, &so, &sid[i]));
-        CHECK_OK(generate(c, sid[i], &a[i], 0));
+        CHECK_OK(dj_test_agent_generate(c, sid[i], &a[i], 0));
         if (i < 2) CHECK_OK(dj_client_session_pause(c, sid[i], 0)); /* a tool call of unknown length */
     }
     dj_client_stats st;
@@ -265,8 +162,8 @@ static void corrupted(int slot) {
     for (int i = 2; i < 5; i++) CHECK_OK(dj_client_session_close(c, sid[i]));
     for (int i = 0; i < 2; i++) {
         CHECK_OK(dj_client_session_resume(c, sid[i]));
-        for (int r = 1; r < ROUNDS; r++) CHECK_OK(generate(c, sid[i], &a[i], r));
-        CHECK_MSG(same_tokens(&alone[i], &a[i], ROUNDS, "after corruption"), "agent %d: tokens differ", i);
+        for (int r = 1; r < ROUNDS; r++) CHECK_OK(dj_test_agent_generate(c, sid[i], &a[i], r));
+        CHECK_MSG(dj_test_agent_same(&alone[i], &a[i], ROUNDS, "after corruption"), "agent %d: tokens differ", i);
     }
     CHECK(stats(addr, &st));
     printf("a corrupted page file: %llu bad pages, %llu failed reads, %llu sessions recomputed from history\n",

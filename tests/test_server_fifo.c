@@ -197,8 +197,6 @@ int main(void) {
     alarm(300);
     test_daemon();
     alarm(0);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_fifo");
 }

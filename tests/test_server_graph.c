@@ -84,47 +84,33 @@ static reply call(int fd, uint16_t type, dj__mw *w, const void *payload, uint64_
 
 /* ---- graphs (the msgpack form of docs/protocol.md) ---- */
 
-typedef struct wb {
-    uint8_t b[4096];
-    size_t n;
-} wb;
-static void put(wb *w, uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; i--) w->b[w->n++] = (uint8_t)(v >> (8 * i));
-}
-static void w_map(wb *w, uint32_t n) { w->b[w->n++] = 0xdf, put(w, n, 4); }
-static void w_arr(wb *w, uint32_t n) { w->b[w->n++] = 0xdd, put(w, n, 4); }
-static void w_str(wb *w, const char *s) {
-    const size_t n = strlen(s);
-    w->b[w->n++] = 0xdb, put(w, n, 4);
-    memcpy(w->b + w->n, s, n);
-    w->n += n;
-}
-static void w_int(wb *w, int64_t v) { w->b[w->n++] = 0xd3, put(w, (uint64_t)v, 8); }
-static void w_bin(wb *w, const void *p, uint32_t n) {
-    w->b[w->n++] = 0xc6, put(w, n, 4);
-    memcpy(w->b + w->n, p, n);
-    w->n += n;
-}
+typedef dj_test_wb wb; /* testutil.h */
 static void w_spec(wb *w, int64_t a, int64_t b) {
-    w_map(w, 2), w_str(w, "shape"), w_arr(w, 2), w_int(w, a), w_int(w, b), w_str(w, "dtype"), w_str(w, "f32");
+    dj_test_w_map(w, 2), dj_test_w_str(w, "shape"), dj_test_w_arr(w, 2), dj_test_w_int(w, a), dj_test_w_int(w, b),
+        dj_test_w_str(w, "dtype"), dj_test_w_str(w, "f32");
 }
-static void w_ref(wb *w, const char *k, int64_t i) { w_map(w, 1), w_str(w, k), w_int(w, i); }
+static void w_ref(wb *w, const char *k, int64_t i) { dj_test_w_map(w, 1), dj_test_w_str(w, k), dj_test_w_int(w, i); }
 
 /* out = relu(x * wt) (mul broadcasting wt [1, 3] over x [2, 3]); op replaces aten.relu.default when given. */
 static void graph_mul_relu(wb *w, const dj_whash *wt, const char *op) {
     w->n = 0;
-    w_map(w, 5), w_str(w, "v"), w_int(w, 1);
-    w_str(w, "inputs"), w_arr(w, 1), w_spec(w, 2, 3);
-    w_str(w, "weights"), w_arr(w, 1);
-    w_map(w, 4), w_str(w, "name"), w_str(w, "scale"), w_str(w, "hash"), w_bin(w, wt->b, DJ_WHASH_BYTES);
-    w_str(w, "shape"), w_arr(w, 2), w_int(w, 1), w_int(w, 3), w_str(w, "dtype"), w_str(w, "f32");
-    w_str(w, "nodes"), w_arr(w, 2);
-    w_map(w, 3), w_str(w, "op"), w_str(w, "aten.mul.Tensor"), w_str(w, "args"), w_arr(w, 2), w_ref(w, "i", 0),
-        w_ref(w, "w", 0), w_str(w, "out"), w_arr(w, 1), w_spec(w, 2, 3);
-    w_map(w, 3), w_str(w, "op"), w_str(w, op ? op : "aten.relu.default"), w_str(w, "args"), w_arr(w, 1);
-    w_map(w, 1), w_str(w, "n"), w_arr(w, 2), w_int(w, 0), w_int(w, 0);
-    w_str(w, "out"), w_arr(w, 1), w_spec(w, 2, 3);
-    w_str(w, "outputs"), w_arr(w, 1), w_map(w, 1), w_str(w, "n"), w_arr(w, 2), w_int(w, 1), w_int(w, 0);
+    dj_test_w_map(w, 5), dj_test_w_str(w, "v"), dj_test_w_int(w, 1);
+    dj_test_w_str(w, "inputs"), dj_test_w_arr(w, 1), w_spec(w, 2, 3);
+    dj_test_w_str(w, "weights"), dj_test_w_arr(w, 1);
+    dj_test_w_map(w, 4), dj_test_w_str(w, "name"), dj_test_w_str(w, "scale"), dj_test_w_str(w, "hash"),
+        dj_test_w_bin(w, wt->b, DJ_WHASH_BYTES);
+    dj_test_w_str(w, "shape"), dj_test_w_arr(w, 2), dj_test_w_int(w, 1), dj_test_w_int(w, 3), dj_test_w_str(w, "dtype"),
+        dj_test_w_str(w, "f32");
+    dj_test_w_str(w, "nodes"), dj_test_w_arr(w, 2);
+    dj_test_w_map(w, 3), dj_test_w_str(w, "op"), dj_test_w_str(w, "aten.mul.Tensor"), dj_test_w_str(w, "args"),
+        dj_test_w_arr(w, 2), w_ref(w, "i", 0), w_ref(w, "w", 0), dj_test_w_str(w, "out"), dj_test_w_arr(w, 1),
+        w_spec(w, 2, 3);
+    dj_test_w_map(w, 3), dj_test_w_str(w, "op"), dj_test_w_str(w, op ? op : "aten.relu.default"),
+        dj_test_w_str(w, "args"), dj_test_w_arr(w, 1);
+    dj_test_w_map(w, 1), dj_test_w_str(w, "n"), dj_test_w_arr(w, 2), dj_test_w_int(w, 0), dj_test_w_int(w, 0);
+    dj_test_w_str(w, "out"), dj_test_w_arr(w, 1), w_spec(w, 2, 3);
+    dj_test_w_str(w, "outputs"), dj_test_w_arr(w, 1), dj_test_w_map(w, 1), dj_test_w_str(w, "n"), dj_test_w_arr(w, 2),
+        dj_test_w_int(w, 1), dj_test_w_int(w, 0);
 }
 
 /* GRAPH_RUN of g with x in the payload (x NULL: input 0 is handle hin). */
@@ -507,8 +493,6 @@ int main(void) {
     alarm(300);
     test_daemon();
     alarm(0);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_graph");
 }

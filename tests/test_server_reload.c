@@ -236,8 +236,6 @@ int main(void) {
     test_bad_configs();
     test_file_and_flags();
     test_sighup();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_reload");
 }

@@ -152,11 +152,7 @@ int main(void) {
     dj_test_daemon_guard();
     setvbuf(stdout, NULL, _IONBF, 0);
     if (!mkdtemp(tmpdir)) return 1;
-    snprintf(store, sizeof store, "%s/store", tmpdir);
-    char p[600];
-    if (mkdir(store, 0700)) return 1;
-    snprintf(p, sizeof p, "%s/demo", store);
-    if (symlink(DJ_SOURCE_DIR "/models/demo", p)) return 1;
+    if (!dj_test_demo_store(tmpdir, store, sizeof store)) return 1;
     char addr[128];
     unsigned http_port = 0;
     const pid_t pid = dj_test_http_daemon_start(0, tmpdir, store, NULL, addr, sizeof addr, &http_port);
@@ -166,8 +162,6 @@ int main(void) {
         test_wrong_doors(addr, http_port);
     }
     CHECK(dj_test_daemon_stop(0, 30000) == 0);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0);
+    CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_version");
 }

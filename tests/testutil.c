@@ -1,8 +1,10 @@
-/* testutil.c: counters, seeding, file reading and sampling-test helpers for the test programs. */
+/* testutil.c: counters, seeding, file reading, sampling-test helpers and a msgpack graph writer
+ * for the test programs. */
 #include "testutil.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,4 +127,46 @@ void dj_test_weight_ranks(const float *logits, uint32_t n, float T, uint32_t *or
     qsort(order, n, sizeof *order, by_weight);
     for (uint32_t i = 0; i < n; i++) rank[order[i]] = i;
     free(w);
+}
+
+bool dj_test_rm_rf(const char *dir) {
+    char cmd[1100];
+    if (snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= (int)sizeof cmd) return false;
+    return system(cmd) == 0;
+}
+
+/* ---- the msgpack writer for hand-built graphs ---- */
+
+static uint8_t *w_room(dj_test_wb *w, size_t k) {
+    if (k > sizeof w->b - w->n) {
+        fprintf(stderr, "dj_test_wb: %zu bytes more do not fit after %zu\n", k, w->n);
+        abort();
+    }
+    uint8_t *p = w->b + w->n;
+    w->n += k;
+    return p;
+}
+static void w_tag(dj_test_wb *w, uint8_t tag, uint64_t v, int bytes) {
+    uint8_t *p = w_room(w, 1 + (size_t)bytes);
+    p[0] = tag;
+    for (int i = 0; i < bytes; i++) p[1 + i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+}
+void dj_test_w_map(dj_test_wb *w, uint32_t n) { w_tag(w, 0xdf, n, 4); }
+void dj_test_w_arr(dj_test_wb *w, uint32_t n) { w_tag(w, 0xdd, n, 4); }
+void dj_test_w_str(dj_test_wb *w, const char *s) {
+    const size_t n = strlen(s);
+    w_tag(w, 0xdb, n, 4);
+    memcpy(w_room(w, n), s, n);
+}
+void dj_test_w_int(dj_test_wb *w, int64_t v) { w_tag(w, 0xd3, (uint64_t)v, 8); }
+void dj_test_w_f64(dj_test_wb *w, double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    w_tag(w, 0xcb, u, 8);
+}
+void dj_test_w_nil(dj_test_wb *w) { w_tag(w, 0xc0, 0, 0); }
+void dj_test_w_bool(dj_test_wb *w, int v) { w_tag(w, v ? 0xc3 : 0xc2, 0, 0); }
+void dj_test_w_bin(dj_test_wb *w, const void *p, uint32_t n) {
+    w_tag(w, 0xc6, n, 4);
+    if (n) memcpy(w_room(w, n), p, n);
 }

@@ -3,6 +3,7 @@
 #ifndef DJ_TESTUTIL_H
 #define DJ_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -68,5 +69,23 @@ void dj_test_weight_ranks(const float *logits, uint32_t n, float T, uint32_t *or
 
 /* Read a whole file (NUL-terminated, malloc'd); NULL if it cannot be read. */
 char *dj_test_read_file(const char *path, size_t *len /* OUT, may be NULL */);
+/* A msgpack writer for hand-built captured graphs (docs/protocol.md): every
+ * map, array, string, int and bin in its widest form (map32, array32, str32,
+ * int64, bin32), so the tests know each byte's offset. Writing past b aborts. */
+typedef struct dj_test_wb {
+    uint8_t b[1 << 16];
+    size_t n;
+} dj_test_wb;
+void dj_test_w_map(dj_test_wb *w, uint32_t n);
+void dj_test_w_arr(dj_test_wb *w, uint32_t n);
+void dj_test_w_str(dj_test_wb *w, const char *s);
+void dj_test_w_int(dj_test_wb *w, int64_t v);
+void dj_test_w_f64(dj_test_wb *w, double v);
+void dj_test_w_nil(dj_test_wb *w);
+void dj_test_w_bool(dj_test_wb *w, int v);
+void dj_test_w_bin(dj_test_wb *w, const void *p, uint32_t n);
+
+/* Removes the directory tree at dir (rm -rf); true when that succeeded. */
+bool dj_test_rm_rf(const char *dir);
 
 #endif

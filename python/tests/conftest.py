@@ -25,6 +25,23 @@ LEASE_MS = 10000
 SHORT_LEASE_MS = 1500
 
 
+
+def randomize_bn(m, seed, affine=True):
+    """m with every BatchNorm2d's running statistics (and, with affine, its
+    weight and bias) drawn from a generator seeded with seed: eval-mode batch
+    norm that is not the identity. Returns m."""
+    import torch  # only the capture tests need it; they skip without it
+
+    g = torch.Generator().manual_seed(seed)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            if affine:
+                mod.weight.data.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+                mod.bias.data.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
+    return m
+
 def _exe(env, rel):
     p = os.environ.get(env) or os.path.join(ROOT, "build", rel)
     if not os.access(p, os.X_OK):

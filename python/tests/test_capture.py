@@ -17,6 +17,8 @@ F = torch.nn.functional
 from djinn import errors  # noqa: E402
 from djinn.capture import CapturedModule, ToolExecutor, capture_graph  # noqa: E402
 
+from conftest import randomize_bn  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TOOL = os.environ.get("DJ_GRAPH_RUN") or os.path.join(ROOT, "build", "graph_run_tool")
@@ -75,17 +77,6 @@ class CNN(nn.Module):
         z = self.c3(y)
         z = self.pool(z)
         return torch.softmax(self.fc(torch.flatten(z, 1)), dim=1)
-
-
-def randomize_bn(m, seed):
-    g = torch.Generator().manual_seed(seed)
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
-            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
-            mod.weight.data.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
-            mod.bias.data.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
-    return m
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

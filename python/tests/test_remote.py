@@ -16,7 +16,7 @@ import djinn  # noqa: E402
 from djinn import _wire, errors  # noqa: E402
 from djinn.capture import capture_graph, xxh3_128  # noqa: E402
 
-from conftest import Daemon  # noqa: E402
+from conftest import Daemon, randomize_bn  # noqa: E402
 
 RTOL = 1e-4
 
@@ -58,15 +58,6 @@ class CNN(nn.Module):
         return torch.softmax(self.fc(torch.flatten(x, 1)), dim=1)
 
 
-def randomize_bn(m, seed):
-    g = torch.Generator().manual_seed(seed)
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
-            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
-    return m
-
-
 class RollNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -83,7 +74,7 @@ def weights_stats(c):
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_hand_written_modules_match_eager(client, kind):
     torch.manual_seed(1)
-    m = (MLP() if kind == "mlp" else randomize_bn(CNN(), 2)).eval()
+    m = (MLP() if kind == "mlp" else randomize_bn(CNN(), 2, affine=False)).eval()
     x = torch.randn(4, 20) if kind == "mlp" else torch.randn(2, 3, 16, 16)
     rm = client.remote(m)
     got = rm(x)
@@ -97,7 +88,7 @@ def test_hand_written_modules_match_eager(client, kind):
 def test_resnet18_matches_eager_and_second_call_moves_no_weights(client):
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(3)
-    m = randomize_bn(torchvision.models.resnet18(), 4).eval()
+    m = randomize_bn(torchvision.models.resnet18(), 4, affine=False).eval()
     x = torch.randn(1, 3, 64, 64)
     rm = client.remote(m)
     before = weights_stats(client)["received_bytes"]

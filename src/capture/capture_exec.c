@@ -690,14 +690,31 @@ static dj_status linear(const run *r, const dj__cnode *n, float *out) {
 
 static int64_t arg_pair(const dj__carg *a, int i) { return a->n == 1 ? a->ints[0] : a->ints[i]; }
 
+/* What convolution and its transpose read of their node: aten.convolution's
+ * (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups). */
+typedef struct conv_args {
+    const dj_ctensor_info *x, *w, *o;
+    const float *xp, *wp, *bias; /* bias NULL when None */
+    int64_t sh, sw, ph, pw, dh, dw, groups;
+} conv_args;
+
+static conv_args conv_args_of(const run *r, const dj__cnode *n) {
+    conv_args a;
+    a.x = vi(r, n->args[0].v), a.w = vi(r, n->args[1].v), a.o = vi(r, n->out[0]);
+    a.xp = vp(r, n->args[0].v), a.wp = vp(r, n->args[1].v);
+    a.bias = n->args[2].kind == DJ_CARG_TENSOR ? vp(r, n->args[2].v) : NULL;
+    a.sh = arg_pair(&n->args[3], 0), a.sw = arg_pair(&n->args[3], 1);
+    a.ph = arg_pair(&n->args[4], 0), a.pw = arg_pair(&n->args[4], 1);
+    a.dh = arg_pair(&n->args[5], 0), a.dw = arg_pair(&n->args[5], 1);
+    a.groups = n->args[8].i;
+    return a;
+}
+
 static dj_status conv(const run *r, const dj__cnode *n, float *out, float *cols) {
-    const dj_ctensor_info *x = vi(r, n->args[0].v), *w = vi(r, n->args[1].v), *o = vi(r, n->out[0]);
-    const float *xp = vp(r, n->args[0].v), *wp = vp(r, n->args[1].v);
-    const float *bias = n->args[2].kind == DJ_CARG_TENSOR ? vp(r, n->args[2].v) : NULL;
-    const int64_t sh = arg_pair(&n->args[3], 0), sw = arg_pair(&n->args[3], 1);
-    const int64_t ph = arg_pair(&n->args[4], 0), pw = arg_pair(&n->args[4], 1);
-    const int64_t dh = arg_pair(&n->args[5], 0), dw = arg_pair(&n->args[5], 1);
-    const int64_t groups = n->args[8].i;
+    const conv_args a = conv_args_of(r, n);
+    const dj_ctensor_info *x = a.x, *w = a.w, *o = a.o;
+    const float *xp = a.xp, *wp = a.wp, *bias = a.bias;
+    const int64_t sh = a.sh, sw = a.sw, ph = a.ph, pw = a.pw, dh = a.dh, dw = a.dw, groups = a.groups;
     const int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     const int64_t OC = w->shape[0], Cg = w->shape[1], KH = w->shape[2], KW = w->shape[3];
     const int64_t OH = o->shape[2], OW = o->shape[3], OCg = OC / groups, kk = Cg * KH * KW, P = OH * OW;
@@ -1026,13 +1043,10 @@ static void sort_rows(const run *r, const dj__cnode *n, float *vals, float *idxs
 
 /* transposed 2-d convolution: each input element scattered through the kernel (the reference loop) */
 static void conv_transposed(const run *r, const dj__cnode *n, float *out) {
-    const dj_ctensor_info *x = vi(r, n->args[0].v), *w = vi(r, n->args[1].v), *o = vi(r, n->out[0]);
-    const float *xp = vp(r, n->args[0].v), *wp = vp(r, n->args[1].v);
-    const float *bias = n->args[2].kind == DJ_CARG_TENSOR ? vp(r, n->args[2].v) : NULL;
-    const int64_t sh = arg_pair(&n->args[3], 0), sw = arg_pair(&n->args[3], 1);
-    const int64_t ph = arg_pair(&n->args[4], 0), pw = arg_pair(&n->args[4], 1);
-    const int64_t dh = arg_pair(&n->args[5], 0), dw = arg_pair(&n->args[5], 1);
-    const int64_t groups = n->args[8].i;
+    const conv_args a = conv_args_of(r, n);
+    const dj_ctensor_info *x = a.x, *w = a.w, *o = a.o;
+    const float *xp = a.xp, *wp = a.wp, *bias = a.bias;
+    const int64_t sh = a.sh, sw = a.sw, ph = a.ph, pw = a.pw, dh = a.dh, dw = a.dw, groups = a.groups;
     const int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     const int64_t Cg = C / groups, OCg = w->shape[1], KH = w->shape[2], KW = w->shape[3];
     const int64_t OC = o->shape[1], OH = o->shape[2], OW = o->shape[3];

@@ -109,21 +109,23 @@ void dj__log_line(dj_log_level lvl, const char *func, const char *msg, const cha
     }
 }
 
-void dj__log_always(dj_log_level lvl, const char *func, const char *fmt, ...) {
+static void log_v(dj_log_level lvl, const char *func, const char *fmt, va_list ap) {
     char line[2048];
+    vsnprintf(line, sizeof line, fmt, ap);
+    dj__log_line(lvl, func, line, NULL);
+}
+
+void dj__log_always(dj_log_level lvl, const char *func, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    log_v(lvl, func, fmt, ap);
     va_end(ap);
-    dj__log_line(lvl, func, line, NULL);
 }
 
 void dj_log(dj_log_level lvl, const char *func, const char *fmt, ...) {
     if ((int)lvl < log_threshold()) return;
-    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    log_v(lvl, func, fmt, ap);
     va_end(ap);
-    dj__log_line(lvl, func, line, NULL);
 }
