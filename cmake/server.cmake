@@ -1,13 +1,14 @@
 # server.cmake: the daemon library and executable (djinn_server, djinnd);
 # the wire protocol and the client library they link: cmake/client.cmake.
 
-# http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
+# http.c/http_openai.c: the OpenAI-compatible front end; its requests enter through portals (submit.c).
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
             src/server/guard.c src/server/options.c src/server/model_info.c src/server/http.c
             src/server/http_openai.c src/server/http_view.c src/server/http_routes.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/request.c src/server/encode.c) # typed requests (request.h) and events (event.h)
+target_sources(djinn_server PRIVATE src/server/submit.c) # portals: in-process connections (the HTTP door's)
 target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)
 target_sources(djinn_server PRIVATE src/server/graph_serve.c) # captured modules: weights by content, GRAPH_RUN
 target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the binary port is answered in HTTP
@@ -23,7 +24,8 @@ if(SYSTEMD_FOUND)
   target_compile_definitions(djinn_server PRIVATE DJ_HAVE_SYSTEMD=1)
   target_link_libraries(djinn_server PRIVATE PkgConfig::SYSTEMD)
 endif()
-target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto djinn_client PkgConfig::LIBUV PkgConfig::MHD
+# no djinn_client: the daemon is no client of itself (the HTTP door submits in-process)
+target_link_libraries(djinn_server PUBLIC djinn_engine djinn_proto PkgConfig::LIBUV PkgConfig::MHD
                       Threads::Threads)
 
 add_executable(djinnd src/server/djinnd.c)

@@ -178,6 +178,7 @@ typedef struct dj__event {
     uint32_t pos;
     bool swapped;
     bool gone;                /* DJ__EV_STATE: the worker closed the session itself (its KV on disk was lost) */
+    uint64_t renewed;         /* a portal's HEARTBEAT reply: the leases it renewed (submit.h) */
     union {
         dj__rep_open open;
         dj__rep_step step;

@@ -1,5 +1,5 @@
-/* http_impl.h: djinnd's OpenAI-compatible HTTP front end - an in-process
- * client of the daemon's own protocol (libdjinn) behind libmicrohttpd
+/* http_impl.h: djinnd's OpenAI-compatible HTTP front end - typed requests
+ * into the daemon through portals (submit.h) behind libmicrohttpd
  * (http.c), and the OpenAI request/response JSON (http_openai.c). */
 #ifndef DJ_HTTP_IMPL_H
 #define DJ_HTTP_IMPL_H
@@ -9,14 +9,14 @@
 #include <stdint.h>
 
 #include "djinn/chat_template.h"
-#include "djinn/client.h"
 #include "djinn/tokenizer.h"
 #include "server/server_impl.h"
+#include "server/submit.h"
 
 /* ---- the front end (http.c) ---- */
 typedef struct dj__http_cfg {
     const char *addr;        /* --http ADDR:PORT */
-    char daemon[320];        /* the daemon's own listener, as libdjinn dials it */
+    struct dj__server *srv;  /* the daemon: requests enter through its portals (submit.h) */
     const char *models;      /* --models: tokenizers and chat templates are read here */
     const dj__token *auth;   /* [n_auth] --token-file: bearer tokens (none: loopback peers only) */
     size_t n_auth;
@@ -48,11 +48,9 @@ size_t dj__http_sweep(dj__http *h, uint64_t now_ms);
  * /v1/djinn/events: the STATS reply as JSON, one line, with at (monotonic
  * seconds when it was taken: rates between two of them) as "at_s" (malloc'd,
  * *len bytes; NULL when out of memory). */
-char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len /* OUT */);
-/* ... as a token without the admin role sees it: the daemon-wide counters
- * (memory used, pages free, the prefix cache, queues, swap traffic, steps,
- * models' references) zeroed and "scope": "own" - its own sessions only. */
-char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len /* OUT */);
+char *dj__http_stats_json(const dj__stats_snap *st, double at, size_t *len /* OUT */);
+/* (A snapshot without the admin role - st->admin false - holds its own
+ * sessions only: the daemon-wide counters are zero and "scope" is "own".) */
 extern const char dj__http_view_html[]; /* GET /: the page, drawing the events above */
 
 /* What the front end keeps of a model of the store (loaded on first use). */
@@ -156,13 +154,13 @@ char *dj__oai_error(int status, const char *message, size_t *len /* OUT */);
  * /health's 503 body). A model comes from get(ctx, name): the front end's
  * entry (NULL: not in the store). */
 typedef const dj__http_model *(*dj__http_model_fn)(void *ctx, const char *name);
-/* GET /health: 200 {"status": "ok"} when the daemon answers a HELLO and a
- * heartbeat (with token), else 503 {"status": "unavailable", "reason"}. */
-int dj__http_health(const char *daemon, const char *token, char **out, size_t *len, char *err, size_t cap);
+/* GET /health: 200 {"status": "ok"} when the daemon opens a portal for the
+ * token and answers its heartbeat, else 503 {"status": "unavailable", "reason"}. */
+int dj__http_health(struct dj__server *s, const dj__token *tk, char **out, size_t *len, char *err, size_t cap);
 /* GET /v1/models (id NULL) and /v1/models/{id} from MODEL_LIST's entries:
  * id, object, created (0), owned_by, loaded, and where the front end can
  * read the folder max_model_len, chat_template, tokenizer. */
-int dj__http_models(const dj_client_model *ms, size_t n, const char *id, dj__http_model_fn get, void *ctx, char **out,
+int dj__http_models(const dj__rep_model_list *ms, const char *id, dj__http_model_fn get, void *ctx, char **out,
                     size_t *len, char *err, size_t cap);
 /* POST /tokenize {model, prompt[, add_special_tokens]} or {model, messages}
  * (rendered as /v1/chat/completions renders them) -> {tokens, count,

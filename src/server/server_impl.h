@@ -74,9 +74,9 @@ void dj__cache_salt_of(const uint64_t base[2], const char *bytes, size_t n, uint
  * DJ_EBUSY unchecked and uncharged). Only checked HELLOs count; a success
  * forgets the peer; a record is forgotten DJ__PEER_FORGET_MS after its last
  * failure. Past DJ__PEERS_MAX records new peers share one overflow record
- * (they are slowed together, never not at all). The HTTP door's own
- * connections (a private unix socket) are not peers: the door checks its
- * clients' tokens and slows them per address itself. Loop thread only. */
+ * (they are slowed together, never not at all). The HTTP door's
+ * connections (portals, submit.h: no socket, no HELLO) are not peers: the
+ * door checks its clients' tokens and slows them per address itself. Loop thread only. */
 typedef struct dj__peer {
     uint32_t fails;
     uint32_t waiting;      /* HELLOs held back now (dj__peer_wait) */
@@ -397,8 +397,7 @@ typedef struct dj__server {
     bool refuse_busy;    /* refuse is open or closing */
     bool accept_stalled; /* a connection waits for refuse's close to be accepted */
     bool is_unix;
-    uv_pipe_t door;      /* --http: the door's own way in, a unix socket in a 0700 directory of its own */
-    char door_dir[64];   /* "" when none */
+    struct dj__portals *portals; /* in-process connections' ops to the loop (submit.c: the HTTP door's) */
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
     uv_check_t clock_check; /* after each poll's callbacks: advances clock_ms */
@@ -464,7 +463,7 @@ typedef struct dj__server {
     dj__model_ent *models;
 
     dj__metrics metrics;
-    struct dj__http *http; /* --http: the front end, a client of the listener above */
+    struct dj__http *http; /* --http: the front end; its requests enter through portals (submit.h) */
     struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
     struct dj__reload *reload; /* reload.c: SIGHUP's state (loop only) */
 } dj__server;
