@@ -1771,8 +1771,8 @@ static dj_status fit_fd_limit(dj__config *cfg) {
         want.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
     }
-    /* an HTTP request holds its own socket and its libdjinn one (the daemon's
-     * end of that is one of the connections) */
+    /* an HTTP request (and a kept session) holds its own socket and its
+     * portal's eventfd (submit.c); portals are none of the connections */
     const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0) +
                            (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16 + cfg->http_reuse) + cfg->http_unauth : 0);
     const uint64_t avail = rl.rlim_cur > spare ? rl.rlim_cur - spare : 0;
