@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$OUT"
 . scripts/gpu_programs.sh
-CUDA_ARGS=${DJ_CMAKE_ARGS:-} dj_gpu_programs gpu_check gpu_models gpu_swap gpu_prefix djinn djinnd bench_gpu \
+CUDA_ARGS=${DJ_CMAKE_ARGS:-} dj_gpu_programs gpu_check gpu_capture gpu_models gpu_swap gpu_prefix djinn djinnd bench_gpu \
     bench_fairness make_random_checkpoint || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fail=0
@@ -42,6 +42,14 @@ flags=""
 "$B/gpu_check" $flags >"$OUT/gpu_check.log" 2>&1 || fail=1
 grep -E "checks|^bench|FAIL" "$OUT/gpu_check.log"
 "$B/gpu_models" . 2>&1 | tee "$OUT/gpu_models.log" | grep -vE "^seed" || fail=1
+# captured graphs (issue 44): every bundle on the GPU against the CPU executor, fresh random inputs
+CB=${DJ_CAPTURE_BUNDLES:-$B/../capture}
+if [ -x "$B/gpu_capture" ] && [ -d "$CB" ]; then
+    "$B/gpu_capture" "$CB" >"$OUT/gpu_capture.log" 2>&1 || fail=1
+    grep -E "^FAIL|^ops|capture checks" "$OUT/gpu_capture.log"
+else
+    echo "gpu_capture: no bundles at $CB (scripts/capture_bundles.sh DIR, then DJ_CAPTURE_BUNDLES=DIR)"
+fi
 if [ $BENCH = 1 ]; then
     M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
     [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 || exit 2
@@ -102,6 +110,7 @@ fi
     echo '```'
     grep -E "checks|FAIL" "$OUT/gpu_check.log"
     grep -E "passed|failed|FAIL" "$OUT/gpu_models.log" | tail -3
+    [ -f "$OUT/gpu_capture.log" ] && grep -E "^FAIL|capture checks|resnet|bert|gpt2" "$OUT/gpu_capture.log"
     grep -E "restores|auto VMU|^bench swap|passed|failed|FAIL" "$OUT/gpu_swap.log" 
     grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
     [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|FAIL" "$OUT/bench_gpu.log"
