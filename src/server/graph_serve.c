@@ -194,6 +194,12 @@ dj_status dj__graph_req_parse(const dj__meta *m, const uint8_t *payload, uint64_
         r->has_id = true;
         memcpy(r->graph_id, id->via.bin.ptr, 16);
     }
+    char qos[16] = "";
+    if ((st = dj__meta_strcpy(m, "qos", false, qos, sizeof qos)) != DJ_OK || (qos[0] && (st = dj_qos_parse(qos, &r->qos)) != DJ_OK)) {
+        dj__graph_req_free(r);
+        return st;
+    }
+    r->has_qos = qos[0] != 0;
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *o = &a->via.array.ptr[i];
         if (o->type == MSGPACK_OBJECT_NIL) continue;
@@ -213,6 +219,7 @@ dj_status dj__graph_req_parse(const dj__meta *m, const uint8_t *payload, uint64_
 
 void dj__graph_req_free(dj__graph_req *r) {
     if (!r) return;
+    if (r->plan) dj_gplan_cache_release(r->plans, r->plan);
     for (uint32_t i = 0; r->hin && i < r->n_inputs; i++) free(r->hin[i]);
     free(r->hin);
     free(r->hin_bytes);
@@ -366,33 +373,66 @@ static dj_status publish(run_ctx *x, dj__rep_graph *out) {
     return DJ_OK;
 }
 
+/* r's plan from the cache (put when its bytes came): a reference to release, and its id */
+static dj_status plan_of(dj__capture *c, const dj__graph_req *r, uint64_t conn, const dj_cgraph_t **g, dj_gplan **plan,
+                         uint8_t id[DJ_GPLAN_ID_BYTES], bool *hit) {
+    dj_cgraph_error err;
+    dj_status st;
+    *hit = true;
+    if (r->graph_len) {
+        st = dj_gplan_cache_put(c->plans, conn, r->graph, (size_t)r->graph_len, NULL, g, plan, id, hit, &err);
+        if (st != DJ_OK) return dj_fail(st, "%s (%s)", err.msg, dj_cgraph_err_name(err.kind));
+        if (r->has_id && memcmp(id, r->graph_id, DJ_GPLAN_ID_BYTES)) {
+            dj_gplan_cache_release(c->plans, *plan);
+            *plan = NULL;
+            return dj_fail(DJ_EINVAL, "GRAPH_RUN: graph_id is not the XXH3-128 of the graph's bytes");
+        }
+        return DJ_OK;
+    }
+    memcpy(id, r->graph_id, DJ_GPLAN_ID_BYTES);
+    return dj_gplan_cache_get(c->plans, conn, id, g, plan);
+}
+
+dj_status dj__graph_plan_bytes(dj__server *s, dj__graph_req *r, uint64_t conn, uint64_t *bytes) {
+    dj__capture *c = s->capture;
+    *bytes = 0;
+    if (r->plan) dj_gplan_cache_release(r->plans, r->plan);
+    r->plan = NULL;
+    const double t0 = dj__now();
+    const dj_status st = plan_of(c, r, conn, &r->g, &r->plan, r->plan_id, &r->plan_hit);
+    r->plan_s = dj__now() - t0;
+    if (st != DJ_OK) {
+        r->plan = NULL;
+        atomic_fetch_add(&c->run_errors, 1);
+        return st;
+    }
+    r->plans = c->plans;
+    uint64_t n = dj_cgraph_stack_bytes(r->g);
+    for (uint32_t i = 0; i < dj_cgraph_n_outputs(r->g); i++) n += dj_cgraph_output(r->g, i)->numel * 4;
+    *bytes = n;
+    return DJ_OK;
+}
+
 dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, dj__rep_graph *out) {
     dj__capture *c = s->capture;
     run_ctx x = {0};
-    dj_cgraph_error err;
     const double t0 = dj__now();
     uint8_t id[DJ_GPLAN_ID_BYTES];
     bool hit = true;
-    dj_status st;
-    if (r->graph_len) {
-        st = dj_gplan_cache_put(c->plans, conn, r->graph, (size_t)r->graph_len, NULL, &x.g, &x.plan, id, &hit, &err);
-        if (st != DJ_OK) {
-            atomic_fetch_add(&c->run_errors, 1);
-            return dj_fail(st, "%s (%s)", err.msg, dj_cgraph_err_name(err.kind));
-        }
-        if (r->has_id && memcmp(id, r->graph_id, DJ_GPLAN_ID_BYTES)) {
-            atomic_fetch_add(&c->run_errors, 1);
-            dj_gplan_cache_release(c->plans, x.plan);
-            return dj_fail(DJ_EINVAL, "GRAPH_RUN: graph_id is not the XXH3-128 of the graph's bytes");
-        }
+    dj_status st = DJ_OK;
+    double t_plan;
+    if (r->plan) { /* taken as it arrived (the plan stays r's: released with it) */
+        x.g = r->g;
+        memcpy(id, r->plan_id, DJ_GPLAN_ID_BYTES);
+        hit = r->plan_hit;
+        t_plan = r->plan_s;
     } else {
-        memcpy(id, r->graph_id, DJ_GPLAN_ID_BYTES);
-        if ((st = dj_gplan_cache_get(c->plans, conn, id, &x.g, &x.plan)) != DJ_OK) {
+        if ((st = plan_of(c, r, conn, &x.g, &x.plan, id, &hit)) != DJ_OK) {
             atomic_fetch_add(&c->run_errors, 1);
             return st;
         }
+        t_plan = dj__now() - t0;
     }
-    const double t_plan = dj__now() - t0;
     const uint32_t nw = dj_cgraph_n_weights(x.g), ni = dj_cgraph_n_inputs(x.g), no = dj_cgraph_n_outputs(x.g);
     x.wref = dj_calloc(nw + 1, sizeof *x.wref);
     x.weights = dj_calloc(nw + 1, sizeof *x.weights);

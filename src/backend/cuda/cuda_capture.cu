@@ -676,7 +676,7 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     case DJ_COP_ADDMM: case DJ_COP_MM: return mm(r, n, out);
     case DJ_COP_LINEAR: {
         const dj_ctensor_info *w = vi(r, n->args[1].v);
-        const int64_t k = w->shape[1], m = w->shape[0], rows = k ? cnt / (m ? m : 1) : 0;
+        const int64_t k = w->shape[1], m = w->shape[0], rows = m ? cnt / m : 0; /* k 0: zeros, then the bias */
         const dj_status st = gemm(r, false, true, rows, m, k, 1.0f, vp(r, n->args[0].v), k, 0, vp(r, n->args[1].v), k, 0, 0.0f, out,
                                   m, 0, 1);
         if (st != DJ_OK || n->args[2].kind != DJ_CARG_TENSOR) return st;
