@@ -658,12 +658,14 @@ def capture_graph(module, *args, **kwargs):
 
 
 def _dump_bundle(folder, graph, inputs, weights):
-    """Writes graph_run_tool's bundle to folder/NNNN_<test>.mpk, f32 weights as empty bins (the
-    reader draws them: a ResNet's weights would not fit the GPU machine's carry)."""
+    """Writes graph_run_tool's bundle to folder/NNNN_<test>.mpk, f32 weights over 64 KiB as empty
+    bins (the reader draws them: a ResNet's weights would not fit the GPU machine's carry; small
+    ones - constants, masks, norms - keep their values and so their meaning)."""
     os.makedirs(folder, exist_ok=True)
     test = os.environ.get("PYTEST_CURRENT_TEST", "graph").split(" ")[0].split("::")[-1]
     test = "".join(c if c.isalnum() or c in "_-" else "_" for c in test)[:60]
-    ws = [b"" if np.asarray(w).dtype == np.float32 else np.asarray(w, dtype="<f4").tobytes() for w in weights]
+    ws = [b"" if np.asarray(w).dtype == np.float32 and np.asarray(w).nbytes > 65536 else np.asarray(w, dtype="<f4").tobytes()
+          for w in weights]
     n = len([f for f in os.listdir(folder) if f.endswith(".mpk")])
     with open(os.path.join(folder, "%04d_%s.mpk" % (n, test)), "wb") as f:
         f.write(msgpack.packb({"graph": graph, "inputs": [np.asarray(x, dtype="<f4").tobytes() for x in inputs],
