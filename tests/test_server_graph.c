@@ -500,7 +500,9 @@ static void test_daemon(void) {
  * its bytes and the bound; the same graph runs under a bound it fits. */
 static void test_graph_budget(void) {
     for (int fits = 0; fits < 2; fits++) {
-        const char *extra[] = {"--graph-quota-gb", fits ? "4k" : "100b", "--graph-gb", "1m", "--allow-empty", NULL};
+        /* --graph-device engine on the CPU engine: the CPU executor still (the engine's device is the host) */
+        const char *extra[] = {"--graph-quota-gb", fits ? "4k" : "100b", "--graph-gb", "1m", "--allow-empty",
+                               "--graph-device", fits ? "engine" : "cpu", NULL};
         char addr[128];
         int code = 0;
         const dj_test_daemon_opts o = {.djinnd = djinnd, .dir = tmpdir, .models = tmpdir, .listen = "127.0.0.1:0",

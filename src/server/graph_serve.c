@@ -8,6 +8,7 @@
 
 #include "djinn/alloc.h"
 #include "djinn/backend.h"
+#include "djinn/engine.h"
 #include "capture/gplan_cache.h"
 #include "djinn/capture.h"
 #include "server/graph_serve.h"
@@ -290,6 +291,39 @@ static void ctx_free(dj__server *s, run_ctx *x) {
     dj_gplan_cache_release(s->capture->plans, x->plan);
 }
 
+/* The run on a device backend (--graph-device engine): inputs, weights and the stack copied to
+ * device memory for this run, the CUDA executor, the outputs back into host buffers hout[i]
+ * (x->outs then points at them). The weights' device copies are not kept between runs yet. */
+static dj_status run_on_device(dj_backend_t *be, run_ctx *x, size_t sb, float **hout) {
+    const uint32_t ni = dj_cgraph_n_inputs(x->g), nw = dj_cgraph_n_weights(x->g), no = dj_cgraph_n_outputs(x->g);
+    void **dev = dj_calloc((size_t)ni + nw + 1, sizeof *dev);
+    const float **douts = dj_calloc((size_t)no + 1, sizeof *douts);
+    void *dstack = NULL;
+    dj_status st = dev && douts ? DJ_OK : dj_fail(DJ_ENOMEM, "out of memory");
+    for (uint32_t i = 0; st == DJ_OK && i < ni + nw; i++) {
+        const dj_ctensor_info *t = i < ni ? dj_cgraph_input(x->g, i) : dj_cgraph_weight(x->g, i - ni);
+        const size_t b = t->numel * 4;
+        st = be->vt->alloc(be, b ? b : 4, &dev[i]);
+        if (st == DJ_OK && b) st = be->vt->upload(be, dev[i], i < ni ? (const void *)x->inputs[i] : (const void *)x->weights[i - ni], b);
+    }
+    if (st == DJ_OK) st = be->vt->alloc(be, sb ? sb : 64, &dstack);
+    if (st == DJ_OK) st = be->vt->sync(be);
+    if (st == DJ_OK)
+        st = dj_cgraph_run_cuda(x->g, be, (const float *const *)dev, (const float *const *)(dev + ni), dstack, douts);
+    for (uint32_t i = 0; st == DJ_OK && i < no; i++) {
+        const size_t b = dj_cgraph_output(x->g, i)->numel * 4;
+        if (!(hout[i] = dj_malloc(b ? b : 4))) st = dj_fail(DJ_ENOMEM, "out of memory for output %u", i);
+        if (st == DJ_OK && b) st = be->vt->download(be, hout[i], douts[i], b);
+        x->outs[i] = hout[i];
+    }
+    if (st == DJ_OK) st = be->vt->sync(be);
+    for (uint32_t i = 0; dev && i < ni + nw; i++)
+        if (dev[i]) be->vt->free(be, dev[i]);
+    if (dstack) be->vt->free(be, dstack);
+    free(dev), free((void *)douts);
+    return st;
+}
+
 static dj_status gather_weights(dj__server *s, run_ctx *x, uint64_t conn) {
     const uint32_t nw = dj_cgraph_n_weights(x->g);
     for (uint32_t i = 0; i < nw; i++) {
@@ -445,11 +479,20 @@ dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, 
     if (st == DJ_OK) st = gather_weights(s, &x, conn);
     if (st == DJ_OK) st = gather_inputs(&x, r);
     const size_t sb = dj_cgraph_stack_bytes(x.g);
-    if (st == DJ_OK && !(x.stack = aligned_alloc(64, sb ? sb : 64)))
-        st = dj_fail(DJ_ENOMEM, "no memory for the graph's stack of %zu bytes", sb);
-    if (st == DJ_OK && !c->cpu) st = dj_backend_cpu_new(c->threads, &c->cpu);
-    if (st == DJ_OK) st = dj_cgraph_run(x.g, c->cpu, x.inputs, x.weights, x.stack, x.outs);
+    dj_backend_t *dev = s->cfg.graph_on_engine && s->engine ? dj_engine_backend(s->engine) : NULL;
+    float **hout = NULL;
+    if (dev && !dev->host_memory) {
+        if (st == DJ_OK && !(hout = dj_calloc(no + 1, sizeof *hout))) st = dj_fail(DJ_ENOMEM, "out of memory");
+        if (st == DJ_OK) st = run_on_device(dev, &x, sb, hout);
+    } else {
+        if (st == DJ_OK && !(x.stack = aligned_alloc(64, sb ? sb : 64)))
+            st = dj_fail(DJ_ENOMEM, "no memory for the graph's stack of %zu bytes", sb);
+        if (st == DJ_OK && !c->cpu) st = dj_backend_cpu_new(c->threads, &c->cpu);
+        if (st == DJ_OK) st = dj_cgraph_run(x.g, c->cpu, x.inputs, x.weights, x.stack, x.outs);
+    }
     if (st == DJ_OK) st = publish(&x, out);
+    for (uint32_t i = 0; hout && i < no; i++) free(hout[i]);
+    free(hout);
     if (st == DJ_OK) {
         out->nodes = dj_cgraph_n_nodes(x.g);
         out->stack_bytes = sb;

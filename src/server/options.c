@@ -19,7 +19,7 @@ static int usage(FILE *f) {
           "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
-          "              [--kv-dtype auto|fp8] [--port-file FILE]\n"
+          "              [--kv-dtype auto|fp8] [--port-file FILE] [--graph-device cpu|engine]\n"
           "              [--max-connections N] [--max-pending-connections N] [--hello-timeout-ms MS]\n"
           "              [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
@@ -62,7 +62,9 @@ static int usage(FILE *f) {
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
           "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
           f);
-    fputs("--graph-gb, --graph-quota-gb (captured-graph runs' planned stacks and outputs admitted at once, all\n"
+    fputs("--graph-device cpu (captured graphs on the CPU executor; engine: on the engine's device, the CUDA\n"
+          "executor with --device cuda:N - an op without a GPU kernel is refused by name).\n"
+          "--graph-gb, --graph-quota-gb (captured-graph runs' planned stacks and outputs admitted at once, all\n"
           "and one token's: past it a run waits in its QoS class's line; a larger plan is refused; default none).\n"
           "--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
           "comment; an optional [djinnd] header), read before the command line, whose flags override it.\n"
@@ -318,6 +320,12 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
             snprintf(err, cap, "--host-layers '%s': want auto, none or a layer count 1..65536", v);
             return 2;
         }
+    } else if (!strcmp(a, "--graph-device")) {
+        if (strcmp(v, "cpu") && strcmp(v, "engine")) {
+            snprintf(err, cap, "--graph-device '%s': want cpu or engine", v);
+            return 2;
+        }
+        cfg->graph_on_engine = !strcmp(v, "engine");
     } else if (!strcmp(a, "--kv-dtype")) {
         if (strcmp(v, "auto") && strcmp(v, "fp8")) {
             snprintf(err, cap, "--kv-dtype '%s': want auto or fp8", v);
