@@ -50,6 +50,12 @@ if [ -x "$B/gpu_capture" ] && [ -d "$CB" ]; then
 else
     echo "gpu_capture: no bundles at $CB (scripts/capture_bundles.sh DIR, then DJ_CAPTURE_BUNDLES=DIR)"
 fi
+# captured modules through djinnd on the GPU (--graph-device engine), against eager on this torch
+if python3 -c "import torch, msgpack, numpy" 2>/dev/null; then
+    DJINND=$B/djinnd DJINN_CLI=$B/djinn DJ_TEST_DAEMON_ARGS="--device cuda:0 --graph-device engine" \
+        python3 -m pytest -q -p no:cacheprovider python/tests/test_remote.py >"$OUT/gpu_remote.log" 2>&1 || fail=1
+    tail -3 "$OUT/gpu_remote.log"
+fi
 if [ $BENCH = 1 ]; then
     M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
     [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 || exit 2
