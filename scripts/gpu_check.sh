@@ -9,7 +9,7 @@
 # scripts/gpu_bundle.sh makes on a machine with our apt packages, else built here).
 # --ab adds bench_gpu under each kill switch (ab.log: one block per
 # setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
-# (profile.log); at most 10 files land in DIR. Captured graphs (issue 44): gpu_capture over the
+# (profile.log). Captured graphs (issue 44): gpu_capture over the
 # bundles (gpu_capture.log) and test_remote.py through djinnd --graph-device engine (gpu_remote.log).
 # --fp8 (issue 16; implies --bench) also writes the FP8 8B-shape checkpoint
 # (transformers "fp8" layout: make_random_checkpoint --dtype fp8) and runs
