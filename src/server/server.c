@@ -1020,6 +1020,8 @@ static void handle_frame(dj__conn *c) {
     if (h->type == DJ_MSG_GRAPH_RUN) {
         st = dj__graph_req_parse(&m, r.body + h->meta_len, h->payload_len, &graph);
         if (st == DJ_OK) st = dj__graph_req_bind(s, graph, c->id);
+        if (st == DJ_OK && graph->has_qos && !(c->qos_mask >> graph->qos & 1))
+            st = dj_fail(DJ_EINVAL, "GRAPH_RUN of class %s, which this token does not grant", dj_qos_name(graph->qos));
         if (st != DJ_OK) {
             dj__graph_req_free(graph);
             dj__meta_destroy(&m);
@@ -1111,7 +1113,9 @@ void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const
         l->inflight++;
         l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     } else {
-        j->qos = r.type == DJ_MSG_SESSION_OPEN ? r.u.open.qos : DJ_QOS_INTERACTIVE;
+        j->qos = r.type == DJ_MSG_SESSION_OPEN ? r.u.open.qos
+                 : graph && graph->has_qos       ? graph->qos /* GRAPH_RUN's own class (graph_serve.h) */
+                                                 : DJ_QOS_INTERACTIVE;
     }
     c->opening += r.type == DJ_MSG_SESSION_OPEN;
     c->handles_due += handle_quota;

@@ -331,6 +331,8 @@ typedef struct dj__config {
     size_t swap_quota_bytes;   /* swap pool bytes per token; DJ__SIZE_AUTO: quota_bytes; 0: none */
     bool local_admin;          /* --local-admin: without --token-file every (loopback) peer has the admin role */
     size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
+    size_t graph_bytes, graph_quota_bytes;    /* --graph-gb, --graph-quota-gb: captured runs' planned bytes (sched.h); 0: none */
+    bool graph_on_engine;                     /* --graph-device engine: GRAPH_RUN on the engine's backend (CUDA executor) */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */

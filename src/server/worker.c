@@ -1166,7 +1166,10 @@ static void arrive(dj__server *s, dj__job *j) {
     }
     prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
-    if (st == DJ_OK)
+    uint64_t graph_bytes = 0; /* GRAPH_RUN: admitted by its plan's bytes (graph_serve.h) */
+    if (st == DJ_OK && j->type == DJ_MSG_GRAPH_RUN && (st = dj__graph_plan_bytes(s, j->graph, j->conn, &graph_bytes)) == DJ_OK)
+        st = dj_sched_arrive_graph(s->sched, job_id(j), j->tenant, dj_qos_rank(j->qos), graph_bytes, dj__now_ms());
+    else if (st == DJ_OK)
         st = dj_sched_arrive(s->sched, job_id(j), sess, dj_qos_rank(j->qos), kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
         reply_error(s, j, st, foreign || st == DJ_EFORMAT);
@@ -1505,6 +1508,8 @@ static dj_status sched_open(dj__server *s) {
         .policy = s->cfg.swap_policy,
         .disk_pages = disk_pages,
         .disk_page_ms = disk_page_ms,
+        .graph_bytes = s->cfg.graph_bytes,
+        .graph_quota_bytes = s->cfg.graph_quota_bytes,
     };
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
