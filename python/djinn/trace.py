@@ -89,6 +89,85 @@ class Saved:
         return "Saved(%s, %r)" % (self.point, self._tensor)
 
 
+class Breakpoint:
+    """Where a step stops (Point.breakpoint()). While the trace is paused
+    here (trace.at is this), .value is the point's value, a RemoteTensor of
+    shape (n, hidden) f32; .numpy() reads it; .add(v), .replace(v) and
+    slice assignment (`b[:, 3] = 0`, `b[..., 10:20] *= 2`) change what the
+    rest of the step reads, sent with Trace.resume()."""
+
+    def __init__(self, trace, name):
+        self._trace = trace
+        self.point = name
+        self.value = None
+        self._edits = []     # (op, array) sent with the resume
+        self._local = None   # the edited value, once a slice was assigned: sent whole
+
+    def _check_paused(self):
+        if self._trace.at is not self:
+            raise RuntimeError("the step is not paused at %s%s" % (
+                self.point, "" if self._trace.at is None else " (it is paused at %s)" % self._trace.at.point))
+
+    def numpy(self):
+        """The point's value as the step will go on with it (edits applied)."""
+        self._check_paused()
+        return self._current().copy()
+
+    def _current(self):
+        if self._local is None:
+            a = np.array(self.value.numpy(), dtype=np.float32).reshape(self._trace.n, self._trace.hidden)
+            for op, v in self._edits:
+                a = a + v if op == "add" else np.broadcast_to(v, a.shape).copy()
+            self._local = a
+            self._edits = []
+        return self._local
+
+    def add(self, value):
+        self._check_paused()
+        a = as_f32(value, self._trace.n, self._trace.hidden, "the tensor added at breakpoint %s" % self.point)
+        if self._local is not None:
+            self._local += a
+        else:
+            self._edits.append(("add", a))
+        return self
+
+    def replace(self, value):
+        self._check_paused()
+        a = as_f32(value, self._trace.n, self._trace.hidden, "the tensor written at breakpoint %s" % self.point)
+        if self._local is not None:
+            self._local[...] = a
+        else:
+            self._edits = [("replace", a)]
+        return self
+
+    def __getitem__(self, key):
+        self._check_paused()
+        return self._current()[key]
+
+    def __setitem__(self, key, value):
+        self._check_paused()
+        cur = self._current()
+        if isinstance(value, np.ndarray) and np.shares_memory(value, cur):
+            return  # `b[k] *= x`: numpy changed the view in place already
+        v = np.asarray(value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value,
+                       dtype=np.float32)
+        if not np.all(np.isfinite(v)):
+            raise ValueError("breakpoint %s: the value holds NaN or infinity" % self.point)
+        cur[key] = v
+
+    def _resume_entries(self):
+        """The resume's points and payload."""
+        if self._local is not None:
+            edits = [("replace", np.ascontiguousarray(self._local, dtype="<f4"))]
+        else:
+            edits = self._edits
+        points = [{"point": self.point, "op": op, "shape": list(a.shape), "dtype": "f32"} for op, a in edits]
+        return points, b"".join(a.tobytes() for _, a in edits)
+
+    def __repr__(self):
+        return "<djinn.Breakpoint %s%s>" % (self.point, " (paused here)" if self._trace.at is self else "")
+
+
 class Point:
     """One named point of the forward pass inside a trace. .save() keeps its
     value; `+=` adds a vector or tensor to it; assigning to it (through its
@@ -101,6 +180,12 @@ class Point:
 
     def save(self):
         return self._trace._save(self.name)
+
+    def breakpoint(self):
+        """Stops the step here (a Breakpoint): when the trace runs, the step
+        pauses at this point and the client has control - read and edit the
+        value, then Trace.resume() or Trace.cancel()."""
+        return self._trace._breakpoint(self.name)
 
     def add(self, value):
         self._trace._edit(self.name, "add", value)
@@ -191,9 +276,11 @@ class Trace:
         self.layers = _Layers(self)
         self.final_norm = _Scope(self, "final_norm.", ("output",))
         self._logits_mode = logits
-        self._entries = []  # (name, op, array or Saved)
+        self._entries = []  # (name, op, array, Saved or Breakpoint)
         self._ran = False
         self.logits = None
+        self.at = None         # the Breakpoint the step is paused at, if any
+        self.cancelled = False
 
     def point(self, name):
         """The point by its name ("layers.5.output")."""
@@ -210,6 +297,12 @@ class Trace:
         s = Saved(name)
         self._entries.append((name, "save", s))
         return s
+
+    def _breakpoint(self, name):
+        self._check_open()
+        b = Breakpoint(self, name)
+        self._entries.append((name, "break", b))
+        return b
 
     def _edit(self, name, op, value):
         self._check_open()
@@ -237,7 +330,7 @@ class Trace:
         points, blobs = [], []
         for name, op, v in self._entries:
             e = {"point": name, "op": op}
-            if op != "save":
+            if op not in ("save", "break"):
                 e["shape"] = list(v.shape)
                 e["dtype"] = "f32"
                 blobs.append(v.tobytes())
@@ -245,9 +338,66 @@ class Trace:
         meta = {"session": sess.id, "ids": self.ids, "points": points}
         if self._logits_mode != "last":
             meta["logits"] = self._logits_mode
-        c = sess._client
-        reply, _ = c._call(_wire.STEP, meta, b"".join(blobs))
+        reply, _ = sess._client._call(_wire.STEP, meta, b"".join(blobs))
+        return self._answer(reply)
+
+    @property
+    def paused(self):
+        return self.at is not None
+
+    def resume(self):
+        """Runs the paused step on - with the edits made at the breakpoint -
+        to its next breakpoint (trace.at) or its end (then .logits and the
+        saves are there). Returns self."""
+        if self.at is None:
+            raise RuntimeError("this trace is not paused at a breakpoint")
+        sess = self.session
+        sess._check_open()
+        points, payload = self.at._resume_entries()
+        meta = {"session": sess.id, "resume": True}
+        if points:
+            meta["points"] = points
+        b, self.at = self.at, None
+        b.value = None
+        try:
+            reply, _ = sess._client._call(_wire.STEP, meta, payload)
+        except errors.NotFoundError as e:
+            raise errors.NotFoundError(e.status, e.name, "session %016x went (its lease ended, or it was closed) "
+                                       "with its step paused at %s; the step went with it (%s)"
+                                       % (sess.id, b.point, e.message)) from None
+        return self._answer(reply)
+
+    def cancel(self):
+        """Drops the paused step: the session is as it was before it (its KV
+        rolled back); the trace's saves and logits never come."""
+        if self.at is None:
+            raise RuntimeError("this trace is not paused at a breakpoint")
+        sess = self.session
+        sess._check_open()
+        self.at.value, self.at = None, None
+        reply, _ = sess._client._call(_wire.STEP, {"session": sess.id, "cancel": True})
         sess.pos = int(reply.get("pos", sess.pos))
+        self.cancelled = True
+        return self
+
+    def _answer(self, reply):
+        sess = self.session
+        c = sess._client
+        sess.pos = int(reply.get("pos", sess.pos))
+        if reply.get("paused"):
+            name = reply.get("break")
+            got = reply.get("saved", [])
+            bps = [v for n, op, v in self._entries if op == "break" and n == name]
+            if len(bps) != 1 or len(got) != 1 or "handle" not in got[0]:
+                raise errors.FormatError(-4, "DJ_EFORMAT", "djinnd paused at %r, which this trace did not ask for"
+                                         % (name,))
+            g = got[0]
+            bp = bps[0]
+            bp.value = RemoteTensor(c, int(g["handle"]), g.get("shape", []), g.get("dtype", "f32"),
+                                    int(g.get("nbytes", 0)))
+            bp._edits, bp._local = [], None
+            self.at = bp
+            return self
         if "handle" in reply:
             self.logits = RemoteTensor(c, int(reply["handle"]), reply.get("shape", []), reply.get("dtype", "f32"),
                                        int(reply.get("nbytes", 0)))

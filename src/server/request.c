@@ -129,13 +129,14 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
             return dj_fail(DJ_EINVAL, "STEP points[%u]: a point's name has at most %zu bytes", k, sizeof p->point - 1);
         memcpy(p->point, po->via.str.ptr, p->point_len);
         p->point[p->point_len] = '\0';
-        if (str_is(op, "save")) {
-            p->op = DJ_IV_SAVE;
+        if (str_is(op, "save") || str_is(op, "break")) {
+            p->op = str_is(op, "save") ? DJ_IV_SAVE : DJ_IV_BREAK;
             continue;
         }
         if (str_is(op, "add")) p->op = DJ_IV_ADD;
         else if (str_is(op, "replace")) p->op = DJ_IV_REPLACE;
-        else return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add' or 'replace'", k, p->point);
+        else return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add', 'replace' or 'break'", k,
+                            p->point);
         const msgpack_object *dt = dj__obj_get(e, "dtype");
         if (dt && !str_is(dt, "f32"))
             return dj_fail(DJ_EUNSUPPORTED, "STEP points[%u] (%s): tensors travel as dtype 'f32'", k, p->point);
@@ -151,7 +152,24 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
 static dj_status dec_step(const dj__meta *m, dj__request *r) {
     dj__req_step *s = &r->u.step;
     const msgpack_object *pts = dj__meta_get(m, "points");
-    dj_status st;
+    bool resume = false, cancel = false;
+    dj_status st = dj__meta_bool(m, "resume", false, &resume);
+    if (st == DJ_OK) st = dj__meta_bool(m, "cancel", false, &cancel);
+    if (st != DJ_OK) return st;
+    if (resume || cancel) { /* the session's paused step (step_break.c): no ids, a resume's edits in points */
+        if (resume && cancel) return dj_fail(DJ_EINVAL, "a STEP either resumes or cancels a paused step, not both");
+        if (dj__meta_get(m, "ids") || (s->payload_len && !pts))
+            return dj_fail(DJ_EINVAL, "a STEP that %s a paused step takes no ids", resume ? "resumes" : "cancels");
+        if (cancel && pts) return dj_fail(DJ_EINVAL, "a STEP that cancels a paused step takes no points");
+        s->brk = resume ? DJ__BRK_RESUME : DJ__BRK_CANCEL;
+        if (!pts) return DJ_OK;
+        if ((st = dec_points(pts, s)) != DJ_OK) return st;
+        for (uint32_t k = 0; k < s->n_points; k++)
+            if (s->points[k].op != DJ_IV_ADD && s->points[k].op != DJ_IV_REPLACE)
+                return dj_fail(DJ_EINVAL, "a resume's points[%u] (%s): only 'add' or 'replace' of the paused point", k,
+                               s->points[k].point);
+        return DJ_OK;
+    }
     if (s->payload_len && !pts) {
         if (s->payload_len % 4)
             return dj_fail(DJ_EFORMAT, "STEP payload of %llu bytes is not int32 ids", (unsigned long long)s->payload_len);

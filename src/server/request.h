@@ -105,7 +105,11 @@ typedef struct dj__req_point {
     uint64_t dims[2];
 } dj__req_point;
 
+/* A STEP on a session whose step is paused at a breakpoint (step_break.c). */
+typedef enum dj__step_brk { DJ__BRK_NONE, DJ__BRK_RESUME, DJ__BRK_CANCEL } dj__step_brk;
+
 typedef struct dj__req_step {
+    dj__step_brk brk;     /* `resume` or `cancel` true: no ids; `points` (resume) edit the paused point */
     int32_t *ids;         /* [n_ids] (malloc'd): `ids`, or the payload's int32 LE ids */
     size_t n_ids;
     dj__step_logits logits;

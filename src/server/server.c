@@ -827,6 +827,7 @@ static bool step_payload_ok(dj__conn *c) {
         const msgpack_object *pts = dj__meta_get(&m, "points"), *ids = dj__meta_get(&m, "ids");
         if (pts) n_points = pts->type == MSGPACK_OBJECT_ARRAY ? pts->via.array.size : 0;
         if (ids) n_ids = ids->type == MSGPACK_OBJECT_ARRAY ? ids->via.array.size : 0;
+        if (dj__meta_get(&m, "resume")) n_ids = UINT64_MAX; /* a paused step's edits: its rows, at most `room` */
         dj__meta_destroy(&m);
     }
     if (st != DJ_OK) {
@@ -1019,7 +1020,8 @@ static void handle_frame(dj__conn *c) {
     uint32_t handle_quota = 0;
     if (h->type == DJ_MSG_STEP) { /* the result handles it will make: counted now, against what it holds */
         handle_quota = r.u.step.logits != DJ__LOGITS_NONE;
-        for (uint32_t k = 0; k < r.u.step.n_points; k++) handle_quota += r.u.step.points[k].op == DJ_IV_SAVE;
+        for (uint32_t k = 0; k < r.u.step.n_points; k++)
+            handle_quota += r.u.step.points[k].op == DJ_IV_SAVE || r.u.step.points[k].op == DJ_IV_BREAK;
         const size_t n_held = dj__conn_handles(s, c->id) + c->handles_due;
         if (handle_quota && n_held + handle_quota > s->cfg.max_handles) {
             refuse(c, &r, h->request_id, h->type,

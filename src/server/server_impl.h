@@ -192,6 +192,7 @@ typedef struct dj__sess {
     dj__model_ent *ment;
     int32_t pending;            /* sampled but not yet fed token, -1 if none */
     dj__job *busy;              /* the generation running on it, if any */
+    struct dj__brk *brk;        /* its step paused at a breakpoint (step_break.c), if any: busy too */
     uint8_t xfer;               /* 1: swap-out in flight, 2: swap-in in flight */
     uint64_t xfer_bytes;
     double xfer_t0;             /* when it started (swap latency) */
@@ -531,5 +532,36 @@ dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, ui
 /* The saved activations move into out->saved (the I/O side makes them handles). */
 dj_status dj__trace_publish(dj__trace_req *t, dj__rep_step *out);
 void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
+/* Breakpoints: the trace's BREAK points; dj_session_step_break with the
+ * parsed points; the name of iv[k]; the paused step's reply (the BREAK
+ * iv[k]'s value as its one `saved`, copied); a resume's `points` (add or
+ * replace of the paused point iv[k], checked whole first) applied to the
+ * value the step resumes with. */
+uint32_t dj__trace_breaks(const dj__trace_req *t);
+dj_status dj__trace_run_break(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
+                              float *logits, dj_step_brk_t **out /* OUT */);
+const char *dj__trace_point_name(const dj__trace_req *t, uint32_t k);
+dj_status dj__trace_publish_break(dj__trace_req *t, uint32_t k, dj__rep_step *out);
+dj_status dj__trace_edit(dj__trace_req *t, uint32_t k, const dj__req_step *rq, const dj_model_config *c);
+
+/* ---- step_break.c: a session's step paused at a breakpoint (worker thread) ---- */
+typedef struct dj__brk dj__brk;
+/* The traced STEP tr (with BREAKs) on ss after its pending tokens: paused
+ * (*paused; tr and *lg are the paused step's now, NULL here; out is the
+ * pause's reply) or run to its end (out untouched: the caller publishes). */
+dj_status dj__brk_begin(dj_engine_t *e, dj__sess *ss, dj__trace_req **tr, const int32_t *ids, uint32_t n,
+                        float **lg, uint32_t vocab, dj__rep_step *out, bool *paused /* OUT */);
+/* A STEP on ss while its step is paused (or a resume/cancel without one):
+ * resume (to the next breakpoint or the end), cancel, or refused (busy).
+ * *done_ids ([*n_done], malloc'd): the ids of a step that ended, for the
+ * session's history; out the reply. */
+dj_status dj__brk_continue(dj_engine_t *e, dj__sess *ss, const dj__req_step *rq, dj__rep_step *out,
+                           int32_t **done_ids /* OUT */, uint32_t *n_done /* OUT */);
+/* Drops ss's paused step (the session closes, its client went, its KV is
+ * dropped); nothing when none. */
+void dj__brk_drop(dj_engine_t *e, dj__sess *ss);
+/* Paused steps of the worker's sessions and the bytes they hold. */
+void dj__brk_totals(const dj__server *s, uint64_t *n /* OUT */, uint64_t *bytes /* OUT */);
+uint64_t dj__brk_bytes(const dj__sess *ss); /* 0: none paused */
 
 #endif

@@ -264,6 +264,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__job_free(j);
     }
     ss->busy = NULL;
+    dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint */
     dj_sched_session_close(s->sched, ss->id); /* its result handles: the I/O side's (lease_drop) */
     dj_session_free(s->engine, ss->es);
     free(ss->hist);
@@ -281,6 +282,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
  * for a SESSION_ATTACH. */
 static void cancel_orphaned(dj__server *s, dj__sess *ss) {
     ss->conn = 0;
+    dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint goes with its client */
     for (dj__job *j = s->held, *nx; j; j = nx) {
         nx = j->hnext;
         if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
@@ -507,6 +509,19 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     dj__trace_req *tr = NULL; /* with `points` (step_trace.c): the payload holds their tensors */
     const bool traced = rq->n_points > 0;
     const bool want_logits = rq->logits != DJ__LOGITS_NONE, all_rows = rq->logits == DJ__LOGITS_ALL;
+    if (ss->brk || rq->brk != DJ__BRK_NONE) { /* its step paused at a breakpoint: resume, cancel or busy */
+        int32_t *done = NULL;
+        uint32_t n_done = 0;
+        st = dj__brk_continue(s->engine, ss, rq, out, &done, &n_done);
+        if (done && st == DJ_OK) {
+            undrop(ss);
+            ss->pending = -1;
+            st = hist_add(s, ss, done, n_done);
+        }
+        snapshot(s, ss);
+        free(done);
+        return st;
+    }
     if (ss->busy) {
         st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
         goto done;
@@ -539,8 +554,16 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
             ss->pending = -1;
             st = hist_add(s, ss, feed, pre);
         }
-        if (st == DJ_OK)
+        bool paused = false; /* at a breakpoint (step_break.c): tr and lg are the paused step's */
+        if (st == DJ_OK && dj__trace_breaks(tr)) {
+            st = dj__brk_begin(s->engine, ss, &tr, feed + pre, (uint32_t)n, &lg, vocab, out, &paused);
+            if (paused || st != DJ_OK) {
+                snapshot(s, ss);
+                goto done;
+            }
+        } else if (st == DJ_OK) {
             st = dj__trace_run(s->engine, ss->es, feed + pre, (uint32_t)n, tr, lg);
+        }
         if (st == DJ_OK) {
             memmove(feed, feed + pre, n * sizeof *feed);
             n_feed = n;
@@ -671,6 +694,7 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *defe
     rq->n_ids = 0;
     if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
+    if (ss->brk) return dj_fail(DJ_EBUSY, "session %016llx has a step paused at a breakpoint", (unsigned long long)ss->id);
     if (prompt) {
         if (plen > s->cfg.max_prompt_bytes) /* the I/O thread refuses these; a bound for any other path */
             return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", plen,
@@ -976,6 +1000,7 @@ static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap 
             o->pos = ss->pos;
             o->paused = ss->paused; /* lease_left_ms: the I/O side's to fill (its leases) */
             o->generating = ss->busy != NULL;
+            o->break_bytes = dj__brk_bytes(ss);
         }
     out->n_sessions = n;
     return DJ_OK;
@@ -988,6 +1013,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     out->page_bytes = dj_vmu_page_bytes(vmu);
     if (!j->admin) return stats_sessions(s, j, out);
     dj_vmu_get_stats(vmu, &out->vs);
+    dj__brk_totals(s, &out->brk_paused, &out->brk_bytes);
     out->batched_steps = s->batched_steps;
     out->mixed_steps = s->mixed_steps;
     out->batched_rows = s->batched_rows;
@@ -1274,6 +1300,7 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
 static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
     dj__sess *ss = sess_get(s, sid);
     if (!ss) return;
+    dj__brk_drop(s->engine, ss); /* a paused step's KV rows go with the rest */
     dj_session_t *fresh = NULL;
     dj_status st = dj_session_new(s->engine, ss->ment->m, dj_session_max_ctx(ss->es), 0, &fresh);
     uint64_t salt[2];

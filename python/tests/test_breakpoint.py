@@ -1,0 +1,195 @@
+"""test_breakpoint.py: breakpoints (Point.breakpoint, Trace.resume/cancel)
+against a real djinnd - a resumed step equals the plain step bit for bit, edits
+at a breakpoint equal a trace's, a cancelled step leaves the session as it
+was, a paused session is busy while others generate, and a client that goes
+at a breakpoint frees everything (STATS)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import djinn
+from conftest import SHORT_LEASE_MS, Daemon, reference
+
+NAME = "llama3"
+
+
+def ids_of(name=NAME):
+    return reference(name)["prompt_ids"]
+
+
+def test_resume_is_bit_identical(client):
+    ids = ids_of()
+    m = client.model(NAME)
+    with m.session() as s:
+        plain = s.step(ids).numpy()
+        plain2 = s.step([5, 6]).numpy()
+    with m.session() as s:
+        with s.trace(ids) as t:
+            want = t.layers[1].attn.output.save()
+        want = want.numpy()
+    with m.session() as s:
+        with s.trace(ids) as t:
+            b = t.layers[1].attn.output.breakpoint()
+            late = t.layers[1].output.save()
+        assert t.paused and t.at is b and s.pos == 0
+        assert np.array_equal(b.value.numpy(), want)
+        with pytest.raises(djinn.BusyError):
+            s.step([1])  # the session is busy while its step is paused
+        with pytest.raises(RuntimeError):
+            late.numpy()  # saves come when the step ends
+        t.resume()
+        assert not t.paused and s.pos == len(ids)
+        assert np.array_equal(t.logits.numpy(), plain)
+        assert late.shape == (len(ids), m.hidden_size)
+        assert np.array_equal(s.step([5, 6]).numpy(), plain2)  # the KV it left is the plain step's
+
+
+def test_two_breakpoints_and_edits(client):
+    ids = ids_of()
+    m = client.model(NAME)
+    rng = np.random.default_rng(7)
+    v = rng.standard_normal(m.hidden_size).astype(np.float32) * 0.1
+    with m.session() as s:
+        with s.trace(ids) as t:
+            ref_pre = t.layers[0].output.save()
+            t.layers[0].output += v
+        want = t.logits.numpy()
+        ref_pre = ref_pre.numpy()
+    with m.session() as s:
+        with s.trace(ids) as t:
+            b2 = t.final_norm.output.breakpoint()  # listed first, reached second
+            b1 = t.layers[0].output.breakpoint()
+        assert t.at is b1
+        b1.add(v)
+        t.resume()
+        assert t.at is b2
+        t.resume()
+        assert np.array_equal(t.logits.numpy(), want)
+    # slice assignment: equal to a trace that writes the edited tensor whole
+    with m.session() as s:
+        with s.trace(ids) as t:
+            b = t.layers[0].output.breakpoint()
+        x = b.numpy()
+        assert np.array_equal(x, ref_pre)
+        b[:, 3] = 0
+        b[..., 10:20] *= 2
+        x[:, 3] = 0
+        x[..., 10:20] *= 2
+        assert np.array_equal(b.numpy(), x)
+        t.resume()
+        got = t.logits.numpy()
+    with m.session() as s:
+        with s.trace(ids) as t:
+            t.layers[0].output = x
+        assert np.array_equal(got, t.logits.numpy())
+
+
+def test_cancel_leaves_the_session(client):
+    ids = ids_of()
+    m = client.model(NAME)
+    with m.session() as s:
+        s.step(ids[:3], logits="none")
+        want = s.step([9, 10]).numpy()
+    with m.session() as s:
+        s.step(ids[:3], logits="none")
+        with s.trace(ids[3:]) as t:
+            t.layers[1].mlp.output.breakpoint()
+        assert t.paused
+        t.cancel()
+        assert t.cancelled and s.pos == 3
+        assert np.array_equal(s.step([9, 10]).numpy(), want)
+        with pytest.raises(RuntimeError):
+            t.resume()
+
+
+def test_refused_up_front(client):
+    m = client.model(NAME)
+    with m.session() as s:
+        with pytest.raises(IndexError):
+            s.trace([1, 2]).layers[99]
+        # the wire: an unknown point, a second breakpoint at one place, a resume with nothing paused
+        c = client
+        for meta, err in (({"ids": [1, 2], "points": [{"point": "layers.1.foo", "op": "break"}]}, djinn.InvalidError),
+                          ({"ids": [1, 2], "points": [{"point": "layers.0.output", "op": "break"},
+                                                      {"point": "layers.1.input", "op": "break"}]},
+                           djinn.InvalidError),
+                          ({"resume": True}, djinn.InvalidError),
+                          ({"cancel": True, "ids": [1]}, djinn.InvalidError)):
+            meta["session"] = s.id
+            with pytest.raises(err):
+                c._call(djinn._wire.STEP, meta)
+        assert s.pos == 0
+        assert s.step([1, 2]).shape == (m.vocab_size,)
+
+
+def test_others_run_while_paused(client, daemon):
+    ids = ids_of()
+    m = client.model(NAME)
+    with m.session() as s:
+        plain = s.step(ids).numpy()
+    other = djinn.connect(daemon.addr)
+    try:
+        with m.session() as s:
+            with s.trace(ids) as t:
+                t.layers[1].input.breakpoint()
+            assert t.paused
+            with pytest.raises(djinn.BusyError):
+                s.generate([1, 2], max_new_tokens=2, stream=False)
+            g = other.model(NAME).generate(ids, max_new_tokens=8, ignore_eos=True, stream=False)
+            assert len(g.ids) == 8
+            st = client.stats()
+            assert st["paused_steps"] == 1 and st["paused_step_bytes"] > 0
+            mine = [x for x in st["sessions"] if x["id"] == s.id]
+            assert mine and mine[0]["break_bytes"] == st["paused_step_bytes"]
+            t.resume()
+            assert np.array_equal(t.logits.numpy(), plain)
+    finally:
+        other.close()
+
+
+def _paused_steps(c):
+    for _ in range(200):
+        st = c.stats()
+        if st["paused_steps"] == 0:
+            return st
+        time.sleep(0.05)
+    return st
+
+
+def test_disconnect_frees_the_paused_step(daemon):
+    watcher = djinn.connect(daemon.addr)
+    try:
+        c = djinn.connect(daemon.addr, reconnect=False)
+        s = c.model(NAME).session()
+        with s.trace(ids_of()) as t:
+            t.layers[0].attn.output.breakpoint()
+        assert t.paused
+        st = watcher.stats()
+        assert st["paused_steps"] == 1 and st["paused_step_bytes"] > 0
+        c.close()  # at the breakpoint
+        st = _paused_steps(watcher)
+        assert st["paused_steps"] == 0 and st["paused_step_bytes"] == 0
+        assert not [x for x in st["sessions"] if x["id"] == s.id]
+    finally:
+        watcher.close()
+
+
+def test_resume_after_the_lease(tmp_path):
+    d = Daemon(str(tmp_path), lease_ms=SHORT_LEASE_MS)
+    c = djinn.connect(d.addr)
+    try:
+        s = c.model(NAME).session()
+        with s.trace(ids_of()) as t:
+            t.layers[1].output.breakpoint()
+        c.set_heartbeat(0)
+        time.sleep(2.5 * SHORT_LEASE_MS / 1000)  # the paused step counts against the lease: it lapses
+        with pytest.raises(djinn.NotFoundError) as e:
+            t.resume()
+        assert "lease" in str(e.value)
+        assert _paused_steps(c)["paused_steps"] == 0
+    finally:
+        c.close()
+        rc = d.stop()
+    assert rc == 0, "djinnd exited with %s:\n%s" % (rc, d.stderr())
