@@ -89,7 +89,7 @@ static void check_model(const char *name) {
         CHECK_OK(dj_session_step(e, other, other_ids, 1, NULL));
         free(other_ids);
         memset(lg, 0, V * sizeof(float));
-        CHECK_OK(dj_step_brk_resume(e, &b, lg));
+        CHECK_OK(dj_step_brk_resume(e, &b, lg, NULL));
         CHECK(b == NULL);
         CHECK_MSG(same(lg, plain, V), "%s: the resumed step's logits differ from the plain step's", name);
         CHECK(dj_session_pos(s1) == n);
@@ -112,11 +112,11 @@ static void check_model(const char *name) {
         CHECK_OK(dj_session_step_break(e, s1, r.prompt, n, iv, 4, lg, &b));
         CHECK(b && dj_step_brk_at(b) == 1); /* attn.output of layer 0 comes first */
         CHECK(same(val, ref_save + nd, nd));
-        CHECK_OK(dj_step_brk_resume(e, &b, lg));
+        CHECK_OK(dj_step_brk_resume(e, &b, lg, NULL));
         CHECK(b && dj_step_brk_at(b) == 0);
         CHECK(same(val + nd, ref_save + 2 * nd, nd));
         CHECK(same(sv, ref_save + nd, nd) && same(sv + nd, ref_save, nd));
-        CHECK_OK(dj_step_brk_resume(e, &b, lg));
+        CHECK_OK(dj_step_brk_resume(e, &b, lg, NULL));
         CHECK(b == NULL && same(lg, plain, V));
         dj_session_free(e, s1);
         free(sv);
@@ -137,7 +137,7 @@ static void check_model(const char *name) {
         CHECK(b != NULL);
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t i = 0; i < d; i++) val[(size_t)t * d + i] += bias[i];
-        CHECK_OK(dj_step_brk_resume(e, &b, lg));
+        CHECK_OK(dj_step_brk_resume(e, &b, lg, NULL));
         CHECK_MSG(same(lg, lg2, V), "%s: an edit at a breakpoint differs from the trace's add", name);
         dj_session_free(e, s1);
         dj_session_free(e, s2);

@@ -106,6 +106,12 @@ typedef struct dj_step_brk dj_step_brk_t;
 dj_status dj_session_step_break(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                 const dj_intervention *iv, uint32_t n_iv, float *logits /* OUT, [vocab] or NULL */,
                                 dj_step_brk_t **out /* OUT */);
+typedef struct dj_step_brk_stats {
+    uint64_t held_bytes;    /* activations kept off the stack */
+    uint32_t live;          /* of how many plan nodes */
+    double save_s;          /* the last pause's copy off the stack (wall) */
+    double restore_s;       /* the last resume's copy back (wall; 0 before one) */
+} dj_step_brk_stats;
 /* The index into iv of the BREAK the step stopped at. */
 uint32_t dj_step_brk_at(const dj_step_brk_t *b);
 /* Runs on: the BREAK's `out` (changed or not) is the point's value, then
@@ -114,18 +120,13 @@ uint32_t dj_step_brk_at(const dj_step_brk_t *b);
  * written, the session advanced by n). On failure the step is cancelled
  * (as dj_step_brk_cancel) and *b is NULL. Without changes, the logits and
  * KV are bit-identical to the step run without breakpoints. */
-dj_status dj_step_brk_resume(dj_engine_t *e, dj_step_brk_t **b, float *logits /* OUT, [vocab] or NULL */);
+dj_status dj_step_brk_resume(dj_engine_t *e, dj_step_brk_t **b, float *logits /* OUT, [vocab] or NULL */,
+                             dj_step_brk_stats *stats /* OUT or NULL: the step's figures after this run */);
 /* Drops a paused step: the KV pages it mapped are returned and the session
  * is as it was before the step (its next step's logits equal a session's
  * that never saw it). NULL does nothing. */
 void dj_step_brk_cancel(dj_engine_t *e, dj_step_brk_t *b);
 
-typedef struct dj_step_brk_stats {
-    uint64_t held_bytes;    /* activations kept off the stack */
-    uint32_t live;          /* of how many plan nodes */
-    double save_s;          /* the last pause's copy off the stack (wall) */
-    double restore_s;       /* the last resume's copy back (wall; 0 before one) */
-} dj_step_brk_stats;
 void dj_step_brk_info(const dj_step_brk_t *b, dj_step_brk_stats *out /* OUT */);
 
 /* dst[0..k) = src's k elements of type t (f32, f16 or bf16) as f32, exactly;

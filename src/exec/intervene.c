@@ -453,9 +453,10 @@ static void brk_free(dj_engine_t *e, dj_step_brk_t *b, bool cancel) {
 
 /* One run of b's step, from its start or its breakpoint: paused again
  * (b kept) or done (b freed, *bp NULL); a failure cancels it. */
-static dj_status brk_run(dj_engine_t *e, dj_step_brk_t **bp, float *logits) {
+static dj_status brk_run(dj_engine_t *e, dj_step_brk_t **bp, float *logits, dj_step_brk_stats *stats) {
     dj_step_brk_t *b = *bp;
     dj_status st = dj__session_step_held(e, b->s, b->ids, b->n, logits, &b->hook);
+    dj_step_brk_info(b, stats);
     if (st == DJ_OK && b->held.paused) return DJ_OK;
     brk_free(e, b, st != DJ_OK);
     *bp = NULL;
@@ -486,22 +487,24 @@ dj_status dj_session_step_break(dj_engine_t *e, dj_session_t *s, const int32_t *
     b->t = (trace){.iv = iv, .n_iv = n_iv, .n = n, .d = dj_model_get_config(dj_session_model(s))->hidden_size,
                    .brk = true, .hook = &b->hook};
     b->hook = (dj__step_hook){.prepare = prepare, .at = at, .restore = restore, .user = &b->t, .held = &b->held};
-    st = brk_run(e, &b, logits);
+    st = brk_run(e, &b, logits, NULL);
     *out = b;
     return st;
 }
 
 uint32_t dj_step_brk_at(const dj_step_brk_t *b) { return b ? b->t.brk_iv : 0; }
 
-dj_status dj_step_brk_resume(dj_engine_t *e, dj_step_brk_t **b, float *logits) {
+dj_status dj_step_brk_resume(dj_engine_t *e, dj_step_brk_t **b, float *logits, dj_step_brk_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
     if (!e || !b || !*b) return dj_fail(DJ_EINVAL, "dj_step_brk_resume: NULL engine or step");
     if (!(*b)->held.paused) return dj_fail(DJ_EINTERNAL, "a step resumed that is not paused");
-    return brk_run(e, b, logits);
+    return brk_run(e, b, logits, stats);
 }
 
 void dj_step_brk_cancel(dj_engine_t *e, dj_step_brk_t *b) { brk_free(e, b, true); }
 
 void dj_step_brk_info(const dj_step_brk_t *b, dj_step_brk_stats *out) {
+    if (!out) return;
     memset(out, 0, sizeof *out);
     if (!b) return;
     out->held_bytes = b->held.used;

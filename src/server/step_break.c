@@ -81,7 +81,7 @@ dj_status dj__brk_continue(dj_engine_t *e, dj__sess *ss, const dj__req_step *rq,
     }
     dj_status st = dj__trace_edit(k->tr, dj_step_brk_at(k->b), rq, dj_model_get_config(dj_session_model(ss->es)));
     if (st != DJ_OK) return st; /* still paused: the client may send a good resume or cancel */
-    st = dj_step_brk_resume(e, &k->b, k->lg);
+    st = dj_step_brk_resume(e, &k->b, k->lg, NULL);
     if (st != DJ_OK) { /* the engine cancelled it */
         brk_free(k);
         ss->brk = NULL;
