@@ -279,10 +279,18 @@ class Session:
             h.numpy(); t.logits
 
         Points: layers[i].input, .output, .attn.output, .mlp.output and
-        final_norm.output (t.point("layers.5.output") by name). The step runs
-        when the block ends; see djinn.trace.Trace."""
+        final_norm.output (t.point("layers.5.output") by name). ids may be
+        text: the server tokenizes it (BOS and the like at the session's
+        start) and t.ids holds the ids it became once the step ran. The step
+        runs when the block ends; see djinn.trace.Trace."""
         from .trace import Trace
         self._check_open()
+        if isinstance(ids, str):  # text: the server tokenizes it; t.ids holds the ids once it ran
+            if not ids:
+                raise ValueError("a trace needs a non-empty prompt")
+            if "\x00" in ids:
+                raise ValueError("a prompt cannot hold U+0000")
+            return Trace(self, ids, logits=logits)
         v = _ids_list(ids, self.vocab_size)
         if not v:
             raise ValueError("a trace needs at least one token id")

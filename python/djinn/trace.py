@@ -45,9 +45,12 @@ def as_f32(value, n, hidden, what):
         raise TypeError("%s: want real numbers, got dtype %s" % (what, a.dtype))
     if a.ndim == 2 and a.shape[0] == 1:
         a = a[0]
+    if n is None and a.ndim == 2 and a.shape[1] == hidden:  # a text prompt's rows: the server checks them
+        n = a.shape[0]
     if not ((a.ndim == 1 and a.shape[0] == hidden) or (a.ndim == 2 and a.shape == (n, hidden))):
-        raise ValueError("%s: a tensor of shape %s does not fit the point's (%d, %d); give (%d,) (every position) "
-                         "or (%d, %d)" % (what, tuple(a.shape), n, hidden, hidden, n, hidden))
+        rows = "n" if n is None else str(n)
+        raise ValueError("%s: a tensor of shape %s does not fit the point's (%s, %d); give (%d,) (every position) "
+                         "or (%s, %d)" % (what, tuple(a.shape), rows, hidden, hidden, rows, hidden))
     a = np.ascontiguousarray(a, dtype="<f4")
     if not np.all(np.isfinite(a)):
         raise ValueError("%s: the tensor holds NaN or infinity" % what)
@@ -269,8 +272,9 @@ class Trace:
         if logits not in ("last", "none"):
             raise ValueError("a trace's logits must be 'last' or 'none', got %r" % (logits,))
         self.session = session
-        self.ids = ids
-        self.n = len(ids)
+        self.prompt = ids if isinstance(ids, str) else None
+        self.ids = None if self.prompt is not None else ids
+        self.n = None if self.prompt is not None else len(ids)  # a text prompt's: once it ran
         self.hidden = session.model.hidden_size
         self.num_layers = session.model.num_layers
         self.layers = _Layers(self)
@@ -324,7 +328,7 @@ class Trace:
         self._ran = True
         sess = self.session
         sess._check_open()
-        if not self._entries:  # nothing named: a plain step
+        if not self._entries and self.prompt is None:  # nothing named: a plain step
             self.logits = sess.step(self.ids, logits=self._logits_mode)
             return self
         points, blobs = [], []
@@ -335,7 +339,13 @@ class Trace:
                 e["dtype"] = "f32"
                 blobs.append(v.tobytes())
             points.append(e)
-        meta = {"session": sess.id, "ids": self.ids, "points": points}
+        meta = {"session": sess.id}
+        if self.prompt is not None:
+            meta["prompt"] = self.prompt
+        else:
+            meta["ids"] = self.ids
+        if points:
+            meta["points"] = points
         if self._logits_mode != "last":
             meta["logits"] = self._logits_mode
         reply, _ = sess._client._call(_wire.STEP, meta, b"".join(blobs))
@@ -384,6 +394,9 @@ class Trace:
         sess = self.session
         c = sess._client
         sess.pos = int(reply.get("pos", sess.pos))
+        if "ids" in reply:  # what a text prompt became
+            self.ids = [int(i) for i in reply["ids"]]
+            self.n = len(self.ids)
         if reply.get("paused"):
             name = reply.get("break")
             got = reply.get("saved", [])

@@ -193,3 +193,33 @@ def test_resume_after_the_lease(tmp_path):
         c.close()
         rc = d.stop()
     assert rc == 0, "djinnd exited with %s:\n%s" % (rc, d.stderr())
+
+
+def test_text_prompt_trace(client):
+    """A trace of text: the server tokenizes it, the ids it used are readable,
+    and the step equals the same ids sent as ids."""
+    m = client.model("demo")
+    text = "Hello there, general Kenobi"
+    with m.session() as s:
+        with s.trace(text) as t:
+            h = t.layers[2].output.save()
+        assert t.ids and t.n == len(t.ids) and s.pos == len(t.ids)
+        assert h.shape == (len(t.ids), m.hidden_size)
+        got, ids = t.logits.numpy(), t.ids
+        hv = h.numpy()
+    with m.session() as s:
+        with s.trace(ids) as t:
+            h2 = t.layers[2].output.save()
+        assert np.array_equal(t.logits.numpy(), got) and np.array_equal(h2.numpy(), hv)
+    # a breakpoint in a text trace: the ids come with the pause
+    with m.session() as s:
+        with s.trace(text) as t:
+            b = t.layers[1].output.breakpoint()
+        assert t.paused and t.ids == ids and b.value.shape == (len(ids), m.hidden_size)
+        b[0] = 0  # the first position's row
+        t.resume()
+        assert s.pos == len(ids)
+    with client.model(NAME).session() as s:  # a model without tokenizer.json: a clear error
+        with pytest.raises(djinn.UnsupportedError):
+            with s.trace("some text") as t:
+                t.layers[0].output.save()

@@ -36,6 +36,7 @@ void dj__event_clear(dj__event *e) {
             free(e->u.step.logits);
             for (uint32_t k = 0; k < e->u.step.n_saved; k++) free(e->u.step.saved[k].bytes);
             free(e->u.step.saved);
+            free(e->u.step.ids);
             break;
         case DJ_MSG_SESSION_OPEN:
             dj__job_free(e->u.open.drop_msg);
@@ -206,6 +207,11 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
 
 static void pack_step(const dj__rep_step *r, dj__mw *w) {
     dj__mw_u64(w, "pos", r->pos);
+    if (r->ids) { /* a text prompt's ids */
+        dj__mw_key(w, "ids");
+        msgpack_pack_array(&w->pk, r->n_ids);
+        for (uint32_t i = 0; i < r->n_ids; i++) msgpack_pack_int32(&w->pk, r->ids[i]);
+    }
     if (r->handle) {
         dj__mw_u64(w, "handle", r->handle);
         dj__mw_str(w, "dtype", "f32");

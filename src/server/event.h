@@ -49,6 +49,8 @@ typedef struct dj__rep_step {
     uint64_t nbytes;
     bool traced;              /* points were given: `saved` is written */
     bool paused;              /* stopped at a breakpoint: brk_point, and `saved` holds its value */
+    int32_t *ids;             /* [n_ids] (malloc'd) the ids a text prompt became, or NULL */
+    uint32_t n_ids;
     char brk_point[48];
     uint32_t n_saved;
     dj__rep_saved *saved;     /* [n_saved] (malloc'd) */

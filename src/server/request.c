@@ -170,7 +170,13 @@ static dj_status dec_step(const dj__meta *m, dj__request *r) {
                                s->points[k].point);
         return DJ_OK;
     }
-    if (s->payload_len && !pts) {
+    if ((st = str_dup(m, "prompt", &s->prompt, &s->plen)) != DJ_OK) return st;
+    if (s->prompt) { /* text: the worker tokenizes it (the ids come back in the reply) */
+        if (dj__meta_get(m, "ids") || (s->payload_len && !pts))
+            return dj_fail(DJ_EFORMAT, "STEP needs exactly one of 'prompt' or 'ids'");
+        if (s->plen == 0) return dj_fail(DJ_EINVAL, "STEP 'prompt' is empty");
+        if (memchr(s->prompt, 0, s->plen)) return dj_fail(DJ_EINVAL, "STEP 'prompt' holds U+0000");
+    } else if (s->payload_len && !pts) {
         if (s->payload_len % 4)
             return dj_fail(DJ_EFORMAT, "STEP payload of %llu bytes is not int32 ids", (unsigned long long)s->payload_len);
         if (dj__meta_get(m, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
@@ -197,7 +203,7 @@ static dj_status dec_step(const dj__meta *m, dj__request *r) {
     if (!pts) return DJ_OK;
     if (s->logits == DJ__LOGITS_ALL) return dj_fail(DJ_EINVAL, "a STEP with points takes logits 'last' or 'none', not 'all'");
     if ((st = dec_points(pts, s)) != DJ_OK) return st;
-    if (s->n_ids == 0) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
+    if (s->n_ids == 0 && !s->prompt) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
     return DJ_OK;
 }
 
@@ -246,6 +252,7 @@ void dj__request_free(dj__request *r) {
         break;
     case DJ_MSG_STEP:
         free(r->u.step.ids);
+        free(r->u.step.prompt);
         free(r->u.step.points);
         break;
     default: break;

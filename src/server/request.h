@@ -111,6 +111,8 @@ typedef enum dj__step_brk { DJ__BRK_NONE, DJ__BRK_RESUME, DJ__BRK_CANCEL } dj__s
 typedef struct dj__req_step {
     dj__step_brk brk;     /* `resume` or `cancel` true: no ids; `points` (resume) edit the paused point */
     int32_t *ids;         /* [n_ids] (malloc'd): `ids`, or the payload's int32 LE ids */
+    char *prompt;         /* [plen] text the worker tokenizes instead (malloc'd, no U+0000) or NULL */
+    size_t plen;
     size_t n_ids;
     dj__step_logits logits;
     dj__req_point *points; /* [n_points] (malloc'd) or NULL: the payload then holds their tensors */

@@ -827,7 +827,8 @@ static bool step_payload_ok(dj__conn *c) {
         const msgpack_object *pts = dj__meta_get(&m, "points"), *ids = dj__meta_get(&m, "ids");
         if (pts) n_points = pts->type == MSGPACK_OBJECT_ARRAY ? pts->via.array.size : 0;
         if (ids) n_ids = ids->type == MSGPACK_OBJECT_ARRAY ? ids->via.array.size : 0;
-        if (dj__meta_get(&m, "resume")) n_ids = UINT64_MAX; /* a paused step's edits: its rows, at most `room` */
+        if (dj__meta_get(&m, "resume") || dj__meta_get(&m, "prompt"))
+            n_ids = UINT64_MAX; /* a paused step's edits, or a text prompt's: their rows, at most `room` */
         dj__meta_destroy(&m);
     }
     if (st != DJ_OK) {

@@ -538,6 +538,11 @@ void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
  * replace of the paused point iv[k], checked whole first) applied to the
  * value the step resumes with. */
 uint32_t dj__trace_breaks(const dj__trace_req *t);
+/* A STEP's text prompt as ids (*ids malloc'd, [*n]): tok NULL (the model
+ * has no tokenizer.json) is DJ_EUNSUPPORTED; the worker waits for it, as
+ * the text is at most --max-prompt-bytes. */
+dj_status dj__step_tokenize(const dj_tokenizer_t *tok, const char *model, const char *text, size_t len,
+                            bool add_special, int32_t **ids /* OUT */, size_t *n /* OUT */);
 dj_status dj__trace_run_break(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
                               float *logits, dj_step_brk_t **out /* OUT */);
 const char *dj__trace_point_name(const dj__trace_req *t, uint32_t k);

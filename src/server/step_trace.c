@@ -196,3 +196,17 @@ dj_status dj__trace_edit(dj__trace_req *t, uint32_t k, const dj__req_step *rq, c
     }
     return DJ_OK;
 }
+
+dj_status dj__step_tokenize(const dj_tokenizer_t *tok, const char *model, const char *text, size_t len,
+                            bool add_special, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    if (!tok) return dj_fail(DJ_EUNSUPPORTED, "model %s has no tokenizer.json: send token ids", model);
+    dj_status st = dj_tokenizer_encode(tok, text, len, add_special, ids, n);
+    if (st == DJ_OK && *n == 0) {
+        free(*ids);
+        *ids = NULL;
+        st = dj_fail(DJ_EINVAL, "the prompt became no tokens");
+    }
+    return st;
+}

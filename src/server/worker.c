@@ -502,7 +502,8 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     if (st != DJ_OK) return st;
     const dj__req_step *rq = &j->r.u.step;
     const int32_t *ids = rq->ids;
-    const size_t n = rq->n_ids;
+    size_t n = rq->n_ids;
+    int32_t *text_ids = NULL; /* a text prompt's (step_trace.c tokenizes it), the reply's once it ran */
     int32_t *feed = NULL;
     size_t n_feed = 0;
     float *lg = NULL; /* the logits: a result handle once the I/O side files the reply */
@@ -529,6 +530,17 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     if (ss->paused) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
+    }
+    if (rq->prompt) {
+        if (rq->plen > s->cfg.max_prompt_bytes) {
+            st = dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", rq->plen,
+                         (unsigned long long)s->cfg.max_prompt_bytes);
+            goto done;
+        }
+        st = dj__step_tokenize(model_tokenizer(s, ss->ment), ss->ment->name, rq->prompt, rq->plen,
+                               sess_pos(ss) == 0 && ss->pending < 0, &text_ids, &n);
+        if (st != DJ_OK) goto done;
+        ids = text_ids;
     }
     if ((st = feed_ids(ss, ids, n, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
@@ -591,6 +603,12 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     }
     if (tr) st = dj__trace_publish(tr, out);
 done:
+    if (st == DJ_OK && text_ids) { /* the reply says which ids the text became */
+        out->ids = text_ids;
+        out->n_ids = (uint32_t)n;
+        text_ids = NULL;
+    }
+    free(text_ids);
     free(lg);
     dj__trace_free(tr);
     free(feed);
