@@ -169,6 +169,38 @@ static void check_model(const char *name) {
         free(big);
     }
 
+    /* a region edit (scale the last 2 positions' units [2, 6) by 0.5) equals a
+     * whole replace of the edited tensor, and regions outside are refused */
+    {
+        dj_session_t *s1 = NULL, *s2 = NULL;
+        CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s1));
+        CHECK_OK(dj_session_new(e, m, DJ_FIXTURE_CTX, 0, &s2));
+        float *x = malloc(nd * sizeof(float)), *lg2 = malloc(V * sizeof(float)), half[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+        memcpy(x, ref_save, nd * sizeof(float));
+        for (uint32_t t = n - 2; t < n; t++)
+            for (uint32_t i = 2; i < 6; i++) x[(size_t)t * d + i] *= 0.5f;
+        dj_intervention mul[1] = {{.point = mid, .op = DJ_IV_MUL, .data = half, .rows = 1, .r0 = n - 2, .r1 = n,
+                                   .c0 = 2, .c1 = 6}};
+        dj_intervention rep[1] = {{.point = mid, .op = DJ_IV_REPLACE, .data = x, .rows = n}};
+        CHECK_OK(dj_session_step_trace(e, s1, r.prompt, n, mul, 1, lg));
+        CHECK_OK(dj_session_step_trace(e, s2, r.prompt, n, rep, 1, lg2));
+        CHECK_MSG(same(lg, lg2, V), "%s: a region edit differs from its whole replace", name);
+        CHECK_MSG(!same(lg, plain, V), "%s: a region edit changed nothing", name);
+        mul[0].r1 = n + 1;
+        CHECK(dj_session_step_trace(e, s1, r.prompt, n, mul, 1, lg) == DJ_ERANGE);
+        mul[0].r1 = n;
+        mul[0].c0 = 6;
+        CHECK(dj_session_step_trace(e, s1, r.prompt, n, mul, 1, lg) == DJ_ERANGE);
+        mul[0].c0 = 2;
+        mul[0].rows = 3; /* neither 1 nor the region's 2 rows */
+        CHECK(dj_session_step_trace(e, s1, r.prompt, n, mul, 1, lg) == DJ_EINVAL);
+        CHECK(dj_session_pos(s1) == n);
+        dj_session_free(e, s1);
+        dj_session_free(e, s2);
+        free(x);
+        free(lg2);
+    }
+
     /* refused before anything runs */
     {
         dj_session_t *s1 = NULL;

@@ -45,6 +45,7 @@ typedef enum {
     DJ_IV_SAVE = 0, /* out[n][hidden] receives the activation */
     DJ_IV_ADD,      /* activation += data (each of its rows, or its one row to every row) */
     DJ_IV_REPLACE,  /* activation = data (likewise) */
+    DJ_IV_MUL,      /* activation *= data (likewise): scaling, `x[:, 3] *= 0` */
     DJ_IV_BREAK     /* the step stops here (dj_session_step_break): out[n][hidden] receives the
                      * activation; what the caller leaves there is the point's value on resume */
 } dj_iv_op;
@@ -55,8 +56,12 @@ typedef enum {
 typedef struct dj_intervention {
     dj_point point;
     dj_iv_op op;
-    const float *data; /* ADD/REPLACE: [rows][hidden] f32, host memory, read during the call */
-    uint32_t rows;     /* ADD/REPLACE: 1 (every position) or the step's n */
+    const float *data; /* ADD/REPLACE/MUL: [rows][width] f32, host memory, read during the call */
+    uint32_t rows;     /* ADD/REPLACE/MUL: 1 (every position of the region) or the region's height */
+    /* ADD/REPLACE/MUL: the region edited - positions [r0, r1) (r1 0: all n)
+     * and hidden units [c0, c1) (c1 0: all; width = c1 - c0, else hidden).
+     * All zero: the whole point, as before regions were. */
+    uint32_t r0, r1, c0, c1;
     float *out;        /* SAVE: [n][hidden] f32, host memory */
 } dj_intervention;
 

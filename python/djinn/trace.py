@@ -203,6 +203,23 @@ class Point:
         self._added = True  # the assignment that follows `+=` is not a replace
         return self
 
+    def __imul__(self, value):
+        self._trace._region_edit(self.name, "mul", (slice(None), slice(None)), value)
+        self._added = True
+        return self
+
+    def __getitem__(self, key):
+        """A region of the point, (positions, hidden units), for in-place
+        edits made on the server: `t.layers[4].output[:, 3] *= 0`,
+        `t.layers[2].output[..., 10:20] = v`, `[-1] += v` (contiguous slices
+        and ints; a text prompt's positions only from the start)."""
+        return _Region(self, key)
+
+    def __setitem__(self, key, value):
+        if isinstance(value, _Region) and value._point is self and value._done:
+            return  # `x[k] *= v` / `x[k] += v`: recorded by the region
+        self._trace._region_edit(self.name, "replace", key, value)
+
     def __isub__(self, value):
         self.add(-as_f32(value, self._trace.n, self._trace.hidden, "a tensor subtracted at %s" % self.name))
         self._added = True
@@ -210,6 +227,60 @@ class Point:
 
     def __repr__(self):
         return "<djinn.Point %s>" % self.name
+
+
+class _Region:
+    """Point[key]: `+=`, `-=`, `*=` record an edit of that region."""
+
+    def __init__(self, point, key):
+        self._point = point
+        self._key = key
+        self._done = False
+
+    def _edit(self, op, value):
+        self._point._trace._region_edit(self._point.name, op, self._key, value)
+        self._done = True
+        return self
+
+    def __iadd__(self, value):
+        return self._edit("add", value)
+
+    def __isub__(self, value):
+        return self._edit("add", -np.asarray(value, dtype=np.float64))
+
+    def __imul__(self, value):
+        return self._edit("mul", value)
+
+    def __itruediv__(self, value):
+        return self._edit("mul", 1.0 / np.asarray(value, dtype=np.float64))
+
+
+def _span(k, size, what):
+    """[from, to) of an int or a contiguous slice over size (None: unknown,
+    then only non-negative bounds)."""
+    if isinstance(k, (bool, np.bool_)):
+        raise TypeError("%s index must be an int or a slice, not bool" % what)
+    if isinstance(k, (int, np.integer)):
+        k = int(k)
+        if k < 0:
+            if size is None:
+                raise IndexError("%s index %d: negative positions need the step's length (ids, not text)" % (what, k))
+            k += size
+        if k < 0 or (size is not None and k >= size):
+            raise IndexError("%s index out of range" % what)
+        return k, k + 1
+    if isinstance(k, slice):
+        if k.step not in (None, 1):
+            raise ValueError("%s slice: only contiguous slices (step 1)" % what)
+        if size is None:
+            if (k.start or 0) < 0 or (k.stop is not None and k.stop < 0):
+                raise IndexError("%s slice: negative bounds need the step's length (ids, not text)" % what)
+            return (k.start or 0), k.stop  # stop None: to the end, the server's n
+        a, b, _ = k.indices(size)
+        if a >= b:
+            raise IndexError("%s slice %r is empty" % (what, k))
+        return a, b
+    raise TypeError("%s index must be an int or a slice, not %s" % (what, type(k).__name__))
 
 
 class _Scope:
@@ -308,6 +379,49 @@ class Trace:
         self._entries.append((name, "break", b))
         return b
 
+    def _region_edit(self, name, op, key, value):
+        """op (add, mul, replace) of value over point[key] - key over
+        (positions, hidden units) as numpy indexes them."""
+        self._check_open()
+        if not isinstance(key, tuple):
+            key = (key,)
+        if Ellipsis in key:
+            i = key.index(Ellipsis)
+            key = key[:i] + (slice(None),) * (2 - len(key) + 1) + key[i + 1:]
+        if len(key) == 1:
+            key = key + (slice(None),)
+        if len(key) != 2:
+            raise IndexError("a point is (positions, hidden units): at most 2 indices, got %d" % len(key))
+        r0, r1 = _span(key[0], self.n, "position")
+        c0, c1 = _span(key[1], self.hidden, "hidden unit")
+        w = c1 - c0
+        h = None if r1 is None else r1 - r0
+        if isinstance(value, (RemoteTensor, Saved)):
+            value = value.numpy()
+        if hasattr(value, "detach") and hasattr(value, "cpu"):
+            value = value.detach().cpu().float().numpy()
+        a = np.asarray(value)
+        if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
+            raise TypeError("the tensor for %s %s[...]: want real numbers, got dtype %s" % (op, name, a.dtype))
+        if a.ndim == 0 or (a.ndim == 1 and a.shape[0] == 1 and w != 1):
+            a = np.full(w, float(a.reshape(())), dtype=np.float32)  # a scalar: every element of the region
+        if a.ndim == 2 and a.shape[0] == 1:
+            a = a[0]
+        if not ((a.ndim == 1 and a.shape[0] == w) or (a.ndim == 2 and a.shape[1] == w and
+                                                      (h is None or a.shape[0] == h))):
+            raise ValueError("the tensor for %s %s[...]: shape %s does not fit the region's (%s, %d); give a "
+                             "scalar, (%d,) or (%s, %d)" % (op, name, tuple(a.shape), "n" if h is None else h, w,
+                                                            w, "n" if h is None else h, w))
+        a = np.ascontiguousarray(a, dtype="<f4")
+        if not np.all(np.isfinite(a)):
+            raise ValueError("the tensor for %s %s[...]: it holds NaN or infinity" % (op, name))
+        region = {"cols": [c0, c1]}
+        if r1 is not None:
+            region["rows"] = [r0, r1]
+        elif r0:
+            region["rows_from"] = r0
+        self._entries.append((name, op, (a, region)))
+
     def _edit(self, name, op, value):
         self._check_open()
         a = as_f32(value, self.n, self.hidden, "the tensor for %s %s" % (op, name))
@@ -334,6 +448,12 @@ class Trace:
         points, blobs = [], []
         for name, op, v in self._entries:
             e = {"point": name, "op": op}
+            if isinstance(v, tuple):  # a region's edit
+                v, region = v
+                if "rows_from" in region:  # a text prompt's rows [a, its end): the server's n
+                    raise ValueError("a slice of positions from %d to the end needs the step's length: trace ids, "
+                                     "or give the end" % region["rows_from"])
+                e.update(region)
             if op not in ("save", "break"):
                 e["shape"] = list(v.shape)
                 e["dtype"] = "f32"

@@ -223,3 +223,58 @@ def test_text_prompt_trace(client):
         with pytest.raises(djinn.UnsupportedError):
             with s.trace("some text") as t:
                 t.layers[0].output.save()
+
+
+def test_region_edits_in_one_pass(client):
+    """Slices and scaling made by the server: equal to writing the edited
+    tensor whole."""
+    ids = ids_of()
+    m = client.model(NAME)
+    n, d = len(ids), m.hidden_size
+    v = (np.arange(10, dtype=np.float32) - 4.5) * 0.25
+    bump = np.linspace(-1, 1, d).astype(np.float32)
+    with m.session() as s:
+        with s.trace(ids) as t:
+            h = t.layers[0].output.save()
+        x = h.numpy().copy()
+    x[:, 3] *= 0
+    x[..., 10:20] = v
+    x[-1] += bump
+    x[1:3, 5:7] *= 2.5
+    with m.session() as s:
+        with s.trace(ids) as t:
+            t.layers[0].output[:, 3] *= 0
+            t.layers[0].output[..., 10:20] = v
+            t.layers[0].output[-1] += bump
+            t.layers[1].input[1:3, 5:7] *= 2.5   # the same place by its other name
+            after = t.layers[0].output.save()
+        got = t.logits.numpy()
+        assert np.array_equal(after.numpy(), x)
+    with m.session() as s:
+        with s.trace(ids) as t:
+            t.layers[0].output = x
+        assert np.array_equal(t.logits.numpy(), got)
+    with m.session() as s:  # scaling a whole point
+        with s.trace(ids) as t:
+            y0 = t.layers[1].mlp.output.save()
+            t.layers[1].mlp.output *= 0.5
+            y = t.layers[1].mlp.output.save()
+        assert np.array_equal(y.numpy(), y0.numpy() * np.float32(0.5))
+    with m.session() as s:
+        t = s.trace(ids)
+        with pytest.raises(IndexError):
+            t.layers[0].output[n] = 0
+        with pytest.raises(ValueError):
+            t.layers[0].output[::2] = 0
+        with pytest.raises(ValueError):
+            t.layers[0].output[:, 0:4] = np.zeros(5)
+    # the wire: a region outside the point, a region on a resume
+    with m.session() as s:
+        for meta in ({"ids": [1, 2], "points": [{"point": "layers.0.output", "op": "mul", "shape": [1],
+                                                 "rows": [0, 1], "cols": [d, d + 1]}]},
+                     {"ids": [1, 2], "points": [{"point": "layers.0.output", "op": "mul", "shape": [2],
+                                                 "rows": [1, 1], "cols": [0, 2]}]}):
+            meta["session"] = s.id
+            with pytest.raises(djinn.RangeError):
+                client._call(djinn._wire.STEP, meta, np.ones(meta["points"][0]["shape"][0], "<f4").tobytes())
+        assert s.pos == 0

@@ -264,13 +264,17 @@ static dj_status at_host(trace *t, dj_backend_t *be, int node, void *buf, dj_dty
             t->hook->pause = true;
             return DJ_OK;
         }
-        for (uint32_t r = 0; r < n; r++) {
-            const float *src = v->data + (size_t)(v->rows == 1 ? 0 : r) * t->d;
-            float *row = t->f32 + (size_t)r * t->d;
+        const uint32_t r0 = v->r1 ? v->r0 : 0, r1 = v->r1 ? v->r1 : n;
+        const uint32_t c0 = v->c1 ? v->c0 : 0, w = (v->c1 ? v->c1 : t->d) - c0;
+        for (uint32_t r = r0; r < r1; r++) {
+            const float *src = v->data + (size_t)(v->rows == 1 ? 0 : r - r0) * w;
+            float *row = t->f32 + (size_t)r * t->d + c0;
             if (v->op == DJ_IV_ADD)
-                for (uint32_t c = 0; c < t->d; c++) row[c] += src[c];
+                for (uint32_t c = 0; c < w; c++) row[c] += src[c];
+            else if (v->op == DJ_IV_MUL)
+                for (uint32_t c = 0; c < w; c++) row[c] *= src[c];
             else
-                memcpy(row, src, (size_t)t->d * sizeof *row);
+                memcpy(row, src, (size_t)w * sizeof *row);
         }
         changed = true;
     }
@@ -398,13 +402,20 @@ static dj_status check_ivs(dj_engine_t *e, dj_session_t *s, uint32_t n, const dj
             break;
         case DJ_IV_ADD:
         case DJ_IV_REPLACE:
+        case DJ_IV_MUL: {
             if (!v->data) return dj_fail(DJ_EINVAL, "intervention %u (%s): NULL data", k, nm);
-            if (v->rows != 1 && v->rows != n)
+            if ((v->r1 && (v->r0 >= v->r1 || v->r1 > n)) || (!v->r1 && v->r0) ||
+                (v->c1 && (v->c0 >= v->c1 || v->c1 > c->hidden_size)) || (!v->c1 && v->c0))
+                return dj_fail(DJ_ERANGE, "intervention %u (%s): region rows [%u, %u) cols [%u, %u) outside the "
+                               "point's [%u, %u]", k, nm, v->r0, v->r1, v->c0, v->c1, n, c->hidden_size);
+            const uint32_t h = v->r1 ? v->r1 - v->r0 : n;
+            if (v->rows != 1 && v->rows != h)
                 return dj_fail(DJ_EINVAL,
-                               "intervention %u (%s): a tensor of %u rows for a step of %u positions; give "
-                               "[hidden] or [%u, hidden]",
-                               k, nm, v->rows, n, n);
+                               "intervention %u (%s): a tensor of %u rows for a region of %u positions; give "
+                               "[width] or [%u, width]",
+                               k, nm, v->rows, h, h);
             break;
+        }
         default: return dj_fail(DJ_EINVAL, "intervention %u (%s): unknown op %d", k, nm, (int)v->op);
         }
     }

@@ -135,8 +135,20 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
         }
         if (str_is(op, "add")) p->op = DJ_IV_ADD;
         else if (str_is(op, "replace")) p->op = DJ_IV_REPLACE;
-        else return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add', 'replace' or 'break'", k,
-                            p->point);
+        else if (str_is(op, "mul")) p->op = DJ_IV_MUL;
+        else return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add', 'replace', 'mul' or 'break'",
+                            k, p->point);
+        const char *const rk[2] = {"rows", "cols"};
+        for (int a = 0; a < 2; a++) { /* an edit's region: [from, to) of positions / hidden units */
+            const msgpack_object *ro = dj__obj_get(e, rk[a]);
+            if (!ro) continue;
+            uint64_t *v = a ? p->cols : p->rows;
+            if (ro->type != MSGPACK_OBJECT_ARRAY || ro->via.array.size != 2 || !dj__obj_u64(&ro->via.array.ptr[0], &v[0]) ||
+                !dj__obj_u64(&ro->via.array.ptr[1], &v[1]))
+                return dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): '%s' must be [from, to]", k, p->point, rk[a]);
+            if (a) p->has_cols = true;
+            else p->has_rows = true;
+        }
         const msgpack_object *dt = dj__obj_get(e, "dtype");
         if (dt && !str_is(dt, "f32"))
             return dj_fail(DJ_EUNSUPPORTED, "STEP points[%u] (%s): tensors travel as dtype 'f32'", k, p->point);

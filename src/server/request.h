@@ -103,6 +103,8 @@ typedef struct dj__req_point {
     dj_iv_op op;
     uint32_t nd;          /* shape's dims: 0 (save), 1 or 2 */
     uint64_t dims[2];
+    bool has_rows, has_cols; /* `rows` [a, b) / `cols` [a, b): the region an edit takes (else all) */
+    uint64_t rows[2], cols[2];
 } dj__req_point;
 
 /* A STEP on a session whose step is paused at a breakpoint (step_break.c). */

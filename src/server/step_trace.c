@@ -52,15 +52,32 @@ dj_status dj__trace_parse(const dj__req_step *rq, uint32_t n, const dj_model_con
         }
         const uint32_t nd = p->nd;
         const uint64_t r = nd == 1 ? 1 : p->dims[0], w = nd == 1 ? p->dims[0] : p->dims[1];
-        if (w != t->d || (nd == 2 && r != n && r != 1)) {
+        /* the region: [r0, r1) x [c0, c1), the whole point without rows/cols */
+        const uint64_t r0 = p->has_rows ? p->rows[0] : 0, r1 = p->has_rows ? p->rows[1] : n;
+        const uint64_t c0 = p->has_cols ? p->cols[0] : 0, c1 = p->has_cols ? p->cols[1] : t->d;
+        if (r0 >= r1 || r1 > n || c0 >= c1 || c1 > t->d) {
+            st = dj_fail(DJ_ERANGE, "STEP points[%u] (%s): region rows [%llu, %llu) cols [%llu, %llu) is empty or "
+                         "outside the point's [%u, %u]", k, t->name[k], (unsigned long long)r0,
+                         (unsigned long long)r1, (unsigned long long)c0, (unsigned long long)c1, n, t->d);
+            break;
+        }
+        const uint64_t h = r1 - r0, wr = c1 - c0;
+        if (w != wr || (nd == 2 && r != h && r != 1)) {
             char got[48];
             if (nd == 1) snprintf(got, sizeof got, "[%llu]", (unsigned long long)w);
             else snprintf(got, sizeof got, "[%llu, %llu]", (unsigned long long)r, (unsigned long long)w);
             st = dj_fail(DJ_EINVAL,
-                         "STEP points[%u] (%s): a tensor of shape %s does not fit the point's [%u, %u]; give [%u] "
-                         "(every position) or [%u, %u]",
-                         k, t->name[k], got, n, t->d, t->d, n, t->d);
+                         "STEP points[%u] (%s): a tensor of shape %s does not fit the region's [%llu, %llu]; give "
+                         "[%llu] (every position) or [%llu, %llu]",
+                         k, t->name[k], got, (unsigned long long)h, (unsigned long long)wr, (unsigned long long)wr,
+                         (unsigned long long)h, (unsigned long long)wr);
             break;
+        }
+        if (p->has_rows || p->has_cols) {
+            v->r0 = (uint32_t)r0;
+            v->r1 = (uint32_t)r1;
+            v->c0 = (uint32_t)c0;
+            v->c1 = (uint32_t)c1;
         }
         rows[k] = (uint32_t)r;
         floats += r * w;
@@ -84,7 +101,7 @@ dj_status dj__trace_parse(const dj__req_step *rq, uint32_t n, const dj_model_con
                 if (t->iv[k].op == DJ_IV_SAVE || t->iv[k].op == DJ_IV_BREAK) continue;
             t->iv[k].data = t->data + at;
             t->iv[k].rows = rows[k];
-            at += (size_t)rows[k] * t->d;
+            at += (size_t)rows[k] * (t->iv[k].c1 ? t->iv[k].c1 - t->iv[k].c0 : t->d);
         }
     }
     for (uint32_t k = 0; st == DJ_OK && k < t->n_iv; k++) {
@@ -168,6 +185,9 @@ dj_status dj__trace_edit(dj__trace_req *t, uint32_t k, const dj__req_step *rq, c
         if (!same_place(pt, t->iv[k].point))
             return dj_fail(DJ_EINVAL, "a resume edits the point the step is paused at (%s), not %s", t->name[k],
                            p->point);
+        if (p->has_rows || p->has_cols)
+            return dj_fail(DJ_EINVAL, "a resume's points[%u]: edits at a breakpoint take the whole point (change a "
+                           "slice of the value and send it whole)", j);
         const uint64_t r = p->nd == 1 ? 1 : p->dims[0], w = p->nd == 1 ? p->dims[0] : p->dims[1];
         if (w != t->d || (p->nd == 2 && r != t->n && r != 1))
             return dj_fail(DJ_EINVAL, "a resume's points[%u]: a tensor that does not fit the point's [%u, %u]; give "
