@@ -64,6 +64,7 @@ class Saved:
 
     def __init__(self, name):
         self.point = name
+        self.keep = False
         self._tensor = None
 
     @property
@@ -181,8 +182,11 @@ class Point:
         self.name = name
         self._added = False
 
-    def save(self):
-        return self._trace._save(self.name)
+    def save(self, keep=False):
+        """The point's value once the step ran (a Saved). keep=True: its
+        handle is the connection's and outlives the session (it counts
+        against the connection's handles until released or read and dropped)."""
+        return self._trace._save(self.name, keep)
 
     def breakpoint(self):
         """Stops the step here (a Breakpoint): when the trace runs, the step
@@ -367,9 +371,10 @@ class Trace:
         if len(self._entries) >= MAX_POINTS:
             raise ValueError("at most %d interventions in one step" % MAX_POINTS)
 
-    def _save(self, name):
+    def _save(self, name, keep=False):
         self._check_open()
         s = Saved(name)
+        s.keep = bool(keep)
         self._entries.append((name, "save", s))
         return s
 
@@ -454,6 +459,8 @@ class Trace:
                     raise ValueError("a slice of positions from %d to the end needs the step's length: trace ids, "
                                      "or give the end" % region["rows_from"])
                 e.update(region)
+            if op == "save" and v.keep:
+                e["keep"] = True
             if op not in ("save", "break"):
                 e["shape"] = list(v.shape)
                 e["dtype"] = "f32"

@@ -278,3 +278,27 @@ def test_region_edits_in_one_pass(client):
             with pytest.raises(djinn.RangeError):
                 client._call(djinn._wire.STEP, meta, np.ones(meta["points"][0]["shape"][0], "<f4").tobytes())
         assert s.pos == 0
+
+
+def test_keep_outlives_its_session(client):
+    ids = ids_of()
+    m = client.model(NAME)
+    with m.session() as s:
+        with s.trace(ids) as t:
+            kept = t.layers[0].output.save(keep=True)
+            gone = t.layers[0].output.save()
+    # the session closed: the kept save is the connection's, the other went with it
+    a = kept.numpy()
+    assert a.shape == (len(ids), m.hidden_size)
+    with pytest.raises(djinn.NotFoundError) as e:
+        gone.numpy()
+    assert "went with its session" in str(e.value) and "keep" in str(e.value)
+    with m.session() as s:  # the same values as a save read inside its session
+        with s.trace(ids) as t:
+            inside = t.layers[0].output.save()
+        want = inside.numpy()
+    assert np.array_equal(a, want)
+    with m.session() as s:  # keep is a save's
+        with pytest.raises(djinn.FormatError):
+            client._call(djinn._wire.STEP, {"session": s.id, "ids": [1, 2],
+                                            "points": [{"point": "layers.0.output", "op": "break", "keep": True}]})

@@ -38,6 +38,7 @@ typedef struct dj__rep_saved {
     uint64_t handle;
     uint32_t n, d;
     bool brk;                 /* the value of the breakpoint the step is paused at (op "break") */
+    bool keep;                /* filed as the connection's (no session): it outlives the session */
 } dj__rep_saved;
 
 typedef struct dj__rep_step {

@@ -131,6 +131,10 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
         p->point[p->point_len] = '\0';
         if (str_is(op, "save") || str_is(op, "break")) {
             p->op = str_is(op, "save") ? DJ_IV_SAVE : DJ_IV_BREAK;
+            const msgpack_object *kp = dj__obj_get(e, "keep");
+            if (kp && (kp->type != MSGPACK_OBJECT_BOOLEAN || p->op != DJ_IV_SAVE))
+                return dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): 'keep' is a bool of a save", k, p->point);
+            p->keep = kp && kp->via.boolean;
             continue;
         }
         if (str_is(op, "add")) p->op = DJ_IV_ADD;

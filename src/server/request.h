@@ -104,6 +104,7 @@ typedef struct dj__req_point {
     uint32_t nd;          /* shape's dims: 0 (save), 1 or 2 */
     uint64_t dims[2];
     bool has_rows, has_cols; /* `rows` [a, b) / `cols` [a, b): the region an edit takes (else all) */
+    bool keep;            /* a save's `keep`: its handle is the connection's, it outlives the session */
     uint64_t rows[2], cols[2];
 } dj__req_point;
 

@@ -231,6 +231,7 @@ static void handles_drop_session(dj__server *s, uint64_t sid) {
             dj__handle *h = e->val;
             e = e->next;
             if (h->sess == sid) {
+                dj__gone_note(s, h->id, h->conn, sid); /* a FETCH of it says where it went */
                 dj__map_del(&s->handles, h->id);
                 dj__handle_unref(s, h);
             }
@@ -277,8 +278,8 @@ static dj_status step_file(dj__server *s, dj__event *e) {
         dj__rep_saved *v = &r->saved[k];
         const uint64_t shape[2] = {v->n, v->d};
         if (st == DJ_OK && v->bytes &&
-            (st = handle_file(s, e->conn, e->session, v->bytes, 2, shape, (uint64_t)v->n * v->d * sizeof(float),
-                              &v->handle)) == DJ_OK)
+            (st = handle_file(s, e->conn, v->keep ? 0 : e->session, v->bytes, 2, shape,
+                              (uint64_t)v->n * v->d * sizeof(float), &v->handle)) == DJ_OK)
             v->bytes = NULL;
     }
     return st;
@@ -727,9 +728,8 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
         *close_conn = true;
         h = NULL;
     }
-    if (!h) {
-        return dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid);
-    }
+    if (!h) return *close_conn ? dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid)
+                               : dj__gone_why(s, c->id, hid);
     const uint64_t esz = 4; /* every handle is f32 for now */
     if (by_elem) {
         const uint64_t n_el = h->nbytes / esz;

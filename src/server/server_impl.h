@@ -141,6 +141,7 @@ typedef struct dj__job dj__job;
 
 /* Answers lost for want of memory the loop is told of at once (dj__server.lost). */
 #define DJ__LOST_MAX 256
+#define DJ__GONE_HANDLES 1024 /* handles remembered as gone with their session (handle_gone.c) */
 
 /* Most running generations one batched decode step carries. */
 #define DJ__MAX_BATCH 64
@@ -441,6 +442,12 @@ typedef struct dj__server {
         bool counted;
         uint32_t handle_quota;
     } lost[DJ__LOST_MAX];
+    /* I/O thread: the last DJ__GONE_HANDLES result handles that went with
+     * their session, so a FETCH of one says so (handle_gone.c) */
+    struct dj__gone_handle {
+        uint64_t id, conn, sess;
+    } gone[DJ__GONE_HANDLES];
+    size_t gone_next;
     uint32_t n_lost;
     bool lost_overflow;
     bool stop_worker;    /* mu */
@@ -548,6 +555,13 @@ dj_status dj__trace_run_break(dj_engine_t *e, dj_session_t *es, const int32_t *i
 const char *dj__trace_point_name(const dj__trace_req *t, uint32_t k);
 dj_status dj__trace_publish_break(dj__trace_req *t, uint32_t k, dj__rep_step *out);
 dj_status dj__trace_edit(dj__trace_req *t, uint32_t k, const dj__req_step *rq, const dj_model_config *c);
+
+/* ---- handle_gone.c: handles that went with their session (I/O thread) ---- */
+/* Remembers handle h as gone with session sess. */
+void dj__gone_note(dj__server *s, uint64_t handle, uint64_t conn, uint64_t sess);
+/* The DJ_ENOTFOUND for a FETCH/RELEASE of handle on conn: that it went with
+ * its session when remembered so, else that there is none. */
+dj_status dj__gone_why(const dj__server *s, uint64_t conn, uint64_t handle);
 
 /* ---- step_break.c: a session's step paused at a breakpoint (worker thread) ---- */
 typedef struct dj__brk dj__brk;

@@ -12,6 +12,7 @@
 struct dj__trace_req {
     dj_intervention iv[DJ_IV_MAX];
     char name[DJ_IV_MAX][48]; /* each point's name as parsed */
+    bool keep[DJ_IV_MAX];     /* a save's handle outlives the session */
     uint32_t n_iv, n_saves, n_breaks;
     uint32_t n, d;            /* the traced rows, hidden size */
     float *data;              /* the payload's tensors as f32 (owned) */
@@ -45,6 +46,7 @@ dj_status dj__trace_parse(const dj__req_step *rq, uint32_t n, const dj_model_con
         dj_point_name(v->point, t->name[k], sizeof t->name[k]);
         t->n_iv = k + 1;
         v->op = p->op;
+        t->keep[k] = p->keep;
         if (p->op == DJ_IV_SAVE || p->op == DJ_IV_BREAK) {
             t->n_saves += p->op == DJ_IV_SAVE;
             t->n_breaks += p->op == DJ_IV_BREAK;
@@ -132,6 +134,7 @@ dj_status dj__trace_publish(dj__trace_req *t, dj__rep_step *out) {
         if (v->op != DJ_IV_SAVE) continue;
         dj__rep_saved *o = &out->saved[out->n_saved++];
         snprintf(o->point, sizeof o->point, "%s", t->name[k]);
+        o->keep = t->keep[k];
         o->bytes = v->out; /* the event's now */
         v->out = NULL;
         o->n = t->n;
