@@ -550,3 +550,36 @@ class Trace:
             s._tensor = RemoteTensor(c, int(g["handle"]), g.get("shape", []), g.get("dtype", "f32"),
                                      int(g.get("nbytes", 0)))
         return self
+
+
+def generation_points(session, fn):
+    """GENERATE's `points`: the edits fn(t) records on a trace, each one row
+    to every position of every step, its tensor in `data`."""
+    if not callable(fn):
+        raise TypeError("trace must be a function of a trace (def steer(t): t.layers[5].output += v)")
+    t = Trace(session, "x")  # a recorder: n unknown, nothing runs
+    fn(t)
+    points = []
+    for name, op, v in t._entries:
+        region = None
+        if isinstance(v, tuple):
+            v, region = v
+        if op not in ("add", "replace", "mul"):
+            raise ValueError("a generation's trace takes edits only (add, replace, mul), not %s of %s" % (op, name))
+        a = np.asarray(v, dtype="<f4")
+        if a.ndim == 2:
+            if a.shape[0] != 1:
+                raise ValueError("a generation's trace: %s %s takes one row to every position, not %s"
+                                 % (op, name, tuple(a.shape)))
+            a = a[0]
+        if region and ("rows" in region or "rows_from" in region):
+            raise ValueError("a generation's trace: %s %s cannot take positions (its steps differ in length)"
+                             % (op, name))
+        e = {"point": name, "op": op, "shape": [int(a.shape[0])], "dtype": "f32",
+             "data": np.ascontiguousarray(a, dtype="<f4").tobytes()}
+        if region:
+            e["cols"] = region["cols"]
+        points.append(e)
+    if not points:
+        raise ValueError("the generation's trace edits nothing")
+    return points

@@ -299,6 +299,41 @@ def test_keep_outlives_its_session(client):
         want = inside.numpy()
     assert np.array_equal(a, want)
     with m.session() as s:  # keep is a save's
-        with pytest.raises(djinn.FormatError):
+        with pytest.raises(djinn.InvalidError):
             client._call(djinn._wire.STEP, {"session": s.id, "ids": [1, 2],
                                             "points": [{"point": "layers.0.output", "op": "break", "keep": True}]})
+
+
+@pytest.mark.parametrize("name", ("demo", NAME))
+def test_steered_generation_equals_the_client_loop(client, name):
+    """s.generate(..., trace=steer): one request, the server applying the
+    edits at every step, token for token the client's loop of traces."""
+    m = client.model(name)
+    ids = reference(name)["prompt_ids"][:6]
+    rng = np.random.default_rng(3)
+    v = rng.standard_normal(m.hidden_size).astype(np.float32)
+
+    def steer(t):
+        t.layers[1].output += v
+        t.layers[0].mlp.output[..., 0:8] *= 0
+
+    N = 24
+    with m.session() as s:
+        g = s.generate(ids, max_new_tokens=N, ignore_eos=True, stream=False, trace=steer)
+    with m.session() as s:
+        plain = s.generate(ids, max_new_tokens=N, ignore_eos=True, stream=False)
+    loop, feed = [], ids
+    with m.session() as s:
+        for _ in range(N):
+            with s.trace(feed) as t:
+                steer(t)
+            nxt = int(np.argmax(t.logits.numpy()))
+            loop.append(nxt)
+            feed = [nxt]
+    assert list(g.ids) == loop
+    assert list(plain.ids) != loop  # the steering changes the text
+    with m.session() as s:
+        with pytest.raises(ValueError):
+            s.generate(ids, max_new_tokens=2, trace=lambda t: t.layers[0].output.save())
+        with pytest.raises(ValueError):
+            s.generate(ids, max_new_tokens=2, trace=lambda t: t.layers[0].output.__setitem__(0, 1.0))

@@ -88,6 +88,36 @@ dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out)
     return st;
 }
 
+static dj_status dec_points(const msgpack_object *pts, dj__req_step *s);
+
+/* A GENERATE's `points`: edits at every step, as a STEP's, each tensor in
+ * its entry's `data` (bin, f32 LE) - a GENERATE has no payload. */
+static dj_status dec_gen_points(const msgpack_object *pts, dj__req_generate *g) {
+    dj__req_step tmp = {0};
+    dj_status st = dec_points(pts, &tmp);
+    g->points = tmp.points;
+    g->n_points = tmp.n_points;
+    if (st != DJ_OK) return st;
+    size_t total = 0;
+    for (uint32_t k = 0; k < g->n_points; k++) {
+        const dj__req_point *p = &g->points[k];
+        const msgpack_object *d = dj__obj_get(&pts->via.array.ptr[k], "data");
+        if (p->op != DJ_IV_ADD && p->op != DJ_IV_REPLACE && p->op != DJ_IV_MUL)
+            return dj_fail(DJ_EINVAL, "GENERATE points[%u] (%s): only edits (add, replace, mul) at every step", k,
+                           p->point);
+        if (!d || d->type != MSGPACK_OBJECT_BIN || d->via.bin.size % 4)
+            return dj_fail(DJ_EFORMAT, "GENERATE points[%u] (%s): 'data' must be bin of f32 LE", k, p->point);
+        total += d->via.bin.size;
+    }
+    if (total && !(g->iv_bytes = dj_malloc(total))) return dj_fail(DJ_ENOMEM, "out of memory");
+    for (uint32_t k = 0; k < g->n_points; k++) {
+        const msgpack_object *d = dj__obj_get(&pts->via.array.ptr[k], "data");
+        memcpy(g->iv_bytes + g->iv_len, d->via.bin.ptr, d->via.bin.size);
+        g->iv_len += d->via.bin.size;
+    }
+    return DJ_OK;
+}
+
 static dj_status dec_generate(const dj__meta *m, dj__request *r) {
     dj__req_generate *g = &r->u.gen;
     g->max_tokens = DEFAULT_MAX_TOKENS;
@@ -99,6 +129,8 @@ static dj_status dec_generate(const dj__meta *m, dj__request *r) {
     if (st == DJ_OK) st = dj__generate_sampling_decode(m, &g->s);
     if (st == DJ_OK) st = salt_dup(m, &g->cache_salt, &g->salt_len);
     if (st == DJ_OK) st = str_dup(m, "json_schema", &g->json_schema, &g->schema_len);
+    const msgpack_object *pts = st == DJ_OK ? dj__meta_get(m, "points") : NULL;
+    if (pts) st = dec_gen_points(pts, g);
     return st;
 }
 
@@ -132,8 +164,10 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
         if (str_is(op, "save") || str_is(op, "break")) {
             p->op = str_is(op, "save") ? DJ_IV_SAVE : DJ_IV_BREAK;
             const msgpack_object *kp = dj__obj_get(e, "keep");
-            if (kp && (kp->type != MSGPACK_OBJECT_BOOLEAN || p->op != DJ_IV_SAVE))
-                return dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): 'keep' is a bool of a save", k, p->point);
+            if (kp && kp->type != MSGPACK_OBJECT_BOOLEAN)
+                return dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): 'keep' must be a bool", k, p->point);
+            if (kp && p->op != DJ_IV_SAVE)
+                return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): 'keep' is a save's", k, p->point);
             p->keep = kp && kp->via.boolean;
             continue;
         }
@@ -265,6 +299,8 @@ void dj__request_free(dj__request *r) {
         free(r->u.gen.cache_salt);
         free(r->u.gen.json_schema);
         free(r->u.gen.s.stop_ids);
+        free(r->u.gen.points);
+        free(r->u.gen.iv_bytes);
         break;
     case DJ_MSG_STEP:
         free(r->u.step.ids);

@@ -91,9 +91,14 @@ typedef struct dj__req_generate {
     char *json_schema;     /* [schema_len] structured output (grammar.h; malloc'd) or NULL */
     size_t schema_len;
     dj__gen_sampling s;
+    struct dj__req_point *points; /* [n_points] (malloc'd) edits at every step, or NULL; their tensors in */
+    uint32_t n_points;
+    uint8_t *iv_bytes;     /* [iv_len] each point's `data` (f32 LE), one after another (malloc'd) */
+    size_t iv_len;
 } dj__req_generate;
 
 typedef enum dj__step_logits { DJ__LOGITS_LAST, DJ__LOGITS_ALL, DJ__LOGITS_NONE } dj__step_logits;
+struct dj__req_point;
 
 /* One of a STEP's `points` as the wire gives it (the worker checks it
  * against the session's model: dj__trace_parse). */

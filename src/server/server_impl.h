@@ -229,6 +229,7 @@ typedef struct dj__gen {
     dj_status tok_st;
     char tok_err[256];
     uint32_t max_tokens;
+    struct dj__trace_req *tr; /* GENERATE `points`: the edits at every step (step_trace.c), or NULL; owned */
     uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
     double t_start, t_first, t_last, prefill_s;
@@ -545,6 +546,10 @@ void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
  * replace of the paused point iv[k], checked whole first) applied to the
  * value the step resumes with. */
 uint32_t dj__trace_breaks(const dj__trace_req *t);
+/* A GENERATE's `points` (edits at every step, one row each) as a trace
+ * whose interventions (dj__trace_ivs, valid while t lives) go to dj_gen_new. */
+dj_status dj__gen_trace_parse(const dj__req_generate *rq, const dj_model_config *c, dj__trace_req **out /* OUT */);
+const dj_intervention *dj__trace_ivs(const dj__trace_req *t, uint32_t *n /* OUT */);
 /* A STEP's text prompt as ids (*ids malloc'd, [*n]): tok NULL (the model
  * has no tokenizer.json) is DJ_EUNSUPPORTED; the worker waits for it, as
  * the text is at most --max-prompt-bytes. */

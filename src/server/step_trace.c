@@ -75,9 +75,11 @@ dj_status dj__trace_parse(const dj__req_step *rq, uint32_t n, const dj_model_con
                          (unsigned long long)h, (unsigned long long)wr);
             break;
         }
-        if (p->has_rows || p->has_cols) {
+        if (p->has_rows) {
             v->r0 = (uint32_t)r0;
             v->r1 = (uint32_t)r1;
+        }
+        if (p->has_cols) {
             v->c0 = (uint32_t)c0;
             v->c1 = (uint32_t)c1;
         }
@@ -232,4 +234,17 @@ dj_status dj__step_tokenize(const dj_tokenizer_t *tok, const char *model, const 
         st = dj_fail(DJ_EINVAL, "the prompt became no tokens");
     }
     return st;
+}
+
+/* ---- a GENERATE's points: edits at every step ---- */
+
+dj_status dj__gen_trace_parse(const dj__req_generate *rq, const dj_model_config *c, dj__trace_req **out) {
+    const dj__req_step as_step = {.points = rq->points, .n_points = rq->n_points, .payload = rq->iv_bytes,
+                                  .payload_len = rq->iv_len};
+    return dj__trace_parse(&as_step, 1, c, out); /* one row: [width] to every position of every step */
+}
+
+const dj_intervention *dj__trace_ivs(const dj__trace_req *t, uint32_t *n) {
+    *n = t ? t->n_iv : 0;
+    return t ? t->iv : NULL;
 }

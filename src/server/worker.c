@@ -106,6 +106,7 @@ static void post_job(dj__server *s, dj__job *j, dj__event *e) {
 static void gen_free(dj__gen *g) {
     if (!g) return;
     dj_gen_free(g->g);
+    dj__trace_free(g->tr); /* after the generation that read it */
     free(g->ids);
     free(g);
 }
@@ -873,6 +874,13 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         (st = dj_constraint_from_schema(j->r.u.gen.json_schema, j->r.u.gen.schema_len, tok, vocab, ss->ment->eos,
                                         sp->ignore_eos ? 0 : ss->ment->n_eos, &con)) != DJ_OK)
         goto done;
+    if (j->r.u.gen.n_points && !g->tr &&
+        (st = dj__gen_trace_parse(&j->r.u.gen, dj_model_get_config(dj_session_model(ss->es)), &g->tr)) != DJ_OK) {
+        dj_constraint_free(con);
+        goto done;
+    }
+    uint32_t n_iv = 0;
+    const dj_intervention *iv = dj__trace_ivs(g->tr, &n_iv);
     const dj_gen_params gp = {.sampling = sp->sampling,
                               .max_tokens = g->max_tokens,
                               .stop_ids = sp->stop_ids,
@@ -884,7 +892,9 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .tok = tok,
                               .logprobs = sp->logprobs,
                               .top_logprobs = sp->top_logprobs,
-                              .constraint = con}; /* the generation's from here */
+                              .constraint = con, /* the generation's from here */
+                              .iv = iv,
+                              .n_iv = n_iv};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
