@@ -337,3 +337,34 @@ def test_steered_generation_equals_the_client_loop(client, name):
             s.generate(ids, max_new_tokens=2, trace=lambda t: t.layers[0].output.save())
         with pytest.raises(ValueError):
             s.generate(ids, max_new_tokens=2, trace=lambda t: t.layers[0].output.__setitem__(0, 1.0))
+
+
+def test_activation_patching_across_sessions(client):
+    """Patching: the clean prompt's layer output written into the corrupted
+    prompt's run (two sessions, positions addressed by slices). The last
+    layer's whole output patched gives the clean logits bit for bit; one
+    position patched at layer 0 moves the logits from the corrupted ones."""
+    m = client.model(NAME)
+    clean = ids_of()
+    corrupt = list(clean)
+    corrupt[1] = (corrupt[1] + 7) % m.vocab_size
+    last = m.num_layers - 1
+    with m.session() as s:
+        with s.trace(clean) as t:
+            h_last = t.layers[last].output.save()
+            h0 = t.layers[0].output.save()
+        want = t.logits.numpy()
+        h_last, h0 = h_last.numpy(), h0.numpy()
+    with m.session() as s:
+        base = s.step(corrupt).numpy()
+    assert not np.array_equal(base, want)
+    with m.session() as s:
+        with s.trace(corrupt) as t:
+            t.layers[last].output = h_last
+        assert np.array_equal(t.logits.numpy(), want)
+    with m.session() as s:
+        with s.trace(corrupt) as t:
+            t.layers[0].output[1] = h0[1]  # the corrupted position only
+            got0 = t.layers[0].output.save()
+        assert np.array_equal(got0.numpy()[1], h0[1])
+        assert not np.array_equal(t.logits.numpy(), base)
