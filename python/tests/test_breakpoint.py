@@ -187,7 +187,7 @@ def test_resume_after_the_lease(tmp_path):
         time.sleep(2.5 * SHORT_LEASE_MS / 1000)  # the paused step counts against the lease: it lapses
         with pytest.raises(djinn.NotFoundError) as e:
             t.resume()
-        assert "lease" in str(e.value)
+        assert "its lease ended" in e.value.message  # the server's word, kept by the client
         assert _paused_steps(c)["paused_steps"] == 0
     finally:
         c.close()

@@ -699,7 +699,7 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
     dj__lease *l = own_lease(s, c->id, sid, &foreign);
     if (!l) {
         *close_conn = foreign;
-        return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
+        return dj__no_session(s, c->id, sid);
     }
     /* the worker tells the scheduler, which may swap it out and back */
     dj__job *m = ctl_new(l, DJ__CTL_PAUSE, c->id);
@@ -841,7 +841,7 @@ static bool step_payload_ok(dj__conn *c) {
     const uint64_t hidden = ss ? ss->hidden : 0;
     if (!ss) {
         refuse(c, NULL, h->request_id, h->type,
-                   dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
+                   dj__no_session(s, c->id, sid), true);
         return false;
     }
     if (n_points) {
@@ -1014,7 +1014,7 @@ static void handle_frame(dj__conn *c) {
     dj__lease *l = NULL;
     if (row->session == DJ__SESS_REQUIRED && !(l = own_lease(s, c->id, r.session, &foreign))) {
         refuse(c, &r, h->request_id, h->type,
-               dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)r.session),
+               dj__no_session(s, c->id, r.session),
                foreign);
         return;
     }
@@ -1403,6 +1403,7 @@ static void on_tick(uv_timer_t *t) {
             pthread_mutex_lock(&s->metrics.mu);
             s->metrics.lease_expiries++;
             pthread_mutex_unlock(&s->metrics.mu);
+            dj__gone_lease(s, l->conn, l->id); /* a later request naming it says so */
             lease_drop(s, l, DJ_ENOTFOUND, "session lease expired");
         }
     }

@@ -142,6 +142,7 @@ typedef struct dj__job dj__job;
 /* Answers lost for want of memory the loop is told of at once (dj__server.lost). */
 #define DJ__LOST_MAX 256
 #define DJ__GONE_HANDLES 1024 /* handles remembered as gone with their session (handle_gone.c) */
+#define DJ__GONE_LEASES 256   /* sessions remembered as gone with their lease (handle_gone.c) */
 
 /* Most running generations one batched decode step carries. */
 #define DJ__MAX_BATCH 64
@@ -449,6 +450,8 @@ typedef struct dj__server {
         uint64_t id, conn, sess;
     } gone[DJ__GONE_HANDLES];
     size_t gone_next;
+    struct dj__gone_handle gone_leases[DJ__GONE_LEASES]; /* sessions whose lease ended (id = the session) */
+    size_t gone_leases_next;
     uint32_t n_lost;
     bool lost_overflow;
     bool stop_worker;    /* mu */
@@ -567,6 +570,11 @@ void dj__gone_note(dj__server *s, uint64_t handle, uint64_t conn, uint64_t sess)
 /* The DJ_ENOTFOUND for a FETCH/RELEASE of handle on conn: that it went with
  * its session when remembered so, else that there is none. */
 dj_status dj__gone_why(const dj__server *s, uint64_t conn, uint64_t handle);
+/* Remembers session sess of conn as gone with its lease; dj__no_session is
+ * the DJ_ENOTFOUND for a request naming a session conn does not hold: that
+ * its lease ended when remembered so, else that there is none. */
+void dj__gone_lease(dj__server *s, uint64_t conn, uint64_t sess);
+dj_status dj__no_session(const dj__server *s, uint64_t conn, uint64_t sess);
 
 /* ---- step_break.c: a session's step paused at a breakpoint (worker thread) ---- */
 typedef struct dj__brk dj__brk;
