@@ -7,6 +7,7 @@ add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/serv
             src/server/http_openai.c src/server/http_view.c src/server/http_routes.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
+target_sources(djinn_server PRIVATE src/server/step_break.c src/server/handle_gone.c) # a STEP paused at a breakpoint; handles gone with their session
 target_sources(djinn_server PRIVATE src/server/request.c src/server/encode.c) # typed requests (request.h) and events (event.h)
 target_sources(djinn_server PRIVATE src/server/submit.c) # portals: in-process connections (the HTTP door's)
 target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)

@@ -15,7 +15,7 @@ out=.carry/gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 for f in build-cuda/djinn build-cuda/djinnd build-cuda/gpu_check build-cuda/gpu_models build-cuda/gpu_swap build-cuda/gpu_prefix build-cuda/bench_gpu \
-    build-cuda/make_random_checkpoint build-cuda/bench_fairness build-cuda/bench_http build-cuda/bench_q4_loads build-cuda/libdj_ktrace.so build-cuda/bench_gemm_algos build-cuda/gpu_capture "$@"; do
+    build-cuda/make_random_checkpoint build-cuda/bench_brk build-cuda/bench_fairness build-cuda/bench_http build-cuda/bench_q4_loads build-cuda/libdj_ktrace.so build-cuda/bench_gemm_algos build-cuda/gpu_capture "$@"; do
     [ -x "$f" ] && [ -f "$f" ] && cp "$f" "$out/bin/"
 done
 # Every shared library the programs load, except the C runtime and CUDA's own

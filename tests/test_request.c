@@ -108,7 +108,24 @@ static void step_points_bad_op(dj__mw *w) {
     step_ids_too(w);
     dj__mw_key(w, "points");
     msgpack_pack_array(&w->pk, 1);
-    point(w, "layers.0.out", "mul", 0);
+    point(w, "layers.0.out", "scale", 0); /* "mul" is the op's name */
+}
+static void step_resume_with_ids(dj__mw *w) { /* a resume takes no ids */
+    step_ids_too(w);
+    dj__mw_bool(w, "resume", true);
+}
+static void step_resume_cancel(dj__mw *w) {
+    dj__mw_u64(w, "session", 5);
+    dj__mw_bool(w, "resume", true);
+    dj__mw_bool(w, "cancel", true);
+}
+static void step_cancel(dj__mw *w) {
+    dj__mw_u64(w, "session", 5);
+    dj__mw_bool(w, "cancel", true);
+}
+static void step_prompt_and_ids(dj__mw *w) {
+    step_ids_too(w);
+    dj__mw_str(w, "prompt", "hello");
 }
 static void step_points_long_name(dj__mw *w) {
     step_ids_too(w);
@@ -219,6 +236,15 @@ static void test_step(void) {
     CHECK(r.u.step.payload_len == sizeof t); /* with points the payload stays: the tensors */
     dj__request_free(&r);
     CHECK_ST(decode(DJ_MSG_STEP, step_points_bad_op, NULL, 0, &r), DJ_EINVAL);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_resume_with_ids, NULL, 0, &r), DJ_EINVAL);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_resume_cancel, NULL, 0, &r), DJ_EINVAL);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_cancel, NULL, 0, &r), DJ_OK);
+    CHECK(r.u.step.brk == DJ__BRK_CANCEL && r.u.step.n_ids == 0);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_prompt_and_ids, NULL, 0, &r), DJ_EFORMAT);
     dj__request_free(&r);
     CHECK_ST(decode(DJ_MSG_STEP, step_points_long_name, NULL, 0, &r), DJ_EINVAL);
     dj__request_free(&r);

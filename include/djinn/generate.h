@@ -43,6 +43,15 @@ typedef struct dj_gen_params {
                                   * the context), then only EOS once it is whole. Owned by the generation from
                                   * dj_gen_new on (freed with it, or by dj_gen_new when that fails). A step with
                                   * no id allowed picks unmasked and ends as DJ_GEN_STOP (that id not emitted). */
+    /* Interventions at every step of the generation (the prompt's chunks and
+     * each generated token): edits only (add, replace, mul) of one row
+     * ([width] to every position) and no position region; borrowed for the
+     * generation's life. Such a generation steps alone (dj_session_step_trace),
+     * picks on the host, maps no prefix-cache blocks (its prompt's KV is not
+     * the ids' alone) and takes no constraint: token for token the client's
+     * loop of traces. NULL/0: none. */
+    const struct dj_intervention *iv;
+    uint32_t n_iv;
 } dj_gen_params;
 
 typedef struct dj_gen dj_gen_t;

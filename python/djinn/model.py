@@ -279,10 +279,18 @@ class Session:
             h.numpy(); t.logits
 
         Points: layers[i].input, .output, .attn.output, .mlp.output and
-        final_norm.output (t.point("layers.5.output") by name). The step runs
-        when the block ends; see djinn.trace.Trace."""
+        final_norm.output (t.point("layers.5.output") by name). ids may be
+        text: the server tokenizes it (BOS and the like at the session's
+        start) and t.ids holds the ids it became once the step ran. The step
+        runs when the block ends; see djinn.trace.Trace."""
         from .trace import Trace
         self._check_open()
+        if isinstance(ids, str):  # text: the server tokenizes it; t.ids holds the ids once it ran
+            if not ids:
+                raise ValueError("a trace needs a non-empty prompt")
+            if "\x00" in ids:
+                raise ValueError("a prompt cannot hold U+0000")
+            return Trace(self, ids, logits=logits)
         v = _ids_list(ids, self.vocab_size)
         if not v:
             raise ValueError("a trace needs at least one token id")
@@ -292,12 +300,20 @@ class Session:
         return Trace(self, v, logits=logits)
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, trace=None, **sampling):
         """Generates in this session, continuing its context (see
-        Model.generate for the arguments)."""
+        Model.generate for the arguments). trace: a function of a trace
+        that edits points (`def steer(t): t.layers[5].output += v`); the
+        server applies its edits at every step - the prompt's and each
+        generated token's - in one request: token for token the loop of
+        `trace` steps a client would run. Edits only ((hidden,) vectors or
+        column slices, to every position), no saves or breakpoints."""
         self._check_open()
         req = _generate_meta(self.model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
                              ignore_eos, sampling)
+        if trace is not None:
+            from .trace import generation_points
+            req["points"] = generation_points(self, trace)
         ts = self._start_generate(req, own_session=False)
         return ts if stream else ts.collect()
 

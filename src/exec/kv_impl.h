@@ -95,6 +95,9 @@ void dj__kv_session_release(dj__kv *kv, dj_session_t *s);
  * DJ_EQUOTA past the session's quota. */
 dj_status dj__kv_map_pages(dj__kv *kv, dj_session_t *s, uint32_t upto);
 /* Copies the blocks mapped since the last call into s's device table. */
+/* Unmaps s's blocks from n_blocks on (private pages mapped for a step that
+ * was dropped: dj__session_step_drop); s resident. */
+void dj__kv_unmap_from(dj__kv *kv, dj_session_t *s, uint32_t n_blocks);
 dj_status dj__kv_sync_tables(dj__kv *kv, dj_session_t *s);
 
 /* ---- KV swap (swap.c) ---- */

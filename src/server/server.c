@@ -234,6 +234,7 @@ static void handles_drop_session(dj__server *s, uint64_t sid) {
             dj__handle *h = e->val;
             e = e->next;
             if (h->sess == sid) {
+                dj__gone_note(s, h->id, h->conn, sid); /* a FETCH of it says where it went */
                 dj__map_del(&s->handles, h->id);
                 dj__handle_unref(s, h);
             }
@@ -280,8 +281,8 @@ static dj_status step_file(dj__server *s, dj__event *e) {
         dj__rep_saved *v = &r->saved[k];
         const uint64_t shape[2] = {v->n, v->d};
         if (st == DJ_OK && v->bytes &&
-            (st = handle_file(s, e->conn, e->session, v->bytes, 2, shape, (uint64_t)v->n * v->d * sizeof(float),
-                              &v->handle)) == DJ_OK)
+            (st = handle_file(s, e->conn, v->keep ? 0 : e->session, v->bytes, 2, shape,
+                              (uint64_t)v->n * v->d * sizeof(float), &v->handle)) == DJ_OK)
             v->bytes = NULL;
     }
     return st;
@@ -726,7 +727,7 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
     dj__lease *l = own_lease(s, c->id, sid, &foreign);
     if (!l) {
         *close_conn = foreign;
-        return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
+        return dj__no_session(s, c->id, sid);
     }
     /* the worker tells the scheduler, which may swap it out and back */
     dj__job *m = ctl_new(l, DJ__CTL_PAUSE, c->id);
@@ -755,9 +756,8 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
         *close_conn = true;
         h = NULL;
     }
-    if (!h) {
-        return dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid);
-    }
+    if (!h) return *close_conn ? dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid)
+                               : dj__gone_why(s, c->id, hid);
     const uint64_t esz = 4; /* every handle is f32 for now */
     if (by_elem) {
         const uint64_t n_el = h->nbytes / esz;
@@ -855,6 +855,8 @@ static bool step_payload_ok(dj__conn *c) {
         const msgpack_object *pts = dj__meta_get(&m, "points"), *ids = dj__meta_get(&m, "ids");
         if (pts) n_points = pts->type == MSGPACK_OBJECT_ARRAY ? pts->via.array.size : 0;
         if (ids) n_ids = ids->type == MSGPACK_OBJECT_ARRAY ? ids->via.array.size : 0;
+        if (dj__meta_get(&m, "resume") || dj__meta_get(&m, "prompt"))
+            n_ids = UINT64_MAX; /* a paused step's edits, or a text prompt's: their rows, at most `room` */
         dj__meta_destroy(&m);
     }
     if (st != DJ_OK) {
@@ -867,7 +869,7 @@ static bool step_payload_ok(dj__conn *c) {
     const uint64_t hidden = ss ? ss->hidden : 0;
     if (!ss) {
         refuse(c, NULL, h->request_id, h->type,
-                   dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
+                   dj__no_session(s, c->id, sid), true);
         return false;
     }
     if (n_points) {
@@ -1069,14 +1071,15 @@ void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const
     if (row->session == DJ__SESS_REQUIRED && !(l = own_lease(s, c->id, r.session, &foreign))) {
         dj__graph_req_free(graph);
         refuse(c, &r, r.id, r.type,
-               dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)r.session),
+               dj__no_session(s, c->id, r.session),
                foreign);
         return;
     }
     uint32_t handle_quota = 0;
     if (r.type == DJ_MSG_STEP) { /* the result handles it will make: counted now, against what it holds */
         handle_quota = r.u.step.logits != DJ__LOGITS_NONE;
-        for (uint32_t k = 0; k < r.u.step.n_points; k++) handle_quota += r.u.step.points[k].op == DJ_IV_SAVE;
+        for (uint32_t k = 0; k < r.u.step.n_points; k++)
+            handle_quota += r.u.step.points[k].op == DJ_IV_SAVE || r.u.step.points[k].op == DJ_IV_BREAK;
         const size_t n_held = dj__conn_handles(s, c->id) + c->handles_due;
         if (handle_quota && n_held + handle_quota > s->cfg.max_handles) {
             refuse(c, &r, r.id, r.type,
@@ -1537,6 +1540,7 @@ static void on_tick(uv_timer_t *t) {
             pthread_mutex_lock(&s->metrics.mu);
             s->metrics.lease_expiries++;
             pthread_mutex_unlock(&s->metrics.mu);
+            dj__gone_lease(s, l->conn, l->id); /* a later request naming it says so */
             lease_drop(s, l, DJ_ENOTFOUND, "session lease expired");
         }
     }
