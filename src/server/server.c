@@ -284,6 +284,22 @@ static dj_status step_file(dj__server *s, dj__event *e) {
     return st;
 }
 
+/* A SESSION_EXPORT's reply: the image becomes a result handle of the
+ * session (u8, FETCHed in pieces), counted in --max-handles-per-conn. */
+static dj_status export_file(dj__server *s, dj__event *e) {
+    dj__rep_export *r = &e->u.exp;
+    if (dj__conn_handles(s, e->conn) >= s->cfg.max_handles)
+        return dj_fail(DJ_EQUOTA, "this connection holds %u handles (--max-handles-per-conn): release some",
+                       s->cfg.max_handles);
+    const uint64_t shape[1] = {r->nbytes};
+    dj_status st = handle_file(s, e->conn, e->session, (float *)(void *)r->bytes, 1, shape, r->nbytes, &r->handle);
+    if (st != DJ_OK) return st;
+    r->bytes = NULL;
+    dj__handle *h = dj__map_get(&s->handles, r->handle);
+    snprintf(h->dtype, sizeof h->dtype, "u8");
+    return DJ_OK;
+}
+
 /* A GRAPH_RUN's reply: its outputs become result handles of its connection
  * (no session: they go when it closes), all or none, within
  * --max-handles-per-conn; a failure answers the GRAPH_RUN with it. */
@@ -788,6 +804,9 @@ static dj_status request_limits(dj__conn *c, const dj__request *r, uint64_t *cre
     if (r->type == DJ_MSG_SESSION_OPEN && !(c->qos_mask >> r->u.open.qos & 1))
         return dj_fail(DJ_EINVAL, "qos %s is not granted to this connection's token (see --token-file)",
                        dj_qos_name(r->u.open.qos));
+    if (r->type == DJ_MSG_SESSION_IMPORT && !(c->qos_mask >> r->u.import.img.qos & 1))
+        return dj_fail(DJ_EINVAL, "the imported session's qos %s is not granted to this connection's token",
+                       dj_qos_name(r->u.import.img.qos));
     if (r->type != DJ_MSG_GENERATE || !r->u.gen.prompt) return DJ_OK;
     const char *p = r->u.gen.prompt;
     const size_t n = r->u.gen.plen;
@@ -814,6 +833,7 @@ static bool step_payload_ok(dj__conn *c) {
         refuse(c, NULL, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
         return false;
     }
+    if (h->type == DJ_MSG_SESSION_IMPORT) return true; /* a session image: at most a request's payload, checked whole */
     if (h->type != DJ_MSG_STEP) { /* WEIGHT_UPLOAD, GRAPH_RUN (graph_serve.c) */
         const dj_status cst = dj__capture_payload_check(h->type, c->body, h->meta_len, h->payload_len);
         if (cst != DJ_OK) send_error(c, h->request_id, h->type, cst, true);
@@ -982,6 +1002,10 @@ static void handle_frame(dj__conn *c) {
         r.u.step.payload = r.body + h->meta_len;
         r.u.step.payload_len = h->payload_len;
     }
+    if (h->type == DJ_MSG_SESSION_IMPORT) {
+        r.u.import.payload = r.body + h->meta_len;
+        r.u.import.payload_len = h->payload_len;
+    }
     uint64_t credit = 0;
     st = dj__request_decode(&m, &r);
     if (st == DJ_OK) st = request_limits(c, &r, &credit);
@@ -1029,7 +1053,7 @@ static void handle_frame(dj__conn *c) {
             return;
         }
     }
-    if (h->type == DJ_MSG_SESSION_OPEN) {
+    if (dj__req_opens(h->type)) {
         const size_t n_open = conn_sessions(s, c), n_tenant = tenant_sessions(s, c->tenant);
         if (n_open >= s->cfg.max_sessions)
             st = dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
@@ -1056,9 +1080,11 @@ static void handle_frame(dj__conn *c) {
         l->inflight++;
         l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     } else {
-        j->qos = h->type == DJ_MSG_SESSION_OPEN ? r.u.open.qos : DJ_QOS_INTERACTIVE;
+        j->qos = h->type == DJ_MSG_SESSION_OPEN     ? r.u.open.qos
+                 : h->type == DJ_MSG_SESSION_IMPORT ? r.u.import.img.qos
+                                                    : DJ_QOS_INTERACTIVE;
     }
-    c->opening += h->type == DJ_MSG_SESSION_OPEN;
+    c->opening += dj__req_opens(h->type);
     c->handles_due += handle_quota;
     j->handle_quota = handle_quota;
     j->type = h->type;
@@ -1107,7 +1133,8 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             }
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
-            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && !dj__capture_takes_payload(c->h.type))
+            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && c->h.type != DJ_MSG_SESSION_IMPORT &&
+                !dj__capture_takes_payload(c->h.type))
                 hs = dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(c->h.type),
                              (unsigned long long)c->h.payload_len);
             if (hs != DJ_OK) {
@@ -1531,10 +1558,13 @@ static void on_wake(uv_async_t *a) {
         }
         const bool last = e->kind == DJ__EV_REPLY || e->kind == DJ__EV_ERROR || e->kind == DJ__EV_DONE;
         if (last) lease_answered(s, e->conn, e->session, e->counted);
-        if (last && e->req_type == DJ_MSG_SESSION_OPEN && c && c->opening) c->opening--;
+        if (last && dj__req_opens(e->req_type) && c && c->opening) c->opening--;
         if (last && c) c->handles_due -= e->handle_quota < c->handles_due ? e->handle_quota : c->handles_due;
-        if (e->kind == DJ__EV_REPLY && (e->req_type == DJ_MSG_STEP || e->req_type == DJ_MSG_GRAPH_RUN) && c) {
-            const dj_status st = e->req_type == DJ_MSG_STEP ? step_file(s, e) : graph_file(s, e);
+        if (e->kind == DJ__EV_REPLY && (e->req_type == DJ_MSG_STEP || e->req_type == DJ_MSG_GRAPH_RUN ||
+                                        e->req_type == DJ_MSG_SESSION_EXPORT) && c) {
+            const dj_status st = e->req_type == DJ_MSG_STEP         ? step_file(s, e)
+                                 : e->req_type == DJ_MSG_GRAPH_RUN ? graph_file(s, e)
+                                                                   : export_file(s, e);
             if (st != DJ_OK) { /* the step ran; its handles could not be kept */
                 dj__event *err = dj__event_error(e->conn, e->req_type, e->req, st, dj_last_error(), false);
                 if (!err) {
@@ -1548,7 +1578,7 @@ static void on_wake(uv_async_t *a) {
                 e = err;
             }
         }
-        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_OPEN && !session_opened(s, c, e) && c) {
+        if (e->kind == DJ__EV_REPLY && dj__req_opens(e->req_type) && !session_opened(s, c, e) && c) {
             dj__event *err = dj__event_error(e->conn, e->req_type, e->req, DJ_ENOMEM,
                                              "out of memory for the session's record", false);
             if (err) err->next = e->next;

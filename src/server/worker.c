@@ -17,6 +17,7 @@
 #include "server/access.h"
 #include "server/server_impl.h"
 #include "server/disk_tier.h"
+#include "server/session_move.h"
 
 /* ---- queues and the outbox (mu held) ---- */
 
@@ -358,9 +359,12 @@ static void block_shape(const dj_session_t *es, uint32_t *tokens, uint32_t *page
     *pages = p1 ? p1 : 1;
 }
 
-/* Recompute policy: what the session was fed, to feed again after a drop. */
+/* What the session was fed, to feed again after a drop (recompute policy,
+ * a lost page on disk) or on the daemon a session image goes to (4 bytes a
+ * token, kept always). */
 static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_t n) {
-    if ((s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir) || !n) return DJ_OK; /* disk: recovery */
+    (void)s;
+    if (!n) return DJ_OK;
     if (ss->n_hist + n > ss->cap_hist) {
         size_t cap = ss->cap_hist ? ss->cap_hist : 256;
         while (cap < ss->n_hist + n) cap *= 2;
@@ -382,13 +386,16 @@ static void request_salt(const dj__job *j, const char *cs, size_t n, uint64_t sa
 }
 
 static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
-    const dj__req_open *rq = &j->r.u.open;
-    const char *model = rq->model; /* the I/O side counted it against the session quotas */
-    const bool reattach = rq->reattach;
-    const uint32_t expect = rq->expected_tokens;
-    const dj_qos qos = rq->qos;
+    /* SESSION_IMPORT opens the session its image describes (session_move.h) */
+    const dj__simg *img = j->type == DJ_MSG_SESSION_IMPORT ? &j->r.u.import.img : NULL;
+    const dj__req_open *rq = img ? NULL : &j->r.u.open;
+    const char *model = img ? img->model : rq->model; /* the I/O side counted it against the session quotas */
+    const bool reattach = img || rq->reattach;
+    const uint32_t expect = img ? img->max_ctx : rq->expected_tokens;
+    const dj_qos qos = img ? img->qos : rq->qos;
     uint64_t salt[2];
-    request_salt(j, rq->cache_salt, rq->salt_len, salt);
+    if (img) memcpy(salt, img->salt, sizeof salt);
+    else request_salt(j, rq->cache_salt, rq->salt_len, salt);
     dj_status st = DJ_OK;
     dj__model_ent *e = model_find(s, model);
     dj_model_t *m = NULL;
@@ -398,6 +405,11 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
         return st;
     }
     if (!load) m = e->m; /* held by its other users: the session takes its own reference */
+    if (img && (st = dj__session_check_image(img, m, model)) != DJ_OK) {
+        if (load) dj_model_release(s->engine, m);
+        model_ent_maybe_drop(s, e);
+        return st;
+    }
     const dj_model_config *c = dj_model_get_config(m);
     const uint32_t ctx = expect ? expect : dj_model_config_default_ctx(c);
     if (c->max_position_embeddings && ctx > c->max_position_embeddings) {
@@ -416,8 +428,10 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     if (st == DJ_OK) st = dj__random_id(&ss->id);
     uint64_t secret = 0;
     if (st == DJ_OK && reattach) st = dj__random_id(&secret);
+    if (st == DJ_OK && img) st = dj__session_load_image(s->engine, ss, img);
     if (st != DJ_OK) {
         if (ss) dj_session_free(s->engine, ss->es);
+        if (ss) free(ss->hist);
         free(ss);
         free(drop);
         free(orphan);
@@ -427,7 +441,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     ss->conn = j->conn;
     ss->tenant = j->tenant;
     ss->qos = qos;
-    ss->pending = -1;
+    if (!img) ss->pending = -1;
     ss->ment = e;
     e->users++;
     snprintf(ss->model, sizeof ss->model, "%s", model);
@@ -448,8 +462,9 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
         session_destroy(s, ss, DJ_ENOTFOUND, "session could not open");
         return st;
     }
-    DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
-           (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
+    if (img) snapshot(s, ss); /* the pages and position it came with */
+    DJ_LOG(INFO, "session=%016llx conn=%llu %s model=%s qos=%s ctx=%u pos=%u", (unsigned long long)ss->id,
+           (unsigned long long)ss->conn, img ? "imported" : "opened", model, dj_qos_name(qos), ctx, sess_pos(ss));
     drop->type = DJ__CTL_DROP;
     drop->sess = ss->id;
     drop->qos = qos;
@@ -460,8 +475,25 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     }
     *out = (dj__rep_open){.session = ss->id, .secret = secret, .has_secret = reattach, .max_ctx = ctx,
                           .vocab = c->vocab_size, .lease_ms = s->cfg.lease_ms, .qos = qos,
-                          .hidden = c->hidden_size, .drop_msg = drop, .orphan_msg = orphan};
+                          .hidden = c->hidden_size, .pos = sess_pos(ss), .drop_msg = drop, .orphan_msg = orphan};
     snprintf(out->model, sizeof out->model, "%s", model);
+    return DJ_OK;
+}
+
+/* SESSION_EXPORT: the session's image (session_move.h), which the I/O side
+ * files as a result handle; the session stays as it was. */
+static dj_status do_export(dj__server *s, dj__job *j, dj__rep_export *out, bool *foreign) {
+    dj__sess *ss = NULL;
+    dj_status st = job_session(s, j, &ss, foreign);
+    if (st != DJ_OK) return st;
+    size_t n = 0;
+    if ((st = dj__session_image(s->engine, ss, 0, &out->bytes, &n)) != DJ_OK) return st;
+    dj__simg img;
+    (void)dj__simg_decode(out->bytes, n, &img); /* what it says, for the reply */
+    *out = (dj__rep_export){.bytes = out->bytes, .nbytes = n, .pos = img.kv.pos,
+                            .pages = img.kv.n_layers * img.kv.n_blocks, .fingerprint = img.fingerprint};
+    DJ_LOG(INFO, "session=%016llx exported: pos=%u, %u KV pages, %zu bytes", (unsigned long long)ss->id, out->pos,
+           out->pages, n);
     return DJ_OK;
 }
 
@@ -859,7 +891,8 @@ static bool job_rides(const dj__server *s, const dj__job *j);
 /* Recompute policy: the generated tokens the session was fed. */
 static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__gen *g = j->gen;
-    if (!g || !g->g || (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir)) return;
+    (void)s;
+    if (!g || !g->g) return;
     const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
     uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
     if (fed > n_ids) fed = n_ids;
@@ -1113,14 +1146,16 @@ static void run_job(dj__server *s, dj__job *j) {
     case DJ_MSG_MODEL_LIST: st = do_model_list(s, &rep.u.list); break;
     case DJ_MSG_MODEL_LOAD: st = do_model_load(s, j, &rep.u.model, true); break;
     case DJ_MSG_MODEL_UNLOAD: st = do_model_load(s, j, &rep.u.model, false); break;
-    case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &rep.u.open); break;
+    case DJ_MSG_SESSION_OPEN:
+    case DJ_MSG_SESSION_IMPORT: st = do_open(s, j, &rep.u.open); break;
+    case DJ_MSG_SESSION_EXPORT: st = do_export(s, j, &rep.u.exp, &foreign); break;
     case DJ_MSG_SESSION_CLOSE: st = do_close(s, j, &foreign); break;
     case DJ_MSG_STEP: st = do_step(s, j, &rep.u.step, &foreign); break;
     case DJ_MSG_GRAPH_RUN: st = dj__graph_serve(s, j->graph, j->conn, &rep.u.graph); break;
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
     if (st == DJ_OK) {
-        const uint64_t opened = j->type == DJ_MSG_SESSION_OPEN ? rep.u.open.session : 0;
+        const uint64_t opened = dj__req_opens(j->type) ? rep.u.open.session : 0;
         dj__sess *ss = opened && !reply(s, j, &rep) ? dj__map_get(&s->sessions, opened) : NULL;
         if (ss) { /* its answer was lost: the I/O side will never hold it */
             dj__map_del(&s->sessions, ss->id);
