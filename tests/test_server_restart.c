@@ -217,6 +217,61 @@ out:
     dj_client_free(c);
 }
 
+/* Sessions across a SIGTERM: a daemon with --state-dir writes them at its
+ * stop; the next one on the same directory restores them (ids, secrets,
+ * KV); their clients reattach and go on with the tokens of a run never
+ * stopped - greedy and seeded, the daemon stopped twice. */
+static void restart(const char *ref_addr, int slot) {
+    char dir[320], addr[64];
+    snprintf(dir, sizeof dir, "%s/state", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    const char *args[] = {"--vmu-gb", "64m", "--state-dir", dir, "--disk-swap-gb", "16m", NULL};
+    enum { N = 2 };
+    const dj_sampler_params seeded = {.temperature = 0.9f, .top_p = 0.95f, .seed = 77 + base_seed % 1000};
+    const dj_sampler_params *sp[N] = {NULL, &seeded};
+    dj_test_agent ag[N];
+    int32_t ref[N][ROUNDS][GEN], got[N][ROUNDS][GEN];
+    uint64_t sid[N] = {0}, secret[N] = {0};
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(ref_addr, NULL, &c));
+    for (int i = 0; c && i < N; i++) {
+        dj_test_agent_make(&ag[i], 30 + i, base_seed, 70, 8, VOCAB, 1);
+        uint64_t s0 = 0;
+        CHECK_OK(dj_client_session_open(c, &so, &s0));
+        for (int r = 0; r < ROUNDS; r++) CHECK_OK(round_of(c, s0, &ag[i], r, sp[i], ref[i][r]));
+        CHECK_OK(dj_client_session_close(c, s0));
+    }
+    dj_client_free(c);
+    c = NULL;
+    for (int r = 0; r < ROUNDS; r++) {
+        if (start(slot, args, addr, sizeof addr) <= 0) return;
+        CHECK_OK(dj_client_connect(addr, NULL, &c));
+        for (int i = 0; c && i < N; i++) {
+            if (r == 0) CHECK_OK(dj_client_session_open_secret(c, &so, &sid[i], &secret[i]));
+            else {
+                uint32_t pos = 0;
+                CHECK_OK(dj_client_session_attach(c, sid[i], secret[i], &pos));
+                CHECK_MSG(pos == ag[i].n_prompt[0] + (uint32_t)(r - 1) * ag[i].n_prompt[1] + (uint32_t)r * GEN - 1,
+                          "session %d after restart %d: position %u", i, r, pos);
+            }
+            CHECK_OK(round_of(c, sid[i], &ag[i], r, sp[i], got[i][r]));
+        }
+        dj_client_free(c); /* the sessions stay, orphaned, for their lease */
+        c = NULL;
+        CHECK_MSG(dj_test_daemon_stop(slot, 20000) == 0, "djinnd did not exit 0 at SIGTERM (restart %d)", r);
+        if (getenv("DJ_TEST_VERBOSE")) {
+            char cmd[800];
+            snprintf(cmd, sizeof cmd, "grep -E 'restor|saved|released|session=' %s/err%d", tmpdir, slot);
+            if (system(cmd) != 0) fprintf(stderr, "(no lines)\n");
+        }
+    }
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < ROUNDS; r++)
+            CHECK_MSG(same_round(ref[i][r], got[i][r], sp[i] ? "restart, seeded" : "restart, greedy", r),
+                      "session %d round %d differs across a restart", i, r);
+    printf("%d sessions (greedy, seeded) across %d SIGTERM restarts: every token equal\n", N, ROUNDS - 1);
+}
+
 int main(void) {
     dj_test_seeds();
     base_seed = dj_test_rand();
@@ -236,6 +291,7 @@ int main(void) {
         move_between(a_addr, b_addr, 1, &sp, "seeded");
         move_swapped(t_addr, a_addr);
         bad_images(a_addr);
+        restart(a_addr, 3);
     }
     for (int k = 0; k < 3; k++) dj_test_daemon_stop(k, 10000);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

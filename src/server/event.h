@@ -26,6 +26,7 @@ typedef struct dj__rep_open {
     char model[128];
     uint32_t hidden;
     uint32_t pos;             /* SESSION_IMPORT: the position it was imported at */
+    uint64_t tenant;          /* a restart's SESSION_IMPORT (conn 0): the tenant it had */
     struct dj__job *drop_msg, *orphan_msg; /* the session's DJ__CTL_DROP and (reattach) DJ__CTL_ORPHAN
                                             * messages, made by the worker; owned until the lease takes them */
 } dj__rep_open;

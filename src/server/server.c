@@ -1481,6 +1481,30 @@ static bool session_opened(dj__server *s, dj__conn *c, dj__event *e) {
     return false;
 }
 
+/* A session a restart restored (the worker's SESSION_IMPORT of conn 0,
+ * worker.c restore_sessions): its lease, orphaned, waiting for its client's
+ * SESSION_ATTACH until the lease ends. */
+static void session_restored(dj__server *s, dj__event *e) {
+    dj__rep_open *o = &e->u.open;
+    dj__lease *l = dj_calloc(1, sizeof *l);
+    if (l) {
+        *l = (dj__lease){.id = o->session, .tenant = o->tenant, .qos = o->qos, .reattach = true, .orphan = true,
+                         .secret = o->secret, .max_ctx = o->max_ctx, .hidden = o->hidden, .pos = o->pos,
+                         .lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms, .drop_msg = o->drop_msg};
+        snprintf(l->model, sizeof l->model, "%s", o->model);
+        if (dj__map_put(&s->leases, l->id, l) == DJ_OK) {
+            o->drop_msg = NULL; /* the lease's now; the orphan message is not needed (an attach makes one) */
+            return;
+        }
+        free(l);
+    }
+    dj__job *m = o->drop_msg;
+    o->drop_msg = NULL;
+    m->ctl.why = DJ_ENOMEM;
+    m->ctl.why_msg = "out of memory for the restored session's record";
+    dj__enqueue(s, m);
+}
+
 /* STATS: what of the snapshot the I/O side keeps (leases, handles, connections). */
 static void stats_fill(dj__server *s, dj__stats_snap *st) {
     const uint64_t clk = dj__clock_ms(s);
@@ -1555,6 +1579,12 @@ static void on_wake(uv_async_t *a) {
         if (l && e->has_state) {
             l->pos = e->pos;
             l->swapped = e->swapped;
+        }
+        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_IMPORT && !e->conn) { /* a restart's */
+            session_restored(s, e);
+            dj__event_free(e);
+            e = next;
+            continue;
         }
         const bool last = e->kind == DJ__EV_REPLY || e->kind == DJ__EV_ERROR || e->kind == DJ__EV_DONE;
         if (last) lease_answered(s, e->conn, e->session, e->counted);
@@ -1844,6 +1874,7 @@ int dj__serve_main(int argc, char **argv) {
     s->tick.data = s;
     uv_timer_start(&s->tick, on_tick, 100, 100);
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
+    on_wake(&s->wake); /* the leases of sessions a restart restored, before any client is read */
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
     dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,

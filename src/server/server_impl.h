@@ -183,6 +183,7 @@ typedef struct dj__lease {
 typedef struct dj__sess {
     uint64_t id, conn;          /* conn: the connection whose requests run on it (0: orphaned) */
     uint64_t tenant;
+    uint64_t secret;            /* its reattach secret (0: none), kept across a restart */
     dj_qos qos;
     char model[128];
     bool paused;                /* the I/O side's last PAUSE/RESUME */

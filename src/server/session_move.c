@@ -2,8 +2,11 @@
  * SESSION_EXPORT, SESSION_IMPORT and the restart's state directory carry. */
 #include "server/session_move.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "djinn/alloc.h"
 #include "djinn/status.h"
@@ -88,5 +91,55 @@ dj_status dj__session_load_image(dj_engine_t *e, dj__sess *ss, const dj__simg *i
     ss->pending = img->pending;
     if (img->kv.n_blocks) return dj_session_kv_load(e, ss->es, &img->kv, image_page, (void *)img);
     ss->dropped = img->kv.pos > 0; /* the history is fed again before its next request */
+    return DJ_OK;
+}
+
+/* ---- the state directory: sessions kept across a restart ---- */
+
+dj_status dj__persist_dir(const char *state_dir, char *out, size_t cap) {
+    if ((size_t)snprintf(out, cap, "%s/sessions", state_dir) >= cap)
+        return dj_fail(DJ_EINVAL, "--state-dir %s: path too long", state_dir);
+    if (mkdir(out, 0700) != 0 && errno != EEXIST)
+        return dj_fail(DJ_EIO, "%s: %s", out, strerror(errno));
+    return DJ_OK;
+}
+
+dj_status dj__persist_save(dj_engine_t *e, const dj__sess *ss, const char *dir) {
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    dj_status st = dj__session_image(e, ss, ss->secret, &buf, &n);
+    if (st != DJ_OK) return st;
+    char name[64];
+    snprintf(name, sizeof name, "%016llx.djs", (unsigned long long)ss->id);
+    st = dj__simg_write_file(dir, name, buf, n);
+    free(buf);
+    return st;
+}
+
+dj_status dj__persist_job(const char *dir, const char *name, dj__job **out) {
+    *out = NULL;
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
+        return dj_fail(DJ_EINVAL, "%s/%s: path too long", dir, name);
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    dj_status st = dj__simg_read_file(path, DJ_PROTO_MAX_REQ_PAYLOAD, &buf, &n);
+    if (st != DJ_OK) return st;
+    dj__job *j = dj_calloc(1, sizeof *j);
+    if (!j) {
+        free(buf);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    j->type = j->r.type = DJ_MSG_SESSION_IMPORT;
+    j->r.body = buf;
+    j->r.u.import.payload = buf;
+    j->r.u.import.payload_len = n;
+    if ((st = dj__simg_decode(buf, n, &j->r.u.import.img)) != DJ_OK) {
+        dj__job_free(j);
+        return st;
+    }
+    j->tenant = j->r.u.import.img.tenant;
+    j->qos = j->r.u.import.img.qos;
+    *out = j;
     return DJ_OK;
 }

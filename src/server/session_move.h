@@ -21,4 +21,13 @@ dj_status dj__session_check_image(const dj__simg *img, const dj_model_t *m, cons
  * error the caller closes ss. */
 dj_status dj__session_load_image(dj_engine_t *e, dj__sess *ss, const dj__simg *img);
 
+/* The state directory's sessions folder, STATE/sessions (made if absent), into out[cap]. */
+dj_status dj__persist_dir(const char *state_dir, char *out /* OUT */, size_t cap);
+/* ss's image (with its reattach secret) to DIR/<id as 16 hex digits>.djs:
+ * a temporary name, fsync, rename. */
+dj_status dj__persist_save(dj_engine_t *e, const dj__sess *ss, const char *dir);
+/* DIR/NAME read and decoded as the SESSION_IMPORT job that restores it
+ * (conn 0; its tenant and QoS the image's); *out owned by the caller. */
+dj_status dj__persist_job(const char *dir, const char *name, dj__job **out /* OUT */);
+
 #endif

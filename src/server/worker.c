@@ -429,6 +429,10 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     uint64_t secret = 0;
     if (st == DJ_OK && reattach) st = dj__random_id(&secret);
     if (st == DJ_OK && img) st = dj__session_load_image(s->engine, ss, img);
+    if (st == DJ_OK && img && !j->conn) { /* a restart's (restore_sessions): its id and secret as before */
+        ss->id = img->id;
+        if (img->secret) secret = img->secret;
+    }
     if (st != DJ_OK) {
         if (ss) dj_session_free(s->engine, ss->es);
         if (ss) free(ss->hist);
@@ -440,6 +444,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     }
     ss->conn = j->conn;
     ss->tenant = j->tenant;
+    ss->secret = secret;
     ss->qos = qos;
     if (!img) ss->pending = -1;
     ss->ment = e;
@@ -475,7 +480,8 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     }
     *out = (dj__rep_open){.session = ss->id, .secret = secret, .has_secret = reattach, .max_ctx = ctx,
                           .vocab = c->vocab_size, .lease_ms = s->cfg.lease_ms, .qos = qos,
-                          .hidden = c->hidden_size, .pos = sess_pos(ss), .drop_msg = drop, .orphan_msg = orphan};
+                          .hidden = c->hidden_size, .pos = sess_pos(ss), .tenant = j->tenant, .drop_msg = drop,
+                          .orphan_msg = orphan};
     snprintf(out->model, sizeof out->model, "%s", model);
     return DJ_OK;
 }
@@ -1412,6 +1418,78 @@ static bool work_arrived(const dj__server *s) { /* mu held */
     return false;
 }
 
+/* --state-dir: the sessions the last djinnd wrote at its stop come back,
+ * orphaned, under their ids and secrets, for their clients to reattach
+ * (their leases start now); their files go once they are back. A file that
+ * cannot be restored (another model, damaged) is logged and left. */
+static void restore_sessions(dj__server *s) {
+    char dir[4096];
+    DIR *d = NULL;
+    if (!s->cfg.state_dir || dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) != DJ_OK || !(d = opendir(dir)))
+        return;
+    unsigned restored = 0, refused = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const size_t len = strlen(de->d_name);
+        if (len < 5 || strcmp(de->d_name + len - 4, ".djs") != 0) continue;
+        dj__job *j = NULL;
+        dj__event rep;
+        memset(&rep, 0, sizeof rep);
+        rep.kind = DJ__EV_REPLY;
+        rep.req_type = DJ_MSG_SESSION_IMPORT;
+        dj_status st = dj__persist_job(dir, de->d_name, &j);
+        if (st == DJ_OK) st = do_open(s, j, &rep.u.open);
+        dj__event *e = st == DJ_OK ? dj_malloc(sizeof *e) : NULL;
+        if (st == DJ_OK && !e) {
+            dj__sess *ss = dj__map_del(&s->sessions, rep.u.open.session);
+            if (ss) session_destroy(s, ss, DJ_ENOMEM, "out of memory");
+            dj__event_clear(&rep);
+            st = dj_fail(DJ_ENOMEM, "out of memory");
+        }
+        if (st != DJ_OK) {
+            DJ_LOG(ERROR, "%s/%s: session not restored (the file is left): %s", dir, de->d_name, dj_last_error());
+            refused++;
+            dj__job_free(j);
+            continue;
+        }
+        *e = rep;
+        e->session = rep.u.open.session;
+        pthread_mutex_lock(&s->out_mu);
+        post_locked(s, e);
+        pthread_mutex_unlock(&s->out_mu);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (unlink(path) != 0) DJ_LOG(WARN, "%s: %s", path, strerror(errno));
+        restored++;
+        dj__job_free(j);
+    }
+    closedir(d);
+    if (restored || refused)
+        DJ_LOG(WARN, "djinnd: %u sessions restored from %s (%u refused)", restored, dir, refused);
+}
+
+/* --state-dir, at the stop: every session written to it (a running
+ * generation is cut as its connection's close would: what it fed stays). */
+static void save_sessions(dj__server *s) {
+    char dir[4096];
+    if (dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) != DJ_OK) {
+        DJ_LOG(ERROR, "djinnd: sessions not saved: %s", dj_last_error());
+        return;
+    }
+    unsigned saved = 0, failed = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            dj__sess *ss = e->val;
+            if (ss->busy) cancel_orphaned(s, ss);
+            if (dj__persist_save(s->engine, ss, dir) == DJ_OK) {
+                saved++;
+                continue;
+            }
+            failed++;
+            DJ_LOG(ERROR, "session=%016llx: not saved: %s", (unsigned long long)ss->id, dj_last_error());
+        }
+    DJ_LOG(WARN, "djinnd: %u sessions saved to %s (%u failed)", saved, dir, failed);
+}
+
 static void *worker_main(void *arg) {
     dj__server *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -1449,6 +1527,7 @@ static void *worker_main(void *arg) {
     }
     /* shutdown: every session, job and model goes */
     pthread_mutex_unlock(&s->mu);
+    if (s->cfg.state_dir) save_sessions(s);
     for (size_t b = 0; b < s->sessions.n_buckets; b++) {
         dj__ment *e = s->sessions.b[b];
         while (e) {
@@ -1598,6 +1677,7 @@ dj_status dj__worker_start(dj__server *s) {
             s->tok_started = true;
         }
     }
+    if (st == DJ_OK) restore_sessions(s); /* before the worker thread: the sessions map is still this thread's */
     if (st == DJ_OK && pthread_create(&s->worker, NULL, worker_main, s) != 0)
         st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
     if (st != DJ_OK) {
