@@ -276,7 +276,10 @@ static void pack_reply(const dj__event *e, dj__mw *w) {
     case DJ_MSG_SESSION_IMPORT:
     case DJ_MSG_SESSION_OPEN: {
         const dj__rep_open *r = &e->u.open;
-        if (e->req_type == DJ_MSG_SESSION_IMPORT) dj__mw_u64(w, "pos", r->pos);
+        if (e->req_type == DJ_MSG_SESSION_IMPORT) {
+            dj__mw_u64(w, "pos", r->pos);
+            dj__mw_str(w, "model", r->model);
+        }
         dj__mw_u64(w, "session", r->session);
         if (r->has_secret) dj__mw_u64(w, "secret", r->secret);
         dj__mw_u64(w, "max_ctx", r->max_ctx);
