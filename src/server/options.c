@@ -62,6 +62,10 @@ static int usage(FILE *f) {
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
           "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
           f);
+    fputs("--drain-s S (30): with --state-dir, SIGTERM waits up to S s for the requests taken to end (new\n"
+          "  ones are refused \"restarting, reattach\"), then writes every session to DIR/sessions and exits;\n"
+          "  the next djinnd on DIR restores them for their clients to reattach (0: no wait).\n",
+          f);
     fputs("--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
           "comment; an optional [djinnd] header), read before the command line, whose flags override it.\n"
           "SIGHUP re-reads it with the token file: the tokens, the log level and the limits marked (R) below\n"
@@ -180,6 +184,7 @@ static const count_opt counts[] = {
     {"--http-max-per-token", offsetof(dj__config, http_per_token), true, false},
     {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
     {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
+    {"--drain-s", offsetof(dj__config, drain_s), true, false},
 };
 
 /* Size options: name, where it goes (size_t bytes), whether "auto" is allowed. */
@@ -358,6 +363,7 @@ static void set_defaults(dj__config *cfg) {
     cfg->idle_ms = 1000;
     cfg->max_wait_ms = 10000;
     cfg->lease_ms = 10000;
+    cfg->drain_s = 30;
     cfg->max_running = 64;
     cfg->prefill_chunk = 256;
     cfg->mixed_steps = -1;

@@ -1025,6 +1025,13 @@ static void handle_frame(dj__conn *c) {
             return;
         }
     }
+    if (s->draining && row->at == DJ__AT_WORKER) { /* SIGTERM with --state-dir: nothing new starts */
+        refuse(c, &r, h->request_id, h->type,
+               dj_fail(DJ_EBUSY, "djinnd is restarting: reconnect and reattach the session (SESSION_ATTACH) once it "
+                       "is back"), false);
+        dj__meta_destroy(&m);
+        return;
+    }
     if (row->at == DJ__AT_IO) {
         answer_inline(c, &r, &m);
         dj__meta_destroy(&m);
@@ -1660,9 +1667,41 @@ static void close_walk(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+static void stop_now(dj__server *s);
+
+/* Draining (SIGTERM with --state-dir): the stop comes once the worker holds
+ * no request (every generation taken has ended) or --drain-s passed. */
+static void on_drain_tick(uv_timer_t *t) {
+    dj__server *s = t->data;
+    pthread_mutex_lock(&s->mu);
+    size_t queued = s->tokq.n;
+    for (int q = 0; q < DJ_QOS_COUNT; q++) queued += s->newq[q].n;
+    pthread_mutex_unlock(&s->mu);
+    const uint32_t held = s->n_held;
+    if (held + queued && dj__now_ms() < s->drain_until_ms) return;
+    if (held + queued) DJ_LOG(WARN, "djinnd: --drain-s passed with %u requests not done: they are cut", held);
+    stop_now(s);
+}
+
 static void on_signal(uv_signal_t *sig, int signum) {
     dj__server *s = sig->data;
+    if (signum == SIGTERM && s->cfg.state_dir && s->cfg.drain_s && !s->draining) {
+        /* new work is refused (server.c's dispatch), the taken ends, then the sessions are written */
+        DJ_LOG(WARN, "djinnd: SIGTERM: draining (at most %u s), then the sessions go to %s", s->cfg.drain_s,
+               s->cfg.state_dir);
+        s->draining = true;
+        s->drain_until_ms = dj__now_ms() + (uint64_t)s->cfg.drain_s * 1000;
+        if (!uv_is_closing((uv_handle_t *)&s->listener)) uv_close((uv_handle_t *)&s->listener, NULL);
+        uv_timer_init(&s->loop, &s->drain_timer);
+        s->drain_timer.data = s;
+        uv_timer_start(&s->drain_timer, on_drain_tick, 0, 20);
+        return;
+    }
     DJ_LOG(WARN, "djinnd: signal %d, shutting down", signum);
+    stop_now(s);
+}
+
+static void stop_now(dj__server *s) {
     pthread_mutex_lock(&s->mu);
     pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
     s->stopping = true;

@@ -336,6 +336,7 @@ typedef struct dj__config {
     dj_swap_policy swap_policy;
     const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
     size_t disk_bytes;         /* --disk-swap-gb: its size */
+    uint32_t drain_s;          /* --drain-s: with state_dir, how long SIGTERM waits for the requests taken */
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
     const char *http;          /* --http ADDR:PORT or NULL */
     uint32_t http_conns;       /* requests at once; more get 503 */
@@ -409,6 +410,10 @@ typedef struct dj__server {
     dj__map handles;     /* loop only: id -> dj__handle (the worker's results arrive in its events) */
     uint64_t next_conn;
     bool stopping;
+    bool draining;       /* loop only: SIGTERM with --state-dir: new work refused, the taken ends (drain_timer) */
+    uv_timer_t drain_timer;
+    uint64_t drain_until_ms;
+    _Atomic uint32_t n_held; /* worker -> loop: jobs the worker holds (dj__server.held) */
 
     /* The daemon's clock for leases and the HELLO and idle timeouts (ms): the
      * monotonic time, except that one turn of the I/O loop adds at most

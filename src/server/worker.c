@@ -116,6 +116,7 @@ static void gen_free(dj__gen *g) {
 static uint64_t job_id(const dj__job *j) { return (uint64_t)(uintptr_t)j; }
 
 static void held_add(dj__server *s, dj__job *j) {
+    s->n_held++;
     j->hprev = NULL;
     j->hnext = s->held;
     if (s->held) s->held->hprev = j;
@@ -124,6 +125,7 @@ static void held_add(dj__server *s, dj__job *j) {
 
 static void held_del(dj__server *s, dj__job *j) {
     if (!j->hprev && s->held != j) return; /* not held */
+    s->n_held--;
     if (j->hprev) j->hprev->hnext = j->hnext;
     else s->held = j->hnext;
     if (j->hnext) j->hnext->hprev = j->hprev;
