@@ -1,5 +1,6 @@
 /* test_server_restart.c: sessions that leave a djinnd (CPU engine, demo model) -
  * exported and imported on another daemon, greedy and seeded: every token equal to a run that never moved. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,6 +273,127 @@ static void restart(const char *ref_addr, int slot) {
     printf("%d sessions (greedy, seeded) across %d SIGTERM restarts: every token equal\n", N, ROUNDS - 1);
 }
 
+/* ---- the bar: 16 agents with pauses while djinnd is restarted twice ---- */
+
+#define N_AGENTS 16
+
+typedef struct {
+    dj_test_agent a;
+    const char *addr;
+    int reattaches, lost_rounds;
+} restart_agent;
+
+/* Connects (retrying while the daemon is away, at most 60 s) and takes the
+ * session back (*sid 0: opens it). */
+static dj_status agent_connect(restart_agent *ra, dj_client_t **c, uint64_t *sid, uint64_t *secret, uint32_t *pos) {
+    dj_status st = DJ_EIO;
+    for (int k = 0; k < 1200; k++) {
+        if ((st = dj_client_connect(ra->addr, NULL, c)) == DJ_OK) {
+            st = *sid ? dj_client_session_attach(*c, *sid, *secret, pos) : dj_client_session_open_secret(*c, &so, sid, secret);
+            if (st == DJ_OK) return DJ_OK;
+            dj_client_free(*c);
+            *c = NULL;
+        }
+        dj_test_sleep_ms(50);
+    }
+    return st;
+}
+
+/* The agent's rounds, each retried after a restart from where the session
+ * is: a round the daemon refused or cut is sent again once reattached, if
+ * the session's position says it did not run (else its tokens were lost:
+ * counted). */
+static void *restart_agent_main(void *p) {
+    restart_agent *ra = p;
+    dj_test_agent *a = &ra->a;
+    dj_client_t *c = NULL;
+    uint64_t sid = 0, secret = 0;
+    uint32_t pos = 0, want_pos = 0;
+    a->st = agent_connect(ra, &c, &sid, &secret, &pos);
+    for (int r = 0; r < ROUNDS && a->st == DJ_OK; r++) {
+        for (int attempt = 0;; attempt++) {
+            dj_test_ids col = {a->out[r], 0, GEN};
+            const dj_generate_params gp = {.ids = a->prompt[r], .n_ids = a->n_prompt[r], .max_tokens = GEN,
+                                           .ignore_eos = true};
+            a->st = dj_client_generate(c, sid, &gp, dj_test_on_ids, &col, NULL);
+            a->n_out[r] = col.n;
+            if (a->st == DJ_OK) break;
+            if (attempt > 40) break;
+            dj_client_free(c); /* the daemon is restarting (refused, or the connection closed) */
+            c = NULL;
+            if ((a->st = agent_connect(ra, &c, &sid, &secret, &pos)) != DJ_OK) break;
+            ra->reattaches++;
+            if (pos != want_pos) { /* it ran, its answer lost */
+                ra->lost_rounds++;
+                snprintf(a->err, sizeof a->err, "round %d: the session is at %u, not %u", r, pos, want_pos);
+                a->st = DJ_EINTERNAL;
+                break;
+            }
+        }
+        if (a->st != DJ_OK) break;
+        want_pos += (uint32_t)a->n_prompt[r] + (r ? 1 : 0) + GEN - 1;
+        if (dj_client_session_pause(c, sid, (uint64_t)a->pause_ms[r] + 5) == DJ_OK) {
+            dj_test_sleep_ms(a->pause_ms[r]);
+            (void)dj_client_session_resume(c, sid); /* a restart in the pause: the next round reattaches */
+        }
+    }
+    if (a->st != DJ_OK && !a->err[0]) snprintf(a->err, sizeof a->err, "%s", dj_last_error());
+    if (c && sid) (void)dj_client_session_close(c, sid);
+    dj_client_free(c);
+    return NULL;
+}
+
+static void agents_across_restarts(const char *ref_addr, int slot) {
+    static dj_test_agent alone[N_AGENTS];
+    static restart_agent ra[N_AGENTS];
+    for (int i = 0; i < N_AGENTS; i++) dj_test_agent_make(&alone[i], 40 + i, base_seed, 60, 8, VOCAB, 150);
+    dj_test_agents_alone(alone, N_AGENTS, ref_addr);
+    char dir[320], listen[64], addr[64], port[16];
+    snprintf(dir, sizeof dir, "%s/state16", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    const int p = dj_test_free_port();
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", p);
+    snprintf(port, sizeof port, "%d", p);
+    const char *args[] = {"--vmu-gb", "64m", "--state-dir", dir, "--disk-swap-gb", "16m", "--lease-ms", "30000", NULL};
+    const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_SOURCE_DIR "/models",
+                                   .listen = listen, .save_stderr = true, .wait_ms = 20000};
+    int code = 0;
+    if (dj_test_daemon_start(slot, &o, args, addr, sizeof addr, &code) <= 0) {
+        CHECK_MSG(false, "djinnd did not start (exit %d)", code);
+        return;
+    }
+    pthread_t th[N_AGENTS];
+    for (int i = 0; i < N_AGENTS; i++) {
+        ra[i] = (restart_agent){.a = alone[i], .addr = addr};
+        memset(ra[i].a.out, 0, sizeof ra[i].a.out);
+        pthread_create(&th[i], NULL, restart_agent_main, &ra[i]);
+    }
+    for (int k = 0; k < 2; k++) { /* twice: SIGTERM mid-run, the same state dir again */
+        dj_test_sleep_ms(150 + 200 * k);
+        CHECK_MSG(dj_test_daemon_stop(slot, 60000) == 0, "restart %d: djinnd did not exit 0 at SIGTERM", k);
+        if (dj_test_daemon_start(slot, &o, args, addr, sizeof addr, &code) <= 0) {
+            CHECK_MSG(false, "restart %d: djinnd did not start again (exit %d)", k, code);
+            break;
+        }
+    }
+    int failed = 0, differ = 0, reattaches = 0;
+    for (int i = 0; i < N_AGENTS; i++) {
+        pthread_join(th[i], NULL);
+        reattaches += ra[i].reattaches;
+        if (ra[i].a.st != DJ_OK) {
+            failed++;
+            fprintf(stderr, "agent %d failed: %s\n", i, ra[i].a.err);
+        } else if (!dj_test_agent_same(&alone[i], &ra[i].a, ROUNDS, "across restarts")) {
+            differ++;
+        }
+    }
+    printf("%d agents with pauses, djinnd SIGTERMed and restarted twice: %d failed, %d differ, %d reattaches\n",
+           N_AGENTS, failed, differ, reattaches);
+    CHECK(failed == 0 && differ == 0);
+    CHECK_MSG(reattaches > 0, "no agent saw a restart (the restarts came too late)");
+    dj_test_daemon_stop(slot, 20000);
+}
+
 int main(void) {
     dj_test_seeds();
     base_seed = dj_test_rand();
@@ -292,8 +414,9 @@ int main(void) {
         move_swapped(t_addr, a_addr);
         bad_images(a_addr);
         restart(a_addr, 3);
+        agents_across_restarts(a_addr, 4);
     }
-    for (int k = 0; k < 3; k++) dj_test_daemon_stop(k, 10000);
+    for (int k = 0; k < 5; k++) dj_test_daemon_stop(k, 10000);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     return dj_test_finish("test_server_restart");
