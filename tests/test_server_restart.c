@@ -1,6 +1,7 @@
 /* test_server_restart.c: sessions that leave a djinnd (CPU engine, demo model) -
  * exported and imported on another daemon, greedy and seeded: every token equal to a run that never moved. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,8 +281,25 @@ static void restart(const char *ref_addr, int slot) {
 typedef struct {
     dj_test_agent a;
     const char *addr;
-    int reattaches, lost_rounds;
+    int reattaches, lost_rounds; /* lost_rounds: ran, their answers lost (a kill -9), read back from the image */
 } restart_agent;
+
+/* A round that ran but whose answer was lost (the daemon killed between
+ * writing the session and sending DONE): its GEN tokens are the session's
+ * last GEN - 1 fed ones and its pending one, read from its image. */
+static dj_status round_from_image(dj_client_t *c, uint64_t sid, int32_t *out) {
+    uint8_t *img = NULL;
+    size_t n = 0;
+    dj_status st = dj_client_session_export(c, sid, &img, &n);
+    dj__simg si;
+    if (st == DJ_OK) st = dj__simg_decode(img, n, &si);
+    if (st == DJ_OK && (si.n_hist < GEN - 1 || si.pending < 0))
+        st = dj_fail(DJ_EINTERNAL, "the image holds %u history tokens, pending %d", si.n_hist, si.pending);
+    for (uint32_t k = 0; st == DJ_OK && k < GEN - 1; k++) out[k] = dj__simg_hist(&si, si.n_hist - (GEN - 1) + k);
+    if (st == DJ_OK) out[GEN - 1] = si.pending;
+    free(img);
+    return st;
+}
 
 /* Connects (retrying while the daemon is away, at most 60 s) and takes the
  * session back (*sid 0: opens it). */
@@ -323,8 +341,14 @@ static void *restart_agent_main(void *p) {
             c = NULL;
             if ((a->st = agent_connect(ra, &c, &sid, &secret, &pos)) != DJ_OK) break;
             ra->reattaches++;
-            if (pos != want_pos) { /* it ran, its answer lost */
+            const uint32_t ran = want_pos + (uint32_t)a->n_prompt[r] + (r ? 1 : 0) + GEN - 1;
+            if (pos == ran) { /* it ran, its answer lost: its tokens are in the session */
                 ra->lost_rounds++;
+                a->st = round_from_image(c, sid, a->out[r]);
+                a->n_out[r] = GEN;
+                break;
+            }
+            if (pos != want_pos) {
                 snprintf(a->err, sizeof a->err, "round %d: the session is at %u, not %u", r, pos, want_pos);
                 a->st = DJ_EINTERNAL;
                 break;
@@ -343,22 +367,30 @@ static void *restart_agent_main(void *p) {
     return NULL;
 }
 
-static void agents_across_restarts(const char *ref_addr, int slot) {
+/* kill9: --persist always, and the daemon killed (SIGKILL) instead of SIGTERMed. */
+static void agents_across_restarts(const char *ref_addr, int slot, bool kill9) {
     static dj_test_agent alone[N_AGENTS];
+    static bool have_alone;
     static restart_agent ra[N_AGENTS];
-    for (int i = 0; i < N_AGENTS; i++) dj_test_agent_make(&alone[i], 40 + i, base_seed, 60, 8, VOCAB, 150);
-    dj_test_agents_alone(alone, N_AGENTS, ref_addr);
+    if (!have_alone) {
+        for (int i = 0; i < N_AGENTS; i++) dj_test_agent_make(&alone[i], 40 + i, base_seed, 60, 8, VOCAB, 150);
+        dj_test_agents_alone(alone, N_AGENTS, ref_addr);
+        have_alone = true;
+    }
+    const char *what = kill9 ? "kill -9, --persist always" : "SIGTERM";
     char dir[320], listen[64], addr[64], port[16];
-    snprintf(dir, sizeof dir, "%s/state16", tmpdir);
+    snprintf(dir, sizeof dir, "%s/state16%s", tmpdir, kill9 ? "k" : "");
     CHECK(mkdir(dir, 0700) == 0);
     const int p = dj_test_free_port();
     snprintf(listen, sizeof listen, "127.0.0.1:%d", p);
     snprintf(port, sizeof port, "%d", p);
-    const char *args[] = {"--vmu-gb", "64m", "--state-dir", dir, "--disk-swap-gb", "16m", "--lease-ms", "30000", NULL};
+    const char *args[] = {"--vmu-gb", "64m", "--state-dir", dir, "--disk-swap-gb", "16m", "--lease-ms", "30000",
+                          "--persist", kill9 ? "always" : "on-stop", NULL};
     const dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = DJ_SOURCE_DIR "/models",
                                    .listen = listen, .save_stderr = true, .wait_ms = 20000};
     int code = 0;
-    if (dj_test_daemon_start(slot, &o, args, addr, sizeof addr, &code) <= 0) {
+    pid_t pid = dj_test_daemon_start(slot, &o, args, addr, sizeof addr, &code);
+    if (pid <= 0) {
         CHECK_MSG(false, "djinnd did not start (exit %d)", code);
         return;
     }
@@ -370,16 +402,22 @@ static void agents_across_restarts(const char *ref_addr, int slot) {
     }
     for (int k = 0; k < 2; k++) { /* twice: SIGTERM mid-run, the same state dir again */
         dj_test_sleep_ms(150 + 200 * k);
-        CHECK_MSG(dj_test_daemon_stop(slot, 60000) == 0, "restart %d: djinnd did not exit 0 at SIGTERM", k);
-        if (dj_test_daemon_start(slot, &o, args, addr, sizeof addr, &code) <= 0) {
+        if (kill9) {
+            kill(pid, SIGKILL);
+            (void)dj_test_daemon_stop(slot, 10000); /* reaps it */
+        } else {
+            CHECK_MSG(dj_test_daemon_stop(slot, 60000) == 0, "restart %d: djinnd did not exit 0 at SIGTERM", k);
+        }
+        if ((pid = dj_test_daemon_start(slot, &o, args, addr, sizeof addr, &code)) <= 0) {
             CHECK_MSG(false, "restart %d: djinnd did not start again (exit %d)", k, code);
             break;
         }
     }
-    int failed = 0, differ = 0, reattaches = 0;
+    int failed = 0, differ = 0, reattaches = 0, lost = 0;
     for (int i = 0; i < N_AGENTS; i++) {
         pthread_join(th[i], NULL);
         reattaches += ra[i].reattaches;
+        lost += ra[i].lost_rounds;
         if (ra[i].a.st != DJ_OK) {
             failed++;
             fprintf(stderr, "agent %d failed: %s\n", i, ra[i].a.err);
@@ -387,8 +425,9 @@ static void agents_across_restarts(const char *ref_addr, int slot) {
             differ++;
         }
     }
-    printf("%d agents with pauses, djinnd SIGTERMed and restarted twice: %d failed, %d differ, %d reattaches\n",
-           N_AGENTS, failed, differ, reattaches);
+    printf("%d agents with pauses, djinnd restarted twice (%s): %d failed, %d differ, %d reattaches, %d answers "
+           "lost and read back from the session\n", N_AGENTS, what, failed, differ, reattaches, lost);
+    if (!kill9) CHECK(lost == 0); /* a drain answers what it took */
     CHECK(failed == 0 && differ == 0);
     CHECK_MSG(reattaches > 0, "no agent saw a restart (the restarts came too late)");
     dj_test_daemon_stop(slot, 20000);
@@ -414,9 +453,10 @@ int main(void) {
         move_swapped(t_addr, a_addr);
         bad_images(a_addr);
         restart(a_addr, 3);
-        agents_across_restarts(a_addr, 4);
+        agents_across_restarts(a_addr, 4, false);
+        agents_across_restarts(a_addr, 5, true);
     }
-    for (int k = 0; k < 5; k++) dj_test_daemon_stop(k, 10000);
+    for (int k = 0; k < 6; k++) dj_test_daemon_stop(k, 10000);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     return dj_test_finish("test_server_restart");

@@ -230,6 +230,7 @@ typedef struct dj__gen {
     uint32_t max_tokens;
     uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
+    bool hist_added;   /* its generated tokens are in the session's history already (--persist always) */
     double t_start, t_first, t_last, prefill_s;
 } dj__gen;
 
@@ -337,6 +338,7 @@ typedef struct dj__config {
     const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
     size_t disk_bytes;         /* --disk-swap-gb: its size */
     uint32_t drain_s;          /* --drain-s: with state_dir, how long SIGTERM waits for the requests taken */
+    int persist;               /* --persist: DJ__PERSIST_ (with state_dir) */
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
     const char *http;          /* --http ADDR:PORT or NULL */
     uint32_t http_conns;       /* requests at once; more get 503 */
@@ -357,6 +359,10 @@ typedef struct dj__config {
 } dj__config;
 void dj__config_free(dj__config *cfg); /* what parsing --config allocated */
 #define DJ__SIZE_AUTO SIZE_MAX
+/* --persist: when sessions go to --state-dir (docs/swap.md, "Restarts"). */
+#define DJ__PERSIST_ON_STOP 0 /* at the stop (SIGTERM, SIGINT) */
+#define DJ__PERSIST_ALWAYS 1  /* also after each GENERATE and STEP, before its answer, and at open */
+#define DJ__PERSIST_OFF 2     /* never */
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
  * listener besides the connections (--max-connections is clamped so). */

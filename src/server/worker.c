@@ -267,6 +267,13 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__job_free(j);
     }
     ss->busy = NULL;
+    if (s->cfg.state_dir && s->cfg.persist == DJ__PERSIST_ALWAYS && !s->stop_worker) { /* it is gone for good */
+        char dir[4096], path[4200];
+        if (dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) == DJ_OK) {
+            snprintf(path, sizeof path, "%s/%016llx.djs", dir, (unsigned long long)ss->id);
+            (void)unlink(path);
+        }
+    }
     dj_sched_session_close(s->sched, ss->id); /* its result handles: the I/O side's (lease_drop) */
     dj_session_free(s->engine, ss->es);
     free(ss->hist);
@@ -387,6 +394,21 @@ static void request_salt(const dj__job *j, const char *cs, size_t n, uint64_t sa
     else memcpy(salt, j->cache_salt, 2 * sizeof *salt);
 }
 
+/* --persist always: the session's image to the state directory now (a
+ * request that changed it is answered after this; a failure is logged and
+ * the answer goes out, the session then as durable as its last image). */
+static void persist_now(dj__server *s, dj__sess *ss) {
+    if (!s->cfg.state_dir || s->cfg.persist != DJ__PERSIST_ALWAYS || !ss) return;
+    char dir[4096];
+    dj__job *busy = ss->busy; /* its generation has ended (gen_done) or none runs */
+    ss->busy = NULL;
+    const dj_status st = dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) == DJ_OK
+                             ? dj__persist_save(s->engine, ss, dir) : DJ_EIO;
+    ss->busy = busy;
+    if (st != DJ_OK)
+        DJ_LOG(WARN, "session=%016llx: --persist always: not written: %s", (unsigned long long)ss->id, dj_last_error());
+}
+
 static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     /* SESSION_IMPORT opens the session its image describes (session_move.h) */
     const dj__simg *img = j->type == DJ_MSG_SESSION_IMPORT ? &j->r.u.import.img : NULL;
@@ -485,6 +507,7 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
                           .hidden = c->hidden_size, .pos = sess_pos(ss), .tenant = j->tenant, .drop_msg = drop,
                           .orphan_msg = orphan};
     snprintf(out->model, sizeof out->model, "%s", model);
+    if (!img || j->conn) persist_now(s, ss); /* --persist always: a kill -9 from now on finds it */
     return DJ_OK;
 }
 
@@ -616,7 +639,14 @@ done:
 
 /* ---- generation: the worker's side of the loop in generate.h ---- */
 
+static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss);
+
 static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
+    if (s->cfg.persist == DJ__PERSIST_ALWAYS && s->cfg.state_dir) { /* durable before its DONE goes out */
+        gen_hist(s, j, ss);
+        j->gen->hist_added = true;
+        persist_now(s, ss);
+    }
     dj__gen *g = j->gen;
     const double now = dj__now();
     const uint32_t n_gen = dj_gen_n_generated(g->g);
@@ -900,7 +930,7 @@ static bool job_rides(const dj__server *s, const dj__job *j);
 static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__gen *g = j->gen;
     (void)s;
-    if (!g || !g->g) return;
+    if (!g || !g->g || g->hist_added) return;
     const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
     uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
     if (fed > n_ids) fed = n_ids;
@@ -1162,6 +1192,7 @@ static void run_job(dj__server *s, dj__job *j) {
     case DJ_MSG_GRAPH_RUN: st = dj__graph_serve(s, j->graph, j->conn, &rep.u.graph); break;
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
+    if (st == DJ_OK && j->type == DJ_MSG_STEP) persist_now(s, dj__map_get(&s->sessions, j->sess));
     if (st == DJ_OK) {
         const uint64_t opened = dj__req_opens(j->type) ? rep.u.open.session : 0;
         dj__sess *ss = opened && !reply(s, j, &rep) ? dj__map_get(&s->sessions, opened) : NULL;
@@ -1460,7 +1491,8 @@ static void restore_sessions(dj__server *s) {
         pthread_mutex_unlock(&s->out_mu);
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        if (unlink(path) != 0) DJ_LOG(WARN, "%s: %s", path, strerror(errno));
+        /* --persist always keeps it (rewritten as the session changes); on-stop's next image is the stop's */
+        if (s->cfg.persist != DJ__PERSIST_ALWAYS && unlink(path) != 0) DJ_LOG(WARN, "%s: %s", path, strerror(errno));
         restored++;
         dj__job_free(j);
     }
@@ -1529,7 +1561,7 @@ static void *worker_main(void *arg) {
     }
     /* shutdown: every session, job and model goes */
     pthread_mutex_unlock(&s->mu);
-    if (s->cfg.state_dir) save_sessions(s);
+    if (s->cfg.state_dir && s->cfg.persist != DJ__PERSIST_OFF) save_sessions(s);
     for (size_t b = 0; b < s->sessions.n_buckets; b++) {
         dj__ment *e = s->sessions.b[b];
         while (e) {
