@@ -746,7 +746,7 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
     if (!h) {
         return dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid);
     }
-    const uint64_t esz = 4; /* every handle is f32 for now */
+    const uint64_t esz = strcmp(h->dtype, "u8") ? 4 : 1; /* f32, or a session image's bytes (SESSION_EXPORT) */
     if (by_elem) {
         const uint64_t n_el = h->nbytes / esz;
         if (start > n_el) {
