@@ -11,6 +11,7 @@ target_sources(djinn_server PRIVATE src/server/step_break.c src/server/handle_go
 target_sources(djinn_server PRIVATE src/server/request.c src/server/encode.c) # typed requests (request.h) and events (event.h)
 target_sources(djinn_server PRIVATE src/server/submit.c) # portals: in-process connections (the HTTP door's)
 target_sources(djinn_server PRIVATE src/server/disk_tier.c) # the KV disk tier (--state-dir)
+target_sources(djinn_server PRIVATE src/server/persist.c src/server/session_move.c) # session images: export, import, restart
 target_sources(djinn_server PRIVATE src/server/graph_serve.c) # captured modules: weights by content, GRAPH_RUN
 target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the binary port is answered in HTTP
 # Type=notify readiness (sd_notify.c): libsystemd where found, else its datagram written by hand
@@ -56,6 +57,12 @@ function(dj__server_link_late)
   if(TARGET test_request)
     target_link_libraries(test_request PRIVATE djinn_server) # the message table and the event encoder, no daemon
   endif()
+  if(TARGET test_server_restart)
+    target_link_libraries(test_server_restart PRIVATE djinn_server) # session images are read and forged (persist.h)
+  endif()
+  if(TARGET fuzz_session_image)
+    target_link_libraries(fuzz_session_image PRIVATE djinn_server) # persist.c's image decoder
+  endif()
   if(TARGET test_http_records)
     target_sources(test_http_records PRIVATE ${CMAKE_SOURCE_DIR}/tests/daemon_util.c) # its HTTP client
     target_link_libraries(test_http_records PRIVATE djinn_server) # the HTTP door runs in the test's process
@@ -99,7 +106,7 @@ function(dj__server_link_late)
       add_dependencies(${t} djinnd djinn)
     endif()
   endforeach()
-  foreach(t test_server_agents test_server_disk test_http test_http_openai)
+  foreach(t test_server_agents test_server_disk test_server_restart test_http test_http_openai)
     if(TARGET ${t})
       target_sources(${t} PRIVATE ${CMAKE_SOURCE_DIR}/tests/client_util.c) # agents, reference texts
     endif()

@@ -163,8 +163,9 @@ static void test_table(void) {
         const dj__msg_row *row = dj__msg_row_of(t);
         CHECK_MSG(row && row->type == t && row->decode, "type 0x%02x", t);
         if (row) CHECK(!strcmp(row->name, dj_msg_type_name(t)));
-        /* STEP, WEIGHT_UPLOAD and GRAPH_RUN carry one */
-        if (row) CHECK(row->payload == (t == DJ_MSG_STEP || t == DJ_MSG_WEIGHT_UPLOAD || t == DJ_MSG_GRAPH_RUN));
+        /* STEP, WEIGHT_UPLOAD, GRAPH_RUN and SESSION_IMPORT carry one */
+        if (row) CHECK(row->payload == (t == DJ_MSG_STEP || t == DJ_MSG_WEIGHT_UPLOAD || t == DJ_MSG_GRAPH_RUN ||
+                                  t == DJ_MSG_SESSION_IMPORT));
     }
     CHECK(dj__msg_row_of(0) == NULL);
     CHECK(dj__msg_row_of(DJ_MSG_REPLY) == NULL);

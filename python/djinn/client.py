@@ -470,6 +470,27 @@ class Client:
         return Session(m, reply, keep=True, secret=secret)
 
 
+    def import_session(self, image):
+        """Opens the session an image holds (SESSION_IMPORT): image is the
+        bytes Session.export returned, or the path of a file it wrote.
+        Returns it as a Session (a new id, and a secret: it outlives this
+        client like one opened with reattach=True) at the position it was
+        exported at. InvalidError for a damaged image or one of
+        another checkpoint (both fingerprints named); DjinnError (DJ_EIO) for a KV page
+        failing its checksum."""
+        from .model import Session
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            data = bytes(image)
+        else:
+            with open(image, "rb") as f:
+                data = f.read()
+        if not data:
+            raise ValueError("import_session: an empty image")
+        reply, _ = self._call(_wire.SESSION_IMPORT, {}, data)
+        m = self.model(reply.get("model", ""))
+        return Session(m, reply, keep=True)
+
+
 class _Answers:
     """The frames answering one request, in arrival order (appended by the
     reader thread, taken by the caller)."""

@@ -4,6 +4,7 @@ streams a generation sends back."""
 
 import collections
 import json
+import os
 import random
 
 import numpy as np
@@ -230,6 +231,39 @@ class Session:
             raise ValueError("session %016x is closed" % self.id)
         if self._lost:
             raise errors.ConnectionLost("session %016x is gone: %s" % (self.id, self._lost))
+
+    def export(self, path=None):
+        """The session's image (SESSION_EXPORT; docs/swap.md, "Session
+        images"): its KV cache (or history), pending token, QoS and cache
+        salt, as bytes - or, with path, written to that file (returns path).
+        Client.import_session opens it on any djinnd serving the same model
+        (checkpoint fingerprint checked) and generation continues with the
+        same tokens. The session stays open here. BusyError while it
+        generates."""
+        self._check_open()
+        reply, _ = self._client._call(_wire.SESSION_EXPORT, {"session": self.id})
+        handle, n = int(reply["handle"]), int(reply["bytes"])
+        parts, off = [], 0
+        try:
+            while off < n:
+                want = min(n - off, 64 << 20)
+                _, data = self._client._call(_wire.FETCH, {"handle": handle, "offset": off, "length": want})
+                if not data:
+                    raise errors.ConnectionLost("session image: %d of %d bytes came" % (off, n))
+                parts.append(bytes(data))
+                off += len(data)
+        finally:
+            self._client._send_nowait(_wire.RELEASE, {"handle": handle})
+        image = b"".join(parts)
+        if path is None:
+            return image
+        tmp = "%s.tmp" % os.fspath(path)
+        with open(tmp, "wb") as f:
+            f.write(image)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
 
     def close(self):
         """Ends the session; the server frees its KV pages and its tensors.

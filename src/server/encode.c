@@ -38,6 +38,8 @@ void dj__event_clear(dj__event *e) {
             free(e->u.step.saved);
             free(e->u.step.ids);
             break;
+        case DJ_MSG_SESSION_EXPORT: free(e->u.exp.bytes); break;
+        case DJ_MSG_SESSION_IMPORT:
         case DJ_MSG_SESSION_OPEN:
             dj__job_free(e->u.open.drop_msg);
             dj__job_free(e->u.open.orphan_msg);
@@ -275,8 +277,22 @@ static void pack_graph(const dj__rep_graph *r, dj__mw *w) {
 
 static void pack_reply(const dj__event *e, dj__mw *w) {
     switch (e->req_type) {
+    case DJ_MSG_SESSION_EXPORT: {
+        const dj__rep_export *r = &e->u.exp;
+        dj__mw_u64(w, "handle", r->handle);
+        dj__mw_u64(w, "bytes", r->nbytes);
+        dj__mw_u64(w, "pos", r->pos);
+        dj__mw_u64(w, "pages", r->pages);
+        dj__mw_u64(w, "fingerprint", r->fingerprint);
+        return;
+    }
+    case DJ_MSG_SESSION_IMPORT:
     case DJ_MSG_SESSION_OPEN: {
         const dj__rep_open *r = &e->u.open;
+        if (e->req_type == DJ_MSG_SESSION_IMPORT) {
+            dj__mw_u64(w, "pos", r->pos);
+            dj__mw_str(w, "model", r->model);
+        }
         dj__mw_u64(w, "session", r->session);
         if (r->has_secret) dj__mw_u64(w, "secret", r->secret);
         dj__mw_u64(w, "max_ctx", r->max_ctx);

@@ -25,6 +25,8 @@ typedef struct dj__rep_open {
     dj_qos qos;
     char model[128];
     uint32_t hidden;
+    uint32_t pos;             /* SESSION_IMPORT: the position it was imported at */
+    uint64_t tenant;          /* a restart's SESSION_IMPORT (conn 0): the tenant it had */
     struct dj__job *drop_msg, *orphan_msg; /* the session's DJ__CTL_DROP and (reattach) DJ__CTL_ORPHAN
                                             * messages, made by the worker; owned until the lease takes them */
 } dj__rep_open;
@@ -56,6 +58,15 @@ typedef struct dj__rep_step {
     uint32_t n_saved;
     dj__rep_saved *saved;     /* [n_saved] (malloc'd) */
 } dj__rep_step;
+
+/* SESSION_EXPORT: the session's image (persist.h), which the I/O side
+ * files as a result handle (handle) that the client FETCHes. */
+typedef struct dj__rep_export {
+    uint8_t *bytes;           /* [nbytes] (malloc'd) until filed */
+    uint64_t nbytes, handle;
+    uint32_t pos, pages;      /* its position; KV pages carried (0: its history is re-fed on import) */
+    uint64_t fingerprint;
+} dj__rep_export;
 
 typedef struct dj__rep_model {
     bool unload;              /* MODEL_UNLOAD: only `sessions` */
@@ -189,6 +200,7 @@ typedef struct dj__event {
     uint64_t renewed;         /* a portal's HEARTBEAT reply: the leases it renewed (submit.h) */
     union {
         dj__rep_open open;
+        dj__rep_export exp;
         dj__rep_step step;
         dj__rep_model model;
         dj__rep_model_list list;

@@ -62,6 +62,13 @@ static int usage(FILE *f) {
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
           "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
           f);
+    fputs("--drain-s S (30): with --state-dir, SIGTERM waits up to S s for the requests taken to end (new\n"
+          "  ones are refused \"restarting, reattach\"), then writes every session to DIR/sessions and exits;\n"
+          "  the next djinnd on DIR restores them for their clients to reattach (0: no wait).\n"
+          "--persist on-stop|always|off (on-stop): with --state-dir, when sessions are written there - at the\n"
+          "  stop; also after every request that changed one, before its answer (always: a kill -9 or a\n"
+          "  power loss loses no answered work; measured in bench/RESULTS.md); never (off).\n",
+          f);
     fputs("--graph-device cpu (captured graphs on the CPU executor; engine: on the engine's device, the CUDA\n"
           "executor with --device cuda:N - an op without a GPU kernel is refused by name).\n"
           "--graph-gb, --graph-quota-gb (captured-graph runs' planned stacks and outputs admitted at once, all\n"
@@ -184,6 +191,7 @@ static const count_opt counts[] = {
     {"--http-max-per-token", offsetof(dj__config, http_per_token), true, false},
     {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
     {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
+    {"--drain-s", offsetof(dj__config, drain_s), true, false},
 };
 
 /* Size options: name, where it goes (size_t bytes), whether "auto" is allowed. */
@@ -239,6 +247,14 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes) &&
                    so->off != offsetof(dj__config, swap_quota_bytes)) {
             snprintf(err, cap, "%s '%s': must be more than 0", a, v);
+            return 2;
+        }
+    } else if (!strcmp(a, "--persist")) {
+        if (!strcmp(v, "on-stop")) cfg->persist = DJ__PERSIST_ON_STOP;
+        else if (!strcmp(v, "always")) cfg->persist = DJ__PERSIST_ALWAYS;
+        else if (!strcmp(v, "off")) cfg->persist = DJ__PERSIST_OFF;
+        else {
+            snprintf(err, cap, "--persist: '%s' is not always, on-stop or off", v);
             return 2;
         }
     } else if (!strcmp(a, "--swap-policy")) {
@@ -370,6 +386,7 @@ static void set_defaults(dj__config *cfg) {
     cfg->idle_ms = 1000;
     cfg->max_wait_ms = 10000;
     cfg->lease_ms = 10000;
+    cfg->drain_s = 30;
     cfg->max_running = 64;
     cfg->prefill_chunk = 256;
     cfg->mixed_steps = -1;

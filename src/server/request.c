@@ -279,6 +279,18 @@ static dj_status dec_attach(const dj__meta *m, dj__request *r) {
     return dj__meta_u64(m, "secret", true, &r->u.attach.secret);
 }
 
+static dj_status dec_import(const dj__meta *m, dj__request *r) {
+    (void)m;
+    dj__req_import *im = &r->u.import;
+    if (!im->payload_len) return dj_fail(DJ_EINVAL, "SESSION_IMPORT: the session image is its payload, and there is none");
+    const dj_status st = dj__simg_decode(im->payload, (size_t)im->payload_len, &im->img);
+    /* a damaged image is the request's fault, not the frame's: answered, the connection stays */
+    if (st != DJ_EFORMAT) return st;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dj_last_error()); /* dj_fail writes where dj_last_error reads */
+    return dj_fail(DJ_EINVAL, "%s", msg);
+}
+
 #define ROW(NAME, PAYLOAD, SESS, AT, DEC) \
     [DJ_MSG_##NAME] = {#NAME, DJ_MSG_##NAME, PAYLOAD, SESS, AT, dec_##DEC},
 static const dj__msg_row rows[DJ_MSG_REQUEST_LAST + 1] = {DJ__REQUEST_TABLE(ROW)};

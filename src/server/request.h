@@ -10,6 +10,7 @@
 #include "djinn/protocol.h"
 #include "djinn/sample_params.h"
 #include "djinn/intervene.h"
+#include "server/persist.h"
 
 struct dj__meta;
 
@@ -52,7 +53,9 @@ typedef enum dj__req_at {
     X(WEIGHT_UPLOAD, true, DJ__SESS_NONE, DJ__AT_IO, nothing)                   \
     X(WEIGHT_CHALLENGE, false, DJ__SESS_NONE, DJ__AT_IO, nothing)               \
     X(WEIGHT_PROVE, false, DJ__SESS_NONE, DJ__AT_IO, nothing)                   \
-    X(GRAPH_RUN, true, DJ__SESS_NONE, DJ__AT_WORKER, nothing)
+    X(GRAPH_RUN, true, DJ__SESS_NONE, DJ__AT_WORKER, nothing)                   \
+    X(SESSION_EXPORT, false, DJ__SESS_REQUIRED, DJ__AT_WORKER, session_only)    \
+    X(SESSION_IMPORT, true, DJ__SESS_NONE, DJ__AT_WORKER, import)
 
 /* ---- the typed requests ---- */
 typedef struct dj__req_hello {
@@ -138,6 +141,20 @@ typedef struct dj__req_attach {
     uint64_t secret;
 } dj__req_attach;
 
+/* SESSION_IMPORT: its payload, a session image (persist.h), decoded and
+ * checked on the I/O side; img's pointers point into the request's body. */
+typedef struct dj__req_import {
+    const uint8_t *payload; /* [payload_len] inside the request's body */
+    uint64_t payload_len;
+    dj__simg img;
+} dj__req_import;
+
+/* The requests that open a session on their connection (the session quotas
+ * count them; their reply makes the I/O side's lease). */
+static inline bool dj__req_opens(uint16_t type) {
+    return type == DJ_MSG_SESSION_OPEN || type == DJ_MSG_SESSION_IMPORT;
+}
+
 /* A request, decoded: type and id from its frame, session (0: none named)
  * from the table's session column, the fields in the type's member. */
 typedef struct dj__request {
@@ -152,6 +169,7 @@ typedef struct dj__request {
         dj__req_step step;
         dj__req_fetch fetch;
         dj__req_attach attach;
+        dj__req_import import;
         char model[128];        /* MODEL_LOAD, MODEL_UNLOAD */
         uint64_t handle;        /* RELEASE */
         uint64_t expected_ms;   /* PAUSE */

@@ -288,6 +288,22 @@ static dj_status step_file(dj__server *s, dj__event *e) {
     return st;
 }
 
+/* A SESSION_EXPORT's reply: the image becomes a result handle of the
+ * session (u8, FETCHed in pieces), counted in --max-handles-per-conn. */
+static dj_status export_file(dj__server *s, dj__event *e) {
+    dj__rep_export *r = &e->u.exp;
+    if (dj__conn_handles(s, e->conn) >= s->cfg.max_handles)
+        return dj_fail(DJ_EQUOTA, "this connection holds %u handles (--max-handles-per-conn): release some",
+                       s->cfg.max_handles);
+    const uint64_t shape[1] = {r->nbytes};
+    dj_status st = handle_file(s, e->conn, e->session, (float *)(void *)r->bytes, 1, shape, r->nbytes, &r->handle);
+    if (st != DJ_OK) return st;
+    r->bytes = NULL;
+    dj__handle *h = dj__map_get(&s->handles, r->handle);
+    snprintf(h->dtype, sizeof h->dtype, "u8");
+    return DJ_OK;
+}
+
 /* A GRAPH_RUN's reply: its outputs become result handles of its connection
  * (no session: they go when it closes), all or none, within
  * --max-handles-per-conn; a failure answers the GRAPH_RUN with it. */
@@ -758,7 +774,7 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
     }
     if (!h) return *close_conn ? dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid)
                                : dj__gone_why(s, c->id, hid);
-    const uint64_t esz = 4; /* every handle is f32 for now */
+    const uint64_t esz = strcmp(h->dtype, "u8") ? 4 : 1; /* f32, or a session image's bytes (SESSION_EXPORT) */
     if (by_elem) {
         const uint64_t n_el = h->nbytes / esz;
         if (start > n_el) {
@@ -816,6 +832,9 @@ static dj_status request_limits(dj__conn *c, const dj__request *r, uint64_t *cre
     if (r->type == DJ_MSG_SESSION_OPEN && !(c->qos_mask >> r->u.open.qos & 1))
         return dj_fail(DJ_EINVAL, "qos %s is not granted to this connection's token (see --token-file)",
                        dj_qos_name(r->u.open.qos));
+    if (r->type == DJ_MSG_SESSION_IMPORT && !(c->qos_mask >> r->u.import.img.qos & 1))
+        return dj_fail(DJ_EINVAL, "the imported session's qos %s is not granted to this connection's token",
+                       dj_qos_name(r->u.import.img.qos));
     if (r->type != DJ_MSG_GENERATE || !r->u.gen.prompt) return DJ_OK;
     const char *p = r->u.gen.prompt;
     const size_t n = r->u.gen.plen;
@@ -842,6 +861,7 @@ static bool step_payload_ok(dj__conn *c) {
         refuse(c, NULL, h->request_id, h->type, dj_fail(DJ_EINVAL, "the first request must be HELLO"), true);
         return false;
     }
+    if (h->type == DJ_MSG_SESSION_IMPORT) return true; /* a session image: at most a request's payload, checked whole */
     if (h->type != DJ_MSG_STEP) { /* WEIGHT_UPLOAD, GRAPH_RUN (graph_serve.c) */
         const dj_status cst = dj__capture_payload_check(h->type, c->body, h->meta_len, h->payload_len);
         if (cst != DJ_OK) send_error(c, h->request_id, h->type, cst, true);
@@ -1012,6 +1032,10 @@ static void handle_frame(dj__conn *c) {
         r.u.step.payload = r.body + h->meta_len;
         r.u.step.payload_len = h->payload_len;
     }
+    if (h->type == DJ_MSG_SESSION_IMPORT) {
+        r.u.import.payload = r.body + h->meta_len;
+        r.u.import.payload_len = h->payload_len;
+    }
     st = dj__request_decode(&m, &r);
     if (st != DJ_OK) {
         dj__meta_destroy(&m);
@@ -1061,6 +1085,13 @@ void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const
         refuse(c, &r, r.id, r.type, st, st == DJ_EFORMAT || r.type == DJ_MSG_HELLO);
         return;
     }
+    if (s->draining && row->at == DJ__AT_WORKER) { /* SIGTERM with --state-dir: nothing new starts */
+        dj__graph_req_free(graph);
+        refuse(c, &r, r.id, r.type,
+               dj_fail(DJ_EBUSY, "djinnd is restarting: reconnect and reattach the session (SESSION_ATTACH) once it "
+                       "is back"), false);
+        return;
+    }
     if (row->at == DJ__AT_IO) {
         answer_inline(c, &r, m);
         return;
@@ -1089,7 +1120,7 @@ void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const
             return;
         }
     }
-    if (r.type == DJ_MSG_SESSION_OPEN) {
+    if (dj__req_opens(r.type)) {
         const size_t n_open = conn_sessions(s, c), n_tenant = tenant_sessions(s, c->tenant);
         if (n_open >= s->cfg.max_sessions)
             st = dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
@@ -1116,11 +1147,12 @@ void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const
         l->inflight++;
         l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     } else {
-        j->qos = r.type == DJ_MSG_SESSION_OPEN ? r.u.open.qos
-                 : graph && graph->has_qos       ? graph->qos /* GRAPH_RUN's own class (graph_serve.h) */
-                                                 : DJ_QOS_INTERACTIVE;
+        j->qos = r.type == DJ_MSG_SESSION_OPEN     ? r.u.open.qos
+                 : r.type == DJ_MSG_SESSION_IMPORT ? r.u.import.img.qos
+                 : graph && graph->has_qos         ? graph->qos /* GRAPH_RUN's own class (graph_serve.h) */
+                                                   : DJ_QOS_INTERACTIVE;
     }
-    c->opening += r.type == DJ_MSG_SESSION_OPEN;
+    c->opening += dj__req_opens(r.type);
     c->handles_due += handle_quota;
     j->handle_quota = handle_quota;
     j->type = r.type;
@@ -1169,7 +1201,8 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
             }
             if (c->hdr_got < DJ_FRAME_HEADER_BYTES) break;
             dj_status hs = dj_frame_header_decode(c->hdr, DJ_PROTO_MAX_REQ_PAYLOAD, &c->h);
-            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && !dj__capture_takes_payload(c->h.type))
+            if (hs == DJ_OK && c->h.payload_len && c->h.type != DJ_MSG_STEP && c->h.type != DJ_MSG_SESSION_IMPORT &&
+                !dj__capture_takes_payload(c->h.type))
                 hs = dj_fail(DJ_EFORMAT, "%s takes no payload (got %llu bytes)", dj_msg_type_name(c->h.type),
                              (unsigned long long)c->h.payload_len);
             if (hs != DJ_OK) {
@@ -1595,6 +1628,30 @@ static bool session_opened(dj__server *s, dj__conn *c, dj__event *e) {
     return false;
 }
 
+/* A session a restart restored (the worker's SESSION_IMPORT of conn 0,
+ * worker.c restore_sessions): its lease, orphaned, waiting for its client's
+ * SESSION_ATTACH until the lease ends. */
+static void session_restored(dj__server *s, dj__event *e) {
+    dj__rep_open *o = &e->u.open;
+    dj__lease *l = dj_calloc(1, sizeof *l);
+    if (l) {
+        *l = (dj__lease){.id = o->session, .tenant = o->tenant, .qos = o->qos, .reattach = true, .orphan = true,
+                         .secret = o->secret, .max_ctx = o->max_ctx, .hidden = o->hidden, .pos = o->pos,
+                         .lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms, .drop_msg = o->drop_msg};
+        snprintf(l->model, sizeof l->model, "%s", o->model);
+        if (dj__map_put(&s->leases, l->id, l) == DJ_OK) {
+            o->drop_msg = NULL; /* the lease's now; the orphan message is not needed (an attach makes one) */
+            return;
+        }
+        free(l);
+    }
+    dj__job *m = o->drop_msg;
+    o->drop_msg = NULL;
+    m->ctl.why = DJ_ENOMEM;
+    m->ctl.why_msg = "out of memory for the restored session's record";
+    dj__enqueue(s, m);
+}
+
 /* STATS: what of the snapshot the I/O side keeps (leases, handles, connections). */
 static void stats_fill(dj__server *s, dj__stats_snap *st) {
     const uint64_t clk = dj__clock_ms(s);
@@ -1678,12 +1735,21 @@ static void on_wake(uv_async_t *a) {
             l->pos = e->pos;
             l->swapped = e->swapped;
         }
+        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_IMPORT && !e->conn) { /* a restart's */
+            session_restored(s, e);
+            dj__event_free(e);
+            e = next;
+            continue;
+        }
         const bool last = e->kind == DJ__EV_REPLY || e->kind == DJ__EV_ERROR || e->kind == DJ__EV_DONE;
         if (last) lease_answered(s, e->conn, e->session, e->counted);
-        if (last && e->req_type == DJ_MSG_SESSION_OPEN && c && c->opening) c->opening--;
+        if (last && dj__req_opens(e->req_type) && c && c->opening) c->opening--;
         if (last && c) c->handles_due -= e->handle_quota < c->handles_due ? e->handle_quota : c->handles_due;
-        if (e->kind == DJ__EV_REPLY && (e->req_type == DJ_MSG_STEP || e->req_type == DJ_MSG_GRAPH_RUN) && c) {
-            const dj_status st = e->req_type == DJ_MSG_STEP ? step_file(s, e) : graph_file(s, e);
+        if (e->kind == DJ__EV_REPLY && (e->req_type == DJ_MSG_STEP || e->req_type == DJ_MSG_GRAPH_RUN ||
+                                        e->req_type == DJ_MSG_SESSION_EXPORT) && c) {
+            const dj_status st = e->req_type == DJ_MSG_STEP         ? step_file(s, e)
+                                 : e->req_type == DJ_MSG_GRAPH_RUN ? graph_file(s, e)
+                                                                   : export_file(s, e);
             if (st != DJ_OK) { /* the step ran; its handles could not be kept */
                 dj__event *err = dj__event_error(e->conn, e->req_type, e->req, st, dj_last_error(), false);
                 if (!err) {
@@ -1697,7 +1763,7 @@ static void on_wake(uv_async_t *a) {
                 e = err;
             }
         }
-        if (e->kind == DJ__EV_REPLY && e->req_type == DJ_MSG_SESSION_OPEN && !session_opened(s, c, e) && c) {
+        if (e->kind == DJ__EV_REPLY && dj__req_opens(e->req_type) && !session_opened(s, c, e) && c) {
             dj__event *err = dj__event_error(e->conn, e->req_type, e->req, DJ_ENOMEM,
                                              "out of memory for the session's record", false);
             if (err) err->next = e->next;
@@ -1753,9 +1819,41 @@ static void close_walk(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+static void stop_now(dj__server *s);
+
+/* Draining (SIGTERM with --state-dir): the stop comes once the worker holds
+ * no request (every generation taken has ended) or --drain-s passed. */
+static void on_drain_tick(uv_timer_t *t) {
+    dj__server *s = t->data;
+    pthread_mutex_lock(&s->mu);
+    size_t queued = s->tokq.n;
+    for (int q = 0; q < DJ_QOS_COUNT; q++) queued += s->newq[q].n;
+    pthread_mutex_unlock(&s->mu);
+    const uint32_t held = s->n_held;
+    if (held + queued && dj__now_ms() < s->drain_until_ms) return;
+    if (held + queued) DJ_LOG(WARN, "djinnd: --drain-s passed with %u requests not done: they are cut", held);
+    stop_now(s);
+}
+
 static void on_signal(uv_signal_t *sig, int signum) {
     dj__server *s = sig->data;
+    if (signum == SIGTERM && s->cfg.state_dir && s->cfg.drain_s && !s->draining) {
+        /* new work is refused (server.c's dispatch), the taken ends, then the sessions are written */
+        DJ_LOG(WARN, "djinnd: SIGTERM: draining (at most %u s), then the sessions go to %s", s->cfg.drain_s,
+               s->cfg.state_dir);
+        s->draining = true;
+        s->drain_until_ms = dj__now_ms() + (uint64_t)s->cfg.drain_s * 1000;
+        if (!uv_is_closing((uv_handle_t *)&s->listener)) uv_close((uv_handle_t *)&s->listener, NULL);
+        uv_timer_init(&s->loop, &s->drain_timer);
+        s->drain_timer.data = s;
+        uv_timer_start(&s->drain_timer, on_drain_tick, 0, 20);
+        return;
+    }
     DJ_LOG(WARN, "djinnd: signal %d, shutting down", signum);
+    stop_now(s);
+}
+
+static void stop_now(dj__server *s) {
     pthread_mutex_lock(&s->mu);
     pthread_mutex_lock(&s->out_mu); /* the worker reads it when it posts */
     s->stopping = true;
@@ -1927,6 +2025,7 @@ int dj__serve_main(int argc, char **argv) {
     s->tick.data = s;
     uv_timer_start(&s->tick, on_tick, 100, 100);
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
+    on_wake(&s->wake); /* the leases of sessions a restart restored, before any client is read */
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
     dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,

@@ -185,6 +185,7 @@ typedef struct dj__lease {
 typedef struct dj__sess {
     uint64_t id, conn;          /* conn: the connection whose requests run on it (0: orphaned) */
     uint64_t tenant;
+    uint64_t secret;            /* its reattach secret (0: none), kept across a restart */
     dj_qos qos;
     char model[128];
     bool paused;                /* the I/O side's last PAUSE/RESUME */
@@ -233,6 +234,7 @@ typedef struct dj__gen {
     struct dj__trace_req *tr; /* GENERATE `points`: the edits at every step (step_trace.c), or NULL; owned */
     uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
+    bool hist_added;   /* its generated tokens are in the session's history already (--persist always) */
     double t_start, t_first, t_last, prefill_s;
 } dj__gen;
 
@@ -341,6 +343,8 @@ typedef struct dj__config {
     dj_swap_policy swap_policy;
     const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
     size_t disk_bytes;         /* --disk-swap-gb: its size */
+    uint32_t drain_s;          /* --drain-s: with state_dir, how long SIGTERM waits for the requests taken */
+    int persist;               /* --persist: DJ__PERSIST_ (with state_dir) */
     /* the OpenAI-compatible HTTP front end (http.c; docs/protocol.md, "HTTP") */
     const char *http;          /* --http ADDR:PORT or NULL */
     uint32_t http_conns;       /* requests at once; more get 503 */
@@ -361,6 +365,10 @@ typedef struct dj__config {
 } dj__config;
 void dj__config_free(dj__config *cfg); /* what parsing --config allocated */
 #define DJ__SIZE_AUTO SIZE_MAX
+/* --persist: when sessions go to --state-dir (docs/swap.md, "Restarts"). */
+#define DJ__PERSIST_ON_STOP 0 /* at the stop (SIGTERM, SIGINT) */
+#define DJ__PERSIST_ALWAYS 1  /* also after each GENERATE and STEP, before its answer, and at open */
+#define DJ__PERSIST_OFF 2     /* never */
 
 /* fds kept free for the listener, the loop, model files and /metrics' own
  * listener besides the connections (--max-connections is clamped so). */
@@ -413,6 +421,10 @@ typedef struct dj__server {
     dj__map handles;     /* loop only: id -> dj__handle (the worker's results arrive in its events) */
     uint64_t next_conn;
     bool stopping;
+    bool draining;       /* loop only: SIGTERM with --state-dir: new work refused, the taken ends (drain_timer) */
+    uv_timer_t drain_timer;
+    uint64_t drain_until_ms;
+    _Atomic uint32_t n_held; /* worker -> loop: jobs the worker holds (dj__server.held) */
 
     /* The daemon's clock for leases and the HELLO and idle timeouts (ms): the
      * monotonic time, except that one turn of the I/O loop adds at most
