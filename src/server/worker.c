@@ -1367,6 +1367,10 @@ static void publish_metrics(dj__server *s) {
     s->metrics.pool_used = sw.used;
     s->metrics.preemptions = ss.preemptions;
     memcpy(s->metrics.sess_states, ss.sessions, sizeof s->metrics.sess_states);
+    s->metrics.waiting = 0;
+    for (int c = 0; c < DJ_SCHED_CLASSES; c++) s->metrics.waiting += ss.waiting[c];
+    s->metrics.gen_steps = s->gen_steps;
+    s->metrics.gen_step_s = s->gen_step_s;
     pthread_mutex_unlock(&s->metrics.mu);
 }
 
