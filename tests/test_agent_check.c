@@ -107,11 +107,15 @@ static void test_listener(void) {
     CHECK_MSG(!strcmp(line, "drain\n"), "got '%s'", line);
     ask(port, line, sizeof line);
     CHECK_MSG(!strcmp(line, "drain\n"), "got '%s'", line);
-    raise(SIGUSR2); /* "ready" once, cancelling the drain it asked for */
+    raise(SIGUSR2); /* "ready", cancelling the drain it asked for - to every backend's check */
     ask(port, line, sizeof line);
     CHECK_MSG(!strcmp(line, "up ready 50%\n"), "got '%s'", line);
     ask(port, line, sizeof line);
-    CHECK_MSG(!strcmp(line, "up 50%\n"), "got '%s'", line);
+    CHECK_MSG(!strcmp(line, "up ready 50%\n"), "got '%s'", line);
+    raise(SIGUSR2); /* not draining: nothing to cancel, the window stays as it was */
+    raise(SIGUSR1); /* a drain ends the window at once */
+    ask(port, line, sizeof line);
+    CHECK_MSG(!strcmp(line, "drain\n"), "got '%s'", line);
     dj__agent_set_stopping(a);
     ask(port, line, sizeof line);
     CHECK_MSG(!strcmp(line, "maint\n"), "got '%s'", line);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "djinn/alloc.h"
@@ -54,7 +55,8 @@ struct dj__agent {
     pthread_t th;
     dj__metrics *m;
     atomic_bool stopping;
-    bool draining, ready_once;
+    bool draining;
+    uint64_t ready_until_ms; /* after SIGUSR2: "ready" in every reply until then */
     uint64_t last_steps;
     double last_step_s, best_ms;
 };
@@ -78,9 +80,15 @@ static void load_now(dj__agent *a, dj__agent_load *in) {
     in->step_best_ms = a->best_ms;
     const int req = atomic_exchange(&g_drain_req, 0);
     if (req == 1) a->draining = true;
-    if (req == 2 && a->draining) a->draining = false, a->ready_once = true;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const uint64_t now_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    if (req == 1) a->draining = true, a->ready_until_ms = 0;
+    /* HAProxy runs one agent check per backend naming this daemon (three in deploy/haproxy):
+     * each must read "ready" once, so it is said for a while, not once */
+    if (req == 2 && a->draining) a->draining = false, a->ready_until_ms = now_ms + DJ__AGENT_READY_MS;
     in->admin = atomic_load(&a->stopping) ? DJ__AGENT_MAINT : a->draining ? DJ__AGENT_DRAIN : DJ__AGENT_UP;
-    if (in->admin == DJ__AGENT_UP && a->ready_once) in->ready = 1, a->ready_once = false;
+    if (in->admin == DJ__AGENT_UP && now_ms < a->ready_until_ms) in->ready = 1;
 }
 
 static void *agent_main(void *arg) {

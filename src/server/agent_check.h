@@ -18,7 +18,7 @@ typedef enum dj__agent_admin {
 /* The numbers one reply is computed from: a snapshot the worker published. */
 typedef struct dj__agent_load {
     dj__agent_admin admin;
-    int ready;            /* nonzero: say "ready" once, cancelling a drain this agent asked for (SIGUSR2) */
+    int ready;            /* nonzero: say "ready", cancelling a drain this agent asked for (SIGUSR2) */
     uint64_t pages_total; /* KV pages of the data segment (0: not known yet - counted as all free) */
     uint64_t pages_free;  /* of those, free now */
     uint64_t waiting;     /* requests held but not stepping (queued, restoring, preempted) */
@@ -39,8 +39,11 @@ size_t dj__agent_reply(const dj__agent_load *in, char *out /* OUT */, size_t cap
 
 /* The listener: a thread answering every connection with the reply for the
  * daemon's published numbers (dj__metrics, under its mutex), then closing.
- * SIGUSR1 makes it answer "drain" from then on, SIGUSR2 "up" again (with
- * "ready" once). dj__agent_stop(NULL) does nothing. */
+ * SIGUSR1 makes it answer "drain" from then on, SIGUSR2 "up" again, with
+ * "ready" for DJ__AGENT_READY_MS (every backend's check of this daemon must
+ * read it once; a forced drain of HAProxy's own CLI in that window is undone).
+ * dj__agent_stop(NULL) does nothing. */
+#define DJ__AGENT_READY_MS 10000
 typedef struct dj__agent dj__agent;
 struct dj__metrics;
 dj_status dj__agent_start(const char *addr, struct dj__metrics *m, dj__agent **out /* OUT */);
