@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,8 +160,11 @@ class Cluster:
     def http_post(self, port, path, body, headers=None):
         req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=json.dumps(body).encode(),
                                      headers=dict({"Content-Type": "application/json"}, **(headers or {})))
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read()), r.headers.get("X-Djinn-Server")
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                return json.loads(r.read()), r.headers.get("X-Djinn-Server")
+        except urllib.error.HTTPError as e:  # the answer's body says why
+            raise RuntimeError("POST %s on port %d: %d %s" % (path, port, e.code, e.read()[:500])) from None
 
     def logs(self):
         out = []

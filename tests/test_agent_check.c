@@ -43,6 +43,10 @@ static void test_weight(void) {
     CHECK(dj__agent_weight(&in) == 100);
     in.waiting = UINT64_MAX, in.pages_free = 1000;
     CHECK(dj__agent_weight(&in) == 1);
+    in.state_only = 1; /* agent-send "state": the load does not move the weight */
+    CHECK(dj__agent_weight(&in) == 100);
+    in.admin = DJ__AGENT_DRAIN;
+    CHECK(!strcmp(reply_of(&in), "drain\n"));
 }
 
 static void test_words(void) {
@@ -56,18 +60,21 @@ static void test_words(void) {
     CHECK(dj__agent_reply(&in, small, sizeof small) == 3 && !strcmp(small, "up "));
 }
 
-/* One agent-check connection to 127.0.0.1:port: the line it answers. */
-static void ask(int port, char *out, size_t cap) {
+/* One agent-check connection to 127.0.0.1:port (sending send first, if not NULL): the line it answers. */
+static void ask_saying(int port, const char *send_first, char *out, size_t cap) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    if (send_first) CHECK(write(fd, send_first, strlen(send_first)) == (ssize_t)strlen(send_first));
     size_t n = 0;
     ssize_t r;
     while (n + 1 < cap && (r = read(fd, out + n, cap - 1 - n)) > 0) n += (size_t)r;
     out[n] = 0;
     close(fd);
 }
+
+static void ask(int port, char *out, size_t cap) { ask_saying(port, NULL, out, cap); }
 
 static int free_port(void) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -91,6 +98,8 @@ static void test_listener(void) {
     CHECK(dj__agent_start(addr, &m, &a) == DJ_OK && a);
     ask(port, line, sizeof line);
     CHECK_MSG(!strcmp(line, "up 25%\n"), "got '%s'", line);
+    ask_saying(port, "state\n", line, sizeof line); /* a consistent-hash backend's check */
+    CHECK_MSG(!strcmp(line, "up 100%\n"), "got '%s'", line);
     /* step time: 10 steps of 10 ms, then 10 of 40 ms - the weight falls to a quarter */
     pthread_mutex_lock(&m.mu);
     m.waiting = 0, m.gen_steps = 10, m.gen_step_s = 0.1;

@@ -19,6 +19,7 @@
 #include "server/server_impl.h"
 
 int dj__agent_weight(const dj__agent_load *in) {
+    if (in->state_only) return 100;
     double kv = 1.0;
     if (in->pages_total) {
         if (!in->pages_free) return 0;
@@ -66,7 +67,7 @@ static void load_now(dj__agent *a, dj__agent_load *in) {
     memset(in, 0, sizeof *in);
     pthread_mutex_lock(&a->m->mu);
     in->pages_total = a->m->vmu.pages_total;
-    in->pages_free = a->m->vmu.pages_free;
+    in->pages_free = a->m->vmu.pages_free + a->m->pages_reclaimable;
     in->waiting = a->m->waiting;
     const uint64_t steps = a->m->gen_steps;
     const double step_s = a->m->gen_step_s;
@@ -103,8 +104,16 @@ static void *agent_main(void *arg) {
         if (!(p[0].revents & POLLIN)) continue;
         const int c = accept4(a->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (c < 0) continue; /* EAGAIN, a peer gone, out of fds: the next check tries again */
+        /* HAProxy's agent-send, if configured, arrives with the connection */
+        char said[64] = {0};
+        struct pollfd pc = {.fd = c, .events = POLLIN};
+        if (poll(&pc, 1, DJ__AGENT_READ_MS) == 1 && (pc.revents & POLLIN)) {
+            const ssize_t r = recv(c, said, sizeof said - 1, 0);
+            if (r < 0) said[0] = 0;
+        }
         dj__agent_load in;
         load_now(a, &in);
+        in.state_only = !strncmp(said, "state", 5);
         char line[64];
         const size_t n = dj__agent_reply(&in, line, sizeof line);
         /* a few bytes into an empty socket buffer: one write; a peer that is gone loses nothing */

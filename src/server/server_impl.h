@@ -119,6 +119,7 @@ typedef struct dj__metrics {
     dj_vmu_stats vmu;              /* snapshot after the worker's last job */
     uint64_t sessions, connections, lease_expiries, tokens;
     uint64_t waiting, gen_steps;   /* requests held, not stepping; generation steps (agent_check.c) */
+    uint64_t pages_reclaimable;   /* KV pages only the prefix cache holds (with --agent-check) */
     double gen_step_s;             /* those steps' wall time in all */
     void *mhd;                     /* struct MHD_Daemon * */
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
