@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import haproxy_cluster  # noqa: E402
+import djinn  # noqa: E402
 from djinn import balance  # noqa: E402
 
 # Man-page openings the demo model knows, each well over two prefix-cache blocks (64 tokens
@@ -56,19 +57,28 @@ def cfg_roundrobin():
 
 
 def throughput(djinnd, n, args):
+    """args.clients binary connections through HAProxy (placed by leastconn), each running its
+    share of args.requests generations of args.tokens tokens (ignore_eos) one after another."""
     cl = haproxy_cluster.Cluster(djinnd, n=n, extra=["--threads", str(args.threads)])
     try:
-        def one(i):  # distinct prompts: compute, not the prefix cache, is measured
-            r, _ = cl.http_post(cl.lb_http, "/v1/completions",
-                                {"model": "demo", "prompt": "NAME\n  tool%d - " % i, "max_tokens": args.tokens,
-                                 "temperature": 0, "ignore_eos": True})
-            return r["usage"]["completion_tokens"]
-        with ThreadPoolExecutor(args.clients) as ex:  # warm-up: every daemon loads the model
-            list(ex.map(one, range(-3 * n, 0)))
+        per = [args.requests // args.clients + (1 if c < args.requests % args.clients else 0)
+               for c in range(args.clients)]
+        conns = [djinn.connect("127.0.0.1:%d" % cl.lb_bin) for _ in range(args.clients)]
+        models = [c.model("demo") for c in conns]
+
+        def one(c, k):  # distinct prompts: compute, not the prefix cache, is measured
+            g = models[c].generate("NAME\n  tool%d-%d - " % (c, k), max_new_tokens=args.tokens, temperature=0,
+                                   ignore_eos=True, stream=False)
+            return len(g.ids)
+
+        with ThreadPoolExecutor(args.clients) as ex:  # warm-up: every daemon has loaded the model
+            list(ex.map(lambda c: one(c, -1), range(args.clients)))
         t0 = time.monotonic()
         with ThreadPoolExecutor(args.clients) as ex:
-            toks = sum(ex.map(one, range(args.requests)))
+            toks = sum(ex.map(lambda c: sum(one(c, k) for k in range(per[c])), range(args.clients)))
         dt = time.monotonic() - t0
+        for c in conns:
+            c.close()
         return toks / dt, toks, dt
     finally:
         cl.close()
