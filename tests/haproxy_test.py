@@ -199,6 +199,18 @@ def main():
         if r.returncode != 0:
             failures.append("djinn admin ready %s failed: %s" % (victim, r.stderr))
 
+        # ---- djinn admin's refusals: an unknown server, the move step before export/import ----
+        for argv, want_rc, want_text in ((["drain", "d9"], 1, "no server named or at 'd9'"),
+                                         (["drain", "d1", "--move"], 2, "needs session export/import"),
+                                         (["drain"], 2, "which HOST")):
+            r = haproxy_cluster.subprocess.run([cli, "admin"] + argv + ["--haproxy", cl.sock], capture_output=True,
+                                               text=True)
+            if r.returncode != want_rc or want_text not in r.stderr:
+                failures.append("djinn admin %s: rc %d, %r (want rc %d and %r)" %
+                                (" ".join(argv), r.returncode, r.stderr, want_rc, want_text))
+        if any(s["admin"] & 0x8 for s in cl.servers()):
+            failures.append("a refused djinn admin command left a server drained:\n%s" % cl.api("show servers state"))
+
         # ---- a daemon that dies is taken out; new conversations go on elsewhere ----
         cl.kill(other)
         cl.wait_servers(lambda ss: all(s["op"] != 2 for s in ss if s["name"] == name), "%s down" % name)

@@ -17,6 +17,7 @@
 
 static int usage(FILE *f) {
     fputs("usage: djinn admin drain HOST [--haproxy SOCKET]   no new sessions to HOST; live ones finish there\n"
+          "                                                   (--move: moves them instead - not built yet)\n"
           "       djinn admin ready HOST [--haproxy SOCKET]   HOST takes new sessions again\n"
           "       djinn admin servers [--haproxy SOCKET]      every backend's servers: state, weight, sessions\n"
           "HOST: a server's name in haproxy.cfg (d1) or its address (10.0.0.11); every backend's server of\n"
@@ -114,6 +115,16 @@ int dj__cli_admin_balancer(int argc, char **argv) {
     if (!sock || !*sock) sock = DEFAULT_SOCKET;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--haproxy") && i + 1 < argc) sock = argv[++i];
+        else if (!strcmp(argv[i], "--move")) {
+            /* The move step, once session export/import exists (issue 46): for each live session
+             * of HOST, export it there, import it on the daemon HAProxy would pick now, point
+             * its stick entry there (set table djinn_bin key TOKEN data.server_id ID; for HTTP
+             * the X-Djinn-Session key of http_sessions) and close the old connection, so that
+             * the client's reconnect with its routing token lands where the session now is. */
+            fprintf(stderr, "djinn admin: --move needs session export/import (issue 46), which this build "
+                            "does not have; 'drain' alone lets live sessions finish where they are\n");
+            return 2;
+        }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
         else if (argv[i][0] != '-' && !host) host = argv[i];
         else {

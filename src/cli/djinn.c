@@ -685,7 +685,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&o);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(&o);
     if (!strcmp(argv[1], "info")) return cmd_info(&o);
-    fprintf(stderr, "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info, serve, generate, stat)\n",
+    fprintf(stderr,
+            "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info, serve, generate, stat, admin)\n",
             argv[1]);
     return 2;
 }

@@ -28,7 +28,8 @@ int dj__agent_weight(const dj__agent_load *in) {
     }
     const double queue = 4.0 / (4.0 + (double)in->waiting);
     double step = 1.0;
-    if (in->step_ms > 0 && in->step_best_ms > 0 && in->step_ms > in->step_best_ms) step = in->step_best_ms / in->step_ms;
+    if (in->step_ms > 0 && in->step_best_ms > 0 && in->step_ms > in->step_best_ms)
+        step = in->step_best_ms / in->step_ms;
     const double w = round(100.0 * kv * queue * step);
     return w < 1.0 ? 1 : w > 100.0 ? 100 : (int)w;
 }
