@@ -18,6 +18,7 @@ target_sources(djinn_server PRIVATE src/server/wrong_door.c) # HTTP sent to the 
 target_sources(djinn_server PRIVATE src/server/sd_notify.c)
 # --config FILE (INI through libinih, a Debian package: libinih-dev) and SIGHUP's reload
 target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c)
+target_sources(djinn_server PRIVATE src/server/agent_check.c) # --agent-check: HAProxy's agent protocol
 target_sources(djinn_server PRIVATE src/server/access.c) # access lines (src/core/log_access.c formats them)
 pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
 target_link_libraries(djinn_server PRIVATE PkgConfig::INIH)
@@ -53,6 +54,9 @@ function(dj__server_link_late)
   endif()
   if(TARGET test_fault)
     target_link_libraries(test_fault PRIVATE djinn_server) # the daemon runs in the test's process
+  endif()
+  if(TARGET test_agent_check)
+    target_link_libraries(test_agent_check PRIVATE djinn_server) # the weight and reply functions
   endif()
   if(TARGET test_request)
     target_link_libraries(test_request PRIVATE djinn_server) # the message table and the event encoder, no daemon

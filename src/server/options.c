@@ -16,7 +16,7 @@ static int usage(FILE *f) {
     fputs("usage: djinnd --version | --help\n"
           "       djinnd [--config FILE] [--allow-empty] [--log-level debug|info|warn|error] [--log-format text|json]\n"
           "              [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
-          "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
+          "              [--token-file FILE] [--metrics ADDR:PORT] [--agent-check ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
           "              [--kv-dtype auto|fp8] [--port-file FILE] [--graph-device cpu|engine]\n"
@@ -61,6 +61,9 @@ static int usage(FILE *f) {
           "pay; none: everything streams; K: K layers, at steps of up to 16 rows).\n"
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
           "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
+          f);
+    fputs("--agent-check ADDR:PORT: answer HAProxy's agent-check there ('up N%' from free KV pages, queued\n"
+          "requests and step time; 'drain' after SIGUSR1, 'up ready' again after SIGUSR2; deploy/haproxy).\n",
           f);
     fputs("--drain-s S (30): with --state-dir, SIGTERM waits up to S s for the requests taken to end (new\n"
           "  ones are refused \"restarting, reattach\"), then writes every session to DIR/sessions and exits;\n"
@@ -280,6 +283,8 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         cfg->device = v;
     } else if (!strcmp(a, "--metrics")) {
         cfg->metrics = v;
+    } else if (!strcmp(a, "--agent-check")) {
+        cfg->agent_check = v;
     } else if (!strcmp(a, "--http")) {
         cfg->http = v;
     } else if (!strcmp(a, "--http-allowed-hosts")) {

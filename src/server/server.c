@@ -22,6 +22,7 @@
 #include "djinn/intervene.h"
 #include "server/graph_serve.h"
 #include "djinn/version.h"
+#include "server/agent_check.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
 #include "server/access.h"
@@ -1859,6 +1860,7 @@ static void stop_now(dj__server *s) {
     s->stopping = true;
     pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
+    dj__agent_set_stopping(s->agent);
     dj__worker_stop(s); /* joins: no uv_async_send after this */
     on_wake(&s->wake);  /* flush what the worker produced */
     dj__portals_stop(s); /* the HTTP door's waits end; its connections close */
@@ -2027,6 +2029,7 @@ int dj__serve_main(int argc, char **argv) {
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
     on_wake(&s->wake); /* the leases of sessions a restart restored, before any client is read */
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
+    if (s->cfg.agent_check && (st = dj__agent_start(s->cfg.agent_check, &s->metrics, &s->agent)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
     dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,
                    s->cfg.listen, s->cfg.lease_ms);
@@ -2055,6 +2058,8 @@ done:
     pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
     dj__metrics_stop(&s->metrics);
+    dj__agent_stop(s->agent); /* after the loop: it answered "maint" while the daemon stopped */
+    s->agent = NULL;
     if (loop_ok) dj__portals_stop(s); /* (done already when a signal stopped the loop) */
     dj__http_stop(s->http); /* its requests' portals are closed: their waits end */
     s->http = NULL;

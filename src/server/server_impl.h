@@ -118,6 +118,9 @@ typedef struct dj__metrics {
     uint32_t sess_states[DJ_SESS_DROPPED + 1];
     dj_vmu_stats vmu;              /* snapshot after the worker's last job */
     uint64_t sessions, connections, lease_expiries, tokens;
+    uint64_t waiting, gen_steps;   /* requests held, not stepping; generation steps (agent_check.c) */
+    uint64_t pages_reclaimable;   /* KV pages only the prefix cache holds (with --agent-check) */
+    double gen_step_s;             /* those steps' wall time in all */
     void *mhd;                     /* struct MHD_Daemon * */
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
     size_t n_auth;
@@ -304,6 +307,7 @@ typedef struct dj__config {
     const char *models;
     const char *device;     /* engine device: "cpu" (default), "cuda:N" in CUDA builds */   /* model store */
     const char *metrics;  /* ADDR:PORT or NULL */
+    const char *agent_check; /* ADDR:PORT or NULL: HAProxy's agent-check (agent_check.c) */
     const char *token_file;
     size_t vmu_bytes;
     int threads;
@@ -489,6 +493,7 @@ typedef struct dj__server {
     dj__model_ent *models;
 
     dj__metrics metrics;
+    struct dj__agent *agent; /* --agent-check's listener, or NULL */
     struct dj__http *http; /* --http: the front end; its requests enter through portals (submit.h) */
     struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
     struct dj__reload *reload; /* reload.c: SIGHUP's state (loop only) */

@@ -1495,6 +1495,8 @@ static void publish_metrics(dj__server *s) {
     dj_sched_stats ss;
     dj_sched_get_stats(s->sched, dj__now_ms(), &ss);
     const size_t n_sess = s->sessions.n;
+    dj_prefix_stats ps = {0}; /* its unreferenced pages are room too (a walk of them: only for the agent) */
+    if (s->cfg.agent_check) dj_engine_prefix_stats(s->engine, &ps);
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.vmu = vs;
     s->metrics.sessions = n_sess;
@@ -1502,6 +1504,11 @@ static void publish_metrics(dj__server *s) {
     s->metrics.pool_used = sw.used;
     s->metrics.preemptions = ss.preemptions;
     memcpy(s->metrics.sess_states, ss.sessions, sizeof s->metrics.sess_states);
+    s->metrics.waiting = 0;
+    for (int c = 0; c < DJ_SCHED_CLASSES; c++) s->metrics.waiting += ss.waiting[c];
+    s->metrics.pages_reclaimable = ps.pages_unreferenced;
+    s->metrics.gen_steps = s->gen_steps;
+    s->metrics.gen_step_s = s->gen_step_s;
     pthread_mutex_unlock(&s->metrics.mu);
 }
 
