@@ -170,6 +170,37 @@ static void test_sampling_fields(const char *addr, unsigned port) {
     free(rp);
 }
 
+/* ---- logit_bias: the same tokens through both doors ---- */
+
+static void test_logit_bias(const char *addr, unsigned port) {
+    const dj_sampler_params greedy = {.top_p = 1}, hot = {.temperature = 0.9f, .top_p = 1, .seed = 21};
+    collect plain = reference(addr, &greedy, 16);
+    /* the greedy answer's first token banned, and a weak token pushed up at temperature 0.9 */
+    static const char *const ask = "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, %s}";
+    static const struct {
+        const char *json;
+        bool hot;
+        dj_logit_bias b[2];
+        size_t n;
+    } cases[] = {
+        {"\"temperature\": 0, \"logit_bias\": {\"60\": 100}", false, {{60, 100.f}}, 1},
+        {"\"temperature\": 0, \"logit_bias\": {\"60\": 100, \"61\": 99.5}", false, {{60, 100.f}, {61, 99.5f}}, 2},
+        {"\"temperature\": 0.9, \"seed\": 21, \"logit_bias\": {\"60\": 8, \"33\": -100}", true,
+         {{60, 8.f}, {33, -100.f}}, 2},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        collect want = dj_test_reference_biased(addr, "demo", "Once upon a time", true, cases[k].hot ? &hot : &greedy,
+                                                16, cases[k].b, cases[k].n);
+        char body[512];
+        snprintf(body, sizeof body, ask, cases[k].json);
+        int st;
+        char *t = post(port, false, body, &st, NULL);
+        CHECK_MSG(st == 200 && !strcmp(t, want.text), "{%s}: http '%s' vs libdjinn '%s'", cases[k].json, t, want.text);
+        CHECK_MSG(strcmp(want.text, plain.text), "{%s} left the unbiased answer '%s'", cases[k].json, plain.text);
+        free(t);
+    }
+}
+
 /* ---- every documented field: honoured (200) or refused naming it ---- */
 
 typedef struct field_case {
@@ -184,7 +215,16 @@ static const field_case field_cases[] = {
     {true, "\"frequency_penalty\": 0.5", 200, NULL},
     {true, "\"presence_penalty\": 0.5", 200, NULL},
     {true, "\"logit_bias\": {}", 200, NULL},
-    {true, "\"logit_bias\": {\"5\": 10}", 400, "'logit_bias'"},
+    {true, "\"logit_bias\": {\"5\": 10}", 200, NULL},
+    {true, "\"logit_bias\": {\"5\": 10, \"7\": -100}, \"temperature\": 0.7, \"seed\": 2", 200, NULL},
+    {true, "\"logit_bias\": [5]", 400, "'logit_bias' must be an object"},
+    {true, "\"logit_bias\": {\"x\": 1}", 400, "'logit_bias' key 'x'"},
+    {true, "\"logit_bias\": {\"-1\": 1}", 400, "'logit_bias' key '-1'"},
+    {true, "\"logit_bias\": {\"5\": 100.5}", 400, "'logit_bias.5'"},
+    {true, "\"logit_bias\": {\"5\": \"up\"}", 400, "'logit_bias.5'"},
+    {true, "\"logit_bias\": {\"5\": 1, \"05\": 2}", 400, "twice"},
+    {true, "\"logit_bias\": {\"2147483648\": 1}", 400, "'logit_bias' key"},
+    {true, "\"logit_bias\": {\"99999\": 1}", 400, "logit_bias names token id 99999"},
     {true, "\"logprobs\": true, \"top_logprobs\": 2", 200, NULL},
     {true, "\"max_completion_tokens\": 3", 200, NULL},
     {true, "\"max_tokens\": 3", 200, NULL},
@@ -247,7 +287,8 @@ static const field_case field_cases[] = {
     {false, "\"echo\": false", 200, NULL},
     {false, "\"echo\": true", 400, "'echo'"},
     {false, "\"frequency_penalty\": -0.5", 200, NULL},
-    {false, "\"logit_bias\": {\"50256\": -100}", 400, "'logit_bias'"},
+    {false, "\"logit_bias\": {\"50\": -100}", 200, NULL},
+    {false, "\"logit_bias\": {\"50256\": -100}", 400, "logit_bias names token id 50256"},
     {false, "\"logprobs\": 2", 200, NULL},
     {false, "\"max_tokens\": 3", 200, NULL},
     {false, "\"n\": 3", 400, "'n'"},
@@ -439,6 +480,7 @@ int main(void) {
     if (pid > 0 && port > 0) {
         test_seeds(port);
         test_sampling_fields(addr, port);
+        test_logit_bias(addr, port);
         test_fields(port);
         test_content_parts(port);
         test_response_format(port);

@@ -495,7 +495,8 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
     dj_generate_params gp = {.ids = o->ids + o->cached, .n_ids = o->n_ids - o->cached, .sampling = o->sampling,
                              .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
                              .logprobs = o->logprobs, .top_logprobs = o->top_logprobs, .cache_salt = o->cache_salt,
-                             .json_schema = o->json_schema};
+                             .json_schema = o->json_schema, .logit_bias = o->logit_bias,
+                             .n_logit_bias = o->n_logit_bias};
     if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);

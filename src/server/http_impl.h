@@ -96,6 +96,8 @@ typedef struct dj__oai {
     size_t stop_len[DJ__OAI_MAX_STOP], n_stop, max_stop_len;
     void *messages, *tools;  /* cJSON * (chat), owned */
     char *cache_salt;        /* the request's cache_salt (malloc'd), or NULL */
+    dj_logit_bias *logit_bias; /* [n_logit_bias] (malloc'd) or NULL: ids checked against the model by the daemon */
+    size_t n_logit_bias;
     char *json_schema;       /* response_format's JSON schema as text (malloc'd; json_object: any object), or NULL */
     char *prompt;            /* completions: text (malloc'd), or */
     int32_t *ids;            /* the prompt's token ids (malloc'd, n_ids) */

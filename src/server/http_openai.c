@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "djinn/grammar.h"
+#include "djinn/sample_schema.h"
 #include "model/jinja_impl.h"
 #include "model/tok_impl.h"
 #include "server/http_impl.h"
@@ -116,6 +117,43 @@ static int number(const cJSON *req, const char *key, double lo, double hi, doubl
     }
     *out = v->valuedouble;
     if (given) *given = true;
+    return 0;
+}
+
+/* logit_bias: an object of token id (a decimal string, as OpenAI's JSON
+ * has it) to a number in [-100, 100], at most DJ_MAX_LOGIT_BIAS of them. */
+static int parse_logit_bias(dj__oai *o, const cJSON *v, char *err, size_t cap) {
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v)) return bad(err, cap, "'%s' must be an object of token id to bias", "logit_bias");
+    const int n = cJSON_GetArraySize(v);
+    if (n == 0) return 0;
+    if (n > DJ_MAX_LOGIT_BIAS) {
+        snprintf(err, cap, "'logit_bias' has %d entries: at most %d", n, DJ_MAX_LOGIT_BIAS);
+        return 400;
+    }
+    if (!(o->logit_bias = dj_malloc((size_t)n * sizeof *o->logit_bias))) {
+        snprintf(err, cap, "out of memory");
+        return 503;
+    }
+    for (const cJSON *e = v->child; e; e = e->next) {
+        const char *k = e->string;
+        size_t d = 0;
+        while (k[d] >= '0' && k[d] <= '9' && d < 11) d++;
+        const long long id = d && d <= 10 && !k[d] ? strtoll(k, NULL, 10) : -1;
+        if (id < 0 || id > INT32_MAX) {
+            snprintf(err, cap, "'logit_bias' key '%.32s' is not a token id (a non-negative integer below 2^31)", k);
+            return 400;
+        }
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= -DJ_LOGIT_BIAS_MAX_ABS && e->valuedouble <= DJ_LOGIT_BIAS_MAX_ABS)) {
+            snprintf(err, cap, "'logit_bias.%.32s' must be a number in [-100, 100]", k);
+            return 400;
+        }
+        o->logit_bias[o->n_logit_bias++] = (dj_logit_bias){.id = (int32_t)id, .bias = (float)e->valuedouble};
+    }
+    if (dj_logit_bias_check(o->logit_bias, o->n_logit_bias, 0) != DJ_OK) { /* "1" and "01" name one id twice */
+        snprintf(err, cap, "'logit_bias': %s", dj_last_error());
+        return 400;
+    }
     return 0;
 }
 
@@ -321,7 +359,6 @@ static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
     static const struct {
         const char *name, *why;
     } refused[] = {
-        {"logit_bias", "is not supported yet by djinnd"},
         {"tools", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
         {"functions", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
         {"audio", "is not supported by djinnd: it answers text only"},
@@ -546,6 +583,7 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     }
     if ((rc = parse_logprobs(o, req, err, cap))) goto done;
     if ((rc = parse_stop(o, cJSON_GetObjectItemCaseSensitive(req, "stop"), err, cap))) goto done;
+    if ((rc = parse_logit_bias(o, cJSON_GetObjectItemCaseSensitive(req, "logit_bias"), err, cap))) goto done;
     v = cJSON_GetObjectItemCaseSensitive(req, "qos");
     o->qos_given = (v && !cJSON_IsNull(v)) || qos_header;
     if (v && !cJSON_IsNull(v)) {
@@ -947,6 +985,7 @@ void dj__oai_free(dj__oai *o) {
     cJSON_Delete(o->tools);
     free(o->prompt);
     free(o->cache_salt);
+    free(o->logit_bias);
     free(o->json_schema);
     free(o->ids);
     free(o->lps);

@@ -842,6 +842,8 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .tok = tok,
                               .logprobs = sp->logprobs,
                               .top_logprobs = sp->top_logprobs,
+                              .logit_bias = sp->logit_bias,
+                              .n_logit_bias = sp->n_logit_bias,
                               .constraint = con}; /* the generation's from here */
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
