@@ -4,7 +4,8 @@
 # http.c/http_openai.c: the OpenAI-compatible front end, a libdjinn client of the daemon itself.
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
             src/server/guard.c src/server/options.c src/server/model_info.c src/server/http.c
-            src/server/http_openai.c src/server/http_view.c src/server/http_routes.c)
+            src/server/http_openai.c src/server/http_view.c src/server/http_routes.c
+            src/server/http_tools.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/request.c src/server/encode.c) # typed requests (request.h) and events (event.h)
@@ -50,6 +51,9 @@ function(dj__server_link_late)
   if(TARGET test_fault)
     target_link_libraries(test_fault PRIVATE djinn_server) # the daemon runs in the test's process
   endif()
+  if(TARGET test_http_tools)
+    target_link_libraries(test_http_tools PRIVATE djinn_server) # http_tools.c's functions, without a socket
+  endif()
   if(TARGET test_request)
     target_link_libraries(test_request PRIVATE djinn_server) # the message table and the event encoder, no daemon
   endif()
@@ -86,7 +90,8 @@ function(dj__server_link_late)
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
        ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c
        ${CMAKE_SOURCE_DIR}/tests/test_http_limits.c ${CMAKE_SOURCE_DIR}/tests/test_fault.c
-       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c ${CMAKE_SOURCE_DIR}/tests/test_http_openai.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c ${CMAKE_SOURCE_DIR}/tests/test_http_openai.c
+       ${CMAKE_SOURCE_DIR}/tests/test_http_tools.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

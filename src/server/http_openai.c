@@ -359,8 +359,7 @@ static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
     static const struct {
         const char *name, *why;
     } refused[] = {
-        {"tools", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
-        {"functions", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
+        {"functions", "(deprecated by OpenAI) is not supported by djinnd: send 'tools'"},
         {"audio", "is not supported by djinnd: it answers text only"},
         {"prediction", "is not supported by djinnd"},
         {"reasoning_effort", "is not supported by djinnd"},
@@ -378,16 +377,10 @@ static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
             return 400;
         }
     }
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "function_call");
     if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-        return bad(err, cap, "'%s' other than \"none\" or \"auto\" is not supported yet by djinnd (no tools)",
-                   "tool_choice");
-    v = cJSON_GetObjectItemCaseSensitive(req, "function_call");
-    if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-        return bad(err, cap, "'%s' other than \"none\" or \"auto\" is not supported yet by djinnd (no tools)",
-                   "function_call");
-    v = cJSON_GetObjectItemCaseSensitive(req, "parallel_tool_calls");
-    if (!absent(v) && !cJSON_IsBool(v)) return bad(err, cap, "'%s' must be true or false", "parallel_tool_calls");
+        return bad(err, cap, "'%s' (deprecated by OpenAI) other than \"none\" or \"auto\" is not supported by "
+                   "djinnd: send 'tools' and 'tool_choice'", "function_call");
     v = cJSON_GetObjectItemCaseSensitive(req, "modalities");
     if (!absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child) &&
                         !strcmp(v->child->valuestring, "text")))
@@ -610,15 +603,26 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
         cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if ((rc = check_messages(msgs, err, cap))) goto done;
         if ((rc = join_parts(msgs, err, cap))) goto done;
+        if ((rc = dj__oai_tool_messages(msgs, err, cap))) goto done;
         o->messages = cJSON_DetachItemViaPointer(req, msgs);
         cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
-        if (tools && !cJSON_IsNull(tools)) {
-            if (!cJSON_IsArray(tools)) {
-                rc = bad(err, cap, "'%s' must be an array", "tools");
+        if ((rc = dj__oai_tools_parse(tools, cJSON_GetObjectItemCaseSensitive(req, "tool_choice"),
+                                      cJSON_GetObjectItemCaseSensitive(req, "parallel_tool_calls"), &o->calls, err,
+                                      cap)))
+            goto done;
+        if (o->calls.schema) { /* a forced call: decoded under its schema, as structured output is */
+            if (o->json_schema) {
+                rc = bad(err, cap, "%s", "'tool_choice' \"required\" or a named function cannot be combined with a "
+                                        "JSON 'response_format': the answer is the call");
                 goto done;
             }
-            o->tools = cJSON_DetachItemViaPointer(req, tools);
+            if (!(o->json_schema = dj_strdup(o->calls.schema))) {
+                snprintf(err, cap, "out of memory");
+                rc = 503;
+                goto done;
+            }
         }
+        if (cJSON_GetArraySize(tools) > 0) o->tools = cJSON_DetachItemViaPointer(req, tools);
     } else {
         v = cJSON_GetObjectItemCaseSensitive(req, "prompt");
         /* a string, [string] or [int, ...] (token ids) */
@@ -872,21 +876,37 @@ static char *print(cJSON *r, size_t *len) {
     return s;
 }
 
+/* The answer's tool calls (a cJSON array, or NULL: none) and *keep, the
+ * bytes of its text that stay content: only a whole answer (not cut by
+ * max_tokens or the context) is read for calls. */
+static cJSON *answer_calls(const dj__oai *o, size_t *keep) {
+    *keep = o->text.n;
+    if (!o->chat || o->calls.choice == DJ__TOOLS_OFF || !o->finish || strcmp(o->finish, "stop")) return NULL;
+    const char *base = strchr(o->id, '-') ? strchr(o->id, '-') + 1 : o->id;
+    return dj__oai_tool_calls(&o->calls, o->text.p, o->text.n, base, keep);
+}
+
 char *dj__oai_response(const dj__oai *o, size_t *len) {
     if (o->text.oom) return NULL; /* text (or logprobs) lost for want of memory: answered 503, never a hole */
     cJSON *r = head(o, o->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     const char *text = o->text.p ? o->text.p : "";
+    size_t keep = o->text.n;
+    cJSON *calls = answer_calls(o, &keep);
     if (o->chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
+        char *t = calls ? dj_strndup(text, keep) : NULL;
+        if (calls && !keep) cJSON_AddNullToObject(m, "content"); /* as OpenAI answers a call */
+        else cJSON_AddStringToObject(m, "content", calls ? (t ? t : "") : text);
+        free(t);
+        if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
     add_logprobs(o, c, 0, o->n_lps);
-    cJSON_AddStringToObject(c, "finish_reason", o->finish ? o->finish : "length");
+    cJSON_AddStringToObject(c, "finish_reason", calls ? "tool_calls" : o->finish ? o->finish : "length");
     cJSON_AddItemToArray(choices, c);
     add_usage(o, r);
     return print(r, len);
@@ -938,6 +958,20 @@ static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const
     event(out, r);
 }
 
+/* One chunk whose delta holds one tool call's piece d (taken). */
+static void calls_chunk(const dj__oai *o, cJSON *d, dj__buf *out) {
+    cJSON *r = head(o, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *delta = cJSON_AddObjectToObject(c, "delta"), *a = delta ? cJSON_AddArrayToObject(delta, "tool_calls") : NULL;
+    if (a) cJSON_AddItemToArray(a, d);
+    else cJSON_Delete(d);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    event(out, r);
+}
+
 /* Bytes at the end of the text that could still begin a stop string. */
 static size_t holdback(const dj__oai *o) {
     size_t keep = 0;
@@ -959,7 +993,19 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
         chunk(o, "", 0, true, NULL, 0, 0, out);
         o->role_sent = true;
     }
-    const size_t upto = last || o->finished ? o->text.n : o->text.n - holdback(o);
+    size_t upto = last || o->finished ? o->text.n : o->text.n - holdback(o);
+    /* tools: text that may begin a call waits; at the end the calls go out as OpenAI streams them */
+    cJSON *calls = NULL;
+    if (o->chat && o->calls.choice != DJ__TOOLS_OFF) {
+        if (last) {
+            size_t keep;
+            calls = answer_calls(o, &keep);
+            if (calls) upto = keep > o->sent ? keep : o->sent;
+        } else {
+            const size_t safe = dj__oai_tools_safe(&o->calls, o->text.p, o->text.n);
+            if (safe < upto) upto = safe > o->sent ? safe : o->sent;
+        }
+    }
     /* the tokens whose text starts in what goes out (all of them at the end) */
     size_t lp_to = o->lps_sent;
     while (lp_to < o->n_lps && (last || o->lps[lp_to].offset < upto)) lp_to++;
@@ -969,7 +1015,28 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
         o->lps_sent = lp_to;
     }
     if (!last) return;
-    chunk(o, NULL, 0, false, o->finish ? o->finish : "length", 0, 0, out);
+    int k = 0;
+    for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next, k++) {
+        /* each call in two deltas: its id, type and name with arguments "", then the arguments */
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        for (int part = 0; part < 2; part++) {
+            cJSON *d = cJSON_CreateObject(), *f = NULL;
+            cJSON_AddNumberToObject(d, "index", k);
+            if (part == 0) {
+                cJSON_AddStringToObject(d, "id", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(call, "id")));
+                cJSON_AddStringToObject(d, "type", "function");
+            }
+            if ((f = cJSON_AddObjectToObject(d, "function"))) {
+                if (part == 0)
+                    cJSON_AddStringToObject(f, "name", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(fn, "name")));
+                cJSON_AddStringToObject(f, "arguments", part == 0 ? "" : cJSON_GetStringValue(args));
+            }
+            calls_chunk(o, d, out);
+        }
+    }
+    chunk(o, NULL, 0, false, calls ? "tool_calls" : o->finish ? o->finish : "length", 0, 0, out);
+    cJSON_Delete(calls);
     if (o->include_usage) {
         cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(r, "choices");
@@ -983,6 +1050,7 @@ void dj__oai_free(dj__oai *o) {
     for (size_t s = 0; s < o->n_stop; s++) free(o->stop[s]);
     cJSON_Delete(o->messages);
     cJSON_Delete(o->tools);
+    dj__oai_tools_free(&o->calls);
     free(o->prompt);
     free(o->cache_salt);
     free(o->logit_bias);
