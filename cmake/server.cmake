@@ -42,6 +42,9 @@ function(dj__server_link_late)
       target_link_libraries(${t} PRIVATE djinn_proto)
     endif()
   endforeach()
+  if(TARGET fuzz_oai_tools)
+    target_link_libraries(fuzz_oai_tools PRIVATE djinn_server) # http_tools.c's checks and parser
+  endif()
   if(TARGET fuzz_graph_msgs)
     target_link_libraries(fuzz_graph_msgs PRIVATE djinn_server) # graph_serve.c's message decoders
   endif()

@@ -170,6 +170,48 @@ static void test_sampling_fields(const char *addr, unsigned port) {
     free(rp);
 }
 
+/* ---- the two doors' defaults (docs/protocol.md's table) ---- */
+
+static void test_defaults(const char *addr, unsigned port) {
+    /* HTTP without temperature or top_p samples at temperature 1, top_p 1: GENERATE with those, the same seed */
+    const dj_sampler_params t1 = {.temperature = 1, .top_p = 1, .seed = 77};
+    collect want = reference(addr, &t1, 16);
+    int st;
+    char *t = post(port, false, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, "
+                                "\"seed\": 77}", &st, NULL);
+    CHECK_MSG(st == 200 && !strcmp(t, want.text), "HTTP's defaults: '%s' vs GENERATE at T 1, top_p 1: '%s'", t,
+              want.text);
+    free(t);
+    /* GENERATE without sampling fields is greedy: HTTP's temperature 0 */
+    const dj_sampler_params none = {0};
+    want = reference(addr, &none, 16);
+    t = post(port, false, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, "
+                          "\"temperature\": 0}", &st, NULL);
+    CHECK_MSG(st == 200 && !strcmp(t, want.text), "greedy: HTTP '%s' vs GENERATE's default '%s'", t, want.text);
+    free(t);
+    /* a seeded chat: the template's ids (/tokenize renders them) through libdjinn give the same text */
+    static const char *const msgs = "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                                    "\"content\": \"Hello there\"}]";
+    char body[1024], out[8192];
+    snprintf(body, sizeof body, "{\"model\": \"demo-chat\", \"messages\": %s}", msgs);
+    st = dj_test_http_text(port, "POST", "/tokenize", body, out, sizeof out);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    int32_t ids[512];
+    size_t n = 0;
+    for (const cJSON *e = toks ? toks->child : NULL; e && n < 512; e = e->next) ids[n++] = (int32_t)e->valuedouble;
+    cJSON_Delete(j);
+    CHECK_MSG(st == 200 && n > 0, "tokenize: %d %.200s", st, out);
+    const dj_sampler_params sp = {.temperature = 0.9f, .top_p = 0.9f, .top_k = 40, .seed = 13};
+    want = dj_test_reference_ids(addr, "demo-chat", ids, n, &sp, 16);
+    snprintf(body, sizeof body,
+             "{\"model\": \"demo-chat\", \"messages\": %s, \"temperature\": 0.9, \"top_p\": 0.9, \"top_k\": 40, "
+             "\"seed\": 13, \"max_tokens\": 16}", msgs);
+    t = post(port, true, body, &st, NULL);
+    CHECK_MSG(st == 200 && !strcmp(t, want.text), "seeded chat: HTTP '%s' vs GENERATE '%s'", t, want.text);
+    free(t);
+}
+
 /* ---- logit_bias: the same tokens through both doors ---- */
 
 static void test_logit_bias(const char *addr, unsigned port) {
@@ -487,6 +529,7 @@ int main(void) {
         test_seeds(port);
         test_sampling_fields(addr, port);
         test_logit_bias(addr, port);
+        test_defaults(addr, port);
         test_fields(port);
         test_content_parts(port);
         test_response_format(port);
