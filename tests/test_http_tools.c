@@ -151,6 +151,9 @@ static void test_output(void) {
         {"{\"answer\": 42}", "", 14},
         {"[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"nope\", \"arguments\": {}}]", "", 74},
         {"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call> trailing words", "", 75},
+        /* control bytes cJSON reads as white space, or raw in a string: no call a client could parse */
+        {"{\"name\": \"get_time\", \"arguments\": {\"zone\":\x01\"CET\"}}", "", 50},
+        {"{\"name\": \"get_time\", \"arguments\": {\"zone\": \"C\tET\"}}", "", 51},
         /* the arguments as the model wrote them: digits kept (cJSON would print 1e+23), key order, spacing */
         {"{\"name\": \"get_weather\", \"arguments\": {\"days\": 198588787883784000000000, \"city\": \"a\\\"}\"}}",
          "get_weather({\"days\": 198588787883784000000000, \"city\": \"a\\\"}\"});", 0},

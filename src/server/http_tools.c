@@ -324,6 +324,26 @@ static bool raw_member(const char *p, const char *end, const char *key, const ch
     }
 }
 
+/* Whether JSON text p[0, end) (one cJSON has parsed) is strict JSON too:
+ * cJSON reads every byte below 0x20 as white space and takes raw control
+ * characters in strings, which the clients' parsers refuse. */
+static bool strict_json(const char *p, const char *end) {
+    bool in_str = false;
+    for (; p < end; p++) {
+        const unsigned char c = (unsigned char)*p;
+        if (in_str) {
+            if (c < 0x20) return false;
+            if (c == '\\') p++;
+            else if (c == '"') in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c < 0x20 && c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+            return false;
+        }
+    }
+    return !in_str;
+}
+
 /* One call {name, arguments | parameters} (c, written as raw[0, end))
  * appended to calls as OpenAI's tool_call; false when it is not one (or
  * names no declared function). */
@@ -336,6 +356,7 @@ static bool add_call(const dj__oai_tools *t, const cJSON *c, const char *raw, co
     if (!cJSON_IsObject(c) || !cJSON_IsString(name) || !declared(t, name->valuestring) || !cJSON_IsObject(args))
         return false;
     const char *vs, *ve;
+    if (raw_member(raw, end, key, &vs, &ve) && !strict_json(vs, ve)) return false; /* no arguments a client can read */
     char *text = raw_member(raw, end, key, &vs, &ve) ? dj_strndup(vs, (size_t)(ve - vs)) : cJSON_PrintUnformatted(args);
     cJSON *call = cJSON_CreateObject(), *fn = NULL;
     char id[96];
