@@ -51,14 +51,16 @@ static void test_parse(void) {
         {"[5]", NULL, NULL, "'tools[0]' must be an object", 0},
         {"[{\"type\": \"code_interpreter\"}]", NULL, NULL, "'tools[0].type'", 0},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]", NULL, NULL, "'tools[0].function.name'", 0},
-        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"x\": 1}}]", NULL, NULL, "'tools[0].function.x'", 0},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"x\": 1}}]", NULL, NULL,
+         "'tools[0].function.x'", 0},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": 3}}]", NULL, NULL,
          "'tools[0].function.parameters'", 0},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": 1}}]", NULL, NULL,
          "'tools[0].function.strict'", 0},
         {"[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": 1}}]", NULL, NULL,
          "'tools[0].function.description'", 0},
-        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\"}, \"extra\": 1}]", NULL, NULL, "'tools[0].extra'", 0},
+        {"[{\"type\": \"function\", \"function\": {\"name\": \"f\"}, \"extra\": 1}]", NULL, NULL,
+         "'tools[0].extra'", 0},
         {"[" WEATHER "," WEATHER "]", NULL, NULL, "twice", 0},
         {NULL, "\"required\"", NULL, "'tool_choice' \"required\" needs 'tools'", 0},
         {"[" WEATHER "]", "\"sometimes\"", NULL, "'tool_choice' 'sometimes'", 0},
@@ -140,8 +142,8 @@ static void test_output(void) {
         {"[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]", "get_time({\"zone\": \"UTC\"});",
          0},
         /* Llama 3.1: the tag, or the bare JSON with "parameters" */
-        {"<|python_tag|>{\"name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}", "get_time({\"zone\": \"UTC\"});",
-         0},
+        {"<|python_tag|>{\"name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}",
+         "get_time({\"zone\": \"UTC\"});", 0},
         {"  {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\", \"days\": 1}}",
          "get_weather({\"city\": \"Rome\", \"days\": 1});", 0},
         /* not calls: plain text, an undeclared function, broken JSON, a JSON answer that is no call */
@@ -201,16 +203,15 @@ static void test_output(void) {
 
 /* An assistant turn's arguments as text become the object the templates read. */
 static void test_messages(void) {
-    cJSON *m = cJSON_Parse("[{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": null, "
-                           "\"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": "
-                           "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\", \\\"days\\\": 2}\"}}]}, "
+    cJSON *m = cJSON_Parse("[{\"role\": \"user\", \"content\": \"Weather?\"}, "
+                           "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", "
+                           "\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\", \\\"days\\\": 2}\"}}]}, "
                            "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"rain\"}]");
     char err[256] = "";
     CHECK(dj__oai_tool_messages(m, err, sizeof err) == 0);
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(m, 1), "tool_calls"), 0), "function"),
-        "arguments");
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(m, 1), "tool_calls");
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, 0), "function");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
     CHECK(cJSON_IsObject(args) && cJSON_GetObjectItemCaseSensitive(args, "days")->valuedouble == 2);
     cJSON_Delete(m);
     static const struct {
@@ -435,7 +436,8 @@ static void test_second_turn(unsigned port) {
         const char *extra, *needle;
     } bad[] = {
         {", \"tool_choice\": \"required\", \"response_format\": {\"type\": \"json_object\"}", "'tool_choice'"},
-        {", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"other\"}}", "'tool_choice.function.name'"},
+        {", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"other\"}}",
+         "'tool_choice.function.name'"},
         {", \"functions\": [{\"name\": \"f\"}]", "'functions'"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {

@@ -144,7 +144,8 @@ static int parse_logit_bias(dj__oai *o, const cJSON *v, char *err, size_t cap) {
             snprintf(err, cap, "'logit_bias' key '%.32s' is not a token id (a non-negative integer below 2^31)", k);
             return 400;
         }
-        if (!cJSON_IsNumber(e) || !(e->valuedouble >= -DJ_LOGIT_BIAS_MAX_ABS && e->valuedouble <= DJ_LOGIT_BIAS_MAX_ABS)) {
+        const double b = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!(b >= -DJ_LOGIT_BIAS_MAX_ABS && b <= DJ_LOGIT_BIAS_MAX_ABS)) { /* NaN too */
             snprintf(err, cap, "'logit_bias.%.32s' must be a number in [-100, 100]", k);
             return 400;
         }
@@ -1028,8 +1029,8 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
                 cJSON_AddStringToObject(d, "type", "function");
             }
             if ((f = cJSON_AddObjectToObject(d, "function"))) {
-                if (part == 0)
-                    cJSON_AddStringToObject(f, "name", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(fn, "name")));
+                const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(fn, "name"));
+                if (part == 0) cJSON_AddStringToObject(f, "name", name);
                 cJSON_AddStringToObject(f, "arguments", part == 0 ? "" : cJSON_GetStringValue(args));
             }
             calls_chunk(o, d, out);
