@@ -4,7 +4,8 @@
 # http.c/http_openai.c: the OpenAI-compatible front end; its requests enter through portals (submit.c).
 add_library(djinn_server STATIC src/server/server.c src/server/worker.c src/server/metrics.c
             src/server/guard.c src/server/options.c src/server/model_info.c src/server/http.c
-            src/server/http_openai.c src/server/http_view.c src/server/http_routes.c)
+            src/server/http_openai.c src/server/http_view.c src/server/http_routes.c
+            src/server/http_tools.c)
 target_include_directories(djinn_server PUBLIC include PRIVATE src)
 target_sources(djinn_server PRIVATE src/server/step_trace.c) # a STEP's points (interventions)
 target_sources(djinn_server PRIVATE src/server/step_break.c src/server/handle_gone.c) # a STEP paused at a breakpoint; handles gone with their session
@@ -46,6 +47,9 @@ function(dj__server_link_late)
       target_link_libraries(${t} PRIVATE djinn_proto)
     endif()
   endforeach()
+  if(TARGET fuzz_oai_tools)
+    target_link_libraries(fuzz_oai_tools PRIVATE djinn_server) # http_tools.c's checks and parser
+  endif()
   if(TARGET fuzz_graph_msgs)
     target_link_libraries(fuzz_graph_msgs PRIVATE djinn_server) # graph_serve.c's message decoders
   endif()
@@ -57,6 +61,9 @@ function(dj__server_link_late)
   endif()
   if(TARGET test_agent_check)
     target_link_libraries(test_agent_check PRIVATE djinn_server) # the weight and reply functions
+  endif()
+  if(TARGET test_http_tools)
+    target_link_libraries(test_http_tools PRIVATE djinn_server) # http_tools.c's functions, without a socket
   endif()
   if(TARGET test_request)
     target_link_libraries(test_request PRIVATE djinn_server) # the message table and the event encoder, no daemon
@@ -100,7 +107,8 @@ function(dj__server_link_late)
   file(GLOB server_tests ${CMAKE_SOURCE_DIR}/tests/test_server*.c ${CMAKE_SOURCE_DIR}/tests/test_hostile.c
        ${CMAKE_SOURCE_DIR}/tests/test_http.c ${CMAKE_SOURCE_DIR}/tests/test_http_many.c
        ${CMAKE_SOURCE_DIR}/tests/test_http_limits.c ${CMAKE_SOURCE_DIR}/tests/test_fault.c
-       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c ${CMAKE_SOURCE_DIR}/tests/test_http_openai.c)
+       ${CMAKE_SOURCE_DIR}/tests/test_tenants.c ${CMAKE_SOURCE_DIR}/tests/test_http_openai.c
+       ${CMAKE_SOURCE_DIR}/tests/test_http_tools.c)
   foreach(src ${server_tests})
     get_filename_component(t ${src} NAME_WE)
     if(TARGET ${t})

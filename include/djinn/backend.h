@@ -335,6 +335,15 @@ typedef struct dj_sample_row {
  * row and the CUDA kernel learn it. */
 bool dj_sample_row_carries(const dj_sampler_params *p);
 
+/* One row's mask and logit bias for the mask hook (structured output's
+ * mask, a request's logit_bias: djinn/sampler.h). */
+typedef struct dj_mask_row {
+    const uint8_t *allowed;        /* [vocab] host memory: 0 = never picked (its logit becomes -inf); NULL: no mask */
+    const dj_logit_bias *bias;     /* [n_bias] host memory: distinct ids in [0, vocab), bias finite, added after
+                                    * the mask (-inf stays -inf) */
+    uint32_t n_bias;
+} dj_mask_row;
+
 typedef struct dj_backend_vtbl {
     const char *name; /* "cpu", "cuda" */
     /* Device memory. alloc returns DJ_ENOMEM with a message on failure. */
@@ -452,6 +461,17 @@ typedef struct dj_backend_vtbl {
      * ordered with compute and without waiting; recorded like compute during
      * a capture (a traced step's saved points). */
     dj_status (*copy)(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes);
+
+    /* ---- optional: NULL where a backend lacks it (the engine then picks
+     * masked or biased rows on the host, bringing their logits over) ---- */
+
+    /* logits (device memory, [n][vocab] f32) rewritten in place by rows[i]
+     * (host memory, read - staged - before it returns): each id with
+     * allowed[id] == 0 becomes -inf, then each bias is added; a row with
+     * neither is left alone. Exactly what dj_sampler_pick_with does to its
+     * copy of a row, so a pick after it (argmax, sample) is the host's.
+     * Ordered with compute; refused during a capture. */
+    dj_status (*mask)(dj_backend_t *be, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

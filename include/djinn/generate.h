@@ -36,6 +36,9 @@ typedef struct dj_gen_params {
     bool ignore_eos;
     uint32_t prefill_chunk;     /* prompt tokens per step; 0 = the engine's max_step_tokens (also the cap) */
     const dj_tokenizer_t *tok;  /* optional: each token's text as complete UTF-8; borrowed for the gen's life */
+    const dj_logit_bias *logit_bias; /* [n_logit_bias] added to the logits of every pick (copied; checked as
+                                      * dj_sampler_set_bias does) */
+    size_t n_logit_bias;
     bool logprobs;              /* each emitted token's dj_token_logprobs (raw logits' log_softmax) */
     uint32_t top_logprobs;      /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
     dj_constraint_t *constraint; /* NULL, or structured output (grammar.h): each pick masked to the ids that keep

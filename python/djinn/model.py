@@ -158,6 +158,27 @@ class Model:
         return reply
 
 
+def _logit_bias(bias, vocab):
+    """{token id: bias} -> GENERATE's [[id, bias], ...]: at most 1024 ids, each in
+    [0, vocab), bias a number in [-100, 100] (sample_params.h's rule)."""
+    if not isinstance(bias, dict):
+        raise TypeError("logit_bias must be a dict of token id to bias, not %s" % type(bias).__name__)
+    if len(bias) > 1024:
+        raise ValueError("logit_bias has %d entries: at most 1024" % len(bias))
+    out = []
+    for k, v in bias.items():
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            raise TypeError("logit_bias keys must be token ids (ints), not %r" % (k,))
+        if not 0 <= int(k) < vocab:
+            raise ValueError("logit_bias names token id %d: the model's ids are 0 to %d" % (int(k), vocab - 1))
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError("logit_bias of token id %d must be a number, not %r" % (int(k), v))
+        if not -100.0 <= float(v) <= 100.0:
+            raise ValueError("logit_bias of token id %d is %r: must be in [-100, 100]" % (int(k), v))
+        out.append([int(k), float(v)])
+    return out
+
+
 def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, ignore_eos,
                    sampling):
     meta = {}
@@ -177,6 +198,9 @@ def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, see
         meta[k] = _wire.sampling_value(k, v)
     if stop_ids is not None:
         meta["stop_ids"] = _ids_list(stop_ids, model.vocab_size, "stop_ids")
+    bias = sampling.pop("logit_bias", None)
+    if bias:
+        meta["logit_bias"] = _logit_bias(bias, model.vocab_size)
     if not isinstance(ignore_eos, (bool, np.bool_)):
         raise TypeError("ignore_eos must be a bool, not %r" % (ignore_eos,))
     if ignore_eos:

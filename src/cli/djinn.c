@@ -56,12 +56,9 @@ static int usage(FILE *f) {
           "            [--stop-ids 1,2] [--token-file F] [run's flags but --model DIR, --device, --vmu-gb,\n"
           "            --threads, --step, --deterministic]\n"
           "  djinn stat --server ADDR\n"
-<<<<<<< HEAD
           "  djinn session export --server ADDR (--session ID --secret S | --session-file F) --file IMAGE [--close]\n"
           "  djinn session import --server ADDR --file IMAGE [--session-file F]   (prints: ID SECRET)\n"
-=======
           "  djinn admin drain|ready HOST [--haproxy SOCKET]   (HAProxy in front: docs/deploy.md)\n"
->>>>>>> haproxy
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
           "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096) (longrope\n"
           "models: at most original_max_position_embeddings; a longer --ctx takes the long factors).\n"
@@ -681,11 +678,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "serve")) return dj__serve_main(argc, argv);
     if (!strcmp(argv[1], "generate")) return dj__cli_generate(argc, argv);
     if (!strcmp(argv[1], "stat")) return dj__cli_stat(argc, argv);
-<<<<<<< HEAD
     if (!strcmp(argv[1], "session")) return dj__cli_session(argc, argv);
-=======
     if (!strcmp(argv[1], "admin")) return dj__cli_admin_balancer(argc, argv); /* admin_balancer.c */
->>>>>>> haproxy
     opts o;
     int r = parse_opts(argc, argv, &o);
     if (r == 3) return 0;

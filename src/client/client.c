@@ -720,6 +720,7 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     dj__mw_u64(&w, "max_tokens", p->max_tokens);
     dj__sample_encode(&w, &p->sampling);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
+    dj__logit_bias_encode(&w, p->logit_bias, p->n_logit_bias);
     if (p->cache_salt) dj__mw_str(&w, "cache_salt", p->cache_salt);
     if (p->json_schema) dj__mw_str(&w, "json_schema", p->json_schema);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);

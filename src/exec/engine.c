@@ -673,16 +673,37 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
                         const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next) {
     const uint32_t V = ss[0]->model->cfg.vocab_size;
     dj_status st = DJ_OK;
-    bool all_greedy = !samplers && is_greedy(sp), masked = false;
+    bool all_greedy = !samplers && is_greedy(sp), masked = false, masked_lp = false;
     bool carried = !sp || dj_sample_row_carries(sp); /* every row's rule fits a dj_sample_row */
     if (samplers) { /* a NULL sampler: that row picks nothing (next -1) */
         all_greedy = true;
         carried = true;
         for (uint32_t r = 0; r < B; r++) {
+            const bool m = samplers[r] && dj_sampler_masked(samplers[r]);
             all_greedy = all_greedy && (!samplers[r] || dj_sampler_is_greedy(samplers[r]));
             carried = carried && (!samplers[r] || dj_sample_row_carries(dj_sampler_params_of(samplers[r])));
-            masked = masked || (samplers[r] && dj_sampler_masked(samplers[r])); /* no device mask yet: host picks */
+            masked = masked || m;
+            masked_lp = masked_lp || (m && dj_sampler_wants_logprobs(samplers[r]));
         }
+    }
+    /* Masks and logit biases on the device (the backend's mask hook), in
+     * place: only when the caller takes no logits and no masked row wants
+     * logprobs (those come from the raw row); else those rows pick on the host. */
+    if (masked && next && !logits && !masked_lp && e->be->vt->mask && e->device_sampling) {
+        dj_mask_row *mr = dj_calloc(B, sizeof *mr);
+        if (!mr) return dj_fail(DJ_ENOMEM, "out of memory for %u mask rows", B);
+        for (uint32_t r = 0; r < B; r++)
+            if (samplers[r] && dj_sampler_masked(samplers[r])) {
+                mr[r].allowed = dj_sampler_allowed(samplers[r]);
+                mr[r].bias = dj_sampler_bias(samplers[r], &mr[r].n_bias);
+            }
+        st = e->be->vt->mask(e->be, (float *)out_dev, B, V, mr); /* the step's own output rows */
+        free(mr);
+        if (st != DJ_OK) return st;
+        masked = false;
+        all_greedy = true;
+        for (uint32_t r = 0; r < B; r++)
+            all_greedy = all_greedy && (!samplers[r] || dj_sampler_rule_greedy(samplers[r]));
     }
     const bool device_greedy = next && all_greedy && e->be->vt->argmax;
     const bool device_sample = next && !all_greedy && carried && !masked && e->be->vt->sample && e->device_sampling;

@@ -106,6 +106,7 @@ dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, siz
         st = dj_fail(DJ_ENOMEM, "out of memory for a mask of %u ids", c->vocab_size);
         goto fail;
     }
+    if (p->n_logit_bias && (st = dj_sampler_set_bias(g->smp, p->logit_bias, p->n_logit_bias)) != DJ_OK) goto fail;
     if (p->logprobs && (st = dj_sampler_set_logprobs(g->smp, p->top_logprobs)) != DJ_OK) goto fail;
     if (p->tok && (st = dj_detok_stream_new(p->tok, &g->ds)) != DJ_OK) goto fail;
     if (!(g->feed = dj_malloc(n_prompt * sizeof *g->feed))) {

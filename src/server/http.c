@@ -520,6 +520,13 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
         gr->salt_len = strlen(o->cache_salt);
         oom = !(gr->cache_salt = dj_strdup(o->cache_salt));
     }
+    if (!oom && o->n_logit_bias) {
+        oom = !(gr->s.logit_bias = dj_malloc(o->n_logit_bias * sizeof *gr->s.logit_bias));
+        if (!oom) {
+            memcpy(gr->s.logit_bias, o->logit_bias, o->n_logit_bias * sizeof *gr->s.logit_bias);
+            gr->s.n_logit_bias = o->n_logit_bias;
+        }
+    }
     if (!oom && o->json_schema) {
         gr->schema_len = strlen(o->json_schema);
         oom = !(gr->json_schema = dj_strdup(o->json_schema));

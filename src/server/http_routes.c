@@ -119,15 +119,19 @@ int dj__http_tokenize(const char *body, size_t n, dj__http_model_fn get, void *c
     const dj__http_model *m = NULL;
     dj__oai o;
     memset(&o, 0, sizeof o);
-    static const char *const fields[] = {"model", "prompt", "messages", "add_special_tokens"};
+    static const char *const fields[] = {"model", "prompt", "messages", "add_special_tokens", "tools"};
     int rc = !cJSON_IsObject(req) ? (snprintf(err, cap, "the body must be a JSON object"), 400)
-                                  : only_fields(req, fields, 4, err, cap);
+                                  : only_fields(req, fields, 5, err, cap);
     if (!rc) rc = body_model(req, get, ctx, &m, err, cap);
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(req, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
     const cJSON *add = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens");
     if (!rc && !cJSON_IsString(prompt) == !msgs) {
         snprintf(err, cap, "send one of 'prompt' (a string) or 'messages' (a chat)");
+        rc = 400;
+    }
+    if (!rc && !msgs && cJSON_GetObjectItemCaseSensitive(req, "tools")) {
+        snprintf(err, cap, "'tools' goes with 'messages' (the chat template writes them)");
         rc = 400;
     }
     if (!rc && add && !cJSON_IsBool(add)) {
@@ -138,6 +142,8 @@ int dj__http_tokenize(const char *body, size_t n, dj__http_model_fn get, void *c
         cJSON *chat = cJSON_CreateObject();
         cJSON_AddStringToObject(chat, "model", m->name);
         cJSON_AddItemReferenceToObject(chat, "messages", (cJSON *)msgs);
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
+        if (tools) cJSON_AddItemReferenceToObject(chat, "tools", (cJSON *)tools);
         char *text = cJSON_PrintUnformatted(chat);
         cJSON_Delete(chat);
         rc = text ? dj__oai_parse(&o, text, strlen(text), true, NULL, err, cap) : 503;

@@ -75,6 +75,7 @@ dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out)
     dj_status st = dj__sample_decode(m, &out->sampling); /* the table's fields, bounded (sample_schema.h) */
     if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &out->ignore_eos);
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &out->stop_ids, &out->n_stop);
+    if (st == DJ_OK) st = dj__logit_bias_decode(m, &out->logit_bias, &out->n_logit_bias);
     if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &out->logprobs);
     if (st == DJ_OK) st = dj__meta_u32(m, "top_logprobs", false, &out->top_logprobs);
     if (st == DJ_OK && (out->top_logprobs > DJ_MAX_TOP_LOGPROBS || (out->top_logprobs && !out->logprobs)))
@@ -84,6 +85,9 @@ dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out)
         free(out->stop_ids);
         out->stop_ids = NULL;
         out->n_stop = 0;
+        free(out->logit_bias);
+        out->logit_bias = NULL;
+        out->n_logit_bias = 0;
     }
     return st;
 }
@@ -313,6 +317,7 @@ void dj__request_free(dj__request *r) {
         free(r->u.gen.s.stop_ids);
         free(r->u.gen.points);
         free(r->u.gen.iv_bytes);
+        free(r->u.gen.s.logit_bias);
         break;
     case DJ_MSG_STEP:
         free(r->u.step.ids);

@@ -81,6 +81,8 @@ typedef struct dj__gen_sampling {
     uint32_t top_logprobs; /* 0..DJ_MAX_TOP_LOGPROBS, only with logprobs */
     int32_t *stop_ids;     /* [n_stop] (malloc'd) or NULL */
     size_t n_stop;
+    dj_logit_bias *logit_bias; /* [n_logit_bias] (malloc'd) or NULL; ids checked against the model by the worker */
+    size_t n_logit_bias;
 } dj__gen_sampling;
 
 typedef struct dj__req_generate {

@@ -268,9 +268,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__job_free(j);
     }
     ss->busy = NULL;
-<<<<<<< HEAD
     dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint */
-=======
     if (s->cfg.state_dir && s->cfg.persist == DJ__PERSIST_ALWAYS && !s->stop_worker) { /* it is gone for good */
         char dir[4096], path[4200];
         if (dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) == DJ_OK) {
@@ -278,7 +276,6 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
             (void)unlink(path);
         }
     }
->>>>>>> restart
     dj_sched_session_close(s->sched, ss->id); /* its result handles: the I/O side's (lease_drop) */
     dj_session_free(s->engine, ss->es);
     free(ss->hist);
@@ -965,6 +962,8 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .tok = tok,
                               .logprobs = sp->logprobs,
                               .top_logprobs = sp->top_logprobs,
+                              .logit_bias = sp->logit_bias,
+                              .n_logit_bias = sp->n_logit_bias,
                               .constraint = con, /* the generation's from here */
                               .iv = iv,
                               .n_iv = n_iv};

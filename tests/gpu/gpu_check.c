@@ -2982,6 +2982,76 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
     free(again);
 }
 
+/* The mask hook: n rows of V logits, each row masked (allowed about half,
+ * or none), biased (up to 64 distinct ids, -100..100) or both, or neither;
+ * the device's rows against the CPU backend's hook, bit for bit (-inf and
+ * one float add per entry), then the device's argmax of the masked rows
+ * against dj_sampler's own masked greedy pick. */
+static void check_mask(uint32_t n, uint32_t V) {
+    float *lg = falloc((size_t)n * V), *want = falloc((size_t)n * V), *got = falloc((size_t)n * V);
+    uint8_t *allowed = xmalloc((size_t)n * V);
+    dj_logit_bias *bias = xmalloc((size_t)n * 64 * sizeof *bias);
+    dj_mask_row *rows = xmalloc(n * sizeof *rows);
+    for (uint32_t r = 0; r < n; r++) {
+        for (uint32_t i = 0; i < V; i++) lg[(size_t)r * V + i] = dj_test_randf(-4.f, 4.f);
+        uint8_t *a = allowed + (size_t)r * V;
+        for (uint32_t i = 0; i < V; i++) a[i] = (uint8_t)(dj_test_rand() % 2);
+        a[dj_test_rand() % V] = 1; /* at least one */
+        dj_logit_bias *b = bias + (size_t)r * 64;
+        const uint32_t nb = r % 4 >= 2 ? 1 + dj_test_rand() % 64 : 0, stride = V / 64;
+        for (uint32_t k = 0; k < nb; k++)
+            b[k] = (dj_logit_bias){.id = (int32_t)(k * stride + dj_test_rand() % stride),
+                                   .bias = dj_test_randf(-100.f, 100.f)};
+        rows[r] = (dj_mask_row){.allowed = r % 2 ? a : NULL, .bias = b, .n_bias = nb};
+    }
+    memcpy(want, lg, (size_t)n * V * sizeof *lg);
+    if (cpu->vt->mask(cpu, want, n, V, rows) != DJ_OK)
+        die("cpu mask");
+    void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
+    if (gpu->vt->mask(gpu, dlg, n, V, rows) != DJ_OK)
+        die("mask");
+    down(got, dlg, (size_t)n * V * sizeof *got);
+    int wrong = 0;
+    for (uint32_t r = 0; r < n; r++)
+        if (memcmp(got + (size_t)r * V, want + (size_t)r * V, V * sizeof *got)) {
+            wrong++;
+            printf("           row %u (mask %d, %u biases): the device's logits differ\n", r, rows[r].allowed != NULL,
+                   rows[r].n_bias);
+        }
+    /* the pick after it: the host sampler's masked greedy pick of the raw row */
+    int32_t *picks = xmalloc(n * sizeof *picks);
+    if (gpu->vt->argmax(gpu, dlg, n, V, dout) != DJ_OK)
+        die("argmax");
+    down(picks, dout, n * sizeof *picks);
+    const dj_sampler_params gp = {.top_p = 1.0f};
+    for (uint32_t r = 0; r < n; r++) {
+        dj_sampler_t *hs = NULL;
+        if (dj_sampler_new(&gp, V, &hs) != DJ_OK || dj_sampler_set_allowed(hs, rows[r].allowed) != DJ_OK ||
+            dj_sampler_set_bias(hs, rows[r].bias, rows[r].n_bias) != DJ_OK)
+            die("host sampler");
+        const int32_t w = dj_sampler_sample(hs, lg + (size_t)r * V);
+        dj_sampler_free(hs);
+        if (w != picks[r]) {
+            wrong++;
+            printf("           row %u: the device's masked argmax %d, the host sampler's %d\n", r, picks[r], w);
+        }
+    }
+    n_rows++;
+    n_fail += wrong != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%u vocab=%u masks and logit_bias", n, V);
+    printf("%-10s %-52s %10d  %s\n", "MASK", shape, wrong, wrong ? "FAIL" : "pass");
+    dfree(dlg);
+    dfree(dout);
+    free(lg);
+    free(want);
+    free(got);
+    free(allowed);
+    free(bias);
+    free(rows);
+    free(picks);
+}
+
 /* The hand-made row of test_sampler.c, each case on the device. */
 static void check_sample_cases(void) {
     const float row[7] = {0.f, 2.f, 2.f, 1.f, 2.f, -INFINITY, NAN};
@@ -4287,6 +4357,8 @@ int main(int argc, char **argv) {
     check_sample(40, 1000, 1);
     check_sample(8, 128256, 1);
     check_sample(33, 128256, 1);
+    check_mask(8, 1000);
+    check_mask(33, 128256);
     check_sample_small_k(70, 4096);
     check_sample_small_k(35, 128256);
     check_sample_splits();

@@ -342,6 +342,22 @@ static dj_status cuda_sample(dj_backend_t *be, const float *logits, uint32_t n, 
     return st;
 }
 
+static dj_status cuda_mask(dj_backend_t *be, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!logits || !rows || n == 0 || vocab == 0)
+        return dj_fail(DJ_EINVAL, "cuda mask: NULL pointer, no rows or an empty vocabulary");
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < rows[i].n_bias; k++)
+            if (!rows[i].bias || rows[i].bias[k].id < 0 || (uint32_t)rows[i].bias[k].id >= vocab ||
+                !isfinite(rows[i].bias[k].bias))
+                return dj_fail(DJ_EINVAL, "cuda mask: row %u bias %u: an id outside [0, %u) or a bias not finite", i,
+                               k, vocab);
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    dj_status st = not_capturing(cb, "mask"); /* the masks are staged host bytes */
+    if (st == DJ_OK) st = dj__cuda_mask(cb, logits, n, vocab, rows);
+    return st;
+}
+
 /* ---- graphs ---- */
 
 struct dj_backend_graph {
@@ -467,6 +483,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .host_register = */ dj__cuda_host_register,
     /* .host_unregister = */ dj__cuda_host_unregister,
     /* .copy = */ cuda_copy_dev,
+    /* .mask = */ cuda_mask,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {

@@ -242,6 +242,9 @@ dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, 
 /* rows: [n] host memory, validated by the caller (staged here with their penalties). */
 dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab,
                           const dj_sample_row *rows, int32_t *out);
+/* The mask hook (backend.h): each masked row's bytes and every bias staged,
+ * then one kernel sets the disallowed logits to -inf and one adds the biases. */
+dj_status dj__cuda_mask(dj_cuda_backend *cb, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 /* cuda_arch_ops.cu: the ops of the architectures beyond Llama. */
