@@ -241,6 +241,7 @@ static size_t in_bytes(const dj_op_call *c, int which) {
     case DJ_OP_SOFTCAP:
     case DJ_OP_MOE_ROUTE:
     case DJ_OP_MOE_FFN:
+    case DJ_OP_LORA:
     case DJ_OP_COUNT: break; /* not known here: counts as reading everything */
     }
     return SIZE_MAX;
@@ -263,6 +264,7 @@ static size_t out_bytes(const dj_op_call *c) {
     case DJ_OP_SOFTCAP:
     case DJ_OP_MOE_ROUTE:
     case DJ_OP_MOE_FFN:
+    case DJ_OP_LORA:
     case DJ_OP_COUNT: break; /* not known here: counts as writing nothing */
     }
     return 0;
