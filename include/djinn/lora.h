@@ -55,7 +55,7 @@ dj_status dj_lora_config_parse(const char *json, size_t len, dj_lora_config *out
  * f32/f16/bf16, finite values), every tensor of the file consumed. Errors
  * name the field, the tensor or both names. DJ_EUNSUPPORTED for a quantized
  * or streamed base (not yet). *out holds one reference. */
-dj_status dj_lora_load(dj_engine_t *e, dj_model_t *base, const char *dir, dj_lora_t **out /* OUT */);
+dj_status dj_lora_load(dj_engine_t *e, const dj_model_t *base, const char *dir, dj_lora_t **out /* OUT */);
 /* Drops one reference (NULL does nothing). */
 void dj_lora_release(dj_engine_t *e, dj_lora_t *a);
 
@@ -73,5 +73,8 @@ uint32_t dj_lora_refcount(const dj_lora_t *a);
  * another base. */
 dj_status dj_session_set_lora(dj_engine_t *e, dj_session_t *s, dj_lora_t *a, float use_scale);
 const dj_lora_t *dj_session_lora(const dj_session_t *s); /* NULL: none */
+/* s (holding nothing yet) takes like's adapter and use scale: a session made
+ * anew to recompute another's history. */
+dj_status dj_session_set_lora_like(dj_engine_t *e, dj_session_t *s, const dj_session_t *like);
 
 #endif

@@ -14,6 +14,7 @@
 #include "djinn/checkpoint.h"
 #include "djinn/engine.h"
 #include "djinn/generate.h"
+#include "djinn/lora.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
 #include "djinn/protocol.h"
@@ -28,6 +29,7 @@
 
 typedef struct opts {
     const char *model, *prompt, *tokens, *text, *device, *vmu, *kv_dtype;
+    const char *lora; /* --lora DIR[:SCALE] */
     long n_new;
     double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, ctx, threads, step;
@@ -45,6 +47,7 @@ static int usage(FILE *f) {
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
           "            [--no-prefetch] [--host-layers auto|none|K] [--host-share auto|F] [--kv-dtype auto|fp8]\n"
+          "            [--lora DIR[:SCALE]: a PEFT LoRA adapter of the model, SCALE times (1); docs/lora.md]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N] [--kv-dtype auto|fp8]\n"
@@ -161,6 +164,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--device")) { NEEDV; o->device = v; }
         else if (!strcmp(a, "--vmu-gb")) { NEEDV; o->vmu = v; }
         else if (!strcmp(a, "--kv-dtype")) { NEEDV; o->kv_dtype = v; }
+        else if (!strcmp(a, "--lora")) { NEEDV; o->lora = v; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
             NEEDV;
             if (parse_long(v, 0, 1L << 30, &o->n_new)) return bad_arg("%s: '%s' is not a token count", a, v);
@@ -513,6 +517,32 @@ static void put_text(const char *p, size_t n) {
     fflush(stdout);
 }
 
+/* --lora DIR[:SCALE]: the adapter in DIR for s (of model m), at SCALE (1). */
+static dj_status use_lora(dj_engine_t *e, dj_model_t *m, dj_session_t *s, const char *arg, dj_lora_t **out) {
+    char dir[PATH_MAX];
+    float scale = 1.0f;
+    if (strchr(arg, ','))
+        return dj_fail(DJ_EUNSUPPORTED, "--lora %s: one adapter per session so far (stacking several is not built)",
+                       arg);
+    snprintf(dir, sizeof dir, "%s", arg);
+    char *colon = strrchr(dir, ':');
+    if (colon) {
+        char *end;
+        errno = 0;
+        const double v = strtod(colon + 1, &end);
+        if (end == colon + 1 || *end || errno || !(v == v) || v < -1e6 || v > 1e6)
+            return dj_fail(DJ_EINVAL, "--lora %s: '%s' is not a scale (a number, e.g. DIR:0.5)", arg, colon + 1);
+        scale = (float)v;
+        *colon = '\0';
+    }
+    dj_status st = dj_lora_load(e, m, dir, out);
+    if (st == DJ_OK) st = dj_session_set_lora(e, s, *out, scale);
+    if (st == DJ_OK)
+        fprintf(stderr, "djinn: adapter %s (rank %u, scale %g x %g)\n", dj_lora_name(*out),
+                dj_lora_get_config(*out)->r, (double)dj_lora_get_config(*out)->scale, (double)scale);
+    return st;
+}
+
 static int cmd_run(opts *o) {
     if (!o->model) o->model = default_model();
     if (!o->model) return bad_arg("run needs --model DIR%s%s", "", "");
@@ -526,6 +556,7 @@ static int cmd_run(opts *o) {
     dj_engine_t *e = NULL;
     dj_model_t *m = NULL;
     dj_session_t *s = NULL;
+    dj_lora_t *lora = NULL;
     dj_gen_t *g = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -594,6 +625,10 @@ static int cmd_run(opts *o) {
         rc = die("opening a session", st);
         goto done;
     }
+    if (o->lora && (st = use_lora(e, m, s, o->lora, &lora)) != DJ_OK) {
+        rc = die("loading the adapter", st);
+        goto done;
+    }
     const dj_gen_params gp = {.sampling = {.temperature = o->greedy ? 0.0f : (float)o->temp,
                                            .top_k = (uint32_t)o->top_k,
                                            .top_p = (float)o->top_p,
@@ -654,6 +689,7 @@ done:
     dj_gen_free(g);
     if (e) {
         dj_session_free(e, s);
+        dj_lora_release(e, lora);
         dj_model_release(e, m);
     }
     dj_engine_free(e);

@@ -252,7 +252,7 @@ static void lora_dtor(void *user) {
     free(a);
 }
 
-dj_status dj_lora_load(dj_engine_t *e, dj_model_t *base, const char *dir, dj_lora_t **out) {
+dj_status dj_lora_load(dj_engine_t *e, const dj_model_t *base, const char *dir, dj_lora_t **out) {
     if (!out) return dj_fail(DJ_EINVAL, "dj_lora_load: NULL output");
     *out = NULL;
     if (!e || !base || !dir) return dj_fail(DJ_EINVAL, "dj_lora_load: NULL engine, base or directory");
@@ -530,6 +530,12 @@ dj_status dj_session_set_lora(dj_engine_t *e, dj_session_t *s, dj_lora_t *a, flo
 }
 
 const dj_lora_t *dj_session_lora(const dj_session_t *s) { return s ? s->lora : NULL; }
+
+dj_status dj_session_set_lora_like(dj_engine_t *e, dj_session_t *s, const dj_session_t *like) {
+    if (!like) return dj_fail(DJ_EINVAL, "dj_session_set_lora_like: NULL session");
+    if (!like->lora && !(s && s->lora)) return DJ_OK;
+    return dj_session_set_lora(e, s, like->lora, like->lora ? like->lora_scale : 1.0f);
+}
 
 /* ---- a step's LORA calls ---- */
 

@@ -25,6 +25,7 @@
 #include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "server/access.h"
+#include "server/adapter.h"
 #include "server/http_impl.h"
 
 /* How often a waiting request looks whether its client is still there. */
@@ -485,7 +486,10 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
         /* with reuse on, a session opens with at least the default context
          * (it costs nothing until used: admission reserves prompt + max_tokens) */
         g->ctx = g->h->cfg.reuse && o->max_given && ctx < dflt ? dflt : ctx;
-        const dj_session_opts so = {.model = o->model, .qos = o->qos, .expected_tokens = g->ctx};
+        char base[128], lora[128]; /* "base:adapter" (docs/lora.md): checked where the model was looked up */
+        if (dj__adapter_split(o->model, base, sizeof base, lora, sizeof lora) != DJ_OK)
+            return snprintf(err, cap, "%s", dj_last_error()), 400;
+        const dj_session_opts so = {.model = base, .qos = o->qos, .expected_tokens = g->ctx};
         if ((st = dj_client_session_open(g->cl, &so, &g->session)) != DJ_OK) {
             snprintf(err, cap, "djinnd: %s", dj_last_error());
             return status_of(st);
@@ -496,6 +500,8 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
                              .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
                              .logprobs = o->logprobs, .top_logprobs = o->top_logprobs, .cache_salt = o->cache_salt,
                              .json_schema = o->json_schema};
+    char base[128], lora[128];
+    if (dj__adapter_split(o->model, base, sizeof base, lora, sizeof lora) == DJ_OK && lora[0]) gp.adapter = lora;
     if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);
@@ -647,8 +653,13 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
             }
         }
     m = NULL;
-    if (!rc && !(m = model_get(h, g->o.model))) {
-        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", g->o.model);
+    char base[128], lora[128]; /* "base:adapter": a LoRA adapter of base (adapter.h) */
+    if (!rc && dj__adapter_split(g->o.model, base, sizeof base, lora, sizeof lora) != DJ_OK) {
+        snprintf(err, sizeof err, "%s", dj_last_error());
+        rc = 400;
+    }
+    if (!rc && !(m = model_get(h, base))) {
+        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", base);
         rc = 404;
     }
     if (!rc) rc = dj__oai_prompt(&g->o, m, err, sizeof err);

@@ -99,6 +99,7 @@ static dj_status dec_generate(const dj__meta *m, dj__request *r) {
     if (st == DJ_OK) st = dj__generate_sampling_decode(m, &g->s);
     if (st == DJ_OK) st = salt_dup(m, &g->cache_salt, &g->salt_len);
     if (st == DJ_OK) st = str_dup(m, "json_schema", &g->json_schema, &g->schema_len);
+    if (st == DJ_OK) st = dj__meta_strcpy(m, "adapter", false, g->adapter, sizeof g->adapter);
     return st;
 }
 

@@ -90,6 +90,7 @@ typedef struct dj__req_generate {
     size_t salt_len;
     char *json_schema;     /* [schema_len] structured output (grammar.h; malloc'd) or NULL */
     size_t schema_len;
+    char adapter[128];     /* a LoRA adapter's folder in the model store, "": the session's (adapter.h) */
     dj__gen_sampling s;
 } dj__req_generate;
 
