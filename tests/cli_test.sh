@@ -286,7 +286,12 @@ if /usr/bin/python3 "$FX/../../tools/make_lora_adapter.py" "$DEMO" "$TMP/demo-ad
         grep -q "adapter demo-ad (rank 4" "$TMP/err"; then ok; else
         bad "--lora: base '$base', adapter '$withad', scale 0 '$zero'"; cat "$TMP/err" >&2; fi
     expect_error "lora scale" "not a scale" "$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad:x" --tokens 5 -n 1
-    expect_error "lora stacked" "one adapter per session" "$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad,$TMP/demo-ad" --tokens 5 -n 1
+    /usr/bin/python3 "$FX/../../tools/make_lora_adapter.py" "$DEMO" "$TMP/demo-ad2" --seed 4 --r 2 >/dev/null
+    both=$("$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad,$TMP/demo-ad2:0" --tokens 5,6,7,8 -n 12 --greedy \
+        --ignore-eos --print-tokens 2>/dev/null)
+    if [ -n "$both" ] && [ "$both" = "$withad" ]; then ok; else
+        bad "--lora stacked with a second at scale 0: '$both', want '$withad'"; fi
+    expect_error "lora five" "at most 4" "$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad,$TMP/demo-ad,$TMP/demo-ad,$TMP/demo-ad,$TMP/demo-ad" --tokens 5 -n 1
     expect_error "lora missing" "adapter_config.json" "$DJINN" run --model "$DEMO" --lora "$TMP/none" --tokens 5 -n 1
     expect_error "lora other base" "llama3" "$DJINN" run --model "$FX/models/llama3" --lora "$TMP/demo-ad" --tokens 5 -n 1
 else

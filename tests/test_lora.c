@@ -45,14 +45,25 @@ static const char *make_adapter(const char *model, const char *name, const adapt
     return dir;
 }
 
-/* g_tmp/<name>: fixture `model` with every adapted weight W + scale B A (f32),
+/* g_tmp/<name>: the model in base_dir with every adapted weight W + scale B A (f32),
  * from the adapter in adir. */
-static const char *make_merged(const char *model, const char *adir, float scale, const char *name) {
+/* Element i of an f32 or bf16 tensor. */
+static float tensor_at(const dj_tensor_info *t, size_t i) {
+    if (t->dtype == DJ_DTYPE_F32) {
+        float f;
+        memcpy(&f, (const uint8_t *)t->data + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+    return dj_bf16_to_f32(h);
+}
+
+static const char *make_merged_from(const char *base_dir, const char *adir, float scale, const char *name) {
     static char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
     mkdir(dir, 0700);
-    char base_dir[512], p[2600];
-    snprintf(base_dir, sizeof base_dir, "%s/models/%s", DJ_FIXTURES, model);
+    char p[2600];
     dj_checkpoint_t *ck = NULL, *ad = NULL;
     CHECK_OK(dj_checkpoint_open(base_dir, &ck));
     /* the adapter's tensors, read through a checkpoint of their own: a config.json beside a copy */
@@ -92,10 +103,7 @@ static const char *make_merged(const char *model, const char *adir, float scale,
             for (int64_t k = 0; k < cols; k++) {
                 double s = 0;
                 for (int64_t q = 0; q < r; q++) {
-                    float bv, av;
-                    memcpy(&bv, (const uint8_t *)B->data + 4 * (size_t)(j * r + q), 4);
-                    memcpy(&av, (const uint8_t *)A->data + 4 * (size_t)(q * cols + k), 4);
-                    s += (double)bv * av;
+                    s += (double)tensor_at(B, (size_t)(j * r + q)) * tensor_at(A, (size_t)(q * cols + k));
                 }
                 t[i].v[j * cols + k] = (float)((double)t[i].v[j * cols + k] + scale * s);
             }
@@ -124,6 +132,12 @@ static uint32_t argmax(const float *l, uint32_t V) {
     for (uint32_t i = 1; i < V; i++)
         if (l[i] > l[b]) b = i;
     return b;
+}
+
+static const char *make_merged(const char *model, const char *adir, float scale, const char *name) {
+    char base_dir[512];
+    snprintf(base_dir, sizeof base_dir, "%s/models/%s", DJ_FIXTURES, model);
+    return make_merged_from(base_dir, adir, scale, name);
 }
 
 /* ---- base + adapter == merged weights, every architecture ---- */
@@ -199,6 +213,61 @@ static void test_merged(const char *model, bool rslora) {
     dj_engine_free(e);
 }
 
+/* ---- two adapters stacked on one session == both merged ---- */
+
+static void test_stacked(const char *model) {
+    char n1[64], n2[64], m1[64], m2[64], d1[512], d2[512], md[512];
+    snprintf(n1, sizeof n1, "st1-%s", model);
+    snprintf(n2, sizeof n2, "st2-%s", model);
+    snprintf(m1, sizeof m1, "stm1-%s", model);
+    snprintf(m2, sizeof m2, "stm2-%s", model);
+    const adapter_spec s1 = {.r = 4, .alpha = 8}, s2 = {.r = 2, .alpha = 4, .rslora = true, .bf16 = true};
+    snprintf(d1, sizeof d1, "%s", make_adapter(model, n1, &s1));
+    snprintf(d2, sizeof d2, "%s", make_adapter(model, n2, &s2));
+    /* W + 1.0 * (8/4) B1 A1 + 0.5 * (4/sqrt 2) B2 A2 */
+    snprintf(md, sizeof md, "%s", make_merged(model, d1, 2.0f, m1));
+    snprintf(md, sizeof md, "%s", make_merged_from(md, d2, 0.5f * 4.0f / sqrtf(2.0f), m2));
+    dj_engine_t *e = new_engine(false);
+    dj_model_t *base = load_fixture(e, model), *merged = NULL;
+    CHECK_OK(dj_model_load(e, md, &merged));
+    dj_lora_t *a[2] = {NULL, NULL};
+    if (base) {
+        CHECK_OK(dj_lora_load(e, base, d1, &a[0]));
+        CHECK_OK(dj_lora_load(e, base, d2, &a[1]));
+    }
+    if (base && merged && a[0] && a[1]) {
+        const uint32_t V = dj_model_get_config(base)->vocab_size;
+        dj_session_t *sa = NULL, *sm = NULL;
+        CHECK_OK(dj_session_new(e, base, 64, 0, &sa));
+        CHECK_OK(dj_session_new(e, merged, 64, 0, &sm));
+        const float sc[2] = {1.0f, 0.5f};
+        CHECK_OK(dj_session_set_loras(e, sa, a, sc, 2));
+        int32_t ids[9];
+        for (int i = 0; i < 9; i++) ids[i] = (int32_t)(dj_test_rand() % V);
+        float *la = malloc((size_t)9 * V * sizeof(float)), *lm = malloc((size_t)9 * V * sizeof(float));
+        CHECK_OK(dj_session_step_all(e, sa, ids, 8, la));
+        CHECK_OK(dj_session_step_all(e, sm, ids, 8, lm));
+        CHECK_OK(dj_session_step(e, sa, &ids[8], 1, la + (size_t)8 * V));
+        CHECK_OK(dj_session_step(e, sm, &ids[8], 1, lm + (size_t)8 * V));
+        double worst = 0, amax = 0;
+        for (size_t j = 0; j < (size_t)9 * V; j++) {
+            worst = fabs((double)la[j] - lm[j]) > worst ? fabs((double)la[j] - lm[j]) : worst;
+            amax = fabs((double)lm[j]) > amax ? fabs((double)lm[j]) : amax;
+        }
+        CHECK_MSG(worst <= 1e-4 * (amax > 1 ? amax : 1), "%s stacked: %g from the merged model", model, worst);
+        printf("  %-10s stacked adapter vs merged %.3g\n", model, worst);
+        free(la);
+        free(lm);
+        dj_session_free(e, sa);
+        dj_session_free(e, sm);
+    }
+    dj_lora_release(e, a[0]);
+    dj_lora_release(e, a[1]);
+    dj_model_release(e, base);
+    dj_model_release(e, merged);
+    dj_engine_free(e);
+}
+
 /* ---- a batch mixing adapters: each row what it gives alone ---- */
 
 #define NB 5
@@ -218,15 +287,19 @@ static void test_batch(void) {
     CHECK_OK(dj_lora_load(e, m, d3, &a[2]));
     if (!m || !a[0] || !a[1] || !a[2]) goto out;
     const uint32_t V = dj_model_get_config(m)->vocab_size;
-    /* the rows: adapter 1, the bare base, adapter 2, adapter 3 at half scale, adapter 1 again */
+    /* the rows: adapter 1, the bare base, adapter 2, adapter 3 at half scale, adapters 1 and 3 stacked */
     dj_lora_t *const use[NB] = {a[0], NULL, a[1], a[2], a[0]};
     const float sc[NB] = {1.0f, 1.0f, 1.0f, 0.5f, 1.0f};
+    dj_lora_t *stack2[2] = {a[0], a[2]};
     dj_session_t *bs[NB], *as[NB];
     int32_t prompt[NB][6];
     for (int i = 0; i < NB; i++) {
         CHECK_OK(dj_session_new(e, m, 64, 0, &bs[i]));
         CHECK_OK(dj_session_new(e, m, 64, 0, &as[i]));
-        if (use[i]) {
+        if (i == NB - 1) {
+            CHECK_OK(dj_session_set_loras(e, bs[i], stack2, NULL, 2));
+            CHECK_OK(dj_session_set_loras(e, as[i], stack2, NULL, 2));
+        } else if (use[i]) {
             CHECK_OK(dj_session_set_lora(e, bs[i], use[i], sc[i]));
             CHECK_OK(dj_session_set_lora(e, as[i], use[i], sc[i]));
         }
@@ -234,7 +307,7 @@ static void test_batch(void) {
         CHECK_OK(dj_session_step(e, bs[i], prompt[i], 6, NULL));
         CHECK_OK(dj_session_step(e, as[i], prompt[i], 6, NULL));
     }
-    CHECK(dj_lora_refcount(a[0]) == 5 && dj_lora_refcount(a[2]) == 3);
+    CHECK(dj_lora_refcount(a[0]) == 5 && dj_lora_refcount(a[2]) == 5);
     float *lb = malloc((size_t)NB * V * sizeof(float)), *la = malloc((size_t)V * sizeof(float));
     int32_t ids[NB];
     for (int i = 0; i < NB; i++) ids[i] = prompt[i][5];
@@ -246,7 +319,6 @@ static void test_batch(void) {
             same += memcmp(la, lb + (size_t)i * V, (size_t)V * sizeof(float)) == 0;
             rows++;
         }
-        /* rows 0 and 4 share an adapter and differ only in their ids */
         differ += memcmp(lb, lb + (size_t)1 * V, (size_t)V * sizeof(float)) != 0;
         for (int i = 0; i < NB; i++) ids[i] = (int32_t)argmax(lb + (size_t)i * V, V);
     }
@@ -372,8 +444,15 @@ static void test_refs(void) {
     CHECK(dj_lora_base_fingerprint(a) == dj_model_fingerprint(m));
     dj_session_t *s = NULL;
     CHECK_OK(dj_session_new(e, m, 64, 0, &s));
+    CHECK_ST(dj_session_set_lora(e, s, a, NAN), DJ_EINVAL);
+    CHECK(dj_lora_refcount(a) == 2);
     CHECK_OK(dj_session_set_lora(e, s, a, 1.0f));
     CHECK(dj_session_lora(s) == a && dj_lora_refcount(a) == 3);
+    dj_lora_t *two[2] = {a, a}; /* the same adapter stacked twice: two references */
+    CHECK_OK(dj_session_set_loras(e, s, two, NULL, 2));
+    CHECK(dj_session_lora_count(s) == 2 && dj_lora_refcount(a) == 4);
+    CHECK_OK(dj_session_set_lora(e, s, a, 1.0f));
+    CHECK(dj_session_lora_count(s) == 1 && dj_lora_refcount(a) == 3);
     CHECK_OK(dj_session_set_lora(e, s, NULL, 1.0f)); /* back to the bare base: its reference dropped */
     CHECK(dj_session_lora(s) == NULL && dj_lora_refcount(a) == 2);
     CHECK_OK(dj_session_set_lora(e, s, a, 1.0f));
@@ -524,7 +603,8 @@ static void test_refusals(void) {
         dj_session_t *s = NULL;
         CHECK_OK(dj_session_new(e, m, 32, 0, &s));
         CHECK_ST(dj_session_set_lora(e, s, qa, 1.0f), DJ_EINVAL);
-        CHECK_ST(dj_session_set_lora(e, s, NULL, NAN), DJ_EINVAL);
+        dj_lora_t *five[5] = {qa, qa, qa, qa, qa};
+        CHECK_ST(dj_session_set_loras(e, s, five, NULL, 5), DJ_EINVAL); /* past DJ_LORA_STACK_MAX */
         dj_session_free(e, s);
         dj_lora_release(e, qa);
     }
@@ -554,6 +634,8 @@ int main(void) {
                                          "gemma3", "phi3",   "mixtral"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) test_merged(models[i], false);
     test_merged("llama3", true);
+    test_stacked("llama3");
+    test_stacked("phi3");
     test_batch();
     test_prefix();
     test_refs();

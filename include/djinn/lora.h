@@ -65,6 +65,9 @@ uint64_t dj_lora_fingerprint(const dj_lora_t *a); /* content (config + tensors) 
 uint64_t dj_lora_base_fingerprint(const dj_lora_t *a);
 uint32_t dj_lora_refcount(const dj_lora_t *a);
 
+/* Adapters one session may stack (each row's updates applied in order). */
+#define DJ_LORA_STACK_MAX 4
+
 /* The adapter s's steps run with (NULL: the bare base), at use_scale times
  * its own scale (1 = as trained; finite). Taken before s holds tokens (its
  * KV and its prefix-cache chain are the adapter's: a block cached under one
@@ -72,7 +75,13 @@ uint32_t dj_lora_refcount(const dj_lora_t *a);
  * set again. DJ_EBUSY once s holds tokens, DJ_EINVAL for an adapter of
  * another base. */
 dj_status dj_session_set_lora(dj_engine_t *e, dj_session_t *s, dj_lora_t *a, float use_scale);
-const dj_lora_t *dj_session_lora(const dj_session_t *s); /* NULL: none */
+const dj_lora_t *dj_session_lora(const dj_session_t *s); /* the first, NULL: none */
+/* As dj_session_set_lora with n (0..DJ_LORA_STACK_MAX) adapters stacked:
+ * each projection gets every adapter's update, a[0]'s first (scales[i]
+ * times a[i]'s own; scales NULL: 1 each). The same adapter twice is fine. */
+dj_status dj_session_set_loras(dj_engine_t *e, dj_session_t *s, dj_lora_t *const *a, const float *scales,
+                               uint32_t n);
+uint32_t dj_session_lora_count(const dj_session_t *s);
 /* s (holding nothing yet) takes like's adapter and use scale: a session made
  * anew to recompute another's history. */
 dj_status dj_session_set_lora_like(dj_engine_t *e, dj_session_t *s, const dj_session_t *like);

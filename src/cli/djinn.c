@@ -29,7 +29,7 @@
 
 typedef struct opts {
     const char *model, *prompt, *tokens, *text, *device, *vmu, *kv_dtype;
-    const char *lora; /* --lora DIR[:SCALE] */
+    const char *lora; /* --lora DIR[:SCALE][,...] */
     long n_new;
     double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, ctx, threads, step;
@@ -47,7 +47,8 @@ static int usage(FILE *f) {
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
           "            [--no-prefetch] [--host-layers auto|none|K] [--host-share auto|F] [--kv-dtype auto|fp8]\n"
-          "            [--lora DIR[:SCALE]: a PEFT LoRA adapter of the model, SCALE times (1); docs/lora.md]\n"
+          "            [--lora DIR[:SCALE][,DIR[:SCALE]...]: PEFT LoRA adapters of the model, stacked, each\n"
+          "             SCALE times (1); docs/lora.md]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N] [--kv-dtype auto|fp8]\n"
@@ -517,30 +518,42 @@ static void put_text(const char *p, size_t n) {
     fflush(stdout);
 }
 
-/* --lora DIR[:SCALE]: the adapter in DIR for s (of model m), at SCALE (1). */
-static dj_status use_lora(dj_engine_t *e, dj_model_t *m, dj_session_t *s, const char *arg, dj_lora_t **out) {
-    char dir[PATH_MAX];
-    float scale = 1.0f;
-    if (strchr(arg, ','))
-        return dj_fail(DJ_EUNSUPPORTED, "--lora %s: one adapter per session so far (stacking several is not built)",
-                       arg);
-    snprintf(dir, sizeof dir, "%s", arg);
-    char *colon = strrchr(dir, ':');
-    if (colon) {
-        char *end;
-        errno = 0;
-        const double v = strtod(colon + 1, &end);
-        if (end == colon + 1 || *end || errno || !(v == v) || v < -1e6 || v > 1e6)
-            return dj_fail(DJ_EINVAL, "--lora %s: '%s' is not a scale (a number, e.g. DIR:0.5)", arg, colon + 1);
-        scale = (float)v;
-        *colon = '\0';
+/* --lora DIR[:SCALE][,DIR[:SCALE]...]: the adapters in the DIRs stacked on s
+ * (of model m), each at its SCALE (1); out[DJ_LORA_STACK_MAX] receives the
+ * loader's references (*n_out of them), the caller releases them. */
+static dj_status use_lora(dj_engine_t *e, dj_model_t *m, dj_session_t *s, const char *arg, dj_lora_t **out,
+                          uint32_t *n_out) {
+    char list[PATH_MAX];
+    float scale[DJ_LORA_STACK_MAX];
+    uint32_t n = 0;
+    dj_status st = DJ_OK;
+    snprintf(list, sizeof list, "%s", arg);
+    for (char *save = NULL, *dir = strtok_r(list, ",", &save); dir && st == DJ_OK; dir = strtok_r(NULL, ",", &save)) {
+        if (n == DJ_LORA_STACK_MAX) {
+            st = dj_fail(DJ_EINVAL, "--lora %s: at most %d adapters on one session", arg, DJ_LORA_STACK_MAX);
+            break;
+        }
+        scale[n] = 1.0f;
+        char *colon = strrchr(dir, ':');
+        if (colon) {
+            char *end;
+            errno = 0;
+            const double v = strtod(colon + 1, &end);
+            if (end == colon + 1 || *end || errno || !(v == v) || v < -1e6 || v > 1e6) {
+                st = dj_fail(DJ_EINVAL, "--lora %s: '%s' is not a scale (a number, e.g. DIR:0.5)", arg, colon + 1);
+                break;
+            }
+            scale[n] = (float)v;
+            *colon = '\0';
+        }
+        if ((st = dj_lora_load(e, m, dir, &out[n])) != DJ_OK) break;
+        fprintf(stderr, "djinn: adapter %s (rank %u, scale %g x %g)\n", dj_lora_name(out[n]),
+                dj_lora_get_config(out[n])->r, (double)dj_lora_get_config(out[n])->scale, (double)scale[n]);
+        n++;
     }
-    dj_status st = dj_lora_load(e, m, dir, out);
-    if (st == DJ_OK) st = dj_session_set_lora(e, s, *out, scale);
-    if (st == DJ_OK)
-        fprintf(stderr, "djinn: adapter %s (rank %u, scale %g x %g)\n", dj_lora_name(*out),
-                dj_lora_get_config(*out)->r, (double)dj_lora_get_config(*out)->scale, (double)scale);
-    return st;
+    *n_out = n;
+    if (st == DJ_OK && n == 0) st = dj_fail(DJ_EINVAL, "--lora '%s' names no adapter", arg);
+    return st == DJ_OK ? dj_session_set_loras(e, s, out, scale, n) : st;
 }
 
 static int cmd_run(opts *o) {
@@ -556,7 +569,8 @@ static int cmd_run(opts *o) {
     dj_engine_t *e = NULL;
     dj_model_t *m = NULL;
     dj_session_t *s = NULL;
-    dj_lora_t *lora = NULL;
+    dj_lora_t *lora[DJ_LORA_STACK_MAX] = {NULL};
+    uint32_t n_lora = 0;
     dj_gen_t *g = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -625,7 +639,7 @@ static int cmd_run(opts *o) {
         rc = die("opening a session", st);
         goto done;
     }
-    if (o->lora && (st = use_lora(e, m, s, o->lora, &lora)) != DJ_OK) {
+    if (o->lora && (st = use_lora(e, m, s, o->lora, lora, &n_lora)) != DJ_OK) {
         rc = die("loading the adapter", st);
         goto done;
     }
@@ -689,7 +703,7 @@ done:
     dj_gen_free(g);
     if (e) {
         dj_session_free(e, s);
-        dj_lora_release(e, lora);
+        for (uint32_t i = 0; i < n_lora; i++) dj_lora_release(e, lora[i]);
         dj_model_release(e, m);
     }
     dj_engine_free(e);

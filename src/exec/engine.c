@@ -433,7 +433,7 @@ static dj_status lora_prepare(dj_engine_t *e, const dj_graph_t *g, dj_session_t 
                               uint32_t B, uint32_t rows, dj__lora_step **out) {
     *out = NULL;
     bool any = false;
-    for (uint32_t r = 0; r < B; r++) any |= ss[r]->lora != NULL;
+    for (uint32_t r = 0; r < B; r++) any |= ss[r]->n_lora > 0;
     if (!any) return DJ_OK;
     if (!e->lora && !(e->lora = dj_calloc(1, sizeof *e->lora)))
         return dj_fail(DJ_ENOMEM, "out of memory for a step's adapters");
@@ -550,7 +550,7 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     const bool profile = e->profile && !recording;
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
-    const size_t cap = (size_t)count * (io->lora ? 2 : 1); /* a LORA call may follow each MATMUL */
+    const size_t cap = (size_t)count * (io->lora ? 1 + io->lora->levels : 1); /* LORA calls after MATMULs */
     if (cap > e->calls_cap) {
         dj_op_call *p = dj_realloc(e->calls, cap * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step of %d calls", count);
@@ -574,20 +574,21 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         st = resolve_call(e, m, g, io, stack, i, &call);
         if (st != DJ_OK) continue;
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
-        dj_op_call lcall; /* the adapters' low-rank update of a MATMUL's output, right after it */
-        const bool has_lora = io->lora && nd->op == DJ_OP_MATMUL && !ms &&
-                              dj__lora_call(io->lora, dj_graph_node_c(g, nd->src[1])->weight_slot, &call, &lcall);
+        dj_op_call lcall[DJ_LORA_STACK_MAX]; /* the adapters' low-rank updates of a MATMUL's output, after it */
+        const uint32_t n_lora = io->lora && nd->op == DJ_OP_MATMUL && !ms
+                                    ? dj__lora_calls(io->lora, dj_graph_node_c(g, nd->src[1])->weight_slot, &call, lcall)
+                                    : 0;
         if (!profile) { /* the whole step goes to the backend at once, below */
             if (ms) {
                 ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
                 ms->call_layer[n_calls] = nd->layer;
             }
             e->calls[n_calls++] = call;
-            if (has_lora) e->calls[n_calls++] = lcall;
+            for (uint32_t k = 0; k < n_lora; k++) e->calls[n_calls++] = lcall[k];
         } else { /* profiling: op by op, unfused, each timed to its end */
             const double t0 = prof_now();
             st = dj_backend_compute(e->be, &call);
-            if (st == DJ_OK && has_lora) st = dj_backend_compute(e->be, &lcall);
+            for (uint32_t k = 0; k < n_lora && st == DJ_OK; k++) st = dj_backend_compute(e->be, &lcall[k]);
             if (st == DJ_OK) {
                 st = e->be->vt->sync(e->be);
                 prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);

@@ -4,6 +4,7 @@
 #define DJ_KV_IMPL_H
 
 #include "djinn/kv.h"
+#include "djinn/lora.h"
 #include "djinn/sampler.h"
 #include "djinn/vmu.h"
 
@@ -68,8 +69,10 @@ struct dj_session {
     uint64_t pfx_key[2];      /* chain key after pfx_full blocks (the root: model, KV layout and pfx_salt) */
     uint64_t pfx_salt[2];     /* the tenant's cache salt (dj_session_set_cache_salt; {0, 0}: none) */
     bool pfx_off;             /* not tracked: no cache, or a traced step made KV that is not the ids' alone */
-    struct dj_lora *lora;     /* the adapter its steps run with (one reference), or NULL (lora.c) */
-    float lora_scale;         /* its use scale (1: as trained) */
+    struct dj_lora *lora[DJ_LORA_STACK_MAX]; /* [n_lora] the adapters its steps run with, applied in
+                                              * this order (one reference each; lora.c) */
+    float lora_scale[DJ_LORA_STACK_MAX];     /* [n_lora] their use scales (1: as trained) */
+    uint32_t n_lora;
 };
 
 /* ---- the store (kv_store.c) ---- */

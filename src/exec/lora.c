@@ -508,33 +508,54 @@ uint64_t dj__lora_key(const struct dj_lora *a) { return a->fingerprint; }
 
 /* ---- sessions ---- */
 
-dj_status dj_session_set_lora(dj_engine_t *e, dj_session_t *s, dj_lora_t *a, float use_scale) {
-    if (!e || !s) return dj_fail(DJ_EINVAL, "dj_session_set_lora: NULL engine or session");
+dj_status dj_session_set_loras(dj_engine_t *e, dj_session_t *s, dj_lora_t *const *a, const float *scales,
+                               uint32_t n) {
+    if (!e || !s || (n && !a)) return dj_fail(DJ_EINVAL, "dj_session_set_loras: NULL engine, session or adapters");
+    if (n > DJ_LORA_STACK_MAX)
+        return dj_fail(DJ_EINVAL, "%u adapters on one session; at most %d", n, DJ_LORA_STACK_MAX);
     if (s->pos || s->pfx_full || s->pfx_n)
         return dj_fail(DJ_EBUSY, "a session's adapter is set before it holds tokens (it is at position %u)", s->pos);
-    if (!isfinite(use_scale)) return dj_fail(DJ_EINVAL, "adapter scale %g is not finite", (double)use_scale);
-    if (a && a->base_fp != s->model_fp)
-        return dj_fail(DJ_EINVAL, "adapter %s was loaded for another base than the session's model %s", a->name,
-                       s->model->name);
-    if (a) {
-        dj_vmu_model_t *r = NULL;
-        dj_status st = dj_vmu_model_lookup(e->vmu, a->fingerprint, &r); /* one more reference */
-        if (st != DJ_OK || r != a->region)
-            return dj_fail(DJ_ENOTFOUND, "adapter %s is no longer loaded", a->name);
+    for (uint32_t i = 0; i < n; i++) {
+        if (!a[i]) return dj_fail(DJ_EINVAL, "dj_session_set_loras: adapter %u is NULL", i);
+        const float sc = scales ? scales[i] : 1.0f;
+        if (!isfinite(sc)) return dj_fail(DJ_EINVAL, "adapter scale %g is not finite", (double)sc);
+        if (a[i]->base_fp != s->model_fp)
+            return dj_fail(DJ_EINVAL, "adapter %s was loaded for another base than the session's model %s",
+                           a[i]->name, s->model->name);
     }
-    dj_lora_release(e, s->lora);
-    s->lora = a;
-    s->lora_scale = a ? use_scale : 0.0f;
+    uint32_t got = 0; /* one more reference on each */
+    for (; got < n; got++) {
+        dj_vmu_model_t *r = NULL;
+        if (dj_vmu_model_lookup(e->vmu, a[got]->fingerprint, &r) != DJ_OK || r != a[got]->region) {
+            if (r) dj_vmu_model_release(e->vmu, r);
+            break;
+        }
+    }
+    if (got < n) {
+        for (uint32_t i = 0; i < got; i++) dj_lora_release(e, a[i]);
+        return dj_fail(DJ_ENOTFOUND, "adapter %s is no longer loaded", a[got]->name);
+    }
+    for (uint32_t i = 0; i < s->n_lora; i++) dj_lora_release(e, s->lora[i]);
+    for (uint32_t i = 0; i < n; i++) {
+        s->lora[i] = a[i];
+        s->lora_scale[i] = scales ? scales[i] : 1.0f;
+    }
+    s->n_lora = n;
     dj__prefix_root(s, s->pfx_key);
     return DJ_OK;
 }
 
-const dj_lora_t *dj_session_lora(const dj_session_t *s) { return s ? s->lora : NULL; }
+dj_status dj_session_set_lora(dj_engine_t *e, dj_session_t *s, dj_lora_t *a, float use_scale) {
+    return dj_session_set_loras(e, s, &a, &use_scale, a ? 1 : 0);
+}
+
+const dj_lora_t *dj_session_lora(const dj_session_t *s) { return s && s->n_lora ? s->lora[0] : NULL; }
+uint32_t dj_session_lora_count(const dj_session_t *s) { return s ? s->n_lora : 0; }
 
 dj_status dj_session_set_lora_like(dj_engine_t *e, dj_session_t *s, const dj_session_t *like) {
     if (!like) return dj_fail(DJ_EINVAL, "dj_session_set_lora_like: NULL session");
-    if (!like->lora && !(s && s->lora)) return DJ_OK;
-    return dj_session_set_lora(e, s, like->lora, like->lora ? like->lora_scale : 1.0f);
+    if (!like->n_lora && !(s && s->n_lora)) return DJ_OK;
+    return dj_session_set_loras(e, s, like->lora, like->lora_scale, like->n_lora);
 }
 
 /* ---- a step's LORA calls ---- */
@@ -543,49 +564,57 @@ dj_status dj__lora_step_prepare(dj__lora_step *ls, dj_session_t *const *ss, cons
                                 uint32_t rows, size_t max_calls, bool *any) {
     *any = false;
     ls->n = 0;
+    ls->levels = 0;
     ls->mats_used = 0;
     if (rows > ls->row_cap) {
-        int32_t *p = dj_realloc(ls->row, (size_t)rows * sizeof *p);
+        int32_t *p = dj_realloc(ls->row, (size_t)DJ_LORA_STACK_MAX * rows * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step's adapter rows");
         ls->row = p;
         ls->row_cap = rows;
     }
-    uint32_t row = 0;
-    for (uint32_t r = 0; r < B; r++) {
-        const dj_session_t *s = ss[r];
-        int32_t at = -1;
-        if (s->lora) {
-            const float sc = s->lora_scale * s->lora->cfg.scale;
-            for (uint32_t k = 0; k < ls->n && at < 0; k++)
-                if (ls->ad[k] == s->lora && ls->scale[k] == sc) at = (int32_t)k;
-            if (at < 0) {
-                if (ls->n == DJ__LORA_STEP_MAX)
-                    return dj_fail(DJ_EINVAL, "a step mixes more than %d adapters", DJ__LORA_STEP_MAX);
-                ls->ad[ls->n] = s->lora;
-                ls->scale[ls->n] = sc;
-                at = (int32_t)ls->n++;
+    for (uint32_t r = 0; r < B; r++)
+        ls->levels = ss[r]->n_lora > ls->levels ? ss[r]->n_lora : ls->levels;
+    for (uint32_t lv = 0; lv < ls->levels; lv++) {
+        int32_t *lrow = ls->row + (size_t)lv * rows;
+        uint32_t row = 0;
+        for (uint32_t r = 0; r < B; r++) {
+            const dj_session_t *s = ss[r];
+            int32_t at = -1;
+            if (lv < s->n_lora) {
+                const struct dj_lora *ad = s->lora[lv];
+                const float sc = s->lora_scale[lv] * ad->cfg.scale;
+                for (uint32_t k = 0; k < ls->n && at < 0; k++)
+                    if (ls->ad[k] == ad && ls->scale[k] == sc) at = (int32_t)k;
+                if (at < 0) {
+                    if (ls->n == DJ__LORA_STEP_MAX)
+                        return dj_fail(DJ_EINVAL, "a step mixes more than %d adapters", DJ__LORA_STEP_MAX);
+                    ls->ad[ls->n] = ad;
+                    ls->scale[ls->n] = sc;
+                    at = (int32_t)ls->n++;
+                }
+                *any = true;
             }
-            *any = true;
-        }
-        const uint32_t n = n_tok ? n_tok[r] : 1;
-        for (uint32_t t = 0; t < n; t++) {
-            const uint32_t i = t + 1 == n ? rows - B + r : row++;
-            if (i < rows) ls->row[i] = at;
+            const uint32_t n = n_tok ? n_tok[r] : 1;
+            for (uint32_t t = 0; t < n; t++) {
+                const uint32_t i = t + 1 == n ? rows - B + r : row++;
+                if (i < rows) lrow[i] = at;
+            }
         }
     }
     if (!*any) return DJ_OK;
-    const size_t need = max_calls * ls->n;
+    const size_t need = max_calls * ls->n * ls->levels;
     if (need > ls->mats_cap) {
         dj_lora_mat *p = dj_realloc(ls->mats, need * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step's adapter tables");
         ls->mats = p;
         ls->mats_cap = need;
     }
+    ls->row_stride = rows;
     return DJ_OK;
 }
 
-bool dj__lora_call(dj__lora_step *ls, int slot, const dj_op_call *mm, dj_op_call *out) {
-    if (slot < 0 || ls->mats_used + ls->n > ls->mats_cap) return false;
+uint32_t dj__lora_calls(dj__lora_step *ls, int slot, const dj_op_call *mm, dj_op_call *out) {
+    if (slot < 0 || ls->mats_used + ls->n > ls->mats_cap) return 0;
     dj_lora_mat *t = ls->mats + ls->mats_used;
     bool some = false;
     for (uint32_t k = 0; k < ls->n; k++) {
@@ -598,21 +627,29 @@ bool dj__lora_call(dj__lora_step *ls, int slot, const dj_op_call *mm, dj_op_call
             memset(&t[k], 0, sizeof t[k]);
         }
     }
-    if (!some) return false;
+    if (!some) return 0;
     ls->mats_used += ls->n;
-    memset(out, 0, sizeof *out);
-    out->op = DJ_OP_LORA;
-    out->n = mm->n;
-    out->out = mm->out;
-    out->out_dtype = mm->out_dtype;
-    out->x = mm->x;
-    out->x_dtype = mm->x_dtype;
-    out->k = mm->k;
-    out->m = mm->m;
-    out->lora = t;
-    out->n_lora = ls->n;
-    out->lora_row = ls->row;
-    return true;
+    uint32_t n_out = 0;
+    for (uint32_t lv = 0; lv < ls->levels; lv++) {
+        const int32_t *lrow = ls->row + (size_t)lv * ls->row_stride;
+        bool used = false; /* a level whose rows' adapters all leave this projection alone adds no call */
+        for (uint32_t i = 0; i < mm->n && !used; i++) used = lrow[i] >= 0 && t[lrow[i]].a;
+        if (!used) continue;
+        dj_op_call *c = &out[n_out++];
+        memset(c, 0, sizeof *c);
+        c->op = DJ_OP_LORA;
+        c->n = mm->n;
+        c->out = mm->out;
+        c->out_dtype = mm->out_dtype;
+        c->x = mm->x;
+        c->x_dtype = mm->x_dtype;
+        c->k = mm->k;
+        c->m = mm->m;
+        c->lora = t;
+        c->n_lora = ls->n;
+        c->lora_row = lrow;
+    }
+    return n_out;
 }
 
 void dj__lora_step_free(dj__lora_step *ls) {

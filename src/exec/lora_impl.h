@@ -17,15 +17,18 @@ struct dj_lora {
 };
 
 /* Distinct (adapter, scale) pairs one step may mix. */
-#define DJ__LORA_STEP_MAX 64
+#define DJ__LORA_STEP_MAX (64 * DJ_LORA_STACK_MAX)
 
 /* The adapters of one step and each row's (engine-owned, reused). */
 typedef struct dj__lora_step {
     uint32_t n;                      /* distinct adapters of the step */
     const struct dj_lora *ad[DJ__LORA_STEP_MAX]; /* [n] */
     float scale[DJ__LORA_STEP_MAX];   /* [n] each one's scale times its sessions' use scale */
-    int32_t *row;                    /* [row_cap] row i's index in ad, -1: none */
+    uint32_t levels;                 /* the most adapters a session of the step stacks */
+    int32_t *row;                    /* [DJ_LORA_STACK_MAX][row_cap] level l's adapter of row i (index in
+                                      * ad), -1: none */
     uint32_t row_cap;
+    uint32_t row_stride;             /* rows of the step: level l's rows start at row + l * row_stride */
     dj_lora_mat *mats;               /* [mats_cap] the step's LORA calls' tables, n each */
     size_t mats_cap, mats_used;
 } dj__lora_step;
@@ -38,9 +41,10 @@ typedef struct dj__lora_step {
  * DJ__LORA_STEP_MAX distinct (adapter, scale) pairs. */
 dj_status dj__lora_step_prepare(dj__lora_step *ls, dj_session_t *const *ss, const uint32_t *n_tok, uint32_t B,
                                 uint32_t rows, size_t max_calls, bool *any /* OUT */);
-/* The LORA call that follows `mm` (a MATMUL of weight slot `slot`) in the
- * step, or false when no adapter of the step adapts the slot. */
-bool dj__lora_call(dj__lora_step *ls, int slot, const dj_op_call *mm, dj_op_call *out /* OUT */);
+/* The LORA calls that follow `mm` (a MATMUL of weight slot `slot`) in the
+ * step, one per stacking level some adapter of which adapts the slot, into
+ * out[DJ_LORA_STACK_MAX]; returns how many (0: none). */
+uint32_t dj__lora_calls(dj__lora_step *ls, int slot, const dj_op_call *mm, dj_op_call *out /* OUT */);
 void dj__lora_step_free(dj__lora_step *ls);
 
 #endif

@@ -39,7 +39,7 @@ void dj_session_free(dj_engine_t *e, dj_session_t *s) {
     if (!s) return;
     dj__kv_session_release(e->kv, s); /* waits for its copies; its pool slots, pages and tables */
     dj_vmu_model_release(e->vmu, s->model->region);
-    dj_lora_release(e, s->lora);
+    for (uint32_t i = 0; i < s->n_lora; i++) dj_lora_release(e, s->lora[i]);
     dj_sampler_free(s->sampler);
     free(s);
 }
