@@ -127,16 +127,18 @@ class Model:
         return Session(self, reply, keep=bool(reattach))
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", adapter=None, **sampling):
         """Generates from prompt (text, or token ids) in a session of its own.
 
         stream=True: an iterator of Token(id, text, index) (close it early and
         the generation stops); stream=False: a Generation with .text, .ids.
-        temperature 0 is greedy; seed None draws a fresh one. Other sampling
-        options: every other field of GENERATE's sampling table (_wire.SAMPLING,
-        docs/protocol.md): min_p, repetition_penalty, frequency_penalty, ..."""
+        temperature 0 is greedy; seed None draws a fresh one. adapter: the
+        name of a LoRA adapter of this model in the server's model store
+        (docs/lora.md). Other sampling options: every other field of
+        GENERATE's sampling table (_wire.SAMPLING, docs/protocol.md): min_p,
+        repetition_penalty, frequency_penalty, ..."""
         req = _generate_meta(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                             ignore_eos, sampling)
+                             ignore_eos, sampling, adapter)
         sess = self.session(qos=qos)
         try:
             ts = sess._start_generate(req, own_session=True)
@@ -158,8 +160,12 @@ class Model:
 
 
 def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, ignore_eos,
-                   sampling):
+                   sampling, adapter=None):
     meta = {}
+    if adapter is not None:  # a LoRA adapter's folder in the server's model store (docs/lora.md)
+        if not isinstance(adapter, str) or not 1 <= len(adapter.encode()) <= 127:
+            raise ValueError("adapter must be the name of a folder in the model store, got %r" % (adapter,))
+        meta["adapter"] = adapter
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty: give some text or token ids")
@@ -292,12 +298,13 @@ class Session:
         return Trace(self, v, logits=logits)
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, adapter=None, **sampling):
         """Generates in this session, continuing its context (see
-        Model.generate for the arguments)."""
+        Model.generate for the arguments). adapter: the session's first
+        generation chooses it; later ones repeat it or leave it out."""
         self._check_open()
         req = _generate_meta(self.model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                             ignore_eos, sampling)
+                             ignore_eos, sampling, adapter)
         ts = self._start_generate(req, own_session=False)
         return ts if stream else ts.collect()
 
