@@ -635,7 +635,9 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
         gen_free(g);
         return reply_error(q, c, 400, "a string of the body holds \\u0000 (NUL): djinnd takes text without it");
     }
-    const dj__http_model *m = name[0] ? model_get(h, name) : NULL;
+    char vbase[128], vlora[128]; /* "base:adapter" counts as its base */
+    const dj__http_model *m =
+        name[0] && dj__adapter_split(name, vbase, sizeof vbase, vlora, sizeof vlora) == DJ_OK ? model_get(h, vbase) : NULL;
     const size_t most = (m ? m->max_pos : 0) + (size_t)JSON_VALUES_SPARE;
     if (values > most) {
         gen_free(g);
