@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -474,7 +475,29 @@ static void test_refs(void) {
     CHECK(vs.n_models == models - 1);
     a = NULL;
     CHECK_OK(dj_lora_load(e, m, d, &a)); /* loads again */
+    /* known by its files' identity: while it is in the text segment, a load reads no tensor (the file's
+     * bytes are overwritten here, its size and mtime kept); evicted, the files are read again */
+    char tf[600];
+    snprintf(tf, sizeof tf, "%s/adapter_model.safetensors", d);
+    struct stat sb;
+    CHECK(stat(tf, &sb) == 0);
+    FILE *f = fopen(tf, "r+b");
+    CHECK(f != NULL);
+    if (f) {
+        for (off_t i = 0; i < sb.st_size; i++) fputc('x', f);
+        fclose(f);
+    }
+    const struct timespec times[2] = {sb.st_atim, sb.st_mtim};
+    CHECK(utimensat(AT_FDCWD, tf, times, 0) == 0);
+    dj_lora_t *again = NULL;
+    CHECK_OK(dj_lora_load(e, m, d, &again));
+    CHECK(again == a && dj_lora_refcount(a) == 2);
+    dj_lora_release(e, again);
     dj_lora_release(e, a);
+    CHECK_OK(dj_vmu_model_evict(dj_engine_vmu(e), a->region));
+    again = NULL;
+    CHECK_ST(dj_lora_load(e, m, d, &again), DJ_EFORMAT); /* read: the garbage is seen */
+    CHECK(again == NULL);
 out:
     dj_model_release(e, m);
     dj_engine_free(e);

@@ -310,6 +310,23 @@ static int on_gpu(const opts *o) { return o->device && strncmp(o->device, "cuda"
 /* K/V element type of the engine the device gets (--kv-dtype; auto: f32 CPU, bf16 GPU). */
 static dj_status kv_dtype_of(const opts *o, dj_dtype *t) { return dj_kv_dtype_parse(o->kv_dtype, on_gpu(o), t); }
 
+/* Text-segment bytes the adapters of --lora DIR[:S],... take at most: their
+ * tensors as f32 (twice a bf16 file) and each tensor's alignment. */
+static size_t lora_text_bytes(const char *arg) {
+    char list[PATH_MAX];
+    size_t bytes = 0;
+    snprintf(list, sizeof list, "%s", arg);
+    for (char *save = NULL, *dir = strtok_r(list, ",", &save); dir; dir = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(dir, ':');
+        if (colon) *colon = '\0';
+        char path[PATH_MAX + 32];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+        if (stat(path, &sb) == 0) bytes += 2 * (size_t)sb.st_size + ((size_t)1 << 20);
+    }
+    return bytes;
+}
+
 static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engine_t **e,
                              dj_model_needs *needs) {
     dj_engine_config ec;
@@ -326,6 +343,7 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     dj_status st = kv_dtype_of(o, &kvt);
     if (st == DJ_OK) st = dj_model_estimate(ck, kvt, ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
+    if (o->lora) needs->text_bytes += lora_text_bytes(o->lora); /* the adapters beside the model */
     if (o->vmu) {
         size_t bytes;
         st = dj_vmu_parse_size(o->vmu, &bytes);

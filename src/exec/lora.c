@@ -3,6 +3,7 @@
  * segment as f32, sessions choosing one, and each step's LORA calls. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,56 @@ static dj_status read_all(const char *path, size_t max, uint8_t **out, size_t *l
     return DJ_OK;
 }
 
+/* ---- adapters known by their files' identity ---- */
+
+/* A loaded adapter's fingerprint by its files' identity - the config's
+ * bytes, the tensor file's (st_dev, st_ino, size, mtime ns) and the base -
+ * so that loading it again (a daemon's new session) finds it in the text
+ * segment without reading or hashing its tensors. A file rewritten in place
+ * within one mtime tick with the same size is not noticed (as checkpoints). */
+#define IDC_SLOTS 64
+static struct {
+    pthread_mutex_t mu;
+    uint64_t id[IDC_SLOTS], fp[IDC_SLOTS];
+    unsigned next;
+} idc = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t identity(const char *tensors, const uint8_t *cfg, size_t cfg_len, uint64_t base_fp) {
+    struct stat sb;
+    if (stat(tensors, &sb) != 0) return 0;
+    const uint64_t v[6] = {base_fp, (uint64_t)sb.st_dev, (uint64_t)sb.st_ino, (uint64_t)sb.st_size,
+                           (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec};
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) return 0;
+    XXH3_64bits_reset(h);
+    XXH3_64bits_update(h, v, sizeof v);
+    XXH3_64bits_update(h, cfg, cfg_len);
+    const uint64_t id = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return id ? id : 1;
+}
+
+static bool idc_get(uint64_t id, uint64_t *fp) {
+    bool hit = false;
+    pthread_mutex_lock(&idc.mu);
+    for (unsigned i = 0; i < IDC_SLOTS && !hit; i++)
+        if (id && idc.id[i] == id) {
+            *fp = idc.fp[i];
+            hit = true;
+        }
+    pthread_mutex_unlock(&idc.mu);
+    return hit;
+}
+
+static void idc_put(uint64_t id, uint64_t fp) {
+    if (!id) return;
+    pthread_mutex_lock(&idc.mu);
+    idc.id[idc.next] = id;
+    idc.fp[idc.next] = fp;
+    idc.next = (idc.next + 1) % IDC_SLOTS;
+    pthread_mutex_unlock(&idc.mu);
+}
+
 /* ---- binding to the base ---- */
 
 static const int PROJ_SLOTS[] = {DJ_W_Q, DJ_W_K, DJ_W_V, DJ_W_O, DJ_W_GATE, DJ_W_UP, DJ_W_DOWN};
@@ -288,6 +339,21 @@ dj_status dj_lora_load(dj_engine_t *e, const dj_model_t *base, const char *dir, 
         goto fail;
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    const uint64_t id = identity(path, cfg_bytes, cfg_len, base->fingerprint);
+    uint64_t known = 0;
+    if (idc_get(id, &known) && dj_vmu_model_lookup(e->vmu, known, &region) == DJ_OK) {
+        a = dj_vmu_model_user(region);
+        if (a && a->base_fp == base->fingerprint) { /* loaded before and still in the text segment */
+            *out = a;
+            region = NULL;
+            a = NULL;
+            st = DJ_OK;
+            goto fail_quiet;
+        }
+        dj_vmu_model_release(e->vmu, region); /* not an adapter of this base: read the files */
+        region = NULL;
+        a = NULL;
+    }
     if ((st = read_all(path, TENSORS_MAX, &file, &file_len)) != DJ_OK) goto fail;
     uint64_t hlen = 0;
     if (file_len < 8) {
@@ -328,6 +394,7 @@ dj_status dj_lora_load(dj_engine_t *e, const dj_model_t *base, const char *dir, 
         *out = a;
         region = NULL;
         a = NULL;
+        idc_put(id, fp);
         st = DJ_OK;
         goto fail_quiet; /* frees what was read */
     }
@@ -469,6 +536,7 @@ dj_status dj_lora_load(dj_engine_t *e, const dj_model_t *base, const char *dir, 
     free(dev);
     if (st != DJ_OK) goto fail;
     dj_vmu_model_set_user(region, a, lora_dtor);
+    idc_put(id, fp);
     region = NULL;
     *out = a;
     a = NULL;
