@@ -21,6 +21,7 @@ target_sources(djinn_server PRIVATE src/server/sd_notify.c)
 target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c)
 target_sources(djinn_server PRIVATE src/server/agent_check.c) # --agent-check: HAProxy's agent protocol
 target_sources(djinn_server PRIVATE src/server/access.c) # access lines (src/core/log_access.c formats them)
+target_sources(djinn_server PRIVATE src/server/adapter.c) # LoRA adapters a request names (docs/lora.md)
 pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
 target_link_libraries(djinn_server PRIVATE PkgConfig::INIH)
 pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)

@@ -143,11 +143,14 @@ static inline DJ_KV_HD size_t dj_kv_f8_exps_at(uint32_t tokens_per_page, uint32_
  *             (Mixtral: top_k of m experts)
  *  MOE_FFN    out[n,k] = x2[n,k] + route[i,e] * down @ (silu(gate @ x_i) * (up @ x_i)) for rows
  *             with route[i,e] != 0, out = x2 elsewhere: expert e of a MoE layer; x [n,k] the
- *             normed input, x2 the sum so far (act dtype) or NULL (zero), route [n,m] f32 */
+ *             normed input, x2 the sum so far (act dtype) or NULL (zero), route [n,m] f32
+ *  LORA       out[i,:] += s_a * B_a (A_a x[i,:]) for each row i whose adapter a = lora_row[i] >= 0
+ *             has matrices here (lora[a].a != NULL): the low-rank update of a MATMUL's output
+ *             (x[n,k] its input, out[n,m] its output), each row alone (batch-invariant) */
 #define DJ_OP_LIST(X)                                                                                 \
     X(EMBED, "embed") X(RMSNORM, "rmsnorm") X(MATMUL, "matmul") X(ROPE, "rope") X(KV_WRITE, "kv_write") \
     X(ATTENTION, "attention") X(SILU_MUL, "silu_mul") X(ADD, "add") X(GELU_MUL, "gelu_mul")          \
-    X(SOFTCAP, "softcap") X(MOE_ROUTE, "moe_route") X(MOE_FFN, "moe_ffn")
+    X(SOFTCAP, "softcap") X(MOE_ROUTE, "moe_route") X(MOE_FFN, "moe_ffn") X(LORA, "lora")
 
 typedef enum {
 #define DJ_OP_ENUM_(e, name) DJ_OP_##e,
@@ -157,6 +160,18 @@ typedef enum {
 } dj_op;
 
 const char *dj_op_name(dj_op op);
+
+/* One adapter's matrices for one projection (a LORA call's lora[a]), f32 in
+ * device memory: the update is scale * B (A x). Adapters are docs/lora.md. */
+typedef struct dj_lora_mat {
+    const float *a;  /* [rank][k], or NULL: this adapter leaves the projection alone */
+    const float *b;  /* [m][ldb]: row j's first rank values are B[j][0..rank) */
+    uint32_t rank;   /* 1..DJ_LORA_MAX_RANK */
+    uint32_t ldb;    /* elements from one row of b to the next (>= rank) */
+    float scale;     /* lora_alpha / rank (or / sqrt(rank) with rsLoRA) times the use's own */
+} dj_lora_mat;
+
+#define DJ_LORA_MAX_RANK 512
 
 /* One op invocation with every pointer resolved. Activations (out, x, x2)
  * have the backend's act_dtype (f32 on the CPU, bf16 on CUDA), except where
@@ -253,6 +268,10 @@ typedef struct dj_op_call {
     const void *w_up;      /* MOE_FFN: up [d][k], of w_dtype (w is the gate [d][k]) */
     const void *w_down;    /* MOE_FFN: down [k][d], of w_dtype. MOE_FFN's k is the model width,
                             * d the expert width, m the experts (route's row width) */
+    const dj_lora_mat *lora; /* LORA: [n_lora] each adapter of the step, host memory read
+                              * before compute returns (k, m: the projection's) */
+    uint32_t n_lora;
+    const int32_t *lora_row; /* LORA: [n] host memory: row i's adapter in lora, -1 = none */
 } dj_op_call;
 
 /* ---- weight streaming (docs/internals.md, "Models larger than the GPU") ----

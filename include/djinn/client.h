@@ -102,6 +102,8 @@ typedef struct dj_generate_params {
                               * session's first GENERATE, later ones repeat it (docs/prefix-cache.md) */
     const char *json_schema; /* NULL, or structured output: the generated text is a JSON value of this JSON schema
                               * (the subset of grammar.h; "{\"type\": \"object\"}": any object) */
+    const char *adapter;     /* NULL, or a LoRA adapter's folder in the daemon's model store, of the session's
+                              * model: set by the session's first GENERATE, later ones repeat it or give none */
 } dj_generate_params;
 
 typedef struct dj_generate_result {

@@ -128,16 +128,18 @@ class Model:
         return Session(self, reply, keep=bool(reattach))
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", adapter=None, **sampling):
         """Generates from prompt (text, or token ids) in a session of its own.
 
         stream=True: an iterator of Token(id, text, index) (close it early and
         the generation stops); stream=False: a Generation with .text, .ids.
-        temperature 0 is greedy; seed None draws a fresh one. Other sampling
-        options: every other field of GENERATE's sampling table (_wire.SAMPLING,
-        docs/protocol.md): min_p, repetition_penalty, frequency_penalty, ..."""
+        temperature 0 is greedy; seed None draws a fresh one. adapter: the
+        name of a LoRA adapter of this model in the server's model store
+        (docs/lora.md). Other sampling options: every other field of
+        GENERATE's sampling table (_wire.SAMPLING, docs/protocol.md): min_p,
+        repetition_penalty, frequency_penalty, ..."""
         req = _generate_meta(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                             ignore_eos, sampling)
+                             ignore_eos, sampling, adapter)
         sess = self.session(qos=qos)
         try:
             ts = sess._start_generate(req, own_session=True)
@@ -180,8 +182,12 @@ def _logit_bias(bias, vocab):
 
 
 def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, ignore_eos,
-                   sampling):
+                   sampling, adapter=None):
     meta = {}
+    if adapter is not None:  # a LoRA adapter's folder in the server's model store (docs/lora.md)
+        if not isinstance(adapter, str) or not 1 <= len(adapter.encode()) <= 127:
+            raise ValueError("adapter must be the name of a folder in the model store, got %r" % (adapter,))
+        meta["adapter"] = adapter
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty: give some text or token ids")
@@ -358,17 +364,19 @@ class Session:
         return Trace(self, v, logits=logits)
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, trace=None, **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, trace=None, adapter=None, **sampling):
         """Generates in this session, continuing its context (see
         Model.generate for the arguments). trace: a function of a trace
         that edits points (`def steer(t): t.layers[5].output += v`); the
         server applies its edits at every step - the prompt's and each
         generated token's - in one request: token for token the loop of
         `trace` steps a client would run. Edits only ((hidden,) vectors or
-        column slices, to every position), no saves or breakpoints."""
+        column slices, to every position), no saves or breakpoints.
+        adapter: the session's first generation chooses it; later ones
+        repeat it or leave it out."""
         self._check_open()
         req = _generate_meta(self.model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                             ignore_eos, sampling)
+                             ignore_eos, sampling, adapter)
         if trace is not None:
             from .trace import generation_points
             req["points"] = generation_points(self, trace)

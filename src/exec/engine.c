@@ -15,6 +15,7 @@
 #include "djinn/sampler.h"
 #include "core/switches.h"
 #include "exec/engine_impl.h"
+#include "exec/lora_impl.h"
 #include "exec/stream_impl.h"
 
 #ifdef DJ_HAVE_CUDA
@@ -244,6 +245,7 @@ void dj_engine_free(dj_engine_t *e) {
     free(e->args_host);
     free(e->host_logits);
     free(e->calls);
+    dj__lora_step_free(e->lora);
     free(e->sample_rows);
     dj__kv_free(e->kv); /* waits for swap transfers still in flight */
     dj_plan_cache_free(e->plans);
@@ -422,7 +424,23 @@ typedef struct step_io {
     uint32_t pos_bound;                 /* ATTENTION's pos_bound: the backend's short_pos when every
                                          * row lies below it, else 0 */
     bool decode_only;                   /* ATTENTION's decode_only: one token a session */
+    dj__lora_step *lora;                /* the rows' adapters (lora.c), NULL: no row has one */
 } step_io;
+
+/* io->lora for a step of B sessions (n_tok as decode_rows'): the engine's
+ * step table filled, or NULL when no session has an adapter. */
+static dj_status lora_prepare(dj_engine_t *e, const dj_graph_t *g, dj_session_t *const *ss, const uint32_t *n_tok,
+                              uint32_t B, uint32_t rows, dj__lora_step **out) {
+    *out = NULL;
+    bool any = false;
+    for (uint32_t r = 0; r < B; r++) any |= ss[r]->n_lora > 0;
+    if (!any) return DJ_OK;
+    if (!e->lora && !(e->lora = dj_calloc(1, sizeof *e->lora)))
+        return dj_fail(DJ_ENOMEM, "out of memory for a step's adapters");
+    dj_status st = dj__lora_step_prepare(e->lora, ss, n_tok, B, rows, (size_t)dj_graph_count(g), &any);
+    if (st == DJ_OK && any) *out = e->lora;
+    return st;
+}
 
 /* A streaming model's step goes to the backend whole, with its stream: op by
  * op profiling, or a traced step's segments (a layer's readers split between
@@ -536,11 +554,12 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
     const bool profile = e->profile && !recording;
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
-    if ((size_t)count > e->calls_cap) {
-        dj_op_call *p = dj_realloc(e->calls, (size_t)count * sizeof *p);
+    const size_t cap = (size_t)count * (io->lora ? 1 + io->lora->levels : 1); /* LORA calls after MATMULs */
+    if (cap > e->calls_cap) {
+        dj_op_call *p = dj_realloc(e->calls, cap * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step of %d calls", count);
         e->calls = p;
-        e->calls_cap = (size_t)count;
+        e->calls_cap = cap;
     }
     size_t n_calls = 0;
     int next_stop = first_stop, seg_first = first; /* the hook's next stop; the node opening the segment */
@@ -559,15 +578,21 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         st = resolve_call(e, m, g, io, stack, i, &call);
         if (st != DJ_OK) continue;
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
+        dj_op_call lcall[DJ_LORA_STACK_MAX]; /* the adapters' low-rank updates of a MATMUL's output, after it */
+        const uint32_t n_lora = io->lora && nd->op == DJ_OP_MATMUL && !ms
+                                    ? dj__lora_calls(io->lora, dj_graph_node_c(g, nd->src[1])->weight_slot, &call, lcall)
+                                    : 0;
         if (!profile) { /* the whole step goes to the backend at once, below */
             if (ms) {
                 ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
                 ms->call_layer[n_calls] = nd->layer;
             }
             e->calls[n_calls++] = call;
+            for (uint32_t k = 0; k < n_lora; k++) e->calls[n_calls++] = lcall[k];
         } else { /* profiling: op by op, unfused, each timed to its end */
             const double t0 = prof_now();
             st = dj_backend_compute(e->be, &call);
+            for (uint32_t k = 0; k < n_lora && st == DJ_OK; k++) st = dj_backend_compute(e->be, &lcall[k]);
             if (st == DJ_OK) {
                 st = e->be->vt->sync(e->be);
                 prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
@@ -873,7 +898,11 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     if (st != DJ_OK) return st;
     uint8_t *stack = stack_v;
     int out_idx = -1;
-    const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
+    step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
+    if ((st = lora_prepare(e, g, &s, &n, 1, n, &io.lora)) != DJ_OK) {
+        dj_vmu_stack_reset(e->vmu, mark);
+        return st;
+    }
     int first = 0, first_stop = 0;
     if (resuming) {
         st = held_restore(e, g, hd, stack);
@@ -1064,7 +1093,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     void *stack_v = NULL;
     if ((st = dj_vmu_stack_push(e->vmu, dj_graph_peak(g), &stack_v)) != DJ_OK) return st;
     uint8_t *stack = stack_v;
-    const step_io io = {.n = rows,
+    step_io io = {.n = rows,
                         .ids_dev = (const int32_t *)(const void *)e->args_dev,
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
@@ -1074,11 +1103,16 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                                          ? e->be->short_pos
                                          : 0,
                         .decode_only = rows == B};
+    if ((st = lora_prepare(e, g, ss, n_tok, B, rows, &io.lora)) != DJ_OK) {
+        dj_vmu_stack_reset(e->vmu, mark);
+        return st;
+    }
     int out_idx = -1;
     bool ran = false;
     const double t_prepared = prof_now();
     const bool graphable = !hook || hook->graph_key;
-    if (rows == B && graphable && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
+    /* decode shapes only: mixed steps, and steps with adapters (their tables are the step's), run eagerly */
+    if (rows == B && graphable && graphs_enabled(e) && !m->stream && !io.lora) {
         step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0, io.pos_bound);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);

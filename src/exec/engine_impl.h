@@ -86,6 +86,7 @@ struct dj_engine {
     bool trace_pinned;
     size_t trace_cap;
     dj__kv *kv;                /* the KV store: pages, block tables, prefix cache, swap pool (kv_impl.h); owned */
+    struct dj__lora_step *lora; /* the adapters of the step being run (lora_impl.h); owned, made at first use */
 };
 
 /* The engine's KV store (kv_impl.h), for tests: its prefix cache, NULL

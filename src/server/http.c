@@ -25,6 +25,7 @@
 #include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "server/access.h"
+#include "server/adapter.h"
 #include "server/http_impl.h"
 
 /* How often the watchdog looks at the connections' deadlines. */
@@ -494,8 +495,11 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
         /* with reuse on, a session opens with at least the default context
          * (it costs nothing until used: admission reserves prompt + max_tokens) */
         g->ctx = g->h->cfg.reuse && o->max_given && ctx < dflt ? dflt : ctx;
+        char base[128], lora[128]; /* "base:adapter" (docs/lora.md): checked where the model was looked up */
+        if (dj__adapter_split(o->model, base, sizeof base, lora, sizeof lora) != DJ_OK)
+            return snprintf(err, cap, "%s", dj_last_error()), 400;
         dj__request r = {.type = DJ_MSG_SESSION_OPEN};
-        snprintf(r.u.open.model, sizeof r.u.open.model, "%s", o->model);
+        snprintf(r.u.open.model, sizeof r.u.open.model, "%s", base);
         r.u.open.qos = o->qos;
         r.u.open.expected_tokens = g->ctx;
         dj__event *rep = NULL;
@@ -520,6 +524,9 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
         gr->salt_len = strlen(o->cache_salt);
         oom = !(gr->cache_salt = dj_strdup(o->cache_salt));
     }
+    char base[128], lora[128];
+    if (dj__adapter_split(o->model, base, sizeof base, lora, sizeof lora) == DJ_OK && lora[0])
+        snprintf(gr->adapter, sizeof gr->adapter, "%s", lora);
     if (!oom && o->n_logit_bias) {
         oom = !(gr->s.logit_bias = dj_malloc(o->n_logit_bias * sizeof *gr->s.logit_bias));
         if (!oom) {
@@ -682,7 +689,9 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
         gen_free(g);
         return reply_error(q, c, 400, "a string of the body holds \\u0000 (NUL): djinnd takes text without it");
     }
-    const dj__http_model *m = name[0] ? model_get(h, name) : NULL;
+    char vbase[128], vlora[128]; /* "base:adapter" counts as its base */
+    const dj__http_model *m =
+        name[0] && dj__adapter_split(name, vbase, sizeof vbase, vlora, sizeof vlora) == DJ_OK ? model_get(h, vbase) : NULL;
     const size_t most = (m ? m->max_pos : 0) + (size_t)JSON_VALUES_SPARE;
     if (values > most) {
         gen_free(g);
@@ -700,8 +709,13 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
             }
         }
     m = NULL;
-    if (!rc && !(m = model_get(h, g->o.model))) {
-        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", g->o.model);
+    char base[128], lora[128]; /* "base:adapter": a LoRA adapter of base (adapter.h) */
+    if (!rc && dj__adapter_split(g->o.model, base, sizeof base, lora, sizeof lora) != DJ_OK) {
+        snprintf(err, sizeof err, "%s", dj_last_error());
+        rc = 400;
+    }
+    if (!rc && !(m = model_get(h, base))) {
+        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", base);
         rc = 404;
     }
     if (!rc) rc = dj__oai_prompt(&g->o, m, err, sizeof err);

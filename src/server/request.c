@@ -135,6 +135,7 @@ static dj_status dec_generate(const dj__meta *m, dj__request *r) {
     if (st == DJ_OK) st = str_dup(m, "json_schema", &g->json_schema, &g->schema_len);
     const msgpack_object *pts = st == DJ_OK ? dj__meta_get(m, "points") : NULL;
     if (pts) st = dec_gen_points(pts, g);
+    if (st == DJ_OK) st = dj__meta_strcpy(m, "adapter", false, g->adapter, sizeof g->adapter);
     return st;
 }
 

@@ -95,6 +95,7 @@ typedef struct dj__req_generate {
     size_t salt_len;
     char *json_schema;     /* [schema_len] structured output (grammar.h; malloc'd) or NULL */
     size_t schema_len;
+    char adapter[128];     /* a LoRA adapter's folder in the model store, "": the session's (adapter.h) */
     dj__gen_sampling s;
     struct dj__req_point *points; /* [n_points] (malloc'd) edits at every step, or NULL; their tensors in */
     uint32_t n_points;

@@ -13,6 +13,8 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "djinn/lora.h"
+#include "server/adapter.h"
 #include "server/graph_serve.h"
 #include "server/access.h"
 #include "server/server_impl.h"
@@ -923,6 +925,9 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         goto done;
     }
     if ((st = gen_salt(j, ss)) != DJ_OK) goto done;
+    if ((st = dj__adapter_use(s->engine, s->cfg.models, ss->es, j->r.u.gen.adapter,
+                              sess_pos(ss) == 0 && ss->pending < 0 && !ss->dropped && ss->n_hist == 0)) != DJ_OK)
+        goto done;
     if ((st = feed_ids(ss, g->ids, g->n_ids, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
@@ -1413,6 +1418,7 @@ static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
     uint64_t salt[2];
     dj_session_cache_salt(ss->es, salt);
     if (st == DJ_OK) st = dj_session_set_cache_salt(fresh, salt); /* its history keys as before */
+    if (st == DJ_OK) st = dj_session_set_lora_like(s->engine, fresh, ss->es); /* and runs with its adapter */
     if (st == DJ_OK && (s->cfg.swap_policy == DJ_SWAP_RECOMPUTE || lost) && ss->n_hist == dj_session_pos(ss->es)) {
         dj_session_free(s->engine, ss->es);
         ss->es = fresh;

@@ -281,6 +281,7 @@ static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
     case DJ_OP_SOFTCAP: return dj__cpu_softcap(cb, c);
     case DJ_OP_MOE_ROUTE: return dj__cpu_moe_route(cb, c);
     case DJ_OP_MOE_FFN: return dj__cpu_moe_ffn(cb, c);
+    case DJ_OP_LORA: return dj__cpu_lora(cb, c);
     case DJ_OP_COUNT: break;
     }
     return dj_fail(DJ_EUNSUPPORTED, "cpu backend: unknown op %d", (int)c->op);

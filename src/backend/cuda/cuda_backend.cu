@@ -292,6 +292,7 @@ dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     case DJ_OP_SOFTCAP: return dj__cuda_softcap(cb, c);
     case DJ_OP_MOE_ROUTE: return dj__cuda_moe_route(cb, c);
     case DJ_OP_MOE_FFN: return dj__cuda_moe_ffn(cb, c);
+    case DJ_OP_LORA: return dj__cuda_lora(cb, c);
     case DJ_OP_COUNT: break;
     }
     return dj_fail(DJ_EUNSUPPORTED, "cuda backend: unknown op %d", (int)c->op);

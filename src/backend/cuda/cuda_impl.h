@@ -250,6 +250,7 @@ dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 /* cuda_arch_ops.cu: the ops of the architectures beyond Llama. */
 dj_status dj__cuda_gelu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_softcap(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_lora(dj_cuda_backend *cb, const dj_op_call *c); /* cuda_lora.cu */
 dj_status dj__cuda_moe_route(dj_cuda_backend *cb, const dj_op_call *c);
 /* Reads the weights of expert e only for rows routed to it: a launch whose
  * rows none route to e exits before reading any weight (decode reads only the
