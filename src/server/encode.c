@@ -8,6 +8,7 @@
 #include "djinn/version.h"
 #include "server/disk_tier.h"
 #include "server/graph_serve.h"
+#include "server/load_progress.h"
 #include "server/server_impl.h"
 
 dj__event *dj__event_new(dj__ev_kind kind, uint64_t conn, uint16_t req_type, uint64_t req, size_t extra) {
@@ -197,6 +198,8 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
     dj__tier_pack_stats(w, &st->disk, &st->sched);
     dj__mw_u64(w, "handles", st->handles);
     dj__mw_u64(w, "connections", st->connections);
+    dj__mw_key(w, "loading"); /* models being loaded now (load_progress.c) */
+    dj__load_pack(w);
     if (st->capture) dj__capture_stats(st->capture, w);
     if (st->map) dj__mw_str(w, "map", st->map);
 }

@@ -62,6 +62,10 @@ static int usage(FILE *f) {
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
           "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
           f);
+    fputs("--preload NAME[,NAME...]: load and pin these models of --models before serving (each load logs\n"
+          "its progress; a name not in the store stops the start). While any model loads, STATS and /health\n"
+          "say so (\"loading\", with bytes read of the total).\n",
+          f);
     fputs("--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
           "comment; an optional [djinnd] header), read before the command line, whose flags override it.\n"
           "SIGHUP re-reads it with the token file: the tokens, the log level and the limits marked (R) below\n"
@@ -283,6 +287,8 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         for (int k = 0; k < 4; k++)
             if (!strcmp(v, levels[k])) cfg->log_level = k;
         if (cfg->log_level == -2) return snprintf(err, cap, "--log-level '%s': want debug, info, warn or error", v), 2;
+    } else if (!strcmp(a, "--preload")) {
+        cfg->preload = v;
     } else if (!strcmp(a, "--state-dir")) {
         cfg->state_dir = v;
     } else if (!strcmp(a, "--token-file")) {

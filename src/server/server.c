@@ -25,6 +25,7 @@
 #include "server/server_impl.h"
 #include "server/serve.h"
 #include "server/access.h"
+#include "server/load_progress.h"
 #include "server/sd_notify.h"
 #include "server/wrong_door.h"
 
@@ -906,6 +907,14 @@ static void answer_inline(dj__conn *c, dj__request *r, const dj__meta *m) {
         st = dj__capture_inline(s->capture, c->id, c->tenant, type, m, r->body + c->h.meta_len, c->h.payload_len, &w);
         close_conn = st == DJ_EFORMAT;
         break;
+    case DJ_MSG_STATS: { /* only while the worker loads a model (load_progress.c) */
+        pthread_mutex_lock(&s->mu);
+        const uint64_t n_conns = s->live_conns.n;
+        pthread_mutex_unlock(&s->mu);
+        dj__load_pack_stats(&w, c->admin, dj_vmu_page_bytes(dj_engine_vmu(s->engine)), s->handles.n, n_conns);
+        st = DJ_OK;
+        break;
+    }
     default: /* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH */
         st = do_inline(c, r, &w, &close_conn);
         close_conn = close_conn || st == DJ_EFORMAT;
@@ -1001,7 +1010,7 @@ static void handle_frame(dj__conn *c) {
             return;
         }
     }
-    if (row->at == DJ__AT_IO) {
+    if (row->at == DJ__AT_IO || (h->type == DJ_MSG_STATS && dj__load_snapshot(NULL, 0))) { /* the worker loads */
         answer_inline(c, &r, &m);
         dj__meta_destroy(&m);
         return;

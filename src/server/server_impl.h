@@ -348,6 +348,7 @@ typedef struct dj__config {
     const char *http_hosts;    /* --http-allowed-hosts: Host names besides localhost and IP literals */
     /* the config file, the store check and the log (config_file.c, reload.c) */
     const char *config;        /* --config FILE or NULL */
+    const char *preload;       /* --preload NAME[,NAME]: models loaded and pinned before serving, or NULL */
     struct dj__conf *conf;     /* its entries, which string options point into (dj__config_free) */
     bool allow_empty;          /* --allow-empty: a missing model is a warning, not an error at start */
     int log_level;             /* --log-level: dj_log_level, or -1 ($DJINN_LOG, default warn) */

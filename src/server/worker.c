@@ -15,6 +15,7 @@
 
 #include "server/graph_serve.h"
 #include "server/access.h"
+#include "server/load_progress.h"
 #include "server/server_impl.h"
 #include "server/disk_tier.h"
 
@@ -192,7 +193,7 @@ static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out,
         return dj_fail(DJ_EINVAL, "model name '%s': use the name of a folder in the model store", name);
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s/%s", s->cfg.models, name);
-    dj_status st = dj_model_load(s->engine, dir, m);
+    dj_status st = dj__load_model(s->engine, dir, name, m); /* load_progress.c: its progress shown */
     if (st != DJ_OK) return st;
     dj__model_ent *e = model_find(s, name);
     if (!e) {
@@ -1377,6 +1378,18 @@ static bool work_arrived(const dj__server *s) { /* mu held */
     return false;
 }
 
+/* Every model entry goes (the daemon stops, or never started). */
+static void drop_models(dj__server *s) {
+    while (s->models) {
+        dj__model_ent *m = s->models;
+        if (m->pinned) dj_model_release(s->engine, m->m);
+        m->pinned = false;
+        m->users = 0;
+        m->tok_jobs = 0; /* the tokenizer thread was stopped first (dj__worker_stop) */
+        model_ent_maybe_drop(s, m);
+    }
+}
+
 static void *worker_main(void *arg) {
     dj__server *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -1434,14 +1447,7 @@ static void *worker_main(void *arg) {
         dj__job_free(j);
     }
     pthread_mutex_unlock(&s->mu);
-    while (s->models) {
-        dj__model_ent *m = s->models;
-        if (m->pinned) dj_model_release(s->engine, m->m);
-        m->pinned = false;
-        m->users = 0;
-        m->tok_jobs = 0; /* the tokenizer thread was stopped first (dj__worker_stop) */
-        model_ent_maybe_drop(s, m);
-    }
+    drop_models(s);
     return NULL;
 }
 
@@ -1527,6 +1533,24 @@ static void tokenizer_stop(dj__server *s) {
     while ((j = q_pop_head(&s->tokq))) dj__job_free(j);
 }
 
+/* --preload: each named model loaded and pinned before the worker serves
+ * (its pin belongs to no connection: an admin's MODEL_UNLOAD lifts it). */
+static dj_status preload(dj__server *s) {
+    char name[128];
+    dj_status st = s->cfg.preload ? dj__preload_check(s->cfg.models, s->cfg.preload) : DJ_OK;
+    if (st != DJ_OK) return st; /* every name is checked before any load */
+    for (const char *p = s->cfg.preload; p && dj__preload_next(&p, name, sizeof name, &st);) {
+        dj__model_ent *e = NULL;
+        dj_model_t *m = NULL;
+        if ((st = model_ref(s, name, &e, &m)) != DJ_OK)
+            return dj_fail(st, "--preload %s: %s", name, dj_last_error());
+        e->pinned = true;
+        e->pin_conn = 0;
+        dj__log_always(DJ_LOG_INFO, __func__, "model %s: preloaded (pinned)", name);
+    }
+    return st;
+}
+
 dj_status dj__worker_start(dj__server *s) {
     dj_engine_config ec;
     memset(&ec, 0, sizeof ec);
@@ -1553,6 +1577,7 @@ dj_status dj__worker_start(dj__server *s) {
     s->ride_rows = s->cfg.mixed_steps == 2 || (s->cfg.mixed_steps < 0 && !cpu) ? RIDE_ROWS : 0;
     dj_status st = engine_open(s, &ec);
     if (st == DJ_OK) st = sched_open(s);
+    if (st == DJ_OK) st = preload(s); /* before serving */
     if (st == DJ_OK && pthread_cond_init(&s->tok_cv, NULL) != 0)
         st = dj_fail(DJ_EINTERNAL, "cannot create the tokenizer thread's condition");
     if (st == DJ_OK) {
@@ -1567,6 +1592,7 @@ dj_status dj__worker_start(dj__server *s) {
         st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
     if (st != DJ_OK) {
         tokenizer_stop(s);
+        drop_models(s); /* what --preload pinned */
         dj_sched_free(s->sched);
         s->sched = NULL;
         dj_engine_free(s->engine);
