@@ -18,6 +18,7 @@
 #include "sched/sched.h"
 #include "proto/proto_impl.h"
 #include "server/event.h"
+#include "server/metrics_vllm.h"
 #include "server/request.h"
 
 /* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
@@ -122,6 +123,7 @@ typedef struct dj__metrics {
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
     size_t n_auth;
     bool local_admin;              /* --local-admin: without a token file, /metrics answers anyone it serves */
+    dj__vllm vllm;                 /* the per-model series of vLLM's dashboards (metrics_vllm.c) */
 } dj__metrics;
 extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
 void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);

@@ -166,6 +166,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
     if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, NULL, st);
+    if (j->type == DJ_MSG_GENERATE) dj__vllm_generate_end(s, j, dj__map_get(&s->sessions, j->sess), st, DJ__VFIN_ERROR);
     post_job(s, j, dj__event_error(j->conn, j->type, j->req, st, dj_last_error(), close_after));
 }
 
@@ -261,6 +262,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         dj__metrics_count(&s->metrics, j->type, why);
         if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, ss, why);
+        if (j->type == DJ_MSG_GENERATE) dj__vllm_generate_end(s, j, ss, why, DJ__VFIN_ABORT);
         post_job(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false)); /* dropped if its connection went */
         dj__job_free(j);
     }
@@ -600,6 +602,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     }
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
     dj__access_generate(j, ss, DJ_OK);
+    dj__vllm_generate_end(s, j, ss, DJ_OK, DJ__VFIN_STOP); /* metrics_vllm.c: the finish reason decides */
     post_job(s, j, e);
 }
 
@@ -1369,6 +1372,7 @@ static void publish_metrics(dj__server *s) {
     s->metrics.preemptions = ss.preemptions;
     memcpy(s->metrics.sess_states, ss.sessions, sizeof s->metrics.sess_states);
     pthread_mutex_unlock(&s->metrics.mu);
+    dj__vllm_count_queues(s); /* metrics_vllm.c: running and waiting per model */
 }
 
 static bool work_arrived(const dj__server *s) { /* mu held */
