@@ -459,6 +459,7 @@ static void send_out(dj__conn *c, dj__out *o) {
 
 static void send_error(dj__conn *c, uint64_t req, uint16_t type, dj_status st, bool close_after) {
     dj__metrics_count(&c->srv->metrics, type, st);
+    dj__access_io(c->srv, &c->u.stream, c->unix_sock, c->door, c->tenant, type, st); /* access.c */
     DJ_LOG(INFO, "conn=%llu req=%llu type=%s error=%s: %s%s", (unsigned long long)c->id, (unsigned long long)req,
            dj_msg_type_name(type), dj_status_name(st), dj_last_error(), close_after ? " (closing)" : "");
     dj__out *o = dj__out_error(c->id, req, st, dj_last_error(), close_after);
@@ -471,6 +472,7 @@ static void send_error(dj__conn *c, uint64_t req, uint16_t type, dj_status st, b
 
 static void send_reply(dj__conn *c, uint16_t type, uint64_t req, dj__mw *w) {
     dj__metrics_count(&c->srv->metrics, type, DJ_OK);
+    dj__access_io(c->srv, &c->u.stream, c->unix_sock, c->door, c->tenant, type, DJ_OK); /* access.c */
     dj__out *o = dj__out_meta(c->id, DJ_MSG_REPLY, req, w);
     if (!o) {
         conn_close(c);

@@ -150,9 +150,18 @@ void dj__enqueue(dj__server *s, dj__job *j) {
 
 /* ---- replies ---- */
 
+/* The model an access line names for j: the one it names, else its session's. */
+static const char *job_model(dj__server *s, const dj__job *j) {
+    if (j->type == DJ_MSG_MODEL_LOAD || j->type == DJ_MSG_MODEL_UNLOAD) return j->r.u.model;
+    if (j->type == DJ_MSG_SESSION_OPEN) return j->r.u.open.model;
+    const dj__sess *ss = j->sess ? dj__map_get(&s->sessions, j->sess) : NULL;
+    return ss ? ss->model : NULL;
+}
+
 /* j's REPLY: rep (filled by its do_*) moves into a posted event. */
 static bool reply(dj__server *s, dj__job *j, dj__event *rep) {
     dj__metrics_count(&s->metrics, j->type, DJ_OK);
+    dj__access_job(j, job_model(s, j), DJ_OK);
     dj__event *e = dj_malloc(sizeof *e);
     if (e) *e = *rep;
     else dj__event_clear(rep);
@@ -166,6 +175,7 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
     if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, NULL, st);
+    else dj__access_job(j, job_model(s, j), st);
     if (j->type == DJ_MSG_GENERATE) dj__vllm_generate_end(s, j, dj__map_get(&s->sessions, j->sess), st, DJ__VFIN_ERROR);
     post_job(s, j, dj__event_error(j->conn, j->type, j->req, st, dj_last_error(), close_after));
 }
@@ -263,6 +273,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__metrics_count(&s->metrics, j->type, why);
         if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, ss, why);
         if (j->type == DJ_MSG_GENERATE) dj__vllm_generate_end(s, j, ss, why, DJ__VFIN_ABORT);
+        else dj__access_job(j, ss->model, why);
         post_job(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false)); /* dropped if its connection went */
         dj__job_free(j);
     }
