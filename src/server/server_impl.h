@@ -160,6 +160,7 @@ typedef struct dj__job dj__job;
 #define DJ__CTL_DROP 0x101    /* the session goes: ctl.why (its lease ended, or its connection closed) */
 #define DJ__CTL_ORPHAN 0x102  /* its connection closed: its requests are cancelled, it waits for an attach */
 #define DJ__CTL_ATTACH 0x103  /* ctl.conn holds it now */
+#define DJ__CTL_LIMITS 0x104  /* no session: ctl.limits, SIGHUP's new worker limits (reload.c) */
 
 /* The I/O side's record (dj__server.leases; loop only). */
 typedef struct dj__lease {
@@ -251,6 +252,10 @@ struct dj__job {
         double resume_at;
         dj_status why;
         const char *why_msg;  /* a static string */
+        struct {              /* DJ__CTL_LIMITS: the reloaded values of these options */
+            uint32_t prefill_chunk, idle_ms, max_wait_ms;
+            size_t quota_bytes, swap_quota_bytes;
+        } limits;
     } ctl;
     bool model_error;         /* its error came from a model's files (not the request): the connection stays */
     dj__request r;            /* the request, decoded by the I/O thread (request.h); owned */
@@ -501,6 +506,9 @@ dj_status dj__worker_start(dj__server *s);
 void dj__worker_stop(dj__server *s);
 void dj__enqueue(dj__server *s, dj__job *j); /* into the worker's mailbox; takes ownership; locks mu */
 void dj__job_free(dj__job *j);
+/* SIGHUP (reload.c): the worker takes nc's limits it reads (--prefill-chunk,
+ * --idle-ms, --max-wait-ms, --quota-gb, --swap-quota-gb) at its next intake. */
+dj_status dj__worker_limits(dj__server *s, const dj__config *nc);
 /* Build an ERROR frame (st, message) for the outbox (call with mu held or not: it only allocates). */
 dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *msg, bool close_after);
 /* msg made fit for a client: no heap addresses, no server paths, valid UTF-8

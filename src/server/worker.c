@@ -308,8 +308,52 @@ static void cancel_orphaned(dj__server *s, dj__sess *ss) {
     }
 }
 
+/* The scheduler's limits of the config's values (at start and at a reload). */
+static void sched_limits(const dj__server *s, dj_sched_config *sc) {
+    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(s->engine));
+    sc->idle_ms = s->cfg.idle_ms;
+    sc->lifo_age_ms = s->cfg.max_wait_ms;
+    sc->quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0;
+    sc->pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
+                            page - 1) / page;
+}
+
+/* DJ__CTL_LIMITS: SIGHUP's values of the options the worker reads. */
+static void set_limits(dj__server *s, const dj__job *j) {
+    s->cfg.prefill_chunk = j->ctl.limits.prefill_chunk;
+    s->cfg.idle_ms = j->ctl.limits.idle_ms;
+    s->cfg.max_wait_ms = j->ctl.limits.max_wait_ms;
+    s->cfg.quota_bytes = j->ctl.limits.quota_bytes;
+    s->cfg.swap_quota_bytes = j->ctl.limits.swap_quota_bytes;
+    dj_sched_config sc;
+    memset(&sc, 0, sizeof sc);
+    sched_limits(s, &sc);
+    dj_sched_set_limits(s->sched, &sc);
+    DJ_LOG(INFO, "limits reloaded: prefill-chunk %u, idle-ms %u, max-wait-ms %u, quota %zu bytes",
+           s->cfg.prefill_chunk, s->cfg.idle_ms, s->cfg.max_wait_ms, s->cfg.quota_bytes);
+}
+
+dj_status dj__worker_limits(dj__server *s, const dj__config *nc) {
+    dj__job *j = dj_calloc(1, sizeof *j);
+    if (!j) return dj_fail(DJ_ENOMEM, "out of memory");
+    j->type = DJ__CTL_LIMITS;
+    j->qos = DJ_QOS_REALTIME;
+    j->ctl.limits.prefill_chunk = nc->prefill_chunk;
+    j->ctl.limits.idle_ms = nc->idle_ms;
+    j->ctl.limits.max_wait_ms = nc->max_wait_ms;
+    j->ctl.limits.quota_bytes = nc->quota_bytes;
+    j->ctl.limits.swap_quota_bytes = nc->swap_quota_bytes;
+    dj__enqueue(s, j);
+    return DJ_OK;
+}
+
 /* A message of the I/O side's about a session (DJ__CTL_ types); frees it. */
 static void control(dj__server *s, dj__job *j) {
+    if (j->type == DJ__CTL_LIMITS) {
+        set_limits(s, j);
+        dj__job_free(j);
+        return;
+    }
     dj__sess *ss = dj__map_get(&s->sessions, j->sess);
     if (ss) switch (j->type) {
         case DJ__CTL_PAUSE: {
@@ -1511,16 +1555,11 @@ static dj_status sched_open(dj__server *s) {
         (st = dj__tier_open(s->engine, s->cfg.state_dir, s->cfg.disk_bytes, &disk_pages, &disk_page_ms)) != DJ_OK)
         return st;
     const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
-    const dj_sched_config sc = {
+    dj_sched_config sc = {
         .max_running = s->cfg.max_running,
         .max_rows = MIXED_ROWS,
         .pages_total = (uint32_t)vs.pages_total,
         .pool_pages = sw.capacity / page,
-        .idle_ms = s->cfg.idle_ms,
-        .lifo_age_ms = s->cfg.max_wait_ms,
-        .quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0,
-        .pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
-                             page - 1) / page,
         /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
         .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
         .policy = s->cfg.swap_policy,
@@ -1530,6 +1569,7 @@ static dj_status sched_open(dj__server *s) {
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
            vs.stack.capacity >> 20, sw.capacity >> 20, dj_swap_policy_name(s->cfg.swap_policy));
+    sched_limits(s, &sc); /* idle, max wait, quotas: SIGHUP changes them */
     return dj_sched_new(&sc, &s->sched);
 }
 
