@@ -16,6 +16,7 @@ target_sources(djinn_server PRIVATE src/server/sd_notify.c)
 # --config FILE (INI through libinih, a Debian package: libinih-dev) and SIGHUP's reload
 target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c)
 target_sources(djinn_server PRIVATE src/server/access.c) # access lines (src/core/log_access.c formats them)
+target_sources(djinn_server PRIVATE src/server/view_stats.c) # STATS' page map for the live view
 target_sources(djinn_server PRIVATE src/server/metrics_vllm.c) # the series of vLLM's dashboards, per model
 target_sources(djinn_server PRIVATE src/server/load_progress.c) # model loads shown: progress lines, STATS, /health, --preload
 pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)

@@ -148,6 +148,24 @@ check(sorted(i for i in dom.el if i.startswith('session-')) == sorted(f"session-
       'session rows vs stats')
 for q in ('realtime', 'interactive', 'batch'):
     check(f'queue-{q}' in dom.el, f'queue {q} drawn')
+# weights read in place (the CPU engine maps the checkpoint): drawn, and as djinn stat says
+m = re.search(r'text: \d+ B pinned, (\d+) B mapped in place', stat)
+mp = dom.el.get('seg-mapped', {}).get('data-bytes')
+check(m and mp == m[1] and int(mp) == st['segments']['text']['mapped'] and int(mp) > 0,
+      f"mapped weights: page {mp}, djinn stat {m and m[1]}, stats {st['segments']['text'].get('mapped')}")
+# the page map: every cell once, each held by a listed session, the prefix cache or nobody, as the stats say
+raw = open(f'{tmp}/dom.html').read()
+pm = dom.el.get('page-map', {})
+cells = re.findall(r'data-holder="([^"]+)" data-n="(\d+)"', raw)
+ids = [s['id'] for s in st['sessions']]
+check(pm.get('data-cells') == str(st['page_map']['cells']) and int(pm.get('data-cells', 0)) > 0, f"page map cells {pm}")
+check(sum(int(n) for _, n in cells) == st['page_map']['cells'], 'the page map draws every cell once')
+want = [(ids[h] if h >= 0 else 'free' if h == -1 else 'prefix', n) for h, n in st['page_map']['runs']]
+check([(h, int(n)) for h, n in cells] == want, f'page map runs: page {cells[:6]}..., stats {want[:6]}...')
+check(any(h in ids for h, _ in cells), 'no session holds a cell of the page map')
+# the charts: one sample an event (rates from the second on)
+for c, n in (('chart-tps', '2'), ('chart-queues', '3'), ('chart-swap', '2'), ('chart-mem', '3')):
+    check(dom.el.get(c, {}).get('data-points') == n, f"{c}: {dom.el.get(c, {}).get('data-points')} points, want {n}")
 print('view_browser_test: ' + (f'{failed} failed' if failed else
       f"ok ({dom.text['n-sessions']} sessions, {dom.text['pages-used']} pages, 3 events)"))
 sys.exit(1 if failed else 0)

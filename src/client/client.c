@@ -870,6 +870,12 @@ static bool bool_of(const msgpack_object *map, const char *key) {
     return v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean;
 }
 
+/* STATS' session count (its "sessions" array), 0 without one. */
+static uint32_t ss_count(const dj__meta *m) {
+    const msgpack_object *ss = dj__meta_get(m, "sessions");
+    return ss && ss->type == MSGPACK_OBJECT_ARRAY ? ss->via.array.size : 0;
+}
+
 dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     memset(out, 0, sizeof *out);
     dj__meta m;
@@ -959,6 +965,27 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->disk.recoveries = u64_of(dk, "recoveries");
     out->disk.write_s = f64_of(dk, "write_s");
     out->disk.read_s = f64_of(dk, "read_s");
+    out->text_mapped = u64_of(root, "text_mapped");
+    out->page_cells = (uint32_t)u64_of(root, "page_cells");
+    const msgpack_object *pr = dj__meta_get(&m, "page_runs"); /* (holder, cells) pairs */
+    if (st == DJ_OK && pr && pr->type == MSGPACK_OBJECT_ARRAY && pr->via.array.size >= 2) {
+        const uint32_t n = pr->via.array.size / 2;
+        if (!(out->page_runs = dj_calloc(2 * (size_t)n, sizeof *out->page_runs))) st = dj_fail(DJ_ENOMEM, "out of memory");
+        uint64_t cells = 0;
+        for (uint32_t i = 0; st == DJ_OK && i < 2 * n; i++) {
+            const msgpack_object *v = &pr->via.array.ptr[i];
+            const bool num = v->type == MSGPACK_OBJECT_POSITIVE_INTEGER || v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
+            const int64_t x = !num ? INT64_MIN : v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)(v->via.u64 & INT64_MAX) : v->via.i64;
+            /* a holder: -2..sessions-1; a count: 1..page_cells, all of them adding up to page_cells */
+            const bool ok = i % 2 ? x >= 1 && x <= out->page_cells : x >= -2 && x < (int64_t)ss_count(&m);
+            if (!ok) st = dj_fail(DJ_EFORMAT, "STATS: page_runs[%u] is not a %s", i, i % 2 ? "count" : "holder");
+            else out->page_runs[i] = (int32_t)x;
+            if (i % 2) cells += (uint64_t)x;
+        }
+        if (st == DJ_OK && cells != out->page_cells)
+            st = dj_fail(DJ_EFORMAT, "STATS: page_runs cover %llu parts of %u", (unsigned long long)cells, out->page_cells);
+        if (st == DJ_OK) out->n_page_runs = n;
+    }
     const msgpack_object *px = dj__meta_get(&m, "prefix");
     out->prefix.enabled = bool_of(px, "enabled");
     out->prefix.blocks = u64_of(px, "blocks");
@@ -987,6 +1014,7 @@ void dj_client_stats_free(dj_client_stats *st) {
     free(st->models);
     free(st->sessions);
     free(st->map);
+    free(st->page_runs);
     memset(st, 0, sizeof *st);
 }
 

@@ -51,6 +51,7 @@ void dj__event_clear(dj__event *e) {
             free(e->u.stats.sessions);
             free(e->u.stats.models);
             free(e->u.stats.map);
+            free(e->u.stats.page_runs);
             break;
         default: break;
         }
@@ -130,6 +131,10 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
     dj__mw_u64(w, "evictions", vs->evictions);
     dj__mw_u64(w, "text_pinned", vs->text_pinned);
     dj__mw_u64(w, "text_mapped", vs->text_mapped);
+    dj__mw_u64(w, "page_cells", st->page_cells); /* the data segment's page map (the live view) */
+    dj__mw_key(w, "page_runs");
+    msgpack_pack_array(&w->pk, (uint32_t)(2 * st->n_page_runs));
+    for (size_t i = 0; i < 2 * st->n_page_runs; i++) msgpack_pack_int32(&w->pk, st->page_runs[i]);
     dj__mw_u64(w, "batched_steps", st->batched_steps);
     dj__mw_u64(w, "mixed_steps", st->mixed_steps);
     dj__mw_u64(w, "batched_rows", st->batched_rows);

@@ -107,6 +107,11 @@ typedef struct dj__stats_snap {
     uint64_t handles, connections;
     struct dj__capture *capture; /* the weight store and graph runs: the I/O side packs their counts */
     char *map;                /* the VMU's map, scrubbed (malloc'd) or NULL */
+    int32_t *page_runs;       /* the data segment's page map, run-length: [2 * n_page_runs] (holder, cells)
+                               * pairs; holder: an index of sessions, -1 free, -2 another holder (the prefix
+                               * cache, a session past the list) (malloc'd) */
+    size_t n_page_runs;
+    uint32_t page_cells;      /* the parts the map has (each pages_total / page_cells pages) */
 } dj__stats_snap;
 
 /* GRAPH_RUN: its outputs, each [nbytes] of f32 (malloc'd) that the I/O

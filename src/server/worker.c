@@ -16,6 +16,7 @@
 #include "server/graph_serve.h"
 #include "server/access.h"
 #include "server/load_progress.h"
+#include "server/view_stats.h"
 #include "server/server_impl.h"
 #include "server/disk_tier.h"
 
@@ -1069,6 +1070,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     }
     dj_status st = stats_sessions(s, j, out);
     if (st != DJ_OK) return st;
+    if ((st = dj__stats_page_map(s, out)) != DJ_OK) return st; /* view_stats.c: the live view's page map */
     const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
     dj_sched_get_stats(s->sched, now, &out->sched);
