@@ -95,6 +95,7 @@ dj_status dj__load_model(dj_engine_t *e, const char *dir, const char *name, dj_m
     slot *sl = claim(name, dj_switch_read_str(DJ_SW_TEST_LOAD_HOLD));
     if (sl) dj_checkpoint_set_progress(ck, on_progress, sl); /* no free slot: loaded unseen, as before */
     st = dj_model_load_checkpoint(e, ck, name, out);
+    dj_checkpoint_set_progress(ck, NULL, NULL); /* the model may keep ck (in place, streamed): the slot is not its */
     dj_checkpoint_close(ck);
     if (!sl) return st;
     pthread_mutex_lock(&L.mu);
