@@ -122,9 +122,9 @@ static bool parse(char *body, scrape *sc, char *why, size_t cap) {
                 }
                 if (*p != '"') return snprintf(why, cap, "line %d: unterminated label value", lineno), false;
                 p++;
-                if (!strcmp(key, "le")) snprintf(s->le, sizeof s->le, "%s", val);
-                if (!strcmp(key, "model")) snprintf(s->model, sizeof s->model, "%s", val);
-                if (!strcmp(key, "finished_reason")) snprintf(s->reason, sizeof s->reason, "%s", val);
+                if (!strcmp(key, "le")) snprintf(s->le, sizeof s->le, "%.31s", val);
+                if (!strcmp(key, "model")) snprintf(s->model, sizeof s->model, "%.127s", val);
+                if (!strcmp(key, "finished_reason")) snprintf(s->reason, sizeof s->reason, "%.31s", val);
                 if (*p == ',') p++;
                 else if (*p != '}') return snprintf(why, cap, "line %d: want ',' or '}'", lineno), false;
             }
