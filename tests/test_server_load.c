@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "djinn/client.h"
 #include "daemon_util.h"
 #include "testutil.h"
 
@@ -99,6 +100,16 @@ static void test_held_load(void) {
     CHECK(stat(DJ_SOURCE_DIR "/models/demo/model.safetensors", &sb) == 0);
     CHECK_MSG(total > 0 && total < (uint64_t)sb.st_size && total > (uint64_t)sb.st_size / 2, "total %llu of a %lld-byte file",
               (unsigned long long)total, (long long)sb.st_size);
+
+    /* libdjinn reads the same reply (the fields every STATS has are there, empty) */
+    dj_client_t *cl = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &cl));
+    dj_client_stats cs;
+    CHECK_OK(dj_client_stats_get(cl, &cs));
+    CHECK(cs.busy_loading && cs.n_loading == 1 && !strcmp(cs.loading[0].name, "demo") && cs.loading[0].bytes_done >= done &&
+          cs.loading[0].bytes_done <= cs.loading[0].bytes_total); /* other reading threads may have reported since */
+    dj_client_stats_free(&cs);
+    dj_client_free(cl);
 
     /* /health: 503, "loading", the model and its bytes */
     CHECK_MSG(dj_test_http_text(http_port, "GET", "/health", NULL, body, sizeof body) == 503, "%s", body);

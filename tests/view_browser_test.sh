@@ -18,6 +18,7 @@ TMP=$(mktemp -d)
 pid=
 loaders=()
 cleanup() {
+    touch "$TMP/go" # a load held by $DJINN_TEST_LOAD_HOLD goes on (and its daemon can stop)
     for l in "${loaders[@]}"; do kill "$l" 2>/dev/null; done
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
     rm -rf "$TMP"
@@ -196,3 +197,34 @@ if [ "$rc" -ne 0 ] || grep -q "Sanitizer\|runtime error" "$TMP/log"; then
     fail "djinnd exited with $rc"
 fi
 echo "view_browser_test: djinnd stopped cleanly with an event stream open"
+
+# a model load held half way ($DJINN_TEST_LOAD_HOLD): the page draws its bar from the I/O thread's STATS
+DJINN_TEST_LOAD_HOLD="$TMP/go" "$DJINND" --models "$TMP/store" --listen 127.0.0.1:0 --http 127.0.0.1:0 --local-admin \
+    --port-file "$TMP/ports2" --threads 1 --vmu-gb 256m >"$TMP/log2" 2>&1 &
+pid=$!
+for _ in $(seq 400); do
+    [ -f "$TMP/ports2" ] && [ "$(wc -l <"$TMP/ports2")" -ge 2 ] && break
+    sleep 0.05
+done
+listen=$(sed -n 1p "$TMP/ports2" 2>/dev/null)
+port=$(sed -n 2p "$TMP/ports2" 2>/dev/null)
+[ -n "$port" ] || { cat "$TMP/log2" >&2; fail "djinnd (held load) did not start"; }
+"$DJINN" generate --server "127.0.0.1:$listen" --model demo --tokens 1,2 -n 2 --greedy >"$TMP/gen2" 2>&1 &
+gen=$!
+loaders+=($gen)
+for _ in $(seq 600); do curl -s "http://127.0.0.1:$port/v1/djinn/stats" | grep -q '"busy":"loading"' && break; sleep 0.05; done
+curl -s "http://127.0.0.1:$port/v1/djinn/stats" | grep -q '"loading":\[{"name":"demo","bytes_done":[1-9]' ||
+    fail "stats during the load: $(curl -s "http://127.0.0.1:$port/v1/djinn/stats" | head -c 300)"
+browse --dump-dom "http://127.0.0.1:$port/#events=1" >"$TMP/dom_load.html" || fail "chromium --dump-dom (load)"
+grep -q 'id="load-demo" data-done="[1-9][0-9]*" data-total="[1-9][0-9]*"' "$TMP/dom_load.html" ||
+    fail "no loading bar: $(grep -o 'id="loading">.\{0,200\}' "$TMP/dom_load.html")"
+touch "$TMP/go"
+wait "$gen" || fail "the held load's generate failed: $(cat "$TMP/gen2")"
+loaders=()
+browse --dump-dom "http://127.0.0.1:$port/#events=1" >"$TMP/dom_loaded.html" || fail "chromium --dump-dom (loaded)"
+grep -q 'id="load-demo"' "$TMP/dom_loaded.html" && fail "the loading bar stayed after the load"
+grep -q 'id="seg-data"' "$TMP/dom_loaded.html" || fail "the page is not drawn after the load"
+kill -TERM "$pid"
+wait "$pid" || fail "djinnd (held load) exited with $?"
+pid=
+echo "view_browser_test: a held load drawn as a bar, gone once loaded"

@@ -965,6 +965,18 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->disk.recoveries = u64_of(dk, "recoveries");
     out->disk.write_s = f64_of(dk, "write_s");
     out->disk.read_s = f64_of(dk, "read_s");
+    char busy[16];
+    str_of(root, "busy", busy, sizeof busy);
+    out->busy_loading = !strcmp(busy, "loading");
+    const msgpack_object *ld = dj__meta_get(&m, "loading");
+    for (uint32_t i = 0; ld && ld->type == MSGPACK_OBJECT_ARRAY && i < ld->via.array.size && out->n_loading < 8; i++) {
+        const msgpack_object *o = &ld->via.array.ptr[i];
+        str_of(o, "name", out->loading[out->n_loading].name, sizeof out->loading[0].name);
+        out->loading[out->n_loading].bytes_done = u64_of(o, "bytes_done");
+        out->loading[out->n_loading].bytes_total = u64_of(o, "bytes_total");
+        out->loading[out->n_loading].elapsed_s = f64_of(o, "elapsed_s");
+        out->n_loading++;
+    }
     out->text_mapped = u64_of(root, "text_mapped");
     out->page_cells = (uint32_t)u64_of(root, "page_cells");
     const msgpack_object *pr = dj__meta_get(&m, "page_runs"); /* (holder, cells) pairs */

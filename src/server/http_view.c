@@ -34,6 +34,16 @@ char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
     add_u64(pg, "total", st->pages_total);
     add_u64(pg, "free", st->pages_free);
     add_u64(pg, "bytes", st->page_bytes);
+    if (st->busy_loading) cJSON_AddStringToObject(r, "busy", "loading"); /* only the loads are filled then */
+    cJSON *ld = cJSON_AddArrayToObject(r, "loading");
+    for (size_t i = 0; ld && i < st->n_loading; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", st->loading[i].name);
+        add_u64(o, "bytes_done", st->loading[i].bytes_done);
+        add_u64(o, "bytes_total", st->loading[i].bytes_total);
+        cJSON_AddNumberToObject(o, "elapsed_s", st->loading[i].elapsed_s);
+        cJSON_AddItemToArray(ld, o);
+    }
     cJSON *pm = cJSON_AddObjectToObject(r, "page_map"); /* runs of [holder, parts]: a session index, -1, -2 */
     add_u64(pm, "cells", st->page_cells);
     cJSON *runs = cJSON_AddArrayToObject(pm, "runs");
@@ -129,6 +139,7 @@ char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len)
     o.text.used = o.text.peak = o.data.used = o.data.peak = o.stack.used = o.stack.peak = 0;
     o.pages_free = 0;
     o.text_mapped = 0;
+    o.n_loading = 0; /* which models others load: theirs */
     o.page_cells = 0; /* where others' pages lie: theirs */
     o.page_runs = NULL;
     o.n_page_runs = 0;
@@ -194,6 +205,7 @@ const char dj__http_view_html[] =
     "</style></head><body>\n"
     "<h1>djinnd &mdash; live view of the VMU</h1>\n"
     "<div id=\"live\">events received: <span id=\"events\">0</span>; <span id=\"tps\">-</span> tokens/s; PCIe (swap): <span id=\"pcie\">-</span></div><div id=\"err\"></div>\n"
+    "<div id=\"loading\"></div>\n"
     "<h2>Segments</h2><div id=\"segs\"></div><div id=\"pages\"></div>\n"
     "<h2>Data segment, page by page</h2><div id=\"page-map\"></div><div id=\"page-legend\"></div>\n"
     "<h2>The last minutes</h2><div class=\"charts\" id=\"charts\"></div>\n"
@@ -215,7 +227,13 @@ const char dj__http_view_html[] =
     "const hue=i=>'hsl('+(i*67+20)%360+',60%,55%)';\n"
     "const part=(b,cap,col,t)=>'<div style=\"width:'+(cap?100*b/cap:0).toFixed(2)+'%;background:'+col+'\" title=\"'+esc(t)+'\"></div>';\n"
     "let n=0,prev=null;\n"
+    "// models being loaded: a bar each; while the engine thread loads, STATS holds only that (the rest stays as drawn)\n"
+    "function loads(s){$('loading').innerHTML=(s.loading||[]).map(l=>'<div class=\"seg\" id=\"load-'+esc(l.name)+\n"
+    " '\" data-done=\"'+l.bytes_done+'\" data-total=\"'+l.bytes_total+'\"><b>loading</b><div class=\"bar\" style=\"width:300px\">'+\n"
+    " part(l.bytes_done,l.bytes_total,'#4a7fc1',l.name)+'</div><span class=\"lbl\">'+esc(l.name)+': '+MiB(l.bytes_done)+' of '+\n"
+    " MiB(l.bytes_total)+' in '+l.elapsed_s.toFixed(1)+' s</span></div>').join('');}\n"
     "function draw(s){\n"
+    " loads(s);if(s.busy==='loading')return;\n"
     " const g=s.segments,total=g.text.capacity+g.data.capacity+g.stack.capacity,p=s.pages,x=s.prefix_cache;let h='';\n"
     " for(const k of ['text','data','stack']){const c=g[k],w=Math.max(2,Math.round(600*c.capacity/total));let f;\n"
     "  if(k==='data'){f=s.sessions.map((e,i)=>e.residency==='resident'?part(e.kv_bytes,c.capacity,hue(i),e.id):'').join('')+\n"

@@ -156,6 +156,10 @@ void dj__load_pack_stats(dj__mw *w, bool admin, uint64_t page_bytes, uint64_t ha
     dj__mw_str(w, "version", DJ_VERSION_STRING);
     dj__mw_str(w, "busy", "loading");
     dj__mw_u64(w, "page_bytes", page_bytes);
+    dj__mw_key(w, "models"); /* the fields every reply has, empty: clients read them */
+    msgpack_pack_array(&w->pk, 0);
+    dj__mw_key(w, "sessions");
+    msgpack_pack_array(&w->pk, 0);
     if (admin) {
         dj__mw_key(w, "loading");
         dj__load_pack(w);
