@@ -1033,6 +1033,13 @@ void dj_client_stats_free(dj_client_stats *st) {
 void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     const double mib = 1048576.0;
     if (st->version[0]) fprintf(f, "djinnd %s\n", st->version);
+    for (size_t i = 0; i < st->n_loading; i++)
+        fprintf(f, "loading %s: %.1f of %.1f MiB read in %.1f s\n", st->loading[i].name,
+                (double)st->loading[i].bytes_done / mib, (double)st->loading[i].bytes_total / mib, st->loading[i].elapsed_s);
+    if (st->busy_loading) {
+        fprintf(f, "(the engine thread is loading: nothing else to tell until it is done)\n");
+        return;
+    }
     fprintf(f, "segments:\n");
     const dj_client_seg *seg[3] = {&st->text, &st->data, &st->stack};
     static const char *names[3] = {"text", "data", "stack"};
