@@ -22,6 +22,9 @@ target_sources(djinn_server PRIVATE src/server/config_file.c src/server/reload.c
 target_sources(djinn_server PRIVATE src/server/agent_check.c) # --agent-check: HAProxy's agent protocol
 target_sources(djinn_server PRIVATE src/server/access.c) # access lines (src/core/log_access.c formats them)
 target_sources(djinn_server PRIVATE src/server/adapter.c) # LoRA adapters a request names (docs/lora.md)
+target_sources(djinn_server PRIVATE src/server/view_stats.c) # STATS' page map for the live view
+target_sources(djinn_server PRIVATE src/server/metrics_vllm.c) # the series of vLLM's dashboards, per model
+target_sources(djinn_server PRIVATE src/server/load_progress.c) # model loads shown: progress lines, STATS, /health, --preload
 pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
 target_link_libraries(djinn_server PRIVATE PkgConfig::INIH)
 pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)

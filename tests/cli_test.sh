@@ -45,6 +45,21 @@ done
 out=$("$DJINN" info --model "$FX/models/qwen2" --ctx 128)
 if echo "$out" | grep -q "Qwen2ForCausalLM" && echo "$out" | grep -q "stack peak"; then ok; else bad "info: $out"; fi
 # longrope: the default context stays on the short factors, a longer --ctx takes the long ones
+# info reads config.json and the safetensors headers only: a checkpoint cut short 1000 bytes into its
+# data still gives it (and the budget's placement), while run refuses it with a clear error
+mkdir "$TMP/cut"
+DEMO="$(cd "$FX/../.." && pwd)/models/demo"
+cp "$DEMO/config.json" "$TMP/cut/"
+python3 - "$DEMO/model.safetensors" "$TMP/cut/model.safetensors" <<'PYEOF'
+import struct, sys
+b = open(sys.argv[1], 'rb').read()
+h = struct.unpack('<Q', b[:8])[0]
+open(sys.argv[2], 'wb').write(b[:8 + h + 1000])
+PYEOF
+out=$("$DJINN" info --model "$TMP/cut" --ctx 128 --vmu-gb 1 2>"$TMP/err")
+if echo "$out" | grep -q "LlamaForCausalLM" && echo "$out" | grep -q "fingerprint:    not computed" &&
+    echo "$out" | grep -q "^placement:      all"; then ok; else bad "info on a cut checkpoint: $out"; cat "$TMP/err" >&2; fi
+expect_error "run on a cut checkpoint" "exceeds\|beyond\|file size\|data" "$DJINN" run --model "$TMP/cut" --tokens 1,2 -n 1
 out=$("$DJINN" info --model "$FX/models/phi3_longctx")
 if echo "$out" | grep -q "longrope, short factors for a context of 32 "; then ok; else bad "info longrope default: $out"; fi
 out=$("$DJINN" info --model "$FX/models/phi3_longctx" --ctx 64)

@@ -1,5 +1,6 @@
 /* test_server_access.c: djinnd's logs (issue 50 item 5) - with --log-level info one access line per
- * request, a binary GENERATE and HTTP requests alike, naming the token's name and never its secret, in
+ * request, binary (GENERATE, the worker's other requests, the I/O thread's, a refused one; no
+ * successful HEARTBEAT) and HTTP alike, naming the token's name and never its secret, in
  * --log-format text and json; every line starts with (text) or holds (json "ts") an RFC 3339 UTC time. */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -50,6 +51,12 @@ static char *run_requests(int slot, const char *fmt) {
         dj_generate_result res;
         CHECK_OK(dj_client_session_open(c, &so, &sess));
         CHECK_OK(dj_client_generate(c, sess, &gp, NULL, NULL, &res));
+        /* the worker's (STATS; MODEL_LOAD of a model not in the store), the I/O thread's (HEARTBEAT: no line) */
+        dj_client_stats st;
+        CHECK_OK(dj_client_stats_get(c, &st));
+        dj_client_stats_free(&st);
+        CHECK_ST(dj_client_model_load(c, "nosuch"), DJ_ENOTFOUND);
+        CHECK_OK(dj_client_heartbeat(c));
         dj_client_free(c);
     }
     /* 2: an HTTP completion, greedy (sampled with a fresh seed it may end at EOS after one
@@ -81,8 +88,9 @@ static void test_text(void) {
     char *log = run_requests(0, "text");
     if (!log) return;
     CHECK_MSG(!strstr(log, SECRET), "the secret is in the log");
-    int n_lines = 0, n_bin = 0, n_http = 0;
+    int n_lines = 0, n_bin = 0, n_gen = 0, n_http = 0;
     bool gen_ok = false, door_ok = false, post_ok = false, miss_ok = false, unauth_ok = false;
+    bool hello_ok = false, open_ok = false, stats_ok = false, load_ok = false;
     for (char *save = NULL, *l = strtok_r(log, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
         n_lines++;
         CHECK_MSG(rfc3339(l) && l[24] == ' ', "a line without its time: '%s'", l);
@@ -90,6 +98,12 @@ static void test_text(void) {
         if (!a) continue;
         if (strstr(a, "door=binary")) {
             n_bin++;
+            n_gen += strstr(a, "request=GENERATE ") != NULL;
+            CHECK_MSG(!strstr(a, "request=HEARTBEAT"), "a HEARTBEAT's line: '%s'", a);
+            hello_ok |= strstr(a, "token=alice request=HELLO model=- qos=- outcome=DJ_OK") && !strstr(a, "peer=door");
+            open_ok |= strstr(a, "token=alice request=SESSION_OPEN model=demo qos=batch outcome=DJ_OK") != NULL;
+            stats_ok |= strstr(a, "token=alice request=STATS model=- qos=interactive outcome=DJ_OK") != NULL;
+            load_ok |= strstr(a, "token=alice request=MODEL_LOAD model=nosuch qos=interactive outcome=DJ_ENOTFOUND") != NULL;
             gen_ok |= strstr(a, "token=alice request=GENERATE model=demo qos=batch outcome=length") &&
                       strstr(a, "prompt_tokens=3 gen_tokens=4 queue_ms=") && strstr(a, "total_ms=") &&
                       !strstr(a, "peer=door");
@@ -102,10 +116,13 @@ static void test_text(void) {
             CHECK_MSG(strstr(a, "peer=127.0.0.1:"), "no peer: '%s'", a);
         }
     }
-    CHECK_MSG(n_bin == 2 && n_http == 3, "access lines: %d binary (want 2), %d http (want 3)", n_bin, n_http);
+    CHECK_MSG(n_gen == 2 && n_bin >= 8 && n_http == 3, "access lines: %d binary, %d GENERATE (want 2), %d http (want 3)",
+              n_bin, n_gen, n_http);
     CHECK_MSG(gen_ok && door_ok && post_ok && miss_ok && unauth_ok, "generate %d door %d post %d 404 %d 401 %d",
               gen_ok, door_ok, post_ok, miss_ok, unauth_ok);
-    CHECK(n_lines > n_bin + n_http);
+    CHECK_MSG(hello_ok && open_ok && stats_ok && load_ok, "HELLO %d SESSION_OPEN %d STATS %d MODEL_LOAD %d", hello_ok,
+              open_ok, stats_ok, load_ok);
+    CHECK(n_lines >= n_bin + n_http);
     free(log);
 }
 
@@ -113,7 +130,7 @@ static void test_json(void) {
     char *log = run_requests(1, "json");
     if (!log) return;
     CHECK_MSG(!strstr(log, SECRET), "the secret is in the log");
-    int n_bin = 0, n_http = 0, n_lines = 0;
+    int n_bin = 0, n_other = 0, n_http = 0, n_lines = 0;
     for (char *save = NULL, *l = strtok_r(log, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
         cJSON *o = cJSON_Parse(l);
         CHECK_MSG(o != NULL, "not JSON: '%s'", l);
@@ -128,11 +145,16 @@ static void test_json(void) {
             const char *tok = cJSON_GetStringValue(cJSON_GetObjectItem(o, "token"));
             const cJSON *total = cJSON_GetObjectItem(o, "total_ms");
             CHECK(cJSON_IsNumber(total) && total->valuedouble >= 0);
-            if (door && !strcmp(door, "binary")) {
+            const char *req = cJSON_GetStringValue(cJSON_GetObjectItem(o, "request"));
+            if (door && !strcmp(door, "binary") && req && !strcmp(req, "GENERATE")) {
                 n_bin++;
                 CHECK(tok && !strcmp(tok, "alice"));
                 CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "model")), "demo"));
                 CHECK(cJSON_IsNumber(cJSON_GetObjectItem(o, "ttft_ms")));
+            } else if (door && !strcmp(door, "binary")) {
+                n_other++;
+                CHECK(tok && !strcmp(tok, "alice"));
+                CHECK(req && strcmp(req, "HEARTBEAT"));
             } else if (door && !strcmp(door, "http")) {
                 n_http++;
                 CHECK(cJSON_IsNumber(cJSON_GetObjectItem(o, "status")));
@@ -140,7 +162,8 @@ static void test_json(void) {
         }
         cJSON_Delete(o);
     }
-    CHECK_MSG(n_bin == 2 && n_http == 3, "access lines: %d binary (want 2), %d http (want 3)", n_bin, n_http);
+    CHECK_MSG(n_bin == 2 && n_http == 3, "access lines: %d GENERATE (want 2), %d http (want 3)", n_bin, n_http);
+    CHECK_MSG(n_other >= 6, "%d other binary lines", n_other);
     CHECK(n_lines > 5);
     free(log);
 }

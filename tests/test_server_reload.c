@@ -222,6 +222,85 @@ out:
     CHECK_MSG(strstr(buf, "tokens kept (--token-file"), "the bad file's reload said: %s", buf);
 }
 
+/* A GENERATE of a 300-token prompt (40 KV pages of the demo model) on a fresh connection (its own
+ * tenant, without a token file) and session: its status. */
+static dj_status long_prompt(const char *addr) {
+    dj_client_t *c = NULL;
+    dj_status st = dj_client_connect(addr, NULL, &c);
+    uint64_t sess = 0;
+    const dj_session_opts so = {.model = "demo", .expected_tokens = 400};
+    if (st == DJ_OK) st = dj_client_session_open(c, &so, &sess);
+    int32_t ids[300];
+    for (int i = 0; i < 300; i++) ids[i] = 5 + i;
+    dj_generate_params gp = {.ids = ids, .n_ids = 300, .max_tokens = 1, .ignore_eos = true};
+    if (st == DJ_OK) st = dj_client_generate(c, sess, &gp, NULL, NULL, NULL);
+    dj_client_free(c);
+    return st;
+}
+
+/* The lines of slot's stderr that hold needle. */
+static int lines_with(int slot, const char *needle) {
+    char errf[600];
+    snprintf(errf, sizeof errf, "%s/err%d", tmpdir, slot);
+    char *log = dj_test_read_file(errf, NULL);
+    int n = 0;
+    for (const char *p = log; p && (p = strstr(p, needle)); p++) n++;
+    free(log);
+    return n;
+}
+
+/* SIGHUP's limits: one the I/O loop reads (sessions per connection), one of the engine thread's
+ * (the KV quota) and one of the HTTP door's (its body limit) - each lowered in the file takes hold
+ * after the reload, and the open sessions keep generating. */
+static void test_sighup_limits(void) {
+    char conf[600];
+    write_file("limits.conf", "max-sessions-per-conn = 4\nhttp-max-body = 1m\n", conf, sizeof conf);
+    const char *args[] = {"--config", conf, "--http", "127.0.0.1:0", NULL};
+    dj_test_daemon_opts o = {.djinnd = DJ_DJINND, .dir = tmpdir, .models = store, .listen = "127.0.0.1:0",
+                             .wait_ms = 60000, .save_stderr = true};
+    char addr[128];
+    const pid_t pid = dj_test_daemon_start(3, &o, args, addr, sizeof addr, NULL);
+    CHECK(pid > 0);
+    if (pid <= 0) return;
+    const unsigned http = dj_test_http_port(tmpdir, 3);
+    CHECK(http != 0);
+    dj_client_t *c = NULL;
+    CHECK_OK(dj_client_connect(addr, NULL, &c));
+    if (!c) goto out;
+    const dj_session_opts so = {.model = "demo", .expected_tokens = 64};
+    uint64_t s1 = 0, s2 = 0, s3 = 0;
+    CHECK_OK(dj_client_session_open(c, &so, &s1));
+    CHECK_OK(dj_client_session_open(c, &so, &s2));
+    CHECK(generate(c, s1, 10) && generate(c, s2, 11));
+    CHECK_OK(long_prompt(addr)); /* no quota yet */
+    /* a 3000-byte body: not refused for its size (1m) */
+    char body[3100];
+    snprintf(body, sizeof body, "{\"model\": \"demo\", \"prompt\": \"%2900d\", \"max_tokens\": 1}", 7);
+    char out[2048];
+    const int before = dj_test_http_text(http, "POST", "/v1/completions", body, out, sizeof out);
+    CHECK_MSG(before != 413, "%d %s", before, out);
+
+    write_file("limits.conf", "max-sessions-per-conn = 2\nhttp-max-body = 2k\nquota-gb = 0.001\n", conf, sizeof conf);
+    CHECK(kill(pid, SIGHUP) == 0);
+    bool reloaded = false;
+    for (int i = 0; i < 400 && !(reloaded = lines_with(3, "SIGHUP: reloaded") == 1); i++) dj_test_sleep_ms(25);
+    CHECK_MSG(reloaded, "no reload line");
+    /* the loop's limit: a third session of this connection is refused, the two open ones generate */
+    CHECK_ST(dj_client_session_open(c, &so, &s3), DJ_EQUOTA);
+    CHECK_MSG(generate(c, s1, 20) && generate(c, s2, 21), "the open sessions after the reload");
+    /* the HTTP door's: the same body is now too big */
+    const int after = dj_test_http_text(http, "POST", "/v1/completions", body, out, sizeof out);
+    CHECK_MSG(after == 413, "%d %s", after, out);
+    /* the engine thread's: 1 MB of KV (16 pages) per tenant refuses the 40-page prompt (the worker
+     * takes the limits at its next intake, before any request sent after the reload) */
+    const dj_status q = long_prompt(addr);
+    CHECK_MSG(q != DJ_OK, "the 300-token prompt under a 1 MB quota: %s", dj_status_name(q));
+    CHECK(generate(c, s1, 30));
+    dj_client_free(c);
+out:
+    CHECK(dj_test_daemon_stop(3, 30000) == 0);
+}
+
 int main(void) {
     /* nothing here is random */
     dj_test_daemon_guard();
@@ -236,6 +315,7 @@ int main(void) {
     test_bad_configs();
     test_file_and_flags();
     test_sighup();
+    test_sighup_limits();
     CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_reload");
 }

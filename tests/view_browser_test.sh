@@ -18,6 +18,7 @@ TMP=$(mktemp -d)
 pid=
 loaders=()
 cleanup() {
+    touch "$TMP/go" # a load held by $DJINN_TEST_LOAD_HOLD goes on (and its daemon can stop)
     for l in "${loaders[@]}"; do kill "$l" 2>/dev/null; done
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
     rm -rf "$TMP"
@@ -148,6 +149,24 @@ check(sorted(i for i in dom.el if i.startswith('session-')) == sorted(f"session-
       'session rows vs stats')
 for q in ('realtime', 'interactive', 'batch'):
     check(f'queue-{q}' in dom.el, f'queue {q} drawn')
+# weights read in place (the CPU engine maps the checkpoint): drawn, and as djinn stat says
+m = re.search(r'text: \d+ B pinned, (\d+) B mapped in place', stat)
+mp = dom.el.get('seg-mapped', {}).get('data-bytes')
+check(m and mp == m[1] and int(mp) == st['segments']['text']['mapped'] and int(mp) > 0,
+      f"mapped weights: page {mp}, djinn stat {m and m[1]}, stats {st['segments']['text'].get('mapped')}")
+# the page map: every cell once, each held by a listed session, the prefix cache or nobody, as the stats say
+raw = open(f'{tmp}/dom.html').read()
+pm = dom.el.get('page-map', {})
+cells = re.findall(r'data-holder="([^"]+)" data-n="(\d+)"', raw)
+ids = [s['id'] for s in st['sessions']]
+check(pm.get('data-cells') == str(st['page_map']['cells']) and int(pm.get('data-cells', 0)) > 0, f"page map cells {pm}")
+check(sum(int(n) for _, n in cells) == st['page_map']['cells'], 'the page map draws every cell once')
+want = [(ids[h] if h >= 0 else 'free' if h == -1 else 'prefix', n) for h, n in st['page_map']['runs']]
+check([(h, int(n)) for h, n in cells] == want, f'page map runs: page {cells[:6]}..., stats {want[:6]}...')
+check(any(h in ids for h, _ in cells), 'no session holds a cell of the page map')
+# the charts: one sample an event (rates from the second on)
+for c, n in (('chart-tps', '2'), ('chart-queues', '3'), ('chart-swap', '2'), ('chart-mem', '3')):
+    check(dom.el.get(c, {}).get('data-points') == n, f"{c}: {dom.el.get(c, {}).get('data-points')} points, want {n}")
 print('view_browser_test: ' + (f'{failed} failed' if failed else
       f"ok ({dom.text['n-sessions']} sessions, {dom.text['pages-used']} pages, 3 events)"))
 sys.exit(1 if failed else 0)
@@ -178,3 +197,34 @@ if [ "$rc" -ne 0 ] || grep -q "Sanitizer\|runtime error" "$TMP/log"; then
     fail "djinnd exited with $rc"
 fi
 echo "view_browser_test: djinnd stopped cleanly with an event stream open"
+
+# a model load held half way ($DJINN_TEST_LOAD_HOLD): the page draws its bar from the I/O thread's STATS
+DJINN_TEST_LOAD_HOLD="$TMP/go" "$DJINND" --models "$TMP/store" --listen 127.0.0.1:0 --http 127.0.0.1:0 --local-admin \
+    --port-file "$TMP/ports2" --threads 1 --vmu-gb 256m >"$TMP/log2" 2>&1 &
+pid=$!
+for _ in $(seq 400); do
+    [ -f "$TMP/ports2" ] && [ "$(wc -l <"$TMP/ports2")" -ge 2 ] && break
+    sleep 0.05
+done
+listen=$(sed -n 1p "$TMP/ports2" 2>/dev/null)
+port=$(sed -n 2p "$TMP/ports2" 2>/dev/null)
+[ -n "$port" ] || { cat "$TMP/log2" >&2; fail "djinnd (held load) did not start"; }
+"$DJINN" generate --server "127.0.0.1:$listen" --model demo --tokens 1,2 -n 2 --greedy >"$TMP/gen2" 2>&1 &
+gen=$!
+loaders+=($gen)
+for _ in $(seq 600); do curl -s "http://127.0.0.1:$port/v1/djinn/stats" | grep -q '"busy":"loading"' && break; sleep 0.05; done
+curl -s "http://127.0.0.1:$port/v1/djinn/stats" | grep -q '"loading":\[{"name":"demo","bytes_done":[1-9]' ||
+    fail "stats during the load: $(curl -s "http://127.0.0.1:$port/v1/djinn/stats" | head -c 300)"
+browse --dump-dom "http://127.0.0.1:$port/#events=1" >"$TMP/dom_load.html" || fail "chromium --dump-dom (load)"
+grep -q 'id="load-demo" data-done="[1-9][0-9]*" data-total="[1-9][0-9]*"' "$TMP/dom_load.html" ||
+    fail "no loading bar: $(grep -o 'id="loading">.\{0,200\}' "$TMP/dom_load.html")"
+touch "$TMP/go"
+wait "$gen" || fail "the held load's generate failed: $(cat "$TMP/gen2")"
+loaders=()
+browse --dump-dom "http://127.0.0.1:$port/#events=1" >"$TMP/dom_loaded.html" || fail "chromium --dump-dom (loaded)"
+grep -q 'id="load-demo"' "$TMP/dom_loaded.html" && fail "the loading bar stayed after the load"
+grep -q 'id="seg-data"' "$TMP/dom_loaded.html" || fail "the page is not drawn after the load"
+kill -TERM "$pid"
+wait "$pid" || fail "djinnd (held load) exited with $?"
+pid=
+echo "view_browser_test: a held load drawn as a bar, gone once loaded"

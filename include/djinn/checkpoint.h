@@ -199,6 +199,12 @@ typedef struct dj_checkpoint dj_checkpoint_t;
  * from the safetensors library align to the element size); the mapping must
  * not be truncated by another process while open (SIGBUS). */
 dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out /* OUT */);
+/* The same for its metadata only (`djinn info`): config.json and the
+ * safetensors headers are read, no weight byte (the files may even be cut
+ * short of their data); dj_checkpoint_read then fails (DJ_EINVAL) and
+ * dj_checkpoint_fingerprint gives 0 unless the files' fingerprint is known.
+ * 4-bit AWQ/GPTQ checkpoints, repacked at open, are opened whole. */
+dj_status dj_checkpoint_open_headers(const char *dir, dj_checkpoint_t **out /* OUT */);
 /* Drops one reference: the opener's or a dj_checkpoint_retain's; the last
  * one unmaps the files and frees ck. NULL does nothing. */
 void dj_checkpoint_close(dj_checkpoint_t *ck);
@@ -238,6 +244,18 @@ bool dj_checkpoint_fingerprint_known(dj_checkpoint_t *ck, uint64_t *fp /* OUT, m
  * fingerprint is recorded then. */
 typedef dj_status (*dj_checkpoint_visit_fn)(void *user, size_t tensor, size_t offset, const void *bytes, size_t n);
 dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_visit_fn visit, void *user);
+
+/* Progress of a pass over the weight bytes: fn(user, bytes done, bytes of
+ * every tensor) after each piece dj_checkpoint_read hands out (and each
+ * dj_checkpoint_note_progress), from any of the reading threads at once, so
+ * fn must be thread-safe; done only grows (a second pass counts on, capped at
+ * the total). NULL fn: none (the default). Set before the pass. */
+typedef void (*dj_checkpoint_progress_fn)(void *user, uint64_t done, uint64_t total);
+void dj_checkpoint_set_progress(dj_checkpoint_t *ck, dj_checkpoint_progress_fn fn, void *user);
+/* A loader that copies weights without dj_checkpoint_read reports its n bytes. */
+void dj_checkpoint_note_progress(dj_checkpoint_t *ck, size_t n);
+/* Bytes of every tensor's data (what a pass over the weights reads). */
+uint64_t dj_checkpoint_data_bytes(const dj_checkpoint_t *ck);
 
 /* The shards' pages as 2 MiB folios mapped by PMDs (one TLB entry per
  * 2 MiB) where the kernel and file system can: for kernels that read the

@@ -213,6 +213,19 @@ typedef struct dj_client_stats {
     uint64_t waiting[DJ_QOS_COUNT], running[DJ_QOS_COUNT];
     dj_client_swap swap;
     char *map;                          /* the VMU map as dj_vmu_print_stats writes it */
+    bool busy_loading;                  /* the daemon's engine thread was loading a model: only version,
+                                         * page_bytes, loading, handles and connections are filled */
+    struct {
+        char name[128];
+        uint64_t bytes_done, bytes_total;
+        double elapsed_s;
+    } loading[8];                       /* models being loaded (an admin's STATS) */
+    size_t n_loading;
+    uint64_t text_mapped;               /* weight bytes used in place (mapped checkpoints), beside the text segment */
+    uint32_t page_cells;                /* the data segment's page map: parts of pages_total / page_cells pages */
+    int32_t *page_runs;                 /* [2 * n_page_runs] (holder, parts): holder an index of sessions,
+                                         * -1 free, -2 another (the prefix cache) */
+    size_t n_page_runs;
     struct {                            /* the engine's prefix cache (KV blocks shared by content) */
         bool enabled;
         uint64_t blocks, blocks_unreferenced, pages, pages_unreferenced, hits, tokens_mapped, evictions;

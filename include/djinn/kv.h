@@ -91,6 +91,9 @@ dj_kv_residency dj_session_residency(const dj_session_t *s);
  * segment, or in the pool when SWAPPED (both while copies are in flight). */
 uint32_t dj_session_kv_pages(const dj_session_t *s);
 size_t dj_session_kv_bytes(const dj_session_t *s); /* the same in bytes */
+/* Its pages' holder in the VMU (what dj_vmu_page_holders names), for
+ * matching a page map to sessions; compare only, never dereference. */
+const struct dj_vmu_session *dj_session_vmu(const dj_session_t *s);
 
 /* Data-segment pages the session needs beyond what it holds now to have
  * `positions` tokens mapped (capped at its context): for admission. For a

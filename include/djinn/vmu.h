@@ -122,6 +122,10 @@ dj_status dj_vmu_page_free(dj_vmu_t *vmu, dj_vmu_session_t *s, uint32_t page);
  * KV blocks a session publishes): the bytes stay where they are. DJ_EINVAL if
  * `from` does not hold it; `to`'s quota is not checked. */
 dj_status dj_vmu_page_give(dj_vmu_t *vmu, dj_vmu_session_t *from, dj_vmu_session_t *to, uint32_t page);
+/* The data segment's page map in `cells` equal parts (1..pages_total; a part
+ * of pages_total / cells pages, the last takes the rest): out[i] = the holder
+ * of part i's first page, NULL when it is free (the live view draws it). */
+void dj_vmu_page_holders(const dj_vmu_t *vmu, uint32_t cells, const dj_vmu_session_t **out /* [cells] */);
 
 uint8_t *dj_vmu_data_base(const dj_vmu_t *vmu);
 size_t dj_vmu_page_bytes(const dj_vmu_t *vmu);

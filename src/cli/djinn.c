@@ -441,7 +441,8 @@ static int cmd_info(opts *o) {
     if (!o->model) o->model = default_model();
     if (!o->model) return bad_arg("info needs --model DIR%s%s", "", "");
     dj_checkpoint_t *ck = NULL;
-    dj_status st = dj_checkpoint_open(o->model, &ck);
+    /* config.json and the safetensors headers: no weight byte is read (issue 50) */
+    dj_status st = dj_checkpoint_open_headers(o->model, &ck);
     if (st != DJ_OK) return die("opening the model", st);
     const dj_model_config *c = dj_checkpoint_config(ck);
     const uint32_t ctx = pick_ctx(o, c);
@@ -479,7 +480,9 @@ static int cmd_info(opts *o) {
     if (c->rope_type == DJ_ROPE_LONGROPE)
         printf("rope:           longrope, %s factors for a context of %u (short ones up to %u positions)\n",
                dj_model_config_rope_long(c, ctx) ? "long" : "short", ctx, c->rope_original_max_pos);
-    printf("fingerprint:    %016llx\n", (unsigned long long)dj_checkpoint_fingerprint(ck));
+    uint64_t fp = 0;
+    if (dj_checkpoint_fingerprint_known(ck, &fp)) printf("fingerprint:    %016llx\n", (unsigned long long)fp);
+    else printf("fingerprint:    not computed (it hashes every weight byte: djinnd does at load)\n");
     if (on_gpu(o)) {
         char name[256] = "?";
 #ifdef DJ_HAVE_CUDA

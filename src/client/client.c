@@ -988,6 +988,12 @@ static bool bool_of(const msgpack_object *map, const char *key) {
     return v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean;
 }
 
+/* STATS' session count (its "sessions" array), 0 without one. */
+static uint32_t ss_count(const dj__meta *m) {
+    const msgpack_object *ss = dj__meta_get(m, "sessions");
+    return ss && ss->type == MSGPACK_OBJECT_ARRAY ? ss->via.array.size : 0;
+}
+
 dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     memset(out, 0, sizeof *out);
     dj__meta m;
@@ -1077,6 +1083,39 @@ dj_status dj_client_stats_get(dj_client_t *c, dj_client_stats *out) {
     out->disk.recoveries = u64_of(dk, "recoveries");
     out->disk.write_s = f64_of(dk, "write_s");
     out->disk.read_s = f64_of(dk, "read_s");
+    char busy[16];
+    str_of(root, "busy", busy, sizeof busy);
+    out->busy_loading = !strcmp(busy, "loading");
+    const msgpack_object *ld = dj__meta_get(&m, "loading");
+    for (uint32_t i = 0; ld && ld->type == MSGPACK_OBJECT_ARRAY && i < ld->via.array.size && out->n_loading < 8; i++) {
+        const msgpack_object *o = &ld->via.array.ptr[i];
+        str_of(o, "name", out->loading[out->n_loading].name, sizeof out->loading[0].name);
+        out->loading[out->n_loading].bytes_done = u64_of(o, "bytes_done");
+        out->loading[out->n_loading].bytes_total = u64_of(o, "bytes_total");
+        out->loading[out->n_loading].elapsed_s = f64_of(o, "elapsed_s");
+        out->n_loading++;
+    }
+    out->text_mapped = u64_of(root, "text_mapped");
+    out->page_cells = (uint32_t)u64_of(root, "page_cells");
+    const msgpack_object *pr = dj__meta_get(&m, "page_runs"); /* (holder, cells) pairs */
+    if (st == DJ_OK && pr && pr->type == MSGPACK_OBJECT_ARRAY && pr->via.array.size >= 2) {
+        const uint32_t n = pr->via.array.size / 2;
+        if (!(out->page_runs = dj_calloc(2 * (size_t)n, sizeof *out->page_runs))) st = dj_fail(DJ_ENOMEM, "out of memory");
+        uint64_t cells = 0;
+        for (uint32_t i = 0; st == DJ_OK && i < 2 * n; i++) {
+            const msgpack_object *v = &pr->via.array.ptr[i];
+            const bool num = v->type == MSGPACK_OBJECT_POSITIVE_INTEGER || v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
+            const int64_t x = !num ? INT64_MIN : v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)(v->via.u64 & INT64_MAX) : v->via.i64;
+            /* a holder: -2..sessions-1; a count: 1..page_cells, all of them adding up to page_cells */
+            const bool ok = i % 2 ? x >= 1 && x <= out->page_cells : x >= -2 && x < (int64_t)ss_count(&m);
+            if (!ok) st = dj_fail(DJ_EFORMAT, "STATS: page_runs[%u] is not a %s", i, i % 2 ? "count" : "holder");
+            else out->page_runs[i] = (int32_t)x;
+            if (i % 2) cells += (uint64_t)x;
+        }
+        if (st == DJ_OK && cells != out->page_cells)
+            st = dj_fail(DJ_EFORMAT, "STATS: page_runs cover %llu parts of %u", (unsigned long long)cells, out->page_cells);
+        if (st == DJ_OK) out->n_page_runs = n;
+    }
     const msgpack_object *px = dj__meta_get(&m, "prefix");
     out->prefix.enabled = bool_of(px, "enabled");
     out->prefix.blocks = u64_of(px, "blocks");
@@ -1105,12 +1144,20 @@ void dj_client_stats_free(dj_client_stats *st) {
     free(st->models);
     free(st->sessions);
     free(st->map);
+    free(st->page_runs);
     memset(st, 0, sizeof *st);
 }
 
 void dj_client_stats_print(const dj_client_stats *st, FILE *f) {
     const double mib = 1048576.0;
     if (st->version[0]) fprintf(f, "djinnd %s\n", st->version);
+    for (size_t i = 0; i < st->n_loading; i++)
+        fprintf(f, "loading %s: %.1f of %.1f MiB read in %.1f s\n", st->loading[i].name,
+                (double)st->loading[i].bytes_done / mib, (double)st->loading[i].bytes_total / mib, st->loading[i].elapsed_s);
+    if (st->busy_loading) {
+        fprintf(f, "(the engine thread is loading: nothing else to tell until it is done)\n");
+        return;
+    }
     fprintf(f, "segments:\n");
     const dj_client_seg *seg[3] = {&st->text, &st->data, &st->stack};
     static const char *names[3] = {"text", "data", "stack"};

@@ -18,7 +18,8 @@ extern "C" {
  * the engine (dj_engine_new: PROFILE, WEIGHTS_IN_PLACE, NO_GRAPHS,
  * DEVICE_SAMPLING), the CPU backend (CPU_ISA), the CUDA backend (ATTN, FUSE,
  * PDL; FP8_TC when its FP8 state is made, at the first FP8 GEMM), the logger
- * (LOG, at its first line), the CLI (MODEL); HUGE_REREAD at each
+ * (LOG, at its first line), the CLI (MODEL), djinnd's
+ * loads (TEST_LOAD_HOLD, at each load: load_progress.c); HUGE_REREAD at each
  * dj_checkpoint_huge_pages. Nothing else reads a $DJINN_* variable. */
 #define DJ_SWITCH_LIST(X)                                                                                          \
     X(PROFILE, "DJINN_PROFILE", "0|1", "0", "1",                                                                   \
@@ -44,7 +45,9 @@ extern "C" {
       "kill switch: off launches decode kernels without programmatic dependent launch")                            \
     X(LOG, "DJINN_LOG", "debug|info|warn|error", "warn", "warn", "the least level of log line written to stderr") \
     X(MODEL, "DJINN_MODEL", NULL, "", "",                                                                          \
-      "a user default, not a kill switch: the model `djinn` runs without --model (else the demo model)")
+      "a user default, not a kill switch: the model `djinn` runs without --model (else the demo model)") \
+    X(TEST_LOAD_HOLD, "DJINN_TEST_LOAD_HOLD", NULL, "", "",                                                        \
+      "tests only: djinnd's model loads pause after their first weight bytes until this file exists")
 
 typedef enum {
 #define DJ_SW_ENUM_(id, var, values, dflt, other, doc) DJ_SW_##id,

@@ -283,6 +283,7 @@ dj_status dj_model_load_checkpoint(dj_engine_t *e, dj_checkpoint_t *ck, const ch
             const dj_tensor_info *t = dj_checkpoint_find(ck, w->hf_name);
             if ((st = e->be->vt->upload(e->be, dst, (const uint8_t *)t->data + w->src_offset, bytes)) != DJ_OK)
                 goto fail_region;
+            dj_checkpoint_note_progress(ck, bytes);
         } else {
             src[i] = dj_checkpoint_find(ck, w->hf_name);
         }

@@ -101,3 +101,5 @@ uint32_t dj_session_max_ctx(const dj_session_t *s) { return s->max_ctx; }
 bool dj_session_rope_long(const dj_session_t *s) { return s->rope_long; }
 
 const dj_model_t *dj_session_model(const dj_session_t *s) { return s->model; }
+
+const struct dj_vmu_session *dj_session_vmu(const dj_session_t *s) { return s ? s->vs : NULL; }

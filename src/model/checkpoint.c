@@ -90,7 +90,7 @@ static bool pread_all(int fd, void *buf, size_t n, off_t off) {
 
 /* Maps dir/sh->file and validates its header. On success *infos holds its
  * tensors (sorted by name) with data pointing into the mapping. */
-static dj_status open_shard(const char *dir, ck_shard *sh, dj_tensor_info **infos /* OUT */,
+static dj_status open_shard(const char *dir, ck_shard *sh, bool headers_only, dj_tensor_info **infos /* OUT */,
                             size_t *n /* OUT */) {
     *infos = NULL;
     *n = 0;
@@ -145,7 +145,9 @@ static dj_status open_shard(const char *dir, ck_shard *sh, dj_tensor_info **info
     sh->mtime_ns = (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec;
     const char *header = (const char *)map + 8;
     const char *data = header + hlen;
-    st = dj_safetensors_parse_header(header, (size_t)hlen, (size_t)(size - 8 - hlen), infos, n);
+    /* headers only: tensors may lie past the end of a file cut short (their
+     * bytes are never read: dj_checkpoint_read refuses) */
+    st = dj_safetensors_parse_header(header, (size_t)hlen, headers_only ? SIZE_MAX : (size_t)(size - 8 - hlen), infos, n);
     if (st) {
         st = prefix_error(st, path);
         goto done;
@@ -262,7 +264,7 @@ static dj_status load_shards(const char *dir, dj_checkpoint_t *ck, const cJSON *
     }
     size_t total = 0;
     for (size_t s = 0; s < ck->n_shards; s++) {
-        if ((st = open_shard(dir, &ck->shards[s], &per[s], &per_n[s]))) goto done;
+        if ((st = open_shard(dir, &ck->shards[s], ck->headers_only, &per[s], &per_n[s]))) goto done;
         total += per_n[s];
     }
     if (index) {
@@ -313,7 +315,13 @@ static bool file_exists(const char *path) {
     return stat(path, &sb) == 0;
 }
 
-dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out) {
+static dj_status open_dir(const char *dir, bool headers_only, dj_checkpoint_t **out);
+
+dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out) { return open_dir(dir, false, out); }
+
+dj_status dj_checkpoint_open_headers(const char *dir, dj_checkpoint_t **out) { return open_dir(dir, true, out); }
+
+static dj_status open_dir(const char *dir, bool headers_only, dj_checkpoint_t **out) {
     if (!out) return dj_fail(DJ_EINVAL, "checkpoint: NULL output");
     *out = NULL;
     if (!dir) return dj_fail(DJ_EINVAL, "checkpoint: NULL directory");
@@ -337,6 +345,9 @@ dj_status dj_checkpoint_open(const char *dir, dj_checkpoint_t **out) {
     }
     free(path);
     path = NULL;
+    /* 4-bit AWQ/GPTQ weights are repacked at open (quant4.c), which reads
+     * them: those checkpoints open whole even for their headers */
+    ck->headers_only = headers_only && ck->cfg.quant != DJ_QUANT_AWQ && ck->cfg.quant != DJ_QUANT_GPTQ;
 
     /* As transformers: a single model.safetensors wins over an index. */
     if (!(path = join_path(dir, "model.safetensors"))) goto nomem;
@@ -556,6 +567,25 @@ bool dj_checkpoint_fingerprint_known(dj_checkpoint_t *ck, uint64_t *fp) {
     return ck->have_fingerprint;
 }
 
+void dj_checkpoint_set_progress(dj_checkpoint_t *ck, dj_checkpoint_progress_fn fn, void *user) {
+    if (!ck) return;
+    ck->progress = fn;
+    ck->progress_user = user;
+}
+
+uint64_t dj_checkpoint_data_bytes(const dj_checkpoint_t *ck) {
+    uint64_t n = 0;
+    for (size_t i = 0; ck && i < ck->n_tensors; i++) n += ck->tensors[i].info.nbytes;
+    return n;
+}
+
+void dj_checkpoint_note_progress(dj_checkpoint_t *ck, size_t n) {
+    if (!ck || !ck->progress) return;
+    const uint64_t total = dj_checkpoint_data_bytes(ck);
+    uint64_t done = __atomic_add_fetch(&ck->progress_done, (uint64_t)n, __ATOMIC_RELAXED);
+    ck->progress(ck->progress_user, done < total ? done : total, total);
+}
+
 /* The fingerprint hashes each tensor's bytes in pieces of this many (one
  * XXH3 each), then the pieces' hashes in order with the metadata, so that
  * threads can take the pieces. */
@@ -569,6 +599,7 @@ typedef struct read_piece {
 
 dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_visit_fn visit, void *user) {
     if (!ck || !visit) return dj_fail(DJ_EINVAL, "checkpoint read: NULL checkpoint or visitor");
+    if (ck->headers_only) return dj_fail(DJ_EINVAL, "checkpoint read: opened for its headers only (dj_checkpoint_open_headers)");
     if (chunk == 0) chunk = (size_t)4 << 20;
     size_t n_pieces = 0;
     for (size_t i = 0; i < ck->n_tensors; i++)
@@ -602,6 +633,7 @@ dj_status dj_checkpoint_read(dj_checkpoint_t *ck, size_t chunk, dj_checkpoint_vi
             const uint8_t *p = (const uint8_t *)t->data + pc[k].off + o;
             XXH3_64bits_update(h, p, n); /* the bytes are in cache when the visitor copies them */
             st = visit(user, pc[k].tensor, pc[k].off + o, p, n);
+            if (st == DJ_OK) dj_checkpoint_note_progress(ck, n);
         }
         if (h) pc[k].hash = XXH3_64bits_digest(h);
         XXH3_freeState(h);

@@ -33,8 +33,12 @@ struct dj_checkpoint {
     struct XXH3_state_s *hash; /* XXH3_state_t */
     bool have_fingerprint;
     bool huge_done; /* dj_checkpoint_huge_pages ran */
+    bool headers_only; /* dj_checkpoint_open_headers: no weight byte may be read */
     uint64_t fingerprint;
     unsigned refs; /* the opener's reference plus dj_checkpoint_retain's; unmapped at 0 */
+    void (*progress)(void *user, uint64_t done, uint64_t total); /* dj_checkpoint_set_progress */
+    void *progress_user;
+    uint64_t progress_done; /* atomic: bytes reported so far */
 };
 
 /* Sorts ck's tensor table by name. */

@@ -198,6 +198,13 @@ static void req_forget(dj_sched_t *s, sreq *r) {
     free(r);
 }
 
+void dj_sched_set_limits(dj_sched_t *s, const dj_sched_config *cfg) {
+    s->cfg.idle_ms = cfg->idle_ms;
+    s->cfg.lifo_age_ms = cfg->lifo_age_ms;
+    s->cfg.quota_pages = cfg->quota_pages;
+    s->cfg.pool_quota_pages = cfg->pool_quota_pages;
+}
+
 void dj_sched_free(dj_sched_t *s) {
     if (!s) return;
     for (size_t i = 0; i < s->reqs.nb; i++)

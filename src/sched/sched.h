@@ -111,6 +111,10 @@ typedef struct dj_sched_decision {
 
 dj_status dj_sched_new(const dj_sched_config *cfg, dj_sched_t **out /* OUT */);
 void dj_sched_free(dj_sched_t *s);
+/* SIGHUP's new limits (djinnd's reload): idle_ms, lifo_age_ms, quota_pages
+ * and pool_quota_pages of cfg replace the running ones for the decisions
+ * that come next (what is held or admitted stays). */
+void dj_sched_set_limits(dj_sched_t *s, const dj_sched_config *cfg);
 const dj_sched_config *dj_sched_get_config(const dj_sched_t *s);
 
 /* ---- events ---- */

@@ -75,6 +75,26 @@ void dj__access_generate(const dj__job *j, const dj__sess *ss, dj_status st) {
     dj_log_access(&r);
 }
 
+void dj__access_job(const dj__job *j, const char *model, dj_status st) {
+    if (!dj_log_enabled(DJ_LOG_INFO)) return;
+    const dj_access_rec r = {.door = "binary", .peer = j->peer, .token = j->token_name,
+                             .request = dj_msg_type_name(j->type), .model = model && model[0] ? model : NULL,
+                             .qos = dj_qos_name(j->qos), .queue_ms = -1, .ttft_ms = -1,
+                             .total_ms = (dj__now() - j->t_enqueue) * 1e3, .outcome = dj_status_name(st)};
+    dj_log_access(&r);
+}
+
+void dj__access_io(const dj__server *s, const void *uv_stream, bool is_unix, bool door, uint64_t tenant,
+                   uint16_t type, dj_status st) {
+    if (!dj_log_enabled(DJ_LOG_INFO) || (type == DJ_MSG_HEARTBEAT && st == DJ_OK)) return;
+    char peer[DJ__ACCESS_PEER], token[64];
+    dj__access_who(s, uv_stream, is_unix, door, tenant, peer, token);
+    const dj_access_rec r = {.door = "binary", .peer = peer, .token = token,
+                             .request = type ? dj_msg_type_name(type) : "INVALID", .queue_ms = -1, .ttft_ms = -1,
+                             .total_ms = 0, .outcome = dj_status_name(st)};
+    dj_log_access(&r);
+}
+
 void dj__access_http_begin(char *line, size_t cap, double *t0, const char *method, const char *url) {
     snprintf(line, cap, "%.16s %.*s", method ? method : "?", (int)(cap > 24 ? cap - 24 : 1), url ? url : "?");
     struct timespec ts;

@@ -25,6 +25,15 @@ void dj__access_who(const struct dj__server *s, const void *uv_stream, bool is_u
 /* Worker: a GENERATE ended - DONE (st DJ_OK; its finish reason) or an error. */
 void dj__access_generate(const struct dj__job *j, const struct dj__sess *ss, dj_status st);
 
+/* Worker: a request other than GENERATE answered (st: DJ_OK or its error);
+ * model: the one it names or its session's, or NULL. */
+void dj__access_job(const struct dj__job *j, const char *model, dj_status st);
+/* Loop thread: a request the I/O side answered itself, or refused before it
+ * became a job (GENERATE too). A HEARTBEAT answered DJ_OK writes none (a
+ * client sends one every third of its lease: the log would be mostly them). */
+void dj__access_io(const struct dj__server *s, const void *uv_stream, bool is_unix, bool door, uint64_t tenant,
+                   uint16_t type, dj_status st);
+
 /* The HTTP door: at a request's start, its line ("POST /v1/completions")
  * and start time; when MHD is through with it, the line (status: the
  * answer's, 0 when none was given). */

@@ -8,6 +8,7 @@
 #include "djinn/version.h"
 #include "server/disk_tier.h"
 #include "server/graph_serve.h"
+#include "server/load_progress.h"
 #include "server/server_impl.h"
 
 dj__event *dj__event_new(dj__ev_kind kind, uint64_t conn, uint16_t req_type, uint64_t req, size_t extra) {
@@ -53,6 +54,7 @@ void dj__event_clear(dj__event *e) {
             free(e->u.stats.sessions);
             free(e->u.stats.models);
             free(e->u.stats.map);
+            free(e->u.stats.page_runs);
             break;
         default: break;
         }
@@ -133,6 +135,10 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
     dj__mw_u64(w, "evictions", vs->evictions);
     dj__mw_u64(w, "text_pinned", vs->text_pinned);
     dj__mw_u64(w, "text_mapped", vs->text_mapped);
+    dj__mw_u64(w, "page_cells", st->page_cells); /* the data segment's page map (the live view) */
+    dj__mw_key(w, "page_runs");
+    msgpack_pack_array(&w->pk, (uint32_t)(2 * st->n_page_runs));
+    for (size_t i = 0; i < 2 * st->n_page_runs; i++) msgpack_pack_int32(&w->pk, st->page_runs[i]);
     dj__mw_u64(w, "batched_steps", st->batched_steps);
     dj__mw_u64(w, "mixed_steps", st->mixed_steps);
     dj__mw_u64(w, "batched_rows", st->batched_rows);
@@ -203,6 +209,8 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
     dj__mw_u64(w, "paused_steps", st->brk_paused);
     dj__mw_u64(w, "paused_step_bytes", st->brk_bytes);
     dj__mw_u64(w, "connections", st->connections);
+    dj__mw_key(w, "loading"); /* models being loaded now (load_progress.c) */
+    dj__load_pack(w);
     if (st->capture) dj__capture_stats(st->capture, w);
     if (st->map) dj__mw_str(w, "map", st->map);
 }

@@ -105,6 +105,7 @@ typedef struct dj__stats_model {
 
 typedef struct dj__stats_snap {
     bool admin;               /* scope "all"; else "own": page_bytes, an empty model list and its sessions */
+    bool busy_loading;        /* answered by the I/O thread while the worker loads a model: only the loads */
     uint64_t page_bytes;
     dj__stats_sess *sessions; /* [n_sessions] (malloc'd) */
     size_t n_sessions;
@@ -126,6 +127,11 @@ typedef struct dj__stats_snap {
     uint64_t brk_paused, brk_bytes; /* steps paused at breakpoints, the bytes they hold */
     struct dj__capture *capture; /* the weight store and graph runs: the I/O side packs their counts */
     char *map;                /* the VMU's map, scrubbed (malloc'd) or NULL */
+    int32_t *page_runs;       /* the data segment's page map, run-length: [2 * n_page_runs] (holder, cells)
+                               * pairs; holder: an index of sessions, -1 free, -2 another holder (the prefix
+                               * cache, a session past the list) (malloc'd) */
+    size_t n_page_runs;
+    uint32_t page_cells;      /* the parts the map has (each pages_total / page_cells pages) */
 } dj__stats_snap;
 
 /* GRAPH_RUN: its outputs, each [nbytes] of f32 (malloc'd) that the I/O

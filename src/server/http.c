@@ -92,7 +92,8 @@ typedef struct idle_sess {
 } idle_sess;
 
 struct dj__http {
-    dj__http_cfg cfg;
+    dj__http_cfg cfg;   /* the limits among it: cmu (dj__http_set_limits) */
+    uint32_t start_conns, start_unauth; /* cfg's at start: the fd budget's */
     struct MHD_Daemon *mhd;
     pthread_mutex_t mu; /* models, peers, idle */
     pthread_mutex_t cmu; /* active, conns, body_bytes (never held for I/O: the accept thread and the
@@ -1263,6 +1264,8 @@ dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out) {
     dj__http *h = dj_calloc(1, sizeof *h);
     if (!h) return dj_fail(DJ_ENOMEM, "out of memory");
     h->cfg = *cfg;
+    h->start_conns = cfg->max_conns;
+    h->start_unauth = cfg->unauth;
     pthread_mutex_init(&h->mu, NULL);
     pthread_mutex_init(&h->cmu, NULL);
     if ((st = dj__map_init(&h->peers, 64)) != DJ_OK) {
@@ -1292,6 +1295,20 @@ dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out) {
     }
     *out = h;
     return DJ_OK;
+}
+
+void dj__http_set_limits(dj__http *h, const dj__http_cfg *cfg, dj__http_cfg *applied) {
+    pthread_mutex_lock(&h->cmu);
+    /* the fd budget was set at start for these: a reload lowers them, never raises them past it */
+    h->cfg.max_conns = cfg->max_conns < h->start_conns ? cfg->max_conns : h->start_conns;
+    h->cfg.unauth = cfg->unauth < h->start_unauth ? cfg->unauth : h->start_unauth;
+    h->cfg.per_addr = cfg->per_addr;
+    h->cfg.per_token = cfg->per_token;
+    h->cfg.max_body = cfg->max_body;
+    h->cfg.header_s = cfg->header_s;
+    h->cfg.body_s = cfg->body_s;
+    *applied = h->cfg;
+    pthread_mutex_unlock(&h->cmu);
 }
 
 uint16_t dj__http_port(const dj__http *h) {

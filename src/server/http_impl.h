@@ -36,6 +36,10 @@ typedef struct dj__http dj__http;
 dj_status dj__http_start(const dj__http_cfg *cfg, dj__http **out /* OUT */);
 void dj__http_stop(dj__http *h); /* NULL does nothing */
 uint16_t dj__http_port(const dj__http *h); /* the bound port (for --http HOST:0) */
+/* SIGHUP: cfg's max_conns and unauth (at most their values at start: the fd
+ * budget), per_addr, per_token, max_body, header_s and body_s for what comes
+ * next; *applied gets the values now in force. */
+void dj__http_set_limits(dj__http *h, const dj__http_cfg *cfg, dj__http_cfg *applied /* OUT */);
 /* The door's own records - failed bearer tokens per address (its slowdown,
  * guard.c's rule) - older than DJ__PEER_FORGET_MS go, as the daemon's do
  * (dj__peers_sweep); its watchdog calls this every DJ__HTTP_SWEEP_MS with

@@ -8,7 +8,9 @@
 
 #include "djinn/alloc.h"
 #include "model/jinja_impl.h"
+#include "djinn/version.h"
 #include "server/http_impl.h"
+#include "server/load_progress.h"
 
 static char *print(cJSON *r, size_t *len) {
     char *s = r ? cJSON_PrintUnformatted(r) : NULL;
@@ -23,14 +25,32 @@ int dj__http_health(dj__server *s, const dj__token *tk, char **out, size_t *len,
     dj_status st = dj__portal_open(s, tk, &p);
     if (st == DJ_OK) st = dj__portal_call(p, &(dj__request){.type = DJ_MSG_HEARTBEAT}, NULL);
     dj__portal_close(p);
+    /* a model load holds the engine: nothing generates until it ends (503, as
+     * vLLM's /health before its model is up), and says how far it is */
+    dj__load_view v[DJ__LOADS_MAX];
+    size_t n_load = dj__load_snapshot(v, DJ__LOADS_MAX);
+    const bool loading = st == DJ_OK && n_load;
+    if (n_load > DJ__LOADS_MAX) n_load = DJ__LOADS_MAX;
     cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "status", st == DJ_OK ? "ok" : "unavailable");
+    cJSON_AddStringToObject(r, "status", loading ? "loading" : st == DJ_OK ? "ok" : "unavailable");
     if (st != DJ_OK) cJSON_AddStringToObject(r, "reason", dj_last_error());
+    cJSON_AddStringToObject(r, "version", DJ_VERSION_STRING);
+    if (loading) {
+        cJSON *a = cJSON_AddArrayToObject(r, "loading");
+        for (size_t i = 0; a && i < n_load; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "model", v[i].name);
+            cJSON_AddNumberToObject(o, "bytes_done", (double)v[i].done);
+            cJSON_AddNumberToObject(o, "bytes_total", (double)v[i].total);
+            cJSON_AddNumberToObject(o, "elapsed_s", v[i].elapsed_s);
+            cJSON_AddItemToArray(a, o);
+        }
+    }
     if (!(*out = print(r, len))) {
         snprintf(err, cap, "out of memory");
         return 503;
     }
-    return st == DJ_OK ? 200 : st == DJ_EINVAL ? 401 : 503;
+    return loading ? 503 : st == DJ_OK ? 200 : st == DJ_EINVAL ? 401 : 503;
 }
 
 /* One model's entry: OpenAI's {id, object, created, owned_by} and what

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "server/http_impl.h"
+#include "server/load_progress.h"
 #include "djinn/kv.h"
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
@@ -32,12 +33,35 @@ char *dj__http_stats_json(const dj__stats_snap *st, double at, size_t *len) {
     cJSON_AddNumberToObject(r, "at_s", at);
     cJSON *segs = cJSON_AddObjectToObject(r, "segments");
     add_seg(segs, "text", &vs->text);
+    add_u64(cJSON_GetObjectItem(segs, "text"), "mapped", vs->text_mapped); /* weights used in place, beside it */
     add_seg(segs, "data", &vs->data);
     add_seg(segs, "stack", &vs->stack);
     cJSON *pg = cJSON_AddObjectToObject(r, "pages");
     add_u64(pg, "total", vs->pages_total);
     add_u64(pg, "free", vs->pages_free);
     add_u64(pg, "bytes", st->page_bytes);
+    if (st->busy_loading) cJSON_AddStringToObject(r, "busy", "loading"); /* only the loads are filled then */
+    cJSON *ld = cJSON_AddArrayToObject(r, "loading");
+    dj__load_view lv[DJ__LOADS_MAX]; /* load_progress.c's list: which models others load is theirs */
+    size_t n_ld = all ? dj__load_snapshot(lv, DJ__LOADS_MAX) : 0;
+    if (n_ld > DJ__LOADS_MAX) n_ld = DJ__LOADS_MAX;
+    for (size_t i = 0; ld && i < n_ld; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", lv[i].name);
+        add_u64(o, "bytes_done", lv[i].done);
+        add_u64(o, "bytes_total", lv[i].total);
+        cJSON_AddNumberToObject(o, "elapsed_s", lv[i].elapsed_s);
+        cJSON_AddItemToArray(ld, o);
+    }
+    cJSON *pm = cJSON_AddObjectToObject(r, "page_map"); /* runs of [holder, parts]: a session index, -1, -2 */
+    add_u64(pm, "cells", st->page_cells);
+    cJSON *runs = cJSON_AddArrayToObject(pm, "runs");
+    for (size_t i = 0; runs && i < st->n_page_runs; i++) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(st->page_runs[2 * i]));
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(st->page_runs[2 * i + 1]));
+        cJSON_AddItemToArray(runs, pair);
+    }
     const dj_prefix_stats *ps = &st->prefix;
     cJSON *px = cJSON_AddObjectToObject(r, "prefix_cache");
     cJSON_AddBoolToObject(px, "enabled", ps->enabled);
@@ -125,7 +149,11 @@ char *dj__http_stats_json(const dj__stats_snap *st, double at, size_t *len) {
  * after N events (for a still page: tests, screenshots). The numbers the
  * tests read have stable ids: seg-{text,data,stack,pool} (data-capacity,
  * data-used bytes), pages-used, pages-total, n-models, model-NAME, n-sessions,
- * session-ID, queue-CLASS, events (events received). */
+ * session-ID, queue-CLASS, events (events received); seg-mapped (data-bytes:
+ * weights used in place, drawn to the segments' scale); page-map (data-cells,
+ * data-pages: pages per cell; one child per run: data-holder a session id,
+ * "free" or "prefix", data-n its cells); chart-tps, chart-queues, chart-swap,
+ * chart-mem (SVG; data-points: samples drawn, at most the last 600 events). */
 /* one literal, longer than C99's 4095-byte minimum: gcc and clang take it */
 #pragma GCC diagnostic ignored "-Woverlength-strings"
 const char dj__http_view_html[] =
@@ -142,10 +170,15 @@ const char dj__http_view_html[] =
     "td.n{text-align:right;font-variant-numeric:tabular-nums}\n"
     ".sw{display:inline-block;width:.8em;height:.8em;margin-right:.3em;vertical-align:middle}\n"
     ".swapped{color:#a33}.resident{color:#273}#err{color:#a33}#live{color:#666}\n"
+    "#page-map{display:flex;width:600px;height:1.4em;border:1px solid #999}#page-map>div{height:100%;min-width:0}\n"
+    ".charts{display:flex;flex-wrap:wrap;gap:1em}.chart{font-size:12px}.chart svg{display:block;background:#fafafa;border:1px solid #ccc}\n"
     "</style></head><body>\n"
     "<h1>djinnd &mdash; live view of the VMU</h1>\n"
     "<div id=\"live\">events received: <span id=\"events\">0</span>; <span id=\"tps\">-</span> tokens/s; PCIe (swap): <span id=\"pcie\">-</span></div><div id=\"err\"></div>\n"
+    "<div id=\"loading\"></div>\n"
     "<h2>Segments</h2><div id=\"segs\"></div><div id=\"pages\"></div>\n"
+    "<h2>Data segment, page by page</h2><div id=\"page-map\"></div><div id=\"page-legend\"></div>\n"
+    "<h2>The last minutes</h2><div class=\"charts\" id=\"charts\"></div>\n"
     "<h2>Models (text): <span id=\"n-models\">0</span></h2><table id=\"models\"></table>\n"
     "<h2>Sessions (data): <span id=\"n-sessions\">0</span></h2><table id=\"sessions\"></table>\n"
     "<h2>Queues</h2><table id=\"queues\"></table>\n"
@@ -164,13 +197,24 @@ const char dj__http_view_html[] =
     "const hue=i=>'hsl('+(i*67+20)%360+',60%,55%)';\n"
     "const part=(b,cap,col,t)=>'<div style=\"width:'+(cap?100*b/cap:0).toFixed(2)+'%;background:'+col+'\" title=\"'+esc(t)+'\"></div>';\n"
     "let n=0,prev=null;\n"
+    "// models being loaded: a bar each; while the engine thread loads, STATS holds only that (the rest stays as drawn)\n"
+    "function loads(s){$('loading').innerHTML=(s.loading||[]).map(l=>'<div class=\"seg\" id=\"load-'+esc(l.name)+\n"
+    " '\" data-done=\"'+l.bytes_done+'\" data-total=\"'+l.bytes_total+'\"><b>loading</b><div class=\"bar\" style=\"width:300px\">'+\n"
+    " part(l.bytes_done,l.bytes_total,'#4a7fc1',l.name)+'</div><span class=\"lbl\">'+esc(l.name)+': '+MiB(l.bytes_done)+' of '+\n"
+    " MiB(l.bytes_total)+' in '+l.elapsed_s.toFixed(1)+' s</span></div>').join('');}\n"
     "function draw(s){\n"
+    " loads(s);if(s.busy==='loading')return;\n"
     " const g=s.segments,total=g.text.capacity+g.data.capacity+g.stack.capacity,p=s.pages,x=s.prefix_cache;let h='';\n"
     " for(const k of ['text','data','stack']){const c=g[k],w=Math.max(2,Math.round(600*c.capacity/total));let f;\n"
     "  if(k==='data'){f=s.sessions.map((e,i)=>e.residency==='resident'?part(e.kv_bytes,c.capacity,hue(i),e.id):'').join('')+\n"
     "   part(x.pages*p.bytes,c.capacity,'#999','prefix cache');}else f=part(c.used,c.capacity,colours[k],k);\n"
     "  h+='<div class=\"seg\" id=\"seg-'+k+'\" data-capacity=\"'+c.capacity+'\" data-used=\"'+c.used+'\"><b>'+k+'</b><div class=\"bar\" style=\"width:'+w+\n"
-    "   'px\">'+f+'</div><span class=\"lbl\">'+MiB(c.used)+' of '+MiB(c.capacity)+' (peak '+MiB(c.peak)+')</span></div>';}\n"
+    "   'px\">'+f+'</div><span class=\"lbl\">'+MiB(c.used)+' of '+MiB(c.capacity)+' (peak '+MiB(c.peak)+')'+\n"
+    "   (k==='text'&&c.mapped?' + '+MiB(c.mapped)+' mapped in place':'')+'</span></div>';}\n"
+    " const mp=g.text.mapped||0;\n"
+    " h+='<div class=\"seg\" id=\"seg-mapped\" data-bytes=\"'+mp+'\"><b>mapped</b><div class=\"bar\" style=\"width:'+\n"
+    "  Math.max(2,Math.min(600,Math.round(600*mp/total)))+'px\">'+part(mp,mp,'#9bb9e0','weights read in place')+\n"
+    "  '</div><span class=\"lbl\">'+MiB(mp)+' of weights read where the checkpoint is mapped (beside the text segment)</span></div>';\n"
     " const w=s.swap;\n"
     " h+='<div class=\"seg\" id=\"seg-pool\" data-capacity=\"'+w.pool_bytes+'\" data-used=\"'+w.pool_used+'\"><b>host pool</b><div class=\"bar\" style=\"width:300px\">'+\n"
     "  s.sessions.map((e,i)=>e.pooled_bytes?part(e.pooled_bytes,w.pool_bytes,hue(i),e.id):'').join('')+\n"
@@ -179,6 +223,13 @@ const char dj__http_view_html[] =
     " $('pages').innerHTML='data pages: <span id=\"pages-used\">'+(p.total-p.free)+'</span> of <span id=\"pages-total\">'+p.total+'</span> in use ('+\n"
     "  p.bytes+' B each); prefix cache: '+(x.enabled?x.blocks+' blocks, '+x.pages+' pages ('+x.pages_unreferenced+\n"
     "  ' unreferenced), '+x.hits+' hits, '+x.tokens_mapped+' prompt tokens not recomputed':'off');\n"
+    " const pm=s.page_map||{cells:0,runs:[]},per=pm.cells?p.total/pm.cells:0;\n"
+    " $('page-map').dataset.cells=pm.cells;$('page-map').dataset.pages=per.toFixed(2);\n"
+    " $('page-map').innerHTML=pm.runs.map(([k,c])=>{const e=k>=0?s.sessions[k]:null;\n"
+    "  return '<div data-holder=\"'+(e?esc(e.id):k===-1?'free':'prefix')+'\" data-n=\"'+c+'\" style=\"flex:'+c+' 0 0;background:'+\n"
+    "   (e?hue(k):k===-1?'#eee':'#999')+'\" title=\"'+(e?esc(e.id):k===-1?'free':'prefix cache')+': '+Math.round(c*per)+' pages\"></div>';}).join('');\n"
+    " $('page-legend').textContent=pm.cells?pm.cells+' cells of '+per.toFixed(1)+' pages each (a cell shows its first page): '+\n"
+    "  'a session\\'s colour as in its row, grey the prefix cache, light free':'';\n"
     " $('n-models').textContent=s.models.length;\n"
     " $('models').innerHTML=row(['model','refs','layers','streamed','resident'],1)+\n"
     "  s.models.map(m=>row([m.name,m.refs,m.layers,m.streamed_layers,MiB(m.resident_bytes)],0,' id=\"model-'+esc(m.name)+'\"')).join('');\n"
@@ -194,8 +245,28 @@ const char dj__http_view_html[] =
     " const t=s.at_s,k=s.steps.gen_steps-s.steps.batched_steps+s.steps.batched_rows;\n"
     " if(prev&&t>prev.t){const d=t-prev.t;$('tps').textContent=((k-prev.k)/d).toFixed(0);\n"
     "  $('pcie').textContent=MiB((w.bytes_out-prev.o)/d)+'/s out, '+MiB((w.bytes_in-prev.i)/d)+'/s in';}\n"
+    " const q=s.queues,last={t,mem:[(p.total-p.free)*p.bytes,g.text.used+mp,w.pool_used],\n"
+    "  q:['realtime','interactive','batch'].map(c=>q[c]?q[c].waiting+q[c].running:0)};\n"
+    " if(prev&&t>prev.t){const d=t-prev.t;last.tps=(k-prev.k)/d;last.sw=[(w.bytes_out-prev.o)/d,(w.bytes_in-prev.i)/d];}\n"
+    " hist.push(last);if(hist.length>600)hist.shift();charts();\n"
     " prev={t,k,o:w.bytes_out,i:w.bytes_in};\n"
     "}\n"
+    "// the last 600 events (5 minutes at one event each 500 ms), one small SVG chart a quantity\n"
+    "const hist=[];\n"
+    "function chart(id,title,unit,series,cols,names){const pts=hist.filter(h=>series(h));\n"
+    " const W=300,H=70,t0=pts.length?pts[0].t:0,t1=pts.length?pts[pts.length-1].t:1;let top=0;\n"
+    " for(const h of pts)for(const v of series(h))top=Math.max(top,v);top=top||1;\n"
+    " const lines=cols.map((c,j)=>'<polyline fill=\"none\" stroke=\"'+c+'\" stroke-width=\"1.5\" points=\"'+pts.map(h=>\n"
+    "  ((t1>t0?(h.t-t0)/(t1-t0):1)*W).toFixed(1)+','+(H-2-(H-4)*series(h)[j]/top).toFixed(1)).join(' ')+'\"/>').join('');\n"
+    " const cur=pts.length?series(pts[pts.length-1]):[];\n"
+    " return '<div class=\"chart\"><b>'+title+'</b> '+names.map((nm,j)=>'<span style=\"color:'+cols[j]+'\">'+nm+' '+\n"
+    "  (cur.length?unit(cur[j]):'-')+'</span>').join(' ')+'<svg id=\"'+id+'\" data-points=\"'+pts.length+'\" width=\"'+W+'\" height=\"'+H+\n"
+    "  '\" viewBox=\"0 0 '+W+' '+H+'\">'+lines+'</svg></div>';}\n"
+    "function charts(){const num=v=>v.toFixed(0),mib=v=>MiB(v),rate=v=>MiB(v)+'/s';\n"
+    " $('charts').innerHTML=chart('chart-tps','tokens/s',num,h=>h.tps===undefined?null:[h.tps],['#d9822b'],['now'])+\n"
+    "  chart('chart-queues','queue depth',num,h=>h.q,['#a33','#4a7fc1','#6a9f4b'],['realtime','interactive','batch'])+\n"
+    "  chart('chart-swap','swap traffic',rate,h=>h.sw||null,['#a33','#273'],['out','in'])+\n"
+    "  chart('chart-mem','memory',mib,h=>h.mem,['#d9822b','#4a7fc1','#888'],['KV pages','weights','host pool']);}\n"
     "const es=new EventSource('/v1/djinn/events'+(max?'?count='+max:'')+(tok?(max?'&':'?')+'access_token='+encodeURIComponent(tok):''));\n"
     "es.onmessage=e=>{const j=JSON.parse(e.data);\n"
     " if(j.error){$('err').textContent='events: '+j.error.message;return;}\n"

@@ -99,6 +99,7 @@ static char *render(dj__metrics *m, size_t *len) {
     for (int i = 0; i <= DJ_SESS_DROPPED; i++)
         fprintf(f, "djinn_sessions_by_state{state=\"%s\"} %u\n", dj_sched_state_name((dj_sched_state)i),
                 m->sess_states[i]);
+    dj__vllm_render(&m->vllm, f); /* metrics_vllm.c */
     pthread_mutex_unlock(&m->mu);
     fclose(f);
     return buf;

@@ -73,6 +73,10 @@ static int usage(FILE *f) {
           "  stop; also after every request that changed one, before its answer (always: a kill -9 or a\n"
           "  power loss loses no answered work; measured in bench/RESULTS.md); never (off).\n",
           f);
+    fputs("--preload NAME[,NAME...]: load and pin these models of --models before serving (each load logs\n"
+          "its progress; a name not in the store stops the start). While any model loads, STATS and /health\n"
+          "say so (\"loading\", with bytes read of the total).\n",
+          f);
     fputs("--graph-device cpu (captured graphs on the CPU executor; engine: on the engine's device, the CUDA\n"
           "executor with --device cuda:N - an op without a GPU kernel is refused by name).\n"
           "--graph-gb, --graph-quota-gb (captured-graph runs' planned stacks and outputs admitted at once, all\n"
@@ -80,7 +84,8 @@ static int usage(FILE *f) {
           "--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
           "comment; an optional [djinnd] header), read before the command line, whose flags override it.\n"
           "SIGHUP re-reads it with the token file: the tokens, the log level and the limits marked (R) below\n"
-          "change for what comes next; sessions and connections stay. A --models store without a model\n"
+          "change for what comes next (and the engine thread's --prefill-chunk, --idle-ms, --max-wait-ms,\n"
+          "--quota-gb, --swap-quota-gb); sessions and connections stay. A --models store without a model\n"
           "(a folder holding config.json) stops the start unless --allow-empty (allow-empty = on in a file).\n"
           "--log-level (default warn, or $DJINN_LOG): what goes to stderr; info adds an access line per request\n"
           "(GENERATE on the binary port, every HTTP request). --log-format text (default) or json: one JSON\n"
@@ -95,8 +100,8 @@ static int usage(FILE *f) {
           "(R)--max-reply-buffer 4m,64m  unsent reply bytes: past SOFT the connection is not read, past HARD\n"
           "                             (header and metadata bytes) it is dropped (suffixes k, m, g)\n"
           "(R)--max-inflight 64          requests queued or running per connection before it is not read\n"
-          "  --max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
-          "  --max-sessions-per-token 256  sessions of one token's connections together; more get DJ_EQUOTA\n"
+          "(R)--max-sessions-per-conn 64, --max-handles-per-conn 256   more get DJ_EQUOTA\n"
+          "(R)--max-sessions-per-token 256  sessions of one token's connections together; more get DJ_EQUOTA\n"
           "(R)--max-connections-per-token 256  connections of one token at once; HELLO past it gets DJ_EQUOTA\n"
           "  --metrics-max-connections 16   /metrics connections at once (each closed after 10 s)\n"
           "  --max-prompt-bytes 1m      a GENERATE's text prompt: more bytes get DJ_ERANGE before tokenizing\n"
@@ -106,18 +111,18 @@ static int usage(FILE *f) {
           "/v1/chat/completions, streaming too) through this daemon's own listener, and the live view of\n"
           "the VMU: GET / (a page), GET /v1/djinn/stats (its JSON), GET /v1/djinn/events (the same pushed\n"
           "every 500 ms as server-sent events; ?count=N ends after N; each open stream holds a connection):\n"
-          "  --http-max-connections 64  requests at once; more get 503\n"
-          "  --http-max-body 4m         request body bytes; more get 413 (suffixes k, m, g)\n"
+          "(R)--http-max-connections 64  requests at once; more get 503 (a reload: at most the start's)\n"
+          "(R)--http-max-body 4m         request body bytes; more get 413 (suffixes k, m, g)\n"
           "  --http-timeout-s 30        an HTTP connection idle this long (headers, body) is closed\n"
           "  --http-reuse 16            finished sessions kept (10 min at most) so that a request whose prompt\n"
           "                             extends one's tokens prefills only the rest; 0 = off\n"
-          "  --http-header-timeout-s 10 a request's headers must all have come this long after the connection\n"
+          "(R)--http-header-timeout-s 10 a request's headers must all have come this long after the connection\n"
           "                             opened or its last answer (an absolute deadline, not an idle timer)\n"
-          "  --http-body-timeout-s 60   ... and its body this long after its headers; else the connection closes\n"
-          "  --http-max-per-address 32  connections at once from one address (an IPv6 /64); more get 429\n"
-          "  --http-max-unauth 32       connections still sending their headers: past this the oldest (if\n"
+          "(R)--http-body-timeout-s 60   ... and its body this long after its headers; else the connection closes\n"
+          "(R)--http-max-per-address 32  connections at once from one address (an IPv6 /64); more get 429\n"
+          "(R)--http-max-unauth 32       connections still sending their headers: past this the oldest (if\n"
           "                             waiting over 1 s) is closed\n"
-          "  --http-max-per-token 0     requests at once (event streams too) per --token-file token; more get\n"
+          "(R)--http-max-per-token 0     requests at once (event streams too) per --token-file token; more get\n"
           "                             429 (0: half of --http-max-connections)\n"
           "  --http-allowed-hosts H,... Host header names accepted besides localhost, IP literals and --http's\n"
           "                             host (checked without --token-file, or whenever given)\n"
@@ -311,6 +316,8 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         for (int k = 0; k < 4; k++)
             if (!strcmp(v, levels[k])) cfg->log_level = k;
         if (cfg->log_level == -2) return snprintf(err, cap, "--log-level '%s': want debug, info, warn or error", v), 2;
+    } else if (!strcmp(a, "--preload")) {
+        cfg->preload = v;
     } else if (!strcmp(a, "--state-dir")) {
         cfg->state_dir = v;
     } else if (!strcmp(a, "--token-file")) {

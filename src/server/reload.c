@@ -8,6 +8,7 @@
 
 #include "djinn/alloc.h"
 #include "server/config_file.h"
+#include "server/http_impl.h"
 #include "server/sd_notify.h"
 #include "server/server_impl.h"
 
@@ -106,12 +107,31 @@ static void on_sighup(uv_signal_t *h, int signum) {
     c->max_inflight = nc.max_inflight;
     c->max_conns_token = nc.max_conns_token;
     c->prompt_inflight = nc.prompt_inflight;
+    c->max_sessions = nc.max_sessions;
+    c->max_sessions_token = nc.max_sessions_token;
+    c->max_handles = nc.max_handles;
+    /* the worker's (it takes them at its next intake) and the HTTP door's */
+    char limits_said[200] = "";
+    if (dj__worker_limits(s, &nc) != DJ_OK)
+        snprintf(limits_said, sizeof limits_said, "; the engine thread's limits kept (%.60s)", dj_last_error());
+    if (s->http) {
+        const dj__http_cfg want = {.max_conns = nc.http_conns, .unauth = nc.http_unauth, .per_addr = nc.http_per_addr,
+                                   .per_token = nc.http_per_token, .max_body = nc.http_max_body,
+                                   .header_s = nc.http_header_s, .body_s = nc.http_body_s};
+        dj__http_cfg got;
+        dj__http_set_limits(s->http, &want, &got);
+        if (got.max_conns < want.max_conns || got.unauth < want.unauth)
+            snprintf(limits_said + strlen(limits_said), sizeof limits_said - strlen(limits_said),
+                     "; http-max-connections %u and http-max-unauth %u (a restart raises them)", got.max_conns,
+                     got.unauth);
+    }
     if (nc.log_level >= 0) dj_log_set_level((dj_log_level)nc.log_level);
     if (nc.log_format >= 0) dj_log_set_format((dj_log_format)nc.log_format);
     rl->n_reloads++;
-    char said[320];
-    snprintf(said, sizeof said, "djinnd: SIGHUP: reloaded (%s; log level %s)", tokens_said,
-             nc.log_level >= 0 ? (const char *[]){"debug", "info", "warn", "error"}[nc.log_level] : "unchanged");
+    char said[640];
+    snprintf(said, sizeof said, "djinnd: SIGHUP: reloaded (%s; log level %s%s)", tokens_said,
+             nc.log_level >= 0 ? (const char *[]){"debug", "info", "warn", "error"}[nc.log_level] : "unchanged",
+             limits_said);
     dj__log_line(DJ_LOG_WARN, __func__, said, NULL); /* whatever the level: an operator's act answered */
     dj__config_free(&nc);
     dj__sd_notify("READY=1");

@@ -26,6 +26,7 @@
 #include "server/server_impl.h"
 #include "server/serve.h"
 #include "server/access.h"
+#include "server/load_progress.h"
 #include "server/sd_notify.h"
 #include "server/wrong_door.h"
 #include "server/submit.h"
@@ -479,6 +480,7 @@ static void send_out(dj__conn *c, dj__out *o) {
 
 static void send_error(dj__conn *c, uint64_t req, uint16_t type, dj_status st, bool close_after) {
     dj__metrics_count(&c->srv->metrics, type, st);
+    if (!c->portal) dj__access_io(c->srv, &c->u.stream, c->unix_sock, c->door, c->tenant, type, st); /* access.c */
     DJ_LOG(INFO, "conn=%llu req=%llu type=%s error=%s: %s%s", (unsigned long long)c->id, (unsigned long long)req,
            dj_msg_type_name(type), dj_status_name(st), dj_last_error(), close_after && !c->portal ? " (closing)" : "");
     if (c->portal) { /* typed, and the portal stays: its user decides */
@@ -497,10 +499,15 @@ static void send_error(dj__conn *c, uint64_t req, uint16_t type, dj_status st, b
 
 static void send_reply(dj__conn *c, uint16_t type, uint64_t req, dj__mw *w) {
     dj__metrics_count(&c->srv->metrics, type, DJ_OK);
+    if (!c->portal) dj__access_io(c->srv, &c->u.stream, c->unix_sock, c->door, c->tenant, type, DJ_OK); /* access.c; a portal's door logs its own */
     if (c->portal) { /* an I/O-side answer to a portal: HEARTBEAT's count is its one field */
         dj__mw_destroy(w);
         dj__event *e = dj__event_new(DJ__EV_REPLY, c->id, type, req, 0);
         if (e) e->renewed = c->renewed;
+        if (e && type == DJ_MSG_STATS) { /* only while the worker loads (answer_inline) */
+            e->u.stats.busy_loading = true;
+            e->u.stats.admin = c->admin;
+        }
         if (e) dj__portal_deliver(c->portal, e);
         else conn_close(c);
         return;
@@ -957,6 +964,14 @@ static void answer_inline(dj__conn *c, dj__request *r, const dj__meta *m) {
         st = dj__capture_inline(s->capture, c->id, c->tenant, type, m, r->body + c->h.meta_len, c->h.payload_len, &w);
         close_conn = st == DJ_EFORMAT;
         break;
+    case DJ_MSG_STATS: { /* only while the worker loads a model (load_progress.c) */
+        pthread_mutex_lock(&s->mu);
+        const uint64_t n_conns = s->live_conns.n;
+        pthread_mutex_unlock(&s->mu);
+        dj__load_pack_stats(&w, c->admin, dj_vmu_page_bytes(dj_engine_vmu(s->engine)), s->handles.n, n_conns);
+        st = DJ_OK;
+        break;
+    }
     default: /* HEARTBEAT, PAUSE, RESUME, RELEASE, SESSION_ATTACH */
         st = do_inline(c, r, &w, &close_conn);
         close_conn = close_conn || st == DJ_EFORMAT;
@@ -1093,7 +1108,7 @@ void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const
                        "is back"), false);
         return;
     }
-    if (row->at == DJ__AT_IO) {
+    if (row->at == DJ__AT_IO || (r.type == DJ_MSG_STATS && dj__load_snapshot(NULL, 0))) { /* the worker loads */
         answer_inline(c, &r, m);
         return;
     }

@@ -18,6 +18,7 @@
 #include "sched/sched.h"
 #include "proto/proto_impl.h"
 #include "server/event.h"
+#include "server/metrics_vllm.h"
 #include "server/request.h"
 
 /* ---- a u64 -> pointer hash map (chained; ids are random, so no mixing) ---- */
@@ -125,6 +126,7 @@ typedef struct dj__metrics {
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
     size_t n_auth;
     bool local_admin;              /* --local-admin: without a token file, /metrics answers anyone it serves */
+    dj__vllm vllm;                 /* the per-model series of vLLM's dashboards (metrics_vllm.c) */
 } dj__metrics;
 extern const double dj__hist_bounds[DJ__HIST_BUCKETS];
 void dj__metrics_count(dj__metrics *m, uint32_t type, dj_status st);
@@ -163,6 +165,7 @@ typedef struct dj__job dj__job;
 #define DJ__CTL_DROP 0x101    /* the session goes: ctl.why (its lease ended, or its connection closed) */
 #define DJ__CTL_ORPHAN 0x102  /* its connection closed: its requests are cancelled, it waits for an attach */
 #define DJ__CTL_ATTACH 0x103  /* ctl.conn holds it now */
+#define DJ__CTL_LIMITS 0x104  /* no session: ctl.limits, SIGHUP's new worker limits (reload.c) */
 
 /* The I/O side's record (dj__server.leases; loop only). */
 typedef struct dj__lease {
@@ -258,6 +261,10 @@ struct dj__job {
         double resume_at;
         dj_status why;
         const char *why_msg;  /* a static string */
+        struct {              /* DJ__CTL_LIMITS: the reloaded values of these options */
+            uint32_t prefill_chunk, idle_ms, max_wait_ms;
+            size_t quota_bytes, swap_quota_bytes;
+        } limits;
     } ctl;
     bool model_error;         /* its error came from a model's files (not the request): the connection stays */
     dj__request r;            /* the request, decoded by the I/O thread (request.h); owned */
@@ -362,6 +369,7 @@ typedef struct dj__config {
     const char *http_hosts;    /* --http-allowed-hosts: Host names besides localhost and IP literals */
     /* the config file, the store check and the log (config_file.c, reload.c) */
     const char *config;        /* --config FILE or NULL */
+    const char *preload;       /* --preload NAME[,NAME]: models loaded and pinned before serving, or NULL */
     struct dj__conf *conf;     /* its entries, which string options point into (dj__config_free) */
     bool allow_empty;          /* --allow-empty: a missing model is a warning, not an error at start */
     int log_level;             /* --log-level: dj_log_level, or -1 ($DJINN_LOG, default warn) */
@@ -528,6 +536,9 @@ dj_status dj__worker_start(dj__server *s);
 void dj__worker_stop(dj__server *s);
 void dj__enqueue(dj__server *s, dj__job *j); /* into the worker's mailbox; takes ownership; locks mu */
 void dj__job_free(dj__job *j);
+/* SIGHUP (reload.c): the worker takes nc's limits it reads (--prefill-chunk,
+ * --idle-ms, --max-wait-ms, --quota-gb, --swap-quota-gb) at its next intake. */
+dj_status dj__worker_limits(dj__server *s, const dj__config *nc);
 /* Build an ERROR frame (st, message) for the outbox (call with mu held or not: it only allocates). */
 dj__out *dj__out_error(uint64_t conn, uint64_t req, dj_status st, const char *msg, bool close_after);
 /* msg made fit for a client: no heap addresses, no server paths, valid UTF-8

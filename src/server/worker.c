@@ -17,6 +17,8 @@
 #include "server/adapter.h"
 #include "server/graph_serve.h"
 #include "server/access.h"
+#include "server/load_progress.h"
+#include "server/view_stats.h"
 #include "server/server_impl.h"
 #include "server/disk_tier.h"
 #include "server/session_move.h"
@@ -155,9 +157,18 @@ void dj__enqueue(dj__server *s, dj__job *j) {
 
 /* ---- replies ---- */
 
+/* The model an access line names for j: the one it names, else its session's. */
+static const char *job_model(dj__server *s, const dj__job *j) {
+    if (j->type == DJ_MSG_MODEL_LOAD || j->type == DJ_MSG_MODEL_UNLOAD) return j->r.u.model;
+    if (j->type == DJ_MSG_SESSION_OPEN) return j->r.u.open.model;
+    const dj__sess *ss = j->sess ? dj__map_get(&s->sessions, j->sess) : NULL;
+    return ss ? ss->model : NULL;
+}
+
 /* j's REPLY: rep (filled by its do_*) moves into a posted event. */
 static bool reply(dj__server *s, dj__job *j, dj__event *rep) {
     dj__metrics_count(&s->metrics, j->type, DJ_OK);
+    dj__access_job(j, job_model(s, j), DJ_OK);
     dj__event *e = dj_malloc(sizeof *e);
     if (e) *e = *rep;
     else dj__event_clear(rep);
@@ -171,6 +182,8 @@ static void reply_error(dj__server *s, dj__job *j, dj_status st, bool close_afte
            (unsigned long long)j->req, (unsigned long long)j->sess, dj_msg_type_name(j->type), dj_status_name(st),
            dj_last_error());
     if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, NULL, st);
+    else dj__access_job(j, job_model(s, j), st);
+    if (j->type == DJ_MSG_GENERATE) dj__vllm_generate_end(s, j, dj__map_get(&s->sessions, j->sess), st, DJ__VFIN_ERROR);
     post_job(s, j, dj__event_error(j->conn, j->type, j->req, st, dj_last_error(), close_after));
 }
 
@@ -198,7 +211,7 @@ static dj_status model_ref(dj__server *s, const char *name, dj__model_ent **out,
         return dj_fail(DJ_EINVAL, "model name '%s': use the name of a folder in the model store", name);
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s/%s", s->cfg.models, name);
-    dj_status st = dj_model_load(s->engine, dir, m);
+    dj_status st = dj__load_model(s->engine, dir, name, m); /* load_progress.c: its progress shown */
     if (st != DJ_OK) return st;
     dj__model_ent *e = model_find(s, name);
     if (!e) {
@@ -266,6 +279,8 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         held_del(s, j);
         dj__metrics_count(&s->metrics, j->type, why);
         if (j->type == DJ_MSG_GENERATE) dj__access_generate(j, ss, why);
+        if (j->type == DJ_MSG_GENERATE) dj__vllm_generate_end(s, j, ss, why, DJ__VFIN_ABORT);
+        else dj__access_job(j, ss->model, why);
         post_job(s, j, dj__event_error(j->conn, j->type, j->req, why, msg, false)); /* dropped if its connection went */
         dj__job_free(j);
     }
@@ -309,8 +324,52 @@ static void cancel_orphaned(dj__server *s, dj__sess *ss) {
     }
 }
 
+/* The scheduler's limits of the config's values (at start and at a reload). */
+static void sched_limits(const dj__server *s, dj_sched_config *sc) {
+    const size_t page = dj_vmu_page_bytes(dj_engine_vmu(s->engine));
+    sc->idle_ms = s->cfg.idle_ms;
+    sc->lifo_age_ms = s->cfg.max_wait_ms;
+    sc->quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0;
+    sc->pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
+                            page - 1) / page;
+}
+
+/* DJ__CTL_LIMITS: SIGHUP's values of the options the worker reads. */
+static void set_limits(dj__server *s, const dj__job *j) {
+    s->cfg.prefill_chunk = j->ctl.limits.prefill_chunk;
+    s->cfg.idle_ms = j->ctl.limits.idle_ms;
+    s->cfg.max_wait_ms = j->ctl.limits.max_wait_ms;
+    s->cfg.quota_bytes = j->ctl.limits.quota_bytes;
+    s->cfg.swap_quota_bytes = j->ctl.limits.swap_quota_bytes;
+    dj_sched_config sc;
+    memset(&sc, 0, sizeof sc);
+    sched_limits(s, &sc);
+    dj_sched_set_limits(s->sched, &sc);
+    DJ_LOG(INFO, "limits reloaded: prefill-chunk %u, idle-ms %u, max-wait-ms %u, quota %zu bytes",
+           s->cfg.prefill_chunk, s->cfg.idle_ms, s->cfg.max_wait_ms, s->cfg.quota_bytes);
+}
+
+dj_status dj__worker_limits(dj__server *s, const dj__config *nc) {
+    dj__job *j = dj_calloc(1, sizeof *j);
+    if (!j) return dj_fail(DJ_ENOMEM, "out of memory");
+    j->type = DJ__CTL_LIMITS;
+    j->qos = DJ_QOS_REALTIME;
+    j->ctl.limits.prefill_chunk = nc->prefill_chunk;
+    j->ctl.limits.idle_ms = nc->idle_ms;
+    j->ctl.limits.max_wait_ms = nc->max_wait_ms;
+    j->ctl.limits.quota_bytes = nc->quota_bytes;
+    j->ctl.limits.swap_quota_bytes = nc->swap_quota_bytes;
+    dj__enqueue(s, j);
+    return DJ_OK;
+}
+
 /* A message of the I/O side's about a session (DJ__CTL_ types); frees it. */
 static void control(dj__server *s, dj__job *j) {
+    if (j->type == DJ__CTL_LIMITS) {
+        set_limits(s, j);
+        dj__job_free(j);
+        return;
+    }
     dj__sess *ss = dj__map_get(&s->sessions, j->sess);
     if (ss) switch (j->type) {
         case DJ__CTL_PAUSE: {
@@ -713,6 +772,7 @@ static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
     }
     dj__metrics_count(&s->metrics, DJ_MSG_GENERATE, DJ_OK);
     dj__access_generate(j, ss, DJ_OK);
+    dj__vllm_generate_end(s, j, ss, DJ_OK, DJ__VFIN_STOP); /* metrics_vllm.c: the finish reason decides */
     post_job(s, j, e);
 }
 
@@ -1142,6 +1202,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     }
     dj_status st = stats_sessions(s, j, out);
     if (st != DJ_OK) return st;
+    if ((st = dj__stats_page_map(s, out)) != DJ_OK) return st; /* view_stats.c: the live view's page map */
     const uint64_t now = dj__now_ms();
     pthread_mutex_lock(&s->mu);
     dj_sched_get_stats(s->sched, now, &out->sched);
@@ -1515,6 +1576,7 @@ static void publish_metrics(dj__server *s) {
     s->metrics.gen_steps = s->gen_steps;
     s->metrics.gen_step_s = s->gen_step_s;
     pthread_mutex_unlock(&s->metrics.mu);
+    dj__vllm_count_queues(s); /* metrics_vllm.c: running and waiting per model */
 }
 
 static bool work_arrived(const dj__server *s) { /* mu held */
@@ -1597,6 +1659,18 @@ static void save_sessions(dj__server *s) {
     DJ_LOG(WARN, "djinnd: %u sessions saved to %s (%u failed)", saved, dir, failed);
 }
 
+/* Every model entry goes (the daemon stops, or never started). */
+static void drop_models(dj__server *s) {
+    while (s->models) {
+        dj__model_ent *m = s->models;
+        if (m->pinned) dj_model_release(s->engine, m->m);
+        m->pinned = false;
+        m->users = 0;
+        m->tok_jobs = 0; /* the tokenizer thread was stopped first (dj__worker_stop) */
+        model_ent_maybe_drop(s, m);
+    }
+}
+
 static void *worker_main(void *arg) {
     dj__server *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -1655,14 +1729,7 @@ static void *worker_main(void *arg) {
         dj__job_free(j);
     }
     pthread_mutex_unlock(&s->mu);
-    while (s->models) {
-        dj__model_ent *m = s->models;
-        if (m->pinned) dj_model_release(s->engine, m->m);
-        m->pinned = false;
-        m->users = 0;
-        m->tok_jobs = 0; /* the tokenizer thread was stopped first (dj__worker_stop) */
-        model_ent_maybe_drop(s, m);
-    }
+    drop_models(s);
     return NULL;
 }
 
@@ -1711,16 +1778,11 @@ static dj_status sched_open(dj__server *s) {
         (st = dj__tier_open(s->engine, s->cfg.state_dir, s->cfg.disk_bytes, &disk_pages, &disk_page_ms)) != DJ_OK)
         return st;
     const bool cpu = !s->cfg.device || strcmp(s->cfg.device, "cpu") == 0;
-    const dj_sched_config sc = {
+    dj_sched_config sc = {
         .max_running = s->cfg.max_running,
         .max_rows = MIXED_ROWS,
         .pages_total = (uint32_t)vs.pages_total,
         .pool_pages = sw.capacity / page,
-        .idle_ms = s->cfg.idle_ms,
-        .lifo_age_ms = s->cfg.max_wait_ms,
-        .quota_pages = s->cfg.quota_bytes ? (s->cfg.quota_bytes + page - 1) / page : 0,
-        .pool_quota_pages = ((s->cfg.swap_quota_bytes == DJ__SIZE_AUTO ? s->cfg.quota_bytes : s->cfg.swap_quota_bytes) +
-                             page - 1) / page,
         /* until a swap measures it: ~20 GB/s pinned PCIe, ~5 GB/s memcpy */
         .page_in_ms = (double)page / (cpu ? 5e9 : 20e9) * 1e3,
         .policy = s->cfg.swap_policy,
@@ -1732,6 +1794,7 @@ static dj_status sched_open(dj__server *s) {
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
            vs.stack.capacity >> 20, sw.capacity >> 20, dj_swap_policy_name(s->cfg.swap_policy));
+    sched_limits(s, &sc); /* idle, max wait, quotas: SIGHUP changes them */
     return dj_sched_new(&sc, &s->sched);
 }
 
@@ -1748,6 +1811,24 @@ static void tokenizer_stop(dj__server *s) {
     pthread_cond_destroy(&s->tok_cv);
     dj__job *j;
     while ((j = q_pop_head(&s->tokq))) dj__job_free(j);
+}
+
+/* --preload: each named model loaded and pinned before the worker serves
+ * (its pin belongs to no connection: an admin's MODEL_UNLOAD lifts it). */
+static dj_status preload(dj__server *s) {
+    char name[128];
+    dj_status st = s->cfg.preload ? dj__preload_check(s->cfg.models, s->cfg.preload) : DJ_OK;
+    if (st != DJ_OK) return st; /* every name is checked before any load */
+    for (const char *p = s->cfg.preload; p && dj__preload_next(&p, name, sizeof name, &st);) {
+        dj__model_ent *e = NULL;
+        dj_model_t *m = NULL;
+        if ((st = model_ref(s, name, &e, &m)) != DJ_OK)
+            return dj_fail(st, "--preload %s: %s", name, dj_last_error());
+        e->pinned = true;
+        e->pin_conn = 0;
+        dj__log_always(DJ_LOG_INFO, __func__, "model %s: preloaded (pinned)", name);
+    }
+    return st;
 }
 
 dj_status dj__worker_start(dj__server *s) {
@@ -1776,6 +1857,7 @@ dj_status dj__worker_start(dj__server *s) {
     s->ride_rows = s->cfg.mixed_steps == 2 || (s->cfg.mixed_steps < 0 && !cpu) ? RIDE_ROWS : 0;
     dj_status st = engine_open(s, &ec);
     if (st == DJ_OK) st = sched_open(s);
+    if (st == DJ_OK) st = preload(s); /* before serving */
     if (st == DJ_OK && pthread_cond_init(&s->tok_cv, NULL) != 0)
         st = dj_fail(DJ_EINTERNAL, "cannot create the tokenizer thread's condition");
     if (st == DJ_OK) {
@@ -1791,6 +1873,7 @@ dj_status dj__worker_start(dj__server *s) {
         st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
     if (st != DJ_OK) {
         tokenizer_stop(s);
+        drop_models(s); /* what --preload pinned */
         dj_sched_free(s->sched);
         s->sched = NULL;
         dj_engine_free(s->engine);

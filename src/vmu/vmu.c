@@ -567,6 +567,12 @@ static void print_seg(FILE *f, const char *name, const dj_vmu_seg_stats *s) {
             (double)(s->capacity - s->used) / MIB, s->capacity - s->used, (double)s->peak / MIB, s->peak);
 }
 
+void dj_vmu_page_holders(const dj_vmu_t *vmu, uint32_t cells, const dj_vmu_session_t **out) {
+    if (!cells || !vmu->n_pages) return;
+    if (cells > vmu->n_pages) cells = vmu->n_pages;
+    for (uint32_t i = 0; i < cells; i++) out[i] = vmu->owner[(uint64_t)i * vmu->n_pages / cells];
+}
+
 void dj_vmu_print_stats(const dj_vmu_t *vmu, FILE *f) {
     dj_vmu_stats st;
     dj_vmu_get_stats(vmu, &st);
