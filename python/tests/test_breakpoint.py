@@ -37,6 +37,8 @@ def test_resume_is_bit_identical(client):
         assert np.array_equal(b.value.numpy(), want)
         with pytest.raises(djinn.BusyError):
             s.step([1])  # the session is busy while its step is paused
+        with pytest.raises(djinn.BusyError, match="paused at a breakpoint"):
+            s.export()  # its image would drop the paused step
         with pytest.raises(RuntimeError):
             late.numpy()  # saves come when the step ends
         t.resume()

@@ -26,6 +26,9 @@ dj_status dj__session_image(dj_engine_t *e, const dj__sess *ss, uint64_t secret,
     *n = 0;
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
     if (ss->xfer) return dj_fail(DJ_EBUSY, "session %016llx has a swap in flight", (unsigned long long)ss->id);
+    if (ss->brk) /* its image would drop the paused step without a word */
+        return dj_fail(DJ_EBUSY, "session %016llx has a step paused at a breakpoint: resume or cancel it first",
+                       (unsigned long long)ss->id);
     const dj_model_t *m = dj_session_model(ss->es);
     dj__simg img = {.version = DJ__SIMG_VERSION, .fingerprint = dj_model_fingerprint(m), .id = ss->id,
                     .secret = secret, .tenant = ss->tenant, .qos = ss->qos, .max_ctx = dj_session_max_ctx(ss->es),

@@ -1649,6 +1649,7 @@ static void save_sessions(dj__server *s) {
         for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
             dj__sess *ss = e->val;
             if (ss->busy) cancel_orphaned(s, ss);
+            dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint is cancelled: the KV as before it */
             if (dj__persist_save(s->engine, ss, dir) == DJ_OK) {
                 saved++;
                 continue;
