@@ -59,6 +59,25 @@ dj_status dj_client_session_open_secret(dj_client_t *c, const dj_session_opts *o
 /* Reattach a session whose connection closed; *pos (optional): its position. */
 dj_status dj_client_session_attach(dj_client_t *c, uint64_t session, uint64_t secret, uint32_t *pos /* OUT */);
 dj_status dj_client_session_close(dj_client_t *c, uint64_t session);
+/* A session moved between daemons serving the same model (docs/swap.md has
+ * the image, docs/protocol.md SESSION_EXPORT / SESSION_IMPORT). Export: the
+ * session's image (its KV pages, or its history when they are swapped out;
+ * its pending token, QoS, cache salt) into *image (malloc'd, free() it); the
+ * session stays open here (close it once imported elsewhere). DJ_EBUSY while
+ * it generates. Import: opens a session on this connection from an image -
+ * the model's fingerprint checked (another checkpoint: DJ_EINVAL naming
+ * both), every page's checksum checked (DJ_EIO naming a damaged one) - with
+ * a new id and reattach secret (*secret, as dj_client_session_open_secret)
+ * and *pos its position; generation on it continues with the tokens the
+ * exported one would have given. The _file forms write or read the image
+ * as a file. */
+dj_status dj_client_session_export(dj_client_t *c, uint64_t session, uint8_t **image /* OUT, malloc'd */,
+                                   size_t *n /* OUT */);
+dj_status dj_client_session_import(dj_client_t *c, const void *image, size_t n, uint64_t *session /* OUT */,
+                                   uint64_t *secret /* OUT or NULL */, uint32_t *pos /* OUT or NULL */);
+dj_status dj_client_session_export_file(dj_client_t *c, uint64_t session, const char *path);
+dj_status dj_client_session_import_file(dj_client_t *c, const char *path, uint64_t *session /* OUT */,
+                                        uint64_t *secret /* OUT or NULL */, uint32_t *pos /* OUT or NULL */);
 /* State only for now: the KV cache stays resident (swap is a later issue). */
 dj_status dj_client_session_pause(dj_client_t *c, uint64_t session, uint64_t expected_ms);
 dj_status dj_client_session_resume(dj_client_t *c, uint64_t session);
@@ -72,6 +91,9 @@ typedef struct dj_generate_params {
     uint32_t max_tokens;
     const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
     size_t n_stop;
+    const dj_logit_bias *logit_bias; /* [n_logit_bias] added to those ids' logits before each pick
+                                      * (sample_params.h: at most DJ_MAX_LOGIT_BIAS, bias in [-100, 100]) */
+    size_t n_logit_bias;
     bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
     bool logprobs;           /* each TOKEN carries its logprob (sample_params.h's dj_token_logprobs) */
     uint32_t top_logprobs;   /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
@@ -80,6 +102,8 @@ typedef struct dj_generate_params {
                               * session's first GENERATE, later ones repeat it (docs/prefix-cache.md) */
     const char *json_schema; /* NULL, or structured output: the generated text is a JSON value of this JSON schema
                               * (the subset of grammar.h; "{\"type\": \"object\"}": any object) */
+    const char *adapter;     /* NULL, or a LoRA adapter's folder in the daemon's model store, of the session's
+                              * model: set by the session's first GENERATE, later ones repeat it or give none */
 } dj_generate_params;
 
 typedef struct dj_generate_result {

@@ -308,6 +308,38 @@ void dj_engine_disk_stats(const dj_engine_t *e, dj_disk_stats *st /* OUT */);
  * that fails: DJ_EIO. Nothing changes on failure (it stays in the pool). */
 dj_status dj_session_swap_spill(dj_engine_t *e, dj_session_t *s);
 
+/* ---- a session's KV as bytes: export, import, restart (kv_image.c;
+ * docs/swap.md has the files that carry it) ---- */
+
+/* The KV layout of a session and what it holds: page i is layer
+ * i / n_blocks, block i % n_blocks; positions [0, pos) are valid. A page
+ * is the data segment's (K and V of tokens_per_page positions of one layer;
+ * for FP8 K/V the codes and the per-head exponents). */
+typedef struct dj_kv_layout {
+    uint32_t n_layers, n_kv_heads, kv_dim; /* kv_dim: n_kv_heads x head_dim */
+    uint32_t kv_dtype;                     /* dj_dtype of K/V */
+    uint32_t tokens_per_page;
+    uint64_t page_bytes;
+    uint32_t n_blocks;                     /* blocks mapped per layer (0 unless RESIDENT) */
+    uint32_t pos;                          /* positions in the cache */
+} dj_kv_layout;
+void dj_session_kv_layout(const dj_session_t *s, dj_kv_layout *out /* OUT */);
+/* Page `page` (< n_layers x n_blocks) of a RESIDENT session into
+ * buf[page_bytes] (on a device: after the compute issued so far). DJ_EBUSY
+ * while it is not resident (swap it in first), DJ_ERANGE past its pages. */
+dj_status dj_session_kv_read(dj_engine_t *e, dj_session_t *s, uint32_t page, void *buf /* OUT, [page_bytes] */);
+/* Fills page `page` of a load into buf[page_bytes]; an error stops the load. */
+typedef dj_status (*dj_kv_page_fn)(void *ctx, uint32_t page, void *buf /* OUT */);
+/* Makes the fresh session s (position 0, from dj_session_new of the same
+ * model) hold lay->pos positions: maps lay->n_blocks blocks per layer and
+ * fills every page by read(ctx, i, buf). The layout must be s's own
+ * (DJ_EFORMAT naming both), the positions must fit its context (DJ_ERANGE);
+ * DJ_ENOSPC / DJ_EQUOTA as a step that needs the pages. On error free the
+ * session (its pages go with it). The loaded blocks are never published to
+ * the prefix cache. */
+dj_status dj_session_kv_load(dj_engine_t *e, dj_session_t *s, const dj_kv_layout *lay, dj_kv_page_fn read,
+                             void *ctx);
+
 /* The largest number of tokens one step takes (dj_engine_config.max_step_tokens). */
 uint32_t dj_engine_max_step_tokens(const dj_engine_t *e);
 

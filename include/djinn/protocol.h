@@ -40,6 +40,8 @@
     X(WEIGHT_CHALLENGE, 0x13)     \
     X(WEIGHT_PROVE, 0x14)         \
     X(GRAPH_RUN, 0x15)            \
+    X(SESSION_EXPORT, 0x16)       \
+    X(SESSION_IMPORT, 0x17)       \
     X(REPLY, 0x80)                \
     X(TOKEN, 0x81)                \
     X(DONE, 0x82)                 \
@@ -51,7 +53,7 @@ typedef enum {
 #undef DJ__MSG_ENUM
 } dj_msg_type;
 
-#define DJ_MSG_REQUEST_LAST DJ_MSG_GRAPH_RUN /* requests are 1..DJ_MSG_REQUEST_LAST */
+#define DJ_MSG_REQUEST_LAST DJ_MSG_SESSION_IMPORT /* requests are 1..DJ_MSG_REQUEST_LAST */
 
 /* QoS classes of a session. The zero value is interactive, so a zeroed
  * dj_session_opts asks for the ordinary class, never one that pre-empts

@@ -426,16 +426,18 @@ class Client:
         meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
         return Model(self, meta)
 
-    def remote(self, module, fallback=None, cache=True):
+    def remote(self, module, fallback=None, cache=True, qos=None):
         """A proxy of the PyTorch module whose calls run on the server: each call records the
         forward as ATen ops (djinn.capture), uploads only the weights the server lacks, runs the
         graph there and returns the forward's own structure with RemoteTensor leaves (shape and
         dtype here; .numpy()/.torch() fetch). A RemoteTensor passed to the next call stays on the
         server. fallback="local": what the server cannot run (an unsupported op), a busy or
         unreachable server, runs here instead, given 1.5x its memory. cache=False: record every
-        call (no plan cache; docs/capture.md says when replaying a recorded call is sound)."""
+        call (no plan cache; docs/capture.md says when replaying a recorded call is sound).
+        qos: the class ("realtime", "interactive", "batch") djinnd's scheduler admits each run in
+        (default interactive; the token must grant it)."""
         from .remote import remote
-        return remote(self, module, fallback=fallback, cache=cache)
+        return remote(self, module, fallback=fallback, cache=cache, qos=qos)
 
     def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None, reattach=False):
         """Opens a session on `model` (a name or a Model); see Model.session."""
@@ -469,6 +471,27 @@ class Client:
                 time.sleep(0.01)
         m = self.model(reply.get("model", ""))
         return Session(m, reply, keep=True, secret=secret)
+
+
+    def import_session(self, image):
+        """Opens the session an image holds (SESSION_IMPORT): image is the
+        bytes Session.export returned, or the path of a file it wrote.
+        Returns it as a Session (a new id, and a secret: it outlives this
+        client like one opened with reattach=True) at the position it was
+        exported at. InvalidError for a damaged image or one of
+        another checkpoint (both fingerprints named); DjinnError (DJ_EIO) for a KV page
+        failing its checksum."""
+        from .model import Session
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            data = bytes(image)
+        else:
+            with open(image, "rb") as f:
+                data = f.read()
+        if not data:
+            raise ValueError("import_session: an empty image")
+        reply, _ = self._call(_wire.SESSION_IMPORT, {}, data)
+        m = self.model(reply.get("model", ""))
+        return Session(m, reply, keep=True)
 
 
 class _Answers:

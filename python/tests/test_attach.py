@@ -125,3 +125,32 @@ def test_cli_session_file(daemon, tmp_path):
     out = subprocess.run([daemon.cli, "generate", "--server", daemon.addr, "--session-file", f, "--tokens", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "ID SECRET" in out.stderr
+
+
+def test_export_import_continues_the_same_tokens(client, tmp_path):
+    """Session.export / Client.import_session: a session moved (as bytes, and
+    through a file) goes on with the tokens of one never moved, greedy and
+    seeded; a damaged image is refused and the connection stays."""
+    m = client.model("demo")
+    p1, p2 = [5, 6, 7, 8, 9, 10, 11], [12, 13, 14]
+    for kw in ({}, {"temperature": 0.8, "top_p": 0.9, "seed": 4242}):
+        with m.session() as ref:
+            a1 = ref.generate(p1, max_new_tokens=6, ignore_eos=True, stream=False, **kw).ids
+            a2 = ref.generate(p2, max_new_tokens=6, ignore_eos=True, stream=False, **kw).ids
+        s = m.session()
+        b1 = s.generate(p1, max_new_tokens=6, ignore_eos=True, stream=False, **kw).ids
+        image = s.export()
+        path = s.export(str(tmp_path / "s.djs"))
+        s.close()
+        assert open(path, "rb").read() == image
+        for src in (image, path):
+            t = client.import_session(src)
+            assert t.pos == len(p1) + 5 and t.secret is not None and t.model.name == "demo"
+            b2 = t.generate(p2, max_new_tokens=6, ignore_eos=True, stream=False, **kw).ids
+            t.close()
+            assert (b1, b2) == (a1, a2), kw
+    bad = bytearray(image)
+    bad[40] ^= 1
+    with pytest.raises(djinn.InvalidError, match="damaged"):
+        client.import_session(bytes(bad))
+    client.import_session(image).close()  # the connection is still good

@@ -14,12 +14,12 @@
 #include "djinn/client.h"
 
 typedef struct ropts {
-    const char *server, *model, *prompt, *tokens, *token_file, *qos, *stop, *session, *secret, *session_file;
+    const char *server, *model, *prompt, *tokens, *token_file, *qos, *stop, *session, *secret, *session_file, *file;
     long n_new, ctx;
     double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k;
     unsigned long long seed;
-    int greedy, print_tokens, have_temp, ignore_eos, stats, keep;
+    int greedy, print_tokens, have_temp, ignore_eos, stats, keep, close_after;
 } ropts;
 
 static int rbad(const char *fmt, const char *a) {
@@ -57,6 +57,7 @@ static int parse(int argc, char **argv, ropts *o) {
         if (!strcmp(a, "--ignore-eos")) { o->ignore_eos = 1; continue; }
         if (!strcmp(a, "--stats")) { o->stats = 1; continue; }
         if (!strcmp(a, "--keep")) { o->keep = 1; continue; }
+        if (!strcmp(a, "--close")) { o->close_after = 1; continue; }
         if (!strcmp(a, "--device") || !strcmp(a, "--vmu-gb") || !strcmp(a, "--threads") || !strcmp(a, "--step") ||
             !strcmp(a, "--deterministic"))
             return rbad("%s is the server's to choose (see djinnd --help), not a request's", a);
@@ -72,6 +73,7 @@ static int parse(int argc, char **argv, ropts *o) {
         else if (!strcmp(a, "--session")) o->session = v;
         else if (!strcmp(a, "--secret")) o->secret = v;
         else if (!strcmp(a, "--session-file")) o->session_file = v;
+        else if (!strcmp(a, "--file")) o->file = v;
         else if (!strcmp(a, "--ctx")) {
             if (num(v, &x) || x < 1 || x > INT32_MAX || x != (long)x) return rbad("--ctx: '%s' is not a context length", v);
             o->ctx = (long)x;
@@ -337,4 +339,56 @@ int dj__cli_stat(int argc, char **argv) {
     dj_client_stats_free(&st);
     dj_client_free(c);
     return 0;
+}
+
+/* `djinn session export|import`: a session's image to a file, or a file's
+ * session opened on this server (docs/swap.md, "Session images"). */
+int dj__cli_session(int argc, char **argv) {
+    if (argc < 3 || (strcmp(argv[2], "export") && strcmp(argv[2], "import")))
+        return rbad("session needs export or import (djinn --help)%s", "");
+    const bool exp = !strcmp(argv[2], "export");
+    ropts o;
+    int r = parse(argc - 1, argv + 1, &o);
+    if (r) return r;
+    if (!o.file) return rbad("session %s needs --file PATH (the session image)", argv[2]);
+    uint64_t sess = 0, secret = 0;
+    if (exp) {
+        if (o.session_file) {
+            if (read_session_file(o.session_file, &sess, &secret) != 1)
+                return rbad("--session-file %s: want \"ID SECRET\" (as djinn wrote it)", o.session_file);
+        } else if (!o.session || !o.secret || parse_u64(o.session, &sess) || parse_u64(o.secret, &secret)) {
+            return rbad("session export needs --session ID --secret S (or --session-file F)%s", "");
+        }
+    }
+    dj_client_t *c = NULL;
+    if ((r = connect_to(&o, &c))) return r;
+    dj_status st;
+    if (exp) {
+        st = dj_client_session_attach(c, sess, secret, NULL);
+        for (int k = 0; st == DJ_ENOTFOUND && k < 200; k++) { /* a command before may have just closed */
+            const struct timespec ms10 = {0, 10 * 1000 * 1000};
+            nanosleep(&ms10, NULL);
+            st = dj_client_session_attach(c, sess, secret, NULL);
+        }
+        if (st != DJ_OK) r = rdie("attaching the session", st);
+        else if ((st = dj_client_session_export_file(c, sess, o.file)) != DJ_OK) r = rdie("exporting", st);
+        else {
+            fprintf(stderr, "djinn: session %llu written to %s%s\n", (unsigned long long)sess, o.file,
+                    o.close_after ? "; closed here" : "");
+            if (o.close_after && (st = dj_client_session_close(c, sess)) != DJ_OK) r = rdie("closing", st);
+        }
+    } else {
+        uint32_t pos = 0;
+        if ((st = dj_client_session_import_file(c, o.file, &sess, &secret, &pos)) != DJ_OK) r = rdie("importing", st);
+        else {
+            printf("%llu %llu\n", (unsigned long long)sess, (unsigned long long)secret);
+            fprintf(stderr, "djinn: session %llu secret %llu at position %u (djinn generate --session %llu --secret "
+                    "%llu within its lease continues it)\n", (unsigned long long)sess, (unsigned long long)secret, pos,
+                    (unsigned long long)sess, (unsigned long long)secret);
+            if (o.session_file && write_session_file(o.session_file, sess, secret) != 0)
+                r = rbad("--session-file %s: cannot write it", o.session_file);
+        }
+    }
+    dj_client_free(c);
+    return r;
 }

@@ -5,5 +5,6 @@
 
 int dj__cli_generate(int argc, char **argv);
 int dj__cli_stat(int argc, char **argv);
+int dj__cli_session(int argc, char **argv); /* djinn session export|import */
 
 #endif

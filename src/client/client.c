@@ -534,6 +534,122 @@ dj_status dj_client_session_open_secret(dj_client_t *c, const dj_session_opts *o
     return st;
 }
 
+dj_status dj_client_session_export(dj_client_t *c, uint64_t session, uint8_t **image, size_t *n) {
+    *image = NULL;
+    *n = 0;
+    dj__mw w;
+    dj__mw_init(&w);
+    dj__mw_u64(&w, "session", session);
+    dj__meta m;
+    dj_status st = call(c, DJ_MSG_SESSION_EXPORT, &w, &m, NULL);
+    if (st != DJ_OK) return st;
+    uint64_t handle = 0, bytes = 0;
+    st = dj__meta_u64(&m, "handle", true, &handle);
+    if (st == DJ_OK) st = dj__meta_u64(&m, "bytes", true, &bytes);
+    dj__meta_destroy(&m);
+    if (st != DJ_OK) return st;
+    uint8_t *buf = bytes <= SIZE_MAX ? dj_malloc(bytes ? (size_t)bytes : 1) : NULL;
+    if (!buf) st = dj_fail(DJ_ENOMEM, "out of memory for a session image of %llu bytes", (unsigned long long)bytes);
+    size_t got = 0;
+    /* in pieces of at most 64 MiB (a FETCH's reply) */
+    while (st == DJ_OK && got < bytes) {
+        const uint64_t want = bytes - got < (64u << 20) ? bytes - got : (64u << 20);
+        size_t g = 0;
+        st = dj_client_fetch(c, handle, got, want, buf + got, (size_t)want, &g);
+        if (st == DJ_OK && g != want) st = dj_fail(DJ_EIO, "session image: %zu of %llu bytes came", got + g,
+                                                   (unsigned long long)bytes);
+        got += g;
+    }
+    const dj_status rs = dj_client_release(c, handle);
+    if (st == DJ_OK) st = rs;
+    if (st != DJ_OK) {
+        free(buf);
+        return st;
+    }
+    *image = buf;
+    *n = (size_t)bytes;
+    return DJ_OK;
+}
+
+dj_status dj_client_session_import(dj_client_t *c, const void *image, size_t n, uint64_t *session,
+                                   uint64_t *secret, uint32_t *pos) {
+    *session = 0;
+    if (secret) *secret = 0;
+    if (pos) *pos = 0;
+    if (!image || !n) return dj_fail(DJ_EINVAL, "dj_client_session_import: no image");
+    dj__mw w;
+    dj__mw_init(&w);
+    pending *p;
+    dj_status st = begin(c, DJ_MSG_SESSION_IMPORT, &w, image, n, NULL, 0, false, &p);
+    if (st != DJ_OK) return st;
+    frame *f = NULL;
+    st = next_frame(c, p, &f);
+    end(c, p);
+    if (st != DJ_OK) return st;
+    if (f->h.type == DJ_MSG_ERROR) st = error_of(f);
+    else if (f->h.type != DJ_MSG_REPLY) st = dj_fail(DJ_EFORMAT, "unexpected %s frame", dj_msg_type_name(f->h.type));
+    dj__meta m;
+    if (st == DJ_OK && (st = dj__meta_parse(&m, f->body, f->h.meta_len)) == DJ_OK) {
+        uint64_t sec = 0;
+        uint32_t ps = 0;
+        st = dj__meta_u64(&m, "session", true, session);
+        if (st == DJ_OK) st = dj__meta_u64(&m, "secret", true, &sec);
+        if (st == DJ_OK) st = dj__meta_u32(&m, "pos", true, &ps);
+        if (secret) *secret = sec;
+        if (pos) *pos = ps;
+        dj__meta_destroy(&m);
+    }
+    frame_free(f);
+    return st;
+}
+
+dj_status dj_client_session_export_file(dj_client_t *c, uint64_t session, const char *path) {
+    uint8_t *img = NULL;
+    size_t n = 0;
+    dj_status st = dj_client_session_export(c, session, &img, &n);
+    if (st != DJ_OK) return st;
+    FILE *f = fopen(path, "wb");
+    if (!f) st = dj_fail(DJ_EIO, "%s: %s", path, strerror(errno));
+    else {
+        const bool ok = fwrite(img, 1, n, f) == n && fflush(f) == 0 && fsync(fileno(f)) == 0;
+        if (fclose(f) != 0 || !ok) st = dj_fail(DJ_EIO, "%s: %s", path, strerror(errno ? errno : EIO));
+    }
+    free(img);
+    return st;
+}
+
+dj_status dj_client_session_import_file(dj_client_t *c, const char *path, uint64_t *session, uint64_t *secret,
+                                        uint32_t *pos) {
+    *session = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return dj_fail(errno == ENOENT ? DJ_ENOTFOUND : DJ_EIO, "%s: %s", path, strerror(errno));
+    uint8_t *buf = NULL;
+    size_t n = 0, cap = 0;
+    dj_status st = DJ_OK;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1 << 20;
+            uint8_t *b = cap <= DJ_PROTO_MAX_REQ_PAYLOAD ? dj_realloc(buf, cap) : NULL;
+            if (!b) {
+                st = dj_fail(cap > DJ_PROTO_MAX_REQ_PAYLOAD ? DJ_ERANGE : DJ_ENOMEM,
+                             "%s: larger than a request's payload may be, or out of memory", path);
+                break;
+            }
+            buf = b;
+        }
+        const size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) st = dj_fail(DJ_EIO, "%s: read failed", path);
+            break;
+        }
+    }
+    fclose(f);
+    if (st == DJ_OK) st = dj_client_session_import(c, buf, n, session, secret, pos);
+    free(buf);
+    return st;
+}
+
 static dj_status session_call(dj_client_t *c, uint16_t type, uint64_t session, uint64_t expected_ms) {
     dj__mw w;
     dj__mw_init(&w);
@@ -604,8 +720,10 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     dj__mw_u64(&w, "max_tokens", p->max_tokens);
     dj__sample_encode(&w, &p->sampling);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
+    dj__logit_bias_encode(&w, p->logit_bias, p->n_logit_bias);
     if (p->cache_salt) dj__mw_str(&w, "cache_salt", p->cache_salt);
     if (p->json_schema) dj__mw_str(&w, "json_schema", p->json_schema);
+    if (p->adapter) dj__mw_str(&w, "adapter", p->adapter);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
     if (p->logprobs) dj__mw_bool(&w, "logprobs", true);
     if (p->top_logprobs) dj__mw_u64(&w, "top_logprobs", p->top_logprobs);

@@ -19,7 +19,7 @@ static int usage(FILE *f) {
           "              [--token-file FILE] [--metrics ADDR:PORT] [--agent-check ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
-          "              [--kv-dtype auto|fp8] [--port-file FILE]\n"
+          "              [--kv-dtype auto|fp8] [--port-file FILE] [--graph-device cpu|engine]\n"
           "              [--max-connections N] [--max-pending-connections N] [--hello-timeout-ms MS]\n"
           "              [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
@@ -29,7 +29,7 @@ static int usage(FILE *f) {
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--swap-quota-gb G] [--max-wait-ms MS]\n"
           "              [--state-dir DIR --disk-swap-gb G]\n"
-          "              [--weights-gb G] [--weight-quota-gb G]\n"
+          "              [--weights-gb G] [--weight-quota-gb G] [--graph-gb G] [--graph-quota-gb G]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
@@ -65,7 +65,18 @@ static int usage(FILE *f) {
     fputs("--agent-check ADDR:PORT: answer HAProxy's agent-check there ('up N%' from free KV pages, queued\n"
           "requests and step time; 'drain' after SIGUSR1, 'up ready' again after SIGUSR2; deploy/haproxy).\n",
           f);
-    fputs("--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
+    fputs("--drain-s S (30): with --state-dir, SIGTERM waits up to S s for the requests taken to end (new\n"
+          "  ones are refused \"restarting, reattach\"), then writes every session to DIR/sessions and exits;\n"
+          "  the next djinnd on DIR restores them for their clients to reattach (0: no wait).\n"
+          "--persist on-stop|always|off (on-stop): with --state-dir, when sessions are written there - at the\n"
+          "  stop; also after every request that changed one, before its answer (always: a kill -9 or a\n"
+          "  power loss loses no answered work; measured in bench/RESULTS.md); never (off).\n",
+          f);
+    fputs("--graph-device cpu (captured graphs on the CPU executor; engine: on the engine's device, the CUDA\n"
+          "executor with --device cuda:N - an op without a GPU kernel is refused by name).\n"
+          "--graph-gb, --graph-quota-gb (captured-graph runs' planned stacks and outputs admitted at once, all\n"
+          "and one token's: past it a run waits in its QoS class's line; a larger plan is refused; default none).\n"
+          "--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
           "comment; an optional [djinnd] header), read before the command line, whose flags override it.\n"
           "SIGHUP re-reads it with the token file: the tokens, the log level and the limits marked (R) below\n"
           "change for what comes next; sessions and connections stay. A --models store without a model\n"
@@ -183,6 +194,7 @@ static const count_opt counts[] = {
     {"--http-max-per-token", offsetof(dj__config, http_per_token), true, false},
     {"--idle-ms", offsetof(dj__config, idle_ms), true, false},
     {"--max-wait-ms", offsetof(dj__config, max_wait_ms), true, false},
+    {"--drain-s", offsetof(dj__config, drain_s), true, false},
 };
 
 /* Size options: name, where it goes (size_t bytes), whether "auto" is allowed. */
@@ -200,6 +212,8 @@ static const size_opt sizes[] = {
     {"--disk-swap-gb", offsetof(dj__config, disk_bytes)},
     {"--weights-gb", offsetof(dj__config, weights_bytes)},
     {"--weight-quota-gb", offsetof(dj__config, weight_quota_bytes)},
+    {"--graph-gb", offsetof(dj__config, graph_bytes)},
+    {"--graph-quota-gb", offsetof(dj__config, graph_quota_bytes)},
 };
 
 /* Options that are flags: no value on the command line. */
@@ -236,6 +250,14 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         } else if (*dst == 0 && so->off != offsetof(dj__config, swap_bytes) &&
                    so->off != offsetof(dj__config, swap_quota_bytes)) {
             snprintf(err, cap, "%s '%s': must be more than 0", a, v);
+            return 2;
+        }
+    } else if (!strcmp(a, "--persist")) {
+        if (!strcmp(v, "on-stop")) cfg->persist = DJ__PERSIST_ON_STOP;
+        else if (!strcmp(v, "always")) cfg->persist = DJ__PERSIST_ALWAYS;
+        else if (!strcmp(v, "off")) cfg->persist = DJ__PERSIST_OFF;
+        else {
+            snprintf(err, cap, "--persist: '%s' is not always, on-stop or off", v);
             return 2;
         }
     } else if (!strcmp(a, "--swap-policy")) {
@@ -319,6 +341,12 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
             snprintf(err, cap, "--host-layers '%s': want auto, none or a layer count 1..65536", v);
             return 2;
         }
+    } else if (!strcmp(a, "--graph-device")) {
+        if (strcmp(v, "cpu") && strcmp(v, "engine")) {
+            snprintf(err, cap, "--graph-device '%s': want cpu or engine", v);
+            return 2;
+        }
+        cfg->graph_on_engine = !strcmp(v, "engine");
     } else if (!strcmp(a, "--kv-dtype")) {
         if (strcmp(v, "auto") && strcmp(v, "fp8")) {
             snprintf(err, cap, "--kv-dtype '%s': want auto or fp8", v);
@@ -363,6 +391,7 @@ static void set_defaults(dj__config *cfg) {
     cfg->idle_ms = 1000;
     cfg->max_wait_ms = 10000;
     cfg->lease_ms = 10000;
+    cfg->drain_s = 30;
     cfg->max_running = 64;
     cfg->prefill_chunk = 256;
     cfg->mixed_steps = -1;

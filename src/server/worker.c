@@ -13,10 +13,13 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "djinn/lora.h"
+#include "server/adapter.h"
 #include "server/graph_serve.h"
 #include "server/access.h"
 #include "server/server_impl.h"
 #include "server/disk_tier.h"
+#include "server/session_move.h"
 
 /* ---- queues and the outbox (mu held) ---- */
 
@@ -106,6 +109,7 @@ static void post_job(dj__server *s, dj__job *j, dj__event *e) {
 static void gen_free(dj__gen *g) {
     if (!g) return;
     dj_gen_free(g->g);
+    dj__trace_free(g->tr); /* after the generation that read it */
     free(g->ids);
     free(g);
 }
@@ -115,6 +119,7 @@ static void gen_free(dj__gen *g) {
 static uint64_t job_id(const dj__job *j) { return (uint64_t)(uintptr_t)j; }
 
 static void held_add(dj__server *s, dj__job *j) {
+    s->n_held++;
     j->hprev = NULL;
     j->hnext = s->held;
     if (s->held) s->held->hprev = j;
@@ -123,6 +128,7 @@ static void held_add(dj__server *s, dj__job *j) {
 
 static void held_del(dj__server *s, dj__job *j) {
     if (!j->hprev && s->held != j) return; /* not held */
+    s->n_held--;
     if (j->hprev) j->hprev->hnext = j->hnext;
     else s->held = j->hnext;
     if (j->hnext) j->hnext->hprev = j->hprev;
@@ -264,6 +270,14 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__job_free(j);
     }
     ss->busy = NULL;
+    dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint */
+    if (s->cfg.state_dir && s->cfg.persist == DJ__PERSIST_ALWAYS && !s->stop_worker) { /* it is gone for good */
+        char dir[4096], path[4200];
+        if (dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) == DJ_OK) {
+            snprintf(path, sizeof path, "%s/%016llx.djs", dir, (unsigned long long)ss->id);
+            (void)unlink(path);
+        }
+    }
     dj_sched_session_close(s->sched, ss->id); /* its result handles: the I/O side's (lease_drop) */
     dj_session_free(s->engine, ss->es);
     free(ss->hist);
@@ -281,6 +295,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
  * for a SESSION_ATTACH. */
 static void cancel_orphaned(dj__server *s, dj__sess *ss) {
     ss->conn = 0;
+    dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint goes with its client */
     for (dj__job *j = s->held, *nx; j; j = nx) {
         nx = j->hnext;
         if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
@@ -358,9 +373,12 @@ static void block_shape(const dj_session_t *es, uint32_t *tokens, uint32_t *page
     *pages = p1 ? p1 : 1;
 }
 
-/* Recompute policy: what the session was fed, to feed again after a drop. */
+/* What the session was fed, to feed again after a drop (recompute policy,
+ * a lost page on disk) or on the daemon a session image goes to (4 bytes a
+ * token, kept always). */
 static dj_status hist_add(dj__server *s, dj__sess *ss, const int32_t *ids, size_t n) {
-    if ((s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir) || !n) return DJ_OK; /* disk: recovery */
+    (void)s;
+    if (!n) return DJ_OK;
     if (ss->n_hist + n > ss->cap_hist) {
         size_t cap = ss->cap_hist ? ss->cap_hist : 256;
         while (cap < ss->n_hist + n) cap *= 2;
@@ -381,14 +399,32 @@ static void request_salt(const dj__job *j, const char *cs, size_t n, uint64_t sa
     else memcpy(salt, j->cache_salt, 2 * sizeof *salt);
 }
 
+/* --persist always: the session's image to the state directory now (a
+ * request that changed it is answered after this; a failure is logged and
+ * the answer goes out, the session then as durable as its last image). */
+static void persist_now(dj__server *s, dj__sess *ss) {
+    if (!s->cfg.state_dir || s->cfg.persist != DJ__PERSIST_ALWAYS || !ss) return;
+    char dir[4096];
+    dj__job *busy = ss->busy; /* its generation has ended (gen_done) or none runs */
+    ss->busy = NULL;
+    const dj_status st = dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) == DJ_OK
+                             ? dj__persist_save(s->engine, ss, dir) : DJ_EIO;
+    ss->busy = busy;
+    if (st != DJ_OK)
+        DJ_LOG(WARN, "session=%016llx: --persist always: not written: %s", (unsigned long long)ss->id, dj_last_error());
+}
+
 static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
-    const dj__req_open *rq = &j->r.u.open;
-    const char *model = rq->model; /* the I/O side counted it against the session quotas */
-    const bool reattach = rq->reattach;
-    const uint32_t expect = rq->expected_tokens;
-    const dj_qos qos = rq->qos;
+    /* SESSION_IMPORT opens the session its image describes (session_move.h) */
+    const dj__simg *img = j->type == DJ_MSG_SESSION_IMPORT ? &j->r.u.import.img : NULL;
+    const dj__req_open *rq = img ? NULL : &j->r.u.open;
+    const char *model = img ? img->model : rq->model; /* the I/O side counted it against the session quotas */
+    const bool reattach = img || rq->reattach;
+    const uint32_t expect = img ? img->max_ctx : rq->expected_tokens;
+    const dj_qos qos = img ? img->qos : rq->qos;
     uint64_t salt[2];
-    request_salt(j, rq->cache_salt, rq->salt_len, salt);
+    if (img) memcpy(salt, img->salt, sizeof salt);
+    else request_salt(j, rq->cache_salt, rq->salt_len, salt);
     dj_status st = DJ_OK;
     dj__model_ent *e = model_find(s, model);
     dj_model_t *m = NULL;
@@ -398,6 +434,11 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
         return st;
     }
     if (!load) m = e->m; /* held by its other users: the session takes its own reference */
+    if (img && (st = dj__session_check_image(img, m, model)) != DJ_OK) {
+        if (load) dj_model_release(s->engine, m);
+        model_ent_maybe_drop(s, e);
+        return st;
+    }
     const dj_model_config *c = dj_model_get_config(m);
     const uint32_t ctx = expect ? expect : dj_model_config_default_ctx(c);
     if (c->max_position_embeddings && ctx > c->max_position_embeddings) {
@@ -416,8 +457,14 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     if (st == DJ_OK) st = dj__random_id(&ss->id);
     uint64_t secret = 0;
     if (st == DJ_OK && reattach) st = dj__random_id(&secret);
+    if (st == DJ_OK && img) st = dj__session_load_image(s->engine, ss, img);
+    if (st == DJ_OK && img && !j->conn) { /* a restart's (restore_sessions): its id and secret as before */
+        ss->id = img->id;
+        if (img->secret) secret = img->secret;
+    }
     if (st != DJ_OK) {
         if (ss) dj_session_free(s->engine, ss->es);
+        if (ss) free(ss->hist);
         free(ss);
         free(drop);
         free(orphan);
@@ -426,8 +473,9 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     }
     ss->conn = j->conn;
     ss->tenant = j->tenant;
+    ss->secret = secret;
     ss->qos = qos;
-    ss->pending = -1;
+    if (!img) ss->pending = -1;
     ss->ment = e;
     e->users++;
     snprintf(ss->model, sizeof ss->model, "%s", model);
@@ -448,8 +496,9 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
         session_destroy(s, ss, DJ_ENOTFOUND, "session could not open");
         return st;
     }
-    DJ_LOG(INFO, "session=%016llx conn=%llu opened model=%s qos=%s ctx=%u", (unsigned long long)ss->id,
-           (unsigned long long)ss->conn, model, dj_qos_name(qos), ctx);
+    if (img) snapshot(s, ss); /* the pages and position it came with */
+    DJ_LOG(INFO, "session=%016llx conn=%llu %s model=%s qos=%s ctx=%u pos=%u", (unsigned long long)ss->id,
+           (unsigned long long)ss->conn, img ? "imported" : "opened", model, dj_qos_name(qos), ctx, sess_pos(ss));
     drop->type = DJ__CTL_DROP;
     drop->sess = ss->id;
     drop->qos = qos;
@@ -460,8 +509,27 @@ static dj_status do_open(dj__server *s, dj__job *j, dj__rep_open *out) {
     }
     *out = (dj__rep_open){.session = ss->id, .secret = secret, .has_secret = reattach, .max_ctx = ctx,
                           .vocab = c->vocab_size, .lease_ms = s->cfg.lease_ms, .qos = qos,
-                          .hidden = c->hidden_size, .drop_msg = drop, .orphan_msg = orphan};
+                          .hidden = c->hidden_size, .pos = sess_pos(ss), .tenant = j->tenant, .drop_msg = drop,
+                          .orphan_msg = orphan};
     snprintf(out->model, sizeof out->model, "%s", model);
+    if (!img || j->conn) persist_now(s, ss); /* --persist always: a kill -9 from now on finds it */
+    return DJ_OK;
+}
+
+/* SESSION_EXPORT: the session's image (session_move.h), which the I/O side
+ * files as a result handle; the session stays as it was. */
+static dj_status do_export(dj__server *s, dj__job *j, dj__rep_export *out, bool *foreign) {
+    dj__sess *ss = NULL;
+    dj_status st = job_session(s, j, &ss, foreign);
+    if (st != DJ_OK) return st;
+    size_t n = 0;
+    if ((st = dj__session_image(s->engine, ss, 0, &out->bytes, &n)) != DJ_OK) return st;
+    dj__simg img;
+    (void)dj__simg_decode(out->bytes, n, &img); /* what it says, for the reply */
+    *out = (dj__rep_export){.bytes = out->bytes, .nbytes = n, .pos = img.kv.pos,
+                            .pages = img.kv.n_layers * img.kv.n_blocks, .fingerprint = img.fingerprint};
+    DJ_LOG(INFO, "session=%016llx exported: pos=%u, %u KV pages, %zu bytes", (unsigned long long)ss->id, out->pos,
+           out->pages, n);
     return DJ_OK;
 }
 
@@ -500,13 +568,27 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     if (st != DJ_OK) return st;
     const dj__req_step *rq = &j->r.u.step;
     const int32_t *ids = rq->ids;
-    const size_t n = rq->n_ids;
+    size_t n = rq->n_ids;
+    int32_t *text_ids = NULL; /* a text prompt's (step_trace.c tokenizes it), the reply's once it ran */
     int32_t *feed = NULL;
     size_t n_feed = 0;
     float *lg = NULL; /* the logits: a result handle once the I/O side files the reply */
     dj__trace_req *tr = NULL; /* with `points` (step_trace.c): the payload holds their tensors */
     const bool traced = rq->n_points > 0;
     const bool want_logits = rq->logits != DJ__LOGITS_NONE, all_rows = rq->logits == DJ__LOGITS_ALL;
+    if (ss->brk || rq->brk != DJ__BRK_NONE) { /* its step paused at a breakpoint: resume, cancel or busy */
+        int32_t *done = NULL;
+        uint32_t n_done = 0;
+        st = dj__brk_continue(s->engine, ss, rq, out, &done, &n_done);
+        if (done && st == DJ_OK) {
+            undrop(ss);
+            ss->pending = -1;
+            st = hist_add(s, ss, done, n_done);
+        }
+        snapshot(s, ss);
+        free(done);
+        return st;
+    }
     if (ss->busy) {
         st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
         goto done;
@@ -514,6 +596,17 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     if (ss->paused) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
+    }
+    if (rq->prompt) {
+        if (rq->plen > s->cfg.max_prompt_bytes) {
+            st = dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", rq->plen,
+                         (unsigned long long)s->cfg.max_prompt_bytes);
+            goto done;
+        }
+        st = dj__step_tokenize(model_tokenizer(s, ss->ment), ss->ment->name, rq->prompt, rq->plen,
+                               sess_pos(ss) == 0 && ss->pending < 0, &text_ids, &n);
+        if (st != DJ_OK) goto done;
+        ids = text_ids;
     }
     if ((st = feed_ids(ss, ids, n, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
@@ -539,8 +632,16 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
             ss->pending = -1;
             st = hist_add(s, ss, feed, pre);
         }
-        if (st == DJ_OK)
+        bool paused = false; /* at a breakpoint (step_break.c): tr and lg are the paused step's */
+        if (st == DJ_OK && dj__trace_breaks(tr)) {
+            st = dj__brk_begin(s->engine, ss, &tr, feed + pre, (uint32_t)n, &lg, vocab, out, &paused);
+            if (paused || st != DJ_OK) {
+                snapshot(s, ss);
+                goto done;
+            }
+        } else if (st == DJ_OK) {
             st = dj__trace_run(s->engine, ss->es, feed + pre, (uint32_t)n, tr, lg);
+        }
         if (st == DJ_OK) {
             memmove(feed, feed + pre, n * sizeof *feed);
             n_feed = n;
@@ -568,6 +669,12 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     }
     if (tr) st = dj__trace_publish(tr, out);
 done:
+    if (st == DJ_OK && text_ids) { /* the reply says which ids the text became */
+        out->ids = text_ids;
+        out->n_ids = (uint32_t)n;
+        text_ids = NULL;
+    }
+    free(text_ids);
     free(lg);
     dj__trace_free(tr);
     free(feed);
@@ -576,7 +683,14 @@ done:
 
 /* ---- generation: the worker's side of the loop in generate.h ---- */
 
+static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss);
+
 static void gen_done(dj__server *s, dj__job *j, dj__sess *ss) {
+    if (s->cfg.persist == DJ__PERSIST_ALWAYS && s->cfg.state_dir) { /* durable before its DONE goes out */
+        gen_hist(s, j, ss);
+        j->gen->hist_added = true;
+        persist_now(s, ss);
+    }
     dj__gen *g = j->gen;
     const double now = dj__now();
     const uint32_t n_gen = dj_gen_n_generated(g->g);
@@ -671,6 +785,7 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *defe
     rq->n_ids = 0;
     if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
+    if (ss->brk) return dj_fail(DJ_EBUSY, "session %016llx has a step paused at a breakpoint", (unsigned long long)ss->id);
     if (prompt) {
         if (plen > s->cfg.max_prompt_bytes) /* the I/O thread refuses these; a bound for any other path */
             return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", plen,
@@ -810,6 +925,9 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         goto done;
     }
     if ((st = gen_salt(j, ss)) != DJ_OK) goto done;
+    if ((st = dj__adapter_use(s->engine, s->cfg.models, ss->es, j->r.u.gen.adapter,
+                              sess_pos(ss) == 0 && ss->pending < 0 && !ss->dropped && ss->n_hist == 0)) != DJ_OK)
+        goto done;
     if ((st = feed_ids(ss, g->ids, g->n_ids, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
@@ -831,6 +949,13 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         (st = dj_constraint_from_schema(j->r.u.gen.json_schema, j->r.u.gen.schema_len, tok, vocab, ss->ment->eos,
                                         sp->ignore_eos ? 0 : ss->ment->n_eos, &con)) != DJ_OK)
         goto done;
+    if (j->r.u.gen.n_points && !g->tr &&
+        (st = dj__gen_trace_parse(&j->r.u.gen, dj_model_get_config(dj_session_model(ss->es)), &g->tr)) != DJ_OK) {
+        dj_constraint_free(con);
+        goto done;
+    }
+    uint32_t n_iv = 0;
+    const dj_intervention *iv = dj__trace_ivs(g->tr, &n_iv);
     const dj_gen_params gp = {.sampling = sp->sampling,
                               .max_tokens = g->max_tokens,
                               .stop_ids = sp->stop_ids,
@@ -842,7 +967,11 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .tok = tok,
                               .logprobs = sp->logprobs,
                               .top_logprobs = sp->top_logprobs,
-                              .constraint = con}; /* the generation's from here */
+                              .logit_bias = sp->logit_bias,
+                              .n_logit_bias = sp->n_logit_bias,
+                              .constraint = con, /* the generation's from here */
+                              .iv = iv,
+                              .n_iv = n_iv};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
@@ -859,7 +988,8 @@ static bool job_rides(const dj__server *s, const dj__job *j);
 /* Recompute policy: the generated tokens the session was fed. */
 static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
     const dj__gen *g = j->gen;
-    if (!g || !g->g || (s->cfg.swap_policy != DJ_SWAP_RECOMPUTE && !s->cfg.state_dir)) return;
+    (void)s;
+    if (!g || !g->g || g->hist_added) return;
     const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
     uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
     if (fed > n_ids) fed = n_ids;
@@ -976,6 +1106,7 @@ static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap 
             o->pos = ss->pos;
             o->paused = ss->paused; /* lease_left_ms: the I/O side's to fill (its leases) */
             o->generating = ss->busy != NULL;
+            o->break_bytes = dj__brk_bytes(ss);
         }
     out->n_sessions = n;
     return DJ_OK;
@@ -988,6 +1119,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     out->page_bytes = dj_vmu_page_bytes(vmu);
     if (!j->admin) return stats_sessions(s, j, out);
     dj_vmu_get_stats(vmu, &out->vs);
+    dj__brk_totals(s, &out->brk_paused, &out->brk_bytes);
     out->batched_steps = s->batched_steps;
     out->mixed_steps = s->mixed_steps;
     out->batched_rows = s->batched_rows;
@@ -1113,14 +1245,17 @@ static void run_job(dj__server *s, dj__job *j) {
     case DJ_MSG_MODEL_LIST: st = do_model_list(s, &rep.u.list); break;
     case DJ_MSG_MODEL_LOAD: st = do_model_load(s, j, &rep.u.model, true); break;
     case DJ_MSG_MODEL_UNLOAD: st = do_model_load(s, j, &rep.u.model, false); break;
-    case DJ_MSG_SESSION_OPEN: st = do_open(s, j, &rep.u.open); break;
+    case DJ_MSG_SESSION_OPEN:
+    case DJ_MSG_SESSION_IMPORT: st = do_open(s, j, &rep.u.open); break;
+    case DJ_MSG_SESSION_EXPORT: st = do_export(s, j, &rep.u.exp, &foreign); break;
     case DJ_MSG_SESSION_CLOSE: st = do_close(s, j, &foreign); break;
     case DJ_MSG_STEP: st = do_step(s, j, &rep.u.step, &foreign); break;
     case DJ_MSG_GRAPH_RUN: st = dj__graph_serve(s, j->graph, j->conn, &rep.u.graph); break;
     default: st = dj_fail(DJ_EINTERNAL, "request %s reached the worker", dj_msg_type_name(j->type)); break;
     }
+    if (st == DJ_OK && j->type == DJ_MSG_STEP) persist_now(s, dj__map_get(&s->sessions, j->sess));
     if (st == DJ_OK) {
-        const uint64_t opened = j->type == DJ_MSG_SESSION_OPEN ? rep.u.open.session : 0;
+        const uint64_t opened = dj__req_opens(j->type) ? rep.u.open.session : 0;
         dj__sess *ss = opened && !reply(s, j, &rep) ? dj__map_get(&s->sessions, opened) : NULL;
         if (ss) { /* its answer was lost: the I/O side will never hold it */
             dj__map_del(&s->sessions, ss->id);
@@ -1166,7 +1301,10 @@ static void arrive(dj__server *s, dj__job *j) {
     }
     prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
-    if (st == DJ_OK)
+    uint64_t graph_bytes = 0; /* GRAPH_RUN: admitted by its plan's bytes (graph_serve.h) */
+    if (st == DJ_OK && j->type == DJ_MSG_GRAPH_RUN && (st = dj__graph_plan_bytes(s, j->graph, j->conn, &graph_bytes)) == DJ_OK)
+        st = dj_sched_arrive_graph(s->sched, job_id(j), j->tenant, dj_qos_rank(j->qos), graph_bytes, dj__now_ms());
+    else if (st == DJ_OK)
         st = dj_sched_arrive(s->sched, job_id(j), sess, dj_qos_rank(j->qos), kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
         reply_error(s, j, st, foreign || st == DJ_EFORMAT);
@@ -1274,11 +1412,13 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
 static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
     dj__sess *ss = sess_get(s, sid);
     if (!ss) return;
+    dj__brk_drop(s->engine, ss); /* a paused step's KV rows go with the rest */
     dj_session_t *fresh = NULL;
     dj_status st = dj_session_new(s->engine, ss->ment->m, dj_session_max_ctx(ss->es), 0, &fresh);
     uint64_t salt[2];
     dj_session_cache_salt(ss->es, salt);
     if (st == DJ_OK) st = dj_session_set_cache_salt(fresh, salt); /* its history keys as before */
+    if (st == DJ_OK) st = dj_session_set_lora_like(s->engine, fresh, ss->es); /* and runs with its adapter */
     if (st == DJ_OK && (s->cfg.swap_policy == DJ_SWAP_RECOMPUTE || lost) && ss->n_hist == dj_session_pos(ss->es)) {
         dj_session_free(s->engine, ss->es);
         ss->es = fresh;
@@ -1384,6 +1524,79 @@ static bool work_arrived(const dj__server *s) { /* mu held */
     return false;
 }
 
+/* --state-dir: the sessions the last djinnd wrote at its stop come back,
+ * orphaned, under their ids and secrets, for their clients to reattach
+ * (their leases start now); their files go once they are back. A file that
+ * cannot be restored (another model, damaged) is logged and left. */
+static void restore_sessions(dj__server *s) {
+    char dir[4096];
+    DIR *d = NULL;
+    if (!s->cfg.state_dir || dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) != DJ_OK || !(d = opendir(dir)))
+        return;
+    unsigned restored = 0, refused = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const size_t len = strlen(de->d_name);
+        if (len < 5 || strcmp(de->d_name + len - 4, ".djs") != 0) continue;
+        dj__job *j = NULL;
+        dj__event rep;
+        memset(&rep, 0, sizeof rep);
+        rep.kind = DJ__EV_REPLY;
+        rep.req_type = DJ_MSG_SESSION_IMPORT;
+        dj_status st = dj__persist_job(dir, de->d_name, &j);
+        if (st == DJ_OK) st = do_open(s, j, &rep.u.open);
+        dj__event *e = st == DJ_OK ? dj_malloc(sizeof *e) : NULL;
+        if (st == DJ_OK && !e) {
+            dj__sess *ss = dj__map_del(&s->sessions, rep.u.open.session);
+            if (ss) session_destroy(s, ss, DJ_ENOMEM, "out of memory");
+            dj__event_clear(&rep);
+            st = dj_fail(DJ_ENOMEM, "out of memory");
+        }
+        if (st != DJ_OK) {
+            DJ_LOG(ERROR, "%s/%s: session not restored (the file is left): %s", dir, de->d_name, dj_last_error());
+            refused++;
+            dj__job_free(j);
+            continue;
+        }
+        *e = rep;
+        e->session = rep.u.open.session;
+        pthread_mutex_lock(&s->out_mu);
+        post_locked(s, e);
+        pthread_mutex_unlock(&s->out_mu);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        /* --persist always keeps it (rewritten as the session changes); on-stop's next image is the stop's */
+        if (s->cfg.persist != DJ__PERSIST_ALWAYS && unlink(path) != 0) DJ_LOG(WARN, "%s: %s", path, strerror(errno));
+        restored++;
+        dj__job_free(j);
+    }
+    closedir(d);
+    if (restored || refused)
+        DJ_LOG(WARN, "djinnd: %u sessions restored from %s (%u refused)", restored, dir, refused);
+}
+
+/* --state-dir, at the stop: every session written to it (a running
+ * generation is cut as its connection's close would: what it fed stays). */
+static void save_sessions(dj__server *s) {
+    char dir[4096];
+    if (dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) != DJ_OK) {
+        DJ_LOG(ERROR, "djinnd: sessions not saved: %s", dj_last_error());
+        return;
+    }
+    unsigned saved = 0, failed = 0;
+    for (size_t b = 0; b < s->sessions.n_buckets; b++)
+        for (dj__ment *e = s->sessions.b[b]; e; e = e->next) {
+            dj__sess *ss = e->val;
+            if (ss->busy) cancel_orphaned(s, ss);
+            if (dj__persist_save(s->engine, ss, dir) == DJ_OK) {
+                saved++;
+                continue;
+            }
+            failed++;
+            DJ_LOG(ERROR, "session=%016llx: not saved: %s", (unsigned long long)ss->id, dj_last_error());
+        }
+    DJ_LOG(WARN, "djinnd: %u sessions saved to %s (%u failed)", saved, dir, failed);
+}
+
 static void *worker_main(void *arg) {
     dj__server *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -1421,6 +1634,7 @@ static void *worker_main(void *arg) {
     }
     /* shutdown: every session, job and model goes */
     pthread_mutex_unlock(&s->mu);
+    if (s->cfg.state_dir && s->cfg.persist != DJ__PERSIST_OFF) save_sessions(s);
     for (size_t b = 0; b < s->sessions.n_buckets; b++) {
         dj__ment *e = s->sessions.b[b];
         while (e) {
@@ -1512,6 +1726,8 @@ static dj_status sched_open(dj__server *s) {
         .policy = s->cfg.swap_policy,
         .disk_pages = disk_pages,
         .disk_page_ms = disk_page_ms,
+        .graph_bytes = s->cfg.graph_bytes,
+        .graph_quota_bytes = s->cfg.graph_quota_bytes,
     };
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,
@@ -1570,6 +1786,7 @@ dj_status dj__worker_start(dj__server *s) {
             s->tok_started = true;
         }
     }
+    if (st == DJ_OK) restore_sessions(s); /* before the worker thread: the sessions map is still this thread's */
     if (st == DJ_OK && pthread_create(&s->worker, NULL, worker_main, s) != 0)
         st = dj_fail(DJ_EINTERNAL, "cannot start the engine thread");
     if (st != DJ_OK) {
