@@ -45,8 +45,9 @@ static int usage(FILE *f) {
           "--state-dir DIR --disk-swap-gb G: a disk tier of G GiB below the swap pool, the page file\n"
           "DIR/kv-pages.djinn (made and reserved at start; DIR must exist): when the pool is full the swapped\n"
           "sessions wanted furthest ahead go on to disk, checksummed, and are read back before they resume\n"
-          "(semantic policy only; docs/swap.md),\n"
-          "--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
+          "(semantic policy only; docs/swap.md),\n",
+          f);
+    fputs("--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
           "oldest first), --weight-quota-gb (bytes one token's weight uploads may hold; default: all of it),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
