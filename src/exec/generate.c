@@ -170,6 +170,19 @@ static bool is_stop(const dj_gen_t *g, int32_t id) {
     return false;
 }
 
+/* Room for the id a step may pick, made before the step runs, so that a
+ * failure changes nothing and dj_gen_ids always holds every generated id
+ * (the daemon's session history copies them). */
+static dj_status ids_room(dj_gen_t *g) {
+    if (g->n_gen < g->cap_ids) return DJ_OK;
+    const uint32_t cap = g->cap_ids ? 2 * g->cap_ids : 64;
+    int32_t *v = dj_realloc(g->ids, (size_t)cap * sizeof *v);
+    if (!v) return dj_fail(DJ_ENOMEM, "out of memory for a generation's %u ids", cap);
+    g->ids = v;
+    g->cap_ids = cap;
+    return DJ_OK;
+}
+
 /* The token picked after this step's rows: stop rules, then emit. */
 static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
     g->pending = id;
@@ -180,16 +193,7 @@ static void after_pick(dj_gen_t *g, int32_t id, dj_gen_event *ev) {
         ev->finish = g->finish;
         return;
     }
-    if (g->n_gen == g->cap_ids) { /* kept for dj_gen_ids; a failed growth drops nothing else */
-        const uint32_t cap = g->cap_ids ? 2 * g->cap_ids : 64;
-        int32_t *v = dj_realloc(g->ids, (size_t)cap * sizeof *v);
-        if (v) {
-            g->ids = v;
-            g->cap_ids = cap;
-        }
-    }
-    if (g->n_gen < g->cap_ids) g->ids[g->n_gen] = id;
-    g->n_gen++;
+    g->ids[g->n_gen++] = id; /* room made before the step (ids_room) */
     ev->id = id;
     const dj_token_logprobs *lp = dj_sampler_last_logprobs(g->smp);
     if (lp && lp->id == id) ev->logprobs = lp;
@@ -228,7 +232,9 @@ static dj_status step_traced(dj_engine_t *e, dj_gen_t *g, dj_gen_event *v) {
     const bool feeding = dj_gen_feeding(g);
     const int32_t *ids = feeding ? g->feed + g->fed : &g->pending;
     const bool pick = !feeding || (g->fed + nt == g->n_feed && g->max_tokens);
-    dj_status st = dj_session_step_trace(e, g->s, ids, nt, g->iv, g->n_iv, pick ? g->logits : NULL);
+    dj_status st = ids_room(g);
+    if (st != DJ_OK) return st;
+    st = dj_session_step_trace(e, g->s, ids, nt, g->iv, g->n_iv, pick ? g->logits : NULL);
     if (st != DJ_OK) return st;
     *v = (dj_gen_event){.id = -1, .fed = nt, .text = "", .finish = DJ_GEN_RUNNING};
     if (feeding) {
@@ -286,6 +292,8 @@ static dj_status step_batch(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, d
         if (g->finish != DJ_GEN_RUNNING) return dj_fail(DJ_EINVAL, "dj_gen_step: generation %u has ended", i);
         if (!dj_gen_feeding(g) && g->pending < 0)
             return dj_fail(DJ_EINTERNAL, "dj_gen_step: generation %u has nothing to feed", i);
+        const dj_status st = ids_room(gens[i]);
+        if (st != DJ_OK) return st;
         rows += dj_gen_rows(g);
     }
     int32_t *ids = dj_malloc(rows * sizeof *ids);
