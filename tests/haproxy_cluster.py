@@ -59,6 +59,7 @@ class Cluster:
         self.lb_http, self.lb_bin = p[9], p[10]
         self.sock = os.path.join(self.tmp, "haproxy.sock")
         self.procs = [None] * 3
+        self.killed = set()  # daemons kill() ended on purpose
         self.haproxy = None
         self.extra = list(extra)
         self.env = dict(os.environ, **(env or {}))
@@ -177,15 +178,29 @@ class Cluster:
     def kill(self, i, sig=signal.SIGKILL):
         self.procs[i].send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.killed.add(i)
             self.procs[i].wait()
 
     def close(self):
-        for p in [self.haproxy] + self.procs:
-            if p is not None and p.poll() is None:
+        """Stops everything; returns the daemons that did not exit 0 on SIGTERM (a sanitizer's
+        report, a crash) as "dN: rc" strings - those killed on purpose (kill()) excepted."""
+        bad = []
+        for k, p in enumerate([self.haproxy] + self.procs):
+            if p is None:
+                continue
+            if p.poll() is None:
                 p.terminate()
                 try:
-                    p.wait(timeout=20)
+                    p.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+            elif k > 0 and k - 1 not in self.killed:
+                bad.append("d%d: exited %s before the end" % (k, p.returncode))
+                continue
+            if k > 0 and k - 1 not in self.killed and p.returncode != 0:
+                bad.append("d%d: rc %s" % (k, p.returncode))
+        if bad:
+            sys.stderr.write(self.logs())
         shutil.rmtree(self.tmp, ignore_errors=True)
+        return bad

@@ -225,7 +225,7 @@ def main():
     finally:
         if failures:
             print(cl.logs())
-        cl.close()
+        failures += ["djinnd %s (sanitizer report or crash: its log above)" % b for b in cl.close()]
     for f in failures:
         print("FAIL:", f)
     print("haproxy_test: %d failures" % len(failures))
