@@ -261,6 +261,20 @@ static bool make_qwen(void) {
     return f && fclose(f) == 0 && ok;
 }
 
+/* POST /v1/chat/completions with a patient reader: a forced call sends no
+ * byte until it is whole, and under ASan on a loaded machine a Qwen prompt
+ * with its tools takes longer than dj_test_http_request's 30 s. */
+static dj_test_resp chat(unsigned port, const char *body) {
+    dj_test_resp r = {0};
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    const int fd = dj_test_raw_connect(addr, NULL, 600, 10);
+    if (fd < 0) return r;
+    if (dj_test_http_send(fd, "POST", "/v1/chat/completions", NULL, body)) r = dj_test_http_read(fd);
+    close(fd);
+    return r;
+}
+
 /* The answer's first choice (a detached cJSON, the caller deletes it), or NULL. */
 static cJSON *choice0(const dj_test_resp *r) {
     cJSON *j = r->body ? cJSON_Parse(r->body) : NULL;
@@ -305,10 +319,10 @@ static void test_forced(unsigned port) {
         {"demo-qwen", "\"required\"", "", NULL, DJ__MAX_PARALLEL_CALLS},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        for (int seed = 1; seed <= 2; seed++) { /* two each: under ASan on a loaded machine a qwen prompt is slow */
+        for (int seed = 1; seed <= 3; seed++) {
             char req[4096];
             snprintf(req, sizeof req, body, cases[k].model, seed, cases[k].choice, cases[k].extra);
-            dj_test_resp r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+            dj_test_resp r = chat(port, req);
             cJSON *c = choice0(&r);
             const cJSON *msg = cJSON_GetObjectItemCaseSensitive(c, "message");
             const cJSON *calls = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
@@ -336,14 +350,14 @@ static void test_stream(unsigned port) {
         "\"temperature\": 0.9, \"seed\": 11, \"tools\": [" WEATHER ", " TIME "], \"tool_choice\": \"required\"%s}";
     char req[4096];
     snprintf(req, sizeof req, body, "");
-    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+    dj_test_resp r = chat(port, req);
     cJSON *c = choice0(&r);
     cJSON *want = cJSON_DetachItemFromObject(cJSON_GetObjectItemCaseSensitive(c, "message"), "tool_calls");
     CHECK_MSG(cJSON_GetArraySize(want) >= 1, "unstreamed: %.400s", r.body ? r.body : "");
     cJSON_Delete(c);
     dj_test_resp_free(&r);
     snprintf(req, sizeof req, body, ", \"stream\": true");
-    r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+    r = chat(port, req);
     cJSON *got = cJSON_CreateArray();
     char finish[32] = "";
     bool content = false;
@@ -428,7 +442,7 @@ static void test_second_turn(unsigned port) {
              "{\"model\": \"demo-qwen\", \"messages\": %s, \"tools\": [" WEATHER "], \"max_tokens\": 8, "
              "\"temperature\": 0}",
              msgs);
-    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+    dj_test_resp r = chat(port, req);
     CHECK_MSG(r.status == 200, "second turn: %d %.300s", r.status, r.body ? r.body : "");
     dj_test_resp_free(&r);
     /* refused, naming the field */
@@ -444,7 +458,7 @@ static void test_second_turn(unsigned port) {
         snprintf(req, sizeof req,
                  "{\"model\": \"demo-chat\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                  "\"tools\": [" WEATHER "]%s}", bad[k].extra);
-        r = dj_test_http_request(port, "POST", "/v1/chat/completions", NULL, req);
+        r = chat(port, req);
         CHECK_MSG(r.status == 400 && r.body && strstr(r.body, bad[k].needle), "%s: %d %.300s", bad[k].extra, r.status,
                   r.body ? r.body : "");
         dj_test_resp_free(&r);
