@@ -1,5 +1,6 @@
 """remote_plan_cache.py: a captured module's second remote call with and without the plan cache
-(a small MLP, torchvision resnet18 at 64x64) on a local djinnd, and the server's plan lookup time.
+(a small MLP, torchvision resnet18 at 64x64) on a local djinnd, the server's plan lookup time,
+and eager torch on one thread beside it.
 usage: python3 bench/remote_plan_cache.py build/djinnd   (Release build; loopback; docs/capture.md)"""
 
 import os
@@ -45,7 +46,7 @@ def main():
     tmp = tempfile.mkdtemp()
     port_file = os.path.join(tmp, "port")
     p = subprocess.Popen([djinnd, "--listen", "127.0.0.1:0", "--port-file", port_file, "--models", tmp,
-                          "--vmu-gb", "256m", "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--vmu-gb", "256m", "--threads", "1", "--allow-empty"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
             if os.path.exists(port_file) and open(port_file).read().strip():
@@ -60,6 +61,15 @@ def main():
         except ImportError:
             pass
         for name, m, x, n in cases:
+            torch.set_num_threads(1)  # eager on one thread, as the daemon's engine runs (--threads 1)
+            with torch.no_grad():
+                m(x)
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    m(x)
+                eager = (time.perf_counter() - t0) / n
+            torch.set_num_threads(os.cpu_count() or 1)
+            print("%-24s eager torch (1 thread) %8.3f ms" % (name, eager * 1e3))
             for cache in (False, True):
                 rm = c.remote(m, cache=cache)
                 rm(x)  # the first call: weights uploaded, graph sent

@@ -9,7 +9,8 @@
 # scripts/gpu_bundle.sh makes on a machine with our apt packages, else built here).
 # --ab adds bench_gpu under each kill switch (ab.log: one block per
 # setting: what each default is worth) and a DJINN_PROFILE per-op table of prefill and eager decode
-# (profile.log); at most 8 files land in DIR.
+# (profile.log). Captured graphs (issue 44): gpu_capture over the
+# bundles (gpu_capture.log) and test_remote.py through djinnd --graph-device engine (gpu_remote.log).
 # --fp8 (issue 16; implies --bench) also writes the FP8 8B-shape checkpoint
 # (transformers "fp8" layout: make_random_checkpoint --dtype fp8) and runs
 # bench_gpu on it after the bf16 run (bench_fp8.log): decode b=1, b=32 and
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$OUT"
 . scripts/gpu_programs.sh
-CUDA_ARGS=${DJ_CMAKE_ARGS:-} dj_gpu_programs gpu_check gpu_models gpu_swap gpu_prefix djinn djinnd bench_gpu \
+CUDA_ARGS=${DJ_CMAKE_ARGS:-} dj_gpu_programs gpu_check gpu_capture gpu_models gpu_swap gpu_prefix djinn djinnd bench_gpu \
     bench_fairness make_random_checkpoint || exit 2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fail=0
@@ -42,6 +43,20 @@ flags=""
 "$B/gpu_check" $flags >"$OUT/gpu_check.log" 2>&1 || fail=1
 grep -E "checks|^bench|FAIL" "$OUT/gpu_check.log"
 "$B/gpu_models" . 2>&1 | tee "$OUT/gpu_models.log" | grep -vE "^seed" || fail=1
+# captured graphs (issue 44): every bundle on the GPU against the CPU executor, fresh random inputs
+CB=${DJ_CAPTURE_BUNDLES:-$B/../capture}
+if [ -x "$B/gpu_capture" ] && [ -d "$CB" ]; then
+    "$B/gpu_capture" "$CB" >"$OUT/gpu_capture.log" 2>&1 || fail=1
+    grep -E "^FAIL|^ops|capture checks" "$OUT/gpu_capture.log"
+else
+    echo "gpu_capture: no bundles at $CB (scripts/capture_bundles.sh DIR, then DJ_CAPTURE_BUNDLES=DIR)"
+fi
+# captured modules through djinnd on the GPU (--graph-device engine), against eager on this torch
+if python3 -c "import torch, msgpack, numpy" 2>/dev/null; then
+    DJINND=$B/djinnd DJINN_CLI=$B/djinn DJ_TEST_DAEMON_ARGS="--device cuda:0 --graph-device engine" \
+        python3 -m pytest -q -p no:cacheprovider python/tests/test_remote.py >"$OUT/gpu_remote.log" 2>&1 || fail=1
+    tail -3 "$OUT/gpu_remote.log"
+fi
 if [ $BENCH = 1 ]; then
     M=${DJ_BENCH_MODEL:-/tmp/djinn-llama3-8b}
     [ -s "$M/model.safetensors" ] || "$B/make_random_checkpoint" llama3-8b "$M" --seed 1 || exit 2
@@ -102,6 +117,7 @@ fi
     echo '```'
     grep -E "checks|FAIL" "$OUT/gpu_check.log"
     grep -E "passed|failed|FAIL" "$OUT/gpu_models.log" | tail -3
+    [ -f "$OUT/gpu_capture.log" ] && grep -E "^FAIL|capture checks|resnet|bert|gpt2" "$OUT/gpu_capture.log"
     grep -E "restores|auto VMU|^bench swap|passed|failed|FAIL" "$OUT/gpu_swap.log" 
     grep -E "^bench sample|^bench (gemv|fused|determin)" "$OUT/gpu_check.log"
     [ -f "$OUT/bench_gpu.log" ] && grep -E "^decode|^prefill|bar|checks,|FAIL" "$OUT/bench_gpu.log"

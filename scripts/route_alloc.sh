@@ -11,7 +11,7 @@ if [ $# -eq 0 ]; then
     set -- src/server/*.c src/client/client.c src/exec/*.c src/sched/*.c src/graph/*.c \
         src/model/tokenizer.c src/model/tok_text.c src/model/tok_encode.c src/model/tok_decode.c src/model/tok_gguf.c \
         src/model/chat_template.c src/model/jinja_parse.c src/model/jinja_eval.c \
-        src/model/sampler.c src/model/logprobs.c
+        src/sample/sampler.c src/sample/logprobs.c
 fi
 for f in "$@"; do
     # a call: the name not preceded by an identifier character, '.' or '>' (fields,

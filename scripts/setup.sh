@@ -24,6 +24,9 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     libuv1-dev libmsgpack-dev libmicrohttpd-dev libsystemd-dev help2man libinih-dev \
     python3 python3-jinja2 python3-numpy python3-msgpack python3-pytest ca-certificates \
     python3-build python3-venv python3-setuptools python3-wheel >/dev/null
+# haproxy: the balancer in front of several djinnd (deploy/haproxy/haproxy.cfg, docs/deploy.md);
+# tests/haproxy_test.py runs three daemons behind it and fails without it.
+$SUDO apt-get install -y -qq --no-install-recommends haproxy >/dev/null
 # chromium: tests/view_browser_test.sh renders the live view of the VMU (GET /
 # of djinnd --http) in headless Chromium and checks what it draws.
 $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null

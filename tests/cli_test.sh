@@ -274,5 +274,29 @@ if grep -q "the host computes all of the FFN of 2 of its" "$TMP/serve2.err"; the
     bad "serve --host-layers 2: no host layers"; cat "$TMP/serve2.err" >&2; fi
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null
 
+# --lora: an adapter changes the greedy tokens, at scale 0 it gives the base's; bad forms are refused
+DEMO="$(cd "$FX/../.." && pwd)/models/demo"
+if /usr/bin/python3 "$FX/../../tools/make_lora_adapter.py" "$DEMO" "$TMP/demo-ad" --seed 3 >/dev/null; then
+    base=$("$DJINN" run --model "$DEMO" --tokens 5,6,7,8 -n 12 --greedy --ignore-eos --print-tokens 2>/dev/null)
+    withad=$("$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad" --tokens 5,6,7,8 -n 12 --greedy --ignore-eos \
+        --print-tokens 2>"$TMP/err")
+    zero=$("$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad:0" --tokens 5,6,7,8 -n 12 --greedy --ignore-eos \
+        --print-tokens 2>/dev/null)
+    if [ -n "$base" ] && [ -n "$withad" ] && [ "$base" != "$withad" ] && [ "$zero" = "$base" ] &&
+        grep -q "adapter demo-ad (rank 4" "$TMP/err"; then ok; else
+        bad "--lora: base '$base', adapter '$withad', scale 0 '$zero'"; cat "$TMP/err" >&2; fi
+    expect_error "lora scale" "not a scale" "$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad:x" --tokens 5 -n 1
+    /usr/bin/python3 "$FX/../../tools/make_lora_adapter.py" "$DEMO" "$TMP/demo-ad2" --seed 4 --r 2 >/dev/null
+    both=$("$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad,$TMP/demo-ad2:0" --tokens 5,6,7,8 -n 12 --greedy \
+        --ignore-eos --print-tokens 2>/dev/null)
+    if [ -n "$both" ] && [ "$both" = "$withad" ]; then ok; else
+        bad "--lora stacked with a second at scale 0: '$both', want '$withad'"; fi
+    expect_error "lora five" "at most 4" "$DJINN" run --model "$DEMO" --lora "$TMP/demo-ad,$TMP/demo-ad,$TMP/demo-ad,$TMP/demo-ad,$TMP/demo-ad" --tokens 5 -n 1
+    expect_error "lora missing" "adapter_config.json" "$DJINN" run --model "$DEMO" --lora "$TMP/none" --tokens 5 -n 1
+    expect_error "lora other base" "llama3" "$DJINN" run --model "$FX/models/llama3" --lora "$TMP/demo-ad" --tokens 5 -n 1
+else
+    bad "tools/make_lora_adapter.py failed"
+fi
+
 echo "cli_test: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -133,20 +133,40 @@ static void on_text(int32_t id, const char *text, size_t len, void *user) {
 
 dj_test_text dj_test_reference(const char *addr, const char *model, const char *text, bool add_bos,
                                const dj_sampler_params *sp, uint32_t max_tokens) {
+    return dj_test_reference_biased(addr, model, text, add_bos, sp, max_tokens, NULL, 0);
+}
+
+/* ids[n_ids] generated on addr's model with sp and bias; failures count as failed checks */
+static dj_test_text reference_ids(const char *addr, const char *model, const int32_t *ids, size_t n_ids,
+                                  const dj_sampler_params *sp, uint32_t max_tokens, const dj_logit_bias *bias,
+                                  size_t n_bias) {
     dj_test_text c = {0};
-    dj_tokenizer_t *tok = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
     dj_client_t *cl = NULL;
     uint64_t sess = 0;
-    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));
-    if (tok) CHECK_OK(dj_tokenizer_encode(tok, text, strlen(text), add_bos, &ids, &n_ids));
     CHECK_OK(dj_client_connect(addr, NULL, &cl));
     dj_session_opts so = {model, DJ_QOS_INTERACTIVE, 0};
     if (cl) CHECK_OK(dj_client_session_open(cl, &so, &sess));
-    dj_generate_params gp = {.ids = ids, .n_ids = n_ids, .max_tokens = max_tokens, .sampling = *sp};
+    dj_generate_params gp = {.ids = ids, .n_ids = n_ids, .max_tokens = max_tokens, .sampling = *sp,
+                             .logit_bias = bias, .n_logit_bias = n_bias};
     if (sess) CHECK_OK(dj_client_generate(cl, sess, &gp, on_text, &c, NULL));
     dj_client_free(cl);
+    return c;
+}
+
+dj_test_text dj_test_reference_ids(const char *addr, const char *model, const int32_t *ids, size_t n_ids,
+                                   const dj_sampler_params *sp, uint32_t max_tokens) {
+    return reference_ids(addr, model, ids, n_ids, sp, max_tokens, NULL, 0);
+}
+
+dj_test_text dj_test_reference_biased(const char *addr, const char *model, const char *text, bool add_bos,
+                                      const dj_sampler_params *sp, uint32_t max_tokens, const dj_logit_bias *bias,
+                                      size_t n_bias) {
+    dj_tokenizer_t *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    CHECK_OK(dj_tokenizer_load(DJ_SOURCE_DIR "/models/demo/tokenizer.json", &tok));
+    if (tok) CHECK_OK(dj_tokenizer_encode(tok, text, strlen(text), add_bos, &ids, &n_ids));
+    dj_test_text c = reference_ids(addr, model, ids, n_ids, sp, max_tokens, bias, n_bias);
     free(ids);
     dj_tokenizer_free(tok);
     return c;

@@ -68,5 +68,12 @@ typedef struct dj_test_text {
  * count as failed checks. */
 dj_test_text dj_test_reference(const char *addr, const char *model, const char *text, bool add_bos,
                                const dj_sampler_params *sp, uint32_t max_tokens);
+/* ... of token ids[n_ids] as given */
+dj_test_text dj_test_reference_ids(const char *addr, const char *model, const int32_t *ids, size_t n_ids,
+                                   const dj_sampler_params *sp, uint32_t max_tokens);
+/* ... with a logit bias (bias[n_bias]) */
+dj_test_text dj_test_reference_biased(const char *addr, const char *model, const char *text, bool add_bos,
+                                      const dj_sampler_params *sp, uint32_t max_tokens, const dj_logit_bias *bias,
+                                      size_t n_bias);
 
 #endif

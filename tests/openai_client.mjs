@@ -1,6 +1,7 @@
 // openai_client.mjs: the official `openai` npm package (a client nobody here
 // wrote) against djinnd --http on the demo model: models, completions and chat,
 // streamed and not, logprobs, fresh and given seeds, vLLM's top_k, text parts,
+// logit_bias, tool calls (forced, streamed, parsed by the SDK, a second turn),
 // and its typed errors (400 naming refused and unknown fields, 401, 404).
 // usage: node openai_client.mjs OPENAI_PACKAGE_DIR BASE_URL TOKEN
 import { pathToFileURL } from 'node:url';
@@ -98,6 +99,46 @@ await expectError(OpenAI.BadRequestError, 400, "'format'", 'a schema keyword out
                   () => client.chat.completions.create({ model: 'demo-chat', messages, response_format: { type: 'json_schema',
                       json_schema: { name: 'd', schema: { type: 'string', format: 'date' } } } }));
 
+// logit_bias: +100 on one id makes every greedy token that id
+const forced = await client.completions.create({ model: 'demo', prompt: [1, 15, 27], max_tokens: 5, temperature: 0,
+                                                 logit_bias: { '60': 100 }, logprobs: 0 });
+check(forced.choices[0].logprobs.tokens.length === 5 && new Set(forced.choices[0].logprobs.tokens).size === 1,
+      `logit_bias +100: ${JSON.stringify(forced.choices[0].logprobs.tokens)}`);
+
+// tools: a forced call (named, then required) arrives as tool_calls whose arguments the SDK's parser reads
+const weather = { type: 'function', function: { name: 'get_weather', description: 'Weather of a city', strict: true,
+    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } },
+                  required: ['city', 'days'], additionalProperties: false } } };
+const clock = { type: 'function', function: { name: 'get_time', strict: true,
+    parameters: { type: 'object', properties: { zone: { enum: ['UTC', 'CET'] } }, required: ['zone'],
+                  additionalProperties: false } } };
+const ask = [{ role: 'user', content: 'Weather in Oslo?' }];
+const named = await client.chat.completions.parse({ model: 'demo-chat', messages: ask, tools: [weather, clock], seed: 7,
+    temperature: 1, max_completion_tokens: 200, tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+const call = named.choices[0].message.tool_calls?.[0];
+check(named.choices[0].finish_reason === 'tool_calls' && call?.function.name === 'get_weather' &&
+      typeof call.function.parsed_arguments?.city === 'string' && Number.isInteger(call.function.parsed_arguments?.days),
+      `named tool call: ${JSON.stringify(named.choices[0])}`);
+const req = await client.chat.completions.create({ model: 'demo-chat', messages: ask, tools: [weather, clock], seed: 8,
+    temperature: 1, max_completion_tokens: 300, tool_choice: 'required' });
+const calls = req.choices[0].message.tool_calls ?? [];
+check(calls.length >= 1 && calls.every(c => ['get_weather', 'get_time'].includes(c.function.name) &&
+      typeof JSON.parse(c.function.arguments) === 'object'), `required tool calls: ${JSON.stringify(calls)}`);
+// streamed: the SDK's stream helper accumulates the deltas into the same call
+const runner = client.chat.completions.stream({ model: 'demo-chat', messages: ask, tools: [weather, clock], seed: 7,
+    temperature: 1, max_completion_tokens: 200, tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+const done = await runner.finalChatCompletion();
+const scall = done.choices[0].message.tool_calls?.[0];
+check(scall?.function.name === 'get_weather' && scall.function.arguments === call?.function.arguments &&
+      done.choices[0].finish_reason === 'tool_calls', `streamed tool call: ${JSON.stringify(done.choices[0])}`);
+// the second turn: the call and the tool's answer sent back
+const turn2 = await client.chat.completions.create({ model: 'demo-chat', tools: [weather, clock], max_completion_tokens: 8,
+    temperature: 0, messages: [...ask, named.choices[0].message, { role: 'tool', tool_call_id: call?.id ?? 'x', content: 'rain' }] });
+check(turn2.choices[0].message.role === 'assistant', `second turn: ${JSON.stringify(turn2.choices[0])}`);
+await expectError(OpenAI.BadRequestError, 400, "'tool_choice.function.name'", 'a named function not in tools',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages: ask, tools: [weather],
+                      tool_choice: { type: 'function', function: { name: 'nope' } } }));
+
 // a model by id, with what djinnd knows of it
 const dm = await client.models.retrieve('demo-chat');
 check(dm.id === 'demo-chat' && dm.owned_by === 'djinnd' && dm.max_model_len === 512, `models.retrieve: ${JSON.stringify(dm)}`);
@@ -110,8 +151,10 @@ await expectError(OpenAI.BadRequestError, 400, 'top_logprobs', 'top_logprobs 21'
                   () => client.chat.completions.create({ model: 'demo-chat', messages, logprobs: true, top_logprobs: 21 }));
 await expectError(OpenAI.NotFoundError, 404, 'model store', 'unknown model',
                   () => client.chat.completions.create({ model: 'no-such-model', messages }));
-await expectError(OpenAI.BadRequestError, 400, "'logit_bias'", 'logit_bias',
-                  () => client.chat.completions.create({ model: 'demo-chat', messages, logit_bias: { '5': 10 } }));
+await expectError(OpenAI.BadRequestError, 400, "'logit_bias.5'", 'logit_bias 101',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, logit_bias: { '5': 101 } }));
+await expectError(OpenAI.BadRequestError, 400, 'logit_bias names token id 99999', 'logit_bias past the vocabulary',
+                  () => client.chat.completions.create({ model: 'demo-chat', messages, logit_bias: { '99999': 1 } }));
 await expectError(OpenAI.BadRequestError, 400, "'n'", 'n 2',
                   () => client.chat.completions.create({ model: 'demo-chat', messages, n: 2 }));
 await expectError(OpenAI.BadRequestError, 400, "'frobnicate'", 'an unknown field',

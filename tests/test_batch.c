@@ -291,6 +291,72 @@ static void check_hook_gate(void) {
     CHECK_MSG(memcmp(host, none, sizeof host) != 0, "top_a 1 changed no pick of 12: the check above proves nothing");
 }
 
+/* Masked and biased rows (structured output's mask, logit_bias): through
+ * the backend's mask hook with the sample hook on, on the host with it off -
+ * either way what twin samplers pick on the host from the raw logits. */
+static void check_masked_rows(int device_sampling) {
+    setenv("DJINN_DEVICE_SAMPLING", device_sampling ? "on" : "off", 1);
+    dj_model_t *m = NULL;
+    dj_engine_t *e = engine_with("qwen2", &m);
+    if (!e) return;
+    const uint32_t V = dj_model_get_config(m)->vocab_size;
+    const dj_sampler_params ps[N_SESS] = {{.temperature = 0.f, .top_p = 1.f},
+                                          {.temperature = 0.7f, .top_k = 10, .top_p = 1.f, .seed = 3},
+                                          {.temperature = 1.2f, .top_k = 0, .top_p = 0.8f, .seed = 4}};
+    const dj_logit_bias b0[] = {{11, 5.f}, {12, -100.f}}, b1[] = {{4, -100.f}, {20, 3.f}, {21, 2.5f}};
+    const dj_logit_bias *bias[N_SESS] = {b0, b1, NULL};
+    const size_t n_bias[N_SESS] = {2, 3, 0};
+    uint8_t *allowed = malloc(V);
+    for (uint32_t i = 0; allowed && i < V; i++) allowed[i] = i % 3 != 0;
+    dj_session_t *a[N_SESS] = {0}, *b[N_SESS] = {0};
+    dj_sampler_t *sa[N_SESS] = {0}, *sb[N_SESS] = {0};
+    int32_t ids[N_SESS];
+    float *lg = malloc((size_t)N_SESS * V * sizeof *lg);
+    for (int i = 0; i < N_SESS && allowed && lg; i++) {
+        CHECK_OK(dj_session_new(e, m, 64, 0, &a[i]));
+        CHECK_OK(dj_session_new(e, m, 64, 0, &b[i]));
+        CHECK_OK(dj_sampler_new(&ps[i], V, &sa[i]));
+        CHECK_OK(dj_sampler_new(&ps[i], V, &sb[i]));
+        if (!a[i] || !b[i] || !sa[i] || !sb[i]) goto done;
+        for (dj_sampler_t *s2 = sa[i];; s2 = sb[i]) { /* rows 0 and 2 masked, rows 0 and 1 biased */
+            if (i != 1) CHECK_OK(dj_sampler_set_allowed(s2, allowed));
+            CHECK_OK(dj_sampler_set_bias(s2, bias[i], n_bias[i]));
+            if (s2 == sb[i]) break;
+        }
+        const int32_t prompt[2] = {5 + i, 9};
+        CHECK_OK(dj_session_step(e, a[i], prompt, 2, NULL));
+        CHECK_OK(dj_session_step(e, b[i], prompt, 2, NULL));
+        ids[i] = 7 * i + 1;
+    }
+    int same = 1, in_mask = 1;
+    for (int t = 0; t < 10 && allowed && lg && a[N_SESS - 1]; t++) {
+        int32_t next[N_SESS];
+        CHECK_OK(dj_engine_step_batch_samplers(e, a, NULL, ids, N_SESS, sa, next));
+        CHECK_OK(dj_engine_step_batch(e, b, ids, N_SESS, lg, NULL, NULL));
+        for (int i = 0; i < N_SESS; i++) {
+            same &= next[i] == dj_sampler_sample(sb[i], lg + (size_t)i * V);
+            in_mask &= i == 1 || (next[i] >= 0 && allowed[next[i]]);
+            in_mask &= next[i] != 12 && next[i] != 4; /* banned by -100 */
+            ids[i] = next[i];
+        }
+    }
+    CHECK_MSG(same, "masked rows (sample hook %s) pick differently from the host samplers",
+              device_sampling ? "on" : "off");
+    CHECK_MSG(in_mask, "a masked row picked outside its mask, or a banned id (sample hook %s)",
+              device_sampling ? "on" : "off");
+done:
+    for (int i = 0; i < N_SESS; i++) {
+        dj_sampler_free(sa[i]);
+        dj_sampler_free(sb[i]);
+        dj_session_free(e, a[i]);
+        dj_session_free(e, b[i]);
+    }
+    free(lg);
+    free(allowed);
+    dj_engine_free(e);
+    unsetenv("DJINN_DEVICE_SAMPLING");
+}
+
 /* dj_engine_step_batch_samplers: each row by the caller's own sampler (here
  * one greedy, two seeded with different params), with and without the
  * sample hook - against twin sessions stepped with logits and twin samplers
@@ -690,6 +756,8 @@ int main(void) {
         check_mixed(MODELS[i]);
     check_row_samplers(0);
     check_row_samplers(1);
+    check_masked_rows(0);
+    check_masked_rows(1);
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) check_model(MODELS[i]);
     check_two_models();
     check_sample_hook();

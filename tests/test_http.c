@@ -961,6 +961,35 @@ static void test_tokens(void) {
     CHECK(dj_test_daemon_stop(1, 10000) == 0);
 }
 
+/* The door submits in-process (submit.h): it takes none of the binary
+ * listener's connections. With --max-connections 2 held by two binary
+ * clients, an HTTP completion is still served (a door that dialled the
+ * listener was refused: 503), and the binary clients still count. */
+static void test_in_process(void) {
+    char addr[128];
+    unsigned port = 0;
+    const char *extra[] = {"--max-connections", "2", "--http-reuse", "0", NULL};
+    pid_t pid = start(0, extra, addr, sizeof addr, &port);
+    CHECK_MSG(pid > 0 && port > 0, "djinnd --http --max-connections 2 did not start");
+    if (pid <= 0 || port == 0) return;
+    dj_test_frame fa, fb, fc;
+    const int a = dj_test_raw_hello(addr, 10, NULL, &fa), b = dj_test_raw_hello(addr, 10, NULL, &fb);
+    CHECK_MSG(a >= 0 && b >= 0 && fa.type == DJ_MSG_REPLY && fb.type == DJ_MSG_REPLY, "two binary clients: %d %d",
+              fa.type, fb.type);
+    const int c = dj_test_raw_hello(addr, 10, NULL, &fc); /* the listener is full: a third is refused */
+    CHECK_MSG(fc.type == DJ_MSG_ERROR && fc.st == DJ_EBUSY, "a third binary client: type %d st %lld", fc.type,
+              (long long)fc.st);
+    if (c >= 0) close(c);
+    dj_test_resp r = dj_test_http_request(port, "POST", "/v1/completions", NULL,
+                                          "{\"model\": \"demo\", \"prompt\": \"hello\", \"max_tokens\": 3}");
+    CHECK_MSG(r.status == 200 && r.body && strstr(r.body, "\"text_completion\""),
+              "a completion while the listener is full: %d %.200s", r.status, r.body ? r.body : "");
+    dj_test_resp_free(&r);
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+    CHECK(dj_test_daemon_stop(0, 10000) == 0);
+}
+
 int main(void) {
     /* nothing random here: one run, no seeds */
     dj_test_daemon_guard();
@@ -988,6 +1017,7 @@ int main(void) {
         CHECK(dj_test_daemon_stop(0, 10000) == 0);
     }
     test_tokens();
+    test_in_process();
     CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_http");
 }

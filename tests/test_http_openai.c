@@ -170,6 +170,79 @@ static void test_sampling_fields(const char *addr, unsigned port) {
     free(rp);
 }
 
+/* ---- the two doors' defaults (docs/protocol.md's table) ---- */
+
+static void test_defaults(const char *addr, unsigned port) {
+    /* HTTP without temperature or top_p samples at temperature 1, top_p 1: GENERATE with those, the same seed */
+    const dj_sampler_params t1 = {.temperature = 1, .top_p = 1, .seed = 77};
+    collect want = reference(addr, &t1, 16);
+    int st;
+    char *t = post(port, false, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, "
+                                "\"seed\": 77}", &st, NULL);
+    CHECK_MSG(st == 200 && !strcmp(t, want.text), "HTTP's defaults: '%s' vs GENERATE at T 1, top_p 1: '%s'", t,
+              want.text);
+    free(t);
+    /* GENERATE without sampling fields is greedy: HTTP's temperature 0 */
+    const dj_sampler_params none = {0};
+    want = reference(addr, &none, 16);
+    t = post(port, false, "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, "
+                          "\"temperature\": 0}", &st, NULL);
+    CHECK_MSG(st == 200 && !strcmp(t, want.text), "greedy: HTTP '%s' vs GENERATE's default '%s'", t, want.text);
+    free(t);
+    /* a seeded chat: the template's ids (/tokenize renders them) through libdjinn give the same text */
+    static const char *const msgs = "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                                    "\"content\": \"Hello there\"}]";
+    char body[1024], out[8192];
+    snprintf(body, sizeof body, "{\"model\": \"demo-chat\", \"messages\": %s}", msgs);
+    st = dj_test_http_text(port, "POST", "/tokenize", body, out, sizeof out);
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    int32_t ids[512];
+    size_t n = 0;
+    for (const cJSON *e = toks ? toks->child : NULL; e && n < 512; e = e->next) ids[n++] = (int32_t)e->valuedouble;
+    cJSON_Delete(j);
+    CHECK_MSG(st == 200 && n > 0, "tokenize: %d %.200s", st, out);
+    const dj_sampler_params sp = {.temperature = 0.9f, .top_p = 0.9f, .top_k = 40, .seed = 13};
+    want = dj_test_reference_ids(addr, "demo-chat", ids, n, &sp, 16);
+    snprintf(body, sizeof body,
+             "{\"model\": \"demo-chat\", \"messages\": %s, \"temperature\": 0.9, \"top_p\": 0.9, \"top_k\": 40, "
+             "\"seed\": 13, \"max_tokens\": 16}", msgs);
+    t = post(port, true, body, &st, NULL);
+    CHECK_MSG(st == 200 && !strcmp(t, want.text), "seeded chat: HTTP '%s' vs GENERATE '%s'", t, want.text);
+    free(t);
+}
+
+/* ---- logit_bias: the same tokens through both doors ---- */
+
+static void test_logit_bias(const char *addr, unsigned port) {
+    const dj_sampler_params greedy = {.top_p = 1}, hot = {.temperature = 0.9f, .top_p = 1, .seed = 21};
+    collect plain = reference(addr, &greedy, 16);
+    /* the greedy answer's first token banned, and a weak token pushed up at temperature 0.9 */
+    static const char *const ask = "{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, %s}";
+    static const struct {
+        const char *json;
+        bool hot;
+        dj_logit_bias b[2];
+        size_t n;
+    } cases[] = {
+        {"\"temperature\": 0, \"logit_bias\": {\"60\": 100}", false, {{60, 100.f}}, 1},
+        {"\"temperature\": 0, \"logit_bias\": {\"60\": 100, \"61\": 99.5}", false, {{60, 100.f}, {61, 99.5f}}, 2},
+        {"\"temperature\": 0.9, \"seed\": 21, \"logit_bias\": {\"60\": 8, \"33\": -100}", true,
+         {{60, 8.f}, {33, -100.f}}, 2},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        collect want = dj_test_reference_biased(addr, "demo", "Once upon a time", true, cases[k].hot ? &hot : &greedy,
+                                                16, cases[k].b, cases[k].n);
+        char body[512];
+        snprintf(body, sizeof body, ask, cases[k].json);
+        int st;
+        char *t = post(port, false, body, &st, NULL);
+        CHECK_MSG(st == 200 && !strcmp(t, want.text), "{%s}: http '%s' vs libdjinn '%s'", cases[k].json, t, want.text);
+        CHECK_MSG(strcmp(want.text, plain.text), "{%s} left the unbiased answer '%s'", cases[k].json, plain.text);
+        free(t);
+    }
+}
+
 /* ---- every documented field: honoured (200) or refused naming it ---- */
 
 typedef struct field_case {
@@ -184,7 +257,16 @@ static const field_case field_cases[] = {
     {true, "\"frequency_penalty\": 0.5", 200, NULL},
     {true, "\"presence_penalty\": 0.5", 200, NULL},
     {true, "\"logit_bias\": {}", 200, NULL},
-    {true, "\"logit_bias\": {\"5\": 10}", 400, "'logit_bias'"},
+    {true, "\"logit_bias\": {\"5\": 10}", 200, NULL},
+    {true, "\"logit_bias\": {\"5\": 10, \"7\": -100}, \"temperature\": 0.7, \"seed\": 2", 200, NULL},
+    {true, "\"logit_bias\": [5]", 400, "'logit_bias' must be an object"},
+    {true, "\"logit_bias\": {\"x\": 1}", 400, "'logit_bias' key 'x'"},
+    {true, "\"logit_bias\": {\"-1\": 1}", 400, "'logit_bias' key '-1'"},
+    {true, "\"logit_bias\": {\"5\": 100.5}", 400, "'logit_bias.5'"},
+    {true, "\"logit_bias\": {\"5\": \"up\"}", 400, "'logit_bias.5'"},
+    {true, "\"logit_bias\": {\"5\": 1, \"05\": 2}", 400, "twice"},
+    {true, "\"logit_bias\": {\"2147483648\": 1}", 400, "'logit_bias' key"},
+    {true, "\"logit_bias\": {\"99999\": 1}", 400, "logit_bias names token id 99999"},
     {true, "\"logprobs\": true, \"top_logprobs\": 2", 200, NULL},
     {true, "\"max_completion_tokens\": 3", 200, NULL},
     {true, "\"max_tokens\": 3", 200, NULL},
@@ -213,7 +295,13 @@ static const field_case field_cases[] = {
     {true, "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"schema\": {}, "
            "\"mode\": 1}}", 400, "'response_format.json_schema.mode'"},
     {true, "\"tools\": []", 200, NULL},
-    {true, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 400, "'tools'"},
+    {true, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 200, NULL},
+    {true, "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\"", 200,
+     NULL},
+    {true, "\"tools\": [{\"type\": \"web_search\"}]", 400, "'tools[0].type'"},
+    {true, "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}", 400,
+     "'tool_choice.function.name'"},
+    {true, "\"parallel_tool_calls\": 1", 400, "'parallel_tool_calls'"},
     {true, "\"tool_choice\": \"none\"", 200, NULL},
     {true, "\"tool_choice\": \"required\"", 400, "'tool_choice'"},
     {true, "\"parallel_tool_calls\": false", 200, NULL},
@@ -247,7 +335,8 @@ static const field_case field_cases[] = {
     {false, "\"echo\": false", 200, NULL},
     {false, "\"echo\": true", 400, "'echo'"},
     {false, "\"frequency_penalty\": -0.5", 200, NULL},
-    {false, "\"logit_bias\": {\"50256\": -100}", 400, "'logit_bias'"},
+    {false, "\"logit_bias\": {\"50\": -100}", 200, NULL},
+    {false, "\"logit_bias\": {\"50256\": -100}", 400, "logit_bias names token id 50256"},
     {false, "\"logprobs\": 2", 200, NULL},
     {false, "\"max_tokens\": 3", 200, NULL},
     {false, "\"n\": 3", 400, "'n'"},
@@ -439,6 +528,8 @@ int main(void) {
     if (pid > 0 && port > 0) {
         test_seeds(port);
         test_sampling_fields(addr, port);
+        test_logit_bias(addr, port);
+        test_defaults(addr, port);
         test_fields(port);
         test_content_parts(port);
         test_response_format(port);

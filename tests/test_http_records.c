@@ -13,7 +13,7 @@ int main(void) {
     memcpy(tk.secret, "right-token", 11);
     tk.len = 11;
     tk.qos_mask = 6;
-    const dj__http_cfg cfg = {.addr = "127.0.0.1:0", .daemon = "127.0.0.1:1", .models = DJ_SOURCE_DIR "/models", .auth = &tk, .n_auth = 1,
+    const dj__http_cfg cfg = {.addr = "127.0.0.1:0", .models = DJ_SOURCE_DIR "/models", .auth = &tk, .n_auth = 1,
                               .max_conns = 8, .max_body = 4096, .timeout_s = 10, .header_s = 10, .body_s = 10,
                               .per_addr = 8, .unauth = 8};
     dj__http *h = NULL;
@@ -35,7 +35,7 @@ int main(void) {
     CHECK(dj__http_sweep(h, t + DJ__PEER_FORGET_MS - 10000) == 1);
     CHECK(dj__http_sweep(h, t + DJ__PEER_FORGET_MS + 10000) == 0);
     /* the address starts afresh: a wrong token is recorded again, a right one clears it (the
-     * request itself then gets 503: there is no daemon behind this door) */
+     * request itself then gets 503: there is no daemon behind this door - .srv NULL) */
     dj_test_resp r = dj_test_http_request(port, "GET", "/v1/models", "Authorization: Bearer wrong\r\n", NULL);
     CHECK(r.status == 401);
     dj_test_resp_free(&r);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/sample_wire.h"
 #include "server/server_impl.h"
 #include "testutil.h"
 
@@ -29,6 +30,7 @@ static dj_status decode(uint16_t t, void (*fill)(dj__mw *w), const uint8_t *payl
     return st;
 }
 
+static void gen_neither(dj__mw *w) { dj__mw_u64(w, "session", 7); }
 static void gen_ok(dj__mw *w) {
     dj__mw_u64(w, "session", 7);
     dj__mw_str(w, "prompt", "Once");
@@ -40,6 +42,31 @@ static void gen_ok(dj__mw *w) {
     dj__mw_bool(w, "logprobs", true);
     dj__mw_u64(w, "top_logprobs", 3);
     dj__mw_str(w, "cache_salt", "tenant-a");
+    const dj_logit_bias b[2] = {{.id = 4, .bias = -100.f}, {.id = 9, .bias = 2.5f}};
+    dj__logit_bias_encode(w, b, 2);
+}
+/* logit_bias entries that are refused: a map, a lone id, a string bias, 101, an id twice */
+static int bias_case;
+static void gen_bias_bad(dj__mw *w) {
+    gen_neither(w);
+    dj__mw_str(w, "prompt", "x");
+    dj__mw_key(w, "logit_bias");
+    msgpack_packer *pk = &w->pk;
+    if (bias_case == 0) {
+        msgpack_pack_map(pk, 0);
+        return;
+    }
+    msgpack_pack_array(pk, bias_case == 4 ? 2 : 1);
+    for (int k = 0; k < (bias_case == 4 ? 2 : 1); k++) {
+        if (bias_case == 1) {
+            msgpack_pack_uint32(pk, 3);
+            continue;
+        }
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_uint32(pk, 3);
+        if (bias_case == 2) dj__pack_str(pk, "up");
+        else msgpack_pack_double(pk, bias_case == 3 ? 101.0 : 1.0);
+    }
 }
 static void gen_both(dj__mw *w) {
     dj__mw_u64(w, "session", 7);
@@ -47,7 +74,6 @@ static void gen_both(dj__mw *w) {
     const int32_t ids[1] = {3};
     dj__mw_ids(w, "ids", ids, 1);
 }
-static void gen_neither(dj__mw *w) { dj__mw_u64(w, "session", 7); }
 static void gen_no_session(dj__mw *w) { dj__mw_str(w, "prompt", "x"); }
 static void gen_top_lp_alone(dj__mw *w) {
     gen_neither(w);
@@ -108,7 +134,24 @@ static void step_points_bad_op(dj__mw *w) {
     step_ids_too(w);
     dj__mw_key(w, "points");
     msgpack_pack_array(&w->pk, 1);
-    point(w, "layers.0.out", "mul", 0);
+    point(w, "layers.0.out", "scale", 0); /* "mul" is the op's name */
+}
+static void step_resume_with_ids(dj__mw *w) { /* a resume takes no ids */
+    step_ids_too(w);
+    dj__mw_bool(w, "resume", true);
+}
+static void step_resume_cancel(dj__mw *w) {
+    dj__mw_u64(w, "session", 5);
+    dj__mw_bool(w, "resume", true);
+    dj__mw_bool(w, "cancel", true);
+}
+static void step_cancel(dj__mw *w) {
+    dj__mw_u64(w, "session", 5);
+    dj__mw_bool(w, "cancel", true);
+}
+static void step_prompt_and_ids(dj__mw *w) {
+    step_ids_too(w);
+    dj__mw_str(w, "prompt", "hello");
 }
 static void step_points_long_name(dj__mw *w) {
     step_ids_too(w);
@@ -175,7 +218,15 @@ static void test_generate(void) {
     CHECK(g->s.n_stop == 2 && g->s.stop_ids[0] == 1 && g->s.stop_ids[1] == 2);
     CHECK(g->s.logprobs && g->s.top_logprobs == 3);
     CHECK(g->cache_salt && g->salt_len == 8);
+    CHECK(g->s.n_logit_bias == 2 && g->s.logit_bias[0].id == 4 && g->s.logit_bias[0].bias == -100.f &&
+          g->s.logit_bias[1].id == 9 && g->s.logit_bias[1].bias == 2.5f);
     dj__request_free(&r);
+    static const dj_status bias_want[] = {DJ_EFORMAT, DJ_EFORMAT, DJ_EFORMAT, DJ_EINVAL, DJ_EINVAL};
+    for (bias_case = 0; bias_case < 5; bias_case++) {
+        CHECK_ST(decode(DJ_MSG_GENERATE, gen_bias_bad, NULL, 0, &r), bias_want[bias_case]);
+        CHECK(strstr(dj_last_error(), "logit_bias") != NULL);
+        dj__request_free(&r);
+    }
     CHECK_ST(decode(DJ_MSG_GENERATE, gen_both, NULL, 0, &r), DJ_EFORMAT);
     dj__request_free(&r);
     CHECK_ST(decode(DJ_MSG_GENERATE, gen_neither, NULL, 0, &r), DJ_EFORMAT);
@@ -193,7 +244,7 @@ static void test_generate(void) {
     /* the defaults: greedy, top_p off, 64 tokens */
     CHECK_ST(decode(DJ_MSG_GENERATE, gen_salt_ok, NULL, 0, &r), DJ_OK);
     CHECK(r.u.gen.max_tokens == 64 && r.u.gen.s.sampling.temperature == 0.0f && r.u.gen.s.sampling.top_p == 1.0f);
-    CHECK(!r.u.gen.s.logprobs && !r.u.gen.s.stop_ids);
+    CHECK(!r.u.gen.s.logprobs && !r.u.gen.s.stop_ids && !r.u.gen.s.logit_bias);
     dj__request_free(&r);
 }
 
@@ -220,6 +271,15 @@ static void test_step(void) {
     CHECK(r.u.step.payload_len == sizeof t); /* with points the payload stays: the tensors */
     dj__request_free(&r);
     CHECK_ST(decode(DJ_MSG_STEP, step_points_bad_op, NULL, 0, &r), DJ_EINVAL);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_resume_with_ids, NULL, 0, &r), DJ_EINVAL);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_resume_cancel, NULL, 0, &r), DJ_EINVAL);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_cancel, NULL, 0, &r), DJ_OK);
+    CHECK(r.u.step.brk == DJ__BRK_CANCEL && r.u.step.n_ids == 0);
+    dj__request_free(&r);
+    CHECK_ST(decode(DJ_MSG_STEP, step_prompt_and_ids, NULL, 0, &r), DJ_EFORMAT);
     dj__request_free(&r);
     CHECK_ST(decode(DJ_MSG_STEP, step_points_long_name, NULL, 0, &r), DJ_EINVAL);
     dj__request_free(&r);

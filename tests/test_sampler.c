@@ -1,11 +1,13 @@
 /* test_sampler.c: greedy, temperature, top-k and top-p choices - support,
  * frequencies against the softmax they should follow, reproducibility by
  * seed, the pick rule on a hand-made row, the CUDA sample kernel's algorithm
- * emulated on the host against that rule, and the parameter checks. */
+ * emulated on the host against that rule, the logit bias, and the parameter
+ * checks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "djinn/sample_schema.h"
 #include "djinn/sampler.h"
 #include "testutil.h"
 
@@ -228,8 +230,54 @@ static void check_logprobs(void) {
     dj_sampler_free(s);
 }
 
+/* logit_bias: added before the rule, so +100 on a weak id forces it (greedy
+ * and sampled), -100 on the argmax removes it; the pick moves to the host
+ * (masked); bad entries are refused naming them and leave the sampler as it was. */
+static void check_bias(void) {
+    float logits[V];
+    for (int i = 0; i < V; i++) logits[i] = (float)(i % 7) * 0.5f; /* argmax 6 (first of the 3.0s) */
+    dj_sampler_t *s = NULL;
+    dj_sampler_params p = {.top_p = 1.f, .seed = 5};
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    CHECK(dj_sampler_sample(s, logits) == 6 && dj_sampler_is_greedy(s) && !dj_sampler_masked(s));
+    const dj_logit_bias up[] = {{.id = 7, .bias = 100.f}};
+    CHECK_OK(dj_sampler_set_bias(s, up, 1));
+    CHECK(dj_sampler_sample(s, logits) == 7 && !dj_sampler_is_greedy(s) && dj_sampler_masked(s));
+    CHECK(logits[7] == 0.f); /* the caller's row is not modified */
+    const dj_logit_bias down[] = {{.id = 6, .bias = -100.f}, {.id = 13, .bias = -100.f}};
+    CHECK_OK(dj_sampler_set_bias(s, down, 2));
+    CHECK(dj_sampler_sample(s, logits) == 20); /* the next 3.0 */
+    /* refused: the sampler keeps the two entries above */
+    const dj_logit_bias far[] = {{.id = V, .bias = 1.f}};
+    CHECK_ST(dj_sampler_set_bias(s, far, 1), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "token id 50") != NULL);
+    const dj_logit_bias twice[] = {{.id = 3, .bias = 1.f}, {.id = 3, .bias = 2.f}};
+    CHECK_ST(dj_sampler_set_bias(s, twice, 2), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "twice") != NULL);
+    const dj_logit_bias big[] = {{.id = 3, .bias = 100.5f}}, nan[] = {{.id = 3, .bias = NAN}};
+    CHECK_ST(dj_sampler_set_bias(s, big, 1), DJ_EINVAL);
+    CHECK(strstr(dj_last_error(), "[-100, 100]") != NULL);
+    CHECK_ST(dj_sampler_set_bias(s, nan, 1), DJ_EINVAL);
+    CHECK_ST(dj_logit_bias_check(up, DJ_MAX_LOGIT_BIAS + 1, 0), DJ_EINVAL);
+    CHECK(dj_sampler_sample(s, logits) == 20);
+    dj_sampler_free(s);
+    /* sampled at temperature 1: +100 is (all but) certain */
+    p = (dj_sampler_params){.temperature = 1.f, .top_p = 1.f, .seed = 9};
+    CHECK_OK(dj_sampler_new(&p, V, &s));
+    CHECK_OK(dj_sampler_set_bias(s, up, 1));
+    int forced = 0;
+    for (int k = 0; k < 200; k++) forced += dj_sampler_sample(s, logits) == 7;
+    CHECK_MSG(forced == 200, "+100 on id 7 picked it %d times in 200", forced);
+    CHECK_OK(dj_sampler_set_bias(s, NULL, 0)); /* cleared */
+    forced = 0;
+    for (int k = 0; k < 200; k++) forced += dj_sampler_sample(s, logits) == 7;
+    CHECK_MSG(forced < 50, "without the bias id 7 came %d times in 200", forced);
+    dj_sampler_free(s);
+}
+
 int main(void) {
     dj_test_seeds();
+    check_bias();
     check_weight();
     check_logprobs();
     check_against_reference();

@@ -853,6 +853,113 @@ static void disk_spill_order(void) {
     world_end(&w);
 }
 
+/* Captured-graph runs admitted by their planned bytes: the bound and the group quota hold at every
+ * moment, a run larger than either is refused naming its bytes, one waiting for its own group's
+ * quota holds back no other group, a higher class goes first, every run ends (random traces). */
+static void graph_runs(void) {
+    const dj_sched_config cfg = {.max_running = 4, .max_rows = 64, .pages_total = 64, .graph_bytes = 1000,
+                                 .graph_quota_bytes = 600};
+    dj_sched_t *s = NULL;
+    CHECK_OK(dj_sched_new(&cfg, &s));
+    dj_sched_decision d;
+    /* refused: over the quota, then over the bound (quota 0 here would name --graph-gb) */
+    CHECK_OK(dj_sched_arrive_graph(s, 1, 7, 1, 700, 0));
+    dj_sched_next(s, 0, &d);
+    CHECK(d.op == DJ_SCHED_REFUSE && d.req == 1);
+    CHECK_MSG(strstr(dj_sched_refuse_reason(s), "700 bytes") && strstr(dj_sched_refuse_reason(s), "600 bytes") &&
+                  strstr(dj_sched_refuse_reason(s), "--graph-quota-gb"),
+              "reason: %s", dj_sched_refuse_reason(s));
+    dj_sched_done(s, 1, 0);
+    CHECK_ST(dj_sched_arrive_graph(s, 2, 7, 1, 500, 0), DJ_OK);
+    CHECK_ST(dj_sched_arrive_graph(s, 2, 7, 1, 500, 0), DJ_EBUSY);
+    /* group 7 holds 500 of its 600: its next 200 waits, group 8's 400 goes by it */
+    CHECK_OK(dj_sched_arrive_graph(s, 3, 7, 1, 200, 0));
+    CHECK_OK(dj_sched_arrive_graph(s, 4, 8, 1, 400, 0));
+    uint64_t ran[8];
+    int nr = 0;
+    for (int k = 0; k < 3; k++) {
+        dj_sched_next(s, 1, &d);
+        if (d.op != DJ_SCHED_RUN) break;
+        ran[nr++] = d.req;
+    }
+    CHECK_MSG(nr == 2 && ran[0] == 2 && ran[1] == 4, "ran %d: %llu %llu", nr, (unsigned long long)ran[0],
+              (unsigned long long)(nr > 1 ? ran[1] : 0));
+    dj_sched_stats st;
+    dj_sched_get_stats(s, 1, &st);
+    CHECK(st.graph_used == 900 && st.graph_bytes == 1000 && st.waiting[1] == 1);
+    CHECK_OK(dj_sched_check(s));
+    /* the bound: 900 held, a realtime 300 and a batch 50 wait behind it (the batch one too: FIFO by class) */
+    CHECK_OK(dj_sched_arrive_graph(s, 5, 9, 2, 50, 2));
+    CHECK_OK(dj_sched_arrive_graph(s, 6, 9, 0, 300, 3));
+    dj_sched_next(s, 3, &d);
+    CHECK_MSG(d.op == DJ_SCHED_WAIT, "op %d req %llu", d.op, (unsigned long long)d.req);
+    dj_sched_done(s, 2, 4); /* 400 held */
+    nr = 0;
+    for (int k = 0; k < 4; k++) {
+        dj_sched_next(s, 4, &d);
+        if (d.op != DJ_SCHED_RUN) break;
+        ran[nr++] = d.req;
+    }
+    /* realtime 300 first, then group 7's 200 (its quota has room again), then batch 50: 950 */
+    CHECK_MSG(nr == 3 && ran[0] == 6 && ran[1] == 3 && ran[2] == 5, "ran %d: %llu %llu %llu", nr,
+              (unsigned long long)ran[0], (unsigned long long)ran[1], (unsigned long long)ran[2]);
+    CHECK_OK(dj_sched_check(s));
+    for (uint64_t r = 3; r <= 6; r++) dj_sched_done(s, r, 5);
+    dj_sched_get_stats(s, 5, &st);
+    CHECK(st.graph_used == 0);
+    dj_sched_free(s);
+
+    /* random traces: bytes, groups and classes drawn; a run takes 1-20 virtual ms */
+    for (int t = 0; t < 200; t++) {
+        const dj_sched_config c2 = {.max_running = 2, .max_rows = 8, .pages_total = 8,
+                                    .graph_bytes = 1 + dj_test_rand() % 2000, .graph_quota_bytes = dj_test_rand() % 1500};
+        CHECK_OK(dj_sched_new(&c2, &s));
+        enum { N = 60 };
+        uint64_t bytes[N + 1] = {0}, group[N + 1] = {0}, end[N + 1] = {0};
+        int state[N + 1] = {0}; /* 0 not yet, 1 waiting, 2 running, 3 done, 4 refused */
+        uint64_t now = 0;
+        int arrived = 0, finished = 0;
+        while (finished < N && now < 100000) {
+            if (arrived < N && dj_test_rand() % 3 == 0) {
+                const int i = ++arrived;
+                bytes[i] = dj_test_rand() % 1200, group[i] = 1 + dj_test_rand() % 3;
+                CHECK_OK(dj_sched_arrive_graph(s, (uint64_t)i, group[i], (uint32_t)(dj_test_rand() % 3), bytes[i], now));
+                state[i] = 1;
+            }
+            for (;;) {
+                dj_sched_next(s, now, &d);
+                if (d.op == DJ_SCHED_WAIT) break;
+                CHECK(d.op == DJ_SCHED_RUN || d.op == DJ_SCHED_REFUSE);
+                if (d.op != DJ_SCHED_RUN && d.op != DJ_SCHED_REFUSE) break;
+                const int i = (int)d.req;
+                CHECK(state[i] == 1);
+                if (d.op == DJ_SCHED_REFUSE) {
+                    CHECK(bytes[i] > c2.graph_bytes || (c2.graph_quota_bytes && bytes[i] > c2.graph_quota_bytes));
+                    state[i] = 4, finished++;
+                    dj_sched_done(s, d.req, now);
+                    continue;
+                }
+                state[i] = 2, end[i] = now + 1 + dj_test_rand() % 20;
+            }
+            uint64_t held = 0, by_group[4] = {0};
+            for (int i = 1; i <= arrived; i++)
+                if (state[i] == 2) held += bytes[i], by_group[group[i]] += bytes[i];
+            CHECK(held <= c2.graph_bytes);
+            for (int g = 1; g < 4; g++) CHECK(!c2.graph_quota_bytes || by_group[g] <= c2.graph_quota_bytes);
+            CHECK_OK(dj_sched_check(s));
+            now++;
+            for (int i = 1; i <= arrived; i++)
+                if (state[i] == 2 && end[i] <= now) {
+                    dj_sched_done(s, (uint64_t)i, now);
+                    state[i] = 3, finished++;
+                }
+            if (arrived < N) continue;
+        }
+        CHECK_MSG(finished == N, "trace %d: %d of %d graph runs ended", t, finished, N);
+        dj_sched_free(s);
+    }
+}
+
 int main(void) {
     dj_test_seeds();
     disk_spill_order();
@@ -862,6 +969,7 @@ int main(void) {
     exchange();
     continuing_first();
     pool_share();
+    graph_runs();
     for (int pol = 0; pol < 3; pol++)
         for (int t = 0; t < TRACES; t++) trace((dj_swap_policy)pol, 200, t % 2 == 0);
     disk_traces = true;

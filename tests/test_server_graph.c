@@ -113,8 +113,8 @@ static void graph_mul_relu(wb *w, const dj_whash *wt, const char *op) {
         dj_test_w_int(w, 1), dj_test_w_int(w, 0);
 }
 
-/* GRAPH_RUN of g with x in the payload (x NULL: input 0 is handle hin). */
-static reply run_graph(int fd, const wb *g, const float *x, uint64_t hin) {
+/* GRAPH_RUN of g with x in the payload (x NULL: input 0 is handle hin), in class qos (NULL: none sent). */
+static reply run_graph_qos(int fd, const wb *g, const float *x, uint64_t hin, const char *qos) {
     uint8_t payload[4096 + 64];
     memcpy(payload, g->b, g->n);
     size_t n = g->n;
@@ -125,12 +125,14 @@ static reply run_graph(int fd, const wb *g, const float *x, uint64_t hin) {
     dj__mw w;
     dj__mw_init(&w);
     dj__mw_u64(&w, "graph_bytes", g->n);
+    if (qos) dj__mw_str(&w, "qos", qos);
     dj__mw_key(&w, "inputs");
     msgpack_pack_array(&w.pk, 1);
     if (x) msgpack_pack_nil(&w.pk);
     else msgpack_pack_uint64(&w.pk, hin);
     return call(fd, DJ_MSG_GRAPH_RUN, &w, payload, n);
 }
+static reply run_graph(int fd, const wb *g, const float *x, uint64_t hin) { return run_graph_qos(fd, g, x, hin, NULL); }
 
 /* GRAPH_RUN naming the graph by id only (no graph bytes), x in the payload. */
 static reply run_graph_id(int fd, const uint8_t id[16], const float *x) {
@@ -265,6 +267,14 @@ static void test_daemon(void) {
     for (int i = 0; i < 6; i++) want[i] = want[i] * scale[i % 3] > 0 ? want[i] * scale[i % 3] : 0;
     CHECK(fetch(a, h2, y, 6) && !memcmp(y, want, sizeof y));
     CHECK(stats_u64(a, NULL, "graph_runs") == 2);
+    /* the caller's class: the scheduler admits it in that line; an unknown class is refused */
+    r = run_graph_qos(a, &g, x, 0, "batch");
+    CHECK_MSG(r.type == DJ_MSG_REPLY, "%s", r.msg);
+    reply_free(&r);
+    r = run_graph_qos(a, &g, x, 0, "urgent");
+    CHECK(r.type == DJ_MSG_ERROR);
+    reply_free(&r);
+    CHECK(stats_u64(a, NULL, "graph_runs") == 3);
 
     /* connection b: knowing the hash is not access */
     r = run_graph(b, &g, x, 0);
@@ -486,12 +496,51 @@ static void test_daemon(void) {
     CHECK(dj_test_daemon_stop(0, 30000) == 0);
 }
 
+/* --graph-quota-gb: a plan larger than what one token's captured runs may hold is refused naming
+ * its bytes and the bound; the same graph runs under a bound it fits. */
+static void test_graph_budget(void) {
+    for (int fits = 0; fits < 2; fits++) {
+        /* --graph-device engine on the CPU engine: the CPU executor still (the engine's device is the host) */
+        const char *extra[] = {"--graph-quota-gb", fits ? "4k" : "100b", "--graph-gb", "1m", "--allow-empty",
+                               "--graph-device", fits ? "engine" : "cpu", NULL};
+        char addr[128];
+        int code = 0;
+        const dj_test_daemon_opts o = {.djinnd = djinnd, .dir = tmpdir, .models = tmpdir, .listen = "127.0.0.1:0",
+                                       .save_stderr = true, .wait_ms = 30000};
+        CHECK(dj_test_daemon_start(0, &o, extra, addr, sizeof addr, &code) > 0);
+        dj_test_frame hello;
+        const int a = dj_test_raw_hello(addr, 30, NULL, &hello);
+        CHECK(a >= 0);
+        const float scale[3] = {2.0f, -1.0f, 0.5f}, x[6] = {1, 2, 3, -4, -5, 6};
+        dj_whash hw;
+        dj_whash_of(scale, sizeof scale, &hw);
+        reply r = upload(a, &hw, sizeof scale, 0, scale, sizeof scale);
+        CHECK(r.type == DJ_MSG_REPLY);
+        reply_free(&r);
+        wb g;
+        graph_mul_relu(&g, &hw, NULL);
+        r = run_graph(a, &g, x, 0);
+        if (fits) {
+            CHECK_MSG(r.type == DJ_MSG_REPLY, "%s", r.msg);
+        } else {
+            CHECK_ERR(r, DJ_ENOSPC);
+            CHECK_MSG(strstr(r.msg, "plan needs") && strstr(r.msg, "bytes") && strstr(r.msg, "100 bytes") &&
+                          strstr(r.msg, "--graph-quota-gb"),
+                      "%s", r.msg);
+        }
+        reply_free(&r);
+        close(a);
+        CHECK(dj_test_daemon_stop(0, 30000) == 0);
+    }
+}
+
 int main(void) {
     dj_test_daemon_guard();
     signal(SIGPIPE, SIG_IGN);
     if (!mkdtemp(tmpdir)) return 1;
     alarm(300);
     test_daemon();
+    test_graph_budget();
     alarm(0);
     CHECK(dj_test_rm_rf(tmpdir));
     return dj_test_finish("test_server_graph");

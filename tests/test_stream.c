@@ -599,6 +599,11 @@ static void check_batch(void) {
             CHECK_ST(dj_session_step_trace(e, s[0], &one, 1, &iv, 1, NULL), DJ_EUNSUPPORTED);
             CHECK_MSG(strstr(dj_last_error(), "weight ring") != NULL, "%s", dj_last_error());
             CHECK(dj_session_pos(s[0]) == 3);
+            /* a breakpoint likewise, before anything runs (test_brk: the rest of them) */
+            const dj_intervention brk = {.point = {DJ_POINT_LAYER_OUTPUT, 0}, .op = DJ_IV_BREAK, .out = saved};
+            dj_step_brk_t *b = NULL;
+            CHECK_ST(dj_session_step_break(e, s[0], &one, 1, &brk, 1, NULL, &b), DJ_EUNSUPPORTED);
+            CHECK(b == NULL && dj_session_pos(s[0]) == 3);
             free(saved);
         }
         for (int t = 0; t < 3 && m; t++) {

@@ -143,11 +143,14 @@ static inline DJ_KV_HD size_t dj_kv_f8_exps_at(uint32_t tokens_per_page, uint32_
  *             (Mixtral: top_k of m experts)
  *  MOE_FFN    out[n,k] = x2[n,k] + route[i,e] * down @ (silu(gate @ x_i) * (up @ x_i)) for rows
  *             with route[i,e] != 0, out = x2 elsewhere: expert e of a MoE layer; x [n,k] the
- *             normed input, x2 the sum so far (act dtype) or NULL (zero), route [n,m] f32 */
+ *             normed input, x2 the sum so far (act dtype) or NULL (zero), route [n,m] f32
+ *  LORA       out[i,:] += s_a * B_a (A_a x[i,:]) for each row i whose adapter a = lora_row[i] >= 0
+ *             has matrices here (lora[a].a != NULL): the low-rank update of a MATMUL's output
+ *             (x[n,k] its input, out[n,m] its output), each row alone (batch-invariant) */
 #define DJ_OP_LIST(X)                                                                                 \
     X(EMBED, "embed") X(RMSNORM, "rmsnorm") X(MATMUL, "matmul") X(ROPE, "rope") X(KV_WRITE, "kv_write") \
     X(ATTENTION, "attention") X(SILU_MUL, "silu_mul") X(ADD, "add") X(GELU_MUL, "gelu_mul")          \
-    X(SOFTCAP, "softcap") X(MOE_ROUTE, "moe_route") X(MOE_FFN, "moe_ffn")
+    X(SOFTCAP, "softcap") X(MOE_ROUTE, "moe_route") X(MOE_FFN, "moe_ffn") X(LORA, "lora")
 
 typedef enum {
 #define DJ_OP_ENUM_(e, name) DJ_OP_##e,
@@ -157,6 +160,18 @@ typedef enum {
 } dj_op;
 
 const char *dj_op_name(dj_op op);
+
+/* One adapter's matrices for one projection (a LORA call's lora[a]), f32 in
+ * device memory: the update is scale * B (A x). Adapters are docs/lora.md. */
+typedef struct dj_lora_mat {
+    const float *a;  /* [rank][k], or NULL: this adapter leaves the projection alone */
+    const float *b;  /* [m][ldb]: row j's first rank values are B[j][0..rank) */
+    uint32_t rank;   /* 1..DJ_LORA_MAX_RANK */
+    uint32_t ldb;    /* elements from one row of b to the next (>= rank) */
+    float scale;     /* lora_alpha / rank (or / sqrt(rank) with rsLoRA) times the use's own */
+} dj_lora_mat;
+
+#define DJ_LORA_MAX_RANK 512
 
 /* One op invocation with every pointer resolved. Activations (out, x, x2)
  * have the backend's act_dtype (f32 on the CPU, bf16 on CUDA), except where
@@ -253,6 +268,10 @@ typedef struct dj_op_call {
     const void *w_up;      /* MOE_FFN: up [d][k], of w_dtype (w is the gate [d][k]) */
     const void *w_down;    /* MOE_FFN: down [k][d], of w_dtype. MOE_FFN's k is the model width,
                             * d the expert width, m the experts (route's row width) */
+    const dj_lora_mat *lora; /* LORA: [n_lora] each adapter of the step, host memory read
+                              * before compute returns (k, m: the projection's) */
+    uint32_t n_lora;
+    const int32_t *lora_row; /* LORA: [n] host memory: row i's adapter in lora, -1 = none */
 } dj_op_call;
 
 /* ---- weight streaming (docs/internals.md, "Models larger than the GPU") ----
@@ -334,6 +353,15 @@ typedef struct dj_sample_row {
  * (dj_pick), so a field added to the table works on every backend before the
  * row and the CUDA kernel learn it. */
 bool dj_sample_row_carries(const dj_sampler_params *p);
+
+/* One row's mask and logit bias for the mask hook (structured output's
+ * mask, a request's logit_bias: djinn/sampler.h). */
+typedef struct dj_mask_row {
+    const uint8_t *allowed;        /* [vocab] host memory: 0 = never picked (its logit becomes -inf); NULL: no mask */
+    const dj_logit_bias *bias;     /* [n_bias] host memory: distinct ids in [0, vocab), bias finite, added after
+                                    * the mask (-inf stays -inf) */
+    uint32_t n_bias;
+} dj_mask_row;
 
 typedef struct dj_backend_vtbl {
     const char *name; /* "cpu", "cuda" */
@@ -452,6 +480,17 @@ typedef struct dj_backend_vtbl {
      * ordered with compute and without waiting; recorded like compute during
      * a capture (a traced step's saved points). */
     dj_status (*copy)(dj_backend_t *be, void *dst_dev, const void *src_dev, size_t bytes);
+
+    /* ---- optional: NULL where a backend lacks it (the engine then picks
+     * masked or biased rows on the host, bringing their logits over) ---- */
+
+    /* logits (device memory, [n][vocab] f32) rewritten in place by rows[i]
+     * (host memory, read - staged - before it returns): each id with
+     * allowed[id] == 0 becomes -inf, then each bias is added; a row with
+     * neither is left alone. Exactly what dj_sampler_pick_with does to its
+     * copy of a row, so a pick after it (argmax, sample) is the host's.
+     * Ordered with compute; refused during a capture. */
+    dj_status (*mask)(dj_backend_t *be, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows);
 } dj_backend_vtbl;
 
 /* Every backend struct begins with this header. */

@@ -109,4 +109,17 @@ size_t dj_cgraph_mem_bytes(const dj_cgraph_t *g);
 dj_status dj_cgraph_run(const dj_cgraph_t *g, dj_backend_t *cpu, const float *const *inputs,
                         const float *const *weights, void *stack, const float **outs /* OUT [n_outputs] */);
 
+/* The CUDA executor (src/backend/cuda/cuda_capture.cu): the same plan on a CUDA backend
+ * (dj_backend_cuda_new), f32 throughout - cuBLAS SGEMMs for mm/addmm/linear/bmm/baddbmm, the
+ * attention's two products and convolutions (columns per image and group, then one GEMM), our
+ * kernels for the rest. inputs, weights and stack are device memory (stack of
+ * dj_cgraph_stack_bytes); outs (OUT) point into them as in dj_cgraph_run. Synchronous: returns
+ * when the stream has finished. An op without a GPU kernel (dj_cgraph_cuda_check) is refused
+ * with DJ_EUNSUPPORTED naming the node and op before anything runs - never run on the CPU behind
+ * the caller's back; an index out of range fails with DJ_ERANGE. In a build without CUDA both
+ * return DJ_EUNSUPPORTED. */
+dj_status dj_cgraph_cuda_check(const dj_cgraph_t *g, dj_cgraph_error *err /* OUT, may be NULL */);
+dj_status dj_cgraph_run_cuda(const dj_cgraph_t *g, dj_backend_t *cuda, const float *const *inputs,
+                             const float *const *weights, void *stack, const float **outs /* OUT [n_outputs] */);
+
 #endif

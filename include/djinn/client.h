@@ -91,6 +91,9 @@ typedef struct dj_generate_params {
     uint32_t max_tokens;
     const int32_t *stop_ids; /* [n_stop]; sampling one ends the generation (it is not emitted) */
     size_t n_stop;
+    const dj_logit_bias *logit_bias; /* [n_logit_bias] added to those ids' logits before each pick
+                                      * (sample_params.h: at most DJ_MAX_LOGIT_BIAS, bias in [-100, 100]) */
+    size_t n_logit_bias;
     bool ignore_eos;         /* the server stops at the model's EOS ids unless this is set */
     bool logprobs;           /* each TOKEN carries its logprob (sample_params.h's dj_token_logprobs) */
     uint32_t top_logprobs;   /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
@@ -99,6 +102,8 @@ typedef struct dj_generate_params {
                               * session's first GENERATE, later ones repeat it (docs/prefix-cache.md) */
     const char *json_schema; /* NULL, or structured output: the generated text is a JSON value of this JSON schema
                               * (the subset of grammar.h; "{\"type\": \"object\"}": any object) */
+    const char *adapter;     /* NULL, or a LoRA adapter's folder in the daemon's model store, of the session's
+                              * model: set by the session's first GENERATE, later ones repeat it or give none */
 } dj_generate_params;
 
 typedef struct dj_generate_result {

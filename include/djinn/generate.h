@@ -36,6 +36,9 @@ typedef struct dj_gen_params {
     bool ignore_eos;
     uint32_t prefill_chunk;     /* prompt tokens per step; 0 = the engine's max_step_tokens (also the cap) */
     const dj_tokenizer_t *tok;  /* optional: each token's text as complete UTF-8; borrowed for the gen's life */
+    const dj_logit_bias *logit_bias; /* [n_logit_bias] added to the logits of every pick (copied; checked as
+                                      * dj_sampler_set_bias does) */
+    size_t n_logit_bias;
     bool logprobs;              /* each emitted token's dj_token_logprobs (raw logits' log_softmax) */
     uint32_t top_logprobs;      /* with logprobs: alternatives per token, 0..DJ_MAX_TOP_LOGPROBS */
     dj_constraint_t *constraint; /* NULL, or structured output (grammar.h): each pick masked to the ids that keep
@@ -43,6 +46,15 @@ typedef struct dj_gen_params {
                                   * the context), then only EOS once it is whole. Owned by the generation from
                                   * dj_gen_new on (freed with it, or by dj_gen_new when that fails). A step with
                                   * no id allowed picks unmasked and ends as DJ_GEN_STOP (that id not emitted). */
+    /* Interventions at every step of the generation (the prompt's chunks and
+     * each generated token): edits only (add, replace, mul) of one row
+     * ([width] to every position) and no position region; borrowed for the
+     * generation's life. Such a generation steps alone (dj_session_step_trace),
+     * picks on the host, maps no prefix-cache blocks (its prompt's KV is not
+     * the ids' alone) and takes no constraint: token for token the client's
+     * loop of traces. NULL/0: none. */
+    const struct dj_intervention *iv;
+    uint32_t n_iv;
 } dj_gen_params;
 
 typedef struct dj_gen dj_gen_t;

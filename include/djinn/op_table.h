@@ -125,6 +125,10 @@ typedef struct dj_op_desc {
 #define DJ_OP_DESC_MOE_FFN                                                                                 \
     {"moe_ffn", 4, {DJ_OPD_SRC_X, DJ_OPD_SRC_X2, DJ_OPD_SRC_ROUTE, DJ_OPD_SRC_W}, DJ_OPD_X_ACT,           \
      DJ_OPD_OUT_ACT, DJ_OPD_WIDTH_K, DJ_OPD_WIDTH_K, DJ_OPD_HOST}
+/* LORA is no graph node (arity 0): the executor adds its calls after the
+ * MATMULs an adapter of the step targets (src/exec/lora.c). */
+#define DJ_OP_DESC_LORA                                                                                    \
+    {"lora", 0, {DJ_OPD_SRC_NONE}, DJ_OPD_X_ACT, DJ_OPD_OUT_ACT, DJ_OPD_WIDTH_M, DJ_OPD_WIDTH_K, 0}
 
 /* [DJ_OP_COUNT], in dj_op order (src/backend/op_table.c). */
 extern const dj_op_desc dj_op_descs[DJ_OP_COUNT];

@@ -22,6 +22,18 @@ typedef struct dj_sampler_params {
                                * (after penalties and temperature, over the whole row) */
 } dj_sampler_params;
 
+/* One entry of a request's logit_bias (OpenAI's field): bias is added to
+ * id's raw logit before the pick's rule (penalties, temperature, ...); -100
+ * bans the id in practice, 100 all but forces it. A request holds at most
+ * DJ_MAX_LOGIT_BIAS entries, each id once, bias finite in [-100, 100]. */
+typedef struct dj_logit_bias {
+    int32_t id;
+    float bias;
+} dj_logit_bias;
+
+#define DJ_MAX_LOGIT_BIAS 1024
+#define DJ_LOGIT_BIAS_MAX_ABS 100.0
+
 /* One observed id's penalty (sampler.c keeps one per distinct id): its logit
  * becomes dj__sample_penalize(logit, repetition_penalty, sub)
  * (src/sample/sample_rule.h). */

@@ -74,4 +74,11 @@ uint64_t dj_sample_field_u64(const dj_sampler_params *p, const dj_sample_field *
 void dj_sample_field_set_f64(dj_sampler_params *p, const dj_sample_field *f, double v);
 void dj_sample_field_set_u64(dj_sampler_params *p, const dj_sample_field *f, uint64_t v);
 
+/* logit_bias (sample_params.h's dj_logit_bias), a list beside the table's
+ * scalars: DJ_EINVAL naming the entry for more than DJ_MAX_LOGIT_BIAS
+ * entries, an id outside [0, vocab) (vocab 0: any id >= 0), an id twice, a
+ * bias not finite or outside [-100, 100]. The wire decoder, the sampler and
+ * the HTTP door all check with it. */
+dj_status dj_logit_bias_check(const dj_logit_bias *bias, size_t n, uint32_t vocab);
+
 #endif

@@ -37,14 +37,27 @@ int32_t dj_sampler_sample(dj_sampler_t *s, const float *logits);
  * with the params and the penalty entries observed so far. */
 double dj_sampler_uniform(dj_sampler_t *s);
 int32_t dj_sampler_pick(dj_sampler_t *s, const float *logits, double u);
-/* Whether picks need no draw and no penalty: T 0 and every penalty off (and no mask). */
+/* Whether picks need no draw and no penalty: T 0 and every penalty off (and no mask, no logit bias). */
 bool dj_sampler_is_greedy(const dj_sampler_t *s);
 /* A mask for the next picks (structured output, grammar.h): an id with
  * allowed[id] == 0 is never picked (its logit is -inf before the rule);
  * allowed ([vocab]) is borrowed until the next call, NULL lifts the mask.
  * The engine picks a masked sampler's rows on the host (no device mask yet). */
 dj_status dj_sampler_set_allowed(dj_sampler_t *s, const uint8_t *allowed);
+/* Whether the pick needs the host: a mask or a logit bias is set (no device
+ * path for either yet). */
 bool dj_sampler_masked(const dj_sampler_t *s);
+/* Sets the logit bias (sample_params.h) for every later pick, replacing any
+ * before (n 0 clears it); bias[n] is copied. DJ_EINVAL naming the entry: more
+ * than DJ_MAX_LOGIT_BIAS, an id outside [0, vocab), an id twice, a bias not
+ * finite or outside [-100, 100]; the sampler is unchanged then. */
+dj_status dj_sampler_set_bias(dj_sampler_t *s, const dj_logit_bias *bias, size_t n);
+/* The mask (NULL: none) and the bias (*n entries) now, borrowed until the
+ * next set_allowed / set_bias; for a backend's mask hook. */
+const uint8_t *dj_sampler_allowed(const dj_sampler_t *s);
+const dj_logit_bias *dj_sampler_bias(const dj_sampler_t *s, uint32_t *n /* OUT */);
+/* Whether the rule alone is greedy (T 0, no penalty), mask and bias apart. */
+bool dj_sampler_rule_greedy(const dj_sampler_t *s);
 /* The penalty entries now (one per distinct observed id; none when every
  * penalty is off); *out valid until the next observe or free. */
 uint32_t dj_sampler_penalties(const dj_sampler_t *s, const dj_sampler_penalty **out /* OUT */);

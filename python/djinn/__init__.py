@@ -21,12 +21,12 @@ from .errors import (BusyError, ConnectionLost, DeviceError, DjinnError, FormatE
                      NoSpaceError, NotFoundError, OutOfMemoryError, QuotaError, RangeError, UnsupportedError)
 from .model import Generation, Model, Session, Token, TokenStream
 from .tensor import RemoteTensor
-from .trace import Point, Saved, Trace
+from .trace import Breakpoint, Point, Saved, Trace
 from ._version import __version__
 
 __all__ = [
     "connect", "Client", "ModelListing", "Model", "Session", "Token", "TokenStream", "Generation", "RemoteTensor",
-    "Trace", "Point", "Saved",
+    "Trace", "Point", "Saved", "Breakpoint",
     "DjinnError", "ConnectionLost", "InvalidError", "OutOfMemoryError", "FormatError", "UnsupportedError",
     "NotFoundError", "RangeError", "NoSpaceError", "QuotaError", "BusyError", "DeviceError", "InternalError",
 ]

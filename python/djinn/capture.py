@@ -657,6 +657,21 @@ def capture_graph(module, *args, **kwargs):
     return cm.last_graph
 
 
+def _dump_bundle(folder, graph, inputs, weights):
+    """Writes graph_run_tool's bundle to folder/NNNN_<test>.mpk, f32 weights over 64 KiB as empty
+    bins (the reader draws them: a ResNet's weights would not fit the GPU machine's carry; small
+    ones - constants, masks, norms - keep their values and so their meaning)."""
+    os.makedirs(folder, exist_ok=True)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "graph").split(" ")[0].split("::")[-1]
+    test = "".join(c if c.isalnum() or c in "_-" else "_" for c in test)[:60]
+    ws = [b"" if np.asarray(w).dtype == np.float32 and np.asarray(w).nbytes > 65536 else np.asarray(w, dtype="<f4").tobytes()
+          for w in weights]
+    n = len([f for f in os.listdir(folder) if f.endswith(".mpk")])
+    with open(os.path.join(folder, "%04d_%s.mpk" % (n, test)), "wb") as f:
+        f.write(msgpack.packb({"graph": graph, "inputs": [np.asarray(x, dtype="<f4").tobytes() for x in inputs],
+                               "weights": ws}, use_bin_type=True))
+
+
 class ToolExecutor:
     """Runs graphs through the server's C executor in a child process (tests/graph_run_tool.c):
     the same decoder, validator, planner and CPU kernels djinnd will use - a harness for tests
@@ -676,6 +691,9 @@ class ToolExecutor:
                                 "inputs": [np.asarray(x, dtype="<f4").tobytes() for x in inputs],
                                 "weights": [np.asarray(w, dtype="<f4").tobytes() for w in weights]},
                                use_bin_type=True)
+        dump = os.environ.get("DJ_CAPTURE_DUMP")
+        if dump:   # scripts/capture_bundles.sh: the bundles the GPU check replays (f32 weights left out: it draws them)
+            _dump_bundle(dump, graph, inputs, weights)
         p = subprocess.run([self.path], input=bundle, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
         if p.returncode != 0 and not p.stdout:
             raise errors.InternalError(-12, "DJ_EINTERNAL", "graph_run_tool failed: %s" % p.stderr.decode(errors="replace"))

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 
-from . import _wire, errors
+from . import _wire, balance, errors
 
 _DEAD = object()  # put into a waiting caller's queue when the connection dies
 
@@ -52,13 +52,15 @@ class Client:
     reattached raises ConnectionLost when used. reconnect=False: a drop
     ends the client, every later call raises ConnectionLost."""
 
-    def __init__(self, addr, token=None, heartbeat=True, reconnect=True):
+    def __init__(self, addr, token=None, heartbeat=True, reconnect=True, route=None):
         family, sockaddr = _parse_addr(addr)
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None, not %s" % type(token).__name__)
         self.addr = addr
         self._family, self._sockaddr, self._token = family, sockaddr, token
         self.reconnect = bool(reconnect)
+        # route: HELLO's request id is balance.route_id(route), HAProxy's routing token
+        self._hello_rid = None if route is None else balance.route_id(route)
         self.epoch = 0  # bumped by every reconnect: tensors of an older epoch are gone
         self.reconnects = 0
         self._sessions = weakref.WeakValueDictionary()  # id -> Session, to reattach
@@ -119,7 +121,7 @@ class Client:
         hello = {"version": _wire.VERSION, "client": "djinn-python 0.1"}
         if self._token is not None:
             hello["token"] = self._token
-        info, _ = self._final(self._begin(_wire.HELLO, hello, reconnect=False))
+        info, _ = self._final(self._begin(_wire.HELLO, hello, reconnect=False, rid=self._hello_rid))
         return info
 
     def _reconnect(self):
@@ -281,7 +283,7 @@ class Client:
             self._next_id += 1
             return self._next_id
 
-    def _begin(self, msg_type, meta, payload=b"", reconnect=True):
+    def _begin(self, msg_type, meta, payload=b"", reconnect=True, rid=None):
         """Sends a request; returns the queue its answers arrive in. After a
         drop it reconnects first (when the client does)."""
         if reconnect and (self._dead is not None or self._connecting) and self.reconnect and not self._closing:
@@ -292,8 +294,9 @@ class Client:
         with self._mu:
             if self._dead is not None or self._closing:
                 raise errors.ConnectionLost("djinnd connection: %s" % (self._dead or "closed by this client"))
-            self._next_id += 1
-            rid = self._next_id
+            if rid is None:  # else HELLO's routing token (top bit set: never one of these)
+                self._next_id += 1
+                rid = self._next_id
             self._pending[rid] = q
         try:
             self._send(msg_type, meta, payload, rid)
@@ -423,16 +426,18 @@ class Client:
         meta, _ = self._call(_wire.MODEL_INFO, {"model": name})
         return Model(self, meta)
 
-    def remote(self, module, fallback=None, cache=True):
+    def remote(self, module, fallback=None, cache=True, qos=None):
         """A proxy of the PyTorch module whose calls run on the server: each call records the
         forward as ATen ops (djinn.capture), uploads only the weights the server lacks, runs the
         graph there and returns the forward's own structure with RemoteTensor leaves (shape and
         dtype here; .numpy()/.torch() fetch). A RemoteTensor passed to the next call stays on the
         server. fallback="local": what the server cannot run (an unsupported op), a busy or
         unreachable server, runs here instead, given 1.5x its memory. cache=False: record every
-        call (no plan cache; docs/capture.md says when replaying a recorded call is sound)."""
+        call (no plan cache; docs/capture.md says when replaying a recorded call is sound).
+        qos: the class ("realtime", "interactive", "batch") djinnd's scheduler admits each run in
+        (default interactive; the token must grant it)."""
         from .remote import remote
-        return remote(self, module, fallback=fallback, cache=cache)
+        return remote(self, module, fallback=fallback, cache=cache, qos=qos)
 
     def session(self, model, qos="interactive", expected_tokens=None, cache_salt=None, reattach=False):
         """Opens a session on `model` (a name or a Model); see Model.session."""
@@ -513,8 +518,11 @@ class _Answers:
             self.event.clear()
 
 
-def connect(addr="127.0.0.1:7070", token=None, reconnect=True):
+def connect(addr="127.0.0.1:7070", token=None, reconnect=True, route=None):
     """Connects to djinnd at addr ("HOST:PORT" or "unix:/path") and says HELLO
     with token (None when the server has no token file). reconnect: after a
-    dropped connection, connect again and reattach the sessions (Client)."""
-    return Client(addr, token=token, reconnect=reconnect)
+    dropped connection, connect again and reattach the sessions (Client).
+    route: behind HAProxy, a key (str) naming what this client keeps on one
+    daemon (a conversation, a user): every connection with the same key lands
+    on the same daemon, so a reconnect finds its sessions (docs/deploy.md)."""
+    return Client(addr, token=token, reconnect=reconnect, route=route)

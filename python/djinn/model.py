@@ -128,16 +128,18 @@ class Model:
         return Session(self, reply, keep=bool(reattach))
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, qos="interactive", adapter=None, **sampling):
         """Generates from prompt (text, or token ids) in a session of its own.
 
         stream=True: an iterator of Token(id, text, index) (close it early and
         the generation stops); stream=False: a Generation with .text, .ids.
-        temperature 0 is greedy; seed None draws a fresh one. Other sampling
-        options: every other field of GENERATE's sampling table (_wire.SAMPLING,
-        docs/protocol.md): min_p, repetition_penalty, frequency_penalty, ..."""
+        temperature 0 is greedy; seed None draws a fresh one. adapter: the
+        name of a LoRA adapter of this model in the server's model store
+        (docs/lora.md). Other sampling options: every other field of
+        GENERATE's sampling table (_wire.SAMPLING, docs/protocol.md): min_p,
+        repetition_penalty, frequency_penalty, ..."""
         req = _generate_meta(self, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                             ignore_eos, sampling)
+                             ignore_eos, sampling, adapter)
         sess = self.session(qos=qos)
         try:
             ts = sess._start_generate(req, own_session=True)
@@ -158,9 +160,34 @@ class Model:
         return reply
 
 
+def _logit_bias(bias, vocab):
+    """{token id: bias} -> GENERATE's [[id, bias], ...]: at most 1024 ids, each in
+    [0, vocab), bias a number in [-100, 100] (sample_params.h's rule)."""
+    if not isinstance(bias, dict):
+        raise TypeError("logit_bias must be a dict of token id to bias, not %s" % type(bias).__name__)
+    if len(bias) > 1024:
+        raise ValueError("logit_bias has %d entries: at most 1024" % len(bias))
+    out = []
+    for k, v in bias.items():
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            raise TypeError("logit_bias keys must be token ids (ints), not %r" % (k,))
+        if not 0 <= int(k) < vocab:
+            raise ValueError("logit_bias names token id %d: the model's ids are 0 to %d" % (int(k), vocab - 1))
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError("logit_bias of token id %d must be a number, not %r" % (int(k), v))
+        if not -100.0 <= float(v) <= 100.0:
+            raise ValueError("logit_bias of token id %d is %r: must be in [-100, 100]" % (int(k), v))
+        out.append([int(k), float(v)])
+    return out
+
+
 def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids, ignore_eos,
-                   sampling):
+                   sampling, adapter=None):
     meta = {}
+    if adapter is not None:  # a LoRA adapter's folder in the server's model store (docs/lora.md)
+        if not isinstance(adapter, str) or not 1 <= len(adapter.encode()) <= 127:
+            raise ValueError("adapter must be the name of a folder in the model store, got %r" % (adapter,))
+        meta["adapter"] = adapter
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty: give some text or token ids")
@@ -177,6 +204,9 @@ def _generate_meta(model, prompt, max_new_tokens, temperature, top_p, top_k, see
         meta[k] = _wire.sampling_value(k, v)
     if stop_ids is not None:
         meta["stop_ids"] = _ids_list(stop_ids, model.vocab_size, "stop_ids")
+    bias = sampling.pop("logit_bias", None)
+    if bias:
+        meta["logit_bias"] = _logit_bias(bias, model.vocab_size)
     if not isinstance(ignore_eos, (bool, np.bool_)):
         raise TypeError("ignore_eos must be a bool, not %r" % (ignore_eos,))
     if ignore_eos:
@@ -313,10 +343,18 @@ class Session:
             h.numpy(); t.logits
 
         Points: layers[i].input, .output, .attn.output, .mlp.output and
-        final_norm.output (t.point("layers.5.output") by name). The step runs
-        when the block ends; see djinn.trace.Trace."""
+        final_norm.output (t.point("layers.5.output") by name). ids may be
+        text: the server tokenizes it (BOS and the like at the session's
+        start) and t.ids holds the ids it became once the step ran. The step
+        runs when the block ends; see djinn.trace.Trace."""
         from .trace import Trace
         self._check_open()
+        if isinstance(ids, str):  # text: the server tokenizes it; t.ids holds the ids once it ran
+            if not ids:
+                raise ValueError("a trace needs a non-empty prompt")
+            if "\x00" in ids:
+                raise ValueError("a prompt cannot hold U+0000")
+            return Trace(self, ids, logits=logits)
         v = _ids_list(ids, self.vocab_size)
         if not v:
             raise ValueError("a trace needs at least one token id")
@@ -326,12 +364,22 @@ class Session:
         return Trace(self, v, logits=logits)
 
     def generate(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                 stop_ids=None, ignore_eos=False, stream=True, **sampling):
+                 stop_ids=None, ignore_eos=False, stream=True, trace=None, adapter=None, **sampling):
         """Generates in this session, continuing its context (see
-        Model.generate for the arguments)."""
+        Model.generate for the arguments). trace: a function of a trace
+        that edits points (`def steer(t): t.layers[5].output += v`); the
+        server applies its edits at every step - the prompt's and each
+        generated token's - in one request: token for token the loop of
+        `trace` steps a client would run. Edits only ((hidden,) vectors or
+        column slices, to every position), no saves or breakpoints.
+        adapter: the session's first generation chooses it; later ones
+        repeat it or leave it out."""
         self._check_open()
         req = _generate_meta(self.model, prompt, max_new_tokens, temperature, top_p, top_k, seed, stop_ids,
-                             ignore_eos, sampling)
+                             ignore_eos, sampling, adapter)
+        if trace is not None:
+            from .trace import generation_points
+            req["points"] = generation_points(self, trace)
         ts = self._start_generate(req, own_session=False)
         return ts if stream else ts.collect()
 

@@ -18,8 +18,9 @@ class RemoteExecutor:
     """Runs captured graphs on a djinnd connection. Counters (on the client, all calls together):
     client.weight_bytes_uploaded, client.weights_uploaded, client.weights_proven (by challenge)."""
 
-    def __init__(self, client):
+    def __init__(self, client, qos=None):
         self.client = client
+        self.qos = qos        # the class djinnd's scheduler admits each run in (None: interactive)
         self._usable = set()  # (epoch, hash) this connection has proven: the server keeps them while it lives
         self._sent = set()    # (epoch, graph id) whose bytes this connection has sent: named by id alone after
 
@@ -76,6 +77,11 @@ class RemoteExecutor:
         c._call(_wire.WEIGHT_PROVE, {"hash": h, "answer": answer})
         c.weights_proven += 1
 
+    def _meta(self, m):
+        if self.qos is not None:
+            m["qos"] = self.qos
+        return m
+
     def run_graph(self, graph, data, inputs):
         c = self.client
         if "graph-run" not in c.capabilities:  # an older djinnd: fallback="local" runs the module here
@@ -96,13 +102,13 @@ class RemoteExecutor:
         meta = None
         if (c.epoch, gid) in self._sent:  # the server has its plan from our bytes: no bytes, no decode
             try:
-                meta, _ = c._call(_wire.GRAPH_RUN, {"graph_bytes": 0, "graph_id": gid, "inputs": refs}, body)
+                meta, _ = c._call(_wire.GRAPH_RUN, self._meta({"graph_bytes": 0, "graph_id": gid, "inputs": refs}), body)
             except errors.NotFoundError as e:
                 if "graph_id" not in str(e):  # a handle input gone, not the plan: that is the caller's error
                     raise
                 self._sent.discard((c.epoch, gid))  # evicted from the server's plan cache: send the bytes
         if meta is None:
-            meta, _ = c._call(_wire.GRAPH_RUN, {"graph_bytes": len(data), "graph_id": gid, "inputs": refs},
+            meta, _ = c._call(_wire.GRAPH_RUN, self._meta({"graph_bytes": len(data), "graph_id": gid, "inputs": refs}),
                               data + body)
             c.graph_bytes_sent += len(data)
             if "graph_id" in meta:  # a djinnd with a plan cache (an older one ignores graph_id and keeps none)
@@ -120,6 +126,6 @@ class RemoteExecutor:
         return out
 
 
-def remote(client, module, fallback=None, cache=True):
+def remote(client, module, fallback=None, cache=True, qos=None):
     """module as a proxy whose calls run on djinnd (Client.remote)."""
-    return CapturedModule(module, RemoteExecutor(client), fallback=fallback, cache=cache)
+    return CapturedModule(module, RemoteExecutor(client, qos=qos), fallback=fallback, cache=cache)

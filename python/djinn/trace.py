@@ -45,9 +45,12 @@ def as_f32(value, n, hidden, what):
         raise TypeError("%s: want real numbers, got dtype %s" % (what, a.dtype))
     if a.ndim == 2 and a.shape[0] == 1:
         a = a[0]
+    if n is None and a.ndim == 2 and a.shape[1] == hidden:  # a text prompt's rows: the server checks them
+        n = a.shape[0]
     if not ((a.ndim == 1 and a.shape[0] == hidden) or (a.ndim == 2 and a.shape == (n, hidden))):
-        raise ValueError("%s: a tensor of shape %s does not fit the point's (%d, %d); give (%d,) (every position) "
-                         "or (%d, %d)" % (what, tuple(a.shape), n, hidden, hidden, n, hidden))
+        rows = "n" if n is None else str(n)
+        raise ValueError("%s: a tensor of shape %s does not fit the point's (%s, %d); give (%d,) (every position) "
+                         "or (%s, %d)" % (what, tuple(a.shape), rows, hidden, hidden, rows, hidden))
     a = np.ascontiguousarray(a, dtype="<f4")
     if not np.all(np.isfinite(a)):
         raise ValueError("%s: the tensor holds NaN or infinity" % what)
@@ -61,6 +64,7 @@ class Saved:
 
     def __init__(self, name):
         self.point = name
+        self.keep = False
         self._tensor = None
 
     @property
@@ -89,6 +93,85 @@ class Saved:
         return "Saved(%s, %r)" % (self.point, self._tensor)
 
 
+class Breakpoint:
+    """Where a step stops (Point.breakpoint()). While the trace is paused
+    here (trace.at is this), .value is the point's value, a RemoteTensor of
+    shape (n, hidden) f32; .numpy() reads it; .add(v), .replace(v) and
+    slice assignment (`b[:, 3] = 0`, `b[..., 10:20] *= 2`) change what the
+    rest of the step reads, sent with Trace.resume()."""
+
+    def __init__(self, trace, name):
+        self._trace = trace
+        self.point = name
+        self.value = None
+        self._edits = []     # (op, array) sent with the resume
+        self._local = None   # the edited value, once a slice was assigned: sent whole
+
+    def _check_paused(self):
+        if self._trace.at is not self:
+            raise RuntimeError("the step is not paused at %s%s" % (
+                self.point, "" if self._trace.at is None else " (it is paused at %s)" % self._trace.at.point))
+
+    def numpy(self):
+        """The point's value as the step will go on with it (edits applied)."""
+        self._check_paused()
+        return self._current().copy()
+
+    def _current(self):
+        if self._local is None:
+            a = np.array(self.value.numpy(), dtype=np.float32).reshape(self._trace.n, self._trace.hidden)
+            for op, v in self._edits:
+                a = a + v if op == "add" else np.broadcast_to(v, a.shape).copy()
+            self._local = a
+            self._edits = []
+        return self._local
+
+    def add(self, value):
+        self._check_paused()
+        a = as_f32(value, self._trace.n, self._trace.hidden, "the tensor added at breakpoint %s" % self.point)
+        if self._local is not None:
+            self._local += a
+        else:
+            self._edits.append(("add", a))
+        return self
+
+    def replace(self, value):
+        self._check_paused()
+        a = as_f32(value, self._trace.n, self._trace.hidden, "the tensor written at breakpoint %s" % self.point)
+        if self._local is not None:
+            self._local[...] = a
+        else:
+            self._edits = [("replace", a)]
+        return self
+
+    def __getitem__(self, key):
+        self._check_paused()
+        return self._current()[key]
+
+    def __setitem__(self, key, value):
+        self._check_paused()
+        cur = self._current()
+        if isinstance(value, np.ndarray) and np.shares_memory(value, cur):
+            return  # `b[k] *= x`: numpy changed the view in place already
+        v = np.asarray(value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value,
+                       dtype=np.float32)
+        if not np.all(np.isfinite(v)):
+            raise ValueError("breakpoint %s: the value holds NaN or infinity" % self.point)
+        cur[key] = v
+
+    def _resume_entries(self):
+        """The resume's points and payload."""
+        if self._local is not None:
+            edits = [("replace", np.ascontiguousarray(self._local, dtype="<f4"))]
+        else:
+            edits = self._edits
+        points = [{"point": self.point, "op": op, "shape": list(a.shape), "dtype": "f32"} for op, a in edits]
+        return points, b"".join(a.tobytes() for _, a in edits)
+
+    def __repr__(self):
+        return "<djinn.Breakpoint %s%s>" % (self.point, " (paused here)" if self._trace.at is self else "")
+
+
 class Point:
     """One named point of the forward pass inside a trace. .save() keeps its
     value; `+=` adds a vector or tensor to it; assigning to it (through its
@@ -99,8 +182,17 @@ class Point:
         self.name = name
         self._added = False
 
-    def save(self):
-        return self._trace._save(self.name)
+    def save(self, keep=False):
+        """The point's value once the step ran (a Saved). keep=True: its
+        handle is the connection's and outlives the session (it counts
+        against the connection's handles until released or read and dropped)."""
+        return self._trace._save(self.name, keep)
+
+    def breakpoint(self):
+        """Stops the step here (a Breakpoint): when the trace runs, the step
+        pauses at this point and the client has control - read and edit the
+        value, then Trace.resume() or Trace.cancel()."""
+        return self._trace._breakpoint(self.name)
 
     def add(self, value):
         self._trace._edit(self.name, "add", value)
@@ -115,6 +207,23 @@ class Point:
         self._added = True  # the assignment that follows `+=` is not a replace
         return self
 
+    def __imul__(self, value):
+        self._trace._region_edit(self.name, "mul", (slice(None), slice(None)), value)
+        self._added = True
+        return self
+
+    def __getitem__(self, key):
+        """A region of the point, (positions, hidden units), for in-place
+        edits made on the server: `t.layers[4].output[:, 3] *= 0`,
+        `t.layers[2].output[..., 10:20] = v`, `[-1] += v` (contiguous slices
+        and ints; a text prompt's positions only from the start)."""
+        return _Region(self, key)
+
+    def __setitem__(self, key, value):
+        if isinstance(value, _Region) and value._point is self and value._done:
+            return  # `x[k] *= v` / `x[k] += v`: recorded by the region
+        self._trace._region_edit(self.name, "replace", key, value)
+
     def __isub__(self, value):
         self.add(-as_f32(value, self._trace.n, self._trace.hidden, "a tensor subtracted at %s" % self.name))
         self._added = True
@@ -122,6 +231,60 @@ class Point:
 
     def __repr__(self):
         return "<djinn.Point %s>" % self.name
+
+
+class _Region:
+    """Point[key]: `+=`, `-=`, `*=` record an edit of that region."""
+
+    def __init__(self, point, key):
+        self._point = point
+        self._key = key
+        self._done = False
+
+    def _edit(self, op, value):
+        self._point._trace._region_edit(self._point.name, op, self._key, value)
+        self._done = True
+        return self
+
+    def __iadd__(self, value):
+        return self._edit("add", value)
+
+    def __isub__(self, value):
+        return self._edit("add", -np.asarray(value, dtype=np.float64))
+
+    def __imul__(self, value):
+        return self._edit("mul", value)
+
+    def __itruediv__(self, value):
+        return self._edit("mul", 1.0 / np.asarray(value, dtype=np.float64))
+
+
+def _span(k, size, what):
+    """[from, to) of an int or a contiguous slice over size (None: unknown,
+    then only non-negative bounds)."""
+    if isinstance(k, (bool, np.bool_)):
+        raise TypeError("%s index must be an int or a slice, not bool" % what)
+    if isinstance(k, (int, np.integer)):
+        k = int(k)
+        if k < 0:
+            if size is None:
+                raise IndexError("%s index %d: negative positions need the step's length (ids, not text)" % (what, k))
+            k += size
+        if k < 0 or (size is not None and k >= size):
+            raise IndexError("%s index out of range" % what)
+        return k, k + 1
+    if isinstance(k, slice):
+        if k.step not in (None, 1):
+            raise ValueError("%s slice: only contiguous slices (step 1)" % what)
+        if size is None:
+            if (k.start or 0) < 0 or (k.stop is not None and k.stop < 0):
+                raise IndexError("%s slice: negative bounds need the step's length (ids, not text)" % what)
+            return (k.start or 0), k.stop  # stop None: to the end, the server's n
+        a, b, _ = k.indices(size)
+        if a >= b:
+            raise IndexError("%s slice %r is empty" % (what, k))
+        return a, b
+    raise TypeError("%s index must be an int or a slice, not %s" % (what, type(k).__name__))
 
 
 class _Scope:
@@ -184,16 +347,19 @@ class Trace:
         if logits not in ("last", "none"):
             raise ValueError("a trace's logits must be 'last' or 'none', got %r" % (logits,))
         self.session = session
-        self.ids = ids
-        self.n = len(ids)
+        self.prompt = ids if isinstance(ids, str) else None
+        self.ids = None if self.prompt is not None else ids
+        self.n = None if self.prompt is not None else len(ids)  # a text prompt's: once it ran
         self.hidden = session.model.hidden_size
         self.num_layers = session.model.num_layers
         self.layers = _Layers(self)
         self.final_norm = _Scope(self, "final_norm.", ("output",))
         self._logits_mode = logits
-        self._entries = []  # (name, op, array or Saved)
+        self._entries = []  # (name, op, array, Saved or Breakpoint)
         self._ran = False
         self.logits = None
+        self.at = None         # the Breakpoint the step is paused at, if any
+        self.cancelled = False
 
     def point(self, name):
         """The point by its name ("layers.5.output")."""
@@ -205,11 +371,61 @@ class Trace:
         if len(self._entries) >= MAX_POINTS:
             raise ValueError("at most %d interventions in one step" % MAX_POINTS)
 
-    def _save(self, name):
+    def _save(self, name, keep=False):
         self._check_open()
         s = Saved(name)
+        s.keep = bool(keep)
         self._entries.append((name, "save", s))
         return s
+
+    def _breakpoint(self, name):
+        self._check_open()
+        b = Breakpoint(self, name)
+        self._entries.append((name, "break", b))
+        return b
+
+    def _region_edit(self, name, op, key, value):
+        """op (add, mul, replace) of value over point[key] - key over
+        (positions, hidden units) as numpy indexes them."""
+        self._check_open()
+        if not isinstance(key, tuple):
+            key = (key,)
+        if Ellipsis in key:
+            i = key.index(Ellipsis)
+            key = key[:i] + (slice(None),) * (2 - len(key) + 1) + key[i + 1:]
+        if len(key) == 1:
+            key = key + (slice(None),)
+        if len(key) != 2:
+            raise IndexError("a point is (positions, hidden units): at most 2 indices, got %d" % len(key))
+        r0, r1 = _span(key[0], self.n, "position")
+        c0, c1 = _span(key[1], self.hidden, "hidden unit")
+        w = c1 - c0
+        h = None if r1 is None else r1 - r0
+        if isinstance(value, (RemoteTensor, Saved)):
+            value = value.numpy()
+        if hasattr(value, "detach") and hasattr(value, "cpu"):
+            value = value.detach().cpu().float().numpy()
+        a = np.asarray(value)
+        if a.dtype.kind not in "fiu" or a.dtype == np.bool_:
+            raise TypeError("the tensor for %s %s[...]: want real numbers, got dtype %s" % (op, name, a.dtype))
+        if a.ndim == 0 or (a.ndim == 1 and a.shape[0] == 1 and w != 1):
+            a = np.full(w, float(a.reshape(())), dtype=np.float32)  # a scalar: every element of the region
+        if a.ndim == 2 and a.shape[0] == 1:
+            a = a[0]
+        if not ((a.ndim == 1 and a.shape[0] == w) or (a.ndim == 2 and a.shape[1] == w and
+                                                      (h is None or a.shape[0] == h))):
+            raise ValueError("the tensor for %s %s[...]: shape %s does not fit the region's (%s, %d); give a "
+                             "scalar, (%d,) or (%s, %d)" % (op, name, tuple(a.shape), "n" if h is None else h, w,
+                                                            w, "n" if h is None else h, w))
+        a = np.ascontiguousarray(a, dtype="<f4")
+        if not np.all(np.isfinite(a)):
+            raise ValueError("the tensor for %s %s[...]: it holds NaN or infinity" % (op, name))
+        region = {"cols": [c0, c1]}
+        if r1 is not None:
+            region["rows"] = [r0, r1]
+        elif r0:
+            region["rows_from"] = r0
+        self._entries.append((name, op, (a, region)))
 
     def _edit(self, name, op, value):
         self._check_open()
@@ -231,23 +447,97 @@ class Trace:
         self._ran = True
         sess = self.session
         sess._check_open()
-        if not self._entries:  # nothing named: a plain step
+        if not self._entries and self.prompt is None:  # nothing named: a plain step
             self.logits = sess.step(self.ids, logits=self._logits_mode)
             return self
         points, blobs = [], []
         for name, op, v in self._entries:
             e = {"point": name, "op": op}
-            if op != "save":
+            if isinstance(v, tuple):  # a region's edit
+                v, region = v
+                if "rows_from" in region:  # a text prompt's rows [a, its end): the server's n
+                    raise ValueError("a slice of positions from %d to the end needs the step's length: trace ids, "
+                                     "or give the end" % region["rows_from"])
+                e.update(region)
+            if op == "save" and v.keep:
+                e["keep"] = True
+            if op not in ("save", "break"):
                 e["shape"] = list(v.shape)
                 e["dtype"] = "f32"
                 blobs.append(v.tobytes())
             points.append(e)
-        meta = {"session": sess.id, "ids": self.ids, "points": points}
+        meta = {"session": sess.id}
+        if self.prompt is not None:
+            meta["prompt"] = self.prompt
+        else:
+            meta["ids"] = self.ids
+        if points:
+            meta["points"] = points
         if self._logits_mode != "last":
             meta["logits"] = self._logits_mode
-        c = sess._client
-        reply, _ = c._call(_wire.STEP, meta, b"".join(blobs))
+        reply, _ = sess._client._call(_wire.STEP, meta, b"".join(blobs))
+        return self._answer(reply)
+
+    @property
+    def paused(self):
+        return self.at is not None
+
+    def resume(self):
+        """Runs the paused step on - with the edits made at the breakpoint -
+        to its next breakpoint (trace.at) or its end (then .logits and the
+        saves are there). Returns self."""
+        if self.at is None:
+            raise RuntimeError("this trace is not paused at a breakpoint")
+        sess = self.session
+        sess._check_open()
+        points, payload = self.at._resume_entries()
+        meta = {"session": sess.id, "resume": True}
+        if points:
+            meta["points"] = points
+        b, self.at = self.at, None
+        b.value = None
+        try:
+            reply, _ = sess._client._call(_wire.STEP, meta, payload)
+        except errors.NotFoundError as e:
+            raise errors.NotFoundError(e.status, e.name, "session %016x went (its lease ended, or it was closed) "
+                                       "with its step paused at %s; the step went with it (%s)"
+                                       % (sess.id, b.point, e.message)) from None
+        return self._answer(reply)
+
+    def cancel(self):
+        """Drops the paused step: the session is as it was before it (its KV
+        rolled back); the trace's saves and logits never come."""
+        if self.at is None:
+            raise RuntimeError("this trace is not paused at a breakpoint")
+        sess = self.session
+        sess._check_open()
+        self.at.value, self.at = None, None
+        reply, _ = sess._client._call(_wire.STEP, {"session": sess.id, "cancel": True})
         sess.pos = int(reply.get("pos", sess.pos))
+        self.cancelled = True
+        return self
+
+    def _answer(self, reply):
+        sess = self.session
+        c = sess._client
+        sess.pos = int(reply.get("pos", sess.pos))
+        if "ids" in reply:  # what a text prompt became
+            self.ids = [int(i) for i in reply["ids"]]
+            self.n = len(self.ids)
+        if reply.get("paused"):
+            name = reply.get("break")
+            got = reply.get("saved", [])
+            bps = [v for n, op, v in self._entries if op == "break" and n == name]
+            if len(bps) != 1 or len(got) != 1 or "handle" not in got[0]:
+                raise errors.FormatError(-4, "DJ_EFORMAT", "djinnd paused at %r, which this trace did not ask for"
+                                         % (name,))
+            g = got[0]
+            bp = bps[0]
+            bp.value = RemoteTensor(c, int(g["handle"]), g.get("shape", []), g.get("dtype", "f32"),
+                                    int(g.get("nbytes", 0)))
+            bp._edits, bp._local = [], None
+            self.at = bp
+            return self
         if "handle" in reply:
             self.logits = RemoteTensor(c, int(reply["handle"]), reply.get("shape", []), reply.get("dtype", "f32"),
                                        int(reply.get("nbytes", 0)))
@@ -260,3 +550,36 @@ class Trace:
             s._tensor = RemoteTensor(c, int(g["handle"]), g.get("shape", []), g.get("dtype", "f32"),
                                      int(g.get("nbytes", 0)))
         return self
+
+
+def generation_points(session, fn):
+    """GENERATE's `points`: the edits fn(t) records on a trace, each one row
+    to every position of every step, its tensor in `data`."""
+    if not callable(fn):
+        raise TypeError("trace must be a function of a trace (def steer(t): t.layers[5].output += v)")
+    t = Trace(session, "x")  # a recorder: n unknown, nothing runs
+    fn(t)
+    points = []
+    for name, op, v in t._entries:
+        region = None
+        if isinstance(v, tuple):
+            v, region = v
+        if op not in ("add", "replace", "mul"):
+            raise ValueError("a generation's trace takes edits only (add, replace, mul), not %s of %s" % (op, name))
+        a = np.asarray(v, dtype="<f4")
+        if a.ndim == 2:
+            if a.shape[0] != 1:
+                raise ValueError("a generation's trace: %s %s takes one row to every position, not %s"
+                                 % (op, name, tuple(a.shape)))
+            a = a[0]
+        if region and ("rows" in region or "rows_from" in region):
+            raise ValueError("a generation's trace: %s %s cannot take positions (its steps differ in length)"
+                             % (op, name))
+        e = {"point": name, "op": op, "shape": [int(a.shape[0])], "dtype": "f32",
+             "data": np.ascontiguousarray(a, dtype="<f4").tobytes()}
+        if region:
+            e["cols"] = region["cols"]
+        points.append(e)
+    if not points:
+        raise ValueError("the generation's trace edits nothing")
+    return points

@@ -73,6 +73,8 @@ class Daemon:
         self.cli = _exe("DJINN_CLI", "djinn")
         if "--token-file" not in extra:  # the tests read the daemon-wide stats: the admin role without tokens
             extra = ("--local-admin",) + tuple(extra)
+        # scripts/gpu_check.sh: "--device cuda:0 --graph-device engine" (captured modules on the GPU)
+        extra = tuple(extra) + tuple(os.environ.get("DJ_TEST_DAEMON_ARGS", "").split())
         port_file = os.path.join(tmp, "port")
         self.err_path = os.path.join(tmp, "djinnd.err")
         self.err = open(self.err_path, "wb")

@@ -61,6 +61,16 @@ def test_sampled_text_equals_djinn_generate(client, daemon):
     assert stream.result.text == "".join(t.text for t in toks) + stream.result.info.get("text", "")
 
 
+def test_logit_bias_forces_and_bans(client):
+    m = client.model("llama3")
+    p = reference("llama3")["prompt_ids"]
+    plain = m.generate(p, max_new_tokens=6, stream=False, ignore_eos=True)
+    forced = m.generate(p, max_new_tokens=6, stream=False, ignore_eos=True, logit_bias={7: 100})
+    assert forced.ids == [7] * 6
+    banned = m.generate(p, max_new_tokens=6, stream=False, ignore_eos=True, logit_bias={plain.ids[0]: -100})
+    assert plain.ids[0] not in banned.ids[:1]
+
+
 def test_stream_false_and_stop_ids(client):
     m = client.model("llama3")
     p = reference("llama3")["prompt_ids"]
@@ -175,6 +185,10 @@ def test_bad_arguments_raise_before_sending(client):
         (lambda: m.generate([1, 2], presence_penalty=-3), ValueError),
         (lambda: m.generate([1, 2], repetition_penalty="1"), TypeError),
         (lambda: m.generate([1, 2], top_a=1.5), ValueError),
+        (lambda: m.generate([1, 2], logit_bias=[1]), TypeError),
+        (lambda: m.generate([1, 2], logit_bias={m.vocab_size: 1}), ValueError),
+        (lambda: m.generate([1, 2], logit_bias={"1": 1}), TypeError),
+        (lambda: m.generate([1, 2], logit_bias={1: 101}), ValueError),
         (lambda: m.generate("text", max_new_tokens=2), ValueError),  # llama2 fixture has no tokenizer
         (lambda: m.generate("", max_new_tokens=2), ValueError),
         (lambda: m.session(qos="urgent"), ValueError),

@@ -250,6 +250,30 @@ def test_upload_over_quota_refused(tmp_path):
         assert d.stop() == 0, d.stderr()
 
 
+def test_graph_runs_admitted_by_planned_bytes(tmp_path):
+    """--graph-quota-gb: a run whose plan (stack and outputs) is larger than one token's captured
+    runs may hold is refused naming its bytes; smaller ones run, in the class the caller asks for."""
+    d = Daemon(str(tmp_path), extra=("--graph-quota-gb", "64k"))
+    try:
+        c = djinn.connect(d.addr)
+        torch.manual_seed(11)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+        x = torch.randn(4, 16)
+        for qos in (None, "batch", "realtime"):
+            got = c.remote(m, qos=qos)(x)
+            with torch.no_grad():
+                close(got, m(x))
+        big = torch.randn(1024, 16)  # activations of 1024 x 32 f32: 128 KiB, past the 64 KiB
+        with pytest.raises(errors.NoSpaceError) as e:
+            c.remote(m)(big)
+        assert "bytes" in str(e.value) and "65536 bytes" in str(e.value) and "--graph-quota-gb" in str(e.value)
+        with pytest.raises(errors.DjinnError):
+            c.remote(m, qos="urgent")(x)  # not a class
+        c.close()
+    finally:
+        assert d.stop() == 0, d.stderr()
+
+
 def test_same_bytes_different_shapes_stored_once(client):
     class Shared(nn.Module):
         def __init__(self):

@@ -245,6 +245,21 @@ dj_status dj__op_call_check(const dj_op_call *c, dj_dtype act_t, dj_dtype kvt, c
         REQUIRE(!c->x2 || c->x2 == c->out || !overlaps(c->out, n * c->k * act, c->x2, n * c->k * act),
                 "%s: out partly overlaps the sum so far", op);
         return DJ_OK;
+    case DJ_OP_LORA:
+        REQUIRE(c->out && c->x && c->lora_row && (c->lora || !c->n_lora), "%s: NULL out, x, rows or adapters", op);
+        REQUIRE(c->k > 0 && c->m > 0, "%s: k=%u m=%u must be positive", op, c->k, c->m);
+        for (uint32_t a = 0; a < c->n_lora; a++) {
+            const dj_lora_mat *l = &c->lora[a];
+            if (!l->a) continue;
+            REQUIRE(l->b && l->rank > 0 && l->rank <= DJ_LORA_MAX_RANK && l->ldb >= l->rank && isfinite(l->scale),
+                    "%s: adapter %u: rank %u (1..%d), ldb %u, scale %g", op, a, l->rank, DJ_LORA_MAX_RANK, l->ldb,
+                    (double)l->scale);
+        }
+        for (uint32_t i = 0; i < c->n; i++)
+            REQUIRE(c->lora_row[i] >= -1 && c->lora_row[i] < (int32_t)c->n_lora, "%s: row %u names adapter %d of %u",
+                    op, i, c->lora_row[i], c->n_lora);
+        REQUIRE(!overlaps(c->out, n * c->m * act, c->x, n * c->k * act), "%s: out overlaps x", op);
+        return DJ_OK;
     case DJ_OP_COUNT: break; /* refused above */
     }
     return dj_fail(DJ_EUNSUPPORTED, "%s backend: unknown op %d", backend, (int)c->op);

@@ -1137,6 +1137,63 @@ static dj_status index_tensor(const run *r, const dj__cnode *n, float *out) {
     return DJ_OK;
 }
 
+/* torch 1.13's _scaled_dot_product_attention_forward: per batch and query row, scores against
+ * every key scaled by 1/sqrt(E), the mask added (f32) or applied (bool: true attends) or the
+ * causal triangle (key j > query i dropped), a softmax written as the weights (output 1), then
+ * the weighted sum of the values (output 0). */
+static void sdpa(const run *r, const dj__cnode *n, float *out, float *w) {
+    const dj_ctensor_info *q = vi(r, n->args[0].v), *k = vi(r, n->args[1].v), *v = vi(r, n->args[2].v);
+    const dj_ctensor_info *ow = vi(r, n->out[1]);
+    const uint32_t rk = q->rank;
+    const int64_t L = q->shape[rk - 2], E = q->shape[rk - 1], S = k->shape[rk - 2], Ev = v->shape[rk - 1];
+    const int64_t B = (L * E) != 0 ? (int64_t)(q->numel / (uint64_t)(L * E)) : 0;
+    const float *qp = vp(r, n->args[0].v), *kp = vp(r, n->args[1].v), *vv = vp(r, n->args[2].v);
+    const bool causal = n->args[6].i != 0;
+    const float *mp = NULL;
+    bool mbool = false;
+    int64_t ms[DJ_CGRAPH_MAX_RANK] = {0};
+    if (n->args[3].kind == DJ_CARG_TENSOR) {
+        mp = vp(r, n->args[3].v);
+        mbool = vi(r, n->args[3].v)->dtype == DJ_CDTYPE_BOOL;
+        bcast_strides(vi(r, n->args[3].v), ow->rank, ow->shape, ms);
+    }
+    const float scale = 1.0f / sqrtf((float)E);
+    for (int64_t b = 0; b < B; b++) {
+        int64_t moff = 0; /* the mask's offset of batch b: its batch index unravelled */
+        for (int64_t rem = b, kk = (int64_t)rk - 3; kk >= 0; kk--) {
+            moff += (rem % ow->shape[kk]) * ms[kk];
+            rem /= ow->shape[kk];
+        }
+        for (int64_t i = 0; i < L; i++) {
+            const float *qi = qp + (b * L + i) * E;
+            float *wi = w + (b * L + i) * S;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < S; j++) {
+                const float *kj = kp + (b * S + j) * E;
+                float s = 0.0f;
+                for (int64_t e = 0; e < E; e++) s += qi[e] * kj[e];
+                s *= scale;
+                if (causal && j > i) s = -INFINITY;
+                if (mp) {
+                    const float m = mp[moff + i * ms[rk - 2] + j * ms[rk - 1]];
+                    s = mbool ? (m != 0.0f ? s : -INFINITY) : s + m;
+                }
+                wi[j] = s;
+                if (s > mx) mx = s;
+            }
+            float sum = 0.0f;
+            for (int64_t j = 0; j < S; j++) sum += (wi[j] = expf(wi[j] - mx));
+            float *oi = out + (b * L + i) * Ev;
+            for (int64_t e = 0; e < Ev; e++) oi[e] = 0.0f;
+            for (int64_t j = 0; j < S; j++) {
+                const float p = (wi[j] /= sum);
+                const float *vj = vv + (b * S + j) * Ev;
+                for (int64_t e = 0; e < Ev; e++) oi[e] += p * vj[e];
+            }
+        }
+    }
+}
+
 static dj_status exec_node(const run *r, const dj__cnode *n) {
     float *out = (float *)(r->stack + r->g->vals[n->out[0]].offset);
     float *scratch = (float *)(r->stack + n->scratch_off);
@@ -1216,6 +1273,7 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
     case DJ_COP_CUMSUM: along_dim(r, n, out, NULL); break;
     case DJ_COP_TRIL: case DJ_COP_TRIU: tri(r, n, out); break;
     case DJ_COP_TOPK: topk(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset), scratch); break;
+    case DJ_COP_SDPA: sdpa(r, n, out, (float *)(r->stack + r->g->vals[n->out[1]].offset)); break;
     case DJ_COP_COUNT: return dj_fail(DJ_EINTERNAL, "captured graph: no such op");
     }
     return DJ_OK;

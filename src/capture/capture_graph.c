@@ -710,6 +710,37 @@ static dj_status infer(dec *d, dj__cnode *n, dj_ctensor_info o[DJ_CGRAPH_MAX_OUT
         n->scratch_bytes = (uint64_t)y->shape[1] * (uint64_t)y->shape[2] * sizeof(float);
         return DJ_OK;
     }
+    case DJ_COP_SDPA: { /* torch 1.13: (q [..., L, E], k [..., S, E], v [..., S, Ev], mask?, dropout, need_weights, causal) */
+        TRY(arg_f32(d, n, 0, &x));
+        TRY(arg_f32(d, n, 1, &y));
+        TRY(arg_f32(d, n, 2, &z));
+        if (x->rank < 2 || y->rank != x->rank || z->rank != x->rank)
+            return fail(d, DJ_CGRAPH_ERR_ARG, "attention of ranks %u, %u, %u", x->rank, y->rank, z->rank);
+        const uint32_t r = x->rank;
+        for (uint32_t k = 0; k + 2 < r; k++)
+            if (y->shape[k] != x->shape[k] || z->shape[k] != x->shape[k])
+                return fail(d, DJ_CGRAPH_ERR_ARG, "attention's batch dims differ");
+        if (y->shape[r - 1] != x->shape[r - 1] || z->shape[r - 2] != y->shape[r - 2])
+            return fail(d, DJ_CGRAPH_ERR_ARG, "attention's query, key and value do not match");
+        o[0] = *x;
+        o[0].shape[r - 1] = z->shape[r - 1];
+        o[1] = *x;
+        o[1].shape[r - 1] = y->shape[r - 2]; /* the weights [..., L, S] */
+        const dj_ctensor_info *m = NULL;
+        TRY(arg_opt_t(d, n, 3, &m));
+        if (m) {
+            if (m->dtype == DJ_CDTYPE_I64) return fail(d, DJ_CGRAPH_ERR_ARG, "an attention mask of i64");
+            dj_ctensor_info bc;
+            TRY(broadcast(d, m, &o[1], &bc));
+            if (!same_shape(&bc, &o[1])) return fail(d, DJ_CGRAPH_ERR_ARG, "the attention mask does not broadcast to [..., L, S]");
+        }
+        TRY(arg_num(d, n, 4, &f0));
+        if (f0 != 0.0) return fail(d, DJ_CGRAPH_ERR_UNSUPPORTED, "attention dropout %g (eval mode has none)", f0);
+        TRY(arg_bool(d, n, 5, &b0));
+        TRY(arg_bool(d, n, 6, &b0));
+        if (b0 && m) return fail(d, DJ_CGRAPH_ERR_ARG, "attention with both a mask and is_causal");
+        return DJ_OK;
+    }
     case DJ_COP_GROUP_NORM: {
         TRY(arg_f32(d, n, 0, &x));
         int64_t N = 0, C = 0, HW = 0, G = 0;
@@ -1362,6 +1393,8 @@ static double node_ops(const dec *d, const dj__cnode *n) {
     case DJ_COP_MM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[1];
     case DJ_COP_BMM: return 2.0 * out * (double)g->vals[a[0].v].t.shape[2];
     case DJ_COP_BADDBMM: return 2.0 * out * (double)g->vals[a[1].v].t.shape[2];
+    case DJ_COP_SDPA: /* two GEMMs and a softmax per row */
+        return 2.0 * (double)g->vals[n->out[1]].t.numel * (double)(g->vals[a[0].v].t.shape[g->vals[a[0].v].t.rank - 1] + g->vals[a[2].v].t.shape[g->vals[a[2].v].t.rank - 1]) + 4.0 * (double)g->vals[n->out[1]].t.numel;
     case DJ_COP_TOPK: { /* k rounds of selection over each row */
         const dj_ctensor_info *x = &g->vals[a[0].v].t;
         const int64_t dim = a[2].i < 0 ? a[2].i + x->rank : a[2].i;

@@ -126,7 +126,8 @@
     X(FLIP, "aten.flip.default", 2, 1)                                        \
     X(SORT, "aten.sort.default", 3, 2)                                        \
     X(SORT_STABLE, "aten.sort.stable", 4, 2)                                  \
-    X(INDEX, "aten.index.Tensor", 2, 1)
+    X(INDEX, "aten.index.Tensor", 2, 1)                                       \
+    X(SDPA, "aten._scaled_dot_product_attention_forward.default", 7, 2)
 
 typedef enum {
 #define DJ__COP_ENUM(e, name, na, no) DJ_COP_##e,

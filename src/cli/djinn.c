@@ -14,6 +14,7 @@
 #include "djinn/checkpoint.h"
 #include "djinn/engine.h"
 #include "djinn/generate.h"
+#include "djinn/lora.h"
 #include "djinn/sampler.h"
 #include "djinn/tokenizer.h"
 #include "djinn/protocol.h"
@@ -21,6 +22,7 @@
 #ifdef DJ_HAVE_CUDA
 #include "djinn/dj_cuda.h"
 #endif
+#include "cli/admin_balancer.h"
 #include "cli/remote.h"
 #include "server/serve.h"
 
@@ -28,6 +30,7 @@
 
 typedef struct opts {
     const char *model, *prompt, *tokens, *text, *device, *vmu, *kv_dtype;
+    const char *lora; /* --lora DIR[:SCALE][,...] */
     long n_new;
     double temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, ctx, threads, step;
@@ -45,6 +48,8 @@ static int usage(FILE *f) {
           "            [--repeat-penalty R] [--frequency-penalty F] [--presence-penalty P]\n"
           "            [--ctx N] [--vmu-gb G] [--threads N] [--ignore-eos] [--stats] [--deterministic]\n"
           "            [--no-prefetch] [--host-layers auto|none|K] [--host-share auto|F] [--kv-dtype auto|fp8]\n"
+          "            [--lora DIR[:SCALE][,DIR[:SCALE]...]: PEFT LoRA adapters of the model, stacked, each\n"
+          "             SCALE times (1); docs/lora.md]\n"
           "  djinn tokenize --model DIR --text TEXT [--add-special]\n"
           "  djinn detokenize --model DIR --tokens 1,2,3\n"
           "  djinn info [--model DIR] [--ctx N] [--kv-dtype auto|fp8]\n"
@@ -57,6 +62,7 @@ static int usage(FILE *f) {
           "  djinn stat --server ADDR\n"
           "  djinn session export --server ADDR (--session ID --secret S | --session-file F) --file IMAGE [--close]\n"
           "  djinn session import --server ADDR --file IMAGE [--session-file F]   (prints: ID SECRET)\n"
+          "  djinn admin drain|ready HOST [--haproxy SOCKET]   (HAProxy in front: docs/deploy.md)\n"
           "Sizes: --vmu-gb takes GiB (\"2\", \"0.5\") or bytes (\"1048576b\"); without it the VMU\n"
           "is sized from the model. --ctx defaults to min(max_position_embeddings, 4096) (longrope\n"
           "models: at most original_max_position_embeddings; a longer --ctx takes the long factors).\n"
@@ -163,6 +169,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--device")) { NEEDV; o->device = v; }
         else if (!strcmp(a, "--vmu-gb")) { NEEDV; o->vmu = v; }
         else if (!strcmp(a, "--kv-dtype")) { NEEDV; o->kv_dtype = v; }
+        else if (!strcmp(a, "--lora")) { NEEDV; o->lora = v; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-new-tokens")) {
             NEEDV;
             if (parse_long(v, 0, 1L << 30, &o->n_new)) return bad_arg("%s: '%s' is not a token count", a, v);
@@ -307,6 +314,23 @@ static int on_gpu(const opts *o) { return o->device && strncmp(o->device, "cuda"
 /* K/V element type of the engine the device gets (--kv-dtype; auto: f32 CPU, bf16 GPU). */
 static dj_status kv_dtype_of(const opts *o, dj_dtype *t) { return dj_kv_dtype_parse(o->kv_dtype, on_gpu(o), t); }
 
+/* Text-segment bytes the adapters of --lora DIR[:S],... take at most: their
+ * tensors as f32 (twice a bf16 file) and each tensor's alignment. */
+static size_t lora_text_bytes(const char *arg) {
+    char list[PATH_MAX];
+    size_t bytes = 0;
+    snprintf(list, sizeof list, "%s", arg);
+    for (char *save = NULL, *dir = strtok_r(list, ",", &save); dir; dir = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(dir, ':');
+        if (colon) *colon = '\0';
+        char path[PATH_MAX + 32];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+        if (stat(path, &sb) == 0) bytes += 2 * (size_t)sb.st_size + ((size_t)1 << 20);
+    }
+    return bytes;
+}
+
 static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engine_t **e,
                              dj_model_needs *needs) {
     dj_engine_config ec;
@@ -323,6 +347,7 @@ static dj_status make_engine(opts *o, dj_checkpoint_t *ck, uint32_t ctx, dj_engi
     dj_status st = kv_dtype_of(o, &kvt);
     if (st == DJ_OK) st = dj_model_estimate(ck, kvt, ec.max_step_tokens, needs);
     if (st != DJ_OK) return st;
+    if (o->lora) needs->text_bytes += lora_text_bytes(o->lora); /* the adapters beside the model */
     if (o->vmu) {
         size_t bytes;
         st = dj_vmu_parse_size(o->vmu, &bytes);
@@ -515,6 +540,44 @@ static void put_text(const char *p, size_t n) {
     fflush(stdout);
 }
 
+/* --lora DIR[:SCALE][,DIR[:SCALE]...]: the adapters in the DIRs stacked on s
+ * (of model m), each at its SCALE (1); out[DJ_LORA_STACK_MAX] receives the
+ * loader's references (*n_out of them), the caller releases them. */
+static dj_status use_lora(dj_engine_t *e, dj_model_t *m, dj_session_t *s, const char *arg, dj_lora_t **out,
+                          uint32_t *n_out) {
+    char list[PATH_MAX];
+    float scale[DJ_LORA_STACK_MAX];
+    uint32_t n = 0;
+    dj_status st = DJ_OK;
+    snprintf(list, sizeof list, "%s", arg);
+    for (char *save = NULL, *dir = strtok_r(list, ",", &save); dir && st == DJ_OK; dir = strtok_r(NULL, ",", &save)) {
+        if (n == DJ_LORA_STACK_MAX) {
+            st = dj_fail(DJ_EINVAL, "--lora %s: at most %d adapters on one session", arg, DJ_LORA_STACK_MAX);
+            break;
+        }
+        scale[n] = 1.0f;
+        char *colon = strrchr(dir, ':');
+        if (colon) {
+            char *end;
+            errno = 0;
+            const double v = strtod(colon + 1, &end);
+            if (end == colon + 1 || *end || errno || !(v == v) || v < -1e6 || v > 1e6) {
+                st = dj_fail(DJ_EINVAL, "--lora %s: '%s' is not a scale (a number, e.g. DIR:0.5)", arg, colon + 1);
+                break;
+            }
+            scale[n] = (float)v;
+            *colon = '\0';
+        }
+        if ((st = dj_lora_load(e, m, dir, &out[n])) != DJ_OK) break;
+        fprintf(stderr, "djinn: adapter %s (rank %u, scale %g x %g)\n", dj_lora_name(out[n]),
+                dj_lora_get_config(out[n])->r, (double)dj_lora_get_config(out[n])->scale, (double)scale[n]);
+        n++;
+    }
+    *n_out = n;
+    if (st == DJ_OK && n == 0) st = dj_fail(DJ_EINVAL, "--lora '%s' names no adapter", arg);
+    return st == DJ_OK ? dj_session_set_loras(e, s, out, scale, n) : st;
+}
+
 static int cmd_run(opts *o) {
     if (!o->model) o->model = default_model();
     if (!o->model) return bad_arg("run needs --model DIR%s%s", "", "");
@@ -528,6 +591,8 @@ static int cmd_run(opts *o) {
     dj_engine_t *e = NULL;
     dj_model_t *m = NULL;
     dj_session_t *s = NULL;
+    dj_lora_t *lora[DJ_LORA_STACK_MAX] = {NULL};
+    uint32_t n_lora = 0;
     dj_gen_t *g = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -596,6 +661,10 @@ static int cmd_run(opts *o) {
         rc = die("opening a session", st);
         goto done;
     }
+    if (o->lora && (st = use_lora(e, m, s, o->lora, lora, &n_lora)) != DJ_OK) {
+        rc = die("loading the adapter", st);
+        goto done;
+    }
     const dj_gen_params gp = {.sampling = {.temperature = o->greedy ? 0.0f : (float)o->temp,
                                            .top_k = (uint32_t)o->top_k,
                                            .top_p = (float)o->top_p,
@@ -656,6 +725,7 @@ done:
     dj_gen_free(g);
     if (e) {
         dj_session_free(e, s);
+        for (uint32_t i = 0; i < n_lora; i++) dj_lora_release(e, lora[i]);
         dj_model_release(e, m);
     }
     dj_engine_free(e);
@@ -677,6 +747,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "generate")) return dj__cli_generate(argc, argv);
     if (!strcmp(argv[1], "stat")) return dj__cli_stat(argc, argv);
     if (!strcmp(argv[1], "session")) return dj__cli_session(argc, argv);
+    if (!strcmp(argv[1], "admin")) return dj__cli_admin_balancer(argc, argv); /* admin_balancer.c */
     opts o;
     int r = parse_opts(argc, argv, &o);
     if (r == 3) return 0;
@@ -685,7 +756,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(&o);
     if (!strcmp(argv[1], "detokenize")) return cmd_detokenize(&o);
     if (!strcmp(argv[1], "info")) return cmd_info(&o);
-    fprintf(stderr, "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info, serve, generate, stat)\n",
+    fprintf(stderr,
+            "djinn: unknown command '%s' (commands: run, tokenize, detokenize, info, serve, generate, stat, admin)\n",
             argv[1]);
     return 2;
 }

@@ -720,8 +720,10 @@ dj_status dj_client_generate_start(dj_client_t *c, uint64_t session, const dj_ge
     dj__mw_u64(&w, "max_tokens", p->max_tokens);
     dj__sample_encode(&w, &p->sampling);
     if (p->n_stop) dj__mw_ids(&w, "stop_ids", p->stop_ids, p->n_stop);
+    dj__logit_bias_encode(&w, p->logit_bias, p->n_logit_bias);
     if (p->cache_salt) dj__mw_str(&w, "cache_salt", p->cache_salt);
     if (p->json_schema) dj__mw_str(&w, "json_schema", p->json_schema);
+    if (p->adapter) dj__mw_str(&w, "adapter", p->adapter);
     if (p->ignore_eos) dj__mw_bool(&w, "ignore_eos", true);
     if (p->logprobs) dj__mw_bool(&w, "logprobs", true);
     if (p->top_logprobs) dj__mw_u64(&w, "top_logprobs", p->top_logprobs);

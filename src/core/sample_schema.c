@@ -117,3 +117,21 @@ dj_status dj_sample_schema_check(const dj_sampler_params *p) {
     }
     return DJ_OK;
 }
+
+dj_status dj_logit_bias_check(const dj_logit_bias *bias, size_t n, uint32_t vocab) {
+    if (n > DJ_MAX_LOGIT_BIAS) return dj_fail(DJ_EINVAL, "logit_bias has %zu entries: at most %d", n, DJ_MAX_LOGIT_BIAS);
+    if (n && !bias) return dj_fail(DJ_EINVAL, "logit_bias: NULL entries");
+    for (size_t k = 0; k < n; k++) {
+        const float b = bias[k].bias;
+        if (bias[k].id < 0 || (vocab && (uint32_t)bias[k].id >= vocab))
+            return dj_fail(DJ_EINVAL, "logit_bias names token id %d: the model's ids are 0 to %u", (int)bias[k].id,
+                           vocab ? vocab - 1 : (unsigned)INT32_MAX);
+        if (!(b >= -DJ_LOGIT_BIAS_MAX_ABS && b <= DJ_LOGIT_BIAS_MAX_ABS)) /* NaN fails too */
+            return dj_fail(DJ_EINVAL, "logit_bias of token id %d is %g: must be in [-100, 100]", (int)bias[k].id,
+                           (double)b);
+        for (size_t j = 0; j < k; j++) /* at most DJ_MAX_LOGIT_BIAS^2 / 2 compares, once per request */
+            if (bias[j].id == bias[k].id)
+                return dj_fail(DJ_EINVAL, "logit_bias names token id %d twice", (int)bias[k].id);
+    }
+    return DJ_OK;
+}

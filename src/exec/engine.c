@@ -15,6 +15,7 @@
 #include "djinn/sampler.h"
 #include "core/switches.h"
 #include "exec/engine_impl.h"
+#include "exec/lora_impl.h"
 #include "exec/stream_impl.h"
 
 #ifdef DJ_HAVE_CUDA
@@ -244,6 +245,7 @@ void dj_engine_free(dj_engine_t *e) {
     free(e->args_host);
     free(e->host_logits);
     free(e->calls);
+    dj__lora_step_free(e->lora);
     free(e->sample_rows);
     dj__kv_free(e->kv); /* waits for swap transfers still in flight */
     dj_plan_cache_free(e->plans);
@@ -422,7 +424,23 @@ typedef struct step_io {
     uint32_t pos_bound;                 /* ATTENTION's pos_bound: the backend's short_pos when every
                                          * row lies below it, else 0 */
     bool decode_only;                   /* ATTENTION's decode_only: one token a session */
+    dj__lora_step *lora;                /* the rows' adapters (lora.c), NULL: no row has one */
 } step_io;
+
+/* io->lora for a step of B sessions (n_tok as decode_rows'): the engine's
+ * step table filled, or NULL when no session has an adapter. */
+static dj_status lora_prepare(dj_engine_t *e, const dj_graph_t *g, dj_session_t *const *ss, const uint32_t *n_tok,
+                              uint32_t B, uint32_t rows, dj__lora_step **out) {
+    *out = NULL;
+    bool any = false;
+    for (uint32_t r = 0; r < B; r++) any |= ss[r]->n_lora > 0;
+    if (!any) return DJ_OK;
+    if (!e->lora && !(e->lora = dj_calloc(1, sizeof *e->lora)))
+        return dj_fail(DJ_ENOMEM, "out of memory for a step's adapters");
+    dj_status st = dj__lora_step_prepare(e->lora, ss, n_tok, B, rows, (size_t)dj_graph_count(g), &any);
+    if (st == DJ_OK && any) *out = e->lora;
+    return st;
+}
 
 /* A streaming model's step goes to the backend whole, with its stream: op by
  * op profiling, or a traced step's segments (a layer's readers split between
@@ -526,23 +544,28 @@ static dj_status resolve_call(const dj_engine_t *e, const dj_model_t *m, const d
  * a hook (intervene.c; NULL on every ordinary step) the plan goes to the
  * backend in segments ending at the hook's stops, the hook running after
  * each. */
+/* first, first_stop: a resumed breakpoint step starts at node `first` with
+ * the hook's stops[first_stop] next (0, 0 otherwise); a stop whose `at`
+ * sets hook->pause ends it there (held->stop, held->node say where). */
 static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t *g, const step_io *io,
-                           uint8_t *stack, int *out_idx, bool recording, dj__step_hook *hook) {
+                           uint8_t *stack, int *out_idx, bool recording, dj__step_hook *hook, int first,
+                           int first_stop) {
     const uint32_t n = io->n;
     const bool profile = e->profile && !recording;
     dj_status st = profile ? e->be->vt->sync(e->be) : DJ_OK; /* earlier work is not the first op's */
     const int count = dj_graph_count(g);
-    if ((size_t)count > e->calls_cap) {
-        dj_op_call *p = dj_realloc(e->calls, (size_t)count * sizeof *p);
+    const size_t cap = (size_t)count * (io->lora ? 1 + io->lora->levels : 1); /* LORA calls after MATMULs */
+    if (cap > e->calls_cap) {
+        dj_op_call *p = dj_realloc(e->calls, cap * sizeof *p);
         if (!p) return dj_fail(DJ_ENOMEM, "out of memory for a step of %d calls", count);
         e->calls = p;
-        e->calls_cap = (size_t)count;
+        e->calls_cap = cap;
     }
     size_t n_calls = 0;
-    int next_stop = 0, seg_first = 0; /* the hook's next stop; the node opening the segment */
+    int next_stop = first_stop, seg_first = first; /* the hook's next stop; the node opening the segment */
     dj_model_stream *ms = m->stream;
     if (ms && st == DJ_OK) st = profile || hook ? stream_refuse(m, profile) : dj__stream_reserve(ms, (size_t)count);
-    for (int i = 0; i < count && st == DJ_OK; i++) {
+    for (int i = first; i < count && st == DJ_OK; i++) {
         const dj_node *nd = dj_graph_node_c(g, i);
         if (nd->op >= DJ_OP_COUNT) continue; /* inputs and weights */
         dj_op_call call = nd->params;
@@ -555,15 +578,21 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
         st = resolve_call(e, m, g, io, stack, i, &call);
         if (st != DJ_OK) continue;
         if (nd->res == DJ_RES_OUTPUT) *out_idx = i;
+        dj_op_call lcall[DJ_LORA_STACK_MAX]; /* the adapters' low-rank updates of a MATMUL's output, after it */
+        const uint32_t n_lora = io->lora && nd->op == DJ_OP_MATMUL && !ms
+                                    ? dj__lora_calls(io->lora, dj_graph_node_c(g, nd->src[1])->weight_slot, &call, lcall)
+                                    : 0;
         if (!profile) { /* the whole step goes to the backend at once, below */
             if (ms) {
                 ms->call_load[n_calls] = dj__stream_call_load(ms, &call, nd->layer);
                 ms->call_layer[n_calls] = nd->layer;
             }
             e->calls[n_calls++] = call;
+            for (uint32_t k = 0; k < n_lora; k++) e->calls[n_calls++] = lcall[k];
         } else { /* profiling: op by op, unfused, each timed to its end */
             const double t0 = prof_now();
             st = dj_backend_compute(e->be, &call);
+            for (uint32_t k = 0; k < n_lora && st == DJ_OK; k++) st = dj_backend_compute(e->be, &lcall[k]);
             if (st == DJ_OK) {
                 st = e->be->vt->sync(e->be);
                 prof_add(e, dj_graph_phase(g), nd->name, prof_now() - t0);
@@ -575,6 +604,11 @@ static dj_status run_nodes(dj_engine_t *e, const dj_model_t *m, const dj_graph_t
             n_calls = 0;
             seg_first = i + 1;
             if (st == DJ_OK) st = hook->at(hook->user, e, g, i, stack + nd->offset, call.out_dtype, n);
+            if (st == DJ_OK && hook->pause && hook->held) { /* a breakpoint: the step stops here */
+                hook->held->stop = next_stop;
+                hook->held->node = i;
+                return DJ_OK;
+            }
             next_stop++;
         }
     }
@@ -664,16 +698,37 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
                         const dj_sampler_params *sp, dj_sampler_t *const *samplers, int32_t *next) {
     const uint32_t V = ss[0]->model->cfg.vocab_size;
     dj_status st = DJ_OK;
-    bool all_greedy = !samplers && is_greedy(sp), masked = false;
+    bool all_greedy = !samplers && is_greedy(sp), masked = false, masked_lp = false;
     bool carried = !sp || dj_sample_row_carries(sp); /* every row's rule fits a dj_sample_row */
     if (samplers) { /* a NULL sampler: that row picks nothing (next -1) */
         all_greedy = true;
         carried = true;
         for (uint32_t r = 0; r < B; r++) {
+            const bool m = samplers[r] && dj_sampler_masked(samplers[r]);
             all_greedy = all_greedy && (!samplers[r] || dj_sampler_is_greedy(samplers[r]));
             carried = carried && (!samplers[r] || dj_sample_row_carries(dj_sampler_params_of(samplers[r])));
-            masked = masked || (samplers[r] && dj_sampler_masked(samplers[r])); /* no device mask yet: host picks */
+            masked = masked || m;
+            masked_lp = masked_lp || (m && dj_sampler_wants_logprobs(samplers[r]));
         }
+    }
+    /* Masks and logit biases on the device (the backend's mask hook), in
+     * place: only when the caller takes no logits and no masked row wants
+     * logprobs (those come from the raw row); else those rows pick on the host. */
+    if (masked && next && !logits && !masked_lp && e->be->vt->mask && e->device_sampling) {
+        dj_mask_row *mr = dj_calloc(B, sizeof *mr);
+        if (!mr) return dj_fail(DJ_ENOMEM, "out of memory for %u mask rows", B);
+        for (uint32_t r = 0; r < B; r++)
+            if (samplers[r] && dj_sampler_masked(samplers[r])) {
+                mr[r].allowed = dj_sampler_allowed(samplers[r]);
+                mr[r].bias = dj_sampler_bias(samplers[r], &mr[r].n_bias);
+            }
+        st = e->be->vt->mask(e->be, (float *)out_dev, B, V, mr); /* the step's own output rows */
+        free(mr);
+        if (st != DJ_OK) return st;
+        masked = false;
+        all_greedy = true;
+        for (uint32_t r = 0; r < B; r++)
+            all_greedy = all_greedy && (!samplers[r] || dj_sampler_rule_greedy(samplers[r]));
     }
     const bool device_greedy = next && all_greedy && e->be->vt->argmax;
     const bool device_sample = next && !all_greedy && carried && !masked && e->be->vt->sample && e->device_sampling;
@@ -741,6 +796,73 @@ static dj_status finish(dj_engine_t *e, dj_session_t *const *ss, uint32_t B, con
     return DJ_OK;
 }
 
+/* ---- breakpoints: a step's live activations off the stack and back ---- */
+
+/* Into hd: every activation at or before hd->node that a node after it
+ * reads (the device's work up to the stop done). */
+static dj_status held_save(dj_engine_t *e, const dj_graph_t *g, dj__step_held *hd, const uint8_t *stack) {
+    const double t0 = prof_now();
+    const int count = dj_graph_count(g), stop = hd->node;
+    dj_status st = e->be->vt->sync(e->be);
+    if (st != DJ_OK) return st;
+    bool *live = dj_calloc((size_t)stop + 1, sizeof *live);
+    if (!live) return dj_fail(DJ_ENOMEM, "out of memory");
+    for (int j = stop + 1; j < count; j++) {
+        const dj_node *nd = dj_graph_node_c(g, j);
+        for (int k = 0; k < DJ_GRAPH_MAX_SRC; k++) {
+            const int src = nd->src[k];
+            if (src < 0 || src > stop) continue;
+            const dj_residency r = dj_graph_node_c(g, src)->res;
+            if (r == DJ_RES_ACTIVATION || r == DJ_RES_OUTPUT) live[src] = true;
+        }
+    }
+    int n_live = 0;
+    size_t bytes = 0;
+    for (int i = 0; i <= stop; i++)
+        if (live[i]) {
+            n_live++;
+            bytes += dj_graph_node_c(g, i)->size;
+        }
+    free(hd->live);
+    free(hd->off);
+    hd->live = dj_malloc((size_t)(n_live ? n_live : 1) * sizeof *hd->live);
+    hd->off = dj_malloc((size_t)(n_live ? n_live : 1) * sizeof *hd->off);
+    if (bytes > hd->cap) {
+        free(hd->bytes);
+        hd->cap = 0;
+        if ((hd->bytes = dj_malloc(bytes))) hd->cap = bytes;
+    }
+    if (!hd->live || !hd->off || (bytes && !hd->bytes)) {
+        free(live);
+        return dj_fail(DJ_ENOMEM, "out of host memory for a paused step's %zu bytes of activations", bytes);
+    }
+    hd->n_live = 0;
+    hd->used = 0;
+    for (int i = 0; i <= stop && st == DJ_OK; i++) {
+        if (!live[i]) continue;
+        const dj_node *nd = dj_graph_node_c(g, i);
+        hd->live[hd->n_live] = i;
+        hd->off[hd->n_live++] = hd->used;
+        st = e->be->vt->download(e->be, hd->bytes + hd->used, stack + nd->offset, nd->size);
+        hd->used += nd->size;
+    }
+    free(live);
+    hd->save_s = prof_now() - t0;
+    return st;
+}
+
+/* hd's activations back onto the stack, where the same plan has them. */
+static dj_status held_restore(dj_engine_t *e, const dj_graph_t *g, dj__step_held *hd, uint8_t *stack) {
+    const double t0 = prof_now();
+    dj_status st = DJ_OK;
+    for (int k = 0; k < hd->n_live && st == DJ_OK; k++) {
+        const dj_node *nd = dj_graph_node_c(g, hd->live[k]);
+        st = e->be->vt->upload(e->be, stack + nd->offset, hd->bytes + hd->off[k], nd->size);
+    }
+    hd->restore_s = prof_now() - t0;
+    return st;
+}
+
 /* One prefill chunk of n <= max_step tokens at the session's position. */
 /* all_rows: logits receives [n][vocab] (sp and next unused). */
 /* samplers (optional, [1]): the caller's picker, as in dj_engine_step_batch_samplers. */
@@ -751,10 +873,21 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     const dj_model_t *m = s->model;
     dj_graph_t *g = NULL;
     const double t_begin = prof_now();
+    dj__step_held *hd = hook ? hook->held : NULL;
+    const bool resuming = hd && hd->paused;
     dj_status st = dj__swap_before_step(e->kv, s);
     if (st != DJ_OK) return st;
     st = get_plan(e, m, DJ_PHASE_PREFILL, n, all_rows ? DJ_GRAPH_ALL_LOGITS : 0, 0, &g);
-    if (st == DJ_OK && hook) st = hook->prepare(hook, e, g);
+    if (st == DJ_OK && resuming && (hd->n != n || hd->plan_count != dj_graph_count(g) ||
+                                    hd->plan_peak != dj_graph_peak(g)))
+        st = dj_fail(DJ_EINTERNAL, "a paused step of %u rows resumed with another plan", hd->n);
+    if (st == DJ_OK && hook && !resuming) st = hook->prepare(hook, e, g);
+    if (st == DJ_OK && hd && !resuming) {
+        hd->n = n;
+        hd->n_blocks0 = s->n_blocks;
+        hd->plan_count = dj_graph_count(g);
+        hd->plan_peak = dj_graph_peak(g);
+    }
     if (st == DJ_OK) st = dj__kv_map_pages(e->kv, s, s->pos + n);
     if (st == DJ_OK) st = dj__kv_sync_tables(e->kv, s);
     if (st == DJ_OK && next) st = ensure_args(e, 1, m->cfg.n_layers);
@@ -765,9 +898,30 @@ static dj_status run_chunk(dj_engine_t *e, dj_session_t *s, const int32_t *ids, 
     if (st != DJ_OK) return st;
     uint8_t *stack = stack_v;
     int out_idx = -1;
-    const step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
+    step_io io = {.n = n, .pos0 = s->pos, .ids = ids, .s = s};
+    if ((st = lora_prepare(e, g, &s, &n, 1, n, &io.lora)) != DJ_OK) {
+        dj_vmu_stack_reset(e->vmu, mark);
+        return st;
+    }
+    int first = 0, first_stop = 0;
+    if (resuming) {
+        st = held_restore(e, g, hd, stack);
+        const dj_node *nd = dj_graph_node_c(g, hd->node);
+        if (st == DJ_OK)
+            st = hook->restore(hook->user, e, g, hd->node, stack + nd->offset, exec_dtype(e->be, nd), n);
+        first = hd->node + 1;
+        first_stop = hd->stop + 1;
+        hd->paused = false;
+    }
     const double t_prepared = prof_now();
-    st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
+    if (st == DJ_OK) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook, first, first_stop);
+    if (st == DJ_OK && hook && hook->pause && hd) { /* stopped at a breakpoint */
+        hook->pause = false;
+        st = held_save(e, g, hd, stack);
+        hd->paused = st == DJ_OK;
+        dj_vmu_stack_reset(e->vmu, mark);
+        return st;
+    }
     const double t_enqueued = prof_now();
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
@@ -939,7 +1093,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
     void *stack_v = NULL;
     if ((st = dj_vmu_stack_push(e->vmu, dj_graph_peak(g), &stack_v)) != DJ_OK) return st;
     uint8_t *stack = stack_v;
-    const step_io io = {.n = rows,
+    step_io io = {.n = rows,
                         .ids_dev = (const int32_t *)(const void *)e->args_dev,
                         .row_pos = (const uint32_t *)(const void *)(e->args_dev + e->off_pos),
                         .row_tables = (const uint32_t *const *)(const void *)(e->args_dev + e->off_tables),
@@ -949,16 +1103,21 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
                                          ? e->be->short_pos
                                          : 0,
                         .decode_only = rows == B};
+    if ((st = lora_prepare(e, g, ss, n_tok, B, rows, &io.lora)) != DJ_OK) {
+        dj_vmu_stack_reset(e->vmu, mark);
+        return st;
+    }
     int out_idx = -1;
     bool ran = false;
     const double t_prepared = prof_now();
     const bool graphable = !hook || hook->graph_key;
-    if (rows == B && graphable && graphs_enabled(e) && !m->stream) { /* decode shapes only: mixed steps run eagerly */
+    /* decode shapes only: mixed steps, and steps with adapters (their tables are the step's), run eagerly */
+    if (rows == B && graphable && graphs_enabled(e) && !m->stream && !io.lora) {
         step_graph *sg = graph_slot(e, m, B, g, stack, hook ? hook->graph_key : 0, io.pos_bound);
         if (sg->state == SG_SEEN_ONCE) { /* second time: record it */
             st = e->be->vt->capture_begin(e->be);
             if (st == DJ_OK) {
-                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, hook);
+                dj_status run_st = run_nodes(e, m, g, &io, stack, &out_idx, true, hook, 0, 0);
                 dj_backend_graph_t *bg = NULL;
                 st = e->be->vt->capture_end(e->be, &bg);
                 if (run_st == DJ_OK && st == DJ_OK) {
@@ -987,7 +1146,7 @@ static dj_status decode_rows(dj_engine_t *e, dj_session_t *const *ss, const uint
             if (st == DJ_OK) e->graph_replays++;
         }
     }
-    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook);
+    if (!ran) st = run_nodes(e, m, g, &io, stack, &out_idx, false, hook, 0, 0);
     const double t_enqueued = prof_now();
     if (st == DJ_OK && out_idx < 0) st = dj_fail(DJ_EINTERNAL, "the step's plan has no output node");
     if (st == DJ_OK && hook && hook->enqueued) st = hook->enqueued(hook->user, e);
@@ -1059,6 +1218,35 @@ dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t
     dj_status rs = run_chunk(e, s, ids, n, logits, NULL, NULL, NULL, false, hook);
     if (rs == DJ_OK) s->pfx_off = true; /* its KV may not be the ids' alone: never published */
     return rs;
+}
+
+dj_status dj__session_step_held(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits,
+                                dj__step_hook *hook) {
+    if (!hook || !hook->held) return dj_fail(DJ_EINTERNAL, "a breakpoint step without its held state");
+    if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
+    if (n > e->max_step)
+        return dj_fail(DJ_EINVAL, "a step with breakpoints takes at most %u tokens (the engine's max_step_tokens), "
+                       "got %u", e->max_step, n);
+    if (s->model->stream)
+        return dj_fail(DJ_EUNSUPPORTED, "model %s streams %u of its layers through the weight ring: a step there "
+                       "cannot stop at a breakpoint", s->model->name, s->model->stream->pl.n_streamed);
+    dj_status st = check_ids(&s->model->cfg, ids, n);
+    if (st != DJ_OK) return st;
+    if ((uint64_t)s->pos + n > s->max_ctx)
+        return dj_fail(DJ_ERANGE, "%u more tokens would exceed the session's context of %u (%u used)", n,
+                       s->max_ctx, s->pos);
+    st = run_chunk(e, s, ids, n, logits, NULL, NULL, NULL, false, hook);
+    if (st == DJ_OK && !hook->held->paused) s->pfx_off = true; /* its KV may not be the ids' alone */
+    return st;
+}
+
+void dj__session_step_drop(dj_engine_t *e, dj_session_t *s, dj__step_held *hd) {
+    if (!hd) return;
+    if (s && s->residency == DJ_KV_RESIDENT) dj__kv_unmap_from(e->kv, s, hd->n_blocks0);
+    free(hd->live);
+    free(hd->off);
+    free(hd->bytes);
+    memset(hd, 0, sizeof *hd);
 }
 
 dj_status dj_session_step(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n, float *logits) {

@@ -86,6 +86,7 @@ struct dj_engine {
     bool trace_pinned;
     size_t trace_cap;
     dj__kv *kv;                /* the KV store: pages, block tables, prefix cache, swap pool (kv_impl.h); owned */
+    struct dj__lora_step *lora; /* the adapters of the step being run (lora_impl.h); owned, made at first use */
 };
 
 /* The engine's KV store (kv_impl.h), for tests: its prefix cache, NULL
@@ -103,6 +104,32 @@ dj_status dj__swap_check(const dj_engine_t *e);
  * shape[1] elements of `dtype`; the rows past n are the bucket's padding).
  * What `at` writes there is what later nodes read. */
 #define DJ__HOOK_STOPS 128 /* distinct stops of one step (intervene.c has at most DJ_IV_MAX points) */
+
+/* A breakpoint step's held state (brk.c owns it, engine.c fills it): when
+ * the hook's `at` sets pause, the executor stops after that stop, copies
+ * the activations the rest of the step reads (every activation at or before
+ * the stop that a later node reads) off the activation stack into `bytes`
+ * (host memory), lets the stack go and returns; the session's position
+ * stays. A step run again with paused set puts them back on the stack,
+ * calls the hook's restore for the stop's buffer and runs the nodes after
+ * it. The KV rows the layers before the stop wrote stay in the session's
+ * pages (mapped past its position) until then. */
+typedef struct dj__step_held {
+    bool paused;
+    int stop;            /* the index into the hook's stops where it stopped */
+    int node;            /* that stop's plan node */
+    uint32_t n;          /* the step's rows */
+    uint32_t n_blocks0;  /* KV blocks the session had mapped before the step (cancel unmaps the rest) */
+    int plan_count;      /* the plan it ran (checked again on resume) */
+    size_t plan_peak;
+    int n_live;
+    int *live;           /* [n_live] plan nodes kept; owned */
+    size_t *off;         /* [n_live] their offsets into bytes; owned */
+    uint8_t *bytes;      /* [cap] host memory; owned */
+    size_t cap, used;
+    double save_s, restore_s; /* the last pause's save and the last resume's restore, wall time */
+} dj__step_held;
+
 typedef struct dj__step_hook {
     /* Called once the step's plan is known, before anything runs: sets
      * stops and n_stops (at most DJ__HOOK_STOPS) from the plan, and
@@ -122,6 +149,14 @@ typedef struct dj__step_hook {
      * replays a graph under (shape, key); `at` runs while it is recorded
      * and not when it is replayed. */
     uint64_t graph_key;
+    /* Breakpoints (brk.c; NULL/false on other steps): `at` sets pause to
+     * stop the step after its stop (see dj__step_held); on resume, restore
+     * runs with the stop's buffer back on the stack, before the nodes after
+     * it, and writes the point's value there. */
+    dj__step_held *held;
+    bool pause;
+    dj_status (*restore)(void *user, dj_engine_t *e, const dj_graph_t *g, int node, void *buf, dj_dtype dtype,
+                         uint32_t n);
 } dj__step_hook;
 
 /* engine.c: one step of n <= max_step_tokens ids (a decode step for n == 1,
@@ -130,6 +165,19 @@ typedef struct dj__step_hook {
  * position's [vocab]. All or nothing as dj_session_step. */
 dj_status dj__session_step_hooked(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
                                   float *logits /* OUT, [vocab] or NULL */, dj__step_hook *hook);
+
+/* engine.c: a breakpoint step (hook->held set) of 1 <= n <= max_step_tokens
+ * ids, always one prefill chunk: runs to its end (held->paused false
+ * after, the session advanced) or to a stop whose `at` sets pause
+ * (held->paused true, the session where it was). With held->paused set on
+ * entry it resumes: ids must be the same. */
+dj_status dj__session_step_held(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                float *logits /* OUT, [vocab] or NULL */, dj__step_hook *hook);
+/* engine.c: frees held's buffers; with s (a cancelled step: s is the
+ * session it paused on) the KV blocks mapped since the step began are
+ * unmapped too (where the session is resident; swapped, they stay mapped
+ * and are overwritten later), so the session is as before the step. */
+void dj__session_step_drop(dj_engine_t *e, dj_session_t *s, dj__step_held *held);
 
 /* engine.c: decode steps recorded as graphs where the backend can (on, the
  * default unless $DJINN_NO_GRAPHS=1 when the engine was made) or run eagerly

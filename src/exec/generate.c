@@ -1,6 +1,7 @@
 /* generate.c: the one generation loop (generate.h) - prompt chunks and decode
  * rows of several generations in one engine step, stop rules, streaming text. */
 #include "djinn/generate.h"
+#include "djinn/intervene.h"
 #include "djinn/alloc.h"
 
 #include <limits.h>
@@ -32,6 +33,9 @@ struct dj_gen {
     dj_gen_finish finish;
     char text[TEXT_CAP];
     dj_constraint_t *con;       /* owned; NULL: no structured output */
+    const dj_intervention *iv;  /* [n_iv] at every step (borrowed), or NULL */
+    uint32_t n_iv;
+    float *logits;              /* [vocab] a traced generation's picks read (owned) */
     uint8_t *allowed;           /* [vocab] the constraint's mask for this step's pick */
     bool stuck;                 /* the mask allowed nothing: this pick ends the generation */
 };
@@ -79,11 +83,30 @@ dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, siz
                      c->vocab_size);
         goto fail;
     }
+    for (uint32_t k = 0; k < p->n_iv && st == DJ_OK; k++) {
+        const dj_intervention *v = &p->iv[k];
+        if (v->op != DJ_IV_ADD && v->op != DJ_IV_REPLACE && v->op != DJ_IV_MUL)
+            st = dj_fail(DJ_EINVAL, "a generation's intervention %u: only edits (add, replace, mul), no saves", k);
+        else if (v->rows != 1 || v->r1)
+            st = dj_fail(DJ_EINVAL, "a generation's intervention %u: one row to every position (no position "
+                         "region): its steps have different lengths", k);
+    }
+    if (st == DJ_OK && p->n_iv && (!p->iv || con))
+        st = dj_fail(p->iv ? DJ_EUNSUPPORTED : DJ_EINVAL, "%s", p->iv ? "a generation with interventions takes no "
+                     "structured output" : "dj_gen_new: NULL interventions");
+    if (st != DJ_OK) goto fail;
+    g->iv = p->iv;
+    g->n_iv = p->n_iv;
+    if (g->n_iv && !(g->logits = dj_malloc((size_t)c->vocab_size * sizeof *g->logits))) {
+        st = dj_fail(DJ_ENOMEM, "out of memory");
+        goto fail;
+    }
     if ((st = dj_sampler_new(&p->sampling, c->vocab_size, &g->smp)) != DJ_OK) goto fail;
     if (con && !(g->allowed = dj_malloc(c->vocab_size))) {
         st = dj_fail(DJ_ENOMEM, "out of memory for a mask of %u ids", c->vocab_size);
         goto fail;
     }
+    if (p->n_logit_bias && (st = dj_sampler_set_bias(g->smp, p->logit_bias, p->n_logit_bias)) != DJ_OK) goto fail;
     if (p->logprobs && (st = dj_sampler_set_logprobs(g->smp, p->top_logprobs)) != DJ_OK) goto fail;
     if (p->tok && (st = dj_detok_stream_new(p->tok, &g->ds)) != DJ_OK) goto fail;
     if (!(g->feed = dj_malloc(n_prompt * sizeof *g->feed))) {
@@ -100,7 +123,8 @@ dj_status dj_gen_new(dj_engine_t *e, dj_session_t *s, const int32_t *prompt, siz
     g->chunk = p->prefill_chunk && p->prefill_chunk < cap ? p->prefill_chunk : cap;
     g->max_tokens = p->max_tokens;
     g->pending = -1;
-    if (n_prompt <= UINT32_MAX && (st = dj_session_map_prefix(e, s, prompt, (uint32_t)n_prompt, &g->cached)) != DJ_OK)
+    if (!g->n_iv && n_prompt <= UINT32_MAX &&
+        (st = dj_session_map_prefix(e, s, prompt, (uint32_t)n_prompt, &g->cached)) != DJ_OK)
         goto fail;
     g->fed = g->cached;
     dj_sampler_observe(g->smp, prompt, n_prompt, true);
@@ -116,6 +140,7 @@ void dj_gen_free(dj_gen_t *g) {
     dj_sampler_free(g->smp);
     dj_constraint_free(g->con);
     free(g->allowed);
+    free(g->logits);
     dj_detok_stream_free(g->ds);
     free(g->feed);
     free(g->ids);
@@ -194,10 +219,63 @@ static dj_status constrain(dj_gen_t *g, uint32_t rows) {
     return dj_sampler_set_allowed(g->smp, g->stuck ? NULL : g->allowed);
 }
 
+static dj_status step_batch(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_event *ev);
+
+/* A generation with interventions: its step alone, as a trace, the pick on the host. */
+static dj_status step_traced(dj_engine_t *e, dj_gen_t *g, dj_gen_event *v) {
+    if (g->finish != DJ_GEN_RUNNING) return dj_fail(DJ_EINVAL, "dj_gen_step: a generation has ended");
+    if (!dj_gen_feeding(g) && g->pending < 0) return dj_fail(DJ_EINTERNAL, "dj_gen_step: nothing to feed");
+    const uint32_t nt = dj_gen_rows(g);
+    const bool feeding = dj_gen_feeding(g);
+    const int32_t *ids = feeding ? g->feed + g->fed : &g->pending;
+    const bool pick = !feeding || (g->fed + nt == g->n_feed && g->max_tokens);
+    dj_status st = dj_session_step_trace(e, g->s, ids, nt, g->iv, g->n_iv, pick ? g->logits : NULL);
+    if (st != DJ_OK) return st;
+    *v = (dj_gen_event){.id = -1, .fed = nt, .text = "", .finish = DJ_GEN_RUNNING};
+    if (feeding) {
+        g->fed += nt;
+        if (dj_gen_feeding(g)) return DJ_OK;
+        free(g->feed);
+        g->feed = NULL;
+        g->n_feed = g->fed = 0;
+        if (g->max_tokens == 0) {
+            g->finish = v->finish = DJ_GEN_LENGTH;
+            return DJ_OK;
+        }
+    }
+    const int32_t id = dj_sampler_sample(g->smp, g->logits);
+    if (dj_sampler_wants_logprobs(g->smp)) dj_sampler_note_logprobs(g->smp, g->logits, id);
+    after_pick(g, id, v);
+    return DJ_OK;
+}
+
 dj_status dj_gen_step(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_event *ev) {
     if (!e || !gens || !ev || n == 0 || n > MAX_BATCH)
         return dj_fail(DJ_EINVAL, "dj_gen_step: NULL engine, generations or events, or %u generations (1 to %d)", n,
                        MAX_BATCH);
+    uint32_t n_traced = 0;
+    for (uint32_t i = 0; i < n; i++) n_traced += gens[i] && gens[i]->n_iv;
+    if (!n_traced) return step_batch(e, gens, n, ev);
+    /* traced generations step alone; the others together */
+    dj_gen_t *plain[MAX_BATCH];
+    dj_gen_event pev[MAX_BATCH];
+    uint32_t at[MAX_BATCH], n_plain = 0;
+    dj_status st = DJ_OK;
+    for (uint32_t i = 0; i < n && st == DJ_OK; i++) {
+        if (!gens[i]) return dj_fail(DJ_EINVAL, "dj_gen_step: generation %u is NULL", i);
+        if (gens[i]->n_iv) {
+            st = step_traced(e, gens[i], &ev[i]);
+        } else {
+            at[n_plain] = i;
+            plain[n_plain++] = gens[i];
+        }
+    }
+    if (st == DJ_OK && n_plain) st = step_batch(e, plain, n_plain, pev);
+    for (uint32_t k = 0; st == DJ_OK && k < n_plain; k++) ev[at[k]] = pev[k];
+    return st;
+}
+
+static dj_status step_batch(dj_engine_t *e, dj_gen_t *const *gens, uint32_t n, dj_gen_event *ev) {
     dj_session_t *ss[MAX_BATCH];
     dj_sampler_t *smp[MAX_BATCH];
     uint32_t n_tok[MAX_BATCH];

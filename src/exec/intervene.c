@@ -8,6 +8,7 @@
 
 #include "djinn/intervene.h"
 #include "exec/engine_impl.h"
+#include "exec/stream_impl.h"
 
 /* ---- names ---- */
 
@@ -95,6 +96,9 @@ typedef struct trace {
     bool pinned;             /* area_host reachable by the backend's transfers */
     float *f32;              /* [n][d] scratch of host points (made at the first) */
     uint8_t *raw;            /* [n][d] scratch in the backend's element type (likewise) */
+    bool brk;                /* the step has breakpoints: every stop goes through the host */
+    dj__step_hook *hook;     /* brk: the step's hook (its pause flag) */
+    uint32_t brk_iv;         /* brk: the BREAK the step stopped at */
 } trace;
 
 /* The node tagged for p in g, or -1. */
@@ -162,7 +166,7 @@ static dj_status prepare(dj__step_hook *h, dj_engine_t *e, const dj_graph_t *g) 
         *sp = (trace_stop){.node = stops[j], .dtype = dj__engine_node_dtype(e, g, stops[j])};
         bool edited = false;
         for (uint32_t k = 0; k < t->n_iv; k++) edited |= t->node[k] == sp->node && t->iv[k].op != DJ_IV_SAVE;
-        sp->copy = be->vt->copy && !edited && copies < TRACE_COPY_POINTS;
+        sp->copy = be->vt->copy && !edited && !t->brk && copies < TRACE_COPY_POINTS;
         if (!sp->copy) continue;
         copies++;
         sp->off = bytes;
@@ -228,32 +232,49 @@ static void deliver(trace *t, trace_stop *sp, const uint8_t *src) {
     sp->delivered = true;
 }
 
-/* A point with edits: through the host. */
-static dj_status at_host(trace *t, dj_backend_t *be, int node, void *buf, dj_dtype dtype, uint32_t n) {
+/* A point with edits (or any point of a step with breakpoints): through
+ * the host, its interventions from iv[from] on. resumed: t->f32 holds the
+ * value already (a breakpoint's, as the caller left it) and goes back up. A
+ * BREAK stops there: its `out` receives the value and the hook pauses. */
+static dj_status at_host(trace *t, dj_backend_t *be, int node, void *buf, dj_dtype dtype, uint32_t n, uint32_t from,
+                         bool resumed) {
     const size_t k = (size_t)n * t->d, bytes = k * dj_dtype_size(dtype);
     if (!t->f32) t->f32 = dj_malloc(k * sizeof(float));
     if (!t->raw) t->raw = dj_malloc(k * sizeof(float)); /* the widest element type */
     if (!t->f32 || !t->raw)
         return dj_fail(DJ_ENOMEM, "out of host memory for a traced step of %u x %u", n, t->d);
-    dj_status st = be->vt->sync(be);
-    if (st == DJ_OK) st = be->vt->download(be, t->raw, buf, bytes);
-    if (st != DJ_OK) return st;
-    to_f32(dtype, t->raw, t->f32, k);
-    bool changed = false;
-    for (uint32_t j = 0; j < t->n_iv; j++) {
+    dj_status st = DJ_OK;
+    if (!resumed) {
+        st = be->vt->sync(be);
+        if (st == DJ_OK) st = be->vt->download(be, t->raw, buf, bytes);
+        if (st != DJ_OK) return st;
+        to_f32(dtype, t->raw, t->f32, k);
+    }
+    bool changed = resumed;
+    for (uint32_t j = from; j < t->n_iv; j++) {
         if (t->node[j] != node) continue;
         const dj_intervention *v = &t->iv[j];
         if (v->op == DJ_IV_SAVE) {
             memcpy(v->out, t->f32, k * sizeof(float));
             continue;
         }
-        for (uint32_t r = 0; r < n; r++) {
-            const float *src = v->data + (size_t)(v->rows == 1 ? 0 : r) * t->d;
-            float *row = t->f32 + (size_t)r * t->d;
+        if (v->op == DJ_IV_BREAK) { /* the rest of this point's list runs on resume (restore) */
+            memcpy(v->out, t->f32, k * sizeof(float));
+            t->brk_iv = j;
+            t->hook->pause = true;
+            return DJ_OK;
+        }
+        const uint32_t r0 = v->r1 ? v->r0 : 0, r1 = v->r1 ? v->r1 : n;
+        const uint32_t c0 = v->c1 ? v->c0 : 0, w = (v->c1 ? v->c1 : t->d) - c0;
+        for (uint32_t r = r0; r < r1; r++) {
+            const float *src = v->data + (size_t)(v->rows == 1 ? 0 : r - r0) * w;
+            float *row = t->f32 + (size_t)r * t->d + c0;
             if (v->op == DJ_IV_ADD)
-                for (uint32_t c = 0; c < t->d; c++) row[c] += src[c];
+                for (uint32_t c = 0; c < w; c++) row[c] += src[c];
+            else if (v->op == DJ_IV_MUL)
+                for (uint32_t c = 0; c < w; c++) row[c] *= src[c];
             else
-                memcpy(row, src, (size_t)t->d * sizeof *row);
+                memcpy(row, src, (size_t)w * sizeof *row);
         }
         changed = true;
     }
@@ -272,7 +293,7 @@ static dj_status at(void *user, dj_engine_t *e, const dj_graph_t *g, int node, v
         return dj_fail(DJ_EINTERNAL, "an activation of dtype %s", dj_dtype_name(dtype));
     trace_stop *sp = stop_of(t, node);
     if (!sp) return dj_fail(DJ_EINTERNAL, "a traced step stopped at node %d it did not ask for", node);
-    if (!sp->copy) return at_host(t, be, node, buf, dtype, n);
+    if (!sp->copy) return at_host(t, be, node, buf, dtype, n, 0, false);
     if (dtype != sp->dtype) return dj_fail(DJ_EINTERNAL, "point node %d: dtype %s, planned %s", node,
                                            dj_dtype_name(dtype), dj_dtype_name(sp->dtype));
     const size_t bytes = (size_t)n * t->d * dj_dtype_size(dtype);
@@ -284,6 +305,21 @@ static dj_status at(void *user, dj_engine_t *e, const dj_graph_t *g, int node, v
         st = be->vt->xfer_start(be, true, &span, 1, &sp->x);
     }
     return st;
+}
+
+/* A resumed breakpoint: its value (the BREAK's `out`, as the caller left
+ * it) is the point's, and the point's interventions after it run. */
+static dj_status restore(void *user, dj_engine_t *e, const dj_graph_t *g, int node, void *buf, dj_dtype dtype,
+                         uint32_t n) {
+    (void)g;
+    trace *t = user;
+    if (n != t->n || t->brk_iv >= t->n_iv || t->node[t->brk_iv] != node)
+        return dj_fail(DJ_EINTERNAL, "a breakpoint resumed at node %d it did not stop at", node);
+    const size_t k = (size_t)n * t->d;
+    if (!t->f32 && !(t->f32 = dj_malloc(k * sizeof(float))))
+        return dj_fail(DJ_ENOMEM, "out of host memory for a traced step of %u x %u", n, t->d);
+    memcpy(t->f32, t->iv[t->brk_iv].out, k * sizeof(float));
+    return at_host(t, dj_engine_backend(e), node, buf, dtype, n, t->brk_iv + 1, true);
 }
 
 /* Once the step is enqueued: the slots already on their way arrive (in
@@ -323,11 +359,18 @@ static dj_status deliver_rest(trace *t, dj_backend_t *be) {
     return DJ_OK;
 }
 
-dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
-                                const dj_intervention *iv, uint32_t n_iv, float *logits) {
-    if (!e || !s || !ids) return dj_fail(DJ_EINVAL, "dj_session_step_trace: NULL engine, session or ids");
-    if (n_iv == 0) return dj_session_step(e, s, ids, n, logits);
-    if (!iv) return dj_fail(DJ_EINVAL, "dj_session_step_trace: %u interventions at NULL", n_iv);
+/* A point as one place: layers.{i+1}.input is layers.{i}.output. */
+static dj_point canon(dj_point p) {
+    if (p.kind == DJ_POINT_LAYER_INPUT && p.layer > 0) return (dj_point){DJ_POINT_LAYER_OUTPUT, p.layer - 1};
+    return p;
+}
+
+/* Every intervention checked before anything runs; *n_brk counts BREAKs (at
+ * most one a point). */
+static dj_status check_ivs(dj_engine_t *e, dj_session_t *s, uint32_t n, const dj_intervention *iv, uint32_t n_iv,
+                           uint32_t *n_brk) {
+    *n_brk = 0;
+    if (!iv) return dj_fail(DJ_EINVAL, "a traced step: %u interventions at NULL", n_iv);
     if (n_iv > DJ_IV_MAX)
         return dj_fail(DJ_EINVAL, "%u interventions in one step; at most %u", n_iv, (unsigned)DJ_IV_MAX);
     if (n == 0) return dj_fail(DJ_EINVAL, "a step needs at least one token");
@@ -348,26 +391,135 @@ dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *
         case DJ_IV_SAVE:
             if (!v->out) return dj_fail(DJ_EINVAL, "intervention %u (save %s): NULL output", k, nm);
             break;
+        case DJ_IV_BREAK:
+            if (!v->out) return dj_fail(DJ_EINVAL, "intervention %u (breakpoint %s): NULL output", k, nm);
+            for (uint32_t j = 0; j < k; j++) {
+                const dj_point a = canon(iv[j].point), b = canon(v->point);
+                if (iv[j].op == DJ_IV_BREAK && a.kind == b.kind && a.layer == b.layer)
+                    return dj_fail(DJ_EINVAL, "intervention %u: a second breakpoint at %s (one a point)", k, nm);
+            }
+            (*n_brk)++;
+            break;
         case DJ_IV_ADD:
         case DJ_IV_REPLACE:
+        case DJ_IV_MUL: {
             if (!v->data) return dj_fail(DJ_EINVAL, "intervention %u (%s): NULL data", k, nm);
-            if (v->rows != 1 && v->rows != n)
+            if ((v->r1 && (v->r0 >= v->r1 || v->r1 > n)) || (!v->r1 && v->r0) ||
+                (v->c1 && (v->c0 >= v->c1 || v->c1 > c->hidden_size)) || (!v->c1 && v->c0))
+                return dj_fail(DJ_ERANGE, "intervention %u (%s): region rows [%u, %u) cols [%u, %u) outside the "
+                               "point's [%u, %u]", k, nm, v->r0, v->r1, v->c0, v->c1, n, c->hidden_size);
+            const uint32_t h = v->r1 ? v->r1 - v->r0 : n;
+            if (v->rows != 1 && v->rows != h)
                 return dj_fail(DJ_EINVAL,
-                               "intervention %u (%s): a tensor of %u rows for a step of %u positions; give "
-                               "[hidden] or [%u, hidden]",
-                               k, nm, v->rows, n, n);
+                               "intervention %u (%s): a tensor of %u rows for a region of %u positions; give "
+                               "[width] or [%u, width]",
+                               k, nm, v->rows, h, h);
             break;
+        }
         default: return dj_fail(DJ_EINVAL, "intervention %u (%s): unknown op %d", k, nm, (int)v->op);
         }
     }
-    trace t = {.iv = iv, .n_iv = n_iv, .n = n, .d = c->hidden_size};
+    return DJ_OK;
+}
+
+dj_status dj_session_step_trace(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                const dj_intervention *iv, uint32_t n_iv, float *logits) {
+    if (!e || !s || !ids) return dj_fail(DJ_EINVAL, "dj_session_step_trace: NULL engine, session or ids");
+    if (n_iv == 0) return dj_session_step(e, s, ids, n, logits);
+    uint32_t n_brk = 0;
+    dj_status st = check_ivs(e, s, n, iv, n_iv, &n_brk);
+    if (st != DJ_OK) return st;
+    if (n_brk) return dj_fail(DJ_EINVAL, "a step with breakpoints runs through dj_session_step_break");
+    trace t = {.iv = iv, .n_iv = n_iv, .n = n, .d = dj_model_get_config(dj_session_model(s))->hidden_size};
     dj_backend_t *be = dj_engine_backend(e);
     dj__step_hook hook = {.prepare = prepare, .at = at, .enqueued = enqueued, .user = &t};
-    dj_status st = dj__session_step_hooked(e, s, ids, n, logits, &hook);
+    st = dj__session_step_hooked(e, s, ids, n, logits, &hook);
     for (int j = 0; j < t.n_stops; j++) /* a failed step's transfers still in flight */
         if (t.stop[j].x) be->vt->xfer_free(be, t.stop[j].x);
     if (st == DJ_OK) st = deliver_rest(&t, be);
     free(t.f32);
     free(t.raw);
     return st;
+}
+
+/* ---- breakpoints: a step that stops at points, resumed or cancelled ---- */
+
+struct dj_step_brk {
+    dj_session_t *s;
+    int32_t *ids;        /* [n] the step's ids (owned) */
+    uint32_t n;
+    trace t;
+    dj__step_hook hook;
+    dj__step_held held;
+};
+
+static void brk_free(dj_engine_t *e, dj_step_brk_t *b, bool cancel) {
+    if (!b) return;
+    dj__session_step_drop(e, cancel ? b->s : NULL, &b->held);
+    free(b->t.f32);
+    free(b->t.raw);
+    free(b->ids);
+    free(b);
+}
+
+/* One run of b's step, from its start or its breakpoint: paused again
+ * (b kept) or done (b freed, *bp NULL); a failure cancels it. */
+static dj_status brk_run(dj_engine_t *e, dj_step_brk_t **bp, float *logits, dj_step_brk_stats *stats) {
+    dj_step_brk_t *b = *bp;
+    dj_status st = dj__session_step_held(e, b->s, b->ids, b->n, logits, &b->hook);
+    dj_step_brk_info(b, stats);
+    if (st == DJ_OK && b->held.paused) return DJ_OK;
+    brk_free(e, b, st != DJ_OK);
+    *bp = NULL;
+    return st;
+}
+
+dj_status dj_session_step_break(dj_engine_t *e, dj_session_t *s, const int32_t *ids, uint32_t n,
+                                const dj_intervention *iv, uint32_t n_iv, float *logits, dj_step_brk_t **out) {
+    if (!out) return dj_fail(DJ_EINVAL, "dj_session_step_break: NULL output");
+    *out = NULL;
+    if (!e || !s || !ids) return dj_fail(DJ_EINVAL, "dj_session_step_break: NULL engine, session or ids");
+    uint32_t n_brk = 0;
+    dj_status st = check_ivs(e, s, n, iv, n_iv, &n_brk);
+    if (st != DJ_OK) return st;
+    if (dj_session_model(s)->stream)
+        return dj_fail(DJ_EUNSUPPORTED, "model %s streams %u of its layers through the weight ring: a step there "
+                       "cannot stop at a breakpoint", dj_session_model(s)->name,
+                       dj_session_model(s)->stream->pl.n_streamed);
+    dj_step_brk_t *b = dj_calloc(1, sizeof *b);
+    if (!b || !(b->ids = dj_malloc((size_t)n * sizeof *ids))) {
+        free(b);
+        return dj_fail(DJ_ENOMEM, "out of memory");
+    }
+    memcpy(b->ids, ids, (size_t)n * sizeof *ids);
+    b->s = s;
+    b->n = n;
+    b->held.n_blocks0 = s->n_blocks; /* what a cancel unmaps down to, even if the step fails early */
+    b->t = (trace){.iv = iv, .n_iv = n_iv, .n = n, .d = dj_model_get_config(dj_session_model(s))->hidden_size,
+                   .brk = true, .hook = &b->hook};
+    b->hook = (dj__step_hook){.prepare = prepare, .at = at, .restore = restore, .user = &b->t, .held = &b->held};
+    st = brk_run(e, &b, logits, NULL);
+    *out = b;
+    return st;
+}
+
+uint32_t dj_step_brk_at(const dj_step_brk_t *b) { return b ? b->t.brk_iv : 0; }
+
+dj_status dj_step_brk_resume(dj_engine_t *e, dj_step_brk_t **b, float *logits, dj_step_brk_stats *stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (!e || !b || !*b) return dj_fail(DJ_EINVAL, "dj_step_brk_resume: NULL engine or step");
+    if (!(*b)->held.paused) return dj_fail(DJ_EINTERNAL, "a step resumed that is not paused");
+    return brk_run(e, b, logits, stats);
+}
+
+void dj_step_brk_cancel(dj_engine_t *e, dj_step_brk_t *b) { brk_free(e, b, true); }
+
+void dj_step_brk_info(const dj_step_brk_t *b, dj_step_brk_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!b) return;
+    out->held_bytes = b->held.used;
+    out->live = (uint32_t)b->held.n_live;
+    out->save_s = b->held.save_s;
+    out->restore_s = b->held.restore_s;
 }

@@ -4,6 +4,7 @@
 #define DJ_KV_IMPL_H
 
 #include "djinn/kv.h"
+#include "djinn/lora.h"
 #include "djinn/sampler.h"
 #include "djinn/vmu.h"
 
@@ -68,6 +69,10 @@ struct dj_session {
     uint64_t pfx_key[2];      /* chain key after pfx_full blocks (the root: model, KV layout and pfx_salt) */
     uint64_t pfx_salt[2];     /* the tenant's cache salt (dj_session_set_cache_salt; {0, 0}: none) */
     bool pfx_off;             /* not tracked: no cache, or a traced step made KV that is not the ids' alone */
+    struct dj_lora *lora[DJ_LORA_STACK_MAX]; /* [n_lora] the adapters its steps run with, applied in
+                                              * this order (one reference each; lora.c) */
+    float lora_scale[DJ_LORA_STACK_MAX];     /* [n_lora] their use scales (1: as trained) */
+    uint32_t n_lora;
 };
 
 /* ---- the store (kv_store.c) ---- */
@@ -95,6 +100,9 @@ void dj__kv_session_release(dj__kv *kv, dj_session_t *s);
  * DJ_EQUOTA past the session's quota. */
 dj_status dj__kv_map_pages(dj__kv *kv, dj_session_t *s, uint32_t upto);
 /* Copies the blocks mapped since the last call into s's device table. */
+/* Unmaps s's blocks from n_blocks on (private pages mapped for a step that
+ * was dropped: dj__session_step_drop); s resident. */
+void dj__kv_unmap_from(dj__kv *kv, dj_session_t *s, uint32_t n_blocks);
 dj_status dj__kv_sync_tables(dj__kv *kv, dj_session_t *s);
 
 /* ---- KV swap (swap.c) ---- */
@@ -169,6 +177,8 @@ dj_status dj__prefix_new(dj__kv *kv);
 void dj__prefix_free(dj__kv *kv);
 /* The chain's root key of s: model fingerprint and KV layout. */
 void dj__prefix_root(const dj_session_t *s, uint64_t key[2] /* OUT */);
+/* An adapter's fingerprint, for the prefix chain's root (lora.c). */
+uint64_t dj__lora_key(const struct dj_lora *a);
 /* After s's position went up by n (ids fed, a step done): blocks filled are
  * published (s keeps a reference) unless cached already. Nothing without a
  * cache. */

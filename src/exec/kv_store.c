@@ -125,6 +125,20 @@ dj_status dj__kv_map_pages(dj__kv *kv, dj_session_t *s, uint32_t upto) {
     return DJ_OK;
 }
 
+void dj__kv_unmap_from(dj__kv *kv, dj_session_t *s, uint32_t n_blocks) {
+    const uint32_t L = s->n_layers;
+    while (s->n_blocks > n_blocks && !s->pfx[s->n_blocks - 1]) { /* a step's new blocks are never shared */
+        const uint32_t b = --s->n_blocks;
+        for (uint32_t l = 0; l < L; l++) {
+            uint32_t *slot = &s->block_table[(size_t)l * s->max_blocks + b];
+            dj_vmu_page_free(kv->vmu, s->vs, *slot);
+            *slot = 0;
+        }
+    }
+    for (uint32_t l = 0; l < L; l++) s->kv[l].n_blocks = s->n_blocks;
+    if (s->dev_blocks > s->n_blocks) s->dev_blocks = s->n_blocks;
+}
+
 /* Host bytes to device memory, ordered with compute (no wait where the
  * backend can stage them). */
 static dj_status upload_now(dj_backend_t *be, void *dst, const void *src, size_t bytes) {

@@ -124,8 +124,16 @@ static void chain(dj__prefix *c, const uint64_t parent[2], const int32_t *ids, u
 void dj__prefix_root(const dj_session_t *s, uint64_t key[2]) {
     /* rope_long: keys rotated with longrope's other factors are other keys */
     /* pfx_salt: sessions of other tenants start other chains (no key of one is a key of another) */
-    const uint64_t v[8] = {s->model_fp, s->tokens_per_page, s->n_layers, s->kv[0].kv_dim,
-                           (uint64_t)s->kv[0].dtype, (uint64_t)s->rope_long, s->pfx_salt[0], s->pfx_salt[1]};
+    /* lora: KV made with adapters (their order and use scales) is theirs */
+    uint64_t v[9 + 2 * DJ_LORA_STACK_MAX] = {s->model_fp,    s->tokens_per_page, s->n_layers,
+                                            s->kv[0].kv_dim, (uint64_t)s->kv[0].dtype, (uint64_t)s->rope_long,
+                                            s->pfx_salt[0],  s->pfx_salt[1],   s->n_lora};
+    for (uint32_t i = 0; i < s->n_lora; i++) {
+        uint32_t bits = 0;
+        memcpy(&bits, &s->lora_scale[i], sizeof bits);
+        v[9 + 2 * i] = dj__lora_key(s->lora[i]);
+        v[10 + 2 * i] = bits;
+    }
     const XXH128_hash_t k = XXH3_128bits(v, sizeof v);
     key[0] = k.low64;
     key[1] = k.high64;

@@ -4,6 +4,7 @@
 #include "djinn/alloc.h"
 #include <stdlib.h>
 
+#include "djinn/lora.h"
 #include "exec/engine_impl.h"
 
 dj_status dj_session_new(dj_engine_t *e, dj_model_t *m, uint32_t max_ctx, size_t quota_pages,
@@ -38,6 +39,7 @@ void dj_session_free(dj_engine_t *e, dj_session_t *s) {
     if (!s) return;
     dj__kv_session_release(e->kv, s); /* waits for its copies; its pool slots, pages and tables */
     dj_vmu_model_release(e->vmu, s->model->region);
+    for (uint32_t i = 0; i < s->n_lora; i++) dj_lora_release(e, s->lora[i]);
     dj_sampler_free(s->sampler);
     free(s);
 }

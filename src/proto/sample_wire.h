@@ -16,4 +16,12 @@ void dj__sample_encode(dj__mw *w, const dj_sampler_params *p);
  * bounds (dj_sample_schema_check). On failure *out holds what was read. */
 dj_status dj__sample_decode(const dj__meta *m, dj_sampler_params *out /* OUT */);
 
+/* GENERATE's `logit_bias`: an array of [token id, bias] pairs (a
+ * non-negative integer, a number). Encode writes nothing for n 0. Decode: absent is none
+ * (*out NULL, *n 0); DJ_EFORMAT for a value of the wrong shape, DJ_EINVAL
+ * naming the entry against dj_logit_bias_check's rules (no vocabulary: the
+ * worker checks the ids against the model's); *out malloc'd. */
+void dj__logit_bias_encode(dj__mw *w, const dj_logit_bias *bias, size_t n);
+dj_status dj__logit_bias_decode(const dj__meta *m, dj_logit_bias **out /* OUT */, size_t *n /* OUT */);
+
 #endif

@@ -95,6 +95,7 @@ typedef struct list {
 
 struct sreq {
     uint64_t id, sess, model;
+    uint64_t group, bytes;            /* DJ_REQ_GRAPH: its group and planned bytes */
     uint32_t qos, tokens, need, rows; /* need: pages, set at admission */
     dj_sched_kind kind;
     rstate st;
@@ -128,6 +129,8 @@ struct dj_sched {
     list waiting[DJ_SCHED_CLASSES];
     list admitted; /* decided to run, not yet run (session maybe being restored) */
     list gens;     /* started generations, round-robin order */
+    list graphs;   /* captured-graph runs decided (RUN), not yet done: their bytes are held */
+    uint64_t graph_used; /* planned bytes of the graph runs admitted or running */
     ssess *all;    /* every session */
     uint32_t held, n_running;
     uint64_t pool_used;
@@ -354,9 +357,30 @@ dj_status dj_sched_arrive(dj_sched_t *s, uint64_t req, uint64_t sess, uint32_t q
     return DJ_OK;
 }
 
+dj_status dj_sched_arrive_graph(dj_sched_t *s, uint64_t req, uint64_t group, uint32_t qos, uint64_t bytes, uint64_t now) {
+    const dj_status st = dj_sched_arrive(s, req, 0, qos, DJ_REQ_CTRL, 0, 0, now);
+    if (st != DJ_OK) return st;
+    sreq *r = map_get(&s->reqs, req);
+    r->kind = DJ_REQ_GRAPH;
+    r->group = group;
+    r->bytes = bytes;
+    return DJ_OK;
+}
+
+/* Planned bytes of group's graph runs admitted or running (group 0: all of them). */
+static uint64_t graph_bytes_of(const dj_sched_t *s, uint64_t group) {
+    uint64_t n = 0;
+    for (const sreq *r = s->admitted.head; r; r = r->next)
+        if (r->kind == DJ_REQ_GRAPH && (!group || r->group == group)) n += r->bytes;
+    for (const sreq *r = s->graphs.head; r; r = r->next)
+        if (!group || r->group == group) n += r->bytes;
+    return n;
+}
+
 void dj_sched_done(dj_sched_t *s, uint64_t req, uint64_t now) {
     sreq *r = map_get(&s->reqs, req);
     if (!r) return;
+    if (r->kind == DJ_REQ_GRAPH && r->st != R_WAITING) s->graph_used -= r->bytes;
     if ((r->st == R_GEN && !r->preempted) || (r->st == R_ADMITTED && r->kind == DJ_REQ_GEN)) s->n_running--;
     if (s->refuse == r) s->refuse = NULL;
     ssess *x = r->sess ? map_get(&s->sessions, r->sess) : NULL;
@@ -656,6 +680,7 @@ static void restore(dj_sched_t *s, ssess *x, dj_sched_decision *d) {
  * to make room). *blocked: a memory request waits. */
 static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
     bool mem_blocked = false; /* a higher class waits for memory: lower classes take none */
+    bool graph_blocked = false; /* a graph run waits for graph_bytes: the graph runs behind it wait too */
     for (uint32_t q = 0; q < DJ_SCHED_CLASSES; q++) {
         list *w = &s->waiting[q];
         /* preempted generations of this class come back first */
@@ -676,6 +701,32 @@ static bool admissions(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
             nx = lifo ? r->prev : r->next;
             ssess *x = r->sess ? map_get(&s->sessions, r->sess) : NULL;
             if (young && (pass == 0) != (x && r->kind != DJ_REQ_CTRL && x->pos > 0)) continue;
+            if (r->kind == DJ_REQ_GRAPH) {
+                const uint64_t lim = s->cfg.graph_bytes, quota = s->cfg.graph_quota_bytes;
+                if ((lim && r->bytes > lim) || (quota && r->bytes > quota)) {
+                    const bool by_quota = quota && r->bytes > quota && (!lim || quota < lim);
+                    snprintf(s->reason, sizeof s->reason,
+                             "the captured graph's plan needs %llu bytes (stack and outputs), more than %s (%llu bytes)",
+                             (unsigned long long)r->bytes,
+                             by_quota ? "one token's captured runs may hold (--graph-quota-gb)"
+                                      : "captured runs may hold at once (--graph-gb)",
+                             (unsigned long long)(by_quota ? quota : lim));
+                    s->counts.refused++;
+                    d->op = DJ_SCHED_REFUSE;
+                    d->req = r->id;
+                    d->sess = 0;
+                    return true;
+                }
+                if (graph_blocked) continue;
+                if (lim && s->graph_used + r->bytes > lim) {
+                    graph_blocked = true;
+                    continue;
+                }
+                if (quota && graph_bytes_of(s, r->group) + r->bytes > quota) continue; /* its own group's quota */
+                s->graph_used += r->bytes;
+                admit(s, r, NULL);
+                continue;
+            }
             if (r->kind == DJ_REQ_CTRL || !x) {
                 admit(s, r, NULL);
                 continue;
@@ -862,6 +913,7 @@ void dj_sched_next(dj_sched_t *s, uint64_t now, dj_sched_decision *d) {
             if (run->kind != DJ_REQ_GEN) { /* runs once: leaves the lists, answered by dj_sched_done */
                 l_del(run);
                 run->st = R_ADMITTED;
+                if (run->kind == DJ_REQ_GRAPH) l_push(&s->graphs, run); /* its bytes held until done */
             }
             return;
         }
@@ -919,6 +971,8 @@ void dj_sched_get_stats(const dj_sched_t *s, uint64_t now, dj_sched_stats *st) {
         st->running[q] = 0;
     }
     for (const sreq *r = s->admitted.head; r; r = r->next) st->waiting[r->qos]++;
+    st->graph_bytes = s->cfg.graph_bytes;
+    st->graph_used = s->graph_used;
     st->preempted = 0;
     for (const sreq *r = s->gens.head; r; r = r->next) {
         if (r->preempted) st->preempted++, st->waiting[r->qos]++;
@@ -954,8 +1008,15 @@ dj_status dj_sched_check(const dj_sched_t *s) {
         return dj_fail(DJ_EINTERNAL, "sched: pool holds %llu of %llu pages", (unsigned long long)s->pool_used,
                        (unsigned long long)s->cfg.pool_pages);
     uint64_t listed = 0, running = 0, with_sess = 0;
-    const list *ls[DJ_SCHED_CLASSES + 2] = {&s->waiting[0], &s->waiting[1], &s->waiting[2], &s->admitted, &s->gens};
-    for (int i = 0; i < DJ_SCHED_CLASSES + 2; i++) {
+    if (graph_bytes_of(s, 0) != s->graph_used)
+        return dj_fail(DJ_EINTERNAL, "sched: graph runs hold %llu bytes, counter %llu", (unsigned long long)graph_bytes_of(s, 0),
+                       (unsigned long long)s->graph_used);
+    if (s->cfg.graph_bytes && s->graph_used > s->cfg.graph_bytes)
+        return dj_fail(DJ_EINTERNAL, "sched: graph runs hold %llu bytes of %llu", (unsigned long long)s->graph_used,
+                       (unsigned long long)s->cfg.graph_bytes);
+    const list *ls[DJ_SCHED_CLASSES + 3] = {&s->waiting[0], &s->waiting[1], &s->waiting[2], &s->admitted, &s->gens,
+                                            &s->graphs};
+    for (int i = 0; i < DJ_SCHED_CLASSES + 3; i++) {
         uint32_t n = 0;
         for (const sreq *r = ls[i]->head; r; r = r->next) {
             n++;

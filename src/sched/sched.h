@@ -64,6 +64,8 @@ typedef struct dj_sched_config {
                                 * waits (or its KV is dropped, recompute) and other groups keep the rest */
     uint64_t disk_pages;   /* the disk tier below the pool, in pages (0: none) */
     double disk_page_ms;   /* estimated ms to read one page back from disk (0: 4 x page_in_ms); dj_sched_disk_rate */
+    uint64_t graph_bytes;       /* captured-graph runs (DJ_REQ_GRAPH): planned bytes admitted at once (0: no bound) */
+    uint64_t graph_quota_bytes; /* ... of them one group (token) may hold at once (0: none) */
 } dj_sched_config;
 
 typedef struct dj_sched dj_sched_t;
@@ -72,7 +74,8 @@ typedef struct dj_sched dj_sched_t;
 typedef enum dj_sched_kind {
     DJ_REQ_CTRL = 0, /* no KV needed (open, close, stats, models): never waits for memory */
     DJ_REQ_STEP,     /* one engine call on a session: needs it resident and `need` pages */
-    DJ_REQ_GEN       /* a generation: admitted once, then stepped until it ends */
+    DJ_REQ_GEN,      /* a generation: admitted once, then stepped until it ends */
+    DJ_REQ_GRAPH     /* a captured graph's run (dj_sched_arrive_graph): no KV; admitted by its planned bytes */
 } dj_sched_kind;
 
 /* Where a session's KV is, and what it is doing. */
@@ -134,6 +137,14 @@ void dj_sched_pages(dj_sched_t *s, uint64_t sess, uint32_t held, uint32_t pos);
  * the id is known. */
 dj_status dj_sched_arrive(dj_sched_t *s, uint64_t req, uint64_t sess, uint32_t qos, dj_sched_kind kind,
                           uint64_t model, uint32_t tokens, uint64_t now);
+/* A captured graph's run arrives (GRAPH_RUN): `bytes` its plan's stack and outputs, `group` whose
+ * quota it counts against (djinnd: the caller's token). In its class's line it is admitted (then
+ * RUN) while the admitted runs' bytes stay within graph_bytes and its group's within
+ * graph_quota_bytes; one that waits for graph_bytes holds back the graph runs behind it (its
+ * class's and lower ones), one that waits for its group's quota no other group's. One larger than
+ * either bound is refused (REFUSE; the reason names the bytes). Its bytes are held until
+ * dj_sched_done. DJ_EBUSY if the id is known. */
+dj_status dj_sched_arrive_graph(dj_sched_t *s, uint64_t req, uint64_t group, uint32_t qos, uint64_t bytes, uint64_t now);
 /* A RUN or STEP ended request `req` (answered, failed or finished): its reservation goes. */
 void dj_sched_done(dj_sched_t *s, uint64_t req, uint64_t now);
 /* A started GEN goes on: its next step feeds `rows` token rows; `rides`:
@@ -178,6 +189,7 @@ typedef struct dj_sched_stats {
     uint64_t disk_pages, disk_used;                   /* the disk tier's pages, and those sessions hold */
     uint32_t on_disk;                                 /* swapped sessions whose KV is on disk (of sessions[SWAPPED]) */
     uint64_t spills, recoveries;                      /* sessions moved pool -> disk; KV lost and recomputed */
+    uint64_t graph_bytes, graph_used;                 /* the bound on captured runs' planned bytes, and admitted ones' */
 } dj_sched_stats;
 void dj_sched_get_stats(const dj_sched_t *s, uint64_t now, dj_sched_stats *st /* OUT */);
 dj_sched_state dj_sched_session_state(const dj_sched_t *s, uint64_t sess, uint64_t now);

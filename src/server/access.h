@@ -18,7 +18,7 @@ struct MHD_Connection;
 #define DJ__ACCESS_PEER 64
 
 /* Loop thread, as a request becomes a job: who sent it - peer (the
- * connection's address, "unix" or "door" for the HTTP door's own socket)
+ * connection's address, "unix", or "door" for a portal of the HTTP door: submit.h)
  * and the name of its tenant's token ("" without --token-file). */
 void dj__access_who(const struct dj__server *s, const void *uv_stream, bool is_unix, bool door, uint64_t tenant,
                     char peer[DJ__ACCESS_PEER], char token[64]);

@@ -36,6 +36,7 @@ void dj__event_clear(dj__event *e) {
             free(e->u.step.logits);
             for (uint32_t k = 0; k < e->u.step.n_saved; k++) free(e->u.step.saved[k].bytes);
             free(e->u.step.saved);
+            free(e->u.step.ids);
             break;
         case DJ_MSG_SESSION_EXPORT: free(e->u.exp.bytes); break;
         case DJ_MSG_SESSION_IMPORT:
@@ -81,7 +82,7 @@ static void pack_sessions(const dj__stats_snap *st, dj__mw *w) {
     msgpack_pack_array(&w->pk, st->n_sessions);
     for (size_t i = 0; i < st->n_sessions; i++) {
         const dj__stats_sess *ss = &st->sessions[i];
-        msgpack_pack_map(&w->pk, 11);
+        msgpack_pack_map(&w->pk, 12);
         kv_u64(&w->pk, "id", ss->id);
         dj__pack_str(&w->pk, "state");
         dj__pack_str(&w->pk, dj_sched_state_name(ss->state));
@@ -96,6 +97,7 @@ static void pack_sessions(const dj__stats_snap *st, dj__mw *w) {
         kv_u64(&w->pk, "lease_left_ms", ss->lease_left_ms);
         kv_bool(&w->pk, "paused", ss->paused);
         kv_bool(&w->pk, "generating", ss->generating);
+        kv_u64(&w->pk, "break_bytes", ss->break_bytes);
     }
 }
 
@@ -198,6 +200,8 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
     kv_u64(&w->pk, "drops", st->sched.drops);
     dj__tier_pack_stats(w, &st->disk, &st->sched);
     dj__mw_u64(w, "handles", st->handles);
+    dj__mw_u64(w, "paused_steps", st->brk_paused);
+    dj__mw_u64(w, "paused_step_bytes", st->brk_bytes);
     dj__mw_u64(w, "connections", st->connections);
     if (st->capture) dj__capture_stats(st->capture, w);
     if (st->map) dj__mw_str(w, "map", st->map);
@@ -205,6 +209,11 @@ static void pack_stats(const dj__stats_snap *st, dj__mw *w) {
 
 static void pack_step(const dj__rep_step *r, dj__mw *w) {
     dj__mw_u64(w, "pos", r->pos);
+    if (r->ids) { /* a text prompt's ids */
+        dj__mw_key(w, "ids");
+        msgpack_pack_array(&w->pk, r->n_ids);
+        for (uint32_t i = 0; i < r->n_ids; i++) msgpack_pack_int32(&w->pk, r->ids[i]);
+    }
     if (r->handle) {
         dj__mw_u64(w, "handle", r->handle);
         dj__mw_str(w, "dtype", "f32");
@@ -214,6 +223,10 @@ static void pack_step(const dj__rep_step *r, dj__mw *w) {
         dj__mw_u64(w, "nbytes", r->nbytes);
     }
     if (!r->traced) return;
+    if (r->paused) {
+        dj__mw_bool(w, "paused", true);
+        dj__mw_str(w, "break", r->brk_point);
+    }
     dj__mw_key(w, "saved");
     msgpack_pack_array(&w->pk, r->n_saved);
     for (uint32_t k = 0; k < r->n_saved; k++) {
@@ -225,7 +238,7 @@ static void pack_step(const dj__rep_step *r, dj__mw *w) {
         if (!v->handle) continue;
         kv_u64(&w->pk, "handle", v->handle);
         dj__pack_str(&w->pk, "op");
-        dj__pack_str(&w->pk, "save");
+        dj__pack_str(&w->pk, v->brk ? "break" : "save");
         dj__pack_str(&w->pk, "dtype");
         dj__pack_str(&w->pk, "f32");
         dj__pack_str(&w->pk, "shape");

@@ -39,6 +39,8 @@ typedef struct dj__rep_saved {
     float *bytes;
     uint64_t handle;
     uint32_t n, d;
+    bool brk;                 /* the value of the breakpoint the step is paused at (op "break") */
+    bool keep;                /* filed as the connection's (no session): it outlives the session */
 } dj__rep_saved;
 
 typedef struct dj__rep_step {
@@ -49,6 +51,10 @@ typedef struct dj__rep_step {
     uint64_t shape[2];
     uint64_t nbytes;
     bool traced;              /* points were given: `saved` is written */
+    bool paused;              /* stopped at a breakpoint: brk_point, and `saved` holds its value */
+    int32_t *ids;             /* [n_ids] (malloc'd) the ids a text prompt became, or NULL */
+    uint32_t n_ids;
+    char brk_point[48];
     uint32_t n_saved;
     dj__rep_saved *saved;     /* [n_saved] (malloc'd) */
 } dj__rep_step;
@@ -87,6 +93,7 @@ typedef struct dj__stats_sess {
     dj_qos qos;
     uint32_t pos;
     bool paused, generating;
+    uint64_t break_bytes;     /* its step paused at a breakpoint holds these (0: none) */
 } dj__stats_sess;
 
 typedef struct dj__stats_model {
@@ -116,6 +123,7 @@ typedef struct dj__stats_snap {
     dj_sched_stats sched;
     dj_disk_stats disk;       /* --state-dir's tier (all zero without one) */
     uint64_t handles, connections;
+    uint64_t brk_paused, brk_bytes; /* steps paused at breakpoints, the bytes they hold */
     struct dj__capture *capture; /* the weight store and graph runs: the I/O side packs their counts */
     char *map;                /* the VMU's map, scrubbed (malloc'd) or NULL */
 } dj__stats_snap;
@@ -189,6 +197,7 @@ typedef struct dj__event {
     uint32_t pos;
     bool swapped;
     bool gone;                /* DJ__EV_STATE: the worker closed the session itself (its KV on disk was lost) */
+    uint64_t renewed;         /* a portal's HEARTBEAT reply: the leases it renewed (submit.h) */
     union {
         dj__rep_open open;
         dj__rep_export exp;

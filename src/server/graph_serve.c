@@ -8,6 +8,7 @@
 
 #include "djinn/alloc.h"
 #include "djinn/backend.h"
+#include "djinn/engine.h"
 #include "capture/gplan_cache.h"
 #include "djinn/capture.h"
 #include "server/graph_serve.h"
@@ -194,6 +195,12 @@ dj_status dj__graph_req_parse(const dj__meta *m, const uint8_t *payload, uint64_
         r->has_id = true;
         memcpy(r->graph_id, id->via.bin.ptr, 16);
     }
+    char qos[16] = "";
+    if ((st = dj__meta_strcpy(m, "qos", false, qos, sizeof qos)) != DJ_OK || (qos[0] && (st = dj_qos_parse(qos, &r->qos)) != DJ_OK)) {
+        dj__graph_req_free(r);
+        return st;
+    }
+    r->has_qos = qos[0] != 0;
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *o = &a->via.array.ptr[i];
         if (o->type == MSGPACK_OBJECT_NIL) continue;
@@ -213,6 +220,7 @@ dj_status dj__graph_req_parse(const dj__meta *m, const uint8_t *payload, uint64_
 
 void dj__graph_req_free(dj__graph_req *r) {
     if (!r) return;
+    if (r->plan) dj_gplan_cache_release(r->plans, r->plan);
     for (uint32_t i = 0; r->hin && i < r->n_inputs; i++) free(r->hin[i]);
     free(r->hin);
     free(r->hin_bytes);
@@ -281,6 +289,39 @@ static void ctx_free(dj__server *s, run_ctx *x) {
     free(x->wref), free(x->weights), free(x->wconv), free(x->inputs), free(x->iconv), free(x->outs);
     free(x->stack);
     dj_gplan_cache_release(s->capture->plans, x->plan);
+}
+
+/* The run on a device backend (--graph-device engine): inputs, weights and the stack copied to
+ * device memory for this run, the CUDA executor, the outputs back into host buffers hout[i]
+ * (x->outs then points at them). The weights' device copies are not kept between runs yet. */
+static dj_status run_on_device(dj_backend_t *be, run_ctx *x, size_t sb, float **hout) {
+    const uint32_t ni = dj_cgraph_n_inputs(x->g), nw = dj_cgraph_n_weights(x->g), no = dj_cgraph_n_outputs(x->g);
+    void **dev = dj_calloc((size_t)ni + nw + 1, sizeof *dev);
+    const float **douts = dj_calloc((size_t)no + 1, sizeof *douts);
+    void *dstack = NULL;
+    dj_status st = dev && douts ? DJ_OK : dj_fail(DJ_ENOMEM, "out of memory");
+    for (uint32_t i = 0; st == DJ_OK && i < ni + nw; i++) {
+        const dj_ctensor_info *t = i < ni ? dj_cgraph_input(x->g, i) : dj_cgraph_weight(x->g, i - ni);
+        const size_t b = t->numel * 4;
+        st = be->vt->alloc(be, b ? b : 4, &dev[i]);
+        if (st == DJ_OK && b) st = be->vt->upload(be, dev[i], i < ni ? (const void *)x->inputs[i] : (const void *)x->weights[i - ni], b);
+    }
+    if (st == DJ_OK) st = be->vt->alloc(be, sb ? sb : 64, &dstack);
+    if (st == DJ_OK) st = be->vt->sync(be);
+    if (st == DJ_OK)
+        st = dj_cgraph_run_cuda(x->g, be, (const float *const *)dev, (const float *const *)(dev + ni), dstack, douts);
+    for (uint32_t i = 0; st == DJ_OK && i < no; i++) {
+        const size_t b = dj_cgraph_output(x->g, i)->numel * 4;
+        if (!(hout[i] = dj_malloc(b ? b : 4))) st = dj_fail(DJ_ENOMEM, "out of memory for output %u", i);
+        if (st == DJ_OK && b) st = be->vt->download(be, hout[i], douts[i], b);
+        x->outs[i] = hout[i];
+    }
+    if (st == DJ_OK) st = be->vt->sync(be);
+    for (uint32_t i = 0; dev && i < ni + nw; i++)
+        if (dev[i]) be->vt->free(be, dev[i]);
+    if (dstack) be->vt->free(be, dstack);
+    free(dev), free((void *)douts);
+    return st;
 }
 
 static dj_status gather_weights(dj__server *s, run_ctx *x, uint64_t conn) {
@@ -366,33 +407,66 @@ static dj_status publish(run_ctx *x, dj__rep_graph *out) {
     return DJ_OK;
 }
 
+/* r's plan from the cache (put when its bytes came): a reference to release, and its id */
+static dj_status plan_of(dj__capture *c, const dj__graph_req *r, uint64_t conn, const dj_cgraph_t **g, dj_gplan **plan,
+                         uint8_t id[DJ_GPLAN_ID_BYTES], bool *hit) {
+    dj_cgraph_error err;
+    dj_status st;
+    *hit = true;
+    if (r->graph_len) {
+        st = dj_gplan_cache_put(c->plans, conn, r->graph, (size_t)r->graph_len, NULL, g, plan, id, hit, &err);
+        if (st != DJ_OK) return dj_fail(st, "%s (%s)", err.msg, dj_cgraph_err_name(err.kind));
+        if (r->has_id && memcmp(id, r->graph_id, DJ_GPLAN_ID_BYTES)) {
+            dj_gplan_cache_release(c->plans, *plan);
+            *plan = NULL;
+            return dj_fail(DJ_EINVAL, "GRAPH_RUN: graph_id is not the XXH3-128 of the graph's bytes");
+        }
+        return DJ_OK;
+    }
+    memcpy(id, r->graph_id, DJ_GPLAN_ID_BYTES);
+    return dj_gplan_cache_get(c->plans, conn, id, g, plan);
+}
+
+dj_status dj__graph_plan_bytes(dj__server *s, dj__graph_req *r, uint64_t conn, uint64_t *bytes) {
+    dj__capture *c = s->capture;
+    *bytes = 0;
+    if (r->plan) dj_gplan_cache_release(r->plans, r->plan);
+    r->plan = NULL;
+    const double t0 = dj__now();
+    const dj_status st = plan_of(c, r, conn, &r->g, &r->plan, r->plan_id, &r->plan_hit);
+    r->plan_s = dj__now() - t0;
+    if (st != DJ_OK) {
+        r->plan = NULL;
+        atomic_fetch_add(&c->run_errors, 1);
+        return st;
+    }
+    r->plans = c->plans;
+    uint64_t n = dj_cgraph_stack_bytes(r->g);
+    for (uint32_t i = 0; i < dj_cgraph_n_outputs(r->g); i++) n += dj_cgraph_output(r->g, i)->numel * 4;
+    *bytes = n;
+    return DJ_OK;
+}
+
 dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, dj__rep_graph *out) {
     dj__capture *c = s->capture;
     run_ctx x = {0};
-    dj_cgraph_error err;
     const double t0 = dj__now();
     uint8_t id[DJ_GPLAN_ID_BYTES];
     bool hit = true;
-    dj_status st;
-    if (r->graph_len) {
-        st = dj_gplan_cache_put(c->plans, conn, r->graph, (size_t)r->graph_len, NULL, &x.g, &x.plan, id, &hit, &err);
-        if (st != DJ_OK) {
-            atomic_fetch_add(&c->run_errors, 1);
-            return dj_fail(st, "%s (%s)", err.msg, dj_cgraph_err_name(err.kind));
-        }
-        if (r->has_id && memcmp(id, r->graph_id, DJ_GPLAN_ID_BYTES)) {
-            atomic_fetch_add(&c->run_errors, 1);
-            dj_gplan_cache_release(c->plans, x.plan);
-            return dj_fail(DJ_EINVAL, "GRAPH_RUN: graph_id is not the XXH3-128 of the graph's bytes");
-        }
+    dj_status st = DJ_OK;
+    double t_plan;
+    if (r->plan) { /* taken as it arrived (the plan stays r's: released with it) */
+        x.g = r->g;
+        memcpy(id, r->plan_id, DJ_GPLAN_ID_BYTES);
+        hit = r->plan_hit;
+        t_plan = r->plan_s;
     } else {
-        memcpy(id, r->graph_id, DJ_GPLAN_ID_BYTES);
-        if ((st = dj_gplan_cache_get(c->plans, conn, id, &x.g, &x.plan)) != DJ_OK) {
+        if ((st = plan_of(c, r, conn, &x.g, &x.plan, id, &hit)) != DJ_OK) {
             atomic_fetch_add(&c->run_errors, 1);
             return st;
         }
+        t_plan = dj__now() - t0;
     }
-    const double t_plan = dj__now() - t0;
     const uint32_t nw = dj_cgraph_n_weights(x.g), ni = dj_cgraph_n_inputs(x.g), no = dj_cgraph_n_outputs(x.g);
     x.wref = dj_calloc(nw + 1, sizeof *x.wref);
     x.weights = dj_calloc(nw + 1, sizeof *x.weights);
@@ -405,11 +479,20 @@ dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, 
     if (st == DJ_OK) st = gather_weights(s, &x, conn);
     if (st == DJ_OK) st = gather_inputs(&x, r);
     const size_t sb = dj_cgraph_stack_bytes(x.g);
-    if (st == DJ_OK && !(x.stack = aligned_alloc(64, sb ? sb : 64)))
-        st = dj_fail(DJ_ENOMEM, "no memory for the graph's stack of %zu bytes", sb);
-    if (st == DJ_OK && !c->cpu) st = dj_backend_cpu_new(c->threads, &c->cpu);
-    if (st == DJ_OK) st = dj_cgraph_run(x.g, c->cpu, x.inputs, x.weights, x.stack, x.outs);
+    dj_backend_t *dev = s->cfg.graph_on_engine && s->engine ? dj_engine_backend(s->engine) : NULL;
+    float **hout = NULL;
+    if (dev && !dev->host_memory) {
+        if (st == DJ_OK && !(hout = dj_calloc(no + 1, sizeof *hout))) st = dj_fail(DJ_ENOMEM, "out of memory");
+        if (st == DJ_OK) st = run_on_device(dev, &x, sb, hout);
+    } else {
+        if (st == DJ_OK && !(x.stack = aligned_alloc(64, sb ? sb : 64)))
+            st = dj_fail(DJ_ENOMEM, "no memory for the graph's stack of %zu bytes", sb);
+        if (st == DJ_OK && !c->cpu) st = dj_backend_cpu_new(c->threads, &c->cpu);
+        if (st == DJ_OK) st = dj_cgraph_run(x.g, c->cpu, x.inputs, x.weights, x.stack, x.outs);
+    }
     if (st == DJ_OK) st = publish(&x, out);
+    for (uint32_t i = 0; hout && i < no; i++) free(hout[i]);
+    free(hout);
     if (st == DJ_OK) {
         out->nodes = dj_cgraph_n_nodes(x.g);
         out->stack_bytes = sb;

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "capture/gplan_cache.h"
 #include "djinn/weights.h"
 #include "proto/proto_impl.h"
 
@@ -46,6 +47,16 @@ typedef struct dj__graph_req {
     uint64_t *handles;    /* [n_inputs]: a handle id, or 0 for the next bytes of data */
     float **hin;          /* [n_inputs] or NULL: a copy of each handle input's f32 values (dj__graph_req_bind) */
     uint64_t *hin_bytes;  /* [n_inputs]: their sizes */
+    bool has_qos;         /* `qos` given: the class the scheduler admits it in (else interactive) */
+    dj_qos qos;
+    /* Its plan, taken as it arrives (dj__graph_plan_bytes), run by dj__graph_serve, released by
+     * dj__graph_req_free: one cache lookup a run. plan NULL: not taken. */
+    dj_gplan_cache *plans;
+    dj_gplan *plan;
+    const struct dj_cgraph *g;
+    uint8_t plan_id[DJ_GPLAN_ID_BYTES];
+    bool plan_hit;
+    double plan_s;        /* the lookup's (or decode and plan's) seconds */
 } dj__graph_req;
 
 /* I/O thread: GRAPH_RUN's metadata and payload into *out (malloc'd; dj__graph_req_free). */
@@ -61,6 +72,10 @@ dj_status dj__graph_req_bind(dj__server *s, dj__graph_req *r, uint64_t conn);
  * its inputs gathered, run on the CPU executor; the outputs and how it ran into out (typed: no msgpack
  * here), which the I/O side files as result handles of conn (FETCH reads them, RELEASE frees them, they
  * go when conn closes). On failure out may hold outputs made so far (dj__event_clear frees them). */
+/* Worker, as r arrives: its plan taken into r (decoded and cached if new) and the bytes its run will
+ * hold - the plan's stack and its outputs - for the scheduler. The graph's refusal (decode,
+ * validation, unknown id) is returned as the run would have returned it. */
+dj_status dj__graph_plan_bytes(dj__server *s, dj__graph_req *r, uint64_t conn, uint64_t *bytes /* OUT */);
 struct dj__rep_graph;
 dj_status dj__graph_serve(dj__server *s, const dj__graph_req *r, uint64_t conn, struct dj__rep_graph *out);
 

@@ -1,9 +1,9 @@
 /* http.c: djinnd's OpenAI-compatible HTTP front door - libmicrohttpd, one
- * thread per connection, each request a libdjinn connection to the daemon's
- * own listener (same scheduler, QoS classes, limits and tokens as the binary
- * protocol; closing it frees the generation), answers as OpenAI's JSON or
- * server-sent events; and the live view's page, stats and stats events
- * (http_view.c draws them). */
+ * thread per connection, each request a portal into the daemon (submit.h:
+ * typed requests through the same dj__submit, scheduler, QoS classes, limits
+ * and tokens as the binary protocol; closing it frees the generation),
+ * answers as OpenAI's JSON or server-sent events; and the live view's page,
+ * stats and stats events (http_view.c draws them). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include "djinn/alloc.h"
@@ -25,9 +25,10 @@
 #include "core/file.h"
 #include "djinn/checkpoint.h"
 #include "server/access.h"
+#include "server/adapter.h"
 #include "server/http_impl.h"
 
-/* How often a waiting request looks whether its client is still there. */
+/* How often the watchdog looks at the connections' deadlines. */
 #define POLL_MS 100
 /* GET /v1/djinn/events: one event this often. */
 #define EVENTS_MS 500
@@ -77,7 +78,7 @@ typedef struct hconn {
  * request whose prompt starts with its tokens feeds only the rest
  * (docs/prefix-cache.md). Owned by the pool (dj__http.idle) while idle. */
 typedef struct idle_sess {
-    dj_client_t *cl;         /* owned: closing it frees the session in the daemon */
+    dj__portal *p;           /* owned: closing it frees the session in the daemon */
     uint64_t session;
     char model[128];
     dj_qos qos;
@@ -142,11 +143,11 @@ typedef struct hgen {
     hstream s;        /* stream: first, so that an hstream * is its hgen * */
     dj__http *h;
     struct MHD_Connection *conn;
-    dj_client_t *cl;
-    dj_client_gen_t *gen;
+    int fd;              /* its client's socket: a hang-up ends the wait for the next event */
+    dj__portal *p;       /* owned: closing it frees the session (and stops a generation still running) */
+    uint64_t gen_req;    /* the GENERATE's request id (0: not posted) */
     dj__oai o;
     bool ended;
-    double gone_checked; /* when client_gone last looked (monotonic s) */
     /* for reuse: the session, its context, the ids it was fed and emitted */
     uint64_t session;
     uint32_t ctx;
@@ -154,7 +155,11 @@ typedef struct hgen {
     int32_t *gen_ids;    /* [n_gen] emitted ids (malloc'd) */
     size_t n_gen, cap_gen;
     bool done;           /* DONE came: res below holds it */
-    dj_generate_result res;
+    struct {
+        uint32_t n_generated, pos;
+        int64_t stop_id; /* -1: none */
+        const char *reason;
+    } res;
 } hgen;
 
 /* ---- answers ---- */
@@ -325,19 +330,26 @@ static const dj__http_model *model_get(dj__http *h, const char *name) {
     return m;
 }
 
-/* ---- the client side of the daemon ---- */
-static bool client_gone(struct MHD_Connection *c) {
+/* ---- the daemon, through portals ---- */
+/* The client's socket (-1: none known): waits on a portal end when it hangs up. */
+static int client_fd(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    return ci ? ci->connect_fd : -1;
+}
+
+/* Whether the daemon still holds session sid for portal p (a HEARTBEAT naming it renews it). */
+static bool session_alive(dj__portal *p, uint64_t sid) {
+    dj__event *rep = NULL;
+    const bool ok = dj__portal_call(p, &(dj__request){.type = DJ_MSG_HEARTBEAT, .session = sid}, &rep) == DJ_OK &&
+                    rep->renewed == 1;
+    dj__event_free(rep);
+    return ok;
 }
 
 /* ---- idle sessions: the prefix-reuse pool ---- */
 static void idle_free(idle_sess *e) {
     if (!e) return;
-    dj_client_free(e->cl);
+    dj__portal_close(e->p);
     free(e->ids);
     free(e);
 }
@@ -404,9 +416,7 @@ static void idle_put(dj__http *h, idle_sess *e) {
  * connection closes, which frees the session (and stops a generation still
  * running). */
 static void gen_close(hgen *g) {
-    dj_client_generate_end(g->gen);
-    g->gen = NULL;
-    if (!g->cl) return;
+    if (!g->p) return;
     const dj__oai *o = &g->o;
     const size_t n = o->n_ids + g->n_gen + (g->res.stop_id >= 0 ? 1 : 0);
     idle_sess *e = NULL;
@@ -416,20 +426,20 @@ static void gen_close(hgen *g) {
         if (g->n_gen) memcpy(e->ids + o->n_ids, g->gen_ids, g->n_gen * sizeof *e->ids);
         if (g->res.stop_id >= 0) e->ids[n - 1] = g->res.stop_id;
         e->n = n;
-        e->cl = g->cl;
+        e->p = g->p;
         e->session = g->session;
         e->ctx = g->ctx;
         e->qos = o->qos;
         snprintf(e->model, sizeof e->model, "%s", o->model);
         snprintf(e->token, sizeof e->token, "%s", g->token);
         snprintf(e->salt, sizeof e->salt, "%s", o->cache_salt ? o->cache_salt : "");
-        g->cl = NULL;
+        g->p = NULL;
         idle_put(g->h, e);
         return;
     }
     if (e) free(e);
-    dj_client_free(g->cl); /* the daemon frees a generation still running */
-    g->cl = NULL;
+    dj__portal_close(g->p); /* the daemon frees a generation still running */
+    g->p = NULL;
 }
 
 static void gen_free(hgen *g) {
@@ -465,82 +475,131 @@ static unsigned gen_start(hgen *g, const hreq *q, const dj__http_model *m, char 
         idle_put(g->h, e);
         e = NULL;
     }
-    if (e && dj_client_heartbeat(e->cl) != DJ_OK) { /* gone meanwhile (the daemon dropped it) */
+    if (e && !session_alive(e->p, e->session)) { /* gone meanwhile (the daemon dropped it) */
         idle_free(e);
         e = NULL;
     }
     dj_status st;
     if (e) {
-        g->cl = e->cl;
+        g->p = e->p;
         g->session = e->session;
         g->ctx = e->ctx;
         o->cached = e->n;
-        e->cl = NULL;
+        e->p = NULL;
         idle_free(e);
     } else {
-        if ((st = dj_client_connect(g->h->cfg.daemon, g->h->cfg.n_auth ? q->token : NULL, &g->cl)) != DJ_OK) {
+        if ((st = dj__portal_open(g->h->cfg.srv, q->tk, &g->p)) != DJ_OK) {
             snprintf(err, cap, "djinnd: %s", dj_last_error());
             return st == DJ_EINVAL ? 401 : status_of(st);
         }
         /* with reuse on, a session opens with at least the default context
          * (it costs nothing until used: admission reserves prompt + max_tokens) */
         g->ctx = g->h->cfg.reuse && o->max_given && ctx < dflt ? dflt : ctx;
-        const dj_session_opts so = {.model = o->model, .qos = o->qos, .expected_tokens = g->ctx};
-        if ((st = dj_client_session_open(g->cl, &so, &g->session)) != DJ_OK) {
+        char base[128], lora[128]; /* "base:adapter" (docs/lora.md): checked where the model was looked up */
+        if (dj__adapter_split(o->model, base, sizeof base, lora, sizeof lora) != DJ_OK)
+            return snprintf(err, cap, "%s", dj_last_error()), 400;
+        dj__request r = {.type = DJ_MSG_SESSION_OPEN};
+        snprintf(r.u.open.model, sizeof r.u.open.model, "%s", base);
+        r.u.open.qos = o->qos;
+        r.u.open.expected_tokens = g->ctx;
+        dj__event *rep = NULL;
+        if ((st = dj__portal_call(g->p, &r, &rep)) != DJ_OK) {
             snprintf(err, cap, "djinnd: %s", dj_last_error());
             return status_of(st);
         }
+        g->session = rep->u.open.session;
+        dj__event_free(rep);
     }
-    const uint64_t session = g->session;
-    dj_generate_params gp = {.ids = o->ids + o->cached, .n_ids = o->n_ids - o->cached, .sampling = o->sampling,
-                             .max_tokens = o->max_given ? o->max_tokens : (1u << 30),
-                             .logprobs = o->logprobs, .top_logprobs = o->top_logprobs, .cache_salt = o->cache_salt,
-                             .json_schema = o->json_schema};
-    if ((st = dj_client_generate_start(g->cl, session, &gp, &g->gen)) != DJ_OK) {
+    dj__request r = {.type = DJ_MSG_GENERATE, .session = g->session};
+    dj__req_generate *gr = &r.u.gen;
+    const size_t n = o->n_ids - o->cached;
+    gr->max_tokens = o->max_given ? o->max_tokens : (1u << 30);
+    gr->s.sampling = o->sampling;
+    gr->s.logprobs = o->logprobs;
+    gr->s.top_logprobs = o->top_logprobs;
+    bool oom = !(gr->ids = dj_malloc((n ? n : 1) * sizeof *gr->ids));
+    if (!oom) memcpy(gr->ids, o->ids + o->cached, n * sizeof *gr->ids);
+    gr->n_ids = n;
+    if (!oom && o->cache_salt) {
+        gr->salt_len = strlen(o->cache_salt);
+        oom = !(gr->cache_salt = dj_strdup(o->cache_salt));
+    }
+    char base[128], lora[128];
+    if (dj__adapter_split(o->model, base, sizeof base, lora, sizeof lora) == DJ_OK && lora[0])
+        snprintf(gr->adapter, sizeof gr->adapter, "%s", lora);
+    if (!oom && o->n_logit_bias) {
+        oom = !(gr->s.logit_bias = dj_malloc(o->n_logit_bias * sizeof *gr->s.logit_bias));
+        if (!oom) {
+            memcpy(gr->s.logit_bias, o->logit_bias, o->n_logit_bias * sizeof *gr->s.logit_bias);
+            gr->s.n_logit_bias = o->n_logit_bias;
+        }
+    }
+    if (!oom && o->json_schema) {
+        gr->schema_len = strlen(o->json_schema);
+        oom = !(gr->json_schema = dj_strdup(o->json_schema));
+    }
+    if (oom) {
+        dj__request_free(&r);
+        snprintf(err, cap, "out of memory");
+        return 503;
+    }
+    if ((st = dj__portal_post(g->p, &r, &g->gen_req)) != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         return status_of(st);
     }
     return 0;
 }
 
-/* One step of the generation: waits up to POLL_MS for an event. 0 on
- * progress (or nothing yet), -1 when the HTTP client left, else the status
- * of the daemon's error (err set). */
+/* One event of the generation: waits until the daemon sends one or the HTTP
+ * client hangs up. 0 on progress, -1 when the HTTP client left, else the
+ * status of the daemon's error (err set). */
 static int gen_step(hgen *g, char *err, size_t cap) {
-    dj_client_event ev;
-    dj_generate_result res;
-    dj_status st = dj_client_generate_next(g->gen, POLL_MS, &ev, &res);
+    dj__event *e = NULL;
+    dj_status st = dj__portal_next(g->p, g->fd, -1, &e);
     if (st != DJ_OK) {
         snprintf(err, cap, "djinnd: %s", dj_last_error());
         g->ended = true;
         return (int)status_of(st);
     }
-    /* the HTTP client is looked at every POLL_MS, tokens flowing or not */
-    const double now = dj__now();
-    if (ev.kind == DJ_CLIENT_EVENT_NONE || now - g->gone_checked >= POLL_MS / 1e3) {
-        g->gone_checked = now;
-        if (client_gone(g->conn)) return -1;
-        if (ev.kind == DJ_CLIENT_EVENT_NONE) return 0;
+    if (!e) return -1; /* the client hung up */
+    if (e->req != g->gen_req) { /* nothing else of this portal's is in flight: not ours */
+        dj__event_free(e);
+        return 0;
     }
-    if (ev.kind == DJ_CLIENT_EVENT_TOKEN) {
+    if (e->kind == DJ__EV_ERROR) {
+        st = e->u.error.st;
+        char msg[sizeof e->u.error.msg];
+        dj__scrub_message(e->u.error.msg, msg, sizeof msg);
+        snprintf(err, cap, "djinnd: %.480s", msg[0] ? msg : dj_strerror(st));
+        dj__event_free(e);
+        g->ended = true;
+        return (int)status_of(st);
+    }
+    if (e->kind == DJ__EV_TOKEN) {
+        const dj__ev_token *t = &e->u.token;
         g->o.n_generated++;
         if (g->n_gen == g->cap_gen) { /* for reuse; a failed growth only spoils that (gen_close checks) */
             const size_t c = g->cap_gen ? 2 * g->cap_gen : 64;
             int32_t *v = dj_realloc(g->gen_ids, c * sizeof *v);
             if (v) g->gen_ids = v, g->cap_gen = c;
         }
-        if (g->n_gen < g->cap_gen) g->gen_ids[g->n_gen++] = ev.id;
-    }
-    if (ev.kind == DJ_CLIENT_EVENT_DONE) {
+        if (g->n_gen < g->cap_gen) g->gen_ids[g->n_gen++] = t->id;
+        if (t->has_logprobs) dj__oai_logprobs(&g->o, &t->lp); /* before its text */
+        dj__oai_text(&g->o, t->has_text ? t->text : "", t->has_text ? t->text_len : 0);
+    } else if (e->kind == DJ__EV_DONE) {
+        const dj__ev_done *d = &e->u.done;
         g->done = true;
-        g->res = res;
-        g->o.cached += res.cached; /* the daemon's prefix cache, beside a kept session's ids */
+        g->res.n_generated = d->n_generated;
+        g->res.pos = d->pos;
+        g->res.stop_id = d->has_stop_id && d->stop_id >= 0 && d->stop_id <= INT32_MAX ? d->stop_id : -1;
+        g->res.reason = d->reason; /* a static string */
+        g->o.cached += d->cached;  /* the daemon's prefix cache, beside a kept session's ids */
+        dj__oai_text(&g->o, d->text, d->text_len);
+        dj__oai_done(&g->o, d->reason);
     }
-    if (ev.kind == DJ_CLIENT_EVENT_TOKEN && ev.has_logprobs) dj__oai_logprobs(&g->o, &ev.lp); /* before its text */
-    dj__oai_text(&g->o, ev.text, ev.len);
-    if (ev.kind == DJ_CLIENT_EVENT_DONE) dj__oai_done(&g->o, res.reason);
+    dj__event_free(e);
     if (g->o.finished) g->ended = true;
-    if (g->ended) gen_close(g); /* a stop string: the daemon stops when the connection goes */
+    if (g->ended) gen_close(g); /* a stop string: the daemon stops when the portal closes */
     return 0;
 }
 
@@ -618,6 +677,7 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
     if (!g) return reply_error(q, c, 503, "out of memory");
     g->h = h;
     g->conn = c;
+    g->fd = client_fd(c);
     char err[768];
     const char *qos = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Djinn-QoS");
     /* the parse is bounded before it runs: no more JSON values (nodes) than
@@ -629,7 +689,9 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
         gen_free(g);
         return reply_error(q, c, 400, "a string of the body holds \\u0000 (NUL): djinnd takes text without it");
     }
-    const dj__http_model *m = name[0] ? model_get(h, name) : NULL;
+    char vbase[128], vlora[128]; /* "base:adapter" counts as its base */
+    const dj__http_model *m =
+        name[0] && dj__adapter_split(name, vbase, sizeof vbase, vlora, sizeof vlora) == DJ_OK ? model_get(h, vbase) : NULL;
     const size_t most = (m ? m->max_pos : 0) + (size_t)JSON_VALUES_SPARE;
     if (values > most) {
         gen_free(g);
@@ -647,8 +709,13 @@ static enum MHD_Result serve_generate(hreq *q, struct MHD_Connection *c, bool ch
             }
         }
     m = NULL;
-    if (!rc && !(m = model_get(h, g->o.model))) {
-        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", g->o.model);
+    char base[128], lora[128]; /* "base:adapter": a LoRA adapter of base (adapter.h) */
+    if (!rc && dj__adapter_split(g->o.model, base, sizeof base, lora, sizeof lora) != DJ_OK) {
+        snprintf(err, sizeof err, "%s", dj_last_error());
+        rc = 400;
+    }
+    if (!rc && !(m = model_get(h, base))) {
+        snprintf(err, sizeof err, "model '%s' is not in djinnd's model store", base);
         rc = 404;
     }
     if (!rc) rc = dj__oai_prompt(&g->o, m, err, sizeof err);
@@ -702,67 +769,81 @@ static enum MHD_Result serve_route(hreq *q, struct MHD_Connection *c, int status
 static const dj__http_model *model_of(void *h, const char *name) { return model_get(h, name); }
 
 /* GET /v1/models (id NULL) and /v1/models/{id}. */
+/* One request answered by one reply, on a portal of its own: its REPLY
+ * event (the caller frees it), or NULL with the error answered into *ret. */
+static dj__event *daemon_call(hreq *q, struct MHD_Connection *c, uint16_t type, enum MHD_Result *ret) {
+    dj__portal *p = NULL;
+    dj__event *rep = NULL;
+    dj_status st = dj__portal_open(q->h->cfg.srv, q->tk, &p);
+    if (st == DJ_OK) st = dj__portal_call(p, &(dj__request){.type = type}, &rep);
+    dj__portal_close(p);
+    if (st != DJ_OK) *ret = reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
+    return rep;
+}
+
 static enum MHD_Result serve_models(hreq *q, struct MHD_Connection *c, const char *id) {
-    dj_client_t *cl = NULL;
-    dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
-    dj_client_model *ms = NULL;
-    size_t n = 0, len = 0;
-    if (st == DJ_OK) st = dj_client_model_list(cl, &ms, &n);
-    dj_client_free(cl);
-    if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
+    enum MHD_Result ret = MHD_NO;
+    dj__event *rep = daemon_call(q, c, DJ_MSG_MODEL_LIST, &ret);
+    if (!rep) return ret;
     char err[512], *body = NULL;
-    const int rc = dj__http_models(ms, n, id, model_of, q->h, &body, &len, err, sizeof err);
-    free(ms);
+    size_t len = 0;
+    const int rc = dj__http_models(&rep->u.list, id, model_of, q->h, &body, &len, err, sizeof err);
+    dj__event_free(rep);
     return serve_route(q, c, rc, body, len, err);
 }
 
 static enum MHD_Result serve_stats(hreq *q, struct MHD_Connection *c) {
     if (!q->h->cfg.n_auth && !q->h->cfg.local_admin) return reply_error(q, c, 403, "%s", DJ__ADMIN_NEEDED);
-    dj_client_t *cl = NULL;
-    dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &cl);
-    dj_client_stats s;
-    memset(&s, 0, sizeof s);
-    if (st == DJ_OK) st = dj_client_stats_get(cl, &s);
-    dj_client_free(cl);
-    if (st != DJ_OK) return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
+    enum MHD_Result ret = MHD_NO;
+    dj__event *rep = daemon_call(q, c, DJ_MSG_STATS, &ret);
+    if (!rep) return ret;
     size_t len = 0;
-    char *body = (q->tk && !q->tk->admin ? dj__http_stats_json_own : dj__http_stats_json)(&s, dj__now(), &len);
-    dj_client_stats_free(&s);
+    char *body = dj__http_stats_json(&rep->u.stats, dj__now(), &len); /* its token's scope: the daemon's choice */
+    dj__event_free(rep);
     if (!body) return reply_error(q, c, 503, "out of memory");
     q->responded = true;
     return reply(c, 200, body, len, "application/json");
 }
 
-/* GET /v1/djinn/events: the stats every EVENTS_MS, over one libdjinn
- * connection held while the client is. */
+/* GET /v1/djinn/events: the stats every EVENTS_MS, over one portal held
+ * while the client is. */
 typedef struct hevents {
     hstream s;        /* first: an hstream * is its hevents * */
     dj__http *h;
     struct MHD_Connection *conn;
-    dj_client_t *cl;
+    int fd;           /* the client's socket: its hang-up ends the wait */
+    dj__portal *p;
     uint64_t count;   /* the events to send (0: until the client goes) */
     uint64_t sent;
     double next_at;   /* when the next one is due (monotonic s) */
-    bool own;         /* a token without the admin role: its own counters only */
 } hevents;
+
+/* Whether the client hung up (or the front end stops) within ms (waits that long otherwise). */
+static bool events_gone(hevents *e, int ms) {
+    if (__atomic_load_n(&e->h->stopping, __ATOMIC_ACQUIRE)) return true;
+    struct pollfd f = {.fd = e->fd, .events = POLLRDHUP};
+    if (e->fd < 0) {
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        if (ms > 0) nanosleep(&ts, NULL);
+        return false;
+    }
+    return poll(&f, 1, ms) > 0 && (f.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
 
 static int events_fill(hstream *s) {
     hevents *e = (hevents *)s;
-    /* wait for the next one, looking at the client (and at a stopping front end) every POLL_MS */
+    /* wait for the next one, looking at the client (and at a stopping front end) at least every POLL_MS */
     for (double now = dj__now(); e->sent && now < e->next_at; now = dj__now()) {
-        if (__atomic_load_n(&e->h->stopping, __ATOMIC_ACQUIRE) || client_gone(e->conn)) return -1;
         double ms = (e->next_at - now) * 1e3;
-        if (ms > POLL_MS) ms = POLL_MS;
-        struct timespec ts = {0, (long)(ms * 1e6)};
-        nanosleep(&ts, NULL);
+        if (ms > POLL_MS) ms = POLL_MS; /* a stopping front end is seen within this */
+        if (events_gone(e, (int)ms + 1)) return -1;
     }
-    if (__atomic_load_n(&e->h->stopping, __ATOMIC_ACQUIRE) || client_gone(e->conn)) return -1;
+    if (events_gone(e, 0)) return -1;
     const double now = dj__now();
     e->next_at = (e->sent ? e->next_at : now) + EVENTS_MS / 1e3;
     if (e->next_at < now) e->next_at = now + EVENTS_MS / 1e3; /* late (a slow STATS): no burst to catch up */
-    dj_client_stats st;
-    memset(&st, 0, sizeof st);
-    const dj_status rc = dj_client_stats_get(e->cl, &st);
+    dj__event *rep = NULL;
+    const dj_status rc = dj__portal_call(e->p, &(dj__request){.type = DJ_MSG_STATS}, &rep);
     if (rc != DJ_OK) { /* the daemon went (or refused): the error, and the end */
         char err[512];
         snprintf(err, sizeof err, "djinnd: %s", dj_last_error());
@@ -770,8 +851,8 @@ static int events_fill(hstream *s) {
         return 1;
     }
     size_t len = 0;
-    char *body = (e->own ? dj__http_stats_json_own : dj__http_stats_json)(&st, now, &len);
-    dj_client_stats_free(&st);
+    char *body = dj__http_stats_json(&rep->u.stats, now, &len);
+    dj__event_free(rep);
     if (!body) return -1;
     dj__sse_put(&s->out, NULL, body, len);
     free(body);
@@ -780,7 +861,7 @@ static int events_fill(hstream *s) {
 
 static void events_done(hstream *s) {
     hevents *e = (hevents *)s;
-    dj_client_free(e->cl);
+    dj__portal_close(e->p);
     dj__buf_free(&s->out);
     free(e);
 }
@@ -802,10 +883,10 @@ static enum MHD_Result serve_events(hreq *q, struct MHD_Connection *c) {
     e->h = q->h;
     e->conn = c;
     e->count = count;
-    e->own = q->tk && !q->tk->admin;
+    e->fd = client_fd(c);
     e->s.fill = events_fill;
     e->s.done = events_done;
-    const dj_status st = dj_client_connect(q->h->cfg.daemon, q->h->cfg.n_auth ? q->token : NULL, &e->cl);
+    const dj_status st = dj__portal_open(q->h->cfg.srv, q->tk, &e->p);
     if (st != DJ_OK) {
         events_done(&e->s);
         return reply_error(q, c, status_of(st), "djinnd: %s", dj_last_error());
@@ -1120,8 +1201,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     } else if (!strncmp(url, "/v1/models/", 11)) {
         if (get) return serve_models(q, c, url + 11);
     } else if (!strcmp(url, "/health")) {
-        const int rc = get ? dj__http_health(h->cfg.daemon, h->cfg.n_auth ? q->token : NULL, &body, &len, err,
-                                             sizeof err) : 0;
+        const int rc = get ? dj__http_health(h->cfg.srv, q->tk, &body, &len, err, sizeof err) : 0;
         if (get) return serve_route(q, c, rc, body, len, err);
     } else if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
         const int rc = post ? (url[1] == 't' ? dj__http_tokenize : dj__http_detokenize)(

@@ -1,5 +1,5 @@
-/* http_impl.h: djinnd's OpenAI-compatible HTTP front end - an in-process
- * client of the daemon's own protocol (libdjinn) behind libmicrohttpd
+/* http_impl.h: djinnd's OpenAI-compatible HTTP front end - typed requests
+ * into the daemon through portals (submit.h) behind libmicrohttpd
  * (http.c), and the OpenAI request/response JSON (http_openai.c). */
 #ifndef DJ_HTTP_IMPL_H
 #define DJ_HTTP_IMPL_H
@@ -9,14 +9,14 @@
 #include <stdint.h>
 
 #include "djinn/chat_template.h"
-#include "djinn/client.h"
 #include "djinn/tokenizer.h"
 #include "server/server_impl.h"
+#include "server/submit.h"
 
 /* ---- the front end (http.c) ---- */
 typedef struct dj__http_cfg {
     const char *addr;        /* --http ADDR:PORT */
-    char daemon[320];        /* the daemon's own listener, as libdjinn dials it */
+    struct dj__server *srv;  /* the daemon: requests enter through its portals (submit.h) */
     const char *models;      /* --models: tokenizers and chat templates are read here */
     const dj__token *auth;   /* [n_auth] --token-file: bearer tokens (none: loopback peers only) */
     size_t n_auth;
@@ -48,11 +48,9 @@ size_t dj__http_sweep(dj__http *h, uint64_t now_ms);
  * /v1/djinn/events: the STATS reply as JSON, one line, with at (monotonic
  * seconds when it was taken: rates between two of them) as "at_s" (malloc'd,
  * *len bytes; NULL when out of memory). */
-char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len /* OUT */);
-/* ... as a token without the admin role sees it: the daemon-wide counters
- * (memory used, pages free, the prefix cache, queues, swap traffic, steps,
- * models' references) zeroed and "scope": "own" - its own sessions only. */
-char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len /* OUT */);
+char *dj__http_stats_json(const dj__stats_snap *st, double at, size_t *len /* OUT */);
+/* (A snapshot without the admin role - st->admin false - holds its own
+ * sessions only: the daemon-wide counters are zero and "scope" is "own".) */
 extern const char dj__http_view_html[]; /* GET /: the page, drawing the events above */
 
 /* What the front end keeps of a model of the store (loaded on first use). */
@@ -79,6 +77,53 @@ void dj__buf_free(dj__buf *b);
  * NULL, then data[n] (one line: no '\n' in it) as "data: ...", a blank line. */
 void dj__sse_put(dj__buf *out, const char *name, const char *data, size_t n);
 
+/* ---- tool calls (http_tools.c) ---- */
+#define DJ__MAX_TOOLS 128         /* functions in one request's tools */
+#define DJ__TOOL_NAME_MAX 64      /* a function name's characters (OpenAI's rule) */
+#define DJ__MAX_PARALLEL_CALLS 8  /* calls in one forced answer with parallel_tool_calls */
+typedef enum dj__tool_choice {
+    DJ__TOOLS_OFF,      /* no tools, or tool_choice "none": the text is the answer */
+    DJ__TOOLS_AUTO,     /* the model may call: its output is parsed for calls */
+    DJ__TOOLS_REQUIRED, /* it must call one of them (schema forces it) */
+    DJ__TOOLS_NAMED     /* it must call the named one (schema forces it) */
+} dj__tool_choice;
+typedef struct dj__oai_tools {
+    dj__tool_choice choice;
+    bool parallel;                       /* parallel_tool_calls (default true) */
+    char (*names)[DJ__TOOL_NAME_MAX + 1]; /* [n_names] the functions' names (malloc'd) */
+    size_t n_names;
+    char *schema;                        /* REQUIRED/NAMED: the JSON schema the answer is decoded under - one
+                                          * {"name", "arguments"} object, or with parallel (REQUIRED only) an
+                                          * array of 1..DJ__MAX_PARALLEL_CALLS of them (malloc'd); else NULL */
+} dj__oai_tools;
+/* A chat request's tools, tool_choice, parallel_tool_calls (cJSON *, each
+ * NULL when absent) checked into *t: every bad input a 400 naming the field
+ * (tools[i].function.name...); with a forced choice each function's
+ * parameters must compile (grammar.h's subset). 0, or the status with err;
+ * free *t with dj__oai_tools_free either way. */
+int dj__oai_tools_parse(const void *tools, const void *choice, const void *parallel, dj__oai_tools *t /* OUT */,
+                        char *err, size_t cap);
+void dj__oai_tools_free(dj__oai_tools *t);
+/* Messages (a cJSON array) as the templates read them: an assistant
+ * message's tool_calls[j].function.arguments given as JSON text becomes the
+ * object (400 naming it when it is not one); tool_call_id must be a string. */
+int dj__oai_tool_messages(void *messages, char *err, size_t cap);
+/* The calls in a finished answer text[n]: forced, the schema's value;
+ * auto, Hermes/Qwen "<tool_call>{...}</tool_call>" blocks, Mistral's
+ * "[TOOL_CALLS][...]", Llama 3.1's "<|python_tag|>{...}", or a JSON call
+ * (or array of calls) as the whole answer - each {"name": a declared
+ * function, "arguments" (or "parameters"): an object}. Returns OpenAI's
+ * tool_calls (a cJSON array, ids "call_<id_base>_<k>"; the caller deletes
+ * it), or NULL when there are none (then the whole text is content; so too
+ * when a marker's JSON does not parse, or several calls come without
+ * parallel). *content: the bytes of text before the calls (trailing white
+ * space cut). */
+void *dj__oai_tool_calls(const dj__oai_tools *t, const char *text, size_t n, const char *id_base,
+                         size_t *content /* OUT */);
+/* Streaming: the bytes of text[n] that may go out as content now - all with
+ * tools off, none when forced, with auto up to where a call may begin. */
+size_t dj__oai_tools_safe(const dj__oai_tools *t, const char *text, size_t n);
+
 /* ---- one OpenAI request (http_openai.c) ---- */
 #define DJ__OAI_MAX_STOP 4
 typedef struct dj__oai {
@@ -95,7 +140,11 @@ typedef struct dj__oai {
     char *stop[DJ__OAI_MAX_STOP]; /* malloc'd */
     size_t stop_len[DJ__OAI_MAX_STOP], n_stop, max_stop_len;
     void *messages, *tools;  /* cJSON * (chat), owned */
+    dj__oai_tools calls;     /* tools and tool_choice as checked (chat) */
+    bool calls_sent;         /* stream: the tool_calls deltas went out */
     char *cache_salt;        /* the request's cache_salt (malloc'd), or NULL */
+    dj_logit_bias *logit_bias; /* [n_logit_bias] (malloc'd) or NULL: ids checked against the model by the daemon */
+    size_t n_logit_bias;
     char *json_schema;       /* response_format's JSON schema as text (malloc'd; json_object: any object), or NULL */
     char *prompt;            /* completions: text (malloc'd), or */
     int32_t *ids;            /* the prompt's token ids (malloc'd, n_ids) */
@@ -156,13 +205,13 @@ char *dj__oai_error(int status, const char *message, size_t *len /* OUT */);
  * /health's 503 body). A model comes from get(ctx, name): the front end's
  * entry (NULL: not in the store). */
 typedef const dj__http_model *(*dj__http_model_fn)(void *ctx, const char *name);
-/* GET /health: 200 {"status": "ok"} when the daemon answers a HELLO and a
- * heartbeat (with token), else 503 {"status": "unavailable", "reason"}. */
-int dj__http_health(const char *daemon, const char *token, char **out, size_t *len, char *err, size_t cap);
+/* GET /health: 200 {"status": "ok"} when the daemon opens a portal for the
+ * token and answers its heartbeat, else 503 {"status": "unavailable", "reason"}. */
+int dj__http_health(struct dj__server *s, const dj__token *tk, char **out, size_t *len, char *err, size_t cap);
 /* GET /v1/models (id NULL) and /v1/models/{id} from MODEL_LIST's entries:
  * id, object, created (0), owned_by, loaded, and where the front end can
  * read the folder max_model_len, chat_template, tokenizer. */
-int dj__http_models(const dj_client_model *ms, size_t n, const char *id, dj__http_model_fn get, void *ctx, char **out,
+int dj__http_models(const dj__rep_model_list *ms, const char *id, dj__http_model_fn get, void *ctx, char **out,
                     size_t *len, char *err, size_t cap);
 /* POST /tokenize {model, prompt[, add_special_tokens]} or {model, messages}
  * (rendered as /v1/chat/completions renders them) -> {tokens, count,

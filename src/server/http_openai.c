@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "djinn/grammar.h"
+#include "djinn/sample_schema.h"
 #include "model/jinja_impl.h"
 #include "model/tok_impl.h"
 #include "server/http_impl.h"
@@ -116,6 +117,44 @@ static int number(const cJSON *req, const char *key, double lo, double hi, doubl
     }
     *out = v->valuedouble;
     if (given) *given = true;
+    return 0;
+}
+
+/* logit_bias: an object of token id (a decimal string, as OpenAI's JSON
+ * has it) to a number in [-100, 100], at most DJ_MAX_LOGIT_BIAS of them. */
+static int parse_logit_bias(dj__oai *o, const cJSON *v, char *err, size_t cap) {
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v)) return bad(err, cap, "'%s' must be an object of token id to bias", "logit_bias");
+    const int n = cJSON_GetArraySize(v);
+    if (n == 0) return 0;
+    if (n > DJ_MAX_LOGIT_BIAS) {
+        snprintf(err, cap, "'logit_bias' has %d entries: at most %d", n, DJ_MAX_LOGIT_BIAS);
+        return 400;
+    }
+    if (!(o->logit_bias = dj_malloc((size_t)n * sizeof *o->logit_bias))) {
+        snprintf(err, cap, "out of memory");
+        return 503;
+    }
+    for (const cJSON *e = v->child; e; e = e->next) {
+        const char *k = e->string;
+        size_t d = 0;
+        while (k[d] >= '0' && k[d] <= '9' && d < 11) d++;
+        const long long id = d && d <= 10 && !k[d] ? strtoll(k, NULL, 10) : -1;
+        if (id < 0 || id > INT32_MAX) {
+            snprintf(err, cap, "'logit_bias' key '%.32s' is not a token id (a non-negative integer below 2^31)", k);
+            return 400;
+        }
+        const double b = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!(b >= -DJ_LOGIT_BIAS_MAX_ABS && b <= DJ_LOGIT_BIAS_MAX_ABS)) { /* NaN too */
+            snprintf(err, cap, "'logit_bias.%.32s' must be a number in [-100, 100]", k);
+            return 400;
+        }
+        o->logit_bias[o->n_logit_bias++] = (dj_logit_bias){.id = (int32_t)id, .bias = (float)e->valuedouble};
+    }
+    if (dj_logit_bias_check(o->logit_bias, o->n_logit_bias, 0) != DJ_OK) { /* "1" and "01" name one id twice */
+        snprintf(err, cap, "'logit_bias': %s", dj_last_error());
+        return 400;
+    }
     return 0;
 }
 
@@ -321,9 +360,7 @@ static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
     static const struct {
         const char *name, *why;
     } refused[] = {
-        {"logit_bias", "is not supported yet by djinnd"},
-        {"tools", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
-        {"functions", "is not supported yet by djinnd: tool calls are not parsed into 'tool_calls'"},
+        {"functions", "(deprecated by OpenAI) is not supported by djinnd: send 'tools'"},
         {"audio", "is not supported by djinnd: it answers text only"},
         {"prediction", "is not supported by djinnd"},
         {"reasoning_effort", "is not supported by djinnd"},
@@ -341,16 +378,10 @@ static int check_fields(const cJSON *req, bool chat, char *err, size_t cap) {
             return 400;
         }
     }
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "function_call");
     if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-        return bad(err, cap, "'%s' other than \"none\" or \"auto\" is not supported yet by djinnd (no tools)",
-                   "tool_choice");
-    v = cJSON_GetObjectItemCaseSensitive(req, "function_call");
-    if (!absent(v) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
-        return bad(err, cap, "'%s' other than \"none\" or \"auto\" is not supported yet by djinnd (no tools)",
-                   "function_call");
-    v = cJSON_GetObjectItemCaseSensitive(req, "parallel_tool_calls");
-    if (!absent(v) && !cJSON_IsBool(v)) return bad(err, cap, "'%s' must be true or false", "parallel_tool_calls");
+        return bad(err, cap, "'%s' (deprecated by OpenAI) other than \"none\" or \"auto\" is not supported by "
+                   "djinnd: send 'tools' and 'tool_choice'", "function_call");
     v = cJSON_GetObjectItemCaseSensitive(req, "modalities");
     if (!absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(v->child) &&
                         !strcmp(v->child->valuestring, "text")))
@@ -546,6 +577,7 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
     }
     if ((rc = parse_logprobs(o, req, err, cap))) goto done;
     if ((rc = parse_stop(o, cJSON_GetObjectItemCaseSensitive(req, "stop"), err, cap))) goto done;
+    if ((rc = parse_logit_bias(o, cJSON_GetObjectItemCaseSensitive(req, "logit_bias"), err, cap))) goto done;
     v = cJSON_GetObjectItemCaseSensitive(req, "qos");
     o->qos_given = (v && !cJSON_IsNull(v)) || qos_header;
     if (v && !cJSON_IsNull(v)) {
@@ -572,15 +604,26 @@ int dj__oai_parse(dj__oai *o, const char *body, size_t n, bool chat, const char 
         cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
         if ((rc = check_messages(msgs, err, cap))) goto done;
         if ((rc = join_parts(msgs, err, cap))) goto done;
+        if ((rc = dj__oai_tool_messages(msgs, err, cap))) goto done;
         o->messages = cJSON_DetachItemViaPointer(req, msgs);
         cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
-        if (tools && !cJSON_IsNull(tools)) {
-            if (!cJSON_IsArray(tools)) {
-                rc = bad(err, cap, "'%s' must be an array", "tools");
+        if ((rc = dj__oai_tools_parse(tools, cJSON_GetObjectItemCaseSensitive(req, "tool_choice"),
+                                      cJSON_GetObjectItemCaseSensitive(req, "parallel_tool_calls"), &o->calls, err,
+                                      cap)))
+            goto done;
+        if (o->calls.schema) { /* a forced call: decoded under its schema, as structured output is */
+            if (o->json_schema) {
+                rc = bad(err, cap, "%s", "'tool_choice' \"required\" or a named function cannot be combined with a "
+                                        "JSON 'response_format': the answer is the call");
                 goto done;
             }
-            o->tools = cJSON_DetachItemViaPointer(req, tools);
+            if (!(o->json_schema = dj_strdup(o->calls.schema))) {
+                snprintf(err, cap, "out of memory");
+                rc = 503;
+                goto done;
+            }
         }
+        if (cJSON_GetArraySize(tools) > 0) o->tools = cJSON_DetachItemViaPointer(req, tools);
     } else {
         v = cJSON_GetObjectItemCaseSensitive(req, "prompt");
         /* a string, [string] or [int, ...] (token ids) */
@@ -834,21 +877,37 @@ static char *print(cJSON *r, size_t *len) {
     return s;
 }
 
+/* The answer's tool calls (a cJSON array, or NULL: none) and *keep, the
+ * bytes of its text that stay content: only a whole answer (not cut by
+ * max_tokens or the context) is read for calls. */
+static cJSON *answer_calls(const dj__oai *o, size_t *keep) {
+    *keep = o->text.n;
+    if (!o->chat || o->calls.choice == DJ__TOOLS_OFF || !o->finish || strcmp(o->finish, "stop")) return NULL;
+    const char *base = strchr(o->id, '-') ? strchr(o->id, '-') + 1 : o->id;
+    return dj__oai_tool_calls(&o->calls, o->text.p, o->text.n, base, keep);
+}
+
 char *dj__oai_response(const dj__oai *o, size_t *len) {
     if (o->text.oom) return NULL; /* text (or logprobs) lost for want of memory: answered 503, never a hole */
     cJSON *r = head(o, o->chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     const char *text = o->text.p ? o->text.p : "";
+    size_t keep = o->text.n;
+    cJSON *calls = answer_calls(o, &keep);
     if (o->chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
+        char *t = calls ? dj_strndup(text, keep) : NULL;
+        if (calls && !keep) cJSON_AddNullToObject(m, "content"); /* as OpenAI answers a call */
+        else cJSON_AddStringToObject(m, "content", calls ? (t ? t : "") : text);
+        free(t);
+        if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
     } else {
         cJSON_AddStringToObject(c, "text", text);
     }
     add_logprobs(o, c, 0, o->n_lps);
-    cJSON_AddStringToObject(c, "finish_reason", o->finish ? o->finish : "length");
+    cJSON_AddStringToObject(c, "finish_reason", calls ? "tool_calls" : o->finish ? o->finish : "length");
     cJSON_AddItemToArray(choices, c);
     add_usage(o, r);
     return print(r, len);
@@ -900,6 +959,20 @@ static void chunk(const dj__oai *o, const char *text, size_t n, bool role, const
     event(out, r);
 }
 
+/* One chunk whose delta holds one tool call's piece d (taken). */
+static void calls_chunk(const dj__oai *o, cJSON *d, dj__buf *out) {
+    cJSON *r = head(o, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *delta = cJSON_AddObjectToObject(c, "delta"), *a = delta ? cJSON_AddArrayToObject(delta, "tool_calls") : NULL;
+    if (a) cJSON_AddItemToArray(a, d);
+    else cJSON_Delete(d);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    event(out, r);
+}
+
 /* Bytes at the end of the text that could still begin a stop string. */
 static size_t holdback(const dj__oai *o) {
     size_t keep = 0;
@@ -921,7 +994,19 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
         chunk(o, "", 0, true, NULL, 0, 0, out);
         o->role_sent = true;
     }
-    const size_t upto = last || o->finished ? o->text.n : o->text.n - holdback(o);
+    size_t upto = last || o->finished ? o->text.n : o->text.n - holdback(o);
+    /* tools: text that may begin a call waits; at the end the calls go out as OpenAI streams them */
+    cJSON *calls = NULL;
+    if (o->chat && o->calls.choice != DJ__TOOLS_OFF) {
+        if (last) {
+            size_t keep;
+            calls = answer_calls(o, &keep);
+            if (calls) upto = keep > o->sent ? keep : o->sent;
+        } else {
+            const size_t safe = dj__oai_tools_safe(&o->calls, o->text.p, o->text.n);
+            if (safe < upto) upto = safe > o->sent ? safe : o->sent;
+        }
+    }
     /* the tokens whose text starts in what goes out (all of them at the end) */
     size_t lp_to = o->lps_sent;
     while (lp_to < o->n_lps && (last || o->lps[lp_to].offset < upto)) lp_to++;
@@ -931,7 +1016,28 @@ void dj__oai_events(dj__oai *o, bool last, dj__buf *out) {
         o->lps_sent = lp_to;
     }
     if (!last) return;
-    chunk(o, NULL, 0, false, o->finish ? o->finish : "length", 0, 0, out);
+    int k = 0;
+    for (const cJSON *call = calls ? calls->child : NULL; call; call = call->next, k++) {
+        /* each call in two deltas: its id, type and name with arguments "", then the arguments */
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        for (int part = 0; part < 2; part++) {
+            cJSON *d = cJSON_CreateObject(), *f = NULL;
+            cJSON_AddNumberToObject(d, "index", k);
+            if (part == 0) {
+                cJSON_AddStringToObject(d, "id", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(call, "id")));
+                cJSON_AddStringToObject(d, "type", "function");
+            }
+            if ((f = cJSON_AddObjectToObject(d, "function"))) {
+                const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(fn, "name"));
+                if (part == 0) cJSON_AddStringToObject(f, "name", name);
+                cJSON_AddStringToObject(f, "arguments", part == 0 ? "" : cJSON_GetStringValue(args));
+            }
+            calls_chunk(o, d, out);
+        }
+    }
+    chunk(o, NULL, 0, false, calls ? "tool_calls" : o->finish ? o->finish : "length", 0, 0, out);
+    cJSON_Delete(calls);
     if (o->include_usage) {
         cJSON *r = head(o, o->chat ? "chat.completion.chunk" : "text_completion");
         cJSON_AddArrayToObject(r, "choices");
@@ -945,8 +1051,10 @@ void dj__oai_free(dj__oai *o) {
     for (size_t s = 0; s < o->n_stop; s++) free(o->stop[s]);
     cJSON_Delete(o->messages);
     cJSON_Delete(o->tools);
+    dj__oai_tools_free(&o->calls);
     free(o->prompt);
     free(o->cache_salt);
+    free(o->logit_bias);
     free(o->json_schema);
     free(o->ids);
     free(o->lps);

@@ -17,12 +17,12 @@ static char *print(cJSON *r, size_t *len) {
     return s;
 }
 
-int dj__http_health(const char *daemon, const char *token, char **out, size_t *len, char *err, size_t cap) {
+int dj__http_health(dj__server *s, const dj__token *tk, char **out, size_t *len, char *err, size_t cap) {
     *out = NULL;
-    dj_client_t *cl = NULL;
-    dj_status st = dj_client_connect(daemon, token, &cl);
-    if (st == DJ_OK) st = dj_client_heartbeat(cl);
-    dj_client_free(cl);
+    dj__portal *p = NULL;
+    dj_status st = dj__portal_open(s, tk, &p);
+    if (st == DJ_OK) st = dj__portal_call(p, &(dj__request){.type = DJ_MSG_HEARTBEAT}, NULL);
+    dj__portal_close(p);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "status", st == DJ_OK ? "ok" : "unavailable");
     if (st != DJ_OK) cJSON_AddStringToObject(r, "reason", dj_last_error());
@@ -35,7 +35,7 @@ int dj__http_health(const char *daemon, const char *token, char **out, size_t *l
 
 /* One model's entry: OpenAI's {id, object, created, owned_by} and what
  * djinnd knows of it (vLLM's max_model_len; loaded; its chat template). */
-static cJSON *model_entry(const dj_client_model *m, dj__http_model_fn get, void *ctx) {
+static cJSON *model_entry(const struct dj__rep_listed *m, dj__http_model_fn get, void *ctx) {
     cJSON *e = cJSON_CreateObject();
     cJSON_AddStringToObject(e, "id", m->name);
     cJSON_AddStringToObject(e, "object", "model");
@@ -51,9 +51,11 @@ static cJSON *model_entry(const dj_client_model *m, dj__http_model_fn get, void 
     return e;
 }
 
-int dj__http_models(const dj_client_model *ms, size_t n, const char *id, dj__http_model_fn get, void *ctx, char **out,
+int dj__http_models(const dj__rep_model_list *list, const char *id, dj__http_model_fn get, void *ctx, char **out,
                     size_t *len, char *err, size_t cap) {
     *out = NULL;
+    const struct dj__rep_listed *ms = list->models;
+    const size_t n = list->n;
     cJSON *r = NULL;
     if (id) {
         for (size_t i = 0; i < n && !r; i++)
@@ -117,15 +119,19 @@ int dj__http_tokenize(const char *body, size_t n, dj__http_model_fn get, void *c
     const dj__http_model *m = NULL;
     dj__oai o;
     memset(&o, 0, sizeof o);
-    static const char *const fields[] = {"model", "prompt", "messages", "add_special_tokens"};
+    static const char *const fields[] = {"model", "prompt", "messages", "add_special_tokens", "tools"};
     int rc = !cJSON_IsObject(req) ? (snprintf(err, cap, "the body must be a JSON object"), 400)
-                                  : only_fields(req, fields, 4, err, cap);
+                                  : only_fields(req, fields, 5, err, cap);
     if (!rc) rc = body_model(req, get, ctx, &m, err, cap);
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(req, "prompt");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
     const cJSON *add = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens");
     if (!rc && !cJSON_IsString(prompt) == !msgs) {
         snprintf(err, cap, "send one of 'prompt' (a string) or 'messages' (a chat)");
+        rc = 400;
+    }
+    if (!rc && !msgs && cJSON_GetObjectItemCaseSensitive(req, "tools")) {
+        snprintf(err, cap, "'tools' goes with 'messages' (the chat template writes them)");
         rc = 400;
     }
     if (!rc && add && !cJSON_IsBool(add)) {
@@ -136,6 +142,8 @@ int dj__http_tokenize(const char *body, size_t n, dj__http_model_fn get, void *c
         cJSON *chat = cJSON_CreateObject();
         cJSON_AddStringToObject(chat, "model", m->name);
         cJSON_AddItemReferenceToObject(chat, "messages", (cJSON *)msgs);
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
+        if (tools) cJSON_AddItemReferenceToObject(chat, "tools", (cJSON *)tools);
         char *text = cJSON_PrintUnformatted(chat);
         cJSON_Delete(chat);
         rc = text ? dj__oai_parse(&o, text, strlen(text), true, NULL, err, cap) : 503;

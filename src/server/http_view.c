@@ -10,60 +10,66 @@
 #include <cjson/cJSON.h>
 
 #include "server/http_impl.h"
+#include "djinn/kv.h"
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
-static void add_seg(cJSON *segs, const char *name, const dj_client_seg *s) {
+static void add_seg(cJSON *segs, const char *name, const dj_vmu_seg_stats *s) {
     cJSON *o = cJSON_AddObjectToObject(segs, name);
     add_u64(o, "capacity", s->capacity);
     add_u64(o, "used", s->used);
     add_u64(o, "peak", s->peak);
 }
 
-char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
+/* The worker's snapshot as JSON. One without the admin role holds only
+ * page_bytes and its own sessions: the rest writes as zeros. */
+char *dj__http_stats_json(const dj__stats_snap *st, double at, size_t *len) {
     cJSON *r = cJSON_CreateObject();
     if (!r) return NULL;
+    const bool all = st->admin;
+    const dj_vmu_stats *vs = &st->vs;
     cJSON_AddStringToObject(r, "object", "djinn.stats");
     cJSON_AddNumberToObject(r, "at_s", at);
     cJSON *segs = cJSON_AddObjectToObject(r, "segments");
-    add_seg(segs, "text", &st->text);
-    add_seg(segs, "data", &st->data);
-    add_seg(segs, "stack", &st->stack);
+    add_seg(segs, "text", &vs->text);
+    add_seg(segs, "data", &vs->data);
+    add_seg(segs, "stack", &vs->stack);
     cJSON *pg = cJSON_AddObjectToObject(r, "pages");
-    add_u64(pg, "total", st->pages_total);
-    add_u64(pg, "free", st->pages_free);
+    add_u64(pg, "total", vs->pages_total);
+    add_u64(pg, "free", vs->pages_free);
     add_u64(pg, "bytes", st->page_bytes);
+    const dj_prefix_stats *ps = &st->prefix;
     cJSON *px = cJSON_AddObjectToObject(r, "prefix_cache");
-    cJSON_AddBoolToObject(px, "enabled", st->prefix.enabled);
-    add_u64(px, "blocks", st->prefix.blocks);
-    add_u64(px, "blocks_unreferenced", st->prefix.blocks_unreferenced);
-    add_u64(px, "pages", st->prefix.pages);
-    add_u64(px, "pages_unreferenced", st->prefix.pages_unreferenced);
-    add_u64(px, "hits", st->prefix.hits);
-    add_u64(px, "tokens_mapped", st->prefix.tokens_mapped);
-    add_u64(px, "evictions", st->prefix.evictions);
+    cJSON_AddBoolToObject(px, "enabled", ps->enabled);
+    add_u64(px, "blocks", ps->blocks);
+    add_u64(px, "blocks_unreferenced", ps->blocks_unreferenced);
+    add_u64(px, "pages", ps->pages);
+    add_u64(px, "pages_unreferenced", ps->pages_unreferenced);
+    add_u64(px, "hits", ps->hits);
+    add_u64(px, "tokens_mapped", ps->tokens_mapped);
+    add_u64(px, "evictions", ps->evictions);
     cJSON *ms = cJSON_AddArrayToObject(r, "models");
     for (size_t i = 0; i < st->n_models; i++) {
-        const dj_client_model *m = &st->models[i];
+        const dj__stats_model *m = &st->models[i];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", m->name);
         add_u64(o, "refs", m->refs);
-        add_u64(o, "layers", m->layers);
-        add_u64(o, "streamed_layers", m->streamed_layers);
-        add_u64(o, "resident_bytes", m->resident_bytes);
-        add_u64(o, "ring_bytes", m->ring_bytes);
+        add_u64(o, "layers", m->pl.n_layers);
+        add_u64(o, "streamed_layers", m->pl.n_streamed);
+        add_u64(o, "resident_bytes", m->pl.resident_bytes);
+        add_u64(o, "ring_bytes", m->pl.ring_bytes);
         cJSON_AddItemToArray(ms, o);
     }
     cJSON *ss = cJSON_AddArrayToObject(r, "sessions");
     for (size_t i = 0; i < st->n_sessions; i++) {
-        const dj_client_session_info *s = &st->sessions[i];
+        const dj__stats_sess *s = &st->sessions[i];
         cJSON *o = cJSON_CreateObject();
         char id[20];
         snprintf(id, sizeof id, "%016" PRIx64, s->id);
         cJSON_AddStringToObject(o, "id", id);
         cJSON_AddStringToObject(o, "model", s->model);
-        cJSON_AddStringToObject(o, "qos", s->qos);
-        cJSON_AddStringToObject(o, "state", s->state);
+        cJSON_AddStringToObject(o, "qos", dj_qos_name(s->qos));
+        cJSON_AddStringToObject(o, "state", dj_sched_state_name(s->state));
         /* where its KV is: the host pool (swapped, or on its way) or the data segment */
         cJSON_AddStringToObject(o, "residency", s->pooled_bytes ? "swapped" : "resident");
         add_u64(o, "pos", s->pos);
@@ -80,67 +86,32 @@ char *dj__http_stats_json(const dj_client_stats *st, double at, size_t *len) {
         add_u64(o, "waiting", st->waiting[q]);
         add_u64(o, "running", st->running[q]);
     }
-    cJSON *sw = cJSON_AddObjectToObject(r, "swap");
-    cJSON_AddStringToObject(sw, "policy", st->swap.policy);
-    add_u64(sw, "pool_bytes", st->swap.pool_bytes);
-    add_u64(sw, "pool_used", st->swap.pool_used);
-    add_u64(sw, "swaps_out", st->swap.swaps_out);
-    add_u64(sw, "swaps_in", st->swap.swaps_in);
-    add_u64(sw, "bytes_out", st->swap.bytes_out);
-    add_u64(sw, "bytes_in", st->swap.bytes_in);
+    const dj_swap_stats *sw = &st->swap;
+    cJSON *swo = cJSON_AddObjectToObject(r, "swap");
+    cJSON_AddStringToObject(swo, "policy", all ? dj_swap_policy_name(st->policy) : "");
+    add_u64(swo, "pool_bytes", sw->capacity);
+    add_u64(swo, "pool_used", sw->used);
+    add_u64(swo, "swaps_out", sw->swaps_out);
+    add_u64(swo, "swaps_in", sw->swaps_in);
+    add_u64(swo, "bytes_out", sw->bytes_out);
+    add_u64(swo, "bytes_in", sw->bytes_in);
+    const dj_disk_stats *ds = &st->disk;
     cJSON *dk = cJSON_AddObjectToObject(r, "disk"); /* the KV disk tier below the pool */
-    cJSON_AddBoolToObject(dk, "enabled", st->disk.enabled);
-    add_u64(dk, "capacity", st->disk.capacity);
-    add_u64(dk, "used", st->disk.used);
-    add_u64(dk, "sessions", st->disk.sessions);
-    add_u64(dk, "bytes_written", st->disk.bytes_written);
-    add_u64(dk, "bytes_read", st->disk.bytes_read);
-    add_u64(dk, "recoveries", st->disk.recoveries);
+    cJSON_AddBoolToObject(dk, "enabled", ds->enabled);
+    add_u64(dk, "capacity", ds->capacity);
+    add_u64(dk, "used", ds->used);
+    add_u64(dk, "sessions", ds->sessions);
+    add_u64(dk, "bytes_written", ds->bytes_written);
+    add_u64(dk, "bytes_read", ds->bytes_read);
+    add_u64(dk, "recoveries", st->sched.recoveries);
     cJSON *sp = cJSON_AddObjectToObject(r, "steps");
     add_u64(sp, "gen_steps", st->gen_steps);
     add_u64(sp, "batched_steps", st->batched_steps);
     add_u64(sp, "batched_rows", st->batched_rows);
     cJSON_AddNumberToObject(sp, "step_ms", st->step_ms);
+    if (!all) cJSON_AddStringToObject(r, "scope", "own");
     char *body = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
-    if (body) *len = strlen(body);
-    return body;
-}
-
-char *dj__http_stats_json_own(const dj_client_stats *st, double at, size_t *len) {
-    dj_client_stats o = *st; /* shallow: models and sessions stay st's */
-    dj_client_model *ms = st->n_models ? dj_calloc(st->n_models, sizeof *ms) : NULL;
-    if (st->n_models && !ms) return NULL;
-    for (size_t i = 0; i < st->n_models; i++) {
-        ms[i] = st->models[i];
-        ms[i].refs = 0; /* how many sessions use it: others' */
-    }
-    o.models = ms;
-    o.text.used = o.text.peak = o.data.used = o.data.peak = o.stack.used = o.stack.peak = 0;
-    o.pages_free = 0;
-    o.evictions = o.vmu_sessions = o.handles = o.connections = 0;
-    o.batched_steps = o.batched_rows = o.mixed_steps = o.gen_steps = 0;
-    o.step_ms = o.step_engine_ms = 0;
-    o.graph_captures = o.graph_replays = o.graph_failures = 0;
-    memset(o.waiting, 0, sizeof o.waiting);
-    memset(o.running, 0, sizeof o.running);
-    memset(&o.swap, 0, sizeof o.swap);
-    memcpy(o.swap.policy, st->swap.policy, sizeof o.swap.policy);
-    o.swap.pool_bytes = st->swap.pool_bytes;
-    const bool on = o.prefix.enabled;
-    memset(&o.prefix, 0, sizeof o.prefix);
-    o.prefix.enabled = on;
-    o.map = NULL;
-    char *body = NULL;
-    cJSON *r = NULL;
-    char *all = dj__http_stats_json(&o, at, len);
-    free(ms);
-    if (all && (r = cJSON_Parse(all))) {
-        cJSON_AddStringToObject(r, "scope", "own");
-        body = cJSON_PrintUnformatted(r);
-        cJSON_Delete(r);
-    }
-    free(all);
     if (body) *len = strlen(body);
     return body;
 }

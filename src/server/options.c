@@ -16,10 +16,10 @@ static int usage(FILE *f) {
     fputs("usage: djinnd --version | --help\n"
           "       djinnd [--config FILE] [--allow-empty] [--log-level debug|info|warn|error] [--log-format text|json]\n"
           "              [--listen ADDR:PORT | --listen unix:/path] [--models DIR] [--vmu-gb G] [--device D]\n"
-          "              [--token-file FILE] [--metrics ADDR:PORT] [--threads N] [--lease-ms MS]\n"
+          "              [--token-file FILE] [--metrics ADDR:PORT] [--agent-check ADDR:PORT] [--threads N] [--lease-ms MS]\n"
           "              [--max-running N] [--prefill-chunk N] [--mixed-steps on|off|short|auto]\n"
           "              [--deterministic on|off] [--host-layers auto|none|K] [--prefix-cache on|off]\n"
-          "              [--kv-dtype auto|fp8] [--port-file FILE]\n"
+          "              [--kv-dtype auto|fp8] [--port-file FILE] [--graph-device cpu|engine]\n"
           "              [--max-connections N] [--max-pending-connections N] [--hello-timeout-ms MS]\n"
           "              [--idle-timeout-ms MS]\n"
           "              [--max-reply-buffer SOFT,HARD] [--max-inflight N] [--max-sessions-per-conn N]\n"
@@ -29,7 +29,7 @@ static int usage(FILE *f) {
           "              [--swap-gb G] [--data-gb G] [--swap-policy semantic|reactive|recompute]\n"
           "              [--idle-ms MS] [--quota-gb G] [--swap-quota-gb G] [--max-wait-ms MS]\n"
           "              [--state-dir DIR --disk-swap-gb G]\n"
-          "              [--weights-gb G] [--weight-quota-gb G]\n"
+          "              [--weights-gb G] [--weight-quota-gb G] [--graph-gb G] [--graph-quota-gb G]\n"
           "              [--http ADDR:PORT] [--http-max-connections N] [--http-max-body BYTES] [--http-timeout-s S]\n"
           "              [--http-reuse N] [--http-header-timeout-s S] [--http-body-timeout-s S]\n"
           "              [--http-max-per-address N] [--http-max-unauth N] [--http-max-per-token N]\n"
@@ -45,8 +45,9 @@ static int usage(FILE *f) {
           "--state-dir DIR --disk-swap-gb G: a disk tier of G GiB below the swap pool, the page file\n"
           "DIR/kv-pages.djinn (made and reserved at start; DIR must exist): when the pool is full the swapped\n"
           "sessions wanted furthest ahead go on to disk, checksummed, and are read back before they resume\n"
-          "(semantic policy only; docs/swap.md),\n"
-          "--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
+          "(semantic policy only; docs/swap.md),\n",
+          f);
+    fputs("--weights-gb 8 (captured modules' weights stored by content, shared by all; unused ones are evicted\n"
           "oldest first), --weight-quota-gb (bytes one token's weight uploads may hold; default: all of it),\n"
           "--max-wait-ms 10000 (batch-class overload is served newest first, except past this age),\n"
           "--max-running 64, --prefill-chunk 256 (prompt tokens per scheduler turn; 0 = the whole prompt),\n"
@@ -62,6 +63,9 @@ static int usage(FILE *f) {
           "--kv-dtype auto (the KV cache in the device's activation dtype: bf16 on a GPU, f32 on the CPU;\n"
           "fp8: float8 e4m3 with a power-of-two scale per page and head, twice the tokens of bf16).\n",
           f);
+    fputs("--agent-check ADDR:PORT: answer HAProxy's agent-check there ('up N%' from free KV pages, queued\n"
+          "requests and step time; 'drain' after SIGUSR1, 'up ready' again after SIGUSR2; deploy/haproxy).\n",
+          f);
     fputs("--drain-s S (30): with --state-dir, SIGTERM waits up to S s for the requests taken to end (new\n"
           "  ones are refused \"restarting, reattach\"), then writes every session to DIR/sessions and exits;\n"
           "  the next djinnd on DIR restores them for their clients to reattach (0: no wait).\n"
@@ -69,7 +73,11 @@ static int usage(FILE *f) {
           "  stop; also after every request that changed one, before its answer (always: a kill -9 or a\n"
           "  power loss loses no answered work; measured in bench/RESULTS.md); never (off).\n",
           f);
-    fputs("--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
+    fputs("--graph-device cpu (captured graphs on the CPU executor; engine: on the engine's device, the CUDA\n"
+          "executor with --device cuda:N - an op without a GPU kernel is refused by name).\n"
+          "--graph-gb, --graph-quota-gb (captured-graph runs' planned stacks and outputs admitted at once, all\n"
+          "and one token's: past it a run waits in its QoS class's line; a larger plan is refused; default none).\n"
+          "--config FILE: an INI file of NAME = VALUE lines (an option's name without '--'; '#' or ';' starts a\n"
           "comment; an optional [djinnd] header), read before the command line, whose flags override it.\n"
           "SIGHUP re-reads it with the token file: the tokens, the log level and the limits marked (R) below\n"
           "change for what comes next; sessions and connections stay. A --models store without a model\n"
@@ -205,6 +213,8 @@ static const size_opt sizes[] = {
     {"--disk-swap-gb", offsetof(dj__config, disk_bytes)},
     {"--weights-gb", offsetof(dj__config, weights_bytes)},
     {"--weight-quota-gb", offsetof(dj__config, weight_quota_bytes)},
+    {"--graph-gb", offsetof(dj__config, graph_bytes)},
+    {"--graph-quota-gb", offsetof(dj__config, graph_quota_bytes)},
 };
 
 /* Options that are flags: no value on the command line. */
@@ -274,6 +284,8 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
         cfg->device = v;
     } else if (!strcmp(a, "--metrics")) {
         cfg->metrics = v;
+    } else if (!strcmp(a, "--agent-check")) {
+        cfg->agent_check = v;
     } else if (!strcmp(a, "--http")) {
         cfg->http = v;
     } else if (!strcmp(a, "--http-allowed-hosts")) {
@@ -330,6 +342,12 @@ static int set_option(dj__config *cfg, const char *a, const char *v, char *err, 
             snprintf(err, cap, "--host-layers '%s': want auto, none or a layer count 1..65536", v);
             return 2;
         }
+    } else if (!strcmp(a, "--graph-device")) {
+        if (strcmp(v, "cpu") && strcmp(v, "engine")) {
+            snprintf(err, cap, "--graph-device '%s': want cpu or engine", v);
+            return 2;
+        }
+        cfg->graph_on_engine = !strcmp(v, "engine");
     } else if (!strcmp(a, "--kv-dtype")) {
         if (strcmp(v, "auto") && strcmp(v, "fp8")) {
             snprintf(err, cap, "--kv-dtype '%s': want auto or fp8", v);

@@ -75,6 +75,7 @@ dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out)
     dj_status st = dj__sample_decode(m, &out->sampling); /* the table's fields, bounded (sample_schema.h) */
     if (st == DJ_OK) st = dj__meta_bool(m, "ignore_eos", false, &out->ignore_eos);
     if (st == DJ_OK) st = dj__meta_ids(m, "stop_ids", false, &out->stop_ids, &out->n_stop);
+    if (st == DJ_OK) st = dj__logit_bias_decode(m, &out->logit_bias, &out->n_logit_bias);
     if (st == DJ_OK) st = dj__meta_bool(m, "logprobs", false, &out->logprobs);
     if (st == DJ_OK) st = dj__meta_u32(m, "top_logprobs", false, &out->top_logprobs);
     if (st == DJ_OK && (out->top_logprobs > DJ_MAX_TOP_LOGPROBS || (out->top_logprobs && !out->logprobs)))
@@ -84,8 +85,41 @@ dj_status dj__generate_sampling_decode(const dj__meta *m, dj__gen_sampling *out)
         free(out->stop_ids);
         out->stop_ids = NULL;
         out->n_stop = 0;
+        free(out->logit_bias);
+        out->logit_bias = NULL;
+        out->n_logit_bias = 0;
     }
     return st;
+}
+
+static dj_status dec_points(const msgpack_object *pts, dj__req_step *s);
+
+/* A GENERATE's `points`: edits at every step, as a STEP's, each tensor in
+ * its entry's `data` (bin, f32 LE) - a GENERATE has no payload. */
+static dj_status dec_gen_points(const msgpack_object *pts, dj__req_generate *g) {
+    dj__req_step tmp = {0};
+    dj_status st = dec_points(pts, &tmp);
+    g->points = tmp.points;
+    g->n_points = tmp.n_points;
+    if (st != DJ_OK) return st;
+    size_t total = 0;
+    for (uint32_t k = 0; k < g->n_points; k++) {
+        const dj__req_point *p = &g->points[k];
+        const msgpack_object *d = dj__obj_get(&pts->via.array.ptr[k], "data");
+        if (p->op != DJ_IV_ADD && p->op != DJ_IV_REPLACE && p->op != DJ_IV_MUL)
+            return dj_fail(DJ_EINVAL, "GENERATE points[%u] (%s): only edits (add, replace, mul) at every step", k,
+                           p->point);
+        if (!d || d->type != MSGPACK_OBJECT_BIN || d->via.bin.size % 4)
+            return dj_fail(DJ_EFORMAT, "GENERATE points[%u] (%s): 'data' must be bin of f32 LE", k, p->point);
+        total += d->via.bin.size;
+    }
+    if (total && !(g->iv_bytes = dj_malloc(total))) return dj_fail(DJ_ENOMEM, "out of memory");
+    for (uint32_t k = 0; k < g->n_points; k++) {
+        const msgpack_object *d = dj__obj_get(&pts->via.array.ptr[k], "data");
+        memcpy(g->iv_bytes + g->iv_len, d->via.bin.ptr, d->via.bin.size);
+        g->iv_len += d->via.bin.size;
+    }
+    return DJ_OK;
 }
 
 static dj_status dec_generate(const dj__meta *m, dj__request *r) {
@@ -99,6 +133,9 @@ static dj_status dec_generate(const dj__meta *m, dj__request *r) {
     if (st == DJ_OK) st = dj__generate_sampling_decode(m, &g->s);
     if (st == DJ_OK) st = salt_dup(m, &g->cache_salt, &g->salt_len);
     if (st == DJ_OK) st = str_dup(m, "json_schema", &g->json_schema, &g->schema_len);
+    const msgpack_object *pts = st == DJ_OK ? dj__meta_get(m, "points") : NULL;
+    if (pts) st = dec_gen_points(pts, g);
+    if (st == DJ_OK) st = dj__meta_strcpy(m, "adapter", false, g->adapter, sizeof g->adapter);
     return st;
 }
 
@@ -129,13 +166,32 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
             return dj_fail(DJ_EINVAL, "STEP points[%u]: a point's name has at most %zu bytes", k, sizeof p->point - 1);
         memcpy(p->point, po->via.str.ptr, p->point_len);
         p->point[p->point_len] = '\0';
-        if (str_is(op, "save")) {
-            p->op = DJ_IV_SAVE;
+        if (str_is(op, "save") || str_is(op, "break")) {
+            p->op = str_is(op, "save") ? DJ_IV_SAVE : DJ_IV_BREAK;
+            const msgpack_object *kp = dj__obj_get(e, "keep");
+            if (kp && kp->type != MSGPACK_OBJECT_BOOLEAN)
+                return dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): 'keep' must be a bool", k, p->point);
+            if (kp && p->op != DJ_IV_SAVE)
+                return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): 'keep' is a save's", k, p->point);
+            p->keep = kp && kp->via.boolean;
             continue;
         }
         if (str_is(op, "add")) p->op = DJ_IV_ADD;
         else if (str_is(op, "replace")) p->op = DJ_IV_REPLACE;
-        else return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add' or 'replace'", k, p->point);
+        else if (str_is(op, "mul")) p->op = DJ_IV_MUL;
+        else return dj_fail(DJ_EINVAL, "STEP points[%u] (%s): op must be 'save', 'add', 'replace', 'mul' or 'break'",
+                            k, p->point);
+        const char *const rk[2] = {"rows", "cols"};
+        for (int a = 0; a < 2; a++) { /* an edit's region: [from, to) of positions / hidden units */
+            const msgpack_object *ro = dj__obj_get(e, rk[a]);
+            if (!ro) continue;
+            uint64_t *v = a ? p->cols : p->rows;
+            if (ro->type != MSGPACK_OBJECT_ARRAY || ro->via.array.size != 2 || !dj__obj_u64(&ro->via.array.ptr[0], &v[0]) ||
+                !dj__obj_u64(&ro->via.array.ptr[1], &v[1]))
+                return dj_fail(DJ_EFORMAT, "STEP points[%u] (%s): '%s' must be [from, to]", k, p->point, rk[a]);
+            if (a) p->has_cols = true;
+            else p->has_rows = true;
+        }
         const msgpack_object *dt = dj__obj_get(e, "dtype");
         if (dt && !str_is(dt, "f32"))
             return dj_fail(DJ_EUNSUPPORTED, "STEP points[%u] (%s): tensors travel as dtype 'f32'", k, p->point);
@@ -151,8 +207,31 @@ static dj_status dec_points(const msgpack_object *pts, dj__req_step *s) {
 static dj_status dec_step(const dj__meta *m, dj__request *r) {
     dj__req_step *s = &r->u.step;
     const msgpack_object *pts = dj__meta_get(m, "points");
-    dj_status st;
-    if (s->payload_len && !pts) {
+    bool resume = false, cancel = false;
+    dj_status st = dj__meta_bool(m, "resume", false, &resume);
+    if (st == DJ_OK) st = dj__meta_bool(m, "cancel", false, &cancel);
+    if (st != DJ_OK) return st;
+    if (resume || cancel) { /* the session's paused step (step_break.c): no ids, a resume's edits in points */
+        if (resume && cancel) return dj_fail(DJ_EINVAL, "a STEP either resumes or cancels a paused step, not both");
+        if (dj__meta_get(m, "ids") || (s->payload_len && !pts))
+            return dj_fail(DJ_EINVAL, "a STEP that %s a paused step takes no ids", resume ? "resumes" : "cancels");
+        if (cancel && pts) return dj_fail(DJ_EINVAL, "a STEP that cancels a paused step takes no points");
+        s->brk = resume ? DJ__BRK_RESUME : DJ__BRK_CANCEL;
+        if (!pts) return DJ_OK;
+        if ((st = dec_points(pts, s)) != DJ_OK) return st;
+        for (uint32_t k = 0; k < s->n_points; k++)
+            if (s->points[k].op != DJ_IV_ADD && s->points[k].op != DJ_IV_REPLACE)
+                return dj_fail(DJ_EINVAL, "a resume's points[%u] (%s): only 'add' or 'replace' of the paused point", k,
+                               s->points[k].point);
+        return DJ_OK;
+    }
+    if ((st = str_dup(m, "prompt", &s->prompt, &s->plen)) != DJ_OK) return st;
+    if (s->prompt) { /* text: the worker tokenizes it (the ids come back in the reply) */
+        if (dj__meta_get(m, "ids") || (s->payload_len && !pts))
+            return dj_fail(DJ_EFORMAT, "STEP needs exactly one of 'prompt' or 'ids'");
+        if (s->plen == 0) return dj_fail(DJ_EINVAL, "STEP 'prompt' is empty");
+        if (memchr(s->prompt, 0, s->plen)) return dj_fail(DJ_EINVAL, "STEP 'prompt' holds U+0000");
+    } else if (s->payload_len && !pts) {
         if (s->payload_len % 4)
             return dj_fail(DJ_EFORMAT, "STEP payload of %llu bytes is not int32 ids", (unsigned long long)s->payload_len);
         if (dj__meta_get(m, "ids")) return dj_fail(DJ_EFORMAT, "STEP has both 'ids' and a payload");
@@ -179,7 +258,7 @@ static dj_status dec_step(const dj__meta *m, dj__request *r) {
     if (!pts) return DJ_OK;
     if (s->logits == DJ__LOGITS_ALL) return dj_fail(DJ_EINVAL, "a STEP with points takes logits 'last' or 'none', not 'all'");
     if ((st = dec_points(pts, s)) != DJ_OK) return st;
-    if (s->n_ids == 0) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
+    if (s->n_ids == 0 && !s->prompt) return dj_fail(DJ_EINVAL, "a STEP with points needs at least one token id");
     return DJ_OK;
 }
 
@@ -237,9 +316,13 @@ void dj__request_free(dj__request *r) {
         free(r->u.gen.cache_salt);
         free(r->u.gen.json_schema);
         free(r->u.gen.s.stop_ids);
+        free(r->u.gen.points);
+        free(r->u.gen.iv_bytes);
+        free(r->u.gen.s.logit_bias);
         break;
     case DJ_MSG_STEP:
         free(r->u.step.ids);
+        free(r->u.step.prompt);
         free(r->u.step.points);
         break;
     default: break;

@@ -81,6 +81,8 @@ typedef struct dj__gen_sampling {
     uint32_t top_logprobs; /* 0..DJ_MAX_TOP_LOGPROBS, only with logprobs */
     int32_t *stop_ids;     /* [n_stop] (malloc'd) or NULL */
     size_t n_stop;
+    dj_logit_bias *logit_bias; /* [n_logit_bias] (malloc'd) or NULL; ids checked against the model by the worker */
+    size_t n_logit_bias;
 } dj__gen_sampling;
 
 typedef struct dj__req_generate {
@@ -93,10 +95,16 @@ typedef struct dj__req_generate {
     size_t salt_len;
     char *json_schema;     /* [schema_len] structured output (grammar.h; malloc'd) or NULL */
     size_t schema_len;
+    char adapter[128];     /* a LoRA adapter's folder in the model store, "": the session's (adapter.h) */
     dj__gen_sampling s;
+    struct dj__req_point *points; /* [n_points] (malloc'd) edits at every step, or NULL; their tensors in */
+    uint32_t n_points;
+    uint8_t *iv_bytes;     /* [iv_len] each point's `data` (f32 LE), one after another (malloc'd) */
+    size_t iv_len;
 } dj__req_generate;
 
 typedef enum dj__step_logits { DJ__LOGITS_LAST, DJ__LOGITS_ALL, DJ__LOGITS_NONE } dj__step_logits;
+struct dj__req_point;
 
 /* One of a STEP's `points` as the wire gives it (the worker checks it
  * against the session's model: dj__trace_parse). */
@@ -106,10 +114,19 @@ typedef struct dj__req_point {
     dj_iv_op op;
     uint32_t nd;          /* shape's dims: 0 (save), 1 or 2 */
     uint64_t dims[2];
+    bool has_rows, has_cols; /* `rows` [a, b) / `cols` [a, b): the region an edit takes (else all) */
+    bool keep;            /* a save's `keep`: its handle is the connection's, it outlives the session */
+    uint64_t rows[2], cols[2];
 } dj__req_point;
 
+/* A STEP on a session whose step is paused at a breakpoint (step_break.c). */
+typedef enum dj__step_brk { DJ__BRK_NONE, DJ__BRK_RESUME, DJ__BRK_CANCEL } dj__step_brk;
+
 typedef struct dj__req_step {
+    dj__step_brk brk;     /* `resume` or `cancel` true: no ids; `points` (resume) edit the paused point */
     int32_t *ids;         /* [n_ids] (malloc'd): `ids`, or the payload's int32 LE ids */
+    char *prompt;         /* [plen] text the worker tokenizes instead (malloc'd, no U+0000) or NULL */
+    size_t plen;
     size_t n_ids;
     dj__step_logits logits;
     dj__req_point *points; /* [n_points] (malloc'd) or NULL: the payload then holds their tensors */

@@ -22,11 +22,13 @@
 #include "djinn/intervene.h"
 #include "server/graph_serve.h"
 #include "djinn/version.h"
+#include "server/agent_check.h"
 #include "server/server_impl.h"
 #include "server/serve.h"
 #include "server/access.h"
 #include "server/sd_notify.h"
 #include "server/wrong_door.h"
+#include "server/submit.h"
 
 #define READ_CHUNK (64 * 1024)
 
@@ -68,7 +70,9 @@ typedef struct dj__conn {
     bool deferred;
     bool waiting;          /* counted in its peer record's `waiting` (dj__peer_wait) */
     bool unix_sock;        /* accepted on a unix socket (u.pipe), else TCP (u.tcp) */
-    bool door;             /* accepted on the HTTP door's private socket: not a peer of its own */
+    bool door;             /* a portal's (the HTTP door's, in-process): not a peer of its own */
+    dj__portal *portal;    /* a portal's connection: no socket; answers go to its mailbox as typed events */
+    uint64_t renewed;      /* a portal's last HEARTBEAT: the leases it renewed (its reply's only field) */
     uint64_t defer_until;
     dj_frame_header defer_h;
     uint8_t *defer_body;
@@ -231,6 +235,7 @@ static void handles_drop_session(dj__server *s, uint64_t sid) {
             dj__handle *h = e->val;
             e = e->next;
             if (h->sess == sid) {
+                dj__gone_note(s, h->id, h->conn, sid); /* a FETCH of it says where it went */
                 dj__map_del(&s->handles, h->id);
                 dj__handle_unref(s, h);
             }
@@ -277,8 +282,8 @@ static dj_status step_file(dj__server *s, dj__event *e) {
         dj__rep_saved *v = &r->saved[k];
         const uint64_t shape[2] = {v->n, v->d};
         if (st == DJ_OK && v->bytes &&
-            (st = handle_file(s, e->conn, e->session, v->bytes, 2, shape, (uint64_t)v->n * v->d * sizeof(float),
-                              &v->handle)) == DJ_OK)
+            (st = handle_file(s, e->conn, v->keep ? 0 : e->session, v->bytes, 2, shape,
+                              (uint64_t)v->n * v->d * sizeof(float), &v->handle)) == DJ_OK)
             v->bytes = NULL;
     }
     return st;
@@ -475,7 +480,13 @@ static void send_out(dj__conn *c, dj__out *o) {
 static void send_error(dj__conn *c, uint64_t req, uint16_t type, dj_status st, bool close_after) {
     dj__metrics_count(&c->srv->metrics, type, st);
     DJ_LOG(INFO, "conn=%llu req=%llu type=%s error=%s: %s%s", (unsigned long long)c->id, (unsigned long long)req,
-           dj_msg_type_name(type), dj_status_name(st), dj_last_error(), close_after ? " (closing)" : "");
+           dj_msg_type_name(type), dj_status_name(st), dj_last_error(), close_after && !c->portal ? " (closing)" : "");
+    if (c->portal) { /* typed, and the portal stays: its user decides */
+        dj__event *e = dj__event_error(c->id, type, req, st, dj_last_error(), false);
+        if (e) dj__portal_deliver(c->portal, e);
+        else conn_close(c);
+        return;
+    }
     dj__out *o = dj__out_error(c->id, req, st, dj_last_error(), close_after);
     if (!o) {
         conn_close(c);
@@ -486,6 +497,14 @@ static void send_error(dj__conn *c, uint64_t req, uint16_t type, dj_status st, b
 
 static void send_reply(dj__conn *c, uint16_t type, uint64_t req, dj__mw *w) {
     dj__metrics_count(&c->srv->metrics, type, DJ_OK);
+    if (c->portal) { /* an I/O-side answer to a portal: HEARTBEAT's count is its one field */
+        dj__mw_destroy(w);
+        dj__event *e = dj__event_new(DJ__EV_REPLY, c->id, type, req, 0);
+        if (e) e->renewed = c->renewed;
+        if (e) dj__portal_deliver(c->portal, e);
+        else conn_close(c);
+        return;
+    }
     dj__out *o = dj__out_meta(c->id, DJ_MSG_REPLY, req, w);
     if (!o) {
         conn_close(c);
@@ -496,8 +515,8 @@ static void send_reply(dj__conn *c, uint16_t type, uint64_t req, dj__mw *w) {
 
 /* ---- connection lifetime ---- */
 
-static void on_closed(uv_handle_t *h) {
-    dj__conn *c = h->data;
+/* A connection is gone (its socket closed, or its portal's user closed it). */
+static void conn_gone(dj__conn *c) {
     dj__server *s = c->srv;
     dj__map_del(&s->conns, c->id);
     /* Its sessions die, except those opened with `reattach`: they wait out
@@ -532,7 +551,8 @@ static void on_closed(uv_handle_t *h) {
     pthread_mutex_unlock(&s->mu);
     DJ_LOG(INFO, "conn=%llu closed", (unsigned long long)c->id);
     dj__capture_conn_closed(s, c->id);
-    s->n_conns--;
+    if (c->portal) dj__portal_release(c->portal);
+    else s->n_conns--;
     if (c->pending) s->n_pending--;
     if (c->waiting) dj__peer_unwait(&s->peers, c->peer);
     free(c->body);
@@ -541,7 +561,16 @@ static void on_closed(uv_handle_t *h) {
     free(c);
 }
 
+static void on_closed(uv_handle_t *h) { conn_gone(h->data); }
+
+/* A portal's connection stays until its user closes it (dj__conn_portal_close):
+ * here its user is only told that it cannot answer any more. */
 static void conn_close(dj__conn *c) {
+    if (c->portal) {
+        if (!c->closing) dj__portal_fail(c->portal);
+        c->closing = true;
+        return;
+    }
     c->closing = true;
     if (!uv_is_closing(&c->u.handle)) uv_close(&c->u.handle, on_closed);
 }
@@ -691,6 +720,7 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
                     renewed++;
                 }
             }
+        c->renewed = renewed;
         dj__mw_u64(w, "lease_ms", s->cfg.lease_ms);
         dj__mw_u64(w, "renewed", renewed);
         return DJ_OK;
@@ -714,7 +744,7 @@ static dj_status do_inline(dj__conn *c, const dj__request *r, dj__mw *w, bool *c
     dj__lease *l = own_lease(s, c->id, sid, &foreign);
     if (!l) {
         *close_conn = foreign;
-        return dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid);
+        return dj__no_session(s, c->id, sid);
     }
     /* the worker tells the scheduler, which may swap it out and back */
     dj__job *m = ctl_new(l, DJ__CTL_PAUSE, c->id);
@@ -743,9 +773,8 @@ static dj_status do_fetch(dj__conn *c, uint64_t req, const dj__req_fetch *f, boo
         *close_conn = true;
         h = NULL;
     }
-    if (!h) {
-        return dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid);
-    }
+    if (!h) return *close_conn ? dj_fail(DJ_ENOTFOUND, "no handle %016llx on this connection", (unsigned long long)hid)
+                               : dj__gone_why(s, c->id, hid);
     const uint64_t esz = strcmp(h->dtype, "u8") ? 4 : 1; /* f32, or a session image's bytes (SESSION_EXPORT) */
     if (by_elem) {
         const uint64_t n_el = h->nbytes / esz;
@@ -847,6 +876,8 @@ static bool step_payload_ok(dj__conn *c) {
         const msgpack_object *pts = dj__meta_get(&m, "points"), *ids = dj__meta_get(&m, "ids");
         if (pts) n_points = pts->type == MSGPACK_OBJECT_ARRAY ? pts->via.array.size : 0;
         if (ids) n_ids = ids->type == MSGPACK_OBJECT_ARRAY ? ids->via.array.size : 0;
+        if (dj__meta_get(&m, "resume") || dj__meta_get(&m, "prompt"))
+            n_ids = UINT64_MAX; /* a paused step's edits, or a text prompt's: their rows, at most `room` */
         dj__meta_destroy(&m);
     }
     if (st != DJ_OK) {
@@ -859,7 +890,7 @@ static bool step_payload_ok(dj__conn *c) {
     const uint64_t hidden = ss ? ss->hidden : 0;
     if (!ss) {
         refuse(c, NULL, h->request_id, h->type,
-                   dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)sid), true);
+                   dj__no_session(s, c->id, sid), true);
         return false;
     }
     if (n_points) {
@@ -1006,9 +1037,7 @@ static void handle_frame(dj__conn *c) {
         r.u.import.payload = r.body + h->meta_len;
         r.u.import.payload_len = h->payload_len;
     }
-    uint64_t credit = 0;
     st = dj__request_decode(&m, &r);
-    if (st == DJ_OK) st = request_limits(c, &r, &credit);
     if (st != DJ_OK) {
         dj__meta_destroy(&m);
         refuse(c, &r, h->request_id, h->type, st, st == DJ_EFORMAT || h->type == DJ_MSG_HELLO);
@@ -1018,6 +1047,8 @@ static void handle_frame(dj__conn *c) {
     if (h->type == DJ_MSG_GRAPH_RUN) {
         st = dj__graph_req_parse(&m, r.body + h->meta_len, h->payload_len, &graph);
         if (st == DJ_OK) st = dj__graph_req_bind(s, graph, c->id);
+        if (st == DJ_OK && graph->has_qos && !(c->qos_mask >> graph->qos & 1))
+            st = dj_fail(DJ_EINVAL, "GRAPH_RUN of class %s, which this token does not grant", dj_qos_name(graph->qos));
         if (st != DJ_OK) {
             dj__graph_req_free(graph);
             dj__meta_destroy(&m);
@@ -1025,42 +1056,72 @@ static void handle_frame(dj__conn *c) {
             return;
         }
     }
+    dj__submit(c, &r, graph, &m);
+    dj__meta_destroy(&m);
+}
+
+/* The one entry of a typed request, from either door (submit.h): its
+ * limits, answered here (the table's DJ__AT_IO rows) or posted to the
+ * worker with its lease held. Every refusal goes through refuse(). */
+/* The requests a portal may not send: those whose handling reads their
+ * metadata itself (a portal has none) and FETCH (its answer is a payload frame). */
+static bool frame_only(uint16_t type) {
+    return type == DJ_MSG_MODEL_INFO || type == DJ_MSG_WEIGHT_HAS || type == DJ_MSG_WEIGHT_UPLOAD ||
+           type == DJ_MSG_WEIGHT_CHALLENGE || type == DJ_MSG_WEIGHT_PROVE || type == DJ_MSG_GRAPH_RUN ||
+           type == DJ_MSG_FETCH;
+}
+
+void dj__submit(dj__conn *c, dj__request *rq, struct dj__graph_req *graph, const dj__meta *m) {
+    dj__server *s = c->srv;
+    dj__request r = *rq;
+    memset(rq, 0, sizeof *rq);
+    const dj__msg_row *row = dj__msg_row_of(r.type);
+    uint64_t credit = 0;
+    dj_status st = !row ? dj_fail(DJ_EFORMAT, "message type %s is not a request", dj_msg_type_name(r.type))
+                   : c->portal && frame_only(r.type)
+                       ? dj_fail(DJ_EUNSUPPORTED, "%s is not taken in-process", dj_msg_type_name(r.type))
+                       : request_limits(c, &r, &credit);
+    if (st != DJ_OK) {
+        dj__graph_req_free(graph);
+        refuse(c, &r, r.id, r.type, st, st == DJ_EFORMAT || r.type == DJ_MSG_HELLO);
+        return;
+    }
     if (s->draining && row->at == DJ__AT_WORKER) { /* SIGTERM with --state-dir: nothing new starts */
-        refuse(c, &r, h->request_id, h->type,
+        dj__graph_req_free(graph);
+        refuse(c, &r, r.id, r.type,
                dj_fail(DJ_EBUSY, "djinnd is restarting: reconnect and reattach the session (SESSION_ATTACH) once it "
                        "is back"), false);
-        dj__meta_destroy(&m);
         return;
     }
     if (row->at == DJ__AT_IO) {
-        answer_inline(c, &r, &m);
-        dj__meta_destroy(&m);
+        answer_inline(c, &r, m);
         return;
     }
-    dj__meta_destroy(&m);
     /* what the connection holds: the session a request names, the session quotas */
     bool foreign = false;
     dj__lease *l = NULL;
     if (row->session == DJ__SESS_REQUIRED && !(l = own_lease(s, c->id, r.session, &foreign))) {
-        refuse(c, &r, h->request_id, h->type,
-               dj_fail(DJ_ENOTFOUND, "no session %016llx on this connection", (unsigned long long)r.session),
+        dj__graph_req_free(graph);
+        refuse(c, &r, r.id, r.type,
+               dj__no_session(s, c->id, r.session),
                foreign);
         return;
     }
     uint32_t handle_quota = 0;
-    if (h->type == DJ_MSG_STEP) { /* the result handles it will make: counted now, against what it holds */
+    if (r.type == DJ_MSG_STEP) { /* the result handles it will make: counted now, against what it holds */
         handle_quota = r.u.step.logits != DJ__LOGITS_NONE;
-        for (uint32_t k = 0; k < r.u.step.n_points; k++) handle_quota += r.u.step.points[k].op == DJ_IV_SAVE;
+        for (uint32_t k = 0; k < r.u.step.n_points; k++)
+            handle_quota += r.u.step.points[k].op == DJ_IV_SAVE || r.u.step.points[k].op == DJ_IV_BREAK;
         const size_t n_held = dj__conn_handles(s, c->id) + c->handles_due;
         if (handle_quota && n_held + handle_quota > s->cfg.max_handles) {
-            refuse(c, &r, h->request_id, h->type,
+            refuse(c, &r, r.id, r.type,
                    dj_fail(DJ_EQUOTA, "this connection holds %zu handles and the step makes %u "
                            "(--max-handles-per-conn %u): RELEASE some", n_held, handle_quota, s->cfg.max_handles),
                    false);
             return;
         }
     }
-    if (dj__req_opens(h->type)) {
+    if (dj__req_opens(r.type)) {
         const size_t n_open = conn_sessions(s, c), n_tenant = tenant_sessions(s, c->tenant);
         if (n_open >= s->cfg.max_sessions)
             st = dj_fail(DJ_EQUOTA, "this connection has %zu sessions open (--max-sessions-per-conn %u)", n_open,
@@ -1069,15 +1130,15 @@ static void handle_frame(dj__conn *c) {
             st = dj_fail(DJ_EQUOTA, "this token has %zu sessions open (--max-sessions-per-token %u)", n_tenant,
                          s->cfg.max_sessions_token);
         if (st != DJ_OK) {
-            refuse(c, &r, h->request_id, h->type, st, false);
+            refuse(c, &r, r.id, r.type, st, false);
             return;
         }
     }
     dj__job *j = dj_calloc(1, sizeof *j);
-    if (!j || (credit && !(j->credit_ev = dj__event_new(DJ__EV_CREDIT, c->id, h->type, h->request_id, 0)))) {
+    if (!j || (credit && !(j->credit_ev = dj__event_new(DJ__EV_CREDIT, c->id, r.type, r.id, 0)))) {
         free(j);
         dj__graph_req_free(graph);
-        refuse(c, &r, h->request_id, h->type, dj_fail(DJ_ENOMEM, "out of memory"), !credit);
+        refuse(c, &r, r.id, r.type, dj_fail(DJ_ENOMEM, "out of memory"), !credit);
         return;
     }
     if (l) { /* its lease holds while the request is in flight (on_wake: its answer's end) */
@@ -1087,15 +1148,16 @@ static void handle_frame(dj__conn *c) {
         l->inflight++;
         l->lease_deadline_ms = dj__clock_ms(s) + s->cfg.lease_ms;
     } else {
-        j->qos = h->type == DJ_MSG_SESSION_OPEN     ? r.u.open.qos
-                 : h->type == DJ_MSG_SESSION_IMPORT ? r.u.import.img.qos
-                                                    : DJ_QOS_INTERACTIVE;
+        j->qos = r.type == DJ_MSG_SESSION_OPEN     ? r.u.open.qos
+                 : r.type == DJ_MSG_SESSION_IMPORT ? r.u.import.img.qos
+                 : graph && graph->has_qos         ? graph->qos /* GRAPH_RUN's own class (graph_serve.h) */
+                                                   : DJ_QOS_INTERACTIVE;
     }
-    c->opening += dj__req_opens(h->type);
+    c->opening += dj__req_opens(r.type);
     c->handles_due += handle_quota;
     j->handle_quota = handle_quota;
-    j->type = h->type;
-    j->req = h->request_id;
+    j->type = r.type;
+    j->req = r.id;
     j->conn = c->id;
     j->r = r;
     j->graph = graph;
@@ -1204,7 +1266,7 @@ static void feed_bytes(dj__conn *c, const uint8_t *p, size_t n) {
 
 /* Read when the limits allow (bytes held back first), stop when they do not. */
 static void conn_pump(dj__conn *c) {
-    if (c->closing || uv_is_closing(&c->u.handle)) return;
+    if (c->portal || c->closing || uv_is_closing(&c->u.handle)) return;
     while (c->rest && may_read(c)) {
         uint8_t *r = c->rest;
         size_t n = c->rest_len;
@@ -1323,8 +1385,7 @@ static void on_connection(uv_stream_t *server, int status) {
     }
     c->srv = s;
     c->id = ++s->next_conn;
-    c->door = server == (uv_stream_t *)&s->door;
-    c->unix_sock = c->door || s->is_unix;
+    c->unix_sock = s->is_unix;
     int rc = c->unix_sock ? uv_pipe_init(&s->loop, &c->u.pipe, 0) : uv_tcp_init(&s->loop, &c->u.tcp);
     if (rc < 0) {
         free(c);
@@ -1387,6 +1448,80 @@ static void on_connection(uv_stream_t *server, int status) {
     conn_pump(c);
 }
 
+/* A portal's connection (submit.h): HELLO done for tk as do_hello does it
+ * (the per-token connection cap included); no socket, no peer record. */
+dj__conn *dj__conn_portal(dj__server *s, dj__portal *p, const dj__token *tk, dj_status *st) {
+    *st = DJ_OK;
+    if (s->stopping) {
+        *st = dj_fail(DJ_EIO, "djinnd is stopping");
+        return NULL;
+    }
+    if (s->have_token) {
+        uint32_t n_same = 0;
+        for (size_t b = 0; tk && b < s->conns.n_buckets; b++)
+            for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
+                const dj__conn *o = e->val;
+                n_same += o->hello && !o->closing && o->tenant == tk->tenant;
+            }
+        if (!tk || n_same >= s->cfg.max_conns_token) {
+            *st = !tk ? dj_fail(DJ_EINVAL, "a portal needs a token (--token-file is set)")
+                      : dj_fail(DJ_EQUOTA, "this token has %u connections open (--max-connections-per-token %u)",
+                                n_same, s->cfg.max_conns_token);
+            return NULL;
+        }
+    }
+    dj__conn *c = dj_calloc(1, sizeof *c);
+    if (!c) {
+        *st = dj_fail(DJ_ENOMEM, "out of memory");
+        return NULL;
+    }
+    c->srv = s;
+    c->id = ++s->next_conn;
+    c->portal = p;
+    c->door = c->unix_sock = true;
+    c->hello = true;
+    if (s->have_token) {
+        c->tenant = tk->tenant;
+        c->admin = tk->admin;
+        c->qos_mask = tk->qos_mask;
+        memcpy(c->cache_salt, tk->cache_salt, sizeof c->cache_salt);
+    } else {
+        c->tenant = DJ__TENANT_CONN(c->id);
+        c->admin = s->cfg.local_admin; /* the door serves loopback peers only without a token file */
+        c->qos_mask = (1u << DJ_QOS_COUNT) - 1;
+    }
+    c->t_open_ms = c->t_active_ms = dj__clock_ms(s);
+    pthread_mutex_lock(&s->mu);
+    *st = dj__map_put(&s->live_conns, c->id, (void *)1);
+    if (*st == DJ_OK) s->metrics.connections++;
+    pthread_mutex_unlock(&s->mu);
+    if (*st == DJ_OK && (*st = dj__map_put(&s->conns, c->id, c)) != DJ_OK) {
+        pthread_mutex_lock(&s->mu);
+        dj__map_del(&s->live_conns, c->id);
+        s->metrics.connections--;
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (*st != DJ_OK) {
+        free(c);
+        return NULL;
+    }
+    DJ_LOG(INFO, "conn=%llu opened in-process (the HTTP door)", (unsigned long long)c->id);
+    return c;
+}
+
+void dj__conn_portal_close(dj__conn *c) { conn_gone(c); }
+
+void dj__portals_close_conns(dj__server *s) {
+    for (size_t b = 0; b < s->conns.n_buckets; b++) {
+        dj__ment *e = s->conns.b[b];
+        while (e) {
+            dj__conn *c = e->val;
+            e = e->next;
+            if (c->portal) conn_gone(c);
+        }
+    }
+}
+
 /* Whether the peer of a connection that is not being read (a held-back
  * HELLO) has closed it. */
 static bool peer_gone(dj__conn *c) {
@@ -1406,7 +1541,7 @@ static void on_tick(uv_timer_t *t) {
     for (size_t b = 0; b < s->conns.n_buckets; b++)
         for (dj__ment *e = s->conns.b[b]; e; e = e->next) {
             dj__conn *c = e->val;
-            if (c->closing || uv_is_closing(&c->u.handle)) continue;
+            if (c->portal || c->closing || uv_is_closing(&c->u.handle)) continue;
             if (c->deferred && peer_gone(c)) { /* it holds a waiting turn of its address: give it back */
                 conn_close(c);
             } else if (c->deferred && now >= c->defer_until) {
@@ -1431,9 +1566,15 @@ static void on_tick(uv_timer_t *t) {
             dj__lease *l = e->val;
             e = e->next;
             if (l->inflight || clk <= l->lease_deadline_ms) continue;
+            const dj__conn *lc = l->conn ? dj__map_get(&s->conns, l->conn) : NULL;
+            if (lc && lc->portal) { /* a portal's: its holder is in this process, the lease holds while it is open */
+                l->lease_deadline_ms = clk + s->cfg.lease_ms;
+                continue;
+            }
             pthread_mutex_lock(&s->metrics.mu);
             s->metrics.lease_expiries++;
             pthread_mutex_unlock(&s->metrics.mu);
+            dj__gone_lease(s, l->conn, l->id); /* a later request naming it says so */
             lease_drop(s, l, DJ_ENOTFOUND, "session lease expired");
         }
     }
@@ -1537,7 +1678,9 @@ static void answer_lost(dj__server *s) {
     uint64_t conn[DJ__LOST_MAX], req[DJ__LOST_MAX], sess[DJ__LOST_MAX];
     bool counted[DJ__LOST_MAX], opening[DJ__LOST_MAX];
     uint32_t quota[DJ__LOST_MAX];
+    uint16_t type[DJ__LOST_MAX];
     for (uint32_t i = 0; i < n; i++) {
+        type[i] = s->lost[i].type;
         conn[i] = s->lost[i].conn;
         req[i] = s->lost[i].req;
         sess[i] = s->lost[i].sess;
@@ -1555,6 +1698,12 @@ static void answer_lost(dj__server *s) {
         if (c) c->handles_due -= quota[i] < c->handles_due ? quota[i] : c->handles_due;
         if (!c || c->closing || uv_is_closing(&c->u.handle)) continue;
         if (c->inflight) c->inflight--;
+        if (c->portal) { /* typed: its user waits for this answer */
+            dj__event *e = dj__event_error(c->id, type[i], req[i], DJ_ENOMEM, "out of memory building the answer", false);
+            if (e) dj__portal_deliver(c->portal, e);
+            else conn_close(c);
+            continue;
+        }
         dj__out *o = dj__out_error(c->id, req[i], DJ_ENOMEM, "out of memory building the answer", false);
         if (!o) {
             conn_close(c);
@@ -1642,6 +1791,11 @@ static void on_wake(uv_async_t *a) {
                 c->prompt_bytes -= e->credit < c->prompt_bytes ? e->credit : c->prompt_bytes;
                 conn_pump(c);
             }
+        } else if (c && c->portal) { /* typed, into the portal's mailbox: no frame */
+            if (e->kind != DJ__EV_TOKEN && c->inflight) c->inflight--;
+            dj__portal_deliver(c->portal, e);
+            e = next;
+            continue;
         } else if (c && !uv_is_closing(&c->u.handle)) {
             if (e->kind != DJ__EV_TOKEN && c->inflight) c->inflight--;
             dj__out *o = dj__event_encode(e);
@@ -1659,8 +1813,7 @@ static void on_wake(uv_async_t *a) {
 static void close_walk(uv_handle_t *h, void *arg) {
     dj__server *s = arg;
     if (uv_is_closing(h)) return;
-    if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && (void *)h != (void *)&s->listener &&
-        (void *)h != (void *)&s->door) {
+    if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && (void *)h != (void *)&s->listener) {
         conn_close(h->data);
         return;
     }
@@ -1707,8 +1860,10 @@ static void stop_now(dj__server *s) {
     s->stopping = true;
     pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
+    dj__agent_set_stopping(s->agent);
     dj__worker_stop(s); /* joins: no uv_async_send after this */
     on_wake(&s->wake);  /* flush what the worker produced */
+    dj__portals_stop(s); /* the HTTP door's waits end; its connections close */
     uv_walk(&s->loop, close_walk, s);
 }
 
@@ -1724,8 +1879,8 @@ static dj_status fit_fd_limit(dj__config *cfg) {
         want.rlim_cur = rl.rlim_max == RLIM_INFINITY ? 1048576 : rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
     }
-    /* an HTTP request holds its own socket and its libdjinn one (the daemon's
-     * end of that is one of the connections) */
+    /* an HTTP request (and a kept session) holds its own socket and its
+     * portal's eventfd (submit.c); portals are none of the connections */
     const uint64_t spare = DJ__FD_RESERVE + DJ__REFUSE_SLACK + (cfg->metrics ? cfg->metrics_conns : 0) +
                            (cfg->http ? 2 * ((uint64_t)cfg->http_conns + 16 + cfg->http_reuse) + cfg->http_unauth : 0);
     const uint64_t avail = rl.rlim_cur > spare ? rl.rlim_cur - spare : 0;
@@ -1745,29 +1900,6 @@ static dj_status fit_fd_limit(dj__config *cfg) {
                cfg->max_pending, p, cfg->max_conns);
         cfg->max_pending = p;
     }
-    return DJ_OK;
-}
-
-/* The HTTP door dials the daemon through a unix socket of its own, in a
- * fresh 0700 directory: its connections are told apart from other local
- * peers (a local process's wrong tokens do not slow the door's HELLOs; the
- * door slows its own clients per address). addr gets "unix:PATH". */
-static dj_status door_listen(dj__server *s, char *addr, size_t cap) {
-    snprintf(s->door_dir, sizeof s->door_dir, "/tmp/djinnd-door-XXXXXX");
-    if (!mkdtemp(s->door_dir)) {
-        s->door_dir[0] = '\0';
-        return dj_fail(DJ_EIO, "a directory for the HTTP door's socket: %s", strerror(errno));
-    }
-    char path[96];
-    snprintf(path, sizeof path, "%s/sock", s->door_dir);
-    int rc = uv_pipe_init(&s->loop, &s->door, 0);
-    if (rc == 0) {
-        s->door.data = s;
-        rc = uv_pipe_bind(&s->door, path);
-        if (rc == 0) rc = uv_listen((uv_stream_t *)&s->door, 128, on_connection);
-    }
-    if (rc < 0) return dj_fail(DJ_EIO, "the HTTP door's socket %s: %s", path, uv_strerror(rc));
-    snprintf(addr, cap, "unix:%s", path);
     return DJ_OK;
 }
 
@@ -1793,7 +1925,6 @@ static dj_status listen_on(dj__server *s) {
     if (rc == 0) rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
     if (rc < 0) return dj_fail(DJ_EIO, "listen on %s: %s", s->cfg.listen, uv_strerror(rc));
     unsigned bound_port = 0;
-    char daemon_addr[320];
     if (!s->is_unix) {
         struct sockaddr_storage b;
         int bl = sizeof b;
@@ -1802,34 +1933,16 @@ static dj_status listen_on(dj__server *s) {
                                                      : ((struct sockaddr_in6 *)&b)->sin6_port);
         DJ_LOG(INFO, "djinnd listening on %s (port %u)", s->cfg.listen, port);
         bound_port = port;
-        /* the HTTP front end dials the listener: a wildcard address by loopback */
-        char host[INET6_ADDRSTRLEN] = "127.0.0.1";
-        if (b.ss_family == AF_INET6) {
-            const struct in6_addr *a6 = &((struct sockaddr_in6 *)&b)->sin6_addr;
-            if (IN6_IS_ADDR_UNSPECIFIED(a6)) snprintf(host, sizeof host, "::1");
-            else inet_ntop(AF_INET6, a6, host, sizeof host);
-            snprintf(daemon_addr, sizeof daemon_addr, "[%s]:%u", host, port);
-        } else {
-            const struct in_addr *a4 = &((struct sockaddr_in *)&b)->sin_addr;
-            if (a4->s_addr != htonl(INADDR_ANY)) inet_ntop(AF_INET, a4, host, sizeof host);
-            snprintf(daemon_addr, sizeof daemon_addr, "%s:%u", host, port);
-        }
-    } else {
-        snprintf(daemon_addr, sizeof daemon_addr, "%s", s->cfg.listen);
     }
     unsigned http_port = 0;
-    if (s->cfg.http && door_listen(s, daemon_addr, sizeof daemon_addr) != DJ_OK) /* daemon_addr unchanged */
-        DJ_LOG(WARN, "%s: the HTTP door dials the listener instead (its HELLOs share 127.0.0.1's slowdown)",
-               dj_last_error());
-    if (s->cfg.http) {
+    if (s->cfg.http) { /* its requests enter in-process, through portals (submit.h) */
         dj__http_cfg hc = {.addr = s->cfg.http, .models = s->cfg.models, .auth = s->tokens, .n_auth = s->n_tokens,
                            .max_conns = s->cfg.http_conns, .max_body = s->cfg.http_max_body,
                            .timeout_s = s->cfg.http_timeout_s, .reuse = s->cfg.http_reuse,
                            .header_s = s->cfg.http_header_s, .body_s = s->cfg.http_body_s,
                            .per_addr = s->cfg.http_per_addr, .unauth = s->cfg.http_unauth,
                            .per_token = s->cfg.http_per_token, .hosts = s->cfg.http_hosts,
-                           .local_admin = s->cfg.local_admin};
-        snprintf(hc.daemon, sizeof hc.daemon, "%s", daemon_addr);
+                           .local_admin = s->cfg.local_admin, .srv = s};
         if ((st = dj__http_start(&hc, &s->http)) != DJ_OK) return st;
         http_port = dj__http_port(s->http);
         DJ_LOG(INFO, "djinnd serving the OpenAI API on %s (port %u)", s->cfg.http, http_port);
@@ -1898,6 +2011,7 @@ int dj__serve_main(int argc, char **argv) {
     loop_ok = true;
     uv_async_init(&s->loop, &s->wake, on_wake);
     s->wake.data = s;
+    if ((st = dj__portals_init(s)) != DJ_OK) goto fail_loop;
     uv_signal_init(&s->loop, &s->sigint);
     uv_signal_init(&s->loop, &s->sigterm);
     s->sigint.data = s->sigterm.data = s;
@@ -1915,6 +2029,7 @@ int dj__serve_main(int argc, char **argv) {
     if ((st = dj__worker_start(s)) != DJ_OK) goto fail_loop;
     on_wake(&s->wake); /* the leases of sessions a restart restored, before any client is read */
     if (s->cfg.metrics && (st = dj__metrics_start(&s->metrics, s->cfg.metrics, s->cfg.metrics_conns)) != DJ_OK) goto fail_loop;
+    if (s->cfg.agent_check && (st = dj__agent_start(s->cfg.agent_check, &s->metrics, &s->agent)) != DJ_OK) goto fail_loop;
     if ((st = listen_on(s)) != DJ_OK) goto fail_loop;
     dj__log_always(DJ_LOG_INFO, __func__, "djinnd: serving models from %s on %s (lease %u ms)", s->cfg.models,
                    s->cfg.listen, s->cfg.lease_ms);
@@ -1943,7 +2058,10 @@ done:
     pthread_mutex_unlock(&s->out_mu);
     pthread_mutex_unlock(&s->mu);
     dj__metrics_stop(&s->metrics);
-    dj__http_stop(s->http); /* its requests see their daemon connections closed */
+    dj__agent_stop(s->agent); /* after the loop: it answered "maint" while the daemon stopped */
+    s->agent = NULL;
+    if (loop_ok) dj__portals_stop(s); /* (done already when a signal stopped the loop) */
+    dj__http_stop(s->http); /* its requests' portals are closed: their waits end */
     s->http = NULL;
     dj__worker_stop(s);
     if (loop_ok) {
@@ -1954,12 +2072,7 @@ done:
     dj__reload_fini(s);
     dj__config_free(&s->cfg);
     if (s->is_unix) unlink(s->cfg.listen + 5);
-    if (s->door_dir[0]) {
-        char path[96];
-        snprintf(path, sizeof path, "%s/sock", s->door_dir);
-        unlink(path);
-        rmdir(s->door_dir);
-    }
+    dj__portals_fini(s);
     for (int q = 0; q < DJ_QOS_COUNT; q++) /* messages posted after the worker stopped (connections' closes) */
         for (dj__job *j = s->newq[q].head, *n; j; j = n) {
             n = j->next;

@@ -74,9 +74,9 @@ void dj__cache_salt_of(const uint64_t base[2], const char *bytes, size_t n, uint
  * DJ_EBUSY unchecked and uncharged). Only checked HELLOs count; a success
  * forgets the peer; a record is forgotten DJ__PEER_FORGET_MS after its last
  * failure. Past DJ__PEERS_MAX records new peers share one overflow record
- * (they are slowed together, never not at all). The HTTP door's own
- * connections (a private unix socket) are not peers: the door checks its
- * clients' tokens and slows them per address itself. Loop thread only. */
+ * (they are slowed together, never not at all). The HTTP door's
+ * connections (portals, submit.h: no socket, no HELLO) are not peers: the
+ * door checks its clients' tokens and slows them per address itself. Loop thread only. */
 typedef struct dj__peer {
     uint32_t fails;
     uint32_t waiting;      /* HELLOs held back now (dj__peer_wait) */
@@ -118,6 +118,9 @@ typedef struct dj__metrics {
     uint32_t sess_states[DJ_SESS_DROPPED + 1];
     dj_vmu_stats vmu;              /* snapshot after the worker's last job */
     uint64_t sessions, connections, lease_expiries, tokens;
+    uint64_t waiting, gen_steps;   /* requests held, not stepping; generation steps (agent_check.c) */
+    uint64_t pages_reclaimable;   /* KV pages only the prefix cache holds (with --agent-check) */
+    double gen_step_s;             /* those steps' wall time in all */
     void *mhd;                     /* struct MHD_Daemon * */
     const dj__token *auth;         /* [n_auth]: /metrics wants one as a bearer token when n_auth > 0 */
     size_t n_auth;
@@ -141,6 +144,8 @@ typedef struct dj__job dj__job;
 
 /* Answers lost for want of memory the loop is told of at once (dj__server.lost). */
 #define DJ__LOST_MAX 256
+#define DJ__GONE_HANDLES 1024 /* handles remembered as gone with their session (handle_gone.c) */
+#define DJ__GONE_LEASES 256   /* sessions remembered as gone with their lease (handle_gone.c) */
 
 /* Most running generations one batched decode step carries. */
 #define DJ__MAX_BATCH 64
@@ -193,6 +198,7 @@ typedef struct dj__sess {
     dj__model_ent *ment;
     int32_t pending;            /* sampled but not yet fed token, -1 if none */
     dj__job *busy;              /* the generation running on it, if any */
+    struct dj__brk *brk;        /* its step paused at a breakpoint (step_break.c), if any: busy too */
     uint8_t xfer;               /* 1: swap-out in flight, 2: swap-in in flight */
     uint64_t xfer_bytes;
     double xfer_t0;             /* when it started (swap latency) */
@@ -228,6 +234,7 @@ typedef struct dj__gen {
     dj_status tok_st;
     char tok_err[256];
     uint32_t max_tokens;
+    struct dj__trace_req *tr; /* GENERATE `points`: the edits at every step (step_trace.c), or NULL; owned */
     uint32_t pos0;     /* the session's position after its prompt (and re-fed history) */
     uint32_t n_prompt; /* the request's prompt tokens (without a pending one) */
     bool hist_added;   /* its generated tokens are in the session's history already (--persist always) */
@@ -300,6 +307,7 @@ typedef struct dj__config {
     const char *models;
     const char *device;     /* engine device: "cpu" (default), "cuda:N" in CUDA builds */   /* model store */
     const char *metrics;  /* ADDR:PORT or NULL */
+    const char *agent_check; /* ADDR:PORT or NULL: HAProxy's agent-check (agent_check.c) */
     const char *token_file;
     size_t vmu_bytes;
     int threads;
@@ -333,6 +341,8 @@ typedef struct dj__config {
     size_t swap_quota_bytes;   /* swap pool bytes per token; DJ__SIZE_AUTO: quota_bytes; 0: none */
     bool local_admin;          /* --local-admin: without --token-file every (loopback) peer has the admin role */
     size_t weights_bytes, weight_quota_bytes; /* --weights-gb, --weight-quota-gb (graph_serve.h); 0: defaults */
+    size_t graph_bytes, graph_quota_bytes;    /* --graph-gb, --graph-quota-gb: captured runs' planned bytes (sched.h); 0: none */
+    bool graph_on_engine;                     /* --graph-device engine: GRAPH_RUN on the engine's backend (CUDA executor) */
     uint32_t idle_ms, max_wait_ms;
     dj_swap_policy swap_policy;
     const char *state_dir;     /* --state-dir: the KV disk tier's directory, or NULL: none */
@@ -405,8 +415,7 @@ typedef struct dj__server {
     bool refuse_busy;    /* refuse is open or closing */
     bool accept_stalled; /* a connection waits for refuse's close to be accepted */
     bool is_unix;
-    uv_pipe_t door;      /* --http: the door's own way in, a unix socket in a 0700 directory of its own */
-    char door_dir[64];   /* "" when none */
+    struct dj__portals *portals; /* in-process connections' ops to the loop (submit.c: the HTTP door's) */
     uv_signal_t sigint, sigterm;
     uv_async_t wake;     /* worker -> loop: outbox has frames */
     uv_check_t clock_check; /* after each poll's callbacks: advances clock_ms */
@@ -452,6 +461,14 @@ typedef struct dj__server {
         bool counted;
         uint32_t handle_quota;
     } lost[DJ__LOST_MAX];
+    /* I/O thread: the last DJ__GONE_HANDLES result handles that went with
+     * their session, so a FETCH of one says so (handle_gone.c) */
+    struct dj__gone_handle {
+        uint64_t id, conn, sess;
+    } gone[DJ__GONE_HANDLES];
+    size_t gone_next;
+    struct dj__gone_handle gone_leases[DJ__GONE_LEASES]; /* sessions whose lease ended (id = the session) */
+    size_t gone_leases_next;
     uint32_t n_lost;
     bool lost_overflow;
     bool stop_worker;    /* mu */
@@ -476,7 +493,8 @@ typedef struct dj__server {
     dj__model_ent *models;
 
     dj__metrics metrics;
-    struct dj__http *http; /* --http: the front end, a client of the listener above */
+    struct dj__agent *agent; /* --agent-check's listener, or NULL */
+    struct dj__http *http; /* --http: the front end; its requests enter through portals (submit.h) */
     struct dj__capture *capture; /* captured modules: the weight store, graph runs (graph_serve.h) */
     struct dj__reload *reload; /* reload.c: SIGHUP's state (loop only) */
 } dj__server;
@@ -543,5 +561,57 @@ dj_status dj__trace_run(dj_engine_t *e, dj_session_t *es, const int32_t *ids, ui
 /* The saved activations move into out->saved (the I/O side makes them handles). */
 dj_status dj__trace_publish(dj__trace_req *t, dj__rep_step *out);
 void dj__trace_free(dj__trace_req *t); /* NULL does nothing */
+/* Breakpoints: the trace's BREAK points; dj_session_step_break with the
+ * parsed points; the name of iv[k]; the paused step's reply (the BREAK
+ * iv[k]'s value as its one `saved`, copied); a resume's `points` (add or
+ * replace of the paused point iv[k], checked whole first) applied to the
+ * value the step resumes with. */
+uint32_t dj__trace_breaks(const dj__trace_req *t);
+/* A GENERATE's `points` (edits at every step, one row each) as a trace
+ * whose interventions (dj__trace_ivs, valid while t lives) go to dj_gen_new. */
+dj_status dj__gen_trace_parse(const dj__req_generate *rq, const dj_model_config *c, dj__trace_req **out /* OUT */);
+const dj_intervention *dj__trace_ivs(const dj__trace_req *t, uint32_t *n /* OUT */);
+/* A STEP's text prompt as ids (*ids malloc'd, [*n]): tok NULL (the model
+ * has no tokenizer.json) is DJ_EUNSUPPORTED; the worker waits for it, as
+ * the text is at most --max-prompt-bytes. */
+dj_status dj__step_tokenize(const dj_tokenizer_t *tok, const char *model, const char *text, size_t len,
+                            bool add_special, int32_t **ids /* OUT */, size_t *n /* OUT */);
+dj_status dj__trace_run_break(dj_engine_t *e, dj_session_t *es, const int32_t *ids, uint32_t n, dj__trace_req *t,
+                              float *logits, dj_step_brk_t **out /* OUT */);
+const char *dj__trace_point_name(const dj__trace_req *t, uint32_t k);
+dj_status dj__trace_publish_break(dj__trace_req *t, uint32_t k, dj__rep_step *out);
+dj_status dj__trace_edit(dj__trace_req *t, uint32_t k, const dj__req_step *rq, const dj_model_config *c);
+
+/* ---- handle_gone.c: handles that went with their session (I/O thread) ---- */
+/* Remembers handle h as gone with session sess. */
+void dj__gone_note(dj__server *s, uint64_t handle, uint64_t conn, uint64_t sess);
+/* The DJ_ENOTFOUND for a FETCH/RELEASE of handle on conn: that it went with
+ * its session when remembered so, else that there is none. */
+dj_status dj__gone_why(const dj__server *s, uint64_t conn, uint64_t handle);
+/* Remembers session sess of conn as gone with its lease; dj__no_session is
+ * the DJ_ENOTFOUND for a request naming a session conn does not hold: that
+ * its lease ended when remembered so, else that there is none. */
+void dj__gone_lease(dj__server *s, uint64_t conn, uint64_t sess);
+dj_status dj__no_session(const dj__server *s, uint64_t conn, uint64_t sess);
+
+/* ---- step_break.c: a session's step paused at a breakpoint (worker thread) ---- */
+typedef struct dj__brk dj__brk;
+/* The traced STEP tr (with BREAKs) on ss after its pending tokens: paused
+ * (*paused; tr and *lg are the paused step's now, NULL here; out is the
+ * pause's reply) or run to its end (out untouched: the caller publishes). */
+dj_status dj__brk_begin(dj_engine_t *e, dj__sess *ss, dj__trace_req **tr, const int32_t *ids, uint32_t n,
+                        float **lg, uint32_t vocab, dj__rep_step *out, bool *paused /* OUT */);
+/* A STEP on ss while its step is paused (or a resume/cancel without one):
+ * resume (to the next breakpoint or the end), cancel, or refused (busy).
+ * *done_ids ([*n_done], malloc'd): the ids of a step that ended, for the
+ * session's history; out the reply. */
+dj_status dj__brk_continue(dj_engine_t *e, dj__sess *ss, const dj__req_step *rq, dj__rep_step *out,
+                           int32_t **done_ids /* OUT */, uint32_t *n_done /* OUT */);
+/* Drops ss's paused step (the session closes, its client went, its KV is
+ * dropped); nothing when none. */
+void dj__brk_drop(dj_engine_t *e, dj__sess *ss);
+/* Paused steps of the worker's sessions and the bytes they hold. */
+void dj__brk_totals(const dj__server *s, uint64_t *n /* OUT */, uint64_t *bytes /* OUT */);
+uint64_t dj__brk_bytes(const dj__sess *ss); /* 0: none paused */
 
 #endif

@@ -13,6 +13,8 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "djinn/lora.h"
+#include "server/adapter.h"
 #include "server/graph_serve.h"
 #include "server/access.h"
 #include "server/server_impl.h"
@@ -107,6 +109,7 @@ static void post_job(dj__server *s, dj__job *j, dj__event *e) {
 static void gen_free(dj__gen *g) {
     if (!g) return;
     dj_gen_free(g->g);
+    dj__trace_free(g->tr); /* after the generation that read it */
     free(g->ids);
     free(g);
 }
@@ -267,6 +270,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
         dj__job_free(j);
     }
     ss->busy = NULL;
+    dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint */
     if (s->cfg.state_dir && s->cfg.persist == DJ__PERSIST_ALWAYS && !s->stop_worker) { /* it is gone for good */
         char dir[4096], path[4200];
         if (dj__persist_dir(s->cfg.state_dir, dir, sizeof dir) == DJ_OK) {
@@ -291,6 +295,7 @@ static void session_destroy(dj__server *s, dj__sess *ss, dj_status why, const ch
  * for a SESSION_ATTACH. */
 static void cancel_orphaned(dj__server *s, dj__sess *ss) {
     ss->conn = 0;
+    dj__brk_drop(s->engine, ss); /* a step paused at a breakpoint goes with its client */
     for (dj__job *j = s->held, *nx; j; j = nx) {
         nx = j->hnext;
         if (j->sess != ss->id || (j->type != DJ_MSG_STEP && j->type != DJ_MSG_GENERATE)) continue;
@@ -563,13 +568,27 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     if (st != DJ_OK) return st;
     const dj__req_step *rq = &j->r.u.step;
     const int32_t *ids = rq->ids;
-    const size_t n = rq->n_ids;
+    size_t n = rq->n_ids;
+    int32_t *text_ids = NULL; /* a text prompt's (step_trace.c tokenizes it), the reply's once it ran */
     int32_t *feed = NULL;
     size_t n_feed = 0;
     float *lg = NULL; /* the logits: a result handle once the I/O side files the reply */
     dj__trace_req *tr = NULL; /* with `points` (step_trace.c): the payload holds their tensors */
     const bool traced = rq->n_points > 0;
     const bool want_logits = rq->logits != DJ__LOGITS_NONE, all_rows = rq->logits == DJ__LOGITS_ALL;
+    if (ss->brk || rq->brk != DJ__BRK_NONE) { /* its step paused at a breakpoint: resume, cancel or busy */
+        int32_t *done = NULL;
+        uint32_t n_done = 0;
+        st = dj__brk_continue(s->engine, ss, rq, out, &done, &n_done);
+        if (done && st == DJ_OK) {
+            undrop(ss);
+            ss->pending = -1;
+            st = hist_add(s, ss, done, n_done);
+        }
+        snapshot(s, ss);
+        free(done);
+        return st;
+    }
     if (ss->busy) {
         st = dj_fail(DJ_EBUSY, "session %016llx is generating", (unsigned long long)ss->id);
         goto done;
@@ -577,6 +596,17 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     if (ss->paused) {
         st = dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
         goto done;
+    }
+    if (rq->prompt) {
+        if (rq->plen > s->cfg.max_prompt_bytes) {
+            st = dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", rq->plen,
+                         (unsigned long long)s->cfg.max_prompt_bytes);
+            goto done;
+        }
+        st = dj__step_tokenize(model_tokenizer(s, ss->ment), ss->ment->name, rq->prompt, rq->plen,
+                               sess_pos(ss) == 0 && ss->pending < 0, &text_ids, &n);
+        if (st != DJ_OK) goto done;
+        ids = text_ids;
     }
     if ((st = feed_ids(ss, ids, n, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
@@ -602,8 +632,16 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
             ss->pending = -1;
             st = hist_add(s, ss, feed, pre);
         }
-        if (st == DJ_OK)
+        bool paused = false; /* at a breakpoint (step_break.c): tr and lg are the paused step's */
+        if (st == DJ_OK && dj__trace_breaks(tr)) {
+            st = dj__brk_begin(s->engine, ss, &tr, feed + pre, (uint32_t)n, &lg, vocab, out, &paused);
+            if (paused || st != DJ_OK) {
+                snapshot(s, ss);
+                goto done;
+            }
+        } else if (st == DJ_OK) {
             st = dj__trace_run(s->engine, ss->es, feed + pre, (uint32_t)n, tr, lg);
+        }
         if (st == DJ_OK) {
             memmove(feed, feed + pre, n * sizeof *feed);
             n_feed = n;
@@ -631,6 +669,12 @@ static dj_status do_step(dj__server *s, dj__job *j, dj__rep_step *out, bool *for
     }
     if (tr) st = dj__trace_publish(tr, out);
 done:
+    if (st == DJ_OK && text_ids) { /* the reply says which ids the text became */
+        out->ids = text_ids;
+        out->n_ids = (uint32_t)n;
+        text_ids = NULL;
+    }
+    free(text_ids);
     free(lg);
     dj__trace_free(tr);
     free(feed);
@@ -741,6 +785,7 @@ static dj_status gen_prepare(dj__server *s, dj__job *j, dj__sess *ss, bool *defe
     rq->n_ids = 0;
     if (ss->paused) return dj_fail(DJ_EBUSY, "session %016llx is paused", (unsigned long long)ss->id);
     if (ss->busy) return dj_fail(DJ_EBUSY, "session %016llx is already generating", (unsigned long long)ss->id);
+    if (ss->brk) return dj_fail(DJ_EBUSY, "session %016llx has a step paused at a breakpoint", (unsigned long long)ss->id);
     if (prompt) {
         if (plen > s->cfg.max_prompt_bytes) /* the I/O thread refuses these; a bound for any other path */
             return dj_fail(DJ_ERANGE, "prompt of %zu bytes: more than --max-prompt-bytes %llu", plen,
@@ -880,6 +925,9 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         goto done;
     }
     if ((st = gen_salt(j, ss)) != DJ_OK) goto done;
+    if ((st = dj__adapter_use(s->engine, s->cfg.models, ss->es, j->r.u.gen.adapter,
+                              sess_pos(ss) == 0 && ss->pending < 0 && !ss->dropped && ss->n_hist == 0)) != DJ_OK)
+        goto done;
     if ((st = feed_ids(ss, g->ids, g->n_ids, &feed, &n_feed)) != DJ_OK) goto done;
     if (n_feed == 0) {
         st = dj_fail(DJ_EINVAL, "GENERATE needs at least one prompt token");
@@ -901,6 +949,13 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
         (st = dj_constraint_from_schema(j->r.u.gen.json_schema, j->r.u.gen.schema_len, tok, vocab, ss->ment->eos,
                                         sp->ignore_eos ? 0 : ss->ment->n_eos, &con)) != DJ_OK)
         goto done;
+    if (j->r.u.gen.n_points && !g->tr &&
+        (st = dj__gen_trace_parse(&j->r.u.gen, dj_model_get_config(dj_session_model(ss->es)), &g->tr)) != DJ_OK) {
+        dj_constraint_free(con);
+        goto done;
+    }
+    uint32_t n_iv = 0;
+    const dj_intervention *iv = dj__trace_ivs(g->tr, &n_iv);
     const dj_gen_params gp = {.sampling = sp->sampling,
                               .max_tokens = g->max_tokens,
                               .stop_ids = sp->stop_ids,
@@ -912,7 +967,11 @@ static dj_status gen_start(dj__server *s, dj__job *j, dj__sess *ss) {
                               .tok = tok,
                               .logprobs = sp->logprobs,
                               .top_logprobs = sp->top_logprobs,
-                              .constraint = con}; /* the generation's from here */
+                              .logit_bias = sp->logit_bias,
+                              .n_logit_bias = sp->n_logit_bias,
+                              .constraint = con, /* the generation's from here */
+                              .iv = iv,
+                              .n_iv = n_iv};
     if ((st = dj_gen_new(s->engine, ss->es, feed, n_feed, &gp, &g->g)) != DJ_OK) goto done;
     undrop(ss);
     st = hist_add(s, ss, feed, n_feed);
@@ -1051,6 +1110,7 @@ static dj_status stats_sessions(dj__server *s, const dj__job *j, dj__stats_snap 
             o->pos = ss->pos;
             o->paused = ss->paused; /* lease_left_ms: the I/O side's to fill (its leases) */
             o->generating = ss->busy != NULL;
+            o->break_bytes = dj__brk_bytes(ss);
         }
     out->n_sessions = n;
     return DJ_OK;
@@ -1063,6 +1123,7 @@ static dj_status do_stats(dj__server *s, const dj__job *j, dj__stats_snap *out) 
     out->page_bytes = dj_vmu_page_bytes(vmu);
     if (!j->admin) return stats_sessions(s, j, out);
     dj_vmu_get_stats(vmu, &out->vs);
+    dj__brk_totals(s, &out->brk_paused, &out->brk_bytes);
     out->batched_steps = s->batched_steps;
     out->mixed_steps = s->mixed_steps;
     out->batched_rows = s->batched_rows;
@@ -1244,7 +1305,10 @@ static void arrive(dj__server *s, dj__job *j) {
     }
     prompt_credit(s, j); /* refused before its tokenization, or no text prompt */
     if (tokens > UINT32_MAX) tokens = UINT32_MAX;
-    if (st == DJ_OK)
+    uint64_t graph_bytes = 0; /* GRAPH_RUN: admitted by its plan's bytes (graph_serve.h) */
+    if (st == DJ_OK && j->type == DJ_MSG_GRAPH_RUN && (st = dj__graph_plan_bytes(s, j->graph, j->conn, &graph_bytes)) == DJ_OK)
+        st = dj_sched_arrive_graph(s->sched, job_id(j), j->tenant, dj_qos_rank(j->qos), graph_bytes, dj__now_ms());
+    else if (st == DJ_OK)
         st = dj_sched_arrive(s->sched, job_id(j), sess, dj_qos_rank(j->qos), kind, model, (uint32_t)tokens, dj__now_ms());
     if (st != DJ_OK) {
         reply_error(s, j, st, foreign || st == DJ_EFORMAT);
@@ -1352,11 +1416,13 @@ static void start_swap(dj__server *s, uint64_t sid, bool out) {
 static void drop_kv(dj__server *s, uint64_t sid, bool lost) {
     dj__sess *ss = sess_get(s, sid);
     if (!ss) return;
+    dj__brk_drop(s->engine, ss); /* a paused step's KV rows go with the rest */
     dj_session_t *fresh = NULL;
     dj_status st = dj_session_new(s->engine, ss->ment->m, dj_session_max_ctx(ss->es), 0, &fresh);
     uint64_t salt[2];
     dj_session_cache_salt(ss->es, salt);
     if (st == DJ_OK) st = dj_session_set_cache_salt(fresh, salt); /* its history keys as before */
+    if (st == DJ_OK) st = dj_session_set_lora_like(s->engine, fresh, ss->es); /* and runs with its adapter */
     if (st == DJ_OK && (s->cfg.swap_policy == DJ_SWAP_RECOMPUTE || lost) && ss->n_hist == dj_session_pos(ss->es)) {
         dj_session_free(s->engine, ss->es);
         ss->es = fresh;
@@ -1438,6 +1504,8 @@ static void publish_metrics(dj__server *s) {
     dj_sched_stats ss;
     dj_sched_get_stats(s->sched, dj__now_ms(), &ss);
     const size_t n_sess = s->sessions.n;
+    dj_prefix_stats ps = {0}; /* its unreferenced pages are room too (a walk of them: only for the agent) */
+    if (s->cfg.agent_check) dj_engine_prefix_stats(s->engine, &ps);
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.vmu = vs;
     s->metrics.sessions = n_sess;
@@ -1445,6 +1513,11 @@ static void publish_metrics(dj__server *s) {
     s->metrics.pool_used = sw.used;
     s->metrics.preemptions = ss.preemptions;
     memcpy(s->metrics.sess_states, ss.sessions, sizeof s->metrics.sess_states);
+    s->metrics.waiting = 0;
+    for (int c = 0; c < DJ_SCHED_CLASSES; c++) s->metrics.waiting += ss.waiting[c];
+    s->metrics.pages_reclaimable = ps.pages_unreferenced;
+    s->metrics.gen_steps = s->gen_steps;
+    s->metrics.gen_step_s = s->gen_step_s;
     pthread_mutex_unlock(&s->metrics.mu);
 }
 
@@ -1657,6 +1730,8 @@ static dj_status sched_open(dj__server *s) {
         .policy = s->cfg.swap_policy,
         .disk_pages = disk_pages,
         .disk_page_ms = disk_page_ms,
+        .graph_bytes = s->cfg.graph_bytes,
+        .graph_quota_bytes = s->cfg.graph_quota_bytes,
     };
     DJ_LOG(INFO, "VMU: text %zu MiB, data %zu MiB (%zu pages of %zu KiB), stack %zu MiB; swap pool %zu MiB; "
            "policy %s", vs.text.capacity >> 20, vs.data.capacity >> 20, vs.pages_total, page >> 10,

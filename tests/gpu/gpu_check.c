@@ -1060,6 +1060,86 @@ static void check_add_norm_offset(uint32_t n, uint32_t d) {
     free(w);
 }
 
+/* LORA: n rows over n_ad adapters of ranks rank[a] (the last adapter adapts
+ * nothing here: a NULL A), rows cycling through the adapters and -1 (the bare
+ * base); out holds a MATMUL's result before. Against the CPU, and each row of
+ * the device's batch bit-identical to the row computed alone. */
+static void check_lora(uint32_t n, uint32_t k, uint32_t m, uint32_t n_ad, const uint32_t *rank) {
+    const size_t xc = (size_t)n * k, oc = (size_t)n * m;
+    float *xf = falloc(xc), *of = falloc(oc), *ref = falloc(oc);
+    uint16_t *xb = halloc(xc), *ob = halloc(oc);
+    rand_bf16(xb, xf, xc, -2.0f, 2.0f);
+    rand_bf16(ob, of, oc, -4.0f, 4.0f);
+    memcpy(ref, of, oc * sizeof(float));
+    dj_lora_mat cm[8], gm[8];
+    void *dev[16] = {0};
+    float *host[16] = {0};
+    for (uint32_t a = 0; a < n_ad && a < 8; a++) {
+        memset(&cm[a], 0, sizeof cm[a]);
+        if (a + 1 == n_ad) continue; /* adapts nothing here */
+        const size_t ac = (size_t)rank[a] * k, bc = (size_t)m * rank[a];
+        host[2 * a] = falloc(ac);
+        host[2 * a + 1] = falloc(bc);
+        for (size_t i = 0; i < ac; i++) host[2 * a][i] = dj_test_randf(-0.1f, 0.1f);
+        for (size_t i = 0; i < bc; i++) host[2 * a + 1][i] = dj_test_randf(-0.1f, 0.1f);
+        dev[2 * a] = dcopy(host[2 * a], ac * sizeof(float));
+        dev[2 * a + 1] = dcopy(host[2 * a + 1], bc * sizeof(float));
+        cm[a] = (dj_lora_mat){.a = host[2 * a], .b = host[2 * a + 1], .rank = rank[a], .ldb = rank[a],
+                              .scale = 0.5f + (float)a};
+    }
+    for (uint32_t a = 0; a < n_ad && a < 8; a++) {
+        gm[a] = cm[a];
+        gm[a].a = dev[2 * a];
+        gm[a].b = dev[2 * a + 1];
+    }
+    int32_t *rows = xmalloc(n * sizeof *rows);
+    for (uint32_t i = 0; i < n; i++) rows[i] = (int32_t)(i % (n_ad + 1)) - 1;
+    void *dx = dcopy(xb, xc * 2), *dout = dcopy(ob, oc * 2), *dalone = dcopy(ob, oc * 2);
+    dj_op_call cc = {.op = DJ_OP_LORA, .n = n, .out = ref, .x = xf, .k = k, .m = m, .lora = cm, .n_lora = n_ad,
+                     .lora_row = rows};
+    dj_op_call gc = cc;
+    gc.out = dout;
+    gc.x = dx;
+    gc.out_dtype = gc.x_dtype = DJ_DTYPE_BF16;
+    gc.lora = gm;
+    run_both(&cc, &gc, "lora");
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%u k=%u m=%u adapters=%u", n, k, m, n_ad);
+    compare("LORA", shape, dout, DJ_DTYPE_BF16, ref, oc);
+    for (uint32_t i = 0; i < n; i++) { /* each row alone */
+        dj_op_call one = gc;
+        one.n = 1;
+        one.x = (const uint16_t *)dx + (size_t)i * k;
+        one.out = (uint16_t *)dalone + (size_t)i * m;
+        one.lora_row = &rows[i];
+        if (dj_backend_compute(gpu, &one) != DJ_OK) die("lora alone");
+    }
+    if (gpu->vt->sync(gpu) != DJ_OK) die("lora alone");
+    uint16_t *h1 = halloc(oc), *h2 = halloc(oc);
+    down(h1, dout, oc * 2);
+    down(h2, dalone, oc * 2);
+    const int same = memcmp(h1, h2, oc * 2) == 0;
+    n_rows++;
+    n_fail += !same;
+    printf("%-10s %-52s %10s  %s\n", "LORA", "each row as alone (bit-exact)", same ? "equal" : "differ",
+           same ? "pass" : "FAIL");
+    free(h1);
+    free(h2);
+    for (int i = 0; i < 16; i++) {
+        if (dev[i]) dfree(dev[i]);
+        free(host[i]);
+    }
+    dfree(dx);
+    dfree(dout);
+    dfree(dalone);
+    free(rows);
+    free(xf);
+    free(of);
+    free(ref);
+    free(xb);
+    free(ob);
+}
+
 static void check_arch_ops(void) {
     check_embed_scaled(37, 333, 1001, DJ_DTYPE_BF16, DJ_DTYPE_F32, 59.866f);
     check_embed_scaled(1, 3584, 4096, DJ_DTYPE_BF16, DJ_DTYPE_BF16, 59.866f);
@@ -1084,6 +1164,12 @@ static void check_arch_ops(void) {
     check_elementwise(DJ_OP_GELU_MUL, 64, 14336, DJ_DTYPE_BF16, DJ_DTYPE_BF16); /* prefill rows, 8 a thread */
     check_softcap(1, 256000, 30.0f, 0);
     check_softcap(7, 1001, 8.0f, 1);
+    { /* LoRA: decode batches over 3 adapters and the bare base, a prefill chunk, an 8B shape */
+        const uint32_t r3[4] = {16, 8, 64, 0}, r1[2] = {16, 0};
+        check_lora(7, 4096, 4096, 4, r3);
+        check_lora(33, 333, 1001, 4, r3);
+        check_lora(1, 4096, 14336, 2, r1);
+    }
     /* Gemma 2: attention soft-cap 50 (decode, prefill, tensor cores at head_dim 256), windows */
     check_attention_cap(1, 3000, 16, 8, 256, 16, 4096, 50.0f);
     check_attention_cap(37, 10, 16, 8, 256, 16, 0, 50.0f);
@@ -2982,6 +3068,76 @@ static void check_sample(uint32_t n, uint32_t V, int kind) {
     free(again);
 }
 
+/* The mask hook: n rows of V logits, each row masked (allowed about half,
+ * or none), biased (up to 64 distinct ids, -100..100) or both, or neither;
+ * the device's rows against the CPU backend's hook, bit for bit (-inf and
+ * one float add per entry), then the device's argmax of the masked rows
+ * against dj_sampler's own masked greedy pick. */
+static void check_mask(uint32_t n, uint32_t V) {
+    float *lg = falloc((size_t)n * V), *want = falloc((size_t)n * V), *got = falloc((size_t)n * V);
+    uint8_t *allowed = xmalloc((size_t)n * V);
+    dj_logit_bias *bias = xmalloc((size_t)n * 64 * sizeof *bias);
+    dj_mask_row *rows = xmalloc(n * sizeof *rows);
+    for (uint32_t r = 0; r < n; r++) {
+        for (uint32_t i = 0; i < V; i++) lg[(size_t)r * V + i] = dj_test_randf(-4.f, 4.f);
+        uint8_t *a = allowed + (size_t)r * V;
+        for (uint32_t i = 0; i < V; i++) a[i] = (uint8_t)(dj_test_rand() % 2);
+        a[dj_test_rand() % V] = 1; /* at least one */
+        dj_logit_bias *b = bias + (size_t)r * 64;
+        const uint32_t nb = r % 4 >= 2 ? 1 + dj_test_rand() % 64 : 0, stride = V / 64;
+        for (uint32_t k = 0; k < nb; k++)
+            b[k] = (dj_logit_bias){.id = (int32_t)(k * stride + dj_test_rand() % stride),
+                                   .bias = dj_test_randf(-100.f, 100.f)};
+        rows[r] = (dj_mask_row){.allowed = r % 2 ? a : NULL, .bias = b, .n_bias = nb};
+    }
+    memcpy(want, lg, (size_t)n * V * sizeof *lg);
+    if (cpu->vt->mask(cpu, want, n, V, rows) != DJ_OK)
+        die("cpu mask");
+    void *dlg = dcopy(lg, (size_t)n * V * sizeof(float)), *dout = dalloc(n * sizeof(int32_t));
+    if (gpu->vt->mask(gpu, dlg, n, V, rows) != DJ_OK)
+        die("mask");
+    down(got, dlg, (size_t)n * V * sizeof *got);
+    int wrong = 0;
+    for (uint32_t r = 0; r < n; r++)
+        if (memcmp(got + (size_t)r * V, want + (size_t)r * V, V * sizeof *got)) {
+            wrong++;
+            printf("           row %u (mask %d, %u biases): the device's logits differ\n", r, rows[r].allowed != NULL,
+                   rows[r].n_bias);
+        }
+    /* the pick after it: the host sampler's masked greedy pick of the raw row */
+    int32_t *picks = xmalloc(n * sizeof *picks);
+    if (gpu->vt->argmax(gpu, dlg, n, V, dout) != DJ_OK)
+        die("argmax");
+    down(picks, dout, n * sizeof *picks);
+    const dj_sampler_params gp = {.top_p = 1.0f};
+    for (uint32_t r = 0; r < n; r++) {
+        dj_sampler_t *hs = NULL;
+        if (dj_sampler_new(&gp, V, &hs) != DJ_OK || dj_sampler_set_allowed(hs, rows[r].allowed) != DJ_OK ||
+            dj_sampler_set_bias(hs, rows[r].bias, rows[r].n_bias) != DJ_OK)
+            die("host sampler");
+        const int32_t w = dj_sampler_sample(hs, lg + (size_t)r * V);
+        dj_sampler_free(hs);
+        if (w != picks[r]) {
+            wrong++;
+            printf("           row %u: the device's masked argmax %d, the host sampler's %d\n", r, picks[r], w);
+        }
+    }
+    n_rows++;
+    n_fail += wrong != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%u vocab=%u masks and logit_bias", n, V);
+    printf("%-10s %-52s %10d  %s\n", "MASK", shape, wrong, wrong ? "FAIL" : "pass");
+    dfree(dlg);
+    dfree(dout);
+    free(lg);
+    free(want);
+    free(got);
+    free(allowed);
+    free(bias);
+    free(rows);
+    free(picks);
+}
+
 /* The hand-made row of test_sampler.c, each case on the device. */
 static void check_sample_cases(void) {
     const float row[7] = {0.f, 2.f, 2.f, 1.f, 2.f, -INFINITY, NAN};
@@ -4287,6 +4443,8 @@ int main(int argc, char **argv) {
     check_sample(40, 1000, 1);
     check_sample(8, 128256, 1);
     check_sample(33, 128256, 1);
+    check_mask(8, 1000);
+    check_mask(33, 128256);
     check_sample_small_k(70, 4096);
     check_sample_small_k(35, 128256);
     check_sample_splits();

@@ -281,6 +281,7 @@ static dj_status cpu_compute(dj_backend_t *be, const dj_op_call *c) {
     case DJ_OP_SOFTCAP: return dj__cpu_softcap(cb, c);
     case DJ_OP_MOE_ROUTE: return dj__cpu_moe_route(cb, c);
     case DJ_OP_MOE_FFN: return dj__cpu_moe_ffn(cb, c);
+    case DJ_OP_LORA: return dj__cpu_lora(cb, c);
     case DJ_OP_COUNT: break;
     }
     return dj_fail(DJ_EUNSUPPORTED, "cpu backend: unknown op %d", (int)c->op);
@@ -335,6 +336,25 @@ static dj_status cpu_sample(dj_backend_t *be, const float *logits, uint32_t n, u
     return DJ_OK;
 }
 
+/* The mask hook on host memory: the reference the CUDA kernel is checked
+ * against (gpu_check) and what a CPU engine's masked rows go through. */
+static dj_status cpu_mask(dj_backend_t *be, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows) {
+    (void)be;
+    if (!logits || !rows || vocab == 0) return dj_fail(DJ_EINVAL, "cpu mask: NULL pointer or empty rows");
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < rows[i].n_bias; k++)
+            if (!rows[i].bias || rows[i].bias[k].id < 0 || (uint32_t)rows[i].bias[k].id >= vocab)
+                return dj_fail(DJ_EINVAL, "cpu mask: row %u biases an id outside [0, %u)", i, vocab);
+    for (uint32_t i = 0; i < n; i++) {
+        float *row = logits + (size_t)i * vocab;
+        if (rows[i].allowed)
+            for (uint32_t j = 0; j < vocab; j++)
+                if (!rows[i].allowed[j]) row[j] = -INFINITY;
+        for (uint32_t k = 0; k < rows[i].n_bias; k++) row[rows[i].bias[k].id] += rows[i].bias[k].bias;
+    }
+    return DJ_OK;
+}
+
 /* The step in order, op by op (the reference does not fuse). */
 static dj_status cpu_compute_plan(dj_backend_t *be, const dj_op_call *calls, size_t n, const void *plan_key,
                                   const dj_stream_step *stream) {
@@ -360,6 +380,7 @@ static const dj_backend_vtbl cpu_vtbl = {
     .upload_async = cpu_upload,
     .argmax = cpu_argmax,
     .sample = cpu_sample,
+    .mask = cpu_mask,
     .compute_plan = cpu_compute_plan,
     .upload_weights = cpu_upload, /* a memcpy: any thread */
     .ring_new = dj__cpu_ring_new,

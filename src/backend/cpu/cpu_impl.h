@@ -56,6 +56,7 @@ dj_status dj__cpu_attention(dj_cpu_backend *cb, const dj_op_call *c);
 /* cpu_arch_ops.c: the ops of the architectures beyond Llama. */
 dj_status dj__cpu_gelu_mul(dj_cpu_backend *cb, const dj_op_call *c);
 dj_status dj__cpu_softcap(dj_cpu_backend *cb, const dj_op_call *c);
+dj_status dj__cpu_lora(dj_cpu_backend *cb, const dj_op_call *c); /* cpu_lora.c */
 dj_status dj__cpu_moe_route(dj_cpu_backend *cb, const dj_op_call *c);
 dj_status dj__cpu_moe_ffn(dj_cpu_backend *cb, const dj_op_call *c);
 

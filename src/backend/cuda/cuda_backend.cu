@@ -292,6 +292,7 @@ dj_status dj__cuda_compute_one(dj_cuda_backend *cb, const dj_op_call *c) {
     case DJ_OP_SOFTCAP: return dj__cuda_softcap(cb, c);
     case DJ_OP_MOE_ROUTE: return dj__cuda_moe_route(cb, c);
     case DJ_OP_MOE_FFN: return dj__cuda_moe_ffn(cb, c);
+    case DJ_OP_LORA: return dj__cuda_lora(cb, c);
     case DJ_OP_COUNT: break;
     }
     return dj_fail(DJ_EUNSUPPORTED, "cuda backend: unknown op %d", (int)c->op);
@@ -339,6 +340,22 @@ static dj_status cuda_sample(dj_backend_t *be, const float *logits, uint32_t n, 
     DJ_CU(cb, cudaSetDevice(cb->device));
     dj_status st = not_capturing(cb, "sample"); /* the rows are staged host bytes */
     if (st == DJ_OK) st = dj__cuda_sample(cb, logits, n, vocab, rows, out);
+    return st;
+}
+
+static dj_status cuda_mask(dj_backend_t *be, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows) {
+    dj_cuda_backend *cb = (dj_cuda_backend *)be;
+    if (!logits || !rows || n == 0 || vocab == 0)
+        return dj_fail(DJ_EINVAL, "cuda mask: NULL pointer, no rows or an empty vocabulary");
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < rows[i].n_bias; k++)
+            if (!rows[i].bias || rows[i].bias[k].id < 0 || (uint32_t)rows[i].bias[k].id >= vocab ||
+                !isfinite(rows[i].bias[k].bias))
+                return dj_fail(DJ_EINVAL, "cuda mask: row %u bias %u: an id outside [0, %u) or a bias not finite", i,
+                               k, vocab);
+    DJ_CU(cb, cudaSetDevice(cb->device));
+    dj_status st = not_capturing(cb, "mask"); /* the masks are staged host bytes */
+    if (st == DJ_OK) st = dj__cuda_mask(cb, logits, n, vocab, rows);
     return st;
 }
 
@@ -467,6 +484,7 @@ static const dj_backend_vtbl cuda_vtbl = {
     /* .host_register = */ dj__cuda_host_register,
     /* .host_unregister = */ dj__cuda_host_unregister,
     /* .copy = */ cuda_copy_dev,
+    /* .mask = */ cuda_mask,
 };
 
 static dj_status cuda_init(dj_cuda_backend *cb) {

@@ -242,11 +242,15 @@ dj_status dj__cuda_argmax(dj_cuda_backend *cb, const float *logits, uint32_t n, 
 /* rows: [n] host memory, validated by the caller (staged here with their penalties). */
 dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, uint32_t vocab,
                           const dj_sample_row *rows, int32_t *out);
+/* The mask hook (backend.h): each masked row's bytes and every bias staged,
+ * then one kernel sets the disallowed logits to -inf and one adds the biases. */
+dj_status dj__cuda_mask(dj_cuda_backend *cb, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows);
 dj_status dj__cuda_silu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_add(dj_cuda_backend *cb, const dj_op_call *c);
 /* cuda_arch_ops.cu: the ops of the architectures beyond Llama. */
 dj_status dj__cuda_gelu_mul(dj_cuda_backend *cb, const dj_op_call *c);
 dj_status dj__cuda_softcap(dj_cuda_backend *cb, const dj_op_call *c);
+dj_status dj__cuda_lora(dj_cuda_backend *cb, const dj_op_call *c); /* cuda_lora.cu */
 dj_status dj__cuda_moe_route(dj_cuda_backend *cb, const dj_op_call *c);
 /* Reads the weights of expert e only for rows routed to it: a launch whose
  * rows none route to e exits before reading any weight (decode reads only the

@@ -241,6 +241,7 @@ static size_t in_bytes(const dj_op_call *c, int which) {
     case DJ_OP_SOFTCAP:
     case DJ_OP_MOE_ROUTE:
     case DJ_OP_MOE_FFN:
+    case DJ_OP_LORA:
     case DJ_OP_COUNT: break; /* not known here: counts as reading everything */
     }
     return SIZE_MAX;
@@ -263,6 +264,7 @@ static size_t out_bytes(const dj_op_call *c) {
     case DJ_OP_SOFTCAP:
     case DJ_OP_MOE_ROUTE:
     case DJ_OP_MOE_FFN:
+    case DJ_OP_LORA:
     case DJ_OP_COUNT: break; /* not known here: counts as writing nothing */
     }
     return 0;
@@ -280,6 +282,7 @@ static bool dead_after(const dj_op_call *calls, size_t n, size_t from, const voi
     lo[0] = (uintptr_t)p, hi[0] = (uintptr_t)p + bytes;
     for (size_t i = from; i < n; i++) {
         const dj_op_call *c = &calls[i];
+        if (c->op == DJ_OP_LORA) return false; /* it reads its x and its out: counts as reading everything */
         for (int w = 0; w < 2; w++) {
             const size_t nb = in_bytes(c, w);
             if (!nb) continue;

@@ -30,6 +30,7 @@
  * ones by id and draws. 6 launches instead of 8. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_impl.h"
 #include "sample/sample_rule.h"
@@ -749,5 +750,81 @@ dj_status dj__cuda_sample(dj_cuda_backend *cb, const float *logits, uint32_t n, 
     DJ_CU_LAUNCHED(cb);
     sample_draw_kernel<<<grid, SAMPLE_THREADS, smem, cb->stream>>>(a);
     DJ_CU_LAUNCHED(cb);
+    return DJ_OK;
+}
+
+/* ---- the mask hook: structured output's masks and logit_bias on the device ---- */
+
+typedef struct mask_row_dev {
+    unsigned long long off; /* the row's bytes in the staged masks */
+    uint32_t has;           /* 0: no mask for this row */
+    uint32_t pad;
+} mask_row_dev;
+
+typedef struct bias_dev {
+    uint32_t row;
+    int32_t id;
+    float bias;
+} bias_dev;
+
+static __global__ void mask_kernel(float *logits, uint32_t V, const uint8_t *masks, const mask_row_dev *rows) {
+    const mask_row_dev m = rows[blockIdx.y];
+    if (!m.has) return;
+    float *row = logits + (size_t)blockIdx.y * V;
+    for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < V; j += gridDim.x * blockDim.x)
+        if (!masks[m.off + j]) row[j] = -INFINITY;
+}
+
+/* One thread per entry: a row's ids are distinct, so no two threads add to one logit. */
+static __global__ void bias_kernel(float *logits, uint32_t V, const bias_dev *b, uint32_t nb) {
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < nb) logits[(size_t)b[i].row * V + b[i].id] += b[i].bias;
+}
+
+dj_status dj__cuda_mask(dj_cuda_backend *cb, float *logits, uint32_t n, uint32_t vocab, const dj_mask_row *rows) {
+    if (n > 65535) return dj_fail(DJ_EINVAL, "cuda mask: %u rows exceed the grid's 65535", n);
+    size_t n_masked = 0, nb = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        n_masked += rows[r].allowed != NULL;
+        nb += rows[r].n_bias;
+    }
+    if (nb > UINT32_MAX) return dj_fail(DJ_EINVAL, "cuda mask: %zu biases", nb);
+    mask_row_dev *hr = (mask_row_dev *)calloc(n, sizeof *hr);
+    uint8_t *hm = (uint8_t *)malloc(n_masked ? n_masked * vocab : 1);
+    bias_dev *hb = (bias_dev *)malloc((nb ? nb : 1) * sizeof *hb);
+    if (!hr || !hm || !hb) {
+        free(hr);
+        free(hm);
+        free(hb);
+        return dj_fail(DJ_ENOMEM, "cuda mask: out of host memory for %u rows", n);
+    }
+    size_t mo = 0, bo = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        if (rows[r].allowed) {
+            hr[r] = mask_row_dev{(unsigned long long)mo, 1u, 0u};
+            memcpy(hm + mo, rows[r].allowed, vocab);
+            mo += vocab;
+        }
+        for (uint32_t k = 0; k < rows[r].n_bias; k++) hb[bo++] = bias_dev{r, rows[r].bias[k].id, rows[r].bias[k].bias};
+    }
+    const void *rows_dev = NULL, *masks_dev = NULL, *bias_dev_p = NULL;
+    dj_status st = n_masked ? dj__cuda_stage(cb, hr, n * sizeof *hr, &rows_dev) : DJ_OK;
+    if (st == DJ_OK && n_masked) st = dj__cuda_stage(cb, hm, n_masked * vocab, &masks_dev);
+    if (st == DJ_OK && nb) st = dj__cuda_stage(cb, hb, nb * sizeof *hb, &bias_dev_p);
+    free(hr);
+    free(hm);
+    free(hb);
+    if (st != DJ_OK) return st;
+    if (n_masked) {
+        const uint32_t per = 256, bx = (vocab + per - 1) / per < 64 ? (vocab + per - 1) / per : 64;
+        mask_kernel<<<dim3(bx, n), per, 0, cb->stream>>>(logits, vocab, (const uint8_t *)masks_dev,
+                                                         (const mask_row_dev *)rows_dev);
+        DJ_CU_LAUNCHED(cb);
+    }
+    if (nb) {
+        bias_kernel<<<(unsigned)((nb + 255) / 256), 256, 0, cb->stream>>>(logits, vocab, (const bias_dev *)bias_dev_p,
+                                                                         (uint32_t)nb);
+        DJ_CU_LAUNCHED(cb);
+    }
     return DJ_OK;
 }

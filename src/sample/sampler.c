@@ -1,11 +1,12 @@
 /* sampler.c: greedy / temperature / top-k / top-p / min-p token choice with
- * penalties and a seeded generator, so that a seed reproduces a generation. */
+ * penalties, a logit bias and a mask, and a seeded generator, so that a seed reproduces a generation. */
 #include "djinn/sampler.h"
 #include "djinn/alloc.h"
 #include "djinn/sample_schema.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct dj_sampler {
     dj_sampler_params p;
@@ -21,7 +22,9 @@ struct dj_sampler {
     uint32_t lp_top;
     dj_token_logprobs lp;
     const uint8_t *allowed; /* [vocab] the mask (borrowed), or NULL */
-    float *masked;          /* [vocab] the logits under it */
+    float *masked;          /* [vocab] the logits under the mask and the bias */
+    dj_logit_bias *bias;    /* [n_bias] (owned) */
+    size_t n_bias;
 };
 
 static uint64_t splitmix(uint64_t *x) {
@@ -79,6 +82,7 @@ void dj_sampler_free(dj_sampler_t *s) {
     if (!s) return;
     dj_pick_scratch_free(&s->scr);
     free(s->masked);
+    free(s->bias);
     free(s->slot);
     free(s->count);
     free(s->pen);
@@ -115,7 +119,9 @@ void dj_sampler_observe(dj_sampler_t *s, const int32_t *ids, size_t n, bool prom
     }
 }
 
-bool dj_sampler_is_greedy(const dj_sampler_t *s) { return s->p.temperature == 0.0f && !s->penalised && !s->allowed; }
+bool dj_sampler_is_greedy(const dj_sampler_t *s) {
+    return s->p.temperature == 0.0f && !s->penalised && !s->allowed && !s->n_bias;
+}
 
 dj_status dj_sampler_set_allowed(dj_sampler_t *s, const uint8_t *allowed) {
     if (allowed && !s->masked && !(s->masked = dj_malloc((size_t)s->vocab * sizeof *s->masked)))
@@ -124,7 +130,32 @@ dj_status dj_sampler_set_allowed(dj_sampler_t *s, const uint8_t *allowed) {
     return DJ_OK;
 }
 
-bool dj_sampler_masked(const dj_sampler_t *s) { return s->allowed != NULL; }
+const uint8_t *dj_sampler_allowed(const dj_sampler_t *s) { return s->allowed; }
+
+const dj_logit_bias *dj_sampler_bias(const dj_sampler_t *s, uint32_t *n) {
+    *n = (uint32_t)s->n_bias;
+    return s->bias;
+}
+
+bool dj_sampler_rule_greedy(const dj_sampler_t *s) { return s->p.temperature == 0.0f && !s->penalised; }
+
+bool dj_sampler_masked(const dj_sampler_t *s) { return s->allowed != NULL || s->n_bias; }
+
+dj_status dj_sampler_set_bias(dj_sampler_t *s, const dj_logit_bias *bias, size_t n) {
+    dj_status st = dj_logit_bias_check(bias, n, s->vocab);
+    if (st != DJ_OK) return st;
+    dj_logit_bias *b = NULL;
+    if (n && !(b = dj_malloc(n * sizeof *b))) return dj_fail(DJ_ENOMEM, "out of memory for %zu logit biases", n);
+    if (n && !s->masked && !(s->masked = dj_malloc((size_t)s->vocab * sizeof *s->masked))) {
+        free(b);
+        return dj_fail(DJ_ENOMEM, "out of memory for %u biased logits", s->vocab);
+    }
+    if (n) memcpy(b, bias, n * sizeof *b);
+    free(s->bias);
+    s->bias = b;
+    s->n_bias = n;
+    return DJ_OK;
+}
 
 uint32_t dj_sampler_penalties(const dj_sampler_t *s, const dj_sampler_penalty **out) {
     *out = s->pen;
@@ -137,8 +168,13 @@ double dj_sampler_uniform(dj_sampler_t *s) {
 
 int32_t dj_sampler_pick_with(dj_sampler_t *s, const float *logits, double u, const dj_sampler_penalty *pen,
                              uint32_t n_pen) {
-    if (s->allowed) {
-        for (uint32_t i = 0; i < s->vocab; i++) s->masked[i] = s->allowed[i] ? logits[i] : -INFINITY;
+    if (s->allowed || s->n_bias) {
+        if (s->allowed) {
+            for (uint32_t i = 0; i < s->vocab; i++) s->masked[i] = s->allowed[i] ? logits[i] : -INFINITY;
+        } else {
+            memcpy(s->masked, logits, (size_t)s->vocab * sizeof *logits);
+        }
+        for (size_t k = 0; k < s->n_bias; k++) s->masked[s->bias[k].id] += s->bias[k].bias; /* -inf stays */
         logits = s->masked;
     }
     return dj_pick(&s->p, logits, s->vocab, u, pen, n_pen, &s->scr);
