@@ -105,6 +105,8 @@ uint32_t dj_gen_n_generated(const dj_gen_t *g);
 dj_gen_finish dj_gen_finished(const dj_gen_t *g);
 /* The generated ids so far ([dj_gen_n_generated]), valid until the next step. */
 const int32_t *dj_gen_ids(const dj_gen_t *g);
+/* How many of them dj_gen_ids holds (fewer than dj_gen_n_generated when growing its array failed). */
+uint32_t dj_gen_n_ids(const dj_gen_t *g);
 
 /* After the end: the text still held back by the stream (call until *n_out is 0). */
 dj_status dj_gen_text_rest(dj_gen_t *g, char *out, size_t cap, size_t *n_out /* OUT */);

@@ -163,6 +163,7 @@ uint32_t dj_gen_cached(const dj_gen_t *g) { return g->cached; }
 uint32_t dj_gen_n_generated(const dj_gen_t *g) { return g->n_gen; }
 dj_gen_finish dj_gen_finished(const dj_gen_t *g) { return g->finish; }
 const int32_t *dj_gen_ids(const dj_gen_t *g) { return g->ids; }
+uint32_t dj_gen_n_ids(const dj_gen_t *g) { return g->n_gen < g->cap_ids ? g->n_gen : g->cap_ids; }
 
 static bool is_stop(const dj_gen_t *g, int32_t id) {
     for (size_t i = 0; i < g->n_stop; i++)

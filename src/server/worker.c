@@ -1053,6 +1053,10 @@ static void gen_hist(dj__server *s, dj__job *j, dj__sess *ss) {
     const uint32_t pos = dj_session_pos(ss->es), n_ids = dj_gen_n_generated(g->g);
     uint32_t fed = pos > g->pos0 ? pos - g->pos0 : 0;
     if (fed > n_ids) fed = n_ids;
+    if (fed > dj_gen_n_ids(g->g)) { /* ids it could not keep (no memory): the history is incomplete from here */
+        DJ_LOG(WARN, "session=%016llx: its history lost generated tokens (out of memory)", (unsigned long long)ss->id);
+        return;
+    }
     if (hist_add(s, ss, dj_gen_ids(g->g), fed) != DJ_OK)
         DJ_LOG(WARN, "session=%016llx: %s", (unsigned long long)ss->id, dj_last_error());
 }
