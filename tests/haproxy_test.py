@@ -201,7 +201,7 @@ def main():
 
         # ---- djinn admin's refusals: an unknown server, the move step before export/import ----
         for argv, want_rc, want_text in ((["drain", "d9"], 1, "no server named or at 'd9'"),
-                                         (["drain", "d1", "--move"], 2, "needs session export/import"),
+                                         (["drain", "d1", "--move"], 2, "--move is not built yet"),
                                          (["drain"], 2, "which HOST")):
             r = haproxy_cluster.subprocess.run([cli, "admin"] + argv + ["--haproxy", cl.sock], capture_output=True,
                                                text=True)

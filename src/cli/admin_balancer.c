@@ -22,7 +22,7 @@ static int usage(FILE *f) {
           "       djinn admin servers [--haproxy SOCKET]      every backend's servers: state, weight, sessions\n"
           "HOST: a server's name in haproxy.cfg (d1) or its address (10.0.0.11); every backend's server of\n"
           "that name or address changes together. SOCKET: HAProxy's stats socket at level admin (default\n"
-          "$DJINN_HAPROXY_SOCKET, else " DEFAULT_SOCKET ").\n",
+          DEFAULT_SOCKET ").\n",
           f);
     return 2;
 }
@@ -111,18 +111,17 @@ static long stat_scur(const char *csv, const char *be, const char *srv) {
 
 int dj__cli_admin_balancer(int argc, char **argv) {
     if (argc < 3) return usage(stderr);
-    const char *verb = argv[2], *host = NULL, *sock = getenv("DJINN_HAPROXY_SOCKET");
-    if (!sock || !*sock) sock = DEFAULT_SOCKET;
+    const char *verb = argv[2], *host = NULL, *sock = DEFAULT_SOCKET;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--haproxy") && i + 1 < argc) sock = argv[++i];
         else if (!strcmp(argv[i], "--move")) {
-            /* The move step, once session export/import exists (issue 46): for each live session
+            /* The move step, on session export/import (issue 46, built): for each live session
              * of HOST, export it there, import it on the daemon HAProxy would pick now, point
              * its stick entry there (set table djinn_bin key TOKEN data.server_id ID; for HTTP
              * the X-Djinn-Session key of http_sessions) and close the old connection, so that
              * the client's reconnect with its routing token lands where the session now is. */
-            fprintf(stderr, "djinn admin: --move needs session export/import (issue 46), which this build "
-                            "does not have; 'drain' alone lets live sessions finish where they are\n");
+            fprintf(stderr, "djinn admin: --move is not built yet; 'drain' alone lets live sessions finish where "
+                            "they are (a session moves by hand: djinn session export, then import on another daemon)\n");
             return 2;
         }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
