@@ -109,7 +109,7 @@ size_t dj_cgraph_mem_bytes(const dj_cgraph_t *g);
 dj_status dj_cgraph_run(const dj_cgraph_t *g, dj_backend_t *cpu, const float *const *inputs,
                         const float *const *weights, void *stack, const float **outs /* OUT [n_outputs] */);
 
-/* The CUDA executor (src/backend/cuda/cuda_capture.cu): the same plan on a CUDA backend
+/* The CUDA executor (src/capture/cuda_capture.cu): the same plan on a CUDA backend
  * (dj_backend_cuda_new), f32 throughout - cuBLAS SGEMMs for mm/addmm/linear/bmm/baddbmm, the
  * attention's two products and convolutions (columns per image and group, then one GEMM), our
  * kernels for the rest. inputs, weights and stack are device memory (stack of

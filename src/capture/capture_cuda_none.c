@@ -1,5 +1,5 @@
 /* capture_cuda_none.c: the CUDA executor's entry points in a build without CUDA - each refuses
- * with DJ_EUNSUPPORTED (src/backend/cuda/cuda_capture.cu is the real one). */
+ * with DJ_EUNSUPPORTED (src/capture/cuda_capture.cu is the real one). */
 #include "capture/capture_impl.h"
 
 #ifndef DJ_HAVE_CUDA
