@@ -18,6 +18,7 @@
 
 #include "djinn/engine.h"
 #include "djinn/intervene.h"
+#include "bench_util.h"
 
 typedef struct opts {
     const char *model, *device;
@@ -26,35 +27,10 @@ typedef struct opts {
     double bar_overhead, bar_gen;
 } opts;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_brk: %s: %s\n", what, dj_last_error());
-    exit(2);
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "bench_brk: out of host memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+static double now(void) { return bench_now(); }
+static void die(const char *what) { bench_die("bench_brk", what); }
+static void *xmalloc(size_t n) { return bench_xmalloc("bench_brk", n); }
+static double median(double *v, uint32_t n) { return bench_median(v, n); }
 
 /* A greedy generation of o->gen tokens after an 8-token prompt in a fresh
  * session; its decode seconds. */

@@ -16,6 +16,7 @@
 
 #include "djinn/engine.h"
 #include "djinn/intervene.h"
+#include "bench_util.h"
 
 typedef struct opts {
     const char *model, *device;
@@ -23,35 +24,10 @@ typedef struct opts {
     double bar;
 } opts;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void die(const char *what) {
-    fprintf(stderr, "bench_trace: %s: %s\n", what, dj_last_error());
-    exit(2);
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "bench_trace: out of host memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+static double now(void) { return bench_now(); }
+static void die(const char *what) { bench_die("bench_trace", what); }
+static void *xmalloc(size_t n) { return bench_xmalloc("bench_trace", n); }
+static double median(double *v, uint32_t n) { return bench_median(v, n); }
 
 static double max_rel(const float *a, const float *b, uint32_t n) {
     double d = 0, m = 0;
