@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "capture/capture_impl.h"
+#include "capture/capture_binop.h"
 
 typedef struct run {
     const dj_cgraph_t *g;
@@ -62,25 +63,7 @@ static void contig_strides(const dj_ctensor_info *t, int64_t *st) {
 
 /* ---- elementwise ---- */
 
-typedef enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_GT, BIN_LT, BIN_GE, BIN_LE, BIN_EQ, BIN_NE, BIN_POW, BIN_RSUB } binop;
-
-static inline float bin1(binop op, float a, float b, float alpha) {
-    switch (op) {
-    case BIN_ADD: return a + alpha * b;
-    case BIN_SUB: return a - alpha * b;
-    case BIN_MUL: return a * b;
-    case BIN_DIV: return a / b;
-    case BIN_GT: return a > b ? 1.0f : 0.0f;
-    case BIN_LT: return a < b ? 1.0f : 0.0f;
-    case BIN_GE: return a >= b ? 1.0f : 0.0f;
-    case BIN_LE: return a <= b ? 1.0f : 0.0f;
-    case BIN_EQ: return a == b ? 1.0f : 0.0f;
-    case BIN_NE: return a != b ? 1.0f : 0.0f;
-    case BIN_RSUB: return b - alpha * a;
-    case BIN_POW: return b == 2.0f ? a * a : b == 0.5f ? sqrtf(a) : powf(a, b);
-    }
-    return 0.0f;
-}
+/* binop and bin1: capture_binop.h (the CUDA executor compiles the same) */
 
 static void binary(const run *r, const dj__cnode *n, binop op, float *out) {
     const dj_ctensor_info *o = vi(r, n->out[0]);

@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "capture/capture_impl.h"
+#include "capture/capture_binop.h"
 }
 
 #define TPB 256
@@ -79,25 +80,7 @@ static __global__ void k_copy(float *out, shp s, sv so, const float *in, sv si, 
     GRID_LOOP(e, n) out[sv_at(s, so, e)] = in[sv_at(s, si, e)];
 }
 
-enum { B_ADD, B_SUB, B_MUL, B_DIV, B_GT, B_LT, B_GE, B_LE, B_EQ, B_NE, B_POW, B_RSUB };
-
-static __device__ __forceinline__ float bin1(int op, float a, float b, float alpha) {
-    switch (op) {
-    case B_ADD: return a + alpha * b;
-    case B_SUB: return a - alpha * b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_GT: return a > b ? 1.0f : 0.0f;
-    case B_LT: return a < b ? 1.0f : 0.0f;
-    case B_GE: return a >= b ? 1.0f : 0.0f;
-    case B_LE: return a <= b ? 1.0f : 0.0f;
-    case B_EQ: return a == b ? 1.0f : 0.0f;
-    case B_NE: return a != b ? 1.0f : 0.0f;
-    case B_RSUB: return b - alpha * a;
-    case B_POW: return b == 2.0f ? a * a : b == 0.5f ? sqrtf(a) : powf(a, b);
-    }
-    return 0.0f;
-}
+/* binop and bin1: capture_binop.h (the CPU executor compiles the same) */
 
 static __global__ void k_binary(float *out, shp s, const float *a, sv sa, const float *b, sv sb, float bs, int op,
                                 float alpha, int64_t n) {
@@ -523,7 +506,7 @@ static dj_status copy_view(const run *r, float *out, const dj_ctensor_info *o, c
 static dj_status binary(const run *r, const dj__cnode *n, int op, float *out) {
     const dj_ctensor_info *o = vi(r, n->out[0]);
     const shp s = shp_of(o);
-    const float alpha = (op == B_ADD || op == B_SUB || op == B_RSUB) ? (float)n->args[2].f : 1.0f;
+    const float alpha = (op == BIN_ADD || op == BIN_SUB || op == BIN_RSUB) ? (float)n->args[2].f : 1.0f;
     const sv sa = sv_bcast(vi(r, n->args[0].v), s);
     sv sb;
     memset(&sb, 0, sizeof sb);
@@ -700,18 +683,18 @@ static dj_status exec_node(const run *r, const dj__cnode *n) {
                (float)n->args[3].f, cnt);
         return DJ_OK;
     }
-    case DJ_COP_ADD_T: case DJ_COP_ADD_S: return binary(r, n, B_ADD, out);
-    case DJ_COP_SUB_T: case DJ_COP_SUB_S: return binary(r, n, B_SUB, out);
-    case DJ_COP_MUL_T: case DJ_COP_MUL_S: return binary(r, n, B_MUL, out);
-    case DJ_COP_DIV_T: case DJ_COP_DIV_S: return binary(r, n, B_DIV, out);
-    case DJ_COP_GT_T: case DJ_COP_GT_S: return binary(r, n, B_GT, out);
-    case DJ_COP_LT_T: case DJ_COP_LT_S: return binary(r, n, B_LT, out);
-    case DJ_COP_GE_S: case DJ_COP_GE_T: return binary(r, n, B_GE, out);
-    case DJ_COP_LE_S: case DJ_COP_LE_T: return binary(r, n, B_LE, out);
-    case DJ_COP_EQ_T: case DJ_COP_EQ_S: return binary(r, n, B_EQ, out);
-    case DJ_COP_NE_T: case DJ_COP_NE_S: return binary(r, n, B_NE, out);
-    case DJ_COP_POW_TS: case DJ_COP_POW_TT: return binary(r, n, B_POW, out);
-    case DJ_COP_RSUB_S: return binary(r, n, B_RSUB, out);
+    case DJ_COP_ADD_T: case DJ_COP_ADD_S: return binary(r, n, BIN_ADD, out);
+    case DJ_COP_SUB_T: case DJ_COP_SUB_S: return binary(r, n, BIN_SUB, out);
+    case DJ_COP_MUL_T: case DJ_COP_MUL_S: return binary(r, n, BIN_MUL, out);
+    case DJ_COP_DIV_T: case DJ_COP_DIV_S: return binary(r, n, BIN_DIV, out);
+    case DJ_COP_GT_T: case DJ_COP_GT_S: return binary(r, n, BIN_GT, out);
+    case DJ_COP_LT_T: case DJ_COP_LT_S: return binary(r, n, BIN_LT, out);
+    case DJ_COP_GE_S: case DJ_COP_GE_T: return binary(r, n, BIN_GE, out);
+    case DJ_COP_LE_S: case DJ_COP_LE_T: return binary(r, n, BIN_LE, out);
+    case DJ_COP_EQ_T: case DJ_COP_EQ_S: return binary(r, n, BIN_EQ, out);
+    case DJ_COP_NE_T: case DJ_COP_NE_S: return binary(r, n, BIN_NE, out);
+    case DJ_COP_POW_TS: case DJ_COP_POW_TT: return binary(r, n, BIN_POW, out);
+    case DJ_COP_RSUB_S: return binary(r, n, BIN_RSUB, out);
     case DJ_COP_RELU: case DJ_COP_GELU: case DJ_COP_SILU: case DJ_COP_SIGMOID: case DJ_COP_TANH: case DJ_COP_NEG:
     case DJ_COP_EXP: case DJ_COP_HARDTANH: case DJ_COP_SQRT: case DJ_COP_RSQRT: case DJ_COP_ABS: case DJ_COP_LOG:
     case DJ_COP_ERF: {
