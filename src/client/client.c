@@ -302,9 +302,10 @@ static dj_status error_of(const frame *f) {
 
 /* Simple call: one request, one REPLY whose metadata lands in *m (destroy
  * it) and whose frame lands in *fo if not NULL (free with frame_free). */
-static dj_status call(dj_client_t *c, uint16_t type, dj__mw *w, dj__meta *m, frame **fo) {
+static dj_status call_payload(dj_client_t *c, uint16_t type, dj__mw *w, const void *payload, size_t n, dj__meta *m,
+                              frame **fo) {
     pending *p;
-    dj_status st = begin(c, type, w, NULL, 0, NULL, 0, false, &p);
+    dj_status st = begin(c, type, w, payload, n, NULL, 0, false, &p);
     if (st != DJ_OK) return st;
     frame *f = NULL;
     st = next_frame(c, p, &f);
@@ -316,6 +317,10 @@ static dj_status call(dj_client_t *c, uint16_t type, dj__mw *w, dj__meta *m, fra
     if (st == DJ_OK && fo) *fo = f;
     else frame_free(f);
     return st;
+}
+
+static dj_status call(dj_client_t *c, uint16_t type, dj__mw *w, dj__meta *m, frame **fo) {
+    return call_payload(c, type, w, NULL, 0, m, fo);
 }
 
 /* ---- heartbeats ---- */
@@ -579,27 +584,17 @@ dj_status dj_client_session_import(dj_client_t *c, const void *image, size_t n, 
     if (!image || !n) return dj_fail(DJ_EINVAL, "dj_client_session_import: no image");
     dj__mw w;
     dj__mw_init(&w);
-    pending *p;
-    dj_status st = begin(c, DJ_MSG_SESSION_IMPORT, &w, image, n, NULL, 0, false, &p);
-    if (st != DJ_OK) return st;
-    frame *f = NULL;
-    st = next_frame(c, p, &f);
-    end(c, p);
-    if (st != DJ_OK) return st;
-    if (f->h.type == DJ_MSG_ERROR) st = error_of(f);
-    else if (f->h.type != DJ_MSG_REPLY) st = dj_fail(DJ_EFORMAT, "unexpected %s frame", dj_msg_type_name(f->h.type));
     dj__meta m;
-    if (st == DJ_OK && (st = dj__meta_parse(&m, f->body, f->h.meta_len)) == DJ_OK) {
-        uint64_t sec = 0;
-        uint32_t ps = 0;
-        st = dj__meta_u64(&m, "session", true, session);
-        if (st == DJ_OK) st = dj__meta_u64(&m, "secret", true, &sec);
-        if (st == DJ_OK) st = dj__meta_u32(&m, "pos", true, &ps);
-        if (secret) *secret = sec;
-        if (pos) *pos = ps;
-        dj__meta_destroy(&m);
-    }
-    frame_free(f);
+    dj_status st = call_payload(c, DJ_MSG_SESSION_IMPORT, &w, image, n, &m, NULL);
+    if (st != DJ_OK) return st;
+    uint64_t sec = 0;
+    uint32_t ps = 0;
+    st = dj__meta_u64(&m, "session", true, session);
+    if (st == DJ_OK) st = dj__meta_u64(&m, "secret", true, &sec);
+    if (st == DJ_OK) st = dj__meta_u32(&m, "pos", true, &ps);
+    if (secret) *secret = sec;
+    if (pos) *pos = ps;
+    dj__meta_destroy(&m);
     return st;
 }
 
