@@ -42,6 +42,33 @@ def randomize_bn(m, seed, affine=True):
                 mod.bias.data.copy_(torch.rand(mod.num_features, generator=g) - 0.5)
     return m
 
+CAPTURE_RTOL = 1e-4
+GRAPH_RUN_TOOL = os.environ.get("DJ_GRAPH_RUN") or os.path.join(ROOT, "build", "graph_run_tool")
+
+
+def capture_close(got, want, rtol=CAPTURE_RTOL):
+    """A captured module's output against eager torch's: same shape, and the
+    largest difference within rtol of want's largest magnitude. got: a
+    RemoteTensor, a tensor or an array."""
+    import torch  # only the capture tests need it; they skip without it
+
+    got = got.torch() if hasattr(got, "torch") else torch.as_tensor(got)
+    assert tuple(got.shape) == tuple(want.shape), (got.shape, want.shape)
+    scale = max(float(want.abs().max()), 1e-6)
+    err = float((got.to(want.dtype) - want).abs().max()) / scale
+    assert err < rtol, "max error %g of the largest magnitude" % err
+
+
+@pytest.fixture(scope="module")
+def ex():
+    """The C executor of captured graphs alone (tests/graph_run_tool.c)."""
+    from djinn.capture import ToolExecutor
+
+    if not os.access(GRAPH_RUN_TOOL, os.X_OK):
+        pytest.fail("graph_run_tool not built (%s): build the tree or set DJ_GRAPH_RUN" % GRAPH_RUN_TOOL)
+    return ToolExecutor(GRAPH_RUN_TOOL)
+
+
 def _exe(env, rel):
     p = os.environ.get(env) or os.path.join(ROOT, "build", rel)
     if not os.access(p, os.X_OK):

@@ -4,7 +4,6 @@ checked against PyTorch eager: MLPs, CNNs, a data-dependent branch, output struc
 refusals."""
 
 import collections
-import os
 
 import msgpack
 import numpy as np
@@ -15,29 +14,9 @@ nn = torch.nn
 F = torch.nn.functional
 
 from djinn import errors  # noqa: E402
-from djinn.capture import CapturedModule, ToolExecutor, capture_graph  # noqa: E402
+from djinn.capture import CapturedModule, capture_graph  # noqa: E402
 
-from conftest import randomize_bn  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-TOOL = os.environ.get("DJ_GRAPH_RUN") or os.path.join(ROOT, "build", "graph_run_tool")
-RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def ex():
-    if not os.access(TOOL, os.X_OK):
-        pytest.fail("graph_run_tool not built (%s): build the tree or set DJ_GRAPH_RUN" % TOOL)
-    return ToolExecutor(TOOL)
-
-
-def close(got, want):
-    got = torch.as_tensor(got)
-    scale = max(float(want.abs().max()), 1e-6)
-    err = float((got - want).abs().max()) / scale
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert err < RTOL, "max error %g of the largest magnitude" % err
+from conftest import capture_close, randomize_bn  # noqa: E402
 
 
 def seeded(seed):
@@ -84,7 +63,7 @@ def test_mlp_matches_eager(ex, seed):
     seeded(seed)
     m = MLP().eval()
     x = torch.randn(6, 20)
-    close(CapturedModule(m, ex)(x), m(x).detach())
+    capture_close(CapturedModule(m, ex)(x), m(x).detach())
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -94,7 +73,7 @@ def test_cnn_matches_eager(ex, seed):
     x = torch.randn(2, 3, 17, 15)
     with torch.no_grad():
         want = m(x)
-    close(CapturedModule(m, ex)(x), want)
+    capture_close(CapturedModule(m, ex)(x), want)
 
 
 def test_sequential_cnn_with_every_layer_kind(ex):
@@ -107,7 +86,7 @@ def test_sequential_cnn_with_every_layer_kind(ex):
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         want = m(x)
-    close(CapturedModule(m, ex)(x), want)
+    capture_close(CapturedModule(m, ex)(x), want)
 
 
 def test_layout_ops(ex):
@@ -123,8 +102,8 @@ def test_layout_ops(ex):
     x, y = torch.randn(2, 3, 4), torch.randn(6, 1)
     got = CapturedModule(Layout(), ex)(x, y)
     want = Layout()(x, y)
-    close(got[0], want[0])
-    close(got[1], want[1])
+    capture_close(got[0], want[0])
+    capture_close(got[1], want[1])
 
 
 def test_data_dependent_branch_both_ways(ex):
@@ -153,7 +132,7 @@ def test_data_dependent_branch_both_ways(ex):
         with torch.no_grad():
             want = m(x)
         got = rm(x)
-        close(got, want)
+        capture_close(got, want)
         seen.add(tuple(want.shape))
     assert seen == {(4, 3), (4, 5)}  # both branches taken
 
@@ -181,11 +160,11 @@ def test_output_structures(ex):
     assert isinstance(got["parts"], tuple) and isinstance(got["parts"][1], list)
     assert got["parts"][1][1:] == ["label", 7]
     assert isinstance(got["pair"], Pair)
-    close(got["h"], want["h"])
-    close(got["parts"][0], want["parts"][0])
-    close(got["parts"][1][0], want["parts"][1][0])
-    close(got["pair"].left, want["pair"].left)
-    close(got["pair"].right, want["pair"].right)
+    capture_close(got["h"], want["h"])
+    capture_close(got["parts"][0], want["parts"][0])
+    capture_close(got["parts"][1][0], want["parts"][1][0])
+    capture_close(got["pair"].left, want["pair"].left)
+    capture_close(got["pair"].right, want["pair"].right)
 
 
 def test_unsupported_op_refused_by_name(ex):
@@ -264,7 +243,7 @@ def test_torchvision_models_match_eager(ex, name):
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         want = m(x)
-    close(CapturedModule(m, ex)(x), want)
+    capture_close(CapturedModule(m, ex)(x), want)
 
 
 class Attention(nn.Module):
@@ -302,7 +281,7 @@ def test_attention_block_matches_eager(ex):
     ops = {n["op"] for n in g["nodes"]}
     assert {"aten.bmm.default", "aten.slice.Tensor", "aten.select.int"} <= ops, ops
     for a, b in zip(got, want):
-        close(a, b)
+        capture_close(a, b)
 
 
 # ---- second increment: the ops ViT, BERT-like blocks and small UNets need ----
@@ -358,7 +337,7 @@ def test_ops_zoo_matches_eager(ex):
         if w.dtype == torch.int64:
             assert torch.equal(g, w)
         else:
-            close(g, w)
+            capture_close(g, w)
 
 
 def test_vit_b_16_matches_eager(ex):
@@ -372,7 +351,7 @@ def test_vit_b_16_matches_eager(ex):
     with torch.no_grad():
         want = m(x)
     assert float(want.abs().max()) > 1e-3
-    close(CapturedModule(m, ex)(x), want)
+    capture_close(CapturedModule(m, ex)(x), want)
 
 
 class BertLike(nn.Module):
@@ -420,8 +399,8 @@ def test_bert_like_block_matches_eager(ex):
     with torch.no_grad():
         want = m(ids)
     got = CapturedModule(m, ex)(ids)
-    close(got["hidden"], want["hidden"])
-    close(got["pooled"], want["pooled"])
+    capture_close(got["hidden"], want["hidden"])
+    capture_close(got["pooled"], want["pooled"])
     assert torch.equal(got["best"], want["best"])
 
 
@@ -433,8 +412,8 @@ def test_multihead_attention_with_padding_mask(ex):
     with torch.no_grad():
         want, wts = m(x, x, x, key_padding_mask=pad)
     got, gw = CapturedModule(m, ex)(x, x, x, key_padding_mask=pad)
-    close(got, want)
-    close(gw, wts)
+    capture_close(got, want)
+    capture_close(gw, wts)
 
 
 class TinyUNet(nn.Module):
@@ -464,7 +443,7 @@ def test_tiny_unet_matches_eager(ex):
     x = torch.randn(2, 3, 8, 10)
     with torch.no_grad():
         want = m(x)
-    close(CapturedModule(m, ex)(x), want)
+    capture_close(CapturedModule(m, ex)(x), want)
 
 
 # ---- fallback="local": a module the executor cannot run runs here, after a memory check ----
@@ -557,9 +536,9 @@ def test_materialization_triggers(ex):
             return ex.run(graph, inputs, weights)
     got = CapturedModule(m, Counting())(x)
     assert len(runs) >= 4                               # tolist, nonzero, cpu, index, numpy, the end
-    close(got[0], want[0])
+    capture_close(got[0], want[0])
     assert torch.equal(got[1], want[1]) and got[1].dtype == torch.int64
-    close(got[2], want[2])
+    capture_close(got[2], want[2])
     assert got[3] == want[3] == (5, 3)
 
 
@@ -600,7 +579,7 @@ def test_mask_ops_match_eager(ex):
         if b.dtype == torch.int64:
             assert torch.equal(a, b)
         else:
-            close(a, b)
+            capture_close(a, b)
 
 
 # ---- flip, sort, transposed convolution (issue 44's missing ops) ----
@@ -629,10 +608,10 @@ def test_flip_sort_transposed_conv_match_eager(ex):
     got = CapturedModule(m, ex)(x, ties)
     with torch.no_grad():
         want = m(x, ties)
-    close(got[0], want[0])
-    close(got[5], want[5])
+    capture_close(got[0], want[0])
+    capture_close(got[5], want[5])
     # the indices pick eager's values in sorted order (values a rounding apart may swap places)
-    close(want[5].flatten(2).gather(-1, torch.as_tensor(got[1])), want[5].flatten(2).sort(-1, descending=True)[0])
+    capture_close(want[5].flatten(2).gather(-1, torch.as_tensor(got[1])), want[5].flatten(2).sort(-1, descending=True)[0])
     assert torch.as_tensor(got[1]).dtype == torch.int64
     assert torch.equal(torch.as_tensor(got[2]), want[2])
     assert torch.equal(torch.as_tensor(got[3]), want[3])
@@ -662,7 +641,7 @@ def test_integer_indexing_matches_eager(ex):
         want = m(x, i, j)
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        close(g, w)
+        capture_close(g, w)
     # an index past its dim is the server's range error, not a wrong answer
     with pytest.raises(errors.RangeError):
         CapturedModule(m, ex)(x, torch.tensor([9, 0, 0]), j)

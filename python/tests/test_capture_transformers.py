@@ -2,7 +2,6 @@
 writes them (transformers is not installed here), captured and run by the C executor against eager."""
 
 import math
-import os
 
 import pytest
 
@@ -10,27 +9,8 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from djinn.capture import CapturedModule, ToolExecutor  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-TOOL = os.environ.get("DJ_GRAPH_RUN") or os.path.join(ROOT, "build", "graph_run_tool")
-RTOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def ex():
-    if not os.access(TOOL, os.X_OK):
-        pytest.fail("graph_run_tool not built (%s): build the tree or set DJ_GRAPH_RUN" % TOOL)
-    return ToolExecutor(TOOL)
-
-
-def close(got, want):
-    got = torch.as_tensor(got)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    scale = max(float(want.abs().max()), 1e-6)
-    err = float((got - want).abs().max()) / scale
-    assert err < RTOL, "max error %g of the largest magnitude" % err
+from conftest import capture_close  # noqa: E402
+from djinn.capture import CapturedModule  # noqa: E402
 
 
 class BertSelfAttention(nn.Module):
@@ -180,8 +160,8 @@ def test_tiny_bert_matches_eager(ex):
     with torch.no_grad():
         want = m(ids, mask, types)
     got = CapturedModule(m, ex)(ids, mask, types)
-    close(got["last_hidden_state"], want["last_hidden_state"])
-    close(got["pooler_output"], want["pooler_output"])
+    capture_close(got["last_hidden_state"], want["last_hidden_state"])
+    capture_close(got["pooler_output"], want["pooler_output"])
 
 
 def test_tiny_gpt2_matches_eager(ex):
@@ -193,11 +173,11 @@ def test_tiny_gpt2_matches_eager(ex):
         want, want_next = m(ids, mask)
     cm = CapturedModule(m, ex)
     got, got_next = cm(ids, mask)
-    close(got, want)
+    capture_close(got, want)
     assert torch.equal(torch.as_tensor(got_next), want_next)
     got2, _ = cm(ids.flip(1), mask)   # the same signature again: the plan replayed
     with torch.no_grad():
-        close(got2, m(ids.flip(1), mask)[0])
+        capture_close(got2, m(ids.flip(1), mask)[0])
 
 
 def test_sdpa_matches_eager(ex):
@@ -208,4 +188,4 @@ def test_sdpa_matches_eager(ex):
     keep = (torch.rand(5, 5) > 0.5) | torch.eye(5, dtype=torch.bool)   # a bool mask: true attends
     with torch.no_grad():
         want = m(x, mask, keep)
-    close(CapturedModule(m, ex)(x, mask, keep), want)
+    capture_close(CapturedModule(m, ex)(x, mask, keep), want)

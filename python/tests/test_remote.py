@@ -16,17 +16,7 @@ import djinn  # noqa: E402
 from djinn import _wire, errors  # noqa: E402
 from djinn.capture import capture_graph, xxh3_128  # noqa: E402
 
-from conftest import Daemon, randomize_bn  # noqa: E402
-
-RTOL = 1e-4
-
-
-def close(got, want):
-    got = got.torch() if isinstance(got, djinn.RemoteTensor) else torch.as_tensor(got)
-    assert tuple(got.shape) == tuple(want.shape), (got.shape, want.shape)
-    scale = max(float(want.abs().max()), 1e-6)
-    err = float((got.to(want.dtype) - want).abs().max()) / scale
-    assert err < RTOL, "max error %g of the largest magnitude" % err
+from conftest import Daemon, capture_close, randomize_bn  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -81,7 +71,7 @@ def test_hand_written_modules_match_eager(client, kind):
     assert isinstance(got, djinn.RemoteTensor)
     assert got.shape == tuple(m(x).shape) and got.dtype == np.float32
     with torch.no_grad():
-        close(got, m(x))
+        capture_close(got, m(x))
     assert not rm.ran_locally
 
 
@@ -96,7 +86,7 @@ def test_resnet18_matches_eager_and_second_call_moves_no_weights(client):
     got = rm(x)
     with torch.no_grad():
         want = m(x)
-    close(got, want)
+    capture_close(got, want)
     sent = client.weight_bytes_uploaded - up0
     assert sent > 0 and weights_stats(client)["received_bytes"] - before == sent
     # the second call: weights stay where they are, on the server and here
@@ -107,7 +97,7 @@ def test_resnet18_matches_eager_and_second_call_moves_no_weights(client):
     assert client.weight_bytes_uploaded == up1
     assert weights_stats(client)["received_bytes"] == recv1
     with torch.no_grad():
-        close(got2, m(x2))
+        capture_close(got2, m(x2))
 
 
 def test_two_clients_hold_one_copy(daemon):
@@ -139,7 +129,7 @@ def test_remote_tensor_chains_without_coming_back(client):
     y = client.remote(head)(h)
     assert client.graph_input_bytes == sent and client.fetched_bytes == fetched  # h never came back
     with torch.no_grad():
-        close(y, head(enc(x)))
+        capture_close(y, head(enc(x)))
 
 
 def test_output_structure_and_branches(client):
@@ -167,11 +157,11 @@ def test_output_structure_and_branches(client):
         with torch.no_grad():
             want = m(x)
         assert isinstance(got["parts"][1], list) and got["parts"][1][1] == "label" and got["pair"].right is None
-        close(got["h"], want["h"])
-        close(got["parts"][0], want["parts"][0])
+        capture_close(got["h"], want["h"])
+        capture_close(got["parts"][0], want["parts"][0])
         assert got["parts"][1][0].dtype == np.int64
         np.testing.assert_array_equal(got["parts"][1][0].numpy(), want["parts"][1][0].numpy())
-        close(got["pair"].left, want["pair"].left)
+        capture_close(got["pair"].left, want["pair"].left)
 
 
 def test_unsupported_op_refused_by_name_and_runs_locally_with_fallback(client):
@@ -262,7 +252,7 @@ def test_graph_runs_admitted_by_planned_bytes(tmp_path):
         for qos in (None, "batch", "realtime"):
             got = c.remote(m, qos=qos)(x)
             with torch.no_grad():
-                close(got, m(x))
+                capture_close(got, m(x))
         big = torch.randn(1024, 16)  # activations of 1024 x 32 f32: 128 KiB, past the 64 KiB
         with pytest.raises(errors.NoSpaceError) as e:
             c.remote(m)(big)
@@ -295,7 +285,7 @@ def test_same_bytes_different_shapes_stored_once(client):
     got = client.remote(m)(x)
     assert client.weight_bytes_uploaded - up <= 8 * 8 * 4 + 8 * 4  # the zeros went once (if at all)
     with torch.no_grad():
-        close(got, m(x))
+        capture_close(got, m(x))
 
 
 def test_server_without_graph_run_falls_back(client):
@@ -353,14 +343,14 @@ def test_plan_cache_replays_without_recording_or_resending(client):
     assert client.graph_bytes_sent == sent  # named by id: no graph bytes sent
     assert client.graph_plans_cached and client.stats()["graph_plans"]["hits"] == hits0 + 1
     with torch.no_grad():
-        close(y1, m(x1))
-        close(y2, m(x2))
+        capture_close(y1, m(x1))
+        capture_close(y2, m(x2))
     # another shape is another signature: recorded, its bytes sent
     x3 = torch.randn(2, 20)
     y3 = rm(x3)
     assert not rm.replayed and client.graph_bytes_sent > sent
     with torch.no_grad():
-        close(y3, m(x3))
+        capture_close(y3, m(x3))
     # cache=False records every call
     rn = client.remote(m, cache=False)
     rn(x1)
@@ -379,7 +369,7 @@ def test_plan_cache_guards_values_and_module_state(client):
             want = m(x)
         assert rm.replayed == replayed
         assert got["k"] == want["k"]
-        close(got["y"], want["y"])
+        capture_close(got["y"], want["y"])
 
     pos = torch.ones(2, 6)
     # find inputs taking each branch of h.sum() > 0
@@ -421,7 +411,7 @@ def test_graph_id_needs_the_bytes_sent_on_this_connection(daemon):
         assert b.stats()["graph_plans"]["refused_id"] == refused + 1
         assert b.graph_plans_cached  # a's bytes were decoded already
         with torch.no_grad():
-            close(y, m(x))
+            capture_close(y, m(x))
     finally:
         a.close()
         b.close()
@@ -446,5 +436,5 @@ def test_flip_sort_transposed_conv_on_the_server(client):
     v, i = client.remote(m)(x)
     with torch.no_grad():
         wv, wi = m(x)
-    close(v, wv)
+    capture_close(v, wv)
     assert i.torch().dtype == torch.int64 and torch.equal(i.torch(), wi)
